@@ -1,0 +1,4 @@
+"""python -m nndb"""
+from .cli import main
+
+main()

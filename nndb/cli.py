@@ -1,0 +1,112 @@
+"""The ``nndb`` command line.  click stays here: flags become a RunConfig,
+results become exit codes (see nndb.errors for the table)."""
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+
+from . import __version__
+from .errors import EXIT_INTERNAL, NndbError, UsageError
+
+STAT_CHOICES = ("count", "mean", "std", "min", "max", "norm", "mean_abs",
+                "nan_count", "inf_count", "zero_frac")
+KIND_CHOICES = ("param", "grad", "update", "act", "loss")
+
+
+def _fail(e: NndbError) -> None:
+    click.echo(f"nndb: error: {e}", err=True)
+    sys.exit(e.exit_code)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, "--version", prog_name="nndb")
+def cli():
+    """nndb: a debugger for PyTorch training, in the style of gdb and pdb."""
+
+
+@cli.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.option("-m", "module", metavar="MODULE", help="Run a library module as a script, like python -m.")
+@click.option("--trace", "trace_path", metavar="PATH", type=click.Path(dir_okay=False),
+              help="Write the trace here (default: a new file under ./nndb-runs/).")
+@click.option("--every", type=int, metavar="N", help="Record every N-th step (default: every step).")
+@click.option("--steps", "steps_range", metavar="A:B", help="Record only steps A to B-1 (A: or :B open).")
+@click.option("--flush-every", "flush_steps", type=click.IntRange(min=1), default=50, show_default=True,
+              metavar="N", help="Write the buffered steps to the trace every N steps...")
+@click.option("--flush-secs", type=click.FloatRange(min=0), default=2.0, show_default=True, metavar="S",
+              help="...or every S seconds, whichever comes first.")
+@click.option("-q", "--quiet", is_flag=True, help="Do not print the trace path.")
+@click.argument("script", required=False, metavar="SCRIPT")
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def run(module, trace_path, every, steps_range, flush_steps, flush_secs, quiet, script, args):
+    """Run SCRIPT [ARGS]... (or -m MODULE [ARGS]...) as Python would, recording
+    per-step tensor statistics into an HDF5 trace.  Everything after SCRIPT is
+    passed to the script untouched."""
+    from .config import RecordSchedule, RunConfig
+    from .launcher import Target
+    from .runner import record
+
+    args = list(args)
+    if module:
+        if script is not None:
+            args.insert(0, script)
+        target = Target(module=module, args=args)
+    elif script is None:
+        raise click.UsageError("missing SCRIPT (or -m MODULE)")
+    else:
+        target = Target(path=script, args=args)
+    try:
+        schedule = RecordSchedule.parse(every, steps_range)
+        config = RunConfig(target, trace_path, schedule, flush_steps, flush_secs, quiet)
+        result = record(config)
+    except NndbError as e:
+        _fail(e)
+    sys.exit(result.exit_code)
+
+
+@cli.command()
+@click.argument("trace", metavar="TRACE")
+@click.option("--series", "series_name", metavar="NAME", help="Print the history of one tensor.")
+@click.option("--stat", type=click.Choice(STAT_CHOICES), default="norm", show_default=True,
+              help="The statistic --series prints.")
+@click.option("--kind", type=click.Choice(KIND_CHOICES), help="With --series: only this kind.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
+def inspect(trace, series_name, stat, kind, as_json):
+    """Print a trace's metadata, step count and recorded tensors."""
+    from . import inspect as queries
+    from .render import text
+    from .store.reader import TraceReader
+
+    try:
+        with TraceReader(trace) as reader:
+            if series_name:
+                data = queries.series(reader, series_name, stat, kind)
+                out = json.dumps(data) if as_json else text.series(data)
+            else:
+                if kind:
+                    raise UsageError("--kind goes with --series")
+                data = queries.summary(reader)
+                out = json.dumps(data) if as_json else text.summary(data)
+    except NndbError as e:
+        _fail(e)
+    click.echo(out)
+
+
+def main(argv=None) -> None:
+    try:
+        cli.main(args=argv, prog_name="nndb", standalone_mode=True)
+    except SystemExit:
+        raise
+    except Exception as e:  # a bug in nndb: one line, exit 3
+        click.echo(f"nndb: internal error: {type(e).__name__}: {e} "
+                   f"(please report it; set NNDB_DEBUG=1 for the traceback)", err=True)
+        import os
+        if os.environ.get("NNDB_DEBUG"):
+            import traceback
+            traceback.print_exc()
+        sys.exit(EXIT_INTERNAL)
+
+
+if __name__ == "__main__":
+    main()

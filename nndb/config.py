@@ -1,0 +1,70 @@
+"""Plain configuration the core receives (the CLI builds it from flags)."""
+from __future__ import annotations
+
+import datetime
+import os
+from dataclasses import dataclass, field
+from typing import Optional
+
+from .errors import UsageError
+from .launcher import Target
+
+
+@dataclass(frozen=True)
+class RecordSchedule:
+    """Which steps are recorded: every ``every``-th step within [start, stop).
+    A policy object: ``schedule(step) -> bool``."""
+    every: int = 1
+    start: int = 0
+    stop: Optional[int] = None
+
+    def __call__(self, step: int) -> bool:
+        if step < self.start or (self.stop is not None and step >= self.stop):
+            return False
+        return (step - self.start) % self.every == 0
+
+    @classmethod
+    def parse(cls, every: Optional[int] = None, steps: Optional[str] = None) -> "RecordSchedule":
+        if every is not None and every < 1:
+            raise UsageError(f"--every must be a positive number of steps, not {every}")
+        start, stop = 0, None
+        if steps:
+            text = steps.strip()
+            if ":" not in text:
+                raise UsageError(f"--steps takes A:B (for example 100:200 or 500:), not {steps!r}")
+            a, b = text.split(":", 1)
+            try:
+                start = int(a) if a.strip() else 0
+                stop = int(b) if b.strip() else None
+            except ValueError:
+                raise UsageError(f"--steps takes whole step numbers A:B, not {steps!r}") from None
+            if start < 0 or (stop is not None and stop <= start):
+                raise UsageError(f"--steps {steps}: need 0 <= A < B")
+        return cls(every or 1, start, stop)
+
+    def describe(self) -> str:
+        rng = f"{self.start}:{'' if self.stop is None else self.stop}"
+        return f"every {self.every} step(s) in {rng}"
+
+
+@dataclass
+class RunConfig:
+    target: Target
+    trace_path: Optional[str] = None
+    schedule: RecordSchedule = field(default_factory=RecordSchedule)
+    flush_steps: int = 50
+    flush_secs: float = 2.0
+    quiet: bool = False
+
+
+def default_trace_path(target: Target, rank: int = 0, world_size: int = 1,
+                       directory: str = "nndb-runs") -> str:
+    """A new file under ./nndb-runs/: <script>-<time>[-rankR].h5, never an existing one."""
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    suffix = f"-rank{rank}" if world_size > 1 else ""
+    base = os.path.join(directory, f"{target.stem}-{stamp}{suffix}")
+    path, i = base + ".h5", 1
+    while os.path.exists(path):
+        i += 1
+        path = f"{base}-{i}.h5"
+    return path

@@ -1,0 +1,50 @@
+"""One exception hierarchy for nndb; the CLI maps each to an exit code.
+
+Exit codes (also in README):
+
+====  =============================================================
+0     the script finished (or ``sys.exit(0)``)
+1     the script raised
+2     usage error: bad command line, missing script, unreadable trace
+3     an internal nndb error
+4     (reserved for the debugger: a ``fail`` action fired)
+130   interrupted (SIGINT / Ctrl-C)
+143   terminated (SIGTERM)
+====  =============================================================
+"""
+from __future__ import annotations
+
+EXIT_OK = 0
+EXIT_SCRIPT_ERROR = 1
+EXIT_USAGE = 2
+EXIT_INTERNAL = 3
+EXIT_FAIL_ACTION = 4
+EXIT_SIGINT = 130
+EXIT_SIGTERM = 143
+
+
+class NndbError(Exception):
+    """An error nndb reports in one line, with an exit code."""
+    exit_code = EXIT_INTERNAL
+
+
+class UsageError(NndbError):
+    exit_code = EXIT_USAGE
+
+
+class ScriptNotFound(UsageError):
+    pass
+
+
+class TraceError(UsageError):
+    """A trace that cannot be read: missing, truncated, corrupted, not nndb's."""
+
+
+class TraceWriteError(UsageError):
+    """The trace cannot be created or written."""
+
+
+class Terminated(BaseException):
+    """Raised in the main thread by nndb's SIGTERM handler, so the trace is
+    closed on the way out (a BaseException, like KeyboardInterrupt, so that
+    the script's ``except Exception`` does not swallow it)."""

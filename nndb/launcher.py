@@ -1,0 +1,159 @@
+"""Run a script or module exactly as ``python SCRIPT ARGS`` / ``python -m MOD ARGS`` would.
+
+``__main__``, ``sys.argv``, ``sys.path[0]``, the exit status and the
+traceback of an uncaught exception are those Python itself would produce.
+The script runs in a fresh module installed as ``sys.modules["__main__"]``
+(so pickling classes defined in the script, and multiprocessing's spawn,
+work), the way runpy does it.
+"""
+from __future__ import annotations
+
+import builtins
+import importlib.machinery
+import importlib.util
+import io
+import os
+import runpy
+import sys
+import tokenize
+import traceback
+import types
+from dataclasses import dataclass, field
+from typing import Optional
+
+from .errors import ScriptNotFound, UsageError
+
+
+@dataclass
+class Target:
+    """What to run: a script path or a module name, and its arguments."""
+    path: Optional[str] = None
+    module: Optional[str] = None
+    args: list = field(default_factory=list)
+
+    @property
+    def display(self) -> str:
+        return f"-m {self.module}" if self.module else str(self.path)
+
+    @property
+    def stem(self) -> str:
+        if self.module:
+            return self.module.rsplit(".", 1)[-1]
+        return os.path.splitext(os.path.basename(self.path))[0] or "run"
+
+
+@dataclass
+class Prepared:
+    target: Target
+    code: Optional[types.CodeType]
+    filename: str
+
+
+def prepare(target: Target) -> Prepared:
+    """Check the target and compile it, so a bad one fails before anything starts."""
+    if target.module:
+        try:
+            spec = importlib.util.find_spec(target.module)
+        except (ImportError, ValueError) as e:
+            raise ScriptNotFound(f"cannot find module {target.module}: {e}") from None
+        if spec is None:
+            raise ScriptNotFound(f"no module named {target.module}")
+        return Prepared(target, None, spec.origin or target.module)
+    path = target.path
+    if not os.path.exists(path):
+        raise ScriptNotFound(f"no such file: {path}")
+    if os.path.isdir(path):
+        raise ScriptNotFound(f"{path} is a directory, not a Python script")
+    filename = os.path.abspath(path)
+    try:
+        with io.open_code(filename) as fh:
+            raw = fh.read()
+    except OSError as e:
+        raise ScriptNotFound(f"cannot read {path}: {e.strerror or e}") from None
+    try:
+        with tokenize.open(filename) as fh:
+            source = fh.read()
+        code = compile(source, filename, "exec", dont_inherit=True)
+    except SyntaxError as e:
+        raise UsageError(f"{path} is not a Python script: {e.msg} (line {e.lineno})") from None
+    except (UnicodeDecodeError, ValueError):
+        kind = "binary file" if b"\0" in raw[:4096] else "undecodable text"
+        raise UsageError(f"{path} is not a Python script ({kind})") from None
+    return Prepared(target, code, filename)
+
+
+def run(prepared: Prepared) -> None:
+    """Run it in this process.  Returns normally or raises what the script raised."""
+    t = prepared.target
+    saved_argv, saved_path0 = sys.argv[:], sys.path[0] if sys.path else None
+    try:
+        if t.module:
+            sys.argv = [prepared.filename] + list(t.args)
+            if sys.path:
+                sys.path[0] = os.getcwd()
+            runpy.run_module(t.module, run_name="__main__", alter_sys=True)
+            return
+        sys.argv = [t.path] + list(t.args)
+        script_dir = os.path.dirname(os.path.realpath(prepared.filename))
+        if sys.path:
+            sys.path[0] = script_dir
+        else:
+            sys.path.insert(0, script_dir)
+        main = types.ModuleType("__main__")
+        main.__dict__.update({
+            "__file__": prepared.filename,
+            "__builtins__": builtins,
+            "__loader__": importlib.machinery.SourceFileLoader("__main__", prepared.filename),
+            "__spec__": None,
+            "__package__": None,
+            "__cached__": None,
+        })
+        saved_main = sys.modules.get("__main__")
+        sys.modules["__main__"] = main
+        try:
+            exec(prepared.code, main.__dict__)
+        finally:
+            if saved_main is not None:
+                sys.modules["__main__"] = saved_main
+    finally:
+        sys.argv = saved_argv
+        if saved_path0 is not None and sys.path:
+            sys.path[0] = saved_path0
+
+
+_OWN_DIRS = (os.path.dirname(os.path.abspath(__file__)), os.path.dirname(runpy.__file__))
+
+
+def user_traceback(tb):
+    """Drop nndb's and runpy's own frames from the top of a traceback."""
+    while tb is not None and (tb.tb_frame.f_code.co_filename.startswith(_OWN_DIRS[0])
+                              or tb.tb_frame.f_code.co_filename == runpy.__file__):
+        tb = tb.tb_next
+    return tb
+
+
+def print_script_exception(exc: BaseException) -> None:
+    """Show an uncaught exception as Python would (honouring sys.excepthook)."""
+    tb = user_traceback(exc.__traceback__)
+    hook = sys.excepthook
+    if hook is sys.__excepthook__ or hook is None:
+        traceback.print_exception(type(exc), exc, tb, file=sys.stderr)
+    else:
+        try:
+            hook(type(exc), exc, tb)
+        except Exception:
+            traceback.print_exception(type(exc), exc, tb, file=sys.stderr)
+    sys.stderr.flush()
+
+
+def system_exit_code(e: SystemExit) -> int:
+    """Python's own mapping of SystemExit to a process status."""
+    code = e.code
+    if code is None:
+        return 0
+    if isinstance(code, bool):
+        return int(code)
+    if isinstance(code, int):
+        return code & 0xFF if code >= 0 else code % 256
+    print(code, file=sys.stderr)
+    return 1

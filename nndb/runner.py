@@ -1,0 +1,98 @@
+"""Record one run of a training script: the UI-free core behind ``nndb run``.
+
+``record(config)`` checks the script, opens the trace, installs the tracer,
+runs the script as Python would, and closes the trace however the script
+ends.  It returns a RunResult; it never calls ``sys.exit`` and prints only
+through ``message`` (nndb's own one-line messages, on stderr by default).
+"""
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+from . import launcher, runmeta
+from .config import RunConfig, default_trace_path
+from .errors import (EXIT_OK, EXIT_SCRIPT_ERROR, EXIT_SIGINT, EXIT_SIGTERM, Terminated)
+from .store.writer import TraceWriter
+from .tracer.hooks import Tracer
+from .tracer.naming import Naming
+from .tracer.recorder import StepRecorder
+
+
+@dataclass
+class RunResult:
+    exit_code: int
+    status: str          # finished | failed | interrupted | terminated
+    reason: str
+    trace_path: str
+    steps_recorded: int
+    last_step: Optional[int]
+
+
+def _stderr(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+class _SigtermGuard:
+    """Turns SIGTERM into a Terminated exception in the main thread, so the
+    trace is closed on the way out.  Only installed where the default
+    disposition is in force, and restored afterwards."""
+
+    def __init__(self):
+        self._old = None
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread() and \
+                signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
+            self._old = signal.signal(signal.SIGTERM, self._handle)
+        return self
+
+    @staticmethod
+    def _handle(signum, frame):
+        raise Terminated()
+
+    def __exit__(self, *exc):
+        if self._old is not None:
+            signal.signal(signal.SIGTERM, self._old)
+
+
+def record(config: RunConfig, message: Callable[[str], None] = _stderr,
+           on_step_end: Optional[Callable[[int], None]] = None) -> RunResult:
+    prepared = launcher.prepare(config.target)           # bad script: fails here, before a trace exists
+    meta = runmeta.collect(config.target, config.schedule.describe())
+    path = config.trace_path or default_trace_path(config.target, meta["rank"], meta["world_size"])
+    writer = TraceWriter(path, meta, config.flush_steps, config.flush_secs, on_error=message)
+    if not config.quiet:
+        message(f"nndb: recording to {path}")
+    naming = Naming()
+    recorder = StepRecorder(naming, writer.append, config.schedule)
+    tracer = Tracer(recorder, naming, on_step_end=on_step_end, on_error=message)
+
+    status, code, reason = "finished", EXIT_OK, ""
+    with _SigtermGuard():
+        tracer.install()
+        try:
+            launcher.run(prepared)
+        except SystemExit as e:
+            code = launcher.system_exit_code(e)
+            status = "finished" if code == 0 else "failed"
+            reason = f"sys.exit({e.code!r})"
+        except KeyboardInterrupt as e:
+            launcher.print_script_exception(e)
+            status, code, reason = "interrupted", EXIT_SIGINT, "KeyboardInterrupt"
+        except Terminated:
+            status, code, reason = "terminated", EXIT_SIGTERM, "SIGTERM"
+        except BaseException as e:  # the script raised: show it as Python would
+            launcher.print_script_exception(e)
+            status, code = "failed", EXIT_SCRIPT_ERROR
+            reason = f"{type(e).__name__}: {e}"
+        finally:
+            tracer.finish()
+            tracer.uninstall()
+            writer.close(status, code, reason)
+    if status == "terminated" and not config.quiet:
+        message(f"nndb: terminated (SIGTERM); trace closed with {writer.steps_written} step(s): {path}")
+    return RunResult(code, status, reason, path, writer.steps_written, writer.last_step)

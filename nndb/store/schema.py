@@ -1,0 +1,48 @@
+"""The nndb trace schema, version 1.  One HDF5 file per run (per rank).
+
+::
+
+    /                         attrs: nndb_format = "nndb-trace", schema_version = 1
+    ├── meta                  uint8[]      UTF-8 JSON object: the run's metadata (written at start)
+    ├── series                uint8[...]   UTF-8 JSON lines, one per series, in id order:
+    │                                      {"id": int, "name": str, "kind": str}
+    ├── steps/
+    │   ├── step              int64[N]     step number of each recorded row (rows follow the
+    │   │                                  recording schedule, so steps may have gaps)
+    │   ├── time              float64[N]   seconds since the run started, at the step's end
+    │   ├── backward_count    int32[N]     backward() passes in the step
+    │   └── optimizer_steps   int32[N]     optimizer.step() calls in the step
+    ├── stats                 float64[N, S, 10]
+    │                                      stats[i, j] = statistics of series j at row i,
+    │                                      columns as attrs["columns"] (STAT_NAMES);
+    │                                      NaN where series j has no value at row i
+    ├── events                uint8[...]   UTF-8 JSON lines: {"time", "step", "kind", "message"}
+    │                                      (warnings such as a recording that stopped)
+    └── end                   uint8[...]   UTF-8 JSON object, written when the run ends:
+                                           {"status", "exit_code", "reason", "steps", "end_time"}
+                                           (empty while running or after a kill)
+
+Series kinds: ``param``, ``grad``, ``update``, ``act``, ``loss``.
+
+Every dataset is created before the file enters HDF5's SWMR mode; afterwards
+the writer only resizes and appends, and flushes in batches, so the file can
+be read (``swmr=True``) while the run writes it and after the writer was
+killed, up to the last flush.  JSON is the only serialisation used: nothing
+in a trace is ever unpickled.  The version is bumped on any change a reader
+of the previous version would misread; readers refuse newer versions.
+"""
+from __future__ import annotations
+
+from ..tracer.stats import STAT_NAMES
+
+FORMAT = "nndb-trace"
+SCHEMA_VERSION = 1
+KINDS = ("param", "grad", "update", "act", "loss")
+STATUSES = ("running", "finished", "failed", "interrupted", "terminated")
+COLUMNS = STAT_NAMES
+
+# Chunk shapes: one chunk holds 64 steps of 32 series (160 KiB); series
+# histories read whole chunks of 64 steps.
+STATS_CHUNK = (64, 32, len(COLUMNS))
+STEPS_CHUNK = (1024,)
+BLOB_CHUNK = (4096,)

@@ -1,0 +1,174 @@
+"""TraceWriter: the only code that writes a trace (schema in ``schema.py``).
+
+It appends StepRecords to an in-memory buffer and writes them in one block
+per dataset every ``flush_steps`` steps or ``flush_secs`` seconds, whichever
+comes first.  A write error (the disk filled up, the file went away) is
+reported once through ``on_error``; recording stops, the run goes on, and what
+was flushed before stays readable.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Callable, Optional
+
+import h5py
+import numpy as np
+
+from ..errors import TraceWriteError
+from . import schema as K
+
+_BLOBS = ("series", "events", "end")
+
+
+def _put_blob(ds, text: str, append: bool = True) -> None:
+    data = np.frombuffer(text.encode("utf-8"), dtype=np.uint8)
+    start = ds.shape[0] if append else 0
+    ds.resize((start + data.size,))
+    ds[start:] = data
+
+
+class TraceWriter:
+    def __init__(self, path: str, meta: dict, flush_steps: int = 50, flush_secs: float = 2.0,
+                 on_error: Optional[Callable[[str], None]] = None):
+        self.path = path
+        self.flush_steps = max(1, int(flush_steps))
+        self.flush_secs = flush_secs
+        self.on_error = on_error or (lambda msg: None)
+        self.failed: Optional[str] = None
+        self.closed = False
+        self.series: dict = {}          # (name, kind) -> id
+        self._new_series: list = []
+        self._rows: list = []           # (record, [ids])
+        self._events: list = []
+        self._last_flush = time.monotonic()
+        self.steps_written = 0
+        self.last_step: Optional[int] = None
+        try:
+            d = os.path.dirname(os.path.abspath(path))
+            os.makedirs(d, exist_ok=True)
+            self._f = h5py.File(path, "w", libver="latest")
+            self._create(meta)
+            self._f.swmr_mode = True
+            self._f.flush()
+        except (OSError, ValueError) as e:
+            raise TraceWriteError(f"cannot create trace {path}: {_reason(e)}") from None
+
+    def _create(self, meta: dict) -> None:
+        f = self._f
+        f.attrs["nndb_format"] = K.FORMAT
+        f.attrs["schema_version"] = K.SCHEMA_VERSION
+        meta_bytes = np.frombuffer(json.dumps(meta, sort_keys=True).encode("utf-8"), dtype=np.uint8)
+        f.create_dataset("meta", data=meta_bytes)
+        for name in _BLOBS:
+            f.create_dataset(name, shape=(0,), maxshape=(None,), chunks=K.BLOB_CHUNK, dtype="u1")
+        g = f.create_group("steps")
+        for name, dt in (("step", "i8"), ("time", "f8"), ("backward_count", "i4"),
+                         ("optimizer_steps", "i4")):
+            g.create_dataset(name, shape=(0,), maxshape=(None,), chunks=K.STEPS_CHUNK, dtype=dt)
+        ds = f.create_dataset("stats", shape=(0, 0, len(K.COLUMNS)), maxshape=(None, None, len(K.COLUMNS)),
+                              chunks=K.STATS_CHUNK, dtype="f8", fillvalue=np.nan)
+        ds.attrs["columns"] = json.dumps(list(K.COLUMNS))
+
+    # -- appending -----------------------------------------------------------
+    def _series_id(self, name: str, kind: str) -> int:
+        key = (name, kind)
+        sid = self.series.get(key)
+        if sid is None:
+            sid = len(self.series)
+            self.series[key] = sid
+            self._new_series.append({"id": sid, "name": name, "kind": kind})
+        return sid
+
+    def append(self, record) -> None:
+        if self.failed or self.closed:
+            return
+        ids = [self._series_id(n, k) for n, k in record.names]
+        self._rows.append((record, ids))
+        self.last_step = record.step
+        if len(self._rows) >= self.flush_steps or \
+                time.monotonic() - self._last_flush >= self.flush_secs:
+            self.flush()
+
+    def event(self, kind: str, message: str, step: Optional[int] = None) -> None:
+        self._events.append({"time": time.time(), "step": step, "kind": kind, "message": message})
+
+    def flush(self) -> None:
+        if self.failed or self.closed:
+            return
+        try:
+            self._write_pending()
+            self._f.flush()
+        except (OSError, ValueError, RuntimeError) as e:
+            self._fail(e)
+        self._last_flush = time.monotonic()
+
+    def _write_pending(self) -> None:
+        f = self._f
+        if self._new_series:
+            _put_blob(f["series"], "".join(json.dumps(s) + "\n" for s in self._new_series))
+            self._new_series = []
+        if self._rows:
+            k = len(self._rows)
+            n_series = len(self.series)
+            block = np.full((k, n_series, len(K.COLUMNS)), np.nan)
+            for i, (rec, ids) in enumerate(self._rows):
+                block[i, ids, :] = rec.stats
+            ds = f["stats"]
+            start = ds.shape[0]
+            ds.resize((start + k, max(n_series, ds.shape[1]), len(K.COLUMNS)))
+            ds[start:start + k, :n_series, :] = block
+            cols = {
+                "step": [r.step for r, _ in self._rows],
+                "time": [r.time for r, _ in self._rows],
+                "backward_count": [r.backward_count for r, _ in self._rows],
+                "optimizer_steps": [r.optimizer_steps for r, _ in self._rows],
+            }
+            for name, values in cols.items():
+                d = f["steps"][name]
+                d.resize((start + k,))
+                d[start:] = np.asarray(values, dtype=d.dtype)
+            self.steps_written += k
+            self._rows = []
+        if self._events:
+            _put_blob(f["events"], "".join(json.dumps(e) + "\n" for e in self._events))
+            self._events = []
+
+    def _fail(self, e: Exception) -> None:
+        self.failed = f"cannot write trace {self.path}: {_reason(e)}; recording stopped " \
+                      f"(the trace keeps the steps flushed before)"
+        self._rows = []
+        self.on_error("nndb: " + self.failed)
+        try:
+            self._f.close()
+        except Exception:
+            pass
+        self.closed = True
+
+    def close(self, status: str, exit_code: int, reason: str = "") -> None:
+        """Flush everything and record how the run ended."""
+        if self.closed:
+            return
+        self.flush()
+        if self.failed:
+            return
+        try:
+            end = {"status": status, "exit_code": exit_code, "reason": reason,
+                   "steps": self.steps_written, "last_step": self.last_step, "end_time": time.time()}
+            _put_blob(self._f["end"], json.dumps(end), append=False)
+            self._f.flush()
+            self._f.close()
+        except (OSError, ValueError, RuntimeError) as e:
+            self._fail(e)
+        self.closed = True
+
+
+def _reason(e: Exception) -> str:
+    if isinstance(e, OSError) and e.strerror:
+        return e.strerror
+    text = str(e).strip() or type(e).__name__
+    # h5py error texts look like "Unable to create file (unable to open file: ..., errno = 13, error message = 'Permission denied', ...)"
+    if "error message = '" in text:
+        return text.split("error message = '", 1)[1].split("'", 1)[0]
+    return text

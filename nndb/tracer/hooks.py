@@ -1,0 +1,243 @@
+"""Thin hooks that feed the step clock and the recorder.
+
+Everything is installed through PyTorch's own global hooks and removed on
+``uninstall``: module forward pre/post hooks (module call nesting, roots,
+activations), optimizer step pre/post hooks (step boundaries, parameters),
+and per-parameter post-accumulate-grad hooks plus an autograd-engine callback
+(the end of each ``backward()``, and the loss: the root tensors that the
+engine was asked to differentiate, read from the ``_engine_run_backward``
+frame that is on the stack at that moment).  Nothing in torch is patched.
+
+A hook never raises into the user's program: an error inside nndb is
+reported once on stderr and recording stops; training goes on untouched.
+"""
+from __future__ import annotations
+
+import gc
+import sys
+import threading
+import traceback
+import weakref
+from typing import Callable, Optional
+
+import torch
+from torch.autograd import Variable
+from torch.nn.modules import module as _module
+from torch.optim import optimizer as _optimizer
+
+from .naming import Naming, user_frame
+from .recorder import StepRecorder
+from .stepclock import Close, Mode, StepClock
+
+
+def count_optimizers() -> int:
+    """How many torch.optim.Optimizer objects the process holds (a gc scan,
+    done once per decision, not per step)."""
+    # type() rather than isinstance(): isinstance may consult a __class__
+    # property, and some lazy objects warn when that is read.
+    base = torch.optim.Optimizer
+    return sum(1 for o in gc.get_objects() if issubclass(type(o), base))
+
+
+def _backward_roots():
+    """The tensors the running backward() differentiates, from the engine's frame."""
+    f = sys._getframe(1)
+    for _ in range(40):
+        if f is None:
+            break
+        if f.f_code.co_name == "_engine_run_backward":
+            outs = f.f_locals.get("t_outputs")
+            return list(outs) if outs is not None else []
+        f = f.f_back
+    # Device threads run the callback without the caller's frames; the caller
+    # is blocked in run_backward in some other thread.
+    for frame in sys._current_frames().values():
+        f = frame
+        for _ in range(60):
+            if f is None:
+                break
+            if f.f_code.co_name == "_engine_run_backward":
+                outs = f.f_locals.get("t_outputs")
+                return list(outs) if outs is not None else []
+            f = f.f_back
+    return []
+
+
+class Tracer:
+    """Watches an unmodified training script through global hooks.
+
+    ``on_step_end(step)`` is called at every step boundary, in the thread and
+    under the frame of the code that ended the step (the debugger stops
+    there).  ``on_error(msg)`` reports an internal error once.
+    """
+
+    def __init__(self, recorder: StepRecorder, naming: Naming,
+                 on_step_end: Optional[Callable[[int], None]] = None,
+                 on_error: Optional[Callable[[str], None]] = None):
+        self.recorder = recorder
+        self.naming = naming
+        self.clock = StepClock()
+        self.on_step_end = on_step_end
+        self.on_error = on_error or (lambda msg: print(msg, file=sys.stderr))
+        self._handles: list = []
+        self._param_handles: dict = {}          # id(param) -> handle
+        self._module_depth = 0
+        self._backward_pending = False
+        self._opt_seen: "weakref.WeakSet" = weakref.WeakSet()
+        self._failed = False
+        self._in_hook = False
+        self._thread = threading.get_ident()
+
+    # -- install / uninstall -----------------------------------------------
+    def install(self) -> None:
+        self._handles = [
+            _module.register_module_forward_pre_hook(self._forward_pre),
+            _module.register_module_forward_hook(self._forward_post, always_call=True),
+            _optimizer.register_optimizer_step_pre_hook(self._opt_pre),
+            _optimizer.register_optimizer_step_post_hook(self._opt_post),
+        ]
+
+    def uninstall(self) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+        for h in self._param_handles.values():
+            h.remove()
+        self._param_handles = {}
+
+    def finish(self) -> None:
+        """The script is over: close the open step if anything happened in it."""
+        if self._failed:
+            return
+        try:
+            rec = self.recorder
+            if rec._manual_pending is not None or not all(b.empty() for b in rec._buckets):
+                close = self.clock.finish()
+                rec.close(close.step, final=True)
+            rec.finish()
+        except Exception:
+            self._fail()
+
+    # -- guard -------------------------------------------------------------
+    def _fail(self) -> None:
+        if not self._failed:
+            self._failed = True
+            tb = traceback.format_exc(limit=-3).rstrip().splitlines()
+            self.on_error("nndb: internal error in the tracer; recording stopped, "
+                          f"training goes on: {tb[-1] if tb else '?'}")
+            try:
+                self.uninstall()
+            except Exception:
+                pass
+
+    # -- module hooks --------------------------------------------------------
+    def _forward_pre(self, module, args):
+        if self._failed or self._in_hook:
+            return None
+        try:
+            if self._module_depth == 0 and not self.naming.knows(module):
+                self.naming.add_root(module, user_frame(2))
+                self._watch_params(module)
+        except Exception:
+            self._fail()
+        self._module_depth += 1
+        return None
+
+    def _forward_post(self, module, args, output):
+        self._module_depth = max(0, self._module_depth - 1)
+        if self._failed or self._in_hook:
+            return None
+        try:
+            self._in_hook = True
+            self.recorder.activation(module, output)
+        except Exception:
+            self._fail()
+        finally:
+            self._in_hook = False
+        return None
+
+    # -- backward --------------------------------------------------------------
+    def _watch_params(self, module) -> None:
+        for p in module.parameters():
+            if p.requires_grad and id(p) not in self._param_handles:
+                self._param_handles[id(p)] = p.register_post_accumulate_grad_hook(self._grad_accumulated)
+
+    def _grad_accumulated(self, param) -> None:
+        if self._failed or self._backward_pending:
+            return
+        try:
+            self._backward_pending = True
+            Variable._execution_engine.queue_callback(self._backward_end)
+        except Exception:
+            self._fail()
+
+    def _backward_end(self) -> None:
+        self._backward_pending = False
+        if self._failed:
+            return
+        try:
+            roots = _backward_roots()
+            loss = roots[0] if roots and isinstance(roots[0], torch.Tensor) else None
+            if loss is not None:
+                self.recorder.loss(loss)
+            else:
+                self.recorder._cur.backward_count += 1
+            if self.clock.mode is Mode.UNKNOWN:
+                n = count_optimizers()
+            else:
+                n = 0 if self.clock.mode is Mode.MANUAL else 1
+            close = self.clock.backward_end(n)
+            if self.clock.mode is Mode.MANUAL:
+                self.recorder.manual = True
+            if close is not None:
+                self._close(close)
+        except Exception:
+            self._fail()
+
+    # -- optimizer hooks -------------------------------------------------------
+    def _opt_pre(self, opt, args, kwargs):
+        if self._failed:
+            return None
+        try:
+            if opt not in self._opt_seen:
+                self._first_sight(opt)
+            n = count_optimizers() if self.clock.mode in (Mode.UNKNOWN, Mode.MANUAL) or \
+                (self.clock.mode is not Mode.LEARNING and self.clock.closer is None) else 2
+            close = self.clock.optimizer_pre(opt, n)
+            self.recorder.manual = self.clock.mode is Mode.MANUAL
+            if close is not None:
+                self._close(close)
+            self.recorder.optimizer_pre(opt)
+        except Exception:
+            self._fail()
+        return None
+
+    def _opt_post(self, opt, args, kwargs):
+        if self._failed:
+            return None
+        try:
+            self.recorder.optimizer_post(opt)
+            learning = self.clock.mode is Mode.LEARNING
+            close = self.clock.optimizer_post(opt)
+            if learning:
+                self.recorder.mark()
+            if close is not None:
+                self._close(close)
+        except Exception:
+            self._fail()
+        return None
+
+    def _first_sight(self, opt) -> None:
+        self._opt_seen.add(opt)
+        frame = user_frame(3)
+        oname = self.naming.optimizer_name(opt, frame)
+        for gi, g in enumerate(opt.param_groups):
+            for pi, p in enumerate(g["params"]):
+                self.naming.param_name(p, frame, fallback=f"{oname}.group{gi}.{pi}")
+                if p.requires_grad and id(p) not in self._param_handles:
+                    self._param_handles[id(p)] = p.register_post_accumulate_grad_hook(self._grad_accumulated)
+
+    def _close(self, close: Close) -> None:
+        self.recorder.close(close.step, retro=close.retro)
+        if self.on_step_end is not None:
+            self.on_step_end(close.step)

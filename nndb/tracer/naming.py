@@ -1,0 +1,172 @@
+"""Stable, readable names for the modules, parameters and optimizers of a run.
+
+Names are module paths as ``named_modules()`` gives them (``encoder.0``,
+``encoder.0.weight``).  A *root* is a module called when no other module is
+running (the model, but also a loss module).  When the first recorded step
+saw more than one root that owns parameters (a GAN), every name is qualified
+by its root's variable name in the script (``netD.main.0.weight``); a root
+with parameters first seen later is always qualified.  A root's own output is
+named by that variable name (``model``).  Variable names come from the
+script's frames (locals, globals, then attributes of ``self``); where none is
+found, the class name in snake case.
+"""
+from __future__ import annotations
+
+import re
+import sys
+import weakref
+from typing import Optional
+
+import torch
+
+_SKIP_PREFIXES: tuple = ()
+
+
+def _skip_dirs() -> tuple:
+    global _SKIP_PREFIXES
+    if not _SKIP_PREFIXES:
+        import os
+        import nndb
+        _SKIP_PREFIXES = (os.path.dirname(torch.__file__), os.path.dirname(nndb.__file__))
+    return _SKIP_PREFIXES
+
+
+def user_frame(depth: int = 1):
+    """The innermost frame that belongs to neither torch nor nndb."""
+    skip = _skip_dirs()
+    f = sys._getframe(depth)
+    while f is not None and f.f_code.co_filename.startswith(skip):
+        f = f.f_back
+    return f
+
+
+def find_variable_name(obj, frame) -> Optional[str]:
+    """The name a script uses for ``obj``, looking outwards from ``frame``."""
+    seen_selfs = []
+    f = frame
+    while f is not None:
+        for k, v in f.f_locals.items():
+            if v is obj and not k.startswith("."):
+                return k
+            if k == "self":
+                seen_selfs.append(v)
+        f = f.f_back
+    if frame is not None:
+        for k, v in frame.f_globals.items():
+            if v is obj:
+                return k
+    for s in seen_selfs:
+        d = getattr(s, "__dict__", None)
+        if isinstance(d, dict):
+            for k, v in d.items():
+                if v is obj:
+                    return k
+    return None
+
+
+def snake(name: str) -> str:
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
+
+
+class Naming:
+    def __init__(self):
+        self._module_path: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # module -> (root, sub)
+        self._param_path: dict = {}      # id(param) -> (weakref param, root|None, sub)
+        self._root_names: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+        self._used_root_names: set = set()
+        self._param_roots: list = []     # weakrefs of roots that own parameters, in order seen
+        self._qualified_roots: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+        self._frozen = False
+        self._opt_names: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+        self._used_opt_names: set = set()
+        self.loss_qualified = False      # set once a step had losses for several optimizers
+
+    # -- registration -----------------------------------------------------
+    def knows(self, module) -> bool:
+        return module in self._module_path
+
+    def add_root(self, root: torch.nn.Module, frame) -> None:
+        if root in self._module_path:
+            return
+        base = find_variable_name(root, frame) or snake(type(root).__name__)
+        name, i = base, 1
+        while name in self._used_root_names:
+            i += 1
+            name = f"{base}{i}"
+        self._used_root_names.add(name)
+        self._root_names[root] = name
+        for sub, m in root.named_modules(remove_duplicate=True):
+            if m not in self._module_path:
+                self._module_path[m] = (root, sub)
+        has_params = False
+        for sub, p in root.named_parameters(remove_duplicate=True):
+            has_params = True
+            if id(p) not in self._param_path:
+                self._param_path[id(p)] = (weakref.ref(p), root, sub)
+        if has_params:
+            self._param_roots.append(weakref.ref(root))
+            if self._frozen and len(self._param_roots) > 1:
+                self._qualified_roots[root] = True
+
+    def freeze(self) -> None:
+        """Called when step 0 ends: decide whether names are qualified."""
+        if self._frozen:
+            return
+        self._frozen = True
+        roots = [r() for r in self._param_roots if r() is not None]
+        if len(roots) > 1:
+            for r in roots:
+                self._qualified_roots[r] = True
+
+    def root_params(self) -> list:
+        """Parameters of every root seen so far (alive ones)."""
+        out, seen = [], set()
+        for ref in self._param_roots:
+            r = ref()
+            if r is None:
+                continue
+            for p in r.parameters():
+                if id(p) not in seen:
+                    seen.add(id(p))
+                    out.append(p)
+        return out
+
+    # -- names ------------------------------------------------------------
+    def _qualify(self, root, sub: str) -> str:
+        rname = self._root_names.get(root, "model")
+        if not sub:
+            return rname
+        if root in self._qualified_roots:
+            return f"{rname}.{sub}"
+        return sub
+
+    def module_name(self, module) -> str:
+        entry = self._module_path.get(module)
+        if entry is None:
+            return snake(type(module).__name__)
+        return self._qualify(*entry)
+
+    def param_name(self, p: torch.Tensor, frame=None, fallback: str = "param") -> str:
+        entry = self._param_path.get(id(p))
+        if entry is not None and entry[0]() is p:
+            _, root, sub = entry
+            if root is None:
+                return sub
+            return self._qualify(root, sub)
+        name = find_variable_name(p, frame) if frame is not None else None
+        name = name or fallback
+        self._param_path[id(p)] = (weakref.ref(p), None, name)
+        return name
+
+    def optimizer_name(self, opt, frame=None) -> str:
+        name = self._opt_names.get(opt)
+        if name is None:
+            base = (find_variable_name(opt, frame) if frame is not None else None) \
+                or snake(type(opt).__name__)
+            name, i = base, 1
+            while name in self._used_opt_names:
+                i += 1
+                name = f"{base}{i}"
+            self._used_opt_names.add(name)
+            self._opt_names[opt] = name
+        return name

@@ -1,0 +1,336 @@
+"""The recorder: plain objects that turn hook events into one StepRecord per step.
+
+The hooks (``tracer.hooks``) stay thin and forward here.  What is recorded:
+
+* ``act``: the first floating-point tensor of a module's forward output, for
+  forward passes run with autograd enabled (a validation pass under
+  ``torch.no_grad()`` is not part of a training step).  A module called several
+  times in a step gets one row, merged over its calls.
+* ``loss``: the tensor ``backward()`` was called on, merged over the backward
+  passes of the step (``count`` = number of backward passes).  With several
+  optimizers the loss is attributed to the optimizer that steps after it and
+  named ``loss/<optimizer>``.
+* ``param``, ``grad``, ``update``: for each parameter an optimizer holds, at
+  the return of that optimizer's ``step()``: its value, its ``.grad`` and the
+  change the step made.  Parameters of the model that no optimizer holds get
+  ``param`` and ``grad`` at the end of the step.  Without any optimizer
+  (hand-written updates), ``param`` and ``update`` of step N are taken at the
+  end of step N+1 (or of the run), so that they include the hand-written update
+  that follows step N's backward pass.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+import numpy as np
+import torch
+
+from . import stats as S
+
+KINDS = ("param", "grad", "update", "act", "loss")
+
+
+@dataclass
+class StepRecord:
+    step: int
+    time: float                  # seconds since the run started, at the step's end
+    backward_count: int
+    optimizer_steps: int
+    names: list                  # [(name, kind)]
+    stats: np.ndarray            # (len(names), N_STATS), STAT_NAMES columns
+
+    def as_dict(self) -> dict:
+        return {(n, k): dict(zip(S.STAT_NAMES, map(float, row)))
+                for (n, k), row in zip(self.names, self.stats)}
+
+
+@dataclass
+class _Bucket:
+    acts: dict = field(default_factory=dict)        # module -> raw
+    losses: dict = field(default_factory=dict)      # optimizer|None -> raw
+    pending_loss: Optional[np.ndarray] = None
+    params: dict = field(default_factory=dict)      # id(p) -> (p, kind -> raw)
+    param_opt: dict = field(default_factory=dict)   # id(p) -> optimizer
+    backward_count: int = 0
+    optimizer_steps: int = 0
+
+    def merge(self, other: "_Bucket") -> None:
+        for m, raw in other.acts.items():
+            self.acts[m] = S.merge_raw(self.acts[m], raw) if m in self.acts else raw
+        for o, raw in other.losses.items():
+            self.losses[o] = S.merge_raw(self.losses[o], raw) if o in self.losses else raw
+        if other.pending_loss is not None:
+            self.pending_loss = other.pending_loss if self.pending_loss is None else \
+                S.merge_raw(self.pending_loss, other.pending_loss)
+        for pid, (p, rows) in other.params.items():
+            self.params.setdefault(pid, (p, {}))[1].update(rows)
+        self.param_opt.update(other.param_opt)
+        self.backward_count += other.backward_count
+        self.optimizer_steps += other.optimizer_steps
+
+    def empty(self) -> bool:
+        return not (self.acts or self.losses or self.params or self.pending_loss is not None
+                    or self.backward_count or self.optimizer_steps)
+
+
+def first_float_tensor(out, depth: int = 0):
+    if isinstance(out, torch.Tensor):
+        return out if out.is_floating_point() else None
+    if depth > 3:
+        return None
+    if isinstance(out, (tuple, list)):
+        for o in out:
+            t = first_float_tensor(o, depth + 1)
+            if t is not None:
+                return t
+    elif isinstance(out, dict):
+        for o in out.values():
+            t = first_float_tensor(o, depth + 1)
+            if t is not None:
+                return t
+    return None
+
+
+class _Snapshot:
+    """Parameter values before an optimizer step, to compute its update."""
+
+    def __init__(self, params):
+        self.params = params
+        host = [p for p in params if S.is_host_tensor(p)]
+        self.host_ids = [id(p) for p in host]
+        self.host_flat = np.concatenate([S._host_array(p) for p in host]) if host else None
+        self.host_sizes = [p.numel() for p in host]
+        self.dev = {id(p): p.detach().clone() for p in params if not S.is_host_tensor(p)}
+
+    def updates(self) -> dict:
+        """id(p) -> (update as a host array or a device tensor)."""
+        out = {}
+        if self.host_flat is not None:
+            live = {id(p): p for p in self.params}
+            now = np.concatenate([S._host_array(live[i]) for i in self.host_ids])
+            diff = now - self.host_flat
+            off = 0
+            for i, n in zip(self.host_ids, self.host_sizes):
+                out[i] = diff[off:off + n]
+                off += n
+        for p in self.params:
+            if id(p) in self.dev:
+                out[id(p)] = p.detach() - self.dev[id(p)]
+        return out
+
+
+def _raw_rows(items: list) -> list:
+    """Raw rows for a list of host arrays or tensors, batched."""
+    host_i = [i for i, x in enumerate(items) if isinstance(x, np.ndarray)]
+    tens_i = [i for i, x in enumerate(items) if not isinstance(x, np.ndarray)]
+    out: list = [None] * len(items)
+    host_arrays = [items[i] for i in host_i]
+    tensors = [items[i] for i in tens_i]
+    small = [j for j, t in enumerate(tensors) if S.is_host_tensor(t)]
+    for j in small:
+        host_arrays.append(S._host_array(tensors[j]))
+        host_i.append(tens_i[j])
+    if host_arrays:
+        for i, row in zip(host_i, S.host_raw_batch(host_arrays)):
+            out[i] = row
+    big = [tens_i[j] for j, t in enumerate(tensors) if not S.is_host_tensor(t)]
+    if big:
+        pending = [(*S.device_raw(items[i]), items[i]) for i in big]
+        for i, row in zip(big, S.resolve_device_rows(pending)):
+            out[i] = row
+    return out
+
+
+class StepRecorder:
+    """Accumulates one step's statistics and emits a StepRecord when it closes.
+
+    ``sink(record)`` receives every closed, recorded step.  ``schedule(step)``
+    says whether a step is recorded at all.
+    """
+
+    def __init__(self, naming, sink: Callable[[StepRecord], None],
+                 schedule: Callable[[int], bool] = lambda step: True,
+                 clock_start: Optional[float] = None):
+        self.naming = naming
+        self.sink = sink
+        self.schedule = schedule
+        self.t0 = clock_start if clock_start is not None else time.time()
+        self.step = 0
+        self.recording = schedule(0)
+        self._buckets = [_Bucket()]
+        self._snapshots: dict = {}          # id(optimizer) -> _Snapshot
+        # A Sequential's output is its last child's output: reuse that row.
+        self._last_act: tuple = (None, None)   # ((id, version), raw)
+        self.manual = False
+        self._manual_pending: Optional[tuple] = None   # (step, bucket, time, snapshot)
+        self.last: Optional[StepRecord] = None
+
+    @property
+    def _cur(self) -> _Bucket:
+        return self._buckets[-1]
+
+    # -- events ---------------------------------------------------------------
+    def activation(self, module, output) -> None:
+        if not self.recording or not torch.is_grad_enabled():
+            return
+        t = first_float_tensor(output)
+        if t is None:
+            return
+        key = (id(t), t._version)
+        if self._last_act[0] == key:
+            raw = self._last_act[1]
+        else:
+            raw = S.raw_now(t)
+            self._last_act = (key, raw)
+        acts = self._cur.acts
+        acts[module] = S.merge_raw(acts[module], raw) if module in acts else raw
+
+    def loss(self, tensor: torch.Tensor) -> None:
+        self._cur.backward_count += 1
+        if not self.recording or not S.is_recordable(tensor):
+            return
+        raw = S.raw_now(tensor)
+        b = self._cur
+        b.pending_loss = raw if b.pending_loss is None else S.merge_raw(b.pending_loss, raw)
+
+    def optimizer_pre(self, opt) -> None:
+        if not self.recording:
+            return
+        params = [p for g in opt.param_groups for p in g["params"]]
+        self._snapshots[id(opt)] = _Snapshot(params)
+
+    def optimizer_post(self, opt) -> None:
+        b = self._cur
+        b.optimizer_steps += 1
+        if b.pending_loss is not None:
+            b.losses[opt] = S.merge_raw(b.losses[opt], b.pending_loss) if opt in b.losses else b.pending_loss
+            b.pending_loss = None
+        snap = self._snapshots.pop(id(opt), None)
+        if not self.recording or snap is None:
+            return
+        updates = snap.updates()
+        items, where = [], []
+        for p in snap.params:
+            items.append(p.detach())
+            where.append((p, "param"))
+            g = p.grad
+            if g is not None and not g.is_sparse:
+                items.append(g.detach())
+                where.append((p, "grad"))
+            items.append(updates[id(p)])
+            where.append((p, "update"))
+        for (p, kind), raw in zip(where, _raw_rows(items)):
+            b.params.setdefault(id(p), (p, {}))[1][kind] = raw
+            b.param_opt[id(p)] = opt
+
+    def mark(self) -> None:
+        """Start a new segment (used while the step clock learns a GAN's iteration)."""
+        self._buckets.append(_Bucket())
+
+    # -- closing -------------------------------------------------------------
+    def close(self, step: int, retro: Optional[int] = None, final: bool = False) -> None:
+        """Close ``step``.  With ``retro``, only the first ``retro`` segments
+        belong to it; the rest start the next step."""
+        if retro is not None:
+            closed, rest = self._buckets[:retro], self._buckets[retro:]
+        else:
+            closed, rest = self._buckets, []
+        bucket = _Bucket()
+        for b in closed:
+            bucket.merge(b)
+        nxt = _Bucket()
+        for b in rest:
+            nxt.merge(b)
+        self._buckets = [nxt]
+        now = time.time() - self.t0
+        recording = self.recording
+        self.step = step + 1
+        self.recording = self.schedule(self.step)
+        if step == 0:
+            self.naming.freeze()
+        if self.manual:
+            self._close_manual(step, bucket, now, recording, final)
+            return
+        if recording:
+            self._other_params(bucket)
+            self._emit(step, bucket, now)
+
+    def finish(self) -> None:
+        """The run ended: emit what is still pending."""
+        if self._manual_pending is not None:
+            self._close_manual(None, None, time.time() - self.t0, False, True)
+
+    def _other_params(self, bucket: _Bucket) -> None:
+        """param and grad of the model's parameters that no optimizer stepped."""
+        others = [p for p in self.naming.root_params() if id(p) not in bucket.params]
+        items, where = [], []
+        for p in others:
+            items.append(p.detach())
+            where.append((p, "param"))
+            g = p.grad
+            if g is not None and not g.is_sparse:
+                items.append(g.detach())
+                where.append((p, "grad"))
+        for (p, kind), raw in zip(where, _raw_rows(items)):
+            bucket.params.setdefault(id(p), (p, {}))[1][kind] = raw
+
+    def _close_manual(self, step, bucket, now, recording, final) -> None:
+        pend = self._manual_pending
+        self._manual_pending = None
+        if pend is not None:
+            pstep, pbucket, ptime, snap = pend
+            updates = snap.updates()
+            items, where = [], []
+            for p in snap.params:
+                items.append(p.detach())
+                where.append((p, "param"))
+                items.append(updates[id(p)])
+                where.append((p, "update"))
+            for (p, kind), raw in zip(where, _raw_rows(items)):
+                pbucket.params.setdefault(id(p), (p, {}))[1][kind] = raw
+            self._emit(pstep, pbucket, ptime)
+        if bucket is None or not recording:
+            return
+        params = self.naming.root_params()
+        items, where = [], []
+        for p in params:
+            g = p.grad
+            if g is not None and not g.is_sparse:
+                items.append(g.detach())
+                where.append((p, "grad"))
+        for (p, kind), raw in zip(where, _raw_rows(items)):
+            bucket.params.setdefault(id(p), (p, {}))[1][kind] = raw
+        if final:
+            self._emit(step, bucket, now)
+        else:
+            self._manual_pending = (step, bucket, now, _Snapshot(params))
+
+    def _emit(self, step: int, b: _Bucket, now: float) -> None:
+        names, raws = [], []
+        for m, raw in b.acts.items():
+            names.append((self.naming.module_name(m), "act"))
+            raws.append(raw)
+        losses = dict(b.losses)
+        if b.pending_loss is not None:
+            losses[None] = S.merge_raw(losses[None], b.pending_loss) if None in losses else b.pending_loss
+        qualify = len(losses) > 1 or self.naming.loss_qualified
+        for opt, raw in losses.items():
+            if qualify and opt is not None:
+                name = "loss/" + self.naming.optimizer_name(opt)
+            else:
+                name = "loss"
+            names.append((name, "loss"))
+            raws.append(raw)
+        if len(losses) > 1:
+            self.naming.loss_qualified = True
+        for pid, (p, rows) in b.params.items():
+            pname = self.naming.param_name(p)
+            for kind in ("param", "grad", "update"):
+                if kind in rows:
+                    names.append((pname, kind))
+                    raws.append(rows[kind])
+        rec = StepRecord(step, now, b.backward_count, b.optimizer_steps, names, S.finalize_many(raws))
+        self.last = rec
+        self.sink(rec)

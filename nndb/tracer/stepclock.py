@@ -1,0 +1,110 @@
+"""Where a training step ends.  Pure logic: it is fed events and answers.
+
+The rule (also in docs/steps.md):
+
+* **One optimizer** (a plain loop, gradient accumulation, LBFGS with a
+  closure): step N ends when the N-th ``optimizer.step()`` returns.  Any
+  number of ``backward()`` calls may happen inside one step.
+* **Several optimizers** (a GAN): one step is one iteration of the training
+  loop.  The iteration is learnt from the first optimizer to step a second
+  time: the optimizers that stepped before that, in order, make one
+  iteration, and the one that stepped last *closes* every step.  Step 0 is
+  closed retroactively at that moment (at the return of its last optimizer);
+  from step 1 on a step ends as soon as the closing optimizer returns.  If the
+  closing optimizer goes away (a new optimizer replaces it), the next
+  optimizer to step becomes the closer.
+* **No optimizer** in the process (hand-written updates such as
+  ``p.data.add_(p.grad, alpha=-lr)``): step N ends when the N-th
+  ``backward()`` that reaches a parameter returns.  If an optimizer appears
+  later, its steps take over from then on.
+"""
+from __future__ import annotations
+
+import enum
+import weakref
+from dataclasses import dataclass
+from typing import Optional
+
+
+class Mode(enum.Enum):
+    UNKNOWN = "unknown"
+    MANUAL = "manual"
+    SINGLE = "single"
+    LEARNING = "learning"
+    CYCLE = "cycle"
+
+
+@dataclass
+class Close:
+    """Close the current step.  ``retro`` is the number of optimizer
+    segments (see ``StepRecorder.mark``) that belong to the closed step when
+    it is closed after the fact; None closes everything recorded so far."""
+    step: int
+    retro: Optional[int] = None
+
+
+class StepClock:
+    def __init__(self):
+        self.step = 0
+        self.mode = Mode.UNKNOWN
+        self._closer = None              # weakref to the closing optimizer
+        self._learn_order: list = []     # ids of optimizers seen while learning
+        self._learn_posts = 0            # optimizer steps (segments) while learning
+
+    @property
+    def closer(self):
+        return self._closer() if self._closer is not None else None
+
+    def _set_closer(self, opt) -> None:
+        self._closer = weakref.ref(opt)
+
+    def _close(self, retro=None) -> Close:
+        c = Close(self.step, retro)
+        self.step += 1
+        return c
+
+    # -- events -------------------------------------------------------------
+    def optimizer_pre(self, opt, n_optimizers: int) -> Optional[Close]:
+        """``n_optimizers``: how many optimizers the process holds now."""
+        if self.mode in (Mode.UNKNOWN, Mode.MANUAL):
+            if n_optimizers <= 1:
+                self.mode = Mode.SINGLE
+                self._set_closer(opt)
+            else:
+                self.mode = Mode.LEARNING
+                self._learn_order = []
+                self._learn_posts = 0
+            return None
+        if self.mode is Mode.LEARNING:
+            if id(opt) in self._learn_order:
+                # The iteration is complete: the optimizer that stepped last closes steps.
+                self.mode = Mode.CYCLE
+                return self._close(retro=self._learn_posts)
+            return None
+        if self.closer is None:
+            self.mode = Mode.SINGLE if n_optimizers <= 1 else Mode.CYCLE
+            self._set_closer(opt)
+        return None
+
+    def optimizer_post(self, opt) -> Optional[Close]:
+        if self.mode is Mode.LEARNING:
+            self._learn_order.append(id(opt))
+            self._learn_posts += 1
+            self._set_closer(opt)
+            return None
+        if opt is self.closer:
+            return self._close()
+        return None
+
+    def backward_end(self, n_optimizers: int) -> Optional[Close]:
+        if self.mode is Mode.UNKNOWN:
+            self.mode = Mode.MANUAL if n_optimizers == 0 else Mode.UNKNOWN
+        if self.mode is Mode.MANUAL:
+            return self._close()
+        return None
+
+    def finish(self) -> Optional[Close]:
+        """The script ended: a step still open (work after the last closing
+        event, or an iteration never completed) is closed if anything
+        happened in it; the caller decides that."""
+        return self._close()
