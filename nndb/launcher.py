@@ -70,6 +70,8 @@ def prepare(target: Target) -> Prepared:
             raw = fh.read()
     except OSError as e:
         raise ScriptNotFound(f"cannot read {path}: {e.strerror or e}") from None
+    if b"\0" in raw:
+        raise UsageError(f"{path} is not a Python script (binary file)")
     try:
         with tokenize.open(filename) as fh:
             source = fh.read()
@@ -77,8 +79,7 @@ def prepare(target: Target) -> Prepared:
     except SyntaxError as e:
         raise UsageError(f"{path} is not a Python script: {e.msg} (line {e.lineno})") from None
     except (UnicodeDecodeError, ValueError):
-        kind = "binary file" if b"\0" in raw[:4096] else "undecodable text"
-        raise UsageError(f"{path} is not a Python script ({kind})") from None
+        raise UsageError(f"{path} is not a Python script (its text cannot be decoded)") from None
     return Prepared(target, code, filename)
 
 

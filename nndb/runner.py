@@ -59,23 +59,46 @@ class _SigtermGuard:
             signal.signal(signal.SIGTERM, self._old)
 
 
+class Recording:
+    """The tracer, recorder and trace writer for one run, as a context manager:
+    hooks are installed on entry and removed on exit.  ``close(status, code)``
+    ends the trace.  ``nndb run`` and scripts/bench.py both record through it."""
+
+    def __init__(self, path: str, meta: dict, config: RunConfig,
+                 message: Callable[[str], None] = _stderr,
+                 on_step_end: Optional[Callable[[int], None]] = None):
+        self.path = path
+        self.writer = TraceWriter(path, meta, config.flush_steps, config.flush_secs, on_error=message)
+        self.naming = Naming()
+        self.recorder = StepRecorder(self.naming, self.writer.append, config.schedule)
+        self.tracer = Tracer(self.recorder, self.naming, on_step_end=on_step_end, on_error=message)
+
+    def __enter__(self) -> "Recording":
+        self.tracer.install()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.tracer.finish()
+        self.tracer.uninstall()
+
+    def close(self, status: str = "finished", exit_code: int = 0, reason: str = "") -> None:
+        self.writer.close(status, exit_code, reason)
+
+
 def record(config: RunConfig, message: Callable[[str], None] = _stderr,
            on_step_end: Optional[Callable[[int], None]] = None) -> RunResult:
     prepared = launcher.prepare(config.target)           # bad script: fails here, before a trace exists
     meta = runmeta.collect(config.target, config.schedule.describe())
     path = config.trace_path or default_trace_path(config.target, meta["rank"], meta["world_size"])
-    writer = TraceWriter(path, meta, config.flush_steps, config.flush_secs, on_error=message)
+    rec = Recording(path, meta, config, message, on_step_end)
     if not config.quiet:
         message(f"nndb: recording to {path}")
-    naming = Naming()
-    recorder = StepRecorder(naming, writer.append, config.schedule)
-    tracer = Tracer(recorder, naming, on_step_end=on_step_end, on_error=message)
 
     status, code, reason = "finished", EXIT_OK, ""
     with _SigtermGuard():
-        tracer.install()
         try:
-            launcher.run(prepared)
+            with rec:
+                launcher.run(prepared)
         except SystemExit as e:
             code = launcher.system_exit_code(e)
             status = "finished" if code == 0 else "failed"
@@ -90,9 +113,8 @@ def record(config: RunConfig, message: Callable[[str], None] = _stderr,
             status, code = "failed", EXIT_SCRIPT_ERROR
             reason = f"{type(e).__name__}: {e}"
         finally:
-            tracer.finish()
-            tracer.uninstall()
-            writer.close(status, code, reason)
+            rec.close(status, code, reason)
+    steps = rec.writer.steps_written
     if status == "terminated" and not config.quiet:
-        message(f"nndb: terminated (SIGTERM); trace closed with {writer.steps_written} step(s): {path}")
-    return RunResult(code, status, reason, path, writer.steps_written, writer.last_step)
+        message(f"nndb: terminated (SIGTERM); trace closed with {steps} step(s): {path}")
+    return RunResult(code, status, reason, path, steps, rec.writer.last_step)

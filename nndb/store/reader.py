@@ -84,6 +84,7 @@ class TraceReader:
         self.times = np.asarray(f["steps"]["time"][:n_rows])
         self.backward_count = np.asarray(f["steps"]["backward_count"][:n_rows])
         self.optimizer_steps = np.asarray(f["steps"]["optimizer_steps"][:n_rows])
+        self.partial = np.asarray(f["steps"]["partial"][:n_rows]).astype(bool)
         end = _json_blob(f["end"])
         self.end: Optional[dict] = json.loads(end) if end.strip() else None
         self.events = [json.loads(l) for l in _json_blob(f["events"]).splitlines() if l.strip()]

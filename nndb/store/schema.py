@@ -11,7 +11,9 @@
     │   │                                  recording schedule, so steps may have gaps)
     │   ├── time              float64[N]   seconds since the run started, at the step's end
     │   ├── backward_count    int32[N]     backward() passes in the step
-    │   └── optimizer_steps   int32[N]     optimizer.step() calls in the step
+    │   ├── optimizer_steps   int32[N]     optimizer.step() calls in the step
+    │   └── partial           uint8[N]     1 if the run ended inside this step (the script raised
+    │                                      or exited before the step's end): what it did so far
     ├── stats                 float64[N, S, 10]
     │                                      stats[i, j] = statistics of series j at row i,
     │                                      columns as attrs["columns"] (STAT_NAMES);

@@ -65,7 +65,7 @@ class TraceWriter:
             f.create_dataset(name, shape=(0,), maxshape=(None,), chunks=K.BLOB_CHUNK, dtype="u1")
         g = f.create_group("steps")
         for name, dt in (("step", "i8"), ("time", "f8"), ("backward_count", "i4"),
-                         ("optimizer_steps", "i4")):
+                         ("optimizer_steps", "i4"), ("partial", "u1")):
             g.create_dataset(name, shape=(0,), maxshape=(None,), chunks=K.STEPS_CHUNK, dtype=dt)
         ds = f.create_dataset("stats", shape=(0, 0, len(K.COLUMNS)), maxshape=(None, None, len(K.COLUMNS)),
                               chunks=K.STATS_CHUNK, dtype="f8", fillvalue=np.nan)
@@ -124,6 +124,7 @@ class TraceWriter:
                 "time": [r.time for r, _ in self._rows],
                 "backward_count": [r.backward_count for r, _ in self._rows],
                 "optimizer_steps": [r.optimizer_steps for r, _ in self._rows],
+                "partial": [r.partial for r, _ in self._rows],
             }
             for name, values in cols.items():
                 d = f["steps"][name]

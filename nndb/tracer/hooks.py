@@ -111,7 +111,7 @@ class Tracer:
             return
         try:
             rec = self.recorder
-            if rec._manual_pending is not None or not all(b.empty() for b in rec._buckets):
+            if rec.has_open_work():
                 close = self.clock.finish()
                 rec.close(close.step, final=True)
             rec.finish()
@@ -233,7 +233,7 @@ class Tracer:
         oname = self.naming.optimizer_name(opt, frame)
         for gi, g in enumerate(opt.param_groups):
             for pi, p in enumerate(g["params"]):
-                self.naming.param_name(p, frame, fallback=f"{oname}.group{gi}.{pi}")
+                self.naming.note_param(p, frame, fallback=f"{oname}.group{gi}.{pi}")
                 if p.requires_grad and id(p) not in self._param_handles:
                     self._param_handles[id(p)] = p.register_post_accumulate_grad_hook(self._grad_accumulated)
 

@@ -79,6 +79,7 @@ class Naming:
         self._frozen = False
         self._opt_names: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
         self._used_opt_names: set = set()
+        self._loose_names: dict = {}     # id(param) -> (weakref param, name)
         self.loss_qualified = False      # set once a step had losses for several optimizers
 
     # -- registration -----------------------------------------------------
@@ -146,17 +147,23 @@ class Naming:
             return snake(type(module).__name__)
         return self._qualify(*entry)
 
-    def param_name(self, p: torch.Tensor, frame=None, fallback: str = "param") -> str:
+    def note_param(self, p: torch.Tensor, frame, fallback: str) -> None:
+        """Remember a name for a parameter that may belong to no module: the
+        script's variable name if it has one, else ``fallback``.  A module
+        path found later (the model's first forward) takes precedence."""
+        if id(p) in self._param_path and self._param_path[id(p)][0]() is p:
+            return
+        self._loose_names[id(p)] = (weakref.ref(p), find_variable_name(p, frame) or fallback)
+
+    def param_name(self, p: torch.Tensor) -> str:
         entry = self._param_path.get(id(p))
         if entry is not None and entry[0]() is p:
             _, root, sub = entry
-            if root is None:
-                return sub
             return self._qualify(root, sub)
-        name = find_variable_name(p, frame) if frame is not None else None
-        name = name or fallback
-        self._param_path[id(p)] = (weakref.ref(p), None, name)
-        return name
+        loose = self._loose_names.get(id(p))
+        if loose is not None and loose[0]() is p:
+            return loose[1]
+        return f"tensor{id(p):x}"
 
     def optimizer_name(self, opt, frame=None) -> str:
         name = self._opt_names.get(opt)

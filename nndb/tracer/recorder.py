@@ -40,6 +40,7 @@ class StepRecord:
     optimizer_steps: int
     names: list                  # [(name, kind)]
     stats: np.ndarray            # (len(names), N_STATS), STAT_NAMES columns
+    partial: bool = False        # cut short by the end of the run (the script raised or exited mid-step)
 
     def as_dict(self) -> dict:
         return {(n, k): dict(zip(S.STAT_NAMES, map(float, row)))
@@ -255,7 +256,11 @@ class StepRecorder:
             return
         if recording:
             self._other_params(bucket)
-            self._emit(step, bucket, now)
+            self._emit(step, bucket, now, partial=final)
+
+    def has_open_work(self) -> bool:
+        """Did anything happen since the last step closed?"""
+        return not all(b.empty() for b in self._buckets)
 
     def finish(self) -> None:
         """The run ended: emit what is still pending."""
@@ -303,11 +308,11 @@ class StepRecorder:
         for (p, kind), raw in zip(where, _raw_rows(items)):
             bucket.params.setdefault(id(p), (p, {}))[1][kind] = raw
         if final:
-            self._emit(step, bucket, now)
+            self._emit(step, bucket, now, partial=True)
         else:
             self._manual_pending = (step, bucket, now, _Snapshot(params))
 
-    def _emit(self, step: int, b: _Bucket, now: float) -> None:
+    def _emit(self, step: int, b: _Bucket, now: float, partial: bool = False) -> None:
         names, raws = [], []
         for m, raw in b.acts.items():
             names.append((self.naming.module_name(m), "act"))
@@ -331,6 +336,6 @@ class StepRecorder:
                 if kind in rows:
                     names.append((pname, kind))
                     raws.append(rows[kind])
-        rec = StepRecord(step, now, b.backward_count, b.optimizer_steps, names, S.finalize_many(raws))
+        rec = StepRecord(step, now, b.backward_count, b.optimizer_steps, names, S.finalize_many(raws), partial)
         self.last = rec
         self.sink(rec)

@@ -1,0 +1,192 @@
+#!/usr/bin/env python
+"""Recording overhead of nndb, as a ratio against the same loop without it.
+
+For each workload the same training loop runs plain (A) and recorded by nndb
+(B), interleaved A B A B ... in this one process, each from the same seed and
+initial weights.  Only the loop is timed (no interpreter start-up, no model
+construction, no trace creation or closing).  Printed: the median of the
+per-pair ratios B/A with their min-max, the plain and recorded step times,
+and trace bytes per recorded step.
+
+    python scripts/bench.py                      # all workloads, default sizes
+    python scripts/bench.py --pairs 7 --json bench.json
+    python scripts/bench.py --workload cnn --every 10
+
+Targets (default recording): cnn <= 1.10x, mlp <= 1.5x.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+import torch
+import torch.nn as nn
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+from nndb import runmeta  # noqa: E402
+from nndb.config import RecordSchedule, RunConfig  # noqa: E402
+from nndb.launcher import Target  # noqa: E402
+from nndb.runner import Recording  # noqa: E402
+
+
+# -- workloads: (build(seed) -> (model, opt, batches), steps) -------------------
+
+def _batches(n, make):
+    g = torch.Generator().manual_seed(1234)
+    return [make(g) for _ in range(n)]
+
+
+def mlp(seed):
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 10))
+    opt = torch.optim.Adam(model.parameters(), 1e-3)
+    data = _batches(8, lambda g: (torch.randn(64, 32, generator=g), torch.randint(0, 10, (64,), generator=g)))
+    return model, opt, nn.CrossEntropyLoss(), data
+
+
+class SmallCNN(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(16, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(32, 64, 3, padding=1), nn.BatchNorm2d(64), nn.ReLU(), nn.AdaptiveAvgPool2d(1))
+        self.head = nn.Linear(64, 10)
+
+    def forward(self, x):
+        return self.head(self.features(x).flatten(1))
+
+
+def cnn(seed):
+    torch.manual_seed(seed)
+    model = SmallCNN()
+    opt = torch.optim.SGD(model.parameters(), 0.05, momentum=0.9)
+    data = _batches(4, lambda g: (torch.randn(32, 3, 32, 32, generator=g), torch.randint(0, 10, (32,), generator=g)))
+    return model, opt, nn.CrossEntropyLoss(), data
+
+
+class LSTMClassifier(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(100, 32)
+        self.lstm = nn.LSTM(32, 64, batch_first=True)
+        self.fc = nn.Linear(64, 5)
+
+    def forward(self, x):
+        out, _ = self.lstm(self.emb(x))
+        return self.fc(out[:, -1])
+
+
+def lstm(seed):
+    torch.manual_seed(seed)
+    model = LSTMClassifier()
+    opt = torch.optim.Adam(model.parameters(), 1e-3)
+    data = _batches(4, lambda g: (torch.randint(0, 100, (32, 24), generator=g), torch.randint(0, 5, (32,), generator=g)))
+    return model, opt, nn.CrossEntropyLoss(), data
+
+
+def transformer(seed):
+    torch.manual_seed(seed)
+    layer = nn.TransformerEncoderLayer(d_model=64, nhead=4, dim_feedforward=128, dropout=0.1, batch_first=True)
+    model = nn.Sequential(nn.TransformerEncoder(layer, num_layers=2, enable_nested_tensor=False),
+                          nn.Flatten(), nn.Linear(64 * 16, 10))
+    opt = torch.optim.AdamW(model.parameters(), 1e-3)
+    data = _batches(4, lambda g: (torch.randn(16, 16, 64, generator=g), torch.randint(0, 10, (16,), generator=g)))
+    return model, opt, nn.CrossEntropyLoss(), data
+
+
+WORKLOADS = {"mlp": (mlp, 300), "cnn": (cnn, 40), "lstm": (lstm, 60), "transformer": (transformer, 60)}
+
+
+def train(model, opt, crit, data, steps):
+    for i in range(steps):
+        x, y = data[i % len(data)]
+        opt.zero_grad()
+        loss = crit(model(x), y)
+        loss.backward()
+        opt.step()
+    return float(loss.detach())
+
+
+def timed_loop(build, steps, recorded, schedule, tmpdir, seed=0):
+    model, opt, crit, data = build(seed)
+    train(model, opt, crit, data, 3)         # warm-up, outside the timing
+    rec, path = None, None
+    if recorded:
+        path = os.path.join(tmpdir, f"bench-{time.monotonic_ns()}.h5")
+        meta = runmeta.collect(Target(path="bench.py"), schedule.describe())
+        rec = Recording(path, meta, RunConfig(Target(path="bench.py"), path, schedule),
+                        message=lambda m: print(m, file=sys.stderr))
+        rec.__enter__()
+    t = time.perf_counter()
+    loss = train(model, opt, crit, data, steps)
+    elapsed = time.perf_counter() - t
+    size = None
+    if rec is not None:
+        rec.__exit__(None, None, None)
+        rec.close()
+        size = os.path.getsize(path) / max(1, rec.writer.steps_written)
+        os.remove(path)
+    return elapsed, loss, size
+
+
+def bench(name, pairs, schedule, tmpdir, scale=1.0):
+    build, steps = WORKLOADS[name]
+    steps = max(5, int(steps * scale))
+    ratios, plain, traced, sizes = [], [], [], []
+    for i in range(pairs):
+        order = (False, True) if i % 2 == 0 else (True, False)
+        times = {}
+        for recorded in order:
+            elapsed, loss, size = timed_loop(build, steps, recorded, schedule, tmpdir)
+            times[recorded] = elapsed
+            if size is not None:
+                sizes.append(size)
+        plain.append(times[False] / steps)
+        traced.append(times[True] / steps)
+        ratios.append(times[True] / times[False])
+    return {
+        "workload": name, "steps": steps, "pairs": pairs,
+        "ratio_median": statistics.median(ratios), "ratio_min": min(ratios), "ratio_max": max(ratios),
+        "plain_ms": statistics.median(plain) * 1e3, "recorded_ms": statistics.median(traced) * 1e3,
+        "trace_bytes_per_step": statistics.median(sizes) if sizes else None,
+    }
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--workload", action="append", choices=sorted(WORKLOADS),
+                    help="run only this workload (repeatable; default: all)")
+    ap.add_argument("--pairs", type=int, default=7, help="A/B pairs per workload (default 7)")
+    ap.add_argument("--scale", type=float, default=1.0, help="multiply the steps per loop")
+    ap.add_argument("--every", type=int, default=None, help="record every N-th step")
+    ap.add_argument("--json", metavar="FILE", help="also write the results as JSON")
+    args = ap.parse_args(argv)
+    from tabulate import tabulate
+    schedule = RecordSchedule.parse(args.every, None)
+    names = args.workload or list(WORKLOADS)
+    results = []
+    with tempfile.TemporaryDirectory() as tmpdir:
+        for name in names:
+            results.append(bench(name, args.pairs, schedule, tmpdir, args.scale))
+    rows = [[r["workload"], f"{r['plain_ms']:.2f}", f"{r['recorded_ms']:.2f}",
+             f"{r['ratio_median']:.3f}x", f"{r['ratio_min']:.3f}-{r['ratio_max']:.3f}",
+             f"{r['trace_bytes_per_step']:.0f}" if r["trace_bytes_per_step"] else "-"] for r in results]
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, schedule: {schedule.describe()}")
+    print(tabulate(rows, headers=["workload", "plain ms/step", "nndb ms/step", "ratio (median)",
+                                  "ratio min-max", "trace B/step"], disable_numparse=True))
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump({"torch": torch.__version__, "threads": torch.get_num_threads(),
+                       "schedule": schedule.describe(), "results": results}, fh, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,37 @@
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+EXAMPLES = os.path.join(ROOT, "scripts", "examples")
+
+
+def example(name: str) -> str:
+    return os.path.join(EXAMPLES, name)
+
+
+def nndb(*args, cwd=None, timeout=180, env=None, **kw) -> subprocess.CompletedProcess:
+    """Run ``python -m nndb ARGS`` in a subprocess."""
+    e = dict(os.environ)
+    e.pop("NNDB_DEBUG", None)
+    e["PYTHONPATH"] = ROOT + os.pathsep + e.get("PYTHONPATH", "")
+    if env:
+        e.update(env)
+    return subprocess.run([sys.executable, "-m", "nndb", *args], cwd=cwd, capture_output=True,
+                          text=True, timeout=timeout, env=e, **kw)
+
+
+def python(*args, cwd=None, timeout=180) -> subprocess.CompletedProcess:
+    """Run the same thing with plain Python, for comparison."""
+    return subprocess.run([sys.executable, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout)
+
+
+def without_nndb_lines(stderr: str) -> str:
+    return "".join(l for l in stderr.splitlines(True) if not l.startswith("nndb: "))
+
+
+@pytest.fixture
+def trace(tmp_path):
+    return str(tmp_path / "run.h5")

@@ -1,0 +1,222 @@
+"""nndb run behaves like python SCRIPT ARGS, and bad input gets one clean line."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from conftest import ROOT, example, nndb, python, without_nndb_lines
+from nndb.store.reader import TraceReader
+
+
+def write(tmp_path, name, text):
+    p = tmp_path / name
+    p.write_text(textwrap.dedent(text))
+    return str(p)
+
+
+def test_script_sees_main_argv_and_path(tmp_path, trace):
+    script = write(tmp_path, "probe.py", """
+        import json, sys, os
+        print(json.dumps({"name": __name__, "argv": sys.argv, "path0": sys.path[0],
+                          "file": __file__, "main_is_me": sys.modules["__main__"].__dict__ is globals()}))
+        sys.exit(7)
+    """)
+    args = ["--help", "-v", "--lr", "0.1", "positional"]
+    plain = python(script, *args, cwd=str(tmp_path))
+    traced = nndb("run", "--trace", trace, script, *args, cwd=str(tmp_path))
+    assert traced.returncode == plain.returncode == 7
+    assert json.loads(traced.stdout) == json.loads(plain.stdout)
+    assert json.loads(traced.stdout)["argv"][1:] == args
+
+
+def test_run_module_like_python_m(tmp_path, trace):
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "train.py").write_text("import sys\nprint(__name__, sys.argv[1:])\n")
+    plain = subprocess.run([sys.executable, "-m", "pkg.train", "--x", "1"], cwd=str(tmp_path),
+                           capture_output=True, text=True)
+    traced = nndb("run", "--trace", trace, "-m", "pkg.train", "--x", "1", cwd=str(tmp_path))
+    assert traced.returncode == 0, traced.stderr
+    assert traced.stdout == plain.stdout == "__main__ ['--x', '1']\n"
+
+
+def test_missing_script_is_one_line_exit_2(tmp_path):
+    r = nndb("run", str(tmp_path / "nope.py"), cwd=str(tmp_path))
+    assert r.returncode == 2
+    assert r.stderr.strip().count("\n") == 0 and "no such file" in r.stderr
+    assert "Traceback" not in r.stderr
+    assert not (tmp_path / "nndb-runs").exists()       # no trace for a run that never started
+
+
+def test_missing_module_is_one_line_exit_2(tmp_path):
+    r = nndb("run", "-m", "no_such_module_xyz", cwd=str(tmp_path))
+    assert r.returncode == 2 and "no module named no_such_module_xyz" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("content,what", [(b"\x7fELF\x00\x01\x02binary", "binary"),
+                                          (b"def broken(:\n", "invalid syntax")])
+def test_not_python_is_one_line_exit_2(tmp_path, content, what):
+    p = tmp_path / "x.py"
+    p.write_bytes(content)
+    r = nndb("run", str(p), cwd=str(tmp_path))
+    assert r.returncode == 2, r.stderr
+    assert "is not a Python script" in r.stderr and what in r.stderr
+    assert r.stderr.strip().count("\n") == 0 and "Traceback" not in r.stderr
+
+
+def test_missing_script_argument_is_usage_error(tmp_path):
+    r = nndb("run", cwd=str(tmp_path))
+    assert r.returncode == 2 and "missing SCRIPT" in r.stderr
+
+
+def test_unwritable_trace_path_fails_before_the_run(tmp_path):
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    script = write(tmp_path, "s.py", "print('ran')\n")
+    # A directory that cannot exist (its parent is a file) fails for root too.
+    r = nndb("run", "--trace", str(blocker / "sub" / "t.h5"), script, cwd=str(tmp_path))
+    assert r.returncode == 2
+    assert "cannot create trace" in r.stderr and str(blocker / "sub" / "t.h5") in r.stderr
+    assert r.stdout == ""                                   # the script never ran
+    assert "Traceback" not in r.stderr
+
+
+def test_default_trace_path_is_printed_and_created(tmp_path):
+    script = write(tmp_path, "s.py", "print('ran')\n")
+    r = nndb("run", script, cwd=str(tmp_path))
+    assert r.returncode == 0
+    line = [l for l in r.stderr.splitlines() if l.startswith("nndb: recording to ")][0]
+    path = line.split("nndb: recording to ", 1)[1]
+    assert path.startswith("nndb-runs/s-") and path.endswith(".h5")
+    assert os.path.exists(tmp_path / path)
+    r2 = nndb("run", script, cwd=str(tmp_path))
+    path2 = [l for l in r2.stderr.splitlines() if l.startswith("nndb: recording to ")][0].split(" to ", 1)[1]
+    assert path2 != path                                     # never overwrites a trace
+
+
+def test_script_exception_traceback_as_python_and_trace_kept(tmp_path, trace):
+    script = example("raises.py")
+    plain = python(script, "--fail-at", "3", cwd=str(tmp_path))
+    r = nndb("run", "--trace", trace, script, "--fail-at", "3", cwd=str(tmp_path))
+    assert r.returncode == plain.returncode == 1
+    assert r.stdout == plain.stdout
+    assert without_nndb_lines(r.stderr) == plain.stderr
+    assert "nndb/" not in r.stderr                            # none of nndb's frames
+    with TraceReader(trace) as t:
+        assert t.status == "failed" and t.end["exit_code"] == 1
+        assert "planted failure" in t.end["reason"]
+        # steps 0..2 finished; step 3 raised after its backward and is kept, marked partial
+        assert list(t.steps) == [0, 1, 2, 3]
+        assert list(t.partial) == [False, False, False, True]
+        loss = t.find("loss", "loss")[0]
+        assert len(t.history(loss, "mean")[0]) == 4
+        assert len(t.history(t.find("weight", "update")[0], "norm")[0]) == 3
+
+
+def test_sys_exit_with_message(tmp_path, trace):
+    script = write(tmp_path, "s.py", "import sys\nsys.exit('bye')\n")
+    r = nndb("run", "--trace", trace, script)
+    p = python(script)
+    assert r.returncode == p.returncode == 1
+    assert without_nndb_lines(r.stderr) == p.stderr == "bye\n"
+
+
+def _start_long_run(tmp_path, trace, flush=("--flush-every", "1000", "--flush-secs", "1000")):
+    script = write(tmp_path, "long.py", """
+        import sys, time, torch
+        torch.manual_seed(0)
+        model = torch.nn.Linear(4, 1)
+        opt = torch.optim.SGD(model.parameters(), 0.01)
+        for step in range(100000):
+            opt.zero_grad()
+            model(torch.randn(8, 4)).pow(2).mean().backward()
+            opt.step()
+            if step == 5:
+                print("ready", flush=True)
+            time.sleep(0.002)
+    """)
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    proc = subprocess.Popen([sys.executable, "-m", "nndb", "run", *flush, "--trace", trace, script],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    assert proc.stdout.readline().strip() == "ready"
+    return proc
+
+
+@pytest.mark.parametrize("sig,code,status", [(signal.SIGTERM, 143, "terminated"),
+                                             (signal.SIGINT, 130, "interrupted")])
+def test_signals_flush_and_close_the_trace(tmp_path, trace, sig, code, status):
+    proc = _start_long_run(tmp_path, trace)
+    time.sleep(0.3)
+    proc.send_signal(sig)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == code, err
+    with TraceReader(trace) as t:
+        assert t.status == status and t.end["exit_code"] == code
+        assert t.n_steps >= 6                        # nothing buffered was lost despite no flush before
+        assert list(t.steps) == list(range(t.n_steps))
+    if sig == signal.SIGINT:
+        assert "KeyboardInterrupt" in err
+
+
+def test_kill_9_leaves_a_readable_trace_up_to_the_last_flush(tmp_path, trace):
+    script = write(tmp_path, "long.py", """
+        import time, torch
+        torch.manual_seed(0)
+        model = torch.nn.Linear(4, 1)
+        opt = torch.optim.SGD(model.parameters(), 0.01)
+        for step in range(100000):
+            opt.zero_grad()
+            model(torch.randn(8, 4)).pow(2).mean().backward()
+            opt.step()
+            if step == 25:
+                print("ready", flush=True)
+    """)
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    proc = subprocess.Popen([sys.executable, "-m", "nndb", "run", "--flush-every", "10",
+                             "--flush-secs", "1000", "--trace", trace, script],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    assert proc.stdout.readline().strip() == "ready"
+    proc.kill()
+    proc.wait(timeout=30)
+    with TraceReader(trace) as t:
+        assert t.status == "incomplete" and t.end is None
+        assert t.n_steps >= 20 and t.n_steps % 10 == 0        # whole flushes only
+        assert list(t.steps) == list(range(t.n_steps))
+        w = t.find("weight", "param")[0]
+        steps, norms = t.history(w, "norm")
+        assert len(steps) == t.n_steps and all(n > 0 for n in norms)
+    r = nndb("inspect", trace)
+    assert r.returncode == 0 and "killed" in r.stdout
+
+
+def test_trace_readable_while_the_run_writes(tmp_path, trace):
+    proc = _start_long_run(tmp_path, trace, flush=("--flush-every", "1"))
+    try:
+        seen = []
+        for _ in range(2):
+            r = nndb("inspect", "--json", trace)
+            assert r.returncode == 0, r.stderr
+            data = json.loads(r.stdout)
+            seen.append(data["steps"])
+            assert data["status"] == "incomplete"
+        assert proc.poll() is None                   # the writer was alive all along
+        assert seen[0] >= 6 and seen[1] > seen[0]    # and the reader saw it grow
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=60)
+
+
+def test_version_and_help():
+    r = nndb("--version")
+    assert r.returncode == 0 and "nndb" in r.stdout
+    r = nndb("run", "--help")
+    assert r.returncode == 0 and "--every" in r.stdout and "--steps" in r.stdout

@@ -1,0 +1,98 @@
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from nndb.tracer import stats as S
+
+
+def reference(t: torch.Tensor) -> dict:
+    """The statistics computed the slow, obvious way, in float64."""
+    x = t.detach().double().reshape(-1)
+    fin = x[torch.isfinite(x)]
+    out = {"count": x.numel(), "nan_count": int(torch.isnan(x).sum()), "inf_count": int(torch.isinf(x).sum()),
+           "zero_frac": float((x == 0).sum()) / x.numel() if x.numel() else math.nan}
+    if fin.numel():
+        out.update(mean=float(fin.mean()), std=float(fin.std()) if fin.numel() > 1 else 0.0,
+                   min=float(fin.min()), max=float(fin.max()), norm=float(fin.norm()),
+                   mean_abs=float(fin.abs().mean()))
+    return out
+
+
+def assert_close(got: dict, want: dict, rel=1e-5):
+    for k, v in want.items():
+        assert got[k] == pytest.approx(v, rel=rel, abs=1e-6), k
+
+
+@pytest.mark.parametrize("n", [1, 2, 7, 4096, S.HOST_MAX_ELEMENTS + 1, 300_000])
+def test_stats_match_reference(n):
+    g = torch.Generator().manual_seed(n)
+    t = torch.randn(n, generator=g) * 3 + 0.5
+    t[: n // 5] = 0
+    assert_close(S.stats_of(t), reference(t))
+
+
+@pytest.mark.parametrize("n", [10, 200_000])
+def test_nonfinite_counted_and_excluded(n):
+    t = torch.randn(n)
+    t[1] = float("nan")
+    t[2] = float("inf")
+    t[3] = -float("inf")
+    t[4] = 0.0
+    got = S.stats_of(t)
+    assert got["nan_count"] == 1 and got["inf_count"] == 2
+    assert got["count"] == n
+    assert math.isfinite(got["norm"]) and math.isfinite(got["mean"])
+    assert_close(got, reference(t))
+
+
+def test_all_nan_tensor():
+    got = S.stats_of(torch.full((5,), float("nan")))
+    assert got["nan_count"] == 5
+    assert math.isnan(got["mean"]) and math.isnan(got["norm"])
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float64])
+def test_other_float_dtypes(dtype):
+    t = torch.randn(1000).to(dtype)
+    assert_close(S.stats_of(t), reference(t), rel=1e-3)
+
+
+def test_noncontiguous_tensor():
+    t = torch.randn(64, 32).t()
+    assert not t.is_contiguous()
+    assert_close(S.stats_of(t), reference(t))
+
+
+def test_batch_equals_one_by_one():
+    tensors = [torch.randn(n) for n in (3, 0, 100, 5000, 70_000)]
+    tensors[2][7] = float("nan")
+    batch = S.raw_many(tensors)
+    for t, raw in zip(tensors, batch):
+        one = S.raw_now(t)
+        np.testing.assert_allclose(S.finalize(raw), S.finalize(one), rtol=1e-6, equal_nan=True)
+
+
+def test_merge_equals_stats_of_concatenation():
+    a, b = torch.randn(300), torch.randn(500) * 2 + 1
+    merged = S.finalize(S.merge_raw(S.raw_now(a), S.raw_now(b)))
+    whole = S.finalize(S.raw_now(torch.cat([a, b])))
+    np.testing.assert_allclose(merged, whole, rtol=1e-9)
+
+
+def test_std_precision_with_large_mean():
+    # A one-pass float32 variance would lose this; the host path sums in float64.
+    t = torch.full((1000,), 1000.0) + torch.linspace(-1e-2, 1e-2, 1000)
+    got = S.stats_of(t)
+    assert got["std"] == pytest.approx(float(t.double().std()), rel=1e-3)
+
+
+def test_statistics_do_not_touch_the_tensor_or_rng():
+    t = torch.randn(100, requires_grad=True)
+    before = t.detach().clone()
+    state = torch.get_rng_state()
+    S.stats_of(t)
+    S.raw_many([t, t * 2])
+    assert torch.equal(t.detach(), before)
+    assert torch.equal(torch.get_rng_state(), state)

@@ -1,0 +1,81 @@
+"""The step boundary rules of nndb.tracer.stepclock, event by event."""
+from nndb.tracer.stepclock import Mode, StepClock
+
+
+class Opt:
+    pass
+
+
+def test_single_optimizer_closes_at_each_step_return():
+    c, a = StepClock(), Opt()
+    closes = []
+    for _ in range(3):
+        assert c.backward_end(1) is None           # backward never ends a step here
+        assert c.optimizer_pre(a, 1) is None
+        closes.append(c.optimizer_post(a))
+    assert [x.step for x in closes] == [0, 1, 2]
+    assert all(x.retro is None for x in closes)
+    assert c.mode is Mode.SINGLE
+
+
+def test_gradient_accumulation_is_one_step_per_optimizer_step():
+    c, a = StepClock(), Opt()
+    steps = []
+    for _ in range(2):
+        for _ in range(4):
+            assert c.backward_end(1) is None
+        c.optimizer_pre(a, 1)
+        steps.append(c.optimizer_post(a).step)
+    assert steps == [0, 1]
+
+
+def test_gan_iteration_is_learnt_and_step0_closed_retroactively():
+    c, d, g = StepClock(), Opt(), Opt()
+    assert c.optimizer_pre(d, 2) is None
+    assert c.optimizer_post(d) is None
+    assert c.optimizer_pre(g, 2) is None
+    assert c.optimizer_post(g) is None
+    first = c.optimizer_pre(d, 2)                  # D steps again: the iteration was [D, G]
+    assert first.step == 0 and first.retro == 2
+    assert c.optimizer_post(d) is None
+    c.optimizer_pre(g, 2)
+    assert c.optimizer_post(g).step == 1           # from now on G's return closes the step
+    c.optimizer_pre(d, 2)
+    c.optimizer_post(d)
+    c.optimizer_pre(g, 2)
+    assert c.optimizer_post(g).step == 2
+
+
+def test_two_optimizers_but_only_one_steps():
+    c, a = StepClock(), Opt()
+    c.optimizer_pre(a, 2)
+    c.optimizer_post(a)
+    close = c.optimizer_pre(a, 2)
+    assert close.step == 0 and close.retro == 1
+    assert c.optimizer_post(a).step == 1
+
+
+def test_manual_updates_close_at_each_backward():
+    c = StepClock()
+    assert c.backward_end(0).step == 0
+    assert c.backward_end(0).step == 1
+    assert c.mode is Mode.MANUAL
+
+
+def test_optimizer_appearing_after_manual_steps_takes_over():
+    c, a = StepClock(), Opt()
+    assert c.backward_end(0).step == 0
+    c.optimizer_pre(a, 1)
+    assert c.optimizer_post(a).step == 1
+    assert c.backward_end(1) is None
+
+
+def test_replaced_optimizer_hands_over_closing():
+    c = StepClock()
+    a = Opt()
+    c.optimizer_pre(a, 1)
+    assert c.optimizer_post(a).step == 0
+    del a                                          # the old optimizer is gone
+    b = Opt()
+    c.optimizer_pre(b, 1)
+    assert c.optimizer_post(b).step == 1
