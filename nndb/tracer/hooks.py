@@ -82,6 +82,7 @@ class Tracer:
         self._handles: list = []
         self._param_handles: dict = {}          # id(param) -> handle
         self._module_depth = 0
+        self._calls: dict = {}                  # module -> calls within the current root forward
         self._backward_pending = False
         self._opt_seen: "weakref.WeakSet" = weakref.WeakSet()
         self._failed = False
@@ -135,9 +136,11 @@ class Tracer:
         if self._failed or self._in_hook:
             return None
         try:
-            if self._module_depth == 0 and not self.naming.knows(module):
-                self.naming.add_root(module, user_frame(2))
-                self._watch_params(module)
+            if self._module_depth == 0:
+                self._calls = {}
+                if not self.naming.knows(module):
+                    self.naming.add_root(module, user_frame(2))
+                    self._watch_params(module)
         except Exception:
             self._fail()
         self._module_depth += 1
@@ -149,7 +152,11 @@ class Tracer:
             return None
         try:
             self._in_hook = True
-            self.recorder.activation(module, output)
+            # A module reused within one forward pass (one ReLU applied after two
+            # layers) gets one series per use: act, act#2, ...
+            idx = self._calls.get(module, 0)
+            self._calls[module] = idx + 1
+            self.recorder.activation((module, idx), output)
         except Exception:
             self._fail()
         finally:

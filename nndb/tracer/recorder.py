@@ -4,8 +4,11 @@ The hooks (``tracer.hooks``) stay thin and forward here.  What is recorded:
 
 * ``act``: the first floating-point tensor of a module's forward output, for
   forward passes run with autograd enabled (a validation pass under
-  ``torch.no_grad()`` is not part of a training step).  A module called several
-  times in a step gets one row, merged over its calls.
+  ``torch.no_grad()`` is not part of a training step).  A module used twice in
+  one forward pass of its model (one ReLU after two layers) gets a series per
+  use: ``act``, ``act#2``.  Calls of the model repeated within a step (gradient
+  accumulation, a GAN's discriminator on real and fake data) merge into one
+  row per step.
 * ``loss``: the tensor ``backward()`` was called on, merged over the backward
   passes of the step (``count`` = number of backward passes).  With several
   optimizers the loss is attributed to the optimizer that steps after it and
@@ -49,7 +52,7 @@ class StepRecord:
 
 @dataclass
 class _Bucket:
-    acts: dict = field(default_factory=dict)        # module -> raw
+    acts: dict = field(default_factory=dict)        # (module, use index) -> raw
     losses: dict = field(default_factory=dict)      # optimizer|None -> raw
     pending_loss: Optional[np.ndarray] = None
     params: dict = field(default_factory=dict)      # id(p) -> (p, kind -> raw)
@@ -173,20 +176,21 @@ class StepRecorder:
         return self._buckets[-1]
 
     # -- events ---------------------------------------------------------------
-    def activation(self, module, output) -> None:
+    def activation(self, key, output) -> None:
+        """``key``: (module, index of this use of the module in the forward pass)."""
         if not self.recording or not torch.is_grad_enabled():
             return
         t = first_float_tensor(output)
         if t is None:
             return
-        key = (id(t), t._version)
-        if self._last_act[0] == key:
+        same = (id(t), t._version)
+        if self._last_act[0] == same:
             raw = self._last_act[1]
         else:
             raw = S.raw_now(t)
-            self._last_act = (key, raw)
+            self._last_act = (same, raw)
         acts = self._cur.acts
-        acts[module] = S.merge_raw(acts[module], raw) if module in acts else raw
+        acts[key] = S.merge_raw(acts[key], raw) if key in acts else raw
 
     def loss(self, tensor: torch.Tensor) -> None:
         self._cur.backward_count += 1
@@ -314,8 +318,9 @@ class StepRecorder:
 
     def _emit(self, step: int, b: _Bucket, now: float, partial: bool = False) -> None:
         names, raws = [], []
-        for m, raw in b.acts.items():
-            names.append((self.naming.module_name(m), "act"))
+        for (m, use), raw in b.acts.items():
+            name = self.naming.module_name(m)
+            names.append((f"{name}#{use + 1}" if use else name, "act"))
             raws.append(raw)
         losses = dict(b.losses)
         if b.pending_loss is not None:

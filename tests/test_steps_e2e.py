@@ -1,0 +1,161 @@
+"""Real example scripts through ``nndb run``: identical output, and the step
+boundary on each loop shape (docs/steps.md)."""
+import numpy as np
+import pytest
+
+from conftest import example, nndb, python
+from nndb.store.reader import TraceReader
+
+ALL_EXAMPLES = ["mlp", "cnn", "lstm", "transformer", "grad_accum", "gan", "lbfgs", "manual_sgd",
+                "frozen_backbone", "dataloader", "nan_lr", "dead_relu", "no_zero_grad",
+                "double_softmax", "raw_pixels"]
+
+
+def run_example(name, trace, *args):
+    r = nndb("run", "--trace", trace, example(f"{name}.py"), *args)
+    assert r.returncode == 0, r.stderr
+    return r, TraceReader(trace)
+
+
+@pytest.mark.parametrize("name", ALL_EXAMPLES)
+def test_output_bit_identical_with_and_without_nndb(name, trace):
+    args = ["--steps", "12"]
+    plain = python(example(f"{name}.py"), *args)
+    assert plain.returncode == 0, plain.stderr
+    traced, t = run_example(name, trace, *args)
+    assert traced.stdout == plain.stdout            # every printed loss, bit for bit
+    assert plain.stdout.count("\n") >= 12
+    with t:
+        assert t.status == "finished" and t.n_steps >= 12
+
+
+def kinds(t):
+    return {(s.name, s.kind) for s in t.series()}
+
+
+def test_plain_loop_one_step_per_optimizer_step(trace):
+    _, t = run_example("mlp", trace, "--steps", "7")
+    with t:
+        assert list(t.steps) == list(range(7))
+        assert list(t.optimizer_steps) == [1] * 7 and list(t.backward_count) == [1] * 7
+        assert not t.partial.any()
+        names = kinds(t)
+        for kind in ("param", "grad", "update"):
+            assert ("net.0.weight", kind) in names or ("0.weight", kind) in names or \
+                any(k == kind for _, k in names)
+        assert ("loss", "loss") in names
+        assert any(k == "act" for _, k in names)
+
+
+def test_grad_accumulation_is_one_step_per_optimizer_step(trace):
+    _, t = run_example("grad_accum", trace, "--steps", "5", "--accum", "4")
+    with t:
+        assert list(t.steps) == list(range(5))
+        assert list(t.backward_count) == [4] * 5
+        loss = t.find("loss", "loss")[0]
+        assert list(t.history(loss, "count")[1]) == [4] * 5    # four micro-batch losses merged
+
+
+def test_gan_step_is_one_iteration_of_both_optimizers(trace):
+    r, t = run_example("gan", trace, "--steps", "6")
+    with t:
+        assert list(t.steps) == list(range(6))
+        assert list(t.optimizer_steps) == [2] * 6
+        names = kinds(t)
+        assert ("loss/optimizerD", "loss") in names and ("loss/optimizerG", "loss") in names
+        # names are qualified by the model they belong to
+        assert any(n.startswith("netD.") and k == "update" for n, k in names)
+        assert any(n.startswith("netG.") and k == "update" for n, k in names)
+        assert not any(k == "param" and not (n.startswith("netD") or n.startswith("netG")) for n, k in names)
+        # the printed lossG of each iteration is what the trace recorded for optimizerG's loss
+        printed = [float(line.split("lossG ")[1]) for line in r.stdout.splitlines() if "lossG" in line]
+        lossG = t.history(t.find("loss/optimizerG", "loss")[0], "mean")[1]
+        np.testing.assert_array_equal(lossG, np.array(printed[:6], dtype=np.float32).astype(np.float64))
+
+
+def test_lbfgs_closure_many_backwards_in_one_step(trace):
+    _, t = run_example("lbfgs", trace, "--steps", "4", "--max-iter", "5")
+    with t:
+        assert list(t.steps) == list(range(4))
+        assert list(t.optimizer_steps) == [1] * 4
+        assert all(b > 1 for b in t.backward_count)
+        # parameters are named by module path even though LBFGS steps before the first forward
+        assert any(n.endswith("weight") and k == "update" for n, k in kinds(t))
+
+
+def test_manual_sgd_step_ends_at_each_backward_and_update_is_lr_times_grad(trace):
+    _, t = run_example("manual_sgd", trace, "--steps", "6", "--lr", "0.05")
+    with t:
+        assert list(t.steps) == list(range(6))
+        assert list(t.optimizer_steps) == [0] * 6 and list(t.backward_count) == [1] * 6
+        weights = [s for s in t.series() if s.kind == "update"]
+        assert weights
+        for s in weights:
+            grad = t.find(s.name, "grad")[0]
+            _, upd = t.history(s, "norm")
+            _, g = t.history(grad, "norm")
+            np.testing.assert_allclose(upd, 0.05 * g, rtol=1e-4)   # p -= lr * grad, recorded on its own step
+
+
+def test_frozen_backbone_records_head_updates_only(trace):
+    _, t = run_example("frozen_backbone", trace, "--steps", "4")
+    with t:
+        updates = {s.name for s in t.series() if s.kind == "update"}
+        params = {s.name for s in t.series() if s.kind == "param"}
+        grads = {s.name for s in t.series() if s.kind == "grad"}
+        assert updates and updates < params                   # the backbone is recorded, not updated
+        assert grads == updates                               # frozen weights get no gradient
+        for name in params - updates:                          # and its values never change
+            _, norms = t.history(t.find(name, "param")[0], "norm")
+            assert len(set(norms)) == 1
+
+
+def test_nan_lr_records_nonfinite_loss(trace):
+    _, t = run_example("nan_lr", trace, "--steps", "30")
+    with t:
+        loss = t.find("loss", "loss")[0]
+        steps, bad = t.history(loss, "nan_count")
+        _, inf = t.history(loss, "inf_count")
+        assert (bad + inf > 0).any()                          # the planted bug is visible
+        first = int(steps[np.argmax(bad + inf > 0)])
+        assert 0 < first < 30
+
+
+def test_dead_relu_layer_shows_all_zero_activations(trace):
+    _, t = run_example("dead_relu", trace, "--steps", "5")
+    with t:
+        # one ReLU module used after fc1 and after fc2: a series per use
+        _, first = t.history(t.find("act", "act")[0], "zero_frac")
+        _, second = t.history(t.find("act#2", "act")[0], "zero_frac")
+        assert (second == 1.0).all()                          # the dead layer
+        assert (first < 0.9).all()                            # the healthy one
+        _, fc2_grad = t.history(t.find("fc2.weight", "grad")[0], "norm")
+        assert (fc2_grad == 0).all()
+
+
+def test_schedule_every_and_steps(tmp_path):
+    a = str(tmp_path / "a.h5")
+    run_example("mlp", a, "--steps", "10")
+    r = nndb("run", "--every", "3", "--trace", str(tmp_path / "b.h5"), example("mlp.py"), "--steps", "10")
+    assert r.returncode == 0, r.stderr
+    r = nndb("run", "--steps", "4:7", "--trace", str(tmp_path / "c.h5"), example("mlp.py"), "--steps", "10")
+    assert r.returncode == 0, r.stderr
+    with TraceReader(a) as full, TraceReader(str(tmp_path / "b.h5")) as every, \
+            TraceReader(str(tmp_path / "c.h5")) as window:
+        assert list(every.steps) == [0, 3, 6, 9]
+        assert list(window.steps) == [4, 5, 6]
+        s = full.find("loss", "loss")[0]
+        _, all_loss = full.history(s, "mean")
+        _, some = every.history(every.find("loss", "loss")[0], "mean")
+        np.testing.assert_array_equal(some, all_loss[[0, 3, 6, 9]])   # same numbers, fewer rows
+        # updates of a recorded step are right even when the step before was skipped
+        w = [x for x in full.series() if x.kind == "update"][0]
+        np.testing.assert_array_equal(window.history(window.find(w.name, "update")[0], "norm")[1],
+                                      full.history(w, "norm")[1][4:7])
+
+
+@pytest.mark.parametrize("bad", [["--every", "0"], ["--steps", "7"], ["--steps", "5:2"], ["--steps", "a:b"]])
+def test_bad_schedule_is_usage_error(bad, trace):
+    r = nndb("run", *bad, "--trace", trace, example("mlp.py"))
+    assert r.returncode == 2 and r.stderr.startswith("nndb: error: ") and "Traceback" not in r.stderr
+    assert r.stdout == ""
