@@ -41,13 +41,19 @@ class TraceReader:
                 raise TraceError(f"{path} is not an nndb trace (not an HDF5 file)")
         except OSError as e:
             raise TraceError(f"cannot read {path}: {e.strerror or e}") from None
+        _check_not_truncated(path)
+        # A closed trace opens plainly.  A trace whose writer is still running,
+        # or was killed, carries HDF5's "open for writing" flag and opens only
+        # in SWMR mode (which retries reads that fail their checksums, so it
+        # is used only where needed).
         try:
-            self._f = h5py.File(path, "r", swmr=True)
-        except OSError:
+            self._f = h5py.File(path, "r")
+        except OSError as plain_error:
             try:
-                self._f = h5py.File(path, "r")
-            except OSError as e:
-                raise TraceError(f"cannot read trace {path}: it is truncated or corrupted ({_short(e)})") from None
+                self._f = h5py.File(path, "r", swmr=True)
+            except OSError:
+                raise TraceError(f"cannot read trace {path}: it is truncated or corrupted "
+                                 f"({_short(plain_error)})") from None
         try:
             self._load()
         except TraceError:
@@ -135,6 +141,26 @@ class TraceReader:
 
     def __exit__(self, *exc):
         self.close()
+
+
+_SIGNATURE = b"\x89HDF\r\n\x1a\n"
+
+
+def _check_not_truncated(path: str) -> None:
+    """A file shorter than the end-of-file address in its superblock lost its
+    tail.  (HDF5's SWMR reader would retry such reads for a long time.)"""
+    with open(path, "rb") as fh:
+        head = fh.read(64)
+    if head[:8] != _SIGNATURE or len(head) < 12 or head[8] not in (2, 3):
+        return              # no superblock we know here; h5py will judge the file
+    size_of_offsets = head[9]
+    if size_of_offsets not in (2, 4, 8):
+        raise TraceError(f"cannot read trace {path}: it is corrupted (bad superblock)")
+    at = 12 + 2 * size_of_offsets
+    eof = int.from_bytes(head[at:at + size_of_offsets], "little")
+    if os.path.getsize(path) < eof:
+        raise TraceError(f"cannot read trace {path}: it is truncated "
+                         f"({os.path.getsize(path)} of {eof} bytes)")
 
 
 def _short(e: Exception) -> str:

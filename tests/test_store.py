@@ -1,0 +1,139 @@
+"""The trace store: writer/reader round trip, SWMR, and every way a trace can be bad."""
+import json
+import os
+import shutil
+
+import h5py
+import numpy as np
+import pytest
+
+from conftest import nndb
+from nndb.errors import TraceError, TraceWriteError
+from nndb.store import schema
+from nndb.store.reader import TraceReader
+from nndb.store.writer import TraceWriter
+from nndb.tracer.recorder import StepRecord
+from nndb.tracer.stats import N_STATS
+
+
+def rec(step, names, value=1.0):
+    stats = np.full((len(names), N_STATS), value, dtype=float)
+    stats[:, 0] = 10
+    return StepRecord(step, step * 0.1, 1, 1, names, stats)
+
+
+def make_trace(path, steps=5, **kw):
+    w = TraceWriter(path, {"script": "x.py", "argv": ["x.py"]}, **kw)
+    for i in range(steps):
+        names = [("a", "act"), ("w", "param")] + ([("late", "grad")] if i >= 3 else [])
+        w.append(rec(i, names, value=float(i)))
+    w.close("finished", 0)
+    return w
+
+
+def test_round_trip_with_a_series_that_appears_late(tmp_path):
+    p = str(tmp_path / "t.h5")
+    make_trace(p, flush_steps=2)
+    with TraceReader(p) as t:
+        assert t.n_steps == 5 and list(t.steps) == [0, 1, 2, 3, 4]
+        assert t.status == "finished" and t.end["exit_code"] == 0
+        assert t.meta["script"] == "x.py"
+        assert [(s.name, s.kind) for s in t.series()] == [("a", "act"), ("w", "param"), ("late", "grad")]
+        steps, mean = t.history(t.find("late", "grad")[0], "mean")
+        assert list(steps) == [3, 4] and list(mean) == [3.0, 4.0]
+        assert list(t.history(t.find("a")[0], "mean")[1]) == [0, 1, 2, 3, 4]
+
+
+def test_writes_are_batched(tmp_path, monkeypatch):
+    p = str(tmp_path / "t.h5")
+    w = TraceWriter(p, {}, flush_steps=10, flush_secs=1e9)
+    flushes = []
+    orig = w._write_pending
+    monkeypatch.setattr(w, "_write_pending", lambda: (flushes.append(len(w._rows)), orig())[1])
+    for i in range(25):
+        w.append(rec(i, [("a", "act")]))
+    assert flushes == [10, 10]                   # one block write per 10 steps, not one per step
+    w.close("finished", 0)
+    assert flushes[-1] == 5
+
+
+def test_schema_version_and_format_attrs(tmp_path):
+    p = str(tmp_path / "t.h5")
+    make_trace(p)
+    with h5py.File(p, "r") as f:
+        assert f.attrs["nndb_format"] == schema.FORMAT
+        assert f.attrs["schema_version"] == schema.SCHEMA_VERSION
+        assert json.loads(f["stats"].attrs["columns"])[0] == "count"
+        assert f["stats"].chunks is not None and f["stats"].maxshape[0] is None
+
+
+def test_disk_full_reports_once_keeps_flushed_data_and_training_goes_on(tmp_path, monkeypatch):
+    p = str(tmp_path / "t.h5")
+    errors = []
+    w = TraceWriter(p, {}, flush_steps=2, flush_secs=1e9, on_error=errors.append)
+    w.append(rec(0, [("a", "act")]))
+    w.append(rec(1, [("a", "act")]))             # flushed
+
+    def full():
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(w, "_write_pending", full)
+    w.append(rec(2, [("a", "act")]))
+    w.append(rec(3, [("a", "act")]))             # this flush fails
+    w.append(rec(4, [("a", "act")]))             # ignored, no exception
+    w.close("finished", 0)
+    assert len(errors) == 1
+    assert "No space left on device" in errors[0] and p in errors[0]
+    with TraceReader(p) as t:
+        assert list(t.steps) == [0, 1]            # what was flushed before stays readable
+
+
+def test_unwritable_path(tmp_path):
+    blocker = tmp_path / "f"
+    blocker.write_text("")
+    with pytest.raises(TraceWriteError) as e:
+        TraceWriter(str(blocker / "t.h5"), {})
+    assert str(blocker / "t.h5") in str(e.value)
+
+
+# -- bad traces: one line, exit 2 ------------------------------------------------
+
+def _bad_traces(tmp_path):
+    good = str(tmp_path / "good.h5")
+    make_trace(good, steps=40)
+    size = os.path.getsize(good)
+    truncated = str(tmp_path / "truncated.h5")
+    with open(good, "rb") as src, open(truncated, "wb") as dst:
+        dst.write(src.read(size // 3))
+    corrupted = str(tmp_path / "corrupted.h5")
+    shutil.copy(good, corrupted)
+    with open(corrupted, "r+b") as fh:
+        fh.seek(0)
+        fh.write(b"\0" * 64)                      # wipe the superblock
+    other = str(tmp_path / "other.h5")
+    with h5py.File(other, "w") as f:
+        f["x"] = np.arange(3)
+    text = str(tmp_path / "notes.txt")
+    with open(text, "w") as fh:
+        fh.write("hello\n")
+    newer = str(tmp_path / "newer.h5")
+    shutil.copy(good, newer)
+    with h5py.File(newer, "r+") as f:
+        f.attrs["schema_version"] = 99
+    return {"truncated": truncated, "corrupted": corrupted, "not nndb": other, "text": text,
+            "missing": str(tmp_path / "missing.h5"), "directory": str(tmp_path), "newer": newer}
+
+
+def test_bad_traces_raise_trace_error(tmp_path):
+    for what, path in _bad_traces(tmp_path).items():
+        with pytest.raises(TraceError):
+            TraceReader(path)
+
+
+@pytest.mark.parametrize("what", ["truncated", "corrupted", "not nndb", "text", "missing", "directory", "newer"])
+def test_inspect_bad_trace_is_one_line_exit_2(tmp_path, what):
+    path = _bad_traces(tmp_path)[what]
+    for extra in ([], ["--json"], ["--series", "a"]):
+        r = nndb("inspect", path, *extra)
+        assert r.returncode == 2, (what, r.stdout, r.stderr)
+        assert r.stderr.startswith("nndb: error: ") and r.stderr.count("\n") == 1, r.stderr
+        assert "Traceback" not in r.stderr and r.stdout == ""
