@@ -13,15 +13,22 @@ from .launcher import Target
 @dataclass(frozen=True)
 class RecordSchedule:
     """Which steps are recorded: every ``every``-th step within [start, stop).
-    A policy object: ``schedule(step) -> bool``."""
+    A policy object: ``schedule(step) -> bool``.  ``full(step)``: whether the
+    two statistics that cost extra passes over large tensors (mean_abs and
+    zero_frac of tensors over 65536 elements with both signs) are measured at
+    that step; every ``full_every``-th recorded step."""
     every: int = 1
     start: int = 0
     stop: Optional[int] = None
+    full_every: int = 1
 
     def __call__(self, step: int) -> bool:
         if step < self.start or (self.stop is not None and step >= self.stop):
             return False
         return (step - self.start) % self.every == 0
+
+    def full(self, step: int) -> bool:
+        return (step - self.start) % (self.every * self.full_every) == 0
 
     @classmethod
     def parse(cls, every: Optional[int] = None, steps: Optional[str] = None) -> "RecordSchedule":

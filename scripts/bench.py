@@ -6,7 +6,9 @@ For each workload the same training loop runs plain (A) and recorded by nndb
 initial weights.  Only the loop is timed (no interpreter start-up, no model
 construction, no trace creation or closing).  Printed: the median of the
 per-pair ratios B/A with their min-max, the plain and recorded step times,
-and trace bytes per recorded step.
+trace bytes per recorded step, and nndb's one-time cost (the extra time of
+the first WARMUP steps, untimed above: naming the model, choosing how steps
+end, creating the series).
 
     python scripts/bench.py                      # all workloads, default sizes
     python scripts/bench.py --pairs 7 --json bench.json
@@ -114,9 +116,15 @@ def train(model, opt, crit, data, steps):
     return float(loss.detach())
 
 
+WARMUP = 5
+
+
 def timed_loop(build, steps, recorded, schedule, tmpdir, seed=0):
+    """Seconds for ``steps`` steps after WARMUP untimed ones (both under the
+    recorder when ``recorded``), the final loss, trace bytes per step, and the
+    seconds the warm-up took (where nndb's one-time costs fall: naming the
+    model, choosing the step rule, creating series)."""
     model, opt, crit, data = build(seed)
-    train(model, opt, crit, data, 3)         # warm-up, outside the timing
     rec, path = None, None
     if recorded:
         path = os.path.join(tmpdir, f"bench-{time.monotonic_ns()}.h5")
@@ -124,6 +132,9 @@ def timed_loop(build, steps, recorded, schedule, tmpdir, seed=0):
         rec = Recording(path, meta, RunConfig(Target(path="bench.py"), path, schedule),
                         message=lambda m: print(m, file=sys.stderr))
         rec.__enter__()
+    t = time.perf_counter()
+    train(model, opt, crit, data, WARMUP)
+    warmup = time.perf_counter() - t
     t = time.perf_counter()
     loss = train(model, opt, crit, data, steps)
     elapsed = time.perf_counter() - t
@@ -133,21 +144,22 @@ def timed_loop(build, steps, recorded, schedule, tmpdir, seed=0):
         rec.close()
         size = os.path.getsize(path) / max(1, rec.writer.steps_written)
         os.remove(path)
-    return elapsed, loss, size
+    return elapsed, loss, size, warmup
 
 
 def bench(name, pairs, schedule, tmpdir, scale=1.0):
     build, steps = WORKLOADS[name]
     steps = max(5, int(steps * scale))
-    ratios, plain, traced, sizes = [], [], [], []
+    ratios, plain, traced, sizes, startup = [], [], [], [], []
     for i in range(pairs):
         order = (False, True) if i % 2 == 0 else (True, False)
-        times = {}
+        times, warm = {}, {}
         for recorded in order:
-            elapsed, loss, size = timed_loop(build, steps, recorded, schedule, tmpdir)
+            elapsed, loss, size, warm[recorded] = timed_loop(build, steps, recorded, schedule, tmpdir)
             times[recorded] = elapsed
             if size is not None:
                 sizes.append(size)
+        startup.append(warm[True] - warm[False])
         plain.append(times[False] / steps)
         traced.append(times[True] / steps)
         ratios.append(times[True] / times[False])
@@ -156,6 +168,7 @@ def bench(name, pairs, schedule, tmpdir, scale=1.0):
         "ratio_median": statistics.median(ratios), "ratio_min": min(ratios), "ratio_max": max(ratios),
         "plain_ms": statistics.median(plain) * 1e3, "recorded_ms": statistics.median(traced) * 1e3,
         "trace_bytes_per_step": statistics.median(sizes) if sizes else None,
+        "startup_extra_ms": statistics.median(startup) * 1e3,
     }
 
 
@@ -177,10 +190,11 @@ def main(argv=None):
             results.append(bench(name, args.pairs, schedule, tmpdir, args.scale))
     rows = [[r["workload"], f"{r['plain_ms']:.2f}", f"{r['recorded_ms']:.2f}",
              f"{r['ratio_median']:.3f}x", f"{r['ratio_min']:.3f}-{r['ratio_max']:.3f}",
-             f"{r['trace_bytes_per_step']:.0f}" if r["trace_bytes_per_step"] else "-"] for r in results]
+             f"{r['trace_bytes_per_step']:.0f}" if r["trace_bytes_per_step"] else "-",
+             f"{r['startup_extra_ms']:.0f}"] for r in results]
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, schedule: {schedule.describe()}")
     print(tabulate(rows, headers=["workload", "plain ms/step", "nndb ms/step", "ratio (median)",
-                                  "ratio min-max", "trace B/step"], disable_numparse=True))
+                                  "ratio min-max", "trace B/step", "one-time ms"], disable_numparse=True))
     if args.json:
         with open(args.json, "w") as fh:
             json.dump({"torch": torch.__version__, "threads": torch.get_num_threads(),

@@ -3,7 +3,7 @@ boundary on each loop shape (docs/steps.md)."""
 import numpy as np
 import pytest
 
-from conftest import example, nndb, python
+from conftest import example, nndb, python, without_nndb_lines
 from nndb.store.reader import TraceReader
 
 ALL_EXAMPLES = ["mlp", "cnn", "lstm", "transformer", "grad_accum", "gan", "lbfgs", "manual_sgd",
@@ -24,6 +24,7 @@ def test_output_bit_identical_with_and_without_nndb(name, trace):
     assert plain.returncode == 0, plain.stderr
     traced, t = run_example(name, trace, *args)
     assert traced.stdout == plain.stdout            # every printed loss, bit for bit
+    assert without_nndb_lines(traced.stderr) == plain.stderr   # and no warning of nndb's leaks out
     assert plain.stdout.count("\n") >= 12
     with t:
         assert t.status == "finished" and t.n_steps >= 12

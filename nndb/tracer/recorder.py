@@ -59,8 +59,12 @@ class _Bucket:
     param_opt: dict = field(default_factory=dict)   # id(p) -> optimizer
     backward_count: int = 0
     optimizer_steps: int = 0
+    # Small CPU tensors are copied when seen and reduced together in one numpy
+    # batch when the step closes: (slot, key, array), slot in act|loss|param.
+    deferred: list = field(default_factory=list)
 
     def merge(self, other: "_Bucket") -> None:
+        self.deferred.extend(other.deferred)
         for m, raw in other.acts.items():
             self.acts[m] = S.merge_raw(self.acts[m], raw) if m in self.acts else raw
         for o, raw in other.losses.items():
@@ -76,7 +80,31 @@ class _Bucket:
 
     def empty(self) -> bool:
         return not (self.acts or self.losses or self.params or self.pending_loss is not None
-                    or self.backward_count or self.optimizer_steps)
+                    or self.backward_count or self.optimizer_steps or self.deferred)
+
+    def resolve(self) -> None:
+        """Reduce the deferred arrays (one batch) into the raw rows."""
+        if not self.deferred:
+            return
+        rows = S.host_raw_batch([a for _, _, a in self.deferred])
+        for (slot, key, _), raw in zip(self.deferred, rows):
+            if slot == "act":
+                d = self.acts
+            elif slot == "loss":
+                if key is _PENDING:
+                    self.pending_loss = raw if self.pending_loss is None else \
+                        S.merge_raw(self.pending_loss, raw)
+                    continue
+                d = self.losses
+            else:
+                p, kind = key
+                self.params.setdefault(id(p), (p, {}))[1][kind] = raw
+                continue
+            d[key] = S.merge_raw(d[key], raw) if key in d else raw
+        self.deferred = []
+
+
+_PENDING = object()   # a loss not yet attributed to an optimizer
 
 
 def first_float_tensor(out, depth: int = 0):
@@ -125,28 +153,6 @@ class _Snapshot:
         return out
 
 
-def _raw_rows(items: list) -> list:
-    """Raw rows for a list of host arrays or tensors, batched."""
-    host_i = [i for i, x in enumerate(items) if isinstance(x, np.ndarray)]
-    tens_i = [i for i, x in enumerate(items) if not isinstance(x, np.ndarray)]
-    out: list = [None] * len(items)
-    host_arrays = [items[i] for i in host_i]
-    tensors = [items[i] for i in tens_i]
-    small = [j for j, t in enumerate(tensors) if S.is_host_tensor(t)]
-    for j in small:
-        host_arrays.append(S._host_array(tensors[j]))
-        host_i.append(tens_i[j])
-    if host_arrays:
-        for i, row in zip(host_i, S.host_raw_batch(host_arrays)):
-            out[i] = row
-    big = [tens_i[j] for j, t in enumerate(tensors) if not S.is_host_tensor(t)]
-    if big:
-        pending = [(*S.device_raw(items[i]), items[i]) for i in big]
-        for i, row in zip(big, S.resolve_device_rows(pending)):
-            out[i] = row
-    return out
-
-
 class StepRecorder:
     """Accumulates one step's statistics and emits a StepRecord when it closes.
 
@@ -163,6 +169,8 @@ class StepRecorder:
         self.t0 = clock_start if clock_start is not None else time.time()
         self.step = 0
         self.recording = schedule(0)
+        self._full_policy = getattr(schedule, "full", lambda step: True)
+        self.full = self._full_policy(0)
         self._buckets = [_Bucket()]
         self._snapshots: dict = {}          # id(optimizer) -> _Snapshot
         # A Sequential's output is its last child's output: reuse that row.
@@ -183,21 +191,29 @@ class StepRecorder:
         t = first_float_tensor(output)
         if t is None:
             return
+        b = self._cur
         same = (id(t), t._version)
         if self._last_act[0] == same:
-            raw = self._last_act[1]
+            arr, raw = self._last_act[1]
+        elif S.is_host_tensor(t):
+            arr, raw = S._host_array(t).copy(), None    # copied: the script may change t in place
         else:
-            raw = S.raw_now(t)
-            self._last_act = (same, raw)
-        acts = self._cur.acts
-        acts[key] = S.merge_raw(acts[key], raw) if key in acts else raw
+            arr, raw = None, S.raw_now(t, self.full)
+        self._last_act = (same, (arr, raw))
+        if arr is not None:
+            b.deferred.append(("act", key, arr))
+        else:
+            b.acts[key] = S.merge_raw(b.acts[key], raw) if key in b.acts else raw
 
     def loss(self, tensor: torch.Tensor) -> None:
         self._cur.backward_count += 1
         if not self.recording or not S.is_recordable(tensor):
             return
-        raw = S.raw_now(tensor)
         b = self._cur
+        if S.is_host_tensor(tensor):
+            b.deferred.append(("loss", _PENDING, S._host_array(tensor).copy()))
+            return
+        raw = S.raw_now(tensor, self.full)
         b.pending_loss = raw if b.pending_loss is None else S.merge_raw(b.pending_loss, raw)
 
     def optimizer_pre(self, opt) -> None:
@@ -209,6 +225,9 @@ class StepRecorder:
     def optimizer_post(self, opt) -> None:
         b = self._cur
         b.optimizer_steps += 1
+        for i, (slot, key, arr) in enumerate(b.deferred):
+            if slot == "loss" and key is _PENDING:
+                b.deferred[i] = ("loss", opt, arr)
         if b.pending_loss is not None:
             b.losses[opt] = S.merge_raw(b.losses[opt], b.pending_loss) if opt in b.losses else b.pending_loss
             b.pending_loss = None
@@ -218,17 +237,21 @@ class StepRecorder:
         updates = snap.updates()
         items, where = [], []
         for p in snap.params:
-            items.append(p.detach())
-            where.append((p, "param"))
             g = p.grad
-            if g is not None and not g.is_sparse:
-                items.append(g.detach())
-                where.append((p, "grad"))
-            items.append(updates[id(p)])
-            where.append((p, "update"))
-        for (p, kind), raw in zip(where, _raw_rows(items)):
-            b.params.setdefault(id(p), (p, {}))[1][kind] = raw
+            for kind, x in (("param", p.detach()), ("update", updates[id(p)]),
+                            ("grad", g.detach() if g is not None and not g.is_sparse else None)):
+                if x is None:
+                    continue
+                if isinstance(x, np.ndarray):
+                    b.deferred.append(("param", (p, kind), x))
+                elif S.is_host_tensor(x):
+                    b.deferred.append(("param", (p, kind), S._host_array(x).copy()))
+                else:
+                    items.append(x)
+                    where.append((p, kind))
             b.param_opt[id(p)] = opt
+        for (p, kind), raw in zip(where, S.raw_many(items, self.full)):
+            b.params.setdefault(id(p), (p, {}))[1][kind] = raw
 
     def mark(self) -> None:
         """Start a new segment (used while the step clock learns a GAN's iteration)."""
@@ -245,6 +268,7 @@ class StepRecorder:
         bucket = _Bucket()
         for b in closed:
             bucket.merge(b)
+        bucket.resolve()
         nxt = _Bucket()
         for b in rest:
             nxt.merge(b)
@@ -253,6 +277,7 @@ class StepRecorder:
         recording = self.recording
         self.step = step + 1
         self.recording = self.schedule(self.step)
+        self.full = self._full_policy(self.step)
         if step == 0:
             self.naming.freeze()
         if self.manual:
@@ -282,7 +307,7 @@ class StepRecorder:
             if g is not None and not g.is_sparse:
                 items.append(g.detach())
                 where.append((p, "grad"))
-        for (p, kind), raw in zip(where, _raw_rows(items)):
+        for (p, kind), raw in zip(where, S.raw_many(items, self.full)):
             bucket.params.setdefault(id(p), (p, {}))[1][kind] = raw
 
     def _close_manual(self, step, bucket, now, recording, final) -> None:
@@ -297,7 +322,7 @@ class StepRecorder:
                 where.append((p, "param"))
                 items.append(updates[id(p)])
                 where.append((p, "update"))
-            for (p, kind), raw in zip(where, _raw_rows(items)):
+            for (p, kind), raw in zip(where, S.raw_many(items, self.full)):
                 pbucket.params.setdefault(id(p), (p, {}))[1][kind] = raw
             self._emit(pstep, pbucket, ptime)
         if bucket is None or not recording:
@@ -309,7 +334,7 @@ class StepRecorder:
             if g is not None and not g.is_sparse:
                 items.append(g.detach())
                 where.append((p, "grad"))
-        for (p, kind), raw in zip(where, _raw_rows(items)):
+        for (p, kind), raw in zip(where, S.raw_many(items, self.full)):
             bucket.params.setdefault(id(p), (p, {}))[1][kind] = raw
         if final:
             self._emit(step, bucket, now, partial=True)
@@ -317,6 +342,7 @@ class StepRecorder:
             self._manual_pending = (step, bucket, now, _Snapshot(params))
 
     def _emit(self, step: int, b: _Bucket, now: float, partial: bool = False) -> None:
+        b.resolve()
         names, raws = [], []
         for (m, use), raw in b.acts.items():
             name = self.naming.module_name(m)

@@ -26,7 +26,7 @@ still shows the norm of the rest; ``count`` is always the element count.
 from __future__ import annotations
 
 import math
-from typing import Iterable, Sequence
+from typing import Sequence
 
 import numpy as np
 import torch
@@ -40,10 +40,15 @@ N_STATS = len(STAT_NAMES)
 # Tensors up to this many elements are reduced with numpy on the host (their
 # cost is call overhead, which numpy has less of); larger ones with torch,
 # whose reductions are vectorised and multi-threaded.
-HOST_MAX_ELEMENTS = 1 << 16
+HOST_MAX_ELEMENTS = 1 << 14
 
 _HOST_DTYPES = (torch.float32, torch.float64, torch.float16)
 _I_N, _I_SUM, _I_SQ, _I_MIN, _I_MAX, _I_ABS, _I_ZERO, _I_NAN, _I_INF = range(N_RAW)
+
+
+# numpy must not print "invalid value" warnings into the user's stderr when a
+# tensor holds NaN or Inf.
+_quiet = np.errstate(all="ignore")
 
 
 def empty_raw() -> np.ndarray:
@@ -58,36 +63,18 @@ def is_recordable(t) -> bool:
     return isinstance(t, torch.Tensor) and t.is_floating_point()
 
 
+@_quiet
 def merge_raw(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Exact merge; a field one side did not measure (NaN) stays unmeasured."""
     out = a + b
-    out[_I_MIN] = min(a[_I_MIN], b[_I_MIN])
-    out[_I_MAX] = max(a[_I_MAX], b[_I_MAX])
+    out[_I_MIN] = np.minimum(a[_I_MIN], b[_I_MIN])
+    out[_I_MAX] = np.maximum(a[_I_MAX], b[_I_MAX])
     return out
 
 
 def finalize(raw: np.ndarray) -> np.ndarray:
     """Raw accumulator row -> the ten statistics of STAT_NAMES."""
-    n, s, sq, mn, mx, sa, nz, nnan, ninf = (float(x) for x in raw)
-    finite = n - nnan - ninf
-    out = np.full(N_STATS, np.nan)
-    out[0] = n
-    out[7] = nnan
-    out[8] = ninf
-    if n > 0:
-        out[9] = nz / n
-    if finite > 0:
-        mean = s / finite
-        out[1] = mean
-        if finite > 1:
-            var = (sq - s * mean) / (finite - 1)
-            out[2] = math.sqrt(var) if var > 0 else 0.0
-        elif finite == 1:
-            out[2] = 0.0
-        out[3] = mn
-        out[4] = mx
-        out[5] = math.sqrt(sq) if sq >= 0 else np.nan
-        out[6] = sa / finite
-    return out
+    return finalize_many([raw])[0]
 
 
 # -- host (numpy) path -----------------------------------------------------
@@ -99,6 +86,7 @@ def _host_array(t: torch.Tensor) -> np.ndarray:
     return t.numpy().reshape(-1)
 
 
+@_quiet
 def _segment_raw_exact(seg: np.ndarray) -> np.ndarray:
     """Slow path for a segment that holds NaN or Inf: statistics of its finite part."""
     raw = empty_raw()
@@ -111,17 +99,42 @@ def _segment_raw_exact(seg: np.ndarray) -> np.ndarray:
     raw[_I_ZERO] = np.count_nonzero(fin == 0)
     if fin.size:
         raw[_I_SUM] = fin.sum()
-        raw[_I_SQ] = np.dot(fin, fin)
+        raw[_I_SQ] = np.einsum("i,i->", fin, fin)
         raw[_I_MIN] = fin.min()
         raw[_I_MAX] = fin.max()
         raw[_I_ABS] = np.abs(fin).sum()
     return raw
 
 
+@_quiet
+def host_raw_one(a: np.ndarray) -> np.ndarray:
+    """Raw row of one small host array: six numpy reductions, sums in float64."""
+    raw = empty_raw()
+    n = a.size
+    raw[_I_N] = n
+    if n == 0:
+        return raw
+    x = a.astype(np.float64)
+    s = x.sum()
+    sq = np.einsum("i,i->", x, x)
+    if not np.isfinite(s + sq):
+        return _segment_raw_exact(a)
+    raw[_I_SUM] = s
+    raw[_I_SQ] = sq
+    raw[_I_MIN] = x.min()
+    raw[_I_MAX] = x.max()
+    raw[_I_ABS] = np.abs(x).sum()
+    raw[_I_ZERO] = n - np.count_nonzero(x)
+    return raw
+
+
+@_quiet
 def host_raw_batch(arrays: Sequence[np.ndarray]) -> np.ndarray:
     """Raw rows for many 1-D host arrays at once: one concatenation, then one
     ``reduceat`` per accumulator over all segments."""
     k = len(arrays)
+    if k == 1:
+        return host_raw_one(arrays[0])[None, :]
     out = np.zeros((k, N_RAW))
     out[:, _I_MIN] = np.inf
     out[:, _I_MAX] = -np.inf
@@ -151,7 +164,7 @@ def host_raw_batch(arrays: Sequence[np.ndarray]) -> np.ndarray:
     return out
 
 
-# -- device (torch) path ----------------------------------------------------
+# -- large CPU tensors (torch) ------------------------------------------------
 
 def _device_flat(t: torch.Tensor) -> torch.Tensor:
     f = t.detach().reshape(-1)
@@ -160,26 +173,62 @@ def _device_flat(t: torch.Tensor) -> torch.Tensor:
     return f
 
 
+@_quiet
+def cpu_raw_large(t: torch.Tensor, full: bool = True) -> np.ndarray:
+    """Raw row of a large CPU tensor with torch's vectorised, multi-threaded
+    reductions, made right after the tensor was written (still in cache).
+
+    Every step: two passes (sum, dot) give count, mean, std and norm, and
+    detect NaN/Inf (counted exactly, in a slow pass, only when present).
+    With ``full``: one aminmax pass for min and max, and, for a tensor with
+    both signs, two more for sum|x| and the zero count (sign().sum() is
+    several times faster than count_nonzero).  Unmeasured fields are NaN."""
+    f = _device_flat(t)
+    raw = empty_raw()
+    n = f.numel()
+    raw[_I_N] = n
+    if n == 0:
+        return raw
+    if not full:
+        s, sq = torch.stack([f.sum(), torch.dot(f, f)]).tolist()
+        if not math.isfinite(s + sq):
+            return _segment_raw_exact(f.numpy())
+        raw[_I_SUM], raw[_I_SQ] = s, sq
+        raw[_I_MIN] = raw[_I_MAX] = raw[_I_ABS] = raw[_I_ZERO] = np.nan
+        return raw
+    mn, mx = torch.aminmax(f)
+    s, sq, lo, hi = torch.stack([f.sum(), torch.dot(f, f), mn, mx]).tolist()
+    if not math.isfinite(s + sq + lo + hi):
+        return _segment_raw_exact(f.numpy())
+    raw[_I_SUM], raw[_I_SQ], raw[_I_MIN], raw[_I_MAX] = s, sq, lo, hi
+    if lo > 0 or hi < 0:                 # one sign, no zeros
+        raw[_I_ABS], raw[_I_ZERO] = abs(s), 0.0
+    elif lo == 0 and hi == 0:
+        raw[_I_ABS], raw[_I_ZERO] = 0.0, float(n)
+    else:
+        a = f if lo >= 0 else (-f if hi <= 0 else f.abs())
+        raw[_I_ZERO] = n - float(torch.sign(a).sum())
+        raw[_I_ABS] = s if lo >= 0 else (-s if hi <= 0 else float(a.sum()))
+    return raw
+
+
+# -- accelerator tensors (torch, asynchronous) ---------------------------------
+
 def device_raw(t: torch.Tensor) -> tuple[int, torch.Tensor]:
     """The element count and the other eight raw fields as a tensor on ``t``'s
-    device (no host synchronisation)."""
+    device: no host synchronisation until ``resolve_device_rows``."""
     f = _device_flat(t)
     n = f.numel()
     if n == 0:
         return 0, torch.as_tensor(empty_raw()[1:], device=f.device)
     mn, mx = torch.aminmax(f)
-    parts = [f.sum(), torch.dot(f, f), mn, mx, f.abs().sum(),
-             (n - torch.count_nonzero(f)).to(f.dtype)]
-    if f.device.type != "cpu":
-        # On an accelerator the counts are cheap and asynchronous; a host-side
-        # check would cost a synchronisation per tensor.
-        parts += [torch.isnan(f).sum().to(f.dtype), torch.isinf(f).sum().to(f.dtype)]
-    else:
-        zero = f.new_zeros(())
-        parts += [zero, zero]
+    a = f.abs()
+    parts = [f.sum(), torch.dot(f, f), mn, mx, a.sum(), n - torch.sign(a).sum(),
+             torch.isnan(f).sum().to(f.dtype), torch.isinf(f).sum().to(f.dtype)]
     return n, torch.stack(parts).to(torch.float64)
 
 
+@_quiet
 def _complete(n: int, rest: np.ndarray, t: torch.Tensor) -> np.ndarray:
     raw = np.empty(N_RAW)
     raw[_I_N] = n
@@ -210,26 +259,34 @@ def is_host_tensor(t: torch.Tensor) -> bool:
     return t.device.type == "cpu" and t.numel() <= HOST_MAX_ELEMENTS
 
 
-def raw_now(t: torch.Tensor) -> np.ndarray:
-    """Raw row of one CPU tensor, computed now (used for activations, which the
-    script may modify in place later)."""
-    if is_host_tensor(t):
-        return host_raw_batch([_host_array(t)])[0]
+def raw_now(t: torch.Tensor, full: bool = True) -> np.ndarray:
+    """Raw row of one tensor, computed now (activations: the script may
+    modify them in place later)."""
+    if t.device.type == "cpu":
+        if t.numel() <= HOST_MAX_ELEMENTS:
+            return host_raw_one(_host_array(t))
+        return cpu_raw_large(t, full)
     n, row = device_raw(t)
     return _complete(n, row.cpu().numpy(), t)
 
 
-def raw_many(tensors: Sequence[torch.Tensor]) -> list[np.ndarray]:
-    """Raw rows of many tensors: small CPU ones in one numpy batch, the rest
-    with torch reductions, one host transfer at the end."""
+def raw_many(tensors: Sequence, full: bool = True) -> list[np.ndarray]:
+    """Raw rows of many tensors (or host arrays): small CPU ones in one numpy
+    batch, large CPU ones one by one, accelerator ones with one host transfer
+    at the end."""
     out: list = [None] * len(tensors)
     host_idx, host_arrays, dev = [], [], []
     for i, t in enumerate(tensors):
-        if is_host_tensor(t):
+        if isinstance(t, np.ndarray):
+            host_idx.append(i)
+            host_arrays.append(t)
+        elif t.device.type != "cpu":
+            dev.append(i)
+        elif t.numel() <= HOST_MAX_ELEMENTS:
             host_idx.append(i)
             host_arrays.append(_host_array(t))
         else:
-            dev.append(i)
+            out[i] = cpu_raw_large(t, full)
     if host_arrays:
         rows = host_raw_batch(host_arrays)
         for j, i in enumerate(host_idx):
@@ -246,6 +303,26 @@ def stats_of(t: torch.Tensor) -> dict:
     return dict(zip(STAT_NAMES, (float(x) for x in finalize(raw_now(t)))))
 
 
-def finalize_many(raws: Iterable[np.ndarray]) -> np.ndarray:
-    rows = [finalize(r) for r in raws]
-    return np.array(rows) if rows else np.zeros((0, N_STATS))
+@_quiet
+def finalize_many(raws: Sequence[np.ndarray]) -> np.ndarray:
+    """``finalize`` for many rows at once (one numpy expression per statistic)."""
+    if len(raws) == 0:
+        return np.zeros((0, N_STATS))
+    r = np.asarray(raws, dtype=np.float64).reshape(-1, N_RAW)
+    n, s, sq, mn, mx, sa, nz, nnan, ninf = r.T
+    finite = n - nnan - ninf
+    out = np.full((r.shape[0], N_STATS), np.nan)
+    out[:, 0] = n
+    out[:, 7] = nnan
+    out[:, 8] = ninf
+    out[:, 9] = np.where(n > 0, nz / n, np.nan)
+    has = finite > 0
+    mean = np.where(has, s / finite, np.nan)
+    var = np.where(finite > 1, (sq - s * mean) / (finite - 1), 0.0)
+    out[:, 1] = mean
+    out[:, 2] = np.where(has, np.sqrt(np.maximum(var, 0.0)), np.nan)
+    out[:, 3] = np.where(has, mn, np.nan)
+    out[:, 4] = np.where(has, mx, np.nan)
+    out[:, 5] = np.where(has, np.sqrt(np.where(sq >= 0, sq, np.nan)), np.nan)
+    out[:, 6] = np.where(has, sa / finite, np.nan)
+    return out
