@@ -32,6 +32,9 @@ def cli():
               help="Write the trace here (default: a new file under ./nndb-runs/).")
 @click.option("--every", type=int, metavar="N", help="Record every N-th step (default: every step).")
 @click.option("--steps", "steps_range", metavar="A:B", help="Record only steps A to B-1 (A: or :B open).")
+@click.option("--full-every", type=int, metavar="N",
+              help="Measure min, max, mean_abs and zero_frac of large tensors (over 16384 elements) "
+                   "every N-th recorded step (default 10; 1 = every step).")
 @click.option("--flush-every", "flush_steps", type=click.IntRange(min=1), default=50, show_default=True,
               metavar="N", help="Write the buffered steps to the trace every N steps...")
 @click.option("--flush-secs", type=click.FloatRange(min=0), default=2.0, show_default=True, metavar="S",
@@ -39,7 +42,7 @@ def cli():
 @click.option("-q", "--quiet", is_flag=True, help="Do not print the trace path.")
 @click.argument("script", required=False, metavar="SCRIPT")
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
-def run(module, trace_path, every, steps_range, flush_steps, flush_secs, quiet, script, args):
+def run(module, trace_path, every, steps_range, full_every, flush_steps, flush_secs, quiet, script, args):
     """Run SCRIPT [ARGS]... (or -m MODULE [ARGS]...) as Python would, recording
     per-step tensor statistics into an HDF5 trace.  Everything after SCRIPT is
     passed to the script untouched."""
@@ -57,7 +60,7 @@ def run(module, trace_path, every, steps_range, flush_steps, flush_secs, quiet, 
     else:
         target = Target(path=script, args=args)
     try:
-        schedule = RecordSchedule.parse(every, steps_range)
+        schedule = RecordSchedule.parse(every, steps_range, full_every)
         config = RunConfig(target, trace_path, schedule, flush_steps, flush_secs, quiet)
         result = record(config)
     except NndbError as e:

@@ -10,17 +10,22 @@ from .errors import UsageError
 from .launcher import Target
 
 
+# Large tensors get min, max, mean_abs and zero_frac every this many recorded
+# steps (scripts/bench.py: measuring them every step costs the small CNN ~30%).
+DEFAULT_FULL_EVERY = 10
+
+
 @dataclass(frozen=True)
 class RecordSchedule:
     """Which steps are recorded: every ``every``-th step within [start, stop).
     A policy object: ``schedule(step) -> bool``.  ``full(step)``: whether the
-    two statistics that cost extra passes over large tensors (mean_abs and
-    zero_frac of tensors over 65536 elements with both signs) are measured at
-    that step; every ``full_every``-th recorded step."""
+    statistics that cost extra passes over large tensors (min, max, mean_abs
+    and zero_frac of tensors over HOST_MAX_ELEMENTS elements) are measured at
+    that step: every ``full_every``-th recorded step."""
     every: int = 1
     start: int = 0
     stop: Optional[int] = None
-    full_every: int = 1
+    full_every: int = DEFAULT_FULL_EVERY
 
     def __call__(self, step: int) -> bool:
         if step < self.start or (self.stop is not None and step >= self.stop):
@@ -31,9 +36,12 @@ class RecordSchedule:
         return (step - self.start) % (self.every * self.full_every) == 0
 
     @classmethod
-    def parse(cls, every: Optional[int] = None, steps: Optional[str] = None) -> "RecordSchedule":
+    def parse(cls, every: Optional[int] = None, steps: Optional[str] = None,
+              full_every: Optional[int] = None) -> "RecordSchedule":
         if every is not None and every < 1:
             raise UsageError(f"--every must be a positive number of steps, not {every}")
+        if full_every is not None and full_every < 1:
+            raise UsageError(f"--full-every must be a positive number of steps, not {full_every}")
         start, stop = 0, None
         if steps:
             text = steps.strip()
@@ -47,11 +55,11 @@ class RecordSchedule:
                 raise UsageError(f"--steps takes whole step numbers A:B, not {steps!r}") from None
             if start < 0 or (stop is not None and stop <= start):
                 raise UsageError(f"--steps {steps}: need 0 <= A < B")
-        return cls(every or 1, start, stop)
+        return cls(every or 1, start, stop, full_every or DEFAULT_FULL_EVERY)
 
     def describe(self) -> str:
         rng = f"{self.start}:{'' if self.stop is None else self.stop}"
-        return f"every {self.every} step(s) in {rng}"
+        return f"every {self.every} step(s) in {rng}, full statistics every {self.full_every} recorded step(s)"
 
 
 @dataclass

@@ -179,10 +179,12 @@ def main(argv=None):
     ap.add_argument("--pairs", type=int, default=7, help="A/B pairs per workload (default 7)")
     ap.add_argument("--scale", type=float, default=1.0, help="multiply the steps per loop")
     ap.add_argument("--every", type=int, default=None, help="record every N-th step")
+    ap.add_argument("--full-every", type=int, default=None,
+                    help="full statistics of large tensors every N-th recorded step (default: nndb's)")
     ap.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     args = ap.parse_args(argv)
     from tabulate import tabulate
-    schedule = RecordSchedule.parse(args.every, None)
+    schedule = RecordSchedule.parse(args.every, None, args.full_every)
     names = args.workload or list(WORKLOADS)
     results = []
     with tempfile.TemporaryDirectory() as tmpdir:

@@ -123,7 +123,9 @@ def test_nan_lr_records_nonfinite_loss(trace):
 
 
 def test_dead_relu_layer_shows_all_zero_activations(trace):
-    _, t = run_example("dead_relu", trace, "--steps", "5")
+    r = nndb("run", "--full-every", "1", "--trace", trace, example("dead_relu.py"), "--steps", "5")
+    assert r.returncode == 0, r.stderr
+    t = TraceReader(trace)
     with t:
         # one ReLU module used after fc1 and after fc2: a series per use
         _, first = t.history(t.find("act", "act")[0], "zero_frac")

@@ -40,6 +40,7 @@ class TraceWriter:
         self.closed = False
         self.series: dict = {}          # (name, kind) -> id
         self._new_series: list = []
+        self._layouts: dict = {}        # tuple of (name, kind) -> series ids (steps repeat their layout)
         self._rows: list = []           # (record, [ids])
         self._events: list = []
         self._last_flush = time.monotonic()
@@ -84,7 +85,11 @@ class TraceWriter:
     def append(self, record) -> None:
         if self.failed or self.closed:
             return
-        ids = [self._series_id(n, k) for n, k in record.names]
+        layout = tuple(record.names)
+        ids = self._layouts.get(layout)
+        if ids is None:
+            ids = [self._series_id(n, k) for n, k in record.names]
+            self._layouts[layout] = ids
         self._rows.append((record, ids))
         self.last_step = record.step
         if len(self._rows) >= self.flush_steps or \

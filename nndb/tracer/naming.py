@@ -80,7 +80,8 @@ class Naming:
         self._opt_names: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
         self._used_opt_names: set = set()
         self._loose_names: dict = {}     # id(param) -> (weakref param, name)
-        self.loss_qualified = False      # set once a step had losses for several optimizers
+        self.loss_qualified = False
+        self.roots_version = 0           # bumped when a root is added      # set once a step had losses for several optimizers
 
     # -- registration -----------------------------------------------------
     def knows(self, module) -> bool:
@@ -96,6 +97,7 @@ class Naming:
             name = f"{base}{i}"
         self._used_root_names.add(name)
         self._root_names[root] = name
+        self.roots_version += 1
         for sub, m in root.named_modules(remove_duplicate=True):
             if m not in self._module_path:
                 self._module_path[m] = (root, sub)

@@ -62,9 +62,12 @@ class _Bucket:
     # Small CPU tensors are copied when seen and reduced together in one numpy
     # batch when the step closes: (slot, key, array), slot in act|loss|param.
     deferred: list = field(default_factory=list)
+    # Parameters of a small model arrive as whole blocks: (keys, flat, sizes).
+    blocks: list = field(default_factory=list)
 
     def merge(self, other: "_Bucket") -> None:
         self.deferred.extend(other.deferred)
+        self.blocks.extend(other.blocks)
         for m, raw in other.acts.items():
             self.acts[m] = S.merge_raw(self.acts[m], raw) if m in self.acts else raw
         for o, raw in other.losses.items():
@@ -80,14 +83,21 @@ class _Bucket:
 
     def empty(self) -> bool:
         return not (self.acts or self.losses or self.params or self.pending_loss is not None
-                    or self.backward_count or self.optimizer_steps or self.deferred)
+                    or self.backward_count or self.optimizer_steps or self.deferred or self.blocks)
 
-    def resolve(self) -> None:
+    def resolve(self, full: bool = True) -> None:
         """Reduce the deferred arrays (one batch) into the raw rows."""
-        if not self.deferred:
+        if not (self.deferred or self.blocks):
             return
-        rows = S.host_raw_batch([a for _, _, a in self.deferred])
-        for (slot, key, _), raw in zip(self.deferred, rows):
+        slots = [(slot, key) for slot, key, _ in self.deferred]
+        flats = [a for _, _, a in self.deferred]
+        sizes = [a.size for a in flats]
+        for keys, flat, block_sizes in self.blocks:
+            slots.extend(keys)
+            flats.append(flat)
+            sizes.extend(block_sizes)
+        rows = S.host_raw_segments(np.concatenate(flats, dtype=np.float64), np.asarray(sizes), full)
+        for (slot, key), raw in zip(slots, rows):
             if slot == "act":
                 d = self.acts
             elif slot == "loss":
@@ -102,6 +112,7 @@ class _Bucket:
                 continue
             d[key] = S.merge_raw(d[key], raw) if key in d else raw
         self.deferred = []
+        self.blocks = []
 
 
 _PENDING = object()   # a loss not yet attributed to an optimizer
@@ -126,26 +137,52 @@ def first_float_tensor(out, depth: int = 0):
 
 
 class _Snapshot:
-    """Parameter values before an optimizer step, to compute its update."""
+    """Parameter values before an optimizer step, to compute its update.
+    Small CPU parameters are kept as one flat copy."""
 
     def __init__(self, params):
         self.params = params
-        host = [p for p in params if S.is_host_tensor(p)]
-        self.host_ids = [id(p) for p in host]
-        self.host_flat = np.concatenate([S._host_array(p) for p in host]) if host else None
-        self.host_sizes = [p.numel() for p in host]
+        self.host = [p for p in params if S.is_host_tensor(p)]
+        self.host_sizes = [p.numel() for p in self.host]
+        self.host_flat = np.concatenate([S._host_array(p) for p in self.host]) if self.host else None
         self.dev = {id(p): p.detach().clone() for p in params if not S.is_host_tensor(p)}
 
+    def host_blocks(self) -> list:
+        """(keys, flat, sizes) blocks of value, update and grad for the small
+        parameters, as they are now."""
+        if not self.host:
+            return []
+        after = np.concatenate([S._host_array(p) for p in self.host])
+        blocks = [([("param", (p, "param")) for p in self.host], after, self.host_sizes),
+                  ([("param", (p, "update")) for p in self.host], after - self.host_flat, self.host_sizes)]
+        with_grad = [p for p in self.host if p.grad is not None and not p.grad.is_sparse]
+        if with_grad:
+            blocks.append(([("param", (p, "grad")) for p in with_grad],
+                           np.concatenate([S._host_array(p.grad) for p in with_grad]),
+                           [p.numel() for p in with_grad]))
+        return blocks
+
+    def device_items(self) -> list:
+        """[(param, kind, tensor)] for the large or accelerator parameters."""
+        out = []
+        for p in self.params:
+            before = self.dev.get(id(p))
+            if before is None:
+                continue
+            out.append((p, "param", p.detach()))
+            out.append((p, "update", p.detach() - before))
+            if p.grad is not None and not p.grad.is_sparse:
+                out.append((p, "grad", p.grad.detach()))
+        return out
+
     def updates(self) -> dict:
-        """id(p) -> (update as a host array or a device tensor)."""
+        """id(p) -> update (host array or tensor), for hand-written updates."""
         out = {}
-        if self.host_flat is not None:
-            live = {id(p): p for p in self.params}
-            now = np.concatenate([S._host_array(live[i]) for i in self.host_ids])
-            diff = now - self.host_flat
+        if self.host:
+            diff = np.concatenate([S._host_array(p) for p in self.host]) - self.host_flat
             off = 0
-            for i, n in zip(self.host_ids, self.host_sizes):
-                out[i] = diff[off:off + n]
+            for p, n in zip(self.host, self.host_sizes):
+                out[id(p)] = diff[off:off + n]
                 off += n
         for p in self.params:
             if id(p) in self.dev:
@@ -178,6 +215,8 @@ class StepRecorder:
         self.manual = False
         self._manual_pending: Optional[tuple] = None   # (step, bucket, time, snapshot)
         self.last: Optional[StepRecord] = None
+        self._names: dict = {}              # series key -> name, resolved once
+        self._others: tuple = (None, [])     # (cache key, params no optimizer holds)
 
     @property
     def _cur(self) -> _Bucket:
@@ -234,24 +273,12 @@ class StepRecorder:
         snap = self._snapshots.pop(id(opt), None)
         if not self.recording or snap is None:
             return
-        updates = snap.updates()
-        items, where = [], []
-        for p in snap.params:
-            g = p.grad
-            for kind, x in (("param", p.detach()), ("update", updates[id(p)]),
-                            ("grad", g.detach() if g is not None and not g.is_sparse else None)):
-                if x is None:
-                    continue
-                if isinstance(x, np.ndarray):
-                    b.deferred.append(("param", (p, kind), x))
-                elif S.is_host_tensor(x):
-                    b.deferred.append(("param", (p, kind), S._host_array(x).copy()))
-                else:
-                    items.append(x)
-                    where.append((p, kind))
-            b.param_opt[id(p)] = opt
-        for (p, kind), raw in zip(where, S.raw_many(items, self.full)):
+        b.blocks.extend(snap.host_blocks())
+        items = snap.device_items()
+        for (p, kind, _), raw in zip(items, S.raw_many([x for _, _, x in items], self.full)):
             b.params.setdefault(id(p), (p, {}))[1][kind] = raw
+        for p in snap.params:
+            b.param_opt[id(p)] = opt
 
     def mark(self) -> None:
         """Start a new segment (used while the step clock learns a GAN's iteration)."""
@@ -268,7 +295,7 @@ class StepRecorder:
         bucket = _Bucket()
         for b in closed:
             bucket.merge(b)
-        bucket.resolve()
+        bucket.resolve(self.full)
         nxt = _Bucket()
         for b in rest:
             nxt.merge(b)
@@ -298,7 +325,12 @@ class StepRecorder:
 
     def _other_params(self, bucket: _Bucket) -> None:
         """param and grad of the model's parameters that no optimizer stepped."""
-        others = [p for p in self.naming.root_params() if id(p) not in bucket.params]
+        key = (self.naming.roots_version, frozenset(bucket.params))
+        if self._others[0] != key:
+            self._others = (key, [p for p in self.naming.root_params() if id(p) not in bucket.params])
+        others = self._others[1]
+        if not others:
+            return
         items, where = [], []
         for p in others:
             items.append(p.detach())
@@ -341,28 +373,36 @@ class StepRecorder:
         else:
             self._manual_pending = (step, bucket, now, _Snapshot(params))
 
+    def _name(self, key) -> str:
+        name = self._names.get(key)
+        if name is None:
+            if key[0] == "act":
+                base = self.naming.module_name(key[1])
+                name = f"{base}#{key[2] + 1}" if key[2] else base
+            elif key[0] == "loss":
+                name = "loss/" + self.naming.optimizer_name(key[1]) if key[2] and key[1] is not None else "loss"
+            else:
+                name = self.naming.param_name(key[1])
+            self._names[key] = name
+        return name
+
     def _emit(self, step: int, b: _Bucket, now: float, partial: bool = False) -> None:
         b.resolve()
         names, raws = [], []
         for (m, use), raw in b.acts.items():
-            name = self.naming.module_name(m)
-            names.append((f"{name}#{use + 1}" if use else name, "act"))
+            names.append((self._name(("act", m, use)), "act"))
             raws.append(raw)
         losses = dict(b.losses)
         if b.pending_loss is not None:
             losses[None] = S.merge_raw(losses[None], b.pending_loss) if None in losses else b.pending_loss
-        qualify = len(losses) > 1 or self.naming.loss_qualified
-        for opt, raw in losses.items():
-            if qualify and opt is not None:
-                name = "loss/" + self.naming.optimizer_name(opt)
-            else:
-                name = "loss"
-            names.append((name, "loss"))
-            raws.append(raw)
         if len(losses) > 1:
             self.naming.loss_qualified = True
+        qualify = self.naming.loss_qualified
+        for opt, raw in losses.items():
+            names.append((self._name(("loss", opt, qualify)), "loss"))
+            raws.append(raw)
         for pid, (p, rows) in b.params.items():
-            pname = self.naming.param_name(p)
+            pname = self._name(("param", p))
             for kind in ("param", "grad", "update"):
                 if kind in rows:
                     names.append((pname, kind))

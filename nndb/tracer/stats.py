@@ -18,8 +18,12 @@ Where the passes run:
   accelerator the row stays on the device until the step ends, so there is one
   host transfer per step, not one per statistic.
 
-NaN and Inf are counted only when a cheap check (a non-finite sum or sum of
-squares) says there may be some.  When a tensor has non-finite elements, the
+Two levels.  Every recorded step: count, mean, std, norm and NaN/Inf
+detection, from the sum and the sum of squares.  At *full* steps (a policy of
+the recording schedule, every tenth recorded step by default) also min, max,
+mean |x| and the zero fraction, which cost more passes; unmeasured fields are
+NaN.  NaN and Inf are counted only when a cheap check (a non-finite sum or
+sum of squares) says there may be some.  When a tensor has non-finite elements, the
 other statistics describe its finite elements, so a gradient with three NaN
 still shows the norm of the rest; ``count`` is always the element count.
 """
@@ -107,8 +111,8 @@ def _segment_raw_exact(seg: np.ndarray) -> np.ndarray:
 
 
 @_quiet
-def host_raw_one(a: np.ndarray) -> np.ndarray:
-    """Raw row of one small host array: six numpy reductions, sums in float64."""
+def host_raw_one(a: np.ndarray, full: bool = True) -> np.ndarray:
+    """Raw row of one small host array: numpy reductions, sums in float64."""
     raw = empty_raw()
     n = a.size
     raw[_I_N] = n
@@ -121,6 +125,9 @@ def host_raw_one(a: np.ndarray) -> np.ndarray:
         return _segment_raw_exact(a)
     raw[_I_SUM] = s
     raw[_I_SQ] = sq
+    if not full:
+        raw[_I_MIN] = raw[_I_MAX] = raw[_I_ABS] = raw[_I_ZERO] = np.nan
+        return raw
     raw[_I_MIN] = x.min()
     raw[_I_MAX] = x.max()
     raw[_I_ABS] = np.abs(x).sum()
@@ -128,39 +135,51 @@ def host_raw_one(a: np.ndarray) -> np.ndarray:
     return raw
 
 
+def host_raw_batch(arrays: Sequence[np.ndarray], full: bool = True) -> np.ndarray:
+    """Raw rows for many 1-D host arrays at once."""
+    if len(arrays) == 1:
+        return host_raw_one(arrays[0], full)[None, :]
+    if len(arrays) == 0:
+        return np.zeros((0, N_RAW))
+    sizes = np.fromiter((a.size for a in arrays), dtype=np.int64, count=len(arrays))
+    return host_raw_segments(np.concatenate(arrays, dtype=np.float64), sizes, full)
+
+
 @_quiet
-def host_raw_batch(arrays: Sequence[np.ndarray]) -> np.ndarray:
-    """Raw rows for many 1-D host arrays at once: one concatenation, then one
-    ``reduceat`` per accumulator over all segments."""
-    k = len(arrays)
-    if k == 1:
-        return host_raw_one(arrays[0])[None, :]
+def host_raw_segments(flat: np.ndarray, sizes: np.ndarray, full: bool = True) -> np.ndarray:
+    """Raw rows of the consecutive segments of ``flat`` (lengths ``sizes``):
+    one ``reduceat`` per accumulator over all segments.  Without ``full``,
+    only the sums (count, mean, std, norm, and NaN/Inf detection)."""
+    k = len(sizes)
+    sizes = np.asarray(sizes, dtype=np.int64)
     out = np.zeros((k, N_RAW))
     out[:, _I_MIN] = np.inf
     out[:, _I_MAX] = -np.inf
-    if k == 0:
-        return out
-    sizes = np.fromiter((a.size for a in arrays), dtype=np.int64, count=k)
     out[:, _I_N] = sizes
     nonempty = np.flatnonzero(sizes)
     if nonempty.size == 0:
         return out
-    flat = np.concatenate([arrays[i] for i in nonempty], dtype=np.float64)
-    starts = np.zeros(nonempty.size, dtype=np.int64)
-    np.cumsum(sizes[nonempty][:-1], out=starts[1:])
+    flat = np.asarray(flat, dtype=np.float64)
+    all_starts = np.zeros(k, dtype=np.int64)
+    np.cumsum(sizes[:-1], out=all_starts[1:])
+    starts = all_starts[nonempty]
     sums = np.add.reduceat(flat, starts)
     sq = np.add.reduceat(flat * flat, starts)
     out[nonempty, _I_SUM] = sums
     out[nonempty, _I_SQ] = sq
-    out[nonempty, _I_MIN] = np.minimum.reduceat(flat, starts)
-    out[nonempty, _I_MAX] = np.maximum.reduceat(flat, starts)
-    out[nonempty, _I_ABS] = np.add.reduceat(np.abs(flat), starts)
-    out[nonempty, _I_ZERO] = np.add.reduceat((flat == 0).view(np.int8), starts, dtype=np.int64)
+    if full:
+        out[nonempty, _I_MIN] = np.minimum.reduceat(flat, starts)
+        out[nonempty, _I_MAX] = np.maximum.reduceat(flat, starts)
+        out[nonempty, _I_ABS] = np.add.reduceat(np.abs(flat), starts)
+        out[nonempty, _I_ZERO] = np.add.reduceat((flat == 0).astype(np.float64), starts)
+    else:
+        out[nonempty, _I_MIN] = out[nonempty, _I_MAX] = np.nan
+        out[nonempty, _I_ABS] = out[nonempty, _I_ZERO] = np.nan
     bad = ~np.isfinite(sums + sq)
     if bad.any():
-        ends = starts + sizes[nonempty]
         for j in np.flatnonzero(bad):
-            out[nonempty[j]] = _segment_raw_exact(flat[starts[j]:ends[j]])
+            i = nonempty[j]
+            out[i] = _segment_raw_exact(flat[all_starts[i]:all_starts[i] + sizes[i]])
     return out
 
 
@@ -264,7 +283,7 @@ def raw_now(t: torch.Tensor, full: bool = True) -> np.ndarray:
     modify them in place later)."""
     if t.device.type == "cpu":
         if t.numel() <= HOST_MAX_ELEMENTS:
-            return host_raw_one(_host_array(t))
+            return host_raw_one(_host_array(t), full)
         return cpu_raw_large(t, full)
     n, row = device_raw(t)
     return _complete(n, row.cpu().numpy(), t)
@@ -288,7 +307,7 @@ def raw_many(tensors: Sequence, full: bool = True) -> list[np.ndarray]:
         else:
             out[i] = cpu_raw_large(t, full)
     if host_arrays:
-        rows = host_raw_batch(host_arrays)
+        rows = host_raw_batch(host_arrays, full)
         for j, i in enumerate(host_idx):
             out[i] = rows[j]
     if dev:

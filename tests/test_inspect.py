@@ -1,0 +1,93 @@
+"""nndb inspect: text, JSON and series output on a real trace."""
+import json
+import os
+
+import pytest
+
+from conftest import example, nndb
+
+
+@pytest.fixture(scope="module")
+def mlp_trace(tmp_path_factory):
+    path = str(tmp_path_factory.mktemp("inspect") / "mlp.h5")
+    r = nndb("run", "--full-every", "2", "--trace", path, example("mlp.py"), "--steps", "6", "--lr", "0.1")
+    assert r.returncode == 0, r.stderr
+    return path
+
+
+def test_json_summary(mlp_trace):
+    r = nndb("inspect", "--json", mlp_trace)
+    assert r.returncode == 0, r.stderr
+    data = json.loads(r.stdout)
+    assert data["steps"] == 6 and data["status"] == "finished"
+    assert data["meta"]["argv"][1:] == ["--steps", "6", "--lr", "0.1"]
+    for key in ("torch", "numpy", "python", "num_threads", "openmp", "rank", "world_size", "start_time"):
+        assert key in data["meta"]
+    kinds = {t["kind"] for t in data["tensors"]}
+    assert kinds == {"param", "grad", "update", "act", "loss"}
+    loss = [t for t in data["tensors"] if t["kind"] == "loss"][0]
+    assert loss["name"] == "loss" and loss["rows"] == 6
+    assert set(loss["last"]) == {"count", "mean", "std", "min", "max", "norm", "mean_abs",
+                                 "nan_count", "inf_count", "zero_frac"}
+    assert loss["min"]["mean"] <= loss["last"]["mean"] <= loss["max"]["mean"]
+    assert loss["last"]["nan_count"] == 0
+
+
+def test_text_summary_has_metadata_and_a_row_per_tensor(mlp_trace):
+    r = nndb("inspect", mlp_trace)
+    assert r.returncode == 0, r.stderr
+    out = r.stdout
+    assert "status     finished, exit 0" in out and "recorded   6 step(s)" in out
+    data = json.loads(nndb("inspect", "--json", mlp_trace).stdout)
+    table = out.split("\n\n", 1)[1].splitlines()[2:]
+    assert len(table) == len(data["tensors"])
+    assert any(line.split()[:2] == ["loss", "loss"] for line in table)
+
+
+def test_series_shows_all_kinds_side_by_side(mlp_trace):
+    data = json.loads(nndb("inspect", "--json", mlp_trace).stdout)
+    name = [t["name"] for t in data["tensors"] if t["kind"] == "update"][0]
+    r = nndb("inspect", mlp_trace, "--series", name, "--stat", "norm")
+    assert r.returncode == 0, r.stderr
+    header, _, *rows = r.stdout.splitlines()
+    assert f"{name} param norm" in header and f"{name} grad norm" in header and f"{name} update norm" in header
+    assert [int(row.split()[0]) for row in rows] == list(range(6))
+    j = json.loads(nndb("inspect", mlp_trace, "--series", name, "--kind", "grad", "--json").stdout)
+    assert [s["kind"] for s in j["series"]] == ["grad"] and j["series"][0]["steps"] == list(range(6))
+    assert all(v > 0 for v in j["series"][0]["values"])
+
+
+def test_full_statistics_follow_the_schedule(mlp_trace):
+    j = json.loads(nndb("inspect", mlp_trace, "--series", "loss", "--stat", "min", "--json").stdout)
+    values = j["series"][0]["values"]
+    assert [v is not None for v in values] == [True, False, True, False, True, False]   # --full-every 2
+
+
+def test_unknown_series_and_misplaced_kind(mlp_trace):
+    r = nndb("inspect", mlp_trace, "--series", "no.such.tensor")
+    assert r.returncode == 2 and "no series 'no.such.tensor'" in r.stderr and "Traceback" not in r.stderr
+    r = nndb("inspect", mlp_trace, "--kind", "grad")
+    assert r.returncode == 2 and "--kind goes with --series" in r.stderr
+    r = nndb("inspect", mlp_trace, "--series", "loss", "--stat", "bogus")
+    assert r.returncode == 2
+
+
+def test_readme_first_command_finds_the_planted_bug(tmp_path):
+    trace = str(tmp_path / "nan_lr.h5")
+    r = nndb("run", "--trace", trace, example("nan_lr.py"), cwd=str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    r = nndb("inspect", trace, "--series", "loss", "--stat", "nan_count")
+    assert r.returncode == 0
+    counts = [float(line.split()[1]) for line in r.stdout.splitlines()[2:]]
+    assert counts[0] == 0 and counts[-1] == 1               # the loss turned NaN and stayed NaN
+
+
+def test_rank_suffix_under_torchrun(tmp_path):
+    script = tmp_path / "s.py"
+    script.write_text("print('hi')\n")
+    r = nndb("run", str(script), cwd=str(tmp_path), env={"RANK": "1", "WORLD_SIZE": "2"})
+    assert r.returncode == 0
+    path = r.stderr.split("recording to ", 1)[1].split()[0]
+    assert path.endswith("-rank1.h5")
+    data = json.loads(nndb("inspect", "--json", os.path.join(str(tmp_path), path)).stdout)
+    assert data["meta"]["rank"] == 1 and data["meta"]["world_size"] == 2

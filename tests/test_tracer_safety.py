@@ -1,0 +1,58 @@
+"""A hook nndb puts into the user's program never crashes the training."""
+import torch
+
+from nndb.config import RecordSchedule, RunConfig
+from nndb.launcher import Target
+from nndb.runner import Recording
+from nndb.store.reader import TraceReader
+
+
+def train(steps=4):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+    opt = torch.optim.SGD(model.parameters(), 0.1)
+    losses = []
+    for _ in range(steps):
+        opt.zero_grad()
+        loss = model(torch.randn(16, 4)).pow(2).mean()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses, [p.detach().clone() for p in model.parameters()]
+
+
+def test_internal_error_is_reported_once_and_training_goes_on(tmp_path, monkeypatch):
+    expected_losses, expected_params = train()
+    path = str(tmp_path / "t.h5")
+    messages = []
+    rec = Recording(path, {}, RunConfig(Target(path="x.py"), path, RecordSchedule()), message=messages.append)
+    calls = {"n": 0}
+
+    def broken(key, output):
+        calls["n"] += 1
+        if calls["n"] > 5:
+            raise ValueError("boom")
+    monkeypatch.setattr(rec.recorder, "activation", broken)
+    with rec:
+        losses, params = train()
+    rec.close()
+    assert losses == expected_losses                                # same numbers, bit for bit
+    assert all(torch.equal(a, b) for a, b in zip(params, expected_params))
+    assert len(messages) == 1 and "internal error in the tracer" in messages[0] and "boom" in messages[0]
+    assert torch.nn.modules.module._global_forward_hooks == {}     # the hooks were removed
+    with TraceReader(path) as t:
+        assert t.status == "finished"
+
+
+def test_hooks_are_removed_on_exit(tmp_path):
+    path = str(tmp_path / "t.h5")
+    rec = Recording(path, {}, RunConfig(Target(path="x.py"), path, RecordSchedule()), message=print)
+    with rec:
+        train(2)
+    rec.close()
+    from torch.optim import optimizer
+    assert torch.nn.modules.module._global_forward_hooks == {}
+    assert torch.nn.modules.module._global_forward_pre_hooks == {}
+    assert len(optimizer._global_optimizer_pre_hooks) == 0 and len(optimizer._global_optimizer_post_hooks) == 0
+    with TraceReader(path) as t:
+        assert list(t.steps) == [0, 1]
