@@ -35,7 +35,7 @@ def cli():
 @click.option("--full-every", type=int, metavar="N",
               help="Measure min, max, mean_abs and zero_frac of large tensors (over 16384 elements) "
                    "every N-th recorded step (default 10; 1 = every step).")
-@click.option("--flush-every", "flush_steps", type=click.IntRange(min=1), default=50, show_default=True,
+@click.option("--flush-every", "flush_steps", type=click.IntRange(min=1), default=500, show_default=True,
               metavar="N", help="Write the buffered steps to the trace every N steps...")
 @click.option("--flush-secs", type=click.FloatRange(min=0), default=2.0, show_default=True, metavar="S",
               help="...or every S seconds, whichever comes first.")

@@ -67,7 +67,7 @@ class RunConfig:
     target: Target
     trace_path: Optional[str] = None
     schedule: RecordSchedule = field(default_factory=RecordSchedule)
-    flush_steps: int = 50
+    flush_steps: int = 500
     flush_secs: float = 2.0
     quiet: bool = False
 

@@ -13,13 +13,12 @@ from nndb.store import schema
 from nndb.store.reader import TraceReader
 from nndb.store.writer import TraceWriter
 from nndb.tracer.recorder import StepRecord
-from nndb.tracer.stats import N_STATS
 
 
 def rec(step, names, value=1.0):
-    stats = np.full((len(names), N_STATS), value, dtype=float)
-    stats[:, 0] = 10
-    return StepRecord(step, step * 0.1, 1, 1, names, stats)
+    """Every series: ten elements all equal to ``value``."""
+    row = [10, 10 * value, 10 * value * value, value, value, 10 * abs(value), 0, 0, 0]
+    return StepRecord(step, step * 0.1, 1, 1, names, np.array([row] * len(names), dtype=float))
 
 
 def make_trace(path, steps=5, **kw):

@@ -17,6 +17,7 @@ import h5py
 import numpy as np
 
 from ..errors import TraceWriteError
+from ..tracer.stats import N_RAW, finalize_many
 from . import schema as K
 
 _BLOBS = ("series", "events", "end")
@@ -30,7 +31,7 @@ def _put_blob(ds, text: str, append: bool = True) -> None:
 
 
 class TraceWriter:
-    def __init__(self, path: str, meta: dict, flush_steps: int = 50, flush_secs: float = 2.0,
+    def __init__(self, path: str, meta: dict, flush_steps: int = 500, flush_secs: float = 2.0,
                  on_error: Optional[Callable[[str], None]] = None):
         self.path = path
         self.flush_steps = max(1, int(flush_steps))
@@ -117,9 +118,11 @@ class TraceWriter:
         if self._rows:
             k = len(self._rows)
             n_series = len(self.series)
-            block = np.full((k, n_series, len(K.COLUMNS)), np.nan)
+            raw = np.full((k, n_series, N_RAW), np.nan)
             for i, (rec, ids) in enumerate(self._rows):
-                block[i, ids, :] = rec.stats
+                raw[i, ids, :] = rec.raw
+            # one vectorised finalisation for the whole block; absent series stay NaN
+            block = finalize_many(raw.reshape(-1, N_RAW)).reshape(k, n_series, len(K.COLUMNS))
             ds = f["stats"]
             start = ds.shape[0]
             ds.resize((start + k, max(n_series, ds.shape[1]), len(K.COLUMNS)))

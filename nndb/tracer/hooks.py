@@ -199,7 +199,7 @@ class Tracer:
             if loss is not None:
                 self.recorder.loss(loss)
             else:
-                self.recorder._cur.backward_count += 1
+                self.recorder.backward_without_loss()
             n = self._optimizer_count() if self.clock.mode is Mode.UNKNOWN else 1
             close = self.clock.backward_end(n)
             if self.clock.mode is Mode.MANUAL:

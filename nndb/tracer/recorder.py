@@ -24,7 +24,8 @@ The hooks (``tracer.hooks``) stay thin and forward here.  What is recorded:
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+import weakref
+from dataclasses import dataclass
 from typing import Callable, Optional
 
 import numpy as np
@@ -42,80 +43,86 @@ class StepRecord:
     backward_count: int
     optimizer_steps: int
     names: list                  # [(name, kind)]
-    stats: np.ndarray            # (len(names), N_STATS), STAT_NAMES columns
+    raw: np.ndarray              # (len(names), N_RAW) raw accumulator rows (stats.RAW_FIELDS)
     partial: bool = False        # cut short by the end of the run (the script raised or exited mid-step)
+
+    @property
+    def stats(self) -> np.ndarray:
+        """(len(names), N_STATS), STAT_NAMES columns.  Computed on demand: the
+        writer finalises many steps at once when it flushes."""
+        return S.finalize_many(self.raw)
 
     def as_dict(self) -> dict:
         return {(n, k): dict(zip(S.STAT_NAMES, map(float, row)))
                 for (n, k), row in zip(self.names, self.stats)}
 
 
-@dataclass
+_PENDING = object()   # a loss not yet attributed to an optimizer
+
+
 class _Bucket:
-    acts: dict = field(default_factory=dict)        # (module, use index) -> raw
-    losses: dict = field(default_factory=dict)      # optimizer|None -> raw
-    pending_loss: Optional[np.ndarray] = None
-    params: dict = field(default_factory=dict)      # id(p) -> (p, kind -> raw)
-    param_opt: dict = field(default_factory=dict)   # id(p) -> optimizer
-    backward_count: int = 0
-    optimizer_steps: int = 0
-    # Small CPU tensors are copied when seen and reduced together in one numpy
-    # batch when the step closes: (slot, key, array), slot in act|loss|param.
-    deferred: list = field(default_factory=list)
-    # Parameters of a small model arrive as whole blocks: (keys, flat, sizes).
-    blocks: list = field(default_factory=list)
+    """What one step (or one segment of it) recorded.
+
+    ``entries`` maps a series key to its raw row, in the order first seen:
+    ``("act", module, use)``, ``("loss", optimizer)`` and
+    ``("param", tensor, kind)``.  Activations and losses merge over calls;
+    a parameter row is replaced by a later one.  Small CPU tensors wait in
+    ``deferred`` (key, array copy) and ``blocks`` (keys, flat, sizes) and are
+    reduced in one numpy batch by ``resolve``.
+    """
+    __slots__ = ("entries", "deferred", "blocks", "covered", "backward_count", "optimizer_steps")
+
+    def __init__(self):
+        self.entries: dict = {}
+        self.deferred: list = []
+        self.blocks: list = []
+        self.covered: set = set()        # ids of parameters an optimizer recorded
+        self.backward_count = 0
+        self.optimizer_steps = 0
+
+    def add(self, key, raw) -> None:
+        old = self.entries.get(key)
+        if old is None or key[0] == "param":
+            self.entries[key] = raw
+        else:
+            self.entries[key] = S.merge_raw(old, raw)
 
     def merge(self, other: "_Bucket") -> None:
+        for key, raw in other.entries.items():
+            self.add(key, raw)
         self.deferred.extend(other.deferred)
         self.blocks.extend(other.blocks)
-        for m, raw in other.acts.items():
-            self.acts[m] = S.merge_raw(self.acts[m], raw) if m in self.acts else raw
-        for o, raw in other.losses.items():
-            self.losses[o] = S.merge_raw(self.losses[o], raw) if o in self.losses else raw
-        if other.pending_loss is not None:
-            self.pending_loss = other.pending_loss if self.pending_loss is None else \
-                S.merge_raw(self.pending_loss, other.pending_loss)
-        for pid, (p, rows) in other.params.items():
-            self.params.setdefault(pid, (p, {}))[1].update(rows)
-        self.param_opt.update(other.param_opt)
+        self.covered |= other.covered
         self.backward_count += other.backward_count
         self.optimizer_steps += other.optimizer_steps
 
     def empty(self) -> bool:
-        return not (self.acts or self.losses or self.params or self.pending_loss is not None
-                    or self.backward_count or self.optimizer_steps or self.deferred or self.blocks)
+        return not (self.entries or self.deferred or self.blocks
+                    or self.backward_count or self.optimizer_steps)
+
+    def attribute_losses(self, opt) -> None:
+        """Losses seen since the last optimizer step belong to ``opt``."""
+        pending = ("loss", _PENDING)
+        if pending in self.entries:
+            self.add(("loss", opt), self.entries.pop(pending))
+        self.deferred = [(("loss", opt) if k == pending else k, a) for k, a in self.deferred]
 
     def resolve(self, full: bool = True) -> None:
-        """Reduce the deferred arrays (one batch) into the raw rows."""
+        """Reduce the deferred arrays and blocks (one numpy batch) into entries."""
         if not (self.deferred or self.blocks):
             return
-        slots = [(slot, key) for slot, key, _ in self.deferred]
-        flats = [a for _, _, a in self.deferred]
+        keys = [k for k, _ in self.deferred]
+        flats = [a for _, a in self.deferred]
         sizes = [a.size for a in flats]
-        for keys, flat, block_sizes in self.blocks:
-            slots.extend(keys)
+        for block_keys, flat, block_sizes in self.blocks:
+            keys.extend(block_keys)
             flats.append(flat)
             sizes.extend(block_sizes)
         rows = S.host_raw_segments(np.concatenate(flats, dtype=np.float64), np.asarray(sizes), full)
-        for (slot, key), raw in zip(slots, rows):
-            if slot == "act":
-                d = self.acts
-            elif slot == "loss":
-                if key is _PENDING:
-                    self.pending_loss = raw if self.pending_loss is None else \
-                        S.merge_raw(self.pending_loss, raw)
-                    continue
-                d = self.losses
-            else:
-                p, kind = key
-                self.params.setdefault(id(p), (p, {}))[1][kind] = raw
-                continue
-            d[key] = S.merge_raw(d[key], raw) if key in d else raw
+        for key, raw in zip(keys, rows):
+            self.add(key, raw)
         self.deferred = []
         self.blocks = []
-
-
-_PENDING = object()   # a loss not yet attributed to an optimizer
 
 
 def first_float_tensor(out, depth: int = 0):
@@ -136,65 +143,88 @@ def first_float_tensor(out, depth: int = 0):
     return None
 
 
-class _Snapshot:
-    """Parameter values before an optimizer step, to compute its update.
-    Small CPU parameters are kept as one flat copy."""
+class _ParamPlan:
+    """How to read one set of parameters cheaply, step after step: small CPU
+    parameters through cached zero-copy numpy views, concatenated in one call;
+    the others one by one."""
 
     def __init__(self, params):
         self.params = params
-        self.host = [p for p in params if S.is_host_tensor(p)]
-        self.host_sizes = [p.numel() for p in self.host]
-        self.host_flat = np.concatenate([S._host_array(p) for p in self.host]) if self.host else None
-        self.dev = {id(p): p.detach().clone() for p in params if not S.is_host_tensor(p)}
+        small = [p.device.type == "cpu" and p.numel() <= S.HOST_MAX_PARAM_ELEMENTS for p in params]
+        self.host = [p for p, sm in zip(params, small) if sm]
+        self.large = [p for p, sm in zip(params, small) if not sm]
+        self.sizes = [p.numel() for p in self.host]
+        self.ids = {id(p) for p in params}
+        self.value_keys = [("param", p, "param") for p in self.host]
+        self.update_keys = [("param", p, "update") for p in self.host]
+        self.grad_keys = [("param", p, "grad") for p in self.host]
+        self._views = [None] * len(self.host)
+        self._ptrs = [None] * len(self.host)
 
-    def host_blocks(self) -> list:
-        """(keys, flat, sizes) blocks of value, update and grad for the small
-        parameters, as they are now."""
+    def host_values(self) -> Optional[np.ndarray]:
+        """The small parameters' values, concatenated (a copy)."""
         if not self.host:
-            return []
-        after = np.concatenate([S._host_array(p) for p in self.host])
-        blocks = [([("param", (p, "param")) for p in self.host], after, self.host_sizes),
-                  ([("param", (p, "update")) for p in self.host], after - self.host_flat, self.host_sizes)]
-        with_grad = [p for p in self.host if p.grad is not None and not p.grad.is_sparse]
-        if with_grad:
-            blocks.append(([("param", (p, "grad")) for p in with_grad],
-                           np.concatenate([S._host_array(p.grad) for p in with_grad]),
-                           [p.numel() for p in with_grad]))
-        return blocks
+            return None
+        views = self._views
+        for i, p in enumerate(self.host):
+            ptr = p.data_ptr()
+            if ptr != self._ptrs[i]:
+                v = S._host_array(p)
+                # Only a true view of the parameter's memory may be cached.
+                cacheable = p.dtype in (torch.float32, torch.float64) and p.is_contiguous()
+                views[i], self._ptrs[i] = v, (ptr if cacheable else None)
+        return np.concatenate(views)
 
-    def device_items(self) -> list:
-        """[(param, kind, tensor)] for the large or accelerator parameters."""
-        out = []
-        for p in self.params:
-            before = self.dev.get(id(p))
-            if before is None:
-                continue
-            out.append((p, "param", p.detach()))
-            out.append((p, "update", p.detach() - before))
-            if p.grad is not None and not p.grad.is_sparse:
-                out.append((p, "grad", p.grad.detach()))
-        return out
+    def host_grads(self):
+        """(keys, flat, sizes) for the small parameters' gradients, or None."""
+        grads = [p.grad for p in self.host]
+        if all(g is not None and not g.is_sparse for g in grads):
+            return self.grad_keys, np.concatenate([S._host_array(g) for g in grads]), self.sizes
+        sel = [i for i, g in enumerate(grads) if g is not None and not g.is_sparse]
+        if not sel:
+            return None
+        return ([self.grad_keys[i] for i in sel], np.concatenate([S._host_array(grads[i]) for i in sel]),
+                [self.sizes[i] for i in sel])
 
-    def updates(self) -> dict:
-        """id(p) -> update (host array or tensor), for hand-written updates."""
-        out = {}
-        if self.host:
-            diff = np.concatenate([S._host_array(p) for p in self.host]) - self.host_flat
-            off = 0
-            for p, n in zip(self.host, self.host_sizes):
-                out[id(p)] = diff[off:off + n]
-                off += n
-        for p in self.params:
-            if id(p) in self.dev:
-                out[id(p)] = p.detach() - self.dev[id(p)]
-        return out
+
+class _Snapshot:
+    """Parameter values before an update, to compute the update."""
+
+    def __init__(self, plan: _ParamPlan):
+        self.plan = plan
+        self.host_before = plan.host_values()
+        self.large_before = [p.detach().clone() for p in plan.large]
+
+    def record(self, bucket: _Bucket, full: bool, grads: bool = True) -> None:
+        """Put value, update (and grad) of every parameter into ``bucket``."""
+        plan = self.plan
+        if plan.host:
+            after = plan.host_values()
+            bucket.blocks.append((plan.value_keys, after, plan.sizes))
+            bucket.blocks.append((plan.update_keys, after - self.host_before, plan.sizes))
+            if grads:
+                g = plan.host_grads()
+                if g is not None:
+                    bucket.blocks.append(g)
+        if plan.large:
+            keys, items = [], []
+            for p, before in zip(plan.large, self.large_before):
+                keys += [("param", p, "param"), ("param", p, "update")]
+                items += [p.detach(), p.detach() - before]
+                if grads and p.grad is not None and not p.grad.is_sparse:
+                    keys.append(("param", p, "grad"))
+                    items.append(p.grad.detach())
+            for key, raw in zip(keys, S.raw_many(items, full)):
+                bucket.add(key, raw)
+        bucket.covered |= plan.ids
 
 
 class StepRecorder:
     """Accumulates one step's statistics and emits a StepRecord when it closes.
 
     ``sink(record)`` receives every closed, recorded step.  ``schedule(step)``
-    says whether a step is recorded at all.
+    says whether a step is recorded at all; ``schedule.full(step)``, if it
+    exists, whether its expensive statistics are measured.
     """
 
     def __init__(self, naming, sink: Callable[[StepRecord], None],
@@ -209,9 +239,10 @@ class StepRecorder:
         self._full_policy = getattr(schedule, "full", lambda step: True)
         self.full = self._full_policy(0)
         self._buckets = [_Bucket()]
+        self._plans: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # optimizer -> (signature, plan)
         self._snapshots: dict = {}          # id(optimizer) -> _Snapshot
-        # A Sequential's output is its last child's output: reuse that row.
-        self._last_act: tuple = (None, None)   # ((id, version), raw)
+        # A Sequential's output is its last child's output: reuse that copy.
+        self._last_act: tuple = (None, None)
         self.manual = False
         self._manual_pending: Optional[tuple] = None   # (step, bucket, time, snapshot)
         self.last: Optional[StepRecord] = None
@@ -227,58 +258,54 @@ class StepRecorder:
         """``key``: (module, index of this use of the module in the forward pass)."""
         if not self.recording or not torch.is_grad_enabled():
             return
-        t = first_float_tensor(output)
-        if t is None:
+        t = output if type(output) is torch.Tensor else first_float_tensor(output)
+        if t is None or not t.is_floating_point():
             return
-        b = self._cur
         same = (id(t), t._version)
         if self._last_act[0] == same:
-            arr, raw = self._last_act[1]
-        elif S.is_host_tensor(t):
-            arr, raw = S._host_array(t).copy(), None    # copied: the script may change t in place
+            arr = self._last_act[1]
+        elif t.device.type == "cpu" and t.numel() <= S.HOST_MAX_ELEMENTS:
+            arr = S._host_array(t).copy()          # copied: the script may change t in place
         else:
-            arr, raw = None, S.raw_now(t, self.full)
-        self._last_act = (same, (arr, raw))
+            arr = None
+            self._cur.add(("act",) + key, S.raw_now(t, self.full))
+        self._last_act = (same, arr)
         if arr is not None:
-            b.deferred.append(("act", key, arr))
-        else:
-            b.acts[key] = S.merge_raw(b.acts[key], raw) if key in b.acts else raw
+            self._cur.deferred.append((("act",) + key, arr))
 
     def loss(self, tensor: torch.Tensor) -> None:
-        self._cur.backward_count += 1
+        b = self._cur
+        b.backward_count += 1
         if not self.recording or not S.is_recordable(tensor):
             return
-        b = self._cur
         if S.is_host_tensor(tensor):
-            b.deferred.append(("loss", _PENDING, S._host_array(tensor).copy()))
-            return
-        raw = S.raw_now(tensor, self.full)
-        b.pending_loss = raw if b.pending_loss is None else S.merge_raw(b.pending_loss, raw)
+            b.deferred.append((("loss", _PENDING), S._host_array(tensor).copy()))
+        else:
+            b.add(("loss", _PENDING), S.raw_now(tensor, self.full))
+
+    def backward_without_loss(self) -> None:
+        self._cur.backward_count += 1
+
+    def _plan(self, opt) -> _ParamPlan:
+        groups = opt.param_groups
+        signature = tuple((id(g["params"]), len(g["params"])) for g in groups)
+        cached = self._plans.get(opt)
+        if cached is None or cached[0] != signature:
+            cached = (signature, _ParamPlan([p for g in groups for p in g["params"]]))
+            self._plans[opt] = cached
+        return cached[1]
 
     def optimizer_pre(self, opt) -> None:
-        if not self.recording:
-            return
-        params = [p for g in opt.param_groups for p in g["params"]]
-        self._snapshots[id(opt)] = _Snapshot(params)
+        if self.recording:
+            self._snapshots[id(opt)] = _Snapshot(self._plan(opt))
 
     def optimizer_post(self, opt) -> None:
         b = self._cur
         b.optimizer_steps += 1
-        for i, (slot, key, arr) in enumerate(b.deferred):
-            if slot == "loss" and key is _PENDING:
-                b.deferred[i] = ("loss", opt, arr)
-        if b.pending_loss is not None:
-            b.losses[opt] = S.merge_raw(b.losses[opt], b.pending_loss) if opt in b.losses else b.pending_loss
-            b.pending_loss = None
+        b.attribute_losses(opt)
         snap = self._snapshots.pop(id(opt), None)
-        if not self.recording or snap is None:
-            return
-        b.blocks.extend(snap.host_blocks())
-        items = snap.device_items()
-        for (p, kind, _), raw in zip(items, S.raw_many([x for _, _, x in items], self.full)):
-            b.params.setdefault(id(p), (p, {}))[1][kind] = raw
-        for p in snap.params:
-            b.param_opt[id(p)] = opt
+        if self.recording and snap is not None:
+            snap.record(b, self.full)
 
     def mark(self) -> None:
         """Start a new segment (used while the step clock learns a GAN's iteration)."""
@@ -292,9 +319,10 @@ class StepRecorder:
             closed, rest = self._buckets[:retro], self._buckets[retro:]
         else:
             closed, rest = self._buckets, []
-        bucket = _Bucket()
-        for b in closed:
-            bucket.merge(b)
+        bucket = closed[0] if len(closed) == 1 else _Bucket()
+        if len(closed) != 1:
+            for b in closed:
+                bucket.merge(b)
         bucket.resolve(self.full)
         nxt = _Bucket()
         for b in rest:
@@ -325,53 +353,51 @@ class StepRecorder:
 
     def _other_params(self, bucket: _Bucket) -> None:
         """param and grad of the model's parameters that no optimizer stepped."""
-        key = (self.naming.roots_version, frozenset(bucket.params))
+        key = (self.naming.roots_version, len(bucket.covered))
         if self._others[0] != key:
-            self._others = (key, [p for p in self.naming.root_params() if id(p) not in bucket.params])
+            self._others = (key, [p for p in self.naming.root_params() if id(p) not in bucket.covered])
         others = self._others[1]
         if not others:
             return
-        items, where = [], []
+        keys, items = [], []
         for p in others:
+            keys.append(("param", p, "param"))
             items.append(p.detach())
-            where.append((p, "param"))
             g = p.grad
             if g is not None and not g.is_sparse:
+                keys.append(("param", p, "grad"))
                 items.append(g.detach())
-                where.append((p, "grad"))
-        for (p, kind), raw in zip(where, S.raw_many(items, self.full)):
-            bucket.params.setdefault(id(p), (p, {}))[1][kind] = raw
+        for key, raw in zip(keys, S.raw_many(items, self.full)):
+            bucket.add(key, raw)
 
     def _close_manual(self, step, bucket, now, recording, final) -> None:
+        """Hand-written updates: step N's value and update are known at the
+        end of step N+1 (or of the run)."""
         pend = self._manual_pending
         self._manual_pending = None
         if pend is not None:
             pstep, pbucket, ptime, snap = pend
-            updates = snap.updates()
-            items, where = [], []
-            for p in snap.params:
-                items.append(p.detach())
-                where.append((p, "param"))
-                items.append(updates[id(p)])
-                where.append((p, "update"))
-            for (p, kind), raw in zip(where, S.raw_many(items, self.full)):
-                pbucket.params.setdefault(id(p), (p, {}))[1][kind] = raw
+            snap.record(pbucket, self.full, grads=False)
+            pbucket.resolve(self.full)
             self._emit(pstep, pbucket, ptime)
         if bucket is None or not recording:
             return
-        params = self.naming.root_params()
-        items, where = [], []
-        for p in params:
-            g = p.grad
-            if g is not None and not g.is_sparse:
-                items.append(g.detach())
-                where.append((p, "grad"))
-        for (p, kind), raw in zip(where, S.raw_many(items, self.full)):
-            bucket.params.setdefault(id(p), (p, {}))[1][kind] = raw
+        plan = _ParamPlan(self.naming.root_params())
+        g = plan.host_grads()
+        if g is not None:
+            bucket.blocks.append(g)
+        keys, items = [], []
+        for p in plan.large:
+            if p.grad is not None and not p.grad.is_sparse:
+                keys.append(("param", p, "grad"))
+                items.append(p.grad.detach())
+        for key, raw in zip(keys, S.raw_many(items, self.full)):
+            bucket.add(key, raw)
+        bucket.resolve(self.full)
         if final:
             self._emit(step, bucket, now, partial=True)
         else:
-            self._manual_pending = (step, bucket, now, _Snapshot(params))
+            self._manual_pending = (step, bucket, now, _Snapshot(plan))
 
     def _name(self, key) -> str:
         name = self._names.get(key)
@@ -388,25 +414,21 @@ class StepRecorder:
 
     def _emit(self, step: int, b: _Bucket, now: float, partial: bool = False) -> None:
         b.resolve()
-        names, raws = [], []
-        for (m, use), raw in b.acts.items():
-            names.append((self._name(("act", m, use)), "act"))
-            raws.append(raw)
-        losses = dict(b.losses)
-        if b.pending_loss is not None:
-            losses[None] = S.merge_raw(losses[None], b.pending_loss) if None in losses else b.pending_loss
+        b.attribute_losses(None)
+        losses = [k for k in b.entries if k[0] == "loss"]
         if len(losses) > 1:
             self.naming.loss_qualified = True
         qualify = self.naming.loss_qualified
-        for opt, raw in losses.items():
-            names.append((self._name(("loss", opt, qualify)), "loss"))
-            raws.append(raw)
-        for pid, (p, rows) in b.params.items():
-            pname = self._name(("param", p))
-            for kind in ("param", "grad", "update"):
-                if kind in rows:
-                    names.append((pname, kind))
-                    raws.append(rows[kind])
-        rec = StepRecord(step, now, b.backward_count, b.optimizer_steps, names, S.finalize_many(raws), partial)
+        names = []
+        for key in b.entries:
+            tag = key[0]
+            if tag == "param":
+                names.append((self._name(key[:2]), key[2]))
+            elif tag == "loss":
+                names.append((self._name(("loss", key[1], qualify)), "loss"))
+            else:
+                names.append((self._name(key), "act"))
+        raw = np.array(list(b.entries.values())) if b.entries else np.zeros((0, S.N_RAW))
+        rec = StepRecord(step, now, b.backward_count, b.optimizer_steps, names, raw, partial)
         self.last = rec
         self.sink(rec)

@@ -18,11 +18,11 @@ Where the passes run:
   accelerator the row stays on the device until the step ends, so there is one
   host transfer per step, not one per statistic.
 
-Two levels.  Every recorded step: count, mean, std, norm and NaN/Inf
-detection, from the sum and the sum of squares.  At *full* steps (a policy of
-the recording schedule, every tenth recorded step by default) also min, max,
-mean |x| and the zero fraction, which cost more passes; unmeasured fields are
-NaN.  NaN and Inf are counted only when a cheap check (a non-finite sum or
+Two levels.  Every recorded step: count, norm and NaN/Inf detection for
+every tensor, and mean and std for small ones (one more pass on a large
+tensor).  At *full* steps (a policy of the recording schedule, every tenth
+recorded step by default) everything: also min, max, mean |x| and the zero
+fraction.  Unmeasured fields are NaN.  NaN and Inf are counted only when a cheap check (a non-finite sum or
 sum of squares) says there may be some.  When a tensor has non-finite elements, the
 other statistics describe its finite elements, so a gradient with three NaN
 still shows the norm of the rest; ``count`` is always the element count.
@@ -45,6 +45,9 @@ N_STATS = len(STAT_NAMES)
 # cost is call overhead, which numpy has less of); larger ones with torch,
 # whose reductions are vectorised and multi-threaded.
 HOST_MAX_ELEMENTS = 1 << 14
+# Parameters, gradients and updates are read in one concatenated block per
+# optimizer step, where numpy stays cheaper for larger tensors.
+HOST_MAX_PARAM_ELEMENTS = 1 << 18
 
 _HOST_DTYPES = (torch.float32, torch.float64, torch.float16)
 _I_N, _I_SUM, _I_SQ, _I_MIN, _I_MAX, _I_ABS, _I_ZERO, _I_NAN, _I_INF = range(N_RAW)
@@ -197,11 +200,11 @@ def cpu_raw_large(t: torch.Tensor, full: bool = True) -> np.ndarray:
     """Raw row of a large CPU tensor with torch's vectorised, multi-threaded
     reductions, made right after the tensor was written (still in cache).
 
-    Every step: two passes (sum, dot) give count, mean, std and norm, and
-    detect NaN/Inf (counted exactly, in a slow pass, only when present).
-    With ``full``: one aminmax pass for min and max, and, for a tensor with
-    both signs, two more for sum|x| and the zero count (sign().sum() is
-    several times faster than count_nonzero).  Unmeasured fields are NaN."""
+    Every step: one pass (a dot product) gives the norm and detects NaN/Inf
+    (then counted exactly, in a slow pass).  With ``full``: sum, aminmax and,
+    for a tensor with both signs, two more passes for sum|x| and the zero
+    count (sign().sum() is several times faster than count_nonzero).
+    Unmeasured fields are NaN."""
     f = _device_flat(t)
     raw = empty_raw()
     n = f.numel()
@@ -209,11 +212,11 @@ def cpu_raw_large(t: torch.Tensor, full: bool = True) -> np.ndarray:
     if n == 0:
         return raw
     if not full:
-        s, sq = torch.stack([f.sum(), torch.dot(f, f)]).tolist()
-        if not math.isfinite(s + sq):
+        sq = float(torch.dot(f, f))
+        if not math.isfinite(sq):
             return _segment_raw_exact(f.numpy())
-        raw[_I_SUM], raw[_I_SQ] = s, sq
-        raw[_I_MIN] = raw[_I_MAX] = raw[_I_ABS] = raw[_I_ZERO] = np.nan
+        raw[_I_SQ] = sq
+        raw[_I_SUM] = raw[_I_MIN] = raw[_I_MAX] = raw[_I_ABS] = raw[_I_ZERO] = np.nan
         return raw
     mn, mx = torch.aminmax(f)
     s, sq, lo, hi = torch.stack([f.sum(), torch.dot(f, f), mn, mx]).tolist()
@@ -225,9 +228,13 @@ def cpu_raw_large(t: torch.Tensor, full: bool = True) -> np.ndarray:
     elif lo == 0 and hi == 0:
         raw[_I_ABS], raw[_I_ZERO] = 0.0, float(n)
     else:
-        a = f if lo >= 0 else (-f if hi <= 0 else f.abs())
-        raw[_I_ZERO] = n - float(torch.sign(a).sum())
-        raw[_I_ABS] = s if lo >= 0 else (-s if hi <= 0 else float(a.sum()))
+        if lo >= 0 or hi <= 0:          # one sign (with zeros): sum|x| is |sum|
+            raw[_I_ABS] = abs(s)
+            raw[_I_ZERO] = n - abs(float(torch.sign(f).sum()))
+        else:                           # one temporary, reused in place
+            a = f.abs()
+            raw[_I_ABS] = float(a.sum())
+            raw[_I_ZERO] = n - float(a.sign_().sum())
     return raw
 
 
