@@ -2,26 +2,49 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from conftest import ROOT
+
+BASH = os.path.join(ROOT, "completions", "nndb.bash")
 
 
 def test_checked_in_completions_match_the_generator():
     r = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "gen_completions.py"), "--check"],
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
-    for shell in ("bash", "zsh", "fish"):
-        assert os.path.getsize(os.path.join(ROOT, "completions", f"nndb.{shell}")) > 100
 
 
-def _complete(words, cword):
-    env = dict(os.environ, COMP_WORDS=words, COMP_CWORD=str(cword), _NNDB_COMPLETE="bash_complete",
-               PYTHONPATH=ROOT)
-    r = subprocess.run([sys.executable, "-m", "nndb"], env=env, capture_output=True, text=True)
-    return r.stdout.split()
+def test_every_option_of_the_cli_is_in_every_shell():
+    from nndb.cli import cli
+    texts = {sh: open(os.path.join(ROOT, "completions", f"nndb.{sh}")).read() for sh in ("bash", "zsh", "fish")}
+    for cmd in cli.commands.values():
+        for p in cmd.params:
+            for opt in getattr(p, "opts", []):
+                if opt.startswith("--"):
+                    for sh, text in texts.items():
+                        assert (opt if sh != "fish" else f"-l {opt[2:]}") in text, (sh, opt)
 
 
-def test_completion_answers_subcommands_options_and_choices():
-    assert "plain,inspect" in _complete("nndb ins", 1)
-    assert {"plain,run", "plain,inspect"} <= set(_complete("nndb ", 1))
-    assert "plain,--every" in _complete("nndb run --ev", 2)
-    assert "plain,zero_frac" in _complete("nndb inspect t.h5 --stat z", 4)
+def complete(line: str, tmp_path) -> list:
+    """What bash completion offers for the last word of ``line``."""
+    words = line.split(" ")
+    script = (f"source {BASH}\n"
+              f"COMP_WORDS=({' '.join(repr(w) for w in words)}); COMP_CWORD={len(words) - 1}\n"
+              "_nndb; printf '%s\\n' \"${COMPREPLY[@]}\"\n")
+    r = subprocess.run(["bash", "-c", script], capture_output=True, text=True, cwd=str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    return [w for w in r.stdout.splitlines() if w]
+
+
+def test_bash_completes_commands_options_choices_and_files(tmp_path):
+    (tmp_path / "train.py").write_text("")
+    assert complete("nndb ins", tmp_path) == ["inspect"]
+    assert set(complete("nndb ", tmp_path)) >= {"run", "inspect"}
+    assert complete("nndb run --ev", tmp_path) == ["--every"]
+    assert complete("nndb inspect t.h5 --stat z", tmp_path) == ["zero_frac"]
+    assert complete("nndb inspect t.h5 --kind gr", tmp_path) == ["grad"]
+    assert complete("nndb run --every 3 tr", tmp_path) == ["train.py"]
+    # after SCRIPT every word is the script's: files, not nndb's options
+    assert complete("nndb run train.py --ev", tmp_path) == []
+    assert complete("nndb run train.py tr", tmp_path) == ["train.py"]
