@@ -33,8 +33,8 @@ def cli():
 @click.option("--every", type=int, metavar="N", help="Record every N-th step (default: every step).")
 @click.option("--steps", "steps_range", metavar="A:B", help="Record only steps A to B-1 (A: or :B open).")
 @click.option("--full-every", type=int, metavar="N",
-              help="Measure min, max, mean_abs and zero_frac of large tensors (over 16384 elements) "
-                   "every N-th recorded step (default 10; 1 = every step).")
+              help="Measure all ten statistics every N-th recorded step (default 10; 1 = every step); "
+                   "the steps between measure count, norm and NaN/Inf, and mean/std of small tensors.")
 @click.option("--flush-every", "flush_steps", type=click.IntRange(min=1), default=500, show_default=True,
               metavar="N", help="Write the buffered steps to the trace every N steps...")
 @click.option("--flush-secs", type=click.FloatRange(min=0), default=2.0, show_default=True, metavar="S",

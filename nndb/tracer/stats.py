@@ -155,33 +155,41 @@ def host_raw_segments(flat: np.ndarray, sizes: np.ndarray, full: bool = True) ->
     only the sums (count, mean, std, norm, and NaN/Inf detection)."""
     k = len(sizes)
     sizes = np.asarray(sizes, dtype=np.int64)
-    out = np.zeros((k, N_RAW))
-    out[:, _I_MIN] = np.inf
-    out[:, _I_MAX] = -np.inf
-    out[:, _I_N] = sizes
-    nonempty = np.flatnonzero(sizes)
-    if nonempty.size == 0:
-        return out
     flat = np.asarray(flat, dtype=np.float64)
     all_starts = np.zeros(k, dtype=np.int64)
     np.cumsum(sizes[:-1], out=all_starts[1:])
-    starts = all_starts[nonempty]
+    out = np.zeros((k, N_RAW))
+    out[:, _I_N] = sizes
+    if sizes.all():                  # the common case: plain slices, no fancy indexing
+        nonempty, starts, cols = slice(None), all_starts, out
+    else:
+        nonempty = np.flatnonzero(sizes)
+        out[:, _I_MIN] = np.inf
+        out[:, _I_MAX] = -np.inf
+        if nonempty.size == 0:
+            return out
+        starts = all_starts[nonempty]
+        cols = None
     sums = np.add.reduceat(flat, starts)
     sq = np.add.reduceat(flat * flat, starts)
-    out[nonempty, _I_SUM] = sums
-    out[nonempty, _I_SQ] = sq
+    fields = [(_I_SUM, sums), (_I_SQ, sq)]
     if full:
-        out[nonempty, _I_MIN] = np.minimum.reduceat(flat, starts)
-        out[nonempty, _I_MAX] = np.maximum.reduceat(flat, starts)
-        out[nonempty, _I_ABS] = np.add.reduceat(np.abs(flat), starts)
-        out[nonempty, _I_ZERO] = np.add.reduceat((flat == 0).astype(np.float64), starts)
+        fields += [(_I_MIN, np.minimum.reduceat(flat, starts)), (_I_MAX, np.maximum.reduceat(flat, starts)),
+                   (_I_ABS, np.add.reduceat(np.abs(flat), starts)),
+                   (_I_ZERO, np.add.reduceat((flat == 0).astype(np.float64), starts))]
     else:
-        out[nonempty, _I_MIN] = out[nonempty, _I_MAX] = np.nan
-        out[nonempty, _I_ABS] = out[nonempty, _I_ZERO] = np.nan
+        nan = np.full(sums.shape, np.nan)
+        fields += [(_I_MIN, nan), (_I_MAX, nan), (_I_ABS, nan), (_I_ZERO, nan)]
+    for col, values in fields:
+        if cols is not None:
+            out[:, col] = values
+        else:
+            out[nonempty, col] = values
     bad = ~np.isfinite(sums + sq)
     if bad.any():
+        idx = np.arange(k) if cols is not None else nonempty
         for j in np.flatnonzero(bad):
-            i = nonempty[j]
+            i = idx[j]
             out[i] = _segment_raw_exact(flat[all_starts[i]:all_starts[i] + sizes[i]])
     return out
 
