@@ -7,6 +7,7 @@ through ``message`` (nndb's own one-line messages, on stderr by default).
 """
 from __future__ import annotations
 
+import _thread
 import signal
 import sys
 import threading
@@ -39,10 +40,17 @@ def _stderr(msg: str) -> None:
 class _SigtermGuard:
     """Turns SIGTERM into a Terminated exception in the main thread, so the
     trace is closed on the way out.  Only installed where the default
-    disposition is in force, and restored afterwards."""
+    disposition is in force, and restored afterwards.
+
+    A signal handler's exception can land where Python ignores exceptions
+    (a finaliser, a callback run from C), so after the first SIGTERM a
+    daemon thread re-delivers it every half second until the run has
+    actually stopped (``stopped()``)."""
 
     def __init__(self):
         self._old = None
+        self._requested = False
+        self._stopped = threading.Event()
 
     def __enter__(self):
         if threading.current_thread() is threading.main_thread() and \
@@ -50,11 +58,23 @@ class _SigtermGuard:
             self._old = signal.signal(signal.SIGTERM, self._handle)
         return self
 
-    @staticmethod
-    def _handle(signum, frame):
+    def _handle(self, signum, frame):
+        if self._stopped.is_set():
+            return
+        if not self._requested:
+            self._requested = True
+            threading.Thread(target=self._redeliver, name="nndb-sigterm", daemon=True).start()
         raise Terminated()
 
+    def _redeliver(self):
+        while not self._stopped.wait(0.5):
+            _thread.interrupt_main(signal.SIGTERM)
+
+    def stopped(self) -> None:
+        self._stopped.set()
+
     def __exit__(self, *exc):
+        self._stopped.set()
         if self._old is not None:
             signal.signal(signal.SIGTERM, self._old)
 
@@ -78,8 +98,10 @@ class Recording:
         return self
 
     def __exit__(self, *exc) -> None:
-        self.tracer.finish()
-        self.tracer.uninstall()
+        try:
+            self.tracer.finish()
+        finally:
+            self.tracer.uninstall()
 
     def close(self, status: str = "finished", exit_code: int = 0, reason: str = "") -> None:
         self.writer.close(status, exit_code, reason)
@@ -95,7 +117,7 @@ def record(config: RunConfig, message: Callable[[str], None] = _stderr,
         message(f"nndb: recording to {path}")
 
     status, code, reason = "finished", EXIT_OK, ""
-    with _SigtermGuard():
+    with _SigtermGuard() as guard:
         try:
             with rec:
                 launcher.run(prepared)
@@ -107,12 +129,14 @@ def record(config: RunConfig, message: Callable[[str], None] = _stderr,
             launcher.print_script_exception(e)
             status, code, reason = "interrupted", EXIT_SIGINT, "KeyboardInterrupt"
         except Terminated:
+            guard.stopped()
             status, code, reason = "terminated", EXIT_SIGTERM, "SIGTERM"
         except BaseException as e:  # the script raised: show it as Python would
             launcher.print_script_exception(e)
             status, code = "failed", EXIT_SCRIPT_ERROR
             reason = f"{type(e).__name__}: {e}"
         finally:
+            guard.stopped()
             rec.close(status, code, reason)
     steps = rec.writer.steps_written
     if status == "terminated" and not config.quiet:

@@ -49,27 +49,29 @@ def find_optimizers() -> list:
     return [o for o in gc.get_referrers(*classes) if type(o) in classes]
 
 
+def _engine_outputs(frame, depth: int):
+    """``t_outputs`` of the ``_engine_run_backward`` frame at or above ``frame``."""
+    for _ in range(depth):
+        if frame is None:
+            return None
+        if frame.f_code.co_name == "_engine_run_backward":
+            outs = frame.f_locals.get("t_outputs")
+            return list(outs) if outs is not None else []
+        frame = frame.f_back
+    return None
+
+
 def _backward_roots():
     """The tensors the running backward() differentiates, from the engine's frame."""
-    f = sys._getframe(1)
-    for _ in range(40):
-        if f is None:
-            break
-        if f.f_code.co_name == "_engine_run_backward":
-            outs = f.f_locals.get("t_outputs")
-            return list(outs) if outs is not None else []
-        f = f.f_back
+    outs = _engine_outputs(sys._getframe(1), 40)
+    if outs is not None:
+        return outs
     # Device threads run the callback without the caller's frames; the caller
     # is blocked in run_backward in some other thread.
     for frame in sys._current_frames().values():
-        f = frame
-        for _ in range(60):
-            if f is None:
-                break
-            if f.f_code.co_name == "_engine_run_backward":
-                outs = f.f_locals.get("t_outputs")
-                return list(outs) if outs is not None else []
-            f = f.f_back
+        outs = _engine_outputs(frame, 60)
+        if outs is not None:
+            return outs
     return []
 
 

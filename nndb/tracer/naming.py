@@ -64,6 +64,16 @@ def find_variable_name(obj, frame) -> Optional[str]:
     return None
 
 
+def unique(base: str, used: set) -> str:
+    """``base``, or ``base2``, ``base3``...: the first not in ``used`` (which it joins)."""
+    name, i = base, 1
+    while name in used:
+        i += 1
+        name = f"{base}{i}"
+    used.add(name)
+    return name
+
+
 def snake(name: str) -> str:
     return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
 
@@ -90,12 +100,7 @@ class Naming:
     def add_root(self, root: torch.nn.Module, frame) -> None:
         if root in self._module_path:
             return
-        base = find_variable_name(root, frame) or snake(type(root).__name__)
-        name, i = base, 1
-        while name in self._used_root_names:
-            i += 1
-            name = f"{base}{i}"
-        self._used_root_names.add(name)
+        name = unique(find_variable_name(root, frame) or snake(type(root).__name__), self._used_root_names)
         self._root_names[root] = name
         self.roots_version += 1
         for sub, m in root.named_modules(remove_duplicate=True):
@@ -172,10 +177,6 @@ class Naming:
         if name is None:
             base = (find_variable_name(opt, frame) if frame is not None else None) \
                 or snake(type(opt).__name__)
-            name, i = base, 1
-            while name in self._used_opt_names:
-                i += 1
-                name = f"{base}{i}"
-            self._used_opt_names.add(name)
+            name = unique(base, self._used_opt_names)
             self._opt_names[opt] = name
         return name

@@ -44,10 +44,10 @@ N_STATS = len(STAT_NAMES)
 # Tensors up to this many elements are reduced with numpy on the host (their
 # cost is call overhead, which numpy has less of); larger ones with torch,
 # whose reductions are vectorised and multi-threaded.
-HOST_MAX_ELEMENTS = 1 << 14
+HOST_MAX_ELEMENTS = 1 << 12
 # Parameters, gradients and updates are read in one concatenated block per
 # optimizer step, where numpy stays cheaper for larger tensors.
-HOST_MAX_PARAM_ELEMENTS = 1 << 18
+HOST_MAX_PARAM_ELEMENTS = 1 << 13
 
 _HOST_DTYPES = (torch.float32, torch.float64, torch.float16)
 _I_N, _I_SUM, _I_SQ, _I_MIN, _I_MAX, _I_ABS, _I_ZERO, _I_NAN, _I_INF = range(N_RAW)
