@@ -151,13 +151,29 @@ def _start_long_run(tmp_path, trace, flush=("--flush-every", "1000", "--flush-se
     return proc
 
 
+def _stop(proc):
+    """Terminate a test's run, and kill it if it does not stop: never leave it behind."""
+    if proc.poll() is None:
+        proc.terminate()
+    try:
+        proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        raise
+
+
 @pytest.mark.parametrize("sig,code,status", [(signal.SIGTERM, 143, "terminated"),
                                              (signal.SIGINT, 130, "interrupted")])
 def test_signals_flush_and_close_the_trace(tmp_path, trace, sig, code, status):
     proc = _start_long_run(tmp_path, trace)
     time.sleep(0.3)
     proc.send_signal(sig)
-    out, err = proc.communicate(timeout=60)
+    try:
+        out, err = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise
     assert proc.returncode == code, err
     with TraceReader(trace) as t:
         assert t.status == status and t.end["exit_code"] == code
@@ -211,8 +227,7 @@ def test_trace_readable_while_the_run_writes(tmp_path, trace):
         assert proc.poll() is None                   # the writer was alive all along
         assert seen[0] >= 6 and seen[1] > seen[0]    # and the reader saw it grow
     finally:
-        proc.terminate()
-        proc.communicate(timeout=60)
+        _stop(proc)
 
 
 def test_version_and_help():
