@@ -10,6 +10,8 @@ import click
 from . import __version__
 from .errors import EXIT_INTERNAL, NndbError, UsageError
 
+# Spelled out so that `nndb --help` and completion need not import torch;
+# tests/test_layout.py checks them against the trace schema.
 STAT_CHOICES = ("count", "mean", "std", "min", "max", "norm", "mean_abs",
                 "nan_count", "inf_count", "zero_frac")
 KIND_CHOICES = ("param", "grad", "update", "act", "loss")

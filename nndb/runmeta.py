@@ -6,7 +6,6 @@ import os
 import platform
 import socket
 import subprocess
-import sys
 import time
 
 import h5py

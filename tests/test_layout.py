@@ -46,3 +46,10 @@ def test_modules_stay_small():
     for rel, tree in modules():
         n = len(open(os.path.join(ROOT, rel)).read().splitlines())
         assert n <= 500, f"{rel} has {n} lines; split it"
+
+
+def test_cli_choices_match_the_trace_schema():
+    from nndb import cli
+    from nndb.store import schema
+    assert cli.STAT_CHOICES == tuple(schema.COLUMNS)
+    assert cli.KIND_CHOICES == tuple(schema.KINDS)

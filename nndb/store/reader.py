@@ -93,7 +93,7 @@ class TraceReader:
         self.partial = np.asarray(f["steps"]["partial"][:n_rows]).astype(bool)
         end = _json_blob(f["end"])
         self.end: Optional[dict] = json.loads(end) if end.strip() else None
-        self.events = [json.loads(l) for l in _json_blob(f["events"]).splitlines() if l.strip()]
+        self.events = [json.loads(line) for line in _json_blob(f["events"]).splitlines() if line.strip()]
         self._by_key = {(s.name, s.kind): s for s in self._series}
 
     # -- queries --------------------------------------------------------------

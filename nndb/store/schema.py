@@ -35,11 +35,11 @@ of the previous version would misread; readers refuse newer versions.
 """
 from __future__ import annotations
 
+from ..tracer.recorder import KINDS
 from ..tracer.stats import STAT_NAMES
 
 FORMAT = "nndb-trace"
 SCHEMA_VERSION = 1
-KINDS = ("param", "grad", "update", "act", "loss")
 STATUSES = ("running", "finished", "failed", "interrupted", "terminated")
 COLUMNS = STAT_NAMES
 
