@@ -37,46 +37,70 @@ def _stderr(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-class _SigtermGuard:
-    """Turns SIGTERM into a Terminated exception in the main thread, so the
-    trace is closed on the way out.  Only installed where the default
-    disposition is in force, and restored afterwards.
+class _SignalGuard:
+    """SIGTERM becomes a Terminated exception and SIGINT a KeyboardInterrupt,
+    raised in the main thread, so the trace is closed on the way out; each
+    only where the default disposition is in force, restored afterwards.
 
-    A signal handler's exception can land where Python ignores exceptions
-    (a finaliser, a callback run from C), so after the first SIGTERM a
-    daemon thread re-delivers it every half second until the run has
-    actually stopped (``stopped()``)."""
+    Two things make a plain "raise in the handler" lose data or hang: the
+    signal can arrive while nndb is recording a step (``busy()``), and a
+    handler's exception can land where Python ignores it (a finaliser, a
+    callback run from C).  So the handler never raises while nndb is busy
+    (the signal is re-delivered just after), and after a SIGTERM a daemon
+    thread re-delivers it every half second until the run has stopped
+    (``stopped()``)."""
 
-    def __init__(self):
-        self._old = None
-        self._requested = False
+    def __init__(self, busy: Callable[[], bool]):
+        self._busy = busy
+        self._old: dict = {}
+        self._term_requested = False
+        self._int_deferred = False
         self._stopped = threading.Event()
 
     def __enter__(self):
-        if threading.current_thread() is threading.main_thread() and \
-                signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
-            self._old = signal.signal(signal.SIGTERM, self._handle)
+        if threading.current_thread() is threading.main_thread():
+            for sig, default in ((signal.SIGTERM, signal.SIG_DFL), (signal.SIGINT, signal.default_int_handler)):
+                if signal.getsignal(sig) in (default, None):
+                    self._old[sig] = signal.signal(sig, self._handle)
         return self
 
     def _handle(self, signum, frame):
         if self._stopped.is_set():
             return
-        if not self._requested:
-            self._requested = True
-            threading.Thread(target=self._redeliver, name="nndb-sigterm", daemon=True).start()
-        raise Terminated()
+        if signum == signal.SIGTERM:
+            if not self._term_requested:
+                self._term_requested = True
+                threading.Thread(target=self._redeliver_term, name="nndb-sigterm", daemon=True).start()
+            if self._busy():
+                return                   # the thread re-delivers once nndb has finished the step
+            raise Terminated()
+        if self._busy():
+            # Ctrl-C is delivered once, as Python does, but not in the middle
+            # of a step nndb is recording: a script may catch it and go on.
+            if not self._int_deferred:
+                self._int_deferred = True
+                threading.Thread(target=self._redeliver_int, name="nndb-sigint", daemon=True).start()
+            return
+        raise KeyboardInterrupt
 
-    def _redeliver(self):
+    def _redeliver_term(self):
         while not self._stopped.wait(0.5):
             _thread.interrupt_main(signal.SIGTERM)
+
+    def _redeliver_int(self):
+        while self._busy() and not self._stopped.wait(0.005):
+            pass
+        self._int_deferred = False
+        if not self._stopped.is_set():
+            _thread.interrupt_main(signal.SIGINT)
 
     def stopped(self) -> None:
         self._stopped.set()
 
     def __exit__(self, *exc):
         self._stopped.set()
-        if self._old is not None:
-            signal.signal(signal.SIGTERM, self._old)
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
 
 
 class Recording:
@@ -117,7 +141,7 @@ def record(config: RunConfig, message: Callable[[str], None] = _stderr,
         message(f"nndb: recording to {path}")
 
     status, code, reason = "finished", EXIT_OK, ""
-    with _SigtermGuard() as guard:
+    with _SignalGuard(busy=lambda: rec.tracer.busy > 0) as guard:
         try:
             with rec:
                 launcher.run(prepared)
@@ -126,6 +150,7 @@ def record(config: RunConfig, message: Callable[[str], None] = _stderr,
             status = "finished" if code == 0 else "failed"
             reason = f"sys.exit({e.code!r})"
         except KeyboardInterrupt as e:
+            guard.stopped()
             launcher.print_script_exception(e)
             status, code, reason = "interrupted", EXIT_SIGINT, "KeyboardInterrupt"
         except Terminated:

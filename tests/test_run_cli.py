@@ -183,6 +183,67 @@ def test_signals_flush_and_close_the_trace(tmp_path, trace, sig, code, status):
         assert "KeyboardInterrupt" in err
 
 
+@pytest.mark.parametrize("delay", [0.05, 0.2, 0.45])
+def test_sigterm_in_a_busy_loop_loses_no_step(tmp_path, trace, delay):
+    """No sleep in the loop: the signal lands inside nndb's hooks often."""
+    script = write(tmp_path, "busy.py", """
+        import torch
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+        opt = torch.optim.SGD(model.parameters(), 0.01)
+        for step in range(10 ** 7):
+            opt.zero_grad()
+            model(torch.randn(4, 8)).pow(2).mean().backward()
+            opt.step()
+            if step == 3:
+                print("ready", flush=True)
+    """)
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    proc = subprocess.Popen([sys.executable, "-m", "nndb", "run", "--trace", trace, script],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    assert proc.stdout.readline().strip() == "ready"
+    time.sleep(delay)
+    proc.send_signal(signal.SIGTERM)
+    try:
+        _, err = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise
+    assert proc.returncode == 143, err
+    assert "Exception ignored" not in err
+    with TraceReader(trace) as t:
+        assert t.status == "terminated"
+        assert list(t.steps) == list(range(t.n_steps))
+
+
+def test_script_that_catches_ctrl_c_goes_on_undisturbed(tmp_path, trace):
+    script = write(tmp_path, "graceful.py", """
+        import time, torch
+        model = torch.nn.Linear(4, 1)
+        opt = torch.optim.SGD(model.parameters(), 0.01)
+        try:
+            for step in range(10 ** 7):
+                opt.zero_grad()
+                model(torch.randn(8, 4)).pow(2).mean().backward()
+                opt.step()
+                if step == 5:
+                    print("ready", flush=True)
+        except KeyboardInterrupt:
+            time.sleep(1.5)          # a second Ctrl-C from nndb would land here
+            print("saved", flush=True)
+    """)
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    proc = subprocess.Popen([sys.executable, "-m", "nndb", "run", "--trace", trace, script],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    assert proc.stdout.readline().strip() == "ready"
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert out.strip() == "saved" and "Traceback" not in err
+    with TraceReader(trace) as t:
+        assert t.status == "finished" and list(t.steps) == list(range(t.n_steps))
+
+
 def test_kill_9_leaves_a_readable_trace_up_to_the_last_flush(tmp_path, trace):
     script = write(tmp_path, "long.py", """
         import time, torch

@@ -98,6 +98,9 @@ class Tracer:
         self._backward_pending = False
         self._opt_seen: "weakref.WeakSet" = weakref.WeakSet()
         self._known_optimizers: Optional[weakref.WeakSet] = None
+        # > 0 while a step boundary is being decided and recorded: nndb's
+        # signal handling waits for it, so a Ctrl-C never loses half a step.
+        self.busy = 0
         self._failed = False
         self._in_hook = False
         self._thread = threading.get_ident()
@@ -123,6 +126,7 @@ class Tracer:
         """The script is over: close the open step if anything happened in it."""
         if self._failed:
             return
+        self.busy += 1
         try:
             rec = self.recorder
             if rec.has_open_work():
@@ -131,6 +135,8 @@ class Tracer:
             rec.finish()
         except Exception:
             self._fail()
+        finally:
+            self.busy -= 1
 
     # -- guard -------------------------------------------------------------
     def _fail(self) -> None:
@@ -195,6 +201,7 @@ class Tracer:
         self._backward_pending = False
         if self._failed:
             return
+        self.busy += 1
         try:
             roots = _backward_roots()
             loss = roots[0] if roots and isinstance(roots[0], torch.Tensor) else None
@@ -210,6 +217,8 @@ class Tracer:
                 self._close(close)
         except Exception:
             self._fail()
+        finally:
+            self.busy -= 1
 
     def _optimizer_count(self, opt=None) -> int:
         """Optimizers in the process: scanned once and reused, unless an
@@ -222,6 +231,7 @@ class Tracer:
     def _opt_pre(self, opt, args, kwargs):
         if self._failed:
             return None
+        self.busy += 1
         try:
             if opt not in self._opt_seen:
                 self._first_sight(opt)
@@ -235,11 +245,14 @@ class Tracer:
             self.recorder.optimizer_pre(opt)
         except Exception:
             self._fail()
+        finally:
+            self.busy -= 1
         return None
 
     def _opt_post(self, opt, args, kwargs):
         if self._failed:
             return None
+        self.busy += 1
         try:
             self.recorder.optimizer_post(opt)
             learning = self.clock.mode is Mode.LEARNING
@@ -250,6 +263,8 @@ class Tracer:
                 self._close(close)
         except Exception:
             self._fail()
+        finally:
+            self.busy -= 1
         return None
 
     def _first_sight(self, opt) -> None:
