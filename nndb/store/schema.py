@@ -35,7 +35,7 @@ of the previous version would misread; readers refuse newer versions.
 """
 from __future__ import annotations
 
-from ..tracer.recorder import KINDS
+from ..tracer.recorder import KINDS  # noqa: F401  (the series kinds are part of the schema)
 from ..tracer.stats import STAT_NAMES
 
 FORMAT = "nndb-trace"
