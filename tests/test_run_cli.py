@@ -130,50 +130,59 @@ def test_sys_exit_with_message(tmp_path, trace):
     assert without_nndb_lines(r.stderr) == p.stderr == "bye\n"
 
 
-def _start_long_run(tmp_path, trace, flush=("--flush-every", "1000", "--flush-secs", "1000")):
-    script = write(tmp_path, "long.py", """
-        import sys, time, torch
-        torch.manual_seed(0)
-        model = torch.nn.Linear(4, 1)
-        opt = torch.optim.SGD(model.parameters(), 0.01)
-        for step in range(100000):
-            opt.zero_grad()
-            model(torch.randn(8, 4)).pow(2).mean().backward()
-            opt.step()
-            if step == 5:
-                print("ready", flush=True)
-            time.sleep(0.002)
-    """)
+# A training loop that prints "ready" after step READY and runs until stopped.
+LOOP = """
+import time, torch
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+opt = torch.optim.SGD(model.parameters(), 0.01)
+def train():
+    for step in range(10 ** 7):
+        opt.zero_grad()
+        model(torch.randn(4, 8)).pow(2).mean().backward()
+        opt.step()
+        if step == READY:
+            print("ready", flush=True)
+        time.sleep(SLEEP)
+"""
+
+
+def _launch(tmp_path, trace, *flags, ready=5, sleep=0.002, after=None):
+    """Start ``nndb run FLAGS`` on LOOP (``after``: the script's last lines,
+    which call train()); return once the loop is past step ``ready``."""
+    text = LOOP.replace("READY", str(ready)).replace("SLEEP", str(sleep)) + (after or "train()\n")
+    script = tmp_path / "loop.py"
+    script.write_text(text)
     env = dict(os.environ, PYTHONPATH=ROOT)
-    proc = subprocess.Popen([sys.executable, "-m", "nndb", "run", *flush, "--trace", trace, script],
+    proc = subprocess.Popen([sys.executable, "-m", "nndb", "run", *flags, "--trace", trace, str(script)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     assert proc.stdout.readline().strip() == "ready"
     return proc
 
 
-def _stop(proc):
-    """Terminate a test's run, and kill it if it does not stop: never leave it behind."""
-    if proc.poll() is None:
+def _wait(proc, stop=False):
+    """(stdout, stderr) of a test's run; terminated first if ``stop``, and
+    killed if it does not end: a test never leaves a run behind."""
+    if stop and proc.poll() is None:
         proc.terminate()
     try:
-        proc.communicate(timeout=60)
+        return proc.communicate(timeout=60)
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.communicate()
         raise
 
 
+NO_FLUSH = ("--flush-every", "1000", "--flush-secs", "1000")
+
+
 @pytest.mark.parametrize("sig,code,status", [(signal.SIGTERM, 143, "terminated"),
                                              (signal.SIGINT, 130, "interrupted")])
 def test_signals_flush_and_close_the_trace(tmp_path, trace, sig, code, status):
-    proc = _start_long_run(tmp_path, trace)
+    proc = _launch(tmp_path, trace, *NO_FLUSH)
     time.sleep(0.3)
     proc.send_signal(sig)
-    try:
-        out, err = proc.communicate(timeout=60)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        raise
+    _, err = _wait(proc)
     assert proc.returncode == code, err
     with TraceReader(trace) as t:
         assert t.status == status and t.end["exit_code"] == code
@@ -186,29 +195,10 @@ def test_signals_flush_and_close_the_trace(tmp_path, trace, sig, code, status):
 @pytest.mark.parametrize("delay", [0.05, 0.2, 0.45])
 def test_sigterm_in_a_busy_loop_loses_no_step(tmp_path, trace, delay):
     """No sleep in the loop: the signal lands inside nndb's hooks often."""
-    script = write(tmp_path, "busy.py", """
-        import torch
-        torch.manual_seed(0)
-        model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
-        opt = torch.optim.SGD(model.parameters(), 0.01)
-        for step in range(10 ** 7):
-            opt.zero_grad()
-            model(torch.randn(4, 8)).pow(2).mean().backward()
-            opt.step()
-            if step == 3:
-                print("ready", flush=True)
-    """)
-    env = dict(os.environ, PYTHONPATH=ROOT)
-    proc = subprocess.Popen([sys.executable, "-m", "nndb", "run", "--trace", trace, script],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    assert proc.stdout.readline().strip() == "ready"
+    proc = _launch(tmp_path, trace, ready=3, sleep=0)
     time.sleep(delay)
     proc.send_signal(signal.SIGTERM)
-    try:
-        _, err = proc.communicate(timeout=60)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        raise
+    _, err = _wait(proc)
     assert proc.returncode == 143, err
     assert "Exception ignored" not in err
     with TraceReader(trace) as t:
@@ -217,27 +207,16 @@ def test_sigterm_in_a_busy_loop_loses_no_step(tmp_path, trace, delay):
 
 
 def test_script_that_catches_ctrl_c_goes_on_undisturbed(tmp_path, trace):
-    script = write(tmp_path, "graceful.py", """
-        import time, torch
-        model = torch.nn.Linear(4, 1)
-        opt = torch.optim.SGD(model.parameters(), 0.01)
-        try:
-            for step in range(10 ** 7):
-                opt.zero_grad()
-                model(torch.randn(8, 4)).pow(2).mean().backward()
-                opt.step()
-                if step == 5:
-                    print("ready", flush=True)
-        except KeyboardInterrupt:
-            time.sleep(1.5)          # a second Ctrl-C from nndb would land here
-            print("saved", flush=True)
-    """)
-    env = dict(os.environ, PYTHONPATH=ROOT)
-    proc = subprocess.Popen([sys.executable, "-m", "nndb", "run", "--trace", trace, script],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    assert proc.stdout.readline().strip() == "ready"
+    after = """
+try:
+    train()
+except KeyboardInterrupt:
+    time.sleep(1.5)          # a second Ctrl-C from nndb would land here
+    print("saved", flush=True)
+"""
+    proc = _launch(tmp_path, trace, sleep=0, after=after)
     proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=60)
+    out, err = _wait(proc)
     assert proc.returncode == 0, err
     assert out.strip() == "saved" and "Traceback" not in err
     with TraceReader(trace) as t:
@@ -245,30 +224,14 @@ def test_script_that_catches_ctrl_c_goes_on_undisturbed(tmp_path, trace):
 
 
 def test_kill_9_leaves_a_readable_trace_up_to_the_last_flush(tmp_path, trace):
-    script = write(tmp_path, "long.py", """
-        import time, torch
-        torch.manual_seed(0)
-        model = torch.nn.Linear(4, 1)
-        opt = torch.optim.SGD(model.parameters(), 0.01)
-        for step in range(100000):
-            opt.zero_grad()
-            model(torch.randn(8, 4)).pow(2).mean().backward()
-            opt.step()
-            if step == 25:
-                print("ready", flush=True)
-    """)
-    env = dict(os.environ, PYTHONPATH=ROOT)
-    proc = subprocess.Popen([sys.executable, "-m", "nndb", "run", "--flush-every", "10",
-                             "--flush-secs", "1000", "--trace", trace, script],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    assert proc.stdout.readline().strip() == "ready"
+    proc = _launch(tmp_path, trace, "--flush-every", "10", "--flush-secs", "1000", ready=25, sleep=0)
     proc.kill()
     proc.wait(timeout=30)
     with TraceReader(trace) as t:
         assert t.status == "incomplete" and t.end is None
         assert t.n_steps >= 20 and t.n_steps % 10 == 0        # whole flushes only
         assert list(t.steps) == list(range(t.n_steps))
-        w = t.find("weight", "param")[0]
+        w = t.find("0.weight", "param")[0]
         steps, norms = t.history(w, "norm")
         assert len(steps) == t.n_steps and all(n > 0 for n in norms)
     r = nndb("inspect", trace)
@@ -276,7 +239,7 @@ def test_kill_9_leaves_a_readable_trace_up_to_the_last_flush(tmp_path, trace):
 
 
 def test_trace_readable_while_the_run_writes(tmp_path, trace):
-    proc = _start_long_run(tmp_path, trace, flush=("--flush-every", "1"))
+    proc = _launch(tmp_path, trace, "--flush-every", "1")
     try:
         seen = []
         for _ in range(2):
@@ -288,7 +251,7 @@ def test_trace_readable_while_the_run_writes(tmp_path, trace):
         assert proc.poll() is None                   # the writer was alive all along
         assert seen[0] >= 6 and seen[1] > seen[0]    # and the reader saw it grow
     finally:
-        _stop(proc)
+        _wait(proc, stop=True)
 
 
 def test_version_and_help():
