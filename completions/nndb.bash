@@ -4,11 +4,11 @@ _nndb() {
     local cur="${COMP_WORDS[COMP_CWORD]}" prev="${COMP_WORDS[COMP_CWORD-1]}" cmd="" i
     for ((i = 1; i < COMP_CWORD; i++)); do
         case "${COMP_WORDS[i]}" in
-            inspect|run) cmd="${COMP_WORDS[i]}"; break ;;
+            inspect|run|trust) cmd="${COMP_WORDS[i]}"; break ;;
         esac
     done
     case "$cmd" in
-    "") COMPREPLY=($(compgen -W "inspect run --help --version" -- "$cur")) ;;
+    "") COMPREPLY=($(compgen -W "inspect run trust --help --version" -- "$cur")) ;;
     inspect)
         case "$prev" in
             --series) return ;;
@@ -22,7 +22,7 @@ _nndb() {
         for ((j = i + 1; j < COMP_CWORD; j++)); do
             if ((skip)); then skip=0; continue; fi
             case "${COMP_WORDS[j]}" in
-                --trace|--every|--steps|--full-every|--flush-every|--flush-secs) skip=1 ;;
+                --trace|--every|--steps|--full-every|--flush-every|--flush-secs|-x|-e|--eval-command|--report) skip=1 ;;
                 -m) ((j + 1 < COMP_CWORD)) && { COMPREPLY=($(compgen -f -- "$cur")); return; } ;;
                 -*) ;;
                 *) COMPREPLY=($(compgen -f -- "$cur")); return ;;
@@ -36,8 +36,16 @@ _nndb() {
             --full-every) return ;;
             --flush-every) return ;;
             --flush-secs) return ;;
+            -x) COMPREPLY=($(compgen -f -- "$cur")); return ;;
+            -e|--eval-command) return ;;
+            --report) COMPREPLY=($(compgen -f -- "$cur")); return ;;
         esac
-        if [[ $cur == -* ]]; then COMPREPLY=($(compgen -W "-m --trace --every --steps --full-every --flush-every --flush-secs -q --quiet -h --help" -- "$cur"));
+        if [[ $cur == -* ]]; then COMPREPLY=($(compgen -W "-m --trace --every --steps --full-every --flush-every --flush-secs -q --quiet --batch --run -x -e --eval-command --nx --report -h --help" -- "$cur"));
+        else COMPREPLY=($(compgen -f -- "$cur")); fi ;;
+    trust)
+        case "$prev" in
+        esac
+        if [[ $cur == -* ]]; then COMPREPLY=($(compgen -W "-h --help" -- "$cur"));
         else COMPREPLY=($(compgen -f -- "$cur")); fi ;;
     esac
 }

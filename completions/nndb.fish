@@ -17,5 +17,14 @@ complete -c nndb -n '__fish_seen_subcommand_from run' -l full-every -x -d 'Measu
 complete -c nndb -n '__fish_seen_subcommand_from run' -l flush-every -x -d 'Write the buffered steps to the trace every N steps'
 complete -c nndb -n '__fish_seen_subcommand_from run' -l flush-secs -x -d '...or every S seconds, whichever comes first'
 complete -c nndb -n '__fish_seen_subcommand_from run' -s q -l quiet -d 'Do not print the trace path'
+complete -c nndb -n '__fish_seen_subcommand_from run' -l batch -d 'No prompt: run the command files, continue at every stop (also when stdin is not a terminal)'
+complete -c nndb -n '__fish_seen_subcommand_from run' -l run -d 'Do not stop at the start of step 0'
+complete -c nndb -n '__fish_seen_subcommand_from run' -s x -r -F -d 'Run the debugger commands in FILE (repeatable)'
+complete -c nndb -n '__fish_seen_subcommand_from run' -s e -l eval-command -x -d 'Run debugger command CMD (repeatable, in order, after the -x files)'
+complete -c nndb -n '__fish_seen_subcommand_from run' -l nx -d 'Read neither ~/.nndbrc nor ./.nndbrc'
+complete -c nndb -n '__fish_seen_subcommand_from run' -l report -r -F -d 'Write a JSON report of the session (stops, exit) to FILE.json'
 complete -c nndb -n '__fish_seen_subcommand_from run' -s h -l help -d 'Show the help and exit'
 complete -c nndb -n '__fish_seen_subcommand_from run' -F
+complete -c nndb -n '__fish_use_subcommand' -a trust -d 'Trust DIR (and the directories under it): nndb then reads DIR/'
+complete -c nndb -n '__fish_seen_subcommand_from trust' -s h -l help -d 'Show the help and exit'
+complete -c nndb -n '__fish_seen_subcommand_from trust' -F

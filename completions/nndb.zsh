@@ -7,12 +7,13 @@ _nndb() {
     case $state in
     command)
         local -a commands
-        commands=('inspect:Print a traces metadata, step count and recorded tensors' 'run:Run SCRIPT [ARGS]')
+        commands=('inspect:Print a traces metadata, step count and recorded tensors' 'run:Run SCRIPT [ARGS]' 'trust:Trust DIR (and the directories under it): nndb then reads DIR/')
         _describe command commands ;;
     args)
         case $line[1] in
         inspect) _arguments -S ''--series'[Print the history of one tensor]:value: ' ''--stat'[The statistic --series prints]:value:(count mean std min max norm mean_abs nan_count inf_count zero_frac)' ''--kind'[With --series: only this kind]:value:(param grad update act loss)' ''--json'[Print one JSON object instead of text]' '(-h --help)'{-h,--help}'[Show the help and exit]' '*:file:_files' ;;
-        run) _arguments -S ''-m'[Run a library module as a script, like python -m]:value: ' ''--trace'[Write the trace here (default: a new file under ./nndb-runs/)]:value:_files' ''--every'[Record every N-th step (default: every step)]:value: ' ''--steps'[Record only steps A to B-1 (A: or :B open)]:value: ' ''--full-every'[Measure all ten statistics every N-th recorded step (default 10; 1 = every step); the steps between measure count, norm and NaN/Inf, and mean/std of small tensors]:value: ' ''--flush-every'[Write the buffered steps to the trace every N steps]:value: ' ''--flush-secs'[...or every S seconds, whichever comes first]:value: ' '(-q --quiet)'{-q,--quiet}'[Do not print the trace path]' '(-h --help)'{-h,--help}'[Show the help and exit]' '*:file:_files' ;;
+        run) _arguments -S ''-m'[Run a library module as a script, like python -m]:value: ' ''--trace'[Write the trace here (default: a new file under ./nndb-runs/)]:value:_files' ''--every'[Record every N-th step (default: every step)]:value: ' ''--steps'[Record only steps A to B-1 (A: or :B open)]:value: ' ''--full-every'[Measure all ten statistics every N-th recorded step (default 10; 1 = every step); the steps between measure count, norm and NaN/Inf, and mean/std of small tensors]:value: ' ''--flush-every'[Write the buffered steps to the trace every N steps]:value: ' ''--flush-secs'[...or every S seconds, whichever comes first]:value: ' '(-q --quiet)'{-q,--quiet}'[Do not print the trace path]' ''--batch'[No prompt: run the command files, continue at every stop (also when stdin is not a terminal)]' ''--run'[Do not stop at the start of step 0]' ''-x'[Run the debugger commands in FILE (repeatable)]:value:_files' '(-e --eval-command)'{-e,--eval-command}'[Run debugger command CMD (repeatable, in order, after the -x files)]:value: ' ''--nx'[Read neither ~/.nndbrc nor ./.nndbrc]' ''--report'[Write a JSON report of the session (stops, exit) to FILE.json]:value:_files' '(-h --help)'{-h,--help}'[Show the help and exit]' '*:file:_files' ;;
+        trust) _arguments -S '(-h --help)'{-h,--help}'[Show the help and exit]' '*:file:_files' ;;
         esac ;;
     esac
 }

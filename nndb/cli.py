@@ -42,15 +42,28 @@ def cli():
 @click.option("--flush-secs", type=click.FloatRange(min=0), default=2.0, show_default=True, metavar="S",
               help="...or every S seconds, whichever comes first.")
 @click.option("-q", "--quiet", is_flag=True, help="Do not print the trace path.")
+@click.option("--batch", is_flag=True,
+              help="No prompt: run the command files, continue at every stop (also when stdin is not a terminal).")
+@click.option("--run", "go", is_flag=True, help="Do not stop at the start of step 0.")
+@click.option("-x", "command_files", multiple=True, metavar="FILE", type=click.Path(dir_okay=False),
+              help="Run the debugger commands in FILE (repeatable).")
+@click.option("-e", "--eval-command", "eval_commands", multiple=True, metavar="CMD",
+              help="Run debugger command CMD (repeatable, in order, after the -x files).")
+@click.option("--nx", is_flag=True, help="Read neither ~/.nndbrc nor ./.nndbrc.")
+@click.option("--report", "report_path", metavar="FILE.json", type=click.Path(dir_okay=False),
+              help="Write a JSON report of the session (stops, exit) to FILE.json.")
 @click.argument("script", required=False, metavar="SCRIPT")
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
-def run(module, trace_path, every, steps_range, full_every, flush_steps, flush_secs, quiet, script, args):
-    """Run SCRIPT [ARGS]... (or -m MODULE [ARGS]...) as Python would, recording
-    per-step tensor statistics into an HDF5 trace.  Everything after SCRIPT is
-    passed to the script untouched."""
+def run(module, trace_path, every, steps_range, full_every, flush_steps, flush_secs, quiet,
+        batch, go, command_files, eval_commands, nx, report_path, script, args):
+    """Run SCRIPT [ARGS]... (or -m MODULE [ARGS]...) under the debugger, as
+    Python would, recording per-step tensor statistics into an HDF5 trace.
+    Everything after SCRIPT is passed to the script untouched.  It stops at
+    the start of step 0 with the (nndb) prompt unless --run, --batch, or
+    stdin is not a terminal."""
     from .config import RecordSchedule, RunConfig
+    from .debugger.driver import DebugOptions, debug
     from .launcher import Target
-    from .runner import record
 
     args = list(args)
     if module:
@@ -64,10 +77,32 @@ def run(module, trace_path, every, steps_range, full_every, flush_steps, flush_s
     try:
         schedule = RecordSchedule.parse(every, steps_range, full_every)
         config = RunConfig(target, trace_path, schedule, flush_steps, flush_secs, quiet)
-        result = record(config)
+        batch = batch or not sys.stdin.isatty()
+        options = DebugOptions(batch=batch, stop_at_start=not go, command_files=command_files,
+                               eval_commands=eval_commands, no_rc=nx, report=report_path)
+        if batch:
+            from .debugger.frontend import BatchFrontend
+            frontend = BatchFrontend()
+        else:
+            from .repl import ReplFrontend
+            frontend = ReplFrontend()
+        result = debug(config, options, frontend)
     except NndbError as e:
         _fail(e)
     sys.exit(result.exit_code)
+
+
+@cli.command()
+@click.argument("directory", metavar="DIR", type=click.Path(file_okay=False))
+def trust(directory):
+    """Trust DIR (and the directories under it): nndb then reads DIR/.nndbrc
+    at start (gdb's auto-load safe-path)."""
+    from .debugger.rcfiles import trust as add_trusted, trust_file
+    try:
+        d = add_trusted(directory)
+    except NndbError as e:
+        _fail(e)
+    click.echo(f"nndb: trusted {d} (listed in {trust_file()})")
 
 
 @cli.command()

@@ -7,7 +7,7 @@ Exit codes (also in README):
 1     the script raised
 2     usage error: bad command line, missing script, unreadable trace
 3     an internal nndb error
-4     (reserved for the debugger: a ``fail`` action fired)
+4     a breakpoint, watchpoint or rule with the ``fail`` action fired
 130   interrupted (SIGINT / Ctrl-C)
 143   terminated (SIGTERM)
 ====  =============================================================
@@ -48,3 +48,24 @@ class Terminated(BaseException):
     """Raised in the main thread by nndb's SIGTERM handler, so the trace is
     closed on the way out (a BaseException, like KeyboardInterrupt, so that
     the script's ``except Exception`` does not swallow it)."""
+
+
+class CommandError(NndbError):
+    """A debugger command that cannot be carried out: bad syntax, an unknown
+    name, an expression that raised.  The session prints one line (and the
+    usage line, if given) and goes on."""
+    exit_code = EXIT_USAGE
+
+    def __init__(self, message: str, usage: str = ""):
+        super().__init__(message)
+        self.usage = usage
+
+
+class KillRun(BaseException):
+    """Raised out of a stop point by ``kill``/``quit``: unwinds the script
+    (a BaseException, so its ``except Exception`` does not swallow it)."""
+
+
+class RestartRun(BaseException):
+    """Raised out of a stop point by ``run``: unwinds the script, which is
+    then started again from the beginning."""

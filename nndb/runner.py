@@ -16,7 +16,7 @@ from typing import Callable, Optional
 
 from . import launcher, runmeta
 from .config import RunConfig, default_trace_path
-from .errors import (EXIT_OK, EXIT_SCRIPT_ERROR, EXIT_SIGINT, EXIT_SIGTERM, Terminated)
+from .errors import (EXIT_OK, EXIT_SCRIPT_ERROR, EXIT_SIGINT, EXIT_SIGTERM, KillRun, RestartRun, Terminated)
 from .store.writer import TraceWriter
 from .tracer.hooks import Tracer
 from .tracer.naming import Naming
@@ -50,8 +50,9 @@ class _SignalGuard:
     thread re-delivers it every half second until the run has stopped
     (``stopped()``)."""
 
-    def __init__(self, busy: Callable[[], bool]):
+    def __init__(self, busy: Callable[[], bool], on_sigint: Optional[Callable[[], bool]] = None):
         self._busy = busy
+        self._on_sigint = on_sigint     # the debugger: True if it takes the Ctrl-C (stops the run)
         self._old: dict = {}
         self._term_requested = False
         self._int_deferred = False
@@ -74,6 +75,8 @@ class _SignalGuard:
             if self._busy():
                 return                   # the thread re-delivers once nndb has finished the step
             raise Terminated()
+        if self._on_sigint is not None and self._on_sigint():
+            return
         if self._busy():
             # Ctrl-C is delivered once, as Python does, but not in the middle
             # of a step nndb is recording: a script may catch it and go on.
@@ -132,16 +135,23 @@ class Recording:
 
 
 def record(config: RunConfig, message: Callable[[str], None] = _stderr,
-           on_step_end: Optional[Callable[[int], None]] = None) -> RunResult:
+           on_step_end: Optional[Callable[[int], None]] = None, session=None) -> RunResult:
+    """Run the script once.  With a debugger ``session`` (nndb.debugger), the
+    session gets the tracer's stop points, Ctrl-C (if interactive) and the
+    post-mortem of an uncaught exception; ``kill`` and ``run`` unwind the
+    script with KillRun/RestartRun, which end the run with status "killed"."""
     prepared = launcher.prepare(config.target)           # bad script: fails here, before a trace exists
     meta = runmeta.collect(config.target, config.schedule.describe())
     path = config.trace_path or default_trace_path(config.target, meta["rank"], meta["world_size"])
     rec = Recording(path, meta, config, message, on_step_end)
     if not config.quiet:
         message(f"nndb: recording to {path}")
+    if session is not None:
+        session.attach(rec, path)
+    on_sigint = session.request_interrupt if session is not None and session.interactive else None
 
     status, code, reason = "finished", EXIT_OK, ""
-    with _SignalGuard(busy=lambda: rec.tracer.busy > 0) as guard:
+    with _SignalGuard(busy=lambda: rec.tracer.busy > 0, on_sigint=on_sigint) as guard:
         try:
             with rec:
                 launcher.run(prepared)
@@ -156,13 +166,20 @@ def record(config: RunConfig, message: Callable[[str], None] = _stderr,
         except Terminated:
             guard.stopped()
             status, code, reason = "terminated", EXIT_SIGTERM, "SIGTERM"
+        except (KillRun, RestartRun) as e:
+            status, code = "killed", EXIT_OK
+            reason = "restarted from the debugger" if isinstance(e, RestartRun) else "killed from the debugger"
         except BaseException as e:  # the script raised: show it as Python would
             launcher.print_script_exception(e)
             status, code = "failed", EXIT_SCRIPT_ERROR
             reason = f"{type(e).__name__}: {e}"
+            if session is not None:
+                session.post_mortem(e)    # the trace is still open: stats and history work
         finally:
             guard.stopped()
             rec.close(status, code, reason)
+            if session is not None:
+                session.run_ended(status, code, reason)
     steps = rec.writer.steps_written
     if status == "terminated" and not config.quiet:
         message(f"nndb: terminated (SIGTERM); trace closed with {steps} step(s): {path}")

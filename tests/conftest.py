@@ -19,6 +19,7 @@ def nndb(*args, cwd=None, timeout=180, env=None, **kw) -> subprocess.CompletedPr
     e["PYTHONPATH"] = ROOT + os.pathsep + e.get("PYTHONPATH", "")
     if env:
         e.update(env)
+    kw.setdefault("stdin", subprocess.DEVNULL)      # not a terminal: batch mode
     return subprocess.run([sys.executable, "-m", "nndb", *args], cwd=cwd, capture_output=True,
                           text=True, timeout=timeout, env=e, **kw)
 

@@ -39,8 +39,9 @@ def complete(line: str, tmp_path) -> list:
 def test_bash_completes_commands_options_choices_and_files(tmp_path):
     (tmp_path / "train.py").write_text("")
     assert complete("nndb ins", tmp_path) == ["inspect"]
-    assert set(complete("nndb ", tmp_path)) >= {"run", "inspect"}
-    assert complete("nndb run --ev", tmp_path) == ["--every"]
+    assert set(complete("nndb ", tmp_path)) >= {"run", "inspect", "trust"}
+    assert complete("nndb run --eve", tmp_path) == ["--every"]
+    assert complete("nndb run --ev", tmp_path) == ["--every", "--eval-command"]
     assert complete("nndb inspect t.h5 --stat z", tmp_path) == ["zero_frac"]
     assert complete("nndb inspect t.h5 --kind gr", tmp_path) == ["grad"]
     assert complete("nndb run --every 3 tr", tmp_path) == ["train.py"]

@@ -155,7 +155,8 @@ def _launch(tmp_path, trace, *flags, ready=5, sleep=0.002, after=None):
     script.write_text(text)
     env = dict(os.environ, PYTHONPATH=ROOT)
     proc = subprocess.Popen([sys.executable, "-m", "nndb", "run", *flags, "--trace", trace, str(script)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=env)
     assert proc.stdout.readline().strip() == "ready"
     return proc
 

@@ -144,6 +144,28 @@ class TraceWriter:
             _put_blob(f["events"], "".join(json.dumps(e) + "\n" for e in self._events))
             self._events = []
 
+    def history(self, name: str, kind: str):
+        """(steps, (N, 10) statistics) of one series so far, flushed or not:
+        the debugger's ``history`` while the run is live."""
+        sid = self.series.get((name, kind))
+        if sid is None or self.closed:
+            return [], np.zeros((0, len(K.COLUMNS)))
+        f = self._f
+        steps, blocks = [], []
+        ds = f["stats"]
+        if ds.shape[0] and sid < ds.shape[1]:
+            col = np.asarray(ds[:, sid, :])
+            keep = ~np.isnan(col[:, 0])
+            steps.extend(np.asarray(f["steps"]["step"][:ds.shape[0]])[keep].tolist())
+            blocks.append(col[keep])
+        pending = [(r.step, r.raw[ids.index(sid)]) for r, ids in self._rows if sid in ids]
+        if pending:
+            steps.extend(st for st, _ in pending)
+            blocks.append(finalize_many(np.array([raw for _, raw in pending])))
+        if not blocks:
+            return [], np.zeros((0, len(K.COLUMNS)))
+        return steps, np.concatenate(blocks)
+
     def _fail(self, e: Exception) -> None:
         self.failed = f"cannot write trace {self.path}: {_reason(e)}; recording stopped " \
                       f"(the trace keeps the steps flushed before)"

@@ -26,7 +26,7 @@ from torch.nn.modules import module as _module
 from torch.optim import optimizer as _optimizer
 
 from .naming import Naming, user_frame
-from .recorder import StepRecorder
+from .recorder import StepRecorder, first_float_tensor
 from .stepclock import Close, Mode, StepClock
 
 
@@ -90,6 +90,10 @@ class Tracer:
         self.naming = naming
         self.clock = StepClock()
         self.on_step_end = on_step_end
+        # The debugger's stop points inside a step, set only while something may
+        # stop there: on_module(module, "forward"|"backward", inputs|grad_output).
+        self.on_module: Optional[Callable] = None
+        self.want_backward = False
         self.on_error = on_error or (lambda msg: print(msg, file=sys.stderr))
         self._handles: list = []
         self._param_handles: dict = {}          # id(param) -> handle
@@ -163,6 +167,8 @@ class Tracer:
         except Exception:
             self._fail()
         self._module_depth += 1
+        if self.on_module is not None:
+            self.on_module(module, "forward", args)
         return None
 
     def _forward_post(self, module, args, output):
@@ -176,11 +182,26 @@ class Tracer:
             idx = self._calls.get(module, 0)
             self._calls[module] = idx + 1
             self.recorder.activation((module, idx), output)
+            if self.want_backward:
+                self._watch_backward(module, output)
         except Exception:
             self._fail()
         finally:
             self._in_hook = False
         return None
+
+    def _watch_backward(self, module, output) -> None:
+        """A stop point at the module's backward: a hook on its output's gradient."""
+        t = output if isinstance(output, torch.Tensor) else first_float_tensor(output)
+        if t is None or not t.requires_grad or not torch.is_grad_enabled():
+            return
+
+        def hook(grad, module=module):
+            cb = self.on_module
+            if cb is not None and self.want_backward and not self._failed:
+                cb(module, "backward", grad)
+            return None
+        t.register_hook(hook)
 
     # -- backward --------------------------------------------------------------
     def _watch_params(self, module) -> None:

@@ -116,6 +116,10 @@ class Naming:
             if self._frozen and len(self._param_roots) > 1:
                 self._qualified_roots[root] = True
 
+    def roots(self) -> list:
+        """Every root module seen so far (alive ones), in the order seen."""
+        return list(self._root_names.keys())
+
     def freeze(self) -> None:
         """Called when step 0 ends: decide whether names are qualified."""
         if self._frozen:

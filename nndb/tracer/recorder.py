@@ -238,6 +238,9 @@ class StepRecorder:
         self.recording = schedule(0)
         self._full_policy = getattr(schedule, "full", lambda step: True)
         self.full = self._full_policy(0)
+        # Set by the debugger while a watchpoint needs statistics that are
+        # otherwise measured only at full steps.
+        self.force_full = False
         self._buckets = [_Bucket()]
         self._plans: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # optimizer -> (signature, plan)
         self._snapshots: dict = {}          # id(optimizer) -> _Snapshot
@@ -332,7 +335,7 @@ class StepRecorder:
         recording = self.recording
         self.step = step + 1
         self.recording = self.schedule(self.step)
-        self.full = self._full_policy(self.step)
+        self.full = self.force_full or self._full_policy(self.step)
         if step == 0:
             self.naming.freeze()
         if self.manual:

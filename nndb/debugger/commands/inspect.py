@@ -1,0 +1,384 @@
+"""Looking at the run: print, display, stats, history, where, up, down, list, info."""
+from __future__ import annotations
+
+import fnmatch
+import linecache
+import math
+
+from ...errors import CommandError
+from .. import evaluate as E
+from .. import points as P
+from .breakpoints import info_points
+from .table import Command, Table, no_args
+
+
+# -- print / display ---------------------------------------------------------------
+def _print_arg(text: str):
+    t = text.strip()
+    full = False
+    if t.startswith("/"):
+        fmt, _, t = t[1:].partition(" ")
+        if fmt not in ("full", "f"):
+            raise CommandError(f"unknown print format '/{fmt}' (there is /full)")
+        full = True
+    if not t:
+        raise CommandError("print what?")
+    return E.compile_expr(t), full
+
+
+def _print(s, arg):
+    code, full = arg
+    value = E.evaluate(code, s.frame, s.variables(s.frame))
+    return E.safe_repr(value, full=full)
+
+
+def _display(s, text):
+    if not text.strip():
+        s._show_displays()
+        return None
+    code = E.compile_expr(text)
+    number = s._next_display
+    s._next_display += 1
+    s.displays.append((number, text.strip(), code))
+    if s.current is not None:
+        try:
+            return f"{number}: {text.strip()} = {E.safe_repr(E.evaluate(code, s.frame, s.variables(s.frame)))}"
+        except CommandError as e:
+            return f"{number}: {text.strip()} = <error: {e}>"
+    return None
+
+
+def _undisplay(s, text):
+    if not text.strip():
+        s.displays.clear()
+        return None
+    for w in text.split():
+        n = P.parse_int(w, "display number")
+        if not any(d[0] == n for d in s.displays):
+            raise CommandError(f"no display number {n}")
+        s.displays = [d for d in s.displays if d[0] != n]
+    return None
+
+
+# -- statistics ----------------------------------------------------------------------
+STAT_COLUMNS = ("count", "mean", "std", "min", "max", "norm", "zero_frac", "nan_count", "inf_count")
+_KIND_WORDS = {"grad": "grad", "weight": "param", "param": "param", "update": "update",
+               "act": "act", "loss": "loss"}
+
+
+def _stats_arg(text):
+    words = text.split()
+    kind = glob = None
+    if words and words[0] in _KIND_WORDS:
+        kind = _KIND_WORDS[words.pop(0)]
+    if words:
+        glob = words.pop(0)
+    if words:
+        raise CommandError(f"unexpected '{' '.join(words)}'")
+    return kind, glob
+
+
+def _stats(s, arg):
+    kind, glob = arg
+    rec = s.record
+    if rec is None:
+        raise CommandError("no step has been recorded yet")
+    rows = []
+    for (name, k), row in zip(rec.names, s._stats_of(rec)):
+        if kind and k != kind:
+            continue
+        if glob and not fnmatch.fnmatchcase(name, glob):
+            continue
+        vals = dict(zip(P.STATS, map(float, row)))
+        rows.append((name, k, *(vals[c] for c in STAT_COLUMNS)))
+    if not rows and glob:
+        raise CommandError(f"no {kind or ''} tensor matches '{glob}' at step {rec.step}".replace("  ", " "))
+    return Table(("tensor", "kind", *STAT_COLUMNS), rows,
+                 title=f"step {rec.step}" + (" (partial)" if rec.partial else ""), empty="nothing recorded")
+
+
+def _history_arg(text):
+    words = text.split()
+    last = 20
+    if "--last" in words:
+        i = words.index("--last")
+        if i + 1 >= len(words):
+            raise CommandError("--last needs a count")
+        last = P.parse_int(words[i + 1], "the count")
+        if last < 1:
+            raise CommandError("the count must be at least 1")
+        del words[i:i + 2]
+    kind = None
+    if len(words) >= 2 and words[0] in _KIND_WORDS:
+        kind = _KIND_WORDS[words.pop(0)]
+    if not words:
+        raise CommandError("history needs a tensor name")
+    name = words.pop(0)
+    stat = "norm"
+    if words:
+        stat = words.pop(0)
+        if stat not in P.STATS:
+            raise CommandError(f"unknown statistic '{stat}' (one of: {', '.join(P.STATS)})")
+    if words:
+        raise CommandError(f"unexpected '{' '.join(words)}'")
+    return kind, name, stat, last
+
+
+SPARKS = "▁▂▃▄▅▆▇█"
+
+
+def sparkline(values, width: int = 60) -> str:
+    vals = [float(v) for v in values]
+    if len(vals) > width:              # keep the shape: one bucket mean per character
+        step = len(vals) / width
+        vals = [_mean(vals[int(i * step):max(int((i + 1) * step), int(i * step) + 1)]) for i in range(width)]
+    finite = [v for v in vals if math.isfinite(v)]
+    if not finite:
+        return " " * len(vals)
+    lo, hi = min(finite), max(finite)
+    out = []
+    for v in vals:
+        if not math.isfinite(v):
+            out.append("!" if not math.isnan(v) else " ")
+        elif hi == lo:
+            out.append(SPARKS[3])
+        else:
+            out.append(SPARKS[min(len(SPARKS) - 1, int((v - lo) / (hi - lo) * len(SPARKS)))])
+    return "".join(out)
+
+
+def _mean(xs):
+    f = [x for x in xs if math.isfinite(x)]
+    return sum(f) / len(f) if f else math.nan
+
+
+def _history(s, arg):
+    kind, name, stat, last = arg
+    steps, values, kind = s.history(name, kind, stat)
+    if len(steps) == 0:
+        return f"{name} ({kind}): nothing recorded yet"
+    rows = [(int(a), float(b)) for a, b in zip(steps[-last:], values[-last:])]
+    finite = [v for v in values if math.isfinite(v)]
+    lines = [f"{name} ({kind}) {stat}, {len(steps)} recorded step(s) {int(steps[0])}..{int(steps[-1])}"
+             + (f", min {min(finite):.4g} max {max(finite):.4g}" if finite else ""),
+             sparkline(values)]
+    return [*lines, Table(("step", stat), rows)]
+
+
+# -- the script's stack ----------------------------------------------------------------
+def _frame_line(s, i, marker=True):
+    frame, lineno = s.frames[i]
+    code = frame.f_code
+    mark = "> " if (marker and i == s.frame_index) else "  "
+    src = linecache.getline(code.co_filename, lineno, frame.f_globals).strip()
+    return [f"{mark}{code.co_filename}({lineno}){code.co_name}()", f"-> {src}" if src else "->"]
+
+
+def _need_frames(s):
+    if not s.frames:
+        raise CommandError("no stack: the script is not stopped in a frame")
+
+
+def _where(s, _):
+    _need_frames(s)
+    lines = []
+    for i in range(len(s.frames)):
+        lines.extend(_frame_line(s, i))
+    return lines
+
+
+def _move(s, n):
+    _need_frames(s)
+    new = s.frame_index + n
+    if new < 0:
+        raise CommandError("Oldest frame")
+    if new >= len(s.frames):
+        raise CommandError("Newest frame")
+    s.frame_index = new
+    s._list_next = None
+    return _frame_line(s, new)
+
+
+def _up(s, n):
+    return _move(s, -n)
+
+
+def _down(s, n):
+    return _move(s, n)
+
+
+def _count1(text):
+    t = text.strip()
+    return P.parse_int(t, "the count") if t else 1
+
+
+def _list_arg(text):
+    t = text.strip()
+    return P.parse_int(t, "the line") if t else None
+
+
+def _list(s, line):
+    _need_frames(s)
+    frame, lineno = s.frames[s.frame_index]
+    filename = frame.f_code.co_filename
+    if line is not None:
+        first = max(1, line - 5)
+    elif getattr(s, "_list_next", None) is not None and s._list_next[0] == (filename, s.frame_index):
+        first = s._list_next[1]
+    else:
+        first = max(1, lineno - 5)
+    lines = []
+    for n in range(first, first + 11):
+        src = linecache.getline(filename, n, frame.f_globals)
+        if not src:
+            break
+        mark = "->" if n == lineno else "  "
+        lines.append(f"{n:4d} {mark} {src.rstrip()}")
+    if not lines:
+        raise CommandError(f"line {first} is past the end of {filename}")
+    s._list_next = ((filename, s.frame_index), first + 11)
+    return lines
+
+
+# -- info ----------------------------------------------------------------------------------
+def _info_step(s):
+    cur = s.current
+    rec = s.record
+    rows = [("state", s.state)]
+    if cur is not None:
+        rows.append(("stopped", cur.kind + (f" in {cur.module} {cur.phase}" if cur.module else "")))
+    rows.append(("last finished step", s.last_step if s.last_step is not None else "-"))
+    if s.live:
+        rows.append(("step in progress", s._step_in_progress()))
+    if rec is not None:
+        rows.append(("last recorded step", rec.step))
+        rows.append(("backward passes", rec.backward_count))
+        rows.append(("optimizer steps", rec.optimizer_steps))
+        loss = s.variables()["loss"]
+        rows.append(("loss", loss if loss is not None else "-"))
+    if s.rec is not None:
+        rows.append(("step clock", s.rec.tracer.clock.mode.name.lower()))
+    rows.append(("trace", s.trace_path or "-"))
+    return Table(("", ""), rows)
+
+
+def _info_modules(s):
+    rows = []
+    naming = s.rec.naming if s.rec is not None else None
+    for root in s.roots():
+        for _, m in root.named_modules():
+            n_params = sum(p.numel() for p in m.parameters(recurse=False))
+            rows.append((naming.module_name(m), type(m).__name__, n_params))
+    return Table(("module", "type", "params"), rows, empty="No module has run yet.")
+
+
+def _info_params(s):
+    rows = []
+    naming = s.rec.naming if s.rec is not None else None
+    seen = set()
+    for root in s.roots():
+        for p in root.parameters():
+            if id(p) in seen:
+                continue
+            seen.add(id(p))
+            g = p.grad
+            rows.append((naming.param_name(p), tuple(p.shape), str(p.dtype).replace("torch.", ""),
+                         "y" if p.requires_grad else "n", float(p.detach().double().norm()),
+                         float(g.detach().double().norm()) if g is not None and not g.is_sparse else None))
+    return Table(("param", "shape", "dtype", "grad", "norm", "grad norm"), rows,
+                 empty="No parameters seen yet.")
+
+
+def _info_optimizer(s):
+    rows = []
+    for name, opt in s.optimizers():
+        for gi, g in enumerate(opt.param_groups):
+            hyper = ", ".join(f"{k}={v!r}" for k, v in g.items() if k != "params" and _scalar(v))
+            rows.append((name, type(opt).__name__, gi, len(g["params"]), hyper))
+    return Table(("optimizer", "type", "group", "params", "hyper-parameters"), rows,
+                 empty="No optimizer has stepped yet.")
+
+
+def _scalar(v) -> bool:
+    return isinstance(v, (int, float, bool, str, type(None))) or \
+        (isinstance(v, tuple) and all(isinstance(x, (int, float)) for x in v))
+
+
+def _info_locals(s):
+    _need_frames(s)
+    frame = s.frame
+    rows = []
+    for k, v in frame.f_locals.items():
+        if k.startswith("__") and k.endswith("__"):
+            continue
+        r = E.safe_repr(v)
+        rows.append((k, r if len(r) <= 120 else r[:117] + "..."))
+    return Table(("name", "value"), rows, empty="No locals.")
+
+
+def _info_display(s):
+    return Table(("Num", "Expression"), [(n, src) for n, src, _ in s.displays],
+                 empty="There are no auto-display expressions now.")
+
+
+INFO = {
+    "breakpoints": lambda s: info_points(s),
+    "watchpoints": lambda s: info_points(s, watch_only=True),
+    "display": _info_display,
+    "step": _info_step,
+    "modules": _info_modules,
+    "params": _info_params,
+    "optimizer": _info_optimizer,
+    "locals": _info_locals,
+}
+INFO_ALIASES = {"b": "breakpoints", "break": "breakpoints", "watch": "watchpoints"}
+
+
+def _info_arg(text):
+    w = text.split()
+    if len(w) != 1:
+        raise CommandError("info what? (" + " | ".join(INFO) + ")")
+    word = INFO_ALIASES.get(w[0], w[0])
+    if word in INFO:
+        return word
+    hits = [k for k in INFO if k.startswith(word)]
+    if len(hits) == 1:
+        return hits[0]
+    if hits:
+        raise CommandError(f'ambiguous info command "{w[0]}": {", ".join(hits)}')
+    raise CommandError(f'undefined info command: "{w[0]}".  Try "help info".')
+
+
+def _info(s, what):
+    return INFO[what](s)
+
+
+COMMANDS = [
+    Command("print", "print[/full] EXPR", """Evaluate EXPR in the script's current frame and show the result.
+A tensor shows as one line (shape, dtype, device, statistics); /full prints
+every element.  $step, $loss, $grad['NAME'] ... are nndb's variables.""",
+            _print, _print_arg, aliases=("p",), args=("expr",), group="data"),
+    Command("display", "display [EXPR]", "Show EXPR at every stop (with no EXPR, show them all now).",
+            _display, aliases=(), args=("expr",), group="data"),
+    Command("undisplay", "undisplay [N...]", "Stop showing display expressions N... (all if none are given).",
+            _undisplay, group="data"),
+    Command("stats", "stats [KIND] [GLOB]", "A table of the last recorded step's statistics (KIND: grad weight update act loss).",
+            _stats, _stats_arg, args=("kind", "tensor"), group="data"),
+    Command("history", "history [KIND] NAME [STAT] [--last K]", """The recorded series of one tensor's statistic (default norm) with a
+sparkline, and its last K values (default 20).""",
+            _history, _history_arg, args=("tensor", "stat"), group="data"),
+    Command("where", "where", "The script's stack (nndb's own frames are hidden); > marks the current frame.",
+            _where, no_args, aliases=("bt", "backtrace", "w"), group="stack"),
+    Command("up", "up [N]", "Move N frames up the stack (towards the outermost).",
+            _up, _count1, group="stack"),
+    Command("down", "down [N]", "Move N frames down the stack (towards the stop).",
+            _down, _count1, group="stack"),
+    Command("list", "list [LINE]", "Show 11 source lines around the current line (again: the next 11).",
+            _list, _list_arg, aliases=("l",), group="stack"),
+    Command("info", "info " + "|".join(INFO), """Show something about the session or the run:
+  info breakpoints   info watchpoints   info display
+  info step          the current step, why the run stopped, the last loss
+  info modules       info params        info optimizer (hyper-parameters per param group)
+  info locals        the current frame's variables""",
+            _info, _info_arg, aliases=("i",), args=("info",), group="data"),
+]

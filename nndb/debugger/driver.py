@@ -1,0 +1,89 @@
+"""``nndb run`` under the debugger: the session, the runs (``run`` starts the
+script again), the exit code and the report.  UI-free: the front end is given."""
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+from ..config import RunConfig
+from ..errors import EXIT_FAIL_ACTION, EXIT_USAGE
+from ..runner import RunResult, record
+from . import rcfiles, report
+from .session import Session
+
+
+@dataclass
+class DebugOptions:
+    batch: bool = False                 # no prompt: run the queued commands, continue at every stop
+    stop_at_start: bool = True          # stop at the start of step 0 (not with --run)
+    command_files: tuple = ()           # -x FILE
+    eval_commands: tuple = ()           # -e CMD
+    no_rc: bool = False                 # --nx
+    report: Optional[str] = None        # --report FILE.json
+
+
+@dataclass
+class DebugResult:
+    exit_code: int
+    reason: str
+    run: Optional[RunResult]
+    session: Session
+
+
+def _stderr(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def next_trace_path(path: str, run: int) -> str:
+    """The trace of the N-th run (``run`` restarts): never overwrites an earlier one."""
+    base, ext = os.path.splitext(path)
+    candidate, i = f"{base}-run{run}{ext or '.h5'}", run
+    while os.path.exists(candidate):
+        i += 1
+        candidate = f"{base}-run{i}{ext or '.h5'}"
+    return candidate
+
+
+def debug(config: RunConfig, options: DebugOptions, frontend,
+          message: Callable[[str], None] = _stderr) -> DebugResult:
+    interactive = not options.batch
+    session = Session(frontend, interactive=interactive,
+                      stop_at_start=interactive and options.stop_at_start)
+    session.queue_lines(rcfiles.startup_lines(list(options.command_files), list(options.eval_commands),
+                                              options.no_rc, message))
+    result: Optional[RunResult] = None
+    first_path = config.trace_path
+    while True:
+        cfg = config
+        if session.runs and first_path:
+            cfg = dataclasses.replace(config, trace_path=next_trace_path(first_path, session.runs + 1))
+        session.restart_requested = False
+        result = record(cfg, message, session=session)
+        if first_path is None:
+            first_path = result.trace_path
+        if session.restart_requested:
+            continue
+        if session.quit_requested or session.command_file_error:
+            break
+        if interactive:
+            session.exited()
+            if session.restart_requested and not session.quit_requested:
+                continue
+        elif session.queue:
+            session.interact()          # commands left when the script ended (it never stopped)
+        break
+
+    if session.command_file_error:
+        code, reason = EXIT_USAGE, session.command_file_error
+    elif session.failed_points:
+        nums = ", ".join(str(n) for n in dict.fromkeys(session.failed_points))
+        code, reason = EXIT_FAIL_ACTION, f"a point with the fail action hit ({nums})"
+    else:
+        code, reason = result.exit_code, result.reason or result.status
+    if options.report:
+        t = config.target
+        report.write(options.report, report.build(session, t.path or f"-m {t.module}", t.args, code, reason))
+    return DebugResult(code, reason, result, session)

@@ -1,0 +1,270 @@
+"""Python expressions and statements in the script's frame (pdb semantics),
+nndb's ``$`` convenience variables, stack walking and value summaries.
+
+Nothing here prints: errors become ``CommandError`` (one line), values are
+returned to the caller.
+"""
+from __future__ import annotations
+
+import ctypes
+import fnmatch
+import math
+import os
+import re
+import runpy
+import sys
+from dataclasses import dataclass
+from typing import Optional
+
+from ..errors import CommandError
+
+_VARS = "__nndb_vars__"
+_DOLLAR = re.compile(r"\$([A-Za-z_][A-Za-z0-9_]*)")
+_NNDB_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_HIDDEN = (_NNDB_DIR, os.path.dirname(runpy.__file__) + os.sep + "runpy.py")
+_LAUNCHER = os.path.join(_NNDB_DIR, "launcher.py")
+
+
+def _torch_dir() -> str:
+    import torch
+    return os.path.dirname(torch.__file__)
+
+
+# -- frames ----------------------------------------------------------------------
+def is_nndb_frame(frame) -> bool:
+    name = frame.f_code.co_filename
+    return name.startswith(_HIDDEN[0]) or name == _HIDDEN[1] or name == "<frozen runpy>"
+
+
+_CALL_MACHINERY = ("_wrapped_call_impl", "_call_impl", "inner")
+
+
+def _is_call_machinery(frame) -> bool:
+    """torch.nn.Module.__call__'s own frames, between the caller and forward()."""
+    code = frame.f_code
+    return code.co_name in _CALL_MACHINERY and code.co_filename.endswith(os.path.join("nn", "modules", "module.py"))
+
+
+def _is_launcher(frame) -> bool:
+    return frame.f_code.co_name == "run" and frame.f_code.co_filename == _LAUNCHER
+
+
+def stop_frame(start) -> Optional[object]:
+    """The innermost frame at or above ``start`` that is neither torch's nor nndb's."""
+    skip = (_NNDB_DIR, _torch_dir())
+    f = start
+    while f is not None and (f.f_code.co_filename.startswith(skip) or is_nndb_frame(f)):
+        f = f.f_back
+    return f
+
+
+def stack_from(frame) -> list:
+    """Outermost-first list of the script's frames from ``frame`` up to the
+    script's top level; nndb's frames (and whatever runs nndb) hidden."""
+    out = []
+    f = frame
+    while f is not None and not _is_launcher(f):
+        if not is_nndb_frame(f) and not _is_call_machinery(f):
+            out.append(f)
+        f = f.f_back
+    out.reverse()
+    return out
+
+
+def stack_from_traceback(tb) -> list:
+    out = []
+    while tb is not None:
+        if not (is_nndb_frame(tb.tb_frame) or _is_launcher(tb.tb_frame) or _is_call_machinery(tb.tb_frame)):
+            out.append((tb.tb_frame, tb.tb_lineno))
+        tb = tb.tb_next
+    return out
+
+
+# -- expressions ----------------------------------------------------------------
+def with_dollars(source: str) -> str:
+    """``$name`` -> a lookup in nndb's convenience variables."""
+    return _DOLLAR.sub(lambda m: f"{_VARS}[{m.group(1)!r}]", source)
+
+
+def compile_expr(source: str, mode: str = "eval"):
+    """Compile now, so a syntax error is reported when the expression is set."""
+    src = source.strip()
+    if not src:
+        raise CommandError("an expression is needed")
+    try:
+        return compile(with_dollars(src), "<nndb>", mode)
+    except SyntaxError as e:
+        raise CommandError(f"syntax error in '{src}': {e.msg}") from None
+    except (ValueError, OverflowError, MemoryError, RecursionError) as e:
+        raise CommandError(f"cannot compile '{src}': {e}") from None
+
+
+class ConvenienceVars(dict):
+    def __missing__(self, key):
+        raise CommandError(f"no convenience variable ${key} here (have: "
+                           + ", ".join("$" + k for k in sorted(self)) + ")")
+
+
+def namespace(frame, variables: dict) -> tuple[dict, dict]:
+    """(globals, locals) for evaluating in ``frame``."""
+    cv = ConvenienceVars(variables)
+    if frame is None:
+        g = {"__builtins__": __builtins__, _VARS: cv}
+        return g, g
+    loc = dict(frame.f_locals)
+    loc[_VARS] = cv
+    return frame.f_globals, loc
+
+
+def evaluate(code, frame, variables: dict, what: str = ""):
+    g, loc = namespace(frame, variables)
+    try:
+        return eval(code, g, loc)
+    except CommandError:
+        raise
+    except Exception as e:
+        raise CommandError(f"{what}{type(e).__name__}: {e}") from None
+
+
+def execute(source: str, frame, variables: dict) -> None:
+    """Run a statement in ``frame``; assignments to its variables stick."""
+    code = compile_expr(source, "single")
+    if frame is None:
+        g, _ = namespace(None, variables)
+        try:
+            exec(code, g)
+        except Exception as e:
+            raise CommandError(f"{type(e).__name__}: {e}") from None
+        return
+    is_module = frame.f_locals is frame.f_globals
+    g, loc = namespace(frame, variables)
+    if is_module:
+        loc = frame.f_globals
+        loc[_VARS] = g.get(_VARS) or ConvenienceVars(variables)
+    try:
+        exec(code, g, loc)
+    except Exception as e:
+        raise CommandError(f"{type(e).__name__}: {e}") from None
+    finally:
+        if is_module:
+            frame.f_globals.pop(_VARS, None)
+    if not is_module:
+        loc.pop(_VARS, None)
+        _write_locals(frame, loc)
+
+
+def _write_locals(frame, values: dict) -> None:
+    """Make assignments to a function's locals stick (before Python 3.13,
+    f_locals is a snapshot that PyFrame_LocalsToFast writes back)."""
+    proxy = frame.f_locals
+    changed = {k: v for k, v in values.items() if k not in proxy or proxy[k] is not v}
+    if not changed:
+        return
+    if sys.version_info >= (3, 13):
+        for k, v in changed.items():
+            proxy[k] = v
+        return
+    proxy.update(changed)
+    try:
+        ctypes.pythonapi.PyFrame_LocalsToFast(ctypes.py_object(frame), ctypes.c_int(0))
+    except Exception:  # pragma: no cover - not CPython
+        raise CommandError("cannot change a function's local variables on this Python") from None
+
+
+# -- values ----------------------------------------------------------------------
+@dataclass(frozen=True)
+class StatRow:
+    """One series' statistics at one step, with attribute access for expressions
+    (``$grad['fc1.weight'].norm``)."""
+    name: str
+    kind: str
+    count: float
+    mean: float
+    std: float
+    min: float
+    max: float
+    norm: float
+    mean_abs: float
+    nan_count: float
+    inf_count: float
+    zero_frac: float
+
+    def __getitem__(self, stat: str) -> float:
+        return getattr(self, stat)
+
+
+class StatTable(dict):
+    """name -> StatRow for one kind; a glob key returns the single match."""
+
+    def __init__(self, kind: str, rows: dict):
+        super().__init__(rows)
+        self.kind = kind
+
+    def __missing__(self, key):
+        if isinstance(key, str):
+            hits = [k for k in self if fnmatch.fnmatchcase(k, key)]
+            if len(hits) == 1:
+                return dict.__getitem__(self, hits[0])
+            if len(hits) > 1:
+                raise CommandError(f"'{key}' matches {len(hits)} {self.kind} tensors: "
+                                   + ", ".join(hits[:5]) + (" ..." if len(hits) > 5 else ""))
+        raise CommandError(f"no {self.kind} tensor named '{key}' at this step")
+
+
+def tensor_summary(t) -> str:
+    """One line: shape, dtype, device and statistics."""
+    import torch
+    head = f"tensor(shape={list(t.shape)}, dtype={str(t.dtype).replace('torch.', '')}, device={t.device}"
+    if t.requires_grad:
+        head += ", requires_grad"
+    head += ")"
+    if t.numel() == 0 or t.is_sparse or t.is_complex():
+        return head
+    try:
+        with torch.no_grad():
+            x = t.detach()
+            if x.is_floating_point():
+                x64 = x.double()
+                finite = torch.isfinite(x64)
+                nan = int(torch.isnan(x64).sum())
+                inf = int(torch.isinf(x64).sum())
+                vals = x64[finite] if (nan or inf) else x64.flatten()
+            else:
+                nan = inf = 0
+                vals = x.double().flatten()
+            if t.numel() == 1:
+                return head + f" value={t.item()!r}"
+            parts = [f"{k}={_num(v)}" for k, v in (
+                ("mean", vals.mean().item() if vals.numel() else math.nan),
+                ("std", vals.std().item() if vals.numel() > 1 else math.nan),
+                ("min", vals.min().item() if vals.numel() else math.nan),
+                ("max", vals.max().item() if vals.numel() else math.nan),
+                ("norm", vals.norm().item() if vals.numel() else math.nan),
+                ("zero_frac", float((x == 0).sum()) / t.numel()))]
+            if nan or inf:
+                parts += [f"nan={nan}", f"inf={inf}"]
+            return head + " " + " ".join(parts)
+    except Exception:
+        return head
+
+
+def _num(v: float) -> str:
+    return f"{v:.4g}"
+
+
+def safe_repr(value, full: bool = False) -> str:
+    """What ``print`` shows.  A tensor is one line unless ``full``."""
+    try:
+        import torch
+        if isinstance(value, torch.Tensor):
+            if not full:
+                return tensor_summary(value)
+            saved = torch._tensor_str.PRINT_OPTS.threshold
+            torch.set_printoptions(threshold=sys.maxsize)
+            try:
+                return repr(value)
+            finally:
+                torch.set_printoptions(threshold=saved)
+        return repr(value)
+    except Exception as e:
+        return f"<unprintable {type(value).__name__}: {type(e).__name__}: {e}>"

@@ -1,0 +1,61 @@
+"""Front ends that need no terminal: batch mode, and a scripted one for tests
+and notebooks.  (The prompt_toolkit REPL is nndb.repl.)"""
+from __future__ import annotations
+
+import sys
+from typing import Iterable, Optional
+
+
+class BatchFrontend:
+    """``--batch`` (or stdin not a terminal): no prompt, no terminal escapes.
+    Output to stdout, errors to stderr; confirmations are answered yes."""
+    interactive = False
+
+    def __init__(self, out=None, err=None):
+        self.out = out or sys.stdout
+        self.err = err or sys.stderr
+
+    def message(self, text: str) -> None:
+        print(text, file=self.out, flush=True)
+
+    def error(self, text: str) -> None:
+        print(text, file=self.err, flush=True)
+
+    def read_line(self, prompt: str) -> Optional[str]:
+        return None
+
+    def confirm(self, question: str) -> bool:
+        return True
+
+
+class ScriptedFrontend(BatchFrontend):
+    """Reads typed lines from a list (a transcript test); records everything."""
+    interactive = True
+
+    def __init__(self, lines: Iterable[str], answers: Iterable[bool] = ()):
+        super().__init__()
+        self.lines = list(lines)
+        self.answers = list(answers)
+        self.output: list = []
+
+    def message(self, text: str) -> None:
+        self.output.append(text)
+
+    def error(self, text: str) -> None:
+        self.output.append(text)
+
+    def read_line(self, prompt: str) -> Optional[str]:
+        if not self.lines:
+            return None
+        line = self.lines.pop(0)
+        self.output.append(prompt + line)
+        return line
+
+    def confirm(self, question: str) -> bool:
+        ans = self.answers.pop(0) if self.answers else True
+        self.output.append(question + ("y" if ans else "n"))
+        return ans
+
+    @property
+    def text(self) -> str:
+        return "\n".join(self.output)

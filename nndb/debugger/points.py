@@ -1,0 +1,258 @@
+"""Breakpoints and watchpoints: plain objects the session checks at stop points.
+
+A *point* has gdb's bookkeeping (number, disposition, enabled, hit count,
+ignore count, condition, commands) and one of three triggers:
+
+* ``StepBreak``: step N has just finished;
+* ``ModuleBreak``: a module whose name matches a glob is about to run its
+  forward (or its backward: the gradient of its output has just been computed);
+* ``ExprBreak``: a Python expression is true at a step end;
+* ``Watch``: a recorded statistic of the tensors matching a glob crosses a
+  threshold, or leaves [1/100, 50] times its first recorded value, possibly K
+  steps in a row.
+
+Parsing lives here too (``parse_break``, ``parse_watch``), so the grammar and
+the objects cannot drift apart.  Parse errors raise ``CommandError``.
+"""
+from __future__ import annotations
+
+import fnmatch
+import math
+import operator
+from dataclasses import dataclass, field
+from typing import Optional
+
+from ..errors import CommandError
+
+STATS = ("count", "mean", "std", "min", "max", "norm", "mean_abs",
+         "nan_count", "inf_count", "zero_frac")
+# The statistics measured at every recorded step (the others only at full
+# steps); a watch on any other makes the session measure everything.
+BASIC_STATS = ("count", "norm", "nan_count", "inf_count")
+WATCH_KINDS = {"grad": "grad", "weight": "param", "param": "param", "update": "update",
+               "act": "act", "loss": "loss"}
+OPS = {">": operator.gt, ">=": operator.ge, "<": operator.lt, "<=": operator.le,
+       "==": operator.eq, "!=": operator.ne}
+RELATIVE_LOW, RELATIVE_HIGH = 0.01, 50.0
+
+BREAK_USAGE = "break step N | break module GLOB [forward|backward] | break if EXPR  [fail] [if EXPR]"
+WATCH_USAGE = "watch KIND GLOB [STAT] [OP VALUE] [consecutive K] [fail]   (KIND: grad weight update act loss)"
+
+
+@dataclass
+class Point:
+    number: int
+    temporary: bool = False          # tbreak: deleted after its first stop
+    enabled: bool = True
+    hits: int = 0
+    ignore_count: int = 0
+    condition: Optional[str] = None  # source text; compiled by the session
+    commands: list = field(default_factory=list)
+    silent: bool = False             # the first line of `commands` was `silent`
+    fail: bool = False               # the `fail` action: the run fails with exit 4
+
+    type_name = "breakpoint"
+
+    @property
+    def disp(self) -> str:
+        return "del" if self.temporary else "keep"
+
+    def what(self) -> str:
+        raise NotImplementedError
+
+
+@dataclass
+class StepBreak(Point):
+    step: int = 0
+
+    def what(self) -> str:
+        return f"step {self.step}"
+
+
+@dataclass
+class ModuleBreak(Point):
+    glob: str = "*"
+    phase: str = "forward"           # forward | backward
+
+    def what(self) -> str:
+        return f"module {self.glob} {self.phase}"
+
+    def matches(self, name: str) -> bool:
+        return fnmatch.fnmatchcase(name, self.glob)
+
+
+@dataclass
+class ExprBreak(Point):
+    expr: str = "True"
+
+    def what(self) -> str:
+        return f"if {self.expr}"
+
+
+@dataclass
+class Watch(Point):
+    kind: str = "grad"               # a trace kind: param grad update act loss
+    label: str = "grad"              # as the user wrote it (weight -> param)
+    glob: str = "*"
+    stat: str = "norm"
+    op: Optional[str] = None
+    value: Optional[float] = None
+    consecutive: int = 1
+    baseline: dict = field(default_factory=dict)   # series name -> first value (relative rule)
+    streak: dict = field(default_factory=dict)     # series name -> consecutive steps true
+
+    type_name = "watchpoint"
+
+    def what(self) -> str:
+        s = f"{self.label} {self.glob} {self.stat}"
+        if self.op is not None:
+            s += f" {self.op} {self.value:g}"
+        else:
+            s += f" outside [{RELATIVE_LOW:g}, {RELATIVE_HIGH:g}] x first"
+        if self.consecutive > 1:
+            s += f" consecutive {self.consecutive}"
+        return s
+
+    def series(self, names) -> list:
+        """The (name, kind) pairs of ``names`` this watch looks at."""
+        return [(n, k) for n, k in names if k == self.kind and fnmatch.fnmatchcase(n, self.glob)]
+
+    def test(self, name: str, value: float) -> bool:
+        """Is the condition true for this series at this step?  (Updates the
+        baseline for the relative rule.)"""
+        if self.op is not None:
+            return OPS[self.op](value, self.value)
+        if math.isnan(value) and self.stat not in ("nan_count", "inf_count"):
+            return False            # not measured at this step
+        if not math.isfinite(value):
+            return True
+        base = self.baseline.get(name)
+        if base is None or base == 0:
+            self.baseline[name] = value
+            return False
+        ratio = abs(value) / abs(base)
+        return ratio < RELATIVE_LOW or ratio > RELATIVE_HIGH
+
+    def check(self, rows) -> Optional[dict]:
+        """``rows``: [(name, value)] of the matching series at one step.
+        Returns the detail of the first series whose condition has held for
+        ``consecutive`` steps, or None."""
+        hit = None
+        for name, value in rows:
+            if self.op is not None and math.isnan(value):
+                continue            # not measured at this step: the streak neither grows nor breaks
+            if self.test(name, value):
+                n = self.streak.get(name, 0) + 1
+                self.streak[name] = n
+                if n >= self.consecutive and hit is None:
+                    hit = {"tensor": name, "kind": self.kind, "stat": self.stat, "value": value}
+                    if self.op is not None:
+                        hit["op"], hit["threshold"] = self.op, self.value
+                    else:
+                        hit["first"] = self.baseline.get(name)
+            else:
+                self.streak[name] = 0
+        if hit is not None:
+            self.streak[hit["tensor"]] = 0
+        return hit
+
+
+def split_action(text: str) -> tuple[str, bool]:
+    """Strip a trailing ``fail`` action word."""
+    t = text.rstrip()
+    if t == "fail" or t.endswith((" fail", "\tfail")):
+        return t[:-4].rstrip(), True
+    return t, False
+
+
+def split_condition(text: str) -> tuple[str, Optional[str]]:
+    """``SPEC if EXPR`` -> (SPEC, EXPR)."""
+    words = text.split(None, 1)
+    if words and words[0] == "if":
+        return "", (words[1].strip() if len(words) > 1 else "")
+    i = text.find(" if ")
+    if i < 0:
+        return text.strip(), None
+    return text[:i].strip(), text[i + 4:].strip()
+
+
+def parse_break(text: str) -> tuple[type, dict, Optional[str], bool]:
+    """-> (point class, its fields, condition, fail)."""
+    text, fail = split_action(text)
+    spec, cond = split_condition(text)
+    if cond == "":
+        raise CommandError("'if' needs an expression", BREAK_USAGE)
+    words = spec.split()
+    if not words:
+        if cond is None:
+            raise CommandError("break what?", BREAK_USAGE)
+        return ExprBreak, {"expr": cond}, None, fail
+    if words[0] == "step":
+        if len(words) != 2:
+            raise CommandError("break step needs one step number", BREAK_USAGE)
+        n = parse_int(words[1], "step")
+        if n < 0:
+            raise CommandError(f"step numbers start at 0, not {n}", BREAK_USAGE)
+        return StepBreak, {"step": n}, cond, fail
+    if words[0] == "module":
+        if len(words) not in (2, 3):
+            raise CommandError("break module needs a module name or glob", BREAK_USAGE)
+        phase = words[2] if len(words) == 3 else "forward"
+        if phase not in ("forward", "backward"):
+            raise CommandError(f"'{phase}' is neither forward nor backward", BREAK_USAGE)
+        return ModuleBreak, {"glob": words[1], "phase": phase}, cond, fail
+    raise CommandError(f"cannot break on '{words[0]}'", BREAK_USAGE)
+
+
+def parse_int(word: str, what: str) -> int:
+    try:
+        return int(word, 0)
+    except ValueError:
+        raise CommandError(f"{what} must be an integer, not '{word}'") from None
+
+
+def parse_float(word: str, what: str) -> float:
+    try:
+        return float(word)
+    except ValueError:
+        raise CommandError(f"{what} must be a number, not '{word}'", WATCH_USAGE) from None
+
+
+def parse_watch(text: str) -> dict:
+    """-> the fields of a Watch (and ``fail``)."""
+    text, fail = split_action(text)
+    words = text.split()
+    if not words:
+        raise CommandError("watch what?", WATCH_USAGE)
+    label = words.pop(0)
+    if label not in WATCH_KINDS:
+        raise CommandError(f"unknown kind '{label}' (one of: {', '.join(WATCH_KINDS)})", WATCH_USAGE)
+    kind = WATCH_KINDS[label]
+    glob = "*"
+    if words and not (kind == "loss" and (words[0] in STATS or words[0] in OPS or words[0] == "consecutive")):
+        glob = words.pop(0)
+    elif kind != "loss":
+        raise CommandError(f"watch {label} needs a tensor name or glob", WATCH_USAGE)
+    stat = "norm"
+    if words and words[0] in STATS:
+        stat = words.pop(0)
+    elif words and words[0] not in OPS and words[0] != "consecutive":
+        raise CommandError(f"unknown statistic '{words[0]}' (one of: {', '.join(STATS)})", WATCH_USAGE)
+    op = value = None
+    if words and words[0] in OPS:
+        op = words.pop(0)
+        if not words:
+            raise CommandError(f"'{op}' needs a value", WATCH_USAGE)
+        value = parse_float(words.pop(0), "the value")
+    consecutive = 1
+    if words and words[0] == "consecutive":
+        words.pop(0)
+        if not words:
+            raise CommandError("'consecutive' needs a count", WATCH_USAGE)
+        consecutive = parse_int(words.pop(0), "the count")
+        if consecutive < 1:
+            raise CommandError("the count must be at least 1", WATCH_USAGE)
+    if words:
+        raise CommandError(f"unexpected '{' '.join(words)}'", WATCH_USAGE)
+    return {"kind": kind, "label": label, "glob": glob, "stat": stat, "op": op, "value": value,
+            "consecutive": consecutive, "fail": fail}

@@ -1,0 +1,155 @@
+"""Deciding whether to stop: the tracer's callbacks at step ends and module
+calls, breakpoints, watchpoints and run-control targets.  A mixin of Session
+(``_stop`` is the session's); it only reads state and returns Stop objects."""
+from __future__ import annotations
+
+import sys
+import threading
+from dataclasses import dataclass, field
+from typing import Optional
+
+from ..errors import CommandError, KillRun, RestartRun
+from . import evaluate as E
+from . import points as P
+
+
+@dataclass
+class Stop:
+    kind: str                  # start | step | next | finish | until | interrupt | breakpoint |
+    #                            watchpoint | exception | exited
+    step: Optional[int]        # the step that just finished (step-end stops), or the step in progress
+    at_step_end: bool = True
+    module: Optional[str] = None
+    phase: Optional[str] = None    # forward | backward (module stops)
+    hits: list = field(default_factory=list)   # [(point, detail dict)]
+    exception: Optional[BaseException] = None
+    note: str = ""
+
+
+
+class StopPoints:
+    # -- stop points (called from the tracer's hooks) --------------------------------
+    def on_step_end(self, step: int) -> None:
+        self.last_step = step
+        if self.mode == "detach" and not self._pending_start:
+            return
+        self._hook_frame = sys._getframe(1)
+        try:
+            stop = self._check_step_end(step)
+        except (KillRun, RestartRun):
+            raise
+        except Exception as e:
+            self.error(f"nndb: internal error at a step boundary, skipped: {type(e).__name__}: {e}")
+            return
+        if stop is not None:
+            self._stop(stop, E.stop_frame(self._hook_frame))
+
+    def on_module(self, module, phase: str, payload) -> None:
+        if threading.get_ident() != self._main_thread:
+            return                    # a device thread: stop at the next main-thread stop point
+        try:
+            name = self.module_name(module)
+            stop = None
+            if self._pending_start and phase == "forward":
+                self._pending_start = False
+                stop = Stop("start", self._step_in_progress(), at_step_end=False, module=name, phase=phase)
+            elif self.interrupt_requested:
+                self.interrupt_requested = False
+                stop = Stop("interrupt", self._step_in_progress(), at_step_end=False, module=name, phase=phase)
+            hits = []
+            for p in list(self.points.values()):
+                if isinstance(p, P.ModuleBreak) and p.enabled and p.phase == phase and p.matches(name):
+                    detail = {"module": name, "phase": phase}
+                    if self._point_hits(p, detail):
+                        hits.append((p, detail))
+            if hits:
+                stop = Stop("breakpoint", self._step_in_progress(), at_step_end=False,
+                            module=name, phase=phase, hits=hits)
+            elif stop is None and self.mode == "step":
+                stop = Stop("step", self._step_in_progress(), at_step_end=False, module=name, phase=phase)
+            if stop is None:
+                return
+            stop.note = "inputs" if phase == "forward" else "grad_output"
+            self._payload = payload
+            self._module = module
+            self._hook_frame = sys._getframe(1)
+        except (KillRun, RestartRun):
+            raise
+        except Exception as e:
+            self.error(f"nndb: internal error at a module stop point, skipped: {type(e).__name__}: {e}")
+            return
+        self._stop(stop, E.stop_frame(self._hook_frame))
+
+    def _step_in_progress(self) -> int:
+        return self.rec.recorder.step if self.rec is not None else 0
+
+    def _check_step_end(self, step: int) -> Optional[Stop]:
+        hits = []
+        record = self.rec.recorder.last if self.rec is not None else None
+        fresh = record is not None and record is not self._record_seen
+        if fresh:
+            self._record_seen = record
+        for p in list(self.points.values()):
+            if not p.enabled:
+                continue
+            detail = None
+            try:
+                if isinstance(p, P.StepBreak):
+                    detail = {"step": step} if p.step == step else None
+                elif isinstance(p, P.ExprBreak):
+                    detail = self._expr_hit(p, step)
+                elif isinstance(p, P.Watch) and fresh:
+                    detail = p.check(self._watch_rows(p, record))
+                    if detail is not None:
+                        detail["step"] = record.step
+            except CommandError as e:
+                detail = {"error": str(e)}
+            if detail is not None and self._point_hits(p, detail):
+                hits.append((p, detail))
+        if hits:
+            kind = "watchpoint" if all(isinstance(p, P.Watch) for p, _ in hits) else "breakpoint"
+            return Stop(kind, step, hits=hits)
+        if self._pending_start:
+            self._pending_start = False
+            return Stop("start", step)
+        if self.interrupt_requested:
+            self.interrupt_requested = False
+            return Stop("interrupt", step)
+        if self.mode == "next":
+            self.count -= 1
+            if self.count <= 0:
+                return Stop("next", step)
+        elif self.mode in ("step", "finish"):
+            return Stop(self.mode, step)
+        elif self.mode == "until" and self.until_step is not None and step >= self.until_step:
+            return Stop("until", step)
+        return None
+
+    def _expr_hit(self, p: P.ExprBreak, step: int) -> Optional[dict]:
+        frame = E.stop_frame(self._hook_frame)
+        value = E.evaluate(E.compile_expr(p.expr), frame, self.variables(frame, step_end=True),
+                           what=f"break if {p.expr}: ")
+        return {"expr": p.expr, "step": step} if value else None
+
+    def _watch_rows(self, p: P.Watch, record) -> list:
+        col = P.STATS.index(p.stat)
+        stats = self._stats_of(record)
+        return [(n, float(stats[i, col])) for i, (n, k) in enumerate(record.names)
+                if k == p.kind and P.fnmatch.fnmatchcase(n, p.glob)]
+
+    def _point_hits(self, p: P.Point, detail: dict) -> bool:
+        """gdb's order: the condition decides whether it is a hit; a hit counts,
+        then the ignore count may swallow it."""
+        if p.condition and "error" not in detail:
+            try:
+                frame = E.stop_frame(self._hook_frame)
+                if not E.evaluate(E.compile_expr(p.condition), frame, self.variables(frame),
+                                  what=f"condition of {p.number}: "):
+                    return False
+            except CommandError as e:
+                detail["error"] = str(e)
+        p.hits += 1
+        if p.ignore_count > 0:
+            p.ignore_count -= 1
+            return False
+        return True

@@ -1,0 +1,85 @@
+"""Text renderers for the debugger: command results and stop lines."""
+from __future__ import annotations
+
+import linecache
+import os
+
+from tabulate import tabulate
+
+from .text import fmt
+
+
+def render(result) -> str:
+    from ..debugger.commands.table import Table
+    if result is None:
+        return ""
+    if isinstance(result, str):
+        return result
+    if isinstance(result, Table):
+        if not result.rows:
+            return result.empty
+        rows = [[fmt(c) for c in r] for r in result.rows]
+        body = tabulate(rows, headers=list(result.headers), tablefmt="plain",
+                        disable_numparse=True) if any(result.headers) else \
+            tabulate(rows, tablefmt="plain", disable_numparse=True)
+        return (result.title + "\n" if result.title else "") + body
+    if isinstance(result, (list, tuple)):
+        return "\n".join(render(r) for r in result)
+    return str(result)
+
+
+def _loss(session) -> str:
+    loss = session.variables().get("loss")
+    return f"loss {fmt(loss)}" if loss is not None else "no loss recorded"
+
+
+def _where(session) -> str:
+    if not session.frames:
+        return ""
+    frame, lineno = session.frames[session.frame_index]
+    code = frame.f_code
+    src = linecache.getline(code.co_filename, lineno, frame.f_globals).strip()
+    name = os.path.relpath(code.co_filename) if not code.co_filename.startswith("<") else code.co_filename
+    return f"\n> {name}({lineno}){code.co_name}()\n-> {src}"
+
+
+def _hit(point, detail: dict) -> str:
+    label = "Temporary breakpoint" if point.temporary else point.type_name.capitalize()
+    head = f"{label} {point.number}"
+    if "error" in detail:
+        return f"{head} ({point.what()}): error: {detail['error']}"
+    if point.type_name == "watchpoint":
+        v = detail.get("value")
+        s = f"{head}: {detail['kind']} {detail['tensor']} {detail['stat']} = {fmt(v)}"
+        if "op" in detail:
+            s += f" ({detail['op']} {fmt(detail['threshold'])})"
+        elif detail.get("first") is not None:
+            first = detail["first"]
+            s += f" (first {fmt(first)}" + (f", x{fmt(abs(v / first))}" if first else "") + ")"
+        if point.consecutive > 1:
+            s += f" for {point.consecutive} steps in a row"
+        return s + f" at step {detail.get('step')}"
+    if point.type_name == "breakpoint" and "module" in detail:
+        return f"{head}, module {detail['module']} {detail['phase']}"
+    return f"{head}, {point.what()}"
+
+
+def stop_line(session, stop) -> str:
+    where = _where(session)
+    if stop.kind == "exception":
+        return f"Post-mortem: {type(stop.exception).__name__}: {stop.exception}{where}"
+    if stop.at_step_end:
+        at = f"step {stop.step} finished, {_loss(session)}"
+    else:
+        at = f"step {stop.step}, module {stop.module} {stop.phase}"
+    if stop.hits:
+        lines = [_hit(p, d) for p, d in stop.hits if not p.silent]
+        if len(lines) == 1 and not stop.at_step_end and stop.module:
+            return f"{lines[0]} (step {stop.step}){where}"
+        if len(lines) == 1 and stop.at_step_end and lines[0].endswith(f"step {stop.step}") \
+                and "Watchpoint" not in lines[0]:
+            return f"{lines[0]} finished, {_loss(session)}{where}"
+        return "\n".join(lines) + f"\n  ({at}){where}"
+    if stop.kind == "interrupt":
+        return f"Interrupted: {at}{where}"
+    return f"{at[0].upper()}{at[1:]}{where}"

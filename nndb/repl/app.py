@@ -1,0 +1,71 @@
+"""The REPL front end: a prompt_toolkit session with persistent history,
+completion from the command table and a bottom toolbar.  All it does is read
+lines and print what the session gives it; the session does the rest."""
+from __future__ import annotations
+
+import os
+import sys
+from typing import Optional
+
+from prompt_toolkit import PromptSession
+from prompt_toolkit.history import FileHistory, InMemoryHistory
+
+from .completer import NndbCompleter
+from .toolbar import toolbar_text
+
+
+def default_history_path() -> str:
+    return os.environ.get("NNDB_HISTFILE") or os.path.join(os.path.expanduser("~"), ".nndb_history")
+
+
+class ReplFrontend:
+    interactive = True
+
+    def __init__(self, input=None, output=None, out=None, err=None, history_path: Optional[str] = "default"):
+        self.session = None            # set by the debugger Session
+        self.out = out or sys.stdout
+        self.err = err or sys.stderr
+        if history_path == "default":
+            history_path = default_history_path()
+        history = InMemoryHistory()
+        if history_path:
+            try:
+                history = FileHistory(history_path)
+            except OSError:
+                pass
+        self._prompt = PromptSession(
+            history=history,
+            completer=NndbCompleter(lambda: self.session),
+            complete_while_typing=False,
+            bottom_toolbar=lambda: toolbar_text(self.session),
+            input=input, output=output)
+
+    def message(self, text: str) -> None:
+        print(text, file=self.out, flush=True)
+
+    def error(self, text: str) -> None:
+        print(text, file=self.err, flush=True)
+
+    def read_line(self, prompt: str) -> Optional[str]:
+        while True:
+            try:
+                return self._prompt.prompt(prompt)
+            except KeyboardInterrupt:
+                self.message("Quit")         # gdb: Ctrl-C at the prompt drops the line
+            except EOFError:
+                return None
+
+    def confirm(self, question: str) -> bool:
+        while True:
+            try:
+                answer = self._prompt.prompt(question, bottom_toolbar=None)
+            except EOFError:
+                return True                    # gdb: end of input answers yes
+            except KeyboardInterrupt:
+                return False
+            a = answer.strip().lower()
+            if a in ("y", "yes"):
+                return True
+            if a in ("n", "no"):
+                return False
+            self.message("Please answer y or n.")
