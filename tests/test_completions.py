@@ -48,3 +48,9 @@ def test_bash_completes_commands_options_choices_and_files(tmp_path):
     # after SCRIPT every word is the script's: files, not nndb's options
     assert complete("nndb run train.py --ev", tmp_path) == []
     assert complete("nndb run train.py tr", tmp_path) == ["train.py"]
+
+
+def test_readme_command_reference_matches_the_command_table():
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "gen_command_docs.py"), "--check"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr

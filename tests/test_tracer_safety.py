@@ -6,6 +6,8 @@ from nndb.launcher import Target
 from nndb.runner import Recording
 from nndb.store.reader import TraceReader
 
+from conftest import nndb, python
+
 
 def train(steps=4):
     torch.manual_seed(0)
@@ -56,3 +58,39 @@ def test_hooks_are_removed_on_exit(tmp_path):
     assert len(optimizer._global_optimizer_pre_hooks) == 0 and len(optimizer._global_optimizer_post_hooks) == 0
     with TraceReader(path) as t:
         assert list(t.steps) == [0, 1]
+
+
+FORKED_WORKERS = """
+import torch
+from torch.utils.data import DataLoader, Dataset
+torch.manual_seed(0)
+feat = torch.nn.Linear(4, 4)          # a module the workers run
+class D(Dataset):
+    def __len__(self): return 32
+    def __getitem__(self, i):
+        g = torch.Generator().manual_seed(i)
+        with torch.enable_grad():
+            return feat(torch.randn(4, generator=g)).detach(), torch.randn(1, generator=g)
+model = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for step, (x, y) in enumerate(DataLoader(D(), batch_size=8, num_workers=2)):
+    loss = (model(x) - y).pow(2).mean()
+    opt.zero_grad(); loss.backward(); opt.step()
+    print(step, loss.item())
+"""
+
+
+def test_forked_dataloader_workers_neither_record_nor_stop(tmp_path, trace):
+    script = tmp_path / "workers.py"
+    script.write_text(FORKED_WORKERS)
+    plain = python(str(script))
+    run = nndb("run", "--trace", trace, "-e", "break module feat", "-e", "continue", str(script))
+    assert run.returncode == 0, run.stderr
+    # the breakpoint is pending (feat never runs in this process) and never hits in a worker
+    lines = run.stdout.splitlines(True)
+    assert lines[0].startswith("No module matches 'feat' yet")
+    assert lines[1] == "Breakpoint 1: module feat forward\n"
+    assert "".join(lines[2:]) == plain.stdout              # no stop, same numbers
+    with TraceReader(trace) as r:
+        names = {s.name for s in r.series()}
+        assert r.n_steps == 4 and "model" in names and "feat" not in names

@@ -3,6 +3,7 @@ script again), the exit code and the report.  UI-free: the front end is given.""
 from __future__ import annotations
 
 import dataclasses
+import gc
 import os
 import sys
 from dataclasses import dataclass
@@ -60,6 +61,10 @@ def debug(config: RunConfig, options: DebugOptions, frontend,
         cfg = config
         if session.runs and first_path:
             cfg = dataclasses.replace(config, trace_path=next_trace_path(first_path, session.runs + 1))
+        if session.runs:
+            # The last run's objects (in reference cycles) go now: the tracer
+            # counts the optimizers alive to choose how steps end.
+            gc.collect()
         session.restart_requested = False
         result = record(cfg, message, session=session)
         if first_path is None:

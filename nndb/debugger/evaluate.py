@@ -122,7 +122,7 @@ def evaluate(code, frame, variables: dict, what: str = ""):
         return eval(code, g, loc)
     except CommandError:
         raise
-    except Exception as e:
+    except (Exception, SystemExit) as e:   # pdb: exit() is an error here
         raise CommandError(f"{what}{type(e).__name__}: {e}") from None
 
 
@@ -133,7 +133,7 @@ def execute(source: str, frame, variables: dict) -> None:
         g, _ = namespace(None, variables)
         try:
             exec(code, g)
-        except Exception as e:
+        except (Exception, SystemExit) as e:   # pdb: exit() is an error here
             raise CommandError(f"{type(e).__name__}: {e}") from None
         return
     is_module = frame.f_locals is frame.f_globals
@@ -143,7 +143,7 @@ def execute(source: str, frame, variables: dict) -> None:
         loc[_VARS] = g.get(_VARS) or ConvenienceVars(variables)
     try:
         exec(code, g, loc)
-    except Exception as e:
+    except (Exception, SystemExit) as e:   # pdb: exit() is an error here
         raise CommandError(f"{type(e).__name__}: {e}") from None
     finally:
         if is_module:
@@ -265,6 +265,13 @@ def safe_repr(value, full: bool = False) -> str:
                 return repr(value)
             finally:
                 torch.set_printoptions(threshold=saved)
+        if not full and type(value) in (tuple, list) and 0 < len(value) <= 64 \
+                and any(isinstance(v, torch.Tensor) for v in value):
+            # a module's $inputs / $grad_output: one summary per tensor
+            parts = [safe_repr(v) for v in value]
+            if isinstance(value, list):
+                return "[" + ", ".join(parts) + "]"
+            return "(" + ", ".join(parts) + ("," if len(parts) == 1 else "") + ")"
         return repr(value)
     except Exception as e:
         return f"<unprintable {type(value).__name__}: {type(e).__name__}: {e}>"

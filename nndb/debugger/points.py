@@ -186,7 +186,8 @@ def parse_break(text: str) -> tuple[type, dict, Optional[str], bool]:
     if not words:
         if cond is None:
             raise CommandError("break what?", BREAK_USAGE)
-        return ExprBreak, {"expr": cond}, None, fail
+        expr, cond = _split_expr_condition(cond)
+        return ExprBreak, {"expr": expr}, cond, fail
     if words[0] == "step":
         if len(words) != 2:
             raise CommandError("break step needs one step number", BREAK_USAGE)
@@ -202,6 +203,29 @@ def parse_break(text: str) -> tuple[type, dict, Optional[str], bool]:
             raise CommandError(f"'{phase}' is neither forward nor backward", BREAK_USAGE)
         return ModuleBreak, {"glob": words[1], "phase": phase}, cond, fail
     raise CommandError(f"cannot break on '{words[0]}'", BREAK_USAGE)
+
+
+def _split_expr_condition(text: str) -> tuple[str, Optional[str]]:
+    """``break if A if B``: (A, B), at the last " if " that leaves two valid
+    expressions, when the whole is not one (Python's ``x if c else y`` is)."""
+    from .evaluate import with_dollars
+
+    def valid(src: str) -> bool:
+        try:
+            compile(with_dollars(src), "<nndb>", "eval")
+            return True
+        except Exception:
+            return False
+
+    if valid(text):
+        return text, None
+    i = text.rfind(" if ")
+    while i > 0:
+        a, b = text[:i].strip(), text[i + 4:].strip()
+        if a and b and valid(a) and valid(b):
+            return a, b
+        i = text.rfind(" if ", 0, i)
+    return text, None
 
 
 def parse_int(word: str, what: str) -> int:

@@ -47,13 +47,25 @@ class RunQueries:
                 names |= {naming.param_name(p) for p in root.parameters()}
         return names
 
+    def note_earlier_optimizers(self) -> None:
+        """At a run's start: the optimizers alive then are not the run's."""
+        import weakref
+        from ..tracer.hooks import find_optimizers
+        self._earlier_optimizers = weakref.WeakSet(find_optimizers())
+
     def optimizers(self) -> list:
         """[(name, optimizer)] the script holds."""
         if self.rec is None:
             return []
         from ..tracer.hooks import find_optimizers
         naming = self.rec.naming
-        return [(naming.optimizer_name(o), o) for o in find_optimizers()]
+        # Only this run's: an earlier run's (before 'run') may still be alive.
+        earlier = getattr(self, "_earlier_optimizers", ())
+        ours = [o for o in find_optimizers() if o not in earlier]
+        # Name them from the script's frames, as the tracer does when it first
+        # sees one step: the first name asked for is kept for the whole run.
+        frame = self.frames[-1][0] if self.frames else None
+        return [(naming.optimizer_name(o, frame), o) for o in ours]
 
     def history(self, name: str, kind: Optional[str], stat: str):
         """(steps, values, kind) of one series, from the trace (and the steps
@@ -122,12 +134,15 @@ class RunQueries:
             out[k][name] = E.StatRow(name, k, *map(float, row))
         return out
 
-    def variables(self, frame=None, step_end: bool = False) -> dict:
+    def variables(self, frame=None, step_end: bool = False, stop=None) -> dict:
+        """``stop``: the stop being decided (a module call's, for a point's
+        condition), when it is not the current one yet."""
         rows = self.stat_rows()
         loss = next(iter(rows["loss"].values()), None)
+        cur = stop if stop is not None else self.current
         v = {
-            "step": self.last_step if (step_end or self.current is None or self.current.at_step_end)
-            else self._step_in_progress(),
+            "step": self.last_step if (step_end or cur is None or cur.at_step_end)
+            else cur.step if cur.step is not None else self._step_in_progress(),
             "loss": loss.mean if loss is not None else None,
             "grad": E.StatTable("grad", rows["grad"]),
             "param": E.StatTable("param", rows["param"]),
@@ -136,7 +151,6 @@ class RunQueries:
             "act": E.StatTable("act", rows["act"]),
             "losses": E.StatTable("loss", rows["loss"]),
         }
-        cur = self.current
         if cur is not None and cur.module is not None and not cur.at_step_end:
             v["module"] = getattr(self, "_module", None)
             v[cur.note or "inputs"] = getattr(self, "_payload", None)

@@ -67,6 +67,8 @@ class Session(StopPoints, RunQueries):
         self._pending_start = stop_at_start
         self._started = False
         self.interrupt_requested = False
+        self.prompting = False               # at a stop: module calls and step ends made by
+        #                                      the commands themselves (p model(x)) do not stop
         self.resume_requested = False
         self.kill_requested = False
         self.restart_requested = False
@@ -83,6 +85,7 @@ class Session(StopPoints, RunQueries):
         self._hook_frame = None
         self._source = None
         self._payload = self._module = None
+        self._list_next = None               # where 'list' goes on: ((file, frame index), line)
         from .commands import TABLE
         self.table = TABLE
 
@@ -106,13 +109,15 @@ class Session(StopPoints, RunQueries):
         self._pending_start = self.stop_at_start or bool(self.queue)
         self._started = False
         self.mode, self.count, self.until_step = "continue", 0, None
-        self.interrupt_requested = False
+        self.interrupt_requested = self.prompting = False
         self.kill_requested = self.restart_requested = False
         for p in self.points.values():
+            p.hits = 0                        # gdb counts the hits of each run
             if isinstance(p, P.Watch):
                 p.baseline.clear()
                 p.streak.clear()
         rec.tracer.on_step_end = self.on_step_end
+        self.note_earlier_optimizers()
         self.sync_hooks()
 
     def sync_hooks(self) -> None:
@@ -155,6 +160,7 @@ class Session(StopPoints, RunQueries):
         self.state = "exited"
         self.current = None
         self.frames = []
+        self._hook_frame = self._payload = self._module = None   # keep none of the script's objects alive
         if self.rec is not None:
             self.rec.tracer.on_module = None
             self.rec.tracer.on_step_end = None
@@ -163,14 +169,22 @@ class Session(StopPoints, RunQueries):
         """The script raised: stop at the raising frame (pdb's post-mortem)."""
         self.live = False
         self.state = "post-mortem"
-        stop = Stop("exception", self._step_in_progress(), at_step_end=False, exception=exc)
+        # The step that raised: the one after the last that finished (the
+        # recorder has already closed it as a partial step and counted past it).
+        stop = Stop("exception", self.steps_done(), at_step_end=False, exception=exc)
         self.current = stop
         self.frames = E.stack_from_traceback(exc.__traceback__)
         self.frame_index = len(self.frames) - 1
+        self._list_next = None
         self._record_stop(stop)
         if self.interactive:
             self._prompt_after(f"nndb: post-mortem: the script raised {type(exc).__name__} during step "
                                f"{stop.step}; 'where', 'up', 'p', 'stats' work here")
+        elif self.queue:              # batch: the commands left run here, at the raising frame
+            try:
+                self.interact()
+            except (KillRun, RestartRun):
+                pass
 
     def exited(self) -> None:
         """The run is over (interactive): stay at the prompt, as gdb does."""
@@ -181,19 +195,24 @@ class Session(StopPoints, RunQueries):
 
     def _prompt_after(self, text: str) -> None:
         self.message(text + ".  'run' starts it again, 'quit' ends.")
+        self.prompting = True
         try:
             self.interact()
         except (KillRun, RestartRun):
             pass
+        finally:
+            self.prompting = False
 
     def steps_done(self) -> int:
         return 0 if self.last_step is None else self.last_step + 1
 
     # -- stopping ---------------------------------------------------------------------
     def _stop(self, stop: Stop, frame) -> None:
+        self.prompting = True         # (the displays may call modules too)
         self.current = stop
         self.frames = [(f, f.f_lineno) for f in E.stack_from(frame)] if frame is not None else []
         self.frame_index = len(self.frames) - 1
+        self._list_next = None        # 'list' starts again around the new line
         self.mode = "continue"
         self._record_stop(stop)
         from ..render import debug as render
@@ -211,9 +230,14 @@ class Session(StopPoints, RunQueries):
         if tracer is not None:
             tracer.busy = 0           # signals may interrupt the prompt
         try:
+            self.resume_requested = False     # (still set by the command that resumed the run)
             self._run_point_commands(stop)
-            self.interact()
+            if not self.resume_requested:     # a 'continue' among the commands resumes at once
+                self.interact()
+            elif self.fail_fast():
+                self.kill_requested = True
         finally:
+            self.prompting = False
             if tracer is not None:
                 tracer.busy = busy
             self.current = None if self.live else self.current
@@ -265,8 +289,11 @@ class Session(StopPoints, RunQueries):
                 self.execute(q.text, q)
                 continue
             if not self.interactive:
-                self.resume("continue")      # batch: nothing queued, go on
-                return
+                if self.fail_fast():         # the queued commands ran at a fail hit: stop now
+                    self.kill_requested = True
+                elif self.live:
+                    self.resume("continue")  # batch: nothing queued, go on
+                return                       # (the run is over: nothing to resume)
             line = self.frontend.read_line(self.prompt())
             if line is None:                   # Ctrl-D
                 self.execute("quit")
@@ -340,9 +367,11 @@ class Session(StopPoints, RunQueries):
         file (or -e list) when the command came from one, else from the front end."""
         lines = []
         from_queue = isinstance(self._source, QueuedLine) or not self.interactive
+        # a file's block ends with that file (the next file's lines are not part of it)
+        same = self._source.source if isinstance(self._source, QueuedLine) else False
         while True:
             if from_queue:
-                if not self.queue:
+                if not self.queue or (same is not False and self.queue[0].source != same):
                     raise CommandError("'commands' without a closing 'end'")
                 text = self.queue.popleft().text
             else:

@@ -31,7 +31,7 @@ class StopPoints:
     # -- stop points (called from the tracer's hooks) --------------------------------
     def on_step_end(self, step: int) -> None:
         self.last_step = step
-        if self.mode == "detach" and not self._pending_start:
+        if self.prompting or (self.mode == "detach" and not self._pending_start):
             return
         self._hook_frame = sys._getframe(1)
         try:
@@ -45,7 +45,7 @@ class StopPoints:
             self._stop(stop, E.stop_frame(self._hook_frame))
 
     def on_module(self, module, phase: str, payload) -> None:
-        if threading.get_ident() != self._main_thread:
+        if threading.get_ident() != self._main_thread or self.prompting:
             return                    # a device thread: stop at the next main-thread stop point
         try:
             name = self.module_name(module)
@@ -57,10 +57,16 @@ class StopPoints:
                 self.interrupt_requested = False
                 stop = Stop("interrupt", self._step_in_progress(), at_step_end=False, module=name, phase=phase)
             hits = []
+            probe = None
             for p in list(self.points.values()):
                 if isinstance(p, P.ModuleBreak) and p.enabled and p.phase == phase and p.matches(name):
                     detail = {"module": name, "phase": phase}
-                    if self._point_hits(p, detail):
+                    if probe is None:        # what a condition sees: $step in progress, $inputs ...
+                        self._hook_frame = sys._getframe(1)
+                        self._payload, self._module = payload, module
+                        probe = Stop("probe", self._step_in_progress(), at_step_end=False, module=name,
+                                     phase=phase, note="inputs" if phase == "forward" else "grad_output")
+                    if self._point_hits(p, detail, probe):
                         hits.append((p, detail))
             if hits:
                 stop = Stop("breakpoint", self._step_in_progress(), at_step_end=False,
@@ -68,6 +74,8 @@ class StopPoints:
             elif stop is None and self.mode == "step":
                 stop = Stop("step", self._step_in_progress(), at_step_end=False, module=name, phase=phase)
             if stop is None:
+                if probe is not None:
+                    self._payload = self._module = None   # hold no tensor between stops
                 return
             stop.note = "inputs" if phase == "forward" else "grad_output"
             self._payload = payload
@@ -137,13 +145,13 @@ class StopPoints:
         return [(n, float(stats[i, col])) for i, (n, k) in enumerate(record.names)
                 if k == p.kind and P.fnmatch.fnmatchcase(n, p.glob)]
 
-    def _point_hits(self, p: P.Point, detail: dict) -> bool:
+    def _point_hits(self, p: P.Point, detail: dict, stop: Optional[Stop] = None) -> bool:
         """gdb's order: the condition decides whether it is a hit; a hit counts,
         then the ignore count may swallow it."""
         if p.condition and "error" not in detail:
             try:
                 frame = E.stop_frame(self._hook_frame)
-                if not E.evaluate(E.compile_expr(p.condition), frame, self.variables(frame),
+                if not E.evaluate(E.compile_expr(p.condition), frame, self.variables(frame, stop=stop),
                                   what=f"condition of {p.number}: "):
                     return False
             except CommandError as e:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import linecache
+import math
 import os
 
 from tabulate import tabulate
@@ -29,8 +30,13 @@ def render(result) -> str:
 
 
 def _loss(session) -> str:
-    loss = session.variables().get("loss")
-    return f"loss {fmt(loss)}" if loss is not None else "no loss recorded"
+    row = next(iter(session.stat_rows()["loss"].values()), None)
+    if row is None:
+        return "no loss recorded"
+    if math.isnan(row.mean) and (row.nan_count or row.inf_count):
+        # the statistics are over the finite values: say what the loss is
+        return "loss nan" if row.nan_count else "loss +/-inf"
+    return f"loss {fmt(row.mean)}"
 
 
 def _where(session) -> str:

@@ -46,7 +46,7 @@ def _kind_of(words) -> str:
 def candidates(session, kind: str, words, current: str) -> list:
     table = session.table
     if kind == "command":
-        return table.names()
+        return sorted(c.name for c in table.commands)     # aliases work when typed, but are not offered
     if kind.startswith("sub:"):
         return kind[4:].split("|")
     if kind == "kind":

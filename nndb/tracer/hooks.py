@@ -14,6 +14,7 @@ reported once on stderr and recording stops; training goes on untouched.
 from __future__ import annotations
 
 import gc
+import os
 import sys
 import threading
 import traceback
@@ -75,6 +76,17 @@ def _backward_roots():
     return []
 
 
+_ACTIVE: "weakref.WeakSet" = weakref.WeakSet()
+_FORK_HOOK = False
+
+
+def _quiet_in_child() -> None:
+    """A forked child (a DataLoader worker) inherits the global hooks: it must
+    neither record into the parent's trace nor stop for the debugger."""
+    for t in list(_ACTIVE):
+        t._failed = True
+
+
 class Tracer:
     """Watches an unmodified training script through global hooks.
 
@@ -111,6 +123,11 @@ class Tracer:
 
     # -- install / uninstall -----------------------------------------------
     def install(self) -> None:
+        global _FORK_HOOK
+        if not _FORK_HOOK and hasattr(os, "register_at_fork"):
+            os.register_at_fork(after_in_child=_quiet_in_child)
+            _FORK_HOOK = True
+        _ACTIVE.add(self)
         self._handles = [
             _module.register_module_forward_pre_hook(self._forward_pre),
             _module.register_module_forward_hook(self._forward_post),

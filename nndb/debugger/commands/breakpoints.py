@@ -189,8 +189,8 @@ A trailing "fail" makes a hit fail the run (exit code 4).""",
             _condition, _condition_arg, args=("point", "expr"), group="breakpoints"),
     Command("ignore", "ignore N COUNT", "Do not stop at breakpoint N the next COUNT times it is hit.",
             _ignore, _ignore_arg, args=("point",), group="breakpoints"),
-    Command("commands", "commands [N]", """Give breakpoint N (default: the last one set) commands to run when it
-stops the run, one per line, ending with "end".  A first line "silent" stops
+    Command("commands", "commands [N]", """Give a breakpoint commands to run at each of its stops.
+N defaults to the last one set; one command per line, ending with "end".  A first line "silent" stops
 the usual message.  An empty list removes them.""",
             _commands, _commands_arg, args=("point",), group="breakpoints"),
     Command("delete", "delete [N...]", "Delete breakpoints/watchpoints N... (all if none are given).",

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import ast
+import sys
 
 from ...errors import CommandError
 from .. import evaluate as E
@@ -73,8 +74,14 @@ def _set(s, arg):
 def _py(s, text):
     if not text.strip():
         raise CommandError("py needs a statement")
-    E.execute(text, s.frame, s.variables(s.frame))
-    return None
+    shown = []                         # an expression statement's value: shown as print shows it,
+    hook = sys.displayhook             # through the front end (not on the script's stdout)
+    sys.displayhook = lambda v: shown.append(v) if v is not None else None
+    try:
+        E.execute(text, s.frame, s.variables(s.frame))
+    finally:
+        sys.displayhook = hook
+    return [E.safe_repr(v) for v in shown] or None
 
 
 def _source_arg(text):

@@ -93,8 +93,8 @@ With N, ignore the breakpoint that stopped the run N-1 more times (gdb).""",
             _continue, _count, aliases=("c", "cont"), group="running"),
     Command("next", "next [N]", "Run N training steps (default 1), stopping at the end of the last one.",
             _next, _count, aliases=("n",), group="running"),
-    Command("step", "step", """Run to the next module call in the current step: into the forward
-pass, then into the backward pass; at the end of the step, stop there.""",
+    Command("step", "step", """Run to the next module call: into the forward pass, then the backward.
+At the end of the step, stop there.""",
             _step, no_args, aliases=("s",), group="running"),
     Command("finish", "finish", "Run to the end of the current training step.",
             _finish, no_args, aliases=("fin",), group="running"),

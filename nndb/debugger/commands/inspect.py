@@ -364,8 +364,8 @@ every element.  $step, $loss, $grad['NAME'] ... are nndb's variables.""",
             _undisplay, group="data"),
     Command("stats", "stats [KIND] [GLOB]", "A table of the last recorded step's statistics (KIND: grad weight update act loss).",
             _stats, _stats_arg, args=("kind", "tensor"), group="data"),
-    Command("history", "history [KIND] NAME [STAT] [--last K]", """The recorded series of one tensor's statistic (default norm) with a
-sparkline, and its last K values (default 20).""",
+    Command("history", "history [KIND] NAME [STAT] [--last K]", """One tensor's recorded statistic (default norm) over the steps.
+A sparkline of the whole series and its last K values (default 20).""",
             _history, _history_arg, args=("tensor", "stat"), group="data"),
     Command("where", "where", "The script's stack (nndb's own frames are hidden); > marks the current frame.",
             _where, no_args, aliases=("bt", "backtrace", "w"), group="stack"),

@@ -1,0 +1,406 @@
+"""End-to-end tests of ``nndb run --batch``: real example scripts run in a
+subprocess under the debugger, driven by ``-x`` command files, ``-e``
+commands and rc files; we check stdout/stderr, the exit code and the
+``--report`` JSON (docs/report.md).
+
+Every subprocess costs ~3 s (torch import), so each test puts many commands
+into one run and checks several things about it.
+"""
+import json
+import os
+import re
+import shlex
+
+import pytest
+
+from conftest import example, nndb
+from nndb.debugger import rcfiles
+from nndb.store.reader import TraceReader
+
+
+def _report(path) -> dict:
+    with open(path, encoding="utf-8") as fh:
+        data = json.load(fh)
+    assert data["nndb_report"] == 1
+    assert set(data) == {"nndb_report", "script", "argv", "exit", "steps", "trace", "stops", "findings"}
+    for s in data["stops"]:
+        assert set(s) == {"step", "reason", "id", "detail"}
+    return data
+
+
+def _stops(data) -> list:
+    """[(step, reason, id)] of the report's stops, in order."""
+    return [(s["step"], s["reason"], s["id"]) for s in data["stops"]]
+
+
+def _script_lines(stdout: str) -> dict:
+    """The script's own ``step N loss X`` lines: {N: X as printed}."""
+    return {int(m.group(1)): m.group(2) for m in re.finditer(r"^step (\d+) loss (\S+)$", stdout, re.M)}
+
+
+def _no_traceback_from_nndb(stderr: str) -> None:
+    assert "Traceback" not in stderr
+    assert "internal error" not in stderr
+
+
+def _write(path, text: str) -> str:
+    with open(path, "w", encoding="utf-8") as fh:
+        fh.write(text)
+    return str(path)
+
+
+# -- breakpoints ------------------------------------------------------------------
+
+BREAKPOINTS = """\
+# comments and blank lines are skipped
+
+break step 1
+commands 1
+silent
+p "HIT1", $step, step
+end
+tbreak step 2
+break if $step % 2 == 1 and $loss > 0 and step == $step
+ignore 3 1
+break step 4
+condition 4 $loss > 100
+break step 4 if $loss < 100 and isinstance(step, int)
+commands
+p "AT4", $step, round($loss, 3) == round(loss.item(), 3)
+info breakpoints
+end
+"""
+
+
+def test_breakpoints_commands_tbreak_condition_ignore(tmp_path, trace):
+    cmds = _write(tmp_path / "bp.nndb", BREAKPOINTS)
+    report = str(tmp_path / "r.json")
+    r = nndb("run", "--batch", "--trace", trace, "--report", report, "-x", cmds,
+             "-e", "frobnicate 3", "-e", "break step x", "-e", 'p "E-DONE"',
+             example("mlp.py"), "--steps", "6", cwd=str(tmp_path))
+    out, err = r.stdout, r.stderr
+    assert r.returncode == 0, err
+    _no_traceback_from_nndb(err)
+
+    # -e lines are not a command file: a bad one prints one line and the run goes on
+    err_lines = [l for l in err.splitlines() if not l.startswith("nndb: recording")]
+    assert err_lines == ['undefined command: "frobnicate".  Try "help".',
+                         "step must be an integer, not 'x'"]
+    assert out.index("'E-DONE'") < out.index("step 0 loss")      # -e after -x, all at the first stop
+    assert sorted(_script_lines(out)) == list(range(6))         # the run went to its end
+
+    # commands with silent: the commands ran, without the stop line; $step and the
+    # script's own variable agree
+    assert "('HIT1', 1, 1)" in out
+    assert "Breakpoint 1," not in out
+    # tbreak: one stop, then deleted (not in the later `info breakpoints`)
+    assert out.count("Temporary breakpoint 2, step 2 finished, loss ") == 1
+    # break if ... with ignore 1: step 1 is a hit that is ignored; stops at 3 and 5
+    assert out.count("Breakpoint 3, if $step % 2 == 1") == 2
+    assert "(step 3 finished, loss " in out and "(step 5 finished, loss " in out
+    # a condition that is false is not a hit (gdb); a true one stops, its commands run
+    assert "Breakpoint 4," not in out
+    assert "Breakpoint 5, step 4 finished, loss " in out
+    assert "('AT4', 4, True)" in out
+    table = out[out.index("('AT4'"):]
+    rows = {int(m.group(1)): m.group(0) for m in re.finditer(r"^(\d+)\s+breakpoint\s.*$", table, re.M)}
+    assert sorted(rows) == [1, 3, 4, 5]                            # 2 (tbreak) was deleted
+    assert re.search(r"\s1\s+breakpoint already hit 1 time$", rows[1])
+    assert re.search(r"\s2\s+breakpoint already hit 2 times$", rows[3])   # the ignored hit counts
+    assert re.search(r"\s0\s+stop only if \$loss > 100$", rows[4])
+    assert rows[5].split()[:4] == ["5", "breakpoint", "keep", "y"]
+
+    data = _report(report)
+    assert data["exit"] == {"code": 0, "reason": "finished"}
+    assert data["steps"] == 6 and data["argv"] == ["--steps", "6"]
+    assert data["script"] == example("mlp.py") and data["trace"] == trace
+    assert _stops(data) == [(1, "breakpoint", 1), (2, "breakpoint", 2), (3, "breakpoint", 3),
+                            (4, "breakpoint", 5), (5, "breakpoint", 3)]
+    by_id = {s["id"]: s["detail"] for s in data["stops"]}
+    assert by_id[1] == {"step": 1, "what": "step 1", "fail": False}
+    assert by_id[3] == {"expr": "$step % 2 == 1 and $loss > 0 and step == $step", "step": 5,
+                        "what": "if $step % 2 == 1 and $loss > 0 and step == $step", "fail": False}
+    assert data["findings"] == []
+
+
+# -- watchpoints ------------------------------------------------------------------
+
+def test_watch_grad_relative_rule_cnn(tmp_path, trace):
+    """`watch grad conv*`: norm outside [1/100, 50] x its first value.  With a
+    far too large learning rate a conv gradient collapses or explodes."""
+    report = str(tmp_path / "r.json")
+    r = nndb("run", "--batch", "--trace", trace, "--report", report, "-e", "watch grad conv*",
+             example("cnn.py"), "--steps", "8", "--lr", "1", cwd=str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    _no_traceback_from_nndb(r.stderr)
+    assert "Watchpoint 1: grad conv* norm outside [0.01, 50] x first" in r.stdout
+    data = _report(report)
+    assert data["stops"], r.stdout
+    with TraceReader(trace) as t:
+        for s in data["stops"]:
+            d = s["detail"]
+            assert (s["reason"], s["id"]) == ("watchpoint", 1)
+            assert re.fullmatch(r"conv\d\.(weight|bias)", d["tensor"])
+            assert (d["kind"], d["stat"], d["step"], d["fail"]) == ("grad", "norm", s["step"], False)
+            assert "op" not in d and "threshold" not in d
+            steps, values = t.history(t.find(d["tensor"], "grad")[0], "norm")
+            assert steps[0] == 0 and d["first"] == pytest.approx(values[0], rel=1e-9)
+            assert d["value"] == pytest.approx(values[list(steps).index(s["step"])], rel=1e-9)
+            ratio = d["value"] / d["first"]
+            assert ratio < 0.01 or ratio > 50
+            line = (f"Watchpoint 1: grad {d['tensor']} norm = ")
+            assert re.search(re.escape(line) + r"\S+ \(first \S+, x\S+\) at step " + str(s["step"]) + "$",
+                             r.stdout, re.M)
+
+
+NAN_WATCH = """\
+watch grad *.weight norm > 1e3
+watch loss nan_count > 0
+break step 8 fail
+commands
+p "FAILED-AT", $step
+continue
+end
+"""
+
+
+def test_watch_threshold_nan_and_fail_action(tmp_path, trace):
+    """nan_lr.py: gradients explode, then the loss is NaN.  A point with the
+    fail action ends the batch run right after its commands, with exit 4."""
+    cmds = _write(tmp_path / "w.nndb", NAN_WATCH)
+    report = str(tmp_path / "r.json")
+    r = nndb("run", "--batch", "--trace", trace, "--report", report, "-x", cmds,
+             example("nan_lr.py"), "--steps", "12", cwd=str(tmp_path))
+    out = r.stdout
+    assert r.returncode == 4, r.stderr
+    _no_traceback_from_nndb(r.stderr)
+    printed = _script_lines(out)
+    first_nan = min(n for n, v in printed.items() if v == "nan")
+    assert first_nan < 8
+    assert sorted(printed) == list(range(8))        # stopped right after the fail hit's commands
+    assert "('FAILED-AT', 8)" in out
+
+    data = _report(report)
+    assert data["exit"]["code"] == 4 and "(3)" in data["exit"]["reason"]
+    assert data["steps"] == 9
+    grads = [s for s in data["stops"] if s["id"] == 1]
+    nans = [s for s in data["stops"] if s["id"] == 2]
+    assert grads and all(s["reason"] == "watchpoint" for s in grads + nans)
+    for s in grads:
+        d = s["detail"]
+        assert d["tensor"].endswith(".weight") and d["kind"] == "grad" and d["stat"] == "norm"
+        assert d["value"] > 1e3 and (d["op"], d["threshold"]) == (">", 1000.0)
+        assert re.search(rf"^Watchpoint 1: grad {re.escape(d['tensor'])} norm = \S+ \(> 1000\) "
+                         rf"at step {s['step']}$", out, re.M)
+    assert [s["step"] for s in nans] == list(range(first_nan, 9))
+    assert nans[0]["detail"] == {"tensor": "loss", "kind": "loss", "stat": "nan_count", "value": 1.0,
+                                 "op": ">", "threshold": 0.0, "step": first_nan,
+                                 "what": "loss * nan_count > 0", "fail": False}
+    # the stop line says the loss is nan (not "-", which means "not measured")
+    assert (f"Watchpoint 2: loss loss nan_count = 1 (> 0) at step {first_nan}\n"
+            f"  (step {first_nan} finished, loss nan)") in out
+    # step 8: the watch and the fail breakpoint hit together; both are listed
+    last = [s for s in data["stops"] if s["step"] == 8]
+    assert [(s["reason"], s["id"]) for s in last] == [("watchpoint", 2), ("breakpoint", 3)]
+    assert last[1]["detail"] == {"step": 8, "what": "step 8", "fail": True}
+    with TraceReader(trace) as t:
+        assert t.status == "killed" and list(t.steps) == list(range(9))
+
+
+def test_watch_dead_relu_consecutive(tmp_path, trace):
+    """The second use of the ReLU (after fc2) is all zero from step 0: the
+    watch stops at step 2, the third step in a row, and (its count starting
+    again) not at steps 3 and 4.  A watchpoint with the fail action ends the
+    batch run with exit 4: `consecutive 5` hits at step 4, so step 5 never runs."""
+    report = str(tmp_path / "r.json")
+    r = nndb("run", "--batch", "--trace", trace, "--report", report,
+             "-e", "watch act act#2 zero_frac == 1 consecutive 3", "-e", "info watchpoints",
+             "-e", "watch act act#2 zero_frac == 1 consecutive 5 fail",
+             "-e", "continue", "-e", 'p "AT", $step', "-e", "continue", "-e", 'p "QUEUED", $step',
+             example("dead_relu.py"), "--steps", "6", cwd=str(tmp_path))
+    out = r.stdout
+    assert r.returncode == 4, r.stderr
+    _no_traceback_from_nndb(r.stderr)
+    assert "Watchpoint 1: act act#2 zero_frac == 1 consecutive 3\n" in out
+    assert "Watchpoint 2: act act#2 zero_frac == 1 consecutive 5 [fail]\n" in out
+    assert re.search(r"^1\s+watchpoint\s+keep\s+y\s+act act#2 zero_frac == 1 consecutive 3\s+0", out, re.M)
+    assert ("Watchpoint 1: act act#2 zero_frac = 1 (== 1) for 3 steps in a row at step 2\n"
+            "  (step 2 finished, loss ") in out
+    assert ("Watchpoint 2: act act#2 zero_frac = 1 (== 1) for 5 steps in a row at step 4\n"
+            "  (step 4 finished, loss ") in out
+    assert out.count("Watchpoint 1: act") == 2        # the set message and one stop
+    # queued commands run at the next stops, the fail hit's too; then the run stops
+    assert "('AT', 2)" in out and "('QUEUED', 4)" in out
+    assert sorted(_script_lines(out)) == [0, 1, 2, 3]
+    data = _report(report)
+    assert _stops(data) == [(2, "watchpoint", 1), (4, "watchpoint", 2)]
+    assert data["stops"][0]["detail"] == {
+        "tensor": "act#2", "kind": "act", "stat": "zero_frac", "value": 1.0, "op": "==", "threshold": 1.0,
+        "step": 2, "what": "act act#2 zero_frac == 1 consecutive 3", "fail": False}
+    assert data["stops"][1]["detail"]["fail"] is True
+    assert data["exit"] == {"code": 4, "reason": "a point with the fail action hit (2)"}
+    assert data["steps"] == 5
+
+
+# -- errors, exceptions, kill -------------------------------------------------------
+
+BAD_FILE = """\
+break step 1
+continue
+p "REACHED"
+watch grad
+p "NOT REACHED"
+"""
+
+
+def test_command_file_error_is_fatal_in_batch(tmp_path, trace):
+    cmds = _write(tmp_path / "bad.nndb", BAD_FILE)
+    report = str(tmp_path / "r.json")
+    r = nndb("run", "--batch", "--trace", trace, "--report", report, "-x", "bad.nndb",
+             "-e", 'p "E-NOT-REACHED"', example("mlp.py"), "--steps", "5", cwd=str(tmp_path))
+    assert os.path.exists(cmds)
+    assert r.returncode == 2
+    _no_traceback_from_nndb(r.stderr)
+    msg = "bad.nndb:4: watch grad needs a tensor name or glob"
+    assert [l for l in r.stderr.splitlines() if "bad.nndb" in l] == [msg]
+    assert "'REACHED'" in r.stdout
+    assert "NOT REACHED" not in r.stdout                   # the rest of the file and the -e lines
+    assert sorted(_script_lines(r.stdout)) == [0]           # killed at the end of step 1
+    data = _report(report)
+    assert data["exit"] == {"code": 2, "reason": msg}
+    assert _stops(data) == [(1, "breakpoint", 1)] and data["steps"] == 2
+    # the trace was closed and stays readable
+    i = nndb("inspect", "--json", trace, cwd=str(tmp_path))
+    assert i.returncode == 0, i.stderr
+    info = json.loads(i.stdout)
+    assert info["status"] == "killed" and info["steps"] == 2 and info["last_step"] == 1
+
+
+def test_script_raises_post_mortem_in_batch(tmp_path, trace):
+    """The traceback is printed as Python prints it; the commands still queued
+    run at the raising frame; the report has an exception stop; exit 1."""
+    report = str(tmp_path / "r.json")
+    r = nndb("run", "--batch", "--trace", trace, "--report", report,
+             "-e", "continue", "-e", "where", "-e", "p step, fail_at, $step",
+             example("raises.py"), "--steps", "6", "--fail-at", "2", cwd=str(tmp_path))
+    assert r.returncode == 1
+    assert "Traceback (most recent call last):" in r.stderr
+    assert r.stderr.rstrip().endswith("RuntimeError: planted failure at step 2")
+    assert "nndb/" not in r.stderr and "internal error" not in r.stderr
+    assert sorted(_script_lines(r.stdout)) == [0, 1]
+    assert re.search(r"^> \S*raises\.py\(\d+\)check_batch\(\)$", r.stdout, re.M)
+    assert "(2, 2, 2)" in r.stdout
+    data = _report(report)
+    assert data["exit"] == {"code": 1, "reason": "RuntimeError: planted failure at step 2"}
+    assert data["steps"] == 2
+    assert data["stops"] == [{"step": 2, "reason": "exception", "id": None,
+                              "detail": {"exception": "RuntimeError", "message": "planted failure at step 2"}}]
+    with TraceReader(trace) as t:
+        assert t.status == "failed" and list(t.partial) == [False, False, True]
+
+
+KILL_FILE = """\
+break step 1
+continue
+p "AT", $step
+kill
+p "AFTER-KILL"
+"""
+
+
+def test_kill_from_a_command_file(tmp_path, trace):
+    cmds = _write(tmp_path / "kill.nndb", KILL_FILE)
+    report = str(tmp_path / "r.json")
+    r = nndb("run", "--batch", "--trace", trace, "--report", report, "-x", cmds,
+             example("mlp.py"), "--steps", "5", cwd=str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    _no_traceback_from_nndb(r.stderr)
+    assert [l for l in r.stderr.splitlines() if not l.startswith("nndb: recording")] == []
+    assert "('AT', 1)" in r.stdout
+    assert "'AFTER-KILL'" in r.stdout                 # as gdb: the rest of the file runs after the run
+    assert sorted(_script_lines(r.stdout)) == [0]
+    data = _report(report)
+    assert data["exit"] == {"code": 0, "reason": "killed from the debugger"}
+    assert _stops(data) == [(1, "breakpoint", 1)] and data["steps"] == 2
+    with TraceReader(trace) as t:
+        assert t.status == "killed" and t.end["exit_code"] == 0 and list(t.steps) == [0, 1]
+
+
+# -- rc files and the trust rule ---------------------------------------------------------
+
+@pytest.fixture
+def rc_dirs(tmp_path):
+    home, xdg, proj = tmp_path / "home", tmp_path / "xdg", tmp_path / "proj"
+    for d in (home, xdg, proj):
+        d.mkdir()
+    _write(home / ".nndbrc", 'p "HOME-RC"\n')
+    _write(proj / ".nndbrc", 'p "LOCAL-RC"\n')
+    env = {"HOME": str(home), "XDG_CONFIG_HOME": str(xdg)}
+    return home, xdg, proj, env
+
+
+def test_rc_files_and_trust(rc_dirs, tmp_path):
+    home, xdg, proj, env = rc_dirs
+    x = _write(tmp_path / "x.nndb", 'p "X-FILE"\n')
+    args = ("-x", x, "-e", 'p "E-CMD"', example("mlp.py"), "--steps", "1")
+
+    # untrusted ./.nndbrc: skipped with one line that says how to trust it
+    r = nndb("run", "--batch", "-q", *args, cwd=str(proj), env=env)
+    assert r.returncode == 0, r.stderr
+    assert "LOCAL-RC" not in r.stdout
+    assert re.findall(r"'(\w+(?:-\w+)*)'", r.stdout) == ["HOME-RC", "X-FILE", "E-CMD"]   # in order
+    lines = [l for l in r.stderr.splitlines() if "nndb trust" in l]
+    assert len(lines) == 1 and str(proj / ".nndbrc") in lines[0]
+    trust_cmd = shlex.split(lines[0].split("run: ", 1)[1])
+    assert trust_cmd == ["nndb", "trust", os.path.realpath(proj)]
+
+    # the command it prints trusts the directory; then ./.nndbrc is read, after ~/.nndbrc
+    t = nndb(*trust_cmd[1:], cwd=str(proj), env=env)
+    assert t.returncode == 0, t.stderr
+    with open(xdg / "nndb" / "trusted", encoding="utf-8") as fh:
+        assert fh.read().splitlines() == [os.path.realpath(proj)]
+    r = nndb("run", "--batch", "-q", *args, cwd=str(proj), env=env)
+    assert r.returncode == 0, r.stderr
+    assert re.findall(r"'(\w+(?:-\w+)*)'", r.stdout) == ["HOME-RC", "LOCAL-RC", "X-FILE", "E-CMD"]
+    assert "nndb trust" not in r.stderr
+
+    # --nx: neither rc file; -x and -e still run
+    r = nndb("run", "--batch", "-q", "--nx", *args, cwd=str(proj), env=env)
+    assert r.returncode == 0, r.stderr
+    assert re.findall(r"'(\w+(?:-\w+)*)'", r.stdout) == ["X-FILE", "E-CMD"]
+    assert r.stderr.strip() == ""
+
+
+def test_trust_covers_subdirectories_only(tmp_path, monkeypatch):
+    """In-process: trusting DIR trusts DIR/sub but not DIR2 (a name prefix)."""
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))
+    (tmp_path / "proj" / "sub").mkdir(parents=True)
+    (tmp_path / "proj2").mkdir()
+    assert not rcfiles.is_trusted(str(tmp_path / "proj"))
+    assert rcfiles.trust(str(tmp_path / "proj")) == os.path.realpath(tmp_path / "proj")
+    rcfiles.trust(str(tmp_path / "proj"))                      # twice: listed once
+    assert rcfiles.trusted_dirs() == [os.path.realpath(tmp_path / "proj")]
+    assert rcfiles.is_trusted(str(tmp_path / "proj"))
+    assert rcfiles.is_trusted(str(tmp_path / "proj" / "sub"))
+    assert not rcfiles.is_trusted(str(tmp_path / "proj2"))
+    assert not rcfiles.is_trusted(str(tmp_path))
+
+
+def test_commands_block_ends_with_its_file(tmp_path):
+    """In-process: a `commands` block with no `end` in a command file is an
+    error at that line; it does not swallow the -e commands that follow."""
+    import io
+
+    from nndb.debugger.frontend import BatchFrontend
+    from nndb.debugger.session import QueuedLine, Session
+
+    path = _write(tmp_path / "noend.nndb", "break step 1\ncommands\nsilent\np 1\n")
+    out, err = io.StringIO(), io.StringIO()
+    s = Session(BatchFrontend(out, err), interactive=False, stop_at_start=False)
+    s.queue_lines(rcfiles.read_command_file(path) + [QueuedLine('p "E1"'), QueuedLine("end")])
+    s.interact()
+    msg = f"{path}:2: 'commands' without a closing 'end'"
+    assert err.getvalue() == msg + "\n"
+    assert s.command_file_error == msg
+    assert s.points[1].commands == [] and not s.points[1].silent
+    assert [q.text for q in s.queue] == ['p "E1"', "end"]      # not part of the block, not run

@@ -1,0 +1,98 @@
+"""The REPL on a real terminal (a pseudo-terminal): Ctrl-C while the script
+trains stops it at the next stop point and gives the prompt back."""
+import os
+import re
+import select
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import ROOT
+from nndb.store.reader import TraceReader
+
+pty = pytest.importorskip("pty")
+
+LOOP = """
+import time, torch
+torch.manual_seed(0)
+model = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+for step in range(100000):
+    loss = model(torch.randn(8, 4)).pow(2).mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    if step == 5:
+        print("ready", flush=True)
+    time.sleep(0.002)
+"""
+_ESC = re.compile(rb"\x1b\[[0-9;?]*[A-Za-z]")
+
+
+class Terminal:
+    def __init__(self, args, cwd, home):
+        env = dict(os.environ, PYTHONPATH=ROOT, PROMPT_TOOLKIT_NO_CPR="1", TERM="xterm",
+                   HOME=str(home), XDG_CONFIG_HOME=str(home / ".config"))
+        self.master, slave = pty.openpty()
+        self.proc = subprocess.Popen([sys.executable, "-m", "nndb", *args], cwd=cwd, stdin=slave, stdout=slave,
+                                     stderr=slave, env=env, close_fds=True, start_new_session=True)
+        os.close(slave)
+        self.seen = b""
+
+    def expect(self, text: str, timeout: float = 60) -> str:
+        """Read until ``text`` shows (escape sequences removed); return what came before."""
+        end = time.time() + timeout
+        while text.encode() not in _ESC.sub(b"", self.seen):
+            r, _, _ = select.select([self.master], [], [], max(0.0, end - time.time()))
+            if not r:
+                raise AssertionError(f"no {text!r} on the terminal; it shows: {_ESC.sub(b'', self.seen)[-600:]!r}")
+            try:
+                self.seen += os.read(self.master, 4096)
+            except OSError:
+                break
+        clean = _ESC.sub(b"", self.seen).decode(errors="replace")
+        i = clean.index(text)
+        self.seen = clean[i + len(text):].encode()
+        return clean[:i]
+
+    def type(self, line: str) -> None:
+        """Type a line and wait for its echo (the prompt is redrawn with it)."""
+        os.write(self.master, line.encode() + b"\r")
+        self.expect(line)
+
+    def close(self):
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(timeout=30)
+        os.close(self.master)
+
+
+def test_ctrl_c_stops_a_running_script_at_the_next_stop_point(tmp_path):
+    (tmp_path / "loop.py").write_text(LOOP)
+    trace = tmp_path / "t.h5"
+    term = Terminal(["run", "--nx", "--trace", str(trace), "loop.py"], cwd=tmp_path, home=tmp_path)
+    try:
+        term.expect("(nndb)")                      # stopped at the start of step 0
+        term.type("continue")
+        term.expect("ready")
+        time.sleep(0.1)
+        os.kill(term.proc.pid, signal.SIGINT)      # Ctrl-C
+        shown = term.expect("(nndb)")
+        assert "stopping at the next step boundary or module call" in shown
+        m = re.search(r"Interrupted: step (\d+)", shown)
+        assert m, shown
+        step = int(m.group(1))
+        assert step >= 5 and "loop.py(" in shown
+        term.type("p $step")
+        assert re.search(rf"\b{step}\b", term.expect("(nndb)"))
+        term.type("quit")
+        term.expect("(y or n)")
+        term.type("y")
+        assert term.proc.wait(timeout=60) == 0
+    finally:
+        term.close()
+    with TraceReader(str(trace)) as r:
+        assert r.status == "killed" and r.n_steps >= step
