@@ -13,6 +13,7 @@ import os
 import re
 import runpy
 import sys
+import warnings
 from dataclasses import dataclass
 from typing import Optional
 
@@ -92,7 +93,11 @@ def compile_expr(source: str, mode: str = "eval"):
     if not src:
         raise CommandError("an expression is needed")
     try:
-        return compile(with_dollars(src), "<nndb>", mode)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", SyntaxWarning)     # "is" with a literal...: one error line
+            return compile(with_dollars(src), "<nndb>", mode)
+    except SyntaxWarning as e:
+        raise CommandError(f"in '{src}': {e}") from None
     except SyntaxError as e:
         raise CommandError(f"syntax error in '{src}': {e.msg}") from None
     except (ValueError, OverflowError, MemoryError, RecursionError) as e:

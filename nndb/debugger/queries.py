@@ -60,8 +60,10 @@ class RunQueries:
         from ..tracer.hooks import find_optimizers
         naming = self.rec.naming
         # Only this run's: an earlier run's (before 'run') may still be alive.
+        # (One made before the run but stepped in it is this run's too.)
         earlier = getattr(self, "_earlier_optimizers", ())
-        ours = [o for o in find_optimizers() if o not in earlier]
+        stepped = getattr(self.rec.tracer, "_opt_seen", ())
+        ours = [o for o in find_optimizers() if o not in earlier or o in stepped]
         # Name them from the script's frames, as the tracer does when it first
         # sees one step: the first name asked for is kept for the whole run.
         frame = self.frames[-1][0] if self.frames else None

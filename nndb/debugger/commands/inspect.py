@@ -312,7 +312,10 @@ def _info_locals(s):
         if k.startswith("__") and k.endswith("__"):
             continue
         r = E.safe_repr(v)
-        rows.append((k, r if len(r) <= 120 else r[:117] + "..."))
+        first = r.splitlines()[0] if r else r
+        if first != r:
+            first += " ..."          # a model's or optimizer's repr spans lines: the table stays one row each
+        rows.append((k, first if len(first) <= 120 else first[:117] + "..."))
     return Table(("name", "value"), rows, empty="No locals.")
 
 
