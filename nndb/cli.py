@@ -52,10 +52,12 @@ def cli():
 @click.option("--nx", is_flag=True, help="Read neither ~/.nndbrc nor ./.nndbrc.")
 @click.option("--report", "report_path", metavar="FILE.json", type=click.Path(dir_okay=False),
               help="Write a JSON report of the session (stops, exit) to FILE.json.")
+@click.option("--rules", "rules", default="default", show_default=True, metavar="default|FILE.yaml|none",
+              help="The diagnostic rules to run: the built-in set, a YAML rule file, or none.")
 @click.argument("script", required=False, metavar="SCRIPT")
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def run(module, trace_path, every, steps_range, full_every, flush_steps, flush_secs, quiet,
-        batch, go, command_files, eval_commands, nx, report_path, script, args):
+        batch, go, command_files, eval_commands, nx, report_path, rules, script, args):
     """Run SCRIPT [ARGS]... (or -m MODULE [ARGS]...) under the debugger, as
     Python would, recording per-step tensor statistics into an HDF5 trace.
     Everything after SCRIPT is passed to the script untouched.  It stops at
@@ -79,7 +81,7 @@ def run(module, trace_path, every, steps_range, full_every, flush_steps, flush_s
         config = RunConfig(target, trace_path, schedule, flush_steps, flush_secs, quiet)
         batch = batch or not sys.stdin.isatty()
         options = DebugOptions(batch=batch, stop_at_start=not go, command_files=command_files,
-                               eval_commands=eval_commands, no_rc=nx, report=report_path)
+                               eval_commands=eval_commands, no_rc=nx, report=report_path, rules=rules)
         if batch:
             from .debugger.frontend import BatchFrontend
             frontend = BatchFrontend()

@@ -22,7 +22,7 @@ def run(tmp_path, script, lines, answers=(), steps=8, args=()):
     fe = ScriptedFrontend(lines, answers=answers)
     cfg = RunConfig(Target(path=example(script), args=["--steps", str(steps), *args]),
                     str(tmp_path / "t.h5"), quiet=True)
-    res = debug(cfg, DebugOptions(no_rc=True), fe)
+    res = debug(cfg, DebugOptions(no_rc=True, rules="none"), fe)
     return fe, res
 
 

@@ -24,6 +24,7 @@ class DebugOptions:
     eval_commands: tuple = ()           # -e CMD
     no_rc: bool = False                 # --nx
     report: Optional[str] = None        # --report FILE.json
+    rules: Optional[str] = "default"    # --rules default|FILE.yaml|none
 
 
 @dataclass
@@ -51,8 +52,10 @@ def next_trace_path(path: str, run: int) -> str:
 def debug(config: RunConfig, options: DebugOptions, frontend,
           message: Callable[[str], None] = _stderr) -> DebugResult:
     interactive = not options.batch
+    from ..rules.catalog import load as load_rules
+    engine = load_rules(options.rules)           # a bad rule file fails here, before the script runs
     session = Session(frontend, interactive=interactive,
-                      stop_at_start=interactive and options.stop_at_start)
+                      stop_at_start=interactive and options.stop_at_start, rules=engine)
     session.queue_lines(rcfiles.startup_lines(list(options.command_files), list(options.eval_commands),
                                               options.no_rc, message))
     result: Optional[RunResult] = None

@@ -35,8 +35,9 @@ class QueuedLine:
 
 
 class Session(StopPoints, RunQueries):
-    def __init__(self, frontend, interactive: bool = True, stop_at_start: bool = True):
+    def __init__(self, frontend, interactive: bool = True, stop_at_start: bool = True, rules=None):
         self.frontend = frontend
+        self.rules = rules                   # nndb.rules.engine.RuleEngine, or None (--rules none)
         if hasattr(frontend, "session"):
             frontend.session = self        # completion and the toolbar look at the session
         self.interactive = interactive
@@ -117,6 +118,9 @@ class Session(StopPoints, RunQueries):
                 p.baseline.clear()
                 p.streak.clear()
         rec.tracer.on_step_end = self.on_step_end
+        self._rules_seen = None
+        if self.rules is not None:
+            self.rules.attach(rec)
         self.note_earlier_optimizers()
         self.sync_hooks()
 
@@ -164,6 +168,8 @@ class Session(StopPoints, RunQueries):
         if self.rec is not None:
             self.rec.tracer.on_module = None
             self.rec.tracer.on_step_end = None
+        if self.rules is not None:
+            self.rules.detach()
 
     def post_mortem(self, exc: BaseException) -> None:
         """The script raised: stop at the raising frame (pdb's post-mortem)."""
@@ -223,7 +229,7 @@ class Session(StopPoints, RunQueries):
             if p.temporary:
                 self.points.pop(p.number, None)
             if p.fail:
-                self.failed_points.append(p.number)
+                self.failed_points.append(p.number if p.number is not None else p.rule.id)
         self._show_displays()
         tracer = self.rec.tracer if self.rec is not None else None
         busy = tracer.busy if tracer is not None else 0
@@ -252,7 +258,8 @@ class Session(StopPoints, RunQueries):
             return
         if stop.hits:
             for p, detail in stop.hits:
-                self.stops.append({"step": stop.step, "reason": p.type_name, "id": p.number,
+                pid = p.number if p.number is not None else p.rule.id     # a rule: its id
+                self.stops.append({"step": stop.step, "reason": p.type_name, "id": pid,
                                    "detail": dict(detail, what=p.what(), fail=p.fail)})
         else:
             detail = {}

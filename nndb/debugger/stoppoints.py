@@ -27,15 +27,48 @@ class Stop:
 
 
 
+@dataclass
+class RuleHit:
+    """A rule whose action is stop or fail, as a stop's hit (points' interface)."""
+    rule: object
+    finding: object
+    number = None
+    type_name = "rule"
+    temporary = False
+    silent = False
+    commands: tuple = ()
+
+    @property
+    def fail(self) -> bool:
+        return self.rule.action == "fail"
+
+    def what(self) -> str:
+        return f"rule {self.rule.id}"
+
+
+def _with_rule_hits(stop: Optional[Stop], step: int, rule_hits: list) -> Stop:
+    if stop is None:
+        return Stop("rule", step, hits=rule_hits)
+    if stop.kind in ("breakpoint", "watchpoint"):
+        stop.hits = stop.hits + rule_hits
+        return stop
+    return Stop("rule", step, hits=rule_hits)
+
+
 class StopPoints:
     # -- stop points (called from the tracer's hooks) --------------------------------
     def on_step_end(self, step: int) -> None:
         self.last_step = step
-        if self.prompting or (self.mode == "detach" and not self._pending_start):
+        if self.prompting:
+            return
+        rule_hits = self._run_rules() if self.rules is not None else []
+        if self.mode == "detach" and not self._pending_start and not rule_hits:
             return
         self._hook_frame = sys._getframe(1)
         try:
             stop = self._check_step_end(step)
+            if rule_hits:
+                stop = _with_rule_hits(stop, step, rule_hits)
         except (KillRun, RestartRun):
             raise
         except Exception as e:
@@ -90,6 +123,34 @@ class StopPoints:
 
     def _step_in_progress(self) -> int:
         return self.rec.recorder.step if self.rec is not None else 0
+
+    def _run_rules(self) -> list:
+        """The rules on the step just recorded: findings are printed and kept for
+        the report; those whose action is stop or fail become hits."""
+        record = self.rec.recorder.last if self.rec is not None else None
+        if record is None or record is self._rules_seen:
+            return []
+        self._rules_seen = record
+        try:
+            tracer = self.rec.tracer
+            naming = self.rec.naming
+            opts = [(naming.optimizer_name(o), o) for o in tracer.optimizers()]
+            found = self.rules.on_record(record, self._stats_of(record), opts)
+        except Exception as e:
+            self.error(f"nndb: internal error in the rules, skipped: {type(e).__name__}: {e}")
+            return []
+        for msg in self.rules.take_errors():
+            self.error(f"nndb: {msg}")
+        hits = []
+        for f in found:
+            self.findings.append(f.as_dict())
+            rule = self.rules.rule(f.rule)
+            self.error(f"nndb: {f.severity}: {f.rule} at step {f.step}: {f.message}")
+            if rule.action in ("stop", "fail") and self.mode != "detach":
+                hits.append((RuleHit(rule, f), f.as_dict()))
+            elif rule.action == "fail":
+                self.failed_points.append(rule.id)
+        return hits
 
     def _check_step_end(self, step: int) -> Optional[Stop]:
         hits = []

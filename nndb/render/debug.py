@@ -50,6 +50,9 @@ def _where(session) -> str:
 
 
 def _hit(point, detail: dict) -> str:
+    if point.type_name == "rule":
+        f = point.finding
+        return f"Rule {f.rule} ({f.severity}" + (", fail" if point.fail else "") + f"): {f.message}"
     label = "Temporary breakpoint" if point.temporary else point.type_name.capitalize()
     head = f"{label} {point.number}"
     if "error" in detail:

@@ -106,6 +106,10 @@ class Tracer:
         # stop there: on_module(module, "forward"|"backward", inputs|grad_output).
         self.on_module: Optional[Callable] = None
         self.want_backward = False
+        # The rules' probes (nndb.rules.probes): module class -> [callback(module,
+        # use, args, output)] after a forward; "root" -> [callback(module, args)]
+        # before a root module's forward; "optimizer" -> [callback(opt, "pre"|"post")].
+        self.probes: dict = {}
         self.on_error = on_error or (lambda msg: print(msg, file=sys.stderr))
         self._handles: list = []
         self._param_handles: dict = {}          # id(param) -> handle
@@ -181,6 +185,9 @@ class Tracer:
                 if not self.naming.knows(module):
                     self.naming.add_root(module, user_frame(2))
                     self._watch_params(module)
+                if self.probes and "root" in self.probes:
+                    for cb in self.probes["root"]:
+                        cb(module, args)
         except Exception:
             self._fail()
         self._module_depth += 1
@@ -199,6 +206,9 @@ class Tracer:
             idx = self._calls.get(module, 0)
             self._calls[module] = idx + 1
             self.recorder.activation((module, idx), output)
+            if self.probes:
+                for cb in self.probes.get(type(module), ()):
+                    cb(module, idx, args, output)
             if self.want_backward:
                 self._watch_backward(module, output)
         except Exception:
@@ -281,6 +291,9 @@ class Tracer:
             if close is not None:
                 self._close(close)
             self.recorder.optimizer_pre(opt)
+            if self.probes:
+                for cb in self.probes.get("optimizer", ()):
+                    cb(opt, "pre")
         except Exception:
             self._fail()
         finally:
@@ -293,6 +306,9 @@ class Tracer:
         self.busy += 1
         try:
             self.recorder.optimizer_post(opt)
+            if self.probes:
+                for cb in self.probes.get("optimizer", ()):
+                    cb(opt, "post")
             learning = self.clock.mode is Mode.LEARNING
             close = self.clock.optimizer_post(opt)
             if learning:
@@ -304,6 +320,10 @@ class Tracer:
         finally:
             self.busy -= 1
         return None
+
+    def optimizers(self) -> list:
+        """The optimizers that have stepped in this run."""
+        return list(self._opt_seen)
 
     def _first_sight(self, opt) -> None:
         self._opt_seen.add(opt)

@@ -1,0 +1,146 @@
+"""Rules: small objects that look at each recorded step and report findings.
+
+A rule has a stable ``id`` (the contract with users and CI), a one-line
+``explanation``, a ``severity`` (error, warning, info), an ``action`` when it
+fires (``warn``: report and go on; ``stop``: stop into the REPL like a
+breakpoint; ``fail``: like stop, and the run fails with exit code 4) and
+documented ``THRESHOLDS`` (name -> Threshold(default, why)).  The YAML rule
+file may change the action, severity and thresholds of any rule.
+
+``check(ctx)`` is called once per recorded step with a StepContext and yields
+Findings.  A rule keeps whatever history it needs on itself (``reset()``
+starts a new run).  The invoker reports one finding per rule and tensor (or
+module), at its first occurrence.
+
+Rules that need more than the recorded statistics (a ReLU layer's units that
+never fire, the inputs of the loss function...) name *probes* in ``PROBES``;
+the invoker installs those probes only while such a rule is enabled, and their
+facts for the step are in ``ctx.facts[probe_name]``.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Iterable, Optional
+
+import numpy as np
+
+SEVERITIES = ("error", "warning", "info")
+ACTIONS = ("warn", "stop", "fail")
+STAT_INDEX = {n: i for i, n in enumerate(("count", "mean", "std", "min", "max", "norm", "mean_abs",
+                                            "nan_count", "inf_count", "zero_frac"))}
+
+
+@dataclass(frozen=True)
+class Threshold:
+    default: float
+    why: str                    # where the default comes from
+
+
+@dataclass
+class Finding:
+    rule: str
+    severity: str
+    step: int
+    message: str
+    tensor: Optional[str] = None
+    module: Optional[str] = None
+    evidence: dict = field(default_factory=dict)
+
+    @property
+    def subject(self) -> str:
+        return self.tensor or self.module or ""
+
+    def as_dict(self) -> dict:
+        d = {"rule": self.rule, "severity": self.severity, "step": self.step}
+        if self.tensor is not None:
+            d["tensor"] = self.tensor
+        if self.module is not None:
+            d["module"] = self.module
+        d["message"] = self.message
+        d["evidence"] = self.evidence
+        return d
+
+
+class StepContext:
+    """One recorded step, as rules see it.
+
+    ``rows(kind)`` -> [(name, stats row)] in recording order (forward order for
+    activations); ``value(kind, name, stat)``; ``facts``: what the probes saw
+    during the step; ``module_types``: activation series name -> module class
+    name; ``optimizers``: [(name, optimizer)]; ``param_name(p)``."""
+
+    def __init__(self, record, stats: np.ndarray, facts: Optional[dict] = None,
+                 module_types: Optional[dict] = None, optimizers=(), naming=None):
+        self.record = record
+        self.step = record.step
+        self.stats = stats
+        self.facts = facts or {}
+        self.module_types = module_types or {}
+        self.optimizers = list(optimizers)
+        self.naming = naming
+        self.names = record.names              # [(name, kind)], row order of ``stats``
+        self._by_kind = None
+        self._index = None
+        self._masks: dict = {}
+
+    # Rules run on every step: prefer the vector forms (col, mask) to Python loops.
+    def col(self, stat: str) -> np.ndarray:
+        """One statistic for every series of the step."""
+        return self.stats[:, STAT_INDEX[stat]]
+
+    def mask(self, kind: str) -> np.ndarray:
+        m = self._masks.get(kind)
+        if m is None:
+            m = np.fromiter((k == kind for _, k in self.names), dtype=bool, count=len(self.names))
+            self._masks[kind] = m
+        return m
+
+    def rows(self, kind: str) -> list:
+        """[(name, stats row)] of one kind, in recording order."""
+        if self._by_kind is None:
+            self._by_kind = {}
+            for i, (name, k) in enumerate(self.names):
+                self._by_kind.setdefault(k, []).append((name, self.stats[i]))
+        return self._by_kind.get(kind, [])
+
+    def value(self, kind: str, name: str, stat: str) -> float:
+        if self._index is None:
+            self._index = {(n, k): i for i, (n, k) in enumerate(self.names)}
+        i = self._index.get((name, kind))
+        return math.nan if i is None else float(self.stats[i, STAT_INDEX[stat]])
+
+    def has(self, kind: str, name: str) -> bool:
+        return not math.isnan(self.value(kind, name, "count"))
+
+    def param_name(self, p) -> str:
+        return self.naming.param_name(p) if self.naming is not None else f"tensor{id(p):x}"
+
+
+class Rule:
+    id = ""
+    severity = "warning"
+    explanation = ""
+    THRESHOLDS: dict = {}
+    PROBES: tuple = ()
+
+    def __init__(self):
+        self.action = "warn"
+        self.enabled = True
+        self.params = {k: t.default for k, t in self.THRESHOLDS.items()}
+
+    def reset(self) -> None:
+        """A new run starts: forget the history."""
+
+    def check(self, ctx: StepContext) -> Iterable[Finding]:
+        raise NotImplementedError
+
+    def finding(self, ctx: StepContext, message: str, tensor: Optional[str] = None,
+                module: Optional[str] = None, **evidence) -> Finding:
+        return Finding(self.id, self.severity, ctx.step, message, tensor, module, evidence)
+
+    def describe(self) -> dict:
+        return {"id": self.id, "severity": self.severity, "action": self.action, "enabled": self.enabled,
+                "explanation": self.explanation,
+                "thresholds": {k: {"value": self.params[k], "default": t.default, "why": t.why}
+                               for k, t in self.THRESHOLDS.items()}}

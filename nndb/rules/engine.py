@@ -1,0 +1,128 @@
+"""The rule engine: runs the enabled rules on every recorded step, live (the
+debugger session calls ``on_record``) or offline, installs the probes they
+need, and reports each (rule, tensor or module) once, at its first occurrence."""
+from __future__ import annotations
+
+from typing import Iterable, Optional
+
+from ..errors import UsageError
+from .base import ACTIONS, SEVERITIES, Finding, Rule, StepContext
+from .probes import PROBES
+
+
+class RuleEngine:
+    def __init__(self, rules: Iterable[Rule]):
+        self.rules: list = list(rules)
+        self.findings: list = []          # every finding reported, in order
+        self._seen: set = set()           # (rule id, subject)
+        self._probes: dict = {}           # name -> installed probe
+        self._rec = None
+        self.errors: list = []            # rules that raised (reported once each, then disabled)
+
+    # -- the rule set -------------------------------------------------------------
+    def rule(self, rule_id: str) -> Rule:
+        for r in self.rules:
+            if r.id == rule_id:
+                return r
+        raise UsageError(f"no rule '{rule_id}' (there are: {', '.join(r.id for r in self.rules)})")
+
+    def set_enabled(self, rule_id: str, on: bool) -> Rule:
+        r = self.rule(rule_id)
+        r.enabled = on
+        self._sync_probes()
+        return r
+
+    @staticmethod
+    def check_action(action: str) -> str:
+        if action not in ACTIONS:
+            raise UsageError(f"unknown action '{action}' (one of: {', '.join(ACTIONS)})")
+        return action
+
+    @staticmethod
+    def check_severity(severity: str) -> str:
+        if severity not in SEVERITIES:
+            raise UsageError(f"unknown severity '{severity}' (one of: {', '.join(SEVERITIES)})")
+        return severity
+
+    # -- a run --------------------------------------------------------------------
+    def attach(self, rec) -> None:
+        """A run starts (``rec``: runner.Recording): rules forget, probes go in."""
+        self.detach()
+        self._rec = rec
+        self._seen.clear()
+        for r in self.rules:
+            r.reset()
+        self._sync_probes()
+
+    def detach(self) -> None:
+        for p in self._probes.values():
+            p.uninstall()
+        self._probes = {}
+        self._rec = None
+
+    def _sync_probes(self) -> None:
+        if self._rec is None:
+            return
+        wanted = {name for r in self.rules if r.enabled for name in r.PROBES}
+        for name in list(self._probes):
+            if name not in wanted:
+                self._probes.pop(name).uninstall()
+        for name in wanted:
+            if name not in self._probes:
+                probe = PROBES[name](self._rec)
+                probe.install()
+                self._probes[name] = probe
+
+    def on_record(self, record, stats=None, optimizers=()) -> list:
+        """Run the rules on one recorded step; returns the new findings."""
+        if stats is None:
+            stats = record.stats
+        facts = {name: p.take(record.step) for name, p in self._probes.items()}
+        naming = self._rec.naming if self._rec is not None else None
+        ctx = StepContext(record, stats, facts, self.module_types(), optimizers, naming)
+        new = []
+        for r in self.rules:
+            if not r.enabled:
+                continue
+            try:
+                found = list(r.check(ctx) or ())
+            except Exception as e:   # a rule never breaks the run: it is switched off, said once
+                r.enabled = False
+                self.errors.append(f"rule {r.id} failed and is disabled: {type(e).__name__}: {e}")
+                continue
+            for f in found:
+                key = (f.rule, f.subject)
+                if key in self._seen:
+                    continue
+                self._seen.add(key)
+                self.findings.append(f)
+                new.append(f)
+        return new
+
+    def take_errors(self) -> list:
+        """Rules and probes that failed since the last call (each said once)."""
+        out = list(self.errors)
+        self.errors = []
+        for p in self._probes.values():
+            if p.error is not None and not getattr(p, "_said", False):
+                p._said = True
+                out.append(p.error)
+        return out
+
+    def module_types(self) -> dict:
+        """Activation series name -> module class name, for the modules seen."""
+        if self._rec is None:
+            return {}
+        naming = self._rec.naming
+        out = {}
+        for root in naming.roots():
+            for _, m in root.named_modules():
+                out[naming.module_name(m)] = type(m).__name__
+        return out
+
+    def action_of(self, finding: Finding) -> str:
+        return self.rule(finding.rule).action
+
+
+def describe(engine: Optional[RuleEngine]) -> list:
+    return [r.describe() for r in engine.rules] if engine is not None else []

@@ -1,0 +1,87 @@
+"""Probes: what some rules need beyond the recorded statistics, gathered by
+thin hooks while a step runs and handed to the rules at the step's end
+(``take(step)`` returns the step's facts and starts afresh).
+
+A probe is installed only while a rule that names it is enabled.  It hooks in
+through the tracer (``tracer.probes``: module class -> callback, called after
+a module's forward with its inputs and output; ``tracer.opt_observers``:
+called at each optimizer step) so it adds no global hook of its own.  A probe
+never raises into the script: the tracer's guard catches and reports.
+
+``PROBES`` maps a probe name to its class; rules name probes in ``PROBES``.
+"""
+from __future__ import annotations
+
+
+class Probe:
+    name = ""
+    MODULE_TYPES: tuple = ()          # module classes whose forward calls this probe sees
+
+    def __init__(self, rec):
+        self.rec = rec
+        self.tracer = rec.tracer
+        self.naming = rec.naming
+        self.facts: dict = {}
+        self.error = None
+
+    ROOT = False                      # see every root module's inputs (``root``)
+    OPTIMIZER = False                 # see every optimizer step (``optimizer``)
+
+    def _hooks(self) -> list:
+        if getattr(self, "_wrapped", None) is None:
+            out = [(cls, self._guard(self.forward)) for cls in self.MODULE_TYPES]
+            if self.ROOT:
+                out.append(("root", self._guard(self.root)))
+            if self.OPTIMIZER:
+                out.append(("optimizer", self._guard(self.optimizer)))
+            self._wrapped = out
+        return self._wrapped
+
+    def _guard(self, fn):
+        """A probe that fails is switched off (and says so once); the recording goes on."""
+        def call(*args):
+            if self.error is not None:
+                return
+            try:
+                fn(*args)
+            except Exception as e:
+                self.error = f"probe {self.name} failed and is off: {type(e).__name__}: {e}"
+        return call
+
+    def install(self) -> None:
+        for key, cb in self._hooks():
+            self.tracer.probes.setdefault(key, []).append(cb)
+
+    def uninstall(self) -> None:
+        for key, cb in self._hooks():
+            cbs = self.tracer.probes.get(key, [])
+            if cb in cbs:
+                cbs.remove(cb)
+            if not cbs:
+                self.tracer.probes.pop(key, None)
+
+    def forward(self, module, use: int, args, output) -> None:
+        """After ``module``'s forward (its ``use``-th call in this forward pass)."""
+
+    def root(self, module, args) -> None:
+        """Before a root module's forward (the model called by the script)."""
+
+    def optimizer(self, opt, when: str) -> None:
+        """At an optimizer step: ``when`` is "pre" or "post"."""
+
+    def take(self, step: int) -> dict:
+        out, self.facts = self.facts, {}
+        return out
+
+    def act_name(self, module, use: int) -> str:
+        """The activation series name of this call (``act``, ``act#2``)."""
+        base = self.naming.module_name(module)
+        return f"{base}#{use + 1}" if use else base
+
+
+PROBES: dict = {}
+
+
+def register(cls):
+    PROBES[cls.name] = cls
+    return cls
