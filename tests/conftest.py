@@ -36,3 +36,21 @@ def without_nndb_lines(stderr: str) -> str:
 @pytest.fixture
 def trace(tmp_path):
     return str(tmp_path / "run.h5")
+
+
+def run_in_process(tmp_path, script: str, args=(), rules="default", commands=(), frontend=None):
+    """Run a script under nndb in this process (no torch import per run: fast),
+    in batch mode; returns the driver's DebugResult (``.session.findings``)."""
+    import gc
+    from nndb.config import RunConfig
+    from nndb.debugger.driver import DebugOptions, debug
+    from nndb.debugger.frontend import ScriptedFrontend
+    from nndb.launcher import Target
+    gc.collect()     # an earlier test's optimizers must not look alive to the step clock
+    fe = frontend or ScriptedFrontend([])
+    cfg = RunConfig(Target(path=script, args=[str(a) for a in args]), str(tmp_path / "run.h5"), quiet=True)
+    return debug(cfg, DebugOptions(batch=True, no_rc=True, rules=rules, eval_commands=tuple(commands)), fe)
+
+
+def findings_of(result, severities=("error", "warning")) -> list:
+    return [f for f in result.session.findings if f["severity"] in severities]

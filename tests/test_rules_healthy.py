@@ -1,0 +1,27 @@
+"""Rules must not cry wolf: the healthy example scripts produce no finding of
+severity warning or error with the default rules."""
+import pytest
+
+from conftest import example, findings_of, run_in_process
+
+HEALTHY = {
+    "mlp.py": [],
+    "cnn.py": [],                 # batch norm, eval() for validation and back
+    "lstm.py": [],                # gradient clipping
+    "transformer.py": [],         # dropout and LR warmup
+    "grad_accum.py": [],
+    "gan.py": [],                 # two optimizers, detached generator output
+    "lbfgs.py": [],               # a closure
+    "manual_sgd.py": [],          # no torch.optim
+    "frozen_backbone.py": [],     # only the head in the optimizer
+    "dataloader.py": [],
+}
+
+
+@pytest.mark.parametrize("script", sorted(HEALTHY))
+def test_healthy_scripts_have_no_findings(tmp_path, script, capsys):
+    res = run_in_process(tmp_path, example(script), HEALTHY[script])
+    assert res.exit_code == 0
+    assert findings_of(res) == []
+    # every built-in rule ran (none was switched off by an error of its own)
+    assert all(r.enabled for r in res.session.rules.rules)
