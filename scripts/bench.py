@@ -3,7 +3,8 @@
 
 For each workload the same training loop runs plain (A) and recorded by nndb
 (B), interleaved A B A B ... in this one process, each from the same seed and
-initial weights.  Only the loop is timed (no interpreter start-up, no model
+initial weights; B is what `nndb run --batch` does: the recorder, the debugger
+session with no commands, and the rules (``--rules``).  Only the loop is timed (no interpreter start-up, no model
 construction, no trace creation or closing).  Printed: the median of the
 per-pair ratios B/A with their min-max, the plain and recorded step times,
 trace bytes per recorded step, and nndb's one-time cost (the extra time of
@@ -34,6 +35,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from nndb import runmeta  # noqa: E402
 from nndb.config import RecordSchedule, RunConfig  # noqa: E402
 from nndb.launcher import Target  # noqa: E402
+from nndb.debugger.frontend import BatchFrontend  # noqa: E402
+from nndb.debugger.session import Session  # noqa: E402
+from nndb.rules.catalog import load as load_rules  # noqa: E402
 from nndb.runner import Recording  # noqa: E402
 
 
@@ -119,6 +123,9 @@ def train(model, opt, crit, data, steps):
 WARMUP = 5
 
 
+RULES = "default"     # --rules: what `nndb run` runs by default
+
+
 def timed_loop(build, steps, recorded, schedule, tmpdir, seed=0):
     """Seconds for ``steps`` steps after WARMUP untimed ones (both under the
     recorder when ``recorded``), the final loss, trace bytes per step, and the
@@ -131,6 +138,9 @@ def timed_loop(build, steps, recorded, schedule, tmpdir, seed=0):
         meta = runmeta.collect(Target(path="bench.py"), schedule.describe())
         rec = Recording(path, meta, RunConfig(Target(path="bench.py"), path, schedule),
                         message=lambda m: print(m, file=sys.stderr))
+        # what `nndb run --batch` adds: the debugger session (no commands) and the rules
+        session = Session(BatchFrontend(), interactive=False, stop_at_start=False, rules=load_rules(RULES))
+        session.attach(rec, path)
         rec.__enter__()
     t = time.perf_counter()
     train(model, opt, crit, data, WARMUP)
@@ -142,6 +152,7 @@ def timed_loop(build, steps, recorded, schedule, tmpdir, seed=0):
     if rec is not None:
         rec.__exit__(None, None, None)
         rec.close()
+        session.run_ended("finished", 0, "")
         size = os.path.getsize(path) / max(1, rec.writer.steps_written)
         os.remove(path)
     return elapsed, loss, size, warmup
@@ -181,8 +192,11 @@ def main(argv=None):
     ap.add_argument("--every", type=int, default=None, help="record every N-th step")
     ap.add_argument("--full-every", type=int, default=None,
                     help="full statistics of large tensors every N-th recorded step (default: nndb's)")
+    ap.add_argument("--rules", default="default", help="the rules nndb runs: default, none or a YAML file")
     ap.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     args = ap.parse_args(argv)
+    global RULES
+    RULES = args.rules
     from tabulate import tabulate
     schedule = RecordSchedule.parse(args.every, None, args.full_every)
     names = args.workload or list(WORKLOADS)
@@ -194,7 +208,8 @@ def main(argv=None):
              f"{r['ratio_median']:.3f}x", f"{r['ratio_min']:.3f}-{r['ratio_max']:.3f}",
              f"{r['trace_bytes_per_step']:.0f}" if r["trace_bytes_per_step"] else "-",
              f"{r['startup_extra_ms']:.0f}"] for r in results]
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, schedule: {schedule.describe()}")
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, schedule: {schedule.describe()}, "
+          f"rules: {RULES}")
     print(tabulate(rows, headers=["workload", "plain ms/step", "nndb ms/step", "ratio (median)",
                                   "ratio min-max", "trace B/step", "one-time ms"], disable_numparse=True))
     if args.json:

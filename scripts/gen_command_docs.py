@@ -1,8 +1,10 @@
 #!/usr/bin/env python
-"""Write the debugger's command reference into README.md from the command
-table (nndb/debugger/commands), between the ``commands:start`` and
-``commands:end`` markers.  ``--check`` exits 1 if README is out of date (the
-test suite runs it), so the README cannot drift from ``help``.
+"""Write the debugger's command reference and the built-in rules into
+README.md, from the command table (nndb/debugger/commands) and the rule
+catalog (nndb/rules/catalog.py), between the ``commands:start``/``commands:end``
+and ``rules:start``/``rules:end`` markers.  ``--check`` exits 1 if README is
+out of date (the test suite runs it), so the README cannot drift from ``help``
+and ``info rules``.
 
     python scripts/gen_command_docs.py            # rewrite the README section
     python scripts/gen_command_docs.py --check
@@ -17,9 +19,11 @@ ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 sys.path.insert(0, ROOT)
 
 from nndb.debugger.commands import TABLE  # noqa: E402
+from nndb.rules.catalog import default_rules  # noqa: E402
 
 README = os.path.join(ROOT, "README.md")
 START, END = "<!-- commands:start (scripts/gen_command_docs.py) -->", "<!-- commands:end -->"
+RULES_START, RULES_END = "<!-- rules:start (scripts/gen_command_docs.py) -->", "<!-- rules:end -->"
 
 
 def reference() -> str:
@@ -30,9 +34,25 @@ def reference() -> str:
     return "\n".join(lines)
 
 
+def rules_reference() -> str:
+    lines = ["| rule | severity | what it catches | thresholds (default: where it comes from) |",
+             "|---|---|---|---|"]
+    for r in default_rules():
+        th = "<br>".join(f"`{k}` = {t.default:g}: {t.why}" for k, t in r.THRESHOLDS.items()) or "-"
+        lines.append(f"| `{r.id}` | {r.severity} | {r.explanation} | {th.replace('|', '/')} |")
+    return "\n".join(lines)
+
+
+def _between(text: str, start: str, end: str, body: str) -> str:
+    a, b = text.index(start), text.index(end)
+    return text[:a + len(start)] + "\n" + body + "\n" + text[b:]
+
+
 def render(text: str) -> str:
-    a, b = text.index(START), text.index(END)
-    return text[:a + len(START)] + "\n" + reference() + "\n" + text[b:]
+    text = _between(text, START, END, reference())
+    if RULES_START in text:
+        text = _between(text, RULES_START, RULES_END, rules_reference())
+    return text
 
 
 def main() -> int:
