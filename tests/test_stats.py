@@ -96,3 +96,12 @@ def test_statistics_do_not_touch_the_tensor_or_rng():
     S.raw_many([t, t * 2])
     assert torch.equal(t.detach(), before)
     assert torch.equal(torch.get_rng_state(), state)
+
+
+def test_one_column_equals_that_column_of_finalize_many():
+    rows = np.array([S.raw_now(torch.randn(100)) for _ in range(4)]
+                    + [S.raw_now(torch.tensor([1.0, float("nan"), 0.0, float("inf")])),
+                       S.raw_now(torch.zeros(3))])
+    full = S.finalize_many(rows)
+    for i, name in enumerate(S.STAT_NAMES):
+        np.testing.assert_array_equal(S.finalize_column(rows, name), full[:, i])

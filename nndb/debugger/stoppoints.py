@@ -135,7 +135,8 @@ class StopPoints:
             tracer = self.rec.tracer
             naming = self.rec.naming
             opts = [(naming.optimizer_name(o), o) for o in tracer.optimizers()]
-            found = self.rules.on_record(record, self._stats_of(record), opts)
+            stats = self._view_cache[1] if self._view_cache[0] is record else None
+            found = self.rules.on_record(record, stats, opts)
         except Exception as e:
             self.error(f"nndb: internal error in the rules, skipped: {type(e).__name__}: {e}")
             return []

@@ -70,11 +70,12 @@ class StepContext:
     during the step; ``module_types``: activation series name -> module class
     name; ``optimizers``: [(name, optimizer)]; ``param_name(p)``."""
 
-    def __init__(self, record, stats: np.ndarray, facts: Optional[dict] = None,
+    def __init__(self, record, stats: Optional[np.ndarray] = None, facts: Optional[dict] = None,
                  module_types: Optional[dict] = None, optimizers=(), naming=None):
         self.record = record
         self.step = record.step
-        self.stats = stats
+        self._stats = stats                    # finalised lazily: most steps need a column or two
+        self._cols: dict = {}
         self.facts = facts or {}
         self.module_types = module_types or {}
         self.optimizers = list(optimizers)
@@ -85,9 +86,22 @@ class StepContext:
         self._masks: dict = {}
 
     # Rules run on every step: prefer the vector forms (col, mask) to Python loops.
+    @property
+    def stats(self) -> np.ndarray:
+        """(series, 10) statistics of the step."""
+        if self._stats is None:
+            self._stats = self.record.stats
+        return self._stats
+
     def col(self, stat: str) -> np.ndarray:
         """One statistic for every series of the step."""
-        return self.stats[:, STAT_INDEX[stat]]
+        if self._stats is not None:
+            return self._stats[:, STAT_INDEX[stat]]
+        c = self._cols.get(stat)
+        if c is None:
+            from ..tracer.stats import finalize_column
+            c = self._cols[stat] = finalize_column(self.record.raw, stat)
+        return c
 
     def mask(self, kind: str) -> np.ndarray:
         m = self._masks.get(kind)

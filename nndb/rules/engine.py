@@ -75,8 +75,6 @@ class RuleEngine:
 
     def on_record(self, record, stats=None, optimizers=()) -> list:
         """Run the rules on one recorded step; returns the new findings."""
-        if stats is None:
-            stats = record.stats
         facts = {name: p.take(record.step) for name, p in self._probes.items()}
         naming = self._rec.naming if self._rec is not None else None
         ctx = StepContext(record, stats, facts, self.module_types(), optimizers, naming)
