@@ -134,7 +134,8 @@ class StopPoints:
         try:
             tracer = self.rec.tracer
             naming = self.rec.naming
-            opts = [(naming.optimizer_name(o), o) for o in tracer.optimizers()]
+            def opts():
+                return [(naming.optimizer_name(o), o) for o in tracer.optimizers()]
             stats = self._view_cache[1] if self._view_cache[0] is record else None
             found = self.rules.on_record(record, stats, opts)
         except Exception as e:

@@ -77,8 +77,10 @@ class StepContext:
         self._stats = stats                    # finalised lazily: most steps need a column or two
         self._cols: dict = {}
         self.facts = facts or {}
-        self.module_types = module_types or {}
-        self.optimizers = list(optimizers)
+        # module_types and optimizers may be given as callables: computed on
+        # first use (most steps no rule asks)
+        self._module_types = module_types if module_types is not None else {}
+        self._optimizers = optimizers
         self.naming = naming
         self.names = record.names              # [(name, kind)], row order of ``stats``
         self._by_kind = None
@@ -86,6 +88,18 @@ class StepContext:
         self._masks: dict = {}
 
     # Rules run on every step: prefer the vector forms (col, mask) to Python loops.
+    @property
+    def module_types(self) -> dict:
+        if callable(self._module_types):
+            self._module_types = self._module_types()
+        return self._module_types
+
+    @property
+    def optimizers(self) -> list:
+        if callable(self._optimizers):
+            self._optimizers = self._optimizers()
+        return list(self._optimizers)
+
     @property
     def stats(self) -> np.ndarray:
         """(series, 10) statistics of the step."""

@@ -77,7 +77,7 @@ class RuleEngine:
         """Run the rules on one recorded step; returns the new findings."""
         facts = {name: p.take(record.step) for name, p in self._probes.items()}
         naming = self._rec.naming if self._rec is not None else None
-        ctx = StepContext(record, stats, facts, self.module_types(), optimizers, naming)
+        ctx = StepContext(record, stats, facts, self.module_types, optimizers, naming)
         new = []
         for r in self.rules:
             if not r.enabled:
@@ -108,14 +108,19 @@ class RuleEngine:
         return out
 
     def module_types(self) -> dict:
-        """Activation series name -> module class name, for the modules seen."""
+        """Activation series name -> module class name, for the modules seen
+        (computed again only when a new model appears)."""
         if self._rec is None:
             return {}
         naming = self._rec.naming
+        cached = getattr(self, "_types_cache", None)
+        if cached is not None and cached[0] is naming and cached[1] == naming.roots_version:
+            return cached[2]
         out = {}
         for root in naming.roots():
             for _, m in root.named_modules():
                 out[naming.module_name(m)] = type(m).__name__
+        self._types_cache = (naming, naming.roots_version, out)
         return out
 
     def action_of(self, finding: Finding) -> str:
