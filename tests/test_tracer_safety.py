@@ -94,3 +94,17 @@ def test_forked_dataloader_workers_neither_record_nor_stop(tmp_path, trace):
     with TraceReader(trace) as r:
         names = {s.name for s in r.series()}
         assert r.n_steps == 4 and "model" in names and "feat" not in names
+
+
+def test_an_optimizer_alive_before_the_run_does_not_change_how_steps_end(tmp_path):
+    # (a notebook, or an earlier run in this process, may hold one)
+    from conftest import example, run_in_process
+    leftover = torch.optim.SGD([torch.nn.Parameter(torch.zeros(2))], lr=0.1)
+    res = run_in_process(tmp_path, example("mlp.py"), ["--steps", "5"], rules="none")
+    with TraceReader(res.run.trace_path) as r:
+        assert list(r.steps) == [0, 1, 2, 3, 4]
+        assert list(r.optimizer_steps) == [1, 1, 1, 1, 1]
+    # one optimizer steps: steps end at its step() from the first one on (not
+    # learnt after the fact, as with a GAN's two optimizers)
+    assert res.session.rec.tracer.clock.mode.name == "SINGLE"
+    assert leftover.param_groups[0]["lr"] == 0.1

@@ -118,6 +118,7 @@ class Tracer:
         self._backward_pending = False
         self._opt_seen: "weakref.WeakSet" = weakref.WeakSet()
         self._known_optimizers: Optional[weakref.WeakSet] = None
+        self._preexisting: "weakref.WeakSet" = weakref.WeakSet()
         # > 0 while a step boundary is being decided and recorded: nndb's
         # signal handling waits for it, so a Ctrl-C never loses half a step.
         self.busy = 0
@@ -132,6 +133,7 @@ class Tracer:
             os.register_at_fork(after_in_child=_quiet_in_child)
             _FORK_HOOK = True
         _ACTIVE.add(self)
+        self._preexisting = weakref.WeakSet(find_optimizers())
         self._handles = [
             _module.register_module_forward_pre_hook(self._forward_pre),
             _module.register_module_forward_hook(self._forward_post),
@@ -269,10 +271,13 @@ class Tracer:
             self.busy -= 1
 
     def _optimizer_count(self, opt=None) -> int:
-        """Optimizers in the process: scanned once and reused, unless an
-        optimizer steps that the last scan did not see."""
+        """Optimizers of this run: scanned once and reused, unless an optimizer
+        steps that the last scan did not see.  One that was alive before the
+        run started (an earlier run's, in a notebook or a test process) counts
+        only once it steps in this run."""
         if self._known_optimizers is None or (opt is not None and opt not in self._known_optimizers):
-            self._known_optimizers = weakref.WeakSet(find_optimizers())
+            self._known_optimizers = weakref.WeakSet(
+                o for o in find_optimizers() if o not in self._preexisting or o in self._opt_seen)
         return len(self._known_optimizers)
 
     # -- optimizer hooks -------------------------------------------------------
