@@ -59,6 +59,8 @@ def candidates(session, kind: str, words, current: str) -> list:
         return [str(n) for n in sorted(session.points)]
     if kind == "info":
         return list(INFO)
+    if kind == "rule":
+        return [r.id for r in session.rules.rules] if session.rules is not None else []
     if kind == "module":
         return sorted(session.known_names("module"))
     if kind == "tensor":

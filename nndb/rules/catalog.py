@@ -3,10 +3,12 @@ from __future__ import annotations
 
 from typing import Optional
 
-from . import stats_rules
+from . import grad_rules, stats_rules
+from . import probe_rules
 from .engine import RuleEngine
 
-BUILTIN: list = list(stats_rules.RULES)
+BUILTIN: list = list(stats_rules.RULES) + list(grad_rules.RULES)
+BUILTIN += probe_rules.RULES
 
 
 def default_rules() -> list:

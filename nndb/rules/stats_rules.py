@@ -1,38 +1,314 @@
-"""Rules over the recorded statistics alone (they would run on a trace too)."""
+"""Rules over the recorded statistics alone (they would run on a trace too):
+non-finite values, exploding and vanishing gradients, the update/weight ratio,
+parameters that are not updated, a loss that does not go down; and, through a
+small probe of the BatchNorm buffers (nndb.rules.bn_probe), running statistics
+out of range.
+
+They run on every recorded step, so they read whole columns of the step
+(``ctx.col``) through index arrays built once per list of series
+(nndb.rules.series), and keep per-tensor history in numpy arrays indexed by a
+slot fixed for the run: no Python loop over the series of a step, and on a
+step where nothing is suspicious a handful of numpy calls per rule.
+
+What the recording gives them (nndb.tracer.recorder): ``count``, ``norm``,
+``nan_count`` and ``inf_count`` on every recorded step; ``mean`` for small
+tensors (large ones only at full steps); a parameter an optimizer holds has
+``param``, ``grad`` and ``update`` rows, one no optimizer holds only ``param``
+and ``grad``; a frozen parameter (no ``.grad``) has no ``grad`` row.
+"""
 from __future__ import annotations
 
 import math
+from collections import deque
 
 import numpy as np
 
 from .base import Rule, Threshold
+from .bn_probe import BatchNormStats
+from .gradient_norms import ExplodingGradient, VanishingGradient
+from .series import MIN_ELEMENTS, Streaks, Tensors, also, by_group, fit, layout, num, optimizer_lr
 
-KIND_ORDER = ("loss", "act", "grad", "param", "update")
+KIND_ORDER = ("act", "loss", "grad", "param", "update")     # the order a step produces them
 
 
 class NonFinite(Rule):
     id = "nonfinite"
     severity = "error"
-    explanation = "NaN or Inf in the loss, an activation, a gradient or a parameter; says where it appeared first"
+    explanation = ("NaN or Inf in an activation, the loss, a gradient or a parameter; says where it appeared "
+                   "first (once per incident: what a NaN spreads to on later steps is not reported again)")
+
+    def reset(self):
+        self._prev = None              # (step, names, norms) of the previous recorded step, if it was clean
+        self._bad_before = False       # the previous recorded step already held a NaN/Inf
 
     def check(self, ctx):
-        # The first tensor of the step, in the order the step produced them
-        # (forward: activations in call order; then loss; backward: grads;
-        # the step: params and updates), that holds a NaN or an Inf.
-        bad = np.flatnonzero((ctx.col("nan_count") > 0) | (ctx.col("inf_count") > 0))
-        if bad.size == 0:
+        nan, inf = ctx.col("nan_count"), ctx.col("inf_count")
+        if not (np.count_nonzero(nan) or np.count_nonzero(inf)):
+            # (the norm column is the gradient rules' too: computed once per step)
+            self._prev, self._bad_before = (ctx.step, ctx.names, ctx.col("norm")), False
             return
-        i = int(bad[0])
-        name, kind = ctx.names[i]
-        nan, inf = float(ctx.col("nan_count")[i]), float(ctx.col("inf_count")[i])
-        what = " and ".join(w for w, n in (("NaN", nan), ("Inf", inf)) if n > 0)
-        count = int((nan if nan > 0 else 0) + (inf if inf > 0 else 0))
-        yield self.finding(ctx, f"{what} first appeared in {kind} {name} ({count} element(s))",
-                           tensor=name, kind=kind, nan_count=_num(nan), inf_count=_num(inf))
+        prev, self._prev = self._prev, None
+        was_bad, self._bad_before = self._bad_before, True
+        if was_bad:                    # the same incident going on: NaN spreads to everything
+            return
+        bad = np.flatnonzero((nan > 0) | (inf > 0)).tolist()
+        # The first tensor in the order the step produced them: forward
+        # (activations in call order), loss, backward (gradients, last layer
+        # first), the update (parameters, then updates).
+        names = ctx.names
+
+        def order(j):
+            kind = names[j][1]
+            rank = KIND_ORDER.index(kind) if kind in KIND_ORDER else len(KIND_ORDER)
+            return rank, (-j if kind == "grad" else j)
+        i = min(bad, key=order)
+        name, kind = names[i]
+        n_nan, n_inf = float(nan[i]), float(inf[i])
+        what = " and ".join(w for w, n in (("NaN", n_nan), ("Inf", n_inf)) if n > 0)
+        by_kind: dict = {}
+        for j in bad:
+            by_kind[names[j][1]] = by_kind.get(names[j][1], 0) + 1
+        evidence = {"kind": kind, "nan_count": num(n_nan), "inf_count": num(n_inf),
+                    "elements": num(ctx.col("count")[i]), "nonfinite_tensors": by_kind}
+        msg = f"{what} first appeared in {kind} {name} ({int(n_nan + n_inf)} element(s))"
+        if prev is not None and (name, kind) in prev[1]:
+            before = float(prev[2][prev[1].index((name, kind))])
+            evidence["previous_step"], evidence["previous_norm"] = prev[0], num(before)
+            msg += f"; its norm at step {prev[0]} was {before:.3g}"
+        yield self.finding(ctx, msg, tensor=name, **evidence)
 
 
-def _num(x: float):
-    return None if math.isnan(x) else x
+class UpdateRatio(Rule):
+    id = "update_ratio"
+    severity = "warning"
+    explanation = ("the update / weight norm ratio of a weight tensor stays far from ~1e-3: the learning rate "
+                   "is far too high (weights rewritten every step) or far too low (nothing moves)")
+    THRESHOLDS = {
+        "high": Threshold(0.2, "update norm / weight norm above this: CS231n ('Neural Networks Part 3', "
+                               "Karpathy) puts a healthy ratio around 1e-3; 0.2 is 200x that, and above what "
+                               "the healthy examples (Adam at lr 5e-2 on a small head included) reach after "
+                               "their first steps (~0.15)"),
+        "low": Threshold(1e-6, "below this: 1000x under 1e-3, about float32's resolution of the weights "
+                               "(an update this small is mostly rounded away)"),
+        "warmup": Threshold(3, "first recorded steps not judged: Adam's first steps are ~lr per element "
+                               "whatever the gradient, and the ratio starts high for every tensor; the low "
+                               "side is also not judged while an optimizer's learning rate is still rising "
+                               "(an LR warmup)"),
+        "min_elements": MIN_ELEMENTS,
+        "steps": Threshold(3, "consecutive recorded steps beyond the threshold"),
+    }
+
+    def reset(self):
+        self.own = Tensors()
+        self.streaks = Streaks(int(self.params["steps"]))
+        self.zero_init = np.zeros(0, dtype=bool)   # slot -> its first update was all of it (grew from 0)
+        self.seen = np.zeros(0, dtype=bool)        # slot -> a first nonzero update was seen
+        self._detect = (None, 0)                   # (layout, steps left) while first updates are awaited
+        self._lr = None
+        self._steps = 0                            # recorded steps seen
+
+    def _warming(self, ctx) -> bool:
+        """Has an optimizer's learning rate gone up since the last time asked (an LR warmup)?"""
+        lrs = optimizer_lr(ctx)
+        warming = self._lr is not None and any(lr > self._lr.get(k, lr) for k, lr in lrs.items())
+        self._lr = lrs
+        return warming
+
+    def check(self, ctx):
+        t, lay = layout(ctx, self.own)
+        p = self.params
+        me = int(p["min_elements"])
+        if t.n_slots > self.streaks.n:
+            self.streaks.grow(t.n_slots)
+            self.zero_init, self.seen = fit(self.zero_init, t.n_slots, False), fit(self.seen, t.n_slots, False)
+        e = lay.derived(("update_eligible", me),
+                        lambda: np.flatnonzero(lay.weightlike(ctx, me) & (lay.u >= 0) & (lay.p >= 0)))
+        if e.size == 0:
+            return
+        se = lay.derived(("update_eligible_slots", me), lambda: lay.slots[e])
+        u, w = lay.take(ctx, "update", "norm")[e], lay.take(ctx, "param", "norm")[e]
+        with np.errstate(all="ignore"):
+            r = u / w
+        if self._detect[0] is not lay:
+            self._detect = (lay, 50)
+        if self._detect[1]:        # a tensor whose first update is all of it started at exactly 0
+            self._detect = (lay, self._detect[1] - 1)
+            unseen = ~self.seen[se]
+            first = unseen & (u > 0) & np.isfinite(r)
+            if np.count_nonzero(first):
+                self.zero_init[se[first]] = np.abs(u[first] - w[first]) <= 1e-6 * w[first]
+                self.seen[se[first]] = True
+            elif not np.count_nonzero(unseen):
+                self._detect = (lay, 0)
+        self._steps += 1
+        if self._steps <= int(p["warmup"]):
+            return
+        hi = (r > p["high"]) & ~self.zero_init[se]
+        lo = (r < p["low"]) & (u > 0)
+        if np.count_nonzero(lo) and self._warming(ctx):
+            lo[:] = False
+        st = self.streaks.update(se, hi | lo, ctx.step, r)
+        if st is None:
+            return
+        new = np.flatnonzero(st == int(p["steps"]))
+        groups = lay.groups(ctx)[e]
+        for idx in by_group(new, groups, hi).values():      # one finding per optimizer and side
+            k = max(idx, key=lambda j: r[j]) if hi[idx[0]] else min(idx, key=lambda j: r[j])
+            slot, side, name = se[k], ("high" if hi[k] else "low"), lay.names[e[k]]
+            since = int(self.streaks.since[slot])
+            others = [lay.names[e[j]] for j in idx if j != k]
+            msg = (f"update/weight ratio of {name} is {r[k]:.3g} at step {ctx.step}, "
+                   f"{'above' if side == 'high' else 'below'} {p[side]:g} for {p['steps']:g} recorded steps "
+                   f"in a row since step {since} (healthy: ~1e-3): the learning rate is probably far too "
+                   f"{side}{also(others)}")
+            yield self.finding(ctx, msg, tensor=name, side=side, ratio=num(r[k]), update_norm=num(u[k]),
+                               weight_norm=num(w[k]), steps=[since, ctx.step],
+                               recent_ratios=self.streaks.recent(slot), lr=optimizer_lr(ctx, name), also=others)
 
 
-RULES = [NonFinite]
+class ParamNotUpdated(Rule):
+    id = "param_not_updated"
+    severity = "warning"
+    explanation = ("a parameter gets a nonzero gradient step after step but never changes: it is missing from "
+                   "the optimizer, or its learning rate is 0")
+    THRESHOLDS = {
+        "steps": Threshold(5, "consecutive recorded steps: an LR schedule may start at exactly 0 for a step "
+                              "(linear warmup from 0); five steps without any change are not a schedule"),
+        "min_grad_rms": Threshold(1e-7, "gradients with a smaller RMS count as zero: LBFGS (tolerance_grad "
+                                        "1e-7) declares convergence and makes no update below that"),
+    }
+
+    def reset(self):
+        self.own = Tensors()
+        self.streaks = Streaks(1)
+        self.prev = np.zeros((0, 3))          # slot -> (param norm, param mean, grad norm) at the last step
+
+    def check(self, ctx):
+        t, lay = layout(ctx, self.own)
+        if t.n_slots > self.streaks.n:
+            self.streaks.grow(t.n_slots)
+            self.prev = fit(self.prev, t.n_slots, np.nan)
+        held = lay.derived("held", lambda: np.flatnonzero((lay.u >= 0) & (lay.g >= 0)))
+        unheld = lay.derived("unheld", lambda: np.flatnonzero((lay.u < 0) & (lay.g >= 0) & (lay.p >= 0)))
+        flags = None
+        # held by an optimizer: its update is exactly 0
+        zero = lay.take(ctx, "update", "norm")[held] == 0
+        if np.count_nonzero(zero):
+            flags = np.zeros(len(lay.names), dtype=bool)
+            k = held[zero]
+            flags[k] = self._has_grad(ctx, lay, k)
+        # held by none (param and grad rows only): the value did not change
+        # while a new gradient came (a stale .grad kept between a GAN's
+        # generator steps is not a new one)
+        if unheld.size:
+            su = lay.slots[unheld]
+            pn, pm = lay.take(ctx, "param", "norm")[unheld], lay.take(ctx, "param", "mean")[unheld]
+            g = lay.take(ctx, "grad", "norm")[unheld]
+            prev = self.prev[su]
+            same = (pn == prev[:, 0]) & ((pm == prev[:, 1]) | np.isnan(pm) | np.isnan(prev[:, 1]))
+            stuck = same & (g != prev[:, 2]) & self._has_grad(ctx, lay, unheld)
+            self.prev[su] = np.stack([pn, pm, g], axis=1)
+            if np.count_nonzero(stuck):
+                flags = np.zeros(len(lay.names), dtype=bool) if flags is None else flags
+                flags[unheld[stuck]] = True
+        st = self.streaks.update(lay.slots, flags if flags is not None else np.zeros(len(lay.names), dtype=bool),
+                                 ctx.step)
+        if st is None:
+            return
+        new = np.flatnonzero(st == int(self.params["steps"]))
+        g = lay.take(ctx, "grad", "norm")
+        for idx in by_group(new, lay.groups(ctx), lay.u >= 0).values():
+            k = idx[0]          # one finding per optimizer (one cause: its lr), the others listed
+            name, held_k = lay.names[k], bool(lay.u[k] >= 0)
+            since = int(self.streaks.since[lay.slots[k]])
+            others = [lay.names[j] for j in idx[1:]]
+            lr = optimizer_lr(ctx, name) if held_k else None
+            why = (f"its update is exactly 0 (learning rate {lr:g})" if held_k and lr is not None else
+                   "its update is exactly 0" if held_k else "no optimizer holds it and its value never changes")
+            yield self.finding(
+                ctx, f"{name} has a gradient (norm {g[k]:.3g}) but was not updated for {self.params['steps']:g} "
+                     f"recorded steps in a row since step {since}: {why}{also(others)}",
+                tensor=name, grad_norm=num(g[k]), in_optimizer=held_k, lr=lr, steps=[since, ctx.step],
+                also=others)
+
+    def _has_grad(self, ctx, lay, k: np.ndarray) -> np.ndarray:
+        """A gradient above min_grad_rms at layout positions ``k``."""
+        thr = lay.derived(("grad_thr", self.params["min_grad_rms"]), lambda: float(self.params["min_grad_rms"])
+                          * np.sqrt(np.maximum(lay.take(ctx, "grad", "count"), 1)))
+        with np.errstate(invalid="ignore"):
+            return lay.take(ctx, "grad", "norm")[k] > thr[k]
+
+
+# -- the loss -------------------------------------------------------------------------------------
+
+class LossNotDecreasing(Rule):
+    id = "loss_not_decreasing"
+    severity = "warning"
+    explanation = ("after min_steps recorded steps the loss has not gone down: the median of the last window "
+                   "is not clearly below the median of the first")
+    THRESHOLDS = {
+        "min_steps": Threshold(30, "recorded steps with a finite loss before judging: short runs and slow "
+                                   "starts (warmup) are left alone; healthy examples have lost >= 13% by then"),
+        "window": Threshold(10, "loss values per window (first and last): medians of 10 values shrug off a "
+                                "spike or two"),
+        "margin": Threshold(0.05, "the last window's median must be below the first's by this share of it: "
+                                  "healthy examples lose >= 13% within 30 steps, the planted bugs (dead ReLUs, "
+                                  "double softmax, raw pixels) <= 2%"),
+        "z": Threshold(2.0, "... and by this many standard errors of the difference of the two medians "
+                            "(noise from the pooled median absolute deviation): a noisy loss needs a clearer drop"),
+    }
+
+    def reset(self):
+        self.own = Tensors()
+        self.first: dict = {}          # loss name -> (values of the first window, their median, deviations)
+        self.last: dict = {}           # loss name -> the last window (deque)
+        self.n: dict = {}              # loss name -> finite values seen
+        self.done: set = set()         # reported, or non-finite once (nonfinite's business)
+
+    def check(self, ctx):
+        _, lay = layout(ctx, self.own)
+        if lay.loss_rows.size != 1:    # several losses (a GAN, actor-critic): adversarial, not meant to all go down
+            return
+        name = lay.loss_names[0]
+        if name in self.done:
+            return
+        v = float(ctx.col("mean")[lay.loss_rows[0]])
+        if not math.isfinite(v):
+            self.done.add(name)
+            return
+        p = self.params
+        w = int(p["window"])
+        n = self.n[name] = self.n.get(name, 0) + 1
+        last = self.last.get(name)
+        if last is None:
+            last = self.last[name] = deque(maxlen=w)
+            self.first[name] = []
+        last.append(v)
+        first = self.first[name]
+        if n <= w:
+            first.append(v)
+            return
+        if n < max(int(p["min_steps"]), 2 * w):
+            return
+        m1, m2 = _median(first), _median(last)
+        mad = _median([abs(x - m1) for x in first] + [abs(x - m2) for x in last])
+        se = 1.2533 * 1.4826 * mad * math.sqrt(2.0 / w)       # of the difference of two medians
+        need = max(float(p["margin"]) * abs(m1), float(p["z"]) * se)
+        if m1 - m2 >= need:
+            return
+        self.done.add(name)
+        yield self.finding(
+            ctx, f"{name} has not gone down: median {m2:.4g} over the last {w} recorded steps vs {m1:.4g} over "
+                 f"the first {w} (a drop of {m1 - m2:.3g}, {100 * (m1 - m2) / abs(m1) if m1 else 0:.1f}%; at least "
+                 f"{need:.3g} expected) after {n} steps",
+            tensor=name, first_median=m1, last_median=m2, drop=m1 - m2, needed=need, noise_se=se, recorded_steps=n)
+
+
+def _median(xs) -> float:
+    s = sorted(xs)
+    h = len(s) // 2
+    return float(s[h]) if len(s) % 2 else (s[h - 1] + s[h]) / 2.0
+
+
+RULES = [NonFinite, ExplodingGradient, VanishingGradient, UpdateRatio, ParamNotUpdated, LossNotDecreasing,
+         BatchNormStats]

@@ -9,6 +9,7 @@ from ...errors import CommandError
 from .. import evaluate as E
 from .. import points as P
 from .breakpoints import info_points
+from .rules import info_rules
 from .table import Command, Table, no_args
 
 
@@ -333,6 +334,7 @@ INFO = {
     "params": _info_params,
     "optimizer": _info_optimizer,
     "locals": _info_locals,
+    "rules": info_rules,
 }
 INFO_ALIASES = {"b": "breakpoints", "break": "breakpoints", "watch": "watchpoints"}
 
@@ -382,6 +384,7 @@ A sparkline of the whole series and its last K values (default 20).""",
   info breakpoints   info watchpoints   info display
   info step          the current step, why the run stopped, the last loss
   info modules       info params        info optimizer (hyper-parameters per param group)
-  info locals        the current frame's variables""",
+  info locals        the current frame's variables
+  info rules         the diagnostic rules: severity, action, enabled, findings, thresholds""",
             _info, _info_arg, aliases=("i",), args=("info",), group="data"),
 ]

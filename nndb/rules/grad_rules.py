@@ -1,0 +1,244 @@
+"""Rules about the gradients an optimizer is given: parameters that never get
+one (``grad_none``) and gradients that are never reset between optimizer
+steps (``stale_grad``).
+
+Both look at the optimizers' parameters at the return of each
+``optimizer.step()`` (the probes' "post" callback): at that moment ``.grad`` is
+still exactly what the step used (optimizers read gradients, they do not
+clear them), also for closure optimizers such as LBFGS, which run their
+forward and backward passes *inside* ``step()`` (at "pre" a first LBFGS step
+has seen no gradient yet).  Their facts are ready before the step closes, so
+a finding is reported at the step where it happened.
+"""
+from __future__ import annotations
+
+import math
+import weakref
+
+import torch
+
+from .base import Rule, Threshold
+from .probes import Probe, register
+
+
+# -- grad_none -------------------------------------------------------------------------------
+@register
+class GradPresence(Probe):
+    """Which parameters of an optimizer (with requires_grad) have no ``.grad``
+    at its step.  Cheap: a step whose parameters all had gradients is followed
+    by ``EVERY - 1`` steps that are not looked at; once one is missing, every
+    step is looked at until it has a gradient again (so consecutive checks are
+    consecutive steps)."""
+    name = "grad_presence"
+    OPTIMIZER = True
+    EVERY = 10
+
+    def __init__(self, rec):
+        super().__init__(rec)
+        self._skip: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()   # optimizer -> steps to skip
+
+    def optimizer(self, opt, when: str) -> None:
+        if when != "post":
+            return
+        n = self._skip.get(opt, 0)
+        if n > 0:
+            self._skip[opt] = n - 1
+            return
+        missing = [p for g in opt.param_groups for p in g["params"]
+                   if p.grad is None and p.requires_grad]
+        self._skip[opt] = 0 if missing else self.EVERY - 1
+        self.facts.setdefault("checks", []).append({
+            "optimizer": self.naming.optimizer_name(opt),
+            "missing": [(id(p), self.naming.param_name(p)) for p in missing],
+        })
+
+
+class GradNone(Rule):
+    id = "grad_none"
+    severity = "warning"
+    explanation = ("a parameter given to an optimizer, with requires_grad, gets no gradient (.grad is None "
+                   "at its steps): cut from the loss by detach()/.data/no_grad, or an unused branch")
+    THRESHOLDS = {
+        "steps": Threshold(5, "consecutive optimizer steps without a gradient: a parameter used every other "
+                              "step, or round-robin over up to 5 task heads, is not flagged; a cut graph "
+                              "shows from the first step, so this only delays the report by 4 steps"),
+    }
+    PROBES = ("grad_presence",)
+
+    def __init__(self):
+        super().__init__()
+        self._runs: dict = {}          # optimizer name -> {param id: consecutive steps without grad}
+
+    def reset(self) -> None:
+        self._runs = {}
+
+    def check(self, ctx):
+        need = max(1, int(self.params["steps"]))
+        for c in ctx.facts.get("grad_presence", {}).get("checks", ()):
+            prev = self._runs.get(c["optimizer"], {})
+            now = {pid: prev.get(pid, 0) + 1 for pid, _ in c["missing"]}
+            self._runs[c["optimizer"]] = now
+            hit = [name for pid, name in c["missing"] if now[pid] >= need]
+            if not hit:
+                continue
+            more = f" and {len(hit) - 4} more" if len(hit) > 4 else ""
+            yield self.finding(
+                ctx, f"{', '.join(hit[:4])}{more} got no gradient at {need} consecutive steps of "
+                     f"{c['optimizer']} although requires_grad is set (.grad is None): is it used in the "
+                     "forward pass, or cut from the loss by detach(), .data or torch.no_grad()?",
+                tensor=hit[0], optimizer=c["optimizer"], params=hit, steps=need)
+
+
+# -- stale_grad --------------------------------------------------------------------------------
+class _Watch:
+    """One optimizer's sample parameter: the gradient it had at the optimizer's
+    last step, and the sum of the gradients that arrived since then."""
+    __slots__ = ("opt", "param", "name", "handle", "last", "incoming", "__weakref__")
+
+    def __init__(self, opt, param, name):
+        self.opt = weakref.ref(opt)
+        self.param = weakref.ref(param)
+        self.name = name
+        self.handle = None
+        self.last = None
+        self.incoming = None
+
+
+def _sample(opt):
+    """A small parameter of the optimizer with a dense gradient now: the smallest
+    one with at least 16 elements (else the largest with at least 2; with one
+    element, a gradient and its sum with another are always parallel)."""
+    ps = [p for g in opt.param_groups for p in g["params"]
+          if p.requires_grad and p.grad is not None and not p.grad.is_sparse and p.numel() >= 2]
+    if not ps:
+        return None
+    big = [p for p in ps if p.numel() >= 16]
+    return min(big, key=lambda p: p.numel()) if big else max(ps, key=lambda p: p.numel())
+
+
+def _flat(t):
+    return t.detach().reshape(-1).to(torch.float32)
+
+
+@register
+class GradReset(Probe):
+    """Was the gradient reset since the optimizer's last step?  For one sample
+    parameter per optimizer a tensor hook (it sees each incoming gradient
+    before it is added to ``.grad``) sums the gradients since the optimizer's
+    last step.  At the next step ``.grad`` (g) is compared with the last step's
+    gradient (l) plus that sum (i): g parallel to l + i but not to i alone
+    means that l was never cleared.  (Parallel, not equal: gradient clipping
+    and AMP's unscaling rescale .grad in place.)  Facts: relative residuals
+    ``r_stale`` = |g - a(l+i)| / |g| and ``r_reset`` = |g - b i| / |g| with the
+    least-squares a, b."""
+    name = "grad_reset"
+    OPTIMIZER = True
+
+    def __init__(self, rec):
+        super().__init__(rec)
+        self._watches: dict = {}      # id(optimizer) -> _Watch
+
+    def uninstall(self) -> None:
+        super().uninstall()
+        for key in list(self._watches):
+            self._drop(key)
+
+    def _drop(self, key) -> None:
+        w = self._watches.pop(key)
+        if w.handle is not None:
+            w.handle.remove()
+
+    def _hook(self, w):
+        def hook(grad):
+            if self.error is not None:
+                return None
+            try:
+                if grad is not None and not grad.is_sparse:
+                    g = _flat(grad)
+                    w.incoming = g.clone() if w.incoming is None else w.incoming.add_(g)
+            except Exception as e:     # never raise into the backward pass
+                self.error = f"probe {self.name} failed and is off: {type(e).__name__}: {e}"
+            return None
+        return hook
+
+    def optimizer(self, opt, when: str) -> None:
+        if when != "post":
+            return
+        key = id(opt)
+        w = self._watches.get(key)
+        if w is not None and (w.opt() is not opt or w.param() is None):
+            self._drop(key)                               # a new optimizer at a reused address
+            w = None
+        if w is None:
+            p = _sample(opt)
+            if p is None:
+                return                                    # look again at the next step
+            w = self._watches[key] = _Watch(opt, p, self.naming.param_name(p))
+            w.handle = p.register_hook(self._hook(w))
+            w.last = _flat(p.grad).clone()
+            return
+        p = w.param()
+        g = None if p.grad is None or p.grad.is_sparse else _flat(p.grad)
+        last, inc = w.last, w.incoming
+        w.last = g.clone() if g is not None else None
+        w.incoming = None
+        if g is None or last is None or inc is None:
+            return
+        if g.shape != last.shape or g.shape != inc.shape:
+            return
+        s = last + inc
+        a = g.dot(s) / s.dot(s)                   # least squares: g ~ a (l + i), g ~ b i
+        b = g.dot(inc) / inc.dot(inc)
+        # one transfer to the host (one synchronisation on a GPU)
+        gn, ln, n_in, rs, rr, a = torch.stack([g.norm(), last.norm(), inc.norm(), (g - a * s).norm(),
+                                               (g - b * inc).norm(), a]).tolist()
+        if not (gn > 0 and ln > 0 and n_in > 0) or not math.isfinite(rs + rr + a):
+            return
+        self.facts.setdefault("checks", []).append({
+            "optimizer": self.naming.optimizer_name(opt), "param": w.name,
+            "r_stale": rs / gn, "r_reset": rr / gn, "scale": a,
+            "grad_norm": gn, "last_norm": ln, "incoming_norm": n_in,
+        })
+
+
+class StaleGrad(Rule):
+    id = "stale_grad"
+    severity = "error"
+    explanation = ("gradients are not reset between optimizer steps (zero_grad missing): each step "
+                   "uses the sum of all gradients so far; accumulation within a step is fine")
+    THRESHOLDS = {
+        "steps": Threshold(2, "consecutive optimizer steps whose .grad still held the last step's "
+                              "gradient: one could be a deliberate one-off, two in a row is a pattern"),
+        "tol": Threshold(1e-3, "relative residual of .grad against (last step's grad + new grads): "
+                               "float32 re-summation differs by ~1e-6, clipping/AMP rescaling by 0"),
+        "min_share": Threshold(0.05, "relative residual of .grad against the new grads alone, below which "
+                                     "the old gradient is too small to tell the two cases apart"),
+    }
+    PROBES = ("grad_reset",)
+
+    def __init__(self):
+        super().__init__()
+        self._runs: dict = {}          # optimizer name -> consecutive stale steps
+
+    def reset(self) -> None:
+        self._runs = {}
+
+    def check(self, ctx):
+        need = max(1, int(self.params["steps"]))
+        for c in ctx.facts.get("grad_reset", {}).get("checks", ()):
+            opt = c["optimizer"]
+            stale = c["r_stale"] <= self.params["tol"] and c["r_reset"] >= self.params["min_share"] \
+                and c["scale"] > 0
+            n = self._runs[opt] = self._runs.get(opt, 0) + 1 if stale else 0
+            if n >= need:
+                yield self.finding(
+                    ctx, f"gradients are not reset between the steps of {opt} ({n} in a row: "
+                         f"{c['param']}.grad held the last step's gradient plus the new one): call "
+                         "zero_grad() once per step (after step() when accumulating over several "
+                         "backward passes)",
+                    tensor=c["param"], optimizer=opt, steps=n,
+                    **{k: c[k] for k in ("r_stale", "r_reset", "scale", "grad_norm", "last_norm",
+                                         "incoming_norm")})
+
+
+RULES = [GradNone, StaleGrad]

@@ -1,0 +1,309 @@
+"""Exploding and vanishing gradients, from the recorded gradient norms.
+
+Three views of a weight tensor's gradient at a step, each a flag; a streak of
+``steps`` consecutive flagged recorded steps reports the tensor (one finding
+per optimizer: its worst tensor, the others listed):
+
+* relative to the tensor's own early value (median of its first 5 recorded
+  nonzero norms);
+* absolute (a ceiling; a floor while the loss is still high);
+* across layers: the ratio of the largest to the smallest RMS gradient among
+  the weight tensors of one optimizer.  Backprop multiplies gradients on their
+  way to the input, so which of the two comes first in parameter order (about
+  forward order) says exploding (largest first) or vanishing (smallest first).
+
+Only weight tensors count (>= 2-D and ``min_elements``: biases and norm scales
+have small, noisy gradients), and only nonzero gradients: an exactly-zero
+gradient is a frozen or dead layer, not a vanishing one.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .base import Rule, Threshold
+from .series import MIN_ELEMENTS, Streaks, Tensors, also, fit, layout, num
+
+_EARLY = 5      # recorded steps whose median is a tensor's own reference value
+_STEPS = Threshold(3, "consecutive recorded steps: a single spiky batch is not a trend; three in a row are")
+
+
+def _spread(ctx, lay, me: int, limit: float):
+    """{optimizer: (ratio, hi, lo, rms hi, rms lo)} (layout positions) where the
+    largest RMS weight gradient is over ``limit`` x the smallest; shared by
+    the two rules of a step."""
+    def compute():
+        e = _eligible(ctx, lay, me)
+        if e.size < 2:
+            return {}
+        rms = lay.take(ctx, "grad", "norm")[e] * lay.derived(("inv_sqrt", me), lambda: 1.0 / np.sqrt(
+            np.maximum(lay.take(ctx, "grad", "count")[e], 1)))
+        pos = rms > 0
+        r = rms[pos]
+        if r.size < 2 or not r.max() > limit * r.min():        # the usual case: one check for all
+            return {}
+        grp = lay.groups(ctx)[e]
+        out = {}
+        for key in np.unique(grp[pos]).tolist():
+            idx = np.flatnonzero(pos & (grp == key))
+            if idx.size < 2:
+                continue
+            hi, lo = idx[np.argmax(rms[idx])], idx[np.argmin(rms[idx])]
+            if rms[hi] > limit * rms[lo]:
+                out[key] = (float(rms[hi] / rms[lo]), int(e[hi]), int(e[lo]), float(rms[hi]), float(rms[lo]))
+        return out
+    return lay.per_step(ctx, ("spread", me, limit), compute)
+
+
+def _eligible(ctx, lay, me: int) -> np.ndarray:
+    """Layout positions of the weight tensors with a gradient row."""
+    return lay.derived(("grad_eligible", me), lambda: np.flatnonzero(lay.weightlike(ctx, me) & (lay.g >= 0)))
+
+
+class _Gradients(Rule):
+    direction = ""
+
+    def reset(self):
+        self.own = Tensors()
+        self.early = np.zeros((0, _EARLY))      # slot -> first recorded nonzero grad norms
+        self.early_n = np.zeros(0, dtype=np.int64)
+        self.ref = np.zeros(0)                  # slot -> median of ``early`` (NaN until known)
+        self.thr = np.zeros(0)                  # slot -> the norm beyond which it is flagged (from ref)
+        self._thr_params = None
+        self.streaks = Streaks(int(self.params["steps"]))
+        self.done_groups: set = set()
+        self._fill_layouts: list = []           # layouts seen (a new one may bring new tensors)
+        self._filling = 0                       # references are filled for this many more steps
+        self._loss = None
+
+    def check(self, ctx):
+        t, lay = layout(ctx, self.own)
+        p = self.params
+        me = int(p["min_elements"])
+        if t.n_slots > self.streaks.n:
+            n = t.n_slots
+            self.streaks.grow(n)
+            self.early, self.early_n = fit(self.early, n, np.nan), fit(self.early_n, n, 0)
+            self.ref, self.thr = fit(self.ref, n, np.nan), fit(self.thr, n, np.nan)
+            self._thr_params = None
+        e = _eligible(ctx, lay, me)
+        if e.size == 0:
+            return
+        se = lay.derived(("grad_eligible_slots", me), lambda: lay.slots[e])
+        g = lay.take(ctx, "grad", "norm")[e]
+        if lay not in self._fill_layouts:     # new tensors may have come: look for 50 more steps
+            self._fill_layouts = self._fill_layouts[-15:] + [lay]
+            self._filling = _EARLY * 10
+        if self._filling:            # the tensors' own references: medians of their first nonzero norms
+            self._filling -= 1       # (a tensor without 5 nonzero norms in 50 steps goes without)
+            self._fill(se, g)
+        if self._thr_params != p:           # new references, or thresholds changed (rule set)
+            self._thr_params = dict(p)
+            self.thr = self._thresholds(self.ref)
+        flags = self._flags(ctx, lay, e, g, se)
+        st = self.streaks.update(se, flags, ctx.step, g)
+        if st is None:
+            return
+        hit = np.flatnonzero(st >= int(p["steps"]))
+        if hit.size == 0:
+            return
+        groups = lay.groups(ctx)
+        for grp in dict.fromkeys(groups[e[hit]].tolist()):      # one finding per optimizer
+            if grp in self.done_groups:
+                continue
+            self.done_groups.add(grp)
+            same = [int(j) for j in hit if groups[e[j]] == grp]
+            k = self._worst(same, g)
+            others = [lay.names[e[j]] for j in same if j != k]
+            yield self._report(ctx, lay, e, se, k, g, others)
+
+    def _fill(self, se, g) -> None:
+        todo = self.early_n[se] < _EARLY
+        if not np.count_nonzero(todo):
+            self._filling = 0
+            return
+        fill = todo & (g > 0) & np.isfinite(g)
+        if np.count_nonzero(fill):
+            s = se[fill]
+            self.early[s, self.early_n[s]] = g[fill]
+            self.early_n[s] += 1
+            done = s[self.early_n[s] == _EARLY]
+            if done.size:
+                self.ref[done] = np.median(self.early[done], axis=1)
+                self._thr_params = None
+
+    def _thresholds(self, ref: np.ndarray) -> np.ndarray:
+        raise NotImplementedError
+
+    def _flags(self, ctx, lay, e, g, se) -> np.ndarray:
+        raise NotImplementedError
+
+    def _why(self, ctx, lay, e, g, k) -> tuple:
+        """(criteria that hold for position ``k``, its group's layer spread or None)."""
+        raise NotImplementedError
+
+    def _worst(self, cand: list, g) -> int:
+        raise NotImplementedError
+
+    def _report(self, ctx, lay, e, se, k, g, others):
+        slot, name, ref = se[k], lay.names[e[k]], float(self.ref[se[k]])
+        reasons, sp = self._why(ctx, lay, e, g, k)
+        since = int(self.streaks.since[slot])
+        ev = {"grad_norm": num(g[k]), "early_median": num(ref),
+              "ratio_to_early": num(g[k] / ref) if ref > 0 else None, "criteria": reasons,
+              "steps": [since, ctx.step], "recent_norms": self.streaks.recent(slot)}
+        if sp is not None:
+            ev["layer_spread"] = {"ratio": sp[0], "largest": lay.names[sp[1]], "largest_rms": sp[3],
+                                  "smallest": lay.names[sp[2]], "smallest_rms": sp[4]}
+        if self._loss is not None:
+            ev["loss"], ev["early_loss"] = self._loss
+        ev["also"] = others
+        p = self.params
+        said = {"relative": f"{g[k] / ref:.3g}x its early median {ref:.3g}" if ref > 0 else "",
+                "absolute": (f"above {p['ceiling']:g}" if self.direction == "exploding" else f"below {p['floor']:g}"),
+                "inf": "holds Inf",
+                "cross_layer": (f"{sp[0]:.3g}x between the RMS gradients of {lay.names[sp[1]]} and "
+                                f"{lay.names[sp[2]]}" if sp is not None else "")}
+        detail = "; ".join(s for s in (said[r] for r in reasons) if s)
+        msg = (f"{self.direction} gradient in {name}: norm {g[k]:.3g} at step {ctx.step} ({detail}), "
+               f"for {p['steps']:g} recorded steps in a row since step {since}{also(others)}")
+        return self.finding(ctx, msg, tensor=name, **ev)
+
+    def _cross(self, ctx, lay, e, g, earlier: str):
+        """Flags of the tensors that make their optimizer's layer spread too
+        wide: the largest (``earlier`` = "largest") or smallest RMS gradient,
+        when it is in the earlier layer of the two; None if none."""
+        spread = _spread(ctx, lay, int(self.params["min_elements"]), float(self.params["spread"]))
+        cross = None
+        for _, hi, lo, _, _ in spread.values():
+            if (hi < lo) == (earlier == "largest"):
+                cross = np.zeros(e.size, dtype=bool) if cross is None else cross
+                cross[np.searchsorted(e, hi if earlier == "largest" else lo)] = True
+        return cross
+
+    def _group_spread(self, ctx, lay, e, k):
+        spread = _spread(ctx, lay, int(self.params["min_elements"]), float(self.params["spread"]))
+        return spread.get(int(lay.groups(ctx)[e[k]]))
+
+
+class ExplodingGradient(_Gradients):
+    id = "exploding_gradient"
+    severity = "warning"
+    explanation = ("a weight's gradient norm keeps growing out of range: far above its own early value, above "
+                   "an absolute ceiling, Inf, or far above the other layers' gradients (early layers largest)")
+    direction = "exploding"
+    THRESHOLDS = {
+        "relative": Threshold(1e4, "x the median of the tensor's first 5 recorded gradient norms: four orders "
+                                   "of magnitude; healthy examples grow at most ~200x (a GAN's generator, whose "
+                                   "gradients start near 0 while the discriminator is untrained)"),
+        "min_norm": Threshold(1.0, "and at least this norm for the relative test: a gradient below the usual "
+                                   "clipping norm (clip_grad_norm_ max_norm=1) is not exploding, however small "
+                                   "it started (zero-initialised heads start from ~0)"),
+        "ceiling": Threshold(1e3, "absolute gradient norm of one tensor: 100-1000x the usual clipping norms "
+                                  "(1 for transformers, 5-10 for RNNs: Pascanu et al. 2013, 'On the difficulty "
+                                  "of training recurrent neural networks'); healthy examples peak at ~10"),
+        "spread": Threshold(1e3, "ratio of the largest to the smallest RMS weight gradient within one "
+                                 "optimizer, when the largest is in the earlier layer (backprop multiplies the "
+                                 "gradient up on its way to the input); healthy examples stay below ~150"),
+        "min_elements": MIN_ELEMENTS,
+        "steps": _STEPS,
+    }
+
+    def _thresholds(self, ref):
+        p = self.params
+        rel = np.fmax(p["relative"] * ref, p["min_norm"])          # NaN (no reference yet) -> min_norm
+        return np.where(np.isnan(ref), p["ceiling"], np.fmin(rel, p["ceiling"]))
+
+    def _flags(self, ctx, lay, e, g, se):
+        flags = g > self.thr[se]
+        if lay.any_nonzero(ctx, "inf_count"):
+            flags |= lay.take(ctx, "grad", "inf_count")[e] > 0
+        cross = self._cross(ctx, lay, e, g, "largest")
+        return flags if cross is None else flags | cross
+
+    def _why(self, ctx, lay, e, g, k):
+        p, ref = self.params, float(self.ref[lay.slots[e[k]]])
+        sp = self._group_spread(ctx, lay, e, k)
+        inf = lay.take(ctx, "grad", "inf_count")[e[k]] > 0
+        reasons = [w for w, holds in (
+            ("relative", ref > 0 and g[k] > p["relative"] * ref and g[k] >= p["min_norm"]),
+            ("absolute", g[k] > p["ceiling"]), ("inf", inf),
+            ("cross_layer", sp is not None and sp[1] == e[k])) if holds]
+        return reasons, sp
+
+    def _worst(self, cand, g):
+        return max(cand, key=lambda j: (g[j] if math.isfinite(g[j]) else math.inf))
+
+
+class VanishingGradient(_Gradients):
+    id = "vanishing_gradient"
+    severity = "warning"
+    explanation = ("a weight's gradient norm shrinks to almost nothing while the loss is still high, or is "
+                   "orders of magnitude below the later layers' gradients")
+    direction = "vanishing"
+    THRESHOLDS = {
+        "relative": Threshold(1e-3, "x the median of the tensor's first 5 recorded gradient norms (while the "
+                                    "loss is still high): three orders of magnitude; healthy examples shrink "
+                                    "at most ~70x, and then because their loss went down"),
+        "floor": Threshold(1e-7, "absolute gradient norm of one weight tensor (while the loss is still high): "
+                                 "about float32's relative precision, so lr * grad no longer changes weights of "
+                                 "order 1; healthy examples stay above 1e-2"),
+        "loss_drop": Threshold(0.5, "the loss is 'still high' while it has come down by less than this share "
+                                    "of its early level (median of its first 5 recorded values)"),
+        "spread": Threshold(1e3, "ratio of the largest to the smallest RMS weight gradient within one "
+                                 "optimizer, when the smallest is in the earlier layer (saturating "
+                                 "activations, tiny init); healthy examples stay below ~150 (a transformer's "
+                                 "embeddings vs its head)"),
+        "min_elements": MIN_ELEMENTS,
+        "steps": _STEPS,
+    }
+
+    def reset(self):
+        super().reset()
+        self.loss_ref: dict = {}                # loss name -> first values, then their median
+
+    def _loss_high(self, ctx, lay):
+        """Has some loss come down by less than ``loss_drop`` of its early level?"""
+        if lay.loss_rows.size == 0:
+            return None
+        vals = ctx.col("mean")[lay.loss_rows].tolist()
+        out = None
+        for name, v in zip(lay.loss_names, vals):
+            if not math.isfinite(v):
+                continue
+            ref = self.loss_ref.setdefault(name, [])
+            if len(ref) < _EARLY:
+                ref.append(v)
+                early = float(np.median(ref))
+                if len(ref) == _EARLY:
+                    ref.append(early)            # the median, once known
+            else:
+                early = ref[-1]
+            if early - v < float(self.params["loss_drop"]) * abs(early):
+                out = (v, early)
+        return out
+
+    def _thresholds(self, ref):
+        p = self.params
+        return np.where(np.isnan(ref), p["floor"], np.fmax(p["relative"] * ref, p["floor"]))
+
+    def _flags(self, ctx, lay, e, g, se):
+        self._loss = self._loss_high(ctx, lay)
+        flags = ((g < self.thr[se]) & (g > 0)) if self._loss is not None else None
+        cross = self._cross(ctx, lay, e, g, "smallest")
+        if flags is None:
+            return cross if cross is not None else np.zeros(e.size, dtype=bool)
+        return flags if cross is None else flags | cross
+
+    def _why(self, ctx, lay, e, g, k):
+        p, ref = self.params, float(self.ref[lay.slots[e[k]]])
+        sp = self._group_spread(ctx, lay, e, k)
+        high = self._loss is not None and g[k] > 0
+        reasons = [w for w, holds in (
+            ("relative", high and ref > 0 and g[k] < p["relative"] * ref), ("absolute", high and g[k] < p["floor"]),
+            ("cross_layer", sp is not None and sp[2] == e[k])) if holds]
+        return reasons, sp
+
+    def _worst(self, cand, g):
+        return min(cand)           # the earliest layer: the farthest from the loss

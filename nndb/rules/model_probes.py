@@ -1,0 +1,380 @@
+"""The probes of the model rules (nndb.rules.probe_rules): what some module
+calls look like, gathered inside the script's forward pass.
+
+They run on every call of their module types, so each does a few reductions
+of the detached tensor (or under ``torch.no_grad()``) into new small tensors:
+never a Python loop over elements, never an in-place change of a tensor the
+script uses, never a random number (the script's numbers stay
+bit-identical); only in steps that are recorded; on a sample of steps where a
+full pass over a big activation would cost too much (BIG_ELEMENTS), and on
+the first calls then a sample of steps for what does not change during a run
+(the data's scale, what the last layer outputs: SAMPLE_FIRST, SAMPLE_EVERY).
+Results stay tensors until the rule reads them at the step's end (no device
+sync inside the forward pass).
+
+Facts are kept per step (the recorder's step at the time of the call), keyed
+by module while the step runs and by series or module name once taken, and
+``take(step)`` hands over exactly that step's, so a record emitted late
+(hand-written updates) still gets its own step's facts.  (While the step
+clock learns a multi-optimizer iteration, step 0 is closed after the fact:
+the first module calls of step 1 then count for step 0.)
+
+Module probes see modules of the listed classes (and of their subclasses
+defined before the run starts: the tracer matches exact classes); loss
+modules are seen as root calls (``criterion(out, y)``), so any subclass
+counts.  Functional calls (``F.relu``, ``F.cross_entropy``) are not modules
+and are not seen.
+"""
+from __future__ import annotations
+
+import math
+import weakref
+
+import torch
+import torch.nn as nn
+
+from .probes import Probe, register
+
+# An activation bigger than this is looked at on one recorded step in BIG_EVERY
+# (the recorder already makes a few passes over it; this adds one or two).
+BIG_ELEMENTS = 1 << 20
+BIG_EVERY = 4
+# What does not change during a run is looked at on the first SAMPLE_FIRST calls,
+# then on one recorded step in SAMPLE_EVERY.
+SAMPLE_FIRST = 10
+SAMPLE_EVERY = 25
+
+
+def subclasses(*bases) -> tuple:
+    out, todo = [], list(bases)
+    while todo:
+        c = todo.pop()
+        if c not in out:
+            out.append(c)
+            todo.extend(c.__subclasses__())
+    return tuple(c for c in out if not c.__name__.startswith("_"))
+
+
+class StepProbe(Probe):
+    """Facts per step: ``step_facts()`` is the dict of the step now running."""
+
+    def __init__(self, rec):
+        super().__init__(rec)
+        self._by_step: dict = {}
+        self._seen: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()   # module -> calls (sample)
+
+    @property
+    def recorder(self):
+        return self.rec.recorder
+
+    def step_facts(self) -> dict:
+        s = self.recorder.step
+        d = self._by_step.get(s)
+        if d is None:
+            if len(self._by_step) >= 4:       # steps nobody took (no rule ran): forget them
+                del self._by_step[min(self._by_step)]
+            d = self._by_step[s] = {}
+        return d
+
+    def take(self, step: int) -> dict:
+        out = self._by_step.pop(step, {})
+        for s in [s for s in self._by_step if s < step]:
+            del self._by_step[s]
+        return out
+
+    def sample(self, module) -> bool:
+        """For what does not change during a run (the data's scale, what the model's last
+        layer outputs): the first SAMPLE_FIRST calls, then one recorded step in SAMPLE_EVERY."""
+        n = self._seen.get(module, 0)
+        self._seen[module] = n + 1
+        return n < SAMPLE_FIRST or self.recorder.step % SAMPLE_EVERY == 0
+
+
+def unit_extremes(x: torch.Tensor, fn) -> dict:
+    """Per unit, ``fn`` (torch.amax or torch.amin) over the batch and positions of a
+    batched activation: (N, F) -> units are features; (N, C, H, W...) -> channels;
+    (N, L, F) is ambiguous (a Linear on a sequence, or a Conv1d): both are
+    given.  Two small reductions after one pass over the tensor."""
+    m = fn(x, 0)
+    if m.dim() == 1:
+        return {"features": m}
+    if m.dim() == 2:
+        return {"channels": fn(m, 1), "features": fn(m, 0)}
+    return {"channels": fn(m.flatten(1), 1)}
+
+
+def samples_per_unit(x: torch.Tensor) -> int:
+    if x.dim() == 3:
+        return x.shape[0] * min(x.shape[1], x.shape[2])
+    return x.numel() // max(1, x.shape[-1] if x.dim() == 2 else x.shape[1])
+
+
+def _merge(old: dict, new: dict, fn) -> dict:
+    if any(c in old and old[c].shape != t.shape for c, t in new.items()):
+        return new
+    return {c: fn(old[c], t) if c in old else t for c, t in new.items()}
+
+
+class UnitProbe(StepProbe):
+    """Per call of its module types (autograd on, as the recorded ``act``
+    series; only floating outputs with a batch dimension): per unit, the
+    largest (``HI``) and/or smallest (``LO``) output over the batch, merged
+    over the calls of the step.  facts[series] = {"hi": {convention: tensor},
+    "lo": {...}, "samples": values per unit, "type": module class name}."""
+    HI = True
+    LO = False
+
+    def forward(self, module, use, args, output) -> None:
+        if type(output) is not torch.Tensor or not self.recorder.recording or not torch.is_grad_enabled() \
+                or output.dim() < 2 or not output.is_floating_point():
+            return
+        if output.numel() > BIG_ELEMENTS and self.recorder.step % BIG_EVERY:
+            return
+        x = output.detach()          # no graph, no copy; the reductions make new small tensors
+        hi = unit_extremes(x, torch.amax)
+        lo = unit_extremes(x, torch.amin) if self.LO else None
+        facts = self.step_facts()
+        f = facts.get((module, use))
+        if f is None:
+            facts[(module, use)] = {"type": type(module).__name__, "samples": samples_per_unit(x),
+                                    "hi": hi, "lo": lo}
+        else:                        # called again in the step (gradient accumulation, a GAN's D)
+            f["samples"] += samples_per_unit(x)
+            f["hi"] = _merge(f["hi"], hi, torch.maximum)
+            if lo is not None:
+                f["lo"] = _merge(f["lo"], lo, torch.minimum)
+        self.seen_output(module, use, output)
+
+    def seen_output(self, module, use, output) -> None:
+        pass
+
+    def take(self, step: int) -> dict:
+        """Facts by series name (``act``, ``act#2``), as the recorded activations."""
+        out = {}
+        for key, f in super().take(step).items():
+            out[self.act_name(*key) if isinstance(key, tuple) else key] = f
+        return out
+
+
+# -- dead_relu ----------------------------------------------------------------------------------
+@register
+class ReluUnits(UnitProbe):
+    """ReLU calls: per unit, the largest output over the batch (a unit whose
+    largest output is 0 was silent for every sample)."""
+    name = "relu_units"
+    MODULE_TYPES = subclasses(nn.ReLU, nn.ReLU6)
+
+
+# -- saturated_activation -----------------------------------------------------------------------
+@register
+class Saturation(UnitProbe):
+    """Tanh/Sigmoid calls: per unit, the smallest and largest output over the
+    batch.  facts["heads"]: series whose output went straight into a loss
+    module (a probability head: confident, not stuck)."""
+    name = "saturation"
+    MODULE_TYPES = subclasses(nn.Tanh, nn.Sigmoid)
+    ROOT = True
+    LO = True
+
+    def __init__(self, rec):
+        super().__init__(rec)
+        self._last: dict = {}       # (module, use) -> weakref of its last output (to spot heads)
+
+    def seen_output(self, module, use, output) -> None:
+        self._last[(module, use)] = weakref.ref(output)
+
+    def root(self, module, args) -> None:
+        if not self._last or not isinstance(module, nn.modules.loss._Loss) or not args:
+            return
+        x = args[0]
+        if not isinstance(x, torch.Tensor):
+            return
+        base = x._base if x._base is not None else x
+        for key, ref in self._last.items():
+            if ref() is x or ref() is base:
+                self.step_facts().setdefault("heads", set()).add(self.act_name(*key))
+
+
+# -- eval_mode_training -------------------------------------------------------------------------
+@register
+class TrainMode(StepProbe):
+    """Dropout and BatchNorm calls with autograd on: per series, calls in eval
+    and in train mode, and the module for the rule's closer look."""
+    name = "train_mode"
+    MODULE_TYPES = subclasses(nn.modules.dropout._DropoutNd, nn.modules.batchnorm._BatchNorm)
+
+    def forward(self, module, use, args, output) -> None:
+        if not self.recorder.recording or not torch.is_grad_enabled():
+            return
+        facts = self.step_facts()
+        f = facts.get((module, use))
+        if f is None:
+            f = facts[(module, use)] = {"eval": 0, "train": 0, "module": module,
+                                        "type": type(module).__name__, "needs_grad": False}
+        if module.training:
+            f["train"] += 1
+        else:
+            f["eval"] += 1
+            f["needs_grad"] = f["needs_grad"] or bool(getattr(output, "requires_grad", False))
+
+    def take(self, step: int) -> dict:
+        return {self.act_name(*key): f for key, f in super().take(step).items()}
+
+
+# -- input_range, initial_loss, loss_broadcast, double_softmax ----------------------------------
+CLASS_LOSSES = (nn.CrossEntropyLoss, nn.NLLLoss)
+POINTWISE_LOSSES = (nn.MSELoss, nn.L1Loss, nn.SmoothL1Loss, nn.HuberLoss, nn.BCELoss, nn.BCEWithLogitsLoss)
+INPUT_CAP = 1 << 20          # elements of a model input looked at (a strided subset beyond)
+ROWS = 64                    # rows of a classification loss's input checked for softmax output
+
+
+def _first_tensor(args):
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            return a
+    return None
+
+
+def _dtype(t: torch.Tensor) -> str:
+    return str(t.dtype).replace("torch.", "")
+
+
+class ModuleKeyed(StepProbe):
+    """Facts keyed by module while the step runs, by module name once taken."""
+
+    def take(self, step: int) -> dict:
+        out = super().take(step)
+        for key in ("roots", "calls"):
+            if key in out:
+                out[key] = {self.naming.module_name(m): f for m, f in out[key].items()}
+        return out
+
+
+@register
+class ModelInputs(ModuleKeyed):
+    """The first tensor argument of each root module that owns parameters:
+    floating-point only (token ids and other integer inputs are not scaled
+    data).  facts["roots"][root name] = {"stats": tensor [min, max, mean,
+    root mean square, 1 if the first 4096 values are whole numbers], "shape",
+    "dtype"}.  Sampled (the scale of the data
+    does not change): see StepProbe.sample."""
+    name = "model_inputs"
+    ROOT = True
+
+    def __init__(self, rec):
+        super().__init__(rec)
+        self._has_params: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+    def root(self, module, args) -> None:
+        if not self.recorder.recording or not args:
+            return
+        owns = self._has_params.get(module)
+        if owns is None:
+            owns = self._has_params[module] = next(iter(module.parameters()), None) is not None \
+                and not isinstance(module, nn.modules.loss._Loss)
+        if not owns:
+            return
+        x = _first_tensor(args)
+        if x is None or not x.is_floating_point() or x.numel() < 2:
+            return
+        roots = self.step_facts().setdefault("roots", {})
+        if module in roots or not self.sample(module):
+            return
+        with torch.no_grad():
+            v = x.detach().reshape(-1)
+            if v.numel() > INPUT_CAP:
+                v = v[:: -(-v.numel() // INPUT_CAP)]
+            v = v.float()
+            lo, hi = torch.aminmax(v)
+            rms = torch.linalg.vector_norm(v) / math.sqrt(v.numel())     # (std_mean is 10x slower)
+            w = v[:4096]             # integer-valued? (only a hint in the message): a few values do
+            stats = torch.stack([lo, hi, v.mean(), rms, (w == w.round()).all().float()])
+        roots[module] = {"stats": stats, "shape": tuple(x.shape), "dtype": _dtype(x)}
+
+
+@register
+class LossInputs(ModuleKeyed):
+    """What loss modules are given.  facts["calls"][loss name] = {"type",
+    and: "shapes" (pointwise losses, only when prediction and target shapes
+    differ); "first_loss" (classification, the first call at step 0 with
+    autograd on: the loss recomputed from the call's arguments, and the class
+    count); "probs" (CrossEntropyLoss, sampled: tensor [min, max, largest
+    |row sum - 1|] over up to ROWS rows), "classes", "dtype", "softmax_from"
+    (the nn.Softmax series, or a softmax function, whose output is the input)}."""
+    name = "loss_inputs"
+    ROOT = True
+    MODULE_TYPES = subclasses(nn.Softmax)
+
+    def __init__(self, rec):
+        super().__init__(rec)
+        self._softmax: dict = {}      # (module, use) -> weakref of its last output
+        self._first: "weakref.WeakSet" = weakref.WeakSet()   # losses whose first step-0 call was measured
+
+    def forward(self, module, use, args, output) -> None:
+        if type(output) is torch.Tensor and self.recorder.recording:
+            self._softmax[(module, use)] = weakref.ref(output)
+
+    def _call(self, module) -> dict:
+        calls = self.step_facts().setdefault("calls", {})
+        f = calls.get(module)
+        if f is None:
+            f = calls[module] = {"type": type(module).__name__}
+        return f
+
+    def root(self, module, args) -> None:
+        if not isinstance(module, nn.modules.loss._Loss) or len(args) < 2 or not self.recorder.recording:
+            return
+        x, y = args[0], args[1]
+        if not (isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor)):
+            return
+        if isinstance(module, POINTWISE_LOSSES):
+            if x.shape != y.shape:
+                self._call(module)["shapes"] = (tuple(x.shape), tuple(y.shape))
+            return
+        if not isinstance(module, CLASS_LOSSES) or not x.is_floating_point() or x.dim() < 1 or x.numel() == 0:
+            return
+        cdim = 1 if x.dim() >= 2 else 0
+        classes = x.shape[cdim]
+        if classes < 2:
+            return
+        first = self.recorder.step == 0 and torch.is_grad_enabled() and module not in self._first
+        if first:
+            self._first.add(module)
+            with torch.no_grad():
+                self._call(module)["first_loss"] = (self._loss(module, x.detach(), y), classes)
+        if not isinstance(module, nn.CrossEntropyLoss) or "probs" in self._call(module) \
+                or not self.sample(module):
+            return
+        f = self._call(module)
+        f["softmax_from"] = self._softmax_source(x)
+        with torch.no_grad():
+            rows = x.detach()[:ROWS] if cdim else x.detach()
+            if rows.dim() > 2:       # (N, C, d1, ...): a few positions of each
+                rows = rows[(slice(None), slice(None)) + (slice(0, 4),) * (rows.dim() - 2)]
+            rows = rows.float()
+            err = (rows.sum(dim=cdim) - 1).abs().amax()
+            f["probs"] = torch.stack([rows.amin(), rows.amax(), err])
+        f["classes"], f["dtype"] = classes, _dtype(x)
+
+    def _softmax_source(self, x):
+        base = x._base if x._base is not None else x
+        for key, ref in self._softmax.items():
+            if ref() is x or ref() is base:
+                return self.act_name(*key)
+        fn = type(x.grad_fn).__name__ if x.grad_fn is not None else ""
+        return "softmax (a function call)" if fn.startswith("SoftmaxBackward") else None
+
+    @staticmethod
+    def _loss(module, x, y):
+        """The module's own loss on these arguments (mean reduction), recomputed
+        without autograd: what it returns may be summed or scaled by the script."""
+        import torch.nn.functional as F
+        try:
+            if isinstance(module, nn.CrossEntropyLoss):
+                out = F.cross_entropy(x, y, weight=module.weight, ignore_index=module.ignore_index,
+                                      label_smoothing=module.label_smoothing)
+            else:
+                out = F.nll_loss(x, y, weight=module.weight, ignore_index=module.ignore_index)
+        except Exception:
+            return None
+        return out.float()

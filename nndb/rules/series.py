@@ -1,0 +1,261 @@
+"""Helpers of the statistics rules (nndb.rules.stats_rules, gradient_norms):
+the parameters' rows of a step as index arrays shared by the rules, and small
+lookups done only when a rule reports.
+
+Cost: a rule runs on every recorded step, so what does not change from step
+to step (which row holds which tensor, which tensors are weight matrices,
+which optimizer holds them) is computed once per *layout* (the step's list of
+series, normally the same step after step), and what the rules of one step
+share (a column of the parameters' gradient norms) once per step."""
+from __future__ import annotations
+
+import math
+import weakref
+
+import numpy as np
+
+from .base import Threshold
+
+_KINDS = ("grad", "param", "update")
+
+MIN_ELEMENTS = Threshold(64, "weight tensors with fewer elements (and every 1-D tensor: biases, norm scales) are "
+                              "left out: their gradient norms are small and noisy (a bias before a BatchNorm "
+                              "has a gradient of exactly ~0 by construction)")
+
+
+class Layout:
+    """The ``grad``, ``param`` and ``update`` rows of each parameter at a step.
+
+    ``names``: the parameters in row order (optimizer order, then the others:
+    about forward order); ``slots``: a number per name fixed for the run, for
+    per-tensor history in plain arrays; ``g``, ``p``, ``u``: the row of each
+    kind (-1: none); ``loss_rows``/``loss_names``: the losses of the step."""
+
+    def __init__(self, names: list, rows: dict, slot_of: dict, losses: list):
+        self.names = names
+        self.slots = np.array([slot_of[n] for n in names], dtype=np.int64)
+        self.rows = {k: np.array([rows[k].get(n, -1) for n in names], dtype=np.int64) for k in _KINDS}
+        self.g, self.p, self.u = self.rows["grad"], self.rows["param"], self.rows["update"]
+        self._missing = {k: (r < 0) if (r < 0).any() else None for k, r in self.rows.items()}
+        self.loss_rows = np.array([i for i, _ in losses], dtype=np.int64)
+        self.loss_names = [n for _, n in losses]
+        self.memo: dict = {}
+        self._ctx = None
+        self._step: dict = {}
+
+    def derived(self, key, fn):
+        """What a rule derives from the layout alone, computed once."""
+        v = self.memo.get(key)
+        if v is None:
+            v = self.memo[key] = fn()
+        return v
+
+    def per_step(self, ctx, key, fn):
+        """What the rules of one step share, computed once per step."""
+        if self._ctx is None or self._ctx() is not ctx:      # (weak: a layout outlives its steps)
+            self._ctx, self._step = weakref.ref(ctx), {}
+        v = self._step.get(key)
+        if v is None:
+            v = self._step[key] = fn()
+        return v
+
+    def take(self, ctx, kind: str, stat: str) -> np.ndarray:
+        """``stat`` of the ``kind`` row of every parameter (NaN where there is none)."""
+        def compute():
+            rows = self.rows[kind]
+            if rows.size == 0:
+                return np.zeros(0)
+            out = ctx.col(stat)[rows]
+            if self._missing[kind] is not None:
+                out[self._missing[kind]] = np.nan
+            return out
+        return self.per_step(ctx, (kind, stat), compute)
+
+    def any_nonzero(self, ctx, stat: str) -> bool:
+        return self.per_step(ctx, ("any", stat), lambda: bool(np.count_nonzero(ctx.col(stat))))
+
+    def weightlike(self, ctx, min_elements: int) -> np.ndarray:
+        """Weight matrices and kernels: at least ``min_elements`` and not 1-D
+        (biases, norm scales).  The dimension comes from the parameter itself
+        where the session knows it, else from the name (``*bias*`` is 1-D)."""
+        def compute():
+            count = np.fmax(self.take(ctx, "param", "count"), self.take(ctx, "grad", "count"))
+            ndim = param_ndims(ctx)
+            one_d = np.array([ndim.get(n, 1 if "bias" in n.rsplit(".", 1)[-1] else 2) <= 1 for n in self.names],
+                             dtype=bool)
+            return (count >= min_elements) & ~one_d
+        return self.derived(("weightlike", min_elements), compute)
+
+    def groups(self, ctx) -> np.ndarray:
+        """The optimizer (index in ``ctx.optimizers``) holding each parameter; -1: none."""
+        def compute():
+            owner: dict = {}
+            for k, (_, opt) in enumerate(ctx.optimizers):
+                for group in opt.param_groups:
+                    for p in group["params"]:
+                        owner.setdefault(ctx.param_name(p), k)
+            return np.array([owner.get(n, -1) for n in self.names], dtype=np.int64)
+        return self.derived("groups", compute)
+
+
+class Tensors:
+    """Layouts of the steps of a run, looked up by the step's list of series
+    (in a training loop the same one step after step; a few alternate when
+    optimizers take turns), and the slot of every parameter seen."""
+    KEEP = 8
+
+    def __init__(self):
+        self.slot_of: dict = {}
+        self.n_slots = 0
+        self._layouts: dict = {}
+        self._last = (None, None)
+
+    def update(self, ctx) -> Layout:
+        names = ctx.names
+        last_names, last = self._last
+        if names is last_names:
+            return last
+        if names == last_names:        # a new list, the same series (~10 us for 700 of them)
+            self._last = (names, last)
+            return last
+        key = tuple(names)
+        lay = self._layouts.get(key)
+        if lay is None:
+            rows: dict = {k: {} for k in _KINDS}
+            losses = []
+            for i, (n, k) in enumerate(names):
+                d = rows.get(k)
+                if d is not None and n not in d:
+                    d[n] = i
+                elif k == "loss":
+                    losses.append((i, n))
+            order = list(rows["param"]) + [n for n in rows["grad"] if n not in rows["param"]]
+            for n in order:
+                self.slot_of.setdefault(n, len(self.slot_of))
+            self.n_slots = len(self.slot_of)
+            if len(self._layouts) >= self.KEEP:
+                self._layouts.pop(next(iter(self._layouts)))
+            lay = self._layouts[key] = Layout(order, rows, self.slot_of, losses)
+        self._last = (names, lay)
+        return lay
+
+
+_SHARED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()     # a run's Naming -> Tensors
+
+
+def layout(ctx, own: Tensors) -> tuple:
+    """(Tensors, Layout) of the step: one Tensors per run shared by the rules
+    (keyed by the run's naming), so the layout is found once per step; a
+    rule's own when there is no session (a trace, tests)."""
+    t = own
+    if ctx.naming is not None:
+        try:
+            t = _SHARED.get(ctx.naming)
+            if t is None:
+                t = _SHARED[ctx.naming] = Tensors()
+        except TypeError:
+            t = own
+    return t, t.update(ctx)
+
+
+def param_ndims(ctx) -> dict:
+    """Parameter name -> number of dimensions, for what the session can see."""
+    params = []
+    for _, opt in ctx.optimizers:
+        for group in opt.param_groups:
+            params.extend(group["params"])
+    if ctx.naming is not None:
+        params.extend(ctx.naming.root_params())
+    out: dict = {}
+    for p in params:
+        out.setdefault(ctx.param_name(p), p.dim())
+    return out
+
+
+def optimizer_lr(ctx, name=None):
+    """Without ``name``: {optimizer name: its largest learning rate}.  With it:
+    the learning rate of the parameter group holding that parameter (None if
+    no optimizer holds it)."""
+    if name is None:
+        out = {}
+        for oname, opt in ctx.optimizers:
+            lrs = [g.get("lr") for g in opt.param_groups]
+            lrs = [float(x) for x in lrs if isinstance(x, (int, float))]
+            if lrs:
+                out[oname] = max(lrs)
+        return out
+    for _, opt in ctx.optimizers:
+        for group in opt.param_groups:
+            if any(ctx.param_name(p) == name for p in group["params"]):
+                lr = group.get("lr")
+                return float(lr) if isinstance(lr, (int, float)) else None
+    return None
+
+
+class Streaks:
+    """Per-slot counts of consecutive flagged recorded steps, the step each
+    streak began, and a ring of the last ``ring`` values (for the evidence:
+    written only while some streak runs, so a reported streak of ``ring``
+    steps finds all its values there)."""
+
+    def __init__(self, ring: int):
+        self.n = 0
+        self.count = np.zeros(0, dtype=np.int64)
+        self.since = np.zeros(0, dtype=np.int64)
+        self.hist = np.zeros((0, max(ring, 1)))
+        self.i = 0                      # recorded steps seen
+        self.active = False             # some streak is running
+
+    def grow(self, n: int) -> None:
+        if n > self.n:
+            self.count, self.since = fit(self.count, n, 0), fit(self.since, n, 0)
+            self.hist = fit(self.hist, n, np.nan)
+            self.n = n
+
+    def update(self, slots: np.ndarray, flags: np.ndarray, step: int, values=None):
+        """Count this step's flags (and keep ``values`` for the evidence);
+        returns the streak lengths of ``slots``, or None when nothing is
+        flagged and nothing was (the common case: no more work)."""
+        self.i += 1
+        if not self.active and not np.count_nonzero(flags):
+            return None
+        if values is not None:
+            self.hist[slots, self.i % self.hist.shape[1]] = values
+        st = (self.count[slots] + 1) * flags
+        self.since[slots[st == 1]] = step
+        self.count[slots] = st
+        self.active = bool(np.count_nonzero(self.count))
+        return st
+
+    def recent(self, slot: int) -> list:
+        h = self.hist.shape[1]
+        return [num(self.hist[slot, (self.i - j) % h]) for j in range(h - 1, -1, -1)]
+
+
+def fit(a: np.ndarray, n: int, fill) -> np.ndarray:
+    """``a`` grown (along its first axis) to ``n`` entries, new ones ``fill``."""
+    if a.shape[0] >= n:
+        return a
+    extra = np.full((n - a.shape[0],) + a.shape[1:], fill, dtype=a.dtype)
+    return np.concatenate([a, extra])
+
+
+def num(x):
+    """A float for the report (JSON): None for NaN and infinities."""
+    x = float(x)
+    return x if math.isfinite(x) else None
+
+
+def by_group(idx, groups: np.ndarray, side: np.ndarray) -> dict:
+    """Layout positions ``idx`` split by (optimizer, side), in order."""
+    out: dict = {}
+    for k in list(idx):
+        out.setdefault((int(groups[k]), bool(side[k])), []).append(int(k))
+    return out
+
+
+def also(others: list) -> str:
+    if not others:
+        return ""
+    more = f" and {len(others) - 3} more" if len(others) > 3 else ""
+    return f"; also {', '.join(others[:3])}{more}"

@@ -1,0 +1,293 @@
+"""The YAML rule file (``nndb run --rules FILE.yaml``).
+
+The schema (every key is optional; an empty file means the built-in rules
+with their defaults)::
+
+    default: all              # all (the default): start from every built-in rule;
+                              # none: start from no rule, only those listed below
+    rules:
+      - id: stale_grad        # a built-in rule (by its id): change it
+        enabled: true         # true|false (with default: none, listing a rule enables it)
+        action: fail          # warn (report and go on) | stop (stop at the prompt) |
+                              # fail (stop; the run exits with code 4)
+        severity: error       # error | warning | info
+        thresholds: {steps: 3}   # only the rule's own thresholds ("info rules")
+      - name: big_grad        # a new rule: its id
+        condition: max(grad.norm) > 1e3    # nndb/rules/condition.py: the language
+        message: "some gradient norm above 1e3"   # optional
+        explanation: "..."    # optional: one line for "info rules"
+        action: stop          # default warn
+        severity: warning     # default warning
+        enabled: true
+
+Each rule appears once.  A new rule's ``name`` must not be a built-in id and
+looks like an identifier (letters, digits, ``_ . -``).  A new rule reports
+once per tensor that makes its condition true (once in all if the condition
+names none), with the tensor and the value in the message.
+
+Every mistake (YAML syntax, an unknown key, rule id, action, severity,
+threshold or statistic, a bad condition) raises UsageError
+``FILE:LINE: message`` when the file is loaded, before the script runs.
+The file is read with PyYAML's safe loader: no Python objects, no tags.
+"""
+from __future__ import annotations
+
+import math
+import re
+
+import yaml
+from yaml.constructor import SafeConstructor
+
+from ..errors import UsageError
+from .base import ACTIONS, SEVERITIES, Rule
+from .condition import Condition, ConditionError
+
+TOP_KEYS = ("default", "rules")
+BUILTIN_KEYS = ("id", "enabled", "action", "severity", "thresholds")
+NEW_KEYS = ("name", "condition", "message", "explanation", "action", "severity", "enabled")
+DEFAULTS = {"all": True, "default": True, "none": False}
+NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]*\Z")
+
+
+class CustomRule(Rule):
+    """A rule from the rule file: a condition over the step's statistics."""
+    THRESHOLDS: dict = {}
+
+    def __init__(self, rule_id: str, condition: Condition, message: str = "", explanation: str = "",
+                 severity: str = "warning"):
+        super().__init__()
+        self.id = rule_id
+        self.condition = condition
+        self.message = message
+        self.severity = severity
+        self.explanation = explanation or f"custom rule: {condition.source}"
+
+    def check(self, ctx):
+        r = self.condition.evaluate(ctx)
+        if not r.true:
+            return
+        where = ""
+        if r.who is not None:
+            kind, name = r.who
+            where = name if name.split("/")[0] == kind else f"{kind} {name}"   # the loss: "loss"
+            if r.value is not None and r.what:
+                where += f": {r.what} = {r.value:.4g}"
+            if r.count > 1:
+                where += f" (and {r.count - 1} more)"
+        elif r.value is not None and r.what:
+            where = f"{r.what} = {r.value:.4g}"
+        text = self.message or f"{self.condition.source} is true"
+        if where:
+            text += f" ({where})"
+        evidence = {"condition": self.condition.source}
+        if r.who is not None:
+            evidence["kind"] = r.who[0]
+        if r.value is not None:
+            evidence["value"] = None if math.isnan(r.value) else r.value
+        yield self.finding(ctx, text, tensor=r.who[1] if r.who is not None else None, **evidence)
+
+    def describe(self) -> dict:
+        d = super().describe()
+        d["condition"] = self.condition.source
+        return d
+
+
+class _File:
+    def __init__(self, path: str):
+        self.path = path
+        self._construct = SafeConstructor()
+
+    def fail(self, node, message: str):
+        line = node.start_mark.line + 1 if node is not None else 1
+        raise UsageError(f"{self.path}:{line}: {message}")
+
+    # -- reading nodes -------------------------------------------------------------------
+    def mapping(self, node, what: str, keys: tuple) -> dict:
+        """A mapping node -> {key: (key node, value node)}; unknown and repeated keys fail."""
+        if not isinstance(node, yaml.MappingNode):
+            self.fail(node, f"{what} must be a mapping (key: value)")
+        out: dict = {}
+        for k, v in node.value:
+            key = self.scalar(k)
+            if not isinstance(key, str):
+                self.fail(k, f"{what}: a key must be a word, not {key!r}")
+            if key in out:
+                self.fail(k, f"{what}: '{key}' given twice (first at line {out[key][0].start_mark.line + 1})")
+            if key not in keys:
+                self.fail(k, f"{what}: unknown key '{key}' (there are: {', '.join(keys)})")
+            out[key] = (k, v)
+        return out
+
+    def scalar(self, node):
+        if not isinstance(node, yaml.ScalarNode):
+            self.fail(node, "expected a single value here, not a list or mapping")
+        return self._construct.construct_object(node, deep=True)
+
+    def text(self, node, what: str) -> str:
+        v = self.scalar(node)
+        if not isinstance(v, str):
+            self.fail(node, f"{what} must be text, not {v!r}")
+        return v
+
+    def choice(self, node, what: str, choices) -> str:
+        v = self.scalar(node)
+        if not isinstance(v, str) or v not in choices:
+            self.fail(node, f"unknown {what} '{v}' (one of: {', '.join(choices)})")
+        return v
+
+    def boolean(self, node, what: str) -> bool:
+        v = self.scalar(node)
+        if not isinstance(v, bool):
+            self.fail(node, f"{what} must be true or false, not {v!r}")
+        return v
+
+    def number(self, node, what: str) -> float:
+        v = self.scalar(node)
+        if isinstance(v, str):            # YAML 1.1 reads 1e3 (no dot) as text
+            try:
+                v = float(v)
+            except ValueError:
+                pass
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or math.isnan(v):
+            self.fail(node, f"{what} must be a number, not {v!r}")
+        return v
+
+    # -- the file ----------------------------------------------------------------------------
+    def load(self, text: str, builtin: list) -> list:
+        loader = yaml.SafeLoader(text)
+        try:
+            root = loader.get_single_node()
+        except yaml.MarkedYAMLError as e:
+            mark = e.problem_mark or e.context_mark
+            line = mark.line + 1 if mark is not None else 1
+            problem = " ".join(x for x in (e.context, e.problem) if x)
+            raise UsageError(f"{self.path}:{line}: YAML syntax error: {problem}") from None
+        except yaml.YAMLError as e:
+            raise UsageError(f"{self.path}:1: YAML error: {e}") from None
+        finally:
+            loader.dispose()
+        if root is None or (isinstance(root, yaml.ScalarNode) and root.tag.endswith(":null")):
+            return builtin
+        top = self.mapping(root, "the rule file", TOP_KEYS)
+        start_all = True
+        if "default" in top:
+            v = top["default"][1]
+            start_all = DEFAULTS[self.choice(v, "default", tuple(DEFAULTS))]
+        entries = []
+        if "rules" in top:
+            v = top["rules"][1]
+            if isinstance(v, yaml.ScalarNode) and v.tag.endswith(":null"):
+                v = yaml.SequenceNode("tag:yaml.org,2002:seq", [], v.start_mark, v.end_mark)
+            if not isinstance(v, yaml.SequenceNode):
+                self.fail(v, "'rules' must be a list (each item starts with '- ')")
+            entries = v.value
+        by_id = {r.id: r for r in builtin}
+        listed: dict = {}           # rule id -> line
+        chosen: set = set()
+        custom: list = []
+        for node in entries:
+            rid, custom_rule = self.entry(node, by_id, listed)
+            if custom_rule is not None:
+                custom.append(custom_rule)
+            else:
+                chosen.add(rid)
+        kept = [r for r in builtin if start_all or r.id in chosen]
+        return kept + custom
+
+    def entry(self, node, by_id: dict, listed: dict):
+        if not isinstance(node, yaml.MappingNode):
+            self.fail(node, "a rule must be a mapping with 'id' (a built-in rule) or 'name' (a new rule)")
+        raw = {self.scalar(k): (k, v) for k, v in node.value if isinstance(k, yaml.ScalarNode)}
+        if "id" in raw and "name" in raw:
+            self.fail(node, "a rule has 'id' (a built-in rule to change) or 'name' (a new rule), not both")
+        if "id" in raw:
+            return self.builtin(node, by_id, listed), None
+        if "name" in raw:
+            return None, self.new(node, by_id, listed)
+        self.fail(node, "a rule needs 'id' (a built-in rule to change) or 'name' (a new rule)")
+
+    def _claim(self, node, rid: str, listed: dict) -> None:
+        if rid in listed:
+            self.fail(node, f"rule '{rid}' is listed twice (first at line {listed[rid]})")
+        listed[rid] = node.start_mark.line + 1
+
+    def builtin(self, node, by_id: dict, listed: dict) -> str:
+        fields = self.mapping(node, "a built-in rule", BUILTIN_KEYS)
+        v = fields["id"][1]
+        rid = self.text(v, "'id'")
+        rule = by_id.get(rid)
+        if rule is None:
+            self.fail(v, f"unknown rule id '{rid}' (built-in rules: {', '.join(by_id) or 'none'}; "
+                         "a new rule takes 'name:' and 'condition:')")
+        self._claim(v, rid, listed)
+        for key, (_, vn) in fields.items():
+            if key == "enabled":
+                rule.enabled = self.boolean(vn, "'enabled'")
+            elif key == "action":
+                rule.action = self.choice(vn, "action", ACTIONS)
+            elif key == "severity":
+                rule.severity = self.choice(vn, "severity", SEVERITIES)
+            elif key == "thresholds":
+                self.thresholds(vn, rule)
+        return rid
+
+    def thresholds(self, node, rule: Rule) -> None:
+        names = tuple(rule.THRESHOLDS)
+        if not isinstance(node, yaml.MappingNode):
+            self.fail(node, f"thresholds of {rule.id} must be a mapping, e.g. {{{names[0] if names else 'name'}: 3}}")
+        if not names:
+            self.fail(node, f"rule {rule.id} has no thresholds")
+        for name, (_, vn) in self.mapping(node, f"thresholds of {rule.id}", names).items():
+            value = self.number(vn, f"threshold {name} of {rule.id}")
+            if isinstance(rule.THRESHOLDS[name].default, int) and float(value).is_integer():
+                value = int(value)
+            rule.params[name] = value
+
+    def new(self, node, by_id: dict, listed: dict) -> CustomRule:
+        fields = self.mapping(node, "a new rule", NEW_KEYS + ("thresholds",))
+        v = fields["name"][1]
+        rid = self.text(v, "'name'")
+        if rid in by_id:
+            self.fail(v, f"'{rid}' is a built-in rule: change it with 'id: {rid}'")
+        if not NAME_RE.match(rid):
+            self.fail(v, f"rule name '{rid}': use letters, digits, '_', '.' and '-' (and no space)")
+        self._claim(v, rid, listed)
+        if "thresholds" in fields:
+            self.fail(fields["thresholds"][0], f"new rule {rid}: no thresholds (write the numbers in its condition)")
+        if "condition" not in fields:
+            self.fail(node, f"new rule {rid} needs a 'condition', e.g. condition: max(grad.norm) > 1e3")
+        cn = fields["condition"][1]
+        src = self.scalar(cn)
+        if isinstance(src, bool) or not isinstance(src, str) or not src.strip():
+            self.fail(cn, f"condition of {rid} must be an expression, e.g. max(grad.norm) > 1e3")
+        try:
+            cond = Condition(src)
+        except ConditionError as e:
+            cond, problem = None, f"condition of {rid}: {e}" + (f" (column {e.col})" if e.col else "")
+        if cond is None:
+            self.fail(cn, problem)
+        rule = CustomRule(rid, cond,
+                          message=self.text(fields["message"][1], "'message'") if "message" in fields else "",
+                          explanation=self.text(fields["explanation"][1], "'explanation'")
+                          if "explanation" in fields else "",
+                          severity=self.choice(fields["severity"][1], "severity", SEVERITIES)
+                          if "severity" in fields else "warning")
+        if "action" in fields:
+            rule.action = self.choice(fields["action"][1], "action", ACTIONS)
+        if "enabled" in fields:
+            rule.enabled = self.boolean(fields["enabled"][1], "'enabled'")
+        return rule
+
+
+def load_file(path: str, rules: list) -> list:
+    """The rules of the YAML rule file ``path``, starting from ``rules`` (the
+    built-in rules with their defaults, changed in place); UsageError
+    ``FILE:LINE: message`` on any mistake."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            text = fh.read()
+    except FileNotFoundError:
+        raise UsageError(f"{path}: no such rule file (--rules takes default, none or a YAML file)") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise UsageError(f"{path}: cannot read the rule file: {getattr(e, 'strerror', None) or e}") from None
+    return _File(path).load(text, list(rules))

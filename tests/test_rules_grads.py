@@ -1,0 +1,251 @@
+"""The gradient rules: grad_none (a parameter in an optimizer that never gets a
+gradient) and stale_grad (gradients not reset between optimizer steps).
+
+The probes are tested directly on plain PyTorch loops (no nndb run: fast, and
+every pattern is spelled out), the rules end to end on the example scripts."""
+import textwrap
+from types import SimpleNamespace
+
+import pytest
+import torch
+import torch.nn as nn
+
+from conftest import example, run_in_process
+from nndb.rules.grad_rules import GradNone, GradPresence, GradReset, StaleGrad
+
+BRANCHES = textwrap.dedent('''
+    import argparse
+    import torch
+    import torch.nn as nn
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(8, 16)
+            self.out = nn.Linear(16, 1)
+            self.side = nn.Linear(16, 1)
+            self.scale = nn.Parameter(torch.ones(16), requires_grad=False)   # frozen, in the optimizer
+
+        def forward(self, x, mode, step):
+            h = torch.relu(self.fc(x)) * self.scale
+            y = self.out(h)
+            if mode == "detached":
+                y = y + self.side(h).detach()
+            elif mode == "alternating" and step % 2:
+                y = y + self.side(h)
+            return y           # mode "unused": self.side is never called
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--mode", default="unused")
+    ap.add_argument("--steps", type=int, default=8)
+    args = ap.parse_args()
+    torch.manual_seed(0)
+    model = Net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x, y = torch.randn(32, 8), torch.randn(32, 1)
+    for step in range(args.steps):
+        opt.zero_grad()
+        loss = ((model(x, args.mode, step) - y) ** 2).mean()
+        loss.backward()
+        opt.step()
+''')
+
+
+def _of(res, rule):
+    return [f for f in res.session.findings if f["rule"] == rule]
+
+
+# -- grad_none, end to end ---------------------------------------------------------------------
+@pytest.mark.parametrize("mode", ["unused", "detached"])
+def test_grad_none_names_the_parameters_cut_from_the_loss(tmp_path, mode):
+    script = tmp_path / "branches.py"
+    script.write_text(BRANCHES)
+    res = run_in_process(tmp_path, str(script), ["--mode", mode])
+    assert res.exit_code == 0
+    found = _of(res, "grad_none")
+    assert len(found) == 1, res.session.findings
+    f = found[0]
+    assert f["severity"] == "warning" and f["step"] == 4          # 5 consecutive steps: 0..4
+    assert f["tensor"] == "side.weight" and f["evidence"]["params"] == ["side.weight", "side.bias"]
+    assert "5 consecutive steps of opt" in f["message"]
+    # the frozen parameter in the optimizer (requires_grad False) is not named
+    assert "scale" not in f["message"]
+    assert [x for x in res.session.findings if x["rule"] != "grad_none"] == []
+
+
+def test_grad_none_quiet_for_a_branch_used_every_other_step(tmp_path):
+    script = tmp_path / "branches.py"
+    script.write_text(BRANCHES)
+    res = run_in_process(tmp_path, str(script), ["--mode", "alternating", "--steps", "12"])
+    assert res.exit_code == 0 and _of(res, "grad_none") == []
+
+
+# -- stale_grad, end to end ------------------------------------------------------------------------
+def test_stale_grad_fires_on_the_missing_zero_grad(tmp_path):
+    res = run_in_process(tmp_path, example("no_zero_grad.py"), ["--steps", "6"])
+    assert res.exit_code == 0
+    found = _of(res, "stale_grad")
+    assert len(found) == 1
+    f = found[0]
+    # step 0's gradient is the reference; steps 1 and 2 are the two stale steps in a row
+    assert f["severity"] == "error" and f["step"] == 2
+    assert f["message"].startswith("gradients are not reset between the steps of optimizer (2 in a row: 0.bias.grad")
+    assert "zero_grad()" in f["message"]
+    assert f["evidence"]["optimizer"] == "optimizer" and f["evidence"]["r_stale"] < 1e-3
+    assert _of(res, "grad_none") == []
+
+
+@pytest.mark.parametrize("script", ["grad_accum.py", "gan.py", "lbfgs.py"])
+def test_no_gradient_rule_fires_on_accumulation_gan_or_closures(tmp_path, script):
+    res = run_in_process(tmp_path, example(script), ["--steps", "10"])
+    assert res.exit_code == 0
+    assert _of(res, "stale_grad") == [] and _of(res, "grad_none") == []
+    assert all(r.enabled for r in res.session.rules.rules)
+
+
+# -- the probes on plain loops -----------------------------------------------------------------------
+class _Naming:
+    def __init__(self, model):
+        self.names = {id(p): n for n, p in model.named_parameters()}
+
+    def param_name(self, p):
+        return self.names[id(p)]
+
+    def optimizer_name(self, opt):
+        return "opt"
+
+
+def _probe(cls, model):
+    rec = SimpleNamespace(tracer=SimpleNamespace(probes={}), naming=_Naming(model))
+    probe = cls(rec)
+    probe.install()
+    return probe
+
+
+def _stale_loop(train_step, steps=5, rule=None):
+    """Run ``train_step(model, opt, i)`` then opt.step() ``steps`` times under the
+    grad_reset probe and the stale_grad rule; returns the findings per step."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 20), nn.Tanh(), nn.Linear(20, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    probe = _probe(GradReset, model)
+    rule = rule or StaleGrad()
+    out = []
+    for i in range(steps):
+        train_step(model, opt, i)
+        opt.step()
+        probe.optimizer(opt, "post")           # what the tracer calls after opt.step()
+        ctx = SimpleNamespace(step=i, facts={"grad_reset": probe.take(i)})
+        out.append([f.message for f in rule.check(ctx)])
+    probe.uninstall()
+    assert probe.error is None
+    return out, model
+
+
+def _backward(model, scale=1.0):
+    x = torch.randn(16, 6)
+    (model(x).pow(2).mean() * scale).backward()
+
+
+def test_stale_probe_sees_a_missing_zero_grad_also_when_clipped():
+    def plain(model, opt, i):
+        _backward(model)
+
+    def clipped(model, opt, i):
+        _backward(model)                                              # a gradient norm of ~1
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 0.8)      # rescales .grad in place
+
+    for step_fn in (plain, clipped):
+        out, _ = _stale_loop(step_fn)
+        # step 0: the reference; 1: stale once; 2: twice in a row -> reported (and again later)
+        assert [bool(m) for m in out] == [False, False, True, True, True], step_fn.__name__
+
+
+@pytest.mark.parametrize("pattern", ["zero_first", "set_to_zero", "clipped"])
+def test_stale_probe_quiet_when_gradients_are_reset_before_backward(pattern):
+    def step_fn(model, opt, i):
+        opt.zero_grad(set_to_none=pattern != "set_to_zero")
+        _backward(model)
+        if pattern == "clipped":
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1e-3)
+
+    out, _ = _stale_loop(step_fn, steps=6)
+    assert all(m == [] for m in out)
+
+
+@pytest.mark.parametrize("pattern", ["zero_after", "accumulate"])
+def test_stale_probe_quiet_when_zeroed_after_the_step(pattern):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 20), nn.Tanh(), nn.Linear(20, 1))
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    probe, rule = _probe(GradReset, model), StaleGrad()
+    found = []
+    for i in range(6):
+        for _ in range(4 if pattern == "accumulate" else 1):
+            _backward(model, 0.25)
+        opt.step()
+        probe.optimizer(opt, "post")
+        found += rule.check(SimpleNamespace(step=i, facts={"grad_reset": probe.take(i)}))
+        opt.zero_grad()
+    assert found == []
+
+
+def test_stale_probe_quiet_for_the_gan_pattern():
+    """netD gets gradient from the generator's backward after optimizerD
+    stepped, and is zeroed before optimizerD's next step."""
+    torch.manual_seed(0)
+    netG, netD = nn.Linear(4, 8), nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1))
+    both = nn.ModuleDict({"G": netG, "D": netD})
+    optD = torch.optim.Adam(netD.parameters(), lr=1e-3)
+    optG = torch.optim.Adam(netG.parameters(), lr=1e-3)
+    probe, rule = _probe(GradReset, both), StaleGrad()
+    found = []
+    for i in range(6):
+        netD.zero_grad()
+        fake = netG(torch.randn(16, 4))
+        (netD(torch.randn(16, 8)).mean() - netD(fake.detach()).mean()).backward()
+        optD.step()
+        probe.optimizer(optD, "post")
+        netG.zero_grad()
+        netD(fake).mean().backward()           # also reaches netD's .grad
+        optG.step()
+        probe.optimizer(optG, "post")
+        found += rule.check(SimpleNamespace(step=i, facts={"grad_reset": probe.take(i)}))
+    probe.uninstall()
+    assert found == []
+
+
+def test_stale_probe_removes_its_hooks():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 20), nn.Tanh(), nn.Linear(20, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    probe = _probe(GradReset, model)
+    assert probe.tracer.probes["optimizer"]
+    _backward(model)
+    opt.step()
+    probe.optimizer(opt, "post")
+    hooked = [n for n, p in model.named_parameters() if p._backward_hooks]
+    assert hooked == ["0.bias"]               # the first smallest parameter with >= 16 elements
+    sample = model[0].bias
+    probe.uninstall()
+    assert not sample._backward_hooks and "optimizer" not in probe.tracer.probes
+
+
+def test_grad_none_probe_skips_steps_while_every_gradient_is_there():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 20), nn.Tanh(), nn.Linear(20, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    probe, rule = _probe(GradPresence, model), GradNone()
+    checks, found = 0, []
+    for i in range(25):
+        opt.zero_grad()
+        if i < 12:
+            _backward(model)
+        opt.step()
+        probe.optimizer(opt, "post")
+        facts = probe.take(i)
+        checks += len(facts.get("checks", ()))
+        found += [(i, f.tensor) for f in rule.check(SimpleNamespace(step=i, facts={"grad_presence": facts}))]
+    # checked at 0, 10 (all there), then 20 (none), then every step: 20..24 make 5 in a row
+    assert checks == 3 + 4
+    assert found == [(24, "0.weight")]

@@ -1,0 +1,277 @@
+"""The model rules (nndb.rules.probe_rules): each fires on a small buggy
+script, at the step, on the tensor or module, with the evidence it should,
+and stays quiet on the healthy look-alike."""
+import textwrap
+
+import pytest
+
+from conftest import example, findings_of, run_in_process
+
+HEADER = """\
+import sys
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+torch.manual_seed(0)
+STEPS = int(sys.argv[1]) if len(sys.argv) > 1 else 8
+FLAG = sys.argv[2] if len(sys.argv) > 2 else ""
+"""
+
+
+def write(tmp_path, name, body) -> str:
+    path = tmp_path / name
+    path.write_text(HEADER + textwrap.dedent(body))
+    return str(path)
+
+
+def run(tmp_path, script, *args):
+    res = run_in_process(tmp_path, script, args)
+    assert res.exit_code == 0
+    assert all(r.enabled for r in res.session.rules.rules)       # no rule failed
+    return res
+
+
+def only(res, rule) -> list:
+    return [f for f in res.session.findings if f["rule"] == rule]
+
+
+# -- dead_relu --------------------------------------------------------------------------------
+def test_dead_relu_names_the_dead_series(tmp_path):
+    res = run(tmp_path, example("dead_relu.py"), "--steps", 8)
+    [f] = only(res, "dead_relu")
+    assert f["tensor"] == "act#2"          # the ReLU after fc2; its first use (after fc1) is alive
+    assert f["step"] == 4                  # dead from step 0, reported after 5 steps running
+    assert f["severity"] == "warning"
+    ev = f["evidence"]
+    assert ev["dead_units"] == 64 and ev["units"] == 64 and ev["dead_share"] == 1.0
+    assert ev["module_type"] == "ReLU" and ev["unit"] == "features" and ev["steps"] == 5
+
+
+MASKED = """
+    # {what}: bias -10 on the first {dead} of {units} units / channels
+    if FLAG == "conv":
+        model = nn.Sequential(nn.Conv2d(1, {units}, 3, padding=1), nn.ReLU(), nn.Flatten(),
+                              nn.Linear({units} * 8 * 8, 3))
+        x, y = torch.randn(16, 1, 8, 8), torch.randint(0, 3, (16,))
+    elif FLAG == "seq":              # (N, L, F): a Linear on a sequence
+        model = nn.Sequential(nn.Linear(8, {units}), nn.ReLU(), nn.Linear({units}, 3), nn.Flatten())
+        x, y = torch.randn(16, 5, 8), torch.randint(0, 15, (16,))
+    else:
+        model = nn.Sequential(nn.Linear(8, {units}), nn.ReLU(), nn.Linear({units}, 3))
+        x, y = torch.randn(32, 8), torch.randint(0, 3, (32,))
+    with torch.no_grad():
+        model[0].bias[:{dead}] = -10.0
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    criterion = nn.CrossEntropyLoss()
+    for step in range(STEPS):
+        opt.zero_grad()
+        loss = criterion(model(x), y)
+        loss.backward()
+        opt.step()
+"""
+
+
+@pytest.mark.parametrize("flag", ["linear", "conv", "seq"])
+def test_dead_relu_counts_units_and_channels(tmp_path, flag):
+    script = write(tmp_path, "dead.py", MASKED.format(what="most dead", dead=6, units=8))
+    [f] = only(run(tmp_path, script, 6, flag), "dead_relu")
+    assert f["tensor"] == "1" and f["step"] == 4
+    assert f["evidence"]["dead_units"] == 6 and f["evidence"]["units"] == 8
+    assert f["evidence"]["unit"] == ("channels" if flag == "conv" else "features")
+
+
+def test_some_inactive_relu_units_are_healthy(tmp_path):
+    script = write(tmp_path, "some.py", MASKED.format(what="a third dead", dead=10, units=32))
+    assert only(run(tmp_path, script, 8, "linear"), "dead_relu") == []
+
+
+# -- saturated_activation ---------------------------------------------------------------------
+SATURATED = """
+    # a hidden Tanh whose units sit at +1 (bias +10 on 12 of 16), and a Sigmoid head that is
+    # confidently 0 for labels that are all 0 (a probability head: not judged)
+    hidden = nn.Linear(8, 16)
+    with torch.no_grad():
+        hidden.bias[:12] = 10.0
+    model = nn.Sequential(hidden, nn.Tanh(), nn.Linear(16, 4), nn.Sigmoid())
+    with torch.no_grad():
+        model[2].bias[:] = -9.0
+    x, y = torch.randn(32, 8), torch.zeros(32, 4)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    criterion = nn.BCELoss()
+    for step in range(STEPS):
+        opt.zero_grad()
+        loss = criterion(model(x), y)
+        loss.backward()
+        opt.step()
+"""
+
+
+def test_saturated_tanh_fires_and_sigmoid_head_does_not(tmp_path):
+    res = run(tmp_path, write(tmp_path, "sat.py", SATURATED), 7)
+    [f] = only(res, "saturated_activation")
+    assert f["tensor"] == "1" and f["step"] == 4
+    ev = f["evidence"]
+    assert ev["module_type"] == "Tanh" and ev["saturated_units"] == 12 and ev["units"] == 16
+
+
+# -- eval_mode_training -----------------------------------------------------------------------
+EVAL = """
+    model = nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Dropout(0.2), nn.Linear(16, 3))
+    x, y = torch.randn(32, 8), torch.randint(0, 3, (32,))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    criterion = nn.CrossEntropyLoss()
+    if FLAG == "frozen_bn":          # BN statistics frozen on purpose; the model itself trains
+        model[1].eval()
+    for step in range(STEPS):
+        opt.zero_grad()
+        loss = criterion(model(x), y)
+        loss.backward()
+        opt.step()
+        if step == 1:                # validation
+            model.eval()
+            with torch.no_grad():
+                model(x)
+            if FLAG != "forget_train":
+                model.train()
+            if FLAG == "frozen_bn":
+                model[1].eval()
+"""
+
+
+def test_eval_mode_training_after_validation_without_train(tmp_path):
+    res = run(tmp_path, write(tmp_path, "evalmode.py", EVAL), 6, "forget_train")
+    found = only(res, "eval_mode_training")
+    assert sorted(f["module"] for f in found) == ["1", "3"]      # the BatchNorm1d and the Dropout
+    for f in found:
+        assert f["step"] == 3               # steps 2 and 3 train in eval mode
+        assert f["evidence"]["root"] == "model" and f["evidence"]["steps"] == 2
+    assert {f["evidence"]["module_type"] for f in found} == {"BatchNorm1d", "Dropout"}
+
+
+@pytest.mark.parametrize("flag", ["", "frozen_bn"])
+def test_validation_and_frozen_bn_are_not_eval_mode_training(tmp_path, flag):
+    res = run(tmp_path, write(tmp_path, "evalmode.py", EVAL), 6, flag)
+    assert only(res, "eval_mode_training") == []
+
+
+def test_cnn_validation_under_eval_and_no_grad_is_healthy(tmp_path):
+    res = run(tmp_path, example("cnn.py"), "--steps", 12, "--val-every", 4)
+    assert only(res, "eval_mode_training") == []
+
+
+# -- input_range, initial_loss ----------------------------------------------------------------
+def test_raw_pixels_input_range_and_initial_loss(tmp_path):
+    res = run(tmp_path, example("raw_pixels.py"), "--steps", 4)
+    [f] = only(res, "input_range")
+    assert f["module"] == "model" and f["step"] == 2     # 3 batches running
+    ev = f["evidence"]
+    assert ev["integer_valued"] is True and ev["min"] == 0 and ev["max"] == 255
+    assert 90 < ev["mean"] < 130 and ev["shape"] == [64, 64]
+    assert "raw pixels" in f["message"]
+    [f] = only(res, "initial_loss")
+    assert f["module"] == "criterion" and f["step"] == 0
+    ev = f["evidence"]
+    assert ev["classes"] == 4 and ev["loss"] > 20 and ev["chance_loss"] == pytest.approx(1.3863, abs=1e-4)
+
+
+SCALED = """
+    # 0-255 pixels scaled to [0, 1]; a model with a LayerNorm first takes raw values itself;
+    # an NLLLoss after LogSoftmax at chance
+    pixels = torch.randint(0, 256, (64, 16)).float()
+    y = torch.randint(0, 5, (64,))
+    if FLAG == "layernorm":
+        model = nn.Sequential(nn.LayerNorm(16), nn.Linear(16, 5), nn.LogSoftmax(dim=1))
+        x = pixels
+    else:
+        model = nn.Sequential(nn.Linear(16, 5), nn.LogSoftmax(dim=1))
+        x = pixels / 255
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    criterion = nn.NLLLoss()
+    for step in range(STEPS):
+        opt.zero_grad()
+        loss = criterion(model(x), y)
+        loss.backward()
+        opt.step()
+"""
+
+
+@pytest.mark.parametrize("flag", ["scaled", "layernorm"])
+def test_scaled_inputs_and_nll_at_chance_are_healthy(tmp_path, flag):
+    res = run(tmp_path, write(tmp_path, "scaled.py", SCALED), 5, flag)
+    assert findings_of(res) == []
+
+
+# -- loss_broadcast ---------------------------------------------------------------------------
+BROADCAST = """
+    model = nn.Linear(4, 1)
+    criterion = nn.MSELoss()
+    x = torch.randn(16, 4)
+    y = x.sum(dim=1) if FLAG == "flat" else x.sum(dim=1, keepdim=True)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    for step in range(STEPS):
+        opt.zero_grad()
+        loss = criterion(model(x), y)
+        loss.backward()
+        opt.step()
+"""
+
+
+@pytest.mark.parametrize("flag", ["flat", "same"])
+def test_loss_broadcast(tmp_path, flag):
+    script = write(tmp_path, "bcast.py", BROADCAST)
+    found = only(run(tmp_path, script, 3, flag), "loss_broadcast")
+    if flag == "same":
+        assert found == []
+        return
+    [f] = found
+    assert f["module"] == "criterion" and f["step"] == 0 and f["severity"] == "error"
+    ev = f["evidence"]
+    assert ev["input_shape"] == [16, 1] and ev["target_shape"] == [16] and ev["broadcast_shape"] == [16, 16]
+    assert "(16, 1)" in f["message"] and "(16,)" in f["message"]
+
+
+# -- double_softmax ---------------------------------------------------------------------------
+def test_double_softmax_module(tmp_path):
+    res = run(tmp_path, example("double_softmax.py"), "--steps", 3)
+    [f] = only(res, "double_softmax")
+    assert f["module"] == "criterion" and f["step"] == 0 and f["severity"] == "error"
+    ev = f["evidence"]
+    assert ev["softmax_module"] == "5"          # the nn.Softmax, last of the Sequential
+    assert ev["min"] >= 0 and ev["max"] <= 1 and ev["row_sum_error"] < 1e-5 and ev["classes"] == 10
+
+
+PROBS = """
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(8, 6)
+
+        def forward(self, x):
+            if FLAG == "function":
+                return torch.softmax(self.fc(x), dim=1)
+            if FLAG == "values":
+                return F.softmax(self.fc(x), dim=1) * 1.0     # not the softmax's own output
+            return self.fc(x)
+
+    model = Net()
+    x, y = torch.randn(32, 8), torch.randint(0, 6, (32,))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    criterion = nn.CrossEntropyLoss()
+    for step in range(STEPS):
+        opt.zero_grad()
+        loss = criterion(model(x), y)
+        loss.backward()
+        opt.step()
+"""
+
+
+@pytest.mark.parametrize("flag,source", [("function", "softmax (a function call)"), ("values", None),
+                                         ("logits", "-")])
+def test_double_softmax_function_and_values(tmp_path, flag, source):
+    res = run(tmp_path, write(tmp_path, "probs.py", PROBS), 3, flag)
+    found = only(res, "double_softmax")
+    if source == "-":
+        assert findings_of(res) == []
+        return
+    [f] = found
+    assert f["step"] == 0 and f["evidence"]["softmax_module"] == source and f["evidence"]["classes"] == 6

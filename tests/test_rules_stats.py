@@ -1,0 +1,276 @@
+"""The statistics rules (nndb.rules.stats_rules, gradient_norms, bn_probe): each
+fires on a small planted bug with the expected tensor, step and evidence, and
+stays quiet on the look-alikes that are not bugs.  Runs are in-process
+(conftest.run_in_process); the cry-wolf cases are fed to the rules directly
+as synthetic steps."""
+import json
+import math
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from conftest import example, run_in_process
+
+from nndb.rules import stats_rules
+from nndb.rules.base import STAT_INDEX, StepContext
+
+# A configurable MLP classifier to plant bugs in (written to tmp_path).
+BUGGY = '''
+import argparse
+import torch
+import torch.nn as nn
+
+ap = argparse.ArgumentParser()
+ap.add_argument("--steps", type=int, default=8)
+ap.add_argument("--depth", type=int, default=3)
+ap.add_argument("--act", default="relu")
+ap.add_argument("--lr", type=float, default=0.05)
+ap.add_argument("--exclude", default="")
+ap.add_argument("--bn", action="store_true")
+ap.add_argument("--input-scale", type=float, default=1.0)
+args = ap.parse_args()
+
+torch.manual_seed(0)
+g = torch.Generator().manual_seed(1)
+x = torch.randn(512, 16, generator=g)
+y = (x @ torch.randn(16, 4, generator=g)).argmax(dim=1)
+act = {"relu": nn.ReLU, "sigmoid": nn.Sigmoid}[args.act]
+layers, d = [], 16
+for i in range(args.depth):
+    layers.append(nn.Linear(d, 32))
+    if i == 0 and args.bn:
+        layers.append(nn.BatchNorm1d(32))
+    layers.append(act())
+    d = 32
+model = nn.Sequential(*layers, nn.Linear(d, 4))
+opt = torch.optim.SGD([p for n, p in model.named_parameters() if n != args.exclude], lr=args.lr)
+crit = nn.CrossEntropyLoss()
+for step in range(args.steps):
+    idx = torch.randint(0, 512, (64,))
+    opt.zero_grad()
+    loss = crit(model(x[idx] * args.input_scale), y[idx])
+    loss.backward()
+    opt.step()
+    print(f"step {step} loss {loss.item()!r}")
+'''
+
+
+def run(tmp_path, script, *args):
+    if script == "buggy":
+        path = tmp_path / "buggy.py"
+        path.write_text(BUGGY)
+        script = str(path)
+    res = run_in_process(tmp_path, script, args)
+    assert res.exit_code == 0
+    assert all(r.enabled for r in res.session.rules.rules)
+    mine = {cls.id for cls in stats_rules.RULES}
+    json.dumps([f for f in res.session.findings if f["rule"] in mine], allow_nan=False)   # strict JSON
+    return res.session.findings
+
+
+def of(findings, rule):
+    return [f for f in findings if f["rule"] == rule]
+
+
+# -- planted bugs -----------------------------------------------------------------------------------
+
+def test_nan_lr_explodes_then_goes_nonfinite(tmp_path):
+    """lr 0.4: gradients grow geometrically (3.5, 11, 55, 1.5e3, 1.7e8, 1.2e23), the
+    last layer's output overflows to Inf at step 6, NaN everywhere from step 7."""
+    found = run(tmp_path, example("nan_lr.py"), "--steps", 9)
+    [nf] = of(found, "nonfinite")                     # once: not again for what the NaN spreads to
+    assert (nf["step"], nf["tensor"], nf["evidence"]["kind"]) == (6, "2", "act")
+    assert nf["evidence"]["inf_count"] == 30 and nf["evidence"]["nan_count"] == 0
+    assert nf["evidence"]["previous_norm"] > 1e15      # it overflowed: step 5 was finite and huge
+    assert "Inf first appeared in act 2" in nf["message"]
+
+    [ex] = of(found, "exploding_gradient")
+    assert (ex["step"], ex["tensor"]) == (5, "0.weight") and ex["step"] < nf["step"]
+    ev = ex["evidence"]
+    assert ev["steps"] == [3, 5] and ev["grad_norm"] > 1e20
+    assert {"absolute", "relative"} <= set(ev["criteria"])
+    assert ev["ratio_to_early"] > 1e4 and ev["early_median"] < 100
+    norms = ev["recent_norms"]
+    assert len(norms) == 3 and norms[0] < norms[1] < norms[2]
+
+    [ur] = of(found, "update_ratio")                   # SGD at lr 0.4 rewrites the weights each step
+    assert (ur["step"], ur["tensor"], ur["evidence"]["side"]) == (5, "0.weight", "high")
+    assert ur["evidence"]["ratio"] > 0.5 and ur["evidence"]["lr"] == pytest.approx(0.4)
+    assert of(found, "vanishing_gradient") == [] and of(found, "param_not_updated") == []
+
+
+def test_deep_sigmoid_vanishes(tmp_path):
+    """12 sigmoid layers: the first layer's gradient is ~1e-11, 1e10x below the last's."""
+    found = run(tmp_path, "buggy", "--depth", 12, "--act", "sigmoid")
+    [va] = of(found, "vanishing_gradient")            # one per optimizer: the earliest layer
+    assert (va["step"], va["tensor"]) == (2, "0.weight")
+    ev = va["evidence"]
+    assert ev["steps"] == [0, 2] and ev["grad_norm"] < 1e-9
+    assert {"absolute", "cross_layer"} <= set(ev["criteria"])
+    assert ev["layer_spread"]["ratio"] > 1e6 and ev["layer_spread"]["largest"] == "24.weight"
+    assert ev["layer_spread"]["smallest"] == "0.weight"
+    assert "2.weight" in ev["also"] and ev["loss"] > 1.0
+    assert of(found, "exploding_gradient") == []
+    # the early layers barely move: update/weight ~1e-11 (after 3 warm-up steps, 3 in a row)
+    low = of(found, "update_ratio")
+    assert low and low[0]["step"] == 5 and low[0]["evidence"]["side"] == "low"
+    assert low[0]["evidence"]["ratio"] < 1e-6
+
+
+def test_param_left_out_of_the_optimizer(tmp_path):
+    found = run(tmp_path, "buggy", "--exclude", "2.weight")
+    [pn] = of(found, "param_not_updated")
+    assert (pn["step"], pn["tensor"]) == (5, "2.weight")      # param rows compared from step 0 on
+    assert pn["evidence"]["in_optimizer"] is False and pn["evidence"]["grad_norm"] > 0
+    assert pn["evidence"]["steps"] == [1, 5]
+    assert "no optimizer holds it" in pn["message"]
+
+
+def test_lr_zero(tmp_path):
+    found = run(tmp_path, "buggy", "--lr", 0)
+    [pn] = of(found, "param_not_updated")               # one cause, one finding: the others listed
+    assert (pn["step"], pn["tensor"]) == (4, "0.weight")
+    assert pn["evidence"]["lr"] == 0 and pn["evidence"]["in_optimizer"] is True
+    assert len(pn["evidence"]["also"]) == 7 and "learning rate 0" in pn["message"]
+    assert of(found, "update_ratio") == []               # a zero update is not a ratio
+
+
+def test_bn_fed_huge_inputs(tmp_path):
+    found = run(tmp_path, "buggy", "--bn", "--input-scale", 1e4, "--steps", 3)
+    [bn] = of(found, "bn_stats")
+    assert (bn["step"], bn["module"]) == (0, "1")
+    assert bn["evidence"]["var_max"] > 1e6 and bn["evidence"]["channels"] == 32
+    assert "running_var reaches" in bn["message"]
+
+
+def test_loss_not_decreasing_on_dead_relu(tmp_path):
+    found = run(tmp_path, example("dead_relu.py"), "--steps", 31)
+    [ln] = of(found, "loss_not_decreasing")
+    assert (ln["step"], ln["tensor"]) == (29, "loss")
+    ev = ln["evidence"]
+    assert ev["recorded_steps"] == 30 and ev["drop"] < ev["needed"]
+    assert abs(ev["first_median"] - 2.30) < 0.05
+
+
+# -- synthetic steps: what must not fire ------------------------------------------------------------
+
+def feed(rule, steps, optimizers=()):
+    """Run one rule over synthetic steps: each a dict {(name, kind): {stat: value}}."""
+    rule.reset()
+    return [(i, f) for i, series in enumerate(steps) for f in feed_one(rule, i, series, optimizers)]
+
+
+def feed_one(rule, i, series, optimizers=(), facts=None):
+    names = list(series)
+    stats = np.full((len(names), len(STAT_INDEX)), np.nan)
+    stats[:, STAT_INDEX["nan_count"]] = stats[:, STAT_INDEX["inf_count"]] = 0
+    stats[:, STAT_INDEX["count"]] = 1024
+    for r, key in enumerate(names):
+        for stat, v in series[key].items():
+            stats[r, STAT_INDEX[stat]] = v
+    rec = SimpleNamespace(step=i, names=names, raw=None)
+    return list(rule.check(StepContext(rec, stats, facts or {}, {}, optimizers)) or ())
+
+
+def model_step(w=1.0, g=0.1, u=0.001, loss=2.3, grad=True, update=True, name="fc.weight"):
+    s = {("loss", "loss"): {"mean": loss, "count": 1}, (name, "param"): {"norm": w, "mean": w / 100}}
+    if update:
+        s[(name, "update")] = {"norm": u}
+    if grad:
+        s[(name, "grad")] = {"norm": g}
+    return s
+
+
+def test_frozen_and_stale_gradients_are_not_not_updated():
+    rule = stats_rules.ParamNotUpdated()
+    # frozen (requires_grad False): param rows only
+    assert feed(rule, [model_step(grad=False, update=False) for _ in range(10)]) == []
+    # no optimizer holds it, its value never changes, but its .grad is stale (a GAN's generator
+    # between its own steps): the same gradient norm every step
+    assert feed(rule, [model_step(update=False) for _ in range(10)]) == []
+    # a fresh gradient every step and the value never changes: reported after 5 steps
+    found = feed(rule, [model_step(g=0.1 + i / 100, update=False) for i in range(10)])
+    assert [(i, f.tensor) for i, f in found] == [(5, "fc.weight")]
+    # updated every step (an optimizer, or hand-written updates): nothing
+    assert feed(rule, [model_step(w=1 + i / 100) for i in range(10)]) == []
+    # an lr of 0 for the first step of a warmup: nothing
+    assert feed(rule, [model_step(u=0.0 if i == 0 else 0.001) for i in range(10)]) == []
+
+
+def test_gradient_spikes_and_converged_runs_are_not_reported():
+    ex, va = stats_rules.ExplodingGradient(), stats_rules.VanishingGradient()
+    spike = [model_step(g=5e4 if i in (6, 9) else 0.5) for i in range(12)]     # two lone spikes
+    assert feed(ex, spike) == []
+    # gradients fall 1e5x because the loss went to ~0: converged, not vanishing
+    done = [model_step(g=0.5 * 10 ** -(i / 2), loss=2.3 * 10 ** -(i / 2)) for i in range(12)]
+    assert feed(va, done) == []
+    # the same fall while the loss stays where it started: vanishing (relative), after 3 steps
+    stuck = [model_step(g=0.5 * 10 ** -(i / 2)) for i in range(12)]
+    found = feed(va, stuck)
+    assert len(found) == 1 and "relative" in found[0][1].evidence["criteria"]
+    # zero gradients (a frozen or dead layer) are neither
+    assert feed(va, [model_step(g=0.0) for _ in range(12)]) == []
+    # biases / tiny tensors are left out
+    assert feed(ex, [model_step(g=1e6, name="fc.bias") for _ in range(12)]) == []
+
+
+def test_update_ratio_leaves_zero_init_and_warmup_alone():
+    rule = stats_rules.UpdateRatio()
+    # a zero-initialised weight: ratio 1, 1/2, 1/3 ... (Adam at any lr)
+    zero = [model_step(w=0.01 * (i + 1), u=0.01) for i in range(12)]
+    assert feed(rule, zero) == []
+    # a steady ratio of 0.5 is reported once, after the warm-up steps plus 3 in a row
+    found = feed(rule, [model_step(w=1.0 + i, u=0.5 * (1.0 + i)) for i in range(12)])
+    assert [(i, f.evidence["side"]) for i, f in found] == [(5, "high")]
+    # a tiny ratio while the learning rate ramps up (warmup) is not judged
+    opt = SimpleNamespace(param_groups=[{"params": [], "lr": 0.0}])
+    steps = [model_step(u=1e-9) for _ in range(12)]
+    found = []
+    rule.reset()
+    for i, s in enumerate(steps):
+        opt.param_groups[0]["lr"] = 1e-6 * (i + 1)
+        found += feed_one(rule, i, s, [("optimizer", opt)])
+    assert found == []
+
+
+def test_loss_rule_needs_a_long_single_loss():
+    rule = stats_rules.LossNotDecreasing()
+    flat = [model_step(loss=2.3 + 0.01 * math.sin(i)) for i in range(40)]
+    assert [i for i, _ in feed(rule, flat)] == [29]
+    assert feed(rule, flat[:29]) == []                          # too short to judge
+    gan = [{**s, ("loss/optimizerG", "loss"): {"mean": 0.7 + i / 50}} for i, s in enumerate(flat)]
+    assert feed(rule, gan) == []                                # two adversarial losses
+    falling = [model_step(loss=2.3 * 0.97 ** i + 0.3 * (i % 2)) for i in range(40)]
+    assert feed(rule, falling) == []                            # noisy, but going down
+
+
+def test_nonfinite_reports_backward_order_once_per_incident():
+    rule = stats_rules.NonFinite()
+    ok = {("fc1", "act"): {}, ("loss", "loss"): {}, ("fc1.weight", "param"): {}, ("fc2.weight", "param"): {},
+          ("fc1.weight", "grad"): {}, ("fc2.weight", "grad"): {}}
+    nan_grads = {k: ({"nan_count": 3} if k[1] in ("grad", "param") else {}) for k in ok}
+    found = feed(rule, [ok, nan_grads, nan_grads, ok, nan_grads])
+    # the gradient nearest the loss (the last layer: first in backward order), before the params it spoiled
+    assert [(i, f.tensor, f.evidence["kind"]) for i, f in found] == [(1, "fc2.weight", "grad"),
+                                                                   (4, "fc2.weight", "grad")]
+    assert found[0][1].evidence["nonfinite_tensors"] == {"param": 2, "grad": 2}
+
+
+def test_bn_rule_reads_the_probe_summary():
+    rule = stats_rules.BatchNormStats()
+    rule.reset()
+
+    def bn(**kw):
+        f = {"modules": ["bn1", "bn2"], "channels": np.array([16, 16]), "mean_absmax": np.array([0.5, 0.5]),
+             "var_min": np.array([0.5, 0.5]), "var_max": np.array([2.0, 2.0]), "nonfinite": np.array([0, 0]),
+             "var_zero_frac": np.array([0.0, 0.0])}
+        for k, v in kw.items():
+            f[k] = np.array(v)
+        return feed_one(rule, 0, model_step(), facts={"bn_stats": f})
+    assert bn() == [] and bn(var_zero_frac=[0.1, 0.2]) == []        # a few dead channels happen
+    [f] = bn(var_zero_frac=[0.0, 0.75])                               # most of bn2 collapsed
+    assert f.module == "bn2" and "~0 in 75% of 16 channels" in f.message
+    [f] = bn(nonfinite=[3, 0])
+    assert f.module == "bn1" and f.evidence["nonfinite_channels"] == 3
+    assert bn(nonfinite=[3, 0]) == []                                 # once per module
