@@ -4,11 +4,29 @@ _nndb() {
     local cur="${COMP_WORDS[COMP_CWORD]}" prev="${COMP_WORDS[COMP_CWORD-1]}" cmd="" i
     for ((i = 1; i < COMP_CWORD; i++)); do
         case "${COMP_WORDS[i]}" in
-            inspect|run|trust) cmd="${COMP_WORDS[i]}"; break ;;
+            check|inspect|run|trust) cmd="${COMP_WORDS[i]}"; break ;;
         esac
     done
     case "$cmd" in
-    "") COMPREPLY=($(compgen -W "inspect run trust --help --version" -- "$cur")) ;;
+    "") COMPREPLY=($(compgen -W "check inspect run trust --help --version" -- "$cur")) ;;
+    check)
+        local j skip=0
+        for ((j = i + 1; j < COMP_CWORD; j++)); do
+            if ((skip)); then skip=0; continue; fi
+            case "${COMP_WORDS[j]}" in
+                --steps|--overfit-iters) skip=1 ;;
+                -m) ((j + 1 < COMP_CWORD)) && { COMPREPLY=($(compgen -f -- "$cur")); return; } ;;
+                -*) ;;
+                *) COMPREPLY=($(compgen -f -- "$cur")); return ;;
+            esac
+        done
+        case "$prev" in
+            -m) return ;;
+            --steps) return ;;
+            --overfit-iters) return ;;
+        esac
+        if [[ $cur == -* ]]; then COMPREPLY=($(compgen -W "-m --steps --overfit-iters --json -h --help" -- "$cur"));
+        else COMPREPLY=($(compgen -f -- "$cur")); fi ;;
     inspect)
         case "$prev" in
             --series) return ;;
@@ -22,7 +40,7 @@ _nndb() {
         for ((j = i + 1; j < COMP_CWORD; j++)); do
             if ((skip)); then skip=0; continue; fi
             case "${COMP_WORDS[j]}" in
-                --trace|--every|--steps|--full-every|--flush-every|--flush-secs|-x|-e|--eval-command|--report) skip=1 ;;
+                --trace|--every|--steps|--full-every|--flush-every|--flush-secs|-x|-e|--eval-command|--report|--rules) skip=1 ;;
                 -m) ((j + 1 < COMP_CWORD)) && { COMPREPLY=($(compgen -f -- "$cur")); return; } ;;
                 -*) ;;
                 *) COMPREPLY=($(compgen -f -- "$cur")); return ;;
@@ -39,8 +57,9 @@ _nndb() {
             -x) COMPREPLY=($(compgen -f -- "$cur")); return ;;
             -e|--eval-command) return ;;
             --report) COMPREPLY=($(compgen -f -- "$cur")); return ;;
+            --rules) return ;;
         esac
-        if [[ $cur == -* ]]; then COMPREPLY=($(compgen -W "-m --trace --every --steps --full-every --flush-every --flush-secs -q --quiet --batch --run -x -e --eval-command --nx --report -h --help" -- "$cur"));
+        if [[ $cur == -* ]]; then COMPREPLY=($(compgen -W "-m --trace --every --steps --full-every --flush-every --flush-secs -q --quiet --batch --run -x -e --eval-command --nx --report --rules -h --help" -- "$cur"));
         else COMPREPLY=($(compgen -f -- "$cur")); fi ;;
     trust)
         case "$prev" in

@@ -8,13 +8,26 @@ import sys
 import click
 
 from . import __version__
-from .errors import EXIT_INTERNAL, NndbError, UsageError
+from .errors import EXIT_INTERNAL, EXIT_SIGINT, NndbError, UsageError
 
 # Spelled out so that `nndb --help` and completion need not import torch;
 # tests/test_layout.py checks them against the trace schema.
 STAT_CHOICES = ("count", "mean", "std", "min", "max", "norm", "mean_abs",
                 "nan_count", "inf_count", "zero_frac")
 KIND_CHOICES = ("param", "grad", "update", "act", "loss")
+
+
+def _target(module, script, args):
+    """SCRIPT ARGS or -m MODULE ARGS -> a launcher Target."""
+    from .launcher import Target
+    args = list(args)
+    if module:
+        if script is not None:
+            args.insert(0, script)
+        return Target(module=module, args=args)
+    if script is None:
+        raise click.UsageError("missing SCRIPT (or -m MODULE)")
+    return Target(path=script, args=args)
 
 
 def _fail(e: NndbError) -> None:
@@ -65,17 +78,8 @@ def run(module, trace_path, every, steps_range, full_every, flush_steps, flush_s
     stdin is not a terminal."""
     from .config import RecordSchedule, RunConfig
     from .debugger.driver import DebugOptions, debug
-    from .launcher import Target
 
-    args = list(args)
-    if module:
-        if script is not None:
-            args.insert(0, script)
-        target = Target(module=module, args=args)
-    elif script is None:
-        raise click.UsageError("missing SCRIPT (or -m MODULE)")
-    else:
-        target = Target(path=script, args=args)
+    target = _target(module, script, args)
     try:
         schedule = RecordSchedule.parse(every, steps_range, full_every)
         config = RunConfig(target, trace_path, schedule, flush_steps, flush_secs, quiet)
@@ -92,6 +96,38 @@ def run(module, trace_path, every, steps_range, full_every, flush_steps, flush_s
     except NndbError as e:
         _fail(e)
     sys.exit(result.exit_code)
+
+
+@cli.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.option("-m", "module", metavar="MODULE", help="Check a library module run as a script, like python -m.")
+@click.option("--steps", type=click.IntRange(min=1), default=2, show_default=True, metavar="N",
+              help="Run the script's first N steps.")
+@click.option("--overfit-iters", type=click.IntRange(min=1), default=300, show_default=True, metavar="N",
+              help="Iterations at most for the overfit-one-batch check.")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print one JSON object (the script's own output goes to stderr).")
+@click.argument("script", required=False, metavar="SCRIPT")
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def check(module, steps, overfit_iters, as_json, script, args):
+    """Run the first steps of SCRIPT [ARGS]... and the checklist practitioners
+    run by hand: data, shapes, initial loss, finite loss, gradients, updates,
+    overfitting one batch.  One PASS/FAIL/SKIP line per check; exit code 0 if
+    none failed, 1 if one did, 2 on a usage error."""
+    from .launcher import prepare
+
+    target = _target(module, script, args)
+    try:
+        prepare(target)                 # a bad SCRIPT fails here, before torch is imported
+        from .check import check as run_check
+        from .render.check import text
+        report = run_check(target, steps, overfit_iters, script_stdout=sys.stderr if as_json else None)
+    except NndbError as e:
+        _fail(e)
+    except KeyboardInterrupt:
+        click.echo("nndb: check interrupted", err=True)
+        sys.exit(EXIT_SIGINT)
+    click.echo(json.dumps(report.to_dict()) if as_json else text(report))
+    sys.exit(report.exit_code)
 
 
 @cli.command()

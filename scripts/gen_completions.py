@@ -64,7 +64,7 @@ def bash() -> str:
              f"    \"\") COMPREPLY=($(compgen -W \"{' '.join(c for c, *_ in cmds)} --help --version\" -- \"$cur\")) ;;"]
     for name, _, opts, files in cmds:
         lines.append(f"    {name})")
-        if name == "run":
+        if name in ("run", "check"):          # SCRIPT ARGS...: the words after SCRIPT are the script's
             lines += _bash_script_args(opts)
         lines.append('        case "$prev" in')
         for o in opts:

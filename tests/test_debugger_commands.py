@@ -6,7 +6,6 @@ import gc
 import os
 import re
 
-import pytest
 
 from conftest import example
 from nndb.config import RunConfig

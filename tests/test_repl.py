@@ -1,8 +1,6 @@
 """The prompt_toolkit REPL, driven without a terminal: pipe input, dummy output."""
 import io
-import os
 
-import pytest
 from prompt_toolkit.document import Document
 from prompt_toolkit.input import create_pipe_input
 from prompt_toolkit.output import DummyOutput

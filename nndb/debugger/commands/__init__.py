@@ -1,9 +1,10 @@
 """The debugger's commands: one table built from the command families."""
 from __future__ import annotations
 
-from . import breakpoints, change, control, inspect
+from . import breakpoints, change, control, gradcheck, inspect, rules
 from .table import Command, CommandTable, Table
 
-TABLE = CommandTable(control.COMMANDS + breakpoints.COMMANDS + inspect.COMMANDS + change.COMMANDS)
+TABLE = CommandTable(control.COMMANDS + breakpoints.COMMANDS + inspect.COMMANDS + gradcheck.COMMANDS
+                     + rules.COMMANDS + change.COMMANDS)
 
 __all__ = ["TABLE", "Command", "CommandTable", "Table"]

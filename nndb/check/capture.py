@@ -1,0 +1,302 @@
+"""What the first steps of the script showed, gathered for ``nndb check``.
+
+``Capture`` is a plain object; the tracer's probes (``tracer.probes``: root
+module inputs, a root's output, optimizer steps), the recorder's loss hook
+and ``LossMode`` (a TorchFunctionMode that sees torch.nn.functional's loss
+calls) report to it.  None of them changes what the script computes; an
+error in one is kept as a note, never raised into the script.
+"""
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils import _pytree as pytree
+
+from ..errors import KillRun
+
+LOSS_CALLS_KEPT = 16            # loss-function calls remembered per run
+
+# torch.nn.functional losses: (input, target, ...) -> loss
+CLASS_LOSSES = ("cross_entropy", "nll_loss")
+BINARY_LOSSES = ("binary_cross_entropy", "binary_cross_entropy_with_logits")
+ELEMENTWISE_LOSSES = ("mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss", "soft_margin_loss",
+                      "kl_div", "poisson_nll_loss", "gaussian_nll_loss") + BINARY_LOSSES
+LOSSES = CLASS_LOSSES + ELEMENTWISE_LOSSES
+
+
+# -- what the first steps showed ----------------------------------------------------------
+def _clone(tree):
+    return pytree.tree_map(lambda t: t.detach().clone() if isinstance(t, torch.Tensor) else t, tree)
+
+
+@dataclass
+class ModelSeen:
+    """A root module with parameters, as first called."""
+    module: torch.nn.Module
+    replica: Optional[torch.nn.Module]      # deep copy at its first forward (None: could not copy)
+    replica_error: str
+    first_args: tuple
+    last_args: tuple = ()
+
+
+@dataclass
+class LossCall:
+    step: int
+    name: str                   # CrossEntropyLoss (a loss module) or F.cross_entropy
+    func: Callable
+    kind: str                   # the functional's name
+    args: list                  # positional args; the input (index 0) left out
+    kwargs: dict
+    input_shape: tuple
+    input_requires_grad: bool
+    probs_like: bool            # cross-entropy input rows in [0, 1] summing to 1
+    target: Optional[torch.Tensor]
+    target_pos: Optional[object]     # where the target was: an index into args, or "target"
+    value: float
+    model: Optional[torch.nn.Module] = None   # the root whose output is the input
+    leaf: int = 0               # which tensor of its output (pytree leaf)
+    model_args: tuple = ()      # that forward's inputs
+
+
+@dataclass
+class OptimizerSeen:
+    opt: object
+    hyper: list                 # per group: its hyper-parameters at the first step
+    params: list                # requires_grad parameters, in group order
+    before: Optional[list] = None
+    lrs: list = field(default_factory=list)
+
+
+class Capture:
+    """The plain object the probes and the loss mode report to."""
+
+    def __init__(self, rec, steps: int):
+        self.rec = rec
+        self.steps = steps
+        self.steps_done = 0
+        self.models: dict = {}              # id(module) -> ModelSeen
+        self.outputs: dict = {}             # id(module) -> (output leaves, args) of its last call
+        self.loss_calls: list = []
+        self.backward_losses: list = []     # (step, value or None)
+        self.optimizers: list = []          # OptimizerSeen, in the order first stepped
+        self.got_grad: set = set()          # id(param): a gradient in some step
+        self.nonzero: set = set()           # ... a finite one with a non-zero element, in some step
+        self.nonfinite: set = set()         # ... a NaN/Inf one, in some step
+        self.changed: dict = {}             # id(param) -> largest relative change
+        self.errors: list = []
+        self._last_root = None
+        self._output_types: set = set()
+        self._hooks: list = []
+
+    # -- installing -------------------------------------------------------------------
+    def install(self) -> None:
+        t = self.rec.tracer
+        t.on_step_end = self.step_end
+        root, optimizer = self._guard(self.root), self._guard(self.optimizer)
+
+        def on_root(module, args):
+            self._stop_if_done()
+            root(module, args)
+
+        def on_optimizer(opt, when):
+            self._stop_if_done()
+            optimizer(opt, when)
+        self._hooks = [("root", on_root), ("optimizer", on_optimizer)]
+        for key, cb in self._hooks:
+            t.probes.setdefault(key, []).append(cb)
+        rec = self.rec.recorder
+        loss, no_loss = rec.loss, rec.backward_without_loss
+
+        def on_loss(tensor):
+            self._guard(self.backward_loss)(tensor)
+            loss(tensor)
+
+        def on_no_loss():
+            self.backward_losses.append((self.steps_done, None))
+            no_loss()
+        rec.loss, rec.backward_without_loss = on_loss, on_no_loss
+
+    def uninstall(self) -> None:
+        t = self.rec.tracer
+        t.on_step_end = None
+        for key, cb in self._hooks:
+            cbs = t.probes.get(key, [])
+            if cb in cbs:
+                cbs.remove(cb)
+        t.probes.clear()
+        self.outputs.clear()
+
+    def _guard(self, fn):
+        """A probe never raises into the script: its error is kept and shown as a note."""
+        def call(*args):
+            try:
+                fn(*args)
+            except Exception as e:
+                if len(self.errors) < 3:
+                    self.errors.append(f"{fn.__name__}: {type(e).__name__}: {e}")
+        return call
+
+    def step_end(self, step: int) -> None:
+        self.steps_done = step + 1
+        self.outputs.clear()                 # hold no activation between steps
+
+    def _stop_if_done(self) -> None:
+        """The steps are done: the script is unwound at its next module call
+        or optimizer step (so what it prints after the last step shows)."""
+        if self.steps_done >= self.steps:
+            raise KillRun()
+
+    # -- probes -----------------------------------------------------------------------
+    def root(self, module, args) -> None:
+        self._last_root = module
+        if self.steps_done >= self.steps or next(module.parameters(), None) is None:
+            return
+        seen = self.models.get(id(module))
+        if seen is None:
+            replica, err = None, ""
+            try:
+                replica = copy.deepcopy(module)
+            except Exception as e:
+                err = f"{type(e).__name__}: {e}"
+            seen = self.models[id(module)] = ModelSeen(module, replica, err, _clone(args))
+            seen.last_args = seen.first_args
+        else:
+            seen.last_args = _clone(args)
+        if type(module) not in self._output_types:
+            self._output_types.add(type(module))
+            self.rec.tracer.probes.setdefault(type(module), []).append(self._guard(self.output))
+
+    def output(self, module, use, args, output) -> None:
+        seen = self.models.get(id(module))
+        if seen is not None and seen.module is module and self.steps_done < self.steps:
+            self.outputs[id(module)] = (pytree.tree_leaves(output), seen.last_args)
+
+    def backward_loss(self, tensor) -> None:
+        if self.steps_done < self.steps:
+            t = tensor.detach()
+            self.backward_losses.append((self.steps_done, float(t.double().mean()) if t.numel() else None))
+
+    def loss_call(self, func, args, kwargs, out) -> None:
+        if self.steps_done >= self.steps or len(self.loss_calls) >= LOSS_CALLS_KEPT:
+            return
+        args, kwargs = list(args), dict(kwargs)
+        inp = args[0] if args else kwargs.pop("input", None)
+        if not isinstance(inp, torch.Tensor):
+            return
+        if args:
+            args[0] = None
+        target_pos = 1 if len(args) > 1 else ("target" if "target" in kwargs else None)
+        target = args[1] if target_pos == 1 else kwargs.get("target")
+        target = target.detach().clone() if isinstance(target, torch.Tensor) else None
+        if target_pos is not None and target_pos != "target":
+            args[1] = None
+        root = self._last_root
+        from_module = isinstance(root, torch.nn.modules.loss._Loss)
+        name = type(root).__name__ if from_module else f"F.{func.__name__}"
+        value = float(out.detach().double().mean()) if isinstance(out, torch.Tensor) and out.numel() else math.nan
+        call = LossCall(self.steps_done, name, func, func.__name__, args, kwargs, tuple(inp.shape),
+                        inp.requires_grad, _probs_like(inp, func.__name__), target, target_pos, value)
+        for mid, (leaves, margs) in self.outputs.items():
+            for i, t in enumerate(leaves):
+                if t is inp:
+                    call.model, call.leaf, call.model_args = self.models[mid].module, i, margs
+        self.loss_calls.append(call)
+        if from_module:
+            self._last_root = None
+
+    def optimizer(self, opt, when: str) -> None:
+        if self.steps_done >= self.steps:
+            return
+        seen = next((s for s in self.optimizers if s.opt is opt), None)
+        if seen is None:
+            hyper = [{k: v for k, v in g.items() if k != "params"} for g in opt.param_groups]
+            params = [p for g in opt.param_groups for p in g["params"] if p.requires_grad]
+            seen = OptimizerSeen(opt, hyper, params)
+            self.optimizers.append(seen)
+        self._note_grads(seen.params)
+        if when == "pre":
+            seen.before = [p.detach().clone() for p in seen.params]
+            seen.lrs.append([_number(g.get("lr")) for g in opt.param_groups])
+        elif seen.before is not None:
+            for p, b in zip(seen.params, seen.before):
+                if not torch.equal(p.detach(), b):
+                    scale = max(float(b.double().norm()), float(p.detach().double().norm()))
+                    change = float((p.detach() - b).double().norm()) / scale
+                    self.changed[id(p)] = max(change, self.changed.get(id(p), 0.0))
+            seen.before = None
+
+    def _note_grads(self, params) -> None:
+        for p in params:
+            g = p.grad
+            if g is None:
+                continue
+            self.got_grad.add(id(p))
+            v = g.coalesce().values() if g.is_sparse else g.detach()
+            if not bool(torch.isfinite(v).all()):
+                self.nonfinite.add(id(p))
+            elif bool((v != 0).any()):
+                self.nonzero.add(id(p))
+
+    # -- what the checks ask --------------------------------------------------------------
+    def primary_loss(self) -> Optional[LossCall]:
+        """The training loss: the first linked to a model and differentiable, else the first."""
+        calls = [c for c in self.loss_calls if c.step == 0] or self.loss_calls
+        for want in (lambda c: c.model is not None and c.input_requires_grad,
+                     lambda c: c.input_requires_grad, lambda c: True):
+            hit = next((c for c in calls if want(c)), None)
+            if hit is not None:
+                return hit
+        return None
+
+    def model(self) -> Optional[ModelSeen]:
+        call = self.primary_loss()
+        if call is not None and call.model is not None:
+            return self.models[id(call.model)]
+        if self.optimizers:
+            held = {id(p) for p in self.optimizers[0].params}
+            for seen in self.models.values():
+                if any(id(p) in held for p in seen.module.parameters()):
+                    return seen
+        return next(iter(self.models.values()), None)
+
+    def param_name(self, p) -> str:
+        try:
+            return self.rec.naming.param_name(p)
+        except Exception:
+            return f"<parameter {tuple(p.shape)}>"
+
+
+def _number(x) -> Optional[float]:
+    """A hyper-parameter as a float (a 0-d tensor too), or None."""
+    try:
+        return float(x) if isinstance(x, (int, float, torch.Tensor)) and not isinstance(x, bool) else None
+    except (TypeError, ValueError, RuntimeError):
+        return None
+
+
+def _probs_like(inp: torch.Tensor, kind: str) -> bool:
+    if kind != "cross_entropy" or inp.dim() < 2 or not inp.is_floating_point():
+        return False
+    x = inp.detach()
+    return bool(x.min() >= 0) and bool(x.max() <= 1) and \
+        bool(torch.allclose(x.double().sum(1), torch.ones((), dtype=torch.float64), atol=1e-3))
+
+
+class LossMode(TorchFunctionMode):
+    """Sees torch.nn.functional's loss calls; every call goes through unchanged."""
+
+    def __init__(self, capture: Capture):
+        super().__init__()
+        self.capture = capture
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        if getattr(func, "__name__", "") in LOSSES and getattr(func, "__module__", "") == "torch.nn.functional":
+            self.capture._guard(self.capture.loss_call)(func, args, kwargs, out)
+        return out

@@ -1,0 +1,360 @@
+"""The checks of ``nndb check``, each a function of the Capture: PASS, FAIL
+with the likely cause, or SKIP with the reason it could not be decided.
+The thresholds are the constants below (nndb/check/__init__.py lists them)."""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Optional
+
+import torch
+from torch.utils import _pytree as pytree
+
+from .capture import BINARY_LOSSES, CLASS_LOSSES, Capture, LossCall
+
+RAW_PIXELS_MIN_MAX = 20.0       # a float input in [0, 255] reaching this, whole numbers: raw pixels
+WHOLE_FRACTION = 0.99           # ... "whole numbers": this fraction of the values
+INPUT_ABS_MAX = 100.0           # a float input beyond +-this is not normalised
+CONSTANT_LABELS_MIN = 16        # one label for all of at least this many targets: FAIL
+INIT_LOSS_FACTOR = 2.0          # initial loss above max(FACTOR x uniform, uniform + MARGIN): FAIL
+INIT_LOSS_MARGIN = 1.0
+OVERFIT_BATCH = 32              # samples of the captured batch the replica trains on
+OVERFIT_ITERS = 300             # iterations at most
+OVERFIT_REL = 0.05              # "close to zero": below 5% of the first loss...
+OVERFIT_ABS = 1e-3              # ... or below this
+NAMES_SHOWN = 4
+
+
+@dataclass
+class Check:
+    name: str
+    status: str                 # PASS | FAIL | SKIP
+    evidence: str               # the numbers (for SKIP: why it could not be decided)
+    cause: str = ""             # FAIL: the likely cause and what to do
+    numbers: dict = field(default_factory=dict)
+
+
+@dataclass
+class CheckReport:
+    target: str
+    steps: int                  # steps of the script that ran
+    context: dict               # model, optimizers, loss as found
+    checks: list
+
+    @property
+    def exit_code(self) -> int:
+        """0: every check passed or was skipped; 1: at least one failed."""
+        return 1 if any(c.status == "FAIL" for c in self.checks) else 0
+
+    def to_dict(self) -> dict:
+        """Plain JSON data (NaN and infinities as the strings "nan", "inf", "-inf")."""
+        return _plain({"target": self.target, "steps": self.steps, "context": self.context,
+                       "exit_code": self.exit_code, "checks": [asdict(c) for c in self.checks]})
+
+
+def _plain(x):
+    if isinstance(x, float) and not math.isfinite(x):
+        return str(x)
+    if isinstance(x, dict):
+        return {k: _plain(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_plain(v) for v in x]
+    return x
+
+
+@dataclass
+class Outcome:
+    status: str = "finished"    # finished (or stopped after the steps) | raised | exited
+    error: str = ""
+
+
+def _skip(name: str, why: str, outcome: Outcome) -> Check:
+    if outcome.status != "finished":
+        why += " (the script stopped early)"
+    return Check(name, "SKIP", why)
+
+
+def _no_optimizer(name: str, cap: Capture, outcome: Outcome) -> Check:
+    if cap.optimizers:
+        return Check(name, "SKIP", "the optimizers hold no parameter that requires grad")
+    if outcome.status != "finished":
+        return Check(name, "SKIP", "the script stopped before any optimizer step")
+    return Check(name, "SKIP", "no torch.optim optimizer stepped (hand-written updates?): "
+                 "which parameters should learn is unknown")
+
+
+def _shape(s) -> str:
+    s = tuple(s)
+    return "(" + ", ".join(map(str, s)) + ("," if len(s) == 1 else "") + ")"
+
+
+def _names(cap: Capture, params) -> str:
+    names = [cap.param_name(p) for p in params]
+    more = len(names) - NAMES_SHOWN
+    return ", ".join(names[:NAMES_SHOWN]) + (f" and {more} more" if more > 0 else "")
+
+
+def _classes(call: LossCall) -> Optional[int]:
+    s = call.input_shape
+    c = s[1] if len(s) >= 2 else (s[0] if s else None)
+    return c if c and c >= 2 else None
+
+
+def _is_index(t) -> bool:
+    return isinstance(t, torch.Tensor) and not t.is_floating_point() and not t.is_complex()
+
+
+# -- 1. data ----------------------------------------------------------------------------------
+def data_check(cap: Capture, outcome: Outcome) -> Check:
+    seen, call = cap.model(), cap.primary_loss()
+    if seen is None:
+        return _skip("data", "no module with parameters was called", outcome)
+    args = call.model_args if call is not None and call.model is seen.module else seen.first_args
+    tensors = [t for t in pytree.tree_leaves(args) if isinstance(t, torch.Tensor)]
+    if not tensors:
+        return _skip("data", f"{type(seen.module).__name__}'s inputs hold no tensor", outcome)
+    parts, fails, causes, numbers = [], [], [], {"inputs": []}
+    for i, t in enumerate(tensors):
+        label = "inputs" if len(tensors) == 1 else f"inputs[{i}]"
+        desc, fail, cause, nums = _describe_input(t)
+        parts.append(f"{label} {desc}")
+        numbers["inputs"].append(nums)
+        if fail:
+            fails.append(f"{label} {fail}")
+            causes.append(cause)
+    if call is not None and call.target is not None:
+        desc, fail, cause = _describe_target(call)
+        if desc:
+            parts.append(desc)
+        if fail:
+            fails.append(fail)
+            causes.append(cause)
+    if fails:
+        return Check("data", "FAIL", "; ".join(fails) + " [" + "; ".join(parts) + "]",
+                     "; ".join(dict.fromkeys(causes)), numbers)
+    return Check("data", "PASS", "; ".join(parts), numbers=numbers)
+
+
+def _describe_input(t: torch.Tensor):
+    desc = f"{_shape(t.shape)} {str(t.dtype).replace('torch.', '')}"
+    nums = {"shape": list(t.shape), "dtype": str(t.dtype).replace("torch.", "")}
+    if t.numel() == 0 or t.is_complex():
+        return desc, "", "", nums
+    x = t.detach().double()
+    if not t.is_floating_point():
+        lo, hi = int(x.min()), int(x.max())
+        nums.update(min=lo, max=hi)
+        return desc + f" values {lo}..{hi}", "", "", nums
+    finite = torch.isfinite(x)
+    bad = int((~finite).sum())
+    x = x[finite]
+    if x.numel() == 0:
+        return desc + " all NaN/Inf", "are all NaN/Inf", "the data pipeline produces NaN/Inf", nums
+    lo, hi, mean, std = float(x.min()), float(x.max()), float(x.mean()), float(x.std()) if x.numel() > 1 else 0.0
+    whole = float((x == x.round()).double().mean())
+    nums.update(min=lo, max=hi, mean=mean, std=std, nonfinite=bad, whole_fraction=whole)
+    desc += f" in [{lo:.4g}, {hi:.4g}], mean {mean:.3g}, std {std:.3g}"
+    if bad:
+        return desc, f"hold {bad} NaN/Inf value(s)", "the data pipeline produces NaN/Inf: check loading and preprocessing", nums
+    if lo >= 0 and RAW_PIXELS_MIN_MAX <= hi <= 255 and whole >= WHOLE_FRACTION:
+        return desc, f"look like raw 0-255 pixels (whole numbers up to {hi:.4g})", \
+            "inputs look like raw 0-255 pixels: normalise them (x / 255, then subtract the mean and divide by the std)", nums
+    if max(abs(lo), abs(hi)) > INPUT_ABS_MAX:
+        return desc, f"reach {max(abs(lo), abs(hi)):.4g} (beyond +-{INPUT_ABS_MAX:g})", \
+            "inputs are not normalised: standardise each feature (subtract the mean, divide by the std)", nums
+    return desc, "", "", nums
+
+
+def _describe_target(call: LossCall):
+    t = call.target
+    if t.numel() == 0:
+        return "", "", ""
+    if call.kind in CLASS_LOSSES and _is_index(t):
+        ignore = call.kwargs.get("ignore_index", -100)
+        v = t[t != ignore]
+        if v.numel() == 0:
+            return f"targets all ignore_index {ignore}", "", ""
+        lo, hi, n = int(v.min()), int(v.max()), int(v.numel())
+        distinct = int(v.unique().numel())
+        desc = f"labels {lo}..{hi} ({distinct} distinct of {n})"
+        c = _classes(call)
+        if c is not None and (lo < 0 or hi >= c):
+            return desc, f"labels {lo}..{hi} outside [0, {c})", \
+                f"the model has {c} outputs but the labels reach {hi if hi >= c else lo}: " \
+                "the output layer's size or the label encoding is wrong"
+        if distinct == 1 and n >= CONSTANT_LABELS_MIN:
+            return desc, f"all {n} targets are label {lo}", \
+                "every target has the same label: check the label pipeline (column, shuffling, sampling)"
+        return desc, "", ""
+    if call.kind in BINARY_LOSSES and t.is_floating_point():
+        lo, hi = float(t.min()), float(t.max())
+        desc = f"targets in [{lo:.3g}, {hi:.3g}]"
+        if lo < 0 or hi > 1:
+            return desc, f"binary targets outside [0, 1] ([{lo:.3g}, {hi:.3g}])", \
+                "binary cross-entropy needs targets in [0, 1]: map the labels to 0/1"
+        return desc, "", ""
+    return "", "", ""
+
+
+# -- 2. shapes ------------------------------------------------------------------------------
+NO_LOSS = "no torch.nn.functional loss was called (a hand-written loss?)"
+
+
+def shapes_check(cap: Capture, outcome: Outcome) -> Check:
+    call = cap.primary_loss()
+    if call is None:
+        return _skip("shapes", NO_LOSS + ": prediction and target shapes unknown", outcome)
+    if call.target is None:
+        return _skip("shapes", f"{call.name} had no target tensor", outcome)
+    pred, tgt = tuple(call.input_shape), tuple(call.target.shape)
+    nums = {"prediction": list(pred), "target": list(tgt), "loss": call.name}
+    ev = f"{call.name}: prediction {_shape(pred)} vs target {_shape(tgt)}"
+    if call.kind in CLASS_LOSSES:
+        if _is_index(call.target):
+            want = pred[:1] + pred[2:] if len(pred) >= 2 else ()
+            if tgt == want:
+                return Check("shapes", "PASS", ev + f" (class indices, {_classes(call)} classes)", numbers=nums)
+            return Check("shapes", "FAIL", ev, f"class-index targets must have shape {_shape(want)}: "
+                         "check the target's layout (one-hot? an extra dimension?)", nums)
+        if tgt == pred:
+            return Check("shapes", "PASS", ev + " (class probabilities)", numbers=nums)
+        return Check("shapes", "FAIL", ev, "probability targets must have the prediction's shape", nums)
+    if pred == tgt:
+        return Check("shapes", "PASS", ev, numbers=nums)
+    try:
+        both = tuple(torch.broadcast_shapes(pred, tgt))
+    except RuntimeError:
+        return Check("shapes", "FAIL", ev + " (they do not broadcast)", "make the prediction and target shapes equal", nums)
+    nums["broadcast"] = list(both)
+    return Check("shapes", "FAIL", ev + f": broadcast to {_shape(both)}",
+                 f"silent broadcasting: the loss compares predictions and targets pairwise over {_shape(both)}; "
+                 f"make the shapes equal (e.g. target.view{_shape(pred)} or the prediction squeezed)", nums)
+
+
+# -- 3. initial loss ----------------------------------------------------------------------------
+def initial_loss_check(cap: Capture, outcome: Outcome) -> Check:
+    call = cap.primary_loss()
+    if call is None:
+        return _skip("initial-loss", NO_LOSS + ": no reference value", outcome)
+    v = call.value
+    if call.kwargs.get("reduction") == "sum" and call.target is not None and call.target.numel():
+        v /= call.target.numel()
+    if call.kind in CLASS_LOSSES:
+        c = _classes(call)
+        if c is None:
+            return _skip("initial-loss", f"{call.name} on {_shape(call.input_shape)}: the number of classes "
+                         "is unknown", outcome)
+        expected, ref = math.log(c), f"ln({c}) = {math.log(c):.3g}"
+    elif call.kind in BINARY_LOSSES:
+        expected, ref = math.log(2), f"ln(2) = {math.log(2):.3g}"
+    else:
+        return Check("initial-loss", "SKIP", f"{call.name} is not a classification loss: no reference value "
+                     f"(the first loss was {v:.4g})")
+    nums = {"loss": v, "expected": expected}
+    ev = f"{v:.4g} vs {ref} (a uniform prediction)"
+    if not math.isfinite(v):
+        return Check("initial-loss", "SKIP", f"the first loss is {v} (see finite-loss)", numbers=nums)
+    if call.probs_like:
+        return Check("initial-loss", "FAIL", ev + "; but its input rows are probabilities (in [0, 1], summing to 1)",
+                     "a softmax before cross_entropy, which applies log_softmax itself: "
+                     "return the logits (drop the softmax)", nums)
+    if call.kind == "nll_loss" and v < 0:
+        return Check("initial-loss", "FAIL", ev, "nll_loss takes log-probabilities: apply log_softmax to the "
+                     "model's output (or use cross_entropy on the logits)", nums)
+    limit = max(INIT_LOSS_FACTOR * expected, expected + INIT_LOSS_MARGIN)
+    nums["limit"] = limit
+    if v > limit:
+        return Check("initial-loss", "FAIL", ev + f" ({v / expected:.1f}x; limit {limit:.3g})",
+                     "the initial logits are far too large: check the output layer's init or a missing "
+                     "input normalisation", nums)
+    low = " (lower: a pretrained model?)" if v < 0.5 * expected else ""
+    return Check("initial-loss", "PASS", ev + low, numbers=nums)
+
+
+# -- 4. the loss is finite ------------------------------------------------------------------------
+def finite_check(cap: Capture, outcome: Outcome) -> Check:
+    values = [(s, v) for s, v in cap.backward_losses if v is not None]
+    what = "backward() loss"
+    if not values:
+        values, what = [(c.step, c.value) for c in cap.loss_calls], "loss-function call"
+    if not values:
+        return _skip("finite-loss", "no backward() and no loss function call was seen", outcome)
+    nums = {"values": [v for _, v in values]}
+    bad = next(((s, v) for s, v in values if not math.isfinite(v)), None)
+    if bad is not None:
+        s, v = bad
+        if s == 0:
+            cause = ("non-finite at the first step: NaN/Inf in the inputs, a log/sqrt/division of zero or a "
+                     "negative number in the loss, or an overflow in the forward pass")
+        else:
+            lrs = sorted({lr for o in cap.optimizers for lr in (o.lrs[0] if o.lrs else []) if lr is not None})
+            cause = (f"the loss was finite at step 0 and diverged by step {s}: the learning rate"
+                     + (f" ({', '.join(f'{lr:g}' for lr in lrs)})" if lrs else "") + " is likely too high")
+        return Check("finite-loss", "FAIL", f"the loss is {v} at step {s} ({len(values)} {what} value(s))", cause, nums)
+    return Check("finite-loss", "PASS", f"{len(values)} {what} value(s) in {cap.steps_done or 1} step(s), all "
+                 f"finite (first {values[0][1]:.4g}, last {values[-1][1]:.4g})", numbers=nums)
+
+
+# -- 5. gradients, 6. updates ------------------------------------------------------------------------
+def _optimized(cap: Capture) -> list:
+    out, seen = [], set()
+    for o in cap.optimizers:
+        for p in o.params:
+            if id(p) not in seen:
+                seen.add(id(p))
+                out.append(p)
+    return out
+
+
+def gradients_check(cap: Capture, outcome: Outcome) -> Check:
+    params = _optimized(cap)
+    if not params:
+        return _no_optimizer("gradients", cap, outcome)
+    none = [p for p in params if id(p) not in cap.got_grad]
+    zero = [p for p in params if id(p) in cap.got_grad and id(p) not in cap.nonzero and id(p) not in cap.nonfinite]
+    nonfinite = [p for p in params if id(p) in cap.nonfinite]
+    good = sum(id(p) in cap.nonzero for p in params)
+    nums = {"params": len(params), "no_grad": [cap.param_name(p) for p in none],
+            "zero_grad": [cap.param_name(p) for p in zero], "nonfinite_grad": [cap.param_name(p) for p in nonfinite]}
+    ev = f"{good}/{len(params)} parameter tensor(s) the optimizer holds got a non-zero, finite gradient"
+    if not (none or zero or nonfinite):
+        return Check("gradients", "PASS", ev, numbers=nums)
+    problems, causes = [], []
+    if none:
+        problems.append(f"no gradient: {_names(cap, none)}")
+        causes.append(f"{_names(cap, none)} got no gradient: detached (.detach(), .data, no_grad, a numpy "
+                      "round trip) or unused in the forward pass")
+    if zero:
+        problems.append(f"all-zero gradient: {_names(cap, zero)}")
+        causes.append(f"{_names(cap, zero)} got all-zero gradients: dead ReLUs or a saturated activation "
+                      "upstream (check the init and biases)")
+    if nonfinite:
+        problems.append(f"NaN/Inf gradient (in some step): {_names(cap, nonfinite)}")
+        causes.append("NaN/Inf gradients: a non-finite loss, or a sqrt/log/division at zero in the forward pass")
+    return Check("gradients", "FAIL", ev + "; " + "; ".join(problems), "; ".join(causes), nums)
+
+
+def updates_check(cap: Capture, outcome: Outcome) -> Check:
+    params = _optimized(cap)
+    if not params:
+        return _no_optimizer("updates", cap, outcome)
+    moving = [p for p in params if id(p) in cap.nonzero]
+    if not moving:
+        return _skip("updates", "no parameter got a usable gradient (see gradients)", outcome)
+    still = [p for p in moving if id(p) not in cap.changed]
+    lrs = sorted({lr for o in cap.optimizers for step in o.lrs for lr in step if lr is not None})
+    lr_text = "lr " + ", ".join(f"{lr:g}" for lr in lrs) if lrs else "lr unknown"
+    changes = [cap.changed[id(p)] for p in moving if id(p) in cap.changed]
+    nums = {"params": len(moving), "unchanged": [cap.param_name(p) for p in still], "lr": lrs}
+    if changes:
+        nums.update(min_rel_change=min(changes), max_rel_change=max(changes))
+    if still:
+        if lrs and all(lr == 0 for lr in lrs):
+            cause = "the learning rate is 0 (a warmup that starts at 0? check more steps with --steps)"
+        else:
+            cause = ("optimizer.step() leaves them as they were: their param group's lr is 0, a GradScaler "
+                     "skips the steps, or the updates are below the dtype's resolution")
+        return Check("updates", "FAIL", f"{len(still)}/{len(moving)} parameter tensor(s) with a gradient did not "
+                     f"change in optimizer.step(): {_names(cap, still)} ({lr_text})", cause, nums)
+    return Check("updates", "PASS", f"{len(moving)}/{len(moving)} parameter tensor(s) changed in optimizer.step() "
+                 f"(relative change {min(changes):.2g}..{max(changes):.2g}; {lr_text})", numbers=nums)

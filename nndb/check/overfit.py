@@ -1,0 +1,168 @@
+"""Check 7 of ``nndb check``: can the model overfit one small fixed batch?
+
+On a replica: the deep copy of the model taken at its first forward (its
+train/eval modes as the script had them) and a fresh optimizer of the
+script's class with its hyper-parameters (per param group; a scheduler's
+``initial_lr`` stands for the lr).  It trains on the first OVERFIT_BATCH
+samples of the captured batch with the script's loss function, for up to
+``iters`` iterations, with the global RNG saved and restored (seeded 0
+inside, so dropout is repeatable).  The live model and optimizer are never
+touched; the script has already stopped when this runs.
+"""
+from __future__ import annotations
+
+import math
+import warnings
+
+import torch
+from torch.utils import _pytree as pytree
+
+from .capture import Capture, LossCall
+from .checks import NO_LOSS, OVERFIT_ABS, OVERFIT_BATCH, OVERFIT_REL, Check, Outcome, _describe_input, _skip
+
+
+def overfit(cap: Capture, outcome: Outcome, iters: int) -> Check:
+    call = cap.primary_loss()
+    if call is None:
+        return _skip("overfit", NO_LOSS + ": nndb cannot recompute the loss on a copy", outcome)
+    if call.model is None:
+        return _skip("overfit", f"{call.name} was not called on the model's output itself (a reshape or slice "
+                     "in between?): nndb cannot recompute the loss on a copy", outcome)
+    seen = cap.models[id(call.model)]
+    model_name = type(seen.module).__name__
+    if seen.replica is None:
+        return _skip("overfit", f"{model_name} cannot be deep-copied: {seen.replica_error}", outcome)
+    model_params = {id(p) for p in seen.module.parameters()}
+    opts = [o for o in cap.optimizers if any(id(p) in model_params for p in o.params)]
+    if len(opts) != 1:
+        return _skip("overfit", f"{len(opts)} optimizers hold {model_name}'s parameters: "
+                     + ("no optimizer stepped" if not opts else "nndb overfits with one"), outcome)
+    try:
+        opt = _fresh_optimizer(opts[0], seen.module, seen.replica)
+    except Exception as e:
+        return _skip("overfit", f"cannot make a fresh {type(opts[0].opt).__name__}: {type(e).__name__}: {e}", outcome)
+    args, target, n = _small_batch(call)
+    lr = opt.param_groups[0].get("lr")
+    setup = f"{n} sample(s), {type(opt).__name__}" + (f"(lr={lr:g})" if isinstance(lr, (int, float)) else "")
+    devices = sorted({p.device.index or 0 for p in seen.replica.parameters() if p.device.type == "cuda"})
+    with torch.random.fork_rng(devices=devices), torch.enable_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")         # the script's own run has shown its warnings
+        torch.manual_seed(0)
+        try:
+            losses = _train(seen.replica, opt, call, args, target, iters)
+        except Exception as e:
+            return _skip("overfit", f"training the replica raised {type(e).__name__}: {e}", outcome)
+    return _verdict(cap, call, setup, losses, iters)
+
+
+def _fresh_optimizer(seen_opt, model, replica):
+    pmap = {id(p): q for p, q in zip(model.parameters(), replica.parameters())}
+    groups = []
+    for g, hyper in zip(seen_opt.opt.param_groups, seen_opt.hyper):
+        ps = [pmap[id(p)] for p in g["params"] if id(p) in pmap and p.requires_grad]
+        if ps:
+            h = dict(hyper)
+            if "initial_lr" in h:
+                h["lr"] = h["initial_lr"]
+            groups.append({**h, "params": ps})
+    if not groups:
+        raise ValueError("it holds none of the model's trainable parameters")
+    cls = type(seen_opt.opt)
+    try:
+        return cls(groups, **seen_opt.opt.defaults)
+    except TypeError:
+        return cls(groups)
+
+
+def _small_batch(call: LossCall):
+    """The first OVERFIT_BATCH samples, where every input and the target
+    share the batch dimension (dim 0); else the whole captured batch."""
+    args, target = call.model_args, call.target
+    b = call.input_shape[0] if call.input_shape else None
+    leaves = [t for t in pytree.tree_leaves(args) if isinstance(t, torch.Tensor)]
+    ok = (b is not None and b > OVERFIT_BATCH and target is not None and target.dim() > 0
+          and target.shape[0] == b and all(t.dim() > 0 and t.shape[0] == b for t in leaves))
+    if not ok:
+        return args, target, b if b is not None else "all"
+    cut = pytree.tree_map(lambda t: t[:OVERFIT_BATCH] if isinstance(t, torch.Tensor) else t, args)
+    return cut, target[:OVERFIT_BATCH], OVERFIT_BATCH
+
+
+def _loss_fn(call: LossCall, target):
+    def loss_of(output):
+        pred = pytree.tree_leaves(output)[call.leaf]
+        args, kwargs = list(call.args), dict(call.kwargs)
+        if args:
+            args[0] = pred
+        else:
+            kwargs["input"] = pred
+        if call.target_pos == "target":
+            kwargs["target"] = target
+        elif call.target_pos is not None:
+            args[call.target_pos] = target
+        loss = call.func(*args, **kwargs)
+        return loss.mean() if loss.dim() else loss
+    return loss_of
+
+
+def _train(replica, opt, call: LossCall, args, target, iters: int) -> list:
+    loss_of = _loss_fn(call, target)
+    args = args if isinstance(args, tuple) else (args,)
+
+    def closure():
+        opt.zero_grad(set_to_none=True)
+        loss = loss_of(replica(*args))
+        loss.backward()
+        return loss
+
+    threshold, losses = None, []
+    lbfgs = isinstance(opt, torch.optim.LBFGS)
+    for _ in range(iters):
+        if lbfgs:
+            loss = opt.step(closure)
+        else:
+            loss = closure()
+            opt.step()
+        v = float(loss.detach())
+        losses.append(v)
+        if not math.isfinite(v):
+            break
+        if threshold is None:
+            threshold = max(OVERFIT_REL * v, OVERFIT_ABS)
+        if v <= threshold:
+            break
+    return losses
+
+
+def _verdict(cap: Capture, call: LossCall, setup: str, losses: list, iters: int) -> Check:
+    first, last = losses[0], losses[-1]
+    if not math.isfinite(first):
+        return Check("overfit", "SKIP", f"{setup}: the first loss is {first} (see finite-loss)")
+    goal = max(OVERFIT_REL * first, OVERFIT_ABS)
+    finite = [v for v in losses if math.isfinite(v)]
+    nums = {"first": first, "last": last, "best": min(finite), "goal": goal, "iterations": len(losses)}
+    goal_text = f"goal < {goal:.3g}: {OVERFIT_REL:.0%} of the first loss or {OVERFIT_ABS:g}"
+    if math.isfinite(last) and last <= goal:
+        return Check("overfit", "PASS", f"{setup}: loss {first:.4g} -> {last:.4g} in {len(losses)} "
+                     f"iteration(s) ({goal_text})", numbers=nums)
+    if not math.isfinite(last):
+        return Check("overfit", "FAIL", f"{setup}: loss {first:.4g} -> {last} at iteration {len(losses)}",
+                     "the training diverges even on one batch: the learning rate is too high for this model "
+                     "and data (unnormalised inputs make it worse)", nums)
+    hints = []
+    lrs = [lr for o in cap.optimizers for step in o.lrs[:1] for lr in step]
+    if lrs and all(lr == 0 for lr in lrs):
+        hints.append("the learning rate is 0")
+    if call.probs_like:
+        hints.append("a softmax before cross_entropy keeps the loss from going low")
+    if any(_describe_input(t)[1] for t in pytree.tree_leaves(call.model_args) if isinstance(t, torch.Tensor)):
+        hints.append("unnormalised inputs (see data)")
+    model_params = [p for p in call.model.parameters() if p.requires_grad]
+    if any(id(p) in cap.got_grad and id(p) not in cap.nonzero | cap.nonfinite for p in model_params):
+        hints.append("dead units: some parameters get all-zero gradients (see gradients)")
+    generic = ("a bug in the model (a detached or dead path), too little capacity, a learning rate far too "
+               "small or too large, or inputs that do not match their labels")
+    hints.append(("otherwise " if hints else "") + generic)
+    return Check("overfit", "FAIL", f"{setup}: loss {first:.4g} -> {last:.4g} after {len(losses)} iteration(s), "
+                 f"best {min(finite):.4g} ({goal_text})",
+                 "the model cannot fit one small batch: " + "; ".join(hints), nums)

@@ -1,0 +1,297 @@
+"""``nndb check`` (the checklist on a script's first steps) and the
+``gradcheck`` debugger command.  Most tests call nndb.check in-process (no
+torch import per test); a few run the CLI."""
+import io
+import json
+import re
+import runpy
+import sys
+import textwrap
+
+import pytest
+
+from conftest import example, nndb
+from nndb.check import CHECK_STEPS, OVERFIT_ITERS, check
+from nndb.launcher import Target
+from nndb.render.check import text
+
+
+def run_check(script, *args, steps=CHECK_STEPS, overfit_iters=OVERFIT_ITERS):
+    out = io.StringIO()
+    report = check(Target(path=script, args=[str(a) for a in args]), steps=steps,
+                   overfit_iters=overfit_iters, script_stdout=out, message=lambda m: None)
+    return report, out.getvalue()
+
+
+def by_name(report) -> dict:
+    return {c.name: c for c in report.checks}
+
+
+def status(report) -> dict:
+    return {c.name: c.status for c in report.checks}
+
+
+def write(tmp_path, name, body) -> str:
+    p = tmp_path / name
+    p.write_text(textwrap.dedent(body))
+    return str(p)
+
+
+REGRESSION = """
+    import torch, torch.nn as nn
+    torch.manual_seed(0)
+    x = torch.randn(256, 8)
+    y = x @ torch.randn(8) {target_shape}
+    model = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 1))
+    {extra}
+    opt = torch.optim.Adam({params}, lr=1e-2)
+    for step in range(20):
+        idx = torch.randint(0, 256, (64,))
+        opt.zero_grad()
+        loss = nn.functional.mse_loss(model(x[idx]), y[idx])
+        loss.backward()
+        opt.step()
+        print(f"step {step} loss {loss.item()!r}")
+"""
+
+
+def regression(tmp_path, name, target_shape=".unsqueeze(1)", extra="", params="model.parameters()"):
+    body = REGRESSION.replace("{target_shape}", target_shape).replace("{extra}", extra).replace("{params}", params)
+    return write(tmp_path, name, body)
+
+
+# -- the healthy baseline ----------------------------------------------------------------------
+def test_healthy_mlp_passes_every_check_and_keeps_the_scripts_numbers():
+    report, out = run_check(example("mlp.py"))
+    assert status(report) == {n: "PASS" for n in ("run", "data", "shapes", "initial-loss", "finite-loss",
+                                                   "gradients", "updates", "overfit")}, text(report)
+    assert report.exit_code == 0 and report.steps == 2
+    checks = by_name(report)
+    assert "labels 0..9 (10 distinct of 64)" in checks["data"].evidence
+    assert "prediction (64, 10) vs target (64,)" in checks["shapes"].evidence
+    assert re.match(r"2\.\d+ vs ln\(10\) = 2\.3", checks["initial-loss"].evidence)
+    assert "6/6" in checks["gradients"].evidence and "6/6" in checks["updates"].evidence
+    assert checks["overfit"].numbers["last"] <= 0.05 * checks["overfit"].numbers["first"]
+    assert report.context["loss"] == "CrossEntropyLoss" and report.context["optimizers"] == ["SGD"]
+    # the script printed exactly what a plain run of its first two steps prints
+    saved = sys.argv[:]
+    plain = io.StringIO()
+    try:
+        sys.argv = [example("mlp.py"), "--steps", "2"]
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(sys, "stdout", plain)
+            runpy.run_path(example("mlp.py"), run_name="__main__")
+    finally:
+        sys.argv = saved
+    assert out == plain.getvalue() and out.count("\n") == 2, (out, plain.getvalue())
+    # the text: one line per check, and a summary
+    lines = text(report).splitlines()
+    assert len(lines) == 10 and lines[-1] == "8 passed, 0 failed, 0 skipped"
+    assert re.match(r"PASS  overfit +32 sample\(s\), SGD\(lr=0\.1\): loss ", lines[-2])
+
+
+# -- each check failing ---------------------------------------------------------------------------
+def test_raw_pixels_fail_data_and_initial_loss():
+    report, _ = run_check(example("raw_pixels.py"), overfit_iters=20)
+    checks = by_name(report)
+    assert checks["data"].status == "FAIL" and "raw 0-255 pixels" in checks["data"].cause
+    assert "normalise" in checks["data"].cause and "in [0, 255]" in checks["data"].evidence
+    assert checks["initial-loss"].status == "FAIL"
+    assert re.match(r"2\d\.\d+ vs ln\(4\) = 1\.39", checks["initial-loss"].evidence)
+    assert "output layer's init or a missing input normalisation" in checks["initial-loss"].cause
+    assert status(report)["shapes"] == "PASS" and report.exit_code == 1
+
+
+@pytest.mark.filterwarnings("ignore:Using a target size")      # the script's own warning
+def test_silent_broadcasting_fails_shapes(tmp_path):
+    report, _ = run_check(regression(tmp_path, "broadcast.py", target_shape=""), overfit_iters=5)
+    shapes = by_name(report)["shapes"]
+    assert shapes.status == "FAIL", text(report)
+    assert shapes.evidence == "F.mse_loss: prediction (64, 1) vs target (64,): broadcast to (64, 64)"
+    assert "silent broadcasting" in shapes.cause and report.exit_code == 1
+    assert status(report)["initial-loss"] == "SKIP"          # a regression loss: no reference value
+    # the same script with the target shaped right passes
+    fixed, _ = run_check(regression(tmp_path, "fixed.py"), overfit_iters=5)
+    assert by_name(fixed)["shapes"].status == "PASS"
+
+
+def test_diverging_loss_fails_finite_loss():
+    report, _ = run_check(example("nan_lr.py"), steps=8, overfit_iters=5)
+    finite = by_name(report)["finite-loss"]
+    assert finite.status == "FAIL", text(report)
+    assert re.match(r"the loss is (inf|nan) at step [5-7] ", finite.evidence)
+    assert "diverged" in finite.cause and "(0.4) is likely too high" in finite.cause
+    assert report.steps == 8 and report.exit_code == 1
+
+
+def test_parameter_given_to_the_optimizer_but_unused_gets_no_gradient(tmp_path):
+    script = regression(tmp_path, "unused.py", extra="scale = nn.Parameter(torch.ones(1))",
+                        params="list(model.parameters()) + [scale]")
+    report, _ = run_check(script, overfit_iters=5)
+    grads = by_name(report)["gradients"]
+    assert grads.status == "FAIL", text(report)
+    assert "4/5" in grads.evidence and "no gradient: scale" in grads.evidence
+    assert grads.cause.startswith("scale got no gradient: detached") and "unused" in grads.cause
+    assert status(report)["updates"] == "PASS" and report.exit_code == 1
+
+
+def test_zero_learning_rate_leaves_the_parameters_unchanged():
+    report, _ = run_check(example("mlp.py"), "--lr", 0, overfit_iters=5)
+    updates = by_name(report)["updates"]
+    assert updates.status == "FAIL", text(report)
+    assert updates.evidence.startswith("6/6 parameter tensor(s) with a gradient did not change")
+    assert updates.evidence.endswith("(lr 0)") and updates.cause.startswith("the learning rate is 0")
+    assert status(report)["gradients"] == "PASS" and report.exit_code == 1
+
+
+def test_dead_relus_cannot_overfit_one_batch():
+    report, _ = run_check(example("dead_relu.py"))
+    checks = by_name(report)
+    assert checks["overfit"].status == "FAIL", text(report)
+    assert checks["overfit"].numbers["iterations"] == OVERFIT_ITERS
+    assert checks["overfit"].numbers["best"] > 0.5 * checks["overfit"].numbers["first"]
+    assert "cannot fit one small batch" in checks["overfit"].cause and "dead units" in checks["overfit"].cause
+    assert checks["gradients"].status == "FAIL" and "all-zero gradient: fc1.weight" in checks["gradients"].evidence
+    assert "dead ReLUs" in checks["gradients"].cause
+    assert [checks[n].status for n in ("data", "shapes", "initial-loss", "finite-loss")] == ["PASS"] * 4
+
+
+def test_softmax_before_cross_entropy_is_caught_and_cannot_overfit():
+    report, _ = run_check(example("double_softmax.py"), overfit_iters=100)
+    checks = by_name(report)
+    assert checks["initial-loss"].status == "FAIL" and "drop the softmax" in checks["initial-loss"].cause
+    assert checks["overfit"].status == "FAIL" and checks["overfit"].numbers["best"] > 1.0
+
+
+def test_the_scripts_exception_is_a_fail_line_and_the_rest_is_skipped_or_checked():
+    report, _ = run_check(example("raises.py"), "--fail-at", 0)
+    ran = by_name(report)["run"]
+    assert ran.status == "FAIL" and report.exit_code == 1
+    assert ran.evidence == ("after 0 step(s): RuntimeError: planted failure at step 0 at raises.py:15 "
+                            "in check_batch")
+    assert status(report)["data"] == "PASS"                       # seen before it raised
+    assert by_name(report)["gradients"].evidence == "the script stopped before any optimizer step"
+    assert status(report)["overfit"] == "SKIP"
+
+
+def test_hand_written_updates_and_loss_are_skipped_not_failed():
+    report, _ = run_check(example("manual_sgd.py"))
+    assert status(report) == {"run": "PASS", "data": "PASS", "shapes": "SKIP", "initial-loss": "SKIP",
+                              "finite-loss": "PASS", "gradients": "SKIP", "updates": "SKIP", "overfit": "SKIP"}
+    assert report.exit_code == 0
+    assert "hand-written" in by_name(report)["gradients"].evidence
+
+
+# -- the command line -----------------------------------------------------------------------------
+def test_cli_text_and_exit_code_for_a_healthy_script():
+    r = nndb("check", example("mlp.py"))
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[:2] == ["step 0 loss " + lines[0].split()[-1], "step 1 loss " + lines[1].split()[-1]]
+    assert [l.split()[0] for l in lines[3:11]] == ["PASS"] * 8 and lines[-1] == "8 passed, 0 failed, 0 skipped"
+    assert "Traceback" not in r.stderr
+
+
+def test_cli_json_and_usage_errors(tmp_path):
+    r = nndb("check", "--json", "--overfit-iters", "5", example("raw_pixels.py"), "--steps", "3")
+    assert r.returncode == 1, r.stderr
+    data = json.loads(r.stdout)                                   # the script's prints went to stderr
+    assert data["exit_code"] == 1 and data["steps"] == 2 and "step 0 loss" in r.stderr
+    fails = {c["name"]: c for c in data["checks"] if c["status"] == "FAIL"}
+    assert {"data", "initial-loss"} <= set(fails) and fails["initial-loss"]["numbers"]["expected"] == pytest.approx(1.386, abs=1e-3)
+    r = nndb("check", str(tmp_path / "missing.py"))
+    assert r.returncode == 2 and r.stderr.startswith("nndb: error: no such file") and "Traceback" not in r.stderr
+    r = nndb("check", "--steps", "0", example("mlp.py"))
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+
+
+def test_cli_defaults_are_the_modules():
+    from nndb.cli import cli
+    opts = {p.name: p.default for p in cli.commands["check"].params}
+    assert opts["steps"] == CHECK_STEPS and opts["overfit_iters"] == OVERFIT_ITERS
+
+
+# -- gradcheck ------------------------------------------------------------------------------------
+BAD_GRAD = """
+    import torch, torch.nn as nn
+
+    class BadSquare(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            ctx.save_for_backward(x)
+            return x * x
+
+        @staticmethod
+        def backward(ctx, g):
+            (x,) = ctx.saved_tensors
+            return g * x              # wrong: d(x*x)/dx = 2x
+
+    class Square(nn.Module):
+        def forward(self, x):
+            return BadSquare.apply(x)
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(4, 3)
+            self.sq = Square()
+            self.drop = nn.Dropout(0.5)
+
+        def forward(self, x):
+            return self.drop(self.sq(self.fc(x)))
+
+    torch.manual_seed(0)
+    model = Net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.randn(8, 4)
+    for step in range(3):
+        opt.zero_grad()
+        loss = model(x).pow(2).mean()
+        loss.backward()
+        opt.step()
+"""
+
+
+def test_gradcheck_transcript(tmp_path):
+    import gc
+    from nndb.config import RunConfig
+    from nndb.debugger.driver import DebugOptions, debug
+    from nndb.debugger.frontend import ScriptedFrontend
+    gc.collect()
+    script = write(tmp_path, "bad_grad.py", BAD_GRAD)
+    fe = ScriptedFrontend([
+        "gradcheck fc", "gradcheck nope", "gradcheck fc 1 +",
+        "break module fc", "break module sq", "break module drop", "c",
+        "p $module.weight.sum().item()", "gradcheck", "p $module.weight.sum().item()", "p $module.weight.grad",
+        "c", "gradcheck sq", "gradcheck fc x[:2]", "gradcheck sq 'text'",
+        "c", "gradcheck drop",
+        "delete", "next", "info modules", "gradcheck fc x", "info modules", "quit",
+    ])
+    res = debug(RunConfig(Target(path=script), str(tmp_path / "t.h5"), quiet=True),
+                DebugOptions(no_rc=True, rules="none"), fe)
+    out = fe.text
+    assert "Traceback" not in out and "internal error" not in out, out
+    assert res.exit_code == 0
+
+    def after(cmd, nth=1):
+        hits = [c for c in out.split("(nndb) ")[1:] if c.split("\n", 1)[0] == cmd]
+        return hits[nth - 1].split("\n", 1)[1].strip()
+
+    assert after("gradcheck fc").startswith("no input for fc: stop in its forward first ('break module fc'")
+    assert after("gradcheck nope") == "no module named 'nope' ('info modules' lists them)"
+    assert after("gradcheck fc 1 +").startswith("syntax error")
+    ok = re.compile(r"gradcheck (\w+) \((\w+), float64 copy\): PASS: max abs error ([\d.e+-]+), max rel error "
+                    r"([\d.e+-]+) over (\d+) of (\d+) input/parameter element\(s\); torch.autograd.gradcheck passed")
+    m = ok.match(after("gradcheck"))                               # stopped in fc's forward: its $inputs
+    assert m and m.group(1, 2) == ("fc", "Linear") and float(m.group(3)) < 1e-6 and m.group(5) == m.group(6) == "47"
+    assert after("p $module.weight.sum().item()") == after("p $module.weight.sum().item()", 2)  # live one untouched
+    assert after("p $module.weight.grad") == "None"
+    bad = after("gradcheck sq")
+    assert bad.startswith("gradcheck sq (Square, float64 copy): FAIL: max abs error "), bad
+    assert "max rel error 0.5 " in bad and "torch.autograd.gradcheck failed" in bad
+    assert ok.match(after("gradcheck fc x[:2]")).group(6) == "23"
+    assert after("gradcheck sq 'text'").startswith("nothing to differentiate")
+    assert ok.match(after("gradcheck drop"))                       # dropout: the same mask every evaluation
+    # at a step end (no module running): the copy's forward calls are not the run's
+    assert after("info modules") == after("info modules", 2)
+    assert ok.match(after("gradcheck fc x"))
