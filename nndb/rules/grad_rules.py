@@ -93,7 +93,7 @@ class GradNone(Rule):
 class _Watch:
     """One optimizer's sample parameter: the gradient it had at the optimizer's
     last step, and the sum of the gradients that arrived since then."""
-    __slots__ = ("opt", "param", "name", "handle", "last", "incoming", "__weakref__")
+    __slots__ = ("opt", "param", "name", "handle", "last", "incoming", "armed", "steps", "__weakref__")
 
     def __init__(self, opt, param, name):
         self.opt = weakref.ref(opt)
@@ -102,6 +102,8 @@ class _Watch:
         self.handle = None
         self.last = None
         self.incoming = None
+        self.armed = True        # the hook sums incoming gradients only before a checked step
+        self.steps = 0           # optimizer steps watched
 
 
 def _sample(opt):
@@ -133,6 +135,13 @@ class GradReset(Probe):
     least-squares a, b."""
     name = "grad_reset"
     OPTIMIZER = True
+    # Every step while the rule may still be building its streak, then one
+    # step pair in EVERY: a missing zero_grad() is a pattern of the code, seen
+    # at any step, and a check costs a dozen small tensor operations.
+    FIRST, EVERY = 6, 10
+
+    def _checked(self, n: int) -> bool:
+        return n < self.FIRST or n % self.EVERY in (0, 1)
 
     def __init__(self, rec):
         super().__init__(rec)
@@ -153,7 +162,7 @@ class GradReset(Probe):
             if self.error is not None:
                 return None
             try:
-                if grad is not None and not grad.is_sparse:
+                if w.armed and grad is not None and not grad.is_sparse:
                     g = _flat(grad)
                     w.incoming = g.clone() if w.incoming is None else w.incoming.add_(g)
             except Exception as e:     # never raise into the backward pass
@@ -178,11 +187,17 @@ class GradReset(Probe):
             w.last = _flat(p.grad).clone()
             return
         p = w.param()
+        w.steps += 1
+        check_now = w.armed
+        # the next step is checked: keep this step's gradient and sum what comes
+        w.armed = self._checked(w.steps + 1)
+        if not check_now and not w.armed:
+            return
         g = None if p.grad is None or p.grad.is_sparse else _flat(p.grad)
         last, inc = w.last, w.incoming
-        w.last = g.clone() if g is not None else None
+        w.last = g.clone() if (g is not None and w.armed) else None
         w.incoming = None
-        if g is None or last is None or inc is None:
+        if not check_now or g is None or last is None or inc is None:
             return
         if g.shape != last.shape or g.shape != inc.shape:
             return
