@@ -39,6 +39,14 @@ from .probes import Probe, register
 # (the recorder already makes a few passes over it; this adds one or two).
 BIG_ELEMENTS = 1 << 20
 BIG_EVERY = 4
+# Every step for the first SETTLE recorded steps, then one step in EVERY:
+# a dead or saturated layer stays so, and the rules count consecutive
+# *observed* steps (a step without facts neither grows nor breaks a streak).
+SETTLE, EVERY = 20, 4
+
+
+def observed(step: int) -> bool:
+    return step < SETTLE or step % EVERY == 0
 # What does not change during a run is looked at on the first SAMPLE_FIRST calls,
 # then on one recorded step in SAMPLE_EVERY.
 SAMPLE_FIRST = 10
@@ -129,6 +137,8 @@ class UnitProbe(StepProbe):
                 or output.dim() < 2 or not output.is_floating_point():
             return
         if output.numel() > BIG_ELEMENTS and self.recorder.step % BIG_EVERY:
+            return
+        if not observed(self.recorder.step):
             return
         x = output.detach()          # no graph, no copy; the reductions make new small tensors
         hi = unit_extremes(x, torch.amax)
