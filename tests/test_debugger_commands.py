@@ -488,3 +488,13 @@ def test_session_commands_help_source_echo_prefixes(tmp_path):
     assert after(fe, "until x").startswith("the step must be an integer, not 'x'")
     assert after(fe, "up x").startswith("no stack") or after(fe, "up x").startswith("the count must be")
     assert after(fe, "list 10000").startswith("no stack")
+
+
+def test_break_on_a_step_already_finished_says_so(tmp_path):
+    fe, res = run(tmp_path, "mlp.py", ["next 3", "break step 1", "break step 5", "quit"],
+                  answers=[True], steps=8)
+    no_traceback(fe)
+    early = after(fe, "break step 1")
+    assert early.startswith("Breakpoint 1: step 1\n(step 1 has already finished in this run, which is at step 2")
+    assert "'run'" in early
+    assert after(fe, "break step 5").strip() == "Breakpoint 2: step 5"

@@ -18,7 +18,11 @@ def _break(s, text, temporary=False):
         _check_glob(s, "module", fields["glob"])
     p = s.add_point(cls, fields, condition=cond, temporary=temporary, fail=fail)
     kind = "Temporary breakpoint" if temporary else "Breakpoint"
-    return f"{kind} {p.number}: {p.what()}" + (f" if {cond}" if cond else "") + (" [fail]" if fail else "")
+    out = f"{kind} {p.number}: {p.what()}" + (f" if {cond}" if cond else "") + (" [fail]" if fail else "")
+    if cls is P.StepBreak and s.last_step is not None and fields["step"] <= s.last_step:
+        out += (f"\n(step {fields['step']} has already finished in this run, which is at step "
+                f"{s.last_step}: it stops a run started again with 'run')")
+    return out
 
 
 def _tbreak(s, text):
