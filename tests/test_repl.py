@@ -28,6 +28,8 @@ def _run(tmp_path, typed: str, script="dead_relu.py", steps=4, history=None, **o
 
 def test_a_typed_session_stops_steps_prints_and_quits(tmp_path, capsys):
     out, res = _run(tmp_path, "break step 1\nc\np $step\n\nn\ninfo step\nquit\ny\n")
+    assert out.startswith("Stopped at the start of the run (module model is about to run its forward)")
+    assert "-> loss = criterion(model(x[idx]), y[idx])" in out.split("Breakpoint 1: step 1")[0]
     assert "Breakpoint 1: step 1" in out
     assert "Breakpoint 1, step 1 finished, loss" in out
     # an empty line repeats the last command: p $step printed twice

@@ -222,7 +222,9 @@ class Session(StopPoints, RunQueries):
         self.mode = "continue"
         self._record_stop(stop)
         from ..render import debug as render
-        silent = stop.kind == "start" or (stop.hits and all(p.silent for p, _ in stop.hits))
+        # the start stop is shown at a prompt (as pdb shows its first line), never in batch mode
+        silent = (stop.kind == "start" and not self.interactive) or \
+            (stop.hits and all(p.silent for p, _ in stop.hits))
         if not silent:
             self.message(render.stop_line(self, stop))
         for p, _ in stop.hits:

@@ -89,6 +89,9 @@ def stop_line(session, stop) -> str:
                 and "Watchpoint" not in lines[0]:
             return f"{lines[0]} finished, {_loss(session)}{where}"
         return "\n".join(lines) + f"\n  ({at}){where}"
+    if stop.kind == "start":
+        what = f"module {stop.module} is about to run its forward" if stop.module else f"step {stop.step} finished"
+        return f"Stopped at the start of the run ({what}); 'continue' runs it, 'help' lists the commands{where}"
     if stop.kind == "interrupt":
         return f"Interrupted: {at}{where}"
     return f"{at[0].upper()}{at[1:]}{where}"
