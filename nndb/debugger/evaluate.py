@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import ctypes
 import fnmatch
-import math
 import os
 import re
 import runpy
@@ -218,37 +217,23 @@ class StatTable(dict):
 
 def tensor_summary(t) -> str:
     """One line: shape, dtype, device and statistics."""
-    import torch
     head = f"tensor(shape={list(t.shape)}, dtype={str(t.dtype).replace('torch.', '')}, device={t.device}"
     if t.requires_grad:
         head += ", requires_grad"
     head += ")"
     if t.numel() == 0 or t.is_sparse or t.is_complex():
         return head
+    if t.numel() == 1:
+        return head + f" value={t.item()!r}"
     try:
-        with torch.no_grad():
-            x = t.detach()
-            if x.is_floating_point():
-                x64 = x.double()
-                finite = torch.isfinite(x64)
-                nan = int(torch.isnan(x64).sum())
-                inf = int(torch.isinf(x64).sum())
-                vals = x64[finite] if (nan or inf) else x64.flatten()
-            else:
-                nan = inf = 0
-                vals = x.double().flatten()
-            if t.numel() == 1:
-                return head + f" value={t.item()!r}"
-            parts = [f"{k}={_num(v)}" for k, v in (
-                ("mean", vals.mean().item() if vals.numel() else math.nan),
-                ("std", vals.std().item() if vals.numel() > 1 else math.nan),
-                ("min", vals.min().item() if vals.numel() else math.nan),
-                ("max", vals.max().item() if vals.numel() else math.nan),
-                ("norm", vals.norm().item() if vals.numel() else math.nan),
-                ("zero_frac", float((x == 0).sum()) / t.numel()))]
-            if nan or inf:
-                parts += [f"nan={nan}", f"inf={inf}"]
-            return head + " " + " ".join(parts)
+        # the statistics the trace records (nndb.tracer.stats), over the finite elements
+        from ..tracer.stats import stats_of
+        x = t.detach()
+        st = stats_of(x if x.is_floating_point() else x.double())
+        parts = [f"{k}={_num(st[k])}" for k in ("mean", "std", "min", "max", "norm", "zero_frac")]
+        if st["nan_count"] or st["inf_count"]:
+            parts += [f"nan={int(st['nan_count'])}", f"inf={int(st['inf_count'])}"]
+        return head + " " + " ".join(parts)
     except Exception:
         return head
 
