@@ -264,8 +264,12 @@ class StepRecorder:
         t = output if type(output) is torch.Tensor else first_float_tensor(output)
         if t is None or not t.is_floating_point():
             return
-        same = (id(t), t._version)
-        if self._last_act[0] == same:
+        # The same tensor object, unchanged (an id alone is not enough: CPython
+        # reuses a freed tensor's id for the next one, which once made a layer's
+        # row repeat the previous step's model output).
+        last = self._last_act[0]
+        same = (weakref.ref(t), t._version)
+        if last is not None and last[0]() is t and last[1] == t._version:
             arr = self._last_act[1]
         elif t.device.type == "cpu" and t.numel() <= S.HOST_MAX_ELEMENTS:
             arr = S._host_array(t).copy()          # copied: the script may change t in place
