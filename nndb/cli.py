@@ -67,15 +67,22 @@ def cli():
               help="Write a JSON report of the session (stops, exit) to FILE.json.")
 @click.option("--rules", "rules", default="default", show_default=True, metavar="default|FILE.yaml|none",
               help="The diagnostic rules to run: the built-in set, a YAML rule file, or none.")
+@click.option("--replica", "replica", type=click.Choice(["auto", "fork", "respawn", "off"]), default="auto",
+              show_default=True, help="How time travel copies the run: fork() checkpoints (auto: where safe, "
+                                      "else respawn), a fresh process replaying from the start, or not at all.")
+@click.option("--total-steps", type=click.IntRange(min=1), metavar="N",
+              help="The run's length in steps, for the checkpoint schedule (else an adaptive one).")
 @click.argument("script", required=False, metavar="SCRIPT")
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def run(module, trace_path, every, steps_range, full_every, flush_steps, flush_secs, quiet,
-        batch, go, command_files, eval_commands, nx, report_path, rules, script, args):
+        batch, go, command_files, eval_commands, nx, report_path, rules, replica, total_steps, script, args):
     """Run SCRIPT [ARGS]... (or -m MODULE [ARGS]...) under the debugger, as
     Python would, recording per-step tensor statistics into an HDF5 trace.
     Everything after SCRIPT is passed to the script untouched.  It stops at
     the start of step 0 with the (nndb) prompt unless --run, --batch, or
     stdin is not a terminal."""
+    from .timetravel.preload import maybe_restart
+    maybe_restart(replica)              # (fork replicas: Intel's OpenMP runtime; returns if not)
     from .config import RecordSchedule, RunConfig
     from .debugger.driver import DebugOptions, debug
 
@@ -85,7 +92,8 @@ def run(module, trace_path, every, steps_range, full_every, flush_steps, flush_s
         config = RunConfig(target, trace_path, schedule, flush_steps, flush_secs, quiet)
         batch = batch or not sys.stdin.isatty()
         options = DebugOptions(batch=batch, stop_at_start=not go, command_files=command_files,
-                               eval_commands=eval_commands, no_rc=nx, report=report_path, rules=rules)
+                               eval_commands=eval_commands, no_rc=nx, report=report_path, rules=rules,
+                               replica=replica, total_steps=total_steps)
         if batch:
             from .debugger.frontend import BatchFrontend
             frontend = BatchFrontend()

@@ -38,6 +38,29 @@ def openmp_runtime() -> str:
     return "unknown"
 
 
+def replay_state() -> dict:
+    """What a respawned replica needs to run the script again as this run
+    did, and what decides whether a forked replica replays it exactly: the
+    initial states of Python's and NumPy's global generators (torch's
+    starts from a fixed seed), the hash seed, the thread count, the OpenMP
+    runtime (GNU libgomp cannot run threads in a forked child)."""
+    import random
+    from .timetravel import preload
+    v, st, g = random.getstate()
+    name, key, pos, has_gauss, cached = np.random.get_state()
+    runtime = openmp_runtime()
+    threads = torch.get_num_threads()
+    return {
+        "python_random": [v, list(st), g],
+        "numpy_random": [name, [int(x) for x in key], int(pos), int(has_gauss), float(cached)],
+        "torch_initial_seed": int(torch.initial_seed()),
+        "hash_seed": os.environ.get("PYTHONHASHSEED") or preload.HASH_SEED,
+        "num_threads": threads,
+        "openmp": runtime,
+        "fork_exact": threads == 1 or "libiomp5" in runtime or "libgomp" not in runtime,
+    }
+
+
 def git_commit(directory: str) -> dict:
     try:
         out = subprocess.run(["git", "-C", directory, "rev-parse", "HEAD"], capture_output=True,
@@ -103,6 +126,7 @@ def collect(target, schedule_text: str) -> dict:
         "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
         "schedule": schedule_text,
     }
+    meta["replay"] = replay_state()
     meta.update(device())
     meta.update(distributed())
     meta.update(git_commit(directory))

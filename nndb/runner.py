@@ -115,6 +115,8 @@ class Recording:
                  message: Callable[[str], None] = _stderr,
                  on_step_end: Optional[Callable[[int], None]] = None):
         self.path = path
+        self.meta = meta
+        self.target = config.target
         self.writer = TraceWriter(path, meta, config.flush_steps, config.flush_secs, on_error=message)
         self.naming = Naming()
         self.recorder = StepRecorder(self.naming, self.writer.append, config.schedule)

@@ -16,6 +16,17 @@ end, creating the series).
     python scripts/bench.py --workload cnn --every 10
 
 Targets (default recording): cnn <= 1.10x, mlp <= 1.5x.
+
+B also takes time travel's checkpoints as ``nndb run`` does (``--replica
+auto``: forked checkpoints on the adaptive schedule); ``--replica off``
+measures without them.  ``--travel`` then measures time travel itself, on a
+run stopped at its last step: the latency of ``reverse-step N`` (a replica
+resumed from the nearest checkpoint, replaying to the target and handing
+back) and of ``predict N``, against the targets 1.2 x (steps replayed x step
+time) + 0.3 s and 1.2 x N x step time + 0.3 s, and the private memory of
+each live checkpoint process.  The script restarts itself with Intel's
+OpenMP runtime preloaded when it is installed, as ``nndb run`` does, so
+that replicas run with all threads.
 """
 from __future__ import annotations
 
@@ -39,6 +50,7 @@ from nndb.debugger.frontend import BatchFrontend  # noqa: E402
 from nndb.debugger.session import Session  # noqa: E402
 from nndb.rules.catalog import load as load_rules  # noqa: E402
 from nndb.runner import Recording  # noqa: E402
+from nndb.timetravel.machine import TimeMachine  # noqa: E402
 
 
 # -- workloads: (build(seed) -> (model, opt, batches), steps) -------------------
@@ -124,6 +136,27 @@ WARMUP = 5
 
 
 RULES = "default"     # --rules: what `nndb run` runs by default
+REPLICA = "auto"      # --replica: checkpoints as `nndb run` takes them
+
+
+class _Quiet(BatchFrontend):
+    def __init__(self):
+        super().__init__()
+        self.lines = []
+
+    def message(self, text):
+        self.lines.append(text)
+
+    def error(self, text):
+        self.lines.append(text)
+
+
+def _session(rec, path, frontend=None):
+    session = Session(frontend or BatchFrontend(), interactive=False, stop_at_start=False,
+                      rules=load_rules(RULES))
+    session.machine = TimeMachine(REPLICA, rules_spec=RULES)
+    session.attach(rec, path)
+    return session
 
 
 def timed_loop(build, steps, recorded, schedule, tmpdir, seed=0):
@@ -138,9 +171,9 @@ def timed_loop(build, steps, recorded, schedule, tmpdir, seed=0):
         meta = runmeta.collect(Target(path="bench.py"), schedule.describe())
         rec = Recording(path, meta, RunConfig(Target(path="bench.py"), path, schedule),
                         message=lambda m: print(m, file=sys.stderr))
-        # what `nndb run --batch` adds: the debugger session (no commands) and the rules
-        session = Session(BatchFrontend(), interactive=False, stop_at_start=False, rules=load_rules(RULES))
-        session.attach(rec, path)
+        # what `nndb run --batch` adds: the debugger session (no commands), the
+        # rules and time travel's checkpoints
+        session = _session(rec, path)
         rec.__enter__()
     t = time.perf_counter()
     train(model, opt, crit, data, WARMUP)
@@ -153,6 +186,7 @@ def timed_loop(build, steps, recorded, schedule, tmpdir, seed=0):
         rec.__exit__(None, None, None)
         rec.close()
         session.run_ended("finished", 0, "")
+        session.machine.close()
         size = os.path.getsize(path) / max(1, rec.writer.steps_written)
         os.remove(path)
     return elapsed, loss, size, warmup
@@ -183,6 +217,83 @@ def bench(name, pairs, schedule, tmpdir, scale=1.0):
     }
 
 
+def travel(name, tmpdir, back=(1, 10), ahead=(1, 10)):
+    """Time travel on a run of the workload stopped at its last step (batch
+    commands queued at a breakpoint, as ``-x`` would): reverse-step N then
+    present, predict N.  Latencies are measured around the machine's calls."""
+    from nndb.debugger import points as P
+    from nndb.timetravel import forking, machine as M, predict as PR
+    build, steps = WORKLOADS[name]
+    model, opt, crit, data = build(0)
+    path = os.path.join(tmpdir, f"travel-{time.monotonic_ns()}.h5")
+    meta = runmeta.collect(Target(path="bench.py"), "")
+    rec = Recording(path, meta, RunConfig(Target(path="bench.py"), path), message=lambda m: None)
+    session = _session(rec, path, _Quiet())
+    last = WARMUP + steps - 1
+    session.add_point(P.StepBreak, {"step": last})
+    timings = []
+    real_travel, real_predict = M.TimeMachine.travel, PR.predict
+
+    def timed_travel(self, s, target, then="stop", why=""):
+        ck = self.nearest(target)
+        t = time.perf_counter()
+        real_travel(self, s, target, then, why)
+        timings.append(("reverse-step", s.last_step - target, target - ck.step, time.perf_counter() - t))
+
+    def timed_predict(s, m, n, sets):
+        t = time.perf_counter()
+        out = real_predict(s, m, n, sets)
+        timings.append(("predict", n, n, time.perf_counter() - t))
+        return out
+
+    M.TimeMachine.travel = timed_travel
+    PR.predict = timed_predict
+    from nndb.debugger.session import QueuedLine
+    for n in back:
+        session.queue_lines([QueuedLine(f"reverse-step {n}"), QueuedLine("present")])
+    for n in ahead:
+        session.queue_lines([QueuedLine(f"predict {n}")])
+    mem = []
+    try:
+        rec.__enter__()
+        t = time.perf_counter()
+        train(model, opt, crit, data, WARMUP + steps)
+        total = time.perf_counter() - t
+        for ck in session.machine.checkpoints.values():
+            m = forking.memory_kib(ck.pid)
+            if m:
+                mem.append(m["private"] / 1024)
+        n_ck = len(session.machine.checkpoints)
+        rec.__exit__(None, None, None)
+        rec.close()
+        session.run_ended("finished", 0, "")
+        session.machine.close()
+    finally:
+        M.TimeMachine.travel, PR.predict = real_travel, real_predict
+        os.remove(path)
+    spent = sum(t for *_, t in timings)
+    step_s = (total - spent) / (WARMUP + steps)
+    rows = []
+    for what, n, replayed, secs in timings:
+        bound = 1.2 * replayed * step_s + 0.3
+        rows.append({"workload": name, "command": f"{what} {n}", "steps_replayed": replayed,
+                     "latency_s": secs, "bound_s": bound, "within": secs <= bound})
+    return rows, {"workload": name, "checkpoints": n_ck, "step_ms": step_s * 1e3,
+                  "private_mib_median": statistics.median(mem) if mem else None,
+                  "private_mib_max": max(mem) if mem else None}
+
+
+def _restart_preloaded():
+    """Replicas need Intel's OpenMP runtime to run multi-threaded (see nndb.timetravel.preload)."""
+    from nndb.timetravel.preload import libiomp_path
+    path = libiomp_path()
+    if path and "libiomp5" not in os.environ.get("LD_PRELOAD", "") and not os.environ.get("NNDB_NO_PRELOAD"):
+        env = dict(os.environ, LD_PRELOAD=path + (":" + os.environ["LD_PRELOAD"]
+                                                  if os.environ.get("LD_PRELOAD") else ""))
+        sys.stdout.flush()
+        os.execve(sys.executable, [sys.executable, *sys.argv], env)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--workload", action="append", choices=sorted(WORKLOADS),
@@ -193,10 +304,16 @@ def main(argv=None):
     ap.add_argument("--full-every", type=int, default=None,
                     help="full statistics of large tensors every N-th recorded step (default: nndb's)")
     ap.add_argument("--rules", default="default", help="the rules nndb runs: default, none or a YAML file")
+    ap.add_argument("--replica", default="auto", choices=["auto", "off"],
+                    help="take time travel's checkpoints as nndb run does (auto) or not (off)")
+    ap.add_argument("--travel", action="store_true",
+                    help="also measure reverse-step and predict latency and checkpoint memory")
     ap.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     args = ap.parse_args(argv)
-    global RULES
-    RULES = args.rules
+    global RULES, REPLICA
+    RULES, REPLICA = args.rules, args.replica
+    if argv is None:
+        _restart_preloaded()
     from tabulate import tabulate
     schedule = RecordSchedule.parse(args.every, None, args.full_every)
     names = args.workload or list(WORKLOADS)
@@ -208,14 +325,34 @@ def main(argv=None):
              f"{r['ratio_median']:.3f}x", f"{r['ratio_min']:.3f}-{r['ratio_max']:.3f}",
              f"{r['trace_bytes_per_step']:.0f}" if r["trace_bytes_per_step"] else "-",
              f"{r['startup_extra_ms']:.0f}"] for r in results]
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, schedule: {schedule.describe()}, "
-          f"rules: {RULES}")
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, OpenMP {runmeta.openmp_runtime()}, "
+          f"schedule: {schedule.describe()}, rules: {RULES}, checkpoints: {REPLICA}")
     print(tabulate(rows, headers=["workload", "plain ms/step", "nndb ms/step", "ratio (median)",
                                   "ratio min-max", "trace B/step", "one-time ms"], disable_numparse=True))
+    travel_rows, memory = [], []
+    if args.travel:
+        with tempfile.TemporaryDirectory() as tmpdir:
+            for name in names:
+                r, m = travel(name, tmpdir)
+                travel_rows.extend(r)
+                memory.append(m)
+        print()
+        print(tabulate([[r["workload"], r["command"], r["steps_replayed"], f"{r['latency_s']:.3f}",
+                         f"{r['bound_s']:.3f}", "yes" if r["within"] else "NO"] for r in travel_rows],
+                       headers=["workload", "command", "steps replayed", "latency s", "target s", "within"],
+                       disable_numparse=True))
+        print()
+        print(tabulate([[m["workload"], m["checkpoints"], f"{m['step_ms']:.2f}",
+                         f"{m['private_mib_median']:.1f}" if m["private_mib_median"] is not None else "-",
+                         f"{m['private_mib_max']:.1f}" if m["private_mib_max"] is not None else "-"]
+                        for m in memory],
+                       headers=["workload", "live checkpoints", "step ms", "private MiB (median)",
+                                "private MiB (max)"], disable_numparse=True))
     if args.json:
         with open(args.json, "w") as fh:
             json.dump({"torch": torch.__version__, "threads": torch.get_num_threads(),
-                       "schedule": schedule.describe(), "results": results}, fh, indent=2)
+                       "schedule": schedule.describe(), "results": results,
+                       "travel": travel_rows, "checkpoint_memory": memory}, fh, indent=2)
     return 0
 
 

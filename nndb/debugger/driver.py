@@ -25,6 +25,8 @@ class DebugOptions:
     no_rc: bool = False                 # --nx
     report: Optional[str] = None        # --report FILE.json
     rules: Optional[str] = "default"    # --rules default|FILE.yaml|none
+    replica: str = "auto"               # --replica auto|fork|respawn|off
+    total_steps: Optional[int] = None   # --total-steps N (the checkpoint schedule)
 
 
 @dataclass
@@ -56,6 +58,8 @@ def debug(config: RunConfig, options: DebugOptions, frontend,
     engine = load_rules(options.rules)           # a bad rule file fails here, before the script runs
     session = Session(frontend, interactive=interactive,
                       stop_at_start=interactive and options.stop_at_start, rules=engine)
+    from ..timetravel.machine import TimeMachine
+    session.machine = TimeMachine(options.replica, options.total_steps, rules_spec=options.rules or "none")
     session.queue_lines(rcfiles.startup_lines(list(options.command_files), list(options.eval_commands),
                                               options.no_rc, message))
     result: Optional[RunResult] = None
@@ -84,6 +88,7 @@ def debug(config: RunConfig, options: DebugOptions, frontend,
             session.interact()          # commands left when the script ended (it never stopped)
         break
 
+    session.machine.close()
     if session.command_file_error:
         code, reason = EXIT_USAGE, session.command_file_error
     elif session.failed_points:

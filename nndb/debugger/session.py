@@ -38,6 +38,8 @@ class Session(StopPoints, RunQueries):
     def __init__(self, frontend, interactive: bool = True, stop_at_start: bool = True, rules=None):
         self.frontend = frontend
         self.rules = rules                   # nndb.rules.engine.RuleEngine, or None (--rules none)
+        self.machine = None                  # nndb.timetravel.machine.TimeMachine (checkpoints, replicas)
+        self.replica = None                  # in a replica process: its role (nndb.timetravel.roles)
         if hasattr(frontend, "session"):
             frontend.session = self        # completion and the toolbar look at the session
         self.interactive = interactive
@@ -107,7 +109,7 @@ class Session(StopPoints, RunQueries):
         self.trace_path = trace_path
         self.last_step = None
         self._record_seen = None
-        self._pending_start = self.stop_at_start or bool(self.queue)
+        self._pending_start = (self.stop_at_start or bool(self.queue)) and self.replica is None
         self._started = False
         self.mode, self.count, self.until_step = "continue", 0, None
         self.interrupt_requested = self.prompting = False
@@ -122,6 +124,8 @@ class Session(StopPoints, RunQueries):
         if self.rules is not None:
             self.rules.attach(rec)
         self.note_earlier_optimizers()
+        if self.machine is not None:
+            self.machine.attach(self)
         self.sync_hooks()
 
     def sync_hooks(self) -> None:
@@ -132,7 +136,7 @@ class Session(StopPoints, RunQueries):
         t = self.rec.tracer
         modules = [p for p in self.points.values() if isinstance(p, P.ModuleBreak) and p.enabled]
         want_module = self._pending_start or self.mode == "step" or self.interrupt_requested or bool(modules)
-        if self.mode == "detach":
+        if self.mode == "detach" or (self.replica is not None and self.replica.replaying):
             want_module = False
         t.on_module = self.on_module if want_module else None
         t.want_backward = want_module and (self.mode == "step" or any(p.phase == "backward" for p in modules))
@@ -170,6 +174,8 @@ class Session(StopPoints, RunQueries):
             self.rec.tracer.on_step_end = None
         if self.rules is not None:
             self.rules.detach()
+        if self.replica is not None:
+            self.replica.run_ended(self, status, reason)      # (ends this replica process)
 
     def post_mortem(self, exc: BaseException) -> None:
         """The script raised: stop at the raising frame (pdb's post-mortem)."""
@@ -183,6 +189,8 @@ class Session(StopPoints, RunQueries):
         self.frame_index = len(self.frames) - 1
         self._list_next = None
         self._record_stop(stop)
+        if self.replica is not None and not self.replica.prompts:
+            return
         if self.interactive:
             self._prompt_after(f"nndb: post-mortem: the script raised {type(exc).__name__} during step "
                                f"{stop.step}; 'where', 'up', 'p', 'stats' work here")
@@ -214,6 +222,12 @@ class Session(StopPoints, RunQueries):
 
     # -- stopping ---------------------------------------------------------------------
     def _stop(self, stop: Stop, frame) -> None:
+        if self.replica is not None and self.replica.intercept(self, stop):
+            return                    # a scan or a prediction notes it and goes on
+        if self.machine is not None and stop.at_step_end and stop.kind != "exited":
+            stop = self.machine.at_stop(self, stop)
+            if stop is None:          # a replica resumed from this stop's checkpoint runs on
+                return
         self.prompting = True         # (the displays may call modules too)
         self.current = stop
         self.frames = [(f, f.f_lineno) for f in E.stack_from(frame)] if frame is not None else []
@@ -256,7 +270,7 @@ class Session(StopPoints, RunQueries):
             raise RestartRun()
 
     def _record_stop(self, stop: Stop) -> None:
-        if stop.kind in ("start", "step", "next", "finish", "until"):
+        if stop.kind in ("start", "step", "next", "finish", "until", "past"):
             return
         if stop.hits:
             for p, detail in stop.hits:
@@ -320,7 +334,8 @@ class Session(StopPoints, RunQueries):
         return not self.interactive and bool(self.failed_points) and self.live and not self.queue
 
     def prompt(self) -> str:
-        return "(nndb) "
+        where = self.machine.where(self) if self.machine is not None else ""
+        return f"(nndb {where}) " if where else "(nndb) "
 
     def resume(self, mode: str, count: int = 0, until: Optional[int] = None) -> None:
         if self.state == "post-mortem" and mode == "continue":
@@ -336,6 +351,8 @@ class Session(StopPoints, RunQueries):
         """Run one command line; errors print one line (``FILE:LINE: message`` for files)."""
         self._source = source
         try:
+            if self.replica is not None and self.machine is not None:
+                self._note_change(text)
             result = self.table.dispatch(self, text)
             if result is not None:
                 from ..render import debug as render
@@ -356,6 +373,15 @@ class Session(StopPoints, RunQueries):
             raise
         except Exception as e:  # a bug in a command: one line, the session goes on
             self.error(f"nndb: internal error in '{text.strip()}': {type(e).__name__}: {e}")
+
+    def _note_change(self, text: str) -> None:
+        word = self.table.split(text.strip())[0].partition("/")[0] if text.strip() else ""
+        try:
+            cmd = self.table.lookup(word) if word else None
+        except CommandError:
+            return
+        if cmd is not None and cmd.group == "changing":
+            self.machine.note_change(self, text.strip())
 
     def _file_error(self, source: QueuedLine, msg: str) -> None:
         # the rest of that file is dropped (gdb stops reading a file at its first error)

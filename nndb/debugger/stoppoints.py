@@ -62,11 +62,18 @@ class StopPoints:
         if self.prompting:
             return
         rule_hits = self._run_rules() if self.rules is not None else []
-        if self.mode == "detach" and not self._pending_start and not rule_hits:
+        if self.machine is not None:
+            self.machine.at_step_end(self, step)     # a checkpoint; a replica resumes from here
+        role = self.replica
+        if self.mode == "detach" and not self._pending_start and not rule_hits and role is None:
             return
         self._hook_frame = sys._getframe(1)
         try:
-            stop = self._check_step_end(step)
+            stop = role.before_stops(self, step) if role is not None else None
+            if stop == "skip":
+                stop = None
+            elif stop is None:
+                stop = self._check_step_end(step)
             if rule_hits:
                 stop = _with_rule_hits(stop, step, rule_hits)
         except (KillRun, RestartRun):
@@ -76,6 +83,8 @@ class StopPoints:
             return
         if stop is not None:
             self._stop(stop, E.stop_frame(self._hook_frame))
+        if role is not None:
+            role.after_stops(self, step)
 
     def on_module(self, module, phase: str, payload) -> None:
         if threading.get_ident() != self._main_thread or self.prompting:
@@ -147,6 +156,8 @@ class StopPoints:
         for f in found:
             self.findings.append(f.as_dict())
             rule = self.rules.rule(f.rule)
+            if self.replica is not None and self.replica.replaying:
+                continue              # the live run reported it already
             self.error(f"nndb: {f.severity}: {f.rule} at step {f.step}: {f.message}")
             if rule.action in ("stop", "fail") and self.mode != "detach":
                 hits.append((RuleHit(rule, f), f.as_dict()))

@@ -94,4 +94,8 @@ def stop_line(session, stop) -> str:
         return f"Stopped at the start of the run ({what}); 'continue' runs it, 'help' lists the commands{where}"
     if stop.kind == "interrupt":
         return f"Interrupted: {at}{where}"
+    if stop.kind == "past":
+        m = session.machine
+        tl = f"timeline {m.timeline}" if m is not None else "the past"
+        return f"In the past ({tl}): {at} ({stop.note}){where}"
     return f"{at[0].upper()}{at[1:]}{where}"

@@ -47,6 +47,7 @@ class TraceWriter:
         self._last_flush = time.monotonic()
         self.steps_written = 0
         self.last_step: Optional[int] = None
+        self.detached = False
         try:
             d = os.path.dirname(os.path.abspath(path))
             os.makedirs(d, exist_ok=True)
@@ -97,11 +98,18 @@ class TraceWriter:
                 time.monotonic() - self._last_flush >= self.flush_secs:
             self.flush()
 
+    def detach(self) -> None:
+        """In a replica (a forked copy of the live run): never write to the
+        shared file again; steps are kept in memory (``history`` sees them)."""
+        self.flush_steps = 1 << 62
+        self.flush_secs = float("inf")
+        self.detached = True
+
     def event(self, kind: str, message: str, step: Optional[int] = None) -> None:
         self._events.append({"time": time.time(), "step": step, "kind": kind, "message": message})
 
     def flush(self) -> None:
-        if self.failed or self.closed:
+        if self.failed or self.closed or self.detached:
             return
         try:
             self._write_pending()
@@ -178,7 +186,9 @@ class TraceWriter:
         self.closed = True
 
     def close(self, status: str, exit_code: int, reason: str = "") -> None:
-        """Flush everything and record how the run ended."""
+        """Flush everything and record how the run ended (a replica: nothing)."""
+        if self.detached:
+            return
         if self.closed:
             return
         self.flush()

@@ -78,11 +78,15 @@ def _backward_roots():
 
 _ACTIVE: "weakref.WeakSet" = weakref.WeakSet()
 _FORK_HOOK = False
+REPLICA_FORK = False     # set by nndb.timetravel around its own fork(): the child is a replica
 
 
 def _quiet_in_child() -> None:
     """A forked child (a DataLoader worker) inherits the global hooks: it must
-    neither record into the parent's trace nor stop for the debugger."""
+    neither record into the parent's trace nor stop for the debugger.  (A
+    replica that nndb forks itself goes on recording, into memory.)"""
+    if REPLICA_FORK:
+        return
     for t in list(_ACTIVE):
         t._failed = True
 

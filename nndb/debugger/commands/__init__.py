@@ -1,10 +1,10 @@
 """The debugger's commands: one table built from the command families."""
 from __future__ import annotations
 
-from . import breakpoints, change, control, gradcheck, inspect, rules
+from . import breakpoints, change, control, gradcheck, inspect, rules, timetravel
 from .table import Command, CommandTable, Table
 
 TABLE = CommandTable(control.COMMANDS + breakpoints.COMMANDS + inspect.COMMANDS + gradcheck.COMMANDS
-                     + rules.COMMANDS + change.COMMANDS)
+                     + rules.COMMANDS + change.COMMANDS + timetravel.COMMANDS)
 
 __all__ = ["TABLE", "Command", "CommandTable", "Table"]

@@ -71,7 +71,20 @@ def _targets(s, numbers):
     return [s.point(n) for n in numbers]
 
 
+def _delete_arg(text: str):
+    words = text.split()
+    if words and "checkpoint".startswith(words[0]) and len(words[0]) >= 2 and words[0] != "-":
+        if len(words) != 2:
+            raise CommandError("delete checkpoint needs one checkpoint number")
+        return ("checkpoint", P.parse_int(words[1], "checkpoint number"))
+    return _numbers(text)
+
+
 def _delete(s, numbers):
+    if isinstance(numbers, tuple):
+        from .timetravel import machine
+        ck = machine(s, live=False).delete(numbers[1])
+        return f"Deleted checkpoint {ck.number} (step {ck.step})."
     if not numbers and s.points and s.interactive and not s.frontend.confirm("Delete all breakpoints? (y or n) "):
         return "Not confirmed."
     for p in _targets(s, numbers):
@@ -197,8 +210,9 @@ A trailing "fail" makes a hit fail the run (exit code 4).""",
 N defaults to the last one set; one command per line, ending with "end".  A first line "silent" stops
 the usual message.  An empty list removes them.""",
             _commands, _commands_arg, args=("point",), group="breakpoints"),
-    Command("delete", "delete [N...]", "Delete breakpoints/watchpoints N... (all if none are given).",
-            _delete, _numbers, aliases=("d",), args=("point",), group="breakpoints"),
+    Command("delete", "delete [N...] | delete checkpoint N",
+            "Delete breakpoints/watchpoints N... (all if none are given), or a checkpoint.",
+            _delete, _delete_arg, aliases=("d",), args=("point",), group="breakpoints"),
     Command("disable", "disable [N...]", "Disable breakpoints/watchpoints N... (all if none are given).",
             _disable, _numbers, aliases=("dis",), args=("point",), group="breakpoints"),
     Command("enable", "enable [N...]", "Enable breakpoints/watchpoints N... (all if none are given).",

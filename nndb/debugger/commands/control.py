@@ -44,13 +44,19 @@ def _until(s, step):
     s.resume("until", until=step)
 
 
-def _until_arg(text: str):
-    if not text.strip():
-        raise CommandError("until needs a step number")
-    n = parse_int(text.strip(), "the step")
-    if n < 0:
-        raise CommandError(f"step numbers start at 0, not {n}")
-    return n
+def step_arg(command: str):
+    """The parser of a command's STEP argument (until, goto)."""
+    def parse(text: str) -> int:
+        if not text.strip():
+            raise CommandError(f"{command} needs a step number")
+        n = parse_int(text.strip(), "the step")
+        if n < 0:
+            raise CommandError(f"step numbers start at 0, not {n}")
+        return n
+    return parse
+
+
+_until_arg = step_arg("until")
 
 
 def _detach(s, _):

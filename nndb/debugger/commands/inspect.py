@@ -335,7 +335,13 @@ INFO = {
     "optimizer": _info_optimizer,
     "locals": _info_locals,
     "rules": info_rules,
+    "checkpoints": lambda s: _info_checkpoints(s),
 }
+
+
+def _info_checkpoints(s):
+    from .timetravel import info_checkpoints
+    return info_checkpoints(s)
 INFO_ALIASES = {"b": "breakpoints", "break": "breakpoints", "watch": "watchpoints"}
 
 

@@ -1,0 +1,1 @@
+"""Time travel: checkpoints, replicas, reverse execution and predict."""

@@ -1,0 +1,182 @@
+"""fork() for replicas: what blocks it, the fork itself, and the suspended
+checkpoint process (gdb's ``checkpoint``).
+
+A checkpoint is a child forked at a step boundary that waits on its channel.
+To resume it, the live run sends ``resume``: the checkpoint forks again and
+the grandchild goes on running the script from that boundary as a replica,
+while the checkpoint itself stays for later use (copy-on-write makes each
+copy cheap).  The checkpoint reports ``replica-exited`` when that replica ends.
+
+OpenMP: GNU libgomp's thread pool does not survive fork() (a forked child
+hangs in its first parallel region).  Intel's libiomp5 does, and ``nndb run``
+preloads it when it is installed (``nndb.timetravel.preload``).  Without it a
+replica runs with one thread, which is safe but may differ in the last bits
+from a multi-threaded run: ``exactness()`` says which case applies.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import sys
+import threading
+from typing import Optional
+
+from .channel import Channel
+
+_PR_SET_PDEATHSIG = 1
+
+
+def openmp_forks_safely() -> bool:
+    from ..runmeta import openmp_runtime
+    rt = openmp_runtime()
+    # libiomp5 preloaded takes over the GOMP_* entry points even where libgomp
+    # is loaded too (torch links it)
+    return "libiomp5" in rt or "libgomp" not in rt
+
+
+def exactness() -> tuple[bool, str]:
+    """(exact, why): whether a forked replica computes what the live run did, bit for bit."""
+    import torch
+    threads = torch.get_num_threads()
+    if threads == 1 or openmp_forks_safely():
+        return True, f"{threads} thread(s), OpenMP runtime safe across fork()"
+    return False, (f"the GNU OpenMP runtime cannot run {threads} threads in a forked process: "
+                   "replicas run with 1 thread and may differ in the last bits "
+                   "(install intel-openmp to replay exactly)")
+
+
+def blockers() -> list:
+    """Why this process cannot be forked safely now ([] when it can)."""
+    reasons = []
+    if not hasattr(os, "fork"):
+        return ["this platform has no fork()"]
+    try:
+        import torch
+        if torch.cuda.is_initialized():
+            reasons.append("CUDA is initialised in this process and does not survive fork()")
+    except Exception:
+        pass
+    import multiprocessing
+    kids = multiprocessing.active_children()
+    if kids:
+        reasons.append(f"{len(kids)} worker process(es) are alive (a DataLoader with num_workers > 0?); "
+                       "a forked replica cannot share their queues")
+    threads = [t.name for t in threading.enumerate()
+               if t is not threading.main_thread() and t.is_alive() and not t.name.startswith("nndb-")]
+    if threads:
+        reasons.append(f"the script started threads ({', '.join(sorted(threads)[:4])}) that do not survive fork()")
+    return reasons
+
+
+def _die_with_parent() -> None:
+    """Linux: a checkpoint or replica is killed when the process that forked it ends."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except Exception:
+        pass
+
+
+def fork(close: tuple = ()) -> int:
+    """fork() with nndb's tracer left on in the child (a DataLoader worker's
+    is switched off) and the stdio buffers flushed first (else the child
+    would print them again).  In the child: the channels in ``close`` are closed."""
+    from ..tracer import hooks
+    for f in (sys.stdout, sys.stderr):
+        try:
+            f.flush()
+        except Exception:
+            pass
+    hooks.REPLICA_FORK = True
+    try:
+        pid = os.fork()
+    finally:
+        hooks.REPLICA_FORK = False
+    if pid == 0:
+        for c in close:
+            c.close()
+        _die_with_parent()
+        if not openmp_forks_safely():
+            import torch
+            torch.set_num_threads(1)
+    return pid
+
+
+def checkpoint_loop(chan: Channel) -> dict:
+    """In a new checkpoint process: wait for orders.  Returns only in a replica
+    (the grandchild), with the ``resume`` message."""
+    old = signal.signal(signal.SIGINT, signal.SIG_IGN)   # Ctrl-C is for the replica at the terminal
+    while True:
+        msg = chan.recv()
+        if msg is None or msg.get("op") == "exit":
+            os._exit(0)
+        if msg.get("op") != "resume":
+            continue
+        pid = fork()
+        if pid == 0:
+            signal.signal(signal.SIGINT, old)
+            return msg
+        status = 0
+        while True:
+            try:
+                _, status = os.waitpid(pid, 0)
+                break
+            except ChildProcessError:
+                break
+            except InterruptedError:
+                continue
+        chan.send({"op": "replica-exited", "status": status})
+
+
+def silence() -> tuple:
+    """Send fds 1 and 2 to /dev/null (a replay prints nothing); returns what restores them."""
+    for f in (sys.stdout, sys.stderr):
+        try:
+            f.flush()
+        except Exception:
+            pass
+    saved = (os.dup(1), os.dup(2))
+    null = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, 1)
+    os.dup2(null, 2)
+    os.close(null)
+    return saved
+
+
+def unsilence(saved: Optional[tuple]) -> None:
+    if not saved:
+        return
+    for f in (sys.stdout, sys.stderr):
+        try:
+            f.flush()
+        except Exception:
+            pass
+    os.dup2(saved[0], 1)
+    os.dup2(saved[1], 2)
+    os.close(saved[0])
+    os.close(saved[1])
+
+
+def memory_kib(pid: int) -> Optional[dict]:
+    """A process's unique memory (private pages: what dropping it frees) and
+    proportional share, from /proc/PID/smaps_rollup (Linux), in KiB."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as fh:
+            vals = {}
+            for line in fh:
+                parts = line.split()
+                if len(parts) >= 2 and parts[0].endswith(":") and parts[1].isdigit():
+                    vals[parts[0][:-1]] = int(parts[1])
+    except OSError:
+        return None
+    return {"private": vals.get("Private_Clean", 0) + vals.get("Private_Dirty", 0), "pss": vals.get("Pss", 0)}
+
+
+def reap(pid: int) -> None:
+    try:
+        os.waitpid(pid, 0)
+    except (ChildProcessError, OSError):
+        pass

@@ -1,0 +1,299 @@
+"""The time machine of the live run: checkpoints as the run goes, and the
+replicas built from them for reverse execution, scans and predictions.
+
+It lives in the session (``session.machine``).  In the live process it takes
+checkpoints at step ends (``at_step_end``), and a command that travels sends
+a checkpoint its orders, then waits while the replica has the terminal, and
+takes back the session state when the replica hands it back.  In a replica
+(``self.replica``) it takes no checkpoints: travelling hands the terminal
+back to the live process with the order instead, so all checkpoints stay
+owned by one process.
+"""
+from __future__ import annotations
+
+import signal
+import time
+from dataclasses import dataclass
+from typing import Optional
+
+from ..errors import CommandError
+from . import forking
+from .channel import Channel
+from .handover import export_state, import_state
+from .schedule import DiskSchedule, make_policy
+
+
+@dataclass
+class Checkpoint:
+    number: int
+    step: int
+    pid: int
+    chan: Channel
+    kind: str              # auto | stop | manual
+    taken_at: float
+    cost_s: float
+
+
+class TimeMachine:
+    def __init__(self, replica_mode: str = "auto", total_steps: Optional[int] = None,
+                 budget: float = 0.05, max_live: int = 20, disk: bool = True, rules_spec: str = "default"):
+        self.mode = replica_mode          # auto | fork | respawn | off
+        self.total_steps = total_steps
+        self.budget = budget
+        self.max_live = max_live
+        self.disk = disk
+        self.rules_spec = rules_spec
+        self.replica = False              # this process is a replica
+        self.timeline = 0                 # the timeline this process is on
+        self.changed = False              # a replica: something was changed here
+        self.timelines: list = [{"id": 0, "origin": "the live run", "change": "", "status": "present"}]
+        self._reset()
+
+    def _reset(self) -> None:
+        self.checkpoints: dict = {}
+        self._next = 1
+        self.policy = make_policy(self.total_steps, self.budget, self.max_live)
+        self.disk_schedule = DiskSchedule(self.total_steps)
+        self.disk_files: list = []
+        self.blocked: Optional[str] = None    # why fork checkpoints are off in this run
+        self.exact, self.exact_why = True, ""
+        self.taken = 0
+        self.step_times: list = []        # recent step durations (s), for the latency figures
+        self._last_end: Optional[float] = None
+
+    # -- the run's lifetime --------------------------------------------------------------
+    def attach(self, s) -> None:
+        if self.replica:
+            return
+        self.close()
+        self._reset()
+        if self.mode in ("auto", "fork"):
+            self.exact, self.exact_why = forking.exactness()
+
+    def close(self) -> None:
+        for ck in list(self.checkpoints.values()):
+            self._drop(ck)
+
+    def _drop(self, ck: Checkpoint) -> None:
+        self.checkpoints.pop(ck.number, None)
+        ck.chan.send({"op": "exit"})
+        ck.chan.close()
+        forking.reap(ck.pid)
+
+    # -- taking checkpoints (the live run) ------------------------------------------------
+    def at_step_end(self, s, step: int) -> None:
+        now = time.monotonic()
+        if self._last_end is not None:
+            self.step_times = (self.step_times + [now - self._last_end])[-50:]
+        self._last_end = now
+        if self.replica or self.mode not in ("auto", "fork") or self.blocked:
+            return
+        if self.policy.due(step, now):
+            self.take(s, step, "auto")
+        self._last_end = time.monotonic()     # (the checkpoint's cost is not a step's)
+
+    STOP_KEEP = 10          # checkpoints taken at stops: the most recent are kept
+
+    def take(self, s, step: int, kind: str):
+        """Fork a checkpoint of this process at the end of ``step``.  Returns the
+        Checkpoint; in a replica resumed from it, returns "replica"."""
+        why = forking.blockers()
+        if why:                              # (said when someone travels: a plain run stays quiet)
+            self.blocked = f"no fork checkpoints from step {step} on: " + "; ".join(why)
+            return None
+        writer = s.rec.writer
+        writer.flush()                       # the replica's copy of the trace file has nothing unwritten
+        t0 = time.perf_counter()
+        parent_end, child_end = Channel.pair()
+        pid = forking.fork(close=tuple(c.chan for c in self.checkpoints.values()) + (parent_end,))
+        if pid == 0:
+            msg = forking.checkpoint_loop(child_end)     # returns in a replica only
+            self._become_replica(s, msg, child_end)
+            return "replica"
+        child_end.close()
+        cost = time.perf_counter() - t0
+        ck = Checkpoint(self._next, step, pid, parent_end, kind, time.time(), cost)
+        self._next += 1
+        self.checkpoints[ck.number] = ck
+        self.taken += 1
+        if kind == "auto":
+            self.policy.taken(step, cost, time.monotonic())
+            autos = sorted(c.step for c in self.checkpoints.values() if c.kind == "auto")
+            drop = set(self.policy.evict(autos))
+            for c in list(self.checkpoints.values()):
+                if c.kind == "auto" and c.step in drop:
+                    self._drop(c)
+            if self.disk and self.disk_schedule.due(step, self.taken):
+                self._save_disk(s, step)
+        elif kind == "stop":
+            stops = sorted((c for c in self.checkpoints.values() if c.kind == "stop"), key=lambda c: c.number)
+            for c in stops[:-self.STOP_KEEP]:
+                self._drop(c)
+        return ck
+
+    def at_stop(self, s, stop):
+        """The live run stops at a step end: a checkpoint there makes going back
+        to it cheap.  Returns the stop to show (in a replica resumed from it:
+        its own, or None to run on)."""
+        if self.replica or self.mode not in ("auto", "fork") or self.blocked or not s.live:
+            return stop
+        if any(c.step == stop.step for c in self.checkpoints.values()):
+            return stop
+        if self.take(s, stop.step, "stop") == "replica":
+            return s.replica.arrived(s, stop)
+        return stop
+
+    def _save_disk(self, s, step: int) -> None:
+        from . import disk
+        try:
+            mods = {s.rec.naming.module_name(m): m for m in s.roots()}
+            opts = dict(s.optimizers())
+            path = disk.save(disk.directory_for(s.trace_path), step, mods, opts, disk.capture_rng())
+            self.disk_files.append((step, path))
+            self.disk_schedule.taken(step, self.taken)
+        except Exception as e:            # never the run's problem
+            s.error(f"nndb: could not write the checkpoint of step {step} to disk: {e}")
+            self.disk = False
+
+    def delete(self, number: int) -> Checkpoint:
+        ck = self.checkpoints.get(number)
+        if ck is None:
+            raise CommandError(f"no checkpoint number {number}")
+        self._drop(ck)
+        return ck
+
+    # -- becoming a replica (in the forked process) ---------------------------------------
+    def _become_replica(self, s, msg: dict, chan: Channel) -> None:
+        from .roles import make_role
+        self.replica = True
+        self.checkpoints = {}
+        s.rec.writer.detach()
+        self.timeline = int(msg.get("timeline", 0))
+        import_state(s, msg["state"])
+        role = make_role(msg["goal"], chan)
+        s.replica = role
+        s.mode, s.count, s.until_step = "continue", 0, None
+        s._pending_start = s.interrupt_requested = False
+        role.begin(s)
+        s.sync_hooks()
+
+    # -- travelling (the live run) ---------------------------------------------------------
+    def nearest(self, step: int) -> Optional[Checkpoint]:
+        best = None
+        for ck in self.checkpoints.values():
+            if ck.step <= step and (best is None or ck.step > best.step):
+                best = ck
+        return best
+
+    def replay(self, s, goal: dict, start: int) -> dict:
+        """Run a replica that starts at or before step ``start`` with ``goal``;
+        returns its last message (the session state is taken back)."""
+        ck = self.nearest(start)
+        if not self.exact:
+            s.error(f"nndb: warning: this replay may not be exact: {self.exact_why}")
+        if ck is None or self.mode == "respawn":
+            if self.mode in ("fork", "off"):
+                raise CommandError(self._no_checkpoint(start))
+            if self.mode == "auto":
+                s.error(f"nndb: {self.blocked or f'no checkpoint at or before step {start}'}: "
+                        "replaying from the start in a new process (respawn)")
+            from .respawn import spawn
+            goal = dict(goal, replayed_from=None)
+            return self._wait(s, *spawn(s, self, goal))
+        goal = dict(goal, replayed_from=ck.step)
+        ck.chan.send({"op": "resume", "goal": goal, "state": export_state(s), "timeline": self.timeline})
+        return self._wait(s, ck.chan, None)
+
+    def _no_checkpoint(self, step: int) -> str:
+        if self.mode == "off":
+            return "time travel is off in this run (--replica off)"
+        why = f" ({self.blocked})" if self.blocked else ""
+        return f"no checkpoint at or before step {step}{why}"
+
+    def _wait(self, s, chan: Channel, proc) -> dict:
+        """Wait for the replica's last message while it has the terminal
+        (Ctrl-C is the replica's then), and take back the session state."""
+        old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        try:
+            last = None
+            while True:
+                msg = chan.recv()
+                if msg is None:
+                    break
+                if msg.get("op") in ("handback", "predicted"):
+                    last = msg
+                    if proc is not None:
+                        break
+                elif msg.get("op") == "replica-exited":
+                    break
+            if proc is not None:
+                proc.wait()
+                chan.close()
+        finally:
+            signal.signal(signal.SIGINT, old)
+        if last is None:
+            raise CommandError("nndb: the replica ended without reporting back (it crashed?); "
+                               "the live run is unchanged")
+        if "state" in last:
+            import_state(s, last["state"])
+        return last
+
+    def travel(self, s, target: int, then: str = "stop", why: str = "") -> None:
+        """Go to the end of step ``target`` on a replica; come back when it hands
+        back, and carry out what it asked for (another goto, quit, run)."""
+        while True:
+            t0 = time.perf_counter()
+            msg = self.replay(s, {"kind": "goto", "target": target, "then": then, "why": why}, target)
+            nxt = msg.get("next")
+            if nxt == "goto":
+                target, then, why = int(msg["target"]), msg.get("then", "stop"), msg.get("why", "")
+                continue
+            if nxt == "rc":
+                from ..debugger.commands.timetravel import reverse_continue_target
+                found = reverse_continue_target(s, self, int(msg["step"]), bool(msg["at_end"]))
+                if found is not None:
+                    target, then, why = found
+                    continue
+                s.message("No earlier step where a breakpoint or watchpoint held.")
+            if nxt == "quit":
+                s.quit_requested = True
+                s.kill_requested = s.live
+                s.resume_requested = True
+            elif nxt == "run":
+                s.restart_requested = True
+                s.resume_requested = True
+            else:
+                s.message(f"Back in the present (timeline 0): step {s.last_step}."
+                          f"  ({time.perf_counter() - t0:.2f} s in the past)")
+            return
+
+    def hand_back(self, s, nxt: str, **extra) -> None:
+        """In a replica: give the terminal back to the live run (this process ends)."""
+        from .roles import finish
+        finish(s.replica.chan, dict({"op": "handback", "next": nxt, "state": export_state(s)}, **extra))
+
+    # -- timelines -----------------------------------------------------------------------
+    def note_change(self, s, what: str) -> None:
+        """A replica changed something: from here on it is a timeline of its own."""
+        if not self.replica or self.changed:
+            return
+        self.changed = True
+        origin = self.timeline
+        self.timeline = len(self.timelines)
+        self.timelines.append({"id": self.timeline, "origin": f"step {s.last_step} of timeline {origin}",
+                               "change": what, "status": "left"})
+        s.message(f"nndb: changing the past starts timeline {self.timeline} "
+                  f"(from step {s.last_step} of timeline {origin}); 'present' returns to the live run")
+
+    def where(self, s) -> str:
+        """For the prompt and the toolbar: '' in the present."""
+        if not self.replica or s.replica is None or s.replica.kind != "goto":
+            return ""
+        return f"t{self.timeline}" if self.changed else "past"
+
+    # -- the figures for 'info checkpoints' ------------------------------------------------
+    def step_time(self) -> Optional[float]:
+        if not self.step_times:
+            return None
+        st = sorted(self.step_times)
+        return st[len(st) // 2]

@@ -1,0 +1,86 @@
+"""Make fork replicas multi-threaded and exact: ``nndb run`` starts itself
+again with Intel's OpenMP runtime preloaded (the ``intel-openmp`` package),
+as Intel's PyTorch launcher does.
+
+The CPU torch wheel ships GNU libgomp, whose thread pool does not survive
+fork(): a forked replica hangs in its first parallel operation unless it runs
+one thread, and a one-thread replay of a two-thread run may differ in the
+last bits.  libiomp5 re-creates its pool in a forked child, and torch splits
+work by thread count, not by runtime, so the numbers stay the same as under
+libgomp (tests/test_run_cli.py compares nndb's output with plain Python's).
+
+The new process also gets a fixed PYTHONHASHSEED (a random one, recorded in
+the trace) so that a respawned replica can order sets and dicts of strings as
+the run did.  Both variables are then taken out of ``os.environ`` again: the
+script and the processes it starts see the environment they would without nndb.
+"""
+from __future__ import annotations
+
+import os
+import random
+import sys
+from typing import Optional
+
+HASH_SEED: Optional[str] = None      # the hash seed nndb fixed for this process
+
+
+def libiomp_path() -> Optional[str]:
+    for base in (sys.prefix, os.path.dirname(os.path.dirname(sys.executable))):
+        p = os.path.join(base, "lib", "libiomp5.so")
+        if os.path.exists(p):
+            return p
+    try:
+        from importlib import metadata
+        for f in metadata.distribution("intel-openmp").files or ():
+            if f.name == "libiomp5.so":
+                p = str(f.locate())
+                if os.path.exists(p):
+                    return p
+    except Exception:
+        pass
+    return None
+
+
+def settle() -> None:
+    """In the process started again: hand the script its own environment back."""
+    global HASH_SEED
+    if not os.environ.pop("NNDB_PRELOADED", None):
+        return
+    user = os.environ.pop("NNDB_USER_LD_PRELOAD", "")
+    if user:
+        os.environ["LD_PRELOAD"] = user
+    else:
+        os.environ.pop("LD_PRELOAD", None)
+    HASH_SEED = os.environ.get("PYTHONHASHSEED")
+    if os.environ.pop("NNDB_SET_HASHSEED", None):
+        os.environ.pop("PYTHONHASHSEED", None)
+
+
+def maybe_restart(replica_mode: str) -> None:
+    """Start ``python -m nndb ARGS`` again with libiomp5 preloaded, when it is
+    installed, not loaded yet, and fork replicas may be used.  Returns only if not."""
+    if os.environ.get("NNDB_PRELOADED") is not None:
+        settle()
+        return
+    if not sys.platform.startswith("linux") or replica_mode in ("respawn", "off") \
+            or os.environ.get("NNDB_NO_PRELOAD"):
+        return
+    if "torch" in sys.modules:          # too late: the OpenMP runtime is loaded already
+        return
+    path = libiomp_path()
+    old = os.environ.get("LD_PRELOAD", "")
+    if path is None or "libiomp5" in old:
+        return
+    env = dict(os.environ)
+    env["NNDB_PRELOADED"] = "1"
+    env["NNDB_USER_LD_PRELOAD"] = old
+    env["LD_PRELOAD"] = path + (":" + old if old else "")
+    if "PYTHONHASHSEED" not in env:
+        env["PYTHONHASHSEED"] = str(random.SystemRandom().randint(1, 2**32 - 1))
+        env["NNDB_SET_HASHSEED"] = "1"
+    for f in (sys.stdout, sys.stderr):
+        f.flush()
+    try:
+        os.execve(sys.executable, [sys.executable, "-m", "nndb", *sys.argv[1:]], env)
+    except OSError:
+        return

@@ -1,0 +1,228 @@
+"""What a replica process is for: its *role*, set as ``session.replica``.
+
+* ``Goto``: replay silently to a step boundary, then stop there and give the
+  terminal to the user (reverse-step, goto, reverse-continue).  From then on
+  the replica is a debugger session "in the past"; leaving it (``present``,
+  another ``goto``, the script's end) hands the session state back.
+* ``Scan``: replay a range of steps silently, noting at each step end what
+  was asked (which breakpoints hit, an expression's value, the statistics),
+  then report and end.  Never prompts.
+* ``Predict``: run N steps ahead of the current state, noting loss, gradient
+  norm, findings and breakpoint hits per step, then report and end.
+
+Every role ends its process with ``os._exit``: a replica never closes the
+trace file it shares with the live run, never runs atexit handlers, and
+never returns into the live run's code paths.
+"""
+from __future__ import annotations
+
+import math
+import os
+import sys
+from typing import Optional
+
+from ..debugger import evaluate as E
+from ..debugger.stoppoints import Stop
+from . import forking
+from .handover import export_state
+
+
+CLEANUP: list = []      # directories a respawned replica made (removed as it ends)
+
+
+def finish(chan, msg: dict) -> None:
+    """Send the last message and end this replica."""
+    try:
+        chan.send(msg)
+    finally:
+        import shutil
+        for d in CLEANUP:
+            shutil.rmtree(d, ignore_errors=True)
+        for f in (sys.stdout, sys.stderr):
+            try:
+                f.flush()
+            except Exception:
+                pass
+        os._exit(0)
+
+
+class Role:
+    kind = "replica"
+    prompts = False          # stops reach the user
+    replaying = True         # silent, no stops, no rule output
+
+    def __init__(self, chan, goal: dict):
+        self.chan = chan
+        self.goal = goal
+        self.saved_fds = None
+
+    def begin(self, s) -> None:
+        self.saved_fds = forking.silence()
+
+    def before_stops(self, s, step: int):
+        """At a step end, before the breakpoints are checked: return a Stop to
+        stop here, "skip" to check nothing, None to check as usual."""
+        return None
+
+    def intercept(self, s, stop: Stop) -> bool:
+        """A stop is about to prompt: True if the role takes it instead."""
+        return not self.prompts
+
+    def after_stops(self, s, step: int) -> None:
+        pass
+
+    def arrived(self, s, stop: Stop):
+        """Resumed from a checkpoint taken at a stop (the prompt of step
+        ``stop.step``): the stop to show now, or None to run on."""
+        r = self.before_stops(s, stop.step)
+        if isinstance(r, Stop):
+            return r
+        if r is None and stop.hits:
+            self.intercept(s, stop)            # (a scan notes the hits of the stop it resumed at)
+        s.mode = "continue"
+        return None
+
+    def run_ended(self, s, status: str, reason: str) -> None:
+        finish(self.chan, {"op": "handback", "next": "present", "state": export_state(s),
+                           "ended": status, "reason": reason})
+
+
+class Goto(Role):
+    kind = "goto"
+
+    def __init__(self, chan, goal: dict):
+        super().__init__(chan, goal)
+        self.target = int(goal["target"])
+        # "points": arm the breakpoints at the target and go on (reverse-continue
+        # to a hit inside the next step) instead of stopping there
+        self.then = goal.get("then", "stop")
+
+    def before_stops(self, s, step: int):
+        if not self.replaying:
+            return None
+        if step < self.target:
+            return "skip"
+        self.replaying = False
+        forking.unsilence(self.saved_fds)
+        self.saved_fds = None
+        self.prompts = True
+        s.sync_hooks()
+        if self.then == "points":
+            return "skip"
+        src = self.goal.get("replayed_from")
+        how = f"{step - src} step(s) replayed from the checkpoint at step {src}" if src is not None \
+            else f"{step + 1} step(s) replayed from the start"
+        why = self.goal.get("why")
+        return Stop("past", step, note=f"{why}; {how}" if why else how)
+
+    def intercept(self, s, stop: Stop) -> bool:
+        return self.replaying
+
+    def run_ended(self, s, status: str, reason: str) -> None:
+        if self.replaying:
+            forking.unsilence(self.saved_fds)
+            self.saved_fds = None
+            s.error(f"nndb: the replay ended ({status}: {reason}) before reaching step {self.target}")
+        else:
+            s.message(f"nndb: the script ended on this timeline ({status}); back to the present.")
+        super().run_ended(s, status, reason)
+
+
+class Scan(Role):
+    kind = "scan"
+
+    def __init__(self, chan, goal: dict):
+        super().__init__(chan, goal)
+        self.start = int(goal.get("from", 0))
+        self.end = int(goal["end"])
+        self.exprs = [(src, E.compile_expr(src)) for src in goal.get("exprs", [])]
+        self.want_points = bool(goal.get("points"))
+        self.want_stats = bool(goal.get("stats"))
+        self.result = {"hits": [], "values": [], "stats": [], "last": None}
+
+    def before_stops(self, s, step: int):
+        if step < self.start:
+            return "skip"
+        self.result["last"] = step
+        if self.exprs:
+            frame = E.stop_frame(s._hook_frame)
+            for src, code in self.exprs:
+                try:
+                    v = E.evaluate(code, frame, s.variables(frame, step_end=True))
+                    self.result["values"].append([step, src, bool(v), None])
+                except Exception as e:
+                    self.result["values"].append([step, src, None, str(e)])
+        if self.want_stats:
+            rec = s.record
+            if rec is not None and rec.step == step:
+                rows = [[n, k, [None if math.isnan(x) else x for x in map(float, row)],
+                         [x != x for x in map(float, row)]] for (n, k), row in zip(rec.names, rec.stats)]
+                self.result["stats"].append([step, rows])
+        return None if self.want_points else "skip"
+
+    def intercept(self, s, stop: Stop) -> bool:
+        if stop.hits:
+            self.result["hits"].append({"step": stop.step, "at_step_end": stop.at_step_end,
+                                        "points": [p.number for p, _ in stop.hits if p.number is not None]})
+        return True
+
+    def after_stops(self, s, step: int) -> None:
+        if step >= self.end:
+            self._report(s, None)
+
+    def _report(self, s, ended: Optional[str]) -> None:
+        forking.unsilence(self.saved_fds)
+        finish(self.chan, {"op": "handback", "next": "scan", "result": self.result, "ended": ended})
+
+    def run_ended(self, s, status: str, reason: str) -> None:
+        self._report(s, f"{status}: {reason}")
+
+
+class Predict(Role):
+    kind = "predict"
+
+    def __init__(self, chan, goal: dict):
+        super().__init__(chan, goal)
+        self.n = int(goal["steps"])
+        self.rows: list = []
+        self.findings_seen = 0
+
+    def begin(self, s) -> None:
+        super().begin(s)
+        self.findings_seen = len(s.findings)
+        self.replaying = False          # breakpoints, watchpoints and rules are active
+
+    def after_stops(self, s, step: int) -> None:
+        rows = s.stat_rows()
+        loss = next(iter(rows["loss"].values()), None)
+        grads = [r.norm for r in rows["grad"].values() if r.norm == r.norm]
+        new = s.findings[self.findings_seen:]
+        self.findings_seen = len(s.findings)
+        self.rows.append({"step": step, "loss": None if loss is None else loss.mean,
+                          "grad_norm": math.sqrt(sum(g * g for g in grads)) if grads else None,
+                          "findings": sorted({f["rule"] for f in new})})
+        if len(self.rows) >= self.n:
+            self._report(None)
+
+    def intercept(self, s, stop: Stop) -> bool:
+        if stop.hits:
+            what = ", ".join(f"{p.type_name} {p.number if p.number is not None else p.rule.id}"
+                             for p, _ in stop.hits)
+            where = f"step {stop.step}" + ("" if stop.at_step_end else f" ({stop.module} {stop.phase})")
+            self.stopped = f"{what} at {where}"
+            if stop.at_step_end:
+                self.after_stops(s, stop.step)     # (its row, then the report)
+            self._report(self.stopped)
+        return True
+
+    def _report(self, note: Optional[str], ended: Optional[str] = None) -> None:
+        forking.unsilence(self.saved_fds)
+        finish(self.chan, {"op": "predicted", "rows": self.rows, "stopped": note, "ended": ended})
+
+    def run_ended(self, s, status: str, reason: str) -> None:
+        self._report(None, f"the script ended ({status}: {reason})")
+
+
+def make_role(goal: dict, chan) -> Role:
+    kinds = {"goto": Goto, "scan": Scan, "predict": Predict}
+    return kinds[goal["kind"]](chan, goal)

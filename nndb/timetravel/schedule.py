@@ -1,0 +1,247 @@
+"""When to take an in-memory checkpoint, and which ones to drop.
+
+A checkpoint is taken at a step boundary ("after step s finished"). The
+tracer asks ``policy.due(step, now)`` after every step, reports each
+checkpoint it took with ``policy.taken(...)``, then asks
+``policy.evict(live_steps, pinned)`` which automatic checkpoints to let go.
+
+Two policies share that interface:
+
+* ``KnownTotal`` when the run's length is known: the schedule practitioners
+  use by hand -- sparse early, sparser in the middle, dense at the end where
+  most bugs show up, with per-phase limits on how many are kept.
+* ``Adaptive`` when it is not: spend at most a fixed fraction of the wall
+  time on checkpoints and keep a bounded number, spread over the whole run.
+
+``DiskSchedule`` is the much coarser schedule for checkpoints written to disk.
+
+Pinned checkpoints are the user's explicit choice: they are never dropped
+and do not count against any limit (otherwise pinning one would silently
+evict another). They still count as neighbours when ``Adaptive`` measures
+gaps, since they are real points the user can travel to.
+"""
+from __future__ import annotations
+
+import math
+
+#: Floor on a checkpoint's cost: a fork's real cost includes the
+#: copy-on-write page faults that follow it, which the fork call itself
+#: does not see.
+MIN_COST_S = 0.002
+
+
+def _percent(total: int, pct: int) -> int:
+    """``pct``% of ``total`` rounded half up (not banker's rounding, and in
+    integers so 5% of 30 is 2 rather than a float's whim), at least 1."""
+    return max(1, (total * pct + 50) // 100)
+
+
+class Policy:
+    """The interface both in-memory policies implement."""
+
+    def due(self, step: int, now: float) -> bool:
+        """Should a checkpoint be taken after step ``step``?
+        ``now`` is ``time.monotonic()``."""
+        raise NotImplementedError
+
+    def taken(self, step: int, cost_s: float, now: float) -> None:
+        """A checkpoint was taken after ``step``; it cost ``cost_s`` seconds
+        and finished at ``now``."""
+        raise NotImplementedError
+
+    def evict(self, steps: list[int], pinned: set[int] = frozenset()) -> list[int]:
+        """Given the sorted steps of the live automatic checkpoints, which to
+        drop now (never a pinned one)."""
+        raise NotImplementedError
+
+    def describe(self) -> str:
+        """One line for ``info checkpoints``."""
+        raise NotImplementedError
+
+
+class KnownTotal(Policy):
+    """The practitioners' schedule for a run of ``total_steps`` steps.
+
+    ========  ===============  ==========  =====================
+    phase     steps            every       kept
+    ========  ===============  ==========  =====================
+    early     < 20% of total   5%          all
+    middle    20% .. 80%       10%         the last 10
+    late      >= 80%           2%          the last 20
+    ========  ===============  ==========  =====================
+
+    Marks are the phase's first step plus multiples of its interval; the late
+    phase goes on past ``total_steps`` (a run that overshoots its declared
+    length keeps its last 20). ``due`` compares with the last step taken, so
+    a step that is skipped (a tracer that only sees every k-th step) does not
+    lose its checkpoint: the first step at or past the next mark takes it.
+    """
+
+    EARLY_PCT, MIDDLE_PCT, LATE_PCT = 5, 10, 2
+    MIDDLE_KEEP, LATE_KEEP = 10, 20
+
+    def __init__(self, total_steps: int):
+        if total_steps < 1:
+            raise ValueError(f"total_steps must be at least 1, not {total_steps}")
+        self.total_steps = total_steps
+        self.middle_start = -(-total_steps * 20 // 100)    # ceil: "steps < 20%" are early
+        self.late_start = -(-total_steps * 80 // 100)
+        self.intervals = (_percent(total_steps, self.EARLY_PCT),
+                          _percent(total_steps, self.MIDDLE_PCT),
+                          _percent(total_steps, self.LATE_PCT))
+        self._last: int | None = None
+
+    def _phases(self) -> list[tuple[int, float, int]]:
+        """(first step, end step exclusive, interval) of each phase."""
+        early, middle, late = self.intervals
+        return [(0, self.middle_start, early),
+                (self.middle_start, self.late_start, middle),
+                (self.late_start, math.inf, late)]
+
+    def phase(self, step: int) -> int:
+        """0 early, 1 middle, 2 late."""
+        return 0 if step < self.middle_start else 1 if step < self.late_start else 2
+
+    def next_mark(self, after: int) -> int:
+        """The first mark strictly after step ``after``."""
+        for start, end, every in self._phases():
+            k = (after - start) // every + 1 if after >= start else 0
+            mark = start + k * every
+            if mark < end:
+                return mark
+        raise AssertionError("unreachable: the late phase never ends")
+
+    def due(self, step: int, now: float) -> bool:
+        if self._last is None:
+            return True                     # step 0 (or the first step seen)
+        return step > self._last and step >= self.next_mark(self._last)
+
+    def taken(self, step: int, cost_s: float, now: float) -> None:
+        self._last = step if self._last is None else max(self._last, step)
+
+    def evict(self, steps: list[int], pinned: set[int] = frozenset()) -> list[int]:
+        limits = (None, self.MIDDLE_KEEP, self.LATE_KEEP)
+        drop: list[int] = []
+        for phase, limit in enumerate(limits):
+            if limit is None:
+                continue
+            free = [s for s in sorted(steps) if self.phase(s) == phase and s not in pinned]
+            drop.extend(free[:max(0, len(free) - limit)])
+        return sorted(drop)
+
+    def describe(self) -> str:
+        early, middle, late = self.intervals
+        return (f"known total of {self.total_steps} steps: every {early} steps before step "
+                f"{self.middle_start} (all kept), every {middle} until step {self.late_start} "
+                f"(last {self.MIDDLE_KEEP} kept), then every {late} (last {self.LATE_KEEP} kept)")
+
+
+class Adaptive(Policy):
+    """For runs of unknown length: keep checkpointing under ``budget`` of the
+    wall time and at most ``max_live`` automatic checkpoints alive.
+
+    After a checkpoint costing ``c`` seconds that finished at time ``t`` the
+    next is due once ``now - t >= c / budget`` (and at least one step later),
+    with ``c`` floored at ``MIN_COST_S``. Measuring from the end of the
+    checkpoint keeps the overhead at ``budget / (1 + budget)``, under budget.
+
+    Eviction drops, one at a time, the checkpoint whose removal leaves the
+    smallest gap between its neighbours (ties: the oldest), never the first
+    nor the newest: the survivors stay spread over the whole run instead of
+    piling up at its end.
+    """
+
+    def __init__(self, budget: float = 0.05, max_live: int = 20):
+        if not 0 < budget <= 1:
+            raise ValueError(f"budget is a fraction of the wall time in (0, 1], not {budget}")
+        if max_live < 2:
+            raise ValueError(f"max_live must be at least 2 (the first and the newest), not {max_live}")
+        self.budget = budget
+        self.max_live = max_live
+        self._last: int | None = None
+        self._last_time = 0.0
+        self._cost = MIN_COST_S
+
+    @property
+    def interval_s(self) -> float:
+        """Seconds to wait after the last checkpoint before the next."""
+        return self._cost / self.budget
+
+    def due(self, step: int, now: float) -> bool:
+        if self._last is None:
+            return True                     # step 0 (or the first step seen)
+        return step > self._last and now - self._last_time >= self.interval_s
+
+    def taken(self, step: int, cost_s: float, now: float) -> None:
+        self._last = step if self._last is None else max(self._last, step)
+        self._last_time = now
+        self._cost = max(cost_s, MIN_COST_S)
+
+    def evict(self, steps: list[int], pinned: set[int] = frozenset()) -> list[int]:
+        live = sorted(steps)
+        excess = sum(1 for s in live if s not in pinned) - self.max_live
+        drop: list[int] = []
+        while excess > 0:
+            best = None                     # (merged gap, index): min picks the oldest on ties
+            for i in range(1, len(live) - 1):
+                if live[i] not in pinned:
+                    gap = live[i + 1] - live[i - 1]
+                    if best is None or gap < best[0]:
+                        best = (gap, i)
+            if best is None:
+                break                       # only the first, the newest and pins remain
+            drop.append(live.pop(best[1]))
+            excess -= 1
+        return sorted(drop)
+
+    def describe(self) -> str:
+        return (f"adaptive: at most {self.budget:.0%} of the wall time on checkpoints "
+                f"(next {self.interval_s:.3g} s after the last), "
+                f"{self.max_live} kept spread over the run")
+
+
+def make_policy(total_steps: int | None, budget: float = 0.05, max_live: int = 20) -> Policy:
+    """``KnownTotal`` when the run's length is known, ``Adaptive`` otherwise."""
+    if total_steps:
+        return KnownTotal(total_steps)
+    return Adaptive(budget=budget, max_live=max_live)
+
+
+class DiskSchedule:
+    """When to also write a checkpoint to disk (much coarser: disk costs
+    seconds and survives the process, so a handful per run is enough).
+
+    With a known total: every 10% of the steps, the first at 10% (step 0 is
+    cheap to recompute and would only cost disk). Without: every
+    ``every_in_memory``-th in-memory checkpoint. Like ``KnownTotal``, ``due``
+    compares with the last disk checkpoint, so skipped steps lose nothing.
+    """
+
+    def __init__(self, total_steps: int | None, every_in_memory: int = 8):
+        if every_in_memory < 1:
+            raise ValueError(f"every_in_memory must be at least 1, not {every_in_memory}")
+        self.total_steps = total_steps or None
+        self.interval = _percent(total_steps, 10) if self.total_steps else None
+        self.every_in_memory = every_in_memory
+        self._last_step = 0                 # marks start at 0, so the first is at 10%
+        self._last_taken = 0
+
+    def due(self, step: int, n_taken: int) -> bool:
+        """Should a disk checkpoint be written after ``step``? ``n_taken`` is
+        how many in-memory checkpoints were taken so far, the one just taken
+        included."""
+        if self.interval is not None:
+            next_mark = (self._last_step // self.interval + 1) * self.interval
+            return step >= next_mark
+        return n_taken - self._last_taken >= self.every_in_memory
+
+    def taken(self, step: int, n_taken: int) -> None:
+        """A disk checkpoint was written after ``step``, with ``n_taken`` as
+        passed to ``due``."""
+        self._last_step = max(self._last_step, step)
+        self._last_taken = max(self._last_taken, n_taken)
+
+    def describe(self) -> str:
+        if self.interval is not None:
+            return f"on disk every {self.interval} steps"
+        return f"on disk every {self.every_in_memory}th in-memory checkpoint"

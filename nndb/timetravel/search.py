@@ -1,0 +1,137 @@
+"""Searches over the past with scan replicas: ``bisect`` (the first step
+where an expression held) and ``replay --verify`` (replayed statistics
+against the trace, bit for bit)."""
+from __future__ import annotations
+
+import math
+
+from ..debugger import evaluate as E
+from ..errors import CommandError
+
+
+def _value_at(s, machine, expr: str, step: int):
+    res = machine.replay(s, {"kind": "scan", "from": step, "end": step, "exprs": [expr]}, step)
+    return _values(res).get(step)
+
+
+def _values(res: dict) -> dict:
+    out = {}
+    for step, _src, value, err in res["result"]["values"]:
+        if err is not None:
+            raise CommandError(f"bisect: at step {step}: {err}")
+        out[step] = value
+    return out
+
+
+def bisect(s, machine, expr: str) -> str:
+    if s.state != "live" or s.current is None or not s.current.at_step_end:
+        raise CommandError("bisect starts from a stop at a step end of the live run")
+    if machine.replica:
+        raise CommandError("bisect searches the live run's past: 'present' first")
+    frame = E.stop_frame(s.frame) if s.frame is not None else None
+    now = E.evaluate(E.compile_expr(expr), s.frame or frame, s.variables(s.frame, step_end=True))
+    here = s.last_step
+    if not now:
+        return f"{expr} is false at the current step {here}: nothing to bisect."
+    cks = sorted({c.step for c in machine.checkpoints.values() if c.step < here})
+    probes = 0
+    lo, hi = -1, len(cks)            # false before cks[0] is assumed, true at the present
+    if cks:
+        probes += 1
+        if _value_at(s, machine, expr, cks[0]):
+            if cks[0] == 0:
+                return f"{expr} is already true at step 0 (1 probe)."
+            hi = 0
+        else:
+            lo = 0
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        probes += 1
+        if _value_at(s, machine, expr, cks[mid]):
+            hi = mid
+        else:
+            lo = mid
+    start = cks[lo] if lo >= 0 else None
+    end = cks[hi] if hi < len(cks) else here
+    if start is None:
+        if machine.mode == "fork":
+            return f"{expr} is true at step {end}, the earliest checkpoint ({probes} probe(s))."
+        start_step = 0
+    else:
+        start_step = start + 1
+    if end - (start_step - 1) <= 1 and start is not None:
+        return f"{expr} first became true at step {end} ({probes} probe(s), no replay needed)."
+    res = machine.replay(s, {"kind": "scan", "from": start_step, "end": end, "exprs": [expr]},
+                         start if start is not None else -1)
+    values = _values(res)
+    first = next((st for st in sorted(values) if values[st]), end)
+    replayed = end - (start if start is not None else -1)
+    return (f"{expr} first became true at step {first} ({probes} probe(s) at checkpoints, "
+            f"{replayed} step(s) replayed).  'goto {first}' goes there.")
+
+
+def _recorded(writer, step: int) -> dict:
+    """{(name, kind): stats row} of a recorded step, from the trace (or the writer's unflushed rows)."""
+    for rec, _ids in reversed(writer._rows):
+        if rec.step == step:
+            return {nk: [float(x) for x in row] for nk, row in zip(rec.names, rec.stats)}
+    f = writer._f
+    steps = f["steps"]["step"][:]
+    idx = [i for i, st in enumerate(steps) if st == step]
+    if not idx:
+        return {}
+    row = f["stats"][idx[-1]]
+    names = {sid: nk for nk, sid in writer.series.items()}
+    out = {}
+    for sid in range(row.shape[0]):
+        vals = [float(x) for x in row[sid]]
+        if sid in names and not math.isnan(vals[0]):
+            out[names[sid]] = vals
+    return out
+
+
+def _same(a: float, b: float) -> bool:
+    return a == b or (math.isnan(a) and math.isnan(b))
+
+
+def verify(s, machine, rng) -> list:
+    if machine.replica:
+        raise CommandError("replay --verify checks the live run's trace: 'present' first")
+    if s.last_step is None:
+        raise CommandError("no step has finished yet")
+    first_ck = min((c.step for c in machine.checkpoints.values()), default=0)
+    lo, hi = rng if rng is not None else (None, None)
+    lo = first_ck if lo is None else lo
+    hi = s.last_step if hi is None else hi
+    if hi > s.last_step:
+        raise CommandError(f"step {hi} has not run yet (the present is step {s.last_step})")
+    if lo < 0:
+        raise CommandError("step numbers start at 0")
+    writer = s.rec.writer
+    ck = machine.nearest(lo)
+    res = machine.replay(s, {"kind": "scan", "from": lo, "end": hi, "stats": True}, lo)
+    from ..debugger.points import STATS
+    compared = steps = 0
+    for step, rows in res["result"]["stats"]:
+        recorded = _recorded(writer, step)
+        if not recorded:
+            continue
+        steps += 1
+        for name, kind, vals, nans in rows:
+            want = recorded.get((name, kind))
+            if want is None:
+                return [f"replay --verify {lo}:{hi}: first divergence at step {step}: "
+                        f"{kind} {name} was not recorded in the trace"]
+            got = [math.nan if v is None else v for v in vals]
+            for col, (a, b) in enumerate(zip(want, got)):
+                compared += 1
+                if not _same(a, b):
+                    stat = STATS[col] if col < len(STATS) else str(col)
+                    return [f"replay --verify {lo}:{hi}: first divergence at step {step}: {kind} {name} "
+                            f"{stat}: recorded {a!r}, replayed {b!r}"]
+    src = f"the checkpoint at step {ck.step}" if ck is not None else "the start"
+    if res.get("ended"):
+        return [f"replay --verify {lo}:{hi}: the replay ended early ({res['ended']}) after {steps} step(s) "
+                "matched"]
+    return [f"replay --verify {lo}:{hi}: {steps} step(s) replayed from {src}: identical to the trace, "
+            f"bit for bit ({compared} values)"]

@@ -1,0 +1,207 @@
+"""Time travel end to end: real scripts under ``nndb run --batch -x``.
+
+The script has everything that makes a replay hard: dropout, a shuffling
+DataLoader (num_workers=0), Adam, an LR scheduler and loop variables.  The
+state after going back to step k must equal the original run's at step k,
+bit for bit (a SHA-1 of every parameter's bytes), and the live run must end
+exactly as a plain Python run does after reverse-step, predict, bisect and
+replay --verify."""
+import os
+import re
+import textwrap
+
+import pytest
+
+from conftest import nndb, python
+
+pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="fork replicas need fork()")
+
+SCRIPT = textwrap.dedent('''
+    import hashlib, sys, threading, time
+    import torch, torch.nn as nn
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Dropout(0.2), nn.Linear(16, 1))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    sched = torch.optim.lr_scheduler.StepLR(opt, 3, 0.5)
+    data = torch.utils.data.TensorDataset(torch.randn(64, 8), torch.randn(64, 1))
+    workers = int(sys.argv[1]) if len(sys.argv) > 1 else 0
+    loader = torch.utils.data.DataLoader(data, batch_size=8, shuffle=True, num_workers=workers,
+                                         persistent_workers=workers > 0)
+    if "--thread" in sys.argv:
+        threading.Thread(target=time.sleep, args=(60,), name="prefetcher", daemon=True).start()
+
+    def digest():
+        h = hashlib.sha1()
+        for p in model.parameters():
+            h.update(p.detach().numpy().tobytes())
+        return h.hexdigest()[:16]
+
+    it = 0
+    for epoch in range(3):
+        for x, y in loader:
+            opt.zero_grad()
+            loss = nn.functional.mse_loss(model(x), y)
+            loss.backward()
+            opt.step()
+            sched.step()
+            it += 1
+    print("final", digest(), repr(loss.item()))
+''')
+
+STATE = 'p ("STATE", it, epoch, digest(), loss.item(), opt.param_groups[0]["lr"])'
+
+
+@pytest.fixture
+def script(tmp_path):
+    p = tmp_path / "train.py"
+    p.write_text(SCRIPT)
+    return str(p)
+
+
+def run(tmp_path, script, commands, *extra, args=()):
+    cmds = tmp_path / "cmds.nndb"
+    cmds.write_text("\n".join(commands) + "\n")
+    r = nndb("run", "--batch", "--nx", "--trace", str(tmp_path / "t.h5"), *extra, "-x", str(cmds),
+             script, *args, cwd=str(tmp_path))
+    assert "Traceback" not in r.stderr, r.stderr
+    return r
+
+
+def states(out: str) -> list:
+    return re.findall(r"\('STATE', .*\)", out)
+
+
+def final(out: str) -> str:
+    return [line for line in out.splitlines() if line.startswith("final ")][-1]
+
+
+def test_reverse_step_restores_the_state_of_step_k_bit_for_bit(tmp_path, script):
+    plain = python(script, cwd=str(tmp_path))
+    # the original run's state at step 7
+    a = run(tmp_path, script, ["break step 7", "continue", STATE, "continue"])
+    # another run goes to step 12, then back 5 steps: a replay from the
+    # checkpoint at step 5 (--total-steps 100 puts early ones every 5 steps)
+    b = run(tmp_path, script, ["break step 12", "continue", STATE, "reverse-step 5", STATE,
+                               "present", STATE, "continue"], "--total-steps", "100")
+    sa, sb = states(a.stdout), states(b.stdout)
+    assert len(sa) == 1 and len(sb) == 3, (a.stdout, b.stdout)
+    assert sb[1] == sa[0]                        # step 7 as it was: parameters, loss, epoch, lr
+    assert sb[2] == sb[0]                        # the present is untouched
+    assert "In the past (timeline 0): step 7 finished" in b.stdout
+    assert "2 step(s) replayed from the checkpoint at step 5" in b.stdout
+    assert "Back in the present (timeline 0): step 12." in b.stdout
+    # the live run finishes exactly as plain Python does
+    assert final(a.stdout) == final(b.stdout) == final(plain.stdout)
+    assert "may not be exact" not in b.stderr
+
+
+def test_goto_continue_and_next_replay_forward_in_the_past(tmp_path, script):
+    a = run(tmp_path, script, ["break step 4", "break step 6", "continue", STATE, "continue", STATE, "continue"])
+    b = run(tmp_path, script, ["break step 10", "continue", "goto 3", "delete 1", "break step 4",
+                               "continue", STATE, "next 2", STATE, "present", "continue"])
+    sa, sb = states(a.stdout), states(b.stdout)
+    assert sb == sa, (a.stdout, b.stdout)          # steps 4 and 6, reached forward from the past
+
+
+def test_predict_runs_ahead_and_leaves_the_live_run_bit_identical(tmp_path, script):
+    plain = python(script, cwd=str(tmp_path))
+    r = run(tmp_path, script, ["break step 4", "continue", "predict 3", "predict 2 --set lr=0.5",
+                               "next", 'p ("LOSS5", repr(loss.item()))', "continue"])
+    assert final(r.stdout) == final(plain.stdout)
+    assert "Predicted 3 step(s) ahead on a replica" in r.stdout
+    rows = re.findall(r"^(\d+)\s+([-\d.e+]+)\s+([-\d.e+]+)\s+(\S+)$", r.stdout, re.M)
+    assert [int(x[0]) for x in rows[:3]] == [5, 6, 7]
+    live5 = float(re.search(r"\('LOSS5', '([^']+)'\)", r.stdout).group(1))
+    assert float(rows[0][1]) == float(f"{live5:.6g}")       # predicted step 5 = what step 5 then did
+    assert "baseline and lr 0.5 on replicas" in r.stdout
+    assert "They first differ at step 6." in r.stdout       # lr acts from the first step after it
+
+
+def test_respawn_replica_reaches_the_same_state_as_fork(tmp_path, script):
+    cmds = ["break step 9", "continue", "reverse-step 4", STATE, "present", STATE, "continue"]
+    f = run(tmp_path, script, cmds, "--replica", "fork")
+    s = run(tmp_path, script, cmds, "--replica", "respawn")
+    assert states(f.stdout) == states(s.stdout) and len(states(s.stdout)) == 2, (f.stdout, s.stdout)
+    assert "6 step(s) replayed from the start" in s.stdout
+    assert final(f.stdout) == final(s.stdout)
+
+
+def test_changing_the_past_starts_a_timeline(tmp_path, script):
+    r = run(tmp_path, script, ["break step 8", "continue", "rs 3", "set lr 0.5",
+                               'p ("LR", opt.param_groups[0]["lr"])', "timelines", "next", "present", "timelines",
+                               'p ("LR", opt.param_groups[0]["lr"])', "continue"])
+    out = r.stdout
+    assert "changing the past starts timeline 1 (from step 5 of timeline 0)" in out
+    assert re.search(r"^1\s+step 5 of timeline 0\s+set lr 0.5\s+here, at step 5", out, re.M), out
+    assert "In the past (timeline 1)" not in out and "Step 6 finished" in out
+    assert "('LR', 0.5)" in out
+    assert re.search(r"^1\s+step 5 of timeline 0\s+set lr 0.5\s+left", out, re.M), out
+    assert re.search(r"^0\s+the live run\s+-\s+present, here, at step 8", out, re.M), out
+    assert "('LR', 0.0025)" in out                 # the live run kept its own lr
+
+
+def test_reverse_continue_bisect_and_replay_verify(tmp_path, script):
+    r = run(tmp_path, script, ["break step 3", "break step 10", "continue", "continue", "rc",
+                               'p ("AT", it)', "present", "bisect it >= 7",
+                               "replay --verify", "replay --verify 2:6", "continue"])
+    out = r.stdout
+    # back at the end of step 3 (a step ends inside opt.step(): 'it' is still 3 there)
+    assert "('AT', 3)" in out, out
+    assert "it >= 7 first became true at step 7" in out
+    assert re.search(r"replay --verify 0:10: 11 step\(s\) replayed from the checkpoint at step 0: "
+                     r"identical to the trace, bit for bit \(\d+ values\)", out), out
+    assert "replay --verify 2:6: 5 step(s) replayed" in out
+
+
+def test_checkpoint_commands_and_memory(tmp_path, script):
+    r = run(tmp_path, script, ["break step 5", "continue", "checkpoint", "info checkpoints",
+                               "delete checkpoint 1", "info checkpoints", "continue"])
+    out = r.stdout
+    assert re.search(r"Checkpoint \d+ at the end of step 5", out) or "Kind" in out
+    assert re.search(r"^\d+\s+5\s+stop\s+\d+\s+[\d.]+ ms\s+[\d.]+ MiB\s+[\d.]+ MiB", out, re.M), out
+    assert "Memory of the checkpoints:" in out and "Replays: exact" in out
+    assert "Deleted checkpoint 1 (step 0)." in out
+
+
+def test_disk_checkpoints_load_with_weights_only(tmp_path, script):
+    from nndb.timetravel import disk
+    run(tmp_path, script, ["continue"], "--total-steps", "24")
+    files = disk.list_checkpoints(str(tmp_path / "t.ckpt"))
+    steps = [s for s, _ in files]
+    # every 10% of the 24 steps, from 10% on (as the in-memory schedule allows)
+    assert 8 <= len(steps) <= 12 and steps[0] >= 2, steps
+    assert all(1 <= b - a <= 3 for a, b in zip(steps, steps[1:])), str(steps)
+    ck = disk.load(files[0][1])
+    assert ck["step"] == 2 and set(ck["modules"]) == {"model"} and ck["optimizers"]
+    assert set(ck["modules"]["model"]) == {"0.weight", "0.bias", "3.weight", "3.bias"}
+
+
+def test_unsupported_cases_say_why(tmp_path, script):
+    w = run(tmp_path, script, ["break step 6", "continue", "reverse-step 2", "continue"], "--replica", "fork",
+            args=("2",))
+    assert "no checkpoint at or before step 4 (no fork checkpoints from step 0 on: " in w.stderr
+    assert "worker process(es) are alive" in w.stderr
+    t = run(tmp_path, script, ["break step 6", "continue", "reverse-step 2", STATE, "present", "continue"],
+            args=("0", "--thread"))
+    assert "the script started threads (prefetcher) that do not survive fork()" in t.stderr
+    assert "replaying from the start in a new process (respawn)" in t.stderr
+    assert len(states(t.stdout)) == 1
+    assert final(t.stdout) == final(python(script, "0", "--thread", cwd=str(tmp_path)).stdout)
+
+
+def test_bad_time_travel_commands_get_one_line(tmp_path, script):
+    cmds = ["break step 2", "continue", "goto 9", "present", "predict 0", "replay", "replay --verify 5:3",
+            "bisect", "reverse-step 5", "delete checkpoint 99", "continue"]
+    args = [a for c in cmds for a in ("-e", c)]     # (-e: an error does not end the rest, as in a file)
+    r = nndb("run", "--batch", "--nx", "--trace", str(tmp_path / "t.h5"), *args, script, cwd=str(tmp_path))
+    assert "Traceback" not in r.stderr, r.stderr
+    err = r.stderr
+    assert "step 9 has not run yet (the present is step 2): use 'until 9'" in err
+    assert "already in the present (the live run)" in err
+    assert "the number of steps must be at least 1, not 0" in err
+    assert "replay needs --verify" in err
+    assert "the range 5:3 is empty" in err
+    assert "bisect needs an expression" in err
+    assert "cannot go back before the end of step 0" in err
+    assert "no checkpoint number 99" in err
+    assert r.returncode == 0
