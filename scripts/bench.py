@@ -220,7 +220,7 @@ def bench(name, pairs, schedule, tmpdir, scale=1.0):
 def travel(name, tmpdir, back=(1, 10), ahead=(1, 10)):
     """Time travel on a run of the workload stopped at its last step (batch
     commands queued at a breakpoint, as ``-x`` would): reverse-step N then
-    present, predict N.  Latencies are measured around the machine's calls."""
+    present, predict N (the stop leaves max(ahead) steps to predict).  Latencies are measured around the machine's calls."""
     from nndb.debugger import points as P
     from nndb.timetravel import forking, machine as M, predict as PR
     build, steps = WORKLOADS[name]
@@ -229,8 +229,8 @@ def travel(name, tmpdir, back=(1, 10), ahead=(1, 10)):
     meta = runmeta.collect(Target(path="bench.py"), "")
     rec = Recording(path, meta, RunConfig(Target(path="bench.py"), path), message=lambda m: None)
     session = _session(rec, path, _Quiet())
-    last = WARMUP + steps - 1
-    session.add_point(P.StepBreak, {"step": last})
+    stop_at = WARMUP + steps - 1 - max(ahead)       # (predict needs steps left to run)
+    session.add_point(P.StepBreak, {"step": stop_at})
     timings = []
     real_travel, real_predict = M.TimeMachine.travel, PR.predict
 

@@ -96,3 +96,48 @@ def test_ctrl_c_stops_a_running_script_at_the_next_stop_point(tmp_path):
         term.close()
     with TraceReader(str(trace)) as r:
         assert r.status == "killed" and r.n_steps >= step
+
+
+STEPS = """
+import torch
+torch.manual_seed(0)
+model = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+for step in range(40):
+    loss = model(torch.randn(8, 4)).pow(2).mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+print("done", step)
+"""
+
+
+def test_reverse_step_gives_the_terminal_to_a_replica_and_back(tmp_path):
+    """A replica in the past reads the same terminal with its own prompt; Ctrl-C
+    there is the replica's; 'present' brings back the live run's prompt."""
+    (tmp_path / "steps.py").write_text(STEPS)
+    term = Terminal(["run", "--nx", "--trace", str(tmp_path / "t.h5"), "steps.py"], cwd=tmp_path, home=tmp_path)
+    try:
+        term.expect("(nndb)")
+        term.type("until 20")
+        term.expect("(nndb)")
+        term.type("reverse-step 5")
+        term.expect("In the past (timeline 0): step 15 finished")
+        term.expect("(nndb past)")
+        term.type("p step")
+        assert "15" in term.expect("(nndb past)")
+        term.type("set lr 0.5")
+        term.expect("starts timeline 1")
+        term.expect("(nndb t1)")
+        term.type("present")
+        term.expect("Back in the present (timeline 0): step 20.")
+        term.expect("(nndb)")
+        term.type("p step")
+        assert "20" in term.expect("(nndb)")
+        term.type("continue")
+        term.expect("done 39")
+        term.expect("(nndb)")
+        term.type("quit")
+        assert term.proc.wait(timeout=60) == 0
+    finally:
+        term.close()

@@ -6,6 +6,10 @@ def toolbar_text(session) -> str:
     if session is None:
         return ""
     parts = []
+    m = getattr(session, "machine", None)
+    where = m.where(session) if m is not None else ""
+    if where:
+        parts.append(f"timeline {m.timeline} (in the past)")
     cur = session.current
     if session.state == "live" and cur is not None and not cur.at_step_end:
         parts.append(f"step {cur.step} (in progress)")

@@ -60,6 +60,10 @@ class TimeMachine:
         self.taken = 0
         self.step_times: list = []        # recent step durations (s), for the latency figures
         self._last_end: Optional[float] = None
+        # A fork's real cost comes mostly after it: every page the run writes
+        # next is copied once (copy-on-write).  So a checkpoint's cost is its
+        # fork plus what the next SETTLE steps took beyond the median step.
+        self._settling: Optional[list] = None     # [checkpoint, cost so far, steps left]
 
     # -- the run's lifetime --------------------------------------------------------------
     def attach(self, s) -> None:
@@ -81,16 +85,32 @@ class TimeMachine:
         forking.reap(ck.pid)
 
     # -- taking checkpoints (the live run) ------------------------------------------------
+    SETTLE = 2
+
     def at_step_end(self, s, step: int) -> None:
         now = time.monotonic()
         if self._last_end is not None:
-            self.step_times = (self.step_times + [now - self._last_end])[-50:]
+            took = now - self._last_end
+            if self._settling is not None:
+                self._settle(took, now)
+            else:
+                self.step_times = (self.step_times + [took])[-50:]
         self._last_end = now
-        if self.replica or self.mode not in ("auto", "fork") or self.blocked:
+        if self.replica or self.mode not in ("auto", "fork") or self.blocked or self._settling is not None:
             return
         if self.policy.due(step, now):
             self.take(s, step, "auto")
         self._last_end = time.monotonic()     # (the checkpoint's cost is not a step's)
+
+    def _settle(self, took: float, now: float) -> None:
+        ck, cost, left = self._settling
+        cost += max(0.0, took - (self.step_time() or 0.0))
+        if left > 1 and ck.number in self.checkpoints:
+            self._settling = [ck, cost, left - 1]
+            return
+        self._settling = None
+        ck.cost_s = cost
+        self.policy.taken(ck.step, cost, now)
 
     STOP_KEEP = 10          # checkpoints taken at stops: the most recent are kept
 
@@ -101,9 +121,8 @@ class TimeMachine:
         if why:                              # (said when someone travels: a plain run stays quiet)
             self.blocked = f"no fork checkpoints from step {step} on: " + "; ".join(why)
             return None
-        writer = s.rec.writer
-        writer.flush()                       # the replica's copy of the trace file has nothing unwritten
         t0 = time.perf_counter()
+        s.rec.writer.flush()                 # the replica's copy of the trace file has nothing unwritten
         parent_end, child_end = Channel.pair()
         pid = forking.fork(close=tuple(c.chan for c in self.checkpoints.values()) + (parent_end,))
         if pid == 0:
@@ -118,6 +137,7 @@ class TimeMachine:
         self.taken += 1
         if kind == "auto":
             self.policy.taken(step, cost, time.monotonic())
+            self._settling = [ck, cost, self.SETTLE]
             autos = sorted(c.step for c in self.checkpoints.values() if c.kind == "auto")
             drop = set(self.policy.evict(autos))
             for c in list(self.checkpoints.values()):

@@ -138,6 +138,8 @@ def _checkpoint(s, _):
 
 def info_checkpoints(s):
     m = machine(s, live=False)
+    if m.replica:
+        return "Checkpoints belong to the live run: 'present', then 'info checkpoints' there."
     from ...timetravel.forking import memory_kib
     rows = []
     total = 0
@@ -274,27 +276,28 @@ tensors, the script's frame and its variables are as they were then.
             _reverse_step, _count, aliases=("rs",), group="time travel"),
     Command("reverse-next", "reverse-next [N]", "Go back N training steps (as reverse-step: steps are the unit).",
             _reverse_step, _count, aliases=("rn",), group="time travel"),
-    Command("reverse-continue", "reverse-continue", """Go back to the most recent earlier step where a
-breakpoint or watchpoint held (found by replaying from the checkpoints, newest first).""",
+    Command("reverse-continue", "reverse-continue", """Go back to the last earlier step where a breakpoint or watchpoint held.
+It is found by replaying from the checkpoints, newest first.""",
             _reverse_continue, no_args, aliases=("rc",), group="time travel"),
     Command("goto", "goto STEP", "Go to the end of a recorded step (back in time, or forward on this timeline).",
             _goto, _goto_arg, group="time travel"),
     Command("present", "present", "Leave the past: back to the live run, where it was stopped.",
             _present, no_args, group="time travel"),
-    Command("timelines", "timelines", """List the timelines: the live run (0) and those started by changing
-the past (set, py) on a replica.""",
+    Command("timelines", "timelines", """List the timelines: the live run (0) and those made by changing the past.
+A timeline starts when 'set' or 'py' changes something on a replica in the past.""",
             _timelines, no_args, group="time travel"),
     Command("checkpoint", "checkpoint", "Take a checkpoint of the live run now (at a step end).",
             _checkpoint, no_args, group="time travel"),
-    Command("predict", "predict [N] [--set KEY=VALUE ...]", """Run N steps ahead (default 1) on a replica and
-show loss, gradient norm and findings per step; breakpoints, watchpoints and
-rules are active there.  With --set (e.g. --set lr=1e-4), a changed replica and
-an unchanged one run side by side.  The live run is never changed.""",
+    Command("predict", "predict [N] [--set KEY=VALUE ...]", """Run N steps (default 1) ahead on a replica: loss, gradient norm, findings.
+Breakpoints, watchpoints and rules are active there.  With --set (e.g. --set
+lr=1e-4), a changed replica and an unchanged one run side by side, and the
+first step where they differ is shown.  The live run is never changed.""",
             _predict, _predict_arg, args=("sub:--set",), group="time travel"),
-    Command("bisect", "bisect EXPR", """The first step at which EXPR (evaluated at step ends: $loss, $grad,
-the script's variables) became true: a binary search over the checkpoints, then a replay.""",
+    Command("bisect", "bisect EXPR", """Find the first step at which EXPR became true.
+EXPR is evaluated at step ends ($loss, $grad, the script's variables): a binary
+search over the checkpoints, then one replay of the bracket found.""",
             _bisect, args=("expr",), group="time travel"),
-    Command("replay", "replay --verify [A:B]", """Replay recorded steps A..B on a replica and compare every
-statistic with the trace, bit for bit; prints the first divergence.""",
+    Command("replay", "replay --verify [A:B]", """Replay recorded steps A..B and compare their statistics with the trace.
+Every statistic is compared bit for bit; the first divergence is printed.""",
             _replay, _replay_arg, args=("sub:--verify",), group="time travel"),
 ]

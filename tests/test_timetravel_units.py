@@ -1,0 +1,105 @@
+"""Time travel's parts on their own: the channel, the session hand-over, what
+blocks fork(), and when a replay is said not to be exact."""
+import threading
+
+import pytest
+
+from nndb.debugger import points as P
+from nndb.debugger.frontend import ScriptedFrontend
+from nndb.debugger.session import QueuedLine, Session
+from nndb.timetravel import forking
+from nndb.timetravel.channel import Channel
+from nndb.timetravel.handover import export_state, import_state
+from nndb.timetravel.machine import TimeMachine
+
+
+def test_channel_carries_json_and_reports_a_closed_end():
+    a, b = Channel.pair()
+    msg = {"op": "resume", "values": [1.5, float("nan"), None], "text": "ü" * 20000}
+    assert a.send(msg)
+    got = b.recv()
+    assert got["op"] == "resume" and got["text"] == msg["text"] and got["values"][0] == 1.5
+    assert got["values"][1] != got["values"][1]          # NaN survives (bit-for-bit compares need it)
+    a.close()
+    assert b.recv() is None
+
+
+def _session(lines=()):
+    s = Session(ScriptedFrontend(list(lines)), interactive=True, stop_at_start=False)
+    s.machine = TimeMachine()
+    return s
+
+
+def test_handover_round_trip_keeps_points_displays_queue_and_input():
+    s = _session(["next", "p x"])
+    s.add_point(P.StepBreak, {"step": 7}, condition="$loss > 1")
+    w = s.add_point(P.Watch, {"kind": "grad", "label": "grad", "glob": "fc*", "stat": "norm", "op": ">",
+                              "value": 10.0, "consecutive": 3})
+    w.hits, w.streak["fc.weight"] = 2, 1
+    s.points[1].commands = ["p $loss", "continue"]
+    s.displays.append((1, "$step", compile("1", "<d>", "eval")))
+    s._next_display = 2
+    s.queue.append(QueuedLine("info checkpoints", "cmds.nndb", 4))
+    s.machine.timelines.append({"id": 1, "origin": "step 3 of timeline 0", "change": "set lr 1", "status": "left"})
+    state = export_state(s)
+    t = _session()
+    import_state(t, state)
+    assert [type(p).__name__ for p in t.points.values()] == ["StepBreak", "Watch"]
+    assert t.points[1].condition == "$loss > 1" and t.points[1].commands == ["p $loss", "continue"]
+    assert t.points[2].hits == 2 and t.points[2].streak == {"fc.weight": 1} and t.points[2].value == 10.0
+    assert t._next_number == 3 and [d[:2] for d in t.displays] == [(1, "$step")]
+    assert [(q.text, q.source, q.line) for q in t.queue] == [("info checkpoints", "cmds.nndb", 4)]
+    assert t.frontend.lines == ["next", "p x"]
+    assert [tl["id"] for tl in t.machine.timelines] == [0, 1]
+
+
+def test_blockers_name_the_script_threads():
+    assert forking.blockers() == [] or all("thread" in b or "worker" in b for b in forking.blockers())
+    stop = threading.Event()
+    th = threading.Thread(target=stop.wait, name="loader-prefetch", daemon=True)
+    th.start()
+    try:
+        why = forking.blockers()
+        assert any("loader-prefetch" in b and "do not survive fork()" in b for b in why), why
+    finally:
+        stop.set()
+        th.join()
+
+
+def test_cuda_blocks_fork(monkeypatch):
+    import torch
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    assert any("CUDA is initialised" in b for b in forking.blockers())
+
+
+@pytest.mark.parametrize("runtime,threads,exact", [
+    ("libgomp.so.1", 2, False),                 # GNU OpenMP: a forked replica runs 1 thread
+    ("libgomp.so.1", 1, True),
+    ("libgomp.so.1,libiomp5.so", 2, True),      # libiomp5 preloaded takes over
+    ("libiomp5.so", 4, True),
+])
+def test_exactness_depends_on_the_openmp_runtime_and_threads(monkeypatch, runtime, threads, exact):
+    import torch
+    import nndb.runmeta
+    monkeypatch.setattr(nndb.runmeta, "openmp_runtime", lambda: runtime)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: threads)
+    ok, why = forking.exactness()
+    assert ok is exact
+    if not exact:
+        assert "may differ in the last bits" in why and "intel-openmp" in why
+
+
+def test_trace_metadata_records_what_decides_a_replay(tmp_path):
+    from conftest import run_in_process
+    from nndb.store.reader import TraceReader
+    script = tmp_path / "s.py"
+    script.write_text("import random, torch\nm = torch.nn.Linear(2, 1)\no = torch.optim.SGD(m.parameters(), 0.1)\n"
+                      "for _ in range(2):\n    o.zero_grad(); m(torch.ones(1, 2)).sum().backward(); o.step()\n")
+    import random
+    expected = random.getstate()
+    run_in_process(tmp_path, str(script), rules="none")
+    with TraceReader(str(tmp_path / "run.h5")) as r:
+        rep = r.meta["replay"]
+    assert rep["num_threads"] >= 1 and rep["openmp"] and isinstance(rep["fork_exact"], bool)
+    assert rep["python_random"][1] == list(expected[1])      # the generator's state before the script ran
+    assert rep["numpy_random"][0] == "MT19937" and len(rep["numpy_random"][1]) == 624
