@@ -98,18 +98,7 @@ def test_ctrl_c_stops_a_running_script_at_the_next_stop_point(tmp_path):
         assert r.status == "killed" and r.n_steps >= step
 
 
-STEPS = """
-import torch
-torch.manual_seed(0)
-model = torch.nn.Linear(4, 1)
-opt = torch.optim.SGD(model.parameters(), lr=0.01)
-for step in range(40):
-    loss = model(torch.randn(8, 4)).pow(2).mean()
-    opt.zero_grad()
-    loss.backward()
-    opt.step()
-print("done", step)
-"""
+STEPS = LOOP.replace("range(100000)", "range(40)") + 'print("done", step)\n'
 
 
 def test_reverse_step_gives_the_terminal_to_a_replica_and_back(tmp_path):
