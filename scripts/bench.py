@@ -15,7 +15,8 @@ end, creating the series).
     python scripts/bench.py --pairs 7 --json bench.json
     python scripts/bench.py --workload cnn --every 10
 
-Targets (default recording): cnn <= 1.10x, mlp <= 1.5x.
+Targets (default recording): cnn <= 1.10x, mlp <= 1.5x; with ``--lineage all``
+(the op recorder on every step): cnn <= 2x the plain step.
 
 B also takes time travel's checkpoints as ``nndb run`` does (``--replica
 auto``: forked checkpoints on the adaptive schedule); ``--replica off``
@@ -137,6 +138,7 @@ WARMUP = 5
 
 RULES = "default"     # --rules: what `nndb run` runs by default
 REPLICA = "auto"      # --replica: checkpoints as `nndb run` takes them
+LINEAGE = None        # --lineage all: the op recorder on every step
 
 
 class _Quiet(BatchFrontend):
@@ -155,6 +157,8 @@ def _session(rec, path, frontend=None):
     session = Session(frontend or BatchFrontend(), interactive=False, stop_at_start=False,
                       rules=load_rules(RULES))
     session.machine = TimeMachine(REPLICA, rules_spec=RULES)
+    from nndb.lineage.control import LineageControl
+    session.lineage = LineageControl(LINEAGE)
     session.attach(rec, path)
     return session
 
@@ -306,12 +310,14 @@ def main(argv=None):
     ap.add_argument("--rules", default="default", help="the rules nndb runs: default, none or a YAML file")
     ap.add_argument("--replica", default="auto", choices=["auto", "off"],
                     help="take time travel's checkpoints as nndb run does (auto) or not (off)")
+    ap.add_argument("--lineage", default=None, metavar="STEPS",
+                    help="also record tensor lineage (the op recorder), e.g. 'all'")
     ap.add_argument("--travel", action="store_true",
                     help="also measure reverse-step and predict latency and checkpoint memory")
     ap.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     args = ap.parse_args(argv)
-    global RULES, REPLICA
-    RULES, REPLICA = args.rules, args.replica
+    global RULES, REPLICA, LINEAGE
+    RULES, REPLICA, LINEAGE = args.rules, args.replica, args.lineage
     if argv is None:
         _restart_preloaded()
     from tabulate import tabulate
@@ -326,7 +332,8 @@ def main(argv=None):
              f"{r['trace_bytes_per_step']:.0f}" if r["trace_bytes_per_step"] else "-",
              f"{r['startup_extra_ms']:.0f}"] for r in results]
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, OpenMP {runmeta.openmp_runtime()}, "
-          f"schedule: {schedule.describe()}, rules: {RULES}, checkpoints: {REPLICA}")
+          f"schedule: {schedule.describe()}, rules: {RULES}, checkpoints: {REPLICA}, "
+          f"lineage: {LINEAGE or 'off'}")
     print(tabulate(rows, headers=["workload", "plain ms/step", "nndb ms/step", "ratio (median)",
                                   "ratio min-max", "trace B/step", "one-time ms"], disable_numparse=True))
     travel_rows, memory = [], []

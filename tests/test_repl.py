@@ -128,5 +128,5 @@ def test_completion_of_commands_subcommands_names_and_globs(tmp_path):
     assert r["p $st"] == ["$step"]
     assert "lr" in r["set l"]
     assert r["delete "] == ["1"]
-    assert set(r["help con"]) == {"continue", "condition"}
+    assert set(r["help con"]) == {"continue", "condition", "consumers"}
     assert "step 1" in r["toolbar"] and "loss" in r["toolbar"] and "breakpoint 1" in r["toolbar"]

@@ -27,6 +27,7 @@ class DebugOptions:
     rules: Optional[str] = "default"    # --rules default|FILE.yaml|none
     replica: str = "auto"               # --replica auto|fork|respawn|off
     total_steps: Optional[int] = None   # --total-steps N (the checkpoint schedule)
+    lineage: Optional[str] = None       # --lineage STEPS (N, A:B, N,M, all)
 
 
 @dataclass
@@ -60,6 +61,8 @@ def debug(config: RunConfig, options: DebugOptions, frontend,
                       stop_at_start=interactive and options.stop_at_start, rules=engine)
     from ..timetravel.machine import TimeMachine
     session.machine = TimeMachine(options.replica, options.total_steps, rules_spec=options.rules or "none")
+    from ..lineage.control import LineageControl
+    session.lineage = LineageControl(options.lineage)
     session.queue_lines(rcfiles.startup_lines(list(options.command_files), list(options.eval_commands),
                                               options.no_rc, message))
     result: Optional[RunResult] = None

@@ -90,6 +90,27 @@ class ExprBreak(Point):
 
 
 @dataclass
+class CatchPoint(Point):
+    """``catch nan|inf|nonfinite``: the first operation (forward, backward or the
+    optimizer's) whose output is not finite while its inputs were; for ``nan``,
+    an output with NaN while no input had one."""
+    what_kind: str = "nonfinite"
+
+    type_name = "catchpoint"
+
+    def what(self) -> str:
+        return f"catch {self.what_kind}"
+
+    def matches(self, info: dict) -> bool:
+        finite_in = not (info["in_nan"] or info["in_inf"])
+        if self.what_kind == "nan":
+            return info["nan"] and not info["in_nan"]
+        if self.what_kind == "inf":
+            return info["inf"] and finite_in
+        return finite_in
+
+
+@dataclass
 class Watch(Point):
     kind: str = "grad"               # a trace kind: param grad update act loss
     label: str = "grad"              # as the user wrote it (weight -> param)

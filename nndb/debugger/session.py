@@ -40,6 +40,7 @@ class Session(StopPoints, RunQueries):
         self.rules = rules                   # nndb.rules.engine.RuleEngine, or None (--rules none)
         self.machine = None                  # nndb.timetravel.machine.TimeMachine (checkpoints, replicas)
         self.replica = None                  # in a replica process: its role (nndb.timetravel.roles)
+        self.lineage = None                  # nndb.lineage.control.LineageControl (op recorder policy)
         if hasattr(frontend, "session"):
             frontend.session = self        # completion and the toolbar look at the session
         self.interactive = interactive
@@ -126,6 +127,8 @@ class Session(StopPoints, RunQueries):
         self.note_earlier_optimizers()
         if self.machine is not None:
             self.machine.attach(self)
+        if self.lineage is not None:
+            self.lineage.attach(self)
         self.sync_hooks()
 
     def sync_hooks(self) -> None:
@@ -147,6 +150,8 @@ class Session(StopPoints, RunQueries):
         self.rec.recorder.force_full = needs_full
         if needs_full:
             self.rec.recorder.full = True
+        if self.lineage is not None and not (self.replica is not None and self.replica.replaying):
+            self.lineage.refresh(self._step_in_progress())     # (a catch point needs the op recorder)
 
     def request_interrupt(self) -> bool:
         """Ctrl-C while the script runs: stop at the next stop point.  A second
@@ -174,6 +179,8 @@ class Session(StopPoints, RunQueries):
             self.rec.tracer.on_step_end = None
         if self.rules is not None:
             self.rules.detach()
+        if self.lineage is not None:
+            self.lineage.run_ended()
         if self.replica is not None:
             self.replica.run_ended(self, status, reason)      # (ends this replica process)
 

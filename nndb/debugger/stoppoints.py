@@ -64,6 +64,8 @@ class StopPoints:
         rule_hits = self._run_rules() if self.rules is not None else []
         if self.machine is not None:
             self.machine.at_step_end(self, step)     # a checkpoint; a replica resumes from here
+        if self.lineage is not None:
+            self.lineage.at_step_end(self, step)     # the step's operations, if recorded
         role = self.replica
         if self.mode == "detach" and not self._pending_start and not rule_hits and role is None:
             return
@@ -129,6 +131,15 @@ class StopPoints:
             self.error(f"nndb: internal error at a module stop point, skipped: {type(e).__name__}: {e}")
             return
         self._stop(stop, E.stop_frame(self._hook_frame))
+
+    def on_catch(self, hits: list, module, frame) -> None:
+        """The op recorder saw an operation a catch point wants (inside the step)."""
+        if threading.get_ident() != self._main_thread or self.prompting:
+            return
+        self._hook_frame = frame
+        stop = Stop("catchpoint", self._step_in_progress(), at_step_end=False, module=module or "(script)",
+                    phase=hits[0][1].get("phase"), hits=hits)
+        self._stop(stop, E.stop_frame(frame))
 
     def _step_in_progress(self) -> int:
         return self.rec.recorder.step if self.rec is not None else 0

@@ -68,9 +68,30 @@ def _hit(point, detail: dict) -> str:
         if point.consecutive > 1:
             s += f" for {point.consecutive} steps in a row"
         return s + f" at step {detail.get('step')}"
+    if point.type_name == "catchpoint":
+        return catch_line(head, point, detail)
     if point.type_name == "breakpoint" and "module" in detail:
         return f"{head}, module {detail['module']} {detail['phase']}"
     return f"{head}, {point.what()}"
+
+
+def _at(d: dict) -> str:
+    parts = [f"module {d['module']}" if d.get("module") else "", d.get("node") or "",
+             f"{os.path.relpath(d['file'])}:{d['line']}" if d.get("file") else ""]
+    return ", ".join(p for p in parts if p)
+
+
+def catch_line(head: str, point, d: dict) -> str:
+    what = "NaN" if d.get("nan") else "Inf"
+    s = f"{head} ({point.what()}): {d['op']} made {what} in the {d['phase']} pass of step {d['step']} ({_at(d)})"
+    v = d.get("via")
+    if v:
+        s += f"\n  then {v['op']} turned it into NaN ({v['phase']}, {_at(v)})"
+    of = v["op"] if v else d["op"]
+    for i, x in enumerate(d.get("inputs", [])):
+        stats = ", ".join(f"{k} {fmt(x[k])}" for k in ("min", "max", "mean", "nan", "inf") if k in x)
+        s += f"\n  input {i} of {of}: {x['dtype']} {tuple(x['shape'])}" + (f": {stats}" if stats else "")
+    return s
 
 
 def stop_line(session, stop) -> str:

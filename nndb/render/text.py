@@ -11,6 +11,8 @@ def fmt(x) -> str:
     if x is None or (isinstance(x, float) and math.isnan(x)):
         return "-"
     if isinstance(x, float):
+        if math.isinf(x):
+            return "inf" if x > 0 else "-inf"
         if x == int(x) and abs(x) < 1e15:
             return str(int(x))
         return f"{x:.4g}"

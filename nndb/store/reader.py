@@ -96,6 +96,39 @@ class TraceReader:
         self.events = [json.loads(line) for line in _json_blob(f["events"]).splitlines() if line.strip()]
         self._by_key = {(s.name, s.kind): s for s in self._series}
 
+    # -- lineage (nndb.lineage) ------------------------------------------------
+    def lineage_steps(self) -> list:
+        g = self._f.get("lineage")
+        if g is None:
+            return []
+        g["step"].refresh()
+        g["seq"].refresh()
+        n = min(g["step"].shape[0], g["seq"].shape[0])
+        return [int(x) for x in g["step"][:n]]
+
+    def lineage(self, step: int) -> Optional[dict]:
+        """A step's recorded operations (the last record of that step), or None."""
+        g = self._f.get("lineage")
+        if g is None:
+            return None
+        steps = self.lineage_steps()
+        if step not in steps:
+            return None
+        i = len(steps) - 1 - steps[::-1].index(step)
+        seq = int(g["seq"][i])
+        g["sequences"].refresh()
+        lines = _json_blob(g["sequences"]).splitlines()
+        if seq >= len(lines):
+            return None
+        return dict(json.loads(lines[seq]), step=step)
+
+    def lineage_sequences(self) -> int:
+        g = self._f.get("lineage")
+        if g is None:
+            return 0
+        g["sequences"].refresh()
+        return sum(1 for line in _json_blob(g["sequences"]).splitlines() if line.strip())
+
     # -- queries --------------------------------------------------------------
     @property
     def status(self) -> str:

@@ -20,6 +20,16 @@
     │                                      NaN where series j has no value at row i
     ├── events                uint8[...]   UTF-8 JSON lines: {"time", "step", "kind", "message"}
     │                                      (warnings such as a recording that stopped)
+    ├── lineage/              the operations of the steps whose lineage was recorded (nndb.lineage)
+    │   ├── step              int64[L]     a step with lineage
+    │   ├── seq               int64[L]     its operation sequence: a line number of ``sequences``
+    │   └── sequences         uint8[...]   UTF-8 JSON lines, one per distinct sequence (a step that
+    │                                      repeats an earlier one's is stored once):
+    │                                      {"ops": [[op, phase, [input ids], [output ids], [shapes],
+    │                                      [dtypes], module, file, line, autograd node], ...],
+    │                                      "labels": {id: "param NAME" | "act MODULE" | "loss" | "input"},
+    │                                      "nonfinite": [op index ...]}   (ids: per step)
+    │                                      (absent in traces written before lineage existed)
     └── end                   uint8[...]   UTF-8 JSON object, written when the run ends:
                                            {"status", "exit_code", "reason", "steps", "end_time"}
                                            (empty while running or after a kill)

@@ -48,6 +48,11 @@ class TraceWriter:
         self.steps_written = 0
         self.last_step: Optional[int] = None
         self.detached = False
+        self._sequences: dict = {}       # sequence JSON -> line number
+        self._sequence_text: list = []
+        self._new_sequences: list = []
+        self._lineage: list = []         # (step, seq) not yet written
+        self._lineage_all: list = []
         try:
             d = os.path.dirname(os.path.abspath(path))
             os.makedirs(d, exist_ok=True)
@@ -70,6 +75,10 @@ class TraceWriter:
         for name, dt in (("step", "i8"), ("time", "f8"), ("backward_count", "i4"),
                          ("optimizer_steps", "i4"), ("partial", "u1")):
             g.create_dataset(name, shape=(0,), maxshape=(None,), chunks=K.STEPS_CHUNK, dtype=dt)
+        lg = f.create_group("lineage")
+        for name in ("step", "seq"):
+            lg.create_dataset(name, shape=(0,), maxshape=(None,), chunks=K.STEPS_CHUNK, dtype="i8")
+        lg.create_dataset("sequences", shape=(0,), maxshape=(None,), chunks=K.BLOB_CHUNK, dtype="u1")
         ds = f.create_dataset("stats", shape=(0, 0, len(K.COLUMNS)), maxshape=(None, None, len(K.COLUMNS)),
                               chunks=K.STATS_CHUNK, dtype="f8", fillvalue=np.nan)
         ds.attrs["columns"] = json.dumps(list(K.COLUMNS))
@@ -104,6 +113,27 @@ class TraceWriter:
         self.flush_steps = 1 << 62
         self.flush_secs = float("inf")
         self.detached = True
+
+    def lineage(self, step: int, data: dict) -> None:
+        """A step's operations (nndb.lineage); a sequence seen before is stored once."""
+        if self.failed or self.closed:
+            return
+        text = json.dumps({k: data[k] for k in ("ops", "labels", "nonfinite", "checked", "first_bad")
+                           if k in data}, separators=(",", ":"))
+        seq = self._sequences.get(text)
+        if seq is None:
+            seq = self._sequences[text] = len(self._sequences)
+            self._new_sequences.append(text)
+            self._sequence_text.append(text)
+        self._lineage.append((step, seq))
+        self._lineage_all.append((step, seq))
+
+    def lineage_of(self, step: int):
+        """(the JSON text, flushed or not) of a step's lineage, or None."""
+        for st, seq in reversed(self._lineage_all):
+            if st == step:
+                return self._sequence_text[seq]
+        return None
 
     def event(self, kind: str, message: str, step: Optional[int] = None) -> None:
         self._events.append({"time": time.time(), "step": step, "kind": kind, "message": message})
@@ -148,6 +178,18 @@ class TraceWriter:
                 d[start:] = np.asarray(values, dtype=d.dtype)
             self.steps_written += k
             self._rows = []
+        if self._new_sequences or self._lineage:
+            g = f["lineage"]
+            if self._new_sequences:
+                _put_blob(g["sequences"], "".join(t + "\n" for t in self._new_sequences))
+                self._new_sequences = []
+            if self._lineage:
+                for i, name in enumerate(("step", "seq")):
+                    d = g[name]
+                    start = d.shape[0]
+                    d.resize((start + len(self._lineage),))
+                    d[start:] = np.asarray([row[i] for row in self._lineage], dtype="i8")
+                self._lineage = []
         if self._events:
             _put_blob(f["events"], "".join(json.dumps(e) + "\n" for e in self._events))
             self._events = []

@@ -11,7 +11,7 @@ from ..debugger import evaluate as E
 from ..debugger import points as P
 from ..debugger.session import QueuedLine
 
-_POINT_TYPES = {cls.__name__: cls for cls in (P.StepBreak, P.ModuleBreak, P.ExprBreak, P.Watch)}
+_POINT_TYPES = {cls.__name__: cls for cls in (P.StepBreak, P.ModuleBreak, P.ExprBreak, P.Watch, P.CatchPoint)}
 
 
 def _point(p) -> dict:

@@ -138,7 +138,16 @@ class Scan(Role):
         self.exprs = [(src, E.compile_expr(src)) for src in goal.get("exprs", [])]
         self.want_points = bool(goal.get("points"))
         self.want_stats = bool(goal.get("stats"))
-        self.result = {"hits": [], "values": [], "stats": [], "last": None}
+        self.lineage_steps = {int(x) for x in goal.get("lineage", [])}
+        self.resolve = list(goal.get("resolve", []))
+        self.result = {"hits": [], "values": [], "stats": [], "last": None, "lineage": {}, "resolved": {}}
+
+    def begin(self, s) -> None:
+        super().begin(s)
+        if self.lineage_steps and s.lineage is not None:
+            s.lineage.forced = set(self.lineage_steps)
+            if s.last_step is not None:
+                s.lineage.refresh(s.last_step + 1)
 
     def before_stops(self, s, step: int):
         if step < self.start:
@@ -152,6 +161,8 @@ class Scan(Role):
                     self.result["values"].append([step, src, bool(v), None])
                 except Exception as e:
                     self.result["values"].append([step, src, None, str(e)])
+        if step in self.lineage_steps and s.lineage is not None:
+            self._lineage(s, step)
         if self.want_stats:
             rec = s.record
             if rec is not None and rec.step == step:
@@ -159,6 +170,20 @@ class Scan(Role):
                          [x != x for x in map(float, row)]] for (n, k), row in zip(rec.names, rec.stats)]
                 self.result["stats"].append([step, rows])
         return None if self.want_points else "skip"
+
+    def _lineage(self, s, step: int) -> None:
+        data = s.lineage.live(step)
+        if data is not None:
+            self.result["lineage"][str(step)] = data
+        frame = E.stop_frame(s._hook_frame)
+        for src in self.resolve:
+            try:
+                v = E.evaluate(E.compile_expr(src), frame, s.variables(frame, step_end=True))
+                tid = s.lineage.find(v, step)
+                self.result["resolved"][src] = tid if tid is not None else \
+                    f"{src} is not a tensor that step {step} made or used"
+            except Exception as e:
+                self.result["resolved"][src] = str(e)
 
     def intercept(self, s, stop: Stop) -> bool:
         if stop.hits:

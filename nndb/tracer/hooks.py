@@ -109,6 +109,12 @@ class Tracer:
         # The debugger's stop points inside a step, set only while something may
         # stop there: on_module(module, "forward"|"backward", inputs|grad_output).
         self.on_module: Optional[Callable] = None
+        self.on_loss: Optional[Callable] = None       # (tensor): the lineage recorder names the loss
+        # The op recorder (nndb.lineage.ops) while it runs: module_pre(module, args),
+        # module_post(module, args, output), optimizer(opt, "pre"|"post").  Fed from
+        # these hooks: registering global hooks of its own from inside one (a step
+        # ends in an optimizer hook) would change the dict PyTorch is iterating.
+        self.lineage = None
         self.want_backward = False
         # The rules' probes (nndb.rules.probes): module class -> [callback(module,
         # use, args, output)] after a forward; "root" -> [callback(module, args)]
@@ -192,11 +198,17 @@ class Tracer:
                     self.naming.add_root(module, user_frame(2))
                     self._watch_params(module)
                 if self.probes and "root" in self.probes:
-                    for cb in self.probes["root"]:
-                        cb(module, args)
+                    self._in_hook = True          # (the probes' own tensor work is not the step's)
+                    try:
+                        for cb in self.probes["root"]:
+                            cb(module, args)
+                    finally:
+                        self._in_hook = False
         except Exception:
             self._fail()
         self._module_depth += 1
+        if self.lineage is not None:
+            self.lineage.module_pre(module, args)
         if self.on_module is not None:
             self.on_module(module, "forward", args)
         return None
@@ -205,6 +217,8 @@ class Tracer:
         self._module_depth = max(0, self._module_depth - 1)
         if self._failed or self._in_hook:
             return None
+        if self.lineage is not None:
+            self.lineage.module_post(module, args, output)
         try:
             self._in_hook = True
             # A module reused within one forward pass (one ReLU applied after two
@@ -261,6 +275,8 @@ class Tracer:
             loss = roots[0] if roots and isinstance(roots[0], torch.Tensor) else None
             if loss is not None:
                 self.recorder.loss(loss)
+                if self.on_loss is not None:
+                    self.on_loss(loss)
             else:
                 self.recorder.backward_without_loss()
             n = self._optimizer_count() if self.clock.mode is Mode.UNKNOWN else 1
@@ -300,6 +316,8 @@ class Tracer:
             if close is not None:
                 self._close(close)
             self.recorder.optimizer_pre(opt)
+            if self.lineage is not None:
+                self.lineage.optimizer(opt, "pre")
             if self.probes:
                 for cb in self.probes.get("optimizer", ()):
                     cb(opt, "pre")
@@ -315,6 +333,8 @@ class Tracer:
         self.busy += 1
         try:
             self.recorder.optimizer_post(opt)
+            if self.lineage is not None:
+                self.lineage.optimizer(opt, "post")
             if self.probes:
                 for cb in self.probes.get("optimizer", ()):
                     cb(opt, "post")

@@ -1,0 +1,149 @@
+"""When the op recorder runs, and where its steps go: the session's side of
+lineage (``session.lineage``).
+
+Off by default (a normal run stays as cheap as the recorder alone); on for
+the steps of ``--lineage STEPS``, from ``lineage on`` until ``lineage off``,
+for every step while a ``catch`` point is enabled (with NaN/Inf checks), and
+for a step asked for after the fact (a replica replays it: ``get``).
+"""
+from __future__ import annotations
+
+import sys
+from typing import Optional
+
+from ..errors import CommandError
+
+
+def parse_steps(text: Optional[str]):
+    """'5', '0:10' (10 excluded), '3,7,9', 'all' -> a predicate on steps."""
+    if text is None or text == "":
+        return None
+    t = text.strip()
+    if t == "all":
+        return lambda s: True
+    parts = []
+    for w in t.split(","):
+        w = w.strip()
+        try:
+            if ":" in w:
+                a, b = w.split(":", 1)
+                lo = int(a) if a else 0
+                hi = int(b) if b else None
+                parts.append((lo, hi))
+            else:
+                n = int(w)
+                parts.append((n, n + 1))
+        except ValueError:
+            raise CommandError(f"bad step list '{text}' (use N, A:B, N,M or all)") from None
+    return lambda s: any(lo <= s and (hi is None or s < hi) for lo, hi in parts)
+
+
+class LineageControl:
+    KEEP = 20                          # steps kept in memory for questions
+
+    def __init__(self, steps: Optional[str] = None):
+        self.wanted = parse_steps(steps)
+        self.always = False            # lineage on
+        self.forced: set = set()       # steps a replica must record (asked after the fact)
+        self.recorder = None
+        self.done: dict = {}           # step -> StepLineage (live maps: EXPR -> id)
+        self.session = None
+
+    # -- policy ---------------------------------------------------------------------------
+    def catching(self) -> list:
+        from ..debugger.points import CatchPoint
+        s = self.session
+        return [p for p in s.points.values() if isinstance(p, CatchPoint) and p.enabled] if s else []
+
+    def wants(self, step: int) -> bool:
+        return self.always or step in self.forced or (self.wanted is not None and self.wanted(step)) \
+            or bool(self.catching())
+
+    # -- the run ------------------------------------------------------------------------
+    def attach(self, s) -> None:
+        self.session = s
+        self.done = {}
+        if self.recorder is not None:
+            self.recorder.stop()
+        self.recorder = None
+        s.rec.tracer.on_loss = self._loss
+        self.refresh(0)
+
+    def _loss(self, t) -> None:
+        if self.recorder is not None:
+            self.recorder.label_loss(t)
+
+    def refresh(self, step: int) -> None:
+        """Record step ``step`` (the next to run) if anything wants it; else stop."""
+        s = self.session
+        if s is None or s.rec is None or not s.live:
+            return
+        if self.wants(step):
+            if self.recorder is None:
+                from .ops import OpRecorder
+                self.recorder = OpRecorder(s.rec.tracer)
+            self.recorder.check = bool(self.catching()) or step in self.forced
+            self.recorder.on_nonfinite = self._nonfinite
+            if self.recorder.current is None:
+                self.recorder.start(step)
+            elif self.recorder.current.step != step:
+                self.recorder.current.step = step
+        elif self.recorder is not None and self.recorder.current is not None:
+            self.recorder.stop()
+
+    def at_step_end(self, s, step: int) -> None:
+        r = self.recorder
+        if r is not None and r.current is not None and r.current.step == step:
+            done = r.next_step(step + 1) if self.wants(step + 1) else r.stop()
+            if done is not None:
+                done.step = step
+                self.done[step] = done
+                for old in sorted(self.done)[:-self.KEEP]:
+                    del self.done[old]
+                s.rec.writer.lineage(step, done.as_dict())
+        self.refresh(step + 1)
+
+    def run_ended(self) -> None:
+        if self.recorder is not None:
+            self.recorder.stop()
+        self.recorder = None
+
+    # -- catch ------------------------------------------------------------------------------
+    def _nonfinite(self, idx: int, info: dict) -> None:
+        s = self.session
+        cur = self.recorder.current if self.recorder is not None else None
+        if s is None or cur is None:
+            return
+        op = cur.ops[idx]
+        hits = []
+        for p in self.catching():
+            if p.matches(info):
+                detail = {"op": op[0].split(".")[0], "overload": op[0], "phase": op[1], "module": op[6],
+                          "file": op[7], "line": op[8], "node": op[9], "step": cur.step,
+                          "nan": info["nan"], "inputs": info["inputs"]}
+                if info.get("origin") is not None:
+                    # a NaN from an Inf: the operation that made the Inf is where it began
+                    o = cur.ops[info["origin"]]
+                    detail["via"] = {k: detail[k] for k in ("op", "phase", "module", "file", "line", "node")}
+                    detail.update(op=o[0].split(".")[0], overload=o[0], phase=o[1], module=o[6],
+                                  file=o[7], line=o[8], node=o[9], nan=False)
+                if s._point_hits(p, detail):
+                    hits.append((p, detail))
+        if hits:
+            s.on_catch(hits, op[6], sys._getframe(1))
+
+    # -- asking ----------------------------------------------------------------------------
+    def live(self, step: int) -> Optional[dict]:
+        if step in self.done:
+            return self.done[step].as_dict()
+        r = self.recorder
+        if r is not None and r.current is not None and r.current.step == step:
+            return dict(r.current.as_dict(), partial=True)
+        return None
+
+    def find(self, t, step: int) -> Optional[int]:
+        sl = self.done.get(step)
+        if sl is None and self.recorder is not None and self.recorder.current is not None \
+                and self.recorder.current.step == step:
+            sl = self.recorder.current
+        return sl.find(t) if sl is not None else None

@@ -1,0 +1,354 @@
+"""The op recorder: a TorchDispatchMode (the mechanism of PyTorch's
+FlopCounterMode) that sees every ATen operation of a step, forward, backward
+and the optimizer's, and notes its name, its input and output tensors (ids
+stable within the step), shapes, dtypes, the module it ran in and the
+script's source line.
+
+Tensor ids: a tensor gets the next id the first time it is seen, and a new
+one when an in-place operation changes it (a new *version*), so the lineage
+stays a graph without cycles.  Identity is checked by weakref, never by
+``id()`` alone (a freed tensor's id is reused).
+
+Modules: the tracer's forward hooks feed it the stack of module names during the
+forward pass; after a module's forward its new autograd nodes are tagged with
+it, and a backward operation is attributed through the autograd node that
+runs it (``torch._C._current_autograd_node``).  The optimizer's operations
+run between the optimizer step hooks.
+
+With ``check`` on (``catch nan``), every floating-point output is tested for
+NaN/Inf; an output that is not finite while the inputs were calls
+``on_nonfinite(op, info)``.  Nothing here changes a tensor or draws a random
+number: the run's numbers stay the same.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import weakref
+from typing import Callable, Optional
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+_TORCH_DIR = os.path.dirname(torch.__file__)
+_NNDB_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_STDLIB = os.path.dirname(os.__file__)
+# (name, phase, inputs, outputs, shapes, dtypes, module, file, line, node)
+_SKIP = {torch.ops.profiler._record_function_enter_new.default,
+         torch.ops.profiler._record_function_exit._RecordFunction}
+FIELDS = ("op", "phase", "inputs", "outputs", "shapes", "dtypes", "module", "file", "line", "node")
+
+
+def _is_script(code, cache={}) -> bool:
+    v = cache.get(code)
+    if v is None:
+        f = code.co_filename
+        v = not (f.startswith("<") or os.path.abspath(f).startswith((_TORCH_DIR, _NNDB_DIR, _STDLIB)))
+        cache[code] = v
+    return v
+
+
+def script_location(frame) -> tuple:
+    """(file, line) of the nearest frame of the script's own code."""
+    while frame is not None:
+        if _is_script(frame.f_code):
+            return frame.f_code.co_filename, frame.f_lineno
+        frame = frame.f_back
+    return None, None
+
+
+class StepLineage:
+    """The operations of one step, and what names its tensors have."""
+
+    def __init__(self, step: int):
+        self.step = step
+        self.ops: list = []
+        self.labels: dict = {}          # tensor id -> "param fc.weight" | "act fc" | "loss" | "input"
+        self._ids: dict = {}            # id(tensor) -> (weakref, version, tid)
+        self._next = 0
+        self.nonfinite: list = []       # [op index] whose output was not finite while the inputs were
+        self.producer: dict = {}        # tensor id -> index of the op that made it
+        self._views: dict = {}          # (data_ptr, shape, stride, offset, dtype) -> id of an op's output
+        self.checked = False            # NaN/Inf were looked for (catch, origin)
+        self.first_bad: dict = {}       # phase -> index of its first op with a non-finite output
+
+    def tid(self, t: torch.Tensor) -> int:
+        """The id of this tensor as it is now: a tensor seen for the first time,
+        or changed in place since, gets a new one."""
+        try:
+            v = t._version
+        except Exception:
+            v = -1
+        e = self._ids.get(id(t))
+        if e is not None and e[0]() is t and e[1] == v:
+            return e[2]
+        if e is None or e[0]() is not t:
+            # autograd re-wraps a view an op returned (as_view): the same view,
+            # another Python object; it is found by what it looks at
+            same = self._views.get(_view_key(t))
+            if same is not None:
+                return same
+        tid = self._next
+        self._next += 1
+        try:
+            self._ids[id(t)] = (weakref.ref(t), v, tid)
+        except TypeError:
+            pass
+        return tid
+
+    def new(self, t: torch.Tensor, written: bool = False) -> int:
+        """A new id for an operation's output.  ``written``: an in-place
+        operation's, whose version counter is bumped above the dispatch mode,
+        after it returns."""
+        tid = self._next
+        self._next += 1
+        try:
+            self._ids[id(t)] = (weakref.ref(t), t._version + (1 if written else 0), tid)
+        except Exception:
+            pass
+        return tid
+
+    def origin_of(self, ids: list) -> Optional[int]:
+        """The latest op among the ancestors of these tensors that made a
+        non-finite value from finite inputs."""
+        bad = set(self.nonfinite)
+        seen, stack, best = set(), list(ids), None
+        while stack:
+            tid = stack.pop()
+            if tid in seen:
+                continue
+            seen.add(tid)
+            i = self.producer.get(tid)
+            if i is None:
+                continue
+            if i in bad and (best is None or i > best):
+                best = i
+            stack.extend(self.ops[i][2])
+        return best
+
+    def find(self, t) -> Optional[int]:
+        """The id of a live tensor of this step (its latest version), or None."""
+        if not isinstance(t, torch.Tensor):
+            return None
+        e = self._ids.get(id(t))
+        if e is not None and e[0]() is t:
+            return e[2]
+        return None
+
+    def as_dict(self) -> dict:
+        return {"step": self.step, "ops": self.ops, "labels": {str(k): v for k, v in self.labels.items()},
+                "nonfinite": self.nonfinite, "checked": self.checked,
+                "first_bad": self.first_bad}
+
+
+class OpRecorder(TorchDispatchMode):
+    def __init__(self, tracer, check: bool = False,
+                 on_nonfinite: Optional[Callable[[int, dict], None]] = None):
+        super().__init__()
+        self.tracer = tracer
+        self.naming = tracer.naming
+        self.check = check
+        self.on_nonfinite = on_nonfinite
+        self.current: Optional[StepLineage] = None
+        self.modules: list = []          # names of the modules whose forward is running
+        self.node_module: dict = {}      # id(autograd node) -> (node, module name)
+        self.phase = "forward"
+        self._on = False
+        self._names: dict = {}
+        self.errors = 0
+
+    # -- on / off ------------------------------------------------------------------------
+    def start(self, step: int) -> None:
+        self.current = StepLineage(step)
+        self.node_module.clear()
+        self.phase = "forward"
+        if not self._on:
+            self._on = True
+            self.tracer.lineage = self
+            self.__enter__()
+
+    def stop(self) -> Optional[StepLineage]:
+        if self._on:
+            self._on = False
+            self.tracer.lineage = None
+            try:
+                self.__exit__(None, None, None)
+            except Exception:
+                pass
+        done, self.current = self.current, None
+        self.node_module.clear()
+        self.modules = []
+        return done
+
+    def next_step(self, step: int) -> Optional[StepLineage]:
+        """Close this step's lineage and open the next's (the mode stays on)."""
+        done = self.current
+        self.current = StepLineage(step)
+        self.node_module.clear()
+        self.phase = "forward"
+        return done
+
+    # -- hooks ---------------------------------------------------------------------------------
+    def _name(self, module) -> str:
+        e = self._names.get(id(module))
+        if e is not None and e[0]() is module:
+            return e[1]
+        name = self.naming.module_name(module)
+        try:
+            self._names[id(module)] = (weakref.ref(module), name)
+        except TypeError:
+            pass
+        return name
+
+    def module_pre(self, module, args):
+        try:
+            self.modules.append(self._name(module))
+            if len(self.modules) == 1 and self.current is not None:
+                self.phase = "forward"
+                for a in tree_flatten(args)[0]:
+                    if isinstance(a, torch.Tensor):
+                        tid = self.current.tid(a)
+                        self.current.labels.setdefault(tid, "input")
+        except Exception:
+            self.errors += 1
+
+    def module_post(self, module, args, output):
+        try:
+            name = self.modules.pop() if self.modules else self._name(module)
+            cur = self.current
+            if cur is None:
+                return
+            outs = [t for t in tree_flatten(output)[0] if isinstance(t, torch.Tensor)]
+            for t in outs:
+                cur.labels[cur.tid(t)] = f"act {name}"
+            # tag the autograd nodes this forward made (inner modules tagged theirs first)
+            stack = [t.grad_fn for t in outs if t.grad_fn is not None]
+            while stack:
+                node = stack.pop()
+                if node is None or id(node) in self.node_module:
+                    continue
+                self.node_module[id(node)] = (node, name)
+                stack.extend(fn for fn, _ in node.next_functions if fn is not None)
+        except Exception:
+            self.errors += 1
+
+    def optimizer(self, opt, when: str) -> None:
+        # after the step: what the script does next (its data) is not the optimizer's
+        self.phase = "optimizer" if when == "pre" else "forward"
+
+    def label_loss(self, t: torch.Tensor) -> None:
+        if self.current is not None:
+            self.current.labels[self.current.tid(t)] = "loss"
+
+    # -- every operation -----------------------------------------------------------------------
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        cur = self.current
+        t = self.tracer
+        if cur is None or func in _SKIP or t._in_hook or t.busy:     # (nndb's own work is not the step's)
+            return func(*args, **(kwargs or {}))
+        try:
+            ins = _tensors(args, [])
+            if kwargs:
+                _tensors(tuple(kwargs.values()), ins)
+            in_ids = self._inputs(cur, ins)      # before the op: an in-place op makes a new version
+        except Exception:
+            self.errors += 1
+            return func(*args, **(kwargs or {}))
+        out = func(*args, **(kwargs or {}))
+        try:
+            self._note(cur, func, ins, in_ids, out)
+        except Exception:
+            self.errors += 1
+        return out
+
+    def _inputs(self, cur, ins: list) -> list:
+        ids = []
+        for a in ins:
+            tid = cur.tid(a)
+            ids.append(tid)
+            if tid not in cur.labels and isinstance(a, torch.nn.Parameter):
+                cur.labels[tid] = "param " + self.naming.param_name(a)
+        return ids
+
+    def _note(self, cur, func, ins, in_ids, out) -> None:
+        outs = _tensors((out,), [])
+        node = torch._C._current_autograd_node()
+        if node is not None:
+            phase = "backward"
+            e = self.node_module.get(id(node))
+            module = e[1] if e is not None and e[0] is node else None
+            node_name = node.name()
+        else:
+            if self.modules:
+                self.phase = "forward"
+            phase = self.phase
+            module = self.modules[-1] if self.modules else None
+            node_name = None
+        written = {id(a) for a in ins}
+        out_ids = [cur.new(o, id(o) in written) for o in outs]
+        file, line = script_location(sys._getframe(2))
+        idx = len(cur.ops)
+        cur.ops.append([func.__name__, phase, in_ids, out_ids, [list(o.shape) for o in outs],
+                        [str(o.dtype).replace("torch.", "") for o in outs], module, file, line, node_name])
+        for o, tid in zip(outs, out_ids):
+            cur.producer[tid] = idx
+            if o._base is not None or func.is_view:
+                cur._views[_view_key(o)] = tid
+        if self.check:
+            cur.checked = True
+            self._check(cur, idx, ins, in_ids, outs)
+
+    def _check(self, cur, idx: int, ins: list, in_ids: list, outs: list) -> None:
+        out_nan, out_inf = _flags(outs)
+        if not (out_nan or out_inf):
+            return
+        cur.first_bad.setdefault(cur.ops[idx][1], idx)
+        in_nan, in_inf = _flags(ins)
+        finite_in = not (in_nan or in_inf)
+        if finite_in:
+            cur.nonfinite.append(idx)        # this operation made the first non-finite value
+        elif not (out_nan and not in_nan):
+            return                           # it only passed on what came in
+        if self.on_nonfinite is not None:
+            origin = None if finite_in else cur.origin_of(in_ids)
+            self.on_nonfinite(idx, {"nan": out_nan, "inf": out_inf, "in_nan": in_nan, "in_inf": in_inf,
+                                    "origin": origin, "inputs": [describe(a) for a in ins]})
+
+
+def _tensors(xs, acc: list) -> list:
+    """The tensors in an op's arguments or results (tuples and lists of them):
+    torch's pytree is general, and too slow to run on every operation."""
+    for x in xs:
+        if isinstance(x, torch.Tensor):
+            acc.append(x)
+        elif isinstance(x, (tuple, list)):
+            _tensors(x, acc)
+    return acc
+
+
+def _view_key(t: torch.Tensor):
+    try:
+        return (t.data_ptr(), tuple(t.shape), tuple(t.stride()), t.storage_offset(), t.dtype)
+    except Exception:
+        return None
+
+
+def _flags(ts: list) -> tuple:
+    nan = inf = False
+    for t in ts:
+        if (t.is_floating_point() or t.is_complex()) and t.numel() and not bool(torch.isfinite(t).all()):
+            nan = nan or bool(torch.isnan(t).any())
+            inf = inf or bool(torch.isinf(t).any())
+    return nan, inf
+
+
+def describe(t: torch.Tensor) -> dict:
+    """A tensor's shape, dtype and a few statistics (for a catch stop's report)."""
+    d = {"shape": list(t.shape), "dtype": str(t.dtype).replace("torch.", "")}
+    if (t.is_floating_point() or t.is_complex()) and t.numel():
+        with torch.no_grad():
+            f = t.detach().float()
+            d.update(min=float(f.min()), max=float(f.max()), mean=float(f.mean()),
+                     nan=int(torch.isnan(f).sum()), inf=int(torch.isinf(f).sum()))
+    return d

@@ -1,0 +1,85 @@
+"""``origin NAME``: for a parameter that became non-finite, the step whose
+update introduced it, the gradient that carried it, and the operation of that
+step where the badness first appeared: lineage across steps.  The trace's
+statistics find the step; a replay of that step with the op recorder's
+NaN/Inf checks finds the operation."""
+from __future__ import annotations
+
+import os
+
+from ..errors import CommandError
+from .graph import FILE, LINE, MODULE, NODE, OP, PHASE, StepGraph
+
+
+def _bad(row) -> bool:
+    return row is not None and ((row[7] or 0) > 0 or (row[8] or 0) > 0)
+
+
+def _series(s, name: str, kind: str):
+    try:
+        steps, _values, _ = s.history(name, kind, "nan_count")
+    except CommandError:
+        return {}
+    w = s.rec.writer
+    _, block = w.history(name, kind)
+    return dict(zip(steps, block))
+
+
+def origin(s, name: str, get_lineage) -> list:
+    params = {n for n, k in s.series_names() if k == "param"}
+    if name not in params:
+        near = sorted(p for p in params if name in p)[:6]
+        raise CommandError(f"no parameter named '{name}' has been recorded"
+                           + (f" (did you mean: {', '.join(near)})" if near else ""))
+    rows = _series(s, name, "param")
+    bad = [st for st in sorted(rows) if _bad(rows[st])]
+    if not bad:
+        return [f"{name} has stayed finite in all {len(rows)} recorded step(s)."]
+    k = bad[0]
+    row = rows[k]
+    lines = [f"{name} became non-finite at step {k} (nan {int(row[7])}, inf {int(row[8])}): "
+             f"the update of step {k} introduced it."]
+    before = [st for st in sorted(rows) if st < k]
+    if before:
+        p = rows[before[-1]]
+        lines.append(f"  At step {before[-1]} it was finite (norm {p[5]:.4g}).")
+    grads = _series(s, name, "grad")
+    g = grads.get(k)
+    if g is not None and _bad(g):
+        lines.append(f"  Its gradient at step {k} carried it: nan {int(g[7])}, inf {int(g[8])}.")
+    elif g is not None:
+        lines.append(f"  Its gradient at step {k} was finite (norm {g[5]:.4g}): the optimizer's update "
+                     f"made it non-finite.")
+    data = get_lineage(k, check=True)
+    graph = StepGraph(data)
+    made = {}
+    for i in data.get("nonfinite", []):
+        made.setdefault(graph.ops[i][PHASE], i)
+    first = {p: int(i) for p, i in data.get("first_bad", {}).items()}
+    if not first:
+        lines.append(f"  The replay of step {k} made no non-finite value "
+                     f"(it came in from before the step, or the replay differs).")
+        return lines
+    b = first.get("backward")
+    if b is not None:
+        how = "from finite inputs" if b in data.get("nonfinite", []) else \
+            "from a non-finite value that flowed in from the forward pass"
+        lines.append(f"  Step {k}'s backward pass: the gradient first went bad at {_op(graph, b)} ({how}).")
+    f = made.get("forward")
+    if f is not None:
+        lines.append(f"  Step {k}'s forward pass: the first non-finite value came from finite inputs at "
+                     f"{_op(graph, f)}.")
+    o = made.get("optimizer")
+    if o is not None:
+        lines.append(f"  Step {k}'s optimizer step: a non-finite value from finite inputs at {_op(graph, o)}.")
+    return lines
+
+
+def _op(graph, i: int) -> str:
+    op = graph.ops[i]
+    f = op[FILE]
+    if f and os.path.isabs(f):
+        f = os.path.relpath(f)
+    where = ", ".join(x for x in (f"module {op[MODULE]}" if op[MODULE] else "", op[NODE] or "",
+                                  f"{f}:{op[LINE]}" if f else "") if x)
+    return f"{op[OP].split('.')[0]} (op {i}; {where})"

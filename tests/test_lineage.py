@@ -1,0 +1,171 @@
+"""Tensor lineage end to end: catch nan at the operation that made it, origin
+of a NaN parameter, lineage asked after the fact equal to lineage recorded
+live, the module graph of a small CNN, and the trace's de-duplication."""
+import json
+import re
+import textwrap
+
+import pytest
+
+from conftest import example, nndb
+from nndb.lineage.graph import StepGraph
+from nndb.store.reader import TraceReader
+
+LOG_LOSS = textwrap.dedent('''
+    import torch, torch.nn as nn
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3), nn.Softmax(dim=1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def my_loss(p, y):
+        onehot = nn.functional.one_hot(y, 3).float()
+        if step == 3:
+            p = p * onehot                       # the other classes get a probability of exactly 0
+        logp = torch.log(p)                      # LOG LINE
+        return -(onehot * logp).sum(1).mean()    # 0 * -inf = NaN
+
+    for step in range(6):
+        x, y = torch.randn(16, 4), torch.randint(0, 3, (16,))
+        loss = my_loss(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    print("done")
+''')
+
+CNN = textwrap.dedent('''
+    import torch, torch.nn as nn
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),
+                          nn.Linear(4 * 4 * 4, 5))
+    criterion = nn.CrossEntropyLoss()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    for step in range(6):
+        x, y = torch.randn(8, 3, 8, 8), torch.randint(0, 5, (8,))
+        loss = criterion(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+''')
+
+
+def _script(tmp_path, name, text):
+    p = tmp_path / name
+    p.write_text(text)
+    return str(p)
+
+
+def _run(tmp_path, script, *args, trace="t.h5"):
+    r = nndb("run", "--batch", "--nx", "--rules", "none", "--trace", str(tmp_path / trace), *args, script,
+             cwd=str(tmp_path))
+    assert "Traceback" not in r.stderr, r.stderr
+    return r
+
+
+def test_catch_nan_stops_at_the_log_that_made_it_with_its_source_line(tmp_path):
+    script = _script(tmp_path, "train.py", LOG_LOSS)
+    log_line = 1 + LOG_LOSS.splitlines().index(next(l for l in LOG_LOSS.splitlines() if "LOG LINE" in l))
+    r = _run(tmp_path, script, "--report", str(tmp_path / "r.json"), "-e", "catch nan", "-e", "continue",
+             "-e", "p step", "-e", "kill")
+    assert re.search(rf"Catchpoint 1 \(catch nan\): log made Inf in the forward pass of step 3 "
+                     rf"\(train.py:{log_line}\)", r.stdout), r.stdout
+    assert "then mul turned it into NaN" in r.stdout
+    assert "input 0 of mul: float32 (16, 3)" in r.stdout
+    assert "\n3\n" in r.stdout                        # stopped inside step 3, in the script's frame
+    stop = json.loads((tmp_path / "r.json").read_text())["stops"][0]
+    assert stop["reason"] == "catchpoint" and stop["step"] == 3
+    d = stop["detail"]
+    assert d["op"] == "log" and d["file"].endswith("train.py") and d["line"] == log_line
+    assert d["module"] is None and d["via"]["op"] == "mul"
+
+
+def test_catch_nonfinite_in_the_backward_pass(tmp_path):
+    script = _script(tmp_path, "train.py", LOG_LOSS)
+    r = _run(tmp_path, script, "-e", "catch nonfinite", "-e", "continue", "-e", "continue", "-e", "kill")
+    hits = re.findall(r"Catchpoint 1 \(catch nonfinite\): (\w+) made \w+ in the (\w+) pass", r.stdout)
+    assert hits[:2] == [("log", "forward"), ("div", "backward")], r.stdout
+    assert "LogBackward0" in r.stdout
+
+
+def test_origin_traces_a_nan_parameter_to_the_step_and_gradient(tmp_path):
+    r = _run(tmp_path, example("nan_lr.py"), "-e", "watch weight 2.weight nan_count > 0", "-e", "continue",
+             "-e", "origin 2.weight", "-e", "origin 0.bias", "-e", "origin nosuch", "-e", "kill")
+    out = r.stdout
+    assert "2.weight became non-finite at step 6 (nan 32, inf 0): the update of step 6 introduced it." in out
+    assert "At step 5 it was finite" in out
+    assert "Its gradient at step 6 carried it" in out
+    assert re.search(r"Step 6's backward pass: the gradient first went bad at mse_loss_backward \(op \d+; "
+                     r"module criterion, MseLossBackward0, \S*nan_lr.py:35\)", out), out
+    assert re.search(r"Step 6's forward pass: the first non-finite value came from finite inputs at addmm "
+                     r"\(op \d+; module 2, \S*nan_lr.py:34\)", out), out
+    assert "no parameter named 'nosuch' has been recorded" in r.stderr
+
+
+def test_lineage_after_the_fact_equals_lineage_recorded_live(tmp_path):
+    script = _script(tmp_path, "cnn.py", CNN)
+    _run(tmp_path, script, "--lineage", "3", trace="live.h5")
+    r = _run(tmp_path, script, "-e", "break step 5", "-e", "continue", "-e", "lineage loss --step 3 --depth 2",
+             "-e", "continue", trace="late.h5")
+    assert "lineage of loss in step 3" in r.stdout
+    with TraceReader(str(tmp_path / "live.h5")) as a, TraceReader(str(tmp_path / "late.h5")) as b:
+        assert a.lineage_steps() == [3] and b.lineage_steps() == [3]
+        la, lb = a.lineage(3), b.lineage(3)
+    assert la["ops"] == lb["ops"] and la["labels"] == lb["labels"]
+    phases = {op[1] for op in la["ops"]}
+    assert phases == {"forward", "backward", "optimizer"}
+    assert any(op[0].startswith("convolution_backward") for op in la["ops"])
+
+
+def test_graph_of_a_small_cnn_matches_its_modules(tmp_path):
+    script = _script(tmp_path, "cnn.py", CNN)
+    r = _run(tmp_path, script, "--lineage", "2", "-e", "break step 2", "-e", "continue", "-e", "graph",
+             "-e", f"graph --dot {tmp_path / 'g.dot'}", "-e", "graph --ops", "-e", "continue")
+    edges = re.findall(r"^  (\S+) -> (\S+)$", r.stdout, re.M)
+    assert edges == [("input", "0"), ("0", "1"), ("1", "2"), ("2", "3"), ("3", "4"), ("4", "criterion"),
+                     ("input", "criterion")], r.stdout           # (the targets go into the loss too)
+    dot = (tmp_path / "g.dot").read_text()
+    assert dot.startswith('digraph "step 2"') and '"0" -> "1";' in dot and '"4" -> "criterion";' in dot
+    assert re.search(r"^\s+\d+ convolution\s+forward\s+0\s", r.stdout, re.M)
+
+
+def test_repeated_steps_are_stored_once(tmp_path):
+    script = _script(tmp_path, "cnn.py", CNN)
+    _run(tmp_path, script, "--lineage", "0:6")
+    with TraceReader(str(tmp_path / "t.h5")) as t:
+        assert t.lineage_steps() == [0, 1, 2, 3, 4, 5]
+        assert t.lineage_sequences() <= 3             # the first steps differ (momentum buffers), then repeat
+        g = StepGraph(t.lineage(4))
+    tid = g.resolve("loss")
+    trace = g.backward_trace(tid, depth=30)
+    assert any("param 0.weight" in line for line in trace) and any("(input)" in line for line in trace)
+
+
+def test_lineage_of_an_expression_and_consumers(tmp_path):
+    script = _script(tmp_path, "cnn.py", CNN)
+    r = _run(tmp_path, script, "-e", "break step 1", "-e", "continue", "-e", "lineage on", "-e", "next",
+             "-e", "lineage loss --depth 2", "-e", "consumers 4.weight --depth 1", "-e", "lineage x --depth 1",
+             "-e", "lineage off", "-e", "continue")
+    assert "lineage of loss in step 2" in r.stdout
+    assert re.search(r"t\d+ \(loss\) = nll_loss_forward", r.stdout) or "(loss) =" in r.stdout
+    assert re.search(r"-> t\d+ = t\(t\d+ \(param 4.weight\)\) \[forward\]", r.stdout), r.stdout
+    assert re.search(r"lineage of x in step 2 \(t\d+\):\nt\d+ \(input\) = randn", r.stdout), r.stdout
+
+
+@pytest.mark.parametrize("cmd,msg", [
+    ("catch foo", "catch what? (nan, inf or nonfinite)"),
+    ("lineage", "lineage what?"),
+    ("graph --step 99", "step 99 has not finished yet"),
+    ("lineage nosuch_name", "name 'nosuch_name' is not defined"),
+    ("graph --frob", "unexpected '--frob'"),
+])
+def test_bad_lineage_commands_get_one_line(tmp_path, cmd, msg):
+    script = _script(tmp_path, "cnn.py", CNN)
+    r = _run(tmp_path, script, "-e", "break step 1", "-e", "continue", "-e", cmd, "-e", "continue")
+    assert msg in r.stderr, r.stderr
+    assert r.returncode == 0
+
+
+def test_bad_lineage_steps_option(tmp_path):
+    script = _script(tmp_path, "cnn.py", CNN)
+    r = nndb("run", "--batch", "--lineage", "x:y", script, cwd=str(tmp_path))
+    assert r.returncode == 2 and "bad step list 'x:y'" in r.stderr and "Traceback" not in r.stderr
