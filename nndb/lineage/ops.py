@@ -22,14 +22,14 @@ number: the run's numbers stay the same.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import weakref
 from typing import Callable, Optional
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
 _TORCH_DIR = os.path.dirname(torch.__file__)
 _NNDB_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -40,20 +40,27 @@ _SKIP = {torch.ops.profiler._record_function_enter_new.default,
 FIELDS = ("op", "phase", "inputs", "outputs", "shapes", "dtypes", "module", "file", "line", "node")
 
 
-def _is_script(code, cache={}) -> bool:
-    v = cache.get(code)
-    if v is None:
-        f = code.co_filename
-        v = not (f.startswith("<") or os.path.abspath(f).startswith((_TORCH_DIR, _NNDB_DIR, _STDLIB)))
-        cache[code] = v
+_SCRIPT: dict = {}      # code object -> is it the script's own code
+
+
+def _is_script(code) -> bool:
+    f = code.co_filename
+    v = not (f.startswith("<") or os.path.abspath(f).startswith((_TORCH_DIR, _NNDB_DIR, _STDLIB)))
+    _SCRIPT[code] = v
     return v
 
 
 def script_location(frame) -> tuple:
-    """(file, line) of the nearest frame of the script's own code."""
+    """(file, line) of the nearest frame of the script's own code (run on
+    every operation: one dict lookup per frame)."""
+    get = _SCRIPT.get
     while frame is not None:
-        if _is_script(frame.f_code):
-            return frame.f_code.co_filename, frame.f_lineno
+        code = frame.f_code
+        v = get(code)
+        if v is None:
+            v = _is_script(code)
+        if v:
+            return code.co_filename, frame.f_lineno
         frame = frame.f_back
     return None, None
 
@@ -154,7 +161,9 @@ class OpRecorder(TorchDispatchMode):
         self.modules: list = []          # names of the modules whose forward is running
         self.node_module: dict = {}      # id(autograd node) -> (node, module name)
         self.phase = "forward"
-        self._on = False
+        self._on = False                 # on the dispatch stack
+        self._want = False
+        self._paused = 0
         self._names: dict = {}
         self.errors = 0
 
@@ -163,19 +172,14 @@ class OpRecorder(TorchDispatchMode):
         self.current = StepLineage(step)
         self.node_module.clear()
         self.phase = "forward"
-        if not self._on:
-            self._on = True
-            self.tracer.lineage = self
-            self.__enter__()
+        self.tracer.lineage = self
+        self._want = True
+        self._settle()
 
     def stop(self) -> Optional[StepLineage]:
-        if self._on:
-            self._on = False
-            self.tracer.lineage = None
-            try:
-                self.__exit__(None, None, None)
-            except Exception:
-                pass
+        self.tracer.lineage = None
+        self._want = False
+        self._settle()
         done, self.current = self.current, None
         self.node_module.clear()
         self.modules = []
@@ -188,6 +192,34 @@ class OpRecorder(TorchDispatchMode):
         self.node_module.clear()
         self.phase = "forward"
         return done
+
+    def _settle(self) -> None:
+        """Put the mode on or take it off the dispatch stack, unless nndb's own
+        work has the stack emptied just now (``paused``): then on the way out."""
+        if self._paused:
+            return
+        if self._want and not self._on:
+            self.__enter__()
+            self._on = True
+        elif not self._want and self._on:
+            self._on = False
+            try:
+                self.__exit__(None, None, None)
+            except Exception:
+                pass
+
+    @contextlib.contextmanager
+    def paused(self):
+        if not self._on or self._paused:
+            yield
+            return
+        self._paused += 1
+        try:
+            with _disable_current_modes():
+                yield
+        finally:
+            self._paused -= 1
+            self._settle()
 
     # -- hooks ---------------------------------------------------------------------------------
     def _name(self, module) -> str:
@@ -206,10 +238,9 @@ class OpRecorder(TorchDispatchMode):
             self.modules.append(self._name(module))
             if len(self.modules) == 1 and self.current is not None:
                 self.phase = "forward"
-                for a in tree_flatten(args)[0]:
-                    if isinstance(a, torch.Tensor):
-                        tid = self.current.tid(a)
-                        self.current.labels.setdefault(tid, "input")
+                for a in _tensors(args, []):
+                    tid = self.current.tid(a)
+                    self.current.labels.setdefault(tid, "input")
         except Exception:
             self.errors += 1
 
@@ -219,7 +250,7 @@ class OpRecorder(TorchDispatchMode):
             cur = self.current
             if cur is None:
                 return
-            outs = [t for t in tree_flatten(output)[0] if isinstance(t, torch.Tensor)]
+            outs = _tensors((output,), [])
             for t in outs:
                 cur.labels[cur.tid(t)] = f"act {name}"
             # tag the autograd nodes this forward made (inner modules tagged theirs first)
@@ -267,7 +298,7 @@ class OpRecorder(TorchDispatchMode):
         for a in ins:
             tid = cur.tid(a)
             ids.append(tid)
-            if tid not in cur.labels and isinstance(a, torch.nn.Parameter):
+            if type(a) is torch.nn.Parameter and tid not in cur.labels:
                 cur.labels[tid] = "param " + self.naming.param_name(a)
         return ids
 
@@ -324,6 +355,8 @@ def _tensors(xs, acc: list) -> list:
             acc.append(x)
         elif isinstance(x, (tuple, list)):
             _tensors(x, acc)
+        elif isinstance(x, dict):
+            _tensors(tuple(x.values()), acc)
     return acc
 
 

@@ -13,6 +13,7 @@ reported once on stderr and recording stops; training goes on untouched.
 """
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import sys
@@ -77,6 +78,7 @@ def _backward_roots():
 
 
 _ACTIVE: "weakref.WeakSet" = weakref.WeakSet()
+_NULL = contextlib.nullcontext()
 _FORK_HOOK = False
 REPLICA_FORK = False     # set by nndb.timetravel around its own fork(): the child is a replica
 
@@ -175,6 +177,12 @@ class Tracer:
         finally:
             self.busy -= 1
 
+    def _quiet(self):
+        """While nndb itself computes (statistics, probes): the op recorder, if
+        on, is taken off the dispatch stack (the skip would cost as much as the op)."""
+        lin = self.lineage
+        return lin.paused() if lin is not None else _NULL
+
     # -- guard -------------------------------------------------------------
     def _fail(self) -> None:
         if not self._failed:
@@ -219,23 +227,24 @@ class Tracer:
             return None
         if self.lineage is not None:
             self.lineage.module_post(module, args, output)
-        try:
-            self._in_hook = True
-            # A module reused within one forward pass (one ReLU applied after two
-            # layers) gets one series per use: act, act#2, ...
-            idx = self._calls.get(module, 0)
-            self._calls[module] = idx + 1
-            self.recorder.activation((module, idx), output)
-            if self.probes:
-                for cb in self.probes.get(type(module), ()):
-                    cb(module, idx, args, output)
-            if self.want_backward:
-                self._watch_backward(module, output)
-        except Exception:
-            self._fail()
-        finally:
-            self._in_hook = False
-        return None
+        with self._quiet():     # (nndb's own tensor work is not the step's lineage)
+            try:
+                self._in_hook = True
+                # A module reused within one forward pass (one ReLU applied after two
+                # layers) gets one series per use: act, act#2, ...
+                idx = self._calls.get(module, 0)
+                self._calls[module] = idx + 1
+                self.recorder.activation((module, idx), output)
+                if self.probes:
+                    for cb in self.probes.get(type(module), ()):
+                        cb(module, idx, args, output)
+                if self.want_backward:
+                    self._watch_backward(module, output)
+            except Exception:
+                self._fail()
+            finally:
+                self._in_hook = False
+            return None
 
     def _watch_backward(self, module, output) -> None:
         """A stop point at the module's backward: a hook on its output's gradient."""
@@ -270,25 +279,26 @@ class Tracer:
         if self._failed:
             return
         self.busy += 1
-        try:
-            roots = _backward_roots()
-            loss = roots[0] if roots and isinstance(roots[0], torch.Tensor) else None
-            if loss is not None:
-                self.recorder.loss(loss)
-                if self.on_loss is not None:
-                    self.on_loss(loss)
-            else:
-                self.recorder.backward_without_loss()
-            n = self._optimizer_count() if self.clock.mode is Mode.UNKNOWN else 1
-            close = self.clock.backward_end(n)
-            if self.clock.mode is Mode.MANUAL:
-                self.recorder.manual = True
-            if close is not None:
-                self._close(close)
-        except Exception:
-            self._fail()
-        finally:
-            self.busy -= 1
+        with self._quiet():     # (nndb's own tensor work is not the step's lineage)
+            try:
+                roots = _backward_roots()
+                loss = roots[0] if roots and isinstance(roots[0], torch.Tensor) else None
+                if loss is not None:
+                    self.recorder.loss(loss)
+                    if self.on_loss is not None:
+                        self.on_loss(loss)
+                else:
+                    self.recorder.backward_without_loss()
+                n = self._optimizer_count() if self.clock.mode is Mode.UNKNOWN else 1
+                close = self.clock.backward_end(n)
+                if self.clock.mode is Mode.MANUAL:
+                    self.recorder.manual = True
+                if close is not None:
+                    self._close(close)
+            except Exception:
+                self._fail()
+            finally:
+                self.busy -= 1
 
     def _optimizer_count(self, opt=None) -> int:
         """Optimizers of this run: scanned once and reused, unless an optimizer
@@ -305,50 +315,52 @@ class Tracer:
         if self._failed:
             return None
         self.busy += 1
-        try:
-            if opt not in self._opt_seen:
-                self._first_sight(opt)
-            needs_count = self.clock.mode in (Mode.UNKNOWN, Mode.MANUAL) or \
-                (self.clock.mode is not Mode.LEARNING and self.clock.closer is None)
-            n = self._optimizer_count(opt) if needs_count else 2
-            close = self.clock.optimizer_pre(opt, n)
-            self.recorder.manual = self.clock.mode is Mode.MANUAL
-            if close is not None:
-                self._close(close)
-            self.recorder.optimizer_pre(opt)
-            if self.lineage is not None:
-                self.lineage.optimizer(opt, "pre")
-            if self.probes:
-                for cb in self.probes.get("optimizer", ()):
-                    cb(opt, "pre")
-        except Exception:
-            self._fail()
-        finally:
-            self.busy -= 1
-        return None
+        with self._quiet():     # (nndb's own tensor work is not the step's lineage)
+            try:
+                if opt not in self._opt_seen:
+                    self._first_sight(opt)
+                needs_count = self.clock.mode in (Mode.UNKNOWN, Mode.MANUAL) or \
+                    (self.clock.mode is not Mode.LEARNING and self.clock.closer is None)
+                n = self._optimizer_count(opt) if needs_count else 2
+                close = self.clock.optimizer_pre(opt, n)
+                self.recorder.manual = self.clock.mode is Mode.MANUAL
+                if close is not None:
+                    self._close(close)
+                self.recorder.optimizer_pre(opt)
+                if self.lineage is not None:
+                    self.lineage.optimizer(opt, "pre")
+                if self.probes:
+                    for cb in self.probes.get("optimizer", ()):
+                        cb(opt, "pre")
+            except Exception:
+                self._fail()
+            finally:
+                self.busy -= 1
+            return None
 
     def _opt_post(self, opt, args, kwargs):
         if self._failed:
             return None
         self.busy += 1
-        try:
-            self.recorder.optimizer_post(opt)
-            if self.lineage is not None:
-                self.lineage.optimizer(opt, "post")
-            if self.probes:
-                for cb in self.probes.get("optimizer", ()):
-                    cb(opt, "post")
-            learning = self.clock.mode is Mode.LEARNING
-            close = self.clock.optimizer_post(opt)
-            if learning:
-                self.recorder.mark()
-            if close is not None:
-                self._close(close)
-        except Exception:
-            self._fail()
-        finally:
-            self.busy -= 1
-        return None
+        with self._quiet():     # (nndb's own tensor work is not the step's lineage)
+            try:
+                self.recorder.optimizer_post(opt)
+                if self.lineage is not None:
+                    self.lineage.optimizer(opt, "post")
+                if self.probes:
+                    for cb in self.probes.get("optimizer", ()):
+                        cb(opt, "post")
+                learning = self.clock.mode is Mode.LEARNING
+                close = self.clock.optimizer_post(opt)
+                if learning:
+                    self.recorder.mark()
+                if close is not None:
+                    self._close(close)
+            except Exception:
+                self._fail()
+            finally:
+                self.busy -= 1
+            return None
 
     def optimizers(self) -> list:
         """The optimizers that have stepped in this run."""
