@@ -169,3 +169,15 @@ def test_bad_lineage_steps_option(tmp_path):
     script = _script(tmp_path, "cnn.py", CNN)
     r = nndb("run", "--batch", "--lineage", "x:y", script, cwd=str(tmp_path))
     assert r.returncode == 2 and "bad step list 'x:y'" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_lineage_on_with_stats_records_every_ops_output_statistics(tmp_path):
+    script = _script(tmp_path, "cnn.py", CNN)
+    r = _run(tmp_path, script, "-e", "break step 1", "-e", "continue", "-e", "lineage on --stats", "-e", "next",
+             "-e", "lineage loss --depth 2", "-e", "continue")
+    line = next(l for l in r.stdout.splitlines() if "(loss) =" in l)
+    m = re.search(r"min (\S+) max (\S+) mean (\S+)", line)
+    assert m and float(m.group(1)) == float(m.group(2)) == float(m.group(3)) > 0, line   # a scalar loss
+    with TraceReader(str(tmp_path / "t.h5")) as t:
+        data = t.lineage(2)
+    assert len(data["stats"]) >= len(data["ops"]) // 2       # (ops with a floating-point output)

@@ -44,6 +44,7 @@ class LineageControl:
     def __init__(self, steps: Optional[str] = None):
         self.wanted = parse_steps(steps)
         self.always = False            # lineage on
+        self.stats = False             # lineage on --stats: every op's output statistics
         self.forced: set = set()       # steps a replica must record (asked after the fact)
         self.recorder = None
         self.done: dict = {}           # step -> StepLineage (live maps: EXPR -> id)
@@ -83,6 +84,7 @@ class LineageControl:
                 from .ops import OpRecorder
                 self.recorder = OpRecorder(s.rec.tracer)
             self.recorder.check = bool(self.catching()) or step in self.forced
+            self.recorder.stats = self.stats
             self.recorder.on_nonfinite = self._nonfinite
             if self.recorder.current is None:
                 self.recorder.start(step)

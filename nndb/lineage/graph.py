@@ -15,6 +15,7 @@ class StepGraph:
         self.step = data.get("step")
         self.ops = data["ops"]
         self.labels = {int(k): v for k, v in data.get("labels", {}).items()}
+        self.stats = {int(k): v for k, v in data.get("stats", {}).items()}
         self.producer: dict = {}
         self.consumers: dict = {}
         for i, op in enumerate(self.ops):
@@ -56,8 +57,11 @@ class StepGraph:
         op = self.ops[i]
         args = ", ".join(self.label(t) for t in op[INS])
         shape = "x".join(map(str, op[SHAPES][0])) if op[SHAPES] else ""
+        st = self.stats.get(i)
+        stats = f"  min {st[0]:.4g} max {st[1]:.4g} mean {st[2]:.4g}" + \
+            (f" nan {st[3]} inf {st[4]}" if st[3] or st[4] else "") if st else ""
         return f"{op[OP].split('.')[0]}({args}) [{op[PHASE]}] {shape or 'scalar'} {op[DTYPES][0] if op[DTYPES] else ''}"\
-            f"  {self.where(op)}".rstrip()
+            f"  {self.where(op)}{stats}".rstrip()
 
     # -- traces ------------------------------------------------------------------------------
     def backward_trace(self, tid: int, depth: int = 6) -> list:

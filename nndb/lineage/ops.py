@@ -79,6 +79,7 @@ class StepLineage:
         self._views: dict = {}          # (data_ptr, shape, stride, offset, dtype) -> id of an op's output
         self.checked = False            # NaN/Inf were looked for (catch, origin)
         self.first_bad: dict = {}       # phase -> index of its first op with a non-finite output
+        self.stats: dict = {}           # op index -> [min, max, mean, nan, inf] of its first output
 
     def tid(self, t: torch.Tensor) -> int:
         """The id of this tensor as it is now: a tensor seen for the first time,
@@ -146,7 +147,7 @@ class StepLineage:
     def as_dict(self) -> dict:
         return {"step": self.step, "ops": self.ops, "labels": {str(k): v for k, v in self.labels.items()},
                 "nonfinite": self.nonfinite, "checked": self.checked,
-                "first_bad": self.first_bad}
+                "first_bad": self.first_bad, "stats": {str(k): v for k, v in self.stats.items()}}
 
 
 class OpRecorder(TorchDispatchMode):
@@ -156,6 +157,7 @@ class OpRecorder(TorchDispatchMode):
         self.tracer = tracer
         self.naming = tracer.naming
         self.check = check
+        self.stats = False               # output statistics of every op (lineage on --stats)
         self.on_nonfinite = on_nonfinite
         self.current: Optional[StepLineage] = None
         self.modules: list = []          # names of the modules whose forward is running
@@ -326,6 +328,10 @@ class OpRecorder(TorchDispatchMode):
             cur.producer[tid] = idx
             if o._base is not None or func.is_view:
                 cur._views[_view_key(o)] = tid
+        if self.stats and outs:
+            d = describe(outs[0])
+            if "min" in d:
+                cur.stats[idx] = [d["min"], d["max"], d["mean"], d["nan"], d["inf"]]
         if self.check:
             cur.checked = True
             self._check(cur, idx, ins, in_ids, outs)

@@ -118,7 +118,7 @@ class TraceWriter:
         """A step's operations (nndb.lineage); a sequence seen before is stored once."""
         if self.failed or self.closed:
             return
-        text = json.dumps({k: data[k] for k in ("ops", "labels", "nonfinite", "checked", "first_bad")
+        text = json.dumps({k: data[k] for k in ("ops", "labels", "nonfinite", "checked", "first_bad", "stats")
                            if k in data}, separators=(",", ":"))
         seq = self._sequences.get(text)
         if seq is None:

@@ -107,8 +107,9 @@ def _resolve(s, arg, graph_of):
 
 def _lineage(s, arg):
     lc = _control(s)
-    if arg["target"] in ("on", "off"):
-        lc.always = arg["target"] == "on"
+    if arg["target"] in ("on", "off", "on --stats"):
+        lc.always = arg["target"] != "off"
+        lc.stats = arg["target"] == "on --stats"
         s.sync_hooks()
         return (f"Lineage is recorded from step {s._step_in_progress()} on ('lineage off' stops)."
                 if lc.always else "Lineage recording is off (catch points still record while enabled).")
@@ -181,12 +182,13 @@ def _graph(s, arg):
 
 
 COMMANDS = [
-    Command("lineage", "lineage on|off  |  lineage NAME|EXPR [--depth D] [--step N]",
+    Command("lineage", "lineage on [--stats]|off  |  lineage NAME|EXPR [--depth D] [--step N]",
             """Show which operations made a tensor, down to parameters and the batch.
 NAME is a recorded name (loss, a parameter, a module: its output, t12); EXPR a
 tensor in the script's frame.  A step whose lineage was not recorded is
 replayed on a replica with the op recorder on.  'lineage on' records every
-step from now ('off' stops); --lineage STEPS records chosen steps.""",
+step from now ('off' stops), with --stats every op's output statistics too;
+--lineage STEPS records chosen steps.""",
             _lineage, _target_arg, args=("sub:on|off", "tensor"), group="lineage"),
     Command("consumers", "consumers NAME|EXPR [--depth D] [--step N]",
             "Show the operations that used a tensor, and theirs (lineage's forward direction).",
