@@ -205,3 +205,15 @@ def test_bad_time_travel_commands_get_one_line(tmp_path, script):
     assert "cannot go back before the end of step 0" in err
     assert "no checkpoint number 99" in err
     assert r.returncode == 0
+
+
+def test_quit_run_and_kill_in_the_past(tmp_path, script):
+    q = run(tmp_path, script, ["break step 6", "continue", "rs 2", "quit"])
+    assert "In the past (timeline 0): step 4 finished" in q.stdout
+    assert "final" not in q.stdout and "Back in the present" not in q.stdout     # quit ends the live run too
+    k = run(tmp_path, script, ["break step 6", "continue", "rs 2", "kill", STATE, "continue"])
+    assert "the replica is killed; back to the present." in k.stdout
+    assert re.search(r"\('STATE', 6, ", k.stdout) and "final" in k.stdout, k.stdout   # the live run goes on
+    r = run(tmp_path, script, ["break step 6", "continue", "rs 2", "run", "delete", "continue"])
+    assert r.stdout.count("Breakpoint 1, step 6 finished") == 1 and "final" in r.stdout, r.stdout
+    assert (tmp_path / "t-run2.h5").exists()                 # 'run' in the past restarted the live run

@@ -83,7 +83,9 @@ class Role:
         return None
 
     def run_ended(self, s, status: str, reason: str) -> None:
-        finish(self.chan, {"op": "handback", "next": "present", "state": export_state(s),
+        # quit and run act on the live run; kill (or the script's end) ends this replica
+        nxt = "quit" if s.quit_requested else "run" if s.restart_requested else "present"
+        finish(self.chan, {"op": "handback", "next": nxt, "state": export_state(s),
                            "ended": status, "reason": reason})
 
 
@@ -123,7 +125,11 @@ class Goto(Role):
             forking.unsilence(self.saved_fds)
             self.saved_fds = None
             s.error(f"nndb: the replay ended ({status}: {reason}) before reaching step {self.target}")
-        else:
+        elif s.quit_requested or s.restart_requested:
+            pass                               # (the live run carries them out)
+        elif s.kill_requested:
+            s.message("nndb: the replica is killed; back to the present.")
+        elif status != "killed":
             s.message(f"nndb: the script ended on this timeline ({status}); back to the present.")
         super().run_ended(s, status, reason)
 
