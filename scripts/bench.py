@@ -289,11 +289,9 @@ def travel(name, tmpdir, back=(1, 10), ahead=(1, 10)):
 
 def _restart_preloaded():
     """Replicas need Intel's OpenMP runtime to run multi-threaded (see nndb.timetravel.preload)."""
-    from nndb.timetravel.preload import libiomp_path
-    path = libiomp_path()
-    if path and "libiomp5" not in os.environ.get("LD_PRELOAD", "") and not os.environ.get("NNDB_NO_PRELOAD"):
-        env = dict(os.environ, LD_PRELOAD=path + (":" + os.environ["LD_PRELOAD"]
-                                                  if os.environ.get("LD_PRELOAD") else ""))
+    from nndb.timetravel.preload import preloaded_env
+    env = preloaded_env()
+    if env is not None and sys.platform.startswith("linux"):
         sys.stdout.flush()
         os.execve(sys.executable, [sys.executable, *sys.argv], env)
 

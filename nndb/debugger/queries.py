@@ -86,17 +86,21 @@ class RunQueries:
             kind = kinds[0]
         elif (name, kind) not in series:
             raise CommandError(f"no {kind} tensor named '{name}' has been recorded")
-        w = self.rec.writer if self.rec is not None else None
-        if w is not None and not w.closed:
-            steps, block = w.history(name, kind)
-        else:
-            from ..store.reader import TraceReader
-            with TraceReader(self.trace_path) as reader:
-                s = reader.find(name, kind)
-                steps, block = reader.history(s[0]) if s else ([], [])
+        steps, block = self.history_rows(name, kind)
         col = P.STATS.index(stat)
         values = [row[col] for row in block]
         return list(steps), values, kind
+
+    def history_rows(self, name: str, kind: str):
+        """(steps, (N, 10) statistics) of one series: from the writer while the
+        run is live (unflushed steps too), else from the trace."""
+        w = self.rec.writer if self.rec is not None else None
+        if w is not None and not w.closed:
+            return w.history(name, kind)
+        from ..store.reader import TraceReader
+        with TraceReader(self.trace_path) as reader:
+            s = reader.find(name, kind)
+            return reader.history(s[0]) if s else ([], [])
 
     def series_names(self) -> set:
         if self.rec is not None and not self.rec.writer.closed:

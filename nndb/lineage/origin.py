@@ -15,13 +15,8 @@ def _bad(row) -> bool:
     return row is not None and ((row[7] or 0) > 0 or (row[8] or 0) > 0)
 
 
-def _series(s, name: str, kind: str):
-    try:
-        steps, _values, _ = s.history(name, kind, "nan_count")
-    except CommandError:
-        return {}
-    w = s.rec.writer
-    _, block = w.history(name, kind)
+def _series(s, name: str, kind: str) -> dict:
+    steps, block = s.history_rows(name, kind)
     return dict(zip(steps, block))
 
 

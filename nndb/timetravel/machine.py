@@ -11,6 +11,7 @@ owned by one process.
 """
 from __future__ import annotations
 
+import collections
 import signal
 import time
 from dataclasses import dataclass
@@ -58,7 +59,7 @@ class TimeMachine:
         self.blocked: Optional[str] = None    # why fork checkpoints are off in this run
         self.exact, self.exact_why = True, ""
         self.taken = 0
-        self.step_times: list = []        # recent step durations (s), for the latency figures
+        self.step_times = collections.deque(maxlen=50)   # recent step durations (s)
         self._last_end: Optional[float] = None
         # A fork's real cost comes mostly after it: every page the run writes
         # next is copied once (copy-on-write).  So a checkpoint's cost is its
@@ -94,7 +95,7 @@ class TimeMachine:
             if self._settling is not None:
                 self._settle(took, now)
             else:
-                self.step_times = (self.step_times + [took])[-50:]
+                self.step_times.append(took)
         self._last_end = now
         if self.replica or self.mode not in ("auto", "fork") or self.blocked or self._settling is not None:
             return

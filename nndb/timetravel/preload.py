@@ -41,6 +41,16 @@ def libiomp_path() -> Optional[str]:
     return None
 
 
+def preloaded_env() -> Optional[dict]:
+    """os.environ with libiomp5 put first in LD_PRELOAD, or None when it is not
+    installed or is there already."""
+    path = libiomp_path()
+    old = os.environ.get("LD_PRELOAD", "")
+    if path is None or "libiomp5" in old or os.environ.get("NNDB_NO_PRELOAD"):
+        return None
+    return dict(os.environ, LD_PRELOAD=path + (":" + old if old else ""))
+
+
 def settle() -> None:
     """In the process started again: hand the script its own environment back."""
     global HASH_SEED
@@ -62,19 +72,15 @@ def maybe_restart(replica_mode: str) -> None:
     if os.environ.get("NNDB_PRELOADED") is not None:
         settle()
         return
-    if not sys.platform.startswith("linux") or replica_mode in ("respawn", "off") \
-            or os.environ.get("NNDB_NO_PRELOAD"):
+    if not sys.platform.startswith("linux") or replica_mode in ("respawn", "off"):
         return
     if "torch" in sys.modules:          # too late: the OpenMP runtime is loaded already
         return
-    path = libiomp_path()
-    old = os.environ.get("LD_PRELOAD", "")
-    if path is None or "libiomp5" in old:
+    env = preloaded_env()
+    if env is None:
         return
-    env = dict(os.environ)
     env["NNDB_PRELOADED"] = "1"
-    env["NNDB_USER_LD_PRELOAD"] = old
-    env["LD_PRELOAD"] = path + (":" + old if old else "")
+    env["NNDB_USER_LD_PRELOAD"] = os.environ.get("LD_PRELOAD", "")
     if "PYTHONHASHSEED" not in env:
         env["PYTHONHASHSEED"] = str(random.SystemRandom().randint(1, 2**32 - 1))
         env["NNDB_SET_HASHSEED"] = "1"

@@ -28,8 +28,7 @@ def bisect(s, machine, expr: str) -> str:
         raise CommandError("bisect starts from a stop at a step end of the live run")
     if machine.replica:
         raise CommandError("bisect searches the live run's past: 'present' first")
-    frame = E.stop_frame(s.frame) if s.frame is not None else None
-    now = E.evaluate(E.compile_expr(expr), s.frame or frame, s.variables(s.frame, step_end=True))
+    now = E.evaluate(E.compile_expr(expr), s.frame, s.variables(s.frame, step_end=True))
     here = s.last_step
     if not now:
         return f"{expr} is false at the current step {here}: nothing to bisect."
@@ -70,24 +69,28 @@ def bisect(s, machine, expr: str) -> str:
             f"{replayed} step(s) replayed).  'goto {first}' goes there.")
 
 
-def _recorded(writer, step: int) -> dict:
-    """{(name, kind): stats row} of a recorded step, from the trace (or the writer's unflushed rows)."""
-    for rec, _ids in reversed(writer._rows):
-        if rec.step == step:
+class _Recorded:
+    """The recorded statistics of steps, from the trace and the writer's
+    unflushed rows: the step index and series names are read once."""
+
+    def __init__(self, writer):
+        self.writer = writer
+        self.pending = {rec.step: rec for rec, _ids in writer._rows}
+        f = writer._f
+        self.rows = {int(st): i for i, st in enumerate(f["steps"]["step"][:])}   # (the last row of a step)
+        self.names = {sid: nk for nk, sid in writer.series.items()}
+
+    def step(self, step: int) -> dict:
+        """{(name, kind): stats row} of one step ({} if it was not recorded)."""
+        rec = self.pending.get(step)
+        if rec is not None:
             return {nk: [float(x) for x in row] for nk, row in zip(rec.names, rec.stats)}
-    f = writer._f
-    steps = f["steps"]["step"][:]
-    idx = [i for i, st in enumerate(steps) if st == step]
-    if not idx:
-        return {}
-    row = f["stats"][idx[-1]]
-    names = {sid: nk for nk, sid in writer.series.items()}
-    out = {}
-    for sid in range(row.shape[0]):
-        vals = [float(x) for x in row[sid]]
-        if sid in names and not math.isnan(vals[0]):
-            out[names[sid]] = vals
-    return out
+        i = self.rows.get(step)
+        if i is None:
+            return {}
+        row = self.writer._f["stats"][i]
+        return {self.names[sid]: [float(x) for x in vals] for sid, vals in enumerate(row)
+                if sid in self.names and not math.isnan(vals[0])}
 
 
 def _same(a: float, b: float) -> bool:
@@ -107,13 +110,13 @@ def verify(s, machine, rng) -> list:
         raise CommandError(f"step {hi} has not run yet (the present is step {s.last_step})")
     if lo < 0:
         raise CommandError("step numbers start at 0")
-    writer = s.rec.writer
     ck = machine.nearest(lo)
     res = machine.replay(s, {"kind": "scan", "from": lo, "end": hi, "stats": True}, lo)
     from ..debugger.points import STATS
     compared = steps = 0
+    trace = _Recorded(s.rec.writer)
     for step, rows in res["result"]["stats"]:
-        recorded = _recorded(writer, step)
+        recorded = trace.step(step)
         if not recorded:
             continue
         steps += 1

@@ -76,7 +76,7 @@ def _step_of(s, arg) -> int:
     return s.last_step
 
 
-def _resolve(s, arg, graph_of):
+def _resolve(s, arg):
     """(StepGraph, tensor id) of the target: a recorded name, else an expression."""
     from ...lineage.graph import StepGraph
     step = _step_of(s, arg)
@@ -115,14 +115,14 @@ def _lineage(s, arg):
                 if lc.always else "Lineage recording is off (catch points still record while enabled).")
     if arg["target"] is None:
         raise CommandError("lineage what? (a name such as loss or fc1.weight, an expression, or on|off)")
-    g, tid = _resolve(s, arg, None)
+    g, tid = _resolve(s, arg)
     return [f"lineage of {arg['target']} in step {g.step} (t{tid}):"] + g.backward_trace(tid, arg["depth"])
 
 
 def _consumers(s, arg):
     if arg["target"] is None:
         raise CommandError("consumers of what? (a name or an expression)")
-    g, tid = _resolve(s, arg, None)
+    g, tid = _resolve(s, arg)
     return [f"consumers of {arg['target']} in step {g.step}:"] + g.consumer_trace(tid, arg["depth"])
 
 

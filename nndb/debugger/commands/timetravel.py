@@ -16,7 +16,7 @@ def machine(s, live: bool = True):
     m = s.machine
     if m is None or m.mode == "off":
         raise CommandError("time travel is off in this run (--replica off)")
-    if live and s.state not in ("live", "post-mortem", "exited") or s.rec is None:
+    if s.rec is None or (live and s.state not in ("live", "post-mortem", "exited")):
         raise CommandError("The program is not being run.")
     return m
 
