@@ -61,7 +61,11 @@ class StopPoints:
         self.last_step = step
         if self.prompting:
             return
-        rule_hits = self._run_rules() if self.rules is not None else []
+        rule_hits = []
+        if self.rules is not None:
+            rule_hits = self._run_rules()
+            if self.rec is not None:
+                self.rules.arm(self.rec.recorder.step)      # the probes the next step needs
         if self.machine is not None:
             self.machine.at_step_end(self, step)     # a checkpoint; a replica resumes from here
         if self.lineage is not None:

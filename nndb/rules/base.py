@@ -7,8 +7,12 @@ breakpoint; ``fail``: like stop, and the run fails with exit code 4) and
 documented ``THRESHOLDS`` (name -> Threshold(default, why)).  The YAML rule
 file may change the action, severity and thresholds of any rule.
 
-``check(ctx)`` is called once per recorded step with a StepContext and yields
-Findings.  A rule keeps whatever history it needs on itself (``reset()``
+``check(ctx)`` is called with a StepContext and yields Findings, on the
+*observed* steps (``observed``: every recorded step for the first SETTLE
+steps, then one in EVERY; a rule's "consecutive steps" are consecutive
+observed steps), on every recorded step for a rule that sets ``EVERY_STEP``
+(nonfinite: where a NaN first appears), and on any step for which one of its
+probes has facts (probes keep their own cadence).  A rule keeps whatever history it needs on itself (``reset()``
 starts a new run).  The invoker reports one finding per rule and tensor (or
 module), at its first occurrence.
 
@@ -27,6 +31,15 @@ import numpy as np
 
 SEVERITIES = ("error", "warning", "info")
 ACTIONS = ("warn", "stop", "fail")
+# Trends (a gradient growing, a loss not going down, a layer dying) do not
+# need every step: every step for the first SETTLE, then one step in EVERY.
+SETTLE, EVERY = 20, 4
+
+
+def observed(step: int) -> bool:
+    return step < SETTLE or step % EVERY == 0
+
+
 STAT_INDEX = {n: i for i, n in enumerate(("count", "mean", "std", "min", "max", "norm", "mean_abs",
                                             "nan_count", "inf_count", "zero_frac"))}
 
@@ -107,6 +120,14 @@ class StepContext:
             self._stats = self.record.stats
         return self._stats
 
+    @property
+    def nonfinite(self) -> bool:
+        """Does some series of the step hold a NaN or Inf?  (From the raw rows
+        in one numpy call, without finalising the statistics.)"""
+        if self._stats is None and hasattr(self.record, "nonfinite"):
+            return self.record.nonfinite
+        return bool(np.count_nonzero(self.col("nan_count")) or np.count_nonzero(self.col("inf_count")))
+
     def col(self, stat: str) -> np.ndarray:
         """One statistic for every series of the step."""
         if self._stats is not None:
@@ -151,6 +172,7 @@ class Rule:
     explanation = ""
     THRESHOLDS: dict = {}
     PROBES: tuple = ()
+    EVERY_STEP = False          # run on every recorded step, not only on observed ones
 
     def __init__(self):
         self.action = "warn"

@@ -34,10 +34,12 @@ class BatchNormRunning(Probe):
         super().__init__(rec)
         self._mods: dict = {}            # id -> module that ran in training mode this step
 
-    def forward(self, module, use: int, args, output) -> None:
+    def wants(self, step: int) -> bool:
         # running statistics drift slowly: every step for the first 20, then one in 10
-        step = self.rec.recorder.step
-        if step >= 20 and step % 10:
+        return step < 20 or step % 10 == 0
+
+    def forward(self, module, use: int, args, output) -> None:
+        if not self.wants(self.rec.recorder.step):
             return
         if module.training and module.track_running_stats and module.running_var is not None:
             self._mods[id(module)] = module

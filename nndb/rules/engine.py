@@ -1,12 +1,17 @@
-"""The rule engine: runs the enabled rules on every recorded step, live (the
+"""The rule engine: runs the enabled rules on the recorded steps, live (the
 debugger session calls ``on_record``) or offline, installs the probes they
-need, and reports each (rule, tensor or module) once, at its first occurrence."""
+need (armed only for the steps each wants: ``arm``), and reports each (rule,
+tensor or module) once, at its first occurrence.
+
+Which rule runs at a step (see nndb.rules.base): a rule that sets
+``EVERY_STEP`` at every recorded step; a rule whose probes have facts for the
+step; the others at the observed steps (``base.observed``)."""
 from __future__ import annotations
 
 from typing import Iterable, Optional
 
 from ..errors import UsageError
-from .base import ACTIONS, SEVERITIES, Finding, Rule, StepContext
+from .base import ACTIONS, SEVERITIES, Finding, Rule, StepContext, observed
 from .probes import PROBES
 
 
@@ -72,15 +77,24 @@ class RuleEngine:
                 probe = PROBES[name](self._rec)
                 probe.install()
                 self._probes[name] = probe
+        self.arm(self._rec.recorder.step)
+
+    def arm(self, step: int) -> None:
+        """The step ``step`` starts: the probes it needs are in the tracer, the others out."""
+        for p in self._probes.values():
+            p.arm(p.wants(step))
 
     def on_record(self, record, stats=None, optimizers=()) -> list:
         """Run the rules on one recorded step; returns the new findings."""
         facts = {name: p.take(record.step) for name, p in self._probes.items()}
         naming = self._rec.naming if self._rec is not None else None
         ctx = StepContext(record, stats, facts, self.module_types, optimizers, naming)
+        seen = observed(record.step)
         new = []
         for r in self.rules:
             if not r.enabled:
+                continue
+            if not (seen or r.EVERY_STEP or any(facts.get(p) for p in r.PROBES)):
                 continue
             try:
                 found = list(r.check(ctx) or ())

@@ -138,7 +138,7 @@ class GradReset(Probe):
     # Every step while the rule may still be building its streak, then one
     # step pair in EVERY: a missing zero_grad() is a pattern of the code, seen
     # at any step, and a check costs a dozen small tensor operations.
-    FIRST, EVERY = 6, 10
+    FIRST, EVERY = 6, 25
 
     def _checked(self, n: int) -> bool:
         return n < self.FIRST or n % self.EVERY in (0, 1)

@@ -33,20 +33,16 @@ import weakref
 import torch
 import torch.nn as nn
 
+from .base import observed
 from .probes import Probe, register
 
 # An activation bigger than this is looked at on one recorded step in BIG_EVERY
 # (the recorder already makes a few passes over it; this adds one or two).
 BIG_ELEMENTS = 1 << 20
 BIG_EVERY = 4
-# Every step for the first SETTLE recorded steps, then one step in EVERY:
-# a dead or saturated layer stays so, and the rules count consecutive
-# *observed* steps (a step without facts neither grows nor breaks a streak).
-SETTLE, EVERY = 20, 4
-
-
-def observed(step: int) -> bool:
-    return step < SETTLE or step % EVERY == 0
+# Unit probes look at the rules' observed steps (base.observed): a dead or
+# saturated layer stays so, and the rules count consecutive observed steps (a
+# step without facts neither grows nor breaks a streak).
 # What does not change during a run is looked at on the first SAMPLE_FIRST calls,
 # then on one recorded step in SAMPLE_EVERY.
 SAMPLE_FIRST = 10
@@ -90,6 +86,10 @@ class StepProbe(Probe):
             del self._by_step[s]
         return out
 
+    def sampled_step(self, step: int) -> bool:
+        """The steps ``sample`` may say yes to (the first calls come in the first steps)."""
+        return step < 2 * SAMPLE_FIRST or step % SAMPLE_EVERY == 0
+
     def sample(self, module) -> bool:
         """For what does not change during a run (the data's scale, what the model's last
         layer outputs): the first SAMPLE_FIRST calls, then one recorded step in SAMPLE_EVERY."""
@@ -131,6 +131,9 @@ class UnitProbe(StepProbe):
     "lo": {...}, "samples": values per unit, "type": module class name}."""
     HI = True
     LO = False
+
+    def wants(self, step: int) -> bool:
+        return observed(step)
 
     def forward(self, module, use, args, output) -> None:
         if type(output) is not torch.Tensor or not self.recorder.recording or not torch.is_grad_enabled() \
@@ -213,6 +216,9 @@ class TrainMode(StepProbe):
     name = "train_mode"
     MODULE_TYPES = subclasses(nn.modules.dropout._DropoutNd, nn.modules.batchnorm._BatchNorm)
 
+    def wants(self, step: int) -> bool:
+        return observed(step)
+
     def forward(self, module, use, args, output) -> None:
         if not self.recorder.recording or not torch.is_grad_enabled():
             return
@@ -270,6 +276,7 @@ class ModelInputs(ModuleKeyed):
     does not change): see StepProbe.sample."""
     name = "model_inputs"
     ROOT = True
+    wants = StepProbe.sampled_step
 
     def __init__(self, rec):
         super().__init__(rec)
@@ -314,6 +321,7 @@ class LossInputs(ModuleKeyed):
     name = "loss_inputs"
     ROOT = True
     MODULE_TYPES = subclasses(nn.Softmax)
+    wants = StepProbe.sampled_step
 
     def __init__(self, rec):
         super().__init__(rec)

@@ -2,7 +2,8 @@
 thin hooks while a step runs and handed to the rules at the step's end
 (``take(step)`` returns the step's facts and starts afresh).
 
-A probe is installed only while a rule that names it is enabled.  It hooks in
+A probe is installed only while a rule that names it is enabled, and its
+callbacks are in the tracer only for the steps it ``wants``.  It hooks in
 through the tracer (``tracer.probes``: module class -> callback, called after
 a module's forward with its inputs and output; ``tracer.opt_observers``:
 called at each optimizer step) so it adds no global hook of its own.  A probe
@@ -48,12 +49,26 @@ class Probe:
                 self.error = f"probe {self.name} failed and is off: {type(e).__name__}: {e}"
         return call
 
+    def wants(self, step: int) -> bool:
+        """Is the probe needed during ``step``?  The engine takes its callbacks
+        out of the tracer for the steps it does not want (``arm``), so that a
+        module call costs it nothing then."""
+        return True
+
     def install(self) -> None:
-        for key, cb in self._hooks():
-            self.tracer.probes.setdefault(key, []).append(cb)
+        self.arm(True)
 
     def uninstall(self) -> None:
+        self.arm(False)
+
+    def arm(self, on: bool) -> None:
+        if on == getattr(self, "_armed", False):
+            return
+        self._armed = on
         for key, cb in self._hooks():
+            if on:
+                self.tracer.probes.setdefault(key, []).append(cb)
+                continue
             cbs = self.tracer.probes.get(key, [])
             if cb in cbs:
                 cbs.remove(cb)

@@ -23,7 +23,7 @@ from collections import deque
 
 import numpy as np
 
-from .base import Rule, Threshold
+from .base import Rule, Threshold, observed
 from .bn_probe import BatchNormStats
 from .gradient_norms import ExplodingGradient, VanishingGradient
 from .series import MIN_ELEMENTS, Streaks, Tensors, also, by_group, fit, layout, num, optimizer_lr
@@ -37,16 +37,17 @@ class NonFinite(Rule):
     explanation = ("NaN or Inf in an activation, the loss, a gradient or a parameter; says where it appeared "
                    "first (once per incident: what a NaN spreads to on later steps is not reported again)")
 
+    EVERY_STEP = True
+
     def reset(self):
-        self._prev = None              # (step, names, norms) of the previous recorded step, if it was clean
+        self._prev = None              # (step, names, context) of the previous recorded step, if it was clean
         self._bad_before = False       # the previous recorded step already held a NaN/Inf
 
     def check(self, ctx):
-        nan, inf = ctx.col("nan_count"), ctx.col("inf_count")
-        if not (np.count_nonzero(nan) or np.count_nonzero(inf)):
-            # (the norm column is the gradient rules' too: computed once per step)
-            self._prev, self._bad_before = (ctx.step, ctx.names, ctx.col("norm")), False
+        if not ctx.nonfinite:
+            self._prev, self._bad_before = (ctx.step, ctx.names, ctx), False
             return
+        nan, inf = ctx.col("nan_count"), ctx.col("inf_count")
         prev, self._prev = self._prev, None
         was_bad, self._bad_before = self._bad_before, True
         if was_bad:                    # the same incident going on: NaN spreads to everything
@@ -72,7 +73,7 @@ class NonFinite(Rule):
                     "elements": num(ctx.col("count")[i]), "nonfinite_tensors": by_kind}
         msg = f"{what} first appeared in {kind} {name} ({int(n_nan + n_inf)} element(s))"
         if prev is not None and (name, kind) in prev[1]:
-            before = float(prev[2][prev[1].index((name, kind))])
+            before = float(prev[2].col("norm")[prev[1].index((name, kind))])
             evidence["previous_step"], evidence["previous_norm"] = prev[0], num(before)
             msg += f"; its norm at step {prev[0]} was {before:.3g}"
         yield self.finding(ctx, msg, tensor=name, **evidence)
@@ -258,6 +259,8 @@ class LossNotDecreasing(Rule):
                             "(noise from the pooled median absolute deviation): a noisy loss needs a clearer drop"),
     }
 
+    EVERY_STEP = True               # (cheap: one value per step)
+
     def reset(self):
         self.own = Tensors()
         self.first: dict = {}          # loss name -> (values of the first window, their median, deviations)
@@ -288,8 +291,9 @@ class LossNotDecreasing(Rule):
         if n <= w:
             first.append(v)
             return
-        if n < max(int(p["min_steps"]), 2 * w):
-            return
+        start = max(int(p["min_steps"]), 2 * w)
+        if n < start or (n > start and not observed(ctx.step)):
+            return                     # (values come every step; judged first at n == start, then when observed)
         m1, m2 = _median(first), _median(last)
         mad = _median([abs(x - m1) for x in first] + [abs(x - m2) for x in last])
         se = 1.2533 * 1.4826 * mad * math.sqrt(2.0 / w)       # of the difference of two medians

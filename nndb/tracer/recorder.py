@@ -47,6 +47,11 @@ class StepRecord:
     partial: bool = False        # cut short by the end of the run (the script raised or exited mid-step)
 
     @property
+    def nonfinite(self) -> bool:
+        """Does some tensor of the step hold a NaN or Inf?"""
+        return bool(self.raw.size and self.raw[:, S.NONFINITE_FIELDS].any())
+
+    @property
     def stats(self) -> np.ndarray:
         """(len(names), N_STATS), STAT_NAMES columns.  Computed on demand: the
         writer finalises many steps at once when it flushes."""

@@ -51,6 +51,7 @@ HOST_MAX_PARAM_ELEMENTS = 1 << 13
 
 _HOST_DTYPES = (torch.float32, torch.float64, torch.float16)
 _I_N, _I_SUM, _I_SQ, _I_MIN, _I_MAX, _I_ABS, _I_ZERO, _I_NAN, _I_INF = range(N_RAW)
+NONFINITE_FIELDS = slice(_I_NAN, _I_INF + 1)
 
 
 # numpy must not print "invalid value" warnings into the user's stderr when a
