@@ -40,7 +40,7 @@ _nndb() {
         for ((j = i + 1; j < COMP_CWORD; j++)); do
             if ((skip)); then skip=0; continue; fi
             case "${COMP_WORDS[j]}" in
-                --trace|--every|--steps|--full-every|--flush-every|--flush-secs|-x|-e|--eval-command|--report|--rules|--replica|--total-steps|--lineage) skip=1 ;;
+                --trace|--every|--steps|--full-every|--act-every|--flush-every|--flush-secs|-x|-e|--eval-command|--report|--rules|--replica|--total-steps|--lineage) skip=1 ;;
                 -m) ((j + 1 < COMP_CWORD)) && { COMPREPLY=($(compgen -f -- "$cur")); return; } ;;
                 -*) ;;
                 *) COMPREPLY=($(compgen -f -- "$cur")); return ;;
@@ -52,6 +52,7 @@ _nndb() {
             --every) return ;;
             --steps) return ;;
             --full-every) return ;;
+            --act-every) return ;;
             --flush-every) return ;;
             --flush-secs) return ;;
             -x) COMPREPLY=($(compgen -f -- "$cur")); return ;;
@@ -62,7 +63,7 @@ _nndb() {
             --total-steps) return ;;
             --lineage) return ;;
         esac
-        if [[ $cur == -* ]]; then COMPREPLY=($(compgen -W "-m --trace --every --steps --full-every --flush-every --flush-secs -q --quiet --batch --run -x -e --eval-command --nx --report --rules --replica --total-steps --lineage -h --help" -- "$cur"));
+        if [[ $cur == -* ]]; then COMPREPLY=($(compgen -W "-m --trace --every --steps --full-every --act-every --flush-every --flush-secs -q --quiet --batch --run -x -e --eval-command --nx --report --rules --replica --total-steps --lineage -h --help" -- "$cur"));
         else COMPREPLY=($(compgen -f -- "$cur")); fi ;;
     trust)
         case "$prev" in

@@ -49,7 +49,10 @@ def cli():
 @click.option("--steps", "steps_range", metavar="A:B", help="Record only steps A to B-1 (A: or :B open).")
 @click.option("--full-every", type=int, metavar="N",
               help="Measure all ten statistics every N-th recorded step (default 10; 1 = every step); "
-                   "the steps between measure count, norm and NaN/Inf, and mean/std of small tensors.")
+                   "the steps between measure count, norm and NaN/Inf (the loss: all ten).")
+@click.option("--act-every", type=int, metavar="N",
+              help="Record module outputs on the first 20 recorded steps, then every N-th (default 4; "
+                   "1 = every step) and at full steps.")
 @click.option("--flush-every", "flush_steps", type=click.IntRange(min=1), default=500, show_default=True,
               metavar="N", help="Write the buffered steps to the trace every N steps...")
 @click.option("--flush-secs", type=click.FloatRange(min=0), default=2.0, show_default=True, metavar="S",
@@ -76,7 +79,7 @@ def cli():
               help="Record the operation lineage of these steps: N, A:B (B excluded), N,M or all.")
 @click.argument("script", required=False, metavar="SCRIPT")
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
-def run(module, trace_path, every, steps_range, full_every, flush_steps, flush_secs, quiet,
+def run(module, trace_path, every, steps_range, full_every, act_every, flush_steps, flush_secs, quiet,
         batch, go, command_files, eval_commands, nx, report_path, rules, replica, total_steps, lineage,
         script, args):
     """Run SCRIPT [ARGS]... (or -m MODULE [ARGS]...) under the debugger, as
@@ -91,7 +94,7 @@ def run(module, trace_path, every, steps_range, full_every, flush_steps, flush_s
 
     target = _target(module, script, args)
     try:
-        schedule = RecordSchedule.parse(every, steps_range, full_every)
+        schedule = RecordSchedule.parse(every, steps_range, full_every, act_every)
         config = RunConfig(target, trace_path, schedule, flush_steps, flush_secs, quiet)
         batch = batch or not sys.stdin.isatty()
         options = DebugOptions(batch=batch, stop_at_start=not go, command_files=command_files,

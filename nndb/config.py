@@ -13,6 +13,11 @@ from .launcher import Target
 # All ten statistics every this many recorded steps (scripts/bench.py: measuring
 # them on every step costs the small CNN ~1.4x instead of ~1.1x).
 DEFAULT_FULL_EVERY = 10
+# Activations (module outputs): every recorded step for the first ACT_SETTLE,
+# then one in DEFAULT_ACT_EVERY (and at full steps): a pass over every module
+# output is most of what recording costs a CNN (about 6% of its step).
+DEFAULT_ACT_EVERY = 4
+ACT_SETTLE = 20
 
 
 @dataclass(frozen=True)
@@ -20,12 +25,15 @@ class RecordSchedule:
     """Which steps are recorded: every ``every``-th step within [start, stop).
     A policy object: ``schedule(step) -> bool``.  ``full(step)``: whether all
     ten statistics are measured at that step (every ``full_every``-th recorded
-    step); the steps between measure count, norm and NaN/Inf, and mean/std of
-    small tensors (see nndb.tracer.stats)."""
+    step); the steps between measure count, norm and NaN/Inf (see
+    nndb.tracer.stats).  ``acts(step)``: whether module outputs are recorded
+    at that step (the first ACT_SETTLE recorded steps, then every
+    ``act_every``-th, and every full step)."""
     every: int = 1
     start: int = 0
     stop: Optional[int] = None
     full_every: int = DEFAULT_FULL_EVERY
+    act_every: int = DEFAULT_ACT_EVERY
 
     def __call__(self, step: int) -> bool:
         if step < self.start or (self.stop is not None and step >= self.stop):
@@ -35,13 +43,19 @@ class RecordSchedule:
     def full(self, step: int) -> bool:
         return (step - self.start) % (self.every * self.full_every) == 0
 
+    def acts(self, step: int) -> bool:
+        k, r = divmod(step - self.start, self.every)
+        return r == 0 and (k < ACT_SETTLE or k % self.act_every == 0 or k % self.full_every == 0)
+
     @classmethod
     def parse(cls, every: Optional[int] = None, steps: Optional[str] = None,
-              full_every: Optional[int] = None) -> "RecordSchedule":
+              full_every: Optional[int] = None, act_every: Optional[int] = None) -> "RecordSchedule":
         if every is not None and every < 1:
             raise UsageError(f"--every must be a positive number of steps, not {every}")
         if full_every is not None and full_every < 1:
             raise UsageError(f"--full-every must be a positive number of steps, not {full_every}")
+        if act_every is not None and act_every < 1:
+            raise UsageError(f"--act-every must be a positive number of steps, not {act_every}")
         start, stop = 0, None
         if steps:
             text = steps.strip()
@@ -55,11 +69,14 @@ class RecordSchedule:
                 raise UsageError(f"--steps takes whole step numbers A:B, not {steps!r}") from None
             if start < 0 or (stop is not None and stop <= start):
                 raise UsageError(f"--steps {steps}: need 0 <= A < B")
-        return cls(every or 1, start, stop, full_every or DEFAULT_FULL_EVERY)
+        return cls(every or 1, start, stop, full_every or DEFAULT_FULL_EVERY, act_every or DEFAULT_ACT_EVERY)
 
     def describe(self) -> str:
         rng = f"{self.start}:{'' if self.stop is None else self.stop}"
-        return f"every {self.every} step(s) in {rng}, full statistics every {self.full_every} recorded step(s)"
+        acts = "every recorded step" if self.act_every == 1 else \
+            f"the first {ACT_SETTLE} recorded steps, then every {self.act_every}"
+        return (f"every {self.every} step(s) in {rng}, full statistics every {self.full_every} recorded step(s), "
+                f"activations {acts}")
 
 
 @dataclass

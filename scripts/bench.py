@@ -6,10 +6,13 @@ For each workload the same training loop runs plain (A) and recorded by nndb
 initial weights; B is what `nndb run --batch` does: the recorder, the debugger
 session with no commands, and the rules (``--rules``).  Only the loop is timed (no interpreter start-up, no model
 construction, no trace creation or closing).  Printed: the median of the
-per-pair ratios B/A with their min-max, the plain and recorded step times,
-trace bytes per recorded step, and nndb's one-time cost (the extra time of
-the first WARMUP steps, untimed above: naming the model, choosing how steps
-end, creating the series).
+per-pair ratios B/A with their min-max, the plain and recorded step times
+(the steady state: what a long run pays per step), trace bytes per recorded
+step, and nndb's one-time cost, the extra time of the first WARMUP steps,
+untimed above: naming the model, choosing how steps end, creating the
+series, the first checkpoint (a fork, then the copy-on-write page faults of
+the steps after it), and the first 20 steps, where the rules look at every
+step and activations are recorded on every step.
 
     python scripts/bench.py                      # all workloads, default sizes
     python scripts/bench.py --pairs 7 --json bench.json
@@ -120,7 +123,7 @@ def transformer(seed):
     return model, opt, nn.CrossEntropyLoss(), data
 
 
-WORKLOADS = {"mlp": (mlp, 300), "cnn": (cnn, 40), "lstm": (lstm, 60), "transformer": (transformer, 60)}
+WORKLOADS = {"mlp": (mlp, 600), "cnn": (cnn, 60), "lstm": (lstm, 100), "transformer": (transformer, 100)}
 
 
 def train(model, opt, crit, data, steps):
@@ -133,7 +136,7 @@ def train(model, opt, crit, data, steps):
     return float(loss.detach())
 
 
-WARMUP = 5
+WARMUP = 25         # (covers the first 20 steps: rules and activations on every step)
 
 
 RULES = "default"     # --rules: what `nndb run` runs by default
@@ -305,6 +308,8 @@ def main(argv=None):
     ap.add_argument("--every", type=int, default=None, help="record every N-th step")
     ap.add_argument("--full-every", type=int, default=None,
                     help="full statistics of large tensors every N-th recorded step (default: nndb's)")
+    ap.add_argument("--act-every", type=int, default=None,
+                    help="record module outputs every N-th recorded step after the first 20 (default: nndb's)")
     ap.add_argument("--rules", default="default", help="the rules nndb runs: default, none or a YAML file")
     ap.add_argument("--replica", default="auto", choices=["auto", "off"],
                     help="take time travel's checkpoints as nndb run does (auto) or not (off)")
@@ -319,7 +324,7 @@ def main(argv=None):
     if argv is None:
         _restart_preloaded()
     from tabulate import tabulate
-    schedule = RecordSchedule.parse(args.every, None, args.full_every)
+    schedule = RecordSchedule.parse(args.every, None, args.full_every, args.act_every)
     names = args.workload or list(WORKLOADS)
     results = []
     with tempfile.TemporaryDirectory() as tmpdir:

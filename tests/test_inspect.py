@@ -58,9 +58,13 @@ def test_series_shows_all_kinds_side_by_side(mlp_trace):
 
 
 def test_full_statistics_follow_the_schedule(mlp_trace):
-    j = json.loads(nndb("inspect", mlp_trace, "--series", "loss", "--stat", "min", "--json").stdout)
-    values = j["series"][0]["values"]
-    assert [v is not None for v in values] == [True, False, True, False, True, False]   # --full-every 2
+    def values(series, kind, stat):
+        out = nndb("inspect", mlp_trace, "--series", series, "--kind", kind, "--stat", stat, "--json").stdout
+        return json.loads(out)["series"][0]["values"]
+    for stat in ("min", "mean", "zero_frac"):                                # --full-every 2
+        assert [v is not None for v in values("0.weight", "grad", stat)] == [True, False] * 3
+    assert all(v is not None for v in values("0.weight", "grad", "norm"))     # norms: every step
+    assert all(v is not None for v in values("loss", "loss", "min"))          # a scalar loss: all ten
 
 
 def test_unknown_series_and_misplaced_kind(mlp_trace):

@@ -147,9 +147,13 @@ class Session(StopPoints, RunQueries):
         # the ones measured only at full steps.
         needs_full = self.interactive or any(isinstance(p, P.Watch) and p.enabled and p.stat not in P.BASIC_STATS
                                              for p in self.points.values())
-        self.rec.recorder.force_full = needs_full
+        needs_acts = any(isinstance(p, P.Watch) and p.enabled and p.kind == "act" for p in self.points.values())
+        rec = self.rec.recorder
+        rec.force_full, rec.force_acts = needs_full, needs_acts
         if needs_full:
-            self.rec.recorder.full = True
+            rec.full = True
+        if needs_full or needs_acts:
+            rec.acts = True
         if self.lineage is not None and not (self.replica is not None and self.replica.replaying):
             self.lineage.refresh(self._step_in_progress())     # (a catch point needs the op recorder)
 

@@ -52,9 +52,11 @@ class LineageControl:
 
     # -- policy ---------------------------------------------------------------------------
     def catching(self) -> list:
-        from ..debugger.points import CatchPoint
         s = self.session
-        return [p for p in s.points.values() if isinstance(p, CatchPoint) and p.enabled] if s else []
+        if s is None or not s.points:
+            return []
+        from ..debugger.points import CatchPoint
+        return [p for p in s.points.values() if isinstance(p, CatchPoint) and p.enabled]
 
     def wants(self, step: int) -> bool:
         return self.always or step in self.forced or (self.wanted is not None and self.wanted(step)) \

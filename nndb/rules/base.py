@@ -124,8 +124,10 @@ class StepContext:
     def nonfinite(self) -> bool:
         """Does some series of the step hold a NaN or Inf?  (From the raw rows
         in one numpy call, without finalising the statistics.)"""
-        if self._stats is None and hasattr(self.record, "nonfinite"):
-            return self.record.nonfinite
+        if self._stats is None:
+            flag = getattr(self.record, "nonfinite", None)
+            if flag is not None:
+                return flag
         return bool(np.count_nonzero(self.col("nan_count")) or np.count_nonzero(self.col("inf_count")))
 
     def col(self, stat: str) -> np.ndarray:

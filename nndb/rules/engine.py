@@ -82,7 +82,9 @@ class RuleEngine:
     def arm(self, step: int) -> None:
         """The step ``step`` starts: the probes it needs are in the tracer, the others out."""
         for p in self._probes.values():
-            p.arm(p.wants(step))
+            on = p.wants(step)
+            if on != p._armed:
+                p.arm(on)
 
     def on_record(self, record, stats=None, optimizers=()) -> list:
         """Run the rules on one recorded step; returns the new findings."""
@@ -94,7 +96,7 @@ class RuleEngine:
         for r in self.rules:
             if not r.enabled:
                 continue
-            if not (seen or r.EVERY_STEP or any(facts.get(p) for p in r.PROBES)):
+            if not seen and not r.EVERY_STEP and (not r.PROBES or not any(facts.get(p) for p in r.PROBES)):
                 continue
             try:
                 found = list(r.check(ctx) or ())

@@ -1,7 +1,7 @@
 """Exploding and vanishing gradients, from the recorded gradient norms.
 
 Three views of a weight tensor's gradient at a step, each a flag; a streak of
-``steps`` consecutive flagged recorded steps reports the tensor (one finding
+``steps`` consecutive flagged observed steps (nndb.rules.base.observed) reports the tensor (one finding
 per optimizer: its worst tensor, the others listed):
 
 * relative to the tensor's own early value (median of its first 5 recorded
@@ -26,7 +26,7 @@ from .base import Rule, Threshold
 from .series import MIN_ELEMENTS, Streaks, Tensors, also, fit, layout, num
 
 _EARLY = 5      # recorded steps whose median is a tensor's own reference value
-_STEPS = Threshold(3, "consecutive recorded steps: a single spiky batch is not a trend; three in a row are")
+_STEPS = Threshold(3, "consecutive observed steps (every step for the first 20, then one in 4): a single spiky batch is not a trend; three in a row are")
 
 
 def _spread(ctx, lay, me: int, limit: float):
@@ -167,7 +167,7 @@ class _Gradients(Rule):
                                 f"{lay.names[sp[2]]}" if sp is not None else "")}
         detail = "; ".join(s for s in (said[r] for r in reasons) if s)
         msg = (f"{self.direction} gradient in {name}: norm {g[k]:.3g} at step {ctx.step} ({detail}), "
-               f"for {p['steps']:g} recorded steps in a row since step {since}{also(others)}")
+               f"for {p['steps']:g} observed steps in a row since step {since}{also(others)}")
         return self.finding(ctx, msg, tensor=name, **ev)
 
     def _cross(self, ctx, lay, e, g, earlier: str):

@@ -21,7 +21,7 @@ import torch
 from . import model_probes  # noqa: F401  (registers the probes)
 from .base import Rule, Threshold
 
-_STEPS_WHY = ("consecutive recorded steps (in which the layer ran with at least min_samples values per unit) "
+_STEPS_WHY = ("consecutive observed steps (in which the layer ran with at least min_samples values per unit) "
               "in which the same units are stuck: one batch can silence a sparse unit by chance, the same "
               "unit five batches running cannot (p^5), and a dead layer stays dead, so waiting costs little")
 _MIN_SAMPLES_WHY = ("values per unit in a step (batch x positions) below which the step is not counted: with "

@@ -25,6 +25,7 @@ class Probe:
         self.facts: dict = {}
         self.error = None
 
+    _armed = False                    # its callbacks are in the tracer now
     ROOT = False                      # see every root module's inputs (``root``)
     OPTIMIZER = False                 # see every optimizer step (``optimizer``)
 
@@ -62,7 +63,7 @@ class Probe:
         self.arm(False)
 
     def arm(self, on: bool) -> None:
-        if on == getattr(self, "_armed", False):
+        if on == self._armed:
             return
         self._armed = on
         for key, cb in self._hooks():

@@ -2,7 +2,7 @@
 the parameters' rows of a step as index arrays shared by the rules, and small
 lookups done only when a rule reports.
 
-Cost: a rule runs on every recorded step, so what does not change from step
+Cost: a rule runs on many steps, so what does not change from step
 to step (which row holds which tensor, which tensors are weight matrices,
 which optimizer holds them) is computed once per *layout* (the step's list of
 series, normally the same step after step), and what the rules of one step
@@ -193,7 +193,7 @@ def optimizer_lr(ctx, name=None):
 
 
 class Streaks:
-    """Per-slot counts of consecutive flagged recorded steps, the step each
+    """Per-slot counts of consecutive flagged steps (those the rule saw), the step each
     streak began, and a ring of the last ``ring`` values (for the evidence:
     written only while some streak runs, so a reported streak of ``ring``
     steps finds all its values there)."""

@@ -4,15 +4,16 @@ parameters that are not updated, a loss that does not go down; and, through a
 small probe of the BatchNorm buffers (nndb.rules.bn_probe), running statistics
 out of range.
 
-They run on every recorded step, so they read whole columns of the step
+They run on the observed steps (nonfinite and loss_not_decreasing on every
+recorded step; nndb.rules.base), so they read whole columns of the step
 (``ctx.col``) through index arrays built once per list of series
 (nndb.rules.series), and keep per-tensor history in numpy arrays indexed by a
 slot fixed for the run: no Python loop over the series of a step, and on a
 step where nothing is suspicious a handful of numpy calls per rule.
 
 What the recording gives them (nndb.tracer.recorder): ``count``, ``norm``,
-``nan_count`` and ``inf_count`` on every recorded step; ``mean`` for small
-tensors (large ones only at full steps); a parameter an optimizer holds has
+``nan_count`` and ``inf_count`` on every recorded step (the loss: all ten);
+the rest at full steps; a parameter an optimizer holds has
 ``param``, ``grad`` and ``update`` rows, one no optimizer holds only ``param``
 and ``grad``; a frozen parameter (no ``.grad``) has no ``grad`` row.
 """
@@ -91,12 +92,12 @@ class UpdateRatio(Rule):
                                "their first steps (~0.15)"),
         "low": Threshold(1e-6, "below this: 1000x under 1e-3, about float32's resolution of the weights "
                                "(an update this small is mostly rounded away)"),
-        "warmup": Threshold(3, "first recorded steps not judged: Adam's first steps are ~lr per element "
+        "warmup": Threshold(3, "first observed steps not judged: Adam's first steps are ~lr per element "
                                "whatever the gradient, and the ratio starts high for every tensor; the low "
                                "side is also not judged while an optimizer's learning rate is still rising "
                                "(an LR warmup)"),
         "min_elements": MIN_ELEMENTS,
-        "steps": Threshold(3, "consecutive recorded steps beyond the threshold"),
+        "steps": Threshold(3, "consecutive observed steps beyond the threshold"),
     }
 
     def reset(self):
@@ -159,7 +160,7 @@ class UpdateRatio(Rule):
             since = int(self.streaks.since[slot])
             others = [lay.names[e[j]] for j in idx if j != k]
             msg = (f"update/weight ratio of {name} is {r[k]:.3g} at step {ctx.step}, "
-                   f"{'above' if side == 'high' else 'below'} {p[side]:g} for {p['steps']:g} recorded steps "
+                   f"{'above' if side == 'high' else 'below'} {p[side]:g} for {p['steps']:g} observed steps "
                    f"in a row since step {since} (healthy: ~1e-3): the learning rate is probably far too "
                    f"{side}{also(others)}")
             yield self.finding(ctx, msg, tensor=name, side=side, ratio=num(r[k]), update_norm=num(u[k]),
@@ -173,7 +174,7 @@ class ParamNotUpdated(Rule):
     explanation = ("a parameter gets a nonzero gradient step after step but never changes: it is missing from "
                    "the optimizer, or its learning rate is 0")
     THRESHOLDS = {
-        "steps": Threshold(5, "consecutive recorded steps: an LR schedule may start at exactly 0 for a step "
+        "steps": Threshold(5, "consecutive observed steps: an LR schedule may start at exactly 0 for a step "
                               "(linear warmup from 0); five steps without any change are not a schedule"),
         "min_grad_rms": Threshold(1e-7, "gradients with a smaller RMS count as zero: LBFGS (tolerance_grad "
                                         "1e-7) declares convergence and makes no update below that"),
@@ -228,7 +229,7 @@ class ParamNotUpdated(Rule):
                    "its update is exactly 0" if held_k else "no optimizer holds it and its value never changes")
             yield self.finding(
                 ctx, f"{name} has a gradient (norm {g[k]:.3g}) but was not updated for {self.params['steps']:g} "
-                     f"recorded steps in a row since step {since}: {why}{also(others)}",
+                     f"observed steps in a row since step {since}: {why}{also(others)}",
                 tensor=name, grad_norm=num(g[k]), in_optimizer=held_k, lr=lr, steps=[since, ctx.step],
                 also=others)
 

@@ -124,6 +124,7 @@ class Tracer:
         self.probes: dict = {}
         self.on_error = on_error or (lambda msg: print(msg, file=sys.stderr))
         self._handles: list = []
+        self._fwd_handles: list = []            # the global module hooks, while in (_sync_forward)
         self._param_handles: dict = {}          # id(param) -> handle
         self._module_depth = 0
         self._calls: dict = {}                  # module -> calls within the current root forward
@@ -147,19 +148,42 @@ class Tracer:
         _ACTIVE.add(self)
         self._preexisting = weakref.WeakSet(find_optimizers())
         self._handles = [
-            _module.register_module_forward_pre_hook(self._forward_pre),
-            _module.register_module_forward_hook(self._forward_post),
             _optimizer.register_optimizer_step_pre_hook(self._opt_pre),
             _optimizer.register_optimizer_step_post_hook(self._opt_post),
         ]
+        self._set_forward(True)
 
     def uninstall(self) -> None:
         for h in self._handles:
             h.remove()
         self._handles = []
+        self._set_forward(False)
         for h in self._param_handles.values():
             h.remove()
         self._param_handles = {}
+
+    def _set_forward(self, on: bool) -> None:
+        if on and not self._fwd_handles:
+            self._fwd_handles = [_module.register_module_forward_pre_hook(self._forward_pre),
+                                 _module.register_module_forward_hook(self._forward_post)]
+        elif not on and self._fwd_handles:
+            for h in self._fwd_handles:
+                h.remove()
+            self._fwd_handles = []
+
+    def _sync_forward(self) -> None:
+        """At an optimizer step (a safe point: no module's forward is iterating
+        PyTorch's global module hooks): the module hooks are in only for the
+        steps that need them.  Between them (activations are recorded on one
+        step in 4 after the first 20) a module call then costs nothing.  Needed
+        for: activations, the rules' probes, the op recorder, a stop point in
+        a module, and naming the models until step 0 ends (a model first
+        called on a step without them is named at the next step with them)."""
+        rec = self.recorder
+        probes = self.probes
+        self._set_forward(not self.naming.frozen or (rec.recording and rec.acts)
+                          or (bool(probes) and any(k != "optimizer" for k in probes))
+                          or self.lineage is not None or self.on_module is not None)
 
     def finish(self) -> None:
         """The script is over: close the open step if anything happened in it."""
@@ -317,6 +341,7 @@ class Tracer:
         self.busy += 1
         with self._quiet():     # (nndb's own tensor work is not the step's lineage)
             try:
+                self._sync_forward()
                 if opt not in self._opt_seen:
                     self._first_sight(opt)
                 needs_count = self.clock.mode in (Mode.UNKNOWN, Mode.MANUAL) or \
@@ -356,6 +381,7 @@ class Tracer:
                     self.recorder.mark()
                 if close is not None:
                     self._close(close)
+                self._sync_forward()
             except Exception:
                 self._fail()
             finally:

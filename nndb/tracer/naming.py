@@ -120,6 +120,10 @@ class Naming:
         """Every root module seen so far (alive ones), in the order seen."""
         return list(self._root_names.keys())
 
+    @property
+    def frozen(self) -> bool:
+        return self._frozen
+
     def freeze(self) -> None:
         """Called when step 0 ends: decide whether names are qualified."""
         if self._frozen:

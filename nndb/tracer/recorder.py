@@ -73,14 +73,17 @@ class _Bucket:
     ``("param", tensor, kind)``.  Activations and losses merge over calls;
     a parameter row is replaced by a later one.  Small CPU tensors wait in
     ``deferred`` (key, array copy) and ``blocks`` (keys, flat, sizes) and are
-    reduced in one numpy batch by ``resolve``.
+    reduced in one numpy batch by ``resolve``.  ``params`` holds the rows of
+    an optimizer's small parameters as one block (value, update and grad of
+    each, in the plan's order), named once per plan.
     """
-    __slots__ = ("entries", "deferred", "blocks", "covered", "backward_count", "optimizer_steps")
+    __slots__ = ("entries", "deferred", "blocks", "params", "covered", "backward_count", "optimizer_steps")
 
     def __init__(self):
         self.entries: dict = {}
         self.deferred: list = []
         self.blocks: list = []
+        self.params: dict = {}           # _ParamPlan -> (with grads, rows): an optimizer's small parameters
         self.covered: set = set()        # ids of parameters an optimizer recorded
         self.backward_count = 0
         self.optimizer_steps = 0
@@ -97,12 +100,13 @@ class _Bucket:
             self.add(key, raw)
         self.deferred.extend(other.deferred)
         self.blocks.extend(other.blocks)
+        self.params.update(other.params)
         self.covered |= other.covered
         self.backward_count += other.backward_count
         self.optimizer_steps += other.optimizer_steps
 
     def empty(self) -> bool:
-        return not (self.entries or self.deferred or self.blocks
+        return not (self.entries or self.deferred or self.blocks or self.params
                     or self.backward_count or self.optimizer_steps)
 
     def attribute_losses(self, opt) -> None:
@@ -123,7 +127,8 @@ class _Bucket:
             keys.extend(block_keys)
             flats.append(flat)
             sizes.extend(block_sizes)
-        rows = S.host_raw_segments(np.concatenate(flats, dtype=np.float64), np.asarray(sizes), full)
+        flat = np.concatenate(flats)
+        rows = S.host_raw_segments(flat, sizes, True) if full else S.host_norm_segments(flat, sizes)
         for key, raw in zip(keys, rows):
             self.add(key, raw)
         self.deferred = []
@@ -165,6 +170,17 @@ class _ParamPlan:
         self.grad_keys = [("param", p, "grad") for p in self.host]
         self._views = [None] * len(self.host)
         self._ptrs = [None] * len(self.host)
+        self._names: dict = {}           # with grads -> [(name, kind)] of the block's rows
+        self.block_sizes = self.sizes * 3
+
+    def names(self, name_of, with_grads: bool) -> list:
+        """[(name, kind)] of a block's rows: values, updates (and gradients)."""
+        out = self._names.get(with_grads)
+        if out is None:
+            base = [name_of(("param", p)) for p in self.host]
+            kinds = ("param", "update", "grad") if with_grads else ("param", "update")
+            out = self._names[with_grads] = [(n, k) for k in kinds for n in base]
+        return out
 
     def host_values(self) -> Optional[np.ndarray]:
         """The small parameters' values, concatenated (a copy)."""
@@ -205,10 +221,20 @@ class _Snapshot:
         plan = self.plan
         if plan.host:
             after = plan.host_values()
-            bucket.blocks.append((plan.value_keys, after, plan.sizes))
-            bucket.blocks.append((plan.update_keys, after - self.host_before, plan.sizes))
-            if grads:
-                g = plan.host_grads()
+            g = plan.host_grads() if grads else None
+            if g is not None and len(g[2]) == len(plan.host):   # the usual case: one block, every gradient
+                flat = np.concatenate([after, after - self.host_before, g[1]])
+                rows = S.host_raw_segments(flat, plan.block_sizes, True) if full else \
+                    S.host_norm_segments(flat, plan.block_sizes)
+                bucket.params[plan] = (True, rows)
+            elif not grads:
+                flat = np.concatenate([after, after - self.host_before])
+                sizes = plan.block_sizes[:2 * len(plan.host)]
+                rows = S.host_raw_segments(flat, sizes, True) if full else S.host_norm_segments(flat, sizes)
+                bucket.params[plan] = (False, rows)
+            else:
+                bucket.blocks.append((plan.value_keys, after, plan.sizes))
+                bucket.blocks.append((plan.update_keys, after - self.host_before, plan.sizes))
                 if g is not None:
                     bucket.blocks.append(g)
         if plan.large:
@@ -242,10 +268,13 @@ class StepRecorder:
         self.step = 0
         self.recording = schedule(0)
         self._full_policy = getattr(schedule, "full", lambda step: True)
+        self._acts_policy = getattr(schedule, "acts", lambda step: True)
         self.full = self._full_policy(0)
+        self.acts = self.full or self._acts_policy(0)
         # Set by the debugger while a watchpoint needs statistics that are
-        # otherwise measured only at full steps.
+        # otherwise measured only at full steps, or activations at every step.
         self.force_full = False
+        self.force_acts = False
         self._buckets = [_Bucket()]
         self._plans: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # optimizer -> (signature, plan)
         self._snapshots: dict = {}          # id(optimizer) -> _Snapshot
@@ -264,7 +293,7 @@ class StepRecorder:
     # -- events ---------------------------------------------------------------
     def activation(self, key, output) -> None:
         """``key``: (module, index of this use of the module in the forward pass)."""
-        if not self.recording or not torch.is_grad_enabled():
+        if not (self.recording and self.acts) or not torch.is_grad_enabled():
             return
         t = output if type(output) is torch.Tensor else first_float_tensor(output)
         if t is None or not t.is_floating_point():
@@ -290,7 +319,9 @@ class StepRecorder:
         b.backward_count += 1
         if not self.recording or not S.is_recordable(tensor):
             return
-        if S.is_host_tensor(tensor):
+        if tensor.numel() == 1 and tensor.device.type == "cpu":
+            b.add(("loss", _PENDING), S.scalar_raw(float(tensor.detach())))
+        elif S.is_host_tensor(tensor):
             b.deferred.append((("loss", _PENDING), S._host_array(tensor).copy()))
         else:
             b.add(("loss", _PENDING), S.raw_now(tensor, self.full))
@@ -345,6 +376,7 @@ class StepRecorder:
         self.step = step + 1
         self.recording = self.schedule(self.step)
         self.full = self.force_full or self._full_policy(self.step)
+        self.acts = self.full or self.force_acts or self._acts_policy(self.step)
         if step == 0:
             self.naming.freeze()
         if self.manual:
@@ -440,7 +472,11 @@ class StepRecorder:
                 names.append((self._name(("loss", key[1], qualify)), "loss"))
             else:
                 names.append((self._name(key), "act"))
-        raw = np.array(list(b.entries.values())) if b.entries else np.zeros((0, S.N_RAW))
+        raws = [np.array(list(b.entries.values()))] if b.entries else []
+        for plan, (with_grads, rows) in b.params.items():
+            names.extend(plan.names(self._name, with_grads))
+            raws.append(rows)
+        raw = np.concatenate(raws) if len(raws) > 1 else raws[0] if raws else np.zeros((0, S.N_RAW))
         rec = StepRecord(step, now, b.backward_count, b.optimizer_steps, names, raw, partial)
         self.last = rec
         self.sink(rec)

@@ -172,7 +172,7 @@ def host_raw_segments(flat: np.ndarray, sizes: np.ndarray, full: bool = True) ->
         starts = all_starts[nonempty]
         cols = None
     sums = np.add.reduceat(flat, starts)
-    sq = np.add.reduceat(flat * flat, starts)
+    sq = np.add.reduceat(np.square(flat, dtype=np.float64), starts)
     fields = [(_I_SUM, sums), (_I_SQ, sq)]
     if full:
         fields += [(_I_MIN, np.minimum.reduceat(flat, starts)), (_I_MAX, np.maximum.reduceat(flat, starts)),
@@ -192,6 +192,57 @@ def host_raw_segments(flat: np.ndarray, sizes: np.ndarray, full: bool = True) ->
         for j in np.flatnonzero(bad):
             i = idx[j]
             out[i] = _segment_raw_exact(flat[all_starts[i]:all_starts[i] + sizes[i]])
+    return out
+
+
+def scalar_raw(v: float) -> np.ndarray:
+    """Raw row of one number (a scalar loss), without numpy reductions."""
+    if math.isnan(v) or math.isinf(v):
+        return np.array([1.0, 0.0, 0.0, math.inf, -math.inf, 0.0, 0.0,
+                         float(math.isnan(v)), float(math.isinf(v))])
+    return np.array([1.0, v, v * v, v, v, abs(v), float(v == 0), 0.0, 0.0])
+
+
+# Norm-only rows (the steps between full ones): count and sum of squares,
+# which give the norm and tell whether NaN/Inf may be present; the rest NaN.
+_NORM_ROW = np.full(N_RAW, np.nan)
+_NORM_ROW[[_I_NAN, _I_INF]] = 0.0
+
+
+@_quiet
+def host_norm_one(a: np.ndarray) -> np.ndarray:
+    """Norm-only row of one small host array (a float64 dot product)."""
+    raw = _NORM_ROW.copy()
+    n = raw[_I_N] = a.size
+    if n == 0:
+        return empty_raw()
+    x = a.astype(np.float64)
+    sq = np.dot(x, x)
+    if not np.isfinite(sq):
+        return _segment_raw_exact(a)
+    raw[_I_SQ] = sq
+    return raw
+
+
+@_quiet
+def host_norm_segments(flat: np.ndarray, sizes) -> np.ndarray:
+    """Norm-only rows of the consecutive segments of ``flat``: squares in
+    float64 summed per segment by one ``reduceat``, as ``host_raw_segments``
+    does (a norm is the same number at full steps and between them); a
+    segment whose sum is not finite takes the exact path."""
+    sizes = np.asarray(sizes, dtype=np.int64)
+    k = len(sizes)
+    if k == 0 or not sizes.all():              # (empty segments: the general path)
+        return host_raw_segments(flat, sizes, full=False)
+    starts = np.zeros(k, dtype=np.int64)
+    np.cumsum(sizes[:-1], out=starts[1:])
+    sq = np.add.reduceat(np.square(flat, dtype=np.float64), starts)
+    out = np.repeat(_NORM_ROW[None, :], k, axis=0)
+    out[:, _I_N] = sizes
+    out[:, _I_SQ] = sq
+    if not np.isfinite(sq).all():
+        for i in np.flatnonzero(~np.isfinite(sq)).tolist():
+            out[i] = _segment_raw_exact(flat[starts[i]:starts[i] + sizes[i]])
     return out
 
 

@@ -1,0 +1,163 @@
+"""What is measured on which step (the default recording's cadence): norms
+every step, activations on the first 20 steps then one in 4 (--act-every),
+all ten statistics at full steps; the rules on observed steps; the rules'
+probes and PyTorch's global module hooks only in the steps that need them."""
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+from torch.nn.modules import module as torch_module
+
+from conftest import example, nndb, run_in_process
+
+from nndb.config import RecordSchedule
+from nndb.errors import UsageError
+from nndb.rules import base
+from nndb.rules.engine import RuleEngine
+from nndb.store.reader import TraceReader
+from nndb.tracer import stats as S
+
+
+# -- the schedule ---------------------------------------------------------------------------------
+
+def test_activation_schedule_default_and_every_step():
+    s = RecordSchedule()
+    got = [step for step in range(45) if s.acts(step)]
+    assert got == list(range(21)) + [24, 28, 30, 32, 36, 40, 44]        # 30, 40: full steps
+    assert all(RecordSchedule.parse(act_every=1).acts(step) for step in range(100))
+    every2 = RecordSchedule.parse(every=2)                                # counted in recorded steps
+    assert [step for step in range(60) if every2.acts(step)] == list(range(0, 40, 2)) + [40, 48, 56]
+    window = RecordSchedule.parse(steps="100:")
+    assert window.acts(100) and window.acts(119) and not window.acts(121) and window.acts(124)
+    with pytest.raises(UsageError, match="--act-every must be a positive"):
+        RecordSchedule.parse(act_every=0)
+    assert "activations the first 20 recorded steps, then every 4" in s.describe()
+
+
+# -- the statistics of the steps between full ones ------------------------------------------------
+
+def test_norm_rows_equal_the_full_rows_norms():
+    rng = np.random.default_rng(0)
+    sizes = [7, 4096, 1, 300]
+    flat = rng.standard_normal(sum(sizes)).astype(np.float32) * 3
+    norm = S.host_norm_segments(flat.copy(), sizes)
+    full = S.host_raw_segments(flat, sizes, True)
+    np.testing.assert_array_equal(S.finalize_column(norm, "norm"), S.finalize_column(full, "norm"))
+    np.testing.assert_array_equal(norm[:, 0], sizes)
+    assert np.isnan(S.finalize_column(norm, "min")).all() and np.isnan(S.finalize_column(norm, "mean")).all()
+    assert not norm[:, 7:].any()                                        # no NaN, no Inf
+
+
+def test_norm_rows_count_nan_and_inf_and_survive_overflow():
+    flat = np.array([1, np.nan, 2, np.inf, -np.inf, 3e30, 3e30, 1, 2], dtype=np.float32)
+    rows = S.host_norm_segments(flat, [3, 2, 2, 2])
+    assert rows[:, 7].tolist() == [1, 0, 0, 0] and rows[:, 8].tolist() == [0, 2, 0, 0]
+    assert S.finalize_column(rows, "norm")[0] == pytest.approx(math.sqrt(5))
+    # squares beyond float32's range are not Inf: the exact path counts none
+    assert S.finalize_column(rows, "norm")[2] == pytest.approx(math.sqrt(2) * 3e30, rel=1e-6)
+    empty = S.host_norm_segments(np.array([1.0, 2.0], dtype=np.float32), [0, 2])
+    assert empty[:, 0].tolist() == [0, 2] and S.finalize_column(empty, "norm")[1] == pytest.approx(math.sqrt(5))
+
+
+@pytest.mark.parametrize("v", [2.5, -1.0, 0.0, float("nan"), float("inf"), float("-inf")])
+def test_scalar_row_equals_the_array_row(v):
+    a = S.finalize(S.scalar_raw(v))
+    b = S.finalize(S.host_raw_one(np.array([v], dtype=np.float32)))
+    np.testing.assert_array_equal(a, b)
+
+
+# -- end to end -------------------------------------------------------------------------------------
+
+def _act_steps(path, name="0"):
+    with TraceReader(path) as t:
+        steps, norms = t.history(t.find(name, "act")[0], "norm")
+        return [int(s) for s, n in zip(steps, norms) if not math.isnan(n)], t
+
+
+def test_run_records_activations_on_their_schedule(tmp_path):
+    a, b = str(tmp_path / "a.h5"), str(tmp_path / "b.h5")
+    assert nndb("run", "--trace", a, example("mlp.py"), "--steps", "30").returncode == 0
+    assert nndb("run", "--act-every", "1", "--trace", b, example("mlp.py"), "--steps", "30").returncode == 0
+    got, _ = _act_steps(a)
+    assert got == list(range(21)) + [24, 28]
+    assert _act_steps(b)[0] == list(range(30))
+    with TraceReader(a) as t:                 # the parameters' norms: every step, the same in both runs
+        w = t.find("0.weight", "grad")[0]
+        steps, norms = t.history(w, "norm")
+        assert list(steps) == list(range(30)) and np.isfinite(norms).all()
+        with TraceReader(b) as u:
+            np.testing.assert_array_equal(norms, u.history(u.find("0.weight", "grad")[0], "norm")[1])
+    r = nndb("run", "--act-every", "0", "--trace", str(tmp_path / "c.h5"), example("mlp.py"))
+    assert r.returncode == 2 and "--act-every must be a positive" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_a_watch_on_activations_records_them_every_step(tmp_path):
+    r = nndb("run", "--batch", "--trace", str(tmp_path / "w.h5"), "-e", "watch act 0 norm > 1e30",
+             example("mlp.py"), "--steps", "30")
+    assert r.returncode == 0, r.stderr
+    assert _act_steps(str(tmp_path / "w.h5"))[0] == list(range(30))
+
+
+# -- rules and probes ---------------------------------------------------------------------------------
+
+class _Counting(base.Rule):
+    id = "counting"
+
+    def reset(self):
+        self.steps = []
+
+    def check(self, ctx):
+        self.steps.append(ctx.step)
+        return ()
+
+
+class _EveryStep(_Counting):
+    id = "every"
+    EVERY_STEP = True
+
+
+def test_rules_run_on_observed_steps_unless_every_step():
+    eng = RuleEngine([_Counting(), _EveryStep()])
+    for r in eng.rules:
+        r.reset()
+    names = [("loss", "loss")]
+    for step in range(40):
+        rec = type("R", (), {"step": step, "names": names, "raw": np.array([S.scalar_raw(1.0)]),
+                             "nonfinite": False})()
+        eng.on_record(rec)
+    assert eng.rules[0].steps == [s for s in range(40) if base.observed(s)] == list(range(21)) + [24, 28, 32, 36]
+    assert eng.rules[1].steps == list(range(40))
+
+
+PROBED = '''
+import torch, torch.nn as nn
+from torch.nn.modules import module as M
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+x, y = torch.randn(32, 8), torch.randint(0, 2, (32,))
+seen = []
+for step in range(30):
+    seen.append(len(M._global_forward_hooks) + len(M._global_forward_pre_hooks))
+    opt.zero_grad()
+    loss = nn.functional.cross_entropy(model(x), y)
+    loss.backward()
+    opt.step()
+print(seen)
+'''
+
+
+def test_module_hooks_and_probes_only_in_the_steps_that_need_them(tmp_path, capsys):
+    script = tmp_path / "probed.py"
+    script.write_text(PROBED)
+    before = len(torch_module._global_forward_hooks) + len(torch_module._global_forward_pre_hooks)
+    res = run_in_process(tmp_path, str(script))
+    seen = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    ours = [n - before for n in seen]
+    # steps 0..20 and every 4th (activations, the ReLU probe), 25 (the input probes' sample):
+    # both hooks in; the others: none
+    assert ours == [2 if (s <= 20 or s % 4 == 0 or s == 25) else 0 for s in range(30)]
+    assert len(torch_module._global_forward_hooks) + len(torch_module._global_forward_pre_hooks) == before
+    assert res.session.rules is not None
