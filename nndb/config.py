@@ -11,8 +11,9 @@ from .launcher import Target
 
 
 # All ten statistics every this many recorded steps (scripts/bench.py: measuring
-# them on every step costs the small CNN ~1.4x instead of ~1.1x).
-DEFAULT_FULL_EVERY = 10
+# them on every step costs the small CNN ~1.4x instead of ~1.1x; a full step
+# costs it about 4 ms more than another, 2% of its steps at 1 in 10).
+DEFAULT_FULL_EVERY = 20
 # Activations (module outputs): every recorded step for the first ACT_SETTLE,
 # then one in DEFAULT_ACT_EVERY (and at full steps): a pass over every module
 # output is most of what recording costs a CNN (about 6% of its step).

@@ -130,6 +130,14 @@ class StepContext:
                 return flag
         return bool(np.count_nonzero(self.col("nan_count")) or np.count_nonzero(self.col("inf_count")))
 
+    def mean_of(self, i: int) -> float:
+        """The mean of row ``i`` (a loss, read every step) without finalising a column."""
+        if self._stats is not None:
+            return float(self._stats[i, STAT_INDEX["mean"]])
+        n, s, _, _, _, _, _, nan, inf = self.record.raw[i].tolist()
+        finite = n - nan - inf
+        return s / finite if finite > 0 else math.nan
+
     def col(self, stat: str) -> np.ndarray:
         """One statistic for every series of the step."""
         if self._stats is not None:

@@ -267,7 +267,7 @@ class VanishingGradient(_Gradients):
         """Has some loss come down by less than ``loss_drop`` of its early level?"""
         if lay.loss_rows.size == 0:
             return None
-        vals = ctx.col("mean")[lay.loss_rows].tolist()
+        vals = [ctx.mean_of(i) for i in lay.loss_rows.tolist()]
         out = None
         for name, v in zip(lay.loss_names, vals):
             if not math.isfinite(v):

@@ -33,13 +33,19 @@ import weakref
 import torch
 import torch.nn as nn
 
-from .base import observed
+from .base import EVERY, SETTLE, observed
 from .probes import Probe, register
 
-# An activation bigger than this is looked at on one recorded step in BIG_EVERY
-# (the recorder already makes a few passes over it; this adds one or two).
-BIG_ELEMENTS = 1 << 20
+# An activation bigger than this is looked at on one observed step in BIG_EVERY
+# (a pass over it costs about as much as recording it).
+BIG_ELEMENTS = 1 << 18
 BIG_EVERY = 4
+
+
+def big_observed(step: int) -> bool:
+    """The observed steps a big activation is looked at (every 4th step for
+    the first 20, then every 16th)."""
+    return (step // (1 if step < SETTLE else EVERY)) % BIG_EVERY == 0
 # Unit probes look at the rules' observed steps (base.observed): a dead or
 # saturated layer stays so, and the rules count consecutive observed steps (a
 # step without facts neither grows nor breaks a streak).
@@ -139,7 +145,7 @@ class UnitProbe(StepProbe):
         if type(output) is not torch.Tensor or not self.recorder.recording or not torch.is_grad_enabled() \
                 or output.dim() < 2 or not output.is_floating_point():
             return
-        if output.numel() > BIG_ELEMENTS and self.recorder.step % BIG_EVERY:
+        if output.numel() > BIG_ELEMENTS and not big_observed(self.recorder.step):
             return
         if not observed(self.recorder.step):
             return

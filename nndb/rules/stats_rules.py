@@ -276,7 +276,7 @@ class LossNotDecreasing(Rule):
         name = lay.loss_names[0]
         if name in self.done:
             return
-        v = float(ctx.col("mean")[lay.loss_rows[0]])
+        v = ctx.mean_of(int(lay.loss_rows[0]))
         if not math.isfinite(v):
             self.done.add(name)
             return

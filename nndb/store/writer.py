@@ -42,6 +42,7 @@ class TraceWriter:
         self.series: dict = {}          # (name, kind) -> id
         self._new_series: list = []
         self._layouts: dict = {}        # tuple of (name, kind) -> series ids (steps repeat their layout)
+        self._by_list: dict = {}        # id of a record's names list -> (that list, series ids)
         self._rows: list = []           # (record, [ids])
         self._events: list = []
         self._last_flush = time.monotonic()
@@ -96,11 +97,17 @@ class TraceWriter:
     def append(self, record) -> None:
         if self.failed or self.closed:
             return
-        layout = tuple(record.names)
-        ids = self._layouts.get(layout)
-        if ids is None:
-            ids = [self._series_id(n, k) for n, k in record.names]
-            self._layouts[layout] = ids
+        known = self._by_list.get(id(record.names))
+        if known is not None and known[0] is record.names:   # (the recorder reuses a layout's list)
+            ids = known[1]
+        else:
+            layout = tuple(record.names)
+            ids = self._layouts.get(layout)
+            if ids is None:
+                ids = [self._series_id(n, k) for n, k in record.names]
+                self._layouts[layout] = ids
+            if len(self._by_list) < 64:
+                self._by_list[id(record.names)] = (record.names, ids)
         self._rows.append((record, ids))
         self.last_step = record.step
         if len(self._rows) >= self.flush_steps or \

@@ -7,6 +7,7 @@ and per-parameter post-accumulate-grad hooks plus an autograd-engine callback
 (the end of each ``backward()``, and the loss: the root tensors that the
 engine was asked to differentiate, read from the ``_engine_run_backward``
 frame that is on the stack at that moment).  Nothing in torch is patched.
+The module hooks are in only for the steps that need them (``_sync_forward``).
 
 A hook never raises into the user's program: an error inside nndb is
 reported once on stderr and recording stops; training goes on untouched.

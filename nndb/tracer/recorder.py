@@ -2,8 +2,9 @@
 
 The hooks (``tracer.hooks``) stay thin and forward here.  What is recorded:
 
-* ``act``: the first floating-point tensor of a module's forward output, for
-  forward passes run with autograd enabled (a validation pass under
+* ``act``: the first floating-point tensor of a module's forward output, on
+  the steps the schedule's ``acts`` names (and while the debugger forces
+  them), for forward passes run with autograd enabled (a validation pass under
   ``torch.no_grad()`` is not part of a training step).  A module used twice in
   one forward pass of its model (one ReLU after two layers) gets a series per
   use: ``act``, ``act#2``.  Calls of the model repeated within a step (gradient
@@ -284,6 +285,7 @@ class StepRecorder:
         self._manual_pending: Optional[tuple] = None   # (step, bucket, time, snapshot)
         self.last: Optional[StepRecord] = None
         self._names: dict = {}              # series key -> name, resolved once
+        self._layouts: dict = {}            # tuple of (name, kind) -> the list given to every record
         self._others: tuple = (None, [])     # (cache key, params no optimizer holds)
 
     @property
@@ -476,6 +478,9 @@ class StepRecorder:
         for plan, (with_grads, rows) in b.params.items():
             names.extend(plan.names(self._name, with_grads))
             raws.append(rows)
+        # The same list object for the same series, step after step: the writer
+        # and the rules then know a layout by identity.
+        names = self._layouts.setdefault(tuple(names), names)
         raw = np.concatenate(raws) if len(raws) > 1 else raws[0] if raws else np.zeros((0, S.N_RAW))
         rec = StepRecord(step, now, b.backward_count, b.optimizer_steps, names, raw, partial)
         self.last = rec

@@ -19,12 +19,15 @@ Where the passes run:
   host transfer per step, not one per statistic.
 
 Two levels.  Every recorded step: count, norm and NaN/Inf detection for
-every tensor, and mean and std for small ones (one more pass on a large
-tensor).  At *full* steps (a policy of the recording schedule, every tenth
-recorded step by default) everything: also min, max, mean |x| and the zero
-fraction.  Unmeasured fields are NaN.  NaN and Inf are counted only when a cheap check (a non-finite sum or
-sum of squares) says there may be some.  When a tensor has non-finite elements, the
-other statistics describe its finite elements, so a gradient with three NaN
+every tensor (``host_norm_segments``: float64 squares and one ``reduceat``
+for a block of small tensors; one dot product for a large one), and all
+ten statistics of a scalar loss (``scalar_raw``, no numpy reduction).  At
+*full* steps (a policy of the recording schedule, every 20th recorded step
+by default) everything: also mean, std, min, max, mean |x| and the zero
+fraction.  Unmeasured fields are NaN.  NaN and Inf are counted only when a
+cheap check (a non-finite sum or sum of squares) says there may be some.
+When a tensor has non-finite elements, the other statistics describe its
+finite elements, so a gradient with three NaN
 still shows the norm of the rest; ``count`` is always the element count.
 """
 from __future__ import annotations
@@ -47,7 +50,7 @@ N_STATS = len(STAT_NAMES)
 HOST_MAX_ELEMENTS = 1 << 12
 # Parameters, gradients and updates are read in one concatenated block per
 # optimizer step, where numpy stays cheaper for larger tensors.
-HOST_MAX_PARAM_ELEMENTS = 1 << 13
+HOST_MAX_PARAM_ELEMENTS = 1 << 16
 
 _HOST_DTYPES = (torch.float32, torch.float64, torch.float16)
 _I_N, _I_SUM, _I_SQ, _I_MIN, _I_MAX, _I_ABS, _I_ZERO, _I_NAN, _I_INF = range(N_RAW)
