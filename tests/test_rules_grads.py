@@ -161,6 +161,22 @@ def test_stale_probe_sees_a_missing_zero_grad_also_when_clipped():
         assert [bool(m) for m in out] == [False, False, True, True, True], step_fn.__name__
 
 
+def test_stale_probe_sees_a_zero_grad_that_goes_missing_later():
+    """After its first steps the probe checks one step pair in EVERY, with its
+    tensor hook on the parameter only around that pair."""
+    def step_fn(model, opt, i):
+        if i < 30:
+            opt.zero_grad()
+        _backward(model)
+
+    out, model = _stale_loop(step_fn, steps=60)
+    first = min(i for i, m in enumerate(out) if m)
+    assert first == 2 * GradReset.EVERY + 1              # the pair (50, 51): stale twice in a row
+    assert all(not m for m in out[:30])
+    hooked = [p for p in model.parameters() if p._backward_hooks]
+    assert hooked == []                                  # (uninstalled)
+
+
 @pytest.mark.parametrize("pattern", ["zero_first", "set_to_zero", "clipped"])
 def test_stale_probe_quiet_when_gradients_are_reset_before_backward(pattern):
     def step_fn(model, opt, i):

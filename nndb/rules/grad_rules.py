@@ -190,7 +190,14 @@ class GradReset(Probe):
         w.steps += 1
         check_now = w.armed
         # the next step is checked: keep this step's gradient and sum what comes
+        # (the tensor hook is on the parameter only then: a Python call in every
+        # backward pass costs a small model's step a few percent)
         w.armed = self._checked(w.steps + 1)
+        if w.armed and w.handle is None:
+            w.handle = p.register_hook(self._hook(w))
+        elif not w.armed and w.handle is not None:
+            w.handle.remove()
+            w.handle = None
         if not check_now and not w.armed:
             return
         g = None if p.grad is None or p.grad.is_sparse else _flat(p.grad)
