@@ -231,6 +231,18 @@ def test_a_custom_fail_rule_names_its_tensor_and_exits_4(tmp_path):
     assert f"nndb: error: big_grad at step 2: first layer gradient (grad {f['tensor']}" in fe.text
 
 
+def test_a_custom_rule_is_checked_at_every_recorded_step(tmp_path):
+    """Not only on the built-in trend rules' observed steps (one in 4 after the first 20)."""
+    path = rules_file(tmp_path, """
+        default: none
+        rules:
+          - name: late_step
+            condition: step == 23 and max(grad.norm) > 0
+        """)
+    res = run_in_process(tmp_path, example("mlp.py"), ["--steps", "26"], rules=path)
+    assert [(f["rule"], f["step"]) for f in res.session.findings] == [("late_step", 23)]
+
+
 def test_a_custom_stop_rule_stops_and_says_why(tmp_path):
     path = rules_file(tmp_path, """
         default: none

@@ -50,8 +50,10 @@ NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]*\Z")
 
 
 class CustomRule(Rule):
-    """A rule from the rule file: a condition over the step's statistics."""
+    """A rule from the rule file: a condition over the step's statistics,
+    checked at every recorded step (as a watchpoint would be)."""
     THRESHOLDS: dict = {}
+    EVERY_STEP = True
 
     def __init__(self, rule_id: str, condition: Condition, message: str = "", explanation: str = "",
                  severity: str = "warning"):
