@@ -353,11 +353,7 @@ class Tracer:
                 if close is not None:
                     self._close(close)
                 self.recorder.optimizer_pre(opt)
-                if self.lineage is not None:
-                    self.lineage.optimizer(opt, "pre")
-                if self.probes:
-                    for cb in self.probes.get("optimizer", ()):
-                        cb(opt, "pre")
+                self._tell_optimizer(opt, "pre")
             except Exception:
                 self._fail()
             finally:
@@ -371,11 +367,7 @@ class Tracer:
         with self._quiet():     # (nndb's own tensor work is not the step's lineage)
             try:
                 self.recorder.optimizer_post(opt)
-                if self.lineage is not None:
-                    self.lineage.optimizer(opt, "post")
-                if self.probes:
-                    for cb in self.probes.get("optimizer", ()):
-                        cb(opt, "post")
+                self._tell_optimizer(opt, "post")
                 learning = self.clock.mode is Mode.LEARNING
                 close = self.clock.optimizer_post(opt)
                 if learning:
@@ -388,6 +380,14 @@ class Tracer:
             finally:
                 self.busy -= 1
             return None
+
+    def _tell_optimizer(self, opt, when: str) -> None:
+        """The op recorder and the rules' probes see each optimizer step ("pre"/"post")."""
+        if self.lineage is not None:
+            self.lineage.optimizer(opt, when)
+        if self.probes:
+            for cb in self.probes.get("optimizer", ()):
+                cb(opt, when)
 
     def optimizers(self) -> list:
         """The optimizers that have stepped in this run."""

@@ -223,16 +223,13 @@ class _Snapshot:
         if plan.host:
             after = plan.host_values()
             g = plan.host_grads() if grads else None
-            if g is not None and len(g[2]) == len(plan.host):   # the usual case: one block, every gradient
-                flat = np.concatenate([after, after - self.host_before, g[1]])
-                rows = S.host_raw_segments(flat, plan.block_sizes, True) if full else \
-                    S.host_norm_segments(flat, plan.block_sizes)
-                bucket.params[plan] = (True, rows)
-            elif not grads:
-                flat = np.concatenate([after, after - self.host_before])
-                sizes = plan.block_sizes[:2 * len(plan.host)]
+            every = g is not None and len(g[2]) == len(plan.host)
+            if every or not grads:      # the usual case: one block (values, updates and every gradient)
+                flats = [after, after - self.host_before] + ([g[1]] if every else [])
+                sizes = plan.block_sizes[:len(flats) * len(plan.host)]
+                flat = np.concatenate(flats)
                 rows = S.host_raw_segments(flat, sizes, True) if full else S.host_norm_segments(flat, sizes)
-                bucket.params[plan] = (False, rows)
+                bucket.params[plan] = (every, rows)
             else:
                 bucket.blocks.append((plan.value_keys, after, plan.sizes))
                 bucket.blocks.append((plan.update_keys, after - self.host_before, plan.sizes))
@@ -480,7 +477,10 @@ class StepRecorder:
             raws.append(rows)
         # The same list object for the same series, step after step: the writer
         # and the rules then know a layout by identity.
-        names = self._layouts.setdefault(tuple(names), names)
+        if len(self._layouts) < 64:
+            names = self._layouts.setdefault(tuple(names), names)
+        else:
+            names = self._layouts.get(tuple(names), names)
         raw = np.concatenate(raws) if len(raws) > 1 else raws[0] if raws else np.zeros((0, S.N_RAW))
         rec = StepRecord(step, now, b.backward_count, b.optimizer_steps, names, raw, partial)
         self.last = rec
