@@ -105,3 +105,37 @@ def test_one_column_equals_that_column_of_finalize_many():
     full = S.finalize_many(rows)
     for i, name in enumerate(S.STAT_NAMES):
         np.testing.assert_array_equal(S.finalize_column(rows, name), full[:, i])
+
+
+def test_parameter_block_equals_the_general_path():
+    """The optimizer's small parameters read as one float32 block: the same rows
+    as reducing each value, update and gradient on its own."""
+    from torch import nn
+    from nndb.tracer.recorder import _ParamPlan
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(5, 4), nn.ReLU(), nn.Linear(4, 3))
+    model(torch.randn(8, 5)).sum().backward()
+    params = list(model.parameters())
+    plan = _ParamPlan(params)
+    before = plan.host_values()
+    old = [p.detach().clone() for p in params]
+    with torch.no_grad():
+        for p in params:
+            p.add_(p.grad, alpha=-0.1)
+    tensors = [p.detach() for p in params] + [p.detach() - o for p, o in zip(params, old)] + [p.grad for p in params]
+    want = S.finalize_many(S.raw_many(tensors, True))
+    with_grads, rows = plan.block(before, True, True)
+    assert with_grads
+    np.testing.assert_allclose(S.finalize_many(rows), want, rtol=1e-6, atol=1e-7)
+    _, norm_rows = plan.block(before, False, True)
+    norms = S.finalize_column(norm_rows, "norm")
+    np.testing.assert_allclose(norms, want[:, S.STAT_NAMES.index("norm")], rtol=1e-6)
+    assert np.isnan(S.finalize_column(norm_rows, "mean")).all()
+    _, no_grads = plan.block(before, False, False)      # hand-written updates: values and updates only
+    assert len(no_grads) == 2 * len(params)
+    # the general path takes what the block cannot read
+    params[0].grad = None
+    assert plan.block(before, False, True) is None
+    params[0].grad = torch.zeros_like(params[0]).to_sparse()
+    assert plan.block(before, False, True) is None
+    assert _ParamPlan([p.detach().double() for p in params]).block(before, False, False) is None

@@ -173,6 +173,11 @@ class _ParamPlan:
         self._ptrs = [None] * len(self.host)
         self._names: dict = {}           # with grads -> [(name, kind)] of the block's rows
         self.block_sizes = self.sizes * 3
+        # The usual case, read into one float32 buffer by three concatenations
+        # (``block``): float32 parameters, none empty.
+        self.n = sum(self.sizes)
+        self._fast = bool(self.host) and all(p.dtype == torch.float32 and p.numel() for p in self.host)
+        self._norm_layouts: dict = {}    # with grads -> (starts, rows) (stats.norm_template)
 
     def names(self, name_of, with_grads: bool) -> list:
         """[(name, kind)] of a block's rows: values, updates (and gradients)."""
@@ -183,10 +188,8 @@ class _ParamPlan:
             out = self._names[with_grads] = [(n, k) for k in kinds for n in base]
         return out
 
-    def host_values(self) -> Optional[np.ndarray]:
-        """The small parameters' values, concatenated (a copy)."""
-        if not self.host:
-            return None
+    def _host_views(self) -> list:
+        """Flat numpy views of the small parameters (cached while their memory stays)."""
         views = self._views
         for i, p in enumerate(self.host):
             ptr = p.data_ptr()
@@ -195,7 +198,36 @@ class _ParamPlan:
                 # Only a true view of the parameter's memory may be cached.
                 cacheable = p.dtype in (torch.float32, torch.float64) and p.is_contiguous()
                 views[i], self._ptrs[i] = v, (ptr if cacheable else None)
-        return np.concatenate(views)
+        return views
+
+    def host_values(self) -> Optional[np.ndarray]:
+        """The small parameters' values, concatenated (a copy)."""
+        if not self.host:
+            return None
+        return np.concatenate(self._host_views())
+
+    def block(self, before: np.ndarray, full: bool, grads: bool) -> Optional[tuple]:
+        """(with grads, rows) of the block: values, updates since ``before`` and,
+        with ``grads``, gradients, read into one float32 buffer; None when it
+        does not apply (not all float32, or a gradient missing, sparse or not
+        a plain CPU tensor): the caller takes the general path."""
+        if not self._fast:
+            return None
+        n = self.n
+        buf = np.empty(3 * n if grads else 2 * n, dtype=np.float32)
+        if grads:
+            try:
+                np.concatenate([p.grad.numpy() for p in self.host], axis=None, out=buf[2 * n:])
+            except (AttributeError, RuntimeError, TypeError, ValueError):
+                return None
+        np.concatenate(self._host_views(), out=buf[:n])
+        np.subtract(buf[:n], before, out=buf[n:2 * n])
+        if full:
+            return grads, S.host_raw_segments(buf, self.block_sizes[:(3 if grads else 2) * len(self.host)])
+        lay = self._norm_layouts.get(grads)
+        if lay is None:
+            lay = self._norm_layouts[grads] = S.norm_template(self.sizes * (3 if grads else 2))
+        return grads, S.host_norm_rows(buf, *lay)
 
     def host_grads(self):
         """(keys, flat, sizes) for the small parameters' gradients, or None."""
@@ -220,7 +252,10 @@ class _Snapshot:
     def record(self, bucket: _Bucket, full: bool, grads: bool = True) -> None:
         """Put value, update (and grad) of every parameter into ``bucket``."""
         plan = self.plan
-        if plan.host:
+        done = plan.block(self.host_before, full, grads) if plan.host else None
+        if done is not None:
+            bucket.params[plan] = done
+        elif plan.host:
             after = plan.host_values()
             g = plan.host_grads() if grads else None
             every = g is not None and len(g[2]) == len(plan.host)

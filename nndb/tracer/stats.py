@@ -19,8 +19,10 @@ Where the passes run:
   host transfer per step, not one per statistic.
 
 Two levels.  Every recorded step: count, norm and NaN/Inf detection for
-every tensor (``host_norm_segments``: float64 squares and one ``reduceat``
-for a block of small tensors; one dot product for a large one), and all
+every tensor (``host_norm_rows``: squares and one ``reduceat`` for a block
+of small tensors, summed in float32 for float32 tensors, which agrees with
+the float64 sums of a full step to about 1e-7; one dot product for a large
+one), and all
 ten statistics of a scalar loss (``scalar_raw``, no numpy reduction).  At
 *full* steps (a policy of the recording schedule, every 20th recorded step
 by default) everything: also mean, std, min, max, mean |x| and the zero
@@ -227,26 +229,50 @@ def host_norm_one(a: np.ndarray) -> np.ndarray:
     return raw
 
 
-@_quiet
-def host_norm_segments(flat: np.ndarray, sizes) -> np.ndarray:
-    """Norm-only rows of the consecutive segments of ``flat``: squares in
-    float64 summed per segment by one ``reduceat``, as ``host_raw_segments``
-    does (a norm is the same number at full steps and between them); a
-    segment whose sum is not finite takes the exact path."""
+def norm_template(sizes) -> tuple[np.ndarray, np.ndarray]:
+    """(starts, rows) for ``host_norm_rows`` over segments of these (nonzero)
+    lengths: computed once for a layout that recurs step after step."""
     sizes = np.asarray(sizes, dtype=np.int64)
-    k = len(sizes)
-    if k == 0 or not sizes.all():              # (empty segments: the general path)
-        return host_raw_segments(flat, sizes, full=False)
-    starts = np.zeros(k, dtype=np.int64)
+    starts = np.zeros(len(sizes), dtype=np.int64)
     np.cumsum(sizes[:-1], out=starts[1:])
-    sq = np.add.reduceat(np.square(flat, dtype=np.float64), starts)
-    out = np.repeat(_NORM_ROW[None, :], k, axis=0)
-    out[:, _I_N] = sizes
+    rows = np.repeat(_NORM_ROW[None, :], len(sizes), axis=0)
+    rows[:, _I_N] = sizes
+    return starts, rows
+
+
+# A float32 sum of squares below this may have lost elements to underflow
+# (squares of |x| < 1e-19 are 0 in float32): such a segment is summed again in
+# float64, so that a tiny gradient never reads as an exact zero.
+_F32_SQ_TINY = 1e-30
+
+
+@_quiet
+def host_norm_rows(flat: np.ndarray, starts: np.ndarray, template: np.ndarray) -> np.ndarray:
+    """Norm-only rows of the consecutive segments of ``flat`` (``norm_template``
+    of their lengths): squares summed per segment by one ``reduceat``, in
+    float32 for a float32 ``flat`` (numpy sums in blocks: about 1e-7 relative
+    error, against float64 at full steps); a segment whose sum is not finite
+    or nearly zero takes the exact path (float64)."""
+    sq = np.add.reduceat(np.square(flat), starts)
+    out = template.copy()
     out[:, _I_SQ] = sq
-    if not np.isfinite(sq).all():
-        for i in np.flatnonzero(~np.isfinite(sq)).tolist():
-            out[i] = _segment_raw_exact(flat[starts[i]:starts[i] + sizes[i]])
+    if not (np.isfinite(sq).all() and sq.min() >= _F32_SQ_TINY):
+        for i in np.flatnonzero(~(np.isfinite(sq) & (sq >= _F32_SQ_TINY))).tolist():
+            seg = flat[int(starts[i]):int(starts[i]) + int(template[i, _I_N])]
+            if np.isfinite(sq[i]):
+                x = seg.astype(np.float64)
+                out[i, _I_SQ] = np.dot(x, x)
+            else:
+                out[i] = _segment_raw_exact(seg)
     return out
+
+
+def host_norm_segments(flat: np.ndarray, sizes) -> np.ndarray:
+    """Norm-only rows of the consecutive segments of ``flat`` (lengths ``sizes``)."""
+    sizes = np.asarray(sizes, dtype=np.int64)
+    if len(sizes) == 0 or not sizes.all():              # (empty segments: the general path)
+        return host_raw_segments(flat, sizes, full=False)
+    return host_norm_rows(flat, *norm_template(sizes))
 
 
 # -- large CPU tensors (torch) ------------------------------------------------
