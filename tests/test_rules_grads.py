@@ -116,10 +116,19 @@ class _Naming:
 
 
 def _probe(cls, model):
-    rec = SimpleNamespace(tracer=SimpleNamespace(probes={}), naming=_Naming(model))
+    rec = SimpleNamespace(tracer=SimpleNamespace(probes={}), naming=_Naming(model),
+                          recorder=SimpleNamespace(step=0))
     probe = cls(rec)
     probe.install()
     return probe
+
+
+def _post(probe, opt, step):
+    """What the tracer does after opt.step() at ``step``: the probe is called
+    only on the steps it wants (the rule engine arms it for those)."""
+    probe.rec.recorder.step = step
+    if probe.wants(step):
+        probe.optimizer(opt, "post")
 
 
 def _stale_loop(train_step, steps=5, rule=None):
@@ -134,7 +143,7 @@ def _stale_loop(train_step, steps=5, rule=None):
     for i in range(steps):
         train_step(model, opt, i)
         opt.step()
-        probe.optimizer(opt, "post")           # what the tracer calls after opt.step()
+        _post(probe, opt, i)
         ctx = SimpleNamespace(step=i, facts={"grad_reset": probe.take(i)})
         out.append([f.message for f in rule.check(ctx)])
     probe.uninstall()
@@ -200,7 +209,7 @@ def test_stale_probe_quiet_when_zeroed_after_the_step(pattern):
         for _ in range(4 if pattern == "accumulate" else 1):
             _backward(model, 0.25)
         opt.step()
-        probe.optimizer(opt, "post")
+        _post(probe, opt, i)
         found += rule.check(SimpleNamespace(step=i, facts={"grad_reset": probe.take(i)}))
         opt.zero_grad()
     assert found == []
@@ -221,11 +230,11 @@ def test_stale_probe_quiet_for_the_gan_pattern():
         fake = netG(torch.randn(16, 4))
         (netD(torch.randn(16, 8)).mean() - netD(fake.detach()).mean()).backward()
         optD.step()
-        probe.optimizer(optD, "post")
+        _post(probe, optD, i)
         netG.zero_grad()
         netD(fake).mean().backward()           # also reaches netD's .grad
         optG.step()
-        probe.optimizer(optG, "post")
+        _post(probe, optG, i)
         found += rule.check(SimpleNamespace(step=i, facts={"grad_reset": probe.take(i)}))
     probe.uninstall()
     assert found == []
@@ -258,10 +267,26 @@ def test_grad_none_probe_skips_steps_while_every_gradient_is_there():
         if i < 12:
             _backward(model)
         opt.step()
-        probe.optimizer(opt, "post")
+        _post(probe, opt, i)
         facts = probe.take(i)
         checks += len(facts.get("checks", ()))
         found += [(i, f.tensor) for f in rule.check(SimpleNamespace(step=i, facts={"grad_presence": facts}))]
     # checked at 0, 10 (all there), then 20 (none), then every step: 20..24 make 5 in a row
     assert checks == 3 + 4
     assert found == [(24, "0.weight")]
+
+
+def test_gradient_probes_are_called_only_on_the_steps_they_check():
+    """The rule engine puts a probe's optimizer callback into the tracer only
+    for the steps it wants: one pair in 25 (and the step before) for
+    grad_reset, one step in 10 for grad_presence while nothing is missing."""
+    model = nn.Linear(3, 2)
+    reset, presence = _probe(GradReset, model), _probe(GradPresence, model)
+    assert [s for s in range(80) if reset.wants(s)] == [0, 1, 2, 3, 4, 5, 24, 25, 26, 49, 50, 51, 74, 75, 76]
+    assert [s for s in range(35) if presence.wants(s)] == [0, 10, 20, 30]
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    _post(presence, opt, 30)                          # no gradient at all: looked at every step now
+    assert presence.wants(31) and presence.wants(32)
+    model(torch.randn(4, 3)).sum().backward()
+    _post(presence, opt, 31)
+    assert not presence.wants(32) and presence.wants(40)

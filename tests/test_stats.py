@@ -111,12 +111,12 @@ def test_parameter_block_equals_the_general_path():
     """The optimizer's small parameters read as one float32 block: the same rows
     as reducing each value, update and gradient on its own."""
     from torch import nn
-    from nndb.tracer.recorder import _ParamPlan
+    from nndb.tracer.params import ParamPlan
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(5, 4), nn.ReLU(), nn.Linear(4, 3))
     model(torch.randn(8, 5)).sum().backward()
     params = list(model.parameters())
-    plan = _ParamPlan(params)
+    plan = ParamPlan(params)
     before = plan.host_values()
     old = [p.detach().clone() for p in params]
     with torch.no_grad():
@@ -138,4 +138,4 @@ def test_parameter_block_equals_the_general_path():
     assert plan.block(before, False, True) is None
     params[0].grad = torch.zeros_like(params[0]).to_sparse()
     assert plan.block(before, False, True) is None
-    assert _ParamPlan([p.detach().double() for p in params]).block(before, False, False) is None
+    assert ParamPlan([p.detach().double() for p in params]).block(before, False, False) is None

@@ -88,16 +88,19 @@ class RuleEngine:
 
     def on_record(self, record, stats=None, optimizers=()) -> list:
         """Run the rules on one recorded step; returns the new findings."""
-        facts = {name: p.take(record.step) for name, p in self._probes.items()}
+        # (a probe gathers facts only while its callbacks are in: the steps it is armed for)
+        facts = {name: p.take(record.step) for name, p in self._probes.items() if p._armed}
+        if observed(record.step):
+            rules = [r for r in self.rules if r.enabled]
+        else:
+            live = {name for name, f in facts.items() if f}
+            rules = [r for r in self.rules if r.enabled and (r.EVERY_STEP or (live and not live.isdisjoint(r.PROBES)))]
+        if not rules:
+            return []
         naming = self._rec.naming if self._rec is not None else None
         ctx = StepContext(record, stats, facts, self.module_types, optimizers, naming)
-        seen = observed(record.step)
         new = []
-        for r in self.rules:
-            if not r.enabled:
-                continue
-            if not seen and not r.EVERY_STEP and (not r.PROBES or not any(facts.get(p) for p in r.PROBES)):
-                continue
+        for r in rules:
             try:
                 found = list(r.check(ctx) or ())
             except Exception as e:   # a rule never breaks the run: it is switched off, said once

@@ -25,28 +25,30 @@ from .probes import Probe, register
 @register
 class GradPresence(Probe):
     """Which parameters of an optimizer (with requires_grad) have no ``.grad``
-    at its step.  Cheap: a step whose parameters all had gradients is followed
-    by ``EVERY - 1`` steps that are not looked at; once one is missing, every
-    step is looked at until it has a gradient again (so consecutive checks are
-    consecutive steps)."""
+    at its step.  Cheap: looked at on one step in ``EVERY`` while every
+    parameter had a gradient (the probe is not even called on the others);
+    once one is missing, at every step until it has a gradient again (so
+    consecutive checks are consecutive steps)."""
     name = "grad_presence"
     OPTIMIZER = True
     EVERY = 10
 
     def __init__(self, rec):
         super().__init__(rec)
-        self._skip: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()   # optimizer -> steps to skip
+        self._lacking: "weakref.WeakSet" = weakref.WeakSet()     # optimizers whose last check missed one
+
+    def wants(self, step: int) -> bool:
+        return step % self.EVERY == 0 or bool(self._lacking)
 
     def optimizer(self, opt, when: str) -> None:
         if when != "post":
             return
-        n = self._skip.get(opt, 0)
-        if n > 0:
-            self._skip[opt] = n - 1
-            return
         missing = [p for g in opt.param_groups for p in g["params"]
                    if p.grad is None and p.requires_grad]
-        self._skip[opt] = 0 if missing else self.EVERY - 1
+        if missing:
+            self._lacking.add(opt)
+        else:
+            self._lacking.discard(opt)
         self.facts.setdefault("checks", []).append({
             "optimizer": self.naming.optimizer_name(opt),
             "missing": [(id(p), self.naming.param_name(p)) for p in missing],
@@ -93,7 +95,7 @@ class GradNone(Rule):
 class _Watch:
     """One optimizer's sample parameter: the gradient it had at the optimizer's
     last step, and the sum of the gradients that arrived since then."""
-    __slots__ = ("opt", "param", "name", "handle", "last", "incoming", "armed", "steps", "__weakref__")
+    __slots__ = ("opt", "param", "name", "handle", "last", "incoming", "armed", "__weakref__")
 
     def __init__(self, opt, param, name):
         self.opt = weakref.ref(opt)
@@ -103,7 +105,6 @@ class _Watch:
         self.last = None
         self.incoming = None
         self.armed = True        # the hook sums incoming gradients only before a checked step
-        self.steps = 0           # optimizer steps watched
 
 
 def _sample(opt):
@@ -137,11 +138,16 @@ class GradReset(Probe):
     OPTIMIZER = True
     # Every step while the rule may still be building its streak, then one
     # step pair in EVERY: a missing zero_grad() is a pattern of the code, seen
-    # at any step, and a check costs a dozen small tensor operations.
+    # at any step, and a check costs a few small tensor operations.
     FIRST, EVERY = 6, 25
 
-    def _checked(self, n: int) -> bool:
-        return n < self.FIRST or n % self.EVERY in (0, 1)
+    def _checked(self, step: int) -> bool:
+        return step < self.FIRST or step % self.EVERY in (0, 1)
+
+    def wants(self, step: int) -> bool:
+        """A checked step, and the step before it (which keeps its gradient and
+        puts the tensor hook on); the probe is not called on the others."""
+        return self._checked(step) or self._checked(step + 1)
 
     def __init__(self, rec):
         super().__init__(rec)
@@ -187,12 +193,11 @@ class GradReset(Probe):
             w.last = _flat(p.grad).clone()
             return
         p = w.param()
-        w.steps += 1
         check_now = w.armed
         # the next step is checked: keep this step's gradient and sum what comes
         # (the tensor hook is on the parameter only then: a Python call in every
         # backward pass costs a small model's step a few percent)
-        w.armed = self._checked(w.steps + 1)
+        w.armed = self._checked(self.rec.recorder.step + 1)
         if w.armed and w.handle is None:
             w.handle = p.register_hook(self._hook(w))
         elif not w.armed and w.handle is not None:
@@ -208,14 +213,21 @@ class GradReset(Probe):
             return
         if g.shape != last.shape or g.shape != inc.shape:
             return
-        s = last + inc
-        a = g.dot(s) / s.dot(s)                   # least squares: g ~ a (l + i), g ~ b i
-        b = g.dot(inc) / inc.dot(inc)
-        # one transfer to the host (one synchronisation on a GPU)
-        gn, ln, n_in, rs, rr, a = torch.stack([g.norm(), last.norm(), inc.norm(), (g - a * s).norm(),
-                                               (g - b * inc).norm(), a]).tolist()
-        if not (gn > 0 and ln > 0 and n_in > 0) or not math.isfinite(rs + rr + a):
+        # Every dot product of g, l and i from one float64 Gram matrix, in one
+        # transfer to the host (one synchronisation on a GPU).
+        m = torch.stack([g, last, inc]).double()
+        (gg, gl, gi), (_, ll, li), (_, _, ii) = (m @ m.T).tolist()
+        if not (gg > 0 and ll > 0 and ii > 0) or not math.isfinite(gg + ll + ii):
             return
+        gs, ss = gl + gi, ll + 2 * li + ii        # g.s and s.s for s = l + i
+        if not ss > 0:
+            return
+        a = gs / ss                               # least squares: g ~ a (l + i), g ~ b i
+        # |g - a s|^2 = g.g - (g.s)^2 / s.s, and likewise for i (float64: the
+        # cancellation costs nothing near the rule's 1e-3 tolerance)
+        rs = math.sqrt(max(gg - gs * gs / ss, 0.0))
+        rr = math.sqrt(max(gg - gi * gi / ii, 0.0))
+        gn, ln, n_in = math.sqrt(gg), math.sqrt(ll), math.sqrt(ii)
         self.facts.setdefault("checks", []).append({
             "optimizer": self.naming.optimizer_name(opt), "param": w.name,
             "r_stale": rs / gn, "r_reset": rr / gn, "scale": a,

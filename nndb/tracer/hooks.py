@@ -14,7 +14,6 @@ reported once on stderr and recording stops; training goes on untouched.
 """
 from __future__ import annotations
 
-import contextlib
 import gc
 import os
 import sys
@@ -79,7 +78,6 @@ def _backward_roots():
 
 
 _ACTIVE: "weakref.WeakSet" = weakref.WeakSet()
-_NULL = contextlib.nullcontext()
 _FORK_HOOK = False
 REPLICA_FORK = False     # set by nndb.timetravel around its own fork(): the child is a replica
 
@@ -202,12 +200,6 @@ class Tracer:
         finally:
             self.busy -= 1
 
-    def _quiet(self):
-        """While nndb itself computes (statistics, probes): the op recorder, if
-        on, is taken off the dispatch stack (the skip would cost as much as the op)."""
-        lin = self.lineage
-        return lin.paused() if lin is not None else _NULL
-
     # -- guard -------------------------------------------------------------
     def _fail(self) -> None:
         if not self._failed:
@@ -250,26 +242,32 @@ class Tracer:
         self._module_depth = max(0, self._module_depth - 1)
         if self._failed or self._in_hook:
             return None
-        if self.lineage is not None:
-            self.lineage.module_post(module, args, output)
-        with self._quiet():     # (nndb's own tensor work is not the step's lineage)
-            try:
-                self._in_hook = True
-                # A module reused within one forward pass (one ReLU applied after two
-                # layers) gets one series per use: act, act#2, ...
-                idx = self._calls.get(module, 0)
-                self._calls[module] = idx + 1
-                self.recorder.activation((module, idx), output)
-                if self.probes:
-                    for cb in self.probes.get(type(module), ()):
-                        cb(module, idx, args, output)
-                if self.want_backward:
-                    self._watch_backward(module, output)
-            except Exception:
-                self._fail()
-            finally:
-                self._in_hook = False
-            return None
+        lin = self.lineage
+        if lin is None:
+            self._forward_post_quiet(module, args, output)
+        else:
+            lin.module_post(module, args, output)
+            with lin.paused():     # (nndb's own tensor work is not the step's lineage)
+                self._forward_post_quiet(module, args, output)
+        return None
+
+    def _forward_post_quiet(self, module, args, output) -> None:
+        try:
+            self._in_hook = True
+            # A module reused within one forward pass (one ReLU applied after two
+            # layers) gets one series per use: act, act#2, ...
+            idx = self._calls.get(module, 0)
+            self._calls[module] = idx + 1
+            self.recorder.activation((module, idx), output)
+            if self.probes:
+                for cb in self.probes.get(type(module), ()):
+                    cb(module, idx, args, output)
+            if self.want_backward:
+                self._watch_backward(module, output)
+        except Exception:
+            self._fail()
+        finally:
+            self._in_hook = False
 
     def _watch_backward(self, module, output) -> None:
         """A stop point at the module's backward: a hook on its output's gradient."""
@@ -303,27 +301,34 @@ class Tracer:
         self._backward_pending = False
         if self._failed:
             return
+        lin = self.lineage
+        if lin is None:
+            self._backward_end_quiet()
+        else:
+            with lin.paused():     # (nndb's own tensor work is not the step's lineage)
+                self._backward_end_quiet()
+
+    def _backward_end_quiet(self) -> None:
         self.busy += 1
-        with self._quiet():     # (nndb's own tensor work is not the step's lineage)
-            try:
-                roots = _backward_roots()
-                loss = roots[0] if roots and isinstance(roots[0], torch.Tensor) else None
-                if loss is not None:
-                    self.recorder.loss(loss)
-                    if self.on_loss is not None:
-                        self.on_loss(loss)
-                else:
-                    self.recorder.backward_without_loss()
-                n = self._optimizer_count() if self.clock.mode is Mode.UNKNOWN else 1
-                close = self.clock.backward_end(n)
-                if self.clock.mode is Mode.MANUAL:
-                    self.recorder.manual = True
-                if close is not None:
-                    self._close(close)
-            except Exception:
-                self._fail()
-            finally:
-                self.busy -= 1
+        try:
+            roots = _backward_roots()
+            loss = roots[0] if roots and isinstance(roots[0], torch.Tensor) else None
+            if loss is not None:
+                self.recorder.loss(loss)
+                if self.on_loss is not None:
+                    self.on_loss(loss)
+            else:
+                self.recorder.backward_without_loss()
+            n = self._optimizer_count() if self.clock.mode is Mode.UNKNOWN else 1
+            close = self.clock.backward_end(n)
+            if self.clock.mode is Mode.MANUAL:
+                self.recorder.manual = True
+            if close is not None:
+                self._close(close)
+        except Exception:
+            self._fail()
+        finally:
+            self.busy -= 1
 
     def _optimizer_count(self, opt=None) -> int:
         """Optimizers of this run: scanned once and reused, unless an optimizer
@@ -339,47 +344,61 @@ class Tracer:
     def _opt_pre(self, opt, args, kwargs):
         if self._failed:
             return None
+        lin = self.lineage
+        if lin is None:
+            self._opt_pre_quiet(opt)
+        else:
+            with lin.paused():     # (nndb's own tensor work is not the step's lineage)
+                self._opt_pre_quiet(opt)
+        return None
+
+    def _opt_pre_quiet(self, opt) -> None:
         self.busy += 1
-        with self._quiet():     # (nndb's own tensor work is not the step's lineage)
-            try:
-                self._sync_forward()
-                if opt not in self._opt_seen:
-                    self._first_sight(opt)
-                needs_count = self.clock.mode in (Mode.UNKNOWN, Mode.MANUAL) or \
-                    (self.clock.mode is not Mode.LEARNING and self.clock.closer is None)
-                n = self._optimizer_count(opt) if needs_count else 2
-                close = self.clock.optimizer_pre(opt, n)
-                self.recorder.manual = self.clock.mode is Mode.MANUAL
-                if close is not None:
-                    self._close(close)
-                self.recorder.optimizer_pre(opt)
-                self._tell_optimizer(opt, "pre")
-            except Exception:
-                self._fail()
-            finally:
-                self.busy -= 1
-            return None
+        try:
+            self._sync_forward()
+            if opt not in self._opt_seen:
+                self._first_sight(opt)
+            needs_count = self.clock.mode in (Mode.UNKNOWN, Mode.MANUAL) or \
+                (self.clock.mode is not Mode.LEARNING and self.clock.closer is None)
+            n = self._optimizer_count(opt) if needs_count else 2
+            close = self.clock.optimizer_pre(opt, n)
+            self.recorder.manual = self.clock.mode is Mode.MANUAL
+            if close is not None:
+                self._close(close)
+            self.recorder.optimizer_pre(opt)
+            self._tell_optimizer(opt, "pre")
+        except Exception:
+            self._fail()
+        finally:
+            self.busy -= 1
 
     def _opt_post(self, opt, args, kwargs):
         if self._failed:
             return None
+        lin = self.lineage
+        if lin is None:
+            self._opt_post_quiet(opt)
+        else:
+            with lin.paused():     # (nndb's own tensor work is not the step's lineage)
+                self._opt_post_quiet(opt)
+        return None
+
+    def _opt_post_quiet(self, opt) -> None:
         self.busy += 1
-        with self._quiet():     # (nndb's own tensor work is not the step's lineage)
-            try:
-                self.recorder.optimizer_post(opt)
-                self._tell_optimizer(opt, "post")
-                learning = self.clock.mode is Mode.LEARNING
-                close = self.clock.optimizer_post(opt)
-                if learning:
-                    self.recorder.mark()
-                if close is not None:
-                    self._close(close)
-                self._sync_forward()
-            except Exception:
-                self._fail()
-            finally:
-                self.busy -= 1
-            return None
+        try:
+            self.recorder.optimizer_post(opt)
+            self._tell_optimizer(opt, "post")
+            learning = self.clock.mode is Mode.LEARNING
+            close = self.clock.optimizer_post(opt)
+            if learning:
+                self.recorder.mark()
+            if close is not None:
+                self._close(close)
+            self._sync_forward()
+        except Exception:
+            self._fail()
+        finally:
+            self.busy -= 1
 
     def _tell_optimizer(self, opt, when: str) -> None:
         """The op recorder and the rules' probes see each optimizer step ("pre"/"post")."""

@@ -256,7 +256,8 @@ def host_norm_rows(flat: np.ndarray, starts: np.ndarray, template: np.ndarray) -
     sq = np.add.reduceat(np.square(flat), starts)
     out = template.copy()
     out[:, _I_SQ] = sq
-    if not (np.isfinite(sq).all() and sq.min() >= _F32_SQ_TINY):
+    # (ufunc reductions: NaN propagates through minimum; ndarray.min/.all go through Python)
+    if not (np.minimum.reduce(sq) >= _F32_SQ_TINY and np.maximum.reduce(sq) < np.inf):
         for i in np.flatnonzero(~(np.isfinite(sq) & (sq >= _F32_SQ_TINY))).tolist():
             seg = flat[int(starts[i]):int(starts[i]) + int(template[i, _I_N])]
             if np.isfinite(sq[i]):

@@ -1,0 +1,147 @@
+"""Reading an optimizer's parameters cheaply, step after step (the recorder's
+``param``, ``grad`` and ``update`` series).
+
+``ParamPlan``: the parameters of one optimizer, split into small CPU ones,
+read through cached zero-copy numpy views into one float32 buffer (values,
+updates and gradients: three concatenations and one ``reduceat`` a step),
+and the others, reduced one by one on their own device.  ``Snapshot``: the
+values before an update, from which the update is computed.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import numpy as np
+import torch
+
+from . import stats as S
+
+
+class ParamPlan:
+    """How to read one set of parameters cheaply, step after step: small CPU
+    parameters through cached zero-copy numpy views, concatenated in one call;
+    the others one by one."""
+
+    def __init__(self, params):
+        self.params = params
+        small = [p.device.type == "cpu" and p.numel() <= S.HOST_MAX_PARAM_ELEMENTS for p in params]
+        self.host = [p for p, sm in zip(params, small) if sm]
+        self.large = [p for p, sm in zip(params, small) if not sm]
+        self.sizes = [p.numel() for p in self.host]
+        self.ids = {id(p) for p in params}
+        self.value_keys = [("param", p, "param") for p in self.host]
+        self.update_keys = [("param", p, "update") for p in self.host]
+        self.grad_keys = [("param", p, "grad") for p in self.host]
+        self._views = [None] * len(self.host)
+        self._ptrs = [None] * len(self.host)
+        self._names: dict = {}           # with grads -> [(name, kind)] of the block's rows
+        self.block_sizes = self.sizes * 3
+        # The usual case, read into one float32 buffer by three concatenations
+        # (``block``): float32 parameters, none empty.
+        self.n = sum(self.sizes)
+        self._fast = bool(self.host) and all(p.dtype == torch.float32 and p.numel() for p in self.host)
+        self._norm_layouts: dict = {}    # with grads -> (starts, rows) (stats.norm_template)
+
+    def names(self, name_of, with_grads: bool) -> list:
+        """[(name, kind)] of a block's rows: values, updates (and gradients)."""
+        out = self._names.get(with_grads)
+        if out is None:
+            base = [name_of(("param", p)) for p in self.host]
+            kinds = ("param", "update", "grad") if with_grads else ("param", "update")
+            out = self._names[with_grads] = [(n, k) for k in kinds for n in base]
+        return out
+
+    def _host_views(self) -> list:
+        """Flat numpy views of the small parameters (cached while their memory stays)."""
+        views = self._views
+        for i, p in enumerate(self.host):
+            ptr = p.data_ptr()
+            if ptr != self._ptrs[i]:
+                v = S._host_array(p)
+                # Only a true view of the parameter's memory may be cached.
+                cacheable = p.dtype in (torch.float32, torch.float64) and p.is_contiguous()
+                views[i], self._ptrs[i] = v, (ptr if cacheable else None)
+        return views
+
+    def host_values(self) -> Optional[np.ndarray]:
+        """The small parameters' values, concatenated (a copy)."""
+        if not self.host:
+            return None
+        return np.concatenate(self._host_views())
+
+    def block(self, before: np.ndarray, full: bool, grads: bool) -> Optional[tuple]:
+        """(with grads, rows) of the block: values, updates since ``before`` and,
+        with ``grads``, gradients, read into one float32 buffer; None when it
+        does not apply (not all float32, or a gradient missing, sparse or not
+        a plain CPU tensor): the caller takes the general path."""
+        if not self._fast:
+            return None
+        n = self.n
+        buf = np.empty(3 * n if grads else 2 * n, dtype=np.float32)
+        if grads:
+            try:
+                np.concatenate([p.grad.numpy() for p in self.host], axis=None, out=buf[2 * n:])
+            except (AttributeError, RuntimeError, TypeError, ValueError):
+                return None
+        np.concatenate(self._host_views(), out=buf[:n])
+        np.subtract(buf[:n], before, out=buf[n:2 * n])
+        if full:
+            return grads, S.host_raw_segments(buf, self.block_sizes[:(3 if grads else 2) * len(self.host)])
+        lay = self._norm_layouts.get(grads)
+        if lay is None:
+            lay = self._norm_layouts[grads] = S.norm_template(self.sizes * (3 if grads else 2))
+        return grads, S.host_norm_rows(buf, *lay)
+
+    def host_grads(self):
+        """(keys, flat, sizes) for the small parameters' gradients, or None."""
+        grads = [p.grad for p in self.host]
+        if all(g is not None and not g.is_sparse for g in grads):
+            return self.grad_keys, np.concatenate([S._host_array(g) for g in grads]), self.sizes
+        sel = [i for i, g in enumerate(grads) if g is not None and not g.is_sparse]
+        if not sel:
+            return None
+        return ([self.grad_keys[i] for i in sel], np.concatenate([S._host_array(grads[i]) for i in sel]),
+                [self.sizes[i] for i in sel])
+
+
+class Snapshot:
+    """Parameter values before an update, to compute the update."""
+
+    def __init__(self, plan: ParamPlan):
+        self.plan = plan
+        self.host_before = plan.host_values()
+        self.large_before = [p.detach().clone() for p in plan.large]
+
+    def record(self, bucket, full: bool, grads: bool = True) -> None:
+        """Put value, update (and grad) of every parameter into ``bucket`` (the
+        recorder's ``_Bucket``)."""
+        plan = self.plan
+        done = plan.block(self.host_before, full, grads) if plan.host else None
+        if done is not None:
+            bucket.params[plan] = done
+        elif plan.host:
+            after = plan.host_values()
+            g = plan.host_grads() if grads else None
+            every = g is not None and len(g[2]) == len(plan.host)
+            if every or not grads:      # the usual case: one block (values, updates and every gradient)
+                flats = [after, after - self.host_before] + ([g[1]] if every else [])
+                sizes = plan.block_sizes[:len(flats) * len(plan.host)]
+                flat = np.concatenate(flats)
+                rows = S.host_raw_segments(flat, sizes, True) if full else S.host_norm_segments(flat, sizes)
+                bucket.params[plan] = (every, rows)
+            else:
+                bucket.blocks.append((plan.value_keys, after, plan.sizes))
+                bucket.blocks.append((plan.update_keys, after - self.host_before, plan.sizes))
+                if g is not None:
+                    bucket.blocks.append(g)
+        if plan.large:
+            keys, items = [], []
+            for p, before in zip(plan.large, self.large_before):
+                keys += [("param", p, "param"), ("param", p, "update")]
+                items += [p.detach(), p.detach() - before]
+                if grads and p.grad is not None and not p.grad.is_sparse:
+                    keys.append(("param", p, "grad"))
+                    items.append(p.grad.detach())
+            for key, raw in zip(keys, S.raw_many(items, full)):
+                bucket.add(key, raw)
+        bucket.covered |= plan.ids
