@@ -117,25 +117,47 @@ def test_parameter_block_equals_the_general_path():
     model(torch.randn(8, 5)).sum().backward()
     params = list(model.parameters())
     plan = ParamPlan(params)
-    before = plan.host_values()
+    before = plan.values_before()                 # (in the plan's buffer: the block writes the update there)
+    saved = before.copy()
     old = [p.detach().clone() for p in params]
     with torch.no_grad():
         for p in params:
             p.add_(p.grad, alpha=-0.1)
     tensors = [p.detach() for p in params] + [p.detach() - o for p, o in zip(params, old)] + [p.grad for p in params]
     want = S.finalize_many(S.raw_many(tensors, True))
-    with_grads, rows = plan.block(before, True, True)
+
+    def block(full, grads=True):
+        before[:] = saved
+        return plan.block(before, full, grads)
+    with_grads, rows = block(True)
     assert with_grads
     np.testing.assert_allclose(S.finalize_many(rows), want, rtol=1e-6, atol=1e-7)
-    _, norm_rows = plan.block(before, False, True)
+    _, norm_rows = block(False)
     norms = S.finalize_column(norm_rows, "norm")
     np.testing.assert_allclose(norms, want[:, S.STAT_NAMES.index("norm")], rtol=1e-6)
     assert np.isnan(S.finalize_column(norm_rows, "mean")).all()
-    _, no_grads = plan.block(before, False, False)      # hand-written updates: values and updates only
+    _, no_grads = block(False, False)               # hand-written updates: values and updates only
     assert len(no_grads) == 2 * len(params)
-    # the general path takes what the block cannot read
+    # the general path takes what the block cannot read, with ``before`` intact
     params[0].grad = None
-    assert plan.block(before, False, True) is None
+    assert block(False) is None and np.array_equal(before, saved)
     params[0].grad = torch.zeros_like(params[0]).to_sparse()
-    assert plan.block(before, False, True) is None
-    assert ParamPlan([p.detach().double() for p in params]).block(before, False, False) is None
+    assert block(False) is None and np.array_equal(before, saved)
+    assert plan.block(saved, False, True) is None                  # not the plan's own buffer
+    double = ParamPlan([p.detach().double() for p in params])
+    assert double.block(double.values_before(), False, False) is None
+
+
+def test_an_update_from_inf_to_inf_warns_nothing(recwarn):
+    from nndb.tracer.params import ParamPlan, Snapshot
+    p = torch.nn.Parameter(torch.tensor([float("inf"), 1.0, 2.0]))
+    p.grad = torch.ones(3)
+    plan = ParamPlan([p])
+    snap = Snapshot(plan)
+
+    class Bucket:
+        params, covered = {}, set()
+    snap.record(Bucket, full=False)
+    rows = Bucket.params[plan][1]
+    assert S.finalize_column(rows, "nan_count")[1] == 1           # the update inf - inf is NaN
+    assert not [w for w in recwarn if issubclass(w.category, RuntimeWarning)]

@@ -41,6 +41,7 @@ class ParamPlan:
         self.n = sum(self.sizes)
         self._fast = bool(self.host) and all(p.dtype == torch.float32 and p.numel() for p in self.host)
         self._norm_layouts: dict = {}    # with grads -> (starts, rows) (stats.norm_template)
+        self._buf: Optional[np.ndarray] = None     # values | updates (values before, at first) | gradients
 
     def names(self, name_of, with_grads: bool) -> list:
         """[(name, kind)] of a block's rows: values, updates (and gradients)."""
@@ -69,28 +70,46 @@ class ParamPlan:
             return None
         return np.concatenate(self._host_views())
 
-    def block(self, before: np.ndarray, full: bool, grads: bool) -> Optional[tuple]:
-        """(with grads, rows) of the block: values, updates since ``before`` and,
-        with ``grads``, gradients, read into one float32 buffer; None when it
-        does not apply (not all float32, or a gradient missing, sparse or not
-        a plain CPU tensor): the caller takes the general path."""
+    def values_before(self) -> Optional[np.ndarray]:
+        """The small parameters' values before an update: for a plan ``block``
+        reads, straight into the update's place in its buffer (no new array
+        each step)."""
         if not self._fast:
+            return self.host_values()
+        if self._buf is None:
+            self._buf = np.empty(3 * self.n, dtype=np.float32)
+        return np.concatenate(self._host_views(), out=self._buf[self.n:2 * self.n])
+
+    def block(self, before: np.ndarray, full: bool, grads: bool) -> Optional[tuple]:
+        """(with grads, rows) of the block: values, updates since ``before``
+        (``values_before``) and, with ``grads``, gradients, in one float32
+        buffer; None when it does not apply (not all float32, or a gradient
+        missing, sparse or not a plain CPU tensor): the caller takes the
+        general path, and ``before`` is still intact."""
+        buf = self._buf
+        if buf is None or before.base is not buf:
             return None
         n = self.n
-        buf = np.empty(3 * n if grads else 2 * n, dtype=np.float32)
+        # torch's calls first, then numpy's (going back and forth between the
+        # two libraries costs more than the calls themselves)
         if grads:
             try:
-                np.concatenate([p.grad.numpy() for p in self.host], axis=None, out=buf[2 * n:])
-            except (AttributeError, RuntimeError, TypeError, ValueError):
+                gs = [p.grad.numpy() for p in self.host]
+            except (AttributeError, RuntimeError, TypeError):
                 return None
-        np.concatenate(self._host_views(), out=buf[:n])
-        np.subtract(buf[:n], before, out=buf[n:2 * n])
-        if full:
-            return grads, S.host_raw_segments(buf, self.block_sizes[:(3 if grads else 2) * len(self.host)])
-        lay = self._norm_layouts.get(grads)
-        if lay is None:
-            lay = self._norm_layouts[grads] = S.norm_template(self.sizes * (3 if grads else 2))
-        return grads, S.host_norm_rows(buf, *lay)
+        views = self._host_views()
+        flat = buf if grads else buf[:2 * n]
+        with np.errstate(all="ignore"):            # (inf - inf in an update: no warning in the user's stderr)
+            if grads:
+                np.concatenate(gs, axis=None, out=buf[2 * n:])
+            np.concatenate(views, out=buf[:n])
+            np.subtract(buf[:n], before, out=before)
+            if full:
+                return grads, S.host_raw_segments(flat, self.block_sizes[:(3 if grads else 2) * len(self.host)])
+            lay = self._norm_layouts.get(grads)
+            if lay is None:
+                lay = self._norm_layouts[grads] = S.norm_template(self.sizes * (3 if grads else 2))
+            return grads, S.host_norm_rows(flat, *lay)
 
     def host_grads(self):
         """(keys, flat, sizes) for the small parameters' gradients, or None."""
@@ -109,7 +128,7 @@ class Snapshot:
 
     def __init__(self, plan: ParamPlan):
         self.plan = plan
-        self.host_before = plan.host_values()
+        self.host_before = plan.values_before()
         self.large_before = [p.detach().clone() for p in plan.large]
 
     def record(self, bucket, full: bool, grads: bool = True) -> None:

@@ -91,11 +91,12 @@ class _Bucket:
         self.optimizer_steps = 0
 
     def add(self, key, raw) -> None:
+        """``raw``: an array, or a list (a scalar loss's row, stats.scalar_row)."""
         old = self.entries.get(key)
         if old is None or key[0] == "param":
             self.entries[key] = raw
         else:
-            self.entries[key] = S.merge_raw(old, raw)
+            self.entries[key] = S.merge_raw(np.asarray(old, dtype=float), np.asarray(raw, dtype=float))
 
     def merge(self, other: "_Bucket") -> None:
         for key, raw in other.entries.items():
@@ -190,6 +191,7 @@ class StepRecorder:
         self.last: Optional[StepRecord] = None
         self._names: dict = {}              # series key -> name, resolved once
         self._layouts: dict = {}            # tuple of (name, kind) -> the list given to every record
+        self._by_sig: dict = {}             # (entry keys, blocks, losses qualified) -> that list
         self._others: tuple = (None, [])     # (cache key, params no optimizer holds)
 
     @property
@@ -225,8 +227,8 @@ class StepRecorder:
         b.backward_count += 1
         if not self.recording or not S.is_recordable(tensor):
             return
-        if tensor.numel() == 1 and tensor.device.type == "cpu":
-            b.add(("loss", _PENDING), S.scalar_raw(float(tensor.detach())))
+        if tensor.is_cpu and tensor.numel() == 1:
+            b.add(("loss", _PENDING), S.scalar_row(tensor.item()))
         elif S.is_host_tensor(tensor):
             b.deferred.append((("loss", _PENDING), S._host_array(tensor).copy()))
         else:
@@ -362,9 +364,8 @@ class StepRecorder:
             self._names[key] = name
         return name
 
-    def _emit(self, step: int, b: _Bucket, now: float, partial: bool = False) -> None:
-        b.resolve()
-        b.attribute_losses(None)
+    def _names_of(self, b: _Bucket) -> list:
+        """[(name, kind)] of the bucket's rows: entries, then the parameter blocks."""
         losses = [k for k in b.entries if k[0] == "loss"]
         if len(losses) > 1:
             self.naming.loss_qualified = True
@@ -378,16 +379,27 @@ class StepRecorder:
                 names.append((self._name(("loss", key[1], qualify)), "loss"))
             else:
                 names.append((self._name(key), "act"))
-        raws = [np.array(list(b.entries.values()))] if b.entries else []
-        for plan, (with_grads, rows) in b.params.items():
+        for plan, (with_grads, _) in b.params.items():
             names.extend(plan.names(self._name, with_grads))
-            raws.append(rows)
         # The same list object for the same series, step after step: the writer
         # and the rules then know a layout by identity.
         if len(self._layouts) < 64:
-            names = self._layouts.setdefault(tuple(names), names)
-        else:
-            names = self._layouts.get(tuple(names), names)
+            return self._layouts.setdefault(tuple(names), names)
+        return self._layouts.get(tuple(names), names)
+
+    def _emit(self, step: int, b: _Bucket, now: float, partial: bool = False) -> None:
+        b.resolve()
+        b.attribute_losses(None)
+        # The step's series, by what was recorded (the same keys step after step: one lookup)
+        sig = (tuple(b.entries), tuple((plan, g) for plan, (g, _) in b.params.items()), self.naming.loss_qualified)
+        names = self._by_sig.get(sig)
+        if names is None:
+            names = self._names_of(b)
+            if len(self._by_sig) < 64:
+                self._by_sig[(sig[0], sig[1], self.naming.loss_qualified)] = names
+        raws = [np.array(list(b.entries.values()))] if b.entries else []
+        for _, rows in b.params.values():
+            raws.append(rows)
         raw = np.concatenate(raws) if len(raws) > 1 else raws[0] if raws else np.zeros((0, S.N_RAW))
         rec = StepRecord(step, now, b.backward_count, b.optimizer_steps, names, raw, partial)
         self.last = rec

@@ -200,12 +200,17 @@ def host_raw_segments(flat: np.ndarray, sizes: np.ndarray, full: bool = True) ->
     return out
 
 
+def scalar_row(v: float) -> list:
+    """Raw row of one number (a scalar loss) as a list: no numpy call at all
+    (the recorder's rows become one array when the step closes)."""
+    if math.isnan(v) or math.isinf(v):
+        return [1.0, 0.0, 0.0, math.inf, -math.inf, 0.0, 0.0, float(math.isnan(v)), float(math.isinf(v))]
+    return [1.0, v, v * v, v, v, abs(v), float(v == 0), 0.0, 0.0]
+
+
 def scalar_raw(v: float) -> np.ndarray:
     """Raw row of one number (a scalar loss), without numpy reductions."""
-    if math.isnan(v) or math.isinf(v):
-        return np.array([1.0, 0.0, 0.0, math.inf, -math.inf, 0.0, 0.0,
-                         float(math.isnan(v)), float(math.isinf(v))])
-    return np.array([1.0, v, v * v, v, v, abs(v), float(v == 0), 0.0, 0.0])
+    return np.array(scalar_row(v))
 
 
 # Norm-only rows (the steps between full ones): count and sum of squares,
@@ -246,13 +251,13 @@ def norm_template(sizes) -> tuple[np.ndarray, np.ndarray]:
 _F32_SQ_TINY = 1e-30
 
 
-@_quiet
 def host_norm_rows(flat: np.ndarray, starts: np.ndarray, template: np.ndarray) -> np.ndarray:
     """Norm-only rows of the consecutive segments of ``flat`` (``norm_template``
     of their lengths): squares summed per segment by one ``reduceat``, in
     float32 for a float32 ``flat`` (numpy sums in blocks: about 1e-7 relative
     error, against float64 at full steps); a segment whose sum is not finite
-    or nearly zero takes the exact path (float64)."""
+    or nearly zero takes the exact path (float64).  Call it under
+    ``np.errstate(all="ignore")`` (squares of huge values overflow)."""
     sq = np.add.reduceat(np.square(flat), starts)
     out = template.copy()
     out[:, _I_SQ] = sq
@@ -268,6 +273,7 @@ def host_norm_rows(flat: np.ndarray, starts: np.ndarray, template: np.ndarray) -
     return out
 
 
+@_quiet
 def host_norm_segments(flat: np.ndarray, sizes) -> np.ndarray:
     """Norm-only rows of the consecutive segments of ``flat`` (lengths ``sizes``)."""
     sizes = np.asarray(sizes, dtype=np.int64)
