@@ -273,13 +273,21 @@ def host_norm_rows(flat: np.ndarray, starts: np.ndarray, template: np.ndarray) -
     return out
 
 
+_TEMPLATES: dict = {}        # tuple of segment lengths -> norm_template (a step's activations recur)
+
+
 @_quiet
 def host_norm_segments(flat: np.ndarray, sizes) -> np.ndarray:
     """Norm-only rows of the consecutive segments of ``flat`` (lengths ``sizes``)."""
-    sizes = np.asarray(sizes, dtype=np.int64)
-    if len(sizes) == 0 or not sizes.all():              # (empty segments: the general path)
-        return host_raw_segments(flat, sizes, full=False)
-    return host_norm_rows(flat, *norm_template(sizes))
+    key = tuple(sizes)
+    lay = _TEMPLATES.get(key)
+    if lay is None:
+        if not key or not all(key):                      # (empty segments: the general path)
+            return host_raw_segments(flat, np.asarray(sizes, dtype=np.int64), full=False)
+        lay = norm_template(key)
+        if len(_TEMPLATES) < 64:
+            _TEMPLATES[key] = lay
+    return host_norm_rows(flat, *lay)
 
 
 # -- large CPU tensors (torch) ------------------------------------------------
@@ -291,7 +299,6 @@ def _device_flat(t: torch.Tensor) -> torch.Tensor:
     return f
 
 
-@_quiet
 def cpu_raw_large(t: torch.Tensor, full: bool = True) -> np.ndarray:
     """Raw row of a large CPU tensor with torch's vectorised, multi-threaded
     reductions, made right after the tensor was written (still in cache).
@@ -300,20 +307,19 @@ def cpu_raw_large(t: torch.Tensor, full: bool = True) -> np.ndarray:
     (then counted exactly, in a slow pass).  With ``full``: sum, aminmax and,
     for a tensor with both signs, two more passes for sum|x| and the zero
     count (sign().sum() is several times faster than count_nonzero).
-    Unmeasured fields are NaN."""
+    Unmeasured fields are NaN.  (torch's reductions and Python floats: no
+    numpy error state to set; the exact path sets its own.)"""
     f = _device_flat(t)
-    raw = empty_raw()
     n = f.numel()
-    raw[_I_N] = n
     if n == 0:
-        return raw
+        return empty_raw()
     if not full:
         sq = float(torch.dot(f, f))
         if not math.isfinite(sq):
             return _segment_raw_exact(f.numpy())
-        raw[_I_SQ] = sq
-        raw[_I_SUM] = raw[_I_MIN] = raw[_I_MAX] = raw[_I_ABS] = raw[_I_ZERO] = np.nan
-        return raw
+        return np.array([n, math.nan, sq, math.nan, math.nan, math.nan, math.nan, 0.0, 0.0])
+    raw = empty_raw()
+    raw[_I_N] = n
     mn, mx = torch.aminmax(f)
     s, sq, lo, hi = torch.stack([f.sum(), torch.dot(f, f), mn, mx]).tolist()
     if not math.isfinite(s + sq + lo + hi):
