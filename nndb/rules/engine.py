@@ -93,8 +93,11 @@ class RuleEngine:
         if observed(record.step):
             rules = [r for r in self.rules if r.enabled]
         else:
-            live = {name for name, f in facts.items() if f}
-            rules = [r for r in self.rules if r.enabled and (r.EVERY_STEP or (live and not live.isdisjoint(r.PROBES)))]
+            live = [name for name, f in facts.items() if f]
+            if live:
+                rules = [r for r in self.rules if r.enabled and (r.EVERY_STEP or not set(live).isdisjoint(r.PROBES))]
+            else:                                   # the usual step between observed ones
+                rules = [r for r in self.rules if r.EVERY_STEP and r.enabled]
         if not rules:
             return []
         naming = self._rec.naming if self._rec is not None else None

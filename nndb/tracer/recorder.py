@@ -51,7 +51,7 @@ class StepRecord:
     @property
     def nonfinite(self) -> bool:
         """Does some tensor of the step hold a NaN or Inf?"""
-        return bool(self.raw.size and self.raw[:, S.NONFINITE_FIELDS].any())
+        return bool(self.raw.size and np.logical_or.reduce(self.raw[:, S.NONFINITE_FIELDS], axis=None))
 
     @property
     def stats(self) -> np.ndarray:
