@@ -444,23 +444,20 @@ def finalize_column(raws: np.ndarray, stat: str) -> np.ndarray:
 _COLUMN_FROM_RAW = ("norm", "mean", "mean_abs", "min", "max", "zero_frac")
 
 
-@_quiet
 def _column(r: np.ndarray, stat: str) -> np.ndarray:
+    """(No numpy error state needed: divisions only where they are defined,
+    and comparisons and square roots of NaN raise nothing.)"""
     finite = r[:, _I_N] - r[:, _I_NAN] - r[:, _I_INF]
-    has = finite > 0
     if stat == "norm":
         sq = r[:, _I_SQ]
-        return np.where(has, np.sqrt(np.where(sq >= 0, sq, np.nan)), np.nan)
-    if stat == "mean":
-        return np.where(has, r[:, _I_SUM] / finite, np.nan)
-    if stat == "mean_abs":
-        return np.where(has, r[:, _I_ABS] / finite, np.nan)
-    if stat == "min":
-        return np.where(has, r[:, _I_MIN], np.nan)
-    if stat == "max":
-        return np.where(has, r[:, _I_MAX], np.nan)
-    n = r[:, _I_N]                                   # zero_frac
-    return np.where(n > 0, r[:, _I_ZERO] / n, np.nan)
+        return np.where((finite > 0) & (sq >= 0), np.sqrt(np.fmax(sq, 0.0)), np.nan)
+    if stat in ("min", "max"):
+        return np.where(finite > 0, r[:, _I_MIN if stat == "min" else _I_MAX], np.nan)
+    if stat == "zero_frac":
+        num, den = r[:, _I_ZERO], r[:, _I_N]
+    else:
+        num, den = r[:, _I_SUM if stat == "mean" else _I_ABS], finite
+    return np.divide(num, den, out=np.full(len(r), np.nan), where=den > 0)
 
 
 def stats_of(t: torch.Tensor) -> dict:
