@@ -7,7 +7,6 @@ import math
 
 import numpy as np
 import pytest
-import torch
 from torch.nn.modules import module as torch_module
 
 from conftest import example, nndb, run_in_process
