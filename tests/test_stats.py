@@ -148,10 +148,11 @@ def test_parameter_block_equals_the_general_path():
     assert double.block(double.values_before(), False, False) is None
 
 
-def test_an_update_from_inf_to_inf_warns_nothing(recwarn):
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])     # the float32 block, the general path
+def test_an_update_from_inf_to_inf_warns_nothing(recwarn, dtype):
     from nndb.tracer.params import ParamPlan, Snapshot
-    p = torch.nn.Parameter(torch.tensor([float("inf"), 1.0, 2.0]))
-    p.grad = torch.ones(3)
+    p = torch.nn.Parameter(torch.tensor([float("inf"), 1.0, 2.0], dtype=dtype))
+    p.grad = torch.ones(3, dtype=dtype)
     plan = ParamPlan([p])
     snap = Snapshot(plan)
 

@@ -242,13 +242,9 @@ class Tracer:
         self._module_depth = max(0, self._module_depth - 1)
         if self._failed or self._in_hook:
             return None
-        lin = self.lineage
-        if lin is None:
-            self._forward_post_quiet(module, args, output)
-        else:
-            lin.module_post(module, args, output)
-            with lin.paused():     # (nndb's own tensor work is not the step's lineage)
-                self._forward_post_quiet(module, args, output)
+        if self.lineage is not None:
+            self.lineage.module_post(module, args, output)
+        self._quietly(self._forward_post_quiet, module, args, output)
         return None
 
     def _forward_post_quiet(self, module, args, output) -> None:
@@ -268,6 +264,16 @@ class Tracer:
             self._fail()
         finally:
             self._in_hook = False
+
+    def _quietly(self, fn, *args) -> None:
+        """``fn(*args)``, with the op recorder (if on) off the dispatch stack:
+        nndb's own tensor work is not the step's lineage."""
+        lin = self.lineage
+        if lin is None:
+            fn(*args)
+        else:
+            with lin.paused():
+                fn(*args)
 
     def _watch_backward(self, module, output) -> None:
         """A stop point at the module's backward: a hook on its output's gradient."""
@@ -301,12 +307,7 @@ class Tracer:
         self._backward_pending = False
         if self._failed:
             return
-        lin = self.lineage
-        if lin is None:
-            self._backward_end_quiet()
-        else:
-            with lin.paused():     # (nndb's own tensor work is not the step's lineage)
-                self._backward_end_quiet()
+        self._quietly(self._backward_end_quiet)
 
     def _backward_end_quiet(self) -> None:
         self.busy += 1
@@ -344,12 +345,7 @@ class Tracer:
     def _opt_pre(self, opt, args, kwargs):
         if self._failed:
             return None
-        lin = self.lineage
-        if lin is None:
-            self._opt_pre_quiet(opt)
-        else:
-            with lin.paused():     # (nndb's own tensor work is not the step's lineage)
-                self._opt_pre_quiet(opt)
+        self._quietly(self._opt_pre_quiet, opt)
         return None
 
     def _opt_pre_quiet(self, opt) -> None:
@@ -375,12 +371,7 @@ class Tracer:
     def _opt_post(self, opt, args, kwargs):
         if self._failed:
             return None
-        lin = self.lineage
-        if lin is None:
-            self._opt_post_quiet(opt)
-        else:
-            with lin.paused():     # (nndb's own tensor work is not the step's lineage)
-                self._opt_post_quiet(opt)
+        self._quietly(self._opt_post_quiet, opt)
         return None
 
     def _opt_post_quiet(self, opt) -> None:

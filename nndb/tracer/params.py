@@ -140,17 +140,19 @@ class Snapshot:
             bucket.params[plan] = done
         elif plan.host:
             after = plan.host_values()
+            with np.errstate(all="ignore"):            # (inf - inf: no warning in the user's stderr)
+                update = after - self.host_before
             g = plan.host_grads() if grads else None
             every = g is not None and len(g[2]) == len(plan.host)
             if every or not grads:      # the usual case: one block (values, updates and every gradient)
-                flats = [after, after - self.host_before] + ([g[1]] if every else [])
+                flats = [after, update] + ([g[1]] if every else [])
                 sizes = plan.block_sizes[:len(flats) * len(plan.host)]
                 flat = np.concatenate(flats)
                 rows = S.host_raw_segments(flat, sizes, True) if full else S.host_norm_segments(flat, sizes)
                 bucket.params[plan] = (every, rows)
             else:
                 bucket.blocks.append((plan.value_keys, after, plan.sizes))
-                bucket.blocks.append((plan.update_keys, after - self.host_before, plan.sizes))
+                bucket.blocks.append((plan.update_keys, update, plan.sizes))
                 if g is not None:
                     bucket.blocks.append(g)
         if plan.large:

@@ -219,21 +219,6 @@ _NORM_ROW = np.full(N_RAW, np.nan)
 _NORM_ROW[[_I_NAN, _I_INF]] = 0.0
 
 
-@_quiet
-def host_norm_one(a: np.ndarray) -> np.ndarray:
-    """Norm-only row of one small host array (a float64 dot product)."""
-    raw = _NORM_ROW.copy()
-    n = raw[_I_N] = a.size
-    if n == 0:
-        return empty_raw()
-    x = a.astype(np.float64)
-    sq = np.dot(x, x)
-    if not np.isfinite(sq):
-        return _segment_raw_exact(a)
-    raw[_I_SQ] = sq
-    return raw
-
-
 def norm_template(sizes) -> tuple[np.ndarray, np.ndarray]:
     """(starts, rows) for ``host_norm_rows`` over segments of these (nonzero)
     lengths: computed once for a layout that recurs step after step."""
