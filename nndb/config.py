@@ -16,8 +16,9 @@ from .launcher import Target
 DEFAULT_FULL_EVERY = 20
 # Activations (module outputs): every recorded step for the first ACT_SETTLE,
 # then one in DEFAULT_ACT_EVERY (and at full steps): a pass over every module
-# output is most of what recording costs a CNN (about 6% of its step).
-DEFAULT_ACT_EVERY = 4
+# output is most of what recording costs a CNN (about 6% of its step); the
+# same steps as the rules' observed ones (nndb.rules.base.EVERY).
+DEFAULT_ACT_EVERY = 8
 ACT_SETTLE = 20
 
 

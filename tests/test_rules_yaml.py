@@ -232,7 +232,7 @@ def test_a_custom_fail_rule_names_its_tensor_and_exits_4(tmp_path):
 
 
 def test_a_custom_rule_is_checked_at_every_recorded_step(tmp_path):
-    """Not only on the built-in trend rules' observed steps (one in 4 after the first 20)."""
+    """Not only on the built-in trend rules' observed steps (one in 8 after the first 20)."""
     path = rules_file(tmp_path, """
         default: none
         rules:

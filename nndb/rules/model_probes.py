@@ -39,11 +39,11 @@ from .probes import Probe, register
 # An activation bigger than this is looked at on one observed step in BIG_EVERY
 # (a pass over it costs about as much as recording it).
 BIG_ELEMENTS = 1 << 18
-BIG_EVERY = 4
+BIG_EVERY = 2
 
 
 def big_observed(step: int) -> bool:
-    """The observed steps a big activation is looked at (every 4th step for
+    """The observed steps a big activation is looked at (every 2nd step for
     the first 20, then every 16th)."""
     return (step // (1 if step < SETTLE else EVERY)) % BIG_EVERY == 0
 # Unit probes look at the rules' observed steps (base.observed): a dead or
