@@ -16,7 +16,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from .base import Rule, Threshold
+from .base import EVERY, SETTLE, Rule, Threshold
 from .probes import Probe, register
 from .series import num
 
@@ -35,8 +35,9 @@ class BatchNormRunning(Probe):
         self._mods: dict = {}            # id -> module that ran in training mode this step
 
     def wants(self, step: int) -> bool:
-        # running statistics drift slowly: every step for the first 20, then one in 10
-        return step < 20 or step % 10 == 0
+        # running statistics drift slowly: every step for the first 20, then on
+        # one observed step in 2 (one step in 16: module hooks are in then anyway)
+        return step < SETTLE or step % (2 * EVERY) == 0
 
     def forward(self, module, use: int, args, output) -> None:
         if not self.wants(self.rec.recorder.step):
