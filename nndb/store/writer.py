@@ -164,8 +164,16 @@ class TraceWriter:
             k = len(self._rows)
             n_series = len(self.series)
             raw = np.full((k, n_series, N_RAW), np.nan)
+            # the steps of one layout (the same series: a few layouts recur) in one assignment
+            groups: dict = {}
             for i, (rec, ids) in enumerate(self._rows):
-                raw[i, ids, :] = rec.raw
+                g = groups.get(id(ids))
+                if g is None:
+                    g = groups[id(ids)] = (ids, [], [])
+                g[1].append(i)
+                g[2].append(rec.raw)
+            for ids, at, raws in groups.values():
+                raw[np.asarray(at)[:, None], np.asarray(ids, dtype=np.int64)[None, :], :] = np.stack(raws)
             # one vectorised finalisation for the whole block; absent series stay NaN
             block = finalize_many(raw.reshape(-1, N_RAW)).reshape(k, n_series, len(K.COLUMNS))
             ds = f["stats"]
