@@ -23,6 +23,7 @@ class RuleEngine:
         self._probes: dict = {}           # name -> installed probe
         self._rec = None
         self.errors: list = []            # rules that raised (reported once each, then disabled)
+        self._every: Optional[list] = None     # the enabled every-step rules (None: to be listed again)
 
     # -- the rule set -------------------------------------------------------------
     def rule(self, rule_id: str) -> Rule:
@@ -34,6 +35,7 @@ class RuleEngine:
     def set_enabled(self, rule_id: str, on: bool) -> Rule:
         r = self.rule(rule_id)
         r.enabled = on
+        self._every = None
         self._sync_probes()
         return r
 
@@ -54,6 +56,7 @@ class RuleEngine:
         """A run starts (``rec``: runner.Recording): rules forget, probes go in."""
         self.detach()
         self._rec = rec
+        self._every = None
         self._seen.clear()
         for r in self.rules:
             r.reset()
@@ -97,7 +100,9 @@ class RuleEngine:
             if live:
                 rules = [r for r in self.rules if r.enabled and (r.EVERY_STEP or not set(live).isdisjoint(r.PROBES))]
             else:                                   # the usual step between observed ones
-                rules = [r for r in self.rules if r.EVERY_STEP and r.enabled]
+                rules = self._every
+                if rules is None:
+                    rules = self._every = [r for r in self.rules if r.EVERY_STEP and r.enabled]
         if not rules:
             return []
         naming = self._rec.naming if self._rec is not None else None
@@ -105,12 +110,14 @@ class RuleEngine:
         new = []
         for r in rules:
             try:
-                found = list(r.check(ctx) or ())
+                found = r.check(ctx)
+                found = list(found) if found is not None else ()
             except Exception as e:   # a rule never breaks the run: it is switched off, said once
                 r.enabled = False
+                self._every = None
                 self.errors.append(f"rule {r.id} failed and is disabled: {type(e).__name__}: {e}")
                 continue
-            for f in found:
+            for f in found:           # (usually none)
                 key = (f.rule, f.subject)
                 if key in self._seen:
                     continue
