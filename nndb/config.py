@@ -8,6 +8,7 @@ from typing import Optional
 
 from .errors import UsageError
 from .launcher import Target
+from .rules.base import EVERY as _OBSERVED_EVERY
 
 
 # All ten statistics every this many recorded steps (scripts/bench.py: measuring
@@ -17,8 +18,8 @@ DEFAULT_FULL_EVERY = 20
 # Activations (module outputs): every recorded step for the first ACT_SETTLE,
 # then one in DEFAULT_ACT_EVERY (and at full steps): a pass over every module
 # output is most of what recording costs a CNN (about 6% of its step); the
-# same steps as the rules' observed ones (nndb.rules.base.EVERY).
-DEFAULT_ACT_EVERY = 8
+# same steps as the rules' observed ones.
+DEFAULT_ACT_EVERY = _OBSERVED_EVERY
 ACT_SETTLE = 20
 
 

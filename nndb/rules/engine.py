@@ -110,14 +110,13 @@ class RuleEngine:
         new = []
         for r in rules:
             try:
-                found = r.check(ctx)
-                found = list(found) if found is not None else ()
+                found = list(r.check(ctx) or ())
             except Exception as e:   # a rule never breaks the run: it is switched off, said once
                 r.enabled = False
                 self._every = None
                 self.errors.append(f"rule {r.id} failed and is disabled: {type(e).__name__}: {e}")
                 continue
-            for f in found:           # (usually none)
+            for f in found:
                 key = (f.rule, f.subject)
                 if key in self._seen:
                     continue
