@@ -24,15 +24,24 @@ from nndb.tracer import stats as S
 def test_activation_schedule_default_and_every_step():
     s = RecordSchedule()
     got = [step for step in range(45) if s.acts(step)]
-    assert got == list(range(21)) + [24, 32, 40]                        # (full steps: 0, 20, 40)
+    assert got == list(range(20)) + [24, 32, 40]                        # (full steps: 0, 16, 32)
     assert all(RecordSchedule.parse(act_every=1).acts(step) for step in range(100))
     every2 = RecordSchedule.parse(every=2)                                # counted in recorded steps
-    assert [step for step in range(80) if every2.acts(step)] == list(range(0, 40, 2)) + [40, 48, 64]
+    assert [step for step in range(80) if every2.acts(step)] == list(range(0, 40, 2)) + [48, 64]
     window = RecordSchedule.parse(steps="100:")
     assert window.acts(100) and window.acts(119) and not window.acts(121) and window.acts(124)
     with pytest.raises(UsageError, match="--act-every must be a positive"):
         RecordSchedule.parse(act_every=0)
     assert "activations the first 20 recorded steps, then every 8" in s.describe()
+
+
+def test_full_steps_are_observed_steps():
+    # a full step records activations: off the observed steps it would pay for them a second time
+    s = RecordSchedule()
+    full = [step for step in range(100) if s.full(step)]
+    assert full == [0, 16, 32, 48, 64, 80, 96]
+    assert all(base.observed(step) and s.acts(step) for step in full)
+    assert "full statistics every 16 recorded step(s)" in s.describe()
 
 
 # -- the statistics of the steps between full ones ------------------------------------------------
@@ -90,7 +99,7 @@ def test_run_records_activations_on_their_schedule(tmp_path):
     assert nndb("run", "--trace", a, example("mlp.py"), "--steps", "30").returncode == 0
     assert nndb("run", "--act-every", "1", "--trace", b, example("mlp.py"), "--steps", "30").returncode == 0
     got, _ = _act_steps(a)
-    assert got == list(range(21)) + [24]
+    assert got == list(range(20)) + [24]
     assert _act_steps(b)[0] == list(range(30))
     with TraceReader(a) as t:                 # the parameters' norms: every step, the same in both runs
         w = t.find("0.weight", "grad")[0]
@@ -165,8 +174,8 @@ def test_module_hooks_and_probes_only_in_the_steps_that_need_them(tmp_path, caps
     res = run_in_process(tmp_path, str(script))
     seen = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     ours = [n - before for n in seen]
-    # steps 0..20 and every 8th (activations, the ReLU probe; the input probes sample on
+    # steps 0..19 and every 8th (activations, the ReLU probe; the input probes sample on
     # observed steps): both hooks in; the others: none
-    assert ours == [2 if (s <= 20 or s % 8 == 0) else 0 for s in range(30)]
+    assert ours == [2 if (s < 20 or s % 8 == 0) else 0 for s in range(30)]
     assert len(torch_module._global_forward_hooks) + len(torch_module._global_forward_pre_hooks) == before
     assert res.session.rules is not None
