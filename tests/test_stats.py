@@ -148,6 +148,25 @@ def test_parameter_block_equals_the_general_path():
     assert double.block(double.values_before(), False, False) is None
 
 
+@pytest.mark.filterwarnings("ignore:Using backward\\(\\) with create_graph")     # (torch's note on the cycle)
+def test_parameter_block_reads_gradients_of_a_create_graph_backward():
+    """A gradient that itself needs grad (backward(create_graph=True)) is read
+    like any other; the block's buffer joins no graph and grad mode is back."""
+    from nndb.tracer.params import ParamPlan
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(3, 2)
+    (lin(torch.randn(4, 3)) ** 2).sum().backward(create_graph=True)
+    params = list(lin.parameters())
+    assert all(p.grad.requires_grad for p in params)
+    plan = ParamPlan(params)
+    _, rows = plan.block(plan.values_before(), False, True)
+    want = [p.grad.detach().double().norm().item() for p in params]
+    np.testing.assert_allclose(S.finalize_column(rows, "norm")[-2:], want, rtol=1e-6)
+    assert torch.is_grad_enabled() and not any(v.requires_grad for v in plan._grad_dst)
+    for p in params:
+        p.grad = None                   # (the cycle torch warns of)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])     # the float32 block, the general path
 def test_an_update_from_inf_to_inf_warns_nothing(recwarn, dtype):
     from nndb.tracer.params import ParamPlan, Snapshot

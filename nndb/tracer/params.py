@@ -2,10 +2,17 @@
 ``param``, ``grad`` and ``update`` series).
 
 ``ParamPlan``: the parameters of one optimizer, split into small CPU ones,
-read through cached zero-copy numpy views into one float32 buffer (values,
-updates and gradients: three concatenations and one ``reduceat`` a step),
-and the others, reduced one by one on their own device.  ``Snapshot``: the
-values before an update, from which the update is computed.
+copied into one float32 buffer (values and updates through cached zero-copy
+numpy views, one concatenation each; gradients by one
+``torch._foreach_copy_`` into views of the buffer; then one ``reduceat`` a
+step), and the others, reduced one by one on their own device.
+``Snapshot``: the values before an update, from which the update is
+computed.
+
+Cost: these run once a step between PyTorch's kernels, with the caches
+cold, where each library call costs a few microseconds more than the same
+call in a loop; so a step makes as few calls as it can (one copy of six
+gradients, not six ``.numpy()`` and a concatenation).
 """
 from __future__ import annotations
 
@@ -16,11 +23,14 @@ import torch
 
 from . import stats as S
 
+# torch.no_grad() without the context manager's Python layers (a step's hooks
+# run with the caches cold, where each layer costs microseconds)
+_set_grad_enabled = torch._C._set_grad_enabled
+
 
 class ParamPlan:
     """How to read one set of parameters cheaply, step after step: small CPU
-    parameters through cached zero-copy numpy views, concatenated in one call;
-    the others one by one."""
+    parameters into one buffer; the others one by one."""
 
     def __init__(self, params):
         self.params = params
@@ -32,16 +42,17 @@ class ParamPlan:
         self.value_keys = [("param", p, "param") for p in self.host]
         self.update_keys = [("param", p, "update") for p in self.host]
         self.grad_keys = [("param", p, "grad") for p in self.host]
-        self._views = [None] * len(self.host)
-        self._ptrs = [None] * len(self.host)
         self._names: dict = {}           # with grads -> [(name, kind)] of the block's rows
         self.block_sizes = self.sizes * 3
-        # The usual case, read into one float32 buffer by three concatenations
-        # (``block``): float32 parameters, none empty.
+        # The usual case, copied into one float32 buffer (``block``): float32
+        # parameters, none empty.
         self.n = sum(self.sizes)
         self._fast = bool(self.host) and all(p.dtype == torch.float32 and p.numel() for p in self.host)
         self._norm_layouts: dict = {}    # with grads -> (starts, rows) (stats.norm_template)
         self._buf: Optional[np.ndarray] = None     # values | updates (values before, at first) | gradients
+        self._grad_dst: list = []        # torch views of its gradient part, shaped like the parameters
+        self._views = [None] * len(self.host)
+        self._ptrs = [None] * len(self.host)
 
     def names(self, name_of, with_grads: bool) -> list:
         """[(name, kind)] of a block's rows: values, updates (and gradients)."""
@@ -52,8 +63,42 @@ class ParamPlan:
             out = self._names[with_grads] = [(n, k) for k in kinds for n in base]
         return out
 
+    def host_values(self) -> Optional[np.ndarray]:
+        """The small parameters' values, concatenated (a copy)."""
+        if not self.host:
+            return None
+        return np.concatenate([S._host_array(p) for p in self.host])
+
+    def _buffer(self) -> np.ndarray:
+        """The block's float32 buffer (values | updates | gradients), and torch
+        views of its gradient part shaped like the parameters, made once."""
+        if self._buf is None:
+            self._buf = np.empty(3 * self.n, dtype=np.float32)
+            flat, at = torch.from_numpy(self._buf), 2 * self.n
+            for p, k in zip(self.host, self.sizes):
+                self._grad_dst.append(flat[at:at + k].view(p.shape))
+                at += k
+        return self._buf
+
+    def _copy_grads(self) -> bool:
+        """The gradients into the buffer in one call (six ``.numpy()`` and a
+        concatenation cost twice as much with the caches cold); False if they
+        do not fit it (one missing, sparse, of another shape)."""
+        grad_mode = torch.is_grad_enabled()
+        try:
+            if grad_mode:      # (a gradient that needs grad, under create_graph: our copy is not the step's graph)
+                _set_grad_enabled(False)
+            torch._foreach_copy_(self._grad_dst, [p.grad for p in self.host])
+        except (RuntimeError, TypeError):
+            return False
+        finally:
+            if grad_mode:
+                _set_grad_enabled(True)
+        return True
+
     def _host_views(self) -> list:
-        """Flat numpy views of the small parameters (cached while their memory stays)."""
+        """Flat numpy views of the small parameters (cached while their memory
+        stays): the values' concatenation costs less than a torch copy."""
         views = self._views
         for i, p in enumerate(self.host):
             ptr = p.data_ptr()
@@ -64,21 +109,13 @@ class ParamPlan:
                 views[i], self._ptrs[i] = v, (ptr if cacheable else None)
         return views
 
-    def host_values(self) -> Optional[np.ndarray]:
-        """The small parameters' values, concatenated (a copy)."""
-        if not self.host:
-            return None
-        return np.concatenate(self._host_views())
-
     def values_before(self) -> Optional[np.ndarray]:
         """The small parameters' values before an update: for a plan ``block``
         reads, straight into the update's place in its buffer (no new array
         each step)."""
         if not self._fast:
             return self.host_values()
-        if self._buf is None:
-            self._buf = np.empty(3 * self.n, dtype=np.float32)
-        return np.concatenate(self._host_views(), out=self._buf[self.n:2 * self.n])
+        return np.concatenate(self._host_views(), out=self._buffer()[self.n:2 * self.n])
 
     def block(self, before: np.ndarray, full: bool, grads: bool) -> Optional[tuple]:
         """(with grads, rows) of the block: values, updates since ``before``
@@ -92,16 +129,11 @@ class ParamPlan:
         n = self.n
         # torch's calls first, then numpy's (going back and forth between the
         # two libraries costs more than the calls themselves)
-        if grads:
-            try:
-                gs = [p.grad.numpy() for p in self.host]
-            except (AttributeError, RuntimeError, TypeError):
-                return None
+        if grads and not self._copy_grads():
+            return None
         views = self._host_views()
         flat = buf if grads else buf[:2 * n]
         with np.errstate(all="ignore"):            # (inf - inf in an update: no warning in the user's stderr)
-            if grads:
-                np.concatenate(gs, axis=None, out=buf[2 * n:])
             np.concatenate(views, out=buf[:n])
             np.subtract(buf[:n], before, out=before)
             if full:
