@@ -21,7 +21,7 @@ complete -c nndb -n '__fish_seen_subcommand_from run' -l trace -r -F -d 'Write t
 complete -c nndb -n '__fish_seen_subcommand_from run' -l every -x -d 'Record every N-th step (default: every step)'
 complete -c nndb -n '__fish_seen_subcommand_from run' -l steps -x -d 'Record only steps A to B-1 (A: or :B open)'
 complete -c nndb -n '__fish_seen_subcommand_from run' -l full-every -x -d 'Measure all ten statistics every N-th recorded step (default 16; 1 = every step); the steps between measure count, norm and NaN/Inf (the loss: all ten)'
-complete -c nndb -n '__fish_seen_subcommand_from run' -l act-every -x -d 'Record module outputs on the first 20 recorded steps, then every N-th (default 8; 1 = every step) and at full steps'
+complete -c nndb -n '__fish_seen_subcommand_from run' -l act-every -x -d 'Record module outputs on the first 20 recorded steps, then every N-th (default 16; 1 = every step) and at full steps'
 complete -c nndb -n '__fish_seen_subcommand_from run' -l flush-every -x -d 'Write the buffered steps to the trace every N steps'
 complete -c nndb -n '__fish_seen_subcommand_from run' -l flush-secs -x -d '...or every S seconds, whichever comes first'
 complete -c nndb -n '__fish_seen_subcommand_from run' -s q -l quiet -d 'Do not print the trace path'

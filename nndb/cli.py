@@ -51,7 +51,7 @@ def cli():
               help="Measure all ten statistics every N-th recorded step (default 16; 1 = every step); "
                    "the steps between measure count, norm and NaN/Inf (the loss: all ten).")
 @click.option("--act-every", type=int, metavar="N",
-              help="Record module outputs on the first 20 recorded steps, then every N-th (default 8; "
+              help="Record module outputs on the first 20 recorded steps, then every N-th (default 16; "
                    "1 = every step) and at full steps.")
 @click.option("--flush-every", "flush_steps", type=click.IntRange(min=1), default=500, show_default=True,
               metavar="N", help="Write the buffered steps to the trace every N steps...")

@@ -17,12 +17,12 @@ from .rules.base import EVERY as _OBSERVED_EVERY
 # same steps as the rules' observed ones.
 DEFAULT_ACT_EVERY = _OBSERVED_EVERY
 # All ten statistics every this many recorded steps (scripts/bench.py: measuring
-# them on every step costs the small CNN ~1.4x instead of ~1.1x).  Every other
-# observed step: a full step records activations, so one that is not also an
-# observed step pays for them a second time (on the tiny MLP a full step off
-# the observed ones cost ~1.8 ms more than a quiet one, on them ~0.2 ms more
-# than the observed step it is).
-DEFAULT_FULL_EVERY = 2 * DEFAULT_ACT_EVERY
+# them on every step costs the small CNN ~1.4x instead of ~1.1x): on the
+# observed steps.  A full step records activations, so one that is not also
+# an observed step pays for them a second time (on the tiny MLP a full step
+# off the observed ones cost ~1.8 ms more than a quiet one, on them ~0.2 ms
+# more than the observed step it is).
+DEFAULT_FULL_EVERY = DEFAULT_ACT_EVERY
 ACT_SETTLE = 20
 
 

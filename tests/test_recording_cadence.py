@@ -1,5 +1,5 @@
 """What is measured on which step (the default recording's cadence): norms
-every step, activations on the first 20 steps then one in 8 (--act-every),
+every step, activations on the first 20 steps then one in 16 (--act-every),
 all ten statistics at full steps; the rules on observed steps; the rules'
 probes and PyTorch's global module hooks only in the steps that need them."""
 import json
@@ -24,15 +24,15 @@ from nndb.tracer import stats as S
 def test_activation_schedule_default_and_every_step():
     s = RecordSchedule()
     got = [step for step in range(45) if s.acts(step)]
-    assert got == list(range(20)) + [24, 32, 40]                        # (full steps: 0, 16, 32)
+    assert got == list(range(20)) + [32]                                # (full steps: 0, 16, 32)
     assert all(RecordSchedule.parse(act_every=1).acts(step) for step in range(100))
     every2 = RecordSchedule.parse(every=2)                                # counted in recorded steps
-    assert [step for step in range(80) if every2.acts(step)] == list(range(0, 40, 2)) + [48, 64]
+    assert [step for step in range(80) if every2.acts(step)] == list(range(0, 40, 2)) + [64]
     window = RecordSchedule.parse(steps="100:")
-    assert window.acts(100) and window.acts(119) and not window.acts(121) and window.acts(124)
+    assert window.acts(100) and window.acts(119) and not window.acts(121) and window.acts(132)
     with pytest.raises(UsageError, match="--act-every must be a positive"):
         RecordSchedule.parse(act_every=0)
-    assert "activations the first 20 recorded steps, then every 8" in s.describe()
+    assert "activations the first 20 recorded steps, then every 16" in s.describe()
 
 
 def test_full_steps_are_observed_steps():
@@ -96,15 +96,15 @@ def _act_steps(path, name="0"):
 
 def test_run_records_activations_on_their_schedule(tmp_path):
     a, b = str(tmp_path / "a.h5"), str(tmp_path / "b.h5")
-    assert nndb("run", "--trace", a, example("mlp.py"), "--steps", "30").returncode == 0
-    assert nndb("run", "--act-every", "1", "--trace", b, example("mlp.py"), "--steps", "30").returncode == 0
+    assert nndb("run", "--trace", a, example("mlp.py"), "--steps", "40").returncode == 0
+    assert nndb("run", "--act-every", "1", "--trace", b, example("mlp.py"), "--steps", "40").returncode == 0
     got, _ = _act_steps(a)
-    assert got == list(range(20)) + [24]
-    assert _act_steps(b)[0] == list(range(30))
+    assert got == list(range(20)) + [32]
+    assert _act_steps(b)[0] == list(range(40))
     with TraceReader(a) as t:                 # the parameters' norms: every step, the same in both runs
         w = t.find("0.weight", "grad")[0]
         steps, norms = t.history(w, "norm")
-        assert list(steps) == list(range(30)) and np.isfinite(norms).all()
+        assert list(steps) == list(range(40)) and np.isfinite(norms).all()
         with TraceReader(b) as u:
             np.testing.assert_array_equal(norms, u.history(u.find("0.weight", "grad")[0], "norm")[1])
     r = nndb("run", "--act-every", "0", "--trace", str(tmp_path / "c.h5"), example("mlp.py"))
@@ -145,7 +145,7 @@ def test_rules_run_on_observed_steps_unless_every_step():
         rec = type("R", (), {"step": step, "names": names, "raw": np.array([S.scalar_raw(1.0)]),
                              "nonfinite": False})()
         eng.on_record(rec)
-    assert eng.rules[0].steps == [s for s in range(40) if base.observed(s)] == list(range(20)) + [24, 32]
+    assert eng.rules[0].steps == [s for s in range(40) if base.observed(s)] == list(range(20)) + [32]
     assert eng.rules[1].steps == list(range(40))
 
 
@@ -157,7 +157,7 @@ model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
 opt = torch.optim.SGD(model.parameters(), lr=0.1)
 x, y = torch.randn(32, 8), torch.randint(0, 2, (32,))
 seen = []
-for step in range(30):
+for step in range(40):
     seen.append(len(M._global_forward_hooks) + len(M._global_forward_pre_hooks))
     opt.zero_grad()
     loss = nn.functional.cross_entropy(model(x), y)
@@ -174,8 +174,8 @@ def test_module_hooks_and_probes_only_in_the_steps_that_need_them(tmp_path, caps
     res = run_in_process(tmp_path, str(script))
     seen = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     ours = [n - before for n in seen]
-    # steps 0..19 and every 8th (activations, the ReLU probe; the input probes sample on
+    # steps 0..19 and every 16th (activations, the ReLU probe; the input probes sample on
     # observed steps): both hooks in; the others: none
-    assert ours == [2 if (s < 20 or s % 8 == 0) else 0 for s in range(30)]
+    assert ours == [2 if (s < 20 or s % 16 == 0) else 0 for s in range(40)]
     assert len(torch_module._global_forward_hooks) + len(torch_module._global_forward_pre_hooks) == before
     assert res.session.rules is not None

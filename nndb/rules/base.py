@@ -32,11 +32,14 @@ import numpy as np
 SEVERITIES = ("error", "warning", "info")
 ACTIONS = ("warn", "stop", "fail")
 # Trends (a gradient growing, a loss not going down, a layer dying) do not
-# need every step: every step for the first SETTLE, then one step in EVERY
-# (scripts/bench.py, tiny MLP: the rules' work on an observed step is ~0.5 ms,
-# as much as half a plain step; at one in 8 a trend of 3 observed steps is
-# reported 24 steps after it starts).
-SETTLE, EVERY = 20, 8
+# need every step: every step for the first SETTLE, then one step in EVERY.
+# An observed step also records activations and all ten statistics (the
+# rules read them), which on the tiny MLP of scripts/bench.py costs about as
+# much as a plain step (callgrind: ~2M instructions against 2.3M): at one in
+# 8 that was a tenth of the recording's cost.  At one in 16 a trend of 3
+# observed steps is reported 48 steps after it starts; the bugs of the first
+# steps (a wrong initial loss, dead units from the start) show in SETTLE.
+SETTLE, EVERY = 20, 16
 
 
 def observed(step: int) -> bool:

@@ -44,7 +44,7 @@ BIG_EVERY = 2
 
 def big_observed(step: int) -> bool:
     """The observed steps a big activation is looked at (every 2nd step for
-    the first 20, then every 16th)."""
+    the first 20, then every 32nd)."""
     return (step // (1 if step < SETTLE else EVERY)) % BIG_EVERY == 0
 # Unit probes look at the rules' observed steps (base.observed): a dead or
 # saturated layer stays so, and the rules count consecutive observed steps (a
