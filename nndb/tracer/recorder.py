@@ -51,7 +51,9 @@ class StepRecord:
     @property
     def nonfinite(self) -> bool:
         """Does some tensor of the step hold a NaN or Inf?"""
-        return bool(self.raw.size and np.logical_or.reduce(self.raw[:, S.NONFINITE_FIELDS], axis=None))
+        # (count_nonzero: one plain C loop; a ufunc reduction's machinery costs
+        # ~25 us here, run once a step with the caches cold)
+        return bool(np.count_nonzero(self.raw[:, S.NONFINITE_FIELDS]))
 
     @property
     def stats(self) -> np.ndarray:
