@@ -31,13 +31,29 @@ time) + 0.3 s and 1.2 x N x step time + 0.3 s, and the private memory of
 each live checkpoint process.  The script restarts itself with Intel's
 OpenMP runtime preloaded when it is installed, as ``nndb run`` does, so
 that replicas run with all threads.
+
+``--instructions`` counts instead of timing: each loop runs once under
+valgrind's callgrind (one thread, only the loop instrumented, time
+travel's checkpoints off: their schedule is on wall time), and the table
+gives instructions per step plain and recorded.  The counts are the
+same from run to run, so they show a change of one percent that the timed
+ratio, which moves by 0.05-0.15 between runs on a shared machine, cannot;
+they leave out what time also pays (cache misses: nndb's code runs once a
+step between PyTorch's kernels, with the caches cold), so the timed ratio
+is the one the targets are about.
+
+    python scripts/bench.py --instructions --workload mlp     # about 4 minutes
+
+(The CNN's convolutions are slow under valgrind: over ten minutes.)
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import re
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -166,6 +182,18 @@ def _session(rec, path, frontend=None):
     return session
 
 
+def _recording(schedule, tmpdir, flush_secs=None):
+    """What `nndb run --batch` adds to the loop: the recorder, the debugger
+    session (no commands), the rules and time travel's checkpoints."""
+    path = os.path.join(tmpdir, f"bench-{time.monotonic_ns()}.h5")
+    meta = runmeta.collect(Target(path="bench.py"), schedule.describe())
+    config = RunConfig(Target(path="bench.py"), path, schedule)
+    if flush_secs is not None:
+        config.flush_secs = flush_secs
+    rec = Recording(path, meta, config, message=lambda m: print(m, file=sys.stderr))
+    return rec, _session(rec, path), path
+
+
 def timed_loop(build, steps, recorded, schedule, tmpdir, seed=0):
     """Seconds for ``steps`` steps after WARMUP untimed ones (both under the
     recorder when ``recorded``), the final loss, trace bytes per step, and the
@@ -174,13 +202,7 @@ def timed_loop(build, steps, recorded, schedule, tmpdir, seed=0):
     model, opt, crit, data = build(seed)
     rec, path = None, None
     if recorded:
-        path = os.path.join(tmpdir, f"bench-{time.monotonic_ns()}.h5")
-        meta = runmeta.collect(Target(path="bench.py"), schedule.describe())
-        rec = Recording(path, meta, RunConfig(Target(path="bench.py"), path, schedule),
-                        message=lambda m: print(m, file=sys.stderr))
-        # what `nndb run --batch` adds: the debugger session (no commands), the
-        # rules and time travel's checkpoints
-        session = _session(rec, path)
+        rec, session, path = _recording(schedule, tmpdir)
         rec.__enter__()
     t = time.perf_counter()
     train(model, opt, crit, data, WARMUP)
@@ -290,6 +312,69 @@ def travel(name, tmpdir, back=(1, 10), ahead=(1, 10)):
                   "private_mib_max": max(mem) if mem else None}
 
 
+# -- instructions (callgrind): nndb's CPU work, without the machine's noise -----------
+
+def _callgrind(on: bool) -> None:
+    subprocess.run(["callgrind_control", "-i", "on" if on else "off", str(os.getpid())],
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
+
+
+def _instructions_child(name, recorded, steps, schedule):
+    """Run under callgrind: the loop of ``steps`` steps after WARMUP, the only
+    instrumented part.  One thread: a spinning OpenMP worker's instructions
+    vary from run to run.  Flushes by step count only (valgrind runs the loop
+    ~50x slower, which would make the 2 s flush come every few steps)."""
+    torch.set_num_threads(1)
+    model, opt, crit, data = WORKLOADS[name][0](0)
+    with tempfile.TemporaryDirectory() as tmpdir:
+        rec = None
+        if recorded:
+            rec, session, _ = _recording(schedule, tmpdir, flush_secs=float("inf"))
+            rec.__enter__()
+        train(model, opt, crit, data, WARMUP)
+        _callgrind(True)
+        train(model, opt, crit, data, steps)
+        _callgrind(False)
+        if rec is not None:
+            rec.__exit__(None, None, None)
+            rec.close()
+            session.run_ended("finished", 0, "")
+            session.machine.close()
+
+
+def instructions(name, flags, scale=1.0):
+    """Instructions per step of the loop, plain and recorded, each counted
+    by callgrind in a process of its own (deterministic: the same tree and
+    inputs give the same counts whatever else the machine does; not time:
+    cache misses and the OpenMP threads are not in it)."""
+    steps = max(5, int(WORKLOADS[name][1] * scale))
+    per_step = {}
+    with tempfile.TemporaryDirectory() as tmpdir:
+        for recorded in (False, True):
+            cmd = ["valgrind", "--tool=callgrind", "--instr-atstart=no",
+                   f"--callgrind-out-file={os.path.join(tmpdir, 'callgrind.%p')}",
+                   sys.executable, os.path.abspath(__file__), *flags,
+                   "--instructions-child", name, "recorded" if recorded else "plain", str(steps)]
+            out = subprocess.run(cmd, capture_output=True, text=True, env=_plain_env())
+            # "==PID== Collected : N" for each process: the loop's is the first
+            # process's (a checkpoint that nndb forked reports its own)
+            lines = [m.groups() for m in re.finditer(r"^==(\d+)== (.*)$", out.stderr, re.M)]
+            counts = [int(text.split()[-1].replace(",", "")) for pid, text in lines
+                      if lines and pid == lines[0][0] and text.startswith("Collected :")]
+            if out.returncode != 0 or not counts:
+                raise SystemExit(f"bench: callgrind failed on {name}: {out.stderr.strip()[-500:]}")
+            per_step[recorded] = counts[0] / steps
+    return {"workload": name, "steps": steps, "plain_instructions": per_step[False],
+            "nndb_instructions": per_step[True], "ratio": per_step[True] / per_step[False]}
+
+
+def _plain_env() -> dict:
+    """The environment without the preloaded OpenMP runtime (valgrind runs the child as it is)."""
+    env = dict(os.environ)
+    env.pop("LD_PRELOAD", None)
+    return env
+
+
 def _restart_preloaded():
     """Replicas need Intel's OpenMP runtime to run multi-threaded (see nndb.timetravel.preload)."""
     from nndb.timetravel.preload import preloaded_env
@@ -317,15 +402,46 @@ def main(argv=None):
                     help="also record tensor lineage (the op recorder), e.g. 'all'")
     ap.add_argument("--travel", action="store_true",
                     help="also measure reverse-step and predict latency and checkpoint memory")
+    ap.add_argument("--instructions", action="store_true",
+                    help="count instructions per step with valgrind's callgrind instead of timing "
+                         "(deterministic: compares two trees where the machine's noise hides a few percent)")
+    ap.add_argument("--instructions-child", nargs=3, metavar=("WORKLOAD", "MODE", "STEPS"),
+                    help=argparse.SUPPRESS)
     ap.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     args = ap.parse_args(argv)
     global RULES, REPLICA, LINEAGE
     RULES, REPLICA, LINEAGE = args.rules, args.replica, args.lineage
-    if argv is None:
+    schedule = RecordSchedule.parse(args.every, None, args.full_every, args.act_every)
+    if args.instructions_child:
+        name, mode, steps = args.instructions_child
+        _instructions_child(name, mode == "recorded", int(steps), schedule)
+        return 0
+    if argv is None and not args.instructions:
         _restart_preloaded()
     from tabulate import tabulate
-    schedule = RecordSchedule.parse(args.every, None, args.full_every, args.act_every)
     names = args.workload or list(WORKLOADS)
+    if args.instructions:
+        # Checkpoints are taken on a wall-time budget, which valgrind's slowdown
+        # would turn into many more: counted without them (in the timed
+        # benchmark's loop none is due either, see README).
+        REPLICA = "off"
+        flags = ["--rules", RULES, "--replica", REPLICA]
+        for opt, value in (("--every", args.every), ("--full-every", args.full_every),
+                           ("--act-every", args.act_every), ("--lineage", LINEAGE)):
+            if value is not None:
+                flags += [opt, str(value)]
+        counted = [instructions(name, flags, args.scale) for name in names]
+        print(f"torch {torch.__version__}, 1 thread, callgrind, schedule: {schedule.describe()}, rules: {RULES}, "
+              f"checkpoints: {REPLICA}, lineage: {LINEAGE or 'off'}")
+        print(tabulate([[c["workload"], c["steps"], f"{c['plain_instructions']:,.0f}",
+                         f"{c['nndb_instructions']:,.0f}", f"{c['ratio']:.3f}x"] for c in counted],
+                       headers=["workload", "steps", "plain instructions/step", "nndb instructions/step",
+                                "ratio"], disable_numparse=True))
+        if args.json:
+            with open(args.json, "w") as fh:
+                json.dump({"torch": torch.__version__, "schedule": schedule.describe(),
+                           "instructions": counted}, fh, indent=2)
+        return 0
     results = []
     with tempfile.TemporaryDirectory() as tmpdir:
         for name in names:
