@@ -48,10 +48,9 @@ class RunQueries:
         return names
 
     def note_earlier_optimizers(self) -> None:
-        """At a run's start: the optimizers alive then are not the run's."""
-        import weakref
-        from ..tracer.hooks import find_optimizers
-        self._earlier_optimizers = weakref.WeakSet(find_optimizers())
+        """At a run's start: the optimizers alive then are not the run's (the
+        tracer's own list of them: one scan serves both)."""
+        self._earlier_optimizers = self.rec.tracer.preexisting_optimizers()
 
     def optimizers(self) -> list:
         """[(name, optimizer)] the script holds."""

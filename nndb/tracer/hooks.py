@@ -130,7 +130,7 @@ class Tracer:
         self._backward_pending = False
         self._opt_seen: "weakref.WeakSet" = weakref.WeakSet()
         self._known_optimizers: Optional[weakref.WeakSet] = None
-        self._preexisting: "weakref.WeakSet" = weakref.WeakSet()
+        self._preexisting: Optional[weakref.WeakSet] = None      # (preexisting_optimizers)
         # > 0 while a step boundary is being decided and recorded: nndb's
         # signal handling waits for it, so a Ctrl-C never loses half a step.
         self.busy = 0
@@ -145,12 +145,21 @@ class Tracer:
             os.register_at_fork(after_in_child=_quiet_in_child)
             _FORK_HOOK = True
         _ACTIVE.add(self)
-        self._preexisting = weakref.WeakSet(find_optimizers())
+        self.preexisting_optimizers()
         self._handles = [
             _optimizer.register_optimizer_step_pre_hook(self._opt_pre),
             _optimizer.register_optimizer_step_post_hook(self._opt_post),
         ]
         self._set_forward(True)
+
+    def preexisting_optimizers(self) -> "weakref.WeakSet":
+        """The optimizers alive before the run started (an earlier run's, in a
+        notebook or a test process): one referrer scan (~45 ms with torch
+        loaded), by the first to ask: the debugger session as it attaches, or
+        ``install``; no user code runs between the two."""
+        if self._preexisting is None:
+            self._preexisting = weakref.WeakSet(find_optimizers())
+        return self._preexisting
 
     def uninstall(self) -> None:
         for h in self._handles:
@@ -338,7 +347,7 @@ class Tracer:
         only once it steps in this run."""
         if self._known_optimizers is None or (opt is not None and opt not in self._known_optimizers):
             self._known_optimizers = weakref.WeakSet(
-                o for o in find_optimizers() if o not in self._preexisting or o in self._opt_seen)
+                o for o in find_optimizers() if o not in self.preexisting_optimizers() or o in self._opt_seen)
         return len(self._known_optimizers)
 
     # -- optimizer hooks -------------------------------------------------------
