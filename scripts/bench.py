@@ -52,6 +52,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -315,8 +316,21 @@ def travel(name, tmpdir, back=(1, 10), ahead=(1, 10)):
 # -- instructions (callgrind): nndb's CPU work, without the machine's noise -----------
 
 def _callgrind(on: bool) -> None:
-    subprocess.run(["callgrind_control", "-i", "on" if on else "off", str(os.getpid())],
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
+    try:
+        subprocess.run(["callgrind_control", "-i", "on" if on else "off", str(os.getpid())],
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
+    except OSError:
+        pass                           # (not under valgrind: nothing to switch)
+
+
+def collected(stderr: str):
+    """The instructions valgrind counted in the first process of its output
+    (``==PID== Collected : N``; a process that the loop forked, a DataLoader
+    worker say, reports its own), or None."""
+    lines = [m.groups() for m in re.finditer(r"^==(\d+)== (.*)$", stderr, re.M)]
+    counts = [int(text.split()[-1].replace(",", "")) for pid, text in lines
+              if pid == lines[0][0] and text.startswith("Collected :")]
+    return counts[0] if counts else None
 
 
 def _instructions_child(name, recorded, steps, schedule):
@@ -347,6 +361,9 @@ def instructions(name, flags, scale=1.0):
     by callgrind in a process of its own (deterministic: the same tree and
     inputs give the same counts whatever else the machine does; not time:
     cache misses and the OpenMP threads are not in it)."""
+    for tool in ("valgrind", "callgrind_control"):
+        if shutil.which(tool) is None:
+            raise SystemExit(f"bench: --instructions needs valgrind ({tool} is not on PATH)")
     steps = max(5, int(WORKLOADS[name][1] * scale))
     per_step = {}
     with tempfile.TemporaryDirectory() as tmpdir:
@@ -355,24 +372,13 @@ def instructions(name, flags, scale=1.0):
                    f"--callgrind-out-file={os.path.join(tmpdir, 'callgrind.%p')}",
                    sys.executable, os.path.abspath(__file__), *flags,
                    "--instructions-child", name, "recorded" if recorded else "plain", str(steps)]
-            out = subprocess.run(cmd, capture_output=True, text=True, env=_plain_env())
-            # "==PID== Collected : N" for each process: the loop's is the first
-            # process's (a checkpoint that nndb forked reports its own)
-            lines = [m.groups() for m in re.finditer(r"^==(\d+)== (.*)$", out.stderr, re.M)]
-            counts = [int(text.split()[-1].replace(",", "")) for pid, text in lines
-                      if lines and pid == lines[0][0] and text.startswith("Collected :")]
-            if out.returncode != 0 or not counts:
+            out = subprocess.run(cmd, capture_output=True, text=True)
+            count = collected(out.stderr)
+            if out.returncode != 0 or count is None:
                 raise SystemExit(f"bench: callgrind failed on {name}: {out.stderr.strip()[-500:]}")
-            per_step[recorded] = counts[0] / steps
+            per_step[recorded] = count / steps
     return {"workload": name, "steps": steps, "plain_instructions": per_step[False],
             "nndb_instructions": per_step[True], "ratio": per_step[True] / per_step[False]}
-
-
-def _plain_env() -> dict:
-    """The environment without the preloaded OpenMP runtime (valgrind runs the child as it is)."""
-    env = dict(os.environ)
-    env.pop("LD_PRELOAD", None)
-    return env
 
 
 def _restart_preloaded():

@@ -346,8 +346,9 @@ class Tracer:
         run started (an earlier run's, in a notebook or a test process) counts
         only once it steps in this run."""
         if self._known_optimizers is None or (opt is not None and opt not in self._known_optimizers):
+            earlier = self.preexisting_optimizers()
             self._known_optimizers = weakref.WeakSet(
-                o for o in find_optimizers() if o not in self.preexisting_optimizers() or o in self._opt_seen)
+                o for o in find_optimizers() if o not in earlier or o in self._opt_seen)
         return len(self._known_optimizers)
 
     # -- optimizer hooks -------------------------------------------------------
