@@ -163,3 +163,40 @@ def test_bad_schedule_is_usage_error(bad, trace):
     r = nndb("run", *bad, "--trace", trace, example("mlp.py"))
     assert r.returncode == 2 and r.stderr.startswith("nndb: error: ") and "Traceback" not in r.stderr
     assert r.stdout == ""
+
+
+def test_optimizer_made_before_recording_keeps_steps_in_order(tmp_path):
+    """An optimizer alive when the tracer goes in (a notebook, scripts/bench.py)
+    counts once it steps: step 0 ends at the first backward (no optimizer yet),
+    step 1 at the first optimizer.step(), then one per optimizer step; the
+    records come in step order (step 0's is not held back to the run's end)."""
+    import gc
+
+    import torch
+    import torch.nn as nn
+
+    from nndb import runmeta
+    from nndb.config import RecordSchedule, RunConfig
+    from nndb.launcher import Target
+    from nndb.runner import Recording
+    gc.collect()
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x, y = torch.randn(16, 4), torch.randint(0, 3, (16,))
+    path = str(tmp_path / "early.h5")
+    target = Target(path="loop.py")
+    rec = Recording(path, runmeta.collect(target, ""), RunConfig(target, path, RecordSchedule.parse(None, None, None)))
+    seen = []
+    sink = rec.recorder.sink
+    rec.recorder.sink = lambda r: (seen.append((r.step, r.backward_count, r.optimizer_steps)), sink(r))
+    with rec:
+        for _ in range(5):
+            opt.zero_grad()
+            nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+    rec.close()
+    # (step, backward passes, optimizer steps): five iterations make six steps
+    assert seen == [(0, 1, 0), (1, 0, 1), (2, 1, 1), (3, 1, 1), (4, 1, 1), (5, 1, 1)]
+    with TraceReader(path) as t:
+        assert list(t.steps) == [0, 1, 2, 3, 4, 5]

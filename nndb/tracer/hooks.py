@@ -368,7 +368,10 @@ class Tracer:
                 (self.clock.mode is not Mode.LEARNING and self.clock.closer is None)
             n = self._optimizer_count(opt) if needs_count else 2
             close = self.clock.optimizer_pre(opt, n)
-            self.recorder.manual = self.clock.mode is Mode.MANUAL
+            manual = self.clock.mode is Mode.MANUAL
+            if self.recorder.manual and not manual:
+                self.recorder.end_manual()
+            self.recorder.manual = manual
             if close is not None:
                 self._close(close)
             self.recorder.optimizer_pre(opt)

@@ -302,6 +302,12 @@ class StepRecorder:
 
     def finish(self) -> None:
         """The run ended: emit what is still pending."""
+        self.end_manual()
+
+    def end_manual(self) -> None:
+        """Steps stop ending at ``backward()`` (an optimizer steps; one made
+        before the run counts only then): the last such step's record, which
+        waits for the next step's end, goes out now, before the next."""
         if self._manual_pending is not None:
             self._close_manual(None, None, time.time() - self.t0, False, True)
 
