@@ -99,6 +99,8 @@ def test_adaptive_spacing_follows_budget():
     assert taken[0] == 0
     spacing = {b - a for a, b in pairwise(taken)}
     assert spacing <= {199, 200, 201}       # 0.01 s / 5% = 0.2 s = 200 steps of 1 ms
+    taken, _ = drive_adaptive(Adaptive(max_live=1000), 5000)     # the default: 2% (schedule.BUDGET)
+    assert {b - a for a, b in pairwise(taken)} <= {499, 500, 501}
 
 
 def test_adaptive_cost_floor():
@@ -123,7 +125,7 @@ def test_adaptive_eviction_invariants_and_spread():
         assert len(live) <= max_live
         assert live[0] == 0 and live[-1] == newest
 
-    taken, live = drive_adaptive(Adaptive(max_live=max_live), 50_000, check=check)
+    taken, live = drive_adaptive(Adaptive(budget=0.05, max_live=max_live), 50_000, check=check)
     assert len(taken) > 200 and len(live) == max_live
     gaps = [b - a for a, b in pairwise(live[:-1])]    # the newest gap is young by nature
     assert max(gaps) / min(gaps) <= 3
@@ -131,7 +133,7 @@ def test_adaptive_eviction_invariants_and_spread():
 
 
 def test_adaptive_pinned_never_evicted_and_not_counted():
-    policy, clock, live, pinned = Adaptive(max_live=5), Clock(), [], set()
+    policy, clock, live, pinned = Adaptive(budget=0.05, max_live=5), Clock(), [], set()
     for step in range(20_000):
         clock.now += 0.001
         if policy.due(step, clock.now):

@@ -21,7 +21,7 @@ from ..errors import CommandError
 from . import forking
 from .channel import Channel
 from .handover import export_state, import_state
-from .schedule import DiskSchedule, make_policy
+from .schedule import BUDGET, DiskSchedule, make_policy
 
 
 @dataclass
@@ -37,7 +37,7 @@ class Checkpoint:
 
 class TimeMachine:
     def __init__(self, replica_mode: str = "auto", total_steps: Optional[int] = None,
-                 budget: float = 0.05, max_live: int = 20, disk: bool = True, rules_spec: str = "default"):
+                 budget: float = BUDGET, max_live: int = 20, disk: bool = True, rules_spec: str = "default"):
         self.mode = replica_mode          # auto | fork | respawn | off
         self.total_steps = total_steps
         self.budget = budget
