@@ -140,7 +140,12 @@ def transformer(seed):
     return model, opt, nn.CrossEntropyLoss(), data
 
 
-WORKLOADS = {"mlp": (mlp, 600), "cnn": (cnn, 60), "lstm": (lstm, 100), "transformer": (transformer, 100)}
+# (build, steps of a timed loop, steps of a counted or travelled one).  A timed
+# loop runs about 3 s: time travel's automatic checkpoints come every ~2 s
+# (2% of the wall time for one that costs ~40 ms), so a loop pays for them
+# as a long run does; a 1 s loop mostly ran between two and left them out.
+WORKLOADS = {"mlp": (mlp, 2400, 600), "cnn": (cnn, 150, 60), "lstm": (lstm, 400, 100),
+             "transformer": (transformer, 250, 100)}
 
 
 def train(model, opt, crit, data, steps):
@@ -223,7 +228,7 @@ def timed_loop(build, steps, recorded, schedule, tmpdir, seed=0):
 
 
 def bench(name, pairs, schedule, tmpdir, scale=1.0):
-    build, steps = WORKLOADS[name]
+    build, steps, _ = WORKLOADS[name]
     steps = max(5, int(steps * scale))
     ratios, plain, traced, sizes, startup = [], [], [], [], []
     for i in range(pairs):
@@ -253,7 +258,7 @@ def travel(name, tmpdir, back=(1, 10), ahead=(1, 10)):
     present, predict N (the stop leaves max(ahead) steps to predict).  Latencies are measured around the machine's calls."""
     from nndb.debugger import points as P
     from nndb.timetravel import forking, machine as M, predict as PR
-    build, steps = WORKLOADS[name]
+    build, _, steps = WORKLOADS[name]
     model, opt, crit, data = build(0)
     path = os.path.join(tmpdir, f"travel-{time.monotonic_ns()}.h5")
     meta = runmeta.collect(Target(path="bench.py"), "")
@@ -364,7 +369,7 @@ def instructions(name, flags, scale=1.0):
     for tool in ("valgrind", "callgrind_control"):
         if shutil.which(tool) is None:
             raise SystemExit(f"bench: --instructions needs valgrind ({tool} is not on PATH)")
-    steps = max(5, int(WORKLOADS[name][1] * scale))
+    steps = max(5, int(WORKLOADS[name][2] * scale))
     per_step = {}
     with tempfile.TemporaryDirectory() as tmpdir:
         for recorded in (False, True):
