@@ -141,9 +141,9 @@ def transformer(seed):
 
 
 # (build, steps of a timed loop, steps of a counted or travelled one).  A timed
-# loop runs about 3 s: time travel's automatic checkpoints come every ~2 s
-# (2% of the wall time for one that costs ~40 ms), so a loop pays for them
-# as a long run does; a 1 s loop mostly ran between two and left them out.
+# loop runs about 3 s: less noise than 1 s, and it pays for the aftermath of
+# the first checkpoint (taken in the warm-up) and for some of the later ones
+# (2% of the wall time: on the MLP one every 2.5-9 s).
 WORKLOADS = {"mlp": (mlp, 2400, 600), "cnn": (cnn, 150, 60), "lstm": (lstm, 400, 100),
              "transformer": (transformer, 250, 100)}
 

@@ -103,3 +103,39 @@ def test_trace_metadata_records_what_decides_a_replay(tmp_path):
     assert rep["num_threads"] >= 1 and rep["openmp"] and isinstance(rep["fork_exact"], bool)
     assert rep["python_random"][1] == list(expected[1])      # the generator's state before the script ran
     assert rep["numpy_random"][0] == "MT19937" and len(rep["numpy_random"][1]) == 624
+
+
+def test_a_checkpoint_costs_what_the_steps_after_it_took_for_a_while():
+    """The fork, plus each later step's time beyond the median step before the
+    fork, for at least SETTLE steps and SETTLE_S seconds; a step faster than
+    the median takes some back; never less than the fork itself."""
+    from nndb.timetravel.machine import Checkpoint
+
+    m = TimeMachine("auto")
+    m.step_times.extend([0.001] * 50)          # the median step: 1 ms
+    ck = Checkpoint(1, 10, 0, None, "auto", 0.0, 0.02)
+    m.checkpoints[1] = ck
+    t0 = 100.0
+    median, until = m.step_time(), t0 + m.SETTLE_S
+    m._settling = [ck, 0.02, m.SETTLE, until, median, 0.02]
+    now, ends = t0, []
+    # the first step after the fork copies pages (21 ms), then steps of 1.2 ms, one of 0.5 ms
+    for took in [0.021, 0.0012, 0.0005] + [0.0012] * 1000:
+        now += took
+        ends.append(now)
+        m._settle(took, now)
+        if m._settling is None:
+            break
+    steps = len(ends)
+    assert ends[-2] < until <= ends[-1] and steps > 100      # every step of SETTLE_S, well past SETTLE
+    extra = 0.020 + 0.0002 - 0.0005 + 0.0002 * (steps - 3)
+    assert ck.cost_s == pytest.approx(0.02 + extra)
+    assert m.policy.interval_s == pytest.approx(ck.cost_s / m.policy.budget)
+
+    # a fork with no slower step after it costs the fork
+    ck2 = Checkpoint(2, 20, 0, None, "auto", 0.0, 0.03)
+    m.checkpoints[2] = ck2
+    m._settling = [ck2, 0.03, m.SETTLE, 0.0, 0.001, 0.03]
+    m._settle(0.0009, 1.0)
+    m._settle(0.0009, 1.001)
+    assert m._settling is None and ck2.cost_s == 0.03

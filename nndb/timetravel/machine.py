@@ -63,8 +63,9 @@ class TimeMachine:
         self._last_end: Optional[float] = None
         # A fork's real cost comes mostly after it: every page the run writes
         # next is copied once (copy-on-write).  So a checkpoint's cost is its
-        # fork plus what the next SETTLE steps took beyond the median step.
-        self._settling: Optional[list] = None     # [checkpoint, cost so far, steps left]
+        # fork plus what the steps after it took beyond the median step before
+        # it: at least SETTLE steps, and those of the next SETTLE_S seconds.
+        self._settling: Optional[list] = None     # [checkpoint, cost so far, steps left, until, median, fork]
 
     # -- the run's lifetime --------------------------------------------------------------
     def attach(self, s) -> None:
@@ -87,6 +88,11 @@ class TimeMachine:
 
     # -- taking checkpoints (the live run) ------------------------------------------------
     SETTLE = 2
+    # The first step after a fork pays most of the copying, but not all: on the
+    # MLP of scripts/bench.py the first two steps took ~20 ms more, the next 100
+    # another ~20 ms (blocks of 800 steps with a checkpoint against blocks
+    # without).  Without a median yet (the first checkpoint), SETTLE steps.
+    SETTLE_S = 0.25
 
     def at_step_end(self, s, step: int) -> None:
         now = time.monotonic()
@@ -104,12 +110,13 @@ class TimeMachine:
         self._last_end = time.monotonic()     # (the checkpoint's cost is not a step's)
 
     def _settle(self, took: float, now: float) -> None:
-        ck, cost, left = self._settling
-        cost += max(0.0, took - (self.step_time() or 0.0))
-        if left > 1 and ck.number in self.checkpoints:
-            self._settling = [ck, cost, left - 1]
+        ck, cost, left, until, median, fork = self._settling
+        cost += took - median           # (not clipped at 0 a step: the noise would only add up)
+        if (left > 1 or now < until) and ck.number in self.checkpoints:
+            self._settling = [ck, cost, left - 1, until, median, fork]
             return
         self._settling = None
+        cost = max(cost, fork)
         ck.cost_s = cost
         self.policy.taken(ck.step, cost, now)
 
@@ -138,7 +145,9 @@ class TimeMachine:
         self.taken += 1
         if kind == "auto":
             self.policy.taken(step, cost, time.monotonic())
-            self._settling = [ck, cost, self.SETTLE]
+            median = self.step_time()
+            until = time.monotonic() + self.SETTLE_S if median is not None else 0.0
+            self._settling = [ck, cost, self.SETTLE, until, median or 0.0, cost]
             autos = sorted(c.step for c in self.checkpoints.values() if c.kind == "auto")
             drop = set(self.policy.evict(autos))
             for c in list(self.checkpoints.values()):
