@@ -179,3 +179,22 @@ def test_module_hooks_and_probes_only_in_the_steps_that_need_them(tmp_path, caps
     assert ours == [2 if (s < 20 or s % 16 == 0) else 0 for s in range(40)]
     assert len(torch_module._global_forward_hooks) + len(torch_module._global_forward_pre_hooks) == before
     assert res.session.rules is not None
+
+
+def test_a_failing_probe_is_said_once_and_the_run_goes_on(tmp_path, monkeypatch):
+    """A probe that raises is switched off and said once, on the step it failed
+    (probes are asked for errors only after steps they were in for), and the
+    training and the other rules go on."""
+    from nndb.rules.model_probes import ReluUnits
+
+    def boom(self, module, use, args, output):
+        raise RuntimeError("boom")
+    monkeypatch.setattr(ReluUnits, "forward", boom)
+    res = run_in_process(tmp_path, example("dead_relu.py"))
+    said = [line for line in res.session.frontend.output
+            if "probe relu_units failed and is off: RuntimeError: boom" in line]
+    assert said == ["nndb: probe relu_units failed and is off: RuntimeError: boom"]
+    assert res.exit_code == 0
+    assert "loss_not_decreasing" in {f["rule"] for f in res.session.findings}
+    with TraceReader(str(tmp_path / "run.h5")) as r:
+        assert r.n_steps == 40

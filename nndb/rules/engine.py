@@ -24,6 +24,10 @@ class RuleEngine:
         self._rec = None
         self.errors: list = []            # rules that raised (reported once each, then disabled)
         self._every: Optional[list] = None     # the enabled every-step rules (None: to be listed again)
+        # Some probe is in for the step now running: only then can one have
+        # facts or an error (most steps: none, and nothing to ask them).
+        self.armed = False
+        self._probe_errors = False        # a probe was in since take_errors last looked
 
     # -- the rule set -------------------------------------------------------------
     def rule(self, rule_id: str) -> Rule:
@@ -67,6 +71,7 @@ class RuleEngine:
             p.uninstall()
         self._probes = {}
         self._rec = None
+        self.armed = False
 
     def _sync_probes(self) -> None:
         if self._rec is None:
@@ -84,15 +89,19 @@ class RuleEngine:
 
     def arm(self, step: int) -> None:
         """The step ``step`` starts: the probes it needs are in the tracer, the others out."""
+        armed = False
         for p in self._probes.values():
             on = p.wants(step)
             if on != p._armed:
                 p.arm(on)
+            armed = armed or on
+        self.armed = armed
+        self._probe_errors = self._probe_errors or armed
 
     def on_record(self, record, stats=None, optimizers=()) -> list:
         """Run the rules on one recorded step; returns the new findings."""
         # (a probe gathers facts only while its callbacks are in: the steps it is armed for)
-        facts = {name: p.take(record.step) for name, p in self._probes.items() if p._armed}
+        facts = {name: p.take(record.step) for name, p in self._probes.items() if p._armed} if self.armed else {}
         if observed(record.step):
             rules = [r for r in self.rules if r.enabled]
         else:
@@ -129,10 +138,12 @@ class RuleEngine:
         """Rules and probes that failed since the last call (each said once)."""
         out = list(self.errors)
         self.errors = []
-        for p in self._probes.values():
-            if p.error is not None and not getattr(p, "_said", False):
-                p._said = True
-                out.append(p.error)
+        if self._probe_errors:
+            for p in self._probes.values():
+                if p.error is not None and not getattr(p, "_said", False):
+                    p._said = True
+                    out.append(p.error)
+            self._probe_errors = self.armed
         return out
 
     def module_types(self) -> dict:
