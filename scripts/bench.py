@@ -433,8 +433,8 @@ def main(argv=None):
     names = args.workload or list(WORKLOADS)
     if args.instructions:
         # Checkpoints are taken on a wall-time budget, which valgrind's slowdown
-        # would turn into many more: counted without them (in the timed
-        # benchmark's loop none is due either, see README).
+        # would turn into many more: counted without them (their cost, a fork
+        # and copy-on-write faults, is the kernel's: the timed benchmark has it).
         REPLICA = "off"
         flags = ["--rules", RULES, "--replica", REPLICA]
         for opt, value in (("--every", args.every), ("--full-every", args.full_every),

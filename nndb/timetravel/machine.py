@@ -144,9 +144,10 @@ class TimeMachine:
         self.checkpoints[ck.number] = ck
         self.taken += 1
         if kind == "auto":
-            self.policy.taken(step, cost, time.monotonic())
+            now = time.monotonic()
+            self.policy.taken(step, cost, now)
             median = self.step_time()
-            until = time.monotonic() + self.SETTLE_S if median is not None else 0.0
+            until = now + self.SETTLE_S if median is not None else 0.0
             self._settling = [ck, cost, self.SETTLE, until, median or 0.0, cost]
             autos = sorted(c.step for c in self.checkpoints.values() if c.kind == "auto")
             drop = set(self.policy.evict(autos))
