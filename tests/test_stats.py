@@ -181,3 +181,28 @@ def test_an_update_from_inf_to_inf_warns_nothing(recwarn, dtype):
     rows = Bucket.params[plan][1]
     assert S.finalize_column(rows, "nan_count")[1] == 1           # the update inf - inf is NaN
     assert not [w for w in recwarn if issubclass(w.category, RuntimeWarning)]
+
+
+def test_quiet_silences_numpy_and_gives_the_users_error_state_back():
+    """nndb's own numpy calls run with warnings off (Quiet, quiet: cheaper than
+    np.errstate); the script's error state is untouched before and after."""
+    from nndb.tracer.quiet import Quiet, quiet
+
+    @quiet
+    def divide(a, b):
+        return np.divide(a, b)
+    one = np.ones(2)
+    with np.errstate(all="raise"):                       # what a script may have set
+        with Quiet():
+            assert np.isinf(one / 0).all() and np.geterr()["divide"] == "ignore"
+            with Quiet():                                # (nested: the hooks call decorated functions)
+                assert np.isnan(np.zeros(1) / 0).all()
+            assert np.geterr()["invalid"] == "ignore"
+        assert np.isinf(divide(one, 0)).all()
+        assert np.geterr() == {"divide": "raise", "over": "raise", "under": "raise", "invalid": "raise"}
+        with pytest.raises(FloatingPointError):
+            one / 0
+        with pytest.raises(ZeroDivisionError):
+            with Quiet():
+                1 / 0                                    # (an exception inside: the state still comes back)
+        assert np.geterr()["divide"] == "raise"

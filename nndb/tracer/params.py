@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from . import stats as S
+from .quiet import Quiet
 
 # torch.no_grad() without the context manager's Python layers (a step's hooks
 # run with the caches cold, where each layer costs microseconds)
@@ -133,7 +134,7 @@ class ParamPlan:
             return None
         views = self._host_views()
         flat = buf if grads else buf[:2 * n]
-        with np.errstate(all="ignore"):            # (inf - inf in an update: no warning in the user's stderr)
+        with Quiet():                            # (inf - inf in an update: no warning in the user's stderr)
             np.concatenate(views, out=buf[:n])
             np.subtract(buf[:n], before, out=before)
             if full:
@@ -172,7 +173,7 @@ class Snapshot:
             bucket.params[plan] = done
         elif plan.host:
             after = plan.host_values()
-            with np.errstate(all="ignore"):            # (inf - inf: no warning in the user's stderr)
+            with Quiet():                            # (inf - inf: no warning in the user's stderr)
                 update = after - self.host_before
             g = plan.host_grads() if grads else None
             every = g is not None and len(g[2]) == len(plan.host)

@@ -24,7 +24,7 @@ of small tensors, summed in float32 for float32 tensors, which agrees with
 the float64 sums of a full step to about 1e-7; one dot product for a large
 one), and all
 ten statistics of a scalar loss (``scalar_raw``, no numpy reduction).  At
-*full* steps (a policy of the recording schedule, every 16th recorded step
+*full* steps (a policy of the recording schedule, every 32nd recorded step
 by default) everything: also mean, std, min, max, mean |x| and the zero
 fraction.  Unmeasured fields are NaN.  NaN and Inf are counted only when a
 cheap check (a non-finite sum or sum of squares) says there may be some.
@@ -39,6 +39,8 @@ from typing import Sequence
 
 import numpy as np
 import torch
+
+from .quiet import quiet as _quiet      # (numpy's warnings off: NaN and Inf are data here)
 
 RAW_FIELDS = ("n", "sum", "sumsq", "min", "max", "sumabs", "nzero", "nnan", "ninf")
 N_RAW = len(RAW_FIELDS)
@@ -57,11 +59,6 @@ HOST_MAX_PARAM_ELEMENTS = 1 << 16
 _HOST_DTYPES = (torch.float32, torch.float64, torch.float16)
 _I_N, _I_SUM, _I_SQ, _I_MIN, _I_MAX, _I_ABS, _I_ZERO, _I_NAN, _I_INF = range(N_RAW)
 NONFINITE_FIELDS = slice(_I_NAN, _I_INF + 1)
-
-
-# numpy must not print "invalid value" warnings into the user's stderr when a
-# tensor holds NaN or Inf.
-_quiet = np.errstate(all="ignore")
 
 
 def empty_raw() -> np.ndarray:

@@ -1,0 +1,50 @@
+"""numpy's floating-point warnings off, cheaply.
+
+numpy must not print "invalid value" or "overflow" warnings into the user's
+stderr when a tensor holds NaN or Inf.  ``np.errstate(all="ignore")`` builds
+its error state anew at every entry (~5 us in a step's hook, with the caches
+cold); ``Quiet`` and ``quiet`` set one built once (numpy 2's context
+variable; with another numpy they are np.errstate).
+"""
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+try:
+    from numpy._core._ufunc_config import _extobj_contextvar as _ERRSTATE, _make_extobj
+    _IGNORE = _make_extobj(all="ignore")
+except (ImportError, AttributeError, TypeError):      # pragma: no cover (numpy < 2)
+    _ERRSTATE = None
+
+
+class Quiet:
+    """``with Quiet():`` is ``with np.errstate(all="ignore"):``, cheaper."""
+    __slots__ = ("_token",)
+
+    def __enter__(self):
+        self._token = _ERRSTATE.set(_IGNORE) if _ERRSTATE is not None else np.errstate(all="ignore")
+        if _ERRSTATE is None:
+            self._token.__enter__()
+
+    def __exit__(self, *exc):
+        if _ERRSTATE is not None:
+            _ERRSTATE.reset(self._token)
+        else:
+            self._token.__exit__(*exc)
+
+
+def quiet(func):
+    """Decorator: ``func`` runs under ``Quiet``."""
+    if _ERRSTATE is None:                             # pragma: no cover
+        return np.errstate(all="ignore")(func)
+
+    @functools.wraps(func)
+    def inner(*args, **kwargs):
+        token = _ERRSTATE.set(_IGNORE)
+        try:
+            return func(*args, **kwargs)
+        finally:
+            _ERRSTATE.reset(token)
+    return inner
