@@ -48,10 +48,10 @@ def cli():
 @click.option("--every", type=int, metavar="N", help="Record every N-th step (default: every step).")
 @click.option("--steps", "steps_range", metavar="A:B", help="Record only steps A to B-1 (A: or :B open).")
 @click.option("--full-every", type=int, metavar="N",
-              help="Measure all ten statistics every N-th recorded step (default 16; 1 = every step); "
+              help="Measure all ten statistics every N-th recorded step (default 32; 1 = every step); "
                    "the steps between measure count, norm and NaN/Inf (the loss: all ten).")
 @click.option("--act-every", type=int, metavar="N",
-              help="Record module outputs on the first 20 recorded steps, then every N-th (default 16; "
+              help="Record module outputs on the first 20 recorded steps, then every N-th (default 32; "
                    "1 = every step) and at full steps.")
 @click.option("--flush-every", "flush_steps", type=click.IntRange(min=1), default=500, show_default=True,
               metavar="N", help="Write the buffered steps to the trace every N steps...")

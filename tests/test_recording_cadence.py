@@ -1,5 +1,5 @@
 """What is measured on which step (the default recording's cadence): norms
-every step, activations on the first 20 steps then one in 16 (--act-every),
+every step, activations on the first 20 steps then one in 32 (--act-every),
 all ten statistics at full steps; the rules on observed steps; the rules'
 probes and PyTorch's global module hooks only in the steps that need them."""
 import json
@@ -24,7 +24,7 @@ from nndb.tracer import stats as S
 def test_activation_schedule_default_and_every_step():
     s = RecordSchedule()
     got = [step for step in range(45) if s.acts(step)]
-    assert got == list(range(20)) + [32]                                # (full steps: 0, 16, 32)
+    assert got == list(range(20)) + [32]                                # (full steps: 0, 32, 64)
     assert all(RecordSchedule.parse(act_every=1).acts(step) for step in range(100))
     every2 = RecordSchedule.parse(every=2)                                # counted in recorded steps
     assert [step for step in range(80) if every2.acts(step)] == list(range(0, 40, 2)) + [64]
@@ -32,16 +32,16 @@ def test_activation_schedule_default_and_every_step():
     assert window.acts(100) and window.acts(119) and not window.acts(121) and window.acts(132)
     with pytest.raises(UsageError, match="--act-every must be a positive"):
         RecordSchedule.parse(act_every=0)
-    assert "activations the first 20 recorded steps, then every 16" in s.describe()
+    assert "activations the first 20 recorded steps, then every 32" in s.describe()
 
 
 def test_full_steps_are_observed_steps():
     # a full step records activations: off the observed steps it would pay for them a second time
     s = RecordSchedule()
     full = [step for step in range(100) if s.full(step)]
-    assert full == [0, 16, 32, 48, 64, 80, 96]
+    assert full == [0, 32, 64, 96]
     assert all(base.observed(step) and s.acts(step) for step in full)
-    assert "full statistics every 16 recorded step(s)" in s.describe()
+    assert "full statistics every 32 recorded step(s)" in s.describe()
 
 
 # -- the statistics of the steps between full ones ------------------------------------------------
@@ -174,9 +174,9 @@ def test_module_hooks_and_probes_only_in_the_steps_that_need_them(tmp_path, caps
     res = run_in_process(tmp_path, str(script))
     seen = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     ours = [n - before for n in seen]
-    # steps 0..19 and every 16th (activations, the ReLU probe; the input probes sample on
+    # steps 0..19 and every 32nd (activations, the ReLU probe; the input probes sample on
     # observed steps): both hooks in; the others: none
-    assert ours == [2 if (s < 20 or s % 16 == 0) else 0 for s in range(40)]
+    assert ours == [2 if (s < 20 or s % base.EVERY == 0) else 0 for s in range(40)]
     assert len(torch_module._global_forward_hooks) + len(torch_module._global_forward_pre_hooks) == before
     assert res.session.rules is not None
 

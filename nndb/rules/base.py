@@ -34,12 +34,13 @@ ACTIONS = ("warn", "stop", "fail")
 # Trends (a gradient growing, a loss not going down, a layer dying) do not
 # need every step: every step for the first SETTLE, then one step in EVERY.
 # An observed step also records activations and all ten statistics (the
-# rules read them), which on the tiny MLP of scripts/bench.py costs about as
-# much as a plain step (callgrind: ~2M instructions against 2.3M): at one in
-# 8 that was a tenth of the recording's cost.  At one in 16 a trend of 3
-# observed steps is reported 48 steps after it starts; the bugs of the first
-# steps (a wrong initial loss, dead units from the start) show in SETTLE.
-SETTLE, EVERY = 20, 16
+# rules read them), which on the tiny MLP of scripts/bench.py costs more
+# than a plain step (callgrind: ~2.8M instructions with the rules, against
+# 2.3M): at one in 16 that was 78K instructions a step, 11% of what nndb
+# adds to it.  At one in 32 a trend of 3 observed steps is reported 96 steps
+# after it starts; the bugs of the first steps (a wrong initial loss, dead
+# units from the start) show in SETTLE.
+SETTLE, EVERY = 20, 32
 
 
 def observed(step: int) -> bool:
