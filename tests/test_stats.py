@@ -206,3 +206,15 @@ def test_quiet_silences_numpy_and_gives_the_users_error_state_back():
             with Quiet():
                 1 / 0                                    # (an exception inside: the state still comes back)
         assert np.geterr()["divide"] == "raise"
+
+
+def test_quiet_falls_back_to_errstate_without_numpy_2s_context_variable(monkeypatch):
+    """(numpy 1.x has no numpy._core: Quiet and quiet are np.errstate there.)"""
+    from nndb.tracer import quiet as Q
+    monkeypatch.setattr(Q, "_ERRSTATE", None)
+    half = Q.quiet(lambda a: np.divide(a, 0))
+    with np.errstate(all="raise"):
+        with Q.Quiet():
+            assert np.isinf(np.ones(1) / 0).all()
+        assert np.isinf(half(np.ones(1))).all()
+        assert np.geterr()["divide"] == "raise"
