@@ -15,7 +15,7 @@ import numpy as np
 try:
     from numpy._core._ufunc_config import _extobj_contextvar as _ERRSTATE, _make_extobj
     _IGNORE = _make_extobj(all="ignore")
-except (ImportError, AttributeError, TypeError):      # pragma: no cover (numpy < 2)
+except (ImportError, AttributeError, TypeError):      # numpy 1.x: no numpy._core
     _ERRSTATE = None
 
 
@@ -24,27 +24,23 @@ class Quiet:
     __slots__ = ("_token",)
 
     def __enter__(self):
-        self._token = _ERRSTATE.set(_IGNORE) if _ERRSTATE is not None else np.errstate(all="ignore")
         if _ERRSTATE is None:
+            self._token = np.errstate(all="ignore")
             self._token.__enter__()
+        else:
+            self._token = _ERRSTATE.set(_IGNORE)
 
     def __exit__(self, *exc):
-        if _ERRSTATE is not None:
-            _ERRSTATE.reset(self._token)
-        else:
+        if _ERRSTATE is None:
             self._token.__exit__(*exc)
+        else:
+            _ERRSTATE.reset(self._token)
 
 
 def quiet(func):
     """Decorator: ``func`` runs under ``Quiet``."""
-    if _ERRSTATE is None:                             # pragma: no cover
-        return np.errstate(all="ignore")(func)
-
     @functools.wraps(func)
     def inner(*args, **kwargs):
-        token = _ERRSTATE.set(_IGNORE)
-        try:
+        with Quiet():
             return func(*args, **kwargs)
-        finally:
-            _ERRSTATE.reset(token)
     return inner
