@@ -100,13 +100,7 @@ def run(module, trace_path, every, steps_range, full_every, act_every, flush_ste
         options = DebugOptions(batch=batch, stop_at_start=not go, command_files=command_files,
                                eval_commands=eval_commands, no_rc=nx, report=report_path, rules=rules,
                                replica=replica, total_steps=total_steps, lineage=lineage)
-        if batch:
-            from .debugger.frontend import BatchFrontend
-            frontend = BatchFrontend()
-        else:
-            from .repl import ReplFrontend
-            frontend = ReplFrontend()
-        result = debug(config, options, frontend)
+        result = debug(config, options, _frontend(interactive=not batch))
     except NndbError as e:
         _fail(e)
     sys.exit(result.exit_code)
@@ -202,3 +196,29 @@ def main(argv=None) -> None:
 
 if __name__ == "__main__":
     main()
+
+
+def _frontend(interactive: bool, scripted: bool = False):
+    """The front end of a debugger session: the prompt_toolkit REPL at a
+    terminal, else batch mode (a scripted one for a replica of a test's session)."""
+    if scripted:
+        from .debugger.frontend import ScriptedFrontend
+        return ScriptedFrontend([])
+    if interactive:
+        from .repl import ReplFrontend
+        return ReplFrontend()
+    from .debugger.frontend import BatchFrontend
+    return BatchFrontend()
+
+
+def replica_main() -> None:
+    """The entry point of a respawned replica (nndb.timetravel.respawn)."""
+    import os
+    from .debugger.driver import DebugOptions, build_session
+    from .timetravel import respawn
+    chan, msg = respawn.connect()
+    if msg is None:
+        os._exit(3)
+    fe = _frontend(interactive=bool(msg.get("interactive")) and sys.stdin.isatty(),
+                   scripted=bool(msg.get("scripted")))
+    respawn.run(build_session(fe, DebugOptions(**respawn.session_options(msg))), chan, msg)

@@ -67,11 +67,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from nndb import runmeta  # noqa: E402
 from nndb.config import RecordSchedule, RunConfig  # noqa: E402
 from nndb.launcher import Target  # noqa: E402
+from nndb.debugger.driver import DebugOptions, build_session  # noqa: E402
 from nndb.debugger.frontend import BatchFrontend  # noqa: E402
-from nndb.debugger.session import Session  # noqa: E402
-from nndb.rules.catalog import load as load_rules  # noqa: E402
 from nndb.runner import Recording  # noqa: E402
-from nndb.timetravel.machine import TimeMachine  # noqa: E402
 
 
 # -- workloads: (build(seed) -> (model, opt, batches), steps) -------------------
@@ -179,11 +177,8 @@ class _Quiet(BatchFrontend):
 
 
 def _session(rec, path, frontend=None):
-    session = Session(frontend or BatchFrontend(), interactive=False, stop_at_start=False,
-                      rules=load_rules(RULES))
-    session.machine = TimeMachine(REPLICA, rules_spec=RULES)
-    from nndb.lineage.control import LineageControl
-    session.lineage = LineageControl(LINEAGE)
+    session = build_session(frontend or BatchFrontend(), DebugOptions(
+        batch=True, stop_at_start=False, rules=RULES, replica=REPLICA, lineage=LINEAGE))
     session.attach(rec, path)
     return session
 

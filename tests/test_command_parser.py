@@ -19,7 +19,7 @@ from nndb.debugger import points as P
 from nndb.debugger.commands import TABLE
 from nndb.debugger.commands.breakpoints import _numbers
 from nndb.debugger.commands.inspect import _info_arg
-from nndb.debugger.driver import DebugOptions, debug
+from nndb.debugger.driver import DebugOptions, build_session, debug
 from nndb.debugger.frontend import ScriptedFrontend
 from nndb.debugger.session import Session
 from nndb.errors import CommandError
@@ -111,8 +111,7 @@ LINES = st.lists(ANY_LINE, min_size=1, max_size=4)
 def _reset(s: Session, frame_index: int) -> None:
     """Undo what an example's commands asked of the run (they only set flags:
     the run goes on only when read_line returns)."""
-    s.resume_requested = s.kill_requested = s.restart_requested = s.quit_requested = False
-    s.mode, s.count, s.until_step = "continue", 0, None
+    s.reset_run_control()
     s.queue.clear()
     if s.frames:
         s.frame_index = frame_index
@@ -184,7 +183,7 @@ def _fuzz_run(tmp_path, monkeypatch, script, lines, args=(), max_examples=150):
 @given(LINES)
 def test_no_run_never_raises(lines):
     fe = ScriptedFrontend([], answers=[])
-    s = Session(fe, interactive=True)
+    s = build_session(fe, DebugOptions())
     _check_lines(s, fe, lines)
 
 
@@ -192,7 +191,7 @@ def test_no_run_never_raises(lines):
 @given(LINES)
 def test_batch_session_without_a_run_never_raises(lines):
     fe = ScriptedFrontend([])
-    s = Session(fe, interactive=False)
+    s = build_session(fe, DebugOptions(batch=True))
     _check_lines(s, fe, lines)
 
 

@@ -392,11 +392,12 @@ def test_commands_block_ends_with_its_file(tmp_path):
     import io
 
     from nndb.debugger.frontend import BatchFrontend
-    from nndb.debugger.session import QueuedLine, Session
+    from nndb.debugger.driver import DebugOptions, build_session
+    from nndb.debugger.session import QueuedLine
 
     path = _write(tmp_path / "noend.nndb", "break step 1\ncommands\nsilent\np 1\n")
     out, err = io.StringIO(), io.StringIO()
-    s = Session(BatchFrontend(out, err), interactive=False, stop_at_start=False)
+    s = build_session(BatchFrontend(out, err), DebugOptions(batch=True, stop_at_start=False))
     s.queue_lines(rcfiles.read_command_file(path) + [QueuedLine('p "E1"'), QueuedLine("end")])
     s.interact()
     msg = f"{path}:2: 'commands' without a closing 'end'"

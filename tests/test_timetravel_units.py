@@ -5,11 +5,11 @@ import threading
 import pytest
 
 from nndb.debugger import points as P
+from nndb.debugger.driver import DebugOptions, build_session
 from nndb.debugger.frontend import ScriptedFrontend
-from nndb.debugger.session import QueuedLine, Session
+from nndb.debugger.session import QueuedLine
 from nndb.timetravel import forking
 from nndb.timetravel.channel import Channel
-from nndb.timetravel.handover import export_state, import_state
 from nndb.timetravel.machine import TimeMachine
 
 
@@ -25,9 +25,7 @@ def test_channel_carries_json_and_reports_a_closed_end():
 
 
 def _session(lines=()):
-    s = Session(ScriptedFrontend(list(lines)), interactive=True, stop_at_start=False)
-    s.machine = TimeMachine()
-    return s
+    return build_session(ScriptedFrontend(list(lines)), DebugOptions(stop_at_start=False))
 
 
 def test_handover_round_trip_keeps_points_displays_queue_and_input():
@@ -37,17 +35,20 @@ def test_handover_round_trip_keeps_points_displays_queue_and_input():
                               "value": 10.0, "consecutive": 3})
     w.hits, w.streak["fc.weight"] = 2, 1
     s.points[1].commands = ["p $loss", "continue"]
-    s.displays.append((1, "$step", compile("1", "<d>", "eval")))
-    s._next_display = 2
+    s.new_display("$step", compile("1", "<d>", "eval"))
+    s.rules.rule("nonfinite").action = "fail"
+    s.rules.set_enabled("dead_relu", False)
     s.queue.append(QueuedLine("info checkpoints", "cmds.nndb", 4))
     s.machine.timelines.append({"id": 1, "origin": "step 3 of timeline 0", "change": "set lr 1", "status": "left"})
-    state = export_state(s)
+    state = s.snapshot()
     t = _session()
-    import_state(t, state)
+    t.restore(state)
     assert [type(p).__name__ for p in t.points.values()] == ["StepBreak", "Watch"]
     assert t.points[1].condition == "$loss > 1" and t.points[1].commands == ["p $loss", "continue"]
     assert t.points[2].hits == 2 and t.points[2].streak == {"fc.weight": 1} and t.points[2].value == 10.0
-    assert t._next_number == 3 and [d[:2] for d in t.displays] == [(1, "$step")]
+    assert t.add_point(P.StepBreak, {"step": 9}).number == 3 and [d[:2] for d in t.displays] == [(1, "$step")]
+    assert t.new_display("$loss", compile("1", "<d>", "eval")) == 2
+    assert t.rules.rule("nonfinite").action == "fail" and not t.rules.rule("dead_relu").enabled
     assert [(q.text, q.source, q.line) for q in t.queue] == [("info checkpoints", "cmds.nndb", 4)]
     assert t.frontend.lines == ["next", "p x"]
     assert [tl["id"] for tl in t.machine.timelines] == [0, 1]

@@ -1,5 +1,10 @@
 """``nndb run`` under the debugger: the session, the runs (``run`` starts the
-script again), the exit code and the report.  UI-free: the front end is given."""
+script again), the exit code and the report.  UI-free: the front end is given.
+
+``build_session`` is the one place a debugger session is put together (the
+engine, its command table and renderer, the rules, the time machine, the
+lineage policy): ``nndb run``, a respawned replica and any other front end
+all get theirs from it."""
 from __future__ import annotations
 
 import dataclasses
@@ -11,8 +16,13 @@ from typing import Callable, Optional
 
 from ..config import RunConfig
 from ..errors import EXIT_FAIL_ACTION, EXIT_USAGE
+from ..lineage.control import LineageControl
+from ..render import debug as renderer
+from ..rules.catalog import load as load_rules
 from ..runner import RunResult, record
+from ..timetravel.machine import TimeMachine
 from . import rcfiles, report
+from .commands import TABLE
 from .session import Session
 
 
@@ -52,17 +62,23 @@ def next_trace_path(path: str, run: int) -> str:
     return candidate
 
 
+def build_session(frontend, options: DebugOptions) -> Session:
+    """A debugger session for ``frontend`` (anything with ``read_line``,
+    ``confirm``, ``message``, ``error``).  A bad rule file fails here, before
+    any script runs."""
+    interactive = not options.batch
+    return Session(frontend, TABLE, renderer, interactive=interactive,
+                   stop_at_start=interactive and options.stop_at_start,
+                   rules=load_rules(options.rules),
+                   machine=TimeMachine(options.replica, options.total_steps, rules_spec=options.rules or "none",
+                                       lineage_spec=options.lineage),
+                   lineage=LineageControl(options.lineage))
+
+
 def debug(config: RunConfig, options: DebugOptions, frontend,
           message: Callable[[str], None] = _stderr) -> DebugResult:
     interactive = not options.batch
-    from ..rules.catalog import load as load_rules
-    engine = load_rules(options.rules)           # a bad rule file fails here, before the script runs
-    session = Session(frontend, interactive=interactive,
-                      stop_at_start=interactive and options.stop_at_start, rules=engine)
-    from ..timetravel.machine import TimeMachine
-    session.machine = TimeMachine(options.replica, options.total_steps, rules_spec=options.rules or "none")
-    from ..lineage.control import LineageControl
-    session.lineage = LineageControl(options.lineage)
+    session = build_session(frontend, options)
     session.queue_lines(rcfiles.startup_lines(list(options.command_files), list(options.eval_commands),
                                               options.no_rc, message))
     result: Optional[RunResult] = None
@@ -75,7 +91,6 @@ def debug(config: RunConfig, options: DebugOptions, frontend,
             # The last run's objects (in reference cycles) go now: the tracer
             # counts the optimizers alive to choose how steps end.
             gc.collect()
-        session.restart_requested = False
         result = record(cfg, message, session=session)
         if first_path is None:
             first_path = result.trace_path

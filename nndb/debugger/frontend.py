@@ -56,6 +56,14 @@ class ScriptedFrontend(BatchFrontend):
         self.output.append(question + ("y" if ans else "n"))
         return ans
 
+    def snapshot(self) -> dict:
+        """The unread input, handed to a replica that takes the terminal."""
+        return {"lines": list(self.lines), "answers": list(self.answers)}
+
+    def restore(self, state: dict) -> None:
+        self.lines[:] = state.get("lines", [])
+        self.answers[:] = state.get("answers", [])
+
     @property
     def text(self) -> str:
         return "\n".join(self.output)

@@ -16,6 +16,8 @@ the objects cannot drift apart.  Parse errors raise ``CommandError``.
 """
 from __future__ import annotations
 
+import dataclasses
+
 import fnmatch
 import math
 import operator
@@ -176,6 +178,26 @@ class Watch(Point):
         if hit is not None:
             self.streak[hit["tensor"]] = 0
         return hit
+
+
+_PORTABLE = {cls.__name__: cls for cls in (StepBreak, ModuleBreak, ExprBreak, Watch, CatchPoint)}
+
+
+def is_portable(p: Point) -> bool:
+    """A point a replica can take over (as plain data)."""
+    return type(p).__name__ in _PORTABLE
+
+
+def point_to_dict(p: Point) -> dict:
+    d = dataclasses.asdict(p)
+    d["type"] = type(p).__name__
+    return d
+
+
+def point_from_dict(d: dict) -> Optional[Point]:
+    d = dict(d)
+    cls = _PORTABLE.get(d.pop("type", ""))
+    return cls(**d) if cls is not None else None
 
 
 def split_action(text: str) -> tuple[str, bool]:

@@ -61,7 +61,7 @@ class RunQueries:
         # Only this run's: an earlier run's (before 'run') may still be alive.
         # (One made before the run but stepped in it is this run's too.)
         earlier = getattr(self, "_earlier_optimizers", ())
-        stepped = getattr(self.rec.tracer, "_opt_seen", ())
+        stepped = self.rec.tracer.optimizers()
         ours = [o for o in find_optimizers() if o not in earlier or o in stepped]
         # Name them from the script's frames, as the tracer does when it first
         # sees one step: the first name asked for is kept for the whole run.

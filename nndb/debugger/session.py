@@ -16,31 +16,33 @@ and ``interactive``.  The REPL (nndb.repl) and batch mode
 from __future__ import annotations
 
 import collections
+import contextlib
 import threading
-from dataclasses import dataclass
 from typing import Optional
 
 from ..errors import CommandError, KillRun, RestartRun
 from . import evaluate as E
 from . import points as P
+from .command_loop import CommandLoop, QueuedLine  # noqa: F401  (QueuedLine: part of the API)
 from .queries import RunQueries
 from .stoppoints import Stop, StopPoints
 
 
-@dataclass
-class QueuedLine:
-    text: str
-    source: Optional[str] = None   # file name (None: -e or typed)
-    line: int = 0
+class Session(CommandLoop, StopPoints, RunQueries):
+    """``commands`` (a CommandTable: ``dispatch``, ``lookup``, ``split``) and
+    ``renderer`` (``render(data)``, ``stop_line(session, stop)``) come from the
+    floors above, passed in by ``nndb.debugger.driver.build_session``: the
+    engine never imports the command table or a renderer."""
 
-
-class Session(StopPoints, RunQueries):
-    def __init__(self, frontend, interactive: bool = True, stop_at_start: bool = True, rules=None):
+    def __init__(self, frontend, commands, renderer, interactive: bool = True, stop_at_start: bool = True,
+                 rules=None, machine=None, lineage=None):
         self.frontend = frontend
+        self.table = commands
+        self.renderer = renderer
         self.rules = rules                   # nndb.rules.engine.RuleEngine, or None (--rules none)
-        self.machine = None                  # nndb.timetravel.machine.TimeMachine (checkpoints, replicas)
+        self.machine = machine               # nndb.timetravel.machine.TimeMachine (checkpoints, replicas)
         self.replica = None                  # in a replica process: its role (nndb.timetravel.roles)
-        self.lineage = None                  # nndb.lineage.control.LineageControl (op recorder policy)
+        self.lineage = lineage               # nndb.lineage.control.LineageControl (op recorder policy)
         if hasattr(frontend, "session"):
             frontend.session = self        # completion and the toolbar look at the session
         self.interactive = interactive
@@ -60,7 +62,6 @@ class Session(StopPoints, RunQueries):
         self.live = False
         self.ended: Optional[str] = None     # how the last run ended (status), or None
         self.state = "none"                  # none | live | post-mortem | exited
-        self.exit_reason = ""
         self.exit_code: Optional[int] = None
         self.runs = 0
         self.trace_path: Optional[str] = None
@@ -69,14 +70,11 @@ class Session(StopPoints, RunQueries):
         self.count = 0
         self.until_step: Optional[int] = None
         self._pending_start = stop_at_start
-        self._started = False
         self.interrupt_requested = False
         self.prompting = False               # at a stop: module calls and step ends made by
         #                                      the commands themselves (p model(x)) do not stop
-        self.resume_requested = False
-        self.kill_requested = False
-        self.restart_requested = False
-        self.quit_requested = False
+        self._resume = False                 # the prompt loop ends: a command resumed the run
+        self._end: Optional[str] = None      # what happens to the run: None | kill | restart | quit
         # where we are
         self.current: Optional[Stop] = None
         self.frames: list = []               # [(frame, lineno)], outermost first
@@ -90,8 +88,6 @@ class Session(StopPoints, RunQueries):
         self._source = None
         self._payload = self._module = None
         self._list_next = None               # where 'list' goes on: ((file, frame index), line)
-        from .commands import TABLE
-        self.table = TABLE
 
     # -- output -----------------------------------------------------------------
     def message(self, text: str) -> None:
@@ -111,10 +107,10 @@ class Session(StopPoints, RunQueries):
         self.last_step = None
         self._record_seen = None
         self._pending_start = (self.stop_at_start or bool(self.queue)) and self.replica is None
-        self._started = False
         self.mode, self.count, self.until_step = "continue", 0, None
         self.interrupt_requested = self.prompting = False
-        self.kill_requested = self.restart_requested = False
+        if self._end != "quit":
+            self._end = None
         for p in self.points.values():
             p.hits = 0                        # gdb counts the hits of each run
             if isinstance(p, P.Watch):
@@ -141,19 +137,14 @@ class Session(StopPoints, RunQueries):
         want_module = self._pending_start or self.mode == "step" or self.interrupt_requested or bool(modules)
         if self.mode == "detach" or (self.replica is not None and self.replica.replaying):
             want_module = False
-        t.on_module = self.on_module if want_module else None
-        t.want_backward = want_module and (self.mode == "step" or any(p.phase == "backward" for p in modules))
+        t.stop_in_modules(self.on_module if want_module else None,
+                          backward=self.mode == "step" or any(p.phase == "backward" for p in modules))
         # Someone at the prompt will look at every statistic; a watch may need
         # the ones measured only at full steps.
         needs_full = self.interactive or any(isinstance(p, P.Watch) and p.enabled and p.stat not in P.BASIC_STATS
                                              for p in self.points.values())
         needs_acts = any(isinstance(p, P.Watch) and p.enabled and p.kind == "act" for p in self.points.values())
-        rec = self.rec.recorder
-        rec.force_full, rec.force_acts = needs_full, needs_acts
-        if needs_full:
-            rec.full = True
-        if needs_full or needs_acts:
-            rec.acts = True
+        self.rec.recorder.require(full=needs_full, acts=needs_acts)
         if self.lineage is not None and not (self.replica is not None and self.replica.replaying):
             self.lineage.refresh(self._step_in_progress())     # (a catch point needs the op recorder)
 
@@ -173,7 +164,6 @@ class Session(StopPoints, RunQueries):
         self.live = False
         self.ended = status
         self.exit_code = exit_code
-        self.exit_reason = reason
         self.state = "exited"
         self.current = None
         self.frames = []
@@ -246,12 +236,11 @@ class Session(StopPoints, RunQueries):
         self._list_next = None        # 'list' starts again around the new line
         self.mode = "continue"
         self._record_stop(stop)
-        from ..render import debug as render
         # the start stop is shown at a prompt (as pdb shows its first line), never in batch mode
         silent = (stop.kind == "start" and not self.interactive) or \
             (stop.hits and all(p.silent for p, _ in stop.hits))
         if not silent:
-            self.message(render.stop_line(self, stop))
+            self.message(self.renderer.stop_line(self, stop))
         for p, _ in stop.hits:
             if p.temporary:
                 self.points.pop(p.number, None)
@@ -259,25 +248,21 @@ class Session(StopPoints, RunQueries):
                 self.failed_points.append(p.number if p.number is not None else p.rule.id)
         self._show_displays()
         tracer = self.rec.tracer if self.rec is not None else None
-        busy = tracer.busy if tracer is not None else 0
-        if tracer is not None:
-            tracer.busy = 0           # signals may interrupt the prompt
         try:
-            self.resume_requested = False     # (still set by the command that resumed the run)
-            self._run_point_commands(stop)
-            if not self.resume_requested:     # a 'continue' among the commands resumes at once
-                self.interact()
-            elif self.fail_fast():
-                self.kill_requested = True
+            with tracer.idle() if tracer is not None else contextlib.nullcontext():   # signals may interrupt the prompt
+                self._resume = False          # (still set by the command that resumed the run)
+                self._run_point_commands(stop)
+                if not self._resume:          # a 'continue' among the commands resumes at once
+                    self.interact()
+                elif self.fail_fast():
+                    self._end = "kill"
         finally:
             self.prompting = False
-            if tracer is not None:
-                tracer.busy = busy
             self.current = None if self.live else self.current
         self.sync_hooks()
-        if self.kill_requested:
+        if self._end in ("kill", "quit"):
             raise KillRun()
-        if self.restart_requested:
+        if self._end == "restart":
             raise RestartRun()
 
     def _record_stop(self, stop: Stop) -> None:
@@ -299,7 +284,7 @@ class Session(StopPoints, RunQueries):
     def _run_point_commands(self, stop: Stop) -> None:
         for p, _ in stop.hits:
             for text in p.commands:
-                if self.resume_requested:
+                if self._resume:
                     return
                 self.execute(text, source=f"commands {p.number}")
 
@@ -311,123 +296,75 @@ class Session(StopPoints, RunQueries):
             except CommandError as e:
                 self.message(f"{number}: {src} = <error: {e}>")
 
-    def interact(self) -> None:
-        """Read and run commands until one resumes the run."""
-        self.resume_requested = False
-        if self.fail_fast():
-            self.kill_requested = True
-            return
-        while not self.resume_requested:
-            if self.queue:
-                q = self.queue.popleft()
-                self.execute(q.text, q)
-                continue
-            if not self.interactive:
-                if self.fail_fast():         # the queued commands ran at a fail hit: stop now
-                    self.kill_requested = True
-                elif self.live:
-                    self.resume("continue")  # batch: nothing queued, go on
-                return                       # (the run is over: nothing to resume)
-            line = self.frontend.read_line(self.prompt())
-            if line is None:                   # Ctrl-D
-                self.execute("quit")
-                continue
-            if not line.strip():
-                if self.last_command is None:
-                    continue
-                line = self.last_command
-            else:
-                self.last_command = line if line.split()[0] not in ("run", "r") else None
-            self.execute(line)
-
-    def fail_fast(self) -> bool:
-        """Batch mode stops the run once a ``fail`` point hit and its commands ran."""
-        return not self.interactive and bool(self.failed_points) and self.live and not self.queue
-
-    def prompt(self) -> str:
-        where = self.machine.where(self) if self.machine is not None else ""
-        return f"(nndb {where}) " if where else "(nndb) "
-
+    # -- run control (bdb's set_* requests; the prompt loop ends after each) --------------
     def resume(self, mode: str, count: int = 0, until: Optional[int] = None) -> None:
+        """Resume the run: ``mode`` is continue | next (``count`` steps) | step |
+        finish | until (``until``: a step) | detach."""
         if self.state == "post-mortem" and mode == "continue":
-            self.resume_requested = True       # leaves the post-mortem, as in pdb
+            self._resume = True                # leaves the post-mortem, as in pdb
             return
         if not self.live:
             raise CommandError("The program is not being run.")
         self.mode, self.count, self.until_step = mode, count, until
-        self.resume_requested = True
+        self._resume = True
 
-    # -- commands ------------------------------------------------------------------------
-    def execute(self, text: str, source=None) -> None:
-        """Run one command line; errors print one line (``FILE:LINE: message`` for files)."""
-        self._source = source
-        try:
-            if self.replica is not None and self.machine is not None:
-                self._note_change(text)
-            result = self.table.dispatch(self, text)
-            if result is not None:
-                from ..render import debug as render
-                out = render.render(result)
-                if out:
-                    self.message(out)
-        except CommandError as e:
-            where = ""
-            if isinstance(source, QueuedLine) and source.source:
-                where = f"{source.source}:{source.line}: "
-            msg = f"{where}{e}"
-            self.error(msg)
-            if e.usage and not where:
-                self.error(f"usage: {e.usage}")
-            if isinstance(source, QueuedLine) and source.source:
-                self._file_error(source, msg)
-        except (KillRun, RestartRun, KeyboardInterrupt, SystemExit):
-            raise
-        except Exception as e:  # a bug in a command: one line, the session goes on
-            self.error(f"nndb: internal error in '{text.strip()}': {type(e).__name__}: {e}")
+    def set_continue(self) -> None:
+        self.resume("continue")
 
-    def _note_change(self, text: str) -> None:
-        word = self.table.split(text.strip())[0].partition("/")[0] if text.strip() else ""
-        try:
-            cmd = self.table.lookup(word) if word else None
-        except CommandError:
-            return
-        if cmd is not None and cmd.group == "changing":
-            self.machine.note_change(self, text.strip())
+    def set_next(self, count: int = 1) -> None:
+        self.resume("next", count)
 
-    def _file_error(self, source: QueuedLine, msg: str) -> None:
-        # the rest of that file is dropped (gdb stops reading a file at its first error)
-        self.queue = collections.deque(q for q in self.queue if q.source != source.source)
-        if not self.interactive:
-            self.command_file_error = msg
-            self.kill_requested = self.live
-            self.resume_requested = True
+    def set_step(self) -> None:
+        self.resume("step")
 
-    def queue_lines(self, lines: list) -> None:
-        self.queue.extend(lines)
+    def set_finish(self) -> None:
+        self.resume("finish")
 
-    def reading_from_terminal(self) -> bool:
-        return not isinstance(self._source, QueuedLine)
+    def set_until(self, step: int) -> None:
+        self.resume("until", until=step)
 
-    def read_block(self) -> list:
-        """The lines after ``commands`` up to ``end``: from the same command
-        file (or -e list) when the command came from one, else from the front end."""
-        lines = []
-        from_queue = isinstance(self._source, QueuedLine) or not self.interactive
-        # a file's block ends with that file (the next file's lines are not part of it)
-        same = self._source.source if isinstance(self._source, QueuedLine) else False
-        while True:
-            if from_queue:
-                if not self.queue or (same is not False and self.queue[0].source != same):
-                    raise CommandError("'commands' without a closing 'end'")
-                text = self.queue.popleft().text
-            else:
-                text = self.frontend.read_line(">")
-                if text is None:
-                    raise CommandError("'commands' without a closing 'end'")
-            if text.strip() == "end":
-                return lines
-            if text.strip():
-                lines.append(text.strip())
+    def set_detach(self) -> None:
+        self.resume("detach")
+
+    def request_kill(self) -> None:
+        """End the run (its trace is closed and kept); the session stays."""
+        self._end, self._resume = "kill", True
+
+    def request_restart(self) -> None:
+        """End the run and start the script again."""
+        self._end, self._resume = "restart", True
+
+    def request_quit(self) -> None:
+        """End the run, if one is live, and the session."""
+        self._end, self._resume = "quit", True
+
+    def become_replica(self, role) -> None:
+        """This process is now a replica (``role``: nndb.timetravel.roles); it
+        starts from a plain continue."""
+        self.replica = role
+        self.reset_run_control()
+
+    def reset_run_control(self) -> None:
+        """Plain continue, nothing requested: a replica starting from a checkpoint."""
+        self.mode, self.count, self.until_step = "continue", 0, None
+        self._pending_start = self.interrupt_requested = self._resume = False
+        self._end = None
+
+    @property
+    def kill_requested(self) -> bool:
+        return self._end in ("kill", "quit")
+
+    @property
+    def restart_requested(self) -> bool:
+        return self._end == "restart"
+
+    @property
+    def quit_requested(self) -> bool:
+        return self._end == "quit"
+
+    @property
+    def resume_requested(self) -> bool:
+        return self._resume
 
     # -- points ---------------------------------------------------------------------------
     def add_point(self, cls, fields: dict, condition: Optional[str] = None, temporary: bool = False,
@@ -440,8 +377,60 @@ class Session(StopPoints, RunQueries):
         self.sync_hooks()
         return p
 
+    def new_display(self, src: str, code) -> int:
+        number = self._next_display
+        self._next_display += 1
+        self.displays.append((number, src, code))
+        return number
+
     def point(self, number: int) -> P.Point:
         p = self.points.get(number)
         if p is None:
             raise CommandError(f"no breakpoint number {number}")
         return p
+
+    # -- what a replica hands back -----------------------------------------------------
+    # gdb does not roll breakpoints back: one set in the past is still set in
+    # the present.  Plain JSON-able data, never pickled objects.
+    def snapshot(self) -> dict:
+        """The state that passes between the live run and a replica when the
+        terminal changes hands: points, displays, queued commands, the rule
+        settings, the timelines and the front end's unread input."""
+        snap = getattr(self.frontend, "snapshot", None)
+        return {
+            "points": [P.point_to_dict(p) for p in self.points.values() if P.is_portable(p)],
+            "next_number": self._next_number,
+            "displays": [[n, src] for n, src, _ in self.displays],
+            "next_display": self._next_display,
+            "queue": [[q.text, q.source, q.line] for q in self.queue],
+            "last_command": self.last_command,
+            "frontend": snap() if snap is not None else None,
+            "rules": self.rules.settings() if self.rules is not None else None,
+            "timelines": self.machine.timelines if self.machine is not None else [],
+        }
+
+    def restore(self, state: dict) -> None:
+        self.points = {p.number: p for p in map(P.point_from_dict, state.get("points", [])) if p is not None}
+        self._next_number = max(self._next_number, int(state.get("next_number", 1)))
+        self.displays = []
+        for n, src in state.get("displays", []):
+            try:
+                self.displays.append((n, src, E.compile_expr(src)))
+            except CommandError:
+                pass
+        self._next_display = max(self._next_display, int(state.get("next_display", 1)))
+        self.queue.clear()
+        self.queue.extend(QueuedLine(t, src, line) for t, src, line in state.get("queue", []))
+        self.last_command = state.get("last_command")
+        restore = getattr(self.frontend, "restore", None)
+        if state.get("frontend") is not None and restore is not None:
+            restore(state["frontend"])
+        if state.get("rules") is not None and self.rules is not None:
+            self.rules.restore_settings(state["rules"])
+        if self.machine is not None and state.get("timelines"):
+            self.machine.timelines = state["timelines"]
+        self.sync_hooks()
+
+    def stop_frame(self):
+        """The script's frame at the current stop point (for expressions)."""
+        return E.stop_frame(self._hook_frame)

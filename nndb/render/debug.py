@@ -7,11 +7,11 @@ import os
 
 from tabulate import tabulate
 
+from .table import Table
 from .text import fmt
 
 
 def render(result) -> str:
-    from ..debugger.commands.table import Table
     if result is None:
         return ""
     if isinstance(result, str):

@@ -43,6 +43,23 @@ class RuleEngine:
         self._sync_probes()
         return r
 
+    def settings(self) -> list:
+        """What the prompt may change of each rule (enabled, action, severity,
+        thresholds), as plain data: a replica takes them over."""
+        return [{"id": r.id, "enabled": r.enabled, "action": r.action, "severity": r.severity,
+                 "params": dict(r.params)} for r in self.rules]
+
+    def restore_settings(self, settings: list) -> None:
+        by_id = {r.id: r for r in self.rules}
+        for d in settings:
+            r = by_id.get(d["id"])
+            if r is None:
+                continue
+            r.action, r.severity = d["action"], d["severity"]
+            r.params.update(d["params"])
+            if r.enabled != d["enabled"]:
+                self.set_enabled(r.id, d["enabled"])
+
     @staticmethod
     def check_action(action: str) -> str:
         if action not in ACTIONS:

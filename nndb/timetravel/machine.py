@@ -19,8 +19,8 @@ from typing import Optional
 
 from ..errors import CommandError
 from . import forking
+from .respawn import spawn
 from .channel import Channel
-from .handover import export_state, import_state
 from .schedule import BUDGET, DiskSchedule, make_policy
 
 
@@ -37,13 +37,15 @@ class Checkpoint:
 
 class TimeMachine:
     def __init__(self, replica_mode: str = "auto", total_steps: Optional[int] = None,
-                 budget: float = BUDGET, max_live: int = 20, disk: bool = True, rules_spec: str = "default"):
+                 budget: float = BUDGET, max_live: int = 20, disk: bool = True, rules_spec: str = "default",
+                 lineage_spec: Optional[str] = None):
         self.mode = replica_mode          # auto | fork | respawn | off
         self.total_steps = total_steps
         self.budget = budget
         self.max_live = max_live
         self.disk = disk
-        self.rules_spec = rules_spec
+        self.rules_spec = rules_spec      # (a respawned replica builds its session from these)
+        self.lineage_spec = lineage_spec
         self.replica = False              # this process is a replica
         self.timeline = 0                 # the timeline this process is on
         self.changed = False              # a replica: something was changed here
@@ -200,11 +202,9 @@ class TimeMachine:
         self.checkpoints = {}
         s.rec.writer.detach()
         self.timeline = int(msg.get("timeline", 0))
-        import_state(s, msg["state"])
+        s.restore(msg["state"])
         role = make_role(msg["goal"], chan)
-        s.replica = role
-        s.mode, s.count, s.until_step = "continue", 0, None
-        s._pending_start = s.interrupt_requested = False
+        s.become_replica(role)
         role.begin(s)
         s.sync_hooks()
 
@@ -228,11 +228,10 @@ class TimeMachine:
             if self.mode == "auto":
                 s.error(f"nndb: {self.blocked or f'no checkpoint at or before step {start}'}: "
                         "replaying from the start in a new process (respawn)")
-            from .respawn import spawn
             goal = dict(goal, replayed_from=None)
             return self._wait(s, *spawn(s, self, goal))
         goal = dict(goal, replayed_from=ck.step)
-        ck.chan.send({"op": "resume", "goal": goal, "state": export_state(s), "timeline": self.timeline})
+        ck.chan.send({"op": "resume", "goal": goal, "state": s.snapshot(), "timeline": self.timeline})
         return self._wait(s, ck.chan, None)
 
     def _no_checkpoint(self, step: int) -> str:
@@ -266,7 +265,7 @@ class TimeMachine:
             raise CommandError("nndb: the replica ended without reporting back (it crashed?); "
                                "the live run is unchanged")
         if "state" in last:
-            import_state(s, last["state"])
+            s.restore(last["state"])
         return last
 
     def travel(self, s, target: int, then: str = "stop", why: str = "") -> None:
@@ -287,12 +286,9 @@ class TimeMachine:
                     continue
                 s.message("No earlier step where a breakpoint or watchpoint held.")
             if nxt == "quit":
-                s.quit_requested = True
-                s.kill_requested = s.live
-                s.resume_requested = True
+                s.request_quit()
             elif nxt == "run":
-                s.restart_requested = True
-                s.resume_requested = True
+                s.request_restart()
             else:
                 s.message(f"Back in the present (timeline 0): step {s.last_step}."
                           f"  ({time.perf_counter() - t0:.2f} s in the past)")
@@ -301,7 +297,7 @@ class TimeMachine:
     def hand_back(self, s, nxt: str, **extra) -> None:
         """In a replica: give the terminal back to the live run (this process ends)."""
         from .roles import finish
-        finish(s.replica.chan, dict({"op": "handback", "next": nxt, "state": export_state(s)}, **extra))
+        finish(s.replica.chan, dict({"op": "handback", "next": nxt, "state": s.snapshot()}, **extra))
 
     # -- timelines -----------------------------------------------------------------------
     def note_change(self, s, what: str) -> None:

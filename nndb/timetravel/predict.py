@@ -28,7 +28,7 @@ def _become_predictor(s, machine, chan, n: int, set_lines: list) -> None:
     machine.checkpoints = {}
     s.rec.writer.detach()
     role = Predict(chan, {"kind": "predict", "steps": n})
-    s.replica = role
+    s.become_replica(role)
     role.begin(s)                      # (output to /dev/null from here)
     s.queue.clear()                    # the rest of a command file is the live run's
     for line in set_lines:

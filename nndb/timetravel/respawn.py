@@ -5,9 +5,14 @@ the choice of ``--replica respawn``.
 
 What the new process needs comes from the live run's trace metadata
 (``meta["replay"]``: the initial states of Python's and NumPy's global
-generators, the hash seed, the thread count) and from the live session (the
-breakpoints, the queued commands).  torch's own generator needs nothing: it
-starts from a fixed seed unless the script seeds it, and then it does so again.
+generators, the hash seed, the thread count) and from the live session (its
+``snapshot()``: breakpoints, queued commands, rule settings).  torch's own
+generator needs nothing: it starts from a fixed seed unless the script seeds
+it, and then it does so again.
+
+The new process starts at ``nndb.cli.replica_main``: the front end is chosen
+at the top, the session is built by ``build_session`` as for ``nndb run``,
+and ``run`` here carries out the replica's part.
 """
 from __future__ import annotations
 
@@ -18,7 +23,8 @@ import sys
 import tempfile
 
 from .channel import Channel
-from .handover import export_state
+
+ENTRY = "from nndb.cli import replica_main; replica_main()"
 
 
 def spawn(s, machine, goal: dict):
@@ -35,17 +41,16 @@ def spawn(s, machine, goal: dict):
                 "may order sets and dicts of strings differently")
     for f in (sys.stdout, sys.stderr):
         f.flush()
-    cmd = [sys.executable, "-c", "from nndb.timetravel.respawn import main; main()"]
-    proc = subprocess.Popen(cmd, pass_fds=[child.fileno()], env=env, cwd=meta.get("cwd") or os.getcwd())
+    proc = subprocess.Popen([sys.executable, "-c", ENTRY], pass_fds=[child.fileno()], env=env,
+                            cwd=meta.get("cwd") or os.getcwd())
     child.close()
     chan = Channel(parent)
     t = s.rec.target
-    lines = getattr(s.frontend, "lines", None)
-    chan.send({"op": "resume", "goal": goal, "state": export_state(s), "timeline": machine.timeline,
+    chan.send({"op": "resume", "goal": goal, "state": s.snapshot(), "timeline": machine.timeline,
                "target": {"path": t.path, "module": t.module, "args": list(t.args)},
                "replay": replay, "interactive": s.interactive,
-               "scripted": isinstance(lines, list), "rules": machine.rules_spec,
-               "total_steps": machine.total_steps})
+               "scripted": hasattr(s.frontend, "snapshot"), "rules": machine.rules_spec,
+               "lineage": machine.lineage_spec, "total_steps": machine.total_steps})
     return chan, proc
 
 
@@ -63,45 +68,41 @@ def _restore_rng(replay: dict) -> None:
         torch.set_num_threads(int(replay["num_threads"]))
 
 
-def main() -> None:
-    """The respawned process: run the script under a replica session."""
+def connect():
+    """In the new process: the channel to the live run and its orders, or
+    (None, None) when the live run is gone."""
     fd = int(os.environ.pop("NNDB_REPLICA_FD"))
     chan = Channel(socket.socket(fileno=fd))
     msg = chan.recv()
     if msg is None:
-        os._exit(3)
+        return None, None
+    _restore_rng(msg.get("replay", {}))        # before anything of the script's can draw from them
+    return chan, msg
+
+
+def session_options(msg: dict) -> dict:
+    """The ``DebugOptions`` fields the replica's session is built with: those
+    of the live run's."""
+    return {"batch": not msg.get("interactive"), "stop_at_start": False, "rules": msg.get("rules") or "none",
+            "replica": "respawn", "total_steps": msg.get("total_steps"), "lineage": msg.get("lineage")}
+
+
+def run(s, chan, msg: dict) -> None:
+    """Run the script under the replica session ``s`` (built by build_session
+    from ``session_options(msg)``) until its role ends this process."""
     from ..config import RunConfig
-    from ..debugger.frontend import BatchFrontend, ScriptedFrontend
-    from ..debugger.session import Session
     from ..launcher import Target
     from ..runner import record
-    from .machine import TimeMachine
-    from .roles import make_role
-    from .handover import import_state
+    from . import roles
 
-    _restore_rng(msg.get("replay", {}))
-    if msg.get("scripted"):
-        frontend = ScriptedFrontend([])
-    elif msg.get("interactive") and sys.stdin.isatty():
-        from ..repl.app import ReplFrontend
-        frontend = ReplFrontend()
-    else:
-        frontend = BatchFrontend()
-    rules = None
-    if msg.get("rules") and msg["rules"] != "none":
-        from ..rules.catalog import load
-        rules = load(msg["rules"])
-    s = Session(frontend, interactive=bool(msg.get("interactive")), stop_at_start=False, rules=rules)
-    machine = TimeMachine("respawn", msg.get("total_steps"), rules_spec=msg.get("rules") or "none")
+    machine = s.machine
     machine.replica = True
     machine.timeline = int(msg.get("timeline", 0))
-    s.machine = machine
-    role = make_role(msg["goal"], chan)
-    s.replica = role
-    import_state(s, msg["state"])
+    role = roles.make_role(msg["goal"], chan)
+    s.become_replica(role)
+    s.restore(msg["state"])
     tgt = msg["target"]
     d = tempfile.mkdtemp(prefix="nndb-replica-")
-    from . import roles
     roles.CLEANUP.append(d)
     cfg = RunConfig(Target(tgt.get("path"), tgt.get("module"), tgt.get("args") or []),
                     trace_path=os.path.join(d, "replica.h5"), quiet=True)

@@ -24,7 +24,6 @@ from typing import Optional
 from ..debugger import evaluate as E
 from ..debugger.stoppoints import Stop
 from . import forking
-from .handover import export_state
 
 
 CLEANUP: list = []      # directories a respawned replica made (removed as it ends)
@@ -79,13 +78,13 @@ class Role:
             return r
         if r is None and stop.hits:
             self.intercept(s, stop)            # (a scan notes the hits of the stop it resumed at)
-        s.mode = "continue"
+        s.reset_run_control()
         return None
 
     def run_ended(self, s, status: str, reason: str) -> None:
         # quit and run act on the live run; kill (or the script's end) ends this replica
         nxt = "quit" if s.quit_requested else "run" if s.restart_requested else "present"
-        finish(self.chan, {"op": "handback", "next": nxt, "state": export_state(s),
+        finish(self.chan, {"op": "handback", "next": nxt, "state": s.snapshot(),
                            "ended": status, "reason": reason})
 
 
@@ -160,7 +159,7 @@ class Scan(Role):
             return "skip"
         self.result["last"] = step
         if self.exprs:
-            frame = E.stop_frame(s._hook_frame)
+            frame = s.stop_frame()
             for src, code in self.exprs:
                 try:
                     v = E.evaluate(code, frame, s.variables(frame, step_end=True))
@@ -181,7 +180,7 @@ class Scan(Role):
         data = s.lineage.live(step)
         if data is not None:
             self.result["lineage"][str(step)] = data
-        frame = E.stop_frame(s._hook_frame)
+        frame = s.stop_frame()
         for src in self.resolve:
             try:
                 v = E.evaluate(E.compile_expr(src), frame, s.variables(frame, step_end=True))

@@ -14,6 +14,7 @@ reported once on stderr and recording stops; training goes on untouched.
 """
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import sys
@@ -137,6 +138,22 @@ class Tracer:
         self._failed = False
         self._in_hook = False
         self._thread = threading.get_ident()
+
+    # -- what the debugger asks of the tracer ---------------------------------
+    def stop_in_modules(self, callback: Optional[Callable], backward: bool = False) -> None:
+        """Call ``callback(module, phase, payload)`` at every module forward
+        (and, with ``backward``, at every module's backward), or no more (None)."""
+        self.on_module = callback
+        self.want_backward = callback is not None and backward
+
+    @contextlib.contextmanager
+    def idle(self):
+        """nndb is waiting at a prompt inside a hook: signals may interrupt it."""
+        busy, self.busy = self.busy, 0
+        try:
+            yield
+        finally:
+            self.busy = busy
 
     # -- install / uninstall -----------------------------------------------
     def install(self) -> None:

@@ -196,6 +196,16 @@ class StepRecorder:
         self._by_sig: dict = {}             # (entry keys, blocks, losses qualified) -> that list
         self._others: tuple = (None, [])     # (cache key, params no optimizer holds)
 
+    def require(self, full: bool, acts: bool) -> None:
+        """Measure all statistics (``full``) and activations (``acts``) at every
+        recorded step from the step in progress on, whatever the schedule says
+        (a watchpoint needs them; someone at the prompt looks at them)."""
+        self.force_full, self.force_acts = full, acts
+        if full:
+            self.full = True
+        if full or acts:
+            self.acts = True
+
     @property
     def _cur(self) -> _Bucket:
         return self._buckets[-1]

@@ -70,8 +70,7 @@ def _kill(s, _):
     if s.interactive and not s.frontend.confirm("Kill the run being debugged? (y or n) "):
         s.message("Not confirmed.")
         return
-    s.kill_requested = True
-    s.resume_requested = True
+    s.request_kill()
 
 
 def _run(s, _):
@@ -79,18 +78,14 @@ def _run(s, _):
             "The run being debugged has been started already.  Start it from the beginning? (y or n) "):
         s.message("Program not restarted.")
         return
-    s.restart_requested = True
-    s.kill_requested = False
-    s.resume_requested = True
+    s.request_restart()
 
 
 def _quit(s, _):
     if s.live and s.interactive and not s.frontend.confirm("A run is active.  Kill it and quit? (y or n) "):
         s.message("Not confirmed.")
         return
-    s.quit_requested = True
-    s.kill_requested = s.live
-    s.resume_requested = True
+    s.request_quit()
 
 
 COMMANDS = [

@@ -38,9 +38,7 @@ def _display(s, text):
         s._show_displays()
         return None
     code = E.compile_expr(text)
-    number = s._next_display
-    s._next_display += 1
-    s.displays.append((number, text.strip(), code))
+    number = s.new_display(text.strip(), code)
     if s.current is not None:
         try:
             return f"{number}: {text.strip()} = {E.safe_repr(E.evaluate(code, s.frame, s.variables(s.frame)))}"

@@ -15,14 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 from ...errors import CommandError
-
-
-@dataclass(frozen=True)
-class Table:
-    headers: tuple
-    rows: list
-    title: str = ""
-    empty: str = ""          # printed instead of an empty table
+from ...render.table import Table  # noqa: F401  (commands return it)
 
 
 def no_args(text: str):

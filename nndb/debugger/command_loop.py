@@ -1,0 +1,128 @@
+"""Reading and running commands: the queue (rc files, ``-x``, ``-e``), the
+front end's lines, one command line at a time through the command table.  A
+mixin of Session (the table, the front end and run control are the session's)."""
+from __future__ import annotations
+
+import collections
+from dataclasses import dataclass
+from typing import Optional
+
+from ..errors import CommandError, KillRun, RestartRun
+
+
+@dataclass
+class QueuedLine:
+    text: str
+    source: Optional[str] = None   # file name (None: -e or typed)
+    line: int = 0
+
+
+class CommandLoop:
+    def interact(self) -> None:
+        """Read and run commands until one resumes the run."""
+        self._resume = False
+        if self.fail_fast():
+            self._end = "kill"
+            return
+        while not self._resume:
+            if self.queue:
+                q = self.queue.popleft()
+                self.execute(q.text, q)
+                continue
+            if not self.interactive:
+                if self.fail_fast():         # the queued commands ran at a fail hit: stop now
+                    self._end = "kill"
+                elif self.live:
+                    self.resume("continue")  # batch: nothing queued, go on
+                return                       # (the run is over: nothing to resume)
+            line = self.frontend.read_line(self.prompt())
+            if line is None:                   # Ctrl-D
+                self.execute("quit")
+                continue
+            if not line.strip():
+                if self.last_command is None:
+                    continue
+                line = self.last_command
+            else:
+                self.last_command = line if line.split()[0] not in ("run", "r") else None
+            self.execute(line)
+
+    def fail_fast(self) -> bool:
+        """Batch mode stops the run once a ``fail`` point hit and its commands ran."""
+        return not self.interactive and bool(self.failed_points) and self.live and not self.queue
+
+    def prompt(self) -> str:
+        where = self.machine.where(self) if self.machine is not None else ""
+        return f"(nndb {where}) " if where else "(nndb) "
+
+    # -- commands ------------------------------------------------------------------------
+    def execute(self, text: str, source=None) -> None:
+        """Run one command line; errors print one line (``FILE:LINE: message`` for files)."""
+        self._source = source
+        try:
+            if self.replica is not None and self.machine is not None:
+                self._note_change(text)
+            result = self.table.dispatch(self, text)
+            if result is not None:
+                out = self.renderer.render(result)
+                if out:
+                    self.message(out)
+        except CommandError as e:
+            where = ""
+            if isinstance(source, QueuedLine) and source.source:
+                where = f"{source.source}:{source.line}: "
+            msg = f"{where}{e}"
+            self.error(msg)
+            if e.usage and not where:
+                self.error(f"usage: {e.usage}")
+            if isinstance(source, QueuedLine) and source.source:
+                self._file_error(source, msg)
+        except (KillRun, RestartRun, KeyboardInterrupt, SystemExit):
+            raise
+        except Exception as e:  # a bug in a command: one line, the session goes on
+            self.error(f"nndb: internal error in '{text.strip()}': {type(e).__name__}: {e}")
+
+    def _note_change(self, text: str) -> None:
+        word = self.table.split(text.strip())[0].partition("/")[0] if text.strip() else ""
+        try:
+            cmd = self.table.lookup(word) if word else None
+        except CommandError:
+            return
+        if cmd is not None and cmd.group == "changing":
+            self.machine.note_change(self, text.strip())
+
+    def _file_error(self, source: QueuedLine, msg: str) -> None:
+        # the rest of that file is dropped (gdb stops reading a file at its first error)
+        self.queue = collections.deque(q for q in self.queue if q.source != source.source)
+        if not self.interactive:
+            self.command_file_error = msg
+            self._end = "kill" if self.live else None
+            self._resume = True
+
+    def queue_lines(self, lines: list) -> None:
+        self.queue.extend(lines)
+
+    def reading_from_terminal(self) -> bool:
+        return not isinstance(self._source, QueuedLine)
+
+    def read_block(self) -> list:
+        """The lines after ``commands`` up to ``end``: from the same command
+        file (or -e list) when the command came from one, else from the front end."""
+        lines = []
+        from_queue = isinstance(self._source, QueuedLine) or not self.interactive
+        # a file's block ends with that file (the next file's lines are not part of it)
+        same = self._source.source if isinstance(self._source, QueuedLine) else False
+        while True:
+            if from_queue:
+                if not self.queue or (same is not False and self.queue[0].source != same):
+                    raise CommandError("'commands' without a closing 'end'")
+                text = self.queue.popleft().text
+            else:
+                text = self.frontend.read_line(">")
+                if text is None:
+                    raise CommandError("'commands' without a closing 'end'")
+            if text.strip() == "end":
+                return lines
+            if text.strip():
+                lines.append(text.strip())
+
