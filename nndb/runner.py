@@ -20,6 +20,7 @@ from .errors import (EXIT_OK, EXIT_SCRIPT_ERROR, EXIT_SIGINT, EXIT_SIGTERM, Kill
 from .store.writer import TraceWriter
 from .tracer.hooks import Tracer
 from .tracer.naming import Naming
+from .tracer.pipeline import CallAtStepEnd, Pipeline, WriteRecords
 from .tracer.recorder import StepRecorder
 
 
@@ -109,7 +110,10 @@ class _SignalGuard:
 class Recording:
     """The tracer, recorder and trace writer for one run, as a context manager:
     hooks are installed on entry and removed on exit.  ``close(status, code)``
-    ends the trace.  ``nndb run`` and scripts/bench.py both record through it."""
+    ends the trace.  ``nndb run`` and scripts/bench.py both record through it.
+
+    ``listeners`` is the run's step pipeline (nndb.tracer.pipeline): the
+    writer first, then what joins the run (``listeners.append``)."""
 
     def __init__(self, path: str, meta: dict, config: RunConfig,
                  message: Callable[[str], None] = _stderr,
@@ -119,8 +123,12 @@ class Recording:
         self.target = config.target
         self.writer = TraceWriter(path, meta, config.flush_steps, config.flush_secs, on_error=message)
         self.naming = Naming()
-        self.recorder = StepRecorder(self.naming, self.writer.append, config.schedule)
-        self.tracer = Tracer(self.recorder, self.naming, on_step_end=on_step_end, on_error=message)
+        self.pipeline = Pipeline([WriteRecords(self.writer)], on_error=message)
+        self.listeners = self.pipeline.listeners
+        if on_step_end is not None:
+            self.listeners.append(CallAtStepEnd(on_step_end))
+        self.recorder = StepRecorder(self.naming, self.pipeline.closed, config.schedule)
+        self.tracer = Tracer(self.recorder, self.naming, on_step_end=self.pipeline.step_ended, on_error=message)
 
     def __enter__(self) -> "Recording":
         self.tracer.install()
@@ -131,6 +139,7 @@ class Recording:
             self.tracer.finish()
         finally:
             self.tracer.uninstall()
+            self.pipeline.run_ended()
 
     def close(self, status: str = "finished", exit_code: int = 0, reason: str = "") -> None:
         self.writer.close(status, exit_code, reason)

@@ -96,7 +96,7 @@ class Capture:
     # -- installing -------------------------------------------------------------------
     def install(self) -> None:
         t = self.rec.tracer
-        t.on_step_end = self.step_end
+        self.rec.listeners.append(self)          # (joins the run's step pipeline)
         root, optimizer = self._guard(self.root), self._guard(self.optimizer)
 
         def on_root(module, args):
@@ -123,7 +123,8 @@ class Capture:
 
     def uninstall(self) -> None:
         t = self.rec.tracer
-        t.on_step_end = None
+        if self in self.rec.listeners:
+            self.rec.listeners.remove(self)
         for key, cb in self._hooks:
             cbs = t.probes.get(key, [])
             if cb in cbs:
@@ -140,6 +141,10 @@ class Capture:
                 if len(self.errors) < 3:
                     self.errors.append(f"{fn.__name__}: {type(e).__name__}: {e}")
         return call
+
+    def on_step(self, end) -> None:
+        if end.step is not None:
+            self.step_end(end.step)
 
     def step_end(self, step: int) -> None:
         self.steps_done = step + 1

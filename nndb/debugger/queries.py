@@ -126,7 +126,7 @@ class RunQueries:
     @property
     def record(self):
         """The last recorded step (StepRecord), or None."""
-        return self.rec.recorder.last if self.rec is not None else None
+        return self.latest_record
 
     def stat_rows(self, kind: Optional[str] = None) -> dict:
         """{kind: {name: StatRow}} of the last recorded step."""

@@ -1,8 +1,10 @@
 """The UI-free debugger: stop points, run control, breakpoints (bdb's role).
 
-The tracer calls ``on_step_end`` at every step boundary and, while something
-may stop inside a step, ``on_module`` at every module forward (and backward,
-through a hook on the module's output).  The session decides whether to stop;
+The run's step pipeline (nndb.tracer.pipeline) hands each step end to the
+session's listeners (nndb.debugger.listeners: rules, checkpoints, lineage,
+the stop check); while something may stop inside a step, the tracer calls
+``on_module`` at every module forward (and backward, through a hook on the
+module's output).  The session decides whether to stop;
 a stop runs the hit points' ``commands`` and then reads commands from the
 queue (rc and ``-x``/``-e`` files) and the front end, until one of them
 resumes the run.  Everything is printed through the front end's ``message``
@@ -23,6 +25,7 @@ from typing import Optional
 from ..errors import CommandError, KillRun, RestartRun
 from . import evaluate as E
 from . import points as P
+from .listeners import session_listeners
 from .command_loop import CommandLoop, QueuedLine  # noqa: F401  (QueuedLine: part of the API)
 from .queries import RunQueries
 from .stoppoints import Stop, StopPoints
@@ -80,7 +83,9 @@ class Session(CommandLoop, StopPoints, RunQueries):
         self.frames: list = []               # [(frame, lineno)], outermost first
         self.frame_index = 0
         self.last_step: Optional[int] = None  # the last step that finished
-        self._record_seen = None
+        self.latest_record = None            # the newest StepRecord handed on (what 'stats' shows)
+        self.rule_hits: list = []            # rule hits of the step end being checked
+        self._listeners: list = []           # this session's part of the run's step pipeline
         self._view_cache = (None, None)
         self._module_names: dict = {}        # id(module) -> (roots_version, name)
         self._main_thread = threading.main_thread().ident
@@ -105,7 +110,8 @@ class Session(CommandLoop, StopPoints, RunQueries):
         self.runs += 1
         self.trace_path = trace_path
         self.last_step = None
-        self._record_seen = None
+        self.latest_record = None
+        self.rule_hits = []
         self._pending_start = (self.stop_at_start or bool(self.queue)) and self.replica is None
         self.mode, self.count, self.until_step = "continue", 0, None
         self.interrupt_requested = self.prompting = False
@@ -116,8 +122,8 @@ class Session(CommandLoop, StopPoints, RunQueries):
             if isinstance(p, P.Watch):
                 p.baseline.clear()
                 p.streak.clear()
-        rec.tracer.on_step_end = self.on_step_end
-        self._rules_seen = None
+        self._listeners = session_listeners(self)
+        rec.listeners.extend(self._listeners)
         if self.rules is not None:
             self.rules.attach(rec)
         self.note_earlier_optimizers()
@@ -169,8 +175,8 @@ class Session(CommandLoop, StopPoints, RunQueries):
         self.frames = []
         self._hook_frame = self._payload = self._module = None   # keep none of the script's objects alive
         if self.rec is not None:
-            self.rec.tracer.on_module = None
-            self.rec.tracer.on_step_end = None
+            self.rec.tracer.stop_in_modules(None)
+            self.rec.listeners[:] = [x for x in self.rec.listeners if x not in self._listeners]
         if self.rules is not None:
             self.rules.detach()
         if self.lineage is not None:

@@ -56,20 +56,10 @@ def _with_rule_hits(stop: Optional[Stop], step: int, rule_hits: list) -> Stop:
 
 
 class StopPoints:
-    # -- stop points (called from the tracer's hooks) --------------------------------
-    def on_step_end(self, step: int) -> None:
-        self.last_step = step
-        if self.prompting:
-            return
-        rule_hits = []
-        if self.rules is not None:
-            rule_hits = self._run_rules()
-            if self.rec is not None:
-                self.rules.arm(self.rec.recorder.step)      # the probes the next step needs
-        if self.machine is not None:
-            self.machine.at_step_end(self, step)     # a checkpoint; a replica resumes from here
-        if self.lineage is not None:
-            self.lineage.at_step_end(self, step)     # the step's operations, if recorded
+    # -- stop points (from the run's step pipeline and the tracer's hooks) -------------
+    def check_stops(self, step: int, record, rule_hits: list) -> None:
+        """At the end of ``step`` (``record``: the newest record handed on
+        there, or None): stop if a point, a rule or run control says so."""
         role = self.replica
         if self.mode == "detach" and not self._pending_start and not rule_hits and role is None:
             return
@@ -79,7 +69,7 @@ class StopPoints:
             if stop == "skip":
                 stop = None
             elif stop is None:
-                stop = self._check_step_end(step)
+                stop = self._check_step_end(step, record)
             if rule_hits:
                 stop = _with_rule_hits(stop, step, rule_hits)
         except (KillRun, RestartRun):
@@ -148,13 +138,9 @@ class StopPoints:
     def _step_in_progress(self) -> int:
         return self.rec.recorder.step if self.rec is not None else 0
 
-    def _run_rules(self) -> list:
-        """The rules on the step just recorded: findings are printed and kept for
-        the report; those whose action is stop or fail become hits."""
-        record = self.rec.recorder.last if self.rec is not None else None
-        if record is None or record is self._rules_seen:
-            return []
-        self._rules_seen = record
+    def run_rules(self, record) -> list:
+        """The rules on one record: findings are printed and kept for the
+        report; those whose action is stop or fail become hits."""
         try:
             tracer = self.rec.tracer
             naming = self.rec.naming
@@ -180,12 +166,9 @@ class StopPoints:
                 self.failed_points.append(rule.id)
         return hits
 
-    def _check_step_end(self, step: int) -> Optional[Stop]:
+    def _check_step_end(self, step: int, record) -> Optional[Stop]:
         hits = []
-        record = self.rec.recorder.last if self.rec is not None else None
-        fresh = record is not None and record is not self._record_seen
-        if fresh:
-            self._record_seen = record
+        fresh = record is not None         # (a watch looks at each record once)
         for p in list(self.points.values()):
             if not p.enabled:
                 continue

@@ -96,7 +96,8 @@ def _quiet_in_child() -> None:
 class Tracer:
     """Watches an unmodified training script through global hooks.
 
-    ``on_step_end(step)`` is called at every step boundary, in the thread and
+    ``on_step_end(step)`` is called at every step boundary (the recording's
+    step pipeline, nndb.tracer.pipeline, hands the step on), in the thread and
     under the frame of the code that ended the step (the debugger stops
     there).  ``on_error(msg)`` reports an internal error once.
     """

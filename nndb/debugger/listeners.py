@@ -1,0 +1,74 @@
+"""The debugger's part of a run's step pipeline (nndb.tracer.pipeline), in
+the order the session joins it: what the prompt shows, the rules, time
+travel's checkpoints, lineage, and the decision to stop.  While the session
+is at a prompt, steps that the typed commands run (``p model(x)``) are
+recorded but neither checked nor stopped in."""
+from __future__ import annotations
+
+
+class _Listener:
+    def __init__(self, session):
+        self.session = session
+
+
+class StepSeen(_Listener):
+    """The last step that ended and the newest record: what the prompt shows."""
+
+    def on_step(self, end) -> None:
+        s = self.session
+        if end.records:
+            s.latest_record = end.records[-1]
+        if end.step is not None:
+            s.last_step = end.step
+
+
+class RuleCheck(_Listener):
+    """The rules on each record; hits (stop or fail actions) wait for StopCheck."""
+
+    def on_step(self, end) -> None:
+        s = self.session
+        if end.step is None or s.prompting:
+            return
+        s.rule_hits = [hit for record in end.records for hit in s.run_rules(record)]
+        s.rules.arm(s.rec.recorder.step)         # the probes the next step needs
+
+
+class Checkpoints(_Listener):
+    """Time travel's checkpoints (in a forked checkpoint, a replica resumes here)."""
+
+    def on_step(self, end) -> None:
+        s = self.session
+        if end.step is not None and not s.prompting:
+            s.machine.at_step_end(s, end.step)
+
+
+class LineageSteps(_Listener):
+    """The step's operations, when its lineage is recorded."""
+
+    def on_step(self, end) -> None:
+        s = self.session
+        if end.step is not None and not s.prompting:
+            s.lineage.at_step_end(s, end.step)
+
+
+class StopCheck(_Listener):
+    """Breakpoints, watchpoints, rule hits and run control: stop here or go on."""
+
+    def on_step(self, end) -> None:
+        s = self.session
+        if end.step is None or s.prompting:
+            return
+        hits, s.rule_hits = s.rule_hits, []
+        s.check_stops(end.step, end.record, hits)
+
+
+def session_listeners(s) -> list:
+    out = [StepSeen(s)]
+    if s.rules is not None:
+        out.append(RuleCheck(s))
+    if s.machine is not None:
+        out.append(Checkpoints(s))
+    if s.lineage is not None:
+        out.append(LineageSteps(s))
+    out.append(StopCheck(s))
+    return out
