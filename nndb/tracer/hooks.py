@@ -182,8 +182,8 @@ class Tracer:
     def _sync_forward(self) -> None:
         """At an optimizer step (a safe point: no module's forward is iterating
         PyTorch's global module hooks): the module hooks are in only for the
-        steps that need them.  Between them (activations are recorded on one
-        step in 32 after the first 20) a module call then costs nothing.  Needed
+        steps that need them.  Between them (activations are recorded on the
+        steps ``nndb.cadence.Cadence.acts`` names) a module call then costs nothing.  Needed
         for: activations, the rules' probes, the op recorder, a stop point in
         a module, and naming the models until step 0 ends (a model first
         called on a step without them is named at the next step with them)."""

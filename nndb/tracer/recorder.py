@@ -161,9 +161,11 @@ def first_float_tensor(out, depth: int = 0):
 class StepRecorder:
     """Accumulates one step's statistics and emits a StepRecord when it closes.
 
-    ``sink(record)`` receives every closed, recorded step.  ``schedule(step)``
-    says whether a step is recorded at all; ``schedule.full(step)``, if it
-    exists, whether its expensive statistics are measured.
+    ``sink(record)`` receives every closed, recorded step.  ``schedule`` is the
+    run's cadence (nndb.cadence.Cadence, or any callable): ``schedule(step)``
+    says whether a step is recorded at all; ``schedule.full(step)`` and
+    ``schedule.acts(step)``, if they exist, whether its expensive statistics
+    and its activations are measured.
     """
 
     def __init__(self, naming, sink: Callable[[StepRecord], None],
