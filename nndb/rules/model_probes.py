@@ -290,7 +290,7 @@ class ModelInputs(ModuleKeyed):
                 v = v[:: -(-v.numel() // INPUT_CAP)]
             v = v.float()
             lo, hi = torch.aminmax(v)
-            rms = torch.linalg.vector_norm(v) / math.sqrt(v.numel())     # (std_mean is 10x slower)
+            rms = torch.linalg.vector_norm(v) / math.sqrt(v.numel())     # (std_mean is far slower)
             w = v[:4096]             # integer-valued? (only a hint in the message): a few values do
             stats = torch.stack([lo, hi, v.mean(), rms, (w == w.round()).all().float()])
         roots[module] = {"stats": stats, "shape": tuple(x.shape), "dtype": _dtype(x)}

@@ -51,8 +51,8 @@ class StepRecord:
     @property
     def nonfinite(self) -> bool:
         """Does some tensor of the step hold a NaN or Inf?"""
-        # (count_nonzero: one plain C loop; a ufunc reduction's machinery costs
-        # ~25 us here, run once a step with the caches cold)
+        # count_nonzero is one plain C loop, where a ufunc reduction's machinery
+        # is costly with the caches cold, as they are once a step.
         return bool(np.count_nonzero(self.raw[:, S.NONFINITE_FIELDS]))
 
     @property
