@@ -38,7 +38,8 @@ class GradPresence(Probe):
         self._lacking: "weakref.WeakSet" = weakref.WeakSet()     # optimizers whose last check missed one
 
     def wants(self, step: int) -> bool:
-        return cadence.grad_presence(step) or bool(self._lacking)
+        # (cadence.grad_presence written out: the engine asks at every step)
+        return step % cadence.PRESENCE_EVERY == 0 or bool(self._lacking)
 
     def optimizer(self, opt, when: str) -> None:
         if when != "post":
