@@ -37,7 +37,7 @@ valgrind's callgrind (one thread, only the loop instrumented, time
 travel's checkpoints off: their schedule is on wall time), and the table
 gives instructions per step plain and recorded.  The counts are the
 same from run to run, so they show a change of one percent that the timed
-ratio, which moves by 0.05-0.15 between runs on a shared machine, cannot;
+ratio, which moves between runs on a shared machine, cannot;
 they leave out what time also pays (cache misses: nndb's code runs once a
 step between PyTorch's kernels, with the caches cold), so the timed ratio
 is the one the targets are about.
@@ -139,9 +139,8 @@ def transformer(seed):
 
 
 # (build, steps of a timed loop, steps of a counted or travelled one).  A timed
-# loop runs about 3 s: less noise than 1 s, and it pays for the aftermath of
-# the first checkpoint (taken in the warm-up) and for some of the later ones
-# (2% of the wall time: on the MLP one every 2.5-9 s).
+# loop runs about 3 s, long enough to pay for the aftermath of the first
+# checkpoint (taken in the warm-up) and for some of the later ones.
 WORKLOADS = {"mlp": (mlp, 2400, 600), "cnn": (cnn, 150, 60), "lstm": (lstm, 400, 100),
              "transformer": (transformer, 250, 100)}
 
@@ -336,8 +335,8 @@ def collected(stderr: str):
 def _instructions_child(name, recorded, steps, schedule):
     """Run under callgrind: the loop of ``steps`` steps after WARMUP, the only
     instrumented part.  One thread: a spinning OpenMP worker's instructions
-    vary from run to run.  Flushes by step count only (valgrind runs the loop
-    ~50x slower, which would make the 2 s flush come every few steps)."""
+    vary from run to run.  Flushes by step count only, since valgrind's
+    slowdown would make the 2 s flush come every few steps."""
     torch.set_num_threads(1)
     model, opt, crit, data = WORKLOADS[name][0](0)
     with tempfile.TemporaryDirectory() as tmpdir:

@@ -4,6 +4,10 @@ all ten statistics at full steps; the rules on observed steps; the rules'
 probes and PyTorch's global module hooks only in the steps that need them."""
 import json
 import math
+import os
+import subprocess
+import sys
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -11,6 +15,7 @@ from torch.nn.modules import module as torch_module
 
 from conftest import example, nndb, run_in_process
 
+from nndb import cadence
 from nndb.config import RecordSchedule
 from nndb.errors import UsageError
 from nndb.rules import base
@@ -42,6 +47,33 @@ def test_full_steps_are_observed_steps():
     assert full == [0, 32, 64, 96]
     assert all(base.observed(step) and s.acts(step) for step in full)
     assert "full statistics every 32 recorded step(s)" in s.describe()
+
+
+def test_one_cadence_answers_for_the_recorder_the_rules_and_the_probes():
+    from nndb.rules.bn_probe import BatchNormRunning
+    from nndb.rules.grad_rules import GradPresence, GradReset
+    from nndb.rules.model_probes import ModelInputs, ReluUnits
+    c = RecordSchedule()
+    for step in range(300):
+        m = c.at(step)
+        assert m.recorded and m.full == c.full(step) and m.acts == c.acts(step)
+        assert m.observed == base.observed(step) == ReluUnits.wants(step)
+        assert m.bn_stats == BatchNormRunning.wants(step) and m.input_probes == ModelInputs.wants(step)
+        assert m.grad_reset == cadence.grad_reset(step) and GradReset.wants(step) == (m.grad_reset or
+                                                                                       c.at(step + 1).grad_reset)
+        assert m.grad_presence == GradPresence.wants(SimpleNamespace(_lacking=()), step)
+        assert not m.big_acts or m.observed
+    assert not c.at(5).grad_presence and c.at(50).grad_reset and c.at(51).grad_reset and not c.at(52).grad_reset
+    assert c.at(64).input_probes and not c.at(32).input_probes
+    outside = RecordSchedule.parse(steps="100:200").at(50)
+    assert not any(outside)                                             # nothing measured off the recorded steps
+
+
+def test_readme_recording_table_matches_the_cadence():
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.run([sys.executable, os.path.join(root, "scripts", "gen_cadence_docs.py"), "--check"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
 
 
 # -- the statistics of the steps between full ones ------------------------------------------------

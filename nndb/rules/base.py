@@ -8,8 +8,8 @@ documented ``THRESHOLDS`` (name -> Threshold(default, why)).  The YAML rule
 file may change the action, severity and thresholds of any rule.
 
 ``check(ctx)`` is called with a StepContext and yields Findings, on the
-*observed* steps (``observed``: every recorded step for the first SETTLE
-steps, then one in EVERY; a rule's "consecutive steps" are consecutive
+*observed* steps (``nndb.cadence.observed``: every recorded step for the first
+SETTLE steps, then one in OBSERVE_EVERY; a rule's "consecutive steps" are consecutive
 observed steps), on every recorded step for a rule that sets ``EVERY_STEP``
 (nonfinite: where a NaN first appears), and on any step for which one of its
 probes has facts (probes keep their own cadence).  A rule keeps whatever history it needs on itself (``reset()``
@@ -29,23 +29,11 @@ from typing import Iterable, Optional
 
 import numpy as np
 
+# The observed steps are the cadence's, named here too because the rules count in them.
+from ..cadence import OBSERVE_EVERY as EVERY, SETTLE, observed  # noqa: F401
+
 SEVERITIES = ("error", "warning", "info")
 ACTIONS = ("warn", "stop", "fail")
-# Trends (a gradient growing, a loss not going down, a layer dying) do not
-# need every step: every step for the first SETTLE, then one step in EVERY.
-# An observed step also records activations and all ten statistics (the
-# rules read them), which on the tiny MLP of scripts/bench.py costs more
-# than a plain step (callgrind: ~2.8M instructions with the rules, against
-# 2.3M): at one in 16 that was 78K instructions a step, 11% of what nndb
-# adds to it.  At one in 32 a trend of 3 observed steps is reported 96 steps
-# after it starts; the bugs of the first steps (a wrong initial loss, dead
-# units from the start) show in SETTLE.
-SETTLE, EVERY = 20, 32
-
-
-def observed(step: int) -> bool:
-    return step < SETTLE or step % EVERY == 0
-
 
 STAT_INDEX = {n: i for i, n in enumerate(("count", "mean", "std", "min", "max", "norm", "mean_abs",
                                             "nan_count", "inf_count", "zero_frac"))}

@@ -16,7 +16,8 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from .base import EVERY, SETTLE, Rule, Threshold
+from .. import cadence
+from .base import Rule, Threshold
 from .probes import Probe, register
 from .series import num
 
@@ -34,10 +35,7 @@ class BatchNormRunning(Probe):
         super().__init__(rec)
         self._mods: dict = {}            # id -> module that ran in training mode this step
 
-    def wants(self, step: int) -> bool:
-        # running statistics drift slowly: every step for the first 20, then on
-        # the observed steps (one in 32: module hooks are in then anyway)
-        return step < SETTLE or step % EVERY == 0
+    wants = staticmethod(cadence.bn_stats)
 
     def forward(self, module, use: int, args, output) -> None:
         if not self.wants(self.rec.recorder.step):

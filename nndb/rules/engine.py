@@ -5,13 +5,14 @@ tensor or module) once, at its first occurrence.
 
 Which rule runs at a step (see nndb.rules.base): a rule that sets
 ``EVERY_STEP`` at every recorded step; a rule whose probes have facts for the
-step; the others at the observed steps (``base.observed``)."""
+step; the others at the observed steps (``nndb.cadence.observed``)."""
 from __future__ import annotations
 
 from typing import Iterable, Optional
 
+from ..cadence import observed
 from ..errors import UsageError
-from .base import ACTIONS, SEVERITIES, Finding, Rule, StepContext, observed
+from .base import Rule, StepContext
 from .probes import PROBES
 
 
@@ -59,18 +60,6 @@ class RuleEngine:
             r.params.update(d["params"])
             if r.enabled != d["enabled"]:
                 self.set_enabled(r.id, d["enabled"])
-
-    @staticmethod
-    def check_action(action: str) -> str:
-        if action not in ACTIONS:
-            raise UsageError(f"unknown action '{action}' (one of: {', '.join(ACTIONS)})")
-        return action
-
-    @staticmethod
-    def check_severity(severity: str) -> str:
-        if severity not in SEVERITIES:
-            raise UsageError(f"unknown severity '{severity}' (one of: {', '.join(SEVERITIES)})")
-        return severity
 
     # -- a run --------------------------------------------------------------------
     def attach(self, rec) -> None:
@@ -178,9 +167,6 @@ class RuleEngine:
                 out[naming.module_name(m)] = type(m).__name__
         self._types_cache = (naming, naming.roots_version, out)
         return out
-
-    def action_of(self, finding: Finding) -> str:
-        return self.rule(finding.rule).action
 
 
 def describe(engine: Optional[RuleEngine]) -> list:

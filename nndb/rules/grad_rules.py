@@ -17,6 +17,7 @@ import weakref
 
 import torch
 
+from .. import cadence
 from .base import Rule, Threshold
 from .probes import Probe, register
 
@@ -25,20 +26,20 @@ from .probes import Probe, register
 @register
 class GradPresence(Probe):
     """Which parameters of an optimizer (with requires_grad) have no ``.grad``
-    at its step.  Cheap: looked at on one step in ``EVERY`` while every
+    at its step.  Cheap: looked at on the steps ``cadence.grad_presence`` names while every
     parameter had a gradient (the probe is not even called on the others);
     once one is missing, at every step until it has a gradient again (so
     consecutive checks are consecutive steps)."""
     name = "grad_presence"
     OPTIMIZER = True
-    EVERY = 10
 
     def __init__(self, rec):
         super().__init__(rec)
         self._lacking: "weakref.WeakSet" = weakref.WeakSet()     # optimizers whose last check missed one
 
     def wants(self, step: int) -> bool:
-        return step % self.EVERY == 0 or bool(self._lacking)
+        # (cadence.grad_presence written out: the engine asks at every step)
+        return step % cadence.PRESENCE_EVERY == 0 or bool(self._lacking)
 
     def optimizer(self, opt, when: str) -> None:
         if when != "post":
@@ -136,19 +137,11 @@ class GradReset(Probe):
     least-squares a, b."""
     name = "grad_reset"
     OPTIMIZER = True
-    # Every step while the rule may still be building its streak, then one
-    # step pair in EVERY: a missing zero_grad() is a pattern of the code, seen
-    # at any step, and a check costs a few small tensor operations (about 0.1 ms
-    # a checked pair on the tiny MLP, with the tensor hook and the copies).
-    FIRST, EVERY = 6, 50
-
-    def _checked(self, step: int) -> bool:
-        return step < self.FIRST or step % self.EVERY in (0, 1)
-
-    def wants(self, step: int) -> bool:
-        """A checked step, and the step before it (which keeps its gradient and
-        puts the tensor hook on); the probe is not called on the others."""
-        return self._checked(step) or self._checked(step + 1)
+    # The checked steps are the cadence's (cadence.grad_reset), named here for readers of the probe.
+    FIRST, EVERY = cadence.RESET_FIRST, cadence.RESET_EVERY
+    # A checked step, and the step before it (which keeps its gradient and puts
+    # the tensor hook on); the probe is not called on the others.
+    wants = staticmethod(cadence.grad_reset_armed)
 
     def __init__(self, rec):
         super().__init__(rec)
@@ -198,7 +191,7 @@ class GradReset(Probe):
         # the next step is checked: keep this step's gradient and sum what comes
         # (the tensor hook is on the parameter only then: a Python call in every
         # backward pass costs a small model's step a few percent)
-        w.armed = self._checked(self.rec.recorder.step + 1)
+        w.armed = cadence.grad_reset(self.rec.recorder.step + 1)
         if w.armed and w.handle is None:
             w.handle = p.register_hook(self._hook(w))
         elif not w.armed and w.handle is not None:

@@ -22,11 +22,13 @@ import math
 
 import numpy as np
 
+from ..cadence import OBSERVE_EVERY, SETTLE
 from .base import Rule, Threshold
 from .series import MIN_ELEMENTS, Streaks, Tensors, also, fit, layout, num
 
 _EARLY = 5      # recorded steps whose median is a tensor's own reference value
-_STEPS = Threshold(3, "consecutive observed steps (every step for the first 20, then one in 32): a single spiky batch is not a trend; three in a row are")
+_STEPS = Threshold(3, f"consecutive observed steps (every step for the first {SETTLE}, then one in {OBSERVE_EVERY}): "
+                       "a single spiky batch is not a trend; three in a row are")
 
 
 def _spread(ctx, lay, me: int, limit: float):

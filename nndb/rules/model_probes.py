@@ -8,7 +8,7 @@ script uses, never a random number (the script's numbers stay
 bit-identical); only in steps that are recorded; on a sample of steps where a
 full pass over a big activation would cost too much (BIG_ELEMENTS), and on
 the first calls then a sample of steps for what does not change during a run
-(the data's scale, what the last layer outputs: SAMPLE_FIRST, SAMPLE_EVERY).
+(the data's scale, what the last layer outputs), on the steps nndb.cadence names.
 Results stay tensors until the rule reads them at the step's end (no device
 sync inside the forward pass).
 
@@ -33,29 +33,13 @@ import weakref
 import torch
 import torch.nn as nn
 
-from .base import EVERY, SETTLE, observed
+from .. import cadence
+from ..cadence import big_observed, observed
 from .probes import Probe, register
 
-# An activation bigger than this is looked at on one observed step in BIG_EVERY
-# (a pass over it costs about as much as recording it).
+# An activation bigger than this is looked at only on the cadence's big_observed
+# steps, because a pass over it costs about as much as recording it.
 BIG_ELEMENTS = 1 << 18
-BIG_EVERY = 2
-
-
-def big_observed(step: int) -> bool:
-    """The observed steps a big activation is looked at (every 2nd step for
-    the first 20, then every 32nd)."""
-    return (step // (1 if step < SETTLE else EVERY)) % BIG_EVERY == 0
-# Unit probes look at the rules' observed steps (base.observed): a dead or
-# saturated layer stays so, and the rules count consecutive observed steps (a
-# step without facts neither grows nor breaks a streak).
-# What does not change during a run is looked at on the first SAMPLE_FIRST calls,
-# then on one recorded step in SAMPLE_EVERY: a multiple of the observed steps'
-# EVERY, so that a sampled step is an observed one, whose module hooks are in
-# anyway (a step with the hooks in for one probe alone costs the tiny MLP
-# about 0.2 ms more).
-SAMPLE_FIRST = 10
-SAMPLE_EVERY = 2 * EVERY          # (one step in 64)
 
 
 def subclasses(*bases) -> tuple:
@@ -95,16 +79,12 @@ class StepProbe(Probe):
             del self._by_step[s]
         return out
 
-    def sampled_step(self, step: int) -> bool:
-        """The steps ``sample`` may say yes to (the first calls come in the first steps)."""
-        return step < 2 * SAMPLE_FIRST or step % SAMPLE_EVERY == 0
-
     def sample(self, module) -> bool:
         """For what does not change during a run (the data's scale, what the model's last
-        layer outputs): the first SAMPLE_FIRST calls, then one recorded step in SAMPLE_EVERY."""
+        layer outputs): a module's first calls, then a sample of steps (``cadence.sample_call``)."""
         n = self._seen.get(module, 0)
         self._seen[module] = n + 1
-        return n < SAMPLE_FIRST or self.recorder.step % SAMPLE_EVERY == 0
+        return cadence.sample_call(n, self.recorder.step)
 
 
 def unit_extremes(x: torch.Tensor, fn) -> dict:
@@ -141,8 +121,7 @@ class UnitProbe(StepProbe):
     HI = True
     LO = False
 
-    def wants(self, step: int) -> bool:
-        return observed(step)
+    wants = staticmethod(observed)
 
     def forward(self, module, use, args, output) -> None:
         if type(output) is not torch.Tensor or not self.recorder.recording or not torch.is_grad_enabled() \
@@ -225,8 +204,7 @@ class TrainMode(StepProbe):
     name = "train_mode"
     MODULE_TYPES = subclasses(nn.modules.dropout._DropoutNd, nn.modules.batchnorm._BatchNorm)
 
-    def wants(self, step: int) -> bool:
-        return observed(step)
+    wants = staticmethod(observed)
 
     def forward(self, module, use, args, output) -> None:
         if not self.recorder.recording or not torch.is_grad_enabled():
@@ -285,7 +263,7 @@ class ModelInputs(ModuleKeyed):
     does not change): see StepProbe.sample."""
     name = "model_inputs"
     ROOT = True
-    wants = StepProbe.sampled_step
+    wants = staticmethod(cadence.sampled)    # the steps ``sample`` may say yes to
 
     def __init__(self, rec):
         super().__init__(rec)
@@ -312,7 +290,7 @@ class ModelInputs(ModuleKeyed):
                 v = v[:: -(-v.numel() // INPUT_CAP)]
             v = v.float()
             lo, hi = torch.aminmax(v)
-            rms = torch.linalg.vector_norm(v) / math.sqrt(v.numel())     # (std_mean is 10x slower)
+            rms = torch.linalg.vector_norm(v) / math.sqrt(v.numel())     # (std_mean is far slower)
             w = v[:4096]             # integer-valued? (only a hint in the message): a few values do
             stats = torch.stack([lo, hi, v.mean(), rms, (w == w.round()).all().float()])
         roots[module] = {"stats": stats, "shape": tuple(x.shape), "dtype": _dtype(x)}
@@ -330,7 +308,7 @@ class LossInputs(ModuleKeyed):
     name = "loss_inputs"
     ROOT = True
     MODULE_TYPES = subclasses(nn.Softmax)
-    wants = StepProbe.sampled_step
+    wants = staticmethod(cadence.sampled)    # the steps ``sample`` may say yes to
 
     def __init__(self, rec):
         super().__init__(rec)

@@ -291,7 +291,7 @@ class InputRange(Rule):
     scale and are skipped; so is a model whose first module is a
     normalisation layer (BatchNorm, LayerNorm...: it scales its input).
     Looked at on the first 10 calls, then on one recorded step in 64
-    (model_probes.SAMPLE_FIRST, SAMPLE_EVERY), on at most 2^20 values of the
+    (nndb.cadence.SAMPLE_CALLS, SAMPLE_EVERY), on at most 2^20 values of the
     batch (a strided subset beyond)."""
     id = "input_range"
     severity = "warning"

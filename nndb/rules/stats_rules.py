@@ -24,7 +24,8 @@ from collections import deque
 
 import numpy as np
 
-from .base import Rule, Threshold, observed
+from ..cadence import observed
+from .base import Rule, Threshold
 from .bn_probe import BatchNormStats
 from .gradient_norms import ExplodingGradient, VanishingGradient
 from .series import MIN_ELEMENTS, Streaks, Tensors, also, by_group, fit, layout, num, optimizer_lr

@@ -29,12 +29,10 @@ import math
 #: does not see.
 MIN_COST_S = 0.002
 
-#: The default share of the wall time for automatic checkpoints.  On the tiny
-#: MLP of scripts/bench.py a checkpoint cost the run 95-150 ms in all (blocks
-#: of 800 steps with one against blocks without, interleaved), where the fork
-#: and the two steps after it came to ~40 ms: measured so, 5% made the MLP's
-#: loop 1.07x slower than without checkpoints.  The cost ``taken`` is told
-#: now counts 0.25 s of steps after the fork (TimeMachine.SETTLE_S).
+#: The default share of the wall time for automatic checkpoints: small,
+#: because a checkpoint's true cost (its copy-on-write faults after the fork,
+#: counted for TimeMachine.SETTLE_S) is several times what the fork itself
+#: takes (the measurements: docs/performance.md).
 BUDGET = 0.02
 
 

@@ -46,8 +46,8 @@ def _subclasses(cls) -> set:
 def find_optimizers() -> list:
     """The torch.optim.Optimizer objects the process holds.  Instances of
     Python classes refer to their class, so one C-level referrer scan finds
-    them (about 30 ms with torch loaded); the tracer does it about once per
-    run, when the step clock must choose how steps end."""
+    them; it is slow (docs/performance.md), so the tracer does it about once
+    per run, when the step clock must choose how steps end."""
     classes = _subclasses(torch.optim.Optimizer)
     return [o for o in gc.get_referrers(*classes) if type(o) in classes]
 
@@ -172,9 +172,9 @@ class Tracer:
 
     def preexisting_optimizers(self) -> "weakref.WeakSet":
         """The optimizers alive before the run started (an earlier run's, in a
-        notebook or a test process): one referrer scan (~45 ms with torch
-        loaded), by the first to ask: the debugger session as it attaches, or
-        ``install``; no user code runs between the two."""
+        notebook or a test process): one referrer scan, made once by the first
+        to ask (the debugger session as it attaches, or ``install``), since no
+        user code runs between the two."""
         if self._preexisting is None:
             self._preexisting = weakref.WeakSet(find_optimizers())
         return self._preexisting
@@ -200,8 +200,8 @@ class Tracer:
     def _sync_forward(self) -> None:
         """At an optimizer step (a safe point: no module's forward is iterating
         PyTorch's global module hooks): the module hooks are in only for the
-        steps that need them.  Between them (activations are recorded on one
-        step in 32 after the first 20) a module call then costs nothing.  Needed
+        steps that need them.  Between them (activations are recorded on the
+        steps ``nndb.cadence.Cadence.acts`` names) a module call then costs nothing.  Needed
         for: activations, the rules' probes, the op recorder, a stop point in
         a module, and naming the models until step 0 ends (a model first
         called on a step without them is named at the next step with them)."""
@@ -445,9 +445,8 @@ class Tracer:
                     self._param_handles[id(p)] = p.register_post_accumulate_grad_hook(self._grad_accumulated)
 
     def _close(self, close: Close) -> None:
-        # No forward pass is running at a step boundary.  (Forward hooks are not
-        # registered with always_call, which costs ~15% more per module call, so
-        # a forward that raised may have left the depth counter up.)
+        # No forward pass is running at a step boundary, and a forward that raised
+        # may have left the depth counter up (always_call would cost every module call).
         self._module_depth = 0
         self.recorder.close(close.step, retro=close.retro)
         if self.on_step_end is not None:

@@ -2,8 +2,8 @@
 
 numpy must not print "invalid value" or "overflow" warnings into the user's
 stderr when a tensor holds NaN or Inf.  ``np.errstate(all="ignore")`` builds
-its error state anew at every entry (~5 us in a step's hook, with the caches
-cold); ``Quiet`` and ``quiet`` set one built once (numpy 2's context
+its error state anew at every entry, which a step's hook cannot afford with
+the caches cold; ``Quiet`` and ``quiet`` set one built once (numpy 2's context
 variable; with another numpy they are np.errstate).
 """
 from __future__ import annotations

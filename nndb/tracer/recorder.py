@@ -51,8 +51,8 @@ class StepRecord:
     @property
     def nonfinite(self) -> bool:
         """Does some tensor of the step hold a NaN or Inf?"""
-        # (count_nonzero: one plain C loop; a ufunc reduction's machinery costs
-        # ~25 us here, run once a step with the caches cold)
+        # count_nonzero is one plain C loop, where a ufunc reduction's machinery
+        # is costly with the caches cold, as they are once a step.
         return bool(np.count_nonzero(self.raw[:, S.NONFINITE_FIELDS]))
 
     @property
@@ -161,9 +161,11 @@ def first_float_tensor(out, depth: int = 0):
 class StepRecorder:
     """Accumulates one step's statistics and emits a StepRecord when it closes.
 
-    ``sink(record)`` receives every closed, recorded step.  ``schedule(step)``
-    says whether a step is recorded at all; ``schedule.full(step)``, if it
-    exists, whether its expensive statistics are measured.
+    ``sink(record)`` receives every closed, recorded step.  ``schedule`` is the
+    run's cadence (nndb.cadence.Cadence, or any callable): ``schedule(step)``
+    says whether a step is recorded at all; ``schedule.full(step)`` and
+    ``schedule.acts(step)``, if they exist, whether its expensive statistics
+    and its activations are measured.
     """
 
     def __init__(self, naming, sink: Callable[[StepRecord], None],

@@ -24,8 +24,8 @@ of small tensors, summed in float32 for float32 tensors, which agrees with
 the float64 sums of a full step to about 1e-7; one dot product for a large
 one), and all
 ten statistics of a scalar loss (``scalar_raw``, no numpy reduction).  At
-*full* steps (a policy of the recording schedule, every 32nd recorded step
-by default) everything: also mean, std, min, max, mean |x| and the zero
+*full* steps (``nndb.cadence.Cadence.full``: every 32nd recorded step by
+default) everything: also mean, std, min, max, mean |x| and the zero
 fraction.  Unmeasured fields are NaN.  NaN and Inf are counted only when a
 cheap check (a non-finite sum or sum of squares) says there may be some.
 When a tensor has non-finite elements, the other statistics describe its
