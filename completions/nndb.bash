@@ -4,11 +4,11 @@ _nndb() {
     local cur="${COMP_WORDS[COMP_CWORD]}" prev="${COMP_WORDS[COMP_CWORD-1]}" cmd="" i
     for ((i = 1; i < COMP_CWORD; i++)); do
         case "${COMP_WORDS[i]}" in
-            check|inspect|run|trust) cmd="${COMP_WORDS[i]}"; break ;;
+            check|check-trace|inspect|run|trust) cmd="${COMP_WORDS[i]}"; break ;;
         esac
     done
     case "$cmd" in
-    "") COMPREPLY=($(compgen -W "check inspect run trust --help --version" -- "$cur")) ;;
+    "") COMPREPLY=($(compgen -W "check check-trace inspect run trust --help --version" -- "$cur")) ;;
     check)
         local j skip=0
         for ((j = i + 1; j < COMP_CWORD; j++)); do
@@ -26,6 +26,12 @@ _nndb() {
             --overfit-iters) return ;;
         esac
         if [[ $cur == -* ]]; then COMPREPLY=($(compgen -W "-m --steps --overfit-iters --json -h --help" -- "$cur"));
+        else COMPREPLY=($(compgen -f -- "$cur")); fi ;;
+    check-trace)
+        case "$prev" in
+            --rules) return ;;
+        esac
+        if [[ $cur == -* ]]; then COMPREPLY=($(compgen -W "--rules --json -h --help" -- "$cur"));
         else COMPREPLY=($(compgen -f -- "$cur")); fi ;;
     inspect)
         case "$prev" in

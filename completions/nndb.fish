@@ -8,6 +8,11 @@ complete -c nndb -n '__fish_seen_subcommand_from check' -l overfit-iters -x -d '
 complete -c nndb -n '__fish_seen_subcommand_from check' -l json -d 'Print one JSON object (the scripts own output goes to stderr)'
 complete -c nndb -n '__fish_seen_subcommand_from check' -s h -l help -d 'Show the help and exit'
 complete -c nndb -n '__fish_seen_subcommand_from check' -F
+complete -c nndb -n '__fish_use_subcommand' -a check-trace -d 'Run the diagnostic rules over a finished trace, as the live run did'
+complete -c nndb -n '__fish_seen_subcommand_from check-trace' -l rules -x -d 'The rules to run: the built-in set or a YAML rule file, as for nndb run'
+complete -c nndb -n '__fish_seen_subcommand_from check-trace' -l json -d 'Print one JSON object instead of text'
+complete -c nndb -n '__fish_seen_subcommand_from check-trace' -s h -l help -d 'Show the help and exit'
+complete -c nndb -n '__fish_seen_subcommand_from check-trace' -F
 complete -c nndb -n '__fish_use_subcommand' -a inspect -d 'Print a traces metadata, step count and recorded tensors'
 complete -c nndb -n '__fish_seen_subcommand_from inspect' -l series -x -d 'Print the history of one tensor'
 complete -c nndb -n '__fish_seen_subcommand_from inspect' -l stat -x -a 'count mean std min max norm mean_abs nan_count inf_count zero_frac' -d 'The statistic --series prints'

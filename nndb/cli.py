@@ -8,7 +8,7 @@ import sys
 import click
 
 from . import __version__
-from .errors import EXIT_INTERNAL, EXIT_SIGINT, NndbError, UsageError
+from .errors import EXIT_FAIL_ACTION, EXIT_INTERNAL, EXIT_OK, EXIT_SIGINT, NndbError, UsageError
 
 # Spelled out so that `nndb --help` and completion need not import torch;
 # tests/test_layout.py checks them against the trace schema.
@@ -177,6 +177,33 @@ def inspect(trace, series_name, stat, kind, as_json):
     except NndbError as e:
         _fail(e)
     click.echo(out)
+
+
+@cli.command("check-trace")
+@click.argument("trace", metavar="TRACE")
+@click.option("--rules", "rules", default="default", show_default=True, metavar="default|FILE.yaml",
+              help="The rules to run: the built-in set or a YAML rule file, as for nndb run.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
+def check_trace(trace, rules, as_json):
+    """Run the diagnostic rules over a finished trace, as the live run did.
+    Findings are printed as a live run prints them; rules that need the live
+    run (its probes, optimizers) are named with the reason.  Exit code 0, or
+    4 if a rule with the fail action fired, 2 for an unreadable trace or rule file."""
+    from .debugger.report import _clean
+    from .render.offline import text
+    from .rules.catalog import load
+    from .rules.engine import RuleEngine
+    from .rules.offline import check_trace as run_rules
+    from .store.reader import TraceReader
+
+    try:
+        engine = load(rules) or RuleEngine([])
+        with TraceReader(trace) as reader:
+            result = run_rules(reader, engine)
+    except NndbError as e:
+        _fail(e)
+    click.echo(json.dumps(_clean(result.to_dict())) if as_json else text(result))
+    sys.exit(EXIT_FAIL_ACTION if result.failed else EXIT_OK)
 
 
 def main(argv=None) -> None:

@@ -1,4 +1,5 @@
-"""Rules over the recorded statistics alone (they would run on a trace too):
+"""Rules over the recorded statistics (nonfinite and loss_not_decreasing also run on a trace,
+nndb.rules.offline; the others read the optimizers too):
 non-finite values, exploding and vanishing gradients, the update/weight ratio,
 parameters that are not updated, a loss that does not go down; and, through a
 small probe of the BatchNorm buffers (nndb.rules.bn_probe), running statistics
@@ -40,6 +41,7 @@ class NonFinite(Rule):
                    "first (once per incident: what a NaN spreads to on later steps is not reported again)")
 
     EVERY_STEP = True
+    ROW_ORDER = True        # (on a trace: it names the first tensor in the step's recording order)
 
     def reset(self):
         self._prev = None              # (step, names, context) of the previous recorded step, if it was clean
@@ -100,6 +102,9 @@ class UpdateRatio(Rule):
         "min_elements": MIN_ELEMENTS,
         "steps": Threshold(3, "consecutive observed steps beyond the threshold"),
     }
+    # On a trace (nndb.rules.offline) it cannot run: it reads the optimizers.
+    LIVE_ONLY = ("it needs the optimizers (which one holds each parameter, its learning rate) and the "
+                 "parameters' shapes, which a trace does not keep")
 
     def reset(self):
         self.own = Tensors()
@@ -180,6 +185,9 @@ class ParamNotUpdated(Rule):
         "min_grad_rms": Threshold(1e-7, "gradients with a smaller RMS count as zero: LBFGS (tolerance_grad "
                                         "1e-7) declares convergence and makes no update below that"),
     }
+    # On a trace (nndb.rules.offline) it cannot run: it reads the optimizers.
+    LIVE_ONLY = ("it needs the optimizers (which one holds each parameter, its learning rate) and the "
+                 "parameters' shapes, which a trace does not keep")
 
     def reset(self):
         self.own = Tensors()

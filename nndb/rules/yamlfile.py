@@ -54,6 +54,7 @@ class CustomRule(Rule):
     checked at every recorded step (as a watchpoint would be)."""
     THRESHOLDS: dict = {}
     EVERY_STEP = True
+    ROW_ORDER = True        # (on a trace: it names the first tensor that makes the condition true)
 
     def __init__(self, rule_id: str, condition: Condition, message: str = "", explanation: str = "",
                  severity: str = "warning"):

@@ -1,0 +1,225 @@
+"""The offline invoker: the rules of a RuleEngine run over a finished trace.
+
+smdebug's split: one rule engine, two invokers.  Live, the debugger hands the
+engine each StepRecord as the recorder closes it; here the same engine, with
+the same rule objects, is handed the same sequence rebuilt from a trace
+(``check_trace``), and its findings are those of the live run for every rule
+that can run on a trace.
+
+What a rule gets from a trace row (``TraceStep``): the step's series and their
+ten statistics, finalised by the writer from the record's raw rows with the
+same float64 arithmetic the live context uses (``StepContext.col`` and
+``mean_of`` on raw rows give the same bits), stored as float64.  Three things
+a StepRecord has are not in a trace, and the rules that read them do not run
+here (each is named, with the reason, in ``OfflineResult.skipped``):
+
+* probes (``Rule.PROBES``): facts gathered by hooks in the live model and
+  optimizers (dead ReLU units, the loss function's inputs, stale gradients);
+* the optimizers and the parameters' shapes (``LIVE_ONLY`` on the rule): which
+  optimizer holds a tensor, its learning rate, whether a weight is 1-D;
+* the order of a step's rows: a trace keeps each series' id, given in order of
+  first appearance, so a step's rows are rebuilt in that order.  A training
+  loop repeats its call order, which makes that the recording order within
+  each kind; where a series first appears after others of its kind (a module
+  called only from step N on) its place among them is not known, and rules
+  that name the first tensor in recording order (``ROW_ORDER``) do not run.
+
+The steps are those the live rules saw: every recorded step except the ones
+the recorder closes at the end of the run (a step the run ended inside, and
+with hand-written updates the last step, which waits for the next one), which
+the live debugger never hands to its rules either.
+
+A rule that asks a trace for the optimizers or the modules anyway gets an
+``OfflineUnavailable`` error, which the engine reports as a failed rule: never
+a made-up value.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterator, Optional
+
+import numpy as np
+
+from ..store.rows import present as present_rows
+from ..store.rows import stat_blocks
+from .engine import RuleEngine
+
+ORDER_REASON = "it names the first tensor in a step's recording order, which a trace does not keep"
+
+
+class OfflineUnavailable(Exception):
+    """A rule asked for part of the live run that a trace does not hold."""
+
+
+def _unavailable(what: str):
+    def ask():
+        raise OfflineUnavailable(f"a trace does not keep {what}")
+    return ask
+
+
+@dataclass
+class TraceStep:
+    """A trace row as the rules see a StepRecord: the step's series in
+    recording order (``names``) and their finalised statistics (``stats``,
+    given to the engine directly: a trace has no raw accumulator rows)."""
+    step: int
+    time: float
+    backward_count: int
+    optimizer_steps: int
+    names: list
+    stats: np.ndarray
+    partial: bool = False
+
+
+@dataclass
+class Skipped:
+    rule: str
+    need: str           # what the trace lacks: a key of NEEDS
+    reason: str
+
+
+@dataclass
+class OfflineResult:
+    """What the rules found on a trace, and what they could not look at."""
+    trace: str
+    status: str                       # the trace's end status (finished, failed, incomplete...)
+    steps_checked: int
+    rules_run: list                   # rule ids
+    findings: list                    # base.Finding, in the order the live run reports them
+    actions: dict                     # rule id -> its action (warn, stop, fail)
+    skipped: list = field(default_factory=list)      # Skipped: enabled rules that cannot run on a trace
+    unchecked: list = field(default_factory=list)    # (step, why): trace rows the live rules never saw
+    errors: list = field(default_factory=list)       # rules that failed (and were disabled), as live
+
+    @property
+    def failed(self) -> bool:
+        """Did a rule with the ``fail`` action fire (the live run's exit code 4)?"""
+        return any(self.actions.get(f.rule) == "fail" for f in self.findings)
+
+    def to_dict(self) -> dict:
+        return {"trace": self.trace, "status": self.status, "steps_checked": self.steps_checked,
+                "rules_run": list(self.rules_run), "findings": [f.as_dict() for f in self.findings],
+                "skipped": [{"rule": s.rule, "need": s.need, "reason": s.reason} for s in self.skipped],
+                "unchecked_steps": [{"step": st, "reason": why} for st, why in self.unchecked],
+                "errors": list(self.errors)}
+
+
+# -- what a trace can serve -----------------------------------------------------------------
+
+# What a trace lacks, by the kind of need: the phrase a summary line gives for each.
+NEEDS = {
+    "probes": "they watch the live model and optimizers through probes",
+    "live": "they read the optimizers or the parameters' shapes, which a trace does not keep",
+    "order": "they name the first tensor in a step's recording order, which this trace cannot give back",
+}
+
+
+def offline_reason(rule, order_doubt: Optional[str] = None) -> Optional[tuple]:
+    """(need, why) if ``rule`` cannot run on this trace (need: a key of NEEDS), else None."""
+    if rule.PROBES:
+        return "probes", f"it needs the probe{'s' if len(rule.PROBES) > 1 else ''} {', '.join(rule.PROBES)}, " \
+                         "which watch the live model and optimizers"
+    live = getattr(rule, "LIVE_ONLY", "")
+    if live:
+        return "live", live
+    if order_doubt is not None and getattr(rule, "ROW_ORDER", False):
+        return "order", f"{ORDER_REASON}, and {order_doubt}"
+    return None
+
+
+def order_doubt(reader, present: np.ndarray) -> Optional[str]:
+    """Why the rows of some step cannot be put back in recording order within
+    their kind (a series first seen after others of its kind), or None."""
+    if present.shape[0] < 2 or present.shape[1] == 0:
+        return None
+    series = reader.series()
+    kinds = np.array([s.kind for s in series])
+    ever = present.any(axis=0)
+    first = np.where(ever, present.argmax(axis=0), -1)
+    for i in np.unique(first[first > 0]).tolist():
+        new = first == i
+        old = present[i] & (first < i) & (first >= 0)
+        for j in np.flatnonzero(new).tolist():
+            if np.count_nonzero(old & (kinds == kinds[j])):
+                s = series[j]
+                return (f"{s.kind} {s.name} first appears at step {int(reader.steps[i])}, after other "
+                        f"{s.kind} series: where it came among them is not known")
+    return None
+
+
+def checked_live(reader) -> tuple:
+    """(bool mask over the trace's rows: the steps the live rules saw,
+    [(step, why)] for the others).  The recorder closes two kinds of step
+    after the last step end the debugger hears of: the step the run ended
+    inside (``partial``) and, with hand-written updates (steps without an
+    optimizer step, whose record waits for the next step's end), the last of
+    a run of such steps."""
+    partial = np.asarray(reader.partial, dtype=bool)
+    manual = (np.asarray(reader.optimizer_steps) == 0) & ~partial
+    mask = ~partial
+    why: dict = {i: "the run ended inside it" for i in np.flatnonzero(partial).tolist()}
+    for i in np.flatnonzero(manual).tolist():
+        if i + 1 == len(mask) or not manual[i + 1]:
+            mask[i] = False
+            why[i] = "hand-written updates: its record closed after the last step end the rules were run at"
+    return mask, [(int(reader.steps[i]), why[i]) for i in sorted(why)]
+
+
+def trace_steps(reader, mask: Optional[np.ndarray] = None) -> Iterator[TraceStep]:
+    """The trace's rows as TraceSteps (those in ``mask``), in order.  Steps with
+    the same series share one ``names`` list, as the recorder's records do
+    (the rules recognise a step's layout by it)."""
+    series = reader.series()
+    layouts: dict = {}
+    for start, block in stat_blocks(reader):
+        for j in range(block.shape[0]):
+            i = start + j
+            if mask is not None and not mask[i]:
+                continue
+            ids = np.flatnonzero(~np.isnan(block[j, :, 0]))
+            key = ids.tobytes()
+            names = layouts.get(key)
+            if names is None:
+                names = [(series[k].name, series[k].kind) for k in ids.tolist()]
+                if len(layouts) < 256:
+                    layouts[key] = names
+            yield TraceStep(int(reader.steps[i]), float(reader.times[i]), int(reader.backward_count[i]),
+                            int(reader.optimizer_steps[i]), names, block[j, ids, :], bool(reader.partial[i]))
+
+
+# -- the invoker ----------------------------------------------------------------------------
+
+def check_trace(reader, engine: RuleEngine) -> OfflineResult:
+    """Run ``engine``'s enabled rules that a trace can serve over the steps of
+    ``reader`` the live rules saw.  The engine starts afresh (``attach``) and
+    is left with its rules enabled as they were."""
+    mask, unchecked = checked_live(reader)
+    doubt = order_doubt(reader, present_rows(reader))
+    skipped, run = [], []
+    for r in engine.rules:
+        if not r.enabled:
+            continue
+        why = offline_reason(r, doubt)
+        if why is None:
+            run.append(r.id)
+        else:
+            skipped.append(Skipped(r.id, *why))
+    result = OfflineResult(reader.path, reader.status, 0, run, [], {r.id: r.action for r in engine.rules},
+                           skipped, unchecked)
+    engine.attach(None)
+    for s in skipped:
+        engine.set_enabled(s.rule, False)
+    # (the engine's own module_types answers {} without a run: a rule asking must fail instead)
+    engine.module_types = _unavailable("the model's modules")
+    optimizers = _unavailable("the optimizers")
+    try:
+        for step in trace_steps(reader, mask):
+            result.steps_checked += 1
+            result.findings.extend(engine.on_record(step, step.stats, optimizers))
+            result.errors.extend(engine.take_errors())
+    finally:
+        del engine.module_types
+        for s in skipped:
+            engine.set_enabled(s.rule, True)
+        engine.detach()
+    return result

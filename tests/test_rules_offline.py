@@ -1,0 +1,248 @@
+"""The offline rule invoker (nndb.rules.offline) and ``nndb check-trace``:
+units on traces written in this process, then real runs of the examples whose
+live findings the trace must give back."""
+import json
+import math
+import os
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from conftest import example, nndb
+from nndb.cli import cli
+from nndb.debugger.report import _clean
+from nndb.errors import EXIT_FAIL_ACTION, EXIT_USAGE
+from nndb.rules.base import Rule, StepContext
+from nndb.rules.catalog import load
+from nndb.rules.engine import RuleEngine
+from nndb.rules.offline import check_trace, trace_steps
+from nndb.store.reader import TraceReader
+from nndb.store.writer import TraceWriter
+from nndb.tracer import stats as S
+from nndb.tracer.recorder import StepRecord
+
+# What a trace cannot serve, spelled out (not derived from the code under test).
+OFFLINE = ["nonfinite", "loss_not_decreasing"]
+LIVE_ONLY = {"exploding_gradient", "vanishing_gradient", "update_ratio", "param_not_updated", "bn_stats",
+             "grad_none", "stale_grad", "dead_relu", "saturated_activation", "eval_mode_training", "input_range",
+             "initial_loss", "loss_broadcast", "double_softmax"}
+
+
+def _record(step, names, arrays, loss, optimizer_steps=1, partial=False):
+    raw = np.stack([S.host_raw_one(np.asarray(a, dtype=np.float32)) for a in arrays] + [S.scalar_raw(loss)])
+    return StepRecord(step, 0.1 * step, 1, optimizer_steps, names + [("loss", "loss")], raw, partial)
+
+
+def _records(n=40, nan_at=None, late_act_at=None, partial_last=False, optimizer_steps=1):
+    """A run of ``n`` steps: two activations, a weight and its gradient, and a
+    loss that stays flat (loss_not_decreasing fires at step 29)."""
+    rng = np.random.default_rng(0)
+    out = []
+    for i in range(n):
+        names = [("fc1", "act"), ("fc2", "act"), ("fc1.weight", "param"), ("fc1.weight", "grad")]
+        arrays = [rng.normal(size=32), rng.normal(size=16), rng.normal(size=64), rng.normal(size=64) * 1e-2]
+        if nan_at is not None and i >= nan_at:
+            arrays[1] = np.where(np.arange(16) < 3, np.nan, arrays[1])
+        if late_act_at is not None and i >= late_act_at:
+            names.insert(0, ("embed", "act"))
+            arrays.insert(0, rng.normal(size=8))
+        out.append(_record(i, names, arrays, 2.3 + 0.01 * rng.normal(), optimizer_steps,
+                           partial=partial_last and i == n - 1))
+    return out
+
+
+def _write(path, records):
+    w = TraceWriter(path, {"script": "x.py", "argv": ["x.py"]}, flush_steps=7)
+    for r in records:
+        w.append(r)
+    w.close("finished", 0)
+    return path
+
+
+def _live(records, spec="default"):
+    """What the live invoker reports on the same records (the raw rows, no probes)."""
+    engine = load(spec)
+    engine.attach(None)
+    found = []
+    for r in records:
+        if r.partial:
+            continue
+        found += engine.on_record(r)
+    return [_clean(f.as_dict()) for f in found]
+
+
+def _offline(path, spec="default"):
+    with TraceReader(path) as reader:
+        return check_trace(reader, load(spec))
+
+
+def test_the_trace_gives_the_rules_the_numbers_of_the_live_records(tmp_path):
+    records = _records(nan_at=33)
+    path = _write(str(tmp_path / "t.h5"), records)
+    with TraceReader(path) as reader:
+        steps = list(trace_steps(reader))
+    assert [s.step for s in steps] == [r.step for r in records]
+    for rec, st in zip(records, steps):
+        assert st.names == rec.names
+        live, off = StepContext(rec), StepContext(st, st.stats)
+        for stat in S.STAT_NAMES:                  # bit for bit, NaN where NaN
+            assert np.array_equal(live.col(stat), off.col(stat), equal_nan=True), (rec.step, stat)
+        assert live.nonfinite == off.nonfinite
+        i = len(rec.names) - 1
+        assert live.mean_of(i) == off.mean_of(i)
+    # steps with the same series share one names list, as the recorder's do
+    assert steps[0].names is steps[1].names
+
+
+def test_offline_findings_equal_the_live_invokers(tmp_path):
+    records = _records(nan_at=33)
+    result = _offline(_write(str(tmp_path / "t.h5"), records))
+    assert result.rules_run == OFFLINE
+    assert {s.rule for s in result.skipped} == LIVE_ONLY
+    live = [f for f in _live(records) if f["rule"] in OFFLINE]
+    assert [f["rule"] for f in live] == ["loss_not_decreasing", "nonfinite"]
+    assert [_clean(f.as_dict()) for f in result.findings] == live
+    assert result.findings[1].tensor == "fc2" and result.findings[1].step == 33
+    assert result.steps_checked == 40 and not result.unchecked and not result.errors
+
+
+def test_steps_the_live_rules_never_saw_are_not_checked_and_named(tmp_path):
+    result = _offline(_write(str(tmp_path / "t.h5"), _records(n=12, nan_at=11, partial_last=True)))
+    assert result.steps_checked == 11 and result.findings == []
+    assert result.unchecked == [(11, "the run ended inside it")]
+    # hand-written updates: the last step's record closes after the last step end
+    result = _offline(_write(str(tmp_path / "m.h5"), _records(n=12, nan_at=11, optimizer_steps=0)))
+    assert result.steps_checked == 11 and [st for st, _ in result.unchecked] == [11]
+
+
+def test_a_series_first_seen_after_others_of_its_kind_skips_the_order_rules(tmp_path):
+    records = _records(nan_at=33, late_act_at=5)
+    result = _offline(_write(str(tmp_path / "t.h5"), records))
+    assert result.rules_run == ["loss_not_decreasing"]
+    order = [s for s in result.skipped if s.need == "order"]
+    assert [s.rule for s in order] == ["nonfinite"]
+    assert "act embed first appears at step 5" in order[0].reason
+    assert [f.rule for f in result.findings] == ["loss_not_decreasing"]
+
+
+class _AsksForOptimizers(Rule):
+    """A rule that forgot to say it reads the optimizers."""
+    id = "asks"
+
+    def check(self, ctx):
+        return [self.finding(ctx, f"{len(ctx.optimizers)} optimizers")]
+
+
+def test_a_rule_that_asks_a_trace_for_the_optimizers_fails_out_loud(tmp_path):
+    path = _write(str(tmp_path / "t.h5"), _records(n=3))
+    engine = RuleEngine([_AsksForOptimizers()])
+    with TraceReader(path) as reader:
+        result = check_trace(reader, engine)
+    assert result.findings == []
+    assert result.errors == ["rule asks failed and is disabled: OfflineUnavailable: "
+                             "a trace does not keep the optimizers"]
+
+
+def test_the_engine_is_left_as_it_was(tmp_path):
+    path = _write(str(tmp_path / "t.h5"), _records(n=3))
+    engine = load("default")
+    engine.set_enabled("loss_not_decreasing", False)
+    with TraceReader(path) as reader:
+        result = check_trace(reader, engine)
+    assert result.rules_run == ["nonfinite"]
+    assert "loss_not_decreasing" not in {s.rule for s in result.skipped}     # disabled: neither run nor skipped
+    assert {r.id for r in engine.rules if r.enabled} == {r.id for r in load("default").rules} - {"loss_not_decreasing"}
+    assert "module_types" not in vars(engine)
+
+
+# -- the command ----------------------------------------------------------------------------
+
+def _cli(*args):
+    return CliRunner().invoke(cli, ["check-trace", *args])
+
+
+def test_check_trace_text_json_and_exit_codes(tmp_path):
+    path = _write(str(tmp_path / "t.h5"), _records(nan_at=33))
+    r = _cli(path)
+    assert r.exit_code == 0, r.output
+    lines = r.output.splitlines()
+    assert lines[0].startswith("nndb: warning: loss_not_decreasing at step 29: loss has not gone down")
+    assert lines[1] == ("nndb: error: nonfinite at step 33: NaN first appeared in act fc2 (3 element(s)); "
+                        "its norm at step 32 was " + lines[1].rsplit(" ", 1)[1])
+    assert lines[2].startswith("nndb: not run on a trace: exploding_gradient, vanishing_gradient, update_ratio, "
+                               "param_not_updated (they read the optimizers")
+    assert lines[-1] == f"nndb: {path}: 40 step(s) checked with 2 rule(s): 2 findings"
+    d = json.loads(_cli(path, "--json").output)
+    assert [f["rule"] for f in d["findings"]] == ["loss_not_decreasing", "nonfinite"]
+    assert {s["rule"] for s in d["skipped"]} == LIVE_ONLY and d["rules_run"] == OFFLINE
+    assert d["steps_checked"] == 40 and d["unchecked_steps"] == [] and d["status"] == "finished"
+    # a rule with the fail action that fires: the live run's exit code 4
+    rules = tmp_path / "r.yaml"
+    rules.write_text("default: none\nrules:\n  - id: nonfinite\n    action: fail\n"
+                     "  - name: big_act\n    condition: max(act.max) > 100\n")
+    r = _cli(path, "--rules", str(rules))
+    assert r.exit_code == EXIT_FAIL_ACTION, r.output
+    assert r.output.splitlines()[0].startswith("nndb: error: nonfinite at step 33:")
+    assert "not run on a trace" not in r.output
+
+
+def test_check_trace_errors_are_one_line_with_exit_code_2(tmp_path):
+    for bad in (str(tmp_path / "missing.h5"), str(tmp_path)):
+        r = _cli(bad)
+        assert r.exit_code == EXIT_USAGE and r.output.count("\n") == 1 and r.output.startswith("nndb: error: ")
+    junk = tmp_path / "junk.h5"
+    junk.write_text("not hdf5")
+    r = _cli(str(junk))
+    assert r.exit_code == EXIT_USAGE and "is not an nndb trace" in r.output
+    path = _write(str(tmp_path / "t.h5"), _records(n=2))
+    rules = tmp_path / "r.yaml"
+    rules.write_text("rules:\n  - id: no_such_rule\n")
+    r = _cli(path, "--rules", str(rules))
+    assert r.exit_code == EXIT_USAGE and r.output.startswith(f"nndb: error: {rules}:2:")
+
+
+# -- the live runs of the examples ----------------------------------------------------------
+
+# (script, its arguments, run as a subprocess of the real command line; else
+# through the same driver in this process, which saves a torch import a run)
+EXAMPLES = [("nan_lr.py", ["--steps", "10"], True), ("raises.py", ["--steps", "6"], True),
+            ("manual_sgd.py", ["--steps", "6"], True), ("dead_relu.py", ["--steps", "30"], False),
+            ("double_softmax.py", ["--steps", "30"], False), ("no_zero_grad.py", ["--steps", "6"], False),
+            ("frozen_backbone.py", ["--steps", "6"], False), ("mlp.py", ["--steps", "6"], False),
+            ("cnn.py", ["--steps", "4"], False)]
+
+
+def _run_live(script, args, trace, report, subprocess):
+    if subprocess:
+        live = nndb("run", "--batch", "-q", "--report", report, "--trace", trace, example(script), *args)
+        assert live.returncode in (0, 1), live.stderr
+        return
+    import gc
+    from nndb.config import RunConfig
+    from nndb.debugger.driver import DebugOptions, debug
+    from nndb.debugger.frontend import ScriptedFrontend
+    from nndb.launcher import Target
+    gc.collect()     # an earlier test's optimizers must not look alive to the step clock
+    cfg = RunConfig(Target(path=example(script), args=list(args)), trace, quiet=True)
+    debug(cfg, DebugOptions(batch=True, no_rc=True, report=report), ScriptedFrontend([]))
+
+
+@pytest.mark.parametrize("script,args,subprocess", EXAMPLES, ids=[s for s, _, _ in EXAMPLES])
+def test_check_trace_gives_the_live_runs_findings(tmp_path, script, args, subprocess):
+    trace, report = str(tmp_path / "t.h5"), str(tmp_path / "r.json")
+    _run_live(script, args, trace, report, subprocess)
+    with open(report) as fh:
+        findings = json.load(fh)["findings"]
+    r = _cli(trace, "--json")
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.output)
+    assert d["rules_run"] == OFFLINE and {s["rule"] for s in d["skipped"]} == LIVE_ONLY
+    assert d["findings"] == [f for f in findings if f["rule"] in OFFLINE]
+    assert d["errors"] == []
+    # what makes these runs worth comparing: the examples' planted bugs
+    expected = {"nan_lr.py": ["nonfinite"], "dead_relu.py": ["loss_not_decreasing"],
+                "double_softmax.py": ["loss_not_decreasing"]}
+    assert [f["rule"] for f in d["findings"]] == expected.get(script, [])
+    unchecked = {"raises.py": 3, "manual_sgd.py": 5}
+    assert [u["step"] for u in d["unchecked_steps"]] == ([unchecked[script]] if script in unchecked else [])
