@@ -295,3 +295,55 @@ def test_gradcheck_transcript(tmp_path):
     # at a step end (no module running): the copy's forward calls are not the run's
     assert after("info modules") == after("info modules", 2)
     assert ok.match(after("gradcheck fc x"))
+
+
+def test_gradcheck_module_passes_a_linear_layer_and_leaves_it_untouched():
+    import torch
+    from nndb.check.gradcheck import gradcheck_module
+    torch.manual_seed(0)
+    fc = torch.nn.Linear(4, 3)
+    before = fc.weight.detach().clone()
+    res = gradcheck_module(fc, (torch.randn(2, 4),))
+    assert res["ok"] and res["gradcheck"] and not res["fast_mode"]
+    assert res["elements"] == res["sampled"] == 2 * 4 + 3 * 4 + 3
+    assert res["max_abs"] < 1e-6
+    assert torch.equal(fc.weight, before) and fc.weight.grad is None and fc.weight.dtype == torch.float32
+
+
+def test_gradcheck_module_fails_a_wrong_backward():
+    import torch
+    from nndb.check.gradcheck import gradcheck_module
+
+    class Half(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x * x
+
+        @staticmethod
+        def backward(ctx, g):
+            return g                  # wrong: d(x*x)/dx = 2x
+
+    class Sq(torch.nn.Module):
+        def forward(self, x):
+            return Half.apply(x)
+
+    res = gradcheck_module(Sq(), (torch.ones(3),))
+    assert not res["ok"] and not res["gradcheck"] and res["max_rel"] == pytest.approx(0.5)
+
+
+def test_gradcheck_module_needs_something_to_differentiate():
+    import torch
+    from nndb.check.gradcheck import gradcheck_module
+    from nndb.errors import CommandError
+    with pytest.raises(CommandError, match="nothing to differentiate"):
+        gradcheck_module(torch.nn.ReLU(), (torch.arange(3),))
+
+
+def test_tracer_quiet_restores_the_tracers_guard_and_depth():
+    from types import SimpleNamespace
+    from nndb.check.gradcheck import tracer_quiet
+    tracer = SimpleNamespace(_in_hook=False, _module_depth=2)
+    with tracer_quiet(tracer):
+        assert tracer._in_hook
+        tracer._module_depth = -5
+    assert (tracer._in_hook, tracer._module_depth) == (False, 2)

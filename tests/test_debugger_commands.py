@@ -499,3 +499,52 @@ def test_break_on_a_step_already_finished_says_so(tmp_path):
     assert early.startswith("Breakpoint 1: step 1\n(step 1 has already finished in this run, which is at step 2")
     assert "'run'" in early
     assert after(fe, "break step 5").strip() == "Breakpoint 2: step 5"
+
+
+# -- the engine functions behind set, info params/modules/optimizer and rule threshold (units) -----
+def test_set_hyperparameter_changes_numbers_in_place_and_refuses_the_rest():
+    import pytest
+    import torch
+    from nndb.debugger.hyperparams import set_hyperparameter
+    from nndb.errors import CommandError
+    w = torch.nn.Parameter(torch.zeros(2))
+    opt = torch.optim.Adam([{"params": [w]}, {"params": [torch.nn.Parameter(torch.zeros(1))], "lr": 0.5}])
+    assert set_hyperparameter("adam", opt, "lr", 1, group=1) == [("adam", 1, "lr", 0.5, 1.0)]
+    assert type(opt.param_groups[1]["lr"]) is float and opt.param_groups[0]["lr"] == 1e-3
+    assert set_hyperparameter("adam", opt, "betas", (0.8, 0.9))[0][3:] == ((0.9, 0.999), (0.8, 0.9))
+    for key, value, msg in (("lr", 1e-4, "there is no group 2"), ("nope", 1, "no hyper-parameter 'nope'"),
+                            ("amsgrad", 1, "not a number"), ("betas", 0.5, "of the same shape")):
+        with pytest.raises(CommandError, match=msg):
+            set_hyperparameter("adam", opt, key, value, group=2 if msg.startswith("there") else None)
+
+
+def test_rule_set_threshold_keeps_an_int_threshold_an_int():
+    from nndb.rules.base import Rule, Threshold
+
+    class R(Rule):
+        THRESHOLDS = {"n": Threshold(3, "count"), "x": Threshold(0.5, "ratio")}
+
+    r = R()
+    assert r.set_threshold("n", 4.0) == 4 and type(r.params["n"]) is int
+    assert r.set_threshold("n", 4.5) == 4.5
+    assert r.set_threshold("x", 2.0) == 2.0 and type(r.params["x"]) is float
+
+
+def test_model_and_optimizer_summaries_of_the_session():
+    from types import SimpleNamespace
+    import torch
+    from nndb.debugger.queries import RunQueries
+    net = torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.ReLU())
+    net[0].weight.grad = torch.ones(3, 2)
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    naming = SimpleNamespace(roots=lambda: [net], module_name=lambda m: type(m).__name__.lower(),
+                             param_name=lambda p: "w" if p is net[0].weight else "b")
+    q = RunQueries()
+    q.rec = SimpleNamespace(naming=naming)
+    q.optimizers = lambda: [("opt", opt)]
+    assert q.module_summary() == [("sequential", "Sequential", 0), ("linear", "Linear", 9), ("relu", "ReLU", 0)]
+    rows = q.param_summary()
+    assert [r[:4] for r in rows] == [("w", (3, 2), "float32", True), ("b", (3,), "float32", True)]
+    assert rows[0][5] == 6 ** 0.5 and rows[1][5] is None
+    ((name, o, gi, n, hyper),) = q.optimizer_groups()
+    assert (name, o, gi, n, hyper["lr"]) == ("opt", opt, 0, 2, 0.1) and "params" not in hyper

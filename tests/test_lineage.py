@@ -181,3 +181,135 @@ def test_lineage_on_with_stats_records_every_ops_output_statistics(tmp_path):
     with TraceReader(str(tmp_path / "t.h5")) as t:
         data = t.lineage(2)
     assert len(data["stats"]) >= len(data["ops"]) // 2       # (ops with a floating-point output)
+
+
+# -- fetching a step's lineage (units: a fake session, no run) -------------------------------------
+class _Writer:
+    def __init__(self, recorded=None):
+        self.recorded = dict(recorded or {})
+        self.written = []
+
+    def lineage_of(self, step):
+        return json.dumps(self.recorded[step]) if step in self.recorded else None
+
+    def lineage(self, step, data):
+        self.written.append((step, data))
+
+
+class _Lineage:
+    def __init__(self, live=None, found=None):
+        self._live, self._found = live or {}, found
+
+    def live(self, step):
+        return self._live.get(step)
+
+    def find(self, value, step):
+        return self._found
+
+
+def _fake_session(live=None, recorded=None, found=None, last_step=9):
+    from types import SimpleNamespace
+    return SimpleNamespace(lineage=_Lineage(live, found), rec=SimpleNamespace(writer=_Writer(recorded)),
+                           last_step=last_step)
+
+
+# op 0 makes t1 (fc's output) from t0 (the input); op 1 makes the loss t2 from t1
+_OPS = {"ops": [["addmm.default", "forward", [0], [1], [[2]], ["float32"], "fc", None, None, None],
+                ["mean.default", "forward", [1], [2], [[]], ["float32"], None, None, None, None]],
+        "labels": {"0": "input", "1": "act fc", "2": "loss"}, "checked": False}
+
+
+def _no_replay(step, resolve):
+    raise AssertionError("replayed")
+
+
+def test_step_lineage_prefers_the_live_recorder_then_the_trace():
+    from nndb.lineage.fetch import step_lineage
+    s = _fake_session(live={3: dict(_OPS, live=True)}, recorded={3: _OPS, 4: _OPS})
+    assert step_lineage(s, 3, _no_replay)[0]["live"] is True
+    data, resolved = step_lineage(s, 4, _no_replay)
+    assert data["step"] == 4 and data["ops"] == _OPS["ops"] and resolved == {}
+
+
+def test_step_lineage_replays_when_unchecked_missing_or_resolving():
+    from nndb.lineage.fetch import step_lineage
+    calls = []
+
+    def replay(step, resolve):
+        calls.append((step, resolve))
+        return dict(_OPS, checked=True), {e: 1 for e in resolve}
+
+    s = _fake_session(recorded={4: _OPS})
+    assert step_lineage(s, 4, replay, check=True)[0]["checked"] is True
+    assert step_lineage(s, 5, replay)[0]["step"] == 5
+    assert step_lineage(s, 4, replay, resolve=("x",))[1] == {"x": 1}
+    assert calls == [(4, ()), (5, ()), (4, ("x",))]
+
+
+def test_lineage_control_is_an_error_without_lineage():
+    from types import SimpleNamespace
+    from nndb.errors import CommandError
+    from nndb.lineage.fetch import lineage_control
+    with pytest.raises(CommandError, match="lineage is not available"):
+        lineage_control(SimpleNamespace(lineage=None))
+
+
+def test_resolve_target_by_name_then_by_expression():
+    from nndb.errors import CommandError
+    from nndb.lineage.fetch import resolve_target, step_lineage
+    asked = []
+
+    def replay(step, resolve):
+        asked.append(resolve)
+        return _OPS, {"y": 1, "z": "'z' is not a tensor"}
+
+    s = _fake_session(recorded={4: _OPS})
+
+    def lineage(step, resolve=()):
+        return step_lineage(s, step, replay, resolve=resolve)
+
+    g, tid = resolve_target(s, 4, "fc", lineage, None)
+    assert (g.step, tid) == (4, 1)
+    with pytest.raises(CommandError, match="no tensor named 'x'"):
+        resolve_target(s, 4, "x", lineage, None)
+    s.lineage._found = 2                            # the live recorder knows the value's tensor
+    assert resolve_target(s, 4, "x", lineage, lambda e: object())[1] == 2 and asked == []
+    s.lineage._found = None                         # else a replica resolves the expression
+    assert resolve_target(s, 4, "y", lineage, lambda e: object())[1] == 1 and asked == [("y",)]
+    with pytest.raises(CommandError, match="'z' is not a tensor"):
+        resolve_target(s, 4, "z", lineage, lambda e: object())
+
+
+def test_replay_lineage_asks_a_scan_replica_and_keeps_what_it_recorded():
+    from types import SimpleNamespace
+    from nndb.errors import CommandError
+    from nndb.timetravel.lineage_replay import replay_lineage
+    requests = []
+
+    def replay(s, request, step):
+        requests.append((request, step))
+        return {"result": {"lineage": {"4": _OPS}, "resolved": {"x": 1}}}
+
+    m = SimpleNamespace(replay=replay)
+    s = _fake_session()
+    assert replay_lineage(s, m, 4, ("x",)) == (_OPS, {"x": 1})
+    assert requests == [({"kind": "scan", "from": 4, "end": 4, "lineage": [4], "resolve": ["x"]}, 3)]
+    assert s.rec.writer.written == [(4, _OPS)]
+    s = _fake_session(recorded={4: _OPS})
+    replay_lineage(s, m, 4)
+    assert s.rec.writer.written == []               # the trace has it already
+    with pytest.raises(CommandError, match="time travel is off"):
+        replay_lineage(s, None, 4)
+    with pytest.raises(CommandError, match="has not finished yet"):
+        replay_lineage(s, m, 10)
+    with pytest.raises(CommandError, match="recorded no lineage"):
+        replay_lineage(s, m, 5)
+
+
+def test_op_records_have_the_fields_of_oprecord():
+    from nndb.lineage import oprecord as R
+    from nndb.lineage.ops import FIELDS
+    assert FIELDS == R.FIELDS and [FIELDS[i] for i in (R.OP, R.PHASE, R.MODULE, R.NODE)] == \
+        ["op", "phase", "module", "node"]
+    op = _OPS["ops"][0]
+    assert len(op) == len(FIELDS) and R.op_name(op) == "addmm" and op[R.OUTS] == [1]

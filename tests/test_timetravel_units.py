@@ -140,3 +140,95 @@ def test_a_checkpoint_costs_what_the_steps_after_it_took_for_a_while():
     m._settle(0.0009, 1.0)
     m._settle(0.0009, 1.001)
     assert m._settling is None and ck2.cost_s == 0.03
+
+
+class _ScanMachine:
+    """A time machine whose scan replicas report canned point hits."""
+
+    def __init__(self, checkpoints, hits):
+        from types import SimpleNamespace
+        self.checkpoints = {i: SimpleNamespace(number=i, step=st, kind="auto", pid=0, cost_s=0.001)
+                            for i, st in enumerate(checkpoints)}
+        self.hits = hits
+        self.scans = []
+
+    def replay(self, s, request, step):
+        self.scans.append((request["from"], request["end"]))
+        return {"result": {"hits": [h for h in self.hits if request["from"] <= h["step"] <= request["end"]]}}
+
+
+def _hit(step, at_end, points=(1,)):
+    return {"step": step, "at_step_end": at_end, "points": list(points)}
+
+
+def test_reverse_continue_searches_the_newest_segment_first():
+    from nndb.timetravel.search import reverse_continue_target
+    m = _ScanMachine([0, 5], [_hit(2, True), _hit(7, True)])
+    assert reverse_continue_target(None, m, 9, True) == (7, "stop", "reverse-continue: 1 held")
+    assert m.scans == [(5, 9)]
+    m = _ScanMachine([0, 5], [_hit(2, True), _hit(7, True)])
+    assert reverse_continue_target(None, m, 7, True) == (2, "stop", "reverse-continue: 1 held")
+    assert m.scans == [(5, 7), (0, 4)]
+
+
+def test_reverse_continue_stops_before_a_module_hit_and_finds_none_before_the_first():
+    from nndb.timetravel.search import reverse_continue_target
+    m = _ScanMachine([0], [_hit(3, False, ())])
+    assert reverse_continue_target(None, m, 6, True) == (2, "points", "reverse-continue: a rule held")
+    m = _ScanMachine([0], [_hit(0, False)])
+    assert reverse_continue_target(None, m, 6, True)[:2] == (0, "stop")
+    assert reverse_continue_target(None, _ScanMachine([0], [_hit(6, True)]), 6, True) is None
+    assert reverse_continue_target(None, _ScanMachine([0], [_hit(6, True)]), 6, False) == \
+        (6, "stop", "reverse-continue: 1 held")
+
+
+def test_go_to_travels_back_and_refuses_the_future():
+    from types import SimpleNamespace
+    from nndb.errors import CommandError
+    from nndb.timetravel.navigate import go_to
+    went = []
+    m = SimpleNamespace(replica=False, travel=lambda s, *a: went.append(a))
+    s = SimpleNamespace(last_step=4)
+    go_to(s, m, 2, why="back")
+    assert went == [(2, "stop", "back")]
+    with pytest.raises(CommandError, match="has not run yet"):
+        go_to(s, m, 5)
+    with pytest.raises(CommandError, match="before the end of step 0"):
+        go_to(s, m, -1)
+
+
+def test_go_to_on_a_replica_runs_forward_itself():
+    from types import SimpleNamespace
+    from nndb.timetravel.navigate import go_to
+    resumed = []
+    s = SimpleNamespace(last_step=4, resume=lambda how, **kw: resumed.append((how, kw)))
+    go_to(s, SimpleNamespace(replica=True), 6)
+    assert resumed == [("until", {"until": 6})]
+
+
+def test_compare_predictions_pairs_steps_and_finds_the_first_difference():
+    from nndb.timetravel.compare import compare_predictions
+    base = [{"step": 3, "loss": 1.0, "grad_norm": 2.0, "findings": []},
+            {"step": 4, "loss": 0.5, "grad_norm": 1.0, "findings": []}]
+    changed = [{"step": 3, "loss": 1.0, "grad_norm": 2.0, "findings": []},
+               {"step": 4, "loss": None, "grad_norm": 3.0, "findings": ["nan-loss"]}]
+    rows, first = compare_predictions(base, changed)
+    assert first == 4
+    assert rows[0]["loss_delta"] == 0.0 and rows[1]["loss_delta"] is None
+    assert rows[1]["grad_norm_changed"] == 3.0 and rows[1]["findings"] == ["nan-loss"]
+    assert compare_predictions(base, base)[1] is None
+    assert compare_predictions(base, changed[:1]) == (rows[:1], None)
+
+
+def test_checkpoint_inventory_reads_each_checkpoints_memory():
+    import os
+    from nndb.timetravel.inventory import checkpoint_inventory, total_private_kib
+    m = _ScanMachine([5, 0], [])
+    m.checkpoints[0].pid = os.getpid()
+    m.checkpoints[1].pid = -1                       # (no such process: its memory is unknown)
+    infos = checkpoint_inventory(m)
+    assert [i.step for i in infos] == [0, 5]
+    assert infos[0].private_kib is None and infos[0].pss_kib is None
+    if os.path.exists("/proc/self/smaps_rollup"):
+        assert infos[1].private_kib > 0
+    assert total_private_kib(infos) == (infos[1].private_kib or 0)

@@ -12,6 +12,11 @@ from . import evaluate as E
 from . import points as P
 
 
+def _plain(v) -> bool:
+    return isinstance(v, (int, float, bool, str, type(None))) or \
+        (isinstance(v, tuple) and all(isinstance(x, (int, float)) for x in v))
+
+
 class RunQueries:
     def module_name(self, module) -> str:
         naming = self.rec.naming
@@ -115,6 +120,39 @@ class RunQueries:
 
     def roots(self) -> list:
         return self.rec.naming.roots() if self.rec is not None else []
+
+    def module_summary(self) -> list:
+        """[(name, type name, parameters of its own)] of every module of the models seen."""
+        rows = []
+        naming = self.rec.naming if self.rec is not None else None
+        for root in self.roots():
+            for _, m in root.named_modules():
+                rows.append((naming.module_name(m), type(m).__name__,
+                             sum(p.numel() for p in m.parameters(recurse=False))))
+        return rows
+
+    def param_summary(self) -> list:
+        """[(name, shape, dtype, requires_grad, norm, grad norm or None)] of every
+        parameter of the models seen (a shared one once), norms in float64."""
+        rows = []
+        naming = self.rec.naming if self.rec is not None else None
+        seen = set()
+        for root in self.roots():
+            for p in root.parameters():
+                if id(p) in seen:
+                    continue
+                seen.add(id(p))
+                g = p.grad
+                rows.append((naming.param_name(p), tuple(p.shape), str(p.dtype).replace("torch.", ""),
+                             p.requires_grad, float(p.detach().double().norm()),
+                             float(g.detach().double().norm()) if g is not None and not g.is_sparse else None))
+        return rows
+
+    def optimizer_groups(self) -> list:
+        """[(optimizer name, optimizer, group index, number of params, {hyper-parameter: value})]:
+        the plain values of each param group (numbers, strings, tuples of numbers)."""
+        return [(name, opt, gi, len(g["params"]), {k: v for k, v in g.items() if k != "params" and _plain(v)})
+                for name, opt in self.optimizers() for gi, g in enumerate(opt.param_groups)]
 
     # -- what commands look at --------------------------------------------------------------
     @property

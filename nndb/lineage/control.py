@@ -12,6 +12,7 @@ import sys
 from typing import Optional
 
 from ..errors import CommandError
+from .oprecord import FILE, LINE, MODULE, NODE, OP, PHASE, op_name
 
 
 def parse_steps(text: Optional[str]):
@@ -122,19 +123,15 @@ class LineageControl:
         hits = []
         for p in self.catching():
             if p.matches(info):
-                detail = {"op": op[0].split(".")[0], "overload": op[0], "phase": op[1], "module": op[6],
-                          "file": op[7], "line": op[8], "node": op[9], "step": cur.step,
-                          "nan": info["nan"], "inputs": info["inputs"]}
+                detail = dict(_where(op), step=cur.step, nan=info["nan"], inputs=info["inputs"])
                 if info.get("origin") is not None:
                     # a NaN from an Inf: the operation that made the Inf is where it began
-                    o = cur.ops[info["origin"]]
                     detail["via"] = {k: detail[k] for k in ("op", "phase", "module", "file", "line", "node")}
-                    detail.update(op=o[0].split(".")[0], overload=o[0], phase=o[1], module=o[6],
-                                  file=o[7], line=o[8], node=o[9], nan=False)
+                    detail.update(_where(cur.ops[info["origin"]]), nan=False)
                 if s._point_hits(p, detail):
                     hits.append((p, detail))
         if hits:
-            s.on_catch(hits, op[6], sys._getframe(1))
+            s.on_catch(hits, op[MODULE], sys._getframe(1))
 
     # -- asking ----------------------------------------------------------------------------
     def live(self, step: int) -> Optional[dict]:
@@ -151,3 +148,9 @@ class LineageControl:
                 and self.recorder.current.step == step:
             sl = self.recorder.current
         return sl.find(t) if sl is not None else None
+
+
+def _where(op) -> dict:
+    """What a catch stop reports of an operation: its name, phase, module and source line."""
+    return {"op": op_name(op), "overload": op[OP], "phase": op[PHASE], "module": op[MODULE],
+            "file": op[FILE], "line": op[LINE], "node": op[NODE]}

@@ -7,7 +7,8 @@ from __future__ import annotations
 import os
 from typing import Optional
 
-OP, PHASE, INS, OUTS, SHAPES, DTYPES, MODULE, FILE, LINE, NODE = range(10)
+from .oprecord import (DTYPES, FILE, INS, LINE, MODULE, NODE, OP, OP_STATS, OUTS,  # noqa: F401
+                       PHASE, SHAPES, op_name)
 
 
 class StepGraph:
@@ -58,9 +59,11 @@ class StepGraph:
         args = ", ".join(self.label(t) for t in op[INS])
         shape = "x".join(map(str, op[SHAPES][0])) if op[SHAPES] else ""
         st = self.stats.get(i)
-        stats = f"  min {st[0]:.4g} max {st[1]:.4g} mean {st[2]:.4g}" + \
-            (f" nan {st[3]} inf {st[4]}" if st[3] or st[4] else "") if st else ""
-        return f"{op[OP].split('.')[0]}({args}) [{op[PHASE]}] {shape or 'scalar'} {op[DTYPES][0] if op[DTYPES] else ''}"\
+        if st:
+            st = dict(zip(OP_STATS, st))
+        stats = f"  min {st['min']:.4g} max {st['max']:.4g} mean {st['mean']:.4g}" + \
+            (f" nan {st['nan']} inf {st['inf']}" if st['nan'] or st['inf'] else "") if st else ""
+        return f"{op_name(op)}({args}) [{op[PHASE]}] {shape or 'scalar'} {op[DTYPES][0] if op[DTYPES] else ''}"\
             f"  {self.where(op)}{stats}".rstrip()
 
     # -- traces ------------------------------------------------------------------------------
@@ -96,7 +99,7 @@ class StepGraph:
             for i in self.consumers.get(t, []):
                 pad = "  " * level
                 if i in seen:
-                    lines.append(f"{pad}-> op {i} {self.ops[i][OP].split('.')[0]} (shown above)")
+                    lines.append(f"{pad}-> op {i} {op_name(self.ops[i])} (shown above)")
                     continue
                 seen.add(i)
                 outs = ", ".join(self.label(o) for o in self.ops[i][OUTS]) or "nothing"
@@ -149,7 +152,7 @@ class StepGraph:
         lines = [f"step {self.step}: {len(self.ops)} operation(s)"]
         for i, op in enumerate(self.ops):
             srcs = sorted({self.producer[t] for t in op[INS] if t in self.producer})
-            lines.append(f"  {i:4d} {op[OP].split('.')[0]:<24} {op[PHASE]:<9} {op[MODULE] or '-':<16} "
+            lines.append(f"  {i:4d} {op_name(op):<24} {op[PHASE]:<9} {op[MODULE] or '-':<16} "
                          f"<- {', '.join(map(str, srcs)) or '-'}")
         return lines
 
@@ -157,7 +160,7 @@ class StepGraph:
         out = [f'digraph "step {self.step}" {{', "  rankdir=TB;", "  node [shape=box];"]
         if ops:
             for i, op in enumerate(self.ops):
-                out.append(f'  op{i} [label="{op[OP].split(".")[0]}\\n{op[MODULE] or ""}"];')
+                out.append(f'  op{i} [label="{op_name(op)}\\n{op[MODULE] or ""}"];')
                 for t in op[INS]:
                     if t in self.producer:
                         out.append(f"  op{self.producer[t]} -> op{i};")

@@ -31,13 +31,13 @@ from typing import Callable, Optional
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
+from .oprecord import FIELDS, INS, OP_STATS, PHASE  # noqa: F401  (FIELDS: the layout of cur.ops' records)
+
 _TORCH_DIR = os.path.dirname(torch.__file__)
 _NNDB_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _STDLIB = os.path.dirname(os.__file__)
-# (name, phase, inputs, outputs, shapes, dtypes, module, file, line, node)
 _SKIP = {torch.ops.profiler._record_function_enter_new.default,
          torch.ops.profiler._record_function_exit._RecordFunction}
-FIELDS = ("op", "phase", "inputs", "outputs", "shapes", "dtypes", "module", "file", "line", "node")
 
 
 _SCRIPT: dict = {}      # code object -> is it the script's own code
@@ -132,7 +132,7 @@ class StepLineage:
                 continue
             if i in bad and (best is None or i > best):
                 best = i
-            stack.extend(self.ops[i][2])
+            stack.extend(self.ops[i][INS])
         return best
 
     def find(self, t) -> Optional[int]:
@@ -322,6 +322,7 @@ class OpRecorder(TorchDispatchMode):
         out_ids = [cur.new(o, id(o) in written) for o in outs]
         file, line = script_location(sys._getframe(2))
         idx = len(cur.ops)
+        # in the order of oprecord.FIELDS
         cur.ops.append([func.__name__, phase, in_ids, out_ids, [list(o.shape) for o in outs],
                         [str(o.dtype).replace("torch.", "") for o in outs], module, file, line, node_name])
         for o, tid in zip(outs, out_ids):
@@ -331,7 +332,7 @@ class OpRecorder(TorchDispatchMode):
         if self.stats and outs:
             d = describe(outs[0])
             if "min" in d:
-                cur.stats[idx] = [d["min"], d["max"], d["mean"], d["nan"], d["inf"]]
+                cur.stats[idx] = [d[k] for k in OP_STATS]
         if self.check:
             cur.checked = True
             self._check(cur, idx, ins, in_ids, outs)
@@ -340,7 +341,7 @@ class OpRecorder(TorchDispatchMode):
         out_nan, out_inf = _flags(outs)
         if not (out_nan or out_inf):
             return
-        cur.first_bad.setdefault(cur.ops[idx][1], idx)
+        cur.first_bad.setdefault(cur.ops[idx][PHASE], idx)
         in_nan, in_inf = _flags(ins)
         finite_in = not (in_nan or in_inf)
         if finite_in:

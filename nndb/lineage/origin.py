@@ -8,11 +8,15 @@ from __future__ import annotations
 import os
 
 from ..errors import CommandError
-from .graph import FILE, LINE, MODULE, NODE, OP, PHASE, StepGraph
+from ..tracer.stats import STAT_NAMES
+from .graph import StepGraph
+from .oprecord import FILE, LINE, MODULE, NODE, PHASE, op_name
+
+_NORM, _NAN, _INF = (STAT_NAMES.index(k) for k in ("norm", "nan_count", "inf_count"))
 
 
 def _bad(row) -> bool:
-    return row is not None and ((row[7] or 0) > 0 or (row[8] or 0) > 0)
+    return row is not None and ((row[_NAN] or 0) > 0 or (row[_INF] or 0) > 0)
 
 
 def _series(s, name: str, kind: str) -> dict:
@@ -32,18 +36,18 @@ def origin(s, name: str, get_lineage) -> list:
         return [f"{name} has stayed finite in all {len(rows)} recorded step(s)."]
     k = bad[0]
     row = rows[k]
-    lines = [f"{name} became non-finite at step {k} (nan {int(row[7])}, inf {int(row[8])}): "
+    lines = [f"{name} became non-finite at step {k} (nan {int(row[_NAN])}, inf {int(row[_INF])}): "
              f"the update of step {k} introduced it."]
     before = [st for st in sorted(rows) if st < k]
     if before:
         p = rows[before[-1]]
-        lines.append(f"  At step {before[-1]} it was finite (norm {p[5]:.4g}).")
+        lines.append(f"  At step {before[-1]} it was finite (norm {p[_NORM]:.4g}).")
     grads = _series(s, name, "grad")
     g = grads.get(k)
     if g is not None and _bad(g):
-        lines.append(f"  Its gradient at step {k} carried it: nan {int(g[7])}, inf {int(g[8])}.")
+        lines.append(f"  Its gradient at step {k} carried it: nan {int(g[_NAN])}, inf {int(g[_INF])}.")
     elif g is not None:
-        lines.append(f"  Its gradient at step {k} was finite (norm {g[5]:.4g}): the optimizer's update "
+        lines.append(f"  Its gradient at step {k} was finite (norm {g[_NORM]:.4g}): the optimizer's update "
                      f"made it non-finite.")
     data = get_lineage(k, check=True)
     graph = StepGraph(data)
@@ -77,4 +81,4 @@ def _op(graph, i: int) -> str:
         f = os.path.relpath(f)
     where = ", ".join(x for x in (f"module {op[MODULE]}" if op[MODULE] else "", op[NODE] or "",
                                   f"{f}:{op[LINE]}" if f else "") if x)
-    return f"{op[OP].split('.')[0]} (op {i}; {where})"
+    return f"{op_name(op)} (op {i}; {where})"

@@ -187,6 +187,13 @@ class Rule:
     def reset(self) -> None:
         """A new run starts: forget the history."""
 
+    def set_threshold(self, name: str, value: float):
+        """Set one of THRESHOLDS; a whole number stays an int where the default is one.  The value set."""
+        if isinstance(self.THRESHOLDS[name].default, int) and float(value).is_integer():
+            value = int(value)
+        self.params[name] = value
+        return value
+
     def check(self, ctx: StepContext) -> Iterable[Finding]:
         raise NotImplementedError
 

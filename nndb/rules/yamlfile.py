@@ -241,10 +241,7 @@ class _File:
         if not names:
             self.fail(node, f"rule {rule.id} has no thresholds")
         for name, (_, vn) in self.mapping(node, f"thresholds of {rule.id}", names).items():
-            value = self.number(vn, f"threshold {name} of {rule.id}")
-            if isinstance(rule.THRESHOLDS[name].default, int) and float(value).is_integer():
-                value = int(value)
-            rule.params[name] = value
+            rule.set_threshold(name, self.number(vn, f"threshold {name} of {rule.id}"))
 
     def new(self, node, by_id: dict, listed: dict) -> CustomRule:
         fields = self.mapping(node, "a new rule", NEW_KEYS + ("thresholds",))

@@ -279,7 +279,7 @@ class TimeMachine:
                 target, then, why = int(msg["target"]), msg.get("then", "stop"), msg.get("why", "")
                 continue
             if nxt == "rc":
-                from ..debugger.commands.timetravel import reverse_continue_target
+                from .search import reverse_continue_target
                 found = reverse_continue_target(s, self, int(msg["step"]), bool(msg["at_end"]))
                 if found is not None:
                     target, then, why = found

@@ -1,12 +1,37 @@
-"""Searches over the past with scan replicas: ``bisect`` (the first step
-where an expression held) and ``replay --verify`` (replayed statistics
-against the trace, bit for bit)."""
+"""Searches over the past with scan replicas: ``reverse-continue`` (the
+last earlier step where a point held), ``bisect`` (the first step where an
+expression held) and ``replay --verify`` (replayed statistics against the
+trace, bit for bit)."""
 from __future__ import annotations
 
 import math
 
 from ..debugger import evaluate as E
 from ..errors import CommandError
+
+
+def reverse_continue_target(s, machine, step: int, at_end: bool):
+    """The last hit before (step, at_end): searched one checkpoint segment at a
+    time, newest first.  (target, then, why) for ``TimeMachine.travel``, or None."""
+    end = step
+    for ck in sorted(machine.checkpoints.values(), key=lambda c: -c.step):
+        if ck.step > end:
+            continue
+        res = machine.replay(s, {"kind": "scan", "from": ck.step, "end": end, "points": True}, ck.step)
+        hits = [h for h in res["result"]["hits"]
+                if h["step"] < step or (h["step"] == step and not (h["at_step_end"] and at_end))]
+        if hits:
+            h = hits[-1]
+            why = f"reverse-continue: {', '.join(map(str, h['points'])) or 'a rule'} held"
+            if h["at_step_end"]:
+                return h["step"], "stop", why
+            if h["step"] == 0:
+                return 0, "stop", why + " in step 0 (shown at its end)"
+            return h["step"] - 1, "points", why
+        end = ck.step - 1
+        if end < 0:
+            break
+    return None
 
 
 def _value_at(s, machine, expr: str, step: int):

@@ -6,6 +6,7 @@ import sys
 
 from ...errors import CommandError
 from .. import evaluate as E
+from ..hyperparams import set_hyperparameter
 from ..points import parse_int
 from .table import Command, Table
 
@@ -50,41 +51,8 @@ def _set(s, arg):
                            f"({', '.join(n for n, _ in opts)})", SET_USAGE)
     rows = []
     for name, opt in opts:
-        groups = list(enumerate(opt.param_groups))
-        if group is not None:
-            if not 0 <= group < len(groups):
-                raise CommandError(f"{name} has {len(groups)} param group(s); there is no group {group}")
-            groups = [groups[group]]
-        for gi, g in groups:
-            if key not in g or key == "params":
-                known = ", ".join(k for k in g if k != "params")
-                raise CommandError(f"{name} has no hyper-parameter '{key}' (it has: {known})")
-            old = g[key]
-            if not _numeric(old):
-                raise CommandError(f"{name}'s '{key}' is {old!r}, not a number: nndb only sets "
-                                   f"numeric hyper-parameters")
-            if isinstance(value, tuple) != isinstance(old, tuple) or \
-                    (isinstance(value, tuple) and len(value) != len(old)):
-                raise CommandError(f"{name}'s '{key}' is {old!r}; give a value of the same shape")
-            if hasattr(old, "fill_") and not isinstance(value, tuple):
-                old_repr = float(old)
-                old.fill_(value)          # a tensor lr (capturable optimizers): change it in place
-            else:
-                old_repr = old
-                g[key] = type(old)(value) if isinstance(old, (int, float)) and not isinstance(old, bool) \
-                    and not isinstance(value, tuple) else value
-            rows.append((name, gi, key, old_repr, g[key] if not hasattr(g[key], "fill_") else float(g[key])))
+        rows += set_hyperparameter(name, opt, key, value, group)
     return Table(("optimizer", "group", "hyper-parameter", "was", "now"), rows)
-
-
-def _numeric(v) -> bool:
-    if isinstance(v, bool):
-        return False
-    if isinstance(v, (int, float)):
-        return True
-    if isinstance(v, tuple):
-        return all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v)
-    return hasattr(v, "fill_") and getattr(v, "numel", lambda: 0)() == 1      # a tensor lr
 
 
 def _py(s, text):

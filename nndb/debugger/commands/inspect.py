@@ -262,45 +262,21 @@ def _info_step(s):
 
 
 def _info_modules(s):
-    rows = []
-    naming = s.rec.naming if s.rec is not None else None
-    for root in s.roots():
-        for _, m in root.named_modules():
-            n_params = sum(p.numel() for p in m.parameters(recurse=False))
-            rows.append((naming.module_name(m), type(m).__name__, n_params))
-    return Table(("module", "type", "params"), rows, empty="No module has run yet.")
+    return Table(("module", "type", "params"), s.module_summary(), empty="No module has run yet.")
 
 
 def _info_params(s):
-    rows = []
-    naming = s.rec.naming if s.rec is not None else None
-    seen = set()
-    for root in s.roots():
-        for p in root.parameters():
-            if id(p) in seen:
-                continue
-            seen.add(id(p))
-            g = p.grad
-            rows.append((naming.param_name(p), tuple(p.shape), str(p.dtype).replace("torch.", ""),
-                         "y" if p.requires_grad else "n", float(p.detach().double().norm()),
-                         float(g.detach().double().norm()) if g is not None and not g.is_sparse else None))
+    rows = [(name, shape, dtype, "y" if grad else "n", norm, gnorm)
+            for name, shape, dtype, grad, norm, gnorm in s.param_summary()]
     return Table(("param", "shape", "dtype", "grad", "norm", "grad norm"), rows,
                  empty="No parameters seen yet.")
 
 
 def _info_optimizer(s):
-    rows = []
-    for name, opt in s.optimizers():
-        for gi, g in enumerate(opt.param_groups):
-            hyper = ", ".join(f"{k}={v!r}" for k, v in g.items() if k != "params" and _scalar(v))
-            rows.append((name, type(opt).__name__, gi, len(g["params"]), hyper))
+    rows = [(name, type(opt).__name__, gi, n, ", ".join(f"{k}={v!r}" for k, v in hyper.items()))
+            for name, opt, gi, n, hyper in s.optimizer_groups()]
     return Table(("optimizer", "type", "group", "params", "hyper-parameters"), rows,
                  empty="No optimizer has stepped yet.")
-
-
-def _scalar(v) -> bool:
-    return isinstance(v, (int, float, bool, str, type(None))) or \
-        (isinstance(v, tuple) and all(isinstance(x, (int, float)) for x in v))
 
 
 def _info_locals(s):

@@ -4,9 +4,8 @@ A step's lineage comes from the live recorder, the trace, or, asked after
 the fact, a replica that replays the step with the recorder on."""
 from __future__ import annotations
 
-import json
-
 from ...errors import CommandError
+from ...lineage.fetch import lineage_control, resolve_target, step_lineage
 from .. import evaluate as E
 from .. import points as P
 from ..points import parse_int
@@ -15,34 +14,10 @@ from .table import Command
 CATCH_USAGE = "catch nan|inf|nonfinite [fail]"
 
 
-def _control(s):
-    if s.lineage is None:
-        raise CommandError("lineage is not available in this session")
-    return s.lineage
-
-
 def get_lineage(s, step: int, check: bool = False, resolve: tuple = ()):
-    """(the step's lineage dict, {expr: tensor id or error})."""
-    lc = _control(s)
-    if not resolve:
-        data = lc.live(step)
-        if data is None and s.rec is not None:
-            text = s.rec.writer.lineage_of(step)
-            data = json.loads(text) if text else None
-        if data is not None and (not check or data.get("checked", True)):
-            return dict(data, step=step), {}
-    if s.machine is None or s.rec is None:
-        raise CommandError(f"step {step} has no recorded lineage and time travel is off")
-    if s.last_step is None or step > s.last_step:
-        raise CommandError(f"step {step} has not finished yet")
-    res = s.machine.replay(s, {"kind": "scan", "from": step, "end": step, "lineage": [step],
-                               "resolve": list(resolve)}, step - 1)
-    data = res["result"]["lineage"].get(str(step))
-    if data is None:
-        raise CommandError(f"the replay of step {step} recorded no lineage ({res.get('ended') or 'no step'})")
-    if s.rec.writer.lineage_of(step) is None:
-        s.rec.writer.lineage(step, data)
-    return dict(data, step=step), res["result"].get("resolved", {})
+    """(the step's lineage dict, {expr: tensor id or error}); replayed on a replica if need be."""
+    from ...timetravel.lineage_replay import replay_lineage
+    return step_lineage(s, step, lambda st, names: replay_lineage(s, s.machine, st, names), check, resolve)
 
 
 def _target_arg(text: str) -> dict:
@@ -78,35 +53,16 @@ def _step_of(s, arg) -> int:
 
 def _resolve(s, arg):
     """(StepGraph, tensor id) of the target: a recorded name, else an expression."""
-    from ...lineage.graph import StepGraph
-    step = _step_of(s, arg)
-    target = arg["target"]
-    try:
-        data, _ = get_lineage(s, step)
-        g = StepGraph(data)
-        tid = g.resolve(target)
-        if tid is not None:
-            return g, tid
-    except CommandError:
-        if s.frame is None:
-            raise
-        g = None
-    if s.frame is None:
-        raise CommandError(f"no tensor named '{target}' in step {step}'s lineage")
-    value = E.evaluate(E.compile_expr(target), s.frame, s.variables(s.frame))
-    tid = s.lineage.find(value, step) if s.lineage is not None else None
-    if tid is not None and g is not None:
-        return g, tid
-    data, resolved = get_lineage(s, step, resolve=(target,))
-    r = resolved.get(target)
-    if not isinstance(r, int):
-        names = ", ".join(StepGraph(data).names()[:8])
-        raise CommandError(r or f"'{target}' is neither a recorded name ({names}) nor a tensor of step {step}")
-    return StepGraph(data), r
+    def lineage(step, resolve=()):
+        return get_lineage(s, step, resolve=resolve)
+
+    def evaluate(expr):
+        return E.evaluate(E.compile_expr(expr), s.frame, s.variables(s.frame))
+    return resolve_target(s, _step_of(s, arg), arg["target"], lineage, None if s.frame is None else evaluate)
 
 
 def _lineage(s, arg):
-    lc = _control(s)
+    lc = lineage_control(s)
     if arg["target"] in ("on", "off", "on --stats"):
         lc.always = arg["target"] != "off"
         lc.stats = arg["target"] == "on --stats"
@@ -138,7 +94,7 @@ def _catch_arg(text: str):
 
 def _catch(s, arg):
     kind, fail = arg
-    _control(s)
+    lineage_control(s)
     p = s.add_point(P.CatchPoint, {"what_kind": kind}, fail=fail)
     return f"Catchpoint {p.number}: {p.what()} (every operation's output is checked while it is enabled)"
 

@@ -96,9 +96,7 @@ def _rule_cmd(s, arg):
     if name not in r.THRESHOLDS:
         known = ", ".join(r.THRESHOLDS) or "none"
         raise CommandError(f"rule {r.id} has no threshold '{name}' (it has: {known})")
-    if isinstance(r.THRESHOLDS[name].default, int) and value.is_integer():
-        value = int(value)
-    r.params[name] = value
+    value = r.set_threshold(name, value)
     return f"Rule {r.id}: {name} = {_fmt(value)} (default {_fmt(r.THRESHOLDS[name].default)})."
 
 

@@ -30,18 +30,8 @@ def position(s) -> tuple:
 
 
 def _go(s, target: int, then: str = "stop", why: str = "") -> None:
-    m = machine(s)
-    if target < 0:
-        raise CommandError("cannot go back before the end of step 0 (the first checkpoint)")
-    if m.replica:
-        if target > s.last_step:
-            s.resume("until", until=target)
-            return
-        m.hand_back(s, "goto", target=target, then=then, why=why)
-    if target > s.last_step:
-        raise CommandError(f"step {target} has not run yet (the present is step {s.last_step}): "
-                           f"use 'until {target}'")
-    m.travel(s, target, then, why)
+    from ...timetravel.navigate import go_to
+    go_to(s, machine(s), target, then, why)
 
 
 def _reverse_step(s, n):
@@ -64,34 +54,12 @@ def _reverse_continue(s, _):
         m.hand_back(s, "rc", step=step, at_end=at_end)
     if not s.points:
         raise CommandError("no breakpoints or watchpoints: nothing to go back to")
+    from ...timetravel.search import reverse_continue_target
     target = reverse_continue_target(s, m, step, at_end)
     if target is None:
         s.message("No earlier step where a breakpoint or watchpoint held (in the recorded checkpoints' range).")
         return
     m.travel(s, *target)
-
-
-def reverse_continue_target(s, m, step: int, at_end: bool):
-    """The last hit before (step, at_end): searched one checkpoint segment at a time, newest first."""
-    end = step
-    for ck in sorted(m.checkpoints.values(), key=lambda c: -c.step):
-        if ck.step > end:
-            continue
-        res = m.replay(s, {"kind": "scan", "from": ck.step, "end": end, "points": True}, ck.step)
-        hits = [h for h in res["result"]["hits"]
-                if h["step"] < step or (h["step"] == step and not (h["at_step_end"] and at_end))]
-        if hits:
-            h = hits[-1]
-            why = f"reverse-continue: {', '.join(map(str, h['points'])) or 'a rule'} held"
-            if h["at_step_end"]:
-                return h["step"], "stop", why
-            if h["step"] == 0:
-                return 0, "stop", why + " in step 0 (shown at its end)"
-            return h["step"] - 1, "points", why
-        end = ck.step - 1
-        if end < 0:
-            break
-    return None
 
 
 def _present(s, _):
@@ -140,16 +108,11 @@ def info_checkpoints(s):
     m = machine(s, live=False)
     if m.replica:
         return "Checkpoints belong to the live run: 'present', then 'info checkpoints' there."
-    from ...timetravel.forking import memory_kib
-    rows = []
-    total = 0
-    for ck in sorted(m.checkpoints.values(), key=lambda c: c.step):
-        mem = memory_kib(ck.pid)
-        if mem:
-            total += mem["private"]
-        rows.append((ck.number, ck.step, ck.kind, ck.pid, f"{ck.cost_s * 1000:.1f} ms",
-                     f"{mem['private'] / 1024:.1f} MiB" if mem else "?",
-                     f"{mem['pss'] / 1024:.1f} MiB" if mem else "?"))
+    from ...timetravel.inventory import checkpoint_inventory, total_private_kib
+    infos = checkpoint_inventory(m)
+    total = total_private_kib(infos)
+    rows = [(i.number, i.step, i.kind, i.pid, f"{i.cost_s * 1000:.1f} ms", _mib(i.private_kib), _mib(i.pss_kib))
+            for i in infos]
     st = m.step_time()
     lines = [f"Policy: {m.policy.describe()}; {m.disk_schedule.describe()}."]
     if m.blocked:
@@ -162,6 +125,10 @@ def info_checkpoints(s):
         lines.append(f"On disk: step {step}: {path}")
     return [Table(("Num", "Step", "Kind", "Pid", "Fork", "Private", "PSS"), rows,
                   empty="No checkpoints."), *lines]
+
+
+def _mib(kib) -> str:
+    return "?" if kib is None else f"{kib / 1024:.1f} MiB"
 
 
 def _predict_arg(text):
@@ -211,14 +178,11 @@ def render_prediction(n, sets, base, changed, took):
                          title=f"Predicted {len(rows)} step(s) ahead on a replica ({took:.2f} s); "
                                "the live run is unchanged:", empty="No step finished."))
     else:
+        from ...timetravel.compare import compare_predictions
         label = ", ".join(x[4:] for x in sets)
-        rows, first = [], None
-        for a, b in zip(base["rows"], changed["rows"]):
-            if first is None and (a["loss"] != b["loss"] or a["grad_norm"] != b["grad_norm"]):
-                first = a["step"]
-            dl = None if a["loss"] is None or b["loss"] is None else b["loss"] - a["loss"]
-            rows.append((a["step"], f(a["loss"]), f(b["loss"]), f(dl), f(a["grad_norm"]), f(b["grad_norm"]),
-                         ", ".join(b["findings"]) or "-"))
+        pairs, first = compare_predictions(base["rows"], changed["rows"])
+        rows = [(r["step"], f(r["loss"]), f(r["loss_changed"]), f(r["loss_delta"]), f(r["grad_norm"]),
+                 f(r["grad_norm_changed"]), ", ".join(r["findings"]) or "-") for r in pairs]
         out.append(Table(("Step", "Loss", f"Loss ({label})", "Δ loss", "Grad norm", f"Grad norm ({label})",
                           f"Findings ({label})"), rows,
                          title=f"Predicted {len(rows)} step(s): baseline and {label} on replicas "

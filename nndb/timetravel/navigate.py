@@ -1,0 +1,23 @@
+"""Going to a step: the way there from where the session is (a replica in
+the past, or the live run), for ``goto``, ``reverse-step`` and
+``reverse-continue``."""
+from __future__ import annotations
+
+from ..errors import CommandError
+
+
+def go_to(s, machine, target: int, then: str = "stop", why: str = "") -> None:
+    """To the end of step ``target``: forward on this timeline by running, back
+    by a replica replayed from a checkpoint (a replica first hands the terminal
+    back to the live run, which owns the checkpoints)."""
+    if target < 0:
+        raise CommandError("cannot go back before the end of step 0 (the first checkpoint)")
+    if machine.replica:
+        if target > s.last_step:
+            s.resume("until", until=target)
+            return
+        machine.hand_back(s, "goto", target=target, then=then, why=why)
+    if target > s.last_step:
+        raise CommandError(f"step {target} has not run yet (the present is step {s.last_step}): "
+                           f"use 'until {target}'")
+    machine.travel(s, target, then, why)
