@@ -54,3 +54,82 @@ def run_in_process(tmp_path, script: str, args=(), rules="default", commands=(),
 
 def findings_of(result, severities=("error", "warning")) -> list:
     return [f for f in result.session.findings if f["severity"] in severities]
+
+
+# -- transcripts: a session as it was typed, shown when a test fails ---------------------------
+
+PROMPT = "(nndb) "
+
+
+class Transcript:
+    """What a scripted session printed: each typed command after its prompt,
+    then its output.  ``after(cmd)`` is one command's output; a test that fails
+    while holding a Transcript (made in the test or given by a fixture) shows
+    the whole session under "nndb session" in pytest's report."""
+
+    def __init__(self, text: str, result=None, title: str = "nndb session"):
+        self.text = text
+        self.result = result          # the driver's DebugResult, for in-process sessions
+        self.title = title
+        _made_in_this_test.append(self)
+
+    def after(self, command: str, nth: int = 1) -> str:
+        """What was printed after the nth typing of ``command`` and before the next prompt."""
+        chunks = self.text.split(PROMPT)[1:]
+        hits = [c for c in chunks if c.split("\n", 1)[0] == command]
+        assert len(hits) >= nth, f"{command!r} typed {len(hits)} time(s), not {nth} (the session is below)"
+        body = hits[nth - 1].split("\n", 1)
+        return body[1] if len(body) > 1 else ""
+
+    def count(self, text: str) -> int:
+        return self.text.count(text)
+
+    def __contains__(self, text: str) -> bool:
+        return text in self.text
+
+    def __repr__(self) -> str:
+        return f"<Transcript of {self.text.count(PROMPT)} command(s)>"
+
+    def section(self) -> str:
+        return self.text
+
+
+class Ran:
+    """A subprocess run of ``nndb`` (a CompletedProcess) with its command line,
+    shown (command, exit code, stdout, stderr) in pytest's report when a test
+    holding it fails."""
+
+    def __init__(self, proc, argv=(), title: str = "nndb run"):
+        self.proc = proc
+        self.argv = list(argv)
+        self.returncode, self.stdout, self.stderr = proc.returncode, proc.stdout, proc.stderr
+        self.title = title
+        _made_in_this_test.append(self)
+
+    def __repr__(self) -> str:
+        return f"<Ran nndb exit {self.returncode}>"
+
+    def section(self) -> str:
+        return (f"$ nndb {' '.join(self.argv)}\n(exit code {self.returncode})\n"
+                f"--- stdout\n{self.stdout}--- stderr\n{self.stderr}")
+
+
+_made_in_this_test: list = []
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item):
+    del _made_in_this_test[:]
+    yield
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    rep = outcome.get_result()
+    if rep.when != "call" or not rep.failed:
+        return
+    shown = [v for v in getattr(item, "funcargs", {}).values() if isinstance(v, (Transcript, Ran))]
+    shown += [v for v in _made_in_this_test if all(v is not s for s in shown)]
+    for v in shown:
+        rep.sections.append((v.title, v.section()))

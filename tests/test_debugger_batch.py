@@ -339,35 +339,44 @@ def rc_dirs(tmp_path):
     return home, xdg, proj, env
 
 
-def test_rc_files_and_trust(rc_dirs, tmp_path):
-    home, xdg, proj, env = rc_dirs
+def _rc_args(tmp_path):
     x = _write(tmp_path / "x.nndb", 'p "X-FILE"\n')
-    args = ("-x", x, "-e", 'p "E-CMD"', example("mlp.py"), "--steps", "1")
+    return ("-x", x, "-e", 'p "E-CMD"', example("mlp.py"), "--steps", "1")
 
-    # untrusted ./.nndbrc: skipped with one line that says how to trust it
-    r = nndb("run", "--batch", "-q", *args, cwd=str(proj), env=env)
+
+def _printed(stdout: str) -> list:
+    return re.findall(r"'(\w+(?:-\w+)*)'", stdout)
+
+
+def test_untrusted_local_rc_is_skipped_with_the_command_that_trusts_it(rc_dirs, tmp_path):
+    home, xdg, proj, env = rc_dirs
+    r = nndb("run", "--batch", "-q", *_rc_args(tmp_path), cwd=str(proj), env=env)
     assert r.returncode == 0, r.stderr
     assert "LOCAL-RC" not in r.stdout
-    assert re.findall(r"'(\w+(?:-\w+)*)'", r.stdout) == ["HOME-RC", "X-FILE", "E-CMD"]   # in order
+    assert _printed(r.stdout) == ["HOME-RC", "X-FILE", "E-CMD"]          # in order
     lines = [l for l in r.stderr.splitlines() if "nndb trust" in l]
     assert len(lines) == 1 and str(proj / ".nndbrc") in lines[0]
     trust_cmd = shlex.split(lines[0].split("run: ", 1)[1])
     assert trust_cmd == ["nndb", "trust", os.path.realpath(proj)]
 
-    # the command it prints trusts the directory; then ./.nndbrc is read, after ~/.nndbrc
-    t = nndb(*trust_cmd[1:], cwd=str(proj), env=env)
+
+def test_trusted_local_rc_is_read_after_the_home_rc(rc_dirs, tmp_path):
+    home, xdg, proj, env = rc_dirs
+    t = nndb("trust", os.path.realpath(proj), cwd=str(proj), env=env)   # the command the skip line prints
     assert t.returncode == 0, t.stderr
     with open(xdg / "nndb" / "trusted", encoding="utf-8") as fh:
         assert fh.read().splitlines() == [os.path.realpath(proj)]
-    r = nndb("run", "--batch", "-q", *args, cwd=str(proj), env=env)
+    r = nndb("run", "--batch", "-q", *_rc_args(tmp_path), cwd=str(proj), env=env)
     assert r.returncode == 0, r.stderr
-    assert re.findall(r"'(\w+(?:-\w+)*)'", r.stdout) == ["HOME-RC", "LOCAL-RC", "X-FILE", "E-CMD"]
+    assert _printed(r.stdout) == ["HOME-RC", "LOCAL-RC", "X-FILE", "E-CMD"]
     assert "nndb trust" not in r.stderr
 
-    # --nx: neither rc file; -x and -e still run
-    r = nndb("run", "--batch", "-q", "--nx", *args, cwd=str(proj), env=env)
+
+def test_nx_reads_no_rc_file_but_runs_x_and_e(rc_dirs, tmp_path):
+    home, xdg, proj, env = rc_dirs
+    r = nndb("run", "--batch", "-q", "--nx", *_rc_args(tmp_path), cwd=str(proj), env=env)
     assert r.returncode == 0, r.stderr
-    assert re.findall(r"'(\w+(?:-\w+)*)'", r.stdout) == ["X-FILE", "E-CMD"]
+    assert _printed(r.stdout) == ["X-FILE", "E-CMD"]
     assert r.stderr.strip() == ""
 
 

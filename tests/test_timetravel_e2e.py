@@ -12,7 +12,7 @@ import textwrap
 
 import pytest
 
-from conftest import nndb, python
+from conftest import Ran, nndb, python
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="fork replicas need fork()")
 
@@ -63,6 +63,7 @@ def run(tmp_path, script, commands, *extra, args=()):
     cmds.write_text("\n".join(commands) + "\n")
     r = nndb("run", "--batch", "--nx", "--trace", str(tmp_path / "t.h5"), *extra, "-x", str(cmds),
              script, *args, cwd=str(tmp_path))
+    Ran(r, ["run", "--batch", "--nx", *extra, "-x", "cmds.nndb", script, *args, "#", *commands])
     assert "Traceback" not in r.stderr, r.stderr
     return r
 
@@ -176,11 +177,14 @@ def test_disk_checkpoints_load_with_weights_only(tmp_path, script):
     assert set(ck["modules"]["model"]) == {"0.weight", "0.bias", "3.weight", "3.bias"}
 
 
-def test_unsupported_cases_say_why(tmp_path, script):
+def test_reverse_step_with_dataloader_workers_alive_says_why_it_cannot_fork(tmp_path, script):
     w = run(tmp_path, script, ["break step 6", "continue", "reverse-step 2", "continue"], "--replica", "fork",
             args=("2",))
     assert "no checkpoint at or before step 4 (no fork checkpoints from step 0 on: " in w.stderr
     assert "worker process(es) are alive" in w.stderr
+
+
+def test_reverse_step_with_threads_says_why_and_replays_in_a_new_process(tmp_path, script):
     t = run(tmp_path, script, ["break step 6", "continue", "reverse-step 2", STATE, "present", "continue"],
             args=("0", "--thread"))
     assert "the script started threads (prefetcher) that do not survive fork()" in t.stderr
@@ -207,13 +211,19 @@ def test_bad_time_travel_commands_get_one_line(tmp_path, script):
     assert r.returncode == 0
 
 
-def test_quit_run_and_kill_in_the_past(tmp_path, script):
+def test_quit_in_the_past_ends_the_live_run_too(tmp_path, script):
     q = run(tmp_path, script, ["break step 6", "continue", "rs 2", "quit"])
     assert "In the past (timeline 0): step 4 finished" in q.stdout
-    assert "final" not in q.stdout and "Back in the present" not in q.stdout     # quit ends the live run too
+    assert "final" not in q.stdout and "Back in the present" not in q.stdout
+
+
+def test_kill_in_the_past_kills_the_replica_and_the_live_run_goes_on(tmp_path, script):
     k = run(tmp_path, script, ["break step 6", "continue", "rs 2", "kill", STATE, "continue"])
     assert "the replica is killed; back to the present." in k.stdout
-    assert re.search(r"\('STATE', 6, ", k.stdout) and "final" in k.stdout, k.stdout   # the live run goes on
+    assert re.search(r"\('STATE', 6, ", k.stdout) and "final" in k.stdout, k.stdout
+
+
+def test_run_in_the_past_restarts_the_live_run(tmp_path, script):
     r = run(tmp_path, script, ["break step 6", "continue", "rs 2", "run", "delete", "continue"])
     assert r.stdout.count("Breakpoint 1, step 6 finished") == 1 and "final" in r.stdout, r.stdout
-    assert (tmp_path / "t-run2.h5").exists()                 # 'run' in the past restarted the live run
+    assert (tmp_path / "t-run2.h5").exists()
