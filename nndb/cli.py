@@ -87,7 +87,7 @@ def run(module, trace_path, every, steps_range, full_every, act_every, flush_ste
     Everything after SCRIPT is passed to the script untouched.  It stops at
     the start of step 0 with the (nndb) prompt unless --run, --batch, or
     stdin is not a terminal."""
-    from .timetravel.preload import maybe_restart
+    from .preload import maybe_restart
     maybe_restart(replica)              # (fork replicas: Intel's OpenMP runtime; returns if not)
     from .config import RecordSchedule, RunConfig
     from .debugger.driver import DebugOptions, debug

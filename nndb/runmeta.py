@@ -45,7 +45,7 @@ def replay_state() -> dict:
     starts from a fixed seed), the hash seed, the thread count, the OpenMP
     runtime (GNU libgomp cannot run threads in a forked child)."""
     import random
-    from .timetravel import preload
+    from . import preload
     v, st, g = random.getstate()
     name, key, pos, has_gauss, cached = np.random.get_state()
     runtime = openmp_runtime()

@@ -381,8 +381,8 @@ def instructions(name, flags, scale=1.0):
 
 
 def _restart_preloaded():
-    """Replicas need Intel's OpenMP runtime to run multi-threaded (see nndb.timetravel.preload)."""
-    from nndb.timetravel.preload import preloaded_env
+    """Replicas need Intel's OpenMP runtime to run multi-threaded (see nndb.preload)."""
+    from nndb.preload import preloaded_env
     env = preloaded_env()
     if env is not None and sys.platform.startswith("linux"):
         sys.stdout.flush()

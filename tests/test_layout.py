@@ -53,3 +53,108 @@ def test_cli_choices_match_the_trace_schema():
     from nndb.store import schema
     assert cli.STAT_CHOICES == tuple(schema.COLUMNS)
     assert cli.KIND_CHOICES == tuple(schema.KINDS)
+
+
+# -- the floors ---------------------------------------------------------------------------
+# Top to bottom; a module imports only from its own floor or below (imports
+# inside functions count).  A module belongs to the floor of its longest
+# matching prefix.
+FLOORS = [
+    ("cli", ("nndb.cli", "nndb.__main__")),
+    ("driver", ("nndb.debugger.driver",)),
+    ("front ends", ("nndb.repl", "nndb.debugger.frontend", "nndb.debugger.report", "nndb.inspect")),
+    ("commands and renderers", ("nndb.debugger.commands", "nndb.debugger.rcfiles", "nndb.render")),
+    ("time travel", ("nndb.timetravel",)),
+    ("debugger engine", ("nndb.debugger",)),
+    ("recording", ("nndb.runner", "nndb.check", "nndb.launcher", "nndb.runmeta", "nndb.config")),
+    ("rules, lineage, store", ("nndb.rules", "nndb.lineage", "nndb.store")),
+    ("tracer", ("nndb.tracer",)),
+    ("base", ("nndb.errors", "nndb.cadence", "nndb.preload", "nndb.store.schema", "nndb")),
+]
+
+
+def _module_names() -> dict:
+    out = {}
+    for rel, tree in modules():
+        name = "nndb." + rel[:-3].replace(os.sep, ".")
+        is_pkg = name.endswith(".__init__")
+        out[name[: -len(".__init__")] if is_pkg else name] = (tree, is_pkg)
+    return out
+
+
+def import_edges() -> dict:
+    """module -> the nndb modules it imports (a name imported from a package
+    counts as its submodule when it is one)."""
+    mods = _module_names()
+    edges = {m: set() for m in mods}
+    for m, (tree, is_pkg) in mods.items():
+        for node in ast.walk(tree):
+            targets = []
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    parts = m.split(".") if is_pkg else m.split(".")[:-1]
+                    parts = parts[: len(parts) - (node.level - 1)]
+                    stem = ".".join(parts + ([node.module] if node.module else []))
+                else:
+                    stem = node.module or ""
+                targets = [f"{stem}.{a.name}" if f"{stem}.{a.name}" in mods else stem for a in node.names]
+            for t in targets:
+                while t and t not in mods:
+                    t = t.rpartition(".")[0]
+                if t and t != m and t.startswith("nndb"):
+                    edges[m].add(t)
+    return edges
+
+
+def floor_of(module: str) -> int:
+    best, depth = None, -1
+    for i, (_, prefixes) in enumerate(FLOORS):
+        for p in prefixes:
+            if (module == p or module.startswith(p + ".")) and len(p) > depth:
+                best, depth = i, len(p)
+    assert best is not None, f"{module} is on no floor: add it to FLOORS"
+    return best
+
+
+def upward_imports(edges: dict) -> list:
+    return sorted(f"{m} ({FLOORS[floor_of(m)][0]}) -> {t} ({FLOORS[floor_of(t)][0]})"
+                  for m, ts in edges.items() for t in ts
+                  if floor_of(t) < floor_of(m) and not m.startswith(t + "."))   # (a package's own __init__)
+
+
+def import_cycles(edges: dict) -> list:
+    state, cycles = {}, []
+
+    def visit(m, path):
+        state[m] = 1
+        for t in sorted(edges.get(m, ())):
+            if state.get(t) == 1:
+                cycles.append(path[path.index(t):] + [t])
+            elif t not in state:
+                visit(t, path + [t])
+        state[m] = 2
+
+    for m in sorted(edges):
+        if m not in state:
+            visit(m, [m])
+    return cycles
+
+
+def test_no_module_imports_a_floor_above_its_own():
+    assert upward_imports(import_edges()) == []
+
+
+def test_no_import_cycles():
+    assert import_cycles(import_edges()) == []
+
+
+def test_the_floor_checks_see_an_upward_import_and_a_cycle():
+    assert "nndb.debugger.session" in import_edges()["nndb.debugger.driver"]
+    bad = {"nndb.debugger.session": {"nndb.debugger.commands"}, "nndb.debugger.commands": {"nndb.debugger.session"},
+           "nndb.tracer.hooks": {"nndb.rules.engine"}}
+    assert upward_imports(bad) == [
+        "nndb.debugger.session (debugger engine) -> nndb.debugger.commands (commands and renderers)",
+        "nndb.tracer.hooks (tracer) -> nndb.rules.engine (rules, lineage, store)"]
+    assert import_cycles(bad) == [["nndb.debugger.commands", "nndb.debugger.session", "nndb.debugger.commands"]]

@@ -71,7 +71,8 @@ class RunQueries:
         # Name them from the script's frames, as the tracer does when it first
         # sees one step: the first name asked for is kept for the whole run.
         frame = self.frames[-1][0] if self.frames else None
-        return [(naming.optimizer_name(o, frame), o) for o in ours]
+        # by name: the garbage collector's order depends on what ran before in the process
+        return sorted(((naming.optimizer_name(o, frame), o) for o in ours), key=lambda no: no[0])
 
     def history(self, name: str, kind: Optional[str], stat: str):
         """(steps, values, kind) of one series, from the trace (and the steps

@@ -389,6 +389,10 @@ class Session(CommandLoop, StopPoints, RunQueries):
         self.displays.append((number, src, code))
         return number
 
+    def catch_points(self) -> list:
+        """The enabled catch points (the lineage recorder runs for them)."""
+        return [p for p in self.points.values() if isinstance(p, P.CatchPoint) and p.enabled]
+
     def point(self, number: int) -> P.Point:
         p = self.points.get(number)
         if p is None:

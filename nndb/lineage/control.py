@@ -54,10 +54,9 @@ class LineageControl:
     # -- policy ---------------------------------------------------------------------------
     def catching(self) -> list:
         s = self.session
-        if s is None or not s.points:
+        if s is None:
             return []
-        from ..debugger.points import CatchPoint
-        return [p for p in s.points.values() if isinstance(p, CatchPoint) and p.enabled]
+        return s.catch_points()
 
     def wants(self, step: int) -> bool:
         return self.always or step in self.forced or (self.wanted is not None and self.wanted(step)) \

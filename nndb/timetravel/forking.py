@@ -9,7 +9,7 @@ copy cheap).  The checkpoint reports ``replica-exited`` when that replica ends.
 
 OpenMP: GNU libgomp's thread pool does not survive fork() (a forked child
 hangs in its first parallel region).  Intel's libiomp5 does, and ``nndb run``
-preloads it when it is installed (``nndb.timetravel.preload``).  Without it a
+preloads it when it is installed (``nndb.preload``).  Without it a
 replica runs with one thread, which is safe but may differ in the last bits
 from a multi-threaded run: ``exactness()`` says which case applies.
 """
