@@ -1,0 +1,63 @@
+"""A respawned replica (``--replica respawn``: the script run again in a new
+process) is built by the same build_session() as the live run: lineage,
+catch points and the rule settings changed at the prompt work there too."""
+import re
+import textwrap
+
+from conftest import Ran, nndb
+
+NAN = textwrap.dedent('''
+    import torch, torch.nn as nn
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3), nn.Softmax(dim=1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in range(6):
+        x, y = torch.randn(16, 4), torch.randint(0, 3, (16,))
+        p = model(x)
+        onehot = nn.functional.one_hot(y, 3).float()
+        if step == 3:
+            p = p * onehot                       # the other classes get a probability of exactly 0
+        logp = torch.log(p)                      # LOG LINE
+        loss = -(onehot * logp).sum(1).mean()    # 0 * -inf = NaN
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    print("done")
+''')
+
+
+def _run(tmp_path, commands, rules="none"):
+    script = tmp_path / "nan.py"
+    script.write_text(NAN)
+    argv = ["run", "--batch", "--nx", "--replica", "respawn", "--rules", rules, "--trace", str(tmp_path / "t.h5")]
+    for c in commands:
+        argv += ["-e", c]
+    r = Ran(nndb(*argv, str(script), cwd=str(tmp_path)), argv)
+    assert "Traceback" not in r.stderr and "internal error" not in r.stderr, r.stderr
+    return r
+
+
+def test_lineage_of_a_step_in_a_respawned_replica(tmp_path):
+    r = _run(tmp_path, ["break step 4", "continue", "goto 1", "lineage on", "next",
+                        "lineage loss --depth 2", "present", "continue"])
+    assert "2 step(s) replayed from the start" in r.stdout
+    assert "lineage of loss in step 2" in r.stdout, r.stdout
+    assert re.search(r"\bmean\b", r.stdout.split("lineage of loss in step 2")[1])
+    assert "done" in r.stdout
+
+
+def test_catch_nan_stops_in_a_respawned_replica(tmp_path):
+    r = _run(tmp_path, ["break step 4", "continue", "goto 1", "catch nan", "continue", "present", "continue"])
+    past = r.stdout.split("In the past")[1].split("Back in the present")[0]
+    assert re.search(r"Catchpoint 2 \(catch nan\): log made Inf in the forward pass of step 3 \(nan.py:12\)",
+                     past), r.stdout
+    assert "-> loss = -(onehot * logp)" in past          # stopped where the NaN was made
+
+
+def test_rule_settings_changed_at_the_prompt_hold_in_a_respawned_replica(tmp_path):
+    r = _run(tmp_path, ["break step 1", "continue", "delete 1", "rule action nonfinite stop", "goto 0",
+                        "continue", "present", "rule action nonfinite warn", "continue"], rules="default")
+    past = r.stdout.split("In the past")[1].split("Back in the present")[0]
+    assert "Rule nonfinite (" in past, r.stdout
+    assert r.stdout.count("Rule nonfinite (") == 1         # the live run, set back to warn, only warns
+    assert "done" in r.stdout
