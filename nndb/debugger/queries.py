@@ -30,7 +30,7 @@ class RunQueries:
             pass
         return name
 
-    def _stats_of(self, record):
+    def stats_of(self, record):
         if self._view_cache[0] is not record:
             self._view_cache = (record, record.stats)
         return self._view_cache[1]
@@ -173,7 +173,7 @@ class RunQueries:
         rec = self.record
         if rec is None:
             return out
-        stats = self._stats_of(rec)
+        stats = self.stats_of(rec)
         for (name, k), row in zip(rec.names, stats):
             out[k][name] = E.StatRow(name, k, *map(float, row))
         return out
@@ -186,7 +186,7 @@ class RunQueries:
         cur = stop if stop is not None else self.current
         v = {
             "step": self.last_step if (step_end or cur is None or cur.at_step_end)
-            else cur.step if cur.step is not None else self._step_in_progress(),
+            else cur.step if cur.step is not None else self.step_in_progress(),
             "loss": loss.mean if loss is not None else None,
             "grad": E.StatTable("grad", rows["grad"]),
             "param": E.StatTable("param", rows["param"]),
@@ -196,8 +196,8 @@ class RunQueries:
             "losses": E.StatTable("loss", rows["loss"]),
         }
         if cur is not None and cur.module is not None and not cur.at_step_end:
-            v["module"] = getattr(self, "_module", None)
-            v[cur.note or "inputs"] = getattr(self, "_payload", None)
+            v["module"] = self.stop_module
+            v[cur.note or "inputs"] = self.stop_payload
         if cur is not None and cur.exception is not None:
             v["exception"] = cur.exception
         return v

@@ -91,8 +91,8 @@ class Session(CommandLoop, StopPoints, RunQueries):
         self._main_thread = threading.main_thread().ident
         self._hook_frame = None
         self._source = None
-        self._payload = self._module = None
-        self._list_next = None               # where 'list' goes on: ((file, frame index), line)
+        self.stop_payload = self.stop_module = None
+        self.list_position = None               # where 'list' goes on: ((file, frame index), line)
 
     # -- output -----------------------------------------------------------------
     def message(self, text: str) -> None:
@@ -152,7 +152,7 @@ class Session(CommandLoop, StopPoints, RunQueries):
         needs_acts = any(isinstance(p, P.Watch) and p.enabled and p.kind == "act" for p in self.points.values())
         self.rec.recorder.require(full=needs_full, acts=needs_acts)
         if self.lineage is not None and not (self.replica is not None and self.replica.replaying):
-            self.lineage.refresh(self._step_in_progress())     # (a catch point needs the op recorder)
+            self.lineage.refresh(self.step_in_progress())     # (a catch point needs the op recorder)
 
     def request_interrupt(self) -> bool:
         """Ctrl-C while the script runs: stop at the next stop point.  A second
@@ -173,7 +173,7 @@ class Session(CommandLoop, StopPoints, RunQueries):
         self.state = "exited"
         self.current = None
         self.frames = []
-        self._hook_frame = self._payload = self._module = None   # keep none of the script's objects alive
+        self._hook_frame = self.stop_payload = self.stop_module = None   # keep none of the script's objects alive
         if self.rec is not None:
             self.rec.tracer.stop_in_modules(None)
             self.rec.listeners[:] = [x for x in self.rec.listeners if x not in self._listeners]
@@ -194,7 +194,7 @@ class Session(CommandLoop, StopPoints, RunQueries):
         self.current = stop
         self.frames = E.stack_from_traceback(exc.__traceback__)
         self.frame_index = len(self.frames) - 1
-        self._list_next = None
+        self.list_position = None
         self._record_stop(stop)
         if self.replica is not None and not self.replica.prompts:
             return
@@ -239,7 +239,7 @@ class Session(CommandLoop, StopPoints, RunQueries):
         self.current = stop
         self.frames = [(f, f.f_lineno) for f in E.stack_from(frame)] if frame is not None else []
         self.frame_index = len(self.frames) - 1
-        self._list_next = None        # 'list' starts again around the new line
+        self.list_position = None        # 'list' starts again around the new line
         self.mode = "continue"
         self._record_stop(stop)
         # the start stop is shown at a prompt (as pdb shows its first line), never in batch mode
@@ -252,7 +252,7 @@ class Session(CommandLoop, StopPoints, RunQueries):
                 self.points.pop(p.number, None)
             if p.fail:
                 self.failed_points.append(p.number if p.number is not None else p.rule.id)
-        self._show_displays()
+        self.show_displays()
         tracer = self.rec.tracer if self.rec is not None else None
         try:
             with tracer.idle() if tracer is not None else contextlib.nullcontext():   # signals may interrupt the prompt
@@ -294,7 +294,7 @@ class Session(CommandLoop, StopPoints, RunQueries):
                     return
                 self.execute(text, source=f"commands {p.number}")
 
-    def _show_displays(self) -> None:
+    def show_displays(self) -> None:
         for number, src, code in list(self.displays):
             try:
                 value = E.evaluate(code, self.frame, self.variables(self.frame))

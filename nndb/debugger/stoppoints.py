@@ -90,10 +90,10 @@ class StopPoints:
             stop = None
             if self._pending_start and phase == "forward":
                 self._pending_start = False
-                stop = Stop("start", self._step_in_progress(), at_step_end=False, module=name, phase=phase)
+                stop = Stop("start", self.step_in_progress(), at_step_end=False, module=name, phase=phase)
             elif self.interrupt_requested:
                 self.interrupt_requested = False
-                stop = Stop("interrupt", self._step_in_progress(), at_step_end=False, module=name, phase=phase)
+                stop = Stop("interrupt", self.step_in_progress(), at_step_end=False, module=name, phase=phase)
             hits = []
             probe = None
             for p in list(self.points.values()):
@@ -101,23 +101,23 @@ class StopPoints:
                     detail = {"module": name, "phase": phase}
                     if probe is None:        # what a condition sees: $step in progress, $inputs ...
                         self._hook_frame = sys._getframe(1)
-                        self._payload, self._module = payload, module
-                        probe = Stop("probe", self._step_in_progress(), at_step_end=False, module=name,
+                        self.stop_payload, self.stop_module = payload, module
+                        probe = Stop("probe", self.step_in_progress(), at_step_end=False, module=name,
                                      phase=phase, note="inputs" if phase == "forward" else "grad_output")
-                    if self._point_hits(p, detail, probe):
+                    if self.point_hits(p, detail, probe):
                         hits.append((p, detail))
             if hits:
-                stop = Stop("breakpoint", self._step_in_progress(), at_step_end=False,
+                stop = Stop("breakpoint", self.step_in_progress(), at_step_end=False,
                             module=name, phase=phase, hits=hits)
             elif stop is None and self.mode == "step":
-                stop = Stop("step", self._step_in_progress(), at_step_end=False, module=name, phase=phase)
+                stop = Stop("step", self.step_in_progress(), at_step_end=False, module=name, phase=phase)
             if stop is None:
                 if probe is not None:
-                    self._payload = self._module = None   # hold no tensor between stops
+                    self.stop_payload = self.stop_module = None   # hold no tensor between stops
                 return
             stop.note = "inputs" if phase == "forward" else "grad_output"
-            self._payload = payload
-            self._module = module
+            self.stop_payload = payload
+            self.stop_module = module
             self._hook_frame = sys._getframe(1)
         except (KillRun, RestartRun):
             raise
@@ -131,11 +131,11 @@ class StopPoints:
         if threading.get_ident() != self._main_thread or self.prompting:
             return
         self._hook_frame = frame
-        stop = Stop("catchpoint", self._step_in_progress(), at_step_end=False, module=module or "(script)",
+        stop = Stop("catchpoint", self.step_in_progress(), at_step_end=False, module=module or "(script)",
                     phase=hits[0][1].get("phase"), hits=hits)
         self._stop(stop, E.stop_frame(frame))
 
-    def _step_in_progress(self) -> int:
+    def step_in_progress(self) -> int:
         return self.rec.recorder.step if self.rec is not None else 0
 
     def run_rules(self, record) -> list:
@@ -184,7 +184,7 @@ class StopPoints:
                         detail["step"] = record.step
             except CommandError as e:
                 detail = {"error": str(e)}
-            if detail is not None and self._point_hits(p, detail):
+            if detail is not None and self.point_hits(p, detail):
                 hits.append((p, detail))
         if hits:
             kind = "watchpoint" if all(isinstance(p, P.Watch) for p, _ in hits) else "breakpoint"
@@ -213,11 +213,11 @@ class StopPoints:
 
     def _watch_rows(self, p: P.Watch, record) -> list:
         col = P.STATS.index(p.stat)
-        stats = self._stats_of(record)
+        stats = self.stats_of(record)
         return [(n, float(stats[i, col])) for i, (n, k) in enumerate(record.names)
                 if k == p.kind and P.fnmatch.fnmatchcase(n, p.glob)]
 
-    def _point_hits(self, p: P.Point, detail: dict, stop: Optional[Stop] = None) -> bool:
+    def point_hits(self, p: P.Point, detail: dict, stop: Optional[Stop] = None) -> bool:
         """gdb's order: the condition decides whether it is a hit; a hit counts,
         then the ignore count may swallow it."""
         if p.condition and "error" not in detail:

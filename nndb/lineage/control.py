@@ -127,7 +127,7 @@ class LineageControl:
                     # a NaN from an Inf: the operation that made the Inf is where it began
                     detail["via"] = {k: detail[k] for k in ("op", "phase", "module", "file", "line", "node")}
                     detail.update(_where(cur.ops[info["origin"]]), nan=False)
-                if s._point_hits(p, detail):
+                if s.point_hits(p, detail):
                     hits.append((p, detail))
         if hits:
             s.on_catch(hits, op[MODULE], sys._getframe(1))

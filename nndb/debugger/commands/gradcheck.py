@@ -26,13 +26,13 @@ def _arg(text: str):
 
 def _module(s, name):
     cur = s.current
-    here = cur is not None and cur.module is not None and cur.phase == "forward" and s._module is not None
+    here = cur is not None and cur.module is not None and cur.phase == "forward" and s.stop_module is not None
     if name is None:
         if not here:
             raise CommandError("gradcheck which module? (stop in a module's forward, or name one: gradcheck NAME)")
-        return cur.module, s._module
+        return cur.module, s.stop_module
     if here and cur.module == name:
-        return name, s._module
+        return name, s.stop_module
     for root in s.roots():
         for _, m in root.named_modules():
             if s.module_name(m) == name:
@@ -45,8 +45,8 @@ def _inputs(s, name, code):
         value = E.evaluate(code, s.frame, s.variables(s.frame))
         return value if isinstance(value, tuple) else (value,)
     cur = s.current
-    if cur is not None and cur.module == name and cur.phase == "forward" and isinstance(s._payload, tuple):
-        return s._payload
+    if cur is not None and cur.module == name and cur.phase == "forward" and isinstance(s.stop_payload, tuple):
+        return s.stop_payload
     raise CommandError(f"no input for {name}: stop in its forward first ('break module {name}', then "
                        f"'continue'), or give one: gradcheck {name} EXPR")
 

@@ -35,7 +35,7 @@ def _print(s, arg):
 
 def _display(s, text):
     if not text.strip():
-        s._show_displays()
+        s.show_displays()
         return None
     code = E.compile_expr(text)
     number = s.new_display(text.strip(), code)
@@ -83,7 +83,7 @@ def _stats(s, arg):
     if rec is None:
         raise CommandError("no step has been recorded yet")
     rows = []
-    for (name, k), row in zip(rec.names, s._stats_of(rec)):
+    for (name, k), row in zip(rec.names, s.stats_of(rec)):
         if kind and k != kind:
             continue
         if glob and not fnmatch.fnmatchcase(name, glob):
@@ -194,7 +194,7 @@ def _move(s, n):
     if new >= len(s.frames):
         raise CommandError("Newest frame")
     s.frame_index = new
-    s._list_next = None
+    s.list_position = None
     return _frame_line(s, new)
 
 
@@ -222,8 +222,8 @@ def _list(s, line):
     filename = frame.f_code.co_filename
     if line is not None:
         first = max(1, line - 5)
-    elif getattr(s, "_list_next", None) is not None and s._list_next[0] == (filename, s.frame_index):
-        first = s._list_next[1]
+    elif getattr(s, "list_position", None) is not None and s.list_position[0] == (filename, s.frame_index):
+        first = s.list_position[1]
     else:
         first = max(1, lineno - 5)
     lines = []
@@ -235,7 +235,7 @@ def _list(s, line):
         lines.append(f"{n:4d} {mark} {src.rstrip()}")
     if not lines:
         raise CommandError(f"line {first} is past the end of {filename}")
-    s._list_next = ((filename, s.frame_index), first + 11)
+    s.list_position = ((filename, s.frame_index), first + 11)
     return lines
 
 
@@ -248,7 +248,7 @@ def _info_step(s):
         rows.append(("stopped", cur.kind + (f" in {cur.module} {cur.phase}" if cur.module else "")))
     rows.append(("last finished step", s.last_step if s.last_step is not None else "-"))
     if s.live:
-        rows.append(("step in progress", s._step_in_progress()))
+        rows.append(("step in progress", s.step_in_progress()))
     if rec is not None:
         rows.append(("last recorded step", rec.step))
         rows.append(("backward passes", rec.backward_count))

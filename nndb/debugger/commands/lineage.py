@@ -67,7 +67,7 @@ def _lineage(s, arg):
         lc.always = arg["target"] != "off"
         lc.stats = arg["target"] == "on --stats"
         s.sync_hooks()
-        return (f"Lineage is recorded from step {s._step_in_progress()} on ('lineage off' stops)."
+        return (f"Lineage is recorded from step {s.step_in_progress()} on ('lineage off' stops)."
                 if lc.always else "Lineage recording is off (catch points still record while enabled).")
     if arg["target"] is None:
         raise CommandError("lineage what? (a name such as loss or fc1.weight, an expression, or on|off)")
