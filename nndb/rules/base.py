@@ -29,6 +29,8 @@ from typing import Iterable, Optional
 
 import numpy as np
 
+from ..store.schema import STAT_NAMES
+
 SEVERITIES = ("error", "warning", "info")
 ACTIONS = ("warn", "stop", "fail")
 # Trends (a gradient growing, a loss not going down, a layer dying) do not
@@ -47,8 +49,7 @@ def observed(step: int) -> bool:
     return step < SETTLE or step % EVERY == 0
 
 
-STAT_INDEX = {n: i for i, n in enumerate(("count", "mean", "std", "min", "max", "norm", "mean_abs",
-                                            "nan_count", "inf_count", "zero_frac"))}
+STAT_INDEX = {n: i for i, n in enumerate(STAT_NAMES)}
 
 
 @dataclass(frozen=True)
