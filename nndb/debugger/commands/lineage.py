@@ -4,9 +4,7 @@ A step's lineage comes from the live recorder, the trace, or, asked after
 the fact, a replica that replays the step with the recorder on."""
 from __future__ import annotations
 
-import json
-
-from ...errors import CommandError
+from ...errors import CommandError, TraceError
 from .. import evaluate as E
 from .. import points as P
 from ..points import parse_int
@@ -21,14 +19,30 @@ def _control(s):
     return s.lineage
 
 
+def _recorded(s, step: int, whole: bool = True):
+    """The step's lineage in the trace (flushed or not), None if it has none;
+    ``whole=False``: only whether it has one (its JSON is not read)."""
+    if s.rec is None:
+        return None
+    try:
+        with s.trace_reader() as reader:
+            if not whole:
+                return step in reader.lineage_steps() or None
+            data = reader.lineage(step)
+    except TraceError:
+        return None
+    if data is not None:
+        data.pop("step", None)
+    return data
+
+
 def get_lineage(s, step: int, check: bool = False, resolve: tuple = ()):
     """(the step's lineage dict, {expr: tensor id or error})."""
     lc = _control(s)
     if not resolve:
         data = lc.live(step)
-        if data is None and s.rec is not None:
-            text = s.rec.writer.lineage_of(step)
-            data = json.loads(text) if text else None
+        if data is None:
+            data = _recorded(s, step)
         if data is not None and (not check or data.get("checked", True)):
             return dict(data, step=step), {}
     if s.machine is None or s.rec is None:
@@ -40,7 +54,7 @@ def get_lineage(s, step: int, check: bool = False, resolve: tuple = ()):
     data = res["result"]["lineage"].get(str(step))
     if data is None:
         raise CommandError(f"the replay of step {step} recorded no lineage ({res.get('ended') or 'no step'})")
-    if s.rec.writer.lineage_of(step) is None:
+    if not _recorded(s, step, whole=False):
         s.rec.writer.lineage(step, data)
     return dict(data, step=step), res["result"].get("resolved", {})
 
