@@ -117,10 +117,20 @@ class Recording:
         self.path = path
         self.meta = meta
         self.target = config.target
+        self.message = message
         self.writer = TraceWriter(path, meta, config.flush_steps, config.flush_secs, on_error=message)
         self.naming = Naming()
         self.recorder = StepRecorder(self.naming, self.writer.append, config.schedule)
-        self.tracer = Tracer(self.recorder, self.naming, on_step_end=on_step_end, on_error=message)
+        self.tracer = Tracer(self.recorder, self.naming, on_step_end=on_step_end, on_error=self._tracer_failed)
+
+    def note(self, kind: str, message: str) -> None:
+        """Record a warning in the trace's events (kind: schema.EVENT_KINDS),
+        at the step in progress."""
+        self.writer.event(kind, message, self.recorder.step)
+
+    def _tracer_failed(self, msg: str) -> None:
+        self.note("recording_stopped", msg)
+        self.message(msg)
 
     def __enter__(self) -> "Recording":
         self.tracer.install()
