@@ -9,12 +9,7 @@ import click
 
 from . import __version__
 from .errors import EXIT_FAIL_ACTION, EXIT_INTERNAL, EXIT_OK, EXIT_SIGINT, NndbError, UsageError
-
-# Spelled out so that `nndb --help` and completion need not import torch;
-# tests/test_layout.py checks them against the trace schema.
-STAT_CHOICES = ("count", "mean", "std", "min", "max", "norm", "mean_abs",
-                "nan_count", "inf_count", "zero_frac")
-KIND_CHOICES = ("param", "grad", "update", "act", "loss")
+from .store.schema import KINDS as KIND_CHOICES, STAT_NAMES as STAT_CHOICES  # (a leaf: no torch, no h5py)
 
 
 def _target(module, script, args):

@@ -51,7 +51,7 @@ def summary(reader: TraceReader) -> dict:
         "steps": reader.n_steps,
         "first_step": int(steps[0]) if len(steps) else None,
         "last_step": int(steps[-1]) if len(steps) else None,
-        "events": reader.events,
+        "events": reader.events(),
         "tensors": tensors,
     }
 

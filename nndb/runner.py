@@ -121,6 +121,7 @@ class Recording:
         self.path = path
         self.meta = meta
         self.target = config.target
+        self.message = message
         self.writer = TraceWriter(path, meta, config.flush_steps, config.flush_secs, on_error=message)
         self.naming = Naming()
         self.pipeline = Pipeline([WriteRecords(self.writer)], on_error=message)
@@ -128,7 +129,17 @@ class Recording:
         if on_step_end is not None:
             self.listeners.append(CallAtStepEnd(on_step_end))
         self.recorder = StepRecorder(self.naming, self.pipeline.closed, config.schedule)
-        self.tracer = Tracer(self.recorder, self.naming, on_step_end=self.pipeline.step_ended, on_error=message)
+        self.tracer = Tracer(self.recorder, self.naming, on_step_end=self.pipeline.step_ended,
+                             on_error=self._tracer_failed)
+
+    def note(self, kind: str, message: str) -> None:
+        """Record a warning in the trace's events (kind: schema.EVENT_KINDS),
+        at the step in progress."""
+        self.writer.event(kind, message, self.recorder.step)
+
+    def _tracer_failed(self, msg: str) -> None:
+        self.note("recording_stopped", msg)
+        self.message(msg)
 
     def __enter__(self) -> "Recording":
         self.tracer.install()

@@ -2,8 +2,6 @@
 units on traces written in this process, then real runs of the examples whose
 live findings the trace must give back."""
 import json
-import math
-import os
 
 import numpy as np
 import pytest

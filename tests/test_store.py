@@ -136,3 +136,99 @@ def test_inspect_bad_trace_is_one_line_exit_2(tmp_path, what):
         assert r.returncode == 2, (what, r.stdout, r.stderr)
         assert r.stderr.startswith("nndb: error: ") and r.stderr.count("\n") == 1, r.stderr
         assert "Traceback" not in r.stderr and r.stdout == ""
+
+
+# -- the vocabulary, the reader over a live writer, events, statuses ------------------
+
+def test_the_schema_is_a_leaf_that_owns_the_vocabulary():
+    import subprocess
+    import sys
+    code = ("import sys, nndb.store.schema as s; "
+            "print(sorted(m for m in sys.modules if m.startswith('nndb') or m in ('h5py', 'torch')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env=dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    assert out.stdout.split("\n")[0] == "['nndb', 'nndb.store', 'nndb.store.schema']", out.stderr
+    from nndb import cli
+    from nndb.debugger import points
+    from nndb.rules.base import STAT_INDEX
+    from nndb.tracer import recorder, stats
+    assert stats.STAT_NAMES is schema.STAT_NAMES and points.STATS is schema.STAT_NAMES
+    assert cli.STAT_CHOICES is schema.STAT_NAMES and list(STAT_INDEX) == list(schema.STAT_NAMES)
+    assert recorder.KINDS is schema.KINDS and cli.KIND_CHOICES is schema.KINDS
+    assert set(schema.KIND_WORDS.values()) == set(schema.KINDS)
+
+
+def test_a_reader_over_a_live_writer_sees_the_steps_not_flushed_yet(tmp_path):
+    p = str(tmp_path / "t.h5")
+    w = TraceWriter(p, {"script": "x.py"}, flush_steps=3, flush_secs=1e9)
+    for i in range(5):                              # 3 flushed, 2 in the buffer
+        w.append(rec(i, [("a", "act")] + ([("late", "grad")] if i >= 4 else []), value=float(i)))
+    w.lineage(4, {"ops": [["add"]], "labels": {}, "nonfinite": []})
+    with TraceReader.from_writer(w) as t:
+        assert list(t.steps) == [0, 1, 2, 3, 4] and t.n_steps == 5 and t.status == "incomplete"
+        assert [(s.name, s.kind) for s in t.series()] == [("a", "act"), ("late", "grad")]
+        assert list(t.history(t.find("a")[0], "mean")[1]) == [0, 1, 2, 3, 4]
+        steps, mean = t.history(t.find("late", "grad")[0], "mean")
+        assert list(steps) == [4] and list(mean) == [4.0]
+        assert t.lineage(4)["ops"] == [["add"]] and t.lineage_steps() == [4]
+        assert set(t.row(4)) == {("a", "act"), ("late", "grad")}
+    assert w.file is not None                       # closing that reader left the writer's file open
+    w.append(rec(5, [("a", "act")], value=5.0))
+    with TraceReader.from_writer(w) as t:
+        assert list(t.steps) == [0, 1, 2, 3, 4, 5]
+    w.close("finished", 0)
+    assert w.file is None
+    with pytest.raises(TraceError):
+        TraceReader.from_writer(w)
+    with TraceReader(p) as t:
+        assert list(t.steps) == [0, 1, 2, 3, 4, 5] and t.lineage(4)["ops"] == [["add"]]
+
+
+def test_a_reader_over_a_detached_writer_reads_its_buffer(tmp_path):
+    # (a replica's writer never writes the shared file again: its steps stay in memory)
+    p = str(tmp_path / "t.h5")
+    w = TraceWriter(p, {}, flush_steps=2, flush_secs=1e9)
+    for i in range(2):
+        w.append(rec(i, [("a", "act")], value=float(i)))
+    w.detach()
+    for i in range(2, 5):
+        w.append(rec(i, [("a", "act"), ("new", "grad")], value=float(i)))
+    w.lineage(3, {"ops": [["mul"]], "labels": {}, "nonfinite": []})
+    w.event("probe_disabled", "probe x failed and is off", 3)
+    with TraceReader.from_writer(w) as t:
+        assert list(t.steps) == [0, 1, 2, 3, 4]
+        assert list(t.history(t.find("new", "grad")[0], "mean")[0]) == [2, 3, 4]
+        assert t.all_stats().shape == (5, 2, len(schema.STAT_NAMES))
+        assert t.lineage(3)["ops"] == [["mul"]] and [e["kind"] for e in t.events()] == ["probe_disabled"]
+    with TraceReader(p) as t:                       # the file has only what was flushed before
+        assert list(t.steps) == [0, 1] and t.events() == []
+
+
+def test_events_are_written_and_read_back(tmp_path):
+    p = str(tmp_path / "t.h5")
+    w = TraceWriter(p, {}, flush_steps=100, flush_secs=1e9)
+    w.append(rec(0, [("a", "act")]))
+    w.event("recording_stopped", "nndb: internal error in the tracer; recording stopped", 1)
+    w.close("finished", 0)
+    with TraceReader(p) as t:
+        [e] = t.events()
+        assert (e["kind"], e["step"], e["message"]) == \
+            ("recording_stopped", 1, "nndb: internal error in the tracer; recording stopped")
+        assert e["kind"] in schema.EVENT_KINDS and isinstance(e["time"], float)
+        t.events().clear()                          # a copy: the reader's own list stays
+        assert len(t.events()) == 1
+    r = nndb("inspect", p)
+    assert r.returncode == 0 and "event      step 1: recording_stopped: nndb: internal error" in r.stdout
+    assert json.loads(nndb("inspect", p, "--json").stdout)["events"][0]["kind"] == "recording_stopped"
+
+
+def test_a_killed_run_reads_with_its_status(tmp_path):
+    assert "killed" in schema.STATUSES
+    p = str(tmp_path / "t.h5")
+    w = TraceWriter(p, {}, flush_steps=100, flush_secs=1e9)
+    w.append(rec(0, [("a", "act")]))
+    w.close("killed", 0, "killed from the debugger")
+    with TraceReader(p) as t:
+        assert t.status == "killed" and t.end["reason"] == "killed from the debugger"
+    r = nndb("inspect", p)
+    assert r.returncode == 0 and "status     killed, exit 0 (killed from the debugger)" in r.stdout

@@ -25,14 +25,11 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from ..errors import CommandError
-
-STATS = ("count", "mean", "std", "min", "max", "norm", "mean_abs",
-         "nan_count", "inf_count", "zero_frac")
+from ..store.schema import KIND_WORDS, STAT_NAMES as STATS
 # The statistics measured at every recorded step (the others only at full
 # steps); a watch on any other makes the session measure everything.
 BASIC_STATS = ("count", "norm", "nan_count", "inf_count")
-WATCH_KINDS = {"grad": "grad", "weight": "param", "param": "param", "update": "update",
-               "act": "act", "loss": "loss"}
+WATCH_KINDS = KIND_WORDS
 OPS = {">": operator.gt, ">=": operator.ge, "<": operator.lt, "<=": operator.le,
        "==": operator.eq, "!=": operator.ne}
 RELATIVE_LOW, RELATIVE_HIGH = 0.01, 50.0

@@ -8,6 +8,7 @@ import weakref
 from typing import Optional
 
 from ..errors import CommandError
+from ..store.schema import KINDS
 from . import evaluate as E
 from . import points as P
 
@@ -97,17 +98,27 @@ class RunQueries:
         return list(steps), values, kind
 
     def history_rows(self, name: str, kind: str):
-        """(steps, (N, 10) statistics) of one series: from the writer while the
-        run is live (unflushed steps too), else from the trace."""
+        """(steps, (N, 10) statistics) of one series, from the trace (while the
+        run is live, through its writer: the latest steps too)."""
+        with self.trace_reader() as reader:
+            s = reader.find(name, kind)
+            if not s:
+                return [], []
+            steps, block = reader.history(s[0])
+            return [int(x) for x in steps], block
+
+    def trace_reader(self):
+        """A TraceReader of this session's trace: through the live writer (its
+        steps not flushed yet too) while the run writes, else from the file."""
+        from ..store.reader import TraceReader
         w = self.rec.writer if self.rec is not None else None
         if w is not None and not w.closed:
-            return w.history(name, kind)
-        from ..store.reader import TraceReader
-        with TraceReader(self.trace_path) as reader:
-            s = reader.find(name, kind)
-            return reader.history(s[0]) if s else ([], [])
+            return TraceReader.from_writer(w)
+        return TraceReader(self.trace_path)
 
     def series_names(self) -> set:
+        # (the live writer's registry of series ids, not a read of the trace:
+        # completion asks at each key, and must not flush the writer)
         if self.rec is not None and not self.rec.writer.closed:
             return set(self.rec.writer.series)
         if self.trace_path:
@@ -169,7 +180,7 @@ class RunQueries:
 
     def stat_rows(self, kind: Optional[str] = None) -> dict:
         """{kind: {name: StatRow}} of the last recorded step."""
-        out: dict = {k: {} for k in ("param", "grad", "update", "act", "loss")}
+        out: dict = {k: {} for k in KINDS}
         rec = self.record
         if rec is None:
             return out

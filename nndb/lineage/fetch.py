@@ -4,10 +4,9 @@ drive: the caller passes it in), and which tensor a name or an expression
 means in it."""
 from __future__ import annotations
 
-import json
 from typing import Callable, Optional
 
-from ..errors import CommandError
+from ..errors import CommandError, TraceError
 from .graph import StepGraph
 
 # replay(step, resolve) -> (the step's lineage dict, {expr: tensor id or error}): a replica's
@@ -21,12 +20,21 @@ def lineage_control(s):
     return s.lineage
 
 
-def recorded_lineage(s, step: int) -> Optional[dict]:
-    """The lineage the trace holds for a step (its writer's: flushed or not), or None."""
+def recorded_lineage(s, step: int, whole: bool = True) -> Optional[dict]:
+    """The lineage the trace holds for a step (flushed or not), or None;
+    ``whole=False``: only whether it has one (its JSON is not read)."""
     if s.rec is None:
         return None
-    text = s.rec.writer.lineage_of(step)
-    return json.loads(text) if text else None
+    try:
+        with s.trace_reader() as reader:
+            if not whole:
+                return {} if step in reader.lineage_steps() else None
+            data = reader.lineage(step)
+    except TraceError:
+        return None
+    if data is not None:
+        data.pop("step", None)
+    return data
 
 
 def step_lineage(s, step: int, replay: Replay, check: bool = False, resolve: tuple = ()) -> tuple:

@@ -31,12 +31,12 @@ import numpy as np
 
 # The observed steps are the cadence's, named here too because the rules count in them.
 from ..cadence import OBSERVE_EVERY as EVERY, SETTLE, observed  # noqa: F401
+from ..store.schema import STAT_NAMES
 
 SEVERITIES = ("error", "warning", "info")
 ACTIONS = ("warn", "stop", "fail")
 
-STAT_INDEX = {n: i for i, n in enumerate(("count", "mean", "std", "min", "max", "norm", "mean_abs",
-                                            "nan_count", "inf_count", "zero_frac"))}
+STAT_INDEX = {n: i for i, n in enumerate(STAT_NAMES)}
 
 
 @dataclass(frozen=True)

@@ -33,9 +33,10 @@ from typing import Callable, Optional
 
 import numpy as np
 
+from ..store.schema import KIND_WORDS
 from .base import STAT_INDEX
 
-KINDS = {"grad": "grad", "weight": "param", "param": "param", "update": "update", "act": "act", "loss": "loss"}
+KINDS = KIND_WORDS
 MAX_LENGTH = 2000
 FUNCTIONS = ("max", "min", "mean", "sum", "any", "all", "abs", "len", "count")
 

@@ -141,14 +141,20 @@ class RuleEngine:
         return new
 
     def take_errors(self) -> list:
-        """Rules and probes that failed since the last call (each said once)."""
+        """Rules and probes that failed since the last call (each said once,
+        and kept in the trace's events)."""
         out = list(self.errors)
         self.errors = []
+        if self._rec is not None:
+            for msg in out:
+                self._rec.note("rule_disabled", msg)
         if self._probe_errors:
             for p in self._probes.values():
                 if p.error is not None and not getattr(p, "_said", False):
                     p._said = True
                     out.append(p.error)
+                    if self._rec is not None:
+                        self._rec.note("probe_disabled", p.error)
             self._probe_errors = self.armed
         return out
 

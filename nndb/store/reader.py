@@ -1,7 +1,8 @@
 """TraceReader: the only code that reads a trace (schema in ``schema.py``).
 
 Opens in SWMR mode, so a trace can be read while its run is still writing it
-and after its writer was killed.  Anything that is not a readable nndb trace
+and after its writer was killed; ``from_writer`` reads the trace a writer of
+this process is writing, through its open file, latest steps included.  Anything that is not a readable nndb trace
 raises ``TraceError`` with a one-line reason; nothing is unpickled.
 """
 from __future__ import annotations
@@ -32,6 +33,7 @@ def _json_blob(ds) -> str:
 class TraceReader:
     def __init__(self, path: str):
         self.path = path
+        self._live = False
         if not os.path.exists(path):
             raise TraceError(f"no such trace: {path}")
         if os.path.isdir(path):
@@ -54,16 +56,37 @@ class TraceReader:
             except OSError:
                 raise TraceError(f"cannot read trace {path}: it is truncated or corrupted "
                                  f"({_short(plain_error)})") from None
+        self._guarded_load(None)
+
+    @classmethod
+    def from_writer(cls, writer) -> "TraceReader":
+        """The trace a TraceWriter of this process is writing, read through its
+        open file: the writer is flushed first, so every step appended so far
+        is seen (a detached writer's, a replica's, from its buffer).  Closing
+        this reader leaves the writer's file open."""
+        writer.flush()
+        f = writer.file
+        if f is None:
+            raise TraceError(f"cannot read trace {writer.path}: "
+                             f"{writer.failed or 'its writer has closed it'}")
+        self = cls.__new__(cls)
+        self.path = writer.path
+        self._live = True
+        self._f = f
+        self._guarded_load(writer.unwritten())
+        return self
+
+    def _guarded_load(self, unwritten) -> None:
         try:
-            self._load()
+            self._load(unwritten)
         except TraceError:
             self.close()
             raise
         except (OSError, KeyError, ValueError, UnicodeDecodeError, json.JSONDecodeError) as e:
             self.close()
-            raise TraceError(f"cannot read trace {path}: it is truncated or corrupted ({_short(e)})") from None
+            raise TraceError(f"cannot read trace {self.path}: it is truncated or corrupted ({_short(e)})") from None
 
-    def _load(self) -> None:
+    def _load(self, unwritten) -> None:
         f = self._f
         if f.attrs.get("nndb_format") != K.FORMAT:
             raise TraceError(f"{self.path} is not an nndb trace")
@@ -72,8 +95,9 @@ class TraceReader:
             raise TraceError(f"{self.path} has trace schema version {version}; "
                              f"this nndb reads version {K.SCHEMA_VERSION} (upgrade nndb)")
         self.schema_version = version
-        for ds in (f["stats"], f["series"], f["end"], f["events"], *f["steps"].values()):
-            ds.refresh()
+        if not self._live:      # (a file open for writing here is current already)
+            for ds in (f["stats"], f["series"], f["end"], f["events"], *f["steps"].values()):
+                ds.refresh()
         self.meta = json.loads(_json_blob(f["meta"]))
         self.columns = tuple(json.loads(f["stats"].attrs["columns"]))
         self._series: list = []
@@ -83,17 +107,34 @@ class TraceReader:
                 self._series.append(SeriesInfo(int(d["id"]), d["name"], d["kind"]))
         # A kill between two writes can leave one dataset a flush ahead of another.
         n_rows = min([f["stats"].shape[0]] + [d.shape[0] for d in f["steps"].values()])
+        n_series = min(len(self._series), f["stats"].shape[1])
+        if unwritten is not None:       # only what this writer wrote (a replica's file moves on)
+            n_rows = min(n_rows, unwritten.rows_written)
+            n_series = min(n_series, unwritten.series_written)
         self._n_rows = n_rows
-        self._n_series = min(len(self._series), f["stats"].shape[1])
-        self._series = self._series[:self._n_series]
-        self.steps = np.asarray(f["steps"]["step"][:n_rows])
-        self.times = np.asarray(f["steps"]["time"][:n_rows])
-        self.backward_count = np.asarray(f["steps"]["backward_count"][:n_rows])
-        self.optimizer_steps = np.asarray(f["steps"]["optimizer_steps"][:n_rows])
-        self.partial = np.asarray(f["steps"]["partial"][:n_rows]).astype(bool)
+        self._n_series = n_series
+        self._series = self._series[:n_series]
+        steps = {name: np.asarray(f["steps"][name][:n_rows])
+                 for name in ("step", "time", "backward_count", "optimizer_steps", "partial")}
+        self._events = [json.loads(line) for line in _json_blob(f["events"]).splitlines() if line.strip()]
+        self._unwritten = unwritten
+        self._sequence_lines: Optional[list] = None
+        self._extra_stats = None        # (rows, series, N_STATS) not in the file yet
+        if unwritten is not None:
+            self._series += [SeriesInfo(int(d["id"]), d["name"], d["kind"]) for d in unwritten.series]
+            if unwritten.stats is not None:
+                self._extra_stats = unwritten.stats
+                for name in steps:
+                    steps[name] = np.concatenate([steps[name], np.asarray(unwritten.steps[name],
+                                                                          dtype=steps[name].dtype)])
+            self._events += unwritten.events
+        self.steps = steps["step"]
+        self.times = steps["time"]
+        self.backward_count = steps["backward_count"]
+        self.optimizer_steps = steps["optimizer_steps"]
+        self.partial = steps["partial"].astype(bool)
         end = _json_blob(f["end"])
         self.end: Optional[dict] = json.loads(end) if end.strip() else None
-        self.events = [json.loads(line) for line in _json_blob(f["events"]).splitlines() if line.strip()]
         self._by_key = {(s.name, s.kind): s for s in self._series}
 
     # -- lineage (nndb.lineage) ------------------------------------------------
@@ -101,10 +142,16 @@ class TraceReader:
         g = self._f.get("lineage")
         if g is None:
             return []
-        g["step"].refresh()
-        g["seq"].refresh()
+        if not self._live:
+            g["step"].refresh()
+            g["seq"].refresh()
         n = min(g["step"].shape[0], g["seq"].shape[0])
-        return [int(x) for x in g["step"][:n]]
+        if self._unwritten is not None:
+            n = min(n, self._unwritten.lineage_written)
+        steps = [int(x) for x in g["step"][:n]]
+        if self._unwritten is not None:
+            steps += [st for st, _ in self._unwritten.lineage]
+        return steps
 
     def lineage(self, step: int) -> Optional[dict]:
         """A step's recorded operations (the last record of that step), or None."""
@@ -115,28 +162,41 @@ class TraceReader:
         if step not in steps:
             return None
         i = len(steps) - 1 - steps[::-1].index(step)
-        seq = int(g["seq"][i])
-        g["sequences"].refresh()
-        lines = _json_blob(g["sequences"]).splitlines()
+        n_file = len(steps) - (len(self._unwritten.lineage) if self._unwritten is not None else 0)
+        seq = int(g["seq"][i]) if i < n_file else self._unwritten.lineage[i - n_file][1]
+        lines = self._sequences()
         if seq >= len(lines):
             return None
         return dict(json.loads(lines[seq]), step=step)
 
     def lineage_sequences(self) -> int:
-        g = self._f.get("lineage")
-        if g is None:
+        if self._f.get("lineage") is None:
             return 0
-        g["sequences"].refresh()
-        return sum(1 for line in _json_blob(g["sequences"]).splitlines() if line.strip())
+        return sum(1 for line in self._sequences() if line.strip())
+
+    def _sequences(self) -> list:
+        """The lines of ``lineage/sequences`` (read once: the blob can be large)."""
+        if self._sequence_lines is None:
+            ds = self._f["lineage"]["sequences"]
+            if not self._live:
+                ds.refresh()
+            lines = _json_blob(ds).splitlines()
+            if self._unwritten is not None:
+                lines = lines[:self._unwritten.sequences_written] + self._unwritten.sequences
+            self._sequence_lines = lines
+        return self._sequence_lines
 
     # -- queries --------------------------------------------------------------
     @property
     def status(self) -> str:
-        return self.end["status"] if self.end else "incomplete"
+        """How the run ended (one of schema.STATUSES), or "incomplete" while it
+        writes or after it was killed.  Shown, never branched on: a status
+        this reader does not know reads as well as one it does."""
+        return self.end["status"] if self.end else K.INCOMPLETE
 
     @property
     def n_steps(self) -> int:
-        return int(self._n_rows)
+        return len(self.steps)
 
     def series(self) -> list:
         return list(self._series)
@@ -148,10 +208,21 @@ class TraceReader:
             return [s] if s else []
         return [s for s in self._series if s.name == name]
 
+    def events(self) -> list:
+        """The warnings recorded during the run: [{"time", "step", "kind", "message"}]."""
+        return [dict(e) for e in self._events]
+
     def history(self, s: SeriesInfo, stat: Optional[str] = None):
         """(steps, values) for one series: values is (N, 10), or (N,) for one stat.
         Rows where the series has no value are dropped."""
-        block = np.asarray(self._f["stats"][:self._n_rows, s.id, :])
+        if s.id < self._n_series:
+            block = np.asarray(self._f["stats"][:self._n_rows, s.id, :])
+        else:
+            block = np.full((self._n_rows, len(self.columns)), np.nan)
+        extra = self._extra_stats
+        if extra is not None:
+            block = np.concatenate([block, extra[:, s.id, :] if s.id < extra.shape[1]
+                                    else np.full((len(extra), len(self.columns)), np.nan)])
         keep = ~np.isnan(block[:, 0])
         steps = self.steps[keep]
         block = block[keep]
@@ -159,11 +230,36 @@ class TraceReader:
             return steps, block
         return steps, block[:, self.columns.index(stat)]
 
+    def row(self, i: int) -> dict:
+        """{(name, kind): the statistics} of the series recorded at row ``i``."""
+        if i < self._n_rows:
+            block = np.asarray(self._f["stats"][i, :self._n_series, :])
+        else:
+            block = self._extra_stats[i - self._n_rows]
+        return {(s.name, s.kind): block[s.id] for s in self._series
+                if s.id < len(block) and not np.isnan(block[s.id, 0])}
+
+    def stats_rows(self, start: int, stop: int, columns=slice(None)) -> np.ndarray:
+        """(stop - start, S, ...) statistics of the file's rows [start, stop)
+        (a long trace read block by block); NaN where a series has no value."""
+        return np.asarray(self._f["stats"][start:min(stop, self._n_rows), :self._n_series, columns])
+
     def all_stats(self) -> np.ndarray:
         """(N, S, 10) for everything (small traces; summaries)."""
-        return np.asarray(self._f["stats"][:self._n_rows, :self._n_series, :])
+        block = np.asarray(self._f["stats"][:self._n_rows, :self._n_series, :])
+        extra = self._extra_stats
+        if extra is None:
+            return block
+        n_series = len(self._series)
+        out = np.full((self._n_rows + len(extra), n_series, len(self.columns)), np.nan)
+        out[:self._n_rows, :block.shape[1]] = block
+        out[self._n_rows:, :extra.shape[1]] = extra
+        return out
 
     def close(self) -> None:
+        """Close the file (a reader over a writer's file leaves it to the writer)."""
+        if self._live:
+            return
         try:
             self._f.close()
         except Exception:

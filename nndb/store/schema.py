@@ -18,8 +18,9 @@
     │                                      stats[i, j] = statistics of series j at row i,
     │                                      columns as attrs["columns"] (STAT_NAMES);
     │                                      NaN where series j has no value at row i
-    ├── events                uint8[...]   UTF-8 JSON lines: {"time", "step", "kind", "message"}
-    │                                      (warnings such as a recording that stopped)
+    ├── events                uint8[...]   UTF-8 JSON lines: {"time", "step", "kind", "message"},
+    │                                      kind one of EVENT_KINDS (warnings such as a recording
+    │                                      that stopped); step: the step in progress, or null
     ├── lineage/              the operations of the steps whose lineage was recorded (nndb.lineage)
     │   ├── step              int64[L]     a step with lineage
     │   ├── seq               int64[L]     its operation sequence: a line number of ``sequences``
@@ -31,10 +32,11 @@
     │                                      "nonfinite": [op index ...]}   (ids: per step)
     │                                      (absent in traces written before lineage existed)
     └── end                   uint8[...]   UTF-8 JSON object, written when the run ends:
-                                           {"status", "exit_code", "reason", "steps", "end_time"}
+                                           {"status", "exit_code", "reason", "steps", "last_step",
+                                           "end_time"}, status one of STATUSES
                                            (empty while running or after a kill)
 
-Series kinds: ``param``, ``grad``, ``update``, ``act``, ``loss``.
+Series kinds (``KINDS``): ``param``, ``grad``, ``update``, ``act``, ``loss``.
 
 Every dataset is created before the file enters HDF5's SWMR mode; afterwards
 the writer only resizes and appends, and flushes in batches, so the file can
@@ -42,19 +44,40 @@ be read (``swmr=True``) while the run writes it and after the writer was
 killed, up to the last flush.  JSON is the only serialisation used: nothing
 in a trace is ever unpickled.  The version is bumped on any change a reader
 of the previous version would misread; readers refuse newer versions.
+
+This module owns the trace's vocabulary (the statistics, series kinds, end
+statuses and event kinds) and imports nothing from nndb: the tracer below
+it and everything above read the names from here.
 """
 from __future__ import annotations
 
-from ..tracer.recorder import KINDS  # noqa: F401  (the series kinds are part of the schema)
-from ..tracer.stats import STAT_NAMES
-
 FORMAT = "nndb-trace"
 SCHEMA_VERSION = 1
-STATUSES = ("running", "finished", "failed", "interrupted", "terminated")
+
+# The statistics of a series at a row: the columns of ``stats``, in order.
+STAT_NAMES = ("count", "mean", "std", "min", "max", "norm", "mean_abs",
+              "nan_count", "inf_count", "zero_frac")
 COLUMNS = STAT_NAMES
+N_STATS = len(STAT_NAMES)
+
+KINDS = ("param", "grad", "update", "act", "loss")
+# The words a user types for a kind, in the order they are listed: "weight"
+# is kept beside "param" because that is what people call a parameter.
+KIND_WORDS = {"grad": "grad", "weight": "param", "param": "param", "update": "update",
+              "act": "act", "loss": "loss"}
+
+# How a run ended (``end``'s status).  "killed": nndb ended it (the debugger's
+# kill or run, or nndb check after its steps).  A reader of version 1 only shows the status, so adding one needs
+# no version bump.  A trace without ``end`` reads as INCOMPLETE.
+STATUSES = ("running", "finished", "failed", "interrupted", "terminated", "killed")
+INCOMPLETE = "incomplete"
+
+# What ``events`` records: the tracer stopped recording after an internal
+# error; a rule or a probe failed and was switched off.
+EVENT_KINDS = ("recording_stopped", "rule_disabled", "probe_disabled")
 
 # Chunk shapes: one chunk holds 64 steps of 32 series (160 KiB); series
 # histories read whole chunks of 64 steps.
-STATS_CHUNK = (64, 32, len(COLUMNS))
+STATS_CHUNK = (64, 32, N_STATS)
 STEPS_CHUNK = (1024,)
 BLOB_CHUNK = (4096,)

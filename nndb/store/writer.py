@@ -5,12 +5,16 @@ per dataset every ``flush_steps`` steps or ``flush_secs`` seconds, whichever
 comes first.  A write error (the disk filled up, the file went away) is
 reported once through ``on_error``; recording stops, the run goes on, and what
 was flushed before stays readable.
+
+The writer only appends: reading, the debugger's of its own live trace
+included, is ``TraceReader``'s (``TraceReader.from_writer``).
 """
 from __future__ import annotations
 
 import json
 import os
 import time
+from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 import h5py
@@ -21,6 +25,25 @@ from ..tracer.stats import N_RAW, finalize_many
 from . import schema as K
 
 _BLOBS = ("series", "events", "end")
+_STEP_COLUMNS = ("step", "time", "backward_count", "optimizer_steps", "partial")
+
+
+@dataclass
+class Unwritten:
+    """What a writer holds that its file does not: all of it in a detached
+    writer (a replica's), nothing after a flush.  ``*_written`` say how much
+    of the file is this writer's (a replica's copy may see the live run's
+    later writes)."""
+    rows_written: int
+    series_written: int
+    lineage_written: int
+    sequences_written: int
+    series: list = field(default_factory=list)       # [{"id", "name", "kind"}]
+    steps: dict = field(default_factory=dict)        # step column -> list, as _STEP_COLUMNS
+    stats: Optional[np.ndarray] = None               # (rows, series, N_STATS), NaN where absent
+    lineage: list = field(default_factory=list)      # [(step, seq)]
+    sequences: list = field(default_factory=list)    # [JSON text], lines sequences_written on
+    events: list = field(default_factory=list)       # [{"time", "step", "kind", "message"}]
 
 
 def _put_blob(ds, text: str, append: bool = True) -> None:
@@ -50,10 +73,9 @@ class TraceWriter:
         self.last_step: Optional[int] = None
         self.detached = False
         self._sequences: dict = {}       # sequence JSON -> line number
-        self._sequence_text: list = []
         self._new_sequences: list = []
         self._lineage: list = []         # (step, seq) not yet written
-        self._lineage_all: list = []
+        self.lineage_written = 0
         try:
             d = os.path.dirname(os.path.abspath(path))
             os.makedirs(d, exist_ok=True)
@@ -73,14 +95,13 @@ class TraceWriter:
         for name in _BLOBS:
             f.create_dataset(name, shape=(0,), maxshape=(None,), chunks=K.BLOB_CHUNK, dtype="u1")
         g = f.create_group("steps")
-        for name, dt in (("step", "i8"), ("time", "f8"), ("backward_count", "i4"),
-                         ("optimizer_steps", "i4"), ("partial", "u1")):
+        for name, dt in zip(_STEP_COLUMNS, ("i8", "f8", "i4", "i4", "u1")):
             g.create_dataset(name, shape=(0,), maxshape=(None,), chunks=K.STEPS_CHUNK, dtype=dt)
         lg = f.create_group("lineage")
         for name in ("step", "seq"):
             lg.create_dataset(name, shape=(0,), maxshape=(None,), chunks=K.STEPS_CHUNK, dtype="i8")
         lg.create_dataset("sequences", shape=(0,), maxshape=(None,), chunks=K.BLOB_CHUNK, dtype="u1")
-        ds = f.create_dataset("stats", shape=(0, 0, len(K.COLUMNS)), maxshape=(None, None, len(K.COLUMNS)),
+        ds = f.create_dataset("stats", shape=(0, 0, K.N_STATS), maxshape=(None, None, K.N_STATS),
                               chunks=K.STATS_CHUNK, dtype="f8", fillvalue=np.nan)
         ds.attrs["columns"] = json.dumps(list(K.COLUMNS))
         # Every dataset opened once: h5py opens it anew at each f[name] (about
@@ -88,6 +109,11 @@ class TraceWriter:
         self._ds = {name: f[name] for name in _BLOBS + ("stats",)}
         self._ds.update({f"steps/{name}": g[name] for name in g})
         self._ds.update({f"lineage/{name}": lg[name] for name in lg})
+
+    @property
+    def file(self) -> Optional[h5py.File]:
+        """The open HDF5 file (None once closed), for a reader in this process."""
+        return None if self.closed else self._f
 
     # -- appending -----------------------------------------------------------
     def _series_id(self, name: str, kind: str) -> int:
@@ -121,7 +147,7 @@ class TraceWriter:
 
     def detach(self) -> None:
         """In a replica (a forked copy of the live run): never write to the
-        shared file again; steps are kept in memory (``history`` sees them)."""
+        shared file again; steps are kept in memory (``unwritten`` has them)."""
         self.flush_steps = 1 << 62
         self.flush_secs = float("inf")
         self.detached = True
@@ -136,18 +162,13 @@ class TraceWriter:
         if seq is None:
             seq = self._sequences[text] = len(self._sequences)
             self._new_sequences.append(text)
-            self._sequence_text.append(text)
         self._lineage.append((step, seq))
-        self._lineage_all.append((step, seq))
-
-    def lineage_of(self, step: int):
-        """(the JSON text, flushed or not) of a step's lineage, or None."""
-        for st, seq in reversed(self._lineage_all):
-            if st == step:
-                return self._sequence_text[seq]
-        return None
 
     def event(self, kind: str, message: str, step: Optional[int] = None) -> None:
+        """A warning for the trace's ``events`` (``kind``: one of schema.EVENT_KINDS),
+        written at the next flush."""
+        if self.failed or self.closed:
+            return
         self._events.append({"time": time.time(), "step": step, "kind": kind, "message": message})
 
     def flush(self) -> None:
@@ -167,31 +188,12 @@ class TraceWriter:
         if self._rows:
             k = len(self._rows)
             n_series = len(self.series)
-            raw = np.full((k, n_series, N_RAW), np.nan)
-            # the steps of one layout (the same series: a few layouts recur) in one assignment
-            groups: dict = {}
-            for i, (rec, ids) in enumerate(self._rows):
-                g = groups.get(id(ids))
-                if g is None:
-                    g = groups[id(ids)] = (ids, [], [])
-                g[1].append(i)
-                g[2].append(rec.raw)
-            for ids, at, raws in groups.values():
-                raw[np.asarray(at)[:, None], np.asarray(ids, dtype=np.int64)[None, :], :] = np.stack(raws)
-            # one vectorised finalisation for the whole block; absent series stay NaN
-            block = finalize_many(raw.reshape(-1, N_RAW)).reshape(k, n_series, len(K.COLUMNS))
+            block = _stats_block(self._rows, n_series)
             ds = self._ds["stats"]
             start = ds.shape[0]
-            ds.resize((start + k, max(n_series, ds.shape[1]), len(K.COLUMNS)))
+            ds.resize((start + k, max(n_series, ds.shape[1]), K.N_STATS))
             ds[start:start + k, :n_series, :] = block
-            cols = {
-                "step": [r.step for r, _ in self._rows],
-                "time": [r.time for r, _ in self._rows],
-                "backward_count": [r.backward_count for r, _ in self._rows],
-                "optimizer_steps": [r.optimizer_steps for r, _ in self._rows],
-                "partial": [r.partial for r, _ in self._rows],
-            }
-            for name, values in cols.items():
+            for name, values in _step_columns(self._rows).items():
                 d = self._ds["steps/" + name]
                 d.resize((start + k,))
                 d[start:] = np.asarray(values, dtype=d.dtype)
@@ -207,31 +209,22 @@ class TraceWriter:
                     start = d.shape[0]
                     d.resize((start + len(self._lineage),))
                     d[start:] = np.asarray([row[i] for row in self._lineage], dtype="i8")
+                self.lineage_written += len(self._lineage)
                 self._lineage = []
         if self._events:
             _put_blob(self._ds["events"], "".join(json.dumps(e) + "\n" for e in self._events))
             self._events = []
 
-    def history(self, name: str, kind: str):
-        """(steps, (N, 10) statistics) of one series so far, flushed or not:
-        the debugger's ``history`` while the run is live."""
-        sid = self.series.get((name, kind))
-        if sid is None or self.closed:
-            return [], np.zeros((0, len(K.COLUMNS)))
-        steps, blocks = [], []
-        ds = self._ds["stats"]
-        if ds.shape[0] and sid < ds.shape[1]:
-            col = np.asarray(ds[:, sid, :])
-            keep = ~np.isnan(col[:, 0])
-            steps.extend(np.asarray(self._ds["steps/step"][:ds.shape[0]])[keep].tolist())
-            blocks.append(col[keep])
-        pending = [(r.step, r.raw[ids.index(sid)]) for r, ids in self._rows if sid in ids]
-        if pending:
-            steps.extend(st for st, _ in pending)
-            blocks.append(finalize_many(np.array([raw for _, raw in pending])))
-        if not blocks:
-            return [], np.zeros((0, len(K.COLUMNS)))
-        return steps, np.concatenate(blocks)
+    def unwritten(self) -> Unwritten:
+        """What the file does not hold yet (see Unwritten): a reader adds it."""
+        out = Unwritten(self.steps_written, len(self.series) - len(self._new_series),
+                        self.lineage_written, len(self._sequences) - len(self._new_sequences),
+                        list(self._new_series), lineage=list(self._lineage),
+                        sequences=list(self._new_sequences), events=list(self._events))
+        if self._rows:
+            out.steps = _step_columns(self._rows)
+            out.stats = _stats_block(self._rows, len(self.series))
+        return out
 
     def _fail(self, e: Exception) -> None:
         self.failed = f"cannot write trace {self.path}: {_reason(e)}; recording stopped " \
@@ -262,6 +255,28 @@ class TraceWriter:
         except (OSError, ValueError, RuntimeError) as e:
             self._fail(e)
         self.closed = True
+
+
+def _stats_block(rows: list, n_series: int) -> np.ndarray:
+    """(len(rows), n_series, N_STATS) statistics of buffered rows; absent series NaN."""
+    k = len(rows)
+    raw = np.full((k, n_series, N_RAW), np.nan)
+    # the steps of one layout (the same series: a few layouts recur) in one assignment
+    groups: dict = {}
+    for i, (rec, ids) in enumerate(rows):
+        g = groups.get(id(ids))
+        if g is None:
+            g = groups[id(ids)] = (ids, [], [])
+        g[1].append(i)
+        g[2].append(rec.raw)
+    for ids, at, raws in groups.values():
+        raw[np.asarray(at)[:, None], np.asarray(ids, dtype=np.int64)[None, :], :] = np.stack(raws)
+    # one vectorised finalisation for the whole block; absent series stay NaN
+    return finalize_many(raw.reshape(-1, N_RAW)).reshape(k, n_series, K.N_STATS)
+
+
+def _step_columns(rows: list) -> dict:
+    return {name: [getattr(r, name) for r, _ in rows] for name in _STEP_COLUMNS}
 
 
 def _reason(e: Exception) -> str:

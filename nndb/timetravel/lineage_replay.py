@@ -19,6 +19,6 @@ def replay_lineage(s, machine, step: int, resolve: tuple = ()) -> tuple:
     data = res["result"]["lineage"].get(str(step))
     if data is None:
         raise CommandError(f"the replay of step {step} recorded no lineage ({res.get('ended') or 'no step'})")
-    if recorded_lineage(s, step) is None:
+    if recorded_lineage(s, step, whole=False) is None:
         s.rec.writer.lineage(step, data)
     return data, res["result"].get("resolved", {})

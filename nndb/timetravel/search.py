@@ -8,6 +8,8 @@ import math
 
 from ..debugger import evaluate as E
 from ..errors import CommandError
+from ..store.reader import TraceReader
+from ..store.schema import STAT_NAMES
 
 
 def reverse_continue_target(s, machine, step: int, at_end: bool):
@@ -95,27 +97,19 @@ def bisect(s, machine, expr: str) -> str:
 
 
 class _Recorded:
-    """The recorded statistics of steps, from the trace and the writer's
-    unflushed rows: the step index and series names are read once."""
+    """The recorded statistics of steps, from the trace through the live
+    writer (its unflushed rows too): the step index is read once."""
 
     def __init__(self, writer):
-        self.writer = writer
-        self.pending = {rec.step: rec for rec, _ids in writer._rows}
-        f = writer._f
-        self.rows = {int(st): i for i, st in enumerate(f["steps"]["step"][:])}   # (the last row of a step)
-        self.names = {sid: nk for nk, sid in writer.series.items()}
+        self.reader = TraceReader.from_writer(writer)
+        self.rows = {int(st): i for i, st in enumerate(self.reader.steps)}   # (the last row of a step)
 
     def step(self, step: int) -> dict:
         """{(name, kind): stats row} of one step ({} if it was not recorded)."""
-        rec = self.pending.get(step)
-        if rec is not None:
-            return {nk: [float(x) for x in row] for nk, row in zip(rec.names, rec.stats)}
         i = self.rows.get(step)
         if i is None:
             return {}
-        row = self.writer._f["stats"][i]
-        return {self.names[sid]: [float(x) for x in vals] for sid, vals in enumerate(row)
-                if sid in self.names and not math.isnan(vals[0])}
+        return {nk: [float(x) for x in vals] for nk, vals in self.reader.row(i).items()}
 
 
 def _same(a: float, b: float) -> bool:
@@ -137,7 +131,6 @@ def verify(s, machine, rng) -> list:
         raise CommandError("step numbers start at 0")
     ck = machine.nearest(lo)
     res = machine.replay(s, {"kind": "scan", "from": lo, "end": hi, "stats": True}, lo)
-    from ..debugger.points import STATS
     compared = steps = 0
     trace = _Recorded(s.rec.writer)
     for step, rows in res["result"]["stats"]:
@@ -154,7 +147,7 @@ def verify(s, machine, rng) -> list:
             for col, (a, b) in enumerate(zip(want, got)):
                 compared += 1
                 if not _same(a, b):
-                    stat = STATS[col] if col < len(STATS) else str(col)
+                    stat = STAT_NAMES[col] if col < len(STAT_NAMES) else str(col)
                     return [f"replay --verify {lo}:{hi}: first divergence at step {step}: {kind} {name} "
                             f"{stat}: recorded {a!r}, replayed {b!r}"]
     src = f"the checkpoint at step {ck.step}" if ck is not None else "the start"

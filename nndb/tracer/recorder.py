@@ -32,10 +32,9 @@ from typing import Callable, Optional
 import numpy as np
 import torch
 
+from ..store.schema import KINDS  # noqa: F401  (the kinds of the series recorded here)
 from . import stats as S
 from .params import ParamPlan, Snapshot
-
-KINDS = ("param", "grad", "update", "act", "loss")
 
 
 @dataclass

@@ -40,13 +40,11 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from ..store.schema import N_STATS, STAT_NAMES
 from .quiet import quiet as _quiet      # (numpy's warnings off: NaN and Inf are data here)
 
 RAW_FIELDS = ("n", "sum", "sumsq", "min", "max", "sumabs", "nzero", "nnan", "ninf")
 N_RAW = len(RAW_FIELDS)
-STAT_NAMES = ("count", "mean", "std", "min", "max", "norm", "mean_abs",
-              "nan_count", "inf_count", "zero_frac")
-N_STATS = len(STAT_NAMES)
 
 # Tensors up to this many elements are reduced with numpy on the host (their
 # cost is call overhead, which numpy has less of); larger ones with torch,

@@ -6,6 +6,7 @@ import linecache
 import math
 
 from ...errors import CommandError
+from ...store.schema import KIND_WORDS, STAT_NAMES
 from .. import evaluate as E
 from .. import points as P
 from .breakpoints import info_points
@@ -60,16 +61,16 @@ def _undisplay(s, text):
 
 
 # -- statistics ----------------------------------------------------------------------
-STAT_COLUMNS = ("count", "mean", "std", "min", "max", "norm", "zero_frac", "nan_count", "inf_count")
-_KIND_WORDS = {"grad": "grad", "weight": "param", "param": "param", "update": "update",
-               "act": "act", "loss": "loss"}
+# The schema's statistics less mean_abs, with the NaN and Inf counts last, where the eye ends.
+_LAST = ("nan_count", "inf_count")
+STAT_COLUMNS = tuple(n for n in STAT_NAMES if n not in ("mean_abs",) + _LAST) + _LAST
 
 
 def _stats_arg(text):
     words = text.split()
     kind = glob = None
-    if words and words[0] in _KIND_WORDS:
-        kind = _KIND_WORDS[words.pop(0)]
+    if words and words[0] in KIND_WORDS:
+        kind = KIND_WORDS[words.pop(0)]
     if words:
         glob = words.pop(0)
     if words:
@@ -108,8 +109,8 @@ def _history_arg(text):
             raise CommandError("the count must be at least 1")
         del words[i:i + 2]
     kind = None
-    if len(words) >= 2 and words[0] in _KIND_WORDS:
-        kind = _KIND_WORDS[words.pop(0)]
+    if len(words) >= 2 and words[0] in KIND_WORDS:
+        kind = KIND_WORDS[words.pop(0)]
     if not words:
         raise CommandError("history needs a tensor name")
     name = words.pop(0)
