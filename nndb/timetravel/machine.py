@@ -90,10 +90,9 @@ class TimeMachine:
 
     # -- taking checkpoints (the live run) ------------------------------------------------
     SETTLE = 2
-    # The first step after a fork pays most of the copying, but not all: on the
-    # MLP of scripts/bench.py the first two steps took ~20 ms more, the next 100
-    # another ~20 ms (blocks of 800 steps with a checkpoint against blocks
-    # without).  Without a median yet (the first checkpoint), SETTLE steps.
+    # Copy-on-write goes on for a while after a fork, not only in its first
+    # step (figures: docs/performance.md).  Without a median yet (the first
+    # checkpoint), SETTLE steps.
     SETTLE_S = 0.25
 
     def at_step_end(self, s, step: int) -> None:
