@@ -1,8 +1,9 @@
 #!/usr/bin/env python
-"""Write the debugger's command reference and the built-in rules into
-README.md, from the command table (nndb/debugger/commands) and the rule
-catalog (nndb/rules/catalog.py), between the ``commands:start``/``commands:end``
-and ``rules:start``/``rules:end`` markers.  ``--check`` exits 1 if README is
+"""Write the debugger's command reference, the built-in rules and the
+"what is recorded by default" table into README.md, from the command table
+(nndb/debugger/commands), the rule catalog (nndb/rules/catalog.py) and the
+recording cadence (nndb/cadence.py), between the ``commands:``, ``rules:``
+and ``cadence:`` start/end markers.  ``--check`` exits 1 if README is
 out of date (the test suite runs it), so the README cannot drift from ``help``
 and ``info rules``.
 
@@ -18,12 +19,14 @@ import sys
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 sys.path.insert(0, ROOT)
 
+from nndb.cadence import Cadence  # noqa: E402
 from nndb.debugger.commands import TABLE  # noqa: E402
 from nndb.rules.catalog import default_rules  # noqa: E402
 
 README = os.path.join(ROOT, "README.md")
 START, END = "<!-- commands:start (scripts/gen_command_docs.py) -->", "<!-- commands:end -->"
 RULES_START, RULES_END = "<!-- rules:start (scripts/gen_command_docs.py) -->", "<!-- rules:end -->"
+CADENCE_START, CADENCE_END = "<!-- cadence:start (scripts/gen_command_docs.py) -->", "<!-- cadence:end -->"
 
 
 def reference() -> str:
@@ -48,10 +51,20 @@ def _between(text: str, start: str, end: str, body: str) -> str:
     return text[:a + len(start)] + "\n" + body + "\n" + text[b:]
 
 
+def cadence_table() -> str:
+    """README's "what is recorded by default", from the recording cadence."""
+    lines = ["| what is measured | steps | changed by |", "|---|---|---|"]
+    for what, steps, flag in Cadence().table():
+        lines.append(f"| {what} | {steps} | {flag or '-'} |")
+    return "\n".join(lines)
+
+
 def render(text: str) -> str:
     text = _between(text, START, END, reference())
     if RULES_START in text:
         text = _between(text, RULES_START, RULES_END, rules_reference())
+    if CADENCE_START in text:
+        text = _between(text, CADENCE_START, CADENCE_END, cadence_table())
     return text
 
 
@@ -64,7 +77,8 @@ def main() -> int:
     new = render(text)
     if args.check:
         if new != text:
-            print("README.md's command reference is out of date: run scripts/gen_command_docs.py", file=sys.stderr)
+            print("README.md's generated sections are out of date: run scripts/gen_command_docs.py",
+                  file=sys.stderr)
             return 1
         return 0
     with open(README, "w", encoding="utf-8") as fh:

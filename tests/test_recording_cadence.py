@@ -5,8 +5,6 @@ probes and PyTorch's global module hooks only in the steps that need them."""
 import json
 import math
 import os
-import subprocess
-import sys
 from types import SimpleNamespace
 
 import numpy as np
@@ -70,10 +68,12 @@ def test_one_cadence_answers_for_the_recorder_the_rules_and_the_probes():
 
 
 def test_readme_recording_table_matches_the_cadence():
+    import runpy
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    proc = subprocess.run([sys.executable, os.path.join(root, "scripts", "gen_cadence_docs.py"), "--check"],
-                          capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr
+    gen = runpy.run_path(os.path.join(root, "scripts", "gen_command_docs.py"))
+    readme = open(os.path.join(root, "README.md"), encoding="utf-8").read()
+    table = gen["cadence_table"]()
+    assert table.count("\n") >= 6 and f"{gen['CADENCE_START']}\n{table}\n{gen['CADENCE_END']}" in readme
 
 
 # -- the statistics of the steps between full ones ------------------------------------------------
