@@ -185,14 +185,25 @@ def test_lineage_on_with_stats_records_every_ops_output_statistics(tmp_path):
 
 # -- fetching a step's lineage (units: a fake session, no run) -------------------------------------
 class _Writer:
+    """The trace's lineage as the session's reader sees it, and what is written."""
+
     def __init__(self, recorded=None):
-        self.recorded = dict(recorded or {})
+        self.recorded = {k: json.loads(json.dumps(v)) for k, v in (recorded or {}).items()}
         self.written = []
 
-    def lineage_of(self, step):
-        return json.dumps(self.recorded[step]) if step in self.recorded else None
+    def __enter__(self):
+        return self
 
-    def lineage(self, step, data):
+    def __exit__(self, *exc):
+        return False
+
+    def lineage_steps(self):
+        return sorted(self.recorded)
+
+    def lineage(self, step, data=None):
+        if data is None:                             # (the reader's read)
+            d = self.recorded.get(step)
+            return dict(d, step=step) if d is not None else None
         self.written.append((step, data))
 
 
@@ -209,8 +220,9 @@ class _Lineage:
 
 def _fake_session(live=None, recorded=None, found=None, last_step=9):
     from types import SimpleNamespace
-    return SimpleNamespace(lineage=_Lineage(live, found), rec=SimpleNamespace(writer=_Writer(recorded)),
-                           last_step=last_step)
+    w = _Writer(recorded)
+    return SimpleNamespace(lineage=_Lineage(live, found), rec=SimpleNamespace(writer=w),
+                           trace_reader=lambda: w, last_step=last_step)
 
 
 # op 0 makes t1 (fc's output) from t0 (the input); op 1 makes the loss t2 from t1
