@@ -149,9 +149,9 @@ def test_reverse_continue_bisect_and_replay_verify(tmp_path, script):
     # back at the end of step 3 (a step ends inside opt.step(): 'it' is still 3 there)
     assert "('AT', 3)" in out, out
     assert "it >= 7 first became true at step 7" in out
-    assert re.search(r"replay --verify 0:10: 11 step\(s\) replayed from the checkpoint at step 0: "
+    assert re.search(r"replay --verify 0:11: 11 step\(s\) replayed from the checkpoint at step 0: "
                      r"identical to the trace, bit for bit \(\d+ values\)", out), out
-    assert "replay --verify 2:6: 5 step(s) replayed" in out
+    assert "replay --verify 2:6: 4 step(s) replayed" in out         # A:B leaves B out, as --steps does
 
 
 def test_checkpoint_commands_and_memory(tmp_path, script):

@@ -166,7 +166,9 @@ class StopPoints:
                 self.failed_points.append(rule.id)
         return hits
 
-    def _check_step_end(self, step: int, record) -> Optional[Stop]:
+    def check_points_at_step_end(self, step: int, record=None) -> list:
+        """[(point, detail)] of the points that hit at the end of ``step``
+        (``record``: the record handed on there; watches look at it)."""
         hits = []
         fresh = record is not None         # (a watch looks at each record once)
         for p in list(self.points.values()):
@@ -186,6 +188,10 @@ class StopPoints:
                 detail = {"error": str(e)}
             if detail is not None and self.point_hits(p, detail):
                 hits.append((p, detail))
+        return hits
+
+    def _check_step_end(self, step: int, record) -> Optional[Stop]:
+        hits = self.check_points_at_step_end(step, record)
         if hits:
             kind = "watchpoint" if all(isinstance(p, P.Watch) for p, _ in hits) else "breakpoint"
             return Stop(kind, step, hits=hits)

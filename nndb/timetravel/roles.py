@@ -146,6 +146,7 @@ class Scan(Role):
         self.lineage_steps = {int(x) for x in goal.get("lineage", [])}
         self.resolve = list(goal.get("resolve", []))
         self.result = {"hits": [], "values": [], "stats": [], "last": None, "lineage": {}, "resolved": {}}
+        self._last_record = None
 
     def begin(self, s) -> None:
         super().begin(s)
@@ -169,12 +170,29 @@ class Scan(Role):
         if step in self.lineage_steps and s.lineage is not None:
             self._lineage(s, step)
         if self.want_stats:
+            # Each record once, under its own step: a hand-written loop's record
+            # of step N is closed at the end of step N+1.
             rec = s.record
-            if rec is not None and rec.step == step:
+            if rec is not None and rec is not self._last_record and rec.step >= self.start:
+                self._last_record = rec
                 rows = [[n, k, [None if math.isnan(x) else x for x in map(float, row)],
                          [x != x for x in map(float, row)]] for (n, k), row in zip(rec.names, rec.stats)]
-                self.result["stats"].append([step, rows])
+                self.result["stats"].append([rec.step, rows])
         return None if self.want_points else "skip"
+
+    def arrived(self, s, stop: Stop):
+        """Resumed from a checkpoint taken at a stop: that step end is checked
+        again with the points as they are now (the stop's own hits were
+        decided with the points of then: a breakpoint set later was not among
+        them)."""
+        r = self.before_stops(s, stop.step)
+        if r is None:
+            fresh = s.check_points_at_step_end(stop.step, s.record)
+            hits = fresh + [h for h in stop.hits if h[0].number is None]      # (and its rule hits)
+            if hits:
+                self.intercept(s, Stop("breakpoint", stop.step, hits=hits))
+        s.reset_run_control()
+        return None
 
     def _lineage(self, s, step: int) -> None:
         data = s.lineage.live(step)

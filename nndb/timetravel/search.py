@@ -100,8 +100,10 @@ class _Recorded:
     """The recorded statistics of steps, from the trace through the live
     writer (its unflushed rows too): the step index is read once."""
 
-    def __init__(self, writer):
-        self.reader = TraceReader.from_writer(writer)
+    def __init__(self, s):
+        # (the live run's writer while it writes; the closed trace after the run)
+        w = s.rec.writer if s.rec is not None else None
+        self.reader = TraceReader.from_writer(w) if w is not None and not w.closed else TraceReader(s.trace_path)
         self.rows = {int(st): i for i, st in enumerate(self.reader.steps)}   # (the last row of a step)
 
     def step(self, step: int) -> dict:
@@ -122,18 +124,24 @@ def verify(s, machine, rng) -> list:
     if s.last_step is None:
         raise CommandError("no step has finished yet")
     first_ck = min((c.step for c in machine.checkpoints.values()), default=0)
-    lo, hi = rng if rng is not None else (None, None)
+    lo, stop = rng if rng is not None else (None, None)
     lo = first_ck if lo is None else lo
-    hi = s.last_step if hi is None else hi
+    hi = s.last_step if stop is None else stop - 1          # A:B is A..B-1, as --steps and --lineage
+    shown = f"{lo}:{hi + 1}"
+    if hi < lo:
+        raise CommandError(f"the range {shown} is empty")
     if hi > s.last_step:
         raise CommandError(f"step {hi} has not run yet (the present is step {s.last_step})")
     if lo < 0:
         raise CommandError("step numbers start at 0")
     ck = machine.nearest(lo)
-    res = machine.replay(s, {"kind": "scan", "from": lo, "end": hi, "stats": True}, lo)
+    # one step past the range where there is one: a hand-written loop closes step N's record at N+1's end
+    res = machine.replay(s, {"kind": "scan", "from": lo, "end": min(hi + 1, s.last_step), "stats": True}, lo)
     compared = steps = 0
-    trace = _Recorded(s.rec.writer)
+    trace = _Recorded(s)
     for step, rows in res["result"]["stats"]:
+        if not lo <= step <= hi:
+            continue
         recorded = trace.step(step)
         if not recorded:
             continue
@@ -141,18 +149,22 @@ def verify(s, machine, rng) -> list:
         for name, kind, vals, nans in rows:
             want = recorded.get((name, kind))
             if want is None:
-                return [f"replay --verify {lo}:{hi}: first divergence at step {step}: "
+                return [f"replay --verify {shown}: first divergence at step {step}: "
                         f"{kind} {name} was not recorded in the trace"]
             got = [math.nan if v is None else v for v in vals]
             for col, (a, b) in enumerate(zip(want, got)):
                 compared += 1
                 if not _same(a, b):
                     stat = STAT_NAMES[col] if col < len(STAT_NAMES) else str(col)
-                    return [f"replay --verify {lo}:{hi}: first divergence at step {step}: {kind} {name} "
+                    return [f"replay --verify {shown}: first divergence at step {step}: {kind} {name} "
                             f"{stat}: recorded {a!r}, replayed {b!r}"]
     src = f"the checkpoint at step {ck.step}" if ck is not None else "the start"
     if res.get("ended"):
-        return [f"replay --verify {lo}:{hi}: the replay ended early ({res['ended']}) after {steps} step(s) "
+        return [f"replay --verify {shown}: the replay ended early ({res['ended']}) after {steps} step(s) "
                 "matched"]
-    return [f"replay --verify {lo}:{hi}: {steps} step(s) replayed from {src}: identical to the trace, "
+    if compared == 0:                       # nothing compared is no evidence of anything
+        raise CommandError(f"replay --verify {shown}: nothing to compare: no replayed step of the range has "
+                           "a record in the trace (the steps were not recorded, or their records are "
+                           "still open)")
+    return [f"replay --verify {shown}: {steps} step(s) replayed from {src}: identical to the trace, "
             f"bit for bit ({compared} values)"]

@@ -221,7 +221,7 @@ def _replay_arg(text):
         raise CommandError(f"'{words[1]}' is not a range A:B")
     lo = parse_int(a, "the first step") if a else None
     hi = parse_int(b, "the last step") if b else None
-    if lo is not None and hi is not None and hi < lo:
+    if lo is not None and hi is not None and hi <= lo:
         raise CommandError(f"the range {words[1]} is empty")
     return lo, hi
 
@@ -261,7 +261,9 @@ first step where they differ is shown.  The live run is never changed.""",
 EXPR is evaluated at step ends ($loss, $grad, the script's variables): a binary
 search over the checkpoints, then one replay of the bracket found.""",
             _bisect, args=("expr",), group="time travel"),
-    Command("replay", "replay --verify [A:B]", """Replay recorded steps A..B and compare their statistics with the trace.
-Every statistic is compared bit for bit; the first divergence is printed.""",
+    Command("replay", "replay --verify [A:B]", """Replay recorded steps A to B-1 and compare their statistics with the trace.
+A:B leaves B out, as --steps does; A defaults to the first checkpoint, B to the
+step after the present.  Every statistic is compared bit for bit; the first
+divergence is printed; a replay that compared nothing is an error.""",
             _replay, _replay_arg, args=("sub:--verify",), group="time travel"),
 ]
