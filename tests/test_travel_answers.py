@@ -54,3 +54,26 @@ def test_replay_verify_that_compared_nothing_is_an_error(tmp_path):
              extra=("--every", "5"))
     assert "replay --verify 1:4: nothing to compare" in r.stderr, r.stdout + r.stderr
     assert "identical to the trace" not in r.stdout
+
+
+def test_a_hand_written_loop_stops_with_the_step_s_own_loss(tmp_path):
+    r = _run(tmp_path, "manual_sgd.py", ["until 5", 'p ("AT", repr(loss.item()), repr($loss), $step)',
+                                         "predict 2", "next", 'p ("NEXT", $loss)', "continue"],
+             "--steps", "10")
+    at = re.search(r"\('AT', '([^']+)', '([^']+)', (\d+)\)", r.stdout)
+    assert at and at.group(1) == at.group(2) and at.group(3) == "5", r.stdout    # the script's loss, step 5
+    printed = dict(re.findall(r"^step (\d+) loss (\S+)$", r.stdout, re.M))
+    assert float(printed["5"]) == float(at.group(2))
+    rows = re.findall(r"^(\d+)\s+([-\d.e+]+)\s+([-\d.e+]+)\s+(\S+)$", r.stdout, re.M)
+    assert [int(x[0]) for x in rows[:2]] == [6, 7]                      # predict's rows: steps 6 and 7 ...
+    nxt = float(re.search(r"\('NEXT', ([\d.e-]+)\)", r.stdout).group(1))
+    assert float(rows[0][1]) == float(f"{nxt:.6g}") == float(f"{float(printed['6']):.6g}")   # ... are theirs
+
+
+def test_lbfgs_step_loss_is_the_first_closure_call_s_as_the_script_prints_it(tmp_path):
+    r = _run(tmp_path, "lbfgs.py", ["until 2", 'p ("LOSS", repr($loss))', "continue"], "--steps", "4")
+    printed = [float(v) for v in re.findall(r"^step \d+ loss (\S+)$", r.stdout, re.M)]
+    with TraceReader(str(tmp_path / "t.h5")) as t:
+        _, losses = t.history(t.find("loss", "loss")[0], "mean")
+    assert [float(x) for x in losses] == printed                       # bit for bit
+    assert float(re.search(r"\('LOSS', '([^']+)'\)", r.stdout).group(1)) == printed[2]

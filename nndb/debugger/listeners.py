@@ -20,6 +20,12 @@ class StepSeen(_Listener):
             s.latest_record = end.records[-1]
         if end.step is not None:
             s.last_step = end.step
+            if s.latest_record is None or s.latest_record.step != end.step:
+                # a hand-written loop closes step N's record at N+1's end: the
+                # prompt shows step N as far as it is known (its loss), not N-1
+                known = s.rec.recorder.provisional()
+                if known is not None and known.step == end.step:
+                    s.latest_record = known
 
 
 class RuleCheck(_Listener):

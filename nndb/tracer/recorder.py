@@ -190,6 +190,7 @@ class StepRecorder:
         # A Sequential's output is its last child's output: reuse that copy.
         self._last_act: tuple = (None, None)
         self.manual = False
+        self._in_step: Optional[bool] = None     # inside optimizer.step(): has a loss been taken there?
         self._manual_pending: Optional[tuple] = None   # (step, bucket, time, snapshot)
         self.last: Optional[StepRecord] = None
         self._names: dict = {}              # series key -> name, resolved once
@@ -240,6 +241,12 @@ class StepRecorder:
         b.backward_count += 1
         if not self.recording or not S.is_recordable(tensor):
             return
+        if self._in_step is not None:
+            # A closure optimizer (LBFGS) calls the closure again and again in one
+            # step(); the step's loss is the first call's, which step() returns.
+            if self._in_step:
+                return
+            self._in_step = True
         if tensor.is_cpu and tensor.numel() == 1:
             b.add(("loss", _PENDING), S.scalar_row(tensor.item()))
         elif S.is_host_tensor(tensor):
@@ -260,10 +267,12 @@ class StepRecorder:
         return cached[1]
 
     def optimizer_pre(self, opt) -> None:
+        self._in_step = False
         if self.recording:
             self._snapshots[id(opt)] = Snapshot(self._plan(opt))
 
     def optimizer_post(self, opt) -> None:
+        self._in_step = None
         b = self._cur
         b.optimizer_steps += 1
         b.attribute_losses(opt)
@@ -406,7 +415,24 @@ class StepRecorder:
             return self._layouts.setdefault(tuple(names), names)
         return self._layouts.get(tuple(names), names)
 
+    def provisional(self) -> Optional[StepRecord]:
+        """A hand-written loop's step that has just ended, as far as it is
+        known: its loss and gradients (its parameters and update come at the
+        next step's end, with its real record).  None in other loops."""
+        pend = self._manual_pending
+        if pend is None:
+            return None
+        step, bucket, now, _ = pend
+        copy = _Bucket()
+        copy.merge(bucket)                 # (the pending bucket is the real record's: left as it is)
+        return self._record(step, copy, now, False)
+
     def _emit(self, step: int, b: _Bucket, now: float, partial: bool = False) -> None:
+        rec = self._record(step, b, now, partial)
+        self.last = rec
+        self.sink(rec)
+
+    def _record(self, step: int, b: _Bucket, now: float, partial: bool) -> StepRecord:
         b.resolve()
         b.attribute_losses(None)
         # The step's series, by what was recorded (the same keys step after step: one lookup)
@@ -420,6 +446,4 @@ class StepRecorder:
         for _, rows in b.params.values():
             raws.append(rows)
         raw = np.concatenate(raws) if len(raws) > 1 else raws[0] if raws else np.zeros((0, S.N_RAW))
-        rec = StepRecord(step, now, b.backward_count, b.optimizer_steps, names, raw, partial)
-        self.last = rec
-        self.sink(rec)
+        return StepRecord(step, now, b.backward_count, b.optimizer_steps, names, raw, partial)
