@@ -77,3 +77,61 @@ def test_lbfgs_step_loss_is_the_first_closure_call_s_as_the_script_prints_it(tmp
         _, losses = t.history(t.find("loss", "loss")[0], "mean")
     assert [float(x) for x in losses] == printed                       # bit for bit
     assert float(re.search(r"\('LOSS', '([^']+)'\)", r.stdout).group(1)) == printed[2]
+
+
+UNSEEDED = '''
+import os, torch, torch.nn as nn
+torch.manual_seed(int.from_bytes(os.urandom(4), "little"))     # a new run, other numbers
+model = nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+x, y = torch.randn(32, 4), torch.randn(32, 1)
+for step in range(8):
+    opt.zero_grad()
+    loss = ((model(x) - y) ** 2).mean()
+    loss.backward()
+    opt.step()
+print("done")
+'''
+
+READS_A_FILE = '''
+import torch, torch.nn as nn
+torch.manual_seed(0)
+model = nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+x, y = torch.randn(32, 4), torch.randn(32, 1)
+for step in range(10):
+    scale = float(open("scale.txt").read())              # read at every step
+    opt.zero_grad()
+    loss = ((model(x) * scale - y) ** 2).mean()
+    loss.backward()
+    opt.step()
+    if step == 6:
+        open("scale.txt", "w").write("3.0")             # the file changes under the run
+print("done")
+'''
+
+
+def _script_run(tmp_path, text, commands, *extra):
+    (tmp_path / "s.py").write_text(text)
+    argv = ["run", "--batch", "--nx", "--rules", "none", "--trace", str(tmp_path / "t.h5"), *extra]
+    for c in commands:
+        argv += ["-e", c]
+    return Ran(nndb(*argv, "s.py", cwd=str(tmp_path)), argv + ["s.py"])
+
+
+def test_a_respawned_replay_of_an_unseeded_script_says_it_diverged(tmp_path):
+    r = _script_run(tmp_path, UNSEEDED, ["break step 5", "continue", "goto 2", 'p ("AT", $step)', "continue"],
+                    "--replica", "respawn")
+    assert re.search(r"the replay diverged from the recorded run at step 0: loss recorded [\d.e-]+, replayed "
+                     r"[\d.e-]+ \(likely cause: unseeded randomness", r.stderr), r.stdout + r.stderr
+    assert "In the past" not in r.stdout                  # no wrong past is shown
+    assert "('AT', 5)" in r.stdout and "done" in r.stdout   # the user stays where they were
+
+
+def test_a_replay_of_a_script_that_reads_a_changed_file_says_it_diverged(tmp_path):
+    (tmp_path / "scale.txt").write_text("1.0")
+    r = _script_run(tmp_path, READS_A_FILE, ["break step 8", "continue", "goto 3", 'p ("AT", $step)', "continue"],
+                    "--replica", "fork")
+    assert re.search(r"the replay diverged from the recorded run at step 1: loss recorded", r.stderr), \
+        r.stdout + r.stderr
+    assert "In the past" not in r.stdout and "('AT', 8)" in r.stdout

@@ -20,6 +20,7 @@ from typing import Optional
 from ..errors import CommandError
 from . import forking
 from .respawn import spawn
+from .search import recorded_losses
 from .channel import Channel
 from .schedule import BUDGET, DiskSchedule, make_policy
 
@@ -217,8 +218,16 @@ class TimeMachine:
 
     def replay(self, s, goal: dict, start: int) -> dict:
         """Run a replica that starts at or before step ``start`` with ``goal``;
-        returns its last message (the session state is taken back)."""
+        returns its last message (the session state is taken back).  The
+        replica compares every replayed step's loss with the trace's and gives
+        up at the first difference (a CommandError here)."""
         ck = self.nearest(start)
+        if ck is not None and self.mode != "respawn":
+            first = ck.step + 1
+        else:
+            first = 0
+        if not goal.get("stats"):             # (replay --verify compares everything itself)
+            goal = dict(goal, expect=recorded_losses(s, first, int(goal.get("target", goal.get("end", start)))))
         if not self.exact:
             s.error(f"nndb: warning: this replay may not be exact: {self.exact_why}")
         if ck is None or self.mode == "respawn":
@@ -228,10 +237,16 @@ class TimeMachine:
                 s.error(f"nndb: {self.blocked or f'no checkpoint at or before step {start}'}: "
                         "replaying from the start in a new process (respawn)")
             goal = dict(goal, replayed_from=None)
-            return self._wait(s, *spawn(s, self, goal))
+            return self._checked(self._wait(s, *spawn(s, self, goal)))
         goal = dict(goal, replayed_from=ck.step)
         ck.chan.send({"op": "resume", "goal": goal, "state": s.snapshot(), "timeline": self.timeline})
-        return self._wait(s, ck.chan, None)
+        return self._checked(self._wait(s, ck.chan, None))
+
+    @staticmethod
+    def _checked(msg: dict) -> dict:
+        if msg.get("next") == "diverged":
+            raise CommandError(msg["message"])
+        return msg
 
     def _no_checkpoint(self, step: int) -> str:
         if self.mode == "off":

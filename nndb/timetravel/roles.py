@@ -54,6 +54,38 @@ class Role:
         self.chan = chan
         self.goal = goal
         self.saved_fds = None
+        # {step: [[loss series, recorded mean], ...]}: what the live run recorded
+        # for the steps this replica replays (JSON keys are strings)
+        self.expect = {int(k): v for k, v in (goal.get("expect") or {}).items()}
+        self._checked = None
+
+    def diverged(self, s) -> Optional[str]:
+        """The newest record, compared with the recorded run: a message at the
+        first difference, else None."""
+        rec = s.record
+        if rec is None or rec is self._checked or rec.step not in self.expect:
+            return None
+        self._checked = rec
+        got = {n: float(row[1]) for (n, k), row in zip(rec.names, s.stats_of(rec)) if k == "loss"}
+        for name, want in self.expect[rec.step]:
+            have = got.get(name)
+            want = math.nan if want is None else float(want)
+            if have is None or not (have == want or (math.isnan(have) and math.isnan(want))):
+                src = self.goal.get("replayed_from")
+                cause = ("unseeded randomness (a respawned replay runs the script again: seed torch, "
+                         "random and numpy, or use fork replicas), a file that changed since, or threads"
+                         if src is None else "randomness the checkpoint does not hold, a file that changed "
+                         "since, or threads")
+                return (f"nndb: the replay diverged from the recorded run at step {rec.step}: {name} recorded "
+                        f"{want!r}, replayed {'nothing' if have is None else repr(have)} (likely cause: "
+                        f"{cause}); nothing was changed")
+        return None
+
+    def give_up(self, s, message: str) -> None:
+        """A replay that diverged ends here; the live run says why."""
+        forking.unsilence(self.saved_fds)
+        self.saved_fds = None
+        finish(self.chan, {"op": "handback", "next": "diverged", "message": message, "state": s.snapshot()})
 
     def begin(self, s) -> None:
         self.saved_fds = forking.silence()
@@ -101,6 +133,9 @@ class Goto(Role):
     def before_stops(self, s, step: int):
         if not self.replaying:
             return None
+        wrong = self.diverged(s)
+        if wrong:
+            self.give_up(s, wrong)
         if step < self.target:
             return "skip"
         self.replaying = False
@@ -156,6 +191,9 @@ class Scan(Role):
                 s.lineage.refresh(s.last_step + 1)
 
     def before_stops(self, s, step: int):
+        wrong = self.diverged(s)
+        if wrong:
+            self.give_up(s, wrong)
         if step < self.start:
             return "skip"
         self.result["last"] = step

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 
 from ..debugger import evaluate as E
-from ..errors import CommandError
+from ..errors import CommandError, TraceError
 from ..store.reader import TraceReader
 from ..store.schema import STAT_NAMES
 
@@ -112,6 +112,26 @@ class _Recorded:
         if i is None:
             return {}
         return {nk: [float(x) for x in vals] for nk, vals in self.reader.row(i).items()}
+
+
+def recorded_losses(s, first: int, last: int) -> dict:
+    """{step: [[loss series, recorded mean or None], ...]} of the recorded
+    steps in [first, last]: what a replay of them must give again."""
+    if last < first or (s.rec is None and not s.trace_path):
+        return {}
+    out: dict = {}
+    try:
+        with _Recorded(s).reader as reader:
+            for info in reader.series():
+                if info.kind != "loss":
+                    continue
+                steps, values = reader.history(info, "mean")
+                for st, v in zip(steps, values):
+                    if first <= st <= last:      # (a step's last row wins, as in the record)
+                        out.setdefault(str(int(st)), {})[info.name] = None if math.isnan(v) else float(v)
+    except TraceError:
+        return {}                           # (nothing to check against: the replay is not checked)
+    return {st: sorted(d.items()) for st, d in out.items()}
 
 
 def _same(a: float, b: float) -> bool:
