@@ -135,3 +135,79 @@ def test_a_replay_of_a_script_that_reads_a_changed_file_says_it_diverged(tmp_pat
     assert re.search(r"the replay diverged from the recorded run at step 1: loss recorded", r.stderr), \
         r.stdout + r.stderr
     assert "In the past" not in r.stdout and "('AT', 8)" in r.stdout
+
+
+# -- what-if changes take effect or are refused ---------------------------------------------------
+GLOBAL_LR = '''
+import torch, torch.nn as nn
+lr = 0.05
+def main():
+    torch.manual_seed(0)
+    m = nn.Linear(2, 1)
+    x, y = torch.randn(8, 2), torch.randn(8, 1)
+    for step in range(6):
+        loss = ((m(x) - y) ** 2).mean()
+        loss.backward()
+        with torch.no_grad():
+            for p in m.parameters():
+                p -= lr * p.grad
+                p.grad = None
+        print("lr used", step, lr)
+main()
+'''
+
+
+def test_set_lr_under_a_scheduler_is_followed_by_the_scheduler(tmp_path):
+    r = _run(tmp_path, "transformer.py", ["until 3", "set lr 1e-6", "next", 'p ("LR", optimizer.param_groups[0]["lr"])',
+                                          "continue"], "--steps", "6", extra=("--rules", "none"))
+    assert "LambdaLR follows: group 0 base_lrs 0.003 -> 2.5e-06" in r.stdout, r.stdout
+    lr = float(re.search(r"\('LR', ([\d.e-]+)\)", r.stdout).group(1))
+    assert 1e-6 <= lr < 2e-6                                     # the step after the change runs near 1e-6
+    printed = dict(re.findall(r"^step (\d+) loss \S+ lr (\S+)$", r.stdout, re.M))
+    assert float(printed["3"]) == 0.0012000000000000001 and float(printed["4"]) == lr   # the script saw it
+
+
+def test_set_on_a_hand_written_loop_changes_the_script_s_variable(tmp_path):
+    r = _script_run(tmp_path, GLOBAL_LR, ["until 2", "py lr = 0.5", "set lr 0.2", "continue"])
+    assert "'lr' is now a local of main(), hiding the global 'lr'" in r.stderr, r.stderr
+    assert "lr (a global): was 0.05, now 0.2" in r.stdout, r.stdout + r.stderr
+    assert "lr used 3 0.2" in r.stdout and "lr used 2 0.2" in r.stdout     # (step 2's update came after the stop)
+
+
+def test_predict_set_refuses_what_it_cannot_apply(tmp_path):
+    r = _run(tmp_path, "gan.py", ["until 3", "predict 2 --set lr=0.5", "predict 2 --set foo=1",
+                                  "predict 2 --set optimizerG.lr=0.5", "continue"], "--steps", "6",
+             extra=("--rules", "none"))
+    assert "2 optimizers: say which, as in --set optimizerD.lr=0.5" in r.stderr
+    assert "unknown key 'foo'" in r.stderr
+    assert "--set optimizerG.lr=0.5 is: set lr 0.5 optimizer optimizerG" in r.stdout
+    assert "They first differ at step 5." in r.stdout
+
+
+def test_predict_set_changes_a_hand_written_loop_s_variable(tmp_path):
+    r = _run(tmp_path, "manual_sgd.py", ["until 3", "predict 2 --set args.lr=0.5", "continue"], "--steps", "8",
+             extra=("--rules", "none"))
+    assert "--set args.lr=0.5 is: set var args.lr 0.5" in r.stdout, r.stdout + r.stderr
+    assert "They first differ at step 4." in r.stdout
+
+
+RESETS_LR = '''
+import torch, torch.nn as nn
+torch.manual_seed(0)
+m = nn.Linear(2, 1)
+opt = torch.optim.SGD(m.parameters(), lr=0.1)
+x, y = torch.randn(8, 2), torch.randn(8, 1)
+for step in range(6):
+    for g in opt.param_groups:
+        g["lr"] = 0.1                        # the script sets lr itself at every step
+    opt.zero_grad()
+    loss = ((m(x) - y) ** 2).mean()
+    loss.backward()
+    opt.step()
+'''
+
+
+def test_predict_says_when_a_change_did_not_hold(tmp_path):
+    r = _script_run(tmp_path, RESETS_LR, ["until 2", "predict 2 --set lr=0.5", "continue"])
+    assert "Warning: the change lr=0.5 did not hold: it was [0.1] after step 3 (before the change [0.1])" \
+        in r.stdout, r.stdout + r.stderr

@@ -48,3 +48,56 @@ def is_numeric(v) -> bool:
     if isinstance(v, tuple):
         return all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v)
     return hasattr(v, "fill_") and getattr(v, "numel", lambda: 0)() == 1      # a tensor lr
+
+
+# Where LR schedulers keep a group's learning-rate scale: the group keys they
+# add, and their own per-group lists (CyclicLR: base and max).
+_GROUP_LR_KEYS = ("initial_lr", "max_lr", "min_lr")
+_SCHEDULER_LR_LISTS = ("base_lrs", "max_lrs")
+
+
+def schedulers_of(opt) -> list:
+    """The LR schedulers that drive ``opt`` (a scan of the live objects: for a
+    command, never a step)."""
+    import gc
+
+    from torch.optim.lr_scheduler import LRScheduler
+    # (type(), not isinstance: some live objects are proxies that warn when asked their class)
+    return [o for o in gc.get_objects() if issubclass(type(o), LRScheduler) and getattr(o, "optimizer", None) is opt]
+
+
+def check_scheduled(name: str, key: str, schedulers: list) -> None:
+    """Refuse a change a scheduler undoes at its next step (cycled momentum)."""
+    if key in ("momentum", "betas"):
+        for sch in schedulers:
+            if getattr(sch, "cycle_momentum", False):
+                raise CommandError(f"{type(sch).__name__} sets {name}'s {key} at every step (cycle_momentum): "
+                                   f"a change would not hold")
+
+
+def follow_schedule(opt, rows: list, schedulers: list) -> list:
+    """After ``lr`` was set in some groups (``rows`` of set_hyperparameter):
+    the schedulers' scale for those groups is multiplied by new/old, so the
+    schedule goes on from the new value instead of setting the old one back.
+    Returns one line per scheduler changed."""
+    notes = []
+    for sch in schedulers:
+        changed = []
+        for _, gi, _, was, now in rows:
+            factor = now / was if was else None
+            g = opt.param_groups[gi]
+            for k in _GROUP_LR_KEYS:
+                if isinstance(g.get(k), (int, float)):
+                    g[k] = g[k] * factor if factor is not None else now
+            for attr in _SCHEDULER_LR_LISTS:
+                lst = getattr(sch, attr, None)
+                if isinstance(lst, list) and gi < len(lst):
+                    before = lst[gi]
+                    lst[gi] = before * factor if factor is not None else now
+                    changed.append(f"group {gi} {attr} {before:.6g} -> {lst[gi]:.6g}")
+        if changed:
+            notes.append(f"{type(sch).__name__} follows: {'; '.join(changed)} (the schedule goes on from the "
+                         "new lr)")
+        else:
+            notes.append(f"{type(sch).__name__} drives this optimizer: it adjusts the new lr at its next step")
+    return notes

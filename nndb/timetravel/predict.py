@@ -8,6 +8,7 @@ from .channel import Channel
 
 
 def predict(s, machine, n: int, set_lines: list) -> dict:
+    """``set_lines``: [{"line": a set command, "label": KEY=VALUE, "read": (what, name, key)}]."""
     parent, child = Channel.pair()
     pid = forking.fork(close=tuple(c.chan for c in machine.checkpoints.values()) + (parent,))
     if pid == 0:
@@ -31,6 +32,25 @@ def _become_predictor(s, machine, chan, n: int, set_lines: list) -> None:
     s.become_replica(role)
     role.begin(s)                      # (output to /dev/null from here)
     s.queue.clear()                    # the rest of a command file is the live run's
-    for line in set_lines:
-        s.execute(line)
+    for change in set_lines:
+        read = _reader(s, change["read"])
+        try:
+            before = read()
+            s.table.dispatch(s, change["line"])
+            role.watch.append((change["label"], read, before, read()))
+        except Exception as e:         # (the live run checked the change; say why it failed here)
+            role.fail(f"--set {change['label']}: {e}")
     s.resume("continue")               # the stop's prompt loop ends; the script runs on here
+
+
+def _reader(s, what: list):
+    """A function that reads the setting a change makes: an optimizer's
+    hyper-parameter in each group, or a variable of the script's frame."""
+    from ..debugger import evaluate as E
+    if what[0] == "hyper":
+        opts = dict(s.optimizers())
+        opt = opts[what[1]]
+        return lambda: [float(g[what[2]]) if not isinstance(g[what[2]], tuple) else g[what[2]]
+                        for g in opt.param_groups]
+    code = E.compile_expr(what[1])
+    return lambda: E.evaluate(code, s.stop_frame(), s.variables(s.stop_frame()))

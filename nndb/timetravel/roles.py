@@ -272,6 +272,8 @@ class Predict(Role):
         self.n = int(goal["steps"])
         self.rows: list = []
         self.findings_seen = 0
+        self.watch: list = []           # [(label, read(), value before, value set)]: the --set changes
+        self.undone: list = []
 
     def begin(self, s) -> None:
         super().begin(s)
@@ -287,6 +289,8 @@ class Predict(Role):
         self.rows.append({"step": step, "loss": None if loss is None else loss.mean,
                           "grad_norm": math.sqrt(sum(g * g for g in grads)) if grads else None,
                           "findings": sorted({f["rule"] for f in new})})
+        if len(self.rows) == 1:
+            self._check_changes(step)
         if len(self.rows) >= self.n:
             self._report(None)
 
@@ -301,12 +305,41 @@ class Predict(Role):
             self._report(self.stopped)
         return True
 
+    def _check_changes(self, step: int) -> None:
+        """After the first step: each change still nearer the value set than the
+        value before (a scheduler or the script may have set it back)."""
+        for label, read, before, wanted in self.watch:
+            try:
+                now = read()
+            except Exception as e:
+                self.undone.append(f"{label}: cannot read it after step {step} ({e})")
+                continue
+            if _distance(now, wanted) >= _distance(now, before) and _distance(wanted, before) > 0:
+                self.undone.append(f"{label} did not hold: it was {now!r} after step {step} (before the "
+                                   f"change {before!r})")
+
+    def fail(self, message: str) -> None:
+        """A change could not be made: no prediction."""
+        forking.unsilence(self.saved_fds)
+        finish(self.chan, {"op": "predicted", "rows": [], "error": message})
+
     def _report(self, note: Optional[str], ended: Optional[str] = None) -> None:
         forking.unsilence(self.saved_fds)
-        finish(self.chan, {"op": "predicted", "rows": self.rows, "stopped": note, "ended": ended})
+        finish(self.chan, {"op": "predicted", "rows": self.rows, "stopped": note, "ended": ended,
+                           "undone": self.undone})
 
     def run_ended(self, s, status: str, reason: str) -> None:
         self._report(None, f"the script ended ({status}: {reason})")
+
+
+def _distance(a, b) -> float:
+    """How far apart two settings are (numbers, or tuples/lists of them; log-scale for positive ones)."""
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return sum(_distance(x, y) for x, y in zip(a, b))
+    a, b = float(a), float(b)
+    if a > 0 and b > 0:
+        return abs(math.log(a / b))
+    return abs(a - b)
 
 
 def make_role(goal: dict, chan) -> Role:

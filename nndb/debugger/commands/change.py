@@ -6,15 +6,24 @@ import sys
 
 from ...errors import CommandError
 from .. import evaluate as E
-from ..hyperparams import set_hyperparameter
+from ..hyperparams import check_scheduled, follow_schedule, schedulers_of, set_hyperparameter
 from ..points import parse_int
 from .table import Command, Table
 
-SET_USAGE = "set HYPER VALUE [group N] [optimizer NAME]    (e.g. set lr 1e-4)"
+SET_USAGE = "set HYPER VALUE [group N] [optimizer NAME]  |  set var NAME VALUE    (e.g. set lr 1e-4)"
 
 
 def _set_arg(text):
     words = text.split()
+    if words and words[0] == "var":
+        if len(words) < 3:
+            raise CommandError("set var needs a variable and a value", SET_USAGE)
+        name = words[1]
+        if not all(part.isidentifier() for part in name.split(".")):
+            raise CommandError(f"'{name}' is not a variable name (NAME or NAME.ATTR)", SET_USAGE)
+        src = text.split(None, 2)[2]
+        E.compile_expr(src)
+        return ("var", name, src)
     if len(words) < 2:
         raise CommandError("set needs a hyper-parameter and a value", SET_USAGE)
     key = words.pop(0)
@@ -34,14 +43,58 @@ def _set_arg(text):
     if not isinstance(value, (int, float, bool, tuple)) or \
             (isinstance(value, tuple) and not all(isinstance(x, (int, float)) for x in value)):
         raise CommandError(f"'{' '.join(value_words)}' is not a number or tuple of numbers", SET_USAGE)
-    return key, value, opts["group"], opts["optimizer"]
+    return ("hyper", key, value, opts["group"], opts["optimizer"])
+
+
+def _is_local(frame, root: str) -> bool:
+    """A variable the frame's code really has (not one a 'py' statement added
+    to its locals, which the code never reads)."""
+    code = frame.f_code
+    return frame.f_locals is frame.f_globals or root in code.co_varnames or root in code.co_cellvars \
+        or root in code.co_freevars
+
+
+def _has_variable(frame, name: str) -> bool:
+    root = name.split(".")[0]
+    return frame is not None and ((_is_local(frame, root) and root in frame.f_locals) or root in frame.f_globals)
+
+
+def set_target(s, key: str, group=None, oname=None) -> str:
+    """What ``set KEY ...`` changes: "hyper" (an optimizer's) or "var" (a
+    variable of the script's frame); a CommandError if neither."""
+    opts = s.optimizers()
+    if oname is None and group is None and _has_variable(s.frame, key) and \
+            not any(key in g for _, o in opts for g in o.param_groups if key != "params"):
+        return "var"
+    if not opts:
+        hint = f" ('{key}' is no variable of the script's frame either)" if s.frame is not None else ""
+        raise CommandError(f"no optimizer has been seen yet{hint}")
+    return "hyper"
+
+
+def _set_var(s, name: str, src: str):
+    frame = s.frame
+    if frame is None:
+        raise CommandError("set var works at a stop, in the script's frame")
+    if not _has_variable(frame, name):
+        raise CommandError(f"no variable '{name.split('.')[0]}' in {frame.f_code.co_name}()")
+    root = name.split(".")[0]
+    scope = f"global {root}; " if not _is_local(frame, root) else ""
+    read = E.compile_expr(name if not scope else f"globals()[{root!r}]" + name[len(root):])
+    old = E.evaluate(read, frame, s.variables(frame))
+    E.execute(f"{scope}{name} = ({src})", frame, s.variables(frame))
+    new = E.evaluate(read, frame, s.variables(frame))
+    where = "a global" if scope else f"in {frame.f_code.co_name}()"
+    return f"{name} ({where}): was {E.safe_repr(old)}, now {E.safe_repr(new)}"
 
 
 def _set(s, arg):
-    key, value, group, oname = arg
+    if arg[0] == "var":
+        return _set_var(s, arg[1], arg[2])
+    _, key, value, group, oname = arg
+    if set_target(s, key, group, oname) == "var":
+        return _set_var(s, key, repr(value))
     opts = s.optimizers()
-    if not opts:
-        raise CommandError("no optimizer has been seen yet")
     if oname is not None:
         opts = [(n, o) for n, o in opts if n == oname]
         if not opts:
@@ -49,10 +102,15 @@ def _set(s, arg):
     elif len(opts) > 1:
         raise CommandError(f"{len(opts)} optimizers: say which with 'optimizer NAME' "
                            f"({', '.join(n for n, _ in opts)})", SET_USAGE)
-    rows = []
+    rows, notes = [], []
     for name, opt in opts:
-        rows += set_hyperparameter(name, opt, key, value, group)
-    return Table(("optimizer", "group", "hyper-parameter", "was", "now"), rows)
+        scheds = schedulers_of(opt)
+        check_scheduled(name, key, scheds)
+        changed = set_hyperparameter(name, opt, key, value, group)
+        rows += changed
+        if key == "lr" and scheds:
+            notes += follow_schedule(opt, changed, scheds)
+    return [Table(("optimizer", "group", "hyper-parameter", "was", "now"), rows)] + notes
 
 
 def _py(s, text):
@@ -61,10 +119,16 @@ def _py(s, text):
     shown = []                         # an expression statement's value: shown as print shows it,
     hook = sys.displayhook             # through the front end (not on the script's stdout)
     sys.displayhook = lambda v: shown.append(v) if v is not None else None
+    frame = s.frame
+    before = set(frame.f_locals) if frame is not None and frame.f_locals is not frame.f_globals else None
     try:
-        E.execute(text, s.frame, s.variables(s.frame))
+        E.execute(text, frame, s.variables(frame))
     finally:
         sys.displayhook = hook
+    if before is not None:
+        for name in sorted((set(frame.f_locals) - before) & set(frame.f_globals)):
+            s.error(f"nndb: warning: '{name}' is now a local of {frame.f_code.co_name}(), hiding the global "
+                    f"'{name}' (the script reads the global: 'set var {name} VALUE' changes it)")
     return [E.safe_repr(v) for v in shown] or None
 
 
@@ -95,7 +159,11 @@ def _help(s, text):
 COMMANDS = [
     Command("set", SET_USAGE, """Change an optimizer hyper-parameter (lr, momentum, weight_decay, betas ...)
 in every param group, or in group N; with several optimizers, name one.
-It takes effect at the optimizer's next step.  (An LR scheduler may set lr again.)""",
+It takes effect at the optimizer's next step.  An LR scheduler driving the
+optimizer follows a new lr (its scale is multiplied by new/old, and it says
+so); a change a scheduler would undo is refused.  'set var NAME VALUE' (or
+'set NAME VALUE' for a name that is no hyper-parameter) assigns a variable of
+the script's frame: a hand-written loop's lr.""",
             _set, _set_arg, args=("hyper", "sub:group|optimizer"), group="changing"),
     Command("py", "py STMT   |   !STMT", """Run a Python statement in the script's current frame (assignments stick).""",
             _py, aliases=("!",), args=("expr",), group="changing"),

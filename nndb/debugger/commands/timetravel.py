@@ -140,18 +140,56 @@ def _predict_arg(text):
             if not words or "=" not in words[0]:
                 raise CommandError("--set needs KEY=VALUE (for instance --set lr=1e-4)")
             key, _, value = words.pop(0).partition("=")
-            sets.append(f"set {key} {value}")
+            sets.append((key, value))
         elif w.startswith("--set="):
             key, _, value = w[6:].partition("=")
-            sets.append(f"set {key} {value}")
+            sets.append((key, value))
         else:
             n = parse_int(w, "the number of steps")
             if n < 1:
                 raise CommandError(f"the number of steps must be at least 1, not {n}")
     from .change import _set_arg
-    for line in sets:
-        _set_arg(line[4:])                 # a bad value fails here, before anything runs
+    for key, value in sets:
+        _set_arg(f"var {key} {value}")     # a bad name or value fails here, before anything runs
     return n, sets
+
+
+def _changes(s, sets) -> list:
+    """Each --set KEY=VALUE as the set command the changed replica runs, and
+    what it changes: an optimizer's hyper-parameter (KEY, or OPTIMIZER.KEY) or
+    a variable of the script's frame.  Anything else is refused here, before
+    a replica runs."""
+    from ..hyperparams import check_scheduled, is_numeric, schedulers_of
+    from .change import set_target
+    opts = dict(s.optimizers())
+    out = []
+    for key, value in sets:
+        label = f"{key}={value}"
+        oname, dot, hyper = key.partition(".")
+        if dot and oname in opts:
+            chosen = [oname]
+        else:
+            hyper = key
+            if set_target(s, key) == "var":
+                out.append({"line": f"set var {key} {value}", "label": label, "read": ["var", key]})
+                continue
+            if "." in key:
+                raise CommandError(f"unknown key '{key}': no optimizer named '{oname}' and no such variable "
+                                   f"(optimizers: {', '.join(opts) or 'none'})")
+            chosen = list(opts)
+        for name in chosen:
+            groups = opts[name].param_groups
+            if not all(hyper in g and hyper != "params" and is_numeric(g[hyper]) for g in groups):
+                known = ", ".join(k for k in groups[0] if k != "params" and is_numeric(groups[0][k]))
+                raise CommandError(f"unknown key '{key}': not a numeric hyper-parameter of {name} ({known}) "
+                                   f"nor a variable of the script's frame")
+        if len(chosen) > 1:
+            raise CommandError(f"{len(chosen)} optimizers: say which, as in --set {chosen[0]}.{key}={value}")
+        for name in chosen:
+            check_scheduled(name, hyper, schedulers_of(opts[name]))
+            out.append({"line": f"set {hyper} {value} optimizer {name}", "label": label,
+                        "read": ["hyper", name, hyper]})
+    return out
 
 
 def _predict(s, arg):
@@ -160,11 +198,19 @@ def _predict(s, arg):
     if s.state != "live":
         raise CommandError("predict runs ahead of a live run")
     from ...timetravel.predict import predict
+    changes = _changes(s, sets)
     t0 = time.perf_counter()
     base = predict(s, m, n, [])
-    changed = predict(s, m, n, sets) if sets else None
+    changed = predict(s, m, n, changes) if changes else None
+    if changed is not None and changed.get("error"):
+        raise CommandError(changed["error"])
     took = time.perf_counter() - t0
-    return render_prediction(n, sets, base, changed, took)
+    out = render_prediction(n, [f"set {c['label'].replace('=', ' ', 1)}" for c in changes], base, changed, took)
+    for c in changes:
+        out.insert(0, f"--set {c['label']} is: {c['line']}")       # exactly what the replica changes
+    for note in (changed or {}).get("undone", []):
+        out.append(f"Warning: the change {note}.")
+    return out
 
 
 def render_prediction(n, sets, base, changed, took):
