@@ -70,13 +70,18 @@ def cli():
                                       "else respawn), a fresh process replaying from the start, or not at all.")
 @click.option("--total-steps", type=click.IntRange(min=1), metavar="N",
               help="The run's length in steps, for the checkpoint schedule (else an adaptive one).")
+@click.option("--checkpoint-every", "checkpoint_every", metavar="N|Ns",
+              help="Take a checkpoint every N steps or every N seconds of run time (else the schedule's).")
+@click.option("--checkpoint-memory", "checkpoint_memory", metavar="SIZE",
+              help="The private memory all checkpoints may hold (512M, 2G, 25%%); default a quarter of the "
+                   "memory available at start.")
 @click.option("--lineage", "lineage", metavar="STEPS",
               help="Record the operation lineage of these steps: N, A:B (B excluded), N,M or all.")
 @click.argument("script", required=False, metavar="SCRIPT")
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def run(module, trace_path, every, steps_range, full_every, act_every, flush_steps, flush_secs, quiet,
-        batch, go, command_files, eval_commands, nx, report_path, rules, replica, total_steps, lineage,
-        script, args):
+        batch, go, command_files, eval_commands, nx, report_path, rules, replica, total_steps,
+        checkpoint_every, checkpoint_memory, lineage, script, args):
     """Run SCRIPT [ARGS]... (or -m MODULE [ARGS]...) under the debugger, as
     Python would, recording per-step tensor statistics into an HDF5 trace.
     Everything after SCRIPT is passed to the script untouched.  It stops at
@@ -94,7 +99,8 @@ def run(module, trace_path, every, steps_range, full_every, act_every, flush_ste
         batch = batch or not sys.stdin.isatty()
         options = DebugOptions(batch=batch, stop_at_start=not go, command_files=command_files,
                                eval_commands=eval_commands, no_rc=nx, report=report_path, rules=rules,
-                               replica=replica, total_steps=total_steps, lineage=lineage)
+                               replica=replica, total_steps=total_steps, lineage=lineage,
+                               checkpoint_every=checkpoint_every, checkpoint_memory=checkpoint_memory)
         result = debug(config, options, _frontend(interactive=not batch))
     except NndbError as e:
         _fail(e)

@@ -15,12 +15,13 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 from ..config import RunConfig
-from ..errors import EXIT_FAIL_ACTION, EXIT_USAGE
+from ..errors import EXIT_FAIL_ACTION, EXIT_USAGE, UsageError
 from ..lineage.control import LineageControl
 from ..render import debug as renderer
 from ..rules.catalog import load as load_rules
 from ..runner import RunResult, record
-from ..timetravel.machine import TimeMachine
+from ..timetravel.machine import TimeMachine, parse_size
+from ..timetravel.schedule import parse_every
 from . import rcfiles, report
 from .commands import TABLE
 from .session import Session
@@ -38,6 +39,8 @@ class DebugOptions:
     replica: str = "auto"               # --replica auto|fork|respawn|off
     total_steps: Optional[int] = None   # --total-steps N (the checkpoint schedule)
     lineage: Optional[str] = None       # --lineage STEPS (N, A:B, N,M, all)
+    checkpoint_every: Optional[str] = None    # --checkpoint-every N|Ns
+    checkpoint_memory: Optional[str] = None   # --checkpoint-memory SIZE
 
 
 @dataclass
@@ -67,11 +70,18 @@ def build_session(frontend, options: DebugOptions) -> Session:
     ``confirm``, ``message``, ``error``).  A bad rule file fails here, before
     any script runs."""
     interactive = not options.batch
+    try:
+        if options.checkpoint_every:
+            parse_every(options.checkpoint_every)
+        memory = parse_size(options.checkpoint_memory) if options.checkpoint_memory else None
+    except ValueError as e:
+        raise UsageError(str(e)) from None
     return Session(frontend, TABLE, renderer, interactive=interactive,
                    stop_at_start=interactive and options.stop_at_start,
                    rules=load_rules(options.rules),
                    machine=TimeMachine(options.replica, options.total_steps, rules_spec=options.rules or "none",
-                                       lineage_spec=options.lineage),
+                                       lineage_spec=options.lineage, every=options.checkpoint_every,
+                                       memory_kib=memory),
                    lineage=LineageControl(options.lineage))
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import threading
+import time
 from typing import Optional
 
 from ..errors import CommandError, KillRun, RestartRun
@@ -231,6 +232,14 @@ class Session(CommandLoop, StopPoints, RunQueries):
     def _stop(self, stop: Stop, frame) -> None:
         if self.replica is not None and self.replica.intercept(self, stop):
             return                    # a scan or a prediction notes it and goes on
+        t0 = time.monotonic()
+        try:
+            self._stop_here(stop, frame)
+        finally:
+            if self.machine is not None:
+                self.machine.paused(time.monotonic() - t0)     # (a stop is not the run's time)
+
+    def _stop_here(self, stop: Stop, frame) -> None:
         if self.machine is not None and stop.at_step_end and stop.kind != "exited":
             stop = self.machine.at_stop(self, stop)
             if stop is None:          # a replica resumed from this stop's checkpoint runs on

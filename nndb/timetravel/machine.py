@@ -22,7 +22,7 @@ from . import forking
 from .respawn import spawn
 from .search import recorded_losses
 from .channel import Channel
-from .schedule import BUDGET, DiskSchedule, make_policy
+from .schedule import BUDGET, Adaptive, DiskSchedule, make_policy, replay_bound
 
 
 @dataclass
@@ -36,12 +36,47 @@ class Checkpoint:
     cost_s: float
 
 
+def default_memory_kib() -> Optional[int]:
+    """A quarter of the memory available at start (None where /proc/meminfo is not there)."""
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) // 4
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def parse_size(text: str) -> int:
+    """``--checkpoint-memory``: 512M, 2G, 300000K or 25% (of the memory available now) -> KiB."""
+    t = text.strip().upper().removesuffix("B")
+    try:
+        if t.endswith("%"):
+            avail = default_memory_kib()
+            pct = float(t[:-1])
+            if avail is not None and 0 < pct <= 100:
+                return int(avail * 4 * pct / 100)
+        else:
+            mult = {"K": 1, "M": 1024, "G": 1024 ** 2, "T": 1024 ** 3}.get(t[-1:], None)
+            value = float(t[:-1]) if mult else float(t) / 1024
+            if value > 0:
+                return int(value * (mult or 1))
+    except ValueError:
+        pass
+    raise ValueError(f"--checkpoint-memory takes a size (512M, 2G) or a share of the memory (25%), not '{text}'")
+
+
 class TimeMachine:
     def __init__(self, replica_mode: str = "auto", total_steps: Optional[int] = None,
                  budget: float = BUDGET, max_live: int = 20, disk: bool = True, rules_spec: str = "default",
-                 lineage_spec: Optional[str] = None):
+                 lineage_spec: Optional[str] = None, every: Optional[str] = None,
+                 memory_kib: Optional[int] = None):
         self.mode = replica_mode          # auto | fork | respawn | off
         self.total_steps = total_steps
+        self.every = every                # --checkpoint-every N|Ns
+        # --checkpoint-memory: the private memory all checkpoints may hold
+        self.memory_kib = memory_kib if memory_kib is not None else default_memory_kib()
         self.budget = budget
         self.max_live = max_live
         self.disk = disk
@@ -56,7 +91,7 @@ class TimeMachine:
     def _reset(self) -> None:
         self.checkpoints: dict = {}
         self._next = 1
-        self.policy = make_policy(self.total_steps, self.budget, self.max_live)
+        self.policy = make_policy(self.total_steps, self.budget, self.max_live, self.every)
         self.disk_schedule = DiskSchedule(self.total_steps)
         self.disk_files: list = []
         self.blocked: Optional[str] = None    # why fork checkpoints are off in this run
@@ -64,6 +99,8 @@ class TimeMachine:
         self.taken = 0
         self.step_times = collections.deque(maxlen=50)   # recent step durations (s)
         self._last_end: Optional[float] = None
+        self._paused = 0.0                # seconds at the prompt: not the run's time
+        self.evicted_for_memory = 0
         # A fork's real cost comes mostly after it: every page the run writes
         # next is copied once (copy-on-write).  So a checkpoint's cost is its
         # fork plus what the steps after it took beyond the median step before
@@ -96,8 +133,17 @@ class TimeMachine:
     # checkpoint), SETTLE steps.
     SETTLE_S = 0.25
 
+    def clock(self) -> float:
+        """The run's clock: monotonic time less the time spent at the prompt,
+        so a pause is never a step's time nor a checkpoint's cost."""
+        return time.monotonic() - self._paused
+
+    def paused(self, seconds: float) -> None:
+        """The run waited ``seconds`` at a stop (the prompt, its commands)."""
+        self._paused += max(0.0, seconds)
+
     def at_step_end(self, s, step: int) -> None:
-        now = time.monotonic()
+        now = self.clock()
         if self._last_end is not None:
             took = now - self._last_end
             if self._settling is not None:
@@ -109,7 +155,7 @@ class TimeMachine:
             return
         if self.policy.due(step, now):
             self.take(s, step, "auto")
-        self._last_end = time.monotonic()     # (the checkpoint's cost is not a step's)
+        self._last_end = self.clock()         # (the checkpoint's cost is not a step's)
 
     def _settle(self, took: float, now: float) -> None:
         ck, cost, left, until, median, fork = self._settling
@@ -146,11 +192,13 @@ class TimeMachine:
         self.checkpoints[ck.number] = ck
         self.taken += 1
         if kind == "auto":
-            now = time.monotonic()
+            now = self.clock()
             self.policy.taken(step, cost, now)
             median = self.step_time()
-            until = now + self.SETTLE_S if median is not None else 0.0
-            self._settling = [ck, cost, self.SETTLE, until, median or 0.0, cost]
+            # (without a median the steps after the fork cannot be told apart from it; a fixed
+            # --checkpoint-every schedule needs no cost)
+            if median is not None and type(self.policy) is Adaptive:
+                self._settling = [ck, cost, self.SETTLE, now + self.SETTLE_S, median, cost]
             autos = sorted(c.step for c in self.checkpoints.values() if c.kind == "auto")
             drop = set(self.policy.evict(autos))
             for c in list(self.checkpoints.values()):
@@ -162,7 +210,26 @@ class TimeMachine:
             stops = sorted((c for c in self.checkpoints.values() if c.kind == "stop"), key=lambda c: c.number)
             for c in stops[:-self.STOP_KEEP]:
                 self._drop(c)
+        self._keep_within_memory()
         return ck
+
+    def _keep_within_memory(self) -> None:
+        """Over --checkpoint-memory: automatic checkpoints go, the one whose
+        loss leaves the smallest gap first (never the first nor the newest)."""
+        if not self.memory_kib:
+            return
+        while True:
+            used = sum((forking.memory_kib(c.pid) or {}).get("private", 0) for c in self.checkpoints.values())
+            autos = sorted(c.step for c in self.checkpoints.values() if c.kind == "auto")
+            if used <= self.memory_kib or len(autos) <= 2:
+                return
+            drop = Adaptive(max_live=len(autos) - 1).evict(autos)
+            if not drop:
+                return
+            for c in list(self.checkpoints.values()):
+                if c.kind == "auto" and c.step in drop:
+                    self._drop(c)
+            self.evicted_for_memory += len(drop)
 
     def at_stop(self, s, stop):
         """The live run stops at a step end: a checkpoint there makes going back
@@ -333,6 +400,28 @@ class TimeMachine:
         return f"t{self.timeline}" if self.changed else "past"
 
     # -- the figures for 'info checkpoints' ------------------------------------------------
+    def broken_promise(self, present: Optional[int]) -> Optional[str]:
+        """Why the adaptive schedule's replay bound does not hold now (the
+        largest gap between checkpoints, up to the present, estimated from the
+        median step), or None."""
+        st = self.step_time()
+        if not isinstance(self.policy, Adaptive) or type(self.policy) is not Adaptive or st is None \
+                or present is None or self.mode not in ("auto", "fork"):
+            return None
+        steps = sorted(c.step for c in self.checkpoints.values()) + [present]
+        if len(steps) < 2:
+            return None
+        gap, a, b = max((b - a, a, b) for a, b in zip(steps, steps[1:]))
+        start = self.policy._start
+        bound = replay_bound(self.clock() - start if start is not None else 0.0)
+        if gap * st <= bound:
+            return None
+        why = (f"{self.evicted_for_memory} checkpoint(s) dropped to stay within --checkpoint-memory"
+               if self.evicted_for_memory else self.blocked or "checkpoints are slow to take here")
+        return (f"Warning: the schedule does not keep its replay bound ({bound:.3g} s): steps {a} to {b} are "
+                f"about {gap * st:.3g} s of replay apart ({why}).")
+
+
     def step_time(self) -> Optional[float]:
         if not self.step_times:
             return None

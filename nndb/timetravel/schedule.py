@@ -35,6 +35,19 @@ MIN_COST_S = 0.002
 #: takes (the measurements: docs/performance.md).
 BUDGET = 0.02
 
+#: The promise on replays (adaptive schedule): going back to any step replays
+#: at most REPLAY_BOUND_FRACTION of the run's time so far or REPLAY_BOUND_S,
+#: whichever is more -- a checkpoint is due when either the budget or this
+#: bound says so.  Time at the prompt is not run time.
+REPLAY_BOUND_S = 2.0
+REPLAY_BOUND_FRACTION = 0.05
+
+
+def replay_bound(run_time: float) -> float:
+    """The most seconds of replay the adaptive schedule allows, ``run_time``
+    seconds into the run."""
+    return max(REPLAY_BOUND_S, REPLAY_BOUND_FRACTION * run_time)
+
 
 def _percent(total: int, pct: int) -> int:
     """``pct``% of ``total`` rounded half up (not banker's rounding, and in
@@ -166,12 +179,15 @@ class Adaptive(Policy):
         self.max_live = max_live
         self._last: int | None = None
         self._last_time = 0.0
+        self._start: float | None = None
         self._cost = MIN_COST_S
 
     @property
     def interval_s(self) -> float:
-        """Seconds to wait after the last checkpoint before the next."""
-        return self._cost / self.budget
+        """Seconds to wait after the last checkpoint before the next (``now``:
+        the run's clock, pauses left out)."""
+        run_time = self._last_time - self._start if self._start is not None else 0.0
+        return min(self._cost / self.budget, replay_bound(run_time))
 
     def due(self, step: int, now: float) -> bool:
         if self._last is None:
@@ -181,6 +197,8 @@ class Adaptive(Policy):
     def taken(self, step: int, cost_s: float, now: float) -> None:
         self._last = step if self._last is None else max(self._last, step)
         self._last_time = now
+        if self._start is None:
+            self._start = now
         self._cost = max(cost_s, MIN_COST_S)
 
     def evict(self, steps: list[int], pinned: set[int] = frozenset()) -> list[int]:
@@ -201,13 +219,56 @@ class Adaptive(Policy):
         return sorted(drop)
 
     def describe(self) -> str:
-        return (f"adaptive: at most {self.budget:.0%} of the wall time on checkpoints "
-                f"(next {self.interval_s:.3g} s after the last), "
+        return (f"adaptive: at most {self.budget:.0%} of the run time on checkpoints, and a replay of at most "
+                f"{REPLAY_BOUND_FRACTION:.0%} of the run time or {REPLAY_BOUND_S:g} s, whichever is more "
+                f"(next {self.interval_s:.3g} s of run time after the last), "
                 f"{self.max_live} kept spread over the run")
 
 
-def make_policy(total_steps: int | None, budget: float = BUDGET, max_live: int = 20) -> Policy:
-    """``KnownTotal`` when the run's length is known, ``Adaptive`` otherwise."""
+class Every(Adaptive):
+    """``--checkpoint-every N`` (steps) or ``Ns`` (seconds of run time): the
+    user's interval; the kept ones are spread over the run as Adaptive's."""
+
+    def __init__(self, steps: int | None = None, seconds: float | None = None, max_live: int = 20):
+        super().__init__(max_live=max_live)
+        self.steps, self.seconds = steps, seconds
+
+    def due(self, step: int, now: float) -> bool:
+        if self._last is None:
+            return True
+        if self.steps is not None:
+            return step - self._last >= self.steps
+        return step > self._last and now - self._last_time >= self.seconds
+
+    def describe(self) -> str:
+        every = f"{self.steps} steps" if self.steps is not None else f"{self.seconds:g} s of run time"
+        return f"every {every} (--checkpoint-every), {self.max_live} kept spread over the run"
+
+
+def parse_every(text: str) -> tuple:
+    """``--checkpoint-every``: "N" steps or "Ns" seconds -> (steps, seconds)."""
+    t = text.strip()
+    try:
+        if t.endswith("s"):
+            v = float(t[:-1])
+            if v > 0:
+                return None, v
+        else:
+            v = int(t)
+            if v >= 1:
+                return v, None
+    except ValueError:
+        pass
+    raise ValueError(f"--checkpoint-every takes N (steps, at least 1) or Ns (seconds), not '{text}'")
+
+
+def make_policy(total_steps: int | None, budget: float = BUDGET, max_live: int = 20,
+                every: str | None = None) -> Policy:
+    """``Every`` with --checkpoint-every, ``KnownTotal`` when the run's length
+    is known, ``Adaptive`` otherwise."""
+    if every:
+        steps, seconds = parse_every(every)
+        return Every(steps, seconds, max_live=max_live)
     if total_steps:
         return KnownTotal(total_steps)
     return Adaptive(budget=budget, max_live=max_live)

@@ -121,6 +121,12 @@ def info_checkpoints(s):
     if rows:
         lines.append(f"Memory of the checkpoints: {total / 1024:.1f} MiB private in all"
                      + (f"; median step {st * 1000:.1f} ms." if st else "."))
+    warning = m.broken_promise(s.last_step)
+    if warning:
+        lines.append(warning)
+    if m.memory_kib:
+        lines.append(f"Memory budget: {m.memory_kib / 1024:.0f} MiB (--checkpoint-memory)"
+                     + (f"; {m.evicted_for_memory} checkpoint(s) dropped to keep it." if m.evicted_for_memory else "."))
     for step, path in m.disk_files:
         lines.append(f"On disk: step {step}: {path}")
     return [Table(("Num", "Step", "Kind", "Pid", "Fork", "Private", "PSS"), rows,
