@@ -10,7 +10,7 @@ import textwrap
 
 import pytest
 
-from conftest import example, nndb
+from conftest import Transcript, example, nndb
 from nndb.check import CHECK_STEPS, OVERFIT_ITERS, check
 from nndb.launcher import Target
 from nndb.render.check import text
@@ -252,12 +252,16 @@ BAD_GRAD = """
 """
 
 
-def test_gradcheck_transcript(tmp_path):
+@pytest.fixture(scope="module")
+def gradcheck_session(tmp_path_factory) -> Transcript:
+    """gradcheck before any stop, then at forward stops in fc, sq (a wrong
+    backward) and drop, then at a step end."""
     import gc
     from nndb.config import RunConfig
     from nndb.debugger.driver import DebugOptions, debug
     from nndb.debugger.frontend import ScriptedFrontend
     gc.collect()
+    tmp_path = tmp_path_factory.mktemp("gradcheck")
     script = write(tmp_path, "bad_grad.py", BAD_GRAD)
     fe = ScriptedFrontend([
         "gradcheck fc", "gradcheck nope", "gradcheck fc 1 +",
@@ -269,32 +273,71 @@ def test_gradcheck_transcript(tmp_path):
     ])
     res = debug(RunConfig(Target(path=script), str(tmp_path / "t.h5"), quiet=True),
                 DebugOptions(no_rc=True, rules="none"), fe)
-    out = fe.text
-    assert "Traceback" not in out and "internal error" not in out, out
-    assert res.exit_code == 0
+    return Transcript(fe.text, res)
 
-    def after(cmd, nth=1):
-        hits = [c for c in out.split("(nndb) ")[1:] if c.split("\n", 1)[0] == cmd]
-        return hits[nth - 1].split("\n", 1)[1].strip()
 
-    assert after("gradcheck fc").startswith("no input for fc: stop in its forward first ('break module fc'")
-    assert after("gradcheck nope") == "no module named 'nope' ('info modules' lists them)"
-    assert after("gradcheck fc 1 +").startswith("syntax error")
-    ok = re.compile(r"gradcheck (\w+) \((\w+), float64 copy\): PASS: max abs error ([\d.e+-]+), max rel error "
-                    r"([\d.e+-]+) over (\d+) of (\d+) input/parameter element\(s\); torch.autograd.gradcheck passed")
-    m = ok.match(after("gradcheck"))                               # stopped in fc's forward: its $inputs
+def _printed(t: Transcript, cmd: str, nth: int = 1) -> str:
+    return t.after(cmd, nth).strip()
+
+
+GRADCHECK_PASSED = re.compile(
+    r"gradcheck (\w+) \((\w+), float64 copy\): PASS: max abs error ([\d.e+-]+), max rel error "
+    r"([\d.e+-]+) over (\d+) of (\d+) input/parameter element\(s\); torch.autograd.gradcheck passed")
+
+
+def test_gradcheck_session_ends_cleanly(gradcheck_session):
+    t = gradcheck_session
+    assert "Traceback" not in t and "internal error" not in t
+    assert t.result.exit_code == 0
+
+
+def test_gradcheck_before_the_modules_forward_says_where_to_stop(gradcheck_session):
+    assert _printed(gradcheck_session, "gradcheck fc").startswith(
+        "no input for fc: stop in its forward first ('break module fc'")
+
+
+def test_gradcheck_of_an_unknown_module_says_so(gradcheck_session):
+    assert _printed(gradcheck_session, "gradcheck nope") == "no module named 'nope' ('info modules' lists them)"
+
+
+def test_gradcheck_of_a_bad_expression_is_a_syntax_error(gradcheck_session):
+    assert _printed(gradcheck_session, "gradcheck fc 1 +").startswith("syntax error")
+
+
+def test_gradcheck_at_a_forward_stop_checks_the_module_on_its_inputs(gradcheck_session):
+    m = GRADCHECK_PASSED.match(_printed(gradcheck_session, "gradcheck"))       # stopped in fc's forward
     assert m and m.group(1, 2) == ("fc", "Linear") and float(m.group(3)) < 1e-6 and m.group(5) == m.group(6) == "47"
-    assert after("p $module.weight.sum().item()") == after("p $module.weight.sum().item()", 2)  # live one untouched
-    assert after("p $module.weight.grad") == "None"
-    bad = after("gradcheck sq")
+
+
+def test_gradcheck_leaves_the_live_module_untouched(gradcheck_session):
+    t = gradcheck_session
+    assert _printed(t, "p $module.weight.sum().item()") == _printed(t, "p $module.weight.sum().item()", 2)
+    assert _printed(t, "p $module.weight.grad") == "None"
+
+
+def test_gradcheck_fails_a_wrong_backward(gradcheck_session):
+    bad = _printed(gradcheck_session, "gradcheck sq")
     assert bad.startswith("gradcheck sq (Square, float64 copy): FAIL: max abs error "), bad
     assert "max rel error 0.5 " in bad and "torch.autograd.gradcheck failed" in bad
-    assert ok.match(after("gradcheck fc x[:2]")).group(6) == "23"
-    assert after("gradcheck sq 'text'").startswith("nothing to differentiate")
-    assert ok.match(after("gradcheck drop"))                       # dropout: the same mask every evaluation
-    # at a step end (no module running): the copy's forward calls are not the run's
-    assert after("info modules") == after("info modules", 2)
-    assert ok.match(after("gradcheck fc x"))
+
+
+def test_gradcheck_of_given_inputs_checks_those(gradcheck_session):
+    assert GRADCHECK_PASSED.match(_printed(gradcheck_session, "gradcheck fc x[:2]")).group(6) == "23"
+
+
+def test_gradcheck_of_a_non_tensor_input_has_nothing_to_differentiate(gradcheck_session):
+    assert _printed(gradcheck_session, "gradcheck sq 'text'").startswith("nothing to differentiate")
+
+
+def test_gradcheck_passes_dropout_with_one_mask_for_every_evaluation(gradcheck_session):
+    assert GRADCHECK_PASSED.match(_printed(gradcheck_session, "gradcheck drop"))
+
+
+def test_gradcheck_at_a_step_end_checks_given_inputs_outside_the_run(gradcheck_session):
+    # no module running: the copy's forward calls are not counted as the run's
+    t = gradcheck_session
+    assert _printed(t, "info modules") == _printed(t, "info modules", 2)
+    assert GRADCHECK_PASSED.match(_printed(t, "gradcheck fc x"))
 
 
 def test_gradcheck_module_passes_a_linear_layer_and_leaves_it_untouched():

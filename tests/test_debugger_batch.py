@@ -3,8 +3,9 @@ subprocess under the debugger, driven by ``-x`` command files, ``-e``
 commands and rc files; we check stdout/stderr, the exit code and the
 ``--report`` JSON (docs/report.md).
 
-Every subprocess costs ~3 s (torch import), so each test puts many commands
-into one run and checks several things about it.
+Every subprocess costs ~3 s (torch import), so a run puts many commands
+together: the long runs are module-scoped fixtures (one run each), and each
+test asserts one part of what its run printed, named for what it checks.
 """
 import json
 import os
@@ -13,7 +14,7 @@ import shlex
 
 import pytest
 
-from conftest import example, nndb
+from conftest import Ran, example, nndb
 from nndb.debugger import rcfiles
 from nndb.store.reader import TraceReader
 
@@ -49,6 +50,29 @@ def _write(path, text: str) -> str:
     return str(path)
 
 
+class BatchRun(Ran):
+    """One ``nndb run --batch`` in a directory of its own, with ``--trace`` and
+    ``--report`` there; shown in pytest's report when a test holding it fails."""
+
+    def __init__(self, cwd, *args):
+        self.cwd = str(cwd)
+        self.trace, self.report_path = str(cwd / "run.h5"), str(cwd / "r.json")
+        argv = ["run", "--batch", "--trace", self.trace, "--report", self.report_path, *args]
+        super().__init__(nndb(*argv, cwd=self.cwd), argv)
+
+    def report(self) -> dict:
+        return _report(self.report_path)
+
+
+def _batch_run(tmp_path_factory, name, *args, files=None) -> BatchRun:
+    """A run for a module-scoped fixture, in a directory of its own: ``files``
+    ({name: text}) are written there first, and an argument that names one
+    becomes its path."""
+    d = tmp_path_factory.mktemp(name)
+    paths = {k: _write(d / k, v) for k, v in (files or {}).items()}
+    return BatchRun(d, *(paths.get(a, a) for a in args))
+
+
 # -- breakpoints ------------------------------------------------------------------
 
 BREAKPOINTS = """\
@@ -72,55 +96,92 @@ end
 """
 
 
-def test_breakpoints_commands_tbreak_condition_ignore(tmp_path, trace):
-    cmds = _write(tmp_path / "bp.nndb", BREAKPOINTS)
-    report = str(tmp_path / "r.json")
-    r = nndb("run", "--batch", "--trace", trace, "--report", report, "-x", cmds,
-             "-e", "frobnicate 3", "-e", "break step x", "-e", 'p "E-DONE"',
-             example("mlp.py"), "--steps", "6", cwd=str(tmp_path))
-    out, err = r.stdout, r.stderr
-    assert r.returncode == 0, err
-    _no_traceback_from_nndb(err)
+@pytest.fixture(scope="module")
+def breakpoints_run(tmp_path_factory) -> BatchRun:
+    return _batch_run(tmp_path_factory, "bp", "-x", "bp.nndb",
+                      "-e", "frobnicate 3", "-e", "break step x", "-e", 'p "E-DONE"',
+                      example("mlp.py"), "--steps", "6", files={"bp.nndb": BREAKPOINTS})
 
-    # -e lines are not a command file: a bad one prints one line and the run goes on
-    err_lines = [l for l in err.splitlines() if not l.startswith("nndb: recording")]
+
+def _breakpoint_rows(out: str) -> dict:
+    """{number: row} of the `info breakpoints` table that breakpoint 5's commands print."""
+    table = out[out.index("('AT4'"):]
+    return {int(m.group(1)): m.group(0) for m in re.finditer(r"^(\d+)\s+breakpoint\s.*$", table, re.M)}
+
+
+def test_breakpoints_run_goes_to_its_end_and_exits_0(breakpoints_run):
+    r = breakpoints_run
+    assert r.returncode == 0, r.stderr
+    _no_traceback_from_nndb(r.stderr)
+    assert sorted(_script_lines(r.stdout)) == list(range(6))
+
+
+def test_a_bad_e_line_prints_one_line_and_the_run_goes_on(breakpoints_run):
+    # -e lines are not a command file: a bad one is not fatal
+    err_lines = [l for l in breakpoints_run.stderr.splitlines() if not l.startswith("nndb: recording")]
     assert err_lines == ['undefined command: "frobnicate".  Try "help".',
                          "step must be an integer, not 'x'"]
-    assert out.index("'E-DONE'") < out.index("step 0 loss")      # -e after -x, all at the first stop
-    assert sorted(_script_lines(out)) == list(range(6))         # the run went to its end
 
-    # commands with silent: the commands ran, without the stop line; $step and the
-    # script's own variable agree
-    assert "('HIT1', 1, 1)" in out
-    assert "Breakpoint 1," not in out
-    # tbreak: one stop, then deleted (not in the later `info breakpoints`)
+
+def test_e_lines_run_after_the_command_file_at_the_first_stop(breakpoints_run):
+    out = breakpoints_run.stdout
+    assert out.index("'E-DONE'") < out.index("step 0 loss")
+
+
+def test_silent_commands_run_without_the_stop_line(breakpoints_run):
+    # $step and the script's own variable agree
+    assert "('HIT1', 1, 1)" in breakpoints_run.stdout
+    assert "Breakpoint 1," not in breakpoints_run.stdout
+
+
+def test_tbreak_stops_once_then_is_deleted(breakpoints_run):
+    out = breakpoints_run.stdout
     assert out.count("Temporary breakpoint 2, step 2 finished, loss ") == 1
-    # break if ... with ignore 1: step 1 is a hit that is ignored; stops at 3 and 5
+    assert sorted(_breakpoint_rows(out)) == [1, 3, 4, 5]          # 2 is not in the later table
+
+
+def test_break_if_with_ignore_1_skips_step_1_then_stops_at_3_and_5(breakpoints_run):
+    out = breakpoints_run.stdout
     assert out.count("Breakpoint 3, if $step % 2 == 1") == 2
     assert "(step 3 finished, loss " in out and "(step 5 finished, loss " in out
-    # a condition that is false is not a hit (gdb); a true one stops, its commands run
+
+
+def test_a_false_condition_is_not_a_hit(breakpoints_run):
+    # gdb: a hit needs the condition true; `condition N` shows in the table
+    out = breakpoints_run.stdout
     assert "Breakpoint 4," not in out
+    assert re.search(r"\s0\s+stop only if \$loss > 100$", _breakpoint_rows(out)[4])
+
+
+def test_a_true_condition_stops_and_runs_its_commands(breakpoints_run):
+    out = breakpoints_run.stdout
     assert "Breakpoint 5, step 4 finished, loss " in out
     assert "('AT4', 4, True)" in out
-    table = out[out.index("('AT4'"):]
-    rows = {int(m.group(1)): m.group(0) for m in re.finditer(r"^(\d+)\s+breakpoint\s.*$", table, re.M)}
-    assert sorted(rows) == [1, 3, 4, 5]                            # 2 (tbreak) was deleted
-    assert re.search(r"\s1\s+breakpoint already hit 1 time$", rows[1])
-    assert re.search(r"\s2\s+breakpoint already hit 2 times$", rows[3])   # the ignored hit counts
-    assert re.search(r"\s0\s+stop only if \$loss > 100$", rows[4])
-    assert rows[5].split()[:4] == ["5", "breakpoint", "keep", "y"]
+    assert _breakpoint_rows(out)[5].split()[:4] == ["5", "breakpoint", "keep", "y"]
 
-    data = _report(report)
+
+def test_info_breakpoints_counts_hits_the_ignored_one_too(breakpoints_run):
+    rows = _breakpoint_rows(breakpoints_run.stdout)
+    assert re.search(r"\s1\s+breakpoint already hit 1 time$", rows[1])
+    assert re.search(r"\s2\s+breakpoint already hit 2 times$", rows[3])
+
+
+def test_breakpoints_report_has_the_exit_the_run_and_no_findings(breakpoints_run):
+    data = breakpoints_run.report()
     assert data["exit"] == {"code": 0, "reason": "finished"}
     assert data["steps"] == 6 and data["argv"] == ["--steps", "6"]
-    assert data["script"] == example("mlp.py") and data["trace"] == trace
+    assert data["script"] == example("mlp.py") and data["trace"] == breakpoints_run.trace
+    assert data["findings"] == []
+
+
+def test_breakpoints_report_lists_each_stop_with_its_detail(breakpoints_run):
+    data = breakpoints_run.report()
     assert _stops(data) == [(1, "breakpoint", 1), (2, "breakpoint", 2), (3, "breakpoint", 3),
                             (4, "breakpoint", 5), (5, "breakpoint", 3)]
     by_id = {s["id"]: s["detail"] for s in data["stops"]}
     assert by_id[1] == {"step": 1, "what": "step 1", "fail": False}
     assert by_id[3] == {"expr": "$step % 2 == 1 and $loss > 0 and step == $step", "step": 5,
                         "what": "if $step % 2 == 1 and $loss > 0 and step == $step", "fail": False}
-    assert data["findings"] == []
 
 
 # -- watchpoints ------------------------------------------------------------------
@@ -164,25 +225,41 @@ end
 """
 
 
-def test_watch_threshold_nan_and_fail_action(tmp_path, trace):
+@pytest.fixture(scope="module")
+def nan_watch_run(tmp_path_factory) -> BatchRun:
     """nan_lr.py: gradients explode, then the loss is NaN.  A point with the
     fail action ends the batch run right after its commands, with exit 4."""
-    cmds = _write(tmp_path / "w.nndb", NAN_WATCH)
-    report = str(tmp_path / "r.json")
-    r = nndb("run", "--batch", "--trace", trace, "--report", report, "-x", cmds,
-             example("nan_lr.py"), "--steps", "12", cwd=str(tmp_path))
-    out = r.stdout
+    return _batch_run(tmp_path_factory, "nanwatch", "-x", "w.nndb",
+                      example("nan_lr.py"), "--steps", "12", files={"w.nndb": NAN_WATCH})
+
+
+def _first_nan_step(stdout: str) -> int:
+    return min(n for n, v in _script_lines(stdout).items() if v == "nan")
+
+
+def test_a_fail_hit_exits_4_without_a_traceback(nan_watch_run):
+    r = nan_watch_run
     assert r.returncode == 4, r.stderr
     _no_traceback_from_nndb(r.stderr)
-    printed = _script_lines(out)
-    first_nan = min(n for n, v in printed.items() if v == "nan")
-    assert first_nan < 8
-    assert sorted(printed) == list(range(8))        # stopped right after the fail hit's commands
-    assert "('FAILED-AT', 8)" in out
-
-    data = _report(report)
+    data = r.report()
     assert data["exit"]["code"] == 4 and "(3)" in data["exit"]["reason"]
-    assert data["steps"] == 9
+
+
+def test_nan_lr_loss_goes_nan_before_the_fail_breakpoint(nan_watch_run):
+    assert _first_nan_step(nan_watch_run.stdout) < 8
+
+
+def test_a_fail_hit_ends_the_run_right_after_its_commands(nan_watch_run):
+    r = nan_watch_run
+    assert sorted(_script_lines(r.stdout)) == list(range(8))
+    assert "('FAILED-AT', 8)" in r.stdout
+    assert r.report()["steps"] == 9
+    with TraceReader(r.trace) as t:
+        assert t.status == "killed" and list(t.steps) == list(range(9))
+
+
+def test_a_threshold_watch_stops_name_the_weight_and_its_norm(nan_watch_run):
+    data = nan_watch_run.report()
     grads = [s for s in data["stops"] if s["id"] == 1]
     nans = [s for s in data["stops"] if s["id"] == 2]
     assert grads and all(s["reason"] == "watchpoint" for s in grads + nans)
@@ -191,55 +268,79 @@ def test_watch_threshold_nan_and_fail_action(tmp_path, trace):
         assert d["tensor"].endswith(".weight") and d["kind"] == "grad" and d["stat"] == "norm"
         assert d["value"] > 1e3 and (d["op"], d["threshold"]) == (">", 1000.0)
         assert re.search(rf"^Watchpoint 1: grad {re.escape(d['tensor'])} norm = \S+ \(> 1000\) "
-                         rf"at step {s['step']}$", out, re.M)
+                         rf"at step {s['step']}$", nan_watch_run.stdout, re.M)
+
+
+def test_a_nan_watch_stops_at_every_step_from_the_first_nan(nan_watch_run):
+    first_nan = _first_nan_step(nan_watch_run.stdout)
+    nans = [s for s in nan_watch_run.report()["stops"] if s["id"] == 2]
     assert [s["step"] for s in nans] == list(range(first_nan, 9))
     assert nans[0]["detail"] == {"tensor": "loss", "kind": "loss", "stat": "nan_count", "value": 1.0,
                                  "op": ">", "threshold": 0.0, "step": first_nan,
                                  "what": "loss * nan_count > 0", "fail": False}
-    # the stop line says the loss is nan (not "-", which means "not measured")
+
+
+def test_the_stop_line_says_the_loss_is_nan_not_unmeasured(nan_watch_run):
+    # "-" would mean "not measured"
+    first_nan = _first_nan_step(nan_watch_run.stdout)
     assert (f"Watchpoint 2: loss loss nan_count = 1 (> 0) at step {first_nan}\n"
-            f"  (step {first_nan} finished, loss nan)") in out
-    # step 8: the watch and the fail breakpoint hit together; both are listed
-    last = [s for s in data["stops"] if s["step"] == 8]
+            f"  (step {first_nan} finished, loss nan)") in nan_watch_run.stdout
+
+
+def test_a_watch_and_a_fail_breakpoint_hit_together_are_both_listed(nan_watch_run):
+    last = [s for s in nan_watch_run.report()["stops"] if s["step"] == 8]
     assert [(s["reason"], s["id"]) for s in last] == [("watchpoint", 2), ("breakpoint", 3)]
     assert last[1]["detail"] == {"step": 8, "what": "step 8", "fail": True}
-    with TraceReader(trace) as t:
-        assert t.status == "killed" and list(t.steps) == list(range(9))
 
 
-def test_watch_dead_relu_consecutive(tmp_path, trace):
-    """The second use of the ReLU (after fc2) is all zero from step 0: the
-    watch stops at step 2, the third step in a row, and (its count starting
-    again) not at steps 3 and 4.  A watchpoint with the fail action ends the
-    batch run with exit 4: `consecutive 5` hits at step 4, so step 5 never runs."""
-    report = str(tmp_path / "r.json")
-    r = nndb("run", "--batch", "--trace", trace, "--report", report,
-             "-e", "watch act act#2 zero_frac == 1 consecutive 3", "-e", "info watchpoints",
-             "-e", "watch act act#2 zero_frac == 1 consecutive 5 fail",
-             "-e", "continue", "-e", 'p "AT", $step', "-e", "continue", "-e", 'p "QUEUED", $step',
-             example("dead_relu.py"), "--steps", "6", cwd=str(tmp_path))
-    out = r.stdout
-    assert r.returncode == 4, r.stderr
-    _no_traceback_from_nndb(r.stderr)
+@pytest.fixture(scope="module")
+def dead_relu_run(tmp_path_factory) -> BatchRun:
+    """The second use of the ReLU (after fc2) is all zero from step 0."""
+    return _batch_run(tmp_path_factory, "deadrelu",
+                      "-e", "watch act act#2 zero_frac == 1 consecutive 3", "-e", "info watchpoints",
+                      "-e", "watch act act#2 zero_frac == 1 consecutive 5 fail",
+                      "-e", "continue", "-e", 'p "AT", $step', "-e", "continue", "-e", 'p "QUEUED", $step',
+                      example("dead_relu.py"), "--steps", "6")
+
+
+def test_watch_and_info_watchpoints_show_consecutive_and_fail(dead_relu_run):
+    out = dead_relu_run.stdout
     assert "Watchpoint 1: act act#2 zero_frac == 1 consecutive 3\n" in out
     assert "Watchpoint 2: act act#2 zero_frac == 1 consecutive 5 [fail]\n" in out
     assert re.search(r"^1\s+watchpoint\s+keep\s+y\s+act act#2 zero_frac == 1 consecutive 3\s+0", out, re.M)
+
+
+def test_consecutive_3_stops_at_the_third_step_in_a_row_then_counts_again(dead_relu_run):
+    """Stops at step 2, and (its count starting again) not at steps 3 and 4."""
+    out = dead_relu_run.stdout
     assert ("Watchpoint 1: act act#2 zero_frac = 1 (== 1) for 3 steps in a row at step 2\n"
             "  (step 2 finished, loss ") in out
-    assert ("Watchpoint 2: act act#2 zero_frac = 1 (== 1) for 5 steps in a row at step 4\n"
-            "  (step 4 finished, loss ") in out
     assert out.count("Watchpoint 1: act") == 2        # the set message and one stop
-    # queued commands run at the next stops, the fail hit's too; then the run stops
-    assert "('AT', 2)" in out and "('QUEUED', 4)" in out
-    assert sorted(_script_lines(out)) == [0, 1, 2, 3]
-    data = _report(report)
-    assert _stops(data) == [(2, "watchpoint", 1), (4, "watchpoint", 2)]
-    assert data["stops"][0]["detail"] == {
+    assert dead_relu_run.report()["stops"][0]["detail"] == {
         "tensor": "act#2", "kind": "act", "stat": "zero_frac", "value": 1.0, "op": "==", "threshold": 1.0,
         "step": 2, "what": "act act#2 zero_frac == 1 consecutive 3", "fail": False}
+
+
+def test_a_watchpoint_with_the_fail_action_ends_the_run_with_exit_4(dead_relu_run):
+    """`consecutive 5` hits at step 4, so step 5 never runs."""
+    r = dead_relu_run
+    assert r.returncode == 4, r.stderr
+    _no_traceback_from_nndb(r.stderr)
+    assert ("Watchpoint 2: act act#2 zero_frac = 1 (== 1) for 5 steps in a row at step 4\n"
+            "  (step 4 finished, loss ") in r.stdout
+    assert sorted(_script_lines(r.stdout)) == [0, 1, 2, 3]
+    data = r.report()
     assert data["stops"][1]["detail"]["fail"] is True
     assert data["exit"] == {"code": 4, "reason": "a point with the fail action hit (2)"}
     assert data["steps"] == 5
+
+
+def test_queued_e_commands_run_at_the_next_stops_the_fail_hits_too(dead_relu_run):
+    assert "('AT', 2)" in dead_relu_run.stdout and "('QUEUED', 4)" in dead_relu_run.stdout
+
+
+def test_dead_relu_report_lists_both_watchpoint_stops(dead_relu_run):
+    assert _stops(dead_relu_run.report()) == [(2, "watchpoint", 1), (4, "watchpoint", 2)]
 
 
 # -- errors, exceptions, kill -------------------------------------------------------

@@ -7,7 +7,7 @@ import textwrap
 
 import pytest
 
-from conftest import example, nndb
+from conftest import Ran, example, nndb
 from nndb.lineage.graph import StepGraph
 from nndb.store.reader import TraceReader
 
@@ -55,9 +55,12 @@ def _script(tmp_path, name, text):
     return str(p)
 
 
+def _argv(tmp_path, script, *args, trace="t.h5") -> list:
+    return ["run", "--batch", "--nx", "--rules", "none", "--trace", str(tmp_path / trace), *args, script]
+
+
 def _run(tmp_path, script, *args, trace="t.h5"):
-    r = nndb("run", "--batch", "--nx", "--rules", "none", "--trace", str(tmp_path / trace), *args, script,
-             cwd=str(tmp_path))
+    r = nndb(*_argv(tmp_path, script, *args, trace=trace), cwd=str(tmp_path))
     assert "Traceback" not in r.stderr, r.stderr
     return r
 
@@ -87,18 +90,39 @@ def test_catch_nonfinite_in_the_backward_pass(tmp_path):
     assert "LogBackward0" in r.stdout
 
 
-def test_origin_traces_a_nan_parameter_to_the_step_and_gradient(tmp_path):
-    r = _run(tmp_path, example("nan_lr.py"), "-e", "watch weight 2.weight nan_count > 0", "-e", "continue",
-             "-e", "origin 2.weight", "-e", "origin 0.bias", "-e", "origin nosuch", "-e", "kill")
-    out = r.stdout
+@pytest.fixture(scope="module")
+def nan_parameter_origin(tmp_path_factory) -> Ran:
+    """nan_lr.py stopped where 2.weight went NaN; origin of it, of a finite
+    parameter and of an unknown name."""
+    d = tmp_path_factory.mktemp("origin")
+    argv = _argv(d, example("nan_lr.py"), "-e", "watch weight 2.weight nan_count > 0", "-e", "continue",
+                 "-e", "origin 2.weight", "-e", "origin 0.bias", "-e", "origin nosuch", "-e", "kill")
+    return Ran(nndb(*argv, cwd=str(d)), argv)
+
+
+def test_origin_run_has_no_traceback(nan_parameter_origin):
+    assert "Traceback" not in nan_parameter_origin.stderr
+
+
+def test_origin_names_the_step_whose_update_made_the_parameter_non_finite(nan_parameter_origin):
+    out = nan_parameter_origin.stdout
     assert "2.weight became non-finite at step 6 (nan 32, inf 0): the update of step 6 introduced it." in out
     assert "At step 5 it was finite" in out
     assert "Its gradient at step 6 carried it" in out
+
+
+def test_origin_finds_where_the_gradient_first_went_bad_in_the_backward(nan_parameter_origin):
     assert re.search(r"Step 6's backward pass: the gradient first went bad at mse_loss_backward \(op \d+; "
-                     r"module criterion, MseLossBackward0, \S*nan_lr.py:35\)", out), out
+                     r"module criterion, MseLossBackward0, \S*nan_lr.py:35\)", nan_parameter_origin.stdout)
+
+
+def test_origin_finds_the_first_non_finite_value_of_the_forward(nan_parameter_origin):
     assert re.search(r"Step 6's forward pass: the first non-finite value came from finite inputs at addmm "
-                     r"\(op \d+; module 2, \S*nan_lr.py:34\)", out), out
-    assert "no parameter named 'nosuch' has been recorded" in r.stderr
+                     r"\(op \d+; module 2, \S*nan_lr.py:34\)", nan_parameter_origin.stdout)
+
+
+def test_origin_of_an_unknown_parameter_says_so(nan_parameter_origin):
+    assert "no parameter named 'nosuch' has been recorded" in nan_parameter_origin.stderr
 
 
 def test_lineage_after_the_fact_equals_lineage_recorded_live(tmp_path):

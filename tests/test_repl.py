@@ -1,6 +1,7 @@
 """The prompt_toolkit REPL, driven without a terminal: pipe input, dummy output."""
 import io
 
+import pytest
 from prompt_toolkit.document import Document
 from prompt_toolkit.input import create_pipe_input
 from prompt_toolkit.output import DummyOutput
@@ -95,38 +96,52 @@ def _complete(session, text):
     return [c.text for c in comp.get_completions(Document(text, len(text)), None)]
 
 
-def test_completion_of_commands_subcommands_names_and_globs(tmp_path):
+# -- completion at a stop: one probe session (gan.py, stopped at breakpoint 1) ----------------
+# (typed text, what the completer offers): one match, then several in any order
+EXACTLY = [
+    ("wat", ["watch"]),
+    ("info b", ["breakpoints"]),
+    ("break module netD.0", ["netD.0"]),
+    ("watch gr", ["grad"]),
+    ("watch grad netD.0.w", ["netD.0.weight"]),
+    ("watch grad netD.0.weight no", ["norm"]),
+    ("stats act netG.1", ["netG.1"]),
+    ("p errD_r", ["errD_real"]),
+    ("p $st", ["$step"]),
+    ("delete ", ["1"]),
+]
+IN_ANY_ORDER = [
+    ("break ", {"step", "module", "if"}),
+    ("break module netG.[0-3]", {"netG.0", "netG.1", "netG.2", "netG.3"}),
+    ("help con", {"continue", "condition", "consumers"}),
+]
+
+
+@pytest.fixture(scope="module")
+def at_breakpoint_1(tmp_path_factory) -> dict:
+    """What the completer offered for each typed text at the stop, and the toolbar there."""
+    texts = [t for t, _ in EXACTLY + IN_ANY_ORDER] + ["set l"]
+
     def check(s):
-        return {
-            "wat": _complete(s, "wat"),
-            "info b": _complete(s, "info b"),
-            "break ": _complete(s, "break "),
-            "break module netD.0": _complete(s, "break module netD.0"),
-            "break module netG.[0-3]": _complete(s, "break module netG.[0-3]"),
-            "watch gr": _complete(s, "watch gr"),
-            "watch grad netD.0.w": _complete(s, "watch grad netD.0.w"),
-            "watch grad netD.0.weight no": _complete(s, "watch grad netD.0.weight no"),
-            "stats act netG.1": _complete(s, "stats act netG.1"),
-            "p $st": _complete(s, "p $st"),
-            "p errD_r": _complete(s, "p errD_r"),
-            "set l": _complete(s, "set l"),
-            "delete ": _complete(s, "delete "),
-            "help con": _complete(s, "help con"),
-            "toolbar": toolbar_text(s),
-        }
-    r, _ = _probe(tmp_path, check, commands=["break step 1", "c"])
-    assert r["wat"] == ["watch"]
-    assert r["info b"] == ["breakpoints"]
-    assert set(r["break "]) == {"step", "module", "if"}
-    assert r["break module netD.0"] == ["netD.0"]
-    assert set(r["break module netG.[0-3]"]) == {"netG.0", "netG.1", "netG.2", "netG.3"}
-    assert r["watch gr"] == ["grad"]
-    assert r["watch grad netD.0.w"] == ["netD.0.weight"]
-    assert r["watch grad netD.0.weight no"] == ["norm"]
-    assert r["stats act netG.1"] == ["netG.1"]
-    assert r["p errD_r"] == ["errD_real"]
-    assert r["p $st"] == ["$step"]
-    assert "lr" in r["set l"]
-    assert r["delete "] == ["1"]
-    assert set(r["help con"]) == {"continue", "condition", "consumers"}
-    assert "step 1" in r["toolbar"] and "loss" in r["toolbar"] and "breakpoint 1" in r["toolbar"]
+        return {"completions": {t: _complete(s, t) for t in texts}, "toolbar": toolbar_text(s)}
+    r, _ = _probe(tmp_path_factory.mktemp("complete"), check, commands=["break step 1", "c"])
+    return r
+
+
+@pytest.mark.parametrize("typed,offered", EXACTLY, ids=[t for t, _ in EXACTLY])
+def test_completion_offers_the_only_match(at_breakpoint_1, typed, offered):
+    assert at_breakpoint_1["completions"][typed] == offered
+
+
+@pytest.mark.parametrize("typed,offered", IN_ANY_ORDER, ids=[t for t, _ in IN_ANY_ORDER])
+def test_completion_offers_every_match(at_breakpoint_1, typed, offered):
+    assert set(at_breakpoint_1["completions"][typed]) == offered
+
+
+def test_completion_of_a_setting_name_offers_lr(at_breakpoint_1):
+    assert "lr" in at_breakpoint_1["completions"]["set l"]
+
+
+def test_toolbar_shows_the_step_the_loss_and_the_stop(at_breakpoint_1):
+    bar = at_breakpoint_1["toolbar"]
+    assert "step 1" in bar and "loss" in bar and "breakpoint 1" in bar
