@@ -188,7 +188,7 @@ def test_history_of_an_unknown_tensor_says_so(at_step_5):
 def displayed_then_detached(tmp_path_factory):
     return shared_session(tmp_path_factory, "disp", "mlp.py", [
         "until 5", "display $step", "display loss.item() > 0", "info display", "n", "undisplay 1", "n",
-        "detach", "info step", "quit",
+        "detach", "info step",
     ], steps=9)
 
 
@@ -204,13 +204,12 @@ def test_display_shows_at_every_stop_until_undisplayed(displayed_then_detached):
     assert second_n.startswith("Step 7 finished") and "1: $step" not in second_n and "2: loss.item()" in second_n
 
 
-def test_detach_lets_the_run_finish_and_keeps_the_prompt(displayed_then_detached):
+def test_detach_lets_the_run_finish_and_ends_the_session(displayed_then_detached):
     t = displayed_then_detached
     det = t.after("detach")
     assert det.startswith("Detached: the run goes on to its end")
-    assert "the run ended (finished, exit code 0) after 9 step(s)" in det
-    assert re.search(r"state\s+exited", t.after("info step"))
-    assert "Kill it and quit?" not in t.text       # nothing was live at quit
+    assert "nndb: the run ended (finished, exit code 0) after 9 step(s), detached; trace: " in det
+    assert "info step" not in t.text and "(nndb" not in det       # no prompt after the run
     assert t.result.exit_code == 0 and t.result.reason == "finished"
 
 

@@ -108,7 +108,11 @@ def debug(config: RunConfig, options: DebugOptions, frontend,
             continue
         if session.quit_requested or session.command_file_error:
             break
-        if interactive:
+        if interactive and session.mode == "detach":
+            # detached: nothing is left to debug, so nndb ends with the script
+            session.message(f"nndb: the run ended ({result.status}, exit code {result.exit_code}) after "
+                            f"{session.steps_done()} step(s), detached; trace: {result.trace_path}")
+        elif interactive:
             session.exited()
             if session.restart_requested and not session.quit_requested:
                 continue

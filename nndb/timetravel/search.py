@@ -51,12 +51,20 @@ def _values(res: dict) -> dict:
 
 
 def bisect(s, machine, expr: str) -> str:
-    if s.state != "live" or s.current is None or not s.current.at_step_end:
-        raise CommandError("bisect starts from a stop at a step end of the live run")
+    """The first step where ``expr`` became true, searched from the live run's
+    stop at a step end, or after the run ended (from its last step, as goto)."""
     if machine.replica:
         raise CommandError("bisect searches the live run's past: 'present' first")
-    now = E.evaluate(E.compile_expr(expr), s.frame, s.variables(s.frame, step_end=True))
+    if s.last_step is None:
+        raise CommandError("no step has finished yet")
     here = s.last_step
+    if s.state == "live":
+        if s.current is None or not s.current.at_step_end:
+            raise CommandError("bisect starts from a stop at a step end of the live run")
+        now = E.evaluate(E.compile_expr(expr), s.frame, s.variables(s.frame, step_end=True))
+    else:                                   # the run is over: its last step is read on a replica
+        E.compile_expr(expr)
+        now = _value_at(s, machine, expr, here)
     if not now:
         return f"{expr} is false at the current step {here}: nothing to bisect."
     cks = sorted({c.step for c in machine.checkpoints.values() if c.step < here})
