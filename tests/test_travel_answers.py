@@ -211,3 +211,8 @@ def test_predict_says_when_a_change_did_not_hold(tmp_path):
     r = _script_run(tmp_path, RESETS_LR, ["until 2", "predict 2 --set lr=0.5", "continue"])
     assert "Warning: the change lr=0.5 did not hold: it was [0.1] after step 3 (before the change [0.1])" \
         in r.stdout, r.stdout + r.stderr
+
+
+def test_bisect_after_the_run_ended(tmp_path):
+    r = _run(tmp_path, "mlp.py", ["continue", "bisect $step >= 7"], "--steps", "12", extra=("--rules", "none"))
+    assert re.search(r"\$step >= 7 first became true at step 7 \(", r.stdout), r.stdout + r.stderr
