@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from ..errors import CommandError
-from . import forking
+from . import forking, sandbox
 from .respawn import spawn
 from .search import recorded_losses
 from .channel import Channel
@@ -268,6 +268,7 @@ class TimeMachine:
         self.replica = True
         self.checkpoints = {}
         s.rec.writer.detach()
+        sandbox.enter()                       # (the script's own writes go to scratch copies)
         self.timeline = int(msg.get("timeline", 0))
         s.restore(msg["state"])
         role = make_role(msg["goal"], chan)
@@ -371,8 +372,11 @@ class TimeMachine:
             elif nxt == "run":
                 s.request_restart()
             else:
+                files = msg.get("scratch_writes")
                 s.message(f"Back in the present (timeline 0): step {s.last_step}."
-                          f"  ({time.perf_counter() - t0:.2f} s in the past)")
+                          f"  ({time.perf_counter() - t0:.2f} s in the past"
+                          + (f"; its {files} file write(s) went to scratch copies, your files are as they "
+                             f"were)" if files else ")"))
             return
 
     def hand_back(self, s, nxt: str, **extra) -> None:

@@ -25,9 +25,11 @@ def predict(s, machine, n: int, set_lines: list) -> dict:
 
 def _become_predictor(s, machine, chan, n: int, set_lines: list) -> None:
     from .roles import Predict
+    from . import sandbox
     machine.replica = True
     machine.checkpoints = {}
     s.rec.writer.detach()
+    sandbox.enter()                    # (the script's own writes go to scratch copies)
     role = Predict(chan, {"kind": "predict", "steps": n})
     s.become_replica(role)
     role.begin(s)                      # (output to /dev/null from here)

@@ -93,7 +93,7 @@ def run(s, chan, msg: dict) -> None:
     from ..config import RunConfig
     from ..launcher import Target
     from ..runner import record
-    from . import roles
+    from . import roles, sandbox
 
     machine = s.machine
     machine.replica = True
@@ -103,10 +103,11 @@ def run(s, chan, msg: dict) -> None:
     s.restore(msg["state"])
     tgt = msg["target"]
     d = tempfile.mkdtemp(prefix="nndb-replica-")
-    roles.CLEANUP.append(d)
+    sandbox.CLEANUP.append(d)
     cfg = RunConfig(Target(tgt.get("path"), tgt.get("module"), tgt.get("args") or []),
                     trace_path=os.path.join(d, "replica.h5"), quiet=True)
     role.begin(s)
+    sandbox.enter()                    # (after the trace's directory: the script's own writes only)
     try:
         record(cfg, message=lambda m: None, session=s)
     finally:

@@ -23,19 +23,20 @@ from typing import Optional
 
 from ..debugger import evaluate as E
 from ..debugger.stoppoints import Stop
-from . import forking
+from . import forking, sandbox
 
 
-CLEANUP: list = []      # directories a respawned replica made (removed as it ends)
 
 
 def finish(chan, msg: dict) -> None:
     """Send the last message and end this replica."""
+    if sandbox.ACTIVE is not None and sandbox.ACTIVE.writes:
+        msg = dict(msg, scratch_writes=sandbox.ACTIVE.writes)
     try:
         chan.send(msg)
     finally:
         import shutil
-        for d in CLEANUP:
+        for d in sandbox.CLEANUP:
             shutil.rmtree(d, ignore_errors=True)
         for f in (sys.stdout, sys.stderr):
             try:
