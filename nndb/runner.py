@@ -20,7 +20,7 @@ from .errors import (EXIT_OK, EXIT_SCRIPT_ERROR, EXIT_SIGINT, EXIT_SIGTERM, Kill
 from .store.writer import TraceWriter
 from .tracer.hooks import Tracer
 from .tracer.naming import Naming
-from .tracer.pipeline import CallAtStepEnd, Pipeline, WriteRecords
+from .tracer.pipeline import CallAtStepEnd, Pipeline, WriteOptimizers, WriteRecords
 from .tracer.recorder import StepRecorder
 
 
@@ -113,7 +113,8 @@ class Recording:
     ends the trace.  ``nndb run`` and scripts/bench.py both record through it.
 
     ``listeners`` is the run's step pipeline (nndb.tracer.pipeline): the
-    writer first, then what joins the run (``listeners.append``)."""
+    writer first, the optimizers' record, then what joins the run
+    (``listeners.append``)."""
 
     def __init__(self, path: str, meta: dict, config: RunConfig,
                  message: Callable[[str], None] = _stderr,
@@ -131,6 +132,9 @@ class Recording:
         self.recorder = StepRecorder(self.naming, self.pipeline.closed, config.schedule)
         self.tracer = Tracer(self.recorder, self.naming, on_step_end=self.pipeline.step_ended,
                              on_error=self._tracer_failed)
+        # What the rules read besides the statistics, kept in the trace for nndb check-trace.
+        self.writer.shape_of = self.recorder.series_shape
+        self.listeners.append(WriteOptimizers(self.writer, self.tracer.optimizers, self.naming))
 
     def note(self, kind: str, message: str) -> None:
         """Record a warning in the trace's events (kind: schema.EVENT_KINDS),

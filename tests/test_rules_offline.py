@@ -22,9 +22,13 @@ from nndb.tracer.recorder import StepRecord
 
 # What a trace cannot serve, spelled out (not derived from the code under test).
 OFFLINE = ["nonfinite", "loss_not_decreasing"]
-LIVE_ONLY = {"exploding_gradient", "vanishing_gradient", "update_ratio", "param_not_updated", "bn_stats",
-             "grad_none", "stale_grad", "dead_relu", "saturated_activation", "eval_mode_training", "input_range",
-             "initial_loss", "loss_broadcast", "double_softmax"}
+# ... and what it serves where it records the optimizers (a run's trace; not one written here by hand)
+OPTIMIZERS = ["exploding_gradient", "vanishing_gradient", "update_ratio", "param_not_updated"]
+WITH_OPTIMIZERS = ["nonfinite"] + OPTIMIZERS + ["loss_not_decreasing"]
+PROBES = {"bn_stats", "grad_none", "stale_grad", "dead_relu", "saturated_activation", "eval_mode_training",
+          "input_range", "initial_loss", "loss_broadcast", "double_softmax"}
+# (a trace written by hand here records no optimizers: their rules are skipped too)
+NOT_ON_HAND_WRITTEN = PROBES | set(OPTIMIZERS)
 
 
 def _record(step, names, arrays, loss, optimizer_steps=1, partial=False):
@@ -97,7 +101,7 @@ def test_offline_findings_equal_the_live_invokers(tmp_path):
     records = _records(nan_at=33)
     result = _offline(_write(str(tmp_path / "t.h5"), records))
     assert result.rules_run == OFFLINE
-    assert {s.rule for s in result.skipped} == LIVE_ONLY
+    assert {s.rule for s in result.skipped} == NOT_ON_HAND_WRITTEN
     live = [f for f in _live(records) if f["rule"] in OFFLINE]
     assert [f["rule"] for f in live] == ["loss_not_decreasing", "nonfinite"]
     assert [_clean(f.as_dict()) for f in result.findings] == live
@@ -173,7 +177,7 @@ def test_check_trace_text_json_and_exit_codes(tmp_path):
     assert lines[-1] == f"nndb: {path}: 40 step(s) checked with 2 rule(s): 2 findings"
     d = json.loads(_cli(path, "--json").output)
     assert [f["rule"] for f in d["findings"]] == ["loss_not_decreasing", "nonfinite"]
-    assert {s["rule"] for s in d["skipped"]} == LIVE_ONLY and d["rules_run"] == OFFLINE
+    assert {s["rule"] for s in d["skipped"]} == NOT_ON_HAND_WRITTEN and d["rules_run"] == OFFLINE
     assert d["steps_checked"] == 40 and d["unchecked_steps"] == [] and d["status"] == "finished"
     # a rule with the fail action that fires: the live run's exit code 4
     rules = tmp_path / "r.yaml"
@@ -213,7 +217,7 @@ EXAMPLES = [("nan_lr.py", ["--steps", "10"], True), ("raises.py", ["--steps", "6
 
 def _run_live(script, args, trace, report, subprocess):
     if subprocess:
-        live = nndb("run", "--batch", "-q", "--report", report, "--trace", trace, example(script), *args)
+        live = nndb("run", "--batch", "-q", "--report", report, "--trace", trace, script, *args)
         assert live.returncode in (0, 1), live.stderr
         return
     import gc
@@ -222,25 +226,82 @@ def _run_live(script, args, trace, report, subprocess):
     from nndb.debugger.frontend import ScriptedFrontend
     from nndb.launcher import Target
     gc.collect()     # an earlier test's optimizers must not look alive to the step clock
-    cfg = RunConfig(Target(path=example(script), args=list(args)), trace, quiet=True)
+    cfg = RunConfig(Target(path=script, args=list(args)), trace, quiet=True)
     debug(cfg, DebugOptions(batch=True, no_rc=True, report=report), ScriptedFrontend([]))
 
 
 @pytest.mark.parametrize("script,args,subprocess", EXAMPLES, ids=[s for s, _, _ in EXAMPLES])
 def test_check_trace_gives_the_live_runs_findings(tmp_path, script, args, subprocess):
     trace, report = str(tmp_path / "t.h5"), str(tmp_path / "r.json")
-    _run_live(script, args, trace, report, subprocess)
+    _run_live(example(script), args, trace, report, subprocess)
+    d, findings = _compare(trace, report)
+    # what makes these runs worth comparing: the examples' planted bugs
+    expected = {"nan_lr.py": ["exploding_gradient", "update_ratio", "nonfinite"],
+                "dead_relu.py": ["loss_not_decreasing"], "double_softmax.py": ["loss_not_decreasing"]}
+    assert [f["rule"] for f in d["findings"]] == expected.get(script, [])
+    unchecked = {"raises.py": 3, "manual_sgd.py": 5}
+    assert [u["step"] for u in d["unchecked_steps"]] == ([unchecked[script]] if script in unchecked else [])
+
+
+def _compare(trace, report):
+    """check-trace's findings on ``trace`` are the live run's (``report``) for every rule it runs."""
     with open(report) as fh:
         findings = json.load(fh)["findings"]
     r = _cli(trace, "--json")
     assert r.exit_code == 0, r.output
     d = json.loads(r.output)
-    assert d["rules_run"] == OFFLINE and {s["rule"] for s in d["skipped"]} == LIVE_ONLY
-    assert d["findings"] == [f for f in findings if f["rule"] in OFFLINE]
+    assert d["rules_run"] == WITH_OPTIMIZERS and {s["rule"] for s in d["skipped"]} == PROBES
+    assert d["findings"] == [f for f in findings if f["rule"] in WITH_OPTIMIZERS]
     assert d["errors"] == []
-    # what makes these runs worth comparing: the examples' planted bugs
-    expected = {"nan_lr.py": ["nonfinite"], "dead_relu.py": ["loss_not_decreasing"],
-                "double_softmax.py": ["loss_not_decreasing"]}
-    assert [f["rule"] for f in d["findings"]] == expected.get(script, [])
-    unchecked = {"raises.py": 3, "manual_sgd.py": 5}
-    assert [u["step"] for u in d["unchecked_steps"]] == ([unchecked[script]] if script in unchecked else [])
+    return d, findings
+
+
+# A planted bug: a scheduler multiplies the learning rate by FACTOR from step
+# CHANGE on (the rules see it from that step's end: step 11's ended at its
+# optimizer step, before the scheduler's).
+SCHEDULED = """
+import sys
+import torch
+torch.manual_seed(0)
+factor, change = float(sys.argv[1]), int(sys.argv[2])
+model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 4))
+opt = torch.optim.SGD([{"params": model[0].parameters()}, {"params": model[2].parameters(), "lr": 0.02}], lr=0.01)
+sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: 1.0 if i < change else factor)
+x, y = torch.randn(64, 16), torch.randn(64, 4)
+for step in range(40):
+    opt.zero_grad()
+    loss = torch.nn.functional.mse_loss(model(x), y)
+    loss.backward()
+    opt.step()
+    sched.step()
+"""
+
+
+@pytest.mark.parametrize("factor,fires", [(1000.0, "update_ratio"), (0.0, "param_not_updated"), (2.0, None)])
+def test_a_scheduler_that_changes_the_lr_mid_run_gives_the_same_findings_live_and_offline(tmp_path, factor, fires):
+    script = tmp_path / "scheduled.py"
+    script.write_text(SCHEDULED)
+    trace, report = str(tmp_path / "t.h5"), str(tmp_path / "r.json")
+    _run_live(str(script), [str(factor), "12"], trace, report, False)
+    d, _ = _compare(trace, report)
+    rules = [f["rule"] for f in d["findings"]]
+    assert (fires in rules) if fires else not set(rules) & set(OPTIMIZERS), rules
+    with TraceReader(trace) as reader:
+        lrs = [(r["step"], r["group"], r["lr"]) for r in reader.hyper()]
+    # written when they change: each group's at the start, then once more at the change
+    assert lrs == [(0, 0, 0.01), (0, 1, 0.02), (12, 0, 0.01 * factor), (12, 1, 0.02 * factor)]
+    if fires:
+        f = next(f for f in d["findings"] if f["rule"] == fires)
+        assert f["evidence"]["lr"] == pytest.approx((0.01 if "0." in f["tensor"] else 0.02) * factor)
+
+
+def test_on_a_trace_written_before_the_optimizers_were_recorded_their_rules_say_why(tmp_path):
+    from test_store import _as_written_before_optimizers
+    trace, report = str(tmp_path / "t.h5"), str(tmp_path / "r.json")
+    _run_live(example("nan_lr.py"), ["--steps", "10"], trace, report, False)
+    _as_written_before_optimizers(trace)
+    d = json.loads(_cli(trace, "--json").output)
+    assert d["rules_run"] == OFFLINE and [f["rule"] for f in d["findings"]] == ["nonfinite"]
+    why = {s["rule"]: s for s in d["skipped"] if s["need"] == "optimizers"}
+    assert list(why) == OPTIMIZERS
+    assert "the trace predates the optimizers' records" in why["update_ratio"]["reason"]

@@ -232,3 +232,61 @@ def test_a_killed_run_reads_with_its_status(tmp_path):
         assert t.status == "killed" and t.end["reason"] == "killed from the debugger"
     r = nndb("inspect", p)
     assert r.returncode == 0 and "status     killed, exit 0 (killed from the debugger)" in r.stdout
+
+
+def _with_optimizers(p, flush_steps=100):
+    w = TraceWriter(p, {}, flush_steps=flush_steps, flush_secs=1e9)
+    w.shape_of = lambda name, kind: {"w": [3, 4], "b": [4]}.get(name) if kind != "act" else None
+    w.optimizers(0, [{"name": "opt", "groups": [["w"], ["b"]]}])
+    w.hyper(0, "opt", 0, 0.1)
+    w.hyper(0, "opt", 1, None)
+    w.append(rec(0, [("a", "act"), ("w", "param"), ("b", "grad")]))
+    w.hyper(1, "opt", 0, 0.01)
+    w.append(rec(1, [("a", "act"), ("w", "param"), ("b", "grad")]))
+    return w
+
+
+def test_shapes_optimizers_and_learning_rates_read_back(tmp_path):
+    p = str(tmp_path / "t.h5")
+    w = _with_optimizers(p)
+    w.close("finished", 0)
+    with TraceReader(p) as t:
+        assert [(s.name, s.shape) for s in t.series()] == [("a", None), ("w", (3, 4)), ("b", (4,))]
+        assert t.optimizers() == [{"step": 0, "optimizers": [{"name": "opt", "groups": [["w"], ["b"]]}]}]
+        assert t.hyper() == [{"step": 0, "optimizer": "opt", "group": 0, "lr": 0.1},
+                             {"step": 0, "optimizer": "opt", "group": 1, "lr": None},
+                             {"step": 1, "optimizer": "opt", "group": 0, "lr": 0.01}]
+        t.hyper()[0]["lr"] = 5.0                    # (each call a copy)
+        assert t.hyper()[0]["lr"] == 0.1
+
+
+def test_optimizer_rows_of_a_live_and_of_a_detached_writer(tmp_path):
+    p = str(tmp_path / "t.h5")
+    w = _with_optimizers(p, flush_steps=1)
+    w.detach()
+    w.hyper(2, "opt", 0, 0.5)
+    with TraceReader.from_writer(w) as t:
+        assert [r["lr"] for r in t.hyper()] == [0.1, None, 0.01, 0.5] and len(t.optimizers()) == 1
+    with TraceReader(p) as t:                       # the file: what was flushed before
+        assert [r["lr"] for r in t.hyper()] == [0.1, None, 0.01]
+
+
+def test_a_trace_written_before_shapes_and_optimizers_reads_without_them(tmp_path):
+    p = str(tmp_path / "t.h5")
+    w = _with_optimizers(p)
+    w.close("finished", 0)
+    _as_written_before_optimizers(p)
+    with TraceReader(p) as t:
+        assert [(s.name, s.shape) for s in t.series()] == [("a", None), ("w", None), ("b", None)]
+        assert t.optimizers() is None and t.hyper() is None and t.n_steps == 2
+
+
+def _as_written_before_optimizers(p):
+    """Make a trace look as a writer before shapes, optimizers and hyper wrote it."""
+    with h5py.File(p, "a") as f:
+        del f["optimizers"], f["hyper"]
+        lines = bytes(f["series"][:]).decode().splitlines()
+        text = "".join(json.dumps({k: d[k] for k in ("id", "name", "kind")}) + "\n"
+                       for d in map(json.loads, lines)).encode()
+        f["series"].resize((len(text),))
+        f["series"][:] = np.frombuffer(text, dtype=np.uint8)

@@ -104,8 +104,9 @@ class RuleEngine:
         self.armed = armed
         self._probe_errors = self._probe_errors or armed
 
-    def on_record(self, record, stats=None, optimizers=()) -> list:
-        """Run the rules on one recorded step; returns the new findings."""
+    def on_record(self, record, stats=None, optimizers=(), naming=None) -> list:
+        """Run the rules on one recorded step; returns the new findings.
+        ``naming``: the run's names where there is no run (a trace's stand-ins)."""
         # (a probe gathers facts only while its callbacks are in: the steps it is armed for)
         facts = {name: p.take(record.step) for name, p in self._probes.items() if p._armed} if self.armed else {}
         if observed(record.step):
@@ -120,7 +121,7 @@ class RuleEngine:
                     rules = self._every = [r for r in self.rules if r.EVERY_STEP and r.enabled]
         if not rules:
             return []
-        naming = self._rec.naming if self._rec is not None else None
+        naming = self._rec.naming if self._rec is not None else naming
         ctx = StepContext(record, stats, facts, self.module_types, optimizers, naming)
         new = []
         for r in rules:

@@ -65,9 +65,8 @@ def _eligible(ctx, lay, me: int) -> np.ndarray:
 
 class _Gradients(Rule):
     direction = ""
-    # On a trace (nndb.rules.offline) they cannot run: they read the optimizers.
-    LIVE_ONLY = ("it needs the optimizers (which one holds each parameter) and the parameters' shapes, "
-                 "which a trace does not keep")
+    # On a trace (nndb.rules.offline) they run where it records the optimizers.
+    READS_OPTIMIZERS = "which optimizer holds each parameter, and the parameters' shapes"
 
     def reset(self):
         self.own = Tensors()

@@ -9,14 +9,23 @@ that can run on a trace.
 What a rule gets from a trace row (``TraceStep``): the step's series and their
 ten statistics, finalised by the writer from the record's raw rows with the
 same float64 arithmetic the live context uses (``StepContext.col`` and
-``mean_of`` on raw rows give the same bits), stored as float64.  Three things
-a StepRecord has are not in a trace, and the rules that read them do not run
-here (each is named, with the reason, in ``OfflineResult.skipped``):
+``mean_of`` on raw rows give the same bits), stored as float64.
+
+The optimizers, as far as the rules read them (``READS_OPTIMIZERS`` on the
+rule: which optimizer and group holds each parameter, the group's learning
+rate, a parameter's number of dimensions), come from the trace's
+``optimizers`` and ``hyper`` rows and its series' shapes, as they were when
+the live rules ran at each step (``TraceOptimizers``): stand-ins with the
+optimizers' names and ``param_groups`` of stand-in parameters (``.dim()``),
+and a naming that gives their names back.  A trace written before these were
+recorded has none, and those rules do not run on it.
+
+Other things a StepRecord has are not in a trace, and the rules that read them
+do not run here (each is named, with the reason, in ``OfflineResult.skipped``):
 
 * probes (``Rule.PROBES``): facts gathered by hooks in the live model and
   optimizers (dead ReLU units, the loss function's inputs, stale gradients);
-* the optimizers and the parameters' shapes (``LIVE_ONLY`` on the rule): which
-  optimizer holds a tensor, its learning rate, whether a weight is 1-D;
+* anything else of the live run a rule says it needs (``LIVE_ONLY``);
 * the order of a step's rows: a trace keeps each series' id, given in order of
   first appearance, so a step's rows are rebuilt in that order.  A training
   loop repeats its call order, which makes that the recording order within
@@ -29,9 +38,9 @@ the recorder closes at the end of the run (a step the run ended inside, and
 with hand-written updates the last step, which waits for the next one), which
 the live debugger never hands to its rules either.
 
-A rule that asks a trace for the optimizers or the modules anyway gets an
-``OfflineUnavailable`` error, which the engine reports as a failed rule: never
-a made-up value.
+A rule that asks a trace for the modules, or for the optimizers where the
+trace does not hold them, gets an ``OfflineUnavailable`` error, which the
+engine reports as a failed rule: never a made-up value.
 """
 from __future__ import annotations
 
@@ -109,16 +118,21 @@ class OfflineResult:
 # What a trace lacks, by the kind of need: the phrase a summary line gives for each.
 NEEDS = {
     "probes": "they watch the live model and optimizers through probes",
-    "live": "they read the optimizers or the parameters' shapes, which a trace does not keep",
+    "optimizers": "they read the optimizers and the parameters' shapes, which this trace does not hold",
+    "live": "they read parts of the live run that a trace does not keep",
     "order": "they name the first tensor in a step's recording order, which this trace cannot give back",
 }
 
 
-def offline_reason(rule, order_doubt: Optional[str] = None) -> Optional[tuple]:
-    """(need, why) if ``rule`` cannot run on this trace (need: a key of NEEDS), else None."""
+def offline_reason(rule, order_doubt: Optional[str] = None, no_optimizers: Optional[str] = None) -> Optional[tuple]:
+    """(need, why) if ``rule`` cannot run on this trace (need: a key of NEEDS), else None.
+    ``no_optimizers``: why the trace cannot give the optimizers back (None: it can)."""
     if rule.PROBES:
         return "probes", f"it needs the probe{'s' if len(rule.PROBES) > 1 else ''} {', '.join(rule.PROBES)}, " \
                          "which watch the live model and optimizers"
+    reads = getattr(rule, "READS_OPTIMIZERS", "")
+    if reads and no_optimizers is not None:
+        return "optimizers", f"it reads {reads}, and {no_optimizers}"
     live = getattr(rule, "LIVE_ONLY", "")
     if live:
         return "live", live
@@ -187,6 +201,111 @@ def trace_steps(reader, mask: Optional[np.ndarray] = None) -> Iterator[TraceStep
                             int(reader.optimizer_steps[i]), names, block[j, ids, :], bool(reader.partial[i]))
 
 
+# -- the optimizers, as the live rules saw them ---------------------------------------------
+
+PREDATES = "the trace predates the optimizers' records (written by an nndb that did not keep them)"
+NOT_GIVEN = "the trace holds no record of the optimizers (its writer was not given them)"
+
+
+class TraceParam:
+    """A parameter as a trace knows it: its name and number of dimensions
+    (None where no series of it has a shape: no rule looks it up then)."""
+    __slots__ = ("name", "ndim")
+
+    def __init__(self, name: str, ndim: Optional[int]):
+        self.name, self.ndim = name, ndim
+
+    def dim(self) -> Optional[int]:
+        return self.ndim
+
+
+class TraceOptimizer:
+    """An optimizer as a trace knows it: its name and ``param_groups``
+    ([{"params": [TraceParam], "lr": float or None}])."""
+
+    def __init__(self, name: str, param_groups: list):
+        self.name, self.param_groups = name, param_groups
+
+
+class TraceNaming:
+    """What a StepContext's ``naming`` answers on a trace: the stand-ins'
+    names, and every parameter with a shape as the models' parameters (the
+    rules ask them only for the dimensions of the parameters recorded)."""
+
+    def __init__(self, params: dict):
+        self._params = params            # name -> TraceParam
+
+    def param_name(self, p) -> str:
+        return p.name
+
+    def optimizer_name(self, opt) -> str:
+        return opt.name
+
+    def root_params(self) -> list:
+        return list(self._params.values())
+
+
+class TraceOptimizers:
+    """The trace's ``optimizers`` and ``hyper`` rows replayed step by step:
+    ``advance(step)``, then ``current()`` is [(name, TraceOptimizer)] as the
+    live rules got them at that step.  ``why``: why they cannot be given back
+    (None: they can)."""
+
+    def __init__(self, reader):
+        self._holders = reader.optimizers()
+        self._hyper = reader.hyper()
+        if self._holders is None or self._hyper is None:
+            self.why: Optional[str] = PREDATES
+        elif not self._holders:
+            self.why = NOT_GIVEN
+        else:
+            self.why = None
+        ndims = {s.name: len(s.shape) for s in reader.series() if s.shape is not None}
+        self.params = {n: TraceParam(n, d) for n, d in ndims.items()}
+        self.naming = TraceNaming(self.params)
+        self._h = self._l = 0                 # rows of each applied so far
+        self._state: Optional[list] = None    # [(name, TraceOptimizer)]; None: not known at this step
+        self._groups: dict = {}               # (optimizer, group) -> its group dict in _state
+        self._lrs: dict = {}                  # (optimizer, group) -> the last learning rate written
+        self._step: Optional[int] = None
+
+    def _param(self, name: str) -> TraceParam:
+        p = self.params.get(name)
+        return p if p is not None else TraceParam(name, None)
+
+    def advance(self, step: int) -> None:
+        self._step = step
+        holders, hyper = self._holders or (), self._hyper or ()
+        while self._h < len(holders) and holders[self._h]["step"] <= step:
+            opts = holders[self._h]["optimizers"]
+            self._h += 1
+            if opts is None:              # the recording could not say from here on
+                self._state, self._groups = None, {}
+                continue
+            self._state, self._groups = [], {}
+            for o in opts:
+                groups = [{"params": [self._param(n) for n in names]} for names in o["groups"]]
+                for i, g in enumerate(groups):
+                    self._groups[(o["name"], i)] = g
+                self._state.append((o["name"], TraceOptimizer(o["name"], groups)))
+            for key, g in self._groups.items():
+                if key in self._lrs:
+                    g["lr"] = self._lrs[key]
+        while self._l < len(hyper) and hyper[self._l]["step"] <= step:
+            row = hyper[self._l]
+            self._l += 1
+            key = (row["optimizer"], int(row["group"]))
+            self._lrs[key] = row["lr"]
+            g = self._groups.get(key)
+            if g is not None:
+                g["lr"] = row["lr"]
+
+    def current(self) -> list:
+        if self._state is None or any("lr" not in g for g in self._groups.values()):
+            raise OfflineUnavailable(f"the trace does not hold the optimizers at step {self._step}")
+        return list(self._state)
+
+
 # -- the invoker ----------------------------------------------------------------------------
 
 def check_trace(reader, engine: RuleEngine) -> OfflineResult:
@@ -195,11 +314,12 @@ def check_trace(reader, engine: RuleEngine) -> OfflineResult:
     is left with its rules enabled as they were."""
     mask, unchecked = checked_live(reader)
     doubt = order_doubt(reader, present_rows(reader))
+    opts = TraceOptimizers(reader)
     skipped, run = [], []
     for r in engine.rules:
         if not r.enabled:
             continue
-        why = offline_reason(r, doubt)
+        why = offline_reason(r, doubt, opts.why)
         if why is None:
             run.append(r.id)
         else:
@@ -211,11 +331,13 @@ def check_trace(reader, engine: RuleEngine) -> OfflineResult:
         engine.set_enabled(s.rule, False)
     # (the engine's own module_types answers {} without a run: a rule asking must fail instead)
     engine.module_types = _unavailable("the model's modules")
-    optimizers = _unavailable("the optimizers")
+    optimizers = _unavailable("the optimizers") if opts.why is not None else opts.current
+    naming = opts.naming if opts.why is None else None
     try:
         for step in trace_steps(reader, mask):
             result.steps_checked += 1
-            result.findings.extend(engine.on_record(step, step.stats, optimizers))
+            opts.advance(step.step)
+            result.findings.extend(engine.on_record(step, step.stats, optimizers, naming))
             result.errors.extend(engine.take_errors())
     finally:
         del engine.module_types

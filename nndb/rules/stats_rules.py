@@ -1,5 +1,6 @@
-"""Rules over the recorded statistics (nonfinite and loss_not_decreasing also run on a trace,
-nndb.rules.offline; the others read the optimizers too):
+"""Rules over the recorded statistics (they also run on a trace, nndb.rules.offline; the
+gradient, update and not-updated rules read the optimizers too, which traces keep since they
+were recorded):
 non-finite values, exploding and vanishing gradients, the update/weight ratio,
 parameters that are not updated, a loss that does not go down; and, through a
 small probe of the BatchNorm buffers (nndb.rules.bn_probe), running statistics
@@ -102,9 +103,8 @@ class UpdateRatio(Rule):
         "min_elements": MIN_ELEMENTS,
         "steps": Threshold(3, "consecutive observed steps beyond the threshold"),
     }
-    # On a trace (nndb.rules.offline) it cannot run: it reads the optimizers.
-    LIVE_ONLY = ("it needs the optimizers (which one holds each parameter, its learning rate) and the "
-                 "parameters' shapes, which a trace does not keep")
+    # On a trace (nndb.rules.offline) it runs where the trace records the optimizers.
+    READS_OPTIMIZERS = "which optimizer holds each parameter, its learning rate, and the parameters' shapes"
 
     def reset(self):
         self.own = Tensors()
@@ -185,9 +185,8 @@ class ParamNotUpdated(Rule):
         "min_grad_rms": Threshold(1e-7, "gradients with a smaller RMS count as zero: LBFGS (tolerance_grad "
                                         "1e-7) declares convergence and makes no update below that"),
     }
-    # On a trace (nndb.rules.offline) it cannot run: it reads the optimizers.
-    LIVE_ONLY = ("it needs the optimizers (which one holds each parameter, its learning rate) and the "
-                 "parameters' shapes, which a trace does not keep")
+    # On a trace (nndb.rules.offline) it runs where the trace records the optimizers.
+    READS_OPTIMIZERS = "which optimizer holds each parameter, its learning rate, and the parameters' shapes"
 
     def reset(self):
         self.own = Tensors()

@@ -24,6 +24,12 @@ class SeriesInfo:
     id: int
     name: str
     kind: str
+    shape: Optional[tuple] = None       # a param, grad or update series' tensor shape (None: not recorded)
+
+
+def _series_info(d: dict) -> SeriesInfo:
+    shape = d.get("shape")
+    return SeriesInfo(int(d["id"]), d["name"], d["kind"], tuple(int(n) for n in shape) if shape is not None else None)
 
 
 def _json_blob(ds) -> str:
@@ -104,7 +110,7 @@ class TraceReader:
         for line in _json_blob(f["series"]).splitlines():
             if line.strip():
                 d = json.loads(line)
-                self._series.append(SeriesInfo(int(d["id"]), d["name"], d["kind"]))
+                self._series.append(_series_info(d))
         # A kill between two writes can leave one dataset a flush ahead of another.
         n_rows = min([f["stats"].shape[0]] + [d.shape[0] for d in f["steps"].values()])
         n_series = min(len(self._series), f["stats"].shape[1])
@@ -119,9 +125,10 @@ class TraceReader:
         self._events = [json.loads(line) for line in _json_blob(f["events"]).splitlines() if line.strip()]
         self._unwritten = unwritten
         self._sequence_lines: Optional[list] = None
+        self._row_blobs: dict = {}      # name -> its rows (None: the trace predates it), read once
         self._extra_stats = None        # (rows, series, N_STATS) not in the file yet
         if unwritten is not None:
-            self._series += [SeriesInfo(int(d["id"]), d["name"], d["kind"]) for d in unwritten.series]
+            self._series += [_series_info(d) for d in unwritten.series]
             if unwritten.stats is not None:
                 self._extra_stats = unwritten.stats
                 for name in steps:
@@ -185,6 +192,41 @@ class TraceReader:
                 lines = lines[:self._unwritten.sequences_written] + self._unwritten.sequences
             self._sequence_lines = lines
         return self._sequence_lines
+
+    # -- the optimizers, as the rules saw them ----------------------------------
+    def optimizers(self) -> Optional[list]:
+        """[{"step", "optimizers": [{"name", "groups": [[parameter names], ...]}]}]:
+        the optimizers (in the order the rules saw them) and the parameters each
+        group holds, from ``step`` on, a row each time they changed; None for a
+        trace written before they were recorded."""
+        return self._rows("optimizers")
+
+    def hyper(self) -> Optional[list]:
+        """[{"step", "optimizer", "group", "lr"}]: a group's learning rate from
+        ``step`` on (null: not a number), a row each time it changed; None for a
+        trace written before they were recorded."""
+        return self._rows("hyper")
+
+    def _rows(self, name: str) -> Optional[list]:
+        if name not in self._row_blobs:
+            ds = self._f.get(name)
+            rows = None
+            if ds is not None:
+                try:
+                    if not self._live:
+                        ds.refresh()
+                    lines = [line for line in _json_blob(ds).splitlines() if line.strip()]
+                    if self._unwritten is not None:
+                        lines = lines[:self._unwritten.row_lines_written.get(name, 0)]
+                    rows = [json.loads(line) for line in lines]
+                except (OSError, ValueError) as e:
+                    raise TraceError(f"cannot read {name} of trace {self.path}: it is corrupted ({_short(e)})") \
+                        from None
+                if self._unwritten is not None:
+                    rows += [dict(r) for r in self._unwritten.rows_of.get(name, ())]
+            self._row_blobs[name] = rows
+        rows = self._row_blobs[name]
+        return None if rows is None else [dict(r) for r in rows]
 
     # -- queries --------------------------------------------------------------
     @property

@@ -5,7 +5,9 @@
     /                         attrs: nndb_format = "nndb-trace", schema_version = 1
     ├── meta                  uint8[]      UTF-8 JSON object: the run's metadata (written at start)
     ├── series                uint8[...]   UTF-8 JSON lines, one per series, in id order:
-    │                                      {"id": int, "name": str, "kind": str}
+    │                                      {"id": int, "name": str, "kind": str[, "shape": [int]]}
+    │                                      (shape: the tensor's, on param, grad and update series;
+    │                                      absent in traces written before it was recorded)
     ├── steps/
     │   ├── step              int64[N]     step number of each recorded row (rows follow the
     │   │                                  recording schedule, so steps may have gaps)
@@ -18,6 +20,15 @@
     │                                      stats[i, j] = statistics of series j at row i,
     │                                      columns as attrs["columns"] (STAT_NAMES);
     │                                      NaN where series j has no value at row i
+    ├── optimizers            uint8[...]   UTF-8 JSON lines, written at a recorded step's end when they
+    │                                      changed: {"step": int, "optimizers": [{"name": str,
+    │                                      "groups": [[parameter name, ...], ...]}, ...] | null}: the
+    │                                      optimizers from that step on, in the order the rules get them,
+    │                                      and the parameters of each param group (null: no longer known)
+    ├── hyper                 uint8[...]   UTF-8 JSON lines, written when one changed: {"step": int,
+    │                                      "optimizer": str, "group": int, "lr": float | null}: a param
+    │                                      group's learning rate from that step on (null: not a number)
+    │                                      (optimizers and hyper: absent in traces written before them)
     ├── events                uint8[...]   UTF-8 JSON lines: {"time", "step", "kind", "message"},
     │                                      kind one of EVENT_KINDS (warnings such as a recording
     │                                      that stopped); step: the step in progress, or null
@@ -43,7 +54,11 @@ the writer only resizes and appends, and flushes in batches, so the file can
 be read (``swmr=True``) while the run writes it and after the writer was
 killed, up to the last flush.  JSON is the only serialisation used: nothing
 in a trace is ever unpickled.  The version is bumped on any change a reader
-of the previous version would misread; readers refuse newer versions.
+of the previous version would misread; readers refuse newer versions.  Added
+datasets and JSON keys are not such a change (a reader ignores what it does
+not know, and reads a trace without them as written before them): ``shape``,
+``optimizers`` and ``hyper`` came that way, for the rules on a trace
+(nndb.rules.offline).
 
 This module owns the trace's vocabulary (the statistics, series kinds, end
 statuses and event kinds) and imports nothing from nndb: the tracer below

@@ -24,7 +24,9 @@ from ..errors import TraceWriteError
 from ..tracer.stats import N_RAW, finalize_many
 from . import schema as K
 
-_BLOBS = ("series", "events", "end")
+_BLOBS = ("series", "events", "end", "optimizers", "hyper")
+# The JSON-lines blobs a run appends to (row dicts), counted in lines for a replica's reader.
+_ROW_BLOBS = ("optimizers", "hyper")
 _STEP_COLUMNS = ("step", "time", "backward_count", "optimizer_steps", "partial")
 
 
@@ -44,6 +46,8 @@ class Unwritten:
     lineage: list = field(default_factory=list)      # [(step, seq)]
     sequences: list = field(default_factory=list)    # [JSON text], lines sequences_written on
     events: list = field(default_factory=list)       # [{"time", "step", "kind", "message"}]
+    rows_of: dict = field(default_factory=dict)      # row blob (_ROW_BLOBS) -> its rows not in the file
+    row_lines_written: dict = field(default_factory=dict)   # row blob -> its lines in the file
 
 
 def _put_blob(ds, text: str, append: bool = True) -> None:
@@ -76,6 +80,10 @@ class TraceWriter:
         self._new_sequences: list = []
         self._lineage: list = []         # (step, seq) not yet written
         self.lineage_written = 0
+        # (name, kind) -> the tensor's shape, or None: given by the recording (the recorder knows the tensors)
+        self.shape_of: Optional[Callable[[str, str], Optional[list]]] = None
+        self._pending_rows: dict = {name: [] for name in _ROW_BLOBS}
+        self.row_lines_written: dict = {name: 0 for name in _ROW_BLOBS}
         try:
             d = os.path.dirname(os.path.abspath(path))
             os.makedirs(d, exist_ok=True)
@@ -122,7 +130,11 @@ class TraceWriter:
         if sid is None:
             sid = len(self.series)
             self.series[key] = sid
-            self._new_series.append({"id": sid, "name": name, "kind": kind})
+            line = {"id": sid, "name": name, "kind": kind}
+            shape = self.shape_of(name, kind) if self.shape_of is not None else None
+            if shape is not None:
+                line["shape"] = [int(n) for n in shape]
+            self._new_series.append(line)
         return sid
 
     def append(self, record) -> None:
@@ -171,6 +183,19 @@ class TraceWriter:
             return
         self._events.append({"time": time.time(), "step": step, "kind": kind, "message": message})
 
+    def optimizers(self, step: int, optimizers: list) -> None:
+        """The optimizers as the rules see them from ``step`` on, written when
+        they change: [{"name", "groups": [[parameter names], ...]}]."""
+        if self.failed or self.closed:
+            return
+        self._pending_rows["optimizers"].append({"step": step, "optimizers": optimizers})
+
+    def hyper(self, step: int, optimizer: str, group: int, lr: Optional[float]) -> None:
+        """The learning rate of one optimizer group from ``step`` on, written when it changes."""
+        if self.failed or self.closed:
+            return
+        self._pending_rows["hyper"].append({"step": step, "optimizer": optimizer, "group": group, "lr": lr})
+
     def flush(self) -> None:
         if self.failed or self.closed or self.detached:
             return
@@ -214,13 +239,20 @@ class TraceWriter:
         if self._events:
             _put_blob(self._ds["events"], "".join(json.dumps(e) + "\n" for e in self._events))
             self._events = []
+        for name, rows in self._pending_rows.items():
+            if rows:
+                _put_blob(self._ds[name], "".join(json.dumps(r) + "\n" for r in rows))
+                self.row_lines_written[name] += len(rows)
+                self._pending_rows[name] = []
 
     def unwritten(self) -> Unwritten:
         """What the file does not hold yet (see Unwritten): a reader adds it."""
         out = Unwritten(self.steps_written, len(self.series) - len(self._new_series),
                         self.lineage_written, len(self._sequences) - len(self._new_sequences),
                         list(self._new_series), lineage=list(self._lineage),
-                        sequences=list(self._new_sequences), events=list(self._events))
+                        sequences=list(self._new_sequences), events=list(self._events),
+                        rows_of={k: list(v) for k, v in self._pending_rows.items()},
+                        row_lines_written=dict(self.row_lines_written))
         if self._rows:
             out.steps = _step_columns(self._rows)
             out.stats = _stats_block(self._rows, len(self.series))

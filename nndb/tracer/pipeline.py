@@ -3,7 +3,7 @@
 The recorder closes steps into ``StepRecord``s; at each step boundary the
 recording hands a ``StepEnd`` (the step that ended, the records closed since
 the last boundary) to an ordered list of listeners: the trace writer first,
-then whatever joined the run (the debugger's rules, checkpoints, lineage and
+the optimizers' record (``WriteOptimizers``), then whatever joined the run (the debugger's rules, checkpoints, lineage and
 stop check; an exporter).  A listener is any object with ``on_step(end)``.
 """
 from __future__ import annotations
@@ -74,3 +74,59 @@ class CallAtStepEnd:
     def on_step(self, end: StepEnd) -> None:
         if end.step is not None:
             self.callback(end.step)
+
+
+def _lr(x):
+    """A group's learning rate as the rules read it (nndb.rules.series.optimizer_lr): a number, else None."""
+    return float(x) if isinstance(x, (int, float)) else None
+
+
+class WriteOptimizers:
+    """The optimizers as the rules see them at a step end (the parameters each
+    group holds, each group's learning rate), written to the trace when they
+    change, so that the rules that read them give the same findings on the
+    trace (nndb.rules.offline).  It joins the pipeline before the debugger's
+    rules, so that nothing the script does comes between the two.
+
+    Per step: one tuple of the groups' parameter lists and one of their
+    learning rates, each compared with the last; names only when they change."""
+
+    def __init__(self, writer, optimizers, naming):
+        self.writer = writer
+        self.optimizers = optimizers      # () -> the run's optimizers, in the order the rules get them
+        self.naming = naming
+        self._key = None                  # what the parameter lists were when last written
+        self._where: list = []            # (optimizer name, group index) of each group, as written
+        self._lrs = None                  # the groups' learning rates, as written
+        self._failed = False
+
+    def on_step(self, end: StepEnd) -> None:
+        if not end.records or self._failed:
+            return
+        step = end.records[0].step
+        try:
+            opts = self.optimizers()
+            groups = [g for o in opts for g in o.param_groups]
+            key = (self.naming.roots_version, *map(id, opts), *[(id(g["params"]), len(g["params"])) for g in groups])
+            if key != self._key:
+                self._rewrite(step, opts)
+                self._key = key
+            lrs = tuple([_lr(g.get("lr")) for g in groups])
+            if lrs != self._lrs:
+                old = self._lrs
+                for k, ((name, i), lr) in enumerate(zip(self._where, lrs)):
+                    if old is None or old[k] != lr:
+                        self.writer.hyper(step, name, i, lr)
+                self._lrs = lrs
+        except Exception:
+            # Unknown from here on, said so in the trace: the rules on it fail rather than read stale values.
+            self._failed = True
+            self.writer.optimizers(step, None)
+            raise
+
+    def _rewrite(self, step: int, opts: list) -> None:
+        named = [(self.naming.optimizer_name(o), o) for o in opts]
+        self.writer.optimizers(step, [{"name": n, "groups": [[self.naming.param_name(p) for p in g["params"]]
+                                                             for g in o.param_groups]} for n, o in named])
+        self._where = [(n, i) for n, o in named for i in range(len(o.param_groups))]
+        self._lrs = None          # (the groups may be others: every learning rate again)

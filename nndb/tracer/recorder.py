@@ -194,6 +194,7 @@ class StepRecorder:
         self._manual_pending: Optional[tuple] = None   # (step, bucket, time, snapshot)
         self.last: Optional[StepRecord] = None
         self._names: dict = {}              # series key -> name, resolved once
+        self._shapes: dict = {}             # parameter name -> its shape, noted as it is named
         self._layouts: dict = {}            # tuple of (name, kind) -> the list given to every record
         self._by_sig: dict = {}             # (entry keys, blocks, losses qualified) -> that list
         self._others: tuple = (None, [])     # (cache key, params no optimizer holds)
@@ -389,8 +390,14 @@ class StepRecorder:
                 name = "loss/" + self.naming.optimizer_name(key[1]) if key[2] and key[1] is not None else "loss"
             else:
                 name = self.naming.param_name(key[1])
+                self._shapes[name] = list(key[1].shape)
             self._names[key] = name
         return name
+
+    def series_shape(self, name: str, kind: str) -> Optional[list]:
+        """The shape of a param, grad or update series' tensor (for the trace's
+        series list: the rules tell weight matrices from biases by it)."""
+        return self._shapes.get(name) if kind in ("param", "grad", "update") else None
 
     def _names_of(self, b: _Bucket) -> list:
         """[(name, kind)] of the bucket's rows: entries, then the parameter blocks."""
