@@ -233,3 +233,33 @@ def test_checkpoint_inventory_reads_each_checkpoints_memory():
     if os.path.exists("/proc/self/smaps_rollup"):
         assert infos[1].private_kib > 0
     assert total_private_kib(infos) == (infos[1].private_kib or 0)
+
+
+def test_ctrl_c_in_a_replica_s_replay_gives_up_instead_of_stopping_there():
+    """Ctrl-C while a replica replays (or scans, or predicts) ends its work:
+    the role says so and the live run's command fails; elsewhere it stops."""
+    s = _session()
+    calls = []
+
+    class Replaying:
+        kind, replaying = "goto", True
+
+        def interruptible(self):
+            return True
+
+        def interrupted(self, session):
+            calls.append(session)
+
+    s.live, s.replica = True, Replaying()
+    assert s.request_interrupt() and calls == [s] and not s.interrupt_requested
+    s.replica = None
+    s.rec = None
+    s.sync_hooks = lambda: None
+    assert s.request_interrupt() and s.interrupt_requested            # the live run: stop at the next point
+
+
+def test_progress_line_counts_steps_and_estimates_the_rest():
+    from nndb.timetravel.machine import progress_line
+    assert progress_line(100, 400, 2.0) == ("nndb: replaying: 100 of 400 step(s), about 6 s left; "
+                                            "Ctrl-C stops it and leaves you where you were")
+    assert "left" not in progress_line(0, 400, 1.0)

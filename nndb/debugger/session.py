@@ -160,6 +160,9 @@ class Session(CommandLoop, StopPoints, RunQueries):
         Ctrl-C before that returns False: the caller interrupts the script."""
         if not self.live or self.interrupt_requested:
             return False
+        if self.replica is not None and self.replica.interruptible():
+            self.replica.interrupted(self)     # (a replay or a prediction gives up: the user stays put)
+            return True
         self.interrupt_requested = True
         if self.mode == "detach":
             self.mode = "continue"

@@ -36,6 +36,13 @@ class Checkpoint:
     cost_s: float
 
 
+def progress_line(done: int, total: int, elapsed: float) -> str:
+    """The live run's line while a replica works: steps done of the total,
+    and the time left at the rate so far."""
+    eta = f", about {elapsed / done * (total - done):.0f} s left" if done > 0 and total > done else ""
+    return f"nndb: replaying: {done} of {total} step(s){eta}; Ctrl-C stops it and leaves you where you were"
+
+
 def default_memory_kib() -> Optional[int]:
     """A quarter of the memory available at start (None where /proc/meminfo is not there)."""
     try:
@@ -326,12 +333,20 @@ class TimeMachine:
         """Wait for the replica's last message while it has the terminal
         (Ctrl-C is the replica's then), and take back the session state."""
         old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        show = getattr(s.frontend, "progress", None) if s.interactive else None
+        t0, first, shown = time.monotonic(), None, False
         try:
             last = None
             while True:
                 msg = chan.recv()
                 if msg is None:
                     break
+                if msg.get("op") == "progress":
+                    first = msg["step"] if first is None else first
+                    if show is not None and time.monotonic() - t0 >= 1.0:
+                        show(progress_line(msg["step"] - first, msg["end"] - first, time.monotonic() - t0))
+                        shown = True
+                    continue
                 if msg.get("op") in ("handback", "predicted"):
                     last = msg
                     if proc is not None:
@@ -343,6 +358,8 @@ class TimeMachine:
                 chan.close()
         finally:
             signal.signal(signal.SIGINT, old)
+            if shown:
+                show(None)
         if last is None:
             raise CommandError("nndb: the replica ended without reporting back (it crashed?); "
                                "the live run is unchanged")

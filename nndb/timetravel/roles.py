@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 import os
 import sys
+import time
 from typing import Optional
 
 from ..debugger import evaluate as E
@@ -59,6 +60,7 @@ class Role:
         # for the steps this replica replays (JSON keys are strings)
         self.expect = {int(k): v for k, v in (goal.get("expect") or {}).items()}
         self._checked = None
+        self._progress_at = time.monotonic()
 
     def diverged(self, s) -> Optional[str]:
         """The newest record, compared with the recorded run: a message at the
@@ -81,6 +83,23 @@ class Role:
                         f"{want!r}, replayed {'nothing' if have is None else repr(have)} (likely cause: "
                         f"{cause}); nothing was changed")
         return None
+
+    PROGRESS_EVERY_S = 0.5
+
+    def progress(self, step: int, end: int) -> None:
+        """While replaying: where the replay is, for the live run's progress line."""
+        now = time.monotonic()
+        if now - self._progress_at >= self.PROGRESS_EVERY_S:
+            self._progress_at = now
+            self.chan.send({"op": "progress", "step": step, "end": end})
+
+    def interruptible(self) -> bool:
+        """Ctrl-C ends this replica's work (a replay, a scan, a prediction)
+        rather than stopping in it."""
+        return self.replaying or self.kind in ("scan", "predict")
+
+    def interrupted(self, s) -> None:
+        self.give_up(s, "nndb: interrupted (Ctrl-C); nothing was changed")
 
     def give_up(self, s, message: str) -> None:
         """A replay that diverged ends here; the live run says why."""
@@ -138,6 +157,7 @@ class Goto(Role):
         if wrong:
             self.give_up(s, wrong)
         if step < self.target:
+            self.progress(step, self.target)
             return "skip"
         self.replaying = False
         forking.unsilence(self.saved_fds)
@@ -195,6 +215,7 @@ class Scan(Role):
         wrong = self.diverged(s)
         if wrong:
             self.give_up(s, wrong)
+        self.progress(step, self.end)
         if step < self.start:
             return "skip"
         self.result["last"] = step
@@ -290,6 +311,7 @@ class Predict(Role):
         self.rows.append({"step": step, "loss": None if loss is None else loss.mean,
                           "grad_norm": math.sqrt(sum(g * g for g in grads)) if grads else None,
                           "findings": sorted({f["rule"] for f in new})})
+        self.progress(len(self.rows), self.n)
         if len(self.rows) == 1:
             self._check_changes(step)
         if len(self.rows) >= self.n:
@@ -318,6 +340,9 @@ class Predict(Role):
             if _distance(now, wanted) >= _distance(now, before) and _distance(wanted, before) > 0:
                 self.undone.append(f"{label} did not hold: it was {now!r} after step {step} (before the "
                                    f"change {before!r})")
+
+    def interrupted(self, s) -> None:
+        self.fail("nndb: interrupted (Ctrl-C): no prediction; nothing was changed")
 
     def fail(self, message: str) -> None:
         """A change could not be made: no prediction."""

@@ -207,6 +207,8 @@ def _predict(s, arg):
     changes = _changes(s, sets)
     t0 = time.perf_counter()
     base = predict(s, m, n, [])
+    if base.get("error"):
+        raise CommandError(base["error"])
     changed = predict(s, m, n, changes) if changes else None
     if changed is not None and changed.get("error"):
         raise CommandError(changed["error"])
