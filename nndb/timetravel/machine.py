@@ -82,7 +82,7 @@ class TimeMachine:
         self.mode = replica_mode          # auto | fork | respawn | off
         self.total_steps = total_steps
         self.every = every                # --checkpoint-every N|Ns
-        # --checkpoint-memory: the private memory all checkpoints may hold
+        # --checkpoint-memory: the memory (PSS) all checkpoints may hold
         self.memory_kib = memory_kib if memory_kib is not None else default_memory_kib()
         self.budget = budget
         self.max_live = max_live
@@ -226,7 +226,7 @@ class TimeMachine:
         if not self.memory_kib:
             return
         while True:
-            used = sum((forking.memory_kib(c.pid) or {}).get("private", 0) for c in self.checkpoints.values())
+            used = sum((forking.memory_kib(c.pid) or {}).get("pss", 0) for c in self.checkpoints.values())
             autos = sorted(c.step for c in self.checkpoints.values() if c.kind == "auto")
             if used <= self.memory_kib or len(autos) <= 2:
                 return
