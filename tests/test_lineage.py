@@ -349,3 +349,91 @@ def test_op_records_have_the_fields_of_oprecord():
         ["op", "phase", "module", "node"]
     op = _OPS["ops"][0]
     assert len(op) == len(FIELDS) and R.op_name(op) == "addmm" and op[R.OUTS] == [1]
+
+
+# -- down to the parameters; functional ops; repeated structure (issue 19) --------------------
+
+RNN_LM = str(__import__("pathlib").Path(__file__).parent / "scripts" / "lineage_rnn_lm.py")
+
+VIEW_OUTSIDE = textwrap.dedent('''
+    import torch, torch.nn as nn
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 3))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    w_rows = model[0].weight[1:]             # a view made before any step: no op of a step made it
+    for step in range(4):
+        x, y = torch.randn(8, 4), torch.randn(8, 3)
+        model(x)                             # (names the model)
+        loss = ((x @ w_rows.t() - y[:, 1:]) ** 2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+''')
+
+
+@pytest.fixture(scope="module")
+def mlp_lineage(tmp_path_factory) -> Ran:
+    tmp = tmp_path_factory.mktemp("mlp_lineage")
+    r = _run(tmp, example("mlp.py"), "--lineage", "3", "-e", "break step 3", "-e", "continue",
+             "-e", "lineage loss --depth 12", "-e", "continue")
+    return Ran(r)
+
+
+def test_lineage_reaches_every_linear_weight_through_its_transpose(mlp_lineage):
+    # nn.Linear's weight enters addmm through t(): a view, whose version counter
+    # becomes the parameter's only after the op returns (it used to be a leaf
+    # after step 0, once the optimizer had bumped the weight's version)
+    out = mlp_lineage.stdout
+    for layer in ("0", "2", "4"):
+        assert re.search(rf"t\d+ = t\(t\d+ \(param {layer}\.weight\)\) \[forward\]", out), out
+    assert "leaf: made before this step" not in out.split("t3 (input)")[0], out
+
+
+def test_a_view_of_a_parameter_made_outside_the_step_links_to_it_by_storage(tmp_path):
+    script = _script(tmp_path, "view.py", VIEW_OUTSIDE)
+    r = _run(tmp_path, script, "--lineage", "2", "-e", "break step 2", "-e", "continue",
+             "-e", "lineage loss --depth 8", "-e", "continue")
+    assert re.search(r"t\d+ = param 0\.weight \(view\)", r.stdout), r.stdout
+
+
+@pytest.fixture(scope="module")
+def cnn_graph(tmp_path_factory) -> Ran:
+    tmp = tmp_path_factory.mktemp("cnn_graph")
+    r = _run(tmp, example("cnn.py"), "--lineage", "2", "-e", "break step 2", "-e", "continue",
+             "-e", "graph", "-e", "graph --ops", "-e", f"graph --dot {tmp / 'g.dot'}", "-e", "continue")
+    ran = Ran(r)
+    ran.dot = (tmp / "g.dot").read_text()
+    return ran
+
+
+def test_functional_ops_are_no_module_node_but_named_on_the_edge(cnn_graph):
+    out = cnn_graph.stdout
+    edges = re.findall(r"^  (\S+) -> (\S+)", out, re.M)
+    assert ("bn1", "conv2") in edges and ("bn2", "fc") in edges, out
+    assert not any("model" in e for e in edges), out        # the root's own F.relu is no node
+    assert re.search(r"^  bn1 -> conv2  via relu, max_pool2d_with_indices \(functional, in model's forward\)$",
+                     out, re.M), out
+    assert '"bn1" -> "conv2" [label="relu, max_pool2d_with_indices"];' in cnn_graph.dot
+
+
+def test_backward_of_a_functional_op_is_not_the_next_module(cnn_graph):
+    ops = re.findall(r"^\s+\d+ (\S+)\s+(forward|backward)\s+(.+?)\s+<-", cnn_graph.stdout, re.M)
+    by = {(name, phase): where for name, phase, where in ops}
+    assert by[("threshold_backward", "backward")] == "functional in model", cnn_graph.stdout
+    assert by[("max_pool2d_with_indices_backward", "backward")] == "functional in model", cnn_graph.stdout
+    assert by[("relu", "forward")] == "functional in model"
+    assert by[("addmm", "forward")] == "fc" and by[("native_batch_norm_backward", "backward")] in ("bn1", "bn2")
+
+
+@pytest.mark.parametrize("args,expect", [
+    ((), r"\.\.\. and 10 more made the same way \(t\d+, t\d+, t\d+, t\d+, \.\.\. t\d+: tanh, module cell"),
+    (("--last",), r"\.\.\. repeats the structure of t\d+ above \(a recurrence: 11 tensors of this step"),
+])
+def test_a_recurrent_model_prints_one_time_step(tmp_path, args, expect):
+    r = nndb(*_argv(tmp_path, RNN_LM, "--lineage", "2", "-e", "break step 2", "-e", "continue",
+                    "-e", "lineage loss --depth 40", "-e", "continue"), *args, cwd=str(tmp_path))
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    assert re.search(expect, r.stdout), r.stdout
+    tanh_lines = [l for l in r.stdout.splitlines() if "= tanh(" in l]
+    assert 1 <= len(tanh_lines) <= 2, r.stdout                  # not one per time step (11)
+    assert re.search(r"t\d+ = t\(t\d+ \(param cell\.weight_hh\)\)", r.stdout), r.stdout

@@ -11,12 +11,20 @@ from .oprecord import (DTYPES, FILE, INS, LINE, MODULE, NODE, OP, OP_STATS, OUTS
                        PHASE, SHAPES, op_name)
 
 
+# Of this many inputs made the same way (or more), one is followed, the others counted.
+GROUP_AT = 3
+
+
 class StepGraph:
     def __init__(self, data: dict):
         self.step = data.get("step")
         self.ops = data["ops"]
         self.labels = {int(k): v for k, v in data.get("labels", {}).items()}
         self.stats = {int(k): v for k, v in data.get("stats", {}).items()}
+        # modules whose forward ran other modules: their own ops are functional
+        # code (F.relu between two layers), of no child module
+        self.containers = set(data.get("containers", ()))
+        self._structures: Optional[dict] = None     # structure -> tensors made so (made_like)
         self.producer: dict = {}
         self.consumers: dict = {}
         for i, op in enumerate(self.ops):
@@ -37,17 +45,27 @@ class StepGraph:
         return None
 
     def names(self) -> list:
-        return sorted({lab.split(" ", 1)[-1] for lab in self.labels.values() if lab != "input"})
+        return sorted({lab.split(" ", 1)[-1] for lab in self.labels.values()
+                       if lab != "input" and not lab.endswith(" (view)")})
+
+    def functional(self, op) -> bool:
+        """An op of a module's own forward code, outside its child modules."""
+        return op[MODULE] in self.containers
+
+    def module_of(self, op) -> str:
+        """How an op's module is shown: the module, or 'functional in M'."""
+        if not op[MODULE]:
+            return "-"
+        return f"functional in {op[MODULE]}" if self.functional(op) else op[MODULE]
 
     def label(self, tid: int) -> str:
         lab = self.labels.get(tid)
         return f"t{tid}" + (f" ({lab})" if lab else "")
 
-    @staticmethod
-    def where(op) -> str:
+    def where(self, op) -> str:
         parts = []
         if op[MODULE]:
-            parts.append(f"module {op[MODULE]}")
+            parts.append(f"functional, in {op[MODULE]}'s forward" if self.functional(op) else f"module {op[MODULE]}")
         if op[NODE]:
             parts.append(op[NODE])
         if op[FILE]:
@@ -67,10 +85,41 @@ class StepGraph:
             f"  {self.where(op)}{stats}".rstrip()
 
     # -- traces ------------------------------------------------------------------------------
+    def _op_key(self, t: int):
+        i = self.producer.get(t)
+        if i is None:
+            return ("leaf", self.labels.get(t))
+        op = self.ops[i]
+        return (op[OP], op[MODULE], op[FILE], op[LINE])
+
+    def structure(self, t: int):
+        """What makes two tensors "the same structure": the op, module and
+        line that made them and those that made its inputs (the time steps of
+        a recurrent layer; a ReLU module reused after two different layers is
+        not)."""
+        i = self.producer.get(t)
+        if i is None:
+            return None
+        return (self._op_key(t), tuple(self._op_key(a) for a in self.ops[i][INS]))
+
+    def made_like(self, key) -> int:
+        """How many tensors of the step have this structure."""
+        if self._structures is None:
+            self._structures = {}
+            for t in self.producer:
+                k = self.structure(t)
+                self._structures[k] = self._structures.get(k, 0) + 1
+        return self._structures.get(key, 0)
+
     def backward_trace(self, tid: int, depth: int = 6) -> list:
+        """The ops that made ``tid``, as an indented tree.  Repeated structure
+        is grouped: of GROUP_AT or more inputs made the same way (a recurrent
+        layer's time steps stacked), the first is followed and one line counts the
+        others; a tensor made the same way as one of its descendants already
+        shown on the way here (a recurrence: h[t] from h[t-1]) is one line."""
         lines, seen = [], set()
 
-        def walk(t: int, level: int) -> None:
+        def walk(t: int, level: int, path: dict) -> None:
             pad = "  " * level
             i = self.producer.get(t)
             if i is None:
@@ -81,15 +130,37 @@ class StepGraph:
                 lines.append(f"{pad}{self.label(t)} (shown above)")
                 return
             seen.add(t)
+            key = self.structure(t)
+            if key in path:
+                lines.append(f"{pad}{self.label(t)} = {self.describe_op(i)}")
+                lines.append(f"{pad}  ... repeats the structure of t{path[key]} above (a recurrence: "
+                             f"{self.made_like(key)} tensors of this step are made so), not followed")
+                return
             lines.append(f"{pad}{self.label(t)} = {self.describe_op(i)}")
+            ins = self.ops[i][INS]
             if level + 1 >= depth:
-                if self.ops[i][INS]:
+                if ins:
                     lines.append(f"{pad}  ... (--depth {depth} reached)")
                 return
-            for a in self.ops[i][INS]:
-                walk(a, level + 1)
+            groups: dict = {}
+            for a in ins:
+                k = self.structure(a)
+                if k is not None and a not in seen:
+                    groups.setdefault(k, []).append(a)
+            groups = {k: v for k, v in groups.items() if len(v) >= GROUP_AT}
+            inner = {**path, key: t}
+            for a in ins:
+                k = self.structure(a)
+                same = groups.get(k, [a]) if k is not None else [a]
+                if a not in same or same[0] != a:
+                    continue           # one of a group: counted below its first
+                walk(a, level + 1, inner)
+                if len(same) > 1:
+                    op = self.ops[self.producer[a]]
+                    lines.append(f"{pad}  ... and {len(same) - 1} more made the same way "
+                                 f"({_ids(same[1:])}: {op_name(op)}, {self.where(op)})")
 
-        walk(tid, 0)
+        walk(tid, 0, {})
         return lines
 
     def consumer_trace(self, tid: int, depth: int = 6) -> list:
@@ -116,43 +187,88 @@ class StepGraph:
 
     # -- graphs ------------------------------------------------------------------------------
     def module_edges(self, phase: str = "forward") -> tuple:
-        """(modules in order of first use, [(from, to)] in order): data flow between modules."""
+        """(modules in order of first use, [(from, to)] in order): data flow
+        between modules.  A functional op (of a container's own forward, such
+        as ``F.relu`` between two layers) is no node: data passes through it
+        from the modules that made its inputs (``edge_via`` names such ops)."""
         order, edges = [], []
+        self.edge_via: dict = {}       # (from, to) -> [functional ops on the way, in order]
+        sources: dict = {}             # tensor id -> [(module, [functional op indices])]
 
-        def node_of(t: int) -> Optional[str]:
+        def sources_of(t: int) -> list:
+            if t in sources:
+                return sources[t]
+            sources[t] = []            # (a cycle cannot happen; this guards a corrupt record)
             if self.labels.get(t) == "input":
-                return "input"             # the batch, however the script made it
-            i = self.producer.get(t)
-            if i is None:
-                return None
-            op = self.ops[i]
-            return op[MODULE] if op[PHASE] == phase else None
+                out = [("input", [])]  # the batch, however the script made it
+            else:
+                i = self.producer.get(t)
+                if i is None or self.ops[i][PHASE] != phase or not self.ops[i][MODULE]:
+                    out = []           # the script's own code, or made before the step
+                elif self.functional(self.ops[i]):
+                    out, seen = [], set()
+                    for a in self.ops[i][INS]:
+                        for m, via in sources_of(a):
+                            if m not in seen:
+                                seen.add(m)
+                                out.append((m, via + [i]))
+                else:
+                    out = [(self.ops[i][MODULE], [])]
+            sources[t] = out
+            return out
 
         for op in self.ops:
-            if op[PHASE] != phase or not op[MODULE]:
-                continue                   # the script's own code: not a module of the graph
+            if op[PHASE] != phase or not op[MODULE] or self.functional(op):
+                continue               # the script's own code and functional ops: no node
             m = op[MODULE]
             if m not in order:
                 order.append(m)
             for t in op[INS]:
-                src = node_of(t)
-                if src is not None and src != m and (src, m) not in edges:
-                    if src == "input" and src not in order:
-                        order.insert(0, src)
-                    edges.append((src, m))
+                for src, via in sources_of(t):
+                    if src == m:
+                        continue
+                    if (src, m) not in edges:
+                        if src == "input" and src not in order:
+                            order.insert(0, src)
+                        edges.append((src, m))
+                    names = self.edge_via.setdefault((src, m), [])
+                    for i in via:
+                        if i not in names:
+                            names.append(i)
         return order, edges
+
+    def via_names(self, edge) -> list:
+        """The functional ops data passes through on a module edge (after module_edges)."""
+        names = []
+        for i in getattr(self, "edge_via", {}).get(edge) or ():
+            n = op_name(self.ops[i])
+            if n not in names:
+                names.append(n)
+        return names
+
+    def via_text(self, edge) -> str:
+        names = self.via_names(edge)
+        if not names:
+            return ""
+        containers = []
+        for i in self.edge_via[edge]:
+            if self.ops[i][MODULE] not in containers:
+                containers.append(self.ops[i][MODULE])
+        return f"via {', '.join(names)} (functional, in {' and '.join(containers)}'s forward)"
 
     def module_graph(self) -> list:
         order, edges = self.module_edges()
         lines = [f"step {self.step}: {len(order)} node(s), {len(edges)} edge(s) (forward data flow between modules)"]
-        lines += [f"  {a} -> {b}" for a, b in edges]
+        for e in edges:
+            via = self.via_text(e)
+            lines.append(f"  {e[0]} -> {e[1]}" + (f"  {via}" if via else ""))
         return lines
 
     def op_graph(self) -> list:
         lines = [f"step {self.step}: {len(self.ops)} operation(s)"]
         for i, op in enumerate(self.ops):
             srcs = sorted({self.producer[t] for t in op[INS] if t in self.producer})
-            lines.append(f"  {i:4d} {op_name(op):<24} {op[PHASE]:<9} {op[MODULE] or '-':<16} "
+            lines.append(f"  {i:4d} {op_name(op):<24} {op[PHASE]:<9} {self.module_of(op):<20} "
                          f"<- {', '.join(map(str, srcs)) or '-'}")
         return lines
 
@@ -160,7 +276,7 @@ class StepGraph:
         out = [f'digraph "step {self.step}" {{', "  rankdir=TB;", "  node [shape=box];"]
         if ops:
             for i, op in enumerate(self.ops):
-                out.append(f'  op{i} [label="{op_name(op)}\\n{op[MODULE] or ""}"];')
+                out.append(f'  op{i} [label="{op_name(op)}\\n{self.module_of(op) if op[MODULE] else ""}"];')
                 for t in op[INS]:
                     if t in self.producer:
                         out.append(f"  op{self.producer[t]} -> op{i};")
@@ -169,6 +285,12 @@ class StepGraph:
             for m in order:
                 out.append(f'  "{m}";')
             for a, b in edges:
-                out.append(f'  "{a}" -> "{b}";')
+                via = self.via_text((a, b))
+                out.append(f'  "{a}" -> "{b}"' + (f' [label="{", ".join(self.via_names((a, b)))}"]' if via else "") + ";")
         out.append("}")
         return "\n".join(out) + "\n"
+
+
+def _ids(tids: list, most: int = 4) -> str:
+    shown = ", ".join(f"t{t}" for t in tids[:most])
+    return shown + (f", ... t{tids[-1]}" if len(tids) > most else "")

@@ -80,6 +80,10 @@ class StepLineage:
         self.checked = False            # NaN/Inf were looked for (catch, origin)
         self.first_bad: dict = {}       # phase -> index of its first op with a non-finite output
         self.stats: dict = {}           # op index -> [min, max, mean, nan, inf] of its first output
+        # modules whose forward ran other modules: an op attributed to one of
+        # them is the functional code of its forward (F.relu between two layers)
+        self.containers: set = set()
+        self._param_storage: Optional[dict] = None   # storage address -> parameter name (views by storage)
 
     def tid(self, t: torch.Tensor) -> int:
         """The id of this tensor as it is now: a tensor seen for the first time,
@@ -89,8 +93,14 @@ class StepLineage:
         except Exception:
             v = -1
         e = self._ids.get(id(t))
-        if e is not None and e[0]() is t and e[1] == v:
-            return e[2]
+        if e is not None and e[0]() is t:
+            if e[1] == v:
+                return e[2]
+            if e[1] is None:
+                # a view's version counter is its base's, shared only once the
+                # view op has returned (above the dispatch mode): bound at first use
+                self._ids[id(t)] = (e[0], v, e[2])
+                return e[2]
         if e is None or e[0]() is not t:
             # autograd re-wraps a view an op returned (as_view): the same view,
             # another Python object; it is found by what it looks at
@@ -105,14 +115,15 @@ class StepLineage:
             pass
         return tid
 
-    def new(self, t: torch.Tensor, written: bool = False) -> int:
+    def new(self, t: torch.Tensor, written: bool = False, view: bool = False) -> int:
         """A new id for an operation's output.  ``written``: an in-place
         operation's, whose version counter is bumped above the dispatch mode,
-        after it returns."""
+        after it returns; ``view``: a view op's, whose version counter becomes
+        its base's after it returns (a parameter's ``t()`` in ``nn.Linear``)."""
         tid = self._next
         self._next += 1
         try:
-            self._ids[id(t)] = (weakref.ref(t), t._version + (1 if written else 0), tid)
+            self._ids[id(t)] = (weakref.ref(t), None if view else t._version + (1 if written else 0), tid)
         except Exception:
             pass
         return tid
@@ -147,7 +158,8 @@ class StepLineage:
     def as_dict(self) -> dict:
         return {"step": self.step, "ops": self.ops, "labels": {str(k): v for k, v in self.labels.items()},
                 "nonfinite": self.nonfinite, "checked": self.checked,
-                "first_bad": self.first_bad, "stats": {str(k): v for k, v in self.stats.items()}}
+                "first_bad": self.first_bad, "stats": {str(k): v for k, v in self.stats.items()},
+                "containers": sorted(self.containers)}
 
 
 class OpRecorder(TorchDispatchMode):
@@ -161,6 +173,7 @@ class OpRecorder(TorchDispatchMode):
         self.on_nonfinite = on_nonfinite
         self.current: Optional[StepLineage] = None
         self.modules: list = []          # names of the modules whose forward is running
+        self._boundaries: list = []      # for each: ids of its inputs' autograd nodes
         self.node_module: dict = {}      # id(autograd node) -> (node, module name)
         self.phase = "forward"
         self._on = False                 # on the dispatch stack
@@ -185,6 +198,7 @@ class OpRecorder(TorchDispatchMode):
         done, self.current = self.current, None
         self.node_module.clear()
         self.modules = []
+        self._boundaries = []
         return done
 
     def next_step(self, step: int) -> Optional[StepLineage]:
@@ -237,7 +251,13 @@ class OpRecorder(TorchDispatchMode):
 
     def module_pre(self, module, args):
         try:
+            # the autograd nodes of its inputs end the walk of module_post: what
+            # made them ran before this module (a functional op of the parent)
+            boundary = {id(a.grad_fn) for a in _tensors(args, []) if a.grad_fn is not None}
+            if self.modules and self.current is not None:
+                self.current.containers.add(self.modules[-1])
             self.modules.append(self._name(module))
+            self._boundaries.append(boundary)
             if len(self.modules) == 1 and self.current is not None:
                 self.phase = "forward"
                 for a in _tensors(args, []):
@@ -249,19 +269,24 @@ class OpRecorder(TorchDispatchMode):
     def module_post(self, module, args, output):
         try:
             name = self.modules.pop() if self.modules else self._name(module)
+            boundary = self._boundaries.pop() if self._boundaries else set()
             cur = self.current
             if cur is None:
                 return
             outs = _tensors((output,), [])
             for t in outs:
                 cur.labels[cur.tid(t)] = f"act {name}"
-            # tag the autograd nodes this forward made (inner modules tagged theirs first)
+            # tag the autograd nodes this forward made (inner modules tagged
+            # theirs first), down to the nodes of its inputs; through a child's
+            # nodes, to the functional ops between children
             stack = [t.grad_fn for t in outs if t.grad_fn is not None]
+            walked = set()
             while stack:
                 node = stack.pop()
-                if node is None or id(node) in self.node_module:
+                if node is None or id(node) in walked or id(node) in boundary:
                     continue
-                self.node_module[id(node)] = (node, name)
+                walked.add(id(node))
+                self.node_module.setdefault(id(node), (node, name))
                 stack.extend(fn for fn, _ in node.next_functions if fn is not None)
         except Exception:
             self.errors += 1
@@ -298,11 +323,34 @@ class OpRecorder(TorchDispatchMode):
     def _inputs(self, cur, ins: list) -> list:
         ids = []
         for a in ins:
+            fresh = cur._next
             tid = cur.tid(a)
             ids.append(tid)
-            if type(a) is torch.nn.Parameter and tid not in cur.labels:
+            if tid in cur.labels:
+                continue
+            if type(a) is torch.nn.Parameter:
                 cur.labels[tid] = "param " + self.naming.param_name(a)
+            elif tid >= fresh:
+                # first seen here, made by no op of this step: a view of a
+                # parameter made outside the step (or an in-place alias) is
+                # that parameter's, found by its storage
+                name = self._param_of_storage(cur, a)
+                if name is not None:
+                    cur.labels[tid] = f"param {name} (view)"
         return ids
+
+    def _param_of_storage(self, cur, t) -> Optional[str]:
+        try:
+            if cur._param_storage is None:
+                cur._param_storage = {}
+                for root in self.naming.roots():
+                    for p in root.parameters():
+                        ptr = p.untyped_storage().data_ptr()
+                        if ptr:
+                            cur._param_storage.setdefault(ptr, self.naming.param_name(p))
+            return cur._param_storage.get(t.untyped_storage().data_ptr())
+        except Exception:
+            return None
 
     def _note(self, cur, func, ins, in_ids, out) -> None:
         outs = _tensors((out,), [])
@@ -319,7 +367,8 @@ class OpRecorder(TorchDispatchMode):
             module = self.modules[-1] if self.modules else None
             node_name = None
         written = {id(a) for a in ins}
-        out_ids = [cur.new(o, id(o) in written) for o in outs]
+        view = func.is_view
+        out_ids = [cur.new(o, id(o) in written, view) for o in outs]
         file, line = script_location(sys._getframe(2))
         idx = len(cur.ops)
         # in the order of oprecord.FIELDS

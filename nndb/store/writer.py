@@ -168,8 +168,8 @@ class TraceWriter:
         """A step's operations (nndb.lineage); a sequence seen before is stored once."""
         if self.failed or self.closed:
             return
-        text = json.dumps({k: data[k] for k in ("ops", "labels", "nonfinite", "checked", "first_bad", "stats")
-                           if k in data}, separators=(",", ":"))
+        keys = ("ops", "labels", "nonfinite", "checked", "first_bad", "stats", "containers")
+        text = json.dumps({k: data[k] for k in keys if k in data}, separators=(",", ":"))
         seq = self._sequences.get(text)
         if seq is None:
             seq = self._sequences[text] = len(self._sequences)
