@@ -22,7 +22,8 @@ def _target(module, script, args):
         return Target(module=module, args=args)
     if script is None:
         raise click.UsageError("missing SCRIPT (or -m MODULE)")
-    return Target(path=script, args=args)
+    import os
+    return Target(path=script, args=args, cwd=os.getcwd())
 
 
 def _fail(e: NndbError) -> None:
@@ -39,7 +40,8 @@ def cli():
 @cli.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
 @click.option("-m", "module", metavar="MODULE", help="Run a library module as a script, like python -m.")
 @click.option("--trace", "trace_path", metavar="PATH", type=click.Path(dir_okay=False),
-              help="Write the trace here (default: a new file under ./nndb-runs/).")
+              help="Write the trace here (default: a new file under ./nndb-runs/); an existing file is refused.")
+@click.option("--force", is_flag=True, help="Let --trace overwrite an existing nndb trace (never another file).")
 @click.option("--every", type=int, metavar="N", help="Record every N-th step (default: every step).")
 @click.option("--steps", "steps_range", metavar="A:B", help="Record only steps A to B-1 (A: or :B open).")
 @click.option("--full-every", type=int, metavar="N",
@@ -79,7 +81,7 @@ def cli():
               help="Record the operation lineage of these steps: N, A:B (B excluded), N,M or all.")
 @click.argument("script", required=False, metavar="SCRIPT")
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
-def run(module, trace_path, every, steps_range, full_every, act_every, flush_steps, flush_secs, quiet,
+def run(module, trace_path, force, every, steps_range, full_every, act_every, flush_steps, flush_secs, quiet,
         batch, go, command_files, eval_commands, nx, report_path, rules, replica, total_steps,
         checkpoint_every, checkpoint_memory, lineage, script, args):
     """Run SCRIPT [ARGS]... (or -m MODULE [ARGS]...) under the debugger, as
@@ -95,7 +97,9 @@ def run(module, trace_path, every, steps_range, full_every, act_every, flush_ste
     target = _target(module, script, args)
     try:
         schedule = RecordSchedule.parse(every, steps_range, full_every, act_every)
-        config = RunConfig(target, trace_path, schedule, flush_steps, flush_secs, quiet)
+        trace_path, report_path, trace_dir = _own_paths(target, trace_path, force, report_path,
+                                                        command_files, rules)
+        config = RunConfig(target, trace_path, schedule, flush_steps, flush_secs, quiet, trace_dir)
         batch = batch or not sys.stdin.isatty()
         options = DebugOptions(batch=batch, stop_at_start=not go, command_files=command_files,
                                eval_commands=eval_commands, no_rc=nx, report=report_path, rules=rules,
@@ -105,6 +109,17 @@ def run(module, trace_path, every, steps_range, full_every, act_every, flush_ste
     except NndbError as e:
         _fail(e)
     sys.exit(result.exit_code)
+
+
+def _own_paths(target, trace_path, force, report_path, command_files, rules):
+    """The files nndb writes, absolute and checked before the script starts (nndb.paths)."""
+    from . import paths
+    trace_path = paths.resolve_trace(trace_path, force)
+    report_path = paths.resolve_report(report_path)
+    trace_dir = None if trace_path else paths.default_dir_writable("nndb-runs")
+    inputs = tuple(command_files) + ((rules,) if rules not in (None, "default", "none") else ())
+    paths.check_distinct(target.file, trace_path, report_path, inputs)
+    return trace_path, report_path, trace_dir
 
 
 @cli.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
