@@ -156,12 +156,14 @@ def check(module, steps, overfit_iters, as_json, script, args):
 
 @cli.command()
 @click.argument("directory", metavar="DIR", type=click.Path(file_okay=False))
-def trust(directory):
+@click.option("--force", is_flag=True, help="Trust even the filesystem root, a top-level directory, "
+                                            "a mount point or the home directory.")
+def trust(directory, force):
     """Trust DIR (and the directories under it): nndb then reads DIR/.nndbrc
     at start (gdb's auto-load safe-path)."""
-    from .debugger.rcfiles import trust as add_trusted, trust_file
+    from .debugger.trust import trust as add_trusted, trust_file
     try:
-        d = add_trusted(directory)
+        d = add_trusted(directory, force=force, warn=lambda m: click.echo(m, err=True))
     except NndbError as e:
         _fail(e)
     click.echo(f"nndb: trusted {d} (listed in {trust_file()})")
