@@ -136,18 +136,19 @@ def check(module, steps, overfit_iters, as_json, script, args):
     """Run the first steps of SCRIPT [ARGS]... and the checklist practitioners
     run by hand: data, shapes, initial loss, finite loss, gradients, updates,
     overfitting one batch.  One PASS/FAIL/SKIP line per check; exit code 0 if
-    none failed, 1 if one did, 2 on a usage error."""
+    none failed, 1 if one did (a script that raises, KeyboardInterrupt
+    included, or ends its process: run FAIL), 2 on a usage error, 130 at Ctrl-C."""
+    from .checkrun import Interrupted, run_check
     from .launcher import prepare
 
     target = _target(module, script, args)
     try:
         prepare(target)                 # a bad SCRIPT fails here, before torch is imported
-        from .check import check as run_check
-        from .render.check import text
         report = run_check(target, steps, overfit_iters, script_stdout=sys.stderr if as_json else None)
+        from .render.check import text
     except NndbError as e:
         _fail(e)
-    except KeyboardInterrupt:
+    except (Interrupted, KeyboardInterrupt):
         click.echo("nndb: check interrupted", err=True)
         sys.exit(EXIT_SIGINT)
     click.echo(json.dumps(report.to_dict()) if as_json else text(report))

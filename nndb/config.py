@@ -47,3 +47,12 @@ def default_trace_path(target: Target, rank: int = 0, world_size: int = 1,
             path = f"{base}-{i}.h5"
         except OSError:
             return path                 # (the writer reports why it cannot create it)
+
+
+def shown(path: str) -> str:
+    """A path as the user would type it here: relative below the working directory."""
+    try:
+        rel = os.path.relpath(path)
+    except ValueError:
+        return path
+    return path if rel.startswith(os.pardir) else rel

@@ -60,15 +60,6 @@ def _same(a: str, b: str) -> bool:
         return False
 
 
-def shown(path: str) -> str:
-    """A path as the user would type it here: relative below the working directory."""
-    try:
-        rel = os.path.relpath(path)
-    except ValueError:
-        return path
-    return path if rel.startswith(os.pardir) else rel
-
-
 def check_writable_dir(path: str, what: str, inside: bool = False) -> None:
     """The directory ``path`` would be written in (``inside``: ``path`` itself)
     can be written: its nearest existing ancestor is a directory where a

@@ -15,8 +15,7 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 from . import launcher, runmeta
-from .config import RunConfig, default_trace_path
-from .paths import shown
+from .config import RunConfig, default_trace_path, shown
 from .errors import (EXIT_OK, EXIT_SCRIPT_ERROR, EXIT_SIGINT, EXIT_SIGTERM, KillRun, RestartRun, Terminated)
 from .store.writer import TraceWriter
 from .tracer.hooks import Tracer
