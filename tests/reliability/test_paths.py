@@ -76,12 +76,13 @@ def test_an_existing_trace_needs_force(tmp_path):
     (("--trace", "t.h5", "--report", "t.h5"), "--trace and --report"),
     (("--report", "s.py"), "--report and the script"),
     (("--trace", "r.h5", "--report", "r.ckpt"), "the checkpoint directory and --report"),
-    (("--trace", "t.h5", "-x", "t.h5"), "--trace and the input file"),
+    (("--report", "cmds.nndb", "-x", "cmds.nndb"), "--report and the input file"),
+    (("--trace", "t.h5", "--rules", "t.h5"), "exists and is not an nndb trace"),
 ])
 def test_outputs_and_inputs_must_differ(tmp_path, args, what):
     write(tmp_path / "s.py", SCRIPT)
-    if "-x" in args:
-        (tmp_path / "t.h5").write_text("p 1\n")
+    (tmp_path / "cmds.nndb").write_text("p 1\n")
+    (tmp_path / "t.h5").write_text("default: all\n")
     r = nndb("run", "--batch", *args, "s.py", cwd=str(tmp_path))
     assert what in one_error_line(r)
     assert not (tmp_path / "ran.txt").exists()
