@@ -13,6 +13,9 @@ start, and checked before the script runs, so that
 
 The report is not created before the run (an empty report would look like a
 result): its directory is checked with a probe file, created and removed.
+What nndb reads (``-x`` files, the rule file) is read at start, before the
+script runs, and a respawned replica starts in the start directory, so those
+keep the spelling the user gave (their errors show it).
 """
 from __future__ import annotations
 
