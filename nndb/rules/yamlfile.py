@@ -279,12 +279,10 @@ class _File:
         if not names:
             self.fail(node, f"rule {rule.id} has no thresholds")
         for name, (_, vn) in self.mapping(node, f"thresholds of {rule.id}", names).items():
-            what = f"threshold {name} of {rule.id}"
-            v = self.number(vn, what)
-            if not math.isfinite(v) or v < 0:
-                self.fail(vn, f"{what} must be a finite number >= 0, not {v!r}")
-            if isinstance(rule.THRESHOLDS[name].default, int) and not float(v).is_integer():
-                self.fail(vn, f"{what} is a count: a whole number, not {v!r}")
+            v = self.number(vn, f"threshold {name} of {rule.id}")
+            problem = rule.threshold_problem(name, v)
+            if problem:
+                self.fail(vn, problem)
             rule.set_threshold(name, v)
 
     def new(self, node, by_id: dict, listed: dict) -> CustomRule:

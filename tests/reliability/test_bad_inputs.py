@@ -127,3 +127,14 @@ def test_check_of_a_script_that_raises_keyboard_interrupt_is_a_fail_line(tmp_pat
     run = [l for l in r.stdout.splitlines() if l.startswith("FAIL  run")]
     assert len(run) == 1 and "KeyboardInterrupt, raised by the script at s.py:9" in run[0], r.stdout
     assert "interrupted" not in r.stderr
+
+
+def test_an_infinite_threshold_at_the_prompt_is_refused(tmp_path):
+    """`rule threshold` checks the range as the rule file does (inf turned the rule off)."""
+    from conftest import example, run_in_process
+    from nndb.debugger.frontend import ScriptedFrontend
+    fe = ScriptedFrontend([])
+    run_in_process(tmp_path, example("mlp.py"), args=("--steps", "1"), frontend=fe,
+                   commands=("rule threshold stale_grad steps inf", "rule show stale_grad"))
+    assert "threshold steps of stale_grad must be a finite number >= 0, not inf" in fe.text, fe.text
+    assert "steps = 2 (default 2)" in fe.text
