@@ -9,7 +9,7 @@ import stat
 import pytest
 
 from conftest import nndb
-from nndb.debugger import rcfiles, trust
+from nndb.debugger import rcfiles
 
 
 @pytest.fixture
