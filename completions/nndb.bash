@@ -71,12 +71,12 @@ _nndb() {
             --checkpoint-memory) return ;;
             --lineage) return ;;
         esac
-        if [[ $cur == -* ]]; then COMPREPLY=($(compgen -W "-m --trace --every --steps --full-every --act-every --flush-every --flush-secs -q --quiet --batch --run -x -e --eval-command --nx --report --rules --replica --total-steps --checkpoint-every --checkpoint-memory --lineage -h --help" -- "$cur"));
+        if [[ $cur == -* ]]; then COMPREPLY=($(compgen -W "-m --trace --force --every --steps --full-every --act-every --flush-every --flush-secs -q --quiet --batch --run -x -e --eval-command --nx --report --rules --replica --total-steps --checkpoint-every --checkpoint-memory --lineage -h --help" -- "$cur"));
         else COMPREPLY=($(compgen -f -- "$cur")); fi ;;
     trust)
         case "$prev" in
         esac
-        if [[ $cur == -* ]]; then COMPREPLY=($(compgen -W "-h --help" -- "$cur"));
+        if [[ $cur == -* ]]; then COMPREPLY=($(compgen -W "--force -h --help" -- "$cur"));
         else COMPREPLY=($(compgen -f -- "$cur")); fi ;;
     esac
 }

@@ -22,7 +22,8 @@ complete -c nndb -n '__fish_seen_subcommand_from inspect' -s h -l help -d 'Show 
 complete -c nndb -n '__fish_seen_subcommand_from inspect' -F
 complete -c nndb -n '__fish_use_subcommand' -a run -d 'Run SCRIPT [ARGS]'
 complete -c nndb -n '__fish_seen_subcommand_from run' -s m -x -d 'Run a library module as a script, like python -m'
-complete -c nndb -n '__fish_seen_subcommand_from run' -l trace -r -F -d 'Write the trace here (default: a new file under ./nndb-runs/)'
+complete -c nndb -n '__fish_seen_subcommand_from run' -l trace -r -F -d 'Write the trace here (default: a new file under ./nndb-runs/); an existing file is refused'
+complete -c nndb -n '__fish_seen_subcommand_from run' -l force -d 'Let --trace overwrite an existing nndb trace (never another file)'
 complete -c nndb -n '__fish_seen_subcommand_from run' -l every -x -d 'Record every N-th step (default: every step)'
 complete -c nndb -n '__fish_seen_subcommand_from run' -l steps -x -d 'Record only steps A to B-1 (A: or :B open)'
 complete -c nndb -n '__fish_seen_subcommand_from run' -l full-every -x -d 'Measure all ten statistics every N-th recorded step (default 32; 1 = every step); the steps between measure count, norm and NaN/Inf (the loss: all ten)'
@@ -45,5 +46,6 @@ complete -c nndb -n '__fish_seen_subcommand_from run' -l lineage -x -d 'Record t
 complete -c nndb -n '__fish_seen_subcommand_from run' -s h -l help -d 'Show the help and exit'
 complete -c nndb -n '__fish_seen_subcommand_from run' -F
 complete -c nndb -n '__fish_use_subcommand' -a trust -d 'Trust DIR (and the directories under it): nndb then reads DIR/'
+complete -c nndb -n '__fish_seen_subcommand_from trust' -l force -d 'Trust even the filesystem root, a top-level directory, a mount point or the home directory'
 complete -c nndb -n '__fish_seen_subcommand_from trust' -s h -l help -d 'Show the help and exit'
 complete -c nndb -n '__fish_seen_subcommand_from trust' -F

@@ -22,7 +22,8 @@ def _target(module, script, args):
         return Target(module=module, args=args)
     if script is None:
         raise click.UsageError("missing SCRIPT (or -m MODULE)")
-    return Target(path=script, args=args)
+    import os
+    return Target(path=script, args=args, cwd=os.getcwd())
 
 
 def _fail(e: NndbError) -> None:
@@ -39,7 +40,8 @@ def cli():
 @cli.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
 @click.option("-m", "module", metavar="MODULE", help="Run a library module as a script, like python -m.")
 @click.option("--trace", "trace_path", metavar="PATH", type=click.Path(dir_okay=False),
-              help="Write the trace here (default: a new file under ./nndb-runs/).")
+              help="Write the trace here (default: a new file under ./nndb-runs/); an existing file is refused.")
+@click.option("--force", is_flag=True, help="Let --trace overwrite an existing nndb trace (never another file).")
 @click.option("--every", type=int, metavar="N", help="Record every N-th step (default: every step).")
 @click.option("--steps", "steps_range", metavar="A:B", help="Record only steps A to B-1 (A: or :B open).")
 @click.option("--full-every", type=int, metavar="N",
@@ -79,7 +81,7 @@ def cli():
               help="Record the operation lineage of these steps: N, A:B (B excluded), N,M or all.")
 @click.argument("script", required=False, metavar="SCRIPT")
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
-def run(module, trace_path, every, steps_range, full_every, act_every, flush_steps, flush_secs, quiet,
+def run(module, trace_path, force, every, steps_range, full_every, act_every, flush_steps, flush_secs, quiet,
         batch, go, command_files, eval_commands, nx, report_path, rules, replica, total_steps,
         checkpoint_every, checkpoint_memory, lineage, script, args):
     """Run SCRIPT [ARGS]... (or -m MODULE [ARGS]...) under the debugger, as
@@ -95,7 +97,9 @@ def run(module, trace_path, every, steps_range, full_every, act_every, flush_ste
     target = _target(module, script, args)
     try:
         schedule = RecordSchedule.parse(every, steps_range, full_every, act_every)
-        config = RunConfig(target, trace_path, schedule, flush_steps, flush_secs, quiet)
+        trace_path, report_path, trace_dir = _own_paths(target, trace_path, force, report_path,
+                                                        command_files, rules)
+        config = RunConfig(target, trace_path, schedule, flush_steps, flush_secs, quiet, trace_dir)
         batch = batch or not sys.stdin.isatty()
         options = DebugOptions(batch=batch, stop_at_start=not go, command_files=command_files,
                                eval_commands=eval_commands, no_rc=nx, report=report_path, rules=rules,
@@ -105,6 +109,17 @@ def run(module, trace_path, every, steps_range, full_every, act_every, flush_ste
     except NndbError as e:
         _fail(e)
     sys.exit(result.exit_code)
+
+
+def _own_paths(target, trace_path, force, report_path, command_files, rules):
+    """The files nndb writes, absolute and checked before the script starts (nndb.paths)."""
+    from . import paths
+    trace_path = paths.resolve_trace(trace_path, force)
+    report_path = paths.resolve_report(report_path)
+    trace_dir = None if trace_path else paths.default_dir_writable("nndb-runs")
+    inputs = tuple(command_files) + ((rules,) if rules not in (None, "default", "none") else ())
+    paths.check_distinct(target.file, trace_path, report_path, inputs)
+    return trace_path, report_path, trace_dir
 
 
 @cli.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
@@ -121,18 +136,19 @@ def check(module, steps, overfit_iters, as_json, script, args):
     """Run the first steps of SCRIPT [ARGS]... and the checklist practitioners
     run by hand: data, shapes, initial loss, finite loss, gradients, updates,
     overfitting one batch.  One PASS/FAIL/SKIP line per check; exit code 0 if
-    none failed, 1 if one did, 2 on a usage error."""
+    none failed, 1 if one did (a script that raises, KeyboardInterrupt
+    included, or ends its process: run FAIL), 2 on a usage error, 130 at Ctrl-C."""
+    from .checkrun import Interrupted, run_check
     from .launcher import prepare
 
     target = _target(module, script, args)
     try:
         prepare(target)                 # a bad SCRIPT fails here, before torch is imported
-        from .check import check as run_check
-        from .render.check import text
         report = run_check(target, steps, overfit_iters, script_stdout=sys.stderr if as_json else None)
+        from .render.check import text
     except NndbError as e:
         _fail(e)
-    except KeyboardInterrupt:
+    except (Interrupted, KeyboardInterrupt):
         click.echo("nndb: check interrupted", err=True)
         sys.exit(EXIT_SIGINT)
     click.echo(json.dumps(report.to_dict()) if as_json else text(report))
@@ -141,12 +157,14 @@ def check(module, steps, overfit_iters, as_json, script, args):
 
 @cli.command()
 @click.argument("directory", metavar="DIR", type=click.Path(file_okay=False))
-def trust(directory):
+@click.option("--force", is_flag=True, help="Trust even the filesystem root, a top-level directory, "
+                                            "a mount point or the home directory.")
+def trust(directory, force):
     """Trust DIR (and the directories under it): nndb then reads DIR/.nndbrc
     at start (gdb's auto-load safe-path)."""
-    from .debugger.rcfiles import trust as add_trusted, trust_file
+    from .debugger.trust import trust as add_trusted, trust_file
     try:
-        d = add_trusted(directory)
+        d = add_trusted(directory, force=force, warn=lambda m: click.echo(m, err=True))
     except NndbError as e:
         _fail(e)
     click.echo(f"nndb: trusted {d} (listed in {trust_file()})")

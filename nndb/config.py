@@ -21,16 +21,38 @@ class RunConfig:
     flush_steps: int = 500
     flush_secs: float = 2.0
     quiet: bool = False
+    trace_dir: Optional[str] = None     # where the default trace goes (absolute; else ./nndb-runs)
 
 
 def default_trace_path(target: Target, rank: int = 0, world_size: int = 1,
                        directory: str = "nndb-runs") -> str:
-    """A new file under ./nndb-runs/: <script>-<time>[-rankR].h5, never an existing one."""
+    """A new file under ./nndb-runs/: <script>-<time>[-rankR].h5, never an existing one:
+    the name is claimed (created empty, exclusively) so that two runs started in
+    the same second get two files (the second one ``-2``).  Absolute, so that a
+    script's ``os.chdir`` does not move it."""
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     suffix = f"-rank{rank}" if world_size > 1 else ""
-    base = os.path.join(directory, f"{target.stem}-{stamp}{suffix}")
+    base = os.path.join(os.path.abspath(directory), f"{target.stem}-{stamp}{suffix}")
     path, i = base + ".h5", 1
-    while os.path.exists(path):
-        i += 1
-        path = f"{base}-{i}.h5"
-    return path
+    try:
+        os.makedirs(os.path.dirname(base), exist_ok=True)
+    except OSError:
+        return path                     # (the writer reports the directory it cannot create)
+    while True:
+        try:
+            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+            return path
+        except FileExistsError:
+            i += 1
+            path = f"{base}-{i}.h5"
+        except OSError:
+            return path                 # (the writer reports why it cannot create it)
+
+
+def shown(path: str) -> str:
+    """A path as the user would type it here: relative below the working directory."""
+    try:
+        rel = os.path.relpath(path)
+    except ValueError:
+        return path
+    return path if rel.startswith(os.pardir) else rel

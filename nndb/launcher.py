@@ -30,6 +30,14 @@ class Target:
     path: Optional[str] = None
     module: Optional[str] = None
     args: list = field(default_factory=list)
+    cwd: Optional[str] = None       # the directory a relative path is relative to (where nndb started)
+
+    @property
+    def file(self) -> Optional[str]:
+        """The script's absolute path, whatever the script did with the working directory since."""
+        if self.path is None:
+            return None
+        return os.path.abspath(os.path.join(self.cwd, self.path) if self.cwd else self.path)
 
     @property
     def display(self) -> str:
@@ -60,11 +68,11 @@ def prepare(target: Target) -> Prepared:
             raise ScriptNotFound(f"no module named {target.module}")
         return Prepared(target, None, spec.origin or target.module)
     path = target.path
-    if not os.path.exists(path):
+    filename = target.file
+    if not os.path.exists(filename):
         raise ScriptNotFound(f"no such file: {path}")
-    if os.path.isdir(path):
+    if os.path.isdir(filename):
         raise ScriptNotFound(f"{path} is a directory, not a Python script")
-    filename = os.path.abspath(path)
     try:
         with io.open_code(filename) as fh:
             raw = fh.read()
@@ -77,7 +85,8 @@ def prepare(target: Target) -> Prepared:
             source = fh.read()
         code = compile(source, filename, "exec", dont_inherit=True)
     except SyntaxError as e:
-        raise UsageError(f"{path} is not a Python script: {e.msg} (line {e.lineno})") from None
+        where = f" (line {e.lineno})" if e.lineno else ""
+        raise UsageError(f"{path} is not a Python script: {e.msg}{where}") from None
     except (UnicodeDecodeError, ValueError):
         raise UsageError(f"{path} is not a Python script (its text cannot be decoded)") from None
     return Prepared(target, code, filename)

@@ -102,7 +102,7 @@ def collect(target, schedule_text: str) -> dict:
     if target.module:
         script, directory = target.module, os.getcwd()
     else:
-        script = os.path.abspath(target.path)
+        script = target.file
         directory = os.path.dirname(script)
     meta = {
         "nndb_version": nndb.__version__,

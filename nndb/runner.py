@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 from . import launcher, runmeta
-from .config import RunConfig, default_trace_path
+from .config import RunConfig, default_trace_path, shown
 from .errors import (EXIT_OK, EXIT_SCRIPT_ERROR, EXIT_SIGINT, EXIT_SIGTERM, KillRun, RestartRun, Terminated)
 from .store.writer import TraceWriter
 from .tracer.hooks import Tracer
@@ -168,10 +168,11 @@ def record(config: RunConfig, message: Callable[[str], None] = _stderr,
     script with KillRun/RestartRun, which end the run with status "killed"."""
     prepared = launcher.prepare(config.target)           # bad script: fails here, before a trace exists
     meta = runmeta.collect(config.target, config.schedule.describe())
-    path = config.trace_path or default_trace_path(config.target, meta["rank"], meta["world_size"])
+    path = config.trace_path or default_trace_path(config.target, meta["rank"], meta["world_size"],
+                                                   config.trace_dir or "nndb-runs")
     rec = Recording(path, meta, config, message, on_step_end)
     if not config.quiet:
-        message(f"nndb: recording to {path}")
+        message(f"nndb: recording to {shown(path)}")
     if session is not None:
         session.attach(rec, path)
     on_sigint = session.request_interrupt if session is not None and session.interactive else None

@@ -466,7 +466,7 @@ def test_trusted_local_rc_is_read_after_the_home_rc(rc_dirs, tmp_path):
     t = nndb("trust", os.path.realpath(proj), cwd=str(proj), env=env)   # the command the skip line prints
     assert t.returncode == 0, t.stderr
     with open(xdg / "nndb" / "trusted", encoding="utf-8") as fh:
-        assert fh.read().splitlines() == [os.path.realpath(proj)]
+        assert json.load(fh)["directories"] == [os.path.realpath(proj)]
     r = nndb("run", "--batch", "-q", *_rc_args(tmp_path), cwd=str(proj), env=env)
     assert r.returncode == 0, r.stderr
     assert _printed(r.stdout) == ["HOME-RC", "LOCAL-RC", "X-FILE", "E-CMD"]

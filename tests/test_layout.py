@@ -60,7 +60,7 @@ def test_cli_choices_match_the_trace_schema():
 # inside functions count).  A module belongs to the floor of its longest
 # matching prefix.
 FLOORS = [
-    ("cli", ("nndb.cli", "nndb.__main__")),
+    ("cli", ("nndb.cli", "nndb.__main__", "nndb.paths", "nndb.checkrun")),
     ("driver", ("nndb.debugger.driver",)),
     ("front ends", ("nndb.repl", "nndb.debugger.frontend", "nndb.debugger.report", "nndb.inspect")),
     ("commands and renderers", ("nndb.debugger.commands", "nndb.debugger.rcfiles", "nndb.render")),

@@ -87,10 +87,38 @@ def _stderr(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
+class _UserInterrupt:
+    """Tells a Ctrl-C (SIGINT: the user stops nndb check) from a KeyboardInterrupt
+    the script raises itself (a FAIL line, like any exception of the script)."""
+
+    def __init__(self):
+        self.seen = False
+        self._old = None
+
+    def __enter__(self):
+        import signal
+        import threading
+        if (threading.current_thread() is threading.main_thread()
+                and signal.getsignal(signal.SIGINT) is signal.default_int_handler):
+            self._old = signal.signal(signal.SIGINT, self._handle)
+        return self
+
+    def _handle(self, signum, frame):
+        self.seen = True
+        raise KeyboardInterrupt
+
+    def __exit__(self, *exc):
+        if self._old is not None:
+            import signal
+            signal.signal(signal.SIGINT, self._old)
+
+
 def check(target: Target, steps: int = CHECK_STEPS, overfit_iters: int = OVERFIT_ITERS,
-          message: Callable[[str], None] = _stderr, script_stdout=None) -> CheckReport:
+          message: Callable[[str], None] = _stderr, script_stdout=None,
+          on_step_end: Callable[[int], None] = None) -> CheckReport:
     """Run the script's first ``steps`` steps and the checklist on them.
-    ``script_stdout``: where the script's prints go (default: stdout)."""
+    ``script_stdout``: where the script's prints go (default: stdout);
+    ``on_step_end(step)``: called as each step of the script ends."""
     if steps < 1:
         raise UsageError(f"--steps must be at least 1, not {steps}")
     if overfit_iters < 1:
@@ -101,12 +129,13 @@ def check(target: Target, steps: int = CHECK_STEPS, overfit_iters: int = OVERFIT
     with tempfile.TemporaryDirectory(prefix="nndb-check-") as tmp:
         config = RunConfig(target, os.path.join(tmp, "check.h5"), quiet=True)
         meta = runmeta.collect(target, config.schedule.describe())
-        rec = Recording(config.trace_path, meta, config, message)
+        rec = Recording(config.trace_path, meta, config, message, on_step_end)
         cap = Capture(rec, steps)
         cap.install()
         out = contextlib.redirect_stdout(script_stdout) if script_stdout is not None else contextlib.nullcontext()
+        user = _UserInterrupt()
         try:
-            with rec, out, LossMode(cap):
+            with user, rec, out, LossMode(cap):
                 launcher.run(prepared)
         except KillRun:
             pass
@@ -114,8 +143,11 @@ def check(target: Target, steps: int = CHECK_STEPS, overfit_iters: int = OVERFIT
             code = launcher.system_exit_code(e)
             if code:
                 outcome = Outcome("exited", f"the script exited with status {code} (sys.exit({e.code!r}))")
-        except KeyboardInterrupt:
-            raise
+        except KeyboardInterrupt as e:
+            if user.seen:
+                raise
+            outcome = Outcome("raised", f"KeyboardInterrupt{': ' + str(e) if str(e) else ''}, raised by "
+                                        f"the script{_where(e)}")
         except BaseException as e:      # the script raised: a FAIL line, never a traceback
             outcome = Outcome("raised", f"{type(e).__name__}: {e}{_where(e)}")
         finally:

@@ -65,6 +65,14 @@ def next_trace_path(path: str, run: int) -> str:
     return candidate
 
 
+def _back_to(directory: str, message: Callable[[str], None]) -> None:
+    try:
+        if os.getcwd() != directory:
+            os.chdir(directory)
+    except OSError as e:
+        message(f"nndb: cannot go back to {directory}: {e.strerror or e}")
+
+
 def build_session(frontend, options: DebugOptions) -> Session:
     """A debugger session for ``frontend`` (anything with ``read_line``,
     ``confirm``, ``message``, ``error``).  A bad rule file fails here, before
@@ -93,8 +101,11 @@ def debug(config: RunConfig, options: DebugOptions, frontend,
                                               options.no_rc, message))
     result: Optional[RunResult] = None
     first_path = config.trace_path
+    start_cwd = os.getcwd()
     while True:
         cfg = config
+        if session.runs:
+            _back_to(start_cwd, message)    # a new run starts where the first did, as python would
         if session.runs and first_path:
             cfg = dataclasses.replace(config, trace_path=next_trace_path(first_path, session.runs + 1))
         if session.runs:

@@ -6,8 +6,8 @@ the ``-x FILE`` files (trusted because named); the ``-e CMD`` commands.
 ``--nx`` skips both rc files.  An rc file in an untrusted directory is never
 read: nndb prints one line with the command that trusts it.
 
-Trusted directories are kept one per line in ``$XDG_CONFIG_HOME/nndb/trusted``
-(default ``~/.config/nndb/trusted``).
+Trusted directories are kept in ``$XDG_CONFIG_HOME/nndb/trusted`` (default
+``~/.config/nndb/trusted``): nndb.debugger.trust.
 """
 from __future__ import annotations
 
@@ -16,50 +16,9 @@ from typing import Callable, Optional
 
 from ..errors import CommandError, UsageError
 from .session import QueuedLine
+from .trust import is_trusted, trust, trust_file, trusted_dirs  # noqa: F401  (this module's API too)
 
 RC_NAME = ".nndbrc"
-
-
-def _config_dir() -> str:
-    base = os.environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
-    return os.path.join(base, "nndb")
-
-
-def trust_file() -> str:
-    return os.path.join(_config_dir(), "trusted")
-
-
-def trusted_dirs() -> list:
-    try:
-        with open(trust_file(), encoding="utf-8") as fh:
-            return [line.strip() for line in fh if line.strip() and not line.startswith("#")]
-    except OSError:
-        return []
-
-
-def is_trusted(directory: str) -> bool:
-    d = os.path.realpath(directory)
-    for t in trusted_dirs():
-        t = os.path.realpath(t)
-        if d == t or d.startswith(t.rstrip(os.sep) + os.sep):
-            return True
-    return False
-
-
-def trust(directory: str) -> str:
-    """Add DIR to the trusted directories; returns its absolute path."""
-    if not os.path.isdir(directory):
-        raise UsageError(f"no such directory: {directory}")
-    d = os.path.realpath(directory)
-    if d in [os.path.realpath(t) for t in trusted_dirs()]:
-        return d
-    try:
-        os.makedirs(_config_dir(), exist_ok=True)
-        with open(trust_file(), "a", encoding="utf-8") as fh:
-            fh.write(d + "\n")
-    except OSError as e:
-        raise UsageError(f"cannot write {trust_file()}: {e.strerror or e}") from None
-    return d
 
 
 def read_command_file(path: str) -> list:
@@ -89,7 +48,7 @@ def startup_lines(command_files: list, eval_commands: list, no_rc: bool,
             lines += read_command_file(home_rc)
         local_rc = os.path.join(cwd, RC_NAME)
         if os.path.isfile(local_rc) and os.path.realpath(local_rc) != os.path.realpath(home_rc):
-            if is_trusted(cwd):
+            if is_trusted(cwd, warn=message):
                 lines += read_command_file(local_rc)
             else:
                 message(f"nndb: not reading {local_rc}: the directory is not trusted; "

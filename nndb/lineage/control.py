@@ -30,12 +30,16 @@ def parse_steps(text: Optional[str]):
                 a, b = w.split(":", 1)
                 lo = int(a) if a else 0
                 hi = int(b) if b else None
-                parts.append((lo, hi))
             else:
-                n = int(w)
-                parts.append((n, n + 1))
+                lo = int(w)
+                hi = lo + 1
         except ValueError:
             raise CommandError(f"bad step list '{text}' (use N, A:B, N,M or all)") from None
+        if lo < 0 or (hi is not None and hi < 0):
+            raise CommandError(f"bad step list '{text}': steps count from 0 (use N, A:B, N,M or all)")
+        if hi is not None and hi <= lo:
+            raise CommandError(f"bad step list '{text}': {w} holds no step (A:B is A to B-1, so B > A)")
+        parts.append((lo, hi))
     return lambda s: any(lo <= s and (hi is None or s < hi) for lo, hi in parts)
 
 

@@ -18,6 +18,17 @@ def default_history_path() -> str:
     return os.environ.get("NNDB_HISTFILE") or os.path.join(os.path.expanduser("~"), ".nndb_history")
 
 
+def private_history(path: str) -> None:
+    """The history holds ``py`` statements (maybe secrets): owner-only, 0600,
+    like the report and the checkpoints; an existing looser file is tightened."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    try:
+        if os.fstat(fd).st_mode & 0o077:
+            os.fchmod(fd, 0o600)
+    finally:
+        os.close(fd)
+
+
 class ReplFrontend:
     interactive = True
 
@@ -30,6 +41,7 @@ class ReplFrontend:
         history = InMemoryHistory()
         if history_path:
             try:
+                private_history(history_path)
                 history = FileHistory(history_path)
             except OSError:
                 pass

@@ -187,8 +187,23 @@ class Rule:
     def reset(self) -> None:
         """A new run starts: forget the history."""
 
+    def threshold_problem(self, name: str, value: float) -> Optional[str]:
+        """Why ``value`` cannot be threshold ``name``, or None.  A threshold is a
+        finite number >= 0 (an infinite one would silently turn the rule off),
+        a whole one where the default is (a count of steps or samples)."""
+        what = f"threshold {name} of {self.id}"
+        if not math.isfinite(value) or value < 0:
+            return f"{what} must be a finite number >= 0, not {value!r}"
+        if isinstance(self.THRESHOLDS[name].default, int) and not float(value).is_integer():
+            return f"{what} is a count: a whole number, not {value!r}"
+        return None
+
     def set_threshold(self, name: str, value: float):
-        """Set one of THRESHOLDS; a whole number stays an int where the default is one.  The value set."""
+        """Set one of THRESHOLDS; a whole number stays an int where the default is one.  The value set.
+        ValueError if it is out of range (``threshold_problem``)."""
+        problem = self.threshold_problem(name, value)
+        if problem:
+            raise ValueError(problem)
         if isinstance(self.THRESHOLDS[name].default, int) and float(value).is_integer():
             value = int(value)
         self.params[name] = value

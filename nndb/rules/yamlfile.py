@@ -26,9 +26,12 @@ once per tensor that makes its condition true (once in all if the condition
 names none), with the tensor and the value in the message.
 
 Every mistake (YAML syntax, an unknown key, rule id, action, severity,
-threshold or statistic, a bad condition) raises UsageError
-``FILE:LINE: message`` when the file is loaded, before the script runs.
-The file is read with PyYAML's safe loader: no Python objects, no tags.
+threshold or statistic, a threshold out of its range, a bad condition, a
+tag, a NUL byte or other binary data, a file over MAX_BYTES) raises
+UsageError ``FILE:LINE: message`` when the file is loaded, before the script
+runs.  The file is read with PyYAML's safe loader: no Python objects, no tags.
+A threshold is a finite number >= 0 (a whole one where the default is: a
+step count); an infinite one would silently turn its rule off.
 """
 from __future__ import annotations
 
@@ -47,6 +50,10 @@ BUILTIN_KEYS = ("id", "enabled", "action", "severity", "thresholds")
 NEW_KEYS = ("name", "condition", "message", "explanation", "action", "severity", "enabled")
 DEFAULTS = {"all": True, "default": True, "none": False}
 NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]*\Z")
+MAX_BYTES = 1 << 20         # a rule file is a few lines; this bounds reading /dev/zero and the like
+# The tags a plain YAML rule file resolves to (no explicit tag: !foo, !!python/..., !!binary).
+PLAIN_TAGS = tuple("tag:yaml.org,2002:" + t for t in ("str", "int", "float", "bool", "null", "seq",
+                                                      "map", "timestamp", "merge"))
 
 
 class CustomRule(Rule):
@@ -124,7 +131,27 @@ class _File:
     def scalar(self, node):
         if not isinstance(node, yaml.ScalarNode):
             self.fail(node, "expected a single value here, not a list or mapping")
-        return self._construct.construct_object(node, deep=True)
+        try:
+            return self._construct.construct_object(node, deep=True)
+        except yaml.YAMLError as e:
+            self.fail(node, f"cannot read this value: {_one_line(getattr(e, 'problem', None) or e)}")
+
+    def check_tags(self, root) -> None:
+        """No node has a tag of its own (the safe loader would refuse it later, in several lines)."""
+        todo, seen = [root], set()
+        while todo:
+            node = todo.pop()
+            if id(node) in seen:
+                continue
+            seen.add(id(node))
+            if node.tag not in PLAIN_TAGS:
+                tag = node.tag.replace("tag:yaml.org,2002:", "!!")
+                self.fail(node, f"unknown tag {tag} (a rule file has plain values, lists and mappings only)")
+            if isinstance(node, yaml.MappingNode):
+                for k, v in node.value:
+                    todo += [k, v]
+            elif isinstance(node, yaml.SequenceNode):
+                todo += node.value
 
     def text(self, node, what: str) -> str:
         v = self.scalar(node)
@@ -157,18 +184,29 @@ class _File:
 
     # -- the file ----------------------------------------------------------------------------
     def load(self, text: str, builtin: list) -> list:
-        loader = yaml.SafeLoader(text)
+        loader = None
         try:
+            loader = yaml.SafeLoader(text)
             root = loader.get_single_node()
         except yaml.MarkedYAMLError as e:
             mark = e.problem_mark or e.context_mark
             line = mark.line + 1 if mark is not None else 1
             problem = " ".join(x for x in (e.context, e.problem) if x)
             raise UsageError(f"{self.path}:{line}: YAML syntax error: {problem}") from None
+        except yaml.reader.ReaderError as e:
+            line = text.count("\n", 0, max(0, e.position)) + 1
+            ch = f"U+{e.character:04X}" if isinstance(e.character, int) else repr(e.character)
+            raise UsageError(f"{self.path}:{line}: not a YAML rule file: the character {ch} "
+                             "is not allowed in YAML") from None
         except yaml.YAMLError as e:
-            raise UsageError(f"{self.path}:1: YAML error: {e}") from None
+            raise UsageError(f"{self.path}:1: YAML error: {_one_line(e)}") from None
+        except RecursionError:
+            raise UsageError(f"{self.path}:1: YAML error: the lists or mappings are nested too deeply") from None
         finally:
-            loader.dispose()
+            if loader is not None:
+                loader.dispose()
+        if root is not None:
+            self.check_tags(root)
         if root is None or (isinstance(root, yaml.ScalarNode) and root.tag.endswith(":null")):
             return builtin
         top = self.mapping(root, "the rule file", TOP_KEYS)
@@ -241,7 +279,11 @@ class _File:
         if not names:
             self.fail(node, f"rule {rule.id} has no thresholds")
         for name, (_, vn) in self.mapping(node, f"thresholds of {rule.id}", names).items():
-            rule.set_threshold(name, self.number(vn, f"threshold {name} of {rule.id}"))
+            v = self.number(vn, f"threshold {name} of {rule.id}")
+            problem = rule.threshold_problem(name, v)
+            if problem:
+                self.fail(vn, problem)
+            rule.set_threshold(name, v)
 
     def new(self, node, by_id: dict, listed: dict) -> CustomRule:
         fields = self.mapping(node, "a new rule", NEW_KEYS + ("thresholds",))
@@ -284,10 +326,32 @@ def load_file(path: str, rules: list) -> list:
     built-in rules with their defaults, changed in place); UsageError
     ``FILE:LINE: message`` on any mistake."""
     try:
-        with open(path, encoding="utf-8") as fh:
-            text = fh.read()
+        with open(path, "rb") as fh:
+            raw = fh.read(MAX_BYTES + 1)
     except FileNotFoundError:
         raise UsageError(f"{path}: no such rule file (--rules takes default, none or a YAML file)") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise UsageError(f"{path}: cannot read the rule file: {getattr(e, 'strerror', None) or e}") from None
-    return _File(path).load(text, list(rules))
+    except OSError as e:
+        raise UsageError(f"{path}: cannot read the rule file: {e.strerror or e}") from None
+    return _File(path).load(_text(path, raw), list(rules))
+
+
+def _text(path: str, raw: bytes) -> str:
+    """The file's text, or UsageError FILE:LINE for what no rule file holds."""
+    if len(raw) > MAX_BYTES:
+        raise UsageError(f"{path}:1: not a rule file: larger than {MAX_BYTES >> 20} MiB")
+    nul = raw.find(b"\0")
+    if nul >= 0:
+        raise UsageError(f"{path}:{_line_at(raw, nul)}: not a rule file: a NUL byte (binary data)")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise UsageError(f"{path}:{_line_at(raw, e.start)}: not a rule file: "
+                         "its text is not UTF-8") from None
+
+
+def _line_at(raw: bytes, offset: int) -> int:
+    return raw.count(b"\n", 0, offset) + 1
+
+
+def _one_line(e) -> str:
+    return " ".join(str(e).split())

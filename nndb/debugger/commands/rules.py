@@ -96,6 +96,9 @@ def _rule_cmd(s, arg):
     if name not in r.THRESHOLDS:
         known = ", ".join(r.THRESHOLDS) or "none"
         raise CommandError(f"rule {r.id} has no threshold '{name}' (it has: {known})")
+    problem = r.threshold_problem(name, value)
+    if problem:
+        raise CommandError(problem)
     value = r.set_threshold(name, value)
     return f"Rule {r.id}: {name} = {_fmt(value)} (default {_fmt(r.THRESHOLDS[name].default)})."
 

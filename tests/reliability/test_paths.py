@@ -1,0 +1,161 @@
+"""The files nndb run writes (issue 20, "Nothing lost, nobody in"): an existing
+--trace is never overwritten (--force: only an nndb trace), the trace, report,
+checkpoint directory and script are different files, every path is resolved
+at start (a script's os.chdir moves nothing), and an unwritable report or
+trace fails before the script runs, with exit 2."""
+import json
+import os
+import textwrap
+
+import pytest
+
+from conftest import nndb
+
+SCRIPT = "open('ran.txt', 'a').write('ran\\n')\nprint('ran')\n"
+
+
+def write(path, text):
+    path.write_text(textwrap.dedent(text))
+    return str(path)
+
+
+def one_error_line(r, code=2):
+    assert r.returncode == code, r.stderr
+    lines = [l for l in r.stderr.splitlines() if l.strip()]
+    assert len(lines) == 1 and lines[0].startswith("nndb: error: "), r.stderr
+    assert "Traceback" not in r.stderr
+    return lines[0]
+
+
+def a_trace(tmp_path, name="old.h5"):
+    """A real nndb trace, made by a run."""
+    script = write(tmp_path / "mk.py", "print('made')\n")
+    path = tmp_path / name
+    r = nndb("run", "--batch", "-q", "--rules", "none", "--trace", str(path), script, cwd=str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    return path
+
+
+# -- an existing --trace -------------------------------------------------------------------
+
+def test_trace_is_the_script_is_refused_and_the_script_kept(tmp_path):
+    victim = tmp_path / "victim.py"
+    victim.write_text(SCRIPT)
+    r = nndb("run", "--batch", "--trace", "victim.py", "victim.py", cwd=str(tmp_path))
+    assert "not an nndb trace" in one_error_line(r)
+    assert victim.read_text() == SCRIPT                    # not turned into HDF5
+    assert not (tmp_path / "ran.txt").exists()             # and never run
+
+
+@pytest.mark.parametrize("force", [False, True])
+def test_an_existing_non_trace_is_never_overwritten(tmp_path, force):
+    script = write(tmp_path / "s.py", SCRIPT)
+    data = tmp_path / "data.h5"
+    data.write_bytes(b"\x89HDF\r\n\x1a\n" + b"someone else's data" * 10)
+    r = nndb("run", "--batch", *(["--force"] if force else []), "--trace", str(data), script, cwd=str(tmp_path))
+    assert "never overwrites" in one_error_line(r)
+    assert data.read_bytes().endswith(b"someone else's data")
+
+
+def test_an_existing_trace_needs_force(tmp_path):
+    old = a_trace(tmp_path)
+    before = old.read_bytes()
+    script = write(tmp_path / "s.py", SCRIPT)
+    r = nndb("run", "--batch", "--trace", str(old), script, cwd=str(tmp_path))
+    assert "--force" in one_error_line(r)
+    assert old.read_bytes() == before
+    r = nndb("run", "--batch", "-q", "--force", "--trace", str(old), script, cwd=str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == "ran\n"
+    from nndb.store.reader import TraceReader
+    with TraceReader(str(old)) as t:
+        assert t.meta["script"] == script                 # the new run's trace
+
+
+@pytest.mark.parametrize("args,what", [
+    (("--trace", "t.h5", "--report", "t.h5"), "--trace and --report"),
+    (("--report", "s.py"), "--report and the script"),
+    (("--trace", "r.h5", "--report", "r.ckpt"), "the checkpoint directory and --report"),
+    (("--report", "cmds.nndb", "-x", "cmds.nndb"), "--report and the input file"),
+])
+def test_outputs_and_inputs_must_differ(tmp_path, args, what):
+    write(tmp_path / "s.py", SCRIPT)
+    (tmp_path / "cmds.nndb").write_text("p 1\n")
+    r = nndb("run", "--batch", *args, "s.py", cwd=str(tmp_path))
+    assert what in one_error_line(r)
+    assert not (tmp_path / "ran.txt").exists()
+    assert (tmp_path / "s.py").read_text() == SCRIPT
+
+
+# -- paths resolved at start ------------------------------------------------------------------
+
+CHDIR = """\
+import os, sys, torch
+os.chdir(sys.argv[1])                 # the script moves before its first step
+torch.manual_seed(0)
+m = torch.nn.Linear(3, 1)
+opt = torch.optim.SGD(m.parameters(), lr=0.1)
+for step in range(10):
+    loss = m(torch.randn(4, 3)).pow(2).mean()
+    opt.zero_grad(); loss.backward(); opt.step()
+print("cwd", os.path.basename(os.getcwd()))
+"""
+
+
+def test_a_script_that_changes_directory_moves_nothing(tmp_path):
+    start, elsewhere = tmp_path / "start", tmp_path / "elsewhere"
+    start.mkdir(), elsewhere.mkdir()
+    write(start / "train.py", CHDIR)
+    r = nndb("run", "--batch", "--report", "r.json", "--trace", "t.h5", "--total-steps", "10",
+             "--checkpoint-every", "1", "train.py", str(elsewhere), cwd=str(start))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == "cwd elsewhere\n"
+    assert json.loads((start / "r.json").read_text())["exit"]["code"] == 0
+    assert (start / "t.h5").exists()
+    ckpts = os.listdir(start / "t.ckpt")                  # the on-disk checkpoints, beside the trace
+    assert any(n.startswith("step_") for n in ckpts), ckpts
+    assert os.listdir(elsewhere) == []                    # nothing of nndb's where the script went
+
+
+def test_the_default_trace_stays_under_the_start_directory(tmp_path):
+    start, elsewhere = tmp_path / "start", tmp_path / "elsewhere"
+    start.mkdir(), elsewhere.mkdir()
+    write(start / "train.py", CHDIR)
+    r = nndb("run", "--batch", "--rules", "none", "-e", "run", "train.py", str(elsewhere), cwd=str(start))
+    # `run` at the first stop (after the chdir) starts the script again: found, and started
+    # from the start directory, as the first time
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == "cwd elsewhere\n", r.stderr
+    traces = sorted(os.listdir(start / "nndb-runs"))
+    assert len([t for t in traces if t.endswith(".h5")]) == 2, traces
+    assert os.listdir(elsewhere) == []
+
+
+def test_two_default_traces_in_one_second_are_two_files(tmp_path, monkeypatch):
+    from nndb.config import default_trace_path
+    from nndb.launcher import Target
+    monkeypatch.chdir(tmp_path)
+    t = Target(path="s.py")
+    paths = {default_trace_path(t) for _ in range(3)}
+    assert len(paths) == 3 and all(os.path.isabs(p) and os.path.exists(p) for p in paths)
+
+
+# -- unwritable places, found before the script runs ------------------------------------------
+
+@pytest.mark.parametrize("where", ["report", "trace"])
+def test_unwritable_output_fails_before_the_script(tmp_path, where):
+    write(tmp_path / "s.py", SCRIPT)
+    blocker = tmp_path / "file"
+    blocker.write_text("x")                               # a directory under a file cannot exist (root too)
+    bad = str(blocker / "sub" / "out")
+    r = nndb("run", "--batch", f"--{where}", bad, "s.py", cwd=str(tmp_path))
+    assert bad in one_error_line(r)
+    assert r.stdout == "" and not (tmp_path / "ran.txt").exists()
+
+
+def test_a_report_that_is_a_directory_fails_before_the_script(tmp_path):
+    write(tmp_path / "s.py", SCRIPT)
+    (tmp_path / "out").mkdir()
+    r = nndb("run", "--batch", "--report", "out", "s.py", cwd=str(tmp_path))
+    assert r.returncode == 2 and "is a directory" in r.stderr and "Traceback" not in r.stderr   # (click's usage error)
+    assert not (tmp_path / "ran.txt").exists()
