@@ -24,7 +24,13 @@ import tempfile
 
 from .channel import Channel
 
-ENTRY = "from nndb.cli import replica_main; replica_main()"
+
+def _entry() -> str:
+    """The new process's program: nndb.cli.replica_main, with nothing of the
+    working directory imported on the way (nndb.safepath)."""
+    import nndb
+    from ..safepath import replica_entry
+    return replica_entry(os.path.dirname(os.path.dirname(os.path.abspath(nndb.__file__))))
 
 
 def spawn(s, machine, goal: dict):
@@ -41,7 +47,7 @@ def spawn(s, machine, goal: dict):
                 "may order sets and dicts of strings differently")
     for f in (sys.stdout, sys.stderr):
         f.flush()
-    proc = subprocess.Popen([sys.executable, "-c", ENTRY], pass_fds=[child.fileno()], env=env,
+    proc = subprocess.Popen([sys.executable, "-c", _entry()], pass_fds=[child.fileno()], env=env,
                             cwd=meta.get("cwd") or os.getcwd())
     child.close()
     chan = Channel(parent)
