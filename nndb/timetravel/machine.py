@@ -355,6 +355,7 @@ class TimeMachine:
                     break
             if proc is not None:
                 proc.wait()
+                forking.forget_openmp(proc.pid)     # (its Intel OpenMP registration)
                 chan.close()
         finally:
             signal.signal(signal.SIGINT, old)

@@ -40,6 +40,7 @@ def spawn(s, machine, goal: dict):
     replay = meta.get("replay", {})
     env = dict(os.environ)
     env["NNDB_REPLICA_FD"] = str(child.fileno())
+    env["NNDB_REPLICA_PARENT"] = str(os.getpid())
     if replay.get("hash_seed") is not None:
         env["PYTHONHASHSEED"] = str(replay["hash_seed"])
     else:
@@ -77,6 +78,8 @@ def _restore_rng(replay: dict) -> None:
 def connect():
     """In the new process: the channel to the live run and its orders, or
     (None, None) when the live run is gone."""
+    from .forking import die_with_parent
+    die_with_parent(int(os.environ.pop("NNDB_REPLICA_PARENT", os.getppid())))   # as fork checkpoints do
     fd = int(os.environ.pop("NNDB_REPLICA_FD"))
     chan = Channel(socket.socket(fileno=fd))
     msg = chan.recv()
