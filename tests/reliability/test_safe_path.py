@@ -83,8 +83,8 @@ def test_nndb_run_m_module_imports_nothing_from_the_working_directory(tmp_path):
     r = nndb("run", "--batch", "--nx", "--trace", str(tmp_path / "t.h5"), "-m", "trainmod", cwd=str(cwd))
     assert r.returncode == 0, r.stderr
     assert _ran(cwd) == [], r.stderr
-    plain = python("-m", "trainmod", cwd=str(cwd))
-    assert plain.returncode == 0 and _ran(cwd) == [], plain.stderr
+    plain = python("-m", "trainmod", cwd=str(cwd))     # (it imports the planted tabulate.py: torch does at exit)
+    assert plain.returncode == 0, plain.stderr
     assert _paths(r.stdout) == _paths(plain.stdout)
     assert _paths(r.stdout)["path0"] == str(cwd)
 
