@@ -10,9 +10,11 @@ process it starts again with Intel's OpenMP runtime preloaded), not at
 and the processes it starts see the environment plain Python gives them."""
 import json
 import os
+import subprocess
+import sys
 import textwrap
 
-from conftest import nndb, python, run_in_process
+from conftest import ROOT, nndb, python, run_in_process
 
 # Modules nndb imports (click, numpy, yaml, tabulate, h5py) planted in the working
 # directory: each writes a marker file when imported.
@@ -116,3 +118,21 @@ def test_nndb_inspect_imports_nothing_from_the_working_directory(tmp_path):
     assert r.returncode == 0, r.stderr
     assert "steps" in r.stdout, r.stdout
     assert _ran(cwd) == [], r.stderr
+
+
+def test_the_nndb_console_script_imports_nothing_from_the_working_directory(tmp_path):
+    """The ``nndb`` command pip installs (a setuptools entry point) has its own
+    directory first on sys.path, which the script must not see either."""
+    cwd, script = _setup(tmp_path)
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "nndb").write_text("import sys\nfrom nndb.cli import main\nif __name__ == '__main__':\n"
+                                 "    sys.exit(main())\n")            # (what setuptools writes, less the shebang)
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    r = subprocess.run([sys.executable, str(bindir / "nndb"), "run", "--batch", "--nx", "--trace",
+                        str(tmp_path / "t.h5"), str(script)], cwd=str(cwd), env=env, capture_output=True,
+                       text=True, timeout=180, stdin=subprocess.DEVNULL)
+    assert r.returncode == 0, r.stderr
+    assert _ran(cwd) == [], r.stderr
+    plain = python(str(script), cwd=str(cwd))
+    assert _paths(r.stdout) == _paths(plain.stdout)
