@@ -76,9 +76,13 @@ def plain(value, where: str, dropped: list):
                 out[k] = v
         return out
     if kind in (list, tuple, torch.Size):
+        mark = len(dropped)
         items = [plain(v, f"{where}[{i}]", dropped) for i, v in enumerate(value)]
-        if any(v is _DROP for v in items):
-            return _DROP            # (a list with a hole would change what the positions mean)
+        if any(v is _DROP for v in items):     # (a list with a hole would change what the positions mean)
+            inner = sorted({what for _, what in dropped[mark:]})
+            del dropped[mark:]
+            dropped.append((where, f"a {kind.__name__} holding {', '.join(inner)}"))
+            return _DROP
         return kind(items)
     dropped.append((where, kind.__name__))
     return _DROP

@@ -235,16 +235,17 @@ def test_a_disk_checkpoint_drops_what_weights_only_cannot_load(tmp_path):
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     opt.param_groups[0]["scheduler_hint"] = Hint()
     opt.param_groups[0]["extra"] = {"ok": [1, 2.5, "x", None], "obj": Hint()}
+    opt.param_groups[0]["listed"] = [1, Hint()]          # (dropped whole: positions keep their meaning)
     warned = []
     path = disk.save(str(tmp_path / "ck"), 3, {"model": model}, {"opt": opt}, disk.capture_rng(),
                      warn=warned.append)
     data = torch.load(path, weights_only=True)          # data: loads without running code
     group = data["optimizers"]["opt"]["param_groups"][0]
-    assert group["lr"] == 0.1 and "scheduler_hint" not in group
+    assert group["lr"] == 0.1 and "scheduler_hint" not in group and "listed" not in group
     assert group["extra"] == {"ok": [1, 2.5, "x", None]}
     assert data["modules"]["model"]["_extra_state"] == {"calls": 3}
     assert torch.equal(data["modules"]["model"]["weight"], model.weight.detach())
-    assert len(warned) == 3 and all("\n" not in w for w in warned), warned
-    for key in ("scheduler_hint", "obj", "hint"):
+    assert len(warned) == 4 and all("\n" not in w for w in warned), warned
+    for key in ("scheduler_hint", "obj", "hint", "listed"):
         assert any(key in w for w in warned), (key, warned)
     assert disk.load(path)["step"] == 3
