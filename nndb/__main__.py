@@ -1,4 +1,7 @@
 """python -m nndb"""
-from .cli import main
+from .safepath import drop_start_dir
+
+drop_start_dir()        # (first: before click, torch or numpy can be looked up there)
+from .cli import main   # noqa: E402
 
 main()

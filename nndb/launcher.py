@@ -21,6 +21,7 @@ import types
 from dataclasses import dataclass, field
 from typing import Optional
 
+from . import safepath
 from .errors import ScriptNotFound, UsageError
 
 
@@ -60,10 +61,13 @@ class Prepared:
 def prepare(target: Target) -> Prepared:
     """Check the target and compile it, so a bad one fails before anything starts."""
     if target.module:
+        undo = safepath.enter_script(os.getcwd())      # (where python -m looks first)
         try:
             spec = importlib.util.find_spec(target.module)
         except (ImportError, ValueError) as e:
             raise ScriptNotFound(f"cannot find module {target.module}: {e}") from None
+        finally:
+            undo()
         if spec is None:
             raise ScriptNotFound(f"no module named {target.module}")
         return Prepared(target, None, spec.origin or target.module)
@@ -95,20 +99,15 @@ def prepare(target: Target) -> Prepared:
 def run(prepared: Prepared) -> None:
     """Run it in this process.  Returns normally or raises what the script raised."""
     t = prepared.target
-    saved_argv, saved_path0 = sys.argv[:], sys.path[0] if sys.path else None
+    saved_argv, restore_path = sys.argv[:], None
     try:
         if t.module:
             sys.argv = [prepared.filename] + list(t.args)
-            if sys.path:
-                sys.path[0] = os.getcwd()
+            restore_path = safepath.enter_script(os.getcwd())
             runpy.run_module(t.module, run_name="__main__", alter_sys=True)
             return
         sys.argv = [t.path] + list(t.args)
-        script_dir = os.path.dirname(os.path.realpath(prepared.filename))
-        if sys.path:
-            sys.path[0] = script_dir
-        else:
-            sys.path.insert(0, script_dir)
+        restore_path = safepath.enter_script(os.path.dirname(os.path.realpath(prepared.filename)))
         main = types.ModuleType("__main__")
         main.__dict__.update({
             "__file__": prepared.filename,
@@ -127,8 +126,8 @@ def run(prepared: Prepared) -> None:
                 sys.modules["__main__"] = saved_main
     finally:
         sys.argv = saved_argv
-        if saved_path0 is not None and sys.path:
-            sys.path[0] = saved_path0
+        if restore_path is not None:
+            restore_path()
 
 
 _OWN_DIRS = (os.path.dirname(os.path.abspath(__file__)), os.path.dirname(runpy.__file__))

@@ -90,3 +90,18 @@ def maybe_restart(replica_mode: str) -> None:
         os.execve(sys.executable, [sys.executable, "-m", "nndb", *sys.argv[1:]], env)
     except OSError:
         return
+
+
+def forget_openmp(pid: Optional[int] = None) -> None:
+    """Remove Intel OpenMP's registration of process ``pid`` (default: this
+    one), ``/dev/shm/__KMP_REGISTERED_LIB_<pid>_<uid>``.  libiomp5 writes it
+    in every process that starts its runtime (a forked replica too) and
+    removes it at a normal exit only: a replica ends with ``os._exit`` and
+    may be killed, so its own nndb code (before ``os._exit``) and the process
+    that reaps it (which knows its pid) remove it."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        os.unlink(f"/dev/shm/__KMP_REGISTERED_LIB_{os.getpid() if pid is None else pid}_{os.getuid()}")
+    except OSError:
+        pass

@@ -35,7 +35,29 @@ class RunResult:
 
 
 def _stderr(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
+    try:
+        print(msg, file=sys.stderr, flush=True)
+    except (ValueError, OSError, AttributeError):    # the script closed or dropped sys.stderr
+        pass
+
+
+def _show_exception(e: BaseException) -> None:
+    """Python's exception printer, whatever the script did to it (closed or
+    dropped sys.stderr, an excepthook that raises): the run's end is
+    recorded after it either way."""
+    if sys.stderr is None:      # (Python's own printer says "lost sys.stderr" on fd 2 then)
+        return
+    try:
+        launcher.print_script_exception(e)
+    except Exception:
+        pass
+
+
+def _exit_code(e: SystemExit) -> int:
+    try:
+        return launcher.system_exit_code(e)      # (prints a message given to sys.exit)
+    except Exception:           # (only the message's print can fail, and its code is 1)
+        return 1
 
 
 class _SignalGuard:
@@ -183,13 +205,13 @@ def record(config: RunConfig, message: Callable[[str], None] = _stderr,
             with rec:
                 launcher.run(prepared)
         except SystemExit as e:
-            code = launcher.system_exit_code(e)
-            status = "finished" if code == 0 else "failed"
             reason = f"sys.exit({e.code!r})"
+            code = _exit_code(e)
+            status = "finished" if code == 0 else "failed"
         except KeyboardInterrupt as e:
             guard.stopped()
-            launcher.print_script_exception(e)
             status, code, reason = "interrupted", EXIT_SIGINT, "KeyboardInterrupt"
+            _show_exception(e)
         except Terminated:
             guard.stopped()
             status, code, reason = "terminated", EXIT_SIGTERM, "SIGTERM"
@@ -197,9 +219,12 @@ def record(config: RunConfig, message: Callable[[str], None] = _stderr,
             status, code = "killed", EXIT_OK
             reason = "restarted from the debugger" if isinstance(e, RestartRun) else "killed from the debugger"
         except BaseException as e:  # the script raised: show it as Python would
-            launcher.print_script_exception(e)
             status, code = "failed", EXIT_SCRIPT_ERROR
-            reason = f"{type(e).__name__}: {e}"
+            try:
+                reason = f"{type(e).__name__}: {e}"
+            except Exception:       # (a __str__ that raises)
+                reason = type(e).__name__
+            _show_exception(e)
             if session is not None:
                 session.post_mortem(e)    # the trace is still open: stats and history work
         finally:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import gc
 import os
-import sys
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -19,7 +18,7 @@ from ..errors import EXIT_FAIL_ACTION, EXIT_USAGE, UsageError
 from ..lineage.control import LineageControl
 from ..render import debug as renderer
 from ..rules.catalog import load as load_rules
-from ..runner import RunResult, record
+from ..runner import RunResult, _stderr, record
 from ..timetravel.machine import TimeMachine, parse_size
 from ..timetravel.schedule import parse_every
 from . import rcfiles, report
@@ -49,10 +48,6 @@ class DebugResult:
     reason: str
     run: Optional[RunResult]
     session: Session
-
-
-def _stderr(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
 
 
 def next_trace_path(path: str, run: int) -> str:
@@ -117,8 +112,8 @@ def debug(config: RunConfig, options: DebugOptions, frontend,
             first_path = result.trace_path
         if session.restart_requested:
             continue
-        if session.quit_requested or session.command_file_error:
-            break
+        if session.quit_requested or session.command_file_error or result.status == "terminated":
+            break                       # (SIGTERM ends the session, at a prompt too: exit 143)
         if interactive and session.mode == "detach":
             # detached: nothing is left to debug, so nndb ends with the script
             session.message(f"nndb: the run ended ({result.status}, exit code {result.exit_code}) after "

@@ -6,6 +6,13 @@ import sys
 from typing import Iterable, Optional
 
 
+def _say(text: str, stream) -> None:
+    try:
+        print(text, file=stream, flush=True)
+    except (ValueError, OSError):       # the script closed it: nndb's line is lost, the session goes on
+        pass
+
+
 class BatchFrontend:
     """``--batch`` (or stdin not a terminal): no prompt, no terminal escapes.
     Output to stdout, errors to stderr; confirmations are answered yes."""
@@ -16,10 +23,10 @@ class BatchFrontend:
         self.err = err or sys.stderr
 
     def message(self, text: str) -> None:
-        print(text, file=self.out, flush=True)
+        _say(text, self.out)
 
     def error(self, text: str) -> None:
-        print(text, file=self.err, flush=True)
+        _say(text, self.err)
 
     def read_line(self, prompt: str) -> Optional[str]:
         return None

@@ -10,10 +10,12 @@ complete new file, never a truncated checkpoint under the final name.
 """
 from __future__ import annotations
 
+import collections
 import os
 import random
 import re
 import tempfile
+from typing import Callable, Optional
 
 import numpy as np
 import torch
@@ -49,14 +51,54 @@ def _fsync_directory(directory: str) -> None:
         os.close(fd)
 
 
+_PLAIN = (bool, int, float, str, type(None), torch.dtype, torch.device, torch.Tensor, torch.nn.Parameter)
+_DROP = object()
+
+
+def plain(value, where: str, dropped: list):
+    """``value`` with what ``torch.load(weights_only=True)`` cannot read taken
+    out: a class instance in a param group's extra key, a module's
+    ``get_extra_state()`` object, a set.  Each left out is noted in
+    ``dropped`` as (where, type name); NumPy scalars become Python numbers."""
+    kind = type(value)
+    if kind in _PLAIN:
+        return value
+    if isinstance(value, np.generic) and isinstance(value.item(), (bool, int, float)):
+        return value.item()
+    if kind in (dict, collections.OrderedDict):
+        out = kind()
+        for k, v in value.items():
+            if type(k) not in (str, int):
+                dropped.append((f"{where}[{k!r}]", "a key of type " + type(k).__name__))
+                continue
+            v = plain(v, f"{where}[{k!r}]", dropped)
+            if v is not _DROP:
+                out[k] = v
+        return out
+    if kind in (list, tuple, torch.Size):
+        mark = len(dropped)
+        items = [plain(v, f"{where}[{i}]", dropped) for i, v in enumerate(value)]
+        if any(v is _DROP for v in items):     # (a list with a hole would change what the positions mean)
+            inner = sorted({what for _, what in dropped[mark:]})
+            del dropped[mark:]
+            dropped.append((where, f"a {kind.__name__} holding {', '.join(inner)}"))
+            return _DROP
+        return kind(items)
+    dropped.append((where, kind.__name__))
+    return _DROP
+
+
 def save(directory: str, step: int, modules: dict[str, torch.nn.Module],
-         optimizers: dict[str, torch.optim.Optimizer], rng: dict | None = None) -> str:
+         optimizers: dict[str, torch.optim.Optimizer], rng: dict | None = None,
+         warn: Optional[Callable[[str], None]] = None) -> str:
     """Write the checkpoint after ``step`` and return its path.
 
     ``rng`` is stored as given (``capture_rng()`` for the current state);
     ``None`` records that no RNG state was captured rather than silently
     capturing one that may not belong to this step. Raises ``OSError`` with
     the path in the message on any failure, leaving no temporary file behind.
+    A value ``weights_only=True`` cannot load is left out (``plain``), with
+    one line to ``warn`` naming its key.
     """
     final = os.path.join(directory, file_name(step))
     try:
@@ -66,14 +108,20 @@ def save(directory: str, step: int, modules: dict[str, torch.nn.Module],
     if not os.path.isdir(directory):
         raise OSError(f"cannot create checkpoint directory {directory!r}: "
                       "a file of that name is in the way")
+    dropped: list = []
     payload = {
         "format": FORMAT,
         "version": VERSION,
         "step": int(step),
-        "modules": {name: m.state_dict() for name, m in modules.items()},
-        "optimizers": {name: o.state_dict() for name, o in optimizers.items()},
+        "modules": {name: plain(m.state_dict(), f"module {name}", dropped) for name, m in modules.items()},
+        "optimizers": {name: plain(o.state_dict(), f"optimizer {name}", dropped)
+                       for name, o in optimizers.items()},
         "rng": rng,
     }
+    for where, what in dropped:
+        if warn is not None:
+            warn(f"nndb: warning: checkpoints on disk leave out {where} ({what}: not a tensor, number or "
+                 "string, and a checkpoint loads with weights_only=True)")
     try:
         fd, tmp = tempfile.mkstemp(dir=directory, prefix=".step_", suffix=".tmp")
     except OSError as exc:

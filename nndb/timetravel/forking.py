@@ -22,6 +22,7 @@ import sys
 import threading
 from typing import Optional
 
+from ..preload import forget_openmp
 from .channel import Channel
 
 _PR_SET_PDEATHSIG = 1
@@ -69,15 +70,19 @@ def blockers() -> list:
     return reasons
 
 
-def _die_with_parent() -> None:
-    """Linux: a checkpoint or replica is killed when the process that forked it ends."""
+def die_with_parent(parent: int) -> None:
+    """Linux: a checkpoint or replica (forked or respawned) is killed when
+    the process that started it, ``parent``, ends; if that has happened
+    already (before the request took effect), it ends now."""
     if not sys.platform.startswith("linux"):
         return
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     except Exception:
-        pass
+        return
+    if os.getppid() != parent:
+        os._exit(0)
 
 
 def fork(close: tuple = ()) -> int:
@@ -91,6 +96,7 @@ def fork(close: tuple = ()) -> int:
         except Exception:
             pass
     hooks.REPLICA_FORK = True
+    parent = os.getpid()
     try:
         pid = os.fork()
     finally:
@@ -98,7 +104,7 @@ def fork(close: tuple = ()) -> int:
     if pid == 0:
         for c in close:
             c.close()
-        _die_with_parent()
+        die_with_parent(parent)
         if not openmp_forks_safely():
             import torch
             torch.set_num_threads(1)
@@ -112,6 +118,7 @@ def checkpoint_loop(chan: Channel) -> dict:
     while True:
         msg = chan.recv()
         if msg is None or msg.get("op") == "exit":
+            forget_openmp()
             os._exit(0)
         if msg.get("op") != "resume":
             continue
@@ -128,6 +135,7 @@ def checkpoint_loop(chan: Channel) -> dict:
                 break
             except InterruptedError:
                 continue
+        forget_openmp(pid)            # (a replica killed, or one that ended without removing it)
         chan.send({"op": "replica-exited", "status": status})
 
 
@@ -180,3 +188,4 @@ def reap(pid: int) -> None:
         os.waitpid(pid, 0)
     except (ChildProcessError, OSError):
         pass
+    forget_openmp(pid)

@@ -101,6 +101,7 @@ class TimeMachine:
         self.policy = make_policy(self.total_steps, self.budget, self.max_live, self.every)
         self.disk_schedule = DiskSchedule(self.total_steps)
         self.disk_files: list = []
+        self._disk_warned: set = set()
         self.blocked: Optional[str] = None    # why fork checkpoints are off in this run
         self.exact, self.exact_why = True, ""
         self.taken = 0
@@ -255,12 +256,18 @@ class TimeMachine:
         try:
             mods = {s.rec.naming.module_name(m): m for m in s.roots()}
             opts = dict(s.optimizers())
-            path = disk.save(disk.directory_for(s.trace_path), step, mods, opts, disk.capture_rng())
+            path = disk.save(disk.directory_for(s.trace_path), step, mods, opts, disk.capture_rng(),
+                             warn=lambda line: self._warn_once(s, line))
             self.disk_files.append((step, path))
             self.disk_schedule.taken(step, self.taken)
         except Exception as e:            # never the run's problem
             s.error(f"nndb: could not write the checkpoint of step {step} to disk: {e}")
             self.disk = False
+
+    def _warn_once(self, s, line: str) -> None:
+        if line not in self._disk_warned:       # (once a run, not at every checkpoint)
+            self._disk_warned.add(line)
+            s.error(line)
 
     def delete(self, number: int) -> Checkpoint:
         ck = self.checkpoints.get(number)
@@ -355,6 +362,7 @@ class TimeMachine:
                     break
             if proc is not None:
                 proc.wait()
+                forking.forget_openmp(proc.pid)     # (its Intel OpenMP registration)
                 chan.close()
         finally:
             signal.signal(signal.SIGINT, old)

@@ -24,7 +24,13 @@ import tempfile
 
 from .channel import Channel
 
-ENTRY = "from nndb.cli import replica_main; replica_main()"
+
+def _entry() -> str:
+    """The new process's program: nndb.cli.replica_main, with nothing of the
+    working directory imported on the way (nndb.safepath)."""
+    import nndb
+    from ..safepath import replica_entry
+    return replica_entry(os.path.dirname(os.path.dirname(os.path.abspath(nndb.__file__))))
 
 
 def spawn(s, machine, goal: dict):
@@ -34,6 +40,7 @@ def spawn(s, machine, goal: dict):
     replay = meta.get("replay", {})
     env = dict(os.environ)
     env["NNDB_REPLICA_FD"] = str(child.fileno())
+    env["NNDB_REPLICA_PARENT"] = str(os.getpid())
     if replay.get("hash_seed") is not None:
         env["PYTHONHASHSEED"] = str(replay["hash_seed"])
     else:
@@ -41,7 +48,7 @@ def spawn(s, machine, goal: dict):
                 "may order sets and dicts of strings differently")
     for f in (sys.stdout, sys.stderr):
         f.flush()
-    proc = subprocess.Popen([sys.executable, "-c", ENTRY], pass_fds=[child.fileno()], env=env,
+    proc = subprocess.Popen([sys.executable, "-c", _entry()], pass_fds=[child.fileno()], env=env,
                             cwd=meta.get("cwd") or os.getcwd())
     child.close()
     chan = Channel(parent)
@@ -71,6 +78,8 @@ def _restore_rng(replay: dict) -> None:
 def connect():
     """In the new process: the channel to the live run and its orders, or
     (None, None) when the live run is gone."""
+    from .forking import die_with_parent
+    die_with_parent(int(os.environ.pop("NNDB_REPLICA_PARENT", os.getppid())))   # as fork checkpoints do
     fd = int(os.environ.pop("NNDB_REPLICA_FD"))
     chan = Channel(socket.socket(fileno=fd))
     msg = chan.recv()

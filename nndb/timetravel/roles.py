@@ -24,6 +24,7 @@ from typing import Optional
 
 from ..debugger import evaluate as E
 from ..debugger.stoppoints import Stop
+from ..preload import forget_openmp
 from . import forking, sandbox
 
 
@@ -44,6 +45,7 @@ def finish(chan, msg: dict) -> None:
                 f.flush()
             except Exception:
                 pass
+        forget_openmp()
         os._exit(0)
 
 
