@@ -20,6 +20,7 @@ from ..lineage.control import LineageControl
 from ..render import debug as renderer
 from ..rules.catalog import load as load_rules
 from ..runner import RunResult, record
+from ..safetext import printable
 from ..timetravel.machine import TimeMachine, parse_size
 from ..timetravel.schedule import parse_every
 from . import rcfiles, report
@@ -52,7 +53,7 @@ class DebugResult:
 
 
 def _stderr(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
+    print(printable(msg), file=sys.stderr, flush=True)
 
 
 def next_trace_path(path: str, run: int) -> str:
