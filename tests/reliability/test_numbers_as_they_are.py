@@ -158,3 +158,15 @@ def test_dash_means_not_measured_in_nndb_inspect(tmp_path):
     assert rows["1"] == "-" and rows["3"] == "-" and rows["0"] not in ("-", "nan")
     j = json.loads(nndb("inspect", trace, "--series", "0.weight", "--kind", "grad", "--stat", "mean", "--json").stdout)
     assert [v is None for v in j["series"][0]["values"]] == [False, True, False, True]
+
+
+def test_a_watch_on_the_loss_sees_inf_and_the_report_says_so(tmp_path):
+    """The loss's mean is inf at step 6 (it was NaN, which no comparison is true of)."""
+    report = tmp_path / "r.json"
+    r = nndb("run", "--batch", "--rules", "none", "--trace", str(tmp_path / "t.h5"), "--report", str(report),
+             "-e", "watch loss mean > 1e35", "-e", "continue", "-e", "p $loss", "-e", "kill",
+             example("nan_lr.py"), "--steps", "8")
+    assert r.returncode == 0, r.stderr
+    assert re.search(r"Watchpoint 1: loss loss mean = inf \(> 1e\+35\) at step 6", r.stdout), r.stdout
+    stop = json.loads(report.read_text())["stops"][0]
+    assert stop["step"] == 6 and stop["detail"]["value"] == "inf"

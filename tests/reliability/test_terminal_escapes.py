@@ -43,6 +43,8 @@ def hostile_trace(tmp_path_factory):
         lines = [json.loads(line) for line in bytes(f["series"][:]).decode().splitlines() if line.strip()]
         lines[0]["name"] = f"fc{CLEAR}{OSC}"
         _set_blob(f, "series", "".join(json.dumps(d) + "\n" for d in lines))
+        cols = json.loads(f["stats"].attrs["columns"])
+        f["stats"][2, lines[0]["id"], cols.index("nan_count")] = 3.0     # a finding that names it
         event = {"time": 0.0, "step": 1, "kind": "recording_stopped", "message": f"boom {OSC}{CLEAR}"}
         _set_blob(f, "events", bytes(f["events"][:]).decode() + json.dumps(event) + "\n")
     return trace, lines[0]["name"], lines[0]["kind"]
@@ -84,10 +86,13 @@ def test_inspect_series_of_a_hostile_name(hostile_trace):
 
 def test_check_trace_shows_the_escapes(hostile_trace):
     trace, _, _ = hostile_trace
-    for extra in ((), ("--json",)):
-        r = nndb("check-trace", trace, *extra)
-        assert r.returncode == 0, r.stderr
-        _assert_safe(r)
+    r = nndb("check-trace", trace)
+    assert r.returncode == 0, r.stderr
+    _assert_safe(r)
+    assert "nonfinite" in r.stdout and "fc\\x1b[2J\\x1b]0;pwned\\x07" in r.stdout
+    r = nndb("check-trace", trace, "--json")
+    assert r.returncode == 0, r.stderr
+    _assert_safe(r)
 
 
 def test_the_debugger_shows_a_scripts_hostile_names_escaped(tmp_path):
