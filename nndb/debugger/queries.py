@@ -9,7 +9,7 @@ from typing import Optional
 
 from ..errors import CommandError
 from ..numbers import NOT_MEASURED
-from ..store.measured import measured_column, measured_values
+from ..store.measured import measured, measured_column
 from ..store.schema import KINDS
 from . import evaluate as E
 from . import points as P
@@ -186,8 +186,9 @@ class RunQueries:
         if rec is None:
             return out
         stats = self.stats_of(rec)
-        for (name, k), row in zip(rec.names, stats):
-            out[k][name] = E.StatRow(name, k, *measured_values(row, missing=NOT_MEASURED))
+        mask = measured(stats).tolist()          # (one numpy pass for the step: conditions ask at every step)
+        for (name, k), row, ok in zip(rec.names, stats.tolist(), mask):
+            out[k][name] = E.StatRow(name, k, *(v if m else NOT_MEASURED for v, m in zip(row, ok)))
         return out
 
     def variables(self, frame=None, step_end: bool = False, stop=None) -> dict:

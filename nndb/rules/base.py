@@ -133,6 +133,7 @@ class StepContext:
         finite = n - nan - inf
         if finite > 0:
             return s / finite
+        from ..tracer.stats import finalize_column
         return float(finalize_column(self.record.raw[i:i + 1], "mean")[0])    # (inf for an infinite loss)
 
     def col(self, stat: str) -> np.ndarray:
