@@ -2,13 +2,14 @@
 results become exit codes (see nndb.errors for the table)."""
 from __future__ import annotations
 
-import json
 import sys
 
 import click
 
 from . import __version__
 from .errors import EXIT_FAIL_ACTION, EXIT_INTERNAL, EXIT_OK, EXIT_SIGINT, NndbError, UsageError
+from .numbers import to_json
+from .safetext import printable
 from .store.schema import KINDS as KIND_CHOICES, STAT_NAMES as STAT_CHOICES  # (a leaf: no torch, no h5py)
 
 
@@ -27,7 +28,7 @@ def _target(module, script, args):
 
 
 def _fail(e: NndbError) -> None:
-    click.echo(f"nndb: error: {e}", err=True)
+    click.echo(printable(f"nndb: error: {e}"), err=True)
     sys.exit(e.exit_code)
 
 
@@ -151,7 +152,7 @@ def check(module, steps, overfit_iters, as_json, script, args):
     except (Interrupted, KeyboardInterrupt):
         click.echo("nndb: check interrupted", err=True)
         sys.exit(EXIT_SIGINT)
-    click.echo(json.dumps(report.to_dict()) if as_json else text(report))
+    click.echo(to_json(report.to_dict()) if as_json else text(report))
     sys.exit(report.exit_code)
 
 
@@ -187,12 +188,12 @@ def inspect(trace, series_name, stat, kind, as_json):
         with TraceReader(trace) as reader:
             if series_name:
                 data = queries.series(reader, series_name, stat, kind)
-                out = json.dumps(data) if as_json else text.series(data)
+                out = to_json(data) if as_json else text.series(data)
             else:
                 if kind:
                     raise UsageError("--kind goes with --series")
                 data = queries.summary(reader)
-                out = json.dumps(data) if as_json else text.summary(data)
+                out = to_json(data) if as_json else text.summary(data)
     except NndbError as e:
         _fail(e)
     click.echo(out)
@@ -208,7 +209,6 @@ def check_trace(trace, rules, as_json):
     Findings are printed as a live run prints them; rules that need the live
     run (its probes, optimizers) are named with the reason.  Exit code 0, or
     4 if a rule with the fail action fired, 2 for an unreadable trace or rule file."""
-    from .debugger.report import _clean
     from .render.offline import text
     from .rules.catalog import load
     from .rules.engine import RuleEngine
@@ -221,7 +221,7 @@ def check_trace(trace, rules, as_json):
             result = run_rules(reader, engine)
     except NndbError as e:
         _fail(e)
-    click.echo(json.dumps(_clean(result.to_dict())) if as_json else text(result))
+    click.echo(to_json(result.to_dict()) if as_json else text(result))
     sys.exit(EXIT_FAIL_ACTION if result.failed else EXIT_OK)
 
 

@@ -1,18 +1,30 @@
-"""Queries over a trace that return plain data; renderers print it."""
+"""Queries over a trace that return plain data; renderers print it.
+
+A statistic is a float (NaN and Inf as they are) or None where it was not
+measured (nndb.store.measured); nndb.numbers shows both, as text or JSON."""
 from __future__ import annotations
 
-import math
 from typing import Optional
 
 import numpy as np
 
 from .errors import UsageError
+from .store.measured import measured, measured_column, measured_values
 from .store.reader import TraceReader
 
 
-def _clean(x):
-    x = float(x)
-    return None if math.isnan(x) else x
+def _extremes(v: np.ndarray, cols) -> tuple:
+    """Per column of rows ``v``: (min, max) over the measured values that are
+    numbers; NaN where every measured value is NaN, None where none was measured."""
+    ok = measured(v, cols)
+    num = ok & ~np.isnan(v)
+    lo = np.where(num, v, np.inf).min(axis=0)
+    hi = np.where(num, v, -np.inf).max(axis=0)
+
+    def pick(x, j):
+        return float(x) if num[:, j].any() else float("nan") if ok[:, j].any() else None
+
+    return ({c: pick(lo[j], j) for j, c in enumerate(cols)}, {c: pick(hi[j], j) for j, c in enumerate(cols)})
 
 
 def summary(reader: TraceReader) -> dict:
@@ -27,19 +39,14 @@ def summary(reader: TraceReader) -> dict:
         present = ~np.isnan(vals[:, 0])
         if not present.any():
             continue
-        v = vals[present]
         last_i = np.flatnonzero(present)[-1]
-        with np.errstate(all="ignore"):
-            mins = np.nanmin(np.where(np.isnan(v), np.inf, v), axis=0)
-            maxs = np.nanmax(np.where(np.isnan(v), -np.inf, v), axis=0)
-        mins = np.where(np.isinf(mins) & (mins > 0), np.nan, mins)
-        maxs = np.where(np.isinf(maxs) & (maxs < 0), np.nan, maxs)
+        mins, maxs = _extremes(vals[present], cols)
         tensors.append({
             "name": s.name, "kind": s.kind, "rows": int(present.sum()),
             "last_step": int(reader.steps[last_i]),
-            "last": {c: _clean(x) for c, x in zip(cols, vals[last_i])},
-            "min": {c: _clean(x) for c, x in zip(cols, mins)},
-            "max": {c: _clean(x) for c, x in zip(cols, maxs)},
+            "last": dict(zip(cols, measured_values(vals[last_i], cols))),
+            "min": mins,
+            "max": maxs,
         })
     steps = reader.steps
     return {
@@ -66,7 +73,7 @@ def series(reader: TraceReader, name: str, stat: str, kind: Optional[str] = None
         raise UsageError(f"no series {what} in {reader.path} (run 'nndb inspect {reader.path}' for the list)")
     out = []
     for s in found:
-        steps, values = reader.history(s, stat)
+        steps, block = reader.history(s)
         out.append({"kind": s.kind, "steps": [int(x) for x in steps],
-                    "values": [_clean(x) for x in values]})
+                    "values": measured_column(block, stat, reader.columns)})
     return {"trace": reader.path, "name": name, "stat": stat, "series": out}

@@ -17,6 +17,7 @@ from typing import Callable, Optional
 from . import launcher, runmeta
 from .config import RunConfig, default_trace_path, shown
 from .errors import (EXIT_OK, EXIT_SCRIPT_ERROR, EXIT_SIGINT, EXIT_SIGTERM, KillRun, RestartRun, Terminated)
+from .safetext import printable
 from .store.writer import TraceWriter
 from .tracer.hooks import Tracer
 from .tracer.naming import Naming
@@ -36,7 +37,7 @@ class RunResult:
 
 def _stderr(msg: str) -> None:
     try:
-        print(msg, file=sys.stderr, flush=True)
+        print(printable(msg), file=sys.stderr, flush=True)
     except (ValueError, OSError, AttributeError):    # the script closed or dropped sys.stderr
         pass
 

@@ -49,8 +49,9 @@ def test_series_shows_all_kinds_side_by_side(mlp_trace):
     name = [t["name"] for t in data["tensors"] if t["kind"] == "update"][0]
     r = nndb("inspect", mlp_trace, "--series", name, "--stat", "norm")
     assert r.returncode == 0, r.stderr
-    header, _, *rows = r.stdout.splitlines()
-    assert f"{name} param norm" in header and f"{name} grad norm" in header and f"{name} update norm" in header
+    title, header, _, *rows = r.stdout.splitlines()
+    assert title == f"{name}: norm"              # the tensor and statistic once, a column per kind
+    assert header.split()[0] == "step" and sorted(header.split()[1:]) == ["grad", "param", "update"]
     assert [int(row.split()[0]) for row in rows] == list(range(6))
     j = json.loads(nndb("inspect", mlp_trace, "--series", name, "--kind", "grad", "--json").stdout)
     assert [s["kind"] for s in j["series"]] == ["grad"] and j["series"][0]["steps"] == list(range(6))
@@ -82,7 +83,7 @@ def test_readme_first_command_finds_the_planted_bug(tmp_path):
     assert r.returncode == 0, r.stderr
     r = nndb("inspect", trace, "--series", "loss", "--stat", "nan_count")
     assert r.returncode == 0
-    counts = [float(line.split()[1]) for line in r.stdout.splitlines()[2:]]
+    counts = [float(line.split()[1]) for line in r.stdout.splitlines()[3:]]   # (title, header, rule)
     assert counts[0] == 0 and counts[-1] == 1               # the loss turned NaN and stayed NaN
 
 

@@ -9,7 +9,7 @@ from click.testing import CliRunner
 
 from conftest import example, nndb
 from nndb.cli import cli
-from nndb.debugger.report import _clean
+from nndb.numbers import json_value as _clean
 from nndb.errors import EXIT_FAIL_ACTION, EXIT_USAGE
 from nndb.rules.base import Rule, StepContext
 from nndb.rules.catalog import load

@@ -15,8 +15,10 @@ def reference(t: torch.Tensor) -> dict:
            "zero_frac": float((x == 0).sum()) / x.numel() if x.numel() else math.nan}
     if fin.numel():
         out.update(mean=float(fin.mean()), std=float(fin.std()) if fin.numel() > 1 else 0.0,
-                   min=float(fin.min()), max=float(fin.max()), norm=float(fin.norm()),
-                   mean_abs=float(fin.abs().mean()))
+                   norm=float(fin.norm()), mean_abs=float(fin.abs().mean()))
+    values = x[~torch.isnan(x)]          # the extremes: of what is not NaN, an Inf included
+    if values.numel():
+        out.update(min=float(values.min()), max=float(values.max()))
     return out
 
 

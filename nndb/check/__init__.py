@@ -61,6 +61,7 @@ from ..config import RunConfig
 from ..errors import KillRun, UsageError
 from ..launcher import Target
 from ..runner import Recording
+from ..safetext import printable
 from .capture import Capture, LossMode
 from .checks import (OVERFIT_ITERS, Check, CheckReport, Outcome, data_check, finite_check, gradients_check,
                      initial_loss_check, shapes_check, updates_check)
@@ -84,7 +85,7 @@ def _where(exc: BaseException) -> str:
 
 
 def _stderr(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
+    print(printable(msg), file=sys.stderr, flush=True)
 
 
 class _UserInterrupt:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ctypes
 import fnmatch
+import math
 import os
 import re
 import runpy
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from ..errors import CommandError
+from ..numbers import fmt
 
 _VARS = "__nndb_vars__"
 _DOLLAR = re.compile(r"\$([A-Za-z_][A-Za-z0-9_]*)")
@@ -197,6 +199,18 @@ class StatRow:
         return getattr(self, stat)
 
 
+def loss_value(row: StatRow) -> float:
+    """``$loss``: the mean of the step's losses (one per backward pass) as
+    Python would compute it: NaN if one was NaN, +/-inf if one was infinite
+    (NaN for both signs); the statistics' mean is over the finite ones."""
+    if row.nan_count:
+        return math.nan
+    if row.inf_count:
+        pos, neg = row.max == math.inf, row.min == -math.inf
+        return math.nan if pos == neg else math.inf if pos else -math.inf
+    return row.mean
+
+
 class StatTable(dict):
     """name -> StatRow for one kind; a glob key returns the single match."""
 
@@ -230,16 +244,12 @@ def tensor_summary(t) -> str:
         from ..tracer.stats import stats_of
         x = t.detach()
         st = stats_of(x if x.is_floating_point() else x.double())
-        parts = [f"{k}={_num(st[k])}" for k in ("mean", "std", "min", "max", "norm", "zero_frac")]
+        parts = [f"{k}={fmt(st[k])}" for k in ("mean", "std", "min", "max", "norm", "zero_frac")]
         if st["nan_count"] or st["inf_count"]:
             parts += [f"nan={int(st['nan_count'])}", f"inf={int(st['inf_count'])}"]
         return head + " " + " ".join(parts)
     except Exception:
         return head
-
-
-def _num(v: float) -> str:
-    return f"{v:.4g}"
 
 
 def safe_repr(value, full: bool = False) -> str:

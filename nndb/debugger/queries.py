@@ -8,6 +8,8 @@ import weakref
 from typing import Optional
 
 from ..errors import CommandError
+from ..numbers import NOT_MEASURED
+from ..store.measured import measured, measured_column
 from ..store.schema import KINDS
 from . import evaluate as E
 from . import points as P
@@ -77,7 +79,7 @@ class RunQueries:
 
     def history(self, name: str, kind: Optional[str], stat: str):
         """(steps, values, kind) of one series, from the trace (and the steps
-        the writer has not flushed yet)."""
+        the writer has not flushed yet); a value is None where it was not measured."""
         import fnmatch
         series = self.series_names()
         if kind is None:
@@ -93,9 +95,7 @@ class RunQueries:
         elif (name, kind) not in series:
             raise CommandError(f"no {kind} tensor named '{name}' has been recorded")
         steps, block = self.history_rows(name, kind)
-        col = P.STATS.index(stat)
-        values = [row[col] for row in block]
-        return list(steps), values, kind
+        return list(steps), measured_column(block, stat, P.STATS), kind
 
     def history_rows(self, name: str, kind: str):
         """(steps, (N, 10) statistics) of one series, from the trace (while the
@@ -179,14 +179,16 @@ class RunQueries:
         return self.latest_record
 
     def stat_rows(self, kind: Optional[str] = None) -> dict:
-        """{kind: {name: StatRow}} of the last recorded step."""
+        """{kind: {name: StatRow}} of the last recorded step (NOT_MEASURED:
+        a statistic not measured at the step)."""
         out: dict = {k: {} for k in KINDS}
         rec = self.record
         if rec is None:
             return out
         stats = self.stats_of(rec)
-        for (name, k), row in zip(rec.names, stats):
-            out[k][name] = E.StatRow(name, k, *map(float, row))
+        mask = measured(stats).tolist()          # (one numpy pass for the step: conditions ask at every step)
+        for (name, k), row, ok in zip(rec.names, stats.tolist(), mask):
+            out[k][name] = E.StatRow(name, k, *(v if m else NOT_MEASURED for v, m in zip(row, ok)))
         return out
 
     def variables(self, frame=None, step_end: bool = False, stop=None) -> dict:
@@ -198,7 +200,7 @@ class RunQueries:
         v = {
             "step": self.last_step if (step_end or cur is None or cur.at_step_end)
             else cur.step if cur.step is not None else self.step_in_progress(),
-            "loss": loss.mean if loss is not None else None,
+            "loss": E.loss_value(loss) if loss is not None else None,
             "grad": E.StatTable("grad", rows["grad"]),
             "param": E.StatTable("param", rows["param"]),
             "weight": E.StatTable("param", rows["param"]),

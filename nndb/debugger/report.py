@@ -3,34 +3,17 @@ is documented in docs/report.md and versioned by ``nndb_report``."""
 from __future__ import annotations
 
 import json
-import math
 import os
 import tempfile
 
 from ..errors import UsageError
+from ..numbers import json_value
 
 REPORT_VERSION = 1
 
 
-def _clean(x):
-    if isinstance(x, float) and not math.isfinite(x):
-        return None if math.isnan(x) else ("inf" if x > 0 else "-inf")
-    if isinstance(x, dict):
-        return {str(k): _clean(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_clean(v) for v in x]
-    if isinstance(x, (str, int, bool)) or x is None:
-        return x
-    if isinstance(x, float):
-        return x
-    try:
-        return float(x)
-    except (TypeError, ValueError):
-        return str(x)
-
-
 def build(session, script: str, argv: list, exit_code: int, reason: str) -> dict:
-    return _clean({
+    return json_value({
         "nndb_report": REPORT_VERSION,
         "script": script,
         "argv": list(argv),

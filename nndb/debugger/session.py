@@ -24,6 +24,7 @@ import time
 from typing import Optional
 
 from ..errors import CommandError, KillRun, RestartRun
+from ..safetext import printable
 from . import evaluate as E
 from . import points as P
 from .listeners import session_listeners
@@ -96,11 +97,14 @@ class Session(CommandLoop, StopPoints, RunQueries):
         self.list_position = None               # where 'list' goes on: ((file, frame index), line)
 
     # -- output -----------------------------------------------------------------
+    # (everything the debugger prints passes here: names, messages and values
+    # from the script or a trace reach the terminal with their control
+    # characters shown, not obeyed)
     def message(self, text: str) -> None:
-        self.frontend.message(text)
+        self.frontend.message(printable(text))
 
     def error(self, text: str) -> None:
-        self.frontend.error(text)
+        self.frontend.error(printable(text))
 
     # -- the run's lifetime (called by the driver) --------------------------------
     def attach(self, rec, trace_path: str) -> None:

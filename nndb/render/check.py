@@ -2,6 +2,8 @@
 CheckReport.to_dict() instead)."""
 from __future__ import annotations
 
+from ..safetext import printable
+
 
 def text(report) -> str:
     ctx = report.context
@@ -17,4 +19,4 @@ def text(report) -> str:
         lines.append(line)
     counts = {s: sum(c.status == s for c in report.checks) for s in ("PASS", "FAIL", "SKIP")}
     lines.append(f"{counts['PASS']} passed, {counts['FAIL']} failed, {counts['SKIP']} skipped")
-    return "\n".join(lines)
+    return printable("\n".join(lines))      # (names and messages from the script)

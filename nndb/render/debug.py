@@ -2,13 +2,12 @@
 from __future__ import annotations
 
 import linecache
-import math
 import os
 
 from tabulate import tabulate
 
 from .table import Table
-from .text import fmt
+from ..numbers import fmt
 
 
 def render(result) -> str:
@@ -30,13 +29,8 @@ def render(result) -> str:
 
 
 def _loss(session) -> str:
-    row = next(iter(session.stat_rows()["loss"].values()), None)
-    if row is None:
-        return "no loss recorded"
-    if math.isnan(row.mean) and (row.nan_count or row.inf_count):
-        # the statistics are over the finite values: say what the loss is
-        return "loss nan" if row.nan_count else "loss +/-inf"
-    return f"loss {fmt(row.mean)}"
+    loss = session.variables().get("loss")
+    return "no loss recorded" if loss is None else f"loss {fmt(loss)}"
 
 
 def _where(session) -> str:

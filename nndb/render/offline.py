@@ -4,6 +4,7 @@ never saw, and a summary (``--json`` prints OfflineResult.to_dict() instead)."""
 from __future__ import annotations
 
 from ..rules.offline import NEEDS
+from ..safetext import printable
 
 
 def finding_line(f) -> str:
@@ -26,4 +27,4 @@ def text(result) -> str:
     n = len(result.findings)
     lines.append(f"nndb: {result.trace}: {result.steps_checked} step(s) checked with {len(result.rules_run)} "
                  f"rule(s): {n} finding{'' if n == 1 else 's'}")
-    return "\n".join(lines)
+    return printable("\n".join(lines))      # (names and messages from a trace)

@@ -1,28 +1,25 @@
-"""Text renderers: data in, lines out (tabulate tables)."""
+"""Text renderers of ``nndb inspect``: data in, lines out (tabulate tables).
+Numbers go through nndb.numbers.fmt (``-``: not measured); what came from
+the trace is made safe for the terminal (nndb.safetext) on the way out."""
 from __future__ import annotations
 
 import datetime
-import math
 
 from tabulate import tabulate
 
+from ..numbers import fmt
+from ..safetext import printable, printable_line
 
-def fmt(x) -> str:
-    if x is None or (isinstance(x, float) and math.isnan(x)):
-        return "-"
-    if isinstance(x, float):
-        if math.isinf(x):
-            return "inf" if x > 0 else "-inf"
-        if x == int(x) and abs(x) < 1e15:
-            return str(int(x))
-        return f"{x:.4g}"
-    return str(x)
+__all__ = ["fmt", "summary", "series"]
 
 
 def summary(data: dict) -> str:
     m = data["meta"]
     end = data.get("end") or {}
-    started = datetime.datetime.fromtimestamp(m.get("start_time", 0)).strftime("%Y-%m-%d %H:%M:%S")
+    try:
+        started = datetime.datetime.fromtimestamp(m.get("start_time", 0)).strftime("%Y-%m-%d %H:%M:%S")
+    except (TypeError, ValueError, OverflowError, OSError):
+        started = "?"
     lines = [
         f"trace      {data['trace']} (schema v{data['schema_version']})",
         f"script     {m.get('script')}  argv {' '.join(m.get('argv', [])[1:]) or '-'}",
@@ -41,20 +38,20 @@ def summary(data: dict) -> str:
     span = "" if data["first_step"] is None else f" (steps {data['first_step']}..{data['last_step']})"
     lines.append(f"recorded   {data['steps']} step(s){span}, schedule {m.get('schedule', '?')}")
     for e in data.get("events", []):
-        lines.append(f"event      step {e.get('step')}: {e.get('kind')}: {e.get('message')}")
+        lines.append(printable_line(f"event      step {e.get('step')}: {e.get('kind')}: {e.get('message')}"))
     if data["tensors"]:
         rows = []
         for t in data["tensors"]:
             last, mn, mx = t["last"], t["min"], t["max"]
             bad = (mx.get("nan_count") or 0) + (mx.get("inf_count") or 0)
-            rows.append([t["name"], t["kind"], t["rows"], fmt(last["mean"]), fmt(last["std"]),
+            rows.append([printable_line(t["name"]), printable_line(t["kind"]), t["rows"], fmt(last["mean"]), fmt(last["std"]),
                          fmt(last["norm"]), f"{fmt(mn['norm'])}..{fmt(mx['norm'])}",
                          fmt(last["zero_frac"]), "yes" if bad else ""])
         lines.append("")
         lines.append(tabulate(rows, headers=["tensor", "kind", "steps", "mean", "std", "norm",
                                              "norm min..max", "zero_frac", "nan/inf"],
                               disable_numparse=True))
-    return "\n".join(lines)
+    return printable("\n".join(lines))
 
 
 def series(data: dict) -> str:
@@ -64,5 +61,6 @@ def series(data: dict) -> str:
         for step, v in zip(s["steps"], s["values"]):
             by_step.setdefault(step, {})[s["kind"]] = v
     rows = [[step] + [fmt(by_step[step].get(k)) for k in kinds] for step in sorted(by_step)]
-    headers = ["step"] + [f"{data['name']} {k} {data['stat']}" for k in kinds]
-    return tabulate(rows, headers=headers, disable_numparse=True)
+    # the tensor and statistic once, above a column per kind
+    title = f"{data['name']}: {data['stat']}"
+    return printable(title + "\n" + tabulate(rows, headers=["step"] + kinds, disable_numparse=True))

@@ -1,6 +1,9 @@
 """The bottom toolbar: the step, the last loss and why the run stopped."""
 from __future__ import annotations
 
+from ..numbers import fmt
+from ..safetext import printable_line
+
 
 def toolbar_text(session) -> str:
     if session is None:
@@ -21,7 +24,7 @@ def toolbar_text(session) -> str:
         loss = session.variables().get("loss")
     except Exception:
         loss = None
-    parts.append(f"loss {loss:.4g}" if isinstance(loss, float) else "loss -")
+    parts.append(f"loss {fmt(loss)}")
     if cur is not None:
         why = cur.kind
         if cur.hits:
@@ -31,4 +34,4 @@ def toolbar_text(session) -> str:
         parts.append(f"stopped: {why}")
     else:
         parts.append(session.state)
-    return " " + "  |  ".join(parts) + " "
+    return printable_line(" " + "  |  ".join(parts) + " ")

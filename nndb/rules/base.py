@@ -131,7 +131,10 @@ class StepContext:
             return float(self._stats[i, STAT_INDEX["mean"]])
         n, s, _, _, _, _, _, nan, inf = self.record.raw[i].tolist()
         finite = n - nan - inf
-        return s / finite if finite > 0 else math.nan
+        if finite > 0:
+            return s / finite
+        from ..tracer.stats import finalize_column
+        return float(finalize_column(self.record.raw[i:i + 1], "mean")[0])    # (inf for an infinite loss)
 
     def col(self, stat: str) -> np.ndarray:
         """One statistic for every series of the step."""

@@ -28,9 +28,13 @@ ten statistics of a scalar loss (``scalar_raw``, no numpy reduction).  At
 default) everything: also mean, std, min, max, mean |x| and the zero
 fraction.  Unmeasured fields are NaN.  NaN and Inf are counted only when a
 cheap check (a non-finite sum or sum of squares) says there may be some.
-When a tensor has non-finite elements, the other statistics describe its
-finite elements, so a gradient with three NaN
-still shows the norm of the rest; ``count`` is always the element count.
+When a tensor has non-finite elements, mean, std, norm and mean |x| describe
+its finite elements, so a gradient with three NaN still shows the norm of the
+rest; min and max are those of the elements that are not NaN, so an Inf is
+the extreme it is.  A tensor with no finite element is described as it is:
+an infinite loss has mean, min, max, norm and mean |x| of ``inf`` (``-inf``
+for the mean and extremes of negative infinities) and a NaN std; with a NaN,
+mean, std, norm and mean |x| are NaN.  ``count`` is always the element count.
 """
 from __future__ import annotations
 
@@ -96,7 +100,8 @@ def _host_array(t: torch.Tensor) -> np.ndarray:
 
 @_quiet
 def _segment_raw_exact(seg: np.ndarray) -> np.ndarray:
-    """Slow path for a segment that holds NaN or Inf: statistics of its finite part."""
+    """Slow path for a segment that holds NaN or Inf: sums over its finite
+    part, extremes over its elements that are not NaN."""
     raw = empty_raw()
     raw[_I_N] = seg.size
     nan = np.isnan(seg)
@@ -108,9 +113,11 @@ def _segment_raw_exact(seg: np.ndarray) -> np.ndarray:
     if fin.size:
         raw[_I_SUM] = fin.sum()
         raw[_I_SQ] = np.einsum("i,i->", fin, fin)
-        raw[_I_MIN] = fin.min()
-        raw[_I_MAX] = fin.max()
         raw[_I_ABS] = np.abs(fin).sum()
+    if raw[_I_NAN] < seg.size:
+        values = seg[~nan]
+        raw[_I_MIN] = values.min()
+        raw[_I_MAX] = values.max()
     return raw
 
 
@@ -198,8 +205,10 @@ def host_raw_segments(flat: np.ndarray, sizes: np.ndarray, full: bool = True) ->
 def scalar_row(v: float) -> list:
     """Raw row of one number (a scalar loss) as a list: no numpy call at all
     (the recorder's rows become one array when the step closes)."""
-    if math.isnan(v) or math.isinf(v):
-        return [1.0, 0.0, 0.0, math.inf, -math.inf, 0.0, 0.0, float(math.isnan(v)), float(math.isinf(v))]
+    if math.isnan(v):
+        return [1.0, 0.0, 0.0, math.inf, -math.inf, 0.0, 0.0, 1.0, 0.0]
+    if math.isinf(v):
+        return [1.0, 0.0, 0.0, v, v, 0.0, 0.0, 0.0, 1.0]
     return [1.0, v, v * v, v, v, abs(v), float(v == 0), 0.0, 0.0]
 
 
@@ -419,7 +428,11 @@ def finalize_column(raws: np.ndarray, stat: str) -> np.ndarray:
     if stat == "inf_count":
         return r[:, _I_INF].copy()
     if stat in _COLUMN_FROM_RAW:
-        return _column(r, stat)
+        out = _column(r, stat)
+        none_finite = (r[:, _I_N] > r[:, _I_NAN] + r[:, _I_INF]) == 0
+        if stat != "zero_frac" and none_finite.any():       # (rare: finalize_many's own rules)
+            out[none_finite] = finalize_many(r[none_finite])[:, STAT_NAMES.index(stat)]
+        return out
     return finalize_many(r)[:, STAT_NAMES.index(stat)]
 
 
@@ -465,8 +478,14 @@ def finalize_many(raws: Sequence[np.ndarray]) -> np.ndarray:
     var = np.where(finite > 1, (sq - s * mean) / (finite - 1), 0.0)
     out[:, 1] = mean
     out[:, 2] = np.where(has, np.sqrt(np.maximum(var, 0.0)), np.nan)
-    out[:, 3] = np.where(has, mn, np.nan)
-    out[:, 4] = np.where(has, mx, np.nan)
+    some = n - nnan > 0                 # elements that are not NaN: their extremes
+    out[:, 3] = np.where(some, mn, np.nan)
+    out[:, 4] = np.where(some, mx, np.nan)
     out[:, 5] = np.where(has, np.sqrt(np.where(sq >= 0, sq, np.nan)), np.nan)
     out[:, 6] = np.where(has, sa / finite, np.nan)
+    only_inf = ~has & some & (nnan == 0)        # every element infinite: the tensor as it is
+    if only_inf.any():
+        out[only_inf, 1] = np.where(mn == np.inf, np.inf, np.where(mx == -np.inf, -np.inf, np.nan))[only_inf]
+        out[only_inf, 5] = np.inf
+        out[only_inf, 6] = np.inf
     return out

@@ -6,6 +6,8 @@ import linecache
 import math
 
 from ...errors import CommandError
+from ...numbers import fmt
+from ...store.measured import measured_values
 from ...store.schema import KIND_WORDS, STAT_NAMES
 from .. import evaluate as E
 from .. import points as P
@@ -89,7 +91,7 @@ def _stats(s, arg):
             continue
         if glob and not fnmatch.fnmatchcase(name, glob):
             continue
-        vals = dict(zip(P.STATS, map(float, row)))
+        vals = dict(zip(P.STATS, measured_values(row, P.STATS)))
         rows.append((name, k, *(vals[c] for c in STAT_COLUMNS)))
     if not rows and glob:
         raise CommandError(f"no {kind or ''} tensor matches '{glob}' at step {rec.step}".replace("  ", " "))
@@ -128,18 +130,20 @@ SPARKS = "▁▂▃▄▅▆▇█"
 
 
 def sparkline(values, width: int = 60) -> str:
-    vals = [float(v) for v in values]
+    """One character per value: a bar for a finite one, ``!`` for NaN or Inf,
+    a space where nothing was measured (None)."""
+    vals = [None if v is None else float(v) for v in values]
     if len(vals) > width:              # keep the shape: one bucket mean per character
         step = len(vals) / width
         vals = [_mean(vals[int(i * step):max(int((i + 1) * step), int(i * step) + 1)]) for i in range(width)]
-    finite = [v for v in vals if math.isfinite(v)]
-    if not finite:
-        return " " * len(vals)
-    lo, hi = min(finite), max(finite)
+    finite = [v for v in vals if v is not None and math.isfinite(v)]
+    lo, hi = (min(finite), max(finite)) if finite else (0.0, 0.0)
     out = []
     for v in vals:
-        if not math.isfinite(v):
-            out.append("!" if not math.isnan(v) else " ")
+        if v is None:
+            out.append(" ")
+        elif not math.isfinite(v):
+            out.append("!")
         elif hi == lo:
             out.append(SPARKS[3])
         else:
@@ -148,8 +152,11 @@ def sparkline(values, width: int = 60) -> str:
 
 
 def _mean(xs):
-    f = [x for x in xs if math.isfinite(x)]
-    return sum(f) / len(f) if f else math.nan
+    """A bucket's mean of its finite values; NaN if it has only NaN or Inf; None if nothing was measured."""
+    f = [x for x in xs if x is not None and math.isfinite(x)]
+    if f:
+        return sum(f) / len(f)
+    return math.nan if any(x is not None for x in xs) else None
 
 
 def _history(s, arg):
@@ -157,10 +164,11 @@ def _history(s, arg):
     steps, values, kind = s.history(name, kind, stat)
     if len(steps) == 0:
         return f"{name} ({kind}): nothing recorded yet"
-    rows = [(int(a), float(b)) for a, b in zip(steps[-last:], values[-last:])]
-    finite = [v for v in values if math.isfinite(v)]
-    lines = [f"{name} ({kind}) {stat}, {len(steps)} recorded step(s) {int(steps[0])}..{int(steps[-1])}"
-             + (f", min {min(finite):.4g} max {max(finite):.4g}" if finite else ""),
+    rows = [(int(a), b) for a, b in zip(steps[-last:], values[-last:])]
+    numbers = [v for v in values if v is not None and not math.isnan(v)]     # (an Inf is an extreme)
+    what = name if name == kind else f"{name} ({kind})"          # (the loss: "loss", not "loss (loss)")
+    lines = [f"{what} {stat}, {len(steps)} recorded step(s) {int(steps[0])}..{int(steps[-1])}"
+             + (f", min {fmt(min(numbers))} max {fmt(max(numbers))}" if numbers else ""),
              sparkline(values)]
     return [*lines, Table(("step", stat), rows)]
 
@@ -255,7 +263,7 @@ def _info_step(s):
         rows.append(("backward passes", rec.backward_count))
         rows.append(("optimizer steps", rec.optimizer_steps))
         loss = s.variables()["loss"]
-        rows.append(("loss", loss if loss is not None else "-"))
+        rows.append(("loss", loss))
     if s.rec is not None:
         rows.append(("step clock", s.rec.tracer.clock.mode.name.lower()))
     rows.append(("trace", s.trace_path or "-"))
