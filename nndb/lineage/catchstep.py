@@ -83,11 +83,14 @@ class StepEndCatch:
     def reset(self) -> None:
         self.bad = set()
 
-    def check(self, record, points: list, replay: Optional[Replay], accept: Callable) -> tuple:
+    def check(self, record, catching: Callable[[], list], replay: Optional[Replay], accept: Callable) -> tuple:
         """(hits, note) for a record handed on at a step end: hits as in
         ``hits_from_events``, or, where the replay failed, one hit per point
         saying so; ``note``: a line for the user when the step went
-        non-finite but no operation of it made the value (or None)."""
+        non-finite but no operation of it made the value (or None).
+        ``catching()``: the catch points (asked again after the replay, which
+        may hand the session's points back as new objects)."""
+        points = catching()
         if record is None or not points:
             return [], None
         if not record.nonfinite:
@@ -99,8 +102,7 @@ class StepEndCatch:
                if record.names[i] not in self.bad]
         first = not self.bad
         self.bad.update(record.names[i] for i in rows)
-        points = [p for p in points if any(_wanted(p, nan, inf) for _, nan, inf in new)]
-        if not new or not points:
+        if not new:
             return [], None
         step = record.step
         why = "time travel is not available in this session" if replay is None else None
@@ -109,10 +111,13 @@ class StepEndCatch:
                 data = replay(step)
             except CommandError as e:
                 why = str(e).removeprefix("nndb: ")
+            numbers = {p.number for p in points}
+            points = [p for p in catching() if p.number in numbers]
         if why is not None:
             series = [f"{k} {n}" if k != "loss" else n for (n, k), _, _ in new]
             hits = []
-            for p in points:
+            # (from the counts alone: an Inf that became NaN within the step is not seen)
+            for p in (p for p in points if any(_wanted(p, nan, inf) for _, nan, inf in new)):
                 detail = {"step": step, "unlocated": why, "series": series[:SHOWN_SERIES],
                           "more_series": max(0, len(series) - SHOWN_SERIES),
                           "nan": any(nan for _, nan, _ in new)}

@@ -134,10 +134,9 @@ class LineageControl:
     def step_end_catch(self, s, record, accept) -> tuple:
         """(hits, note) of the catch points armed at the step end, for the
         record handed on at this step end (catchstep.StepEndCatch.check)."""
-        points = self.catching()
-        if not points or self.eager() or record is None:
+        if record is None or not self.catching() or self.eager():
             return [], None
-        return self.step_end.check(record, points, lambda step: self.replay(s, step), accept)
+        return self.step_end.check(record, self.catching, lambda step: self.replay(s, step), accept)
 
     def run_ended(self) -> None:
         if self.recorder is not None:

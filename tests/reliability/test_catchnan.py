@@ -137,3 +137,71 @@ def test_catch_arguments():
     assert _catch_arg("nonfinite fail --eager") == ("nonfinite", True, True)
     with pytest.raises(CommandError, match="catch what"):
         _catch_arg("nan --eagre")
+
+
+# -- the step-end policy, as a unit ------------------------------------------------------------
+
+def _record(step, bad=()):
+    """A StepRecord of loss and fc.weight's grad; ``bad``: {name: (nan, inf)}."""
+    import numpy as np
+    from nndb.tracer import stats as S
+    from nndb.tracer.recorder import StepRecord
+    names = [("loss", "loss"), ("fc.weight", "grad")]
+    raw = np.zeros((2, S.N_RAW))
+    for i, (n, _) in enumerate(names):
+        nan, inf = dict(bad).get(n, (0, 0))
+        raw[i, S.RAW_FIELDS.index("nnan")], raw[i, S.RAW_FIELDS.index("ninf")] = nan, inf
+    return StepRecord(step, 0.0, 1, 1, names, raw)
+
+
+# one op (a log) that made an Inf from finite inputs, then a mul that made NaN of it
+_OPS = [["log", "forward", [0], [1], [[3]], ["float32"], None, "t.py", 11, None],
+        ["mul", "forward", [1, 2], [3], [[3]], ["float32"], None, "t.py", 12, None]]
+_EVENTS = [[0, {"nan": False, "inf": True, "in_nan": False, "in_inf": False, "origin": None, "inputs": []}],
+           [1, {"nan": True, "inf": False, "in_nan": False, "in_inf": True, "origin": 0, "inputs": []}]]
+
+
+def test_the_step_end_check_replays_the_step_where_a_series_first_went_bad():
+    from nndb.debugger.points import CatchPoint
+    from nndb.lineage.catchstep import StepEndCatch
+    nan, inf = CatchPoint(number=1, what_kind="nan"), CatchPoint(number=2, what_kind="inf")
+    replayed = []
+
+    def replay(step):
+        replayed.append(step)
+        return {"ops": _OPS, "events": _EVENTS}
+
+    c = StepEndCatch()
+    check = lambda rec: c.check(rec, lambda: [nan, inf], replay, lambda p, d: True)   # noqa: E731
+    assert check(_record(0)) == ([], None) and replayed == []                   # finite: no replay
+    hits, note = check(_record(1, {"loss": (1, 0)}))
+    assert replayed == [1] and note is None
+    assert [(p.number, d["op"], d["line"], d.get("via", {}).get("op")) for p, d in hits] == \
+        [(2, "log", 11, None), (1, "log", 11, "mul")]                          # in the order the ops ran
+    assert check(_record(2, {"loss": (1, 0)})) == ([], None) and replayed == [1]   # already bad: not again
+    check(_record(3, {"loss": (1, 0), "fc.weight": (0, 2)}))                   # a new series went bad
+    assert replayed == [1, 3]
+    check(_record(4))
+    check(_record(5, {"loss": (1, 0)}))                                         # bad again after a finite step
+    assert replayed == [1, 3, 5]
+
+
+def test_the_step_end_check_says_when_it_cannot_locate_the_operation():
+    from nndb.debugger.points import CatchPoint
+    from nndb.errors import CommandError
+    from nndb.lineage.catchstep import StepEndCatch
+    nan, inf = CatchPoint(number=1, what_kind="nan"), CatchPoint(number=2, what_kind="inf")
+
+    def replay(step):
+        raise CommandError("nndb: time travel is off in this run (--replica off)")
+
+    hits, _ = StepEndCatch().check(_record(4, {"fc.weight": (3, 0)}), lambda: [nan, inf], replay,
+                                   lambda p, d: True)
+    assert [p.number for p, _ in hits] == [1]                # only NaN: the inf point does not fire
+    d = hits[0][1]
+    assert d["step"] == 4 and d["unlocated"] == "time travel is off in this run (--replica off)"
+    assert d["series"] == ["grad fc.weight"] and "op" not in d
+    # a replay that finds no operation making the value: one line, no hit
+    hits, note = StepEndCatch().check(_record(4, {"loss": (1, 0)}), lambda: [nan], lambda st: {"ops": [], "events": []},
+                                      lambda p, d: True)
+    assert hits == [] and "step 4 went non-finite (loss loss)" in note
