@@ -4,6 +4,7 @@ checked, and the run stops at that step's end naming the same operation,
 module, source line and step as the per-operation check (``--eager``), which
 still stops inside the operation.  Where no replay is possible it says so."""
 import json
+import os
 import re
 import textwrap
 
@@ -11,8 +12,6 @@ import pytest
 
 from conftest import Ran, example, nndb
 from nndb.store.reader import TraceReader
-
-import os
 
 PHASES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts", "catchnan_phases.py")
 
