@@ -17,6 +17,7 @@ step and activations are recorded on every step.
     python scripts/bench.py                      # all workloads, default sizes
     python scripts/bench.py --pairs 7 --json bench.json
     python scripts/bench.py --workload cnn --every 10
+    python scripts/bench.py --catch --pairs 5    # catch nan against detect_anomaly (mlp, cnn)
 
 Targets (default recording): cnn <= 1.10x, mlp <= 1.5x; with ``--lineage all``
 (the op recorder on every step): cnn <= 2x the plain step.
@@ -49,6 +50,7 @@ is the one the targets are about.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -194,22 +196,27 @@ def _recording(schedule, tmpdir, flush_secs=None):
     return rec, _session(rec, path), path
 
 
-def timed_loop(build, steps, recorded, schedule, tmpdir, seed=0):
+def timed_loop(build, steps, recorded, schedule, tmpdir, seed=0, arm=None, around=contextlib.nullcontext):
     """Seconds for ``steps`` steps after WARMUP untimed ones (both under the
     recorder when ``recorded``), the final loss, trace bytes per step, and the
     seconds the warm-up took (where nndb's one-time costs fall: naming the
-    model, choosing the step rule, creating series)."""
+    model, choosing the step rule, creating series).  ``arm(session)`` sets
+    the debugger up before the run (a catch point); both loops run inside
+    ``around()`` (torch.autograd.set_detect_anomaly)."""
     model, opt, crit, data = build(seed)
     rec, path = None, None
     if recorded:
         rec, session, path = _recording(schedule, tmpdir)
+        if arm is not None:
+            arm(session)
         rec.__enter__()
-    t = time.perf_counter()
-    train(model, opt, crit, data, WARMUP)
-    warmup = time.perf_counter() - t
-    t = time.perf_counter()
-    loss = train(model, opt, crit, data, steps)
-    elapsed = time.perf_counter() - t
+    with around():
+        t = time.perf_counter()
+        train(model, opt, crit, data, WARMUP)
+        warmup = time.perf_counter() - t
+        t = time.perf_counter()
+        loss = train(model, opt, crit, data, steps)
+        elapsed = time.perf_counter() - t
     size = None
     if rec is not None:
         rec.__exit__(None, None, None)
@@ -412,6 +419,10 @@ def main(argv=None):
                          "(deterministic: compares two trees where the machine's noise hides a few percent)")
     ap.add_argument("--instructions-child", nargs=3, metavar=("WORKLOAD", "MODE", "STEPS"),
                     help=argparse.SUPPRESS)
+    ap.add_argument("--catch", action="store_true",
+                    help="instead: plain, nndb, 'catch nan' armed, 'catch nan --eager' and "
+                         "torch.autograd.set_detect_anomaly side by side (default workloads: mlp and cnn; "
+                         "see scripts/bench_catch.py)")
     ap.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     args = ap.parse_args(argv)
     global RULES, REPLICA, LINEAGE
@@ -447,6 +458,11 @@ def main(argv=None):
                 json.dump({"torch": torch.__version__, "schedule": schedule.describe(),
                            "instructions": counted}, fh, indent=2)
         return 0
+    if args.catch:
+        import bench_catch
+        with tempfile.TemporaryDirectory() as tmpdir:
+            return bench_catch.main(args.workload or ["mlp", "cnn"], args.pairs, args.scale, schedule, tmpdir,
+                                    WORKLOADS, timed_loop, args.json)
     results = []
     with tempfile.TemporaryDirectory() as tmpdir:
         for name in names:

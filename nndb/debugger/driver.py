@@ -19,6 +19,7 @@ from ..lineage.control import LineageControl
 from ..render import debug as renderer
 from ..rules.catalog import load as load_rules
 from ..runner import RunResult, _stderr, record
+from ..timetravel.lineage_replay import replay_checked
 from ..timetravel.machine import TimeMachine, parse_size
 from ..timetravel.schedule import parse_every
 from . import rcfiles, report
@@ -79,13 +80,15 @@ def build_session(frontend, options: DebugOptions) -> Session:
         memory = parse_size(options.checkpoint_memory) if options.checkpoint_memory else None
     except ValueError as e:
         raise UsageError(str(e)) from None
+    lineage = LineageControl(options.lineage)
+    lineage.replay = replay_checked          # (catch points armed at the step end locate the op by a replay)
     return Session(frontend, TABLE, renderer, interactive=interactive,
                    stop_at_start=interactive and options.stop_at_start,
                    rules=load_rules(options.rules),
                    machine=TimeMachine(options.replica, options.total_steps, rules_spec=options.rules or "none",
                                        lineage_spec=options.lineage, every=options.checkpoint_every,
                                        memory_kib=memory),
-                   lineage=LineageControl(options.lineage))
+                   lineage=lineage)
 
 
 def debug(config: RunConfig, options: DebugOptions, frontend,

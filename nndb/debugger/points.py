@@ -92,13 +92,16 @@ class ExprBreak(Point):
 class CatchPoint(Point):
     """``catch nan|inf|nonfinite``: the first operation (forward, backward or the
     optimizer's) whose output is not finite while its inputs were; for ``nan``,
-    an output with NaN while no input had one."""
+    an output with NaN while no input had one.  Found at the end of the step
+    that made it, by a replay of that step (nndb.lineage.catchstep), or with
+    ``eager`` inside the operation, every operation being checked as the run goes."""
     what_kind: str = "nonfinite"
+    eager: bool = False
 
     type_name = "catchpoint"
 
     def what(self) -> str:
-        return f"catch {self.what_kind}"
+        return f"catch {self.what_kind}" + (" --eager" if self.eager else "")
 
     def matches(self, info: dict) -> bool:
         finite_in = not (info["in_nan"] or info["in_inf"])

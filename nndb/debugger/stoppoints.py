@@ -191,9 +191,10 @@ class StopPoints:
         return hits
 
     def _check_step_end(self, step: int, record) -> Optional[Stop]:
-        hits = self.check_points_at_step_end(step, record)
+        hits = self.check_points_at_step_end(step, record) + self._step_end_catch(record)
         if hits:
-            kind = "watchpoint" if all(isinstance(p, P.Watch) for p, _ in hits) else "breakpoint"
+            kind = "watchpoint" if all(isinstance(p, P.Watch) for p, _ in hits) else \
+                "catchpoint" if all(isinstance(p, P.CatchPoint) for p, _ in hits) else "breakpoint"
             return Stop(kind, step, hits=hits)
         if self._pending_start:
             self._pending_start = False
@@ -210,6 +211,16 @@ class StopPoints:
         elif self.mode == "until" and self.until_step is not None and step >= self.until_step:
             return Stop("until", step)
         return None
+
+    def _step_end_catch(self, record) -> list:
+        """The hits of the catch points armed at the step end: the record
+        says the step went non-finite, a replay of it names the operation."""
+        if self.lineage is None or record is None:
+            return []
+        hits, note = self.lineage.step_end_catch(self, record, self.point_hits)
+        if note:
+            self.error(note)
+        return hits
 
     def _expr_hit(self, p: P.ExprBreak, step: int) -> Optional[dict]:
         frame = E.stop_frame(self._hook_frame)

@@ -9,10 +9,11 @@ for a step asked for after the fact (a replica replays it: ``get``).
 from __future__ import annotations
 
 import sys
-from typing import Optional
+from typing import Callable, Optional
 
 from ..errors import CommandError
-from .oprecord import FILE, LINE, MODULE, NODE, OP, PHASE, op_name
+from .catchstep import StepEndCatch, catch_detail
+from .oprecord import MODULE
 
 
 def parse_steps(text: Optional[str]):
@@ -54,6 +55,11 @@ class LineageControl:
         self.recorder = None
         self.done: dict = {}           # step -> StepLineage (live maps: EXPR -> id)
         self.session = None
+        # replay(session, step) -> a step's NaN/Inf-checked lineage, on a replica
+        # (set by the driver, which may drive time travel); None: catch points
+        # are eager
+        self.replay: Optional[Callable] = None
+        self.step_end = StepEndCatch()
 
     # -- policy ---------------------------------------------------------------------------
     def catching(self) -> list:
@@ -62,14 +68,31 @@ class LineageControl:
             return []
         return s.catch_points()
 
+    def eager(self) -> bool:
+        """Does a catch point need every operation checked as the run goes?
+        One armed --eager does; so does any where no step can be replayed:
+        in a replica other than a scan (the past, a prediction: they take no
+        checkpoints) and in a run without time travel (--replica off)."""
+        points = self.catching()
+        if not points:
+            return False
+        s = self.session
+        if any(p.eager for p in points) or self.replay is None:
+            return True
+        if s.replica is not None:
+            return s.replica.kind != "scan"
+        m = s.machine
+        return m is None or m.mode == "off"
+
     def wants(self, step: int) -> bool:
         return self.always or step in self.forced or (self.wanted is not None and self.wanted(step)) \
-            or bool(self.catching())
+            or self.eager()
 
     # -- the run ------------------------------------------------------------------------
     def attach(self, s) -> None:
         self.session = s
         self.done = {}
+        self.step_end.reset()
         if self.recorder is not None:
             self.recorder.stop()
         self.recorder = None
@@ -89,9 +112,10 @@ class LineageControl:
             if self.recorder is None:
                 from .ops import OpRecorder
                 self.recorder = OpRecorder(s.rec.tracer)
-            self.recorder.check = bool(self.catching()) or step in self.forced
+            eager = self.eager()
+            self.recorder.check = eager or step in self.forced
             self.recorder.stats = self.stats
-            self.recorder.on_nonfinite = self._nonfinite
+            self.recorder.on_nonfinite = self._nonfinite if eager else None
             if self.recorder.current is None:
                 self.recorder.start(step)
             elif self.recorder.current.step != step:
@@ -111,6 +135,13 @@ class LineageControl:
                 s.rec.writer.lineage(step, done.as_dict())
         self.refresh(step + 1)
 
+    def step_end_catch(self, s, record, accept) -> tuple:
+        """(hits, note) of the catch points armed at the step end, for the
+        record handed on at this step end (catchstep.StepEndCatch.check)."""
+        if record is None or not self.catching() or self.eager():
+            return [], None
+        return self.step_end.check(record, self.catching, lambda step: self.replay(s, step), accept)
+
     def run_ended(self) -> None:
         if self.recorder is not None:
             self.recorder.stop()
@@ -122,19 +153,14 @@ class LineageControl:
         cur = self.recorder.current if self.recorder is not None else None
         if s is None or cur is None:
             return
-        op = cur.ops[idx]
         hits = []
         for p in self.catching():
             if p.matches(info):
-                detail = dict(_where(op), step=cur.step, nan=info["nan"], inputs=info["inputs"])
-                if info.get("origin") is not None:
-                    # a NaN from an Inf: the operation that made the Inf is where it began
-                    detail["via"] = {k: detail[k] for k in ("op", "phase", "module", "file", "line", "node")}
-                    detail.update(_where(cur.ops[info["origin"]]), nan=False)
+                detail = catch_detail(cur.ops, cur.step, idx, info)
                 if s.point_hits(p, detail):
                     hits.append((p, detail))
         if hits:
-            s.on_catch(hits, op[MODULE], sys._getframe(1))
+            s.on_catch(hits, cur.ops[idx][MODULE], sys._getframe(1))
 
     # -- asking ----------------------------------------------------------------------------
     def live(self, step: int) -> Optional[dict]:
@@ -152,8 +178,3 @@ class LineageControl:
             sl = self.recorder.current
         return sl.find(t) if sl is not None else None
 
-
-def _where(op) -> dict:
-    """What a catch stop reports of an operation: its name, phase, module and source line."""
-    return {"op": op_name(op), "overload": op[OP], "phase": op[PHASE], "module": op[MODULE],
-            "file": op[FILE], "line": op[LINE], "node": op[NODE]}

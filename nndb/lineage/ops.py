@@ -16,7 +16,8 @@ runs it (``torch._C._current_autograd_node``).  The optimizer's operations
 run between the optimizer step hooks.
 
 With ``check`` on (``catch nan``), every floating-point output is tested for
-NaN/Inf; an output that is not finite while the inputs were calls
+NaN/Inf; an output that is not finite while the inputs were (or NaN while
+they held none) is noted in the step's ``events`` and, when set, calls
 ``on_nonfinite(op, info)``.  Nothing here changes a tensor or draws a random
 number: the run's numbers stay the same.
 """
@@ -39,6 +40,8 @@ _STDLIB = os.path.dirname(os.__file__)
 _SKIP = {torch.ops.profiler._record_function_enter_new.default,
          torch.ops.profiler._record_function_exit._RecordFunction}
 
+
+MAX_EVENTS = 50         # a step's events kept (the first ones are what a catch point reports)
 
 _SCRIPT: dict = {}      # code object -> is it the script's own code
 
@@ -84,6 +87,9 @@ class StepLineage:
         # them is the functional code of its forward (F.relu between two layers)
         self.containers: set = set()
         self._param_storage: Optional[dict] = None   # storage address -> parameter name (views by storage)
+        # [op index, info] of the ops a catch point may want (what on_nonfinite is
+        # given), in order: a replay of the step hands them to the live run
+        self.events: list = []
 
     def tid(self, t: torch.Tensor) -> int:
         """The id of this tensor as it is now: a tensor seen for the first time,
@@ -159,7 +165,8 @@ class StepLineage:
         return {"step": self.step, "ops": self.ops, "labels": {str(k): v for k, v in self.labels.items()},
                 "nonfinite": self.nonfinite, "checked": self.checked,
                 "first_bad": self.first_bad, "stats": {str(k): v for k, v in self.stats.items()},
-                "containers": sorted(self.containers)}
+                "containers": sorted(self.containers),
+                "events": self.events}
 
 
 class OpRecorder(TorchDispatchMode):
@@ -313,9 +320,15 @@ class OpRecorder(TorchDispatchMode):
         except Exception:
             self.errors += 1
             return func(*args, **(kwargs or {}))
+        pre = None
+        if self.check and _mutates(func):
+            try:
+                pre = _flags(ins)                # (an in-place op's input is its output afterwards)
+            except Exception:
+                self.errors += 1
         out = func(*args, **(kwargs or {}))
         try:
-            self._note(cur, func, ins, in_ids, out)
+            self._note(cur, func, ins, in_ids, out, pre)
         except Exception:
             self.errors += 1
         return out
@@ -352,7 +365,7 @@ class OpRecorder(TorchDispatchMode):
         except Exception:
             return None
 
-    def _note(self, cur, func, ins, in_ids, out) -> None:
+    def _note(self, cur, func, ins, in_ids, out, pre: Optional[tuple] = None) -> None:
         outs = _tensors((out,), [])
         node = torch._C._current_autograd_node()
         if node is not None:
@@ -384,23 +397,52 @@ class OpRecorder(TorchDispatchMode):
                 cur.stats[idx] = [d[k] for k in OP_STATS]
         if self.check:
             cur.checked = True
-            self._check(cur, idx, ins, in_ids, outs)
+            self._check(cur, idx, ins, in_ids, outs, pre)
 
-    def _check(self, cur, idx: int, ins: list, in_ids: list, outs: list) -> None:
+    def _check(self, cur, idx: int, ins: list, in_ids: list, outs: list, pre: Optional[tuple]) -> None:
+        """``pre``: the inputs' (NaN, Inf) before an in-place operation wrote
+        them (after it, a written input holds the output)."""
         out_nan, out_inf = _flags(outs)
         if not (out_nan or out_inf):
             return
         cur.first_bad.setdefault(cur.ops[idx][PHASE], idx)
-        in_nan, in_inf = _flags(ins)
+        in_nan, in_inf = pre if pre is not None else _flags(ins)
         finite_in = not (in_nan or in_inf)
         if finite_in:
             cur.nonfinite.append(idx)        # this operation made the first non-finite value
         elif not (out_nan and not in_nan):
             return                           # it only passed on what came in
+        if len(cur.events) >= MAX_EVENTS and self.on_nonfinite is None:
+            return
+        origin = None if finite_in else cur.origin_of(in_ids)
+        info = {"nan": out_nan, "inf": out_inf, "in_nan": in_nan, "in_inf": in_inf,
+                "origin": origin, "inputs": [_described(a, outs, pre) for a in ins]}
+        if len(cur.events) < MAX_EVENTS:
+            cur.events.append([idx, info])
         if self.on_nonfinite is not None:
-            origin = None if finite_in else cur.origin_of(in_ids)
-            self.on_nonfinite(idx, {"nan": out_nan, "inf": out_inf, "in_nan": in_nan, "in_inf": in_inf,
-                                    "origin": origin, "inputs": [describe(a) for a in ins]})
+            self.on_nonfinite(idx, info)
+
+
+_MUTABLE: dict = {}     # op overload -> does it write one of its inputs
+
+
+def _mutates(func) -> bool:
+    m = _MUTABLE.get(func)
+    if m is None:
+        try:
+            m = _MUTABLE[func] = bool(func._schema.is_mutable)
+        except Exception:
+            m = _MUTABLE[func] = False
+    return m
+
+
+def _described(t: torch.Tensor, outs: list, pre: Optional[tuple]) -> dict:
+    """An input as a catch stop shows it; one an in-place operation wrote is
+    seen after it (marked so)."""
+    d = describe(t)
+    if pre is not None and any(o is t for o in outs):
+        d["written"] = True
+    return d
 
 
 def _tensors(xs, acc: list) -> list:

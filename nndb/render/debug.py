@@ -77,6 +77,11 @@ def _at(d: dict) -> str:
 
 def catch_line(head: str, point, d: dict) -> str:
     what = "NaN" if d.get("nan") else "Inf"
+    if "unlocated" in d:
+        series = ", ".join(d["series"]) + (f" and {d['more_series']} more" if d.get("more_series") else "")
+        return (f"{head} ({point.what()}): step {d['step']} made {what} ({series}), but the operation could "
+                f"not be located: {d['unlocated']}\n  ('catch {point.what_kind} --eager' checks every "
+                f"operation as the run goes)")
     s = f"{head} ({point.what()}): {d['op']} made {what} in the {d['phase']} pass of step {d['step']} ({_at(d)})"
     v = d.get("via")
     if v:
@@ -84,7 +89,8 @@ def catch_line(head: str, point, d: dict) -> str:
     of = v["op"] if v else d["op"]
     for i, x in enumerate(d.get("inputs", [])):
         stats = ", ".join(f"{k} {fmt(x[k])}" for k in ("min", "max", "mean", "nan", "inf") if k in x)
-        s += f"\n  input {i} of {of}: {x['dtype']} {tuple(x['shape'])}" + (f": {stats}" if stats else "")
+        s += f"\n  input {i} of {of}: {x['dtype']} {tuple(x['shape'])}" + (f": {stats}" if stats else "") \
+            + (" (after the operation wrote it in place)" if x.get("written") else "")
     return s
 
 
@@ -103,6 +109,12 @@ def stop_line(session, stop) -> str:
         if len(lines) == 1 and stop.at_step_end and lines[0].endswith(f"step {stop.step}") \
                 and "Watchpoint" not in lines[0]:
             return f"{lines[0]} finished, {_loss(session)}{where}"
+        replayed = [d["step"] for _, d in stop.hits if d.get("located") == "replay"]
+        if replayed and stop.at_step_end:
+            k = replayed[0]
+            back = f"'goto {k - 1}' then 'continue' stops inside the operation" if k > 0 else \
+                "'catch --eager' then 'run' stops inside the operation"
+            at += f"; found by a replay of step {k} with every operation checked: {back}"
         return "\n".join(lines) + f"\n  ({at}){where}"
     if stop.kind == "start":
         what = f"module {stop.module} is about to run its forward" if stop.module else f"step {stop.step} finished"

@@ -3,6 +3,8 @@ the step from the checkpoint before it with the op recorder on (and finds
 the tensors of expressions evaluated in its frame)."""
 from __future__ import annotations
 
+import time
+
 from ..errors import CommandError
 from ..lineage.fetch import recorded_lineage
 
@@ -22,3 +24,16 @@ def replay_lineage(s, machine, step: int, resolve: tuple = ()) -> tuple:
     if recorded_lineage(s, step, whole=False) is None:
         s.rec.writer.lineage(step, data)
     return data, res["result"].get("resolved", {})
+
+
+def replay_checked(s, step: int) -> dict:
+    """The NaN/Inf-checked lineage of ``step``, which has just ended, replayed
+    for a catch point armed at the step end (nndb.lineage.catchstep); the
+    replay's time is not the run's (the checkpoint schedule's clock)."""
+    machine = s.machine
+    t0 = time.monotonic()
+    try:
+        return replay_lineage(s, machine, step)[0]
+    finally:
+        if machine is not None:
+            machine.paused(time.monotonic() - t0)

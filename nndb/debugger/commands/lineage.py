@@ -11,7 +11,7 @@ from .. import points as P
 from ..points import parse_int
 from .table import Command
 
-CATCH_USAGE = "catch nan|inf|nonfinite [fail]"
+CATCH_USAGE = "catch nan|inf|nonfinite [--eager] [fail]"
 
 
 def get_lineage(s, step: int, check: bool = False, resolve: tuple = ()):
@@ -84,19 +84,27 @@ def _consumers(s, arg):
 
 def _catch_arg(text: str):
     words = text.split()
-    fail = bool(words) and words[-1] == "fail"
-    if fail:
-        words = words[:-1]
+    fail = "fail" in words
+    eager = "--eager" in words
+    words = [w for w in words if w not in ("fail", "--eager")]
     if len(words) != 1 or words[0] not in ("nan", "inf", "nonfinite"):
         raise CommandError("catch what? (nan, inf or nonfinite)", CATCH_USAGE)
-    return words[0], fail
+    return words[0], eager, fail
 
 
 def _catch(s, arg):
-    kind, fail = arg
-    lineage_control(s)
-    p = s.add_point(P.CatchPoint, {"what_kind": kind}, fail=fail)
-    return f"Catchpoint {p.number}: {p.what()} (every operation's output is checked while it is enabled)"
+    kind, eager, fail = arg
+    lc = lineage_control(s)
+    p = s.add_point(P.CatchPoint, {"what_kind": kind, "eager": eager}, fail=fail)
+    if lc.eager():
+        how = "every operation's output is checked while it is enabled"
+        if not eager:
+            how += " (no step can be replayed here" + (": --replica off" if s.machine is not None and
+                                                        s.machine.mode == "off" and s.replica is None else "") + ")"
+    else:
+        how = ("each step's NaN/Inf counts are checked; a step that went non-finite is replayed to find the "
+               "operation, and the run stops at that step's end ('--eager' stops inside the operation)")
+    return f"Catchpoint {p.number}: {p.what()} ({how})"
 
 
 def _origin(s, name):
@@ -152,7 +160,12 @@ step from now ('off' stops), with --stats every op's output statistics too;
     Command("catch", CATCH_USAGE, """Stop at the first operation whose output is not finite while its inputs were.
 Forward, backward or the optimizer's; 'nan' stops where a NaN appears and names
 the operation that made the Inf behind it, if any.  Reports the operation,
-module, source line and the inputs' statistics.""",
+module, source line and the inputs' statistics.  Cheap enough to leave on:
+each step's recorded NaN/Inf counts are checked, a step that went bad is
+replayed on a replica with every operation checked, and the run stops at
+the end of that step.  --eager checks every operation as the run goes and
+stops inside the operation (as it does anyway in the past and with
+--replica off).""",
             _catch, _catch_arg, args=("sub:nan|inf|nonfinite",), group="lineage"),
     Command("origin", "origin NAME", """Trace a non-finite parameter back to where it came from.
 The step whose update introduced it, the gradient that carried it, and the

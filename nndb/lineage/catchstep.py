@@ -1,0 +1,133 @@
+"""``catch nan`` at the cost of one check a step: the step-end catch.
+
+A catch point is armed in one of two ways:
+
+* at the step end (the default, where a replica can replay a step): the
+  step's record already holds the NaN and Inf counts of the loss, of every
+  parameter, gradient and update (and of the activations on the steps they
+  are recorded), so "did this step make a non-finite value" costs one count
+  of the record's rows.  A step where a series went non-finite that was
+  finite until then (since the last all-finite record) is replayed on a
+  replica with the op recorder's NaN/Inf checks on, and the replay's
+  *events* (the operations that made a non-finite value, nndb.lineage.ops)
+  become the catch point's hits, reported at the end of that step;
+* eagerly (``catch nan --eager``, and wherever no replay is possible: in a
+  replica, with ``--replica off``): every operation's output is checked as the
+  run goes and the run stops inside the operation (LineageControl).
+
+Both build a hit's detail with ``catch_detail``, so the two report the same
+operation, module, source line and step.  Plain functions and one small
+class; the replay itself is passed in (this package cannot drive one).
+"""
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+import numpy as np
+
+from ..errors import CommandError
+from ..tracer.stats import NONFINITE_FIELDS
+from .oprecord import FILE, LINE, MODULE, NODE, OP, PHASE, op_name
+
+# replay(step) -> the step's lineage dict (with "ops" and "events"), NaN/Inf-checked;
+# raises CommandError when the step cannot be replayed
+Replay = Callable[[int], dict]
+
+SHOWN_SERIES = 4        # the non-finite series named in a stop that could not locate its operation
+
+
+def where(op) -> dict:
+    """What a catch stop reports of an operation: its name, phase, module and source line."""
+    return {"op": op_name(op), "overload": op[OP], "phase": op[PHASE], "module": op[MODULE],
+            "file": op[FILE], "line": op[LINE], "node": op[NODE]}
+
+
+def catch_detail(ops: list, step: int, idx: int, info: dict) -> dict:
+    """A catch hit's detail for the operation ``idx`` of a step (``info``: what
+    the op recorder noted of it)."""
+    detail = dict(where(ops[idx]), step=step, nan=info["nan"], inputs=info["inputs"])
+    if info.get("origin") is not None:
+        # a NaN from an Inf: the operation that made the Inf is where it began
+        detail["via"] = {k: detail[k] for k in ("op", "phase", "module", "file", "line", "node")}
+        detail.update(where(ops[info["origin"]]), nan=False)
+    return detail
+
+
+def hits_from_events(points: list, data: dict, step: int, accept: Callable) -> list:
+    """[(point, detail)] of the replayed step's events, in the order the
+    operations ran; ``accept(point, detail)`` is the session's hit test
+    (condition, ignore count)."""
+    hits = []
+    ops = data.get("ops", [])
+    for idx, info in data.get("events", []):
+        for p in points:
+            if p.matches(info):
+                detail = dict(catch_detail(ops, step, int(idx), info), located="replay")
+                if accept(p, detail):
+                    hits.append((p, detail))
+    return hits
+
+
+def _wanted(p, nan: bool, inf: bool) -> bool:
+    return {"nan": nan, "inf": inf}.get(p.what_kind, nan or inf)
+
+
+class StepEndCatch:
+    """The step-end catch of one run: which series have been non-finite
+    since the last all-finite record (a NaN that spreads step after step is
+    looked for once, where it began)."""
+
+    def __init__(self):
+        self.bad: set = set()
+
+    def reset(self) -> None:
+        self.bad = set()
+
+    def check(self, record, catching: Callable[[], list], replay: Optional[Replay], accept: Callable) -> tuple:
+        """(hits, note) for a record handed on at a step end: hits as in
+        ``hits_from_events``, or, where the replay failed, one hit per point
+        saying so; ``note``: a line for the user when the step went
+        non-finite but no operation of it made the value (or None).
+        ``catching()``: the catch points (asked again after the replay, which
+        may hand the session's points back as new objects)."""
+        points = catching()
+        if record is None or not points:
+            return [], None
+        if not record.nonfinite:
+            self.bad = set()
+            return [], None
+        flags = record.raw[:, NONFINITE_FIELDS] > 0
+        rows = np.flatnonzero(flags.any(axis=1))
+        new = [(record.names[i], bool(flags[i, 0]), bool(flags[i, 1])) for i in rows
+               if record.names[i] not in self.bad]
+        first = not self.bad
+        self.bad.update(record.names[i] for i in rows)
+        if not new:
+            return [], None
+        step = record.step
+        why = "time travel is not available in this session" if replay is None else None
+        if replay is not None:
+            try:
+                data = replay(step)
+            except CommandError as e:
+                why = str(e).removeprefix("nndb: ")
+            numbers = {p.number for p in points}
+            points = [p for p in catching() if p.number in numbers]
+        if why is not None:
+            series = [f"{k} {n}" if k != "loss" else n for (n, k), _, _ in new]
+            hits = []
+            # (from the counts alone: an Inf that became NaN within the step is not seen)
+            for p in (p for p in points if any(_wanted(p, nan, inf) for _, nan, inf in new)):
+                detail = {"step": step, "unlocated": why, "series": series[:SHOWN_SERIES],
+                          "more_series": max(0, len(series) - SHOWN_SERIES),
+                          "nan": any(nan for _, nan, _ in new)}
+                if accept(p, detail):
+                    hits.append((p, detail))
+            return hits, None
+        hits = hits_from_events(points, data, step, accept)
+        note = None
+        if not hits and first:
+            note = (f"nndb: step {step} went non-finite ({new[0][0][1]} {new[0][0][0]}), but its replay found no "
+                    f"operation that made the value from finite inputs: it came in with the step's data or "
+                    f"from before the step")
+        return hits, note
