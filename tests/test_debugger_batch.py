@@ -12,6 +12,7 @@ import os
 import re
 import shlex
 
+import numpy as np
 import pytest
 
 from conftest import Ran, example, nndb
@@ -187,31 +188,33 @@ def test_breakpoints_report_lists_each_stop_with_its_detail(breakpoints_run):
 # -- watchpoints ------------------------------------------------------------------
 
 def test_watch_grad_relative_rule_cnn(tmp_path, trace):
-    """`watch grad conv*`: norm outside [1/100, 50] x its first value.  With a
-    far too large learning rate a conv gradient collapses or explodes."""
+    """`watch grad conv*`: the smoothed norm (median of the last 3) leaves
+    [1/100, 50] x the baseline.  With a far too large learning rate a conv
+    gradient collapses or explodes."""
     report = str(tmp_path / "r.json")
     r = nndb("run", "--batch", "--trace", trace, "--report", report, "-e", "watch grad conv*",
-             example("cnn.py"), "--steps", "8", "--lr", "1", cwd=str(tmp_path))
+             example("cnn.py"), "--steps", "12", "--lr", "10", cwd=str(tmp_path))
     assert r.returncode == 0, r.stderr
     _no_traceback_from_nndb(r.stderr)
-    assert "Watchpoint 1: grad conv* norm outside [0.01, 50] x first" in r.stdout
+    assert "Watchpoint 1: grad conv* norm outside [0.01, 50] x baseline" in r.stdout
     data = _report(report)
     assert data["stops"], r.stdout
     with TraceReader(trace) as t:
         for s in data["stops"]:
             d = s["detail"]
             assert (s["reason"], s["id"]) == ("watchpoint", 1)
-            assert re.fullmatch(r"conv\d\.(weight|bias)", d["tensor"])
+            assert re.fullmatch(r"conv\d\.weight", d["tensor"])        # the biases' gradients are ~0: not judged
             assert (d["kind"], d["stat"], d["step"], d["fail"]) == ("grad", "norm", s["step"], False)
             assert "op" not in d and "threshold" not in d
             steps, values = t.history(t.find(d["tensor"], "grad")[0], "norm")
-            assert steps[0] == 0 and d["first"] == pytest.approx(values[0], rel=1e-9)
-            assert d["value"] == pytest.approx(values[list(steps).index(s["step"])], rel=1e-9)
-            ratio = d["value"] / d["first"]
+            i = list(steps).index(s["step"])
+            assert i >= 2 and d["value"] == pytest.approx(values[i], rel=1e-9)
+            assert d["smoothed"] == pytest.approx(float(np.median(values[i - 2:i + 1])), rel=1e-9)
+            ratio = d["smoothed"] / d["baseline"]
             assert ratio < 0.01 or ratio > 50
             line = (f"Watchpoint 1: grad {d['tensor']} norm = ")
-            assert re.search(re.escape(line) + r"\S+ \(first \S+, x\S+\) at step " + str(s["step"]) + "$",
-                             r.stdout, re.M)
+            assert re.search(re.escape(line) + r"\S+ \(smoothed \S+, baseline \S+, x\S+\) at step "
+                             + str(s["step"]), r.stdout, re.M)
 
 
 NAN_WATCH = """\

@@ -29,7 +29,7 @@ def _clean(x):
         return str(x)
 
 
-def build(session, script: str, argv: list, exit_code: int, reason: str) -> dict:
+def build(session, script: str, argv: list, exit_code: int, reason: str, pending=()) -> dict:
     return _clean({
         "nndb_report": REPORT_VERSION,
         "script": script,
@@ -39,6 +39,7 @@ def build(session, script: str, argv: list, exit_code: int, reason: str) -> dict
         "trace": session.trace_path,
         "stops": session.stops,
         "findings": session.findings,
+        "pending": [{"id": p.number, "type": p.type_name, "what": p.what(), "fail": p.fail} for p in pending],
     })
 
 

@@ -121,8 +121,7 @@ class Session(CommandLoop, StopPoints, RunQueries):
         for p in self.points.values():
             p.hits = 0                        # gdb counts the hits of each run
             if isinstance(p, P.Watch):
-                p.baseline.clear()
-                p.streak.clear()
+                p.reset()
         self._listeners = session_listeners(self)
         rec.listeners.extend(self._listeners)
         if self.rules is not None:
