@@ -431,7 +431,17 @@ class Session(CommandLoop, StopPoints, RunQueries):
         }
 
     def restore(self, state: dict) -> None:
+        mine = self.points
         self.points = {p.number: p for p in map(P.point_from_dict, state.get("points", [])) if p is not None}
+        for n, p in self.points.items():
+            if isinstance(p, P.Watch):
+                # a watch's streaks and baselines belong to this process's own
+                # steps (a replica replays the past): keep ours, or start afresh
+                old = mine.get(n)
+                if isinstance(old, P.Watch) and old.what() == p.what():
+                    p.band, p.streak = old.band, old.streak
+                else:
+                    p.streak.clear()
         self._next_number = max(self._next_number, int(state.get("next_number", 1)))
         self.displays = []
         for n, src in state.get("displays", []):

@@ -204,11 +204,20 @@ $grad['NAME'].norm, $act['NAME'].zero_frac ... give the step's statistics.""",
             _tbreak, _break_arg, aliases=("tb",), args=("sub:step|module|if", "module", "sub:forward|backward|fail"),
             group="breakpoints"),
     Command("watch", P.WATCH_USAGE, """Stop when a recorded statistic of matching tensors crosses a value.
-  watch grad conv*                          norm leaves [1/100, 50] x its first value
+  watch grad conv*                          smoothed norm leaves [1/100, 50] x baseline
   watch grad *.weight norm > 1e3
   watch act fc3 zero_frac == 1 consecutive 3   all zero three steps in a row
   watch loss nan_count > 0
 STAT is one of the recorded statistics (default norm); OP one of > >= < <= == !=.
+Without OP VALUE (the relative rule): the smoothed value, the median of the
+last 3, is judged against a baseline that starts as the median of the first 3
+and follows the smoothed value slowly (its log moves 1/20 of the way per step);
+it holds outside [1/100, 50] x baseline, or at an inf.  A tensor whose starting
+baseline is at most 1e-6 x the largest of its kind is numerically zero: named
+once, and not judged against the band.
+A watch hits when its condition has held K steps in a row (consecutive K,
+default 1), then again only after it was false (edge-triggered, as in gdb);
+"always" hits every K steps while it holds.
 A trailing "fail" makes a hit fail the run (exit code 4).""",
             _watch, P.parse_watch, args=("kind", "tensor", "stat", "op"), group="breakpoints"),
     Command("condition", "condition N [EXPR]", "Stop at breakpoint N only if EXPR is true; no EXPR removes the condition.",
