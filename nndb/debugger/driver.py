@@ -128,8 +128,9 @@ def debug(config: RunConfig, options: DebugOptions, frontend,
     session.machine.close()
     pending = session.pending_points()
     for p in pending:
+        what = "module" if p.type_name == "breakpoint" else f"{p.kind} tensor"
         message(f"nndb: {p.type_name} {p.number} ({p.what()}{' [fail]' if p.fail else ''}) was still pending "
-                f"at the end of the run: nothing it names was ever seen")
+                f"at the end of the run: no {what} matched '{p.glob}'")
     pending_fail = [p.number for p in pending if p.fail]
     if session.command_file_error:
         code, reason = EXIT_USAGE, session.command_file_error
