@@ -244,3 +244,21 @@ def test_the_startup_check_skips_commands_blocks():
     lines = [QueuedLine(t) for t in ("break step 1", "commands", "silent", "p $step", "end", "watch loss")]
     assert first_error(TABLE, lines) is None
     assert first_error(TABLE, lines + [QueuedLine("frob", "f.nndb", 7)]).startswith('f.nndb:7: undefined command')
+
+
+def test_a_replica_keeps_its_own_watch_streaks_when_points_change_hands():
+    """The snapshot of another process (the present, for a replica replaying
+    the past) carries that process's streaks: a watch this process has too
+    keeps its own; a new one starts afresh, so its hits in the past are not
+    swallowed by a streak of the present."""
+    from nndb.debugger.frontend import ScriptedFrontend
+    from nndb.debugger.session import Session
+    from nndb.render import debug as renderer
+    s = Session(ScriptedFrontend([]), TABLE, renderer)
+    mine = s.add_point(P.Watch, {k: v for k, v in P.parse_watch("grad w norm > 1").items() if k != "fail"})
+    mine.streak["w"] = 2
+    theirs = {n: P.point_to_dict(p) for n, p in s.points.items()}
+    theirs[1]["streak"] = {"w": 7}
+    theirs[2] = dict(theirs[1], number=2, glob="v", streak={"v": 5})
+    s.restore({"points": list(theirs.values())})
+    assert s.points[1].streak == {"w": 2} and s.points[2].streak == {}
