@@ -411,7 +411,7 @@ def nan_lr_watched(tmp_path_factory):
 def test_watch_says_what_it_watches(nan_lr_watched):
     t = nan_lr_watched
     assert t.after("watch loss nan_count > 0").splitlines()[-1] == "Watchpoint 1: loss * nan_count > 0"
-    assert t.after("watch grad 0.weight").strip() == "Watchpoint 2: grad 0.weight norm outside [0.01, 50] x first"
+    assert t.after("watch grad 0.weight").strip() == "Watchpoint 2: grad 0.weight norm outside [0.01, 50] x baseline"
 
 
 def test_watch_on_a_glob_with_no_tensor_yet_stays_pending(nan_lr_watched):
@@ -437,7 +437,7 @@ def test_info_watchpoints_lists_them(nan_lr_watched):
 def test_watch_stops_when_the_grad_norm_leaves_50x_its_first_value(nan_lr_watched):
     t = nan_lr_watched
     c1 = t.after("c")
-    assert re.match(r"Watchpoint 2: grad 0\.weight norm = \S+ \(first \S+, x\S+\) at step (\d+)", c1)
+    assert re.match(r"Watchpoint 2: grad 0\.weight norm = \S+ \(smoothed \S+, baseline \S+, x\S+\) at step (\d+)", c1)
     step = int(re.match(r".* at step (\d+)", c1.splitlines()[0]).group(1))
     assert t.after("p $step").strip() == str(step)
 

@@ -3,6 +3,7 @@ of a NaN parameter, lineage asked after the fact equal to lineage recorded
 live, the module graph of a small CNN, and the trace's de-duplication."""
 import json
 import re
+import shlex
 import textwrap
 
 import pytest
@@ -186,7 +187,8 @@ def test_bad_lineage_commands_get_one_line(tmp_path, cmd, msg):
     script = _script(tmp_path, "cnn.py", CNN)
     r = _run(tmp_path, script, "-e", "break step 1", "-e", "continue", "-e", cmd, "-e", "continue")
     assert msg in r.stderr, r.stderr
-    assert r.returncode == 0
+    assert re.search(rf"^-e {re.escape(shlex.quote(cmd))}: ", r.stderr, re.M), r.stderr
+    assert r.returncode == 2              # an error in a batch run's -e command fails the run
 
 
 def test_bad_lineage_steps_option(tmp_path):

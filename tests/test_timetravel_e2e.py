@@ -194,9 +194,11 @@ def test_reverse_step_with_threads_says_why_and_replays_in_a_new_process(tmp_pat
 
 
 def test_bad_time_travel_commands_get_one_line(tmp_path, script):
-    cmds = ["break step 2", "continue", "goto 9", "present", "predict 0", "replay", "replay --verify 5:3",
-            "bisect", "reverse-step 5", "delete checkpoint 99", "continue"]
-    args = [a for c in cmds for a in ("-e", c)]     # (-e: an error does not end the rest, as in a file)
+    # the breakpoint's commands: an error there does not end the rest (an error
+    # in a -e line itself ends a batch run with exit 2)
+    cmds = ["break step 2", "commands", "goto 9", "present", "predict 0", "replay", "replay --verify 5:3",
+            "bisect", "reverse-step 5", "delete checkpoint 99", "end", "continue"]
+    args = [a for c in cmds for a in ("-e", c)]
     r = nndb("run", "--batch", "--nx", "--trace", str(tmp_path / "t.h5"), *args, script, cwd=str(tmp_path))
     assert "Traceback" not in r.stderr, r.stderr
     err = r.stderr

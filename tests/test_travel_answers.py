@@ -120,7 +120,8 @@ def _script_run(tmp_path, text, commands, *extra):
 
 
 def test_a_respawned_replay_of_an_unseeded_script_says_it_diverged(tmp_path):
-    r = _script_run(tmp_path, UNSEEDED, ["break step 5", "continue", "goto 2", 'p ("AT", $step)', "continue"],
+    # (from the breakpoint's commands: a failed -e line would end the batch run)
+    r = _script_run(tmp_path, UNSEEDED, ["break step 5", "commands", "goto 2", 'p ("AT", $step)', "end", "continue"],
                     "--replica", "respawn")
     assert re.search(r"the replay diverged from the recorded run at step 0: loss recorded [\d.e-]+, replayed "
                      r"[\d.e-]+ \(likely cause: unseeded randomness", r.stderr), r.stdout + r.stderr
@@ -130,8 +131,8 @@ def test_a_respawned_replay_of_an_unseeded_script_says_it_diverged(tmp_path):
 
 def test_a_replay_of_a_script_that_reads_a_changed_file_says_it_diverged(tmp_path):
     (tmp_path / "scale.txt").write_text("1.0")
-    r = _script_run(tmp_path, READS_A_FILE, ["break step 8", "continue", "goto 3", 'p ("AT", $step)', "continue"],
-                    "--replica", "fork")
+    r = _script_run(tmp_path, READS_A_FILE, ["break step 8", "commands", "goto 3", 'p ("AT", $step)', "end",
+                                             "continue"], "--replica", "fork")
     assert re.search(r"the replay diverged from the recorded run at step 1: loss recorded", r.stderr), \
         r.stdout + r.stderr
     assert "In the past" not in r.stdout and "('AT', 8)" in r.stdout
@@ -175,8 +176,9 @@ def test_set_on_a_hand_written_loop_changes_the_script_s_variable(tmp_path):
 
 
 def test_predict_set_refuses_what_it_cannot_apply(tmp_path):
-    r = _run(tmp_path, "gan.py", ["until 3", "predict 2 --set lr=0.5", "predict 2 --set foo=1",
-                                  "predict 2 --set optimizerG.lr=0.5", "continue"], "--steps", "6",
+    # (from the breakpoint's commands: a failed -e line would end the batch run)
+    r = _run(tmp_path, "gan.py", ["break step 3", "commands", "predict 2 --set lr=0.5", "predict 2 --set foo=1",
+                                  "predict 2 --set optimizerG.lr=0.5", "end", "continue"], "--steps", "6",
              extra=("--rules", "none"))
     assert "2 optimizers: say which, as in --set optimizerD.lr=0.5" in r.stderr
     assert "unknown key 'foo'" in r.stderr

@@ -4,6 +4,7 @@ mixin of Session (the table, the front end and run control are the session's).""
 from __future__ import annotations
 
 import collections
+import shlex
 from dataclasses import dataclass
 from typing import Optional
 
@@ -15,6 +16,10 @@ class QueuedLine:
     text: str
     source: Optional[str] = None   # file name (None: -e or typed)
     line: int = 0
+
+    def where(self) -> str:
+        """How an error in it says where it came from: ``FILE:LINE: `` or ``-e 'CMD': ``."""
+        return f"{self.source}:{self.line}: " if self.source else f"-e {shlex.quote(self.text)}: "
 
 
 class CommandLoop:
@@ -68,14 +73,15 @@ class CommandLoop:
                 if out:
                     self.message(out)
         except CommandError as e:
-            where = ""
-            if isinstance(source, QueuedLine) and source.source:
-                where = f"{source.source}:{source.line}: "
+            # a command file's line, or in batch mode any startup line, says
+            # where it came from and ends the run (exit 2)
+            fatal = isinstance(source, QueuedLine) and (bool(source.source) or not self.interactive)
+            where = source.where() if fatal else ""
             msg = f"{where}{e}"
             self.error(msg)
             if e.usage and not where:
                 self.error(f"usage: {e.usage}")
-            if isinstance(source, QueuedLine) and source.source:
+            if fatal:
                 self._file_error(source, msg)
         except (KillRun, RestartRun, KeyboardInterrupt, SystemExit):
             raise

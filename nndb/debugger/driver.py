@@ -95,8 +95,13 @@ def debug(config: RunConfig, options: DebugOptions, frontend,
           message: Callable[[str], None] = _stderr) -> DebugResult:
     interactive = not options.batch
     session = build_session(frontend, options)
-    session.queue_lines(rcfiles.startup_lines(list(options.command_files), list(options.eval_commands),
-                                              options.no_rc, message))
+    lines = rcfiles.startup_lines(list(options.command_files), list(options.eval_commands),
+                                  options.no_rc, message)
+    bad = rcfiles.first_error(TABLE, lines) if options.batch else None
+    if bad is not None:                 # a typo fails the run before the script starts
+        message(bad)
+        return _finish(config, options, session, None, EXIT_USAGE, bad)
+    session.queue_lines(lines)
     result: Optional[RunResult] = None
     first_path = config.trace_path
     start_cwd = os.getcwd()
@@ -130,14 +135,27 @@ def debug(config: RunConfig, options: DebugOptions, frontend,
         break
 
     session.machine.close()
+    pending = session.pending_points()
+    for p in pending:
+        what = "module" if p.type_name == "breakpoint" else f"{p.kind} tensor"
+        message(f"nndb: {p.type_name} {p.number} ({p.what()}{' [fail]' if p.fail else ''}) was still pending "
+                f"at the end of the run: no {what} matched '{p.glob}'")
+    pending_fail = [p.number for p in pending if p.fail]
     if session.command_file_error:
         code, reason = EXIT_USAGE, session.command_file_error
     elif session.failed_points:
         nums = ", ".join(str(n) for n in dict.fromkeys(session.failed_points))
         code, reason = EXIT_FAIL_ACTION, f"a point with the fail action hit ({nums})"
+    elif pending_fail:
+        code, reason = EXIT_USAGE, f"a point with the fail action stayed pending ({', '.join(map(str, pending_fail))})"
     else:
         code, reason = result.exit_code, result.reason or result.status
+    return _finish(config, options, session, result, code, reason, pending)
+
+
+def _finish(config, options, session, result, code: int, reason: str, pending=()) -> DebugResult:
     if options.report:
         t = config.target
-        report.write(options.report, report.build(session, t.path or f"-m {t.module}", t.args, code, reason))
+        report.write(options.report, report.build(session, t.path or f"-m {t.module}", t.args, code, reason,
+                                                  pending))
     return DebugResult(code, reason, result, session)

@@ -8,8 +8,8 @@ ignore count, condition, commands) and one of three triggers:
   forward (or its backward: the gradient of its output has just been computed);
 * ``ExprBreak``: a Python expression is true at a step end;
 * ``Watch``: a recorded statistic of the tensors matching a glob crosses a
-  threshold, or leaves [1/100, 50] times its first recorded value, possibly K
-  steps in a row.
+  threshold, or its smoothed value leaves [1/100, 50] times a slowly following
+  baseline (nndb.debugger.watchband), possibly K steps in a row.
 
 Parsing lives here too (``parse_break``, ``parse_watch``), so the grammar and
 the objects cannot drift apart.  Parse errors raise ``CommandError``.
@@ -17,7 +17,7 @@ the objects cannot drift apart.  Parse errors raise ``CommandError``.
 from __future__ import annotations
 
 import dataclasses
-
+import difflib
 import fnmatch
 import math
 import operator
@@ -26,16 +26,17 @@ from typing import Optional
 
 from ..errors import CommandError
 from ..store.schema import KIND_WORDS, STAT_NAMES as STATS
+from . import watchband
 # The statistics measured at every recorded step (the others only at full
 # steps); a watch on any other makes the session measure everything.
 BASIC_STATS = ("count", "norm", "nan_count", "inf_count")
 WATCH_KINDS = KIND_WORDS
 OPS = {">": operator.gt, ">=": operator.ge, "<": operator.lt, "<=": operator.le,
        "==": operator.eq, "!=": operator.ne}
-RELATIVE_LOW, RELATIVE_HIGH = 0.01, 50.0
 
 BREAK_USAGE = "break step N | break module GLOB [forward|backward] | break if EXPR  [fail] [if EXPR]"
-WATCH_USAGE = "watch KIND GLOB [STAT] [OP VALUE] [consecutive K] [fail]   (KIND: grad weight update act loss)"
+WATCH_USAGE = ("watch KIND GLOB [STAT] [OP VALUE] [consecutive K] [always] [fail]   "
+               "(KIND: grad weight update act loss)")
 
 
 @dataclass
@@ -121,7 +122,8 @@ class Watch(Point):
     op: Optional[str] = None
     value: Optional[float] = None
     consecutive: int = 1
-    baseline: dict = field(default_factory=dict)   # series name -> first value (relative rule)
+    always: bool = False             # level-triggered: a hit every K steps while the condition holds
+    band: dict = field(default_factory=dict)       # the relative rule's state (nndb.debugger.watchband)
     streak: dict = field(default_factory=dict)     # series name -> consecutive steps true
 
     type_name = "watchpoint"
@@ -131,53 +133,65 @@ class Watch(Point):
         if self.op is not None:
             s += f" {self.op} {self.value:g}"
         else:
-            s += f" outside [{RELATIVE_LOW:g}, {RELATIVE_HIGH:g}] x first"
+            s += " " + watchband.describe()
         if self.consecutive > 1:
             s += f" consecutive {self.consecutive}"
+        if self.always:
+            s += " always"
         return s
+
+    def reset(self) -> None:
+        """A new run: no baseline, no streak."""
+        self.band.clear()
+        self.streak.clear()
 
     def series(self, names) -> list:
         """The (name, kind) pairs of ``names`` this watch looks at."""
         return [(n, k) for n, k in names if k == self.kind and fnmatch.fnmatchcase(n, self.glob)]
 
-    def test(self, name: str, value: float) -> bool:
-        """Is the condition true for this series at this step?  (Updates the
-        baseline for the relative rule.)"""
+    def _holds(self, name: str, value: float, scale: float):
+        """None: the condition does not hold for this series at this step;
+        else the detail it adds (the band's numbers, for the relative rule)."""
         if self.op is not None:
-            return OPS[self.op](value, self.value)
-        if math.isnan(value) and self.stat not in ("nan_count", "inf_count"):
-            return False            # not measured at this step
-        if not math.isfinite(value):
-            return True
-        base = self.baseline.get(name)
-        if base is None or base == 0:
-            self.baseline[name] = value
-            return False
-        ratio = abs(value) / abs(base)
-        return ratio < RELATIVE_LOW or ratio > RELATIVE_HIGH
+            return {} if OPS[self.op](value, self.value) else None
+        return watchband.Band(self.band).judge(name, value, scale)
 
-    def check(self, rows) -> Optional[dict]:
-        """``rows``: [(name, value)] of the matching series at one step.
-        Returns the detail of the first series whose condition has held for
-        ``consecutive`` steps, or None."""
-        hit = None
+    def check(self, rows, scale: float = 0.0) -> Optional[dict]:
+        """``rows``: [(name, value)] of the matching series at one step
+        (``scale``: the largest finite |value| of the statistic among all
+        series of the kind, for the relative rule's numerically-zero test).
+        Edge-triggered, like gdb's watchpoints: a series hits when its
+        condition has held for ``consecutive`` steps in a row, and again only
+        after the condition was false at some step; ``always`` hits every
+        ``consecutive`` steps while it holds.  Returns the detail of the first
+        series that hits (the others that hit at that step under "also"), or
+        None."""
+        hits = []
         for name, value in rows:
-            if self.op is not None and math.isnan(value):
+            if math.isnan(value):
                 continue            # not measured at this step: the streak neither grows nor breaks
-            if self.test(name, value):
-                n = self.streak.get(name, 0) + 1
-                self.streak[name] = n
-                if n >= self.consecutive and hit is None:
-                    hit = {"tensor": name, "kind": self.kind, "stat": self.stat, "value": value}
-                    if self.op is not None:
-                        hit["op"], hit["threshold"] = self.op, self.value
-                    else:
-                        hit["first"] = self.baseline.get(name)
-            else:
+            extra = self._holds(name, value, scale)
+            if extra is None:
                 self.streak[name] = 0
-        if hit is not None:
-            self.streak[hit["tensor"]] = 0
+                continue
+            n = self.streak.get(name, 0) + 1
+            self.streak[name] = 0 if self.always and n >= self.consecutive else n
+            if n == self.consecutive or (self.always and n >= self.consecutive):
+                hits.append((name, value, extra))
+        if not hits:
+            return None
+        name, value, extra = hits[0]
+        hit = {"tensor": name, "kind": self.kind, "stat": self.stat, "value": value}
+        if self.op is not None:
+            hit["op"], hit["threshold"] = self.op, self.value
+        hit.update(extra)
+        if len(hits) > 1:
+            hit["also"] = [h[0] for h in hits[1:]]
         return hit
+
+    def take_zero_notes(self) -> list:
+        """[(name, baseline)] of the series newly found numerically zero (said once)."""
+        return watchband.Band(self.band).take_new_zero() if self.op is None else []
 
 
 _PORTABLE = {cls.__name__: cls for cls in (StepBreak, ModuleBreak, ExprBreak, Watch, CatchPoint)}
@@ -285,6 +299,25 @@ def parse_float(word: str, what: str) -> float:
         raise CommandError(f"{what} must be a number, not '{word}'", WATCH_USAGE) from None
 
 
+def did_you_mean(word: str, choices) -> str:
+    near = difflib.get_close_matches(word, list(choices), n=1)
+    return f"did you mean {near[0]}? " if near else ""
+
+
+def _unknown(what: str, word: str, choices) -> CommandError:
+    return CommandError(f"unknown {what} '{word}' ({did_you_mean(word, choices)}one of: {', '.join(choices)})",
+                        WATCH_USAGE)
+
+
+def _could_name_a_loss(word: str) -> bool:
+    """Loss series are named "loss" or "loss/OPTIMIZER": in ``watch loss WORD``,
+    a WORD that can match none of them is not a glob but a misspelt statistic."""
+    return word.startswith("loss") or fnmatch.fnmatchcase("loss", word) or any(c in word for c in "*?[")
+
+
+_KEYWORDS = ("consecutive", "always")
+
+
 def parse_watch(text: str) -> dict:
     """-> the fields of a Watch (and ``fail``)."""
     text, fail = split_action(text)
@@ -293,18 +326,20 @@ def parse_watch(text: str) -> dict:
         raise CommandError("watch what?", WATCH_USAGE)
     label = words.pop(0)
     if label not in WATCH_KINDS:
-        raise CommandError(f"unknown kind '{label}' (one of: {', '.join(WATCH_KINDS)})", WATCH_USAGE)
+        raise _unknown("kind", label, WATCH_KINDS)
     kind = WATCH_KINDS[label]
     glob = "*"
-    if words and not (kind == "loss" and (words[0] in STATS or words[0] in OPS or words[0] == "consecutive")):
+    if words and not (kind == "loss" and (words[0] in STATS or words[0] in OPS or words[0] in _KEYWORDS)):
+        if kind == "loss" and not _could_name_a_loss(words[0]):
+            raise _unknown("statistic", words[0], STATS)
         glob = words.pop(0)
     elif kind != "loss":
         raise CommandError(f"watch {label} needs a tensor name or glob", WATCH_USAGE)
     stat = "norm"
     if words and words[0] in STATS:
         stat = words.pop(0)
-    elif words and words[0] not in OPS and words[0] != "consecutive":
-        raise CommandError(f"unknown statistic '{words[0]}' (one of: {', '.join(STATS)})", WATCH_USAGE)
+    elif words and words[0] not in OPS and words[0] not in _KEYWORDS:
+        raise _unknown("statistic", words[0], STATS)
     op = value = None
     if words and words[0] in OPS:
         op = words.pop(0)
@@ -319,7 +354,10 @@ def parse_watch(text: str) -> dict:
         consecutive = parse_int(words.pop(0), "the count")
         if consecutive < 1:
             raise CommandError("the count must be at least 1", WATCH_USAGE)
+    always = bool(words) and words[0] == "always"
+    if always:
+        words.pop(0)
     if words:
         raise CommandError(f"unexpected '{' '.join(words)}'", WATCH_USAGE)
     return {"kind": kind, "label": label, "glob": glob, "stat": stat, "op": op, "value": value,
-            "consecutive": consecutive, "fail": fail}
+            "consecutive": consecutive, "always": always, "fail": fail}

@@ -4,6 +4,7 @@ a series' history from the trace.  A mixin of Session, kept apart so each file
 stays readable."""
 from __future__ import annotations
 
+import fnmatch
 import weakref
 from typing import Optional
 
@@ -54,6 +55,18 @@ class RunQueries:
             elif kind in ("param", "grad", "update"):
                 names |= {naming.param_name(p) for p in root.parameters()}
         return names
+
+    def pending_points(self) -> list:
+        """The watchpoints and module breakpoints whose glob matches nothing
+        seen (gdb's pending breakpoints), as the run ends."""
+        out = []
+        for p in sorted(self.points.values(), key=lambda p: p.number):
+            kind = p.kind if isinstance(p, P.Watch) else "module" if isinstance(p, P.ModuleBreak) else None
+            if kind is None or p.hits:
+                continue
+            if not any(fnmatch.fnmatchcase(n, p.glob) for n in self.known_names(kind)):
+                out.append(p)
+        return out
 
     def note_earlier_optimizers(self) -> None:
         """At a run's start: the optimizers alive then are not the run's (the

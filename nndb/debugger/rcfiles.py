@@ -62,6 +62,24 @@ def startup_lines(command_files: list, eval_commands: list, no_rc: bool,
     return lines
 
 
+def first_error(table, lines: list) -> Optional[str]:
+    """Batch mode checks its startup commands before the script runs: each
+    line must name a command and its arguments must parse (what needs the run,
+    a tensor's name or an expression's value, is checked when it runs).  The
+    lines of a ``commands`` block are skipped; they run at a stop."""
+    in_block = False
+    for q in lines:
+        if in_block:
+            in_block = q.text.strip() != "end"
+            continue
+        try:
+            parsed = table.parse(q.text)
+        except CommandError as e:
+            return q.where() + str(e)
+        in_block = parsed is not None and parsed[0].name == "commands"
+    return None
+
+
 def _quote(path: str) -> str:
     import shlex
     return shlex.quote(path)

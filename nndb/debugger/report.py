@@ -12,7 +12,7 @@ from ..numbers import json_value
 REPORT_VERSION = 1
 
 
-def build(session, script: str, argv: list, exit_code: int, reason: str) -> dict:
+def build(session, script: str, argv: list, exit_code: int, reason: str, pending=()) -> dict:
     return json_value({
         "nndb_report": REPORT_VERSION,
         "script": script,
@@ -22,6 +22,7 @@ def build(session, script: str, argv: list, exit_code: int, reason: str) -> dict
         "trace": session.trace_path,
         "stops": session.stops,
         "findings": session.findings,
+        "pending": [{"id": p.number, "type": p.type_name, "what": p.what(), "fail": p.fail} for p in pending],
     })
 
 

@@ -125,8 +125,7 @@ class Session(CommandLoop, StopPoints, RunQueries):
         for p in self.points.values():
             p.hits = 0                        # gdb counts the hits of each run
             if isinstance(p, P.Watch):
-                p.baseline.clear()
-                p.streak.clear()
+                p.reset()
         self._listeners = session_listeners(self)
         rec.listeners.extend(self._listeners)
         if self.rules is not None:
@@ -436,7 +435,17 @@ class Session(CommandLoop, StopPoints, RunQueries):
         }
 
     def restore(self, state: dict) -> None:
+        mine = self.points
         self.points = {p.number: p for p in map(P.point_from_dict, state.get("points", [])) if p is not None}
+        for n, p in self.points.items():
+            if isinstance(p, P.Watch):
+                # a watch's streaks and baselines belong to this process's own
+                # steps (a replica replays the past): keep ours, or start afresh
+                old = mine.get(n)
+                if isinstance(old, P.Watch) and old.what() == p.what():
+                    p.band, p.streak = old.band, old.streak
+                else:
+                    p.streak.clear()
         self._next_number = max(self._next_number, int(state.get("next_number", 1)))
         self.displays = []
         for n, src in state.get("displays", []):

@@ -3,6 +3,7 @@ calls, breakpoints, watchpoints and run-control targets.  A mixin of Session
 (``_stop`` is the session's); it only reads state and returns Stop objects."""
 from __future__ import annotations
 
+import math
 import sys
 import threading
 from dataclasses import dataclass, field
@@ -181,7 +182,8 @@ class StopPoints:
                 elif isinstance(p, P.ExprBreak):
                     detail = self._expr_hit(p, step)
                 elif isinstance(p, P.Watch) and fresh:
-                    detail = p.check(self._watch_rows(p, record))
+                    detail = p.check(*self._watch_rows(p, record))
+                    self._say_zero_baselines(p)
                     if detail is not None:
                         detail["step"] = record.step
             except CommandError as e:
@@ -228,11 +230,31 @@ class StopPoints:
                            what=f"break if {p.expr}: ")
         return {"expr": p.expr, "step": step} if value else None
 
-    def _watch_rows(self, p: P.Watch, record) -> list:
+    def _watch_rows(self, p: P.Watch, record) -> tuple:
+        """([(name, value)] of the series ``p`` watches at this record, the
+        largest finite |value| of its statistic among all series of its kind)."""
         col = P.STATS.index(p.stat)
         stats = self.stats_of(record)
-        return [(n, float(stats[i, col])) for i, (n, k) in enumerate(record.names)
-                if k == p.kind and P.fnmatch.fnmatchcase(n, p.glob)]
+        rows, scale = [], 0.0
+        for i, (n, k) in enumerate(record.names):
+            if k != p.kind:
+                continue
+            v = float(stats[i, col])
+            if math.isfinite(v):
+                scale = max(scale, abs(v))
+            if P.fnmatch.fnmatchcase(n, p.glob):
+                rows.append((n, v))
+        return rows, scale
+
+    def _say_zero_baselines(self, p: P.Watch) -> None:
+        """Once per series: the relative rule does not judge a numerically zero one."""
+        zero = p.take_zero_notes()
+        if not zero or (self.replica is not None and self.replica.replaying):
+            return
+        names = ", ".join(f"{n} ({base:.2g})" for n, base in zero)
+        self.message(f"Watchpoint {p.number}: not judging {names} against the band: "
+                     f"{'its' if len(zero) == 1 else 'their'} {p.label} {p.stat} is numerically zero "
+                     f"(at most {P.watchband.ZERO:g} x the largest {p.label} {p.stat})")
 
     def point_hits(self, p: P.Point, detail: dict, stop: Optional[Stop] = None) -> bool:
         """gdb's order: the condition decides whether it is a hit; a hit counts,

@@ -56,12 +56,15 @@ def _hit(point, detail: dict) -> str:
         s = f"{head}: {detail['kind']} {detail['tensor']} {detail['stat']} = {fmt(v)}"
         if "op" in detail:
             s += f" ({detail['op']} {fmt(detail['threshold'])})"
-        elif detail.get("first") is not None:
-            first = detail["first"]
-            s += f" (first {fmt(first)}" + (f", x{fmt(abs(v / first))}" if first else "") + ")"
+        elif detail.get("baseline") is not None:
+            sm, base = detail["smoothed"], detail["baseline"]
+            s += f" (smoothed {fmt(sm)}, baseline {fmt(base)}, x{fmt(abs(sm / base))})"
         if point.consecutive > 1:
             s += f" for {point.consecutive} steps in a row"
-        return s + f" at step {detail.get('step')}"
+        s += f" at step {detail.get('step')}"
+        if detail.get("also"):
+            s += f" (also: {', '.join(detail['also'])})"
+        return s
     if point.type_name == "catchpoint":
         return catch_line(head, point, detail)
     if point.type_name == "breakpoint" and "module" in detail:

@@ -54,7 +54,7 @@ def candidates(session, kind: str, words, current: str) -> list:
     if kind == "stat":
         return list(P.STATS) + (list(P.OPS) if words and words[0] == "watch" else [])
     if kind == "op":
-        return list(P.OPS) + ["consecutive", "fail"]
+        return list(P.OPS) + ["consecutive", "always", "fail"]
     if kind == "point":
         return [str(n) for n in sorted(session.points)]
     if kind == "info":

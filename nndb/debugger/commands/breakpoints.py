@@ -10,10 +10,19 @@ from .. import points as P
 from .table import Command, Table
 
 
-def _break(s, text, temporary=False):
+def _break_arg(text):
+    """The whole grammar, expressions compiled: a batch run checks its
+    startup commands with this before the script runs."""
     cls, fields, cond, fail = P.parse_break(text)
     if cls is P.ExprBreak:
         E.compile_expr(fields["expr"])
+    if cond is not None:
+        E.compile_expr(cond)
+    return cls, fields, cond, fail
+
+
+def _break(s, arg, temporary=False):
+    cls, fields, cond, fail = arg
     if cls is P.ModuleBreak:
         _check_glob(s, "module", fields["glob"])
     p = s.add_point(cls, fields, condition=cond, temporary=temporary, fail=fail)
@@ -25,12 +34,12 @@ def _break(s, text, temporary=False):
     return out
 
 
-def _tbreak(s, text):
-    return _break(s, text, temporary=True)
+def _tbreak(s, arg):
+    return _break(s, arg, temporary=True)
 
 
-def _watch(s, text):
-    fields = P.parse_watch(text)
+def _watch(s, fields):
+    fields = dict(fields)
     fail = fields.pop("fail")
     _check_glob(s, fields["kind"], fields["glob"])
     p = s.add_point(P.Watch, fields, fail=fail)
@@ -189,19 +198,28 @@ COMMANDS = [
 A trailing "if EXPR" adds a condition; a trailing "fail" makes a hit fail the
 run (exit code 4).  EXPR is Python in the script's frame; $step, $loss,
 $grad['NAME'].norm, $act['NAME'].zero_frac ... give the step's statistics.""",
-            _break, aliases=("b", "br"), args=("sub:step|module|if", "module", "sub:forward|backward|fail"),
+            _break, _break_arg, aliases=("b", "br"), args=("sub:step|module|if", "module", "sub:forward|backward|fail"),
             group="breakpoints"),
     Command("tbreak", "tbreak " + P.BREAK_USAGE[6:], "Set a temporary breakpoint: deleted when it first stops the run.",
-            _tbreak, aliases=("tb",), args=("sub:step|module|if", "module", "sub:forward|backward|fail"),
+            _tbreak, _break_arg, aliases=("tb",), args=("sub:step|module|if", "module", "sub:forward|backward|fail"),
             group="breakpoints"),
     Command("watch", P.WATCH_USAGE, """Stop when a recorded statistic of matching tensors crosses a value.
-  watch grad conv*                          norm leaves [1/100, 50] x its first value
+  watch grad conv*                          smoothed norm leaves [1/100, 50] x baseline
   watch grad *.weight norm > 1e3
   watch act fc3 zero_frac == 1 consecutive 3   all zero three steps in a row
   watch loss nan_count > 0
 STAT is one of the recorded statistics (default norm); OP one of > >= < <= == !=.
+Without OP VALUE (the relative rule): the smoothed value, the median of the
+last 3, is judged against a baseline that starts as the median of the first 3
+and follows the smoothed value slowly (its log moves 1/20 of the way per step);
+it holds outside [1/100, 50] x baseline, or at an inf.  A tensor whose starting
+baseline is at most 1e-6 x the largest of its kind is numerically zero: named
+once, and not judged against the band.
+A watch hits when its condition has held K steps in a row (consecutive K,
+default 1), then again only after it was false (edge-triggered, as in gdb);
+"always" hits every K steps while it holds.
 A trailing "fail" makes a hit fail the run (exit code 4).""",
-            _watch, args=("kind", "tensor", "stat", "op"), group="breakpoints"),
+            _watch, P.parse_watch, args=("kind", "tensor", "stat", "op"), group="breakpoints"),
     Command("condition", "condition N [EXPR]", "Stop at breakpoint N only if EXPR is true; no EXPR removes the condition.",
             _condition, _condition_arg, args=("point", "expr"), group="breakpoints"),
     Command("ignore", "ignore N COUNT", "Do not stop at breakpoint N the next COUNT times it is hit.",

@@ -88,7 +88,10 @@ class CommandTable:
         rest = parts[1] if len(parts) > 1 else ""
         return word, rest
 
-    def dispatch(self, session, text: str):
+    def parse(self, text: str):
+        """A command line -> (its command, its parsed arguments), or None for
+        a blank line or a comment; raises CommandError.  Needs no session:
+        a batch run checks its startup commands with it before the script runs."""
         s = text.strip()
         if not s or s.startswith("#"):
             return None
@@ -98,11 +101,17 @@ class CommandTable:
         if slash:
             rest = f"/{fmt} {rest}"
         try:
-            value = cmd.parse(rest)
+            return cmd, cmd.parse(rest)
         except CommandError as e:
             if not e.usage:
                 e.usage = cmd.usage
             raise
+
+    def dispatch(self, session, text: str):
+        parsed = self.parse(text)
+        if parsed is None:
+            return None
+        cmd, value = parsed
         return cmd.run(session, value)
 
     def help(self, word: Optional[str] = None):
