@@ -285,7 +285,7 @@ def test_a_nan_watch_with_always_stops_at_every_step_from_the_first_nan(nan_watc
 def test_the_stop_line_says_the_loss_is_nan_not_unmeasured(nan_watch_run):
     # "-" would mean "not measured"
     first_nan = _first_nan_step(nan_watch_run.stdout)
-    assert (f"Watchpoint 2: loss loss nan_count = 1 (> 0) at step {first_nan}\n"
+    assert (f"Watchpoint 2: loss nan_count = 1 (> 0) at step {first_nan}\n"
             f"  (step {first_nan} finished, loss nan)") in nan_watch_run.stdout
 
 

@@ -446,7 +446,7 @@ def test_watch_stops_when_the_loss_is_nan_and_counts_the_hits_of_a_disabled_one(
     t = nan_lr_watched
     step = int(re.match(r".* at step (\d+)", t.after("c").splitlines()[0]).group(1))
     c2 = t.after("c", 2)
-    assert re.match(r"Watchpoint 1: loss loss nan_count = 1 \(> 0\) at step (\d+)", c2), c2
+    assert re.match(r"Watchpoint 1: loss nan_count = 1 \(> 0\) at step (\d+)", c2), c2
     nan_step = int(t.after("p $step", 2))
     assert nan_step > step
     assert re.search(r"^2\s+watchpoint\s+keep\s+n\s.*breakpoint already hit \d+ time",

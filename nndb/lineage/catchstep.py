@@ -26,6 +26,7 @@ from typing import Callable, Optional
 import numpy as np
 
 from ..errors import CommandError
+from ..store.schema import series_label
 from ..tracer.stats import NONFINITE_FIELDS
 from .oprecord import FILE, LINE, MODULE, NODE, OP, PHASE, op_name
 
@@ -114,7 +115,7 @@ class StepEndCatch:
             numbers = {p.number for p in points}
             points = [p for p in catching() if p.number in numbers]
         if why is not None:
-            series = [f"{k} {n}" if k != "loss" else n for (n, k), _, _ in new]
+            series = [series_label(n, k) for (n, k), _, _ in new]
             hits = []
             # (from the counts alone: an Inf that became NaN within the step is not seen)
             for p in (p for p in points if any(_wanted(p, nan, inf) for _, nan, inf in new)):
@@ -127,7 +128,7 @@ class StepEndCatch:
         hits = hits_from_events(points, data, step, accept)
         note = None
         if not hits and first:
-            note = (f"nndb: step {step} went non-finite ({new[0][0][1]} {new[0][0][0]}), but its replay found no "
+            note = (f"nndb: step {step} went non-finite ({series_label(new[0][0][0], new[0][0][1])}), but its replay found no "
                     f"operation that made the value from finite inputs: it came in with the step's data or "
                     f"from before the step")
         return hits, note

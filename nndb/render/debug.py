@@ -8,6 +8,7 @@ from tabulate import tabulate
 
 from .table import Table
 from ..numbers import fmt
+from ..store.schema import series_label
 
 
 def render(result) -> str:
@@ -53,7 +54,7 @@ def _hit(point, detail: dict) -> str:
         return f"{head} ({point.what()}): error: {detail['error']}"
     if point.type_name == "watchpoint":
         v = detail.get("value")
-        s = f"{head}: {detail['kind']} {detail['tensor']} {detail['stat']} = {fmt(v)}"
+        s = f"{head}: {series_label(detail['tensor'], detail['kind'])} {detail['stat']} = {fmt(v)}"
         if "op" in detail:
             s += f" ({detail['op']} {fmt(detail['threshold'])})"
         elif detail.get("baseline") is not None:

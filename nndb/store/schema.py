@@ -96,3 +96,9 @@ EVENT_KINDS = ("recording_stopped", "rule_disabled", "probe_disabled")
 STATS_CHUNK = (64, 32, N_STATS)
 STEPS_CHUNK = (1024,)
 BLOB_CHUNK = (4096,)
+
+
+def series_label(name: str, kind: str) -> str:
+    """A series as messages name it: ``grad fc1.weight``, and the loss
+    ``loss`` (not ``loss loss``); ``loss/d`` for a second loss."""
+    return name if kind == "loss" and name.startswith("loss") else f"{kind} {name}"

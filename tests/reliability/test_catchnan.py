@@ -203,4 +203,4 @@ def test_the_step_end_check_says_when_it_cannot_locate_the_operation():
     # a replay that finds no operation making the value: one line, no hit
     hits, note = StepEndCatch().check(_record(4, {"loss": (1, 0)}), lambda: [nan], lambda st: {"ops": [], "events": []},
                                       lambda p, d: True)
-    assert hits == [] and "step 4 went non-finite (loss loss)" in note
+    assert hits == [] and "step 4 went non-finite (loss)" in note

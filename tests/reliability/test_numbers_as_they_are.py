@@ -167,6 +167,6 @@ def test_a_watch_on_the_loss_sees_inf_and_the_report_says_so(tmp_path):
              "-e", "watch loss mean > 1e35", "-e", "continue", "-e", "p $loss", "-e", "kill",
              example("nan_lr.py"), "--steps", "8")
     assert r.returncode == 0, r.stderr
-    assert re.search(r"Watchpoint 1: loss loss mean = inf \(> 1e\+35\) at step 6", r.stdout), r.stdout
+    assert re.search(r"Watchpoint 1: loss mean = inf \(> 1e\+35\) at step 6", r.stdout), r.stdout
     stop = json.loads(report.read_text())["stops"][0]
     assert stop["step"] == 6 and stop["detail"]["value"] == "inf"
