@@ -115,11 +115,9 @@ def _merge(old: dict, new: dict, fn) -> dict:
 class UnitProbe(StepProbe):
     """Per call of its module types (autograd on, as the recorded ``act``
     series; only floating outputs with a batch dimension): per unit, the
-    largest (``HI``) and/or smallest (``LO``) output over the batch, merged
-    over the calls of the step.  facts[series] = {"hi": {convention: tensor},
-    "lo": {...}, "samples": values per unit, "type": module class name}."""
-    HI = True
-    LO = False
+    largest output over the batch, merged over the calls of the step.
+    facts[series] = {"hi": {convention: tensor}, "samples": values per unit,
+    "type": module class name}."""
 
     wants = staticmethod(observed)
 
@@ -133,21 +131,13 @@ class UnitProbe(StepProbe):
             return
         x = output.detach()          # no graph, no copy; the reductions make new small tensors
         hi = unit_extremes(x, torch.amax)
-        lo = unit_extremes(x, torch.amin) if self.LO else None
         facts = self.step_facts()
         f = facts.get((module, use))
         if f is None:
-            facts[(module, use)] = {"type": type(module).__name__, "samples": samples_per_unit(x),
-                                    "hi": hi, "lo": lo}
+            facts[(module, use)] = {"type": type(module).__name__, "samples": samples_per_unit(x), "hi": hi}
         else:                        # called again in the step (gradient accumulation, a GAN's D)
             f["samples"] += samples_per_unit(x)
             f["hi"] = _merge(f["hi"], hi, torch.maximum)
-            if lo is not None:
-                f["lo"] = _merge(f["lo"], lo, torch.minimum)
-        self.seen_output(module, use, output)
-
-    def seen_output(self, module, use, output) -> None:
-        pass
 
     def take(self, step: int) -> dict:
         """Facts by series name (``act``, ``act#2``), as the recorded activations."""
@@ -167,21 +157,56 @@ class ReluUnits(UnitProbe):
 
 
 # -- saturated_activation -----------------------------------------------------------------------
+def unit_sums(v: torch.Tensor) -> dict:
+    """Per unit, the sum of ``v`` over the batch and positions (conventions as unit_extremes)."""
+    s = v.sum(0)
+    if s.dim() == 1:
+        return {"features": s}
+    if s.dim() == 2:
+        return {"channels": s.sum(1), "features": s.sum(0)}
+    return {"channels": s.flatten(1).sum(1)}
+
+
 @register
 class Saturation(UnitProbe):
-    """Tanh/Sigmoid calls: per unit, the smallest and largest output over the
-    batch.  facts["heads"]: series whose output went straight into a loss
-    module (a probability head: confident, not stuck)."""
+    """Tanh/Sigmoid calls: per unit, the sum over the batch (and positions) of
+    the squared distance from the centre of the output range, scaled to
+    [0, 1] (tanh: y^2; sigmoid: (2y - 1)^2), and how many values it sums
+    ("sq", "n": {convention: ...}); one minus their ratio is the unit's mean
+    local derivative relative to its largest (tanh' = 1 - y^2, sigmoid' / 0.25
+    = 1 - (2y - 1)^2), whichever asymptote each sample sits at.
+    facts["heads"]: series whose output went straight into a loss module (a
+    probability head: confident, not stuck)."""
     name = "saturation"
     MODULE_TYPES = subclasses(nn.Tanh, nn.Sigmoid)
     ROOT = True
-    LO = True
 
     def __init__(self, rec):
         super().__init__(rec)
         self._last: dict = {}       # (module, use) -> weakref of its last output (to spot heads)
 
-    def seen_output(self, module, use, output) -> None:
+    def forward(self, module, use, args, output) -> None:
+        if type(output) is not torch.Tensor or not self.recorder.recording or not torch.is_grad_enabled() \
+                or output.dim() < 2 or not output.is_floating_point() or output.numel() == 0:
+            return
+        if output.numel() > BIG_ELEMENTS and not big_observed(self.recorder.step):
+            return
+        if not observed(self.recorder.step):
+            return
+        with torch.no_grad():
+            x = output.detach().float()
+            d = (2 * x - 1).square_() if isinstance(module, nn.Sigmoid) else x.square()
+            sq = unit_sums(d)
+        n = {c: output.numel() // max(1, t.numel()) for c, t in sq.items()}
+        facts = self.step_facts()
+        f = facts.get((module, use))
+        if f is None or any(c not in f["sq"] or f["sq"][c].shape != t.shape for c, t in sq.items()):
+            facts[(module, use)] = {"type": type(module).__name__, "samples": samples_per_unit(output),
+                                    "sq": sq, "n": n}
+        else:                        # called again in the step (gradient accumulation, a GAN's D)
+            f["samples"] += samples_per_unit(output)
+            f["sq"] = {c: f["sq"][c] + t for c, t in sq.items()}
+            f["n"] = {c: f["n"][c] + k for c, k in n.items()}
         self._last[(module, use)] = weakref.ref(output)
 
     def root(self, module, args) -> None:

@@ -132,27 +132,36 @@ class DeadRelu(_UnitStreaks):
 
 
 class SaturatedActivation(_UnitStreaks):
-    """Tanh / Sigmoid units (nn.Tanh, nn.Sigmoid) pinned at one asymptote for
-    every sample (tanh > 0.99 for all, or < -0.99 for all; sigmoid < 0.01 for
-    all, or > 0.99 for all), for most units of the layer, several steps
-    running: their gradient is ~0 (tanh' < 0.02, sigmoid' < 0.01) and their
-    output carries no information.  A unit at +1 for some samples and -1 for
-    others is a binary feature, not stuck.  A Sigmoid whose output goes
-    straight into a loss module (a probability head, confident by design) is
-    not judged; torch.tanh / torch.sigmoid calls are not seen."""
+    """Tanh / Sigmoid units (nn.Tanh, nn.Sigmoid) that pass almost no
+    gradient, whichever asymptote each sample sits at.  A unit's gradient
+    factor in a step is its mean local derivative over the step's samples
+    (batch x positions), relative to the largest there is: tanh' = 1 - y^2,
+    sigmoid' / 0.25 = 1 - (2y - 1)^2.  The unit is saturated when that factor
+    is below ``gradient`` (0.1): a unit at |tanh| > 0.99 (sigmoid < 0.01 or
+    > 0.99) on every sample has a factor below 0.02, whether it sits at +1
+    for all samples or flips between +1 and -1 with the sample; a tanh layer
+    whose pre-activations have std 20 has ~0.04, one with a sane init
+    (std ~1) ~0.6.  The layer is reported when at least ``share`` (half) of
+    its units are saturated in ``steps`` (5) observed steps running (steps
+    with at least ``min_samples`` values per unit).  A unit is one feature
+    of an (N, F) output, one channel of an (N, C, H, W) output; (N, L, F) is
+    read both ways.  A Sigmoid whose output goes straight into a loss module
+    (a probability head, confident by design) is not judged; torch.tanh /
+    torch.sigmoid calls are not seen."""
     id = "saturated_activation"
     severity = "warning"
-    explanation = ("most units of a Tanh/Sigmoid layer are stuck at one asymptote for every sample, for "
-                   "several steps running (vanishing gradients)")
+    explanation = ("most units of a Tanh/Sigmoid layer are saturated (near +-1, or 0 and 1, on either side) "
+                   "for almost every sample, several steps running: they pass almost no gradient")
     THRESHOLDS = {
-        "share": Threshold(0.5, "fraction of the layer's units stuck: as for dead_relu, a few saturated units "
-                                "are normal, half the layer is not"),
+        "share": Threshold(0.5, "fraction of the layer's units saturated: as for dead_relu, a few saturated "
+                                "units are normal, half the layer is not"),
         "steps": Threshold(5, _STEPS_WHY),
         "min_samples": Threshold(8, _MIN_SAMPLES_WHY),
-        "tanh": Threshold(0.99, "|tanh| > 0.99 (pre-activation beyond 2.65) leaves 2% of the gradient; the "
-                                "usual saturation cut-off (Glorot & Bengio 2010 plot the same region)"),
-        "sigmoid": Threshold(0.01, "sigmoid < 0.01 or > 0.99 (|pre-activation| beyond 4.6) leaves <1% of the "
-                                   "gradient"),
+        "gradient": Threshold(0.1, "a unit's mean local derivative over the step's samples, relative to its "
+                                   "largest (tanh' = 1 - y^2, sigmoid'/0.25), below which it is saturated: "
+                                   "|tanh| > 0.99 (pre-activation beyond 2.65, the usual cut-off; Glorot & "
+                                   "Bengio 2010) on every sample gives < 0.02, on 90% of them ~0.06; a sane "
+                                   "init (pre-activations of std ~1) gives ~0.6, std 5 ~0.16"),
     }
     PROBES = ("saturation",)
     PROBE = "saturation"
@@ -171,22 +180,19 @@ class SaturatedActivation(_UnitStreaks):
 
     @staticmethod
     def conventions(f):
-        return f["lo"].keys()
+        return f["sq"].keys()
 
     def stuck(self, f, conv, series):
         if series in self._heads:
             return None
-        lo, hi = _np(f["lo"][conv]).astype(np.float64), _np(f["hi"][conv]).astype(np.float64)
-        if "Sigmoid" in f["type"]:
-            t = float(self.params["sigmoid"])
-            return (hi < t) | (lo > 1 - t)
-        t = float(self.params["tanh"])
-        return (hi < -t) | (lo > t)
+        factor = 1 - _np(f["sq"][conv]).astype(np.float64) / max(1, f["n"][conv])
+        return factor < float(self.params["gradient"])       # NaN is not saturated (nonfinite's business)
 
     def report(self, ctx, series, f, conv, share, n, units, need):
         return self.finding(
-            ctx, f"{n} of {units} units ({_pct(share)}) of {f['type']} layer {series} are stuck at an "
-                 f"asymptote for every sample for {need} steps running: saturated, their gradient vanishes",
+            ctx, f"{n} of {units} units ({_pct(share)}) of {f['type']} layer {series} are saturated (their mean "
+                 f"local derivative is below {self.params['gradient']:g} of its largest, at either asymptote) "
+                 f"for {need} steps running: they pass almost no gradient",
             tensor=series, module_type=f["type"], saturated_units=n, units=units,
             saturated_share=round(share, 4), steps=need, unit=conv)
 
