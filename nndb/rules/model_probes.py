@@ -274,7 +274,8 @@ class ModuleKeyed(StepProbe):
         out = super().take(step)
         for key in ("roots", "calls"):
             if key in out:
-                out[key] = {self.naming.module_name(m): f for m, f in out[key].items()}
+                out[key] = {m if isinstance(m, str) else self.naming.module_name(m): f
+                            for m, f in out[key].items()}
         return out
 
 
@@ -323,13 +324,19 @@ class ModelInputs(ModuleKeyed):
 
 @register
 class LossInputs(ModuleKeyed):
-    """What loss modules are given.  facts["calls"][loss name] = {"type",
-    and: "shapes" (pointwise losses, only when prediction and target shapes
-    differ); "first_loss" (classification, the first call at step 0 with
-    autograd on: the loss recomputed from the call's arguments, and the class
-    count); "probs" (CrossEntropyLoss, sampled: tensor [min, max, largest
-    |row sum - 1|] over up to ROWS rows), "classes", "dtype", "softmax_from"
-    (the nn.Softmax series, or a softmax function, whose output is the input)}."""
+    """What losses are given: loss modules (seen as root calls), and
+    torch.nn.functional losses and hand-written ones (seen through the
+    TorchFunctionMode of nndb.rules.loss_watch, on the stack only during
+    this probe's steps).  facts["calls"][loss name] = {"type", and: "shapes"
+    (pointwise losses, only when prediction and target shapes differ);
+    "first_loss" (classification, the first call at step 0 with autograd on:
+    the loss recomputed from the call's arguments, and the class count);
+    "probs" (cross-entropy, sampled: tensor [min, max, largest |row sum -
+    1|] over up to ROWS rows), "classes", "dtype", "softmax_from" (the
+    nn.Softmax series, or a softmax function, whose output is the input);
+    for a broadcast in a hand-written loss, "op" and "model_shape"}.  A
+    module's name is its loss name; a function's is ``F.mse_loss at
+    train.py:42``, a hand-written op's ```-` at train.py:42``."""
     name = "loss_inputs"
     ROOT = True
     MODULE_TYPES = subclasses(nn.Softmax)
@@ -338,44 +345,84 @@ class LossInputs(ModuleKeyed):
     def __init__(self, rec):
         super().__init__(rec)
         self._softmax: dict = {}      # (module, use) -> weakref of its last output
-        self._first: "weakref.WeakSet" = weakref.WeakSet()   # losses whose first step-0 call was measured
+        self._first: set = set()      # ids of losses (modules, call sites) whose first step-0 call was measured
+        self._calls_seen: dict = {}   # call site -> calls (the sample of a functional loss)
+        self._has_params: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+        from .loss_watch import LossWatch
+        self.watch = LossWatch(self)
+
+    def arm(self, on: bool) -> None:
+        was = self._armed
+        super().arm(on)
+        if on and not was:
+            self.watch.start()
+        elif was and not on:
+            self.watch.stop()
 
     def forward(self, module, use, args, output) -> None:
         if type(output) is torch.Tensor and self.recorder.recording:
             self._softmax[(module, use)] = weakref.ref(output)
 
-    def _call(self, module) -> dict:
+    def _call(self, key, kind: str) -> dict:
         calls = self.step_facts().setdefault("calls", {})
-        f = calls.get(module)
+        f = calls.get(key)
         if f is None:
-            f = calls[module] = {"type": type(module).__name__}
+            f = calls[key] = {"type": kind}
         return f
 
+    def take(self, step: int) -> dict:
+        if self.watch.mode.error is not None and self.error is None:
+            self.error = f"probe {self.name} failed and is off: {self.watch.mode.error}"
+        self.watch.new_step()
+        return super().take(step)
+
     def root(self, module, args) -> None:
-        if not isinstance(module, nn.modules.loss._Loss) or len(args) < 2 or not self.recorder.recording:
+        if not self.recorder.recording or not args:
+            return
+        if not isinstance(module, nn.modules.loss._Loss):
+            owns = self._has_params.get(module)
+            if owns is None:
+                owns = self._has_params[module] = next(iter(module.parameters()), None) is not None
+            if owns:
+                self.watch.model_called(module)
+            return
+        if len(args) < 2:
             return
         x, y = args[0], args[1]
         if not (isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor)):
             return
-        if isinstance(module, POINTWISE_LOSSES):
+        self.watch.loss_module_called(x, y)
+        if isinstance(module, (POINTWISE_LOSSES, CLASS_LOSSES)):
+            self.loss_call(module, type(module).__name__, x, y, pointwise=isinstance(module, POINTWISE_LOSSES),
+                           cross_entropy=isinstance(module, nn.CrossEntropyLoss),
+                           recompute=lambda x, y: self._loss(module, x, y))
+
+    def hand_written(self, key: str, op: str, a_shape, b_shape, model_shape) -> None:
+        """A broadcast of the model's output that makes a new dimension of its batch (loss_watch)."""
+        f = self._call(key, "a hand-written loss")
+        f["shapes"], f["op"], f["model_shape"] = (a_shape, b_shape), op, model_shape
+
+    def loss_call(self, key, kind: str, x, y, pointwise: bool, cross_entropy: bool, recompute) -> None:
+        """A loss (module or function) ``key`` called on prediction ``x`` and target ``y``;
+        ``recompute(x, y)``: its loss with mean reduction, for the first one."""
+        if pointwise:
             if x.shape != y.shape:
-                self._call(module)["shapes"] = (tuple(x.shape), tuple(y.shape))
+                self._call(key, kind)["shapes"] = (tuple(x.shape), tuple(y.shape))
             return
-        if not isinstance(module, CLASS_LOSSES) or not x.is_floating_point() or x.dim() < 1 or x.numel() == 0:
+        if not x.is_floating_point() or x.dim() < 1 or x.numel() == 0:
             return
         cdim = 1 if x.dim() >= 2 else 0
         classes = x.shape[cdim]
         if classes < 2:
             return
-        first = self.recorder.step == 0 and torch.is_grad_enabled() and module not in self._first
-        if first:
-            self._first.add(module)
+        ident = key if isinstance(key, str) else id(key)
+        if self.recorder.step == 0 and torch.is_grad_enabled() and ident not in self._first:
+            self._first.add(ident)
             with torch.no_grad():
-                self._call(module)["first_loss"] = (self._loss(module, x.detach(), y), classes)
-        if not isinstance(module, nn.CrossEntropyLoss) or "probs" in self._call(module) \
-                or not self.sample(module):
+                self._call(key, kind)["first_loss"] = (recompute(x.detach(), y), classes)
+        if not cross_entropy or "probs" in self._call(key, kind) or not self._sampled(key):
             return
-        f = self._call(module)
+        f = self._call(key, kind)
         f["softmax_from"] = self._softmax_source(x)
         with torch.no_grad():
             rows = x.detach()[:ROWS] if cdim else x.detach()
@@ -385,6 +432,13 @@ class LossInputs(ModuleKeyed):
             err = (rows.sum(dim=cdim) - 1).abs().amax()
             f["probs"] = torch.stack([rows.amin(), rows.amax(), err])
         f["classes"], f["dtype"] = classes, _dtype(x)
+
+    def _sampled(self, key) -> bool:
+        if not isinstance(key, str):
+            return self.sample(key)
+        n = self._calls_seen.get(key, 0)
+        self._calls_seen[key] = n + 1
+        return cadence.sample_call(n, self.recorder.step)
 
     def _softmax_source(self, x):
         base = x._base if x._base is not None else x

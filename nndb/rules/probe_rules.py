@@ -4,11 +4,13 @@ BatchNorm left in eval mode while training, unscaled model inputs, a first
 loss far from chance, a loss whose prediction and target broadcast, and a
 softmax in front of CrossEntropyLoss.
 
-Only *modules* are seen: ``F.relu``, ``torch.tanh``, ``F.cross_entropy``,
-``F.mse_loss``... are plain function calls that no module hook sees, so these
-rules say nothing about them (use the module forms, or read the recorded
-activations).  Loss modules are seen when the script calls them directly
-(``criterion(out, y)``), as root modules.
+The activation rules see *modules* only: ``F.relu``, ``torch.tanh``... are
+plain function calls that no module hook sees (use the module forms, or read
+the recorded activations).  The loss rules see loss modules when the script
+calls them directly (``criterion(out, y)``, as root modules), and also
+``torch.nn.functional`` losses and hand-written ones (``((pred - y) **
+2).mean()``) through a TorchFunctionMode during the loss probe's steps
+(nndb.rules.loss_watch).
 """
 from __future__ import annotations
 
@@ -356,16 +358,23 @@ def _loss_calls(ctx) -> dict:
     return ctx.facts.get("loss_inputs", {}).get("calls", {})
 
 
+def _label(name: str, f: dict) -> str:
+    """``criterion (CrossEntropyLoss)``, or ``F.cross_entropy at train.py:42`` for a function."""
+    return name if name.startswith(f["type"]) else f"{name} ({f['type']})"
+
+
 class InitialLoss(Rule):
-    """At step 0 a classifier (nn.CrossEntropyLoss or nn.NLLLoss module, input
-    (N, C) or (N, C, ...)) should predict about uniformly: loss ~ ln(C).
+    """At step 0 a classifier (nn.CrossEntropyLoss or nn.NLLLoss module, or
+    F.cross_entropy / F.nll_loss; input (N, C) or (N, C, ...)) should predict about uniformly: loss ~ ln(C).
     Karpathy, "A Recipe for Training Neural Networks" (2019): "verify loss @
     init"; a first loss far above it means confidently wrong outputs
     (unscaled inputs, a bad init of the last layer).  The loss is recomputed
     from the module's first call at step 0 (its own weight, ignore_index,
     label smoothing; mean reduction), so a script's scaling of the loss does
     not matter.  A lower loss is not reported (a resumed or fine-tuned run
-    starts low).  F.cross_entropy calls are not seen."""
+    starts low).  A functional call is recomputed from its own arguments
+    (weight, ignore_index, label_smoothing) with mean reduction, and is
+    named by the line that calls it."""
     id = "initial_loss"
     severity = "warning"
     explanation = "the first step's classification loss is far above ln(number of classes), the loss at chance"
@@ -389,7 +398,7 @@ class InitialLoss(Rule):
                 continue
             if loss > float(self.params["ratio"]) * chance and loss - chance > float(self.params["margin"]):
                 yield self.finding(
-                    ctx, f"the first loss of {name} ({f['type']}, {classes} classes) is {loss:.4g}, "
+                    ctx, f"the first loss of {_label(name, f)} ({classes} classes) is {loss:.4g}, "
                          f"{loss / chance:.1f}x ln({classes}) = {chance:.4g}, the loss at chance: the initial "
                          f"outputs are confidently wrong (unscaled inputs? last layer's init?)",
                     module=name, loss=loss, classes=classes, chance_loss=chance, ratio=loss / chance)
@@ -402,11 +411,19 @@ class LossBroadcast(Rule):
     compares every prediction with every target, an (N, N) loss that trains
     towards the mean.  Shapes that differ but broadcast to the bigger one (a
     single target value for every prediction) are not reported: that can be
-    meant.  The shapes are read at every call (cheap); F.mse_loss and friends
-    are not seen."""
+    meant.  The same for F.mse_loss and the other functional pointwise
+    losses, and for a hand-written loss: an elementwise + - * / of the
+    model's output (or of what an op made of it with the same shape) and
+    another tensor whose broadcast creates a new dimension out of the batch
+    (the other operand has the batch size where the output has size 1 or no
+    dimension: ``((pred - y) ** 2).mean()`` with pred (N, 1) and y (N,));
+    a bias add, (N, C) - (C,) or (N, 1) * (N, C) create nothing bigger and
+    are not reported (nndb.rules.loss_watch).  Looked at on the loss probe's
+    steps (the first 20, then one in 64); named by the line of the call."""
     id = "loss_broadcast"
     severity = "error"
-    explanation = "a loss module's prediction and target shapes differ and broadcast (e.g. (N, 1) vs (N,))"
+    explanation = ("a loss's prediction and target shapes differ and broadcast to a bigger shape (e.g. (N, 1) vs "
+                   "(N,) -> (N, N)), in a loss module, a functional loss or a hand-written loss")
     THRESHOLDS: dict = {}
     PROBES = ("loss_inputs",)
 
@@ -419,9 +436,16 @@ class LossBroadcast(Rule):
                 c = tuple(torch.broadcast_shapes(a, b))
             except RuntimeError:
                 continue                 # the loss itself raises
-            if math.prod(c) > max(math.prod(a), math.prod(b)):
+            if math.prod(c) > max(math.prod(a), math.prod(b)) and "op" in f:
                 yield self.finding(
-                    ctx, f"{name} ({f['type']}) compares a prediction of shape {a} with a target of shape "
+                    ctx, f"{name}: the model's output of shape {f['model_shape']} and a tensor of shape "
+                         f"{b if tuple(f['model_shape']) == tuple(a) else a} broadcast to {c}, a new dimension "
+                         f"out of the batch: every prediction against every target (reshape one of them)",
+                    module=name, input_shape=list(a), target_shape=list(b), broadcast_shape=list(c),
+                    op=f["op"], model_shape=list(f["model_shape"]))
+            elif math.prod(c) > max(math.prod(a), math.prod(b)):
+                yield self.finding(
+                    ctx, f"{_label(name, f)} compares a prediction of shape {a} with a target of shape "
                          f"{b}: they broadcast to {c}, every prediction against every target",
                     module=name, input_shape=list(a), target_shape=list(b), broadcast_shape=list(c))
 
