@@ -457,10 +457,11 @@ class DoubleSoftmax(Rule):
     in [0, 1] and every row (along the class dimension) summing to 1 within
     ``tol`` (checked on up to 64 rows).  Gradients are then tiny and the loss
     cannot go below ln(e + C - 1) - 1 (1.46 for 10 classes): it plateaus.
-    F.cross_entropy calls are not seen."""
+    F.cross_entropy calls are judged the same way (nndb.rules.loss_watch)."""
     id = "double_softmax"
     severity = "error"
-    explanation = "CrossEntropyLoss is given probabilities (softmax already applied): softmax twice"
+    explanation = ("CrossEntropyLoss / F.cross_entropy is given probabilities (softmax already applied): "
+                   "softmax twice")
     THRESHOLDS = {
         "tol": Threshold(1e-3, "largest |row sum - 1| of a float32 softmax output is ~1e-6 x C; logits "
                                "never sum to 1 in every row by chance. 20x this for float16/bfloat16 "
