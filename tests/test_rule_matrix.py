@@ -6,6 +6,7 @@ examples (scripts/examples) are left to the printed matrix and to
 test_rules_healthy.py: they are 10-70x slower."""
 import importlib.util
 import os
+import sys
 
 import pytest
 
@@ -13,6 +14,7 @@ from conftest import ROOT
 
 spec = importlib.util.spec_from_file_location("rule_matrix", os.path.join(ROOT, "scripts", "rule_matrix.py"))
 matrix = importlib.util.module_from_spec(spec)
+sys.modules["rule_matrix"] = matrix          # (its dataclasses look their module up)
 spec.loader.exec_module(matrix)
 
 SCRIPTS = [s for s in matrix.scripts() if not s.name.startswith("examples/")]

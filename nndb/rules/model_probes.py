@@ -354,10 +354,13 @@ class LossInputs(ModuleKeyed):
     def arm(self, on: bool) -> None:
         was = self._armed
         super().arm(on)
-        if on and not was:
-            self.watch.start()
-        elif was and not on:
-            self.watch.stop()
+        try:
+            if on and not was and self.error is None:
+                self.watch.start()
+            elif was and not on:
+                self.watch.stop()
+        except Exception as e:       # never into the script: the probe is off, and says so
+            self.error = f"probe {self.name} failed and is off: {type(e).__name__}: {e}"
 
     def forward(self, module, use, args, output) -> None:
         if type(output) is torch.Tensor and self.recorder.recording:
