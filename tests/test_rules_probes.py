@@ -114,6 +114,45 @@ def test_saturated_tanh_fires_and_sigmoid_head_does_not(tmp_path):
     assert ev["module_type"] == "Tanh" and ev["saturated_units"] == 12 and ev["units"] == 16
 
 
+BOTH_SIDES = """
+    # weights far too large: pre-activations of std ~SCALE, every unit at +-1 (tanh) or 0/1
+    # (sigmoid), flipping with the sample: no unit sits at one asymptote for the whole batch
+    seed, scale, act = int(FLAG.split(",")[0]), float(FLAG.split(",")[1]), FLAG.split(",")[2]
+    torch.manual_seed(seed)
+    width = 24 + 8 * seed
+    hidden = nn.Linear(16, width)
+    with torch.no_grad():
+        hidden.weight.normal_(0, scale / 4)         # x ~ N(0, 1), 16 inputs: std of a unit = scale
+        hidden.bias.zero_()
+    model = nn.Sequential(hidden, nn.Tanh() if act == "tanh" else nn.Sigmoid(), nn.Linear(width, 3))
+    x, y = torch.randn(48, 16), torch.randint(0, 3, (48,))
+    opt = (torch.optim.Adam if seed % 2 else torch.optim.SGD)(model.parameters(), lr=0.01)
+    for step in range(STEPS):
+        opt.zero_grad()
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+"""
+
+
+@pytest.mark.parametrize("act", ["tanh", "sigmoid"])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_saturated_on_both_sides_fires(tmp_path, act, seed):
+    """Issue 19: units at +1 for some samples and -1 for others pass no gradient either."""
+    script = write(tmp_path, "both.py", BOTH_SIDES)
+    [f] = only(run(tmp_path, script, 7, f"{seed},{20 if act == 'tanh' else 40},{act}"), "saturated_activation")
+    assert f["tensor"] == "1" and f["step"] == 4
+    assert f["evidence"]["saturated_share"] >= 0.9 and f["evidence"]["module_type"] == act.title()
+
+
+@pytest.mark.parametrize("act", ["tanh", "sigmoid"])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_sane_init_is_not_saturated(tmp_path, act, seed):
+    script = write(tmp_path, "sane.py", BOTH_SIDES)
+    assert only(run(tmp_path, script, 7, f"{seed},{1.5 if act == 'tanh' else 3},{act}"),
+                "saturated_activation") == []
+
+
 # -- eval_mode_training -----------------------------------------------------------------------
 EVAL = """
     model = nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Dropout(0.2), nn.Linear(16, 3))

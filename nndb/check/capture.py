@@ -14,19 +14,12 @@ from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 import torch
-from torch.overrides import TorchFunctionMode
 from torch.utils import _pytree as pytree
 
 from ..errors import KillRun
+from ..tracer.funcmode import BINARY_LOSSES, CLASS_LOSSES, LOSSES, FunctionWatch, functional_loss  # noqa: F401
 
 LOSS_CALLS_KEPT = 16            # loss-function calls remembered per run
-
-# torch.nn.functional losses: (input, target, ...) -> loss
-CLASS_LOSSES = ("cross_entropy", "nll_loss")
-BINARY_LOSSES = ("binary_cross_entropy", "binary_cross_entropy_with_logits")
-ELEMENTWISE_LOSSES = ("mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss", "soft_margin_loss",
-                      "kl_div", "poisson_nll_loss", "gaussian_nll_loss") + BINARY_LOSSES
-LOSSES = CLASS_LOSSES + ELEMENTWISE_LOSSES
 
 
 # -- what the first steps showed ----------------------------------------------------------
@@ -292,16 +285,14 @@ def _probs_like(inp: torch.Tensor, kind: str) -> bool:
         bool(torch.allclose(x.double().sum(1), torch.ones((), dtype=torch.float64), atol=1e-3))
 
 
-class LossMode(TorchFunctionMode):
-    """Sees torch.nn.functional's loss calls; every call goes through unchanged."""
+class LossMode(FunctionWatch):
+    """Sees torch.nn.functional's loss calls (nndb.tracer.funcmode); every call goes through unchanged."""
 
     def __init__(self, capture: Capture):
-        super().__init__()
-        self.capture = capture
+        guarded = capture._guard(capture.loss_call)
 
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        out = func(*args, **kwargs)
-        if getattr(func, "__name__", "") in LOSSES and getattr(func, "__module__", "") == "torch.nn.functional":
-            self.capture._guard(self.capture.loss_call)(func, args, kwargs, out)
-        return out
+        def on_call(func, args, kwargs, out):
+            if functional_loss(func) is not None:
+                guarded(func, args, kwargs, out)
+        super().__init__(on_call)
+        self.capture = capture

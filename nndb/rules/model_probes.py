@@ -115,11 +115,9 @@ def _merge(old: dict, new: dict, fn) -> dict:
 class UnitProbe(StepProbe):
     """Per call of its module types (autograd on, as the recorded ``act``
     series; only floating outputs with a batch dimension): per unit, the
-    largest (``HI``) and/or smallest (``LO``) output over the batch, merged
-    over the calls of the step.  facts[series] = {"hi": {convention: tensor},
-    "lo": {...}, "samples": values per unit, "type": module class name}."""
-    HI = True
-    LO = False
+    largest output over the batch, merged over the calls of the step.
+    facts[series] = {"hi": {convention: tensor}, "samples": values per unit,
+    "type": module class name}."""
 
     wants = staticmethod(observed)
 
@@ -133,21 +131,13 @@ class UnitProbe(StepProbe):
             return
         x = output.detach()          # no graph, no copy; the reductions make new small tensors
         hi = unit_extremes(x, torch.amax)
-        lo = unit_extremes(x, torch.amin) if self.LO else None
         facts = self.step_facts()
         f = facts.get((module, use))
         if f is None:
-            facts[(module, use)] = {"type": type(module).__name__, "samples": samples_per_unit(x),
-                                    "hi": hi, "lo": lo}
+            facts[(module, use)] = {"type": type(module).__name__, "samples": samples_per_unit(x), "hi": hi}
         else:                        # called again in the step (gradient accumulation, a GAN's D)
             f["samples"] += samples_per_unit(x)
             f["hi"] = _merge(f["hi"], hi, torch.maximum)
-            if lo is not None:
-                f["lo"] = _merge(f["lo"], lo, torch.minimum)
-        self.seen_output(module, use, output)
-
-    def seen_output(self, module, use, output) -> None:
-        pass
 
     def take(self, step: int) -> dict:
         """Facts by series name (``act``, ``act#2``), as the recorded activations."""
@@ -167,21 +157,56 @@ class ReluUnits(UnitProbe):
 
 
 # -- saturated_activation -----------------------------------------------------------------------
+def unit_sums(v: torch.Tensor) -> dict:
+    """Per unit, the sum of ``v`` over the batch and positions (conventions as unit_extremes)."""
+    s = v.sum(0)
+    if s.dim() == 1:
+        return {"features": s}
+    if s.dim() == 2:
+        return {"channels": s.sum(1), "features": s.sum(0)}
+    return {"channels": s.flatten(1).sum(1)}
+
+
 @register
 class Saturation(UnitProbe):
-    """Tanh/Sigmoid calls: per unit, the smallest and largest output over the
-    batch.  facts["heads"]: series whose output went straight into a loss
-    module (a probability head: confident, not stuck)."""
+    """Tanh/Sigmoid calls: per unit, the sum over the batch (and positions) of
+    the squared distance from the centre of the output range, scaled to
+    [0, 1] (tanh: y^2; sigmoid: (2y - 1)^2), and how many values it sums
+    ("sq", "n": {convention: ...}); one minus their ratio is the unit's mean
+    local derivative relative to its largest (tanh' = 1 - y^2, sigmoid' / 0.25
+    = 1 - (2y - 1)^2), whichever asymptote each sample sits at.
+    facts["heads"]: series whose output went straight into a loss module (a
+    probability head: confident, not stuck)."""
     name = "saturation"
     MODULE_TYPES = subclasses(nn.Tanh, nn.Sigmoid)
     ROOT = True
-    LO = True
 
     def __init__(self, rec):
         super().__init__(rec)
         self._last: dict = {}       # (module, use) -> weakref of its last output (to spot heads)
 
-    def seen_output(self, module, use, output) -> None:
+    def forward(self, module, use, args, output) -> None:
+        if type(output) is not torch.Tensor or not self.recorder.recording or not torch.is_grad_enabled() \
+                or output.dim() < 2 or not output.is_floating_point() or output.numel() == 0:
+            return
+        if output.numel() > BIG_ELEMENTS and not big_observed(self.recorder.step):
+            return
+        if not observed(self.recorder.step):
+            return
+        with torch.no_grad():
+            x = output.detach().float()
+            d = (2 * x - 1).square_() if isinstance(module, nn.Sigmoid) else x.square()
+            sq = unit_sums(d)
+        n = {c: output.numel() // max(1, t.numel()) for c, t in sq.items()}
+        facts = self.step_facts()
+        f = facts.get((module, use))
+        if f is None or any(c not in f["sq"] or f["sq"][c].shape != t.shape for c, t in sq.items()):
+            facts[(module, use)] = {"type": type(module).__name__, "samples": samples_per_unit(output),
+                                    "sq": sq, "n": n}
+        else:                        # called again in the step (gradient accumulation, a GAN's D)
+            f["samples"] += samples_per_unit(output)
+            f["sq"] = {c: f["sq"][c] + t for c, t in sq.items()}
+            f["n"] = {c: f["n"][c] + k for c, k in n.items()}
         self._last[(module, use)] = weakref.ref(output)
 
     def root(self, module, args) -> None:
@@ -249,7 +274,8 @@ class ModuleKeyed(StepProbe):
         out = super().take(step)
         for key in ("roots", "calls"):
             if key in out:
-                out[key] = {self.naming.module_name(m): f for m, f in out[key].items()}
+                out[key] = {m if isinstance(m, str) else self.naming.module_name(m): f
+                            for m, f in out[key].items()}
         return out
 
 
@@ -298,13 +324,19 @@ class ModelInputs(ModuleKeyed):
 
 @register
 class LossInputs(ModuleKeyed):
-    """What loss modules are given.  facts["calls"][loss name] = {"type",
-    and: "shapes" (pointwise losses, only when prediction and target shapes
-    differ); "first_loss" (classification, the first call at step 0 with
-    autograd on: the loss recomputed from the call's arguments, and the class
-    count); "probs" (CrossEntropyLoss, sampled: tensor [min, max, largest
-    |row sum - 1|] over up to ROWS rows), "classes", "dtype", "softmax_from"
-    (the nn.Softmax series, or a softmax function, whose output is the input)}."""
+    """What losses are given: loss modules (seen as root calls), and
+    torch.nn.functional losses and hand-written ones (seen through the
+    TorchFunctionMode of nndb.rules.loss_watch, on the stack only during
+    this probe's steps).  facts["calls"][loss name] = {"type", and: "shapes"
+    (pointwise losses, only when prediction and target shapes differ);
+    "first_loss" (classification, the first call at step 0 with autograd on:
+    the loss recomputed from the call's arguments, and the class count);
+    "probs" (cross-entropy, sampled: tensor [min, max, largest |row sum -
+    1|] over up to ROWS rows), "classes", "dtype", "softmax_from" (the
+    nn.Softmax series, or a softmax function, whose output is the input);
+    for a broadcast in a hand-written loss, "op" and "model_shape"}.  A
+    module's name is its loss name; a function's is ``F.mse_loss at
+    train.py:42``, a hand-written op's ```-` at train.py:42``."""
     name = "loss_inputs"
     ROOT = True
     MODULE_TYPES = subclasses(nn.Softmax)
@@ -313,44 +345,87 @@ class LossInputs(ModuleKeyed):
     def __init__(self, rec):
         super().__init__(rec)
         self._softmax: dict = {}      # (module, use) -> weakref of its last output
-        self._first: "weakref.WeakSet" = weakref.WeakSet()   # losses whose first step-0 call was measured
+        self._first: set = set()      # ids of losses (modules, call sites) whose first step-0 call was measured
+        self._calls_seen: dict = {}   # call site -> calls (the sample of a functional loss)
+        self._has_params: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+        from .loss_watch import LossWatch
+        self.watch = LossWatch(self)
+
+    def arm(self, on: bool) -> None:
+        was = self._armed
+        super().arm(on)
+        try:
+            if on and not was and self.error is None:
+                self.watch.start()
+            elif was and not on:
+                self.watch.stop()
+        except Exception as e:       # never into the script: the probe is off, and says so
+            self.error = f"probe {self.name} failed and is off: {type(e).__name__}: {e}"
 
     def forward(self, module, use, args, output) -> None:
         if type(output) is torch.Tensor and self.recorder.recording:
             self._softmax[(module, use)] = weakref.ref(output)
 
-    def _call(self, module) -> dict:
+    def _call(self, key, kind: str) -> dict:
         calls = self.step_facts().setdefault("calls", {})
-        f = calls.get(module)
+        f = calls.get(key)
         if f is None:
-            f = calls[module] = {"type": type(module).__name__}
+            f = calls[key] = {"type": kind}
         return f
 
+    def take(self, step: int) -> dict:
+        if self.watch.mode.error is not None and self.error is None:
+            self.error = f"probe {self.name} failed and is off: {self.watch.mode.error}"
+        self.watch.new_step()
+        return super().take(step)
+
     def root(self, module, args) -> None:
-        if not isinstance(module, nn.modules.loss._Loss) or len(args) < 2 or not self.recorder.recording:
+        if not self.recorder.recording or not args:
+            return
+        if not isinstance(module, nn.modules.loss._Loss):
+            owns = self._has_params.get(module)
+            if owns is None:
+                owns = self._has_params[module] = next(iter(module.parameters()), None) is not None
+            if owns:
+                self.watch.model_called(module)
+            return
+        if len(args) < 2:
             return
         x, y = args[0], args[1]
         if not (isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor)):
             return
-        if isinstance(module, POINTWISE_LOSSES):
+        self.watch.loss_module_called(x, y)
+        if isinstance(module, (POINTWISE_LOSSES, CLASS_LOSSES)):
+            self.loss_call(module, type(module).__name__, x, y, pointwise=isinstance(module, POINTWISE_LOSSES),
+                           cross_entropy=isinstance(module, nn.CrossEntropyLoss),
+                           recompute=lambda x, y: self._loss(module, x, y))
+
+    def hand_written(self, key: str, op: str, a_shape, b_shape, model_shape) -> None:
+        """A broadcast of the model's output that makes a new dimension of its batch (loss_watch)."""
+        f = self._call(key, "a hand-written loss")
+        f["shapes"], f["op"], f["model_shape"] = (a_shape, b_shape), op, model_shape
+
+    def loss_call(self, key, kind: str, x, y, pointwise: bool, cross_entropy: bool, recompute) -> None:
+        """A loss (module or function) ``key`` called on prediction ``x`` and target ``y``;
+        ``recompute(x, y)``: its loss with mean reduction, for the first one."""
+        if pointwise:
             if x.shape != y.shape:
-                self._call(module)["shapes"] = (tuple(x.shape), tuple(y.shape))
+                self._call(key, kind)["shapes"] = (tuple(x.shape), tuple(y.shape))
             return
-        if not isinstance(module, CLASS_LOSSES) or not x.is_floating_point() or x.dim() < 1 or x.numel() == 0:
+        if not x.is_floating_point() or x.dim() < 1 or x.numel() == 0:
             return
         cdim = 1 if x.dim() >= 2 else 0
         classes = x.shape[cdim]
         if classes < 2:
             return
-        first = self.recorder.step == 0 and torch.is_grad_enabled() and module not in self._first
-        if first:
-            self._first.add(module)
+        ident = key if isinstance(key, str) else id(key)
+        if self.recorder.step == 0 and torch.is_grad_enabled() and ident not in self._first:
+            self._first.add(ident)
             with torch.no_grad():
-                self._call(module)["first_loss"] = (self._loss(module, x.detach(), y), classes)
-        if not isinstance(module, nn.CrossEntropyLoss) or "probs" in self._call(module) \
-                or not self.sample(module):
+                self._call(key, kind)["first_loss"] = (recompute(x.detach(), y), classes)
+        if not cross_entropy or "probs" in self._call(key, kind) or not self._sampled(key):
             return
-        f = self._call(module)
+        f = self._call(key, kind)
         f["softmax_from"] = self._softmax_source(x)
         with torch.no_grad():
             rows = x.detach()[:ROWS] if cdim else x.detach()
@@ -360,6 +435,13 @@ class LossInputs(ModuleKeyed):
             err = (rows.sum(dim=cdim) - 1).abs().amax()
             f["probs"] = torch.stack([rows.amin(), rows.amax(), err])
         f["classes"], f["dtype"] = classes, _dtype(x)
+
+    def _sampled(self, key) -> bool:
+        if not isinstance(key, str):
+            return self.sample(key)
+        n = self._calls_seen.get(key, 0)
+        self._calls_seen[key] = n + 1
+        return cadence.sample_call(n, self.recorder.step)
 
     def _softmax_source(self, x):
         base = x._base if x._base is not None else x

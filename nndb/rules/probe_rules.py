@@ -4,11 +4,13 @@ BatchNorm left in eval mode while training, unscaled model inputs, a first
 loss far from chance, a loss whose prediction and target broadcast, and a
 softmax in front of CrossEntropyLoss.
 
-Only *modules* are seen: ``F.relu``, ``torch.tanh``, ``F.cross_entropy``,
-``F.mse_loss``... are plain function calls that no module hook sees, so these
-rules say nothing about them (use the module forms, or read the recorded
-activations).  Loss modules are seen when the script calls them directly
-(``criterion(out, y)``), as root modules.
+The activation rules see *modules* only: ``F.relu``, ``torch.tanh``... are
+plain function calls that no module hook sees (use the module forms, or read
+the recorded activations).  The loss rules see loss modules when the script
+calls them directly (``criterion(out, y)``, as root modules), and also
+``torch.nn.functional`` losses and hand-written ones (``((pred - y) **
+2).mean()``) through a TorchFunctionMode during the loss probe's steps
+(nndb.rules.loss_watch).
 """
 from __future__ import annotations
 
@@ -132,27 +134,36 @@ class DeadRelu(_UnitStreaks):
 
 
 class SaturatedActivation(_UnitStreaks):
-    """Tanh / Sigmoid units (nn.Tanh, nn.Sigmoid) pinned at one asymptote for
-    every sample (tanh > 0.99 for all, or < -0.99 for all; sigmoid < 0.01 for
-    all, or > 0.99 for all), for most units of the layer, several steps
-    running: their gradient is ~0 (tanh' < 0.02, sigmoid' < 0.01) and their
-    output carries no information.  A unit at +1 for some samples and -1 for
-    others is a binary feature, not stuck.  A Sigmoid whose output goes
-    straight into a loss module (a probability head, confident by design) is
-    not judged; torch.tanh / torch.sigmoid calls are not seen."""
+    """Tanh / Sigmoid units (nn.Tanh, nn.Sigmoid) that pass almost no
+    gradient, whichever asymptote each sample sits at.  A unit's gradient
+    factor in a step is its mean local derivative over the step's samples
+    (batch x positions), relative to the largest there is: tanh' = 1 - y^2,
+    sigmoid' / 0.25 = 1 - (2y - 1)^2.  The unit is saturated when that factor
+    is below ``gradient`` (0.1): a unit at |tanh| > 0.99 (sigmoid < 0.01 or
+    > 0.99) on every sample has a factor below 0.02, whether it sits at +1
+    for all samples or flips between +1 and -1 with the sample; a tanh layer
+    whose pre-activations have std 20 has ~0.04, one with a sane init
+    (std ~1) ~0.6.  The layer is reported when at least ``share`` (half) of
+    its units are saturated in ``steps`` (5) observed steps running (steps
+    with at least ``min_samples`` values per unit).  A unit is one feature
+    of an (N, F) output, one channel of an (N, C, H, W) output; (N, L, F) is
+    read both ways.  A Sigmoid whose output goes straight into a loss module
+    (a probability head, confident by design) is not judged; torch.tanh /
+    torch.sigmoid calls are not seen."""
     id = "saturated_activation"
     severity = "warning"
-    explanation = ("most units of a Tanh/Sigmoid layer are stuck at one asymptote for every sample, for "
-                   "several steps running (vanishing gradients)")
+    explanation = ("most units of a Tanh/Sigmoid layer are saturated (near +-1, or 0 and 1, on either side) "
+                   "for almost every sample, several steps running: they pass almost no gradient")
     THRESHOLDS = {
-        "share": Threshold(0.5, "fraction of the layer's units stuck: as for dead_relu, a few saturated units "
-                                "are normal, half the layer is not"),
+        "share": Threshold(0.5, "fraction of the layer's units saturated: as for dead_relu, a few saturated "
+                                "units are normal, half the layer is not"),
         "steps": Threshold(5, _STEPS_WHY),
         "min_samples": Threshold(8, _MIN_SAMPLES_WHY),
-        "tanh": Threshold(0.99, "|tanh| > 0.99 (pre-activation beyond 2.65) leaves 2% of the gradient; the "
-                                "usual saturation cut-off (Glorot & Bengio 2010 plot the same region)"),
-        "sigmoid": Threshold(0.01, "sigmoid < 0.01 or > 0.99 (|pre-activation| beyond 4.6) leaves <1% of the "
-                                   "gradient"),
+        "gradient": Threshold(0.1, "a unit's mean local derivative over the step's samples, relative to its "
+                                   "largest (tanh' = 1 - y^2, sigmoid'/0.25), below which it is saturated: "
+                                   "|tanh| > 0.99 (pre-activation beyond 2.65, the usual cut-off; Glorot & "
+                                   "Bengio 2010) on every sample gives < 0.02, on 90% of them ~0.06; a sane "
+                                   "init (pre-activations of std ~1) gives ~0.6, std 5 ~0.16"),
     }
     PROBES = ("saturation",)
     PROBE = "saturation"
@@ -171,22 +182,19 @@ class SaturatedActivation(_UnitStreaks):
 
     @staticmethod
     def conventions(f):
-        return f["lo"].keys()
+        return f["sq"].keys()
 
     def stuck(self, f, conv, series):
         if series in self._heads:
             return None
-        lo, hi = _np(f["lo"][conv]).astype(np.float64), _np(f["hi"][conv]).astype(np.float64)
-        if "Sigmoid" in f["type"]:
-            t = float(self.params["sigmoid"])
-            return (hi < t) | (lo > 1 - t)
-        t = float(self.params["tanh"])
-        return (hi < -t) | (lo > t)
+        factor = 1 - _np(f["sq"][conv]).astype(np.float64) / max(1, f["n"][conv])
+        return factor < float(self.params["gradient"])       # NaN is not saturated (nonfinite's business)
 
     def report(self, ctx, series, f, conv, share, n, units, need):
         return self.finding(
-            ctx, f"{n} of {units} units ({_pct(share)}) of {f['type']} layer {series} are stuck at an "
-                 f"asymptote for every sample for {need} steps running: saturated, their gradient vanishes",
+            ctx, f"{n} of {units} units ({_pct(share)}) of {f['type']} layer {series} are saturated (their mean "
+                 f"local derivative is below {self.params['gradient']:g} of its largest, at either asymptote) "
+                 f"for {need} steps running: they pass almost no gradient",
             tensor=series, module_type=f["type"], saturated_units=n, units=units,
             saturated_share=round(share, 4), steps=need, unit=conv)
 
@@ -350,16 +358,23 @@ def _loss_calls(ctx) -> dict:
     return ctx.facts.get("loss_inputs", {}).get("calls", {})
 
 
+def _label(name: str, f: dict) -> str:
+    """``criterion (CrossEntropyLoss)``, or ``F.cross_entropy at train.py:42`` for a function."""
+    return name if name.startswith(f["type"]) else f"{name} ({f['type']})"
+
+
 class InitialLoss(Rule):
-    """At step 0 a classifier (nn.CrossEntropyLoss or nn.NLLLoss module, input
-    (N, C) or (N, C, ...)) should predict about uniformly: loss ~ ln(C).
+    """At step 0 a classifier (nn.CrossEntropyLoss or nn.NLLLoss module, or
+    F.cross_entropy / F.nll_loss; input (N, C) or (N, C, ...)) should predict about uniformly: loss ~ ln(C).
     Karpathy, "A Recipe for Training Neural Networks" (2019): "verify loss @
     init"; a first loss far above it means confidently wrong outputs
     (unscaled inputs, a bad init of the last layer).  The loss is recomputed
     from the module's first call at step 0 (its own weight, ignore_index,
     label smoothing; mean reduction), so a script's scaling of the loss does
     not matter.  A lower loss is not reported (a resumed or fine-tuned run
-    starts low).  F.cross_entropy calls are not seen."""
+    starts low).  A functional call is recomputed from its own arguments
+    (weight, ignore_index, label_smoothing) with mean reduction, and is
+    named by the line that calls it."""
     id = "initial_loss"
     severity = "warning"
     explanation = "the first step's classification loss is far above ln(number of classes), the loss at chance"
@@ -383,7 +398,7 @@ class InitialLoss(Rule):
                 continue
             if loss > float(self.params["ratio"]) * chance and loss - chance > float(self.params["margin"]):
                 yield self.finding(
-                    ctx, f"the first loss of {name} ({f['type']}, {classes} classes) is {loss:.4g}, "
+                    ctx, f"the first loss of {_label(name, f)} ({classes} classes) is {loss:.4g}, "
                          f"{loss / chance:.1f}x ln({classes}) = {chance:.4g}, the loss at chance: the initial "
                          f"outputs are confidently wrong (unscaled inputs? last layer's init?)",
                     module=name, loss=loss, classes=classes, chance_loss=chance, ratio=loss / chance)
@@ -396,11 +411,19 @@ class LossBroadcast(Rule):
     compares every prediction with every target, an (N, N) loss that trains
     towards the mean.  Shapes that differ but broadcast to the bigger one (a
     single target value for every prediction) are not reported: that can be
-    meant.  The shapes are read at every call (cheap); F.mse_loss and friends
-    are not seen."""
+    meant.  The same for F.mse_loss and the other functional pointwise
+    losses, and for a hand-written loss: an elementwise + - * / of the
+    model's output (or of what an op made of it with the same shape) and
+    another tensor whose broadcast creates a new dimension out of the batch
+    (the other operand has the batch size where the output has size 1 or no
+    dimension: ``((pred - y) ** 2).mean()`` with pred (N, 1) and y (N,));
+    a bias add, (N, C) - (C,) or (N, 1) * (N, C) create nothing bigger and
+    are not reported (nndb.rules.loss_watch).  Looked at on the loss probe's
+    steps (the first 20, then one in 64); named by the line of the call."""
     id = "loss_broadcast"
     severity = "error"
-    explanation = "a loss module's prediction and target shapes differ and broadcast (e.g. (N, 1) vs (N,))"
+    explanation = ("a loss's prediction and target shapes differ and broadcast to a bigger shape (e.g. (N, 1) vs "
+                   "(N,) -> (N, N)), in a loss module, a functional loss or a hand-written loss")
     THRESHOLDS: dict = {}
     PROBES = ("loss_inputs",)
 
@@ -413,9 +436,16 @@ class LossBroadcast(Rule):
                 c = tuple(torch.broadcast_shapes(a, b))
             except RuntimeError:
                 continue                 # the loss itself raises
-            if math.prod(c) > max(math.prod(a), math.prod(b)):
+            if math.prod(c) > max(math.prod(a), math.prod(b)) and "op" in f:
                 yield self.finding(
-                    ctx, f"{name} ({f['type']}) compares a prediction of shape {a} with a target of shape "
+                    ctx, f"{name}: the model's output of shape {f['model_shape']} and a tensor of shape "
+                         f"{b if tuple(f['model_shape']) == tuple(a) else a} broadcast to {c}, a new dimension "
+                         f"out of the batch: every prediction against every target (reshape one of them)",
+                    module=name, input_shape=list(a), target_shape=list(b), broadcast_shape=list(c),
+                    op=f["op"], model_shape=list(f["model_shape"]))
+            elif math.prod(c) > max(math.prod(a), math.prod(b)):
+                yield self.finding(
+                    ctx, f"{_label(name, f)} compares a prediction of shape {a} with a target of shape "
                          f"{b}: they broadcast to {c}, every prediction against every target",
                     module=name, input_shape=list(a), target_shape=list(b), broadcast_shape=list(c))
 
@@ -427,10 +457,11 @@ class DoubleSoftmax(Rule):
     in [0, 1] and every row (along the class dimension) summing to 1 within
     ``tol`` (checked on up to 64 rows).  Gradients are then tiny and the loss
     cannot go below ln(e + C - 1) - 1 (1.46 for 10 classes): it plateaus.
-    F.cross_entropy calls are not seen."""
+    F.cross_entropy calls are judged the same way (nndb.rules.loss_watch)."""
     id = "double_softmax"
     severity = "error"
-    explanation = "CrossEntropyLoss is given probabilities (softmax already applied): softmax twice"
+    explanation = ("CrossEntropyLoss / F.cross_entropy is given probabilities (softmax already applied): "
+                   "softmax twice")
     THRESHOLDS = {
         "tol": Threshold(1e-3, "largest |row sum - 1| of a float32 softmax output is ~1e-6 x C; logits "
                                "never sum to 1 in every row by chance. 20x this for float16/bfloat16 "

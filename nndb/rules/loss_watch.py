@@ -1,0 +1,190 @@
+"""What the loss rules see of losses that are no module: torch.nn.functional
+losses (``F.cross_entropy(out, y)``) and hand-written ones
+(``((pred - target) ** 2).mean()``), through a TorchFunctionMode
+(nndb.tracer.funcmode) that is on the mode stack only during the loss
+probe's steps (nndb.cadence.sampled: the first 20 steps, then one in 64) and
+off it otherwise, so that it costs nothing then.
+
+``LossWatch`` is the plain object behind the mode, owned by the loss_inputs
+probe (nndb.rules.model_probes.LossInputs):
+
+- the model's outputs are *tagged* (the output of a root module with
+  parameters, seen after its forward), and so is whatever an op makes of a
+  tagged tensor with the same shape (``out * 2``, ``out.float()``, a view);
+- a functional loss call is handed to the probe as a loss module's call would
+  be (``LossInputs.loss_call``), unless a loss module is making it (the
+  module's own call was seen);
+- an elementwise ``+ - * /`` of a tagged tensor and another one is reported
+  when the broadcast *creates a new dimension* out of the batch: the
+  result is bigger than both operands, and the other operand has the batch
+  size at a position where the model's output has size 1 or no dimension
+  ((N, 1) - (N,) -> (N, N)).  A bias add ((N, C) + (C,)), a normalisation
+  ((N, C) - (C,)) or a per-sample weight ((N, 1) * (N, C)) make nothing
+  bigger than both; an outer difference the script builds on purpose
+  (``emb[:, None] - emb[None]``) is of reshaped tensors, which are not tagged.
+
+The ops are told apart by a dict lookup per call; nothing is computed from
+a tensor's values, nothing is raised into the script (the mode keeps the
+first error, and the probe reports it).
+"""
+from __future__ import annotations
+
+import math
+import weakref
+
+import torch
+
+from ..tracer.funcmode import CLASS_LOSSES, FunctionWatch, functional_loss
+from ..tracer.naming import user_frame
+
+_T = torch._C.TensorBase
+BROADCASTING_OPS = {f: sym for fs, sym in (
+    ((_T.sub, torch.sub, torch.subtract), "-"),
+    ((_T.add, torch.add), "+"),
+    ((_T.mul, torch.mul, torch.multiply), "*"),
+    ((_T.div, torch.div, torch.true_divide, torch.divide), "/"),
+) for f in fs}
+TAGS_KEPT = 64                  # tagged tensors per step (a model output and what is made of it)
+
+
+def where() -> str:
+    """The script's line that made the call: ``train.py:42``."""
+    f = user_frame(2)
+    if f is None:
+        return "?"
+    import os
+    return f"{os.path.basename(f.f_code.co_filename)}:{f.f_lineno}"
+
+
+def new_batch_dimension(t: torch.Tensor, other: torch.Tensor, out_shape) -> bool:
+    """Does ``t`` (the model's output: its dim 0 is the batch) op ``other`` broadcast
+    to ``out_shape`` by spreading the batch along a new dimension?"""
+    n, r = t.shape[0] if t.dim() else 0, len(out_shape)
+    if n < 2 or math.prod(out_shape) <= max(t.numel(), other.numel()):
+        return False
+    t_at, o_at = r - t.dim(), r - other.dim()          # where each operand's dim 0 lands in the result
+    for j, size in enumerate(other.shape):
+        q = o_at + j
+        if size == n and q != t_at and (q < t_at or t.shape[q - t_at] == 1):
+            return True
+    return False
+
+
+class LossWatch:
+    def __init__(self, probe):
+        self.probe = probe
+        self.mode = FunctionWatch(self.on_call)
+        self._tags: dict = {}               # id(tensor) -> weakref: the model's outputs and what is made of them
+        self._module_call = None            # (weakref input, weakref target) of the loss module being called
+        self._root_types: set = set()       # model classes whose forward output the probe sees
+
+    # -- on and off --------------------------------------------------------------
+    def start(self) -> None:
+        self.mode.push()
+
+    def stop(self) -> None:
+        self.mode.remove()
+        cbs_of = self.probe.tracer.probes
+        for cls in self._root_types:
+            cbs = cbs_of.get(cls, [])
+            if self.model_output in cbs:
+                cbs.remove(self.model_output)
+            if not cbs:
+                cbs_of.pop(cls, None)
+        self._root_types.clear()
+        self.new_step()
+
+    def new_step(self) -> None:
+        self._tags.clear()
+        self._module_call = None
+
+    # -- what the probe hands on ----------------------------------------------------
+    def model_called(self, module) -> None:
+        """A root module with parameters is about to run: see its output."""
+        cls = type(module)
+        if cls not in self._root_types:
+            self._root_types.add(cls)
+            self.probe.tracer.probes.setdefault(cls, []).append(self.model_output)
+
+    def loss_module_called(self, x, y) -> None:
+        self._module_call = (weakref.ref(x), weakref.ref(y))
+
+    def model_output(self, module, use, args, output) -> None:
+        if self.probe.tracer._module_depth != 0 or self.probe.error is not None:
+            return                          # a submodule of another model: not the model's output
+        for t in (output,) if isinstance(output, torch.Tensor) else _leaves(output):
+            if isinstance(t, torch.Tensor) and t.dim() >= 1 and t.is_floating_point():
+                self._tag(t)
+
+    def _tag(self, t) -> None:
+        if len(self._tags) < TAGS_KEPT:
+            self._tags[id(t)] = weakref.ref(t)
+
+    def _tagged(self, t) -> bool:
+        ref = self._tags.get(id(t))
+        return ref is not None and ref() is t
+
+    # -- the mode's calls ------------------------------------------------------------
+    def on_call(self, func, args, kwargs, out) -> None:
+        if self.probe.tracer._in_hook:      # nndb's own tensor work in a hook
+            return
+        op = BROADCASTING_OPS.get(func)
+        if op is not None:
+            self._binary(op, args, out)
+        else:
+            name = functional_loss(func)
+            if name is not None:
+                self._functional(func, name, args, kwargs)
+                return
+        if self._tags and args and isinstance(out, torch.Tensor):
+            for a in args[:2]:
+                if isinstance(a, torch.Tensor) and a.shape == out.shape and self._tagged(a):
+                    self._tag(out)
+                    break
+
+    def _binary(self, op, args, out) -> None:
+        if not self._tags or len(args) < 2 or not isinstance(out, torch.Tensor):
+            return
+        a, b = args[0], args[1]
+        if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
+            return
+        for t, other in ((a, b), (b, a)):
+            if self._tagged(t) and not self._tagged(other) and new_batch_dimension(t, other, tuple(out.shape)):
+                key = f"`{op}` at {where()}"
+                self.probe.hand_written(key, op, tuple(a.shape), tuple(b.shape), tuple(t.shape))
+                return
+
+    def _functional(self, func, name, args, kwargs) -> None:
+        x = args[0] if args else kwargs.get("input")
+        y = args[1] if len(args) > 1 else kwargs.get("target")
+        if not (isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor)):
+            return
+        mc = self._module_call
+        if mc is not None and mc[0]() is x and mc[1]() is y:
+            return                          # a loss module's own call: seen as the module
+        key = f"F.{name} at {where()}"
+        recompute = _mean_loss(func, args, kwargs) if name in CLASS_LOSSES else None
+        self.probe.loss_call(key, f"F.{name}", x, y, pointwise=name not in CLASS_LOSSES,
+                             cross_entropy=name == "cross_entropy", recompute=recompute)
+
+
+def _leaves(output):
+    from torch.utils import _pytree as pytree
+    return pytree.tree_leaves(output)
+
+
+def _mean_loss(func, args, kwargs):
+    """``func`` (F.cross_entropy / F.nll_loss) again on the call's arguments, mean reduction."""
+    import inspect
+
+    def recompute(x, y):
+        try:
+            bound = inspect.signature(func).bind(*args, **kwargs)
+            bound.arguments.update(input=x, target=y, reduction="mean")
+            bound.arguments.pop("size_average", None)
+            bound.arguments.pop("reduce", None)
+            return func(**bound.arguments).float()
+        except Exception:
+            return None
+    return recompute
+

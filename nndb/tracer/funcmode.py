@@ -1,0 +1,83 @@
+"""A TorchFunctionMode that shows nndb the script's torch function calls
+(``torch.nn.functional``'s losses, the arithmetic of a hand-written loss),
+for the first steps only: ``nndb check`` (nndb.check.capture) and the loss
+rules' probe (nndb.rules.loss_watch) both look through it.
+
+``FunctionWatch(on_call)`` runs every call unchanged, then hands
+``on_call(func, args, kwargs, out)`` what it saw; an error in ``on_call`` is
+kept in ``error`` and switches the watch off, never raised into the script.
+While the call runs the mode is off the stack (PyTorch pops it for its own
+``__torch_function__``), so what a functional loss does inside is not seen,
+nor is what ``on_call`` computes.
+
+``push()`` / ``remove()`` put it on the (thread-local) mode stack and take it
+off again from wherever it is, the modes above it kept in order, so that a
+mode the script entered meanwhile still leaves with its own ``with``.
+"""
+from __future__ import annotations
+
+import threading
+from typing import Callable, Optional
+
+from torch.overrides import (TorchFunctionMode, _get_current_function_mode_stack, _pop_mode,
+                             _push_mode)
+
+# torch.nn.functional losses: (input, target, ...) -> loss
+CLASS_LOSSES = ("cross_entropy", "nll_loss")
+BINARY_LOSSES = ("binary_cross_entropy", "binary_cross_entropy_with_logits")
+ELEMENTWISE_LOSSES = ("mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss", "soft_margin_loss",
+                      "kl_div", "poisson_nll_loss", "gaussian_nll_loss") + BINARY_LOSSES
+LOSSES = CLASS_LOSSES + ELEMENTWISE_LOSSES
+
+
+def functional_loss(func) -> Optional[str]:
+    """The name of a torch.nn.functional loss (``"mse_loss"``), or None."""
+    name = getattr(func, "__name__", "")
+    return name if name in LOSSES and getattr(func, "__module__", "") == "torch.nn.functional" else None
+
+
+class FunctionWatch(TorchFunctionMode):
+    """Sees the script's torch function calls; every call goes through unchanged."""
+
+    def __init__(self, on_call: Callable):
+        super().__init__()
+        self.on_call = on_call
+        self.error: Optional[str] = None
+        self.pushed = False
+        self._thread: Optional[int] = None
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if self.error is None:
+            try:
+                self.on_call(func, args, kwargs or {}, out)
+            except Exception as e:          # never into the script: off, and said once by the owner
+                self.error = f"{type(e).__name__}: {e}"
+        return out
+
+    def push(self) -> None:
+        """On the mode stack of this thread (no-op if it is on already)."""
+        if not self.pushed:
+            _push_mode(self)
+            self.pushed, self._thread = True, threading.get_ident()
+
+    def remove(self) -> bool:
+        """Off the stack, wherever it is in it; False if it could not be (another thread's stack)."""
+        if not self.pushed:
+            return True
+        if threading.get_ident() != self._thread:
+            return False
+        stack = _get_current_function_mode_stack()
+        if not any(m is self for m in stack):     # someone popped it already
+            self.pushed = False
+            return True
+        above = []
+        while True:
+            m = _pop_mode()
+            if m is self:
+                break
+            above.append(m)
+        for m in reversed(above):
+            _push_mode(m)
+        self.pushed = False
+        return True

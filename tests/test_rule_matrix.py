@@ -1,0 +1,59 @@
+"""The rule matrix (scripts/rule_matrix.py) over tests/scripts/: every built-in
+rule (from the registry: a new rule without a planted script fails here) is
+fired by at least one planted script on each of seeds 0, 1, 2, and every
+healthy script raises no error/warning finding on any of them.  The
+examples (scripts/examples) are left to the printed matrix and to
+test_rules_healthy.py: they are 10-70x slower."""
+import importlib.util
+import os
+import sys
+
+import pytest
+
+from conftest import ROOT
+
+spec = importlib.util.spec_from_file_location("rule_matrix", os.path.join(ROOT, "scripts", "rule_matrix.py"))
+matrix = importlib.util.module_from_spec(spec)
+sys.modules["rule_matrix"] = matrix          # (its dataclasses look their module up)
+spec.loader.exec_module(matrix)
+
+SCRIPTS = [s for s in matrix.scripts() if not s.name.startswith("examples/")]
+RULES = matrix.builtin_rules()
+
+
+@pytest.fixture(scope="module")
+def outcomes():
+    return [matrix.run_one(s, seed) for s in SCRIPTS for seed in matrix.SEEDS]
+
+
+def test_the_matrix_has_scripts_of_both_kinds():
+    kinds = {s.kind for s in SCRIPTS}
+    assert kinds == {"planted", "healthy"} and len(RULES) >= 16
+
+
+@pytest.mark.parametrize("rule", RULES)
+def test_each_rule_is_fired_by_a_planted_script_on_every_seed(outcomes, rule):
+    firing = {}
+    for o in outcomes:
+        if o.script.kind == "planted" and rule in o.first:
+            firing.setdefault(o.script.name, set()).add(o.seed)
+    assert any(seeds == set(matrix.SEEDS) for seeds in firing.values()), \
+        f"no planted script fires {rule} on all of seeds {matrix.SEEDS} (partly: {firing})"
+
+
+@pytest.mark.parametrize("script", [s.name for s in SCRIPTS if s.kind == "healthy"])
+def test_healthy_scripts_are_silent_on_every_seed(outcomes, script):
+    mine = [o for o in outcomes if o.script.name == script]
+    assert len(mine) == len(matrix.SEEDS)
+    for o in mine:
+        assert o.exit_code == 0 and o.rules_failed == []
+        assert o.loud == [], f"{script} --seed {o.seed}: {o.first}"
+
+
+def test_planted_scripts_run_to_the_end(outcomes):
+    assert [(o.script.name, o.seed) for o in outcomes if o.exit_code != 0 or o.rules_failed] == []
+
+
+def test_the_table_lists_every_rule(outcomes):
+    text = matrix.table(outcomes)
+    assert all(f"| `{r}` |" in text for r in RULES) and "**none**" not in text

@@ -1,0 +1,176 @@
+"""initial_loss and loss_broadcast see torch.nn.functional losses and
+hand-written ones (issue 19), through the TorchFunctionMode of
+nndb.rules.loss_watch; legit broadcasts stay silent; the mode is off the
+stack after the probe's steps and changes no number."""
+import textwrap
+
+import pytest
+import torch
+
+from conftest import findings_of, nndb, python, run_in_process
+
+HEADER = """\
+import sys
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+SEED, STEPS, FLAG = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+torch.manual_seed(SEED)
+N = 16 + 8 * SEED
+OPT = [torch.optim.SGD, torch.optim.Adam, torch.optim.RMSprop][SEED % 3]
+"""
+
+
+def write(tmp_path, name, body) -> str:
+    path = tmp_path / name
+    path.write_text(HEADER + textwrap.dedent(body))
+    return str(path)
+
+
+def line_of(script: str, text: str) -> int:
+    """The line of the script that holds ``text`` (where a finding must point)."""
+    [n] = [i for i, line in enumerate(open(script).read().splitlines(), 1) if text in line]
+    return n
+
+
+def rule(res, rule_id) -> list:
+    assert res.exit_code == 0
+    assert all(r.enabled for r in res.session.rules.rules)       # no rule failed
+    return [f for f in res.session.findings if f["rule"] == rule_id]
+
+
+# -- initial_loss with F.cross_entropy ---------------------------------------------------------
+CLASSIFIER = """
+    C = 5 + 3 * SEED
+    model = nn.Sequential(nn.Linear(12, 32), nn.ReLU(), nn.Linear(32, C))
+    with torch.no_grad():
+        model[2].weight.normal_(0, 3.0 if FLAG.startswith("bad") else 0.05)
+    x, y = torch.randn(N, 12), torch.randint(0, C, (N,))
+    opt = OPT(model.parameters(), lr=1e-3)
+    for step in range(STEPS):
+        opt.zero_grad()
+        if FLAG.endswith("nll"):
+            loss = F.nll_loss(F.log_softmax(model(x), dim=1), y)
+        else:
+            loss = F.cross_entropy(model(x), y, reduction="sum")     # the rule recomputes the mean
+        loss.backward()
+        opt.step()
+"""
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("kind", ["ce", "nll"])
+def test_initial_loss_of_functional_cross_entropy(tmp_path, seed, kind):
+    script = write(tmp_path, "cls.py", CLASSIFIER)
+    [f] = rule(run_in_process(tmp_path, script, (seed, 3, f"bad_{kind}")), "initial_loss")
+    assert f["step"] == 0
+    fn = "cross_entropy" if kind == "ce" else "nll_loss"
+    assert f["module"] == f"F.{fn} at cls.py:{line_of(script, f'loss = F.{fn}(')}"
+    ev = f["evidence"]
+    assert ev["classes"] == 5 + 3 * seed and ev["ratio"] > 2
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_functional_cross_entropy_at_chance_is_healthy(tmp_path, seed):
+    script = write(tmp_path, "cls.py", CLASSIFIER)
+    assert findings_of(run_in_process(tmp_path, script, (seed, 3, "good_ce"))) == []
+
+
+# -- loss_broadcast in hand-written and functional losses --------------------------------------
+REGRESSION = """
+    model = nn.Sequential(nn.Linear(6, 24), nn.Tanh(), nn.Linear(24, 1))
+    x = torch.randn(N, 6)
+    y = x[:, 0] - 0.5 * x[:, 1]                       # (N,)
+    opt = OPT(model.parameters(), lr=1e-2)
+    w = torch.rand(N, 1)
+    for step in range(STEPS):
+        opt.zero_grad()
+        pred = model(x)                               # (N, 1)
+        if FLAG == "hand":
+            loss = ((pred - y) ** 2).mean()
+        elif FLAG == "hand_reversed":
+            loss = (y - pred * 1.0).abs().mean()     # what is made of the output counts too
+        elif FLAG == "functional":
+            loss = F.l1_loss(pred, y)
+        elif FLAG == "matching":
+            loss = ((pred.squeeze(1) - y) ** 2).mean() + F.mse_loss(pred, y[:, None])
+        elif FLAG == "legit":                         # per-sample weights, a bias, a normalisation
+            z = (pred - y[:, None]) * w
+            pairwise = (x[:, None, :] - x[None, :, :]).norm(dim=-1)      # an outer difference of inputs
+            scores = torch.cat([pred, pred], 1) + torch.tensor([0.5, -0.5])
+            centred = scores - scores.mean(0)
+            emb = pred.unsqueeze(1) - pred.unsqueeze(0)                 # on purpose, reshaped first
+            loss = (z ** 2).mean() + 0 * pairwise.mean() + 0 * centred.mean() + 0 * emb.mean()
+        loss.backward()
+        opt.step()
+"""
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("flag,op,text", [("hand", "`-`", "((pred - y) ** 2)"), ("hand_reversed", "`-`", "(y - pred"),
+                                          ("functional", "F.l1_loss", "F.l1_loss(pred, y)")])
+def test_loss_broadcast_wherever_the_loss_is_written(tmp_path, seed, flag, op, text):
+    script = write(tmp_path, "reg.py", REGRESSION)
+    [f] = rule(run_in_process(tmp_path, script, (seed, 3, flag)), "loss_broadcast")
+    n = 16 + 8 * seed
+    assert f["step"] == 0 and f["severity"] == "error"
+    assert f["module"] == f"{op} at reg.py:{line_of(script, text)}"
+    assert f["evidence"]["broadcast_shape"] == [n, n]
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("flag", ["matching", "legit"])
+def test_broadcasts_that_create_no_batch_dimension_are_silent(tmp_path, seed, flag):
+    script = write(tmp_path, "reg.py", REGRESSION)
+    assert findings_of(run_in_process(tmp_path, script, (seed, 4, flag))) == []
+
+
+def test_new_batch_dimension_unit():
+    from nndb.rules.loss_watch import new_batch_dimension as new
+    t = torch.zeros
+    assert new(t(8, 1), t(8), (8, 8))
+    assert new(t(8), t(8, 1), (8, 8))
+    assert new(t(8, 1, 3), t(8, 3), (8, 8, 3))
+    assert not new(t(8, 3), t(3), (8, 3))                 # a bias
+    assert not new(t(8, 1), t(8, 3), (8, 3))              # per-sample weights
+    assert not new(t(8, 1), t(1, 5), (8, 5))              # bigger, but the batch is not spread
+    assert not new(t(1, 1), t(1), (1, 1))                 # a batch of one
+    assert not new(t(8, 8), t(8), (8, 8))                 # (C = N by chance): nothing new
+
+
+# -- the mode: off after the probe's steps, the numbers unchanged -------------------------------
+def test_mode_is_off_the_stack_after_the_probe_steps(tmp_path):
+    """The loss probe's mode is on for the first 20 steps (and one in 64), off at step 20 on."""
+    script = write(tmp_path, "stack.py", """
+        from torch.overrides import _get_current_function_mode_stack as stack
+        model = nn.Linear(4, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        x, y = torch.randn(8, 4), torch.randn(8, 1)
+        for step in range(STEPS):
+            opt.zero_grad()
+            loss = F.mse_loss(model(x), y)
+            print("modes", step, len(stack()))
+            loss.backward()
+            opt.step()
+    """)
+    import contextlib
+    import io
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        res = run_in_process(tmp_path, script, (0, 23, ""))
+    assert res.exit_code == 0
+    counts = {int(s): int(n) for _, s, n in (line.split() for line in out.getvalue().splitlines()
+                                            if line.startswith("modes"))}
+    assert [counts[s] for s in range(23)] == [1] * 20 + [0] * 3
+    assert len(torch.overrides._get_current_function_mode_stack()) == 0
+
+
+def test_numbers_and_warnings_count_unchanged_under_the_mode(tmp_path):
+    script = write(tmp_path, "same.py", REGRESSION + """
+        print(step, repr(loss.item()), [repr(float(p.sum())) for p in model.parameters()])
+    """)
+    plain = python(script, "1", "25", "hand")
+    ran = nndb("run", "--batch", "--trace", str(tmp_path / "t.h5"), script, "1", "25", "hand")
+    assert plain.returncode == 0 and ran.returncode == 0
+    assert ran.stdout == plain.stdout and plain.stdout.count("\n") == 25
+    assert "loss_broadcast" in ran.stderr
