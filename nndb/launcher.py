@@ -134,11 +134,30 @@ _OWN_DIRS = (os.path.dirname(os.path.abspath(__file__)), os.path.dirname(runpy._
 
 
 def user_traceback(tb):
-    """Drop nndb's and runpy's own frames from the top of a traceback."""
+    """The traceback Python would show without nndb: nndb's and runpy's own
+    frames dropped from the top, and nndb's frames within (its torch function
+    mode on the first steps: a loss that raises went public API ->
+    torch.overrides.handle_torch_function -> nndb -> the same API again) with
+    the two torch frames that only led into it."""
     while tb is not None and (tb.tb_frame.f_code.co_filename.startswith(_OWN_DIRS[0])
                               or tb.tb_frame.f_code.co_filename == runpy.__file__):
         tb = tb.tb_next
-    return tb
+    kept = []
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        if code.co_filename.startswith(_OWN_DIRS[0]) or code.co_name == "_nndb_call":
+            if kept and kept[-1].tb_frame.f_code.co_name == "handle_torch_function":
+                kept.pop()                          # torch.overrides, into the mode
+                if kept:
+                    kept.pop()                      # the API's call of it (shown again below, as Python shows it)
+        else:
+            kept.append(tb)
+        tb = tb.tb_next
+    for a, b in zip(kept, kept[1:]):
+        a.tb_next = b
+    if kept:
+        kept[-1].tb_next = None
+    return kept[0] if kept else None
 
 
 def print_script_exception(exc: BaseException) -> None:

@@ -174,3 +174,33 @@ def test_numbers_and_warnings_count_unchanged_under_the_mode(tmp_path):
     assert plain.returncode == 0 and ran.returncode == 0
     assert ran.stdout == plain.stdout and plain.stdout.count("\n") == 25
     assert "loss_broadcast" in ran.stderr
+
+
+WARNS_THEN_RAISES = """
+import torch, torch.nn as nn, torch.nn.functional as F
+torch.manual_seed(0)
+m = nn.Linear(3, 1)
+opt = torch.optim.SGD(m.parameters(), lr=0.01)
+for step in range(3):
+    x, y = torch.randn(8, 3), torch.randn(8)
+    loss = F.mse_loss(m(x), y)                  # PyTorch warns: target size differs
+    opt.zero_grad(); loss.backward(); opt.step()
+    print(step, float(loss))                    # PyTorch warns: a tensor that requires grad to a scalar
+y = torch.randint(0, 4, (5,))
+F.cross_entropy(torch.randn(8, 4), y)           # raises: batch sizes differ
+"""
+
+
+def test_warnings_and_tracebacks_from_calls_under_the_mode_are_pythons(tmp_path):
+    # The mode is on during the probe's first steps: PyTorch's warnings (stacklevel
+    # 2, and those its C++ code raises) named nndb's mode as their line, and a loss
+    # that raised showed torch.overrides and nndb's frames in its traceback.
+    script = tmp_path / "same.py"
+    script.write_text(WARNS_THEN_RAISES)
+    plain = python(str(script), cwd=str(tmp_path))
+    ran = nndb("run", "--batch", "--nx", "--trace", str(tmp_path / "t.h5"), str(script), cwd=str(tmp_path))
+    assert plain.returncode == ran.returncode == 1
+    assert ran.stdout == plain.stdout
+    nndb_lines = [l for l in ran.stderr.splitlines(True) if l.startswith("nndb: ")]
+    assert "".join(l for l in ran.stderr.splitlines(True) if l not in nndb_lines) == plain.stderr
+    assert plain.stderr.count("UserWarning") == 2 and 'same.py", line 12' in plain.stderr

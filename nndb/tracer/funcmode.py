@@ -16,8 +16,13 @@ mode the script entered meanwhile still leaves with its own ``with``.
 """
 from __future__ import annotations
 
+import os
+import sys
 import threading
+import types
 from typing import Callable, Optional
+
+import torch
 
 from torch.overrides import (TorchFunctionMode, _get_current_function_mode_stack, _pop_mode,
                              _push_mode)
@@ -47,7 +52,7 @@ class FunctionWatch(TorchFunctionMode):
         self._thread: Optional[int] = None
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
+        out = _call_from_caller(func, args, kwargs or {})
         if self.error is None:
             try:
                 self.on_call(func, args, kwargs or {}, out)
@@ -81,3 +86,41 @@ class FunctionWatch(TorchFunctionMode):
             _push_mode(m)
         self.pushed = False
         return True
+
+
+
+_TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
+_TRAMPOLINES: dict = {}     # (file, line, id(globals)) -> a function that calls from that line
+
+
+def _caller():
+    """The frame of the code that called the torch function (past torch's
+    dispatch to this mode)."""
+    frame = sys._getframe(2)
+    while frame is not None and (frame.f_code.co_filename.startswith(_TORCH_DIR)
+                                 or frame.f_code.co_filename == __file__):
+        frame = frame.f_back
+    return frame
+
+
+def _call_from_caller(func, args, kwargs):
+    """``func(*args, **kwargs)`` called from a frame that has the caller's
+    file, line and globals, so that a warning the call raises (PyTorch's
+    ``stacklevel=2`` ones, and those its C++ code raises) names the script's
+    line, as without nndb, not this module's; its once-per-line registry is
+    the script's module's."""
+    frame = _caller()
+    if frame is None:
+        return func(*args, **kwargs)
+    g = frame.f_globals
+    key = (frame.f_code.co_filename, frame.f_lineno, id(g))
+    call = _TRAMPOLINES.get(key)
+    if call is None or call.__globals__ is not g:
+        src = "\n" * (frame.f_lineno - 1) + "def _nndb_call(f, a, k): return f(*a, **k)\n"
+        ns: dict = {}
+        exec(compile(src, frame.f_code.co_filename, "exec"), ns)
+        call = _TRAMPOLINES[key] = types.FunctionType(ns["_nndb_call"].__code__, g, "_nndb_call")
+        if len(_TRAMPOLINES) > 4096:          # (a script that calls from ever new lines: keep it bounded)
+            _TRAMPOLINES.clear()
+            _TRAMPOLINES[key] = call
+    return call(func, args, kwargs)     # (a traceback through here: nndb.launcher.user_traceback)
