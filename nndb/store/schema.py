@@ -94,5 +94,15 @@ EVENT_KINDS = ("recording_stopped", "rule_disabled", "probe_disabled")
 # Chunk shapes: one chunk holds 64 steps of 32 series (160 KiB); series
 # histories read whole chunks of 64 steps.
 STATS_CHUNK = (64, 32, N_STATS)
+# ``stats`` is stored shuffled and deflated: a statistic that was not measured
+# (NaN), and a series absent at a row, cost next to nothing on disk.
+STATS_FILTERS = {"compression": "gzip", "compression_opts": 1, "shuffle": True}
+
+# The lengths a reader trusts (``committed``, written after each block's data):
+# the rows of ``stats`` and ``steps/*``, the rows of ``lineage/step`` and
+# ``lineage/seq``, and the bytes of each JSON blob.
+COMMITTED = ("rows", "series", "events", "end", "optimizers", "hyper", "lineage", "lineage/sequences")
+# Bytes kept free for HDF5's metadata beside a block's data (the room check).
+ROOM_MARGIN = 256 * 1024
 STEPS_CHUNK = (1024,)
 BLOB_CHUNK = (4096,)
