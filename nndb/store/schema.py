@@ -91,9 +91,12 @@ INCOMPLETE = "incomplete"
 # error; a rule or a probe failed and was switched off.
 EVENT_KINDS = ("recording_stopped", "rule_disabled", "probe_disabled")
 
-# Chunk shapes: one chunk holds 64 steps of 32 series (160 KiB); series
-# histories read whole chunks of 64 steps.
-STATS_CHUNK = (64, 32, N_STATS)
+# Chunk shapes: a ``stats`` chunk holds one step of 64 series (5 KiB before
+# compression), so a flush writes whole chunks and never rewrites one: a
+# compressed chunk rewritten bigger is written anew, and with a flush per
+# step (a large model's steps outlast --flush-secs) that wasted 80% of the
+# file.  A series' history reads one chunk per step.
+STATS_CHUNK = (1, 64, N_STATS)
 # ``stats`` is stored shuffled and deflated: a statistic that was not measured
 # (NaN), and a series absent at a row, cost next to nothing on disk.
 STATS_FILTERS = {"compression": "gzip", "compression_opts": 1, "shuffle": True}

@@ -235,20 +235,16 @@ class TraceWriter:
     def _room_needed(self) -> int:
         """Bytes the next block may add to the file, at most: its rows at the
         rate the file grew per committed row (twice), or uncompressed before
-        the first block, plus the chunks it rewrites and room for metadata."""
+        the first block, and its JSON (twice), plus room for metadata.  (A
+        block writes whole chunks of ``stats``: no chunk is written twice.)"""
         k, s = len(self._rows), len(self.series)
-        raw = k * s * K.N_STATS * 8 + k * 32
+        rows = k * s * K.N_STATS * 8 + k * 32
         if self.steps_written and self._grown > 0:
-            rows = min(raw, 2 * k * (self._grown // self.steps_written + 1))
-        else:
-            rows = raw
-        band = -(-max(s, 1) // K.STATS_CHUNK[1]) * K.STATS_CHUNK[0] * K.STATS_CHUNK[1] * K.N_STATS * 8
-        if self.steps_written and self._grown > 0:
-            band = min(band, 2 * K.STATS_CHUNK[0] * (self._grown // self.steps_written + 1))
+            rows = min(rows, 2 * k * (self._grown // self.steps_written + 1))
         blobs = _blob_bytes([json.dumps(x) for x in self._new_series + self._events]) + \
             _blob_bytes(self._new_sequences) + 16 * len(self._lineage) + \
-            sum(_blob_bytes([json.dumps(r) for r in rows]) for rows in self._pending_rows.values())
-        return rows + band + 2 * blobs + K.ROOM_MARGIN
+            sum(_blob_bytes([json.dumps(r) for r in pending]) for pending in self._pending_rows.values())
+        return rows + 2 * blobs + K.ROOM_MARGIN
 
     def _commit(self) -> None:
         """Write the counts a reader trusts (schema ``committed``), once the data is on disk."""
