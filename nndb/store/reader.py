@@ -7,6 +7,7 @@ raises ``TraceError`` with a one-line reason; nothing is unpickled.
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 from dataclasses import dataclass
@@ -32,8 +33,28 @@ def _series_info(d: dict) -> SeriesInfo:
     return SeriesInfo(int(d["id"]), d["name"], d["kind"], tuple(int(n) for n in shape) if shape is not None else None)
 
 
-def _json_blob(ds) -> str:
-    return bytes(np.asarray(ds[:], dtype=np.uint8)).decode("utf-8")
+# What h5py, numpy and json raise on a file that is damaged in some way: the
+# reader turns each into a TraceError (one line; nndb inspect exits 2).
+_DAMAGE = (OSError, KeyError, ValueError, TypeError, IndexError, AttributeError, RuntimeError,
+           UnicodeDecodeError, OverflowError, RecursionError)
+
+
+def _reads(method):
+    """A query that reads the file: a damaged part of it raises TraceError."""
+    @functools.wraps(method)
+    def guarded(self, *args, **kw):
+        try:
+            return method(self, *args, **kw)
+        except TraceError:
+            raise
+        except _DAMAGE as e:
+            raise TraceError(f"cannot read trace {self.path}: it is corrupted ({_short(e)})") from None
+    return guarded
+
+
+def _json_blob(ds, n: Optional[int] = None) -> str:
+    """A JSON blob's text: its first ``n`` bytes (the committed ones), or all."""
+    return bytes(np.asarray(ds[:n], dtype=np.uint8)).decode("utf-8")
 
 
 class TraceReader:
@@ -47,8 +68,8 @@ class TraceReader:
         try:
             if not h5py.is_hdf5(path):
                 raise TraceError(f"{path} is not an nndb trace (not an HDF5 file)")
-        except OSError as e:
-            raise TraceError(f"cannot read {path}: {e.strerror or e}") from None
+        except _DAMAGE as e:
+            raise TraceError(f"cannot read {path}: {_short(e)}") from None
         _check_not_truncated(path)
         # A closed trace opens plainly.  A trace whose writer is still running,
         # or was killed, carries HDF5's "open for writing" flag and opens only
@@ -56,10 +77,10 @@ class TraceReader:
         # is used only where needed).
         try:
             self._f = h5py.File(path, "r")
-        except OSError as plain_error:
+        except _DAMAGE as plain_error:
             try:
                 self._f = h5py.File(path, "r", swmr=True)
-            except OSError:
+            except _DAMAGE:
                 raise TraceError(f"cannot read trace {path}: it is truncated or corrupted "
                                  f"({_short(plain_error)})") from None
         self._guarded_load(None)
@@ -88,7 +109,7 @@ class TraceReader:
         except TraceError:
             self.close()
             raise
-        except (OSError, KeyError, ValueError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        except _DAMAGE as e:
             self.close()
             raise TraceError(f"cannot read trace {self.path}: it is truncated or corrupted ({_short(e)})") from None
 
@@ -96,23 +117,37 @@ class TraceReader:
         f = self._f
         if f.attrs.get("nndb_format") != K.FORMAT:
             raise TraceError(f"{self.path} is not an nndb trace")
-        version = int(f.attrs.get("schema_version", -1))
-        if version > K.SCHEMA_VERSION or version < 1:
+        version = int(np.asarray(f.attrs.get("schema_version", -1)).item())
+        if version > K.SCHEMA_VERSION:
             raise TraceError(f"{self.path} has trace schema version {version}; "
                              f"this nndb reads version {K.SCHEMA_VERSION} (upgrade nndb)")
+        if version < 1:
+            raise TraceError(f"cannot read trace {self.path}: it is corrupted "
+                             f"(schema version {version}: nndb never wrote one)")
+        _check_layout(f)
         self.schema_version = version
         if not self._live:      # (a file open for writing here is current already)
             for ds in (f["stats"], f["series"], f["end"], f["events"], *f["steps"].values()):
                 ds.refresh()
-        self.meta = json.loads(_json_blob(f["meta"]))
+        self._committed = _committed(f, self._live)
+        self.meta = _expect(json.loads(_json_blob(f["meta"])), dict, "meta")
         self.columns = tuple(json.loads(f["stats"].attrs["columns"]))
+        if len(self.columns) != f["stats"].shape[2] or not all(isinstance(c, str) for c in self.columns) \
+                or "count" not in self.columns:
+            raise ValueError("the statistics' columns do not match stats")
         self._series: list = []
-        for line in _json_blob(f["series"]).splitlines():
+        for line in _json_blob(f["series"], self._committed.get("series")).splitlines():
             if line.strip():
-                d = json.loads(line)
-                self._series.append(_series_info(d))
-        # A kill between two writes can leave one dataset a flush ahead of another.
+                info = _series_info(_expect(json.loads(line), dict, "a series"))
+                if info.id != len(self._series) or not isinstance(info.name, str) or info.kind not in K.KINDS:
+                    raise ValueError(f"series line {len(self._series) + 1} is not the schema's")
+                self._series.append(info)
+        # A kill between two writes can leave one dataset a flush ahead of
+        # another; a failed write, extents ahead of their data: only the
+        # committed rows count (traces before ``committed``: the shortest).
         n_rows = min([f["stats"].shape[0]] + [d.shape[0] for d in f["steps"].values()])
+        if "rows" in self._committed:
+            n_rows = min(n_rows, self._committed["rows"])
         n_series = min(len(self._series), f["stats"].shape[1])
         if unwritten is not None:       # only what this writer wrote (a replica's file moves on)
             n_rows = min(n_rows, unwritten.rows_written)
@@ -122,7 +157,8 @@ class TraceReader:
         self._series = self._series[:n_series]
         steps = {name: np.asarray(f["steps"][name][:n_rows])
                  for name in ("step", "time", "backward_count", "optimizer_steps", "partial")}
-        self._events = [json.loads(line) for line in _json_blob(f["events"]).splitlines() if line.strip()]
+        self._events = [_expect(json.loads(line), dict, "an event")
+                        for line in _json_blob(f["events"], self._committed.get("events")).splitlines() if line.strip()]
         self._unwritten = unwritten
         self._sequence_lines: Optional[list] = None
         self._row_blobs: dict = {}      # name -> its rows (None: the trace predates it), read once
@@ -140,11 +176,14 @@ class TraceReader:
         self.backward_count = steps["backward_count"]
         self.optimizer_steps = steps["optimizer_steps"]
         self.partial = steps["partial"].astype(bool)
-        end = _json_blob(f["end"])
-        self.end: Optional[dict] = json.loads(end) if end.strip() else None
+        end = _json_blob(f["end"], self._committed.get("end"))
+        self.end: Optional[dict] = _expect(json.loads(end), dict, "end") if end.strip() else None
+        if self.end is not None and not isinstance(self.end.get("status"), str):
+            raise ValueError("end has no status")
         self._by_key = {(s.name, s.kind): s for s in self._series}
 
     # -- lineage (nndb.lineage) ------------------------------------------------
+    @_reads
     def lineage_steps(self) -> list:
         g = self._f.get("lineage")
         if g is None:
@@ -152,7 +191,7 @@ class TraceReader:
         if not self._live:
             g["step"].refresh()
             g["seq"].refresh()
-        n = min(g["step"].shape[0], g["seq"].shape[0])
+        n = min(g["step"].shape[0], g["seq"].shape[0], self._committed.get("lineage", 1 << 62))
         if self._unwritten is not None:
             n = min(n, self._unwritten.lineage_written)
         steps = [int(x) for x in g["step"][:n]]
@@ -160,6 +199,7 @@ class TraceReader:
             steps += [st for st, _ in self._unwritten.lineage]
         return steps
 
+    @_reads
     def lineage(self, step: int) -> Optional[dict]:
         """A step's recorded operations (the last record of that step), or None."""
         g = self._f.get("lineage")
@@ -176,6 +216,7 @@ class TraceReader:
             return None
         return dict(json.loads(lines[seq]), step=step)
 
+    @_reads
     def lineage_sequences(self) -> int:
         if self._f.get("lineage") is None:
             return 0
@@ -187,7 +228,7 @@ class TraceReader:
             ds = self._f["lineage"]["sequences"]
             if not self._live:
                 ds.refresh()
-            lines = _json_blob(ds).splitlines()
+            lines = _json_blob(ds, self._committed.get("lineage/sequences")).splitlines()
             if self._unwritten is not None:
                 lines = lines[:self._unwritten.sequences_written] + self._unwritten.sequences
             self._sequence_lines = lines
@@ -207,6 +248,7 @@ class TraceReader:
         trace written before they were recorded."""
         return self._rows("hyper")
 
+    @_reads
     def _rows(self, name: str) -> Optional[list]:
         if name not in self._row_blobs:
             ds = self._f.get(name)
@@ -215,10 +257,10 @@ class TraceReader:
                 try:
                     if not self._live:
                         ds.refresh()
-                    lines = [line for line in _json_blob(ds).splitlines() if line.strip()]
+                    lines = [line for line in _json_blob(ds, self._committed.get(name)).splitlines() if line.strip()]
                     if self._unwritten is not None:
                         lines = lines[:self._unwritten.row_lines_written.get(name, 0)]
-                    rows = [json.loads(line) for line in lines]
+                    rows = [_expect(json.loads(line), dict, f"a row of {name}") for line in lines]
                 except (OSError, ValueError) as e:
                     raise TraceError(f"cannot read {name} of trace {self.path}: it is corrupted ({_short(e)})") \
                         from None
@@ -254,6 +296,7 @@ class TraceReader:
         """The warnings recorded during the run: [{"time", "step", "kind", "message"}]."""
         return [dict(e) for e in self._events]
 
+    @_reads
     def history(self, s: SeriesInfo, stat: Optional[str] = None):
         """(steps, values) for one series: values is (N, 10), or (N,) for one stat.
         Rows where the series has no value are dropped."""
@@ -272,6 +315,7 @@ class TraceReader:
             return steps, block
         return steps, block[:, self.columns.index(stat)]
 
+    @_reads
     def row(self, i: int) -> dict:
         """{(name, kind): the statistics} of the series recorded at row ``i``."""
         if i < self._n_rows:
@@ -281,11 +325,13 @@ class TraceReader:
         return {(s.name, s.kind): block[s.id] for s in self._series
                 if s.id < len(block) and not np.isnan(block[s.id, 0])}
 
+    @_reads
     def stats_rows(self, start: int, stop: int, columns=slice(None)) -> np.ndarray:
         """(stop - start, S, ...) statistics of the file's rows [start, stop)
         (a long trace read block by block); NaN where a series has no value."""
         return np.asarray(self._f["stats"][start:min(stop, self._n_rows), :self._n_series, columns])
 
+    @_reads
     def all_stats(self) -> np.ndarray:
         """(N, S, 10) for everything (small traces; summaries)."""
         block = np.asarray(self._f["stats"][:self._n_rows, :self._n_series, :])
@@ -312,6 +358,48 @@ class TraceReader:
 
     def __exit__(self, *exc):
         self.close()
+
+
+def _expect(value, kind: type, what: str):
+    if not isinstance(value, kind):
+        raise ValueError(f"{what} is not a JSON {kind.__name__}")
+    return value
+
+
+def _check_layout(f) -> None:
+    """The datasets the reader reads whole, each of the shape and type the
+    schema gives it (a damaged file can hold anything under those names)."""
+    for name in ("meta", "series", "events", "end", "stats", "steps"):
+        if name not in f:
+            raise ValueError(f"no {name}")
+    stats = f["stats"]
+    if not isinstance(stats, h5py.Dataset) or stats.ndim != 3 or stats.dtype.kind != "f":
+        raise ValueError("stats is not float[N, S, columns]")
+    for name in ("meta", "series", "events", "end"):
+        ds = f[name]
+        if not isinstance(ds, h5py.Dataset) or ds.ndim != 1 or ds.dtype != np.uint8:
+            raise ValueError(f"{name} is not a byte string")
+    steps = f["steps"]
+    if not isinstance(steps, h5py.Group):
+        raise ValueError("steps is not a group")
+    for name in ("step", "time", "backward_count", "optimizer_steps", "partial"):
+        ds = steps.get(name)
+        if not isinstance(ds, h5py.Dataset) or ds.ndim != 1 or ds.dtype.kind not in "iuf":
+            raise ValueError(f"steps/{name} is not a number per row")
+
+
+def _committed(f, live: bool) -> dict:
+    """{name: committed length} (schema.COMMITTED); {} in a trace written before them."""
+    ds = f.get("committed")
+    if ds is None:
+        return {}
+    if not live:
+        ds.refresh()
+    names = json.loads(ds.attrs["names"])
+    values = np.asarray(ds[:], dtype=np.int64)
+    if not isinstance(names, list) or len(names) != len(values) or (values < 0).any():
+        raise ValueError("bad committed counts")
+    return {str(k): int(v) for k, v in zip(names, values)}
 
 
 _SIGNATURE = b"\x89HDF\r\n\x1a\n"

@@ -8,9 +8,7 @@ from typing import Iterator
 
 import numpy as np
 
-from .schema import STATS_CHUNK
-
-BLOCK_ROWS = 8 * STATS_CHUNK[0]       # whole chunks: 512 steps at a time
+BLOCK_ROWS = 512                      # steps at a time (whole chunks: a chunk is one step)
 
 
 def stat_blocks(reader, rows: int = BLOCK_ROWS) -> Iterator[tuple]:

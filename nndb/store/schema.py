@@ -20,7 +20,15 @@
     │                                      stats[i, j] = statistics of series j at row i,
     │                                      columns as attrs["columns"] (STAT_NAMES);
     │                                      NaN where series j has no value at row i
-    ├── optimizers            uint8[...]   UTF-8 JSON lines, written at a recorded step's end when they
+    
+│                                      (chunks of one row and 64 series, shuffled and deflated:
+│                                      a NaN costs next to nothing)
+├── committed             int64[8]     the lengths a reader trusts, attrs["names"] (COMMITTED):
+│                                      rows of stats and steps/*, bytes of series, events, end,
+│                                      optimizers, hyper, rows of lineage/*, bytes of
+│                                      lineage/sequences; written after each block's data
+│                                      (absent in traces written before it: the shortest extent)
+├── optimizers            uint8[...]   UTF-8 JSON lines, written at a recorded step's end when they
     │                                      changed: {"step": int, "optimizers": [{"name": str,
     │                                      "groups": [[parameter name, ...], ...]}, ...] | null}: the
     │                                      optimizers from that step on, in the order the rules get them,
@@ -50,15 +58,16 @@
 Series kinds (``KINDS``): ``param``, ``grad``, ``update``, ``act``, ``loss``.
 
 Every dataset is created before the file enters HDF5's SWMR mode; afterwards
-the writer only resizes and appends, and flushes in batches, so the file can
-be read (``swmr=True``) while the run writes it and after the writer was
-killed, up to the last flush.  JSON is the only serialisation used: nothing
+the writer only resizes and appends, and flushes in batches (each block's
+data, then ``committed``), so the file can be read (``swmr=True``) while the
+run writes it, after the writer was killed, and after its disk filled up, up
+to the last committed block.  JSON is the only serialisation used: nothing
 in a trace is ever unpickled.  The version is bumped on any change a reader
 of the previous version would misread; readers refuse newer versions.  Added
 datasets and JSON keys are not such a change (a reader ignores what it does
 not know, and reads a trace without them as written before them): ``shape``,
 ``optimizers`` and ``hyper`` came that way, for the rules on a trace
-(nndb.rules.offline).
+(nndb.rules.offline), and ``committed`` and the compression of ``stats``.
 
 This module owns the trace's vocabulary (the statistics, series kinds, end
 statuses and event kinds) and imports nothing from nndb: the tracer below
@@ -91,9 +100,22 @@ INCOMPLETE = "incomplete"
 # error; a rule or a probe failed and was switched off.
 EVENT_KINDS = ("recording_stopped", "rule_disabled", "probe_disabled")
 
-# Chunk shapes: one chunk holds 64 steps of 32 series (160 KiB); series
-# histories read whole chunks of 64 steps.
-STATS_CHUNK = (64, 32, N_STATS)
+# Chunk shapes: a ``stats`` chunk holds one step of 64 series (5 KiB before
+# compression), so a flush writes whole chunks and never rewrites one: a
+# compressed chunk rewritten bigger is written anew, and with a flush per
+# step (a large model's steps outlast --flush-secs) that wasted 80% of the
+# file.  A series' history reads one chunk per step.
+STATS_CHUNK = (1, 64, N_STATS)
+# ``stats`` is stored shuffled and deflated: a statistic that was not measured
+# (NaN), and a series absent at a row, cost next to nothing on disk.
+STATS_FILTERS = {"compression": "gzip", "compression_opts": 1, "shuffle": True}
+
+# The lengths a reader trusts (``committed``, written after each block's data):
+# the rows of ``stats`` and ``steps/*``, the rows of ``lineage/step`` and
+# ``lineage/seq``, and the bytes of each JSON blob.
+COMMITTED = ("rows", "series", "events", "end", "optimizers", "hyper", "lineage", "lineage/sequences")
+# Bytes kept free for HDF5's metadata beside a block's data (the room check).
+ROOM_MARGIN = 256 * 1024
 STEPS_CHUNK = (1024,)
 BLOB_CHUNK = (4096,)
 

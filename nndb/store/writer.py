@@ -2,9 +2,15 @@
 
 It appends StepRecords to an in-memory buffer and writes them in one block
 per dataset every ``flush_steps`` steps or ``flush_secs`` seconds, whichever
-comes first.  A write error (the disk filled up, the file went away) is
-reported once through ``on_error``; recording stops, the run goes on, and what
-was flushed before stays readable.
+comes first.  A block is committed in two steps: its data (every dataset
+resized and written, then flushed), then the ``committed`` counts, which a
+reader trusts over the datasets' extents; so a write that fails half-way
+never leaves a readable-but-wrong row.  Before a block the writer checks that
+the disk (and the process's file size limit) has room for it; a write error
+all the same (the disk filled up, the file went away) is reported once
+through ``on_error``, the file is closed without writing anything more to it
+(HDF5 would otherwise write metadata that points past the file's end),
+recording stops, the run goes on, and every committed step stays readable.
 
 The writer only appends: reading, the debugger's of its own live trace
 included, is ``TraceReader``'s (``TraceReader.from_writer``).
@@ -23,6 +29,7 @@ import numpy as np
 from ..errors import TraceWriteError
 from ..tracer.stats import N_RAW, finalize_many
 from . import schema as K
+from .space import NoRoom, check_room, detach_file, reason as _reason
 
 _BLOBS = ("series", "events", "end", "optimizers", "hyper")
 # The JSON-lines blobs a run appends to (row dicts), counted in lines for a replica's reader.
@@ -57,6 +64,10 @@ def _put_blob(ds, text: str, append: bool = True) -> None:
     ds[start:] = data
 
 
+def _blob_bytes(lines: list) -> int:
+    return sum(len(t.encode("utf-8")) for t in lines)
+
+
 class TraceWriter:
     def __init__(self, path: str, meta: dict, flush_steps: int = 500, flush_secs: float = 2.0,
                  on_error: Optional[Callable[[str], None]] = None):
@@ -87,12 +98,18 @@ class TraceWriter:
         try:
             d = os.path.dirname(os.path.abspath(path))
             os.makedirs(d, exist_ok=True)
-            self._f = h5py.File(path, "w", libver="latest")
+            # No chunk cache: a block's data reaches the file in its write, so a
+            # disk that is full fails there, before HDF5 flushes metadata for it.
+            self._f = h5py.File(path, "w", libver="latest", rdcc_nbytes=0)
             self._create(meta)
             self._f.swmr_mode = True
             self._f.flush()
-        except (OSError, ValueError) as e:
+        except (OSError, ValueError, RuntimeError) as e:
+            self._release()
             raise TraceWriteError(f"cannot create trace {path}: {_reason(e)}") from None
+        self._committed_rows = 0
+        self._grown = 0                 # bytes the file grew by over the committed rows (room estimates)
+        self._size0 = os.path.getsize(path)
 
     def _create(self, meta: dict) -> None:
         f = self._f
@@ -110,11 +127,13 @@ class TraceWriter:
             lg.create_dataset(name, shape=(0,), maxshape=(None,), chunks=K.STEPS_CHUNK, dtype="i8")
         lg.create_dataset("sequences", shape=(0,), maxshape=(None,), chunks=K.BLOB_CHUNK, dtype="u1")
         ds = f.create_dataset("stats", shape=(0, 0, K.N_STATS), maxshape=(None, None, K.N_STATS),
-                              chunks=K.STATS_CHUNK, dtype="f8", fillvalue=np.nan)
+                              chunks=K.STATS_CHUNK, dtype="f8", fillvalue=np.nan, **K.STATS_FILTERS)
         ds.attrs["columns"] = json.dumps(list(K.COLUMNS))
+        c = f.create_dataset("committed", data=np.zeros(len(K.COMMITTED), dtype="i8"))
+        c.attrs["names"] = json.dumps(list(K.COMMITTED))
         # Every dataset opened once: h5py opens it anew at each f[name], which
         # dominated a flush (docs/performance.md).
-        self._ds = {name: f[name] for name in _BLOBS + ("stats",)}
+        self._ds = {name: f[name] for name in _BLOBS + ("stats", "committed")}
         self._ds.update({f"steps/{name}": g[name] for name in g})
         self._ds.update({f"lineage/{name}": lg[name] for name in lg})
 
@@ -200,11 +219,42 @@ class TraceWriter:
         if self.failed or self.closed or self.detached:
             return
         try:
-            self._write_pending()
-            self._f.flush()
-        except (OSError, ValueError, RuntimeError) as e:
-            self._fail(e)
+            if self._rows or self._new_series or self._lineage or self._events or \
+                    any(self._pending_rows.values()):
+                check_room(self.path, self._f, self._room_needed())
+                self._write_pending()
+                self._f.flush()                 # the data first,
+                self._commit()
+                self._f.flush()                 # then the counts that make it readable
+        except NoRoom as e:
+            self._fail(str(e), wrote=False)
+        except (OSError, ValueError, RuntimeError, KeyError) as e:
+            self._fail(_reason(e), wrote=True)
         self._last_flush = time.monotonic()
+
+    def _room_needed(self) -> int:
+        """Bytes the next block may add to the file, at most: its rows at the
+        rate the file grew per committed row (twice), or uncompressed before
+        the first block, and its JSON (twice), plus room for metadata.  (A
+        block writes whole chunks of ``stats``: no chunk is written twice.)"""
+        k, s = len(self._rows), len(self.series)
+        rows = k * s * K.N_STATS * 8 + k * 32
+        if self.steps_written and self._grown > 0:
+            rows = min(rows, 2 * k * (self._grown // self.steps_written + 1))
+        blobs = _blob_bytes([json.dumps(x) for x in self._new_series + self._events]) + \
+            _blob_bytes(self._new_sequences) + 16 * len(self._lineage) + \
+            sum(_blob_bytes([json.dumps(r) for r in pending]) for pending in self._pending_rows.values())
+        return rows + 2 * blobs + K.ROOM_MARGIN
+
+    def _commit(self) -> None:
+        """Write the counts a reader trusts (schema ``committed``), once the data is on disk."""
+        n = {"rows": self.steps_written, "lineage": self.lineage_written}
+        for name in K.COMMITTED:
+            if name not in n:
+                n[name] = self._ds[name].shape[0]
+        self._ds["committed"][:] = np.asarray([n[name] for name in K.COMMITTED], dtype="i8")
+        self._committed_rows = self.steps_written
+        self._grown = max(0, os.path.getsize(self.path) - self._size0)
 
     def _write_pending(self) -> None:
         if self._new_series:
@@ -215,7 +265,7 @@ class TraceWriter:
             n_series = len(self.series)
             block = _stats_block(self._rows, n_series)
             ds = self._ds["stats"]
-            start = ds.shape[0]
+            start = self.steps_written
             ds.resize((start + k, max(n_series, ds.shape[1]), K.N_STATS))
             ds[start:start + k, :n_series, :] = block
             for name, values in _step_columns(self._rows).items():
@@ -231,7 +281,7 @@ class TraceWriter:
             if self._lineage:
                 for i, name in enumerate(("step", "seq")):
                     d = self._ds["lineage/" + name]
-                    start = d.shape[0]
+                    start = self.lineage_written
                     d.resize((start + len(self._lineage),))
                     d[start:] = np.asarray([row[i] for row in self._lineage], dtype="i8")
                 self.lineage_written += len(self._lineage)
@@ -258,16 +308,32 @@ class TraceWriter:
             out.stats = _stats_block(self._rows, len(self.series))
         return out
 
-    def _fail(self, e: Exception) -> None:
-        self.failed = f"cannot write trace {self.path}: {_reason(e)}; recording stopped " \
-                      f"(the trace keeps the steps flushed before)"
+    def _fail(self, why: str, wrote: bool) -> None:
+        """Stop recording, say so once, and close the file.  After a write
+        that failed (``wrote``), nothing more reaches the file: HDF5 would
+        flush metadata (the new extents, the end-of-file address) that points
+        at data the disk never got; what is on disk is the last committed block."""
+        self.failed = f"cannot write trace {self.path}: {why}; recording stopped " \
+                      f"(the trace keeps the {self._committed_rows} steps written before)"
         self._rows = []
         self.on_error("nndb: " + self.failed)
+        if wrote:
+            detach_file(self._f)
+        self._release()
+        self.closed = True
+
+    def _release(self) -> None:
+        """Close the file, our dataset objects first (h5py's close of a file
+        whose datasets are still referenced left ids that crashed the
+        interpreter in garbage collection)."""
+        self._ds = {}
+        f = getattr(self, "_f", None)
+        if f is None:
+            return
         try:
-            self._f.close()
+            f.close()
         except Exception:
             pass
-        self.closed = True
 
     def close(self, status: str, exit_code: int, reason: str = "") -> None:
         """Flush everything and record how the run ended (a replica: nothing)."""
@@ -281,11 +347,18 @@ class TraceWriter:
         try:
             end = {"status": status, "exit_code": exit_code, "reason": reason,
                    "steps": self.steps_written, "last_step": self.last_step, "end_time": time.time()}
+            check_room(self.path, self._f, K.ROOM_MARGIN)
             _put_blob(self._ds["end"], json.dumps(end), append=False)
             self._f.flush()
-            self._f.close()
-        except (OSError, ValueError, RuntimeError) as e:
-            self._fail(e)
+            self._commit()
+            self._f.flush()
+        except NoRoom as e:
+            self._fail(str(e), wrote=False)
+            return
+        except (OSError, ValueError, RuntimeError, KeyError) as e:
+            self._fail(_reason(e), wrote=True)
+            return
+        self._release()
         self.closed = True
 
 
@@ -309,13 +382,3 @@ def _stats_block(rows: list, n_series: int) -> np.ndarray:
 
 def _step_columns(rows: list) -> dict:
     return {name: [getattr(r, name) for r, _ in rows] for name in _STEP_COLUMNS}
-
-
-def _reason(e: Exception) -> str:
-    if isinstance(e, OSError) and e.strerror:
-        return e.strerror
-    text = str(e).strip() or type(e).__name__
-    # h5py error texts look like "Unable to create file (unable to open file: ..., errno = 13, error message = 'Permission denied', ...)"
-    if "error message = '" in text:
-        return text.split("error message = '", 1)[1].split("'", 1)[0]
-    return text
