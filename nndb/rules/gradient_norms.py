@@ -173,7 +173,7 @@ class _Gradients(Rule):
                                 f"{lay.names[sp[2]]}" if sp is not None else "")}
         detail = "; ".join(s for s in (said[r] for r in reasons) if s)
         msg = (f"{self.direction} gradient in {name}: norm {g[k]:.3g} at step {ctx.step} ({detail}), "
-               f"for {p['steps']:g} observed steps in a row since step {since}{also(others)}")
+               f"for {p['steps']:g} recorded steps in a row since step {since}{also(others)}")
         return self.finding(ctx, msg, tensor=name, **ev)
 
     def _cross(self, ctx, lay, e, g, earlier: str):

@@ -193,9 +193,10 @@ class UpdateRatio(Rule):
                         "a high learning rate that still trains (bounded by clipping or a schedule?); worth "
                         "watching, not yet a fault")
             else:
-                during = {"rising": f", and the loss rises ({first:.4g} -> {last:.4g} over the last {n} steps)",
-                          "unsteady": f", and the loss does not go down steadily (flat or oscillating over the "
-                                      f"last {n} steps)"}.get(trend, "")
+                during = (f", and the loss rises ({first:.4g} -> {last:.4g} over the last {n} steps)"
+                          if trend == "rising" else
+                          f", and the loss does not go down steadily (flat or oscillating over the last {n} steps)"
+                          if trend == "unsteady" else "")
                 msg += f"{during}: the learning rate is probably far too {side}"
             f = self.finding(ctx, msg + also(others), tensor=name, side=side, ratio=num(r[k]), update_norm=num(u[k]),
                              weight_norm=num(w[k]), steps=[since, ctx.step], recent_ratios=self.streaks.recent(slot),
@@ -312,7 +313,9 @@ class LossNotDecreasing(Rule):
         "margin": Threshold(0.03, "share of the first window's median: the loss must have come down by less "
                                   "than this, and the trend must allow no more than this over the run at its "
                                   "confidence bound; slow healthy learners lose >= 2% per 30 steps, so the "
-                                  "trend's bound clears 3% as soon as the noise allows, a flat loss does not"),
+                                  "trend's bound clears 3% as soon as the noise allows, a flat loss does not; "
+                                  "nor is a loss whose slope is surely negative (the other bound) and whose "
+                                  "trend has brought it down by half the margin"),
         "z": Threshold(1.96, "normal quantile of Sen's confidence bound on the slope (95%, two-sided): the "
                              "noisier the loss, the wider the bound and the longer the run must be before a "
                              "flat loss is called flat"),
@@ -367,11 +370,14 @@ class LossNotDecreasing(Rule):
         if m1 - m2 >= need:            # it went down: nothing to fit
             return
         y, x = block_medians(np.asarray(h[0]), self.BLOCKS)
-        slope, steepest, _ = theil_sen(y, x * h[1], float(p["z"]))
+        slope, steepest, least = theil_sen(y, x * h[1], float(p["z"]))
         if not math.isfinite(steepest):
             return
         most = -steepest * (n - 1)     # the largest drop over the run the trend allows
         if most >= need:
+            return
+        # a slope surely below 0 whose drop over the run is no longer small: a slow learner
+        if least < 0 and -slope * (n - 1) >= need / 2:
             return
         self.done.add(name)
         pct = 100 * (m1 - m2) / abs(m1) if m1 else 0.0
