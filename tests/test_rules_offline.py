@@ -178,14 +178,14 @@ def test_check_trace_text_json_and_exit_codes(tmp_path):
     d = json.loads(_cli(path, "--json").output)
     assert [f["rule"] for f in d["findings"]] == ["loss_not_decreasing", "nonfinite"]
     assert {s["rule"] for s in d["skipped"]} == NOT_ON_HAND_WRITTEN and d["rules_run"] == OFFLINE
-    assert d["steps_checked"] == 40 and d["unchecked_steps"] == [] and d["status"] == "finished"
+    assert d["steps_checked"] == 60 and d["unchecked_steps"] == [] and d["status"] == "finished"
     # a rule with the fail action that fires: the live run's exit code 4
     rules = tmp_path / "r.yaml"
     rules.write_text("default: none\nrules:\n  - id: nonfinite\n    action: fail\n"
                      "  - name: big_act\n    condition: max(act.max) > 100\n")
     r = _cli(path, "--rules", str(rules))
     assert r.exit_code == EXIT_FAIL_ACTION, r.output
-    assert r.output.splitlines()[0].startswith("nndb: error: nonfinite at step 33:")
+    assert r.output.splitlines()[0].startswith("nndb: error: nonfinite at step 53:")
     assert "not run on a trace" not in r.output
 
 
