@@ -7,10 +7,13 @@ number, what is measured there.  ``cadence(step)``: is the step recorded
 outputs recorded (``--act-every``); ``at(step)``: all of it as one ``Measured``,
 the rules' and probes' rhythms included, for docs and tests.
 
-The rules' rhythms count absolute steps and do not follow the flags: a step
-is *observed* by the trend rules on each of the first SETTLE steps, then on
-one step in OBSERVE_EVERY (``observed``); the probes look at steps of their
-own (``big_observed``, ``sampled``, ``bn_stats``, ``grad_reset``,
+The rules' rhythms count absolute steps and do not follow the flags.  The
+rules that read what every recorded step has (norms, NaN/Inf counts, the
+loss: ``nonfinite``, the gradient, update and loss trends) run on every
+recorded step; those that need activations or all ten statistics (the
+probes' rules, ``bn_stats``) on the *observed* steps: each of the first
+SETTLE steps, then one step in OBSERVE_EVERY (``observed``); the probes look
+at steps of their own (``big_observed``, ``sampled``, ``bn_stats``, ``grad_reset``,
 ``grad_presence``).  They are plain module functions, read on the hot path as
 cheaply as a constant; ``Cadence`` names them as static methods.
 
@@ -27,9 +30,11 @@ from .errors import UsageError
 # The first steps, where the bugs of a run's start show (a wrong initial loss,
 # units dead from the start): measured on every step.
 SETTLE = 20
-# Trends (a gradient growing, a loss not going down, a layer dying) do not need
-# every step, and an observed step costs the most of any (activations, all ten
-# statistics, the rules); see docs/performance.md for how 32 was chosen.
+# What needs activations or all ten statistics (a layer dying, units
+# saturating) is looked at on one step in OBSERVE_EVERY: an observed step costs
+# the most of any (activations, all ten statistics, the probes); see
+# docs/performance.md for how 32 was chosen.  (The gradient, update and loss
+# trends read the norms every step records, and run on every step.)
 OBSERVE_EVERY = 32
 # Activations and all ten statistics default to the observed steps, so that a
 # full step does not pay for activations a second time off them.
@@ -54,7 +59,7 @@ PRESENCE_EVERY = 10
 
 
 def observed(step: int) -> bool:
-    """Is ``step`` one the trend rules look at (and the unit and bn probes)?"""
+    """Is ``step`` one the observed-step rules look at (and the unit and bn probes)?"""
     return step < SETTLE or step % OBSERVE_EVERY == 0
 
 
@@ -99,7 +104,7 @@ class Measured(NamedTuple):
     recorded: bool          # count, norm and NaN/Inf of parameters, gradients, updates; the loss
     full: bool              # all ten statistics of every recorded tensor
     acts: bool              # module outputs (activations)
-    observed: bool          # the trend rules run (the every-step rules run on every recorded step)
+    observed: bool          # the observed-step rules run (the every-step rules run on every recorded step)
     big_acts: bool          # the unit probes look at activations above BIG_ELEMENTS
     input_probes: bool      # the input and loss-input probes may sample
     bn_stats: bool          # BatchNorm running statistics
@@ -187,8 +192,11 @@ class Cadence:
              "of the loss", "recorded", "`--every`, `--steps`"),
             ("module outputs (activations): count, norm, NaN/Inf", "acts", "`--act-every`"),
             ("all ten statistics of every tensor, activations included", "full", "`--full-every`"),
-            ("the trend rules (observed steps)", "observed", ""),
-            ("`nonfinite`, `loss_not_decreasing`, the rules of a rule file", "recorded", ""),
+            ("`nonfinite`, `exploding_gradient`, `vanishing_gradient`, `update_ratio`, `param_not_updated`, "
+             "`loss_not_decreasing` (its trend judged on the observed steps), the rules of a rule file",
+             "recorded", ""),
+            ("the other rules (observed steps: they read activations or all ten statistics; a probe's "
+             "rule also where its probe has facts)", "observed", ""),
             ("`dead_relu`, `saturated_activation`, `eval_mode_training` probes", "observed", ""),
             ("the same, on an activation above 2^18 elements", "big_acts", ""),
             (f"`input_range`, `initial_loss`, `loss_broadcast`, `double_softmax` probes (a module's "

@@ -36,9 +36,9 @@ def _record(step, names, arrays, loss, optimizer_steps=1, partial=False):
     return StepRecord(step, 0.1 * step, 1, optimizer_steps, names + [("loss", "loss")], raw, partial)
 
 
-def _records(n=40, nan_at=None, late_act_at=None, partial_last=False, optimizer_steps=1):
+def _records(n=60, nan_at=None, late_act_at=None, partial_last=False, optimizer_steps=1):
     """A run of ``n`` steps: two activations, a weight and its gradient, and a
-    loss that stays flat (loss_not_decreasing fires at step 29)."""
+    loss that stays flat (loss_not_decreasing fires at step 49)."""
     rng = np.random.default_rng(0)
     out = []
     for i in range(n):
@@ -80,7 +80,7 @@ def _offline(path, spec="default"):
 
 
 def test_the_trace_gives_the_rules_the_numbers_of_the_live_records(tmp_path):
-    records = _records(nan_at=33)
+    records = _records(nan_at=53)
     path = _write(str(tmp_path / "t.h5"), records)
     with TraceReader(path) as reader:
         steps = list(trace_steps(reader))
@@ -98,15 +98,15 @@ def test_the_trace_gives_the_rules_the_numbers_of_the_live_records(tmp_path):
 
 
 def test_offline_findings_equal_the_live_invokers(tmp_path):
-    records = _records(nan_at=33)
+    records = _records(nan_at=53)
     result = _offline(_write(str(tmp_path / "t.h5"), records))
     assert result.rules_run == OFFLINE
     assert {s.rule for s in result.skipped} == NOT_ON_HAND_WRITTEN
     live = [f for f in _live(records) if f["rule"] in OFFLINE]
     assert [f["rule"] for f in live] == ["loss_not_decreasing", "nonfinite"]
     assert [_clean(f.as_dict()) for f in result.findings] == live
-    assert result.findings[1].tensor == "fc2" and result.findings[1].step == 33
-    assert result.steps_checked == 40 and not result.unchecked and not result.errors
+    assert result.findings[1].tensor == "fc2" and result.findings[1].step == 53
+    assert result.steps_checked == 60 and not result.unchecked and not result.errors
 
 
 def test_steps_the_live_rules_never_saw_are_not_checked_and_named(tmp_path):
@@ -119,7 +119,7 @@ def test_steps_the_live_rules_never_saw_are_not_checked_and_named(tmp_path):
 
 
 def test_a_series_first_seen_after_others_of_its_kind_skips_the_order_rules(tmp_path):
-    records = _records(nan_at=33, late_act_at=5)
+    records = _records(nan_at=53, late_act_at=5)
     result = _offline(_write(str(tmp_path / "t.h5"), records))
     assert result.rules_run == ["loss_not_decreasing"]
     order = [s for s in result.skipped if s.need == "order"]
@@ -165,27 +165,27 @@ def _cli(*args):
 
 
 def test_check_trace_text_json_and_exit_codes(tmp_path):
-    path = _write(str(tmp_path / "t.h5"), _records(nan_at=33))
+    path = _write(str(tmp_path / "t.h5"), _records(nan_at=53))
     r = _cli(path)
     assert r.exit_code == 0, r.output
     lines = r.output.splitlines()
-    assert lines[0].startswith("nndb: warning: loss_not_decreasing at step 29: loss has not gone down")
-    assert lines[1] == ("nndb: error: nonfinite at step 33: NaN first appeared in act fc2 (3 element(s)); "
-                        "its norm at step 32 was " + lines[1].rsplit(" ", 1)[1])
+    assert lines[0].startswith("nndb: warning: loss_not_decreasing at step 49: loss has not gone down")
+    assert lines[1] == ("nndb: error: nonfinite at step 53: NaN first appeared in act fc2 (3 element(s)); "
+                        "its norm at step 52 was " + lines[1].rsplit(" ", 1)[1])
     assert lines[2].startswith("nndb: not run on a trace: exploding_gradient, vanishing_gradient, update_ratio, "
                                "param_not_updated (they read the optimizers")
-    assert lines[-1] == f"nndb: {path}: 40 step(s) checked with 2 rule(s): 2 findings"
+    assert lines[-1] == f"nndb: {path}: 60 step(s) checked with 2 rule(s): 2 findings"
     d = json.loads(_cli(path, "--json").output)
     assert [f["rule"] for f in d["findings"]] == ["loss_not_decreasing", "nonfinite"]
     assert {s["rule"] for s in d["skipped"]} == NOT_ON_HAND_WRITTEN and d["rules_run"] == OFFLINE
-    assert d["steps_checked"] == 40 and d["unchecked_steps"] == [] and d["status"] == "finished"
+    assert d["steps_checked"] == 60 and d["unchecked_steps"] == [] and d["status"] == "finished"
     # a rule with the fail action that fires: the live run's exit code 4
     rules = tmp_path / "r.yaml"
     rules.write_text("default: none\nrules:\n  - id: nonfinite\n    action: fail\n"
                      "  - name: big_act\n    condition: max(act.max) > 100\n")
     r = _cli(path, "--rules", str(rules))
     assert r.exit_code == EXIT_FAIL_ACTION, r.output
-    assert r.output.splitlines()[0].startswith("nndb: error: nonfinite at step 33:")
+    assert r.output.splitlines()[0].startswith("nndb: error: nonfinite at step 53:")
     assert "not run on a trace" not in r.output
 
 
@@ -209,8 +209,8 @@ def test_check_trace_errors_are_one_line_with_exit_code_2(tmp_path):
 # (script, its arguments, run as a subprocess of the real command line; else
 # through the same driver in this process, which saves a torch import a run)
 EXAMPLES = [("nan_lr.py", ["--steps", "10"], True), ("raises.py", ["--steps", "6"], True),
-            ("manual_sgd.py", ["--steps", "6"], True), ("dead_relu.py", ["--steps", "30"], False),
-            ("double_softmax.py", ["--steps", "30"], False), ("no_zero_grad.py", ["--steps", "6"], False),
+            ("manual_sgd.py", ["--steps", "6"], True), ("dead_relu.py", ["--steps", "70"], False),
+            ("double_softmax.py", ["--steps", "70"], False), ("no_zero_grad.py", ["--steps", "6"], False),
             ("frozen_backbone.py", ["--steps", "6"], False), ("mlp.py", ["--steps", "6"], False),
             ("cnn.py", ["--steps", "4"], False)]
 

@@ -7,12 +7,14 @@ breakpoint; ``fail``: like stop, and the run fails with exit code 4) and
 documented ``THRESHOLDS`` (name -> Threshold(default, why)).  The YAML rule
 file may change the action, severity and thresholds of any rule.
 
-``check(ctx)`` is called with a StepContext and yields Findings, on the
+``check(ctx)`` is called with a StepContext and yields Findings: on every
+recorded step for a rule that sets ``EVERY_STEP`` (those that read what every
+step records: norms, NaN/Inf counts, the loss; nonfinite, the gradient,
+update and loss rules; vectorised, a few numpy calls a step), else on the
 *observed* steps (``nndb.cadence.observed``: every recorded step for the first
-SETTLE steps, then one in OBSERVE_EVERY; a rule's "consecutive steps" are consecutive
-observed steps), on every recorded step for a rule that sets ``EVERY_STEP``
-(nonfinite: where a NaN first appears), and on any step for which one of its
-probes has facts (probes keep their own cadence).  A rule keeps whatever history it needs on itself (``reset()``
+SETTLE steps, then one in OBSERVE_EVERY; such a rule's "consecutive steps" are
+consecutive observed steps), and on any step for which one of its probes has
+facts (probes keep their own cadence).  A rule keeps whatever history it needs on itself (``reset()``
 starts a new run).  The invoker reports one finding per rule and tensor (or
 module), at its first occurrence.
 

@@ -22,13 +22,11 @@ import math
 
 import numpy as np
 
-from ..cadence import OBSERVE_EVERY, SETTLE
 from .base import Rule, Threshold
-from .series import MIN_ELEMENTS, Streaks, Tensors, also, fit, layout, num
+from .series import MIN_ELEMENTS, Streaks, Tensors, also, fit, layout, live_share, num
 
 _EARLY = 5      # recorded steps whose median is a tensor's own reference value
-_STEPS = Threshold(3, f"consecutive observed steps (every step for the first {SETTLE}, then one in {OBSERVE_EVERY}): "
-                       "a single spiky batch is not a trend; three in a row are")
+_STEPS = Threshold(3, "consecutive recorded steps: a single spiky batch is not a trend; three in a row are")
 
 
 def _spread(ctx, lay, me: int, limit: float):
@@ -39,8 +37,11 @@ def _spread(ctx, lay, me: int, limit: float):
         e = _eligible(ctx, lay, me)
         if e.size < 2:
             return {}
-        rms = lay.take(ctx, "grad", "norm")[e] * lay.derived(("inv_sqrt", me), lambda: 1.0 / np.sqrt(
-            np.maximum(lay.take(ctx, "grad", "count")[e], 1)))
+        # RMS over the entries a gradient reaches: an embedding's gradient is zero
+        # outside the rows of the batch's tokens (a rare word's row almost never
+        # has one), which the RMS over the whole table would count as vanishing
+        touched = lay.take(ctx, "grad", "count")[e] * live_share(ctx, lay)[e]
+        rms = lay.take(ctx, "grad", "norm")[e] / np.sqrt(np.maximum(touched, 1))
         pos = rms > 0
         r = rms[pos]
         if r.size < 2 or not r.max() > limit * r.min():        # the usual case: one check for all
@@ -65,6 +66,7 @@ def _eligible(ctx, lay, me: int) -> np.ndarray:
 
 class _Gradients(Rule):
     direction = ""
+    EVERY_STEP = True       # (the norms are recorded on every step: a runaway between observed steps shows)
     # On a trace (nndb.rules.offline) they run where it records the optimizers.
     READS_OPTIMIZERS = "which optimizer holds each parameter, and the parameters' shapes"
 
@@ -171,7 +173,7 @@ class _Gradients(Rule):
                                 f"{lay.names[sp[2]]}" if sp is not None else "")}
         detail = "; ".join(s for s in (said[r] for r in reasons) if s)
         msg = (f"{self.direction} gradient in {name}: norm {g[k]:.3g} at step {ctx.step} ({detail}), "
-               f"for {p['steps']:g} observed steps in a row since step {since}{also(others)}")
+               f"for {p['steps']:g} recorded steps in a row since step {since}{also(others)}")
         return self.finding(ctx, msg, tensor=name, **ev)
 
     def _cross(self, ctx, lay, e, g, earlier: str):

@@ -40,6 +40,7 @@ class Layout:
         self.loss_rows = np.array([i for i, _ in losses], dtype=np.int64)
         self.loss_names = [n for _, n in losses]
         self.memo: dict = {}
+        self.owner = None               # the Tensors it belongs to (per-run, per-slot state)
         self._ctx = None
         self._step: dict = {}
 
@@ -107,6 +108,9 @@ class Tensors:
     def __init__(self):
         self.slot_of: dict = {}
         self.n_slots = 0
+        # slot -> share of its gradient's entries that are not exactly zero, as
+        # the last step that measured it said (zero_frac: the full steps)
+        self.live = np.ones(0)
         self._layouts: dict = {}
         self._by_list: dict = {}        # id of a step's names list -> (that list, its Layout)
         self._last = (None, None)
@@ -141,6 +145,7 @@ class Tensors:
             if len(self._layouts) >= self.KEEP:
                 self._layouts.pop(next(iter(self._layouts)))
             lay = self._layouts[key] = Layout(order, rows, self.slot_of, losses)
+            lay.owner = self
         self._last = (names, lay)
         if len(self._by_list) < 64:
             self._by_list[id(names)] = self._last
@@ -163,6 +168,28 @@ def layout(ctx, own: Tensors) -> tuple:
         except TypeError:
             t = own
     return t, t.update(ctx)
+
+
+# A gradient with more exact zeros than this is judged by its nonzero entries.
+MOSTLY_ZERO = 0.5
+
+
+def live_share(ctx, lay) -> np.ndarray:
+    """Per layout position: the share of the gradient's entries that count
+    for its RMS: 1, or for a gradient that is mostly exact zeros (an
+    embedding: only the rows of the batch's tokens) the share of nonzero
+    entries.  Measured at full steps (``zero_frac``) and carried over to the
+    steps between them: which rows a batch touches changes, how many barely."""
+    def compute():
+        t = lay.owner
+        if t.live.shape[0] < t.n_slots:
+            t.live = fit(t.live, t.n_slots, 1.0)
+        zf = lay.take(ctx, "grad", "zero_frac")
+        seen = np.isfinite(zf)
+        if np.count_nonzero(seen):
+            t.live[lay.slots[seen]] = np.where(zf[seen] > MOSTLY_ZERO, 1.0 - zf[seen], 1.0)
+        return t.live[lay.slots]
+    return lay.per_step(ctx, "live_share", compute)
 
 
 def param_ndims(ctx) -> dict:
@@ -237,6 +264,37 @@ class Streaks:
     def recent(self, slot: int) -> list:
         h = self.hist.shape[1]
         return [num(self.hist[slot, (self.i - j) % h]) for j in range(h - 1, -1, -1)]
+
+
+def theil_sen(y: np.ndarray, x: np.ndarray, z: float = 1.96) -> tuple:
+    """(slope, low, high): the Theil-Sen slope of ``y`` over ``x`` (the median
+    of the slopes of all pairs: a spike or two moves it by little) and Sen's
+    (1968) distribution-free confidence bounds for it, at ``z`` normal
+    quantiles (from the variance of Kendall's S: no assumption on the noise).
+    O(n^2) pairs: callers pass a few dozen points (block medians)."""
+    n = len(y)
+    if n < 3:
+        return math.nan, math.nan, math.nan
+    i, j = np.triu_indices(n, 1)
+    with np.errstate(all="ignore"):
+        s = (y[j] - y[i]) / (x[j] - x[i])
+    s = np.sort(s[np.isfinite(s)])
+    m = s.size
+    if m == 0:
+        return math.nan, math.nan, math.nan
+    c = z * math.sqrt(n * (n - 1) * (2 * n + 5) / 18.0)
+    lo = min(max(int(math.floor((m - c) / 2.0)), 0), m - 1)
+    hi = max(min(int(math.ceil((m + c) / 2.0)), m - 1), 0)
+    return float(np.median(s)), float(s[lo]), float(s[hi])
+
+
+def block_medians(v: np.ndarray, blocks: int) -> tuple:
+    """(y, x): medians of ``v`` in ``blocks`` consecutive blocks of (about)
+    equal length, and the blocks' centres (positions in ``v``)."""
+    b = max(1, min(blocks, len(v)))
+    edges = np.round(np.arange(b + 1) * (len(v) / b)).astype(np.int64)
+    y = np.array([np.median(v[edges[k]:edges[k + 1]]) for k in range(b)])
+    return y, (edges[:-1] + edges[1:] - 1) / 2.0
 
 
 def fit(a: np.ndarray, n: int, fill) -> np.ndarray:

@@ -30,7 +30,8 @@ from ..cadence import observed
 from .base import Rule, Threshold
 from .bn_probe import BatchNormStats
 from .gradient_norms import ExplodingGradient, VanishingGradient
-from .series import MIN_ELEMENTS, Streaks, Tensors, also, by_group, fit, layout, num, optimizer_lr
+from .series import (MIN_ELEMENTS, Streaks, Tensors, also, block_medians, by_group, fit, layout, num, optimizer_lr,
+                     theil_sen)
 
 KIND_ORDER = ("act", "loss", "grad", "param", "update")     # the order a step produces them
 
@@ -96,13 +97,21 @@ class UpdateRatio(Rule):
                                "their first steps (~0.15)"),
         "low": Threshold(1e-6, "below this: 1000x under 1e-3, about float32's resolution of the weights "
                                "(an update this small is mostly rounded away)"),
-        "warmup": Threshold(3, "first observed steps not judged: Adam's first steps are ~lr per element "
+        "warmup": Threshold(3, "first recorded steps not judged: Adam's first steps are ~lr per element "
                                "whatever the gradient, and the ratio starts high for every tensor; the low "
                                "side is also not judged while an optimizer's learning rate is still rising "
                                "(an LR warmup)"),
         "min_elements": MIN_ELEMENTS,
-        "steps": Threshold(3, "consecutive observed steps beyond the threshold"),
+        "steps": Threshold(3, "consecutive recorded steps beyond the threshold"),
+        "trend_steps": Threshold(30, "recorded losses whose trend qualifies a high ratio: going down steadily "
+                                     "(Sen's 95% bound on the Theil-Sen slope below 0) makes it an info finding "
+                                     "(high learning rate, clipped, training: the recipe of a recurrent LM at "
+                                     "SGD lr 20 with clipping 0.25); rising or oscillating, the rule's severity"),
     }
+    EVERY_STEP = True            # (the norms are recorded on every step)
+    # Losses needed before a high ratio is reported while the loss neither falls
+    # nor rises clearly (the first six steps' losses are often just noise).
+    TREND_MIN = 10
     # On a trace (nndb.rules.offline) it runs where the trace records the optimizers.
     READS_OPTIMIZERS = "which optimizer holds each parameter, its learning rate, and the parameters' shapes"
 
@@ -111,9 +120,11 @@ class UpdateRatio(Rule):
         self.streaks = Streaks(int(self.params["steps"]))
         self.zero_init = np.zeros(0, dtype=bool)   # slot -> its first update was all of it (grew from 0)
         self.seen = np.zeros(0, dtype=bool)        # slot -> a first nonzero update was seen
+        self.said = np.zeros(0, dtype=bool)        # slot -> reported (its streak may go on)
         self._detect = (None, 0)                   # (layout, steps left) while first updates are awaited
         self._lr = None
         self._steps = 0                            # recorded steps seen
+        self._losses = np.full(max(int(self.params["trend_steps"]), 6), np.nan)   # ring of the last losses
 
     def _warming(self, ctx) -> bool:
         """Has an optimizer's learning rate gone up since the last time asked (an LR warmup)?"""
@@ -129,6 +140,7 @@ class UpdateRatio(Rule):
         if t.n_slots > self.streaks.n:
             self.streaks.grow(t.n_slots)
             self.zero_init, self.seen = fit(self.zero_init, t.n_slots, False), fit(self.seen, t.n_slots, False)
+            self.said = fit(self.said, t.n_slots, False)
         e = lay.derived(("update_eligible", me),
                         lambda: np.flatnonzero(lay.weightlike(ctx, me) & (lay.u >= 0) & (lay.p >= 0)))
         if e.size == 0:
@@ -148,6 +160,8 @@ class UpdateRatio(Rule):
                 self.seen[se[first]] = True
             elif not np.count_nonzero(unseen):
                 self._detect = (lay, 0)
+        if lay.loss_rows.size == 1:      # (several losses, a GAN's: no one trend to read)
+            self._losses[self._steps % self._losses.size] = ctx.mean_of(int(lay.loss_rows[0]))
         self._steps += 1
         if self._steps <= int(p["warmup"]):
             return
@@ -158,20 +172,51 @@ class UpdateRatio(Rule):
         st = self.streaks.update(se, hi | lo, ctx.step, r)
         if st is None:
             return
-        new = np.flatnonzero(st == int(p["steps"]))
+        new = np.flatnonzero((st >= int(p["steps"])) & ~self.said[se])
+        if new.size == 0:
+            return
         groups = lay.groups(ctx)[e]
         for idx in by_group(new, groups, hi).values():      # one finding per optimizer and side
             k = max(idx, key=lambda j: r[j]) if hi[idx[0]] else min(idx, key=lambda j: r[j])
             slot, side, name = se[k], ("high" if hi[k] else "low"), lay.names[e[k]]
+            trend, first, last, n = self._loss_trend() if side == "high" else (None, None, None, 0)
+            if side == "high" and trend in (None, "unsteady") and n < self.TREND_MIN:
+                continue           # too few losses to read a trend from yet: asked again next step
+            self.said[se[idx]] = True
             since = int(self.streaks.since[slot])
             others = [lay.names[e[j]] for j in idx if j != k]
             msg = (f"update/weight ratio of {name} is {r[k]:.3g} at step {ctx.step}, "
-                   f"{'above' if side == 'high' else 'below'} {p[side]:g} for {p['steps']:g} observed steps "
-                   f"in a row since step {since} (healthy: ~1e-3): the learning rate is probably far too "
-                   f"{side}{also(others)}")
-            yield self.finding(ctx, msg, tensor=name, side=side, ratio=num(r[k]), update_norm=num(u[k]),
-                               weight_norm=num(w[k]), steps=[since, ctx.step],
-                               recent_ratios=self.streaks.recent(slot), lr=optimizer_lr(ctx, name), also=others)
+                   f"{'above' if side == 'high' else 'below'} {p[side]:g} for {int(st[k])} recorded steps "
+                   f"in a row since step {since} (healthy: ~1e-3)")
+            if trend == "falling":
+                msg += (f", while the loss goes down steadily ({first:.4g} -> {last:.4g} over the last {n} steps): "
+                        "a high learning rate that still trains (bounded by clipping or a schedule?); worth "
+                        "watching, not yet a fault")
+            else:
+                during = (f", and the loss rises ({first:.4g} -> {last:.4g} over the last {n} steps)"
+                          if trend == "rising" else
+                          f", and the loss does not go down steadily (flat or oscillating over the last {n} steps)"
+                          if trend == "unsteady" else "")
+                msg += f"{during}: the learning rate is probably far too {side}"
+            f = self.finding(ctx, msg + also(others), tensor=name, side=side, ratio=num(r[k]), update_norm=num(u[k]),
+                             weight_norm=num(w[k]), steps=[since, ctx.step], recent_ratios=self.streaks.recent(slot),
+                             lr=optimizer_lr(ctx, name), loss_trend=trend, also=others)
+            if trend == "falling":
+                f.severity = "info"
+            yield f
+
+    def _loss_trend(self) -> tuple:
+        """(falling | rising | unsteady | None, first, last, values) of the last
+        ``trend_steps`` recorded losses: the sign of the Theil-Sen slope where
+        Sen's 95% bounds agree on it.  None: too few (fewer than 6 finite)."""
+        ring, i = self._losses, self._steps
+        v = ring[:i] if i <= ring.size else np.roll(ring, -(i % ring.size))
+        v = v[np.isfinite(v)]
+        if v.size < 6:
+            return None, None, None, int(v.size)
+        _, lo, hi = theil_sen(v, np.arange(v.size, dtype=np.float64))
+        trend = "falling" if hi < 0 else "rising" if lo > 0 else "unsteady"
+        return trend, float(np.median(v[:3])), float(np.median(v[-3:])), int(v.size)
 
 
 class ParamNotUpdated(Rule):
@@ -180,13 +225,15 @@ class ParamNotUpdated(Rule):
     explanation = ("a parameter gets a nonzero gradient step after step but never changes: it is missing from "
                    "the optimizer, or its learning rate is 0")
     THRESHOLDS = {
-        "steps": Threshold(5, "consecutive observed steps: an LR schedule may start at exactly 0 for a step "
+        "steps": Threshold(5, "consecutive recorded steps: an LR schedule may start at exactly 0 for a step "
                               "(linear warmup from 0); five steps without any change are not a schedule"),
         "min_grad_rms": Threshold(1e-7, "gradients with a smaller RMS count as zero: LBFGS (tolerance_grad "
                                         "1e-7) declares convergence and makes no update below that"),
     }
     # On a trace (nndb.rules.offline) it runs where the trace records the optimizers.
     READS_OPTIMIZERS = "which optimizer holds each parameter, its learning rate, and the parameters' shapes"
+
+    EVERY_STEP = True            # (the norms are recorded on every step)
 
     def reset(self):
         self.own = Tensors()
@@ -254,25 +301,34 @@ class ParamNotUpdated(Rule):
 class LossNotDecreasing(Rule):
     id = "loss_not_decreasing"
     severity = "warning"
-    explanation = ("after min_steps recorded steps the loss has not gone down: the median of the last window "
-                   "is not clearly below the median of the first")
+    explanation = ("the loss has not gone down over the run so far: its robust trend (Theil-Sen slope of block "
+                   "medians) cannot have brought it down by margin, even at its confidence bound, and the last "
+                   "window is not below the first by margin either")
     THRESHOLDS = {
-        "min_steps": Threshold(30, "recorded steps with a finite loss before judging: short runs and slow "
-                                   "starts (warmup) are left alone; healthy examples have lost >= 13% by then"),
-        "window": Threshold(10, "loss values per window (first and last): medians of 10 values shrug off a "
-                                "spike or two"),
-        "margin": Threshold(0.05, "the last window's median must be below the first's by this share of it: "
-                                  "healthy examples lose >= 13% within 30 steps, the planted bugs (dead ReLUs, "
-                                  "double softmax, raw pixels) <= 2%"),
-        "z": Threshold(2.0, "... and by this many standard errors of the difference of the two medians "
-                            "(noise from the pooled median absolute deviation): a noisy loss needs a clearer drop"),
+        "min_steps": Threshold(50, "recorded steps with a finite loss before judging: short runs and slow "
+                                   "starts (warmup) are left alone; a fine-tuned head over frozen features "
+                                   "(Adam, lr 3e-3) has lost only ~4% by step 30, but 10% by step 80"),
+        "window": Threshold(10, "loss values in the first and last windows, whose medians (a spike or two "
+                                "does not move them) give the level and the drop so far"),
+        "margin": Threshold(0.03, "share of the first window's median: the loss must have come down by less "
+                                  "than this, and the trend must allow no more than this over the run at its "
+                                  "confidence bound; slow healthy learners lose >= 2% per 30 steps, so the "
+                                  "trend's bound clears 3% as soon as the noise allows, a flat loss does not; "
+                                  "nor is a loss whose slope is surely negative (the other bound) and whose "
+                                  "trend has brought it down by half the margin"),
+        "z": Threshold(1.96, "normal quantile of Sen's confidence bound on the slope (95%, two-sided): the "
+                             "noisier the loss, the wider the bound and the longer the run must be before a "
+                             "flat loss is called flat"),
     }
 
-    EVERY_STEP = True               # (cheap: one value per step)
+    EVERY_STEP = True               # (cheap: one value per step, judged on the observed steps)
+    BLOCKS = 40                     # block medians the trend is fitted to (Theil-Sen is O(n^2) in points)
+    KEEP = 4096                     # values kept; beyond, every other one (the stride doubles)
 
     def reset(self):
         self.own = Tensors()
-        self.first: dict = {}          # loss name -> (values of the first window, their median, deviations)
+        self.hist: dict = {}           # loss name -> [kept values, stride, values until the next is kept]
+        self.first: dict = {}          # loss name -> the first window
         self.last: dict = {}           # loss name -> the last window (deque)
         self.n: dict = {}              # loss name -> finite values seen
         self.done: set = set()         # reported, or non-finite once (nonfinite's business)
@@ -294,8 +350,14 @@ class LossNotDecreasing(Rule):
         last = self.last.get(name)
         if last is None:
             last = self.last[name] = deque(maxlen=w)
-            self.first[name] = []
+            self.first[name], self.hist[name] = [], [[], 1, 0]
         last.append(v)
+        h = self.hist[name]
+        if h[2] == 0:
+            h[0].append(v)
+            if len(h[0]) >= self.KEEP:
+                h[0], h[1] = h[0][::2], 2 * h[1]
+        h[2] = (h[2] + 1) % h[1]
         first = self.first[name]
         if n <= w:
             first.append(v)
@@ -304,17 +366,28 @@ class LossNotDecreasing(Rule):
         if n < start or (n > start and not observed(ctx.step)):
             return                     # (values come every step; judged first at n == start, then when observed)
         m1, m2 = _median(first), _median(last)
-        mad = _median([abs(x - m1) for x in first] + [abs(x - m2) for x in last])
-        se = 1.2533 * 1.4826 * mad * math.sqrt(2.0 / w)       # of the difference of two medians
-        need = max(float(p["margin"]) * abs(m1), float(p["z"]) * se)
-        if m1 - m2 >= need:
+        need = float(p["margin"]) * abs(m1)
+        if m1 - m2 >= need:            # it went down: nothing to fit
+            return
+        y, x = block_medians(np.asarray(h[0]), self.BLOCKS)
+        slope, steepest, least = theil_sen(y, x * h[1], float(p["z"]))
+        if not math.isfinite(steepest):
+            return
+        most = -steepest * (n - 1)     # the largest drop over the run the trend allows
+        if most >= need:
+            return
+        # a slope surely below 0 whose drop over the run is no longer small: a slow learner
+        if least < 0 and -slope * (n - 1) >= need / 2:
             return
         self.done.add(name)
+        pct = 100 * (m1 - m2) / abs(m1) if m1 else 0.0
         yield self.finding(
-            ctx, f"{name} has not gone down: median {m2:.4g} over the last {w} recorded steps vs {m1:.4g} over "
-                 f"the first {w} (a drop of {m1 - m2:.3g}, {100 * (m1 - m2) / abs(m1) if m1 else 0:.1f}%; at least "
-                 f"{need:.3g} expected) after {n} steps",
-            tensor=name, first_median=m1, last_median=m2, drop=m1 - m2, needed=need, noise_se=se, recorded_steps=n)
+            ctx, f"{name} has not gone down in {n} recorded steps: median {m2:.4g} over the last {w} vs {m1:.4g} "
+                 f"over the first {w} ({pct:.1f}%), and its trend ({slope:.3g} per step) allows at most a drop "
+                 f"of {most:.3g} over the run at its {p['z']:g}-sigma bound, less than the {need:.3g} "
+                 f"({100 * float(p['margin']):g}%) expected",
+            tensor=name, first_median=m1, last_median=m2, drop=m1 - m2, needed=need, slope=slope,
+            slope_bound=steepest, max_drop=most, recorded_steps=n)
 
 
 def _median(xs) -> float:
