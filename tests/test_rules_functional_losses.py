@@ -165,6 +165,35 @@ def test_mode_is_off_the_stack_after_the_probe_steps(tmp_path):
     assert len(torch.overrides._get_current_function_mode_stack()) == 0
 
 
+def test_mode_leaves_the_stack_when_the_step_ends_inside_backward(tmp_path):
+    """A hand-written update: the step ends in backward(), a call the mode sees,
+    during which PyTorch has popped it; it used to think it was gone and stay on
+    the stack for the rest of the run (and of the process)."""
+    import contextlib
+    import io
+    script = write(tmp_path, "manual.py", """
+        from torch.overrides import _get_current_function_mode_stack as stack
+        model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
+        x, y = torch.randn(8, 4), torch.randn(8, 1)
+        for step in range(STEPS):
+            model.zero_grad()
+            print("modes", step, len(stack()))
+            loss = F.mse_loss(model(x), y)
+            loss.backward()
+            with torch.no_grad():
+                for p in model.parameters():
+                    p.add_(p.grad, alpha=-0.05)
+    """)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        res = run_in_process(tmp_path, script, (0, 24, ""))
+    assert res.exit_code == 0
+    counts = [int(n) for _, _, n in (line.split() for line in out.getvalue().splitlines()
+                                     if line.startswith("modes"))]
+    assert len(counts) == 24 and counts[:20] == [1] * 20 and counts[21:] == [0] * 3, counts
+    assert len(torch.overrides._get_current_function_mode_stack()) == 0
+
+
 def test_numbers_and_warnings_count_unchanged_under_the_mode(tmp_path):
     script = write(tmp_path, "same.py", REGRESSION + """
         print(step, repr(loss.item()), [repr(float(p.sum())) for p in model.parameters()])

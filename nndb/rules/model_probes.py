@@ -362,6 +362,13 @@ class LossInputs(ModuleKeyed):
         except Exception as e:       # never into the script: the probe is off, and says so
             self.error = f"probe {self.name} failed and is off: {type(e).__name__}: {e}"
 
+    def uninstall(self) -> None:
+        super().uninstall()
+        try:
+            self.watch.mode.remove()     # (a removal left pending inside backward(): now, or at the next module call)
+        except Exception as e:
+            self.error = f"probe {self.name} failed and is off: {type(e).__name__}: {e}"
+
     def forward(self, module, use, args, output) -> None:
         if type(output) is torch.Tensor and self.recorder.recording:
             self._softmax[(module, use)] = weakref.ref(output)

@@ -24,6 +24,7 @@ from typing import Callable, Optional
 
 import torch
 
+from torch.nn.modules.module import register_module_forward_pre_hook
 from torch.overrides import (TorchFunctionMode, _get_current_function_mode_stack, _pop_mode,
                              _push_mode)
 
@@ -49,11 +50,18 @@ class FunctionWatch(TorchFunctionMode):
         self.on_call = on_call
         self.error: Optional[str] = None
         self.pushed = False
+        self.on = False                  # off: still on the stack (a removal pending), seeing nothing
+        self._depth = 0                  # calls of ours running (PyTorch pops the mode during each)
+        self._cleanup = None             # the module pre-hook that removes it at a safe point
         self._thread: Optional[int] = None
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        out = _call_from_caller(func, args, kwargs or {})
-        if self.error is None:
+        self._depth += 1
+        try:
+            out = _call_from_caller(func, args, kwargs or {})
+        finally:
+            self._depth -= 1
+        if self.on and self.error is None:
             try:
                 self.on_call(func, args, kwargs or {}, out)
             except Exception as e:          # never into the script: off, and said once by the owner
@@ -62,20 +70,31 @@ class FunctionWatch(TorchFunctionMode):
 
     def push(self) -> None:
         """On the mode stack of this thread (no-op if it is on already)."""
+        self.on = True
+        self._cancel_cleanup()
         if not self.pushed:
             _push_mode(self)
             self.pushed, self._thread = True, threading.get_ident()
 
     def remove(self) -> bool:
-        """Off the stack, wherever it is in it; False if it could not be (another thread's stack)."""
+        """Off the stack, wherever it is in it; False if it could not be now
+        (another thread's stack; or inside one of its own calls, where PyTorch
+        has popped it and pushes it back after: then it sees nothing more and
+        leaves the stack at the next module call, a safe point)."""
+        self.on = False
         if not self.pushed:
             return True
         if threading.get_ident() != self._thread:
             return False
         stack = _get_current_function_mode_stack()
-        if not any(m is self for m in stack):     # someone popped it already
-            self.pushed = False
+        if not any(m is self for m in stack):
+            if self._depth > 0:                   # inside a call of ours (a step that ends in backward())
+                if self._cleanup is None:
+                    self._cleanup = register_module_forward_pre_hook(self._remove_at_module_call)
+                return False
+            self.pushed = False                   # someone popped it already
             return True
+        self._cancel_cleanup()
         above = []
         while True:
             m = _pop_mode()
@@ -86,6 +105,20 @@ class FunctionWatch(TorchFunctionMode):
             _push_mode(m)
         self.pushed = False
         return True
+
+    def _remove_at_module_call(self, module, args):
+        try:
+            if not self.on and self._depth == 0:
+                self.remove()
+        except Exception as e:      # (never into the script)
+            self.error = self.error or f"{type(e).__name__}: {e}"
+            self._cancel_cleanup()
+        return None
+
+    def _cancel_cleanup(self) -> None:
+        if self._cleanup is not None:
+            self._cleanup.remove()
+            self._cleanup = None
 
 
 
