@@ -57,6 +57,46 @@ def _json_blob(ds, n: Optional[int] = None) -> str:
     return bytes(np.asarray(ds[:n], dtype=np.uint8)).decode("utf-8")
 
 
+# SWMR reads retry a metadata block that fails its checksum (a writer may be
+# midway through it): HDF5's default is 100 attempts with a growing sleep,
+# which on a damaged file is minutes to hours.  A few attempts (a few ms) are
+# enough for a live writer's flush, which nndb makes in one go.
+SWMR_READ_ATTEMPTS = 4
+
+
+def _open_swmr(path: str) -> "h5py.File":
+    fapl = h5py.h5p.create(h5py.h5p.FILE_ACCESS)
+    fapl.set_libver_bounds(h5py.h5f.LIBVER_EARLIEST, h5py.h5f.LIBVER_LATEST)
+    _limit_read_attempts(fapl, SWMR_READ_ATTEMPTS)
+    fid = h5py.h5f.open(os.fsencode(path), h5py.h5f.ACC_RDONLY | h5py.h5f.ACC_SWMR_READ, fapl=fapl)
+    return h5py.File(fid)
+
+
+_SET_READ_ATTEMPTS: list = []
+
+
+def _limit_read_attempts(fapl, attempts: int) -> None:
+    """H5Pset_metadata_read_attempts, which h5py does not wrap, from the
+    HDF5 library this process has loaded (h5py's); left at HDF5's default
+    where it cannot be found."""
+    if not _SET_READ_ATTEMPTS:
+        fn = None
+        try:
+            import ctypes
+            with open("/proc/self/maps") as maps:
+                libs = sorted({line.split()[-1] for line in maps if "/libhdf5" in line
+                               and "libhdf5_hl" not in line})
+            if libs:
+                fn = ctypes.CDLL(libs[0]).H5Pset_metadata_read_attempts
+                fn.argtypes, fn.restype = [ctypes.c_int64, ctypes.c_uint], ctypes.c_int
+        except (OSError, AttributeError, ImportError):
+            fn = None
+        _SET_READ_ATTEMPTS.append(fn)
+    fn = _SET_READ_ATTEMPTS[0]
+    if fn is not None:
+        fn(fapl.id, attempts)
+
+
 class TraceReader:
     def __init__(self, path: str):
         self.path = path
@@ -79,7 +119,7 @@ class TraceReader:
             self._f = h5py.File(path, "r")
         except _DAMAGE as plain_error:
             try:
-                self._f = h5py.File(path, "r", swmr=True)
+                self._f = _open_swmr(path)
             except _DAMAGE:
                 raise TraceError(f"cannot read trace {path}: it is truncated or corrupted "
                                  f"({_short(plain_error)})") from None
