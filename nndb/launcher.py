@@ -145,7 +145,7 @@ def user_traceback(tb):
     kept = []
     while tb is not None:
         code = tb.tb_frame.f_code
-        if code.co_filename.startswith(_OWN_DIRS[0]) or code.co_name == "_nndb_call":
+        if code.co_filename.startswith(_OWN_DIRS[0]) or code.co_name == "_nndb_call":   # (funcmode.TRAMPOLINE)
             if kept and kept[-1].tb_frame.f_code.co_name == "handle_torch_function":
                 kept.pop()                          # torch.overrides, into the mode
                 if kept:

@@ -788,7 +788,8 @@ def test_rule_set_threshold_keeps_an_int_threshold_an_int():
 
     r = R()
     assert r.set_threshold("n", 4.0) == 4 and type(r.params["n"]) is int
-    assert r.set_threshold("n", 4.5) == 4.5
+    with pytest.raises(ValueError, match="is a count: a whole number, not 4.5"):
+        r.set_threshold("n", 4.5)                      # (a count threshold takes whole numbers only)
     assert r.set_threshold("x", 2.0) == 2.0 and type(r.params["x"]) is float
 
 

@@ -61,7 +61,7 @@ def script(tmp_path):
 def run(tmp_path, script, commands, *extra, args=()):
     cmds = tmp_path / "cmds.nndb"
     cmds.write_text("\n".join(commands) + "\n")
-    r = nndb("run", "--batch", "--nx", "--trace", str(tmp_path / "t.h5"), *extra, "-x", str(cmds),
+    r = nndb("run", "--batch", "--nx", "--trace", str(tmp_path / "t.h5"), "--force", *extra, "-x", str(cmds),
              script, *args, cwd=str(tmp_path))
     Ran(r, ["run", "--batch", "--nx", *extra, "-x", "cmds.nndb", script, *args, "#", *commands])
     assert "Traceback" not in r.stderr, r.stderr

@@ -14,7 +14,7 @@ pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="fork replicas n
 
 
 def _run(tmp_path, script, commands, *args, extra=()):
-    argv = ["run", "--batch", "--nx", "--trace", str(tmp_path / "t.h5"), *extra]
+    argv = ["run", "--batch", "--nx", "--trace", str(tmp_path / "t.h5"), "--force", *extra]
     for c in commands:
         argv += ["-e", c]
     r = Ran(nndb(*argv, example(script), *args, cwd=str(tmp_path)), argv + [script, *args])
@@ -113,7 +113,7 @@ print("done")
 
 def _script_run(tmp_path, text, commands, *extra):
     (tmp_path / "s.py").write_text(text)
-    argv = ["run", "--batch", "--nx", "--rules", "none", "--trace", str(tmp_path / "t.h5"), *extra]
+    argv = ["run", "--batch", "--nx", "--rules", "none", "--trace", str(tmp_path / "t.h5"), "--force", *extra]
     for c in commands:
         argv += ["-e", c]
     return Ran(nndb(*argv, "s.py", cwd=str(tmp_path)), argv + ["s.py"])

@@ -35,7 +35,8 @@ def _torch_dir() -> str:
 # -- frames ----------------------------------------------------------------------
 def is_nndb_frame(frame) -> bool:
     name = frame.f_code.co_filename
-    return name.startswith(_HIDDEN[0]) or name == _HIDDEN[1] or name == "<frozen runpy>"
+    return name.startswith(_HIDDEN[0]) or name == _HIDDEN[1] or name == "<frozen runpy>" \
+        or frame.f_code.co_name == "_nndb_call"   # (nndb.tracer.funcmode.TRAMPOLINE: the script's line, nndb's frame)
 
 
 _CALL_MACHINERY = ("_wrapped_call_impl", "_call_impl", "inner")

@@ -32,6 +32,7 @@ from typing import Callable, Optional
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
+from ..tracer.funcmode import TRAMPOLINE
 from .oprecord import FIELDS, INS, OP_STATS, PHASE  # noqa: F401  (FIELDS: the layout of cur.ops' records)
 
 _TORCH_DIR = os.path.dirname(torch.__file__)
@@ -48,7 +49,8 @@ _SCRIPT: dict = {}      # code object -> is it the script's own code
 
 def _is_script(code) -> bool:
     f = code.co_filename
-    v = not (f.startswith("<") or os.path.abspath(f).startswith((_TORCH_DIR, _NNDB_DIR, _STDLIB)))
+    v = not (f.startswith("<") or os.path.abspath(f).startswith((_TORCH_DIR, _NNDB_DIR, _STDLIB))
+             or code.co_name == TRAMPOLINE)
     _SCRIPT[code] = v
     return v
 

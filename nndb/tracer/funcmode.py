@@ -50,7 +50,7 @@ class FunctionWatch(TorchFunctionMode):
         self.on_call = on_call
         self.error: Optional[str] = None
         self.pushed = False
-        self.on = False                  # off: still on the stack (a removal pending), seeing nothing
+        self.on = True                   # False: still on the stack (a removal pending), seeing nothing
         self._depth = 0                  # calls of ours running (PyTorch pops the mode during each)
         self._cleanup = None             # the module pre-hook that removes it at a safe point
         self._thread: Optional[int] = None
@@ -124,6 +124,9 @@ class FunctionWatch(TorchFunctionMode):
 
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 _TRAMPOLINES: dict = {}     # (file, line, id(globals)) -> a function that calls from that line
+# The trampolines' name: a frame of that name has the script's file and line
+# but is nndb's (nndb.tracer.naming.user_frame and the lineage skip it).
+TRAMPOLINE = "_nndb_call"
 
 
 def _caller():
@@ -131,7 +134,7 @@ def _caller():
     dispatch to this mode)."""
     frame = sys._getframe(2)
     while frame is not None and (frame.f_code.co_filename.startswith(_TORCH_DIR)
-                                 or frame.f_code.co_filename == __file__):
+                                 or frame.f_code.co_filename == __file__ or frame.f_code.co_name == TRAMPOLINE):
         frame = frame.f_back
     return frame
 
@@ -149,10 +152,10 @@ def _call_from_caller(func, args, kwargs):
     key = (frame.f_code.co_filename, frame.f_lineno, id(g))
     call = _TRAMPOLINES.get(key)
     if call is None or call.__globals__ is not g:
-        src = "\n" * (frame.f_lineno - 1) + "def _nndb_call(f, a, k): return f(*a, **k)\n"
+        src = "\n" * (frame.f_lineno - 1) + f"def {TRAMPOLINE}(f, a, k): return f(*a, **k)\n"
         ns: dict = {}
         exec(compile(src, frame.f_code.co_filename, "exec"), ns)
-        call = _TRAMPOLINES[key] = types.FunctionType(ns["_nndb_call"].__code__, g, "_nndb_call")
+        call = _TRAMPOLINES[key] = types.FunctionType(ns[TRAMPOLINE].__code__, g, TRAMPOLINE)
         if len(_TRAMPOLINES) > 4096:          # (a script that calls from ever new lines: keep it bounded)
             _TRAMPOLINES.clear()
             _TRAMPOLINES[key] = call

@@ -19,6 +19,8 @@ from typing import Optional
 
 import torch
 
+from .funcmode import TRAMPOLINE
+
 _SKIP_PREFIXES: tuple = ()
 
 
@@ -35,7 +37,7 @@ def user_frame(depth: int = 1):
     """The innermost frame that belongs to neither torch nor nndb."""
     skip = _skip_dirs()
     f = sys._getframe(depth)
-    while f is not None and f.f_code.co_filename.startswith(skip):
+    while f is not None and (f.f_code.co_filename.startswith(skip) or f.f_code.co_name == TRAMPOLINE):
         f = f.f_back
     return f
 
