@@ -16,7 +16,8 @@ def nndb(*args, cwd=None, timeout=180, env=None, **kw) -> subprocess.CompletedPr
     """Run ``python -m nndb ARGS`` in a subprocess."""
     e = dict(os.environ)
     e.pop("NNDB_DEBUG", None)
-    e["PYTHONPATH"] = ROOT + os.pathsep + e.get("PYTHONPATH", "")
+    # (no empty entry: an empty PYTHONPATH component is the working directory)
+    e["PYTHONPATH"] = os.pathsep.join([ROOT] + [p for p in e.get("PYTHONPATH", "").split(os.pathsep) if p])
     if env:
         e.update(env)
     kw.setdefault("stdin", subprocess.DEVNULL)      # not a terminal: batch mode
