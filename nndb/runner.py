@@ -230,6 +230,8 @@ def record(config: RunConfig, message: Callable[[str], None] = _stderr,
                 session.post_mortem(e)    # the trace is still open: stats and history work
         finally:
             guard.stopped()
+            if session is not None:
+                session.flush_rules()     # (the last steps' findings, before the trace closes)
             rec.close(status, code, reason)
             if session is not None:
                 session.run_ended(status, code, reason)

@@ -343,8 +343,11 @@ def _instructions_child(name, recorded, steps, schedule):
     """Run under callgrind: the loop of ``steps`` steps after WARMUP, the only
     instrumented part.  One thread: a spinning OpenMP worker's instructions
     vary from run to run.  Flushes by step count only, since valgrind's
-    slowdown would make the 2 s flush come every few steps."""
+    slowdown would make the 2 s flush come every few steps (and the rules'
+    blocks, nndb.rules.engine.BLOCK_SECONDS, hold a step or two)."""
     torch.set_num_threads(1)
+    from nndb.rules import engine
+    engine.BLOCK_SECONDS = float("inf")      # (blocks of the rules by step count only, for the same reason)
     model, opt, crit, data = WORKLOADS[name][0](0)
     with tempfile.TemporaryDirectory() as tmpdir:
         rec = None

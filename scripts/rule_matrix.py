@@ -62,6 +62,7 @@ class Outcome:
     first: dict = field(default_factory=dict)       # rule -> (step, severity) of its first finding
     rules_failed: list = field(default_factory=list)    # rules switched off by an error of their own
     seconds: float = 0.0
+    findings: list = field(default_factory=list)    # every finding, as the report has them
 
     @property
     def loud(self) -> list:
@@ -99,6 +100,7 @@ def run_one(script: Script, seed: int) -> Outcome:
         with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
             res = debug(cfg, DebugOptions(batch=True, no_rc=True, rules="default"), ScriptedFrontend([]))
     out = Outcome(script, seed, res.exit_code, seconds=time.perf_counter() - t0)
+    out.findings = res.session.findings
     for f in res.session.findings:
         out.first.setdefault(f["rule"], (f["step"], f["severity"]))
     out.rules_failed = [r.id for r in res.session.rules.rules if not r.enabled]

@@ -174,6 +174,7 @@ class Session(CommandLoop, StopPoints, RunQueries):
         return True
 
     def run_ended(self, status: str, exit_code: int, reason: str) -> None:
+        self.flush_rules()
         self.live = False
         self.ended = status
         self.exit_code = exit_code
@@ -193,6 +194,7 @@ class Session(CommandLoop, StopPoints, RunQueries):
 
     def post_mortem(self, exc: BaseException) -> None:
         """The script raised: stop at the raising frame (pdb's post-mortem)."""
+        self.flush_rules()
         self.live = False
         self.state = "post-mortem"
         # The step that raised: the one after the last that finished (the
@@ -236,6 +238,7 @@ class Session(CommandLoop, StopPoints, RunQueries):
 
     # -- stopping ---------------------------------------------------------------------
     def _stop(self, stop: Stop, frame) -> None:
+        self.flush_rules()            # (every step's findings are in before anything stops)
         if self.replica is not None and self.replica.intercept(self, stop):
             return                    # a scan or a prediction notes it and goes on
         t0 = time.monotonic()

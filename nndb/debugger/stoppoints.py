@@ -148,10 +148,33 @@ class StopPoints:
             def opts():
                 return [(naming.optimizer_name(o), o) for o in tracer.optimizers()]
             stats = self._view_cache[1] if self._view_cache[0] is record else None
-            found = self.rules.on_record(record, stats, opts)
+            # (a replica judges each step as it comes: what it replays, the live run reported)
+            found = self.rules.on_record(record, stats, opts, defer=self.replica is None)
         except Exception as e:
             self.error(f"nndb: internal error in the rules, skipped: {type(e).__name__}: {e}")
             return []
+        return self._rule_findings(found)
+
+    def flush_rules(self) -> None:
+        """Judge the steps the rules keep in a block (nndb.rules.block): before
+        a stop, a checkpoint's fork and the end of the run, every step's
+        findings are in."""
+        if self.rules is None or not self.rules.waiting:
+            return
+        try:
+            found = self.rules.flush()
+        except Exception as e:
+            self.error(f"nndb: internal error in the rules, skipped: {type(e).__name__}: {e}")
+            return
+        # A block waits only while every action is warn, and a stop flushes it
+        # before a command can change one: no hit is expected here, and a
+        # fail action would still fail the run.
+        for hit, _ in self._rule_findings(found):
+            if hit.rule.action == "fail":
+                self.failed_points.append(hit.rule.id)
+
+    def _rule_findings(self, found: list) -> list:
+        """Print and keep the findings; those whose action is stop or fail become hits."""
         for msg in self.rules.take_errors():
             self.error(f"nndb: {msg}")
         hits = []

@@ -217,6 +217,13 @@ class Rule:
     def check(self, ctx: StepContext) -> Iterable[Finding]:
         raise NotImplementedError
 
+    def check_block(self, block) -> Optional[bool]:
+        """Judge several steps at once (nndb.rules.block.Block): True when
+        every step was judged, nothing found, and the rule's state is what
+        ``check`` on each step would have left; None (nothing changed) to
+        have ``check`` called on each step.  An every-step rule may define it."""
+        return None
+
     def finding(self, ctx: StepContext, message: str, tensor: Optional[str] = None,
                 module: Optional[str] = None, **evidence) -> Finding:
         return Finding(self.id, self.severity, ctx.step, message, tensor, module, evidence)

@@ -13,7 +13,25 @@ from typing import Iterable, Optional
 from ..cadence import observed
 from ..errors import UsageError
 from .base import Rule, StepContext
+from .block import Block
 from .probes import PROBES
+
+
+# Steps judged together at most (nndb.rules.block), and how long the first
+# of them may wait: a finding is printed at most this much later.
+BLOCK_STEPS = 16
+BLOCK_SECONDS = 0.25
+BLOCK_ROWS = 1 << 16           # (steps x series: the block's stacked rows stay a few MB)
+
+
+class AsItWas:
+    """An optimizer's parameter groups as they were at a step (shallow copies:
+    the same parameters, the hyper-parameters of then): what the rules read
+    of an optimizer."""
+    __slots__ = ("param_groups",)
+
+    def __init__(self, opt):
+        self.param_groups = [dict(g) for g in opt.param_groups]
 
 
 class RuleEngine:
@@ -29,6 +47,8 @@ class RuleEngine:
         # facts or an error (most steps: none, and nothing to ask them).
         self.armed = False
         self._probe_errors = False        # a probe was in since take_errors last looked
+        self._queue: list = []            # (record, optimizers) of steps waiting to be judged as a block
+        self._queued_rows = 0
 
     # -- the rule set -------------------------------------------------------------
     def rule(self, rule_id: str) -> Rule:
@@ -73,6 +93,7 @@ class RuleEngine:
         self._sync_probes()
 
     def detach(self) -> None:
+        self._queue, self._queued_rows = [], 0      # (the session flushes before: nothing is left here)
         for p in self._probes.values():
             p.uninstall()
         self._probes = {}
@@ -104,42 +125,108 @@ class RuleEngine:
         self.armed = armed
         self._probe_errors = self._probe_errors or armed
 
-    def on_record(self, record, stats=None, optimizers=(), naming=None) -> list:
+    def on_record(self, record, stats=None, optimizers=(), naming=None, defer: bool = False) -> list:
         """Run the rules on one recorded step; returns the new findings.
-        ``naming``: the run's names where there is no run (a trace's stand-ins)."""
+        ``naming``: the run's names where there is no run (a trace's stand-ins).
+        ``defer``: a step on which only every-step rules would run, all of
+        them with the action ``warn``, may wait in a block (nndb.rules.block)
+        to be judged with the next ones; ``flush`` judges what waits (the
+        findings returned are then of earlier steps: each names its step)."""
         # (a probe gathers facts only while its callbacks are in: the steps it is armed for)
         facts = {name: p.take(record.step) for name, p in self._probes.items() if p._armed} if self.armed else {}
         if observed(record.step):
             rules = [r for r in self.rules if r.enabled]
         else:
-            live = [name for name, f in facts.items() if f]
-            if live:
-                rules = [r for r in self.rules if r.enabled and (r.EVERY_STEP or not set(live).isdisjoint(r.PROBES))]
-            else:                                   # the usual step between observed ones
-                rules = self._every
-                if rules is None:
-                    rules = self._every = [r for r in self.rules if r.EVERY_STEP and r.enabled]
+            every = self._every
+            if every is None:
+                every = self._every = [r for r in self.rules if r.EVERY_STEP and r.enabled]
+            live = {name for name, f in facts.items() if f}
+            probed = [r for r in self.rules if r.enabled and not r.EVERY_STEP and not live.isdisjoint(r.PROBES)] \
+                if live else []
+            if defer and stats is None and self._rec is not None and every and \
+                    all(r.action == "warn" for r in every):
+                # the every-step rules wait in a block; a probe's rules judge this step now
+                new = self._wait(record, optimizers)
+                if probed:
+                    ctx = StepContext(record, stats, facts, self.module_types, optimizers, self._rec.naming)
+                    for r in probed:
+                        self._judge(r, ctx, new)
+                return new
+            rules = [r for r in self.rules if r in every or r in probed] if probed else every
+        new = self.flush() if self._queue else []
         if not rules:
-            return []
+            return new
         naming = self._rec.naming if self._rec is not None else naming
         ctx = StepContext(record, stats, facts, self.module_types, optimizers, naming)
-        new = []
         for r in rules:
-            try:
-                found = list(r.check(ctx) or ())
-            except Exception as e:   # a rule never breaks the run: it is switched off, said once
-                r.enabled = False
-                self._every = None
-                self.errors.append(f"rule {r.id} failed and is disabled: {type(e).__name__}: {e}")
-                continue
-            for f in found:
-                key = (f.rule, f.subject)
-                if key in self._seen:
-                    continue
-                self._seen.add(key)
-                self.findings.append(f)
-                new.append(f)
+            self._judge(r, ctx, new)
         return new
+
+    def _wait(self, record, optimizers) -> list:
+        # The optimizers' hyper-parameters as they are now: judged later, a step
+        # still reads the learning rate it had (a scheduler may change it before).
+        opts = optimizers() if callable(optimizers) else optimizers
+        q = self._queue
+        q.append((record, [(name, AsItWas(opt)) for name, opt in opts]))
+        self._queued_rows += len(record.names)
+        if len(q) < BLOCK_STEPS and self._queued_rows < BLOCK_ROWS and record.time - q[0][0].time < BLOCK_SECONDS:
+            return []
+        return self.flush()
+
+    @property
+    def waiting(self) -> bool:
+        """Steps wait to be judged (``flush``)."""
+        return bool(self._queue)
+
+    def flush(self) -> list:
+        """Judge the steps waiting in a block (nndb.rules.block); the new findings, in step order."""
+        q, self._queue, self._queued_rows = self._queue, [], 0
+        if not q:
+            return []
+        rules = [r for r in self.rules if r.EVERY_STEP and r.enabled]
+        naming = self._rec.naming if self._rec is not None else None
+
+        def context(record, opts=q[-1][1]):
+            return StepContext(record, None, {}, self.module_types, opts, naming)
+        block = Block.of([rec for rec, _ in q], context) if len(q) > 1 else None
+        rest = []
+        for r in rules:
+            done = None
+            if block is not None:
+                try:
+                    done = r.check_block(block)
+                except Exception as e:
+                    self._failed(r, e)
+                    continue
+            if not done:
+                rest.append(r)
+        new: list = []
+        if rest:
+            for rec, opts in q:            # (step by step, in the order a step judges them)
+                ctx = context(rec, opts)
+                for r in rest:
+                    if r.enabled:
+                        self._judge(r, ctx, new)
+        return new
+
+    def _judge(self, r: Rule, ctx: StepContext, new: list) -> None:
+        try:
+            found = list(r.check(ctx) or ())
+        except Exception as e:   # a rule never breaks the run: it is switched off, said once
+            self._failed(r, e)
+            return
+        for f in found:
+            key = (f.rule, f.subject)
+            if key in self._seen:
+                continue
+            self._seen.add(key)
+            self.findings.append(f)
+            new.append(f)
+
+    def _failed(self, r: Rule, e: Exception) -> None:
+        r.enabled = False
+        self._every = None
+        self.errors.append(f"rule {r.id} failed and is disabled: {type(e).__name__}: {e}")
 
     def take_errors(self) -> list:
         """Rules and probes that failed since the last call (each said once,

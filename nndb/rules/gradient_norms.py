@@ -59,6 +59,25 @@ def _spread(ctx, lay, me: int, limit: float):
     return lay.per_step(ctx, ("spread", me, limit), compute)
 
 
+def _spread_block(block, lay, e: np.ndarray, g: np.ndarray, limit: float) -> bool:
+    """Could ``_spread`` find a layer spread over ``limit`` at some step of the
+    block?  (The coarse test of ``_spread``, for every step at once; the
+    groups are then looked at step by step.)  Also True when a step measured
+    which gradient entries are zero (``live_share`` learns from it: step by
+    step)."""
+    if e.size < 2:
+        return False
+    t = lay.owner
+    if np.isfinite(block.take(lay, "grad", "zero_frac")).any():
+        return True
+    live = t.live[lay.slots] if t.live.shape[0] >= t.n_slots else fit(t.live, t.n_slots, 1.0)[lay.slots]
+    rms = g / np.sqrt(np.maximum(block.take(lay, "grad", "count")[:, e] * live[e], 1))
+    pos = rms > 0
+    hi = np.where(pos, rms, -np.inf).max(axis=1)
+    lo = np.where(pos, rms, np.inf).min(axis=1)
+    return bool(((np.count_nonzero(pos, axis=1) >= 2) & (hi > limit * lo)).any())
+
+
 def _eligible(ctx, lay, me: int) -> np.ndarray:
     """Layout positions of the weight tensors with a gradient row."""
     return lay.derived(("grad_eligible", me), lambda: np.flatnonzero(lay.weightlike(ctx, me) & (lay.g >= 0)))
@@ -123,6 +142,29 @@ class _Gradients(Rule):
             k = self._worst(same, g)
             others = [lay.names[e[j]] for j in same if j != k]
             yield self._report(ctx, lay, e, se, k, g, others)
+
+    def check_block(self, block):
+        t, lay = block.layout(self.own)
+        p = self.params
+        if self.streaks.active or self._filling or t.n_slots > self.streaks.n or lay not in self._fill_layouts:
+            return None                  # (a streak runs, references are being learnt: step by step)
+        me = int(p["min_elements"])
+        e = _eligible(block.last, lay, me)
+        if e.size == 0:
+            return True
+        g = block.take(lay, "grad", "norm")[:, e]
+        if self._thr_params != p:
+            self._thr_params = dict(p)
+            self.thr = self._thresholds(self.ref)
+        flags = self._flags_block(block, lay, e, g, lay.slots[e])
+        if flags is None or np.count_nonzero(flags) or _spread_block(block, lay, e, g, float(p["spread"])):
+            return None
+        self.streaks.i += block.k       # (what Streaks.update does on a step with nothing flagged)
+        return True
+
+    def _flags_block(self, block, lay, e, g, se):
+        """(steps, tensors) flags of ``_flags`` but the layer spread; None: judge step by step."""
+        raise NotImplementedError
 
     def _fill(self, se, g) -> None:
         todo = self.early_n[se] < _EARLY
@@ -228,6 +270,9 @@ class ExplodingGradient(_Gradients):
         cross = self._cross(ctx, lay, e, g, "largest")
         return flags if cross is None else flags | cross
 
+    def _flags_block(self, block, lay, e, g, se):
+        return (g > self.thr[se]) | (block.take(lay, "grad", "inf_count")[:, e] > 0)
+
     def _why(self, ctx, lay, e, g, k):
         p, ref = self.params, float(self.ref[lay.slots[e[k]]])
         sp = self._group_spread(ctx, lay, e, k)
@@ -289,6 +334,34 @@ class VanishingGradient(_Gradients):
             if early - v < float(self.params["loss_drop"]) * abs(early):
                 out = (v, early)
         return out
+
+    def _loss_high_block(self, block, lay):
+        """(steps,) bool: ``_loss_high`` of each step, and its value at the last
+        one; None while a loss's early level is still being learnt or a loss
+        has no finite element (step by step)."""
+        k = block.k
+        if lay.loss_rows.size == 0:
+            return np.zeros(k, dtype=bool), None
+        refs = [self.loss_ref.get(name) for name in lay.loss_names]
+        if any(r is None or len(r) <= _EARLY for r in refs):
+            return None
+        v = block.loss_means(lay)
+        if v is None:
+            return None
+        early = np.array([r[-1] for r in refs])
+        with np.errstate(all="ignore"):
+            high = np.isfinite(v) & (early - v < float(self.params["loss_drop"]) * np.abs(early))
+        last = None
+        for j in np.flatnonzero(high[-1]).tolist():
+            last = (float(v[-1, j]), float(early[j]))
+        return high.any(axis=1), last
+
+    def _flags_block(self, block, lay, e, g, se):
+        loss = self._loss_high_block(block, lay)
+        if loss is None:
+            return None
+        high, self._loss = loss
+        return (g < self.thr[se]) & (g > 0) & high[:, None]
 
     def _thresholds(self, ref):
         p = self.params

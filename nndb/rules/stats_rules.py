@@ -49,6 +49,13 @@ class NonFinite(Rule):
         self._prev = None              # (step, names, context) of the previous recorded step, if it was clean
         self._bad_before = False       # the previous recorded step already held a NaN/Inf
 
+    def check_block(self, block):
+        if block.any_nonfinite():
+            return None
+        c = block.last
+        self._prev, self._bad_before = (c.step, c.names, c), False
+        return True
+
     def check(self, ctx):
         if not ctx.nonfinite:
             self._prev, self._bad_before = (ctx.step, ctx.names, ctx), False
@@ -141,8 +148,7 @@ class UpdateRatio(Rule):
             self.streaks.grow(t.n_slots)
             self.zero_init, self.seen = fit(self.zero_init, t.n_slots, False), fit(self.seen, t.n_slots, False)
             self.said = fit(self.said, t.n_slots, False)
-        e = lay.derived(("update_eligible", me),
-                        lambda: np.flatnonzero(lay.weightlike(ctx, me) & (lay.u >= 0) & (lay.p >= 0)))
+        e = self._eligible(ctx, lay, me)
         if e.size == 0:
             return
         se = lay.derived(("update_eligible_slots", me), lambda: lay.slots[e])
@@ -205,6 +211,49 @@ class UpdateRatio(Rule):
                 f.severity = "info"
             yield f
 
+    @staticmethod
+    def _eligible(ctx, lay, me: int) -> np.ndarray:
+        return lay.derived(("update_eligible", me),
+                           lambda: np.flatnonzero(lay.weightlike(ctx, me) & (lay.u >= 0) & (lay.p >= 0)))
+
+    def check_block(self, block):
+        t, lay = block.layout(self.own)
+        p = self.params
+        if self.streaks.active or t.n_slots > self.streaks.n:
+            return None
+        e = self._eligible(block.last, lay, int(p["min_elements"]))
+        if e.size == 0:
+            return True
+        if self._steps < int(p["warmup"]):
+            return None                 # (the warmup: step by step)
+        se = lay.slots[e]
+        u, w = block.take(lay, "update", "norm")[:, e], block.take(lay, "param", "norm")[:, e]
+        with np.errstate(all="ignore"):
+            r = u / w
+        if np.count_nonzero((r > p["high"]) & ~self.zero_init[se]) or np.count_nonzero((r < p["low"]) & (u > 0)):
+            return None
+        left = self._detect[1] if self._detect[0] is lay else 50
+        if left:                        # first updates awaited: as check counts them down, if none comes
+            unseen = ~self.seen[se]
+            if np.count_nonzero(unseen[None, :] & (u > 0) & np.isfinite(r)):
+                return None
+            left = max(left - block.k, 0) if np.count_nonzero(unseen) else 0
+        k, ring = block.k, self._losses
+        if lay.loss_rows.size == 1:
+            v = block.loss_means(lay)
+            if v is None:
+                return None
+            at = (self._steps + np.arange(k)) % ring.size
+            if k <= ring.size:
+                ring[at] = v[:, 0]
+            else:
+                for i, x in zip(at.tolist(), v[:, 0].tolist()):
+                    ring[i] = x
+        self._detect = (lay, left)
+        self._steps += k
+        self.streaks.i += k             # (what Streaks.update does on a step with nothing flagged)
+        return True
+
     def _loss_trend(self) -> tuple:
         """(falling | rising | unsteady | None, first, last, values) of the last
         ``trend_steps`` recorded losses: the sign of the Theil-Sen slope where
@@ -245,8 +294,7 @@ class ParamNotUpdated(Rule):
         if t.n_slots > self.streaks.n:
             self.streaks.grow(t.n_slots)
             self.prev = fit(self.prev, t.n_slots, np.nan)
-        held = lay.derived("held", lambda: np.flatnonzero((lay.u >= 0) & (lay.g >= 0)))
-        unheld = lay.derived("unheld", lambda: np.flatnonzero((lay.u < 0) & (lay.g >= 0) & (lay.p >= 0)))
+        held, unheld = self._held(lay)
         flags = None
         # held by an optimizer: its update is exactly 0
         zero = lay.take(ctx, "update", "norm")[held] == 0
@@ -287,6 +335,22 @@ class ParamNotUpdated(Rule):
                      f"observed steps in a row since step {since}: {why}{also(others)}",
                 tensor=name, grad_norm=num(g[k]), in_optimizer=held_k, lr=lr, steps=[since, ctx.step],
                 also=others)
+
+    @staticmethod
+    def _held(lay) -> tuple:
+        """Layout positions of the parameters an optimizer holds, and of those none holds."""
+        return (lay.derived("held", lambda: np.flatnonzero((lay.u >= 0) & (lay.g >= 0))),
+                lay.derived("unheld", lambda: np.flatnonzero((lay.u < 0) & (lay.g >= 0) & (lay.p >= 0))))
+
+    def check_block(self, block):
+        t, lay = block.layout(self.own)
+        if self.streaks.active or t.n_slots > self.streaks.n:
+            return None
+        held, unheld = self._held(lay)
+        if unheld.size or np.count_nonzero(block.take(lay, "update", "norm")[:, held] == 0):
+            return None                 # (values compared from step to step, or an update of exactly 0)
+        self.streaks.i += block.k       # (what Streaks.update does on a step with nothing flagged)
+        return True
 
     def _has_grad(self, ctx, lay, k: np.ndarray) -> np.ndarray:
         """A gradient above min_grad_rms at layout positions ``k``."""
@@ -333,6 +397,36 @@ class LossNotDecreasing(Rule):
         self.n: dict = {}              # loss name -> finite values seen
         self.done: set = set()         # reported, or non-finite once (nonfinite's business)
 
+    def check_block(self, block):
+        _, lay = block.layout(self.own)
+        if lay.loss_rows.size != 1 or lay.loss_names[0] in self.done:
+            return True
+        name, p = lay.loss_names[0], self.params
+        v = block.loss_means(lay)
+        if v is None or not np.isfinite(v).all():
+            return None
+        n0, k, w = self.n.get(name, 0), block.k, int(p["window"])
+        start = max(int(p["min_steps"]), 2 * w)
+        if n0 < w or n0 < start <= n0 + k:
+            return None                 # (the first window fills, or the first judgement: step by step)
+        # (a block has no observed step: nothing else is judged; the values are kept as check keeps them)
+        vals = v[:, 0].tolist()
+        self.n[name] = n0 + k
+        self.last[name].extend(vals)
+        h = self.hist[name]
+        for x in vals:
+            self._keep(h, x)
+        return True
+
+    @classmethod
+    def _keep(cls, h: list, v: float) -> None:
+        """One more value into the kept history [values, stride, countdown]."""
+        if h[2] == 0:
+            h[0].append(v)
+            if len(h[0]) >= cls.KEEP:
+                h[0], h[1] = h[0][::2], 2 * h[1]
+        h[2] = (h[2] + 1) % h[1]
+
     def check(self, ctx):
         _, lay = layout(ctx, self.own)
         if lay.loss_rows.size != 1:    # several losses (a GAN, actor-critic): adversarial, not meant to all go down
@@ -353,11 +447,7 @@ class LossNotDecreasing(Rule):
             self.first[name], self.hist[name] = [], [[], 1, 0]
         last.append(v)
         h = self.hist[name]
-        if h[2] == 0:
-            h[0].append(v)
-            if len(h[0]) >= self.KEEP:
-                h[0], h[1] = h[0][::2], 2 * h[1]
-        h[2] = (h[2] + 1) % h[1]
+        self._keep(h, v)
         first = self.first[name]
         if n <= w:
             first.append(v)

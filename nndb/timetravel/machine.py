@@ -186,6 +186,7 @@ class TimeMachine:
             self.blocked = f"no fork checkpoints from step {step} on: " + "; ".join(why)
             return None
         t0 = time.perf_counter()
+        s.flush_rules()                      # a replica resumed from here starts with every step judged
         s.rec.writer.flush()                 # the replica's copy of the trace file has nothing unwritten
         parent_end, child_end = Channel.pair()
         pid = forking.fork(close=tuple(c.chan for c in self.checkpoints.values()) + (parent_end,))
