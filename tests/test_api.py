@@ -186,6 +186,20 @@ def test_record_gives_the_trace_nndb_run_batch_gives(tmp_path, finished):
     run.close()
 
 
+def test_record_around_a_model_made_before_the_block(tmp_path, finished):
+    """A notebook's usual order: model and optimizer in one cell, the loop in another."""
+    stale = api_loop.build()                        # an earlier cell's optimizer, still alive
+    model, opt, x, y = api_loop.build()
+    with nndb.record(tmp_path / "t.h5") as rec:
+        api_loop.loop(model, opt, x, y, STEPS)
+    t, run = rec.trace, nndb.open(finished)
+    assert t.steps.tolist() == list(range(STEPS))
+    assert t.reader.backward_count.tolist() == t.reader.optimizer_steps.tolist() == [1] * STEPS
+    assert np.array_equal(t.reader.all_stats(), run.reader.all_stats(), equal_nan=True)
+    run.close()
+    del stale
+
+
 def test_record_keeps_the_findings_of_a_planted_bug(tmp_path, monkeypatch, capsys):
     script = os.path.join(SCRIPTS, "planted_dead_relu_negative_bias.py")
     monkeypatch.setattr(sys, "argv", [script])

@@ -21,12 +21,20 @@ def _pause(step: int) -> None:
         time.sleep(0.02)
 
 
-def train(steps: int = 12, seed: int = 0) -> float:
+def build(seed: int = 0) -> tuple:
+    """(model, optimizer, x, y)."""
     torch.manual_seed(seed)
     model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     x = torch.randn(64, 8)
-    y = x.sum(1, keepdim=True)
+    return model, opt, x, x.sum(1, keepdim=True)
+
+
+def train(steps: int = 12, seed: int = 0) -> float:
+    return loop(*build(seed), steps)
+
+
+def loop(model, opt, x, y, steps: int) -> float:
     for step in range(steps):
         opt.zero_grad()
         loss = ((model(x) - y) ** 2).mean()
