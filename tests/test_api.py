@@ -355,6 +355,18 @@ def test_html_escapes_what_came_from_the_trace(tmp_path):
         assert "1 finding(s)" in t._repr_html_() and t.tensors[0].name == hostile
 
 
+def test_a_finding_without_its_detail_is_a_corrupted_trace(tmp_path):
+    from nndb.store.writer import TraceWriter
+    path = str(tmp_path / "t.h5")
+    w = TraceWriter(path, {"script": "x.py", "argv": []})
+    w.event("finding", "no detail", 0)
+    w.close("finished", 0)
+    with nndb.open(path) as t:
+        assert t.events == []                    # not a warning either
+        with pytest.raises(TraceError, match="corrupted"):
+            t.findings
+
+
 def test_import_nndb_is_cheap():
     code = "import sys, nndb; print(sorted(m for m in ('torch', 'h5py', 'numpy', 'nndb.api') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60)
