@@ -285,7 +285,8 @@ def test_record_closes_the_trace_when_the_loop_raises(tmp_path):
     t = rec.trace
     assert t.status == "failed" and t.end["reason"] == "RuntimeError: planted failure"
     assert t.steps.tolist() == [0, 1, 2]
-    assert [s["reason"] for s in t.stops] == ["exception"]
+    assert [(s["step"], s["reason"], s["detail"]) for s in t.stops] == \
+        [(3, "exception", {"exception": "RuntimeError", "message": "planted failure"})]   # during step 3
     import h5py
     with h5py.File(path, "r"):                  # closed: a plain (not SWMR) open works
         pass
@@ -302,6 +303,29 @@ def test_record_never_breaks_the_loop(tmp_path, monkeypatch):
         loss = api_loop.train(4)
     assert loss == expected
     assert [e["kind"] for e in rec.trace.events] == ["recording_stopped"]
+
+
+def test_nndb_failing_to_end_the_recording_is_one_line(tmp_path, monkeypatch, capsys):
+    from nndb.runner import Recording
+
+    def broken(self, *a):
+        raise OSError("disk gone")
+    monkeypatch.setattr(Recording, "close", broken)
+    with nndb.record(tmp_path / "t.h5"):
+        loss = api_loop.train(2)
+    assert loss == api_loop.train(2)               # the block's own outcome: it returned
+    err = capsys.readouterr().err
+    assert "nndb: internal error while ending the recording: OSError: disk gone" in err
+    with pytest.raises(ValueError, match="mine"):   # and an exception of the block stays the block's
+        with nndb.record(tmp_path / "u.h5"):
+            raise ValueError("mine")
+
+
+def test_steps_cannot_be_changed_through_the_api(finished):
+    with nndb.open(finished) as t:
+        with pytest.raises(ValueError):
+            t.steps[0] = 5
+        assert t.steps[0] == 0
 
 
 def test_record_bad_options_fail_before_recording(tmp_path):

@@ -53,6 +53,15 @@ def _ending(exc: Optional[BaseException]) -> tuple:
     return "failed", EXIT_SCRIPT_ERROR, reason
 
 
+def _quietly(fn, *args) -> None:
+    """nndb's own failure while ending the block is one line on stderr: it
+    never replaces the block's outcome (its exception, or its success)."""
+    try:
+        fn(*args)
+    except Exception as e:
+        _stderr(f"nndb: internal error while ending the recording: {type(e).__name__}: {e}")
+
+
 class Recorder:
     """What ``nndb.record`` returns; use it as a context manager.
 
@@ -113,15 +122,13 @@ class Recorder:
 
     def __exit__(self, exc_type, exc, tb) -> bool:
         status, code, reason = _ending(exc)
-        try:
-            if exc is not None and status == "failed":
-                self._session.post_mortem(exc)       # (the stop the report and trace keep)
-            self._rec.__exit__(exc_type, exc, tb)
-        except Exception as e:                       # nndb's own failure never replaces the loop's outcome
-            _stderr(f"nndb: internal error while ending the recording: {type(e).__name__}: {e}")
-        finally:
-            self._close(status, code, reason)
-        return False
+        # In nndb run's order (runner.record): the tracer closes the step the
+        # block ended in, then the exception's stop, then the trace.
+        _quietly(self._rec.__exit__, exc_type, exc, tb)
+        if exc is not None and status == "failed":
+            _quietly(self._session.post_mortem, exc)    # (the stop the report and the trace keep)
+        _quietly(self._close, status, code, reason)
+        return False                                    # the block's own exception goes on, untouched
 
     def _close(self, status: str, code: int, reason: str) -> None:
         self.status = status

@@ -41,6 +41,13 @@ class TensorInfo:
     module: Optional[str]
 
 
+def _read_only(a: np.ndarray) -> np.ndarray:
+    """A view the caller cannot write through (the reader's own array stays as read)."""
+    v = a.view()
+    v.flags.writeable = False
+    return v
+
+
 def _module_of(name: str, kind: str) -> Optional[str]:
     if kind == "act":
         return name.split("#", 1)[0]
@@ -93,13 +100,13 @@ class Trace:
 
     @property
     def steps(self) -> np.ndarray:
-        """int64 array: the step number of each recorded row, in order."""
-        return self._reader.steps.copy()
+        """int64 array (read-only): the step number of each recorded row, in order."""
+        return _read_only(self._reader.steps)
 
     @property
     def times(self) -> np.ndarray:
-        """float64 array: seconds since the run started, at each recorded row's end."""
-        return self._reader.times.copy()
+        """float64 array (read-only): seconds since the run started, at each recorded row's end."""
+        return _read_only(self._reader.times)
 
     @property
     def tensors(self) -> list:
