@@ -171,10 +171,14 @@ def test_a_killed_run_s_trace_opens(tmp_path):
 def test_record_gives_the_trace_nndb_run_batch_gives(tmp_path, finished):
     path = str(tmp_path / "inproc.h5")
     with nndb.record(path) as rec:
-        api_loop.train(STEPS)
+        model, opt, x, y = api_loop.build()
+        api_loop.loop(model, opt, x, y, 5)
         live = rec.open()
-        assert live.steps.tolist() == list(range(STEPS))       # a live view, through the writer
+        assert live.steps.tolist() == list(range(5)) and live.status == "incomplete"  # through the writer
+        api_loop.loop(model, opt, x, y, STEPS - 5)
+        assert live.refresh().steps.tolist() == list(range(STEPS))
     assert rec.status == "finished" and rec.findings == []
+    assert live.refresh().status == "finished"                 # the writer closed: the file
     t, run = rec.trace, nndb.open(finished)
     assert t.steps.tolist() == run.steps.tolist()
     assert [(x.name, x.kind, x.shape) for x in t.tensors] == [(x.name, x.kind, x.shape) for x in run.tensors]

@@ -152,8 +152,7 @@ class Recorder:
         """A Trace of the recording: while the block runs, a live view through
         the writer (every step so far); afterwards, the file."""
         if self._rec is not None and self.status is None:
-            from ..store.reader import TraceReader
-            return Trace._over(TraceReader.from_writer(self._rec.writer))
+            return Trace.of_writer(self._rec.writer)
         if self.status is None:
             raise UsageError("nndb.record: nothing was recorded yet (use it as 'with nndb.record(PATH) as rec:')")
         return Trace(self.path)

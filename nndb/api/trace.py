@@ -69,11 +69,16 @@ class Trace:
         self.path = path
         self._reader = TraceReader(path)
         self._tensors: Optional[list] = None
+        self._writer = None
 
     @classmethod
-    def _over(cls, reader: TraceReader) -> "Trace":
+    def of_writer(cls, writer) -> "Trace":
+        """The trace a TraceWriter of this process is writing, through its open
+        file (every step so far: TraceReader.from_writer); ``refresh()`` reads
+        through the writer while it is open, then the file."""
         self = cls.__new__(cls)
-        self.path, self._reader, self._tensors = reader.path, reader, None
+        self._reader = TraceReader.from_writer(writer)
+        self.path, self._tensors, self._writer = writer.path, None, writer
         return self
 
     # -- what the run was ------------------------------------------------------
@@ -216,7 +221,8 @@ class Trace:
     # -- the file ----------------------------------------------------------------
     def refresh(self) -> "Trace":
         """Read the file again (a live run's newer steps); returns self."""
-        reader = TraceReader(self.path)
+        live = self._writer is not None and not self._writer.closed
+        reader = TraceReader.from_writer(self._writer) if live else TraceReader(self.path)
         self._reader.close()
         self._reader, self._tensors = reader, None
         return self
