@@ -163,20 +163,23 @@ class Trace:
             raise UsageError(f"unknown statistic {stat!r}; one of: {', '.join(self._reader.columns)}")
         return self._reader.columns.index(stat)
 
+    def _column(self, name: str, kind: str, stat: str) -> tuple:
+        """(measured, values): one statistic of one series at every row."""
+        j = self._stat_index(stat)
+        block = self._reader.column(self._series_info(name, kind))
+        return measured(block, self._reader.columns)[:, j], block[:, j]
+
     def series(self, name: str, kind: str = "grad", stat: str = "norm") -> np.ndarray:
         """float64 array of len(steps): ``stat`` of the ``kind`` series ``name``
         at row i (step ``steps[i]``), NaN where it was not measured (a measured
         NaN is NaN too: ``history`` keeps only the measured rows)."""
-        j = self._stat_index(stat)
-        block = self._reader.column(self._series_info(name, kind))
-        return np.where(measured(block, self._reader.columns)[:, j], block[:, j], np.nan)
+        ok, values = self._column(name, kind, stat)
+        return np.where(ok, values, np.nan)
 
     def history(self, name: str, kind: str = "grad", stat: str = "norm") -> tuple:
         """(steps, values): ``stat`` of one series at the steps where it was measured."""
-        j = self._stat_index(stat)
-        block = self._reader.column(self._series_info(name, kind))
-        ok = measured(block, self._reader.columns)[:, j]
-        return self._reader.steps[ok].copy(), block[ok, j].copy()
+        ok, values = self._column(name, kind, stat)
+        return self._reader.steps[ok].copy(), values[ok]
 
     def stats(self, step: int) -> dict:
         """Every series' statistics at one recorded step: {kind: {name: {stat:
