@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from . import __version__
+from .version import __version__
 from .errors import EXIT_FAIL_ACTION, EXIT_INTERNAL, EXIT_OK, EXIT_SIGINT, NndbError, UsageError
 from .numbers import to_json
 from .safetext import printable

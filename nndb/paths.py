@@ -91,21 +91,23 @@ def checkpoint_dir(trace: str) -> str:
     return directory_for(trace)
 
 
-def resolve_trace(trace: Optional[str], force: bool) -> Optional[str]:
+def resolve_trace(trace: Optional[str], force: bool, what: str = "--trace", force_flag: str = "--force") \
+        -> Optional[str]:
     """An explicit ``--trace``: absolute, refused if it exists (``--force``:
-    unless it is an nndb trace), its directory writable."""
+    unless it is an nndb trace), its directory writable.  (``what`` and
+    ``force_flag`` name them in the messages: nndb.record says ``force=True``.)"""
     if trace is None:
         return None
     trace = os.path.abspath(trace)
     if os.path.isdir(trace):
-        raise UsageError(f"--trace {trace} is a directory (give a file name)")
+        raise UsageError(f"{what} {trace} is a directory (give a file name)")
     if os.path.lexists(trace):
         if not is_nndb_trace(trace):
-            raise UsageError(f"--trace {trace} exists and is not an nndb trace: nndb never overwrites it "
-                             "(not even with --force); give another path")
+            raise UsageError(f"{what} {trace} exists and is not an nndb trace: nndb never overwrites it "
+                             f"(not even with {force_flag}); give another path")
         if not force:
-            raise UsageError(f"--trace {trace} exists (an nndb trace): give another path, "
-                             "or --force to overwrite it")
+            raise UsageError(f"{what} {trace} exists (an nndb trace): give another path, "
+                             f"or {force_flag} to overwrite it")
     check_writable_dir(trace, "cannot create trace")
     return trace
 

@@ -12,7 +12,7 @@ import h5py
 import numpy as np
 import torch
 
-import nndb
+from .version import __version__ as nndb_version
 from .store.schema import SCHEMA_VERSION
 
 
@@ -105,7 +105,7 @@ def collect(target, schedule_text: str) -> dict:
         script = target.file
         directory = os.path.dirname(script)
     meta = {
-        "nndb_version": nndb.__version__,
+        "nndb_version": nndb_version,
         "schema_version": SCHEMA_VERSION,
         "script": script,
         "module": bool(target.module),

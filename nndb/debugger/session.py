@@ -289,9 +289,23 @@ class Session(CommandLoop, StopPoints, RunQueries):
         if self._end == "restart":
             raise RestartRun()
 
+    def keep_in_trace(self, kind: str, message: str, entry: dict) -> None:
+        """A finding or a stop as the report has it, also in the trace's events
+        (schema.RECORD_KINDS), so that nndb.open(TRACE).findings and .stops
+        read them, of a killed run too (up to its last flush)."""
+        w = self.rec.writer if self.rec is not None else None
+        if w is not None:
+            w.event(kind, message, entry.get("step"), entry)
+
     def _record_stop(self, stop: Stop) -> None:
         if stop.kind in ("start", "step", "next", "finish", "until", "past"):
             return
+        first = len(self.stops)
+        self._add_stops(stop)
+        for entry in self.stops[first:]:
+            self.keep_in_trace("stop", entry["reason"], entry)
+
+    def _add_stops(self, stop: Stop) -> None:
         if stop.hits:
             for p, detail in stop.hits:
                 pid = p.number if p.number is not None else p.rule.id     # a rule: its id

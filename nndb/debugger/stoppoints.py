@@ -184,6 +184,7 @@ class StopPoints:
             if self.replica is not None and self.replica.replaying:
                 continue              # the live run reported it already
             self.error(f"nndb: {f.severity}: {f.rule} at step {f.step}: {f.message}")
+            self.keep_in_trace("finding", f.message, self.findings[-1])
             if rule.action in ("stop", "fail") and self.mode != "detach":
                 hits.append((RuleHit(rule, f), f.as_dict()))
             elif rule.action == "fail":

@@ -333,13 +333,40 @@ class TraceReader:
         return [s for s in self._series if s.name == name]
 
     def events(self) -> list:
-        """The warnings recorded during the run: [{"time", "step", "kind", "message"}]."""
-        return [dict(e) for e in self._events]
+        """The warnings recorded during the run: [{"time", "step", "kind", "message"}]
+        (the findings and stops that ``events`` also keeps are ``records``')."""
+        return [dict(e) for e in self._events if e.get("kind") not in K.RECORD_KINDS]
+
+    def records(self, kind: str) -> list:
+        """What the run's debugger session recorded of ``kind`` (schema.RECORD_KINDS):
+        its rules' findings ("finding") or its stops ("stop"), in order, each the
+        object the session report holds for it (docs/report.md).  A trace written
+        before they were recorded has none."""
+        out = []
+        for e in self._events:
+            if e.get("kind") == kind:
+                detail = e.get("detail")
+                if not isinstance(detail, dict):
+                    raise TraceError(f"cannot read trace {self.path}: it is corrupted (a {kind} without its detail)")
+                out.append(dict(detail))
+        return out
 
     @_reads
     def history(self, s: SeriesInfo, stat: Optional[str] = None):
         """(steps, values) for one series: values is (N, 10), or (N,) for one stat.
         Rows where the series has no value are dropped."""
+        block = self.column(s)
+        keep = ~np.isnan(block[:, 0])
+        steps = self.steps[keep]
+        block = block[keep]
+        if stat is None:
+            return steps, block
+        return steps, block[:, self.columns.index(stat)]
+
+    @_reads
+    def column(self, s: SeriesInfo) -> np.ndarray:
+        """(N, 10): one series' statistics at every row (row i: ``steps[i]``),
+        NaN where the series has no value."""
         if s.id < self._n_series:
             block = np.asarray(self._f["stats"][:self._n_rows, s.id, :])
         else:
@@ -348,12 +375,7 @@ class TraceReader:
         if extra is not None:
             block = np.concatenate([block, extra[:, s.id, :] if s.id < extra.shape[1]
                                     else np.full((len(extra), len(self.columns)), np.nan)])
-        keep = ~np.isnan(block[:, 0])
-        steps = self.steps[keep]
-        block = block[keep]
-        if stat is None:
-            return steps, block
-        return steps, block[:, self.columns.index(stat)]
+        return block
 
     @_reads
     def row(self, i: int) -> dict:

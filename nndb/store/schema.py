@@ -37,9 +37,11 @@
     │                                      "optimizer": str, "group": int, "lr": float | null}: a param
     │                                      group's learning rate from that step on (null: not a number)
     │                                      (optimizers and hyper: absent in traces written before them)
-    ├── events                uint8[...]   UTF-8 JSON lines: {"time", "step", "kind", "message"},
-    │                                      kind one of EVENT_KINDS (warnings such as a recording
-    │                                      that stopped); step: the step in progress, or null
+    ├── events                uint8[...]   UTF-8 JSON lines: {"time", "step", "kind", "message"[,
+    │                                      "detail"]}, kind one of EVENT_KINDS (warnings such as a
+    │                                      recording that stopped) or RECORD_KINDS (a rule's finding,
+    │                                      a debugger stop: "detail" is the report's object for it);
+    │                                      step: the step in progress (of a record: its step), or null
     ├── lineage/              the operations of the steps whose lineage was recorded (nndb.lineage)
     │   ├── step              int64[L]     a step with lineage
     │   ├── seq               int64[L]     its operation sequence: a line number of ``sequences``
@@ -99,6 +101,11 @@ INCOMPLETE = "incomplete"
 # What ``events`` records: the tracer stopped recording after an internal
 # error; a rule or a probe failed and was switched off.
 EVENT_KINDS = ("recording_stopped", "rule_disabled", "probe_disabled")
+# What ``events`` also keeps of a debugger session (an addition to version 1:
+# a reader of version 1 shows them as events): a rule's finding and a stop,
+# each with a "detail" object, the one the session report (docs/report.md)
+# holds for it.  TraceReader.events() leaves them out; .records(kind) reads them.
+RECORD_KINDS = ("finding", "stop")
 
 # Chunk shapes: a ``stats`` chunk holds one step of 64 series (5 KiB before
 # compression), so a flush writes whole chunks and never rewrites one: a

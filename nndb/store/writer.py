@@ -27,6 +27,7 @@ import h5py
 import numpy as np
 
 from ..errors import TraceWriteError
+from ..numbers import json_value
 from ..tracer.stats import N_RAW, finalize_many
 from . import schema as K
 from .space import NoRoom, check_room, detach_file, reason as _reason
@@ -195,12 +196,16 @@ class TraceWriter:
             self._new_sequences.append(text)
         self._lineage.append((step, seq))
 
-    def event(self, kind: str, message: str, step: Optional[int] = None) -> None:
+    def event(self, kind: str, message: str, step: Optional[int] = None, detail: Optional[dict] = None) -> None:
         """A warning for the trace's ``events`` (``kind``: one of schema.EVENT_KINDS),
-        written at the next flush."""
+        or a finding or stop (schema.RECORD_KINDS, with its ``detail``), written
+        at the next flush."""
         if self.failed or self.closed:
             return
-        self._events.append({"time": time.time(), "step": step, "kind": kind, "message": message})
+        e = {"time": time.time(), "step": step, "kind": kind, "message": message}
+        if detail is not None:
+            e["detail"] = json_value(detail)    # (JSON-safe now: a flush must never meet a numpy scalar)
+        self._events.append(e)
 
     def optimizers(self, step: int, optimizers: list) -> None:
         """The optimizers as the rules see them from ``step`` on, written when

@@ -28,9 +28,9 @@ from .channel import Channel
 def _entry() -> str:
     """The new process's program: nndb.cli.replica_main, with nothing of the
     working directory imported on the way (nndb.safepath)."""
-    import nndb
     from ..safepath import replica_entry
-    return replica_entry(os.path.dirname(os.path.dirname(os.path.abspath(nndb.__file__))))
+    nndb_dir = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))     # (the package, not imported:
+    return replica_entry(os.path.dirname(nndb_dir))                              # it is the API, a floor above)
 
 
 def spawn(s, machine, goal: dict):

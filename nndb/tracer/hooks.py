@@ -133,6 +133,7 @@ class Tracer:
         self._opt_seen: "weakref.WeakSet" = weakref.WeakSet()
         self._known_optimizers: Optional[weakref.WeakSet] = None
         self._preexisting: Optional[weakref.WeakSet] = None      # (preexisting_optimizers)
+        self._backward_grace = 0                # (allow_earlier_optimizers)
         # > 0 while a step boundary is being decided and recorded: nndb's
         # signal handling waits for it, so a Ctrl-C never loses half a step.
         self.busy = 0
@@ -178,6 +179,14 @@ class Tracer:
         if self._preexisting is None:
             self._preexisting = weakref.WeakSet(find_optimizers())
         return self._preexisting
+
+    def allow_earlier_optimizers(self) -> None:
+        """nndb.record: the caller may have made its optimizer before the
+        block, so one alive before the run may be this run's.  While none has
+        stepped, the first backward is not taken for a hand-written update if
+        such an optimizer is alive (a second one is: hand-written updates then
+        count from there)."""
+        self._backward_grace = 1
 
     def uninstall(self) -> None:
         for h in self._handles:
@@ -348,6 +357,9 @@ class Tracer:
             else:
                 self.recorder.backward_without_loss()
             n = self._optimizer_count() if self.clock.mode is Mode.UNKNOWN else 1
+            if n == 0 and self._backward_grace and len(self.preexisting_optimizers()):
+                self._backward_grace -= 1
+                n = 1               # (undecided: the optimizer made before the run may step next)
             close = self.clock.backward_end(n)
             if self.clock.mode is Mode.MANUAL:
                 self.recorder.manual = True

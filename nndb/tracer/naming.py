@@ -28,8 +28,8 @@ def _skip_dirs() -> tuple:
     global _SKIP_PREFIXES
     if not _SKIP_PREFIXES:
         import os
-        import nndb
-        _SKIP_PREFIXES = (os.path.dirname(torch.__file__), os.path.dirname(nndb.__file__))
+        nndb_dir = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # (not 'import nndb': the
+        _SKIP_PREFIXES = (os.path.dirname(torch.__file__), nndb_dir)             # package is the API, above)
     return _SKIP_PREFIXES
 
 

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from conftest import nndb
-from nndb import inspect as queries
+from nndb import api as nndb_api, inspect as queries
 from nndb.errors import TraceError
 from nndb.store.reader import TraceReader
 from nndb.store.writer import TraceWriter
@@ -27,6 +27,8 @@ def _write_good(path: str, steps: int = 40) -> None:
         w.append(StepRecord(i, i * 0.1, 1, 1, names, np.array([row] * len(names), dtype=float)))
         if i % 9 == 0:
             w.event("rule_disabled", f"at {i}", i)
+            w.event("finding", "m", i, {"rule": "r", "severity": "error", "step": i, "message": "m", "evidence": {}})
+            w.event("stop", "watchpoint", i, {"step": i, "reason": "watchpoint", "id": 1, "detail": {}})
     w.hyper(0, "opt", 0, 0.1)
     w.close("finished", 0)
 
@@ -48,6 +50,17 @@ def _read_everything(path: str) -> None:
         for i in range(t.n_steps):
             t.row(i)
         t.optimizers(), t.hyper(), t.events(), t.lineage_steps()
+    _read_through_the_api(path)
+
+
+def _read_through_the_api(path: str) -> None:
+    """What nndb.open(PATH) gives a notebook: the same reader, so the same one error."""
+    with nndb_api.open(path) as t:
+        t._repr_html_(), t.findings._repr_html_(), t.stops, t.meta, t.end
+        for x in t.tensors:
+            t.series(x.name, x.kind, "mean"), t.history(x.name, x.kind, "norm")
+        for step in set(t.steps.tolist()):
+            t.stats(step)
 
 
 def _edit(good, where, fn):

@@ -1,0 +1,266 @@
+"""``Trace``: a trace as Python objects, for notebooks and scripts.
+
+A thin layer over ``nndb.store.reader.TraceReader``, the one reader of the
+trace schema: everything here is read through it.  What a query returns is
+plain data (numpy arrays, lists, dicts, small frozen records); nothing in it
+keeps the file open except the Trace itself (``close()``, or ``with``).
+
+Indexing: ``steps`` holds the step number of each recorded row, in order
+(rows follow the recording schedule, so numbers may have gaps: ``--every``,
+``--steps``).  ``series(...)[i]`` is the value at step ``steps[i]``, NaN
+where it was not measured.  ``history(...)`` gives ``(steps, values)`` of the
+measured rows only, when the step numbers themselves are wanted.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+
+from ..errors import UsageError
+from ..store import schema as K
+from ..store.measured import measured, measured_values
+from ..store.reader import TraceReader
+
+PANDAS_MISSING = "to_pandas() needs pandas: pip install 'nndb[pandas]'"
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """One recorded series: ``name`` and ``kind`` (param, grad, update, act,
+    loss) as the trace names them, the tensor's ``shape`` where the trace has
+    it (param, grad, update), and the ``module`` it belongs to: a parameter's
+    owning module path (``encoder.0`` for ``encoder.0.weight``), an
+    activation's module (a second use ``encoder.0#2`` is ``encoder.0``);
+    None for the loss and for a parameter of the model itself (no dot in its
+    name: the trace does not say which model variable it is)."""
+    name: str
+    kind: str
+    shape: Optional[tuple]
+    module: Optional[str]
+
+
+def _read_only(a: np.ndarray) -> np.ndarray:
+    """A view the caller cannot write through (the reader's own array stays as read)."""
+    v = a.view()
+    v.flags.writeable = False
+    return v
+
+
+def _module_of(name: str, kind: str) -> Optional[str]:
+    if kind == "act":
+        return name.split("#", 1)[0]
+    if kind in ("param", "grad", "update"):
+        return name.rpartition(".")[0] or None
+    return None
+
+
+class Trace:
+    """An nndb trace, opened with ``nndb.open(PATH)``.
+
+    Opens a finished trace, one whose run is still writing it (HDF5 SWMR:
+    what was flushed when it was opened; ``refresh()`` reads again), and one
+    whose run was killed (up to its last flush).  A file that is not a
+    readable trace raises ``nndb.errors.TraceError`` with a one-line reason.
+    """
+
+    def __init__(self, path: str):
+        self.path = path
+        self._reader = TraceReader(path)
+        self._tensors: Optional[list] = None
+        self._writer = None
+
+    @classmethod
+    def of_writer(cls, writer) -> "Trace":
+        """The trace a TraceWriter of this process is writing, through its open
+        file (every step so far: TraceReader.from_writer); ``refresh()`` reads
+        through the writer while it is open, then the file."""
+        self = cls.__new__(cls)
+        self._reader = TraceReader.from_writer(writer)
+        self.path, self._tensors, self._writer = writer.path, None, writer
+        return self
+
+    # -- what the run was ------------------------------------------------------
+    @property
+    def reader(self) -> TraceReader:
+        """The underlying TraceReader (the schema's one reader)."""
+        return self._reader
+
+    @property
+    def meta(self) -> dict:
+        """The run's metadata (docs/trace-format.md, "Run metadata"): script, argv, versions..."""
+        return dict(self._reader.meta)
+
+    @property
+    def status(self) -> str:
+        """How the run ended (finished, failed, interrupted, terminated, killed),
+        or "incomplete": it is still writing, or it was killed."""
+        return self._reader.status
+
+    @property
+    def end(self) -> Optional[dict]:
+        """{"status", "exit_code", "reason", "steps", "last_step", "end_time"}, or None (incomplete)."""
+        return dict(self._reader.end) if self._reader.end else None
+
+    @property
+    def steps(self) -> np.ndarray:
+        """int64 array (read-only): the step number of each recorded row, in order."""
+        return _read_only(self._reader.steps)
+
+    @property
+    def times(self) -> np.ndarray:
+        """float64 array (read-only): seconds since the run started, at each recorded row's end."""
+        return _read_only(self._reader.times)
+
+    @property
+    def tensors(self) -> list:
+        """[TensorInfo] of every recorded series, in the order they first appeared."""
+        if self._tensors is None:
+            self._tensors = [TensorInfo(s.name, s.kind, s.shape, _module_of(s.name, s.kind))
+                             for s in self._reader.series()]
+        return list(self._tensors)
+
+    @property
+    def columns(self) -> tuple:
+        """The statistics recorded for each tensor (count, mean, std, min, max, norm, ...)."""
+        return tuple(self._reader.columns)
+
+    @property
+    def findings(self) -> list:
+        """The rules' findings of the run, in order, as the session report has
+        them: {"rule", "severity", "step", "tensor"|"module", "message", "evidence"}.
+        Written to the trace as the run goes (a killed run keeps those flushed);
+        a trace written before nndb kept them has none (``nndb check-trace``
+        runs the rules over it again)."""
+        return FindingList(self._reader.records("finding"))
+
+    @property
+    def stops(self) -> list:
+        """The debugger's stops of the run (breakpoints, watchpoints, rules with
+        the stop action, exceptions), as the session report has them:
+        {"step", "reason", "id", "detail"}."""
+        return self._reader.records("stop")
+
+    @property
+    def events(self) -> list:
+        """The run's warnings: [{"time", "step", "kind", "message"}]."""
+        return self._reader.events()
+
+    # -- statistics ------------------------------------------------------------
+    def _series_info(self, name: str, kind: str):
+        if kind not in K.KINDS:
+            raise UsageError(f"unknown kind {kind!r}; one of: {', '.join(K.KINDS)}")
+        found = self._reader.find(name, kind)
+        if not found:
+            kinds = [s.kind for s in self._reader.find(name)]
+            hint = f" (it is recorded as {', '.join(kinds)})" if kinds else " (trace.tensors lists them)"
+            raise UsageError(f"no {kind} series {name!r} in {self.path}{hint}")
+        return found[0]
+
+    def _stat_index(self, stat: str) -> int:
+        if stat not in self._reader.columns:
+            raise UsageError(f"unknown statistic {stat!r}; one of: {', '.join(self._reader.columns)}")
+        return self._reader.columns.index(stat)
+
+    def _column(self, name: str, kind: str, stat: str) -> tuple:
+        """(measured, values): one statistic of one series at every row."""
+        j = self._stat_index(stat)
+        block = self._reader.column(self._series_info(name, kind))
+        return measured(block, self._reader.columns)[:, j], block[:, j]
+
+    def series(self, name: str, kind: str = "grad", stat: str = "norm") -> np.ndarray:
+        """float64 array of len(steps): ``stat`` of the ``kind`` series ``name``
+        at row i (step ``steps[i]``), NaN where it was not measured (a measured
+        NaN is NaN too: ``history`` keeps only the measured rows)."""
+        ok, values = self._column(name, kind, stat)
+        return np.where(ok, values, np.nan)
+
+    def history(self, name: str, kind: str = "grad", stat: str = "norm") -> tuple:
+        """(steps, values): ``stat`` of one series at the steps where it was measured."""
+        ok, values = self._column(name, kind, stat)
+        return self._reader.steps[ok].copy(), values[ok]
+
+    def stats(self, step: int) -> dict:
+        """Every series' statistics at one recorded step: {kind: {name: {stat:
+        float or None}}} (None: not measured at that step)."""
+        rows = np.flatnonzero(self._reader.steps == step)
+        if not len(rows):
+            span = f"{self._reader.steps[0]}..{self._reader.steps[-1]}" if self._reader.n_steps else "none"
+            raise UsageError(f"step {step} was not recorded in {self.path} (recorded steps: {span})")
+        cols = self._reader.columns
+        out: dict = {}
+        for (name, kind), row in self._reader.row(int(rows[-1])).items():
+            out.setdefault(kind, {})[name] = dict(zip(cols, measured_values(row, cols)))
+        return out
+
+    def lineage(self, step: int) -> Optional[dict]:
+        """The operations recorded at ``step`` (docs/lineage.md), or None where
+        the step's lineage was not recorded (``nndb run --lineage STEPS``)."""
+        return self._reader.lineage(step)
+
+    @property
+    def lineage_steps(self) -> list:
+        """The steps whose lineage was recorded."""
+        return self._reader.lineage_steps()
+
+    def to_pandas(self):
+        """A pandas DataFrame indexed by step, one column per (kind, name, stat)
+        (a MultiIndex), NaN where not measured.  Needs the optional pandas
+        (``pip install 'nndb[pandas]'``)."""
+        try:
+            import pandas as pd
+        except ImportError:
+            raise UsageError(PANDAS_MISSING) from None
+        cols = self._reader.columns
+        infos = self._reader.series()
+        block = self._reader.all_stats() if self._reader.n_steps else np.empty((0, len(infos), len(cols)))
+        block = np.where(measured(block, cols), block, np.nan)[:, :len(infos)]
+        index = pd.MultiIndex.from_tuples([(s.kind, s.name, c) for s in infos for c in cols],
+                                          names=["kind", "name", "stat"])
+        return pd.DataFrame(block.reshape(len(block), -1), index=pd.Index(self._reader.steps, name="step"),
+                            columns=index)
+
+    # -- the file ----------------------------------------------------------------
+    def refresh(self) -> "Trace":
+        """Read the file again (a live run's newer steps); returns self."""
+        live = self._writer is not None and not self._writer.closed
+        reader = TraceReader.from_writer(self._writer) if live else TraceReader(self.path)
+        self._reader.close()
+        self._reader, self._tensors = reader, None
+        return self
+
+    def close(self) -> None:
+        self._reader.close()
+
+    def __enter__(self) -> "Trace":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (f"<nndb.Trace {self.path!r}: {self._reader.n_steps} step(s), {self.status}, "
+                f"{len(self._reader.series())} series>")
+
+    def summary(self) -> dict:
+        """What ``_repr_html_`` shows: script, steps, status, findings, tensors."""
+        steps = self._reader.steps
+        return {"path": self.path, "script": self._reader.meta.get("script"), "status": self.status,
+                "steps": int(len(steps)), "first_step": int(steps[0]) if len(steps) else None,
+                "last_step": int(steps[-1]) if len(steps) else None,
+                "findings": len(self._reader.records("finding")),
+                "stops": len(self._reader.records("stop")),
+                "tensors": self.tensors}
+
+    def _repr_html_(self) -> str:
+        from ..render.html import trace_summary
+        return trace_summary(self.summary())
+
+
+class FindingList(list):
+    """The findings (a list of dicts) with an HTML table for notebooks."""
+
+    def _repr_html_(self) -> str:
+        from ..render.html import findings_table
+        return findings_table(self)

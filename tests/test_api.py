@@ -1,0 +1,401 @@
+"""The Python API (nndb.open, nndb.record): on a finished, a live and a killed
+trace, in-process recording against ``nndb run --batch``, the optional
+pandas, and the notebook HTML."""
+import builtins
+import json
+import os
+import runpy
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+import nndb
+from conftest import ROOT, Ran, nndb as run_nndb
+from nndb.errors import NndbError, TraceError, UsageError
+from nndb.numbers import json_value
+from nndb.store.reader import TraceReader
+
+SCRIPTS = os.path.join(ROOT, "tests", "scripts")
+LOOP = os.path.join(SCRIPTS, "api_loop.py")
+STEPS = 12
+sys.path.insert(0, SCRIPTS)
+import api_loop  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory):
+    """``nndb run --batch`` of tests/scripts/api_loop.py: its trace's path."""
+    path = str(tmp_path_factory.mktemp("api") / "run.h5")
+    r = Ran(run_nndb("run", "--batch", "-q", "--trace", path, LOOP, str(STEPS)))
+    assert r.returncode == 0, r.stderr
+    return path
+
+
+def inspect_json(*args) -> dict:
+    r = Ran(run_nndb("inspect", *args, "--json"))
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def _json_floats(values) -> list:
+    """Values as ``nndb inspect --json`` writes them (None: not measured)."""
+    return [None if v is None else float(v) for v in values]
+
+
+# -- a finished trace -----------------------------------------------------------------------
+def test_open_reads_what_nndb_inspect_reports(finished):
+    summary = inspect_json(finished)
+    with nndb.open(finished) as t:
+        assert t.meta == summary["meta"] and t.status == summary["status"] == "finished"
+        assert t.end == summary["end"]
+        assert t.steps.dtype == np.int64 and t.steps.tolist() == list(range(STEPS)) == list(range(summary["steps"]))
+        recorded = {(x["name"], x["kind"]) for x in summary["tensors"]}
+        assert {(x.name, x.kind) for x in t.tensors} == recorded
+        for name, kind, stat in (("loss", "loss", "mean"), ("0.weight", "grad", "norm"), ("2", "act", "zero_frac")):
+            data = inspect_json(finished, "--series", name, "--kind", kind, "--stat", stat)
+            [s] = data["series"]
+            steps, values = t.history(name, kind, stat)
+            measured = [(st, v) for st, v in zip(s["steps"], s["values"]) if v is not None]
+            assert steps.tolist() == [st for st, _ in measured]
+            assert values.tolist() == [v for _, v in measured]
+
+
+def test_series_is_indexed_by_position_in_steps(finished):
+    with nndb.open(finished) as t, TraceReader(finished) as reader:
+        [info] = reader.find("0.weight", "grad")
+        steps, block = reader.history(info)
+        # (full steps: every 32nd recorded step, so 'mean' at step 0 only; 'norm' at every step)
+        mean = t.series("0.weight", kind="grad", stat="mean")
+        assert mean.shape == t.steps.shape and mean[0] == block[0, reader.columns.index("mean")]
+        assert np.isnan(mean[1:]).all()
+        norm = t.series("0.weight")                       # kind grad, stat norm by default
+        assert norm.tolist() == block[:, reader.columns.index("norm")].tolist()
+        assert t.history("0.weight", "grad", "mean")[0].tolist() == [0]
+
+
+def test_stats_of_one_step_are_plain_data(finished):
+    with nndb.open(finished) as t:
+        s = t.stats(3)
+        assert set(s) == {"loss", "param", "grad", "update", "act"}
+        assert s["loss"]["loss"]["mean"] == t.series("loss", "loss", "mean")[3]
+        assert s["grad"]["2.bias"]["norm"] == t.series("2.bias")[3]
+        assert s["grad"]["2.bias"]["mean"] is None            # not measured between full steps
+        json.dumps(s)                                          # plain: JSON takes it as it is
+        [w] = [x for x in t.tensors if x.name == "2.weight" and x.kind == "grad"]
+        assert w.shape == (1, 16) and w.module == "2"
+        assert [x.module for x in t.tensors if x.kind == "loss"] == [None]
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda t: t.stats(99), "step 99 was not recorded"),
+    (lambda t: t.series("nope"), "no grad series 'nope'"),
+    (lambda t: t.series("2", kind="grad"), "it is recorded as act"),
+    (lambda t: t.series("loss", kind="loss", stat="median"), "unknown statistic 'median'"),
+    (lambda t: t.series("loss", kind="weights"), "unknown kind 'weights'"),
+])
+def test_bad_questions_get_one_line(finished, call, message):
+    with nndb.open(finished) as t:
+        with pytest.raises(UsageError) as e:
+            call(t)
+    assert message in str(e.value) and "\n" not in str(e.value)
+
+
+def test_what_is_not_a_trace_is_one_error(tmp_path):
+    (tmp_path / "x.h5").write_text("hello")
+    for path in (tmp_path / "x.h5", tmp_path / "missing.h5"):
+        with pytest.raises(TraceError):
+            nndb.open(path)
+
+
+# -- live and killed ---------------------------------------------------------------------------
+def _paused_run(tmp_path, pause_at: int, *extra):
+    """``nndb run --batch`` of the loop, which waits after step ``pause_at``
+    until the test lets it go; (process, trace, go file)."""
+    trace, ready, go = (str(tmp_path / n) for n in ("run.h5", "ready", "go"))
+    env = dict(os.environ, PYTHONPATH=ROOT, API_PAUSE_AT=str(pause_at), API_READY=ready, API_GO=go)
+    proc = subprocess.Popen([sys.executable, "-m", "nndb", "run", "--batch", "-q", "--flush-every", "1",
+                             "--trace", trace, *extra, LOOP, str(STEPS)],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    deadline = time.monotonic() + 120
+    while not os.path.exists(ready):
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, "the run never reached its pause"
+        time.sleep(0.05)
+    return proc, trace, go
+
+
+def test_a_live_trace_opens_and_grows(tmp_path):
+    report = str(tmp_path / "report.json")
+    proc, trace, go = _paused_run(tmp_path, 5, "--report", report, "-e", "break step 2")
+    try:
+        with nndb.open(trace) as t:
+            assert t.status == "incomplete" and t.end is None
+            live_steps = t.steps.tolist()
+            assert live_steps == list(range(len(live_steps))) and len(live_steps) >= 5
+            loss = t.series("loss", "loss", "mean")
+            assert len(loss) == len(live_steps) and np.isfinite(loss).all()
+            assert [s["step"] for s in t.stops] == [2]          # the stop at step 2, flushed
+            open(go, "w").close()
+            out, err = proc.communicate(timeout=120)
+            assert proc.returncode == 0, err
+            t.refresh()
+            assert t.status == "finished" and t.steps.tolist() == list(range(STEPS))
+            assert t.series("loss", "loss", "mean")[:len(loss)].tolist() == loss.tolist()
+            assert t.stops == json.load(open(report))["stops"]  # the trace keeps what the report says
+            from nndb.inspect import summary
+            assert summary(t.reader)["events"] == []             # nndb inspect lists warnings only, as before
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_a_killed_run_s_trace_opens(tmp_path):
+    proc, trace, _ = _paused_run(tmp_path, 6, "-e", "break step 1")
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=60)
+    with nndb.open(trace) as t:
+        assert t.status == "incomplete" and t.end is None
+        n = len(t.steps)
+        assert t.steps.tolist() == list(range(n)) and n >= 6
+        assert np.isfinite(t.series("0.weight", "param", "norm")).all()
+        assert [s["step"] for s in t.stops] == [1]
+        assert t.stats(n - 1)["loss"]["loss"]["count"] == 1
+
+
+# -- in-process recording ----------------------------------------------------------------------
+def test_record_gives_the_trace_nndb_run_batch_gives(tmp_path, finished):
+    path = str(tmp_path / "inproc.h5")
+    with nndb.record(path) as rec:
+        model, opt, x, y = api_loop.build()
+        api_loop.loop(model, opt, x, y, 5)
+        live = rec.open()
+        assert live.steps.tolist() == list(range(5)) and live.status == "incomplete"  # through the writer
+        api_loop.loop(model, opt, x, y, STEPS - 5)
+        assert live.refresh().steps.tolist() == list(range(STEPS))
+    assert rec.status == "finished" and rec.findings == []
+    assert live.refresh().status == "finished"                 # the writer closed: the file
+    t, run = rec.trace, nndb.open(finished)
+    assert t.steps.tolist() == run.steps.tolist()
+    assert [(x.name, x.kind, x.shape) for x in t.tensors] == [(x.name, x.kind, x.shape) for x in run.tensors]
+    for stat in run.columns:
+        a, b = t.series("loss", "loss", stat), run.series("loss", "loss", stat)
+        assert a.tobytes() == b.tobytes(), stat                   # bit for bit
+    assert np.array_equal(t.reader.all_stats(), run.reader.all_stats(), equal_nan=True)
+    assert t.meta["in_process"] is True and t.meta["script"] == os.path.abspath(__file__)
+    run.close()
+
+
+def test_record_around_a_model_made_before_the_block(tmp_path, finished):
+    """A notebook's usual order: model and optimizer in one cell, the loop in another."""
+    stale = api_loop.build()                        # an earlier cell's optimizer, still alive
+    model, opt, x, y = api_loop.build()
+    with nndb.record(tmp_path / "t.h5") as rec:
+        api_loop.loop(model, opt, x, y, STEPS)
+    t, run = rec.trace, nndb.open(finished)
+    assert t.steps.tolist() == list(range(STEPS))
+    assert t.reader.backward_count.tolist() == t.reader.optimizer_steps.tolist() == [1] * STEPS
+    assert np.array_equal(t.reader.all_stats(), run.reader.all_stats(), equal_nan=True)
+    run.close()
+    del stale
+
+
+def _hand_written_updates(path, steps=4):
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(0)
+    w, x = torch.nn.Linear(4, 1), torch.randn(16, 4)
+    with nndb.record(path) as rec:
+        for _ in range(steps):
+            w(x).pow(2).mean().backward()
+            with torch.no_grad():
+                for p in w.parameters():
+                    p -= 0.1 * p.grad
+                    p.grad = None
+    return rec.trace.reader.backward_count.tolist()
+
+
+def test_record_hand_written_updates(tmp_path):
+    """Each backward is a step, as under nndb run; with an optimizer made
+    before the block alive (it might have been the loop's), the first two
+    iterations make step 0 (docs/api.md says so)."""
+    import gc
+    gc.collect()
+    assert _hand_written_updates(tmp_path / "a.h5") == [1, 1, 1, 1]
+    earlier = api_loop.build()
+    assert _hand_written_updates(tmp_path / "b.h5") == [2, 1, 1]
+    del earlier
+
+
+def test_docs_example_runs(tmp_path, monkeypatch, capsys):
+    text = open(os.path.join(ROOT, "docs", "api.md")).read()
+    code = text.split("```python\n", 1)[1].split("```", 1)[0]
+    monkeypatch.chdir(tmp_path)
+    exec(compile(code, "docs/api.md", "exec"), {"__name__": "docs_api"})
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "[]" and out[1] == "<nndb.Trace 'run.h5': 40 step(s), finished, 17 series>"
+    assert out[3] == "[ 0 32]"
+
+
+def test_record_keeps_the_findings_of_a_planted_bug(tmp_path, monkeypatch, capsys):
+    script = os.path.join(SCRIPTS, "planted_dead_relu_negative_bias.py")
+    monkeypatch.setattr(sys, "argv", [script])
+    with nndb.record(tmp_path / "t.h5") as rec:
+        runpy.run_path(script, run_name="__main__")
+    rules = {f["rule"] for f in rec.findings}
+    assert "dead_relu" in rules                                  # a probe's rule: only a live run has it
+    assert ": dead_relu at step" in capsys.readouterr().err     # printed as nndb run prints it
+    assert rec.trace.findings == json_value(rec.findings)         # as the report writes them
+    html = rec.findings._repr_html_()
+    assert html.startswith("<table>") and "dead_relu" in html
+
+
+def test_lineage_of_a_step(tmp_path):
+    with nndb.record(tmp_path / "t.h5", lineage="1") as rec:
+        api_loop.train(3)
+    t = rec.trace
+    assert t.lineage_steps == [1] and t.lineage(0) is None
+    ops = t.lineage(1)["ops"]
+    assert t.lineage(1)["step"] == 1 and {op[6] for op in ops} >= {"0", "2"}   # the Linear layers' ops
+    assert any(op[1] == "backward" for op in ops)
+
+
+def test_record_refuses_to_overwrite(tmp_path):
+    other = tmp_path / "notes.h5"
+    other.write_text("mine")
+    for force in (False, True):
+        with pytest.raises(UsageError, match="not an nndb trace"):
+            nndb.record(other, force=force)
+    assert other.read_text() == "mine"
+    path = tmp_path / "t.h5"
+    with nndb.record(path):
+        api_loop.train(2)
+    with pytest.raises(UsageError, match=r"force=True to overwrite"):
+        nndb.record(path)
+    with nndb.record(path, force=True):
+        api_loop.train(3)
+    assert len(nndb.open(path).steps) == 3
+
+
+def test_record_closes_the_trace_when_the_loop_raises(tmp_path):
+    path = str(tmp_path / "t.h5")
+    with pytest.raises(RuntimeError, match="planted"):
+        with nndb.record(path) as rec:
+            api_loop.train(3)
+            raise RuntimeError("planted failure")
+    t = rec.trace
+    assert t.status == "failed" and t.end["reason"] == "RuntimeError: planted failure"
+    assert t.steps.tolist() == [0, 1, 2]
+    assert [(s["step"], s["reason"], s["detail"]) for s in t.stops] == \
+        [(3, "exception", {"exception": "RuntimeError", "message": "planted failure"})]   # during step 3
+    import h5py
+    with h5py.File(path, "r"):                  # closed: a plain (not SWMR) open works
+        pass
+
+
+def test_record_never_breaks_the_loop(tmp_path, monkeypatch):
+    expected = api_loop.train(4)
+    from nndb.tracer.recorder import StepRecorder
+
+    def broken(self, *a, **kw):
+        raise ValueError("boom")
+    monkeypatch.setattr(StepRecorder, "activation", broken)
+    with nndb.record(tmp_path / "t.h5") as rec:
+        loss = api_loop.train(4)
+    assert loss == expected
+    assert [e["kind"] for e in rec.trace.events] == ["recording_stopped"]
+
+
+def test_nndb_failing_to_end_the_recording_is_one_line(tmp_path, monkeypatch, capsys):
+    from nndb.runner import Recording
+
+    def broken(self, *a):
+        raise OSError("disk gone")
+    monkeypatch.setattr(Recording, "close", broken)
+    with nndb.record(tmp_path / "t.h5"):
+        loss = api_loop.train(2)
+    assert loss == api_loop.train(2)               # the block's own outcome: it returned
+    err = capsys.readouterr().err
+    assert "nndb: internal error while ending the recording: OSError: disk gone" in err
+    with pytest.raises(ValueError, match="mine"):   # and an exception of the block stays the block's
+        with nndb.record(tmp_path / "u.h5"):
+            raise ValueError("mine")
+
+
+def test_steps_cannot_be_changed_through_the_api(finished):
+    with nndb.open(finished) as t:
+        with pytest.raises(ValueError):
+            t.steps[0] = 5
+        assert t.steps[0] == 0
+
+
+def test_record_bad_options_fail_before_recording(tmp_path):
+    with pytest.raises(UsageError, match="--every"):
+        nndb.record(tmp_path / "t.h5", every=0)
+    with pytest.raises(NndbError):
+        nndb.record(tmp_path / "t.h5", rules=str(tmp_path / "missing.yaml"))
+    assert not (tmp_path / "t.h5").exists()
+
+
+# -- pandas, HTML, import cost -------------------------------------------------------------------
+def test_to_pandas(finished):
+    pd = pytest.importorskip("pandas")
+    with nndb.open(finished) as t:
+        df = t.to_pandas()
+        assert isinstance(df, pd.DataFrame) and df.index.tolist() == t.steps.tolist()
+        assert np.array_equal(df[("grad", "0.weight", "norm")].to_numpy(), t.series("0.weight"), equal_nan=True)
+        assert df.shape[1] == len(t.tensors) * len(t.columns)
+
+
+def test_to_pandas_without_pandas_says_what_to_install(finished, monkeypatch):
+    real_import = builtins.__import__
+
+    def no_pandas(name, *args, **kw):
+        if name == "pandas" or name.startswith("pandas."):
+            raise ImportError("No module named 'pandas'")
+        return real_import(name, *args, **kw)
+    monkeypatch.delitem(sys.modules, "pandas", raising=False)
+    monkeypatch.setattr(builtins, "__import__", no_pandas)
+    with nndb.open(finished) as t:
+        with pytest.raises(UsageError) as e:
+            t.to_pandas()
+    assert str(e.value) == "to_pandas() needs pandas: pip install 'nndb[pandas]'"
+
+
+def test_html_escapes_what_came_from_the_trace(tmp_path):
+    from nndb.store.writer import TraceWriter
+    from nndb.tracer.recorder import StepRecord
+    hostile = "<script>alert('x')</script>"
+    path = str(tmp_path / "t.h5")
+    w = TraceWriter(path, {"script": f"<img src=x onerror=alert(1)>.py", "argv": []})
+    row = [4, 4.0, 4.0, 1, 1, 2.0, 0, 0, 0]
+    w.append(StepRecord(0, 0.1, 1, 1, [(hostile, "act"), ("loss", "loss")], np.array([row, row], dtype=float)))
+    w.event("finding", hostile, 0, {"rule": hostile, "severity": "error", "step": 0, "tensor": hostile,
+                                    "message": hostile, "evidence": {}})
+    w.close("finished", 0)
+    with nndb.open(path) as t:
+        for html in (t._repr_html_(), t.findings._repr_html_()):
+            assert "<script>" not in html and "<img" not in html
+            assert "&lt;script&gt;" in html
+        assert "1 finding(s)" in t._repr_html_() and t.tensors[0].name == hostile
+
+
+def test_a_finding_without_its_detail_is_a_corrupted_trace(tmp_path):
+    from nndb.store.writer import TraceWriter
+    path = str(tmp_path / "t.h5")
+    w = TraceWriter(path, {"script": "x.py", "argv": []})
+    w.event("finding", "no detail", 0)
+    w.close("finished", 0)
+    with nndb.open(path) as t:
+        assert t.events == []                    # not a warning either
+        with pytest.raises(TraceError, match="corrupted"):
+            t.findings
+
+
+def test_import_nndb_is_cheap():
+    code = "import sys, nndb; print(sorted(m for m in ('torch', 'h5py', 'numpy', 'nndb.api') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == "[]", out.stderr
