@@ -225,6 +225,56 @@ def check_trace(trace, rules, as_json):
     sys.exit(EXIT_FAIL_ACTION if result.failed else EXIT_OK)
 
 
+@cli.command()
+@click.argument("trace", metavar="TRACE")
+@click.option("--tensorboard", "tb_dir", metavar="DIR", help="Write TensorBoard event files into DIR.")
+@click.option("--mlflow", "mlflow_uri", is_flag=False, flag_value="", default=None, metavar="[TRACKING_URI]",
+              help="Log an MLflow run (default tracking URI: MLflow's own, MLFLOW_TRACKING_URI or a local store).")
+@click.option("--experiment", default="nndb", show_default=True, metavar="NAME", help="The MLflow experiment.")
+@click.option("--run-name", metavar="NAME", help="The MLflow run's name (default: the trace's file name).")
+@click.option("--rules", "rules", default="default", show_default=True, metavar="default|FILE.yaml|none",
+              help="The rules whose findings are exported (as nndb check-trace runs them).")
+def export(trace, tb_dir, mlflow_uri, experiment, run_name, rules):
+    """Export TRACE to TensorBoard and/or MLflow: every recorded statistic
+    as a scalar at its step (tags KIND/NAME/STAT, the loss as 'loss'), the
+    findings as text (TensorBoard) or tags (MLflow), the run's parameters,
+    and (MLflow) the trace as an artifact."""
+    import os
+    from .export.scalars import trace_findings
+    from .export.targets import mlflow_target, tensorboard_target
+    from .store.reader import TraceReader
+
+    try:
+        if tb_dir is None and mlflow_uri is None:
+            raise UsageError("export where? --tensorboard DIR and/or --mlflow [TRACKING_URI]")
+        targets = []
+        if tb_dir is not None:
+            targets.append(tensorboard_target(tb_dir, "nndb export --tensorboard"))
+        if mlflow_uri is not None:
+            name = run_name or os.path.splitext(os.path.basename(trace))[0]
+            targets.append(mlflow_target(mlflow_uri, "nndb export --mlflow", experiment, name))
+        with TraceReader(trace) as reader:
+            findings = trace_findings(reader, rules)
+            for t in targets:
+                done = _export_to(reader, t, findings)
+                click.echo(printable(f"nndb: exported {done.points} value(s) in {done.tags} tag(s) and "
+                                     f"{done.findings} finding(s) to {done.target}"))
+    except NndbError as e:
+        _fail(e)
+
+
+def _export_to(reader, target, findings):
+    """One export; a store that refuses it (unreachable, read-only) is one line, exit 2."""
+    from .export.offline import export_trace
+    try:
+        return export_trace(reader, target.open(), findings, target.label)
+    except NndbError:
+        raise
+    except Exception as e:
+        first = (str(e).strip().splitlines() or [""])[0][:200]
+        raise UsageError(f"cannot export to {target.label}: {type(e).__name__}: {first}") from None
+
+
 def main(argv=None) -> None:
     try:
         cli.main(args=argv, prog_name="nndb", standalone_mode=True)
