@@ -1,0 +1,165 @@
+"""nndb plot and the REPL's plot: the arrays each picture shows equal the
+trace's values; the drawn file exists with the expected pixel size; bad
+input is one line."""
+import math
+import os
+import sys
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from conftest import example
+from nndb.cli import cli
+from nndb.plot import data as D
+from nndb.store.measured import measured
+from nndb.store.reader import TraceReader
+
+FINDINGS = [{"rule": "exploding_gradient", "step": 5}, {"rule": "update_ratio", "step": 5},
+            {"rule": "nonfinite", "step": 6}]
+STOPS = [{"step": 3, "reason": "breakpoint", "id": 1, "detail": {}}]
+
+
+@pytest.fixture(scope="module")
+def nan_trace(tmp_path_factory):
+    """nan_lr.py recorded in this process, stopped at step 8 where the REPL's plot is typed."""
+    import gc
+    from nndb.config import RunConfig
+    from nndb.debugger.driver import DebugOptions, debug
+    from nndb.debugger.frontend import ScriptedFrontend
+    from nndb.launcher import Target
+    gc.collect()
+    path = str(tmp_path_factory.mktemp("trace") / "nan.h5")
+    fe = ScriptedFrontend([])
+    result = debug(RunConfig(Target(path=example("nan_lr.py"), args=[]), path, quiet=True),
+                   DebugOptions(batch=True, no_rc=True,
+                                eval_commands=("until 8", "plot grad 0*", "plot loss", "plot act * zero_frac")), fe)
+    assert result.exit_code == 0
+    return path, fe.output
+
+
+def column(reader, name, kind, stat):
+    (s,) = reader.find(name, kind)
+    steps, block = reader.history(s)
+    j = reader.columns.index(stat)
+    return steps, np.where(measured(block, reader.columns)[:, j], block[:, j], np.nan)
+
+
+def same(a, b):
+    np.testing.assert_array_equal(np.asarray(a, dtype=float), np.asarray(b, dtype=float))
+
+
+def test_heatmap_data_is_the_trace_in_model_order(nan_trace):
+    path, _ = nan_trace
+    with TraceReader(path) as r:
+        d = D.heatmap(r, "grad", "norm", None, FINDINGS)
+        grads = [s.name for s in r.series() if s.kind == "grad"]
+        assert d.layers == grads == ["0.weight", "0.bias", "2.weight", "2.bias"]
+        same(d.steps, r.steps)
+        for i, name in enumerate(d.layers):
+            steps, v = column(r, name, "grad", "norm")
+            same(steps, d.steps)
+            same(d.values[i], v)
+            assert (d.nonfinite[i] == ~np.isfinite(v)).all()
+        assert {(m.step, m.label) for m in d.marks} == {(5, "exploding_gradient"), (5, "update_ratio"),
+                                                        (6, "nonfinite")}
+        act = D.heatmap(r, "act", "zero_frac", "*")
+        # only the steps where some activation's zero_frac was measured (not every step measures it)
+        measured_at = set()
+        for name in act.layers:
+            steps, v = column(r, name, "act", "zero_frac")
+            measured_at |= {int(st) for st, x in zip(steps, v) if not np.isnan(x)}
+        assert act.steps.tolist() == sorted(measured_at) and 0 < len(measured_at) < r.n_steps
+
+
+def test_loss_history_and_ratio_data_are_the_trace(nan_trace):
+    path, _ = nan_trace
+    with TraceReader(path) as r:
+        loss = D.loss(r, FINDINGS, STOPS)
+        steps, v = column(r, "loss", "loss", "mean")
+        same(loss.steps[0], steps)
+        same(loss.values[0], v)
+        assert list(np.flatnonzero(loss.nonfinite[0])) == list(np.flatnonzero(~np.isfinite(v)))
+        assert loss.nonfinite[0][6] and math.isinf(loss.values[0][6])
+        assert [(m.step, m.kind) for m in loss.marks][-1] == (3, "stop")
+
+        h = D.history(r, "0.weight", "param")
+        for stat in D.HISTORY_STATS:
+            steps, v = column(r, "0.weight", "param", stat)
+            same(h.steps, steps)
+            same(h.stats[stat], v)
+
+        ratio = D.ratio(r)
+        assert ratio.layers == ["0.weight", "2.weight"]          # weights; biases only by a glob
+        for i, name in enumerate(ratio.layers):
+            _, u = column(r, name, "update", "norm")
+            _, w = column(r, name, "param", "norm")
+            with np.errstate(invalid="ignore", divide="ignore"):
+                same(ratio.values[i], np.where(w > 0, u / w, np.nan))
+        assert D.ratio(r, "*bias").layers == ["0.bias", "2.bias"]
+
+
+@pytest.mark.parametrize("what,args", [("heatmap", {}), ("loss", {}), ("history", {"glob": "2.weight"}),
+                                       ("ratio", {})])
+def test_each_picture_is_drawn_at_its_size(nan_trace, tmp_path, what, args):
+    mpimg = pytest.importorskip("matplotlib.image")
+    from nndb.plot.pictures import gather, picture
+    from nndb.render.plot import pixel_size
+    path, _ = nan_trace
+    with TraceReader(path) as r:
+        out = picture(r, what, findings=FINDINGS, stops=STOPS, output=str(tmp_path / f"{what}.png"), **args)
+        h, w = mpimg.imread(out).shape[:2]
+        assert (w, h) == pixel_size(gather(r, what, **args))
+        svg = picture(r, what, output=str(tmp_path / f"{what}.svg"), **args)
+        assert open(svg).read(200).startswith("<?xml")
+
+
+def test_the_repl_plot_command_writes_beside_the_trace(nan_trace):
+    pytest.importorskip("matplotlib")
+    path, output = nan_trace
+    base = os.path.splitext(path)[0]
+    for name in ("heatmap-grad-0all-norm", "loss", "heatmap-act-all-zero_frac"):
+        assert f"wrote {base}-{name}.png" in output
+        assert os.path.getsize(f"{base}-{name}.png") > 1000
+
+
+def test_the_plot_command_is_in_the_table_with_its_help():
+    from nndb.debugger.commands import TABLE
+    assert TABLE.lookup("plot").usage.startswith("plot [heatmap|loss|history|ratio]")
+    assert TABLE.parse("plot grad conv*")[1] == ("heatmap", "grad", "conv*", "norm")
+    assert TABLE.parse("plot history fc1.weight")[1] == ("history", None, "fc1.weight", "norm")
+    from nndb.errors import CommandError
+    with pytest.raises(CommandError, match="needs a tensor"):
+        TABLE.parse("plot history")
+
+
+def test_cli_plot_prints_the_path(nan_trace, tmp_path):
+    pytest.importorskip("matplotlib")
+    path, _ = nan_trace
+    out = tmp_path / "g.png"
+    res = CliRunner().invoke(cli, ["plot", path, "--kind", "grad", "--glob", "2.*", "-o", str(out)])
+    assert (res.exit_code, res.output) == (0, f"{out}\n") and out.exists()
+
+
+@pytest.mark.parametrize("args,message", [
+    (["NOPE.h5"], "nndb: error: no such trace: NOPE.h5\n"),
+    (["TRACE", "--glob", "conv*"], "nndb: error: no grad tensor matches 'conv*' in TRACE\n"),
+    (["TRACE", "-o", "/nonexistent/dir/x.png"], "nndb: error: cannot write /nonexistent/dir/x.png: "
+                                                "No such file or directory\n"),
+    (["TRACE", "-o", "x.jpg"], "nndb: error: cannot write a picture to x.jpg: the name must end in .png or .svg\n"),
+    (["TRACE", "--what", "history"], "nndb: error: a history needs the tensor's name (--glob NAME)\n"),
+    (["TRACE", "--report", "TRACE"], "nndb: error: cannot read the report TRACE: "),
+])
+def test_bad_input_is_one_line_and_exit_2(nan_trace, args, message):
+    pytest.importorskip("matplotlib")
+    path, _ = nan_trace
+    res = CliRunner().invoke(cli, ["plot", *[path if a == "TRACE" else a for a in args]])
+    assert res.exit_code == 2
+    assert res.output.startswith(message.replace("TRACE", path)) and res.output.count("\n") == 1
+
+
+def test_without_matplotlib_one_line(nan_trace, monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    res = CliRunner().invoke(cli, ["plot", nan_trace[0]])
+    assert (res.exit_code, res.output) == (2, "nndb: error: nndb plot needs the plot extra: "
+                                              "pip install 'nndb[plot]'\n")
