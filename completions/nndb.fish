@@ -67,6 +67,7 @@ complete -c nndb -n '__fish_seen_subcommand_from run' -l total-steps -x -d 'The 
 complete -c nndb -n '__fish_seen_subcommand_from run' -l checkpoint-every -x -d 'Take a checkpoint every N steps or every N seconds of run time (else the schedules)'
 complete -c nndb -n '__fish_seen_subcommand_from run' -l checkpoint-memory -x -d 'The memory all checkpoints may hold, as their PSS (512M, 2G, 25%%); default a quarter of the memory available at start'
 complete -c nndb -n '__fish_seen_subcommand_from run' -l lineage -x -d 'Record the operation lineage of these steps: N, A:B (B excluded), N,M or all'
+complete -c nndb -n '__fish_seen_subcommand_from run' -l export -x -d 'Stream each steps statistics and the findings to TensorBoard or MLflow while the run goes (repeatable); an unreachable store is one warning, and the run goes on'
 complete -c nndb -n '__fish_seen_subcommand_from run' -s h -l help -d 'Show the help and exit'
 complete -c nndb -n '__fish_seen_subcommand_from run' -F
 complete -c nndb -n '__fish_use_subcommand' -a trust -d 'Trust DIR (and the directories under it): nndb then reads DIR/'

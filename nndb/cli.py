@@ -80,11 +80,14 @@ def cli():
                    "memory available at start.")
 @click.option("--lineage", "lineage", metavar="STEPS",
               help="Record the operation lineage of these steps: N, A:B (B excluded), N,M or all.")
+@click.option("--export", "exports", multiple=True, metavar="tensorboard:DIR|mlflow[:URI]",
+              help="Stream each step's statistics and the findings to TensorBoard or MLflow while the run "
+                   "goes (repeatable); an unreachable store is one warning, and the run goes on.")
 @click.argument("script", required=False, metavar="SCRIPT")
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def run(module, trace_path, force, every, steps_range, full_every, act_every, flush_steps, flush_secs, quiet,
         batch, go, command_files, eval_commands, nx, report_path, rules, replica, total_steps,
-        checkpoint_every, checkpoint_memory, lineage, script, args):
+        checkpoint_every, checkpoint_memory, lineage, exports, script, args):
     """Run SCRIPT [ARGS]... (or -m MODULE [ARGS]...) under the debugger, as
     Python would, recording per-step tensor statistics into an HDF5 trace.
     Everything after SCRIPT is passed to the script untouched.  It stops at
@@ -100,16 +103,26 @@ def run(module, trace_path, force, every, steps_range, full_every, act_every, fl
         schedule = RecordSchedule.parse(every, steps_range, full_every, act_every)
         trace_path, report_path, trace_dir = _own_paths(target, trace_path, force, report_path,
                                                         command_files, rules)
+        export_targets = _export_targets(exports)
         config = RunConfig(target, trace_path, schedule, flush_steps, flush_secs, quiet, trace_dir)
         batch = batch or not sys.stdin.isatty()
         options = DebugOptions(batch=batch, stop_at_start=not go, command_files=command_files,
                                eval_commands=eval_commands, no_rc=nx, report=report_path, rules=rules,
                                replica=replica, total_steps=total_steps, lineage=lineage,
-                               checkpoint_every=checkpoint_every, checkpoint_memory=checkpoint_memory)
+                               checkpoint_every=checkpoint_every, checkpoint_memory=checkpoint_memory,
+                               exports=export_targets)
         result = debug(config, options, _frontend(interactive=not batch))
     except NndbError as e:
         _fail(e)
     sys.exit(result.exit_code)
+
+
+def _export_targets(specs) -> tuple:
+    """--export values, checked before the script runs (the extra installed, the directory writable)."""
+    if not specs:
+        return ()
+    from .export.targets import parse_spec
+    return tuple(parse_spec(s) for s in specs)
 
 
 def _own_paths(target, trace_path, force, report_path, command_files, rules):
