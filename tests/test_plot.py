@@ -28,12 +28,15 @@ def nan_trace(tmp_path_factory):
     from nndb.debugger.driver import DebugOptions, debug
     from nndb.debugger.frontend import ScriptedFrontend
     from nndb.launcher import Target
+    import importlib.util
     gc.collect()
     path = str(tmp_path_factory.mktemp("trace") / "nan.h5")
     fe = ScriptedFrontend([])
+    # (the plot commands need matplotlib: without it, they would end the batch run with 2)
+    typed = ("until 8", "plot grad 0*", "plot loss", "plot act * zero_frac") \
+        if importlib.util.find_spec("matplotlib") else ()
     result = debug(RunConfig(Target(path=example("nan_lr.py"), args=[]), path, quiet=True),
-                   DebugOptions(batch=True, no_rc=True,
-                                eval_commands=("until 8", "plot grad 0*", "plot loss", "plot act * zero_frac")), fe)
+                   DebugOptions(batch=True, no_rc=True, eval_commands=typed), fe)
     assert result.exit_code == 0
     return path, fe.output
 
@@ -163,3 +166,28 @@ def test_without_matplotlib_one_line(nan_trace, monkeypatch):
     res = CliRunner().invoke(cli, ["plot", nan_trace[0]])
     assert (res.exit_code, res.output) == (2, "nndb: error: nndb plot needs the plot extra: "
                                               "pip install 'nndb[plot]'\n")
+
+
+def test_names_from_the_trace_are_drawn_as_written(tmp_path):
+    """A '$' in a tensor or rule name would start matplotlib's math mode; a bad formula would raise."""
+    pytest.importorskip("matplotlib")
+    from nndb.render.plot import draw
+    d = D.Heatmap("grad", "norm", ["a$b", "$\\frac{$", "x" * 300], np.array([0, 1]),
+                  np.array([[1.0, 2.0], [3.0, np.inf], [np.nan, 0.5]]),
+                  np.array([[False, False], [False, True], [False, False]]),
+                  [D.Mark(1, "rule$x$")], title="script$ {bad")
+    assert os.path.getsize(draw(d, str(tmp_path / "h.png"))) > 1000
+
+
+def test_without_matplotlib_the_repl_plot_is_one_error_line(tmp_path, monkeypatch):
+    from conftest import run_in_process
+    from nndb.debugger.frontend import ScriptedFrontend
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    fe = ScriptedFrontend(["until 2", "plot grad", "continue"])
+    from nndb.debugger.driver import DebugOptions, debug
+    from nndb.config import RunConfig
+    from nndb.launcher import Target
+    debug(RunConfig(Target(path=example("mlp.py"), args=["--steps", "4"]), str(tmp_path / "t.h5"), quiet=True),
+          DebugOptions(batch=False, no_rc=True, stop_at_start=True), fe)
+    said = "\n".join(fe.output)
+    assert "needs the plot extra: pip install 'nndb[plot]'" in said and "Traceback" not in said

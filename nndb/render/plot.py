@@ -17,8 +17,17 @@ from ..errors import UsageError
 from ..plot.data import Heatmap, History, LossCurve, Ratio
 
 DPI = 100
+MAX_LABEL = 60
 FORMATS = (".png", ".svg")
 MAX_LAYER_LABELS = 40
+
+
+def plain(text, limit: int = MAX_LABEL) -> str:
+    """Text from a trace (names, rules, the script) as matplotlib shows it
+    literally: a ``$`` would start its math mode (and a bad formula raise)."""
+    t = str(text)
+    t = t if len(t) <= limit else t[:limit - 3] + "..."
+    return t.replace("$", r"\$")
 
 
 def figure_size(data) -> tuple:
@@ -72,7 +81,7 @@ def _mark(ax, marks, steps_shown) -> None:
                 ys.append(1.0 + 0.045 * stacked.get(x, 0))
                 stacked[x] = stacked.get(x, 0) + 1
             ax.scatter(xs, ys, marker="v", s=70, color=c, edgecolor="black", linewidth=0.5,
-                       transform=top, clip_on=False, zorder=5, label=f"finding: {rule}")
+                       transform=top, clip_on=False, zorder=5, label=f"finding: {plain(rule)}")
             for x in xs:
                 ax.axvline(x, color=c, linestyle="--", linewidth=0.8, alpha=0.6)
     stops = [m for m in marks if m.kind == "stop" and (lo is None or lo <= m.step <= hi)]
@@ -94,7 +103,7 @@ def _title(ax, text: str, marks) -> None:
     """Left-aligned, raised above the findings' triangles when there are any."""
     stack = max([sum(1 for m in marks if m.kind == "finding" and m.step == s)
                  for s in {m.step for m in marks}] or [0])
-    ax.set_title(text, loc="left", fontsize=11, pad=6 + (12 + 9 * max(stack - 1, 0) if stack else 0))
+    ax.set_title(plain(text, 140), loc="left", fontsize=11, pad=6 + (12 + 9 * max(stack - 1, 0) if stack else 0))
 
 
 # -- the pictures ---------------------------------------------------------------------------
@@ -121,13 +130,13 @@ def _heatmap(fig, d: Heatmap) -> None:
     ax.set_ylim(L, 0)                                 # model order, top to bottom
     every = max(1, int(np.ceil(L / MAX_LAYER_LABELS)))
     ax.set_yticks(np.arange(0, L, every) + 0.5)
-    ax.set_yticklabels([d.layers[i] for i in range(0, L, every)], fontsize=8 if L > 12 else 9)
+    ax.set_yticklabels([plain(d.layers[i]) for i in range(0, L, every)], fontsize=8 if L > 12 else 9)
     ax.set_xlabel("training step")
     ax.set_ylabel("layer (model order)")
     _integer_steps(ax)
     ax.set_xlim(edges[0], edges[-1])
     bar = fig.colorbar(mesh, ax=ax, pad=0.01)
-    bar.set_label(f"{d.kind} {d.stat} (log scale)")
+    bar.set_label(plain(f"{d.kind} {d.stat}") + " (log scale)")
     _mark(ax, d.marks, d.steps)
     _title(ax, d.title + ("   (grey: not measured or 0)" if np.isnan(values).any() or (values == 0).any()
                           else ""), d.marks)
@@ -172,10 +181,10 @@ def _loss(fig, d: LossCurve) -> None:
     log = finite.size > 0 and finite.min() > 0 and finite.max() / finite.min() > 100
     for name, steps, values, bad in zip(d.names, d.steps, d.values, d.nonfinite):
         ok = np.isfinite(values)
-        ax.plot(steps[ok], values[ok], marker="." if ok.sum() < 60 else None, linewidth=1.5, label=name)
+        ax.plot(steps[ok], values[ok], marker="." if ok.sum() < 60 else None, linewidth=1.5, label=plain(name))
         if bad.any():       # (no height to draw them at: a row of crosses along the bottom)
             ax.scatter(steps[bad], [0.03] * int(bad.sum()), marker="x", color="red", s=40,
-                       transform=ax.get_xaxis_transform(), label=f"{name}: NaN or Inf", zorder=4)
+                       transform=ax.get_xaxis_transform(), label=f"{plain(name)}: NaN or Inf", zorder=4)
     if log:
         ax.set_yscale("log")
     ax.set_xlabel("training step")
@@ -225,7 +234,7 @@ def _ratio(fig, d: Ratio) -> None:
     ax.axhline(d.target, color="tab:green", linewidth=1.2, linestyle="--", label=f"{d.target:g} (rule of thumb)")
     for name, row in zip(d.layers, d.values):
         ok = np.isfinite(row) & (row > 0)
-        ax.plot(d.steps[ok], row[ok], linewidth=1.2, label=name)
+        ax.plot(d.steps[ok], row[ok], linewidth=1.2, label=plain(name))
     ax.set_yscale("log")
     ax.set_xlabel("training step")
     ax.set_ylabel("||update|| / ||weight|| (log scale)")
