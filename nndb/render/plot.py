@@ -232,9 +232,9 @@ def _ratio(fig, d: Ratio) -> None:
     ax = fig.add_subplot()
     ax.axhspan(*d.band, color="tab:green", alpha=0.12, label=f"healthy band {d.band[0]:g}-{d.band[1]:g}")
     ax.axhline(d.target, color="tab:green", linewidth=1.2, linestyle="--", label=f"{d.target:g} (rule of thumb)")
-    for name, row in zip(d.layers, d.values):
+    for i, (name, row) in enumerate(zip(d.layers, d.values)):
         ok = np.isfinite(row) & (row > 0)
-        ax.plot(d.steps[ok], row[ok], linewidth=1.2, label=plain(name))
+        ax.plot(d.steps[ok], row[ok], linewidth=1.2, label=plain(name), **_line_style(i, len(d.layers)))
     ax.set_yscale("log")
     ax.set_xlabel("training step")
     ax.set_ylabel("||update|| / ||weight|| (log scale)")
@@ -243,6 +243,15 @@ def _ratio(fig, d: Ratio) -> None:
     _mark(ax, d.marks, d.steps)
     _title(ax, d.title, d.marks)
     _legend(ax)
+
+
+def _line_style(i: int, n: int) -> dict:
+    """Distinct lines for up to 80 layers: matplotlib's 10 colours repeat, so
+    past 10 lines tab20's colours, and past 20 a dash pattern too."""
+    if n <= 10:
+        return {}
+    from matplotlib import colormaps
+    return {"color": colormaps["tab20"](i % 20), "linestyle": ("-", "--", ":", "-.")[(i // 20) % 4]}
 
 
 def _legend(ax) -> None:
