@@ -176,3 +176,18 @@ def test_not_a_trace_is_one_line(tmp_path):
     bad.write_bytes(b"not hdf5")
     res = CliRunner().invoke(cli, ["export", str(bad), "--tensorboard", str(tmp_path / "tb")])
     assert res.exit_code == 2 and res.output.count("\n") == 1 and "not an nndb trace" in res.output
+
+
+def test_an_unreachable_mlflow_server_is_one_line_at_once(nan_trace):
+    pytest.importorskip("mlflow")
+    import socket
+    import time
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]          # released: nothing listens there
+    t0 = time.monotonic()
+    res = CliRunner().invoke(cli, ["export", nan_trace, "--mlflow", f"http://127.0.0.1:{port}"])
+    assert time.monotonic() - t0 < 30       # (not the client's minutes of retries)
+    assert res.exit_code == 2 and res.output.count("\n") == 1
+    assert res.output.startswith(f"nndb: error: cannot export to mlflow:http://127.0.0.1:{port}: "
+                                 f"ConnectionRefusedError")

@@ -24,7 +24,6 @@ import os
 import threading
 import time
 from typing import Callable, Optional
-from urllib.parse import urlsplit
 
 from ..safetext import printable_line
 from .scalars import findings_by_step, record_scalars, run_params, start_time
@@ -32,19 +31,6 @@ from .scalars import findings_by_step, record_scalars, run_params, start_time
 CAPACITY = 1024             # entries (a step's record, or a batch of findings) waiting at most
 FLUSH_SECS = 2.0            # the sink is flushed at least this often while steps come
 CLOSE_SECS = 10.0           # what the run's end waits for the export to finish
-CONNECT_SECS = 3.0
-
-
-def check_reachable(uri: Optional[str]) -> None:
-    """An HTTP tracking server that refuses connections fails here, at once,
-    not after the client's minutes of retries."""
-    import socket
-    if not uri or not uri.startswith(("http://", "https://")):
-        return
-    u = urlsplit(uri)
-    port = u.port or (443 if u.scheme == "https" else 80)
-    with socket.create_connection((u.hostname, port), timeout=CONNECT_SECS):
-        pass
 
 
 class LiveExport:
@@ -117,8 +103,6 @@ class LiveExport:
     def _work(self) -> None:
         try:
             before = set(threading.enumerate())
-            if self.target.kind == "mlflow":
-                check_reachable(self.target.where)
             sink = self.target.open()
             for t in set(threading.enumerate()) - before:
                 if not t.name.startswith("nndb-"):
@@ -140,6 +124,7 @@ class LiveExport:
                 if closing:
                     status, trace_path = self._end
                     if trace_path and os.path.exists(trace_path):
+                        self._finish_params(sink, trace_path)
                         sink.artifact(trace_path)
                     sink.close(status)
                     return
@@ -148,6 +133,16 @@ class LiveExport:
                     last_flush = time.monotonic()
             except Exception as e:
                 return self._fail(e)
+
+    def _finish_params(self, sink, trace_path: str) -> None:
+        """The parameters known only once the run has stepped (each param
+        group's learning rate), from the closed trace, as ``nndb export`` gives them."""
+        from ..store.reader import TraceReader
+        with TraceReader(trace_path) as reader:
+            late = {k: v for k, v in run_params(reader.meta, reader.hyper()).items() if k not in self._params}
+            last = int(reader.steps[-1]) if reader.n_steps else 0
+        if late:
+            sink.params(late, last)
 
     def _write(self, sink, item) -> None:
         if isinstance(item, tuple):

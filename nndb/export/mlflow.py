@@ -22,6 +22,7 @@ MAX_PARAM_VALUE = 6000
 MAX_TAG_VALUE = 5000
 FINDING_TAG = "nndb.finding."
 ALLOW_FILE_STORE = "MLFLOW_ALLOW_FILE_STORE"
+CONNECT_SECS = 3.0
 
 _KEY_BAD = re.compile(r"[^A-Za-z0-9_\-./ ]")
 
@@ -56,8 +57,22 @@ def _client(MlflowClient, uri):
             os.environ[ALLOW_FILE_STORE] = old
 
 
+def check_reachable(uri: str) -> None:
+    """An HTTP tracking server that refuses connections fails here, at once,
+    not after the client's minutes of retries."""
+    import socket
+    from urllib.parse import urlsplit
+    if not uri.startswith(("http://", "https://")):
+        return
+    u = urlsplit(uri)
+    port = u.port or (443 if u.scheme == "https" else 80)
+    with socket.create_connection((u.hostname, port), timeout=CONNECT_SECS):
+        pass
+
+
 class MlflowSink:
-    def __init__(self, tracking_uri=None, experiment: str = "nndb", run_name=None, tags=None):
+    def __init__(self, tracking_uri: str, experiment: str = "nndb", run_name=None, tags=None):
+        check_reachable(tracking_uri)
         from mlflow.entities import Metric, Param, RunTag
         from mlflow.tracking import MlflowClient
         self._Metric, self._Param, self._RunTag = Metric, Param, RunTag
