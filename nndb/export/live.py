@@ -21,6 +21,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import os
+import sys
 import threading
 import time
 from typing import Callable, Optional
@@ -33,9 +34,18 @@ FLUSH_SECS = 2.0            # the sink is flushed at least this often while step
 CLOSE_SECS = 10.0           # what the run's end waits for the export to finish
 
 
+def _stderr(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
 class LiveExport:
+    """One export target's listener and thread.  ``start``: the run's start
+    (seconds since the epoch; wall times are start + a record's time);
+    ``params``: the run's parameters known at its start; ``findings()``: the
+    session's findings so far (new ones are queued at each step)."""
+
     def __init__(self, target, start: float, params: dict, findings: Callable[[], list] = list,
-                 message: Callable[[str], None] = print, capacity: int = CAPACITY):
+                 message: Callable[[str], None] = _stderr, capacity: int = CAPACITY):
         self.target = target
         self.message = message
         self.dropped = 0
@@ -104,6 +114,8 @@ class LiveExport:
         try:
             before = set(threading.enumerate())
             sink = self.target.open()
+            # (threads started while the sink opened: the exporter's, save a
+            # script thread started in these few milliseconds)
             for t in set(threading.enumerate()) - before:
                 if not t.name.startswith("nndb-"):
                     t.name = f"nndb-export-{t.name}"
