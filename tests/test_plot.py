@@ -191,3 +191,32 @@ def test_without_matplotlib_the_repl_plot_is_one_error_line(tmp_path, monkeypatc
           DebugOptions(batch=False, no_rc=True, stop_at_start=True), fe)
     said = "\n".join(fe.output)
     assert "needs the plot extra: pip install 'nndb[plot]'" in said and "Traceback" not in said
+
+
+def test_history_draws_a_terminal_chart_at_the_prompt_only(tmp_path):
+    from nndb.config import RunConfig
+    from nndb.debugger.driver import DebugOptions, debug
+    from nndb.debugger.frontend import ScriptedFrontend
+    from nndb.launcher import Target
+    outputs = {}
+    for batch in (False, True):
+        fe = ScriptedFrontend(["until 30", "history loss loss mean --last 3", "continue"])
+        debug(RunConfig(Target(path=example("mlp.py"), args=["--steps", "40"]), str(tmp_path / f"{batch}.h5"),
+                        quiet=True), DebugOptions(batch=batch, no_rc=True, stop_at_start=True), fe)
+        outputs[batch] = "\n".join(fe.output)
+    prompt = outputs[False].split("history loss loss mean --last 3")[1]
+    chart_rows = [l for l in prompt.splitlines() if " │" in l]
+    assert len(chart_rows) == 8 and any("█" in l for l in chart_rows)
+    assert "└" in prompt and prompt.count("(step") == 1
+    assert " │" not in outputs[True]          # batch mode: the numbers only
+
+
+def test_the_chart_follows_the_values():
+    from nndb.render.chart import EIGHTHS, chart
+    lines = chart(list(range(8)), [0.0, 1.0, 2.0, 3.0, None, math.inf, 7.0, 1.0], height=4, width=8)
+    bars = [l.split("│")[1] for l in lines[:4]]
+    heights = [sum(EIGHTHS.index(row[i]) if row[i] in EIGHTHS else 0 for row in bars) for i in range(8)]
+    assert heights[0] < heights[1] < heights[2] < heights[3] < heights[6]      # taller for larger values
+    assert heights[4] == 0 and bars[0][5] == "!"      # not measured: blank; Inf: '!' on top
+    assert lines[0].startswith("7 ") and lines[3].startswith("0 ")
+    assert chart([0, 1], [None, None]) == []
