@@ -14,11 +14,11 @@ complete -c nndb -n '__fish_seen_subcommand_from check-trace' -l json -d 'Print 
 complete -c nndb -n '__fish_seen_subcommand_from check-trace' -s h -l help -d 'Show the help and exit'
 complete -c nndb -n '__fish_seen_subcommand_from check-trace' -F
 complete -c nndb -n '__fish_use_subcommand' -a export -d 'Export TRACE to TensorBoard and/or MLflow: every recorded statistic
-    as a scalar at its step (tags KIND/NAME/STAT, the loss as loss), the
+    as a scalar at its step (tags KIND/NAME/STAT, the loss also as loss/value), the
     findings as text (TensorBoard) or tags (MLflow), the runs parameters,
     and (MLflow) the trace as an artifact'
 complete -c nndb -n '__fish_seen_subcommand_from export' -l tensorboard -x -d 'Write TensorBoard event files into DIR'
-complete -c nndb -n '__fish_seen_subcommand_from export' -l mlflow -x -d 'Log an MLflow run (default tracking URI: MLflows own, MLFLOW_TRACKING_URI or a local store)'
+complete -c nndb -n '__fish_seen_subcommand_from export' -l mlflow -x -d 'Log an MLflow run (default tracking URI: MLFLOW_TRACKING_URI, else a file store in ./mlruns)'
 complete -c nndb -n '__fish_seen_subcommand_from export' -l experiment -x -d 'The MLflow experiment'
 complete -c nndb -n '__fish_seen_subcommand_from export' -l run-name -x -d 'The MLflow runs name (default: the traces file name)'
 complete -c nndb -n '__fish_seen_subcommand_from export' -l rules -x -d 'The rules whose findings are exported (as nndb check-trace runs them)'

@@ -242,14 +242,14 @@ def check_trace(trace, rules, as_json):
 @click.argument("trace", metavar="TRACE")
 @click.option("--tensorboard", "tb_dir", metavar="DIR", help="Write TensorBoard event files into DIR.")
 @click.option("--mlflow", "mlflow_uri", is_flag=False, flag_value="", default=None, metavar="[TRACKING_URI]",
-              help="Log an MLflow run (default tracking URI: MLflow's own, MLFLOW_TRACKING_URI or a local store).")
+              help="Log an MLflow run (default tracking URI: MLFLOW_TRACKING_URI, else a file store in ./mlruns).")
 @click.option("--experiment", default="nndb", show_default=True, metavar="NAME", help="The MLflow experiment.")
 @click.option("--run-name", metavar="NAME", help="The MLflow run's name (default: the trace's file name).")
 @click.option("--rules", "rules", default="default", show_default=True, metavar="default|FILE.yaml|none",
               help="The rules whose findings are exported (as nndb check-trace runs them).")
 def export(trace, tb_dir, mlflow_uri, experiment, run_name, rules):
     """Export TRACE to TensorBoard and/or MLflow: every recorded statistic
-    as a scalar at its step (tags KIND/NAME/STAT, the loss as 'loss'), the
+    as a scalar at its step (tags KIND/NAME/STAT, the loss also as 'loss/value'), the
     findings as text (TensorBoard) or tags (MLflow), the run's parameters,
     and (MLflow) the trace as an artifact."""
     import os
