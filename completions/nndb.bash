@@ -4,11 +4,11 @@ _nndb() {
     local cur="${COMP_WORDS[COMP_CWORD]}" prev="${COMP_WORDS[COMP_CWORD-1]}" cmd="" i
     for ((i = 1; i < COMP_CWORD; i++)); do
         case "${COMP_WORDS[i]}" in
-            check|check-trace|inspect|run|trust) cmd="${COMP_WORDS[i]}"; break ;;
+            check|check-trace|export|inspect|plot|run|trust) cmd="${COMP_WORDS[i]}"; break ;;
         esac
     done
     case "$cmd" in
-    "") COMPREPLY=($(compgen -W "check check-trace inspect run trust --help --version" -- "$cur")) ;;
+    "") COMPREPLY=($(compgen -W "check check-trace export inspect plot run trust --help --version" -- "$cur")) ;;
     check)
         local j skip=0
         for ((j = i + 1; j < COMP_CWORD; j++)); do
@@ -33,6 +33,16 @@ _nndb() {
         esac
         if [[ $cur == -* ]]; then COMPREPLY=($(compgen -W "--rules --json -h --help" -- "$cur"));
         else COMPREPLY=($(compgen -f -- "$cur")); fi ;;
+    export)
+        case "$prev" in
+            --tensorboard) return ;;
+            --mlflow) return ;;
+            --experiment) return ;;
+            --run-name) return ;;
+            --rules) return ;;
+        esac
+        if [[ $cur == -* ]]; then COMPREPLY=($(compgen -W "--tensorboard --mlflow --experiment --run-name --rules -h --help" -- "$cur"));
+        else COMPREPLY=($(compgen -f -- "$cur")); fi ;;
     inspect)
         case "$prev" in
             --series) return ;;
@@ -41,12 +51,24 @@ _nndb() {
         esac
         if [[ $cur == -* ]]; then COMPREPLY=($(compgen -W "--series --stat --kind --json -h --help" -- "$cur"));
         else COMPREPLY=($(compgen -f -- "$cur")); fi ;;
+    plot)
+        case "$prev" in
+            --what) COMPREPLY=($(compgen -W "heatmap loss history ratio" -- "$cur")); return ;;
+            --kind) COMPREPLY=($(compgen -W "param grad update act loss" -- "$cur")); return ;;
+            --stat) COMPREPLY=($(compgen -W "count mean std min max norm mean_abs nan_count inf_count zero_frac" -- "$cur")); return ;;
+            --glob) return ;;
+            --rules) return ;;
+            --report) COMPREPLY=($(compgen -f -- "$cur")); return ;;
+            -o|--output) return ;;
+        esac
+        if [[ $cur == -* ]]; then COMPREPLY=($(compgen -W "--what --kind --stat --glob --rules --report -o --output -h --help" -- "$cur"));
+        else COMPREPLY=($(compgen -f -- "$cur")); fi ;;
     run)
         local j skip=0
         for ((j = i + 1; j < COMP_CWORD; j++)); do
             if ((skip)); then skip=0; continue; fi
             case "${COMP_WORDS[j]}" in
-                --trace|--every|--steps|--full-every|--act-every|--flush-every|--flush-secs|-x|-e|--eval-command|--report|--rules|--replica|--total-steps|--checkpoint-every|--checkpoint-memory|--lineage) skip=1 ;;
+                --trace|--every|--steps|--full-every|--act-every|--flush-every|--flush-secs|-x|-e|--eval-command|--report|--rules|--replica|--total-steps|--checkpoint-every|--checkpoint-memory|--lineage|--export) skip=1 ;;
                 -m) ((j + 1 < COMP_CWORD)) && { COMPREPLY=($(compgen -f -- "$cur")); return; } ;;
                 -*) ;;
                 *) COMPREPLY=($(compgen -f -- "$cur")); return ;;
@@ -70,8 +92,9 @@ _nndb() {
             --checkpoint-every) return ;;
             --checkpoint-memory) return ;;
             --lineage) return ;;
+            --export) return ;;
         esac
-        if [[ $cur == -* ]]; then COMPREPLY=($(compgen -W "-m --trace --force --every --steps --full-every --act-every --flush-every --flush-secs -q --quiet --batch --run -x -e --eval-command --nx --report --rules --replica --total-steps --checkpoint-every --checkpoint-memory --lineage -h --help" -- "$cur"));
+        if [[ $cur == -* ]]; then COMPREPLY=($(compgen -W "-m --trace --force --every --steps --full-every --act-every --flush-every --flush-secs -q --quiet --batch --run -x -e --eval-command --nx --report --rules --replica --total-steps --checkpoint-every --checkpoint-memory --lineage --export -h --help" -- "$cur"));
         else COMPREPLY=($(compgen -f -- "$cur")); fi ;;
     trust)
         case "$prev" in

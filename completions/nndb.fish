@@ -13,6 +13,17 @@ complete -c nndb -n '__fish_seen_subcommand_from check-trace' -l rules -x -d 'Th
 complete -c nndb -n '__fish_seen_subcommand_from check-trace' -l json -d 'Print one JSON object instead of text'
 complete -c nndb -n '__fish_seen_subcommand_from check-trace' -s h -l help -d 'Show the help and exit'
 complete -c nndb -n '__fish_seen_subcommand_from check-trace' -F
+complete -c nndb -n '__fish_use_subcommand' -a export -d 'Export TRACE to TensorBoard and/or MLflow: every recorded statistic
+    as a scalar at its step (tags KIND/NAME/STAT, the loss also as loss/value), the
+    findings as text (TensorBoard) or tags (MLflow), the runs parameters,
+    and (MLflow) the trace as an artifact'
+complete -c nndb -n '__fish_seen_subcommand_from export' -l tensorboard -x -d 'Write TensorBoard event files into DIR'
+complete -c nndb -n '__fish_seen_subcommand_from export' -l mlflow -x -d 'Log an MLflow run (default tracking URI: MLFLOW_TRACKING_URI, else a file store in ./mlruns)'
+complete -c nndb -n '__fish_seen_subcommand_from export' -l experiment -x -d 'The MLflow experiment'
+complete -c nndb -n '__fish_seen_subcommand_from export' -l run-name -x -d 'The MLflow runs name (default: the traces file name)'
+complete -c nndb -n '__fish_seen_subcommand_from export' -l rules -x -d 'The rules whose findings are exported (as nndb check-trace runs them)'
+complete -c nndb -n '__fish_seen_subcommand_from export' -s h -l help -d 'Show the help and exit'
+complete -c nndb -n '__fish_seen_subcommand_from export' -F
 complete -c nndb -n '__fish_use_subcommand' -a inspect -d 'Print a traces metadata, step count and recorded tensors'
 complete -c nndb -n '__fish_seen_subcommand_from inspect' -l series -x -d 'Print the history of one tensor'
 complete -c nndb -n '__fish_seen_subcommand_from inspect' -l stat -x -a 'count mean std min max norm mean_abs nan_count inf_count zero_frac' -d 'The statistic --series prints'
@@ -20,6 +31,19 @@ complete -c nndb -n '__fish_seen_subcommand_from inspect' -l kind -x -a 'param g
 complete -c nndb -n '__fish_seen_subcommand_from inspect' -l json -d 'Print one JSON object instead of text'
 complete -c nndb -n '__fish_seen_subcommand_from inspect' -s h -l help -d 'Show the help and exit'
 complete -c nndb -n '__fish_seen_subcommand_from inspect' -F
+complete -c nndb -n '__fish_use_subcommand' -a plot -d 'Draw a picture of TRACE: a heat map of a statistic per layer and step
+    (log colour scale, layers in model order), the loss curve, one tensors
+    history, or the update/weight ratio per layer; findings (and with
+    --report, stops) are marked'
+complete -c nndb -n '__fish_seen_subcommand_from plot' -l what -x -a 'heatmap loss history ratio' -d 'heatmap: layers x steps; loss: the loss curve; history: one tensors statistics; ratio: update/weight ratio per layer'
+complete -c nndb -n '__fish_seen_subcommand_from plot' -l kind -x -a 'param grad update act loss' -d 'The tensors kind (default: grad; history: param)'
+complete -c nndb -n '__fish_seen_subcommand_from plot' -l stat -x -a 'count mean std min max norm mean_abs nan_count inf_count zero_frac' -d 'The statistic of the heat map'
+complete -c nndb -n '__fish_seen_subcommand_from plot' -l glob -x -d 'Only the tensors whose names match (history: the tensor)'
+complete -c nndb -n '__fish_seen_subcommand_from plot' -l rules -x -d 'The rules whose findings are marked (as nndb check-trace runs them)'
+complete -c nndb -n '__fish_seen_subcommand_from plot' -l report -r -F -d 'Mark the stops of this nndb run --report too'
+complete -c nndb -n '__fish_seen_subcommand_from plot' -s o -l output -x -d 'Write the picture here (default: beside the trace, named for what it shows)'
+complete -c nndb -n '__fish_seen_subcommand_from plot' -s h -l help -d 'Show the help and exit'
+complete -c nndb -n '__fish_seen_subcommand_from plot' -F
 complete -c nndb -n '__fish_use_subcommand' -a run -d 'Run SCRIPT [ARGS]'
 complete -c nndb -n '__fish_seen_subcommand_from run' -s m -x -d 'Run a library module as a script, like python -m'
 complete -c nndb -n '__fish_seen_subcommand_from run' -l trace -r -F -d 'Write the trace here (default: a new file under ./nndb-runs/); an existing file is refused'
@@ -43,6 +67,7 @@ complete -c nndb -n '__fish_seen_subcommand_from run' -l total-steps -x -d 'The 
 complete -c nndb -n '__fish_seen_subcommand_from run' -l checkpoint-every -x -d 'Take a checkpoint every N steps or every N seconds of run time (else the schedules)'
 complete -c nndb -n '__fish_seen_subcommand_from run' -l checkpoint-memory -x -d 'The memory all checkpoints may hold, as their PSS (512M, 2G, 25%%); default a quarter of the memory available at start'
 complete -c nndb -n '__fish_seen_subcommand_from run' -l lineage -x -d 'Record the operation lineage of these steps: N, A:B (B excluded), N,M or all'
+complete -c nndb -n '__fish_seen_subcommand_from run' -l export -x -d 'Stream each steps statistics and the findings to TensorBoard or MLflow while the run goes (repeatable); an unreachable store is one warning, and the run goes on'
 complete -c nndb -n '__fish_seen_subcommand_from run' -s h -l help -d 'Show the help and exit'
 complete -c nndb -n '__fish_seen_subcommand_from run' -F
 complete -c nndb -n '__fish_use_subcommand' -a trust -d 'Trust DIR (and the directories under it): nndb then reads DIR/'

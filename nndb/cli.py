@@ -80,11 +80,14 @@ def cli():
                    "memory available at start.")
 @click.option("--lineage", "lineage", metavar="STEPS",
               help="Record the operation lineage of these steps: N, A:B (B excluded), N,M or all.")
+@click.option("--export", "exports", multiple=True, metavar="tensorboard:DIR|mlflow[:URI]",
+              help="Stream each step's statistics and the findings to TensorBoard or MLflow while the run "
+                   "goes (repeatable); an unreachable store is one warning, and the run goes on.")
 @click.argument("script", required=False, metavar="SCRIPT")
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def run(module, trace_path, force, every, steps_range, full_every, act_every, flush_steps, flush_secs, quiet,
         batch, go, command_files, eval_commands, nx, report_path, rules, replica, total_steps,
-        checkpoint_every, checkpoint_memory, lineage, script, args):
+        checkpoint_every, checkpoint_memory, lineage, exports, script, args):
     """Run SCRIPT [ARGS]... (or -m MODULE [ARGS]...) under the debugger, as
     Python would, recording per-step tensor statistics into an HDF5 trace.
     Everything after SCRIPT is passed to the script untouched.  It stops at
@@ -100,16 +103,26 @@ def run(module, trace_path, force, every, steps_range, full_every, act_every, fl
         schedule = RecordSchedule.parse(every, steps_range, full_every, act_every)
         trace_path, report_path, trace_dir = _own_paths(target, trace_path, force, report_path,
                                                         command_files, rules)
+        export_targets = _export_targets(exports)
         config = RunConfig(target, trace_path, schedule, flush_steps, flush_secs, quiet, trace_dir)
         batch = batch or not sys.stdin.isatty()
         options = DebugOptions(batch=batch, stop_at_start=not go, command_files=command_files,
                                eval_commands=eval_commands, no_rc=nx, report=report_path, rules=rules,
                                replica=replica, total_steps=total_steps, lineage=lineage,
-                               checkpoint_every=checkpoint_every, checkpoint_memory=checkpoint_memory)
+                               checkpoint_every=checkpoint_every, checkpoint_memory=checkpoint_memory,
+                               exports=export_targets)
         result = debug(config, options, _frontend(interactive=not batch))
     except NndbError as e:
         _fail(e)
     sys.exit(result.exit_code)
+
+
+def _export_targets(specs) -> tuple:
+    """--export values, checked before the script runs (the extra installed, the directory writable)."""
+    if not specs:
+        return ()
+    from .export.targets import parse_spec
+    return tuple(parse_spec(s) for s in specs)
 
 
 def _own_paths(target, trace_path, force, report_path, command_files, rules):
@@ -223,6 +236,91 @@ def check_trace(trace, rules, as_json):
         _fail(e)
     click.echo(to_json(result.to_dict()) if as_json else text(result))
     sys.exit(EXIT_FAIL_ACTION if result.failed else EXIT_OK)
+
+
+@cli.command()
+@click.argument("trace", metavar="TRACE")
+@click.option("--tensorboard", "tb_dir", metavar="DIR", help="Write TensorBoard event files into DIR.")
+@click.option("--mlflow", "mlflow_uri", is_flag=False, flag_value="", default=None, metavar="[TRACKING_URI]",
+              help="Log an MLflow run (default tracking URI: MLFLOW_TRACKING_URI, else a file store in ./mlruns).")
+@click.option("--experiment", default="nndb", show_default=True, metavar="NAME", help="The MLflow experiment.")
+@click.option("--run-name", metavar="NAME", help="The MLflow run's name (default: the trace's file name).")
+@click.option("--rules", "rules", default="default", show_default=True, metavar="default|FILE.yaml|none",
+              help="The rules whose findings are exported (as nndb check-trace runs them).")
+def export(trace, tb_dir, mlflow_uri, experiment, run_name, rules):
+    """Export TRACE to TensorBoard and/or MLflow: every recorded statistic
+    as a scalar at its step (tags KIND/NAME/STAT, the loss also as 'loss/value'), the
+    findings as text (TensorBoard) or tags (MLflow), the run's parameters,
+    and (MLflow) the trace as an artifact."""
+    import os
+    from .export.scalars import trace_findings
+    from .export.targets import mlflow_target, tensorboard_target
+    from .store.reader import TraceReader
+
+    try:
+        if tb_dir is None and mlflow_uri is None:
+            raise UsageError("export where? --tensorboard DIR and/or --mlflow [TRACKING_URI]")
+        targets = []
+        if tb_dir is not None:
+            targets.append(tensorboard_target(tb_dir, "nndb export --tensorboard"))
+        if mlflow_uri is not None:
+            name = run_name or os.path.splitext(os.path.basename(trace))[0]
+            targets.append(mlflow_target(mlflow_uri, "nndb export --mlflow", experiment, name))
+        with TraceReader(trace) as reader:
+            findings = trace_findings(reader, rules)
+            for t in targets:
+                done = _export_to(reader, t, findings)
+                click.echo(printable(f"nndb: exported {done.points} value(s) in {done.tags} tag(s) and "
+                                     f"{done.findings} finding(s) to {done.target}"))
+    except NndbError as e:
+        _fail(e)
+
+
+def _export_to(reader, target, findings):
+    """One export; a store that refuses it (unreachable, read-only) is one line, exit 2."""
+    from .export.offline import export_trace
+    try:
+        return export_trace(reader, target.open(), findings, target.label)
+    except NndbError:
+        raise
+    except Exception as e:
+        first = (str(e).strip().splitlines() or [""])[0][:200]
+        raise UsageError(f"cannot export to {target.label}: {type(e).__name__}: {first}") from None
+
+
+@cli.command()
+@click.argument("trace", metavar="TRACE")
+@click.option("--what", type=click.Choice(["heatmap", "loss", "history", "ratio"]), default="heatmap",
+              show_default=True, help="heatmap: layers x steps; loss: the loss curve; history: one tensor's "
+                                      "statistics; ratio: update/weight ratio per layer.")
+@click.option("--kind", type=click.Choice(KIND_CHOICES), help="The tensors' kind (default: grad; history: param).")
+@click.option("--stat", type=click.Choice(STAT_CHOICES), default="norm", show_default=True,
+              help="The statistic of the heat map.")
+@click.option("--glob", metavar="PATTERN", help="Only the tensors whose names match (history: the tensor).")
+@click.option("--rules", "rules", default="default", show_default=True, metavar="default|FILE.yaml|none",
+              help="The rules whose findings are marked (as nndb check-trace runs them).")
+@click.option("--report", "report_path", metavar="FILE.json", type=click.Path(dir_okay=False),
+              help="Mark the stops of this nndb run --report too.")
+@click.option("-o", "--output", metavar="FILE.png|FILE.svg",
+              help="Write the picture here (default: beside the trace, named for what it shows).")
+def plot(trace, what, kind, stat, glob, rules, report_path, output):
+    """Draw a picture of TRACE: a heat map of a statistic per layer and step
+    (log colour scale, layers in model order), the loss curve, one tensor's
+    history, or the update/weight ratio per layer; findings (and with
+    --report, stops) are marked.  Prints the picture's path."""
+    from .extras import require
+    from .plot.pictures import picture, stops_of_report
+    from .export.scalars import trace_findings
+    from .store.reader import TraceReader
+
+    try:
+        require("plot", "nndb plot")
+        stops = stops_of_report(report_path) if report_path else []
+        with TraceReader(trace) as reader:
+            path = picture(reader, what, kind, stat, glob, trace_findings(reader, rules), stops, output)
+    except NndbError as e:
+        _fail(e)
+    click.echo(printable(path))
 
 
 def main(argv=None) -> None:

@@ -184,16 +184,22 @@ class Recording:
 
 
 def record(config: RunConfig, message: Callable[[str], None] = _stderr,
-           on_step_end: Optional[Callable[[int], None]] = None, session=None) -> RunResult:
+           on_step_end: Optional[Callable[[int], None]] = None, session=None,
+           listeners: Optional[Callable[["Recording"], list]] = None) -> RunResult:
     """Run the script once.  With a debugger ``session`` (nndb.debugger), the
     session gets the tracer's stop points, Ctrl-C (if interactive) and the
     post-mortem of an uncaught exception; ``kill`` and ``run`` unwind the
-    script with KillRun/RestartRun, which end the run with status "killed"."""
+    script with KillRun/RestartRun, which end the run with status "killed".
+    ``listeners(rec)`` gives more step listeners (live exports): they join
+    the pipeline after the trace's own and before the session's, so a stop
+    at the prompt does not hold them up."""
     prepared = launcher.prepare(config.target)           # bad script: fails here, before a trace exists
     meta = runmeta.collect(config.target, config.schedule.describe())
     path = config.trace_path or default_trace_path(config.target, meta["rank"], meta["world_size"],
                                                    config.trace_dir or "nndb-runs")
     rec = Recording(path, meta, config, message, on_step_end)
+    if listeners is not None:
+        rec.listeners.extend(listeners(rec))
     if not config.quiet:
         message(f"nndb: recording to {shown(path)}")
     if session is not None:

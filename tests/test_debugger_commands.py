@@ -171,12 +171,14 @@ def test_history_of_the_loss_has_a_sparkline_and_a_row_per_step(at_step_5):
     hist = at_step_5.after("history loss").splitlines()
     assert hist[0].startswith("loss norm, 6 recorded step(s) 0..5, min ")
     assert len(hist[1]) == 6 and set(hist[1]) <= set("▁▂▃▄▅▆▇█")     # the sparkline
-    assert hist[2].split() == ["step", "norm"] and [l.split()[0] for l in hist[3:]] == list("012345")
+    assert hist[2].split() == ["step", "norm"] and [l.split()[0] for l in hist[3:9]] == list("012345")
+    assert all(" │" in l for l in hist[9:17]) and hist[17].lstrip().startswith("└")    # the chart, at the prompt
 
 
 def test_history_last_n_rows(at_step_5):
     h2 = at_step_5.after("history grad 0.weight norm --last 2").splitlines()
-    assert h2[0].startswith("0.weight (grad) norm, 6 recorded step(s)") and len(h2) == 2 + 1 + 2
+    assert h2[0].startswith("0.weight (grad) norm, 6 recorded step(s)") and len(h2) == 2 + 1 + 2 + 10
+    assert [l.split()[0] for l in h2[3:5]] == ["4", "5"]     # (then the whole series' chart)
 
 
 def test_history_of_an_unknown_tensor_says_so(at_step_5):

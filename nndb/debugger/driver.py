@@ -15,6 +15,7 @@ from typing import Callable, Optional
 
 from ..config import RunConfig
 from ..errors import EXIT_FAIL_ACTION, EXIT_USAGE, UsageError
+from ..export.live import RunExports
 from ..lineage.control import LineageControl
 from ..render import debug as renderer
 from ..rules.catalog import load as load_rules
@@ -41,6 +42,7 @@ class DebugOptions:
     lineage: Optional[str] = None       # --lineage STEPS (N, A:B, N,M, all)
     checkpoint_every: Optional[str] = None    # --checkpoint-every N|Ns
     checkpoint_memory: Optional[str] = None   # --checkpoint-memory SIZE
+    exports: tuple = ()                 # --export: nndb.export.targets.ExportTarget, streamed live
 
 
 @dataclass
@@ -102,6 +104,7 @@ def debug(config: RunConfig, options: DebugOptions, frontend,
         message(bad)
         return _finish(config, options, session, None, EXIT_USAGE, bad)
     session.queue_lines(lines)
+    exports = RunExports(options.exports, message, lambda: session.findings) if options.exports else None
     result: Optional[RunResult] = None
     first_path = config.trace_path
     start_cwd = os.getcwd()
@@ -115,7 +118,13 @@ def debug(config: RunConfig, options: DebugOptions, frontend,
             # The last run's objects (in reference cycles) go now: the tracer
             # counts the optimizers alive to choose how steps end.
             gc.collect()
-        result = record(cfg, message, session=session)
+        this_run = None
+        try:
+            this_run = record(cfg, message, session=session, listeners=exports.start if exports else None)
+        finally:
+            if exports:
+                exports.finish(this_run.status if this_run else "failed", this_run.trace_path if this_run else None)
+        result = this_run
         if first_path is None:
             first_path = result.trace_path
         if session.restart_requested:

@@ -9,6 +9,7 @@ from prompt_toolkit.document import Document
 
 from ..debugger import points as P
 from ..debugger.commands.inspect import INFO
+from ..debugger.commands.pictures import PLOT_WORDS
 from ..errors import CommandError
 
 KIND_WORDS = tuple(P.WATCH_KINDS)
@@ -30,6 +31,13 @@ def suggest(table, text: str):
         pos -= 1 if cmd.name != "watch" else 0
     if cmd.name in ("stats", "history") and pos == 0 and current and current not in KIND_WORDS:
         return "tensor", words, current
+    if cmd.name == "plot":
+        # plot [WHAT] [KIND] GLOB [STAT]: the names follow the words that choose the picture
+        chosen = [w for w in words[1:3] if w in PLOT_WORDS]
+        pos -= len(chosen)
+        if pos < 0 or (pos == 0 and len(chosen) == 0):
+            return cmd.args[0], words, current
+        return ("tensor" if pos == 0 else "stat" if pos == 1 else None), words, current
     if pos >= len(cmd.args):
         last = cmd.args[-1] if cmd.args else None
         return (last if last in ("expr", "point") else None), words, current

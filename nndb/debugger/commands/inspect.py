@@ -7,6 +7,7 @@ import math
 
 from ...errors import CommandError
 from ...numbers import fmt
+from ...render.chart import chart
 from ...store.measured import measured_values
 from ...store.schema import KIND_WORDS, STAT_NAMES
 from .. import evaluate as E
@@ -170,7 +171,10 @@ def _history(s, arg):
     lines = [f"{what} {stat}, {len(steps)} recorded step(s) {int(steps[0])}..{int(steps[-1])}"
              + (f", min {fmt(min(numbers))} max {fmt(max(numbers))}" if numbers else ""),
              sparkline(values)]
-    return [*lines, Table(("step", stat), rows)]
+    # At the prompt, the whole series as a chart under its last values; batch
+    # mode (logs, CI) keeps to the numbers.
+    chart_lines = chart([int(x) for x in steps], values) if s.interactive else []
+    return [*lines, Table(("step", stat), rows), *chart_lines]
 
 
 # -- the script's stack ----------------------------------------------------------------
@@ -359,7 +363,8 @@ every element.  $step, $loss, $grad['NAME'] ... are nndb's variables.""",
     Command("stats", "stats [KIND] [GLOB]", "A table of the last recorded step's statistics (KIND: grad weight update act loss).",
             _stats, _stats_arg, args=("kind", "tensor"), group="data"),
     Command("history", "history [KIND] NAME [STAT] [--last K]", """One tensor's recorded statistic (default norm) over the steps.
-A sparkline of the whole series and its last K values (default 20).""",
+A sparkline of the whole series and its last K values (default 20); at the
+prompt (not in batch mode), the whole series as a chart under them.""",
             _history, _history_arg, args=("tensor", "stat"), group="data"),
     Command("where", "where", "The script's stack (nndb's own frames are hidden); > marks the current frame.",
             _where, no_args, aliases=("bt", "backtrace", "w"), group="stack"),

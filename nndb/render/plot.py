@@ -1,0 +1,265 @@
+"""Drawing the pictures of nndb.plot.data with matplotlib (the ``plot``
+extra), through a Figure of its own and the Agg canvas: no pyplot, so the
+backend and figures of a script being debugged are never touched.
+
+``draw(data, path)`` writes a PNG or SVG of ``figure_size(data)`` inches at
+``DPI`` and returns the path.  Findings are triangles on the top edge (one
+colour per rule, named in the legend), stops dotted lines; a measured NaN or
+Inf is a red cross; not measured is left blank (grey on a heat map).
+"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from ..errors import UsageError
+from ..plot.data import Heatmap, History, LossCurve, Ratio
+
+DPI = 100
+MAX_LABEL = 60
+FORMATS = (".png", ".svg")
+MAX_LAYER_LABELS = 40
+
+
+def plain(text, limit: int = MAX_LABEL) -> str:
+    """Text from a trace (names, rules, the script) as matplotlib shows it
+    literally: a ``$`` would start its math mode (and a bad formula raise)."""
+    t = str(text)
+    t = t if len(t) <= limit else t[:limit - 3] + "..."
+    return t.replace("$", r"\$")
+
+
+def figure_size(data) -> tuple:
+    """(width, height) in inches: a heat map grows with its layers."""
+    if isinstance(data, Heatmap):
+        return (11.0, float(min(max(4.0, 1.8 + 0.28 * len(data.layers)), 16.0)))
+    if isinstance(data, History):
+        return (11.0, 7.0)
+    return (11.0, 5.5)
+
+
+def pixel_size(data) -> tuple:
+    w, h = figure_size(data)
+    return int(round(w * DPI)), int(round(h * DPI))
+
+
+def draw(data, path: str) -> str:
+    ext = os.path.splitext(path)[1].lower()
+    if ext not in FORMATS:
+        raise UsageError(f"cannot write a picture to {path}: the name must end in .png or .svg")
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    fig = Figure(figsize=figure_size(data), dpi=DPI, layout="constrained")
+    FigureCanvasAgg(fig)
+    {Heatmap: _heatmap, LossCurve: _loss, History: _history, Ratio: _ratio}[type(data)](fig, data)
+    try:
+        fig.savefig(path, dpi=DPI, format=ext[1:])
+    except OSError as e:
+        raise UsageError(f"cannot write {path}: {e.strerror or e}") from None
+    return path
+
+
+# -- marks ----------------------------------------------------------------------------------
+
+def _mark(ax, marks, steps_shown) -> None:
+    """Findings as triangles on the top edge, one colour per rule; stops as dotted lines."""
+    if not marks:
+        return
+    import matplotlib.colors as mcolors
+    lo, hi = (min(steps_shown), max(steps_shown)) if len(steps_shown) else (None, None)
+    colours = list(mcolors.TABLEAU_COLORS.values())[1:]
+    rules = list(dict.fromkeys(m.label for m in marks if m.kind == "finding"))
+    top = ax.get_xaxis_transform()
+    stacked: dict = {}          # step -> findings drawn there so far (several rules: stacked upwards)
+    for i, rule in enumerate(rules):
+        xs = [m.step for m in marks if m.kind == "finding" and m.label == rule and (lo is None or lo <= m.step <= hi)]
+        if xs:
+            c = colours[i % len(colours)]
+            ys = []
+            for x in xs:
+                ys.append(1.0 + 0.045 * stacked.get(x, 0))
+                stacked[x] = stacked.get(x, 0) + 1
+            ax.scatter(xs, ys, marker="v", s=70, color=c, edgecolor="black", linewidth=0.5,
+                       transform=top, clip_on=False, zorder=5, label=f"finding: {plain(rule)}")
+            for x in xs:
+                ax.axvline(x, color=c, linestyle="--", linewidth=0.8, alpha=0.6)
+    stops = [m for m in marks if m.kind == "stop" and (lo is None or lo <= m.step <= hi)]
+    for j, m in enumerate(stops):
+        ax.axvline(m.step, color="black", linestyle=":", linewidth=1.2, label="stop" if j == 0 else None)
+
+
+def _integer_steps(ax, steps=None) -> None:
+    """Whole step numbers on the x axis, spanning ``steps`` (marks drawn in
+    axes coordinates do not widen the limits by themselves)."""
+    from matplotlib.ticker import MaxNLocator
+    ax.xaxis.set_major_locator(MaxNLocator(nbins=12, integer=True))
+    if steps is not None and len(steps):
+        edges = _edges(np.unique(np.asarray(steps)))
+        ax.set_xlim(edges[0], edges[-1])
+
+
+def _title(ax, text: str, marks) -> None:
+    """Left-aligned, raised above the findings' triangles when there are any."""
+    stack = max([sum(1 for m in marks if m.kind == "finding" and m.step == s)
+                 for s in {m.step for m in marks}] or [0])
+    ax.set_title(plain(text, 140), loc="left", fontsize=11, pad=6 + (12 + 9 * max(stack - 1, 0) if stack else 0))
+
+
+# -- the pictures ---------------------------------------------------------------------------
+
+def _heatmap(fig, d: Heatmap) -> None:
+    from matplotlib import colormaps
+    from matplotlib.colors import LogNorm
+    ax = fig.add_subplot()
+    L, T = d.values.shape
+    positive = d.values[np.isfinite(d.values) & (d.values > 0)]
+    cmap = colormaps["viridis"].with_extremes(bad="#d9d9d9")
+    if positive.size:
+        vmin, vmax = float(positive.min()), float(positive.max())
+        norm = LogNorm(vmin=vmin, vmax=vmax if vmax > vmin else vmin * 10)
+    else:
+        norm = LogNorm(vmin=1e-12, vmax=1.0)
+    edges, values = _cells(d.steps, d.values)
+    shown = np.ma.masked_where(~(np.isfinite(values) & (values > 0)), values)
+    mesh = ax.pcolormesh(edges, np.arange(L + 1), shown, cmap=cmap, norm=norm, shading="flat")
+    bad_y, bad_x = np.nonzero(d.nonfinite)
+    if len(bad_x):
+        ax.scatter(d.steps[bad_x], bad_y + 0.5, marker="x", color="red", s=30, linewidth=1.5,
+                   label="NaN or Inf", zorder=4)
+    ax.set_ylim(L, 0)                                 # model order, top to bottom
+    every = max(1, int(np.ceil(L / MAX_LAYER_LABELS)))
+    ax.set_yticks(np.arange(0, L, every) + 0.5)
+    ax.set_yticklabels([plain(d.layers[i]) for i in range(0, L, every)], fontsize=8 if L > 12 else 9)
+    ax.set_xlabel("training step")
+    ax.set_ylabel("layer (model order)")
+    _integer_steps(ax)
+    ax.set_xlim(edges[0], edges[-1])
+    bar = fig.colorbar(mesh, ax=ax, pad=0.01)
+    bar.set_label(plain(f"{d.kind} {d.stat}") + " (log scale)")
+    _mark(ax, d.marks, d.steps)
+    _title(ax, d.title + ("   (grey: not measured or 0)" if np.isnan(values).any() or (values == 0).any()
+                          else ""), d.marks)
+    handles, labels = ax.get_legend_handles_labels()
+    if handles:             # below the map: nothing of it hidden
+        fig.legend(handles, labels, loc="outside lower center", ncol=min(len(handles), 4), fontsize=8)
+
+
+def _edges(steps: np.ndarray) -> np.ndarray:
+    """Cell edges around each step (steps may have gaps: a cell reaches half way)."""
+    s = np.asarray(steps, dtype=float)
+    if len(s) == 0:
+        return np.array([0.0, 1.0])
+    if len(s) == 1:
+        return np.array([s[0] - 0.5, s[0] + 0.5])
+    mid = (s[:-1] + s[1:]) / 2
+    return np.concatenate([[s[0] - (mid[0] - s[0])], mid, [s[-1] + (s[-1] - mid[-1])]])
+
+
+def _cells(steps: np.ndarray, values: np.ndarray):
+    """(x edges, columns) of a heat map: a cell per step as wide as the usual
+    spacing of the steps, and an empty column across a longer gap (the
+    activations of steps 0-19 and then 32: step 32 is not drawn as 13 wide)."""
+    s = np.asarray(steps, dtype=float)
+    if len(s) < 2:
+        return _edges(s), values
+    half = float(np.median(np.diff(s))) / 2
+    edges, cols = [s[0] - half], []
+    for i, x in enumerate(s):
+        if x - half > edges[-1] + 1e-9:        # a gap: blank until this cell
+            edges.append(x - half)
+            cols.append(np.full(values.shape[0], np.nan))
+        edges.append(x + half if i + 1 == len(s) else min(x + half, (x + s[i + 1]) / 2))
+        cols.append(values[:, i])
+    return np.array(edges), np.stack(cols, axis=1)
+
+
+def _loss(fig, d: LossCurve) -> None:
+    ax = fig.add_subplot()
+    every = np.concatenate(d.values) if d.values else np.zeros(0)
+    finite = every[np.isfinite(every)]
+    log = finite.size > 0 and finite.min() > 0 and finite.max() / finite.min() > 100
+    for name, steps, values, bad in zip(d.names, d.steps, d.values, d.nonfinite):
+        ok = np.isfinite(values)
+        ax.plot(steps[ok], values[ok], marker="." if ok.sum() < 60 else None, linewidth=1.5, label=plain(name))
+        if bad.any():       # (no height to draw them at: a row of crosses along the bottom)
+            ax.scatter(steps[bad], [0.03] * int(bad.sum()), marker="x", color="red", s=40,
+                       transform=ax.get_xaxis_transform(), label=f"{plain(name)}: NaN or Inf", zorder=4)
+    if log:
+        ax.set_yscale("log")
+    ax.set_xlabel("training step")
+    ax.set_ylabel("loss" + (" (log scale)" if log else ""))
+    steps = np.concatenate(d.steps) if d.steps else np.zeros(0)
+    _integer_steps(ax, steps)
+    ax.grid(True, alpha=0.3)
+    _mark(ax, d.marks, steps)
+    _title(ax, d.title, d.marks)
+    _legend(ax)
+
+
+def _history(fig, d: History) -> None:
+    top, bottom = fig.subplots(2, 1, sharex=True)
+    norm = d.stats["norm"]
+    ok = np.isfinite(norm)
+    top.plot(d.steps[ok], norm[ok], linewidth=1.5, label="norm (every recorded step)")
+    top.set_ylabel("norm")
+    top.grid(True, alpha=0.3)
+    _mark(top, d.marks, d.steps)
+    _title(top, d.title, d.marks)
+    _legend(top)
+    mean, std = d.stats["mean"], d.stats["std"]
+    full = np.isfinite(mean)
+    if full.any():
+        st, m = d.steps[full], mean[full]
+        sd = np.where(np.isfinite(std[full]), std[full], 0.0)
+        bottom.fill_between(st, m - sd, m + sd, alpha=0.25, label="mean ± std")
+        bottom.plot(st, m, marker="o", markersize=3, linewidth=1.2, label="mean")
+        for stat, style in (("min", "v"), ("max", "^")):
+            v = d.stats[stat]
+            k = np.isfinite(v)
+            bottom.plot(d.steps[k], v[k], linestyle="none", marker=style, markersize=4, label=stat)
+        _legend(bottom)
+    else:
+        bottom.text(0.5, 0.5, "mean, std, min and max were not measured on these steps",
+                    transform=bottom.transAxes, ha="center", va="center", color="grey")
+    bottom.set_ylabel("value (full steps)")
+    bottom.set_xlabel("training step")
+    bottom.grid(True, alpha=0.3)
+    _integer_steps(bottom, d.steps)
+
+
+def _ratio(fig, d: Ratio) -> None:
+    ax = fig.add_subplot()
+    ax.axhspan(*d.band, color="tab:green", alpha=0.12, label=f"healthy band {d.band[0]:g}-{d.band[1]:g}")
+    ax.axhline(d.target, color="tab:green", linewidth=1.2, linestyle="--", label=f"{d.target:g} (rule of thumb)")
+    for i, (name, row) in enumerate(zip(d.layers, d.values)):
+        ok = np.isfinite(row) & (row > 0)
+        ax.plot(d.steps[ok], row[ok], linewidth=1.2, label=plain(name), **_line_style(i, len(d.layers)))
+    ax.set_yscale("log")
+    ax.set_xlabel("training step")
+    ax.set_ylabel("||update|| / ||weight|| (log scale)")
+    _integer_steps(ax, d.steps)
+    ax.grid(True, alpha=0.3, which="both")
+    _mark(ax, d.marks, d.steps)
+    _title(ax, d.title, d.marks)
+    _legend(ax)
+
+
+def _line_style(i: int, n: int) -> dict:
+    """Distinct lines for up to 80 layers: matplotlib's 10 colours repeat, so
+    past 10 lines tab20's colours, and past 20 a dash pattern too."""
+    if n <= 10:
+        return {}
+    from matplotlib import colormaps
+    return {"color": colormaps["tab20"](i % 20), "linestyle": ("-", "--", ":", "-.")[(i // 20) % 4]}
+
+
+def _legend(ax) -> None:
+    handles, labels = ax.get_legend_handles_labels()
+    if handles:
+        n = len(handles)
+        if n > 8:       # many layers: beside the plot, not over it
+            ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), ncol=1 if n <= 24 else 2,
+                      borderaxespad=0)
+        else:
+            ax.legend(fontsize=8, loc="best", framealpha=0.85)

@@ -1,0 +1,193 @@
+"""nndb export: TensorBoard event files and MLflow runs read back with the
+tools' own readers, value for value against the trace; the one-line message
+without an extra."""
+import math
+import os
+import sys
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from conftest import example
+from nndb.cli import cli
+from nndb.store.measured import measured
+from nndb.store.reader import TraceReader
+
+
+@pytest.fixture(scope="module")
+def nan_trace(tmp_path_factory):
+    """nan_lr.py recorded in this process: its loss goes Inf then NaN, and rules fire."""
+    import gc
+    from nndb.config import RunConfig
+    from nndb.debugger.driver import DebugOptions, debug
+    from nndb.debugger.frontend import ScriptedFrontend
+    from nndb.launcher import Target
+    gc.collect()
+    path = str(tmp_path_factory.mktemp("trace") / "nan.h5")
+    debug(RunConfig(Target(path=example("nan_lr.py"), args=[]), path, quiet=True),
+          DebugOptions(batch=True, no_rc=True), ScriptedFrontend([]))
+    return path
+
+
+def expected_values(path) -> dict:
+    """{tag: {step: value}} straight from the trace: every measured statistic
+    that is a number (a measured NaN and "not measured" are not exported)."""
+    out = {}
+    with TraceReader(path) as r:
+        for s in r.series():
+            steps, block = r.history(s)
+            ok = measured(block, r.columns)
+            for j, stat in enumerate(r.columns):
+                pts = {int(st): float(v) for st, v, m in zip(steps, block[:, j], ok[:, j]) if m and not math.isnan(v)}
+                if pts:
+                    out[f"{s.kind}/{s.name}/{stat}"] = pts
+                    if s.kind == "loss" and stat == "mean":
+                        out[f"{s.name}/value"] = pts
+    return out
+
+
+def export(*args):
+    return CliRunner().invoke(cli, ["export", *args], catch_exceptions=False)
+
+
+def test_the_trace_has_what_the_export_must_skip(nan_trace):
+    """(The fixture is the case that matters: NaN losses and unmeasured statistics.)"""
+    with TraceReader(nan_trace) as r:
+        (loss,) = r.find("loss", "loss")
+        _, v = r.history(loss, "mean")
+        assert np.isnan(v).any() and np.isinf(v).any()
+        (g,) = r.find("0.weight", "grad")
+        _, mean = r.history(g, "mean")
+        assert np.isnan(mean).any()       # not measured between full steps
+
+
+def test_tensorboard_holds_every_value_of_the_trace(nan_trace, tmp_path):
+    ea = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
+    out = tmp_path / "tb"
+    res = export(nan_trace, "--tensorboard", str(out))
+    assert res.exit_code == 0, res.output
+    acc = ea.EventAccumulator(str(out), size_guidance={ea.SCALARS: 0, ea.TENSORS: 0})
+    acc.Reload()
+    want = expected_values(nan_trace)
+    assert set(acc.Tags()["scalars"]) == set(want)
+    assert acc.Tags()["histograms"] == []           # a trace holds none
+    n = 0
+    for tag, pts in want.items():
+        got = {e.step: e.value for e in acc.Scalars(tag)}
+        assert got.keys() == pts.keys(), tag        # the real steps; NaN and unmeasured ones left out
+        for step, v in pts.items():                 # TensorBoard keeps float32 (past its range: inf)
+            with np.errstate(over="ignore"):
+                assert got[step] == float(np.float32(v)), (tag, step)
+            n += 1
+    assert f"exported {n} value(s) in {len(want)} tag(s) and 3 finding(s)" in res.output
+    assert math.isinf(dict((e.step, e.value) for e in acc.Scalars("loss/value"))[6])
+    # the findings, as text at their steps
+    texts = {e.step: e.tensor_proto.string_val[0].decode() for e in acc.Tensors("findings/text_summary")}
+    assert sorted(texts) == [5, 6]
+    assert "exploding" in texts[5] and "update" in texts[5] and "nonfinite" in texts[6]
+
+
+def test_mlflow_run_holds_every_value_params_findings_and_the_trace(nan_trace, tmp_path, monkeypatch):
+    pytest.importorskip("mlflow")
+    from mlflow.tracking import MlflowClient
+    from nndb.export.mlflow import key
+    monkeypatch.chdir(tmp_path)
+    res = export(nan_trace, "--mlflow", "--experiment", "exp1", "--run-name", "nan run")
+    assert res.exit_code == 0, res.output
+    uri = "file:" + str(tmp_path / "mlruns")        # the default: ./mlruns
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    client = MlflowClient(tracking_uri=uri)
+    exp = client.get_experiment_by_name("exp1")
+    (run,) = client.search_runs([exp.experiment_id])
+    assert run.info.run_name == "nan run" and run.info.status == "FINISHED"
+    want = expected_values(nan_trace)
+    assert set(run.data.metrics) == {key(t) for t in want}
+    for tag, pts in want.items():
+        got = {m.step: m.value for m in client.get_metric_history(run.info.run_id, key(tag))}
+        assert got == pts, tag                      # float64, exactly
+    p = run.data.params
+    with TraceReader(nan_trace) as r:
+        lr = r.hyper()[0]["lr"]
+    assert p["script"].endswith("nan_lr.py") and p["optimizer.group0.lr"] == repr(lr)
+    assert "argv" in p and p["nndb_version"]
+    findings = [v for k, v in sorted(run.data.tags.items()) if k.startswith("nndb.finding.")]
+    assert len(findings) == 3 and findings[0].startswith("step 5: warning: exploding_gradient")
+    assert [a.path for a in client.list_artifacts(run.info.run_id)] == ["nan.h5"]
+
+
+def test_mlflow_batches_stay_within_the_per_call_limits(nan_trace, tmp_path):
+    pytest.importorskip("mlflow")
+    from nndb.export import mlflow as M
+    calls = []
+
+    class Client:
+        def log_batch(self, run_id, metrics=(), params=(), tags=()):
+            calls.append((len(metrics), len(params) + len(tags)))
+
+    sink = M.MlflowSink.__new__(M.MlflowSink)
+    from mlflow.entities import Metric, Param, RunTag
+    sink._Metric, sink._Param, sink._RunTag = Metric, Param, RunTag
+    sink.client, sink.run_id, sink._metrics, sink._others, sink._findings, sink.metrics_logged = \
+        Client(), "r", [], [], 0, 0
+    from nndb.export.scalars import trace_scalars
+    with TraceReader(nan_trace) as r:
+        for s in trace_scalars(r):
+            sink.scalars(s)
+    sink.params({f"p{i}": "v" for i in range(250)})
+    sink.findings(3, [f"f{i}" for i in range(120)])
+    sink.flush()
+    assert max(m for m, _ in calls) == M.MAX_METRICS and all(o <= M.MAX_PARAMS_TAGS for _, o in calls)
+    assert sum(m for m, _ in calls) == sum(len(v) for v in expected_values(nan_trace).values())
+    assert sum(o for _, o in calls) == 370
+
+
+@pytest.mark.parametrize("flag,extra,modules", [
+    (["--tensorboard", "DIR"], "tensorboard", ("tensorboard", "torch.utils.tensorboard")),
+    (["--mlflow"], "mlflow", ("mlflow",)),
+])
+def test_a_missing_extra_is_one_line_and_exit_2(nan_trace, tmp_path, monkeypatch, flag, extra, modules):
+    for m in modules:
+        monkeypatch.setitem(sys.modules, m, None)      # import fails as if not installed
+    flag = [str(tmp_path / "tb") if a == "DIR" else a for a in flag]
+    res = CliRunner().invoke(cli, ["export", nan_trace, *flag])
+    assert res.exit_code == 2
+    assert res.output == (f"nndb: error: nndb export {flag[0]} needs the {extra} extra: "
+                          f"pip install 'nndb[{extra}]'\n")
+    assert not os.path.exists(tmp_path / "tb")
+
+
+@pytest.mark.parametrize("args,message", [
+    (["NOPE.h5", "--tensorboard", "x"], "nndb: error: no such trace: NOPE.h5\n"),
+    (["TRACE"], "nndb: error: export where? --tensorboard DIR and/or --mlflow [TRACKING_URI]\n"),
+    (["TRACE", "--tensorboard", "FILE"], "nndb: error: cannot export to FILE: it is a file, not a directory\n"),
+])
+def test_bad_input_is_one_line_and_exit_2(nan_trace, tmp_path, monkeypatch, args, message):
+    pytest.importorskip("tensorboard")
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "FILE").write_text("x")
+    res = CliRunner().invoke(cli, ["export", *[nan_trace if a == "TRACE" else a for a in args]])
+    assert (res.exit_code, res.output) == (2, message)
+
+
+def test_not_a_trace_is_one_line(tmp_path):
+    pytest.importorskip("tensorboard")
+    bad = tmp_path / "x.h5"
+    bad.write_bytes(b"not hdf5")
+    res = CliRunner().invoke(cli, ["export", str(bad), "--tensorboard", str(tmp_path / "tb")])
+    assert res.exit_code == 2 and res.output.count("\n") == 1 and "not an nndb trace" in res.output
+
+
+def test_an_unreachable_mlflow_server_is_one_line_at_once(nan_trace):
+    pytest.importorskip("mlflow")
+    import socket
+    import time
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]          # released: nothing listens there
+    t0 = time.monotonic()
+    res = CliRunner().invoke(cli, ["export", nan_trace, "--mlflow", f"http://127.0.0.1:{port}"])
+    assert time.monotonic() - t0 < 30       # (not the client's minutes of retries)
+    assert res.exit_code == 2 and res.output.count("\n") == 1
+    assert res.output.startswith(f"nndb: error: cannot export to mlflow:http://127.0.0.1:{port}: "
+                                 f"ConnectionRefusedError")

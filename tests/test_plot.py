@@ -1,0 +1,222 @@
+"""nndb plot and the REPL's plot: the arrays each picture shows equal the
+trace's values; the drawn file exists with the expected pixel size; bad
+input is one line."""
+import math
+import os
+import sys
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from conftest import example
+from nndb.cli import cli
+from nndb.plot import data as D
+from nndb.store.measured import measured
+from nndb.store.reader import TraceReader
+
+FINDINGS = [{"rule": "exploding_gradient", "step": 5}, {"rule": "update_ratio", "step": 5},
+            {"rule": "nonfinite", "step": 6}]
+STOPS = [{"step": 3, "reason": "breakpoint", "id": 1, "detail": {}}]
+
+
+@pytest.fixture(scope="module")
+def nan_trace(tmp_path_factory):
+    """nan_lr.py recorded in this process, stopped at step 8 where the REPL's plot is typed."""
+    import gc
+    from nndb.config import RunConfig
+    from nndb.debugger.driver import DebugOptions, debug
+    from nndb.debugger.frontend import ScriptedFrontend
+    from nndb.launcher import Target
+    import importlib.util
+    gc.collect()
+    path = str(tmp_path_factory.mktemp("trace") / "nan.h5")
+    fe = ScriptedFrontend([])
+    # (the plot commands need matplotlib: without it, they would end the batch run with 2)
+    typed = ("until 8", "plot grad 0*", "plot loss", "plot act * zero_frac") \
+        if importlib.util.find_spec("matplotlib") else ()
+    result = debug(RunConfig(Target(path=example("nan_lr.py"), args=[]), path, quiet=True),
+                   DebugOptions(batch=True, no_rc=True, eval_commands=typed), fe)
+    assert result.exit_code == 0
+    return path, fe.output
+
+
+def column(reader, name, kind, stat):
+    (s,) = reader.find(name, kind)
+    steps, block = reader.history(s)
+    j = reader.columns.index(stat)
+    return steps, np.where(measured(block, reader.columns)[:, j], block[:, j], np.nan)
+
+
+def same(a, b):
+    np.testing.assert_array_equal(np.asarray(a, dtype=float), np.asarray(b, dtype=float))
+
+
+def test_heatmap_data_is_the_trace_in_model_order(nan_trace):
+    path, _ = nan_trace
+    with TraceReader(path) as r:
+        d = D.heatmap(r, "grad", "norm", None, FINDINGS)
+        grads = [s.name for s in r.series() if s.kind == "grad"]
+        assert d.layers == grads == ["0.weight", "0.bias", "2.weight", "2.bias"]
+        same(d.steps, r.steps)
+        for i, name in enumerate(d.layers):
+            steps, v = column(r, name, "grad", "norm")
+            same(steps, d.steps)
+            same(d.values[i], v)
+            assert (d.nonfinite[i] == ~np.isfinite(v)).all()
+        assert {(m.step, m.label) for m in d.marks} == {(5, "exploding_gradient"), (5, "update_ratio"),
+                                                        (6, "nonfinite")}
+        act = D.heatmap(r, "act", "zero_frac", "*")
+        # only the steps where some activation's zero_frac was measured (not every step measures it)
+        measured_at = set()
+        for name in act.layers:
+            steps, v = column(r, name, "act", "zero_frac")
+            measured_at |= {int(st) for st, x in zip(steps, v) if not np.isnan(x)}
+        assert act.steps.tolist() == sorted(measured_at) and 0 < len(measured_at) < r.n_steps
+
+
+def test_loss_history_and_ratio_data_are_the_trace(nan_trace):
+    path, _ = nan_trace
+    with TraceReader(path) as r:
+        loss = D.loss(r, FINDINGS, STOPS)
+        steps, v = column(r, "loss", "loss", "mean")
+        same(loss.steps[0], steps)
+        same(loss.values[0], v)
+        assert list(np.flatnonzero(loss.nonfinite[0])) == list(np.flatnonzero(~np.isfinite(v)))
+        assert loss.nonfinite[0][6] and math.isinf(loss.values[0][6])
+        assert [(m.step, m.kind) for m in loss.marks][-1] == (3, "stop")
+
+        h = D.history(r, "0.weight", "param")
+        for stat in D.HISTORY_STATS:
+            steps, v = column(r, "0.weight", "param", stat)
+            same(h.steps, steps)
+            same(h.stats[stat], v)
+
+        ratio = D.ratio(r)
+        assert ratio.layers == ["0.weight", "2.weight"]          # weights; biases only by a glob
+        for i, name in enumerate(ratio.layers):
+            _, u = column(r, name, "update", "norm")
+            _, w = column(r, name, "param", "norm")
+            with np.errstate(invalid="ignore", divide="ignore"):
+                same(ratio.values[i], np.where(w > 0, u / w, np.nan))
+        assert D.ratio(r, "*bias").layers == ["0.bias", "2.bias"]
+
+
+@pytest.mark.parametrize("what,args", [("heatmap", {}), ("loss", {}), ("history", {"glob": "2.weight"}),
+                                       ("ratio", {})])
+def test_each_picture_is_drawn_at_its_size(nan_trace, tmp_path, what, args):
+    mpimg = pytest.importorskip("matplotlib.image")
+    from nndb.plot.pictures import gather, picture
+    from nndb.render.plot import pixel_size
+    path, _ = nan_trace
+    with TraceReader(path) as r:
+        out = picture(r, what, findings=FINDINGS, stops=STOPS, output=str(tmp_path / f"{what}.png"), **args)
+        h, w = mpimg.imread(out).shape[:2]
+        assert (w, h) == pixel_size(gather(r, what, **args))
+        svg = picture(r, what, output=str(tmp_path / f"{what}.svg"), **args)
+        assert open(svg).read(200).startswith("<?xml")
+
+
+def test_the_repl_plot_command_writes_beside_the_trace(nan_trace):
+    pytest.importorskip("matplotlib")
+    path, output = nan_trace
+    base = os.path.splitext(path)[0]
+    for name in ("heatmap-grad-0all-norm", "loss", "heatmap-act-all-zero_frac"):
+        assert f"wrote {base}-{name}.png" in output
+        assert os.path.getsize(f"{base}-{name}.png") > 1000
+
+
+def test_the_plot_command_is_in_the_table_with_its_help():
+    from nndb.debugger.commands import TABLE
+    assert TABLE.lookup("plot").usage.startswith("plot [heatmap|loss|history|ratio]")
+    assert TABLE.parse("plot grad conv*")[1] == ("heatmap", "grad", "conv*", "norm")
+    assert TABLE.parse("plot history fc1.weight")[1] == ("history", None, "fc1.weight", "norm")
+    from nndb.errors import CommandError
+    with pytest.raises(CommandError, match="needs a tensor"):
+        TABLE.parse("plot history")
+
+
+def test_cli_plot_prints_the_path(nan_trace, tmp_path):
+    pytest.importorskip("matplotlib")
+    path, _ = nan_trace
+    out = tmp_path / "g.png"
+    res = CliRunner().invoke(cli, ["plot", path, "--kind", "grad", "--glob", "2.*", "-o", str(out)])
+    assert (res.exit_code, res.output) == (0, f"{out}\n") and out.exists()
+
+
+@pytest.mark.parametrize("args,message", [
+    (["NOPE.h5"], "nndb: error: no such trace: NOPE.h5\n"),
+    (["TRACE", "--glob", "conv*"], "nndb: error: no grad tensor matches 'conv*' in TRACE\n"),
+    (["TRACE", "-o", "/nonexistent/dir/x.png"], "nndb: error: cannot write /nonexistent/dir/x.png: "
+                                                "No such file or directory\n"),
+    (["TRACE", "-o", "x.jpg"], "nndb: error: cannot write a picture to x.jpg: the name must end in .png or .svg\n"),
+    (["TRACE", "--what", "history"], "nndb: error: a history needs the tensor's name (--glob NAME)\n"),
+    (["TRACE", "--report", "TRACE"], "nndb: error: cannot read the report TRACE: "),
+])
+def test_bad_input_is_one_line_and_exit_2(nan_trace, args, message):
+    pytest.importorskip("matplotlib")
+    path, _ = nan_trace
+    res = CliRunner().invoke(cli, ["plot", *[path if a == "TRACE" else a for a in args]])
+    assert res.exit_code == 2
+    assert res.output.startswith(message.replace("TRACE", path)) and res.output.count("\n") == 1
+
+
+def test_without_matplotlib_one_line(nan_trace, monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    res = CliRunner().invoke(cli, ["plot", nan_trace[0]])
+    assert (res.exit_code, res.output) == (2, "nndb: error: nndb plot needs the plot extra: "
+                                              "pip install 'nndb[plot]'\n")
+
+
+def test_names_from_the_trace_are_drawn_as_written(tmp_path):
+    """A '$' in a tensor or rule name would start matplotlib's math mode; a bad formula would raise."""
+    pytest.importorskip("matplotlib")
+    from nndb.render.plot import draw
+    d = D.Heatmap("grad", "norm", ["a$b", "$\\frac{$", "x" * 300], np.array([0, 1]),
+                  np.array([[1.0, 2.0], [3.0, np.inf], [np.nan, 0.5]]),
+                  np.array([[False, False], [False, True], [False, False]]),
+                  [D.Mark(1, "rule$x$")], title="script$ {bad")
+    assert os.path.getsize(draw(d, str(tmp_path / "h.png"))) > 1000
+
+
+def test_without_matplotlib_the_repl_plot_is_one_error_line(tmp_path, monkeypatch):
+    from conftest import run_in_process
+    from nndb.debugger.frontend import ScriptedFrontend
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    fe = ScriptedFrontend(["until 2", "plot grad", "continue"])
+    from nndb.debugger.driver import DebugOptions, debug
+    from nndb.config import RunConfig
+    from nndb.launcher import Target
+    debug(RunConfig(Target(path=example("mlp.py"), args=["--steps", "4"]), str(tmp_path / "t.h5"), quiet=True),
+          DebugOptions(batch=False, no_rc=True, stop_at_start=True), fe)
+    said = "\n".join(fe.output)
+    assert "needs the plot extra: pip install 'nndb[plot]'" in said and "Traceback" not in said
+
+
+def test_history_draws_a_terminal_chart_at_the_prompt_only(tmp_path):
+    from nndb.config import RunConfig
+    from nndb.debugger.driver import DebugOptions, debug
+    from nndb.debugger.frontend import ScriptedFrontend
+    from nndb.launcher import Target
+    outputs = {}
+    for batch in (False, True):
+        fe = ScriptedFrontend(["until 30", "history loss loss mean --last 3", "continue"])
+        debug(RunConfig(Target(path=example("mlp.py"), args=["--steps", "40"]), str(tmp_path / f"{batch}.h5"),
+                        quiet=True), DebugOptions(batch=batch, no_rc=True, stop_at_start=True), fe)
+        outputs[batch] = "\n".join(fe.output)
+    prompt = outputs[False].split("history loss loss mean --last 3")[1]
+    chart_rows = [l for l in prompt.splitlines() if " │" in l]
+    assert len(chart_rows) == 8 and any("█" in l for l in chart_rows)
+    assert "└" in prompt and prompt.count("(step") == 1
+    assert " │" not in outputs[True]          # batch mode: the numbers only
+
+
+def test_the_chart_follows_the_values():
+    from nndb.render.chart import EIGHTHS, chart
+    lines = chart(list(range(8)), [0.0, 1.0, 2.0, 3.0, None, math.inf, 7.0, 1.0], height=4, width=8)
+    bars = [l.split("│")[1] for l in lines[:4]]
+    heights = [sum(EIGHTHS.index(row[i]) if row[i] in EIGHTHS else 0 for row in bars) for i in range(8)]
+    assert heights[0] < heights[1] < heights[2] < heights[3] < heights[6]      # taller for larger values
+    assert heights[4] == 0 and bars[0][5] == "!"      # not measured: blank; Inf: '!' on top
+    assert lines[0].startswith("7 ") and lines[3].startswith("0 ")
+    assert chart([0, 1], [None, None]) == []
