@@ -25,13 +25,16 @@ BLOCK_ROWS = 1 << 16           # (steps x series: the block's stacked rows stay 
 
 
 class AsItWas:
-    """An optimizer's parameter groups as they were at a step (shallow copies:
-    the same parameters, the hyper-parameters of then): what the rules read
-    of an optimizer."""
+    """What the rules read of an optimizer, as it was at a step: its
+    parameter groups' parameters and learning rates."""
     __slots__ = ("param_groups",)
 
     def __init__(self, opt):
-        self.param_groups = [dict(g) for g in opt.param_groups]
+        self.param_groups = [{"params": g["params"], "lr": g.get("lr")} for g in opt.param_groups]
+
+
+def _lr_key(lr):
+    return lr if isinstance(lr, (int, float)) else id(lr)      # (a tensor lr: the rules read none)
 
 
 class RuleEngine:
@@ -49,6 +52,7 @@ class RuleEngine:
         self._probe_errors = False        # a probe was in since take_errors last looked
         self._queue: list = []            # (record, optimizers) of steps waiting to be judged as a block
         self._queued_rows = 0
+        self._snapshot = None             # (key, [(name, AsItWas)]): the optimizers as the last step left them
 
     # -- the rule set -------------------------------------------------------------
     def rule(self, rule_id: str) -> Rule:
@@ -94,6 +98,7 @@ class RuleEngine:
 
     def detach(self) -> None:
         self._queue, self._queued_rows = [], 0      # (the session flushes before: nothing is left here)
+        self._snapshot = None
         for p in self._probes.values():
             p.uninstall()
         self._probes = {}
@@ -163,15 +168,24 @@ class RuleEngine:
         return new
 
     def _wait(self, record, optimizers) -> list:
-        # The optimizers' hyper-parameters as they are now: judged later, a step
-        # still reads the learning rate it had (a scheduler may change it before).
-        opts = optimizers() if callable(optimizers) else optimizers
         q = self._queue
-        q.append((record, [(name, AsItWas(opt)) for name, opt in opts]))
+        q.append((record, self._as_it_was(optimizers)))
         self._queued_rows += len(record.names)
         if len(q) < BLOCK_STEPS and self._queued_rows < BLOCK_ROWS and record.time - q[0][0].time < BLOCK_SECONDS:
             return []
         return self.flush()
+
+    def _as_it_was(self, optimizers) -> list:
+        """[(name, AsItWas)] of the optimizers now: judged later, a step still
+        reads the learning rate it had (a scheduler may change it before).
+        The last snapshot again while no learning rate has changed."""
+        opts = optimizers() if callable(optimizers) else optimizers
+        key = [(o, tuple(_lr_key(g.get("lr")) for g in o.param_groups)) for _, o in opts]
+        last = self._snapshot
+        if last is None or len(last[0]) != len(key) or \
+                any(a is not b or la != lb for (a, la), (b, lb) in zip(last[0], key)):
+            self._snapshot = last = (key, [(name, AsItWas(o)) for name, o in opts])
+        return last[1]
 
     @property
     def waiting(self) -> bool:
