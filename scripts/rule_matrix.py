@@ -63,6 +63,7 @@ class Outcome:
     rules_failed: list = field(default_factory=list)    # rules switched off by an error of their own
     seconds: float = 0.0
     findings: list = field(default_factory=list)    # every finding, as the report has them
+    longest_block: int = 0                          # most steps the rules judged together (nndb.rules.block)
 
     @property
     def loud(self) -> list:
@@ -101,6 +102,7 @@ def run_one(script: Script, seed: int) -> Outcome:
             res = debug(cfg, DebugOptions(batch=True, no_rc=True, rules="default"), ScriptedFrontend([]))
     out = Outcome(script, seed, res.exit_code, seconds=time.perf_counter() - t0)
     out.findings = res.session.findings
+    out.longest_block = res.session.rules.longest_block
     for f in res.session.findings:
         out.first.setdefault(f["rule"], (f["step"], f["severity"]))
     out.rules_failed = [r.id for r in res.session.rules.rules if not r.enabled]

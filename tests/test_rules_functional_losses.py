@@ -233,3 +233,54 @@ def test_warnings_and_tracebacks_from_calls_under_the_mode_are_pythons(tmp_path)
     nndb_lines = [l for l in ran.stderr.splitlines(True) if l.startswith("nndb: ")]
     assert "".join(l for l in ran.stderr.splitlines(True) if l not in nndb_lines) == plain.stderr
     assert plain.stderr.count("UserWarning") == 2 and 'same.py", line 12' in plain.stderr
+
+
+# -- the mode is off the stack while an optimizer steps, unless the step takes a closure -------
+LBFGS_REGRESSION = """
+    model = nn.Sequential(nn.Linear(6, 24), nn.Tanh(), nn.Linear(24, 1))
+    x = torch.randn(N, 6)
+    y = x[:, 0] - 0.5 * x[:, 1]                       # (N,)
+    opt = torch.optim.LBFGS(model.parameters(), lr=0.5, max_iter=3)
+
+    def closure():
+        opt.zero_grad()
+        pred = model(x)                               # (N, 1)
+        loss = ((pred - y) ** 2).mean() if FLAG == "bad" else ((pred.squeeze(1) - y) ** 2).mean()
+        loss.backward()
+        return loss
+    for step in range(STEPS):
+        opt.step(closure)
+"""
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_a_loss_computed_in_an_optimizers_closure_is_seen(tmp_path, seed):
+    script = write(tmp_path, "lbfgs.py", LBFGS_REGRESSION)
+    [f] = rule(run_in_process(tmp_path, script, (seed, 3, "bad")), "loss_broadcast")
+    assert f["step"] == 0 and f["module"] == f"`-` at lbfgs.py:{line_of(script, '((pred - y) ** 2)')}"
+    assert findings_of(run_in_process(tmp_path, script, (seed, 3, "good"))) == []
+
+
+def test_the_optimizers_own_arithmetic_is_not_watched(tmp_path, monkeypatch):
+    """Adam's ~200 calls a step were most of what the loss probe's steps cost:
+    none of them reaches the mode now; the model's and the loss's calls do."""
+    from nndb.tracer import funcmode
+    seen = []
+    real = funcmode._call_from_caller
+
+    def spy(func, args, kwargs):
+        seen.append(getattr(func, "__name__", repr(func)))
+        import sys
+        f = sys._getframe(2)
+        while f is not None and f.f_code.co_filename == funcmode.__file__:
+            f = f.f_back
+        seen[-1] = (seen[-1], f.f_code.co_filename if f is not None else "")
+        return real(func, args, kwargs)
+    monkeypatch.setattr(funcmode, "_call_from_caller", spy)
+    script = write(tmp_path, "reg.py", REGRESSION.replace("opt = OPT(", "opt = torch.optim.Adam("))
+    res = run_in_process(tmp_path, script, (0, 3, "hand"))
+    assert [f["rule"] for f in findings_of(res)] == ["loss_broadcast"]
+    names = {n for n, _ in seen}
+    assert {"linear", "mean"} <= names                          # the model and the loss were watched
+    stepping = [(n, where) for n, where in seen if where.endswith(("adam.py", "_functional.py"))]
+    assert stepping == []                                       # Adam's arithmetic was not

@@ -52,6 +52,7 @@ class RuleEngine:
         self._probe_errors = False        # a probe was in since take_errors last looked
         self._queue: list = []            # (record, optimizers) of steps waiting to be judged as a block
         self._queued_rows = 0
+        self.longest_block = 0            # most steps judged together so far (a figure for tests and bench)
         self._snapshot = None             # (key, [(name, AsItWas)]): the optimizers as the last step left them
 
     # -- the rule set -------------------------------------------------------------
@@ -197,6 +198,7 @@ class RuleEngine:
         q, self._queue, self._queued_rows = self._queue, [], 0
         if not q:
             return []
+        self.longest_block = max(self.longest_block, len(q))
         rules = [r for r in self.rules if r.EVERY_STEP and r.enabled]
         naming = self._rec.naming if self._rec is not None else None
 

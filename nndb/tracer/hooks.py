@@ -137,6 +137,7 @@ class Tracer:
         # > 0 while a step boundary is being decided and recorded: nndb's
         # signal handling waits for it, so a Ctrl-C never loses half a step.
         self.busy = 0
+        self.closure_step = False               # the optimizer step running was given a closure
         self._failed = False
         self._in_hook = False
         self._thread = threading.get_ident()
@@ -385,6 +386,9 @@ class Tracer:
     def _opt_pre(self, opt, args, kwargs):
         if self._failed:
             return None
+        # (an optimizer step that evaluates a closure, LBFGS's, runs forward and loss inside it;
+        # ``args`` are step's own, the optimizer first)
+        self.closure_step = len(args) > 1 or kwargs.get("closure") is not None
         self._quietly(self._opt_pre_quiet, opt)
         return None
 
