@@ -204,30 +204,42 @@ def test_record_around_a_model_made_before_the_block(tmp_path, finished):
     del stale
 
 
-def _hand_written_updates(path, steps=4):
-    torch = pytest.importorskip("torch")
-    torch.manual_seed(0)
-    w, x = torch.nn.Linear(4, 1), torch.randn(16, 4)
-    with nndb.record(path) as rec:
-        for _ in range(steps):
-            w(x).pow(2).mean().backward()
-            with torch.no_grad():
-                for p in w.parameters():
-                    p -= 0.1 * p.grad
-                    p.grad = None
-    return rec.trace.reader.backward_count.tolist()
+HAND_WRITTEN = """
+import json, sys
+import torch
+import nndb
+sys.path.insert(0, sys.argv[2])
+import api_loop
+earlier = api_loop.build() if sys.argv[3] == "earlier" else None
+torch.manual_seed(0)
+w, x = torch.nn.Linear(4, 1), torch.randn(16, 4)
+with nndb.record(sys.argv[1]) as rec:
+    for _ in range(4):
+        w(x).pow(2).mean().backward()
+        with torch.no_grad():
+            for p in w.parameters():
+                p -= 0.1 * p.grad
+                p.grad = None
+print(json.dumps(rec.trace.reader.backward_count.tolist()))
+"""
+
+
+def _hand_written_updates(path, earlier: str):
+    """In a process of its own: no optimizer of another test is alive there."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT] + [p for p in os.environ.get("PYTHONPATH", "").split(
+        os.pathsep) if p]))
+    out = subprocess.run([sys.executable, "-c", HAND_WRITTEN, str(path), SCRIPTS, earlier], capture_output=True,
+                         text=True, timeout=120, env=env)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout.splitlines()[-1])
 
 
 def test_record_hand_written_updates(tmp_path):
     """Each backward is a step, as under nndb run; with an optimizer made
     before the block alive (it might have been the loop's), the first two
     iterations make step 0 (docs/api.md says so)."""
-    import gc
-    gc.collect()
-    assert _hand_written_updates(tmp_path / "a.h5") == [1, 1, 1, 1]
-    earlier = api_loop.build()
-    assert _hand_written_updates(tmp_path / "b.h5") == [2, 1, 1]
-    del earlier
+    assert _hand_written_updates(tmp_path / "a.h5", "none") == [1, 1, 1, 1]
+    assert _hand_written_updates(tmp_path / "b.h5", "earlier") == [2, 1, 1]
 
 
 def test_docs_example_runs(tmp_path, monkeypatch, capsys):
