@@ -411,3 +411,16 @@ def test_import_nndb_is_cheap():
     code = "import sys, nndb; print(sorted(m for m in ('torch', 'h5py', 'numpy', 'nndb.api') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert out.returncode == 0 and out.stdout.strip() == "[]", out.stderr
+
+
+def test_record_keeps_the_findings_of_the_last_steps_in_the_trace(tmp_path, monkeypatch, capsys):
+    """The every-step rules judge the steps between observed ones in blocks
+    (nndb.rules.block): the findings of a block the run ends in are judged
+    before the trace closes, and rec.findings inside the block judges what waits."""
+    script = os.path.join(SCRIPTS, "planted_warmup_explodes.py")
+    monkeypatch.setattr(sys, "argv", [script, "--steps", "52"])
+    with nndb.record(tmp_path / "t.h5") as rec:
+        runpy.run_path(script, run_name="__main__")
+    late = [f for f in rec.findings if f["step"] > 33]          # (after the last observed step, 32)
+    assert "exploding_gradient" in {f["rule"] for f in late}
+    assert rec.trace.findings == json_value(rec.findings)

@@ -133,6 +133,7 @@ class Recorder:
     def _close(self, status: str, code: int, reason: str) -> None:
         self.status = status
         try:
+            self._session.flush_rules()     # (the last steps' findings, before the trace closes)
             self._rec.close(status, code, reason)
         finally:
             self._session.run_ended(status, code, reason)
@@ -141,7 +142,10 @@ class Recorder:
     # -- what it recorded --------------------------------------------------------
     @property
     def findings(self) -> list:
-        """The rules' findings so far, as the session report has them."""
+        """The rules' findings so far, as the session report has them (the
+        steps the rules keep in a block judged first: nndb.rules.block)."""
+        if self.status is None:
+            self._session.flush_rules()
         return FindingList(self._session.findings)
 
     @property
