@@ -194,7 +194,7 @@ class Cadence:
             ("all ten statistics of every tensor, activations included", "full", "`--full-every`"),
             ("`nonfinite`, `exploding_gradient`, `vanishing_gradient`, `update_ratio`, `param_not_updated`, "
              "`loss_not_decreasing` (its trend judged on the observed steps), the rules of a rule file "
-             "(between observed steps, while all of them only warn, judged in blocks of up to 16 steps, "
+             "(between observed steps, while all of them only warn, judged together as a block of the steps between two observed ones (or 0.25 s), "
              "each step's findings as judged alone, all in before any stop)",
              "recorded", ""),
             ("the other rules (observed steps: they read activations or all ten statistics; a probe's "

@@ -82,4 +82,4 @@ def test_blocks_find_what_step_by_step_judgement_finds(outcomes, monkeypatch):
         assert single.findings == blocks[s.name].findings, s.name
     assert sum(len(blocks[s.name].findings) for s in scripts) >= 8      # (the planted bugs were found)
     # (what the comparison is worth: most of these runs were judged in whole blocks)
-    assert sum(blocks[s.name].longest_block == 16 for s in scripts) >= 4
+    assert sum(blocks[s.name].longest_block >= 16 for s in scripts) >= 4

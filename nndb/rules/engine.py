@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Iterable, Optional
 
-from ..cadence import observed
+from ..cadence import OBSERVE_EVERY, observed
 from ..errors import UsageError
 from .base import Rule, StepContext
 from .block import Block
@@ -18,8 +18,11 @@ from .probes import PROBES
 
 
 # Steps judged together at most (nndb.rules.block), and how long the first
-# of them may wait: a finding is printed at most this much later.
-BLOCK_STEPS = 16
+# of them may wait: a finding is printed at most this much later.  Blocks
+# end at the observed steps anyway (one in OBSERVE_EVERY, judged alone):
+# a block's cost is mostly fixed (a few dozen numpy calls), so it spans the
+# whole stretch between two of them.
+BLOCK_STEPS = OBSERVE_EVERY
 BLOCK_SECONDS = 0.25
 BLOCK_ROWS = 1 << 16           # (steps x series: the block's stacked rows stay a few MB)
 
