@@ -43,6 +43,7 @@ class DebugOptions:
     checkpoint_every: Optional[str] = None    # --checkpoint-every N|Ns
     checkpoint_memory: Optional[str] = None   # --checkpoint-memory SIZE
     exports: tuple = ()                 # --export: nndb.export.targets.ExportTarget, streamed live
+    replica_off_reason: Optional[str] = None    # why time travel is off, where not --replica off (a kernel)
 
 
 @dataclass
@@ -84,12 +85,14 @@ def build_session(frontend, options: DebugOptions) -> Session:
         raise UsageError(str(e)) from None
     lineage = LineageControl(options.lineage)
     lineage.replay = replay_checked          # (catch points armed at the step end locate the op by a replay)
+    machine = TimeMachine(options.replica, options.total_steps, rules_spec=options.rules or "none",
+                          lineage_spec=options.lineage, every=options.checkpoint_every, memory_kib=memory)
+    if options.replica_off_reason:
+        machine.off_reason = options.replica_off_reason
     return Session(frontend, TABLE, renderer, interactive=interactive,
                    stop_at_start=interactive and options.stop_at_start,
                    rules=load_rules(options.rules),
-                   machine=TimeMachine(options.replica, options.total_steps, rules_spec=options.rules or "none",
-                                       lineage_spec=options.lineage, every=options.checkpoint_every,
-                                       memory_kib=memory),
+                   machine=machine,
                    lineage=lineage)
 
 

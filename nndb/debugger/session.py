@@ -25,6 +25,7 @@ from typing import Optional
 
 from ..errors import CommandError, KillRun, RestartRun
 from ..safetext import printable
+from . import current
 from . import evaluate as E
 from . import points as P
 from .listeners import session_listeners
@@ -128,6 +129,7 @@ class Session(CommandLoop, StopPoints, RunQueries):
                 p.reset()
         self._listeners = session_listeners(self)
         rec.listeners.extend(self._listeners)
+        current.attached(self)               # (nndb.set_trace() stops here)
         if self.rules is not None:
             self.rules.attach(rec)
         self.note_earlier_optimizers()
@@ -176,6 +178,7 @@ class Session(CommandLoop, StopPoints, RunQueries):
     def run_ended(self, status: str, exit_code: int, reason: str) -> None:
         self.flush_rules()
         self.live = False
+        current.ended(self)
         self.ended = status
         self.exit_code = exit_code
         self.state = "exited"
