@@ -29,9 +29,10 @@ def in_kernel() -> bool:
     return shell is not None and getattr(shell, "kernel", None) is not None
 
 
-def _display(obj) -> None:
+def _display(html_text: str, plain: str) -> None:
+    """One output with both an HTML and a plain-text form (IPython picks)."""
     from IPython.display import display
-    display(obj)
+    display({"text/html": html_text, "text/plain": plain}, raw=True)
 
 
 def table_html(t: Table) -> str:
@@ -58,7 +59,8 @@ class NotebookFrontend(InputFrontend):
         """Display ``result`` (a command's data); False: let it be printed as text."""
         try:
             if isinstance(result, Table):
-                _display(_Html(table_html(result)))
+                plain = self.session.renderer.render(result) if self.session is not None else ""
+                _display(table_html(result), plain)
                 return True
             if isinstance(result, (list, tuple)) and any(isinstance(r, Table) for r in result):
                 for r in result:
@@ -66,9 +68,9 @@ class NotebookFrontend(InputFrontend):
                         self.message(str(r))
                 return True
             if isinstance(result, PictureFile):
-                from IPython.display import Image
+                from IPython.display import Image, display
                 self.message(str(result))
-                _display(Image(filename=result.path))
+                display(Image(filename=result.path))
                 return True
         except ImportError:
             return False
@@ -86,13 +88,3 @@ class NotebookFrontend(InputFrontend):
                            "prompt (give commands with -e)")
         s = self.session
         return "continue" if s is not None and s.live else None
-
-
-class _Html:
-    """An HTML snippet for IPython.display (already escaped by nndb.render.html)."""
-
-    def __init__(self, text: str):
-        self.text = text
-
-    def _repr_html_(self) -> str:
-        return self.text
