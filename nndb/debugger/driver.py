@@ -24,6 +24,7 @@ from ..timetravel.lineage_replay import replay_checked
 from ..timetravel.machine import TimeMachine, parse_size
 from ..timetravel.schedule import parse_every
 from . import rcfiles, report
+from .progress import ProgressLine
 from .commands import TABLE
 from .session import Session
 
@@ -44,6 +45,7 @@ class DebugOptions:
     checkpoint_memory: Optional[str] = None   # --checkpoint-memory SIZE
     exports: tuple = ()                 # --export: nndb.export.targets.ExportTarget, streamed live
     replica_off_reason: Optional[str] = None    # why time travel is off, where not --replica off (a kernel)
+    progress: bool = False              # the progress line on stderr (nndb run when stderr is a terminal)
 
 
 @dataclass
@@ -100,6 +102,8 @@ def debug(config: RunConfig, options: DebugOptions, frontend,
           message: Callable[[str], None] = _stderr) -> DebugResult:
     interactive = not options.batch
     session = build_session(frontend, options)
+    if options.progress:
+        session.progress = ProgressLine(session)
     lines = rcfiles.startup_lines(list(options.command_files), list(options.eval_commands),
                                   options.no_rc, message)
     bad = rcfiles.first_error(TABLE, lines) if options.batch else None
@@ -125,6 +129,8 @@ def debug(config: RunConfig, options: DebugOptions, frontend,
         try:
             this_run = record(cfg, message, session=session, listeners=exports.start if exports else None)
         finally:
+            if session.progress is not None:
+                session.progress.clear()
             if exports:
                 exports.finish(this_run.status if this_run else "failed", this_run.trace_path if this_run else None)
         result = this_run

@@ -49,6 +49,7 @@ class Session(CommandLoop, StopPoints, RunQueries):
         self.machine = machine               # nndb.timetravel.machine.TimeMachine (checkpoints, replicas)
         self.replica = None                  # in a replica process: its role (nndb.timetravel.roles)
         self.lineage = lineage               # nndb.lineage.control.LineageControl (op recorder policy)
+        self.progress = None                 # nndb.debugger.progress.ProgressLine (nndb run on a terminal)
         if hasattr(frontend, "session"):
             frontend.session = self        # completion and the toolbar look at the session
         self.interactive = interactive
@@ -102,9 +103,13 @@ class Session(CommandLoop, StopPoints, RunQueries):
     # from the script or a trace reach the terminal with their control
     # characters shown, not obeyed)
     def message(self, text: str) -> None:
+        if self.progress is not None:
+            self.progress.clear()
         self.frontend.message(printable(text))
 
     def error(self, text: str) -> None:
+        if self.progress is not None:
+            self.progress.clear()
         self.frontend.error(printable(text))
 
     # -- the run's lifetime (called by the driver) --------------------------------
