@@ -41,6 +41,17 @@ for step in range(20):
     opt.step()
 """
 
+SET_TRACE = """\
+import nndb
+for step in range(6):
+    loss = ((model(x) - y) ** 2).mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    if step == 2:
+        nndb.set_trace(trace="st.h5")
+"""
+
 
 def _kernelspec(tmp_path) -> str:
     d = tmp_path / "jupyter" / "kernels" / "nndb-test"
@@ -75,11 +86,12 @@ def test_a_notebook_records_a_cell_stops_at_a_watch_and_shows_html_and_a_plot(tm
     nb = nbformat.v4.new_notebook()
     nb.cells = [nbformat.v4.new_code_cell(src) for src in
                 (SETUP, RUN, MODEL, CELL, "import nndb\nnndb.open('cell.h5').findings",
-                 "%debug_train --trace run2.h5 train.py", "%nndb walk")]
+                 "%debug_train --trace run2.h5 train.py", "%nndb walk", SET_TRACE,
+                 "t = nndb.open('st.h5')\nprint(t.status, len(t.steps), t.stops[0]['reason'])")]
     client = nbclient.NotebookClient(nb, timeout=120, kernel_name="nndb-test",
                                      resources={"metadata": {"path": str(tmp_path)}})
     client.execute()
-    setup, run, _, cell, findings, prompt, bad = nb.cells
+    setup, run, _, cell, findings, prompt, bad, stopped, after = nb.cells
 
     assert not _outputs(setup, "error"), setup.outputs
     # %nndb run: the watch stops; its commands show the loss table as HTML and the plot inline
@@ -107,6 +119,12 @@ def test_a_notebook_records_a_cell_stops_at_a_watch_and_shows_html_and_a_plot(tm
     # a bad magic line is one error line, not a traceback
     assert not _outputs(bad, "error")
     assert "nndb: error: %nndb: say 'run SCRIPT [ARGS]'" in _text(bad)
+
+    # nndb.set_trace() in a cell: it records from there, stops (no input here: it goes on), and the
+    # recording ends with the cell
+    assert "Stopped at nndb.set_trace() during step 0" in _text(stopped), stopped.outputs
+    assert not _outputs(stopped, "error")
+    assert _text(after).strip() == "finished 3 set_trace", after.outputs
 
 
 def test_a_command_table_as_html_is_escaped_and_formatted_as_the_terminal_shows_it():

@@ -130,3 +130,11 @@ def test_set_trace_on_a_terminal_uses_the_repl(tmp_path):
         assert term.proc.wait(timeout=60) == 0
     finally:
         term.close()
+
+
+def test_a_trace_path_it_may_not_write_is_one_line_and_the_program_goes_on(tmp_path):
+    (tmp_path / "taken.txt").write_text("mine")
+    ran = _python(tmp_path, _script(tmp_path, call="nndb.set_trace(trace='taken.txt')"), stdin="continue\n")
+    assert ran.returncode == 0 and len(_losses(ran.stdout)) == 12
+    assert ran.stderr.count("\n") == 1 and "exists and is not an nndb trace" in ran.stderr
+    assert "the program goes on without nndb" in ran.stderr and (tmp_path / "taken.txt").read_text() == "mine"

@@ -57,9 +57,31 @@ def _start(frame, trace: Optional[str]):
     s.machine.off_reason = "nndb.set_trace() in a process nndb did not start; 'nndb run SCRIPT' has it"
     rec.__enter__()
     _own = rec
-    atexit.register(_end_at_exit, rec)
+    if not _end_with_the_cell(rec):
+        atexit.register(_end_at_exit, rec)
     s.message(f"nndb: recording from here to {shown(rec.path)}; {NOT_HERE}")
     return s
+
+
+def _end_with_the_cell(rec: Recorder) -> bool:
+    """In a notebook kernel the recording ends with the cell that called
+    set_trace (the kernel outlives it: its later cells are not recorded)."""
+    from .. import notebook
+    if not notebook.in_kernel():
+        return False
+    shell = sys.modules["IPython"].get_ipython()
+
+    def ended(result=None):
+        global _own
+        shell.events.unregister("post_run_cell", ended)
+        if _own is rec:
+            _own = None
+        exc = getattr(result, "error_in_exec", None)
+        rec.end(exc if isinstance(exc, Exception) else None)
+        _stderr(f"nndb: the cell ended; trace: {rec.path}")
+
+    shell.events.register("post_run_cell", ended)
+    return True
 
 
 def _end_at_exit(rec: Recorder) -> None:
