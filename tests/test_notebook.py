@@ -134,3 +134,44 @@ def test_a_command_table_as_html_is_escaped_and_formatted_as_the_terminal_shows_
     assert "<img" not in h and "&lt;img src=x onerror=alert(1)&gt;" in h
     assert "<b>step &lt;1&gt;</b>" in h and "<td>0.1235</td>" in h
     assert table_html(Table(("a",), [], empty="no <rows>")) == "<p>no &lt;rows&gt;</p>"
+
+
+def test_the_prompt_is_the_notebooks_input_box(tmp_path, monkeypatch):
+    """A client that answers input() (as Jupyter's input box does): the
+    session's prompts arrive as input requests, the typed commands run."""
+    pytest.importorskip("ipykernel")
+    manager = pytest.importorskip("jupyter_client.manager")
+    (tmp_path / "train.py").write_text(TRAIN)
+    monkeypatch.setenv("JUPYTER_PATH", _kernelspec(tmp_path))
+    monkeypatch.setenv("PYTHONPATH", ROOT)
+    km = manager.KernelManager(kernel_name="nndb-test")
+    km.start_kernel(cwd=str(tmp_path))
+    kc = km.client()
+    kc.start_channels()
+    typed = iter(["break step 3", "continue", "p step", "stats loss", "continue", "quit"])
+    prompts, outputs = [], []
+
+    def answer(msg):
+        prompts.append(msg["content"]["prompt"])
+        kc.input(next(typed, "quit"))
+
+    def keep(msg):
+        if msg["msg_type"] in ("stream", "display_data", "execute_result", "error"):
+            outputs.append(msg)
+
+    try:
+        kc.wait_for_ready(timeout=60)
+        kc.execute_interactive(SETUP, timeout=60)
+        reply = kc.execute_interactive("%nndb run --trace run.h5 train.py", allow_stdin=True, stdin_hook=answer,
+                                       output_hook=keep, timeout=120)
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
+    assert reply["content"]["status"] == "ok"
+    text = "".join(m["content"].get("text", "") for m in outputs if m["msg_type"] == "stream")
+    assert prompts[:5] == ["(nndb) "] * 5, prompts
+    assert "Stopped at the start of the run" in text and "Breakpoint 1, step 3 finished" in text, text
+    assert "\n3\n" in text                                   # p step at the breakpoint
+    html = [m["content"]["data"]["text/html"] for m in outputs if "text/html" in m["content"].get("data", {})]
+    assert any("<td>loss</td>" in h for h in html)            # stats as an HTML table
+    assert "step 11 loss 1.01219130" in text and "nndb trace" in html[-1]
