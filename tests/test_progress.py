@@ -84,12 +84,14 @@ def test_on_a_terminal_the_line_is_redrawn_and_removed_at_a_stop_and_at_the_end(
         term.type("continue")
         raw = b""
         end = time.time() + 60
-        while b"(nndb)" not in raw and time.time() < end:      # the run ends, and its prompt shows
+        # the run ends ("done"), and then its prompt shows (the prompt redrawn with the typed
+        # 'continue' may come first)
+        while not (b"done" in raw and b"(nndb)" in raw[raw.index(b"done"):]) and time.time() < end:
             if select.select([term.master], [], [], 1)[0]:
                 raw += os.read(term.master, 65536)
         text = raw.decode(errors="replace")
         draws = re.findall(r"\r\x1b\[Knndb: step (\d+)  (\S+) steps/s  loss (\S+)  0 finding\(s\)\r", text)
-        assert 2 <= len(draws) <= 12, text[-500:]            # about 4 a second for 1.5 s after the first
+        assert 2 <= len(draws) <= 16, text[-500:]            # about 4 a second for 1.5 s after the first
         assert [int(d[0]) for d in draws] == sorted(int(d[0]) for d in draws)
         assert float(draws[-1][1]) > 0
         after = text[text.rindex("steps/s"):]
