@@ -1,8 +1,9 @@
 """nndb: a gdb/pdb-style debugger for PyTorch training.
 
-``nndb.open(PATH)`` reads a trace and ``nndb.record(PATH)`` records a loop in
-this process (docs/api.md).  Both import nndb.api, and with it h5py (and, for
-``record``, torch), when first called: ``import nndb`` itself stays cheap.
+``nndb.open(PATH)`` reads a trace, ``nndb.record(PATH)`` records a loop in
+this process and ``nndb.set_trace()`` stops at the prompt there (docs/api.md);
+``%load_ext nndb`` adds the notebook magics.  They import nndb.api, and with
+it h5py and torch, when first called: ``import nndb`` itself stays cheap.
 """
 from .version import __version__
 
@@ -23,4 +24,21 @@ def record(path, **options):
     return api.record(path, **options)
 
 
-__all__ = ["__version__", "open", "record"]
+def set_trace(*, trace=None):
+    """Stop at the nndb prompt at the caller's line (pdb's ``set_trace``;
+    ``PYTHONBREAKPOINT=nndb.set_trace`` makes ``breakpoint()`` call it).
+    Under ``nndb run`` it is a stop of that run; otherwise it starts
+    recording here (``trace``: the file, default a new one under
+    ./nndb-runs/) and stops.  See docs/api.md."""
+    import sys
+    from .api.settrace import set_trace as _set_trace
+    _set_trace(trace=trace, frame=sys._getframe(1))
+
+
+def load_ipython_extension(ipython):
+    """``%load_ext nndb``: the ``%nndb`` / ``%%nndb`` and ``%debug_train`` magics (nndb.notebook)."""
+    from .notebook import load
+    load(ipython)
+
+
+__all__ = ["__version__", "open", "record", "set_trace"]

@@ -110,11 +110,18 @@ def run(module, trace_path, force, every, steps_range, full_every, act_every, fl
                                eval_commands=eval_commands, no_rc=nx, report=report_path, rules=rules,
                                replica=replica, total_steps=total_steps, lineage=lineage,
                                checkpoint_every=checkpoint_every, checkpoint_memory=checkpoint_memory,
-                               exports=export_targets)
+                               exports=export_targets, progress=_stderr_is_terminal())
         result = debug(config, options, _frontend(interactive=not batch))
     except NndbError as e:
         _fail(e)
     sys.exit(result.exit_code)
+
+
+def _stderr_is_terminal() -> bool:
+    try:
+        return sys.stderr.isatty()
+    except (AttributeError, ValueError):
+        return False
 
 
 def _export_targets(specs) -> tuple:

@@ -64,7 +64,7 @@ def test_cli_choices_match_the_trace_schema():
 # the API; everything else of nndb's that is not listed is on the base floor.
 FLOORS = [
     ("cli and the Python API", ("nndb.cli", "nndb.__main__", "nndb.paths", "nndb.checkrun", "nndb.api",
-                                "nndb.__init__")),
+                                "nndb.__init__", "nndb.notebook")),
     ("driver", ("nndb.debugger.driver",)),
     ("front ends", ("nndb.repl", "nndb.debugger.frontend", "nndb.debugger.report", "nndb.inspect",
                     "nndb.api.trace")),

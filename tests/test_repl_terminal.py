@@ -33,11 +33,13 @@ _ESC = re.compile(rb"\x1b\[[0-9;?]*[A-Za-z]")
 
 
 class Terminal:
-    def __init__(self, args, cwd, home):
+    def __init__(self, args, cwd, home, python_args=None, env=None):
+        """``nndb ARGS`` on a pseudo-terminal (``python_args``: ``python ARGS`` instead)."""
         env = dict(os.environ, PYTHONPATH=ROOT, PROMPT_TOOLKIT_NO_CPR="1", TERM="xterm",
-                   HOME=str(home), XDG_CONFIG_HOME=str(home / ".config"))
+                   HOME=str(home), XDG_CONFIG_HOME=str(home / ".config"), **(env or {}))
         self.master, slave = pty.openpty()
-        self.proc = subprocess.Popen([sys.executable, "-m", "nndb", *args], cwd=cwd, stdin=slave, stdout=slave,
+        argv = [sys.executable, *python_args] if python_args is not None else [sys.executable, "-m", "nndb", *args]
+        self.proc = subprocess.Popen(argv, cwd=cwd, stdin=slave, stdout=slave,
                                      stderr=slave, env=env, close_fds=True, start_new_session=True)
         os.close(slave)
         self.seen = b""

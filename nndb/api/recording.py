@@ -9,15 +9,18 @@ launched as a script records the same trace and gets the same findings.
 from __future__ import annotations
 
 import os
+import re
 import sys
 from typing import Optional
 
-from ..config import RecordSchedule, RunConfig
+from ..config import RecordSchedule, RunConfig, default_trace_path
 from ..debugger.driver import DebugOptions, build_session
+from ..debugger.commands import TABLE
 from ..debugger.frontend import BatchFrontend
-from ..errors import EXIT_OK, EXIT_SCRIPT_ERROR, EXIT_SIGINT, EXIT_SIGTERM, Terminated, UsageError
+from ..debugger.rcfiles import first_error, startup_lines
+from ..errors import EXIT_OK, EXIT_SCRIPT_ERROR, EXIT_SIGINT, EXIT_SIGTERM, KillRun, RestartRun, Terminated, UsageError
 from ..launcher import Target, system_exit_code
-from ..paths import resolve_trace
+from ..paths import default_dir_writable, resolve_trace
 from ..runner import Recording, _stderr
 from .. import runmeta
 from .trace import FindingList, Trace
@@ -44,6 +47,8 @@ def _ending(exc: Optional[BaseException]) -> tuple:
         return ("finished" if code == 0 else "failed"), code, f"sys.exit({exc.code!r})"
     if isinstance(exc, KeyboardInterrupt):
         return "interrupted", EXIT_SIGINT, "KeyboardInterrupt"
+    if isinstance(exc, (KillRun, RestartRun)):       # (quit at nndb.set_trace's prompt)
+        return "killed", EXIT_OK, "killed from the debugger"
     if isinstance(exc, Terminated):
         return "terminated", EXIT_SIGTERM, "SIGTERM"
     try:
@@ -79,19 +84,37 @@ class Recorder:
     prompt), and nndb's SIGTERM handling (the process's signals stay its own).
     """
 
-    def __init__(self, path: str, *, force: bool = False, rules: Optional[str] = "default",
+    def __init__(self, path: Optional[str], *, force: bool = False, rules: Optional[str] = "default",
                  every: Optional[int] = None, steps: Optional[str] = None, full_every: Optional[int] = None,
                  act_every: Optional[int] = None, flush_every: int = 500, flush_secs: float = 2.0,
-                 lineage: Optional[str] = None, quiet: bool = True):
-        self.path = resolve_trace(os.fspath(path), force, what="nndb.record:", force_flag="force=True")
+                 lineage: Optional[str] = None, quiet: bool = True, frontend=None, interactive: bool = False,
+                 commands: tuple = (), script: Optional[str] = None):
+        script = script or _caller_file()      # (the trace's "script": a notebook cell names its own)
+        if path is None:            # a new file under ./nndb-runs/, named as nndb run names them
+            stem = re.sub(r"[^\w.-]+", "", os.path.splitext(os.path.basename(script))[0]) or "run"
+            self.path = default_trace_path(Target(path=stem + ".py"), directory=default_dir_writable("nndb-runs"))
+        else:
+            self.path = resolve_trace(os.fspath(path), force, what="nndb.record:", force_flag="force=True")
         schedule = RecordSchedule.parse(every, steps, full_every, act_every)
         if flush_every < 1 or not flush_secs >= 0:
             raise UsageError(f"nndb.record: flush_every must be >= 1 and flush_secs >= 0, "
                              f"not {flush_every} and {flush_secs}")
-        self._config = RunConfig(Target(path=_caller_file()), self.path, schedule, flush_every, flush_secs, quiet)
-        # (a bad rule file fails here, before anything is recorded)
-        self._session = build_session(BatchFrontend(), DebugOptions(
-            batch=True, stop_at_start=False, no_rc=True, rules=rules, replica="off", lineage=lineage))
+        self._config = RunConfig(Target(path=script), self.path, schedule, flush_every, flush_secs, quiet)
+        # (a bad rule file fails here, before anything is recorded).  A
+        # ``frontend`` prints the session's output (a notebook's); with
+        # ``interactive`` (nndb.set_trace) it prompts at the stops, and
+        # ``commands`` run as nndb run's -e commands do (a command that does
+        # not parse fails here).
+        self._session = build_session(frontend or BatchFrontend(), DebugOptions(
+            batch=not interactive, stop_at_start=False, no_rc=True, rules=rules, replica="off", lineage=lineage,
+            replica_off_reason="nndb.record and nndb.set_trace: forking or re-running this process is not safe; "
+                               "'nndb run SCRIPT' has time travel"))
+        if commands:
+            lines = startup_lines([], list(commands), True, _stderr)
+            bad = first_error(TABLE, lines)
+            if bad is not None:
+                raise UsageError(bad)
+            self._session.queue_lines(lines)
         self._rec: Optional[Recording] = None
         self._trace: Optional[Trace] = None
         self.status: Optional[str] = None
@@ -121,14 +144,27 @@ class Recorder:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> bool:
+        self.end(exc, post_mortem=True)
+        return False                                    # the block's own exception goes on, untouched
+
+    @property
+    def session(self):
+        """The debugger session recording the block (nndb.debugger.session.Session)."""
+        return self._session
+
+    def end(self, exc: Optional[BaseException] = None, post_mortem: bool = False) -> None:
+        """End the recording as the block's end does (``exc``: how it ended;
+        ``post_mortem``: stop at its raising frame, as the block's exit does).
+        nndb.set_trace, which has no block, ends its recording here."""
+        if self._rec is None or self.status is not None:
+            return
         status, code, reason = _ending(exc)
         # In nndb run's order (runner.record): the tracer closes the step the
         # block ended in, then the exception's stop, then the trace.
-        _quietly(self._rec.__exit__, exc_type, exc, tb)
-        if exc is not None and status == "failed":
+        _quietly(self._rec.__exit__, type(exc) if exc else None, exc, exc.__traceback__ if exc else None)
+        if exc is not None and status == "failed" and post_mortem:
             _quietly(self._session.post_mortem, exc)    # (the stop the report and the trace keep)
         _quietly(self._close, status, code, reason)
-        return False                                    # the block's own exception goes on, untouched
 
     def _close(self, status: str, code: int, reason: str) -> None:
         self.status = status

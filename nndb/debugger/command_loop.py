@@ -68,7 +68,9 @@ class CommandLoop:
             if self.replica is not None and self.machine is not None:
                 self._note_change(text)
             result = self.table.dispatch(self, text)
-            if result is not None:
+            # a front end may show the data itself (a notebook: HTML tables, inline pictures)
+            show = getattr(self.frontend, "show", None)
+            if result is not None and not (show is not None and show(result)):
                 out = self.renderer.render(result)
                 if out:
                     self.message(out)

@@ -24,6 +24,7 @@ from ..timetravel.lineage_replay import replay_checked
 from ..timetravel.machine import TimeMachine, parse_size
 from ..timetravel.schedule import parse_every
 from . import rcfiles, report
+from .progress import ProgressLine
 from .commands import TABLE
 from .session import Session
 
@@ -43,6 +44,8 @@ class DebugOptions:
     checkpoint_every: Optional[str] = None    # --checkpoint-every N|Ns
     checkpoint_memory: Optional[str] = None   # --checkpoint-memory SIZE
     exports: tuple = ()                 # --export: nndb.export.targets.ExportTarget, streamed live
+    replica_off_reason: Optional[str] = None    # why time travel is off, where not --replica off (a kernel)
+    progress: bool = False              # the progress line on stderr (nndb run when stderr is a terminal)
 
 
 @dataclass
@@ -84,12 +87,14 @@ def build_session(frontend, options: DebugOptions) -> Session:
         raise UsageError(str(e)) from None
     lineage = LineageControl(options.lineage)
     lineage.replay = replay_checked          # (catch points armed at the step end locate the op by a replay)
+    machine = TimeMachine(options.replica, options.total_steps, rules_spec=options.rules or "none",
+                          lineage_spec=options.lineage, every=options.checkpoint_every, memory_kib=memory)
+    if options.replica_off_reason:
+        machine.off_reason = options.replica_off_reason
     return Session(frontend, TABLE, renderer, interactive=interactive,
                    stop_at_start=interactive and options.stop_at_start,
                    rules=load_rules(options.rules),
-                   machine=TimeMachine(options.replica, options.total_steps, rules_spec=options.rules or "none",
-                                       lineage_spec=options.lineage, every=options.checkpoint_every,
-                                       memory_kib=memory),
+                   machine=machine,
                    lineage=lineage)
 
 
@@ -97,6 +102,8 @@ def debug(config: RunConfig, options: DebugOptions, frontend,
           message: Callable[[str], None] = _stderr) -> DebugResult:
     interactive = not options.batch
     session = build_session(frontend, options)
+    if options.progress:
+        session.progress = ProgressLine(session)
     lines = rcfiles.startup_lines(list(options.command_files), list(options.eval_commands),
                                   options.no_rc, message)
     bad = rcfiles.first_error(TABLE, lines) if options.batch else None
@@ -122,6 +129,8 @@ def debug(config: RunConfig, options: DebugOptions, frontend,
         try:
             this_run = record(cfg, message, session=session, listeners=exports.start if exports else None)
         finally:
+            if session.progress is not None:
+                session.progress.clear()
             if exports:
                 exports.finish(this_run.status if this_run else "failed", this_run.trace_path if this_run else None)
         result = this_run

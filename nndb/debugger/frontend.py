@@ -74,3 +74,29 @@ class ScriptedFrontend(BatchFrontend):
     @property
     def text(self) -> str:
         return "\n".join(self.output)
+
+
+class InputFrontend(BatchFrontend):
+    """A prompt read with Python's ``input()``: ``nndb.set_trace()`` when
+    stdin is not a terminal (lines piped in, as pdb reads them) and a
+    notebook's input box (ipykernel answers ``input()`` through it).  End
+    of input is None (the session quits, as at Ctrl-D)."""
+    interactive = True
+
+    def read_line(self, prompt: str) -> Optional[str]:
+        try:
+            return input(prompt)
+        except EOFError:
+            return None
+
+    def confirm(self, question: str) -> bool:
+        for _ in range(3):
+            answer = self.read_line(question)
+            if answer is None:
+                return True                 # (end of input answers yes, as gdb's)
+            if answer.strip().lower() in ("y", "yes"):
+                return True
+            if answer.strip().lower() in ("n", "no"):
+                return False
+            self.message("Please answer y or n.")
+        return False

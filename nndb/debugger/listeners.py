@@ -76,5 +76,7 @@ def session_listeners(s) -> list:
         out.append(Checkpoints(s))
     if s.lineage is not None:
         out.append(LineageSteps(s))
+    if s.progress is not None:
+        out.append(s.progress)               # (after the rules: it counts their findings)
     out.append(StopCheck(s))
     return out

@@ -25,6 +25,7 @@ from typing import Optional
 
 from ..errors import CommandError, KillRun, RestartRun
 from ..safetext import printable
+from . import current
 from . import evaluate as E
 from . import points as P
 from .listeners import session_listeners
@@ -48,6 +49,7 @@ class Session(CommandLoop, StopPoints, RunQueries):
         self.machine = machine               # nndb.timetravel.machine.TimeMachine (checkpoints, replicas)
         self.replica = None                  # in a replica process: its role (nndb.timetravel.roles)
         self.lineage = lineage               # nndb.lineage.control.LineageControl (op recorder policy)
+        self.progress = None                 # nndb.debugger.progress.ProgressLine (nndb run on a terminal)
         if hasattr(frontend, "session"):
             frontend.session = self        # completion and the toolbar look at the session
         self.interactive = interactive
@@ -101,9 +103,13 @@ class Session(CommandLoop, StopPoints, RunQueries):
     # from the script or a trace reach the terminal with their control
     # characters shown, not obeyed)
     def message(self, text: str) -> None:
+        if self.progress is not None:
+            self.progress.clear()
         self.frontend.message(printable(text))
 
     def error(self, text: str) -> None:
+        if self.progress is not None:
+            self.progress.clear()
         self.frontend.error(printable(text))
 
     # -- the run's lifetime (called by the driver) --------------------------------
@@ -128,6 +134,7 @@ class Session(CommandLoop, StopPoints, RunQueries):
                 p.reset()
         self._listeners = session_listeners(self)
         rec.listeners.extend(self._listeners)
+        current.attached(self)               # (nndb.set_trace() stops here)
         if self.rules is not None:
             self.rules.attach(rec)
         self.note_earlier_optimizers()
@@ -176,6 +183,7 @@ class Session(CommandLoop, StopPoints, RunQueries):
     def run_ended(self, status: str, exit_code: int, reason: str) -> None:
         self.flush_rules()
         self.live = False
+        current.ended(self)
         self.ended = status
         self.exit_code = exit_code
         self.state = "exited"

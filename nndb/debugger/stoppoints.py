@@ -127,6 +127,16 @@ class StopPoints:
             return
         self._stop(stop, E.stop_frame(self._hook_frame))
 
+    def stop_requested(self, frame) -> bool:
+        """``nndb.set_trace()`` (or ``breakpoint()``) in the script: stop at
+        ``frame``'s line as at a breakpoint.  False where no stop can happen
+        (no live run, another thread, nndb's own prompt evaluating it)."""
+        if not self.live or threading.get_ident() != self._main_thread or self.prompting:
+            return False
+        self._hook_frame = frame
+        self._stop(Stop("set_trace", self.step_in_progress(), at_step_end=False), frame)
+        return True
+
     def on_catch(self, hits: list, module, frame) -> None:
         """The op recorder saw an operation a catch point wants (inside the step)."""
         if threading.get_ident() != self._main_thread or self.prompting:

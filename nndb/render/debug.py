@@ -125,6 +125,8 @@ def stop_line(session, stop) -> str:
         return f"Stopped at the start of the run ({what}); 'continue' runs it, 'help' lists the commands{where}"
     if stop.kind == "interrupt":
         return f"Interrupted: {at}{where}"
+    if stop.kind == "set_trace":
+        return f"Stopped at nndb.set_trace() during step {stop.step}{where}"
     if stop.kind == "past":
         m = session.machine
         tl = f"timeline {m.timeline}" if m is not None else "the past"

@@ -80,6 +80,7 @@ class TimeMachine:
                  lineage_spec: Optional[str] = None, every: Optional[str] = None,
                  memory_kib: Optional[int] = None):
         self.mode = replica_mode          # auto | fork | respawn | off
+        self.off_reason = "--replica off"  # why, when off (nndb.set_trace: a process nndb did not start)
         self.total_steps = total_steps
         self.every = every                # --checkpoint-every N|Ns
         # --checkpoint-memory: the memory (PSS) all checkpoints may hold
@@ -333,9 +334,12 @@ class TimeMachine:
 
     def _no_checkpoint(self, step: int) -> str:
         if self.mode == "off":
-            return "time travel is off in this run (--replica off)"
+            return self.off_message()
         why = f" ({self.blocked})" if self.blocked else ""
         return f"no checkpoint at or before step {step}{why}"
+
+    def off_message(self) -> str:
+        return f"time travel is off in this run ({self.off_reason})"
 
     def _wait(self, s, chan: Channel, proc) -> dict:
         """Wait for the replica's last message while it has the terminal

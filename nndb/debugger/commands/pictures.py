@@ -4,7 +4,7 @@ from __future__ import annotations
 from ...errors import CommandError, NndbError
 from ...plot.data import WHATS
 from ...store.schema import KIND_WORDS, STAT_NAMES
-from .table import Command
+from .table import Command, PictureFile
 
 PLOT_WORDS = WHATS + tuple(w for w in KIND_WORDS if w != "loss")
 
@@ -41,7 +41,7 @@ def _plot(s, arg):
             path = picture(reader, what, kind, stat, glob, list(s.findings), list(s.stops))
     except NndbError as e:
         raise CommandError(str(e)) from None
-    return f"wrote {path}"
+    return PictureFile(path)
 
 
 COMMANDS = [

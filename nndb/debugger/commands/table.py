@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 from ...errors import CommandError
-from ...render.table import Table  # noqa: F401  (commands return it)
+from ...render.table import PictureFile, Table  # noqa: F401  (commands return them)
 
 
 def no_args(text: str):

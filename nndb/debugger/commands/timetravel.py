@@ -14,8 +14,10 @@ from .table import Command, Table, no_args
 
 def machine(s, live: bool = True):
     m = s.machine
-    if m is None or m.mode == "off":
+    if m is None:
         raise CommandError("time travel is off in this run (--replica off)")
+    if m.mode == "off":
+        raise CommandError(m.off_message())
     if s.rec is None or (live and s.state not in ("live", "post-mortem", "exited")):
         raise CommandError("The program is not being run.")
     return m
