@@ -186,8 +186,11 @@ class SyncCounter:
 
 
 def _to_host(args, kwargs):
+    """Whether a ``Tensor.to`` call's target is the host (``to(other)``, a
+    dtype: not; no str() of a tensor, which would itself read it)."""
     dev = kwargs.get("device", args[0] if args else None)
-    return dev is not None and str(dev).startswith("cpu")
+    return isinstance(dev, str) and dev.startswith("cpu") or getattr(dev, "type", None) == "cpu" \
+        and not hasattr(dev, "shape")
 
 
 def check_recording(a, tmp):

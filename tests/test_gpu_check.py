@@ -62,3 +62,27 @@ def test_cuda_without_a_device_is_one_line(tmp_path):
     assert p.returncode == 2
     assert p.stderr.strip().count("\n") == 0 and "no CUDA device" in p.stderr
     assert not (tmp_path / "x.json").exists()
+
+
+def test_sync_counter_counts_nndb_calls_only_and_puts_torch_back():
+    import importlib.util
+
+    import torch
+
+    from nndb.tracer import stats
+    spec = importlib.util.spec_from_file_location("gpu_check_under_test", SCRIPT)
+    gc = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gc)
+    before = {m: torch.Tensor.__dict__.get(m) for m in gc.SyncCounter.METHODS}
+    t = torch.arange(3000, dtype=torch.float32)       # a small CPU tensor: read with .numpy()
+    with gc.SyncCounter(torch, "cpu") as c:
+        t.sum().item()                                # from this test: not counted
+        float(t[0])
+        stats.stats_of(t)                             # nndb's own reads
+        assert gc._to_host(("cpu",), {}) and not gc._to_host((t,), {}) and not gc._to_host((torch.float64,), {})
+    assert c.total > 0 and c.total == sum(c.where.values())
+    assert all(w.startswith(os.path.join("nndb", "tracer", "stats.py") + ":") for w in c.where)
+    assert {m: torch.Tensor.__dict__.get(m) for m in gc.SyncCounter.METHODS} == before
+    with gc.SyncCounter(torch, "cuda") as c:          # CPU tensors are not what a cuda count counts
+        stats.stats_of(t)
+    assert c.total == 0
