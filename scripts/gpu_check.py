@@ -5,6 +5,12 @@ examples, print a table, write JSON, exit 1 if any check failed.
     python scripts/gpu_check.py --device cuda --json gpu.json      # on a GPU
     python scripts/gpu_check.py --device cpu --steps 8 --pairs 1   # the same checks on the CPU
 
+On a lent device machine (its python3 has torch with CUDA, h5py, click,
+numpy, tabulate and pyyaml; nndb needs no install, and batch mode no
+prompt_toolkit), one call (estimated at 3 to 6 minutes, never measured yet):
+
+    PYTHONUNBUFFERED=1 python3 scripts/gpu_check.py --device cuda --json $OUT/gpu.json 2>&1 | tee $OUT/gpu.txt
+
 Checks (each a row of the table, an object in the JSON's ``checks``):
 
 * ``overhead:cnn``, ``overhead:transformer``: ``python EXAMPLE --device D``
@@ -57,6 +63,7 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)        # this checkout's nndb, installed or not (a device machine has it uninstalled)
 EXAMPLES = os.path.join(ROOT, "scripts", "examples")
 PLANTED = os.path.join(ROOT, "tests", "scripts", "device_log0.py")
 CNN_TARGET = 1.05          # the goal for the CNN on a GPU (reported, not judged)
@@ -425,7 +432,7 @@ def main(argv=None):
     ap.add_argument("--overfit-iters", type=int, default=300)
     ap.add_argument("--jobs", type=int, default=1,
                     help="run up to N checks at once (quicker; the ratios are then not measurements)")
-    ap.add_argument("--timeout", type=int, default=240, help="seconds allowed to each subprocess")
+    ap.add_argument("--timeout", type=int, default=120, help="seconds allowed to each subprocess (default 120)")
     a = ap.parse_args(argv)
     if a.steps < 1 or a.pairs < 1 or a.jobs < 1:
         ap.error("--steps, --pairs and --jobs must be at least 1")
