@@ -3,6 +3,7 @@
 expects the first stop to name log, the module `head`, the line marked LOG
 LINE and step 3.  (Named device_, not planted_: the rule matrix leaves it out.)"""
 import argparse
+import os
 
 import torch
 import torch.nn as nn
@@ -31,6 +32,10 @@ def main():
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--steps", type=int, default=6)
     args = parser.parse_args()
+    # catch nan replays step 3 to find the op; on CUDA that replay is a respawned
+    # process (no fork), which must compute the same numbers as this one
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True)
     torch.manual_seed(0)
     model = Net().to(args.device)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
