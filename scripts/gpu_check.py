@@ -16,7 +16,7 @@ Checks (each a row of the table, an object in the JSON's ``checks``):
 * ``overhead:cnn``, ``overhead:transformer``: ``python EXAMPLE --device D``
   against ``nndb run --batch`` of the same command, A/B interleaved (PAIRS
   pairs, the order alternating), wall time of the whole process (start-up
-  included).  The ratio is reported, never judged; the check fails only if a
+  included; the plain side gets the OpenMP runtime nndb gives the script).  The ratio is reported, never judged; the check fails only if a
   run fails, or (on the CPU, where both are deterministic) if the recorded
   run prints other numbers than the plain one.
 * ``recording``: the CNN trained in this process under ``nndb.record``;
@@ -81,10 +81,10 @@ def _env():
     return e
 
 
-def _run(argv, timeout):
+def _run(argv, timeout, env=None):
     t0 = time.perf_counter()
     try:
-        p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=_env(),
+        p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env or _env(),
                            stdin=subprocess.DEVNULL, cwd=ROOT)
     except subprocess.TimeoutExpired:
         raise Fail(f"{' '.join(argv[-6:])}: no end within {timeout} s")
@@ -116,11 +116,17 @@ def check_overhead(a, tmp, name):
     cmd = [script, "--steps", str(a.steps), "--device", a.device]
     plain, recorded, ratios = [], [], []
     same = True
+    # the plain side with the OpenMP runtime nndb run gives the script (libiomp5 preloaded
+    # when installed), so that the ratio is nndb's and not the runtime's
+    from nndb.preload import libiomp_path
+    plain_env, omp = _env(), libiomp_path()
+    if omp and "libiomp5" not in plain_env.get("LD_PRELOAD", ""):
+        plain_env["LD_PRELOAD"] = omp + (":" + plain_env["LD_PRELOAD"] if plain_env.get("LD_PRELOAD") else "")
     for i in range(a.pairs):
         took = {}
         for side in (("plain", "nndb") if i % 2 == 0 else ("nndb", "plain")):
             if side == "plain":
-                p, took[side] = _run([sys.executable, *cmd], a.timeout)
+                p, took[side] = _run([sys.executable, *cmd], a.timeout, plain_env)
             else:
                 trace = os.path.join(tmp, f"{name}-{i}.h5")
                 p, took[side] = _run(_nndb("run", "--batch", "-q", "--trace", trace, *cmd), a.timeout)
@@ -137,6 +143,7 @@ def check_overhead(a, tmp, name):
     return {"plain_s": plain, "nndb_s": recorded, "ratio_median": statistics.median(ratios),
             "ratio_min": min(ratios), "ratio_max": max(ratios), "same_numbers": same,
             "target": CNN_TARGET if name == "cnn" else None,
+            "plain_openmp": "libiomp5 preloaded, as nndb run does" if omp else "the default",
             "note": "wall time of the whole process, start-up included"}
 
 
