@@ -4,6 +4,7 @@ Healthy: Adam optimizer; every 10 steps runs a short validation pass under
 model.eval() + torch.no_grad(), then switches back with model.train().
 """
 import argparse
+import os
 
 import torch
 import torch.nn as nn
@@ -53,20 +54,28 @@ def main():
     parser.add_argument("--lr", type=float, default=1e-2)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--val-every", type=int, default=10)
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                        help="where the model and the batches live (the data is made on the CPU either way)")
+    parser.add_argument("--deterministic", action="store_true",
+                        help="torch.use_deterministic_algorithms(True) (and CUBLAS_WORKSPACE_CONFIG on CUDA)")
     args = parser.parse_args()
+    if args.deterministic:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")   # read when cuBLAS starts
+        torch.use_deterministic_algorithms(True)
 
     torch.manual_seed(args.seed)
     x, y = make_data(640, args.seed)
+    x, y = x.to(args.device), y.to(args.device)
     x_train, y_train = x[:512], y[:512]
     x_val, y_val = x[512:], y[512:]
 
-    model = SmallCNN()
+    model = SmallCNN().to(args.device)
     criterion = nn.CrossEntropyLoss()
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
 
     model.train()
     for step in range(args.steps):
-        idx = torch.randint(0, x_train.shape[0], (args.batch_size,))
+        idx = torch.randint(0, x_train.shape[0], (args.batch_size,)).to(args.device)   # CPU generator either way
         optimizer.zero_grad()
         loss = criterion(model(x_train[idx]), y_train[idx])
         loss.backward()

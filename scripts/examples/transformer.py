@@ -44,13 +44,16 @@ def main():
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                        help="where the model and the batches live (the data is made on the CPU either way)")
     args = parser.parse_args()
 
     torch.manual_seed(args.seed)
     seq_len = 16
     tokens, y = make_data(512, seq_len, args.seed)
+    tokens, y = tokens.to(args.device), y.to(args.device)
 
-    model = TinyTransformer(seq_len=seq_len)
+    model = TinyTransformer(seq_len=seq_len).to(args.device)
     criterion = nn.CrossEntropyLoss()
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
@@ -59,7 +62,7 @@ def main():
 
     model.train()
     for step in range(args.steps):
-        idx = torch.randint(0, tokens.shape[0], (args.batch_size,))
+        idx = torch.randint(0, tokens.shape[0], (args.batch_size,)).to(args.device)   # CPU generator either way
         optimizer.zero_grad()
         loss = criterion(model(tokens[idx]), y[idx])
         loss.backward()
