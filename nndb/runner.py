@@ -37,7 +37,8 @@ class RunResult:
 
 def _stderr(msg: str) -> None:
     try:
-        print(printable(msg), file=sys.stderr, flush=True)
+        sys.stderr.write(printable(msg) + "\n")         # (one write: see debugger.frontend._say)
+        sys.stderr.flush()
     except (ValueError, OSError, AttributeError):    # the script closed or dropped sys.stderr
         pass
 

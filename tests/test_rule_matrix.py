@@ -23,7 +23,14 @@ RULES = matrix.builtin_rules()
 
 @pytest.fixture(scope="module")
 def outcomes():
-    return [matrix.run_one(s, seed) for s in SCRIPTS for seed in matrix.SEEDS]
+    # (blocks cut by step count only, as on a quiet machine: on a loaded one
+    # the 0.25 s cut makes them shorter; the findings are the same either way)
+    from nndb.rules import engine
+    seconds, engine.BLOCK_SECONDS = engine.BLOCK_SECONDS, float("inf")
+    try:
+        return [matrix.run_one(s, seed) for s in SCRIPTS for seed in matrix.SEEDS]
+    finally:
+        engine.BLOCK_SECONDS = seconds
 
 
 def test_the_matrix_has_scripts_of_both_kinds():

@@ -8,8 +8,11 @@ from typing import Iterable, Optional
 
 def _say(text: str, stream) -> None:
     try:
-        print(text, file=stream, flush=True)
-    except (ValueError, OSError):       # the script closed it: nndb's line is lost, the session goes on
+        # (one write with its newline: a line of another thread, a live
+        # exporter's, never lands between the text and its end)
+        stream.write(text + "\n")
+        stream.flush()
+    except (ValueError, OSError, AttributeError):   # the script closed or dropped it: nndb's line is lost
         pass
 
 

@@ -35,7 +35,11 @@ CLOSE_SECS = 10.0           # what the run's end waits for the export to finish
 
 
 def _stderr(text: str) -> None:
-    print(text, file=sys.stderr, flush=True)
+    # One write with its newline: the exporter's thread says this while the
+    # main thread may be printing (print() writes the text and the newline
+    # apart, and another line could land between them).
+    sys.stderr.write(text + "\n")
+    sys.stderr.flush()
 
 
 class LiveExport:
