@@ -146,9 +146,7 @@ class RuleEngine:
         if observed(record.step):
             rules = [r for r in self.rules if r.enabled]
         else:
-            every = self._every
-            if every is None:
-                every = self._every = [r for r in self.rules if r.EVERY_STEP and r.enabled]
+            every = self._every_rules()
             live = {name for name, f in facts.items() if f}
             probed = [r for r in self.rules if r.enabled and not r.EVERY_STEP and not live.isdisjoint(r.PROBES)] \
                 if live else []
@@ -170,6 +168,12 @@ class RuleEngine:
         for r in rules:
             self._judge(r, ctx, new)
         return new
+
+    def _every_rules(self) -> list:
+        """The enabled every-step rules (listed again after a rule is switched on or off)."""
+        if self._every is None:
+            self._every = [r for r in self.rules if r.EVERY_STEP and r.enabled]
+        return self._every
 
     def _wait(self, record, optimizers) -> list:
         q = self._queue
@@ -202,7 +206,7 @@ class RuleEngine:
         if not q:
             return []
         self.longest_block = max(self.longest_block, len(q))
-        rules = [r for r in self.rules if r.EVERY_STEP and r.enabled]
+        rules = self._every_rules()
         naming = self._rec.naming if self._rec is not None else None
 
         def context(record, opts=q[-1][1]):
