@@ -163,6 +163,10 @@ WARMUP = 25         # (covers the first 20 steps: rules and activations on every
 RULES = "default"     # --rules: what `nndb run` runs by default
 REPLICA = "auto"      # --replica: checkpoints as `nndb run` takes them
 LINEAGE = None        # --lineage all: the op recorder on every step
+#: --clock: wall time (the default), or the process's CPU time (user + system,
+#: all its threads: a fork's copy-on-write faults included), which other
+#: processes on a loaded machine disturb much less than the wall clock
+CLOCK = time.perf_counter
 
 
 class _Quiet(BatchFrontend):
@@ -211,12 +215,12 @@ def timed_loop(build, steps, recorded, schedule, tmpdir, seed=0, arm=None, aroun
             arm(session)
         rec.__enter__()
     with around():
-        t = time.perf_counter()
+        t = CLOCK()
         train(model, opt, crit, data, WARMUP)
-        warmup = time.perf_counter() - t
-        t = time.perf_counter()
+        warmup = CLOCK() - t
+        t = CLOCK()
         loss = train(model, opt, crit, data, steps)
-        elapsed = time.perf_counter() - t
+        elapsed = CLOCK() - t
     size = None
     if rec is not None:
         rec.__exit__(None, None, None)
@@ -426,10 +430,14 @@ def main(argv=None):
                     help="instead: plain, nndb, 'catch nan' armed, 'catch nan --eager' and "
                          "torch.autograd.set_detect_anomaly side by side (default workloads: mlp and cnn; "
                          "see scripts/bench_catch.py)")
+    ap.add_argument("--clock", choices=["wall", "cpu"], default="wall",
+                    help="time the loops by the wall clock (default) or by the process's CPU time "
+                         "(user + system of all its threads: steadier on a machine other work loads)")
     ap.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     args = ap.parse_args(argv)
-    global RULES, REPLICA, LINEAGE
+    global RULES, REPLICA, LINEAGE, CLOCK
     RULES, REPLICA, LINEAGE = args.rules, args.replica, args.lineage
+    CLOCK = time.process_time if args.clock == "cpu" else time.perf_counter
     schedule = RecordSchedule.parse(args.every, None, args.full_every, args.act_every)
     if args.instructions_child:
         name, mode, steps = args.instructions_child

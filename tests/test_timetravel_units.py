@@ -132,8 +132,7 @@ def test_a_checkpoint_costs_what_the_steps_after_it_took_for_a_while():
     assert ends[-2] < until <= ends[-1] and steps > 100      # every step of SETTLE_S, well past SETTLE
     extra = 0.020 + 0.0002 - 0.0005 + 0.0002 * (steps - 3)
     assert ck.cost_s == pytest.approx(0.02 + extra)
-    from nndb.timetravel.schedule import replay_bound
-    assert m.policy.interval_s == pytest.approx(min(ck.cost_s / m.policy.budget, replay_bound(0.0)))
+    assert m.policy.interval_s == pytest.approx(ck.cost_s / m.policy.budget)
 
     # a fork with no slower step after it costs the fork
     ck2 = Checkpoint(2, 20, 0, None, "auto", 0.0, 0.03)
@@ -142,6 +141,22 @@ def test_a_checkpoint_costs_what_the_steps_after_it_took_for_a_while():
     m._settle(0.0009, 1.0)
     m._settle(0.0009, 1.001)
     assert m._settling is None and ck2.cost_s == 0.03
+
+
+def test_info_checkpoints_says_when_dear_checkpoints_break_the_replay_goal():
+    """A 100 ms checkpoint waits 5 s at the 2% budget: on 1 ms steps that is
+    5000 steps of replay against a 2 s goal, and 'info checkpoints' says so
+    with the cost that made it."""
+    from nndb.timetravel.machine import Checkpoint
+
+    m = TimeMachine("auto")
+    m.step_times.extend([0.001] * 50)
+    m.checkpoints[1] = Checkpoint(1, 0, 0, None, "auto", 0.0, 0.1)
+    m.policy.taken(0, 0.1, m.clock())
+    assert m.broken_promise(1000) is None                   # 1 s of replay: within the goal
+    warning = m.broken_promise(5000)
+    assert "does not keep its replay bound (2 s)" in warning and "steps 0 to 5000" in warning
+    assert "costs up to 100 ms" in warning and "every 5 s" in warning
 
 
 class _ScanMachine:

@@ -202,6 +202,11 @@ class TimeMachine:
         self.checkpoints[ck.number] = ck
         self.taken += 1
         if kind == "auto":
+            if self.disk and self.disk_schedule.due(step, self.taken):
+                t1 = time.perf_counter()
+                self._save_disk(s, step)
+                cost += time.perf_counter() - t1      # (the schedule pays for the disk copy too)
+                ck.cost_s = cost
             now = self.clock()
             self.policy.taken(step, cost, now)
             median = self.step_time()
@@ -214,8 +219,6 @@ class TimeMachine:
             for c in list(self.checkpoints.values()):
                 if c.kind == "auto" and c.step in drop:
                     self._drop(c)
-            if self.disk and self.disk_schedule.due(step, self.taken):
-                self._save_disk(s, step)
         elif kind == "stop":
             stops = sorted((c for c in self.checkpoints.values() if c.kind == "stop"), key=lambda c: c.number)
             for c in stops[:-self.STOP_KEEP]:
@@ -450,8 +453,12 @@ class TimeMachine:
         bound = replay_bound(self.clock() - start if start is not None else 0.0)
         if gap * st <= bound:
             return None
+        dear = max((c.cost_s for c in self.checkpoints.values() if c.kind == "auto"), default=None)
         why = (f"{self.evicted_for_memory} checkpoint(s) dropped to stay within --checkpoint-memory"
-               if self.evicted_for_memory else self.blocked or "checkpoints are slow to take here")
+               if self.evicted_for_memory else self.blocked
+               or (f"a checkpoint costs up to {dear * 1000:.0f} ms here, and the "
+                   f"{self.policy.budget:.0%} budget takes one every {self.policy.interval_s:.3g} s"
+                   if dear else "checkpoints are slow to take here"))
         return (f"Warning: the schedule does not keep its replay bound ({bound:.3g} s): steps {a} to {b} are "
                 f"about {gap * st:.3g} s of replay apart ({why}).")
 
