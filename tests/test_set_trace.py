@@ -63,7 +63,8 @@ def test_set_trace_stops_at_the_line_and_continue_finishes_with_the_same_numbers
     assert f"Stopped at nndb.set_trace() during step 0\n> loop.py({CALL_LINE})<module>()\n-> nndb.set_trace()" in out
     assert "(nndb) 4\n(nndb) True\n(nndb) " in out               # p of the script's locals
     assert _losses(out) == _losses(plain.stdout) and len(_losses(out)) == 12
-    assert "recording from here to nndb-runs/loop-" in out and "time travel (goto, reverse-step) is off" in out
+    assert "recording from here to nndb-runs/loop-" in out
+    assert "time travel (goto, reverse-step) reaches back to the end of this step, not before" in out
     with TraceReader(_trace_in(tmp_path)) as r:
         assert r.status == "finished" and r.n_steps == 7     # steps 5..11 of the script, from set_trace on
 
@@ -71,14 +72,38 @@ def test_set_trace_stops_at_the_line_and_continue_finishes_with_the_same_numbers
 def test_breakpoint_with_pythonbreakpoint_and_a_watch_after_the_call(tmp_path):
     script = _script(tmp_path, call="breakpoint()", imports="")
     plain = _python(tmp_path, script, env={"PYTHONBREAKPOINT": "0"})
-    cmds = "watch loss mean < 1.05\ncontinue\np step\nrs 1\ncontinue\n"
+    cmds = "watch loss mean < 1.05\ncontinue\np step\nrs 1\np step\npresent\ncontinue\n"
     ran = _python(tmp_path, script, stdin=cmds, env={"PYTHONBREAKPOINT": "nndb.set_trace"})
     assert ran.returncode == 0, ran.stderr
     t = Transcript(ran.stdout + ran.stderr)
     assert f"> loop.py({CALL_LINE})<module>()\n-> breakpoint()" in t.text
     assert "Watchpoint 1: loss mean = 1.045 (< 1.05) at step 3" in t.text    # nndb's step 3: the script's 8
     assert "(nndb) 8\n" in t.text
-    assert "time travel is off in this run (nndb.set_trace() in a process nndb did not start" in t.text
+    assert "In the past (timeline 0): step 2 finished" in t.text and "(nndb past) 7\n" in t.text
+    assert _losses(ran.stdout) == _losses(plain.stdout)
+
+
+def test_time_travel_after_set_trace_lands_on_the_recorded_values(tmp_path):
+    """Fork checkpoints from the call on: goto and reverse-step show what the
+    script computed at those steps (its own printed losses), going back
+    before the first checkpoint is refused in one line, and the piped
+    commands run once each (a replica forked at the prompt must not inherit
+    the lines the parent read ahead)."""
+    plain = _python(tmp_path, _script(tmp_path, call="pass", imports=""))
+    script_losses = {int(a): b for a, b in re.findall(r"step (\d+) loss ([0-9.]+)", plain.stdout)}
+    cmds = ("break step 5\ncontinue\np '%.8f' % $loss\ngoto 2\np '%.8f' % $loss\np step\nreverse-step\n"
+            "p step\ngoto 0\nreverse-step\npresent\np step\ncontinue\n")
+    ran = _python(tmp_path, _script(tmp_path), stdin=cmds)
+    assert ran.returncode == 0, ran.stderr
+    t = Transcript(ran.stdout + ran.stderr)
+    # nndb's step k is the script's step k + 5 (recording starts in the script's step 5)
+    assert f"(nndb) '{script_losses[10]}'\n" in t.text                      # the live stop at step 5
+    assert "In the past (timeline 0): step 2 finished" in t.text
+    assert f"(nndb past) '{script_losses[7]}'\n(nndb past) 7\n" in t.text      # goto 2: the script's step 7
+    assert "step 1 finished" in t.text and "(nndb past) 6\n" in t.text       # reverse-step
+    assert "cannot go back before the end of step 0 (the first checkpoint)" in t.text
+    assert "Back in the present" in t.text and "(nndb) 10\n" in t.text
+    assert t.text.count("In the past") == 3                    # goto 2, reverse-step, goto 0: once each
     assert _losses(ran.stdout) == _losses(plain.stdout)
 
 

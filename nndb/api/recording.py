@@ -88,7 +88,7 @@ class Recorder:
                  every: Optional[int] = None, steps: Optional[str] = None, full_every: Optional[int] = None,
                  act_every: Optional[int] = None, flush_every: int = 500, flush_secs: float = 2.0,
                  lineage: Optional[str] = None, quiet: bool = True, frontend=None, interactive: bool = False,
-                 commands: tuple = (), script: Optional[str] = None):
+                 commands: tuple = (), script: Optional[str] = None, replica: str = "off"):
         script = script or _caller_file()      # (the trace's "script": a notebook cell names its own)
         if path is None:            # a new file under ./nndb-runs/, named as nndb run names them
             stem = re.sub(r"[^\w.-]+", "", os.path.splitext(os.path.basename(script))[0]) or "run"
@@ -106,9 +106,9 @@ class Recorder:
         # ``commands`` run as nndb run's -e commands do (a command that does
         # not parse fails here).
         self._session = build_session(frontend or BatchFrontend(), DebugOptions(
-            batch=not interactive, stop_at_start=False, no_rc=True, rules=rules, replica="off", lineage=lineage,
-            replica_off_reason="nndb.record and nndb.set_trace: forking or re-running this process is not safe; "
-                               "'nndb run SCRIPT' has time travel"))
+            batch=not interactive, stop_at_start=False, no_rc=True, rules=rules, replica=replica, lineage=lineage,
+            replica_off_reason=None if replica != "off" else
+            "nndb.record: forking or re-running the caller's process is not safe; 'nndb run SCRIPT' has time travel"))
         if commands:
             lines = startup_lines([], list(commands), True, _stderr)
             bad = first_error(TABLE, lines)

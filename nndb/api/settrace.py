@@ -8,8 +8,14 @@ breakpoint's, with everything that run has (its recorded steps, watches,
 time travel).  Otherwise it starts recording here, in this process, with
 the pieces of ``nndb.record`` and an interactive session, and stops at the
 prompt; the recording ends when the process exits.  What such a recording
-cannot have is said at its first stop: the steps before the call, and time
-travel (its replicas copy or re-run a process that nndb started).
+cannot have is said at its first stop: the steps before the call.  Time
+travel works from the call on, with fork checkpoints of this process (the
+first one at the end of the step the call was made in); a respawned replica
+re-runs a script nndb started, so there is none here, and in a notebook
+kernel (whose threads do not survive fork()) time travel is off.  Without
+nndb run's OpenMP preload a replica of a multi-threaded run computes with one
+thread: ``info checkpoints`` says whether replays are exact, and a replay
+that drifts from the trace is reported as under nndb run.
 
 Nothing here raises into the program: a failure is one line on stderr and
 the program goes on; ``quit`` at the prompt ends the recording (the trace is
@@ -29,8 +35,10 @@ from .recording import Recorder
 
 _own: Optional[Recorder] = None      # the recording set_trace started in this process
 
-NOT_HERE = ("steps before this call were not recorded; time travel (goto, reverse-step) is off: its replicas "
-            "copy or re-run a process nndb started ('nndb run SCRIPT' has both)")
+NOT_HERE = "steps before this call were not recorded ('nndb run SCRIPT' records them all)"
+TRAVEL_FROM_HERE = "time travel (goto, reverse-step) reaches back to the end of this step, not before"
+KERNEL_NO_TRAVEL = ("nndb.set_trace() in a notebook kernel: its threads do not survive fork(); "
+                    "'%nndb run SCRIPT' or 'nndb run SCRIPT' has time travel")
 
 
 def choose_frontend():
@@ -52,14 +60,19 @@ def choose_frontend():
 
 def _start(frame, trace: Optional[str]):
     global _own
-    rec = Recorder(trace, frontend=choose_frontend(), interactive=True)   # (None: a new file under ./nndb-runs/)
+    from .. import notebook
+    kernel = notebook.in_kernel()
+    # (None: a new file under ./nndb-runs/)
+    rec = Recorder(trace, frontend=choose_frontend(), interactive=True, replica="off" if kernel else "fork")
     s = rec.session
-    s.machine.off_reason = "nndb.set_trace() in a process nndb did not start; 'nndb run SCRIPT' has it"
+    if kernel:
+        s.machine.off_reason = KERNEL_NO_TRAVEL
     rec.__enter__()
     _own = rec
     if not _end_with_the_cell(rec):
         atexit.register(_end_at_exit, rec)
-    s.message(f"nndb: recording from here to {shown(rec.path)}; {NOT_HERE}")
+    s.message(f"nndb: recording from here to {shown(rec.path)}; {NOT_HERE}"
+              + ("" if kernel else f"; {TRAVEL_FROM_HERE}"))
     return s
 
 

@@ -79,6 +79,43 @@ class ScriptedFrontend(BatchFrontend):
         return "\n".join(self.output)
 
 
+_INPUT = input
+
+
+def _pipe_fd() -> Optional[int]:
+    """Standard input's descriptor when it is a pipe or a file (not a terminal)."""
+    try:
+        fd = sys.stdin.fileno()
+        return None if sys.stdin.isatty() else fd
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def _read_unbuffered(fd: int, prompt: str) -> Optional[str]:
+    """One line of piped input, read a byte at a time.  input() reads a pipe
+    through a buffer: a replica forked at the prompt would inherit the lines
+    the parent had read ahead, and the parent would run them again after the
+    replica had (time travel in a ``set_trace`` process with commands piped
+    in).  Read so, no process holds another's lines.  None at end of input."""
+    import os
+    try:
+        sys.stdout.write(prompt)
+        sys.stdout.flush()
+    except (ValueError, OSError, AttributeError):
+        pass
+    line = bytearray()
+    while True:
+        try:
+            b = os.read(fd, 1)
+        except InterruptedError:
+            continue
+        if not b:
+            return line.decode(errors="replace") if line else None
+        if b == b"\n":
+            return line.decode(errors="replace").rstrip("\r")
+        line += b
+
+
 class InputFrontend(BatchFrontend):
     """A prompt read with Python's ``input()``: ``nndb.set_trace()`` when
     stdin is not a terminal (lines piped in, as pdb reads them) and a
@@ -87,6 +124,11 @@ class InputFrontend(BatchFrontend):
     interactive = True
 
     def read_line(self, prompt: str) -> Optional[str]:
+        import builtins
+        if builtins.input is _INPUT:            # (a kernel's input() is its own: its input box)
+            fd = _pipe_fd()
+            if fd is not None:
+                return _read_unbuffered(fd, prompt)
         try:
             return input(prompt)
         except EOFError:
