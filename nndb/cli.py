@@ -95,26 +95,39 @@ def run(module, trace_path, force, every, steps_range, full_every, act_every, fl
     stdin is not a terminal."""
     from .preload import maybe_restart
     maybe_restart(replica)              # (fork replicas: Intel's OpenMP runtime; returns if not)
-    from .config import RecordSchedule, RunConfig
-    from .debugger.driver import DebugOptions, debug
+    from .debugger.driver import debug
 
-    target = _target(module, script, args)
+    params = click.get_current_context().params
     try:
-        schedule = RecordSchedule.parse(every, steps_range, full_every, act_every)
-        trace_path, report_path, trace_dir = _own_paths(target, trace_path, force, report_path,
-                                                        command_files, rules)
-        export_targets = _export_targets(exports)
-        config = RunConfig(target, trace_path, schedule, flush_steps, flush_secs, quiet, trace_dir)
-        batch = batch or not sys.stdin.isatty()
-        options = DebugOptions(batch=batch, stop_at_start=not go, command_files=command_files,
-                               eval_commands=eval_commands, no_rc=nx, report=report_path, rules=rules,
-                               replica=replica, total_steps=total_steps, lineage=lineage,
-                               checkpoint_every=checkpoint_every, checkpoint_memory=checkpoint_memory,
-                               exports=export_targets, progress=_stderr_is_terminal())
-        result = debug(config, options, _frontend(interactive=not batch))
+        config, options = run_setup(params, batch=params["batch"] or not sys.stdin.isatty(),
+                                    progress=_stderr_is_terminal())
+        result = debug(config, options, _frontend(interactive=not options.batch))
     except NndbError as e:
         _fail(e)
     sys.exit(result.exit_code)
+
+
+def run_setup(p: dict, batch: bool, progress: bool, **overrides):
+    """``nndb run``'s options (click's parameters ``p``) as the run's
+    RunConfig and DebugOptions, every path checked before the script starts.
+    ``%nndb run`` in a notebook parses its line with this same command and
+    builds its run here too (``overrides``: the DebugOptions a kernel sets)."""
+    from .config import RecordSchedule, RunConfig
+    from .debugger.driver import DebugOptions
+
+    target = _target(p["module"], p["script"], p["args"])
+    schedule = RecordSchedule.parse(p["every"], p["steps_range"], p["full_every"], p["act_every"])
+    trace_path, report_path, trace_dir = _own_paths(target, p["trace_path"], p["force"], p["report_path"],
+                                                    p["command_files"], p["rules"])
+    export_targets = _export_targets(p["exports"])
+    config = RunConfig(target, trace_path, schedule, p["flush_steps"], p["flush_secs"], p["quiet"], trace_dir)
+    options = dict(batch=batch, stop_at_start=not p["go"], command_files=p["command_files"],
+                   eval_commands=p["eval_commands"], no_rc=p["nx"], report=report_path, rules=p["rules"],
+                   replica=p["replica"], total_steps=p["total_steps"], lineage=p["lineage"],
+                   checkpoint_every=p["checkpoint_every"], checkpoint_memory=p["checkpoint_memory"],
+                   exports=export_targets, progress=progress)
+    options.update(overrides)
+    return config, DebugOptions(**options)
 
 
 def _stderr_is_terminal() -> bool:

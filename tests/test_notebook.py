@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from conftest import ROOT
+from nndb.notebook.frontend import KERNEL_NO_REPLICAS as KERNEL
 from test_set_trace import LOOP
 
 
@@ -175,3 +176,31 @@ def test_the_prompt_is_the_notebooks_input_box(tmp_path, monkeypatch):
     html = [m["content"]["data"]["text/html"] for m in outputs if "text/html" in m["content"].get("data", {})]
     assert any("<td>loss</td>" in h for h in html)            # stats as an HTML table
     assert "step 11 loss 1.01219130" in text and "nndb trace" in html[-1]
+
+
+def test_nndb_run_magic_takes_nndb_runs_own_options(tmp_path, monkeypatch, capsys):
+    """%nndb run parses its line with nndb run's own command: its options mean
+    what they mean there (--every, --steps, --rules none, -q here), a bad one
+    or one a kernel cannot honour is one line, and --help prints nndb run's help."""
+    pytest.importorskip("IPython")
+    from nndb.api.trace import Trace
+    from nndb.notebook.magics import run_script
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "train.py").write_text(TRAIN)
+    trace = run_script("--batch -q --every 2 --steps 0:8 --rules none --trace r.h5 train.py")
+    assert isinstance(trace, Trace)
+    assert list(trace.steps) == [0, 2, 4, 6]
+    assert trace.findings == []
+    out = capsys.readouterr()
+    assert "step 11 loss" in out.out and "recording to" not in out.err
+
+    assert run_script("--every two train.py") is None
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("nndb: error: ") and "'two' is not a valid integer" in err[0]
+    assert run_script("--replica fork train.py") is None
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"nndb: error: --replica fork: time travel is off in a notebook kernel ({KERNEL})"]
+    assert run_script("--batch") is None
+    assert capsys.readouterr().err.strip() == "nndb: error: missing SCRIPT (or -m MODULE)"
+    assert run_script("--help") is None
+    assert "--checkpoint-every" in capsys.readouterr().out

@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import argparse
 import linecache
-import os
 import shlex
+from typing import Optional
 
 from ..errors import NndbError, UsageError
 from .frontend import KERNEL_NO_REPLICAS, NotebookFrontend
 
-RUN_USAGE = "%nndb run [--trace PATH] [--force] [--batch] [--run] [-e CMD]... [-x FILE]... [--rules R] SCRIPT [ARGS]"
+RUN_USAGE = "%nndb run [NNDB RUN OPTIONS] SCRIPT [ARGS] (the options of 'nndb run --help')"
 CELL_USAGE = "%%nndb [--trace PATH] [--force] [--rules R] [-e CMD]..."
 
 
@@ -30,19 +30,12 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(f"{message} (usage: {self.usage})")
 
 
-def _parser(usage: str, script: bool) -> _Parser:
+def _parser(usage: str) -> _Parser:
     p = _Parser(prog="%nndb", usage=usage, add_help=False)
     p.add_argument("--trace")
     p.add_argument("--force", action="store_true")
     p.add_argument("--rules", default="default")
     p.add_argument("-e", "--eval-command", dest="commands", action="append", default=[])
-    if script:
-        p.add_argument("--batch", action="store_true")
-        p.add_argument("--run", dest="go", action="store_true")
-        p.add_argument("-x", dest="files", action="append", default=[])
-        p.add_argument("-q", "--quiet", action="store_true")
-        p.add_argument("script")
-        p.add_argument("args", nargs=argparse.REMAINDER)
     return p
 
 
@@ -51,26 +44,41 @@ def _say_error(e: Exception) -> None:
     print(f"nndb: error: {e}", file=sys.stderr, flush=True)
 
 
+def _run_params(line: str) -> Optional[dict]:
+    """The line parsed by ``nndb run``'s own command (every option of it,
+    the same meaning); None after --help."""
+    import click
+    from ..cli import run as run_command
+    try:
+        return run_command.make_context("%nndb run", shlex.split(line)).params
+    except click.exceptions.Exit:               # (--help: click printed it)
+        return None
+    except click.ClickException as e:
+        raise UsageError(f"{e.format_message()} (usage: {RUN_USAGE})")
+
+
 def run_script(line: str):
     """``%nndb run ...``: the script under the debugger, in this kernel.
     Returns the run's Trace (shown as its summary), or None after an error line."""
+    import click
     from ..api.trace import Trace
-    from ..config import RecordSchedule, RunConfig
-    from ..debugger.driver import DebugOptions, debug
-    from ..launcher import Target
-    from .. import paths
+    from ..cli import run_setup
+    from ..debugger.driver import debug
     try:
-        a = _parser(RUN_USAGE, script=True).parse_args(shlex.split(line))
-        trace = paths.resolve_trace(a.trace, a.force)
-        trace_dir = None if trace else paths.default_dir_writable("nndb-runs")
-        config = RunConfig(Target(path=a.script, args=list(a.args), cwd=os.getcwd()), trace, RecordSchedule(),
-                           quiet=a.quiet, trace_dir=trace_dir)
-        options = DebugOptions(batch=a.batch, stop_at_start=not a.go, command_files=tuple(a.files),
-                               eval_commands=tuple(a.commands), no_rc=True, rules=a.rules, replica="off",
-                               replica_off_reason=KERNEL_NO_REPLICAS)
+        p = _run_params(line)
+        if p is None:
+            return None
+        if p["replica"] not in ("auto", "off"):
+            raise UsageError(f"--replica {p['replica']}: time travel is off in a notebook kernel "
+                             f"({KERNEL_NO_REPLICAS})")
+        config, options = run_setup(p, batch=p["batch"], progress=False, replica="off",
+                                    replica_off_reason=KERNEL_NO_REPLICAS)
         result = debug(config, options, NotebookFrontend())
     except (NndbError, ValueError) as e:
         _say_error(e)
+        return None
+    except click.ClickException as e:           # (a missing SCRIPT)
+        _say_error(e.format_message())
         return None
     if result.run is None:
         return None
@@ -84,7 +92,7 @@ def record_cell(line: str, cell: str, shell):
     from ..api.recording import Recorder
     name = f"<nndb-cell-{abs(hash(cell)):x}>"
     try:
-        a = _parser(CELL_USAGE, script=False).parse_args(shlex.split(line))
+        a = _parser(CELL_USAGE).parse_args(shlex.split(line))
         rec = Recorder(a.trace, force=a.force, script=name, rules=None if a.rules == "none" else a.rules,
                        frontend=NotebookFrontend(), commands=tuple(a.commands), quiet=False)
     except (NndbError, ValueError) as e:
