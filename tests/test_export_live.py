@@ -175,3 +175,30 @@ def test_a_forked_replica_exports_nothing(monkeypatch):
     gate.set()
     x.close("finished")
     assert target.sink.steps == []
+
+
+def test_run_at_the_prompt_exports_the_new_run_to_a_directory_of_its_own(tmp_path):
+    """`run` starts the script again: the second run's steps stream to
+    DIR-run2 (next to its trace run-run2.h5), each directory holding exactly
+    its own run's values."""
+    ea = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
+    import gc
+    from nndb.config import RunConfig
+    from nndb.debugger.driver import DebugOptions, debug
+    from nndb.debugger.frontend import ScriptedFrontend
+    from nndb.export.targets import tensorboard_target
+    from nndb.launcher import Target
+    gc.collect()
+    tb = tmp_path / "tb"
+    fe = ScriptedFrontend(["break step 3", "continue", "run", "y", "continue", "continue"])
+    result = debug(RunConfig(Target(path=example("nan_lr.py"), args=[]), str(tmp_path / "run.h5"), quiet=True),
+                   DebugOptions(no_rc=True, exports=(tensorboard_target(str(tb), "test"),)), fe)
+    assert result.exit_code == 0, fe.text
+    assert sorted(os.listdir(tmp_path)) == ["run-run2.h5", "run.h5", "tb", "tb-run2"]
+    for trace, directory in (("run.h5", "tb"), ("run-run2.h5", "tb-run2")):
+        acc = ea.EventAccumulator(str(tmp_path / directory), size_guidance={ea.SCALARS: 0})
+        acc.Reload()
+        want = expected_values(str(tmp_path / trace))
+        assert set(acc.Tags()["scalars"]) == set(want)
+        for tag, pts in want.items():
+            assert {e.step for e in acc.Scalars(tag)} == set(pts), (directory, tag)
