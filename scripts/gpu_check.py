@@ -262,6 +262,9 @@ def check_recording(a, tmp):
             mem["allocated_early_bytes"] = torch.cuda.memory_allocated()
         if cuda and step == steps - 1:              # the same point of the loop as the early reading
             mem["allocated_end_bytes"] = torch.cuda.memory_allocated()
+        if step == steps - 1:                       # what 'info memory' says at the last step
+            from nndb.debugger.memory import report
+            mem["info_memory"] = report(rec.session)
 
     if cuda:
         torch.cuda.synchronize()
@@ -279,6 +282,10 @@ def check_recording(a, tmp):
 
     per_step = [b - a_ for a_, b in zip([0] + marks[:-1], marks)]
     steady = per_step[20:]
+    if not cuda:
+        mem = {"info_memory": mem.get("info_memory")}
+    if mem.get("info_memory") is None or (cuda and not mem["info_memory"]["devices"]):
+        raise Fail(f"'info memory' did not report the {'CUDA device' if cuda else 'process'}: {mem}")
     syncs = {"counted_on": dev.type, "stand_in": not cuda, "total": counter.total,
              "per_step_median": statistics.median(per_step), "per_step_max": max(per_step),
              "per_step_after_20_median": statistics.median(steady) if steady else None,
@@ -314,7 +321,7 @@ def check_recording(a, tmp):
         raise Fail(f"nndb's GPU memory grew by {mem['growth_bytes']} bytes between step {early} and the end")
     return {"steps": steps, "compared_values": compared, "worst_rel_error": worst,
             "findings": sorted({f["rule"] for f in rec.findings}),
-            "compared_at_steps": compare_at, "syncs": syncs, "memory": mem if cuda else "n/a",
+            "compared_at_steps": compare_at, "syncs": syncs, "memory": mem,
             "in_process_ratio": (t_rec / t_plain) if t_plain else None}
 
 
@@ -411,7 +418,7 @@ def _summary(name, res):
     if name == "recording":
         s = res["syncs"]
         mem = res["memory"]
-        memtxt = "memory n/a" if mem == "n/a" else (f"nndb +{mem['nndb_extra_peak_bytes'] / 2**20:.1f} MiB peak, "
+        memtxt = "memory n/a" if mem.get("nndb_extra_peak_bytes") is None else (f"nndb +{mem['nndb_extra_peak_bytes'] / 2**20:.1f} MiB peak, "
                                                    f"growth {mem['growth_bytes']} B")
         return (f"{res['compared_values']} values equal (worst rel {res['worst_rel_error']:.1e}); "
                 f"syncs/step {s['per_step_median']} (max {s['per_step_max']}, after 20: "

@@ -530,3 +530,20 @@ def test_commands_block_ends_with_its_file(tmp_path):
     assert s.command_file_error == msg
     assert s.points[1].commands == [] and not s.points[1].silent
     assert [q.text for q in s.queue] == ['p "E1"', "end"]      # not part of the block, not run
+
+
+def test_info_memory_shows_the_process_and_says_when_cuda_is_not_in_use():
+    r = nndb("run", "--batch", "-q", "--rules", "none", "-e", "break step 2", "-e", "continue", "-e", "info memory",
+             example("mlp.py"), "--steps", "4")
+    assert r.returncode == 0, r.stderr
+    rss = re.search(r"^process \(host, resident\)\s+([0-9.]+) MiB$", r.stdout, re.M)
+    assert rss and float(rss.group(1)) > 10
+    assert re.search(r"^nndb's tensors kept between steps \(host\)\s+[0-9.]+ MiB$", r.stdout, re.M)
+    assert "CUDA: not initialised in this process (no GPU memory in use)." in r.stdout
+
+
+def test_nndb_held_bytes_count_each_storage_once():
+    import torch
+    from nndb.debugger.memory import by_device
+    a = torch.zeros(1000)
+    assert by_device([a, a[:10], a.view(10, 100), torch.zeros(5, dtype=torch.float64)]) == {"cpu": 4000 + 40}

@@ -59,6 +59,10 @@ class RuleEngine:
         self._snapshot = None             # (key, [(name, AsItWas)]): the optimizers as the last step left them
 
     # -- the rule set -------------------------------------------------------------
+
+    def probes(self) -> list:
+        """The probes installed now."""
+        return list(self._probes.values())
     def rule(self, rule_id: str) -> Rule:
         for r in self.rules:
             if r.id == rule_id:

@@ -152,6 +152,9 @@ class GradReset(Probe):
         for key in list(self._watches):
             self._drop(key)
 
+    def held_tensors(self) -> list:
+        return [t for w in self._watches.values() for t in (w.last, w.incoming) if t is not None]
+
     def _drop(self, key) -> None:
         w = self._watches.pop(key)
         if w.handle is not None:

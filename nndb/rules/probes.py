@@ -25,6 +25,10 @@ class Probe:
         self.facts: dict = {}
         self.error = None
 
+    def held_tensors(self) -> list:
+        """The tensors this probe keeps between steps (``info memory``)."""
+        return []
+
     _armed = False                    # its callbacks are in the tracer now
     ROOT = False                      # see every root module's inputs (``root``)
     OPTIMIZER = False                 # see every optimizer step (``optimizer``)

@@ -267,6 +267,14 @@ class StepRecorder:
             self._plans[opt] = cached
         return cached[1]
 
+    def held_tensors(self) -> list:
+        """The tensors the recorder keeps now (``info memory``): the large
+        parameters' values before an optimizer step, until it ends."""
+        snaps = list(self._snapshots.values())
+        if self._manual_pending is not None:
+            snaps.append(self._manual_pending[3])
+        return [t for snap in snaps for t in snap.large_before]
+
     def optimizer_pre(self, opt) -> None:
         self._in_step = False
         if self.recording:

@@ -323,7 +323,29 @@ INFO = {
     "locals": _info_locals,
     "rules": info_rules,
     "checkpoints": lambda s: _info_checkpoints(s),
+    "memory": lambda s: _info_memory(s),
 }
+
+
+def _mib(n) -> str:
+    return "-" if n is None else f"{n / 2**20:.1f} MiB"
+
+
+def _info_memory(s):
+    from ..memory import report
+    r = report(s)
+    rows = [("process (host, resident)", _mib(r["rss_bytes"])),
+            ("nndb's tensors kept between steps (host)", _mib(r["nndb_host_tensor_bytes"]))]
+    if "checkpoints_private_bytes" in r:
+        rows.append(("checkpoints (private, their own processes)", _mib(r["checkpoints_private_bytes"])))
+    for d in r["devices"]:
+        dev = f"{d['device']} ({d['name']})"
+        rows += [(f"{dev}: allocated (script and nndb)", _mib(d["allocated_bytes"])),
+                 (f"{dev}: reserved by the allocator", _mib(d["reserved_bytes"])),
+                 (f"{dev}: peak allocated", _mib(d["peak_allocated_bytes"])),
+                 (f"{dev}: nndb's tensors kept between steps", _mib(d["nndb_held_bytes"]))]
+    lines = [] if r["devices"] else ["CUDA: not initialised in this process (no GPU memory in use)."]
+    return [Table(("memory", ""), rows), *lines]
 
 
 def _info_checkpoints(s):
@@ -379,6 +401,8 @@ prompt (not in batch mode), the whole series as a chart under them.""",
   info step          the current step, why the run stopped, the last loss
   info modules       info params        info optimizer (hyper-parameters per param group)
   info locals        the current frame's variables
-  info rules         the diagnostic rules: severity, action, enabled, findings, thresholds""",
+  info rules         the diagnostic rules: severity, action, enabled, findings, thresholds
+  info checkpoints   time travel's checkpoints: step, cost, memory; the schedule
+  info memory        the process's memory, each CUDA device's, and what nndb keeps""",
             _info, _info_arg, aliases=("i",), args=("info",), group="data"),
 ]
