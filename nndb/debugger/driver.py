@@ -46,6 +46,8 @@ class DebugOptions:
     exports: tuple = ()                 # --export: nndb.export.targets.ExportTarget, streamed live
     replica_off_reason: Optional[str] = None    # why time travel is off, where not --replica off (a kernel)
     progress: bool = False              # the progress line on stderr (nndb run when stderr is a terminal)
+    companions: tuple = ()              # more of each run's listeners: objects with start(rec) -> [listener]
+    #                                     and finish(status, trace_path) (a distributed worker's front link)
 
 
 @dataclass
@@ -112,6 +114,7 @@ def debug(config: RunConfig, options: DebugOptions, frontend,
         return _finish(config, options, session, None, EXIT_USAGE, bad)
     session.queue_lines(lines)
     exports = RunExports(options.exports, message, lambda: session.findings) if options.exports else None
+    companions = ([exports] if exports else []) + list(options.companions)
     result: Optional[RunResult] = None
     first_path = config.trace_path
     start_cwd = os.getcwd()
@@ -127,12 +130,14 @@ def debug(config: RunConfig, options: DebugOptions, frontend,
             gc.collect()
         this_run = None
         try:
-            this_run = record(cfg, message, session=session, listeners=exports.start if exports else None)
+            this_run = record(cfg, message, session=session,
+                              listeners=(lambda rec: [x for c in companions for x in c.start(rec)])
+                              if companions else None)
         finally:
             if session.progress is not None:
                 session.progress.clear()
-            if exports:
-                exports.finish(this_run.status if this_run else "failed", this_run.trace_path if this_run else None)
+            for c in companions:
+                c.finish(this_run.status if this_run else "failed", this_run.trace_path if this_run else None)
         result = this_run
         if first_path is None:
             first_path = result.trace_path
