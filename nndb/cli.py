@@ -111,12 +111,11 @@ def run(module, trace_path, force, every, steps_range, full_every, act_every, fl
     Everything after SCRIPT is passed to the script untouched.  It stops at
     the start of step 0 with the (nndb) prompt unless --run, --batch, or
     stdin is not a terminal."""
-    from .preload import maybe_restart
-    maybe_restart(replica)              # (fork replicas: Intel's OpenMP runtime; returns if not)
-    from .config import RecordSchedule, RunConfig
-    from .debugger.driver import DebugOptions, debug
-
     from .dist import job
+    if nproc_per_node is None and not job.place().distributed:     # (no time travel across ranks yet)
+        from .preload import maybe_restart
+        maybe_restart(replica)          # (fork replicas: Intel's OpenMP runtime; returns if not)
+    from .config import RecordSchedule, RunConfig
     target = _target(module, script, args)
     ctx = click.get_current_context()
     where = job.place()
@@ -135,6 +134,7 @@ def run(module, trace_path, force, every, steps_range, full_every, act_every, fl
             from .dist.launch import start_job
             sys.exit(start_job(ctx.params, launch, target, batch or not sys.stdin.isatty(), trace_path, report_path,
                                trace_dir, _message))
+        from .debugger.driver import DebugOptions, debug     # (torch: after the checks above)
         export_targets = _export_targets(exports)
         config = RunConfig(target, trace_path, schedule, flush_steps, flush_secs, quiet, trace_dir)
         off_reason = None

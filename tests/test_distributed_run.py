@@ -1,0 +1,240 @@
+"""nndb over torchrun (gloo, CPU, 2 ranks): one trace per rank in one run
+directory, ``nndb run --nproc-per-node`` through torch's own launcher, the
+results bit for bit those of torchrun alone, the hang watchdog, a rank that
+dies, bad input; no process left behind after any of them."""
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from conftest import ROOT, nndb
+from nndb.dist import job
+from nndb.store.reader import TraceReader
+
+SCRIPTS = os.path.join(ROOT, "tests", "scripts")
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="gloo jobs on Linux")
+
+
+def _env():
+    e = dict(os.environ)
+    e.pop("NNDB_DEBUG", None)
+    e["PYTHONPATH"] = os.pathsep.join([ROOT] + [p for p in e.get("PYTHONPATH", "").split(os.pathsep) if p])
+    return e
+
+
+def _copy(tmp_path, name):
+    """The script under tmp_path: its path marks the job's processes (see _left_behind)."""
+    dst = tmp_path / name
+    shutil.copy(os.path.join(SCRIPTS, name), dst)
+    return str(dst)
+
+
+def _left_behind(marker: str) -> list:
+    """Processes whose command line names ``marker`` (no psutil: /proc)."""
+    out = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                cmd = fh.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if marker in cmd:
+            out.append((pid, cmd))
+    return out
+
+
+def _assert_none_left(marker: str) -> None:
+    deadline = time.time() + 10
+    while _left_behind(marker) and time.time() < deadline:
+        time.sleep(0.2)
+    assert _left_behind(marker) == []
+
+
+def _digests(out: str) -> dict:
+    return {int(l.split()[1]): l.split()[3] for l in out.splitlines() if l.startswith("rank ") and " digest " in l}
+
+
+def _torchrun(*args, cwd, timeout=120):
+    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                           *args], cwd=cwd, capture_output=True, text=True, timeout=timeout, env=_env(),
+                          stdin=subprocess.DEVNULL)
+
+
+def _metas(run_dir) -> list:
+    out = []
+    for r in (0, 1):
+        with TraceReader(os.path.join(run_dir, f"rank{r}.h5")) as t:
+            out.append((dict(t.meta), t.end, t.num_steps if hasattr(t, "num_steps") else None))
+    return out
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_ddp_bit_identical_with_and_without_nndb_and_one_run_dir(tmp_path):
+    script = _copy(tmp_path, "distrun_ddp_mlp.py")
+    plain = _torchrun(script, cwd=tmp_path)
+    assert plain.returncode == 0, plain.stderr[-2000:]
+    want = _digests(plain.stdout)
+    assert sorted(want) == [0, 1]
+
+    # nndb's front: torch.distributed.run as a library, every worker under nndb
+    (tmp_path / "a").mkdir()
+    front = nndb("run", "--batch", "--nproc-per-node", "2", script, cwd=tmp_path / "a", timeout=120)
+    assert front.returncode == 0, front.stderr[-2000:]
+    assert _digests(front.stdout) == want
+    (run_dir,) = os.listdir(tmp_path / "a" / "nndb-runs")
+    run_dir = tmp_path / "a" / "nndb-runs" / run_dir
+    assert sorted(os.listdir(run_dir)) == ["rank0.h5", "rank1.h5"]
+    metas = _metas(run_dir)
+    assert [(m["rank"], m["world_size"], m["local_rank"]) for m, _, _ in metas] == [(0, 2, 0), (1, 2, 1)]
+    assert metas[0][0]["job_id"] == metas[1][0]["job_id"] == run_dir.name
+    assert all(end["status"] == "finished" and end["steps"] == 6 for _, end, _ in metas)
+
+    # two "nodes" on localhost, one rank each: the run directory agreed through torchrun's store
+    (tmp_path / "b").mkdir()
+    port = _free_port()
+    common = ["run", "--batch", "--nproc-per-node", "1", "--nnodes", "2", "--rdzv-backend", "c10d",
+              "--rdzv-endpoint", f"localhost:{port}", "--rdzv-id", "twonodes"]
+    results = {}
+    node0 = threading.Thread(target=lambda: results.update(n0=nndb(*common, script, cwd=tmp_path / "b",
+                                                                      timeout=120)))
+    node0.start()
+    time.sleep(0.5)
+    results["n1"] = nndb(*common, "--node-rank", "1", script, cwd=tmp_path / "b",
+                         timeout=120)
+    node0.join()
+    assert results["n0"].returncode == 0 and results["n1"].returncode == 0, results["n1"].stderr[-2000:]
+    assert {**_digests(results["n0"].stdout), **_digests(results["n1"].stdout)} == want
+    (run_dir,) = os.listdir(tmp_path / "b" / "nndb-runs")
+    metas = _metas(tmp_path / "b" / "nndb-runs" / run_dir)
+    assert metas[0][0]["job_id"] == metas[1][0]["job_id"] == run_dir
+    assert [m["local_rank"] for m, _, _ in metas] == [0, 0]
+
+    # plain torchrun, nndb in every worker: each records its own rank, no prompt
+    (tmp_path / "c").mkdir()
+    under = _torchrun("-m", "nndb", "run", "--batch", script, cwd=tmp_path / "c")
+    assert under.returncode == 0, under.stderr[-2000:]
+    assert _digests(under.stdout) == want
+    (run_dir,) = os.listdir(tmp_path / "c" / "nndb-runs")
+    assert sorted(os.listdir(tmp_path / "c" / "nndb-runs" / run_dir)) == ["rank0.h5", "rank1.h5"]
+    _assert_none_left(str(tmp_path))
+
+
+def test_hang_timeout_shows_every_rank_and_exits_5(tmp_path):
+    script = _copy(tmp_path, "distrun_desync.py")
+    t0 = time.time()
+    r = nndb("run", "--batch", "-q", "--nproc-per-node", "2", "--hang-timeout", "3", "--report", "rep.json",
+             script, cwd=tmp_path, timeout=120)
+    took = time.time() - t0
+    assert r.returncode == 5, r.stderr[-3000:]
+    assert took < 55                     # (gloo's own timeout in the script is 60 s)
+    err = r.stderr
+    assert "nndb: the job hung: no rank finished a step for 3 s; every rank's stack:" in err
+    assert "rank 0 (pid" in err and "waiting in torch.distributed.all_reduce" in err
+    assert "rank 1 (pid" in err and "waiting in torch.distributed.barrier" in err
+    assert "distrun_desync.py:23 in <module>" in err and "distrun_desync.py:24 in <module>" in err
+    rep = json.loads((tmp_path / "rep.json").read_text())
+    assert rep["exit"]["code"] == 5
+    hung = {x["rank"]: x for x in rep["hang"]["ranks"]}
+    assert sorted(hung) == [0, 1]
+    main1 = next(t for t in hung[1]["stacks"] if t["main"])
+    assert main1["collective"] == "barrier"
+    (run_dir,) = os.listdir(tmp_path / "nndb-runs")
+    for _, end, _ in _metas(tmp_path / "nndb-runs" / run_dir):
+        assert end["status"] == "killed" and end["exit_code"] == 5     # closed by the worker's helper thread
+    _assert_none_left(str(tmp_path))
+
+
+def test_a_rank_that_dies_takes_the_job_down(tmp_path):
+    script = _copy(tmp_path, "distrun_ddp_mlp.py")
+    r = nndb("run", "--batch", "-q", "--nproc-per-node", "2", script, "--fail-rank", "1", cwd=tmp_path,
+             timeout=120)
+    assert r.returncode == 1, r.stderr[-3000:]
+    lines = [l for l in r.stderr.splitlines() if l.startswith("nndb: rank")]
+    assert lines[0] == ("nndb: rank 1 failed: exit code 1 (RuntimeError: planted failure on rank 1); "
+                        "its traceback is above")
+    assert "RuntimeError: planted failure on rank 1" in r.stderr.split(lines[0])[0]   # the traceback itself
+    (run_dir,) = os.listdir(tmp_path / "nndb-runs")
+    ends = [end for _, end, _ in _metas(tmp_path / "nndb-runs" / run_dir)]
+    assert ends[1]["status"] == "failed"
+    assert ends[0] is not None                  # rank 0's trace closed too
+    _assert_none_left(str(tmp_path))
+
+
+@pytest.mark.parametrize("args, line", [
+    (["--nproc-per-node", "0", "S"], "nndb: error: --nproc-per-node must be at least 1, not 0"),
+    (["--nproc-per-node", "2", "--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint",
+      "nowhere.invalid:29400", "S"],
+     "nndb: error: cannot reach the rendezvous endpoint nowhere.invalid:29400: unknown host 'nowhere.invalid'"),
+    (["--nproc-per-node", "2", "missing.py"], "nndb: error: no such file: missing.py"),
+    (["--hang-timeout", "3", "S"], "nndb: error: --hang-timeout goes with --nproc-per-node N"),
+    (["--nproc-per-node", "2", "--nnodes", "2", "--node-rank", "2", "S"],
+     "nndb: error: --node-rank must be in 0..1, not 2"),
+    (["--nproc-per-node", "2", "--replica", "fork", "S"], "nndb: error: time travel across ranks is not available yet"),
+])
+def test_bad_input_is_one_line(tmp_path, args, line):
+    script = _copy(tmp_path, "distrun_ddp_mlp.py")
+    r = nndb("run", "--batch", *[script if a == "S" else a for a in args], cwd=tmp_path, timeout=60)
+    assert r.returncode == 2
+    assert r.stderr.strip() == line
+    assert not (tmp_path / "nndb-runs").exists() or not os.listdir(tmp_path / "nndb-runs")
+    _assert_none_left(str(tmp_path))
+
+
+def test_trace_names_per_rank(tmp_path):
+    two = job.Place(rank=1, world_size=2, local_rank=1)
+    assert job.rank_trace(str(tmp_path / "run.h5"), two) == str(tmp_path / "run.rank1.h5")
+    assert job.rank_trace(str(tmp_path / "run"), two) == str(tmp_path / "run.rank1.h5")
+    assert job.rank_trace(str(tmp_path / "run.h5"), job.Place()) == str(tmp_path / "run.h5")
+    given = job.job_run_dir(str(tmp_path), "x", two, env={"NNDB_RUN_DIR": str(tmp_path / "d")})
+    assert given == str(tmp_path / "d") and os.path.isdir(given)
+    # without a front or a store: every rank derives the same name
+    env = {"TORCHELASTIC_RUN_ID": "none", "MASTER_ADDR": "h", "MASTER_PORT": "1"}
+    a = job.job_run_dir(str(tmp_path), "x", job.Place(0, 2, 0), env=env)
+    b = job.job_run_dir(str(tmp_path), "x", two, env=env)
+    assert a == b
+    assert job.job_id(a, env={}) == os.path.basename(a)
+
+
+def test_front_refuses_a_worker_without_the_secret_or_with_another_version(tmp_path):
+    from nndb.dist.front import Front, LaunchOptions
+    from nndb.launcher import Target
+    from nndb.timetravel.channel import Channel
+    from nndb.version import __version__
+    script = _copy(tmp_path, "distrun_ddp_mlp.py")
+    said = []
+    front = Front(Target(path=script), LaunchOptions(2), said.append)
+    try:
+        good = {"op": "hello", "secret": front.secret, "rank": 0, "pid": 1, "nndb_version": __version__,
+                "script": script, "script_sha256": front.digest}
+        cases = [(dict(good, secret="0" * 32), "without this job's secret"),
+                 (dict(good, nndb_version="0.0.1"), "rank 0 runs nndb 0.0.1, this front nndb"),
+                 (dict(good, script_sha256="f" * 64), "rank 0 runs a different script than this front"),
+                 (good, None)]
+        for hello, why in cases:
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            s.connect(front.socket_path)
+            ch = Channel(s)
+            ch.send(hello)
+            answer = ch.recv()
+            ch.close()
+            if why is None:
+                assert answer == {"op": "ok"}
+            else:
+                assert answer["op"] == "refuse" and why in answer["reason"]
+                assert why in said[-1]
+    finally:
+        front.close()
+    assert not os.path.exists(front.socket_path)
