@@ -5,6 +5,7 @@ dies, bad input; no process left behind after any of them."""
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -154,6 +155,34 @@ def test_hang_timeout_shows_every_rank_and_exits_5(tmp_path):
     (run_dir,) = os.listdir(tmp_path / "nndb-runs")
     for _, end, _ in _metas(tmp_path / "nndb-runs" / run_dir):
         assert end["status"] == "killed" and end["exit_code"] == 5     # closed by the worker's helper thread
+    _assert_none_left(str(tmp_path))
+
+
+def test_ctrl_c_at_a_hung_job_shows_every_stack_and_closes_every_trace(tmp_path):
+    script = _copy(tmp_path, "distrun_desync.py")
+    p = subprocess.Popen([sys.executable, "-m", "nndb", "run", "--batch", "-q", "--nproc-per-node", "2", script],
+                         cwd=tmp_path, env=_env(), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.time() + 60        # hung: both ranks have recorded their 5 steps
+        while time.time() < deadline:
+            runs = os.listdir(tmp_path / "nndb-runs") if (tmp_path / "nndb-runs").exists() else []
+            if runs and all(os.path.exists(tmp_path / "nndb-runs" / runs[0] / f"rank{r}.h5") for r in (0, 1)):
+                break
+            time.sleep(0.2)
+        time.sleep(6)
+        p.send_signal(signal.SIGINT)
+        out, err = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+    assert p.returncode == 130, err[-3000:]
+    assert "nndb: every rank's stack at Ctrl-C:" in err
+    assert "waiting in torch.distributed.all_reduce" in err and "waiting in torch.distributed.barrier" in err
+    assert err.count("c10d_logger.py:83 in wrapper") == 2          # (once per rank: nndb's detour hidden)
+    (run_dir,) = os.listdir(tmp_path / "nndb-runs")
+    for _, end, _ in _metas(tmp_path / "nndb-runs" / run_dir):
+        assert end["status"] == "interrupted" and end["exit_code"] == 130
     _assert_none_left(str(tmp_path))
 
 
