@@ -132,8 +132,9 @@ def run(module, trace_path, force, every, steps_range, full_every, act_every, fl
                                                         command_files, rules)
         if launch is not None:
             from .dist.launch import start_job
-            sys.exit(start_job(ctx.params, launch, target, batch or not sys.stdin.isatty(), trace_path, report_path,
-                               trace_dir, _message))
+            interactive = not (batch or not sys.stdin.isatty())
+            sys.exit(start_job(ctx.params, launch, target, _console_frontend() if interactive else None, trace_path,
+                               report_path, trace_dir, _message))
         from .debugger.driver import DebugOptions, debug     # (torch: after the checks above)
         export_targets = _export_targets(exports)
         config = RunConfig(target, trace_path, schedule, flush_steps, flush_secs, quiet, trace_dir)
@@ -146,14 +147,22 @@ def run(module, trace_path, force, every, steps_range, full_every, act_every, fl
             batch = True                # (ranks never prompt on their own)
             replica, off_reason = "off", "time travel across ranks is not available yet"
             link = FrontLink.connect(target)
-        batch = batch or not sys.stdin.isatty()
+        agreement, frontend = None, None
+        if link is not None and link.interactive:
+            from .dist.allstop import StepAgreement
+            from .dist.worker import RemoteFrontend
+            batch, agreement, frontend = False, StepAgreement(), RemoteFrontend(link)
+            link.agreement = agreement
+        else:
+            batch = batch or not sys.stdin.isatty()
         options = DebugOptions(batch=batch, stop_at_start=not go, command_files=command_files,
                                eval_commands=eval_commands, no_rc=nx, report=report_path, rules=rules,
                                replica=replica, total_steps=total_steps, lineage=lineage,
                                checkpoint_every=checkpoint_every, checkpoint_memory=checkpoint_memory,
                                exports=export_targets, progress=_stderr_is_terminal() and not where.distributed,
-                               replica_off_reason=off_reason, companions=(link,) if link else ())
-        result = debug(config, options, _frontend(interactive=not batch))
+                               replica_off_reason=off_reason, companions=(link,) if link else (),
+                               agreement=agreement)
+        result = debug(config, options, frontend or _frontend(interactive=not batch))
     except NndbError as e:
         if link is not None:
             link.done(e.exit_code, str(e))
@@ -161,6 +170,12 @@ def run(module, trace_path, force, every, steps_range, full_every, act_every, fl
     if link is not None:
         link.done(result.exit_code, result.reason)
     sys.exit(result.exit_code)
+
+
+def _console_frontend():
+    """The prompt of a distributed job (input(): the ranks' sessions do the completion-free work)."""
+    from .debugger.frontend import InputFrontend
+    return InputFrontend()
 
 
 def _message(text: str) -> None:

@@ -267,3 +267,79 @@ def test_front_refuses_a_worker_without_the_secret_or_with_another_version(tmp_p
     finally:
         front.close()
     assert not os.path.exists(front.socket_path)
+
+
+def test_all_stop_prompt_on_a_terminal(tmp_path):
+    """One prompt for both ranks: a breakpoint stops both at the end of the
+    same step; a watch given 'rank 1' hits on rank 1 only and rank 0 stops
+    with it; 'rank N' switches; --ranks all prints side by side; the
+    results are those of torchrun alone."""
+    import pty
+    import re
+    import select
+    script = _copy(tmp_path, "distrun_ddp_mlp.py")
+    master, slave = pty.openpty()
+    env = dict(_env(), TERM="dumb", HOME=str(tmp_path))
+    p = subprocess.Popen([sys.executable, "-m", "nndb", "run", "-q", "--nproc-per-node", "2", script],
+                         cwd=tmp_path, stdin=slave, stdout=slave, stderr=slave, env=env, start_new_session=True)
+    os.close(slave)
+    seen = [b""]
+
+    def expect(text, timeout=90):
+        end = time.time() + timeout
+        while text.encode() not in seen[0]:
+            r, _, _ = select.select([master], [], [], max(0.0, end - time.time()))
+            assert r, f"no {text!r}; the terminal shows: {seen[0].decode(errors='replace')[-1500:]}"
+            try:
+                seen[0] += os.read(master, 4096)
+            except OSError:
+                break
+        i = seen[0].index(text.encode()) + len(text)
+        before, seen[0] = seen[0][:i].decode(errors="replace"), seen[0][i:]
+        return before
+
+    def cmd(line):
+        os.write(master, (line + "\n").encode())
+        return expect("(nndb r")
+
+    try:
+        start = expect("(nndb r0) ")
+        assert "nndb: all 2 rank(s) stopped at the start" in start
+        out = cmd("break step 2")
+        out = cmd("continue")
+        assert "nndb: all 2 rank(s) stopped at the end of step 2" in out
+        expect(") ")
+        out = cmd("rank 1")
+        assert "rank 1: step 2" in out
+        expect("1) ")
+        out = cmd("p --ranks all $step * 10")
+        rows = re.findall(r"^r(\d)\s+(\d+)\s*$", out, re.M)
+        assert rows == [("0", "20"), ("1", "20")], out
+        expect(") ")
+        out = cmd("delete 1")
+        expect(") ")
+        out = cmd("watch loss > 0 rank 1")          # rank 1 only: rank 0 stops with it
+        assert "Watchpoint 2" in out
+        expect(") ")
+        out = cmd("continue")
+        assert "nndb: all 2 rank(s) stopped at the end of step 3" in out
+        assert "[r0] " not in out                   # (rank 0 stopped for rank 1: no hit of its own)
+        expect(") ")
+        out = cmd("p --ranks all $step")
+        assert re.findall(r"^r(\d)\s+(\d+)\s*$", out, re.M) == [("0", "3"), ("1", "3")], out
+        expect(") ")
+        out = cmd("reverse-step")
+        assert "time travel across ranks is not available yet" in out
+        expect(") ")
+        os.write(master, b"delete\n")
+        expect(") ")
+        os.write(master, b"continue\n")
+        out = expect("nndb: the job ended (exit code 0)")
+        assert len(set(_digests(out.replace("\r", "")).values())) == 1
+        p.wait(timeout=60)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, 9)
+        os.close(master)
+    assert p.returncode == 0
+    _assert_none_left(str(tmp_path))

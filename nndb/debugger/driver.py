@@ -46,6 +46,7 @@ class DebugOptions:
     exports: tuple = ()                 # --export: nndb.export.targets.ExportTarget, streamed live
     replica_off_reason: Optional[str] = None    # why time travel is off, where not --replica off (a kernel)
     progress: bool = False              # the progress line on stderr (nndb run when stderr is a terminal)
+    agreement: object = None            # several ranks in one prompt: nndb.dist.allstop.StepAgreement
     companions: tuple = ()              # more of each run's listeners: objects with start(rec) -> [listener]
     #                                     and finish(status, trace_path) (a distributed worker's front link)
 
@@ -104,6 +105,7 @@ def debug(config: RunConfig, options: DebugOptions, frontend,
           message: Callable[[str], None] = _stderr) -> DebugResult:
     interactive = not options.batch
     session = build_session(frontend, options)
+    session.agreement = options.agreement
     if options.progress:
         session.progress = ProgressLine(session)
     lines = rcfiles.startup_lines(list(options.command_files), list(options.eval_commands),
