@@ -269,15 +269,10 @@ def test_front_refuses_a_worker_without_the_secret_or_with_another_version(tmp_p
     assert not os.path.exists(front.socket_path)
 
 
-def test_all_stop_prompt_on_a_terminal(tmp_path):
-    """One prompt for both ranks: a breakpoint stops both at the end of the
-    same step; a watch given 'rank 1' hits on rank 1 only and rank 0 stops
-    with it; 'rank N' switches; --ranks all prints side by side; the
-    results are those of torchrun alone."""
+def _on_terminal(tmp_path, script):
+    """``nndb run --nproc-per-node 2 SCRIPT`` on a pseudo-terminal: (process, master fd, expect)."""
     import pty
-    import re
     import select
-    script = _copy(tmp_path, "distrun_ddp_mlp.py")
     master, slave = pty.openpty()
     env = dict(_env(), TERM="dumb", HOME=str(tmp_path))
     p = subprocess.Popen([sys.executable, "-m", "nndb", "run", "-q", "--nproc-per-node", "2", script],
@@ -286,6 +281,7 @@ def test_all_stop_prompt_on_a_terminal(tmp_path):
     seen = [b""]
 
     def expect(text, timeout=90):
+        """Read until ``text``; return everything up to it."""
         end = time.time() + timeout
         while text.encode() not in seen[0]:
             r, _, _ = select.select([master], [], [], max(0.0, end - time.time()))
@@ -297,6 +293,47 @@ def test_all_stop_prompt_on_a_terminal(tmp_path):
         i = seen[0].index(text.encode()) + len(text)
         before, seen[0] = seen[0][:i].decode(errors="replace"), seen[0][i:]
         return before
+    return p, master, expect
+
+
+def test_ctrl_c_at_the_prompt_of_a_hung_job(tmp_path):
+    """Ctrl-C while the ranks run asks each to stop at the next step end; a
+    hung job does not, and after 3 s every rank's stack is shown (rank 1
+    waits in nndb's own agreement); Ctrl-C again ends it, traces closed."""
+    script = _copy(tmp_path, "distrun_desync.py")
+    p, master, expect = _on_terminal(tmp_path, script)
+    try:
+        expect("(nndb r0) ")
+        os.write(master, b"continue\n")
+        time.sleep(8)
+        p.send_signal(signal.SIGINT)            # (the terminal's Ctrl-C: the front's process group)
+        out = expect("nndb: Ctrl-C again ends the job\r\n")
+        assert "not every rank stopped within 3 s (a hang?); every rank's stack:" in out
+        assert "waiting in torch.distributed.all_reduce\r\n" in out
+        assert "waiting in torch.distributed.all_reduce (nndb's all-stop agreement at a step end)" in out
+        p.send_signal(signal.SIGINT)
+        out = expect("nndb: the job ended (exit code 130)")
+        assert "the job was interrupted" in out
+        p.wait(timeout=60)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, 9)
+        os.close(master)
+    assert p.returncode == 130
+    (run_dir,) = os.listdir(tmp_path / "nndb-runs")
+    for _, end, _ in _metas(tmp_path / "nndb-runs" / run_dir):
+        assert end["status"] == "interrupted"
+    _assert_none_left(str(tmp_path))
+
+
+def test_all_stop_prompt_on_a_terminal(tmp_path):
+    """One prompt for both ranks: a breakpoint stops both at the end of the
+    same step; a watch given 'rank 1' hits on rank 1 only and rank 0 stops
+    with it; 'rank N' switches; --ranks all prints side by side; the
+    results are those of torchrun alone."""
+    import re
+    script = _copy(tmp_path, "distrun_ddp_mlp.py")
+    p, master, expect = _on_terminal(tmp_path, script)
 
     def cmd(line):
         os.write(master, (line + "\n").encode())
