@@ -16,6 +16,8 @@ import socket
 import statistics
 import tempfile
 
+AGREEMENT_CALLS = 2000
+
 
 def _free_port() -> int:
     with socket.socket() as s:
@@ -57,13 +59,23 @@ def _rank(rank: int, world: int, port: int, name: str, pairs: int, scale: float,
             ratios.append(times[True] / times[False])
             without.append(times[False] / steps)
             with_.append(times[True] / steps)
+    # the agreement alone, the same call a step end makes (no training between: the bare collective)
+    agreement = StepAgreement()
+    agreement.wants(False)
+    import time
+    dist.barrier()
+    t = time.perf_counter()
+    for _ in range(AGREEMENT_CALLS):
+        agreement.wants(False)
+    alone_us = (time.perf_counter() - t) / AGREEMENT_CALLS * 1e6
     if rank == 0:
         with open(out, "w") as fh:
             json.dump({"workload": name, "ranks": world, "steps": steps, "pairs": pairs,
                        "ratio_median": statistics.median(ratios), "ratio_min": min(ratios),
                        "ratio_max": max(ratios), "without_ms": statistics.median(without) * 1e3,
                        "with_ms": statistics.median(with_) * 1e3,
-                       "cost_ms_per_step": (statistics.median(with_) - statistics.median(without)) * 1e3}, fh)
+                       "cost_ms_per_step": (statistics.median(with_) - statistics.median(without)) * 1e3,
+                       "agreement_alone_us": alone_us}, fh)
     dist.destroy_process_group()
 
 
@@ -77,9 +89,10 @@ def main(world: int, pairs: int, scale: float, json_path=None, name: str = "cnn"
             r = json.load(fh)
     print(f"{world} ranks, gloo, 1 thread each, DDP, nndb recording each rank; all-stop agreement off / on")
     print(tabulate([[r["workload"], f"{r['without_ms']:.2f}", f"{r['with_ms']:.2f}", f"{r['cost_ms_per_step']:.3f}",
-                     f"{r['ratio_median']:.3f}x", f"{r['ratio_min']:.3f}-{r['ratio_max']:.3f}"]],
+                     f"{r['ratio_median']:.3f}x", f"{r['ratio_min']:.3f}-{r['ratio_max']:.3f}",
+                     f"{r['agreement_alone_us']:.0f}"]],
                    headers=["workload", "ms/step without", "ms/step with", "cost ms/step", "ratio (median)",
-                            "ratio min-max"], disable_numparse=True))
+                            "ratio min-max", "agreement alone us"], disable_numparse=True))
     if json_path:
         with open(json_path, "w") as fh:
             json.dump(r, fh, indent=2)

@@ -60,7 +60,9 @@ def _assert_none_left(marker: str) -> None:
 
 
 def _digests(out: str) -> dict:
-    return {int(l.split()[1]): l.split()[3] for l in out.splitlines() if l.startswith("rank ") and " digest " in l}
+    """rank -> digest (the ranks share one pipe: a line of one may land inside the other's)."""
+    import re
+    return {int(r): d for r, d in re.findall(r"rank (\d+) digest ([0-9a-f]{64})", out)}
 
 
 def _torchrun(*args, cwd, timeout=120):

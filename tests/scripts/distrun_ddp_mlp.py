@@ -5,6 +5,7 @@ parameters (bit-exact comparison with and without nndb).
 import argparse
 import datetime
 import hashlib
+import sys
 
 import torch
 import torch.distributed as dist
@@ -45,5 +46,6 @@ for epoch in range(100):
 h = hashlib.sha256()
 for t in model.state_dict().values():
     h.update(t.detach().numpy().tobytes())
-print(f"rank {rank} digest {h.hexdigest()}", flush=True)
+sys.stdout.write(f"rank {rank} digest {h.hexdigest()}\n")     # (one write: the ranks share the pipe)
+sys.stdout.flush()
 dist.destroy_process_group()
