@@ -331,8 +331,9 @@ def test_ctrl_c_at_the_prompt_of_a_hung_job(tmp_path):
 def test_all_stop_prompt_on_a_terminal(tmp_path):
     """One prompt for both ranks: a breakpoint stops both at the end of the
     same step; a watch given 'rank 1' hits on rank 1 only and rank 0 stops
-    with it; 'rank N' switches; --ranks all prints side by side; the
-    results are those of torchrun alone."""
+    with it; 'rank N' switches; --ranks all prints side by side;
+    reverse-step respawns both ranks and lands on the first pass's values;
+    the results are those of torchrun alone."""
     import re
     script = _copy(tmp_path, "distrun_ddp_mlp.py")
     p, master, expect = _on_terminal(tmp_path, script)
@@ -347,6 +348,10 @@ def test_all_stop_prompt_on_a_terminal(tmp_path):
         out = cmd("break step 2")
         out = cmd("continue")
         assert "nndb: all 2 rank(s) stopped at the end of step 2" in out
+        expect(") ")
+        out = cmd("p --ranks all loss.item()")
+        at2 = re.findall(r"^r(\d)\s+(\S+)\s*$", out, re.M)
+        assert [r for r, _ in at2] == ["0", "1"], out
         expect(") ")
         out = cmd("rank 1")
         assert "rank 1: step 2" in out
@@ -367,7 +372,24 @@ def test_all_stop_prompt_on_a_terminal(tmp_path):
         out = cmd("p --ranks all $step")
         assert re.findall(r"^r(\d)\s+(\d+)\s*$", out, re.M) == [("0", "3"), ("1", "3")], out
         expect(") ")
-        out = cmd("reverse-step")
+        out = cmd("reverse-step")                   # every rank respawned, replayed to step 2
+        assert "time travel runs the whole job again from its start" in out
+        assert "nndb: all 2 rank(s) stopped at the end of step 2" in out
+        expect(") ")
+        out = cmd("p --ranks all loss.item()")
+        assert re.findall(r"^r(\d)\s+(\S+)\s*$", out, re.M) == at2      # the values of the first pass
+        expect(") ")
+        out = cmd("rank 0")
+        expect(") ")
+        out = cmd("info breakpoints")                # the points are set again, each on its ranks
+        assert "No breakpoints or watchpoints." in out
+        expect(") ")
+        out = cmd("rank 1")
+        expect(") ")
+        out = cmd("info breakpoints")
+        assert "No breakpoints" not in out and "loss" in out
+        expect(") ")
+        out = cmd("predict 2")
         assert "time travel across ranks is not available yet" in out
         expect(") ")
         os.write(master, b"delete\n")
