@@ -54,6 +54,8 @@ def start_job(params: dict, launch: LaunchOptions, target, frontend, trace_path:
     for name, default, why in _NOT_YET:
         if params.get(name) not in (default, None) and params.get(name) != default:
             raise UsageError(why)
+    if frontend is not None and not launch.single_node():
+        raise UsageError("the prompt across nodes is not available yet: add --batch (each node records its ranks)")
     if frontend is not None and launch.hang_timeout:
         raise UsageError("--hang-timeout goes with --batch (at the prompt, Ctrl-C shows a hung job's stacks)")
     prepare(target)                     # (a missing or broken script: one line here, no worker started)
