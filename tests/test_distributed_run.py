@@ -190,17 +190,24 @@ def test_ctrl_c_at_a_hung_job_shows_every_stack_and_closes_every_trace(tmp_path)
 
 def test_a_rank_that_dies_takes_the_job_down(tmp_path):
     script = _copy(tmp_path, "distrun_ddp_mlp.py")
-    r = nndb("run", "--batch", "-q", "--nproc-per-node", "2", script, "--fail-rank", "1", cwd=tmp_path,
-             timeout=120)
+    r = nndb("run", "--batch", "-q", "--nproc-per-node", "2", "--trace", "out/run.h5", script, "--fail-rank", "1",
+             cwd=tmp_path, timeout=120)
     assert r.returncode == 1, r.stderr[-3000:]
     lines = [l for l in r.stderr.splitlines() if l.startswith("nndb: rank")]
     assert lines[0] == ("nndb: rank 1 failed: exit code 1 (RuntimeError: planted failure on rank 1); "
                         "its traceback is above")
     assert "RuntimeError: planted failure on rank 1" in r.stderr.split(lines[0])[0]   # the traceback itself
-    (run_dir,) = os.listdir(tmp_path / "nndb-runs")
-    ends = [end for _, end, _ in _metas(tmp_path / "nndb-runs" / run_dir)]
+    # --trace PATH: the rank goes before the extension, never one file for all ranks
+    assert sorted(os.listdir(tmp_path / "out")) == ["run.rank0.h5", "run.rank1.h5"]
+    ends, ids = [], set()
+    for rank in (0, 1):
+        with TraceReader(str(tmp_path / "out" / f"run.rank{rank}.h5")) as t:
+            ends.append(t.end)
+            ids.add(t.meta["job_id"])
+            assert t.meta["rank"] == rank
     assert ends[1]["status"] == "failed"
     assert ends[0] is not None                  # rank 0's trace closed too
+    assert len(ids) == 1 and None not in ids    # one job id in both
     _assert_none_left(str(tmp_path))
 
 
