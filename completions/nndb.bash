@@ -68,7 +68,7 @@ _nndb() {
         for ((j = i + 1; j < COMP_CWORD; j++)); do
             if ((skip)); then skip=0; continue; fi
             case "${COMP_WORDS[j]}" in
-                --trace|--every|--steps|--full-every|--act-every|--flush-every|--flush-secs|-x|-e|--eval-command|--report|--rules|--replica|--total-steps|--checkpoint-every|--checkpoint-memory|--lineage|--export) skip=1 ;;
+                --trace|--every|--steps|--full-every|--act-every|--flush-every|--flush-secs|-x|-e|--eval-command|--report|--rules|--replica|--total-steps|--checkpoint-every|--checkpoint-memory|--lineage|--export|--nproc-per-node|--nnodes|--node-rank|--rdzv-backend|--rdzv-endpoint|--rdzv-id|--rdzv-conf|--master-addr|--master-port|--hang-timeout) skip=1 ;;
                 -m) ((j + 1 < COMP_CWORD)) && { COMPREPLY=($(compgen -f -- "$cur")); return; } ;;
                 -*) ;;
                 *) COMPREPLY=($(compgen -f -- "$cur")); return ;;
@@ -93,8 +93,18 @@ _nndb() {
             --checkpoint-memory) return ;;
             --lineage) return ;;
             --export) return ;;
+            --nproc-per-node) return ;;
+            --nnodes) return ;;
+            --node-rank) return ;;
+            --rdzv-backend) return ;;
+            --rdzv-endpoint) return ;;
+            --rdzv-id) return ;;
+            --rdzv-conf) return ;;
+            --master-addr) return ;;
+            --master-port) return ;;
+            --hang-timeout) return ;;
         esac
-        if [[ $cur == -* ]]; then COMPREPLY=($(compgen -W "-m --trace --force --every --steps --full-every --act-every --flush-every --flush-secs -q --quiet --batch --run -x -e --eval-command --nx --report --rules --replica --total-steps --checkpoint-every --checkpoint-memory --lineage --export -h --help" -- "$cur"));
+        if [[ $cur == -* ]]; then COMPREPLY=($(compgen -W "-m --trace --force --every --steps --full-every --act-every --flush-every --flush-secs -q --quiet --batch --run -x -e --eval-command --nx --report --rules --replica --total-steps --checkpoint-every --checkpoint-memory --lineage --export --nproc-per-node --nnodes --node-rank --rdzv-backend --rdzv-endpoint --rdzv-id --rdzv-conf --master-addr --master-port --hang-timeout -h --help" -- "$cur"));
         else COMPREPLY=($(compgen -f -- "$cur")); fi ;;
     trust)
         case "$prev" in

@@ -2,6 +2,7 @@
 results become exit codes (see nndb.errors for the table)."""
 from __future__ import annotations
 
+import os
 import sys
 
 import click
@@ -83,42 +84,101 @@ def cli():
 @click.option("--export", "exports", multiple=True, metavar="tensorboard:DIR|mlflow[:URI]",
               help="Stream each step's statistics and the findings to TensorBoard or MLflow while the run "
                    "goes (repeatable); an unreachable store is one warning, and the run goes on.")
+@click.option("--nproc-per-node", "nproc_per_node", type=int, metavar="N",
+              help="Start a distributed job of N workers on this node through torchrun's launcher "
+                   "(torch.distributed.run), each running SCRIPT under nndb; the torchrun flags below "
+                   "mean what they mean to torchrun.")
+@click.option("--nnodes", default="1", show_default=True, metavar="N|MIN:MAX", help="torchrun's --nnodes.")
+@click.option("--node-rank", "node_rank", type=int, default=0, show_default=True, metavar="K",
+              help="torchrun's --node-rank.")
+@click.option("--rdzv-backend", "rdzv_backend", metavar="NAME", help="torchrun's --rdzv-backend.")
+@click.option("--rdzv-endpoint", "rdzv_endpoint", metavar="HOST:PORT", help="torchrun's --rdzv-endpoint.")
+@click.option("--rdzv-id", "rdzv_id", metavar="ID", help="torchrun's --rdzv-id.")
+@click.option("--rdzv-conf", "rdzv_conf", metavar="K=V,...", help="torchrun's --rdzv-conf.")
+@click.option("--master-addr", "master_addr", metavar="HOST", help="torchrun's --master-addr.")
+@click.option("--master-port", "master_port", type=int, metavar="PORT", help="torchrun's --master-port.")
+@click.option("--hang-timeout", "hang_timeout", type=float, metavar="SECS",
+              help="With --nproc-per-node: when no rank has finished a step for SECS seconds, print every "
+                   "rank's Python stack and the collective it waits in, and end the job (exit code 5).")
 @click.argument("script", required=False, metavar="SCRIPT")
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def run(module, trace_path, force, every, steps_range, full_every, act_every, flush_steps, flush_secs, quiet,
         batch, go, command_files, eval_commands, nx, report_path, rules, replica, total_steps,
-        checkpoint_every, checkpoint_memory, lineage, exports, script, args):
+        checkpoint_every, checkpoint_memory, lineage, exports, nproc_per_node, nnodes, node_rank, rdzv_backend,
+        rdzv_endpoint, rdzv_id, rdzv_conf, master_addr, master_port, hang_timeout, script, args):
     """Run SCRIPT [ARGS]... (or -m MODULE [ARGS]...) under the debugger, as
     Python would, recording per-step tensor statistics into an HDF5 trace.
     Everything after SCRIPT is passed to the script untouched.  It stops at
     the start of step 0 with the (nndb) prompt unless --run, --batch, or
     stdin is not a terminal."""
-    from .preload import maybe_restart
-    maybe_restart(replica)              # (fork replicas: Intel's OpenMP runtime; returns if not)
-    from .debugger.driver import debug
-
-    params = click.get_current_context().params
+    from .dist import job
+    if nproc_per_node is None and not job.place().distributed:     # (no time travel across ranks yet)
+        from .preload import maybe_restart
+        maybe_restart(replica)          # (fork replicas: Intel's OpenMP runtime; returns if not)
+    target = _target(module, script, args)
+    ctx = click.get_current_context()
+    where = job.place()
+    link = None
     try:
-        config, options = run_setup(params, batch=params["batch"] or not sys.stdin.isatty(),
-                                    progress=_stderr_is_terminal())
-        result = debug(config, options, _frontend(interactive=not options.batch))
+        launch = _launch_options(ctx, nproc_per_node, nnodes, node_rank, rdzv_backend, rdzv_endpoint, rdzv_id,
+                                 rdzv_conf, master_addr, master_port, hang_timeout)
+        if where.distributed and trace_path:
+            trace_path = job.rank_trace(trace_path, where)      # (never one file for all ranks)
+        if where.distributed and report_path:
+            report_path = job.rank_trace(report_path, where)
+        from .config import RecordSchedule
+        RecordSchedule.parse(every, steps_range, full_every, act_every)     # (a bad value fails before any rank)
+        paths = _own_paths(target, trace_path, force, report_path, command_files, rules)
+        if launch is not None:
+            from .dist.launch import start_job
+            interactive = not (batch or not sys.stdin.isatty())
+            sys.exit(start_job(ctx.params, launch, target, _console_frontend() if interactive else None, *paths,
+                               _message))
+        from .debugger.driver import debug     # (torch: after the checks above)
+        off_reason = None
+        if where.distributed:
+            from .dist.worker import FrontLink
+            if not batch and sys.stdin.isatty() and where.rank == 0 and "NNDB_FRONT_SOCKET" not in os.environ:
+                _message(f"nndb: rank 0 of {where.world_size} under torchrun: no prompt on any rank (batch "
+                         f"mode); for the debugger across ranks use nndb run --nproc-per-node N")
+            batch = True                # (ranks never prompt on their own)
+            replica, off_reason = "off", "time travel across ranks is not available yet"
+            link = FrontLink.connect(target)
+        agreement, frontend = None, None
+        if link is not None and link.interactive:
+            from .dist.allstop import StepAgreement
+            from .dist.worker import RemoteFrontend
+            batch, agreement, frontend = False, StepAgreement(), RemoteFrontend(link)
+            link.agreement = agreement
+        else:
+            batch = batch or not sys.stdin.isatty()
+        config, options = run_setup(ctx.params, batch, _stderr_is_terminal() and not where.distributed, paths,
+                                    replica=replica, replica_off_reason=off_reason,
+                                    companions=(link,) if link else (), agreement=agreement)
+        result = debug(config, options, frontend or _frontend(interactive=not batch))
     except NndbError as e:
+        if link is not None:
+            link.done(e.exit_code, str(e))
         _fail(e)
+    if link is not None:
+        link.done(result.exit_code, result.reason)
     sys.exit(result.exit_code)
 
 
-def run_setup(p: dict, batch: bool, progress: bool, **overrides):
+def run_setup(p: dict, batch: bool, progress: bool, paths=None, **overrides):
     """``nndb run``'s options (click's parameters ``p``) as the run's
-    RunConfig and DebugOptions, every path checked before the script starts.
-    ``%nndb run`` in a notebook parses its line with this same command and
-    builds its run here too (``overrides``: the DebugOptions a kernel sets)."""
+    RunConfig and DebugOptions, every path checked before the script starts
+    (``paths``: the (trace, report, trace directory) ``_own_paths`` gave,
+    when the caller checked them already).  ``%nndb run`` in a notebook
+    parses its line with this same command and builds its run here too
+    (``overrides``: the DebugOptions a kernel, or a rank, sets)."""
     from .config import RecordSchedule, RunConfig
     from .debugger.driver import DebugOptions
 
     target = _target(p["module"], p["script"], p["args"])
     schedule = RecordSchedule.parse(p["every"], p["steps_range"], p["full_every"], p["act_every"])
-    trace_path, report_path, trace_dir = _own_paths(target, p["trace_path"], p["force"], p["report_path"],
-                                                    p["command_files"], p["rules"])
+    trace_path, report_path, trace_dir = paths or _own_paths(target, p["trace_path"], p["force"], p["report_path"],
+                                                             p["command_files"], p["rules"])
     export_targets = _export_targets(p["exports"])
     config = RunConfig(target, trace_path, schedule, p["flush_steps"], p["flush_secs"], p["quiet"], trace_dir)
     options = dict(batch=batch, stop_at_start=not p["go"], command_files=p["command_files"],
@@ -128,6 +188,36 @@ def run_setup(p: dict, batch: bool, progress: bool, **overrides):
                    exports=export_targets, progress=progress)
     options.update(overrides)
     return config, DebugOptions(**options)
+
+
+def _console_frontend():
+    """The prompt of a distributed job (input(): the ranks' sessions do the completion-free work)."""
+    from .debugger.frontend import InputFrontend
+    return InputFrontend()
+
+
+def _message(text: str) -> None:
+    click.echo(printable(text), err=True)
+
+
+_LAUNCH_FLAGS = ("nnodes", "node_rank", "rdzv_backend", "rdzv_endpoint", "rdzv_id", "rdzv_conf", "master_addr",
+                 "master_port", "hang_timeout")
+
+
+def _launch_options(ctx, nproc_per_node, nnodes, node_rank, rdzv_backend, rdzv_endpoint, rdzv_id, rdzv_conf,
+                    master_addr, master_port, hang_timeout):
+    """torchrun's flags -> nndb.dist.front.LaunchOptions (None: no --nproc-per-node)."""
+    if nproc_per_node is None:
+        given = [f for f in _LAUNCH_FLAGS
+                 if ctx.get_parameter_source(f) == click.core.ParameterSource.COMMANDLINE]
+        if given:
+            raise UsageError(f"--{given[0].replace('_', '-')} goes with --nproc-per-node N")
+        return None
+    from .dist.front import LaunchOptions, check_options
+    o = LaunchOptions(nproc_per_node, nnodes, node_rank, rdzv_backend, rdzv_endpoint, rdzv_id, rdzv_conf,
+                      master_addr, master_port, 0, hang_timeout)
+    check_options(o)
+    return o
 
 
 def _stderr_is_terminal() -> bool:

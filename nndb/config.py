@@ -24,15 +24,21 @@ class RunConfig:
     trace_dir: Optional[str] = None     # where the default trace goes (absolute; else ./nndb-runs)
 
 
-def default_trace_path(target: Target, rank: int = 0, world_size: int = 1,
-                       directory: str = "nndb-runs") -> str:
-    """A new file under ./nndb-runs/: <script>-<time>[-rankR].h5, never an existing one:
+def default_trace_path(target: Target, directory: str = "nndb-runs", where=None) -> str:
+    """A new file under ./nndb-runs/: <script>-<time>.h5, never an existing one:
     the name is claimed (created empty, exclusively) so that two runs started in
     the same second get two files (the second one ``-2``).  Absolute, so that a
-    script's ``os.chdir`` does not move it."""
+    script's ``os.chdir`` does not move it.  One rank of several (torchrun):
+    ``<script>-<time>/rank<R>.h5`` in the job's run directory (nndb.dist.job)."""
+    from .dist import job
+    where = where or job.place()
+    if where.distributed:
+        try:
+            return job.rank_file(job.job_run_dir(directory, target.stem, where), where)
+        except OSError:
+            return job.rank_file(os.path.join(os.path.abspath(directory), target.stem), where)
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-    suffix = f"-rank{rank}" if world_size > 1 else ""
-    base = os.path.join(os.path.abspath(directory), f"{target.stem}-{stamp}{suffix}")
+    base = os.path.join(os.path.abspath(directory), f"{target.stem}-{stamp}")
     path, i = base + ".h5", 1
     try:
         os.makedirs(os.path.dirname(base), exist_ok=True)

@@ -8,6 +8,7 @@ Exit codes (also in README):
 2     usage error: bad command line, missing script, unreadable trace
 3     an internal nndb error
 4     a breakpoint, watchpoint or rule with the ``fail`` action fired
+5     a distributed job hung (``--hang-timeout``): every rank's stack was shown
 130   interrupted (SIGINT / Ctrl-C)
 143   terminated (SIGTERM)
 ====  =============================================================
@@ -19,6 +20,7 @@ EXIT_SCRIPT_ERROR = 1
 EXIT_USAGE = 2
 EXIT_INTERNAL = 3
 EXIT_FAIL_ACTION = 4
+EXIT_HANG = 5
 EXIT_SIGINT = 130
 EXIT_SIGTERM = 143
 

@@ -75,14 +75,11 @@ def git_commit(directory: str) -> dict:
 
 
 def distributed() -> dict:
-    """Rank and world size as torchrun sets them (one trace per rank)."""
-    def _int(name, default):
-        try:
-            return int(os.environ.get(name, default))
-        except ValueError:
-            return default
-    return {"rank": _int("RANK", 0), "world_size": _int("WORLD_SIZE", 1),
-            "local_rank": _int("LOCAL_RANK", 0)}
+    """Rank and world size as torchrun sets them (one trace per rank; the
+    job's id is added by the runner, which knows the run directory)."""
+    from .dist.job import place
+    p = place()
+    return {"rank": p.rank, "world_size": p.world_size, "local_rank": p.local_rank}
 
 
 def device() -> dict:

@@ -8,6 +8,7 @@ through ``message`` (nndb's own one-line messages, on stderr by default).
 from __future__ import annotations
 
 import _thread
+import os
 import signal
 import sys
 import threading
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 from . import launcher, runmeta
+from .dist import job
 from .config import RunConfig, default_trace_path, shown
 from .errors import (EXIT_OK, EXIT_SCRIPT_ERROR, EXIT_SIGINT, EXIT_SIGTERM, KillRun, RestartRun, Terminated)
 from .safetext import printable
@@ -196,8 +198,9 @@ def record(config: RunConfig, message: Callable[[str], None] = _stderr,
     at the prompt does not hold them up."""
     prepared = launcher.prepare(config.target)           # bad script: fails here, before a trace exists
     meta = runmeta.collect(config.target, config.schedule.describe())
-    path = config.trace_path or default_trace_path(config.target, meta["rank"], meta["world_size"],
-                                                   config.trace_dir or "nndb-runs")
+    path = config.trace_path or default_trace_path(config.target, config.trace_dir or "nndb-runs")
+    meta["job_id"] = job.job_id(os.path.dirname(path) if not config.trace_path else None) \
+        if meta["world_size"] > 1 else None
     rec = Recording(path, meta, config, message, on_step_end)
     if listeners is not None:
         rec.listeners.extend(listeners(rec))

@@ -18,6 +18,7 @@ step and activations are recorded on every step.
     python scripts/bench.py --pairs 7 --json bench.json
     python scripts/bench.py --workload cnn --every 10
     python scripts/bench.py --catch --pairs 5    # catch nan against detect_anomaly (mlp, cnn)
+    python scripts/bench.py --ranks 2 --pairs 5  # 2 DDP ranks: all-stop agreement off / on (cnn)
 
 Targets (default recording): cnn <= 1.10x, mlp <= 1.5x; with ``--lineage all``
 (the op recorder on every step): cnn <= 2x the plain step.
@@ -433,8 +434,14 @@ def main(argv=None):
     ap.add_argument("--clock", choices=["wall", "cpu"], default="wall",
                     help="time the loops by the wall clock (default) or by the process's CPU time "
                          "(user + system of all its threads: steadier on a machine other work loads)")
+    ap.add_argument("--ranks", type=int, default=None, metavar="N",
+                    help="instead: N ranks (gloo, DDP) of the CNN recorded by nndb, without and with the "
+                         "all-stop agreement across ranks (see scripts/bench_ranks.py)")
     ap.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     args = ap.parse_args(argv)
+    if args.ranks:
+        import bench_ranks
+        return bench_ranks.main(args.ranks, args.pairs, args.scale, args.json)
     global RULES, REPLICA, LINEAGE, CLOCK
     RULES, REPLICA, LINEAGE = args.rules, args.replica, args.lineage
     CLOCK = time.process_time if args.clock == "cpu" else time.perf_counter

@@ -46,6 +46,9 @@ class DebugOptions:
     exports: tuple = ()                 # --export: nndb.export.targets.ExportTarget, streamed live
     replica_off_reason: Optional[str] = None    # why time travel is off, where not --replica off (a kernel)
     progress: bool = False              # the progress line on stderr (nndb run when stderr is a terminal)
+    agreement: object = None            # several ranks in one prompt: nndb.dist.allstop.StepAgreement
+    companions: tuple = ()              # more of each run's listeners: objects with start(rec) -> [listener]
+    #                                     and finish(status, trace_path) (a distributed worker's front link)
 
 
 @dataclass
@@ -102,6 +105,7 @@ def debug(config: RunConfig, options: DebugOptions, frontend,
           message: Callable[[str], None] = _stderr) -> DebugResult:
     interactive = not options.batch
     session = build_session(frontend, options)
+    session.agreement = options.agreement
     if options.progress:
         session.progress = ProgressLine(session)
     lines = rcfiles.startup_lines(list(options.command_files), list(options.eval_commands),
@@ -112,6 +116,7 @@ def debug(config: RunConfig, options: DebugOptions, frontend,
         return _finish(config, options, session, None, EXIT_USAGE, bad)
     session.queue_lines(lines)
     exports = RunExports(options.exports, message, lambda: session.findings) if options.exports else None
+    companions = ([exports] if exports else []) + list(options.companions)
     result: Optional[RunResult] = None
     first_path = config.trace_path
     start_cwd = os.getcwd()
@@ -127,12 +132,14 @@ def debug(config: RunConfig, options: DebugOptions, frontend,
             gc.collect()
         this_run = None
         try:
-            this_run = record(cfg, message, session=session, listeners=exports.start if exports else None)
+            this_run = record(cfg, message, session=session,
+                              listeners=(lambda rec: [x for c in companions for x in c.start(rec)])
+                              if companions else None)
         finally:
             if session.progress is not None:
                 session.progress.clear()
-            if exports:
-                exports.finish(this_run.status if this_run else "failed", this_run.trace_path if this_run else None)
+            for c in companions:
+                c.finish(this_run.status if this_run else "failed", this_run.trace_path if this_run else None)
         result = this_run
         if first_path is None:
             first_path = result.trace_path

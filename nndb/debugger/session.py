@@ -50,6 +50,7 @@ class Session(CommandLoop, StopPoints, RunQueries):
         self.replica = None                  # in a replica process: its role (nndb.timetravel.roles)
         self.lineage = lineage               # nndb.lineage.control.LineageControl (op recorder policy)
         self.progress = None                 # nndb.debugger.progress.ProgressLine (nndb run on a terminal)
+        self.agreement = None                # several ranks: nndb.dist.allstop.StepAgreement (all-stop)
         if hasattr(frontend, "session"):
             frontend.session = self        # completion and the toolbar look at the session
         self.interactive = interactive

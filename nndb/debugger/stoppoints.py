@@ -62,7 +62,9 @@ class StopPoints:
         """At the end of ``step`` (``record``: the newest record handed on
         there, or None): stop if a point, a rule or run control says so."""
         role = self.replica
-        if self.mode == "detach" and not self._pending_start and not rule_hits and role is None:
+        agreement = self.agreement           # (several ranks: nndb.dist.allstop, every step end)
+        if self.mode == "detach" and not self._pending_start and not rule_hits and role is None \
+                and agreement is None:
             return
         self._hook_frame = sys._getframe(1)
         try:
@@ -73,6 +75,8 @@ class StopPoints:
                 stop = self._check_step_end(step, record)
             if rule_hits:
                 stop = _with_rule_hits(stop, step, rule_hits)
+            if agreement is not None:
+                stop = agreement.agree(self, step, stop)
         except (KillRun, RestartRun):
             raise
         except Exception as e:

@@ -68,6 +68,9 @@ def run_script(line: str):
         p = _run_params(line)
         if p is None:
             return None
+        if p.get("nproc_per_node") is not None:
+            raise UsageError("--nproc-per-node: a job of several ranks runs from a terminal "
+                             "('nndb run --nproc-per-node N SCRIPT'), not inside a kernel")
         if p["replica"] not in ("auto", "off"):
             raise UsageError(f"--replica {p['replica']}: time travel is off in a notebook kernel "
                              f"({KERNEL_NO_REPLICAS})")

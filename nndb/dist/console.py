@@ -1,0 +1,297 @@
+"""The one prompt of an interactive distributed job (gdb's all-stop mode).
+
+The job runs in a thread of the front (torch's launcher); this console,
+in the main thread, reads the user's lines.  Every rank's session runs in
+its worker with a remote front end (nndb.dist.worker.RemoteFrontend): it
+says when it is at its prompt and sends its output here.  While the ranks
+run, Ctrl-C asks every rank to stop at the next step end (the all-stop
+agreement, nndb.dist.allstop); a job that does not stop within a few
+seconds is shown as every rank's stack, and a second Ctrl-C ends it.
+
+Commands of the console itself: ``rank [N]``; ``--ranks all`` after
+``p``/``print``/``stats``/``where``/``list`` (one row per rank); run
+control (``continue``, ``next``, ``until``, ``kill``, ``quit``) goes to
+every rank; breakpoints, watches and the other settings go to every rank
+(``... rank N`` at the end: to rank N only); everything else to the
+current rank.
+"""
+from __future__ import annotations
+
+import re
+import threading
+import time
+from typing import Callable, Optional
+
+from . import stacks
+from .front import Front
+
+_RESUME = {"c", "cont", "continue", "n", "next", "u", "until", "advance"}
+_END = {"q", "quit", "kill", "k", "exit"}
+_EVERY_RANK = {"b", "break", "tbreak", "watch", "w", "delete", "d", "disable", "enable", "condition", "ignore",
+               "display", "undisplay", "rule", "rules", "set"}
+_SIDE_BY_SIDE = {"p", "print", "stats", "where", "bt", "backtrace", "list", "l"}
+_BACK = {"reverse-step", "rs", "reverse-next", "rn", "goto"}
+_NOT_ACROSS = {"reverse-continue": "time travel", "rc": "time travel",
+               "predict": "time travel", "timeline": "time travel", "s": "step", "step": "step",
+               "commands": "commands", "run": "run", "r": "run", "detach": "detach"}
+_RANK_SUFFIX = re.compile(r"\s+rank\s+(\d+)\s*$")
+_STOP_WAIT_S = 3.0
+
+
+class Console:
+    def __init__(self, front: Front, frontend, message: Callable[[str], None]):
+        self.front = front
+        self.fe = frontend
+        self.say = message
+        self.current = 0
+        self._job_done = threading.Event()
+        self.exit_code: Optional[int] = None
+        self._error: Optional[BaseException] = None
+        self._replaying = False
+
+    def _finished(self) -> bool:
+        return self._job_done.is_set()
+
+    def _agent(self, worker_argv, trace_dir) -> None:
+        try:
+            self.exit_code = self.front.run(worker_argv, trace_dir)
+        except BaseException as e:          # (a usage error of the launcher: raised again in the main thread)
+            self._error = e
+        finally:
+            self._job_done.set()
+
+    def _launch(self, worker_argv: list) -> None:
+        self._job_done.clear()
+        self.exit_code = None
+        self._thread = threading.Thread(target=self._agent, args=(worker_argv, self._trace_dir), name="nndb-job",
+                                        daemon=True)
+        self._thread.start()
+        n = self.front.options.nproc_per_node * int(self.front.options.nnodes.split(":")[-1])
+        self.front.wait_hello(n, self._finished)
+        self._wait_stopped()
+
+    def run(self, worker_argv: list, trace_dir: Optional[str]) -> int:
+        self.front.interactive = True
+        self._argv, self._trace_dir = list(worker_argv), trace_dir
+        self._points: list = []              # the lines that set points on every rank (a replay sets them again)
+        self._warned = False
+        self._launch(self._argv)
+        while True:
+            if not self.front.live_ranks():     # (every rank has ended: the launcher is finishing)
+                self._job_done.wait()
+            if self._finished():
+                break
+            try:
+                line = self.fe.read_line(f"(nndb r{self.current}) ")
+            except KeyboardInterrupt:
+                self.say("Quit")
+                continue
+            if line is None:
+                line = "quit"
+            if not line.strip():
+                continue
+            try:
+                self.execute(line.strip())
+            except KeyboardInterrupt:
+                self.say("Quit")
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        code = self.exit_code if self.exit_code is not None else 0
+        self.say(f"nndb: the job ended (exit code {code})")
+        return code
+
+    # -- waiting for the ranks --------------------------------------------------------------------
+    def _wait_stopped(self) -> None:
+        """Until every rank is at its prompt (or the job ended); Ctrl-C asks them to stop."""
+        asked = False
+        while True:
+            try:
+                if self.front.wait(self.front.live_ranks(), timeout=None if not asked else _STOP_WAIT_S,
+                                   finished=self._finished):
+                    break
+                self._show_stacks("nndb: not every rank stopped within "
+                                  f"{_STOP_WAIT_S:g} s (a hang?); every rank's stack:")
+                self.say("nndb: Ctrl-C again ends the job")
+                self.front.wait(self.front.live_ranks(), finished=self._finished)
+                break
+            except KeyboardInterrupt:
+                if asked:
+                    self.say("nndb: ending the job")
+                    self.front.state.interrupted = self.front.state.interrupted or []
+                    self.front._abort_all("interrupted", 130, "KeyboardInterrupt (Ctrl-C twice at the nndb front)")
+                    self._job_done.wait()
+                    return
+                asked = True
+                self.front.interrupt()
+                self.say("nndb: stopping every rank at the next step end (Ctrl-C again ends the job)")
+        if self._finished():
+            return
+        self._show_stop()
+
+    def _show_stop(self) -> None:
+        ranks = self.front.live_ranks()
+        if not ranks:
+            return
+        if self.current not in ranks:
+            self.current = ranks[0]
+        steps = {self.front.state.ranks[r].stop_step for r in ranks}
+        for r in ranks:
+            out = self.front.take_output(r)
+            if self._replaying:                 # (silent: only where the replay stopped)
+                out = [(t, e) for t, e in out if not t.startswith("Stopped at the start of the run")]
+                out = out[:1]
+            if r == self.current:
+                for text, _ in out:
+                    self.say(text)
+            elif out and "another rank stopped" not in out[0][0] and not out[0][0].startswith("Interrupted"):
+                self.say(f"[r{r}] {out[0][0]}")
+        if len(steps) == 1:
+            step = steps.pop()
+            at = f"at the end of step {step}" if step is not None else "at the start"
+            self.say(f"nndb: all {len(ranks)} rank(s) stopped {at}")
+        else:
+            self.say(f"nndb: the ranks stopped at different steps: "
+                     + ", ".join(f"r{r} {self.front.state.ranks[r].stop_step}" for r in ranks))
+
+    def _show_stacks(self, head: str) -> None:
+        reports = self.front.all_stacks()
+        self.say("\n".join([head] + [stacks.format_rank(r) if "error" not in r else
+                                     f"rank {r['rank']}: {r['error']}" for r in reports]))
+
+    # -- one command ------------------------------------------------------------------------------
+    def _on(self, rank: int, text: str) -> list:
+        """Run ``text`` on a stopped rank; its output lines [(text, is_error)]."""
+        self.front.send_line(rank, text)
+        self.front.wait([rank], finished=self._finished)
+        return self.front.take_output(rank)
+
+    def _show(self, out: list) -> None:
+        for text, _ in out:
+            self.say(text)
+
+    def execute(self, line: str) -> None:
+        word, _, rest = line.partition(" ")
+        ranks = self.front.live_ranks()
+        if word == "rank":
+            if not rest.strip():
+                self.say(f"rank {self.current} of {len(ranks)}")
+                return
+            if not rest.strip().isdigit() or int(rest) not in ranks:
+                self.say(f"no rank {rest.strip()} (ranks: {', '.join(map(str, ranks))})")
+                return
+            self.current = int(rest)
+            self.say(f"rank {self.current}: step {self.front.state.ranks[self.current].stop_step}")
+            return
+        if word in _BACK:
+            self._travel(word, rest.strip(), ranks)
+            return
+        if word in _NOT_ACROSS:
+            what = _NOT_ACROSS[word]
+            self.say(f"time travel across ranks is not available yet" if what == "time travel" else
+                     f"'{word}' is not available across ranks yet (stops inside a step cannot be agreed "
+                     f"on by every rank)" if what == "step" else f"'{word}' is not available across ranks yet")
+            return
+        if word in ("b", "break", "tbreak") and rest.strip() and not rest.strip().startswith("step"):
+            self.say("across ranks only step breakpoints (break step N) are available: a module breakpoint "
+                     "stops inside a step, where the other ranks cannot stop with it")
+            return
+        if "--ranks" in rest and word in _SIDE_BY_SIDE:
+            m = re.search(r"--ranks\s+(\S+)", rest)
+            which = m.group(1) if m else "all"
+            cmd = (word + " " + re.sub(r"--ranks\s+\S+", "", rest)).strip()
+            chosen = ranks if which == "all" else [int(x) for x in which.split(",") if x.isdigit()]
+            self._side_by_side(cmd, [r for r in chosen if r in ranks])
+            return
+        if word in _RESUME or word in _END:
+            for r in ranks:
+                self.front.send_line(r, "kill" if word in _END else line)
+            if word in _END:
+                self._job_done.wait()
+                return
+            self._wait_stopped()
+            return
+        if word in _EVERY_RANK:
+            targets, text = self._targets(line, ranks)
+            outs = {r: self._on(r, text) for r in targets}
+            if not any(e for out in outs.values() for _, e in out):
+                self._points.append(line)
+            first = next(iter(outs.values()), [])
+            self._show(first)
+            for r, out in list(outs.items())[1:]:
+                if [t for t, e in out if e] and out != first:
+                    self._show([(f"[r{r}] {t}", e) for t, e in out])
+            return
+        self._show(self._on(self.current, line))
+
+    @staticmethod
+    def _targets(line: str, ranks: list):
+        """A point's ranks: every rank, or the one named by ``... rank N``; and the line without it."""
+        m = _RANK_SUFFIX.search(line)
+        if m is None:
+            return ranks, line
+        return [r for r in ranks if r == int(m.group(1))], line[:m.start()]
+
+    # -- time travel: the whole job again, to the step ----------------------------------------------
+    def _travel(self, word: str, arg: str, ranks: list) -> None:
+        """``reverse-step [K]`` / ``goto N``: fork checkpoints cannot share a
+        process group, so every rank is respawned (the job is run again from
+        its start, in a new run directory) and runs silently to the end of
+        the target step, where the points are set again."""
+        now = {self.front.state.ranks[r].stop_step for r in ranks}
+        if len(now) != 1 or None in now:
+            self.say("time travel across ranks starts from a step end where every rank stopped")
+            return
+        step = now.pop()
+        try:
+            if word == "goto":
+                target = int(arg)
+            else:
+                target = step - (int(arg) if arg else 1)
+        except ValueError:
+            self.say(f"usage: {word} {'N' if word == 'goto' else '[K]'}")
+            return
+        if target < 0:
+            self.say(f"there is no step {target}: the job's first step is 0")
+            return
+        if target > step:
+            self.say(f"step {target} is ahead: 'until {target}' runs to it")
+            return
+        if not self._warned:
+            self._warned = True
+            self.say("nndb: across ranks, time travel runs the whole job again from its start (every rank "
+                     "respawned, a new run directory): it lands on the same values when the script is "
+                     "deterministic (seeded; CPU and gloo), which nndb does not check")
+        t0 = time.monotonic()
+        for r in ranks:
+            self.front.send_line(r, "kill")
+        self._job_done.wait()
+        self._thread.join()
+        for r in ranks:
+            self.front.take_output(r)
+        argv = list(self._argv)
+        argv[1:1] = ["-e", f"until {target}"]      # (run at the start stop)
+        self._replaying = True
+        try:
+            self._launch(argv)
+        finally:
+            self._replaying = False
+        if self._finished():
+            return
+        for line in self._points:           # (gdb keeps the points: set again, each on its ranks)
+            targets, text = self._targets(line, self.front.live_ranks())
+            for r in targets:
+                self._on(r, text)
+        self.say(f"nndb: the job is at step {target} again ({time.monotonic() - t0:.1f} s)")
+
+    def _side_by_side(self, cmd: str, ranks: list) -> None:
+        from tabulate import tabulate
+        outs = {r: [t for t, _ in self._on(r, cmd)] for r in ranks}
+        if all(len(o) <= 1 for o in outs.values()):
+            self.say(tabulate([[f"r{r}", o[0] if o else ""] for r, o in outs.items()],
+                              headers=["rank", cmd], disable_numparse=True))
+            return
+        for r, o in outs.items():
+            self.say(f"-- rank {r} --")
+            for t in o:
+                self.say(t)

@@ -1,0 +1,200 @@
+"""A worker's link to the ``nndb run --nproc-per-node`` front process.
+
+The front passes NNDB_FRONT_SOCKET (a Unix socket in a directory only its
+user can enter) and NNDB_FRONT_SECRET in the environment; the worker
+connects, says who it is (rank, pid, nndb version, script digest) with the
+secret, and a helper thread then answers the front: its Python stacks (the
+main thread may be stuck in a collective: the helper still answers), and
+``abort`` (the watchdog ends a hung job: the trace is closed from here and
+the process ends).  At each step end the worker tells the front which step
+finished (at most every 0.1 s): the watchdog's clock.  Messages are JSON
+(nndb.timetravel.channel), never pickles.
+"""
+from __future__ import annotations
+
+import _thread
+import hashlib
+import os
+import queue
+import signal
+import socket
+import threading
+import time
+from typing import Optional
+
+from ..errors import UsageError
+from ..timetravel.channel import Channel
+from ..version import __version__
+from . import stacks
+from .job import place
+
+SOCKET_ENV = "NNDB_FRONT_SOCKET"
+SECRET_ENV = "NNDB_FRONT_SECRET"
+INTERACTIVE_ENV = "NNDB_FRONT_INTERACTIVE"
+_STEP_EVERY_S = 0.1
+_GRACE_S = 1.5            # (an abort: how long the main thread has to end the run itself)
+
+
+def script_digest(path: Optional[str]) -> Optional[str]:
+    if not path:
+        return None
+    try:
+        with open(path, "rb") as fh:
+            return hashlib.sha256(fh.read()).hexdigest()
+    except OSError:
+        return None
+
+
+class FrontLink:
+    """The worker's side (a RunExports-like companion of the debugger driver:
+    ``start(rec)`` gives step listeners, ``finish(status, trace)`` ends)."""
+
+    def __init__(self, chan: Channel):
+        self.chan = chan
+        self.rec = None
+        self._send_lock = threading.Lock()
+        self._last_sent = 0.0
+        self._ended = False
+        self._ended_event = threading.Event()
+        self.where = place()
+        self.lines: queue.Queue = queue.Queue()     # the front's command lines (an interactive job)
+        self.agreement = None                       # nndb.dist.allstop.StepAgreement (an interactive job)
+
+    @property
+    def interactive(self) -> bool:
+        """The front holds a prompt for the job: this rank's session reads its commands from it."""
+        return os.environ.get(INTERACTIVE_ENV) == "1"
+
+    @classmethod
+    def connect(cls, target, env=None) -> Optional["FrontLink"]:
+        """Connect to the front, if this worker has one (unreachable:
+        UsageError); refused (the front said why, in its one line): exit 2."""
+        env = os.environ if env is None else env
+        path = env.get(SOCKET_ENV)
+        if not path:
+            return None
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.settimeout(30)
+            sock.connect(path)
+            sock.settimeout(None)
+        except OSError as e:
+            raise UsageError(f"cannot reach the nndb front at {path}: {e.strerror or e}") from None
+        link = cls(Channel(sock))
+        w = link.where
+        link.send({"op": "hello", "secret": env.get(SECRET_ENV, ""), "rank": w.rank, "local_rank": w.local_rank,
+                   "world_size": w.world_size, "pid": os.getpid(), "nndb_version": __version__,
+                   "script": target.file or target.module,
+                   "script_sha256": script_digest(target.file)})
+        answer = link.chan.recv()
+        if not answer or answer.get("op") != "ok":
+            os._exit(2)                 # (the front printed why; nothing was opened here)
+        threading.Thread(target=link._serve, name="nndb-front-link", daemon=True).start()
+        return link
+
+    def send(self, msg: dict) -> bool:
+        with self._send_lock:
+            return self.chan.send(msg)
+
+    # -- the run ------------------------------------------------------------------------------
+    def start(self, rec) -> list:
+        self.rec = rec
+        self.send({"op": "trace", "rank": self.where.rank, "path": rec.path})
+        return [self]
+
+    def on_step(self, end) -> None:
+        now = time.monotonic()
+        if end.step is not None and now - self._last_sent >= _STEP_EVERY_S:
+            self._last_sent = now
+            self.send({"op": "step", "rank": self.where.rank, "step": end.step})
+
+    def finish(self, status: str, trace_path: Optional[str]) -> None:
+        self.rec = None             # (the trace is closed: an abort has nothing left to close)
+        self._ended = True
+        self._ended_event.set()
+
+    def done(self, exit_code: int, reason: str) -> None:
+        """The worker's run is over: how, for the front's summary line."""
+        self.send({"op": "ended", "rank": self.where.rank, "status": "exit", "exit_code": exit_code,
+                   "reason": reason})
+
+    # -- the helper thread --------------------------------------------------------------------
+    def report(self) -> dict:
+        rec = self.rec
+        step = rec.recorder.step if rec is not None else None
+        return {"op": "stacks", "rank": self.where.rank, "pid": os.getpid(), "step": step,
+                "stacks": stacks.thread_stacks()}
+
+    def _serve(self) -> None:
+        while True:
+            msg = self.chan.recv()
+            if msg is None:
+                self._front_gone()
+                return
+            op = msg.get("op")
+            if op == "stacks":
+                self.send(self.report())
+            elif op == "line":
+                self.lines.put(msg.get("text"))
+            elif op == "interrupt":
+                if self.agreement is not None:
+                    self.agreement.request_stop()
+            elif op == "abort":
+                self._abort(msg.get("status", "killed"), int(msg.get("exit_code", 5)), msg.get("reason", ""))
+
+    def _abort(self, status: str, code: int, reason: str) -> None:
+        """End this worker for the front.  A main thread that runs Python ends
+        the run itself (a KeyboardInterrupt: the trace is closed as at Ctrl-C);
+        one blocked in a collective cannot, so after a grace period the trace
+        is closed from here (status, code) and the process ends."""
+        if self.rec is not None and not self._ended:
+            _thread.interrupt_main(signal.SIGINT)
+            if self._ended_event.wait(_GRACE_S):
+                return
+        rec = self.rec
+        if rec is not None and not self._ended:
+            try:
+                rec.writer.close(status, code, reason)
+            except Exception:
+                pass
+        os._exit(code)
+
+    def _front_gone(self) -> None:
+        """The front process ended without telling us: end too (SIGTERM
+        closes the trace; a main thread stuck in a collective cannot take it)."""
+        if self._ended:
+            return
+        self._abort("terminated", 143, "the nndb front process ended")
+
+
+class RemoteFrontend:
+    """A rank's debugger front end in an interactive job: its output goes to
+    the front, its command lines come from the front (one prompt for all
+    ranks: nndb.dist.console).  After the run (or its post-mortem) the rank
+    reads no more: end of input, the session ends."""
+    interactive = True
+
+    def __init__(self, link: FrontLink):
+        self.link = link
+        self.session = None
+
+    def _say(self, text: str, err: bool) -> None:
+        self.link.send({"op": "out", "rank": self.link.where.rank, "text": text, "err": err})
+
+    def message(self, text: str) -> None:
+        self._say(text, False)
+
+    def error(self, text: str) -> None:
+        self._say(text, True)
+
+    def read_line(self, prompt: str) -> Optional[str]:
+        s = self.session
+        if s is None or s.state in ("exited", "post-mortem") or not s.live:
+            return None
+        if not self.link.send({"op": "prompt", "rank": self.link.where.rank, "step": s.last_step,
+                               "kind": s.current.kind if s.current is not None else None}):
+            return None
+        return self.link.lines.get()
+
+    def confirm(self, question: str) -> bool:
+        return True

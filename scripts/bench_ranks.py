@@ -1,0 +1,99 @@
+"""The cost of all-stop across ranks (``python scripts/bench.py --ranks 2``).
+
+Two ranks (gloo, CPU, one thread each) train the CNN workload under DDP,
+each recorded as ``nndb run --batch`` records a rank (recorder, session,
+rules; no time travel across ranks), in pairs: without and with the
+all-stop agreement (nndb.dist.allstop: one all_reduce(MAX) of one int per
+step end on nndb's own gloo group), interleaved, the order alternating.
+Printed: the median ratio with/without, its min-max, and the step times.
+Target: at most 1.05x.
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import statistics
+import tempfile
+
+AGREEMENT_CALLS = 2000
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _rank(rank: int, world: int, port: int, name: str, pairs: int, scale: float, out: str) -> None:
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    import bench as B
+    from nndb.config import RecordSchedule
+    from nndb.dist.allstop import StepAgreement
+
+    torch.set_num_threads(1)
+    B.REPLICA = "off"                   # (as in every rank of nndb run --nproc-per-node)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    build0, steps, _ = B.WORKLOADS[name]
+    steps = max(5, int(steps * scale))
+
+    def build(seed):
+        model, opt, crit, data = build0(seed)
+        ddp = DDP(model)
+        return ddp, type(opt)(ddp.parameters(), **opt.defaults), crit, data
+
+    def agreed(session):
+        session.agreement = StepAgreement()
+
+    schedule = RecordSchedule.parse(None, None, None, None)
+    ratios, without, with_ = [], [], []
+    with tempfile.TemporaryDirectory() as tmp:
+        for i in range(pairs):
+            times = {}
+            for on in ((False, True) if i % 2 == 0 else (True, False)):
+                dist.barrier()
+                times[on] = B.timed_loop(build, steps, True, schedule, tmp, arm=agreed if on else None)[0]
+            ratios.append(times[True] / times[False])
+            without.append(times[False] / steps)
+            with_.append(times[True] / steps)
+    # the agreement alone, the same call a step end makes (no training between: the bare collective)
+    agreement = StepAgreement()
+    agreement.wants(False)
+    import time
+    dist.barrier()
+    t = time.perf_counter()
+    for _ in range(AGREEMENT_CALLS):
+        agreement.wants(False)
+    alone_us = (time.perf_counter() - t) / AGREEMENT_CALLS * 1e6
+    if rank == 0:
+        with open(out, "w") as fh:
+            json.dump({"workload": name, "ranks": world, "steps": steps, "pairs": pairs,
+                       "ratio_median": statistics.median(ratios), "ratio_min": min(ratios),
+                       "ratio_max": max(ratios), "without_ms": statistics.median(without) * 1e3,
+                       "with_ms": statistics.median(with_) * 1e3,
+                       "cost_ms_per_step": (statistics.median(with_) - statistics.median(without)) * 1e3,
+                       "agreement_alone_us": alone_us}, fh)
+    dist.destroy_process_group()
+
+
+def main(world: int, pairs: int, scale: float, json_path=None, name: str = "cnn") -> int:
+    import torch.multiprocessing as mp
+    from tabulate import tabulate
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "ranks.json")
+        mp.spawn(_rank, args=(world, _free_port(), name, pairs, scale, out), nprocs=world, join=True)
+        with open(out) as fh:
+            r = json.load(fh)
+    print(f"{world} ranks, gloo, 1 thread each, DDP, nndb recording each rank; all-stop agreement off / on")
+    print(tabulate([[r["workload"], f"{r['without_ms']:.2f}", f"{r['with_ms']:.2f}", f"{r['cost_ms_per_step']:.3f}",
+                     f"{r['ratio_median']:.3f}x", f"{r['ratio_min']:.3f}-{r['ratio_max']:.3f}",
+                     f"{r['agreement_alone_us']:.0f}"]],
+                   headers=["workload", "ms/step without", "ms/step with", "cost ms/step", "ratio (median)",
+                            "ratio min-max", "agreement alone us"], disable_numparse=True))
+    if json_path:
+        with open(json_path, "w") as fh:
+            json.dump(r, fh, indent=2)
+    return 0

@@ -1,0 +1,413 @@
+"""nndb over torchrun (gloo, CPU, 2 ranks): one trace per rank in one run
+directory, ``nndb run --nproc-per-node`` through torch's own launcher, the
+results bit for bit those of torchrun alone, the hang watchdog, a rank that
+dies, bad input; no process left behind after any of them."""
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from conftest import ROOT, nndb
+from nndb.dist import job
+from nndb.store.reader import TraceReader
+
+SCRIPTS = os.path.join(ROOT, "tests", "scripts")
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="gloo jobs on Linux")
+
+
+def _env():
+    e = dict(os.environ)
+    e.pop("NNDB_DEBUG", None)
+    e["PYTHONPATH"] = os.pathsep.join([ROOT] + [p for p in e.get("PYTHONPATH", "").split(os.pathsep) if p])
+    return e
+
+
+def _copy(tmp_path, name):
+    """The script under tmp_path: its path marks the job's processes (see _left_behind)."""
+    dst = tmp_path / name
+    shutil.copy(os.path.join(SCRIPTS, name), dst)
+    return str(dst)
+
+
+def _left_behind(marker: str) -> list:
+    """Processes whose command line names ``marker`` (no psutil: /proc)."""
+    out = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                cmd = fh.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if marker in cmd:
+            out.append((pid, cmd))
+    return out
+
+
+def _assert_none_left(marker: str) -> None:
+    deadline = time.time() + 10
+    while _left_behind(marker) and time.time() < deadline:
+        time.sleep(0.2)
+    assert _left_behind(marker) == []
+
+
+def _digests(out: str) -> dict:
+    """rank -> digest (the ranks share one pipe: a line of one may land inside the other's)."""
+    import re
+    return {int(r): d for r, d in re.findall(r"rank (\d+) digest ([0-9a-f]{64})", out)}
+
+
+def _torchrun(*args, cwd, timeout=120):
+    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                           *args], cwd=cwd, capture_output=True, text=True, timeout=timeout, env=_env(),
+                          stdin=subprocess.DEVNULL)
+
+
+def _metas(run_dir) -> list:
+    out = []
+    for r in (0, 1):
+        with TraceReader(os.path.join(run_dir, f"rank{r}.h5")) as t:
+            out.append((dict(t.meta), t.end, t.num_steps if hasattr(t, "num_steps") else None))
+    return out
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_ddp_bit_identical_with_and_without_nndb_and_one_run_dir(tmp_path):
+    script = _copy(tmp_path, "distrun_ddp_mlp.py")
+    plain = _torchrun(script, cwd=tmp_path)
+    assert plain.returncode == 0, plain.stderr[-2000:]
+    want = _digests(plain.stdout)
+    assert sorted(want) == [0, 1]
+
+    # nndb's front: torch.distributed.run as a library, every worker under nndb
+    (tmp_path / "a").mkdir()
+    front = nndb("run", "--batch", "--nproc-per-node", "2", script, cwd=tmp_path / "a", timeout=120)
+    assert front.returncode == 0, front.stderr[-2000:]
+    assert _digests(front.stdout) == want
+    (run_dir,) = os.listdir(tmp_path / "a" / "nndb-runs")
+    run_dir = tmp_path / "a" / "nndb-runs" / run_dir
+    assert sorted(os.listdir(run_dir)) == ["rank0.h5", "rank1.h5"]
+    metas = _metas(run_dir)
+    assert [(m["rank"], m["world_size"], m["local_rank"]) for m, _, _ in metas] == [(0, 2, 0), (1, 2, 1)]
+    assert metas[0][0]["job_id"] == metas[1][0]["job_id"] == run_dir.name
+    assert all(end["status"] == "finished" and end["steps"] == 6 for _, end, _ in metas)
+
+    # two "nodes" on localhost, one rank each: the run directory agreed through torchrun's store
+    (tmp_path / "b").mkdir()
+    port = _free_port()
+    common = ["run", "--batch", "--nproc-per-node", "1", "--nnodes", "2", "--rdzv-backend", "c10d",
+              "--rdzv-endpoint", f"localhost:{port}", "--rdzv-id", "twonodes"]
+    results = {}
+    node0 = threading.Thread(target=lambda: results.update(n0=nndb(*common, script, cwd=tmp_path / "b",
+                                                                      timeout=120)))
+    node0.start()
+    time.sleep(0.5)
+    results["n1"] = nndb(*common, "--node-rank", "1", script, cwd=tmp_path / "b",
+                         timeout=120)
+    node0.join()
+    assert results["n0"].returncode == 0 and results["n1"].returncode == 0, results["n1"].stderr[-2000:]
+    assert {**_digests(results["n0"].stdout), **_digests(results["n1"].stdout)} == want
+    (run_dir,) = os.listdir(tmp_path / "b" / "nndb-runs")
+    metas = _metas(tmp_path / "b" / "nndb-runs" / run_dir)
+    assert metas[0][0]["job_id"] == metas[1][0]["job_id"] == run_dir
+    assert [m["local_rank"] for m, _, _ in metas] == [0, 0]
+
+    # plain torchrun, nndb in every worker: each records its own rank, no prompt
+    (tmp_path / "c").mkdir()
+    under = _torchrun("-m", "nndb", "run", "--batch", script, cwd=tmp_path / "c")
+    assert under.returncode == 0, under.stderr[-2000:]
+    assert _digests(under.stdout) == want
+    (run_dir,) = os.listdir(tmp_path / "c" / "nndb-runs")
+    assert sorted(os.listdir(tmp_path / "c" / "nndb-runs" / run_dir)) == ["rank0.h5", "rank1.h5"]
+    _assert_none_left(str(tmp_path))
+
+
+def test_hang_timeout_shows_every_rank_and_exits_5(tmp_path):
+    script = _copy(tmp_path, "distrun_desync.py")
+    t0 = time.time()
+    r = nndb("run", "--batch", "-q", "--nproc-per-node", "2", "--hang-timeout", "3", "--report", "rep.json",
+             script, cwd=tmp_path, timeout=120)
+    took = time.time() - t0
+    assert r.returncode == 5, r.stderr[-3000:]
+    assert took < 55                     # (gloo's own timeout in the script is 60 s)
+    err = r.stderr
+    assert "nndb: the job hung: no rank finished a step for 3 s; every rank's stack:" in err
+    assert "rank 0 (pid" in err and "waiting in torch.distributed.all_reduce" in err
+    assert "rank 1 (pid" in err and "waiting in torch.distributed.barrier" in err
+    assert "distrun_desync.py:23 in <module>" in err and "distrun_desync.py:24 in <module>" in err
+    rep = json.loads((tmp_path / "rep.json").read_text())
+    assert rep["exit"]["code"] == 5
+    hung = {x["rank"]: x for x in rep["hang"]["ranks"]}
+    assert sorted(hung) == [0, 1]
+    main1 = next(t for t in hung[1]["stacks"] if t["main"])
+    assert main1["collective"] == "barrier"
+    (run_dir,) = os.listdir(tmp_path / "nndb-runs")
+    for _, end, _ in _metas(tmp_path / "nndb-runs" / run_dir):
+        assert end["status"] == "killed" and end["exit_code"] == 5     # closed by the worker's helper thread
+    _assert_none_left(str(tmp_path))
+
+
+def test_ctrl_c_at_a_hung_job_shows_every_stack_and_closes_every_trace(tmp_path):
+    script = _copy(tmp_path, "distrun_desync.py")
+    p = subprocess.Popen([sys.executable, "-m", "nndb", "run", "--batch", "-q", "--nproc-per-node", "2", script],
+                         cwd=tmp_path, env=_env(), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.time() + 60        # hung: both ranks have recorded their 5 steps
+        while time.time() < deadline:
+            runs = os.listdir(tmp_path / "nndb-runs") if (tmp_path / "nndb-runs").exists() else []
+            if runs and all(os.path.exists(tmp_path / "nndb-runs" / runs[0] / f"rank{r}.h5") for r in (0, 1)):
+                break
+            time.sleep(0.2)
+        time.sleep(6)
+        p.send_signal(signal.SIGINT)
+        out, err = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+    assert p.returncode == 130, err[-3000:]
+    assert "nndb: every rank's stack at Ctrl-C:" in err
+    assert "waiting in torch.distributed.all_reduce" in err and "waiting in torch.distributed.barrier" in err
+    assert err.count("c10d_logger.py:83 in wrapper") == 2          # (once per rank: nndb's detour hidden)
+    (run_dir,) = os.listdir(tmp_path / "nndb-runs")
+    for _, end, _ in _metas(tmp_path / "nndb-runs" / run_dir):
+        assert end["status"] == "interrupted" and end["exit_code"] == 130
+    _assert_none_left(str(tmp_path))
+
+
+def test_a_rank_that_dies_takes_the_job_down(tmp_path):
+    script = _copy(tmp_path, "distrun_ddp_mlp.py")
+    r = nndb("run", "--batch", "-q", "--nproc-per-node", "2", "--trace", "out/run.h5", script, "--fail-rank", "1",
+             cwd=tmp_path, timeout=120)
+    assert r.returncode == 1, r.stderr[-3000:]
+    lines = [l for l in r.stderr.splitlines() if l.startswith("nndb: rank")]
+    assert lines[0] == ("nndb: rank 1 failed: exit code 1 (RuntimeError: planted failure on rank 1); "
+                        "its traceback is above")
+    assert "RuntimeError: planted failure on rank 1" in r.stderr.split(lines[0])[0]   # the traceback itself
+    # --trace PATH: the rank goes before the extension, never one file for all ranks
+    assert sorted(os.listdir(tmp_path / "out")) == ["run.rank0.h5", "run.rank1.h5"]
+    ends, ids = [], set()
+    for rank in (0, 1):
+        with TraceReader(str(tmp_path / "out" / f"run.rank{rank}.h5")) as t:
+            ends.append(t.end)
+            ids.add(t.meta["job_id"])
+            assert t.meta["rank"] == rank
+    assert ends[1]["status"] == "failed"
+    assert ends[0] is not None                  # rank 0's trace closed too
+    assert len(ids) == 1 and None not in ids    # one job id in both
+    _assert_none_left(str(tmp_path))
+
+
+@pytest.mark.parametrize("args, line", [
+    (["--nproc-per-node", "0", "S"], "nndb: error: --nproc-per-node must be at least 1, not 0"),
+    (["--nproc-per-node", "2", "--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint",
+      "nowhere.invalid:29400", "S"],
+     "nndb: error: cannot reach the rendezvous endpoint nowhere.invalid:29400: unknown host 'nowhere.invalid'"),
+    (["--nproc-per-node", "2", "missing.py"], "nndb: error: no such file: missing.py"),
+    (["--hang-timeout", "3", "S"], "nndb: error: --hang-timeout goes with --nproc-per-node N"),
+    (["--nproc-per-node", "2", "--nnodes", "2", "--node-rank", "2", "S"],
+     "nndb: error: --node-rank must be in 0..1, not 2"),
+    (["--nproc-per-node", "2", "--replica", "fork", "S"], "nndb: error: time travel across ranks is not available yet"),
+])
+def test_bad_input_is_one_line(tmp_path, args, line):
+    script = _copy(tmp_path, "distrun_ddp_mlp.py")
+    r = nndb("run", "--batch", *[script if a == "S" else a for a in args], cwd=tmp_path, timeout=60)
+    assert r.returncode == 2
+    assert r.stderr.strip() == line
+    assert not (tmp_path / "nndb-runs").exists() or not os.listdir(tmp_path / "nndb-runs")
+    _assert_none_left(str(tmp_path))
+
+
+def test_trace_names_per_rank(tmp_path):
+    two = job.Place(rank=1, world_size=2, local_rank=1)
+    assert job.rank_trace(str(tmp_path / "run.h5"), two) == str(tmp_path / "run.rank1.h5")
+    assert job.rank_trace(str(tmp_path / "run"), two) == str(tmp_path / "run.rank1.h5")
+    assert job.rank_trace(str(tmp_path / "run.h5"), job.Place()) == str(tmp_path / "run.h5")
+    given = job.job_run_dir(str(tmp_path), "x", two, env={"NNDB_RUN_DIR": str(tmp_path / "d")})
+    assert given == str(tmp_path / "d") and os.path.isdir(given)
+    # without a front or a store: every rank derives the same name
+    env = {"TORCHELASTIC_RUN_ID": "none", "MASTER_ADDR": "h", "MASTER_PORT": "1"}
+    a = job.job_run_dir(str(tmp_path), "x", job.Place(0, 2, 0), env=env)
+    b = job.job_run_dir(str(tmp_path), "x", two, env=env)
+    assert a == b
+    assert job.job_id(a, env={}) == os.path.basename(a)
+
+
+def test_front_refuses_a_worker_without_the_secret_or_with_another_version(tmp_path):
+    from nndb.dist.front import Front, LaunchOptions
+    from nndb.launcher import Target
+    from nndb.timetravel.channel import Channel
+    from nndb.version import __version__
+    script = _copy(tmp_path, "distrun_ddp_mlp.py")
+    said = []
+    front = Front(Target(path=script), LaunchOptions(2), said.append)
+    try:
+        good = {"op": "hello", "secret": front.secret, "rank": 0, "pid": 1, "nndb_version": __version__,
+                "script": script, "script_sha256": front.digest}
+        cases = [(dict(good, secret="0" * 32), "without this job's secret"),
+                 (dict(good, nndb_version="0.0.1"), "rank 0 runs nndb 0.0.1, this front nndb"),
+                 (dict(good, script_sha256="f" * 64), "rank 0 runs a different script than this front"),
+                 (good, None)]
+        for hello, why in cases:
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            s.connect(front.socket_path)
+            ch = Channel(s)
+            ch.send(hello)
+            answer = ch.recv()
+            ch.close()
+            if why is None:
+                assert answer == {"op": "ok"}
+            else:
+                assert answer["op"] == "refuse" and why in answer["reason"]
+                assert why in said[-1]
+    finally:
+        front.close()
+    assert not os.path.exists(front.socket_path)
+
+
+def _on_terminal(tmp_path, script):
+    """``nndb run --nproc-per-node 2 SCRIPT`` on a pseudo-terminal: (process, master fd, expect)."""
+    import pty
+    import select
+    master, slave = pty.openpty()
+    env = dict(_env(), TERM="dumb", HOME=str(tmp_path))
+    p = subprocess.Popen([sys.executable, "-m", "nndb", "run", "-q", "--nproc-per-node", "2", script],
+                         cwd=tmp_path, stdin=slave, stdout=slave, stderr=slave, env=env, start_new_session=True)
+    os.close(slave)
+    seen = [b""]
+
+    def expect(text, timeout=90):
+        """Read until ``text``; return everything up to it."""
+        end = time.time() + timeout
+        while text.encode() not in seen[0]:
+            r, _, _ = select.select([master], [], [], max(0.0, end - time.time()))
+            assert r, f"no {text!r}; the terminal shows: {seen[0].decode(errors='replace')[-1500:]}"
+            try:
+                seen[0] += os.read(master, 4096)
+            except OSError:
+                break
+        i = seen[0].index(text.encode()) + len(text)
+        before, seen[0] = seen[0][:i].decode(errors="replace"), seen[0][i:]
+        return before
+    return p, master, expect
+
+
+def test_ctrl_c_at_the_prompt_of_a_hung_job(tmp_path):
+    """Ctrl-C while the ranks run asks each to stop at the next step end; a
+    hung job does not, and after 3 s every rank's stack is shown (rank 1
+    waits in nndb's own agreement); Ctrl-C again ends it, traces closed."""
+    script = _copy(tmp_path, "distrun_desync.py")
+    p, master, expect = _on_terminal(tmp_path, script)
+    try:
+        expect("(nndb r0) ")
+        os.write(master, b"continue\n")
+        time.sleep(8)
+        p.send_signal(signal.SIGINT)            # (the terminal's Ctrl-C: the front's process group)
+        out = expect("nndb: Ctrl-C again ends the job\r\n")
+        assert "not every rank stopped within 3 s (a hang?); every rank's stack:" in out
+        assert "waiting in torch.distributed.all_reduce\r\n" in out
+        assert "waiting in torch.distributed.all_reduce (nndb's all-stop agreement at a step end)" in out
+        p.send_signal(signal.SIGINT)
+        out = expect("nndb: the job ended (exit code 130)")
+        assert "the job was interrupted" in out
+        p.wait(timeout=60)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, 9)
+        os.close(master)
+    assert p.returncode == 130
+    (run_dir,) = os.listdir(tmp_path / "nndb-runs")
+    for _, end, _ in _metas(tmp_path / "nndb-runs" / run_dir):
+        assert end["status"] == "interrupted"
+    _assert_none_left(str(tmp_path))
+
+
+def test_all_stop_prompt_on_a_terminal(tmp_path):
+    """One prompt for both ranks: a breakpoint stops both at the end of the
+    same step; a watch given 'rank 1' hits on rank 1 only and rank 0 stops
+    with it; 'rank N' switches; --ranks all prints side by side;
+    reverse-step respawns both ranks and lands on the first pass's values;
+    the results are those of torchrun alone."""
+    import re
+    script = _copy(tmp_path, "distrun_ddp_mlp.py")
+    p, master, expect = _on_terminal(tmp_path, script)
+
+    def cmd(line):
+        os.write(master, (line + "\n").encode())
+        return expect("(nndb r")
+
+    try:
+        start = expect("(nndb r0) ")
+        assert "nndb: all 2 rank(s) stopped at the start" in start
+        out = cmd("break step 2")
+        out = cmd("continue")
+        assert "nndb: all 2 rank(s) stopped at the end of step 2" in out
+        expect(") ")
+        out = cmd("p --ranks all loss.item()")
+        at2 = re.findall(r"^r(\d)\s+(\S+)\s*$", out, re.M)
+        assert [r for r, _ in at2] == ["0", "1"], out
+        expect(") ")
+        out = cmd("rank 1")
+        assert "rank 1: step 2" in out
+        expect("1) ")
+        out = cmd("p --ranks all $step * 10")
+        rows = re.findall(r"^r(\d)\s+(\d+)\s*$", out, re.M)
+        assert rows == [("0", "20"), ("1", "20")], out
+        expect(") ")
+        out = cmd("delete 1")
+        expect(") ")
+        out = cmd("watch loss > 0 rank 1")          # rank 1 only: rank 0 stops with it
+        assert "Watchpoint 2" in out
+        expect(") ")
+        out = cmd("continue")
+        assert "nndb: all 2 rank(s) stopped at the end of step 3" in out
+        assert "[r0] " not in out                   # (rank 0 stopped for rank 1: no hit of its own)
+        expect(") ")
+        out = cmd("p --ranks all $step")
+        assert re.findall(r"^r(\d)\s+(\d+)\s*$", out, re.M) == [("0", "3"), ("1", "3")], out
+        expect(") ")
+        out = cmd("reverse-step")                   # every rank respawned, replayed to step 2
+        assert "time travel runs the whole job again from its start" in out
+        assert "nndb: all 2 rank(s) stopped at the end of step 2" in out
+        expect(") ")
+        out = cmd("p --ranks all loss.item()")
+        assert re.findall(r"^r(\d)\s+(\S+)\s*$", out, re.M) == at2      # the values of the first pass
+        expect(") ")
+        out = cmd("rank 0")
+        expect(") ")
+        out = cmd("info breakpoints")                # the points are set again, each on its ranks
+        assert "No breakpoints or watchpoints." in out
+        expect(") ")
+        out = cmd("rank 1")
+        expect(") ")
+        out = cmd("info breakpoints")
+        assert "No breakpoints" not in out and "loss" in out
+        expect(") ")
+        out = cmd("predict 2")
+        assert "time travel across ranks is not available yet" in out
+        expect(") ")
+        os.write(master, b"delete\n")
+        expect(") ")
+        os.write(master, b"continue\n")
+        out = expect("nndb: the job ended (exit code 0)")
+        assert len(set(_digests(out.replace("\r", "")).values())) == 1
+        p.wait(timeout=60)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, 9)
+        os.close(master)
+    assert p.returncode == 0
+    _assert_none_left(str(tmp_path))
