@@ -5,7 +5,8 @@ the objective is reached:
 
 * ``nan``: a non-finite activation (the first module whose output is not
   finite), loss, or gradient (the first parameter);
-* ``until``: a condition on ``loss`` / ``$loss``, ``output``, ``grad_norm``
+* ``until``: a condition on ``loss`` / ``$loss`` (a float), ``output`` (the
+  model's output), ``inputs`` (the mutant's input tensors), ``grad_norm``
   (for instance ``loss > 1e3``), true;
 * ``against``: the model and its copy in float16 or bfloat16 disagree by
   more than ``tolerance`` (relative to the largest magnitude of the float32
@@ -153,7 +154,7 @@ class Evaluator:
             else:
                 found = self._bad_grad(loss if loss is not None else out)
         else:
-            found = self._condition(out, loss, lv)
+            found = self._condition(out, loss, lv, inputs)
         if found is not None:
             found["loss"] = lv
         return Outcome(vecs, found, lv)
@@ -172,9 +173,10 @@ class Evaluator:
                 return {"what": "nan", "where": "gradient", "name": self.m.param_names.get(id(p), name)}
         return None
 
-    def _condition(self, out, loss, lv) -> Optional[dict]:
+    def _condition(self, out, loss, lv, inputs) -> Optional[dict]:
         from ..debugger import evaluate as E
-        ns = {"loss": lv, "output": _detach(out), "torch": torch, "math": math}
+        ns = {"loss": lv, "output": _detach(out), "inputs": [t.detach() for t in inputs], "torch": torch,
+              "math": math}
         if "grad_norm" in self.goal.until:
             grads = self._grads(loss if loss is not None else out)
             ns["grad_norm"] = math.sqrt(sum(float(g.double().pow(2).sum()) for g in grads or () if g is not None)) \

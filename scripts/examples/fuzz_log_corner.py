@@ -25,7 +25,10 @@ def main():
     p.add_argument("--steps", type=int, default=80)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--healthy", action="store_true")
+    p.add_argument("--inject", metavar="FILE.pt", help="at step --at, feed the batch saved by nndb fuzz")
+    p.add_argument("--at", type=int, default=0)
     a = p.parse_args()
+    found = torch.load(a.inject, weights_only=True) if a.inject else None
 
     torch.manual_seed(a.seed)
     dim, n = 16, 1024
@@ -36,13 +39,15 @@ def main():
     for step in range(a.steps):
         idx = torch.randint(0, n, (32,))
         xb, yb = x[idx], y[idx]
+        if found is not None and step == a.at:
+            xb, yb = found["inputs"][0], found["loss_constants"][0]
         out = model(xb)
         q = F.softplus(out) + 0.5 if a.healthy else 1 + out
         loss = ((torch.log(q) - torch.log(yb)) ** 2).mean()
         opt.zero_grad()
         loss.backward()
         opt.step()
-        if step % 20 == 0 or step == a.steps - 1:
+        if step % 20 == 0 or step == a.steps - 1 or (found is not None and step == a.at):
             print(f"step {step} loss {loss.item():.6f}")
     h = hashlib.sha256()
     for t in model.state_dict().values():
