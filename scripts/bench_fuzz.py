@@ -3,7 +3,9 @@
 seeds 0..K-1, each through ``nndb fuzz --json`` (a run to the step, then the
 fuzzing replica).  Prints one row per seed and the medians; a search that
 found nothing within the budget counts as "> budget" (the median is then a
-lower bound, and said so).
+lower bound, and said so).  The runs use one thread (OMP_NUM_THREADS=1
+unless set): the numbers compared are mutant counts, which threads do not
+change.
 
     python scripts/bench_fuzz.py [--seeds 10] [--budget 2000] [--step 41] [--json OUT.json]
 """
@@ -27,7 +29,8 @@ def one(seed: int, budget: int, step: int, random: bool, save_dir: str) -> dict:
     if random:
         cmd.append("--random")
     t0 = time.perf_counter()
-    p = subprocess.run(cmd + [SCRIPT], capture_output=True, text=True)
+    env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))   # (counts, not speed)
+    p = subprocess.run(cmd + [SCRIPT], capture_output=True, text=True, env=env)
     if p.returncode not in (0, 1):
         raise SystemExit(f"nndb fuzz failed (exit {p.returncode}): {p.stderr.strip().splitlines()[-1:]}")
     r = json.loads(p.stdout)

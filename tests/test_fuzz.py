@@ -20,6 +20,16 @@ PLANTED = example("fuzz_log_corner.py")
 TOKENS = os.path.join(ROOT, "tests", "scripts", "fuzz_tokens.py")
 
 
+@pytest.fixture(autouse=True)
+def one_thread():
+    """The engine's tiny tensors: one thread (a shared machine's oversubscribed
+    threads made the 4000-mutant search test 50 times slower)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 def _digest(out: str) -> str:
     return re.search(r"^params (\w+)$", out, re.M).group(1)
 

@@ -36,20 +36,17 @@ class Coverage:
             self._proj = torch.randn(v.shape[1], DIM, generator=self._gen, dtype=torch.float64) / math.sqrt(DIM)
         return v @ self._proj
 
-    def calibrate(self, seed_vecs: torch.Tensor) -> float:
-        """The default threshold: half the median distance between a seed row's
-        vector and its nearest other seed row (new coverage is a move that far
-        from anything seen); then the seed rows are kept."""
+    def calibrate(self, seed_vecs: torch.Tensor, moved: Optional[torch.Tensor] = None) -> float:
+        """Keep the seed rows' vectors; without a threshold given, set it to
+        the median distance one mutation moves a row's vector (``moved``: the
+        vectors of a first mutant of each seed row), so that new coverage is
+        a move further than a typical mutation from everything seen, whatever
+        the layers' width and scale."""
         p = self.project(seed_vecs)
         if self.threshold is None:
-            if p.shape[0] > 1:
-                d = torch.cdist(p, p)
-                d.fill_diagonal_(math.inf)
-                nn = d.min(1).values
-                nn = nn[torch.isfinite(nn) & (nn > 0)]
-                self.threshold = 0.5 * float(nn.median()) if nn.numel() else 1e-6
-            else:
-                self.threshold = max(1e-6, 0.1 * float(p.norm()))
+            d = (self.project(moved) - p).norm(dim=1) if moved is not None else p.new_zeros(0)
+            d = d[torch.isfinite(d) & (d > 0)]
+            self.threshold = float(d.median()) if d.numel() else max(1e-12, 1e-3 * float(p.abs().max()))
         self._add(p)
         return self.threshold
 

@@ -76,10 +76,7 @@ def run(evaluate: Callable[[list], Outcome], seed_inputs: list, specs: list, cfg
     per_row = rows > 1
     first = evaluate(seed_inputs)
     mode = "random" if cfg.random else "coverage"
-    if first.vectors is not None:
-        cov.calibrate(_row_vectors(first.vectors, rows))
-    result = FuzzResult(None, 0, rows, cov.size, cov.size, rows, cov.threshold or 0.0,
-                        seed_loss=first.loss, mode=mode)
+    result = FuzzResult(None, 0, rows, 0, 0, rows, 0.0, seed_loss=first.loss, mode=mode)
     if first.found is not None:
         result.found, result.inputs = dict(first.found, mutant=0), seed_inputs
         result.notes.append("the step's own batch already reaches the objective")
@@ -103,6 +100,10 @@ def run(evaluate: Callable[[list], Outcome], seed_inputs: list, specs: list, cfg
             mutant.append(m if per_row else m[0])
         out = evaluate(mutant)
         result.tried = k
+        if k == 1 and first.vectors is not None:        # (the first mutant: every row's parent is its seed row)
+            moved = _row_vectors(out.vectors, rows) if out.vectors is not None else None
+            result.threshold = cov.calibrate(_row_vectors(first.vectors, rows), moved)
+            result.seed_coverage = cov.size
         if out.found is not None:
             result.found, result.inputs = dict(out.found, mutant=k), mutant
             break
@@ -118,6 +119,7 @@ def run(evaluate: Callable[[list], Outcome], seed_inputs: list, specs: list, cfg
             if spec.kind != "fixed":
                 store[leaf] = torch.cat([store[leaf], _rows_of(t, per_row)[new]])
     result.coverage, result.corpus = cov.size, kept
+    result.threshold = cov.threshold or 0.0
     result.seconds = time.perf_counter() - t0
     return result
 
