@@ -11,7 +11,7 @@ import re
 import pytest
 import torch
 
-from conftest import ROOT, example, nndb, python
+from conftest import ROOT, example, nndb
 from nndb.fuzz.coverage import Coverage
 from nndb.fuzz.mutate import mutate, spec_for
 from nndb.fuzz.search import FuzzConfig, Outcome, run
@@ -28,6 +28,16 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
+
+
+ONE = {"OMP_NUM_THREADS": "1"}      # (subprocesses too: the same env with and without nndb)
+
+
+def _plain(*args):
+    import subprocess
+    import sys
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=180,
+                          env=dict(os.environ, **ONE))
 
 
 def _digest(out: str) -> str:
@@ -99,11 +109,11 @@ def test_options_are_checked_before_anything_runs():
 
 # -- end to end ------------------------------------------------------------------------------------
 def test_fuzz_at_a_stop_finds_the_nan_and_the_live_run_stays_bit_identical(tmp_path):
-    plain = python(PLANTED)
+    plain = _plain(PLANTED)
     assert plain.returncode == 0
     found = tmp_path / "found.pt"
     r = nndb("run", "--batch", "--trace", str(tmp_path / "t.h5"), "-e", "until 40",
-             "-e", f"fuzz --budget 1000 --save {found}", "-e", "continue", PLANTED, cwd=str(tmp_path))
+             "-e", f"fuzz --budget 1000 --save {found}", "-e", "continue", PLANTED, cwd=str(tmp_path), env=ONE)
     assert r.returncode == 0, r.stderr
     out = r.stdout
     assert "Fuzzed the batch of step 41 on a replica (coverage-guided, seed 0)" in out
@@ -119,14 +129,14 @@ def test_fuzz_at_a_stop_finds_the_nan_and_the_live_run_stays_bit_identical(tmp_p
     x = saved["inputs"][0]
     assert x.shape == (32, 16) and float(x.min()) >= -1 and float(x.max()) <= 1
     assert saved["step"] == 41 and saved["found"] == "nan"
-    again = python(PLANTED, "--inject", str(found), "--at", "41")
+    again = _plain(PLANTED, "--inject", str(found), "--at", "41")
     assert re.search(r"^step 41 loss nan$", again.stdout, re.M), again.stdout
     normal = re.search(r"^step 40 loss (\S+)$", plain.stdout, re.M)
     assert normal and normal.group(1) != "nan"
 
 
 def test_nndb_fuzz_finds_nothing_on_the_healthy_model(tmp_path):
-    r = nndb("fuzz", "--step", "41", "--budget", "300", "--json", PLANTED, "--healthy", cwd=str(tmp_path))
+    r = nndb("fuzz", "--step", "41", "--budget", "300", "--json", PLANTED, "--healthy", cwd=str(tmp_path), env=ONE)
     assert r.returncode == 0, r.stderr
     rep = json.loads(r.stdout)
     assert rep["found"] is None and rep["tried"] == 300 and rep["loss_reproduced"] is True
@@ -137,7 +147,7 @@ def test_nndb_fuzz_finds_nothing_on_the_healthy_model(tmp_path):
 def test_nndb_fuzz_exit_codes_and_integer_inputs(tmp_path):
     save = tmp_path / "tok.pt"
     r = nndb("fuzz", "--step", "3", "--until", "inputs[0].max() >= 45", "--budget", "200", "--save", str(save),
-             "--json", TOKENS, cwd=str(tmp_path))
+             "--json", TOKENS, cwd=str(tmp_path), env=ONE)
     assert r.returncode == 1, r.stderr
     rep = json.loads(r.stdout)
     assert rep["found"]["what"] == "condition" and rep["step"] == 3
@@ -145,7 +155,10 @@ def test_nndb_fuzz_exit_codes_and_integer_inputs(tmp_path):
     ids = torch.load(save, weights_only=True)["inputs"][0]
     assert ids.dtype == torch.int64 and int(ids.min()) >= 0 and 45 <= int(ids.max()) <= 49
     # the script ends before the step: one line, exit 2
-    r = nndb("fuzz", "--step", "50", TOKENS, cwd=str(tmp_path))
+    r = nndb("fuzz", "--step", "50", TOKENS, cwd=str(tmp_path), env=ONE)
     assert r.returncode == 2 and "before step 50" in r.stderr, r.stderr
-    r = nndb("fuzz", "--step", "1", "--against", "fp8", TOKENS, cwd=str(tmp_path))
-    assert r.returncode == 2 and "Traceback" not in r.stderr
+    from click.testing import CliRunner
+    from nndb.cli import cli
+    for bad in (["--against", "fp8"], ["--until", "loss >"], ["--budget", "0"]):
+        r = CliRunner().invoke(cli, ["fuzz", "--step", "1", *bad, TOKENS])
+        assert r.exit_code == 2 and "Traceback" not in r.output, r.output
