@@ -118,6 +118,9 @@ def run_fuzz(s, a: FuzzArgs) -> Optional[dict]:
         raise CommandError("fuzz runs from the live run ('present' returns to it)")
     if s.state != "live":
         raise CommandError("fuzz needs a live run stopped at a step")
+    if s.current is not None and not s.current.at_step_end:
+        # (inside a step the model's forward has begun: its next module call is not the model's)
+        raise CommandError("fuzz starts at a step end (the batch of the next step): 'finish' first")
     from ...timetravel import forking
     why = forking.blockers()
     if why:
@@ -216,8 +219,8 @@ def render(r: dict) -> list:
 
 COMMANDS = [
     Command("fuzz", USAGE, """Fuzz the model with mutants of the current batch, on a replica (TensorFuzz).
-A fork of the run goes on to the model's next forward pass and loss.backward()
-(the current batch: the next step's, at a step end), records the loss as the
+At a step end, a fork of the run goes on to the model's next forward pass and
+loss.backward() (the current batch: the next step's), records the loss as the
 script computes it, and mutates the batch: float inputs by bounded noise
 (--scale, default 0.1, of their observed range), integer inputs (token ids)
 within their vocabulary.  Mutants reaching new coverage (nearest-neighbour
