@@ -162,3 +162,24 @@ def test_nndb_fuzz_exit_codes_and_integer_inputs(tmp_path):
     for bad in (["--against", "fp8"], ["--until", "loss >"], ["--budget", "0"]):
         r = CliRunner().invoke(cli, ["fuzz", "--step", "1", *bad, TOKENS])
         assert r.exit_code == 2 and "Traceback" not in r.output, r.output
+
+
+def test_against_fp16_finds_the_overflow_and_bf16_the_rounding():
+    """The --against objective on a model whose output leaves float16's range
+    for large inputs (bf16 has float32's range, but 8 bits of mantissa)."""
+    from torch.utils import _pytree as pytree
+    from nndb.fuzz.objective import Evaluator, Goal, Model
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(4, 2)
+    with torch.no_grad():
+        lin.weight.fill_(3e4)
+    x = torch.full((3, 4), 0.1)
+    leaves, spec = pytree.tree_flatten(((x,), {}))
+    m = Model(lin, {lin: "lin"}, leaves, spec, [0])
+    ev = Evaluator(m, Goal(against="fp16"), [])
+    assert ev(m.inputs(), 3).found is None                         # 1.2e4: fine in float16
+    hit = ev([torch.full((3, 4), 1.0)], 3).found                   # 1.2e5: inf in float16
+    assert hit["what"] == "disagreement" and hit["relative"] == float("inf")
+    assert Evaluator(m, Goal(against="bf16"), [])([torch.full((3, 4), 1.0)], 3).found is None
+    tight = Evaluator(m, Goal(against="bf16", tolerance=1e-6), [])([torch.full((3, 4), 0.123)], 3).found
+    assert tight is not None and 1e-6 < tight["relative"] < 1e-2
