@@ -4,11 +4,11 @@ _nndb() {
     local cur="${COMP_WORDS[COMP_CWORD]}" prev="${COMP_WORDS[COMP_CWORD-1]}" cmd="" i
     for ((i = 1; i < COMP_CWORD; i++)); do
         case "${COMP_WORDS[i]}" in
-            check|check-trace|export|inspect|plot|run|trust) cmd="${COMP_WORDS[i]}"; break ;;
+            check|check-trace|export|fuzz|inspect|plot|run|trust) cmd="${COMP_WORDS[i]}"; break ;;
         esac
     done
     case "$cmd" in
-    "") COMPREPLY=($(compgen -W "check check-trace export inspect plot run trust --help --version" -- "$cur")) ;;
+    "") COMPREPLY=($(compgen -W "check check-trace export fuzz inspect plot run trust --help --version" -- "$cur")) ;;
     check)
         local j skip=0
         for ((j = i + 1; j < COMP_CWORD; j++)); do
@@ -42,6 +42,22 @@ _nndb() {
             --rules) return ;;
         esac
         if [[ $cur == -* ]]; then COMPREPLY=($(compgen -W "--tensorboard --mlflow --experiment --run-name --rules -h --help" -- "$cur"));
+        else COMPREPLY=($(compgen -f -- "$cur")); fi ;;
+    fuzz)
+        case "$prev" in
+            -m) return ;;
+            --step) return ;;
+            --until) return ;;
+            --against) COMPREPLY=($(compgen -W "fp16 bf16" -- "$cur")); return ;;
+            --tolerance) return ;;
+            --budget) return ;;
+            --layers) return ;;
+            --seed) return ;;
+            --scale) return ;;
+            --threshold) return ;;
+            --save) COMPREPLY=($(compgen -f -- "$cur")); return ;;
+        esac
+        if [[ $cur == -* ]]; then COMPREPLY=($(compgen -W "-m --step --until --against --tolerance --budget --layers --seed --random --scale --threshold --save --json -h --help" -- "$cur"));
         else COMPREPLY=($(compgen -f -- "$cur")); fi ;;
     inspect)
         case "$prev" in

@@ -362,7 +362,7 @@ class TimeMachine:
                         show(progress_line(msg["step"] - first, msg["end"] - first, time.monotonic() - t0))
                         shown = True
                     continue
-                if msg.get("op") in ("handback", "predicted"):
+                if msg.get("op") in ("handback", "predicted", "fuzzed"):
                     last = msg
                     if proc is not None:
                         break

@@ -1,0 +1,185 @@
+"""``fuzz`` (coverage-guided fuzzing, TensorFuzz) and ``nndb fuzz``.
+
+End to end on scripts/examples/fuzz_log_corner.py: a log-space regression
+whose hand-written loss takes ``log(1 + out)``, positive on the data, NaN in
+a corner of the input cube no training batch reaches; with ``--healthy``
+the quantity is positive everywhere."""
+import json
+import os
+import re
+
+import pytest
+import torch
+
+from conftest import ROOT, example, nndb
+from nndb.fuzz.coverage import Coverage
+from nndb.fuzz.mutate import mutate, spec_for
+from nndb.fuzz.search import FuzzConfig, Outcome, run
+
+PLANTED = example("fuzz_log_corner.py")
+TOKENS = os.path.join(ROOT, "tests", "scripts", "fuzz_tokens.py")
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """The engine's tiny tensors: one thread (a shared machine's oversubscribed
+    threads made the 4000-mutant search test 50 times slower)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+ONE = {"OMP_NUM_THREADS": "1"}      # (subprocesses too: the same env with and without nndb)
+
+
+def _plain(*args):
+    import subprocess
+    import sys
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=180,
+                          env=dict(os.environ, **ONE))
+
+
+def _digest(out: str) -> str:
+    return re.search(r"^params (\w+)$", out, re.M).group(1)
+
+
+# -- units -----------------------------------------------------------------------------------------
+def test_integer_mutation_stays_in_the_vocabulary_and_leaves_the_observed_range():
+    ids = torch.randint(0, 20, (64, 7))
+    spec = spec_for(ids, vocab=50)
+    assert (spec.kind, spec.lo, spec.hi) == ("int", 0, 49)
+    g = torch.Generator().manual_seed(0)
+    seen = torch.cat([mutate(ids, spec, 0.5, g).flatten() for _ in range(50)])
+    assert seen.dtype == ids.dtype and int(seen.min()) >= 0 and int(seen.max()) <= 49
+    assert int(seen.max()) > 19                          # beyond what the batch showed, inside the vocabulary
+    no_vocab = spec_for(ids)                            # no embedding: the observed min..max
+    assert (no_vocab.lo, no_vocab.hi) == (int(ids.min()), int(ids.max()))
+    assert spec_for(torch.tensor([3, 59]), vocab=50).hi == 59    # ids past the vocabulary: the observed range
+
+
+def test_float_mutation_is_bounded_by_the_inputs_range():
+    x = torch.rand(32, 5) * 4 - 1
+    spec = spec_for(x)
+    g = torch.Generator().manual_seed(1)
+    m = mutate(x, spec, 0.1, g)
+    width = spec.hi - spec.lo
+    assert float((m - x).abs().max()) <= 0.1 * width + 1e-6
+    assert float(m.min()) >= spec.lo and float(m.max()) <= spec.hi and not torch.equal(m, x)
+    assert spec_for(torch.ones(3)).kind == "fixed" and spec_for(torch.zeros(3, dtype=torch.bool)).kind == "fixed"
+
+
+def test_coverage_keeps_only_vectors_far_from_all_kept():
+    c = Coverage(threshold=1.0)
+    c.calibrate(torch.tensor([[0.0, 0.0], [10.0, 0.0]]))
+    new = c.novel(torch.tensor([[0.5, 0.0], [5.0, 0.0], [5.5, 0.0], [0.0, 3.0]]))
+    assert new.tolist() == [False, True, False, True]     # (5.5 is near 5.0, kept just before it)
+    assert c.size == 4
+
+
+def test_search_coverage_walks_where_random_search_does_not():
+    """The engine alone on a function that fails only far from the seed: the
+    coverage-guided walk gets there, random search from the seed cannot."""
+    seed = torch.zeros(8, 4).uniform_(-0.2, 0.2, generator=torch.Generator().manual_seed(0))
+    seed[0, 0], seed[1, 0] = -1.0, 1.0                     # the range: [-1, 1]
+
+    def evaluate(inputs):
+        x = inputs[0]
+        s = x.sum(1, keepdim=True)
+        return Outcome(s, {"what": "nan"} if bool((s > 3.0).any()) else None, float(s.mean()))
+    spec = [spec_for(seed)]
+    guided = run(evaluate, [seed], spec, FuzzConfig(budget=2000, seed=0))
+    rnd = run(evaluate, [seed], spec, FuzzConfig(budget=2000, seed=0, random=True))
+    assert guided.found is not None and guided.tried < 2000 and guided.corpus > 8
+    assert rnd.found is None and rnd.tried == 2000 and rnd.corpus == 8
+    assert float(guided.inputs[0].max()) <= 1.0 and float(guided.inputs[0].min()) >= -1.0
+
+
+def test_options_are_checked_before_anything_runs():
+    from nndb.debugger.commands import TABLE
+    from nndb.errors import CommandError
+    for bad, why in (("--against fp8", "fp16 or bf16"), ("--budget 0", "at least 1"), ("--scale 2", "--scale"),
+                     ("--until 'loss >'", "syntax error"), ("--tolerance 0.1", "goes with --against"),
+                     ("--frobnicate", "unexpected"), ("--save out.txt", ".pt")):
+        with pytest.raises(CommandError, match=re.escape(why)):
+            TABLE.parse("fuzz " + bad)
+    _, a = TABLE.parse("fuzz --until 'loss > 1e3' --budget 50 --random --layers 'model.*'")
+    assert (a.until, a.budget, a.random, a.layers) == ("loss > 1e3", 50, True, "model.*")
+
+
+# -- end to end ------------------------------------------------------------------------------------
+def test_fuzz_at_a_stop_finds_the_nan_and_the_live_run_stays_bit_identical(tmp_path):
+    plain = _plain(PLANTED)
+    assert plain.returncode == 0
+    found = tmp_path / "found.pt"
+    r = nndb("run", "--batch", "--trace", str(tmp_path / "t.h5"), "-e", "until 40",
+             "-e", f"fuzz --budget 1000 --save {found}", "-e", "continue", PLANTED, cwd=str(tmp_path), env=ONE)
+    assert r.returncode == 0, r.stderr
+    out = r.stdout
+    assert "Fuzzed the batch of step 41 on a replica (coverage-guided, seed 0)" in out
+    m = re.search(r"Found: a non-finite loss at mutant (\d+) \(loss nan\)", out)
+    assert m and 0 < int(m.group(1)) <= 1000, out
+    assert "where: log (forward) at fuzz_log_corner.py:" in out
+    line = int(re.search(r"fuzz_log_corner.py:(\d+)", out).group(1))
+    assert "torch.log(q)" in open(PLANTED).read().splitlines()[line - 1]
+    # the live run: the same parameters, bit for bit, as without nndb and without fuzz
+    assert _digest(out) == _digest(plain.stdout)
+    # the input found: tensors only, inside the data's range, and it reproduces the NaN at that step
+    saved = torch.load(found, weights_only=True)
+    x = saved["inputs"][0]
+    assert x.shape == (32, 16) and float(x.min()) >= -1 and float(x.max()) <= 1
+    assert saved["step"] == 41 and saved["found"] == "nan"
+    again = _plain(PLANTED, "--inject", str(found), "--at", "41")
+    assert re.search(r"^step 41 loss nan$", again.stdout, re.M), again.stdout
+    normal = re.search(r"^step 40 loss (\S+)$", plain.stdout, re.M)
+    assert normal and normal.group(1) != "nan"
+
+
+def test_nndb_fuzz_finds_nothing_on_the_healthy_model(tmp_path):
+    r = nndb("fuzz", "--step", "41", "--budget", "300", "--json", PLANTED, "--healthy", cwd=str(tmp_path), env=ONE)
+    assert r.returncode == 0, r.stderr
+    rep = json.loads(r.stdout)
+    assert rep["found"] is None and rep["tried"] == 300 and rep["loss_reproduced"] is True
+    assert rep["coverage"] > rep["seed_coverage"] == 32
+    assert not list(tmp_path.glob("*.pt"))
+
+
+def test_nndb_fuzz_exit_codes_and_integer_inputs(tmp_path):
+    save = tmp_path / "tok.pt"
+    r = nndb("fuzz", "--step", "3", "--until", "inputs[0].max() >= 45", "--budget", "200", "--save", str(save),
+             "--json", TOKENS, cwd=str(tmp_path), env=ONE)
+    assert r.returncode == 1, r.stderr
+    rep = json.loads(r.stdout)
+    assert rep["found"]["what"] == "condition" and rep["step"] == 3
+    assert rep["inputs"][0]["mutation"] == "int in [0, 49] (the embedding's num_embeddings=50)"
+    ids = torch.load(save, weights_only=True)["inputs"][0]
+    assert ids.dtype == torch.int64 and int(ids.min()) >= 0 and 45 <= int(ids.max()) <= 49
+    # the script ends before the step: one line, exit 2
+    r = nndb("fuzz", "--step", "50", TOKENS, cwd=str(tmp_path), env=ONE)
+    assert r.returncode == 2 and "before step 50" in r.stderr, r.stderr
+    from click.testing import CliRunner
+    from nndb.cli import cli
+    for bad in (["--against", "fp8"], ["--until", "loss >"], ["--budget", "0"]):
+        r = CliRunner().invoke(cli, ["fuzz", "--step", "1", *bad, TOKENS])
+        assert r.exit_code == 2 and "Traceback" not in r.output, r.output
+
+
+def test_against_fp16_finds_the_overflow_and_bf16_the_rounding():
+    """The --against objective on a model whose output leaves float16's range
+    for large inputs (bf16 has float32's range, but 8 bits of mantissa)."""
+    from torch.utils import _pytree as pytree
+    from nndb.fuzz.objective import Evaluator, Goal, Model
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(4, 2)
+    with torch.no_grad():
+        lin.weight.fill_(3e4)
+    x = torch.full((3, 4), 0.1)
+    leaves, spec = pytree.tree_flatten(((x,), {}))
+    m = Model(lin, {lin: "lin"}, leaves, spec, [0])
+    ev = Evaluator(m, Goal(against="fp16"), [])
+    assert ev(m.inputs(), 3).found is None                         # 1.2e4: fine in float16
+    hit = ev([torch.full((3, 4), 1.0)], 3).found                   # 1.2e5: inf in float16
+    assert hit["what"] == "disagreement" and hit["relative"] == float("inf")
+    assert Evaluator(m, Goal(against="bf16"), [])([torch.full((3, 4), 1.0)], 3).found is None
+    tight = Evaluator(m, Goal(against="bf16", tolerance=1e-6), [])([torch.full((3, 4), 0.123)], 3).found
+    assert tight is not None and 1e-6 < tight["relative"] < 1e-2
