@@ -52,6 +52,20 @@
     │                                      "labels": {id: "param NAME" | "act MODULE" | "loss" | "input"},
     │                                      "nonfinite": [op index ...]}   (ids: per step)
     │                                      (absent in traces written before lineage existed)
+    ├── full/                 whole tensors kept by ``--record-full`` (absent in older traces)
+    │   ├── index             uint8[...]   UTF-8 JSON lines, one per stored tensor: {"name", "kind"
+    │   │                                  (FULL_KINDS), "step", "shape": [int], "dtype" (the
+    │   │                                  tensor's, "float32"), "asked" and "used" (the precision
+    │   │                                  asked for and the one stored: nndb.store.precision),
+    │   │                                  "scale" (fp16: the values were divided by it), "store"
+    │   │                                  (u16 | f32 | f64), "offset", "count" (its elements there)}
+    │   ├── u16               uint16[...]  fp16 and bf16 elements, as their bits
+    │   ├── f32               float32[...] fp32 elements
+    │   └── f64               float64[...] fp64 elements (a float64 tensor fp32 cannot hold)
+    ├── hist/                 histograms at full steps (absent in older traces)
+    │   ├── step              int64[H]     the step of each histogram row
+    │   └── counts            int64[H, S, HIST_BINS]  counts[i, j]: series j's histogram at
+    │                                      row i (bins: nndb.store.histogram), -1 where it has none
     └── end                   uint8[...]   UTF-8 JSON object, written when the run ends:
                                            {"status", "exit_code", "reason", "steps", "last_step",
                                            "end_time"}, status one of STATUSES
@@ -69,7 +83,11 @@ of the previous version would misread; readers refuse newer versions.  Added
 datasets and JSON keys are not such a change (a reader ignores what it does
 not know, and reads a trace without them as written before them): ``shape``,
 ``optimizers`` and ``hyper`` came that way, for the rules on a trace
-(nndb.rules.offline), and ``committed`` and the compression of ``stats``.
+(nndb.rules.offline), and ``committed`` and the compression of ``stats``,
+and ``full/`` and ``hist/`` (whole tensors and histograms; their lengths are
+new names in ``committed``).  HDF5's SWMR mode allows no new dataset once it
+has started, so the whole tensors of every series share the ``full/`` data
+datasets, created at open, and the index says where each one is.
 
 This module owns the trace's vocabulary (the statistics, series kinds, end
 statuses and event kinds) and imports nothing from nndb: the tracer below
@@ -100,7 +118,7 @@ INCOMPLETE = "incomplete"
 
 # What ``events`` records: the tracer stopped recording after an internal
 # error; a rule or a probe failed and was switched off.
-EVENT_KINDS = ("recording_stopped", "rule_disabled", "probe_disabled")
+EVENT_KINDS = ("recording_stopped", "rule_disabled", "probe_disabled", "full_tensors_skipped")
 # What ``events`` also keeps of a debugger session (an addition to version 1:
 # a reader of version 1 shows them as events): a rule's finding and a stop,
 # each with a "detail" object, the one the session report (docs/report.md)
@@ -120,7 +138,24 @@ STATS_FILTERS = {"compression": "gzip", "compression_opts": 1, "shuffle": True}
 # The lengths a reader trusts (``committed``, written after each block's data):
 # the rows of ``stats`` and ``steps/*``, the rows of ``lineage/step`` and
 # ``lineage/seq``, and the bytes of each JSON blob.
-COMMITTED = ("rows", "series", "events", "end", "optimizers", "hyper", "lineage", "lineage/sequences")
+COMMITTED = ("rows", "series", "events", "end", "optimizers", "hyper", "lineage", "lineage/sequences",
+             "full/index", "full/u16", "full/f32", "full/f64", "hist")
+
+# Full-tensor history (``full/``): the kinds whose whole tensors can be kept,
+# the precisions a user asks for (nndb.store.precision has the error bounds),
+# and the flat data datasets (one per stored element type; an index line says
+# where each tensor's elements are).  Chunks of 64 Ki elements, shuffled and
+# deflated (gzip, which every HDF5 tool reads): a tensor's read touches only
+# the chunks that hold it.
+FULL_KINDS = ("param", "grad", "act")
+FULL_DATA = {"u16": "u2", "f32": "f4", "f64": "f8"}
+FULL_CHUNK = (1 << 16,)
+FULL_FILTERS = {"compression": "gzip", "compression_opts": 1, "shuffle": True}
+# Histograms (``hist/``): N_BINS counts per series at each full step
+# (nndb.store.histogram has the bins); -1 where a series has none at that row.
+HIST_BINS = 200
+HIST_CHUNK = (1, 16, HIST_BINS)
+HIST_FILTERS = {"compression": "gzip", "compression_opts": 1, "shuffle": True}
 # Bytes kept free for HDF5's metadata beside a block's data (the room check).
 ROOM_MARGIN = 256 * 1024
 STEPS_CHUNK = (1024,)

@@ -32,7 +32,8 @@ from typing import Callable, Optional
 import numpy as np
 import torch
 
-from ..store.schema import KINDS  # noqa: F401  (the kinds of the series recorded here)
+from ..store.schema import HIST_BINS, KINDS  # noqa: F401  (KINDS: the kinds of the series recorded here)
+from . import histogram as H
 from . import stats as S
 from .params import ParamPlan, Snapshot
 
@@ -46,6 +47,7 @@ class StepRecord:
     names: list                  # [(name, kind)]
     raw: np.ndarray              # (len(names), N_RAW) raw accumulator rows (stats.RAW_FIELDS)
     partial: bool = False        # cut short by the end of the run (the script raised or exited mid-step)
+    hist: Optional[np.ndarray] = None   # (len(names), HIST_BINS) histograms at a full step, -1 rows: none
 
     @property
     def nonfinite(self) -> bool:
@@ -80,7 +82,8 @@ class _Bucket:
     an optimizer's small parameters as one block (value, update and grad of
     each, in the plan's order), named once per plan.
     """
-    __slots__ = ("entries", "deferred", "blocks", "params", "covered", "backward_count", "optimizer_steps")
+    __slots__ = ("entries", "deferred", "blocks", "params", "covered", "backward_count", "optimizer_steps",
+                 "hists", "param_hists")
 
     def __init__(self):
         self.entries: dict = {}
@@ -90,8 +93,12 @@ class _Bucket:
         self.covered: set = set()        # ids of parameters an optimizer recorded
         self.backward_count = 0
         self.optimizer_steps = 0
+        self.hists: dict = {}            # series key -> histogram (full steps), as entries
+        self.param_hists: dict = {}      # ParamPlan -> (rows, HIST_BINS), as params
 
-    def add(self, key, raw) -> None:
+    def add_hist(self, key, counts) -> None:
+        old = self.hists.get(key)
+        self.hists[key] = counts if old is None or key[0] == "param" else old + counts
         """``raw``: an array, or a list (a scalar loss's row, stats.scalar_row)."""
         old = self.entries.get(key)
         if old is None or key[0] == "param":
@@ -105,6 +112,9 @@ class _Bucket:
         self.deferred.extend(other.deferred)
         self.blocks.extend(other.blocks)
         self.params.update(other.params)
+        for key, h in other.hists.items():
+            self.add_hist(key, h)
+        self.param_hists.update(other.param_hists)
         self.covered |= other.covered
         self.backward_count += other.backward_count
         self.optimizer_steps += other.optimizer_steps
@@ -118,6 +128,8 @@ class _Bucket:
         pending = ("loss", _PENDING)
         if pending in self.entries:
             self.add(("loss", opt), self.entries.pop(pending))
+        if pending in self.hists:
+            self.add_hist(("loss", opt), self.hists.pop(pending))
         self.deferred = [(("loss", opt) if k == pending else k, a) for k, a in self.deferred]
 
     def resolve(self, full: bool = True) -> None:
@@ -135,6 +147,9 @@ class _Bucket:
         rows = S.host_raw_segments(flat, sizes, True) if full else S.host_norm_segments(flat, sizes)
         for key, raw in zip(keys, rows):
             self.add(key, raw)
+        if full:
+            for key, h in zip(keys, H.of_segments(flat, sizes)):
+                self.add_hist(key, h)
         self.deferred = []
         self.blocks = []
 
@@ -198,6 +213,8 @@ class StepRecorder:
         self._layouts: dict = {}            # tuple of (name, kind) -> the list given to every record
         self._by_sig: dict = {}             # (entry keys, blocks, losses qualified) -> that list
         self._others: tuple = (None, [])     # (cache key, params no optimizer holds)
+        # Whole tensors kept (--record-full): nndb.tracer.fulltensors.FullTensors, or None
+        self.fulltensors = None
 
     def require(self, full: bool, acts: bool) -> None:
         """Measure all statistics (``full``) and activations (``acts``) at every
@@ -214,8 +231,22 @@ class StepRecorder:
         return self._buckets[-1]
 
     # -- events ---------------------------------------------------------------
+    def wants_forward(self) -> bool:
+        """Does the step in progress need the module hooks (activations, or whole ones kept)?"""
+        ft = self.fulltensors
+        return (self.recording and self.acts) or (ft is not None and ft.wants("act", self.step))
+
+    def _keep_activation(self, key, output) -> None:
+        t = output if type(output) is torch.Tensor else first_float_tensor(output)
+        if t is not None:
+            base = self.naming.module_name(key[0])
+            self.fulltensors.take("act", f"{base}#{key[1] + 1}" if key[1] else base, self.step, t)
+
     def activation(self, key, output) -> None:
         """``key``: (module, index of this use of the module in the forward pass)."""
+        ft = self.fulltensors
+        if ft is not None and ft.rules and torch.is_grad_enabled() and ft.wants("act", self.step):
+            self._keep_activation(key, output)
         if not (self.recording and self.acts) or not torch.is_grad_enabled():
             return
         t = output if type(output) is torch.Tensor else first_float_tensor(output)
@@ -233,6 +264,8 @@ class StepRecorder:
         else:
             arr = None
             self._cur.add(("act",) + key, S.raw_now(t, self.full))
+            if self.full:
+                self._cur.add_hist(("act",) + key, H.of_tensor(t))
         self._last_act = (same, arr)
         if arr is not None:
             self._cur.deferred.append((("act",) + key, arr))
@@ -249,11 +282,16 @@ class StepRecorder:
                 return
             self._in_step = True
         if tensor.is_cpu and tensor.numel() == 1:
-            b.add(("loss", _PENDING), S.scalar_row(tensor.item()))
+            v = tensor.item()
+            b.add(("loss", _PENDING), S.scalar_row(v))
+            if self.full:
+                b.add_hist(("loss", _PENDING), H.of_scalar(v))
         elif S.is_host_tensor(tensor):
             b.deferred.append((("loss", _PENDING), S._host_array(tensor).copy()))
         else:
             b.add(("loss", _PENDING), S.raw_now(tensor, self.full))
+            if self.full:
+                b.add_hist(("loss", _PENDING), H.of_tensor(tensor))
 
     def backward_without_loss(self) -> None:
         self._cur.backward_count += 1
@@ -267,8 +305,19 @@ class StepRecorder:
             self._plans[opt] = cached
         return cached[1]
 
+    def _keep_params(self, opt, kind: str) -> None:
+        """Whole gradients (before the update) or values (after it) the rules ask for."""
+        ft = self.fulltensors
+        for p in self._plan(opt).params:
+            t = p.grad if kind == "grad" else p
+            if t is not None:
+                ft.take(kind, self.naming.param_name(p), self.step, t)
+
     def optimizer_pre(self, opt) -> None:
         self._in_step = False
+        ft = self.fulltensors
+        if ft is not None and ft.rules and ft.wants("grad", self.step):
+            self._keep_params(opt, "grad")
         if self.recording:
             self._snapshots[id(opt)] = Snapshot(self._plan(opt))
 
@@ -280,6 +329,9 @@ class StepRecorder:
         snap = self._snapshots.pop(id(opt), None)
         if self.recording and snap is not None:
             snap.record(b, self.full)
+        ft = self.fulltensors
+        if ft is not None and ft.rules and ft.wants("param", self.step):
+            self._keep_params(opt, "param")
 
     def mark(self) -> None:
         """Start a new segment (used while the step clock learns a GAN's iteration)."""
@@ -348,8 +400,7 @@ class StepRecorder:
             if g is not None and not g.is_sparse:
                 keys.append(("param", p, "grad"))
                 items.append(g.detach())
-        for key, raw in zip(keys, S.raw_many(items, self.full)):
-            bucket.add(key, raw)
+        _add_many(bucket, keys, items, self.full)
 
     def _close_manual(self, step, bucket, now, recording, final) -> None:
         """Hand-written updates: step N's value and update are known at the
@@ -372,8 +423,7 @@ class StepRecorder:
             if p.grad is not None and not p.grad.is_sparse:
                 keys.append(("param", p, "grad"))
                 items.append(p.grad.detach())
-        for key, raw in zip(keys, S.raw_many(items, self.full)):
-            bucket.add(key, raw)
+        _add_many(bucket, keys, items, self.full)
         bucket.resolve(self.full)
         if final:
             self._emit(step, bucket, now, partial=True)
@@ -453,4 +503,33 @@ class StepRecorder:
         for _, rows in b.params.values():
             raws.append(rows)
         raw = np.concatenate(raws) if len(raws) > 1 else raws[0] if raws else np.zeros((0, S.N_RAW))
-        return StepRecord(step, now, b.backward_count, b.optimizer_steps, names, raw, partial)
+        return StepRecord(step, now, b.backward_count, b.optimizer_steps, names, raw, partial,
+                          _hists_of(b, len(names)))
+
+
+def _add_many(bucket: _Bucket, keys: list, items: list, full: bool) -> None:
+    """Rows (and at a full step histograms) of tensors reduced one by one."""
+    for key, raw in zip(keys, S.raw_many(items, full)):
+        bucket.add(key, raw)
+    if full:
+        for key, t in zip(keys, items):
+            bucket.add_hist(key, H.of_tensor(t))
+
+
+def _hists_of(b: _Bucket, n: int) -> Optional[np.ndarray]:
+    """(n, HIST_BINS) histograms in the record's row order (entries, then the
+    parameter blocks), -1 rows where a series has none; None off full steps."""
+    if not (b.hists or b.param_hists):
+        return None
+    out = np.full((n, HIST_BINS), -1, dtype=np.int64)
+    for i, key in enumerate(b.entries):
+        h = b.hists.get(key)
+        if h is not None:
+            out[i] = h
+    at = len(b.entries)
+    for plan, (_, rows) in b.params.items():
+        h = b.param_hists.get(plan)
+        if h is not None and len(h) == len(rows):
+            out[at:at + len(rows)] = h
+        at += len(rows)
+    return out
