@@ -80,6 +80,17 @@ def cli():
                    "memory available at start.")
 @click.option("--lineage", "lineage", metavar="STEPS",
               help="Record the operation lineage of these steps: N, A:B (B excluded), N,M or all.")
+@click.option("--record-full", "record_full", multiple=True, metavar="KIND:GLOB",
+              help="Keep whole tensors in the trace: KIND param, grad or act, GLOB of names "
+                   "('grad:conv*'; repeatable).")
+@click.option("--full-tensors-every", "full_tensors_every", type=int, metavar="N",
+              help="With --record-full: every N-th step (default: every step).")
+@click.option("--precision", "precision", type=click.Choice(["fp16", "bf16", "fp32"]), default=None,
+              help="With --record-full: how whole tensors are stored (default fp16; a tensor it cannot "
+                   "hold within its stated error falls back to a wider one).")
+@click.option("--full-tensors-buffer", "full_tensors_buffer", type=click.FloatRange(min=0), metavar="MIB",
+              help="With --record-full: the most MiB of whole tensors waiting for a write (default 256); "
+                   "a step's tensor over it is skipped and said.")
 @click.option("--export", "exports", multiple=True, metavar="tensorboard:DIR|mlflow[:URI]",
               help="Stream each step's statistics and the findings to TensorBoard or MLflow while the run "
                    "goes (repeatable); an unreachable store is one warning, and the run goes on.")
@@ -87,7 +98,8 @@ def cli():
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def run(module, trace_path, force, every, steps_range, full_every, act_every, flush_steps, flush_secs, quiet,
         batch, go, command_files, eval_commands, nx, report_path, rules, replica, total_steps,
-        checkpoint_every, checkpoint_memory, lineage, exports, script, args):
+        checkpoint_every, checkpoint_memory, lineage, record_full, full_tensors_every, precision,
+        full_tensors_buffer, exports, script, args):
     """Run SCRIPT [ARGS]... (or -m MODULE [ARGS]...) under the debugger, as
     Python would, recording per-step tensor statistics into an HDF5 trace.
     Everything after SCRIPT is passed to the script untouched.  It stops at
@@ -104,7 +116,8 @@ def run(module, trace_path, force, every, steps_range, full_every, act_every, fl
         trace_path, report_path, trace_dir = _own_paths(target, trace_path, force, report_path,
                                                         command_files, rules)
         export_targets = _export_targets(exports)
-        config = RunConfig(target, trace_path, schedule, flush_steps, flush_secs, quiet, trace_dir)
+        config = RunConfig(target, trace_path, schedule, flush_steps, flush_secs, quiet, trace_dir,
+                           *_full_rules(record_full, full_tensors_every, precision, full_tensors_buffer))
         batch = batch or not sys.stdin.isatty()
         options = DebugOptions(batch=batch, stop_at_start=not go, command_files=command_files,
                                eval_commands=eval_commands, no_rc=nx, report=report_path, rules=rules,
@@ -115,6 +128,15 @@ def run(module, trace_path, force, every, steps_range, full_every, act_every, fl
     except NndbError as e:
         _fail(e)
     sys.exit(result.exit_code)
+
+
+def _full_rules(specs, every, precision, buffer_mib) -> tuple:
+    """(rules, bound in bytes) from --record-full and the flags that go with it."""
+    from .tracer.fulltensors import parse_rule
+    if not specs and (every is not None or precision is not None or buffer_mib is not None):
+        raise UsageError("--full-tensors-every, --precision and --full-tensors-buffer go with --record-full")
+    rules = tuple(parse_rule(s, every, precision) for s in specs)
+    return rules, (None if buffer_mib is None else int(buffer_mib * (1 << 20)))
 
 
 def _stderr_is_terminal() -> bool:
@@ -198,15 +220,27 @@ def trust(directory, force):
               help="The statistic --series prints.")
 @click.option("--kind", type=click.Choice(KIND_CHOICES), help="With --series: only this kind.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
-def inspect(trace, series_name, stat, kind, as_json):
+@click.option("--tensor", "tensor_spec", metavar="KIND:NAME",
+              help="A whole tensor kept by --record-full, or a histogram, at --step.")
+@click.option("--step", "tensor_step", type=int, metavar="N", help="With --tensor: the step.")
+@click.option("--npy", "npy_path", metavar="OUT.npy", type=click.Path(dir_okay=False),
+              help="With --tensor: write the kept tensor to OUT.npy (numpy's format).")
+def inspect(trace, series_name, stat, kind, as_json, tensor_spec, tensor_step, npy_path):
     """Print a trace's metadata, step count and recorded tensors."""
     from . import inspect as queries
     from .render import text
     from .store.reader import TraceReader
 
     try:
+        if (tensor_step is not None or npy_path) and not tensor_spec:
+            raise UsageError("--step and --npy go with --tensor KIND:NAME")
         with TraceReader(trace) as reader:
-            if series_name:
+            if tensor_spec:
+                if tensor_step is None:
+                    raise UsageError("--tensor needs --step N")
+                data = queries.tensor_at(reader, tensor_spec, tensor_step, npy_path)
+                out = to_json(data) if as_json else text.tensor_at(data)
+            elif series_name:
                 data = queries.series(reader, series_name, stat, kind)
                 out = to_json(data) if as_json else text.series(data)
             else:

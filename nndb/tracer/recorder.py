@@ -99,6 +99,8 @@ class _Bucket:
     def add_hist(self, key, counts) -> None:
         old = self.hists.get(key)
         self.hists[key] = counts if old is None or key[0] == "param" else old + counts
+
+    def add(self, key, raw) -> None:
         """``raw``: an array, or a list (a scalar loss's row, stats.scalar_row)."""
         old = self.entries.get(key)
         if old is None or key[0] == "param":
