@@ -144,18 +144,24 @@ def compare_histograms(kind: str, name: str, pairs: list) -> dict:
 
 
 def at_checkpoints(reader, kind: str, name: str, checkpoint_steps: list, k: int) -> dict:
-    """The last ``k`` checkpoints' histograms of ``kind name`` (read from the
-    trace: a checkpoint's step must be a full step with the histogram), the
-    first and last compared.  UsageError naming the checkpoints that have none."""
+    """The last ``k`` checkpoints' histograms of ``kind name``, read from the
+    trace (the histogram taken at the checkpoint's step, a full step), the
+    first and last compared; a checkpoint whose step has no histogram is
+    named in ``skipped``.  UsageError when fewer than two have one."""
     if k < 2:
         raise UsageError("compare --checkpoints K needs K >= 2")
+    if (name, kind) not in {(s.name, s.kind) for s in reader.series()}:
+        raise UsageError(f"the trace has no series {kind} {name}")
     steps = sorted(set(checkpoint_steps))[-k:]
-    if len(steps) < 2:
-        raise UsageError(f"there are {len(steps)} checkpoint(s) so far; --checkpoints {k} needs two")
     have = set(reader.histogram_steps(name, kind))
-    missing = [s for s in steps if s not in have]
-    if missing:
-        raise UsageError(f"cannot compare {kind} {name} at checkpoints {_steps_text(steps)}: the trace has no "
-                         f"histogram of it at step(s) {_steps_text(missing)} (histograms are taken at full "
-                         f"steps; have: {_steps_text(sorted(have))}); compare KIND NAME STEP_A STEP_B compares two of those")
-    return compare_histograms(kind, name, [(s, reader.histogram(name, kind, s)) for s in steps])
+    used = [s for s in steps if s in have]
+    skipped = [s for s in steps if s not in have]
+    if len(used) < 2:
+        raise UsageError(f"cannot compare {kind} {name} at the last {k} checkpoints (steps {_steps_text(steps)}): "
+                         f"the trace has its histogram at {len(used)} of them (histograms are taken at full steps, "
+                         f"--full-every; it has them at {_steps_text(sorted(have))}); "
+                         f"compare KIND NAME STEP_A STEP_B compares two of those")
+    out = compare_histograms(kind, name, [(s, reader.histogram(name, kind, s)) for s in used])
+    out["checkpoints"] = steps
+    out["skipped"] = skipped
+    return out

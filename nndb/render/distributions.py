@@ -56,7 +56,11 @@ def compare(data: dict) -> str:
     table = tabulate(rows, headers=["", f"step {a['step']}", f"step {b['step']}"], disable_numparse=True)
     lines = [head, table, ""]
     series = data.get("series") or []
-    if len(series) > 2:
+    if data.get("checkpoints"):
+        lines.append(f"checkpoints at steps {', '.join(map(str, data['checkpoints']))}" +
+                     (f"; no histogram at step(s) {', '.join(map(str, data['skipped']))} (not full steps): left out"
+                      if data.get("skipped") else ""))
+    if len(series) > 2 or data.get("checkpoints"):
         lines.append("share of zeros at each step: " +
                      ", ".join(f"{s['step']}: {_share(s['zero_share'])}" for s in series))
         lines.append("")
