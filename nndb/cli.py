@@ -311,7 +311,8 @@ def export(trace, tb_dir, mlflow_uri, experiment, run_name, rules):
             findings = trace_findings(reader, rules)
             for t in targets:
                 done = _export_to(reader, t, findings)
-                click.echo(printable(f"nndb: exported {done.points} value(s) in {done.tags} tag(s) and "
+                hists = f", {done.histograms} histogram(s)" if done.histograms else ""
+                click.echo(printable(f"nndb: exported {done.points} value(s) in {done.tags} tag(s){hists} and "
                                      f"{done.findings} finding(s) to {done.target}"))
     except NndbError as e:
         _fail(e)
