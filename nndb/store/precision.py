@@ -16,15 +16,16 @@ fp64), and the precision used is recorded with it.
   (round to nearest even: relative error <= 2^-11).  Kept only if every
   finite non-zero value then lies in float16's normal range [2^-14, 65504]:
   a tensor whose magnitudes span more than about 2^28 falls back.
-* bf16: float32's upper 16 bits, rounded to nearest even (relative error
-  <= 2^-8 of the value's binade, 2^-9 relative to the value rounded:
-  we state 2^-8 = 3.9e-3 to be safe); NaN kept as NaN.  Falls back if a
+* bf16: float32's upper 16 bits, rounded to nearest even (8 significant
+  bits: relative error <= 2^-8 = 3.9e-3); NaN kept as NaN.  Falls back if a
   value is a float32 subnormal (it would keep fewer digits) or would round up
   to Inf.
 * fp32: exact for float32 and narrower tensors; a float64 tensor is rounded
   (relative error <= 2^-24) and falls back to fp64 if a value lies outside
   float32's normal range.
 * fp64: exact.
+
+A float16 tensor is stored as its own bits (fp16, exact) whatever was asked.
 
 Only numpy is imported: the store and the readers both use it.
 """
@@ -120,6 +121,9 @@ def encode(values: np.ndarray, precision: str) -> Encoded:
     a = np.asarray(values).reshape(-1)
     if a.dtype not in (np.float16, np.float32, np.float64):
         a = a.astype(np.float64 if a.dtype.itemsize > 4 else np.float32)
+    if a.dtype == np.float16:
+        # already half precision: its own bits, exact (and 2 bytes whatever was asked)
+        return Encoded("fp16", a.view(np.uint16).copy(), 1.0)
     p = precision
     while True:
         out = _ENCODERS[p](a)
