@@ -23,10 +23,12 @@
     
 │                                      (chunks of one row and 64 series, shuffled and deflated:
 │                                      a NaN costs next to nothing)
-├── committed             int64[8]     the lengths a reader trusts, attrs["names"] (COMMITTED):
+├── committed             int64[13]    the lengths a reader trusts, attrs["names"] (COMMITTED):
 │                                      rows of stats and steps/*, bytes of series, events, end,
 │                                      optimizers, hyper, rows of lineage/*, bytes of
-│                                      lineage/sequences; written after each block's data
+│                                      lineage/sequences, bytes of full/index and elements of
+│                                      full/u16, full/f32, full/f64, rows of hist/*; written
+│                                      after each block's data
 │                                      (absent in traces written before it: the shortest extent)
 ├── optimizers            uint8[...]   UTF-8 JSON lines, written at a recorded step's end when they
     │                                      changed: {"step": int, "optimizers": [{"name": str,
