@@ -58,10 +58,13 @@ def _record(s, arg):
         return f"Whole tensors: no longer kept ({n} rule(s) removed); the trace keeps those written."
     if arg[0] == "add":
         ft.set_rules(ft.rules + [arg[1]])
-        rec.tracer._sync_forward()
+        cur = s.current
+        if cur is None or cur.at_step_end:
+            # (the module hooks go in or out only at a step boundary: never while a forward runs them)
+            rec.tracer._sync_forward()
     if not ft.rules:
         return "Whole tensors: none kept (record full KIND GLOB)."
-    lines = ["Whole tensors kept from the step in progress on:" if arg[0] == "add" else "Whole tensors kept:"]
+    lines = ["Whole tensors kept from now on:" if arg[0] == "add" else "Whole tensors kept:"]
     lines += [f"  {r.describe()}" for r in ft.rules]
     lines.append(f"  ({ft.kept} kept so far; stored in the trace, read back with p $full['NAME', STEP])")
     return lines
