@@ -34,6 +34,7 @@ Only numpy is imported.
 """
 from __future__ import annotations
 
+import math
 from typing import Optional
 
 import numpy as np
@@ -75,11 +76,12 @@ def _fold_map() -> np.ndarray:
 
 
 FOLD = _fold_map()
-_ORDER = np.argsort(FOLD, kind="stable")
-_PRESENT, _STARTS = np.unique(FOLD[_ORDER], return_index=True)
-# fine bins that need an exact look: exponent 0 (zeros and subnormals) and 255 with a clear top bit (Inf)
-_ZERO_FINE = np.array([0, 1, 512, 513])
-_INF_FINE = np.array([510, 1022])
+# The lookup a float32's ``bits >> 22`` goes through: its bin, with exponent 0
+# (zeros and subnormals) taken for zero and exponent 255 with a clear top bit
+# for Inf; ``of_segments`` then checks both against exact counts.
+LUT = FOLD.copy()
+LUT[[0, 1, 512, 513]] = I_ZERO
+LUT = LUT.astype(np.intp)
 
 
 def bin_ranges() -> np.ndarray:
@@ -100,19 +102,6 @@ def bin_ranges() -> np.ndarray:
 
 
 RANGES = bin_ranges()
-
-
-def from_fine(fine: np.ndarray) -> np.ndarray:
-    """(k, FINE) fine counts -> (k, N_BINS), no correction needed (the caller checked)."""
-    out = np.zeros((fine.shape[0], N_BINS), dtype=np.int64)
-    if fine.shape[0]:
-        out[:, _PRESENT] = np.add.reduceat(fine[:, _ORDER], _STARTS, axis=1)
-    return out
-
-
-def needs_exact(fine_row: np.ndarray, zeros: int) -> bool:
-    """Do the fine counts leave a bin unknown (a subnormal, an Inf or a signalling NaN)?"""
-    return int(fine_row[_ZERO_FINE].sum()) != zeros or bool(fine_row[_INF_FINE].any())
 
 
 def exact(values: np.ndarray) -> np.ndarray:
@@ -140,33 +129,48 @@ def exact(values: np.ndarray) -> np.ndarray:
     return out
 
 
+def bin_of(v: float) -> int:
+    """The bin of one value (a scalar loss: no numpy call)."""
+    if v != v:
+        return I_NAN
+    if v == 0:
+        return I_ZERO
+    if math.isinf(v):
+        return I_POS_INF if v > 0 else I_NEG_INF
+    m, e = math.frexp(abs(v))
+    mag = 2 * (e - 1 + 127) + (m >= 0.75)
+    if mag < MAG_LO:
+        return I_NEG_UNDER if v < 0 else I_POS_UNDER
+    if mag >= MAG_HI:
+        return I_NEG_OVER if v < 0 else I_POS_OVER
+    return I_NEG_UNDER - 1 - (mag - MAG_LO) if v < 0 else _POS0 + (mag - MAG_LO)
+
+
 def of_segments(flat: np.ndarray, sizes) -> np.ndarray:
     """(len(sizes), N_BINS): the histogram of each consecutive segment of a flat
-    float32 array (other dtypes: value by value), from the float32 bits in one
-    bincount; a segment with a subnormal, an Inf or a signalling NaN is done exactly."""
-    sizes = np.asarray(sizes, dtype=np.intp)
+    float32 array (other dtypes: value by value), from the float32 bits: one
+    table lookup and one bincount.  Exponent 0 is counted as zero and checked
+    against the exact count of zeros; a segment with a subnormal, an Inf or a
+    signalling NaN is done value by value."""
     k = len(sizes)
-    if flat.dtype != np.float32:
-        starts = np.concatenate([[0], np.cumsum(sizes)])
+    if flat.dtype != np.float32 or k == 0:
+        starts = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)])
         return np.stack([exact(flat[starts[i]:starts[i + 1]]) for i in range(k)]) if k else \
             np.zeros((0, N_BINS), dtype=np.int64)
-    idx = (np.ascontiguousarray(flat).view(np.uint32) >> 22).astype(np.intp)
+    # (intp all the way: numpy's gather and bincount cast any other index type first)
+    bins = LUT[(np.ascontiguousarray(flat).view(np.uint32) >> 22).astype(np.intp)]
     if k > 1:
-        idx += np.repeat(np.arange(k, dtype=np.intp) * FINE, sizes)
-    fine = np.bincount(idx, minlength=k * FINE).reshape(k, FINE)
-    zero_fine = fine[:, _ZERO_FINE].sum(axis=1)
-    out = from_fine(fine)
-    if zero_fine.any() or fine[:, _INF_FINE].any():
-        starts = np.concatenate([[0], np.cumsum(sizes)])
-        for i in np.nonzero(zero_fine | fine[:, _INF_FINE].any(axis=1))[0]:
-            seg = flat[starts[i]:starts[i + 1]]
-            zeros = int(np.count_nonzero(seg == 0))
-            if needs_exact(fine[i], zeros):
-                out[i] = exact(seg)
-            else:                    # the usual case: exponent 0 holds zeros only
-                out[i, I_NEG_UNDER] -= int(fine[i, 512] + fine[i, 513])
-                out[i, I_POS_UNDER] -= int(fine[i, 0] + fine[i, 1])
-                out[i, I_ZERO] += zeros
+        bins += np.repeat(np.arange(0, k * N_BINS, N_BINS, dtype=np.intp), sizes)
+    out = np.bincount(bins, minlength=k * N_BINS).reshape(k, N_BINS)
+    zero_like = out[:, I_ZERO]
+    special = out[:, I_POS_INF] + out[:, I_NEG_INF]
+    if zero_like.any() or special.any():
+        if np.count_nonzero(flat == 0) != int(zero_like.sum()) or special.any():
+            starts = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)])
+            for i in np.nonzero(zero_like | special)[0]:
+                seg = flat[starts[i]:starts[i + 1]]
+                if special[i] or np.count_nonzero(seg == 0) != zero_like[i]:
+                    out[i] = exact(seg)
     return out
 
 

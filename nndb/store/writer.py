@@ -178,7 +178,7 @@ class TraceWriter:
             if len(self._by_list) < 64:
                 self._by_list[id(record.names)] = (record.names, ids)
         self._rows.append((record, ids))
-        hist = getattr(record, "hist", None)
+        hist = record.hist
         if hist is not None and not self.detached:
             have = hist[:, 0] >= 0
             if have.any():

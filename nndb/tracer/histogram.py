@@ -1,9 +1,10 @@
 """Histograms of tensors at full steps (the layout: nndb.store.histogram).
 
-``of_tensor(t)``: one tensor on its own device, from its float32 bits in one
-``torch.bincount`` (a float64 tensor, or one with a subnormal, an Inf or a
-signalling NaN, value by value on the host); ``of_segments(flat, sizes)``:
-the host arrays the recorder reduces in one batch.
+``of_tensor(t)``: one tensor; on the host through ``of_segments``, on another
+device from its float32 bits with one table lookup and one ``torch.bincount``
+there (a float64 tensor, or one with a subnormal, an Inf or a signalling
+NaN, value by value on the host); ``of_segments(flat, sizes)``: the host
+arrays the recorder reduces in one batch; ``of_scalar``: a scalar loss.
 """
 from __future__ import annotations
 
@@ -13,27 +14,36 @@ import torch
 from ..store import histogram as H
 
 of_segments = H.of_segments
+_LUT: dict = {}          # device -> the lookup table there
+
+
+def _lut(device) -> torch.Tensor:
+    t = _LUT.get(device)
+    if t is None:
+        t = _LUT[device] = torch.from_numpy(H.LUT.astype(np.int64)).to(device)
+    return t
 
 
 def of_tensor(t: torch.Tensor) -> np.ndarray:
     t = t.detach()
-    if t.dtype == torch.float64 or t.is_sparse or not t.is_floating_point():
-        return H.exact(t.to("cpu", torch.float64).numpy() if not t.is_sparse else
-                       t.to_dense().to("cpu", torch.float64).numpy())
-    f = t.float().reshape(-1)
-    if f.device.type == "cpu":
+    if t.is_sparse:
+        t = t.to_dense()
+    if t.dtype == torch.float64 or not t.is_floating_point():
+        return H.exact(t.to("cpu", torch.float64).numpy())
+    if t.device.type == "cpu":
+        f = t.float().reshape(-1)
         return H.of_segments(f.numpy(), [f.numel()])[0]
-    idx = (f.view(torch.int32) >> 22) & (H.FINE - 1)
-    fine = torch.bincount(idx.long(), minlength=H.FINE).cpu().numpy()[None, :]
-    zeros = int((f == 0).sum())
-    if H.needs_exact(fine[0], zeros):
+    with torch.no_grad():
+        f = t.float().reshape(-1)
+        bins = _lut(f.device)[((f.view(torch.int32) >> 22) & (H.FINE - 1)).long()]
+        out = torch.bincount(bins, minlength=H.N_BINS).cpu().numpy().astype(np.int64)
+        zeros = int((f == 0).sum())
+    if zeros != out[H.I_ZERO] or out[H.I_POS_INF] or out[H.I_NEG_INF]:
         return H.exact(f.cpu().numpy())
-    out = H.from_fine(fine)[0]
-    out[H.I_NEG_UNDER] -= int(fine[0, 512] + fine[0, 513])
-    out[H.I_POS_UNDER] -= int(fine[0, 0] + fine[0, 1])
-    out[H.I_ZERO] += zeros
     return out
 
 
 def of_scalar(v: float) -> np.ndarray:
-    return H.exact(np.asarray([v], dtype=np.float64))
+    out = np.zeros(H.N_BINS, dtype=np.int64)
+    out[H.bin_of(v)] = 1
+    return out

@@ -236,7 +236,7 @@ class StepRecorder:
     def wants_forward(self) -> bool:
         """Does the step in progress need the module hooks (activations, or whole ones kept)?"""
         ft = self.fulltensors
-        return (self.recording and self.acts) or (ft is not None and ft.wants("act", self.step))
+        return (self.recording and self.acts) or bool(ft is not None and ft.rules and ft.wants("act", self.step))
 
     def _keep_activation(self, key, output) -> None:
         t = output if type(output) is torch.Tensor else first_float_tensor(output)
@@ -506,7 +506,7 @@ class StepRecorder:
             raws.append(rows)
         raw = np.concatenate(raws) if len(raws) > 1 else raws[0] if raws else np.zeros((0, S.N_RAW))
         return StepRecord(step, now, b.backward_count, b.optimizer_steps, names, raw, partial,
-                          _hists_of(b, len(names)))
+                          _hists_of(b, len(names)) if (b.hists or b.param_hists) else None)
 
 
 def _add_many(bucket: _Bucket, keys: list, items: list, full: bool) -> None:
