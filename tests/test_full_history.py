@@ -236,3 +236,17 @@ def test_trace_layout_is_plain_hdf5(full_run):
         first = json.loads(lines[0])
         raw = f["full"][first["store"]][first["offset"]:first["offset"] + first["count"]]
         assert raw.size == int(np.prod(first["shape"]))
+
+
+def test_bad_record_full_flags_are_one_line_and_exit_2(tmp_path):
+    from click.testing import CliRunner
+    from nndb.cli import cli
+    script = str(tmp_path / "s.py")
+    open(script, "w").write("print('ran')\n")
+    for args, msg in ((["--record-full", "update:fc*"], "whole tensors are kept of param, grad, act"),
+                      (["--record-full", "grad"], "takes KIND:GLOB"),
+                      (["--precision", "fp16"], "go with --record-full"),
+                      (["--record-full", "grad:*", "--full-tensors-every", "0"], "positive number of steps")):
+        res = CliRunner().invoke(cli, ["run", "--batch", "--trace", str(tmp_path / "t.h5"), *args, script])
+        assert res.exit_code == 2 and msg in res.output, (args, res.output)
+        assert "Traceback" not in res.output and "ran" not in res.output
