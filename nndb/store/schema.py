@@ -146,12 +146,14 @@ COMMITTED = ("rows", "series", "events", "end", "optimizers", "hyper", "lineage"
 # Full-tensor history (``full/``): the kinds whose whole tensors can be kept,
 # the precisions a user asks for (nndb.store.precision has the error bounds),
 # and the flat data datasets (one per stored element type; an index line says
-# where each tensor's elements are).  Chunks of 64 Ki elements, shuffled and
+# where each tensor's elements are).  Chunks of 4 Ki elements, shuffled and
 # deflated (gzip, which every HDF5 tool reads): a tensor's read touches only
-# the chunks that hold it.
+# the chunks that hold it.  Small chunks, because a flush rewrites the last,
+# partly filled chunk, and HDF5 writes a compressed chunk that grew anew (the
+# old space is lost): at most one chunk per flush is lost that way.
 FULL_KINDS = ("param", "grad", "act")
 FULL_DATA = {"u16": "u2", "f32": "f4", "f64": "f8"}
-FULL_CHUNK = (1 << 16,)
+FULL_CHUNK = (1 << 12,)
 FULL_FILTERS = {"compression": "gzip", "compression_opts": 1, "shuffle": True}
 # Histograms (``hist/``): N_BINS counts per series at each full step
 # (nndb.store.histogram has the bins); -1 where a series has none at that row.
