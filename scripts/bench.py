@@ -19,6 +19,13 @@ step and activations are recorded on every step.
     python scripts/bench.py --workload cnn --every 10
     python scripts/bench.py --catch --pairs 5    # catch nan against detect_anomaly (mlp, cnn)
 
+Workload ``cnn_fullgrad`` is the CNN keeping its conv layers' gradients
+whole every 10 steps in fp16 (``--record-full 'grad:conv*'
+--full-tensors-every 10 --precision fp16``; FULL_RULES): compare its trace
+bytes per step and ratio with ``cnn``'s.
+
+    python scripts/bench.py --workload cnn --workload cnn_fullgrad
+
 Targets (default recording): cnn <= 1.10x, mlp <= 1.5x; with ``--lineage all``
 (the op recorder on every step): cnn <= 2x the plain step.
 
