@@ -82,7 +82,7 @@ def series(reader: TraceReader, name: str, stat: str, kind: Optional[str] = None
 def tensor_at(reader: TraceReader, spec: str, step: int, npy_path: Optional[str] = None) -> dict:
     """A whole tensor kept at ``step`` (saved to ``npy_path`` if given) and
     its histogram there, whichever the trace has; UsageError if neither."""
-    from . import distributions as D
+    from .store import distributions as D
     kind, name = D.parse_tensor_spec(spec)
     out: dict = {"name": name, "kind": kind, "step": step, "tensor": None, "histogram": None}
     why = []

@@ -9,7 +9,7 @@ import torch
 
 import nndb
 from conftest import Ran, nndb as run_nndb, ROOT
-from nndb.store import histogram as H
+from nndb import histogram as H
 from nndb.tracer.histogram import of_tensor
 
 SCRIPT = f"{ROOT}/tests/scripts/dying_relu_cnn.py"

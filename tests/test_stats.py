@@ -134,7 +134,7 @@ def test_parameter_block_equals_the_general_path():
     with_grads, rows, hists = block(True)
     assert with_grads
     np.testing.assert_allclose(S.finalize_many(rows), want, rtol=1e-6, atol=1e-7)
-    from nndb.store import histogram as Hs
+    from nndb import histogram as Hs
     assert np.array_equal(hists, np.stack([Hs.exact(t.detach().numpy()) for t in tensors]))   # full step: histograms
     _, norm_rows, no_hists = block(False)
     assert no_hists is None

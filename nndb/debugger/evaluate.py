@@ -243,7 +243,7 @@ class FullLookup:
         if not (isinstance(key, tuple) and len(key) == 2 and isinstance(key[0], str)
                 and isinstance(key[1], int) and not isinstance(key[1], bool)):
             raise CommandError("$full takes ['NAME', STEP] (or ['KIND:NAME', STEP])")
-        from .. import distributions as D
+        from ..store import distributions as D
         from ..errors import NndbError
         spec, step = key
         try:

@@ -2,7 +2,7 @@
 TensorBoard's histogram view (``add_histogram_raw``).
 
 A point is the finite values of one series at one full step: the trace's
-half-binade bins (nndb.store.histogram) as buckets, whose upper edges are
+half-binade bins (nndb.histogram) as buckets, whose upper edges are
 the bucket limits; NaN and +/-Inf have no bucket in TensorBoard and are left
 out (their counts are the ``nan_count`` and ``inf_count`` scalars).  ``sum``
 and ``sum_squares`` come from the step's statistics (mean over the finite
@@ -16,7 +16,7 @@ from typing import Iterator
 
 import numpy as np
 
-from ..store import histogram as H
+from .. import histogram as H
 from .scalars import start_time
 
 # the finite bins, in value order, and each one's upper edge (the overflow bins: the float32 extremes)

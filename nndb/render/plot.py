@@ -266,7 +266,7 @@ def _legend(ax) -> None:
 
 
 def draw_compare(data: dict, path: str) -> str:
-    """Two histograms of one series (nndb.distributions.compare) side by side,
+    """Two histograms of one series (nndb.store.distributions.compare) side by side,
     as the share of elements in each value range, into a PNG or SVG."""
     ext = os.path.splitext(path)[1].lower()
     if ext not in FORMATS:

@@ -27,7 +27,7 @@ fp64), and the precision used is recorded with it.
 
 A float16 tensor is stored as its own bits (fp16, exact) whatever was asked.
 
-Only numpy is imported: the store and the readers both use it.
+Only numpy and the schema are imported.
 """
 from __future__ import annotations
 
@@ -35,9 +35,11 @@ from typing import NamedTuple
 
 import numpy as np
 
+from .schema import FULL_PRECISIONS
+
 PRECISIONS = ("fp16", "bf16", "fp32", "fp64")
 # The precisions a user may ask for (fp64 is only ever a fallback).
-REQUESTABLE = ("fp16", "bf16", "fp32")
+REQUESTABLE = FULL_PRECISIONS
 # The largest relative error |decoded - x| / |x| of a finite non-zero value,
 # by the precision actually used (checked by tests/test_full_history.py).
 MAX_REL_ERROR = {"fp16": 2.0 ** -11, "bf16": 2.0 ** -8, "fp32": 2.0 ** -24, "fp64": 0.0}

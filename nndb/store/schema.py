@@ -67,7 +67,7 @@
     ├── hist/                 histograms at full steps (absent in older traces)
     │   ├── step              int64[H]     the step of each histogram row
     │   └── counts            int64[H, S, HIST_BINS]  counts[i, j]: series j's histogram at
-    │                                      row i (bins: nndb.store.histogram), -1 where it has none
+    │                                      row i (bins: nndb.histogram), -1 where it has none
     └── end                   uint8[...]   UTF-8 JSON object, written when the run ends:
                                            {"status", "exit_code", "reason", "steps", "last_step",
                                            "end_time"}, status one of STATUSES
@@ -152,11 +152,13 @@ COMMITTED = ("rows", "series", "events", "end", "optimizers", "hyper", "lineage"
 # partly filled chunk, and HDF5 writes a compressed chunk that grew anew (the
 # old space is lost): at most one chunk per flush is lost that way.
 FULL_KINDS = ("param", "grad", "act")
+# The precisions a user may ask for (nndb.store.precision: fp64 is only ever a fallback).
+FULL_PRECISIONS = ("fp16", "bf16", "fp32")
 FULL_DATA = {"u16": "u2", "f32": "f4", "f64": "f8"}
 FULL_CHUNK = (1 << 12,)
 FULL_FILTERS = {"compression": "gzip", "compression_opts": 1, "shuffle": True}
 # Histograms (``hist/``): N_BINS counts per series at each full step
-# (nndb.store.histogram has the bins); -1 where a series has none at that row.
+# (nndb.histogram has the bins); -1 where a series has none at that row.
 HIST_BINS = 200
 HIST_CHUNK = (1, 16, HIST_BINS)
 HIST_FILTERS = {"compression": "gzip", "compression_opts": 1, "shuffle": True}

@@ -19,8 +19,7 @@ import numpy as np
 import torch
 
 from ..errors import UsageError
-from ..store.precision import REQUESTABLE
-from ..store.schema import FULL_KINDS, KIND_WORDS
+from ..store.schema import FULL_KINDS, FULL_PRECISIONS as REQUESTABLE, KIND_WORDS
 
 
 @dataclass(frozen=True)
@@ -86,6 +85,21 @@ class FullTensors:
             if r.kind == kind and step % r.every == 0 and fnmatch.fnmatchcase(name, r.glob):
                 found = r
         return found
+
+    def activation(self, naming, key, output, step: int) -> None:
+        """A module's output at its forward hook (``key``: module, use in the pass)."""
+        from .recorder import first_float_tensor
+        t = output if type(output) is torch.Tensor else first_float_tensor(output)
+        if t is not None:
+            base = naming.module_name(key[0])
+            self.take("act", f"{base}#{key[1] + 1}" if key[1] else base, step, t)
+
+    def params(self, naming, params, kind: str, step: int) -> None:
+        """Gradients (at an optimizer's step(), before the update) or values (at its return)."""
+        for p in params:
+            t = p.grad if kind == "grad" else p
+            if t is not None:
+                self.take(kind, naming.param_name(p), step, t)
 
     def take(self, kind: str, name: str, step: int, t: torch.Tensor) -> None:
         """Keep a copy of ``t`` as ``kind name`` at ``step`` if a rule asks for it."""

@@ -1,4 +1,4 @@
-"""Histograms of tensors at full steps (the layout: nndb.store.histogram).
+"""Histograms of tensors at full steps (the layout: nndb.histogram).
 
 ``of_tensor(t)``: one tensor; on the host through ``of_segments``, on another
 device from its float32 bits with one table lookup and one ``torch.bincount``
@@ -11,7 +11,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..store import histogram as H
+from .. import histogram as H
+from ..store.schema import HIST_BINS
+from . import stats as S
 
 of_segments = H.of_segments
 _LUT: dict = {}          # device -> the lookup table there
@@ -46,4 +48,31 @@ def of_tensor(t: torch.Tensor) -> np.ndarray:
 def of_scalar(v: float) -> np.ndarray:
     out = np.zeros(H.N_BINS, dtype=np.int64)
     out[H.bin_of(v)] = 1
+    return out
+
+
+def add_many(bucket, keys: list, items: list, full: bool) -> None:
+    """Rows (and at a full step histograms) of tensors reduced one by one,
+    into the recorder's bucket."""
+    for key, raw in zip(keys, S.raw_many(items, full)):
+        bucket.add(key, raw)
+    if full:
+        for key, t in zip(keys, items):
+            bucket.add_hist(key, of_tensor(t))
+
+
+def rows_of(b, n: int) -> np.ndarray:
+    """(n, HIST_BINS) histograms of a bucket in its record's row order
+    (entries, then the parameter blocks), -1 rows where a series has none."""
+    out = np.full((n, HIST_BINS), -1, dtype=np.int64)
+    for i, key in enumerate(b.entries):
+        h = b.hists.get(key)
+        if h is not None:
+            out[i] = h
+    at = len(b.entries)
+    for plan, (_, rows) in b.params.items():
+        h = b.param_hists.get(plan)
+        if h is not None and len(h) == len(rows):
+            out[at:at + len(rows)] = h
+        at += len(rows)
     return out

@@ -32,7 +32,7 @@ from typing import Callable, Optional
 import numpy as np
 import torch
 
-from ..store.schema import HIST_BINS, KINDS  # noqa: F401  (KINDS: the kinds of the series recorded here)
+from ..store.schema import KINDS  # noqa: F401  (the kinds of the series recorded here)
 from . import histogram as H
 from . import stats as S
 from .params import ParamPlan, Snapshot
@@ -238,17 +238,11 @@ class StepRecorder:
         ft = self.fulltensors
         return (self.recording and self.acts) or bool(ft is not None and ft.rules and ft.wants("act", self.step))
 
-    def _keep_activation(self, key, output) -> None:
-        t = output if type(output) is torch.Tensor else first_float_tensor(output)
-        if t is not None:
-            base = self.naming.module_name(key[0])
-            self.fulltensors.take("act", f"{base}#{key[1] + 1}" if key[1] else base, self.step, t)
-
     def activation(self, key, output) -> None:
         """``key``: (module, index of this use of the module in the forward pass)."""
         ft = self.fulltensors
         if ft is not None and ft.rules and torch.is_grad_enabled() and ft.wants("act", self.step):
-            self._keep_activation(key, output)
+            ft.activation(self.naming, key, output, self.step)
         if not (self.recording and self.acts) or not torch.is_grad_enabled():
             return
         t = output if type(output) is torch.Tensor else first_float_tensor(output)
@@ -307,19 +301,11 @@ class StepRecorder:
             self._plans[opt] = cached
         return cached[1]
 
-    def _keep_params(self, opt, kind: str) -> None:
-        """Whole gradients (before the update) or values (after it) the rules ask for."""
-        ft = self.fulltensors
-        for p in self._plan(opt).params:
-            t = p.grad if kind == "grad" else p
-            if t is not None:
-                ft.take(kind, self.naming.param_name(p), self.step, t)
-
     def optimizer_pre(self, opt) -> None:
         self._in_step = False
         ft = self.fulltensors
         if ft is not None and ft.rules and ft.wants("grad", self.step):
-            self._keep_params(opt, "grad")
+            ft.params(self.naming, self._plan(opt).params, "grad", self.step)
         if self.recording:
             self._snapshots[id(opt)] = Snapshot(self._plan(opt))
 
@@ -333,7 +319,7 @@ class StepRecorder:
             snap.record(b, self.full)
         ft = self.fulltensors
         if ft is not None and ft.rules and ft.wants("param", self.step):
-            self._keep_params(opt, "param")
+            ft.params(self.naming, self._plan(opt).params, "param", self.step)
 
     def mark(self) -> None:
         """Start a new segment (used while the step clock learns a GAN's iteration)."""
@@ -402,7 +388,7 @@ class StepRecorder:
             if g is not None and not g.is_sparse:
                 keys.append(("param", p, "grad"))
                 items.append(g.detach())
-        _add_many(bucket, keys, items, self.full)
+        H.add_many(bucket, keys, items, self.full)
 
     def _close_manual(self, step, bucket, now, recording, final) -> None:
         """Hand-written updates: step N's value and update are known at the
@@ -425,7 +411,7 @@ class StepRecorder:
             if p.grad is not None and not p.grad.is_sparse:
                 keys.append(("param", p, "grad"))
                 items.append(p.grad.detach())
-        _add_many(bucket, keys, items, self.full)
+        H.add_many(bucket, keys, items, self.full)
         bucket.resolve(self.full)
         if final:
             self._emit(step, bucket, now, partial=True)
@@ -506,32 +492,5 @@ class StepRecorder:
             raws.append(rows)
         raw = np.concatenate(raws) if len(raws) > 1 else raws[0] if raws else np.zeros((0, S.N_RAW))
         return StepRecord(step, now, b.backward_count, b.optimizer_steps, names, raw, partial,
-                          _hists_of(b, len(names)) if (b.hists or b.param_hists) else None)
+                          H.rows_of(b, len(names)) if (b.hists or b.param_hists) else None)
 
-
-def _add_many(bucket: _Bucket, keys: list, items: list, full: bool) -> None:
-    """Rows (and at a full step histograms) of tensors reduced one by one."""
-    for key, raw in zip(keys, S.raw_many(items, full)):
-        bucket.add(key, raw)
-    if full:
-        for key, t in zip(keys, items):
-            bucket.add_hist(key, H.of_tensor(t))
-
-
-def _hists_of(b: _Bucket, n: int) -> Optional[np.ndarray]:
-    """(n, HIST_BINS) histograms in the record's row order (entries, then the
-    parameter blocks), -1 rows where a series has none; None off full steps."""
-    if not (b.hists or b.param_hists):
-        return None
-    out = np.full((n, HIST_BINS), -1, dtype=np.int64)
-    for i, key in enumerate(b.entries):
-        h = b.hists.get(key)
-        if h is not None:
-            out[i] = h
-    at = len(b.entries)
-    for plan, (_, rows) in b.params.items():
-        h = b.param_hists.get(plan)
-        if h is not None and len(h) == len(rows):
-            out[at:at + len(rows)] = h
-        at += len(rows)
-    return out

@@ -1,6 +1,6 @@
 """Whole tensors over time and their distributions: ``record full`` (which
 tensors the run keeps whole from now on) and ``compare`` (two histograms of
-one series from the trace).  The data is nndb.distributions'; the rules
+one series from the trace).  The data is nndb.store.distributions'; the rules
 nndb.tracer.fulltensors'."""
 from __future__ import annotations
 
@@ -86,7 +86,7 @@ def _compare_arg(text: str):
             raise CommandError("--checkpoints needs K")
         checkpoints = P.parse_int(words[i + 1], "--checkpoints")
         del words[i:i + 2]
-    from ...distributions import parse_kind
+    from ...store.distributions import parse_kind
     try:
         kind = parse_kind(words[0]) if words else None
     except NndbError as e:
@@ -114,7 +114,7 @@ def _checkpoint_steps(s) -> list:
 
 def _compare(s, arg):
     kind, name, steps, k, png = arg
-    from ... import distributions as D
+    from ...store import distributions as D
     from ...render.distributions import compare as render
     if not s.trace_path:
         raise CommandError("no trace yet: nothing has been recorded")
