@@ -64,8 +64,11 @@ _nndb() {
             --series) return ;;
             --stat) COMPREPLY=($(compgen -W "count mean std min max norm mean_abs nan_count inf_count zero_frac" -- "$cur")); return ;;
             --kind) COMPREPLY=($(compgen -W "param grad update act loss" -- "$cur")); return ;;
+            --tensor) return ;;
+            --step) return ;;
+            --npy) COMPREPLY=($(compgen -f -- "$cur")); return ;;
         esac
-        if [[ $cur == -* ]]; then COMPREPLY=($(compgen -W "--series --stat --kind --json -h --help" -- "$cur"));
+        if [[ $cur == -* ]]; then COMPREPLY=($(compgen -W "--series --stat --kind --json --tensor --step --npy -h --help" -- "$cur"));
         else COMPREPLY=($(compgen -f -- "$cur")); fi ;;
     plot)
         case "$prev" in
@@ -84,7 +87,7 @@ _nndb() {
         for ((j = i + 1; j < COMP_CWORD; j++)); do
             if ((skip)); then skip=0; continue; fi
             case "${COMP_WORDS[j]}" in
-                --trace|--every|--steps|--full-every|--act-every|--flush-every|--flush-secs|-x|-e|--eval-command|--report|--rules|--replica|--total-steps|--checkpoint-every|--checkpoint-memory|--lineage|--export|--nproc-per-node|--nnodes|--node-rank|--rdzv-backend|--rdzv-endpoint|--rdzv-id|--rdzv-conf|--master-addr|--master-port|--hang-timeout) skip=1 ;;
+                --trace|--every|--steps|--full-every|--act-every|--flush-every|--flush-secs|-x|-e|--eval-command|--report|--rules|--replica|--total-steps|--checkpoint-every|--checkpoint-memory|--lineage|--record-full|--full-tensors-every|--precision|--full-tensors-buffer|--export|--nproc-per-node|--nnodes|--node-rank|--rdzv-backend|--rdzv-endpoint|--rdzv-id|--rdzv-conf|--master-addr|--master-port|--hang-timeout) skip=1 ;;
                 -m) ((j + 1 < COMP_CWORD)) && { COMPREPLY=($(compgen -f -- "$cur")); return; } ;;
                 -*) ;;
                 *) COMPREPLY=($(compgen -f -- "$cur")); return ;;
@@ -108,6 +111,10 @@ _nndb() {
             --checkpoint-every) return ;;
             --checkpoint-memory) return ;;
             --lineage) return ;;
+            --record-full) return ;;
+            --full-tensors-every) return ;;
+            --precision) COMPREPLY=($(compgen -W "fp16 bf16 fp32" -- "$cur")); return ;;
+            --full-tensors-buffer) return ;;
             --export) return ;;
             --nproc-per-node) return ;;
             --nnodes) return ;;
@@ -120,7 +127,7 @@ _nndb() {
             --master-port) return ;;
             --hang-timeout) return ;;
         esac
-        if [[ $cur == -* ]]; then COMPREPLY=($(compgen -W "-m --trace --force --every --steps --full-every --act-every --flush-every --flush-secs -q --quiet --batch --run -x -e --eval-command --nx --report --rules --replica --total-steps --checkpoint-every --checkpoint-memory --lineage --export --nproc-per-node --nnodes --node-rank --rdzv-backend --rdzv-endpoint --rdzv-id --rdzv-conf --master-addr --master-port --hang-timeout -h --help" -- "$cur"));
+        if [[ $cur == -* ]]; then COMPREPLY=($(compgen -W "-m --trace --force --every --steps --full-every --act-every --flush-every --flush-secs -q --quiet --batch --run -x -e --eval-command --nx --report --rules --replica --total-steps --checkpoint-every --checkpoint-memory --lineage --record-full --full-tensors-every --precision --full-tensors-buffer --export --nproc-per-node --nnodes --node-rank --rdzv-backend --rdzv-endpoint --rdzv-id --rdzv-conf --master-addr --master-port --hang-timeout -h --help" -- "$cur"));
         else COMPREPLY=($(compgen -f -- "$cur")); fi ;;
     trust)
         case "$prev" in

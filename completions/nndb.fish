@@ -45,6 +45,9 @@ complete -c nndb -n '__fish_seen_subcommand_from inspect' -l series -x -d 'Print
 complete -c nndb -n '__fish_seen_subcommand_from inspect' -l stat -x -a 'count mean std min max norm mean_abs nan_count inf_count zero_frac' -d 'The statistic --series prints'
 complete -c nndb -n '__fish_seen_subcommand_from inspect' -l kind -x -a 'param grad update act loss' -d 'With --series: only this kind'
 complete -c nndb -n '__fish_seen_subcommand_from inspect' -l json -d 'Print one JSON object instead of text'
+complete -c nndb -n '__fish_seen_subcommand_from inspect' -l tensor -x -d 'A whole tensor kept by --record-full, or a histogram, at --step'
+complete -c nndb -n '__fish_seen_subcommand_from inspect' -l step -x -d 'With --tensor: the step'
+complete -c nndb -n '__fish_seen_subcommand_from inspect' -l npy -r -F -d 'With --tensor: write the kept tensor to OUT.npy (numpys format)'
 complete -c nndb -n '__fish_seen_subcommand_from inspect' -s h -l help -d 'Show the help and exit'
 complete -c nndb -n '__fish_seen_subcommand_from inspect' -F
 complete -c nndb -n '__fish_use_subcommand' -a plot -d 'Draw a picture of TRACE: a heat map of a statistic per layer and step
@@ -83,6 +86,10 @@ complete -c nndb -n '__fish_seen_subcommand_from run' -l total-steps -x -d 'The 
 complete -c nndb -n '__fish_seen_subcommand_from run' -l checkpoint-every -x -d 'Take a checkpoint every N steps or every N seconds of run time (else the schedules)'
 complete -c nndb -n '__fish_seen_subcommand_from run' -l checkpoint-memory -x -d 'The memory all checkpoints may hold, as their PSS (512M, 2G, 25%%); default a quarter of the memory available at start'
 complete -c nndb -n '__fish_seen_subcommand_from run' -l lineage -x -d 'Record the operation lineage of these steps: N, A:B (B excluded), N,M or all'
+complete -c nndb -n '__fish_seen_subcommand_from run' -l record-full -x -d 'Keep whole tensors in the trace: KIND param, grad or act, GLOB of names (grad:conv*; repeatable)'
+complete -c nndb -n '__fish_seen_subcommand_from run' -l full-tensors-every -x -d 'With --record-full: every N-th step (default: every step)'
+complete -c nndb -n '__fish_seen_subcommand_from run' -l precision -x -a 'fp16 bf16 fp32' -d 'With --record-full: how whole tensors are stored (default fp16; a tensor it cannot hold within its stated error falls back to a wider one)'
+complete -c nndb -n '__fish_seen_subcommand_from run' -l full-tensors-buffer -x -d 'With --record-full: the most MiB of whole tensors waiting for a write (default 256); a steps tensor over it is skipped and said'
 complete -c nndb -n '__fish_seen_subcommand_from run' -l export -x -d 'Stream each steps statistics and the findings to TensorBoard or MLflow while the run goes (repeatable); an unreachable store is one warning, and the run goes on'
 complete -c nndb -n '__fish_seen_subcommand_from run' -l nproc-per-node -x -d 'Start a distributed job of N workers on this node through torchruns launcher (torch.distributed.run), each running SCRIPT under nndb; the torchrun flags below mean what they mean to torchrun'
 complete -c nndb -n '__fish_seen_subcommand_from run' -l nnodes -x -d 'torchruns --nnodes'

@@ -10,6 +10,7 @@ import click
 from .version import __version__
 from .errors import EXIT_FAIL_ACTION, EXIT_INTERNAL, EXIT_OK, EXIT_SIGINT, NndbError, UsageError
 from .numbers import to_json
+from .runsetup import export_to, full_rules, launch_options, own_paths, run_setup
 from .safetext import printable
 from .store.schema import KINDS as KIND_CHOICES, STAT_NAMES as STAT_CHOICES  # (a leaf: no torch, no h5py)
 
@@ -81,6 +82,17 @@ def cli():
                    "memory available at start.")
 @click.option("--lineage", "lineage", metavar="STEPS",
               help="Record the operation lineage of these steps: N, A:B (B excluded), N,M or all.")
+@click.option("--record-full", "record_full", multiple=True, metavar="KIND:GLOB",
+              help="Keep whole tensors in the trace: KIND param, grad or act, GLOB of names "
+                   "('grad:conv*'; repeatable).")
+@click.option("--full-tensors-every", "full_tensors_every", type=int, metavar="N",
+              help="With --record-full: every N-th step (default: every step).")
+@click.option("--precision", "precision", type=click.Choice(["fp16", "bf16", "fp32"]), default=None,
+              help="With --record-full: how whole tensors are stored (default fp16; a tensor it cannot "
+                   "hold within its stated error falls back to a wider one).")
+@click.option("--full-tensors-buffer", "full_tensors_buffer", type=click.FloatRange(min=0), metavar="MIB",
+              help="With --record-full: the most MiB of whole tensors waiting for a write (default 256); "
+                   "a step's tensor over it is skipped and said.")
 @click.option("--export", "exports", multiple=True, metavar="tensorboard:DIR|mlflow[:URI]",
               help="Stream each step's statistics and the findings to TensorBoard or MLflow while the run "
                    "goes (repeatable); an unreachable store is one warning, and the run goes on.")
@@ -104,7 +116,8 @@ def cli():
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def run(module, trace_path, force, every, steps_range, full_every, act_every, flush_steps, flush_secs, quiet,
         batch, go, command_files, eval_commands, nx, report_path, rules, replica, total_steps,
-        checkpoint_every, checkpoint_memory, lineage, exports, nproc_per_node, nnodes, node_rank, rdzv_backend,
+        checkpoint_every, checkpoint_memory, lineage, record_full, full_tensors_every, precision,
+        full_tensors_buffer, exports, nproc_per_node, nnodes, node_rank, rdzv_backend,
         rdzv_endpoint, rdzv_id, rdzv_conf, master_addr, master_port, hang_timeout, script, args):
     """Run SCRIPT [ARGS]... (or -m MODULE [ARGS]...) under the debugger, as
     Python would, recording per-step tensor statistics into an HDF5 trace.
@@ -120,15 +133,16 @@ def run(module, trace_path, force, every, steps_range, full_every, act_every, fl
     where = job.place()
     link = None
     try:
-        launch = _launch_options(ctx, nproc_per_node, nnodes, node_rank, rdzv_backend, rdzv_endpoint, rdzv_id,
-                                 rdzv_conf, master_addr, master_port, hang_timeout)
+        launch = launch_options(ctx.params, lambda f: ctx.get_parameter_source(f)
+                                == click.core.ParameterSource.COMMANDLINE)
         if where.distributed and trace_path:
             trace_path = job.rank_trace(trace_path, where)      # (never one file for all ranks)
         if where.distributed and report_path:
             report_path = job.rank_trace(report_path, where)
         from .config import RecordSchedule
         RecordSchedule.parse(every, steps_range, full_every, act_every)     # (a bad value fails before any rank)
-        paths = _own_paths(target, trace_path, force, report_path, command_files, rules)
+        full_rules(record_full, full_tensors_every, precision, full_tensors_buffer)
+        paths = own_paths(target, trace_path, force, report_path, command_files, rules)
         if launch is not None:
             from .dist.launch import start_job
             interactive = not (batch or not sys.stdin.isatty())
@@ -152,8 +166,8 @@ def run(module, trace_path, force, every, steps_range, full_every, act_every, fl
             link.agreement = agreement
         else:
             batch = batch or not sys.stdin.isatty()
-        config, options = run_setup(ctx.params, batch, _stderr_is_terminal() and not where.distributed, paths,
-                                    replica=replica, replica_off_reason=off_reason,
+        config, options = run_setup(ctx.params, target, batch, _stderr_is_terminal() and not where.distributed,
+                                    paths, replica=replica, replica_off_reason=off_reason,
                                     companions=(link,) if link else (), agreement=agreement)
         result = debug(config, options, frontend or _frontend(interactive=not batch))
     except NndbError as e:
@@ -165,29 +179,17 @@ def run(module, trace_path, force, every, steps_range, full_every, act_every, fl
     sys.exit(result.exit_code)
 
 
-def run_setup(p: dict, batch: bool, progress: bool, paths=None, **overrides):
-    """``nndb run``'s options (click's parameters ``p``) as the run's
-    RunConfig and DebugOptions, every path checked before the script starts
-    (``paths``: the (trace, report, trace directory) ``_own_paths`` gave,
-    when the caller checked them already).  ``%nndb run`` in a notebook
-    parses its line with this same command and builds its run here too
-    (``overrides``: the DebugOptions a kernel, or a rank, sets)."""
-    from .config import RecordSchedule, RunConfig
-    from .debugger.driver import DebugOptions
-
-    target = _target(p["module"], p["script"], p["args"])
-    schedule = RecordSchedule.parse(p["every"], p["steps_range"], p["full_every"], p["act_every"])
-    trace_path, report_path, trace_dir = paths or _own_paths(target, p["trace_path"], p["force"], p["report_path"],
-                                                             p["command_files"], p["rules"])
-    export_targets = _export_targets(p["exports"])
-    config = RunConfig(target, trace_path, schedule, p["flush_steps"], p["flush_secs"], p["quiet"], trace_dir)
-    options = dict(batch=batch, stop_at_start=not p["go"], command_files=p["command_files"],
-                   eval_commands=p["eval_commands"], no_rc=p["nx"], report=report_path, rules=p["rules"],
-                   replica=p["replica"], total_steps=p["total_steps"], lineage=p["lineage"],
-                   checkpoint_every=p["checkpoint_every"], checkpoint_memory=p["checkpoint_memory"],
-                   exports=export_targets, progress=progress)
-    options.update(overrides)
-    return config, DebugOptions(**options)
+def parse_run_line(words: list, prog: str):
+    """``nndb run``'s arguments parsed by its own command, outside the CLI
+    (``%nndb run``): (params, target), None after --help (printed); a bad
+    line is a UsageError."""
+    try:
+        p = run.make_context(prog, list(words)).params
+        return p, _target(p["module"], p["script"], p["args"])
+    except click.exceptions.Exit:
+        return None
+    except click.ClickException as e:
+        raise UsageError(e.format_message()) from None
 
 
 def _console_frontend():
@@ -200,50 +202,11 @@ def _message(text: str) -> None:
     click.echo(printable(text), err=True)
 
 
-_LAUNCH_FLAGS = ("nnodes", "node_rank", "rdzv_backend", "rdzv_endpoint", "rdzv_id", "rdzv_conf", "master_addr",
-                 "master_port", "hang_timeout")
-
-
-def _launch_options(ctx, nproc_per_node, nnodes, node_rank, rdzv_backend, rdzv_endpoint, rdzv_id, rdzv_conf,
-                    master_addr, master_port, hang_timeout):
-    """torchrun's flags -> nndb.dist.front.LaunchOptions (None: no --nproc-per-node)."""
-    if nproc_per_node is None:
-        given = [f for f in _LAUNCH_FLAGS
-                 if ctx.get_parameter_source(f) == click.core.ParameterSource.COMMANDLINE]
-        if given:
-            raise UsageError(f"--{given[0].replace('_', '-')} goes with --nproc-per-node N")
-        return None
-    from .dist.front import LaunchOptions, check_options
-    o = LaunchOptions(nproc_per_node, nnodes, node_rank, rdzv_backend, rdzv_endpoint, rdzv_id, rdzv_conf,
-                      master_addr, master_port, 0, hang_timeout)
-    check_options(o)
-    return o
-
-
 def _stderr_is_terminal() -> bool:
     try:
         return sys.stderr.isatty()
     except (AttributeError, ValueError):
         return False
-
-
-def _export_targets(specs) -> tuple:
-    """--export values, checked before the script runs (the extra installed, the directory writable)."""
-    if not specs:
-        return ()
-    from .export.targets import parse_spec
-    return tuple(parse_spec(s) for s in specs)
-
-
-def _own_paths(target, trace_path, force, report_path, command_files, rules):
-    """The files nndb writes, absolute and checked before the script starts (nndb.paths)."""
-    from . import paths
-    trace_path = paths.resolve_trace(trace_path, force)
-    report_path = paths.resolve_report(report_path)
-    trace_dir = None if trace_path else paths.default_dir_writable("nndb-runs")
-    inputs = tuple(command_files) + ((rules,) if rules not in (None, "default", "none") else ())
-    paths.check_distinct(target.file, trace_path, report_path, inputs)
-    return trace_path, report_path, trace_dir
 
 
 @cli.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
@@ -314,20 +277,12 @@ def fuzz(module, step, until, against, tolerance, budget, layers, seed, random_s
     (the script ended before step N, no model or loss seen), 130 at Ctrl-C."""
     from .preload import maybe_restart
     maybe_restart("fork")
-    import shlex
     import tempfile
-    from .fuzzrun import run_fuzz_batch
+    from .fuzzrun import command_line, run_fuzz_batch
     from .launcher import prepare
 
     target = _target(module, script, args)
-    words = ["fuzz", "--until", until, "--budget", str(budget), "--seed", str(seed), "--scale", repr(scale)]
-    for flag, value in (("--against", against), ("--tolerance", tolerance), ("--layers", layers),
-                        ("--threshold", threshold), ("--save", save)):
-        if value is not None:
-            words += [flag, str(value)]
-    if random_search:
-        words.append("--random")
-    line = " ".join(shlex.quote(w) for w in words)
+    line = command_line(click.get_current_context().params)
     try:
         prepare(target)
         report, code = run_fuzz_batch(target, step, line, as_json, tempfile.gettempdir())
@@ -365,15 +320,27 @@ def trust(directory, force):
               help="The statistic --series prints.")
 @click.option("--kind", type=click.Choice(KIND_CHOICES), help="With --series: only this kind.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
-def inspect(trace, series_name, stat, kind, as_json):
+@click.option("--tensor", "tensor_spec", metavar="KIND:NAME",
+              help="A whole tensor kept by --record-full, or a histogram, at --step.")
+@click.option("--step", "tensor_step", type=int, metavar="N", help="With --tensor: the step.")
+@click.option("--npy", "npy_path", metavar="OUT.npy", type=click.Path(dir_okay=False),
+              help="With --tensor: write the kept tensor to OUT.npy (numpy's format).")
+def inspect(trace, series_name, stat, kind, as_json, tensor_spec, tensor_step, npy_path):
     """Print a trace's metadata, step count and recorded tensors."""
     from . import inspect as queries
     from .render import text
     from .store.reader import TraceReader
 
     try:
+        if (tensor_step is not None or npy_path) and not tensor_spec:
+            raise UsageError("--step and --npy go with --tensor KIND:NAME")
         with TraceReader(trace) as reader:
-            if series_name:
+            if tensor_spec:
+                if tensor_step is None:
+                    raise UsageError("--tensor needs --step N")
+                data = queries.tensor_at(reader, tensor_spec, tensor_step, npy_path)
+                out = to_json(data) if as_json else text.tensor_at(data)
+            elif series_name:
                 data = queries.series(reader, series_name, stat, kind)
                 out = to_json(data) if as_json else text.series(data)
             else:
@@ -443,23 +410,12 @@ def export(trace, tb_dir, mlflow_uri, experiment, run_name, rules):
         with TraceReader(trace) as reader:
             findings = trace_findings(reader, rules)
             for t in targets:
-                done = _export_to(reader, t, findings)
-                click.echo(printable(f"nndb: exported {done.points} value(s) in {done.tags} tag(s) and "
+                done = export_to(reader, t, findings)
+                hists = f", {done.histograms} histogram(s)" if done.histograms else ""
+                click.echo(printable(f"nndb: exported {done.points} value(s) in {done.tags} tag(s){hists} and "
                                      f"{done.findings} finding(s) to {done.target}"))
     except NndbError as e:
         _fail(e)
-
-
-def _export_to(reader, target, findings):
-    """One export; a store that refuses it (unreachable, read-only) is one line, exit 2."""
-    from .export.offline import export_trace
-    try:
-        return export_trace(reader, target.open(), findings, target.label)
-    except NndbError:
-        raise
-    except Exception as e:
-        first = (str(e).strip().splitlines() or [""])[0][:200]
-        raise UsageError(f"cannot export to {target.label}: {type(e).__name__}: {first}") from None
 
 
 @cli.command()

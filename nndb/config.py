@@ -22,6 +22,8 @@ class RunConfig:
     flush_secs: float = 2.0
     quiet: bool = False
     trace_dir: Optional[str] = None     # where the default trace goes (absolute; else ./nndb-runs)
+    full_rules: tuple = ()              # --record-full: nndb.tracer.fulltensors.FullRule, in order
+    full_max_bytes: Optional[int] = None   # --full-tensors-buffer (bytes); None: the default bound
 
 
 def default_trace_path(target: Target, directory: str = "nndb-runs", where=None) -> str:

@@ -63,3 +63,17 @@ def run_fuzz_batch(target, step: int, line: str, as_json: bool, tmp_root: str) -
         return {"error": why}, EXIT_USAGE
     report = reports[-1]
     return report, EXIT_FOUND if report.get("found") else EXIT_OK
+
+
+def command_line(p: dict) -> str:
+    """``nndb fuzz``'s options (click's parameters) as the prompt's ``fuzz`` command line."""
+    import shlex
+    words = ["fuzz", "--until", p["until"], "--budget", str(p["budget"]), "--seed", str(p["seed"]),
+             "--scale", repr(p["scale"])]
+    for flag, key in (("--against", "against"), ("--tolerance", "tolerance"), ("--layers", "layers"),
+                      ("--threshold", "threshold"), ("--save", "save")):
+        if p[key] is not None:
+            words += [flag, str(p[key])]
+    if p["random_search"]:
+        words.append("--random")
+    return " ".join(shlex.quote(w) for w in words)

@@ -77,3 +77,39 @@ def series(reader: TraceReader, name: str, stat: str, kind: Optional[str] = None
         out.append({"kind": s.kind, "steps": [int(x) for x in steps],
                     "values": measured_column(block, stat, reader.columns)})
     return {"trace": reader.path, "name": name, "stat": stat, "series": out}
+
+
+def tensor_at(reader: TraceReader, spec: str, step: int, npy_path: Optional[str] = None) -> dict:
+    """A whole tensor kept at ``step`` (saved to ``npy_path`` if given) and
+    its histogram there, whichever the trace has; UsageError if neither."""
+    from .store import distributions as D
+    kind, name = D.parse_tensor_spec(spec)
+    out: dict = {"name": name, "kind": kind, "step": step, "tensor": None, "histogram": None}
+    why = []
+    if kind in D.FULL_KINDS and reader.full_entry(name, kind, step) is not None:
+        arr, entry = D.full_tensor(reader, name, kind, step)
+        out["tensor"] = D.tensor_info(entry)
+        if npy_path:
+            try:
+                with open(npy_path, "wb") as fh:
+                    np.save(fh, arr, allow_pickle=False)
+            except OSError as e:
+                raise UsageError(f"cannot write {npy_path}: {e.strerror or e}") from None
+            out["tensor"]["npy"] = npy_path
+    else:
+        try:
+            D.full_tensor(reader, name, kind, step)
+        except UsageError as e:
+            why.append(str(e))
+        if npy_path:
+            raise UsageError(why[0] if why else f"the trace keeps no whole tensor of {kind} {name}")
+    if reader.histogram(name, kind, step) is not None:
+        out["histogram"] = D.describe(reader.histogram(name, kind, step), step)
+        out["note"] = D.APPROX_NOTE
+    elif out["tensor"] is None:
+        try:
+            D.histogram(reader, name, kind, step)
+        except UsageError as e:
+            why.append(str(e))
+        raise UsageError("; ".join(why))
+    return out

@@ -24,6 +24,7 @@ from .store.writer import TraceWriter
 from .tracer.hooks import Tracer
 from .tracer.naming import Naming
 from .tracer.pipeline import CallAtStepEnd, Pipeline, WriteOptimizers, WriteRecords
+from .tracer.fulltensors import FullTensors
 from .tracer.recorder import StepRecorder
 
 
@@ -149,13 +150,16 @@ class Recording:
         self.meta = meta
         self.target = config.target
         self.message = message
-        self.writer = TraceWriter(path, meta, config.flush_steps, config.flush_secs, on_error=message)
+        self.writer = TraceWriter(path, meta, config.flush_steps, config.flush_secs, on_error=message,
+                                  full_max_bytes=config.full_max_bytes)
         self.naming = Naming()
         self.pipeline = Pipeline([WriteRecords(self.writer)], on_error=message)
         self.listeners = self.pipeline.listeners
         if on_step_end is not None:
             self.listeners.append(CallAtStepEnd(on_step_end))
         self.recorder = StepRecorder(self.naming, self.pipeline.closed, config.schedule)
+        # Whole tensors (--record-full; the prompt's ``record full`` changes the rules)
+        self.recorder.fulltensors = FullTensors(config.full_rules, self.writer.full_tensor)
         self.tracer = Tracer(self.recorder, self.naming, on_step_end=self.pipeline.step_ended,
                              on_error=self._tracer_failed)
         # What the rules read besides the statistics, kept in the trace for nndb check-trace.

@@ -20,6 +20,13 @@ step and activations are recorded on every step.
     python scripts/bench.py --catch --pairs 5    # catch nan against detect_anomaly (mlp, cnn)
     python scripts/bench.py --ranks 2 --pairs 5  # 2 DDP ranks: all-stop agreement off / on (cnn)
 
+Workload ``cnn_fullgrad`` is the CNN keeping its conv layers' gradients
+whole every 10 steps in fp16 (``--record-full 'grad:conv*'
+--full-tensors-every 10 --precision fp16``; FULL_RULES): compare its trace
+bytes per step and ratio with ``cnn``'s.
+
+    python scripts/bench.py --workload cnn --workload cnn_fullgrad
+
 Targets (default recording): cnn <= 1.10x, mlp <= 1.5x; with ``--lineage all``
 (the op recorder on every step): cnn <= 2x the plain step.
 
@@ -145,7 +152,17 @@ def transformer(seed):
 # loop runs about 3 s, long enough to pay for the aftermath of the first
 # checkpoint (taken in the warm-up) and for some of the later ones.
 WORKLOADS = {"mlp": (mlp, 2400, 600), "cnn": (cnn, 150, 60), "lstm": (lstm, 400, 100),
-             "transformer": (transformer, 250, 100)}
+             "transformer": (transformer, 250, 100), "cnn_fullgrad": (cnn, 150, 60)}
+# Workloads that also keep whole tensors (nndb run --record-full ...): the CNN
+# keeps its conv layers' gradients (SmallCNN's convs are features.0, .4 and .8:
+# 'grad:conv*' in a model that names them conv) every 10 steps in fp16, i.e.
+# --record-full 'grad:features.[048].*' --full-tensors-every 10 --precision fp16.
+FULL_RULES = {"cnn_fullgrad": (("grad:features.[048].*", 10, "fp16"),)}
+
+
+def _full_rules(name):
+    from nndb.tracer.fulltensors import parse_rule
+    return tuple(parse_rule(spec, every, precision) for spec, every, precision in FULL_RULES.get(name, ()))
 
 
 def train(model, opt, crit, data, steps):
@@ -189,19 +206,21 @@ def _session(rec, path, frontend=None):
     return session
 
 
-def _recording(schedule, tmpdir, flush_secs=None):
+def _recording(schedule, tmpdir, flush_secs=None, full_rules=()):
     """What `nndb run --batch` adds to the loop: the recorder, the debugger
-    session (no commands), the rules and time travel's checkpoints."""
+    session (no commands), the rules and time travel's checkpoints (and the
+    whole tensors of ``full_rules``, as --record-full)."""
     path = os.path.join(tmpdir, f"bench-{time.monotonic_ns()}.h5")
     meta = runmeta.collect(Target(path="bench.py"), schedule.describe())
-    config = RunConfig(Target(path="bench.py"), path, schedule)
+    config = RunConfig(Target(path="bench.py"), path, schedule, full_rules=tuple(full_rules))
     if flush_secs is not None:
         config.flush_secs = flush_secs
     rec = Recording(path, meta, config, message=lambda m: print(m, file=sys.stderr))
     return rec, _session(rec, path), path
 
 
-def timed_loop(build, steps, recorded, schedule, tmpdir, seed=0, arm=None, around=contextlib.nullcontext):
+def timed_loop(build, steps, recorded, schedule, tmpdir, seed=0, arm=None, around=contextlib.nullcontext,
+               full_rules=()):
     """Seconds for ``steps`` steps after WARMUP untimed ones (both under the
     recorder when ``recorded``), the final loss, trace bytes per step, and the
     seconds the warm-up took (where nndb's one-time costs fall: naming the
@@ -211,7 +230,7 @@ def timed_loop(build, steps, recorded, schedule, tmpdir, seed=0, arm=None, aroun
     model, opt, crit, data = build(seed)
     rec, path = None, None
     if recorded:
-        rec, session, path = _recording(schedule, tmpdir)
+        rec, session, path = _recording(schedule, tmpdir, full_rules=full_rules)
         if arm is not None:
             arm(session)
         rec.__enter__()
@@ -241,7 +260,8 @@ def bench(name, pairs, schedule, tmpdir, scale=1.0):
         order = (False, True) if i % 2 == 0 else (True, False)
         times, warm = {}, {}
         for recorded in order:
-            elapsed, loss, size, warm[recorded] = timed_loop(build, steps, recorded, schedule, tmpdir)
+            elapsed, loss, size, warm[recorded] = timed_loop(build, steps, recorded, schedule, tmpdir,
+                                                             full_rules=_full_rules(name))
             times[recorded] = elapsed
             if size is not None:
                 sizes.append(size)
@@ -357,7 +377,7 @@ def _instructions_child(name, recorded, steps, schedule):
     with tempfile.TemporaryDirectory() as tmpdir:
         rec = None
         if recorded:
-            rec, session, _ = _recording(schedule, tmpdir, flush_secs=float("inf"))
+            rec, session, _ = _recording(schedule, tmpdir, flush_secs=float("inf"), full_rules=_full_rules(name))
             rec.__enter__()
         train(model, opt, crit, data, WARMUP)
         _callgrind(True)

@@ -67,11 +67,13 @@ def test_tensorboard_holds_every_value_of_the_trace(nan_trace, tmp_path):
     out = tmp_path / "tb"
     res = export(nan_trace, "--tensorboard", str(out))
     assert res.exit_code == 0, res.output
-    acc = ea.EventAccumulator(str(out), size_guidance={ea.SCALARS: 0, ea.TENSORS: 0})
+    acc = ea.EventAccumulator(str(out), size_guidance={ea.SCALARS: 0, ea.TENSORS: 0, ea.HISTOGRAMS: 0})
     acc.Reload()
     want = expected_values(nan_trace)
     assert set(acc.Tags()["scalars"]) == set(want)
-    assert acc.Tags()["histograms"] == []           # a trace holds none
+    with TraceReader(nan_trace) as r:           # the trace's histograms (full steps), each series' own tag
+        want_hists = {f"{s.kind}/{s.name}/hist" for s in r.series() if r.histogram_steps(s.name, s.kind)}
+    assert want_hists and set(acc.Tags()["histograms"]) <= want_hists
     n = 0
     for tag, pts in want.items():
         got = {e.step: e.value for e in acc.Scalars(tag)}
@@ -80,7 +82,9 @@ def test_tensorboard_holds_every_value_of_the_trace(nan_trace, tmp_path):
             with np.errstate(over="ignore"):
                 assert got[step] == float(np.float32(v)), (tag, step)
             n += 1
-    assert f"exported {n} value(s) in {len(want)} tag(s) and 3 finding(s)" in res.output
+    hists = sum(len(acc.Histograms(t)) for t in acc.Tags()["histograms"])
+    assert hists > 0
+    assert f"exported {n} value(s) in {len(want)} tag(s), {hists} histogram(s) and 3 finding(s)" in res.output
     assert math.isinf(dict((e.step, e.value) for e in acc.Scalars("loss/value"))[6])
     # the findings, as text at their steps
     texts = {e.step: e.tensor_proto.string_val[0].decode() for e in acc.Tensors("findings/text_summary")}

@@ -64,17 +64,18 @@ def test_cli_choices_match_the_trace_schema():
 # the API; everything else of nndb's that is not listed is on the base floor.
 FLOORS = [
     ("cli and the Python API", ("nndb.cli", "nndb.__main__", "nndb.paths", "nndb.checkrun", "nndb.api",
-                                "nndb.__init__", "nndb.notebook")),
-    ("driver", ("nndb.debugger.driver",)),
+                                "nndb.__init__", "nndb.notebook", "nndb.fuzzrun",
+                                "nndb.runsetup")),
+    ("driver", ("nndb.debugger.driver", "nndb.dist")),
     ("front ends", ("nndb.repl", "nndb.debugger.frontend", "nndb.debugger.report", "nndb.inspect",
                     "nndb.api.trace")),
     ("commands and renderers", ("nndb.debugger.commands", "nndb.debugger.rcfiles", "nndb.render", "nndb.plot")),
-    ("time travel", ("nndb.timetravel",)),
+    ("time travel", ("nndb.timetravel", "nndb.fuzz")),
     ("debugger engine", ("nndb.debugger",)),
     ("recording", ("nndb.runner", "nndb.check", "nndb.launcher", "nndb.runmeta", "nndb.config", "nndb.export")),
     ("rules, lineage, store", ("nndb.rules", "nndb.lineage", "nndb.store")),
     ("tracer", ("nndb.tracer",)),
-    ("base", ("nndb.errors", "nndb.cadence", "nndb.preload", "nndb.store.schema", "nndb")),
+    ("base", ("nndb.errors", "nndb.cadence", "nndb.preload", "nndb.store.schema", "nndb.dist.job", "nndb")),
 ]
 
 

@@ -131,14 +131,17 @@ def test_parameter_block_equals_the_general_path():
     def block(full, grads=True):
         before[:] = saved
         return plan.block(before, full, grads)
-    with_grads, rows = block(True)
+    with_grads, rows, hists = block(True)
     assert with_grads
     np.testing.assert_allclose(S.finalize_many(rows), want, rtol=1e-6, atol=1e-7)
-    _, norm_rows = block(False)
+    from nndb import histogram as Hs
+    assert np.array_equal(hists, np.stack([Hs.exact(t.detach().numpy()) for t in tensors]))   # full step: histograms
+    _, norm_rows, no_hists = block(False)
+    assert no_hists is None
     norms = S.finalize_column(norm_rows, "norm")
     np.testing.assert_allclose(norms, want[:, S.STAT_NAMES.index("norm")], rtol=1e-6)
     assert np.isnan(S.finalize_column(norm_rows, "mean")).all()
-    _, no_grads = block(False, False)               # hand-written updates: values and updates only
+    _, no_grads, _ = block(False, False)               # hand-written updates: values and updates only
     assert len(no_grads) == 2 * len(params)
     # the general path takes what the block cannot read, with ``before`` intact
     params[0].grad = None
@@ -161,7 +164,7 @@ def test_parameter_block_reads_gradients_of_a_create_graph_backward():
     params = list(lin.parameters())
     assert all(p.grad.requires_grad for p in params)
     plan = ParamPlan(params)
-    _, rows = plan.block(plan.values_before(), False, True)
+    _, rows, _ = plan.block(plan.values_before(), False, True)
     want = [p.grad.detach().double().norm().item() for p in params]
     np.testing.assert_allclose(S.finalize_column(rows, "norm")[-2:], want, rtol=1e-6)
     assert torch.is_grad_enabled() and not any(v.requires_grad for v in plan._grad_dst)

@@ -194,6 +194,31 @@ class Trace:
             out.setdefault(kind, {})[name] = dict(zip(cols, measured_values(row, cols)))
         return out
 
+    def tensor(self, name: str, kind: str = "grad", step: int = 0) -> np.ndarray:
+        """The whole tensor ``kind name`` as it was at ``step``, if the run kept
+        it (``nndb run --record-full KIND:GLOB``): read chunk by chunk from the
+        file, decoded to the tensor's dtype (within the stored precision's
+        error: ``full_tensors()`` says which); UsageError if it was not kept."""
+        from ..store.distributions import full_tensor
+        return full_tensor(self._reader, name, K.KIND_WORDS.get(kind, kind), int(step))[0]
+
+    def full_tensors(self) -> list:
+        """Every kept whole tensor: dicts of name, kind, step, shape, dtype, the
+        precision asked and stored, and that precision's largest relative error."""
+        from ..store.distributions import tensor_info
+        return [tensor_info(e) for e in self._reader.full_index()]
+
+    def histogram(self, name: str, kind: str = "grad", step: int = 0) -> np.ndarray:
+        """The histogram of ``kind name`` at a full step: 200 counts in value
+        order (nndb.histogram: NaN, -Inf, negative half-binades, exact
+        zeros, positive half-binades, +Inf); UsageError if there is none."""
+        from ..store.distributions import histogram
+        return histogram(self._reader, name, K.KIND_WORDS.get(kind, kind), int(step))
+
+    def histogram_steps(self, name: str, kind: str = "grad") -> list:
+        """The steps at which ``kind name`` has a histogram."""
+        return self._reader.histogram_steps(name, K.KIND_WORDS.get(kind, kind))
+
     def lineage(self, step: int) -> Optional[dict]:
         """The operations recorded at ``step`` (docs/lineage.md), or None where
         the step's lineage was not recorded (``nndb run --lineage STEPS``)."""

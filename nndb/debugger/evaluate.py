@@ -230,6 +230,43 @@ class StatTable(dict):
         raise CommandError(f"no {self.kind} tensor named '{key}' at this step")
 
 
+class FullLookup:
+    """``$full['NAME', STEP]``: a whole tensor the trace keeps (``record full``,
+    ``--record-full``), as a torch tensor, read from the trace when asked.
+    NAME may carry its kind (``'grad:conv1.weight'``); without one, the one
+    kind kept under that name."""
+
+    def __init__(self, reader_factory):
+        self._reader = reader_factory          # () -> a TraceReader (context manager)
+
+    def __getitem__(self, key):
+        if not (isinstance(key, tuple) and len(key) == 2 and isinstance(key[0], str)
+                and isinstance(key[1], int) and not isinstance(key[1], bool)):
+            raise CommandError("$full takes ['NAME', STEP] (or ['KIND:NAME', STEP])")
+        from ..store import distributions as D
+        from ..errors import NndbError
+        spec, step = key
+        try:
+            with self._reader() as reader:
+                if ":" in spec:
+                    kind, name = D.parse_tensor_spec(spec, D.FULL_KINDS)
+                else:
+                    name = spec
+                    kinds = sorted({e["kind"] for e in reader.full_index() if e["name"] == name})
+                    if len(kinds) > 1:
+                        raise CommandError(f"the trace keeps {name} as {', '.join(kinds)}: "
+                                           f"say which, $full['{kinds[0]}:{name}', {step}]")
+                    kind = kinds[0] if kinds else "grad"
+                arr, _ = D.full_tensor(reader, name, kind, step)
+        except NndbError as e:
+            raise CommandError(str(e)) from None
+        import torch
+        return torch.from_numpy(arr.copy())
+
+    def __repr__(self) -> str:
+        return "<whole tensors of the trace: $full['NAME', STEP]>"
+
+
 def tensor_summary(t) -> str:
     """One line: shape, dtype, device and statistics."""
     head = f"tensor(shape={list(t.shape)}, dtype={str(t.dtype).replace('torch.', '')}, device={t.device}"

@@ -1,7 +1,7 @@
 """``info memory``: what this process holds, and how much of it is nndb's.
 
-Host: the process's resident set (``/proc/self/status``), and the fork
-checkpoints' private memory (each a process of its own).  Each CUDA device
+Host: the process's resident set (``/proc/self/status``; the fork
+checkpoints, each a process of its own, are ``info checkpoints``'s).  Each CUDA device
 the process initialised: torch's allocator figures for the whole process
 (script and nndb: ``memory_allocated``, ``memory_reserved``,
 ``max_memory_allocated``) and the bytes of the device tensors nndb keeps
@@ -60,9 +60,6 @@ def report(s) -> dict:
     rss = _rss_kib()
     info = {"rss_bytes": rss * 1024 if rss is not None else None,
             "nndb_host_tensor_bytes": held.get("cpu", 0), "devices": []}
-    if s.machine is not None and getattr(s.machine, "checkpoints", None):
-        from ..timetravel.inventory import checkpoint_inventory, total_private_kib
-        info["checkpoints_private_bytes"] = total_private_kib(checkpoint_inventory(s.machine)) * 1024
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         for i in range(torch.cuda.device_count()):
             name = f"cuda:{i}"

@@ -220,6 +220,7 @@ class RunQueries:
             "update": E.StatTable("update", rows["update"]),
             "act": E.StatTable("act", rows["act"]),
             "losses": E.StatTable("loss", rows["loss"]),
+            "full": E.FullLookup(self.trace_reader),
         }
         if cur is not None and cur.module is not None and not cur.at_step_end:
             v["module"] = self.stop_module

@@ -12,6 +12,7 @@ class ExportSummary:
     tags: int
     points: int
     findings: int
+    histograms: int = 0
 
 
 def export_trace(reader, sink, findings: list, label: str) -> ExportSummary:
@@ -29,6 +30,12 @@ def export_trace(reader, sink, findings: list, label: str) -> ExportSummary:
     by_step = findings_by_step(findings)
     for step in sorted(by_step):
         sink.findings(step, by_step[step], start + time_of.get(step, 0.0))
+    hists = 0
+    if hasattr(sink, "histogram"):            # (TensorBoard: its histogram view)
+        from .histograms import trace_histograms
+        for p in trace_histograms(reader):
+            sink.histogram(p)
+            hists += 1
     sink.artifact(reader.path)
     sink.close(reader.status)
-    return ExportSummary(label, tags, points, sum(map(len, by_step.values())))
+    return ExportSummary(label, tags, points, sum(map(len, by_step.values())), hists)

@@ -4,8 +4,8 @@
 Scalars go to their tags at their steps and wall times; the findings of a
 step go to the text tag ``findings`` (one entry per step, a line per
 finding); the run's parameters to the text tag ``run`` at the first step.
-A trace holds no histograms (it records ten statistics per tensor, not its
-values), so none are written.
+The histograms a trace holds (at full steps: nndb.export.histograms) go
+to TensorBoard's histogram view, tag ``KIND/NAME/hist``.
 """
 from __future__ import annotations
 
@@ -37,6 +37,11 @@ class TensorBoardSink:
             table = "| parameter | value |\n|---|---|\n" + "\n".join(
                 f"| {_markdown_line(k)} | {_markdown_line(v)} |" for k, v in params.items())
             self._writer.add_text(RUN_TAG, table, step)
+
+    def histogram(self, p) -> None:
+        """One nndb.export.histograms.HistogramPoint."""
+        self._writer.add_histogram_raw(p.tag, p.min, p.max, p.num, p.sum, p.sum_squares,
+                                       p.bucket_limits, p.bucket_counts, p.step, walltime=p.walltime)
 
     def artifact(self, path: str) -> None:
         """(TensorBoard keeps no files: the trace stays where it is.)"""

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import linecache
 import shlex
-from typing import Optional
 
 from ..errors import NndbError, UsageError
 from .frontend import KERNEL_NO_REPLICAS, NotebookFrontend
@@ -44,44 +43,29 @@ def _say_error(e: Exception) -> None:
     print(f"nndb: error: {e}", file=sys.stderr, flush=True)
 
 
-def _run_params(line: str) -> Optional[dict]:
-    """The line parsed by ``nndb run``'s own command (every option of it,
-    the same meaning); None after --help."""
-    import click
-    from ..cli import run as run_command
-    try:
-        return run_command.make_context("%nndb run", shlex.split(line)).params
-    except click.exceptions.Exit:               # (--help: click printed it)
-        return None
-    except click.ClickException as e:
-        raise UsageError(f"{e.format_message()} (usage: {RUN_USAGE})")
-
-
 def run_script(line: str):
     """``%nndb run ...``: the script under the debugger, in this kernel.
     Returns the run's Trace (shown as its summary), or None after an error line."""
-    import click
     from ..api.trace import Trace
-    from ..cli import run_setup
+    from ..cli import parse_run_line
     from ..debugger.driver import debug
+    from ..runsetup import run_setup
     try:
-        p = _run_params(line)
-        if p is None:
+        parsed = parse_run_line(shlex.split(line), "%nndb run")
+        if parsed is None:                      # (--help: printed)
             return None
+        p, target = parsed
         if p.get("nproc_per_node") is not None:
             raise UsageError("--nproc-per-node: a job of several ranks runs from a terminal "
                              "('nndb run --nproc-per-node N SCRIPT'), not inside a kernel")
         if p["replica"] not in ("auto", "off"):
             raise UsageError(f"--replica {p['replica']}: time travel is off in a notebook kernel "
                              f"({KERNEL_NO_REPLICAS})")
-        config, options = run_setup(p, batch=p["batch"], progress=False, replica="off",
+        config, options = run_setup(p, target, batch=p["batch"], progress=False, replica="off",
                                     replica_off_reason=KERNEL_NO_REPLICAS)
         result = debug(config, options, NotebookFrontend())
     except (NndbError, ValueError) as e:
         _say_error(e)
-        return None
-    except click.ClickException as e:           # (a missing SCRIPT)
-        _say_error(e.format_message())
         return None
     if result.run is None:
         return None

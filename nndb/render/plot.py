@@ -263,3 +263,34 @@ def _legend(ax) -> None:
                       borderaxespad=0)
         else:
             ax.legend(fontsize=8, loc="best", framealpha=0.85)
+
+
+def draw_compare(data: dict, path: str) -> str:
+    """Two histograms of one series (nndb.store.distributions.compare) side by side,
+    as the share of elements in each value range, into a PNG or SVG."""
+    ext = os.path.splitext(path)[1].lower()
+    if ext not in FORMATS:
+        raise UsageError(f"cannot write a picture to {path}: the name must end in .png or .svg")
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    fig = Figure(figsize=(11.0, 5.5), dpi=DPI, layout="constrained")
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot(1, 1, 1)
+    bins = data["bins"]
+    x = np.arange(len(bins))
+    ta = sum(b["a"] for b in bins) or 1
+    tb = sum(b["b"] for b in bins) or 1
+    a, b = data["a"], data["b"]
+    ax.bar(x - 0.2, [v["a"] / ta for v in bins], 0.4, label=f"step {a['step']}")
+    ax.bar(x + 0.2, [v["b"] / tb for v in bins], 0.4, label=f"step {b['step']}")
+    ax.set_xticks(x, [plain(v["range"]) for v in bins], rotation=30, ha="right", fontsize=8)
+    ax.set_ylabel("share of elements")
+    ks = data["ks"]
+    ax.set_title(plain(f"{data['kind']} {data['name']}", 80) + f": zeros {100 * (a['zero_share'] or 0):.1f}% -> "
+                 f"{100 * (b['zero_share'] or 0):.1f}%" + ("" if ks is None else f", KS {ks:.3f}"))
+    ax.legend()
+    try:
+        fig.savefig(path, dpi=DPI, format=ext[1:])
+    except OSError as e:
+        raise UsageError(f"cannot write {path}: {e.strerror or e}") from None
+    return path

@@ -64,3 +64,8 @@ def series(data: dict) -> str:
     # the tensor and statistic once, above a column per kind
     title = f"{data['name']}: {data['stat']}"
     return printable(title + "\n" + tabulate(rows, headers=["step"] + kinds, disable_numparse=True))
+
+
+def tensor_at(data: dict) -> str:
+    from .distributions import tensor_at as render
+    return render(data)

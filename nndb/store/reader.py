@@ -18,6 +18,7 @@ import numpy as np
 
 from ..errors import TraceError
 from . import schema as K
+from .fullreader import FullReads
 
 
 @dataclass(frozen=True)
@@ -97,7 +98,7 @@ def _limit_read_attempts(fapl, attempts: int) -> None:
         fn(fapl.id, attempts)
 
 
-class TraceReader:
+class TraceReader(FullReads):
     def __init__(self, path: str):
         self.path = path
         self._live = False
@@ -487,3 +488,8 @@ def _check_not_truncated(path: str) -> None:
 def _short(e: Exception) -> str:
     text = str(e).strip() or type(e).__name__
     return text.split("(")[0].strip() if len(text) > 120 else text
+
+
+# The queries of whole tensors and histograms read the file: damage is a TraceError there too.
+for _name in ("full_index", "tensor", "histogram_steps", "histogram"):
+    setattr(TraceReader, _name, _reads(getattr(FullReads, _name)))

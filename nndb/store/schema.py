@@ -23,10 +23,12 @@
     
 │                                      (chunks of one row and 64 series, shuffled and deflated:
 │                                      a NaN costs next to nothing)
-├── committed             int64[8]     the lengths a reader trusts, attrs["names"] (COMMITTED):
+├── committed             int64[13]    the lengths a reader trusts, attrs["names"] (COMMITTED):
 │                                      rows of stats and steps/*, bytes of series, events, end,
 │                                      optimizers, hyper, rows of lineage/*, bytes of
-│                                      lineage/sequences; written after each block's data
+│                                      lineage/sequences, bytes of full/index and elements of
+│                                      full/u16, full/f32, full/f64, rows of hist/*; written
+│                                      after each block's data
 │                                      (absent in traces written before it: the shortest extent)
 ├── optimizers            uint8[...]   UTF-8 JSON lines, written at a recorded step's end when they
     │                                      changed: {"step": int, "optimizers": [{"name": str,
@@ -52,6 +54,20 @@
     │                                      "labels": {id: "param NAME" | "act MODULE" | "loss" | "input"},
     │                                      "nonfinite": [op index ...]}   (ids: per step)
     │                                      (absent in traces written before lineage existed)
+    ├── full/                 whole tensors kept by ``--record-full`` (absent in older traces)
+    │   ├── index             uint8[...]   UTF-8 JSON lines, one per stored tensor: {"name", "kind"
+    │   │                                  (FULL_KINDS), "step", "shape": [int], "dtype" (the
+    │   │                                  tensor's, "float32"), "asked" and "used" (the precision
+    │   │                                  asked for and the one stored: nndb.store.precision),
+    │   │                                  "scale" (fp16: the values were divided by it), "store"
+    │   │                                  (u16 | f32 | f64), "offset", "count" (its elements there)}
+    │   ├── u16               uint16[...]  fp16 and bf16 elements, as their bits
+    │   ├── f32               float32[...] fp32 elements
+    │   └── f64               float64[...] fp64 elements (a float64 tensor fp32 cannot hold)
+    ├── hist/                 histograms at full steps (absent in older traces)
+    │   ├── step              int64[H]     the step of each histogram row
+    │   └── counts            int64[H, S, HIST_BINS]  counts[i, j]: series j's histogram at
+    │                                      row i (bins: nndb.histogram), -1 where it has none
     └── end                   uint8[...]   UTF-8 JSON object, written when the run ends:
                                            {"status", "exit_code", "reason", "steps", "last_step",
                                            "end_time"}, status one of STATUSES
@@ -69,7 +85,11 @@ of the previous version would misread; readers refuse newer versions.  Added
 datasets and JSON keys are not such a change (a reader ignores what it does
 not know, and reads a trace without them as written before them): ``shape``,
 ``optimizers`` and ``hyper`` came that way, for the rules on a trace
-(nndb.rules.offline), and ``committed`` and the compression of ``stats``.
+(nndb.rules.offline), and ``committed`` and the compression of ``stats``,
+and ``full/`` and ``hist/`` (whole tensors and histograms; their lengths are
+new names in ``committed``).  HDF5's SWMR mode allows no new dataset once it
+has started, so the whole tensors of every series share the ``full/`` data
+datasets, created at open, and the index says where each one is.
 
 This module owns the trace's vocabulary (the statistics, series kinds, end
 statuses and event kinds) and imports nothing from nndb: the tracer below
@@ -100,7 +120,7 @@ INCOMPLETE = "incomplete"
 
 # What ``events`` records: the tracer stopped recording after an internal
 # error; a rule or a probe failed and was switched off.
-EVENT_KINDS = ("recording_stopped", "rule_disabled", "probe_disabled")
+EVENT_KINDS = ("recording_stopped", "rule_disabled", "probe_disabled", "full_tensors_skipped")
 # What ``events`` also keeps of a debugger session (an addition to version 1:
 # a reader of version 1 shows them as events): a rule's finding and a stop,
 # each with a "detail" object, the one the session report (docs/report.md)
@@ -120,7 +140,28 @@ STATS_FILTERS = {"compression": "gzip", "compression_opts": 1, "shuffle": True}
 # The lengths a reader trusts (``committed``, written after each block's data):
 # the rows of ``stats`` and ``steps/*``, the rows of ``lineage/step`` and
 # ``lineage/seq``, and the bytes of each JSON blob.
-COMMITTED = ("rows", "series", "events", "end", "optimizers", "hyper", "lineage", "lineage/sequences")
+COMMITTED = ("rows", "series", "events", "end", "optimizers", "hyper", "lineage", "lineage/sequences",
+             "full/index", "full/u16", "full/f32", "full/f64", "hist")
+
+# Full-tensor history (``full/``): the kinds whose whole tensors can be kept,
+# the precisions a user asks for (nndb.store.precision has the error bounds),
+# and the flat data datasets (one per stored element type; an index line says
+# where each tensor's elements are).  Chunks of 4 Ki elements, shuffled and
+# deflated (gzip, which every HDF5 tool reads): a tensor's read touches only
+# the chunks that hold it.  Small chunks, because a flush rewrites the last,
+# partly filled chunk, and HDF5 writes a compressed chunk that grew anew (the
+# old space is lost): at most one chunk per flush is lost that way.
+FULL_KINDS = ("param", "grad", "act")
+# The precisions a user may ask for (nndb.store.precision: fp64 is only ever a fallback).
+FULL_PRECISIONS = ("fp16", "bf16", "fp32")
+FULL_DATA = {"u16": "u2", "f32": "f4", "f64": "f8"}
+FULL_CHUNK = (1 << 12,)
+FULL_FILTERS = {"compression": "gzip", "compression_opts": 1, "shuffle": True}
+# Histograms (``hist/``): N_BINS counts per series at each full step
+# (nndb.histogram has the bins); -1 where a series has none at that row.
+HIST_BINS = 200
+HIST_CHUNK = (1, 16, HIST_BINS)
+HIST_FILTERS = {"compression": "gzip", "compression_opts": 1, "shuffle": True}
 # Bytes kept free for HDF5's metadata beside a block's data (the room check).
 ROOM_MARGIN = 256 * 1024
 STEPS_CHUNK = (1024,)

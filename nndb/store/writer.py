@@ -29,6 +29,7 @@ import numpy as np
 from ..errors import TraceWriteError
 from ..numbers import json_value
 from ..tracer.stats import N_RAW, finalize_many
+from . import fullstore
 from . import schema as K
 from .space import NoRoom, check_room, detach_file, reason as _reason
 
@@ -71,7 +72,7 @@ def _blob_bytes(lines: list) -> int:
 
 class TraceWriter:
     def __init__(self, path: str, meta: dict, flush_steps: int = 500, flush_secs: float = 2.0,
-                 on_error: Optional[Callable[[str], None]] = None):
+                 on_error: Optional[Callable[[str], None]] = None, full_max_bytes: Optional[int] = None):
         self.path = path
         self.flush_steps = max(1, int(flush_steps))
         self.flush_secs = flush_secs
@@ -96,6 +97,10 @@ class TraceWriter:
         self.shape_of: Optional[Callable[[str, str], Optional[list]]] = None
         self._pending_rows: dict = {name: [] for name in _ROW_BLOBS}
         self.row_lines_written: dict = {name: 0 for name in _ROW_BLOBS}
+        # Whole tensors and histograms waiting for a flush (bounded: nndb.store.fullstore)
+        self.full = fullstore.FullPending(max_bytes=fullstore.DEFAULT_MAX_BYTES if full_max_bytes is None
+                                          else full_max_bytes)
+        self.hist_rows_written = 0
         try:
             d = os.path.dirname(os.path.abspath(path))
             os.makedirs(d, exist_ok=True)
@@ -137,6 +142,7 @@ class TraceWriter:
         self._ds = {name: f[name] for name in _BLOBS + ("stats", "committed")}
         self._ds.update({f"steps/{name}": g[name] for name in g})
         self._ds.update({f"lineage/{name}": lg[name] for name in lg})
+        self._ds.update(fullstore.create(f))
 
     @property
     def file(self) -> Optional[h5py.File]:
@@ -172,10 +178,42 @@ class TraceWriter:
             if len(self._by_list) < 64:
                 self._by_list[id(record.names)] = (record.names, ids)
         self._rows.append((record, ids))
+        hist = record.hist
+        if hist is not None and not self.detached:
+            have = hist[:, 0] >= 0
+            if have.any():
+                self.full.hists.append((record.step, [i for i, h in zip(ids, have) if h], hist[have]))
         self.last_step = record.step
         if len(self._rows) >= self.flush_steps or \
                 time.monotonic() - self._last_flush >= self.flush_secs:
             self.flush()
+
+    def full_tensor(self, meta: dict, nbytes: int, copy: Callable[[], np.ndarray]) -> bool:
+        """Keep a whole tensor (``meta``: name, kind, step, shape, dtype, asked;
+        ``copy()`` gives its values, a flat host copy, called only if it is
+        kept).  Bounded (nndb.store.fullstore): flushes first if the tensor
+        would pass the pending bounds; skips it, and says so, if it cannot be
+        held even then.  False: not kept."""
+        if self.failed or self.closed or self.detached:
+            return False
+        pending = self.full
+        if pending.full(nbytes):
+            self.flush()
+            if self.failed:
+                return False
+        if not pending.fits_alone(nbytes):
+            step = meta.get("step")
+            note, say = pending.skip(step, f"full tensors of step {step} skipped: {meta.get('kind')} "
+                                           f"{meta.get('name')} needs {nbytes} bytes, over the "
+                                           f"{pending.max_bytes}-byte bound on pending full tensors "
+                                           f"(nndb run --full-tensors-buffer)")
+            if note is not None:
+                self.event("full_tensors_skipped", note, step)
+            if say is not None:
+                self.on_error("nndb: " + say + " (said once; every skipped step is in the trace's events)")
+            return False
+        pending.add(meta, copy())
+        return True
 
     def detach(self) -> None:
         """In a replica (a forked copy of the live run): never write to the
@@ -225,7 +263,7 @@ class TraceWriter:
             return
         try:
             if self._rows or self._new_series or self._lineage or self._events or \
-                    any(self._pending_rows.values()):
+                    any(self._pending_rows.values()) or self.full.tensors or self.full.hists:
                 check_room(self.path, self._f, self._room_needed())
                 self._write_pending()
                 self._f.flush()                 # the data first,
@@ -249,11 +287,11 @@ class TraceWriter:
         blobs = _blob_bytes([json.dumps(x) for x in self._new_series + self._events]) + \
             _blob_bytes(self._new_sequences) + 16 * len(self._lineage) + \
             sum(_blob_bytes([json.dumps(r) for r in pending]) for pending in self._pending_rows.values())
-        return rows + 2 * blobs + K.ROOM_MARGIN
+        return rows + 2 * blobs + self.full.bytes_needed() + K.ROOM_MARGIN
 
     def _commit(self) -> None:
         """Write the counts a reader trusts (schema ``committed``), once the data is on disk."""
-        n = {"rows": self.steps_written, "lineage": self.lineage_written}
+        n = {"rows": self.steps_written, "lineage": self.lineage_written, "hist": self.hist_rows_written}
         for name in K.COMMITTED:
             if name not in n:
                 n[name] = self._ds[name].shape[0]
@@ -294,6 +332,8 @@ class TraceWriter:
         if self._events:
             _put_blob(self._ds["events"], "".join(json.dumps(e) + "\n" for e in self._events))
             self._events = []
+        if self.full.tensors or self.full.hists:
+            self.hist_rows_written = self.full.write(self._ds, self.hist_rows_written)
         for name, rows in self._pending_rows.items():
             if rows:
                 _put_blob(self._ds[name], "".join(json.dumps(r) + "\n" for r in rows))
@@ -321,6 +361,7 @@ class TraceWriter:
         self.failed = f"cannot write trace {self.path}: {why}; recording stopped " \
                       f"(the trace keeps the {self._committed_rows} steps written before)"
         self._rows = []
+        self.full.drop()
         self.on_error("nndb: " + self.failed)
         if wrote:
             detach_file(self._f)

@@ -217,7 +217,7 @@ class Tracer:
         called on a step without them is named at the next step with them)."""
         rec = self.recorder
         probes = self.probes
-        self._set_forward(not self.naming.frozen or (rec.recording and rec.acts)
+        self._set_forward(not self.naming.frozen or (rec.recording and rec.acts) or rec.wants_forward()
                           or (bool(probes) and any(k != "optimizer" for k in probes))
                           or self.lineage is not None or self.on_module is not None)
 

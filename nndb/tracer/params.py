@@ -21,6 +21,7 @@ from typing import Optional
 import numpy as np
 import torch
 
+from . import histogram as H
 from . import stats as S
 from .quiet import Quiet
 
@@ -119,7 +120,7 @@ class ParamPlan:
         return np.concatenate(self._host_views(), out=self._buffer()[self.n:2 * self.n])
 
     def block(self, before: np.ndarray, full: bool, grads: bool) -> Optional[tuple]:
-        """(with grads, rows) of the block: values, updates since ``before``
+        """(with grads, rows, histograms at a full step or None) of the block: values, updates since ``before``
         (``values_before``) and, with ``grads``, gradients, in one float32
         buffer; None when it does not apply (not all float32, or a gradient
         missing, sparse or not a plain CPU tensor): the caller takes the
@@ -138,11 +139,12 @@ class ParamPlan:
             np.concatenate(views, out=buf[:n])
             np.subtract(buf[:n], before, out=before)
             if full:
-                return grads, S.host_raw_segments(flat, self.block_sizes[:(3 if grads else 2) * len(self.host)])
+                sizes = self.block_sizes[:(3 if grads else 2) * len(self.host)]
+                return grads, S.host_raw_segments(flat, sizes), H.of_segments(flat, sizes)
             lay = self._norm_layouts.get(grads)
             if lay is None:
                 lay = self._norm_layouts[grads] = S.norm_template(self.sizes * (3 if grads else 2))
-            return grads, S.host_norm_rows(flat, *lay)
+            return grads, S.host_norm_rows(flat, *lay), None
 
     def host_grads(self):
         """(keys, flat, sizes) for the small parameters' gradients, or None."""
@@ -170,7 +172,9 @@ class Snapshot:
         plan = self.plan
         done = plan.block(self.host_before, full, grads) if plan.host else None
         if done is not None:
-            bucket.params[plan] = done
+            bucket.params[plan] = done[:2]
+            if done[2] is not None:
+                bucket.param_hists[plan] = done[2]
         elif plan.host:
             after = plan.host_values()
             with Quiet():                            # (inf - inf: no warning in the user's stderr)
@@ -183,6 +187,8 @@ class Snapshot:
                 flat = np.concatenate(flats)
                 rows = S.host_raw_segments(flat, sizes, True) if full else S.host_norm_segments(flat, sizes)
                 bucket.params[plan] = (every, rows)
+                if full:
+                    bucket.param_hists[plan] = H.of_segments(flat, sizes)
             else:
                 bucket.blocks.append((plan.value_keys, after, plan.sizes))
                 bucket.blocks.append((plan.update_keys, update, plan.sizes))
@@ -198,4 +204,7 @@ class Snapshot:
                     items.append(p.grad.detach())
             for key, raw in zip(keys, S.raw_many(items, full)):
                 bucket.add(key, raw)
+            if full:
+                for key, t in zip(keys, items):
+                    bucket.add_hist(key, H.of_tensor(t))
         bucket.covered |= plan.ids

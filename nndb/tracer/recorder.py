@@ -33,6 +33,7 @@ import numpy as np
 import torch
 
 from ..store.schema import KINDS  # noqa: F401  (the kinds of the series recorded here)
+from . import histogram as H
 from . import stats as S
 from .params import ParamPlan, Snapshot
 
@@ -46,6 +47,7 @@ class StepRecord:
     names: list                  # [(name, kind)]
     raw: np.ndarray              # (len(names), N_RAW) raw accumulator rows (stats.RAW_FIELDS)
     partial: bool = False        # cut short by the end of the run (the script raised or exited mid-step)
+    hist: Optional[np.ndarray] = None   # (len(names), HIST_BINS) histograms at a full step, -1 rows: none
 
     @property
     def nonfinite(self) -> bool:
@@ -80,7 +82,8 @@ class _Bucket:
     an optimizer's small parameters as one block (value, update and grad of
     each, in the plan's order), named once per plan.
     """
-    __slots__ = ("entries", "deferred", "blocks", "params", "covered", "backward_count", "optimizer_steps")
+    __slots__ = ("entries", "deferred", "blocks", "params", "covered", "backward_count", "optimizer_steps",
+                 "hists", "param_hists")
 
     def __init__(self):
         self.entries: dict = {}
@@ -90,6 +93,12 @@ class _Bucket:
         self.covered: set = set()        # ids of parameters an optimizer recorded
         self.backward_count = 0
         self.optimizer_steps = 0
+        self.hists: dict = {}            # series key -> histogram (full steps), as entries
+        self.param_hists: dict = {}      # ParamPlan -> (rows, HIST_BINS), as params
+
+    def add_hist(self, key, counts) -> None:
+        old = self.hists.get(key)
+        self.hists[key] = counts if old is None or key[0] == "param" else old + counts
 
     def add(self, key, raw) -> None:
         """``raw``: an array, or a list (a scalar loss's row, stats.scalar_row)."""
@@ -105,6 +114,9 @@ class _Bucket:
         self.deferred.extend(other.deferred)
         self.blocks.extend(other.blocks)
         self.params.update(other.params)
+        for key, h in other.hists.items():
+            self.add_hist(key, h)
+        self.param_hists.update(other.param_hists)
         self.covered |= other.covered
         self.backward_count += other.backward_count
         self.optimizer_steps += other.optimizer_steps
@@ -118,6 +130,8 @@ class _Bucket:
         pending = ("loss", _PENDING)
         if pending in self.entries:
             self.add(("loss", opt), self.entries.pop(pending))
+        if pending in self.hists:
+            self.add_hist(("loss", opt), self.hists.pop(pending))
         self.deferred = [(("loss", opt) if k == pending else k, a) for k, a in self.deferred]
 
     def resolve(self, full: bool = True) -> None:
@@ -135,6 +149,9 @@ class _Bucket:
         rows = S.host_raw_segments(flat, sizes, True) if full else S.host_norm_segments(flat, sizes)
         for key, raw in zip(keys, rows):
             self.add(key, raw)
+        if full:
+            for key, h in zip(keys, H.of_segments(flat, sizes)):
+                self.add_hist(key, h)
         self.deferred = []
         self.blocks = []
 
@@ -198,6 +215,8 @@ class StepRecorder:
         self._layouts: dict = {}            # tuple of (name, kind) -> the list given to every record
         self._by_sig: dict = {}             # (entry keys, blocks, losses qualified) -> that list
         self._others: tuple = (None, [])     # (cache key, params no optimizer holds)
+        # Whole tensors kept (--record-full): nndb.tracer.fulltensors.FullTensors, or None
+        self.fulltensors = None
 
     def require(self, full: bool, acts: bool) -> None:
         """Measure all statistics (``full``) and activations (``acts``) at every
@@ -214,8 +233,16 @@ class StepRecorder:
         return self._buckets[-1]
 
     # -- events ---------------------------------------------------------------
+    def wants_forward(self) -> bool:
+        """Does the step in progress need the module hooks (activations, or whole ones kept)?"""
+        ft = self.fulltensors
+        return (self.recording and self.acts) or bool(ft is not None and ft.rules and ft.wants("act", self.step))
+
     def activation(self, key, output) -> None:
         """``key``: (module, index of this use of the module in the forward pass)."""
+        ft = self.fulltensors
+        if ft is not None and ft.rules and torch.is_grad_enabled() and ft.wants("act", self.step):
+            ft.activation(self.naming, key, output, self.step)
         if not (self.recording and self.acts) or not torch.is_grad_enabled():
             return
         t = output if type(output) is torch.Tensor else first_float_tensor(output)
@@ -233,6 +260,8 @@ class StepRecorder:
         else:
             arr = None
             self._cur.add(("act",) + key, S.raw_now(t, self.full))
+            if self.full:
+                self._cur.add_hist(("act",) + key, H.of_tensor(t))
         self._last_act = (same, arr)
         if arr is not None:
             self._cur.deferred.append((("act",) + key, arr))
@@ -249,11 +278,16 @@ class StepRecorder:
                 return
             self._in_step = True
         if tensor.is_cpu and tensor.numel() == 1:
-            b.add(("loss", _PENDING), S.scalar_row(tensor.item()))
+            v = tensor.item()
+            b.add(("loss", _PENDING), S.scalar_row(v))
+            if self.full:
+                b.add_hist(("loss", _PENDING), H.of_scalar(v))
         elif S.is_host_tensor(tensor):
             b.deferred.append((("loss", _PENDING), S._host_array(tensor).copy()))
         else:
             b.add(("loss", _PENDING), S.raw_now(tensor, self.full))
+            if self.full:
+                b.add_hist(("loss", _PENDING), H.of_tensor(tensor))
 
     def backward_without_loss(self) -> None:
         self._cur.backward_count += 1
@@ -267,16 +301,14 @@ class StepRecorder:
             self._plans[opt] = cached
         return cached[1]
 
-    def held_tensors(self) -> list:
-        """The tensors the recorder keeps now (``info memory``): the large
-        parameters' values before an optimizer step, until it ends."""
-        snaps = list(self._snapshots.values())
-        if self._manual_pending is not None:
-            snaps.append(self._manual_pending[3])
-        return [t for snap in snaps for t in snap.large_before]
+    def held_tensors(self) -> list:     # (info memory: the large parameters' values until a step ends)
+        return [t for snap in [*self._snapshots.values(), *(self._manual_pending or ())[3:4]] for t in snap.large_before]
 
     def optimizer_pre(self, opt) -> None:
         self._in_step = False
+        ft = self.fulltensors
+        if ft is not None and ft.rules and ft.wants("grad", self.step):
+            ft.params(self.naming, self._plan(opt).params, "grad", self.step)
         if self.recording:
             self._snapshots[id(opt)] = Snapshot(self._plan(opt))
 
@@ -288,6 +320,9 @@ class StepRecorder:
         snap = self._snapshots.pop(id(opt), None)
         if self.recording and snap is not None:
             snap.record(b, self.full)
+        ft = self.fulltensors
+        if ft is not None and ft.rules and ft.wants("param", self.step):
+            ft.params(self.naming, self._plan(opt).params, "param", self.step)
 
     def mark(self) -> None:
         """Start a new segment (used while the step clock learns a GAN's iteration)."""
@@ -356,8 +391,7 @@ class StepRecorder:
             if g is not None and not g.is_sparse:
                 keys.append(("param", p, "grad"))
                 items.append(g.detach())
-        for key, raw in zip(keys, S.raw_many(items, self.full)):
-            bucket.add(key, raw)
+        H.add_many(bucket, keys, items, self.full)
 
     def _close_manual(self, step, bucket, now, recording, final) -> None:
         """Hand-written updates: step N's value and update are known at the
@@ -380,8 +414,7 @@ class StepRecorder:
             if p.grad is not None and not p.grad.is_sparse:
                 keys.append(("param", p, "grad"))
                 items.append(p.grad.detach())
-        for key, raw in zip(keys, S.raw_many(items, self.full)):
-            bucket.add(key, raw)
+        H.add_many(bucket, keys, items, self.full)
         bucket.resolve(self.full)
         if final:
             self._emit(step, bucket, now, partial=True)
@@ -461,4 +494,6 @@ class StepRecorder:
         for _, rows in b.params.values():
             raws.append(rows)
         raw = np.concatenate(raws) if len(raws) > 1 else raws[0] if raws else np.zeros((0, S.N_RAW))
-        return StepRecord(step, now, b.backward_count, b.optimizer_steps, names, raw, partial)
+        return StepRecord(step, now, b.backward_count, b.optimizer_steps, names, raw, partial,
+                          H.rows_of(b, len(names)) if (b.hists or b.param_hists) else None)
+

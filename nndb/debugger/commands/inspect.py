@@ -336,8 +336,10 @@ def _info_memory(s):
     r = report(s)
     rows = [("process (host, resident)", _mib(r["rss_bytes"])),
             ("nndb's tensors kept between steps (host)", _mib(r["nndb_host_tensor_bytes"]))]
-    if "checkpoints_private_bytes" in r:
-        rows.append(("checkpoints (private, their own processes)", _mib(r["checkpoints_private_bytes"])))
+    if s.machine is not None and getattr(s.machine, "checkpoints", None):
+        from ...timetravel.inventory import checkpoint_inventory, total_private_kib
+        rows.append(("checkpoints (private, their own processes)",
+                     _mib(total_private_kib(checkpoint_inventory(s.machine)) * 1024)))
     for d in r["devices"]:
         dev = f"{d['device']} ({d['name']})"
         rows += [(f"{dev}: allocated (script and nndb)", _mib(d["allocated_bytes"])),

@@ -1,0 +1,226 @@
+"""The fixed histogram of a tensor (schema ``hist``), and what is read from it.
+
+Every histogram has the same ``N_BINS`` = 200 bins, in value order
+(``NaN`` first, then -Inf ... +Inf), so any two can be compared bin by bin:
+
+====================  ==========================================================
+index                 values
+====================  ==========================================================
+0                     NaN
+1                     -Inf
+2                     finite, <= -2^24 (overflow)
+3 .. 98               negative, |x| in one of 96 half-binades of [2^-24, 2^24),
+                      largest magnitude first
+99                    negative, |x| < 2^-24 (underflow, subnormals included)
+100                   zero (+0.0 and -0.0): an exact count
+101                   positive, x < 2^-24
+102 .. 197            positive, x in one of 96 half-binades of [2^-24, 2^24)
+198                   finite, >= 2^24
+199                   +Inf
+====================  ==========================================================
+
+A half-binade splits [2^e, 2^(e+1)) at 1.5 * 2^e (the top mantissa bit of a
+float32: the bin of a float32 is read from its bits), so a value is known to a
+factor of at most 1.5 from its bin.  NaN, Inf and zeros are exact counts.
+
+Quantiles read from a histogram are approximate: the value is placed within
+its bin by geometric interpolation, and the true quantile lies in the bin's
+range (``quantile_bounds``).  The Kolmogorov-Smirnov statistic of two
+histograms is the largest difference of their CDFs at the bin edges, which
+is at most the true statistic of the two underlying samples (the maximum is
+taken over fewer points).
+
+Only numpy is imported.
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import numpy as np
+
+N_MAG = 96                       # half-binades of [2^-24, 2^24)
+MAG_LO = 2 * (127 - 24)          # float32 (exponent << 1 | top mantissa bit) of 2^-24
+MAG_HI = 2 * (127 + 24)          # ... of 2^24
+N_BINS = 2 * N_MAG + 8
+I_NAN, I_NEG_INF, I_NEG_OVER, I_NEG_UNDER, I_ZERO, I_POS_UNDER, I_POS_OVER, I_POS_INF = \
+    0, 1, 2, 3 + N_MAG, 4 + N_MAG, 5 + N_MAG, 6 + 2 * N_MAG, 7 + 2 * N_MAG
+_POS0 = I_POS_UNDER + 1          # first positive half-binade
+FINE = 1024                      # float32 bits >> 22: sign, exponent, top mantissa bit
+UNDER = 2.0 ** -24
+OVER = 2.0 ** 24
+
+
+def _mag_lower(m: int) -> float:
+    """The smallest magnitude of half-binade ``m`` (float32 exponent << 1 | top mantissa bit)."""
+    return 2.0 ** ((m >> 1) - 127) * (1.5 if m & 1 else 1.0)
+
+
+def _fold_map() -> np.ndarray:
+    """fine index (float32 bits >> 22) -> bin, before the exact corrections."""
+    out = np.empty(FINE, dtype=np.intp)
+    for i in range(FINE):
+        neg, m = i >> 9, i & 511
+        if m == 511:
+            b = I_NAN
+        elif m == 510:
+            b = I_NEG_INF if neg else I_POS_INF
+        elif m >= MAG_HI:
+            b = I_NEG_OVER if neg else I_POS_OVER
+        elif m >= MAG_LO:
+            b = (I_NEG_UNDER - 1 - (m - MAG_LO)) if neg else _POS0 + (m - MAG_LO)
+        else:
+            b = I_NEG_UNDER if neg else I_POS_UNDER
+        out[i] = b
+    return out
+
+
+FOLD = _fold_map()
+# The lookup a float32's ``bits >> 22`` goes through: its bin, with exponent 0
+# (zeros and subnormals) taken for zero and exponent 255 with a clear top bit
+# for Inf; ``of_segments`` then checks both against exact counts.
+LUT = FOLD.copy()
+LUT[[0, 1, 512, 513]] = I_ZERO
+LUT = LUT.astype(np.intp)
+
+
+def bin_ranges() -> np.ndarray:
+    """(N_BINS, 2): each bin's [low, high] values (NaN's: NaN)."""
+    r = np.full((N_BINS, 2), np.nan)
+    r[I_NEG_INF] = -np.inf
+    r[I_POS_INF] = np.inf
+    r[I_ZERO] = 0.0
+    r[I_POS_UNDER] = (0.0, UNDER)
+    r[I_NEG_UNDER] = (-UNDER, 0.0)
+    r[I_POS_OVER] = (OVER, np.inf)
+    r[I_NEG_OVER] = (-np.inf, -OVER)
+    for k in range(N_MAG):
+        lo, hi = _mag_lower(MAG_LO + k), _mag_lower(MAG_LO + k + 1)
+        r[_POS0 + k] = (lo, hi)
+        r[I_NEG_UNDER - 1 - k] = (-hi, -lo)
+    return r
+
+
+RANGES = bin_ranges()
+
+
+def exact(values: np.ndarray) -> np.ndarray:
+    """The histogram of ``values`` (any float dtype) computed value by value, in float64."""
+    a = np.asarray(values, dtype=np.float64).reshape(-1)
+    out = np.zeros(N_BINS, dtype=np.int64)
+    nan = np.isnan(a)
+    out[I_NAN] = int(nan.sum())
+    out[I_POS_INF] = int(np.count_nonzero(a == np.inf))
+    out[I_NEG_INF] = int(np.count_nonzero(a == -np.inf))
+    out[I_ZERO] = int(np.count_nonzero(a == 0))
+    f = a[np.isfinite(a) & (a != 0)]
+    if f.size:
+        m, e = np.frexp(np.abs(f))                       # |f| = m * 2^e, m in [0.5, 1)
+        mag = 2 * (e.astype(np.int64) - 1 + 127) + (m >= 0.75)
+        neg = f < 0
+        under, over = mag < MAG_LO, mag >= MAG_HI
+        mid = ~(under | over)
+        k = (mag - MAG_LO)[mid]
+        np.add.at(out, np.where(neg[mid], I_NEG_UNDER - 1 - k, _POS0 + k), 1)
+        out[I_NEG_UNDER] += int(np.count_nonzero(under & neg))
+        out[I_POS_UNDER] += int(np.count_nonzero(under & ~neg))
+        out[I_NEG_OVER] += int(np.count_nonzero(over & neg))
+        out[I_POS_OVER] += int(np.count_nonzero(over & ~neg))
+    return out
+
+
+def bin_of(v: float) -> int:
+    """The bin of one value (a scalar loss: no numpy call)."""
+    if v != v:
+        return I_NAN
+    if v == 0:
+        return I_ZERO
+    if math.isinf(v):
+        return I_POS_INF if v > 0 else I_NEG_INF
+    m, e = math.frexp(abs(v))
+    mag = 2 * (e - 1 + 127) + (m >= 0.75)
+    if mag < MAG_LO:
+        return I_NEG_UNDER if v < 0 else I_POS_UNDER
+    if mag >= MAG_HI:
+        return I_NEG_OVER if v < 0 else I_POS_OVER
+    return I_NEG_UNDER - 1 - (mag - MAG_LO) if v < 0 else _POS0 + (mag - MAG_LO)
+
+
+def of_segments(flat: np.ndarray, sizes) -> np.ndarray:
+    """(len(sizes), N_BINS): the histogram of each consecutive segment of a flat
+    float32 array (other dtypes: value by value), from the float32 bits: one
+    table lookup and one bincount.  Exponent 0 is counted as zero and checked
+    against the exact count of zeros; a segment with a subnormal, an Inf or a
+    signalling NaN is done value by value."""
+    k = len(sizes)
+    if flat.dtype != np.float32 or k == 0:
+        starts = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)])
+        return np.stack([exact(flat[starts[i]:starts[i + 1]]) for i in range(k)]) if k else \
+            np.zeros((0, N_BINS), dtype=np.int64)
+    # (intp all the way: numpy's gather and bincount cast any other index type first)
+    bins = LUT[(np.ascontiguousarray(flat).view(np.uint32) >> 22).astype(np.intp)]
+    if k > 1:
+        bins += np.repeat(np.arange(0, k * N_BINS, N_BINS, dtype=np.intp), sizes)
+    out = np.bincount(bins, minlength=k * N_BINS).reshape(k, N_BINS)
+    zero_like = out[:, I_ZERO]
+    special = out[:, I_POS_INF] + out[:, I_NEG_INF]
+    if zero_like.any() or special.any():
+        if np.count_nonzero(flat == 0) != int(zero_like.sum()) or special.any():
+            starts = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)])
+            for i in np.nonzero(zero_like | special)[0]:
+                seg = flat[starts[i]:starts[i + 1]]
+                if special[i] or np.count_nonzero(seg == 0) != zero_like[i]:
+                    out[i] = exact(seg)
+    return out
+
+
+# -- reading a histogram -----------------------------------------------------------
+
+def total(h: np.ndarray) -> int:
+    return int(np.asarray(h).sum())
+
+
+def zero_share(h: np.ndarray) -> Optional[float]:
+    """Zeros over the non-NaN elements (None: none)."""
+    n = total(h) - int(h[I_NAN])
+    return int(h[I_ZERO]) / n if n else None
+
+
+def cdf(h: np.ndarray) -> np.ndarray:
+    """The CDF over the non-NaN values at the upper edge of each bin (1..N_BINS-1)."""
+    c = np.cumsum(np.asarray(h[1:], dtype=np.float64))
+    return c / c[-1] if c[-1] else c
+
+
+def ks(a: np.ndarray, b: np.ndarray) -> Optional[float]:
+    """The Kolmogorov-Smirnov statistic of two histograms' non-NaN values, at the
+    bin edges (a lower bound of the samples' statistic); None if one is empty."""
+    if total(a) - int(a[I_NAN]) == 0 or total(b) - int(b[I_NAN]) == 0:
+        return None
+    return float(np.max(np.abs(cdf(a) - cdf(b))))
+
+
+def quantile_bounds(h: np.ndarray, q: float) -> Optional[tuple]:
+    """(low, estimate, high): the q-quantile of the non-NaN values lies in
+    [low, high] (its bin); the estimate interpolates geometrically within it."""
+    counts = np.asarray(h[1:], dtype=np.float64)
+    n = counts.sum()
+    if n == 0:
+        return None
+    c = np.cumsum(counts)
+    target = q * n
+    i = int(np.searchsorted(c, max(target, 1e-12) if q > 0 else 0.5, side="left"))
+    i = min(i, len(counts) - 1)
+    lo, hi = RANGES[i + 1]
+    if lo == hi or not (np.isfinite(lo) and np.isfinite(hi)):
+        est = lo if np.isfinite(lo) else hi
+        return float(lo), float(est), float(hi)
+    before = c[i] - counts[i]
+    frac = min(max((target - before) / counts[i], 0.0), 1.0) if counts[i] else 0.5
+    if lo > 0:
+        est = lo * (hi / lo) ** frac
+    elif hi < 0:
+        est = -((-hi) * ((-lo) / (-hi)) ** (1 - frac))
+    else:
+        est = lo + (hi - lo) * frac
+    return float(lo), float(est), float(hi)

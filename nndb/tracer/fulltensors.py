@@ -1,0 +1,126 @@
+"""Which whole tensors are kept, and the copies taken of them (``--record-full``).
+
+``FullRule``: a kind (param, grad, act), a name glob, every how many steps,
+and the precision asked for.  ``FullTensors`` holds the rules and is called by
+the recorder at the moments the series are defined: a gradient at its
+optimizer's ``step()`` call, before the update (after backward, before the
+optimizer and the next ``zero_grad``); a parameter at that step's return;
+an activation at its module's forward hook.  The copy is taken there (a new
+host tensor: nothing of the script's is changed or kept alive) and handed to
+the trace writer, which bounds what waits (nndb.store.fullstore).
+"""
+from __future__ import annotations
+
+import fnmatch
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import numpy as np
+import torch
+
+from ..errors import UsageError
+from ..store.schema import FULL_KINDS, FULL_PRECISIONS as REQUESTABLE, KIND_WORDS
+
+
+@dataclass(frozen=True)
+class FullRule:
+    kind: str
+    glob: str
+    every: int = 1
+    precision: str = "fp16"
+
+    def describe(self) -> str:
+        return f"{self.kind}:{self.glob} every {self.every} step(s) in {self.precision}"
+
+
+def parse_rule(spec: str, every: Optional[int] = None, precision: Optional[str] = None) -> FullRule:
+    """``KIND:GLOB`` (``grad:conv*``) -> FullRule; UsageError with the reason."""
+    kind, sep, glob = spec.partition(":")
+    kind = KIND_WORDS.get(kind.strip().lower(), kind.strip().lower())
+    if not sep or not glob.strip():
+        raise UsageError(f"--record-full takes KIND:GLOB (for example 'grad:conv*'), not {spec!r}")
+    if kind not in FULL_KINDS:
+        raise UsageError(f"--record-full {spec}: whole tensors are kept of {', '.join(FULL_KINDS)}, "
+                         f"not {kind!r}")
+    return FullRule(kind, glob.strip(), check_every(every), check_precision(precision))
+
+
+def check_every(every: Optional[int]) -> int:
+    if every is None:
+        return 1
+    if every < 1:
+        raise UsageError(f"--full-tensors-every must be a positive number of steps, not {every}")
+    return int(every)
+
+
+def check_precision(precision: Optional[str]) -> str:
+    p = (precision or "fp16").lower()
+    if p not in REQUESTABLE:
+        raise UsageError(f"--precision takes {'|'.join(REQUESTABLE)}, not {precision!r}")
+    return p
+
+
+class FullTensors:
+    """The rules, and the copies taken for the writer.  ``keep(meta, nbytes,
+    copy) -> bool`` is the trace writer's ``full_tensor``."""
+
+    def __init__(self, rules=(), keep: Optional[Callable] = None):
+        self.rules: list = list(rules)
+        self.keep = keep
+        self.kept = 0
+
+    def set_rules(self, rules) -> None:
+        self.rules = list(rules)
+
+    def wants(self, kind: str, step: int) -> bool:
+        for r in self.rules:
+            if r.kind == kind and step % r.every == 0:
+                return True
+        return False
+
+    def rule_for(self, kind: str, name: str, step: int) -> Optional[FullRule]:
+        """The last rule that takes ``kind name`` at ``step`` (a later rule overrides)."""
+        found = None
+        for r in self.rules:
+            if r.kind == kind and step % r.every == 0 and fnmatch.fnmatchcase(name, r.glob):
+                found = r
+        return found
+
+    def activation(self, naming, key, output, step: int) -> None:
+        """A module's output at its forward hook (``key``: module, use in the pass)."""
+        from .recorder import first_float_tensor
+        t = output if type(output) is torch.Tensor else first_float_tensor(output)
+        if t is not None:
+            base = naming.module_name(key[0])
+            self.take("act", f"{base}#{key[1] + 1}" if key[1] else base, step, t)
+
+    def params(self, naming, params, kind: str, step: int) -> None:
+        """Gradients (at an optimizer's step(), before the update) or values (at its return)."""
+        for p in params:
+            t = p.grad if kind == "grad" else p
+            if t is not None:
+                self.take(kind, naming.param_name(p), step, t)
+
+    def take(self, kind: str, name: str, step: int, t: torch.Tensor) -> None:
+        """Keep a copy of ``t`` as ``kind name`` at ``step`` if a rule asks for it."""
+        if self.keep is None or not isinstance(t, torch.Tensor) or not t.is_floating_point() \
+                or t.is_sparse or t.is_complex():
+            return
+        rule = self.rule_for(kind, name, step)
+        if rule is None:
+            return
+        meta = {"name": name, "kind": kind, "step": int(step), "shape": [int(n) for n in t.shape],
+                "dtype": str(t.dtype).replace("torch.", ""), "asked": rule.precision}
+        if self.keep(meta, t.numel() * t.element_size(), lambda: _host_copy(t)):
+            self.kept += 1
+
+
+def _host_copy(t: torch.Tensor) -> np.ndarray:
+    """A flat host copy of ``t``'s values, in a numpy float dtype (bfloat16
+    widened to float32, exactly)."""
+    with torch.no_grad():
+        c = t.detach()
+        if c.dtype not in (torch.float16, torch.float32, torch.float64):
+            c = c.float()
+        c = c.to("cpu", copy=True).reshape(-1)
+    return c.numpy()

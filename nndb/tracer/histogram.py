@@ -1,0 +1,78 @@
+"""Histograms of tensors at full steps (the layout: nndb.histogram).
+
+``of_tensor(t)``: one tensor; on the host through ``of_segments``, on another
+device from its float32 bits with one table lookup and one ``torch.bincount``
+there (a float64 tensor, or one with a subnormal, an Inf or a signalling
+NaN, value by value on the host); ``of_segments(flat, sizes)``: the host
+arrays the recorder reduces in one batch; ``of_scalar``: a scalar loss.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from .. import histogram as H
+from ..store.schema import HIST_BINS
+from . import stats as S
+
+of_segments = H.of_segments
+_LUT: dict = {}          # device -> the lookup table there
+
+
+def _lut(device) -> torch.Tensor:
+    t = _LUT.get(device)
+    if t is None:
+        t = _LUT[device] = torch.from_numpy(H.LUT.astype(np.int64)).to(device)
+    return t
+
+
+def of_tensor(t: torch.Tensor) -> np.ndarray:
+    t = t.detach()
+    if t.is_sparse:
+        t = t.to_dense()
+    if t.dtype == torch.float64 or not t.is_floating_point():
+        return H.exact(t.to("cpu", torch.float64).numpy())
+    if t.device.type == "cpu":
+        f = t.float().reshape(-1)
+        return H.of_segments(f.numpy(), [f.numel()])[0]
+    with torch.no_grad():
+        f = t.float().reshape(-1)
+        bins = _lut(f.device)[((f.view(torch.int32) >> 22) & (H.FINE - 1)).long()]
+        out = torch.bincount(bins, minlength=H.N_BINS).cpu().numpy().astype(np.int64)
+        zeros = int((f == 0).sum())
+    if zeros != out[H.I_ZERO] or out[H.I_POS_INF] or out[H.I_NEG_INF]:
+        return H.exact(f.cpu().numpy())
+    return out
+
+
+def of_scalar(v: float) -> np.ndarray:
+    out = np.zeros(H.N_BINS, dtype=np.int64)
+    out[H.bin_of(v)] = 1
+    return out
+
+
+def add_many(bucket, keys: list, items: list, full: bool) -> None:
+    """Rows (and at a full step histograms) of tensors reduced one by one,
+    into the recorder's bucket."""
+    for key, raw in zip(keys, S.raw_many(items, full)):
+        bucket.add(key, raw)
+    if full:
+        for key, t in zip(keys, items):
+            bucket.add_hist(key, of_tensor(t))
+
+
+def rows_of(b, n: int) -> np.ndarray:
+    """(n, HIST_BINS) histograms of a bucket in its record's row order
+    (entries, then the parameter blocks), -1 rows where a series has none."""
+    out = np.full((n, HIST_BINS), -1, dtype=np.int64)
+    for i, key in enumerate(b.entries):
+        h = b.hists.get(key)
+        if h is not None:
+            out[i] = h
+    at = len(b.entries)
+    for plan, (_, rows) in b.params.items():
+        h = b.param_hists.get(plan)
+        if h is not None and len(h) == len(rows):
+            out[at:at + len(rows)] = h
+        at += len(rows)
+    return out

@@ -1,0 +1,156 @@
+"""Distributions over time: the fixed histograms taken at full steps, what is
+read from them (approximate quantiles with their bins, exact zero/NaN/Inf
+counts, KS), ``compare`` on a planted dying layer, and the TensorBoard export."""
+import re
+
+import numpy as np
+import pytest
+import torch
+
+import nndb
+from conftest import Ran, nndb as run_nndb, ROOT
+from nndb import histogram as H
+from nndb.tracer.histogram import of_tensor
+
+SCRIPT = f"{ROOT}/tests/scripts/dying_relu_cnn.py"
+ADVERSARIAL = np.array([1e-8, 7e4, 1e30, -1e30, np.nan, np.inf, -np.inf, 1e-40, -1e-45, -0.0, 0.0, 1.0,
+                        -3.3, 2.0 ** 24, -2.0 ** 24, 2.0 ** -24, 1.5, 1.4999999, 3.4028235e38], dtype=np.float32)
+
+
+def test_bins_from_float32_bits_equal_the_value_by_value_histogram():
+    rng = np.random.default_rng(0)
+    segs = [ADVERSARIAL, rng.standard_normal(5000).astype(np.float32),
+            np.where(rng.random(300) < 0.7, 0, rng.standard_normal(300)).astype(np.float32),
+            np.array([], dtype=np.float32), (rng.standard_normal(64) * 1e-30).astype(np.float32)]
+    got = H.of_segments(np.concatenate(segs), [len(s) for s in segs])
+    for g, s in zip(got, segs):
+        want = H.exact(s)
+        assert np.array_equal(g, want)
+        assert g.sum() == len(s)
+        assert np.array_equal(of_tensor(torch.from_numpy(s.copy())), want)
+    h = H.exact(ADVERSARIAL)
+    assert h[H.I_NAN] == 1 and h[H.I_POS_INF] == 1 and h[H.I_NEG_INF] == 1
+    assert h[H.I_ZERO] == 2                                   # +0.0 and -0.0, exactly
+    assert h[H.I_POS_UNDER] == 2 and h[H.I_NEG_UNDER] == 1    # 1e-8, 1e-40; -1e-45 (subnormals)
+    assert h[H.I_POS_OVER] == 3 and h[H.I_NEG_OVER] == 2      # 2^24, 1e30, 3.4e38; -1e30, -2^24
+    # float64 values float32 cannot hold keep their bins
+    assert np.array_equal(of_tensor(torch.tensor([1e-300, 1e300, -0.0], dtype=torch.float64)),
+                          H.exact(np.array([1e-300, 1e300, -0.0])))
+    assert H.exact(np.array([1e-300]))[H.I_POS_UNDER] == 1 and H.exact(np.array([1e300]))[H.I_POS_OVER] == 1
+
+
+def test_quantiles_lie_in_their_bins_and_ks_measures_the_shift():
+    rng = np.random.default_rng(1)
+    a = rng.standard_normal(20000).astype(np.float32)
+    a[::4] = 0
+    h = H.exact(a)
+    for q in (0.01, 0.1, 0.3, 0.5, 0.7, 0.99):
+        lo, est, hi = H.quantile_bounds(h, q)
+        true = float(np.quantile(a, q, method="inverted_cdf"))
+        assert lo <= true <= hi and lo <= est <= hi, q
+        assert hi == lo or (lo > 0 and hi / lo <= 1.5 + 1e-9) or (hi < 0 and lo / hi <= 1.5 + 1e-9)
+    assert H.zero_share(h) == np.count_nonzero(a == 0) / a.size
+    assert H.ks(h, h) == 0.0
+    b = a * 4
+    ks = H.ks(h, H.exact(b))
+    # at the bin edges: a lower bound of the samples' KS statistic, and near it here
+    xs = np.sort(np.concatenate([a, b]))
+    true_ks = np.max(np.abs(np.searchsorted(np.sort(a), xs, "right") / a.size
+                            - np.searchsorted(np.sort(b), xs, "right") / b.size))
+    assert 0.5 * true_ks < ks <= true_ks + 1e-12
+
+
+# -- a planted dying layer -------------------------------------------------------------------
+
+COMMANDS = ["break step 35", "continue",
+            "compare act relu1 0 30",
+            "compare act relu1 --checkpoints 3 --png {png}",
+            "delete", "continue"]
+
+
+@pytest.fixture(scope="module")
+def dying(tmp_path_factory):
+    d = tmp_path_factory.mktemp("dying")
+    trace, png = str(d / "run.h5"), str(d / "cmp.png")
+    argv = ["run", "--batch", "-q", "--nx", "--trace", trace, "--full-every", "10", "--checkpoint-every", "10",
+            "--record-full", "act:fc2", "--full-tensors-buffer", "0.0001",
+            *[x for c in COMMANDS for x in ("-e", c.format(png=png))], SCRIPT, "--steps", "40"]
+    return d, trace, png, Ran(run_nndb(*argv, cwd=str(d)), argv)
+
+
+def _zeros(block: str) -> tuple:
+    m = re.search(r"^zeros\s+\d+ \(([\d.]+)%\)\s+\d+ \(([\d.]+)%\)", block, re.M)
+    return float(m.group(1)), float(m.group(2))
+
+
+def test_compare_shows_the_share_of_zeros_growing(dying):
+    _, _, png, ran = dying
+    assert ran.returncode == 0, ran.stderr
+    out = ran.stdout
+    first, second = out.split("act relu1: step ")[1:3]
+    a, b = _zeros(first)
+    assert first.startswith("0 against step 30") and a < 60 and b > 90 and b > a + 30
+    ks = float(re.search(r"^KS statistic\s+([\d.]+)", first, re.M).group(1))
+    assert ks > 0.3
+    assert re.search(r"^q0\.5 \(approx\.\)\s+~\S+ \[\S+, \S+\]", first, re.M)
+    assert "approximate" in first and "█" in first
+    # the last 3 checkpoints: 20, 30 and the stop's at 35 (no histogram there: said, left out)
+    assert second.startswith("20 against step 30")
+    assert "checkpoints at steps 20, 30, 35; no histogram at step(s) 35" in second
+    c, d = _zeros(second)
+    assert d >= c > a
+    assert f"wrote {png}" in out
+    with open(png, "rb") as fh:
+        assert fh.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_step_over_the_bound_of_pending_tensors_is_skipped_and_said(dying):
+    _, trace, _, ran = dying
+    said = [line for line in ran.stderr.splitlines() if "skipped" in line]
+    assert len(said) == 1 and "act fc2 needs 1280 bytes" in said[0]
+    t = nndb.open(trace)
+    skipped = [e for e in t.events if e["kind"] == "full_tensors_skipped"]
+    assert [e["step"] for e in skipped] == list(range(40))
+    assert t.full_tensors() == []
+
+
+def test_histograms_through_the_api_and_inspect(dying):
+    _, trace, _, _ = dying
+    t = nndb.open(trace)
+    assert t.histogram_steps("relu1", "act") == [0, 10, 20, 30]
+    h0, h30 = t.histogram("relu1", "act", 0), t.histogram("relu1", "act", 30)
+    assert h0.sum() == h30.sum() == 32 * 32
+    assert H.zero_share(h30) > H.zero_share(h0)
+    # every recorded tensor has one at a full step: parameters, gradients, updates, activations, the loss
+    kinds = {s.kind for s in t.tensors if t.histogram_steps(s.name, s.kind) == [0, 10, 20, 30]}
+    assert kinds == {"param", "grad", "update", "act", "loss"}
+    # the histogram's zero count is the statistics' zero_frac, exactly
+    zf = t.stats(30)["act"]["relu1"]["zero_frac"]
+    assert h30[H.I_ZERO] == round(zf * 1024)
+    with pytest.raises(nndb.errors.UsageError, match="histograms at steps 0, 10, 20, 30, not at step 5"):
+        t.histogram("relu1", "act", 5)
+    t.close()
+    ran = run_nndb("inspect", trace, "--tensor", "act:relu1", "--step", "30")
+    assert ran.returncode == 0, ran.stderr
+    assert "no whole tensor kept at step 30" in ran.stdout and re.search(r"zeros \d+ \(9\d\.\d%\)", ran.stdout)
+
+
+def test_histograms_go_to_tensorboard(dying, tmp_path):
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing import event_accumulator as ea
+    _, trace, _, _ = dying
+    out = str(tmp_path / "tb")
+    ran = run_nndb("export", trace, "--tensorboard", out, "--rules", "none")
+    assert ran.returncode == 0, ran.stderr
+    assert re.search(r"\d+ histogram\(s\)", ran.stdout)
+    acc = ea.EventAccumulator(out, size_guidance={ea.HISTOGRAMS: 0})
+    acc.Reload()
+    assert "act/relu1/hist" in acc.Tags()["histograms"]
+    t = nndb.open(trace)
+    for ev in acc.Histograms("act/relu1/hist"):
+        h = t.histogram("relu1", "act", ev.step)
+        v = ev.histogram_value
+        assert v.num == h.sum() - h[H.I_NAN] - h[H.I_POS_INF] - h[H.I_NEG_INF]
+        assert sum(v.bucket) == v.num
+        zero_bucket = list(v.bucket_limit).index(0.0)
+        assert v.bucket[zero_bucket] == h[H.I_ZERO]
