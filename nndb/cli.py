@@ -40,8 +40,9 @@ def cli():
 
 @cli.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
 @click.option("-m", "module", metavar="MODULE", help="Run a library module as a script, like python -m.")
-@click.option("--trace", "trace_path", metavar="PATH", type=click.Path(dir_okay=False),
-              help="Write the trace here (default: a new file under ./nndb-runs/); an existing file is refused.")
+@click.option("--trace", "trace_path", metavar="PATH", type=click.Path(),
+              help="Write the trace here (default: a new file under ./nndb-runs/); an existing file is refused. "
+                   "Under torchrun the rank goes in: DIR/rank<R>.h5 for a directory, else PATH.rank<R>.h5.")
 @click.option("--force", is_flag=True, help="Let --trace overwrite an existing nndb trace (never another file).")
 @click.option("--every", type=int, metavar="N", help="Record every N-th step (default: every step).")
 @click.option("--steps", "steps_range", metavar="A:B", help="Record only steps A to B-1 (A: or :B open).")
@@ -134,7 +135,18 @@ def _export_targets(specs) -> tuple:
 
 def _own_paths(target, trace_path, force, report_path, command_files, rules):
     """The files nndb writes, absolute and checked before the script starts (nndb.paths)."""
-    from . import paths
+    import os
+    from . import paths, runmeta
+    from .config import rank_trace_path
+    if trace_path:
+        ranks = runmeta.distributed()
+        ranked = rank_trace_path(trace_path, ranks["rank"], ranks["world_size"])
+        if ranked != trace_path and os.path.basename(ranked).startswith("rank"):
+            try:
+                os.makedirs(os.path.dirname(os.path.abspath(ranked)), exist_ok=True)
+            except OSError:
+                pass                # (resolve_trace says why the directory cannot be written)
+        trace_path = ranked
     trace_path = paths.resolve_trace(trace_path, force)
     report_path = paths.resolve_report(report_path)
     trace_dir = None if trace_path else paths.default_dir_writable("nndb-runs")
@@ -192,28 +204,46 @@ def trust(directory, force):
 
 
 @cli.command()
-@click.argument("trace", metavar="TRACE")
+@click.argument("trace", metavar="TRACE|RUNDIR")
 @click.option("--series", "series_name", metavar="NAME", help="Print the history of one tensor.")
 @click.option("--stat", type=click.Choice(STAT_CHOICES), default="norm", show_default=True,
               help="The statistic --series prints.")
 @click.option("--kind", type=click.Choice(KIND_CHOICES), help="With --series: only this kind.")
+@click.option("--ranks", "side_by_side", is_flag=True,
+              help="With a RUNDIR: each tensor's statistics per rank, side by side (default: merged).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
-def inspect(trace, series_name, stat, kind, as_json):
-    """Print a trace's metadata, step count and recorded tensors."""
+def inspect(trace, series_name, stat, kind, side_by_side, as_json):
+    """Print a trace's metadata, step count and recorded tensors.  Given a
+    run directory of a distributed job (one rank<R>.h5 per rank): the job's
+    ranks, their steps and findings, the cross-rank findings, and each
+    tensor's statistics merged across ranks (--ranks: side by side).  Exit
+    code 0; 2 for an unreadable trace, or a directory that is not one whole
+    job (empty, mixed jobs or scripts, a rank missing)."""
+    import os
     from . import inspect as queries
     from .render import text
     from .store.reader import TraceReader
 
     try:
-        with TraceReader(trace) as reader:
-            if series_name:
-                data = queries.series(reader, series_name, stat, kind)
-                out = to_json(data) if as_json else text.series(data)
-            else:
-                if kind:
-                    raise UsageError("--kind goes with --series")
-                data = queries.summary(reader)
-                out = to_json(data) if as_json else text.summary(data)
+        if os.path.isdir(trace):
+            if series_name or kind:
+                raise UsageError("--series and --kind go with a trace, not a run directory")
+            from .job import job_summary, open_job
+            with open_job(trace) as job:
+                data = job_summary(job, ranks=side_by_side)
+            out = to_json(data) if as_json else text.job(data)
+        else:
+            if side_by_side:
+                raise UsageError("--ranks goes with a run directory (RUNDIR), not one trace")
+            with TraceReader(trace) as reader:
+                if series_name:
+                    data = queries.series(reader, series_name, stat, kind)
+                    out = to_json(data) if as_json else text.series(data)
+                else:
+                    if kind:
+                        raise UsageError("--kind goes with --series")
+                    data = queries.summary(reader)
+                    out = to_json(data) if as_json else text.summary(data)
     except NndbError as e:
         _fail(e)
     click.echo(out)

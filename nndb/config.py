@@ -49,6 +49,20 @@ def default_trace_path(target: Target, rank: int = 0, world_size: int = 1,
             return path                 # (the writer reports why it cannot create it)
 
 
+def rank_trace_path(path: str, rank: int, world_size: int) -> str:
+    """An explicit ``--trace PATH`` under torchrun (``world_size`` > 1): one
+    file per rank, never one shared by all.  A directory (existing, or
+    written with a trailing slash) gets ``rank<R>.h5`` inside it, the run
+    directory ``nndb inspect`` reads; a file name gets ``.rank<R>`` before
+    its extension (``run.h5`` -> ``run.rank1.h5``).  One process: PATH."""
+    if world_size <= 1:
+        return path
+    if path.endswith(("/", os.sep)) or os.path.isdir(path):
+        return os.path.join(path, f"rank{rank}.h5")
+    stem, ext = os.path.splitext(path)
+    return f"{stem}.rank{rank}{ext or '.h5'}"
+
+
 def shown(path: str) -> str:
     """A path as the user would type it here: relative below the working directory."""
     try:

@@ -82,7 +82,29 @@ def distributed() -> dict:
         except ValueError:
             return default
     return {"rank": _int("RANK", 0), "world_size": _int("WORLD_SIZE", 1),
-            "local_rank": _int("LOCAL_RANK", 0)}
+            "local_rank": _int("LOCAL_RANK", 0), "job_id": job_id()}
+
+
+def job_id() -> str:
+    """What the ranks of one job share and no other job does, as far as the
+    environment tells: NNDB_JOB_ID (set by ``nndb run --nproc-per-node``),
+    else torchrun's run id when it is not its default "none", else its
+    agent's directory (TORCHELASTIC_ERROR_FILE: one per agent, i.e. per node)
+    with the rendezvous endpoint, else "" (one process: no job)."""
+    env = os.environ
+    if env.get("NNDB_JOB_ID"):
+        return env["NNDB_JOB_ID"]
+    world = env.get("WORLD_SIZE", "1")
+    if not world.isdigit() or int(world) <= 1:
+        return ""
+    run = env.get("TORCHELASTIC_RUN_ID", "")
+    endpoint = f"{env.get('MASTER_ADDR', '')}:{env.get('MASTER_PORT', '')}"
+    if run and run != "none":
+        return f"{run}@{endpoint}"
+    err = env.get("TORCHELASTIC_ERROR_FILE", "")
+    parts = err.split(os.sep)
+    agent = next((p for p in parts if p.startswith("torchelastic_")), "")
+    return f"{agent or run}@{endpoint}"
 
 
 def device() -> dict:

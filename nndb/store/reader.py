@@ -26,11 +26,13 @@ class SeriesInfo:
     name: str
     kind: str
     shape: Optional[tuple] = None       # a param, grad or update series' tensor shape (None: not recorded)
+    local_shape: Optional[tuple] = None  # its shard's shape on this rank, for a sharded (FSDP) parameter
 
 
 def _series_info(d: dict) -> SeriesInfo:
-    shape = d.get("shape")
-    return SeriesInfo(int(d["id"]), d["name"], d["kind"], tuple(int(n) for n in shape) if shape is not None else None)
+    shape, local = d.get("shape"), d.get("local_shape")
+    return SeriesInfo(int(d["id"]), d["name"], d["kind"], tuple(int(n) for n in shape) if shape is not None else None,
+                      tuple(int(n) for n in local) if local is not None else None)
 
 
 # What h5py, numpy and json raise on a file that is damaged in some way: the
@@ -287,6 +289,14 @@ class TraceReader:
         ``step`` on (null: not a number), a row each time it changed; None for a
         trace written before they were recorded."""
         return self._rows("hyper")
+
+    def fingerprints(self) -> Optional[list]:
+        """The rows the ranks are compared by (nndb.tracer.fingerprint): [{"step",
+        "inputs": [[step, checksum], ...], "params": {name: checksum}, "bn":
+        {module: summary}, "data_time", "compute_time", "timed", "loaders"}]
+        (all but "step" and "inputs" at observed steps only); None for a trace
+        written before they were recorded."""
+        return self._rows("fingerprints")
 
     @_reads
     def _rows(self, name: str) -> Optional[list]:

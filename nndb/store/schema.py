@@ -117,10 +117,14 @@ STATS_CHUNK = (1, 64, N_STATS)
 # (NaN), and a series absent at a row, cost next to nothing on disk.
 STATS_FILTERS = {"compression": "gzip", "compression_opts": 1, "shuffle": True}
 
+# The root attributes of a rank's trace under torchrun (the same values are in meta).
+RANK_ATTRS = ("rank", "world_size", "local_rank", "job_id")
+
 # The lengths a reader trusts (``committed``, written after each block's data):
 # the rows of ``stats`` and ``steps/*``, the rows of ``lineage/step`` and
 # ``lineage/seq``, and the bytes of each JSON blob.
-COMMITTED = ("rows", "series", "events", "end", "optimizers", "hyper", "lineage", "lineage/sequences")
+COMMITTED = ("rows", "series", "events", "end", "optimizers", "hyper", "lineage", "lineage/sequences",
+             "fingerprints")
 # Bytes kept free for HDF5's metadata beside a block's data (the room check).
 ROOM_MARGIN = 256 * 1024
 STEPS_CHUNK = (1024,)

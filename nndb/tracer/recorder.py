@@ -195,6 +195,7 @@ class StepRecorder:
         self.last: Optional[StepRecord] = None
         self._names: dict = {}              # series key -> name, resolved once
         self._shapes: dict = {}             # parameter name -> its shape, noted as it is named
+        self._local_shapes: dict = {}       # parameter name -> its shard's shape (a DTensor's: FSDP)
         self._layouts: dict = {}            # tuple of (name, kind) -> the list given to every record
         self._by_sig: dict = {}             # (entry keys, blocks, losses qualified) -> that list
         self._others: tuple = (None, [])     # (cache key, params no optimizer holds)
@@ -391,6 +392,8 @@ class StepRecorder:
             else:
                 name = self.naming.param_name(key[1])
                 self._shapes[name] = list(key[1].shape)
+                if type(key[1]).__name__ == "DTensor":
+                    self._local_shapes[name] = list(S.local(key[1]).shape)
             self._names[key] = name
         return name
 
@@ -398,6 +401,11 @@ class StepRecorder:
         """The shape of a param, grad or update series' tensor (for the trace's
         series list: the rules tell weight matrices from biases by it)."""
         return self._shapes.get(name) if kind in ("param", "grad", "update") else None
+
+    def series_local_shape(self, name: str, kind: str) -> Optional[list]:
+        """The shape of this rank's shard of a sharded (FSDP) parameter's
+        param, grad or update series; None for a whole tensor."""
+        return self._local_shapes.get(name) if kind in ("param", "grad", "update") else None
 
     def _names_of(self, b: _Bucket) -> list:
         """[(name, kind)] of the bucket's rows: entries, then the parameter blocks."""
