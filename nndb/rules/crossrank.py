@@ -45,7 +45,7 @@ def _finding(rule: str, step: int, message: str, tensor=None, module=None, **evi
 
 class EpochTracker:
     """``epoch_repeats`` on one sequence of (step, input checksum): the first
-    batch comes back E >= 2 steps later and the E steps from there repeat
+    batch comes back E >= 2 steps later (after other batches) and the E steps from there repeat
     the E before, checksum for checksum: the epoch repeated (found at its
     last step).  Fed in step order; a gap in the steps (``--every``) is
     skipped over (only steps present in both epochs are compared)."""
@@ -81,9 +81,9 @@ class EpochTracker:
             self.seen = {}
             return None
         if self.period is None and value == self.first[1] and step - self.first[0] >= 2:
-            self.period, self.start = step - self.first[0], step
-            if self.period == 1:
-                self.period = None
+            epoch = {self.seen[s] for s in range(self.first[0], step) if s in self.seen}
+            if len(epoch) > 1:          # (one batch over and over is not an epoch)
+                self.period, self.start = step - self.first[0], step
         return None
 
 
@@ -122,8 +122,7 @@ class CrossRankJudge:
         self.findings: list = []
         self._seen: set = set()
         self._inputs: dict = {}          # step -> {rank: checksum}, until every rank that sent rows judged it
-        self._dup_run = 0
-        self._last_dup_step: Optional[int] = None
+        self._dup_run = 0                # steps in a row whose batches were equal on every rank
         self._epochs: dict = {}          # rank -> EpochTracker
         self._shuffles: dict = {}        # rank -> shuffles(loaders)
         self._slow: dict = {}            # rank -> (observed steps in a row, where the time went)
@@ -167,11 +166,14 @@ class CrossRankJudge:
         groups: dict = {}
         for r in ranks:
             groups.setdefault(params[r][name], []).append(r)
-        apart = sorted(groups.values(), key=len)[0]
+        if len(groups) == len(ranks):
+            who = "no two ranks agree" if len(ranks) > 2 else f"ranks {ranks[0]} and {ranks[1]} disagree"
+        else:
+            apart = sorted(groups.values(), key=len)[0]
+            who = f"rank{'s' if len(apart) > 1 else ''} {', '.join(map(str, apart))} against the others"
         self._report(_finding(
             "rank_divergence", step,
-            f"parameter {name} differs across ranks after step {step}'s optimizer step "
-            f"(rank{'s' if len(apart) > 1 else ''} {', '.join(map(str, apart))} against the others; "
+            f"parameter {name} differs across ranks after step {step}'s optimizer step ({who}; "
             f"{len(differ)} of {len(names)} parameters differ): the replicas have diverged "
             f"(a gradient not all-reduced, a rank that skipped a step, an update outside DDP)",
             tensor=name, differing=differ, ranks=ranks), new)
@@ -192,9 +194,7 @@ class CrossRankJudge:
         for step in sorted(s for s, by in self._inputs.items() if ranks <= set(by)):
             by = self._inputs.pop(step)
             if len(set(by.values())) == 1 and len(by) >= 2:
-                consecutive = self._last_dup_step is not None and self._last_dup_step < step
-                self._dup_run = self._dup_run + 1 if consecutive or self._dup_run == 0 else 1
-                self._last_dup_step = step
+                self._dup_run += 1
                 if self._dup_run >= self.params["duplicate_steps"]:
                     self._report(_finding(
                         "duplicate_batches", step,
@@ -203,7 +203,7 @@ class CrossRankJudge:
                         f"DistributedSampler, or one without num_replicas and rank)",
                         ranks=sorted(by)), new)
             else:
-                self._dup_run, self._last_dup_step = 0, None
+                self._dup_run = 0
 
     def _batchnorm(self, step: int, bns: dict, new: list) -> None:
         ranks = sorted(bns)
