@@ -181,6 +181,7 @@ class Recording:
 
     def __enter__(self) -> "Recording":
         self.tracer.install()
+        self.fingerprints.note_earlier_loaders()
         self.fingerprints.arm()
         return self
 

@@ -97,15 +97,21 @@ def combine(sums: list) -> int:
     return h
 
 
-def loaders() -> list:
-    """The DataLoaders the process holds: [{"sampler", "shuffle", "batches"}].
+def _dataloaders() -> list:
+    from torch.utils.data import DataLoader
+    return [o for o in gc.get_referrers(DataLoader) if isinstance(o, DataLoader)]
+
+
+def loaders(earlier=()) -> list:
+    """The DataLoaders the process holds, but for those in ``earlier`` (alive
+    before the run: an earlier run's, in a notebook or a test process):
+    [{"sampler", "shuffle", "batches"}].
     ``shuffle``: True for a RandomSampler or a shuffling DistributedSampler,
     False for a SequentialSampler or a DistributedSampler without shuffle,
     None for a sampler nndb does not know.  (One referrer scan: done once.)"""
-    from torch.utils.data import DataLoader
     out = []
-    for o in gc.get_referrers(DataLoader):
-        if not isinstance(o, DataLoader):
+    for o in _dataloaders():
+        if o in earlier:
             continue
         sampler = getattr(o, "sampler", None)
         bs = getattr(o, "batch_sampler", None)
@@ -161,6 +167,7 @@ class Fingerprints:
         self._data = self._compute = 0.0
         self._timed = 0
         self._handle = None                # the global forward pre-hook, while armed
+        self._earlier_loaders = ()
         self.keep_fresh = False            # keep the input checksums for take_fresh (the rules of one process)
         self._fresh: list = []
 
@@ -185,6 +192,14 @@ class Fingerprints:
         if self._step_input is not None or self.failed:
             self.disarm()
         return None
+
+    def note_earlier_loaders(self) -> None:
+        """The DataLoaders alive before the run (not its own): one referrer scan at its start."""
+        import weakref
+        try:
+            self._earlier_loaders = weakref.WeakSet(_dataloaders())
+        except Exception:
+            self._earlier_loaders = ()
 
     def arm(self) -> None:
         """Look at the next step's input: a global forward pre-hook, in from a
@@ -247,7 +262,8 @@ class Fingerprints:
         row = {"step": step, "inputs": self._resolved_inputs()}
         if full:
             if self.loaders is None:
-                self.loaders = loaders()
+                self.loaders = loaders(self._earlier_loaders)
+                self._earlier_loaders = ()
                 row["loaders"] = self.loaders
             row["params"], shards = self._params()
             if shards:
