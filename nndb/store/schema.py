@@ -23,11 +23,15 @@
     
 │                                      (chunks of one row and 64 series, shuffled and deflated:
 │                                      a NaN costs next to nothing)
-├── committed             int64[8]     the lengths a reader trusts, attrs["names"] (COMMITTED):
+├── committed             int64[9]     the lengths a reader trusts, attrs["names"] (COMMITTED):
 │                                      rows of stats and steps/*, bytes of series, events, end,
 │                                      optimizers, hyper, rows of lineage/*, bytes of
-│                                      lineage/sequences; written after each block's data
-│                                      (absent in traces written before it: the shortest extent)
+│                                      lineage/sequences, bytes of fingerprints; written after
+│                                      each block's data (absent in traces written before it: the
+│                                      shortest extent)
+├── fingerprints          uint8[...]   UTF-8 JSON lines at the observed steps: input, parameter and
+│                                      BatchNorm checksums, data/compute time (nndb.tracer.fingerprint;
+│                                      absent in older traces)
 ├── optimizers            uint8[...]   UTF-8 JSON lines, written at a recorded step's end when they
     │                                      changed: {"step": int, "optimizers": [{"name": str,
     │                                      "groups": [[parameter name, ...], ...]}, ...] | null}: the
@@ -68,7 +72,8 @@ in a trace is ever unpickled.  The version is bumped on any change a reader
 of the previous version would misread; readers refuse newer versions.  Added
 datasets and JSON keys are not such a change (a reader ignores what it does
 not know, and reads a trace without them as written before them): ``shape``,
-``optimizers`` and ``hyper`` came that way, for the rules on a trace
+``optimizers``, ``hyper``, ``fingerprints``, the series' ``local_shape`` and the root's
+rank attributes came that way, for the rules on a trace
 (nndb.rules.offline), and ``committed`` and the compression of ``stats``.
 
 This module owns the trace's vocabulary (the statistics, series kinds, end
