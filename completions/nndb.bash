@@ -49,7 +49,7 @@ _nndb() {
             --stat) COMPREPLY=($(compgen -W "count mean std min max norm mean_abs nan_count inf_count zero_frac" -- "$cur")); return ;;
             --kind) COMPREPLY=($(compgen -W "param grad update act loss" -- "$cur")); return ;;
         esac
-        if [[ $cur == -* ]]; then COMPREPLY=($(compgen -W "--series --stat --kind --json -h --help" -- "$cur"));
+        if [[ $cur == -* ]]; then COMPREPLY=($(compgen -W "--series --stat --kind --ranks --json -h --help" -- "$cur"));
         else COMPREPLY=($(compgen -f -- "$cur")); fi ;;
     plot)
         case "$prev" in

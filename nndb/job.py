@@ -113,7 +113,7 @@ def _merge_kind(series) -> str:
     return "batch"
 
 
-def _cross_rank(job: Job) -> tuple:
+def cross_rank(job: Job) -> tuple:
     """(findings as dicts, why they could not be judged or None)."""
     from .rules.crossrank import judge_job
     rows = {}
@@ -136,7 +136,7 @@ def job_summary(job: Job, ranks: bool = False) -> dict:
                      "first_step": int(steps[0]) if len(steps) else None,
                      "last_step": int(steps[-1]) if len(steps) else None,
                      "findings": r.records("finding")})
-    cross, why = _cross_rank(job)
+    cross, why = cross_rank(job)
     return {"rundir": job.directory, "job_id": job.job_id, "script": job.script,
             "world_size": job.world_size, "warnings": list(job.warnings), "ranks": info,
             "cross_rank_findings": cross, "cross_rank_unjudged": why,

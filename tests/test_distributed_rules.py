@@ -227,3 +227,24 @@ def test_inspect_bad_run_directories(jobs, tmp_path):
     p = nndb("inspect", str(killed))
     assert p.returncode == 0 and "rank 1's trace is incomplete" in p.stdout
 
+
+
+def test_python_api_job(jobs):
+    import nndb
+    with nndb.open(jobs["planted"]) as job:
+        assert job.world_size == 2 and sorted(job.ranks) == [0, 1]
+        assert {f["rule"] for f in job.findings} == {"rank_divergence", "unsynced_batchnorm", "straggler",
+                                                     "epoch_repeats"}
+        assert [f["rule"] for f in job.ranks[1].findings] == ["epoch_repeats"]
+
+
+def test_epoch_repeats_one_process_live_and_on_the_trace(tmp_path):
+    trace = str(tmp_path / "run.h5")
+    p = nndb("run", "--batch", "--trace", trace, "--report", str(tmp_path / "r.json"),
+             os.path.join(SCRIPTS, "planted_epoch_repeats_reseeded_loader.py"))
+    assert p.returncode == 0, p.stderr
+    assert "epoch_repeats at step 9: the batches of steps 5-9 repeat those of steps 0-4" in p.stderr
+    c = nndb("check-trace", trace, "--json")
+    found = [f for f in json.loads(c.stdout)["findings"] if f["rule"] == "epoch_repeats"]
+    live = [f for f in json.load(open(tmp_path / "r.json"))["findings"] if f["rule"] == "epoch_repeats"]
+    assert found == live and len(found) == 1 and found[0]["step"] == 9
