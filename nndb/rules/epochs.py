@@ -3,8 +3,8 @@ previous epoch's exactly while the data loader shuffles.
 
 The ``batches`` probe hands the rule each step's input checksum, taken by
 the recording (nndb.tracer.fingerprint: the step's first forward with
-autograd enabled, read on the CPU at the step's end; on an accelerator at
-the observed steps, several at once), and whether the run's DataLoader
+autograd enabled), at the observed steps, those of the steps since (a
+repeat is reported with the step it was complete at, up to 31 steps later), and whether the run's DataLoader
 shuffles (its sampler, seen at step 0's end).  An epoch's boundary is where
 the first batch comes back (nndb.rules.crossrank.EpochTracker): no
 DataLoader needs to be found for that, but a loader that does not shuffle
@@ -13,6 +13,7 @@ shuffle.  The same tracker runs per rank across ranks (``nndb inspect RUNDIR``).
 """
 from __future__ import annotations
 
+from .. import cadence
 from .base import Finding, Rule
 from .crossrank import RULES, EpochTracker, epoch_message, shuffles
 from .probes import Probe, register
@@ -33,6 +34,10 @@ class BatchChecksums(Probe):
             return {}
         new = fp.take_fresh()
         return {"inputs": new, "shuffle": shuffles(fp.loaders)} if new else {}
+
+    # Taken at the observed steps only (the steps since, several at once): a
+    # probe armed at every step would have the engine judge every step.
+    wants = staticmethod(cadence.observed)
 
     def install(self) -> None:
         if self._fp is not None:
