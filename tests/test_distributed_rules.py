@@ -127,7 +127,7 @@ def _job(tmp_path, name, script, *args, timeout=240):
     env["PYTHONPATH"] = ROOT
     env["OMP_NUM_THREADS"] = "1"
     p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                        "-m", "nndb", "run", "--batch", "--trace", str(out) + "/", os.path.join(SCRIPTS, script),
+                        "-m", "nndb", "run", "--batch", "--replica", "off", "--trace", str(out) + "/", os.path.join(SCRIPTS, script),
                         *args], capture_output=True, text=True, timeout=timeout, env=env, cwd=str(tmp_path),
                        stdin=subprocess.DEVNULL)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]

@@ -73,6 +73,18 @@ def host_bit_sum(t: torch.Tensor) -> int:
     return int(bit_sum(t))
 
 
+def ints(sums: list) -> list:
+    """0-d int64 tensors as Python ints: one host transfer per device."""
+    out: list = [None] * len(sums)
+    by_device: dict = {}
+    for i, s in enumerate(sums):
+        by_device.setdefault(s.device, []).append(i)
+    for idx in by_device.values():
+        for i, v in zip(idx, torch.stack([sums[i] for i in idx]).tolist()):
+            out[i] = v
+    return out
+
+
 def _desc(t: torch.Tensor) -> tuple:
     """What a checksum mixes in besides the bits: shape and dtype (kept, not the tensor)."""
     return (*t.shape, len(t.shape), t.element_size(), int(t.is_floating_point()))
@@ -292,8 +304,7 @@ class Fingerprints:
     def _resolved_inputs(self) -> list:
         pending = [(i, v) for i, (_, v) in enumerate(self._inputs) if not isinstance(v, int)]
         if pending:
-            flat = torch.stack([s.cpu() for _, (sums, _) in pending for s in sums]).tolist() \
-                if any(sums for _, (sums, _) in pending) else []
+            flat = ints([s for _, (sums, _) in pending for s in sums])
             at = 0
             for i, (sums, descs) in pending:
                 k = len(sums)
@@ -321,7 +332,7 @@ class Fingerprints:
         whole, shards = {}, {}
         if not params:
             return whole, shards
-        sums = torch.stack([bit_sum(p).cpu() for p in params]).tolist()
+        sums = ints([bit_sum(p) for p in params])
         for p, s in zip(params, sums):
             (shards if sharded(p) else whole)[self.naming.param_name(p)] = _mix(s, _desc(local(p)))
         return whole, shards
