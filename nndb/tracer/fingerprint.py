@@ -11,8 +11,8 @@ trace's ``fingerprints`` rows (docs/trace-format.md).
   running statistics.
 
 A checksum is exact and cheap: the 64-bit wrap-around sum of the tensor's
-elements' bit patterns (float32 read as int32, and so on), one reduction on
-the tensor's own device, mixed with its shape and dtype.  Equal tensors have
+bytes read as 64-bit words, one reduction on the tensor's own device (no
+cast), mixed with its shape and dtype.  Equal tensors have
 equal checksums; two tensors that differ anywhere almost surely do not (the
 same elements in another order do: a batch's checksum names its samples, not
 their order).  On an accelerator the sums stay on the device until the next
@@ -37,7 +37,6 @@ from torch.nn.modules import module as _module
 from .. import cadence
 from .stats import local
 
-_INT_OF = {8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.int8}
 _MASK = (1 << 64) - 1
 
 
@@ -48,28 +47,32 @@ def sharded(t) -> bool:
 
 
 def bit_sum(t: torch.Tensor) -> torch.Tensor:
-    """The 64-bit sum of ``t``'s elements' bit patterns, as a 0-d int64 tensor on its device."""
+    """The 64-bit wrap-around sum of ``t``'s bytes read as 64-bit words (the
+    last one zero-padded), as a 0-d int64 tensor on its device."""
     t = local(t).detach()
     if t.is_complex():
         t = torch.view_as_real(t)
     if t.dtype is torch.bool:
-        t = t.to(torch.int8)
-    if t.is_floating_point():
-        t = t.view(_INT_OF[t.element_size()])
-    return t.sum(dtype=torch.int64)
+        t = t.to(torch.uint8)
+    b = t.contiguous().reshape(-1).view(torch.uint8)
+    if b.numel() % 8:
+        b = torch.cat([b, b.new_zeros(8 - b.numel() % 8)])
+    return b.view(torch.int64).sum()
 
 
-_NP_INT = {8: np.int64, 4: np.int32, 2: np.int16, 1: np.int8}
+_HOST_DTYPES = (torch.float32, torch.float64, torch.float16, torch.int64, torch.int32, torch.int16,
+                torch.int8, torch.uint8)
 
 
 def host_bit_sum(t: torch.Tensor) -> int:
     """``bit_sum`` of a CPU tensor as a Python int, through numpy where it
-    can (one call instead of three of torch's: this runs every step)."""
+    can (this runs every step: one numpy sum over 64-bit words, no cast)."""
     t = t.detach()
-    if t.layout is torch.strided and t.dtype in (torch.float32, torch.float64, torch.float16, torch.int64,
-                                                 torch.int32, torch.int16, torch.int8, torch.uint8):
-        a = t.numpy()
-        return int(a.view(_NP_INT[a.itemsize]).sum(dtype=np.int64))
+    if t.layout is torch.strided and t.dtype in _HOST_DTYPES:
+        b = np.ascontiguousarray(t.numpy()).reshape(-1).view(np.uint8)
+        if b.size % 8:
+            b = np.concatenate([b, np.zeros(8 - b.size % 8, np.uint8)])
+        return int(b.view(np.int64).sum())
     return int(bit_sum(t))
 
 
@@ -193,7 +196,8 @@ class Fingerprints:
         self._first_forward: Optional[float] = None
         self._data = self._compute = 0.0
         self._timed = 0
-        self._handle = None                # the global forward pre-hook, while armed
+        self._handle = None                # the global forward pre-hook's handle (registered once)
+        self._armed = False
         self._earlier_loaders = ()
         self.keep_fresh = False            # keep the input checksums for take_fresh (the rules of one process)
         self._fresh: list = []
@@ -234,14 +238,20 @@ class Fingerprints:
         """Look at the next step's input: a global forward pre-hook, in from a
         step's end until the step's first forward with autograd enabled (put
         in at a safe point: no module forward is running; removing it from
-        inside itself is safe, PyTorch iterates a copy of the hooks)."""
-        if self._handle is None and not self.failed:
+        inside itself is safe, PyTorch iterates a copy of the hooks).  One
+        handle, registered once: later steps put the hook back under its id."""
+        if self._armed or self.failed:
+            return
+        if self._handle is None:
             self._handle = _module.register_module_forward_pre_hook(self._pre_hook)
+        else:
+            _module._global_forward_pre_hooks[self._handle.id] = self._pre_hook
+        self._armed = True
 
     def disarm(self) -> None:
-        if self._handle is not None:
+        if self._armed:
             self._handle.remove()
-            self._handle = None
+            self._armed = False
 
     def close(self) -> None:
         self.disarm()
