@@ -13,9 +13,8 @@ trace's ``fingerprints`` rows (docs/trace-format.md).
 A checksum is exact and cheap: the 64-bit wrap-around sum of the tensor's
 bytes read as 64-bit words, one reduction on the tensor's own device (no
 cast), mixed with its shape and dtype.  Equal tensors have
-equal checksums; two tensors that differ anywhere almost surely do not (the
-same elements in another order do: a batch's checksum names its samples, not
-their order).  On an accelerator the sums stay on the device until the next
+equal checksums; two tensors that differ anywhere almost surely do not (a
+sum can cancel: one word up by as much as another goes down).  On an accelerator the sums stay on the device until the next
 observed step (one transfer then); on the CPU they are read at once.
 
 The recorder is a plain object fed by two thin hooks: a global forward
