@@ -66,7 +66,8 @@ _HOST_DTYPES = (torch.float32, torch.float64, torch.float16, torch.int64, torch.
 def host_bit_sum(t: torch.Tensor) -> int:
     """``bit_sum`` of a CPU tensor as a Python int, through numpy where it
     can (this runs every step: one numpy sum over 64-bit words, no cast)."""
-    t = t.detach()
+    if t.requires_grad:
+        t = t.detach()
     if t.layout is torch.strided and t.dtype in _HOST_DTYPES:
         b = np.ascontiguousarray(t.numpy()).reshape(-1).view(np.uint8)
         if b.size % 8:
@@ -209,8 +210,11 @@ class Fingerprints:
             return
         try:
             self._first_forward = time.perf_counter()
-            tensors = [local(t) for t in batch_tensors(args)]
-            if all(t.device.type == "cpu" for t in tensors):
+            if len(args) == 1 and type(args[0]) is torch.Tensor:       # (the usual case, in few calls)
+                tensors = args
+            else:
+                tensors = [local(t) for t in batch_tensors(args)]
+            if all(t.is_cpu for t in tensors):
                 self._step_input = combine([_mix(host_bit_sum(t), _desc(t)) for t in tensors])
             else:
                 self._step_input = ([bit_sum(t) for t in tensors], [_desc(t) for t in tensors])
