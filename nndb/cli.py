@@ -228,7 +228,7 @@ def inspect(trace, series_name, stat, kind, side_by_side, as_json):
         if os.path.isdir(trace):
             if series_name or kind:
                 raise UsageError("--series and --kind go with a trace, not a run directory")
-            from .job import job_summary, open_job
+            from .store.job import job_summary, open_job
             with open_job(trace) as job:
                 data = job_summary(job, ranks=side_by_side)
             out = to_json(data) if as_json else text.job(data)

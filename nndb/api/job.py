@@ -3,12 +3,12 @@ from __future__ import annotations
 
 from typing import Optional
 
-from ..job import cross_rank, job_summary, open_job
+from ..store.job import cross_rank, job_summary, open_job
 from .trace import FindingList, Trace
 
 
 class Job:
-    """The rank traces of one job (nndb.job checks they make one whole job:
+    """The rank traces of one job (nndb.store.job checks they make one whole job:
     a UsageError with one line otherwise).  ``ranks``: {rank: Trace};
     ``findings``: the cross-rank findings (the ranks' own are each
     Trace's ``findings``); ``summary(ranks=False)``: what ``nndb inspect

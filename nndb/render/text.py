@@ -76,7 +76,7 @@ _JOB_STATS = ("count", "mean", "std", "min", "max", "norm", "nan_count", "inf_co
 
 
 def job(data: dict) -> str:
-    """``nndb inspect RUNDIR`` (nndb.job.job_summary)."""
+    """``nndb inspect RUNDIR`` (nndb.store.job.job_summary)."""
     lines = [f"job        {data['rundir']}: {data['world_size']} rank(s), script {data['script']}"
              + (f", job id {data['job_id']}" if data.get("job_id") else "")]
     for w in data.get("warnings", ()):

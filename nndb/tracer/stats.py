@@ -94,9 +94,7 @@ def finalize(raw: np.ndarray) -> np.ndarray:
 def local(t):
     """A tensor's local part: a DTensor's shard on this rank (FSDP records
     each rank's own shard: nndb.store.merge combines them), else the tensor."""
-    if type(t).__name__ == "DTensor":
-        return t.to_local()
-    return t
+    return t.to_local() if type(t).__name__ == "DTensor" else t
 
 
 def _host_array(t: torch.Tensor) -> np.ndarray:

@@ -19,10 +19,10 @@ from typing import Optional
 
 import numpy as np
 
-from .errors import UsageError
-from .store.measured import measured_values
-from .store.merge import merge_stats
-from .store.reader import TraceReader
+from ..errors import UsageError
+from .measured import measured_values
+from .merge import merge_stats
+from .reader import TraceReader
 
 
 @dataclass
@@ -115,7 +115,7 @@ def _merge_kind(series) -> str:
 
 def cross_rank(job: Job) -> tuple:
     """(findings as dicts, why they could not be judged or None)."""
-    from .rules.crossrank import judge_job
+    from ..rules.crossrank import judge_job
     rows = {}
     for k in job.ranks:
         fp = job.readers[k].fingerprints()
