@@ -68,7 +68,7 @@ _nndb() {
             --step) return ;;
             --npy) COMPREPLY=($(compgen -f -- "$cur")); return ;;
         esac
-        if [[ $cur == -* ]]; then COMPREPLY=($(compgen -W "--series --stat --kind --json --tensor --step --npy -h --help" -- "$cur"));
+        if [[ $cur == -* ]]; then COMPREPLY=($(compgen -W "--series --stat --kind --ranks --json --tensor --step --npy -h --help" -- "$cur"));
         else COMPREPLY=($(compgen -f -- "$cur")); fi ;;
     plot)
         case "$prev" in

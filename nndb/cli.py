@@ -42,8 +42,9 @@ def cli():
 
 @cli.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
 @click.option("-m", "module", metavar="MODULE", help="Run a library module as a script, like python -m.")
-@click.option("--trace", "trace_path", metavar="PATH", type=click.Path(dir_okay=False),
-              help="Write the trace here (default: a new file under ./nndb-runs/); an existing file is refused.")
+@click.option("--trace", "trace_path", metavar="PATH", type=click.Path(),
+              help="Write the trace here (default: a new file under ./nndb-runs/); an existing file is refused. "
+                   "Under torchrun the rank goes in: DIR/rank<R>.h5 for a directory, else PATH.rank<R>.h5.")
 @click.option("--force", is_flag=True, help="Let --trace overwrite an existing nndb trace (never another file).")
 @click.option("--every", type=int, metavar="N", help="Record every N-th step (default: every step).")
 @click.option("--steps", "steps_range", metavar="A:B", help="Record only steps A to B-1 (A: or :B open).")
@@ -136,7 +137,7 @@ def run(module, trace_path, force, every, steps_range, full_every, act_every, fl
         launch = launch_options(ctx.params, lambda f: ctx.get_parameter_source(f)
                                 == click.core.ParameterSource.COMMANDLINE)
         if where.distributed and trace_path:
-            trace_path = job.rank_trace(trace_path, where)      # (never one file for all ranks)
+            trace_path = job.rank_trace(trace_path, where, create=True)     # (never one file for all ranks)
         if where.distributed and report_path:
             report_path = job.rank_trace(report_path, where)
         from .config import RecordSchedule
@@ -314,40 +315,30 @@ def trust(directory, force):
 
 
 @cli.command()
-@click.argument("trace", metavar="TRACE")
+@click.argument("trace", metavar="TRACE|RUNDIR")
 @click.option("--series", "series_name", metavar="NAME", help="Print the history of one tensor.")
 @click.option("--stat", type=click.Choice(STAT_CHOICES), default="norm", show_default=True,
               help="The statistic --series prints.")
 @click.option("--kind", type=click.Choice(KIND_CHOICES), help="With --series: only this kind.")
+@click.option("--ranks", "side_by_side", is_flag=True,
+              help="With a RUNDIR: each tensor's statistics per rank, side by side (default: merged).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
 @click.option("--tensor", "tensor_spec", metavar="KIND:NAME",
               help="A whole tensor kept by --record-full, or a histogram, at --step.")
 @click.option("--step", "tensor_step", type=int, metavar="N", help="With --tensor: the step.")
 @click.option("--npy", "npy_path", metavar="OUT.npy", type=click.Path(dir_okay=False),
               help="With --tensor: write the kept tensor to OUT.npy (numpy's format).")
-def inspect(trace, series_name, stat, kind, as_json, tensor_spec, tensor_step, npy_path):
-    """Print a trace's metadata, step count and recorded tensors."""
-    from . import inspect as queries
-    from .render import text
-    from .store.reader import TraceReader
-
+def inspect(trace, series_name, stat, kind, side_by_side, as_json, tensor_spec, tensor_step, npy_path):
+    """Print a trace's metadata, step count and recorded tensors.  Given a
+    run directory of a distributed job (one rank<R>.h5 per rank): the job's
+    ranks, their steps and findings, the cross-rank findings, and each
+    tensor's statistics merged across ranks (--ranks: side by side).  Exit
+    code 0; 2 for an unreadable trace, or a directory that is not one whole
+    job (empty, mixed jobs or scripts, a rank missing)."""
+    from .inspectrun import inspect_text
     try:
-        if (tensor_step is not None or npy_path) and not tensor_spec:
-            raise UsageError("--step and --npy go with --tensor KIND:NAME")
-        with TraceReader(trace) as reader:
-            if tensor_spec:
-                if tensor_step is None:
-                    raise UsageError("--tensor needs --step N")
-                data = queries.tensor_at(reader, tensor_spec, tensor_step, npy_path)
-                out = to_json(data) if as_json else text.tensor_at(data)
-            elif series_name:
-                data = queries.series(reader, series_name, stat, kind)
-                out = to_json(data) if as_json else text.series(data)
-            else:
-                if kind:
-                    raise UsageError("--kind goes with --series")
-                data = queries.summary(reader)
-                out = to_json(data) if as_json else text.summary(data)
+        out = inspect_text(trace, series_name, stat, kind, side_by_side, as_json, tensor_spec, tensor_step,
+                           npy_path)
     except NndbError as e:
         _fail(e)
     click.echo(out)

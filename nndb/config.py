@@ -57,6 +57,12 @@ def default_trace_path(target: Target, directory: str = "nndb-runs", where=None)
             return path                 # (the writer reports why it cannot create it)
 
 
+def rank_trace_path(path: str, rank: int, world_size: int) -> str:
+    """An explicit ``--trace PATH`` for rank ``rank`` of ``world_size`` (nndb.dist.job.rank_trace)."""
+    from .dist.job import Place, rank_trace
+    return rank_trace(path, Place(rank=rank, world_size=world_size, local_rank=rank))
+
+
 def shown(path: str) -> str:
     """A path as the user would type it here: relative below the working directory."""
     try:

@@ -22,6 +22,7 @@ from .errors import (EXIT_OK, EXIT_SCRIPT_ERROR, EXIT_SIGINT, EXIT_SIGTERM, Kill
 from .safetext import printable
 from .store.writer import TraceWriter
 from .tracer.hooks import Tracer
+from .tracer.fingerprint import Fingerprints
 from .tracer.naming import Naming
 from .tracer.pipeline import CallAtStepEnd, Pipeline, WriteOptimizers, WriteRecords
 from .tracer.fulltensors import FullTensors
@@ -164,12 +165,21 @@ class Recording:
                              on_error=self._tracer_failed)
         # What the rules read besides the statistics, kept in the trace for nndb check-trace.
         self.writer.shape_of = self.recorder.series_shape
+        self.writer.local_shape_of = lambda name, kind: self.recorder.series_shape(name, kind, local=True)
         self.listeners.append(WriteOptimizers(self.writer, self.tracer.optimizers, self.naming))
+        # The checksums and timings ranks (and epochs) are compared by, before the rules read them.
+        self.fingerprints = Fingerprints(self.naming, self.tracer.optimizers, self.writer.fingerprint,
+                                         on_error=self._fingerprints_failed)
+        self.listeners.append(self.fingerprints)
 
     def note(self, kind: str, message: str) -> None:
         """Record a warning in the trace's events (kind: schema.EVENT_KINDS),
         at the step in progress."""
         self.writer.event(kind, message, self.recorder.step)
+
+    def _fingerprints_failed(self, msg: str) -> None:
+        self.note("recording_stopped", msg)
+        self.message(msg)
 
     def _tracer_failed(self, msg: str) -> None:
         self.note("recording_stopped", msg)
@@ -177,6 +187,8 @@ class Recording:
 
     def __enter__(self) -> "Recording":
         self.tracer.install()
+        self.fingerprints.note_earlier_loaders()
+        self.fingerprints.arm()
         return self
 
     def __exit__(self, *exc) -> None:
@@ -184,7 +196,9 @@ class Recording:
             self.tracer.finish()
         finally:
             self.tracer.uninstall()
+            self.fingerprints.close()
             self.pipeline.run_ended()
+            self.fingerprints.finish()
 
     def close(self, status: str = "finished", exit_code: int = 0, reason: str = "") -> None:
         self.writer.close(status, exit_code, reason)

@@ -65,10 +65,16 @@ def test_a_slow_first_step_is_not_the_first_checkpoint_s_cost(tmp_path):
 def test_reverse_step_at_the_end_of_a_run_replays_within_the_bound(tmp_path):
     r = _run(tmp_path, example("transformer.py"), ["until 240", "info checkpoints", "rs 1", "present", "continue"],
              args=("--steps", "250"))
-    assert "does not keep its replay bound" not in r.stdout, r.stdout
+    # The 2 s goal holds while checkpoints cost under 40 ms; dearer ones (a loaded
+    # machine) come as the 2% budget allows, and 'info checkpoints' says so and why.
+    dear = re.search(r"does not keep its replay bound \(2 s\): .*\(a checkpoint costs up to (\d+) ms here, "
+                     r"and the 2% budget takes one every ([\d.]+) s\)", r.stdout)
+    bound = 2.0 if dear is None else float(dear.group(2))
+    if dear is not None:
+        assert float(dear.group(2)) == pytest.approx(int(dear.group(1)) / 1000 / 0.02, rel=0.05), r.stdout
     median = float(re.search(r"median step ([\d.]+) ms", r.stdout).group(1))
     replayed = int(re.search(r"(\d+) step\(s\) replayed from the checkpoint", r.stdout).group(1))
-    assert replayed * median / 1000 <= 2.0 * 1.5, (replayed, median)   # the 2 s bound (the median is an estimate)
+    assert replayed * median / 1000 <= max(2.0, bound) * 1.5, (replayed, median, bound)   # (the median: an estimate)
 
 
 def test_checkpoint_memory_drops_checkpoints_and_says_so(tmp_path):

@@ -67,7 +67,7 @@ FLOORS = [
                                 "nndb.__init__", "nndb.notebook", "nndb.fuzzrun",
                                 "nndb.runsetup")),
     ("driver", ("nndb.debugger.driver", "nndb.dist")),
-    ("front ends", ("nndb.repl", "nndb.debugger.frontend", "nndb.debugger.report", "nndb.inspect",
+    ("front ends", ("nndb.repl", "nndb.debugger.frontend", "nndb.debugger.report", "nndb.inspect", "nndb.inspectrun",
                     "nndb.api.trace")),
     ("commands and renderers", ("nndb.debugger.commands", "nndb.debugger.rcfiles", "nndb.render", "nndb.plot")),
     ("time travel", ("nndb.timetravel", "nndb.fuzz")),

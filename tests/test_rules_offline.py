@@ -24,11 +24,12 @@ from nndb.tracer.recorder import StepRecord
 OFFLINE = ["nonfinite", "loss_not_decreasing"]
 # ... and what it serves where it records the optimizers (a run's trace; not one written here by hand)
 OPTIMIZERS = ["exploding_gradient", "vanishing_gradient", "update_ratio", "param_not_updated"]
-WITH_OPTIMIZERS = ["nonfinite"] + OPTIMIZERS + ["loss_not_decreasing"]
+# (epoch_repeats: from the input checksums a run's trace keeps, its fingerprints)
+WITH_OPTIMIZERS = ["nonfinite"] + OPTIMIZERS + ["loss_not_decreasing", "epoch_repeats"]
 PROBES = {"bn_stats", "grad_none", "stale_grad", "dead_relu", "saturated_activation", "eval_mode_training",
           "input_range", "initial_loss", "loss_broadcast", "double_softmax"}
 # (a trace written by hand here records no optimizers: their rules are skipped too)
-NOT_ON_HAND_WRITTEN = PROBES | set(OPTIMIZERS)
+NOT_ON_HAND_WRITTEN = PROBES | set(OPTIMIZERS) | {"epoch_repeats"}
 
 
 def _record(step, names, arrays, loss, optimizer_steps=1, partial=False):
@@ -301,7 +302,7 @@ def test_on_a_trace_written_before_the_optimizers_were_recorded_their_rules_say_
     _run_live(example("nan_lr.py"), ["--steps", "10"], trace, report, False)
     _as_written_before_optimizers(trace)
     d = json.loads(_cli(trace, "--json").output)
-    assert d["rules_run"] == OFFLINE and [f["rule"] for f in d["findings"]] == ["nonfinite"]
+    assert d["rules_run"] == OFFLINE + ["epoch_repeats"] and [f["rule"] for f in d["findings"]] == ["nonfinite"]
     why = {s["rule"]: s for s in d["skipped"] if s["need"] == "optimizers"}
     assert list(why) == OPTIMIZERS
     assert "the trace predates the optimizers' records" in why["update_ratio"]["reason"]

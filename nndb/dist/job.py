@@ -126,10 +126,21 @@ def job_id(run_dir: Optional[str], env: Optional[dict] = None) -> str:
     return rid if rid and rid != "none" else _fallback_name("job", env)
 
 
-def rank_trace(path: str, where: Place) -> str:
-    """``--trace PATH`` for one rank of several: ``run.h5`` -> ``run.rank1.h5``."""
+def rank_trace(path: str, where: Place, create: bool = False) -> str:
+    """``--trace PATH`` for one rank of several, never one file shared by all:
+    a directory (existing, or written with a trailing slash) gets
+    ``rank<R>.h5`` inside it (created: the run directory ``nndb inspect``
+    reads; ``create``: made here); a file name gets ``.rank<R>`` before its
+    extension (``run.h5`` -> ``run.rank1.h5``).  One process: PATH."""
     if not where.distributed:
         return path
+    if path.endswith(("/", os.sep)) or os.path.isdir(path):
+        if create:
+            try:
+                os.makedirs(path, exist_ok=True)
+            except OSError:
+                pass                # (the trace's own check says why it cannot be written)
+        return os.path.join(path, f"rank{where.rank}.h5")
     base, ext = os.path.splitext(path)
     return f"{base}.rank{where.rank}{ext or '.h5'}"
 

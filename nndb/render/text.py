@@ -69,3 +69,54 @@ def series(data: dict) -> str:
 def tensor_at(data: dict) -> str:
     from .distributions import tensor_at as render
     return render(data)
+
+
+def _finding_line(f: dict, rank=None) -> str:
+    who = f"rank {rank}  " if rank is not None else ""
+    return printable_line(f"  {who}{f.get('severity', '?'):<8} {f.get('rule')} at step {f.get('step')}: "
+                          f"{f.get('message')}")
+
+
+_JOB_STATS = ("count", "mean", "std", "min", "max", "norm", "nan_count", "inf_count")
+
+
+def job(data: dict) -> str:
+    """``nndb inspect RUNDIR`` (nndb.store.job.job_summary)."""
+    lines = [f"job        {data['rundir']}: {data['world_size']} rank(s), script {data['script']}"
+             + (f", job id {data['job_id']}" if data.get("job_id") else "")]
+    for w in data.get("warnings", ()):
+        lines.append(printable_line(f"warning    {w}"))
+    rows = [[r["rank"], r["status"], r["steps"],
+             "-" if r["first_step"] is None else f"{r['first_step']}..{r['last_step']}",
+             len(r["findings"]), printable_line(r["trace"])] for r in data["ranks"]]
+    lines += ["", tabulate(rows, headers=["rank", "status", "steps", "span", "findings", "trace"],
+                           disable_numparse=True)]
+    lines.append("")
+    cross = data.get("cross_rank_findings") or []
+    if data.get("cross_rank_unjudged"):
+        lines.append(printable_line(f"cross-rank rules not run: {data['cross_rank_unjudged']}"))
+    else:
+        lines.append(f"cross-rank findings: {len(cross) or 'none'}")
+        lines += [_finding_line(f, (f.get("evidence") or {}).get("rank")) for f in cross]
+    per_rank = [(r["rank"], f) for r in data["ranks"] for f in r["findings"]]
+    lines.append(f"findings of the ranks' own rules: {len(per_rank) or 'none'}")
+    lines += [_finding_line(f, k) for k, f in per_rank]
+    if not data["tensors"]:
+        return printable("\n".join(lines))
+    lines.append("")
+    table = []
+    if data["tensors"] and "by_rank" in data["tensors"][0]:
+        lines.append(f"tensors at step {data['step']} (the last step every rank recorded), one row per rank:")
+        for t in data["tensors"]:
+            for k, st in t["by_rank"].items():
+                table.append([printable_line(t["name"]), t["kind"], k] + [fmt(st[c]) for c in _JOB_STATS])
+        headers = ["tensor", "kind", "rank", *_JOB_STATS]
+    else:
+        lines.append(f"tensors at step {data['step']} (the last step every rank recorded), merged across ranks "
+                     f"(shards and batches combined; a replicated parameter: rank {data['ranks'][0]['rank']}'s):")
+        for t in data["tensors"]:
+            st = t["stats"]
+            table.append([printable_line(t["name"]), t["kind"], t["merge"]] + [fmt(st[c]) for c in _JOB_STATS])
+        headers = ["tensor", "kind", "merged", *_JOB_STATS]
+    lines.append(tabulate(table, headers=headers, disable_numparse=True))
+    return printable("\n".join(lines))

@@ -4,11 +4,12 @@ from __future__ import annotations
 from typing import Optional
 
 from . import grad_rules, stats_rules
-from . import probe_rules
+from . import epochs, probe_rules
 from .engine import RuleEngine
 
 BUILTIN: list = list(stats_rules.RULES) + list(grad_rules.RULES)
 BUILTIN += probe_rules.RULES
+BUILTIN += epochs.RULES_HERE
 
 
 def default_rules() -> list:

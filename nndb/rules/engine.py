@@ -138,15 +138,20 @@ class RuleEngine:
         self.armed = armed
         self._probe_errors = self._probe_errors or armed
 
-    def on_record(self, record, stats=None, optimizers=(), naming=None, defer: bool = False) -> list:
+    def on_record(self, record, stats=None, optimizers=(), naming=None, defer: bool = False,
+                  facts: Optional[dict] = None) -> list:
         """Run the rules on one recorded step; returns the new findings.
         ``naming``: the run's names where there is no run (a trace's stand-ins).
+        ``facts``: probe facts given from outside (a trace's, offline).
         ``defer``: a step on which only every-step rules would run, all of
         them with the action ``warn``, may wait in a block (nndb.rules.block)
         to be judged with the next ones; ``flush`` judges what waits (the
         findings returned are then of earlier steps: each names its step)."""
         # (a probe gathers facts only while its callbacks are in: the steps it is armed for)
+        given = facts
         facts = {name: p.take(record.step) for name, p in self._probes.items() if p._armed} if self.armed else {}
+        if given:                         # (a trace's facts, for the probes it serves: nndb.rules.offline)
+            facts.update(given)
         if observed(record.step):
             rules = [r for r in self.rules if r.enabled]
         else:

@@ -24,7 +24,9 @@ Other things a StepRecord has are not in a trace, and the rules that read them
 do not run here (each is named, with the reason, in ``OfflineResult.skipped``):
 
 * probes (``Rule.PROBES``): facts gathered by hooks in the live model and
-  optimizers (dead ReLU units, the loss function's inputs, stale gradients);
+  optimizers (dead ReLU units, the loss function's inputs, stale gradients),
+  but for the ``batches`` probe, whose input checksums the trace keeps
+  (``trace_facts``: ``epoch_repeats`` runs on a trace);
 * anything else of the live run a rule says it needs (``LIVE_ONLY``);
 * the order of a step's rows: a trace keeps each series' id, given in order of
   first appearance, so a step's rows are rebuilt in that order.  A training
@@ -124,10 +126,12 @@ NEEDS = {
 }
 
 
-def offline_reason(rule, order_doubt: Optional[str] = None, no_optimizers: Optional[str] = None) -> Optional[tuple]:
+def offline_reason(rule, order_doubt: Optional[str] = None, no_optimizers: Optional[str] = None,
+                   served: frozenset = frozenset()) -> Optional[tuple]:
     """(need, why) if ``rule`` cannot run on this trace (need: a key of NEEDS), else None.
-    ``no_optimizers``: why the trace cannot give the optimizers back (None: it can)."""
-    if rule.PROBES:
+    ``no_optimizers``: why the trace cannot give the optimizers back (None: it can);
+    ``served``: the probes whose facts the trace holds (``trace_facts``)."""
+    if rule.PROBES and not set(rule.PROBES) <= served:
         return "probes", f"it needs the probe{'s' if len(rule.PROBES) > 1 else ''} {', '.join(rule.PROBES)}, " \
                          "which watch the live model and optimizers"
     reads = getattr(rule, "READS_OPTIMIZERS", "")
@@ -306,6 +310,22 @@ class TraceOptimizers:
         return list(self._state)
 
 
+def trace_facts(reader) -> tuple:
+    """(the probes a trace serves, step -> their facts): the ``batches``
+    probe's input checksums, from the trace's fingerprints (nndb.tracer.fingerprint),
+    one step each as the live probe hands them on the CPU."""
+    rows = reader.fingerprints()
+    if rows is None:
+        return frozenset(), {}
+    from .crossrank import shuffles
+    shuffle = next((shuffles(r["loaders"]) for r in rows if "loaders" in r), None)
+    by_step = {}
+    for r in rows:
+        for step, value in r.get("inputs", ()):
+            by_step[int(step)] = {"batches": {"inputs": [(int(step), value)], "shuffle": shuffle}}
+    return (frozenset({"batches"}) if by_step else frozenset()), by_step
+
+
 # -- the invoker ----------------------------------------------------------------------------
 
 def check_trace(reader, engine: RuleEngine) -> OfflineResult:
@@ -315,11 +335,12 @@ def check_trace(reader, engine: RuleEngine) -> OfflineResult:
     mask, unchecked = checked_live(reader)
     doubt = order_doubt(reader, present_rows(reader))
     opts = TraceOptimizers(reader)
+    served, facts = trace_facts(reader)
     skipped, run = [], []
     for r in engine.rules:
         if not r.enabled:
             continue
-        why = offline_reason(r, doubt, opts.why)
+        why = offline_reason(r, doubt, opts.why, served)
         if why is None:
             run.append(r.id)
         else:
@@ -337,7 +358,8 @@ def check_trace(reader, engine: RuleEngine) -> OfflineResult:
         for step in trace_steps(reader, mask):
             result.steps_checked += 1
             opts.advance(step.step)
-            result.findings.extend(engine.on_record(step, step.stats, optimizers, naming))
+            result.findings.extend(engine.on_record(step, step.stats, optimizers, naming,
+                                                    facts=facts.get(step.step)))
             result.errors.extend(engine.take_errors())
     finally:
         del engine.module_types

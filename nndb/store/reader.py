@@ -27,11 +27,13 @@ class SeriesInfo:
     name: str
     kind: str
     shape: Optional[tuple] = None       # a param, grad or update series' tensor shape (None: not recorded)
+    local_shape: Optional[tuple] = None  # its shard's shape on this rank, for a sharded (FSDP) parameter
 
 
 def _series_info(d: dict) -> SeriesInfo:
-    shape = d.get("shape")
-    return SeriesInfo(int(d["id"]), d["name"], d["kind"], tuple(int(n) for n in shape) if shape is not None else None)
+    shape, local = d.get("shape"), d.get("local_shape")
+    return SeriesInfo(int(d["id"]), d["name"], d["kind"], tuple(int(n) for n in shape) if shape is not None else None,
+                      tuple(int(n) for n in local) if local is not None else None)
 
 
 # What h5py, numpy and json raise on a file that is damaged in some way: the
@@ -275,19 +277,23 @@ class TraceReader(FullReads):
             self._sequence_lines = lines
         return self._sequence_lines
 
-    # -- the optimizers, as the rules saw them ----------------------------------
+    # -- JSON-lines rows (None for a trace written before they were recorded) ---------
     def optimizers(self) -> Optional[list]:
-        """[{"step", "optimizers": [{"name", "groups": [[parameter names], ...]}]}]:
-        the optimizers (in the order the rules saw them) and the parameters each
-        group holds, from ``step`` on, a row each time they changed; None for a
-        trace written before they were recorded."""
+        """[{"step", "optimizers": [{"name", "groups": [[parameter names], ...]}]}]: the
+        optimizers (in the order the rules saw them) and each group's parameters, from
+        ``step`` on, a row each time they changed."""
         return self._rows("optimizers")
 
     def hyper(self) -> Optional[list]:
-        """[{"step", "optimizer", "group", "lr"}]: a group's learning rate from
-        ``step`` on (null: not a number), a row each time it changed; None for a
-        trace written before they were recorded."""
+        """[{"step", "optimizer", "group", "lr"}]: a group's learning rate from ``step``
+        on (null: not a number), a row each time it changed."""
         return self._rows("hyper")
+
+    def fingerprints(self) -> Optional[list]:
+        """What ranks are compared by (nndb.tracer.fingerprint): [{"step", "inputs":
+        [[step, checksum], ...], "params", "bn", "data_time", "compute_time", "timed",
+        "loaders"}] (all but "step" and "inputs" at observed steps only)."""
+        return self._rows("fingerprints")
 
     @_reads
     def _rows(self, name: str) -> Optional[list]:
@@ -430,8 +436,7 @@ def _expect(value, kind: type, what: str):
 
 
 def _check_layout(f) -> None:
-    """The datasets the reader reads whole, each of the shape and type the
-    schema gives it (a damaged file can hold anything under those names)."""
+    """The datasets read whole, of the schema's shapes and types (a damaged file can hold anything)."""
     for name in ("meta", "series", "events", "end", "stats", "steps"):
         if name not in f:
             raise ValueError(f"no {name}")

@@ -23,13 +23,16 @@
     
 │                                      (chunks of one row and 64 series, shuffled and deflated:
 │                                      a NaN costs next to nothing)
-├── committed             int64[13]    the lengths a reader trusts, attrs["names"] (COMMITTED):
+├── committed             int64[14]    the lengths a reader trusts, attrs["names"] (COMMITTED):
 │                                      rows of stats and steps/*, bytes of series, events, end,
 │                                      optimizers, hyper, rows of lineage/*, bytes of
 │                                      lineage/sequences, bytes of full/index and elements of
-│                                      full/u16, full/f32, full/f64, rows of hist/*; written
-│                                      after each block's data
+│                                      full/u16, full/f32, full/f64, rows of hist/*, bytes of
+│                                      fingerprints; written after each block's data
 │                                      (absent in traces written before it: the shortest extent)
+├── fingerprints          uint8[...]   UTF-8 JSON lines at the observed steps: input, parameter and
+│                                      BatchNorm checksums, data/compute time (nndb.tracer.fingerprint;
+│                                      absent in older traces)
 ├── optimizers            uint8[...]   UTF-8 JSON lines, written at a recorded step's end when they
     │                                      changed: {"step": int, "optimizers": [{"name": str,
     │                                      "groups": [[parameter name, ...], ...]}, ...] | null}: the
@@ -84,7 +87,8 @@ in a trace is ever unpickled.  The version is bumped on any change a reader
 of the previous version would misread; readers refuse newer versions.  Added
 datasets and JSON keys are not such a change (a reader ignores what it does
 not know, and reads a trace without them as written before them): ``shape``,
-``optimizers`` and ``hyper`` came that way, for the rules on a trace
+``optimizers``, ``hyper``, ``fingerprints``, the series' ``local_shape`` and the root's
+rank attributes came that way, for the rules on a trace
 (nndb.rules.offline), and ``committed`` and the compression of ``stats``,
 and ``full/`` and ``hist/`` (whole tensors and histograms; their lengths are
 new names in ``committed``).  HDF5's SWMR mode allows no new dataset once it
@@ -137,11 +141,14 @@ STATS_CHUNK = (1, 64, N_STATS)
 # (NaN), and a series absent at a row, cost next to nothing on disk.
 STATS_FILTERS = {"compression": "gzip", "compression_opts": 1, "shuffle": True}
 
+# The root attributes of a rank's trace under torchrun (the same values are in meta).
+RANK_ATTRS = ("rank", "world_size", "local_rank", "job_id")
+
 # The lengths a reader trusts (``committed``, written after each block's data):
 # the rows of ``stats`` and ``steps/*``, the rows of ``lineage/step`` and
 # ``lineage/seq``, and the bytes of each JSON blob.
 COMMITTED = ("rows", "series", "events", "end", "optimizers", "hyper", "lineage", "lineage/sequences",
-             "full/index", "full/u16", "full/f32", "full/f64", "hist")
+             "full/index", "full/u16", "full/f32", "full/f64", "hist", "fingerprints")
 
 # Full-tensor history (``full/``): the kinds whose whole tensors can be kept,
 # the precisions a user asks for (nndb.store.precision has the error bounds),

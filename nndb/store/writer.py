@@ -33,9 +33,9 @@ from . import fullstore
 from . import schema as K
 from .space import NoRoom, check_room, detach_file, reason as _reason
 
-_BLOBS = ("series", "events", "end", "optimizers", "hyper")
+_BLOBS = ("series", "events", "end", "optimizers", "hyper", "fingerprints")
 # The JSON-lines blobs a run appends to (row dicts), counted in lines for a replica's reader.
-_ROW_BLOBS = ("optimizers", "hyper")
+_ROW_BLOBS = ("optimizers", "hyper", "fingerprints")
 _STEP_COLUMNS = ("step", "time", "backward_count", "optimizer_steps", "partial")
 
 
@@ -95,6 +95,8 @@ class TraceWriter:
         self.lineage_written = 0
         # (name, kind) -> the tensor's shape, or None: given by the recording (the recorder knows the tensors)
         self.shape_of: Optional[Callable[[str, str], Optional[list]]] = None
+        # (name, kind) -> the shape of this rank's shard of a sharded (FSDP) parameter, else None
+        self.local_shape_of: Optional[Callable[[str, str], Optional[list]]] = None
         self._pending_rows: dict = {name: [] for name in _ROW_BLOBS}
         self.row_lines_written: dict = {name: 0 for name in _ROW_BLOBS}
         # Whole tensors and histograms waiting for a flush (bounded: nndb.store.fullstore)
@@ -121,6 +123,9 @@ class TraceWriter:
         f = self._f
         f.attrs["nndb_format"] = K.FORMAT
         f.attrs["schema_version"] = K.SCHEMA_VERSION
+        for key in K.RANK_ATTRS:        # (also in meta: on the root, a job's files are told apart cheaply)
+            if meta.get(key) is not None:
+                f.attrs[key] = meta[key]
         meta_bytes = np.frombuffer(json.dumps(meta, sort_keys=True).encode("utf-8"), dtype=np.uint8)
         f.create_dataset("meta", data=meta_bytes)
         for name in _BLOBS:
@@ -160,6 +165,9 @@ class TraceWriter:
             shape = self.shape_of(name, kind) if self.shape_of is not None else None
             if shape is not None:
                 line["shape"] = [int(n) for n in shape]
+            local = self.local_shape_of(name, kind) if self.local_shape_of is not None else None
+            if local is not None:
+                line["local_shape"] = [int(n) for n in local]
             self._new_series.append(line)
         return sid
 
@@ -257,6 +265,13 @@ class TraceWriter:
         if self.failed or self.closed:
             return
         self._pending_rows["hyper"].append({"step": step, "optimizer": optimizer, "group": group, "lr": lr})
+
+    def fingerprint(self, row: dict) -> None:
+        """A row of the checksums and timings the ranks are compared by
+        (nndb.tracer.fingerprint): at each observed step, and at the run's end."""
+        if self.failed or self.closed:
+            return
+        self._pending_rows["fingerprints"].append(row)
 
     def flush(self) -> None:
         if self.failed or self.closed or self.detached:

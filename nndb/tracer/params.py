@@ -36,10 +36,11 @@ class ParamPlan:
 
     def __init__(self, params):
         self.params = params
-        small = [p.device.type == "cpu" and p.numel() <= S.HOST_MAX_PARAM_ELEMENTS for p in params]
+        # (a DTensor, FSDP's, is read through its local shard: S.local)
+        small = [p.device.type == "cpu" and S.local(p).numel() <= S.HOST_MAX_PARAM_ELEMENTS for p in params]
         self.host = [p for p, sm in zip(params, small) if sm]
         self.large = [p for p, sm in zip(params, small) if not sm]
-        self.sizes = [p.numel() for p in self.host]
+        self.sizes = [S.local(p).numel() for p in self.host]
         self.ids = {id(p) for p in params}
         self.value_keys = [("param", p, "param") for p in self.host]
         self.update_keys = [("param", p, "update") for p in self.host]
@@ -49,7 +50,7 @@ class ParamPlan:
         # The usual case, copied into one float32 buffer (``block``): float32
         # parameters, none empty.
         self.n = sum(self.sizes)
-        self._fast = bool(self.host) and all(p.dtype == torch.float32 and p.numel() for p in self.host)
+        self._fast = bool(self.host) and all(p.dtype == torch.float32 and n for p, n in zip(self.host, self.sizes))
         self._norm_layouts: dict = {}    # with grads -> (starts, rows) (stats.norm_template)
         self._buf: Optional[np.ndarray] = None     # values | updates (values before, at first) | gradients
         self._grad_dst: list = []        # torch views of its gradient part, shaped like the parameters
@@ -78,7 +79,7 @@ class ParamPlan:
             self._buf = np.empty(3 * self.n, dtype=np.float32)
             flat, at = torch.from_numpy(self._buf), 2 * self.n
             for p, k in zip(self.host, self.sizes):
-                self._grad_dst.append(flat[at:at + k].view(p.shape))
+                self._grad_dst.append(flat[at:at + k].view(S.local(p).shape))
                 at += k
         return self._buf
 
@@ -90,7 +91,7 @@ class ParamPlan:
         try:
             if grad_mode:      # (a gradient that needs grad, under create_graph: our copy is not the step's graph)
                 _set_grad_enabled(False)
-            torch._foreach_copy_(self._grad_dst, [p.grad for p in self.host])
+            torch._foreach_copy_(self._grad_dst, [S.local(p.grad) for p in self.host])
         except (RuntimeError, TypeError):
             return False
         finally:
@@ -103,6 +104,7 @@ class ParamPlan:
         stays): the values' concatenation costs less than a torch copy."""
         views = self._views
         for i, p in enumerate(self.host):
+            p = S.local(p)
             ptr = p.data_ptr()
             if ptr != self._ptrs[i]:
                 v = S._host_array(p)
@@ -164,7 +166,7 @@ class Snapshot:
     def __init__(self, plan: ParamPlan):
         self.plan = plan
         self.host_before = plan.values_before()
-        self.large_before = [p.detach().clone() for p in plan.large]
+        self.large_before = [S.local(p).detach().clone() for p in plan.large]
 
     def record(self, bucket, full: bool, grads: bool = True) -> None:
         """Put value, update (and grad) of every parameter into ``bucket`` (the
@@ -198,10 +200,11 @@ class Snapshot:
             keys, items = [], []
             for p, before in zip(plan.large, self.large_before):
                 keys += [("param", p, "param"), ("param", p, "update")]
-                items += [p.detach(), p.detach() - before]
+                value = S.local(p).detach()
+                items += [value, value - before]
                 if grads and p.grad is not None and not p.grad.is_sparse:
                     keys.append(("param", p, "grad"))
-                    items.append(p.grad.detach())
+                    items.append(S.local(p.grad).detach())
             for key, raw in zip(keys, S.raw_many(items, full)):
                 bucket.add(key, raw)
             if full:

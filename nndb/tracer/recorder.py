@@ -10,17 +10,14 @@ The hooks (``tracer.hooks``) stay thin and forward here.  What is recorded:
   use: ``act``, ``act#2``.  Calls of the model repeated within a step (gradient
   accumulation, a GAN's discriminator on real and fake data) merge into one
   row per step.
-* ``loss``: the tensor ``backward()`` was called on, merged over the backward
-  passes of the step (``count`` = number of backward passes).  With several
-  optimizers the loss is attributed to the optimizer that steps after it and
-  named ``loss/<optimizer>``.
-* ``param``, ``grad``, ``update``: for each parameter an optimizer holds, at
-  the return of that optimizer's ``step()``: its value, its ``.grad`` and the
-  change the step made.  Parameters of the model that no optimizer holds get
-  ``param`` and ``grad`` at the end of the step.  Without any optimizer
-  (hand-written updates), ``param`` and ``update`` of step N are taken at the
-  end of step N+1 (or of the run), so that they include the hand-written update
-  that follows step N's backward pass.
+* ``loss``: the tensor ``backward()`` was called on, merged over the step's backward passes
+  (``count`` = their number).  With several optimizers the loss is attributed to the one
+  that steps after it and named ``loss/<optimizer>``.
+* ``param``, ``grad``, ``update``: for each parameter an optimizer holds, at the return of
+  its ``step()``: its value, its ``.grad`` and the step's change.  Parameters no optimizer
+  holds get ``param`` and ``grad`` at the step's end.  Without any optimizer (hand-written
+  updates), ``param`` and ``update`` of step N are taken at the end of step N+1 (or of the
+  run): they include the hand-written update after step N's backward pass.
 """
 from __future__ import annotations
 
@@ -212,6 +209,7 @@ class StepRecorder:
         self.last: Optional[StepRecord] = None
         self._names: dict = {}              # series key -> name, resolved once
         self._shapes: dict = {}             # parameter name -> its shape, noted as it is named
+        self._local_shapes: dict = {}       # parameter name -> its shard's shape (a DTensor's: FSDP)
         self._layouts: dict = {}            # tuple of (name, kind) -> the list given to every record
         self._by_sig: dict = {}             # (entry keys, blocks, losses qualified) -> that list
         self._others: tuple = (None, [])     # (cache key, params no optimizer holds)
@@ -432,13 +430,16 @@ class StepRecorder:
             else:
                 name = self.naming.param_name(key[1])
                 self._shapes[name] = list(key[1].shape)
+                if type(key[1]).__name__ == "DTensor":    # (FSDP: the shard's shape too)
+                    self._local_shapes[name] = list(S.local(key[1]).shape)
             self._names[key] = name
         return name
 
-    def series_shape(self, name: str, kind: str) -> Optional[list]:
-        """The shape of a param, grad or update series' tensor (for the trace's
-        series list: the rules tell weight matrices from biases by it)."""
-        return self._shapes.get(name) if kind in ("param", "grad", "update") else None
+    def series_shape(self, name: str, kind: str, local: bool = False) -> Optional[list]:
+        """The shape of a param, grad or update series' tensor (the rules tell weight matrices
+        from biases by it); ``local``: of this rank's shard of a sharded (FSDP) one, else None."""
+        return (self._local_shapes if local else self._shapes).get(name) if kind in ("param", "grad", "update") \
+            else None
 
     def _names_of(self, b: _Bucket) -> list:
         """[(name, kind)] of the bucket's rows: entries, then the parameter blocks."""

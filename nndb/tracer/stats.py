@@ -91,8 +91,14 @@ def finalize(raw: np.ndarray) -> np.ndarray:
 
 # -- host (numpy) path -----------------------------------------------------
 
+def local(t):
+    """A tensor's local part: a DTensor's shard on this rank (FSDP records
+    each rank's own shard: nndb.store.merge combines them), else the tensor."""
+    return t.to_local() if type(t).__name__ == "DTensor" else t
+
+
 def _host_array(t: torch.Tensor) -> np.ndarray:
-    t = t.detach()
+    t = local(t).detach()
     if t.dtype not in _HOST_DTYPES:
         t = t.float()
     return t.numpy().reshape(-1)
@@ -284,7 +290,7 @@ def host_norm_segments(flat: np.ndarray, sizes) -> np.ndarray:
 # -- large CPU tensors (torch) ------------------------------------------------
 
 def _device_flat(t: torch.Tensor) -> torch.Tensor:
-    f = t.detach().reshape(-1)
+    f = local(t).detach().reshape(-1)
     if f.dtype not in (torch.float32, torch.float64):
         f = f.float()
     return f
@@ -381,6 +387,7 @@ def is_host_tensor(t: torch.Tensor) -> bool:
 def raw_now(t: torch.Tensor, full: bool = True) -> np.ndarray:
     """Raw row of one tensor, computed now (activations: the script may
     modify them in place later)."""
+    t = local(t)
     if t.device.type == "cpu":
         if t.numel() <= HOST_MAX_ELEMENTS:
             return host_raw_one(_host_array(t), full)
@@ -395,6 +402,7 @@ def raw_many(tensors: Sequence, full: bool = True) -> list[np.ndarray]:
     at the end."""
     out: list = [None] * len(tensors)
     host_idx, host_arrays, dev = [], [], []
+    tensors = [t if isinstance(t, np.ndarray) else local(t) for t in tensors]
     for i, t in enumerate(tensors):
         if isinstance(t, np.ndarray):
             host_idx.append(i)

@@ -107,7 +107,10 @@ def test_the_script_exit_code_is_its_own_when_the_disk_fills(tmp_path):
     script.write_text("import runpy, sys\nsys.argv = ['mlp.py', '--steps', '600']\n"
                       f"runpy.run_path({example('mlp.py')!r}, run_name='__main__')\nsys.exit(7)\n")
     plain = subprocess.run([sys.executable, str(script)], capture_output=True, timeout=900)
-    r = nndb("run", "--batch", "--trace", path, str(script), preexec_fn=_file_limit(300_000), timeout=900)
+    # (flushes every 100 steps: some are committed before the file reaches the limit, whatever
+    # the size of an empty trace's datasets)
+    r = nndb("run", "--batch", "--flush-every", "100", "--trace", path, str(script), preexec_fn=_file_limit(300_000),
+             timeout=900)
     assert plain.returncode == 7 and r.returncode == 7, r.stderr
     _one_trace_line(r.stderr, path, "File too large")
     with TraceReader(path) as t:

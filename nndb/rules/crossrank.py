@@ -1,0 +1,274 @@
+"""The rules across ranks: pure functions over the ranks' fingerprint rows.
+
+Each rank records, at every observed step, a row (nndb.tracer.fingerprint,
+the trace's ``fingerprints``): checksums of its parameters and of each
+step's input batch, its BatchNorm running statistics, and its step time
+split into data loading and compute.  ``CrossRankJudge.feed(rows)`` judges
+one observed step from the rows the ranks have for it (``{rank: row}``), in
+step order, and returns the new findings; ``judge_job`` feeds it a finished
+job's rows, read from the rank traces.  The front process of a live job
+feeds the same judge the same rows as the ranks send them: the findings are
+the same either way.  Each (rule, subject) is reported once, at its first
+occurrence, as the single-process engine does.
+
+``EpochTracker`` (``epoch_repeats``) reads one rank's sequence of input
+checksums; it is also the single-process rule's core (nndb.rules.epochs).
+"""
+from __future__ import annotations
+
+import statistics
+from typing import Iterable, Optional
+
+from .base import Finding, Threshold
+
+RULES = {
+    "rank_divergence": ("error", "a replicated (DDP) parameter differs across ranks after an optimizer step"),
+    "duplicate_batches": ("error", "every rank received the same input batch (no DistributedSampler?)"),
+    "epoch_repeats": ("warning", "an epoch's batches repeat the previous epoch's exactly while the loader "
+                                 "shuffles (sampler.set_epoch missing?)"),
+    "unsynced_batchnorm": ("info", "BatchNorm running statistics differ across ranks (no SyncBatchNorm)"),
+    "straggler": ("warning", "one rank's step takes over 1.5x the median rank's, for several observed steps"),
+}
+THRESHOLDS = {
+    "duplicate_steps": Threshold(2, "steps in a row whose batches are equal on every rank: one equal "
+                                    "pair could be chance of a tiny dataset, two in a row is a pattern"),
+    "straggler_ratio": Threshold(1.5, "the issue's 1.5x of the median rank's time"),
+    "straggler_steps": Threshold(3, "observed steps in a row: one slow step is noise (a checkpoint, a log)"),
+    "straggler_floor": Threshold(0.01, "seconds a rank must lose at least, so that a 0.1 ms jitter on a "
+                                       "0.2 ms data load is not a straggler"),
+}
+
+
+def _finding(rule: str, step: int, message: str, tensor=None, module=None, **evidence) -> Finding:
+    return Finding(rule, RULES[rule][0], step, message, tensor, module, evidence)
+
+
+class EpochTracker:
+    """``epoch_repeats`` on one sequence of (step, input checksum): the first
+    batch comes back E >= 2 steps later (after other batches) and the E steps from there repeat
+    the E before, checksum for checksum: the epoch repeated (found at its
+    last step).  Fed in step order; a gap in the steps (``--every``) is
+    skipped over (only steps present in both epochs are compared)."""
+
+    # The longest epoch looked for, in steps: the checksums of a whole epoch
+    # are kept until its first batch comes back (about 100 bytes a step).
+    MAX_PERIOD = 200_000
+
+    def __init__(self):
+        self.seen: dict = {}            # step -> checksum
+        self.first: Optional[tuple] = None
+        self.period: Optional[int] = None
+        self.start: Optional[int] = None     # the step the repeated epoch starts at
+        self.found: Optional[tuple] = None   # (step, period)
+
+    def feed(self, step: int, value: int) -> Optional[tuple]:
+        """(step, period) once, when an epoch has repeated the previous one."""
+        if self.found is not None or step in self.seen:
+            return None
+        self.seen[step] = value
+        if self.first is None:
+            self.first = (step, value)
+            return None
+        if self.period is not None:
+            before = self.seen.get(step - self.period)
+            if before is not None and before != value:
+                self.period = self.start = None
+            elif step >= self.start + self.period - 1:
+                self.found = (step, self.period)
+                return self.found
+        if self.period is None and step - self.first[0] > self.MAX_PERIOD:
+            self.found = (None, None)       # (the first batch never came back within MAX_PERIOD steps: stop)
+            self.seen = {}
+            return None
+        if self.period is None and value == self.first[1] and step - self.first[0] >= 2:
+            epoch = {self.seen[s] for s in range(self.first[0], step) if s in self.seen}
+            if len(epoch) > 1:          # (one batch over and over is not an epoch)
+                self.period, self.start = step - self.first[0], step
+        return None
+
+
+def shuffles(loaders: Optional[list]) -> Optional[bool]:
+    """Does the run's data loader shuffle: True if one does, False if every
+    one is known not to, None when unknown (no DataLoader, an unknown sampler)."""
+    if not loaders:
+        return None
+    flags = [d.get("shuffle") for d in loaders]
+    if any(f is True for f in flags):
+        return True
+    return False if all(f is False for f in flags) else None
+
+
+def epoch_message(step: int, period: int, rank: Optional[int] = None) -> str:
+    who = f"rank {rank}'s" if rank is not None else "the"
+    return (f"{who} batches of steps {step - period + 1}-{step} repeat those of steps "
+            f"{step - 2 * period + 1}-{step - period} exactly while the loader shuffles: an epoch of "
+            f"{period} steps repeated (a DistributedSampler without sampler.set_epoch(epoch) "
+            f"shuffles every epoch the same way)")
+
+
+def _rel(values: list) -> float:
+    """How far a set of numbers spreads: (max - min) / the largest magnitude."""
+    lo, hi = min(values), max(values)
+    scale = max(abs(lo), abs(hi))
+    return 0.0 if hi == lo else (hi - lo) / scale if scale > 0 else float("inf")
+
+
+class CrossRankJudge:
+    """The five rules over the ranks' rows, fed one observed step at a time."""
+
+    def __init__(self, params: Optional[dict] = None):
+        self.params = {k: t.default for k, t in THRESHOLDS.items()}
+        self.params.update(params or {})
+        self.findings: list = []
+        self._seen: set = set()
+        self._inputs: dict = {}          # step -> {rank: checksum}, until every rank that sent rows judged it
+        self._dup_run = 0                # steps in a row whose batches were equal on every rank
+        self._epochs: dict = {}          # rank -> EpochTracker
+        self._shuffles: dict = {}        # rank -> shuffles(loaders)
+        self._slow: dict = {}            # rank -> (observed steps in a row, where the time went)
+
+    def _report(self, f: Finding, new: list) -> None:
+        key = (f.rule, f.evidence.get("rank"), f.subject)
+        if key in self._seen:
+            return
+        self._seen.add(key)
+        self.findings.append(f)
+        new.append(f)
+
+    def feed(self, step: int, rows: dict) -> list:
+        """Judge observed step ``step`` from ``{rank: row}`` (the ranks that have
+        a row for it); the new findings."""
+        new: list = []
+        for rank, row in rows.items():
+            if "loaders" in row:
+                self._shuffles[rank] = shuffles(row["loaders"])
+        self._batches(rows, new)
+        if len(rows) >= 2:
+            with_params = {r: row["params"] for r, row in rows.items() if row.get("params") is not None}
+            if len(with_params) >= 2:
+                self._divergence(step, with_params, new)
+            with_bn = {r: row["bn"] for r, row in rows.items() if row.get("bn")}
+            if len(with_bn) >= 2:
+                self._batchnorm(step, with_bn, new)
+            timed = {r: row for r, row in rows.items() if row.get("data_time") is not None}
+            if len(timed) >= 2:
+                self._stragglers(step, timed, new)
+        return new
+
+    # -- the rules -------------------------------------------------------------------
+    def _divergence(self, step: int, params: dict, new: list) -> None:
+        ranks = sorted(params)
+        names = [n for n in params[ranks[0]] if all(n in params[r] for r in ranks[1:])]
+        differ = [n for n in names if len({params[r][n] for r in ranks}) > 1]
+        if not differ:
+            return
+        name = differ[0]
+        groups: dict = {}
+        for r in ranks:
+            groups.setdefault(params[r][name], []).append(r)
+        if len(groups) == len(ranks):
+            who = "no two ranks agree" if len(ranks) > 2 else f"ranks {ranks[0]} and {ranks[1]} disagree"
+        else:
+            apart = sorted(groups.values(), key=len)[0]
+            who = f"rank{'s' if len(apart) > 1 else ''} {', '.join(map(str, apart))} against the others"
+        self._report(_finding(
+            "rank_divergence", step,
+            f"parameter {name} differs across ranks after step {step}'s optimizer step ({who}; "
+            f"{len(differ)} of {len(names)} parameters differ): the replicas have diverged "
+            f"(a gradient not all-reduced, a rank that skipped a step, an update outside DDP)",
+            tensor=name, differing=differ, ranks=ranks), new)
+
+    def _batches(self, rows: dict, new: list) -> None:
+        for rank, row in rows.items():
+            tracker = self._epochs.setdefault(rank, EpochTracker())
+            for step, value in row.get("inputs", ()):
+                self._inputs.setdefault(step, {})[rank] = value
+                hit = tracker.feed(step, value)
+                if hit is not None and self._shuffles.get(rank) is True:
+                    at, period = hit
+                    self._report(_finding("epoch_repeats", at, epoch_message(at, period, rank),
+                                          rank=rank, period=period), new)
+        if len(rows) < 2:
+            return
+        ranks = set(rows)
+        for step in sorted(s for s, by in self._inputs.items() if ranks <= set(by)):
+            by = self._inputs.pop(step)
+            if len(set(by.values())) == 1 and len(by) >= 2:
+                self._dup_run += 1
+                if self._dup_run >= self.params["duplicate_steps"]:
+                    self._report(_finding(
+                        "duplicate_batches", step,
+                        f"every rank ({len(by)}) received the same input batch at step {step} "
+                        f"({self._dup_run} steps running): the ranks train on the same data (no "
+                        f"DistributedSampler, or one without num_replicas and rank)",
+                        ranks=sorted(by)), new)
+            else:
+                self._dup_run = 0
+
+    def _batchnorm(self, step: int, bns: dict, new: list) -> None:
+        ranks = sorted(bns)
+        worst = None
+        modules = [m for m in bns[ranks[0]] if all(m in bns[r] for r in ranks[1:])]
+        apart = [m for m in modules if len({bns[r][m][5] for r in ranks}) > 1]
+        for m in apart:
+            for i, what in ((1, "running_mean's mean"), (3, "running_var's mean"),
+                            (2, "running_mean's norm"), (4, "running_var's norm")):
+                vals = [bns[r][m][i] for r in ranks]
+                d = _rel(vals)
+                if worst is None or d > worst[0]:
+                    worst = (d, m, what, vals)
+        if worst is None:
+            return
+        d, m, what, vals = worst
+        per = ", ".join(f"rank {r} {v:.4g}" for r, v in zip(ranks, vals))
+        self._report(_finding(
+            "unsynced_batchnorm", step,
+            f"BatchNorm running statistics differ across ranks at step {step} in {len(apart)} of "
+            f"{len(modules)} module(s); the farthest: {m}, {what} {per} ({100 * d:.3g}% apart): each rank "
+            f"keeps its own (use torch.nn.SyncBatchNorm.convert_sync_batchnorm, or evaluate on one rank)",
+            module=m, drift=d, modules=apart), new)
+
+    def _stragglers(self, step: int, timed: dict, new: list) -> None:
+        p = self.params
+        d = {r: row["data_time"] for r, row in timed.items()}
+        c = {r: row["compute_time"] for r, row in timed.items()}
+        total = {r: d[r] + c[r] for r in timed}
+        med_d, med_c, med_t = (statistics.median(x.values()) for x in (d, c, total))
+        ratio, floor = p["straggler_ratio"], p["straggler_floor"]
+        for r in sorted(timed):
+            # Ranks that all-reduce wait for the slowest inside their own
+            # compute: their step times come out equal, and the straggler is
+            # the one whose data loading (or compute) ran over the others'.
+            slow_total = total[r] > ratio * med_t and total[r] - med_t > floor
+            slow_data = d[r] > ratio * med_d and d[r] - med_d > max(floor, 0.25 * med_t)
+            if not (slow_total or slow_data):
+                self._slow.pop(r, None)
+                continue
+            where = "data loading" if slow_data or d[r] - med_d >= c[r] - med_c else "compute"
+            n = self._slow.get(r, (0, where))[0] + 1
+            self._slow[r] = (n, where)
+            if n >= p["straggler_steps"]:
+                mine, theirs = (d[r], med_d) if where == "data loading" else (c[r], med_c)
+                self._report(_finding(
+                    "straggler", step,
+                    f"rank {r} is a straggler: {n} observed steps running it took {total[r] * 1e3:.1f} ms "
+                    f"a step, its {where} {mine * 1e3:.1f} ms against the median rank's {theirs * 1e3:.1f} ms; "
+                    f"the other ranks wait for it", rank=r, where=where, data_time=d[r],
+                    compute_time=c[r]), new)
+
+
+def judge_job(rows_by_rank: dict, params: Optional[dict] = None) -> list:
+    """The findings of a finished job: ``{rank: [row, ...]}`` (each rank's
+    fingerprint rows, in step order), fed to a CrossRankJudge step by step."""
+    judge = CrossRankJudge(params)
+    by_step: dict = {}
+    for rank, rows in rows_by_rank.items():
+        for row in rows:
+            by_step.setdefault(row["step"], {})[rank] = row
+    for step in sorted(by_step):
+        judge.feed(step, by_step[step])
+    return judge.findings
+
+
+def describe() -> Iterable[dict]:
+    return [{"id": k, "severity": s, "explanation": e} for k, (s, e) in RULES.items()]

@@ -1,0 +1,250 @@
+"""Cross-rank rules, FSDP shard merging and ``nndb inspect RUNDIR``.
+
+Units: the pure functions on synthetic rows (fast).  End to end: tiny DDP and
+FSDP jobs of 2 CPU ranks under ``torch.distributed.run`` with gloo, each rank
+under ``nndb run --batch`` (tests/scripts/dist_ddp.py, dist_fsdp.py)."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import h5py
+import numpy as np
+import pytest
+import torch
+
+from conftest import ROOT, nndb
+from nndb.config import rank_trace_path
+from nndb.rules.crossrank import CrossRankJudge, EpochTracker, judge_job
+from nndb.store.merge import merge_raw_rows, merge_stats
+from nndb.tracer import stats as S
+from nndb.tracer.fingerprint import checksum
+
+SCRIPTS = os.path.join(ROOT, "tests", "scripts")
+
+
+# -- units -------------------------------------------------------------------------------
+
+def test_checksum_exact_and_cheap_properties():
+    a = torch.randn(5, 7)
+    b = a.clone()
+    assert checksum(a) == checksum(b)
+    b[2, 3] = torch.nextafter(b[2, 3], torch.tensor(10.0))      # one ulp
+    assert checksum(a) != checksum(b)
+    assert checksum(a) != checksum(a.reshape(7, 5))              # the shape is part of it
+    assert checksum(a) != checksum(a.double())
+
+
+def test_rank_trace_path():
+    assert rank_trace_path("run.h5", 1, 1) == "run.h5"
+    assert rank_trace_path("run.h5", 1, 2) == "run.rank1.h5"
+    assert rank_trace_path("out/", 0, 2) == os.path.join("out/", "rank0.h5")
+
+
+def test_epoch_tracker():
+    t = EpochTracker()
+    seq = [1, 2, 3, 4, 1, 2, 3, 4]
+    hits = [t.feed(i, v) for i, v in enumerate(seq)]
+    assert hits[:7] == [None] * 7 and hits[7] == (7, 4)
+    t = EpochTracker()                  # the first batch comes back, the rest does not: no epoch repeat
+    assert all(t.feed(i, v) is None for i, v in enumerate([1, 2, 3, 4, 1, 5, 6, 7, 8]))
+    t = EpochTracker()                  # the same batch every step is not an epoch
+    assert all(t.feed(i, 9) is None for i in range(10))
+
+
+def _row(step, params=None, inputs=None, bn=None, data=None, compute=None, loaders=None):
+    r = {"step": step, "inputs": inputs if inputs is not None else [[step, 100 + step]]}
+    if params is not None:
+        r["params"] = params
+        r["bn"] = bn or {}
+    if data is not None:
+        r.update(data_time=data, compute_time=compute, timed=1)
+    if loaders is not None:
+        r["loaders"] = loaders
+    return r
+
+
+def _rules(findings):
+    return {(f.rule, f.step) for f in findings}
+
+
+def test_judge_healthy_rows_silent():
+    rows = {r: [_row(s, {"w": 5, "b": 6}, [[s, 10 * s + r]], data=0.001, compute=0.02,
+                     loaders=[{"sampler": "DistributedSampler", "shuffle": True, "batches": 4}] if s == 0 else None)
+                for s in range(12)] for r in (0, 1)}
+    assert judge_job(rows) == []
+
+
+def test_judge_planted_rows():
+    loaders = [{"sampler": "DistributedSampler", "shuffle": True, "batches": 4}]
+    rows = {}
+    for r in (0, 1):
+        rows[r] = []
+        for s in range(12):
+            params = {"w": 5 + (r if s >= 4 else 0), "b": 6}
+            bn = {"bn": [16, 0.1 + r * 0.01, 1.0, 0.9, 3.0, 77 + r]}
+            rows[r].append(_row(s, params, [[s, 1000 * r + s % 4]], bn, data=0.05 if r == 1 else 0.001,
+                                compute=0.02 if r == 1 else 0.07, loaders=loaders if s == 0 else None))
+    found = judge_job(rows)
+    got = _rules(found)
+    assert ("rank_divergence", 4) in got
+    assert ("unsynced_batchnorm", 0) in got
+    assert ("epoch_repeats", 7) in got
+    strag = [f for f in found if f.rule == "straggler"]
+    assert [(f.step, f.evidence["rank"], f.evidence["where"]) for f in strag] == [(2, 1, "data loading")]   # steps 0, 1, 2
+    div = next(f for f in found if f.rule == "rank_divergence")
+    assert div.tensor == "w" and div.severity == "error"
+
+
+def test_judge_duplicates_and_live_equals_offline():
+    rows = {r: [_row(s, {"w": 1}, [[s, 42 + s]]) for s in range(5)] for r in (0, 1)}
+    offline = judge_job(rows)
+    assert [(f.rule, f.step) for f in offline] == [("duplicate_batches", 1)]
+    live = CrossRankJudge()             # fed as a front process would be, step by step
+    for s in range(5):
+        live.feed(s, {0: rows[0][s], 1: rows[1][s]})
+    assert [f.as_dict() for f in live.findings] == [f.as_dict() for f in offline]
+
+
+def test_merge_shards_exact():
+    t = torch.randn(1001, dtype=torch.float64)
+    t[3], t[10], t[500] = 0.0, float("nan"), float("-inf")
+    parts = [t[:400], t[400:401], t[401:]]
+    full = S.finalize(S.raw_now(t))
+    from_rows = S.finalize(merge_raw_rows([S.raw_now(p) for p in parts]))
+    from_stats = merge_stats([S.finalize(S.raw_now(p)) for p in parts])
+    for got in (from_rows, from_stats):
+        np.testing.assert_allclose(got, full, rtol=1e-12, equal_nan=True)
+    assert from_stats[7] == 1 and from_stats[8] == 1 and from_stats[0] == 1001
+
+
+# -- end to end ----------------------------------------------------------------------------
+
+def _job(tmp_path, name, script, *args, timeout=240):
+    out = tmp_path / name
+    env = dict(os.environ)
+    env["PYTHONPATH"] = ROOT
+    env["OMP_NUM_THREADS"] = "1"
+    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                        "-m", "nndb", "run", "--batch", "--replica", "off", "--trace", str(out) + "/", os.path.join(SCRIPTS, script),
+                        *args], capture_output=True, text=True, timeout=timeout, env=env, cwd=str(tmp_path),
+                       stdin=subprocess.DEVNULL)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
+    assert sorted(os.listdir(out)) == ["rank0.h5", "rank1.h5"]
+    return str(out), p
+
+
+def _inspect(rundir, *extra):
+    p = nndb("inspect", rundir, "--json", *extra)
+    assert p.returncode == 0, p.stderr
+    return json.loads(p.stdout)
+
+
+@pytest.fixture(scope="module")
+def jobs(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("jobs")
+    return {"healthy": _job(tmp, "healthy", "dist_ddp.py")[0],
+            "planted": _job(tmp, "planted", "dist_ddp.py", "--no-set-epoch", "--perturb", "3", "--bn",
+                            "--slow-rank", "0.05")[0],
+            "dup": _job(tmp, "dup", "dist_ddp.py", "--no-sampler", "--epochs", "1")[0]}
+
+
+def test_healthy_ddp_silent(jobs):
+    data = _inspect(jobs["healthy"])
+    assert data["world_size"] == 2 and [r["steps"] for r in data["ranks"]] == [12, 12]
+    assert data["cross_rank_findings"] == []
+    assert all(r["findings"] == [] for r in data["ranks"])
+    params = [t for t in data["tensors"] if t["kind"] == "param"]
+    assert params and all(t["merge"] == "replicated" for t in params)
+    loss = next(t for t in data["tensors"] if t["kind"] == "loss")
+    assert loss["merge"] == "batch" and loss["stats"]["count"] == 2          # one backward on each rank
+
+
+def test_planted_ddp_findings(jobs):
+    data = _inspect(jobs["planted"])
+    first = {}
+    for f in data["cross_rank_findings"]:
+        first.setdefault(f["rule"], f)
+    assert set(first) == {"rank_divergence", "unsynced_batchnorm", "straggler", "epoch_repeats"}
+    assert first["rank_divergence"]["step"] == 4            # changed after step 3's end: seen at step 4's
+    assert first["rank_divergence"]["tensor"].endswith("0.weight")
+    assert first["straggler"]["evidence"]["rank"] == 1
+    assert first["straggler"]["evidence"]["where"] == "data loading"
+    assert first["epoch_repeats"]["step"] == 7              # 4 steps an epoch: steps 4-7 repeat 0-3
+    assert first["unsynced_batchnorm"]["step"] == 0
+    # the single-process rule in each rank's own engine says the same
+    assert [[f["rule"] for f in r["findings"]] for r in data["ranks"]] == [["epoch_repeats"]] * 2
+    side = _inspect(jobs["planted"], "--ranks")
+    w = next(t for t in side["tensors"] if t["kind"] == "param" and t["name"].endswith("0.weight"))
+    assert set(w["by_rank"]) == {"0", "1"} and w["by_rank"]["0"]["norm"] != w["by_rank"]["1"]["norm"]
+    text = nndb("inspect", jobs["planted"]).stdout
+    assert "rank_divergence at step 4" in text and "rank 1  warning  straggler" in text
+
+
+def test_duplicate_batches(jobs):
+    data = _inspect(jobs["dup"])
+    assert [(f["rule"], f["step"]) for f in data["cross_rank_findings"]] == [("duplicate_batches", 1)]
+
+
+def test_fsdp_shards_merged(tmp_path):
+    rundir, p = _job(tmp_path, "fsdp", "dist_fsdp.py")
+    truth = json.loads([l for l in p.stdout.splitlines() if l.startswith("{")][0])
+    data = _inspect(rundir)
+    params = {t["name"]: t for t in data["tensors"] if t["kind"] == "param"}
+    assert set(params) == set(truth)
+    for name, want in truth.items():
+        got = params[name]
+        assert got["merge"] == "shards" and got["stats"]["count"] == want["count"]
+        assert got["stats"]["norm"] == pytest.approx(want["norm"], rel=1e-6)
+    assert data["cross_rank_findings"] == []        # shards differ by design: no divergence
+
+
+def test_inspect_bad_run_directories(jobs, tmp_path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    for d, words in ((empty, "holds no rank traces"),):
+        p = nndb("inspect", str(d))
+        assert p.returncode == 2 and words in p.stderr and len(p.stderr.strip().splitlines()) == 1
+    missing = tmp_path / "missing"
+    missing.mkdir()
+    shutil.copy(os.path.join(jobs["healthy"], "rank0.h5"), missing / "rank0.h5")
+    p = nndb("inspect", str(missing))
+    assert p.returncode == 2 and "lacks the trace of rank 1 of 2" in p.stderr
+    mixed = tmp_path / "mixed"
+    mixed.mkdir()
+    shutil.copy(os.path.join(jobs["healthy"], "rank0.h5"), mixed / "rank0.h5")
+    shutil.copy(os.path.join(jobs["planted"], "rank1.h5"), mixed / "rank1.h5")
+    p = nndb("inspect", str(mixed))
+    assert p.returncode == 2 and "mixes jobs" in p.stderr and len(p.stderr.strip().splitlines()) == 1
+    killed = tmp_path / "killed"
+    shutil.copytree(jobs["healthy"], killed)
+    with h5py.File(killed / "rank1.h5", "r+") as f:      # as a killed rank leaves it: no /end committed
+        names = json.loads(f["committed"].attrs["names"])
+        c = f["committed"][:]
+        c[names.index("end")] = 0
+        f["committed"][:] = c
+    p = nndb("inspect", str(killed))
+    assert p.returncode == 0 and "rank 1's trace is incomplete" in p.stdout
+
+
+
+def test_python_api_job(jobs):
+    import nndb
+    with nndb.open(jobs["planted"]) as job:
+        assert job.world_size == 2 and sorted(job.ranks) == [0, 1]
+        assert {f["rule"] for f in job.findings} == {"rank_divergence", "unsynced_batchnorm", "straggler",
+                                                     "epoch_repeats"}
+        assert [f["rule"] for f in job.ranks[1].findings] == ["epoch_repeats"]
+
+
+def test_epoch_repeats_one_process_live_and_on_the_trace(tmp_path):
+    trace = str(tmp_path / "run.h5")
+    p = nndb("run", "--batch", "--trace", trace, "--report", str(tmp_path / "r.json"),
+             os.path.join(SCRIPTS, "planted_epoch_repeats_reseeded_loader.py"))
+    assert p.returncode == 0, p.stderr
+    assert "epoch_repeats at step 9: the batches of steps 5-9 repeat those of steps 0-4" in p.stderr
+    c = nndb("check-trace", trace, "--json")
+    found = [f for f in json.loads(c.stdout)["findings"] if f["rule"] == "epoch_repeats"]
+    live = [f for f in json.load(open(tmp_path / "r.json"))["findings"] if f["rule"] == "epoch_repeats"]
+    assert found == live and len(found) == 1 and found[0]["step"] == 9
