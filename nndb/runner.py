@@ -169,7 +169,7 @@ class Recording:
         self.listeners.append(WriteOptimizers(self.writer, self.tracer.optimizers, self.naming))
         # The checksums and timings ranks (and epochs) are compared by, before the rules read them.
         self.fingerprints = Fingerprints(self.naming, self.tracer.optimizers, self.writer.fingerprint,
-                                         on_error=self._fingerprints_failed)
+                                         on_error=self._fingerprints_failed, ranks=meta.get("world_size") or 1)
         self.listeners.append(self.fingerprints)
 
     def note(self, kind: str, message: str) -> None:

@@ -1,6 +1,7 @@
 """nndb inspect: text, JSON and series output on a real trace."""
 import json
 import os
+import re
 
 import pytest
 
@@ -93,6 +94,8 @@ def test_rank_suffix_under_torchrun(tmp_path):
     r = nndb("run", str(script), cwd=str(tmp_path), env={"RANK": "1", "WORLD_SIZE": "2"})
     assert r.returncode == 0
     path = r.stderr.split("recording to ", 1)[1].split()[0]
-    assert path.endswith("-rank1.h5")
+    # one run directory per job, one file per rank in it (nndb.dist.job)
+    assert re.fullmatch(r"nndb-runs/s-[^/]+/rank1\.h5", path), path
     data = json.loads(nndb("inspect", "--json", os.path.join(str(tmp_path), path)).stdout)
     assert data["meta"]["rank"] == 1 and data["meta"]["world_size"] == 2
+    assert data["meta"]["job_id"] == os.path.basename(os.path.dirname(path))
