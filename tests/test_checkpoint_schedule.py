@@ -71,7 +71,8 @@ def test_reverse_step_at_the_end_of_a_run_replays_within_the_bound(tmp_path):
                      r"and the 2% budget takes one every ([\d.]+) s\)", r.stdout)
     bound = 2.0 if dear is None else float(dear.group(2))
     if dear is not None:
-        assert float(dear.group(2)) == pytest.approx(int(dear.group(1)) / 1000 / 0.02, rel=0.05), r.stdout
+        # (the interval follows the last checkpoint's cost; the message names the dearest)
+        assert float(dear.group(2)) <= int(dear.group(1)) / 1000 / 0.02 * 1.05, r.stdout
     median = float(re.search(r"median step ([\d.]+) ms", r.stdout).group(1))
     replayed = int(re.search(r"(\d+) step\(s\) replayed from the checkpoint", r.stdout).group(1))
     assert replayed * median / 1000 <= max(2.0, bound) * 1.5, (replayed, median, bound)   # (the median: an estimate)
