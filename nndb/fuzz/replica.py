@@ -26,7 +26,6 @@ from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import _disable_current_modes
 
 from ..timetravel import forking
-from ..timetravel.channel import Channel
 from ..timetravel.roles import Role, finish
 from . import search
 from .mutate import spec_for
@@ -37,17 +36,10 @@ from .tape import Tape
 def fuzz(s, machine, goal: dict) -> Optional[dict]:
     """Fork a fuzzing replica at this stop; its report (``{"error": ...}`` when it failed).
     None in the replica (whose command returns at once: the script runs on there)."""
-    parent, child = Channel.pair()
-    pid = forking.fork(close=tuple(c.chan for c in machine.checkpoints.values()) + (parent,))
-    if pid == 0:
-        _become_fuzzer(s, machine, child, goal)
+    from ..timetravel.predict import fork_and_wait
+    msg = fork_and_wait(s, machine, lambda chan: _become_fuzzer(s, machine, chan, goal))
+    if msg is None:
         return None
-    child.close()
-    try:
-        msg = machine._wait(s, parent, None)
-    finally:
-        parent.close()
-        forking.reap(pid)
     return msg.get("result") or {"error": msg.get("error", "the fuzzing replica reported nothing")}
 
 

@@ -7,20 +7,27 @@ from . import forking
 from .channel import Channel
 
 
-def predict(s, machine, n: int, set_lines: list) -> dict:
-    """``set_lines``: [{"line": a set command, "label": KEY=VALUE, "read": (what, name, key)}]."""
+def fork_and_wait(s, machine, become):
+    """Fork a helper replica of this stop (``predict``, ``fuzz``): in the child
+    ``become(chan)`` takes over and None is returned; the live run waits for
+    the child's last message and returns it."""
     parent, child = Channel.pair()
     pid = forking.fork(close=tuple(c.chan for c in machine.checkpoints.values()) + (parent,))
     if pid == 0:
-        _become_predictor(s, machine, child, n, set_lines)
-        return {}
+        become(child)
+        return None
     child.close()
     try:
-        msg = machine._wait(s, parent, None)
+        return machine._wait(s, parent, None)
     finally:
         parent.close()
         forking.reap(pid)
-    return msg
+
+
+def predict(s, machine, n: int, set_lines: list) -> dict:
+    """``set_lines``: [{"line": a set command, "label": KEY=VALUE, "read": (what, name, key)}]."""
+    msg = fork_and_wait(s, machine, lambda chan: _become_predictor(s, machine, chan, n, set_lines))
+    return {} if msg is None else msg
 
 
 def _become_predictor(s, machine, chan, n: int, set_lines: list) -> None:
