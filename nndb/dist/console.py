@@ -31,8 +31,8 @@ _EVERY_RANK = {"b", "break", "tbreak", "watch", "w", "delete", "d", "disable", "
                "display", "undisplay", "rule", "rules", "set"}
 _SIDE_BY_SIDE = {"p", "print", "stats", "where", "bt", "backtrace", "list", "l"}
 _BACK = {"reverse-step", "rs", "reverse-next", "rn", "goto"}
-_NOT_ACROSS = {"reverse-continue": "time travel", "rc": "time travel",
-               "predict": "time travel", "timeline": "time travel", "s": "step", "step": "step",
+_REPLICA = {"predict", "reverse-continue", "rc"}      # answered by a replica job (nndb.dist.travel)
+_NOT_ACROSS = {"timeline": "time travel", "s": "step", "step": "step",
                "commands": "commands", "run": "run", "r": "run", "detach": "detach"}
 _RANK_SUFFIX = re.compile(r"\s+rank\s+(\d+)\s*$")
 _STOP_WAIT_S = 3.0
@@ -186,6 +186,15 @@ class Console:
         if word in _BACK:
             self._travel(word, rest.strip(), ranks)
             return
+        if word in _REPLICA:
+            step = self._stopped_step(ranks)
+            if step is not None:
+                from . import travel
+                if word == "predict":
+                    travel.predict(self, rest, ranks, step)
+                else:
+                    travel.reverse_continue(self, ranks, step)
+            return
         if word in _NOT_ACROSS:
             what = _NOT_ACROSS[word]
             self.say(f"time travel across ranks is not available yet" if what == "time travel" else
@@ -238,11 +247,9 @@ class Console:
         process group, so every rank is respawned (the job is run again from
         its start, in a new run directory) and runs silently to the end of
         the target step, where the points are set again."""
-        now = {self.front.state.ranks[r].stop_step for r in ranks}
-        if len(now) != 1 or None in now:
-            self.say("time travel across ranks starts from a step end where every rank stopped")
+        step = self._stopped_step(ranks)
+        if step is None:
             return
-        step = now.pop()
         try:
             if word == "goto":
                 target = int(arg)
@@ -283,6 +290,14 @@ class Console:
             for r in targets:
                 self._on(r, text)
         self.say(f"nndb: the job is at step {target} again ({time.monotonic() - t0:.1f} s)")
+
+    def _stopped_step(self, ranks: list) -> Optional[int]:
+        """The step at whose end every rank stopped (else None, said)."""
+        now = {self.front.state.ranks[r].stop_step for r in ranks}
+        if len(now) != 1 or None in now:
+            self.say("time travel across ranks starts from a step end where every rank stopped")
+            return None
+        return now.pop()
 
     def _side_by_side(self, cmd: str, ranks: list) -> None:
         from tabulate import tabulate

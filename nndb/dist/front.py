@@ -55,6 +55,7 @@ class LaunchOptions:
     master_port: Optional[int] = None
     max_restarts: int = 0
     hang_timeout: Optional[float] = None
+    log_dir: Optional[str] = None       # a replica job (nndb.dist.replica): the workers' output goes here
 
     def single_node(self) -> bool:
         return self.nnodes.split(":")[-1].strip() == "1"
@@ -70,6 +71,8 @@ class LaunchOptions:
                             ("--master-addr", self.master_addr), ("--master-port", self.master_port)):
             if value is not None:
                 a += [flag, str(value)]
+        if self.log_dir:
+            a += ["--log-dir", self.log_dir, "--redirects", "3"]
         return a + ["--module", "nndb"] + list(worker_argv)
 
 

@@ -1,0 +1,92 @@
+"""Time travel across ranks that a replica job answers (nndb.dist.travel):
+``predict`` and ``reverse-continue`` on a 2-rank gloo job at the prompt,
+against an independent torchrun run; the replica's drift check."""
+import os
+import re
+import sys
+import time
+
+import pytest
+
+from test_distributed_run import _assert_none_left, _copy, _on_terminal, _torchrun
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="gloo jobs on Linux")
+
+
+def _losses(text: str) -> dict:
+    """(rank, step) -> the loss the script printed (the last time: a respawned job prints again)."""
+    return {(int(r), int(s)): float(v) for r, s, v in
+            re.findall(r"rank (\d) step (\d+) loss (\S+)", text.replace("\r", ""))}
+
+
+def _table(out: str, rank: int) -> list:
+    """predict's rows of one rank: [(step, loss, changed loss)]."""
+    part = out.replace("\r", "").split(f"-- rank {rank} --")[1].split("-- rank")[0]
+    return [(int(a), float(b), float(c)) for a, b, c in re.findall(r"^\s*(\d+)\s+(\S+)\s+(\S+)\s+\S+", part, re.M)
+            if b != "Loss"]
+
+
+def test_predict_and_reverse_continue_across_ranks(tmp_path):
+    """At the end of step 4 of a 2-rank job: 'predict 3 --set lr=0.5' gives,
+    on every rank, the baseline losses of the live job's own steps 5-7 and the
+    changed losses of an independent torchrun run whose lr is set to 0.5
+    after step 4; the live job is unchanged.  'reverse-continue' replays the
+    job with the breakpoint at step 1 and lands there (every rank)."""
+    script = _copy(tmp_path, "distrun_predict.py")
+    env_run = dict(os.environ, NNDB_TEST_LR_AT="4:0.5")
+    os.environ["NNDB_TEST_LR_AT"] = "4:0.5"
+    try:
+        changed = _torchrun(script, cwd=tmp_path)
+    finally:
+        del os.environ["NNDB_TEST_LR_AT"]
+    assert changed.returncode == 0, changed.stderr[-2000:]
+    expect_changed = _losses(changed.stdout)
+    del env_run
+    p, master, expect = _on_terminal(tmp_path, script)
+
+    def cmd(line):
+        os.write(master, (line + "\n").encode())
+        out = expect("(nndb r")
+        expect(") ")
+        return out
+
+    try:
+        expect("(nndb r0) ")
+        cmd("break step 1")
+        assert "all 2 rank(s) stopped at the end of step 1" in cmd("continue")
+        assert "all 2 rank(s) stopped at the end of step 4" in cmd("until 4")
+        t0 = time.time()
+        out = cmd("predict 3 --set lr=0.5")
+        took = time.time() - t0
+        assert "each rank's loss at step 4 equals the live job's bit for bit" in out, out
+        rows = {r: _table(out, r) for r in (0, 1)}
+        for r in (0, 1):
+            assert [s for s, _, _ in rows[r]] == [5, 6, 7], out
+            for s, _, lc in rows[r]:
+                assert f"{lc:.6g}" == f"{expect_changed[(r, s)]:.6g}", (r, s, out)
+        assert "They first differ at step 6." in out       # (lr takes effect at step 5's update)
+        out = cmd("p --ranks all $step")
+        assert re.findall(r"^r(\d)\s+(\d+)\s*$", out.replace("\r", ""), re.M) == [("0", "4"), ("1", "4")]
+        out = cmd("reverse-continue")
+        assert "the last stop before step 4 was at step 1" in out, out
+        assert "nndb: all 2 rank(s) stopped at the end of step 1" in out
+        out = cmd("p --ranks all $step")
+        assert re.findall(r"^r(\d)\s+(\d+)\s*$", out.replace("\r", ""), re.M) == [("0", "1"), ("1", "1")]
+        out = cmd("reverse-continue")
+        assert "No earlier step where a breakpoint or watchpoint held" in out, out
+        os.write(master, b"delete\n")
+        expect(") ")
+        os.write(master, b"continue\n")
+        out = expect("nndb: the job ended (exit code 0)")
+        live = _losses(out)
+        for r in (0, 1):
+            for s, lb, _ in rows[r]:
+                assert f"{lb:.6g}" == f"{live[(r, s)]:.6g}", (r, s)      # the baseline is the live job's future
+        p.wait(timeout=60)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, 9)
+        os.close(master)
+    assert p.returncode == 0
+    print(f"predict across ranks (two replica jobs): {took:.1f} s")
+    _assert_none_left(str(tmp_path))
