@@ -396,8 +396,8 @@ def test_all_stop_prompt_on_a_terminal(tmp_path):
         out = cmd("info breakpoints")
         assert "No breakpoints" not in out and "loss" in out
         expect(") ")
-        out = cmd("predict 2")
-        assert "time travel across ranks is not available yet" in out
+        out = cmd("timelines")
+        assert "timelines are not kept across ranks" in out
         expect(") ")
         os.write(master, b"delete\n")
         expect(") ")

@@ -90,3 +90,38 @@ def test_predict_and_reverse_continue_across_ranks(tmp_path):
     assert p.returncode == 0
     print(f"predict across ranks (two replica jobs): {took:.1f} s")
     _assert_none_left(str(tmp_path))
+
+
+class _Ranks:
+    """A stand-in for the live console or a replica job: each rank answers ``p EXPR`` with a value."""
+
+    def __init__(self, values):
+        self.values = values
+
+    def _on(self, rank, line):
+        v = self.values[rank]
+        return [("NameError: $loss is None", True)] if v is None else [(repr(float(v).hex()), False)]
+
+    on = _on
+
+
+def test_drift_check_bit_for_bit():
+    from nndb.dist.travel import drift
+    live = _Ranks({0: 0.6931471805599453, 1: 0.5})
+    assert drift(live, _Ranks({0: 0.6931471805599453, 1: 0.5}), [0, 1], 4) is None
+    why = drift(live, _Ranks({0: 0.6931471805599453, 1: 0.5000000000000001}), [0, 1], 4)
+    assert why.startswith("the replica job drifted: rank 1's loss at step 4 is 0.5000000000000001 there and "
+                          "0.5 in the live job")
+    assert why.endswith("no answer")
+    why = drift(_Ranks({0: None, 1: 0.5}), live, [0, 1], 4)
+    assert "rank 0 has no loss at step 4 to check the replica against" in why
+
+
+def test_replica_command_line():
+    from nndb.dist.replica import replica_argv
+    argv = ["run", "--run", "--every", "5", "--rules", "none", "--trace", "x.h5", "-e", "until 3", "--quiet",
+            "/a/train.py", "--every", "2", "-e", "x"]
+    # its own trace directory, every step recorded, no start-up commands; the script's arguments untouched
+    assert replica_argv(argv) == ["run", "--rules", "none", "--quiet", "/a/train.py", "--every", "2", "-e", "x"]
+    assert replica_argv(["run", "--trace", "t.h5", "-m", "pkg.train", "--lr", "1"]) == \
+        ["run", "-m", "pkg.train", "--lr", "1"]

@@ -32,7 +32,7 @@ _EVERY_RANK = {"b", "break", "tbreak", "watch", "w", "delete", "d", "disable", "
 _SIDE_BY_SIDE = {"p", "print", "stats", "where", "bt", "backtrace", "list", "l"}
 _BACK = {"reverse-step", "rs", "reverse-next", "rn", "goto"}
 _REPLICA = {"predict", "reverse-continue", "rc"}      # answered by a replica job (nndb.dist.travel)
-_NOT_ACROSS = {"timeline": "time travel", "s": "step", "step": "step",
+_NOT_ACROSS = {"timeline": "time travel", "timelines": "time travel", "s": "step", "step": "step",
                "commands": "commands", "run": "run", "r": "run", "detach": "detach"}
 _RANK_SUFFIX = re.compile(r"\s+rank\s+(\d+)\s*$")
 _STOP_WAIT_S = 3.0
@@ -197,7 +197,8 @@ class Console:
             return
         if word in _NOT_ACROSS:
             what = _NOT_ACROSS[word]
-            self.say(f"time travel across ranks is not available yet" if what == "time travel" else
+            self.say("timelines are not kept across ranks (time travel across ranks runs the job again)"
+                     if what == "time travel" else
                      f"'{word}' is not available across ranks yet (stops inside a step cannot be agreed "
                      f"on by every rank)" if what == "step" else f"'{word}' is not available across ranks yet")
             return
