@@ -30,10 +30,12 @@ def test_predict_and_reverse_continue_across_ranks(tmp_path):
     """At the end of step 4 of a 2-rank job: 'predict 3 --set lr=0.5' gives,
     on every rank, the baseline losses of the live job's own steps 5-7 and the
     changed losses of an independent torchrun run whose lr is set to 0.5
-    after step 4; the live job is unchanged.  'reverse-continue' replays the
-    job with the breakpoint at step 1 and lands there (every rank)."""
+    after step 4; the live job is unchanged.  After 'set lr 0.5' at the stop,
+    'predict 2' carries the change (the independent run's losses).
+    'reverse-continue' replays the job with the breakpoint at step 1 and
+    lands there (every rank; the change made at step 4 is not made again);
+    from there it finds no earlier stop and stays."""
     script = _copy(tmp_path, "distrun_predict.py")
-    env_run = dict(os.environ, NNDB_TEST_LR_AT="4:0.5")
     os.environ["NNDB_TEST_LR_AT"] = "4:0.5"
     try:
         changed = _torchrun(script, cwd=tmp_path)
@@ -41,7 +43,6 @@ def test_predict_and_reverse_continue_across_ranks(tmp_path):
         del os.environ["NNDB_TEST_LR_AT"]
     assert changed.returncode == 0, changed.stderr[-2000:]
     expect_changed = _losses(changed.stdout)
-    del env_run
     p, master, expect = _on_terminal(tmp_path, script)
 
     def cmd(line):
@@ -58,6 +59,7 @@ def test_predict_and_reverse_continue_across_ranks(tmp_path):
         t0 = time.time()
         out = cmd("predict 3 --set lr=0.5")
         took = time.time() - t0
+        print(out)
         assert "each rank's loss at step 4 equals the live job's bit for bit" in out, out
         rows = {r: _table(out, r) for r in (0, 1)}
         for r in (0, 1):
@@ -67,9 +69,20 @@ def test_predict_and_reverse_continue_across_ranks(tmp_path):
         assert "They first differ at step 6." in out       # (lr takes effect at step 5's update)
         out = cmd("p --ranks all $step")
         assert re.findall(r"^r(\d)\s+(\d+)\s*$", out.replace("\r", ""), re.M) == [("0", "4"), ("1", "4")]
+        # a change made at the stop is the live job's: the replica makes it too, at the same step
+        out = cmd("set lr 0.5")
+        out = cmd("predict 2")
+        assert "a replica job" in out, out
+        for r in (0, 1):
+            got = re.findall(r"^\s*(\d+)\s+(\S+)\s+\S+\s+\S+\s*$",
+                             out.replace("\r", "").split(f"-- rank {r} --")[1].split("-- rank")[0], re.M)
+            assert [(int(s), f"{float(v):.6g}") for s, v in got] == \
+                [(s, f"{expect_changed[(r, s)]:.6g}") for s in (5, 6)], out
         out = cmd("reverse-continue")
-        assert "the last stop before step 4 was at step 1" in out, out
+        assert "the last stop before step 4 was at step 1: rank 0: Breakpoint 1" in out, out
         assert "nndb: all 2 rank(s) stopped at the end of step 1" in out
+        assert "'set lr 0.5' (made at the end of step 4) is not made again" in out
+        assert "nndb: every rank's loss at step 1 equals the run before's, bit for bit" in out
         out = cmd("p --ranks all $step")
         assert re.findall(r"^r(\d)\s+(\d+)\s*$", out.replace("\r", ""), re.M) == [("0", "1"), ("1", "1")]
         out = cmd("reverse-continue")
@@ -125,3 +138,44 @@ def test_replica_command_line():
     assert replica_argv(argv) == ["run", "--rules", "none", "--quiet", "/a/train.py", "--every", "2", "-e", "x"]
     assert replica_argv(["run", "--trace", "t.h5", "-m", "pkg.train", "--lr", "1"]) == \
         ["run", "-m", "pkg.train", "--lr", "1"]
+
+
+class _FakeJob:
+    """A job that runs to the next of ``until`` and its breakpoint steps; it logs every line."""
+
+    def __init__(self, breaks):
+        self.at, self.breaks, self.log = None, breaks, []
+
+    def stop_step(self):
+        return self.at
+
+    def on(self, rank, line):
+        self.log.append((self.at, rank, line))
+        return [("ok", False)]
+
+    def resume(self, line):
+        until = int(line.split()[1])
+        start = -1 if self.at is None else self.at
+        hit = [b for b in self.breaks if start < b < until]
+        self.at = hit[0] if hit else until
+        self.log.append((self.at, "all", line))
+        what = f"Breakpoint 1, step {self.at} finished" if hit else f"Step {self.at} finished, loss 0.5"
+        return {0: [(what, False)], 1: [("Interrupted: another rank stopped", False)]}
+
+
+def test_replay_makes_the_changes_at_their_steps_and_notes_the_stops():
+    from nndb.dist.travel import to_step
+    job, hits = _FakeJob([1, 3]), []
+    changes = [(None, "set lr 0.2"), (2, "set lr 0.3 rank 1"), (4, "set lr 0.4")]
+    from nndb.dist.console import Console
+    assert to_step(job, [0, 1], 4, changes, Console._targets, hits=hits) is None
+    assert [x for x in job.log if x[2].startswith("set")] == \
+        [(None, 0, "set lr 0.2"), (None, 1, "set lr 0.2"), (2, 1, "set lr 0.3"), (4, 0, "set lr 0.4"),
+         (4, 1, "set lr 0.4")]
+    assert hits == [(1, "rank 0: Breakpoint 1, step 1 finished"), (3, "rank 0: Breakpoint 1, step 3 finished")]
+    assert job.stop_step() == 4
+
+
+def test_without_run_flag():
+    from nndb.dist.travel import without_run_flag
+    assert without_run_flag(["run", "--run", "-q", "/a/t.py", "--run"]) == ["run", "-q", "/a/t.py", "--run"]

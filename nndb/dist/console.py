@@ -48,6 +48,7 @@ class Console:
         self.exit_code: Optional[int] = None
         self._error: Optional[BaseException] = None
         self._replaying = False
+        self._last_out: dict = {}
 
     def _finished(self) -> bool:
         return self._job_done.is_set()
@@ -60,7 +61,7 @@ class Console:
         finally:
             self._job_done.set()
 
-    def _launch(self, worker_argv: list) -> None:
+    def _launch(self, worker_argv: list, show: bool = True) -> None:
         self._job_done.clear()
         self.exit_code = None
         self._thread = threading.Thread(target=self._agent, args=(worker_argv, self._trace_dir), name="nndb-job",
@@ -68,12 +69,13 @@ class Console:
         self._thread.start()
         n = self.front.options.nproc_per_node * int(self.front.options.nnodes.split(":")[-1])
         self.front.wait_hello(n, self._finished)
-        self._wait_stopped()
+        self._wait_stopped(show)
 
     def run(self, worker_argv: list, trace_dir: Optional[str]) -> int:
         self.front.interactive = True
         self._argv, self._trace_dir = list(worker_argv), trace_dir
         self._points: list = []              # the lines that set points on every rank (a replay sets them again)
+        self._changes: list = []             # [(step or None: the start, line)]: 'set' at a stop (a replay too)
         self._warned = False
         self._launch(self._argv)
         while True:
@@ -102,7 +104,7 @@ class Console:
         return code
 
     # -- waiting for the ranks --------------------------------------------------------------------
-    def _wait_stopped(self) -> None:
+    def _wait_stopped(self, show: bool = True) -> None:
         """Until every rank is at its prompt (or the job ended); Ctrl-C asks them to stop."""
         asked = False
         while True:
@@ -125,7 +127,7 @@ class Console:
                 asked = True
                 self.front.interrupt()
                 self.say("nndb: stopping every rank at the next step end (Ctrl-C again ends the job)")
-        if self._finished():
+        if self._finished() or not show:
             return
         self._show_stop()
 
@@ -225,7 +227,10 @@ class Console:
             targets, text = self._targets(line, ranks)
             outs = {r: self._on(r, text) for r in targets}
             if not any(e for out in outs.values() for _, e in out):
-                self._points.append(line)
+                if word == "set":
+                    self._changes.append((self.front.state.ranks[self.current].stop_step, line))
+                else:
+                    self._points.append(line)
             first = next(iter(outs.values()), [])
             self._show(first)
             for r, out in list(outs.items())[1:]:
@@ -269,7 +274,9 @@ class Console:
             self._warned = True
             self.say("nndb: across ranks, time travel runs the whole job again from its start (every rank "
                      "respawned, a new run directory): it lands on the same values when the script is "
-                     "deterministic (seeded; CPU and gloo), which nndb does not check")
+                     "deterministic (seeded; CPU and gloo); nndb checks each rank's loss at the step against "
+                     "the run before")
+        from . import travel
         t0 = time.monotonic()
         for r in ranks:
             self.front.send_line(r, "kill")
@@ -277,20 +284,55 @@ class Console:
         self._thread.join()
         for r in ranks:
             self.front.take_output(r)
-        argv = list(self._argv)
-        argv[1:1] = ["-e", f"until {target}"]      # (run at the start stop)
+        before = travel.trace_losses({r: self.front.state.ranks[r].trace for r in ranks
+                                      if self.front.state.ranks[r].trace}, target)
+        keep = [c for c in self._changes if c[0] is None or c[0] < target]
         self._replaying = True
         try:
-            self._launch(argv)
+            self._launch(travel.without_run_flag(self._argv), show=False)    # (every rank at its start stop)
+            why = None if self._finished() else travel.to_step(self, self.front.live_ranks(), target, keep,
+                                                                         self._targets)
         finally:
             self._replaying = False
         if self._finished():
+            return
+        if why:
+            self.say(f"nndb: {why}")
             return
         for line in self._points:           # (gdb keeps the points: set again, each on its ranks)
             targets, text = self._targets(line, self.front.live_ranks())
             for r in targets:
                 self._on(r, text)
+        for at, line in self._changes:
+            if (at, line) not in keep:
+                self.say(f"nndb: '{line}' (made at the end of step {at}) is not made again: the job is at the "
+                         f"end of step {target} as it ran there")
+        self._changes = keep
+        for text, err in self._last_out.get(self.current, []):
+            if not err and not text.startswith("Stopped at the start of the run"):
+                self.say(text)
+        self.say(f"nndb: all {len(self.front.live_ranks())} rank(s) stopped at the end of step {target}")
+        self.say(travel.check_travel(self, self.front.live_ranks(), target, before))
         self.say(f"nndb: the job is at step {target} again ({time.monotonic() - t0:.1f} s)")
+
+    # -- what nndb.dist.travel drives: this job's ranks, as a replica job's ------------------------
+    def on(self, rank: int, line: str) -> list:
+        return self._on(rank, line)
+
+    def resume(self, line: str) -> dict:
+        """A run-control line on every rank; their output at the next all-stop ({} if the job ended)."""
+        ranks = self.front.live_ranks()
+        for r in ranks:
+            self.front.send_line(r, line)
+        self.front.wait(ranks, finished=self._finished)
+        if self._finished():
+            return {}
+        self._last_out = {r: self.front.take_output(r) for r in ranks}
+        return self._last_out
+
+    def stop_step(self) -> Optional[int]:
+        steps = {self.front.state.ranks[r].stop_step for r in self.front.live_ranks()}
+        return steps.pop() if len(steps) == 1 else None
 
     def _stopped_step(self, ranks: list) -> Optional[int]:
         """The step at whose end every rank stopped (else None, said)."""

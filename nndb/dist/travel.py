@@ -71,26 +71,61 @@ def _failed(job: ReplicaJob, what: str) -> str:
     return f"the replica job ended {what}" + (f" ({why})" if why else "")
 
 
-def _first_stop_line(out: dict) -> str:
-    """What stopped a replica job: the first line of a rank that stopped by itself."""
+def hit_line(out: dict) -> Optional[str]:
+    """What a point (or rule) that stopped a job said: the first stop line of a
+    rank that did not stop for run control (``until``) or for another rank."""
     for r in sorted(out):
-        lines = [t for t, _ in out[r] if t.strip()]
-        if lines and "another rank stopped" not in lines[0]:
-            return f"rank {r}: {lines[0].strip()}"
-    return "a stop"
+        said = [t for t, err in out[r] if not err and t.strip()]
+        if said and not said[0].startswith(("Step ", "Interrupted", "Stopped at the start")):
+            return f"rank {r}: {said[0].strip().splitlines()[0]}"
+    return None
 
 
-def to_step(job: ReplicaJob, step: int) -> Optional[str]:
-    """Run the replica to the end of ``step`` (past earlier stops: rules); None, or why it could not."""
-    for _ in range(step + 2):
-        at = job.stop_step()
+def without_run_flag(argv: list) -> list:
+    """The ranks' command line without ``--run`` (a replay is driven from its start stop)."""
+    i = next((j for j, a in enumerate(argv) if j > 0 and not a.startswith("-")), len(argv))
+    return [a for j, a in enumerate(argv) if not (j < i and a == "--run")]
+
+
+def _change(run, ranks: list, targets_of, at, line: str) -> Optional[str]:
+    targets, text = targets_of(line, ranks)
+    for r in targets:
+        out = run.on(r, text)
+        if any(err for _, err in out):
+            return (f"the change '{line}' (made at {'the start' if at is None else f'the end of step {at}'}) "
+                    f"failed on rank {r} in the replay: " + " ".join(t for t, _ in out))
+    return None
+
+
+def to_step(run, ranks: list, step: int, changes: list, targets_of, hits: Optional[list] = None) -> Optional[str]:
+    """Run a job (a replica, or the console's own, respawned) from its start
+    stop to the end of ``step``, making the live job's changes (``set`` at a
+    stop: [(step or None for the start, line)]) at the steps they were made
+    at (those made at ``step`` too); ``hits``: a list to note [(step, line)]
+    in, each stop of a point before ``step``; ``targets_of(line, ranks)``: a
+    line's ranks and text (Console._targets).  None, or why it could not."""
+    made: set = set()
+    for _ in range(2 * step + len(changes) + 4):
+        at = run.stop_step()
+        for i, (k, line) in enumerate(changes):
+            if i not in made and k == at:
+                made.add(i)
+                why = _change(run, ranks, targets_of, k, line)
+                if why:
+                    return why
         if at == step:
             return None
         if at is not None and at > step:
-            return f"the replica job stopped past step {step}, at step {at}"
-        if not job.resume(f"until {step}"):
-            return _failed(job, f"before step {step}")
-    return f"the replica job did not reach step {step}"
+            return f"the replay stopped past step {step}, at step {at}"
+        until = min([k for k, _ in changes if k is not None and (at is None or k > at)] + [step])
+        out = run.resume(f"until {until}")
+        if not out:
+            return _failed(run, f"before step {step}") if isinstance(run, ReplicaJob) else \
+                f"the job ended before step {step}"
+        now, line = run.stop_step(), hit_line(out)
+        if hits is not None and now is not None and now < step and line:
+            hits.append((now, line))
+    return f"the replay did not reach step {step}"
 
 
 def _set(job: ReplicaJob, rank: int, key: str, value: str) -> list:
@@ -111,7 +146,7 @@ def _ahead(console, ranks: list, step: int, n: int, sets: list):
     try:
         if not job.start():
             return _failed(job, "at its start")
-        why = to_step(job, step) or drift(console, job, ranks, step)
+        why = to_step(job, ranks, step, console._changes, console._targets) or drift(console, job, ranks, step)
         if why:
             return why
         for key, value in sets:
@@ -124,8 +159,8 @@ def _ahead(console, ranks: list, step: int, n: int, sets: list):
             for r in targets:
                 job.on(r, text)
         out = job.resume(f"until {step + n}")
-        at = job.stop_step()
-        stopped = None if not out or at is None or at >= step + n else f"{_first_stop_line(out)} (step {at})"
+        at, hit = job.stop_step(), hit_line(out)
+        stopped = f"{hit} (step {at})" if out and hit else None
         ended = _failed(job, f"before step {step + n}") if not out else None
         job.end()
         return {r: dict(_rows(path, step + 1, step + n), stopped=stopped, ended=ended)
@@ -199,15 +234,10 @@ def reverse_continue(console, ranks: list, step: int) -> None:
             targets, text = console._targets(line, ranks)
             for r in targets:
                 job.on(r, text)
-        while True:
-            out = job.resume(f"until {step}")
-            at = job.stop_step()
-            if not out or at is None:
-                console.say(f"nndb: reverse-continue across ranks: {_failed(job, f'before step {step}')}")
-                return
-            if at >= step:
-                break
-            hits.append((at, _first_stop_line(out)))
+        why = to_step(job, ranks, step, console._changes, console._targets, hits=hits)
+        if why:
+            console.say(f"nndb: reverse-continue across ranks: {why}")
+            return
         why = drift(console, job, ranks, step)
     finally:
         job.close()
@@ -221,3 +251,35 @@ def reverse_continue(console, ranks: list, step: int) -> None:
     at, what = hits[-1]
     console._travel("goto", str(at), ranks)
     console.say(f"nndb: reverse-continue: the last stop before step {step} was at step {at}: {what}")
+
+
+def trace_losses(paths: dict, step: int) -> dict:
+    """rank -> the loss its trace holds for ``step`` (float.hex, as ``_LOSS`` prints it), or None."""
+    from ..store.reader import TraceReader
+    out = {}
+    for r, path in paths.items():
+        out[r] = None
+        try:
+            with TraceReader(path) as t:
+                loss = next((s for s in t.series() if s.kind == "loss"), None)
+                if loss is not None:
+                    at = dict(zip(*t.history(loss, "mean")))
+                    out[r] = float(at[step]).hex() if step in at else None
+        except Exception:               # (an unreadable trace: the check says it cannot be made)
+            pass
+    return out
+
+
+def check_travel(console, ranks: list, step: int, before: dict) -> str:
+    """After a travel to ``step``: each rank's loss there against the trace of the run before (``before``)."""
+    for r in ranks:
+        then = before.get(r)
+        if then is None:
+            return (f"nndb: rank {r}'s trace of the run before holds no loss at step {step}: this run's values "
+                    f"cannot be checked against it")
+        now = _text(console._on(r, _LOSS))
+        if now != then:
+            return (f"nndb: this run drifted: rank {r}'s loss at step {step} is {_show(now)} now and "
+                    f"{_show(then)} in the run before (the script is not deterministic from its start): the "
+                    f"values here are not the first pass's")
+    return f"nndb: every rank's loss at step {step} equals the run before's, bit for bit"
