@@ -6,7 +6,10 @@ rules; no time travel across ranks), in pairs: without and with the
 all-stop agreement (nndb.dist.allstop: one all_reduce(MAX) of one int per
 step end on nndb's own gloo group), interleaved, the order alternating.
 Printed: the median ratio with/without, its quartiles and min-max, and the
-step times.  ``--clock cpu`` times each loop by the rank's CPU time (its
+step times.  A second, finer measure (``blocks``): one recorded run whose
+agreement is switched on and off every BLOCK steps (at the same step on
+every rank), the ratio of each pair of adjacent blocks: a machine whose load
+drifts over seconds (the shared one) disturbs adjacent blocks alike.  ``--clock cpu`` times each loop by the rank's CPU time (its
 process, all threads) instead of the wall clock: other processes on a loaded
 machine disturb it less, but a rank blocked in a collective spends little CPU,
 so the wall clock is the one that shows the agreement's wait.
@@ -22,6 +25,7 @@ import tempfile
 import time
 
 AGREEMENT_CALLS = 2000
+BLOCK = 4               # steps a block (blocks): the agreement on, then off, then on ...
 
 
 def _free_port() -> int:
@@ -71,6 +75,7 @@ def _rank(rank: int, world: int, port: int, name: str, pairs: int, scale: float,
             ratios.append(times[True] / times[False])
             without.append(times[False] / steps)
             with_.append(times[True] / steps)
+    blocks = _blocks(B, build, schedule, pairs * 8, StepAgreement)
     # the agreement alone, the same call a step end makes (no training between: the bare collective)
     agreement = StepAgreement()
     agreement.wants(False)
@@ -87,8 +92,41 @@ def _rank(rank: int, world: int, port: int, name: str, pairs: int, scale: float,
                        "ratio_max": max(ratios), "ratio_q1": q1, "ratio_q3": q3, "ratios": ratios, "without_ms": statistics.median(without) * 1e3,
                        "with_ms": statistics.median(with_) * 1e3,
                        "cost_ms_per_step": (statistics.median(with_) - statistics.median(without)) * 1e3,
-                       "agreement_alone_us": alone_us}, fh)
+                       "agreement_alone_us": alone_us, "blocks": blocks}, fh)
     dist.destroy_process_group()
+
+
+def _blocks(B, build, schedule, pairs: int, StepAgreement) -> dict:
+    """One recorded run, the agreement switched every BLOCK steps: the ratio
+    of each adjacent (on, off) pair of blocks' times, the order alternating."""
+    import torch.distributed as dist
+    model, opt, crit, data = build(0)
+    with tempfile.TemporaryDirectory() as tmp:
+        rec, session, path = B._recording(schedule, tmp)
+        agreement = StepAgreement()
+        rec.__enter__()
+        try:
+            B.train(model, opt, crit, data, B.WARMUP)
+            agreement.wants(False)          # (nndb's group made: every rank, the same point)
+            dist.barrier()
+            ratios = []
+            for i in range(pairs):
+                t = {}
+                for on in ((True, False) if i % 2 == 0 else (False, True)):
+                    session.agreement = agreement if on else None
+                    t0 = B.CLOCK()
+                    B.train(model, opt, crit, data, BLOCK)
+                    t[on] = B.CLOCK() - t0
+                ratios.append(t[True] / t[False])
+        finally:
+            session.agreement = None
+            rec.__exit__(None, None, None)
+            rec.close()
+            session.run_ended("finished", 0, "")
+            session.machine.close()
+    q1, q3 = _quartiles(ratios)
+    return {"pairs": pairs, "block_steps": BLOCK, "ratio_median": statistics.median(ratios),
+            "ratio_q1": q1, "ratio_q3": q3, "ratio_min": min(ratios), "ratio_max": max(ratios)}
 
 
 def main(world: int, pairs: int, scale: float, json_path=None, name: str = "cnn", clock: str = "wall") -> int:
@@ -107,6 +145,10 @@ def main(world: int, pairs: int, scale: float, json_path=None, name: str = "cnn"
                      f"{r['agreement_alone_us']:.0f}"]],
                    headers=["workload", "ms/step without", "ms/step with", "cost ms/step", "ratio (median)",
                             "ratio quartiles", "ratio min-max", "agreement alone us"], disable_numparse=True))
+    b = r["blocks"]
+    print(f"blocks of {b['block_steps']} steps, agreement on/off alternating in one run, {b['pairs']} pairs: "
+          f"ratio median {b['ratio_median']:.3f}x, quartiles {b['ratio_q1']:.3f}-{b['ratio_q3']:.3f}, "
+          f"min-max {b['ratio_min']:.3f}-{b['ratio_max']:.3f}")
     if json_path:
         with open(json_path, "w") as fh:
             json.dump(r, fh, indent=2)
