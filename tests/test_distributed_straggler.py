@@ -90,7 +90,7 @@ def _offline(run_dir):
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="gloo jobs on Linux")
 def test_planted_compute_straggler_live_and_offline_and_healthy_silent(tmp_path):
-    run_dir, err, report = _front_job(tmp_path, "planted", "--slow-forward", "0.05")
+    run_dir, err, report = _front_job(tmp_path, "planted", "--slow-forward", "0.05", "--bn")   # (BN: DDP broadcasts)
     live = report["cross_rank_findings"]
     strag = [f for f in live if f["rule"] == "straggler"]
     assert [(f["evidence"]["rank"], f["evidence"]["where"]) for f in strag] == [(1, "compute")], live

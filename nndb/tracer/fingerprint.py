@@ -5,8 +5,9 @@ trace's ``fingerprints`` rows (docs/trace-format.md).
   root module with autograd enabled: its tensor arguments), and the step's
   time split into data loading (from the previous step's end to that
   forward) and compute (from that forward to the step's end), and the
-  forward time (from that forward to the step's first gradient: under DDP
-  no collective runs before it, so a rank that computes slowly shows here,
+  forward time (from the step's second module call, inside the root's
+  forward after DDP's buffer broadcast, to the step's first gradient: under
+  DDP no collective runs in between, so a rank that computes slowly shows here,
   while its step time and compute are the others' too: they wait for it in
   the gradients' all-reduce);
 * at the observed steps (``nndb.cadence.observed``): a checksum of every
@@ -206,6 +207,7 @@ class Fingerprints:
         self._last_end: Optional[float] = None
         self._first_forward: Optional[float] = None
         self._first_grad: Optional[float] = None
+        self._forward_start: Optional[float] = None    # the step's second module call (_pre_hook)
         self._data = self._compute = self._forward = 0.0
         self._timed = self._forward_timed = 0
         self._handle = None                # the global forward pre-hook's handle (registered once)
@@ -241,9 +243,16 @@ class Fingerprints:
     def _pre_hook(self, module, args):
         # The first module call after a step's end is a root's (the outermost
         # module's pre-hook runs before its children's).
-        self.root_input(module, args)
-        if self._step_input is not None or self.failed:
-            self.disarm()
+        if self._step_input is None:
+            self.root_input(module, args)
+            if self.failed or (self._step_input is not None and self.ranks <= 1):
+                self.disarm()
+            return None
+        # Across ranks, the second: inside the root's forward, after what a
+        # wrapper does first (DDP broadcasts its buffers there, a collective
+        # that waits for the slowest rank): the forward time counts from here.
+        self._forward_start = time.perf_counter()
+        self.disarm()
         return None
 
     def note_earlier_loaders(self) -> None:
@@ -295,9 +304,11 @@ class Fingerprints:
             self._compute += now - self._first_forward
             self._timed += 1
             if self._first_grad is not None:
-                self._forward += self._first_grad - self._first_forward
+                start = self._forward_start if self._forward_start is not None and \
+                    self._forward_start <= self._first_grad else self._first_forward
+                self._forward += self._first_grad - start
                 self._forward_timed += 1
-        self._last_end, self._first_forward, self._first_grad = now, None, None
+        self._last_end, self._first_forward, self._first_grad, self._forward_start = now, None, None, None
         if self._step_input is not None:
             value, self._step_input = self._step_input, None
             self._inputs.append([step, value])      # (on an accelerator: (sums, descs), read at the next row)
