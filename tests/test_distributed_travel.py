@@ -34,7 +34,8 @@ def test_predict_and_reverse_continue_across_ranks(tmp_path):
     'predict 2' carries the change (the independent run's losses).
     'reverse-continue' replays the job with the breakpoint at step 1 and
     lands there (every rank; the change made at step 4 is not made again);
-    from there it finds no earlier stop and stays."""
+    from there it finds no earlier stop and stays.  A replica of a job that is
+    not deterministic (seeded by the clock) is said to have drifted: no prediction."""
     script = _copy(tmp_path, "distrun_predict.py")
     os.environ["NNDB_TEST_LR_AT"] = "4:0.5"
     try:
@@ -87,6 +88,11 @@ def test_predict_and_reverse_continue_across_ranks(tmp_path):
         assert re.findall(r"^r(\d)\s+(\d+)\s*$", out.replace("\r", ""), re.M) == [("0", "1"), ("1", "1")]
         out = cmd("reverse-continue")
         assert "No earlier step where a breakpoint or watchpoint held" in out, out
+        (tmp_path / "unseeded").write_text("")            # a replica from now on is seeded by the clock
+        out = cmd("predict 1")
+        assert "nndb: predict across ranks: the replica job drifted: rank 0's loss at step 1 is" in out, out
+        assert "Predicted" not in out                       # no prediction
+        (tmp_path / "unseeded").unlink()
         os.write(master, b"delete\n")
         expect(") ")
         os.write(master, b"continue\n")

@@ -2,11 +2,13 @@
 prints its loss at every step, exactly ("%.17g", one write a line: the ranks
 share the pipe).  ``NNDB_TEST_LR_AT=S:LR`` sets the optimizer's lr to LR
 after step S (what ``predict --set lr=LR`` at the end of step S predicts),
-for the independent run the test compares with."""
+for the independent run the test compares with.  A file ``unseeded`` beside
+the script makes a job unseeded (seeded by the clock: a replica of it drifts)."""
 import argparse
 import datetime
 import os
 import sys
+import time
 
 import torch
 import torch.distributed as dist
@@ -22,8 +24,9 @@ at, lr = (int(change.split(":")[0]), float(change.split(":")[1])) if change else
 
 dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
 rank = dist.get_rank()
-torch.manual_seed(0)
-g = torch.Generator().manual_seed(1)
+seed = time.time_ns() % 2**31 if os.path.exists(os.path.join(os.path.dirname(__file__), "unseeded")) else 0
+torch.manual_seed(seed)
+g = torch.Generator().manual_seed(seed + 1)
 x = torch.randn(64, 8, generator=g)
 y = (x.sum(1) > 0).long()
 sampler = DistributedSampler(TensorDataset(x, y), shuffle=True, seed=0)
