@@ -185,3 +185,14 @@ def test_replay_makes_the_changes_at_their_steps_and_notes_the_stops():
 def test_without_run_flag():
     from nndb.dist.travel import without_run_flag
     assert without_run_flag(["run", "--run", "-q", "/a/t.py", "--run"]) == ["run", "-q", "/a/t.py", "--run"]
+
+
+def test_travel_checked_against_the_run_before():
+    from nndb.dist.travel import check_travel
+    now = _Ranks({0: 0.25, 1: 0.5})
+    assert check_travel(now, [0, 1], 2, {0: (0.25).hex(), 1: (0.5).hex()}) == \
+        "nndb: every rank's loss at step 2 equals the run before's, bit for bit"
+    why = check_travel(now, [0, 1], 2, {0: (0.25).hex(), 1: (0.5000001).hex()})
+    assert why.startswith("nndb: this run drifted: rank 1's loss at step 2 is 0.5 now and 0.5000001 in the run "
+                          "before")
+    assert "cannot be checked" in check_travel(now, [0, 1], 2, {0: (0.25).hex(), 1: None})
