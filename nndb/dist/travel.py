@@ -27,14 +27,32 @@ from typing import Optional
 from .replica import ReplicaJob
 
 _LOSS = "p float($loss).hex()"
-# the lines of the live job's points (Console._points) a replica sets again: not 'set' (a change the
-# live job took at some step: the drift check finds it) nor 'display' (no output is shown)
-_POINT_WORDS = {"b", "break", "tbreak", "watch", "w", "delete", "d", "disable", "enable", "condition", "ignore",
-                "rule", "rules"}
+# what of the live job's points (Console._points) a replica does not set again: no output is shown
+_NOT_POINTS = {"display", "undisplay"}
 
 
 def point_lines(lines: list) -> list:
-    return [ln for ln in lines if ln.split(None, 1)[0] in _POINT_WORDS]
+    from ..debugger.commands import TABLE
+    from ..errors import CommandError
+    out = []
+    for ln in lines:
+        try:
+            if TABLE.lookup(ln.split(None, 1)[0]).name not in _NOT_POINTS:
+                out.append(ln)
+        except CommandError:
+            pass
+    return out
+
+
+def set_points(run, targets_of, ranks: list, lines: list) -> None:
+    """The live job's point lines on a job's ranks (a line may carry its
+    'commands' block after newlines: typed there line by line)."""
+    for line in lines:
+        first, *block = line.split("\n")
+        targets, text = targets_of(first, ranks)
+        for r in targets:
+            for typed in [text] + block:
+                run.on(r, typed)
 
 
 def _text(out: list) -> Optional[str]:
@@ -154,10 +172,7 @@ def _ahead(console, ranks: list, step: int, n: int, sets: list):
                 out = _set(job, r, key, value)
                 if any(err for _, err in out):
                     return f"--set {key}={value}: " + " ".join(t for t, _ in out)
-        for line in point_lines(console._points):
-            targets, text = console._targets(line, ranks)
-            for r in targets:
-                job.on(r, text)
+        set_points(job, console._targets, ranks, point_lines(console._points))
         out = job.resume(f"until {step + n}")
         at, hit = job.stop_step(), hit_line(out)
         stopped = f"{hit} (step {at})" if out and hit else None
@@ -230,10 +245,7 @@ def reverse_continue(console, ranks: list, step: int) -> None:
         if not job.start():
             console.say(f"nndb: reverse-continue across ranks: {_failed(job, 'at its start')}")
             return
-        for line in points:
-            targets, text = console._targets(line, ranks)
-            for r in targets:
-                job.on(r, text)
+        set_points(job, console._targets, ranks, points)
         why = to_step(job, ranks, step, console._changes, console._targets, hits=hits)
         if why:
             console.say(f"nndb: reverse-continue across ranks: {why}")
