@@ -67,7 +67,7 @@ class Console:
                                         daemon=True)
         self._thread.start()
         n = self.front.options.nproc_per_node * int(self.front.options.nnodes.split(":")[-1])
-        self.front.wait_hello(n, self._finished)
+        self.front.wait_hello(n, self._finished)     # (every node's ranks: nndb.dist.nodes)
         self._wait_stopped()
 
     def run(self, worker_argv: list, trace_dir: Optional[str]) -> int:
@@ -238,6 +238,10 @@ class Console:
         process group, so every rank is respawned (the job is run again from
         its start, in a new run directory) and runs silently to the end of
         the target step, where the points are set again."""
+        if not self.front.options.single_node():
+            self.say("time travel across nodes is not available: it starts every rank again, and node 0 "
+                     "cannot start another node's ranks")
+            return
         now = {self.front.state.ranks[r].stop_step for r in ranks}
         if len(now) != 1 or None in now:
             self.say("time travel across ranks starts from a step end where every rank stopped")

@@ -54,8 +54,13 @@ def start_job(params: dict, launch: LaunchOptions, target, frontend, trace_path:
     for name, default, why in _NOT_YET:
         if params.get(name) not in (default, None) and params.get(name) != default:
             raise UsageError(why)
-    if frontend is not None and not launch.single_node():
-        raise UsageError("the prompt across nodes is not available yet: add --batch (each node records its ranks)")
+    if launch.follower():
+        if launch.hang_timeout:
+            raise UsageError("--hang-timeout goes to node 0's nndb run: its watchdog sees every rank of every node")
+        frontend = None                 # (the prompt is node 0's: its front controls every rank)
+        if not params.get("quiet"):
+            message(f"nndb: node {launch.node_rank}: the job's prompt (or, in batch mode, its watchdog) is on "
+                    f"node 0; the ranks here record their traces locally")
     if frontend is not None and launch.hang_timeout:
         raise UsageError("--hang-timeout goes with --batch (at the prompt, Ctrl-C shows a hung job's stacks)")
     prepare(target)                     # (a missing or broken script: one line here, no worker started)
