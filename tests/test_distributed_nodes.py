@@ -52,7 +52,7 @@ def test_the_prompt_on_node_0_controls_the_ranks_of_both_nodes(tmp_path):
         return out
 
     try:
-        start = expect("(nndb r0) ")
+        start = expect("(nndb r0) ", timeout=180)      # (two launchers' start-up on a loaded machine)
         assert "nndb: all 2 rank(s) stopped at the start" in start
         cmd("break step 2")
         out = cmd("continue")
@@ -73,6 +73,9 @@ def test_the_prompt_on_node_0_controls_the_ranks_of_both_nodes(tmp_path):
         out = expect("nndb: the job ended (exit code 0)")
         assert set(_digests(out.replace("\r", ""))) == {0}      # (rank 1 prints on node 1's terminal)
         p.wait(timeout=60)
+    except AssertionError as e:         # (what node 1 said, to tell why)
+        os.killpg(n1.pid, signal.SIGKILL)
+        raise AssertionError(f"{e}\nnode 1 said: {n1.stderr.read()[-2000:]}") from None
     finally:
         if p.poll() is None:
             os.killpg(p.pid, signal.SIGKILL)

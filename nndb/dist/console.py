@@ -8,34 +8,42 @@ run, Ctrl-C asks every rank to stop at the next step end (the all-stop
 agreement, nndb.dist.allstop); a job that does not stop within a few
 seconds is shown as every rank's stack, and a second Ctrl-C ends it.
 
-Commands of the console itself: ``rank [N]``; ``--ranks all`` after
-``p``/``print``/``stats``/``where``/``list`` (one row per rank); run
-control (``continue``, ``next``, ``until``, ``kill``, ``quit``) goes to
-every rank; breakpoints, watches and the other settings go to every rank
-(``... rank N`` at the end: to rank N only); everything else to the
-current rank.
+Commands of the console itself: ``rank [N]``; ``--ranks all|LIST`` of
+the commands the table marks ``ranks="option"`` (``print``, ``stats``,
+``where``, ``list``: one row or block per rank); run control
+(``continue``, ``next``, ``until``, ``kill``, ``quit``) goes to every rank;
+the commands it marks ``ranks="suffix"`` (breakpoints, watches, display,
+the settings) go to every rank (``... rank N`` at the end: to rank N only);
+everything else to the current rank.  The syntax is the table's
+(nndb.debugger.commands.ranks), so ``help`` and completion describe it.
 """
 from __future__ import annotations
 
-import re
 import threading
 import time
 from typing import Callable, Optional
 
+from ..debugger.commands import TABLE
+from ..debugger.commands.rankspec import chosen, split_ranks, split_suffix
+from ..errors import CommandError
 from . import stacks
 from .front import Front
 
 _RESUME = {"c", "cont", "continue", "n", "next", "u", "until", "advance"}
 _END = {"q", "quit", "kill", "k", "exit"}
-_EVERY_RANK = {"b", "break", "tbreak", "watch", "w", "delete", "d", "disable", "enable", "condition", "ignore",
-               "display", "undisplay", "rule", "rules", "set"}
-_SIDE_BY_SIDE = {"p", "print", "stats", "where", "bt", "backtrace", "list", "l"}
 _BACK = {"reverse-step", "rs", "reverse-next", "rn", "goto"}
 _NOT_ACROSS = {"reverse-continue": "time travel", "rc": "time travel",
                "predict": "time travel", "timeline": "time travel", "s": "step", "step": "step",
                "commands": "commands", "run": "run", "r": "run", "detach": "detach"}
-_RANK_SUFFIX = re.compile(r"\s+rank\s+(\d+)\s*$")
 _STOP_WAIT_S = 3.0
+
+
+def _across(word: str) -> str:
+    """How the command table says ``word`` goes across ranks ("option", "suffix" or "")."""
+    try:
+        return TABLE.lookup(word.partition("/")[0]).ranks
+    except CommandError:
+        return ""
 
 
 class Console:
@@ -196,13 +204,16 @@ class Console:
             self.say("across ranks only step breakpoints (break step N) are available: a module breakpoint "
                      "stops inside a step, where the other ranks cannot stop with it")
             return
-        if "--ranks" in rest and word in _SIDE_BY_SIDE:
-            m = re.search(r"--ranks\s+(\S+)", rest)
-            which = m.group(1) if m else "all"
-            cmd = (word + " " + re.sub(r"--ranks\s+\S+", "", rest)).strip()
-            chosen = ranks if which == "all" else [int(x) for x in which.split(",") if x.isdigit()]
-            self._side_by_side(cmd, [r for r in chosen if r in ranks])
-            return
+        across = _across(word)
+        if across == "option" and "--ranks" in rest:
+            try:
+                which, rest = split_ranks(rest)
+                if which is not None:
+                    self._side_by_side((word + " " + rest).strip(), chosen(which, ranks))
+                    return
+            except CommandError as e:
+                self.say(str(e))
+                return
         if word in _RESUME or word in _END:
             for r in ranks:
                 self.front.send_line(r, "kill" if word in _END else line)
@@ -211,7 +222,7 @@ class Console:
                 return
             self._wait_stopped()
             return
-        if word in _EVERY_RANK:
+        if across == "suffix":
             targets, text = self._targets(line, ranks)
             outs = {r: self._on(r, text) for r in targets}
             if not any(e for out in outs.values() for _, e in out):
@@ -227,10 +238,10 @@ class Console:
     @staticmethod
     def _targets(line: str, ranks: list):
         """A point's ranks: every rank, or the one named by ``... rank N``; and the line without it."""
-        m = _RANK_SUFFIX.search(line)
-        if m is None:
+        which, text = split_suffix(line)
+        if which is None:
             return ranks, line
-        return [r for r in ranks if r == int(m.group(1))], line[:m.start()]
+        return [r for r in ranks if r == int(which)], text
 
     # -- time travel: the whole job again, to the step ----------------------------------------------
     def _travel(self, word: str, arg: str, ranks: list) -> None:

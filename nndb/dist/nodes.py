@@ -23,11 +23,11 @@ import socket
 from typing import Optional
 
 from ..errors import UsageError
+from .job import agent_store
 
 PUBLISH_ENV = "NNDB_FRONT_PUBLISH"        # node 0's workers: the front's TCP port (local rank 0 publishes it)
 FROM_STORE_ENV = "NNDB_FRONT_FROM_STORE"  # the other nodes' workers: find the front through the store
 _KEY = "nndb/front"
-STORE_TIMEOUT_S = 60.0
 _CONNECT_S = 5.0
 HELLO_LIMIT = 1 << 16                      # (bytes: a message before the proof is checked)
 
@@ -43,18 +43,6 @@ def proof(secret: str, role: str, their_nonce: str) -> str:
 
 def proven(secret: str, role: str, my_nonce: str, answer) -> bool:
     return isinstance(answer, str) and hmac.compare_digest(answer, proof(secret, role, my_nonce))
-
-
-def agent_store(env, timeout: float = STORE_TIMEOUT_S):
-    """torchrun's agent store as a client (None when the workers were not given one)."""
-    if str(env.get("TORCHELASTIC_USE_AGENT_STORE", "")).lower() != "true":
-        return None
-    host, port = env.get("MASTER_ADDR"), env.get("MASTER_PORT")
-    if not host or not str(port or "").isdigit():
-        return None
-    from datetime import timedelta
-    from torch.distributed import TCPStore
-    return TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=timeout))
 
 
 def _key(env) -> str:
