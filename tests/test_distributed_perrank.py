@@ -9,7 +9,7 @@ import pytest
 from conftest import nndb
 from nndb.export.targets import ExportTarget
 from nndb.store.reader import TraceReader
-from test_distributed_run import _assert_none_left, _copy, _digests
+from test_distributed_run import _assert_none_left, _copy, _digests, _on_terminal
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="gloo jobs on Linux")
 
@@ -47,3 +47,56 @@ def test_an_export_target_for_a_rank():
     assert ExportTarget("mlflow", "file:/m", "exp").for_rank(0) == ExportTarget("mlflow", "file:/m", "exp",
                                                                                  "nndb-rank0")
     assert ExportTarget("mlflow", "file:/m", "exp", "run").for_rank(2).run_name == "run-rank2"
+
+
+def test_commands_on_every_rank_and_a_module_breakpoint_on_one(tmp_path):
+    """``commands`` given once runs on every rank's breakpoint; a module
+    breakpoint on rank 1 stops it inside step 2, and rank 0 is left where
+    it is (waiting in a collective), shown by its stack (gdb's all-stop)."""
+    import re
+    script = _copy(tmp_path, "distrun_ddp_mlp.py")
+    p, master, expect = _on_terminal(tmp_path, script)
+
+    def cmd(line, until=") "):
+        os.write(master, (line + "\n").encode())
+        out = expect("(nndb r")
+        expect(until)
+        return out.replace("\r", "")
+
+    try:
+        expect("(nndb r0) ", timeout=150)
+        cmd("break step 1")
+        os.write(master, b"commands\n")
+        assert "on every rank), one per line" in expect(">")
+        os.write(master, b"p $step * 100\n")
+        expect(">")
+        out = cmd("end")
+        assert "error" not in out.lower(), out
+        out = cmd("continue")
+        assert "\n100\n" in out and "nndb: all 2 rank(s) stopped at the end of step 1" in out, out
+        cmd("rank 1")
+        assert "commands: p $step * 100" in cmd("info breakpoints")      # (rank 1's breakpoint has them too)
+        cmd("delete")
+        out = cmd("break module *0 rank 1")
+        assert "Breakpoint" in out, out
+        out = cmd("continue")
+        assert ("nndb: rank 0 did not stop: it waits in distrun_ddp_mlp.py:41 (loss.backward()), inside "
+                "autograd's backward (where DDP all-reduces the gradients)") in out, out
+        assert "Breakpoint 2, module module.0 forward (step 2)" in out
+        assert "nndb: 1 of 2 rank(s) stopped: r1" in out
+        out = cmd("p --ranks all $step")
+        assert re.search(r"^r0\s+rank 0 is not at a stop: it waits in ", out, re.M), out
+        assert re.search(r"^r1\s+2\s*$", out, re.M), out                      # (inside step 2)
+        out = cmd("where --ranks all")
+        assert "rank 0 (pid" in out and "distrun_ddp_mlp.py" in out, out
+        cmd("delete")
+        os.write(master, b"continue\n")
+        out = expect("nndb: the job ended (exit code 0)")
+        assert len(set(_digests(out.replace("\r", "")).values())) == 1
+        p.wait(timeout=60)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, 9)
+        os.close(master)
+    assert p.returncode == 0
+    _assert_none_left(str(tmp_path))
