@@ -15,7 +15,7 @@ the commands the table marks ``ranks="option"`` (``print``, ``stats``,
 the commands it marks ``ranks="suffix"`` (breakpoints, watches, display,
 the settings) go to every rank (``... rank N`` at the end: to rank N only);
 everything else to the current rank.  The syntax is the table's
-(nndb.debugger.commands.ranks), so ``help`` and completion describe it.
+(nndb.debugger.commands.rankspec), so ``help`` and completion describe it.
 """
 from __future__ import annotations
 
