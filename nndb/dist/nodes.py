@@ -17,10 +17,8 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
-import os
 import secrets
 import socket
-from typing import Optional
 
 from ..errors import UsageError
 from .job import agent_store
