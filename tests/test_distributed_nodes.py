@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 
@@ -138,10 +139,17 @@ def test_node_0s_tcp_channel_takes_only_the_jobs_ranks_and_ranks_take_only_their
         assert ch.recv() is None
         ch.close()
         assert front.state.ranks == {}
-        # the rank's side: the secret read from the store, the front proven
+        # a rank of the job: the secret read from the store, its proof taken
         record = {"hosts": ["127.0.0.1"], "port": front.tcp_port, "secret": front.secret}
-        sock = nodes.connect(record)
-        sock.close()
+        ch = Channel(nodes.connect(record))
+        ch.send(dict(hello, proof=nodes.proof(front.secret, "rank", ch.recv()["nonce"])))
+        assert ch.recv()["proof"] == nodes.proof(front.secret, "front", "x")
+        # the console waits for every rank's hello, but not for ever after the first (a node without nndb)
+        assert front.wait_hello(1, lambda: False, patience=0.5)
+        t0 = time.monotonic()
+        assert not front.wait_hello(2, lambda: False, patience=0.5)
+        assert time.monotonic() - t0 < 3
+        ch.close()
     finally:
         front.close()
 

@@ -26,7 +26,7 @@ from typing import Callable, Optional
 
 from ..debugger.commands import TABLE
 from ..debugger.commands.rankspec import chosen, split_ranks, split_suffix
-from ..errors import CommandError
+from ..errors import EXIT_USAGE, CommandError
 from . import stacks
 from .front import Front
 
@@ -39,6 +39,7 @@ _NOT_ACROSS = {"reverse-continue": "time travel", "rc": "time travel",
 _STOP_WAIT_S = 3.0
 _POLL_S = 0.5
 _TORCH = os.sep + "torch" + os.sep
+_HELLO_WAIT_S = 120.0   # (after the first rank's hello: the other nodes' ranks start with it, then import)
 _HELD_POLLS = 3         # (a rank not at its prompt: seen at the same place this many polls running)
 
 
@@ -99,7 +100,14 @@ class Console:
                                         daemon=True)
         self._thread.start()
         n = self.front.options.nproc_per_node * int(self.front.options.nnodes.split(":")[-1])
-        self.front.wait_hello(n, self._finished)     # (every node's ranks: nndb.dist.nodes)
+        if not self.front.wait_hello(n, self._finished, _HELLO_WAIT_S):     # (every node's: nndb.dist.nodes)
+            why = (f"only {len(self.front.state.ranks)} of {n} ranks reached this nndb front within "
+                   f"{_HELLO_WAIT_S:g} s of the first (does every node run nndb run?)")
+            self.say(f"nndb: error: {why}")
+            self.front.state.refused = why
+            self.front._abort_all("killed", EXIT_USAGE, why)
+            self._job_done.wait()
+            return
         self._wait_stopped()
 
     def run(self, worker_argv: list, trace_dir: Optional[str]) -> int:

@@ -304,10 +304,18 @@ class Front:
                     return False
                 self._replied.wait(0.2 if left is None else min(0.2, left))
 
-    def wait_hello(self, n: int, finished: Callable[[], bool]) -> None:
+    def wait_hello(self, n: int, finished: Callable[[], bool], patience: float) -> bool:
+        """Until ``n`` ranks have said hello (True), the job ended, or
+        ``patience`` seconds passed since the first did (False)."""
+        first = None
         with self._lock:
             while len(self.state.ranks) < n and not finished():
+                if self.state.ranks and first is None:
+                    first = time.monotonic()
+                if first is not None and time.monotonic() - first > patience:
+                    return False
                 self._replied.wait(0.2)
+        return True
 
     def take_output(self, rank: int) -> list:
         with self._lock:
