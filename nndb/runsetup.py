@@ -20,6 +20,9 @@ def run_setup(p: dict, target, batch: bool, progress: bool, paths=None, **overri
     trace_path, report_path, trace_dir = paths or own_paths(target, p["trace_path"], p["force"], p["report_path"],
                                                              p["command_files"], p["rules"])
     exports = export_targets(p["exports"])
+    from .dist.job import place
+    if place().distributed:             # (one directory or run per rank, never one for all)
+        exports = tuple(t.for_rank(place().rank) for t in exports)
     config = RunConfig(target, trace_path, schedule, p["flush_steps"], p["flush_secs"], p["quiet"], trace_dir,
                        *full_rules(p["record_full"], p["full_tensors_every"], p["precision"],
                                     p["full_tensors_buffer"]))

@@ -15,7 +15,7 @@ import time
 import pytest
 
 from conftest import ROOT, nndb
-from nndb.dist import job
+from nndb.dist import job, nodes
 from nndb.store.reader import TraceReader
 
 SCRIPTS = os.path.join(ROOT, "tests", "scripts")
@@ -257,9 +257,9 @@ def test_front_refuses_a_worker_without_the_secret_or_with_another_version(tmp_p
     said = []
     front = Front(Target(path=script), LaunchOptions(2), said.append)
     try:
-        good = {"op": "hello", "secret": front.secret, "rank": 0, "pid": 1, "nndb_version": __version__,
+        good = {"op": "hello", "rank": 0, "pid": 1, "nndb_version": __version__, "nonce": "n",
                 "script": script, "script_sha256": front.digest}
-        cases = [(dict(good, secret="0" * 32), "without this job's secret"),
+        cases = [(dict(good, secret=front.secret), "without this job's secret"),     # (the proof, not the secret)
                  (dict(good, nndb_version="0.0.1"), "rank 0 runs nndb 0.0.1, this front nndb"),
                  (dict(good, script_sha256="f" * 64), "rank 0 runs a different script than this front"),
                  (good, None)]
@@ -267,11 +267,15 @@ def test_front_refuses_a_worker_without_the_secret_or_with_another_version(tmp_p
             s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             s.connect(front.socket_path)
             ch = Channel(s)
+            nonce = ch.recv()["nonce"]
+            if "secret" not in hello:
+                hello = dict(hello, proof=nodes.proof(front.secret, "rank", nonce))
             ch.send(hello)
             answer = ch.recv()
             ch.close()
             if why is None:
-                assert answer == {"op": "ok"}
+                assert answer == {"op": "ok", "proof": nodes.proof(front.secret, "front", "n"),
+                                  "interactive": False}
             else:
                 assert answer["op"] == "refuse" and why in answer["reason"]
                 assert why in said[-1]
@@ -280,13 +284,13 @@ def test_front_refuses_a_worker_without_the_secret_or_with_another_version(tmp_p
     assert not os.path.exists(front.socket_path)
 
 
-def _on_terminal(tmp_path, script):
-    """``nndb run --nproc-per-node 2 SCRIPT`` on a pseudo-terminal: (process, master fd, expect)."""
+def _on_terminal(tmp_path, script, launch=("--nproc-per-node", "2")):
+    """``nndb run LAUNCH SCRIPT`` on a pseudo-terminal: (process, master fd, expect)."""
     import pty
     import select
     master, slave = pty.openpty()
     env = dict(_env(), TERM="dumb", HOME=str(tmp_path))
-    p = subprocess.Popen([sys.executable, "-m", "nndb", "run", "-q", "--nproc-per-node", "2", script],
+    p = subprocess.Popen([sys.executable, "-m", "nndb", "run", "-q", *launch, script],
                          cwd=tmp_path, stdin=slave, stdout=slave, stderr=slave, env=env, start_new_session=True)
     os.close(slave)
     seen = [b""]

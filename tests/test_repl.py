@@ -109,6 +109,10 @@ EXACTLY = [
     ("p errD_r", ["errD_real"]),
     ("p $st", ["$step"]),
     ("delete ", ["1"]),
+    ("ran", ["rank"]),                      # (the one table: rank and --ranks, nndb.debugger.commands.ranks)
+    ("p --ra", ["--ranks"]),
+    ("stats --ranks a", ["all"]),
+    ("stats --ranks all act netG.1", ["netG.1"]),
 ]
 IN_ANY_ORDER = [
     ("break ", {"step", "module", "if"}),

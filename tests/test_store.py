@@ -47,13 +47,68 @@ def test_writes_are_batched(tmp_path, monkeypatch):
     p = str(tmp_path / "t.h5")
     w = TraceWriter(p, {}, flush_steps=10, flush_secs=1e9)
     flushes = []
-    orig = w._write_pending
-    monkeypatch.setattr(w, "_write_pending", lambda: (flushes.append(len(w._rows)), orig())[1])
+    orig = w._write_block
+    monkeypatch.setattr(w, "_write_block", lambda b: (flushes.append(len(b.rows)), orig(b))[1])
     for i in range(25):
         w.append(rec(i, [("a", "act")]))
+    w.wait()
     assert flushes == [10, 10]                   # one block write per 10 steps, not one per step
     w.close("finished", 0)
     assert flushes[-1] == 5
+
+
+def test_a_steps_block_is_written_in_the_writers_thread_and_read_back_whole(tmp_path, monkeypatch):
+    """The block an append starts is written in the writer's own thread (the
+    training thread goes on); a reader in this process waits for it, so it
+    sees every step appended, and a fork waits for it too."""
+    import threading
+    from nndb.store import writer as W
+    p = str(tmp_path / "t.h5")
+    w = TraceWriter(p, {}, flush_steps=10, flush_secs=1e9)
+    threads, gate, started = [], threading.Event(), threading.Event()
+    orig = w._write_block
+
+    def slow(b):
+        threads.append(threading.current_thread().name)
+        started.set()
+        gate.wait(10)                           # (held until the test has appended past it)
+        orig(b)
+    monkeypatch.setattr(w, "_write_block", slow)
+    for i in range(12):
+        w.append(rec(i, [("a", "act")]))
+    assert started.wait(10)
+    assert threads == ["nndb-trace-writer"] and w.steps_written == 0      # in flight, training went on
+    assert w in W._LIVE
+    gate.set()
+    reader = TraceReader.from_writer(w)
+    assert list(reader.steps) == list(range(12))
+    assert threads == ["nndb-trace-writer", "MainThread"]     # (the reader's flush: in the caller's thread)
+    for i in range(12, 25):
+        w.append(rec(i, [("a", "act")]))
+    W._before_fork()                                           # what os.fork runs first
+    assert w._thread is None and w.steps_written == 22
+    w.close("finished", 0)
+    assert list(TraceReader(p).steps) == list(range(25))
+
+
+def test_a_block_that_fails_in_the_writers_thread_is_said_once_by_the_training_thread(tmp_path, monkeypatch):
+    errors, said_in = [], []
+    import threading
+    p = str(tmp_path / "t.h5")
+    w = TraceWriter(p, {}, flush_steps=5, flush_secs=1e9,
+                    on_error=lambda m: (errors.append(m), said_in.append(threading.current_thread().name)))
+    for i in range(5):
+        w.append(rec(i, [("a", "act")]))
+    w.wait()                                                  # the first block: written
+    monkeypatch.setattr(w, "_write_block", lambda b: (_ for _ in ()).throw(OSError(28, "No space left on device")))
+    for i in range(5, 10):
+        w.append(rec(i, [("a", "act")]))
+    w.wait()
+    w.append(rec(10, [("a", "act")]))
+    assert len(errors) == 1 and "No space left on device" in errors[0] and "keeps the 5 steps" in errors[0]
+    assert said_in == ["MainThread"]
+    w.close("finished", 0)
+    assert list(TraceReader(p).steps) == list(range(5))
 
 
 def test_schema_version_and_format_attrs(tmp_path):
@@ -71,11 +126,12 @@ def test_disk_full_reports_once_keeps_flushed_data_and_training_goes_on(tmp_path
     errors = []
     w = TraceWriter(p, {}, flush_steps=2, flush_secs=1e9, on_error=errors.append)
     w.append(rec(0, [("a", "act")]))
-    w.append(rec(1, [("a", "act")]))             # flushed
+    w.append(rec(1, [("a", "act")]))             # flushed (in the writer's thread)
+    w.wait()
 
-    def full():
+    def full(block):
         raise OSError(28, "No space left on device")
-    monkeypatch.setattr(w, "_write_pending", full)
+    monkeypatch.setattr(w, "_write_block", full)
     w.append(rec(2, [("a", "act")]))
     w.append(rec(3, [("a", "act")]))             # this flush fails
     w.append(rec(4, [("a", "act")]))             # ignored, no exception

@@ -7,8 +7,10 @@ rank at its first step end, after the script's own process group exists),
 made by every rank at the same point: the session's step-end stop check.
 Each rank puts in 1 if it would stop there (a breakpoint, watchpoint, rule,
 run control) or was asked to (Ctrl-C at the front), else 0.  A rank that
-would go on but sees 1 stops too.  Stops inside a step (module breakpoints,
-``step``) cannot be agreed on this way and are refused across ranks.
+would go on but sees 1 stops too.  A stop inside a step (a module
+breakpoint) cannot be agreed on this way: the other ranks are left where
+they are, waiting in a collective (nndb.dist.console tells them by their
+stacks); ``step`` is refused across ranks.
 """
 from __future__ import annotations
 

@@ -8,34 +8,66 @@ run, Ctrl-C asks every rank to stop at the next step end (the all-stop
 agreement, nndb.dist.allstop); a job that does not stop within a few
 seconds is shown as every rank's stack, and a second Ctrl-C ends it.
 
-Commands of the console itself: ``rank [N]``; ``--ranks all`` after
-``p``/``print``/``stats``/``where``/``list`` (one row per rank); run
-control (``continue``, ``next``, ``until``, ``kill``, ``quit``) goes to
-every rank; breakpoints, watches and the other settings go to every rank
-(``... rank N`` at the end: to rank N only); everything else to the
-current rank.
+Commands of the console itself: ``rank [N]``; ``--ranks all|LIST`` of
+the commands the table marks ``ranks="option"`` (``print``, ``stats``,
+``where``, ``list``: one row or block per rank); run control
+(``continue``, ``next``, ``until``, ``kill``, ``quit``) goes to every rank;
+the commands it marks ``ranks="suffix"`` (breakpoints, watches, display,
+the settings) go to every rank (``... rank N`` at the end: to rank N only);
+everything else to the current rank.  The syntax is the table's
+(nndb.debugger.commands.rankspec), so ``help`` and completion describe it.
 """
 from __future__ import annotations
 
-import re
+import os
 import threading
 import time
 from typing import Callable, Optional
 
+from ..debugger.commands import TABLE
+from ..debugger.commands.rankspec import chosen, split_ranks, split_suffix
+from ..errors import EXIT_USAGE, CommandError
 from . import stacks
 from .front import Front
 
 _RESUME = {"c", "cont", "continue", "n", "next", "u", "until", "advance"}
 _END = {"q", "quit", "kill", "k", "exit"}
-_EVERY_RANK = {"b", "break", "tbreak", "watch", "w", "delete", "d", "disable", "enable", "condition", "ignore",
-               "display", "undisplay", "rule", "rules", "set"}
-_SIDE_BY_SIDE = {"p", "print", "stats", "where", "bt", "backtrace", "list", "l"}
 _BACK = {"reverse-step", "rs", "reverse-next", "rn", "goto"}
 _REPLICA = {"predict", "reverse-continue", "rc"}      # answered by a replica job (nndb.dist.travel)
 _NOT_ACROSS = {"timeline": "time travel", "timelines": "time travel", "s": "step", "step": "step",
-               "commands": "commands", "run": "run", "r": "run", "detach": "detach"}
-_RANK_SUFFIX = re.compile(r"\s+rank\s+(\d+)\s*$")
+               "run": "run", "r": "run", "detach": "detach"}
 _STOP_WAIT_S = 3.0
+_POLL_S = 0.5
+_TORCH = os.sep + "torch" + os.sep
+_HELLO_WAIT_S = 120.0   # (after the first rank's hello: the other nodes' ranks start with it, then import)
+_HELD_POLLS = 3         # (a rank not at its prompt: seen at the same place this many polls running)
+
+
+def _place(rep: dict):
+    """(where a rank waits, in words; its whole main stack: the same place if it is unchanged)."""
+    main = stacks.main_stack(rep.get("stacks") or [])
+    if main is None or not main.get("frames"):
+        return None
+    frames = main["frames"]
+    own = [f for f in frames if _TORCH not in f[0]] or frames     # (the script's innermost line)
+    file, line, func, text = own[-1]
+    where = (f"torch.distributed.{main['collective']}" if main.get("collective") else
+             f"{os.path.basename(file)}:{line}" + (f" ({text})" if text else f" in {func}")
+             + (", inside autograd's backward (where DDP all-reduces the gradients)"
+                if frames[-1][2] == "_engine_run_backward" else ""))
+    return where, tuple(tuple(f[:3]) for f in main["frames"]), rep.get("step")
+
+
+def _shown(rep: dict) -> str:
+    return stacks.format_rank(rep) if "error" not in rep else f"rank {rep['rank']}: {rep['error']}"
+
+
+def _across(word: str) -> str:
+    """How the command table says ``word`` goes across ranks ("option", "suffix" or "")."""
+    try:
+        return TABLE.lookup(word.partition("/")[0]).ranks
+    except CommandError:
+        return ""
 
 
 class Console:
@@ -49,6 +81,7 @@ class Console:
         self._error: Optional[BaseException] = None
         self._replaying = False
         self._last_out: dict = {}
+        self.held: dict = {}     # rank -> where it waits (another rank stopped inside a step)
 
     def _finished(self) -> bool:
         return self._job_done.is_set()
@@ -68,7 +101,14 @@ class Console:
                                         daemon=True)
         self._thread.start()
         n = self.front.options.nproc_per_node * int(self.front.options.nnodes.split(":")[-1])
-        self.front.wait_hello(n, self._finished)
+        if not self.front.wait_hello(n, self._finished, _HELLO_WAIT_S):     # (every node's: nndb.dist.nodes)
+            why = (f"only {len(self.front.state.ranks)} of {n} ranks reached this nndb front within "
+                   f"{_HELLO_WAIT_S:g} s of the first (does every node run nndb run?)")
+            self.say(f"nndb: error: {why}")
+            self.front.state.refused = why
+            self.front._abort_all("killed", EXIT_USAGE, why)
+            self._job_done.wait()
+            return
         self._wait_stopped(show)
 
     def run(self, worker_argv: list, trace_dir: Optional[str]) -> int:
@@ -109,8 +149,7 @@ class Console:
         asked = False
         while True:
             try:
-                if self.front.wait(self.front.live_ranks(), timeout=None if not asked else _STOP_WAIT_S,
-                                   finished=self._finished):
+                if self._settle(None if not asked else _STOP_WAIT_S):
                     break
                 self._show_stacks("nndb: not every rank stopped within "
                                   f"{_STOP_WAIT_S:g} s (a hang?); every rank's stack:")
@@ -131,8 +170,38 @@ class Console:
             return
         self._show_stop()
 
+    def _settle(self, timeout: Optional[float]) -> bool:
+        """True once every rank is at its prompt, or some are and each other
+        one has stayed at the same place for a while: a stop inside a step (a
+        module breakpoint) leaves the other ranks where they are (gdb's
+        all-stop), which is waiting for the stopped rank in a collective:
+        nndb's step-end agreement, one of the script's, or DDP's gradient
+        all-reduce inside backward (C++: its Python stack ends in
+        ``backward``).  Kept in ``held``; False after ``timeout``."""
+        self.held = {}
+        deadline = None if timeout is None else time.monotonic() + timeout
+        last: dict = {}
+        while True:
+            live = self.front.live_ranks()
+            if self.front.wait(live, timeout=_POLL_S, finished=self._finished):
+                return True
+            pending = [r for r in live if not self.front.state.ranks[r].at_prompt]
+            if len(pending) < len(live):
+                now = {rep["rank"]: _place(rep) for rep in self.front.all_stacks(wait=2.0)
+                       if rep["rank"] in pending and "error" not in rep}
+                last = {r: (now.get(r), last[r][1] + 1 if r in last and last[r][0] == now.get(r) else 1)
+                        for r in pending}       # (rank -> (its place, polls running it was there))
+                if all(now.get(r) is not None and last[r][1] >= _HELD_POLLS for r in pending):
+                    self.held = {r: last[r][0][0] for r in pending}
+                    return True
+            if deadline is not None and time.monotonic() > deadline:
+                return False
+
+    def _stopped(self) -> list:
+        return [r for r in self.front.live_ranks() if r not in self.held]
+
     def _show_stop(self) -> None:
-        ranks = self.front.live_ranks()
+        ranks = self._stopped()
         if not ranks:
             return
         if self.current not in ranks:
@@ -148,7 +217,13 @@ class Console:
                     self.say(text)
             elif out and "another rank stopped" not in out[0][0] and not out[0][0].startswith("Interrupted"):
                 self.say(f"[r{r}] {out[0][0]}")
-        if len(steps) == 1:
+        if self.held:
+            for r, coll in sorted(self.held.items()):
+                self.say(f"nndb: rank {r} did not stop: it waits in {coll} (a stop inside a step leaves the "
+                         f"other ranks where they are)")
+            self.say(f"nndb: {len(ranks)} of {len(ranks) + len(self.held)} rank(s) stopped: "
+                     + ", ".join(f"r{r}" for r in ranks))
+        elif len(steps) == 1:
             step = steps.pop()
             at = f"at the end of step {step}" if step is not None else "at the start"
             self.say(f"nndb: all {len(ranks)} rank(s) stopped {at}")
@@ -157,13 +232,16 @@ class Console:
                      + ", ".join(f"r{r} {self.front.state.ranks[r].stop_step}" for r in ranks))
 
     def _show_stacks(self, head: str) -> None:
-        reports = self.front.all_stacks()
-        self.say("\n".join([head] + [stacks.format_rank(r) if "error" not in r else
-                                     f"rank {r['rank']}: {r['error']}" for r in reports]))
+        self.say("\n".join([head] + [_shown(r) for r in self.front.all_stacks()]))
 
     # -- one command ------------------------------------------------------------------------------
     def _on(self, rank: int, text: str) -> list:
         """Run ``text`` on a stopped rank; its output lines [(text, is_error)]."""
+        if rank in self.held:               # (its main thread waits in a collective: only its stack is there)
+            word = text.split()[0] if text.split() else ""
+            if _across(word) == "option" and TABLE.lookup(word).name == "where":
+                return [(_shown(rep), False) for rep in self.front.all_stacks() if rep["rank"] == rank]
+            return [(f"rank {rank} is not at a stop: it waits in {self.held[rank]}", True)]
         self.front.send_line(rank, text)
         self.front.wait([rank], finished=self._finished)
         return self.front.take_output(rank)
@@ -204,26 +282,28 @@ class Console:
                      f"'{word}' is not available across ranks yet (stops inside a step cannot be agreed "
                      f"on by every rank)" if what == "step" else f"'{word}' is not available across ranks yet")
             return
-        if word in ("b", "break", "tbreak") and rest.strip() and not rest.strip().startswith("step"):
-            self.say("across ranks only step breakpoints (break step N) are available: a module breakpoint "
-                     "stops inside a step, where the other ranks cannot stop with it")
-            return
-        if "--ranks" in rest and word in _SIDE_BY_SIDE:
-            m = re.search(r"--ranks\s+(\S+)", rest)
-            which = m.group(1) if m else "all"
-            cmd = (word + " " + re.sub(r"--ranks\s+\S+", "", rest)).strip()
-            chosen = ranks if which == "all" else [int(x) for x in which.split(",") if x.isdigit()]
-            self._side_by_side(cmd, [r for r in chosen if r in ranks])
-            return
+        across = _across(word)
+        if across == "option" and "--ranks" in rest:
+            try:
+                which, rest = split_ranks(rest)
+                if which is not None:
+                    self._side_by_side((word + " " + rest).strip(), chosen(which, ranks))
+                    return
+            except CommandError as e:
+                self.say(str(e))
+                return
         if word in _RESUME or word in _END:
-            for r in ranks:
+            for r in (ranks if word in _END else self._stopped()):     # (a held rank runs on by itself)
                 self.front.send_line(r, "kill" if word in _END else line)
             if word in _END:
                 self._job_done.wait()
                 return
             self._wait_stopped()
             return
-        if word in _EVERY_RANK:
+        if across == "suffix" and TABLE.lookup(word).name == "commands":
+            self._commands(line, ranks)
+            return
+        if across == "suffix":
             targets, text = self._targets(line, ranks)
             outs = {r: self._on(r, text) for r in targets}
             if not any(e for out in outs.values() for _, e in out):
@@ -239,13 +319,40 @@ class Console:
             return
         self._show(self._on(self.current, line))
 
+    def _commands(self, line: str, ranks: list) -> None:
+        """``commands [N] [rank R]``: the block is read here once, then given
+        to every rank's breakpoint N (or rank R's), as if typed there."""
+        targets, text = self._targets(line, ranks)
+        where = f"rank {targets[0]}" if len(targets) == 1 else "every rank"
+        self.say(f'Type commands for when the breakpoint is hit (on {where}), one per line.\n'
+                 'End with a line saying just "end".')
+        block = []
+        while True:
+            got = self.fe.read_line(">")
+            if got is None:
+                self.say("'commands' without a closing 'end'")
+                return
+            block.append(got.strip())
+            if got.strip() == "end":
+                break
+        errors = {}
+        for r in targets:
+            out = self._on(r, text)
+            for typed in block:
+                out += self._on(r, typed)
+            errors[r] = [t for t, e in out if e]
+        if not any(errors.values()):
+            self._points.append("\n".join([line] + block))
+        for r, errs in errors.items():
+            self._show([(f"[r{r}] {t}" if len(targets) > 1 else t, True) for t in errs])
+
     @staticmethod
     def _targets(line: str, ranks: list):
         """A point's ranks: every rank, or the one named by ``... rank N``; and the line without it."""
-        m = _RANK_SUFFIX.search(line)
-        if m is None:
+        which, text = split_suffix(line)
+        if which is None:
             return ranks, line
-        return [r for r in ranks if r == int(m.group(1))], line[:m.start()]
+        return [r for r in ranks if r == int(which)], text
 
     # -- time travel: the whole job again, to the step ----------------------------------------------
     def _travel(self, word: str, arg: str, ranks: list) -> None:
@@ -299,10 +406,8 @@ class Console:
         if why:
             self.say(f"nndb: {why}")
             return
-        for line in self._points:           # (gdb keeps the points: set again, each on its ranks)
-            targets, text = self._targets(line, self.front.live_ranks())
-            for r in targets:
-                self._on(r, text)
+        # (gdb keeps the points: set again, each on its ranks, with its commands block)
+        travel.set_points(self, self._targets, self.front.live_ranks(), self._points)
         for at, line in self._changes:
             if (at, line) not in keep:
                 self.say(f"nndb: '{line}' (made at the end of step {at}) is not made again: the job is at the "
@@ -335,8 +440,15 @@ class Console:
         return steps.pop() if len(steps) == 1 else None
 
     def _stopped_step(self, ranks: list) -> Optional[int]:
-        """The step at whose end every rank stopped (else None, said)."""
+        """The step at whose end every rank stopped (else None, said): where
+        time travel across ranks starts, on one node (it starts every rank again)."""
+        if not self.front.options.single_node():
+            self.say("time travel across nodes is not available: it starts every rank again, and node 0 "
+                     "cannot start another node's ranks")
+            return None
         now = {self.front.state.ranks[r].stop_step for r in ranks}
+        if self.held:
+            now = {None}
         if len(now) != 1 or None in now:
             self.say("time travel across ranks starts from a step end where every rank stopped")
             return None

@@ -10,14 +10,14 @@ with NNDB_FRONT_SOCKET/NNDB_FRONT_SECRET in its environment
 run directory the front chose (NNDB_RUN_DIR): one trace per rank in it.
 
 The front listens on a Unix socket in a fresh directory only its user can
-enter, and checks each worker's per-job secret, nndb version and script
-digest.  With ``--hang-timeout SECS`` a watchdog asks every rank for its
+enter (node 0 of a job of several nodes: on TCP too, found through
+torchrun's store: nndb.dist.nodes), and checks each worker's proof of the
+per-job secret, nndb version and script digest.  With ``--hang-timeout SECS`` a watchdog asks every rank for its
 Python stacks when no rank has finished a step for SECS seconds, prints
 them, keeps them for the report, ends the job and exits with EXIT_HANG (5).
 """
 from __future__ import annotations
 
-import hmac
 import logging
 import os
 import secrets
@@ -33,10 +33,10 @@ from typing import Callable, Optional
 from ..errors import EXIT_HANG, EXIT_OK, EXIT_SCRIPT_ERROR, EXIT_SIGINT, EXIT_SIGTERM, EXIT_USAGE, UsageError
 from ..timetravel.channel import Channel
 from ..version import __version__
-from . import stacks
+from . import nodes, stacks
 from .judge import LiveJudge
 from .job import JOB_ID_ENV, RUN_DIR_ENV, claim_run_dir, run_dir_name
-from .worker import INTERACTIVE_ENV, SECRET_ENV, SOCKET_ENV, script_digest
+from .worker import SECRET_ENV, SOCKET_ENV, script_digest
 
 _STACKS_WAIT_S = 5.0
 _START_S = 60.0          # the watchdog's patience before the job's first step
@@ -60,6 +60,10 @@ class LaunchOptions:
 
     def single_node(self) -> bool:
         return self.nnodes.split(":")[-1].strip() == "1"
+
+    def follower(self) -> bool:
+        """A node other than node 0 of a job of several: its ranks report to node 0's front."""
+        return not self.single_node() and self.node_rank > 0
 
     def torchrun_argv(self, worker_argv: list) -> list:
         a = ["--nproc-per-node", str(self.nproc_per_node), "--nnodes", self.nnodes,
@@ -93,40 +97,7 @@ def check_options(o: LaunchOptions) -> None:
     if o.hang_timeout is not None and o.hang_timeout <= 0:
         raise UsageError(f"--hang-timeout must be a positive number of seconds, not {o.hang_timeout}")
     if o.rdzv_endpoint:
-        check_endpoint(o.rdzv_endpoint)
-
-
-def _is_local(host: str) -> bool:
-    if host in ("localhost", "0.0.0.0", "::", "::1") or host.startswith("127."):
-        return True
-    try:
-        mine = {socket.gethostname(), socket.getfqdn()}
-        return host in mine or socket.gethostbyname(host) in {socket.gethostbyname(h) for h in mine}
-    except OSError:
-        return False
-
-
-def check_endpoint(endpoint: str, timeout: float = 5.0) -> None:
-    """A rendezvous endpoint on another machine must be reachable now (else
-    torch waits for many minutes); one on this machine may not be up yet
-    (this node may be the one to start it)."""
-    host, sep, port = endpoint.rpartition(":")
-    if not sep:
-        host, port = endpoint, ""
-    host = host.strip("[]")
-    if port and not port.isdigit():
-        raise UsageError(f"--rdzv-endpoint must be HOST[:PORT], not {endpoint!r}")
-    try:
-        socket.getaddrinfo(host, None)
-    except OSError:
-        raise UsageError(f"cannot reach the rendezvous endpoint {endpoint}: unknown host {host!r}") from None
-    if _is_local(host) or not port:
-        return
-    try:
-        socket.create_connection((host, int(port)), timeout=timeout).close()
-    except OSError as e:
-        raise UsageError(f"cannot reach the rendezvous endpoint {endpoint}: "
-                         f"{e.strerror or type(e).__name__ or e}") from None
+        nodes.check_endpoint(o.rdzv_endpoint)
 
 
 @dataclass
@@ -164,9 +135,14 @@ class Front:
         self.digest = script_digest(target.file)
         self._dir = tempfile.mkdtemp(prefix="nndb-front-")       # (0700: only this user gets in)
         self.socket_path = os.path.join(self._dir, "front.sock")
-        self._server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self._server.bind(self.socket_path)
-        self._server.listen(64)
+        unix = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        unix.bind(self.socket_path)
+        unix.listen(64)
+        self._servers = [unix]
+        self.tcp_port: Optional[int] = None      # node 0 of several: the other nodes' ranks connect here
+        if not options.single_node() and not options.follower():
+            self._servers.append(nodes.tcp_listener())
+            self.tcp_port = self._servers[-1].getsockname()[1]
         self._lock = threading.Lock()
         self._replies: dict = {}
         self._replied = threading.Condition(self._lock)
@@ -174,24 +150,29 @@ class Front:
         self._done = threading.Event()
         self.interactive = False            # set by nndb.dist.console: the agent runs in a thread
         self.judge: Optional[LiveJudge] = None      # the rules across ranks, live (one node: every rank here)
-        threading.Thread(target=self._accept, name="nndb-front-accept", daemon=True).start()
+        for server in self._servers:
+            threading.Thread(target=self._accept, args=(server,), name="nndb-front-accept", daemon=True).start()
 
     # -- the workers' connections ------------------------------------------------------------
-    def _accept(self) -> None:
+    def _accept(self, server) -> None:
         while True:                         # (until close() closes the socket)
             try:
-                sock, _ = self._server.accept()
+                sock, _ = server.accept()
             except OSError:
                 return
             threading.Thread(target=self._serve, args=(Channel(sock),), name="nndb-front-rank",
                              daemon=True).start()
 
-    def _hello(self, chan: Channel, msg: dict) -> Optional[RankInfo]:
+    def _hello(self, chan: Channel, msg: dict, mine: str) -> Optional[RankInfo]:
         rank = msg.get("rank")
+        if not nodes.proven(self.secret, "rank", mine, msg.get("proof")) or not isinstance(rank, int):
+            why = "a process without this job's secret tried to attach; refused"   # (the job goes on)
+            self.message(f"nndb: error: {why}")
+            chan.send({"op": "refuse", "reason": why})
+            chan.close()
+            return None
         why = None
-        if not hmac.compare_digest(str(msg.get("secret", "")), self.secret):
-            why = "a process without this job's secret tried to attach; refused"
-        elif msg.get("nndb_version") != __version__:
+        if msg.get("nndb_version") != __version__:
             why = f"rank {rank} runs nndb {msg.get('nndb_version')}, this front nndb {__version__}"
         elif msg.get("script_sha256") != self.digest:
             why = f"rank {rank} runs a different script than this front ({msg.get('script')})"
@@ -206,15 +187,18 @@ class Front:
         with self._lock:
             self.state.ranks[info.rank] = info
             self._last_progress = time.monotonic()
-        chan.send({"op": "ok"})
+        chan.send({"op": "ok", "proof": nodes.proof(self.secret, "front", str(msg.get("nonce", ""))),
+                   "interactive": self.interactive})
         return info
 
     def _serve(self, chan: Channel) -> None:
-        first = chan.recv()
+        mine = nodes.nonce()
+        chan.send({"op": "nonce", "nonce": mine})
+        first = chan.recv(limit=nodes.HELLO_LIMIT)      # (not yet trusted)
         if not first or first.get("op") != "hello":
             chan.close()
             return
-        info = self._hello(chan, first)
+        info = self._hello(chan, first, mine)
         if info is None:
             return
         while True:
@@ -327,10 +311,18 @@ class Front:
                     return False
                 self._replied.wait(0.2 if left is None else min(0.2, left))
 
-    def wait_hello(self, n: int, finished: Callable[[], bool]) -> None:
+    def wait_hello(self, n: int, finished: Callable[[], bool], patience: float) -> bool:
+        """Until ``n`` ranks have said hello (True), the job ended, or
+        ``patience`` seconds passed since the first did (False)."""
+        first = None
         with self._lock:
             while len(self.state.ranks) < n and not finished():
+                if self.state.ranks and first is None:
+                    first = time.monotonic()
+                if first is not None and time.monotonic() - first > patience:
+                    return False
                 self._replied.wait(0.2)
+        return True
 
     def take_output(self, rank: int) -> list:
         with self._lock:
@@ -351,9 +343,11 @@ class Front:
             self.state.ranks = {}
             self._last_progress = time.monotonic()
         self._done.clear()
-        env = {SOCKET_ENV: self.socket_path, SECRET_ENV: self.secret}
-        if self.interactive:
-            env[INTERACTIVE_ENV] = "1"
+        if o.follower():                # (its ranks find node 0's front through torchrun's store)
+            env = {nodes.FROM_STORE_ENV: "1", SOCKET_ENV: None, SECRET_ENV: None, nodes.PUBLISH_ENV: None}
+        else:
+            env = {SOCKET_ENV: self.socket_path, SECRET_ENV: self.secret,
+                   nodes.PUBLISH_ENV: None if self.tcp_port is None else str(self.tcp_port)}
         self.judge = LiveJudge(o.nproc_per_node, self.message) if o.single_node() else None
         if o.single_node():             # (several nodes agree through torchrun's store: nndb.dist.job)
             if trace_dir is not None:
@@ -364,7 +358,11 @@ class Front:
         if "OMP_NUM_THREADS" not in os.environ and o.nproc_per_node > 1:
             env["OMP_NUM_THREADS"] = "1"      # (what torchrun sets, without its banner)
         saved = {k: os.environ.get(k) for k in env}
-        os.environ.update(env)
+        for k, v in env.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
         quiet = _quiet_torch_logs()
         old_int = signal.signal(signal.SIGINT, self._ctrl_c) \
             if threading.current_thread() is threading.main_thread() and not self.interactive else None
@@ -411,8 +409,8 @@ class Front:
     def _ctrl_c(self, signum, frame) -> None:
         """The first Ctrl-C shows every rank's stack and ends the job (each
         rank closes its trace); the second ends it at once."""
-        if self.state.interrupted is not None:
-            raise KeyboardInterrupt
+        if self.state.interrupted is not None or self.options.follower():
+            raise KeyboardInterrupt         # (a follower node: its ranks report to node 0, it ends its own)
         self.state.interrupted = []
         self.message("nndb: Ctrl-C: ending the job after every rank's stack (Ctrl-C again: at once)")
         threading.Thread(target=self._end_with_stacks, name="nndb-ctrl-c", daemon=True).start()
@@ -432,6 +430,12 @@ class Front:
         if self.state.refused is not None:
             return EXIT_USAGE
         failures = getattr(e, "failures", {}) or {}
+        if self.options.follower() and failures:     # (the why is on node 0: its front ended the job or saw it)
+            self.message("nndb: " + ", ".join(f"rank {r} ended (exit code {f.exitcode})"
+                                              for r, f in sorted(failures.items()))
+                         + "; node 0's nndb run says why")
+            code = failures[min(failures)].exitcode
+            return code if code is not None and 0 < code < 256 else EXIT_SCRIPT_ERROR
         if not failures:
             self.message(f"nndb: the job failed: {_first_line(e)}")
             return EXIT_SCRIPT_ERROR
@@ -452,10 +456,11 @@ class Front:
 
     def close(self) -> None:
         self._done.set()
-        try:
-            self._server.close()
-        except OSError:
-            pass
+        for server in self._servers:
+            try:
+                server.close()
+            except OSError:
+                pass
         with self._lock:
             for r in self.state.ranks.values():
                 r.chan.close()

@@ -29,7 +29,7 @@ from typing import Optional
 RUN_DIR_ENV = "NNDB_RUN_DIR"
 JOB_ID_ENV = "NNDB_JOB_ID"
 _STORE_KEY = "nndb/run_dir"
-_STORE_TIMEOUT_S = 60.0
+STORE_TIMEOUT_S = 60.0
 
 
 def _int(env: dict, name: str, default: int) -> int:
@@ -85,21 +85,28 @@ def _fallback_name(stem: str, env) -> str:
 
 def _through_store(parent: str, stem: str, where: Place, env) -> Optional[str]:
     """The run directory agreed through torchrun's store, or None without one."""
-    if str(env.get("TORCHELASTIC_USE_AGENT_STORE", "")).lower() != "true":
-        return None
-    host, port = env.get("MASTER_ADDR"), _int(env, "MASTER_PORT", 0)
-    if not host or not port:
-        return None
     try:
-        from datetime import timedelta
-        from torch.distributed import TCPStore
-        store = TCPStore(host, port, is_master=False, timeout=timedelta(seconds=_STORE_TIMEOUT_S))
+        store = agent_store(env)
+        if store is None:
+            return None
         key = f"{_STORE_KEY}/{where.restart}"
         if where.rank == 0:         # (the name only: each node puts it under its own ./nndb-runs)
             store.set(key, os.path.basename(claim_run_dir(parent, stem)))
         return os.path.join(os.path.abspath(parent), store.get(key).decode("utf-8"))
     except Exception:           # (no store after all: the derived name below)
         return None
+
+
+def agent_store(env, timeout: float = STORE_TIMEOUT_S):
+    """torchrun's agent store as a client (None when the workers were not given one)."""
+    if str(env.get("TORCHELASTIC_USE_AGENT_STORE", "")).lower() != "true":
+        return None
+    host, port = env.get("MASTER_ADDR"), env.get("MASTER_PORT")
+    if not host or not str(port or "").isdigit():
+        return None
+    from datetime import timedelta
+    from torch.distributed import TCPStore
+    return TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=timeout))
 
 
 def job_run_dir(parent: str, stem: str, where: Place, env: Optional[dict] = None) -> str:

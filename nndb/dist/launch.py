@@ -14,11 +14,9 @@ from .front import Front, LaunchOptions
 _PASSED = (("every", "--every", True), ("steps_range", "--steps", True), ("full_every", "--full-every", True),
            ("act_every", "--act-every", True), ("flush_steps", "--flush-every", True),
            ("flush_secs", "--flush-secs", True), ("quiet", "--quiet", False), ("rules", "--rules", True),
-           ("force", "--force", False), ("nx", "--nx", False))
+           ("force", "--force", False), ("nx", "--nx", False), ("lineage", "--lineage", True))
 # ...and those a job of several ranks cannot take yet (one line each, before anything starts)
 _NOT_YET = (("replica", "auto", "across ranks, time travel runs the whole job again and takes no checkpoints: --replica is not taken"),
-            ("lineage", None, "--lineage is not available with --nproc-per-node yet"),
-            ("exports", (), "--export is not available with --nproc-per-node yet"),
             ("total_steps", None, "across ranks, time travel runs the whole job again and takes no checkpoints: --total-steps is not taken"),
             ("checkpoint_every", None, "across ranks, time travel runs the whole job again and takes no checkpoints: --checkpoint-every is not taken"),
             ("checkpoint_memory", None, "across ranks, time travel runs the whole job again and takes no checkpoints: --checkpoint-memory is not taken"))
@@ -33,6 +31,8 @@ def worker_argv(params: dict, trace_path: Optional[str]) -> list:
             argv += [flag, str(value)]
         elif not valued and value:
             argv.append(flag)
+    for spec in params.get("exports") or ():     # (each rank exports its own: nndb.export.targets.for_rank)
+        argv += ["--export", spec]
     if trace_path:
         argv += ["--trace", trace_path]
     for f in params.get("command_files") or ():
@@ -54,11 +54,19 @@ def start_job(params: dict, launch: LaunchOptions, target, frontend, trace_path:
     for name, default, why in _NOT_YET:
         if params.get(name) not in (default, None) and params.get(name) != default:
             raise UsageError(why)
-    if frontend is not None and not launch.single_node():
-        raise UsageError("the prompt across nodes is not available yet: add --batch (each node records its ranks)")
+    if launch.follower():
+        if launch.hang_timeout:
+            raise UsageError("--hang-timeout goes to node 0's nndb run: its watchdog sees every rank of every node")
+        frontend = None                 # (the prompt is node 0's: its front controls every rank)
+        if not params.get("quiet"):
+            message(f"nndb: node {launch.node_rank}: the job's prompt (or, in batch mode, its watchdog) is on "
+                    f"node 0; the ranks here record their traces locally")
     if frontend is not None and launch.hang_timeout:
         raise UsageError("--hang-timeout goes with --batch (at the prompt, Ctrl-C shows a hung job's stacks)")
     prepare(target)                     # (a missing or broken script: one line here, no worker started)
+    from ..export.targets import parse_spec
+    for spec in params.get("exports") or ():  # (the extra missing, a directory not writable: one line here)
+        parse_spec(spec)
     front = Front(target, launch, message)
     try:
         if frontend is None:

@@ -24,11 +24,13 @@ from .front import Front
 _END_WAIT_S = 60.0
 # ``nndb run``'s flags in the live ranks' command line (nndb.dist.launch.worker_argv)
 _VALUED = {"--every", "--steps", "--full-every", "--act-every", "--flush-every", "--flush-secs", "--rules",
-           "--trace", "-x", "-e"}
+           "--trace", "-x", "-e", "--lineage", "--export"}
 # ...those a replica leaves out: its own trace directory; every step recorded
 # (what predict reports is read from its traces); no start-up commands (the
-# replica is driven from its start stop; the live job's points are set again)
-_DROPPED = {"--trace", "--every", "--steps", "--full-every", "--act-every", "-x", "-e", "--run"}
+# replica is driven from its start stop; the live job's points are set again);
+# no exports (the user's TensorBoard/MLflow runs are the live job's) nor lineage
+_DROPPED = {"--trace", "--every", "--steps", "--full-every", "--act-every", "-x", "-e", "--run", "--lineage",
+            "--export"}
 
 
 def replica_argv(argv: list) -> list:
@@ -70,7 +72,7 @@ class ReplicaJob:
         """Start every rank; True once each is at its start stop."""
         self._thread = threading.Thread(target=self._agent, name="nndb-replica-job", daemon=True)
         self._thread.start()
-        self.front.wait_hello(self.n, self._done.is_set)
+        self.front.wait_hello(self.n, self._done.is_set, _END_WAIT_S)
         return self.wait()
 
     def wait(self) -> bool:

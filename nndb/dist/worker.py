@@ -1,9 +1,11 @@
 """A worker's link to the ``nndb run --nproc-per-node`` front process.
 
 The front passes NNDB_FRONT_SOCKET (a Unix socket in a directory only its
-user can enter) and NNDB_FRONT_SECRET in the environment; the worker
-connects, says who it is (rank, pid, nndb version, script digest) with the
-secret, and a helper thread then answers the front: its Python stacks (the
+user can enter) and NNDB_FRONT_SECRET in the environment (the other nodes
+of a job of several: the front's address and the secret are read from
+torchrun's store, nndb.dist.nodes); the worker connects, says who it is
+(rank, pid, nndb version, script digest) with a proof of the secret, checks
+the front's, and a helper thread then answers the front: its Python stacks (the
 main thread may be stuck in a collective: the helper still answers), and
 ``abort`` (the watchdog ends a hung job: the trace is closed from here and
 the process ends).  At each step end the worker tells the front which step
@@ -25,12 +27,11 @@ from typing import Optional
 from ..errors import UsageError
 from ..timetravel.channel import Channel
 from ..version import __version__
-from . import stacks
+from . import nodes, stacks
 from .job import place
 
 SOCKET_ENV = "NNDB_FRONT_SOCKET"
 SECRET_ENV = "NNDB_FRONT_SECRET"
-INTERACTIVE_ENV = "NNDB_FRONT_INTERACTIVE"
 _STEP_EVERY_S = 0.1
 _GRACE_S = 1.5            # (an abort: how long the main thread has to end the run itself)
 
@@ -59,36 +60,54 @@ class FrontLink:
         self.where = place()
         self.lines: queue.Queue = queue.Queue()     # the front's command lines (an interactive job)
         self.agreement = None                       # nndb.dist.allstop.StepAgreement (an interactive job)
+        self.interactive = False    # the front holds a prompt: this rank's session reads its commands from it
 
-    @property
-    def interactive(self) -> bool:
-        """The front holds a prompt for the job: this rank's session reads its commands from it."""
-        return os.environ.get(INTERACTIVE_ENV) == "1"
+    @staticmethod
+    def _socket(env):
+        """(a connected socket, the secret) to this worker's front, or None without one."""
+        path = env.get(SOCKET_ENV)
+        if path:
+            if env.get(nodes.PUBLISH_ENV) and place(env).local_rank == 0:    # (node 0 of several nodes)
+                nodes.publish(env, int(env[nodes.PUBLISH_ENV]), env.get(SECRET_ENV, ""))
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                sock.settimeout(30)
+                sock.connect(path)
+                sock.settimeout(None)
+            except OSError as e:
+                raise UsageError(f"cannot reach the nndb front at {path}: {e.strerror or e}") from None
+            return sock, env.get(SECRET_ENV, "")
+        if env.get(nodes.FROM_STORE_ENV):
+            record = nodes.lookup(env)
+            return nodes.connect(record), str(record.get("secret", ""))
+        return None
 
     @classmethod
     def connect(cls, target, env=None) -> Optional["FrontLink"]:
         """Connect to the front, if this worker has one (unreachable:
         UsageError); refused (the front said why, in its one line): exit 2."""
         env = os.environ if env is None else env
-        path = env.get(SOCKET_ENV)
-        if not path:
+        got = cls._socket(env)
+        if got is None:
             return None
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            sock.settimeout(30)
-            sock.connect(path)
-            sock.settimeout(None)
-        except OSError as e:
-            raise UsageError(f"cannot reach the nndb front at {path}: {e.strerror or e}") from None
+        sock, secret = got
         link = cls(Channel(sock))
         w = link.where
-        link.send({"op": "hello", "secret": env.get(SECRET_ENV, ""), "rank": w.rank, "local_rank": w.local_rank,
-                   "world_size": w.world_size, "pid": os.getpid(), "nndb_version": __version__,
-                   "script": target.file or target.module,
-                   "script_sha256": script_digest(target.file)})
-        answer = link.chan.recv()
+        first = link.chan.recv(limit=nodes.HELLO_LIMIT)
+        mine = nodes.nonce()
+        if first and first.get("op") == "nonce":
+            link.send({"op": "hello", "proof": nodes.proof(secret, "rank", str(first.get("nonce"))), "nonce": mine,
+                       "rank": w.rank, "local_rank": w.local_rank, "world_size": w.world_size, "pid": os.getpid(),
+                       "nndb_version": __version__, "script": target.file or target.module,
+                       "script_sha256": script_digest(target.file)})
+        answer = link.chan.recv(limit=nodes.HELLO_LIMIT)
         if not answer or answer.get("op") != "ok":
             os._exit(2)                 # (the front printed why; nothing was opened here)
+        if not nodes.proven(secret, "front", mine, answer.get("proof")):
+            link.chan.close()
+            raise UsageError("the process at the nndb front's address does not know this job's secret; "
+                             "not attaching to it")
+        link.interactive = bool(answer.get("interactive"))
         threading.Thread(target=link._serve, name="nndb-front-link", daemon=True).start()
         return link
 

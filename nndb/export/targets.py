@@ -31,6 +31,12 @@ class ExportTarget:
             return ExportTarget(self.kind, self.where + suffix, self.experiment, self.run_name)
         return ExportTarget(self.kind, self.where, self.experiment, (self.run_name or "nndb") + suffix)
 
+    def for_rank(self, rank: int) -> "ExportTarget":
+        """One rank's part of a job of several: DIR/rank<R>, or the run <name>-rank<R>."""
+        if self.kind == "tensorboard":
+            return ExportTarget(self.kind, os.path.join(self.where, f"rank{rank}"), self.experiment, self.run_name)
+        return ExportTarget(self.kind, self.where, self.experiment, f"{self.run_name or 'nndb'}-rank{rank}")
+
     def open(self):
         if self.kind == "tensorboard":
             from .tensorboard import TensorBoardSink

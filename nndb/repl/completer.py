@@ -25,6 +25,14 @@ def suggest(table, text: str):
         cmd = table.lookup(words[0].partition("/")[0])
     except CommandError:
         return None, words, current
+    if cmd.ranks == "option":           # (--ranks all|LIST: anywhere, not an argument position)
+        if words[-1] == "--ranks":
+            return "sub:all", words, current
+        if current.startswith("--"):
+            return "sub:--ranks", words, current
+        if "--ranks" in words:
+            i = words.index("--ranks")
+            words = words[:i] + words[i + 2:]
     pos = len(words) - 1
     if cmd.name in ("watch", "stats", "history") and pos >= 1 and words[1] in KIND_WORDS:
         # the tensor names depend on the kind word before them

@@ -106,6 +106,13 @@ class FullPending:
     def drop(self) -> None:
         self.tensors, self.hists, self.bytes = [], [], 0
 
+    def take(self) -> "FullPending":
+        """What waits, for a block to write (``write``); this starts empty again."""
+        out = FullPending(self.max_pending, self.max_bytes)
+        out.tensors, out.hists, out.bytes = self.tensors, self.hists, self.bytes
+        self.drop()
+        return out
+
     def skip(self, step: Optional[int], why: str):
         """Note a skipped step's tensor; the message to say (once) or None."""
         first = step not in self.skipped_steps

@@ -2,7 +2,15 @@
 
 It appends StepRecords to an in-memory buffer and writes them in one block
 per dataset every ``flush_steps`` steps or ``flush_secs`` seconds, whichever
-comes first.  A block is committed in two steps: its data (every dataset
+comes first.  The block that a step's ``append`` starts is written in a
+thread of the writer's own (``_write``: h5py lets go of the GIL while HDF5
+compresses and writes the chunks), while the training thread goes on and
+the buffers fill again; one block at a time, so memory stays bounded.
+Whoever needs the file as it stands waits for that block first: ``flush``
+(a reader in this process, a checkpoint), ``unwritten``, ``close``, and
+every ``os.fork`` (a child forked in the middle of a block would inherit
+HDF5's locks held).  A block that fails in the thread is reported by the
+training thread, at its next ``append`` or ``flush``.  A block is committed in two steps: its data (every dataset
 resized and written, then flushed), then the ``committed`` counts, which a
 reader trusts over the datasets' extents; so a write that fails half-way
 never leaves a readable-but-wrong row.  Before a block the writer checks that
@@ -19,7 +27,9 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
+import weakref
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
@@ -28,15 +38,14 @@ import numpy as np
 
 from ..errors import TraceWriteError
 from ..numbers import json_value
-from ..tracer.stats import N_RAW, finalize_many
 from . import fullstore
+from .blocks import STEP_COLUMNS, Block, blob_bytes, put_blob, step_columns, stats_block
 from . import schema as K
 from .space import NoRoom, check_room, detach_file, reason as _reason
 
 _BLOBS = ("series", "events", "end", "optimizers", "hyper", "fingerprints")
 # The JSON-lines blobs a run appends to (row dicts), counted in lines for a replica's reader.
 _ROW_BLOBS = ("optimizers", "hyper", "fingerprints")
-_STEP_COLUMNS = ("step", "time", "backward_count", "optimizer_steps", "partial")
 
 
 @dataclass
@@ -50,7 +59,7 @@ class Unwritten:
     lineage_written: int
     sequences_written: int
     series: list = field(default_factory=list)       # [{"id", "name", "kind"}]
-    steps: dict = field(default_factory=dict)        # step column -> list, as _STEP_COLUMNS
+    steps: dict = field(default_factory=dict)        # step column -> list, as STEP_COLUMNS
     stats: Optional[np.ndarray] = None               # (rows, series, N_STATS), NaN where absent
     lineage: list = field(default_factory=list)      # [(step, seq)]
     sequences: list = field(default_factory=list)    # [JSON text], lines sequences_written on
@@ -59,15 +68,18 @@ class Unwritten:
     row_lines_written: dict = field(default_factory=dict)   # row blob -> its lines in the file
 
 
-def _put_blob(ds, text: str, append: bool = True) -> None:
-    data = np.frombuffer(text.encode("utf-8"), dtype=np.uint8)
-    start = ds.shape[0] if append else 0
-    ds.resize((start + data.size,))
-    ds[start:] = data
+# Writers whose thread may be writing: a fork waits for it first (a child
+# forked in the middle of a block would inherit HDF5's and h5py's locks held).
+_LIVE: "weakref.WeakSet" = weakref.WeakSet()
 
 
-def _blob_bytes(lines: list) -> int:
-    return sum(len(t.encode("utf-8")) for t in lines)
+def _before_fork() -> None:
+    for w in list(_LIVE):
+        w.wait()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(before=_before_fork)
 
 
 class TraceWriter:
@@ -103,6 +115,9 @@ class TraceWriter:
         self.full = fullstore.FullPending(max_bytes=fullstore.DEFAULT_MAX_BYTES if full_max_bytes is None
                                           else full_max_bytes)
         self.hist_rows_written = 0
+        self._thread: Optional[threading.Thread] = None     # writing a block (flushes after the first)
+        self._error: Optional[tuple] = None                  # (why, wrote) of a block that failed there
+        self._pid = os.getpid()
         try:
             d = os.path.dirname(os.path.abspath(path))
             os.makedirs(d, exist_ok=True)
@@ -131,7 +146,7 @@ class TraceWriter:
         for name in _BLOBS:
             f.create_dataset(name, shape=(0,), maxshape=(None,), chunks=K.BLOB_CHUNK, dtype="u1")
         g = f.create_group("steps")
-        for name, dt in zip(_STEP_COLUMNS, ("i8", "f8", "i4", "i4", "u1")):
+        for name, dt in zip(STEP_COLUMNS, ("i8", "f8", "i4", "i4", "u1")):
             g.create_dataset(name, shape=(0,), maxshape=(None,), chunks=K.STEPS_CHUNK, dtype=dt)
         lg = f.create_group("lineage")
         for name in ("step", "seq"):
@@ -172,6 +187,8 @@ class TraceWriter:
         return sid
 
     def append(self, record) -> None:
+        if self._error is not None:          # (the last block failed in the writer's thread: said now)
+            self.wait()
         if self.failed or self.closed:
             return
         known = self._by_list.get(id(record.names))
@@ -194,7 +211,7 @@ class TraceWriter:
         self.last_step = record.step
         if len(self._rows) >= self.flush_steps or \
                 time.monotonic() - self._last_flush >= self.flush_secs:
-            self.flush()
+            self._flush(background=True)
 
     def full_tensor(self, meta: dict, nbytes: int, copy: Callable[[], np.ndarray]) -> bool:
         """Keep a whole tensor (``meta``: name, kind, step, shape, dtype, asked;
@@ -226,6 +243,7 @@ class TraceWriter:
     def detach(self) -> None:
         """In a replica (a forked copy of the live run): never write to the
         shared file again; steps are kept in memory (``unwritten`` has them)."""
+        self.wait()
         self.flush_steps = 1 << 62
         self.flush_secs = float("inf")
         self.detached = True
@@ -274,35 +292,83 @@ class TraceWriter:
         self._pending_rows["fingerprints"].append(row)
 
     def flush(self) -> None:
+        """Write everything appended so far, and return once it is committed
+        (a reader of the file, a fork, the run's end need that)."""
+        self._flush(background=False)
+
+    def _flush(self, background: bool) -> None:
+        self.wait()                      # (one block at a time: memory stays bounded)
         if self.failed or self.closed or self.detached:
             return
-        try:
-            if self._rows or self._new_series or self._lineage or self._events or \
-                    any(self._pending_rows.values()) or self.full.tensors or self.full.hists:
-                check_room(self.path, self._f, self._room_needed())
-                self._write_pending()
-                self._f.flush()                 # the data first,
-                self._commit()
-                self._f.flush()                 # then the counts that make it readable
-        except NoRoom as e:
-            self._fail(str(e), wrote=False)
-        except (OSError, ValueError, RuntimeError, KeyError) as e:
-            self._fail(_reason(e), wrote=True)
+        if self._rows or self._new_series or self._lineage or self._events or \
+                any(self._pending_rows.values()) or self.full.tensors or self.full.hists:
+            block = self._take()
+            if background:
+                self._thread = threading.Thread(target=self._write, args=(block,), daemon=True,
+                                                name="nndb-trace-writer")
+                _LIVE.add(self)
+                self._thread.start()
+            else:
+                self._write(block)
+                self._settle()
         self._last_flush = time.monotonic()
 
-    def _room_needed(self) -> int:
-        """Bytes the next block may add to the file, at most: its rows at the
+    def wait(self) -> None:
+        """Wait for the block the writer's thread is writing, if any; a write
+        that failed there is reported here, in the caller's thread."""
+        t = self._thread
+        if t is None:
+            return
+        if t.ident is not None and self._pid == os.getpid():
+            t.join()
+        self._thread = None
+        self._settle()
+
+    def _settle(self) -> None:
+        error, self._error = self._error, None
+        if error is not None:
+            self._fail(*error)
+
+    def _write(self, block: Block) -> None:
+        """One block: its data, then the counts that make it readable.  Runs
+        in the writer's thread (h5py lets go of the GIL while HDF5 compresses
+        and writes) or in the caller's; touches only the file and the
+        ``*_written`` counts, never the buffers the training thread fills."""
+        try:
+            check_room(self.path, self._f, self._room_needed(block))
+            self._write_block(block)
+            self._f.flush()                 # the data first,
+            self._commit()
+            self._f.flush()                 # then the counts that make it readable
+        except NoRoom as e:
+            self._error = (str(e), False)
+        except (OSError, ValueError, RuntimeError, KeyError) as e:
+            self._error = (_reason(e), True)
+        except Exception as e:              # (never into the user's program, from any thread)
+            self._error = (f"{type(e).__name__}: {e}", True)
+
+    def _take(self) -> Block:
+        """The buffers, as a block to write; they start empty again."""
+        block = Block(len(self.series), self._new_series, self._rows,
+                       self._new_sequences, self._lineage, self._events,
+                       {k: v for k, v in self._pending_rows.items() if v}, self.full.take())
+        self._new_series, self._rows, self._new_sequences, self._lineage, self._events = [], [], [], [], []
+        self._pending_rows = {name: [] for name in _ROW_BLOBS}
+        return block
+
+    def _room_needed(self, b: Block) -> int:
+        """Bytes block ``b`` may add to the file, at most: its rows at the
         rate the file grew per committed row (twice), or uncompressed before
         the first block, and its JSON (twice), plus room for metadata.  (A
         block writes whole chunks of ``stats``: no chunk is written twice.)"""
-        k, s = len(self._rows), len(self.series)
+        k, s = len(b.rows), b.n_series
         rows = k * s * K.N_STATS * 8 + k * 32
         if self.steps_written and self._grown > 0:
             rows = min(rows, 2 * k * (self._grown // self.steps_written + 1))
-        blobs = _blob_bytes([json.dumps(x) for x in self._new_series + self._events]) + \
-            _blob_bytes(self._new_sequences) + 16 * len(self._lineage) + \
-            sum(_blob_bytes([json.dumps(r) for r in pending]) for pending in self._pending_rows.values())
-        return rows + 2 * blobs + self.full.bytes_needed() + K.ROOM_MARGIN
+        blobs = blob_bytes([json.dumps(x) for x in b.series + b.events]) + \
+            blob_bytes(b.sequences) + 16 * len(b.lineage) + \
+            sum(blob_bytes([json.dumps(r) for r in pending]) for pending in b.rows_of.values())
+        return rows + 2 * blobs + b.full.bytes_needed() + K.ROOM_MARGIN
 
     def _commit(self) -> None:
         """Write the counts a reader trusts (schema ``committed``), once the data is on disk."""
@@ -314,48 +380,40 @@ class TraceWriter:
         self._committed_rows = self.steps_written
         self._grown = max(0, os.path.getsize(self.path) - self._size0)
 
-    def _write_pending(self) -> None:
-        if self._new_series:
-            _put_blob(self._ds["series"], "".join(json.dumps(s) + "\n" for s in self._new_series))
-            self._new_series = []
-        if self._rows:
-            k = len(self._rows)
-            n_series = len(self.series)
-            block = _stats_block(self._rows, n_series)
+    def _write_block(self, b: Block) -> None:
+        if b.series:
+            put_blob(self._ds["series"], "".join(json.dumps(s) + "\n" for s in b.series))
+        if b.rows:
+            k = len(b.rows)
+            block = stats_block(b.rows, b.n_series)
             ds = self._ds["stats"]
             start = self.steps_written
-            ds.resize((start + k, max(n_series, ds.shape[1]), K.N_STATS))
-            ds[start:start + k, :n_series, :] = block
-            for name, values in _step_columns(self._rows).items():
+            ds.resize((start + k, max(b.n_series, ds.shape[1]), K.N_STATS))
+            ds[start:start + k, :b.n_series, :] = block
+            for name, values in step_columns(b.rows).items():
                 d = self._ds["steps/" + name]
                 d.resize((start + k,))
                 d[start:] = np.asarray(values, dtype=d.dtype)
             self.steps_written += k
-            self._rows = []
-        if self._new_sequences or self._lineage:
-            if self._new_sequences:
-                _put_blob(self._ds["lineage/sequences"], "".join(t + "\n" for t in self._new_sequences))
-                self._new_sequences = []
-            if self._lineage:
-                for i, name in enumerate(("step", "seq")):
-                    d = self._ds["lineage/" + name]
-                    start = self.lineage_written
-                    d.resize((start + len(self._lineage),))
-                    d[start:] = np.asarray([row[i] for row in self._lineage], dtype="i8")
-                self.lineage_written += len(self._lineage)
-                self._lineage = []
-        if self._events:
-            _put_blob(self._ds["events"], "".join(json.dumps(e) + "\n" for e in self._events))
-            self._events = []
-        if self.full.tensors or self.full.hists:
-            self.hist_rows_written = self.full.write(self._ds, self.hist_rows_written)
-        for name, rows in self._pending_rows.items():
-            if rows:
-                _put_blob(self._ds[name], "".join(json.dumps(r) + "\n" for r in rows))
-                self.row_lines_written[name] += len(rows)
-                self._pending_rows[name] = []
+        if b.sequences:
+            put_blob(self._ds["lineage/sequences"], "".join(t + "\n" for t in b.sequences))
+        if b.lineage:
+            for i, name in enumerate(("step", "seq")):
+                d = self._ds["lineage/" + name]
+                start = self.lineage_written
+                d.resize((start + len(b.lineage),))
+                d[start:] = np.asarray([row[i] for row in b.lineage], dtype="i8")
+            self.lineage_written += len(b.lineage)
+        if b.events:
+            put_blob(self._ds["events"], "".join(json.dumps(e) + "\n" for e in b.events))
+        if b.full.tensors or b.full.hists:
+            self.hist_rows_written = b.full.write(self._ds, self.hist_rows_written)
+        for name, rows in b.rows_of.items():
+            put_blob(self._ds[name], "".join(json.dumps(r) + "\n" for r in rows))
+            self.row_lines_written[name] += len(rows)
 
     def unwritten(self) -> Unwritten:
+        self.wait()
         """What the file does not hold yet (see Unwritten): a reader adds it."""
         out = Unwritten(self.steps_written, len(self.series) - len(self._new_series),
                         self.lineage_written, len(self._sequences) - len(self._new_sequences),
@@ -364,8 +422,8 @@ class TraceWriter:
                         rows_of={k: list(v) for k, v in self._pending_rows.items()},
                         row_lines_written=dict(self.row_lines_written))
         if self._rows:
-            out.steps = _step_columns(self._rows)
-            out.stats = _stats_block(self._rows, len(self.series))
+            out.steps = step_columns(self._rows)
+            out.stats = stats_block(self._rows, len(self.series))
         return out
 
     def _fail(self, why: str, wrote: bool) -> None:
@@ -409,7 +467,7 @@ class TraceWriter:
             end = {"status": status, "exit_code": exit_code, "reason": reason,
                    "steps": self.steps_written, "last_step": self.last_step, "end_time": time.time()}
             check_room(self.path, self._f, K.ROOM_MARGIN)
-            _put_blob(self._ds["end"], json.dumps(end), append=False)
+            put_blob(self._ds["end"], json.dumps(end), append=False)
             self._f.flush()
             self._commit()
             self._f.flush()
@@ -421,25 +479,3 @@ class TraceWriter:
             return
         self._release()
         self.closed = True
-
-
-def _stats_block(rows: list, n_series: int) -> np.ndarray:
-    """(len(rows), n_series, N_STATS) statistics of buffered rows; absent series NaN."""
-    k = len(rows)
-    raw = np.full((k, n_series, N_RAW), np.nan)
-    # the steps of one layout (the same series: a few layouts recur) in one assignment
-    groups: dict = {}
-    for i, (rec, ids) in enumerate(rows):
-        g = groups.get(id(ids))
-        if g is None:
-            g = groups[id(ids)] = (ids, [], [])
-        g[1].append(i)
-        g[2].append(rec.raw)
-    for ids, at, raws in groups.values():
-        raw[np.asarray(at)[:, None], np.asarray(ids, dtype=np.int64)[None, :], :] = np.stack(raws)
-    # one vectorised finalisation for the whole block; absent series stay NaN
-    return finalize_many(raw.reshape(-1, N_RAW)).reshape(k, n_series, K.N_STATS)
-
-
-def _step_columns(rows: list) -> dict:
-    return {name: [getattr(r, name) for r, _ in rows] for name in _STEP_COLUMNS}

@@ -45,16 +45,26 @@ class Channel:
             buf += chunk
         return bytes(buf)
 
-    def recv(self) -> Optional[dict]:
-        """The next message, or None once the other end has closed."""
+    def recv(self, limit: Optional[int] = None) -> Optional[dict]:
+        """The next message, or None once the other end has closed (or, with
+        ``limit``, sent more bytes than that or no JSON object: a peer not yet
+        trusted)."""
         head = self._exact(4)
         if head is None:
             return None
         (n,) = struct.unpack(">I", head)
+        if limit is not None and n > limit:
+            return None
         body = self._exact(n)
         if body is None:
             return None
-        return json.loads(body.decode("utf-8"))
+        if limit is None:
+            return json.loads(body.decode("utf-8"))
+        try:
+            msg = json.loads(body.decode("utf-8"))
+        except ValueError:
+            return None
+        return msg if isinstance(msg, dict) else None
 
     def close(self) -> None:
         try:

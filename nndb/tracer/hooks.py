@@ -133,6 +133,7 @@ class Tracer:
         # (the first gradient of each backward, for the cross-rank compute timing: nndb.tracer.fingerprint)
         self.on_first_grad: Optional[Callable[[], None]] = None
         self._opt_seen: "weakref.WeakSet" = weakref.WeakSet()
+        self._opt_refs: list = []        # the same, in the order first seen (read at every step end)
         self._known_optimizers: Optional[weakref.WeakSet] = None
         self._preexisting: Optional[weakref.WeakSet] = None      # (preexisting_optimizers)
         self._backward_grace = 0                # (allow_earlier_optimizers)
@@ -452,10 +453,15 @@ class Tracer:
 
     def optimizers(self) -> list:
         """The optimizers that have stepped in this run."""
-        return list(self._opt_seen)
+        out = [r() for r in self._opt_refs]
+        if None in out:                  # (an optimizer the script let go of)
+            self._opt_refs = [r for r in self._opt_refs if r() is not None]
+            out = [o for o in out if o is not None]
+        return out
 
     def _first_sight(self, opt) -> None:
         self._opt_seen.add(opt)
+        self._opt_refs.append(weakref.ref(opt))
         frame = user_frame(3)
         oname = self.naming.optimizer_name(opt, frame)
         for gi, g in enumerate(opt.param_groups):

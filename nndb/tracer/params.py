@@ -42,6 +42,7 @@ class ParamPlan:
         self.large = [p for p, sm in zip(params, small) if not sm]
         self.sizes = [S.local(p).numel() for p in self.host]
         self.ids = {id(p) for p in params}
+        self._sharded = any(S.local(p) is not p for p in self.host)    # (FSDP's DTensors: read their shards)
         self.value_keys = [("param", p, "param") for p in self.host]
         self.update_keys = [("param", p, "update") for p in self.host]
         self.grad_keys = [("param", p, "grad") for p in self.host]
@@ -91,7 +92,8 @@ class ParamPlan:
         try:
             if grad_mode:      # (a gradient that needs grad, under create_graph: our copy is not the step's graph)
                 _set_grad_enabled(False)
-            torch._foreach_copy_(self._grad_dst, [S.local(p.grad) for p in self.host])
+            torch._foreach_copy_(self._grad_dst, [S.local(p.grad) for p in self.host] if self._sharded
+                                 else [p.grad for p in self.host])
         except (RuntimeError, TypeError):
             return False
         finally:
@@ -102,9 +104,10 @@ class ParamPlan:
     def _host_views(self) -> list:
         """Flat numpy views of the small parameters (cached while their memory
         stays): the values' concatenation costs less than a torch copy."""
-        views = self._views
+        views, sharded = self._views, self._sharded
         for i, p in enumerate(self.host):
-            p = S.local(p)
+            if sharded:
+                p = S.local(p)
             ptr = p.data_ptr()
             if ptr != self._ptrs[i]:
                 v = S._host_array(p)

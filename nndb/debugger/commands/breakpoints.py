@@ -196,13 +196,14 @@ COMMANDS = [
   break module GLOB backward       stop when a matching module's backward starts
   break if EXPR                    stop at any step end where EXPR is true
 A trailing "if EXPR" adds a condition; a trailing "fail" makes a hit fail the
-run (exit code 4).  EXPR is Python in the script's frame; $step, $loss,
+run (exit code 4).  Several ranks: on every rank; a trailing "rank N" sets it
+on rank N only (the others stop with it: all-stop).  EXPR is Python in the script's frame; $step, $loss,
 $grad['NAME'].norm, $act['NAME'].zero_frac ... give the step's statistics.""",
             _break, _break_arg, aliases=("b", "br"), args=("sub:step|module|if", "module", "sub:forward|backward|fail"),
-            group="breakpoints"),
+            group="breakpoints", ranks="suffix"),
     Command("tbreak", "tbreak " + P.BREAK_USAGE[6:], "Set a temporary breakpoint: deleted when it first stops the run.",
             _tbreak, _break_arg, aliases=("tb",), args=("sub:step|module|if", "module", "sub:forward|backward|fail"),
-            group="breakpoints"),
+            group="breakpoints", ranks="suffix"),
     Command("watch", P.WATCH_USAGE, """Stop when a recorded statistic of matching tensors crosses a value.
   watch grad conv*                          smoothed norm leaves [1/100, 50] x baseline
   watch grad *.weight norm > 1e3
@@ -218,21 +219,23 @@ once, and not judged against the band.
 A watch hits when its condition has held K steps in a row (consecutive K,
 default 1), then again only after it was false (edge-triggered, as in gdb);
 "always" hits every K steps while it holds.
-A trailing "fail" makes a hit fail the run (exit code 4).""",
-            _watch, P.parse_watch, args=("kind", "tensor", "stat", "op"), group="breakpoints"),
+A trailing "fail" makes a hit fail the run (exit code 4).  Several ranks: on
+every rank; a trailing "rank N" watches rank N only (the others stop with it).""",
+            _watch, P.parse_watch, args=("kind", "tensor", "stat", "op"), group="breakpoints", ranks="suffix"),
     Command("condition", "condition N [EXPR]", "Stop at breakpoint N only if EXPR is true; no EXPR removes the condition.",
-            _condition, _condition_arg, args=("point", "expr"), group="breakpoints"),
+            _condition, _condition_arg, args=("point", "expr"), group="breakpoints", ranks="suffix"),
     Command("ignore", "ignore N COUNT", "Do not stop at breakpoint N the next COUNT times it is hit.",
-            _ignore, _ignore_arg, args=("point",), group="breakpoints"),
+            _ignore, _ignore_arg, args=("point",), group="breakpoints", ranks="suffix"),
     Command("commands", "commands [N]", """Give a breakpoint commands to run at each of its stops.
 N defaults to the last one set; one command per line, ending with "end".  A first line "silent" stops
-the usual message.  An empty list removes them.""",
-            _commands, _commands_arg, args=("point",), group="breakpoints"),
+the usual message.  An empty list removes them.  Several ranks: on every rank (its breakpoint
+N), or on rank R alone with "commands N rank R".""",
+            _commands, _commands_arg, args=("point",), group="breakpoints", ranks="suffix"),
     Command("delete", "delete [N...] | delete checkpoint N",
             "Delete breakpoints/watchpoints N... (all if none are given), or a checkpoint.",
-            _delete, _delete_arg, aliases=("d",), args=("point",), group="breakpoints"),
+            _delete, _delete_arg, aliases=("d",), args=("point",), group="breakpoints", ranks="suffix"),
     Command("disable", "disable [N...]", "Disable breakpoints/watchpoints N... (all if none are given).",
-            _disable, _numbers, aliases=("dis",), args=("point",), group="breakpoints"),
+            _disable, _numbers, aliases=("dis",), args=("point",), group="breakpoints", ranks="suffix"),
     Command("enable", "enable [N...]", "Enable breakpoints/watchpoints N... (all if none are given).",
-            _enable, _numbers, aliases=("en",), args=("point",), group="breakpoints"),
+            _enable, _numbers, aliases=("en",), args=("point",), group="breakpoints", ranks="suffix"),
 ]

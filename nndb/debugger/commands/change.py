@@ -164,7 +164,8 @@ optimizer follows a new lr (its scale is multiplied by new/old, and it says
 so); a change a scheduler would undo is refused.  'set var NAME VALUE' (or
 'set NAME VALUE' for a name that is no hyper-parameter) assigns a variable of
 the script's frame: a hand-written loop's lr.""",
-            _set, _set_arg, args=("hyper", "sub:group|optimizer"), group="changing"),
+            _set, _set_arg, args=("hyper", "sub:group|optimizer"), group="changing",
+            ranks="suffix"),
     Command("py", "py STMT   |   !STMT", """Run a Python statement in the script's current frame (assignments stick).""",
             _py, aliases=("!",), args=("expr",), group="changing"),
     Command("source", "source FILE", "Run the commands in FILE (one per line, # comments).",

@@ -376,28 +376,32 @@ def _info(s, what):
 
 
 COMMANDS = [
-    Command("print", "print[/full] EXPR", """Evaluate EXPR in the script's current frame and show the result.
+    Command("print", "print[/full] [--ranks all|LIST] EXPR", """Evaluate EXPR in the script's current frame and show the result.
 A tensor shows as one line (shape, dtype, device, statistics); /full prints
-every element.  $step, $loss, $grad['NAME'] ... are nndb's variables.""",
-            _print, _print_arg, aliases=("p",), args=("expr",), group="data"),
+every element.  $step, $loss, $grad['NAME'] ... are nndb's variables.
+--ranks all|LIST (several ranks): one row per rank, side by side.""",
+            _print, _print_arg, aliases=("p",), args=("expr",), group="data", ranks="option"),
     Command("display", "display [EXPR]", "Show EXPR at every stop (with no EXPR, show them all now).",
-            _display, aliases=(), args=("expr",), group="data"),
+            _display, aliases=(), args=("expr",), group="data", ranks="suffix"),
     Command("undisplay", "undisplay [N...]", "Stop showing display expressions N... (all if none are given).",
-            _undisplay, group="data"),
-    Command("stats", "stats [KIND] [GLOB]", "A table of the last recorded step's statistics (KIND: grad weight update act loss).",
-            _stats, _stats_arg, args=("kind", "tensor"), group="data"),
+            _undisplay, group="data", ranks="suffix"),
+    Command("stats", "stats [--ranks all|LIST] [KIND] [GLOB]", """A table of the last recorded step's statistics (KIND: grad weight update act loss).
+--ranks all|LIST (several ranks): one table per rank.""",
+            _stats, _stats_arg, args=("kind", "tensor"), group="data", ranks="option"),
     Command("history", "history [KIND] NAME [STAT] [--last K]", """One tensor's recorded statistic (default norm) over the steps.
 A sparkline of the whole series and its last K values (default 20); at the
 prompt (not in batch mode), the whole series as a chart under them.""",
             _history, _history_arg, args=("tensor", "stat"), group="data"),
-    Command("where", "where", "The script's stack (nndb's own frames are hidden); > marks the current frame.",
-            _where, no_args, aliases=("bt", "backtrace", "w"), group="stack"),
+    Command("where", "where [--ranks all|LIST]", """The script's stack (nndb's own frames are hidden); > marks the current frame.
+--ranks all|LIST (several ranks): every rank's stack.""",
+            _where, no_args, aliases=("bt", "backtrace", "w"), group="stack", ranks="option"),
     Command("up", "up [N]", "Move N frames up the stack (towards the outermost).",
             _up, _count1, group="stack"),
     Command("down", "down [N]", "Move N frames down the stack (towards the stop).",
             _down, _count1, group="stack"),
-    Command("list", "list [LINE]", "Show 11 source lines around the current line (again: the next 11).",
-            _list, _list_arg, aliases=("l",), group="stack"),
+    Command("list", "list [--ranks all|LIST] [LINE]", """Show 11 source lines around the current line (again: the next 11).
+--ranks all|LIST (several ranks): each rank's lines.""",
+            _list, _list_arg, aliases=("l",), group="stack", ranks="option"),
     Command("info", "info " + "|".join(INFO), """Show something about the session or the run:
   info breakpoints   info watchpoints   info display
   info step          the current step, why the run stopped, the last loss

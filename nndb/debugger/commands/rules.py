@@ -122,5 +122,6 @@ COMMANDS = [
   rule threshold ID NAME VALUE       one of the rule's thresholds
   rule show ID                       what it catches, its thresholds and where they come from
 A rule file (nndb run --rules FILE.yaml) sets the same things at start.""",
-            _rule_cmd, _rule_arg, args=("sub:" + "|".join(SUBCOMMANDS), "rule"), group="rules"),
+            _rule_cmd, _rule_arg, args=("sub:" + "|".join(SUBCOMMANDS), "rule"), group="rules",
+            ranks="suffix"),
 ]

@@ -16,6 +16,7 @@ from typing import Any, Callable, Optional
 
 from ...errors import CommandError
 from ...render.table import PictureFile, Table  # noqa: F401  (commands return them)
+from .rankspec import OnRanks, on_this_process, split_ranks, split_suffix
 
 
 def no_args(text: str):
@@ -41,6 +42,9 @@ class Command:
     # "expr", "file", "info" (the info sub-commands)
     args: tuple = ()
     group: str = "other"
+    # across ranks (nndb.debugger.commands.ranks): "option" takes --ranks all|LIST (side by side),
+    # "suffix" a trailing "rank N" (set on rank N only; else on every rank)
+    ranks: str = ""
 
     @property
     def summary(self) -> str:
@@ -101,6 +105,10 @@ class CommandTable:
         if slash:
             rest = f"/{fmt} {rest}"
         try:
+            if cmd.ranks:
+                spec, rest = (split_ranks if cmd.ranks == "option" else split_suffix)(rest)
+                if spec is not None:
+                    return cmd, OnRanks(spec, cmd.parse(rest))
             return cmd, cmd.parse(rest)
         except CommandError as e:
             if not e.usage:
@@ -112,6 +120,10 @@ class CommandTable:
         if parsed is None:
             return None
         cmd, value = parsed
+        if cmd.ranks:
+            if isinstance(value, OnRanks):
+                on_this_process(value.spec)     # (across ranks: the job's console, before this session)
+                value = value.value
         return cmd.run(session, value)
 
     def help(self, word: Optional[str] = None):
