@@ -157,7 +157,7 @@ def run(module, trace_path, force, every, steps_range, full_every, act_every, fl
                 _message(f"nndb: rank 0 of {where.world_size} under torchrun: no prompt on any rank (batch "
                          f"mode); for the debugger across ranks use nndb run --nproc-per-node N")
             batch = True                # (ranks never prompt on their own)
-            replica, off_reason = "off", "time travel across ranks is not available yet"
+            replica, off_reason = "off", "a rank keeps no checkpoints: across ranks, time travel runs the job again"
             link = FrontLink.connect(target)
         agreement, frontend = None, None
         if link is not None and link.interactive:

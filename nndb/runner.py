@@ -171,6 +171,7 @@ class Recording:
         self.fingerprints = Fingerprints(self.naming, self.tracer.optimizers, self.writer.fingerprint,
                                          on_error=self._fingerprints_failed, ranks=meta.get("world_size") or 1)
         self.listeners.append(self.fingerprints)
+        self.tracer.on_first_grad = self.fingerprints.gradient_began
 
     def note(self, kind: str, message: str) -> None:
         """Record a warning in the trace's events (kind: schema.EVENT_KINDS),

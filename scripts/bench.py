@@ -461,7 +461,7 @@ def main(argv=None):
     args = ap.parse_args(argv)
     if args.ranks:
         import bench_ranks
-        return bench_ranks.main(args.ranks, args.pairs, args.scale, args.json)
+        return bench_ranks.main(args.ranks, args.pairs, args.scale, args.json, clock=args.clock)
     global RULES, REPLICA, LINEAGE, CLOCK
     RULES, REPLICA, LINEAGE = args.rules, args.replica, args.lineage
     CLOCK = time.process_time if args.clock == "cpu" else time.perf_counter

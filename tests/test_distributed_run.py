@@ -220,7 +220,9 @@ def test_a_rank_that_dies_takes_the_job_down(tmp_path):
     (["--hang-timeout", "3", "S"], "nndb: error: --hang-timeout goes with --nproc-per-node N"),
     (["--nproc-per-node", "2", "--nnodes", "2", "--node-rank", "2", "S"],
      "nndb: error: --node-rank must be in 0..1, not 2"),
-    (["--nproc-per-node", "2", "--replica", "fork", "S"], "nndb: error: time travel across ranks is not available yet"),
+    (["--nproc-per-node", "2", "--replica", "fork", "S"],
+     "nndb: error: across ranks, time travel runs the whole job again and takes no checkpoints: "
+     "--replica is not taken"),
 ])
 def test_bad_input_is_one_line(tmp_path, args, line):
     script = _copy(tmp_path, "distrun_ddp_mlp.py")
@@ -400,8 +402,8 @@ def test_all_stop_prompt_on_a_terminal(tmp_path):
         out = cmd("info breakpoints")
         assert "No breakpoints" not in out and "loss" in out
         expect(") ")
-        out = cmd("predict 2")
-        assert "time travel across ranks is not available yet" in out
+        out = cmd("timelines")
+        assert "timelines are not kept across ranks" in out
         expect(") ")
         os.write(master, b"delete\n")
         expect(") ")

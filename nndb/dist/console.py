@@ -33,8 +33,8 @@ from .front import Front
 _RESUME = {"c", "cont", "continue", "n", "next", "u", "until", "advance"}
 _END = {"q", "quit", "kill", "k", "exit"}
 _BACK = {"reverse-step", "rs", "reverse-next", "rn", "goto"}
-_NOT_ACROSS = {"reverse-continue": "time travel", "rc": "time travel",
-               "predict": "time travel", "timeline": "time travel", "s": "step", "step": "step",
+_REPLICA = {"predict", "reverse-continue", "rc"}      # answered by a replica job (nndb.dist.travel)
+_NOT_ACROSS = {"timeline": "time travel", "timelines": "time travel", "s": "step", "step": "step",
                "run": "run", "r": "run", "detach": "detach"}
 _STOP_WAIT_S = 3.0
 _POLL_S = 0.5
@@ -80,6 +80,7 @@ class Console:
         self.exit_code: Optional[int] = None
         self._error: Optional[BaseException] = None
         self._replaying = False
+        self._last_out: dict = {}
         self.held: dict = {}     # rank -> where it waits (another rank stopped inside a step)
 
     def _finished(self) -> bool:
@@ -93,7 +94,7 @@ class Console:
         finally:
             self._job_done.set()
 
-    def _launch(self, worker_argv: list) -> None:
+    def _launch(self, worker_argv: list, show: bool = True) -> None:
         self._job_done.clear()
         self.exit_code = None
         self._thread = threading.Thread(target=self._agent, args=(worker_argv, self._trace_dir), name="nndb-job",
@@ -108,12 +109,13 @@ class Console:
             self.front._abort_all("killed", EXIT_USAGE, why)
             self._job_done.wait()
             return
-        self._wait_stopped()
+        self._wait_stopped(show)
 
     def run(self, worker_argv: list, trace_dir: Optional[str]) -> int:
         self.front.interactive = True
         self._argv, self._trace_dir = list(worker_argv), trace_dir
         self._points: list = []              # the lines that set points on every rank (a replay sets them again)
+        self._changes: list = []             # [(step or None: the start, line)]: 'set' at a stop (a replay too)
         self._warned = False
         self._launch(self._argv)
         while True:
@@ -142,7 +144,7 @@ class Console:
         return code
 
     # -- waiting for the ranks --------------------------------------------------------------------
-    def _wait_stopped(self) -> None:
+    def _wait_stopped(self, show: bool = True) -> None:
         """Until every rank is at its prompt (or the job ended); Ctrl-C asks them to stop."""
         asked = False
         while True:
@@ -164,7 +166,7 @@ class Console:
                 asked = True
                 self.front.interrupt()
                 self.say("nndb: stopping every rank at the next step end (Ctrl-C again ends the job)")
-        if self._finished():
+        if self._finished() or not show:
             return
         self._show_stop()
 
@@ -264,9 +266,19 @@ class Console:
         if word in _BACK:
             self._travel(word, rest.strip(), ranks)
             return
+        if word in _REPLICA:
+            step = self._stopped_step(ranks)
+            if step is not None:
+                from . import travel
+                if word == "predict":
+                    travel.predict(self, rest, ranks, step)
+                else:
+                    travel.reverse_continue(self, ranks, step)
+            return
         if word in _NOT_ACROSS:
             what = _NOT_ACROSS[word]
-            self.say(f"time travel across ranks is not available yet" if what == "time travel" else
+            self.say("timelines are not kept across ranks (time travel across ranks runs the job again)"
+                     if what == "time travel" else
                      f"'{word}' is not available across ranks yet (stops inside a step cannot be agreed "
                      f"on by every rank)" if what == "step" else f"'{word}' is not available across ranks yet")
             return
@@ -295,7 +307,10 @@ class Console:
             targets, text = self._targets(line, ranks)
             outs = {r: self._on(r, text) for r in targets}
             if not any(e for out in outs.values() for _, e in out):
-                self._points.append(line)
+                if word == "set":
+                    self._changes.append((self.front.state.ranks[self.current].stop_step, line))
+                else:
+                    self._points.append(line)
             first = next(iter(outs.values()), [])
             self._show(first)
             for r, out in list(outs.items())[1:]:
@@ -345,18 +360,9 @@ class Console:
         process group, so every rank is respawned (the job is run again from
         its start, in a new run directory) and runs silently to the end of
         the target step, where the points are set again."""
-        if self.held:
-            self.say("time travel across ranks starts from a step end where every rank stopped")
+        step = self._stopped_step(ranks)
+        if step is None:
             return
-        if not self.front.options.single_node():
-            self.say("time travel across nodes is not available: it starts every rank again, and node 0 "
-                     "cannot start another node's ranks")
-            return
-        now = {self.front.state.ranks[r].stop_step for r in ranks}
-        if len(now) != 1 or None in now:
-            self.say("time travel across ranks starts from a step end where every rank stopped")
-            return
-        step = now.pop()
         try:
             if word == "goto":
                 target = int(arg)
@@ -375,7 +381,9 @@ class Console:
             self._warned = True
             self.say("nndb: across ranks, time travel runs the whole job again from its start (every rank "
                      "respawned, a new run directory): it lands on the same values when the script is "
-                     "deterministic (seeded; CPU and gloo), which nndb does not check")
+                     "deterministic (seeded; CPU and gloo); nndb checks each rank's loss at the step against "
+                     "the run before")
+        from . import travel
         t0 = time.monotonic()
         for r in ranks:
             self.front.send_line(r, "kill")
@@ -383,22 +391,68 @@ class Console:
         self._thread.join()
         for r in ranks:
             self.front.take_output(r)
-        argv = list(self._argv)
-        argv[1:1] = ["-e", f"until {target}"]      # (run at the start stop)
+        before = travel.trace_losses({r: self.front.state.ranks[r].trace for r in ranks
+                                      if self.front.state.ranks[r].trace}, target)
+        keep = [c for c in self._changes if c[0] is None or c[0] < target]
         self._replaying = True
         try:
-            self._launch(argv)
+            self._launch(travel.without_run_flag(self._argv), show=False)    # (every rank at its start stop)
+            why = None if self._finished() else travel.to_step(self, self.front.live_ranks(), target, keep,
+                                                                         self._targets)
         finally:
             self._replaying = False
         if self._finished():
             return
-        for line in self._points:           # (gdb keeps the points: set again, each on its ranks)
-            first, *block = line.split("\n")       # (commands N: its block)
-            targets, text = self._targets(first, self.front.live_ranks())
-            for r in targets:
-                for typed in [text] + block:
-                    self._on(r, typed)
+        if why:
+            self.say(f"nndb: {why}")
+            return
+        # (gdb keeps the points: set again, each on its ranks, with its commands block)
+        travel.set_points(self, self._targets, self.front.live_ranks(), self._points)
+        for at, line in self._changes:
+            if (at, line) not in keep:
+                self.say(f"nndb: '{line}' (made at the end of step {at}) is not made again: the job is at the "
+                         f"end of step {target} as it ran there")
+        self._changes = keep
+        for text, err in self._last_out.get(self.current, []):
+            if not err and not text.startswith("Stopped at the start of the run"):
+                self.say(text)
+        self.say(f"nndb: all {len(self.front.live_ranks())} rank(s) stopped at the end of step {target}")
+        self.say(travel.check_travel(self, self.front.live_ranks(), target, before))
         self.say(f"nndb: the job is at step {target} again ({time.monotonic() - t0:.1f} s)")
+
+    # -- what nndb.dist.travel drives: this job's ranks, as a replica job's ------------------------
+    def on(self, rank: int, line: str) -> list:
+        return self._on(rank, line)
+
+    def resume(self, line: str) -> dict:
+        """A run-control line on every rank; their output at the next all-stop ({} if the job ended)."""
+        ranks = self.front.live_ranks()
+        for r in ranks:
+            self.front.send_line(r, line)
+        self.front.wait(ranks, finished=self._finished)
+        if self._finished():
+            return {}
+        self._last_out = {r: self.front.take_output(r) for r in ranks}
+        return self._last_out
+
+    def stop_step(self) -> Optional[int]:
+        steps = {self.front.state.ranks[r].stop_step for r in self.front.live_ranks()}
+        return steps.pop() if len(steps) == 1 else None
+
+    def _stopped_step(self, ranks: list) -> Optional[int]:
+        """The step at whose end every rank stopped (else None, said): where
+        time travel across ranks starts, on one node (it starts every rank again)."""
+        if not self.front.options.single_node():
+            self.say("time travel across nodes is not available: it starts every rank again, and node 0 "
+                     "cannot start another node's ranks")
+            return None
+        now = {self.front.state.ranks[r].stop_step for r in ranks}
+        if self.held:
+            now = {None}
+        if len(now) != 1 or None in now:
+            self.say("time travel across ranks starts from a step end where every rank stopped")
+            return None
+        return now.pop()
 
     def _side_by_side(self, cmd: str, ranks: list) -> None:
         from tabulate import tabulate

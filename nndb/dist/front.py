@@ -34,6 +34,7 @@ from ..errors import EXIT_HANG, EXIT_OK, EXIT_SCRIPT_ERROR, EXIT_SIGINT, EXIT_SI
 from ..timetravel.channel import Channel
 from ..version import __version__
 from . import nodes, stacks
+from .judge import LiveJudge
 from .job import JOB_ID_ENV, RUN_DIR_ENV, claim_run_dir, run_dir_name
 from .worker import SECRET_ENV, SOCKET_ENV, script_digest
 
@@ -55,6 +56,7 @@ class LaunchOptions:
     master_port: Optional[int] = None
     max_restarts: int = 0
     hang_timeout: Optional[float] = None
+    log_dir: Optional[str] = None       # a replica job (nndb.dist.replica): the workers' output goes here
 
     def single_node(self) -> bool:
         return self.nnodes.split(":")[-1].strip() == "1"
@@ -74,6 +76,8 @@ class LaunchOptions:
                             ("--master-addr", self.master_addr), ("--master-port", self.master_port)):
             if value is not None:
                 a += [flag, str(value)]
+        if self.log_dir:
+            a += ["--log-dir", self.log_dir, "--redirects", "3"]
         return a + ["--module", "nndb"] + list(worker_argv)
 
 
@@ -145,6 +149,7 @@ class Front:
         self._last_progress = time.monotonic()
         self._done = threading.Event()
         self.interactive = False            # set by nndb.dist.console: the agent runs in a thread
+        self.judge: Optional[LiveJudge] = None      # the rules across ranks, live (one node: every rank here)
         for server in self._servers:
             threading.Thread(target=self._accept, args=(server,), name="nndb-front-accept", daemon=True).start()
 
@@ -218,6 +223,8 @@ class Front:
                     self._replies[info.rank] = msg
                 elif op == "out":
                     info.outbox.append((str(msg.get("text", "")), bool(msg.get("err"))))
+                elif op == "rows" and self.judge is not None and isinstance(msg.get("row"), dict):
+                    self.judge.add(info.rank, msg["row"])
                 elif op == "prompt":
                     info.at_prompt, info.stop_step = True, msg.get("step")
                 self._replied.notify_all()
@@ -341,6 +348,7 @@ class Front:
         else:
             env = {SOCKET_ENV: self.socket_path, SECRET_ENV: self.secret,
                    nodes.PUBLISH_ENV: None if self.tcp_port is None else str(self.tcp_port)}
+        self.judge = LiveJudge(o.nproc_per_node, self.message) if o.single_node() else None
         if o.single_node():             # (several nodes agree through torchrun's store: nndb.dist.job)
             if trace_dir is not None:
                 self.state.run_dir = claim_run_dir(trace_dir, self.target.stem)
@@ -377,6 +385,7 @@ class Front:
         except RendezvousError as e:
             raise UsageError(f"the rendezvous failed: {type(e).__name__}: {_first_line(e)}") from None
         finally:
+            self._judge_the_rest()
             self._done.set()
             if old_int is not None:
                 signal.signal(signal.SIGINT, old_int)
@@ -387,6 +396,15 @@ class Front:
                 else:
                     os.environ[k] = v
         return code
+
+    def _judge_the_rest(self, wait: float = 5.0) -> None:
+        """Every rank's last rows (each said 'ended' after them, or its link closed) to the live judge."""
+        deadline = time.monotonic() + wait
+        with self._lock:
+            while any(r.status is None for r in self.state.ranks.values()) and time.monotonic() < deadline:
+                self._replied.wait(0.1)
+        if self.judge is not None:
+            self.judge.finish()
 
     def _ctrl_c(self, signum, frame) -> None:
         """The first Ctrl-C shows every rank's stack and ends the job (each
@@ -453,7 +471,8 @@ class Front:
         ranks = [{"rank": r.rank, "pid": r.pid, "trace": r.trace, "last_step": r.step, "status": r.status,
                   "reason": r.reason} for _, r in sorted(self.state.ranks.items())]
         return {"job_id": self.state.job_id, "run_dir": self.state.run_dir, "ranks": ranks,
-                "hang": self.state.hang, "interrupted": self.state.interrupted}
+                "hang": self.state.hang, "interrupted": self.state.interrupted,
+                "cross_rank_findings": [f.as_dict() for f in self.judge.findings] if self.judge else None}
 
 
 def _shown(rep: dict) -> str:

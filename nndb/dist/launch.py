@@ -16,10 +16,10 @@ _PASSED = (("every", "--every", True), ("steps_range", "--steps", True), ("full_
            ("flush_secs", "--flush-secs", True), ("quiet", "--quiet", False), ("rules", "--rules", True),
            ("force", "--force", False), ("nx", "--nx", False), ("lineage", "--lineage", True))
 # ...and those a job of several ranks cannot take yet (one line each, before anything starts)
-_NOT_YET = (("replica", "auto", "time travel across ranks is not available yet"),
-            ("total_steps", None, "time travel across ranks is not available yet"),
-            ("checkpoint_every", None, "time travel across ranks is not available yet"),
-            ("checkpoint_memory", None, "time travel across ranks is not available yet"))
+_NOT_YET = (("replica", "auto", "across ranks, time travel runs the whole job again and takes no checkpoints: --replica is not taken"),
+            ("total_steps", None, "across ranks, time travel runs the whole job again and takes no checkpoints: --total-steps is not taken"),
+            ("checkpoint_every", None, "across ranks, time travel runs the whole job again and takes no checkpoints: --checkpoint-every is not taken"),
+            ("checkpoint_memory", None, "across ranks, time travel runs the whole job again and takes no checkpoints: --checkpoint-memory is not taken"))
 
 
 def worker_argv(params: dict, trace_path: Optional[str]) -> list:

@@ -234,27 +234,38 @@ class CrossRankJudge:
         c = {r: row["compute_time"] for r, row in timed.items()}
         total = {r: d[r] + c[r] for r in timed}
         med_d, med_c, med_t = (statistics.median(x.values()) for x in (d, c, total))
+        # The forward time (to the step's first gradient) has no collective in
+        # it under DDP: the compute straggler's own, which its step time hides
+        # (the other ranks wait for it inside their backward's all-reduce).
+        f = {r: row["forward_time"] for r, row in timed.items() if row.get("forward_time") is not None}
+        med_f = statistics.median(f.values()) if len(f) == len(timed) else None
         ratio, floor = p["straggler_ratio"], p["straggler_floor"]
         for r in sorted(timed):
             # Ranks that all-reduce wait for the slowest inside their own
             # compute: their step times come out equal, and the straggler is
-            # the one whose data loading (or compute) ran over the others'.
+            # the one whose data loading (or forward) ran over the others'.
             slow_total = total[r] > ratio * med_t and total[r] - med_t > floor
             slow_data = d[r] > ratio * med_d and d[r] - med_d > max(floor, 0.25 * med_t)
-            if not (slow_total or slow_data):
+            slow_fwd = med_f is not None and f[r] > ratio * med_f and f[r] - med_f > floor
+            if not (slow_total or slow_data or slow_fwd):
                 self._slow.pop(r, None)
                 continue
-            where = "data loading" if slow_data or d[r] - med_d >= c[r] - med_c else "compute"
+            where = "data loading" if slow_data or (not slow_fwd and d[r] - med_d >= c[r] - med_c) else "compute"
             n = self._slow.get(r, (0, where))[0] + 1
             self._slow[r] = (n, where)
             if n >= p["straggler_steps"]:
-                mine, theirs = (d[r], med_d) if where == "data loading" else (c[r], med_c)
+                if where == "data loading":
+                    what = f"its data loading {d[r] * 1e3:.1f} ms against the median rank's {med_d * 1e3:.1f} ms"
+                elif slow_fwd:
+                    what = (f"its compute: its forward (to the first gradient, before any all-reduce) "
+                            f"{f[r] * 1e3:.1f} ms against the median rank's {med_f * 1e3:.1f} ms")
+                else:
+                    what = f"its compute {c[r] * 1e3:.1f} ms against the median rank's {med_c * 1e3:.1f} ms"
                 self._report(_finding(
                     "straggler", step,
                     f"rank {r} is a straggler: {n} observed steps running it took {total[r] * 1e3:.1f} ms "
-                    f"a step, its {where} {mine * 1e3:.1f} ms against the median rank's {theirs * 1e3:.1f} ms; "
-                    f"the other ranks wait for it", rank=r, where=where, data_time=d[r],
-                    compute_time=c[r]), new)
+                    f"a step, {what}; the other ranks wait for it", rank=r, where=where, data_time=d[r],
+                    compute_time=c[r], forward_time=f.get(r)), new)
 
 
 def judge_job(rows_by_rank: dict, params: Optional[dict] = None) -> list:

@@ -31,7 +31,7 @@
 │                                      fingerprints; written after each block's data
 │                                      (absent in traces written before it: the shortest extent)
 ├── fingerprints          uint8[...]   UTF-8 JSON lines at the observed steps: input, parameter and
-│                                      BatchNorm checksums, data/compute time (nndb.tracer.fingerprint;
+│                                      BatchNorm checksums, data/compute/forward time (nndb.tracer.fingerprint;
 │                                      absent in older traces)
 ├── optimizers            uint8[...]   UTF-8 JSON lines, written at a recorded step's end when they
     │                                      changed: {"step": int, "optimizers": [{"name": str,

@@ -4,7 +4,12 @@ trace's ``fingerprints`` rows (docs/trace-format.md).
 * every step: a checksum of the step's input batch (the first forward of a
   root module with autograd enabled: its tensor arguments), and the step's
   time split into data loading (from the previous step's end to that
-  forward) and compute (from that forward to the step's end);
+  forward) and compute (from that forward to the step's end), and the
+  forward time (from the step's second module call, inside the root's
+  forward after DDP's buffer broadcast, to the step's first gradient: under
+  DDP no collective runs in between, so a rank that computes slowly shows here,
+  while its step time and compute are the others' too: they wait for it in
+  the gradients' all-reduce);
 * at the observed steps (``nndb.cadence.observed``): a checksum of every
   parameter the optimizers hold, taken at the step's end (after every
   optimizer step of the step), and a summary of each BatchNorm module's
@@ -176,8 +181,8 @@ class Fingerprints:
     ``sink(row)`` gets each row: at each observed step ``{"step", "inputs":
     [[step, checksum], ...] (the steps since the last row), "params": {name:
     checksum} (replicated parameters; a sharded one's, FSDP's, in "shards"),
-    "bn": {module: summary}, "data_time", "compute_time" (mean
-    seconds per step since the last row, over ``"timed"`` steps)}``, at the
+    "bn": {module: summary}, "data_time", "compute_time", "forward_time"
+    (mean seconds per step since the last row, over ``"timed"`` steps)}``, at the
     first such row also ``"loaders"``; at the run's end a last row of the
     steps since (``"inputs"`` only).  ``listener(step, row)`` (optional)
     sees every step's input checksum (the rules of one process)."""
@@ -201,8 +206,10 @@ class Fingerprints:
         self._inputs: list = []            # [step, checksum or (sums, tensors)] since the last row
         self._last_end: Optional[float] = None
         self._first_forward: Optional[float] = None
-        self._data = self._compute = 0.0
-        self._timed = 0
+        self._first_grad: Optional[float] = None
+        self._forward_start: Optional[float] = None    # the step's second module call (_pre_hook)
+        self._data = self._compute = self._forward = 0.0
+        self._timed = self._forward_timed = 0
         self._handle = None                # the global forward pre-hook's handle (registered once)
         self._armed = False
         self._earlier_loaders = ()
@@ -228,12 +235,24 @@ class Fingerprints:
         except Exception as e:
             self._fail(e)
 
+    def gradient_began(self) -> None:
+        """The tracer's hook: a backward's first parameter gradient is ready."""
+        if self._first_grad is None and self._first_forward is not None:
+            self._first_grad = time.perf_counter()
+
     def _pre_hook(self, module, args):
         # The first module call after a step's end is a root's (the outermost
         # module's pre-hook runs before its children's).
-        self.root_input(module, args)
-        if self._step_input is not None or self.failed:
-            self.disarm()
+        if self._step_input is None:
+            self.root_input(module, args)
+            if self.failed or (self._step_input is not None and self.ranks <= 1):
+                self.disarm()
+            return None
+        # Across ranks, the second: inside the root's forward, after what a
+        # wrapper does first (DDP broadcasts its buffers there, a collective
+        # that waits for the slowest rank): the forward time counts from here.
+        self._forward_start = time.perf_counter()
+        self.disarm()
         return None
 
     def note_earlier_loaders(self) -> None:
@@ -284,7 +303,12 @@ class Fingerprints:
             self._data += self._first_forward - self._last_end
             self._compute += now - self._first_forward
             self._timed += 1
-        self._last_end, self._first_forward = now, None
+            if self._first_grad is not None:
+                start = self._forward_start if self._forward_start is not None and \
+                    self._forward_start <= self._first_grad else self._first_forward
+                self._forward += self._first_grad - start
+                self._forward_timed += 1
+        self._last_end, self._first_forward, self._first_grad, self._forward_start = now, None, None, None
         if self._step_input is not None:
             value, self._step_input = self._step_input, None
             self._inputs.append([step, value])      # (on an accelerator: (sums, descs), read at the next row)
@@ -320,8 +344,10 @@ class Fingerprints:
                 row["data_time"] = self._data / self._timed
                 row["compute_time"] = self._compute / self._timed
                 row["timed"] = self._timed
-            self._data = self._compute = 0.0
-            self._timed = 0
+            if self._forward_timed:
+                row["forward_time"] = self._forward / self._forward_timed
+            self._data = self._compute = self._forward = 0.0
+            self._timed = self._forward_timed = 0
         self.sink(row)
 
     def _resolved_inputs(self) -> list:

@@ -130,6 +130,8 @@ class Tracer:
         self._module_depth = 0
         self._calls: dict = {}                  # module -> calls within the current root forward
         self._backward_pending = False
+        # (the first gradient of each backward, for the cross-rank compute timing: nndb.tracer.fingerprint)
+        self.on_first_grad: Optional[Callable[[], None]] = None
         self._opt_seen: "weakref.WeakSet" = weakref.WeakSet()
         self._opt_refs: list = []        # the same, in the order first seen (read at every step end)
         self._known_optimizers: Optional[weakref.WeakSet] = None
@@ -337,6 +339,8 @@ class Tracer:
             return
         try:
             self._backward_pending = True
+            if self.on_first_grad is not None:
+                self.on_first_grad()
             Variable._execution_engine.queue_callback(self._backward_end)
         except Exception:
             self._fail()

@@ -6,7 +6,8 @@ plants one bug:
   --no-set-epoch  the DistributedSampler shuffles every epoch the same way (epoch_repeats)
   --perturb N     rank 1 changes a weight after step N's optimizer step, outside DDP (rank_divergence)
   --bn            a plain BatchNorm layer (unsynced_batchnorm; SyncBatchNorm needs a GPU)
-  --slow-rank S   rank 1 sleeps S seconds loading each batch (straggler)
+  --slow-rank S   rank 1 sleeps S seconds loading each batch (straggler: data loading)
+  --slow-forward S  rank 1 sleeps S seconds in each forward (straggler: compute, hidden in DDP's all-reduce)
 """
 import argparse
 import time
@@ -23,6 +24,7 @@ ap.add_argument("--no-set-epoch", action="store_true")
 ap.add_argument("--perturb", type=int, default=-1)
 ap.add_argument("--bn", action="store_true")
 ap.add_argument("--slow-rank", type=float, default=0.0)
+ap.add_argument("--slow-forward", type=float, default=0.0)
 ap.add_argument("--epochs", type=int, default=3)
 args = ap.parse_args()
 
@@ -30,7 +32,17 @@ dist.init_process_group("gloo")
 rank = dist.get_rank()
 torch.manual_seed(0)
 data = TensorDataset(torch.randn(64, 8), torch.randint(0, 3, (64,)))
-layers = [nn.Linear(8, 16)] + ([nn.BatchNorm1d(16)] if args.bn else []) + [nn.ReLU(), nn.Linear(16, 3)]
+
+
+class SlowOnRank1(nn.Module):
+    """Extra compute in rank 1's forward (a sleep: the same on a loaded machine)."""
+    def forward(self, x):
+        if rank == 1:
+            time.sleep(args.slow_forward)
+        return x
+
+
+layers = ([SlowOnRank1()] if args.slow_forward else []) + [nn.Linear(8, 16)] + ([nn.BatchNorm1d(16)] if args.bn else []) + [nn.ReLU(), nn.Linear(16, 3)]
 model = nn.Sequential(*layers)
 model = DDP(model)
 opt = torch.optim.SGD(model.parameters(), lr=0.1)

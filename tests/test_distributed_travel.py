@@ -1,0 +1,198 @@
+"""Time travel across ranks that a replica job answers (nndb.dist.travel):
+``predict`` and ``reverse-continue`` on a 2-rank gloo job at the prompt,
+against an independent torchrun run; the replica's drift check."""
+import os
+import re
+import sys
+import time
+
+import pytest
+
+from test_distributed_run import _assert_none_left, _copy, _on_terminal, _torchrun
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="gloo jobs on Linux")
+
+
+def _losses(text: str) -> dict:
+    """(rank, step) -> the loss the script printed (the last time: a respawned job prints again)."""
+    return {(int(r), int(s)): float(v) for r, s, v in
+            re.findall(r"rank (\d) step (\d+) loss (\S+)", text.replace("\r", ""))}
+
+
+def _table(out: str, rank: int) -> list:
+    """predict's rows of one rank: [(step, loss, changed loss)]."""
+    part = out.replace("\r", "").split(f"-- rank {rank} --")[1].split("-- rank")[0]
+    return [(int(a), float(b), float(c)) for a, b, c in re.findall(r"^\s*(\d+)\s+(\S+)\s+(\S+)\s+\S+", part, re.M)
+            if b != "Loss"]
+
+
+def test_predict_and_reverse_continue_across_ranks(tmp_path):
+    """At the end of step 4 of a 2-rank job: 'predict 3 --set lr=0.5' gives,
+    on every rank, the baseline losses of the live job's own steps 5-7 and the
+    changed losses of an independent torchrun run whose lr is set to 0.5
+    after step 4; the live job is unchanged.  After 'set lr 0.5' at the stop,
+    'predict 2' carries the change (the independent run's losses).
+    'reverse-continue' replays the job with the breakpoint at step 1 and
+    lands there (every rank; the change made at step 4 is not made again);
+    from there it finds no earlier stop and stays.  A replica of a job that is
+    not deterministic (seeded by the clock) is said to have drifted: no prediction."""
+    script = _copy(tmp_path, "distrun_predict.py")
+    os.environ["NNDB_TEST_LR_AT"] = "4:0.5"
+    try:
+        changed = _torchrun(script, cwd=tmp_path)
+    finally:
+        del os.environ["NNDB_TEST_LR_AT"]
+    assert changed.returncode == 0, changed.stderr[-2000:]
+    expect_changed = _losses(changed.stdout)
+    p, master, expect = _on_terminal(tmp_path, script)
+
+    def cmd(line):
+        os.write(master, (line + "\n").encode())
+        out = expect("(nndb r")
+        expect(") ")
+        return out
+
+    try:
+        expect("(nndb r0) ")
+        cmd("break step 1")
+        assert "all 2 rank(s) stopped at the end of step 1" in cmd("continue")
+        assert "all 2 rank(s) stopped at the end of step 4" in cmd("until 4")
+        t0 = time.time()
+        out = cmd("predict 3 --set lr=0.5")
+        took = time.time() - t0
+        print(out)
+        assert "each rank's loss at step 4 equals the live job's bit for bit" in out, out
+        rows = {r: _table(out, r) for r in (0, 1)}
+        for r in (0, 1):
+            assert [s for s, _, _ in rows[r]] == [5, 6, 7], out
+            for s, _, lc in rows[r]:
+                assert f"{lc:.6g}" == f"{expect_changed[(r, s)]:.6g}", (r, s, out)
+        assert "They first differ at step 6." in out       # (lr takes effect at step 5's update)
+        out = cmd("p --ranks all $step")
+        assert re.findall(r"^r(\d)\s+(\d+)\s*$", out.replace("\r", ""), re.M) == [("0", "4"), ("1", "4")]
+        # a change made at the stop is the live job's: the replica makes it too, at the same step
+        out = cmd("set lr 0.5")
+        out = cmd("predict 2")
+        assert "a replica job" in out, out
+        for r in (0, 1):
+            got = re.findall(r"^\s*(\d+)\s+(\S+)\s+\S+\s+\S+\s*$",
+                             out.replace("\r", "").split(f"-- rank {r} --")[1].split("-- rank")[0], re.M)
+            assert [(int(s), f"{float(v):.6g}") for s, v in got] == \
+                [(s, f"{expect_changed[(r, s)]:.6g}") for s in (5, 6)], out
+        out = cmd("reverse-continue")
+        assert "the last stop before step 4 was at step 1: rank 0: Breakpoint 1" in out, out
+        assert "nndb: all 2 rank(s) stopped at the end of step 1" in out
+        assert "'set lr 0.5' (made at the end of step 4) is not made again" in out
+        assert "nndb: every rank's loss at step 1 equals the run before's, bit for bit" in out
+        out = cmd("p --ranks all $step")
+        assert re.findall(r"^r(\d)\s+(\d+)\s*$", out.replace("\r", ""), re.M) == [("0", "1"), ("1", "1")]
+        out = cmd("reverse-continue")
+        assert "No earlier step where a breakpoint or watchpoint held" in out, out
+        (tmp_path / "unseeded").write_text("")            # a replica from now on is seeded by the clock
+        out = cmd("predict 1")
+        assert "nndb: predict across ranks: the replica job drifted: rank 0's loss at step 1 is" in out, out
+        assert "Predicted" not in out                       # no prediction
+        (tmp_path / "unseeded").unlink()
+        os.write(master, b"delete\n")
+        expect(") ")
+        os.write(master, b"continue\n")
+        out = expect("nndb: the job ended (exit code 0)")
+        live = _losses(out)
+        for r in (0, 1):
+            for s, lb, _ in rows[r]:
+                assert f"{lb:.6g}" == f"{live[(r, s)]:.6g}", (r, s)      # the baseline is the live job's future
+        p.wait(timeout=60)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, 9)
+        os.close(master)
+    assert p.returncode == 0
+    print(f"predict across ranks (two replica jobs): {took:.1f} s")
+    _assert_none_left(str(tmp_path))
+
+
+class _Ranks:
+    """A stand-in for the live console or a replica job: each rank answers ``p EXPR`` with a value."""
+
+    def __init__(self, values):
+        self.values = values
+
+    def _on(self, rank, line):
+        v = self.values[rank]
+        return [("NameError: $loss is None", True)] if v is None else [(repr(float(v).hex()), False)]
+
+    on = _on
+
+
+def test_drift_check_bit_for_bit():
+    from nndb.dist.travel import drift
+    live = _Ranks({0: 0.6931471805599453, 1: 0.5})
+    assert drift(live, _Ranks({0: 0.6931471805599453, 1: 0.5}), [0, 1], 4) is None
+    why = drift(live, _Ranks({0: 0.6931471805599453, 1: 0.5000000000000001}), [0, 1], 4)
+    assert why.startswith("the replica job drifted: rank 1's loss at step 4 is 0.5000000000000001 there and "
+                          "0.5 in the live job")
+    assert why.endswith("no answer")
+    why = drift(_Ranks({0: None, 1: 0.5}), live, [0, 1], 4)
+    assert "rank 0 has no loss at step 4 to check the replica against" in why
+
+
+def test_replica_command_line():
+    from nndb.dist.replica import replica_argv
+    argv = ["run", "--run", "--every", "5", "--rules", "none", "--trace", "x.h5", "-e", "until 3", "--quiet",
+            "/a/train.py", "--every", "2", "-e", "x"]
+    # its own trace directory, every step recorded, no start-up commands; the script's arguments untouched
+    assert replica_argv(argv) == ["run", "--rules", "none", "--quiet", "/a/train.py", "--every", "2", "-e", "x"]
+    assert replica_argv(["run", "--trace", "t.h5", "-m", "pkg.train", "--lr", "1"]) == \
+        ["run", "-m", "pkg.train", "--lr", "1"]
+
+
+class _FakeJob:
+    """A job that runs to the next of ``until`` and its breakpoint steps; it logs every line."""
+
+    def __init__(self, breaks):
+        self.at, self.breaks, self.log = None, breaks, []
+
+    def stop_step(self):
+        return self.at
+
+    def on(self, rank, line):
+        self.log.append((self.at, rank, line))
+        return [("ok", False)]
+
+    def resume(self, line):
+        until = int(line.split()[1])
+        start = -1 if self.at is None else self.at
+        hit = [b for b in self.breaks if start < b < until]
+        self.at = hit[0] if hit else until
+        self.log.append((self.at, "all", line))
+        what = f"Breakpoint 1, step {self.at} finished" if hit else f"Step {self.at} finished, loss 0.5"
+        return {0: [(what, False)], 1: [("Interrupted: another rank stopped", False)]}
+
+
+def test_replay_makes_the_changes_at_their_steps_and_notes_the_stops():
+    from nndb.dist.travel import to_step
+    job, hits = _FakeJob([1, 3]), []
+    changes = [(None, "set lr 0.2"), (2, "set lr 0.3 rank 1"), (4, "set lr 0.4")]
+    from nndb.dist.console import Console
+    assert to_step(job, [0, 1], 4, changes, Console._targets, hits=hits) is None
+    assert [x for x in job.log if x[2].startswith("set")] == \
+        [(None, 0, "set lr 0.2"), (None, 1, "set lr 0.2"), (2, 1, "set lr 0.3"), (4, 0, "set lr 0.4"),
+         (4, 1, "set lr 0.4")]
+    assert hits == [(1, "rank 0: Breakpoint 1, step 1 finished"), (3, "rank 0: Breakpoint 1, step 3 finished")]
+    assert job.stop_step() == 4
+
+
+def test_without_run_flag():
+    from nndb.dist.travel import without_run_flag
+    assert without_run_flag(["run", "--run", "-q", "/a/t.py", "--run"]) == ["run", "-q", "/a/t.py", "--run"]
+
+
+def test_travel_checked_against_the_run_before():
+    from nndb.dist.travel import check_travel
+    now = _Ranks({0: 0.25, 1: 0.5})
+    assert check_travel(now, [0, 1], 2, {0: (0.25).hex(), 1: (0.5).hex()}) == \
+        "nndb: every rank's loss at step 2 equals the run before's, bit for bit"
+    why = check_travel(now, [0, 1], 2, {0: (0.25).hex(), 1: (0.5000001).hex()})
+    assert why.startswith("nndb: this run drifted: rank 1's loss at step 2 is 0.5 now and 0.5000001 in the run "
+                          "before")
+    assert "cannot be checked" in check_travel(now, [0, 1], 2, {0: (0.25).hex(), 1: None})
