@@ -19,6 +19,7 @@ step and activations are recorded on every step.
     python scripts/bench.py --workload cnn --every 10
     python scripts/bench.py --catch --pairs 5    # catch nan against detect_anomaly (mlp, cnn)
     python scripts/bench.py --ranks 2 --pairs 5  # 2 DDP ranks: all-stop agreement off / on (cnn)
+    python scripts/bench.py --writes sync        # the trace's blocks written in the training thread
 
 Workload ``cnn_fullgrad`` is the CNN keeping its conv layers' gradients
 whole every 10 steps in fp16 (``--record-full 'grad:conv*'
@@ -454,6 +455,9 @@ def main(argv=None):
     ap.add_argument("--clock", choices=["wall", "cpu"], default="wall",
                     help="time the loops by the wall clock (default) or by the process's CPU time "
                          "(user + system of all its threads: steadier on a machine other work loads)")
+    ap.add_argument("--writes", choices=["thread", "sync"], default="thread",
+                    help="the trace's blocks written in the writer's thread, as nndb run does (default), "
+                         "or in the training thread (sync), to measure what the thread saves")
     ap.add_argument("--ranks", type=int, default=None, metavar="N",
                     help="instead: N ranks (gloo, DDP) of the CNN recorded by nndb, without and with the "
                          "all-stop agreement across ranks (see scripts/bench_ranks.py)")
@@ -465,6 +469,8 @@ def main(argv=None):
     global RULES, REPLICA, LINEAGE, CLOCK
     RULES, REPLICA, LINEAGE = args.rules, args.replica, args.lineage
     CLOCK = time.process_time if args.clock == "cpu" else time.perf_counter
+    from nndb.store import writer as trace_writer
+    trace_writer.BACKGROUND = args.writes == "thread"
     schedule = RecordSchedule.parse(args.every, None, args.full_every, args.act_every)
     if args.instructions_child:
         name, mode, steps = args.instructions_child

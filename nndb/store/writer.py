@@ -68,6 +68,10 @@ class Unwritten:
     row_lines_written: dict = field(default_factory=dict)   # row blob -> its lines in the file
 
 
+# The block a step's end starts is written in the writer's thread (False: in
+# the training thread, as before; ``scripts/bench.py --writes sync`` measures both).
+BACKGROUND = True
+
 # Writers whose thread may be writing: a fork waits for it first (a child
 # forked in the middle of a block would inherit HDF5's and h5py's locks held).
 _LIVE: "weakref.WeakSet" = weakref.WeakSet()
@@ -211,7 +215,7 @@ class TraceWriter:
         self.last_step = record.step
         if len(self._rows) >= self.flush_steps or \
                 time.monotonic() - self._last_flush >= self.flush_secs:
-            self._flush(background=True)
+            self._flush(background=BACKGROUND)
 
     def full_tensor(self, meta: dict, nbytes: int, copy: Callable[[], np.ndarray]) -> bool:
         """Keep a whole tensor (``meta``: name, kind, step, shape, dtype, asked;
