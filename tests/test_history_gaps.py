@@ -170,3 +170,21 @@ def test_a_tight_file_size_limit_keeps_the_steps_that_fit_with_their_histograms(
     t = nndb.open(path)
     assert list(t.steps) == list(range(kept)) and t.histogram_steps("loss", "loss") == list(range(kept))
     t.close()
+
+
+# -- abbreviations at the prompt ----------------------------------------------------------------
+
+def test_com_is_ambiguous_as_in_gdb_and_names_the_abbreviation_of_each():
+    from nndb.debugger.commands import TABLE
+    from nndb.errors import CommandError
+    with pytest.raises(CommandError) as e:
+        TABLE.lookup("com")
+    assert str(e.value) == 'ambiguous command "com": commands (comm), compare (comp)'
+    assert TABLE.lookup("comm").name == "commands" and TABLE.lookup("comp").name == "compare"
+    assert TABLE.lookup("compare").name == "compare" and TABLE.lookup("commands").name == "commands"
+    # an alias is named where it is the shortest word for a command
+    with pytest.raises(CommandError, match=r"reverse-continue \(rc\), reverse-next \(rn\), reverse-step \(rs\)"):
+        TABLE.lookup("rev")
+    # every abbreviation an error names resolves to its command
+    for c in TABLE.commands:
+        assert TABLE.lookup(TABLE.shortest_prefix(c.name)).name == c.name
