@@ -154,7 +154,9 @@ COMMANDS = [
             f"""Keep whole tensors in the trace from the step in progress on.
 KIND is one of {', '.join(FULL_KINDS)}; GLOB matches names (conv*).  A gradient is
 copied at its optimizer's step() (after backward, before the update), a
-parameter at step()'s return, an activation at its module's forward.
+parameter at step()'s return, an activation at its module's forward; without
+an optimizer, a gradient at the backward() that ends the step, a parameter
+after the hand-written update.
 fp16 (default) keeps a per-tensor scale; a tensor it cannot hold within its
 stated error is stored wider (docs/trace-format.md).  'record full' lists the
 rules; 'record full off' stops; read back with p $full['NAME', STEP].""",
