@@ -160,7 +160,7 @@ def test_a_tight_file_size_limit_keeps_the_steps_that_fit_with_their_histograms(
     for HDF5's metadata (ROOM_MARGIN) and twice the rows' growth rate: 150."""
     path = str(tmp_path / "limited.h5")
     argv = ["run", "--batch", "-q", "--replica", "off", "--flush-every", "50", "--flush-secs", "1000",
-            "--full-every", "1", "--trace", path, example("mlp.py"), "--steps", "300"]
+            "--full-every", "1", "--trace", path, example("mlp.py"), "--steps", "220"]
     ran = Ran(run_nndb(*argv, preexec_fn=_file_limit(1_000_000), timeout=300), argv)
     assert ran.returncode == 0, ran.stderr
     said = [l for l in ran.stderr.splitlines() if "cannot write trace" in l]
