@@ -35,7 +35,7 @@ complete -c nndb -n '__fish_seen_subcommand_from fuzz' -l layers -x -d 'Coverage
 complete -c nndb -n '__fish_seen_subcommand_from fuzz' -l seed -x -d 'The mutations random seed'
 complete -c nndb -n '__fish_seen_subcommand_from fuzz' -l random -d 'Random search: the same mutations, no coverage guidance'
 complete -c nndb -n '__fish_seen_subcommand_from fuzz' -l scale -x -d 'Mutation size: a share of each float inputs range (of the elements, for integers)'
-complete -c nndb -n '__fish_seen_subcommand_from fuzz' -l threshold -x -d 'Coverage distance (default: half the median nearest-neighbour distance in the steps batch)'
+complete -c nndb -n '__fish_seen_subcommand_from fuzz' -l threshold -x -d 'Coverage distance (default: the median nearest-neighbour distance in the steps batch)'
 complete -c nndb -n '__fish_seen_subcommand_from fuzz' -l save -r -F -d 'Where the input found is saved (default ./nndb-fuzz-stepN.pt)'
 complete -c nndb -n '__fish_seen_subcommand_from fuzz' -l json -d 'Print the report as one JSON object (the scripts own output goes to stderr)'
 complete -c nndb -n '__fish_seen_subcommand_from fuzz' -s h -l help -d 'Show the help and exit'

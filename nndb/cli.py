@@ -261,7 +261,7 @@ def check(module, steps, overfit_iters, as_json, script, args):
 @click.option("--scale", type=click.FloatRange(min=0, max=1, min_open=True), default=0.1, show_default=True,
               metavar="F", help="Mutation size: a share of each float input's range (of the elements, for integers).")
 @click.option("--threshold", type=click.FloatRange(min=0, min_open=True), metavar="D",
-              help="Coverage distance (default: half the median nearest-neighbour distance in the step's batch).")
+              help="Coverage distance (default: the median nearest-neighbour distance in the step's batch).")
 @click.option("--save", metavar="FILE.pt", type=click.Path(dir_okay=False),
               help="Where the input found is saved (default ./nndb-fuzz-stepN.pt).")
 @click.option("--json", "as_json", is_flag=True,

@@ -7,7 +7,9 @@ lower bound, and said so).  The runs use one thread (OMP_NUM_THREADS=1
 unless set): the numbers compared are mutant counts, which threads do not
 change.
 
-    python scripts/bench_fuzz.py [--seeds 10] [--budget 2000] [--step 41] [--json OUT.json]
+    python scripts/bench_fuzz.py [--seeds 10] [--budget 2000] [--step 41] [--layers GLOB] [--json OUT.json]
+
+``--layers 1``: coverage from the 32-unit Tanh layer instead of the output.
 """
 from __future__ import annotations
 
@@ -23,9 +25,11 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 SCRIPT = os.path.join(HERE, "examples", "fuzz_log_corner.py")
 
 
-def one(seed: int, budget: int, step: int, random: bool, save_dir: str) -> dict:
+def one(seed: int, budget: int, step: int, random: bool, save_dir: str, layers=None) -> dict:
     cmd = [sys.executable, "-m", "nndb", "fuzz", "--step", str(step), "--budget", str(budget), "--seed", str(seed),
            "--json", "--save", os.path.join(save_dir, f"found-{seed}-{int(random)}.pt")]
+    if layers:
+        cmd += ["--layers", layers]
     if random:
         cmd.append("--random")
     t0 = time.perf_counter()
@@ -49,6 +53,7 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, default=10)
     ap.add_argument("--budget", type=int, default=2000)
     ap.add_argument("--step", type=int, default=41)
+    ap.add_argument("--layers", help="the modules whose outputs make the coverage (default: the model's output)")
     ap.add_argument("--json", dest="out")
     a = ap.parse_args()
     import tempfile
@@ -56,14 +61,15 @@ def main() -> None:
     res = {}
     for random in (False, True):
         name = "random" if random else "coverage"
-        res[name] = [one(s, a.budget, a.step, random, d) for s in range(a.seeds)]
+        res[name] = [one(s, a.budget, a.step, random, d, a.layers) for s in range(a.seeds)]
         for r in res[name]:
             print(f"{name:8s} seed {r['seed']}: {'found after ' + str(r['tried']) if r['found'] else 'nothing in ' + str(r['tried'])}"
                   f" mutant batches, coverage {r['coverage']}, {r['seconds']:.1f} s", flush=True)
     for name, rows in res.items():
         found = sum(r["found"] for r in rows)
         print(f"{name}: found the NaN with {found}/{len(rows)} seeds; median mutant batches until the NaN: "
-              f"{median_of(rows, a.budget)} (budget {a.budget}, 32 rows a batch)")
+              f"{median_of(rows, a.budget)} (budget {a.budget}, 32 rows a batch, coverage from "
+              f"{a.layers or 'the output'})")
     if a.out:
         with open(a.out, "w") as fh:
             json.dump(res, fh, indent=1)

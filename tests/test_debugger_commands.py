@@ -820,7 +820,7 @@ def test_echo_prints_escapes(session_commands):
 
 
 def test_ambiguous_and_undefined_commands_get_one_line(session_commands):
-    assert session_commands.after("de 1").splitlines() == ['ambiguous command "de": delete, detach', ]
+    assert session_commands.after("de 1").splitlines() == ['ambiguous command "de": delete (d), detach (det)', ]
     assert session_commands.after("frobnicate").splitlines() == ['undefined command: "frobnicate".  Try "help".']
 
 

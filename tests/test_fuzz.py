@@ -77,6 +77,27 @@ def test_coverage_keeps_only_vectors_far_from_all_kept():
     assert c.size == 4
 
 
+def test_coverage_from_a_wide_layer_admits_only_what_goes_beyond():
+    """32 tanh units: in many dimensions a mutant's nearest kept vector is its
+    parent, about one mutation away, so a threshold from the mutation's size
+    admitted about half of all mutants and the corpus filled up.  On the seed
+    batch's first principal axis, with the seed rows' own spacing as the
+    threshold, a random walk of mutants adds only those that go beyond what
+    was reached."""
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(16, 32, generator=g) / 4
+    x = torch.rand(32, 16, generator=g) * 2 - 1
+    c = Coverage(threshold=None)
+    first = (x + (torch.rand(x.shape, generator=g) * 2 - 1) * 0.2).clamp(-1, 1)
+    c.calibrate(torch.tanh(x @ w), torch.tanh(first @ w))
+    assert c.size == 32 and c.threshold > 0
+    walked = 0
+    for _ in range(200):
+        x = (x + (torch.rand(x.shape, generator=g) * 2 - 1) * 0.2).clamp(-1, 1)
+        walked += int(c.novel(torch.tanh(x @ w)).sum())
+    assert 0 < walked < 0.05 * 200 * 32, walked
+
+
 def test_search_coverage_walks_where_random_search_does_not():
     """The engine alone on a function that fails only far from the seed: the
     coverage-guided walk gets there, random search from the seed cannot."""

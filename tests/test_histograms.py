@@ -94,9 +94,11 @@ def test_compare_shows_the_share_of_zeros_growing(dying):
     assert ks > 0.3
     assert re.search(r"^q0\.5 \(approx\.\)\s+~\S+ \[\S+, \S+\]", first, re.M)
     assert "approximate" in first and "█" in first
-    # the last 3 checkpoints: 20, 30 and the stop's at 35 (no histogram there: said, left out)
-    assert second.startswith("20 against step 30")
-    assert "checkpoints at steps 20, 30, 35; no histogram at step(s) 35" in second
+    # the last 3 checkpoints: 20, 30 (full steps: from the trace) and the stop's at 35 (none
+    # there: measured on a replica resumed from it, in the step after it)
+    assert second.startswith("20 against step 36")
+    assert "checkpoints at steps 20, 30, 35\n  measured on replicas (not in the trace): checkpoint 35 -> step 36" \
+        in second
     c, d = _zeros(second)
     assert d >= c > a
     assert f"wrote {png}" in out

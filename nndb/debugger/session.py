@@ -159,9 +159,11 @@ class Session(CommandLoop, StopPoints, RunQueries):
                           backward=self.mode == "step" or any(p.phase == "backward" for p in modules))
         # Someone at the prompt will look at every statistic; a watch may need
         # the ones measured only at full steps.
-        needs_full = self.interactive or any(isinstance(p, P.Watch) and p.enabled and p.stat not in P.BASIC_STATS
+        measures = getattr(self.replica, "measures", False)      # (a replica measuring a histogram)
+        needs_full = self.interactive or measures or any(isinstance(p, P.Watch) and p.enabled and p.stat not in P.BASIC_STATS
                                              for p in self.points.values())
-        needs_acts = any(isinstance(p, P.Watch) and p.enabled and p.kind == "act" for p in self.points.values())
+        needs_acts = measures or any(isinstance(p, P.Watch) and p.enabled and p.kind == "act"
+                                     for p in self.points.values())
         self.rec.recorder.require(full=needs_full, acts=needs_acts)
         if self.lineage is not None and not (self.replica is not None and self.replica.replaying):
             self.lineage.refresh(self.step_in_progress())     # (a catch point needs the op recorder)

@@ -57,9 +57,12 @@ def compare(data: dict) -> str:
     lines = [head, table, ""]
     series = data.get("series") or []
     if data.get("checkpoints"):
-        lines.append(f"checkpoints at steps {', '.join(map(str, data['checkpoints']))}" +
-                     (f"; no histogram at step(s) {', '.join(map(str, data['skipped']))} (not full steps): left out"
-                      if data.get("skipped") else ""))
+        lines.append(f"checkpoints at steps {', '.join(map(str, data['checkpoints']))}")
+        if data.get("measured"):
+            lines.append("  measured on replicas (not in the trace): " + ", ".join(
+                f"checkpoint {m['checkpoint']} -> step {m['step']}" for m in data["measured"]))
+        for x in data.get("skipped") or ():
+            lines.append(f"  no histogram for checkpoint {x['step']}: {x['why']}; left out")
     if len(series) > 2 or data.get("checkpoints"):
         lines.append("share of zeros at each step: " +
                      ", ".join(f"{s['step']}: {_share(s['zero_share'])}" for s in series))

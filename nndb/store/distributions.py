@@ -143,25 +143,47 @@ def compare_histograms(kind: str, name: str, pairs: list) -> dict:
             "series": [{"step": s, "zero_share": H.zero_share(h), "count": H.total(h)} for s, h in pairs]}
 
 
-def at_checkpoints(reader, kind: str, name: str, checkpoint_steps: list, k: int) -> dict:
-    """The last ``k`` checkpoints' histograms of ``kind name``, read from the
-    trace (the histogram taken at the checkpoint's step, a full step), the
-    first and last compared; a checkpoint whose step has no histogram is
-    named in ``skipped``.  UsageError when fewer than two have one."""
+def checkpoint_plan(reader, kind: str, name: str, checkpoint_steps: list, k: int) -> dict:
+    """What the trace has of ``kind name`` at the last ``k`` checkpoints: the
+    histograms taken at a checkpoint's step (a full step), and the
+    checkpoints it has none at (``missing``: measured on replicas, or left out)."""
     if k < 2:
         raise UsageError("compare --checkpoints K needs K >= 2")
-    if (name, kind) not in {(s.name, s.kind) for s in reader.series()}:
-        raise UsageError(f"the trace has no series {kind} {name}")
     steps = sorted(set(checkpoint_steps))[-k:]
-    have = set(reader.histogram_steps(name, kind))
-    used = [s for s in steps if s in have]
-    skipped = [s for s in steps if s not in have]
-    if len(used) < 2:
-        raise UsageError(f"cannot compare {kind} {name} at the last {k} checkpoints (steps {_steps_text(steps)}): "
-                         f"the trace has its histogram at {len(used)} of them (histograms are taken at full steps, "
-                         f"--full-every; it has them at {_steps_text(sorted(have))}); "
-                         f"compare KIND NAME STEP_A STEP_B compares two of those")
-    out = compare_histograms(kind, name, [(s, reader.histogram(name, kind, s)) for s in used])
+    if len(steps) < 2:
+        raise UsageError(f"compare --checkpoints {k} needs two checkpoints; this run has "
+                         f"{'one, at step ' + str(steps[0]) if steps else 'none'}")
+    known = (name, kind) in {(s.name, s.kind) for s in reader.series()}
+    have = set(reader.histogram_steps(name, kind)) if known else set()
+    return {"kind": kind, "name": name, "checkpoints": steps, "known": known, "have": sorted(have),
+            "read": [(s, reader.histogram(name, kind, s)) for s in steps if s in have],
+            "missing": [s for s in steps if s not in have]}
+
+
+def at_checkpoints(plan: dict, measured: Optional[dict] = None) -> dict:
+    """The last K checkpoints' histograms of a ``checkpoint_plan``, the first
+    and last compared: those in the trace, and for the others those
+    ``measured`` on replicas ({checkpoint step: {"step", "hist"} or
+    {"error"}}: the step after the checkpoint, nndb.timetravel.measure).  A
+    checkpoint with neither is named in ``skipped`` with the reason.
+    UsageError when fewer than two histograms remain."""
+    kind, name, steps = plan["kind"], plan["name"], plan["checkpoints"]
+    pairs, done, skipped = list(plan["read"]), [], []
+    for c in plan["missing"]:
+        got = (measured or {}).get(c)
+        if got is not None and "hist" in got:
+            pairs.append((int(got["step"]), np.asarray(got["hist"], dtype=np.int64)))
+            done.append({"checkpoint": c, "step": int(got["step"])})
+        else:
+            skipped.append({"step": c, "why": got["error"] if got else "not a full step"})
+    pairs.sort(key=lambda p: p[0])
+    if len(pairs) < 2:
+        why = "; ".join(f"step {x['step']}: {x['why']}" for x in skipped)
+        raise UsageError(f"cannot compare {kind} {name} at the last {len(steps)} checkpoints (steps "
+                         f"{_steps_text(steps)}): {len(pairs)} histogram(s) ({why}); the trace has its "
+                         f"histograms at {_steps_text(plan['have'])}")
+    out = compare_histograms(kind, name, pairs)
     out["checkpoints"] = steps
+    out["measured"] = done
     out["skipped"] = skipped
     return out

@@ -12,6 +12,7 @@ every step it happens at.
 from __future__ import annotations
 
 import json
+import zlib
 from typing import Optional
 
 import numpy as np
@@ -61,10 +62,25 @@ class FullPending:
         self.tensors.append((meta, flat))
         self.bytes += flat.nbytes
 
-    def bytes_needed(self) -> int:
-        """At most what the next flush adds to the file (the room check)."""
-        rows = sum(len(ids) * K.HIST_BINS * 8 + 8 for _, ids, _ in self.hists)
-        return self.bytes + 512 * len(self.tensors) + rows
+    def bytes_needed(self, hist_rows_written: int = 0) -> int:
+        """At most what the next flush adds to the file (the room check): the
+        tensors' bytes before compression, the histograms' chunks as deflated
+        (``hist_bytes``), and the chunks of step numbers they begin."""
+        if not self.hists:
+            return self.bytes + 512 * len(self.tensors)
+        per = K.STEPS_CHUNK[0]
+        k = len(self.hists)
+        new_chunks = -(-(hist_rows_written + k) // per) - -(-hist_rows_written // per)
+        return self.bytes + 512 * len(self.tensors) + hist_bytes(self._hist_block()) + new_chunks * per * 8
+
+    def _hist_block(self) -> np.ndarray:
+        """(rows, series, HIST_BINS) of the histograms waiting, -1 where a series has none."""
+        k = len(self.hists)
+        width = max(max(ids) + 1 if ids else 0 for _, ids, _ in self.hists)
+        block = np.full((k, width, K.HIST_BINS), -1, dtype=np.int64)
+        for i, (_, ids, counts) in enumerate(self.hists):
+            block[i, ids, :] = counts
+        return block
 
     def write(self, ds: dict, hist_rows_written: int) -> int:
         """Encode and append what waits; returns the histogram rows now in the file."""
@@ -88,11 +104,8 @@ class FullPending:
             self.tensors = []
             self.bytes = 0
         if self.hists:
-            k = len(self.hists)
-            width = max(max(ids) + 1 if ids else 0 for _, ids, _ in self.hists)
-            block = np.full((k, width, K.HIST_BINS), -1, dtype=np.int64)
-            for i, (_, ids, counts) in enumerate(self.hists):
-                block[i, ids, :] = counts
+            block = self._hist_block()
+            k, width = block.shape[:2]
             counts_ds, steps_ds = ds["hist/counts"], ds["hist/step"]
             start = hist_rows_written
             counts_ds.resize((start + k, max(width, counts_ds.shape[1]), K.HIST_BINS))
@@ -122,3 +135,38 @@ class FullPending:
         said = self.said_skip
         self.said_skip = True
         return why, (None if said else why)
+
+
+# What HDF5 keeps beside each chunk it writes (its B-tree entry), and the
+# share deflate may come out above the size measured here (a different zlib).
+CHUNK_OVERHEAD = 64
+DEFLATE_SLACK = 1.25
+
+
+def hist_bytes(block: np.ndarray) -> int:
+    """The bytes a block of histogram rows takes in the file, at most: each
+    chunk (K.HIST_CHUNK, padded with the fill value -1 as HDF5 writes it)
+    shuffled and deflated as K.HIST_FILTERS do, measured by doing it (a
+    histogram row is mostly -1 and 0: ~1/15 of its 1.6 KB), with a slack."""
+    per = K.HIST_CHUNK[1]
+    level = int(K.HIST_FILTERS["compression_opts"])
+    k, width = block.shape[:2]
+    padded = np.full((k, -(-width // per) * per, K.HIST_BINS), -1, dtype=np.int64)
+    padded[:, :width] = block
+    total = 0
+    for i in range(k):
+        for j in range(0, padded.shape[1], per):
+            chunk = np.ascontiguousarray(padded[i, j:j + per]).view(np.uint8).reshape(-1, 8)
+            total += len(zlib.compress(chunk.T.tobytes(), level)) + CHUNK_OVERHEAD   # (HDF5's shuffle: byte planes)
+    return int(total * DEFLATE_SLACK)
+
+
+def stored_bytes(ds: dict) -> int:
+    """The bytes whole tensors and histograms take in the file now (their
+    chunks as stored), which the room check counts apart from the rows."""
+    total = 0
+    for name in ("full/u16", "full/f32", "full/f64", "full/index", "hist/counts", "hist/step"):
+        d = ds.get(name)
+        if d is not None:
+            total += int(d.id.get_storage_size())
+    return total

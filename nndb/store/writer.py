@@ -135,7 +135,7 @@ class TraceWriter:
             self._release()
             raise TraceWriteError(f"cannot create trace {path}: {_reason(e)}") from None
         self._committed_rows = 0
-        self._grown = 0                 # bytes the file grew by over the committed rows (room estimates)
+        self._grown = 0                 # bytes the file grew by for the committed rows (room estimates)
         self._size0 = os.path.getsize(path)
 
     def _create(self, meta: dict) -> None:
@@ -372,7 +372,7 @@ class TraceWriter:
         blobs = blob_bytes([json.dumps(x) for x in b.series + b.events]) + \
             blob_bytes(b.sequences) + 16 * len(b.lineage) + \
             sum(blob_bytes([json.dumps(r) for r in pending]) for pending in b.rows_of.values())
-        return rows + 2 * blobs + b.full.bytes_needed() + K.ROOM_MARGIN
+        return rows + 2 * blobs + b.full.bytes_needed(self.hist_rows_written) + K.ROOM_MARGIN
 
     def _commit(self) -> None:
         """Write the counts a reader trusts (schema ``committed``), once the data is on disk."""
@@ -382,7 +382,8 @@ class TraceWriter:
                 n[name] = self._ds[name].shape[0]
         self._ds["committed"][:] = np.asarray([n[name] for name in K.COMMITTED], dtype="i8")
         self._committed_rows = self.steps_written
-        self._grown = max(0, os.path.getsize(self.path) - self._size0)
+        # (less what whole tensors and histograms take: the next block's are counted on their own)
+        self._grown = max(0, os.path.getsize(self.path) - self._size0 - fullstore.stored_bytes(self._ds))
 
     def _write_block(self, b: Block) -> None:
         if b.series:

@@ -9,6 +9,9 @@
   then report and end.  Never prompts.
 * ``Predict``: run N steps ahead of the current state, noting loss, gradient
   norm, findings and breakpoint hits per step, then report and end.
+* ``Measure``: run on from a checkpoint measuring everything, report one
+  series' histogram from the first record after it, and end
+  (nndb.timetravel.measure).
 
 Every role ends its process with ``os._exit``: a replica never closes the
 trace file it shares with the live run, never runs atexit handlers, and
@@ -360,6 +363,54 @@ class Predict(Role):
         self._report(None, f"the script ended ({status}: {reason})")
 
 
+# How many steps past the checkpoint a replica runs at most to find a record
+# of the series (a step not recorded, --every; a hand-written loop's record is
+# closed at the next step's end).
+REACH = 64
+
+
+class Measure(Role):
+    """Run on from a checkpoint, measuring everything; report one series'
+    histogram from the first record after the checkpoint, then end."""
+    kind = "measure"
+    measures = True          # (the session measures all statistics and activations: sync_hooks)
+
+    def __init__(self, chan, goal: dict):
+        super().__init__(chan, goal)
+        self.after = int(goal["after"])
+        self.name, self.series_kind = goal["name"], goal["series_kind"]
+
+    def begin(self, s) -> None:
+        super().begin(s)
+        s.rec.recorder.require(full=True, acts=True)
+        s.rec.tracer._sync_forward()              # (the module hooks, for the next forward)
+
+    def before_stops(self, s, step: int):
+        wrong = self.diverged(s)
+        if wrong:
+            self.give_up(s, wrong)
+        rec = s.record
+        if rec is not None and rec.step > self.after and rec.hist is not None:
+            for (name, kind), row in zip(rec.names, rec.hist):
+                if name == self.name and kind == self.series_kind and row[0] >= 0:
+                    self._report({"step": int(rec.step), "hist": [int(x) for x in row]})
+            names = sorted({n for n, k in rec.names if k == self.series_kind})
+            shown = ", ".join(names[:8]) + (" ..." if len(names) > 8 else "")
+            self._report({"error": f"step {rec.step} has no {self.series_kind} {self.name} "
+                                   f"({self.series_kind} series there: {shown or 'none'})"})
+        if step > self.after + REACH:
+            self._report({"error": f"no step recorded within {REACH} steps after the checkpoint"})
+        return "skip"
+
+    def _report(self, result: dict) -> None:
+        forking.unsilence(self.saved_fds)
+        self.saved_fds = None
+        finish(self.chan, {"op": "handback", "next": "measured", "result": result})
+
+    def run_ended(self, s, status: str, reason: str) -> None:
+        self._report({"error": f"the script ended ({status}) before a step after the checkpoint was recorded"})
+
+
 def _distance(a, b) -> float:
     """How far apart two settings are (numbers, or tuples/lists of them; log-scale for positive ones)."""
     if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
@@ -371,5 +422,5 @@ def _distance(a, b) -> float:
 
 
 def make_role(goal: dict, chan) -> Role:
-    kinds = {"goto": Goto, "scan": Scan, "predict": Predict}
+    kinds = {"goto": Goto, "scan": Scan, "predict": Predict, "measure": Measure}
     return kinds[goal["kind"]](chan, goal)

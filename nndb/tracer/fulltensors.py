@@ -5,7 +5,10 @@ and the precision asked for.  ``FullTensors`` holds the rules and is called by
 the recorder at the moments the series are defined: a gradient at its
 optimizer's ``step()`` call, before the update (after backward, before the
 optimizer and the next ``zero_grad``); a parameter at that step's return;
-an activation at its module's forward hook.  The copy is taken there (a new
+an activation at its module's forward hook.  A loop without an optimizer
+(a hand-written update) ends its steps at ``backward()``: the gradients
+are taken there, and the parameters, after the update, at the next step's
+end (or the run's), under the step they belong to (``manual_step_end``).  The copy is taken there (a new
 host tensor: nothing of the script's is changed or kept alive) and handed to
 the trace writer, which bounds what waits (nndb.store.fullstore).
 """
@@ -68,6 +71,7 @@ class FullTensors:
         self.rules: list = list(rules)
         self.keep = keep
         self.kept = 0
+        self._pending: Optional[tuple] = None     # (naming, params, step): a hand-written update's parameters
 
     def set_rules(self, rules) -> None:
         self.rules = list(rules)
@@ -100,6 +104,23 @@ class FullTensors:
             t = p.grad if kind == "grad" else p
             if t is not None:
                 self.take(kind, naming.param_name(p), step, t)
+
+    def manual_step_end(self, naming, params, step: int) -> None:
+        """A step of a loop without an optimizer ended at its ``backward()``:
+        its gradients are taken now; its parameters once the hand-written
+        update has run, at the next step's end or the run's (``flush``)."""
+        self.flush()
+        if self.wants("grad", step):
+            self.params(naming, params, "grad", step)
+        if self.wants("param", step):
+            self._pending = (naming, list(params), step)
+
+    def flush(self) -> None:
+        """The parameters a hand-written update has now made (see manual_step_end)."""
+        if self._pending is not None:
+            naming, params, step = self._pending
+            self._pending = None
+            self.params(naming, params, "param", step)
 
     def take(self, kind: str, name: str, step: int, t: torch.Tensor) -> None:
         """Keep a copy of ``t`` as ``kind name`` at ``step`` if a rule asks for it."""

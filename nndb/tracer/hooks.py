@@ -235,6 +235,7 @@ class Tracer:
                 close = self.clock.finish()
                 rec.close(close.step, final=True)
             rec.finish()
+            self._flush_full()
         except Exception:
             self._fail()
         finally:
@@ -410,6 +411,7 @@ class Tracer:
             manual = self.clock.mode is Mode.MANUAL
             if self.recorder.manual and not manual:
                 self.recorder.end_manual()
+                self._flush_full()
             self.recorder.manual = manual
             if close is not None:
                 self._close(close)
@@ -470,10 +472,19 @@ class Tracer:
                 if p.requires_grad and id(p) not in self._param_handles:
                     self._param_handles[id(p)] = p.register_post_accumulate_grad_hook(self._grad_accumulated)
 
+    def _flush_full(self) -> None:
+        ft = self.recorder.fulltensors
+        if ft is not None:
+            ft.flush()
+
     def _close(self, close: Close) -> None:
         # No forward pass is running at a step boundary, and a forward that raised
         # may have left the depth counter up (always_call would cost every module call).
         self._module_depth = 0
+        ft = self.recorder.fulltensors
+        if ft is not None and ft.rules and self.recorder.manual:
+            # (no optimizer: a hand-written update; the whole gradients and parameters are taken here)
+            ft.manual_step_end(self.naming, self.naming.root_params(), close.step)
         self.recorder.close(close.step, retro=close.retro)
         if self.on_step_end is not None:
             self.on_step_end(close.step)

@@ -108,8 +108,7 @@ def test_the_script_exit_code_is_its_own_when_the_disk_fills(tmp_path):
                       f"runpy.run_path({example('mlp.py')!r}, run_name='__main__')\nsys.exit(7)\n")
     plain = subprocess.run([sys.executable, str(script)], capture_output=True, timeout=900)
     # (flushes every 100 steps: some are committed before the file reaches the limit.  The
-    # room check counts a block's histograms uncompressed, ~1.6 KB a series at a full step,
-    # with 256 KB for HDF5's metadata: a 1 MB limit, reached near 1,300 of the 3,000 steps)
+    # room check keeps 256 KB for HDF5's metadata and counts a block's histograms as stored)
     r = nndb("run", "--batch", "--flush-every", "100", "--trace", path, str(script),
              preexec_fn=_file_limit(1_000_000), timeout=900)
     assert plain.returncode == 7 and r.returncode == 7, r.stderr

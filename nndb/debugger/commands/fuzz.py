@@ -225,7 +225,9 @@ script computes it, and mutates the batch: float inputs by bounded noise
 (--scale, default 0.1, of their observed range), integer inputs (token ids)
 within their vocabulary.  Mutants reaching new coverage (nearest-neighbour
 distance of the --layers' activation vectors, default the model's output,
-above --threshold) are kept and mutated further.  It stops at the objective:
+a wider layer on the batch's first principal axis, above --threshold,
+default the batch's own median nearest-neighbour distance) are kept and
+mutated further.  It stops at the objective:
 a NaN/Inf activation, loss or gradient (default), --until EXPR (loss, output,
 grad_norm), or --against fp16|bf16 disagreeing beyond --tolerance.  --random:
 random search with the same mutations.  The input found is saved as a .pt.

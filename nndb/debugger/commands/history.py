@@ -112,6 +112,18 @@ def _checkpoint_steps(s) -> list:
     return sorted(x for x in steps if x is not None)
 
 
+def _measure(s, plan: dict) -> dict:
+    """The histograms the trace lacks at checkpoints, measured on replicas
+    (nndb.timetravel.measure); from the live run only."""
+    if not plan["missing"]:
+        return {}
+    if s.machine.replica or not s.live:
+        why = "not measured here: only the live run measures on replicas ('present' first)"
+        return {c: {"error": why} for c in plan["missing"]}
+    from ...timetravel.measure import histograms_at
+    return histograms_at(s, s.machine, plan["kind"], plan["name"], plan["missing"])
+
+
 def _compare(s, arg):
     kind, name, steps, k, png = arg
     from ...store import distributions as D
@@ -123,7 +135,9 @@ def _compare(s, arg):
             if steps is not None:
                 data = D.compare(reader, kind, name, *steps)
             else:
-                data = D.at_checkpoints(reader, kind, name, _checkpoint_steps(s), k)
+                plan = D.checkpoint_plan(reader, kind, name, _checkpoint_steps(s), k)
+        if steps is None:
+            data = D.at_checkpoints(plan, _measure(s, plan))
         out = [render(data)]
         if png:
             from ...extras import require
@@ -140,7 +154,9 @@ COMMANDS = [
             f"""Keep whole tensors in the trace from the step in progress on.
 KIND is one of {', '.join(FULL_KINDS)}; GLOB matches names (conv*).  A gradient is
 copied at its optimizer's step() (after backward, before the update), a
-parameter at step()'s return, an activation at its module's forward.
+parameter at step()'s return, an activation at its module's forward; without
+an optimizer, a gradient at the backward() that ends the step, a parameter
+after the hand-written update.
 fp16 (default) keeps a per-tensor scale; a tensor it cannot hold within its
 stated error is stored wider (docs/trace-format.md).  'record full' lists the
 rules; 'record full off' stops; read back with p $full['NAME', STEP].""",
@@ -150,7 +166,9 @@ rules; 'record full off' stops; read back with p $full['NAME', STEP].""",
 Histograms are taken at full steps (--full-every).  Shows approximate
 quantiles (with their bins), the share of zeros, NaN/Inf counts, the
 Kolmogorov-Smirnov statistic and a histogram; --png FILE draws it.
---checkpoints K: the last K checkpoints' steps, the first and last compared
-(each must be a full step).""",
+--checkpoints K: the last K checkpoints, the first and last compared: the
+histogram in the trace at a checkpoint's step (a full step), else one
+measured on a replica resumed from the checkpoint, from the step after it
+(the live run is not touched).""",
             _compare, _compare_arg, args=("kind", "tensor"), group="data"),
 ]

@@ -78,8 +78,24 @@ class CommandTable:
         if len(hits) == 1:
             return self.by_name[hits[0]]
         if hits:
-            raise CommandError(f'ambiguous command "{word}": {", ".join(hits)}')
+            # (as gdb: "com" stays ambiguous; each candidate is named with the
+            # shortest prefix that picks it: commands (comm), compare (comp))
+            raise CommandError(f'ambiguous command "{word}": '
+                               + ", ".join(f"{h} ({self.shortest_prefix(h)})" for h in hits))
         raise CommandError(f'undefined command: "{word}".  Try "help".')
+
+    def shortest_prefix(self, name: str) -> str:
+        """The shortest word that ``lookup`` resolves to command ``name``: an
+        alias, or the shortest unique prefix of its name."""
+        best = name
+        for n in range(1, len(name) + 1):
+            p = name[:n]
+            exact = self.by_name.get(p)
+            if (exact is not None and exact.name == name) or \
+                    (exact is None and [c.name for c in self.commands if c.name.startswith(p)] == [name]):
+                best = p
+                break
+        return min((*self.by_name[name].aliases, best), key=len) if name in self.by_name else best
 
     @staticmethod
     def split(text: str) -> tuple[str, str]:
