@@ -28,15 +28,15 @@ def nndb(*args, cwd=None, timeout=180, env=None, **kw) -> subprocess.CompletedPr
     pre-imported zygote (tests/zygote.py) where it can stand in for one, else
     (and with NNDB_TEST_REAL_SUBPROCESS=1, or in a test marked
     ``real_subprocess``) in a real subprocess."""
-    base = _base_env()
-    e = dict(base, **(env or {}))
+    e = dict(_base_env(), **(env or {}))
     kw.setdefault("stdin", subprocess.DEVNULL)      # not a terminal: batch mode
-    if _zygote_may_run(e, base, kw):
-        return zygote.run(list(args), cwd, e, base, timeout, kw["stdin"])
+    if _zygote_may_run(e, _ZYGOTE_ENV, kw):
+        return zygote.run(list(args), cwd, e, _ZYGOTE_ENV, timeout, kw["stdin"])
     return subprocess.run([sys.executable, "-m", "nndb", *args], cwd=cwd, capture_output=True,
                           text=True, timeout=timeout, env=e, **kw)
 
 
+_ZYGOTE_ENV = _base_env()            # (the zygotes' own: the session's at its start)
 _real_subprocess_test = [False]        # the running test is marked real_subprocess
 
 

@@ -319,11 +319,7 @@ class Zygote:
 
     def __init__(self, base_env: dict, flavor=None):
         self.flavor = flavor
-        self.env = dict(base_env)
-        if flavor == PRELOADED:
-            from nndb.preload import libiomp_path
-            self.env["LD_PRELOAD"] = libiomp_path()
-            self.env["PYTHONHASHSEED"] = str(int.from_bytes(os.urandom(4), "little") or 1)
+        self.env = self.env_for(base_env, flavor)
         self.dir = tempfile.mkdtemp(prefix="nndb-zygote-")
         self.sock_path = os.path.join(self.dir, "z.sock")
         self.log = open(os.path.join(self.dir, "log"), "wb")
@@ -331,6 +327,16 @@ class Zygote:
                 "zygote.serve(%r, base)\n" % (HERE, self.sock_path))
         self.proc = subprocess.Popen([sys.executable, "-c", code], cwd=self.dir, env=self.env,
                                      stdin=subprocess.DEVNULL, stdout=self.log, stderr=self.log)
+
+    @staticmethod
+    def env_for(base_env: dict, flavor, like=None) -> dict:
+        env = dict(base_env)
+        if flavor == PRELOADED:
+            from nndb.preload import libiomp_path
+            env["LD_PRELOAD"] = libiomp_path()
+            seed = str(int.from_bytes(os.urandom(4), "little") or 1)
+            env["PYTHONHASHSEED"] = like["PYTHONHASHSEED"] if like else seed
+        return env
 
     def connect(self, deadline: float) -> socket.socket:
         while True:
@@ -369,10 +375,11 @@ _zygotes: dict = {}
 
 
 def _zygote(base_env: dict, flavor=None) -> Zygote:
-    key = (flavor, tuple(sorted(base_env.items())))
-    z = _zygotes.get(key)
+    z = _zygotes.get(flavor)
+    if z is not None and z.env != Zygote.env_for(base_env, flavor, z.env):
+        raise ValueError("one environment for the zygotes of a session")
     if z is None or z.proc.poll() is not None:
-        z = _zygotes[key] = Zygote(base_env, flavor)
+        z = _zygotes[flavor] = Zygote(base_env, flavor)
     return z
 
 
