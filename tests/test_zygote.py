@@ -110,6 +110,8 @@ def test_env_read_at_import_goes_to_a_real_subprocess(tmp_path, monkeypatch):
     assert not conftest._zygote_may_run(dict(base, PYTHONPATH="/x"), base, {"stdin": subprocess.DEVNULL})
     assert not conftest._zygote_may_run(base, base, {"stdin": subprocess.DEVNULL, "input": "x"})
     assert conftest._zygote_may_run(dict(base, HOME="/h", NNDB_X="1"), base, {"stdin": subprocess.DEVNULL})
+    # what the nndb() helper gives in a test (pytest sets PYTEST_CURRENT_TEST for each) fits the session's zygotes
+    assert conftest._zygote_may_run(conftest._base_env(), conftest._ZYGOTE_ENV, {"stdin": subprocess.DEVNULL})
     r = _probe(tmp_path, env={"OMP_NUM_THREADS": "1"})
     assert r.returncode == 3 and _state(r)["threads"] == 1
 
@@ -146,6 +148,7 @@ def test_every_child_is_reaped(tmp_path, monkeypatch):
     r = nndb("--version")
     assert r.returncode == 0 and r.stdout.startswith("nndb, version")
     time.sleep(0.5)
+    assert 1 <= len(zygote._zygotes) <= 2          # (one of each kind for the whole session)
     for z in zygote._zygotes.values():
         if isinstance(z, zygote.Zygote):
             kids = [p for p in os.listdir("/proc") if p.isdigit() and _ppid(p) == z.proc.pid]
