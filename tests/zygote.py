@@ -152,8 +152,15 @@ def serve(sock_path: str, base_path: list) -> None:
                         for fd in (wake_r, wake_w):
                             os.close(fd)
                         code = _child(req, fds, conn, fresh, base_path)
+                    except BaseException:
+                        import traceback
+                        traceback.print_exc()
                     finally:
                         os._exit(code)
+                try:
+                    os.setpgid(pid, pid)        # (here too: a kill of the group right away reaches it)
+                except OSError:
+                    pass
                 for fd in fds:
                     os.close(fd)
                 running[pid] = conn
@@ -184,10 +191,11 @@ def serve(sock_path: str, base_path: list) -> None:
 
 
 def _kill_group(pid: int) -> None:
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except OSError:
-        pass
+    for kill in (os.killpg, os.kill):
+        try:
+            kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
 
 
 def _child(req: dict, fds: list, conn, fresh: dict, base_path: list) -> int:
