@@ -111,7 +111,10 @@ def test_env_read_at_import_goes_to_a_real_subprocess(tmp_path, monkeypatch):
     assert not conftest._zygote_may_run(base, base, {"stdin": subprocess.DEVNULL, "input": "x"})
     assert conftest._zygote_may_run(dict(base, HOME="/h", NNDB_X="1"), base, {"stdin": subprocess.DEVNULL})
     # what the nndb() helper gives in a test (pytest sets PYTEST_CURRENT_TEST for each) fits the session's zygotes
-    assert conftest._zygote_may_run(conftest._base_env(), conftest._ZYGOTE_ENV, {"stdin": subprocess.DEVNULL})
+    now, start = conftest._base_env(), conftest._ZYGOTE_ENV
+    drift = sorted(k for k in set(now) | set(start) if now.get(k) != start.get(k))
+    assert conftest._zygote_may_run(now, start, {"stdin": subprocess.DEVNULL}), \
+        f"this worker's environment drifted from the session's start (an earlier test left it changed): {drift}"
     r = _probe(tmp_path, env={"OMP_NUM_THREADS": "1"})
     assert r.returncode == 3 and _state(r)["threads"] == 1
 
