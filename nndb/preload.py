@@ -66,6 +66,13 @@ def settle() -> None:
         os.environ.pop("PYTHONHASHSEED", None)
 
 
+def runtime_loaded() -> bool:
+    """Whether this process has loaded an OpenMP runtime (torch does at import).
+    (The tests' fork server, tests/zygote.py, stands its children in for
+    fresh processes here.)"""
+    return "torch" in sys.modules
+
+
 def maybe_restart(replica_mode: str) -> None:
     """Start ``python -m nndb ARGS`` again with libiomp5 preloaded, when it is
     installed, not loaded yet, and fork replicas may be used.  Returns only if not."""
@@ -74,7 +81,7 @@ def maybe_restart(replica_mode: str) -> None:
         return
     if not sys.platform.startswith("linux") or replica_mode in ("respawn", "off"):
         return
-    if "torch" in sys.modules:          # too late: the OpenMP runtime is loaded already
+    if runtime_loaded():                # too late: the OpenMP runtime is loaded already
         return
     env = preloaded_env()
     if env is None:

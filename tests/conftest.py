@@ -4,6 +4,8 @@ import sys
 
 import pytest
 
+import zygote
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLES = os.path.join(ROOT, "scripts", "examples")
 
@@ -12,17 +14,53 @@ def example(name: str) -> str:
     return os.path.join(EXAMPLES, name)
 
 
-def nndb(*args, cwd=None, timeout=180, env=None, **kw) -> subprocess.CompletedProcess:
-    """Run ``python -m nndb ARGS`` in a subprocess."""
+def _base_env() -> dict:
     e = dict(os.environ)
     e.pop("NNDB_DEBUG", None)
+    e.pop(zygote.REAL_ENV, None)
     # (no empty entry: an empty PYTHONPATH component is the working directory)
     e["PYTHONPATH"] = os.pathsep.join([ROOT] + [p for p in e.get("PYTHONPATH", "").split(os.pathsep) if p])
-    if env:
-        e.update(env)
+    return e
+
+
+def nndb(*args, cwd=None, timeout=180, env=None, **kw) -> subprocess.CompletedProcess:
+    """Run ``python -m nndb ARGS`` as a subprocess would: in a child of the
+    pre-imported zygote (tests/zygote.py) where it can stand in for one, else
+    (and with NNDB_TEST_REAL_SUBPROCESS=1, or in a test marked
+    ``real_subprocess``) in a real subprocess."""
+    e = dict(_base_env(), **(env or {}))
     kw.setdefault("stdin", subprocess.DEVNULL)      # not a terminal: batch mode
+    if _zygote_may_run(e, _ZYGOTE_ENV, kw):
+        return zygote.run(list(args), cwd, e, _ZYGOTE_ENV, timeout, kw["stdin"])
     return subprocess.run([sys.executable, "-m", "nndb", *args], cwd=cwd, capture_output=True,
                           text=True, timeout=timeout, env=e, **kw)
+
+
+_ZYGOTE_ENV = _base_env()            # (the zygotes' own: the session's at its start)
+_real_subprocess_test = [False]        # the running test is marked real_subprocess
+
+
+def _zygote_may_run(env: dict, base: dict, kw: dict) -> bool:
+    if os.environ.get(zygote.REAL_ENV) == "1" or _real_subprocess_test[0] or set(kw) != {"stdin"}:
+        return False
+    stdin = kw["stdin"]
+    if stdin != subprocess.DEVNULL and not hasattr(stdin, "fileno"):
+        return False
+    return zygote.env_fits(env, base)
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "real_subprocess: nndb() runs real subprocesses in this test "
+                                       "(its point is start-up, or it needs what only one gives)")
+
+
+def pytest_unconfigure(config):
+    zygote.close_all()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    _real_subprocess_test[0] = item.get_closest_marker("real_subprocess") is not None
 
 
 def python(*args, cwd=None, timeout=180) -> subprocess.CompletedProcess:

@@ -21,6 +21,7 @@ from nndb.store.merge import merge_raw_rows, merge_stats
 from nndb.tracer import stats as S
 from nndb.tracer.fingerprint import checksum
 
+pytestmark = pytest.mark.real_subprocess     # (torchrun jobs: their start-up is theirs)
 SCRIPTS = os.path.join(ROOT, "tests", "scripts")
 
 

@@ -19,7 +19,8 @@ from nndb.dist import job, nodes
 from nndb.store.reader import TraceReader
 
 SCRIPTS = os.path.join(ROOT, "tests", "scripts")
-pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="gloo jobs on Linux")
+pytestmark = [pytest.mark.skipif(not sys.platform.startswith("linux"), reason="gloo jobs on Linux"),
+              pytest.mark.real_subprocess]   # (torchrun jobs; processes left behind found by command line)
 
 
 def _env():

@@ -19,6 +19,8 @@ spec.loader.exec_module(matrix)
 
 SCRIPTS = [s for s in matrix.scripts() if not s.name.startswith("examples/")]
 RULES = matrix.builtin_rules()
+# (one worker computes the matrix: under --dist loadgroup the module's tests stay together)
+pytestmark = pytest.mark.xdist_group("rule_matrix")
 
 
 @pytest.fixture(scope="module")

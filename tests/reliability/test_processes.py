@@ -24,6 +24,8 @@ from conftest import ROOT, nndb
 from nndb.preload import libiomp_path
 from nndb.timetravel import disk
 
+pytestmark = pytest.mark.real_subprocess     # (processes and OpenMP registrations left behind)
+
 
 def _ppid(pid: int):
     try:

@@ -14,10 +14,14 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 from conftest import ROOT, nndb, python, run_in_process
 
 # Modules nndb imports (click, numpy, yaml, tabulate, h5py) planted in the working
 # directory: each writes a marker file when imported.
+# (what nndb imports from the directory it starts in: start-up itself, never a zygote's child)
+pytestmark = pytest.mark.real_subprocess
 PLANTED = ("click", "numpy", "yaml", "tabulate", "h5py", "torch", "prompt_toolkit")
 
 SCRIPT = textwrap.dedent('''

@@ -1,0 +1,174 @@
+"""The tests' fork server (tests/zygote.py) stands in for a real ``python -m
+nndb`` subprocess: the same output, exit code and process state as a real
+one, the environment a test gives taking effect (or a real subprocess when
+the zygote could not honour it), timeouts that kill what the run started,
+and every child reaped."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+import conftest
+import zygote
+from conftest import nndb
+
+PROBE = r'''
+import atexit, json, os, random, signal, sys, threading, time
+import numpy, torch
+def late():
+    time.sleep(0.3)
+    print("thread-end", flush=False)
+threading.Thread(target=late).start()           # non-daemon: joined before atexit, as Python does
+atexit.register(lambda: print("atexit-ran", end=""))     # (no newline: the last bytes must still arrive)
+st = {
+    "argv": sys.argv, "name": __name__, "cwd": os.getcwd(), "path0": sys.path[0],
+    "cwd_on_path": os.getcwd() in sys.path or "" in sys.path,
+    "home": os.environ.get("HOME"), "mine": os.environ.get("NNDB_PROBE_VAR"),
+    "ld_preload": os.environ.get("LD_PRELOAD"), "hashseed_env": os.environ.get("PYTHONHASHSEED"),
+    "nndb_env": sorted(k for k in os.environ if k.startswith("NNDB_") and k != "NNDB_PROBE_VAR"),
+    "sigint": signal.getsignal(signal.SIGINT) is signal.default_int_handler,
+    "sigpipe": signal.getsignal(signal.SIGPIPE) == signal.SIG_IGN,
+    "other_signals": sorted(s.name for s in (signal.SIGTERM, signal.SIGCHLD, signal.SIGHUP, signal.SIGUSR1)
+                            if signal.getsignal(s) != signal.SIG_DFL),
+    "mask": sorted(signal.pthread_sigmask(signal.SIG_BLOCK, [])),
+    "stdin": sys.stdin.read(), "stdout_tty": sys.stdout.isatty(),
+    "executable": sys.executable, "threads": torch.get_num_threads(),
+    "hash": hash("nndb-zygote"), "seeds": [torch.initial_seed(), random.random(), float(numpy.random.rand())],
+    "sum": float(torch.manual_seed(0) and torch.randn(64, 64).matmul(torch.randn(64, 64)).sum()),
+    "pid": os.getpid(), "pgid": os.getpgid(0),
+}
+print(json.dumps(st))
+sys.stdout.write("no-newline")
+sys.exit(int(sys.argv[1]))
+'''
+
+
+def _probe(tmp_path, *flags, env=None):
+    script = tmp_path / "probe.py"
+    script.write_text(PROBE)
+    return nndb("run", "--batch", "-q", "--nx", "--rules", "none", *flags, str(script), "3", cwd=str(tmp_path),
+                env=env)
+
+
+def _state(r):
+    line = [l for l in r.stdout.splitlines() if l.startswith("{")][0]
+    return json.loads(line)
+
+
+def _hash_under(seed: str) -> int:
+    return int(subprocess.run([sys.executable, "-c", "print(hash('nndb-zygote'))"], capture_output=True,
+                              text=True, env=dict(os.environ, PYTHONHASHSEED=seed), check=True).stdout)
+
+
+@pytest.mark.parametrize("flags", [(), ("--replica", "off")], ids=["preloaded", "plain"])
+def test_a_zygote_run_looks_like_a_real_one(tmp_path, monkeypatch, flags):
+    env = {"HOME": str(tmp_path), "NNDB_PROBE_VAR": "given"}
+    monkeypatch.delenv(zygote.REAL_ENV, raising=False)
+    z = _probe(tmp_path, *flags, env=env)
+    monkeypatch.setenv(zygote.REAL_ENV, "1")
+    r = _probe(tmp_path, *flags, env=env)
+    assert (z.returncode, r.returncode) == (3, 3), (z.stderr, r.stderr)
+    zs, rs = _state(z), _state(r)
+    assert zs["pid"] != rs["pid"] and zs["pgid"] == zs["pid"]       # (its own process group: a timeout kills it all)
+    assert zs["pid"] not in zygote_pids()
+    for k in ("pid", "pgid", "hash", "seeds"):
+        del zs[k], rs[k]
+    assert zs == rs
+    assert zs["home"] == str(tmp_path) and zs["mine"] == "given" and zs["stdin"] == ""
+    assert zs["sigpipe"] and zs["mask"] == []
+    # the same bytes after the state line: the thread's line, the unterminated write, atexit's output
+    assert z.stdout.split("\n", 1)[1] == r.stdout.split("\n", 1)[1] == "no-newlinethread-end\natexit-ran"
+    assert z.stderr == r.stderr
+
+
+def zygote_pids() -> set:
+    return {z.proc.pid for z in zygote._zygotes.values() if isinstance(z, zygote.Zygote)}
+
+
+def test_the_recorded_hash_seed_is_the_one_the_run_hashed_with(tmp_path, monkeypatch):
+    """A respawned replica hashes with the seed in the trace: under the
+    zygote it must be the preloaded zygote's own seed."""
+    import nndb
+    monkeypatch.delenv(zygote.REAL_ENV, raising=False)
+    trace = str(tmp_path / "t.h5")
+    z = _probe(tmp_path, "--trace", trace)
+    assert z.returncode == 3, z.stderr
+    seed = nndb.open(trace).meta["replay"]["hash_seed"]
+    assert seed and _hash_under(str(seed)) == _state(z)["hash"]
+    again = _probe(tmp_path)        # fresh random states in each run, as in a new process
+    assert all(a != b for a, b in zip(_state(z)["seeds"], _state(again)["seeds"]))
+
+
+def test_env_read_at_import_goes_to_a_real_subprocess(tmp_path, monkeypatch):
+    monkeypatch.delenv(zygote.REAL_ENV, raising=False)
+    base = conftest._base_env()
+    assert not conftest._zygote_may_run(dict(base, OMP_NUM_THREADS="1"), base, {"stdin": subprocess.DEVNULL})
+    assert not conftest._zygote_may_run(dict(base, PYTHONPATH="/x"), base, {"stdin": subprocess.DEVNULL})
+    assert not conftest._zygote_may_run(base, base, {"stdin": subprocess.DEVNULL, "input": "x"})
+    assert conftest._zygote_may_run(dict(base, HOME="/h", NNDB_X="1"), base, {"stdin": subprocess.DEVNULL})
+    # what the nndb() helper gives in a test (pytest sets PYTEST_CURRENT_TEST for each) fits the session's zygotes
+    now, start = conftest._base_env(), conftest._ZYGOTE_ENV
+    drift = sorted(k for k in set(now) | set(start) if now.get(k) != start.get(k))
+    assert conftest._zygote_may_run(now, start, {"stdin": subprocess.DEVNULL}), \
+        f"this worker's environment drifted from the session's start (an earlier test left it changed): {drift}"
+    r = _probe(tmp_path, env={"OMP_NUM_THREADS": "1"})
+    assert r.returncode == 3 and _state(r)["threads"] == 1
+
+
+def test_a_timeout_kills_the_run_and_what_it_started(tmp_path, monkeypatch):
+    monkeypatch.delenv(zygote.REAL_ENV, raising=False)
+    script = tmp_path / "hang.py"
+    script.write_text("import os, subprocess, sys, time\n"
+                      "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])\n"
+                      "open('pids', 'w').write(f'{os.getpid()} {p.pid}')\n"
+                      "print('started', flush=True)\n"
+                      "time.sleep(600)\n")
+    with pytest.raises(subprocess.TimeoutExpired) as e:
+        nndb("run", "--batch", "-q", "--nx", "--rules", "none", "--replica", "off", str(script),
+             cwd=str(tmp_path), timeout=20)
+    assert "started" in e.value.output
+    pids = [int(p) for p in (tmp_path / "pids").read_text().split()]
+    deadline = time.monotonic() + 10
+    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(_alive(p) for p in pids)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().split(") ", 1)[1][0] != "Z"
+    except OSError:
+        return False
+
+
+def test_every_child_is_reaped(tmp_path, monkeypatch):
+    monkeypatch.delenv(zygote.REAL_ENV, raising=False)
+    r = nndb("--version")
+    assert r.returncode == 0 and r.stdout.startswith("nndb, version")
+    time.sleep(0.5)
+    assert 1 <= len(zygote._zygotes) <= 2          # (one of each kind for the whole session)
+    for z in zygote._zygotes.values():
+        if isinstance(z, zygote.Zygote):
+            kids = [p for p in os.listdir("/proc") if p.isdigit() and _ppid(p) == z.proc.pid]
+            assert kids == []
+
+
+def _ppid(pid: str):
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return int(fh.read().split(") ", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def test_usage_errors_match_a_real_subprocess(monkeypatch, tmp_path):
+    monkeypatch.delenv(zygote.REAL_ENV, raising=False)
+    z = nndb("run", "--every", "x", "s.py", cwd=str(tmp_path))
+    monkeypatch.setenv(zygote.REAL_ENV, "1")
+    r = nndb("run", "--every", "x", "s.py", cwd=str(tmp_path))
+    assert (z.returncode, z.stdout, z.stderr) == (r.returncode, r.stdout, r.stderr) and z.returncode == 2

@@ -1,0 +1,483 @@
+"""A pre-imported fork server ("zygote") for the tests' ``python -m nndb`` runs.
+
+Each run of ``python -m nndb`` spends 1.5-2 s importing torch; the suite has
+some 900 of them.  A zygote is a Python process, started once per pytest
+worker, that has imported torch, numpy, h5py and nndb's modules but run no
+torch operation; for each run it forks a child that becomes that run: its
+working directory, environment, ``sys.argv``/``sys.path`` as ``python -m``
+sets them, stdin (/dev/null or the given file) and stdout/stderr (pipes read
+here), the signal dispositions and mask a fresh interpreter has, its own
+process group, fresh random seeds, and nndb's real entry point
+(``runpy._run_module_as_main("nndb")``, as ``-m`` runs it).  It ends as the
+interpreter would: SystemExit's code, non-daemon threads joined, atexit
+handlers run, stdout/stderr flushed, then ``os._exit``.  ``run()`` returns a
+``subprocess.CompletedProcess`` with the fields ``subprocess.run`` fills; at a
+timeout it kills the child's process group and raises TimeoutExpired.
+
+``nndb run`` starts itself again with Intel's OpenMP runtime preloaded
+(nndb/preload.py).  A child of the plain zygote takes the same decision
+(``preload.runtime_loaded`` says "not yet", as in a fresh process) and its
+``os.execve`` of ``python -m nndb`` comes back here as a request, which a
+second zygote, started with libiomp5 preloaded and a fixed PYTHONHASHSEED,
+serves: the run gets the runtime and the hash seed it would have.
+
+What a zygote cannot give, the caller (tests/conftest.py) gets from a real
+subprocess: an environment that differs from the zygote's in a variable that
+may be read at import time (only ``RUNTIME_VARS`` and ``NNDB_*`` may differ),
+stdin/stdout arguments other than the plain ones, tests marked
+``real_subprocess`` (start-up itself, torchrun jobs), and every run when
+``NNDB_TEST_REAL_SUBPROCESS=1``.  ``sys.executable`` is the real interpreter:
+replicas and workers that nndb spawns start as they always do.
+"""
+from __future__ import annotations
+
+import json
+import os
+import selectors
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REAL_ENV = "NNDB_TEST_REAL_SUBPROCESS"
+
+# Variables read at run time only (by nndb, the scripts or the libraries, never
+# at import): a run may set them differently from the zygote's environment.
+RUNTIME_VARS = frozenset({"HOME", "XDG_CONFIG_HOME", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
+                          "MLFLOW_TRACKING_URI", "PYTEST_CURRENT_TEST"})
+RUNTIME_PREFIXES = ("NNDB_",)
+
+PRELOADED = "preloaded"
+
+
+def env_fits(env: dict, base: dict) -> bool:
+    """Whether ``env`` differs from the zygote's ``base`` only in run-time variables."""
+    for k in set(env) | set(base):
+        if env.get(k) != base.get(k) and k not in RUNTIME_VARS and not k.startswith(RUNTIME_PREFIXES):
+            return False
+    return True
+
+
+# -- the wire: a 4-byte length, then JSON; file descriptors ride on a message ----------------------
+
+def _send(sock, obj, fds=()) -> None:
+    data = json.dumps(obj).encode()
+    data = struct.pack("!I", len(data)) + data
+    if fds:
+        socket.send_fds(sock, [data], list(fds))
+    else:
+        sock.sendall(data)
+
+
+def _recv(sock, nfds=0):
+    """One message (and the file descriptors sent with it), or (None, []) at EOF."""
+    buf, fds = b"", []
+    while len(buf) < 4:
+        if nfds and not fds:
+            chunk, fds, _, _ = socket.recv_fds(sock, 4 - len(buf), nfds)
+        else:
+            chunk = sock.recv(4 - len(buf))
+        if not chunk:
+            return None, fds
+        buf += chunk
+    (n,) = struct.unpack("!I", buf)
+    body = b""
+    while len(body) < n:
+        chunk = sock.recv(n - len(body))
+        if not chunk:
+            return None, fds
+        body += chunk
+    return json.loads(body), fds
+
+
+# -- the server -----------------------------------------------------------------------------------
+
+def serve(sock_path: str, base_path: list) -> None:
+    """The zygote's loop (started by ``Zygote``; ``base_path`` is ``sys.path``
+    without the ``-c`` entry, the path a fresh ``python -m`` has after its first)."""
+    fresh = {}
+    for s in signal.valid_signals():
+        try:
+            fresh[s] = signal.getsignal(s)
+        except (ValueError, OSError):
+            pass
+    fresh = {s: h for s, h in fresh.items() if h is not None}
+    import h5py  # noqa: F401
+    import numpy  # noqa: F401
+    import torch  # noqa: F401
+    import nndb.cli  # noqa: F401
+    import nndb.debugger.driver  # noqa: F401
+    import nndb.preload
+    parent = os.getppid()
+    lst = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    lst.bind(sock_path)
+    lst.listen(64)
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_r, False)
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    sel = selectors.DefaultSelector()
+    sel.register(lst, selectors.EVENT_READ)
+    sel.register(wake_r, selectors.EVENT_READ)
+    running: dict = {}
+    while True:
+        events = sel.select(timeout=1.0)
+        if os.getppid() != parent:          # pytest's worker is gone: so are we, and our runs
+            for pid in running:
+                _kill_group(pid)
+            os._exit(0)
+        for key, _ in events:
+            if key.fileobj is lst:
+                conn, _ = lst.accept()
+                try:
+                    req, fds = _recv(conn, nfds=3)
+                except OSError:
+                    req, fds = None, []
+                if req is None:
+                    conn.close()
+                    continue
+                pid = os.fork()
+                if pid == 0:
+                    code = 70
+                    try:
+                        signal.set_wakeup_fd(-1)
+                        sel.close()
+                        for f in (lst, *running.values()):
+                            f.close()
+                        for fd in (wake_r, wake_w):
+                            os.close(fd)
+                        code = _child(req, fds, conn, fresh, base_path)
+                    except BaseException:
+                        import traceback
+                        traceback.print_exc()
+                    finally:
+                        os._exit(code)
+                try:
+                    os.setpgid(pid, pid)        # (here too: a kill of the group right away reaches it)
+                except OSError:
+                    pass
+                for fd in fds:
+                    os.close(fd)
+                running[pid] = conn
+                try:
+                    _send(conn, {"pid": pid})
+                except OSError:
+                    pass
+            else:
+                try:
+                    while os.read(wake_r, 512):
+                        pass
+                except BlockingIOError:
+                    pass
+        while running:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                break
+            if pid == 0:
+                break
+            conn = running.pop(pid, None)
+            if conn is not None:
+                try:
+                    _send(conn, {"status": status})
+                except OSError:
+                    pass
+                conn.close()
+
+
+def _kill_group(pid: int) -> None:
+    for kill in (os.killpg, os.kill):
+        try:
+            kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+
+
+def _child(req: dict, fds: list, conn, fresh: dict, base_path: list) -> int:
+    """Become ``python -m nndb ARGS`` and run it; returns the exit status."""
+    os.setpgid(0, 0)
+    stdin = fds[2] if len(fds) > 2 else os.open(os.devnull, os.O_RDONLY)
+    for fd, std in ((stdin, 0), (fds[0], 1), (fds[1], 2)):
+        os.dup2(fd, std)
+    for fd in {stdin, fds[0], fds[1]}:
+        if fd > 2:
+            os.close(fd)
+    for s, h in fresh.items():
+        try:
+            signal.signal(s, h)
+        except (OSError, ValueError, RuntimeError):
+            pass
+    signal.pthread_sigmask(signal.SIG_SETMASK, [])
+    os.chdir(req["cwd"])
+    env = dict(req["env"])
+    import nndb.preload as preload
+    if req.get("flavor") == PRELOADED:
+        if env.get("NNDB_SET_HASHSEED"):         # nndb chose a seed; this interpreter runs with the zygote's
+            env["PYTHONHASHSEED"] = os.environ["PYTHONHASHSEED"]
+    else:
+        _exec_comes_back(conn)
+        preload.runtime_loaded = lambda: False      # as in a fresh process: torch not imported yet
+    os.environ.clear()
+    os.environ.update(env)
+    sys.path[:] = [os.getcwd()] + list(base_path)
+    sys.argv = ["-m", *req["argv"]]
+    _reseed()
+    code = _run_main()
+    code = _finalize(code)
+    if req.get("flavor") == PRELOADED:
+        preload.forget_openmp()     # (libiomp5 removes its /dev/shm registration at exit(); os._exit skips it)
+    return code
+
+
+def _exec_comes_back(conn) -> None:
+    """``os.execve(sys.executable, [.., "-m", "nndb", ..], env)`` -> a request to
+    the preloaded zygote (sent to the client), and this child ends."""
+    real = os.execve
+
+    def execve(path, argv, env):
+        argv = list(argv)
+        if path == sys.executable and argv[1:3] == ["-m", "nndb"] and env.get("NNDB_PRELOADED"):
+            for f in (sys.stdout, sys.stderr):
+                f.flush()
+            _send(conn, {"exec": {"argv": argv[3:], "env": dict(env)}})
+            os._exit(0)
+        return real(path, argv, env)
+
+    os.execve = execve
+
+
+def _reseed() -> None:
+    import random
+    random.seed()
+    import numpy
+    import torch
+    numpy.random.seed()
+    torch.seed()            # (a fresh process's default generator starts from a random seed)
+    try:
+        import multiprocessing
+        multiprocessing.current_process().authkey = os.urandom(32)
+    except Exception:
+        pass
+
+
+def _run_main() -> int:
+    import runpy
+    main = sys.modules["__main__"]
+    for k in list(main.__dict__):
+        if k not in ("__name__", "__builtins__"):
+            del main.__dict__[k]
+    try:
+        runpy._run_module_as_main("nndb")
+    except SystemExit as e:
+        return _exit_code(e.code)
+    except KeyboardInterrupt:
+        sys.excepthook(*sys.exc_info())
+        return -signal.SIGINT
+    except BaseException:
+        sys.excepthook(*sys.exc_info())
+        return 1
+    return 0
+
+
+def _exit_code(code) -> int:
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code & 0xFF
+    try:
+        sys.stderr.write(f"{code}\n")
+    except Exception:
+        pass
+    return 1
+
+
+def _finalize(code: int) -> int:
+    """What Py_FinalizeEx does before the process exits: join the non-daemon
+    threads, run atexit, flush stdout and stderr."""
+    import atexit
+    import threading
+    try:
+        threading._shutdown()
+    except Exception:
+        pass
+    atexit._run_exitfuncs()
+    try:
+        sys.stdout.flush()
+    except Exception:
+        code = 120
+    try:
+        sys.stderr.flush()
+    except Exception:
+        pass
+    if code < 0:          # died of Ctrl-C, as Python does
+        signal.signal(-code, signal.SIG_DFL)
+        os.kill(os.getpid(), -code)
+    return code
+
+
+# -- the client -----------------------------------------------------------------------------------
+
+class Zygote:
+    """One server process; ``flavor`` None or PRELOADED (libiomp5 preloaded)."""
+
+    def __init__(self, base_env: dict, flavor=None):
+        self.flavor = flavor
+        self.env = self.env_for(base_env, flavor)
+        self.dir = tempfile.mkdtemp(prefix="nndb-zygote-")
+        self.sock_path = os.path.join(self.dir, "z.sock")
+        self.log = open(os.path.join(self.dir, "log"), "wb")
+        code = ("import sys\nbase = sys.path[1:]\nsys.path.insert(0, %r)\nimport zygote\ndel sys.path[0]\n"
+                "zygote.serve(%r, base)\n" % (HERE, self.sock_path))
+        self.proc = subprocess.Popen([sys.executable, "-c", code], cwd=self.dir, env=self.env,
+                                     stdin=subprocess.DEVNULL, stdout=self.log, stderr=self.log)
+
+    @staticmethod
+    def env_for(base_env: dict, flavor, like=None) -> dict:
+        env = dict(base_env)
+        if flavor == PRELOADED:
+            from nndb.preload import libiomp_path
+            env["LD_PRELOAD"] = libiomp_path()
+            seed = str(int.from_bytes(os.urandom(4), "little") or 1)
+            env["PYTHONHASHSEED"] = like["PYTHONHASHSEED"] if like else seed
+        return env
+
+    def connect(self, deadline: float) -> socket.socket:
+        while True:
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                s.connect(self.sock_path)
+                return s
+            except OSError:
+                s.close()
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"the test zygote did not start: {self.tail()}")
+                time.sleep(0.05)
+
+    def tail(self) -> str:
+        self.log.flush()
+        with open(self.log.name, "rb") as fh:
+            return fh.read()[-2000:].decode(errors="replace")
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self.log.close()
+        for name in ("z.sock", "log"):
+            try:
+                os.unlink(os.path.join(self.dir, name))
+            except OSError:
+                pass
+        try:
+            os.rmdir(self.dir)
+        except OSError:
+            pass
+
+
+_zygotes: dict = {}
+
+
+def _zygote(base_env: dict, flavor=None) -> Zygote:
+    z = _zygotes.get(flavor)
+    if z is not None and z.env != Zygote.env_for(base_env, flavor, z.env):
+        raise ValueError("one environment for the zygotes of a session")
+    if z is None or z.proc.poll() is not None:
+        z = _zygotes[flavor] = Zygote(base_env, flavor)
+    return z
+
+
+def close_all() -> None:
+    for z in _zygotes.values():
+        z.close()
+    _zygotes.clear()
+
+
+def run(argv: list, cwd, env: dict, base_env: dict, timeout: float, stdin=subprocess.DEVNULL
+        ) -> subprocess.CompletedProcess:
+    """``python -m nndb *argv`` in a child of the zygote for ``base_env`` (``env``
+    must fit it: ``env_fits``); as ``subprocess.run(..., capture_output=True,
+    text=True, timeout=timeout)`` would return or raise."""
+    import locale
+    cmd = [sys.executable, "-m", "nndb", *argv]
+    deadline = time.monotonic() + (timeout if timeout is not None else 1e9)
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    fds = [out_w, err_w] + ([] if stdin == subprocess.DEVNULL else [stdin.fileno()])
+    req = {"argv": list(argv), "cwd": os.path.abspath(cwd or os.getcwd()), "env": env}
+    chunks = {out_r: [], err_r: []}
+    sel = selectors.DefaultSelector()
+    for fd in chunks:
+        sel.register(fd, selectors.EVENT_READ)
+    open_fds = [out_r, err_r, out_w, err_w]
+    status, flavor, pid, sock, timed_out = None, None, None, None, False
+    try:
+        while status is None:
+            z = _zygote(base_env, flavor)
+            req["flavor"] = flavor
+            sock = z.connect(deadline + 60)
+            _send(sock, req, fds)
+            msg, _ = _recv(sock)
+            if msg is None:
+                raise RuntimeError(f"the test zygote ended: {z.tail()}")
+            pid = msg["pid"]
+            sel.register(sock, selectors.EVENT_READ)
+            while status is None:
+                left = deadline - time.monotonic()
+                if left <= 0 and not timed_out:
+                    timed_out = True
+                    _kill_group(pid)
+                for key, _ in sel.select(timeout=max(left, 0.05) if not timed_out else 1.0):
+                    if key.fileobj is sock:
+                        msg, _ = _recv(sock)
+                        if msg is None:
+                            raise RuntimeError(f"the test zygote ended: {z.tail()}")
+                        if "exec" in msg:
+                            req["argv"], req["env"] = msg["exec"]["argv"], msg["exec"]["env"]
+                            flavor = PRELOADED
+                        elif "status" in msg:
+                            status = msg["status"]
+                    else:
+                        data = os.read(key.fileobj, 65536)
+                        chunks[key.fileobj].append(data)
+            sel.unregister(sock)
+            sock.close()
+            sock = None
+            if flavor == PRELOADED and req.get("flavor") != PRELOADED and not timed_out:
+                status = None            # (the plain child ended in its exec: the preloaded one runs it)
+        for fd in (out_w, err_w):
+            os.close(fd)
+            open_fds.remove(fd)
+        ends = 0
+        while ends < 2:         # to EOF, as communicate() does: processes the run left may hold the pipes
+            left = deadline - time.monotonic()
+            if left <= 0:
+                if timed_out:
+                    break
+                timed_out = True
+                _kill_group(pid)
+                deadline = time.monotonic() + 5
+                continue
+            for key, _ in sel.select(timeout=left):
+                data = os.read(key.fileobj, 65536)
+                if data:
+                    chunks[key.fileobj].append(data)
+                else:
+                    sel.unregister(key.fileobj)
+                    ends += 1
+    finally:
+        sel.close()
+        if sock is not None:
+            sock.close()
+        for fd in open_fds:
+            os.close(fd)
+    enc = locale.getpreferredencoding(False)
+    out, err = (b"".join(chunks[fd]).decode(enc).replace("\r\n", "\n").replace("\r", "\n")
+                for fd in (out_r, err_r))
+    if timed_out:
+        raise subprocess.TimeoutExpired(cmd, timeout, output=out, stderr=err)
+    return subprocess.CompletedProcess(cmd, os.waitstatus_to_exitcode(status), out, err)
