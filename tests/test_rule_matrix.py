@@ -23,8 +23,8 @@ RULES = matrix.builtin_rules()
 pytestmark = pytest.mark.xdist_group("rule_matrix")
 
 
-@pytest.fixture(scope="module")
-def outcomes():
+@pytest.fixture(scope="session")     # (module scope: torn down and computed again when the
+def outcomes():                       # worker ran another module's test between two of these)
     # (blocks cut by step count only, as on a quiet machine: on a loaded one
     # the 0.25 s cut makes them shorter; the findings are the same either way)
     from nndb.rules import engine

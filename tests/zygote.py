@@ -48,7 +48,8 @@ REAL_ENV = "NNDB_TEST_REAL_SUBPROCESS"
 # Variables read at run time only (by nndb, the scripts or the libraries, never
 # at import): a run may set them differently from the zygote's environment.
 RUNTIME_VARS = frozenset({"HOME", "XDG_CONFIG_HOME", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
-                          "MLFLOW_TRACKING_URI", "PYTEST_CURRENT_TEST"})
+                          "MLFLOW_TRACKING_URI", "PYTEST_CURRENT_TEST",
+                          "TORCHINDUCTOR_CACHE_DIR"})   # (torch sets it in a process that imports inductor)
 RUNTIME_PREFIXES = ("NNDB_",)
 
 PRELOADED = "preloaded"
