@@ -20,6 +20,7 @@ step and activations are recorded on every step.
     python scripts/bench.py --catch --pairs 5    # catch nan against detect_anomaly (mlp, cnn)
     python scripts/bench.py --ranks 2 --pairs 5  # 2 DDP ranks: all-stop agreement off / on (cnn)
     python scripts/bench.py --writes sync        # the trace's blocks written in the training thread
+    python scripts/bench.py --workload mlp --threads 1   # torch on one thread (the default: one per core)
 
 Workload ``cnn_fullgrad`` is the CNN keeping its conv layers' gradients
 whole every 10 steps in fp16 (``--record-full 'grad:conv*'
@@ -461,6 +462,9 @@ def main(argv=None):
     ap.add_argument("--ranks", type=int, default=None, metavar="N",
                     help="instead: N ranks (gloo, DDP) of the CNN recorded by nndb, without and with the "
                          "all-stop agreement across ranks (see scripts/bench_ranks.py)")
+    ap.add_argument("--threads", type=int, default=None, metavar="N",
+                    help="torch's intra-op threads for the timed loops (default: torch's own, "
+                         "one per core): with 1, nndb's serial Python meets a serial plain step")
     ap.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     args = ap.parse_args(argv)
     if args.ranks:
@@ -479,6 +483,8 @@ def main(argv=None):
     if argv is None and not args.instructions:
         _restart_preloaded()
     from tabulate import tabulate
+    if args.threads:
+        torch.set_num_threads(args.threads)
     names = args.workload or list(WORKLOADS)
     if args.instructions:
         # Checkpoints are taken on a wall-time budget, which valgrind's slowdown

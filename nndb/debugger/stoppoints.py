@@ -63,9 +63,10 @@ class StopPoints:
         there, or None): stop if a point, a rule or run control says so."""
         role = self.replica
         agreement = self.agreement           # (several ranks: nndb.dist.allstop, every step end)
-        if self.mode == "detach" and not self._pending_start and not rule_hits and role is None \
-                and agreement is None:
-            return
+        if not rule_hits and role is None and agreement is None and not self._pending_start and \
+                (self.mode == "detach" or (self.mode == "continue" and not self.points
+                                           and not self.interrupt_requested)):
+            return        # (nothing can stop here: no point, no run control, no other rank)
         self._hook_frame = sys._getframe(1)
         try:
             stop = role.before_stops(self, step) if role is not None else None

@@ -125,6 +125,8 @@ class LineageControl:
 
     def at_step_end(self, s, step: int) -> None:
         r = self.recorder
+        if r is None and not (self.always or self.forced or self.wanted is not None or s.points):
+            return          # (nothing records the next step: no lineage asked for, no catch point)
         if r is not None and r.current is not None and r.current.step == step:
             done = r.next_step(step + 1) if self.wants(step + 1) else r.stop()
             if done is not None:
