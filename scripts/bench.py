@@ -461,11 +461,15 @@ def main(argv=None):
     ap.add_argument("--ranks", type=int, default=None, metavar="N",
                     help="instead: N ranks (gloo, DDP) of the CNN recorded by nndb, without and with the "
                          "all-stop agreement across ranks (see scripts/bench_ranks.py)")
+    ap.add_argument("--agreement", choices=["auto", "gloo"], default="auto",
+                    help="with --ranks: the agreement as nndb makes it (auto: shared memory on one machine) "
+                         "or always the gloo all_reduce")
     ap.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     args = ap.parse_args(argv)
     if args.ranks:
         import bench_ranks
-        return bench_ranks.main(args.ranks, args.pairs, args.scale, args.json, clock=args.clock)
+        return bench_ranks.main(args.ranks, args.pairs, args.scale, args.json, clock=args.clock,
+                                transport=args.agreement)
     global RULES, REPLICA, LINEAGE, CLOCK
     RULES, REPLICA, LINEAGE = args.rules, args.replica, args.lineage
     CLOCK = time.process_time if args.clock == "cpu" else time.perf_counter
