@@ -156,3 +156,47 @@ def test_a_segment_not_for_this_job_is_refused(segment, tmp_path):
     other.write_bytes(b"\0" * shmbarrier.segment_size(2))
     with pytest.raises(BarrierBroken):
         ShmBarrier(str(other), 0, 2)
+
+
+def _two_ranks(rank, port, out):
+    import json
+
+    import torch.distributed as dist
+
+    from nndb.dist import allstop
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    seen = {}
+    a = allstop.StepAgreement()
+    seen["auto"] = [a.wants(rank == 1), a.wants(False), a.wants(rank == 0), a.kind]
+    if rank == 1:                       # (rank 1 cannot map rank 0's segment: every rank takes the collective)
+        def refuse(*args):
+            raise OSError("not shared")
+        allstop.shmbarrier.ShmBarrier = refuse
+    b = allstop.StepAgreement()
+    seen["refused"] = [b.wants(rank == 1), b.wants(False), b.kind]
+    with open(f"{out}.{rank}", "w") as fh:
+        json.dump(seen, fh)
+    dist.destroy_process_group()
+
+
+@pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="no /dev/shm: the collective only")
+def test_the_job_agrees_in_shared_memory_or_every_rank_takes_the_collective(tmp_path):
+    """Two gloo ranks: the agreement is made in shared memory (rank 0's
+    segment, unlinked once mapped); where one rank cannot map it, both use
+    the gloo all_reduce; the answers are the OR either way."""
+    import glob
+    import json
+    import socket
+
+    import torch.multiprocessing as mp
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    before = set(glob.glob(f"/dev/shm/nndb-allstop-{os.getuid()}-*"))
+    out = str(tmp_path / "seen")
+    mp.spawn(_two_ranks, args=(port, out), nprocs=2, join=True)
+    for rank in (0, 1):
+        with open(f"{out}.{rank}") as fh:
+            seen = json.load(fh)
+        assert seen == {"auto": [True, False, True, "shared memory"], "refused": [True, False, "gloo"]}
+    assert set(glob.glob(f"/dev/shm/nndb-allstop-{os.getuid()}-*")) == before

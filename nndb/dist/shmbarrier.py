@@ -51,9 +51,11 @@ def segment_size(world: int) -> int:
     return _LINE * (1 + world)
 
 
-def create(world: int, directory: str = SHM_DIR) -> str:
-    """A new segment for ``world`` ranks (a fresh random name, mode 0600): its path."""
-    path = os.path.join(directory, f"nndb-allstop-{os.getuid()}-{secrets.token_hex(16)}")
+def create(world: int, directory: Optional[str] = None) -> str:
+    """A new segment for ``world`` ranks (a fresh random name, mode 0600), in
+    ``directory`` (default SHM_DIR: a tmpfs of this machine's own, never a
+    shared file system, whose mappings would not be coherent): its path."""
+    path = os.path.join(directory or SHM_DIR, f"nndb-allstop-{os.getuid()}-{secrets.token_hex(16)}")
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
     try:
         os.ftruncate(fd, segment_size(world))
