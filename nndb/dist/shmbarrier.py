@@ -14,9 +14,11 @@ overwritten while someone may still read it, and a word of an older call
 (n-2, or the empty 0) is never taken for call n.
 
 Waiting: spin briefly with ``os.sched_yield`` (the ranks come nearly
-together: DDP's gradient all-reduce has just lined them up), then sleep,
-the interval doubling to a cap (a machine whose cores are all busy
-training must not lose one to a waiting rank).  Every ~0.1 s of waiting
+together: DDP's gradient all-reduce has just lined them up), then sleep
+50 us at a time for the first 20 ms (a machine whose cores are all busy
+training must not lose one to a waiting rank, and what the early rank
+oversleeps the job loses at its next collective), then sleep longer, the
+interval doubling to 20 ms (a rank at a prompt inside a step, a hang).  Every ~0.1 s of waiting
 the waiting rank checks that the ranks it waits for still live (their
 pids); one that ended breaks the barrier (``BarrierBroken``).  A rank
 stopped at a prompt inside a step is alive: the others wait for it, as
@@ -35,10 +37,9 @@ MAGIC = 0x6E6E6462_61677231        # "nndbagr1"
 _LINE = 64
 _WORDS = _LINE // 8
 SPIN_S = 50e-6                      # (spin with sched_yield this long, then sleep)
-FIRST_SLEEP_S = 50e-6
-SLEEP_CAP_S = 1e-3                  # (the longest sleep while the wait is short ...)
-LONG_WAIT_S = 1.0
-LONG_SLEEP_CAP_S = 20e-3            # (... and once it is long: a rank at a prompt, a hang)
+SHORT_SLEEP_S = 50e-6               # (sleeps while the wait is short: what a rank oversleeps, the job loses
+SHORT_WAIT_S = 20e-3                #  at its next collective, so the early rank wakes within ~0.1 ms ...)
+LONG_SLEEP_CAP_S = 20e-3            # (... then doubling to this: a rank at a prompt, a hang)
 LIVENESS_EVERY_S = 0.1
 SHM_DIR = "/dev/shm"
 
@@ -126,7 +127,7 @@ class ShmBarrier:
         anyone = bool(wants)
         pending = [self._at(r, slot) for r in range(self.world) if r != self.rank]
         start = time.perf_counter()
-        sleep, check = 0.0, start + LIVENESS_EVERY_S
+        sleep, check = SHORT_SLEEP_S, start + LIVENESS_EVERY_S
         while True:
             still = []
             for at in pending:
@@ -148,8 +149,7 @@ class ShmBarrier:
             if now > check:
                 self._check_alive(pending)
                 check = now + LIVENESS_EVERY_S
-            cap = SLEEP_CAP_S if now - start < LONG_WAIT_S else LONG_SLEEP_CAP_S
-            sleep = min(cap, sleep * 2 if sleep else FIRST_SLEEP_S)
+            sleep = SHORT_SLEEP_S if now - start < SHORT_WAIT_S else min(LONG_SLEEP_CAP_S, sleep * 2)
             time.sleep(sleep)
 
     def _check_alive(self, pending: list) -> None:
