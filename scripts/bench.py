@@ -465,11 +465,15 @@ def main(argv=None):
     ap.add_argument("--threads", type=int, default=None, metavar="N",
                     help="torch's intra-op threads for the timed loops (default: torch's own, "
                          "one per core): with 1, nndb's serial Python meets a serial plain step")
+    ap.add_argument("--agreement", choices=["auto", "gloo"], default="auto",
+                    help="with --ranks: the agreement as nndb makes it (auto: shared memory on one machine) "
+                         "or always the gloo all_reduce")
     ap.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     args = ap.parse_args(argv)
     if args.ranks:
         import bench_ranks
-        return bench_ranks.main(args.ranks, args.pairs, args.scale, args.json, clock=args.clock)
+        return bench_ranks.main(args.ranks, args.pairs, args.scale, args.json, clock=args.clock,
+                                transport=args.agreement)
     global RULES, REPLICA, LINEAGE, CLOCK
     RULES, REPLICA, LINEAGE = args.rules, args.replica, args.lineage
     CLOCK = time.process_time if args.clock == "cpu" else time.perf_counter

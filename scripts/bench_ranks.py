@@ -3,8 +3,9 @@
 Two ranks (gloo, CPU, one thread each) train the CNN workload under DDP,
 each recorded as ``nndb run --batch`` records a rank (recorder, session,
 rules; no time travel across ranks), in pairs: without and with the
-all-stop agreement (nndb.dist.allstop: one all_reduce(MAX) of one int per
-step end on nndb's own gloo group), interleaved, the order alternating.
+all-stop agreement (nndb.dist.allstop: a shared-memory barrier, the ranks
+being on one machine; ``--agreement gloo``: one all_reduce(MAX) of one int
+per step end on nndb's own gloo group), interleaved, the order alternating.
 Printed: the median ratio with/without, its quartiles and min-max, and the
 step times.  A second, finer measure (``blocks``): one recorded run whose
 agreement is switched on and off every BLOCK steps (at the same step on
@@ -40,15 +41,18 @@ def _quartiles(xs: list) -> tuple:
 
 
 def _rank(rank: int, world: int, port: int, name: str, pairs: int, scale: float, out: str,
-          clock: str = "wall") -> None:
+          clock: str = "wall", transport: str = "auto") -> None:
     import torch
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     import bench as B
     from nndb.config import RecordSchedule
+    from functools import partial
+
     from nndb.dist.allstop import StepAgreement
 
+    StepAgreement = partial(StepAgreement, transport)
     torch.set_num_threads(1)
     B.CLOCK = time.process_time if clock == "cpu" else time.perf_counter
     B.REPLICA = "off"                   # (as in every rank of nndb run --nproc-per-node)
@@ -79,6 +83,7 @@ def _rank(rank: int, world: int, port: int, name: str, pairs: int, scale: float,
     # the agreement alone, the same call a step end makes (no training between: the bare collective)
     agreement = StepAgreement()
     agreement.wants(False)
+    kind = agreement.kind
     dist.barrier()
     t, c = time.perf_counter(), time.process_time()
     for _ in range(AGREEMENT_CALLS):
@@ -93,7 +98,7 @@ def _rank(rank: int, world: int, port: int, name: str, pairs: int, scale: float,
                        "ratio_max": max(ratios), "ratio_q1": q1, "ratio_q3": q3, "ratios": ratios, "without_ms": statistics.median(without) * 1e3,
                        "with_ms": statistics.median(with_) * 1e3,
                        "cost_ms_per_step": (statistics.median(with_) - statistics.median(without)) * 1e3,
-                       "agreement_alone_us": alone_us,
+                       "agreement_alone_us": alone_us, "agreement": kind,
                        "agreement_alone_cpu_us": alone_cpu_us, "blocks": blocks}, fh)
     dist.destroy_process_group()
 
@@ -131,15 +136,17 @@ def _blocks(B, build, schedule, pairs: int, StepAgreement) -> dict:
             "ratio_q1": q1, "ratio_q3": q3, "ratio_min": min(ratios), "ratio_max": max(ratios)}
 
 
-def main(world: int, pairs: int, scale: float, json_path=None, name: str = "cnn", clock: str = "wall") -> int:
+def main(world: int, pairs: int, scale: float, json_path=None, name: str = "cnn", clock: str = "wall",
+         transport: str = "auto") -> int:
     import torch.multiprocessing as mp
     from tabulate import tabulate
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "ranks.json")
-        mp.spawn(_rank, args=(world, _free_port(), name, pairs, scale, out, clock), nprocs=world, join=True)
+        mp.spawn(_rank, args=(world, _free_port(), name, pairs, scale, out, clock, transport), nprocs=world, join=True)
         with open(out) as fh:
             r = json.load(fh)
-    print(f"{world} ranks, gloo, 1 thread each, DDP, nndb recording each rank; all-stop agreement off / on; "
+    print(f"{world} ranks, gloo, 1 thread each, DDP, nndb recording each rank; all-stop agreement "
+          f"({r['agreement']}) off / on; "
           f"{pairs} pairs, {clock} clock")
     print(tabulate([[r["workload"], f"{r['without_ms']:.2f}", f"{r['with_ms']:.2f}", f"{r['cost_ms_per_step']:.3f}",
                      f"{r['ratio_median']:.3f}x", f"{r['ratio_q1']:.3f}-{r['ratio_q3']:.3f}",

@@ -315,7 +315,8 @@ def _on_terminal(tmp_path, script, launch=("--nproc-per-node", "2")):
 def test_ctrl_c_at_the_prompt_of_a_hung_job(tmp_path):
     """Ctrl-C while the ranks run asks each to stop at the next step end; a
     hung job does not, and after 3 s every rank's stack is shown (rank 1
-    waits in nndb's own agreement); Ctrl-C again ends it, traces closed."""
+    waits in nndb's own agreement, in shared memory: both ranks are on this
+    machine); Ctrl-C again ends it, traces closed."""
     script = _copy(tmp_path, "distrun_desync.py")
     p, master, expect = _on_terminal(tmp_path, script)
     try:
@@ -326,7 +327,7 @@ def test_ctrl_c_at_the_prompt_of_a_hung_job(tmp_path):
         out = expect("nndb: Ctrl-C again ends the job\r\n")
         assert "not every rank stopped within 3 s (a hang?); every rank's stack:" in out
         assert "waiting in torch.distributed.all_reduce\r\n" in out
-        assert "waiting in torch.distributed.all_reduce (nndb's all-stop agreement at a step end)" in out
+        assert "waiting in nndb's all-stop agreement at a step end (shared memory)" in out
         p.send_signal(signal.SIGINT)
         out = expect("nndb: the job ended (exit code 130)")
         assert "the job was interrupted" in out

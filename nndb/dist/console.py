@@ -51,7 +51,7 @@ def _place(rep: dict):
     frames = main["frames"]
     own = [f for f in frames if _TORCH not in f[0]] or frames     # (the script's innermost line)
     file, line, func, text = own[-1]
-    where = (f"torch.distributed.{main['collective']}" if main.get("collective") else
+    where = (stacks.waiting_in(main["collective"]) if main.get("collective") else
              f"{os.path.basename(file)}:{line}" + (f" ({text})" if text else f" in {func}")
              + (", inside autograd's backward (where DDP all-reduces the gradients)"
                 if frames[-1][2] == "_engine_run_backward" else ""))

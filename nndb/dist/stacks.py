@@ -12,18 +12,29 @@ from typing import Optional
 _DIST_DIR = os.sep + os.path.join("torch", "distributed") + os.sep
 _OWN_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _AGREEMENT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "allstop.py")
+_SHM_BARRIER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "shmbarrier.py")
+AGREEMENT_SHM = "nndb's all-stop agreement at a step end (shared memory)"
 
 
 def collective(frames) -> Optional[str]:
     """The torch.distributed function the innermost frames are in
     (``all_reduce``, ``barrier`` ...), or None: read from the stack, so no
-    collective is wrapped.  ``frames``: FrameSummary objects, outermost first."""
+    collective is wrapped; AGREEMENT_SHM for nndb's own barrier in shared
+    memory (no collective: ``waiting_in`` words both).  ``frames``:
+    FrameSummary objects, outermost first."""
+    if any(f.filename == _SHM_BARRIER for f in frames):
+        return AGREEMENT_SHM
     if any(f.filename == _AGREEMENT for f in frames):
         return "all_reduce (nndb's all-stop agreement at a step end)"
     for f in reversed(frames):
         if _DIST_DIR in f.filename and os.path.basename(f.filename) == "distributed_c10d.py":
             return f.name
     return None
+
+
+def waiting_in(coll: str) -> str:
+    """Where a rank waits, in words, from ``collective``'s answer."""
+    return coll if coll == AGREEMENT_SHM else f"torch.distributed.{coll}"
 
 
 def _user_frames(summary) -> list:
@@ -78,7 +89,7 @@ def format_rank(report: dict, limit: int = 12) -> str:
     step = report.get("step")
     done = f"{step} step(s) finished" if step is not None else "no step recorded"
     head = (f"rank {report.get('rank')} (pid {report.get('pid')}): {done}, "
-            + (f"waiting in torch.distributed.{coll}" if coll else "not in a collective"))
+            + (f"waiting in {waiting_in(coll)}" if coll else "not in a collective"))
     lines = [head]
     frames = (main or {}).get("frames") or []
     if len(frames) > limit:

@@ -1,0 +1,63 @@
+"""The all-stop agreement through shared memory, end to end: 2 gloo ranks
+under ``nndb run --nproc-per-node 2`` on a pseudo-terminal (one job)."""
+from __future__ import annotations
+
+import glob
+import os
+import re
+
+from test_distributed_run import _assert_none_left, _copy, _digests, _on_terminal, pytestmark  # noqa: F401
+
+
+def _segments() -> set:
+    return set(glob.glob(f"/dev/shm/nndb-allstop-{os.getuid()}-*"))
+
+
+def test_one_rank_stops_both_stop_and_a_rank_waiting_in_the_shared_memory_barrier_is_named(tmp_path):
+    """A breakpoint on rank 1 only stops both ranks at the end of the same
+    step (the agreement in shared memory); a module breakpoint on rank 1
+    between backward and the optimizer step leaves rank 0 waiting at the
+    step end, in nndb's agreement, and the console says so; the results
+    are the same on both ranks, and no segment is left in /dev/shm."""
+    before = _segments()
+    script = _copy(tmp_path, "distrun_probe.py")
+    p, master, expect = _on_terminal(tmp_path, script)
+
+    def cmd(line, until=") "):
+        os.write(master, (line + "\n").encode())
+        out = expect("(nndb r")
+        expect(until)
+        return out.replace("\r", "")
+
+    try:
+        expect("(nndb r0) ", timeout=150)
+        assert _segments() == before                # (the first step end makes it, and unlinks it at once)
+        cmd("break step 2 rank 1")
+        out = cmd("continue")
+        assert "nndb: all 2 rank(s) stopped at the end of step 2" in out, out
+        out = cmd("p --ranks all $step")
+        assert re.findall(r"^r(\d)\s+(\d+)\s*$", out, re.M) == [("0", "2"), ("1", "2")], out
+        assert _segments() == before
+        cmd("delete")
+        assert "Breakpoint" in cmd("break module *probe rank 1")
+        out = cmd("continue")
+        assert ("nndb: rank 0 did not stop: it waits in nndb's all-stop agreement at a step end "
+                "(shared memory)") in out, out
+        assert "nndb: 1 of 2 rank(s) stopped: r1" in out, out
+        out = cmd("where --ranks all")
+        assert "waiting in nndb's all-stop agreement at a step end (shared memory)" in out, out
+        out = cmd("p --ranks all $step")
+        assert re.search(r"^r0\s+rank 0 is not at a stop: it waits in nndb's all-stop agreement", out, re.M), out
+        cmd("delete")
+        os.write(master, b"continue\n")
+        out = expect("nndb: the job ended (exit code 0)")
+        digests = _digests(out.replace("\r", ""))
+        assert sorted(digests) == [0, 1] and len(set(digests.values())) == 1, out
+        p.wait(timeout=60)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, 9)
+        os.close(master)
+    assert p.returncode == 0
+    assert _segments() == before
+    _assert_none_left(str(tmp_path))
