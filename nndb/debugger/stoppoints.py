@@ -162,6 +162,7 @@ class StopPoints:
             naming = self.rec.naming
             def opts():
                 return [(naming.optimizer_name(o), o) for o in tracer.optimizers()]
+            opts.raw = tracer.optimizers     # (the optimizers alone: named only when they changed)
             stats = self._view_cache[1] if self._view_cache[0] is record else None
             # (a replica judges each step as it comes: what it replays, the live run reported)
             found = self.rules.on_record(record, stats, opts, defer=self.replica is None)

@@ -196,11 +196,15 @@ class RuleEngine:
         """[(name, AsItWas)] of the optimizers now: judged later, a step still
         reads the learning rate it had (a scheduler may change it before).
         The last snapshot again while no learning rate has changed."""
-        opts = optimizers() if callable(optimizers) else optimizers
-        key = [(o, tuple(_lr_key(g.get("lr")) for g in o.param_groups)) for _, o in opts]
+        raw = getattr(optimizers, "raw", None)       # (the optimizers without their names: cheaper)
+        opts = None if raw is not None else optimizers() if callable(optimizers) else optimizers
+        key = [(o, tuple(_lr_key(g.get("lr")) for g in o.param_groups))
+               for o in (raw() if raw is not None else (o for _, o in opts))]
         last = self._snapshot
         if last is None or len(last[0]) != len(key) or \
                 any(a is not b or la != lb for (a, la), (b, lb) in zip(last[0], key)):
+            if opts is None:
+                opts = optimizers()
             self._snapshot = last = (key, [(name, AsItWas(o)) for name, o in opts])
         return last[1]
 
@@ -263,6 +267,8 @@ class RuleEngine:
     def take_errors(self) -> list:
         """Rules and probes that failed since the last call (each said once,
         and kept in the trace's events)."""
+        if not self.errors and not self._probe_errors:
+            return []
         out = list(self.errors)
         self.errors = []
         if self._rec is not None:
