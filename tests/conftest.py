@@ -61,7 +61,7 @@ def pytest_unconfigure(config):
 
 @pytest.hookimpl(tryfirst=True)        # (before xdist's own hook reads the xdist_group marks)
 def pytest_collection_modifyitems(config, items):
-    if hasattr(config, "workerinput") and config.getvalue("dist") == "loadgroup":
+    if hasattr(config, "workerinput") and getattr(config.option, "loadgroup", False):   # (a worker's dist is "no")
         schedule.order(items, schedule.load(), pytest.mark.xdist_group)
 
 

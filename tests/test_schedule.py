@@ -17,9 +17,11 @@ class _Info:
 
 class _Item:
     def __init__(self, nodeid, group=None, scopes=()):
-        self.nodeid = nodeid
+        self._nid = nodeid
         self.marks = [pytest.mark.xdist_group(group).mark] if group else []
         self._fixtureinfo = _Info(scopes)
+
+    nodeid = property(lambda self: self._nid)
 
     def iter_markers(self, name):
         return iter([m for m in self.marks if m.name == name])
@@ -53,3 +55,18 @@ def test_durations_are_read_from_pytests_report():
             "0.40s call     tests/test_x.py::test_b@grp\n"
             "0.10s call     tests/test_x.py::test_c\n")
     assert schedule.from_report(text) == {"tests/test_x.py::test_a[p@q]": 15.5, "tests/test_x.py::test_b": 0.6}
+
+
+def test_a_groups_node_ids_carry_the_group_where_pytest_reads_them_from_id():
+    nodeid = pytest.importorskip("_pytest.nodeid", reason="pytest < 9.2: xdist tags node ids itself")
+
+    class _Real(_Item):
+        def __init__(self, nid, **kw):
+            super().__init__(nid, **kw)
+            self._id = nodeid.NodeId.parse(nid)
+
+        nodeid = property(lambda self: str(self._id))      # (as pytest >= 9.2 has it)
+
+    items = [_Real("x.py::t[1]", group="g"), _Real("x.py::u")]
+    schedule.order(items, {}, pytest.mark.xdist_group)
+    assert sorted(i.nodeid for i in items) == ["x.py::t[1]@g", "x.py::u"]
