@@ -4,6 +4,7 @@ import sys
 
 import pytest
 
+import schedule
 import zygote
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -58,6 +59,12 @@ def pytest_unconfigure(config):
     zygote.close_all()
 
 
+@pytest.hookimpl(tryfirst=True)        # (before xdist's own hook reads the xdist_group marks)
+def pytest_collection_modifyitems(config, items):
+    if hasattr(config, "workerinput") and getattr(config.option, "loadgroup", False):   # (a worker's dist is "no")
+        schedule.order(items, schedule.load(), pytest.mark.xdist_group)
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item):
     _real_subprocess_test[0] = item.get_closest_marker("real_subprocess") is not None
@@ -89,6 +96,35 @@ def run_in_process(tmp_path, script: str, args=(), rules="default", commands=(),
     fe = frontend or ScriptedFrontend([])
     cfg = RunConfig(Target(path=script, args=[str(a) for a in args]), str(tmp_path / "run.h5"), quiet=True)
     return debug(cfg, DebugOptions(batch=True, no_rc=True, rules=rules, eval_commands=tuple(commands)), fe)
+
+
+def rule_matrix():
+    """scripts/rule_matrix.py as a module (loaded once: its dataclasses look their module up)."""
+    import importlib.util
+    if "rule_matrix" not in sys.modules:
+        spec = importlib.util.spec_from_file_location("rule_matrix", os.path.join(ROOT, "scripts", "rule_matrix.py"))
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["rule_matrix"] = module
+        spec.loader.exec_module(module)
+    return sys.modules["rule_matrix"]
+
+
+@pytest.fixture(scope="session")
+def matrix_outcomes():
+    """The rule matrix over tests/scripts (each planted and healthy script on
+    each seed, in this process, default rules), computed once per worker: a
+    test that reads it goes in the ``rule_matrix`` xdist group, so that one
+    worker computes it for all of them."""
+    from nndb.rules import engine
+    matrix = rule_matrix()
+    # (blocks cut by step count only, as on a quiet machine: on a loaded one
+    # the 0.25 s cut makes them shorter; the findings are the same either way)
+    seconds, engine.BLOCK_SECONDS = engine.BLOCK_SECONDS, float("inf")
+    try:
+        return [matrix.run_one(s, seed) for s in matrix.scripts() if not s.name.startswith("examples/")
+                for seed in matrix.SEEDS]
+    finally:
+        engine.BLOCK_SECONDS = seconds
 
 
 def findings_of(result, severities=("error", "warning")) -> list:

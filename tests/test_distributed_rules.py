@@ -21,7 +21,6 @@ from nndb.store.merge import merge_raw_rows, merge_stats
 from nndb.tracer import stats as S
 from nndb.tracer.fingerprint import checksum
 
-pytestmark = pytest.mark.real_subprocess     # (torchrun jobs: their start-up is theirs)
 SCRIPTS = os.path.join(ROOT, "tests", "scripts")
 
 
@@ -123,6 +122,7 @@ def test_merge_shards_exact():
 # -- end to end ----------------------------------------------------------------------------
 
 def _job(tmp_path, name, script, *args, timeout=240):
+    """A torchrun job (a real subprocess: its start-up is its own), nndb in each rank."""
     out = tmp_path / name
     env = dict(os.environ)
     env["PYTHONPATH"] = ROOT

@@ -19,8 +19,10 @@ from nndb.dist import job, nodes
 from nndb.store.reader import TraceReader
 
 SCRIPTS = os.path.join(ROOT, "tests", "scripts")
-pytestmark = [pytest.mark.skipif(not sys.platform.startswith("linux"), reason="gloo jobs on Linux"),
-              pytest.mark.real_subprocess]   # (torchrun jobs; processes left behind found by command line)
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="gloo jobs on Linux")
+# (the tests that start a job: torchrun jobs, processes left behind found by command line;
+# bad input ends before a job starts, in a child of the tests' fork server)
+JOB = pytest.mark.real_subprocess
 
 
 def _env():
@@ -86,6 +88,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@JOB
 def test_ddp_bit_identical_with_and_without_nndb_and_one_run_dir(tmp_path):
     script = _copy(tmp_path, "distrun_ddp_mlp.py")
     plain = _torchrun(script, cwd=tmp_path)
@@ -136,6 +139,7 @@ def test_ddp_bit_identical_with_and_without_nndb_and_one_run_dir(tmp_path):
     _assert_none_left(str(tmp_path))
 
 
+@JOB
 def test_hang_timeout_shows_every_rank_and_exits_5(tmp_path):
     script = _copy(tmp_path, "distrun_desync.py")
     t0 = time.time()
@@ -161,6 +165,7 @@ def test_hang_timeout_shows_every_rank_and_exits_5(tmp_path):
     _assert_none_left(str(tmp_path))
 
 
+@JOB
 def test_ctrl_c_at_a_hung_job_shows_every_stack_and_closes_every_trace(tmp_path):
     script = _copy(tmp_path, "distrun_desync.py")
     p = subprocess.Popen([sys.executable, "-m", "nndb", "run", "--batch", "-q", "--nproc-per-node", "2", script],
@@ -189,6 +194,7 @@ def test_ctrl_c_at_a_hung_job_shows_every_stack_and_closes_every_trace(tmp_path)
     _assert_none_left(str(tmp_path))
 
 
+@JOB
 def test_a_rank_that_dies_takes_the_job_down(tmp_path):
     script = _copy(tmp_path, "distrun_ddp_mlp.py")
     r = nndb("run", "--batch", "-q", "--nproc-per-node", "2", "--trace", "out/run.h5", script, "--fail-rank", "1",
@@ -312,6 +318,7 @@ def _on_terminal(tmp_path, script, launch=("--nproc-per-node", "2")):
     return p, master, expect
 
 
+@JOB
 def test_ctrl_c_at_the_prompt_of_a_hung_job(tmp_path):
     """Ctrl-C while the ranks run asks each to stop at the next step end; a
     hung job does not, and after 3 s every rank's stack is shown (rank 1
@@ -343,6 +350,7 @@ def test_ctrl_c_at_the_prompt_of_a_hung_job(tmp_path):
     _assert_none_left(str(tmp_path))
 
 
+@JOB
 def test_all_stop_prompt_on_a_terminal(tmp_path):
     """One prompt for both ranks: a breakpoint stops both at the end of the
     same step; a watch given 'rank 1' hits on rank 1 only and rank 0 stops

@@ -4,35 +4,21 @@ fired by at least one planted script on each of seeds 0, 1, 2, and every
 healthy script raises no error/warning finding on any of them.  The
 examples (scripts/examples) are left to the printed matrix and to
 test_rules_healthy.py: they are 10-70x slower."""
-import importlib.util
-import os
-import sys
-
 import pytest
 
-from conftest import ROOT
+from conftest import rule_matrix
 
-spec = importlib.util.spec_from_file_location("rule_matrix", os.path.join(ROOT, "scripts", "rule_matrix.py"))
-matrix = importlib.util.module_from_spec(spec)
-sys.modules["rule_matrix"] = matrix          # (its dataclasses look their module up)
-spec.loader.exec_module(matrix)
-
+matrix = rule_matrix()
 SCRIPTS = [s for s in matrix.scripts() if not s.name.startswith("examples/")]
 RULES = matrix.builtin_rules()
-# (one worker computes the matrix: under --dist loadgroup the module's tests stay together)
+# (one worker computes the matrix: under --dist loadgroup the group's tests stay together)
 pytestmark = pytest.mark.xdist_group("rule_matrix")
 
 
-@pytest.fixture(scope="session")     # (module scope: torn down and computed again when the
-def outcomes():                       # worker ran another module's test between two of these)
-    # (blocks cut by step count only, as on a quiet machine: on a loaded one
-    # the 0.25 s cut makes them shorter; the findings are the same either way)
-    from nndb.rules import engine
-    seconds, engine.BLOCK_SECONDS = engine.BLOCK_SECONDS, float("inf")
-    try:
-        return [matrix.run_one(s, seed) for s in SCRIPTS for seed in matrix.SEEDS]
-    finally:
-        engine.BLOCK_SECONDS = seconds
+@pytest.fixture
+def outcomes(matrix_outcomes):       # (conftest's session fixture, shared with test_rules_trend.py)
+    assert [(o.script.name, o.seed) for o in matrix_outcomes] == [(s.name, k) for s in SCRIPTS for k in matrix.SEEDS]
+    return matrix_outcomes
 
 
 def test_the_matrix_has_scripts_of_both_kinds():

@@ -26,6 +26,21 @@ def run(tmp_path, name, *args):
     return res.session.findings
 
 
+# The default variant of a script is the rule matrix's own run of it (its
+# seeds are SEEDS, its options ``--seed N`` alone, its rules the default ones):
+# those tests read the matrix's findings, on the worker that computes it.
+AS_IN_MATRIX = pytest.mark.xdist_group("rule_matrix")
+
+
+def found_by(request, tmp_path, name, seed, variant):
+    if variant:
+        return run(tmp_path, name, "--seed", seed, *variant)
+    mine = [o for o in request.getfixturevalue("matrix_outcomes") if o.script.name == name and o.seed == seed]
+    assert len(mine) == 1, name
+    assert mine[0].exit_code == 0 and mine[0].rules_failed == []
+    return mine[0].findings
+
+
 def of(found, rule, severities=("error", "warning", "info")):
     return [f for f in found if f["rule"] == rule and f["severity"] in severities]
 
@@ -35,11 +50,11 @@ def loud(found):
 
 
 @pytest.mark.parametrize("seed", SEEDS)
-@pytest.mark.parametrize("variant", [("--optimizer", "sgd"),
+@pytest.mark.parametrize("variant", [pytest.param((), id="sgd", marks=AS_IN_MATRIX),       # (sgd: the default)
                                      ("--optimizer", "momentum", "--width", 96, "--growth", 1.1)],
                          ids=["sgd", "momentum"])
-def test_a_runaway_warmup_is_exploding_before_the_loss_is_inf(tmp_path, seed, variant):
-    found = run(tmp_path, "planted_warmup_explodes.py", "--seed", seed, *variant)
+def test_a_runaway_warmup_is_exploding_before_the_loss_is_inf(request, tmp_path, seed, variant):
+    found = found_by(request, tmp_path, "planted_warmup_explodes.py", seed, variant)
     [nf] = of(found, "nonfinite")
     ex = of(found, "exploding_gradient")
     assert ex, found
@@ -52,18 +67,20 @@ def test_a_runaway_warmup_is_exploding_before_the_loss_is_inf(tmp_path, seed, va
 
 
 @pytest.mark.parametrize("seed", SEEDS)
-@pytest.mark.parametrize("variant", [(), ("--lr", "1e-3", "--features", 64), ("--classes", 5, "--batch-size", 32)],
+@pytest.mark.parametrize("variant", [pytest.param((), marks=AS_IN_MATRIX), ("--lr", "1e-3", "--features", 64),
+                                     ("--classes", 5, "--batch-size", 32)],
                          ids=["lr3e-3", "lr1e-3", "5classes"])
-def test_a_slow_fine_tune_is_not_a_flat_loss(tmp_path, seed, variant):
-    found = run(tmp_path, "healthy_frozen_backbone.py", "--seed", seed, *variant)
+def test_a_slow_fine_tune_is_not_a_flat_loss(request, tmp_path, seed, variant):
+    found = found_by(request, tmp_path, "healthy_frozen_backbone.py", seed, variant)
     assert loud(found) == []
 
 
 @pytest.mark.parametrize("seed", SEEDS)
-@pytest.mark.parametrize("variant", [(), ("--optimizer", "sgd"), ("--classes", 4, "--width", 128)],
+@pytest.mark.parametrize("variant", [pytest.param((), marks=AS_IN_MATRIX), ("--optimizer", "sgd"),
+                                     ("--classes", 4, "--width", 128)],
                          ids=["adam", "sgd", "4classes"])
-def test_labels_without_signal_are_a_flat_loss(tmp_path, seed, variant):
-    found = run(tmp_path, "planted_noise_labels.py", "--seed", seed, *variant)
+def test_labels_without_signal_are_a_flat_loss(request, tmp_path, seed, variant):
+    found = found_by(request, tmp_path, "planted_noise_labels.py", seed, variant)
     [ln] = of(found, "loss_not_decreasing")
     assert ln["severity"] == "warning" and 49 <= ln["step"] < 200
     ev = ln["evidence"]
@@ -72,9 +89,10 @@ def test_labels_without_signal_are_a_flat_loss(tmp_path, seed, variant):
 
 
 @pytest.mark.parametrize("seed", SEEDS)
-@pytest.mark.parametrize("variant", [(), ("--hidden", 128, "--vocab", 2000)], ids=["lstm", "lstm-wide"])
-def test_a_clipped_high_lr_that_trains_is_not_a_warning(tmp_path, seed, variant):
-    found = run(tmp_path, "healthy_rnn_lm_clip.py", "--seed", seed, *variant)
+@pytest.mark.parametrize("variant", [pytest.param((), marks=AS_IN_MATRIX), ("--hidden", 128, "--vocab", 2000)],
+                         ids=["lstm", "lstm-wide"])
+def test_a_clipped_high_lr_that_trains_is_not_a_warning(request, tmp_path, seed, variant):
+    found = found_by(request, tmp_path, "healthy_rnn_lm_clip.py", seed, variant)
     assert loud(found) == []
     for f in of(found, "update_ratio"):          # said, as what it is
         assert f["severity"] == "info" and f["evidence"]["loss_trend"] == "falling"
@@ -82,9 +100,10 @@ def test_a_clipped_high_lr_that_trains_is_not_a_warning(tmp_path, seed, variant)
 
 
 @pytest.mark.parametrize("seed", SEEDS)
-@pytest.mark.parametrize("variant", [(), ("--cell", "gru", "--emb", 32, "--batch-size", 8)], ids=["lstm", "gru"])
-def test_an_embedding_is_judged_by_the_rows_it_touched(tmp_path, seed, variant):
-    found = run(tmp_path, "healthy_embedding_zipf.py", "--seed", seed, *variant)
+@pytest.mark.parametrize("variant", [pytest.param((), marks=AS_IN_MATRIX),
+                                     ("--cell", "gru", "--emb", 32, "--batch-size", 8)], ids=["lstm", "gru"])
+def test_an_embedding_is_judged_by_the_rows_it_touched(request, tmp_path, seed, variant):
+    found = found_by(request, tmp_path, "healthy_embedding_zipf.py", seed, variant)
     assert loud(found) == []
 
 
