@@ -46,9 +46,12 @@ that replicas run with all threads.
 ``--instructions`` counts instead of timing: each loop runs once under
 valgrind's callgrind (one thread, only the loop instrumented, time
 travel's checkpoints off: their schedule is on wall time), and the table
-gives instructions per step plain and recorded.  The counts are the
-same from run to run, so they show a change of one percent that the timed
-ratio, which moves between runs on a shared machine, cannot;
+gives instructions per step plain and recorded.  The plain count repeats
+to 0.2%; the recorded one moved by up to 5% between runs of one tree
+(3,376,643 and 3,455,922 on 2026-12-02; the trace writer's thread and the
+garbage collector do not fall the same way into the counted steps each
+time), far less than the timed ratio moves on a shared machine: compare
+trees by two runs or more;
 they leave out what time also pays (cache misses: nndb's code runs once a
 step between PyTorch's kernels, with the caches cold), so the timed ratio
 is the one the targets are about.
