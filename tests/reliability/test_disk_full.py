@@ -104,13 +104,13 @@ def test_a_file_size_limit_keeps_every_committed_step(tmp_path, roomy):
 def test_the_script_exit_code_is_its_own_when_the_disk_fills(tmp_path):
     path = str(tmp_path / "limited.h5")
     script = tmp_path / "exits.py"
-    script.write_text("import runpy, sys\nsys.argv = ['mlp.py', '--steps', '3000']\n"
+    script.write_text("import runpy, sys\nsys.argv = ['mlp.py', '--steps', '1000']\n"
                       f"runpy.run_path({example('mlp.py')!r}, run_name='__main__')\nsys.exit(7)\n")
     plain = subprocess.run([sys.executable, str(script)], capture_output=True, timeout=900)
     # (flushes every 100 steps: some are committed before the file reaches the limit.  The
     # room check keeps 256 KB for HDF5's metadata and counts a block's histograms as stored)
     r = nndb("run", "--batch", "--flush-every", "100", "--trace", path, str(script),
-             preexec_fn=_file_limit(1_000_000), timeout=900)
+             preexec_fn=_file_limit(600_000), timeout=900)
     assert plain.returncode == 7 and r.returncode == 7, r.stderr
     _one_trace_line(r.stderr, path, "File too large")
     with TraceReader(path) as t:
