@@ -96,6 +96,7 @@ sys.path.insert(0, {root!r})
 from nndb.dist.shmbarrier import ShmBarrier
 b = ShmBarrier({path!r}, 1, 2)
 print(b.agree(True), flush=True)
+sys.stdin.readline()              # (alive until rank 0 has looked at its pid)
 """
 
 
@@ -106,11 +107,12 @@ def test_two_processes_agree_and_a_dead_peer_breaks_the_barrier(segment):
     path = segment()
     b0 = ShmBarrier(path, 0, 2)
     p = subprocess.Popen([sys.executable, "-c", _PEER.format(root=ROOT, path=path)], stdout=subprocess.PIPE,
-                         text=True)
+                         stdin=subprocess.PIPE, text=True)
     try:
         assert b0.agree(False) is True
         assert p.stdout.readline().strip() == "True"
         assert b0.peers_visible()
+        p.stdin.close()                               # (the peer ends now)
         while p.poll() is None and shmbarrier.alive(p.pid):
             time.sleep(0.01)
         t = time.monotonic()
