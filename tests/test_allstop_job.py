@@ -6,7 +6,7 @@ import glob
 import os
 import re
 
-from test_distributed_run import _assert_none_left, _copy, _digests, _on_terminal, pytestmark  # noqa: F401
+from test_distributed_run import _assert_none_left, _commands, _copy, _digests, _on_terminal, pytestmark  # noqa: F401
 
 
 def _segments() -> set:
@@ -23,11 +23,7 @@ def test_one_rank_stops_both_stop_and_a_rank_waiting_in_the_shared_memory_barrie
     script = _copy(tmp_path, "distrun_probe.py")
     p, master, expect = _on_terminal(tmp_path, script)
 
-    def cmd(line, until=") "):
-        os.write(master, (line + "\n").encode())
-        out = expect("(nndb r")
-        expect(until)
-        return out.replace("\r", "")
+    cmd = _commands(master, expect)
 
     try:
         expect("(nndb r0) ", timeout=150)

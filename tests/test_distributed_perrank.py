@@ -10,7 +10,7 @@ import pytest
 
 from nndb.export.targets import ExportTarget
 from nndb.store.reader import TraceReader
-from test_distributed_run import _assert_none_left, _copy, _digests, _on_terminal
+from test_distributed_run import _assert_none_left, _commands, _copy, _digests, _on_terminal
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="gloo jobs on Linux")
 
@@ -35,11 +35,7 @@ def test_commands_on_every_rank_a_module_breakpoint_on_one_and_per_rank_lineage_
     p, master, expect = _on_terminal(tmp_path, script, ("--nproc-per-node", "2", "--lineage", "1:3",
                                                         "--export", "tensorboard:tb"))
 
-    def cmd(line, until=") "):
-        os.write(master, (line + "\n").encode())
-        out = expect("(nndb r")
-        expect(until)
-        return out.replace("\r", "")
+    cmd = _commands(master, expect)
 
     try:
         expect("(nndb r0) ", timeout=150)

@@ -318,6 +318,17 @@ def _on_terminal(tmp_path, script, launch=("--nproc-per-node", "2")):
     return p, master, expect
 
 
+def _commands(master, expect):
+    """``cmd(line)``: type a line at the job's prompt; what it printed up to
+    the next ``(nndb rN)`` prompt (then read on to ``until``), without CRs."""
+    def cmd(line, until=") "):
+        os.write(master, (line + "\n").encode())
+        out = expect("(nndb r")
+        expect(until)
+        return out.replace("\r", "")
+    return cmd
+
+
 @JOB
 def test_ctrl_c_at_the_prompt_of_a_hung_job(tmp_path):
     """Ctrl-C while the ranks run asks each to stop at the next step end; a
