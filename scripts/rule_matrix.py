@@ -64,6 +64,8 @@ class Outcome:
     seconds: float = 0.0
     findings: list = field(default_factory=list)    # every finding, as the report has them
     longest_block: int = 0                          # most steps the rules judged together (nndb.rules.block)
+    steps_in_blocks: int = 0                        # steps the rules judged in blocks of two or more
+    steps: int = 0                                  # steps the run recorded
 
     @property
     def loud(self) -> list:
@@ -103,6 +105,8 @@ def run_one(script: Script, seed: int) -> Outcome:
     out = Outcome(script, seed, res.exit_code, seconds=time.perf_counter() - t0)
     out.findings = res.session.findings
     out.longest_block = res.session.rules.longest_block
+    out.steps_in_blocks = res.session.rules.steps_in_blocks
+    out.steps = res.session.steps_done()
     for f in res.session.findings:
         out.first.setdefault(f["rule"], (f["step"], f["severity"]))
     out.rules_failed = [r.id for r in res.session.rules.rules if not r.enabled]

@@ -56,6 +56,7 @@ class RuleEngine:
         self._queue: list = []            # (record, optimizers) of steps waiting to be judged as a block
         self._queued_rows = 0
         self.longest_block = 0            # most steps judged together so far (a figure for tests and bench)
+        self.steps_in_blocks = 0          # steps judged in blocks of two or more (the same)
         self._snapshot = None             # (key, [(name, AsItWas)]): the optimizers as the last step left them
 
     # -- the rule set -------------------------------------------------------------
@@ -219,6 +220,8 @@ class RuleEngine:
         if not q:
             return []
         self.longest_block = max(self.longest_block, len(q))
+        if len(q) > 1:
+            self.steps_in_blocks += len(q)
         rules = self._every_rules()
         naming = self._rec.naming if self._rec is not None else None
 
