@@ -56,6 +56,19 @@ def _with_rule_hits(stop: Optional[Stop], step: int, rule_hits: list) -> Stop:
     return Stop("rule", step, hits=rule_hits)
 
 
+class _NamedOptimizers:
+    """The run's optimizers as the rules ask for them: called, [(name,
+    optimizer)]; ``raw()``, the optimizers alone (named only when they changed)."""
+
+    def __init__(self, rec):
+        self.rec = rec
+        self.raw = rec.tracer.optimizers
+
+    def __call__(self) -> list:
+        naming = self.rec.naming
+        return [(naming.optimizer_name(o), o) for o in self.raw()]
+
+
 class StopPoints:
     # -- stop points (from the run's step pipeline and the tracer's hooks) -------------
     def check_stops(self, step: int, record, rule_hits: list) -> None:
@@ -158,17 +171,17 @@ class StopPoints:
         """The rules on one record: findings are printed and kept for the
         report; those whose action is stop or fail become hits."""
         try:
-            tracer = self.rec.tracer
-            naming = self.rec.naming
-            def opts():
-                return [(naming.optimizer_name(o), o) for o in tracer.optimizers()]
-            opts.raw = tracer.optimizers     # (the optimizers alone: named only when they changed)
+            opts = self._rule_optimizers
+            if opts is None or opts.rec is not self.rec:
+                opts = self._rule_optimizers = _NamedOptimizers(self.rec)
             stats = self._view_cache[1] if self._view_cache[0] is record else None
             # (a replica judges each step as it comes: what it replays, the live run reported)
             found = self.rules.on_record(record, stats, opts, defer=self.replica is None)
         except Exception as e:
             self.error(f"nndb: internal error in the rules, skipped: {type(e).__name__}: {e}")
             return []
+        if not found and not self.rules.errors and not self.rules._probe_errors:
+            return []                  # (most steps: nothing to print, keep or hit)
         return self._rule_findings(found)
 
     def flush_rules(self) -> None:

@@ -46,6 +46,7 @@ class RuleEngine:
         self.findings: list = []          # every finding reported, in order
         self._seen: set = set()           # (rule id, subject)
         self._probes: dict = {}           # name -> installed probe
+        self._arm_groups: Optional[list] = None   # [(wants, [probes])]: the probes by cadence function
         self._rec = None
         self.errors: list = []            # rules that raised (reported once each, then disabled)
         self._every: Optional[list] = None     # the enabled every-step rules (None: to be listed again)
@@ -57,7 +58,7 @@ class RuleEngine:
         self._queued_rows = 0
         self.longest_block = 0            # most steps judged together so far (a figure for tests and bench)
         self.steps_in_blocks = 0          # steps judged in blocks of two or more (the same)
-        self._snapshot = None             # (key, [(name, AsItWas)]): the optimizers as the last step left them
+        self._snapshot = None             # (optimizers, learning rates, [(name, AsItWas)]): as the last step left them
 
     # -- the rule set -------------------------------------------------------------
 
@@ -111,10 +112,12 @@ class RuleEngine:
         for p in self._probes.values():
             p.uninstall()
         self._probes = {}
+        self._arm_groups = None
         self._rec = None
         self.armed = False
 
     def _sync_probes(self) -> None:
+        self._arm_groups = None
         if self._rec is None:
             return
         wanted = {name for r in self.rules if r.enabled for name in r.PROBES}
@@ -130,11 +133,19 @@ class RuleEngine:
 
     def arm(self, step: int) -> None:
         """The step ``step`` starts: the probes it needs are in the tracer, the others out."""
+        groups = self._arm_groups
+        if groups is None:
+            # Probes that share a cadence function (most of them: nndb.cadence's) ask it once a step.
+            by: dict = {}
+            for p in self._probes.values():
+                by.setdefault(p.wants, []).append(p)
+            groups = self._arm_groups = list(by.items())
         armed = False
-        for p in self._probes.values():
-            on = p.wants(step)
-            if on != p._armed:
-                p.arm(on)
+        for wants, probes in groups:
+            on = wants(step)
+            for p in probes:
+                if on != p._armed:
+                    p.arm(on)
             armed = armed or on
         self.armed = armed
         self._probe_errors = self._probe_errors or armed
@@ -148,6 +159,13 @@ class RuleEngine:
         them with the action ``warn``, may wait in a block (nndb.rules.block)
         to be judged with the next ones; ``flush`` judges what waits (the
         findings returned are then of earlier steps: each names its step)."""
+        if not self.armed and not facts and defer and stats is None and self._rec is not None \
+                and not observed(record.step):
+            # The usual step: no probe in (so no facts, no probed rule), only
+            # every-step rules; they wait in a block if every one only warns.
+            every = self._every_rules()
+            if every and self._every_warn(every):
+                return self._wait(record, optimizers)
         # (a probe gathers facts only while its callbacks are in: the steps it is armed for)
         given = facts
         facts = {name: p.take(record.step) for name, p in self._probes.items() if p._armed} if self.armed else {}
@@ -160,8 +178,7 @@ class RuleEngine:
             live = {name for name, f in facts.items() if f}
             probed = [r for r in self.rules if r.enabled and not r.EVERY_STEP and not live.isdisjoint(r.PROBES)] \
                 if live else []
-            if defer and stats is None and self._rec is not None and every and \
-                    all(r.action == "warn" for r in every):
+            if defer and stats is None and self._rec is not None and every and self._every_warn(every):
                 # the every-step rules wait in a block; a probe's rules judge this step now
                 new = self._wait(record, optimizers)
                 if probed:
@@ -185,6 +202,11 @@ class RuleEngine:
             self._every = [r for r in self.rules if r.EVERY_STEP and r.enabled]
         return self._every
 
+    @staticmethod
+    def _every_warn(every: list) -> bool:
+        """Does every one of these rules only warn (the prompt may change an action at any stop)?"""
+        return [r.action for r in every].count("warn") == len(every)
+
     def _wait(self, record, optimizers) -> list:
         q = self._queue
         q.append((record, self._as_it_was(optimizers)))
@@ -199,15 +221,15 @@ class RuleEngine:
         The last snapshot again while no learning rate has changed."""
         raw = getattr(optimizers, "raw", None)       # (the optimizers without their names: cheaper)
         opts = None if raw is not None else optimizers() if callable(optimizers) else optimizers
-        key = [(o, tuple(_lr_key(g.get("lr")) for g in o.param_groups))
-               for o in (raw() if raw is not None else (o for _, o in opts))]
+        objs = raw() if raw is not None else [o for _, o in opts]
+        # (one list of every group's learning rate; a float compares as itself, anything else by _lr_key)
+        lrs = [lr if type(lr := g.get("lr")) is float else _lr_key(lr) for o in objs for g in o.param_groups]
         last = self._snapshot
-        if last is None or len(last[0]) != len(key) or \
-                any(a is not b or la != lb for (a, la), (b, lb) in zip(last[0], key)):
+        if last is None or last[0] != objs or last[1] != lrs:
             if opts is None:
                 opts = optimizers()
-            self._snapshot = last = (key, [(name, AsItWas(o)) for name, o in opts])
-        return last[1]
+            self._snapshot = last = (objs, lrs, [(name, AsItWas(o)) for name, o in opts])
+        return last[2]
 
     @property
     def waiting(self) -> bool:

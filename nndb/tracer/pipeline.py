@@ -98,6 +98,7 @@ class WriteOptimizers:
         self._key = None                  # what the parameter lists were when last written
         self._where: list = []            # (optimizer name, group index) of each group, as written
         self._lrs = None                  # the groups' learning rates, as written
+        self._rows = None                 # what the last step had: (roots version, optimizers, rows)
         self._failed = False
 
     def on_step(self, end: StepEnd) -> None:
@@ -106,12 +107,18 @@ class WriteOptimizers:
         step = end.records[0].step
         try:
             opts = self.optimizers()
-            groups = [g for o in opts for g in o.param_groups]
-            key = (self.naming.roots_version, *map(id, opts), *[(id(g["params"]), len(g["params"])) for g in groups])
+            # (one row per group; most steps it equals the last one and nothing more is done)
+            rows = [(id(o), id(ps := g["params"]), len(ps), lr if type(lr := g.get("lr")) is float else _lr(lr))
+                    for o in opts for g in o.param_groups]
+            now = (self.naming.roots_version, len(opts), rows)
+            if now == self._rows:
+                return
+            self._rows = now
+            key = (self.naming.roots_version, *map(id, opts), *[r[1:3] for r in rows])
             if key != self._key:
                 self._rewrite(step, opts)
                 self._key = key
-            lrs = tuple([_lr(g.get("lr")) for g in groups])
+            lrs = tuple([r[3] for r in rows])
             if lrs != self._lrs:
                 old = self._lrs
                 for k, ((name, i), lr) in enumerate(zip(self._where, lrs)):

@@ -29,9 +29,10 @@ from typing import Callable, Optional
 import numpy as np
 import torch
 
-from ..store.schema import KINDS  # noqa: F401  (the kinds of the series recorded here)
 from . import histogram as H
 from . import stats as S
+from ..store.schema import KINDS  # noqa: F401  (the kinds of the series recorded here)
+from .bucket import _PENDING, _PENDING_LOSS, _Bucket
 from .params import ParamPlan, Snapshot
 
 
@@ -62,95 +63,6 @@ class StepRecord:
     def as_dict(self) -> dict:
         return {(n, k): dict(zip(S.STAT_NAMES, map(float, row)))
                 for (n, k), row in zip(self.names, self.stats)}
-
-
-_PENDING = object()   # a loss not yet attributed to an optimizer
-
-
-class _Bucket:
-    """What one step (or one segment of it) recorded.
-
-    ``entries`` maps a series key to its raw row, in the order first seen:
-    ``("act", module, use)``, ``("loss", optimizer)`` and
-    ``("param", tensor, kind)``.  Activations and losses merge over calls;
-    a parameter row is replaced by a later one.  Small CPU tensors wait in
-    ``deferred`` (key, array copy) and ``blocks`` (keys, flat, sizes) and are
-    reduced in one numpy batch by ``resolve``.  ``params`` holds the rows of
-    an optimizer's small parameters as one block (value, update and grad of
-    each, in the plan's order), named once per plan.
-    """
-    __slots__ = ("entries", "deferred", "blocks", "params", "covered", "backward_count", "optimizer_steps",
-                 "hists", "param_hists")
-
-    def __init__(self):
-        self.entries: dict = {}
-        self.deferred: list = []
-        self.blocks: list = []
-        self.params: dict = {}           # ParamPlan -> (with grads, rows): an optimizer's small parameters
-        self.covered: set = set()        # ids of parameters an optimizer recorded
-        self.backward_count = 0
-        self.optimizer_steps = 0
-        self.hists: dict = {}            # series key -> histogram (full steps), as entries
-        self.param_hists: dict = {}      # ParamPlan -> (rows, HIST_BINS), as params
-
-    def add_hist(self, key, counts) -> None:
-        old = self.hists.get(key)
-        self.hists[key] = counts if old is None or key[0] == "param" else old + counts
-
-    def add(self, key, raw) -> None:
-        """``raw``: an array, or a list (a scalar loss's row, stats.scalar_row)."""
-        old = self.entries.get(key)
-        if old is None or key[0] == "param":
-            self.entries[key] = raw
-        else:
-            self.entries[key] = S.merge_raw(np.asarray(old, dtype=float), np.asarray(raw, dtype=float))
-
-    def merge(self, other: "_Bucket") -> None:
-        for key, raw in other.entries.items():
-            self.add(key, raw)
-        self.deferred.extend(other.deferred)
-        self.blocks.extend(other.blocks)
-        self.params.update(other.params)
-        for key, h in other.hists.items():
-            self.add_hist(key, h)
-        self.param_hists.update(other.param_hists)
-        self.covered |= other.covered
-        self.backward_count += other.backward_count
-        self.optimizer_steps += other.optimizer_steps
-
-    def empty(self) -> bool:
-        return not (self.entries or self.deferred or self.blocks or self.params
-                    or self.backward_count or self.optimizer_steps)
-
-    def attribute_losses(self, opt) -> None:
-        """Losses seen since the last optimizer step belong to ``opt``."""
-        pending = ("loss", _PENDING)
-        if pending in self.entries:
-            self.add(("loss", opt), self.entries.pop(pending))
-        if pending in self.hists:
-            self.add_hist(("loss", opt), self.hists.pop(pending))
-        self.deferred = [(("loss", opt) if k == pending else k, a) for k, a in self.deferred]
-
-    def resolve(self, full: bool = True) -> None:
-        """Reduce the deferred arrays and blocks (one numpy batch) into entries."""
-        if not (self.deferred or self.blocks):
-            return
-        keys = [k for k, _ in self.deferred]
-        flats = [a for _, a in self.deferred]
-        sizes = [a.size for a in flats]
-        for block_keys, flat, block_sizes in self.blocks:
-            keys.extend(block_keys)
-            flats.append(flat)
-            sizes.extend(block_sizes)
-        flat = np.concatenate(flats)
-        rows = S.host_raw_segments(flat, sizes, True) if full else S.host_norm_segments(flat, sizes)
-        for key, raw in zip(keys, rows):
-            self.add(key, raw)
-        if full:
-            for key, h in zip(keys, H.of_segments(flat, sizes)):
-                self.add_hist(key, h)
-        self.deferred = []
-        self.blocks = []
 
 
 def first_float_tensor(out, depth: int = 0):
@@ -265,10 +177,10 @@ class StepRecorder:
             self._cur.deferred.append((("act",) + key, arr))
 
     def loss(self, tensor: torch.Tensor) -> None:
-        b = self._cur
+        b = self._buckets[-1]
         b.backward_count += 1
-        if not self.recording or not S.is_recordable(tensor):
-            return
+        if not self.recording or not (isinstance(tensor, torch.Tensor) and tensor.is_floating_point()):
+            return          # (S.is_recordable, written out: once a backward pass)
         if self._in_step is not None:
             # A closure optimizer (LBFGS) calls the closure again and again in one
             # step(); the step's loss is the first call's, which step() returns.
@@ -292,7 +204,7 @@ class StepRecorder:
 
     def _plan(self, opt) -> ParamPlan:
         groups = opt.param_groups
-        signature = tuple((id(g["params"]), len(g["params"])) for g in groups)
+        signature = [(id(g["params"]), len(g["params"])) for g in groups]
         cached = self._plans.get(opt)
         if cached is None or cached[0] != signature:
             cached = (signature, ParamPlan([p for g in groups for p in g["params"]]))
@@ -338,7 +250,8 @@ class StepRecorder:
         if len(closed) != 1:
             for b in closed:
                 bucket.merge(b)
-        bucket.resolve(self.full)
+        if bucket.deferred or bucket.blocks:
+            bucket.resolve(self.full)
         nxt = _Bucket()
         for b in rest:
             nxt.merge(b)
@@ -482,10 +395,18 @@ class StepRecorder:
         self.sink(rec)
 
     def _record(self, step: int, b: _Bucket, now: float, partial: bool) -> StepRecord:
-        b.resolve()
-        b.attribute_losses(None)
+        if b.deferred or b.blocks:
+            b.resolve()
+        if _PENDING_LOSS in b.entries or b.hists or b.deferred:
+            b.attribute_losses(None)
         # The step's series, by what was recorded (the same keys step after step: one lookup)
-        sig = (tuple(b.entries), tuple((plan, g) for plan, (g, _) in b.params.items()), self.naming.loss_qualified)
+        params = b.params
+        if len(params) == 1:                  # (one optimizer: no generator to run)
+            (plan, (g, _)), = params.items()
+            psig = ((plan, g),)
+        else:
+            psig = tuple((plan, g) for plan, (g, _) in params.items())
+        sig = (tuple(b.entries), psig, self.naming.loss_qualified)
         names = self._by_sig.get(sig)
         if names is None:
             names = self._names_of(b)

@@ -1,0 +1,99 @@
+"""A step's recording as it builds up (the recorder's ``_Bucket``): the
+rows of its series, in the order first seen, until the step closes into a
+StepRecord (nndb.tracer.recorder)."""
+from __future__ import annotations
+
+import numpy as np
+
+from . import histogram as H
+from . import stats as S
+
+_PENDING = object()   # a loss not yet attributed to an optimizer
+_PENDING_LOSS = ("loss", _PENDING)
+
+
+class _Bucket:
+    """What one step (or one segment of it) recorded.
+
+    ``entries`` maps a series key to its raw row, in the order first seen:
+    ``("act", module, use)``, ``("loss", optimizer)`` and
+    ``("param", tensor, kind)``.  Activations and losses merge over calls;
+    a parameter row is replaced by a later one.  Small CPU tensors wait in
+    ``deferred`` (key, array copy) and ``blocks`` (keys, flat, sizes) and are
+    reduced in one numpy batch by ``resolve``.  ``params`` holds the rows of
+    an optimizer's small parameters as one block (value, update and grad of
+    each, in the plan's order), named once per plan.
+    """
+    __slots__ = ("entries", "deferred", "blocks", "params", "covered", "backward_count", "optimizer_steps",
+                 "hists", "param_hists")
+
+    def __init__(self):
+        self.entries: dict = {}
+        self.deferred: list = []
+        self.blocks: list = []
+        self.params: dict = {}           # ParamPlan -> (with grads, rows): an optimizer's small parameters
+        self.covered: set = set()        # ids of parameters an optimizer recorded
+        self.backward_count = 0
+        self.optimizer_steps = 0
+        self.hists: dict = {}            # series key -> histogram (full steps), as entries
+        self.param_hists: dict = {}      # ParamPlan -> (rows, HIST_BINS), as params
+
+    def add_hist(self, key, counts) -> None:
+        old = self.hists.get(key)
+        self.hists[key] = counts if old is None or key[0] == "param" else old + counts
+
+    def add(self, key, raw) -> None:
+        """``raw``: an array, or a list (a scalar loss's row, stats.scalar_row)."""
+        old = self.entries.get(key)
+        if old is None or key[0] == "param":
+            self.entries[key] = raw
+        else:
+            self.entries[key] = S.merge_raw(np.asarray(old, dtype=float), np.asarray(raw, dtype=float))
+
+    def merge(self, other: "_Bucket") -> None:
+        for key, raw in other.entries.items():
+            self.add(key, raw)
+        self.deferred.extend(other.deferred)
+        self.blocks.extend(other.blocks)
+        self.params.update(other.params)
+        for key, h in other.hists.items():
+            self.add_hist(key, h)
+        self.param_hists.update(other.param_hists)
+        self.covered |= other.covered
+        self.backward_count += other.backward_count
+        self.optimizer_steps += other.optimizer_steps
+
+    def empty(self) -> bool:
+        return not (self.entries or self.deferred or self.blocks or self.params
+                    or self.backward_count or self.optimizer_steps)
+
+    def attribute_losses(self, opt) -> None:
+        """Losses seen since the last optimizer step belong to ``opt``."""
+        pending = _PENDING_LOSS
+        if pending in self.entries:
+            self.add(("loss", opt), self.entries.pop(pending))
+        if pending in self.hists:
+            self.add_hist(("loss", opt), self.hists.pop(pending))
+        if self.deferred:
+            self.deferred = [(("loss", opt) if k == pending else k, a) for k, a in self.deferred]
+
+    def resolve(self, full: bool = True) -> None:
+        """Reduce the deferred arrays and blocks (one numpy batch) into entries."""
+        if not (self.deferred or self.blocks):
+            return
+        keys = [k for k, _ in self.deferred]
+        flats = [a for _, a in self.deferred]
+        sizes = [a.size for a in flats]
+        for block_keys, flat, block_sizes in self.blocks:
+            keys.extend(block_keys)
+            flats.append(flat)
+            sizes.extend(block_sizes)
+        flat = np.concatenate(flats)
+        rows = S.host_raw_segments(flat, sizes, True) if full else S.host_norm_segments(flat, sizes)
+        for key, raw in zip(keys, rows):
+            self.add(key, raw)
+        if full:
+            for key, h in zip(keys, H.of_segments(flat, sizes)):
+                self.add_hist(key, h)
+        self.deferred = []
+        self.blocks = []
