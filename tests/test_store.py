@@ -52,9 +52,12 @@ def test_writes_are_batched(tmp_path, monkeypatch):
     for i in range(25):
         w.append(rec(i, [("a", "act")]))
     w.wait()
-    assert flushes == [10, 10]                   # one block write per 10 steps, not one per step
+    # one block write per 10 steps, not one per step; each ends on a whole stats
+    # chunk (4 steps): the other 2 wait for the next block
+    assert schema.STATS_CHUNK[0] == 4 and flushes == [8, 8]
     w.close("finished", 0)
-    assert flushes[-1] == 5
+    assert flushes[-1] == 9                      # (the end writes every step)
+    assert list(TraceReader(p).steps) == list(range(25))
 
 
 def test_a_steps_block_is_written_in_the_writers_thread_and_read_back_whole(tmp_path, monkeypatch):
@@ -86,7 +89,7 @@ def test_a_steps_block_is_written_in_the_writers_thread_and_read_back_whole(tmp_
     for i in range(12, 25):
         w.append(rec(i, [("a", "act")]))
     W._before_fork()                                           # what os.fork runs first
-    assert w._thread is None and w.steps_written == 22
+    assert w._thread is None and w.steps_written == 20        # (whole chunks: 2 steps wait for theirs)
     w.close("finished", 0)
     assert list(TraceReader(p).steps) == list(range(25))
 
@@ -105,10 +108,11 @@ def test_a_block_that_fails_in_the_writers_thread_is_said_once_by_the_training_t
         w.append(rec(i, [("a", "act")]))
     w.wait()
     w.append(rec(10, [("a", "act")]))
-    assert len(errors) == 1 and "No space left on device" in errors[0] and "keeps the 5 steps" in errors[0]
+    # (the first block: the whole chunk of steps 0-3; step 4 waited for its chunk)
+    assert len(errors) == 1 and "No space left on device" in errors[0] and "keeps the 4 steps" in errors[0]
     assert said_in == ["MainThread"]
     w.close("finished", 0)
-    assert list(TraceReader(p).steps) == list(range(5))
+    assert list(TraceReader(p).steps) == list(range(4))
 
 
 def test_schema_version_and_format_attrs(tmp_path):

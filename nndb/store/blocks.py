@@ -2,7 +2,8 @@
 taken out of the writer's buffers, and the arrays and blobs it becomes."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Optional
 
 import numpy as np
 
@@ -58,3 +59,41 @@ def stats_block(rows: list, n_series: int) -> np.ndarray:
 
 def step_columns(rows: list) -> dict:
     return {name: [getattr(r, name) for r, _ in rows] for name in STEP_COLUMNS}
+
+
+@dataclass
+class Unwritten:
+    """What a writer holds that its file does not: all of it in a detached
+    writer (a replica's), nothing after a flush.  ``*_written`` say how much
+    of the file is this writer's (a replica's copy may see the live run's
+    later writes)."""
+    rows_written: int
+    series_written: int
+    lineage_written: int
+    sequences_written: int
+    series: list = field(default_factory=list)       # [{"id", "name", "kind"}]
+    steps: dict = field(default_factory=dict)        # step column -> list, as STEP_COLUMNS
+    stats: Optional[np.ndarray] = None               # (rows, series, N_STATS), NaN where absent
+    lineage: list = field(default_factory=list)      # [(step, seq)]
+    sequences: list = field(default_factory=list)    # [JSON text], lines sequences_written on
+    events: list = field(default_factory=list)       # [{"time", "step", "kind", "message"}]
+    rows_of: dict = field(default_factory=dict)      # row blob (_ROW_BLOBS) -> its rows not in the file
+    row_lines_written: dict = field(default_factory=dict)   # row blob -> its lines in the file
+
+
+def whole_chunks(written: int, rows: int, flush_steps: int, waited: bool) -> int:
+    """How many of ``rows`` buffered rows a size- or time-triggered flush
+    writes, ``written`` rows being in the file: up to the last whole
+    ``stats`` chunk (K.STATS_CHUNK rows).  A chunk written part-full is
+    written again, anew (SWMR mode reuses no space), when it fills; so the
+    rest wait, unless --flush-every is under a chunk (what was asked for is
+    written), or they ``waited`` HOLD_SECS and the file's last chunk is
+    whole (a chunk is written part-full at most once).  An explicit flush
+    (a fork, a reader, the end) writes every row."""
+    per = K.STATS_CHUNK[0]
+    if flush_steps < per:
+        return rows
+    cut = (written + rows) // per * per - written
+    if cut <= 0:
+        return rows if waited and written % per == 0 else 0
+    return cut

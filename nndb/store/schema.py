@@ -131,12 +131,18 @@ EVENT_KINDS = ("recording_stopped", "rule_disabled", "probe_disabled", "full_ten
 # holds for it.  TraceReader.events() leaves them out; .records(kind) reads them.
 RECORD_KINDS = ("finding", "stop")
 
-# Chunk shapes: a ``stats`` chunk holds one step of 64 series (5 KiB before
-# compression), so a flush writes whole chunks and never rewrites one: a
-# compressed chunk rewritten bigger is written anew, and with a flush per
-# step (a large model's steps outlast --flush-secs) that wasted 80% of the
-# file.  A series' history reads one chunk per step.
-STATS_CHUNK = (1, 64, N_STATS)
+# Chunk shapes: a ``stats`` chunk holds 4 steps of 64 series (20 KiB before
+# compression).  HDF5 pays about 50 us a chunk besides compressing it: with
+# one step a chunk, writing the trace cost ~70 us a step on the 0.7 ms MLP
+# step (scripts/bench.py), with 4 about 40 (16: no less).  A compressed chunk
+# written part-full is written anew when it fills (SWMR mode reuses no
+# space; a flush per step once wasted 80% of the file), so the writer writes
+# whole chunks and holds the last few steps back (TraceWriter._held_back):
+# at most HOLD_SECS, after which a chunk is written part-full, once.  A
+# flush that must write every step (a checkpoint's fork, a reader, the end)
+# and --flush-every under 4 write a chunk part-full.  A series' history
+# reads one chunk per 4 steps.
+STATS_CHUNK = (4, 64, N_STATS)
 # ``stats`` is stored shuffled and deflated: a statistic that was not measured
 # (NaN), and a series absent at a row, cost next to nothing on disk.
 STATS_FILTERS = {"compression": "gzip", "compression_opts": 1, "shuffle": True}

@@ -2,7 +2,8 @@
 
 It appends StepRecords to an in-memory buffer and writes them in one block
 per dataset every ``flush_steps`` steps or ``flush_secs`` seconds, whichever
-comes first.  The block that a step's ``append`` starts is written in a
+comes first: the whole ``stats`` chunks (schema.STATS_CHUNK; the last few
+steps wait for theirs to fill, at most HOLD_SECS).  The block that a step's ``append`` starts is written in a
 thread of the writer's own (``_write``: h5py lets go of the GIL while HDF5
 compresses and writes the chunks), while the training thread goes on and
 the buffers fill again; one block at a time, so memory stays bounded.
@@ -30,7 +31,6 @@ import os
 import threading
 import time
 import weakref
-from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 import h5py
@@ -39,7 +39,7 @@ import numpy as np
 from ..errors import TraceWriteError
 from ..numbers import json_value
 from . import fullstore
-from .blocks import STEP_COLUMNS, Block, blob_bytes, put_blob, step_columns, stats_block
+from .blocks import STEP_COLUMNS, Block, Unwritten, blob_bytes, put_blob, step_columns, stats_block, whole_chunks
 from . import schema as K
 from .space import NoRoom, check_room, detach_file, reason as _reason
 
@@ -48,29 +48,13 @@ _BLOBS = ("series", "events", "end", "optimizers", "hyper", "fingerprints")
 _ROW_BLOBS = ("optimizers", "hyper", "fingerprints")
 
 
-@dataclass
-class Unwritten:
-    """What a writer holds that its file does not: all of it in a detached
-    writer (a replica's), nothing after a flush.  ``*_written`` say how much
-    of the file is this writer's (a replica's copy may see the live run's
-    later writes)."""
-    rows_written: int
-    series_written: int
-    lineage_written: int
-    sequences_written: int
-    series: list = field(default_factory=list)       # [{"id", "name", "kind"}]
-    steps: dict = field(default_factory=dict)        # step column -> list, as STEP_COLUMNS
-    stats: Optional[np.ndarray] = None               # (rows, series, N_STATS), NaN where absent
-    lineage: list = field(default_factory=list)      # [(step, seq)]
-    sequences: list = field(default_factory=list)    # [JSON text], lines sequences_written on
-    events: list = field(default_factory=list)       # [{"time", "step", "kind", "message"}]
-    rows_of: dict = field(default_factory=dict)      # row blob (_ROW_BLOBS) -> its rows not in the file
-    row_lines_written: dict = field(default_factory=dict)   # row blob -> its lines in the file
-
-
 # The block a step's end starts is written in the writer's thread (False: in
 # the training thread, as before; ``scripts/bench.py --writes sync`` measures both).
 BACKGROUND = True
+
+# The longest a row waits in memory for its ``stats`` chunk to fill (a run of
+# slow steps): then it is written with the chunk part-full (blocks.whole_chunks).
+HOLD_SECS = 30.0
 
 # Writers whose thread may be writing: a fork waits for it first (a child
 # forked in the middle of a block would inherit HDF5's and h5py's locks held).
@@ -100,6 +84,7 @@ class TraceWriter:
         self._layouts: dict = {}        # tuple of (name, kind) -> series ids (steps repeat their layout)
         self._by_list: dict = {}        # id of a record's names list -> (that list, series ids)
         self._rows: list = []           # (record, [ids])
+        self._rows_since = 0.0          # when the oldest of them came (time.monotonic())
         self._events: list = []
         self._last_flush = time.monotonic()
         self.steps_written = 0
@@ -206,6 +191,8 @@ class TraceWriter:
                 self._layouts[layout] = ids
             if len(self._by_list) < 64:
                 self._by_list[id(record.names)] = (record.names, ids)
+        if not self._rows:
+            self._rows_since = time.monotonic()
         self._rows.append((record, ids))
         hist = record.hist
         if hist is not None and not self.detached:
@@ -215,7 +202,7 @@ class TraceWriter:
         self.last_step = record.step
         if len(self._rows) >= self.flush_steps or \
                 time.monotonic() - self._last_flush >= self.flush_secs:
-            self._flush(background=BACKGROUND)
+            self._flush(background=BACKGROUND, whole=True)
 
     def full_tensor(self, meta: dict, nbytes: int, copy: Callable[[], np.ndarray]) -> bool:
         """Keep a whole tensor (``meta``: name, kind, step, shape, dtype, asked;
@@ -300,10 +287,29 @@ class TraceWriter:
         (a reader of the file, a fork, the run's end need that)."""
         self._flush(background=False)
 
-    def _flush(self, background: bool) -> None:
+    def _held_back(self) -> list:
+        """The rows a size- or time-triggered flush leaves for a later one
+        (blocks.whole_chunks); the rest stay in ``_rows``."""
+        rows = self._rows
+        cut = whole_chunks(self.steps_written, len(rows), self.flush_steps,
+                           time.monotonic() - self._rows_since >= HOLD_SECS) if rows else len(rows)
+        if cut >= len(rows):
+            return []
+        if cut > 0:
+            self._rows_since = time.monotonic()     # (about when the rows held came: since the last flush)
+        self._rows = rows[:cut]
+        return rows[cut:]
+
+    def _flush(self, background: bool, whole: bool = False) -> None:
         self.wait()                      # (one block at a time: memory stays bounded)
         if self.failed or self.closed or self.detached:
             return
+        held = self._held_back() if whole else []
+        held_hists = []                   # (the held steps' histograms wait with them)
+        if held and self.full.hists:
+            first = held[0][0].step
+            held_hists = [h for h in self.full.hists if h[0] >= first]
+            self.full.hists = [h for h in self.full.hists if h[0] < first]
         if self._rows or self._new_series or self._lineage or self._events or \
                 any(self._pending_rows.values()) or self.full.tensors or self.full.hists:
             block = self._take()
@@ -315,6 +321,9 @@ class TraceWriter:
             else:
                 self._write(block)
                 self._settle()
+        if held:
+            self._rows = held + self._rows        # (still the oldest: none came in between)
+            self.full.hists = held_hists + self.full.hists
         self._last_flush = time.monotonic()
 
     def wait(self) -> None:
@@ -388,10 +397,12 @@ class TraceWriter:
     def _write_block(self, b: Block) -> None:
         if b.series:
             put_blob(self._ds["series"], "".join(json.dumps(s) + "\n" for s in b.series))
+        ds = self._ds["stats"]
+        if b.n_series > ds.shape[1]:        # (new series whose rows wait for their chunk: read from the buffer)
+            ds.resize((ds.shape[0], b.n_series, K.N_STATS))
         if b.rows:
             k = len(b.rows)
             block = stats_block(b.rows, b.n_series)
-            ds = self._ds["stats"]
             start = self.steps_written
             ds.resize((start + k, max(b.n_series, ds.shape[1]), K.N_STATS))
             ds[start:start + k, :b.n_series, :] = block

@@ -28,11 +28,9 @@ def test_a_2000_layer_model_stores_a_fraction_of_its_float64_statistics(tmp_path
     assert np.isfinite(stats[:, :, 5]).sum() > 0.9 * n * s - 2000 * (n - 1)   # the norms are all there
 
 
-def test_a_flush_every_step_writes_each_chunk_once(tmp_path):
-    """A large model's steps outlast --flush-secs: the file must not grow by rewritten chunks."""
-    path = str(tmp_path / "w.h5")
-    n_series, steps = 4000, 48
-    w = TraceWriter(path, {}, flush_steps=1, flush_secs=1e9)
+def _slow_run(path, n_series=4000, steps=48):
+    """A large model's steps outlast --flush-secs: a flush at every step's append."""
+    w = TraceWriter(path, {}, flush_secs=0)
     names = [(f"l{j}.weight", "param") for j in range(n_series)]
     rng = np.random.default_rng(0)
     for step in range(steps):
@@ -42,8 +40,22 @@ def test_a_flush_every_step_writes_each_chunk_once(tmp_path):
         raw[:, 7:9] = 0
         w.append(StepRecord(step, step * 0.1, 1, 1, names, raw))
     w.close("finished", 0)
-    per_step = os.path.getsize(path) / steps
-    assert per_step < 3 * 8 * n_series, per_step       # dense float64 would be 10 * 8 * n_series
     with TraceReader(path) as t:
         assert t.n_steps == steps
         np.testing.assert_array_equal(t.steps, np.arange(steps))
+        np.testing.assert_array_equal(t.all_stats()[:, :, 0], 16)
+    return os.path.getsize(path) / steps
+
+
+def test_a_flush_every_step_writes_each_chunk_once(tmp_path):
+    """The file must not grow by rewritten chunks: steps wait for their stats chunk to fill."""
+    per_step = _slow_run(str(tmp_path / "w.h5"))
+    assert per_step < 3 * 8 * 4000, per_step       # dense float64 would be 10 * 8 * n_series
+
+
+def test_steps_held_past_hold_secs_are_written_with_their_chunk_part_full_once(tmp_path, monkeypatch):
+    from nndb.store import writer as W
+    once = _slow_run(str(tmp_path / "once.h5"))
+    monkeypatch.setattr(W, "HOLD_SECS", 0.0)       # (a step longer than that: every chunk written part-full)
+    part_full = _slow_run(str(tmp_path / "part.h5"))
+    assert once < part_full < 1.6 * once, (once, part_full)     # (each chunk: its first step, then whole)
