@@ -52,12 +52,36 @@ def test_writes_are_batched(tmp_path, monkeypatch):
     for i in range(25):
         w.append(rec(i, [("a", "act")]))
     w.wait()
-    # one block write per 10 steps, not one per step; each ends on a whole stats
-    # chunk (4 steps): the other 2 wait for the next block
-    assert schema.STATS_CHUNK[0] == 4 and flushes == [8, 8]
+    assert flushes == [10, 10]                   # one block write per 10 steps, not one per step
     w.close("finished", 0)
-    assert flushes[-1] == 9                      # (the end writes every step)
-    assert list(TraceReader(p).steps) == list(range(25))
+    assert flushes[-1] == 5
+
+
+def test_a_flush_on_time_writes_whole_stats_chunks_and_holds_the_rest_with_their_histograms(tmp_path):
+    """--flush-secs: the rows of whole chunks (schema.STATS_CHUNK: 4 steps) are
+    written, the last ones wait with their histograms; a reader in the process
+    and the run's end see every step."""
+    from nndb.store.schema import HIST_BINS
+    from nndb.tracer.recorder import StepRecord
+    p = str(tmp_path / "t.h5")
+    w = TraceWriter(p, {}, flush_steps=1000, flush_secs=0)      # (every append is a flush on time)
+    assert schema.STATS_CHUNK[0] == 4
+    names = [("a", "act")]
+    for i in range(10):
+        r = rec(i, names, value=float(i))
+        w.append(StepRecord(r.step, r.time, 1, 1, names, r.raw, hist=np.full((1, HIST_BINS), i, dtype=np.int64)))
+        w.wait()
+        assert w.steps_written == (i + 1) // 4 * 4            # whole chunks only
+        assert [h[0] for h in w.full.hists] == list(range(w.steps_written, i + 1))   # the rest wait, histograms too
+    with TraceReader(p) as t:                                # (the file as another reader sees it)
+        assert list(t.steps) == list(range(8))
+        assert t.histogram_steps("a", "act") == list(range(8))
+    reader = TraceReader.from_writer(w)                      # (in the process: every step)
+    assert list(reader.steps) == list(range(10))
+    w.close("finished", 0)
+    with TraceReader(p) as t:
+        assert list(t.steps) == list(range(10)) and t.histogram_steps("a", "act") == list(range(10))
+        assert list(t.history(t.find("a")[0], "mean")[1]) == [float(i) for i in range(10)]
 
 
 def test_a_steps_block_is_written_in_the_writers_thread_and_read_back_whole(tmp_path, monkeypatch):
@@ -89,7 +113,7 @@ def test_a_steps_block_is_written_in_the_writers_thread_and_read_back_whole(tmp_
     for i in range(12, 25):
         w.append(rec(i, [("a", "act")]))
     W._before_fork()                                           # what os.fork runs first
-    assert w._thread is None and w.steps_written == 20        # (whole chunks: 2 steps wait for theirs)
+    assert w._thread is None and w.steps_written == 22
     w.close("finished", 0)
     assert list(TraceReader(p).steps) == list(range(25))
 
@@ -108,11 +132,10 @@ def test_a_block_that_fails_in_the_writers_thread_is_said_once_by_the_training_t
         w.append(rec(i, [("a", "act")]))
     w.wait()
     w.append(rec(10, [("a", "act")]))
-    # (the first block: the whole chunk of steps 0-3; step 4 waited for its chunk)
-    assert len(errors) == 1 and "No space left on device" in errors[0] and "keeps the 4 steps" in errors[0]
+    assert len(errors) == 1 and "No space left on device" in errors[0] and "keeps the 5 steps" in errors[0]
     assert said_in == ["MainThread"]
     w.close("finished", 0)
-    assert list(TraceReader(p).steps) == list(range(4))
+    assert list(TraceReader(p).steps) == list(range(5))
 
 
 def test_schema_version_and_format_attrs(tmp_path):

@@ -81,18 +81,16 @@ class Unwritten:
     row_lines_written: dict = field(default_factory=dict)   # row blob -> its lines in the file
 
 
-def whole_chunks(written: int, rows: int, flush_steps: int, waited: bool) -> int:
-    """How many of ``rows`` buffered rows a size- or time-triggered flush
+def whole_chunks(written: int, rows: int, waited: bool) -> int:
+    """How many of ``rows`` buffered rows a flush on time (--flush-secs)
     writes, ``written`` rows being in the file: up to the last whole
     ``stats`` chunk (K.STATS_CHUNK rows).  A chunk written part-full is
-    written again, anew (SWMR mode reuses no space), when it fills; so the
-    rest wait, unless --flush-every is under a chunk (what was asked for is
-    written), or they ``waited`` HOLD_SECS and the file's last chunk is
-    whole (a chunk is written part-full at most once).  An explicit flush
-    (a fork, a reader, the end) writes every row."""
+    written again, anew (SWMR mode reuses no space), when it fills; on a
+    run whose steps outlast --flush-secs that was once every step.  So the
+    rest wait, unless they ``waited`` HOLD_SECS and the file's last chunk is
+    whole (a chunk is written part-full at most once that way).  Every other
+    flush (--flush-every, a fork, a reader, the end) writes every row."""
     per = K.STATS_CHUNK[0]
-    if flush_steps < per:
-        return rows
     cut = (written + rows) // per * per - written
     if cut <= 0:
         return rows if waited and written % per == 0 else 0

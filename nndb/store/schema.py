@@ -136,11 +136,12 @@ RECORD_KINDS = ("finding", "stop")
 # one step a chunk, writing the trace cost ~70 us a step on the 0.7 ms MLP
 # step (scripts/bench.py), with 4 about 40 (16: no less).  A compressed chunk
 # written part-full is written anew when it fills (SWMR mode reuses no
-# space; a flush per step once wasted 80% of the file), so the writer writes
-# whole chunks and holds the last few steps back (TraceWriter._held_back):
-# at most HOLD_SECS, after which a chunk is written part-full, once.  A
-# flush that must write every step (a checkpoint's fork, a reader, the end)
-# and --flush-every under 4 write a chunk part-full.  A series' history
+# space; a flush per step once wasted 80% of the file), so a flush on time
+# (--flush-secs: steps that outlast it flush at every step) writes whole
+# chunks and holds the last few steps back (blocks.whole_chunks): at most
+# HOLD_SECS, after which a chunk is written part-full, once.  The other
+# flushes (--flush-every N steps, a checkpoint's fork, a reader, the end)
+# write every step: one part-full chunk each at most.  A series' history
 # reads one chunk per 4 steps.
 STATS_CHUNK = (4, 64, N_STATS)
 # ``stats`` is stored shuffled and deflated: a statistic that was not measured

@@ -2,8 +2,9 @@
 
 It appends StepRecords to an in-memory buffer and writes them in one block
 per dataset every ``flush_steps`` steps or ``flush_secs`` seconds, whichever
-comes first: the whole ``stats`` chunks (schema.STATS_CHUNK; the last few
-steps wait for theirs to fill, at most HOLD_SECS).  The block that a step's ``append`` starts is written in a
+comes first (a flush on time writes the whole ``stats`` chunks,
+schema.STATS_CHUNK: the last few steps wait for theirs to fill, at most
+HOLD_SECS).  The block that a step's ``append`` starts is written in a
 thread of the writer's own (``_write``: h5py lets go of the GIL while HDF5
 compresses and writes the chunks), while the training thread goes on and
 the buffers fill again; one block at a time, so memory stays bounded.
@@ -200,9 +201,10 @@ class TraceWriter:
             if have.any():
                 self.full.hists.append((record.step, [i for i, h in zip(ids, have) if h], hist[have]))
         self.last_step = record.step
-        if len(self._rows) >= self.flush_steps or \
-                time.monotonic() - self._last_flush >= self.flush_secs:
-            self._flush(background=BACKGROUND, whole=True)
+        if len(self._rows) >= self.flush_steps:
+            self._flush(background=BACKGROUND)
+        elif time.monotonic() - self._last_flush >= self.flush_secs:
+            self._flush(background=BACKGROUND, whole=True)      # (whole stats chunks: blocks.whole_chunks)
 
     def full_tensor(self, meta: dict, nbytes: int, copy: Callable[[], np.ndarray]) -> bool:
         """Keep a whole tensor (``meta``: name, kind, step, shape, dtype, asked;
@@ -288,10 +290,10 @@ class TraceWriter:
         self._flush(background=False)
 
     def _held_back(self) -> list:
-        """The rows a size- or time-triggered flush leaves for a later one
+        """The rows a time-triggered flush leaves for a later one
         (blocks.whole_chunks); the rest stay in ``_rows``."""
         rows = self._rows
-        cut = whole_chunks(self.steps_written, len(rows), self.flush_steps,
+        cut = whole_chunks(self.steps_written, len(rows),
                            time.monotonic() - self._rows_since >= HOLD_SECS) if rows else len(rows)
         if cut >= len(rows):
             return []
