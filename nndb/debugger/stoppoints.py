@@ -180,8 +180,6 @@ class StopPoints:
         except Exception as e:
             self.error(f"nndb: internal error in the rules, skipped: {type(e).__name__}: {e}")
             return []
-        if not found and not self.rules.errors and not self.rules._probe_errors:
-            return []                  # (most steps: nothing to print, keep or hit)
         return self._rule_findings(found)
 
     def flush_rules(self) -> None:

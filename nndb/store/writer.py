@@ -289,29 +289,29 @@ class TraceWriter:
         (a reader of the file, a fork, the run's end need that)."""
         self._flush(background=False)
 
-    def _held_back(self) -> list:
-        """The rows a time-triggered flush leaves for a later one
-        (blocks.whole_chunks); the rest stay in ``_rows``."""
+    def _held_back(self) -> tuple:
+        """(rows, histograms) a flush on time leaves for a later one
+        (blocks.whole_chunks): the last rows, and their steps' histograms."""
         rows = self._rows
-        cut = whole_chunks(self.steps_written, len(rows),
-                           time.monotonic() - self._rows_since >= HOLD_SECS) if rows else len(rows)
+        if not rows:
+            return [], []
+        cut = whole_chunks(self.steps_written, len(rows), time.monotonic() - self._rows_since >= HOLD_SECS)
         if cut >= len(rows):
-            return []
+            return [], []
         if cut > 0:
             self._rows_since = time.monotonic()     # (about when the rows held came: since the last flush)
         self._rows = rows[:cut]
-        return rows[cut:]
+        first = rows[cut][0].step
+        hists = [h for h in self.full.hists if h[0] >= first]
+        if hists:
+            self.full.hists = [h for h in self.full.hists if h[0] < first]
+        return rows[cut:], hists
 
     def _flush(self, background: bool, whole: bool = False) -> None:
         self.wait()                      # (one block at a time: memory stays bounded)
         if self.failed or self.closed or self.detached:
             return
-        held = self._held_back() if whole else []
-        held_hists = []                   # (the held steps' histograms wait with them)
-        if held and self.full.hists:
-            first = held[0][0].step
-            held_hists = [h for h in self.full.hists if h[0] >= first]
-            self.full.hists = [h for h in self.full.hists if h[0] < first]
+        held, held_hists = self._held_back() if whole else ([], [])
         if self._rows or self._new_series or self._lineage or self._events or \
                 any(self._pending_rows.values()) or self.full.tensors or self.full.hists:
             block = self._take()
@@ -406,7 +406,7 @@ class TraceWriter:
             k = len(b.rows)
             block = stats_block(b.rows, b.n_series)
             start = self.steps_written
-            ds.resize((start + k, max(b.n_series, ds.shape[1]), K.N_STATS))
+            ds.resize((start + k, ds.shape[1], K.N_STATS))
             ds[start:start + k, :b.n_series, :] = block
             for name, values in step_columns(b.rows).items():
                 d = self._ds["steps/" + name]

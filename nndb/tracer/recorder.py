@@ -32,7 +32,7 @@ import torch
 from . import histogram as H
 from . import stats as S
 from ..store.schema import KINDS  # noqa: F401  (the kinds of the series recorded here)
-from .bucket import _PENDING, _PENDING_LOSS, _Bucket
+from .bucket import _PENDING, _Bucket
 from .params import ParamPlan, Snapshot
 
 
@@ -179,8 +179,8 @@ class StepRecorder:
     def loss(self, tensor: torch.Tensor) -> None:
         b = self._buckets[-1]
         b.backward_count += 1
-        if not self.recording or not (isinstance(tensor, torch.Tensor) and tensor.is_floating_point()):
-            return          # (S.is_recordable, written out: once a backward pass)
+        if not self.recording or not S.is_recordable(tensor):
+            return
         if self._in_step is not None:
             # A closure optimizer (LBFGS) calls the closure again and again in one
             # step(); the step's loss is the first call's, which step() returns.
@@ -250,8 +250,7 @@ class StepRecorder:
         if len(closed) != 1:
             for b in closed:
                 bucket.merge(b)
-        if bucket.deferred or bucket.blocks:
-            bucket.resolve(self.full)
+        bucket.resolve(self.full)
         nxt = _Bucket()
         for b in rest:
             nxt.merge(b)
@@ -395,10 +394,8 @@ class StepRecorder:
         self.sink(rec)
 
     def _record(self, step: int, b: _Bucket, now: float, partial: bool) -> StepRecord:
-        if b.deferred or b.blocks:
-            b.resolve()
-        if _PENDING_LOSS in b.entries or b.hists or b.deferred:
-            b.attribute_losses(None)
+        b.resolve()
+        b.attribute_losses(None)
         # The step's series, by what was recorded (the same keys step after step: one lookup)
         params = b.params
         if len(params) == 1:                  # (one optimizer: no generator to run)
