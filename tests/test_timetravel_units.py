@@ -112,6 +112,7 @@ def test_a_checkpoint_costs_what_the_steps_after_it_took_for_a_while():
     fork, for at least SETTLE steps and SETTLE_S seconds; a step faster than
     the median takes some back; never less than the fork itself."""
     from nndb.timetravel.machine import Checkpoint
+    from nndb.timetravel.schedule import Settling
 
     m = TimeMachine("auto")
     m.step_times.extend([0.001] * 50)          # the median step: 1 ms
@@ -119,7 +120,7 @@ def test_a_checkpoint_costs_what_the_steps_after_it_took_for_a_while():
     m.checkpoints[1] = ck
     t0 = 100.0
     median, until = m.step_time(), t0 + m.SETTLE_S
-    m._settling = [ck, 0.02, m.SETTLE, until, median, 0.02]
+    m._settling = Settling(ck, 0.02, m.SETTLE, until, median)
     now, ends = t0, []
     # the first step after the fork copies pages (21 ms), then steps of 1.2 ms, one of 0.5 ms
     for took in [0.021, 0.0012, 0.0005] + [0.0012] * 1000:
@@ -137,10 +138,98 @@ def test_a_checkpoint_costs_what_the_steps_after_it_took_for_a_while():
     # a fork with no slower step after it costs the fork
     ck2 = Checkpoint(2, 20, 0, None, "auto", 0.0, 0.03)
     m.checkpoints[2] = ck2
-    m._settling = [ck2, 0.03, m.SETTLE, 0.0, 0.001, 0.03]
+    m._settling = Settling(ck2, 0.03, m.SETTLE, 0.0, 0.001)
     m._settle(0.0009, 1.0)
     m._settle(0.0009, 1.001)
     assert m._settling is None and ck2.cost_s == 0.03
+
+
+def test_the_first_checkpoint_is_charged_its_copy_on_write_against_the_steps_after_it():
+    """At step 0 no step was timed before the fork: the window's steps are
+    measured against the median of the BASELINE steps after it.  (Charged
+    the fork alone, the bench MLP's first checkpoint cost 12 of ~120 ms and
+    the next came ten times too soon.)"""
+    from nndb.timetravel.machine import Checkpoint
+    from nndb.timetravel.schedule import BASELINE, Settling
+
+    m = TimeMachine("auto")
+    assert m.step_time() is None
+    ck = Checkpoint(1, 0, 0, None, "auto", 0.0, 0.01)
+    m.checkpoints[1] = ck
+    m._settling = Settling(ck, 0.01, m.SETTLE, m.SETTLE_S, None)
+    now, window = 0.0, []
+    # copy-on-write: 30 ms, then 5 ms, then steps of 2 ms; once the window
+    # has closed, steps of 1 ms (one slow one among them: the median holds)
+    for took in [0.030, 0.005] + [0.002] * 200:
+        now += took
+        window.append(took)
+        m._settle(took, now)
+        if m._settling.baseline is not None:
+            break
+    assert now >= m.SETTLE_S and ck.cost_s == 0.01          # the window closed: no cost yet
+    for i in range(BASELINE):
+        now += 0.001
+        m._settle(0.009 if i == 3 else 0.001, now)
+        assert (m._settling is None) == (i == BASELINE - 1)
+    assert ck.cost_s == pytest.approx(0.01 + sum(window) - 0.001 * len(window))
+    assert m.policy.interval_s == pytest.approx(ck.cost_s / m.policy.budget)
+    assert not m.step_times           # (the baseline's steps are not the run's median either)
+
+
+def test_an_adaptive_checkpoint_lets_the_writer_thread_write_the_buffered_steps_first(tmp_path, monkeypatch):
+    """A due checkpoint with PREFLUSH_STEPS or more steps buffered hands them
+    to the writer's thread and forks at the first step end after it is done
+    (or PREFLUSH_WAIT_S later); with fewer, or on a schedule of steps, at once."""
+    from types import SimpleNamespace
+    from nndb.store.writer import TraceWriter
+    from nndb.tracer.recorder import StepRecord
+
+    w = TraceWriter(str(tmp_path / "t.h5"), {}, flush_steps=10 ** 6, flush_secs=1e9)
+    gate = threading.Event()
+    real_write = w._write
+    monkeypatch.setattr(w, "_write", lambda block: (gate.wait(5), real_write(block)))
+    m = TimeMachine("auto")
+    taken = []
+    monkeypatch.setattr(m, "take", lambda s, step, kind: taken.append(step))
+    s = SimpleNamespace(rec=SimpleNamespace(writer=w))
+    step = 0
+    m.at_step_end(s, step)                  # step 0: due, nothing buffered: at once
+    assert taken == [0]
+    m.policy.taken(0, 0.0, m.clock())       # (the fake take: the next one is due 0.1 s later)
+    import numpy as np
+    for step in range(1, m.PREFLUSH_STEPS + 5):
+        w.append(StepRecord(step, 0.1, 1, 1, [("x", "act")], np.zeros((1, 9))))
+    import time
+    time.sleep(0.15)
+    m.at_step_end(s, step)                  # due, 36 buffered: handed to the thread, not taken
+    assert taken == [0] and not w._rows and w.busy
+    m.at_step_end(s, step + 1)
+    assert taken == [0]                     # still writing
+    gate.set()
+    w._thread.join()
+    m.at_step_end(s, step + 2)              # written: taken now
+    assert taken == [0, step + 2] and w.steps_written == m.PREFLUSH_STEPS + 4
+    w.close("finished", 0)
+
+
+def test_checkpoint_memory_is_walked_only_when_the_resident_sizes_pass_the_cap(monkeypatch):
+    """PSS (a walk of the pages, 8-10 ms a checkpoint) is read only when the
+    checkpoints' resident sizes (a bound on it, read for nothing) add up to
+    more than --checkpoint-memory; then automatic ones are dropped by PSS."""
+    from nndb.timetravel.machine import Checkpoint
+
+    m = TimeMachine("auto", memory_kib=1000)
+    for n in range(1, 5):
+        m.checkpoints[n] = Checkpoint(n, 10 * n, 100 + n, None, "auto", 0.0, 0.01)
+    walked, dropped = [], []
+    monkeypatch.setattr(forking, "resident_kib", lambda pid: 250)
+    monkeypatch.setattr(forking, "memory_kib", lambda pid: walked.append(pid) or {"pss": 400, "private": 1})
+    monkeypatch.setattr(m, "_drop", lambda c: (dropped.append(c.step), m.checkpoints.pop(c.number)))
+    m._keep_within_memory()
+    assert walked == [] and dropped == []          # 4 x 250 KiB <= 1000: no walk, none dropped
+    monkeypatch.setattr(forking, "resident_kib", lambda pid: 300)
+    m._keep_within_memory()
+    assert walked and dropped == [20, 30]          # by PSS: 4 x 400, then 3 x 400, then 2 (first, newest)
 
 
 def test_info_checkpoints_says_when_dear_checkpoints_break_the_replay_goal():
@@ -148,6 +237,7 @@ def test_info_checkpoints_says_when_dear_checkpoints_break_the_replay_goal():
     5000 steps of replay against a 2 s goal, and 'info checkpoints' says so
     with the cost that made it."""
     from nndb.timetravel.machine import Checkpoint
+    from nndb.timetravel.schedule import Settling
 
     m = TimeMachine("auto")
     m.step_times.extend([0.001] * 50)

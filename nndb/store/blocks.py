@@ -2,6 +2,7 @@
 taken out of the writer's buffers, and the arrays and blobs it becomes."""
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -37,6 +38,22 @@ def put_blob(ds, text: str, append: bool = True) -> None:
 
 def blob_bytes(lines: list) -> int:
     return sum(len(t.encode("utf-8")) for t in lines)
+
+
+def room_needed(b: Block, steps_written: int, grown: int, hist_rows_written: int) -> int:
+    """Bytes block ``b`` may add to the file, at most: its rows at the rate
+    the file grew per committed row (``grown`` bytes for ``steps_written``
+    rows; twice), or uncompressed before the first block, and its JSON
+    (twice), plus room for metadata.  (A block writes whole chunks of
+    ``stats``: no chunk is written twice.)"""
+    k, s = len(b.rows), b.n_series
+    rows = k * s * K.N_STATS * 8 + k * 32
+    if steps_written and grown > 0:
+        rows = min(rows, 2 * k * (grown // steps_written + 1))
+    blobs = blob_bytes([json.dumps(x) for x in b.series + b.events]) + \
+        blob_bytes(b.sequences) + 16 * len(b.lineage) + \
+        sum(blob_bytes([json.dumps(r) for r in pending]) for pending in b.rows_of.values())
+    return rows + 2 * blobs + b.full.bytes_needed(hist_rows_written) + K.ROOM_MARGIN
 
 
 def stats_block(rows: list, n_series: int) -> np.ndarray:

@@ -40,7 +40,8 @@ import numpy as np
 from ..errors import TraceWriteError
 from ..numbers import json_value
 from . import fullstore
-from .blocks import STEP_COLUMNS, Block, Unwritten, blob_bytes, put_blob, step_columns, stats_block, whole_chunks
+from .blocks import (STEP_COLUMNS, Block, Unwritten, put_blob, room_needed, step_columns,
+                     stats_block, whole_chunks)
 from . import schema as K
 from .space import NoRoom, check_room, detach_file, reason as _reason
 
@@ -267,27 +268,39 @@ class TraceWriter:
     def optimizers(self, step: int, optimizers: list) -> None:
         """The optimizers as the rules see them from ``step`` on, written when
         they change: [{"name", "groups": [[parameter names], ...]}]."""
-        if self.failed or self.closed:
-            return
-        self._pending_rows["optimizers"].append({"step": step, "optimizers": optimizers})
+        self._row("optimizers", {"step": step, "optimizers": optimizers})
 
     def hyper(self, step: int, optimizer: str, group: int, lr: Optional[float]) -> None:
         """The learning rate of one optimizer group from ``step`` on, written when it changes."""
-        if self.failed or self.closed:
-            return
-        self._pending_rows["hyper"].append({"step": step, "optimizer": optimizer, "group": group, "lr": lr})
+        self._row("hyper", {"step": step, "optimizer": optimizer, "group": group, "lr": lr})
 
     def fingerprint(self, row: dict) -> None:
         """A row of the checksums and timings the ranks are compared by
         (nndb.tracer.fingerprint): at each observed step, and at the run's end."""
-        if self.failed or self.closed:
-            return
-        self._pending_rows["fingerprints"].append(row)
+        self._row("fingerprints", row)
+
+    def _row(self, blob: str, row: dict) -> None:
+        if not (self.failed or self.closed):
+            self._pending_rows[blob].append(row)
 
     def flush(self) -> None:
         """Write everything appended so far, and return once it is committed
         (a reader of the file, a fork, the run's end need that)."""
         self._flush(background=False)
+
+    def start_flush(self, min_steps: int = 1) -> bool:
+        """With ``min_steps`` steps or more appended, hand what is appended to
+        the writer's thread and return at once (a checkpoint asks this ahead
+        of its fork: ``flush`` then has little left to write); True if it did."""
+        if len(self._rows) < min_steps:
+            return False
+        self._flush(background=BACKGROUND)
+        return True
+
+    @property
+    def busy(self) -> bool:
+        """The writer's thread is writing a block now."""
+        return self._thread is not None and self._thread.is_alive()
 
     def _held_back(self) -> tuple:
         """(rows, histograms) a flush on time leaves for a later one
@@ -350,7 +363,8 @@ class TraceWriter:
         and writes) or in the caller's; touches only the file and the
         ``*_written`` counts, never the buffers the training thread fills."""
         try:
-            check_room(self.path, self._f, self._room_needed(block))
+            check_room(self.path, self._f, room_needed(block, self.steps_written, self._grown,
+                                                         self.hist_rows_written))
             self._write_block(block)
             self._f.flush()                 # the data first,
             self._commit()
@@ -370,20 +384,6 @@ class TraceWriter:
         self._new_series, self._rows, self._new_sequences, self._lineage, self._events = [], [], [], [], []
         self._pending_rows = {name: [] for name in _ROW_BLOBS}
         return block
-
-    def _room_needed(self, b: Block) -> int:
-        """Bytes block ``b`` may add to the file, at most: its rows at the
-        rate the file grew per committed row (twice), or uncompressed before
-        the first block, and its JSON (twice), plus room for metadata.  (A
-        block writes whole chunks of ``stats``: no chunk is written twice.)"""
-        k, s = len(b.rows), b.n_series
-        rows = k * s * K.N_STATS * 8 + k * 32
-        if self.steps_written and self._grown > 0:
-            rows = min(rows, 2 * k * (self._grown // self.steps_written + 1))
-        blobs = blob_bytes([json.dumps(x) for x in b.series + b.events]) + \
-            blob_bytes(b.sequences) + 16 * len(b.lineage) + \
-            sum(blob_bytes([json.dumps(r) for r in pending]) for pending in b.rows_of.values())
-        return rows + 2 * blobs + b.full.bytes_needed(self.hist_rows_written) + K.ROOM_MARGIN
 
     def _commit(self) -> None:
         """Write the counts a reader trusts (schema ``committed``), once the data is on disk."""

@@ -183,6 +183,16 @@ def memory_kib(pid: int) -> Optional[dict]:
     return {"private": vals.get("Private_Clean", 0) + vals.get("Private_Dirty", 0), "pss": vals.get("Pss", 0)}
 
 
+def resident_kib(pid: int) -> Optional[int]:
+    """A process's resident memory (a bound on its PSS, read from the
+    kernel's counters: /proc/PID/statm), in KiB; None where not there."""
+    try:
+        with open(f"/proc/{pid}/statm") as fh:
+            return int(fh.read().split()[1]) * (os.sysconf("SC_PAGE_SIZE") // 1024)
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def reap(pid: int) -> None:
     try:
         os.waitpid(pid, 0)

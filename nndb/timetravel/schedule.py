@@ -281,6 +281,65 @@ def make_policy(total_steps: int | None, budget: float = BUDGET, max_live: int =
     return Adaptive(budget=budget, max_live=max_live)
 
 
+#: A checkpoint taken with no step timed before it (a run's first, at step
+#: 0) has no median step to measure the steps after its fork against: the
+#: median of the BASELINE steps after its settling window stands in.
+BASELINE = 16
+
+
+class Settling:
+    """A checkpoint's cost being measured: its fork (``fork_s``) plus each
+    later step's time beyond the median step, for at least ``steps`` steps
+    and until ``until`` on the run's clock (the copy-on-write faults of the
+    pages the run writes go on for a while after the fork); a step faster
+    than the median takes some back; never less than the fork.
+
+    ``median`` is the median step before the fork; None when there was none
+    (the first checkpoint of a run): the window's steps are then kept, and
+    once it has closed the median of the next BASELINE steps is the
+    reference.  (The fork's cost alone, which the first checkpoint was
+    charged before 2026-12, was a tenth of its real cost on the bench's MLP
+    (12 of ~120 ms): the second checkpoint came ten times too soon.)  A run's
+    first steps are its slowest (nndb looks at every one of the first
+    cadence.SETTLE), so this errs on the dear side: the next checkpoint
+    comes a little later, never sooner."""
+
+    def __init__(self, checkpoint, fork_s: float, steps: int, until: float, median):
+        self.checkpoint = checkpoint
+        self.fork_s = fork_s
+        self.left = steps
+        self.until = until
+        self.median = median
+        self.excess = 0.0                     # sum of (step - median) so far
+        self.window: list = []                # the window's steps, while there is no median
+        self.baseline: list | None = None     # the steps after the window (no median): collecting
+
+    def step(self, took: float, now: float):
+        """One more step's time; the checkpoint's cost once known, else None."""
+        if self.baseline is not None:
+            self.baseline.append(took)
+            if len(self.baseline) < BASELINE:
+                return None
+            b = sorted(self.baseline)
+            median = b[len(b) // 2]
+            return max(self.fork_s + sum(self.window) - median * len(self.window), self.fork_s)
+        if self.median is None:
+            self.window.append(took)
+        else:
+            self.excess += took - self.median   # (not clipped at 0 a step: the noise would only add up)
+        self.left -= 1
+        if self.left > 0 or now < self.until:
+            return None
+        if self.median is None:
+            self.baseline = []
+            return None
+        return self.so_far()
+
+    def so_far(self) -> float:
+        """The cost measured until now (with no median yet: the fork's)."""
+        return max(self.fork_s + self.excess, self.fork_s)
+
+
 class DiskSchedule:
     """When to also write a checkpoint to disk (much coarser: disk costs
     seconds and survives the process, so a handful per run is enough).
