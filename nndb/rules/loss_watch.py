@@ -73,7 +73,7 @@ def new_batch_dimension(t: torch.Tensor, other: torch.Tensor, out_shape) -> bool
 class LossWatch:
     def __init__(self, probe):
         self.probe = probe
-        self.mode = FunctionWatch(self.on_call)
+        self.mode = FunctionWatch(self.on_call, quiet=probe.tracer)
         self._tags: dict = {}               # id(tensor) -> weakref: the model's outputs and what is made of them
         self._module_call = None            # (weakref input, weakref target) of the loss module being called
         self._root_types: set = set()       # model classes whose forward output the probe sees
