@@ -168,13 +168,10 @@ class TimeMachine:
             self.take(s, step, "auto")
         self._last_end = self.clock()         # (the checkpoint's cost is not a step's)
 
-    # A checkpoint writes the trace's buffers before its fork (the child must
-    # not hold rows that the run writes later).  On the adaptive schedule,
-    # when PREFLUSH_STEPS or more wait, the writer's thread is given them
-    # first, and the checkpoint waits (at most PREFLUSH_WAIT_S) for it to
-    # finish: the training thread then writes only the steps since.  (At the
-    # bench MLP's second checkpoint, 345 steps written in the training
-    # thread took 27 ms of its 64.)
+    # A checkpoint writes the trace's buffers before its fork.  On the adaptive
+    # schedule, with PREFLUSH_STEPS or more waiting, the writer's thread writes
+    # them first (the fork waits for it, PREFLUSH_WAIT_S at most): 345 steps
+    # written in the training thread were 27 ms of a 64 ms checkpoint.
     PREFLUSH_STEPS = 32
     PREFLUSH_WAIT_S = 0.5
 
@@ -471,8 +468,7 @@ class TimeMachine:
         largest gap between checkpoints, up to the present, estimated from the
         median step), or None."""
         st = self.step_time()
-        if not isinstance(self.policy, Adaptive) or type(self.policy) is not Adaptive or st is None \
-                or present is None or self.mode not in ("auto", "fork"):
+        if type(self.policy) is not Adaptive or st is None or present is None or self.mode not in ("auto", "fork"):
             return None
         steps = sorted(c.step for c in self.checkpoints.values()) + [present]
         if len(steps) < 2:
@@ -491,6 +487,10 @@ class TimeMachine:
         return (f"Warning: the schedule does not keep its replay bound ({bound:.3g} s): steps {a} to {b} are "
                 f"about {gap * st:.3g} s of replay apart ({why}).")
 
+    @property
+    def settling(self) -> bool:
+        """The cost of the last checkpoint is still being measured (its copy-on-write aftermath)."""
+        return self._settling is not None
 
     def step_time(self) -> Optional[float]:
         if not self.step_times:
