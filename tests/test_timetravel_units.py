@@ -232,6 +232,30 @@ def test_checkpoint_memory_is_walked_only_when_the_resident_sizes_pass_the_cap(m
     assert walked and dropped == [20, 30]          # by PSS: 4 x 400, then 3 x 400, then 2 (first, newest)
 
 
+def test_a_checkpoint_that_fails_to_fork_a_replica_ends_instead_of_running_on():
+    """A checkpoint whose fork of a replica fails (out of memory) must end
+    there: an exception out of its loop would let it run the rest of the
+    program as a second live run."""
+    import os
+    live, ours = Channel.pair()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            live.close()
+
+            def no_memory(close=()):
+                raise OSError(12, "Cannot allocate memory")
+            forking.fork = no_memory
+            forking.checkpoint_loop(ours)
+        finally:
+            os._exit(3)                        # out of the loop: what must not happen
+    ours.close()
+    live.send({"op": "resume"})
+    _, status = os.waitpid(pid, 0)
+    live.close()
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 1
+
+
 def test_info_checkpoints_says_when_dear_checkpoints_break_the_replay_goal():
     """A 100 ms checkpoint waits 5 s at the 2% budget: on 1 ms steps that is
     5000 steps of replay against a 2 s goal, and 'info checkpoints' says so

@@ -113,30 +113,37 @@ def fork(close: tuple = ()) -> int:
 
 def checkpoint_loop(chan: Channel) -> dict:
     """In a new checkpoint process: wait for orders.  Returns only in a replica
-    (the grandchild), with the ``resume`` message."""
+    (the grandchild), with the ``resume`` message.  Anything that goes wrong
+    here (a fork that fails for want of memory, a message that is no JSON)
+    ends the checkpoint (``os._exit``): an exception out of here would let
+    this fork of the run go on as if it were the live run, writing its
+    trace and running the rest of the script."""
     old = signal.signal(signal.SIGINT, signal.SIG_IGN)   # Ctrl-C is for the replica at the terminal
-    while True:
-        msg = chan.recv()
-        if msg is None or msg.get("op") == "exit":
-            forget_openmp()
-            os._exit(0)
-        if msg.get("op") != "resume":
-            continue
-        pid = fork()
-        if pid == 0:
-            signal.signal(signal.SIGINT, old)
-            return msg
-        status = 0
+    try:
         while True:
-            try:
-                _, status = os.waitpid(pid, 0)
-                break
-            except ChildProcessError:
-                break
-            except InterruptedError:
+            msg = chan.recv()
+            if msg is None or msg.get("op") == "exit":
+                forget_openmp()
+                os._exit(0)
+            if msg.get("op") != "resume":
                 continue
-        forget_openmp(pid)            # (a replica killed, or one that ended without removing it)
-        chan.send({"op": "replica-exited", "status": status})
+            pid = fork()
+            if pid == 0:
+                signal.signal(signal.SIGINT, old)
+                return msg
+            status = 0
+            while True:
+                try:
+                    _, status = os.waitpid(pid, 0)
+                    break
+                except ChildProcessError:
+                    break
+                except InterruptedError:
+                    continue
+            forget_openmp(pid)            # (a replica killed, or one that ended without removing it)
+            chan.send({"op": "replica-exited", "status": status})
+    except BaseException:         # (never out of here but as the replica)
+        os._exit(1)
 
 
 def silence() -> tuple:
