@@ -1,4 +1,5 @@
 import os
+import signal
 import subprocess
 import sys
 
@@ -6,6 +7,14 @@ import pytest
 
 import schedule
 import zygote
+
+# A suite started in the background of a non-interactive shell (``pytest &``)
+# inherits SIGINT ignored, and so does every run it starts (an ignored signal
+# stays ignored across exec): the tests that send a run Ctrl-C then wait for
+# nothing (four failed so on 2026-12-02).  Python's own handler, as in a
+# foreground start: the runs then get the default disposition at exec.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLES = os.path.join(ROOT, "scripts", "examples")
