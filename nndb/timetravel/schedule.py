@@ -299,7 +299,7 @@ class Settling:
     once it has closed the median of the next BASELINE steps is the
     reference.  (The fork's cost alone, which the first checkpoint was
     charged before 2026-12, was a tenth of its real cost on the bench's MLP
-    (12 of ~120 ms): the second checkpoint came ten times too soon.)  A run's
+    (12 of ~150 ms): the second checkpoint came ten times too soon.)  A run's
     first steps are its slowest (nndb looks at every one of the first
     cadence.SETTLE), so this errs on the dear side: the next checkpoint
     comes a little later, never sooner."""
@@ -321,8 +321,8 @@ class Settling:
             if len(self.baseline) < BASELINE:
                 return None
             b = sorted(self.baseline)
-            median = b[len(b) // 2]
-            return max(self.fork_s + sum(self.window) - median * len(self.window), self.fork_s)
+            self.excess = sum(self.window) - b[len(b) // 2] * len(self.window)
+            return self.so_far()
         if self.median is None:
             self.window.append(took)
         else:
