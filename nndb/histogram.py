@@ -82,6 +82,11 @@ FOLD = _fold_map()
 LUT = FOLD.copy()
 LUT[[0, 1, 512, 513]] = I_ZERO
 LUT = LUT.astype(np.intp)
+# Folding fine counts into bins: every bin is some fine index's (LUT is onto),
+# so the fine indices in bin order, summed between _FOLD_STARTS, are the bins.
+_FOLD_ORDER = np.argsort(LUT, kind="stable")
+_FOLD_STARTS = np.flatnonzero(np.diff(LUT[_FOLD_ORDER], prepend=-1))
+assert len(_FOLD_STARTS) == N_BINS
 
 
 def bin_ranges() -> np.ndarray:
@@ -157,11 +162,15 @@ def of_segments(flat: np.ndarray, sizes) -> np.ndarray:
         starts = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)])
         return np.stack([exact(flat[starts[i]:starts[i + 1]]) for i in range(k)]) if k else \
             np.zeros((0, N_BINS), dtype=np.int64)
-    # (intp all the way: numpy's gather and bincount cast any other index type first)
-    bins = LUT[(np.ascontiguousarray(flat).view(np.uint32) >> 22).astype(np.intp)]
+    # Count the FINE keys of each segment, then fold each segment's 1024
+    # counts into its bins: a gather through LUT over every element cost 4x
+    # more (4.4 ms against 0.9 ms for a 524,288-element activation).
+    # (intp: bincount casts any other index type first)
+    keys = (np.ascontiguousarray(flat).view(np.uint32) >> 22).astype(np.intp)
     if k > 1:
-        bins += np.repeat(np.arange(0, k * N_BINS, N_BINS, dtype=np.intp), sizes)
-    out = np.bincount(bins, minlength=k * N_BINS).reshape(k, N_BINS)
+        keys += np.repeat(np.arange(0, k * FINE, FINE, dtype=np.intp), sizes)
+    fine = np.bincount(keys, minlength=k * FINE).reshape(k, FINE)
+    out = np.add.reduceat(fine[:, _FOLD_ORDER], _FOLD_STARTS, axis=1)
     zero_like = out[:, I_ZERO]
     special = out[:, I_POS_INF] + out[:, I_NEG_INF]
     if zero_like.any() or special.any():
