@@ -169,8 +169,19 @@ def of_segments(flat: np.ndarray, sizes) -> np.ndarray:
     keys = (np.ascontiguousarray(flat).view(np.uint32) >> 22).astype(np.intp)
     if k > 1:
         keys += np.repeat(np.arange(0, k * FINE, FINE, dtype=np.intp), sizes)
-    fine = np.bincount(keys, minlength=k * FINE).reshape(k, FINE)
-    out = np.add.reduceat(fine[:, _FOLD_ORDER], _FOLD_STARTS, axis=1)
+    return checked(fold(np.bincount(keys, minlength=k * FINE).reshape(k, FINE)), flat, sizes)
+
+
+def fold(fine: np.ndarray) -> np.ndarray:
+    """(k, FINE) counts of float32 keys (bits >> 22) -> (k, N_BINS), before
+    ``checked``'s corrections."""
+    return np.add.reduceat(fine[:, _FOLD_ORDER], _FOLD_STARTS, axis=1)
+
+
+def checked(out: np.ndarray, flat: np.ndarray, sizes) -> np.ndarray:
+    """``out`` (the folded counts of the float32 segments of ``flat``) with the
+    zero bin checked against an exact count of zeros, and a segment with a
+    subnormal, an Inf or a signalling NaN counted value by value."""
     zero_like = out[:, I_ZERO]
     special = out[:, I_POS_INF] + out[:, I_NEG_INF]
     if zero_like.any() or special.any():

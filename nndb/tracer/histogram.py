@@ -1,10 +1,10 @@
 """Histograms of tensors at full steps (the layout: nndb.histogram).
 
-``of_tensor(t)``: one tensor; on the host through ``of_segments``, on another
-device from its float32 bits with one table lookup and one ``torch.bincount``
-there (a float64 tensor, or one with a subnormal, an Inf or a signalling
-NaN, value by value on the host); ``of_segments(flat, sizes)``: the host
-arrays the recorder reduces in one batch; ``of_scalar``: a scalar loss.
+``of_tensor(t)``: one tensor, from its float32 bits: one ``torch.bincount``
+of the 1024 keys where the tensor is, folded into the bins on the host (a
+float64 tensor, or one with a subnormal, an Inf or a signalling NaN, value by
+value on the host); ``of_segments(flat, sizes)``: the host arrays the
+recorder reduces in one batch; ``of_scalar``: a scalar loss.
 """
 from __future__ import annotations
 
@@ -16,14 +16,6 @@ from ..store.schema import HIST_BINS
 from . import stats as S
 
 of_segments = H.of_segments
-_LUT: dict = {}          # device -> the lookup table there
-
-
-def _lut(device) -> torch.Tensor:
-    t = _LUT.get(device)
-    if t is None:
-        t = _LUT[device] = torch.from_numpy(H.LUT.astype(np.int64)).to(device)
-    return t
 
 
 def of_tensor(t: torch.Tensor) -> np.ndarray:
@@ -32,14 +24,16 @@ def of_tensor(t: torch.Tensor) -> np.ndarray:
         t = t.to_dense()
     if t.dtype == torch.float64 or not t.is_floating_point():
         return H.exact(t.to("cpu", torch.float64).numpy())
-    if t.device.type == "cpu":
-        f = t.float().reshape(-1)
-        return H.of_segments(f.numpy(), [f.numel()])[0]
     with torch.no_grad():
         f = t.float().reshape(-1)
-        bins = _lut(f.device)[((f.view(torch.int32) >> 22) & (H.FINE - 1)).long()]
-        out = torch.bincount(bins, minlength=H.N_BINS).cpu().numpy().astype(np.int64)
+        # the float32 keys in torch (no int64 copy: 25% of numpy's time for a
+        # 524,288-element activation), counted there, folded on the host
+        fine = torch.bincount((f.view(torch.int32) >> 22) & (H.FINE - 1), minlength=H.FINE)
+        out = H.fold(fine.cpu().numpy().astype(np.int64)[None])
+        if f.device.type == "cpu":
+            return H.checked(out, f.numpy(), [f.numel()])[0]
         zeros = int((f == 0).sum())
+    out = out[0]
     if zeros != out[H.I_ZERO] or out[H.I_POS_INF] or out[H.I_NEG_INF]:
         return H.exact(f.cpu().numpy())
     return out
