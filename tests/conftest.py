@@ -3,10 +3,23 @@ import signal
 import subprocess
 import sys
 
-import pytest
+# Each xdist worker's torch, and every run it starts, on its share of the
+# cores (cores // workers threads; an OMP_NUM_THREADS of the caller's is
+# kept).  With a thread per core in each of two workers on two cores, the
+# OpenMP threads of the two spun against each other: two rule matrices side
+# by side took 120 s, against 48 s on one thread each (33 s for one alone).
+# Runs with and without nndb in a test see the same variable: the same
+# numbers.  (Before torch is imported here: libgomp reads it when loaded.)
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 0)
+if _WORKERS > 1 and "OMP_NUM_THREADS" not in os.environ:
+    os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // _WORKERS))
+    if "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
-import schedule
-import zygote
+import pytest  # noqa: E402
+
+import schedule  # noqa: E402
+import zygote  # noqa: E402
 
 # A suite started in the background of a non-interactive shell (``pytest &``)
 # inherits SIGINT ignored, and so does every run it starts (an ignored signal
