@@ -111,7 +111,8 @@ RANGES = bin_ranges()
 
 def exact(values: np.ndarray) -> np.ndarray:
     """The histogram of ``values`` (any float dtype) computed value by value, in float64."""
-    a = np.asarray(values, dtype=np.float64).reshape(-1)
+    with np.errstate(invalid="ignore"):      # (a signalling NaN cast from float32: no warning in the user's stderr)
+        a = np.asarray(values, dtype=np.float64).reshape(-1)
     out = np.zeros(N_BINS, dtype=np.int64)
     nan = np.isnan(a)
     out[I_NAN] = int(nan.sum())
@@ -154,7 +155,7 @@ def bin_of(v: float) -> int:
 def of_segments(flat: np.ndarray, sizes) -> np.ndarray:
     """(len(sizes), N_BINS): the histogram of each consecutive segment of a flat
     float32 array (other dtypes: value by value), from the float32 bits: one
-    table lookup and one bincount.  Exponent 0 is counted as zero and checked
+    bincount of the FINE keys (bits >> 22), folded into the bins.  Exponent 0 is counted as zero and checked
     against the exact count of zeros; a segment with a subnormal, an Inf or a
     signalling NaN is done value by value."""
     k = len(sizes)
@@ -164,7 +165,7 @@ def of_segments(flat: np.ndarray, sizes) -> np.ndarray:
             np.zeros((0, N_BINS), dtype=np.int64)
     # Count the FINE keys of each segment, then fold each segment's 1024
     # counts into its bins: a gather through LUT over every element cost 4x
-    # more (4.4 ms against 0.9 ms for a 524,288-element activation).
+    # more (4.4 ms against ~1.1 ms for a 524,288-element activation).
     # (intp: bincount casts any other index type first)
     keys = (np.ascontiguousarray(flat).view(np.uint32) >> 22).astype(np.intp)
     if k > 1:

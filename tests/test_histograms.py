@@ -39,6 +39,25 @@ def test_bins_from_float32_bits_equal_the_value_by_value_histogram():
     assert H.exact(np.array([1e-300]))[H.I_POS_UNDER] == 1 and H.exact(np.array([1e300]))[H.I_POS_OVER] == 1
 
 
+def test_one_tensor_strided_half_or_with_a_signalling_nan_gets_the_exact_histogram():
+    """of_tensor counts a tensor's float32 keys with torch.bincount and folds
+    them: the same bins as value by value, for a view that is not contiguous,
+    an fp16 tensor, a tensor with no zero or special value (no correction
+    pass) and one with a signalling NaN (its keys read as Inf: corrected)."""
+    rng = np.random.default_rng(1)
+    plain = (rng.standard_normal(4000) * 10.0 ** rng.integers(-20, 20, 4000)).astype(np.float32)
+    t = torch.from_numpy(plain)
+    cases = [t, t.reshape(-1, 4)[:, 1], t.reshape(40, 100).t(), t.half(), torch.from_numpy(ADVERSARIAL.copy())]
+    snan = plain.copy()
+    snan.view(np.uint32)[7] = 0x7F800001                      # exponent 255, top mantissa bit clear
+    cases.append(torch.from_numpy(snan))
+    for c in cases:
+        want = H.exact(c.double().numpy())
+        got = of_tensor(c)
+        assert np.array_equal(got, want), c.dtype
+        assert got.sum() == c.numel()
+    assert of_tensor(cases[-1])[H.I_NAN] == 1 and of_tensor(cases[-1])[H.I_POS_INF] == 0
+
 def test_quantiles_lie_in_their_bins_and_ks_measures_the_shift():
     rng = np.random.default_rng(1)
     a = rng.standard_normal(20000).astype(np.float32)

@@ -29,7 +29,7 @@ def of_tensor(t: torch.Tensor) -> np.ndarray:
         # the float32 keys in torch (no int64 copy: 25% of numpy's time for a
         # 524,288-element activation), counted there, folded on the host
         fine = torch.bincount((f.view(torch.int32) >> 22) & (H.FINE - 1), minlength=H.FINE)
-        out = H.fold(fine.cpu().numpy().astype(np.int64)[None])
+        out = H.fold(fine.cpu().numpy()[None])     # (bincount's counts: int64)
         if f.device.type == "cpu":
             return H.checked(out, f.numpy(), [f.numel()])[0]
         zeros = int((f == 0).sum())
