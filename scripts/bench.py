@@ -24,6 +24,7 @@ fall in the timed loops as they come (one every ~8 s on the MLP).
     python scripts/bench.py --ranks 2 --pairs 5  # 2 DDP ranks: all-stop agreement off / on (cnn)
     python scripts/bench.py --writes sync        # the trace's blocks written in the training thread
     python scripts/bench.py --workload mlp --threads 1   # torch on one thread (the default: one per core)
+    python scripts/bench.py --phases --workload mlp      # where a recorded step's extra time goes (scripts/bench_phases.py)
 
 Workload ``cnn_fullgrad`` is the CNN keeping its conv layers' gradients
 whole every 10 steps in fp16 (``--record-full 'grad:conv*'
@@ -479,6 +480,9 @@ def main(argv=None):
     ap.add_argument("--writes", choices=["thread", "sync"], default="thread",
                     help="the trace's blocks written in the writer's thread, as nndb run does (default), "
                          "or in the training thread (sync), to measure what the thread saves")
+    ap.add_argument("--phases", action="store_true",
+                    help="instead: the recorded step's extra time by phase of the loop (zero_grad, forward, "
+                         "loss, backward, step) and by kind of step (see scripts/bench_phases.py)")
     ap.add_argument("--ranks", type=int, default=None, metavar="N",
                     help="instead: N ranks (gloo, DDP) of the CNN recorded by nndb, without and with the "
                          "all-stop agreement across ranks (see scripts/bench_ranks.py)")
@@ -532,6 +536,11 @@ def main(argv=None):
                 json.dump({"torch": torch.__version__, "schedule": schedule.describe(),
                            "instructions": counted}, fh, indent=2)
         return 0
+    if args.phases:
+        import bench_phases
+        with tempfile.TemporaryDirectory() as tmpdir:
+            return bench_phases.main(args.workload or ["mlp", "cnn"], args.pairs, args.scale, schedule, tmpdir,
+                                     sys.modules[__name__])
     if args.catch:
         import bench_catch
         with tempfile.TemporaryDirectory() as tmpdir:
