@@ -175,3 +175,48 @@ def test_histograms_go_to_tensorboard(dying, tmp_path):
         assert sum(v.bucket) == v.num
         zero_bucket = list(v.bucket_limit).index(0.0)
         assert v.bucket[zero_bucket] == h[H.I_ZERO]
+
+
+def test_a_containers_output_that_is_its_last_childs_is_measured_once(tmp_path, monkeypatch):
+    """A Sequential's output is its last child's tensor (nested twice here),
+    large enough for the one-by-one path: its row and histogram are the
+    child's, measured once a step, not once per module that returns it."""
+    import nndb
+    from nndb.tracer import histogram as TH
+    from nndb.tracer import recorder as R
+
+    calls = {"hist": 0, "row": 0}
+    real_hist, real_row = TH.of_tensor, R.S.raw_now
+
+    def hist(t):
+        calls["hist"] += 1
+        return real_hist(t)
+
+    def row(t, full=True):
+        calls["row"] += 1
+        return real_row(t, full)
+    monkeypatch.setattr(R.H, "of_tensor", hist)
+    monkeypatch.setattr(R.S, "raw_now", row)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Sequential(torch.nn.Linear(8, 128), torch.nn.ReLU()))
+    opt = torch.optim.SGD(model.parameters(), 0.1)
+    x = torch.randn(64, 8)                          # outputs of 64 x 128 = 8,192 elements (> HOST_MAX_ELEMENTS)
+    with nndb.record(tmp_path / "t.h5") as rec:
+        for _ in range(3):
+            opt.zero_grad()
+            model(x).square().mean().backward()
+            opt.step()
+    # each step's activations: the Linear's and the ReLU's (2 more modules return the ReLU's);
+    # histograms at the full step, step 0
+    assert calls["row"] == 3 * 2 and calls["hist"] == 2
+    t = rec.trace
+    names = {s.name for s in t.tensors if s.kind == "act"}
+    assert {"0.0", "0.1", "0", "model"} <= names, names
+    for stat in t.columns:
+        relu = t.series("0.1", "act", stat)
+        for same in ("0", "model"):
+            assert np.array_equal(t.series(same, "act", stat), relu, equal_nan=True), (same, stat)
+    assert not np.array_equal(t.series("0.0", "act", "min"), t.series("0.1", "act", "min"))
+    assert np.array_equal(t.histogram("model", "act", 0), t.histogram("0.1", "act", 0))
+    assert np.array_equal(t.histogram("0", "act", 0), t.histogram("0.1", "act", 0))
+    assert t.histogram("0.1", "act", 0).sum() == 64 * 128

@@ -114,7 +114,7 @@ class StepRecorder:
         self._plans: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # optimizer -> (signature, plan)
         self._snapshots: dict = {}          # id(optimizer) -> Snapshot
         # A Sequential's output is its last child's output: reuse that copy.
-        self._last_act: tuple = (None, None)
+        self._last_act: tuple = (None, None, None)     # (tensor ref, version), host copy, (raw, full, hist)
         self.manual = False
         self._in_step: Optional[bool] = None     # inside optimizer.step(): has a loss been taken there?
         self._manual_pending: Optional[tuple] = None   # (step, bucket, time, snapshot)
@@ -161,18 +161,28 @@ class StepRecorder:
         # The same tensor object, unchanged (an id alone is not enough: CPython
         # reuses a freed tensor's id for the next one, which once made a layer's
         # row repeat the previous step's model output).
-        last = self._last_act[0]
+        # (A container's output is often its last child's: a Sequential's, a
+        # TransformerEncoder's and its layers' (their last norm's); measured once.)
+        last, arr, reduced = self._last_act
         same = (weakref.ref(t), t._version)
-        if last is not None and last[0]() is t and last[1] == t._version:
-            arr = self._last_act[1]
+        if last is not None and last[0]() is t and last[1] == t._version and reduced is None:
+            pass
+        elif last is not None and last[0]() is t and last[1] == t._version and reduced[1] == self.full:
+            raw, hist = reduced[0].copy(), reduced[2]
+            self._cur.add(("act",) + key, raw)
+            if hist is not None:
+                self._cur.add_hist(("act",) + key, hist)
         elif t.device.type == "cpu" and t.numel() <= S.HOST_MAX_ELEMENTS:
-            arr = S._host_array(t).copy()          # copied: the script may change t in place
+            arr, reduced = S._host_array(t).copy(), None          # copied: the script may change t in place
         else:
             arr = None
-            self._cur.add(("act",) + key, S.raw_now(t, self.full))
-            if self.full:
-                self._cur.add_hist(("act",) + key, H.of_tensor(t))
-        self._last_act = (same, arr)
+            raw = S.raw_now(t, self.full)
+            hist = H.of_tensor(t) if self.full else None
+            reduced = (raw, self.full, hist)
+            self._cur.add(("act",) + key, raw.copy() if isinstance(raw, np.ndarray) else raw)
+            if hist is not None:
+                self._cur.add_hist(("act",) + key, hist)
+        self._last_act = (same, arr, reduced)
         if arr is not None:
             self._cur.deferred.append((("act",) + key, arr))
 
