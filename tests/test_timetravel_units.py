@@ -144,6 +144,46 @@ def test_a_checkpoint_costs_what_the_steps_after_it_took_for_a_while():
     assert m._settling is None and ck2.cost_s == 0.03
 
 
+def test_a_checkpoint_is_not_charged_the_runs_own_slow_steps():
+    """The window (about 1 s: the CNN's copy-on-write goes on for ~100 steps)
+    holds the run's observed steps and writer blocks, which are not the
+    checkpoint's: what a step takes beyond the median on average before the
+    fork (regular_excess) is taken off each step of the window."""
+    from nndb.timetravel.machine import Checkpoint
+    from nndb.timetravel.schedule import Settling
+
+    m = TimeMachine("auto")
+    assert m.SETTLE_S >= 1.0
+    rhythm = [0.001] * 31 + [0.005]                # 1 ms steps, one observed step of 5 ms in 32
+    assert m.regular_excess() == 0.0               # (nothing timed yet)
+    now = 0.0
+    for took in rhythm * 4:                        # (what at_step_end keeps of a step outside a window)
+        now += took
+        m.step_times.append(took)
+        m._since_sum += took
+        m._since_n += 1
+    assert m.step_time() == 0.001
+    assert m.regular_excess() == pytest.approx(0.004 / 32)
+    ck = Checkpoint(1, 10, 0, None, "auto", 0.0, 0.02)
+    m.checkpoints[1] = ck
+    m._settling = Settling(ck, 0.02, m.SETTLE, now + m.SETTLE_S, m.step_time(), m.regular_excess())
+    # after the fork: 30 ms of faults spread over the first 4 steps, then the run's rhythm
+    steps = 0
+    for took in [0.009, 0.009, 0.009, 0.007] + rhythm[4:] + rhythm * 40:
+        now += took
+        steps += 1
+        m._settle(took, now)
+        if m._settling is None:
+            break
+    assert now >= m.SETTLE_S and steps > 32 * 20           # the window held dozens of observed steps
+    # charged the fork and the faults (4 steps of 8, 8, 8 and 6 ms over the
+    # median); the observed steps the window holds, at most one's worth off
+    assert ck.cost_s == pytest.approx(0.02 + 0.030, abs=0.004)
+    uncorrected = 0.02 + 0.030 + 0.004 * (steps // 32)     # what the median alone would have charged
+    assert uncorrected > 3 * ck.cost_s
+    assert m.policy.interval_s == pytest.approx(ck.cost_s / m.policy.budget)
+
+
 def test_the_first_checkpoint_is_charged_its_copy_on_write_against_the_steps_after_it():
     """At step 0 no step was timed before the fork: the window's steps are
     measured against the median of the BASELINE steps after it.  (Charged
@@ -160,7 +200,7 @@ def test_the_first_checkpoint_is_charged_its_copy_on_write_against_the_steps_aft
     now, window = 0.0, []
     # copy-on-write: 30 ms, then 5 ms, then steps of 2 ms; once the window
     # has closed, steps of 1 ms (one slow one among them: the median holds)
-    for took in [0.030, 0.005] + [0.002] * 200:
+    for took in [0.030, 0.005] + [0.002] * 600:
         now += took
         window.append(took)
         m._settle(took, now)

@@ -116,6 +116,7 @@ class TimeMachine:
         # it: at least SETTLE steps, and those of the next SETTLE_S seconds
         # (schedule.Settling).
         self._settling: Optional[Settling] = None
+        self._since_sum, self._since_n = 0.0, 0     # the steps timed since the last window (regular_excess)
         self._preflush: Optional[float] = None      # when the writer was asked to write ahead of a fork
 
     # -- the run's lifetime --------------------------------------------------------------
@@ -140,9 +141,11 @@ class TimeMachine:
     # -- taking checkpoints (the live run) ------------------------------------------------
     SETTLE = 2
     # Copy-on-write goes on for a while after a fork, not only in its first
-    # step (figures: docs/performance.md).  Without a median yet (the first
-    # checkpoint), SETTLE steps.
-    SETTLE_S = 0.25
+    # step: on the bench's CNN for ~100 steps, 1.2 s (figures:
+    # docs/performance.md, "Seventh round"; a 0.25 s window measured half of
+    # it, and checkpoints cost 3-4% of the run against the 2% budget).
+    # Without a median yet (the first checkpoint), SETTLE steps.
+    SETTLE_S = 1.0
 
     def clock(self) -> float:
         """The run's clock: monotonic time less the time spent at the prompt,
@@ -161,6 +164,8 @@ class TimeMachine:
                 self._settle(took, now)
             else:
                 self.step_times.append(took)
+                self._since_sum += took           # (the mean step since the last window: Settling.regular)
+                self._since_n += 1
         self._last_end = now
         if self.replica or self.mode not in ("auto", "fork") or self.blocked or self._settling is not None:
             return
@@ -233,7 +238,9 @@ class TimeMachine:
             self.policy.taken(step, cost, now)
             # (a fixed --checkpoint-every schedule needs no cost)
             if type(self.policy) is Adaptive:
-                self._settling = Settling(ck, cost, self.SETTLE, now + self.SETTLE_S, self.step_time())
+                self._settling = Settling(ck, cost, self.SETTLE, now + self.SETTLE_S, self.step_time(),
+                                          self.regular_excess())
+            self._since_sum, self._since_n = 0.0, 0
             autos = sorted(c.step for c in self.checkpoints.values() if c.kind == "auto")
             drop = set(self.policy.evict(autos))
             for c in list(self.checkpoints.values()):
@@ -491,6 +498,18 @@ class TimeMachine:
     def settling(self) -> bool:
         """The cost of the last checkpoint is still being measured (its copy-on-write aftermath)."""
         return self._settling is not None
+
+    def regular_excess(self) -> float:
+        """What a step has taken beyond the median step on average since the
+        last checkpoint's window (its observed steps, the writer's blocks):
+        the mean of those steps less the median of the last ones; 0 with
+        fewer than REGULAR_MIN of them."""
+        median = self.step_time()
+        if median is None or self._since_n < self.REGULAR_MIN:
+            return 0.0
+        return max(0.0, self._since_sum / self._since_n - median)
+
+    REGULAR_MIN = 64        # (two observed steps' rhythm, at least)
 
     def step_time(self) -> Optional[float]:
         if not self.step_times:

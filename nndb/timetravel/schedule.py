@@ -294,6 +294,12 @@ class Settling:
     pages the run writes go on for a while after the fork); a step faster
     than the median takes some back; never less than the fork.
 
+    ``regular`` is what a step takes beyond the median anyway, on average
+    (the observed steps, the trace writer's blocks: the run's mean step less
+    its median, before the fork), taken off each step of the window: a
+    window long enough for the faults (about 1.2 s on the bench's CNN) holds
+    dozens of observed steps, which are not the checkpoint's.
+
     ``median`` is the median step before the fork; None when there was none
     (the first checkpoint of a run): the window's steps are then kept, and
     once it has closed the median of the next BASELINE steps is the
@@ -304,9 +310,10 @@ class Settling:
     cadence.SETTLE), so this errs on the dear side: the next checkpoint
     comes a little later, never sooner."""
 
-    def __init__(self, checkpoint, fork_s: float, steps: int, until: float, median):
+    def __init__(self, checkpoint, fork_s: float, steps: int, until: float, median, regular: float = 0.0):
         self.checkpoint = checkpoint
         self.fork_s = fork_s
+        self.regular = regular
         self.left = steps
         self.until = until
         self.median = median
@@ -326,7 +333,7 @@ class Settling:
         if self.median is None:
             self.window.append(took)
         else:
-            self.excess += took - self.median   # (not clipped at 0 a step: the noise would only add up)
+            self.excess += took - self.median - self.regular   # (not clipped at 0 a step: the noise would only add up)
         self.left -= 1
         if self.left > 0 or now < self.until:
             return None
