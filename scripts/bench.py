@@ -186,8 +186,8 @@ def train(model, opt, crit, data, steps):
 
 WARMUP = 25         # (covers the first 20 steps: rules and activations on every step)
 # A recorded loop's warm-up goes on, a step at a time, until time travel has
-# measured the first checkpoint (its copy-on-write aftermath: 0.25 s of steps
-# and 16 after them, ~300-500 steps of the MLP), at most SETTLE_STEPS steps;
+# measured the first checkpoint (its copy-on-write aftermath: 1 s of steps
+# and 16 after them, ~1,000-1,500 steps of the MLP), at most SETTLE_STEPS steps;
 # until 2026-12 the timed loop paid the first ~300 MLP steps of that one-time
 # cost (~100 ms of a ~2.4 s loop).  Later checkpoints fall in the timed loops
 # as they come: that is their steady cost.

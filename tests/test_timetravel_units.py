@@ -148,14 +148,18 @@ def test_a_checkpoint_is_not_charged_the_runs_own_slow_steps():
     """The window (about 1 s: the CNN's copy-on-write goes on for ~100 steps)
     holds the run's observed steps and writer blocks, which are not the
     checkpoint's: what a step takes beyond the median on average before the
-    fork (regular_excess) is taken off each step of the window."""
+    fork (schedule.regular_excess) is taken off each step of the window."""
     from nndb.timetravel.machine import Checkpoint
     from nndb.timetravel.schedule import Settling
 
     m = TimeMachine("auto")
     assert m.SETTLE_S >= 1.0
     rhythm = [0.001] * 31 + [0.005]                # 1 ms steps, one observed step of 5 ms in 32
-    assert m.regular_excess() == 0.0               # (nothing timed yet)
+    from nndb.timetravel.schedule import regular_excess
+
+    def regular():
+        return regular_excess(m.step_time(), m._since_sum, m._since_n)
+    assert regular() == 0.0                        # (nothing timed yet)
     now = 0.0
     for took in rhythm * 4:                        # (what at_step_end keeps of a step outside a window)
         now += took
@@ -163,10 +167,10 @@ def test_a_checkpoint_is_not_charged_the_runs_own_slow_steps():
         m._since_sum += took
         m._since_n += 1
     assert m.step_time() == 0.001
-    assert m.regular_excess() == pytest.approx(0.004 / 32)
+    assert regular() == pytest.approx(0.004 / 32)
     ck = Checkpoint(1, 10, 0, None, "auto", 0.0, 0.02)
     m.checkpoints[1] = ck
-    m._settling = Settling(ck, 0.02, m.SETTLE, now + m.SETTLE_S, m.step_time(), m.regular_excess())
+    m._settling = Settling(ck, 0.02, m.SETTLE, now + m.SETTLE_S, m.step_time(), regular())
     # after the fork: 30 ms of faults spread over the first 4 steps, then the run's rhythm
     steps = 0
     for took in [0.009, 0.009, 0.009, 0.007] + rhythm[4:] + rhythm * 40:

@@ -22,7 +22,7 @@ from . import forking, sandbox
 from .respawn import spawn
 from .search import recorded_losses
 from .channel import Channel
-from .schedule import BUDGET, Adaptive, DiskSchedule, Settling, make_policy, replay_bound
+from .schedule import BUDGET, Adaptive, DiskSchedule, Settling, make_policy, regular_excess, replay_bound
 
 
 @dataclass
@@ -110,13 +110,10 @@ class TimeMachine:
         self._last_end: Optional[float] = None
         self._paused = 0.0                # seconds at the prompt: not the run's time
         self.evicted_for_memory = 0
-        # A fork's real cost comes mostly after it: every page the run writes
-        # next is copied once (copy-on-write).  So a checkpoint's cost is its
-        # fork plus what the steps after it took beyond the median step before
-        # it: at least SETTLE steps, and those of the next SETTLE_S seconds
-        # (schedule.Settling).
+        # A fork's cost comes mostly after it (copy-on-write): schedule.Settling,
+        # with the regular excess of the steps timed since the last window (_since_*).
         self._settling: Optional[Settling] = None
-        self._since_sum, self._since_n = 0.0, 0     # the steps timed since the last window (regular_excess)
+        self._since_sum, self._since_n = 0.0, 0
         self._preflush: Optional[float] = None      # when the writer was asked to write ahead of a fork
 
     # -- the run's lifetime --------------------------------------------------------------
@@ -140,11 +137,8 @@ class TimeMachine:
 
     # -- taking checkpoints (the live run) ------------------------------------------------
     SETTLE = 2
-    # Copy-on-write goes on for a while after a fork, not only in its first
-    # step: on the bench's CNN for ~100 steps, 1.2 s (figures:
-    # docs/performance.md, "Seventh round"; a 0.25 s window measured half of
-    # it, and checkpoints cost 3-4% of the run against the 2% budget).
-    # Without a median yet (the first checkpoint), SETTLE steps.
+    # Copy-on-write goes on for a while after a fork: ~100 steps (1.2 s) on the
+    # bench's CNN (docs/performance.md).  Without a median yet (the first checkpoint), SETTLE steps.
     SETTLE_S = 1.0
 
     def clock(self) -> float:
@@ -164,8 +158,7 @@ class TimeMachine:
                 self._settle(took, now)
             else:
                 self.step_times.append(took)
-                self._since_sum += took           # (the mean step since the last window: Settling.regular)
-                self._since_n += 1
+                self._since_sum, self._since_n = self._since_sum + took, self._since_n + 1
         self._last_end = now
         if self.replica or self.mode not in ("auto", "fork") or self.blocked or self._settling is not None:
             return
@@ -173,10 +166,9 @@ class TimeMachine:
             self.take(s, step, "auto")
         self._last_end = self.clock()         # (the checkpoint's cost is not a step's)
 
-    # A checkpoint writes the trace's buffers before its fork.  On the adaptive
-    # schedule, with PREFLUSH_STEPS or more waiting, the writer's thread writes
-    # them first (the fork waits for it, PREFLUSH_WAIT_S at most): 345 steps
-    # written in the training thread were 27 ms of a 64 ms checkpoint.
+    # A checkpoint writes the trace's buffers before its fork.  On the adaptive schedule, with
+    # PREFLUSH_STEPS or more waiting, the writer's thread writes them first (the fork waits
+    # for it, PREFLUSH_WAIT_S at most): 345 steps in the training thread were 27 ms of 64.
     PREFLUSH_STEPS = 32
     PREFLUSH_WAIT_S = 0.5
 
@@ -238,8 +230,9 @@ class TimeMachine:
             self.policy.taken(step, cost, now)
             # (a fixed --checkpoint-every schedule needs no cost)
             if type(self.policy) is Adaptive:
-                self._settling = Settling(ck, cost, self.SETTLE, now + self.SETTLE_S, self.step_time(),
-                                          self.regular_excess())
+                median = self.step_time()
+                self._settling = Settling(ck, cost, self.SETTLE, now + self.SETTLE_S, median,
+                                          regular_excess(median, self._since_sum, self._since_n))
             self._since_sum, self._since_n = 0.0, 0
             autos = sorted(c.step for c in self.checkpoints.values() if c.kind == "auto")
             drop = set(self.policy.evict(autos))
@@ -498,18 +491,6 @@ class TimeMachine:
     def settling(self) -> bool:
         """The cost of the last checkpoint is still being measured (its copy-on-write aftermath)."""
         return self._settling is not None
-
-    def regular_excess(self) -> float:
-        """What a step has taken beyond the median step on average since the
-        last checkpoint's window (its observed steps, the writer's blocks):
-        the mean of those steps less the median of the last ones; 0 with
-        fewer than REGULAR_MIN of them."""
-        median = self.step_time()
-        if median is None or self._since_n < self.REGULAR_MIN:
-            return 0.0
-        return max(0.0, self._since_sum / self._since_n - median)
-
-    REGULAR_MIN = 64        # (two observed steps' rhythm, at least)
 
     def step_time(self) -> Optional[float]:
         if not self.step_times:

@@ -287,6 +287,19 @@ def make_policy(total_steps: int | None, budget: float = BUDGET, max_live: int =
 BASELINE = 16
 
 
+#: Steps timed before a fork, at least, for ``regular_excess`` (two observed steps' rhythm).
+REGULAR_MIN = 64
+
+
+def regular_excess(median, total: float, n: int) -> float:
+    """What a step took beyond the ``median`` step on average over ``n``
+    steps taking ``total`` seconds (the run's observed steps, the trace
+    writer's blocks): Settling's ``regular``; 0 with fewer than REGULAR_MIN."""
+    if median is None or n < REGULAR_MIN:
+        return 0.0
+    return max(0.0, total / n - median)
+
+
 class Settling:
     """A checkpoint's cost being measured: its fork (``fork_s``) plus each
     later step's time beyond the median step, for at least ``steps`` steps
