@@ -235,6 +235,30 @@ def _recording(schedule, tmpdir, flush_secs=None, full_rules=()):
     return rec, _session(rec, path), path
 
 
+def warm_up(model, opt, crit, data, session) -> int:
+    """The untimed WARMUP steps, then, recorded (``session``), more until time
+    travel has measured its first checkpoint (SETTLE_STEPS at most); the
+    steps beyond WARMUP."""
+    train(model, opt, crit, data, WARMUP)
+    extra = 0
+    machine = session.machine if session is not None else None
+    while machine is not None and machine.settling and extra < SETTLE_STEPS:
+        train(model, opt, crit, data, 1)
+        extra += 1
+    return extra
+
+
+def end_recording(rec, session, path) -> float:
+    """Close what ``_recording`` opened; the trace's bytes per step written (the file is removed)."""
+    rec.__exit__(None, None, None)
+    rec.close()
+    session.run_ended("finished", 0, "")
+    session.machine.close()
+    size = os.path.getsize(path) / max(1, rec.writer.steps_written)
+    os.remove(path)
+    return size
+
+
 def timed_loop(build, steps, recorded, schedule, tmpdir, seed=0, arm=None, around=contextlib.nullcontext,
                full_rules=()):
     """Seconds for ``steps`` steps after WARMUP untimed ones (both under the
@@ -244,7 +268,7 @@ def timed_loop(build, steps, recorded, schedule, tmpdir, seed=0, arm=None, aroun
     the debugger up before the run (a catch point); both loops run inside
     ``around()`` (torch.autograd.set_detect_anomaly)."""
     model, opt, crit, data = build(seed)
-    rec, path = None, None
+    rec = session = path = None
     if recorded:
         rec, session, path = _recording(schedule, tmpdir, full_rules=full_rules)
         if arm is not None:
@@ -252,26 +276,14 @@ def timed_loop(build, steps, recorded, schedule, tmpdir, seed=0, arm=None, aroun
         rec.__enter__()
     with around():
         t = CLOCK()
-        train(model, opt, crit, data, WARMUP)
-        extra = 0
-        machine = session.machine if rec is not None else None
-        while machine is not None and machine.settling and extra < SETTLE_STEPS:
-            train(model, opt, crit, data, 1)
-            extra += 1
+        extra = warm_up(model, opt, crit, data, session)
         warmup = CLOCK() - t
         t = CLOCK()
         loss = train(model, opt, crit, data, steps)
         elapsed = CLOCK() - t
     # (the warm-up's steps beyond WARMUP counted at the timed loop's rate: the rest is one-time)
     warmup -= extra * elapsed / steps
-    size = None
-    if rec is not None:
-        rec.__exit__(None, None, None)
-        rec.close()
-        session.run_ended("finished", 0, "")
-        session.machine.close()
-        size = os.path.getsize(path) / max(1, rec.writer.steps_written)
-        os.remove(path)
+    size = end_recording(rec, session, path) if rec is not None else None
     return elapsed, loss, size, warmup
 
 

@@ -47,12 +47,7 @@ def phase_loop(build, steps: int, recorded: bool, schedule, tmpdir, bench) -> tu
     if recorded:
         rec, session, path = bench._recording(schedule, tmpdir)
         rec.__enter__()
-    bench.train(model, opt, crit, data, bench.WARMUP)
-    extra = 0
-    machine = session.machine if session is not None else None
-    while machine is not None and machine.settling and extra < bench.SETTLE_STEPS:
-        bench.train(model, opt, crit, data, 1)
-        extra += 1
+    bench.warm_up(model, opt, crit, data, session)
     recorder = rec.tracer.recorder if rec is not None else None
     clock = time.perf_counter
     times, observed, numbers = [], [], []
@@ -75,10 +70,7 @@ def phase_loop(build, steps: int, recorded: bool, schedule, tmpdir, bench) -> tu
         times.append((t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4))
         observed.append(obs)
     if rec is not None:
-        rec.__exit__(None, None, None)
-        rec.close()
-        session.run_ended("finished", 0, "")
-        session.machine.close()
+        bench.end_recording(rec, session, path)
     return times, observed, numbers
 
 

@@ -113,8 +113,8 @@ class StepRecorder:
         self._buckets = [_Bucket()]
         self._plans: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # optimizer -> (signature, plan)
         self._snapshots: dict = {}          # id(optimizer) -> Snapshot
-        # A Sequential's output is its last child's output: reuse that copy.
-        self._last_act: tuple = (None, None, None)     # (tensor ref, version), host copy, (raw, full, hist)
+        # the last activation: (tensor ref, version), its host copy or (raw, full, hist), reused by a container
+        self._last_act: tuple = (None, None, None)
         self.manual = False
         self._in_step: Optional[bool] = None     # inside optimizer.step(): has a loss been taken there?
         self._manual_pending: Optional[tuple] = None   # (step, bucket, time, snapshot)
@@ -161,27 +161,20 @@ class StepRecorder:
         # The same tensor object, unchanged (an id alone is not enough: CPython
         # reuses a freed tensor's id for the next one, which once made a layer's
         # row repeat the previous step's model output).
-        # (A container's output is often its last child's: a Sequential's, a
-        # TransformerEncoder's and its layers' (their last norm's); measured once.)
+        # A container's output is often its last child's (a Sequential's, a
+        # TransformerEncoder's and its layers'): measured once, a row for each.
         last, arr, reduced = self._last_act
         same = (weakref.ref(t), t._version)
-        if last is not None and last[0]() is t and last[1] == t._version and reduced is None:
-            pass
-        elif last is not None and last[0]() is t and last[1] == t._version and reduced[1] == self.full:
-            raw, hist = reduced[0].copy(), reduced[2]
-            self._cur.add(("act",) + key, raw)
-            if hist is not None:
-                self._cur.add_hist(("act",) + key, hist)
-        elif t.device.type == "cpu" and t.numel() <= S.HOST_MAX_ELEMENTS:
-            arr, reduced = S._host_array(t).copy(), None          # copied: the script may change t in place
-        else:
-            arr = None
-            raw = S.raw_now(t, self.full)
-            hist = H.of_tensor(t) if self.full else None
-            reduced = (raw, self.full, hist)
-            self._cur.add(("act",) + key, raw.copy() if isinstance(raw, np.ndarray) else raw)
-            if hist is not None:
-                self._cur.add_hist(("act",) + key, hist)
+        if last is None or last[0]() is not t or last[1] != t._version or \
+                (reduced is not None and reduced[1] != self.full):
+            if t.device.type == "cpu" and t.numel() <= S.HOST_MAX_ELEMENTS:
+                arr, reduced = S._host_array(t).copy(), None      # copied: the script may change t in place
+            else:
+                arr, reduced = None, (S.raw_now(t, self.full), self.full, H.of_tensor(t) if self.full else None)
+        if reduced is not None:          # (a large tensor: its row and histogram, measured here or for the last module)
+            self._cur.add(("act",) + key, reduced[0].copy())
+            if reduced[2] is not None:
+                self._cur.add_hist(("act",) + key, reduced[2])
         self._last_act = (same, arr, reduced)
         if arr is not None:
             self._cur.deferred.append((("act",) + key, arr))
