@@ -179,14 +179,18 @@ def fold(fine: np.ndarray) -> np.ndarray:
     return np.add.reduceat(fine[:, _FOLD_ORDER], _FOLD_STARTS, axis=1)
 
 
-def checked(out: np.ndarray, flat: np.ndarray, sizes) -> np.ndarray:
+def checked(out: np.ndarray, flat: np.ndarray, sizes, zeros: Optional[int] = None) -> np.ndarray:
     """``out`` (the folded counts of the float32 segments of ``flat``) with the
-    zero bin checked against an exact count of zeros, and a segment with a
-    subnormal, an Inf or a signalling NaN counted value by value."""
+    zero bin checked against an exact count of zeros (``zeros``, all the
+    segments' together, when the caller has counted them already: one pass
+    over the data less), and a segment with a subnormal, an Inf or a
+    signalling NaN counted value by value."""
     zero_like = out[:, I_ZERO]
     special = out[:, I_POS_INF] + out[:, I_NEG_INF]
     if zero_like.any() or special.any():
-        if np.count_nonzero(flat == 0) != int(zero_like.sum()) or special.any():
+        if zeros is None:
+            zeros = np.count_nonzero(flat == 0)
+        if zeros != int(zero_like.sum()) or special.any():
             starts = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)])
             for i in np.nonzero(zero_like | special)[0]:
                 seg = flat[starts[i]:starts[i + 1]]

@@ -58,6 +58,28 @@ def test_one_tensor_strided_half_or_with_a_signalling_nan_gets_the_exact_histogr
         assert got.sum() == c.numel()
     assert of_tensor(cases[-1])[H.I_NAN] == 1 and of_tensor(cases[-1])[H.I_POS_INF] == 0
 
+def test_a_large_tensors_histogram_takes_its_zero_count_from_the_full_row():
+    """At a full step a large tensor's raw row has counted its zeros exactly;
+    of_tensor takes that count instead of counting again, and the bins stay
+    exact: zeros beside subnormals (both have exponent 0), a row of another
+    element count or one that did not measure zeros (a usual step) ignored."""
+    from nndb.tracer import stats as S
+    rng = np.random.default_rng(3)
+    relu = np.maximum(rng.standard_normal(20000), 0).astype(np.float32)
+    sub = relu.copy()
+    sub[::97] = np.float32(1e-41)                               # subnormals: exponent 0, not zero
+    for a in (relu, sub):
+        t = torch.from_numpy(a)
+        want = H.exact(a.astype(np.float64))
+        raw = S.raw_now(t, True)
+        assert S.exact_zeros(raw, t.numel()) == np.count_nonzero(a == 0)
+        assert np.array_equal(of_tensor(t, raw), want)
+        assert S.exact_zeros(S.raw_now(t, False), t.numel()) is None      # (a usual step's row: not measured)
+        assert np.array_equal(of_tensor(t, S.raw_now(t, False)), want)
+        assert S.exact_zeros(raw, t.numel() + 1) is None
+        assert np.array_equal(of_tensor(t[:-1], raw), H.exact(a[:-1].astype(np.float64)))
+
+
 def test_quantiles_lie_in_their_bins_and_ks_measures_the_shift():
     rng = np.random.default_rng(1)
     a = rng.standard_normal(20000).astype(np.float32)
@@ -188,9 +210,9 @@ def test_a_containers_output_that_is_its_last_childs_is_measured_once(tmp_path, 
     calls = {"hist": 0, "row": 0}
     real_hist, real_row = TH.of_tensor, R.S.raw_now
 
-    def hist(t):
+    def hist(t, raw=None):
         calls["hist"] += 1
-        return real_hist(t)
+        return real_hist(t, raw)
 
     def row(t, full=True):
         calls["row"] += 1

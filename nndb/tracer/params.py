@@ -208,9 +208,5 @@ class Snapshot:
                 if grads and p.grad is not None and not p.grad.is_sparse:
                     keys.append(("param", p, "grad"))
                     items.append(S.local(p.grad).detach())
-            for key, raw in zip(keys, S.raw_many(items, full)):
-                bucket.add(key, raw)
-            if full:
-                for key, t in zip(keys, items):
-                    bucket.add_hist(key, H.of_tensor(t))
+            H.add_many(bucket, keys, items, full)
         bucket.covered |= plan.ids

@@ -170,7 +170,8 @@ class StepRecorder:
             if t.device.type == "cpu" and t.numel() <= S.HOST_MAX_ELEMENTS:
                 arr, reduced = S._host_array(t).copy(), None      # copied: the script may change t in place
             else:
-                arr, reduced = None, (S.raw_now(t, self.full), self.full, H.of_tensor(t) if self.full else None)
+                raw = S.raw_now(t, self.full)
+                arr, reduced = None, (raw, self.full, H.of_tensor(t, raw) if self.full else None)
         if reduced is not None:          # (a large tensor: its row and histogram, measured here or for the last module)
             self._cur.add(("act",) + key, reduced[0].copy())
             if reduced[2] is not None:
@@ -198,9 +199,7 @@ class StepRecorder:
         elif S.is_host_tensor(tensor):
             b.deferred.append((("loss", _PENDING), S._host_array(tensor).copy()))
         else:
-            b.add(("loss", _PENDING), S.raw_now(tensor, self.full))
-            if self.full:
-                b.add_hist(("loss", _PENDING), H.of_tensor(tensor))
+            H.add_many(b, [("loss", _PENDING)], [tensor], self.full)
 
     def backward_without_loss(self) -> None:
         self._cur.backward_count += 1
