@@ -10,7 +10,7 @@ import torch
 import nndb
 from conftest import Ran, nndb as run_nndb, ROOT
 from nndb import histogram as H
-from nndb.tracer.histogram import of_tensor
+from nndb.tracer.histogram import exact_zeros, of_tensor
 
 SCRIPT = f"{ROOT}/tests/scripts/dying_relu_cnn.py"
 ADVERSARIAL = np.array([1e-8, 7e4, 1e30, -1e30, np.nan, np.inf, -np.inf, 1e-40, -1e-45, -0.0, 0.0, 1.0,
@@ -72,11 +72,11 @@ def test_a_large_tensors_histogram_takes_its_zero_count_from_the_full_row():
         t = torch.from_numpy(a)
         want = H.exact(a.astype(np.float64))
         raw = S.raw_now(t, True)
-        assert S.exact_zeros(raw, t.numel()) == np.count_nonzero(a == 0)
+        assert exact_zeros(raw, t.numel()) == np.count_nonzero(a == 0)
         assert np.array_equal(of_tensor(t, raw), want)
-        assert S.exact_zeros(S.raw_now(t, False), t.numel()) is None      # (a usual step's row: not measured)
+        assert exact_zeros(S.raw_now(t, False), t.numel()) is None      # (a usual step's row: not measured)
         assert np.array_equal(of_tensor(t, S.raw_now(t, False)), want)
-        assert S.exact_zeros(raw, t.numel() + 1) is None
+        assert exact_zeros(raw, t.numel() + 1) is None
         assert np.array_equal(of_tensor(t[:-1], raw), H.exact(a[:-1].astype(np.float64)))
 
 

@@ -34,12 +34,21 @@ def of_tensor(t: torch.Tensor, raw=None) -> np.ndarray:
         fine = torch.bincount((f.view(torch.int32) >> 22).bitwise_and_(H.FINE - 1), minlength=H.FINE)
         out = H.fold(fine.cpu().numpy()[None])     # (bincount's counts: int64)
         if f.device.type == "cpu":
-            return H.checked(out, f.numpy(), [f.numel()], S.exact_zeros(raw, f.numel()))[0]
+            return H.checked(out, f.numpy(), [f.numel()], exact_zeros(raw, f.numel()))[0]
         zeros = int((f == 0).sum())
     out = out[0]
     if zeros != out[H.I_ZERO] or out[H.I_POS_INF] or out[H.I_NEG_INF]:
         return H.exact(f.cpu().numpy())
     return out
+
+
+def exact_zeros(raw, n: int):
+    """The exact count of zeros in a raw row (nndb.tracer.stats) of ``n``
+    elements, or None (no row; not measured: a step that is not full; another
+    element count)."""
+    if raw is None or raw[S._I_N] != n or raw[S._I_ZERO] != raw[S._I_ZERO]:
+        return None
+    return int(raw[S._I_ZERO])
 
 
 def of_scalar(v: float) -> np.ndarray:

@@ -91,14 +91,6 @@ def finalize(raw: np.ndarray) -> np.ndarray:
 
 # -- host (numpy) path -----------------------------------------------------
 
-def exact_zeros(raw, n: int):
-    """The exact count of zeros in a raw row of ``n`` elements, or None (no
-    row; not measured: a step that is not full; another element count)."""
-    if raw is None or raw[_I_N] != n or raw[_I_ZERO] != raw[_I_ZERO]:
-        return None
-    return int(raw[_I_ZERO])
-
-
 def local(t):
     """A tensor's local part: a DTensor's shard on this rank (FSDP records
     each rank's own shard: nndb.store.merge combines them), else the tensor."""
