@@ -25,6 +25,7 @@ fall in the timed loops as they come (one every ~8 s on the MLP).
     python scripts/bench.py --writes sync        # the trace's blocks written in the training thread
     python scripts/bench.py --workload mlp --threads 1   # torch on one thread (the default: one per core)
     python scripts/bench.py --phases --workload mlp      # where a recorded step's extra time goes (scripts/bench_phases.py)
+    python scripts/bench.py --floor --pairs 6            # plain, capture-only hooks, nndb (scripts/bench_floor.py)
 
 Workload ``cnn_fullgrad`` is the CNN keeping its conv layers' gradients
 whole every 10 steps in fp16 (``--record-full 'grad:conv*'
@@ -174,8 +175,9 @@ def _full_rules(name):
     return tuple(parse_rule(spec, every, precision) for spec, every, precision in FULL_RULES.get(name, ()))
 
 
-def train(model, opt, crit, data, steps):
-    for i in range(steps):
+def train(model, opt, crit, data, steps, start=0):
+    """``steps`` steps over the batches from batch ``start`` on (cycling)."""
+    for i in range(start, start + steps):
         x, y = data[i % len(data)]
         opt.zero_grad()
         loss = crit(model(x), y)
@@ -232,6 +234,10 @@ def _recording(schedule, tmpdir, flush_secs=None, full_rules=()):
     if flush_secs is not None:
         config.flush_secs = flush_secs
     rec = Recording(path, meta, config, message=lambda m: print(m, file=sys.stderr))
+    # The workload's optimizer is made before the recording, as in a notebook
+    # (nndb.record does the same): without this its first step would be taken
+    # for a hand-written update, and every step's record would hold the one before.
+    rec.tracer.allow_earlier_optimizers()
     return rec, _session(rec, path), path
 
 
@@ -243,7 +249,9 @@ def warm_up(model, opt, crit, data, session) -> int:
     extra = 0
     machine = session.machine if session is not None else None
     while machine is not None and machine.settling and extra < SETTLE_STEPS:
-        train(model, opt, crit, data, 1)
+        # (the batches go on cycling: one batch again and again overfits it,
+        # and the recorded loop would then train, and judge, another run)
+        train(model, opt, crit, data, 1, start=WARMUP + extra)
         extra += 1
     return extra
 
@@ -324,6 +332,7 @@ def travel(name, tmpdir, back=(1, 10), ahead=(1, 10)):
     path = os.path.join(tmpdir, f"travel-{time.monotonic_ns()}.h5")
     meta = runmeta.collect(Target(path="bench.py"), "")
     rec = Recording(path, meta, RunConfig(Target(path="bench.py"), path), message=lambda m: None)
+    rec.tracer.allow_earlier_optimizers()          # (made before the recording: see _recording)
     session = _session(rec, path, _Quiet())
     stop_at = WARMUP + steps - 1 - max(ahead)       # (predict needs steps left to run)
     session.add_point(P.StepBreak, {"step": stop_at})
@@ -495,6 +504,9 @@ def main(argv=None):
     ap.add_argument("--phases", action="store_true",
                     help="instead: the recorded step's extra time by phase of the loop (zero_grad, forward, "
                          "loss, backward, step) and by kind of step (see scripts/bench_phases.py)")
+    ap.add_argument("--floor", action="store_true",
+                    help="instead: plain, the fewest hooks that capture what every recorded step must read "
+                         "(the floor) and nndb, interleaved (see scripts/bench_floor.py)")
     ap.add_argument("--ranks", type=int, default=None, metavar="N",
                     help="instead: N ranks (gloo, DDP) of the CNN recorded by nndb, without and with the "
                          "all-stop agreement across ranks (see scripts/bench_ranks.py)")
@@ -553,6 +565,16 @@ def main(argv=None):
         with tempfile.TemporaryDirectory() as tmpdir:
             return bench_phases.main(args.workload or ["mlp", "cnn"], args.pairs, args.scale, schedule, tmpdir,
                                      sys.modules[__name__])
+    if args.floor:
+        import bench_floor
+        with tempfile.TemporaryDirectory() as tmpdir:
+            floors = bench_floor.main(args.workload or ["mlp", "cnn"], args.pairs, args.scale, schedule, tmpdir,
+                                      sys.modules[__name__])
+        if args.json:
+            with open(args.json, "w") as fh:
+                json.dump({"torch": torch.__version__, "schedule": schedule.describe(), "floor": floors}, fh,
+                          indent=2)
+        return 0
     if args.catch:
         import bench_catch
         with tempfile.TemporaryDirectory() as tmpdir:

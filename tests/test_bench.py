@@ -4,7 +4,9 @@ timings are measured, never asserted)."""
 import importlib.util
 import os
 
+import numpy as np
 import pytest
+import torch
 
 _PATH = os.path.join(os.path.dirname(__file__), "..", "scripts", "bench.py")
 
@@ -38,15 +40,20 @@ def test_instructions_without_valgrind_is_one_clear_error(bench, monkeypatch):
         bench.instructions("mlp", [])
 
 
-@pytest.fixture(scope="module")
-def phases(bench):
+def _script(name):
+    """A module of scripts/ beside bench.py (bench_phases, bench_floor)."""
+    import importlib
     import sys
     sys.path.insert(0, os.path.dirname(_PATH))
     try:
-        import bench_phases
+        return importlib.import_module(name)
     finally:
         sys.path.pop(0)
-    return bench_phases
+
+
+@pytest.fixture(scope="module")
+def phases(bench):
+    return _script("bench_phases")
 
 
 def test_phase_split_adds_up_to_the_difference_of_the_means(phases):
@@ -80,3 +87,92 @@ def test_phase_loop_times_every_phase_and_knows_the_observed_steps(bench, phases
     assert sum(observed) in (1, 2)
     plain, none, no_numbers = phases.phase_loop(build, 5, False, schedule, str(tmp_path), bench)
     assert len(plain) == 5 and not any(none) and no_numbers == []
+
+
+@pytest.fixture(scope="module")
+def floor(bench):
+    return _script("bench_floor")
+
+
+def test_the_floor_captures_every_steps_loss_gradients_and_updates_and_changes_nothing(bench, floor):
+    """--floor's hooks read what every recorded step must (the loss, each
+    parameter's gradient and update), so its ratio is a floor only if they
+    really do: checked against the loop's own values; the training is the
+    plain loop's bit for bit, and the hooks leave with remove()."""
+    build = bench.WORKLOADS["mlp"][0]
+    model, opt, crit, data = build(0)
+    hooks = floor.FloorHooks(opt, crit)
+    losses, grads, updates = [], [], []
+    for i in range(floor.RING):
+        x, y = data[i % len(data)]
+        before = [p.detach().clone() for p in model.parameters()]
+        opt.zero_grad()
+        loss = crit(model(x), y)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+        grads.append([float(p.grad.norm()) for p in model.parameters()])
+        updates.append([float((p.detach() - b).norm()) for p, b in zip(model.parameters(), before)])
+    hooks.remove()
+    assert hooks.losses == losses and len(hooks.norms) == 1
+    k = len(list(model.parameters()))
+    norms = np.sqrt(hooks.norms[0])                        # (RING steps, values | updates | gradients)
+    assert norms.shape == (floor.RING, 3 * k)
+    np.testing.assert_allclose(norms[:, 2 * k:], grads, rtol=1e-5)
+    np.testing.assert_allclose(norms[:, k:2 * k], updates, rtol=1e-4)
+    model2, opt2, crit2, _ = build(0)
+    bench.train(model2, opt2, crit2, data, floor.RING)
+    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), model2.parameters()))
+    n = len(hooks.losses)
+    bench.train(model, opt, crit, data, 2)                  # (removed: nothing more is captured)
+    assert len(hooks.losses) == n
+
+
+def test_the_recorded_loop_is_recorded_step_for_step_and_trains_as_the_plain_one(bench, tmp_path, monkeypatch):
+    """The benchmark makes its model and optimizer before the recording (as a
+    notebook does): the trace holds each step's own loss (its first step was
+    once taken for a hand-written update, and every later record held the
+    step before's), and the warm-up's extra steps go on cycling the batches
+    (they had repeated the first one until the model overfitted it and its
+    loss rose to ~3.5 on the others: the rules judged another run)."""
+    from nndb.api.trace import Trace
+    from nndb.config import RecordSchedule
+    monkeypatch.setattr(bench, "REPLICA", "off")
+    build = bench.WORKLOADS["mlp"][0]
+    model, opt, crit, data = build(0)
+    rec, session, path = bench._recording(RecordSchedule.parse(None, None, None, None), str(tmp_path))
+    rec.__enter__()
+    losses = []
+    for i in range(12):
+        x, y = data[i % len(data)]
+        opt.zero_grad()
+        loss = crit(model(x), y)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    rec.__exit__(None, None, None)
+    rec.close()
+    session.run_ended("finished", 0, "")
+    session.machine.close()
+    t = Trace(path)
+    assert list(t.steps) == list(range(12))
+    np.testing.assert_allclose(t.series("loss", "loss", "mean"), losses, rtol=1e-6)
+
+    class Settling:                                      # (time travel still measuring its first checkpoint)
+        def __init__(self, n):
+            self.n = n
+
+        @property
+        def settling(self):
+            self.n -= 1
+            return self.n >= 0
+
+    class Session:
+        machine = Settling(5)
+
+    warmed = build(0)
+    extra = bench.warm_up(*warmed, Session())
+    straight = build(0)
+    bench.train(*straight, bench.WARMUP + extra)
+    assert extra == 5
+    assert all(torch.equal(a, b) for a, b in zip(warmed[0].parameters(), straight[0].parameters()))
