@@ -234,10 +234,6 @@ def _recording(schedule, tmpdir, flush_secs=None, full_rules=()):
     if flush_secs is not None:
         config.flush_secs = flush_secs
     rec = Recording(path, meta, config, message=lambda m: print(m, file=sys.stderr))
-    # The workload's optimizer is made before the recording, as in a notebook
-    # (nndb.record does the same): without this its first step would be taken
-    # for a hand-written update, and every step's record would hold the one before.
-    rec.tracer.allow_earlier_optimizers()
     return rec, _session(rec, path), path
 
 
@@ -332,7 +328,6 @@ def travel(name, tmpdir, back=(1, 10), ahead=(1, 10)):
     path = os.path.join(tmpdir, f"travel-{time.monotonic_ns()}.h5")
     meta = runmeta.collect(Target(path="bench.py"), "")
     rec = Recording(path, meta, RunConfig(Target(path="bench.py"), path), message=lambda m: None)
-    rec.tracer.allow_earlier_optimizers()          # (made before the recording: see _recording)
     session = _session(rec, path, _Quiet())
     stop_at = WARMUP + steps - 1 - max(ahead)       # (predict needs steps left to run)
     session.add_point(P.StepBreak, {"step": stop_at})

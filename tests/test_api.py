@@ -213,14 +213,19 @@ import api_loop
 earlier = api_loop.build() if sys.argv[3] == "earlier" else None
 torch.manual_seed(0)
 w, x = torch.nn.Linear(4, 1), torch.randn(16, 4)
+holds = torch.optim.SGD(w.parameters(), 0.1) if sys.argv[3] == "holds" else None
+losses = []
 with nndb.record(sys.argv[1]) as rec:
     for _ in range(4):
-        w(x).pow(2).mean().backward()
+        loss = w(x).pow(2).mean()
+        loss.backward()
+        losses.append(loss.item())
         with torch.no_grad():
             for p in w.parameters():
                 p -= 0.1 * p.grad
                 p.grad = None
-print(json.dumps(rec.trace.reader.backward_count.tolist()))
+t = rec.trace
+print(json.dumps([t.reader.backward_count.tolist(), t.series("loss", "loss", "mean").tolist(), losses]))
 """
 
 
@@ -235,11 +240,18 @@ def _hand_written_updates(path, earlier: str):
 
 
 def test_record_hand_written_updates(tmp_path):
-    """Each backward is a step, as under nndb run; with an optimizer made
-    before the block alive (it might have been the loop's), the first two
-    iterations make step 0 (docs/api.md says so)."""
-    assert _hand_written_updates(tmp_path / "a.h5", "none") == [1, 1, 1, 1]
-    assert _hand_written_updates(tmp_path / "b.h5", "earlier") == [2, 1, 1]
+    """Each backward is a step, as under nndb run, with each its own loss;
+    also with an optimizer made before the block alive that holds none of
+    the loop's parameters (it had made the first two iterations step 0).
+    Only an earlier optimizer over the loop's own parameters that never
+    steps leaves the first two iterations as step 0 (docs/steps.md)."""
+    for earlier in ("none", "earlier"):
+        counts, recorded, losses = _hand_written_updates(tmp_path / f"{earlier}.h5", earlier)
+        assert counts == [1, 1, 1, 1]
+        np.testing.assert_allclose(recorded, losses, rtol=1e-6)
+    counts, recorded, losses = _hand_written_updates(tmp_path / "holds.h5", "holds")
+    assert counts == [2, 1, 1]
+    np.testing.assert_allclose(recorded[1:], losses[2:], rtol=1e-6)
 
 
 def test_docs_example_runs(tmp_path, monkeypatch, capsys):

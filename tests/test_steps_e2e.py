@@ -200,3 +200,48 @@ def test_optimizer_made_before_recording_keeps_steps_in_order(tmp_path):
     assert seen == [(0, 1, 0), (1, 0, 1), (2, 1, 1), (3, 1, 1), (4, 1, 1), (5, 1, 1)]
     with TraceReader(path) as t:
         assert list(t.steps) == [0, 1, 2, 3, 4, 5]
+
+
+RESTARTED_HELPER = """
+import torch
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3))
+opt = torch.optim.Adam(model.parameters(), 1e-2)
+"""
+RESTARTED_MAIN = """
+import torch
+from helper import model, opt
+g = torch.Generator().manual_seed(1)
+data = [(torch.randn(32, 8, generator=g), torch.randint(0, 3, (32,), generator=g)) for _ in range(3)]
+for i in range(6):
+    x, y = data[i % 3]
+    opt.zero_grad()
+    loss = torch.nn.functional.cross_entropy(model(x), y)
+    loss.backward()
+    opt.step()
+    print(f"{i} {loss.item()!r}", flush=True)
+"""
+
+
+def test_a_restarted_run_whose_optimizer_comes_from_an_imported_module_keeps_its_steps(tmp_path):
+    """'run' restarts the script in the same process: a module it imports
+    (model and optimizer made at import) comes from sys.modules, so the
+    second run's optimizer was made before its recording started.  Its
+    steps are still one an optimizer step, each with its own loss (the
+    first backward had ended step 0 as a hand-written update: the trace had
+    7 steps for 6, a NaN loss at step 1 and each later step the loss of the
+    one before)."""
+    (tmp_path / "helper.py").write_text(RESTARTED_HELPER)
+    (tmp_path / "main.py").write_text(RESTARTED_MAIN)
+    r = nndb("run", "--batch", "-q", "--trace", str(tmp_path / "t.h5"), "-e", "break step 2", "-e", "run",
+             "-e", "delete", "-e", "continue", str(tmp_path / "main.py"), cwd=str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    printed = [float(line.split()[1]) for line in r.stdout.splitlines() if line[:1].isdigit()]
+    second = printed[-6:]
+    assert len(second) == 6 and (tmp_path / "t.h5").exists()
+    with TraceReader(str(tmp_path / "t-run2.h5")) as t:
+        assert list(t.steps) == list(range(6))
+        assert t.backward_count.tolist() == t.optimizer_steps.tolist() == [1] * 6
+        loss = next(s for s in t.series() if s.kind == "loss")
+        mean = t.columns.index("mean")
+        np.testing.assert_array_equal(t.column(loss)[:, mean], second)

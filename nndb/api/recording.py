@@ -126,13 +126,10 @@ class Recorder:
         meta = dict(runmeta.collect(cfg.target, cfg.schedule.describe()), in_process=True)
         if cfg.target.path.startswith("<"):         # ("<stdin>", a notebook cell's "<ipython-input-...>")
             meta.update(script=cfg.target.path, argv=[cfg.target.path])
+        # (a notebook makes its model and optimizer in one cell and trains in
+        # another: the tracer takes an optimizer alive at the block's start for
+        # the loop's when it holds the parameters the first backward reaches)
         self._rec = Recording(self.path, meta, cfg, _stderr)
-        # A notebook makes its model and optimizer in one cell and trains in
-        # another: an optimizer alive at the block's start may be the loop's
-        # (nndb run takes it for an earlier run's, and the first iteration,
-        # whose backward comes before any optimizer step, for a hand-written
-        # update: step 0 would be half an iteration).
-        self._rec.tracer.allow_earlier_optimizers()
         if not cfg.quiet:
             _stderr(f"nndb: recording to {self.path}")
         self._session.attach(self._rec, self.path)

@@ -136,7 +136,12 @@ class Tracer:
         self._opt_refs: list = []        # the same, in the order first seen (read at every step end)
         self._known_optimizers: Optional[weakref.WeakSet] = None
         self._preexisting: Optional[weakref.WeakSet] = None      # (preexisting_optimizers)
-        self._backward_grace = 0                # (allow_earlier_optimizers)
+        # An optimizer made before the run (a notebook's earlier cell; the module
+        # a restarted run imported again from sys.modules) that holds the
+        # parameters of the first backward may be this run's: that backward
+        # waits for it once (_earlier_owner).
+        self._backward_grace = 1
+        self._grad_param = None                 # a parameter the backward in progress reached
         # > 0 while a step boundary is being decided and recorded: nndb's
         # signal handling waits for it, so a Ctrl-C never loses half a step.
         self.busy = 0
@@ -184,13 +189,17 @@ class Tracer:
             self._preexisting = weakref.WeakSet(find_optimizers())
         return self._preexisting
 
-    def allow_earlier_optimizers(self) -> None:
-        """nndb.record: the caller may have made its optimizer before the
-        block, so one alive before the run may be this run's.  While none has
-        stepped, the first backward is not taken for a hand-written update if
-        such an optimizer is alive (a second one is: hand-written updates then
-        count from there)."""
-        self._backward_grace = 1
+    def _earlier_owner(self) -> bool:
+        """Does an optimizer alive before the run hold a parameter the backward
+        that just ended reached?  Then, while no optimizer has stepped in this
+        run, it may be this run's: the first such backward does not end step 0
+        as a hand-written update would.  One that holds none of them is an
+        earlier run's (or another model's): hand-written updates count from
+        the first backward."""
+        p = self._grad_param
+        if p is None or not self._backward_grace:
+            return False
+        return any(q is p for o in self.preexisting_optimizers() for g in o.param_groups for q in g["params"])
 
     def uninstall(self) -> None:
         for h in self._handles:
@@ -340,6 +349,7 @@ class Tracer:
             return
         try:
             self._backward_pending = True
+            self._grad_param = param
             if self.on_first_grad is not None:
                 self.on_first_grad()
             Variable._execution_engine.queue_callback(self._backward_end)
@@ -364,9 +374,10 @@ class Tracer:
             else:
                 self.recorder.backward_without_loss()
             n = self._optimizer_count() if self.clock.mode is Mode.UNKNOWN else 1
-            if n == 0 and self._backward_grace and len(self.preexisting_optimizers()):
+            if n == 0 and self._earlier_owner():
                 self._backward_grace -= 1
                 n = 1               # (undecided: the optimizer made before the run may step next)
+            self._grad_param = None
             close = self.clock.backward_end(n)
             if self.clock.mode is Mode.MANUAL:
                 self.recorder.manual = True
