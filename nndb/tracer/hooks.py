@@ -136,12 +136,9 @@ class Tracer:
         self._opt_refs: list = []        # the same, in the order first seen (read at every step end)
         self._known_optimizers: Optional[weakref.WeakSet] = None
         self._preexisting: Optional[weakref.WeakSet] = None      # (preexisting_optimizers)
-        # An optimizer made before the run (a notebook's earlier cell; the module
-        # a restarted run imported again from sys.modules) that holds the
-        # parameters of the first backward may be this run's: that backward
-        # waits for it once (_earlier_owner).
+        # (_earlier_owner: until step 0 ends, the parameters each backward reaches)
         self._backward_grace = 1
-        self._grad_param = None                 # a parameter the backward in progress reached
+        self._grad_params: list = []
         # > 0 while a step boundary is being decided and recorded: nndb's
         # signal handling waits for it, so a Ctrl-C never loses half a step.
         self.busy = 0
@@ -190,16 +187,15 @@ class Tracer:
         return self._preexisting
 
     def _earlier_owner(self) -> bool:
-        """Does an optimizer alive before the run hold a parameter the backward
-        that just ended reached?  Then, while no optimizer has stepped in this
+        """Does an optimizer alive before the run (a notebook's earlier cell; a
+        module a restarted run took from sys.modules) hold a parameter the
+        backward that just ended reached?  Then, while none has stepped in this
         run, it may be this run's: the first such backward does not end step 0
         as a hand-written update would.  One that holds none of them is an
-        earlier run's (or another model's): hand-written updates count from
-        the first backward."""
-        p = self._grad_param
-        if p is None or not self._backward_grace:
-            return False
-        return any(q is p for o in self.preexisting_optimizers() for g in o.param_groups for q in g["params"])
+        earlier run's or another model's: each backward ends a step."""
+        reached = {id(p) for p in self._grad_params}
+        return bool(reached) and any(id(q) in reached for o in self.preexisting_optimizers()
+                                     for g in o.param_groups for q in g["params"])
 
     def uninstall(self) -> None:
         for h in self._handles:
@@ -345,11 +341,12 @@ class Tracer:
                 self._param_handles[id(p)] = p.register_post_accumulate_grad_hook(self._grad_accumulated)
 
     def _grad_accumulated(self, param) -> None:
+        if self._backward_grace:
+            self._grad_params.append(param)
         if self._failed or self._backward_pending:
             return
         try:
             self._backward_pending = True
-            self._grad_param = param
             if self.on_first_grad is not None:
                 self.on_first_grad()
             Variable._execution_engine.queue_callback(self._backward_end)
@@ -374,10 +371,11 @@ class Tracer:
             else:
                 self.recorder.backward_without_loss()
             n = self._optimizer_count() if self.clock.mode is Mode.UNKNOWN else 1
-            if n == 0 and self._earlier_owner():
-                self._backward_grace -= 1
-                n = 1               # (undecided: the optimizer made before the run may step next)
-            self._grad_param = None
+            if self._backward_grace:
+                if n == 0 and self._earlier_owner():
+                    n = 1           # (undecided: the optimizer made before the run may step next)
+                self._backward_grace = 0
+                self._grad_params = []
             close = self.clock.backward_end(n)
             if self.clock.mode is Mode.MANUAL:
                 self.recorder.manual = True
