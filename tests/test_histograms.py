@@ -78,6 +78,8 @@ def test_a_large_tensors_histogram_takes_its_zero_count_from_the_full_row():
         assert np.array_equal(of_tensor(t, S.raw_now(t, False)), want)
         assert exact_zeros(raw, t.numel() + 1) is None
         assert np.array_equal(of_tensor(t[:-1], raw), H.exact(a[:-1].astype(np.float64)))
+    big = np.array([float(1 << 25), 0, 0, 0, 0, 0, 7, 0, 0])    # (n, ..., nzero, ...): past float32's exact counts
+    assert exact_zeros(big, 1 << 25) is None
 
 
 def test_quantiles_lie_in_their_bins_and_ks_measures_the_shift():

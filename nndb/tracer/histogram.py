@@ -42,11 +42,16 @@ def of_tensor(t: torch.Tensor, raw=None) -> np.ndarray:
     return out
 
 
+# torch counts a large tensor's zeros as a float32 sum (stats.cpu_raw_large),
+# exact only up to 2^24 elements
+_EXACT_COUNT_MAX = 1 << 24
+
+
 def exact_zeros(raw, n: int):
     """The exact count of zeros in a raw row (nndb.tracer.stats) of ``n``
     elements, or None (no row; not measured: a step that is not full; another
-    element count)."""
-    if raw is None or raw[S._I_N] != n or raw[S._I_ZERO] != raw[S._I_ZERO]:
+    element count; more elements than a float32 sum counts exactly)."""
+    if raw is None or n > _EXACT_COUNT_MAX or raw[S._I_N] != n or raw[S._I_ZERO] != raw[S._I_ZERO]:
         return None
     return int(raw[S._I_ZERO])
 

@@ -136,8 +136,8 @@ class Tracer:
         self._opt_refs: list = []        # the same, in the order first seen (read at every step end)
         self._known_optimizers: Optional[weakref.WeakSet] = None
         self._preexisting: Optional[weakref.WeakSet] = None      # (preexisting_optimizers)
-        # (_earlier_owner: until step 0 ends, the parameters each backward reaches)
-        self._backward_grace = 1
+        # (_earlier_owner: until the first backward ends, the parameters it reaches)
+        self._first_backward = True
         self._grad_params: list = []
         # > 0 while a step boundary is being decided and recorded: nndb's
         # signal handling waits for it, so a Ctrl-C never loses half a step.
@@ -341,7 +341,7 @@ class Tracer:
                 self._param_handles[id(p)] = p.register_post_accumulate_grad_hook(self._grad_accumulated)
 
     def _grad_accumulated(self, param) -> None:
-        if self._backward_grace:
+        if self._first_backward:
             self._grad_params.append(param)
         if self._failed or self._backward_pending:
             return
@@ -371,10 +371,10 @@ class Tracer:
             else:
                 self.recorder.backward_without_loss()
             n = self._optimizer_count() if self.clock.mode is Mode.UNKNOWN else 1
-            if self._backward_grace:
+            if self._first_backward:
                 if n == 0 and self._earlier_owner():
                     n = 1           # (undecided: the optimizer made before the run may step next)
-                self._backward_grace = 0
+                self._first_backward = False
                 self._grad_params = []
             close = self.clock.backward_end(n)
             if self.clock.mode is Mode.MANUAL:
