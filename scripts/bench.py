@@ -26,6 +26,7 @@ fall in the timed loops as they come (one every ~8 s on the MLP).
     python scripts/bench.py --workload mlp --threads 1   # torch on one thread (the default: one per core)
     python scripts/bench.py --phases --workload mlp      # where a recorded step's extra time goes (scripts/bench_phases.py)
     python scripts/bench.py --floor --pairs 6            # plain, capture-only hooks, nndb (scripts/bench_floor.py)
+    python scripts/bench.py --second-core --workload mlp # the plain loop beside a busy helper process (scripts/bench_second_core.py)
 
 Workload ``cnn_fullgrad`` is the CNN keeping its conv layers' gradients
 whole every 10 steps in fp16 (``--record-full 'grad:conv*'
@@ -502,6 +503,10 @@ def main(argv=None):
     ap.add_argument("--floor", action="store_true",
                     help="instead: plain, the fewest hooks that capture what every recorded step must read "
                          "(the floor) and nndb, interleaved (see scripts/bench_floor.py)")
+    ap.add_argument("--second-core", action="store_true",
+                    help="instead: the plain loop alone and beside a helper process that keeps the other core "
+                         "busy (half or all of it, nice 0 and 19): what moving nndb's work off the training "
+                         "thread would cost it (see scripts/bench_second_core.py)")
     ap.add_argument("--ranks", type=int, default=None, metavar="N",
                     help="instead: N ranks (gloo, DDP) of the CNN recorded by nndb, without and with the "
                          "all-stop agreement across ranks (see scripts/bench_ranks.py)")
@@ -569,6 +574,13 @@ def main(argv=None):
             with open(args.json, "w") as fh:
                 json.dump({"torch": torch.__version__, "schedule": schedule.describe(), "floor": floors}, fh,
                           indent=2)
+        return 0
+    if args.second_core:
+        import bench_second_core
+        measured = bench_second_core.main(args.workload or ["mlp"], args.pairs, args.scale, sys.modules[__name__])
+        if args.json:
+            with open(args.json, "w") as fh:
+                json.dump({"torch": torch.__version__, "second_core": measured}, fh, indent=2)
         return 0
     if args.catch:
         import bench_catch

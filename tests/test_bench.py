@@ -3,6 +3,7 @@ the one-line error without it (the timed benchmark itself is not a test:
 timings are measured, never asserted)."""
 import importlib.util
 import os
+import time
 
 import numpy as np
 import pytest
@@ -176,3 +177,38 @@ def test_the_recorded_loop_is_recorded_step_for_step_and_trains_as_the_plain_one
     bench.train(*straight, bench.WARMUP + extra)
     assert extra == 5
     assert all(torch.equal(a, b) for a, b in zip(warmed[0].parameters(), straight[0].parameters()))
+
+
+def test_second_core_helper_takes_the_share_of_a_core_it_asks_for_and_is_gone_after(bench):
+    """--second-core's helper really keeps a core busy for the share it asks
+    (else "the plain step beside it" measures nothing), reports it, and is
+    stopped when the measured code returns."""
+    second = _script("bench_second_core")
+    seen, before = {}, set(_children())        # (other tests of this worker may have left some)
+
+    def measured():
+        time.sleep(0.6)
+        seen["children"] = set(_children()) - before
+        return "done"
+    out, share = second._with_helper(1000, 0, 0, measured)
+    assert out == "done"
+    assert 0.5 < share < 1.3                    # a whole core asked, at nice 0 (one of two cores)
+    assert len(seen["children"]) == 1
+    assert set(_children()) - before == set()
+    out, share = second._with_helper(100, 900, 0, lambda: time.sleep(0.6))
+    assert share < 0.5                          # a tenth of a core asked
+
+
+def _children():
+    """Live child processes of this one (Linux /proc)."""
+    me, out = str(os.getpid()), []
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                with open(f"/proc/{pid}/stat") as fh:
+                    fields = fh.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if fields[1] == me and fields[0] != "Z":
+                out.append(int(pid))
+    return out
