@@ -251,3 +251,52 @@ def test_a_restarted_run_whose_optimizer_comes_from_an_imported_module_keeps_its
         loss = next(s for s in t.series() if s.kind == "loss")
         mean = t.columns.index("mean")
         np.testing.assert_array_equal(t.column(loss)[:, mean], second)
+
+
+REPLACED_OPTIMIZER = """
+import sys
+import torch
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3))
+x, y = torch.randn(32, 8), torch.randint(0, 3, (32,))
+def stage(opt, start, n):
+    for i in range(start, start + n):
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        g = model[0].weight.grad.norm().item()
+        opt.step()
+        print(f"{i} {loss.item()!r} {g!r}", flush=True)
+opt = torch.optim.Adam(model.parameters(), 1e-2)
+stage(opt, 0, 5)
+if sys.argv[1] == "rebind":           # a second stage: a new optimizer over the same parameters
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    stage(opt, 5, 5)
+else:                                 # the same, the first one let go inside a function
+    stage(torch.optim.SGD(model.parameters(), lr=0.1), 5, 5)
+"""
+
+
+@pytest.mark.parametrize("how", ["rebind", "call"])
+def test_an_optimizer_replaced_mid_run_hands_the_steps_over(tmp_path, how):
+    """A second stage with a new optimizer over the same parameters: one step
+    per optimizer step on, each with its own loss and gradient.  The recorder's
+    caches had kept the first optimizer alive (keyed by the object), so it
+    stayed the step clock's closer and the whole second stage went into one
+    partial step with the mean of its losses."""
+    script = tmp_path / "stages.py"
+    script.write_text(REPLACED_OPTIMIZER)
+    trace = str(tmp_path / "stages.h5")
+    plain = python(str(script), how)
+    r = nndb("run", "--batch", "--trace", trace, str(script), how)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == plain.stdout
+    printed = [line.split() for line in plain.stdout.splitlines()]
+    with TraceReader(trace) as t:
+        assert list(t.steps) == list(range(10))
+        assert list(t.backward_count) == [1] * 10 and list(t.optimizer_steps) == [1] * 10
+        assert not t.partial.any()
+        loss = t.find("loss", "loss")[0]
+        assert list(t.history(loss, "mean")[1]) == [np.float32(float(p[1])) for p in printed]
+        grad = t.find("0.weight", "grad")[0]
+        np.testing.assert_allclose(t.history(grad, "norm")[1], [float(p[2]) for p in printed], rtol=1e-6)

@@ -442,9 +442,9 @@ class Tracer:
         try:
             self.recorder.optimizer_post(opt)
             self._tell_optimizer(opt, "post")
-            learning = self.clock.mode is Mode.LEARNING
+            mark = self.clock.marks(opt)
             close = self.clock.optimizer_post(opt)
-            if learning:
+            if mark:
                 self.recorder.mark()
             if close is not None:
                 self._close(close)

@@ -119,11 +119,17 @@ class StepRecorder:
         self._in_step: Optional[bool] = None     # inside optimizer.step(): has a loss been taken there?
         self._manual_pending: Optional[tuple] = None   # (step, bucket, time, snapshot)
         self.last: Optional[StepRecord] = None
-        self._names: dict = {}              # series key -> name, resolved once
+        # These caches key an object by its id, never by the object: they must not keep
+        # an optimizer, a module or a parameter alive (an optimizer the script replaced,
+        # kept alive here, never handed the step clock over to its successor: every
+        # later iteration went into one step).  An id is forgotten when its object goes.
+        self._names: dict = {}              # series key, its object as an id -> name, resolved once
+        self._held: dict = {}               # id -> weakref of an object the caches name
+        self._gone: list = []               # ids whose objects went since (forgotten at the next record)
         self._shapes: dict = {}             # parameter name -> its shape, noted as it is named
         self._local_shapes: dict = {}       # parameter name -> its shard's shape (a DTensor's: FSDP)
         self._layouts: dict = {}            # tuple of (name, kind) -> the list given to every record
-        self._by_sig: dict = {}             # (entry keys, blocks, losses qualified) -> that list
+        self._by_sig: dict = {}             # (entry keys, plans, losses qualified), as ids -> that list
         self._others: tuple = (None, [])     # (cache key, params no optimizer holds)
         # Whole tensors kept (--record-full): nndb.tracer.fulltensors.FullTensors, or None
         self.fulltensors = None
@@ -333,8 +339,27 @@ class StepRecorder:
         else:
             self._manual_pending = (step, bucket, now, Snapshot(plan))
 
+    def _hold(self, obj) -> int:
+        """id(obj) for a cache key, watched: when obj goes, the id is forgotten."""
+        i = id(obj)
+        if obj is not None and i not in self._held:
+            try:
+                self._held[i] = weakref.ref(obj, lambda _, i=i, gone=self._gone: gone.append(i))
+            except TypeError:            # (not weakly referable: held, as before)
+                self._held[i] = obj
+        return i
+
+    def _forget_gone(self) -> None:
+        gone, self._gone[:] = set(self._gone), []
+        for i in gone:
+            self._held.pop(i, None)
+        self._by_sig.clear()
+        for key in [k for k in self._names if k[1] in gone]:
+            del self._names[key]
+
     def _name(self, key) -> str:
-        name = self._names.get(key)
+        ikey = (key[0], self._hold(key[1]), *key[2:])
+        name = self._names.get(ikey)
         if name is None:
             if key[0] == "act":
                 base = self.naming.module_name(key[1])
@@ -346,7 +371,7 @@ class StepRecorder:
                 self._shapes[name] = list(key[1].shape)
                 if type(key[1]).__name__ == "DTensor":    # (FSDP: the shard's shape too)
                     self._local_shapes[name] = list(S.local(key[1]).shape)
-            self._names[key] = name
+            self._names[ikey] = name
         return name
 
     def series_shape(self, name: str, kind: str, local: bool = False) -> Optional[list]:
@@ -399,16 +424,20 @@ class StepRecorder:
         b.resolve()
         b.attribute_losses(None)
         # The step's series, by what was recorded (the same keys step after step: one lookup)
+        if self._gone:
+            self._forget_gone()
         params = b.params
         if len(params) == 1:                  # (one optimizer: no generator to run)
             (plan, (g, _)), = params.items()
-            psig = ((plan, g),)
+            psig = ((id(plan), g),)
         else:
-            psig = tuple((plan, g) for plan, (g, _) in params.items())
-        sig = (tuple(b.entries), psig, self.naming.loss_qualified)
+            psig = tuple((id(plan), g) for plan, (g, _) in params.items())
+        sig = (tuple([(k[0], id(k[1]), *k[2:]) for k in b.entries]), psig, self.naming.loss_qualified)
         names = self._by_sig.get(sig)
         if names is None:
-            names = self._names_of(b)
+            names = self._names_of(b)        # (holds every object of the signature: _name and below)
+            for plan in params:
+                self._hold(plan)
             if len(self._by_sig) < 64:
                 self._by_sig[(sig[0], sig[1], self.naming.loss_qualified)] = names
         raws = [np.array(list(b.entries.values()))] if b.entries else []

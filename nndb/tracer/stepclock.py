@@ -13,6 +13,13 @@ The rule (also in docs/steps.md):
   from step 1 on a step ends as soon as the closing optimizer returns.  If the
   closing optimizer goes away (a new optimizer replaces it), the next
   optimizer to step becomes the closer.
+* **A new optimizer while the old one lives on** (kept in a list, or a
+  global the next stage no longer steps): with one closing optimizer, an
+  optimizer that steps a second time before the closer has stepped since
+  its first takes over, as a learnt iteration would: the optimizers that
+  stepped since the last close, in order, make the step, which ends at the
+  return of the last of them (closed after the fact), and the last closes
+  the steps from then on.
 * **No optimizer** in the process (hand-written updates such as
   ``p.data.add_(p.grad, alpha=-lr)``): step N ends when the N-th
   ``backward()`` that reaches a parameter returns.  If an optimizer appears
@@ -50,6 +57,7 @@ class StepClock:
         self._closer = None              # weakref to the closing optimizer
         self._learn_order: list = []     # ids of optimizers seen while learning
         self._learn_posts = 0            # optimizer steps (segments) while learning
+        self._others: list = []          # one closer: the others that stepped since the last close (weakrefs)
 
     @property
     def closer(self):
@@ -84,7 +92,23 @@ class StepClock:
         if self.closer is None:
             self.mode = Mode.SINGLE if n_optimizers <= 1 else Mode.CYCLE
             self._set_closer(opt)
+            self._others = []
+            return None
+        if self.mode is Mode.SINGLE and any(r() is opt for r in self._others):
+            # The closer has not stepped since this one did: this one (and any that
+            # stepped with it) is the loop now; the closer is an earlier stage's.
+            order, self._others = self._others, []
+            self.mode = Mode.SINGLE if len({id(r()) for r in order}) == 1 else Mode.CYCLE
+            self._closer = order[-1]
+            return self._close(retro=len(order))
         return None
+
+    def marks(self, opt) -> bool:
+        """Does ``opt``'s step, about to return, end a segment of the step
+        (``StepRecorder.mark``): while learning, and for an optimizer other
+        than the one closer (it may take over: see ``optimizer_pre``)."""
+        return self.mode is Mode.LEARNING or (self.mode is Mode.SINGLE and opt is not self.closer
+                                              and self.closer is not None)
 
     def optimizer_post(self, opt) -> Optional[Close]:
         if self.mode is Mode.LEARNING:
@@ -93,7 +117,10 @@ class StepClock:
             self._set_closer(opt)
             return None
         if opt is self.closer:
+            self._others = []
             return self._close()
+        if self.mode is Mode.SINGLE and self.closer is not None:
+            self._others.append(weakref.ref(opt))
         return None
 
     def backward_end(self, n_optimizers: int) -> Optional[Close]:
