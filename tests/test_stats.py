@@ -223,3 +223,17 @@ def test_quiet_falls_back_to_errstate_without_numpy_2s_context_variable(monkeypa
             assert np.isinf(np.ones(1) / 0).all()
         assert np.isinf(half(np.ones(1))).all()
         assert np.geterr()["divide"] == "raise"
+
+
+def test_float16_norms_between_full_steps_are_exact_to_float32():
+    """A CPU float16 model's gradients are read between full steps by norm
+    rows only: their squares were summed in float16, where a square under
+    6e-8 is 0 (a gradient norm of 0.002 read 0.0) and a sum over 65504 inf."""
+    from nndb.tracer import stats as S
+    g = np.random.default_rng(0)
+    small = (g.standard_normal(4096) * 3e-5).astype(np.float16)
+    large = (g.standard_normal(4096) * 300).astype(np.float16)
+    rows = S.host_norm_segments(np.concatenate([small, large]), [4096, 4096])
+    for row, x in zip(rows, (small, large)):
+        want = np.sqrt(np.dot(x.astype(np.float64), x.astype(np.float64)))
+        assert np.sqrt(row[S._I_SQ]) == pytest.approx(want, rel=1e-6)

@@ -181,9 +181,11 @@ class Snapshot:
             if done[2] is not None:
                 bucket.param_hists[plan] = done[2]
         elif plan.host:
-            after = plan.host_values()
+            after, before = plan.host_values(), self.host_before
+            if after.dtype == np.float16:            # (the difference exact: float16 rounds it)
+                after, before = after.astype(np.float32), before.astype(np.float32)
             with Quiet():                            # (inf - inf: no warning in the user's stderr)
-                update = after - self.host_before
+                update = after - before
             g = plan.host_grads() if grads else None
             every = g is not None and len(g[2]) == len(plan.host)
             if every or not grads:      # the usual case: one block (values, updates and every gradient)

@@ -252,12 +252,13 @@ def host_norm_rows(flat: np.ndarray, starts: np.ndarray, template: np.ndarray) -
     float32 for a float32 ``flat`` (numpy sums in blocks: about 1e-7 relative
     error, against float64 at full steps); a segment whose sum is not finite
     or nearly zero takes the exact path (float64).  Call it under
-    ``np.errstate(all="ignore")`` (squares of huge values overflow)."""
-    sq = np.add.reduceat(np.square(flat), starts)
+    ``np.errstate(all="ignore")`` (squares of huge values overflow).  Float16 is
+    squared in float32 (in float16 squares under 6e-8 were 0: a norm 0.002 read 0)."""
+    sq = np.add.reduceat(np.square(flat.astype(np.float32) if flat.dtype == np.float16 else flat), starts)
     out = template.copy()
     out[:, _I_SQ] = sq
-    # (a few dozen sums: Python's min and sum of a list cost less than numpy's
-    # reductions; NaN or Inf makes the sum fail the test, and min is then not needed)
+    # (a few dozen sums: Python's min and sum of a list cost less than numpy's reductions;
+    # NaN or Inf fails the sum's test, min then not needed)
     vals = sq.tolist()
     if not (sum(vals) < math.inf and min(vals) >= _F32_SQ_TINY):
         for i in np.flatnonzero(~(np.isfinite(sq) & (sq >= _F32_SQ_TINY))).tolist():
