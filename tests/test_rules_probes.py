@@ -71,6 +71,30 @@ MASKED = """
 """
 
 
+BF16_DEAD = """
+    # bias -10 on 6 of 8 units, the forward under CPU bfloat16 autocast: the probe's
+    # reductions come back in bfloat16, which numpy has no type for
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 3))
+    with torch.no_grad():
+        model[0].bias[:6] = -10.0
+    x, y = torch.randn(32, 8), torch.randint(0, 3, (32,))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    for step in range(STEPS):
+        opt.zero_grad()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = model(x)
+        F.cross_entropy(out.float(), y).backward()
+        opt.step()
+"""
+
+
+def test_dead_relu_under_bfloat16_autocast(tmp_path):
+    """The rule read its probe's bfloat16 tensors with .numpy() and was
+    disabled at the first observed step ('Got unsupported ScalarType BFloat16')."""
+    [f] = only(run(tmp_path, write(tmp_path, "bf16.py", BF16_DEAD), 6), "dead_relu")
+    assert f["tensor"] == "1" and f["step"] == 4 and f["evidence"]["dead_units"] == 6
+
+
 @pytest.mark.parametrize("flag", ["linear", "conv", "seq"])
 def test_dead_relu_counts_units_and_channels(tmp_path, flag):
     script = write(tmp_path, "dead.py", MASKED.format(what="most dead", dead=6, units=8))

@@ -31,9 +31,13 @@ _MIN_SAMPLES_WHY = ("values per unit in a step (batch x positions) below which t
 
 
 def _np(t) -> np.ndarray:
-    """A probe's tensor as numpy (they are detached results of reductions)."""
-    return (t.numpy() if t.device.type == "cpu" else t.cpu().numpy()) if isinstance(t, torch.Tensor) \
-        else np.asarray(t)
+    """A probe's tensor as numpy (they are detached results of reductions; a
+    bfloat16 one, which numpy has no type for, in float32)."""
+    if not isinstance(t, torch.Tensor):
+        return np.asarray(t)
+    if t.dtype == torch.bfloat16:
+        t = t.float()
+    return t.numpy() if t.device.type == "cpu" else t.cpu().numpy()
 
 
 def _pct(x: float) -> str:
