@@ -300,3 +300,84 @@ def test_an_optimizer_replaced_mid_run_hands_the_steps_over(tmp_path, how):
         assert list(t.history(loss, "mean")[1]) == [np.float32(float(p[1])) for p in printed]
         grad = t.find("0.weight", "grad")[0]
         np.testing.assert_allclose(t.history(grad, "norm")[1], [float(p[2]) for p in printed], rtol=1e-6)
+
+
+CHECKPOINTED = """
+import sys
+import torch
+import torch.nn as nn
+from torch.utils.checkpoint import checkpoint
+torch.manual_seed(0)
+block = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 16), nn.ReLU())
+head = nn.Linear(16, 1)
+opt = torch.optim.SGD([*block.parameters(), *head.parameters()], lr=0.05)
+x = torch.randn(64, 8, requires_grad=sys.argv[1] == "reentrant")
+y = x.detach().sum(1, keepdim=True)
+for i in range(3):
+    opt.zero_grad()
+    h = block(x) if sys.argv[1] == "plain" else checkpoint(block, x, use_reentrant=sys.argv[1] == "reentrant")
+    nn.functional.mse_loss(head(h), y).backward()
+    opt.step()
+"""
+
+
+@pytest.mark.parametrize("how", ["reentrant", "non-reentrant"])
+def test_a_checkpointed_block_is_recorded_once_per_forward(tmp_path, how):
+    """Activation checkpointing runs the block's forward again in the backward;
+    without reentrancy that recomputation went into the same series, so every
+    activation in the block counted its elements twice (norm sqrt(2) too large).
+    The recorded activations equal those of the same loop without checkpointing."""
+    script = tmp_path / "ckpt.py"
+    script.write_text(CHECKPOINTED)
+    acts = {}
+    for mode in ("plain", how):
+        trace = str(tmp_path / f"{mode}.h5")
+        r = nndb("run", "--batch", "--trace", trace, str(script), mode)
+        assert r.returncode == 0, r.stderr
+        with TraceReader(trace) as t:
+            acts[mode] = {s.name: (list(t.history(s, "count")[1]), list(t.history(s, "norm")[1]))
+                          for s in t.series() if s.kind == "act"}
+    assert acts[how]["block.1"][0] == [64 * 16] * 3         # the ReLU in the block, each step's forward once
+    for name, (count, norm) in acts["plain"].items():
+        assert acts[how][name][0] == count
+        np.testing.assert_allclose(acts[how][name][1], norm, rtol=1e-6)
+
+
+SEVERAL_ROOTS = """
+import sys
+import torch
+import torch.nn as nn
+torch.manual_seed(0)
+enc, dec, head = nn.Linear(8, 16), nn.Linear(16, 8), nn.Linear(16, 1)
+opt = torch.optim.Adam([*enc.parameters(), *dec.parameters(), *head.parameters()], lr=1e-2)
+x = torch.randn(32, 8)
+y = x.sum(1, keepdim=True)
+for i in range(4):
+    opt.zero_grad()
+    z = torch.tanh(enc(x))
+    rec, sup = nn.functional.mse_loss(dec(z), x), nn.functional.mse_loss(head(z), y)
+    if sys.argv[1] == "weighted":
+        torch.autograd.backward([rec, sup], [torch.tensor(1.0), torch.tensor(0.5)])
+        print(repr((rec + sup * 0.5).item()))
+    else:
+        torch.autograd.backward([rec, sup])
+        print(repr((rec + sup).item()))
+    opt.step()
+"""
+
+
+@pytest.mark.parametrize("how", ["sum", "weighted"])
+def test_a_backward_of_several_losses_records_their_objective(tmp_path, how):
+    """torch.autograd.backward([rec, sup]) differentiates rec + sup (with
+    gradients given: their weighted sum); the trace's loss was rec alone."""
+    script = tmp_path / "roots.py"
+    script.write_text(SEVERAL_ROOTS)
+    trace = str(tmp_path / "roots.h5")
+    plain = python(str(script), how)
+    r = nndb("run", "--batch", "--trace", trace, str(script), how)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == plain.stdout
+    with TraceReader(trace) as t:
+        loss = t.find("loss", "loss")[0]
+        assert list(t.history(loss, "mean")[1]) == [np.float32(float(v)) for v in plain.stdout.split()]
+        assert list(t.history(loss, "count")[1]) == [1] * 4

@@ -29,7 +29,7 @@ from torch.nn.modules import module as _module
 from torch.optim import optimizer as _optimizer
 
 from .naming import Naming, user_frame
-from .recorder import StepRecorder, first_float_tensor
+from .recorder import StepRecorder, backward_objective, first_float_tensor
 from .stepclock import Close, Mode, StepClock
 
 
@@ -57,9 +57,9 @@ def _engine_outputs(frame, depth: int):
     for _ in range(depth):
         if frame is None:
             return None
-        if frame.f_code.co_name == "_engine_run_backward":
-            outs = frame.f_locals.get("t_outputs")
-            return list(outs) if outs is not None else []
+        if frame.f_code.co_name == "_engine_run_backward":      # (several roots: their one objective)
+            loc = frame.f_locals
+            return backward_objective(list(loc.get("t_outputs") or ()), (loc.get("args") or ((),))[0])
         frame = frame.f_back
     return None
 
@@ -79,14 +79,14 @@ def _backward_roots():
 
 
 _ACTIVE: "weakref.WeakSet" = weakref.WeakSet()
+_IN_BACKWARD = torch._C._current_graph_task_id     # -1 outside a backward (checkpointing recomputes in one)
 _FORK_HOOK = False
 REPLICA_FORK = False     # set by nndb.timetravel around its own fork(): the child is a replica
 
 
 def _quiet_in_child() -> None:
-    """A forked child (a DataLoader worker) inherits the global hooks: it must
-    neither record into the parent's trace nor stop for the debugger.  (A
-    replica that nndb forks itself goes on recording, into memory.)"""
+    """A forked child (a DataLoader worker) inherits the global hooks: it must neither record into the
+    parent's trace nor stop for the debugger (a replica nndb forks goes on recording, into memory)."""
     if REPLICA_FORK:
         return
     for t in list(_ACTIVE):
@@ -129,6 +129,7 @@ class Tracer:
         self._param_handles: dict = {}          # id(param) -> handle
         self._module_depth = 0
         self._calls: dict = {}                  # module -> calls within the current root forward
+        self._ran: set = set()                  # modules whose forward ran with grad in this step (not in a backward)
         self._backward_pending = False
         # (the first gradient of each backward, for the cross-rank compute timing: nndb.tracer.fingerprint)
         self.on_first_grad: Optional[Callable[[], None]] = None
@@ -178,21 +179,17 @@ class Tracer:
         self._set_forward(True)
 
     def preexisting_optimizers(self) -> "weakref.WeakSet":
-        """The optimizers alive before the run started (an earlier run's, in a
-        notebook or a test process): one referrer scan, made once by the first
-        to ask (the debugger session as it attaches, or ``install``), since no
-        user code runs between the two."""
+        """The optimizers alive before the run started (an earlier run's, in a notebook or a test):
+        one referrer scan, by the first to ask (the session as it attaches, or ``install``)."""
         if self._preexisting is None:
             self._preexisting = weakref.WeakSet(find_optimizers())
         return self._preexisting
 
     def _earlier_owner(self) -> bool:
-        """Does an optimizer alive before the run (a notebook's earlier cell; a
-        module a restarted run took from sys.modules) hold a parameter the
-        backward that just ended reached?  Then, while none has stepped in this
-        run, it may be this run's: the first such backward does not end step 0
-        as a hand-written update would.  One that holds none of them is an
-        earlier run's or another model's: each backward ends a step."""
+        """Does an optimizer alive before the run (a notebook's earlier cell; a module a restarted
+        run took from sys.modules) hold a parameter the backward that just ended reached?  Then,
+        while none has stepped in this run, it may be this run's: that backward does not end step
+        0 as a hand-written update would.  (One that holds none: each backward ends a step.)"""
         reached = {id(p) for p in self._grad_params}
         return bool(reached) and any(id(q) in reached for o in self.preexisting_optimizers()
                                      for g in o.param_groups for q in g["params"])
@@ -216,13 +213,11 @@ class Tracer:
             self._fwd_handles = []
 
     def _sync_forward(self) -> None:
-        """At an optimizer step (a safe point: no module's forward is iterating
-        PyTorch's global module hooks): the module hooks are in only for the
-        steps that need them.  Between them (activations are recorded on the
-        steps ``nndb.cadence.Cadence.acts`` names) a module call then costs nothing.  Needed
-        for: activations, the rules' probes, the op recorder, a stop point in
-        a module, and naming the models until step 0 ends (a model first
-        called on a step without them is named at the next step with them)."""
+        """At an optimizer step (a safe point: no module's forward is iterating PyTorch's global
+        module hooks): the module hooks are in only for the steps that need them (a module call
+        costs nothing between them).  Needed for: activations (the steps ``Cadence.acts``
+        names), the rules' probes, the op recorder, a stop point in a module, and naming the
+        models until step 0 ends (a model first called on a step without them: at the next)."""
         rec = self.recorder
         probes = self.probes
         self._set_forward(not self.naming.frozen or (rec.recording and rec.acts) or rec.wants_forward()
@@ -260,7 +255,8 @@ class Tracer:
 
     # -- module hooks --------------------------------------------------------
     def _forward_pre(self, module, args):
-        if self._failed or self._in_hook:
+        # (activation checkpointing recomputes a forward in the backward: recorded already if it ran with grad)
+        if self._failed or self._in_hook or (module in self._ran and _IN_BACKWARD() != -1):
             return None
         try:
             if self._module_depth == 0:
@@ -285,9 +281,13 @@ class Tracer:
         return None
 
     def _forward_post(self, module, args, output):
+        if module in self._ran and _IN_BACKWARD() != -1:
+            return None
         self._module_depth = max(0, self._module_depth - 1)
         if self._failed or self._in_hook:
             return None
+        if torch.is_grad_enabled() and _IN_BACKWARD() == -1:
+            self._ran.add(module)
         if self.lineage is not None:
             self.lineage.module_post(module, args, output)
         self._quietly(self._forward_post_quiet, module, args, output)
@@ -489,7 +489,7 @@ class Tracer:
     def _close(self, close: Close) -> None:
         # No forward pass is running at a step boundary, and a forward that raised
         # may have left the depth counter up (always_call would cost every module call).
-        self._module_depth = 0
+        self._module_depth, self._ran = 0, set()
         ft = self.recorder.fulltensors
         if ft is not None and ft.rules and self.recorder.manual:
             # (no optimizer: a hand-written update; the whole gradients and parameters are taken here)

@@ -83,6 +83,23 @@ def first_float_tensor(out, depth: int = 0):
     return None
 
 
+def backward_objective(roots: list, grads) -> list:
+    """The tensors a backward differentiates, as the step's loss: one root as
+    it is; several scalar roots (``torch.autograd.backward([l1, l2])``) as the
+    one objective they make, sum of gradient_i x root_i (l1 + l2, as the
+    script would write it); else the first root (no scalar objective)."""
+    if len(roots) < 2:
+        return roots
+    if not isinstance(grads, (tuple, list)) or len(grads) != len(roots) or \
+            not all(isinstance(t, torch.Tensor) and t.numel() == 1 for t in (*roots, *grads)):
+        return roots[:1]
+    total = None
+    with torch.no_grad():
+        for r, g in zip(roots, grads):
+            term = r.detach() if bool(g == 1) else r.detach() * g
+            total = term if total is None else total + term
+    return [total]
+
 class StepRecorder:
     """Accumulates one step's statistics and emits a StepRecord when it closes.
 
