@@ -253,6 +253,19 @@ def test_a_restarted_run_whose_optimizer_comes_from_an_imported_module_keeps_its
         np.testing.assert_array_equal(t.column(loss)[:, mean], second)
 
 
+def _plain_and_recorded(tmp_path, source, *args):
+    """The script ``source`` run by python and by ``nndb run --batch`` (same
+    output); (python's result, the trace's path)."""
+    script = tmp_path / "script.py"
+    script.write_text(source)
+    trace = str(tmp_path / f"script-{'-'.join(args)}.h5")
+    plain = python(str(script), *args)
+    r = nndb("run", "--batch", "--trace", trace, str(script), *args)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == plain.stdout
+    return plain, trace
+
+
 REPLACED_OPTIMIZER = """
 import sys
 import torch
@@ -284,13 +297,7 @@ def test_an_optimizer_replaced_mid_run_hands_the_steps_over(tmp_path, how):
     caches had kept the first optimizer alive (keyed by the object), so it
     stayed the step clock's closer and the whole second stage went into one
     partial step with the mean of its losses."""
-    script = tmp_path / "stages.py"
-    script.write_text(REPLACED_OPTIMIZER)
-    trace = str(tmp_path / "stages.h5")
-    plain = python(str(script), how)
-    r = nndb("run", "--batch", "--trace", trace, str(script), how)
-    assert r.returncode == 0, r.stderr
-    assert r.stdout == plain.stdout
+    plain, trace = _plain_and_recorded(tmp_path, REPLACED_OPTIMIZER, how)
     printed = [line.split() for line in plain.stdout.splitlines()]
     with TraceReader(trace) as t:
         assert list(t.steps) == list(range(10))
@@ -327,13 +334,9 @@ def test_a_checkpointed_block_is_recorded_once_per_forward(tmp_path, how):
     without reentrancy that recomputation went into the same series, so every
     activation in the block counted its elements twice (norm sqrt(2) too large).
     The recorded activations equal those of the same loop without checkpointing."""
-    script = tmp_path / "ckpt.py"
-    script.write_text(CHECKPOINTED)
     acts = {}
     for mode in ("plain", how):
-        trace = str(tmp_path / f"{mode}.h5")
-        r = nndb("run", "--batch", "--trace", trace, str(script), mode)
-        assert r.returncode == 0, r.stderr
+        _, trace = _plain_and_recorded(tmp_path, CHECKPOINTED, mode)
         with TraceReader(trace) as t:
             acts[mode] = {s.name: (list(t.history(s, "count")[1]), list(t.history(s, "norm")[1]))
                           for s in t.series() if s.kind == "act"}
@@ -370,13 +373,7 @@ for i in range(4):
 def test_a_backward_of_several_losses_records_their_objective(tmp_path, how):
     """torch.autograd.backward([rec, sup]) differentiates rec + sup (with
     gradients given: their weighted sum); the trace's loss was rec alone."""
-    script = tmp_path / "roots.py"
-    script.write_text(SEVERAL_ROOTS)
-    trace = str(tmp_path / "roots.h5")
-    plain = python(str(script), how)
-    r = nndb("run", "--batch", "--trace", trace, str(script), how)
-    assert r.returncode == 0, r.stderr
-    assert r.stdout == plain.stdout
+    plain, trace = _plain_and_recorded(tmp_path, SEVERAL_ROOTS, how)
     with TraceReader(trace) as t:
         loss = t.find("loss", "loss")[0]
         assert list(t.history(loss, "mean")[1]) == [np.float32(float(v)) for v in plain.stdout.split()]
