@@ -378,3 +378,52 @@ def test_a_backward_of_several_losses_records_their_objective(tmp_path, how):
         loss = t.find("loss", "loss")[0]
         assert list(t.history(loss, "mean")[1]) == [np.float32(float(v)) for v in plain.stdout.split()]
         assert list(t.history(loss, "count")[1]) == [1] * 4
+
+
+REPLACED_PARAMETERS = """
+import sys
+import torch
+import torch.nn as nn
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3))
+opt = torch.optim.SGD(model.parameters(), lr=0.05)
+x, y = torch.randn(32, 8), torch.randint(0, 3, (32,))
+for i in range(12):
+    if i == 6 and sys.argv[1] == "head":        # a new head, given to the optimizer
+        model[2] = nn.Linear(16, 3)
+        opt.add_param_group({"params": model[2].parameters()})
+    if i == 6 and sys.argv[1] == "assign":      # weights loaded as new tensors: the optimizer keeps the old
+        model.load_state_dict({k: v.clone() for k, v in model.state_dict().items()}, assign=True)
+    opt.zero_grad()
+    loss = nn.functional.cross_entropy(model(x), y)
+    loss.backward()
+    print(repr(loss.item()), repr(model[2].weight.grad.norm().item()))
+    opt.step()
+"""
+
+
+@pytest.mark.parametrize("how", ["head", "assign"])
+def test_parameters_replaced_mid_run_are_recorded_under_their_names(tmp_path, how):
+    """A head replaced (and added to the optimizer), or weights loaded with
+    assign=True: the new tensors were never hooked nor named, so the trace's
+    loss (assign: no hooked parameter reached) and '2.weight' went NaN from
+    step 6, the new ones appeared as 'tensor7f...'.  Now '2.weight' is the
+    tensor the model holds there, the one it replaced is 'replaced.2.weight',
+    and with assign=True the rules say what is wrong: the model's weights
+    get gradients no optimizer applies."""
+    plain, trace = _plain_and_recorded(tmp_path, REPLACED_PARAMETERS, how)
+    printed = [line.split() for line in plain.stdout.splitlines()]
+    with TraceReader(trace) as t:
+        assert list(t.steps) == list(range(12))
+        names = {s.name for s in t.series()}
+        assert not any(n.startswith("tensor") for n in names)
+        assert "replaced.2.weight" in names
+        loss = t.find("loss", "loss")[0]
+        assert list(t.history(loss, "mean")[1]) == [np.float32(float(p[0])) for p in printed]
+        grad = t.find("2.weight", "grad")[0]
+        np.testing.assert_allclose(t.history(grad, "norm")[1], [float(p[1]) for p in printed], rtol=1e-6)
+    import nndb
+    with nndb.open(trace) as t:
+        rules = {(f["rule"], f.get("tensor")) for f in t.findings}
+    if how == "assign":
+        assert ("param_not_updated", "0.weight") in rules

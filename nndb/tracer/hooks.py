@@ -15,7 +15,6 @@ reported once on stderr and recording stops; training goes on untouched.
 from __future__ import annotations
 
 import contextlib
-import gc
 import os
 import sys
 import threading
@@ -29,53 +28,9 @@ from torch.nn.modules import module as _module
 from torch.optim import optimizer as _optimizer
 
 from .naming import Naming, user_frame
-from .recorder import StepRecorder, backward_objective, first_float_tensor
+from .discover import backward_roots, find_optimizers  # noqa: F401  (find_optimizers: queries)
+from .recorder import StepRecorder, first_float_tensor
 from .stepclock import Close, Mode, StepClock
-
-
-def _subclasses(cls) -> set:
-    out, todo = {cls}, [cls]
-    while todo:
-        for sub in todo.pop().__subclasses__():
-            if sub not in out:
-                out.add(sub)
-                todo.append(sub)
-    return out
-
-
-def find_optimizers() -> list:
-    """The torch.optim.Optimizer objects the process holds.  Instances of
-    Python classes refer to their class, so one C-level referrer scan finds
-    them; it is slow (docs/performance.md), so the tracer does it about once
-    per run, when the step clock must choose how steps end."""
-    classes = _subclasses(torch.optim.Optimizer)
-    return [o for o in gc.get_referrers(*classes) if type(o) in classes]
-
-
-def _engine_outputs(frame, depth: int):
-    """``t_outputs`` of the ``_engine_run_backward`` frame at or above ``frame``."""
-    for _ in range(depth):
-        if frame is None:
-            return None
-        if frame.f_code.co_name == "_engine_run_backward":      # (several roots: their one objective)
-            loc = frame.f_locals
-            return backward_objective(list(loc.get("t_outputs") or ()), (loc.get("args") or ((),))[0])
-        frame = frame.f_back
-    return None
-
-
-def _backward_roots():
-    """The tensors the running backward() differentiates, from the engine's frame."""
-    outs = _engine_outputs(sys._getframe(1), 40)
-    if outs is not None:
-        return outs
-    # Device threads run the callback without the caller's frames; the caller
-    # is blocked in run_backward in some other thread.
-    for frame in sys._current_frames().values():
-        outs = _engine_outputs(frame, 60)
-        if outs is not None:
-            return outs
-    return []
 
 
 _ACTIVE: "weakref.WeakSet" = weakref.WeakSet()
@@ -133,7 +88,7 @@ class Tracer:
         self._backward_pending = False
         # (the first gradient of each backward, for the cross-rank compute timing: nndb.tracer.fingerprint)
         self.on_first_grad: Optional[Callable[[], None]] = None
-        self._opt_seen: "weakref.WeakSet" = weakref.WeakSet()
+        self._opt_seen: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()   # -> its param_groups count
         self._opt_refs: list = []        # the same, in the order first seen (read at every step end)
         self._known_optimizers: Optional[weakref.WeakSet] = None
         self._preexisting: Optional[weakref.WeakSet] = None      # (preexisting_optimizers)
@@ -199,7 +154,7 @@ class Tracer:
             h.remove()
         self._handles = []
         self._set_forward(False)
-        for h in self._param_handles.values():
+        for _, h in self._param_handles.values():
             h.remove()
         self._param_handles = {}
 
@@ -263,7 +218,7 @@ class Tracer:
                 self._calls = {}
                 if not self.naming.knows(module):
                     self.naming.add_root(module, user_frame(2))
-                    self._watch_params(module)
+                self._watch_params(module)     # (also parameters new in it: a head replaced, assign=True)
                 if self.probes and "root" in self.probes:
                     self._in_hook = True          # (the probes' own tensor work is not the step's)
                     try:
@@ -336,9 +291,18 @@ class Tracer:
 
     # -- backward --------------------------------------------------------------
     def _watch_params(self, module) -> None:
-        for p in module.parameters():
-            if p.requires_grad and id(p) not in self._param_handles:
-                self._param_handles[id(p)] = p.register_post_accumulate_grad_hook(self._grad_accumulated)
+        new = [p for p in module.parameters() if self._hook_param(p)]
+        if new and self.naming.knows(module):
+            self.naming.refresh()       # (new parameters in a known model: named by their place in it)
+
+    def _hook_param(self, p) -> bool:
+        """A gradient-accumulated hook on ``p`` (how a backward's end is seen), once per tensor
+        (by id and a weakref: a tensor that replaced a freed one may have its id)."""
+        held = self._param_handles.get(id(p))
+        if not p.requires_grad or (held is not None and held[0]() is p):
+            return False
+        self._param_handles[id(p)] = (weakref.ref(p), p.register_post_accumulate_grad_hook(self._grad_accumulated))
+        return True
 
     def _grad_accumulated(self, param) -> None:
         if self._first_backward:
@@ -362,7 +326,7 @@ class Tracer:
     def _backward_end_quiet(self) -> None:
         self.busy += 1
         try:
-            roots = _backward_roots()
+            roots = backward_roots()
             loss = roots[0] if roots and isinstance(roots[0], torch.Tensor) else None
             if loss is not None:
                 self.recorder.loss(loss)
@@ -411,8 +375,8 @@ class Tracer:
         self.busy += 1
         try:
             self._sync_forward()
-            if opt not in self._opt_seen:
-                self._first_sight(opt)
+            if self._opt_seen.get(opt) != len(opt.param_groups):
+                self._first_sight(opt)          # (again after add_param_group: its parameters named and watched)
             needs_count = self.clock.mode in (Mode.UNKNOWN, Mode.MANUAL) or \
                 (self.clock.mode is not Mode.LEARNING and self.clock.closer is None)
             n = self._optimizer_count(opt) if needs_count else 2
@@ -471,15 +435,16 @@ class Tracer:
         return out
 
     def _first_sight(self, opt) -> None:
-        self._opt_seen.add(opt)
-        self._opt_refs.append(weakref.ref(opt))
+        if opt not in self._opt_seen:
+            self._opt_refs.append(weakref.ref(opt))
+        self._opt_seen[opt] = len(opt.param_groups)
+        self.naming.refresh()
         frame = user_frame(3)
         oname = self.naming.optimizer_name(opt, frame)
         for gi, g in enumerate(opt.param_groups):
             for pi, p in enumerate(g["params"]):
                 self.naming.note_param(p, frame, fallback=f"{oname}.group{gi}.{pi}")
-                if p.requires_grad and id(p) not in self._param_handles:
-                    self._param_handles[id(p)] = p.register_post_accumulate_grad_hook(self._grad_accumulated)
+                self._hook_param(p)
 
     def _flush_full(self) -> None:
         ft = self.recorder.fulltensors

@@ -92,6 +92,7 @@ class Naming:
         self._opt_names: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
         self._used_opt_names: set = set()
         self._loose_names: dict = {}     # id(param) -> (weakref param, name)
+        self._used_loose: set = set()
         self.loss_qualified = False
         self.roots_version = 0           # bumped when a root is added      # set once a step had losses for several optimizers
 
@@ -161,14 +162,45 @@ class Naming:
     def module_name(self, module) -> str:
         entry = self._module_path.get(module)
         if entry is None:
-            return snake(type(module).__name__)
+            self.refresh()
+            entry = self._module_path.get(module)
+            if entry is None:
+                return snake(type(module).__name__)
         return self._qualify(*entry)
+
+    def refresh(self) -> None:
+        """Modules and parameters new in the known roots (a head replaced, weights loaded with
+        ``assign=True``): named by their place in the root, as the first ones were."""
+        moved = {}                       # (root, path) -> id of the parameter now there
+        for root in self.roots():
+            for sub, m in root.named_modules(remove_duplicate=True):
+                if m not in self._module_path:
+                    self._module_path[m] = (root, sub)
+            for sub, p in root.named_parameters(remove_duplicate=True):
+                entry = self._param_path.get(id(p))
+                if entry is None or entry[0]() is not p:
+                    self._param_path[id(p)] = (weakref.ref(p), root, sub)
+                    moved[(id(root), sub)] = id(p)
+        if not moved:
+            return
+        # A tensor that held one of these places (alive in an optimizer) is no longer the model's:
+        # it is named as a tensor no module holds, "replaced.<its old name>".
+        for i, (ref, root, sub) in list(self._param_path.items()):
+            old = ref()
+            if root is not None and moved.get((id(root), sub), i) != i:
+                del self._param_path[i]
+                if old is not None:
+                    self._loose_names[i] = (ref, unique("replaced." + self._qualify(root, sub), self._used_loose))
+        self.roots_version += 1          # (what the names resolve to changed)
 
     def note_param(self, p: torch.Tensor, frame, fallback: str) -> None:
         """Remember a name for a parameter that may belong to no module: the
         script's variable name if it has one, else ``fallback``.  A module
         path found later (the model's first forward) takes precedence."""
         if id(p) in self._param_path and self._param_path[id(p)][0]() is p:
+            return
+        loose = self._loose_names.get(id(p))
+        if loose is not None and loose[0]() is p:       # (named already: "replaced.<name>" stays)
             return
         self._loose_names[id(p)] = (weakref.ref(p), find_variable_name(p, frame) or fallback)
 
@@ -180,6 +212,10 @@ class Naming:
         loose = self._loose_names.get(id(p))
         if loose is not None and loose[0]() is p:
             return loose[1]
+        self.refresh()
+        entry = self._param_path.get(id(p))
+        if entry is not None and entry[0]() is p:
+            return self._qualify(entry[1], entry[2])
         return f"tensor{id(p):x}"
 
     def optimizer_name(self, opt, frame=None) -> str:

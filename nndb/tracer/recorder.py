@@ -83,23 +83,6 @@ def first_float_tensor(out, depth: int = 0):
     return None
 
 
-def backward_objective(roots: list, grads) -> list:
-    """The tensors a backward differentiates, as the step's loss: one root as
-    it is; several scalar roots (``torch.autograd.backward([l1, l2])``) as the
-    one objective they make, sum of gradient_i x root_i (l1 + l2, as the
-    script would write it); else the first root (no scalar objective)."""
-    if len(roots) < 2:
-        return roots
-    if not isinstance(grads, (tuple, list)) or len(grads) != len(roots) or \
-            not all(isinstance(t, torch.Tensor) and t.numel() == 1 for t in (*roots, *grads)):
-        return roots[:1]
-    total = None
-    with torch.no_grad():
-        for r, g in zip(roots, grads):
-            term = r.detach() if bool(g == 1) else r.detach() * g
-            total = term if total is None else total + term
-    return [total]
-
 class StepRecorder:
     """Accumulates one step's statistics and emits a StepRecord when it closes.
 
@@ -143,6 +126,7 @@ class StepRecorder:
         self._names: dict = {}              # series key, its object as an id -> name, resolved once
         self._held: dict = {}               # id -> weakref of an object the caches name
         self._gone: list = []               # ids whose objects went since (forgotten at the next record)
+        self._names_version = 0             # naming.roots_version the names were resolved at
         self._shapes: dict = {}             # parameter name -> its shape, noted as it is named
         self._local_shapes: dict = {}       # parameter name -> its shard's shape (a DTensor's: FSDP)
         self._layouts: dict = {}            # tuple of (name, kind) -> the list given to every record
@@ -367,6 +351,9 @@ class StepRecorder:
         return i
 
     def _forget_gone(self) -> None:
+        if self._names_version != self.naming.roots_version:       # (names may resolve to others now)
+            self._names_version = self.naming.roots_version
+            self._names.clear()
         gone, self._gone[:] = set(self._gone), []
         for i in gone:
             self._held.pop(i, None)
@@ -441,7 +428,7 @@ class StepRecorder:
         b.resolve()
         b.attribute_losses(None)
         # The step's series, by what was recorded (the same keys step after step: one lookup)
-        if self._gone:
+        if self._gone or self._names_version != self.naming.roots_version:
             self._forget_gone()
         params = b.params
         if len(params) == 1:                  # (one optimizer: no generator to run)

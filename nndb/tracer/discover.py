@@ -1,0 +1,72 @@
+"""What the tracer finds in the process rather than being told: the
+optimizers it holds, and what a running backward differentiates (the
+step's loss), read from the autograd engine's Python frame."""
+from __future__ import annotations
+
+import gc
+import sys
+
+import torch
+
+
+def backward_objective(roots: list, grads) -> list:
+    """The tensors a backward differentiates, as the step's loss: one root as
+    it is; several scalar roots (``torch.autograd.backward([l1, l2])``) as the
+    one objective they make, sum of gradient_i x root_i (l1 + l2, as the
+    script would write it); else the first root (no scalar objective)."""
+    if len(roots) < 2:
+        return roots
+    if not isinstance(grads, (tuple, list)) or len(grads) != len(roots) or \
+            not all(isinstance(t, torch.Tensor) and t.numel() == 1 for t in (*roots, *grads)):
+        return roots[:1]
+    total = None
+    with torch.no_grad():
+        for r, g in zip(roots, grads):
+            term = r.detach() if bool(g == 1) else r.detach() * g
+            total = term if total is None else total + term
+    return [total]
+
+
+def _subclasses(cls) -> set:
+    out, todo = {cls}, [cls]
+    while todo:
+        for sub in todo.pop().__subclasses__():
+            if sub not in out:
+                out.add(sub)
+                todo.append(sub)
+    return out
+
+
+def find_optimizers() -> list:
+    """The torch.optim.Optimizer objects the process holds.  Instances of
+    Python classes refer to their class, so one C-level referrer scan finds
+    them; it is slow (docs/performance.md), so the tracer does it about once
+    per run, when the step clock must choose how steps end."""
+    classes = _subclasses(torch.optim.Optimizer)
+    return [o for o in gc.get_referrers(*classes) if type(o) in classes]
+
+
+def _engine_outputs(frame, depth: int):
+    """``t_outputs`` of the ``_engine_run_backward`` frame at or above ``frame``."""
+    for _ in range(depth):
+        if frame is None:
+            return None
+        if frame.f_code.co_name == "_engine_run_backward":      # (several roots: their one objective)
+            loc = frame.f_locals
+            return backward_objective(list(loc.get("t_outputs") or ()), (loc.get("args") or ((),))[0])
+        frame = frame.f_back
+    return None
+
+
+def backward_roots():
+    """The tensors the running backward() differentiates, from the engine's frame."""
+    outs = _engine_outputs(sys._getframe(1), 40)
+    if outs is not None:
+        return outs
+    # Device threads run the callback without the caller's frames; the caller
+    # is blocked in run_backward in some other thread.
+    for frame in sys._current_frames().values():
+        outs = _engine_outputs(frame, 60)
+        if outs is not None:
+            return outs
+    return []
