@@ -136,6 +136,31 @@ def test_lr_zero(tmp_path):
     assert of(found, "update_ratio") == []               # a zero update is not a ratio
 
 
+CONVERGED = """
+import torch
+import torch.nn as nn
+torch.manual_seed(0)
+x = torch.randn(256, 4)
+y = x @ torch.tensor([[1.0], [-2.0], [0.5], [3.0]]) + 0.1 * torch.randn(256, 1)
+model = nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.3)
+for i in range(60):
+    opt.zero_grad()
+    nn.functional.mse_loss(model(x), y).backward()
+    opt.step()
+"""
+
+
+def test_a_converged_model_whose_last_steps_round_away_is_not_stuck(tmp_path):
+    """A linear regression at its minimum: gradients ~3e-7, so 0.3 x gradient is
+    under half a float32 ulp of weights of 1-3 and the update is exactly 0.  That
+    is convergence, not a parameter the optimizer misses (which lr 0, above,
+    still is)."""
+    path = tmp_path / "converged.py"
+    path.write_text(CONVERGED)
+    assert of(run(tmp_path, str(path)), "param_not_updated") == []
+
+
 def test_bn_fed_huge_inputs(tmp_path):
     found = run(tmp_path, "buggy", "--bn", "--input-scale", 1e4, "--steps", 3)
     [bn] = of(found, "bn_stats")

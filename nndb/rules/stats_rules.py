@@ -301,7 +301,7 @@ class ParamNotUpdated(Rule):
         if np.count_nonzero(zero):
             flags = np.zeros(len(lay.names), dtype=bool)
             k = held[zero]
-            flags[k] = self._has_grad(ctx, lay, k)
+            flags[k] = self._has_grad(ctx, lay, k) & ~self._below_resolution(ctx, lay, k)
         # held by none (param and grad rows only): the value did not change
         # while a new gradient came (a stale .grad kept between a GAN's
         # generator steps is not a new one)
@@ -351,6 +351,14 @@ class ParamNotUpdated(Rule):
             return None                 # (values compared from step to step, or an update of exactly 0)
         self.streaks.i += block.k       # (what Streaks.update does on a step with nothing flagged)
         return True
+
+    @staticmethod
+    def _below_resolution(ctx, lay, k: np.ndarray) -> np.ndarray:
+        """Would lr x gradient round away against the values (RMS under half a float32 ulp of theirs:
+        a converged model's last gradients)?  A learning rate of 0, or not known: never."""
+        g, pn = lay.take(ctx, "grad", "norm")[k], lay.take(ctx, "param", "norm")[k]
+        lrs = [optimizer_lr(ctx, lay.names[j]) or 0.0 for j in k.tolist()]
+        return np.array([lr > 0 and lr * a < 2.0 ** -24 * b for lr, a, b in zip(lrs, g, pn)], dtype=bool)
 
     def _has_grad(self, ctx, lay, k: np.ndarray) -> np.ndarray:
         """A gradient above min_grad_rms at layout positions ``k``."""
