@@ -165,7 +165,16 @@ def print_script_exception(exc: BaseException) -> None:
     tb = user_traceback(exc.__traceback__)
     hook = sys.excepthook
     if hook is sys.__excepthook__ or hook is None:
-        traceback.print_exception(type(exc), exc, tb, file=sys.stderr)
+        # Python's own display, which alone adds "Did you mean: 'loss'?" to a
+        # NameError or AttributeError on 3.11 (traceback's does from 3.12); it
+        # shows the exception's own traceback: nndb's frames taken off for it.
+        full, exc.__traceback__ = exc.__traceback__, tb
+        try:
+            sys.__excepthook__(type(exc), exc, tb)
+        except Exception:
+            traceback.print_exception(type(exc), exc, tb, file=sys.stderr)
+        finally:
+            exc.__traceback__ = full
     else:
         try:
             hook(type(exc), exc, tb)

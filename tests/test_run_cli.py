@@ -263,3 +263,17 @@ def test_version_and_help():
     assert r.returncode == 0 and "nndb" in r.stdout
     r = nndb("run", "--help")
     assert r.returncode == 0 and "--every" in r.stdout and "--steps" in r.stdout
+
+
+def test_a_misspelt_name_gets_pythons_suggestion(tmp_path):
+    """Python 3.10+ adds "Did you mean: 'loss'?" to a NameError or
+    AttributeError; the traceback nndb prints for the script's exception had
+    lost it (traceback's printer adds it only from 3.12): the same stderr as
+    plain python now."""
+    script = tmp_path / "typo.py"
+    script.write_text("import torch\nloss = torch.zeros(1)\nprint(losss)\n")
+    plain = python(str(script))
+    r = nndb("run", "--batch", "--trace", str(tmp_path / "t.h5"), str(script))
+    assert plain.returncode == r.returncode == 1
+    assert "Did you mean: 'loss'?" in plain.stderr
+    assert without_nndb_lines(r.stderr) == plain.stderr
