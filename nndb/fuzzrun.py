@@ -10,6 +10,7 @@ fuzzed) and kills the run.  The report's exit-code contract:
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import sys
 import tempfile
@@ -67,7 +68,6 @@ def run_fuzz_batch(target, step: int, line: str, as_json: bool, tmp_root: str) -
 
 def command_line(p: dict) -> str:
     """``nndb fuzz``'s options (click's parameters) as the prompt's ``fuzz`` command line."""
-    import shlex
     words = ["fuzz", "--until", p["until"], "--budget", str(p["budget"]), "--seed", str(p["seed"]),
              "--scale", repr(p["scale"])]
     for flag, key in (("--against", "against"), ("--tolerance", "tolerance"), ("--layers", "layers"),

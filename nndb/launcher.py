@@ -104,10 +104,12 @@ def run(prepared: Prepared) -> None:
         if t.module:
             sys.argv = [prepared.filename] + list(t.args)
             restore_path = safepath.enter_script(os.getcwd())
+            unshadow(os.getcwd())
             runpy.run_module(t.module, run_name="__main__", alter_sys=True)
             return
         sys.argv = [t.path] + list(t.args)
         restore_path = safepath.enter_script(os.path.dirname(os.path.realpath(prepared.filename)))
+        unshadow(os.path.dirname(os.path.realpath(prepared.filename)))
         main = types.ModuleType("__main__")
         main.__dict__.update({
             "__file__": prepared.filename,
@@ -128,6 +130,29 @@ def run(prepared: Prepared) -> None:
         sys.argv = saved_argv
         if restore_path is not None:
             restore_path()
+
+
+# Packages nndb itself imports from while the script runs (a submodule imported late resolves its
+# package in sys.modules): never taken out, whatever the script's directory holds.
+_KEEP = frozenset({"nndb", "torch", "numpy", "h5py", "click", "prompt_toolkit", "tabulate", "wcwidth"})
+
+
+def unshadow(directory: str) -> list:
+    """Modules nndb loaded (not Python at its start-up) that a module file of
+    the script's directory shadows (a ``statistics.py`` beside it): plain
+    python would import the script's own, so they leave ``sys.modules`` (nndb
+    keeps the module objects it holds).  Returns their names."""
+    from . import _STARTUP_MODULES
+    try:
+        local = {n.split(".")[0] for n in os.listdir(directory) if n.endswith((".py", ".so", ".pyd"))} | \
+            {n for n in os.listdir(directory) if os.path.isfile(os.path.join(directory, n, "__init__.py"))}
+    except OSError:
+        return []
+    out = sorted(n for n in local if n in sys.modules and n not in _STARTUP_MODULES and n not in _KEEP
+                 and n not in sys.builtin_module_names and not hasattr(sys.modules[n], "__path__"))
+    for name in out:
+        del sys.modules[name]
+    return out
 
 
 _OWN_DIRS = (os.path.dirname(os.path.abspath(__file__)), os.path.dirname(runpy.__file__))

@@ -277,3 +277,19 @@ def test_a_misspelt_name_gets_pythons_suggestion(tmp_path):
     assert plain.returncode == r.returncode == 1
     assert "Did you mean: 'loss'?" in plain.stderr
     assert without_nndb_lines(r.stderr) == plain.stderr
+
+
+def test_a_module_beside_the_script_is_the_scripts_own_though_nndb_imported_one_of_that_name(tmp_path):
+    """A statistics.py beside the script: plain python imports it; under nndb
+    the standard library's, which nndb had imported, was taken from
+    sys.modules and the script failed (AttributeError, exit 1)."""
+    (tmp_path / "statistics.py").write_text("def running_mean(xs):\n    return sum(xs) / len(xs)\n")
+    (tmp_path / "shlex.py").write_text("MINE = True\n")
+    script = tmp_path / "train.py"
+    script.write_text("import statistics, shlex\nimport torch\n"
+                      "print(statistics.running_mean([1.0, 2.0]), shlex.MINE, torch.ones(2).sum().item())\n")
+    plain = python(str(script))
+    r = nndb("run", "--batch", "--trace", str(tmp_path / "t.h5"), str(script))
+    assert plain.returncode == 0 and plain.stdout == "1.5 True 2.0\n"
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == plain.stdout

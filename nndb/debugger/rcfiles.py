@@ -12,6 +12,7 @@ Trusted directories are kept in ``$XDG_CONFIG_HOME/nndb/trusted`` (default
 from __future__ import annotations
 
 import os
+import shlex
 from typing import Callable, Optional
 
 from ..errors import CommandError, UsageError
@@ -81,5 +82,4 @@ def first_error(table, lines: list) -> Optional[str]:
 
 
 def _quote(path: str) -> str:
-    import shlex
     return shlex.quote(path)
