@@ -5,13 +5,8 @@ this process and ``nndb.set_trace()`` stops at the prompt there (docs/api.md);
 ``%load_ext nndb`` adds the notebook magics.  They import nndb.api, and with
 it h5py and torch, when first called: ``import nndb`` itself stays cheap.
 """
-import sys as _sys
-
-# What Python had loaded before nndb (its start-up): a script's own file beside it cannot shadow these
-# under plain python either (nndb.launcher.unshadow).
-_STARTUP_MODULES = frozenset(_sys.modules)
-
-from .version import __version__  # noqa: E402
+from . import startup  # noqa: F401  (first: the modules loaded before nndb)
+from .version import __version__
 
 
 def open(path):  # noqa: A001

@@ -21,7 +21,7 @@ import types
 from dataclasses import dataclass, field
 from typing import Optional
 
-from . import safepath
+from . import safepath, startup
 from .errors import ScriptNotFound, UsageError
 
 
@@ -142,13 +142,12 @@ def unshadow(directory: str) -> list:
     the script's directory shadows (a ``statistics.py`` beside it): plain
     python would import the script's own, so they leave ``sys.modules`` (nndb
     keeps the module objects it holds).  Returns their names."""
-    from . import _STARTUP_MODULES
     try:
         local = {n.split(".")[0] for n in os.listdir(directory) if n.endswith((".py", ".so", ".pyd"))} | \
             {n for n in os.listdir(directory) if os.path.isfile(os.path.join(directory, n, "__init__.py"))}
     except OSError:
         return []
-    out = sorted(n for n in local if n in sys.modules and n not in _STARTUP_MODULES and n not in _KEEP
+    out = sorted(n for n in local if n in sys.modules and n not in startup.MODULES and n not in _KEEP
                  and n not in sys.builtin_module_names and not hasattr(sys.modules[n], "__path__"))
     for name in out:
         del sys.modules[name]
