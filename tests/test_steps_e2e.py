@@ -427,3 +427,35 @@ def test_parameters_replaced_mid_run_are_recorded_under_their_names(tmp_path, ho
         rules = {(f["rule"], f.get("tensor")) for f in t.findings}
     if how == "assign":
         assert ("param_not_updated", "0.weight") in rules
+
+
+SPECTRAL = """
+import torch
+import torch.nn as nn
+from torch.nn.utils.parametrizations import spectral_norm
+torch.manual_seed(0)
+netD = nn.Sequential(spectral_norm(nn.Linear(8, 16)), nn.LeakyReLU(0.2), spectral_norm(nn.Linear(16, 1)))
+netG = nn.Sequential(nn.Linear(4, 8), nn.Tanh())
+optD, optG = torch.optim.Adam(netD.parameters(), 1e-3), torch.optim.Adam(netG.parameters(), 1e-3)
+x = torch.randn(32, 8)
+for i in range(3):
+    optD.zero_grad()
+    (netD(netG(torch.randn(32, 4)).detach()).mean() - netD(x).mean()).backward()
+    optD.step()
+    optG.zero_grad()
+    (-netD(netG(torch.randn(32, 4))).mean()).backward()
+    optG.step()
+"""
+
+
+def test_spectral_norm_parameters_are_named_by_their_path_in_the_model(tmp_path):
+    """spectral_norm's ParametrizationList calls itself as it is made, before
+    the model's first forward: it was taken for a model of its own, and the
+    discriminator's weights were 'parametrization_list.original',
+    'parametrization_list2.original'."""
+    _, trace = _plain_and_recorded(tmp_path, SPECTRAL)
+    with TraceReader(trace) as t:
+        params = {s.name for s in t.series() if s.kind == "param"}
+    assert {"netD.0.parametrizations.weight.original", "netD.2.parametrizations.weight.original",
+            "netD.0.bias", "netG.0.weight"} <= params
+    assert not any(n.startswith("parametrization_list") for n in params)

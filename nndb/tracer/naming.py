@@ -106,13 +106,26 @@ class Naming:
         name = unique(find_variable_name(root, frame) or snake(type(root).__name__), self._used_root_names)
         self._root_names[root] = name
         self.roots_version += 1
+        # A module called on its own before step 0 ends, and so taken for a root, that turns out
+        # to be inside this one (spectral_norm's ParametrizationList calls itself as it is made)
+        # is part of it: named by its path in it ('0.parametrizations.weight.original').
+        inside = {m for _, m in root.named_modules()} if not self._frozen else ()
+        absorbed = set()
         for sub, m in root.named_modules(remove_duplicate=True):
-            if m not in self._module_path:
+            entry = self._module_path.get(m)
+            if entry is not None and entry[0] is not root and entry[0] in inside:
+                absorbed.add(entry[0])
+                entry = None
+            if entry is None:
                 self._module_path[m] = (root, sub)
+        for gone in absorbed:
+            self._used_root_names.discard(self._root_names.pop(gone, None))
+            self._param_roots = [r for r in self._param_roots if r() is not gone]
         has_params = False
         for sub, p in root.named_parameters(remove_duplicate=True):
             has_params = True
-            if id(p) not in self._param_path:
+            entry = self._param_path.get(id(p))
+            if entry is None or entry[0]() is not p or entry[1] in absorbed:
                 self._param_path[id(p)] = (weakref.ref(p), root, sub)
         if has_params:
             self._param_roots.append(weakref.ref(root))
