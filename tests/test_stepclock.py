@@ -79,3 +79,33 @@ def test_replaced_optimizer_hands_over_closing():
     b = Opt()
     c.optimizer_pre(b, 1)
     assert c.optimizer_post(b).step == 1
+
+
+def test_a_new_optimizer_takes_over_from_one_that_lives_on_but_no_longer_steps():
+    """The old optimizer kept alive (in a list, a global): the new one's first
+    step goes into the open step; its second, before the old one stepped
+    again, closes that step after the fact (its first segment) and makes the
+    new one the closer."""
+    c, old, new = StepClock(), Opt(), Opt()
+    c.optimizer_pre(old, 1)
+    assert c.optimizer_post(old).step == 0
+    assert c.marks(new) and not c.marks(old)        # another's step ends a segment
+    assert c.optimizer_pre(new, 2) is None
+    assert c.optimizer_post(new) is None             # the new one's first step: still step 1
+    took = c.optimizer_pre(new, 2)                   # its second, the old one idle since
+    assert (took.step, took.retro) == (1, 1)
+    assert c.closer is new and c.mode is Mode.SINGLE
+    assert c.optimizer_post(new).step == 2
+
+
+def test_a_second_optimizer_stepping_after_the_closer_each_iteration_does_not_take_over():
+    """A second optimizer that joins later and steps after the closer in every
+    iteration: the closer steps between its steps, so nothing changes."""
+    c, a, b = StepClock(), Opt(), Opt()
+    c.optimizer_pre(a, 1)
+    c.optimizer_post(a)
+    for step in (1, 2, 3):
+        assert c.optimizer_pre(a, 2) is None
+        assert c.optimizer_post(a).step == step
+        assert c.optimizer_pre(b, 2) is None and c.optimizer_post(b) is None
+    assert c.closer is a

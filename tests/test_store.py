@@ -230,7 +230,8 @@ def test_the_schema_is_a_leaf_that_owns_the_vocabulary():
             "print(sorted(m for m in sys.modules if m.startswith('nndb') or m in ('h5py', 'torch')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          env=dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-    assert out.stdout.split("\n")[0] == "['nndb', 'nndb.store', 'nndb.store.schema', 'nndb.version']", out.stderr
+    assert out.stdout.split("\n")[0] == "['nndb', 'nndb.startup', 'nndb.store', 'nndb.store.schema', 'nndb.version']", \
+        out.stderr
     from nndb import cli
     from nndb.debugger import points
     from nndb.rules.base import STAT_INDEX
