@@ -124,7 +124,7 @@ def test_param_left_out_of_the_optimizer(tmp_path):
     assert (pn["step"], pn["tensor"]) == (5, "2.weight")      # param rows compared from step 0 on
     assert pn["evidence"]["in_optimizer"] is False and pn["evidence"]["grad_norm"] > 0
     assert pn["evidence"]["steps"] == [1, 5]
-    assert "no optimizer holds it" in pn["message"]
+    assert "no optimizer that has stepped holds it" in pn["message"]
 
 
 def test_lr_zero(tmp_path):

@@ -329,7 +329,8 @@ class ParamNotUpdated(Rule):
             others = [lay.names[j] for j in idx[1:]]
             lr = optimizer_lr(ctx, name) if held_k else None
             why = (f"its update is exactly 0 (learning rate {lr:g})" if held_k and lr is not None else
-                   "its update is exactly 0" if held_k else "no optimizer holds it and its value never changes")
+                   "its update is exactly 0" if held_k else
+                   "no optimizer that has stepped holds it, and its value never changes")
             yield self.finding(
                 ctx, f"{name} has a gradient (norm {g[k]:.3g}) but was not updated for {self.params['steps']:g} "
                      f"observed steps in a row since step {since}: {why}{also(others)}",
