@@ -143,10 +143,11 @@ def unshadow(directory: str) -> list:
     python would import the script's own, so they leave ``sys.modules`` (nndb
     keeps the module objects it holds).  Returns their names."""
     try:
-        local = {n.split(".")[0] for n in os.listdir(directory) if n.endswith((".py", ".so", ".pyd"))} | \
-            {n for n in os.listdir(directory) if os.path.isfile(os.path.join(directory, n, "__init__.py"))}
+        entries = os.listdir(directory)
     except OSError:
         return []
+    local = {n.split(".")[0] for n in entries if n.endswith((".py", ".so", ".pyd"))} | \
+        {n for n in entries if os.path.isfile(os.path.join(directory, n, "__init__.py"))}
     out = sorted(n for n in local if n in sys.modules and n not in startup.MODULES and n not in _KEEP
                  and n not in sys.builtin_module_names and not hasattr(sys.modules[n], "__path__"))
     for name in out:

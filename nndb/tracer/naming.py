@@ -174,11 +174,8 @@ class Naming:
 
     def module_name(self, module) -> str:
         entry = self._module_path.get(module)
-        if entry is None:
-            self.refresh()
-            entry = self._module_path.get(module)
-            if entry is None:
-                return snake(type(module).__name__)
+        if entry is None:        # (new modules with parameters are found by refresh as those are hooked)
+            return snake(type(module).__name__)
         return self._qualify(*entry)
 
     def refresh(self) -> None:
