@@ -42,10 +42,30 @@ def test_nothing_is_unpickled():
                     assert not any(k.arg == "allow_pickle" for k in node.keywords), rel
 
 
-def test_modules_stay_small():
-    for rel, tree in modules():
-        n = len(open(os.path.join(ROOT, rel)).read().splitlines())
-        assert n <= 500, f"{rel} has {n} lines; split it"
+SIZE_LINES = 600
+
+
+def oversized_without_reason(rel, source, tree):
+    """Size is a reason to look, not a wall: a module over SIZE_LINES lines
+    says why in its docstring, in a paragraph starting 'Why this size:'."""
+    n = len(source.splitlines())
+    if n <= SIZE_LINES or "Why this size:" in (ast.get_docstring(tree) or ""):
+        return None
+    return f"{rel} has {n} lines and its docstring does not say why ('Why this size: ...')"
+
+
+def test_a_large_module_says_why():
+    offenders = [msg for rel, tree in modules()
+                 for msg in [oversized_without_reason(rel, open(os.path.join(ROOT, rel)).read(), tree)] if msg]
+    assert offenders == []
+
+
+def test_the_size_check_sees_a_large_module_without_a_reason():
+    body = "x = 1\n" * (SIZE_LINES + 1)
+    assert oversized_without_reason("big.py", body, ast.parse(body))
+    reasoned = '"""One parser.\n\nWhy this size: one grammar, read whole."""\n' + body
+    assert oversized_without_reason("big.py", reasoned, ast.parse(reasoned)) is None
+    assert oversized_without_reason("small.py", "x = 1\n", ast.parse("x = 1\n")) is None
 
 
 def test_cli_choices_match_the_trace_schema():
