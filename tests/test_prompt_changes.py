@@ -180,3 +180,35 @@ def test_unset_and_hold_refuse_what_they_cannot_do(tmp_path):
     assert "momentum is not held (held: opt's lr in group 0)" in r.stderr
     with TraceReader(str(tmp_path / "t.h5")) as t:
         assert [c["line"] for c in t.records("change")] == ["set lr 0.1 --hold"]
+
+
+def test_a_hold_that_cannot_be_applied_is_let_go_and_said_not_raised():
+    import torch
+    from nndb.debugger.hyperparams import Holds
+    m = torch.nn.Linear(2, 1)
+    opt = torch.optim.SGD([{"params": [m.weight]}, {"params": [m.bias]}], lr=0.1)
+    holds = Holds()
+    holds.hold("opt", opt, "lr", 0.5, [1], "set lr 0.5 group 1 --hold")
+    holds.hold("opt", opt, "lr", 0.5, [5], "set lr 0.5 group 5 --hold")      # (no group 5: fails at the step)
+    for g in opt.param_groups:
+        g["lr"] = 0.1
+    m(torch.ones(2)).sum().backward()
+    opt.step()                                                                 # the training goes on
+    assert [g["lr"] for g in opt.param_groups] == [0.1, 0.5]
+    assert holds.problems == ["nndb: 'set lr 0.5 group 5 --hold' let go of opt's lr in group 5: IndexError: "
+                              "list index out of range"]
+    assert holds.held() == [("opt", 1, "lr", 0.5, "set lr 0.5 group 1 --hold")]
+    assert holds.release("lr") == [("opt", 1, 0.5)] and not opt._optimizer_step_pre_hooks
+
+
+def test_where_a_replay_makes_each_change():
+    from nndb.debugger.changes import Change, due, kept_before, not_as_made
+    end, inside, first, start = Change("a", 3), Change("b", 5, "inside"), Change("c", 0, "inside"), \
+        Change("d", 0, "start")
+    changes = [start, first, end, inside]
+    assert due(changes, 3) == [end] and due(changes, 4) == [inside] and due(changes, None) == [start, first]
+    assert kept_before(changes, 4) == [start, first, end] and kept_before(changes, 5) == changes
+    assert not_as_made(changes, 3, has_start=True) == [first]
+    assert not_as_made(changes, 4, has_start=False) == [start, first, inside]
+    assert Change.from_dict(inside.as_dict()) == inside
+    assert inside.describe() == "'b' (made inside step 5; a replay makes it at the end of step 4)"

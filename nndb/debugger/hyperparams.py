@@ -160,7 +160,10 @@ class HoldCheck:
         who = "the script or its LR scheduler set it back after the stop" if self.scheduled else \
             f"the script sets it itself after the stop (a warmup or schedule in its loop: " \
             f"param_group['{self.key}'] = ...)"
-        groups = ", ".join(f"{now!r} in group {gi}" for gi, now in bad)
+        by_value: dict = {}
+        for gi, now in bad:
+            by_value.setdefault(repr(now), []).append(str(gi))
+        groups = ", ".join(f"{v} in group{'s' if len(g) > 1 else ''} {', '.join(g)}" for v, g in by_value.items())
         return (f"nndb: warning: '{self.line}' did not hold: {self.name} stepped with {self.key} {groups} at "
                 f"step {step}: {who}; '{self.line} --hold' sets it again before each step of {self.name}, "
                 f"until 'unset {self.key}'")
