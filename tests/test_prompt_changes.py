@@ -212,3 +212,18 @@ def test_where_a_replay_makes_each_change():
     assert not_as_made(changes, 4, has_start=False) == [start, first, inside]
     assert Change.from_dict(inside.as_dict()) == inside
     assert inside.describe() == "'b' (made inside step 5; a replay makes it at the end of step 4)"
+
+
+def test_a_divergence_that_is_not_the_change_is_still_said_as_before(tmp_path):
+    # the script reads a file that it changes at step 6: a replay after the change made at step 2 (made
+    # again exactly, at its step end) diverges for the file, and says so
+    (tmp_path / "scale.txt").write_text("1.0")
+    script = STEADY.replace("    opt.zero_grad()", "    scale = float(open('scale.txt').read())\n    opt.zero_grad()") \
+        .replace('    print(f"it {it}', '    if it == 6:\n        open("scale.txt", "w").write("3.0")\n'
+                                        '    print(f"it {it}')
+    r = _run(tmp_path, script, ["until 2", "set lr 0.2", "break step 8", "commands", "goto 4", 'p ("AT", $step)',
+                                "end", "continue"], "--replica", "fork")
+    assert re.search(r"the replay diverged from the recorded run at step 3: loss recorded [\d.e-]+, replayed "
+                     r"[\d.e-]+ \(likely cause: randomness the checkpoint does not hold, a file that changed since, "
+                     r"or threads\)", r.stderr), r.stderr
+    assert "made at the prompt" not in r.stderr and _said(r.stdout, "AT") == ["8"]
