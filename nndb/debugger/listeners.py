@@ -12,10 +12,14 @@ class _Listener:
 
 
 class StepSeen(_Listener):
-    """The last step that ended and the newest record: what the prompt shows."""
+    """The last step that ended and the newest record: what the prompt shows;
+    and whether the last ``set`` held (said at the step end after the
+    optimizer stepped: nndb.debugger.hyperparams.HoldCheck)."""
 
     def on_step(self, end) -> None:
         s = self.session
+        if (s.hold_checks or s.holds.problems) and end.step is not None:
+            _say_held(s, end.step)
         if end.records:
             s.latest_record = end.records[-1]
         if end.step is not None:
@@ -26,6 +30,18 @@ class StepSeen(_Listener):
                 known = s.rec.recorder.provisional()
                 if known is not None and known.step == end.step:
                     s.latest_record = known
+
+
+def _say_held(s, step: int) -> None:
+    for check in list(s.hold_checks):
+        verdict = check.verdict(step)
+        if verdict is not None:
+            s.hold_checks.remove(check)
+            if verdict:
+                s.error(verdict)
+    problems, s.holds.problems = s.holds.problems, []
+    for line in problems:
+        s.error(line)
 
 
 class RuleCheck(_Listener):

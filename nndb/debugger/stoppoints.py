@@ -82,6 +82,8 @@ class StopPoints:
             return        # (nothing can stop here: no point, no run control, no other rank)
         self._hook_frame = sys._getframe(1)
         try:
+            if role is not None:
+                role.remake(self, step)      # (the live run's changes at this step, in a replay)
             stop = role.before_stops(self, step) if role is not None else None
             if stop == "skip":
                 stop = None

@@ -34,6 +34,7 @@ class Checkpoint:
     kind: str              # auto | stop | manual
     taken_at: float
     cost_s: float
+    changes: int = 0       # how many of the session's changes (made at the prompt) it holds
 
 
 def progress_line(done: int, total: int, elapsed: float) -> str:
@@ -216,7 +217,7 @@ class TimeMachine:
             return "replica"
         child_end.close()
         cost = time.perf_counter() - t0
-        ck = Checkpoint(self._next, step, pid, parent_end, kind, time.time(), cost)
+        ck = Checkpoint(self._next, step, pid, parent_end, kind, time.time(), cost, len(s.changes))
         self._next += 1
         self.checkpoints[ck.number] = ck
         self.taken += 1
@@ -332,13 +333,17 @@ class TimeMachine:
     def replay(self, s, goal: dict, start: int) -> dict:
         """Run a replica that starts at or before step ``start`` with ``goal``;
         returns its last message (the session state is taken back).  The
-        replica compares every replayed step's loss with the trace's and gives
-        up at the first difference (a CommandError here)."""
+        replica makes the changes made at the live run's prompt since its
+        checkpoint again at their steps (nndb.debugger.changes), compares
+        every replayed step's loss with the trace's and gives up at the first
+        difference (a CommandError here)."""
         ck = self.nearest(start)
         if ck is not None and self.mode != "respawn":
             first = ck.step + 1
+            held = ck.changes
         else:
-            first = 0
+            first, held = 0, 0
+        goal = dict(goal, changes=[c.as_dict() for c in s.changes[held:]])
         if not goal.get("stats"):             # (replay --verify compares everything itself)
             goal = dict(goal, expect=recorded_losses(s, first, int(goal.get("target", goal.get("end", start)))))
         if not self.exact:
