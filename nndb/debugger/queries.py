@@ -204,16 +204,26 @@ class RunQueries:
             out[k][name] = E.StatRow(name, k, *(v if m else NOT_MEASURED for v, m in zip(row, ok)))
         return out
 
+    @staticmethod
+    def _loss_values(rows: dict) -> list:
+        return [(name, E.loss_value(row)) for name, row in rows["loss"].items()]
+
+    def losses(self) -> list:
+        """[(name, value)] of the last recorded step's losses, in the record's
+        order: one (``loss``), or one per optimizer (a GAN's ``loss/optimizerD``
+        first, the optimizer that stepped first).  ``$loss`` is the first."""
+        return self._loss_values(self.stat_rows("loss"))
+
     def variables(self, frame=None, step_end: bool = False, stop=None) -> dict:
         """``stop``: the stop being decided (a module call's, for a point's
         condition), when it is not the current one yet."""
         rows = self.stat_rows()
-        loss = next(iter(rows["loss"].values()), None)
+        loss = next(iter(self._loss_values(rows)), (None, None))[1]
         cur = stop if stop is not None else self.current
         v = {
             "step": self.last_step if (step_end or cur is None or cur.at_step_end)
             else cur.step if cur.step is not None else self.step_in_progress(),
-            "loss": E.loss_value(loss) if loss is not None else None,
+            "loss": loss,
             "grad": E.StatTable("grad", rows["grad"]),
             "param": E.StatTable("param", rows["param"]),
             "weight": E.StatTable("param", rows["param"]),
