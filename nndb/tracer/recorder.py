@@ -39,6 +39,11 @@ from .bucket import _PENDING, _Bucket
 from .params import ParamPlan, Snapshot
 
 
+# The kinds a hand-written loop's step N has only at the end of step N+1 (the update
+# the script makes after step N's backward): its provisional record lacks them.
+LATE_KINDS = ("param", "update")
+
+
 @dataclass
 class StepRecord:
     step: int
