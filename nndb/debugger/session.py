@@ -94,6 +94,7 @@ class Session(CommandLoop, StopPoints, RunQueries):
         self.frame_index = 0
         self.last_step: Optional[int] = None  # the last step that finished
         self.latest_record = None            # the newest StepRecord handed on (what 'stats' shows)
+        self.step_record = None              # the record of the step that just ended, as far as it is known
         self.rule_hits: list = []            # rule hits of the step end being checked
         self._listeners: list = []           # this session's part of the run's step pipeline
         self._view_cache = (None, None)
@@ -128,7 +129,7 @@ class Session(CommandLoop, StopPoints, RunQueries):
         self.runs += 1
         self.trace_path = trace_path
         self.last_step = None
-        self.latest_record = None
+        self.latest_record = self.step_record = None
         self.rule_hits = []
         if self.replica is None:
             self.changes, self.hold_checks = [], []

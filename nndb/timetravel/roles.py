@@ -285,7 +285,7 @@ class Scan(Role):
         self.remake(s, stop.step)
         r = self.before_stops(s, stop.step)
         if r is None:
-            fresh = s.check_points_at_step_end(stop.step, s.record)
+            fresh = s.check_points_at_step_end(stop.step, s.record, s.step_record)
             hits = fresh + [h for h in stop.hits if h[0].number is None]      # (and its rule hits)
             if hits:
                 self.intercept(s, Stop("breakpoint", stop.step, hits=hits))
