@@ -12,6 +12,8 @@ owned by one process.
 from __future__ import annotations
 
 import collections
+import contextlib
+import os
 import signal
 import time
 from dataclasses import dataclass
@@ -41,6 +43,18 @@ def progress_line(done: int, total: int, elapsed: float) -> str:
     and the time left at the rate so far."""
     eta = f", about {elapsed / done * (total - done):.0f} s left" if done > 0 and total > done else ""
     return f"nndb: replaying: {done} of {total} step(s){eta}; Ctrl-C stops it and leaves you where you were"
+
+
+def files_note(msg: dict) -> str:
+    """What a replica's message says of the user's files, for the line after
+    it: its writes that went to scratch copies, and that the files compared
+    are as they were (only when they are: ``TimeMachine.watching_files``)."""
+    writes, seen = msg.get("scratch_writes"), msg.get("files") or {}
+    note = f"; its {writes} file write(s) went to scratch copies" if writes else ""
+    if writes and seen.get("where") and not seen.get("changed"):
+        note += f", your files under {seen['where']} are as they were" + (
+            "" if seen.get("complete") else f" (the first {sandbox.Survey.LIMIT} compared)")
+    return note
 
 
 def default_memory_kib() -> Optional[int]:
@@ -350,10 +364,39 @@ class TimeMachine:
                 s.error(f"nndb: {self.blocked or f'no checkpoint at or before step {start}'}: "
                         "replaying from the start in a new process (respawn)")
             goal = dict(goal, replayed_from=None)
-            return self._checked(self._wait(s, *spawn(s, self, goal)))
+            with self.watching_files(s) as seen:
+                msg = self._wait(s, *spawn(s, self, goal))
+            return self._checked(dict(msg, files=seen))
         goal = dict(goal, replayed_from=ck.step)
-        ck.chan.send({"op": "resume", "goal": goal, "state": s.snapshot(), "timeline": self.timeline})
-        return self._checked(self._wait(s, ck.chan, None))
+        with self.watching_files(s) as seen:
+            ck.chan.send({"op": "resume", "goal": goal, "state": s.snapshot(), "timeline": self.timeline})
+            msg = self._wait(s, ck.chan, None)
+        return self._checked(dict(msg, files=seen))
+
+    @contextlib.contextmanager
+    def watching_files(self, s):
+        """Around a replica's run: the user's files (the script's directory,
+        the working directory) surveyed before and compared after; what the
+        replica changed there (a write nndb could not redirect) is said, one
+        line.  Yields a dict filled as the replica ends: ``where`` (what was
+        compared), ``changed`` ([(path, what)]), ``complete``."""
+        t = getattr(s.rec, "target", None)
+        script = getattr(t, "path", None)
+        roots = [os.path.dirname(os.path.abspath(script)) if script else None, os.getcwd()]
+        from .disk import directory_for
+        trace = s.trace_path
+        survey = sandbox.Survey(roots, skip=(trace, directory_for(trace)) if trace else ())
+        seen: dict = {}
+        live = os.getpid()
+        try:
+            yield seen
+        finally:
+            if os.getpid() != live:
+                return                      # (a replica forked inside: it goes on with the script)
+            changed = survey.changes()
+            seen.update(where=survey.where(), changed=changed, complete=survey.complete)
+            if changed:
+                s.error(survey.report(changed))
 
     @staticmethod
     def _checked(msg: dict) -> dict:
@@ -431,11 +474,8 @@ class TimeMachine:
             elif nxt == "run":
                 s.request_restart()
             else:
-                files = msg.get("scratch_writes")
                 s.message(f"Back in the present (timeline 0): step {s.last_step}."
-                          f"  ({time.perf_counter() - t0:.2f} s in the past"
-                          + (f"; its {files} file write(s) went to scratch copies, your files are as they "
-                             f"were)" if files else ")"))
+                          f"  ({time.perf_counter() - t0:.2f} s in the past{files_note(msg)})")
             return
 
     def hand_back(self, s, nxt: str, **extra) -> None:
