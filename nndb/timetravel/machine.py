@@ -129,6 +129,7 @@ class TimeMachine:
         self._settling: Optional[Settling] = None
         self._since_sum, self._since_n = 0.0, 0
         self._preflush: Optional[float] = None      # when the writer was asked to write ahead of a fork
+        self._tail_warned = False                   # tail_warning said at a prompt (once a run)
 
     # -- the run's lifetime --------------------------------------------------------------
     def attach(self, s) -> None:
@@ -262,7 +263,7 @@ class TimeMachine:
 
     def _keep_within_memory(self) -> None:
         """Over --checkpoint-memory: automatic checkpoints go, the one whose
-        loss leaves the smallest gap first (never the first nor the newest)."""
+        loss leaves the smallest gap for its age first (never the first nor the newest)."""
         if not self.memory_kib:
             return
         # (a checkpoint's PSS is at most its resident size, which costs
@@ -290,6 +291,10 @@ class TimeMachine:
         its own, or None to run on)."""
         if self.replica or self.mode not in ("auto", "fork") or self.blocked or not s.live:
             return stop
+        warning = None if self._tail_warned else self.tail_warning(stop.step)
+        if warning:
+            self._tail_warned = True
+            s.error(warning)
         if any(c.step == stop.step for c in self.checkpoints.values()):
             return stop
         if self.take(s, stop.step, "stop") == "replica":
@@ -521,11 +526,39 @@ class TimeMachine:
         dear = max((c.cost_s for c in self.checkpoints.values() if c.kind == "auto"), default=None)
         why = (f"{self.evicted_for_memory} checkpoint(s) dropped to stay within --checkpoint-memory"
                if self.evicted_for_memory else self.blocked
-               or (f"a checkpoint costs up to {dear * 1000:.0f} ms here, and the "
-                   f"{self.policy.budget:.0%} budget takes one every {self.policy.interval_s:.3g} s"
+               or (f"a checkpoint costs up to {dear * 1000:.0f} ms here, and the schedule "
+                   f"({self.policy.budget:.0%} of the run time, {self.policy.tail_budget:.0%} near the present) "
+                   f"takes one every {self.policy.interval_s:.3g} s"
                    if dear else "checkpoints are slow to take here"))
         return (f"Warning: the schedule does not keep its replay bound ({bound:.3g} s): steps {a} to {b} are "
                 f"about {gap * st:.3g} s of replay apart ({why}).")
+
+    #: How far over the tail bound going back from a stop may be before the
+    #: prompt says so (the median step is an estimate; the newest checkpoint
+    #: may wait for its predecessor's settling window).
+    TAIL_SLACK = 1.25
+
+    def tail_warning(self, present: int) -> Optional[str]:
+        """At a stop at the end of step ``present`` (the adaptive schedule):
+        why going back a few steps from here replays well over its tail bound
+        (schedule.TAIL_S), or None."""
+        st = self.step_time()
+        earlier = [c.step for c in self.checkpoints.values() if c.step < present]
+        if type(self.policy) is not Adaptive or st is None or not earlier:
+            return None
+        newest = max(earlier)
+        back = (present - newest) * st
+        bound = self.policy.tail_s
+        if back <= bound * self.TAIL_SLACK:
+            return None
+        why = (f"{self.evicted_for_memory} checkpoint(s) were dropped to stay within --checkpoint-memory"
+               if self.evicted_for_memory and self.policy.keeps_tail else
+               f"a checkpoint costs {self.policy.cost_s * 1000:.0f} ms here, and keeping one every {bound:g} s "
+               f"would take more than {self.policy.tail_budget:.0%} of the run time: one comes every "
+               f"{self.policy.interval_s:.3g} s")
+        return (f"nndb: warning: going back from step {present} replays from the checkpoint at step {newest} "
+                f"or earlier, about {back:.3g} s or more ({bound:g} s is the aim: {why}); "
+                f"'info checkpoints' lists them (said once a run)")
 
     @property
     def settling(self) -> bool:
