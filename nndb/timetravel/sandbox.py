@@ -56,7 +56,7 @@ class Sandbox:
         p = os.path.abspath(os.fsdecode(os.fspath(file)))
         if p.startswith(_PASS):
             return None
-        for own in (self.root, *CLEANUP):
+        for own in (self.root, *CLEANUP, *OWN):
             if p == own or p.startswith(own + os.sep):
                 return None
         return p
@@ -174,6 +174,7 @@ _os_chmod, _os_utime, _rmtree = os.chmod, os.utime, shutil.rmtree
 
 ACTIVE: "Sandbox | None" = None
 CLEANUP: list = []      # directories a replica made (removed as it ends: roles.finish)
+OWN: list = []          # directories the live run made for a replica's answer (fuzz --save): written for real
 
 
 def enter() -> Sandbox:
