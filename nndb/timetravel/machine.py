@@ -396,12 +396,11 @@ class TimeMachine:
         try:
             yield seen
         finally:
-            if os.getpid() != live:
-                return                      # (a replica forked inside: it goes on with the script)
-            changed = survey.changes()
-            seen.update(where=survey.where(), changed=changed, complete=survey.complete)
-            if changed:
-                s.error(survey.report(changed))
+            if os.getpid() == live:         # (not in a replica forked inside: it goes on with the script)
+                changed = survey.changes()
+                seen.update(where=survey.where(), changed=changed, complete=survey.complete)
+                if changed:
+                    s.error(survey.report(changed))
 
     @staticmethod
     def _checked(msg: dict) -> dict:
