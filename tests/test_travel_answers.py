@@ -218,34 +218,3 @@ def test_predict_says_when_a_change_did_not_hold(tmp_path):
 def test_bisect_after_the_run_ended(tmp_path):
     r = _run(tmp_path, "mlp.py", ["continue", "bisect $step >= 7"], "--steps", "12", extra=("--rules", "none"))
     assert re.search(r"\$step >= 7 first became true at step 7 \(", r.stdout), r.stdout + r.stderr
-
-
-WRITES_FILES = '''
-import torch, torch.nn as nn
-torch.manual_seed(0)
-m = nn.Linear(4, 1)
-opt = torch.optim.SGD(m.parameters(), lr=0.1)
-x, y = torch.randn(16, 4), torch.randn(16, 1)
-for step in range(8):
-    opt.zero_grad()
-    loss = ((m(x) - y) ** 2).mean()
-    loss.backward()
-    opt.step()
-    with open("log.txt", "a") as fh:
-        fh.write(f"{step}\\n")
-    torch.save(m.state_dict(), "ckpt.pt")
-    open("last.txt", "w").write(str(step))
-'''
-
-
-def test_replicas_leave_the_user_s_files_alone(tmp_path):
-    r = _script_run(tmp_path, WRITES_FILES, ["until 5", "rs 3", "next", 'p ("PAST", open("last.txt").read())',
-                                             "present", "predict 2", 'p ("NOW", open("last.txt").read())',
-                                             "continue"])
-    assert "('PAST', '2')" in r.stdout and "('NOW', '4')" in r.stdout, r.stdout + r.stderr   # (a step ends in opt.step())
-    assert "file write(s) went to scratch copies, your files are as they were" in r.stdout
-    assert (tmp_path / "log.txt").read_text() == "".join(f"{i}\n" for i in range(8))   # each step once
-    assert (tmp_path / "last.txt").read_text() == "7"
-    import torch
-    saved = torch.load(str(tmp_path / "ckpt.pt"), weights_only=True)
-    assert set(saved) == {"weight", "bias"}
