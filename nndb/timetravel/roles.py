@@ -40,9 +40,7 @@ def finish(chan, msg: dict) -> None:
     try:
         chan.send(msg)
     finally:
-        import shutil
-        for d in sandbox.CLEANUP:
-            shutil.rmtree(d, ignore_errors=True)
+        sandbox.cleanup()
         for f in (sys.stdout, sys.stderr):
             try:
                 f.flush()

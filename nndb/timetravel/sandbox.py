@@ -10,6 +10,12 @@ removed when the replica ends; later reads of that path in the replica read
 the copy.  ``os.remove``/``unlink`` of a real file and ``os.rename``/``replace``
 from one leave the real file as it is.  What the script writes through C
 libraries (h5py, a subprocess) is not redirected.
+
+A replica forked from a replica (``predict`` or ``fuzz`` in the past) has a
+sandbox of its own over its parent's: it reads the parent's scratch copies,
+writes copies of its own, and removes only its own directory as it ends (it
+had removed its parent's, and the past's next write, the REPL's history
+among them, failed: issue 39).
 """
 from __future__ import annotations
 
@@ -22,27 +28,34 @@ _PASS = ("/dev/", "/proc/", "/sys/")
 
 
 class Sandbox:
-    def __init__(self, root: str):
+    def __init__(self, root: str, base: "Sandbox | None" = None):
         self.root = os.path.realpath(root)
-        self.moved: dict = {}             # real path -> its scratch copy
+        self.pid = os.getpid()
+        # real path -> its scratch copy (a parent replica's copies are read, never written)
+        self.moved: dict = dict(base.moved) if base is not None else {}
         self.writes = 0
-        self._open = builtins.open
+        self._open = base._open if base is not None else builtins.open
+        self._base_roots = (base.root,) + base._base_roots if base is not None else ()
 
     def _real(self, file) -> str | None:
         if isinstance(file, int):
             return None
         p = os.path.abspath(os.fspath(file))
-        if p.startswith(_PASS) or p == self.root or p.startswith(self.root + os.sep):
+        if p.startswith(_PASS) or any(p == r or p.startswith(r + os.sep) for r in (self.root,) + self._base_roots):
             return None
         return p
 
+    def _own(self, scratch: str) -> bool:
+        return scratch.startswith(self.root + os.sep)
+
     def _copy_of(self, p: str, keep: bool) -> str:
         scratch = self.moved.get(p)
-        if scratch is None:
+        if scratch is None or not self._own(scratch):
+            source = p if scratch is None else scratch       # (a parent replica's copy: this one's starts from it)
             scratch = os.path.join(self.root, p.lstrip(os.sep))
             os.makedirs(os.path.dirname(scratch), exist_ok=True)
-            if keep and os.path.isfile(p):
-                shutil.copyfile(p, scratch)
+            if keep and os.path.isfile(source):
+                shutil.copyfile(source, scratch)
             self.moved[p] = scratch
         return scratch
 
@@ -61,7 +74,7 @@ class Sandbox:
         if p is None:
             return _os_remove(path, *args, **kwargs)
         scratch = self.moved.pop(p, None)
-        if scratch is not None and os.path.exists(scratch):
+        if scratch is not None and self._own(scratch) and os.path.exists(scratch):
             _os_remove(scratch)
 
     def rename(self, src, dst, *args, **kwargs):
@@ -83,18 +96,31 @@ _os_remove, _os_rename = os.remove, os.rename
 
 
 ACTIVE: "Sandbox | None" = None
-CLEANUP: list = []      # directories a replica made (removed as it ends: roles.finish)
+CLEANUP: list = []      # [(pid, directory)] a replica made (removed as it ends: cleanup())
+
+
+def scratch_dir(prefix: str) -> str:
+    """A directory of this replica's own, removed as it ends (``cleanup``)."""
+    import tempfile
+    root = tempfile.mkdtemp(prefix=prefix)
+    CLEANUP.append((os.getpid(), root))
+    return root
+
+
+def cleanup() -> None:
+    """Remove the directories this process made (a parent replica's stay: they are still in use)."""
+    me = os.getpid()
+    for pid, d in CLEANUP:
+        if pid == me:
+            shutil.rmtree(d, ignore_errors=True)
 
 
 def enter() -> Sandbox:
     """In a replica process only: from now on its writes go to a scratch
-    directory, removed as the replica ends."""
+    directory, removed as the replica ends.  In a replica forked from a
+    replica, a sandbox of its own over the parent's."""
     global ACTIVE
-    import tempfile
-
-    if ACTIVE is None:
-        root = tempfile.mkdtemp(prefix="nndb-replica-files-")
-        CLEANUP.append(root)
-        ACTIVE = Sandbox(root)
+    if ACTIVE is None or ACTIVE.pid != os.getpid():
+        ACTIVE = Sandbox(scratch_dir("nndb-replica-files-"), base=ACTIVE)
         ACTIVE.install()
     return ACTIVE
