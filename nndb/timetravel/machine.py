@@ -426,7 +426,9 @@ class TimeMachine:
                     target, then, why = found
                     continue
                 s.message("No earlier step where a breakpoint or watchpoint held.")
-            if nxt == "quit":
+            if nxt == "failed":                  # (a batch command failed in the past)
+                s.batch_failed(msg["message"])
+            elif nxt == "quit":
                 s.request_quit()
             elif nxt == "run":
                 s.request_restart()
