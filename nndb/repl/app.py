@@ -78,13 +78,6 @@ class ReplFrontend:
     def error(self, text: str) -> None:
         print(text, file=self.err, flush=True)
 
-    def progress(self, text: Optional[str]) -> None:
-        """A long command's progress, on one line rewritten in place (None: clear it)."""
-        if not self.err.isatty():
-            return
-        self.err.write("\r\033[K" + (text or ""))
-        self.err.flush()
-
     def read_line(self, prompt: str) -> Optional[str]:
         while True:
             try:
