@@ -156,3 +156,16 @@ def test_the_script_s_lines_never_keep_a_piece_of_the_progress_line(tmp_path):
     script = [line for line in shown if line.startswith(("it ", "e ", "done"))]
     assert len(script) >= 4 and all(re.fullmatch(r"(it|e|done) \d+", line) for line in script), script
     assert not [line for line in shown if "finding(s)" in line and not line.startswith("nndb: step")], shown
+
+
+def test_the_line_is_off_the_terminal_before_a_prompt_that_printed_nothing():
+    """A stop whose points are all silent prints nothing (nothing cleared the
+    line, and the prompt was drawn under it): the prompt loop clears it."""
+    from nndb.debugger.driver import DebugOptions, build_session
+    from nndb.debugger.frontend import ScriptedFrontend
+    s = build_session(ScriptedFrontend([]), DebugOptions())
+    out = []
+    s.progress = ProgressLine(s, out.append, streams=())
+    s.progress.draw(12, 40.0, 0.5, 0)
+    s.interact()                         # (no input: quit)
+    assert out == [CLEAR + "nndb: step 12  40 steps/s  loss 0.5  0 finding(s)\r", CLEAR]

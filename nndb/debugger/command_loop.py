@@ -26,6 +26,8 @@ class CommandLoop:
     def interact(self) -> None:
         """Read and run commands until one resumes the run."""
         self._resume = False
+        if self.progress is not None:
+            self.progress.clear()          # (a silent stop prints nothing that would: the prompt is drawn here)
         if self.fail_fast():
             self._end = "kill"
             return
