@@ -547,3 +547,33 @@ def test_nndb_held_bytes_count_each_storage_once():
     from nndb.debugger.memory import by_device
     a = torch.zeros(1000)
     assert by_device([a, a[:10], a.view(10, 100), torch.zeros(5, dtype=torch.float64)]) == {"cpu": 4000 + 40}
+
+
+def test_a_command_that_fails_in_the_past_ends_the_run_with_exit_2(tmp_path, trace):
+    """As anywhere else in batch mode (issue 39: the replica alone was killed,
+    the live run went on to exit 0 and the commands after it were dropped unsaid)."""
+    report = str(tmp_path / "r.json")
+    r = nndb("run", "--batch", "--nx", "--trace", trace, "--report", report, "-e", "until 6", "-e", "rs 3",
+             "-e", "p nosuch", "-e", 'p "NOT REACHED"', example("mlp.py"), "--steps", "12", cwd=str(tmp_path))
+    assert r.returncode == 2, r.stdout + r.stderr
+    _no_traceback_from_nndb(r.stderr)
+    msg = "-e 'p nosuch': NameError: name 'nosuch' is not defined"
+    assert msg in r.stderr.splitlines() and "In the past" in r.stdout
+    assert "NOT REACHED" not in r.stdout
+    assert sorted(_script_lines(r.stdout)) == list(range(6))     # killed at the stop at step 6, as outside the past
+    assert _report(report)["exit"] == {"code": 2, "reason": msg}
+    with TraceReader(trace) as t:
+        assert t.status == "killed"
+
+
+def test_a_batch_run_goes_back_to_the_present_when_nothing_is_queued_in_the_past(tmp_path, trace):
+    """The past did not run on to the script's end by itself: the script's
+    lines of steps 3-11 were printed twice (once by the replica) and the
+    replica ran as long as the run's rest."""
+    r = nndb("run", "--batch", "--nx", "--trace", trace, "-e", "until 6", "-e", "rs 3", "-e", 'p ("AT", $step)',
+             example("mlp.py"), "--steps", "12", cwd=str(tmp_path))
+    assert r.returncode == 0, r.stdout + r.stderr
+    lines = re.findall(r"^step (\d+) loss", r.stdout, re.M)
+    assert lines == [str(i) for i in range(12)], r.stdout          # each step's line once, in order
+    assert "('AT', 3)" in r.stdout and "Back in the present (timeline 0): step 6." in r.stdout
+    assert "the script ended on this timeline" not in r.stdout

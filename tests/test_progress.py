@@ -73,6 +73,20 @@ def test_no_progress_line_when_stderr_is_not_a_terminal(tmp_path):
     assert r.returncode == 0 and "steps/s" not in r.stderr and "\r" not in r.stderr + r.stdout
 
 
+def _continue_to_the_end(term) -> str:
+    """'continue' at the first prompt; what the terminal is sent (escape sequences
+    kept) until the run has ended ("done") and its prompt shows (the prompt
+    redrawn with the typed 'continue' may come first)."""
+    term.expect("(nndb)")
+    term.type("continue")
+    raw = b""
+    end = time.time() + 60
+    while not (b"done" in raw and b"(nndb)" in raw[raw.index(b"done"):]) and time.time() < end:
+        if select.select([term.master], [], [], 1)[0]:
+            raw += os.read(term.master, 65536)
+    return raw.decode(errors="replace")
+
+
 def test_on_a_terminal_the_line_is_redrawn_and_removed_at_a_stop_and_at_the_end(tmp_path):
     pytest.importorskip("pty")
     from test_repl_terminal import Terminal
@@ -80,24 +94,78 @@ def test_on_a_terminal_the_line_is_redrawn_and_removed_at_a_stop_and_at_the_end(
     term = Terminal(["run", "--nx", "-q", "--trace", str(tmp_path / "t.h5"), "-e", "break step 2000000",
                      "long.py"], cwd=tmp_path, home=tmp_path)
     try:
-        term.expect("(nndb)")
-        term.type("continue")
-        raw = b""
-        end = time.time() + 60
-        # the run ends ("done"), and then its prompt shows (the prompt redrawn with the typed
-        # 'continue' may come first)
-        while not (b"done" in raw and b"(nndb)" in raw[raw.index(b"done"):]) and time.time() < end:
-            if select.select([term.master], [], [], 1)[0]:
-                raw += os.read(term.master, 65536)
-        text = raw.decode(errors="replace")
+        text = _continue_to_the_end(term)
         draws = re.findall(r"\r\x1b\[Knndb: step (\d+)  (\S+) steps/s  loss (\S+)  0 finding\(s\)\r", text)
         assert 2 <= len(draws) <= 16, text[-500:]            # about 4 a second for 1.5 s after the first
         assert [int(d[0]) for d in draws] == sorted(int(d[0]) for d in draws)
         assert float(draws[-1][1]) > 0
         after = text[text.rindex("steps/s"):]
         assert after.index("\r\x1b[K") < after.index("(nndb)")   # the line is removed before the prompt
-        assert "done" in after
+        assert "done" in text[text.index("steps/s"):]           # (drawn again after the script's last line)
         term.type("quit")
         assert term.proc.wait(timeout=60) == 0
     finally:
         term.close()
+
+
+def screen(raw: str) -> list:
+    """The lines a terminal shows for ``raw``: carriage return, newline and
+    erase-to-end-of-line obeyed, other escape sequences dropped."""
+    lines, row, col = [""], 0, 0
+    for token in re.findall(r"\x1b\[[0-9;?]*[A-Za-z]|\r|\n|[^\x1b\r\n]+|\x1b", raw):
+        if token == "\r":
+            col = 0
+        elif token == "\n":
+            row += 1
+            col = 0
+            if row == len(lines):
+                lines.append("")
+        elif token == "\x1b[K":
+            lines[row] = lines[row][:col]
+        elif not token.startswith("\x1b"):
+            line = lines[row].ljust(col)
+            lines[row] = line[:col] + token + line[col + len(token):]
+            col += len(token)
+    return lines
+
+
+def test_screen_obeys_the_terminal():
+    assert screen("nndb: step 3  1 finding(s)\rit 50\n") == ["it 50 step 3  1 finding(s)", ""]   # (the issue's glue)
+    assert screen("nndb: step 3\r\x1b[Kit 50\nab\rc\x1b[K") == ["it 50", "c"]
+
+
+PRINTS = LONG.replace("    step += 1\n", "    step += 1\n    if step % 40 == 0:\n"
+                      "        print(f'it {{step}}', flush=True)\n        import sys; print('e', step, file=sys.stderr)\n")
+
+
+def test_the_script_s_lines_never_keep_a_piece_of_the_progress_line(tmp_path):
+    """Each line the script prints erases the line first and it is drawn again
+    after (issue 39: 'mfu 0.00%ding(s)'); nndb's own stop line too."""
+    pytest.importorskip("pty")
+    from test_repl_terminal import Terminal
+    (tmp_path / "long.py").write_text(PRINTS.format(secs=2.5))
+    term = Terminal(["run", "--nx", "-q", "--trace", str(tmp_path / "t.h5"), "long.py"], cwd=tmp_path, home=tmp_path)
+    try:
+        text = _continue_to_the_end(term)
+        term.type("quit")
+        assert term.proc.wait(timeout=60) == 0
+    finally:
+        term.close()
+    assert "steps/s" in text                                  # (the line was drawn)
+    shown = screen(text)
+    script = [line for line in shown if line.startswith(("it ", "e ", "done"))]
+    assert len(script) >= 4 and all(re.fullmatch(r"(it|e|done) \d+", line) for line in script), script
+    assert not [line for line in shown if "finding(s)" in line and not line.startswith("nndb: step")], shown
+
+
+def test_the_line_is_off_the_terminal_before_a_prompt_that_printed_nothing():
+    """A stop whose points are all silent prints nothing (nothing cleared the
+    line, and the prompt was drawn under it): the prompt loop clears it."""
+    from nndb.debugger.driver import DebugOptions, build_session
+    from nndb.debugger.frontend import ScriptedFrontend
+    s = build_session(ScriptedFrontend([]), DebugOptions())
+    out = []
+    s.progress = ProgressLine(s, out.append, streams=())
+    s.progress.draw(12, 40.0, 0.5, 0)
+    s.interact()                         # (no input: quit)
+    assert out == [CLEAR + "nndb: step 12  40 steps/s  loss 0.5  0 finding(s)\r", CLEAR]

@@ -65,6 +65,13 @@ class Terminal:
         os.write(self.master, line.encode() + b"\r")
         self.expect(line)
 
+    def quit(self) -> int:
+        """'quit', answering yes to killing the run; the exit code."""
+        self.type("quit")
+        self.expect("(y or n)")
+        self.type("y")
+        return self.proc.wait(timeout=60)
+
     def close(self):
         if self.proc.poll() is None:
             self.proc.kill()
@@ -91,10 +98,7 @@ def test_ctrl_c_stops_a_running_script_at_the_next_stop_point(tmp_path):
         term.type("p $step")
         term.expect(f"\n{step}\r")               # the value on a line of its own (the prompt may be
         term.expect("(nndb)")                    # redrawn with the typed line first, under load)
-        term.type("quit")
-        term.expect("(y or n)")
-        term.type("y")
-        assert term.proc.wait(timeout=60) == 0
+        assert term.quit() == 0
     finally:
         term.close()
     with TraceReader(str(trace)) as r:

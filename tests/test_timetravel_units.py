@@ -433,7 +433,17 @@ def test_ctrl_c_in_a_replica_s_replay_gives_up_instead_of_stopping_there():
 
 
 def test_progress_line_counts_steps_and_estimates_the_rest():
-    from nndb.timetravel.machine import progress_line
+    from nndb.timetravel.roles import progress_line
     assert progress_line(100, 400, 2.0) == ("nndb: replaying: 100 of 400 step(s), about 6 s left; "
                                             "Ctrl-C stops it and leaves you where you were")
     assert "left" not in progress_line(0, 400, 1.0)
+    assert progress_line(3, 300, 1.0, "predicting", "takes you to the present (step 20)") == (
+        "nndb: predicting: 3 of 300 step(s), about 99 s left; Ctrl-C stops it and takes you to the present (step 20)")
+
+
+def test_a_replica_counts_its_steps_as_its_stop_line_does():
+    """From the checkpoint's step (the issue's 'replaying: 27 of 28' then '33 step(s) replayed')."""
+    from nndb.timetravel.roles import Goto, Scan
+    assert Goto(None, {"target": 33, "replayed_from": 0}).replayed(27) == (27, 33)
+    assert Goto(None, {"target": 33, "replayed_from": None}).replayed(33) == (34, 34)    # (from the start)
+    assert Scan(None, {"from": 4, "end": 20, "replayed_from": 2}).replayed(20) == (18, 18)

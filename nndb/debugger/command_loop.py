@@ -26,6 +26,8 @@ class CommandLoop:
     def interact(self) -> None:
         """Read and run commands until one resumes the run."""
         self._resume = False
+        if self.progress is not None:
+            self.progress.clear()          # (a silent stop prints nothing that would: the prompt is drawn here)
         if self.fail_fast():
             self._end = "kill"
             return
@@ -37,6 +39,10 @@ class CommandLoop:
             if not self.interactive:
                 if self.fail_fast():         # the queued commands ran at a fail hit: stop now
                     self._end = "kill"
+                elif self.in_the_past():
+                    # batch: nothing queued in the past, back to the present (running the past on
+                    # printed the script's output again, and took as long again: issue 39)
+                    self.machine.hand_back(self, "present")
                 elif self.live:
                     self.resume("continue")  # batch: nothing queued, go on
                 return                       # (the run is over: nothing to resume)
@@ -55,6 +61,10 @@ class CommandLoop:
     def fail_fast(self) -> bool:
         """Batch mode stops the run once a ``fail`` point hit and its commands ran."""
         return not self.interactive and bool(self.failed_points) and self.live and not self.queue
+
+    def in_the_past(self) -> bool:
+        """This process is a replica at a prompt in the past (goto, reverse-step...)."""
+        return self.machine is not None and bool(self.machine.where(self))
 
     def prompt(self) -> str:
         where = self.machine.where(self) if self.machine is not None else ""
@@ -106,9 +116,17 @@ class CommandLoop:
         # the rest of that file is dropped (gdb stops reading a file at its first error)
         self.queue = collections.deque(q for q in self.queue if q.source != source.source)
         if not self.interactive:
-            self.command_file_error = msg
-            self._end = "kill" if self.live else None
-            self._resume = True
+            if self.in_the_past():
+                # the live run ends with it, as it would have outside the past (the replica
+                # had been killed alone: exit 0, the rest of the commands dropped unsaid)
+                self.machine.hand_back(self, "failed", message=msg)
+            self.batch_failed(msg)
+
+    def batch_failed(self, msg: str) -> None:
+        """A startup command failed in batch mode: the run ends (exit 2, ``msg`` the reason)."""
+        self.command_file_error = msg
+        self._end = "kill" if self.live else None
+        self._resume = True
 
     def queue_lines(self, lines: list) -> None:
         self.queue.extend(lines)

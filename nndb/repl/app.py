@@ -3,6 +3,7 @@ completion from the command table and a bottom toolbar.  All it does is read
 lines and print what the session gives it; the session does the rest."""
 from __future__ import annotations
 
+import datetime
 import os
 import sys
 from typing import Optional
@@ -29,6 +30,25 @@ def private_history(path: str) -> None:
         os.close(fd)
 
 
+class History(FileHistory):
+    """The history file, written past the replica sandbox: it is nndb's own
+    file, not the script's, and a command typed in the past is kept as one
+    typed in the present (through ``open``, prompt_toolkit's write went to a
+    replica's scratch copy, and failed once that was gone: issue 39)."""
+
+    def store_string(self, string: str) -> None:
+        lines = "".join(f"+{line}\n" for line in string.split("\n"))
+        data = f"\n# {datetime.datetime.now()}\n{lines}".encode("utf-8")
+        try:
+            fd = os.open(self.filename, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+            try:
+                os.write(fd, data)       # (one write: the lines of one entry stay together)
+            finally:
+                os.close(fd)
+        except OSError:                  # (the file went: the line stays in this session's history)
+            pass
+
+
 class ReplFrontend:
     interactive = True
 
@@ -42,7 +62,7 @@ class ReplFrontend:
         if history_path:
             try:
                 private_history(history_path)
-                history = FileHistory(history_path)
+                history = History(history_path)
             except OSError:
                 pass
         self._prompt = PromptSession(
@@ -57,13 +77,6 @@ class ReplFrontend:
 
     def error(self, text: str) -> None:
         print(text, file=self.err, flush=True)
-
-    def progress(self, text: Optional[str]) -> None:
-        """A long command's progress, on one line rewritten in place (None: clear it)."""
-        if not self.err.isatty():
-            return
-        self.err.write("\r\033[K" + (text or ""))
-        self.err.flush()
 
     def read_line(self, prompt: str) -> Optional[str]:
         while True:

@@ -39,13 +39,6 @@ class Checkpoint:
     changes: int = 0       # how many of the session's changes (made at the prompt) it holds
 
 
-def progress_line(done: int, total: int, elapsed: float) -> str:
-    """The live run's line while a replica works: steps done of the total,
-    and the time left at the rate so far."""
-    eta = f", about {elapsed / done * (total - done):.0f} s left" if done > 0 and total > done else ""
-    return f"nndb: replaying: {done} of {total} step(s){eta}; Ctrl-C stops it and leaves you where you were"
-
-
 def files_note(msg: dict) -> str:
     """What a replica's message says of the user's files, for the line after
     it: its writes that went to scratch copies, and that the files compared
@@ -424,22 +417,15 @@ class TimeMachine:
 
     def _wait(self, s, chan: Channel, proc) -> dict:
         """Wait for the replica's last message while it has the terminal
-        (Ctrl-C is the replica's then), and take back the session state."""
+        (Ctrl-C and the progress line are the replica's then: roles.Role.progress),
+        and take back the session state."""
         old = signal.signal(signal.SIGINT, signal.SIG_IGN)
-        show = getattr(s.frontend, "progress", None) if s.interactive else None
-        t0, first, shown = time.monotonic(), None, False
         try:
             last = None
             while True:
                 msg = chan.recv()
                 if msg is None:
                     break
-                if msg.get("op") == "progress":
-                    first = msg["step"] if first is None else first
-                    if show is not None and time.monotonic() - t0 >= 1.0:
-                        show(progress_line(msg["step"] - first, msg["end"] - first, time.monotonic() - t0))
-                        shown = True
-                    continue
                 if msg.get("op") in ("handback", "predicted", "fuzzed"):
                     last = msg
                     if proc is not None:
@@ -452,8 +438,6 @@ class TimeMachine:
                 chan.close()
         finally:
             signal.signal(signal.SIGINT, old)
-            if shown:
-                show(None)
         if last is None:
             raise CommandError("nndb: the replica ended without reporting back (it crashed?); "
                                "the live run is unchanged")
@@ -463,22 +447,34 @@ class TimeMachine:
 
     def travel(self, s, target: int, then: str = "stop", why: str = "") -> None:
         """Go to the end of step ``target`` on a replica; come back when it hands
-        back, and carry out what it asked for (another goto, quit, run)."""
+        back, and carry out what it asked for (another goto, quit, run).
+        After a hand-back the past it came from is gone: a replay that stops
+        then (Ctrl-C, a divergence) says the user is in the present."""
+        from_past = False
         while True:
             t0 = time.perf_counter()
-            msg = self.replay(s, {"kind": "goto", "target": target, "then": then, "why": why}, target)
+            goal = {"kind": "goto", "target": target, "then": then, "why": why}
+            if from_past:
+                goal["ctrl_c"] = f"takes you to the present (step {s.last_step})"
+            with self._in_the_present_if(from_past, s):
+                msg = self.replay(s, goal, target)
             nxt = msg.get("next")
             if nxt == "goto":
                 target, then, why = int(msg["target"]), msg.get("then", "stop"), msg.get("why", "")
+                from_past = True
                 continue
             if nxt == "rc":
                 from .search import reverse_continue_target
-                found = reverse_continue_target(s, self, int(msg["step"]), bool(msg["at_end"]))
+                with self._in_the_present_if(True, s):
+                    found = reverse_continue_target(s, self, int(msg["step"]), bool(msg["at_end"]))
                 if found is not None:
                     target, then, why = found
+                    from_past = True
                     continue
                 s.message("No earlier step where a breakpoint or watchpoint held.")
-            if nxt == "quit":
+            if nxt == "failed":                  # (a batch command failed in the past)
+                s.batch_failed(msg["message"])
+            elif nxt == "quit":
                 s.request_quit()
             elif nxt == "run":
                 s.request_restart()
@@ -486,6 +482,18 @@ class TimeMachine:
                 s.message(f"Back in the present (timeline 0): step {s.last_step}."
                           f"  ({time.perf_counter() - t0:.2f} s in the past{files_note(msg)})")
             return
+
+    @staticmethod
+    @contextlib.contextmanager
+    def _in_the_present_if(left_the_past: bool, s):
+        """A travel that fails after the past handed back ends in the present: its message says so
+        (it had said 'nothing was changed' and 'where you were', of a past that was gone)."""
+        try:
+            yield
+        except CommandError as e:
+            if not left_the_past:
+                raise
+            raise CommandError(f"{e}; you are in the present (timeline 0): step {s.last_step}") from None
 
     def hand_back(self, s, nxt: str, **extra) -> None:
         """In a replica: give the terminal back to the live run (this process ends)."""

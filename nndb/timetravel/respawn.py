@@ -20,7 +20,6 @@ import os
 import socket
 import subprocess
 import sys
-import tempfile
 
 from .channel import Channel
 
@@ -111,8 +110,7 @@ def run(s, chan, msg: dict) -> None:
     s.become_replica(role)
     s.restore(msg["state"])
     tgt = msg["target"]
-    d = tempfile.mkdtemp(prefix="nndb-replica-")
-    sandbox.CLEANUP.append(d)
+    d = sandbox.scratch_dir("nndb-replica-")
     cfg = RunConfig(Target(tgt.get("path"), tgt.get("module"), tgt.get("args") or []),
                     trace_path=os.path.join(d, "replica.h5"), quiet=True)
     role.begin(s)

@@ -35,6 +35,17 @@ from . import forking, sandbox
 
 
 
+CLEAR = "\r\033[K"          # (the cursor to the line's start, the line erased)
+STAY = "leaves you where you were"
+
+
+def progress_line(done: int, total: int, elapsed: float, doing: str = "replaying", ctrl_c: str = STAY) -> str:
+    """A replica's line while it works: steps done of the total, the time
+    left at the rate so far, and what Ctrl-C does."""
+    eta = f", about {elapsed / done * (total - done):.0f} s left" if done > 0 and total > done else ""
+    return f"nndb: {doing}: {done} of {total} step(s){eta}; Ctrl-C stops it and {ctrl_c}"
+
+
 def finish(chan, msg: dict) -> None:
     """Send the last message and end this replica."""
     if sandbox.ACTIVE is not None and sandbox.ACTIVE.writes:
@@ -42,9 +53,7 @@ def finish(chan, msg: dict) -> None:
     try:
         chan.send(msg)
     finally:
-        import shutil
-        for d in sandbox.CLEANUP:
-            shutil.rmtree(d, ignore_errors=True)
+        sandbox.cleanup()
         for f in (sys.stdout, sys.stderr):
             try:
                 f.flush()
@@ -67,7 +76,9 @@ class Role:
         # for the steps this replica replays (JSON keys are strings)
         self.expect = {int(k): v for k, v in (goal.get("expect") or {}).items()}
         self._checked = None
-        self._progress_at = time.monotonic()
+        self._started = self._progress_at = time.monotonic()
+        self._progress_fd: Optional[int] = None      # the terminal, while silenced (begin)
+        self._shown = False
         # the changes made at the live run's prompt after the checkpoint: made again at their steps
         self.changes = [Change.from_dict(d) for d in goal.get("changes") or []]
         self._remade_at: set = set()
@@ -121,13 +132,36 @@ class Role:
         return None
 
     PROGRESS_EVERY_S = 0.5
+    PROGRESS_AFTER_S = 1.0           # (a short replay shows none)
+    doing = "replaying"
 
-    def progress(self, step: int, end: int) -> None:
-        """While replaying: where the replay is, for the live run's progress line."""
+    def replayed(self, step: int) -> tuple:
+        """(steps replayed, steps to replay) at the end of ``step``, counted as
+        the stop line counts them: from the checkpoint's step (from the start: -1)."""
+        src = self.goal.get("replayed_from")
+        first = -1 if src is None else int(src)
+        return step - first, int(self.goal.get("target", self.goal.get("end", step))) - first
+
+    def progress(self, done: int, total: int) -> None:
+        """Where the work is, on one line of the terminal (interactive only),
+        drawn by this process (the live run waits): cleared before this
+        process prints anything (``_unsilence``), so nothing is glued to it."""
         now = time.monotonic()
-        if now - self._progress_at >= self.PROGRESS_EVERY_S:
-            self._progress_at = now
-            self.chan.send({"op": "progress", "step": step, "end": end})
+        if self._progress_fd is None or now - self._progress_at < self.PROGRESS_EVERY_S \
+                or now - self._started < self.PROGRESS_AFTER_S:
+            return
+        self._progress_at = now
+        text = progress_line(done, total, now - self._started, self.doing, self.goal.get("ctrl_c") or STAY)
+        self._shown = _write(self._progress_fd, CLEAR + text) or self._shown
+
+    def _unsilence(self) -> None:
+        """The line off the terminal, then fds 1 and 2 back (before anything is printed)."""
+        if self._shown:
+            _write(self._progress_fd, CLEAR)
+            self._shown = False
+        self._progress_fd = None
+        forking.unsilence(self.saved_fds)
+        self.saved_fds = None
 
     def interruptible(self) -> bool:
         """Ctrl-C ends this replica's work (a replay, a scan, a prediction)
@@ -139,12 +173,13 @@ class Role:
 
     def give_up(self, s, message: str) -> None:
         """A replay that diverged ends here; the live run says why."""
-        forking.unsilence(self.saved_fds)
-        self.saved_fds = None
+        self._unsilence()
         finish(self.chan, {"op": "handback", "next": "diverged", "message": message, "state": s.snapshot()})
 
     def begin(self, s) -> None:
         self.saved_fds = forking.silence()
+        if s.interactive and os.isatty(self.saved_fds[1]):
+            self._progress_fd = self.saved_fds[1]
 
     def before_stops(self, s, step: int):
         """At a step end, before the breakpoints are checked: return a Stop to
@@ -194,11 +229,10 @@ class Goto(Role):
         if wrong:
             self.give_up(s, wrong)
         if step < self.target:
-            self.progress(step, self.target)
+            self.progress(*self.replayed(step))
             return "skip"
         self.replaying = False
-        forking.unsilence(self.saved_fds)
-        self.saved_fds = None
+        self._unsilence()
         self.prompts = True
         s.sync_hooks()
         if self.then == "points":
@@ -214,8 +248,7 @@ class Goto(Role):
 
     def run_ended(self, s, status: str, reason: str) -> None:
         if self.replaying:
-            forking.unsilence(self.saved_fds)
-            self.saved_fds = None
+            self._unsilence()
             s.error(f"nndb: the replay ended ({status}: {reason}) before reaching step {self.target}")
         elif s.quit_requested or s.restart_requested:
             pass                               # (the live run carries them out)
@@ -252,7 +285,7 @@ class Scan(Role):
         wrong = self.diverged(s)
         if wrong:
             self.give_up(s, wrong)
-        self.progress(step, self.end)
+        self.progress(*self.replayed(step))
         if step < self.start:
             return "skip"
         self.result["last"] = step
@@ -317,7 +350,7 @@ class Scan(Role):
             self._report(s, None)
 
     def _report(self, s, ended: Optional[str]) -> None:
-        forking.unsilence(self.saved_fds)
+        self._unsilence()
         finish(self.chan, {"op": "handback", "next": "scan", "result": self.result, "ended": ended})
 
     def run_ended(self, s, status: str, reason: str) -> None:
@@ -326,6 +359,7 @@ class Scan(Role):
 
 class Predict(Role):
     kind = "predict"
+    doing = "predicting"
 
     def __init__(self, chan, goal: dict):
         super().__init__(chan, goal)
@@ -384,11 +418,11 @@ class Predict(Role):
 
     def fail(self, message: str) -> None:
         """A change could not be made: no prediction."""
-        forking.unsilence(self.saved_fds)
+        self._unsilence()
         finish(self.chan, {"op": "predicted", "rows": [], "error": message})
 
     def _report(self, note: Optional[str], ended: Optional[str] = None) -> None:
-        forking.unsilence(self.saved_fds)
+        self._unsilence()
         finish(self.chan, {"op": "predicted", "rows": self.rows, "stopped": note, "ended": ended,
                            "undone": self.undone})
 
@@ -436,12 +470,19 @@ class Measure(Role):
         return "skip"
 
     def _report(self, result: dict) -> None:
-        forking.unsilence(self.saved_fds)
-        self.saved_fds = None
+        self._unsilence()
         finish(self.chan, {"op": "handback", "next": "measured", "result": result})
 
     def run_ended(self, s, status: str, reason: str) -> None:
         self._report({"error": f"the script ended ({status}) before a step after the checkpoint was recorded"})
+
+
+def _write(fd: int, text: str) -> bool:
+    try:
+        os.write(fd, text.encode("utf-8", "replace"))
+        return True
+    except OSError:
+        return False
 
 
 def make_role(goal: dict, chan) -> Role:

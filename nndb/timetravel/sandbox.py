@@ -29,6 +29,12 @@ after it ended; what changed is said, one line, and "your files are as they
 were" is said only of what was compared.  Directories a replica makes
 (``os.makedirs``) are made for real (an empty directory; the comparison
 names it).
+
+A replica forked from a replica (``predict`` or ``fuzz`` in the past) has a
+sandbox of its own over its parent's: it reads the parent's scratch copies,
+writes copies of its own, and removes only its own directory as it ends (it
+had removed its parent's, and the past's next write, the REPL's history
+among them, failed: issue 39).
 """
 from __future__ import annotations
 
@@ -42,11 +48,14 @@ _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
 
 
 class Sandbox:
-    def __init__(self, root: str):
+    def __init__(self, root: str, base: "Sandbox | None" = None):
         self.root = os.path.realpath(root)
-        self.moved: dict = {}             # real path -> its scratch copy
+        self.pid = os.getpid()
+        # real path -> its scratch copy (a parent replica's copies are read, never written)
+        self.moved: dict = dict(base.moved) if base is not None else {}
         self.writes = 0
-        self._open = builtins.open
+        self._open = base._open if base is not None else builtins.open
+        self._base_roots = (base.root,) + base._base_roots if base is not None else ()
 
     def _real(self, file) -> str | None:
         """The absolute path of a user's file, or None for what passes
@@ -56,18 +65,22 @@ class Sandbox:
         p = os.path.abspath(os.fsdecode(os.fspath(file)))
         if p.startswith(_PASS):
             return None
-        for own in (self.root, *CLEANUP, *OWN):
+        for own in (self.root, *self._base_roots, *(d for _, d in CLEANUP), *OWN):
             if p == own or p.startswith(own + os.sep):
                 return None
         return p
 
+    def _own(self, scratch: str) -> bool:
+        return scratch.startswith(self.root + os.sep)
+
     def _copy_of(self, p: str, keep: bool) -> str:
         scratch = self.moved.get(p)
-        if scratch is None:
+        if scratch is None or not self._own(scratch):
+            source = p if scratch is None else scratch       # (a parent replica's copy: this one's starts from it)
             scratch = os.path.join(self.root, p.lstrip(os.sep))
             os.makedirs(os.path.dirname(scratch), exist_ok=True)
-            if keep and os.path.isfile(p):
-                shutil.copyfile(p, scratch)
+            if keep and os.path.isfile(source):
+                shutil.copyfile(source, scratch)
             self.moved[p] = scratch
         return scratch
 
@@ -114,7 +127,7 @@ class Sandbox:
         if p is None:
             return _os_remove(path, *args, **kwargs)
         scratch = self.moved.pop(p, None)
-        if scratch is not None and os.path.exists(scratch):
+        if scratch is not None and self._own(scratch) and os.path.exists(scratch):
             _os_remove(scratch)
 
     def rename(self, src, dst, *args, **kwargs):
@@ -162,31 +175,46 @@ class Sandbox:
         shutil.rmtree = self.rmtree
         import h5py._hl.files as h5files          # (nndb imports both before any replica)
         import torch.serialization as ts
+        # (a replica's replica wraps torch's and h5py's own functions, not its parent's wrappers)
         if hasattr(ts, "_open_zipfile_writer"):
-            ts._open_zipfile_writer = self._torch_writer(ts._open_zipfile_writer)
+            ts._open_zipfile_writer = self._torch_writer(_NATIVE.setdefault("torch", ts._open_zipfile_writer))
         if hasattr(h5files, "make_fid"):
-            h5files.make_fid = self._h5_make_fid(h5files.make_fid)
+            h5files.make_fid = self._h5_make_fid(_NATIVE.setdefault("h5py", h5files.make_fid))
 
 
 _os_remove, _os_rename, _os_open, _os_truncate = os.remove, os.rename, os.open, os.truncate
 _os_chmod, _os_utime, _rmtree = os.chmod, os.utime, shutil.rmtree
+_NATIVE: dict = {}      # torch's and h5py's writers as they were before any sandbox
 
 
 ACTIVE: "Sandbox | None" = None
-CLEANUP: list = []      # directories a replica made (removed as it ends: roles.finish)
+CLEANUP: list = []      # [(pid, directory)] a replica made (removed as it ends: cleanup())
 OWN: list = []          # directories the live run made for a replica's answer (fuzz --save): written for real
+
+
+def scratch_dir(prefix: str) -> str:
+    """A directory of this replica's own, removed as it ends (``cleanup``)."""
+    import tempfile
+    root = tempfile.mkdtemp(prefix=prefix)
+    CLEANUP.append((os.getpid(), root))
+    return root
+
+
+def cleanup() -> None:
+    """Remove the directories this process made (a parent replica's stay: they are still in use)."""
+    me = os.getpid()
+    for pid, d in CLEANUP:
+        if pid == me:
+            shutil.rmtree(d, ignore_errors=True)
 
 
 def enter() -> Sandbox:
     """In a replica process only: from now on its writes go to a scratch
-    directory, removed as the replica ends."""
+    directory, removed as the replica ends.  In a replica forked from a
+    replica, a sandbox of its own over the parent's."""
     global ACTIVE
-    import tempfile
-
-    if ACTIVE is None:
-        root = tempfile.mkdtemp(prefix="nndb-replica-files-")
-        CLEANUP.append(root)
-        ACTIVE = Sandbox(root)
+    if ACTIVE is None or ACTIVE.pid != os.getpid():
+        ACTIVE = Sandbox(scratch_dir("nndb-replica-files-"), base=ACTIVE)
         ACTIVE.install()
     return ACTIVE
 

@@ -1,0 +1,117 @@
+"""The past on a real terminal (a pseudo-terminal): the history file, Ctrl-C
+during a prediction and a goto made there, and the progress lines (issue 39)."""
+import os
+import re
+import select
+import signal
+import time
+
+import pytest
+
+from test_repl_terminal import _ESC, LOOP, Terminal
+
+pytest.importorskip("pty")
+
+SLOW = LOOP.replace("range(100000)", "range(400)").replace("0.002", "0.02")     # (20 ms a step)
+
+
+def _interrupt(term) -> None:
+    """Ctrl-C as the terminal sends it: SIGINT to the foreground process group."""
+    os.killpg(term.proc.pid, signal.SIGINT)
+
+
+def _raw_until(term, text: str, timeout: float = 120) -> str:
+    """What the terminal is sent up to ``text`` (escape sequences kept: the
+    erasing of a line is one), read past Terminal.expect, which drops them."""
+    raw, end = term.seen, time.time() + timeout
+    while text.encode() not in _ESC.sub(b"", raw):
+        r, _, _ = select.select([term.master], [], [], max(0.0, end - time.time()))
+        assert r, f"no {text!r} on the terminal: {raw[-600:]!r}"
+        raw += os.read(term.master, 4096)
+    term.seen = b""
+    return raw.decode(errors="replace")
+
+
+def _history(path) -> list:
+    return [line[1:] for line in path.read_text().splitlines() if line.startswith("+")]
+
+
+def test_commands_typed_in_the_past_are_kept_after_a_prediction_there_is_interrupted(tmp_path):
+    (tmp_path / "slow.py").write_text(SLOW)
+    hist = tmp_path / "hist"
+    term = Terminal(["run", "--nx", "--trace", str(tmp_path / "t.h5"), "slow.py"], cwd=tmp_path, home=tmp_path,
+                    env={"NNDB_HISTFILE": str(hist)})
+    try:
+        term.expect("(nndb)")
+        term.type("until 10")
+        term.expect("(nndb)")
+        term.type("rs 3")
+        term.expect("(nndb past)")
+        term.type("p 111")
+        term.expect("(nndb past)")
+        term.type("predict 300")
+        time.sleep(1.5)                            # (it runs: 300 steps of 20 ms)
+        _interrupt(term)
+        term.expect("nndb: interrupted (Ctrl-C): no prediction")
+        shown = term.expect("(nndb past)")
+        term.type("p 222")
+        term.expect("\n222\r")
+        shown = term.expect("(nndb past)")
+        term.type("p 333")
+        term.expect("\n333\r")
+        shown += term.expect("(nndb past)")
+        term.type("present")
+        shown += term.expect("(nndb)")
+        assert "Unhandled exception" not in shown and "Traceback" not in shown, shown
+        term.type("p 444")
+        term.expect("(nndb)")
+        term.type("kill")
+        term.expect("(y or n)")
+        term.type("y")
+        term.expect("(nndb)")
+        term.type("quit")
+        assert term.proc.wait(timeout=60) == 0
+    finally:
+        term.close()
+    assert _history(hist) == ["until 10", "rs 3", "p 111", "predict 300", "p 222", "p 333", "present",
+                              "p 444", "kill", "y", "quit"]
+    assert oct(hist.stat().st_mode & 0o777) == "0o600"
+
+
+def test_ctrl_c_in_a_goto_from_the_past_says_the_user_is_in_the_present(tmp_path):
+    """The goto hands the past back to the live run (that past is gone): the
+    progress line and the message say where Ctrl-C leaves the user (issue 39:
+    'nothing was changed ... leaves you where you were', in the present).  And
+    the replica's progress line is off the terminal before it prints, counting
+    the steps as its stop line does."""
+    from test_progress import screen
+    (tmp_path / "slow.py").write_text(SLOW)
+    term = Terminal(["run", "--nx", "--checkpoint-every", "1000", "--trace", str(tmp_path / "t.h5"), "slow.py"],
+                    cwd=tmp_path, home=tmp_path)
+    try:
+        term.expect("(nndb)")
+        term.type("until 300")
+        term.expect("(nndb)")
+        term.type("rs 5")                  # (295 steps from the checkpoint at step 0: a progress line)
+        raw = _raw_until(term, "(nndb past)")
+        term.type("goto 250")
+        time.sleep(2.5)                    # (it replays 250 steps of 20 ms)
+        _interrupt(term)
+        shown = _raw_until(term, "(nndb)")
+        term.type("p step")
+        term.expect("\n300\r")
+        term.expect("(nndb)")
+        assert term.quit() == 0
+    finally:
+        term.close()
+    lines = screen(shown)
+    said = [line for line in lines if "interrupted" in line]
+    assert said == ["nndb: interrupted (Ctrl-C); nothing was changed; you are in the present (timeline 0): step 300"], \
+        lines
+    assert "Ctrl-C stops it and takes you to the present (step 300)" in shown
+    assert "leaves you where you were" not in shown
+    # the first replay: its line said N of 295, was cleared before 'In the past', and agrees with it
+    counts = {int(n) for n in re.findall(r"replaying: \d+ of (\d+) step", raw)}
+    past = [line for line in screen(raw) if "In the past" in line]
+    assert counts == {295} and past[0].startswith("In the past (timeline 0): step 295 finished"), (counts, past)
+    assert past[0].endswith("295 step(s) replayed from the checkpoint at step 0)"), past
