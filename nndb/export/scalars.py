@@ -91,10 +91,12 @@ def start_time(meta: dict) -> float:
 # -- findings ---------------------------------------------------------------------------------
 
 def finding_line(f: dict) -> str:
-    """One finding (a Finding.as_dict(), live or from a trace) as one line of text."""
+    """One finding (a Finding.as_dict(), live or from a trace) as one line of
+    text; one from a trace says who found it (``[run]``, ``[check-trace]``)."""
     subject = f.get("tensor") or f.get("module")
+    who = f" [{', '.join(f['found_by'])}]" if f.get("found_by") else ""
     return printable_line(f"{f.get('severity', '?')}: {f.get('rule', '?')}"
-                          + (f" ({subject})" if subject else "") + f": {f.get('message', '')}")
+                          + (f" ({subject})" if subject else "") + f"{who}: {f.get('message', '')}")
 
 
 def findings_by_step(findings: Iterable[dict]) -> dict:
@@ -108,13 +110,15 @@ def findings_by_step(findings: Iterable[dict]) -> dict:
 
 
 def trace_findings(reader, rules: Optional[str] = "default") -> list:
-    """What the rules find on a trace (nndb check-trace's findings) as dicts."""
+    """The findings the live run stored in the trace and what ``rules`` find
+    on it again (nndb check-trace's findings), as dicts marked ``found_by``
+    (nndb.rules.offline.merge_findings); ``rules`` none: the run's alone."""
     from ..rules.catalog import load
-    from ..rules.offline import check_trace
+    from ..rules.offline import check_trace, stored_findings
     engine = load(rules)
     if engine is None:
-        return []
-    return [f.as_dict() for f in check_trace(reader, engine).findings]
+        return stored_findings(reader)
+    return check_trace(reader, engine).all_findings()
 
 
 # -- the run's parameters -------------------------------------------------------------------
