@@ -71,6 +71,9 @@ def cli():
               help="Write a JSON report of the session (stops, exit) to FILE.json.")
 @click.option("--rules", "rules", default="default", show_default=True, metavar="default|FILE.yaml|none",
               help="The diagnostic rules to run: the built-in set, a YAML rule file, or none.")
+@click.option("--fail-on", "fail_on", type=click.Choice(["warning", "error"]),
+              help="Exit with code 4 when the run ends if a rule found anything this severe (warning: a warning "
+                   "or an error; error: an error), as a rule with the fail action would, without one.")
 @click.option("--replica", "replica", type=click.Choice(["auto", "fork", "respawn", "off"]), default="auto",
               show_default=True, help="How time travel copies the run: fork() checkpoints (auto: where safe, "
                                       "else respawn), a fresh process replaying from the start, or not at all.")
@@ -118,7 +121,7 @@ def cli():
 def run(module, trace_path, force, every, steps_range, full_every, act_every, flush_steps, flush_secs, quiet,
         batch, go, command_files, eval_commands, nx, report_path, rules, replica, total_steps,
         checkpoint_every, checkpoint_memory, lineage, record_full, full_tensors_every, precision,
-        full_tensors_buffer, exports, nproc_per_node, nnodes, node_rank, rdzv_backend,
+        full_tensors_buffer, exports, fail_on, nproc_per_node, nnodes, node_rank, rdzv_backend,
         rdzv_endpoint, rdzv_id, rdzv_conf, master_addr, master_port, hang_timeout, script, args):
     """Run SCRIPT [ARGS]... (or -m MODULE [ARGS]...) under the debugger, as
     Python would, recording per-step tensor statistics into an HDF5 trace.
@@ -349,11 +352,16 @@ def inspect(trace, series_name, stat, kind, side_by_side, as_json, tensor_spec, 
 @click.option("--rules", "rules", default="default", show_default=True, metavar="default|FILE.yaml",
               help="The rules to run: the built-in set or a YAML rule file, as for nndb run.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
-def check_trace(trace, rules, as_json):
-    """Run the diagnostic rules over a finished trace, as the live run did.
-    Findings are printed as a live run prints them; rules that need the live
-    run (its probes, optimizers) are named with the reason.  Exit code 0, or
-    4 if a rule with the fail action fired, 2 for an unreadable trace or rule file."""
+@click.option("--fail-on", "fail_on", type=click.Choice(["warning", "error"]),
+              help="Exit with code 4 if a finding (the run's or the re-check's) is this severe or worse.")
+def check_trace(trace, rules, as_json, fail_on):
+    """Run the diagnostic rules over a finished trace, as the live run did,
+    and give the findings the live run stored with them, each marked with
+    who found it ([run], [check-trace]).  Findings are printed as a live run
+    prints them; rules that need the live run (its probes, optimizers) are
+    named with the reason.  Exit code 0, or 4 if a rule with the fail action
+    fired (or, with --fail-on, a finding that severe), 2 for an unreadable
+    trace or rule file."""
     from .render.offline import text
     from .rules.catalog import load
     from .rules.engine import RuleEngine
@@ -366,8 +374,10 @@ def check_trace(trace, rules, as_json):
             result = run_rules(reader, engine)
     except NndbError as e:
         _fail(e)
+    from .rules.base import failing_findings
     click.echo(to_json(result.to_dict()) if as_json else text(result))
-    sys.exit(EXIT_FAIL_ACTION if result.failed else EXIT_OK)
+    failed = result.failed or failing_findings(result.all_findings(), fail_on)
+    sys.exit(EXIT_FAIL_ACTION if failed else EXIT_OK)
 
 
 @cli.command()

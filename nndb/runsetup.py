@@ -30,7 +30,7 @@ def run_setup(p: dict, target, batch: bool, progress: bool, paths=None, **overri
                    eval_commands=p["eval_commands"], no_rc=p["nx"], report=report_path, rules=p["rules"],
                    replica=p["replica"], total_steps=p["total_steps"], lineage=p["lineage"],
                    checkpoint_every=p["checkpoint_every"], checkpoint_memory=p["checkpoint_memory"],
-                   exports=exports, progress=progress)
+                   exports=exports, progress=progress, fail_on=p.get("fail_on"))
     options.update(overrides)
     return config, DebugOptions(**options)
 

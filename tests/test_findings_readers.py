@@ -75,3 +75,27 @@ def test_merge_marks_each_finding_with_who_found_it():
     assert got == [("loss_not_decreasing", 2, ["check-trace"]), ("stale_grad", 4, ["run"]),
                    ("nonfinite", 9, ["run", "check-trace"])]
     assert run[0] == {"rule": "stale_grad", "step": 4, "tensor": "w", "message": "m"}     # (not changed)
+
+
+def test_fail_on_fails_a_batch_run_and_check_trace_on_a_finding_that_severe(stale_trace, tmp_path):
+    script = os.path.join(SCRIPTS, "planted_stale_grad_no_zero_grad.py")
+    p = nndb("run", "--batch", "--fail-on", "error", "--trace", str(tmp_path / "a.h5"), script)
+    assert p.returncode == 4, p.stderr
+    assert p.stderr.splitlines()[-1].startswith("nndb: --fail-on error: error stale_grad at step ")
+    p = nndb("run", "--batch", "--fail-on", "warning", "--trace", str(tmp_path / "b.h5"),
+             os.path.join(SCRIPTS, "healthy_mlp_adam.py"))
+    assert p.returncode == 0 and "--fail-on" not in p.stderr, p.stderr
+    trace, _ = stale_trace
+    assert nndb("check-trace", trace).returncode == 0
+    assert nndb("check-trace", trace, "--fail-on", "error").returncode == 4      # (the run's finding)
+    p = nndb("run", "--batch", "--fail-on", "fatal", str(tmp_path / "x.py"))
+    assert p.returncode == 2 and "Invalid value for '--fail-on'" in p.stderr
+
+
+def test_fail_on_levels():
+    from nndb.rules.base import failing_findings
+    found = [{"rule": "a", "severity": "info"}, {"rule": "b", "severity": "warning"},
+             {"rule": "c", "severity": "error"}]
+    assert [f["rule"] for f in failing_findings(found, "warning")] == ["b", "c"]
+    assert [f["rule"] for f in failing_findings(found, "error")] == ["c"]
+    assert failing_findings(found, None) == []
