@@ -392,13 +392,20 @@ def check_trace(trace, rules, as_json, fail_on):
 def export(trace, tb_dir, mlflow_uri, experiment, run_name, rules):
     """Export TRACE to TensorBoard and/or MLflow: every recorded statistic
     as a scalar at its step (tags KIND/NAME/STAT, the loss also as 'loss/value'), the
-    findings as text (TensorBoard) or tags (MLflow), the run's parameters,
-    and (MLflow) the trace as an artifact."""
+    findings as text (TensorBoard) or tags (MLflow), each param group's
+    learning rate at every step (hyper/OPT.groupG/lr), the run's parameters,
+    the histograms (TensorBoard) and (MLflow) the trace as an artifact.  On
+    a terminal a progress line shows on stderr.  Exit code 0; 2 for an
+    unreadable trace or a store that refuses the export; 130 at Ctrl-C
+    (the TensorBoard event files begun are removed, an MLflow run begun is
+    marked KILLED)."""
     import os
+    from .debugger.progress import CountLine
     from .export.scalars import trace_findings
     from .export.targets import mlflow_target, tensorboard_target
     from .store.reader import TraceReader
 
+    line = None
     try:
         if tb_dir is None and mlflow_uri is None:
             raise UsageError("export where? --tensorboard DIR and/or --mlflow [TRACKING_URI]")
@@ -411,12 +418,22 @@ def export(trace, tb_dir, mlflow_uri, experiment, run_name, rules):
         with TraceReader(trace) as reader:
             findings = trace_findings(reader, rules)
             for t in targets:
-                done = export_to(reader, t, findings)
+                line = CountLine(printable(f"nndb: exporting to {t.label}"), "series and histograms") \
+                    if _stderr_is_terminal() else None
+                done = export_to(reader, t, findings, line.update if line else None)
+                if line:
+                    line.clear()
                 hists = f", {done.histograms} histogram(s)" if done.histograms else ""
                 click.echo(printable(f"nndb: exported {done.points} value(s) in {done.tags} tag(s){hists} and "
                                      f"{done.findings} finding(s) to {done.target}"))
     except NndbError as e:
         _fail(e)
+    except KeyboardInterrupt:
+        if line:
+            line.clear()
+        click.echo("nndb: export interrupted (Ctrl-C): the event files it had begun are removed; an MLflow run "
+                   "begun is marked KILLED; exports finished before stay", err=True)
+        sys.exit(EXIT_SIGINT)
 
 
 @cli.command()

@@ -83,11 +83,19 @@ def own_paths(target, trace_path, force, report_path, command_files, rules):
     return trace_path, report_path, trace_dir
 
 
-def export_to(reader, target, findings):
-    """One export; a store that refuses it (unreachable, read-only) is one line, exit 2."""
+def export_to(reader, target, findings, progress=None):
+    """One export; a store that refuses it (unreachable, read-only) is one line, exit 2.
+    A KeyboardInterrupt (Ctrl-C) aborts the sink (its partial files removed,
+    an MLflow run marked KILLED) and goes on up."""
     from .export.offline import export_trace
+    sink = None
     try:
-        return export_trace(reader, target.open(), findings, target.label)
+        sink = target.open()
+        return export_trace(reader, sink, findings, target.label, progress)
+    except KeyboardInterrupt:
+        if sink is not None:
+            sink.abort()
+        raise
     except NndbError:
         raise
     except Exception as e:
