@@ -44,7 +44,8 @@ def cli():
 @click.option("-m", "module", metavar="MODULE", help="Run a library module as a script, like python -m.")
 @click.option("--trace", "trace_path", metavar="PATH", type=click.Path(),
               help="Write the trace here (default: a new file under ./nndb-runs/); an existing file is refused. "
-                   "Under torchrun the rank goes in: DIR/rank<R>.h5 for a directory, else PATH.rank<R>.h5.")
+                   "With several ranks (torchrun or --nproc-per-node) the rank goes in: DIR/rank<R>.h5 for a "
+                   "directory (an existing one, or DIR/), else PATH.rank<R>.h5.")
 @click.option("--force", is_flag=True, help="Let --trace overwrite an existing nndb trace (never another file).")
 @click.option("--every", type=int, metavar="N", help="Record every N-th step (default: every step).")
 @click.option("--steps", "steps_range", metavar="A:B", help="Record only steps A to B-1 (A: or :B open).")
@@ -146,7 +147,10 @@ def run(module, trace_path, force, every, steps_range, full_every, act_every, fl
         from .config import RecordSchedule
         RecordSchedule.parse(every, steps_range, full_every, act_every)     # (a bad value fails before any rank)
         full_rules(record_full, full_tensors_every, precision, full_tensors_buffer)
-        paths = own_paths(target, trace_path, force, report_path, command_files, rules)
+        rank_dir = launch is not None and trace_path and job.is_trace_dir(trace_path)
+        paths = own_paths(target, None if rank_dir else trace_path, force, report_path, command_files, rules)
+        if rank_dir:            # (each rank writes DIR/rank<R>.h5 in it, as under torchrun)
+            paths = (job_trace_dir(trace_path),) + tuple(paths[1:2]) + (None,)
         if launch is not None:
             from .dist.launch import start_job
             interactive = not (batch or not sys.stdin.isatty())
@@ -194,6 +198,19 @@ def parse_run_line(words: list, prog: str):
         return None
     except click.ClickException as e:
         raise UsageError(e.format_message()) from None
+
+
+def job_trace_dir(path: str) -> str:
+    """``--trace DIR/`` of ``nndb run --nproc-per-node``: DIR made if new,
+    as the ranks get it (absolute, with its trailing slash)."""
+    d = os.path.abspath(path)
+    try:
+        os.makedirs(d, exist_ok=True)
+    except OSError as e:
+        raise UsageError(f"cannot create the trace directory {d}: {e.strerror or e}") from None
+    if not os.access(d, os.W_OK | os.X_OK):
+        raise UsageError(f"cannot write traces in {d}: it is not writable")
+    return d + os.sep
 
 
 def _console_frontend():
