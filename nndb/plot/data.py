@@ -41,6 +41,7 @@ class Heatmap:
     nonfinite: np.ndarray   # (L, T) bool: a measured NaN or Inf
     marks: list = field(default_factory=list)
     title: str = ""
+    span: tuple = (0, 0)    # the trace's first and last recorded step: the x axis runs over them
 
 
 @dataclass
@@ -128,8 +129,9 @@ def heatmap(reader, kind: str = "grad", stat: str = "norm", glob: Optional[str] 
     _check_stat(reader, stat)
     series = _matching(reader, kind, glob)
     steps, values, bad = _grid(reader, series, stat)
+    span = (int(reader.steps[0]), int(reader.steps[-1])) if reader.n_steps else (0, 0)
     return Heatmap(kind, stat, [s.name for s in series], steps, values, bad, marks(findings, stops),
-                   _title(reader, f"{kind} {stat} per layer"))
+                   _title(reader, f"{kind} {stat} per layer"), span)
 
 
 def loss(reader, findings=(), stops=()) -> LossCurve:
