@@ -24,7 +24,7 @@ from .store.writer import TraceWriter
 from .tracer.hooks import Tracer
 from .tracer.fingerprint import Fingerprints
 from .tracer.naming import Naming
-from .tracer.pipeline import CallAtStepEnd, Pipeline, WriteOptimizers, WriteRecords
+from .tracer.pipeline import CallAtStepEnd, Pipeline, WriteModules, WriteOptimizers, WriteRecords
 from .tracer.fulltensors import FullTensors
 from .tracer.recorder import StepRecorder
 
@@ -167,6 +167,7 @@ class Recording:
         self.writer.shape_of = self.recorder.series_shape
         self.writer.local_shape_of = lambda name, kind: self.recorder.series_shape(name, kind, local=True)
         self.listeners.append(WriteOptimizers(self.writer, self.tracer.optimizers, self.naming))
+        self.listeners.append(WriteModules(self.writer, self.naming))
         # The checksums and timings ranks (and epochs) are compared by, before the rules read them.
         self.fingerprints = Fingerprints(self.naming, self.tracer.optimizers, self.writer.fingerprint,
                                          on_error=self._fingerprints_failed, ranks=meta.get("world_size") or 1)

@@ -1,6 +1,7 @@
 """nndb plot and the REPL's plot: the arrays each picture shows equal the
 trace's values; the drawn file exists with the expected pixel size; bad
 input is one line."""
+import importlib.util
 import math
 import os
 import sys
@@ -271,3 +272,37 @@ def test_the_heatmap_as_a_user_sees_it_steps_zeros_and_layers(relu_trace):
     with TraceReader(relu_trace) as r:
         g = figure(D.heatmap(r, "grad", "norm")).axes[0]
     assert g.get_xlim() == (0.0, 61.0)
+
+
+def test_layers_are_in_the_models_registration_order_not_the_optimizers(tmp_path):
+    """Registration order fc1, ln, fc2, whatever the optimizer's groups or the
+    order the series were first recorded in; a trace without the model order
+    keeps the series' order and the axis says so."""
+    import gc
+    import h5py
+    from nndb.config import RunConfig
+    from nndb.debugger.driver import DebugOptions, debug
+    from nndb.debugger.frontend import ScriptedFrontend
+    from nndb.launcher import Target
+    gc.collect()
+    path = str(tmp_path / "t.h5")
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts", "plot_order_groups.py")
+    debug(RunConfig(Target(path=script, args=[]), path, quiet=True), DebugOptions(batch=True, no_rc=True,
+                                                                                  rules="none"), ScriptedFrontend([]))
+    want = ["fc1.weight", "fc1.bias", "ln.weight", "ln.bias", "fc2.weight", "fc2.bias"]
+    with TraceReader(path) as r:
+        recorded = [s.name for s in r.series() if s.kind == "grad"]
+        assert recorded != want                           # (what made the old order wrong)
+        d = D.heatmap(r, "grad", "norm")
+        assert d.layers == want and d.order == D.ORDER_KNOWN
+        assert D.heatmap(r, "act", "norm").layers[:3] == ["fc1", "ln", "fc2"]
+        assert D.ratio(r).layers == ["fc1.weight", "fc2.weight"]
+    if importlib.util.find_spec("matplotlib"):
+        from nndb.render.plot import figure
+        ax = figure(d).axes[0]
+        assert [t.get_text() for t in ax.get_yticklabels()] == want and ax.get_ylabel() == "layer (model order)"
+    with h5py.File(path, "r+") as f:                      # as a trace written before the model order
+        del f["modules"]
+    with TraceReader(path) as r:
+        old = D.heatmap(r, "grad", "norm")
+    assert old.layers == recorded and old.order == "recording order: this trace predates the model order"

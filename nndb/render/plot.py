@@ -161,7 +161,7 @@ def _heatmap(fig, d: Heatmap) -> None:
     ax.set_yticks(np.arange(0, L, every) + 0.5)
     ax.set_yticklabels([plain(d.layers[i]) for i in range(0, L, every)], fontsize=8 if L > 12 else 9)
     ax.set_xlabel("training step (a cell: the value measured at its left edge, until the next measured step)")
-    ax.set_ylabel("layer (model order)")
+    ax.set_ylabel(f"layer ({d.order})")
     _integer_steps(ax)
     ax.set_xlim(d.span[0], end)                       # the trace's steps, first to last
     bar = fig.colorbar(mesh, ax=ax, pad=0.01)
