@@ -175,7 +175,7 @@ def run(module, trace_path, force, every, steps_range, full_every, act_every, fl
         else:
             batch = batch or not sys.stdin.isatty()
         config, options = run_setup(ctx.params, target, batch, _stderr_is_terminal() and not where.distributed,
-                                    paths, replica=replica, replica_off_reason=off_reason,
+                                    paths, nndb_argv=given_options(ctx), replica=replica, replica_off_reason=off_reason,
                                     companions=(link,) if link else (), agreement=agreement)
         result = debug(config, options, frontend or _frontend(interactive=not batch))
     except NndbError as e:
@@ -198,6 +198,21 @@ def parse_run_line(words: list, prog: str):
         return None
     except click.ClickException as e:
         raise UsageError(e.format_message()) from None
+
+
+def given_options(ctx) -> tuple:
+    """nndb's options as the command line gave them (``--every 2 --rules none``),
+    in the command's order; not SCRIPT and its arguments."""
+    out = []
+    for param in ctx.command.params:
+        if not isinstance(param, click.Option) or ctx.get_parameter_source(param.name) \
+                != click.core.ParameterSource.COMMANDLINE:
+            continue
+        flag = max(param.opts, key=len)
+        value = ctx.params.get(param.name)
+        for v in (value if param.multiple else (value,)):
+            out += [flag] if param.is_flag else [flag, str(v)]
+    return tuple(out)
 
 
 def job_trace_dir(path: str) -> str:

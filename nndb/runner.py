@@ -218,6 +218,7 @@ def record(config: RunConfig, message: Callable[[str], None] = _stderr,
     at the prompt does not hold them up."""
     prepared = launcher.prepare(config.target)           # bad script: fails here, before a trace exists
     meta = runmeta.collect(config.target, config.schedule.describe())
+    meta["nndb_argv"] = list(config.nndb_argv)
     path = config.trace_path or default_trace_path(config.target, config.trace_dir or "nndb-runs")
     meta["job_id"] = job.job_id(os.path.dirname(path) if not config.trace_path else None) \
         if meta["world_size"] > 1 else None

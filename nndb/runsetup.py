@@ -7,13 +7,14 @@ from __future__ import annotations
 from .errors import NndbError, UsageError
 
 
-def run_setup(p: dict, target, batch: bool, progress: bool, paths=None, **overrides):
+def run_setup(p: dict, target, batch: bool, progress: bool, paths=None, nndb_argv: tuple = (), **overrides):
     """``nndb run``'s options (click's parameters ``p``) as the run's
     RunConfig and DebugOptions, every path checked before the script starts
     (``paths``: the (trace, report, trace directory) ``own_paths`` gave,
     when the caller checked them already).  ``%nndb run`` in a notebook
     parses its line with this same command and builds its run here too
-    (``overrides``: the DebugOptions a kernel, or a rank, sets)."""
+    (``overrides``: the DebugOptions a kernel, or a rank, sets; ``nndb_argv``:
+    nndb's options as given, kept in the trace's metadata)."""
     from .config import RecordSchedule, RunConfig
     from .debugger.driver import DebugOptions
     schedule = RecordSchedule.parse(p["every"], p["steps_range"], p["full_every"], p["act_every"])
@@ -25,7 +26,7 @@ def run_setup(p: dict, target, batch: bool, progress: bool, paths=None, **overri
         exports = tuple(t.for_rank(place().rank) for t in exports)
     config = RunConfig(target, trace_path, schedule, p["flush_steps"], p["flush_secs"], p["quiet"], trace_dir,
                        *full_rules(p["record_full"], p["full_tensors_every"], p["precision"],
-                                    p["full_tensors_buffer"]))
+                                    p["full_tensors_buffer"]), tuple(nndb_argv))
     options = dict(batch=batch, stop_at_start=not p["go"], command_files=p["command_files"],
                    eval_commands=p["eval_commands"], no_rc=p["nx"], report=report_path, rules=p["rules"],
                    replica=p["replica"], total_steps=p["total_steps"], lineage=p["lineage"],

@@ -120,3 +120,19 @@ def test_the_count_line_waits_a_second_then_draws_four_times_a_second_at_most():
                    f"{CLEAR}nndb: exporting to tensorboard:/x: 30/40 series and histograms (75%)\r"]
     line.clear()
     assert out[-1] == CLEAR and not line.shown
+
+
+def test_the_runs_nndb_options_are_kept_and_exported(tmp_path):
+    trace = str(tmp_path / "t.h5")
+    p = nndb("run", "--batch", "-q", "--rules", "none", "--every", "2", "--trace", trace,
+             os.path.join(SCRIPTS, "watches_lr_jump.py"), "--steps", "4")
+    assert p.returncode == 0, p.stderr
+    from nndb.store.reader import TraceReader
+    with TraceReader(trace) as r:
+        assert r.meta["nndb_argv"] == ["--trace", trace, "--every", "2", "--quiet", "--batch", "--rules", "none"]
+        assert r.meta["argv"][1:] == ["--steps", "4"]
+    assert nndb("export", trace, "--tensorboard", str(tmp_path / "tb")).returncode == 0
+    (run,) = events(tmp_path / "tb").Tensors("run/text_summary")
+    table = run.tensor_proto.string_val[0].decode().replace("\\", "")
+    assert f"| nndb_argv | --trace {trace} --every 2 --quiet --batch --rules none |" in table
+    assert "| argv | " in table and "--steps 4 |" in table

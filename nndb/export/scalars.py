@@ -160,7 +160,7 @@ def trace_findings(reader, rules: Optional[str] = "default") -> list:
 # -- the run's parameters -------------------------------------------------------------------
 
 # The metadata worth a parameter (meta keys, in this order).
-META_PARAMS = ("script", "module", "argv", "start_time_iso", "torch", "nndb_version", "device",
+META_PARAMS = ("script", "module", "argv", "nndb_argv", "start_time_iso", "torch", "nndb_version", "device",
                "world_size", "git_commit", "schedule")
 
 
@@ -170,9 +170,9 @@ def run_params(meta: dict) -> dict:
     out = {}
     for key in META_PARAMS:
         v = meta.get(key)
-        if v is None or v == "":
+        if v is None or v == "" or v == []:
             continue
-        if key == "argv" and isinstance(v, list):
+        if key in ("argv", "nndb_argv") and isinstance(v, list):
             v = shlex.join(str(a) for a in v)
         out[key] = printable_line(v)
     return out
