@@ -20,7 +20,8 @@ from typing import Optional
 
 from .errors import EXIT_SIGINT, NndbError
 
-CHECK_NAMES = ("run", "data", "shapes", "initial-loss", "finite-loss", "gradients", "updates", "overfit")
+CHECK_NAMES = ("run", "data", "shapes", "initial-loss", "finite-loss", "gradients", "zero-grad", "updates",
+               "overfit")
 
 
 class Interrupted(Exception):

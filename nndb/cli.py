@@ -44,7 +44,8 @@ def cli():
 @click.option("-m", "module", metavar="MODULE", help="Run a library module as a script, like python -m.")
 @click.option("--trace", "trace_path", metavar="PATH", type=click.Path(),
               help="Write the trace here (default: a new file under ./nndb-runs/); an existing file is refused. "
-                   "Under torchrun the rank goes in: DIR/rank<R>.h5 for a directory, else PATH.rank<R>.h5.")
+                   "With several ranks (torchrun or --nproc-per-node) the rank goes in: DIR/rank<R>.h5 for a "
+                   "directory (an existing one, or DIR/), else PATH.rank<R>.h5.")
 @click.option("--force", is_flag=True, help="Let --trace overwrite an existing nndb trace (never another file).")
 @click.option("--every", type=int, metavar="N", help="Record every N-th step (default: every step).")
 @click.option("--steps", "steps_range", metavar="A:B", help="Record only steps A to B-1 (A: or :B open).")
@@ -71,6 +72,9 @@ def cli():
               help="Write a JSON report of the session (stops, exit) to FILE.json.")
 @click.option("--rules", "rules", default="default", show_default=True, metavar="default|FILE.yaml|none",
               help="The diagnostic rules to run: the built-in set, a YAML rule file, or none.")
+@click.option("--fail-on", "fail_on", type=click.Choice(["warning", "error"]),
+              help="Exit with code 4 when the run ends if a rule found anything this severe (warning: a warning "
+                   "or an error; error: an error), as a rule with the fail action would, without one.")
 @click.option("--replica", "replica", type=click.Choice(["auto", "fork", "respawn", "off"]), default="auto",
               show_default=True, help="How time travel copies the run: fork() checkpoints (auto: where safe, "
                                       "else respawn), a fresh process replaying from the start, or not at all.")
@@ -118,7 +122,7 @@ def cli():
 def run(module, trace_path, force, every, steps_range, full_every, act_every, flush_steps, flush_secs, quiet,
         batch, go, command_files, eval_commands, nx, report_path, rules, replica, total_steps,
         checkpoint_every, checkpoint_memory, lineage, record_full, full_tensors_every, precision,
-        full_tensors_buffer, exports, nproc_per_node, nnodes, node_rank, rdzv_backend,
+        full_tensors_buffer, exports, fail_on, nproc_per_node, nnodes, node_rank, rdzv_backend,
         rdzv_endpoint, rdzv_id, rdzv_conf, master_addr, master_port, hang_timeout, script, args):
     """Run SCRIPT [ARGS]... (or -m MODULE [ARGS]...) under the debugger, as
     Python would, recording per-step tensor statistics into an HDF5 trace.
@@ -143,7 +147,10 @@ def run(module, trace_path, force, every, steps_range, full_every, act_every, fl
         from .config import RecordSchedule
         RecordSchedule.parse(every, steps_range, full_every, act_every)     # (a bad value fails before any rank)
         full_rules(record_full, full_tensors_every, precision, full_tensors_buffer)
-        paths = own_paths(target, trace_path, force, report_path, command_files, rules)
+        rank_dir = launch is not None and trace_path and job.is_trace_dir(trace_path)
+        paths = own_paths(target, None if rank_dir else trace_path, force, report_path, command_files, rules)
+        if rank_dir:            # (each rank writes DIR/rank<R>.h5 in it, as under torchrun)
+            paths = (job_trace_dir(trace_path),) + tuple(paths[1:2]) + (None,)
         if launch is not None:
             from .dist.launch import start_job
             interactive = not (batch or not sys.stdin.isatty())
@@ -168,7 +175,7 @@ def run(module, trace_path, force, every, steps_range, full_every, act_every, fl
         else:
             batch = batch or not sys.stdin.isatty()
         config, options = run_setup(ctx.params, target, batch, _stderr_is_terminal() and not where.distributed,
-                                    paths, replica=replica, replica_off_reason=off_reason,
+                                    paths, nndb_argv=given_options(ctx), replica=replica, replica_off_reason=off_reason,
                                     companions=(link,) if link else (), agreement=agreement)
         result = debug(config, options, frontend or _frontend(interactive=not batch))
     except NndbError as e:
@@ -191,6 +198,34 @@ def parse_run_line(words: list, prog: str):
         return None
     except click.ClickException as e:
         raise UsageError(e.format_message()) from None
+
+
+def given_options(ctx) -> tuple:
+    """nndb's options as the command line gave them (``--every 2 --rules none``),
+    in the command's order; not SCRIPT and its arguments."""
+    out = []
+    for param in ctx.command.params:
+        if not isinstance(param, click.Option) or ctx.get_parameter_source(param.name) \
+                != click.core.ParameterSource.COMMANDLINE:
+            continue
+        flag = max(param.opts, key=len)
+        value = ctx.params.get(param.name)
+        for v in (value if param.multiple else (value,)):
+            out += [flag] if param.is_flag else [flag, str(v)]
+    return tuple(out)
+
+
+def job_trace_dir(path: str) -> str:
+    """``--trace DIR/`` of ``nndb run --nproc-per-node``: DIR made if new,
+    as the ranks get it (absolute, with its trailing slash)."""
+    d = os.path.abspath(path)
+    try:
+        os.makedirs(d, exist_ok=True)
+    except OSError as e:
+        raise UsageError(f"cannot create the trace directory {d}: {e.strerror or e}") from None
+    if not os.access(d, os.W_OK | os.X_OK):
+        raise UsageError(f"cannot write traces in {d}: it is not writable")
+    return d + os.sep
 
 
 def _console_frontend():
@@ -349,11 +384,16 @@ def inspect(trace, series_name, stat, kind, side_by_side, as_json, tensor_spec, 
 @click.option("--rules", "rules", default="default", show_default=True, metavar="default|FILE.yaml",
               help="The rules to run: the built-in set or a YAML rule file, as for nndb run.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
-def check_trace(trace, rules, as_json):
-    """Run the diagnostic rules over a finished trace, as the live run did.
-    Findings are printed as a live run prints them; rules that need the live
-    run (its probes, optimizers) are named with the reason.  Exit code 0, or
-    4 if a rule with the fail action fired, 2 for an unreadable trace or rule file."""
+@click.option("--fail-on", "fail_on", type=click.Choice(["warning", "error"]),
+              help="Exit with code 4 if a finding (the run's or the re-check's) is this severe or worse.")
+def check_trace(trace, rules, as_json, fail_on):
+    """Run the diagnostic rules over a finished trace, as the live run did,
+    and give the findings the live run stored with them, each marked with
+    who found it ([run], [check-trace]).  Findings are printed as a live run
+    prints them; rules that need the live run (its probes, optimizers) are
+    named with the reason.  Exit code 0, or 4 if a rule with the fail action
+    fired (or, with --fail-on, a finding that severe), 2 for an unreadable
+    trace or rule file."""
     from .render.offline import text
     from .rules.catalog import load
     from .rules.engine import RuleEngine
@@ -366,8 +406,10 @@ def check_trace(trace, rules, as_json):
             result = run_rules(reader, engine)
     except NndbError as e:
         _fail(e)
+    from .rules.base import failing_findings
     click.echo(to_json(result.to_dict()) if as_json else text(result))
-    sys.exit(EXIT_FAIL_ACTION if result.failed else EXIT_OK)
+    failed = result.failed or failing_findings(result.all_findings(), fail_on)
+    sys.exit(EXIT_FAIL_ACTION if failed else EXIT_OK)
 
 
 @cli.command()
@@ -382,13 +424,20 @@ def check_trace(trace, rules, as_json):
 def export(trace, tb_dir, mlflow_uri, experiment, run_name, rules):
     """Export TRACE to TensorBoard and/or MLflow: every recorded statistic
     as a scalar at its step (tags KIND/NAME/STAT, the loss also as 'loss/value'), the
-    findings as text (TensorBoard) or tags (MLflow), the run's parameters,
-    and (MLflow) the trace as an artifact."""
+    findings as text (TensorBoard) or tags (MLflow), each param group's
+    learning rate at every step (hyper/OPT.groupG/lr), the run's parameters,
+    the histograms (TensorBoard) and (MLflow) the trace as an artifact.  On
+    a terminal a progress line shows on stderr.  Exit code 0; 2 for an
+    unreadable trace or a store that refuses the export; 130 at Ctrl-C
+    (the TensorBoard event files begun are removed, an MLflow run begun is
+    marked KILLED)."""
     import os
+    from .debugger.progress import CountLine
     from .export.scalars import trace_findings
     from .export.targets import mlflow_target, tensorboard_target
     from .store.reader import TraceReader
 
+    line = None
     try:
         if tb_dir is None and mlflow_uri is None:
             raise UsageError("export where? --tensorboard DIR and/or --mlflow [TRACKING_URI]")
@@ -401,12 +450,22 @@ def export(trace, tb_dir, mlflow_uri, experiment, run_name, rules):
         with TraceReader(trace) as reader:
             findings = trace_findings(reader, rules)
             for t in targets:
-                done = export_to(reader, t, findings)
+                line = CountLine(printable(f"nndb: exporting to {t.label}"), "series and histograms") \
+                    if _stderr_is_terminal() else None
+                done = export_to(reader, t, findings, line.update if line else None)
+                if line:
+                    line.clear()
                 hists = f", {done.histograms} histogram(s)" if done.histograms else ""
                 click.echo(printable(f"nndb: exported {done.points} value(s) in {done.tags} tag(s){hists} and "
                                      f"{done.findings} finding(s) to {done.target}"))
     except NndbError as e:
         _fail(e)
+    except KeyboardInterrupt:
+        if line:
+            line.clear()
+        click.echo("nndb: export interrupted (Ctrl-C): the event files it had begun are removed; an MLflow run "
+                   "begun is marked KILLED; exports finished before stay", err=True)
+        sys.exit(EXIT_SIGINT)
 
 
 @cli.command()

@@ -24,6 +24,7 @@ class RunConfig:
     trace_dir: Optional[str] = None     # where the default trace goes (absolute; else ./nndb-runs)
     full_rules: tuple = ()              # --record-full: nndb.tracer.fulltensors.FullRule, in order
     full_max_bytes: Optional[int] = None   # --full-tensors-buffer (bytes); None: the default bound
+    nndb_argv: tuple = ()               # nndb's own options as given (``--every 2 --rules none``): meta["nndb_argv"]
 
 
 def default_trace_path(target: Target, directory: str = "nndb-runs", where=None) -> str:

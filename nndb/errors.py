@@ -7,7 +7,8 @@ Exit codes (also in docs/commands.md):
 1     the script raised
 2     usage error: bad command line, missing script, unreadable trace
 3     an internal nndb error
-4     a breakpoint, watchpoint or rule with the ``fail`` action fired
+4     a breakpoint, watchpoint or rule with the ``fail`` action fired, or
+      with ``--fail-on warning|error`` a finding that severe
 5     a distributed job hung (``--hang-timeout``): every rank's stack was shown
 130   interrupted (SIGINT / Ctrl-C)
 143   terminated (SIGTERM)

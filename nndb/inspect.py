@@ -10,6 +10,7 @@ import numpy as np
 
 from .errors import UsageError
 from .store.measured import measured, measured_column, measured_values
+from .rules.offline import stored_findings
 from .store.reader import TraceReader
 
 
@@ -28,7 +29,9 @@ def _extremes(v: np.ndarray, cols) -> tuple:
 
 
 def summary(reader: TraceReader) -> dict:
-    """Metadata, step count and, per recorded tensor, its last, min and max statistics."""
+    """Metadata, step count, the findings the live run stored (``found_by:
+    ["run"]``; ``nndb check-trace`` re-checks a trace) and, per recorded
+    tensor, its last, min and max statistics."""
     cols = reader.columns
     tensors = []
     block = reader.all_stats() if reader.n_steps else None
@@ -59,6 +62,7 @@ def summary(reader: TraceReader) -> dict:
         "first_step": int(steps[0]) if len(steps) else None,
         "last_step": int(steps[-1]) if len(steps) else None,
         "events": reader.events(),
+        "findings": stored_findings(reader),
         "tensors": tensors,
     }
 

@@ -24,7 +24,7 @@ from .store.writer import TraceWriter
 from .tracer.hooks import Tracer
 from .tracer.fingerprint import Fingerprints
 from .tracer.naming import Naming
-from .tracer.pipeline import CallAtStepEnd, Pipeline, WriteOptimizers, WriteRecords
+from .tracer.pipeline import CallAtStepEnd, Pipeline, WriteModules, WriteOptimizers, WriteRecords
 from .tracer.fulltensors import FullTensors
 from .tracer.recorder import StepRecorder
 
@@ -167,6 +167,7 @@ class Recording:
         self.writer.shape_of = self.recorder.series_shape
         self.writer.local_shape_of = lambda name, kind: self.recorder.series_shape(name, kind, local=True)
         self.listeners.append(WriteOptimizers(self.writer, self.tracer.optimizers, self.naming))
+        self.listeners.append(WriteModules(self.writer, self.naming))
         # The checksums and timings ranks (and epochs) are compared by, before the rules read them.
         self.fingerprints = Fingerprints(self.naming, self.tracer.optimizers, self.writer.fingerprint,
                                          on_error=self._fingerprints_failed, ranks=meta.get("world_size") or 1)
@@ -217,6 +218,7 @@ def record(config: RunConfig, message: Callable[[str], None] = _stderr,
     at the prompt does not hold them up."""
     prepared = launcher.prepare(config.target)           # bad script: fails here, before a trace exists
     meta = runmeta.collect(config.target, config.schedule.describe())
+    meta["nndb_argv"] = list(config.nndb_argv)
     path = config.trace_path or default_trace_path(config.target, config.trace_dir or "nndb-runs")
     meta["job_id"] = job.job_id(os.path.dirname(path) if not config.trace_path else None) \
         if meta["world_size"] > 1 else None

@@ -7,13 +7,14 @@ from __future__ import annotations
 from .errors import NndbError, UsageError
 
 
-def run_setup(p: dict, target, batch: bool, progress: bool, paths=None, **overrides):
+def run_setup(p: dict, target, batch: bool, progress: bool, paths=None, nndb_argv: tuple = (), **overrides):
     """``nndb run``'s options (click's parameters ``p``) as the run's
     RunConfig and DebugOptions, every path checked before the script starts
     (``paths``: the (trace, report, trace directory) ``own_paths`` gave,
     when the caller checked them already).  ``%nndb run`` in a notebook
     parses its line with this same command and builds its run here too
-    (``overrides``: the DebugOptions a kernel, or a rank, sets)."""
+    (``overrides``: the DebugOptions a kernel, or a rank, sets; ``nndb_argv``:
+    nndb's options as given, kept in the trace's metadata)."""
     from .config import RecordSchedule, RunConfig
     from .debugger.driver import DebugOptions
     schedule = RecordSchedule.parse(p["every"], p["steps_range"], p["full_every"], p["act_every"])
@@ -25,12 +26,12 @@ def run_setup(p: dict, target, batch: bool, progress: bool, paths=None, **overri
         exports = tuple(t.for_rank(place().rank) for t in exports)
     config = RunConfig(target, trace_path, schedule, p["flush_steps"], p["flush_secs"], p["quiet"], trace_dir,
                        *full_rules(p["record_full"], p["full_tensors_every"], p["precision"],
-                                    p["full_tensors_buffer"]))
+                                    p["full_tensors_buffer"]), tuple(nndb_argv))
     options = dict(batch=batch, stop_at_start=not p["go"], command_files=p["command_files"],
                    eval_commands=p["eval_commands"], no_rc=p["nx"], report=report_path, rules=p["rules"],
                    replica=p["replica"], total_steps=p["total_steps"], lineage=p["lineage"],
                    checkpoint_every=p["checkpoint_every"], checkpoint_memory=p["checkpoint_memory"],
-                   exports=exports, progress=progress)
+                   exports=exports, progress=progress, fail_on=p.get("fail_on"))
     options.update(overrides)
     return config, DebugOptions(**options)
 
@@ -83,11 +84,19 @@ def own_paths(target, trace_path, force, report_path, command_files, rules):
     return trace_path, report_path, trace_dir
 
 
-def export_to(reader, target, findings):
-    """One export; a store that refuses it (unreachable, read-only) is one line, exit 2."""
+def export_to(reader, target, findings, progress=None):
+    """One export; a store that refuses it (unreachable, read-only) is one line, exit 2.
+    A KeyboardInterrupt (Ctrl-C) aborts the sink (its partial files removed,
+    an MLflow run marked KILLED) and goes on up."""
     from .export.offline import export_trace
+    sink = None
     try:
-        return export_trace(reader, target.open(), findings, target.label)
+        sink = target.open()
+        return export_trace(reader, sink, findings, target.label, progress)
+    except KeyboardInterrupt:
+        if sink is not None:
+            sink.abort()
+        raise
     except NndbError:
         raise
     except Exception as e:

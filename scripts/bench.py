@@ -27,6 +27,7 @@ fall in the timed loops as they come (one every ~8 s on the MLP).
     python scripts/bench.py --phases --workload mlp      # where a recorded step's extra time goes (scripts/bench_phases.py)
     python scripts/bench.py --floor --pairs 6            # plain, capture-only hooks, nndb (scripts/bench_floor.py)
     python scripts/bench.py --second-core --workload mlp # the plain loop beside a busy helper process (scripts/bench_second_core.py)
+    python scripts/bench.py --export-speed               # nndb export to TensorBoard, steps/s (scripts/bench_export.py)
 
 Workload ``cnn_fullgrad`` is the CNN keeping its conv layers' gradients
 whole every 10 steps in fp16 (``--record-full 'grad:conv*'
@@ -516,8 +517,19 @@ def main(argv=None):
     ap.add_argument("--agreement", choices=["auto", "gloo"], default="auto",
                     help="with --ranks: the agreement as nndb makes it (auto: shared memory on one machine) "
                          "or always the gloo all_reduce")
+    ap.add_argument("--export-speed", action="store_true",
+                    help="instead: nndb export's speed to TensorBoard on a trace of the MLP's --export-steps "
+                         "steps, in steps/s (see scripts/bench_export.py)")
+    ap.add_argument("--export-steps", type=int, default=2000, metavar="N", help="with --export-speed: the steps")
     ap.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     args = ap.parse_args(argv)
+    if args.export_speed:
+        import bench_export
+        measured = bench_export.main(sys.modules[__name__], args.export_steps)
+        if args.json:
+            with open(args.json, "w") as fh:
+                json.dump({"torch": torch.__version__, "export": measured}, fh, indent=2)
+        return 0
     if args.ranks:
         import bench_ranks
         return bench_ranks.main(args.ranks, args.pairs, args.scale, args.json, clock=args.clock,

@@ -64,7 +64,7 @@ def regression(tmp_path, name, target_shape=".unsqueeze(1)", extra="", params="m
 def test_healthy_mlp_passes_every_check_and_keeps_the_scripts_numbers():
     report, out = run_check(example("mlp.py"))
     assert status(report) == {n: "PASS" for n in ("run", "data", "shapes", "initial-loss", "finite-loss",
-                                                   "gradients", "updates", "overfit")}, text(report)
+                                                   "gradients", "zero-grad", "updates", "overfit")}, text(report)
     assert report.exit_code == 0 and report.steps == 2
     checks = by_name(report)
     assert "labels 0..9 (10 distinct of 64)" in checks["data"].evidence
@@ -86,7 +86,7 @@ def test_healthy_mlp_passes_every_check_and_keeps_the_scripts_numbers():
     assert out == plain.getvalue() and out.count("\n") == 2, (out, plain.getvalue())
     # the text: one line per check, and a summary
     lines = text(report).splitlines()
-    assert len(lines) == 10 and lines[-1] == "8 passed, 0 failed, 0 skipped"
+    assert len(lines) == 11 and lines[-1] == "9 passed, 0 failed, 0 skipped"
     assert re.match(r"PASS  overfit +32 sample\(s\), SGD\(lr=0\.1\): loss ", lines[-2])
 
 
@@ -177,7 +177,8 @@ def test_the_scripts_exception_is_a_fail_line_and_the_rest_is_skipped_or_checked
 def test_hand_written_updates_and_loss_are_skipped_not_failed():
     report, _ = run_check(example("manual_sgd.py"))
     assert status(report) == {"run": "PASS", "data": "PASS", "shapes": "SKIP", "initial-loss": "SKIP",
-                              "finite-loss": "PASS", "gradients": "SKIP", "updates": "SKIP", "overfit": "SKIP"}
+                              "finite-loss": "PASS", "gradients": "SKIP", "zero-grad": "SKIP", "updates": "SKIP",
+                              "overfit": "SKIP"}
     assert report.exit_code == 0
     assert "hand-written" in by_name(report)["gradients"].evidence
 
@@ -188,7 +189,7 @@ def test_cli_text_and_exit_code_for_a_healthy_script():
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
     assert lines[:2] == ["step 0 loss " + lines[0].split()[-1], "step 1 loss " + lines[1].split()[-1]]
-    assert [l.split()[0] for l in lines[3:11]] == ["PASS"] * 8 and lines[-1] == "8 passed, 0 failed, 0 skipped"
+    assert [l.split()[0] for l in lines[3:12]] == ["PASS"] * 9 and lines[-1] == "9 passed, 0 failed, 0 skipped"
     assert "Traceback" not in r.stderr
 
 

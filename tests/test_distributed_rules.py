@@ -247,5 +247,6 @@ def test_epoch_repeats_one_process_live_and_on_the_trace(tmp_path):
     assert "epoch_repeats at step 9: the batches of steps 5-9 repeat those of steps 0-4" in p.stderr
     c = nndb("check-trace", trace, "--json")
     found = [f for f in json.loads(c.stdout)["findings"] if f["rule"] == "epoch_repeats"]
+    assert [f.pop("found_by") for f in found] == [["run", "check-trace"]]    # the run's, found again
     live = [f for f in json.load(open(tmp_path / "r.json"))["findings"] if f["rule"] == "epoch_repeats"]
     assert found == live and len(found) == 1 and found[0]["step"] == 9

@@ -438,3 +438,27 @@ def test_all_stop_prompt_on_a_terminal(tmp_path):
         os.close(master)
     assert p.returncode == 0
     _assert_none_left(str(tmp_path))
+
+
+@JOB
+@pytest.mark.parametrize("existing", [False, True], ids=["new-dir", "existing-dir"])
+def test_nproc_per_node_trace_dir_gives_each_rank_its_file_inside_as_torchrun_does(tmp_path, existing):
+    """``--trace DIR/`` (new, with its slash) or ``--trace DIR`` (existing):
+    DIR/rank<R>.h5, the rule ``torchrun -m nndb run`` follows (rank_trace);
+    the job's report gives each rank's last step as its trace ends."""
+    script = _copy(tmp_path, "distrun_ddp_mlp.py")
+    out = tmp_path / "out"
+    if existing:
+        out.mkdir()
+    r = nndb("run", "--batch", "-q", "--nproc-per-node", "2", "--trace", str(out) if existing else "out/",
+             "--report", "rep.json", script, cwd=tmp_path, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert sorted(os.listdir(out)) == ["rank0.h5", "rank1.h5"]
+    assert not list(tmp_path.glob("out.rank*"))
+    with open(tmp_path / "rep.json") as fh:
+        reported = {x["rank"]: x for x in json.load(fh)["ranks"]}
+    for rank in (0, 1):
+        with TraceReader(str(out / f"rank{rank}.h5")) as t:
+            assert t.meta["rank"] == rank and t.status == "finished"
+            # the report's last step is the trace's, not the last one sent while the job ran
+            assert reported[rank]["last_step"] == t.end["last_step"] == int(t.steps[-1])

@@ -44,6 +44,16 @@ def expected_values(path) -> dict:
                     out[f"{s.kind}/{s.name}/{stat}"] = pts
                     if s.kind == "loss" and stat == "mean":
                         out[f"{s.name}/value"] = pts
+        # each param group's learning rate at every recorded step: the last change at or before it
+        rows = r.hyper() or []
+        for opt, group in {(h["optimizer"], h["group"]) for h in rows}:
+            mine = [h for h in rows if (h["optimizer"], h["group"]) == (opt, group)]
+            pts = {}
+            for st in r.steps.tolist():
+                before = [h for h in mine if h["step"] <= st]
+                if before:
+                    pts[int(st)] = float(max(before, key=lambda h: h["step"])["lr"])
+            out[f"hyper/{opt}.group{group}/lr"] = pts
     return out
 
 
@@ -111,9 +121,9 @@ def test_mlflow_run_holds_every_value_params_findings_and_the_trace(nan_trace, t
         got = {m.step: m.value for m in client.get_metric_history(run.info.run_id, key(tag))}
         assert got == pts, tag                      # float64, exactly
     p = run.data.params
-    with TraceReader(nan_trace) as r:
-        lr = r.hyper()[0]["lr"]
-    assert p["script"].endswith("nan_lr.py") and p["optimizer.group0.lr"] == repr(lr)
+    assert p["script"].endswith("nan_lr.py") and not any(k.endswith(".lr") for k in p)     # (a metric now)
+    with TraceReader(nan_trace) as r:                       # the learning rate at every recorded step
+        assert sorted(want["hyper/optimizer.group0/lr"]) == r.steps.tolist() and len(r.steps) == 30
     assert "argv" in p and p["nndb_version"]
     findings = [v for k, v in sorted(run.data.tags.items()) if k.startswith("nndb.finding.")]
     assert len(findings) == 3 and findings[0].startswith("step 5: warning: exploding_gradient")

@@ -66,10 +66,10 @@ def test_live_mlflow_file_store_holds_every_value_and_the_trace(tmp_path, monkey
         assert {m.step: m.value for m in client.get_metric_history(run.info.run_id, key(tag))} == pts, tag
     assert sum(k.startswith("nndb.finding.") for k in run.data.tags) == 3
     assert [a.path for a in client.list_artifacts(run.info.run_id)] == ["run.h5"]
-    with TraceReader(path) as r:          # the parameters nndb export gives, the learning rate included
+    with TraceReader(path) as r:          # the parameters nndb export gives (the learning rate: a metric)
         from nndb.export.scalars import run_params
-        assert run.data.params == {key(k): v for k, v in run_params(r.meta, r.hyper()).items()}
-        assert "optimizer.group0.lr" in run.data.params
+        assert run.data.params == {key(k): v for k, v in run_params(r.meta).items()}
+        assert key("hyper/optimizer.group0/lr") in run.data.metrics
 
 
 def closed_port() -> int:

@@ -1,6 +1,7 @@
 """nndb plot and the REPL's plot: the arrays each picture shows equal the
 trace's values; the drawn file exists with the expected pixel size; bad
 input is one line."""
+import importlib.util
 import math
 import os
 import sys
@@ -220,3 +221,88 @@ def test_the_chart_follows_the_values():
     assert heights[4] == 0 and bars[0][5] == "!"      # not measured: blank; Inf: '!' on top
     assert lines[0].startswith("7 ") and lines[3].startswith("0 ")
     assert chart([0, 1], [None, None]) == []
+
+
+@pytest.fixture(scope="module")
+def relu_trace(tmp_path_factory):
+    """mlp.py (Linear, ReLU, ...) recorded for 61 steps in this process: zero_frac is measured at the full
+    steps only (0 and 32), 0 on the Linear layers' outputs and about a half on the ReLUs'."""
+    import gc
+    from nndb.config import RunConfig
+    from nndb.debugger.driver import DebugOptions, debug
+    from nndb.debugger.frontend import ScriptedFrontend
+    from nndb.launcher import Target
+    gc.collect()
+    path = str(tmp_path_factory.mktemp("relu") / "t.h5")
+    result = debug(RunConfig(Target(path=example("mlp.py"), args=["--steps", "61"]), path, quiet=True),
+                   DebugOptions(batch=True, no_rc=True, rules="none"), ScriptedFrontend([]))
+    assert result.exit_code == 0
+    return path
+
+
+def test_the_heatmap_as_a_user_sees_it_steps_zeros_and_layers(relu_trace):
+    """The picture, not only its file: the x axis spans the trace's steps, each
+    measured value sits at its step, a measured 0 is drawn (white) apart from
+    'not measured' (grey), and the rows are the layers named in order."""
+    pytest.importorskip("matplotlib")
+    from nndb.render.plot import ZERO, figure
+    with TraceReader(relu_trace) as r:
+        d = D.heatmap(r, "act", "zero_frac")
+        first, last = int(r.steps[0]), int(r.steps[-1])
+    assert (first, last) == (0, 60) and d.steps.tolist() == [0, 32]
+    fig = figure(d)
+    ax = fig.axes[0]
+    assert ax.get_xlim() == (0.0, 61.0)                     # steps 0..60, none cut off, none negative
+    assert [t.get_text() for t in ax.get_yticklabels()] == d.layers
+    mesh, zeros = ax.collections[0], ax.collections[1]
+    x_edges = mesh.get_coordinates()[0, :, 0]
+    assert x_edges.tolist() == [0.0, 32.0, 61.0]             # a cell from each measured step
+    shown = mesh.get_array()
+    zero_rows = [i for i in range(len(d.layers)) if np.all(d.values[i] == 0)]
+    relu_rows = [i for i in range(len(d.layers)) if np.all(d.values[i] > 0.2)]
+    assert zero_rows and relu_rows
+    for i in zero_rows:                                      # a measured 0: on the white layer, not missing
+        assert np.all(shown.mask[i]) and not np.any(zeros.get_array().mask[i])
+    for i in relu_rows:                                      # measured values: on the colour scale
+        assert np.allclose(shown[i].compressed(), d.values[i])
+    legend = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert "0 (measured)" in legend and "not measured" not in legend
+    assert zeros.get_cmap()(0)[:3] == tuple(int(ZERO[k:k + 2], 16) / 255 for k in (1, 3, 5))
+    # grads: measured every step, the axis the steps'
+    with TraceReader(relu_trace) as r:
+        g = figure(D.heatmap(r, "grad", "norm")).axes[0]
+    assert g.get_xlim() == (0.0, 61.0)
+
+
+def test_layers_are_in_the_models_registration_order_not_the_optimizers(tmp_path):
+    """Registration order fc1, ln, fc2, whatever the optimizer's groups or the
+    order the series were first recorded in; a trace without the model order
+    keeps the series' order and the axis says so."""
+    import gc
+    import h5py
+    from nndb.config import RunConfig
+    from nndb.debugger.driver import DebugOptions, debug
+    from nndb.debugger.frontend import ScriptedFrontend
+    from nndb.launcher import Target
+    gc.collect()
+    path = str(tmp_path / "t.h5")
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts", "plot_order_groups.py")
+    debug(RunConfig(Target(path=script, args=[]), path, quiet=True), DebugOptions(batch=True, no_rc=True,
+                                                                                  rules="none"), ScriptedFrontend([]))
+    want = ["fc1.weight", "fc1.bias", "ln.weight", "ln.bias", "fc2.weight", "fc2.bias"]
+    with TraceReader(path) as r:
+        recorded = [s.name for s in r.series() if s.kind == "grad"]
+        assert recorded != want                           # (what made the old order wrong)
+        d = D.heatmap(r, "grad", "norm")
+        assert d.layers == want and d.order == D.ORDER_KNOWN
+        assert D.heatmap(r, "act", "norm").layers[:3] == ["fc1", "ln", "fc2"]
+        assert D.ratio(r).layers == ["fc1.weight", "fc2.weight"]
+    if importlib.util.find_spec("matplotlib"):
+        from nndb.render.plot import figure
+        ax = figure(d).axes[0]
+        assert [t.get_text() for t in ax.get_yticklabels()] == want and ax.get_ylabel() == "layer (model order)"
+    with h5py.File(path, "r+") as f:                      # as a trace written before the model order
+        del f["modules"]
+    with TraceReader(path) as r:
+        old = D.heatmap(r, "grad", "norm")
+    assert old.layers == recorded and old.order == "recording order: this trace predates the model order"

@@ -170,12 +170,13 @@ def test_check_trace_text_json_and_exit_codes(tmp_path):
     r = _cli(path)
     assert r.exit_code == 0, r.output
     lines = r.output.splitlines()
-    assert lines[0].startswith("nndb: warning: loss_not_decreasing at step 49: loss has not gone down")
-    assert lines[1] == ("nndb: error: nonfinite at step 53: NaN first appeared in act fc2 (3 element(s)); "
+    assert lines[0].startswith("nndb: warning: loss_not_decreasing at step 49 [check-trace]: loss has not gone down")
+    assert lines[1] == ("nndb: error: nonfinite at step 53 [check-trace]: NaN first appeared in act fc2 (3 element(s)); "
                         "its norm at step 52 was " + lines[1].rsplit(" ", 1)[1])
     assert lines[2].startswith("nndb: not run on a trace: exploding_gradient, vanishing_gradient, update_ratio, "
                                "param_not_updated (they read the optimizers")
-    assert lines[-1] == f"nndb: {path}: 60 step(s) checked with 2 rule(s): 2 findings"
+    assert lines[-1] == (f"nndb: {path}: 60 step(s) checked with 2 rule(s): 2 findings "
+                         "(the run alone: 0, this re-check alone: 2, both: 0)")
     d = json.loads(_cli(path, "--json").output)
     assert [f["rule"] for f in d["findings"]] == ["loss_not_decreasing", "nonfinite"]
     assert {s["rule"] for s in d["skipped"]} == NOT_ON_HAND_WRITTEN and d["rules_run"] == OFFLINE
@@ -186,7 +187,7 @@ def test_check_trace_text_json_and_exit_codes(tmp_path):
                      "  - name: big_act\n    condition: max(act.max) > 100\n")
     r = _cli(path, "--rules", str(rules))
     assert r.exit_code == EXIT_FAIL_ACTION, r.output
-    assert r.output.splitlines()[0].startswith("nndb: error: nonfinite at step 53:")
+    assert r.output.splitlines()[0].startswith("nndb: error: nonfinite at step 53 [check-trace]:")
     assert "not run on a trace" not in r.output
 
 
@@ -252,9 +253,15 @@ def _compare(trace, report):
     assert r.exit_code == 0, r.output
     d = json.loads(r.output)
     assert d["rules_run"] == WITH_OPTIMIZERS and {s["rule"] for s in d["skipped"]} == PROBES
-    assert d["findings"] == [f for f in findings if f["rule"] in WITH_OPTIMIZERS]
+    assert _found_by(d, "check-trace") == [f for f in findings if f["rule"] in WITH_OPTIMIZERS]
+    assert _found_by(d, "run") == findings      # every finding the run stored, marked as the run's
     assert d["errors"] == []
-    return d, findings
+    return dict(d, findings=_found_by(d, "check-trace")), findings
+
+
+def _found_by(d: dict, who: str) -> list:
+    """check-trace --json's findings that ``who`` (run, check-trace) found, without the mark."""
+    return [{k: v for k, v in f.items() if k != "found_by"} for f in d["findings"] if who in f["found_by"]]
 
 
 # A planted bug: a scheduler multiplies the learning rate by FACTOR from step
@@ -302,7 +309,8 @@ def test_on_a_trace_written_before_the_optimizers_were_recorded_their_rules_say_
     _run_live(example("nan_lr.py"), ["--steps", "10"], trace, report, False)
     _as_written_before_optimizers(trace)
     d = json.loads(_cli(trace, "--json").output)
-    assert d["rules_run"] == OFFLINE + ["epoch_repeats"] and [f["rule"] for f in d["findings"]] == ["nonfinite"]
+    assert d["rules_run"] == OFFLINE + ["epoch_repeats"]
+    assert [f["rule"] for f in _found_by(d, "check-trace")] == ["nonfinite"]
     why = {s["rule"]: s for s in d["skipped"] if s["need"] == "optimizers"}
     assert list(why) == OPTIMIZERS
     assert "the trace predates the optimizers' records" in why["update_ratio"]["reason"]

@@ -32,9 +32,15 @@ The checks, in order, and their thresholds (constants in checks.py):
 5. ``gradients``: every parameter an optimizer holds (requires_grad) gets
    a finite gradient with a non-zero element in some captured step, and
    never a NaN/Inf one.
-6. ``updates``: every parameter that got a non-zero gradient changes in
+6. ``zero-grad``: each optimizer's ``.grad`` is reset between its steps:
+   the live ``stale_grad`` rule's probe (a tensor hook on one sample
+   parameter per optimizer) and thresholds; FAIL at the first step whose
+   ``.grad`` is the last step's gradient plus the new ones (one stale step
+   is enough; the live rule waits for two in a row).  SKIP when no
+   optimizer stepped twice.
+7. ``updates``: every parameter that got a non-zero gradient changes in
    ``optimizer.step()``, in some captured step.
-7. ``overfit``: a deep copy of the model (taken at its first forward, in the
+8. ``overfit``: a deep copy of the model (taken at its first forward, in the
    train/eval mode the script had) and a fresh optimizer of the same class
    and hyper-parameters (a scheduler's ``initial_lr`` as the lr) train on
    the captured batch (its first OVERFIT_BATCH samples) for up to
@@ -63,8 +69,8 @@ from ..launcher import Target
 from ..runner import Recording
 from ..safetext import printable
 from .capture import Capture, LossMode
-from .checks import (OVERFIT_ITERS, Check, CheckReport, Outcome, data_check, finite_check, gradients_check,
-                     initial_loss_check, shapes_check, updates_check)
+from .checks import (OVERFIT_ITERS, Check, CheckReport, Outcome, data_check, finite_check, grad_reset_check,
+                     gradients_check, initial_loss_check, shapes_check, updates_check)
 from .overfit import overfit as overfit_check
 
 CHECK_STEPS = 2                 # steps of the script the checks look at (a warmup from lr 0 passes)
@@ -158,11 +164,12 @@ def check(target: Target, steps: int = CHECK_STEPS, overfit_iters: int = OVERFIT
 
 
 CHECKS = (("data", data_check), ("shapes", shapes_check), ("initial-loss", initial_loss_check),
-          ("finite-loss", finite_check), ("gradients", gradients_check), ("updates", updates_check))
+          ("finite-loss", finite_check), ("gradients", gradients_check), ("zero-grad", grad_reset_check),
+          ("updates", updates_check))
 
 
 def run_checks(cap: Capture, outcome: Outcome, overfit_iters: int = OVERFIT_ITERS) -> list:
-    """The checklist on what the first steps showed: ``run``, then the seven checks in order."""
+    """The checklist on what the first steps showed: ``run``, then the eight checks in order."""
     steps = cap.steps_done
     if outcome.status == "finished":
         ran = Check("run", "PASS", f"{steps} step(s) ran" + ("" if steps >= cap.steps else " (the script ended)"),

@@ -81,6 +81,8 @@ class Capture:
         self.nonzero: set = set()           # ... a finite one with a non-zero element, in some step
         self.nonfinite: set = set()         # ... a NaN/Inf one, in some step
         self.changed: dict = {}             # id(param) -> largest relative change
+        self.reset_checks: list = []        # the grad_reset probe's facts, each with its "step"
+        self._reset_probe = None
         self.errors: list = []
         self._last_root = None
         self._output_types: set = set()
@@ -113,6 +115,12 @@ class Capture:
             self.backward_losses.append((self.steps_done, None))
             no_loss()
         rec.loss, rec.backward_without_loss = on_loss, on_no_loss
+        # Was .grad reset between optimizer steps?  The live stale_grad rule's
+        # probe (a tensor hook on one sample parameter per optimizer), read here
+        # at each step's end.
+        from ..rules.grad_rules import GradReset
+        self._reset_probe = GradReset(self.rec)
+        self._reset_probe.install()
 
     def uninstall(self) -> None:
         t = self.rec.tracer
@@ -122,6 +130,10 @@ class Capture:
             cbs = t.probes.get(key, [])
             if cb in cbs:
                 cbs.remove(cb)
+        if self._reset_probe is not None:
+            self._reset_probe.uninstall()
+            if self._reset_probe.error and len(self.errors) < 3:
+                self.errors.append(self._reset_probe.error)
         t.probes.clear()
         self.outputs.clear()
 
@@ -140,6 +152,8 @@ class Capture:
             self.step_end(end.step)
 
     def step_end(self, step: int) -> None:
+        if self._reset_probe is not None:
+            self.reset_checks += [dict(c, step=step) for c in self._reset_probe.take(step).get("checks", ())]
         self.steps_done = step + 1
         self.outputs.clear()                 # hold no activation between steps
 

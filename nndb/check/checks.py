@@ -100,6 +100,25 @@ def _classes(call: LossCall) -> Optional[int]:
     return c if c and c >= 2 else None
 
 
+SINGLE_CLASS_CAUSE = ("cross-entropy over a single class: the log-softmax of one logit is 0, so the loss and every "
+                      "gradient are 0 and nothing learns; give the model one output per class, or for one output "
+                      "use binary_cross_entropy_with_logits (or mse_loss for a regression)")
+
+
+def _single_class(call: Optional[LossCall]) -> bool:
+    """A classification loss whose prediction has a class dimension of size 1."""
+    if call is None or call.kind not in CLASS_LOSSES:
+        return False
+    s = call.input_shape
+    return (s[1] if len(s) >= 2 else (s[0] if s else None)) == 1
+
+
+def _all_zero(cap: Capture) -> bool:
+    """Was every loss seen exactly 0?"""
+    values = [v for _, v in cap.backward_losses if v is not None] or [c.value for c in cap.loss_calls]
+    return bool(values) and all(v == 0 for v in values)
+
+
 def _is_index(t) -> bool:
     return isinstance(t, torch.Tensor) and not t.is_floating_point() and not t.is_complex()
 
@@ -241,6 +260,10 @@ def initial_loss_check(cap: Capture, outcome: Outcome) -> Check:
         v /= call.target.numel()
     if call.kind in CLASS_LOSSES:
         c = _classes(call)
+        if c is None and _single_class(call):
+            return Check("initial-loss", "FAIL", f"{call.name} on {_shape(call.input_shape)}: one class, so the "
+                         f"loss is 0 whatever the model outputs (the first loss was {v:.4g})",
+                         SINGLE_CLASS_CAUSE, {"loss": v, "classes": 1})
         if c is None:
             return _skip("initial-loss", f"{call.name} on {_shape(call.input_shape)}: the number of classes "
                          "is unknown", outcome)
@@ -291,6 +314,12 @@ def finite_check(cap: Capture, outcome: Outcome) -> Check:
             cause = (f"the loss was finite at step 0 and diverged by step {s}: the learning rate"
                      + (f" ({', '.join(f'{lr:g}' for lr in lrs)})" if lrs else "") + " is likely too high")
         return Check("finite-loss", "FAIL", f"the loss is {v} at step {s} ({len(values)} {what} value(s))", cause, nums)
+    if all(v == 0 for _, v in values):
+        cause = SINGLE_CLASS_CAUSE if _single_class(cap.primary_loss()) else (
+            "a loss identically 0 gives every parameter a zero gradient and nothing learns: check what the loss "
+            "is computed on (a mask or weight of zeros, a target made from the prediction itself)")
+        return Check("finite-loss", "FAIL", f"the loss is exactly 0 at every step ({len(values)} {what} "
+                     f"value(s) in {cap.steps_done or 1} step(s))", cause, nums)
     return Check("finite-loss", "PASS", f"{len(values)} {what} value(s) in {cap.steps_done or 1} step(s), all "
                  f"finite (first {values[0][1]:.4g}, last {values[-1][1]:.4g})", numbers=nums)
 
@@ -326,12 +355,62 @@ def gradients_check(cap: Capture, outcome: Outcome) -> Check:
                       "round trip) or unused in the forward pass")
     if zero:
         problems.append(f"all-zero gradient: {_names(cap, zero)}")
-        causes.append(f"{_names(cap, zero)} got all-zero gradients: dead ReLUs or a saturated activation "
-                      "upstream (check the init and biases)")
+        if _all_zero(cap):
+            why = "the loss is exactly 0 at every step (see finite-loss)"
+        elif _has_relu(cap):
+            why = "dead ReLUs or a saturated activation upstream (check the init and biases)"
+        else:
+            why = "a saturated activation or a factor of zero upstream (check the init and biases)"
+        causes.append(f"{_names(cap, zero)} got all-zero gradients: {why}")
     if nonfinite:
         problems.append(f"NaN/Inf gradient (in some step): {_names(cap, nonfinite)}")
         causes.append("NaN/Inf gradients: a non-finite loss, or a sqrt/log/division at zero in the forward pass")
     return Check("gradients", "FAIL", ev + "; " + "; ".join(problems), "; ".join(causes), nums)
+
+
+def grad_reset_check(cap: Capture, outcome: Outcome) -> Check:
+    """Was each optimizer's .grad reset between its steps?  The live
+    stale_grad rule's probe and thresholds, on the steps the check ran; one
+    stale step is enough here (the check runs a few steps; the live rule
+    waits for two in a row)."""
+    from ..rules.grad_rules import StaleGrad
+    if not _optimized(cap):
+        return _no_optimizer("zero-grad", cap, outcome)
+    checks = cap.reset_checks
+    if not checks:
+        return _skip("zero-grad", "the gradients' reset is seen from an optimizer's second step on, with a "
+                     "non-zero gradient: none was (more steps: --steps N)", outcome)
+    tol, share = (StaleGrad.THRESHOLDS[k].default for k in ("tol", "min_share"))
+
+    def is_stale(c) -> bool:
+        if not (c["r_stale"] <= tol and c["scale"] > 0):
+            return False            # .grad is not (a multiple of) the last step's gradient plus the new ones
+        if c["r_reset"] >= share:
+            return True             # ... and not a multiple of the new ones alone (the live rule's test)
+        # Not a multiple of either alone: the same batch twice gives a new gradient
+        # parallel to the last one.  Unscaled (no clipping), .grad = last + new
+        # exactly, with the last a share of it: then |.grad - new| = |last|.
+        return abs(c["scale"] - 1) <= tol and c["last_norm"] >= share * c["grad_norm"]
+    stale = [c for c in checks if is_stale(c)]
+    nums = {"checked": [{k: c[k] for k in ("step", "optimizer", "param", "r_stale", "r_reset")} for c in checks]}
+    if stale:
+        c = stale[0]
+        return Check("zero-grad", "FAIL", f"at step {c['step']}, {c['param']}.grad held the last step's gradient "
+                     f"plus the new one ({c['optimizer']}; residual {c['r_stale']:.2g} against last + new, "
+                     f"{c['r_reset']:.2g} against the new alone; {len(stale)} of {len(checks)} step(s) checked)",
+                     "gradients are not reset between optimizer steps (zero_grad missing): each step uses the "
+                     "sum of all gradients so far; call optimizer.zero_grad() once per step (after step() when "
+                     "accumulating over several backward passes)", nums)
+    opts = ", ".join(dict.fromkeys(c["optimizer"] for c in checks))
+    return Check("zero-grad", "PASS", f"{opts}: .grad was reset between optimizer steps ({len(checks)} step(s) "
+                 "checked)", numbers=nums)
+
+
+def _has_relu(cap: Capture) -> bool:
+    """Does the model hold a ReLU module (one whose units can die)?"""
+    seen = cap.model()
+    return seen is not None and any(isinstance(m, (torch.nn.ReLU, torch.nn.ReLU6))
+                                    for m in seen.module.modules())
 
 
 def updates_check(cap: Capture, outcome: Outcome) -> Check:

@@ -138,6 +138,9 @@ def _verdict(cap: Capture, call: LossCall, setup: str, losses: list, iters: int)
     first, last = losses[0], losses[-1]
     if not math.isfinite(first):
         return Check("overfit", "SKIP", f"{setup}: the first loss is {first} (see finite-loss)")
+    if first == 0:
+        return Check("overfit", "SKIP", f"{setup}: the loss is 0 before any training, so there is nothing to "
+                     "fit (see finite-loss)")
     goal = max(OVERFIT_REL * first, OVERFIT_ABS)
     finite = [v for v in losses if math.isfinite(v)]
     nums = {"first": first, "last": last, "best": min(finite), "goal": goal, "iterations": len(losses)}

@@ -18,6 +18,7 @@ from ..errors import EXIT_FAIL_ACTION, EXIT_USAGE, UsageError
 from ..export.live import RunExports
 from ..lineage.control import LineageControl
 from ..render import debug as renderer
+from ..rules.base import failing_findings
 from ..rules.catalog import load as load_rules
 from ..runner import RunResult, _stderr, record
 from ..timetravel.lineage_replay import replay_checked
@@ -46,6 +47,7 @@ class DebugOptions:
     exports: tuple = ()                 # --export: nndb.export.targets.ExportTarget, streamed live
     replica_off_reason: Optional[str] = None    # why time travel is off, where not --replica off (a kernel)
     progress: bool = False              # the progress line on stderr (nndb run when stderr is a terminal)
+    fail_on: Optional[str] = None       # --fail-on warning|error: a finding this severe or worse fails the run
     agreement: object = None            # several ranks in one prompt: nndb.dist.allstop.StepAgreement
     companions: tuple = ()              # more of each run's listeners: objects with start(rec) -> [listener]
     #                                     and finish(status, trace_path) (a distributed worker's front link)
@@ -171,6 +173,11 @@ def debug(config: RunConfig, options: DebugOptions, frontend,
     elif session.failed_points:
         nums = ", ".join(str(n) for n in dict.fromkeys(session.failed_points))
         code, reason = EXIT_FAIL_ACTION, f"a point with the fail action hit ({nums})"
+    elif failing_findings(session.findings, options.fail_on):
+        first = failing_findings(session.findings, options.fail_on)[0]
+        code, reason = EXIT_FAIL_ACTION, (f"--fail-on {options.fail_on}: {first['severity']} {first['rule']} "
+                                          f"at step {first['step']}")
+        message(f"nndb: {reason} (exit code {code})")
     elif pending_fail:
         code, reason = EXIT_USAGE, f"a point with the fail action stayed pending ({', '.join(map(str, pending_fail))})"
     else:

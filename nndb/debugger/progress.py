@@ -38,7 +38,21 @@ def stderr_fd(text: str) -> None:
         pass
 
 
-class ProgressLine:
+class _OneLine:
+    """A line of stderr redrawn in place (``write``, ``shown``, ``draws``)."""
+
+    def _show(self, text: str) -> None:
+        self.write(CLEAR + text + "\r")          # (the cursor back at the start: nothing is appended)
+        self.shown = True
+        self.draws += 1
+
+    def _erase(self) -> None:
+        if self.shown:
+            self.write(CLEAR)
+            self.shown = False
+
+
+class ProgressLine(_OneLine):
     def __init__(self, session, write: Callable[[str], None] = stderr_fd, interval: float = INTERVAL,
                  clock: Callable[[], float] = time.monotonic, streams: Optional[tuple] = None):
         self.session = session
@@ -76,16 +90,12 @@ class ProgressLine:
         text = f"nndb: step {step}  {rate:.3g} steps/s  loss {'-' if loss is None else fmt(loss)}  " \
                f"{findings} finding(s)"
         self._text = text
-        self.write(CLEAR + text + "\r")          # (the cursor back at the start)
-        self.shown = True
-        self.draws += 1
+        self._show(text)
         self.guard.arm()
 
     def erase(self) -> None:
         """Off the terminal for a moment (the script prints): drawn again after."""
-        if self.shown:
-            self.write(CLEAR)
-            self.shown = False
+        self._erase()
 
     def redraw(self) -> None:
         if not self.shown and self._text:
@@ -145,6 +155,31 @@ class StreamGuard:
                 line.redraw()                    # (a terminal's stream is line-buffered: the line is out)
             return n
         return write
+
+
+class CountLine(_OneLine):
+    """A long job's progress on one line of stderr (``nndb export``):
+    ``LABEL: DONE/TOTAL UNIT (P%)``, drawn as ProgressLine draws (not in the
+    first second, at most once per ``interval``), cleared by ``clear``."""
+
+    def __init__(self, label: str, unit: str, write: Callable[[str], None] = stderr_fd,
+                 interval: float = INTERVAL, clock: Callable[[], float] = time.monotonic):
+        self.label, self.unit = label, unit
+        self.write, self.interval, self.clock = write, interval, clock
+        self.shown = False
+        self.draws = 0
+        self._next = clock() + FIRST
+
+    def update(self, done: int, total: int) -> None:
+        now = self.clock()
+        if now < self._next:
+            return
+        self._next = now + self.interval
+        pct = f" ({100 * done // total}%)" if total else ""
+        self._show(f"{self.label}: {done}/{total} {self.unit}{pct}")
+
+    def clear(self) -> None:
+        self._erase()
 
 
 def _loss(record) -> Optional[float]:

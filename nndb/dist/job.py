@@ -133,6 +133,13 @@ def job_id(run_dir: Optional[str], env: Optional[dict] = None) -> str:
     return rid if rid and rid != "none" else _fallback_name("job", env)
 
 
+def is_trace_dir(path: str) -> bool:
+    """Does ``--trace PATH`` name a directory for a job's ranks: an existing
+    one, or a path written with a trailing slash?  (One rule for ``torchrun -m
+    nndb run`` and ``nndb run --nproc-per-node``.)"""
+    return path.endswith(("/", os.sep)) or os.path.isdir(path)
+
+
 def rank_trace(path: str, where: Place, create: bool = False) -> str:
     """``--trace PATH`` for one rank of several, never one file shared by all:
     a directory (existing, or written with a trailing slash) gets
@@ -141,7 +148,7 @@ def rank_trace(path: str, where: Place, create: bool = False) -> str:
     extension (``run.h5`` -> ``run.rank1.h5``).  One process: PATH."""
     if not where.distributed:
         return path
-    if path.endswith(("/", os.sep)) or os.path.isdir(path):
+    if is_trace_dir(path):
         if create:
             try:
                 os.makedirs(path, exist_ok=True)

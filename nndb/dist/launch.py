@@ -14,7 +14,8 @@ from .front import Front, LaunchOptions
 _PASSED = (("every", "--every", True), ("steps_range", "--steps", True), ("full_every", "--full-every", True),
            ("act_every", "--act-every", True), ("flush_steps", "--flush-every", True),
            ("flush_secs", "--flush-secs", True), ("quiet", "--quiet", False), ("rules", "--rules", True),
-           ("force", "--force", False), ("nx", "--nx", False), ("lineage", "--lineage", True))
+           ("force", "--force", False), ("nx", "--nx", False), ("lineage", "--lineage", True),
+           ("fail_on", "--fail-on", True))
 # ...and those a job of several ranks cannot take yet (one line each, before anything starts)
 _NOT_YET = (("replica", "auto", "across ranks, time travel runs the whole job again and takes no checkpoints: --replica is not taken"),
             ("total_steps", None, "across ranks, time travel runs the whole job again and takes no checkpoints: --total-steps is not taken"),

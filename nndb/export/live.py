@@ -27,7 +27,7 @@ import time
 from typing import Callable, Optional
 
 from ..safetext import printable_line
-from .scalars import findings_by_step, record_scalars, run_params, start_time
+from .scalars import findings_by_step, hyper_scalars, record_scalars, run_params, start_time
 
 CAPACITY = 1024             # entries (a step's record, or a batch of findings) waiting at most
 FLUSH_SECS = 2.0            # the sink is flushed at least this often while steps come
@@ -140,7 +140,7 @@ class LiveExport:
                 if closing:
                     status, trace_path = self._end
                     if trace_path and os.path.exists(trace_path):
-                        self._finish_params(sink, trace_path)
+                        self._finish_from_trace(sink, trace_path)
                         sink.artifact(trace_path)
                     sink.close(status)
                     return
@@ -150,15 +150,18 @@ class LiveExport:
             except Exception as e:
                 return self._fail(e)
 
-    def _finish_params(self, sink, trace_path: str) -> None:
-        """The parameters known only once the run has stepped (each param
-        group's learning rate), from the closed trace, as ``nndb export`` gives them."""
+    def _finish_from_trace(self, sink, trace_path: str) -> None:
+        """What the steps' records do not carry, from the closed trace, as
+        ``nndb export`` writes it: each param group's learning rate at every
+        step, and (TensorBoard) the histograms."""
         from ..store.reader import TraceReader
         with TraceReader(trace_path) as reader:
-            late = {k: v for k, v in run_params(reader.meta, reader.hyper()).items() if k not in self._params}
-            last = int(reader.steps[-1]) if reader.n_steps else 0
-        if late:
-            sink.params(late, last)
+            for series in hyper_scalars(reader):
+                sink.scalars(series)
+            if hasattr(sink, "histogram"):
+                from .histograms import trace_histograms
+                for p in trace_histograms(reader):
+                    sink.histogram(p)
 
     def _write(self, sink, item) -> None:
         if isinstance(item, tuple):
@@ -193,7 +196,7 @@ class RunExports:
         """The listeners for the run ``rec`` (nndb.runner.Recording) records."""
         self.runs += 1
         script = os.path.basename(str(rec.meta.get("script") or rec.meta.get("module") or "run"))
-        params = run_params(rec.meta, None)
+        params = run_params(rec.meta)
         self.live = []
         for t in self.targets:
             if t.kind == "mlflow" and t.run_name is None:

@@ -134,3 +134,7 @@ class MlflowSink:
         state = {"finished": "FINISHED", "killed": "KILLED", "interrupted": "KILLED",
                  "terminated": "KILLED"}.get(status, "FAILED")
         self.client.set_terminated(self.run_id, status=state, end_time=int(time.time() * 1000))
+
+    def abort(self) -> None:
+        """Stopped (Ctrl-C): what was sent stays; the run is marked KILLED."""
+        self.close("interrupted")

@@ -63,15 +63,51 @@ def series_scalars(name: str, kind: str, steps, block, walltimes,
 
 def trace_scalars(reader) -> Iterator[ScalarSeries]:
     """Every tag of a trace (nndb.store.reader.TraceReader), series by series
-    in the trace's order."""
+    in the trace's order, then the learning rates (``hyper_scalars``)."""
+    for tags in series_tags(reader):
+        yield from tags
+    yield from hyper_scalars(reader)
+
+
+def series_tags(reader) -> Iterator[list]:
+    """Each series' tags (a list, empty for a series without a value), in the trace's order."""
     start = start_time(reader.meta)
     time_of = dict(zip(reader.steps.tolist(), reader.times.tolist()))
     for s in reader.series():
         steps, block = reader.history(s)
         if len(steps) == 0:
+            yield []
             continue
         times = start + np.array([time_of[int(st)] for st in steps], dtype=np.float64)
-        yield from series_scalars(s.name, s.kind, steps, block, times, reader.columns)
+        yield list(series_scalars(s.name, s.kind, steps, block, times, reader.columns))
+
+
+def hyper_tag(optimizer: str, group, name: str = "lr") -> str:
+    """A hyper-parameter's tag: ``hyper/OPTIMIZER.groupG/NAME`` (``hyper/opt.group0/lr``)."""
+    return f"hyper/{optimizer}.group{group}/{name}"
+
+
+def hyper_scalars(reader) -> Iterator[ScalarSeries]:
+    """Each param group's learning rate at every recorded step: the trace's
+    ``hyper`` rows (a group's lr from a step on, written when it changed)
+    carried forward over the recorded steps; none before a group's first row,
+    none where the lr was not a number."""
+    rows = reader.hyper() or []
+    steps = np.asarray(reader.steps, dtype=np.int64)
+    if not rows or not len(steps):
+        return
+    walltimes = start_time(reader.meta) + np.asarray(reader.times, dtype=np.float64)
+    by_group: dict = {}
+    for r in rows:
+        by_group.setdefault((str(r.get("optimizer")), r.get("group")), []).append(r)
+    for (opt, group), changes in by_group.items():
+        values = np.full(len(steps), np.nan)
+        for r in sorted(changes, key=lambda r: r["step"]):
+            lr = r.get("lr")
+            values[steps >= int(r["step"])] = float(lr) if isinstance(lr, (int, float)) else np.nan
+        k = ~np.isnan(values)
+        if k.any():
+            yield ScalarSeries(hyper_tag(printable_line(opt), group), steps[k], values[k], walltimes[k])
 
 
 def record_scalars(record, start: float) -> Iterator[ScalarSeries]:
@@ -91,10 +127,12 @@ def start_time(meta: dict) -> float:
 # -- findings ---------------------------------------------------------------------------------
 
 def finding_line(f: dict) -> str:
-    """One finding (a Finding.as_dict(), live or from a trace) as one line of text."""
+    """One finding (a Finding.as_dict(), live or from a trace) as one line of
+    text; one from a trace says who found it (``[run]``, ``[check-trace]``)."""
     subject = f.get("tensor") or f.get("module")
+    who = f" [{', '.join(f['found_by'])}]" if f.get("found_by") else ""
     return printable_line(f"{f.get('severity', '?')}: {f.get('rule', '?')}"
-                          + (f" ({subject})" if subject else "") + f": {f.get('message', '')}")
+                          + (f" ({subject})" if subject else "") + f"{who}: {f.get('message', '')}")
 
 
 def findings_by_step(findings: Iterable[dict]) -> dict:
@@ -108,36 +146,33 @@ def findings_by_step(findings: Iterable[dict]) -> dict:
 
 
 def trace_findings(reader, rules: Optional[str] = "default") -> list:
-    """What the rules find on a trace (nndb check-trace's findings) as dicts."""
+    """The findings the live run stored in the trace and what ``rules`` find
+    on it again (nndb check-trace's findings), as dicts marked ``found_by``
+    (nndb.rules.offline.merge_findings); ``rules`` none: the run's alone."""
     from ..rules.catalog import load
-    from ..rules.offline import check_trace
+    from ..rules.offline import check_trace, stored_findings
     engine = load(rules)
     if engine is None:
-        return []
-    return [f.as_dict() for f in check_trace(reader, engine).findings]
+        return stored_findings(reader)
+    return check_trace(reader, engine).all_findings()
 
 
 # -- the run's parameters -------------------------------------------------------------------
 
 # The metadata worth a parameter (meta keys, in this order).
-META_PARAMS = ("script", "module", "argv", "start_time_iso", "torch", "nndb_version", "device",
+META_PARAMS = ("script", "module", "argv", "nndb_argv", "start_time_iso", "torch", "nndb_version", "device",
                "world_size", "git_commit", "schedule")
 
 
-def run_params(meta: dict, hyper: Optional[list]) -> dict:
-    """{key: text}: the run's script, argv and setup from the trace's metadata,
-    and each optimizer param group's first learning rate (the only
-    hyper-parameter a trace keeps: ``hyper`` rows)."""
+def run_params(meta: dict) -> dict:
+    """{key: text}: the run's script, argv and setup from the trace's
+    metadata (the learning rates are scalars at every step: ``hyper_scalars``)."""
     out = {}
     for key in META_PARAMS:
         v = meta.get(key)
-        if v is None or v == "":
+        if v is None or v == "" or v == []:
             continue
-        if key == "argv" and isinstance(v, list):
+        if key in ("argv", "nndb_argv") and isinstance(v, list):
             v = shlex.join(str(a) for a in v)
         out[key] = printable_line(v)
-    for row in hyper or ():
-        key = f"{row.get('optimizer')}.group{row.get('group')}.lr"
-        if key not in out and row.get("lr") is not None:
-            out[key] = repr(row["lr"])
     return out

@@ -41,6 +41,8 @@ class Heatmap:
     nonfinite: np.ndarray   # (L, T) bool: a measured NaN or Inf
     marks: list = field(default_factory=list)
     title: str = ""
+    span: tuple = (0, 0)    # the trace's first and last recorded step: the x axis runs over them
+    order: str = "model order"      # how the layers are ordered (ORDER_KNOWN or ORDER_UNKNOWN)
 
 
 @dataclass
@@ -72,6 +74,7 @@ class Ratio:
     band: tuple = RATIO_BAND
     marks: list = field(default_factory=list)
     title: str = ""
+    order: str = "model order"
 
 
 def marks(findings: Sequence[dict] = (), stops: Sequence[dict] = ()) -> list:
@@ -100,6 +103,38 @@ def _matching(reader, kind: str, glob: Optional[str]) -> list:
     return found
 
 
+ORDER_KNOWN = "model order"
+ORDER_UNKNOWN = "recording order: this trace predates the model order"
+
+
+def _module_of(s) -> Optional[str]:
+    """The module a series belongs to, as the trace's ``modules`` rows name it
+    (an activation: its module; a parameter's kinds: the name before the last
+    dot; a root's own parameter: None)."""
+    if s.kind == "act":
+        return s.name.split("#")[0]
+    return s.name.rsplit(".", 1)[0] if "." in s.name else None
+
+
+def in_model_order(reader, series: list) -> tuple:
+    """(``series`` in the model's registration order, the order's label):
+    by their module's place in the trace's last ``modules`` row (a root's own
+    parameters at the root; kinds and names kept in the trace's order within a
+    module; a series of no known module after the others).  A trace without
+    the rows: the series' order, labelled ORDER_UNKNOWN."""
+    rows = reader.modules()
+    if not rows:
+        return list(series), ORDER_UNKNOWN
+    names = rows[-1].get("modules") or []
+    place = {n: i for i, n in enumerate(names)}
+
+    def key(item):
+        i, s = item
+        m = _module_of(s)
+        return (place.get(m, 0 if m is None else len(place)), i)
+    return [s for _, s in sorted(enumerate(series), key=key)], ORDER_KNOWN
+
+
 def _column(reader, s, stat: str):
     """(steps, values, nonfinite) of one statistic of one series: NaN where not measured."""
     steps, block = reader.history(s)
@@ -126,10 +161,11 @@ def _grid(reader, series: list, stat: str):
 def heatmap(reader, kind: str = "grad", stat: str = "norm", glob: Optional[str] = None,
             findings=(), stops=()) -> Heatmap:
     _check_stat(reader, stat)
-    series = _matching(reader, kind, glob)
+    series, order = in_model_order(reader, _matching(reader, kind, glob))
     steps, values, bad = _grid(reader, series, stat)
+    span = (int(reader.steps[0]), int(reader.steps[-1])) if reader.n_steps else (0, 0)
     return Heatmap(kind, stat, [s.name for s in series], steps, values, bad, marks(findings, stops),
-                   _title(reader, f"{kind} {stat} per layer"))
+                   _title(reader, f"{kind} {stat} per layer"), span, order)
 
 
 def loss(reader, findings=(), stops=()) -> LossCurve:
@@ -163,6 +199,7 @@ def ratio(reader, glob: Optional[str] = None, findings=(), stops=()) -> Ratio:
     if not params:
         raise UsageError(printable_line(f"no parameter with an update" + (f" matches '{glob}'" if glob else "")
                                         + f" in {reader.path}"))
+    params, order = in_model_order(reader, params)
     up_steps, up, _ = _grid(reader, [updates[s.name] for s in params], "norm")
     w_steps, w, _ = _grid(reader, params, "norm")
     steps = np.intersect1d(up_steps, w_steps)
@@ -171,7 +208,7 @@ def ratio(reader, glob: Optional[str] = None, findings=(), stops=()) -> Ratio:
     with np.errstate(divide="ignore", invalid="ignore"):
         values = np.where(wv > 0, u / wv, np.nan)
     return Ratio([s.name for s in params], steps, values, marks=marks(findings, stops),
-                 title=_title(reader, "update/weight ratio per layer"))
+                 title=_title(reader, "update/weight ratio per layer"), order=order)
 
 
 def _check_stat(reader, stat: str) -> None:

@@ -5,7 +5,10 @@ backend and figures of a script being debugged are never touched.
 ``draw(data, path)`` writes a PNG or SVG of ``figure_size(data)`` inches at
 ``DPI`` and returns the path.  Findings are triangles on the top edge (one
 colour per rule, named in the legend), stops dotted lines; a measured NaN or
-Inf is a red cross; not measured is left blank (grey on a heat map).
+Inf is a red cross; not measured is left blank (grey on a heat map, where
+a measured 0, which a log scale cannot place, is white: the legend names
+both).  ``figure(data)`` gives the Figure without saving it (the tests read
+its axes).
 """
 from __future__ import annotations
 
@@ -44,15 +47,21 @@ def pixel_size(data) -> tuple:
     return int(round(w * DPI)), int(round(h * DPI))
 
 
-def draw(data, path: str) -> str:
-    ext = os.path.splitext(path)[1].lower()
-    if ext not in FORMATS:
-        raise UsageError(f"cannot write a picture to {path}: the name must end in .png or .svg")
+def figure(data):
+    """The matplotlib Figure of ``data`` (on an Agg canvas, not saved)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
     fig = Figure(figsize=figure_size(data), dpi=DPI, layout="constrained")
     FigureCanvasAgg(fig)
     {Heatmap: _heatmap, LossCurve: _loss, History: _history, Ratio: _ratio}[type(data)](fig, data)
+    return fig
+
+
+def draw(data, path: str) -> str:
+    ext = os.path.splitext(path)[1].lower()
+    if ext not in FORMATS:
+        raise UsageError(f"cannot write a picture to {path}: the name must end in .png or .svg")
+    fig = figure(data)
     try:
         fig.savefig(path, dpi=DPI, format=ext[1:])
     except OSError as e:
@@ -108,39 +117,59 @@ def _title(ax, text: str, marks) -> None:
 
 # -- the pictures ---------------------------------------------------------------------------
 
+NOT_MEASURED = "#d9d9d9"        # a heat map's cell with no value
+ZERO = "#ffffff"                # ... with a measured 0 (no place on a log scale)
+
+
 def _heatmap(fig, d: Heatmap) -> None:
     from matplotlib import colormaps
-    from matplotlib.colors import LogNorm
+    from matplotlib.colors import ListedColormap, LogNorm, SymLogNorm
+    from matplotlib.patches import Patch
     ax = fig.add_subplot()
     L, T = d.values.shape
-    positive = d.values[np.isfinite(d.values) & (d.values > 0)]
-    cmap = colormaps["viridis"].with_extremes(bad="#d9d9d9")
-    if positive.size:
+    finite = d.values[np.isfinite(d.values)]
+    positive = finite[finite > 0]
+    cmap = colormaps["viridis"].with_extremes(bad=NOT_MEASURED)
+    negative = bool((finite < 0).any())
+    if negative:                # (mean, min, max: both signs on one symmetric log scale, 0 on it)
+        tiny = float(np.abs(finite[finite != 0]).min())
+        big = float(np.abs(finite).max())
+        norm = SymLogNorm(linthresh=tiny, vmin=-big, vmax=big)
+    elif positive.size:
         vmin, vmax = float(positive.min()), float(positive.max())
         norm = LogNorm(vmin=vmin, vmax=vmax if vmax > vmin else vmin * 10)
     else:
         norm = LogNorm(vmin=1e-12, vmax=1.0)
-    edges, values = _cells(d.steps, d.values)
-    shown = np.ma.masked_where(~(np.isfinite(values) & (values > 0)), values)
-    mesh = ax.pcolormesh(edges, np.arange(L + 1), shown, cmap=cmap, norm=norm, shading="flat")
+    end = d.span[1] + 1 if len(d.steps) else 1
+    edges, values = _cells(d.steps, d.values, end)
+    drawn = np.isfinite(values) & ((values != 0) if negative else (values > 0))
+    mesh = ax.pcolormesh(edges, np.arange(L + 1), np.ma.masked_where(~drawn, values), cmap=cmap, norm=norm,
+                         shading="flat")
+    zeros = values == 0
+    extra = [Patch(facecolor=NOT_MEASURED, edgecolor="black", linewidth=0.5, label="not measured")] \
+        if (~np.isfinite(values)).any() else []
+    if zeros.any() and not negative:
+        ax.pcolormesh(edges, np.arange(L + 1), np.ma.masked_where(~zeros, np.zeros_like(values)),
+                      cmap=ListedColormap([ZERO]), shading="flat")
+        extra.append(Patch(facecolor=ZERO, edgecolor="black", linewidth=0.5, label="0 (measured)"))
     bad_y, bad_x = np.nonzero(d.nonfinite)
     if len(bad_x):
-        ax.scatter(d.steps[bad_x], bad_y + 0.5, marker="x", color="red", s=30, linewidth=1.5,
-                   label="NaN or Inf", zorder=4)
+        ax.scatter(d.steps[bad_x] + 0.5 * np.minimum(1, np.diff(edges).min()), bad_y + 0.5, marker="x",
+                   color="red", s=30, linewidth=1.5, label="NaN or Inf", zorder=4)
     ax.set_ylim(L, 0)                                 # model order, top to bottom
     every = max(1, int(np.ceil(L / MAX_LAYER_LABELS)))
     ax.set_yticks(np.arange(0, L, every) + 0.5)
     ax.set_yticklabels([plain(d.layers[i]) for i in range(0, L, every)], fontsize=8 if L > 12 else 9)
-    ax.set_xlabel("training step")
-    ax.set_ylabel("layer (model order)")
+    ax.set_xlabel("training step (a cell: the value measured at its left edge, until the next measured step)")
+    ax.set_ylabel(f"layer ({d.order})")
     _integer_steps(ax)
-    ax.set_xlim(edges[0], edges[-1])
+    ax.set_xlim(d.span[0], end)                       # the trace's steps, first to last
     bar = fig.colorbar(mesh, ax=ax, pad=0.01)
-    bar.set_label(plain(f"{d.kind} {d.stat}") + " (log scale)")
+    bar.set_label(plain(f"{d.kind} {d.stat}") + (" (symmetric log scale)" if negative else " (log scale)"))
     _mark(ax, d.marks, d.steps)
-    _title(ax, d.title + ("   (grey: not measured or 0)" if np.isnan(values).any() or (values == 0).any()
-                          else ""), d.marks)
+    _title(ax, d.title, d.marks)
     handles, labels = ax.get_legend_handles_labels()
+    handles, labels = handles + extra, labels + [p.get_label() for p in extra]
     if handles:             # below the map: nothing of it hidden
         fig.legend(handles, labels, loc="outside lower center", ncol=min(len(handles), 4), fontsize=8)
 
@@ -156,20 +185,23 @@ def _edges(steps: np.ndarray) -> np.ndarray:
     return np.concatenate([[s[0] - (mid[0] - s[0])], mid, [s[-1] + (s[-1] - mid[-1])]])
 
 
-def _cells(steps: np.ndarray, values: np.ndarray):
-    """(x edges, columns) of a heat map: a cell per step as wide as the usual
-    spacing of the steps, and an empty column across a longer gap (the
-    activations of steps 0-19 and then 32: step 32 is not drawn as 13 wide)."""
+def _cells(steps: np.ndarray, values: np.ndarray, end: float):
+    """(x edges, columns) of a heat map: the cell of a measured step starts at
+    it and reaches the next measured step, or ``end``, but no further than
+    the usual spacing of the measured steps; across a longer gap an empty
+    column (the activations of steps 0-19 and then 32: step 19 is not drawn
+    as 13 wide)."""
     s = np.asarray(steps, dtype=float)
-    if len(s) < 2:
-        return _edges(s), values
-    half = float(np.median(np.diff(s))) / 2
-    edges, cols = [s[0] - half], []
+    if len(s) == 0:
+        return np.array([0.0, float(end)]), np.full((values.shape[0], 1), np.nan)
+    width = max(1.0, float(np.median(np.diff(s)))) if len(s) > 1 else max(1.0, end - s[0])
+    edges, cols = [s[0]], []
     for i, x in enumerate(s):
-        if x - half > edges[-1] + 1e-9:        # a gap: blank until this cell
-            edges.append(x - half)
+        if x > edges[-1] + 1e-9:               # a gap: blank until this cell
+            edges.append(x)
             cols.append(np.full(values.shape[0], np.nan))
-        edges.append(x + half if i + 1 == len(s) else min(x + half, (x + s[i + 1]) / 2))
+        nxt = s[i + 1] if i + 1 < len(s) else max(float(end), x + 1)
+        edges.append(min(x + width, nxt))
         cols.append(values[:, i])
     return np.array(edges), np.stack(cols, axis=1)
 

@@ -39,6 +39,10 @@ def summary(data: dict) -> str:
     lines.append(f"recorded   {data['steps']} step(s){span}, schedule {m.get('schedule', '?')}")
     for e in data.get("events", []):
         lines.append(printable_line(f"event      step {e.get('step')}: {e.get('kind')}: {e.get('message')}"))
+    found = data.get("findings") or []
+    lines.append(f"findings   {len(found) or 'none'} stored by the live run"
+                 + ("" if found else " (nndb check-trace re-checks the trace offline)"))
+    lines += [_finding_line(f) for f in found]
     if data["tensors"]:
         rows = []
         for t in data["tensors"]:

@@ -38,6 +38,15 @@ from ..store.schema import STAT_NAMES
 SEVERITIES = ("error", "warning", "info")
 ACTIONS = ("warn", "stop", "fail")
 
+
+def failing_findings(findings: list, fail_on: Optional[str]) -> list:
+    """The findings (dicts) as severe as ``fail_on`` (``--fail-on``: warning,
+    a warning or an error; error, an error) or worse; none without it."""
+    if fail_on is None:
+        return []
+    worst = SEVERITIES.index(fail_on)          # (SEVERITIES: the worst first)
+    return [f for f in findings if f.get("severity") in SEVERITIES[:worst + 1]]
+
 STAT_INDEX = {n: i for i, n in enumerate(STAT_NAMES)}
 
 

@@ -101,18 +101,62 @@ class OfflineResult:
     skipped: list = field(default_factory=list)      # Skipped: enabled rules that cannot run on a trace
     unchecked: list = field(default_factory=list)    # (step, why): trace rows the live rules never saw
     errors: list = field(default_factory=list)       # rules that failed (and were disabled), as live
+    stored: list = field(default_factory=list)       # the findings the live run kept in the trace (dicts)
 
     @property
     def failed(self) -> bool:
         """Did a rule with the ``fail`` action fire (the live run's exit code 4)?"""
         return any(self.actions.get(f.rule) == "fail" for f in self.findings)
 
+    def all_findings(self) -> list:
+        """The findings the run stored and those of this re-check, as dicts
+        marked ``found_by`` (``merge_findings``)."""
+        return merge_findings(self.stored, [f.as_dict() for f in self.findings])
+
     def to_dict(self) -> dict:
         return {"trace": self.trace, "status": self.status, "steps_checked": self.steps_checked,
-                "rules_run": list(self.rules_run), "findings": [f.as_dict() for f in self.findings],
+                "rules_run": list(self.rules_run), "findings": self.all_findings(),
                 "skipped": [{"rule": s.rule, "need": s.need, "reason": s.reason} for s in self.skipped],
                 "unchecked_steps": [{"step": st, "reason": why} for st, why in self.unchecked],
                 "errors": list(self.errors)}
+
+
+# -- the run's findings and the re-check's -----------------------------------------------------
+
+RUN, RECHECK = "run", "check-trace"
+
+
+def _finding_key(f: dict) -> tuple:
+    return f.get("rule"), f.get("step"), f.get("tensor"), f.get("module")
+
+
+def merge_findings(stored: list, rechecked: list) -> list:
+    """One list of findings (dicts) from the live run's (``stored``: the
+    trace's ``records("finding")``) and an offline re-check's, in step order
+    (the run's first within a step), each marked ``found_by``: ``["run"]``
+    (the live run alone: its probes, or rules the re-check did not run),
+    ``["check-trace"]`` (the re-check alone: a rule the run did not have, or
+    a trace written before findings were kept) or both.  A finding is the
+    same one when its rule, step and tensor or module are."""
+    out, index = [], {}
+    for f in stored:
+        d = dict(f, found_by=[RUN])
+        index.setdefault(_finding_key(d), d)
+        out.append(d)
+    for f in rechecked:
+        same = index.get(_finding_key(f))
+        if same is not None:
+            if RECHECK not in same["found_by"]:
+                same["found_by"].append(RECHECK)
+            continue
+        out.append(dict(f, found_by=[RECHECK]))
+    steps = [f.get("step") if isinstance(f.get("step"), int) else -1 for f in out]
+    return [f for _, _, f in sorted(zip(steps, range(len(out)), out))]
+
+
+def stored_findings(reader) -> list:
+    """The findings the live run kept in the trace, marked ``found_by: ["run"]``."""
+    return merge_findings(reader.records("finding"), [])
 
 
 # -- what a trace can serve -----------------------------------------------------------------
@@ -346,7 +390,7 @@ def check_trace(reader, engine: RuleEngine) -> OfflineResult:
         else:
             skipped.append(Skipped(r.id, *why))
     result = OfflineResult(reader.path, reader.status, 0, run, [], {r.id: r.action for r in engine.rules},
-                           skipped, unchecked)
+                           skipped, unchecked, stored=reader.records("finding"))
     engine.attach(None)
     for s in skipped:
         engine.set_enabled(s.rule, False)

@@ -289,6 +289,12 @@ class TraceReader(FullReads):
         on (null: not a number), a row each time it changed."""
         return self._rows("hyper")
 
+    def modules(self) -> Optional[list]:
+        """[{"step", "modules": [module name, ...]}]: the model's modules in
+        registration order from ``step`` on, a row each time a root was added
+        (None: a trace written before nndb kept them)."""
+        return self._rows("modules")
+
     def fingerprints(self) -> Optional[list]:
         """What ranks are compared by (nndb.tracer.fingerprint): [{"step", "inputs":
         [[step, checksum], ...], "params", "bn", "data_time", "compute_time", "timed",

@@ -23,12 +23,12 @@
     
 │                                      (chunks of 4 rows and 64 series, deflated:
 │                                      a NaN costs next to nothing)
-├── committed             int64[14]    the lengths a reader trusts, attrs["names"] (COMMITTED):
+├── committed             int64[15]    the lengths a reader trusts, attrs["names"] (COMMITTED):
 │                                      rows of stats and steps/*, bytes of series, events, end,
 │                                      optimizers, hyper, rows of lineage/*, bytes of
 │                                      lineage/sequences, bytes of full/index and elements of
 │                                      full/u16, full/f32, full/f64, rows of hist/*, bytes of
-│                                      fingerprints; written after each block's data
+│                                      fingerprints, modules; written after each block's data
 │                                      (absent in traces written before it: the shortest extent)
 ├── fingerprints          uint8[...]   UTF-8 JSON lines at the observed steps: input, parameter and
 │                                      BatchNorm checksums, data/compute/forward time (nndb.tracer.fingerprint;
@@ -163,7 +163,7 @@ RANK_ATTRS = ("rank", "world_size", "local_rank", "job_id")
 # the rows of ``stats`` and ``steps/*``, the rows of ``lineage/step`` and
 # ``lineage/seq``, and the bytes of each JSON blob.
 COMMITTED = ("rows", "series", "events", "end", "optimizers", "hyper", "lineage", "lineage/sequences",
-             "full/index", "full/u16", "full/f32", "full/f64", "hist", "fingerprints")
+             "full/index", "full/u16", "full/f32", "full/f64", "hist", "fingerprints", "modules")
 
 # Full-tensor history (``full/``): the kinds whose whole tensors can be kept,
 # the precisions a user asks for (nndb.store.precision has the error bounds),

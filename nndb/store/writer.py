@@ -45,9 +45,9 @@ from .blocks import (STEP_COLUMNS, Block, Unwritten, put_blob, room_needed, step
 from . import schema as K
 from .space import NoRoom, check_room, detach_file, reason as _reason
 
-_BLOBS = ("series", "events", "end", "optimizers", "hyper", "fingerprints")
+_BLOBS = ("series", "events", "end", "optimizers", "hyper", "fingerprints", "modules")
 # The JSON-lines blobs a run appends to (row dicts), counted in lines for a replica's reader.
-_ROW_BLOBS = ("optimizers", "hyper", "fingerprints")
+_ROW_BLOBS = ("optimizers", "hyper", "fingerprints", "modules")
 
 
 # The block a step's end starts is written in the writer's thread (False: in
@@ -273,6 +273,12 @@ class TraceWriter:
     def hyper(self, step: int, optimizer: str, group: int, lr: Optional[float]) -> None:
         """The learning rate of one optimizer group from ``step`` on, written when it changes."""
         self._row("hyper", {"step": step, "optimizer": optimizer, "group": group, "lr": lr})
+
+    def modules(self, step: int, names: list) -> None:
+        """The model's modules in registration order (each root's modules, a
+        module after those it holds; roots in the order seen), as they are
+        named in the trace's series, written when a root is added."""
+        self._row("modules", {"step": step, "modules": names})
 
     def fingerprint(self, row: dict) -> None:
         """A row of the checksums and timings the ranks are compared by

@@ -76,6 +76,39 @@ class CallAtStepEnd:
             self.callback(end.step)
 
 
+class WriteModules:
+    """The model's modules in registration order (``nn.Module`` attribute
+    order; a module after the modules it holds), as the series name them, written
+    at a step end when a root was added: what ``nndb plot`` orders layers by
+    (the series' own order is the order they were first recorded)."""
+
+    def __init__(self, writer, naming):
+        self.writer = writer
+        self.naming = naming
+        self._version = None
+
+    def on_step(self, end: StepEnd) -> None:
+        if not end.records or self.naming.roots_version == self._version:
+            return
+        self._version = self.naming.roots_version
+        names: dict = {}
+        for root in self.naming.roots():
+            for m in _after_children(root, set()):
+                names.setdefault(self.naming.module_name(m), None)
+        self.writer.modules(end.records[0].step, list(names))
+
+
+def _after_children(module, seen: set):
+    """``module``'s modules in registration order, each after the modules it
+    holds (a model's output after its layers'), each once."""
+    if id(module) in seen:
+        return
+    seen.add(id(module))
+    for child in module.children():
+        yield from _after_children(child, seen)
+    yield module
+
+
 def _lr(x):
     """A group's learning rate as the rules read it (nndb.rules.series.optimizer_lr): a number, else None."""
     return float(x) if isinstance(x, (int, float)) else None
