@@ -100,6 +100,15 @@ def _limit_read_attempts(fapl, attempts: int) -> None:
         fn(fapl.id, attempts)
 
 
+def open_hdf5(path: str) -> "h5py.File":
+    """An HDF5 file opened for reading: plainly, or, if it is flagged open for
+    writing (a live writer, or one killed), in SWMR mode."""
+    try:
+        return h5py.File(path, "r")
+    except _DAMAGE:
+        return _open_swmr(path)
+
+
 class TraceReader(FullReads):
     def __init__(self, path: str):
         self.path = path
