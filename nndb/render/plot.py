@@ -15,6 +15,7 @@ import numpy as np
 
 from ..errors import UsageError
 from ..paths import PICTURE_METADATA, claim_output
+from ..safetext import printable_line
 from ..plot.data import Heatmap, History, LossCurve, Ratio
 
 DPI = 100
@@ -25,8 +26,11 @@ MAX_LAYER_LABELS = 40
 
 def plain(text, limit: int = MAX_LABEL) -> str:
     """Text from a trace (names, rules, the script) as matplotlib shows it
-    literally: a ``$`` would start its math mode (and a bad formula raise)."""
-    t = str(text)
+    literally: a ``$`` would start its math mode (and a bad formula raise);
+    a control character is drawn as its escape (``\\x1b``), as the terminal
+    shows it (matplotlib's warning of a glyph its font lacks would carry the
+    raw character to the terminal)."""
+    t = printable_line(text)
     t = t if len(t) <= limit else t[:limit - 3] + "..."
     return t.replace("$", r"\$")
 
