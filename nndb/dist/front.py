@@ -95,7 +95,7 @@ def check_options(o: LaunchOptions) -> None:
         raise UsageError(f"--nnodes must be at least 1 (MIN <= MAX), not {o.nnodes!r}")
     if o.node_rank < 0 or o.node_rank >= hi_n:
         raise UsageError(f"--node-rank must be in 0..{hi_n - 1}, not {o.node_rank}")
-    if o.hang_timeout is not None and o.hang_timeout <= 0:
+    if o.hang_timeout is not None and not o.hang_timeout > 0:      # (NaN too)
         raise UsageError(f"--hang-timeout must be a positive number of seconds, not {o.hang_timeout}")
     if o.rdzv_endpoint:
         nodes.check_endpoint(o.rdzv_endpoint)
