@@ -200,7 +200,12 @@ def run(module, trace_path, force, every, steps_range, full_every, act_every, fl
         _fail(e)
     if link is not None:
         link.done(result.exit_code, result.reason)
+    if result.exit_code == EXIT_SIGINT and link is None:
+        _INTERRUPTED.append(True)       # (main ends as Python would: below)
     sys.exit(result.exit_code)
+
+
+_INTERRUPTED: list = []     # nndb run ended by a KeyboardInterrupt (the script's own, or Ctrl-C)
 
 
 def parse_run_line(words: list, prog: str):
@@ -471,6 +476,13 @@ def main(argv=None) -> None:
     try:
         cli.main(args=argv, prog_name="nndb", standalone_mode=True)
     except SystemExit:
+        if _INTERRUPTED:
+            # The script's KeyboardInterrupt (its traceback shown already) goes
+            # on out of nndb, so that Python ends the process as it would have
+            # ended the script: after the exit handlers, by SIGINT itself, or
+            # with 1 where an exit handler has run code (torch._dynamo's does).
+            sys.excepthook = lambda *exc: None
+            raise KeyboardInterrupt from None
         raise
     except Exception as e:  # a bug in nndb: one line, exit 3
         click.echo(f"nndb: internal error: {type(e).__name__}: {e} "
