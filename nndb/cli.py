@@ -477,10 +477,14 @@ def main(argv=None) -> None:
         cli.main(args=argv, prog_name="nndb", standalone_mode=True)
     except SystemExit:
         if _INTERRUPTED:
-            # The script's KeyboardInterrupt (its traceback shown already) goes
-            # on out of nndb, so that Python ends the process as it would have
-            # ended the script: after the exit handlers, by SIGINT itself, or
-            # with 1 where an exit handler has run code (torch._dynamo's does).
+            # The script's KeyboardInterrupt (its traceback shown already)
+            # ends the process as Python would have ended the script: Python
+            # ends itself by SIGINT after its exit handlers (raised on out of
+            # nndb, with a silent excepthook, Python does just that) -- but
+            # exits 1 once torch._dynamo.utils is loaded (an optimizer loads
+            # it): seen with torch 2.13 on Python 3.11, followed as seen.
+            if "torch._dynamo.utils" in sys.modules:
+                sys.exit(1)
             sys.excepthook = lambda *exc: None
             raise KeyboardInterrupt from None
         raise
