@@ -15,6 +15,16 @@ from .safetext import printable
 from .store.schema import KINDS as KIND_CHOICES, STAT_NAMES as STAT_CHOICES  # (a leaf: no torch, no h5py)
 
 
+class Number(click.FloatRange):
+    """click's FloatRange, NaN refused (it passes every comparison's range check)."""
+
+    def convert(self, value, param, ctx):
+        v = super().convert(value, param, ctx)
+        if v != v:
+            self.fail(f"{value!r} is not a number.", param, ctx)
+        return v
+
+
 def _target(module, script, args):
     """SCRIPT ARGS or -m MODULE ARGS -> a launcher Target."""
     from .launcher import Target
@@ -25,8 +35,21 @@ def _target(module, script, args):
         return Target(module=module, args=args)
     if script is None:
         raise click.UsageError("missing SCRIPT (or -m MODULE)")
+    if script.startswith("-") and script != "-":
+        _unknown_option(script)
     import os
     return Target(path=script, args=args, cwd=os.getcwd())
+
+
+def _unknown_option(word: str) -> None:
+    """An option before SCRIPT that the command does not have: click's own
+    error (with its 'Did you mean'), not 'no such file'.  (The commands take
+    unknown options as SCRIPT, so that everything after SCRIPT is the script's.)"""
+    import difflib
+    ctx = click.get_current_context()
+    names = [n for p in ctx.command.params if isinstance(p, click.Option) for n in p.opts + p.secondary_opts]
+    name = word.split("=", 1)[0]
+    raise click.NoSuchOption(name, possibilities=difflib.get_close_matches(name, names), ctx=ctx)
 
 
 def _fail(e: NndbError) -> None:
@@ -57,7 +80,7 @@ def cli():
                    "1 = every step) and at full steps.")
 @click.option("--flush-every", "flush_steps", type=click.IntRange(min=1), default=500, show_default=True,
               metavar="N", help="Write the buffered steps to the trace every N steps...")
-@click.option("--flush-secs", type=click.FloatRange(min=0), default=2.0, show_default=True, metavar="S",
+@click.option("--flush-secs", type=Number(min=0), default=2.0, show_default=True, metavar="S",
               help="...or every S seconds, whichever comes first.")
 @click.option("-q", "--quiet", is_flag=True, help="Do not print the trace path.")
 @click.option("--batch", is_flag=True,
@@ -95,7 +118,7 @@ def cli():
 @click.option("--precision", "precision", type=click.Choice(["fp16", "bf16", "fp32"]), default=None,
               help="With --record-full: how whole tensors are stored (default fp16; a tensor it cannot "
                    "hold within its stated error falls back to a wider one).")
-@click.option("--full-tensors-buffer", "full_tensors_buffer", type=click.FloatRange(min=0), metavar="MIB",
+@click.option("--full-tensors-buffer", "full_tensors_buffer", type=Number(min=0), metavar="MIB",
               help="With --record-full: the most MiB of whole tensors waiting for a write (default 256); "
                    "a step's tensor over it is skipped and said.")
 @click.option("--export", "exports", multiple=True, metavar="tensorboard:DIR|mlflow[:URI]",
@@ -184,7 +207,12 @@ def run(module, trace_path, force, every, steps_range, full_every, act_every, fl
         _fail(e)
     if link is not None:
         link.done(result.exit_code, result.reason)
+    if result.exit_code == EXIT_SIGINT and link is None:
+        _INTERRUPTED.append(True)       # (main ends as Python would: below)
     sys.exit(result.exit_code)
+
+
+_INTERRUPTED: list = []     # nndb run ended by a KeyboardInterrupt (the script's own, or Ctrl-C)
 
 
 def parse_run_line(words: list, prog: str):
@@ -286,16 +314,16 @@ def check(module, steps, overfit_iters, as_json, script, args):
               help="The objective: a non-finite activation, loss or gradient, or a condition such as 'loss > 1e3'.")
 @click.option("--against", type=click.Choice(["fp16", "bf16"]),
               help="The objective: the model and its copy in this precision disagree beyond --tolerance.")
-@click.option("--tolerance", type=click.FloatRange(min=0, min_open=True), metavar="T",
+@click.option("--tolerance", type=Number(min=0, min_open=True), metavar="T",
               help="--against's relative tolerance (default 0.01 for fp16, 0.05 for bf16).")
 @click.option("--budget", type=click.IntRange(min=1), default=1000, show_default=True, metavar="N",
               help="Mutant batches evaluated at most.")
 @click.option("--layers", metavar="GLOB", help="Coverage from these modules' outputs (default: the model's output).")
 @click.option("--seed", type=int, default=0, show_default=True, help="The mutations' random seed.")
 @click.option("--random", "random_search", is_flag=True, help="Random search: the same mutations, no coverage guidance.")
-@click.option("--scale", type=click.FloatRange(min=0, max=1, min_open=True), default=0.1, show_default=True,
+@click.option("--scale", type=Number(min=0, max=1, min_open=True), default=0.1, show_default=True,
               metavar="F", help="Mutation size: a share of each float input's range (of the elements, for integers).")
-@click.option("--threshold", type=click.FloatRange(min=0, min_open=True), metavar="D",
+@click.option("--threshold", type=Number(min=0, min_open=True), metavar="D",
               help="Coverage distance (default: the median nearest-neighbour distance in the step's batch).")
 @click.option("--save", metavar="FILE.pt", type=click.Path(dir_okay=False),
               help="Where the input found is saved (default ./nndb-fuzz-stepN.pt).")
@@ -507,6 +535,17 @@ def main(argv=None) -> None:
     try:
         cli.main(args=argv, prog_name="nndb", standalone_mode=True)
     except SystemExit:
+        if _INTERRUPTED:
+            # The script's KeyboardInterrupt (its traceback shown already)
+            # ends the process as Python would have ended the script: Python
+            # ends itself by SIGINT after its exit handlers (raised on out of
+            # nndb, with a silent excepthook, Python does just that) -- but
+            # exits 1 once torch._dynamo.utils is loaded (an optimizer loads
+            # it): seen with torch 2.13 on Python 3.11, followed as seen.
+            if "torch._dynamo.utils" in sys.modules:
+                sys.exit(1)
+            sys.excepthook = lambda *exc: None
+            raise KeyboardInterrupt from None
         raise
     except Exception as e:  # a bug in nndb: one line, exit 3
         click.echo(f"nndb: internal error: {type(e).__name__}: {e} "

@@ -10,7 +10,7 @@ Exit codes (also in docs/commands.md):
 4     a breakpoint, watchpoint or rule with the ``fail`` action fired, or
       with ``--fail-on warning|error`` a finding that severe
 5     a distributed job hung (``--hang-timeout``): every rank's stack was shown
-130   interrupted (SIGINT / Ctrl-C)
+130   interrupted (SIGINT / Ctrl-C; ``nndb run`` ends by SIGINT itself, as Python does)
 143   terminated (SIGTERM)
 ====  =============================================================
 """

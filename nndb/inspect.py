@@ -9,6 +9,7 @@ from typing import Optional
 import numpy as np
 
 from .errors import UsageError
+from .paths import claim_output
 from .store.measured import measured, measured_column, measured_values
 from .rules.offline import stored_findings
 from .store.reader import TraceReader
@@ -94,6 +95,7 @@ def tensor_at(reader: TraceReader, spec: str, step: int, npy_path: Optional[str]
         arr, entry = D.full_tensor(reader, name, kind, step)
         out["tensor"] = D.tensor_info(entry)
         if npy_path:
+            claim_output(npy_path, "--npy", "npy")
             try:
                 with open(npy_path, "wb") as fh:
                     np.save(fh, arr, allow_pickle=False)

@@ -1,15 +1,27 @@
-"""The files ``nndb run`` writes: the trace, the report, the on-disk
-checkpoints (``TRACE.ckpt/``).  They are resolved to absolute paths once, at
-start, and checked before the script runs, so that
+"""The files nndb writes: the trace, the report, the on-disk checkpoints
+(``TRACE.ckpt/``) of ``nndb run``; the pictures of ``nndb plot`` and
+``compare --png``; ``fuzz --save``; ``inspect --npy``; ``lineage graph --dot``.
+Each goes through ``claim_output`` (the trace through ``resolve_trace``)
+before anything is written, the one place that keeps the rule: nndb never
+destroys a file it did not write.  An output that exists is overwritten only
+if nndb recognises it as its own output of that kind (``nndb_wrote``: the
+trace's root attribute, the report's ``nndb_report`` key, the stamp nndb puts
+into its pictures and fuzz inputs, the first line of its dot files); anything
+else is refused with exit code 2 and the line says what to do.  A ``.npy``
+carries no stamp, so an existing one is always refused.
+
+``nndb run``'s files are resolved to absolute paths once, at start, and
+checked before the script runs, so that
 
 * a script that calls ``os.chdir`` does not move them (they land where the
   command line said, relative to the directory nndb was started in);
 * an unwritable place fails at once, with exit code 2, not after the whole
   run (where exit 2 would hide the script's own result);
-* nndb never destroys a file it did not write: an explicit ``--trace`` that
-  exists is refused; ``--force`` overwrites it only if it is an nndb trace
-  (HDF5 with the schema's root attribute), never anything else; the trace,
-  the report, the checkpoint directory and the script are all different files.
+* an explicit ``--trace`` that exists is refused; ``--force`` overwrites it
+  only if it is an nndb trace (HDF5 with the schema's root attribute, however
+  its run ended: a killed run's trace is still flagged open for writing),
+  never anything else; the trace, the report, the checkpoint directory and
+  the script are all different files.
 
 The report is not created before the run (an empty report would look like a
 result): its directory is checked with a probe file, created and removed.
@@ -19,10 +31,12 @@ keep the spelling the user gave (their errors show it).
 """
 from __future__ import annotations
 
+import json
 import os
+import re
 import stat
 import tempfile
-from typing import Optional
+from typing import Callable, Optional
 
 from .errors import UsageError
 
@@ -43,9 +57,9 @@ def is_nndb_trace(path: str) -> bool:
     except OSError:
         return False
     try:
-        import h5py
+        from .store.reader import open_hdf5
         from .store.schema import FORMAT
-        with h5py.File(path, "r") as f:
+        with open_hdf5(path) as f:
             fmt = f.attrs.get("nndb_format")
     except Exception:      # (h5py raises OSError, KeyError, RuntimeError... on a damaged file)
         return False
@@ -86,9 +100,99 @@ def check_writable_dir(path: str, what: str, inside: bool = False) -> None:
         pass
 
 
+# The stamps nndb puts into what it writes, found in a file's first bytes.
+PNG_STAMP = b"\x00\x00\x00\x0dtEXtSoftware\x00nndb"  # (matplotlib's savefig(metadata={"Software": "nndb"}))
+SVG_STAMP = b"<dc:title>nndb</dc:title>"                 # (savefig(metadata={"Creator": "nndb"}))
+FUZZ_STAMP = "nndb_fuzz_input"      # a key of the dict fuzz --save writes (torch.save puts data.pkl first)
+PICTURE_METADATA = {".png": {"Software": "nndb"}, ".svg": {"Creator": "nndb"}}
+_HEAD = 4096
+
+
+def _head(path: str) -> bytes:
+    with open(path, "rb") as fh:
+        return fh.read(_HEAD)
+
+
+def _is_report(path: str) -> bool:
+    with open(path, "rb") as fh:
+        if fh.read(1) != b"{":
+            return False
+        fh.seek(0)
+        data = json.load(fh)
+    return isinstance(data, dict) and "nndb_report" in data
+
+
+def _is_picture(path: str) -> bool:
+    head = _head(path)
+    return (head.startswith(b"\x89PNG") and PNG_STAMP in head) or SVG_STAMP in head
+
+
+def _is_fuzz_input(path: str) -> bool:
+    head = _head(path)
+    return head.startswith(b"PK") and FUZZ_STAMP.encode() in head
+
+
+def _is_dot(path: str) -> bool:
+    from .lineage.graph import DOT_STAMP
+    return _head(path).startswith(DOT_STAMP.encode())
+
+
+OUTPUT_KINDS: dict[str, Optional[Callable[[str], bool]]] = {
+    "trace": is_nndb_trace, "report": _is_report, "picture": _is_picture, "fuzz": _is_fuzz_input,
+    "dot": _is_dot, "npy": None}
+
+
+def nndb_wrote(path: str, kind: str) -> bool:
+    """``path`` is a regular file that nndb wrote as an output of ``kind``
+    (one of OUTPUT_KINDS).  Anything it cannot tell is False."""
+    recognise = OUTPUT_KINDS[kind]
+    if recognise is None:
+        return False
+    try:
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            return False
+        return bool(recognise(path))
+    except (OSError, ValueError, UnicodeDecodeError):
+        return False
+
+
+def claim_output(path: str, what: str, kind: str) -> str:
+    """An output file about to be written, as an absolute path: not a
+    directory, its directory writable, and, if it exists, nndb's own output
+    of ``kind``.  UsageError (exit 2) otherwise; ``what`` names it in the line."""
+    path = os.path.abspath(path)
+    if os.path.isdir(path):
+        raise UsageError(f"{what} {path} is a directory (give a file name)")
+    if os.path.lexists(path) and not nndb_wrote(path, kind):
+        raise UsageError(f"{what} {path} exists and nndb did not write it: nndb never overwrites it; "
+                         f"give another path, or remove the file first")
+    check_writable_dir(path, f"cannot write {what}")
+    return path
+
+
+_CHECKPOINT_FILE = re.compile(r"^(step_\d+\.pt|\.step_.*\.tmp)$")
+
+
 def checkpoint_dir(trace: str) -> str:
-    from .timetravel.disk import directory_for     # (a leaf: os and torch only; no front end)
-    return directory_for(trace)
+    """The checkpoint directory of a trace: ``run.h5`` -> ``run.ckpt``."""
+    root, ext = os.path.splitext(trace)
+    return (root if ext == ".h5" else trace) + ".ckpt"
+
+
+def claim_checkpoint_dir(trace: str) -> None:
+    """The trace's checkpoint directory, if it exists, is nndb's: a directory
+    holding only checkpoint files (which a run overwrites); UsageError else."""
+    d = checkpoint_dir(trace)
+    if not os.path.lexists(d):
+        return
+    try:
+        foreign = not os.path.isdir(d) or os.path.islink(d) or \
+            any(not _CHECKPOINT_FILE.match(n) for n in os.listdir(d))
+    except OSError:
+        foreign = True
+    if foreign:
+        raise UsageError(f"the checkpoint directory {d} of --trace {trace} exists and holds what nndb did not "
+                         f"write: nndb never overwrites it; give another --trace, or move it away")
 
 
 def resolve_trace(trace: Optional[str], force: bool, what: str = "--trace", force_flag: str = "--force") \
@@ -109,17 +213,15 @@ def resolve_trace(trace: Optional[str], force: bool, what: str = "--trace", forc
             raise UsageError(f"{what} {trace} exists (an nndb trace): give another path, "
                              f"or {force_flag} to overwrite it")
     check_writable_dir(trace, "cannot create trace")
+    claim_checkpoint_dir(trace)
     return trace
 
 
 def resolve_report(report: Optional[str]) -> Optional[str]:
+    """``--report``: written over only if it is an earlier nndb report."""
     if report is None:
         return None
-    report = os.path.abspath(report)
-    if os.path.isdir(report):
-        raise UsageError(f"--report {report} is a directory (give a file name)")
-    check_writable_dir(report, "cannot write the report")
-    return report
+    return claim_output(report, "--report", "report")
 
 
 def check_distinct(script: Optional[str], trace: Optional[str], report: Optional[str],

@@ -79,7 +79,10 @@ def maybe_restart(replica_mode: str) -> None:
     if os.environ.get("NNDB_PRELOADED") is not None:
         settle()
         return
-    if not sys.platform.startswith("linux") or replica_mode in ("respawn", "off"):
+    if not sys.platform.startswith("linux"):
+        return
+    forget_dead_openmp()
+    if replica_mode in ("respawn", "off"):
         return
     if runtime_loaded():                # too late: the OpenMP runtime is loaded already
         return
@@ -99,6 +102,10 @@ def maybe_restart(replica_mode: str) -> None:
         return
 
 
+KMP_DIR = "/dev/shm"
+_KMP_PREFIX = "__KMP_REGISTERED_LIB_"
+
+
 def forget_openmp(pid: Optional[int] = None) -> None:
     """Remove Intel OpenMP's registration of process ``pid`` (default: this
     one), ``/dev/shm/__KMP_REGISTERED_LIB_<pid>_<uid>``.  libiomp5 writes it
@@ -109,6 +116,48 @@ def forget_openmp(pid: Optional[int] = None) -> None:
     if not sys.platform.startswith("linux"):
         return
     try:
-        os.unlink(f"/dev/shm/__KMP_REGISTERED_LIB_{os.getpid() if pid is None else pid}_{os.getuid()}")
+        os.unlink(os.path.join(KMP_DIR, f"{_KMP_PREFIX}{os.getpid() if pid is None else pid}_{os.getuid()}"))
     except OSError:
         pass
+
+
+def forget_dead_openmp(directory: str = KMP_DIR) -> list:
+    """Remove the OpenMP registrations this user's ended processes left
+    (``__KMP_REGISTERED_LIB_<pid>_<uid>`` of a pid no longer running: a run
+    killed with SIGKILL removes nothing), as each ``nndb run`` starts; the
+    names removed.  A running process's registration, another user's, or
+    one whose pid is running something else now, stays."""
+    uid, gone = os.getuid(), []
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return gone
+    suffix = f"_{uid}"
+    for name in names:
+        pid = name[len(_KMP_PREFIX):-len(suffix)] if name.startswith(_KMP_PREFIX) and name.endswith(suffix) else ""
+        if not pid.isdigit() or alive(int(pid)):
+            continue
+        path = os.path.join(directory, name)
+        try:
+            if os.lstat(path).st_uid == uid:
+                os.unlink(path)
+                gone.append(name)
+        except OSError:
+            pass
+    return gone
+
+
+def alive(pid: int) -> bool:
+    """Is process ``pid`` running (not ended, not a zombie waiting to be reaped)?"""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            state = fh.read().rpartition(b")")[2].split()[0]
+        return state not in (b"Z", b"X")
+    except (OSError, IndexError):
+        return True

@@ -47,16 +47,18 @@ def _stderr(msg: str) -> None:
         pass
 
 
-def _show_exception(e: BaseException) -> None:
+def _show_exception(e: BaseException) -> bool:
     """Python's exception printer, whatever the script did to it (closed or
     dropped sys.stderr, an excepthook that raises): the run's end is
-    recorded after it either way."""
+    recorded after it either way.  False if it could not be printed."""
     if sys.stderr is None:      # (Python's own printer says "lost sys.stderr" on fd 2 then)
-        return
+        return False
     try:
         launcher.print_script_exception(e)
+        sys.stderr.flush()
     except Exception:
-        pass
+        return False
+    return True
 
 
 def _exit_code(e: SystemExit) -> int:
@@ -243,7 +245,8 @@ def record(config: RunConfig, message: Callable[[str], None] = _stderr,
         except KeyboardInterrupt as e:
             guard.stopped()
             status, code, reason = "interrupted", EXIT_SIGINT, "KeyboardInterrupt"
-            _show_exception(e)
+            if not _show_exception(e):
+                code = EXIT_SCRIPT_ERROR    # (as Python: a KeyboardInterrupt it cannot print ends it with 1)
         except Terminated:
             guard.stopped()
             status, code, reason = "terminated", EXIT_SIGTERM, "SIGTERM"

@@ -4,6 +4,8 @@ every file nndb writes checked before the script starts.  No click here:
 its line with the same command), then builds the run with these."""
 from __future__ import annotations
 
+import os
+
 from .errors import NndbError, UsageError
 
 
@@ -76,11 +78,12 @@ def export_targets(specs) -> tuple:
 def own_paths(target, trace_path, force, report_path, command_files, rules):
     """The files nndb writes, absolute and checked before the script starts (nndb.paths)."""
     from . import paths
+    inputs = tuple(command_files) + ((rules,) if rules not in (None, "default", "none") else ())
+    paths.check_distinct(target.file, trace_path and os.path.abspath(trace_path),
+                         report_path and os.path.abspath(report_path), inputs)   # (the clearer line first)
     trace_path = paths.resolve_trace(trace_path, force)
     report_path = paths.resolve_report(report_path)
     trace_dir = None if trace_path else paths.default_dir_writable("nndb-runs")
-    inputs = tuple(command_files) + ((rules,) if rules not in (None, "default", "none") else ())
-    paths.check_distinct(target.file, trace_path, report_path, inputs)
     return trace_path, report_path, trace_dir
 
 

@@ -87,6 +87,41 @@ def test_checkpoint_memory_drops_checkpoints_and_says_so(tmp_path):
     assert len(_costs(r.stdout)) < 60 // 5
 
 
+def test_checkpoint_memory_holds_for_the_users_own_and_stops_too(tmp_path):
+    """A checkpoint the cap cannot hold is dropped at once and said, a manual
+    one or one taken at a stop too (issue 41: they were never dropped, and the
+    first two automatic ones neither: with a 300 MiB cap, 615 MiB held)."""
+    r = _run(tmp_path, example("mlp.py"), ["until 3", "checkpoint", "until 6", "info checkpoints", "continue"],
+             "--checkpoint-memory", "1K", args=("--steps", "10"))
+    assert r.returncode == 0, r.stderr
+    out = r.stdout + r.stderr
+    assert re.search(r"nndb: checkpoint \d+ of step 3 dropped: it alone holds [\d.]+ MiB, over "
+                     r"--checkpoint-memory 1 KiB \(raise it", out), out
+    assert re.search(r"nndb: checkpoint \d+ of step 3 \(taken at a stop\) dropped", out), out
+    assert _costs(r.stdout) == {}, r.stdout                  # none kept: not the user's, not the first two
+
+
+def test_checkpoint_memory_evicts_automatic_then_stops_then_the_users(monkeypatch):
+    from nndb.timetravel import forking
+    from nndb.timetravel.machine import Checkpoint, TimeMachine
+    m = TimeMachine("auto", memory_kib=1000)
+    kinds = {1: "auto", 2: "manual", 3: "stop", 4: "auto", 5: "stop", 6: "manual"}
+    for n, kind in kinds.items():
+        m.checkpoints[n] = Checkpoint(n, 10 * n, 100 + n, None, kind, 0.0, 0.01)
+    dropped = []
+    monkeypatch.setattr(forking, "resident_kib", lambda pid: 300)
+    monkeypatch.setattr(forking, "memory_kib", lambda pid: {"pss": 300, "private": 1})
+    monkeypatch.setattr(m, "_drop", lambda c: (dropped.append(c.number), m.checkpoints.pop(c.number)))
+    said = []
+    m._keep_within_memory(type("S", (), {"error": staticmethod(said.append)})())
+    assert dropped == [1, 4, 3] and sorted(m.checkpoints) == [2, 5, 6]      # 3 x 300 KiB <= 1000
+    assert len(said) == 1 and "checkpoint 3 of step 30 (taken at a stop) dropped: the checkpoints hold " \
+        "1.2 MiB, over --checkpoint-memory 1000 KiB" in said[0]
+    m.memory_kib = 500
+    m._keep_within_memory(None)
+    assert dropped == [1, 4, 3, 5, 2] and list(m.checkpoints) == [6]       # the user's newest, last
+
+
 @pytest.mark.parametrize("flag,value,message", [
     ("--checkpoint-every", "0", "--checkpoint-every takes N (steps, at least 1) or Ns (seconds), not '0'"),
     ("--checkpoint-every", "xs", "--checkpoint-every takes N"),

@@ -17,6 +17,13 @@ from nndb.dist import nodes
 from test_distributed_run import (_assert_none_left, _copy, _digests, _env, _free_port, _metas, _on_terminal)
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="gloo jobs on Linux")
+SECRET = "f3" * 16
+
+
+@pytest.fixture(autouse=True)
+def job_secret(monkeypatch):
+    """The secret every node of a job is given out of band (the nodes' nndb runs: through _env)."""
+    monkeypatch.setenv(nodes.JOB_SECRET_ENV, SECRET)
 
 
 def _launch(port: int):
@@ -119,9 +126,10 @@ def test_node_0s_tcp_channel_takes_only_the_jobs_ranks_and_ranks_take_only_their
     from nndb.version import __version__
     script = _copy(tmp_path, "distrun_ddp_mlp.py")
     said = []
-    front = Front(Target(path=script), LaunchOptions(1, nnodes="2"), said.append)
+    front = Front(Target(path=script), LaunchOptions(1, nnodes="2", rdzv_endpoint="localhost:29400"), said.append)
     try:
-        assert front.tcp_port is not None
+        assert front.tcp_port is not None and front.tcp_host == "127.0.0.1"     # (the nodes' interface)
+        assert front.secret == SECRET
         hello = {"op": "hello", "rank": 1, "pid": 1, "nndb_version": __version__, "nonce": "x",
                  "script": script, "script_sha256": front.digest}
         for proof in ("0" * 64, None, "guess"):     # a stranger: refused, the job goes on
@@ -139,12 +147,24 @@ def test_node_0s_tcp_channel_takes_only_the_jobs_ranks_and_ranks_take_only_their
         assert ch.recv() is None
         ch.close()
         assert front.state.ranks == {}
-        # a rank of the job: the secret read from the store, its proof taken
-        record = {"hosts": ["127.0.0.1"], "port": front.tcp_port, "secret": front.secret}
+        # a rank of the job: the secret given out of band, its proof taken; then every message sealed
+        record = {"hosts": ["127.0.0.1"], "port": front.tcp_port}
+        ch = Channel(nodes.connect(record))
+        theirs = ch.recv()["nonce"]
+        ch.send(dict(hello, proof=nodes.proof(front.secret, "rank", theirs)))
+        assert ch.recv()["proof"] == nodes.proof(front.secret, "front", "x")
+        sealed = nodes.SealedChannel(ch, nodes.session_key(SECRET, theirs, "x"), "rank", "front")
+        sealed.send({"op": "step", "step": 7})
+        ch.send({"op": "step", "step": 8})                  # (unsealed: an injected message ends the channel)
+        t0 = time.monotonic()
+        while front.state.ranks[1].status != "gone" and time.monotonic() - t0 < 10:
+            time.sleep(0.05)
+        assert front.state.ranks[1].step == 7 and front.state.ranks[1].status == "gone"
+        # the console waits for every rank's hello, but not for ever after the first (a node without nndb)
+        ch.close()
         ch = Channel(nodes.connect(record))
         ch.send(dict(hello, proof=nodes.proof(front.secret, "rank", ch.recv()["nonce"])))
-        assert ch.recv()["proof"] == nodes.proof(front.secret, "front", "x")
-        # the console waits for every rank's hello, but not for ever after the first (a node without nndb)
+        assert ch.recv()["op"] == "ok"
         assert front.wait_hello(1, lambda: False, patience=0.5)
         t0 = time.monotonic()
         assert not front.wait_hello(2, lambda: False, patience=0.5)
@@ -168,14 +188,80 @@ def test_node_0s_tcp_channel_takes_only_the_jobs_ranks_and_ranks_take_only_their
     t.start()
     store = _store()
     env = {"TORCHELASTIC_USE_AGENT_STORE": "True", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(store.port),
-           nodes.FROM_STORE_ENV: "1", "RANK": "1", "WORLD_SIZE": "2"}
-    nodes.publish(env, port, "s3cret")
-    assert nodes.lookup(env)["secret"] == "s3cret"
+           nodes.FROM_STORE_ENV: "1", "RANK": "1", "WORLD_SIZE": "2", "NNDB_FRONT_SECRET": "s3cret"}
+    nodes.publish(env, f"127.0.0.1:{port}")
+    assert nodes.lookup(env) == {"hosts": ["127.0.0.1"], "port": port}       # (never the secret)
     with pytest.raises(UsageError, match="does not know this job's secret; not attaching to it"):
         FrontLink.connect(Target(path=script), env)
     t.join(10)
     fake.close()
     assert got[0]["proof"] == nodes.proof("s3cret", "rank", "n") and "s3cret" not in str(got[0])
+
+
+def test_a_job_of_several_nodes_needs_a_secret_given_out_of_band(monkeypatch, tmp_path):
+    from nndb.dist.front import Front, LaunchOptions
+    from nndb.errors import UsageError
+    from nndb.launcher import Target
+    script = _copy(tmp_path, "distrun_ddp_mlp.py")
+    for value in (None, "short"):
+        if value is None:
+            monkeypatch.delenv(nodes.JOB_SECRET_ENV)
+        else:
+            monkeypatch.setenv(nodes.JOB_SECRET_ENV, value)
+        with pytest.raises(UsageError, match="a job of several nodes needs a secret that only its nodes know"):
+            Front(Target(path=script), LaunchOptions(1, nnodes="2"), print)
+
+
+WAITS = """\
+import os, sys, time
+import torch, torch.distributed as dist
+dist.init_process_group("gloo")
+while not os.path.exists(sys.argv[1]):          # (until the test has tried to get in)
+    time.sleep(0.1)
+t = torch.ones(1) * (dist.get_rank() + 1)
+dist.all_reduce(t)
+print(f"rank {dist.get_rank()} sum {t.item():g}", flush=True)
+dist.destroy_process_group()
+"""
+
+
+def test_a_stranger_who_reads_the_store_is_refused_and_the_job_goes_on(tmp_path):
+    """Issue 41: the secret was in torchrun's store, which has no authentication;
+    a stranger read it, passed the handshake with a wrong script and ended both nodes."""
+    import json
+    from nndb.timetravel.channel import Channel
+    script = tmp_path / "waits.py"
+    flag = str(tmp_path / "flag")
+    script.write_text(WAITS.replace("sys.argv[1]", repr(flag)))
+    port = _free_port()
+    n1 = _node1(tmp_path, str(script), port, "--batch", "-q")
+    n0 = subprocess.Popen([sys.executable, "-m", "nndb", "run", "--batch", "-q", *_launch(port), str(script)],
+                          cwd=tmp_path, env=_env(), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        # the stranger: reaches the rendezvous port, as every node must, and reads what nndb put there
+        from datetime import timedelta
+        from torch.distributed import TCPStore
+        store = TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=120))
+        record = json.loads(store.get("nndb/front/0").decode())
+        assert record["hosts"] == ["127.0.0.1"] and SECRET not in json.dumps(record)
+        ch = Channel(nodes.connect(record))
+        nonce = ch.recv()["nonce"]
+        ch.send({"op": "hello", "rank": 1, "pid": 1, "nndb_version": "0", "nonce": "x", "script": "other.py",
+                 "script_sha256": "0" * 64, "proof": nodes.proof(record.get("secret", "guess"), "rank", nonce)})
+        assert ch.recv()["op"] == "refuse"
+        ch.close()
+        open(flag, "w").close()
+        out0, err0 = _end(n0, timeout=120)
+    finally:
+        open(flag, "w").close()
+        out1, err1 = _end(n1, timeout=120)
+        _end(n0)
+    assert n0.returncode == 0, err0[-3000:] + "\nnode 1 said: " + err1[-3000:]
+    assert n1.returncode == 0, err1[-3000:]
+    assert "nndb: error: a process without this job's secret tried to attach; refused" in err0
+    assert "rank 0 sum 3" in out0 and "rank 1 sum 3" in out1
+    _assert_none_left(str(tmp_path))
 
 
 def _store():

@@ -128,6 +128,16 @@ def test_options_are_checked_before_anything_runs():
     assert (a.until, a.budget, a.random, a.layers) == ("loss > 1e3", 50, True, "model.*")
 
 
+def test_save_refuses_a_file_nndb_did_not_write(tmp_path):
+    from nndb.debugger.commands import TABLE
+    from nndb.errors import CommandError
+    mine = tmp_path / "weights.pt"
+    torch.save({"w": torch.zeros(2)}, mine)
+    with pytest.raises(CommandError, match="nndb did not write it"):
+        TABLE.parse(f"fuzz --save {mine}")
+    assert torch.load(mine, weights_only=True)["w"].shape == (2,)
+
+
 # -- end to end ------------------------------------------------------------------------------------
 def test_fuzz_at_a_stop_finds_the_nan_and_the_live_run_stays_bit_identical(tmp_path):
     plain = _plain(PLANTED)
@@ -183,6 +193,27 @@ def test_nndb_fuzz_exit_codes_and_integer_inputs(tmp_path):
     for bad in (["--against", "fp8"], ["--until", "loss >"], ["--budget", "0"]):
         r = CliRunner().invoke(cli, ["fuzz", "--step", "1", *bad, TOKENS])
         assert r.exit_code == 2 and "Traceback" not in r.output, r.output
+
+
+def test_a_save_path_that_cannot_be_written_keeps_the_input_elsewhere_and_says_where(tmp_path):
+    """--save passed the checks at start, but its directory is gone when the
+    input is found: the input goes to ./nndb-fuzz-stepN.pt, the report says
+    why, and the exit code is the objective's (before: an internal error, then
+    'the script ended before step 3', the input lost)."""
+    (tmp_path / "out").mkdir()
+    script = tmp_path / "gone.py"
+    script.write_text("import os, runpy, sys\nos.rmdir(sys.argv[1])\nrunpy.run_path(sys.argv[2], run_name='__main__')\n")
+    r = nndb("fuzz", "--step", "3", "--until", "inputs[0].max() >= 45", "--budget", "200",
+             "--save", str(tmp_path / "out" / "x.pt"), str(script), str(tmp_path / "out"), TOKENS,
+             cwd=str(tmp_path), env=ONE)
+    assert r.returncode == 1, r.stderr
+    assert "internal error" not in r.stderr + r.stdout and "before step" not in r.stderr
+    kept = tmp_path / "nndb-fuzz-step3.pt"
+    assert f"cannot write {tmp_path / 'out' / 'x.pt'}: No such file or directory; the input found is saved in {kept}" \
+        in r.stdout, r.stdout
+    assert f"input saved: {kept}" in r.stdout
+    ids = torch.load(kept, weights_only=True)["inputs"][0]
+    assert 45 <= int(ids.max()) <= 49
 
 
 def test_against_fp16_finds_the_overflow_and_bf16_the_rounding():

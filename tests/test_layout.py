@@ -83,7 +83,7 @@ def test_cli_choices_match_the_trace_schema():
 # nndb.record import nndb.api when called, so it sits on the top floor, with
 # the API; everything else of nndb's that is not listed is on the base floor.
 FLOORS = [
-    ("cli and the Python API", ("nndb.cli", "nndb.__main__", "nndb.paths", "nndb.checkrun", "nndb.api",
+    ("cli and the Python API", ("nndb.cli", "nndb.__main__", "nndb.checkrun", "nndb.api",
                                 "nndb.__init__", "nndb.notebook", "nndb.fuzzrun",
                                 "nndb.runsetup")),
     ("driver", ("nndb.debugger.driver", "nndb.dist")),
@@ -92,7 +92,7 @@ FLOORS = [
     ("commands and renderers", ("nndb.debugger.commands", "nndb.debugger.rcfiles", "nndb.render", "nndb.plot")),
     ("time travel", ("nndb.timetravel", "nndb.fuzz")),
     ("debugger engine", ("nndb.debugger",)),
-    ("recording", ("nndb.runner", "nndb.check", "nndb.launcher", "nndb.runmeta", "nndb.config", "nndb.export")),
+    ("recording", ("nndb.paths", "nndb.runner", "nndb.check", "nndb.launcher", "nndb.runmeta", "nndb.config", "nndb.export")),
     ("rules, lineage, store", ("nndb.rules", "nndb.lineage", "nndb.store")),
     ("tracer", ("nndb.tracer",)),
     ("base", ("nndb.errors", "nndb.cadence", "nndb.preload", "nndb.store.schema", "nndb.dist.job", "nndb")),

@@ -149,7 +149,8 @@ def test_graph_of_a_small_cnn_matches_its_modules(tmp_path):
     assert edges == [("input", "0"), ("0", "1"), ("1", "2"), ("2", "3"), ("3", "4"), ("4", "criterion"),
                      ("input", "criterion")], r.stdout           # (the targets go into the loss too)
     dot = (tmp_path / "g.dot").read_text()
-    assert dot.startswith('digraph "step 2"') and '"0" -> "1";' in dot and '"4" -> "criterion";' in dot
+    assert dot.startswith('// nndb lineage graph of step 2\ndigraph "step 2"')     # (the stamp: nndb's own file)
+    assert '"0" -> "1";' in dot and '"4" -> "criterion";' in dot
     assert re.search(r"^\s+\d+ convolution\s+forward\s+0\s", r.stdout, re.M)
 
 

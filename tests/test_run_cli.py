@@ -184,7 +184,8 @@ def test_signals_flush_and_close_the_trace(tmp_path, trace, sig, code, status):
     time.sleep(0.3)
     proc.send_signal(sig)
     _, err = _wait(proc)
-    assert proc.returncode == code, err
+    # (Ctrl-C ends the run as it ends plain Python: with an optimizer, which loads torch._dynamo, 1)
+    assert proc.returncode == (1 if sig == signal.SIGINT else code), err
     with TraceReader(trace) as t:
         assert t.status == status and t.end["exit_code"] == code
         assert t.n_steps >= 6                        # nothing buffered was lost despite no flush before
@@ -293,3 +294,47 @@ def test_a_module_beside_the_script_is_the_scripts_own_though_nndb_imported_one_
     assert plain.returncode == 0 and plain.stdout == "1.5 True 2.0\n"
     assert r.returncode == 0, r.stderr
     assert r.stdout == plain.stdout
+
+
+RECURSES = """\
+import sys
+sys.setrecursionlimit(100)
+n = 0
+def f():
+    global n
+    n += 1
+    f()
+try:
+    f()
+except RecursionError:
+    print("repeats", n, "limit", sys.getrecursionlimit())
+"""
+
+
+@pytest.mark.parametrize("how", ["script", "module"])
+def test_a_tight_recursion_limit_counts_the_scripts_frames_only(tmp_path, how):
+    """Issue 41: nndb's own frames under the script counted against its
+    limit (82 repeats for plain Python's 96)."""
+    (tmp_path / "recurses.py").write_text(RECURSES)
+    target = ["recurses.py"] if how == "script" else ["-m", "recurses"]
+    plain = python(*target, cwd=str(tmp_path))
+    assert plain.returncode == 0 and plain.stdout.startswith("repeats 9"), plain.stderr
+    r = nndb("run", "--batch", "-q", "--trace", str(tmp_path / "t.h5"), *target, cwd=str(tmp_path))
+    assert (r.returncode, r.stdout) == (0, plain.stdout), r.stderr
+
+
+@pytest.mark.parametrize("before,ends", [("", -signal.SIGINT),
+                                          ("import torch\ntorch.optim.SGD([torch.zeros(1, requires_grad=True)])\n", 1)])
+def test_the_scripts_own_keyboard_interrupt_ends_the_run_as_it_ends_python(tmp_path, before, ends):
+    """Issue 41: exit code 130 under nndb; plain Python ends itself by SIGINT
+    after its exit handlers (bpo-1054041), which a parent tells apart -- or,
+    once an optimizer has loaded torch._dynamo, exits 1."""
+    (tmp_path / "ki.py").write_text(before + "import atexit\natexit.register(print, 'atexit ran')\nprint('a')\n"
+                                    "raise KeyboardInterrupt\n")
+    plain = python("ki.py", cwd=str(tmp_path))
+    r = nndb("run", "--batch", "-q", "--trace", str(tmp_path / "t.h5"), "ki.py", cwd=str(tmp_path))
+    assert plain.returncode == ends and plain.stdout == "a\natexit ran\n"
+    assert (r.returncode, r.stdout) == (plain.returncode, plain.stdout), r.stderr
+    assert r.stderr.strip().endswith("KeyboardInterrupt")
+    with TraceReader(str(tmp_path / "t.h5")) as t:
+        assert t.status == "interrupted" and t.end["exit_code"] == 130

@@ -10,9 +10,10 @@ with NNDB_FRONT_SOCKET/NNDB_FRONT_SECRET in its environment
 run directory the front chose (NNDB_RUN_DIR): one trace per rank in it.
 
 The front listens on a Unix socket in a fresh directory only its user can
-enter (node 0 of a job of several nodes: on TCP too, found through
-torchrun's store: nndb.dist.nodes), and checks each worker's proof of the
-per-job secret, nndb version and script digest.  With ``--hang-timeout SECS`` a watchdog asks every rank for its
+enter (node 0 of a job of several nodes: on TCP too, on the nodes'
+interface, found through torchrun's store, the secret given out of band:
+nndb.dist.nodes and docs/distributed.md), and checks each worker's proof of
+the per-job secret, nndb version and script digest.  With ``--hang-timeout SECS`` a watchdog asks every rank for its
 Python stacks when no rank has finished a step for SECS seconds, prints
 them, keeps them for the report, ends the job and exits with EXIT_HANG (5).
 """
@@ -94,7 +95,7 @@ def check_options(o: LaunchOptions) -> None:
         raise UsageError(f"--nnodes must be at least 1 (MIN <= MAX), not {o.nnodes!r}")
     if o.node_rank < 0 or o.node_rank >= hi_n:
         raise UsageError(f"--node-rank must be in 0..{hi_n - 1}, not {o.node_rank}")
-    if o.hang_timeout is not None and o.hang_timeout <= 0:
+    if o.hang_timeout is not None and not o.hang_timeout > 0:      # (NaN too)
         raise UsageError(f"--hang-timeout must be a positive number of seconds, not {o.hang_timeout}")
     if o.rdzv_endpoint:
         nodes.check_endpoint(o.rdzv_endpoint)
@@ -131,7 +132,8 @@ class Front:
         self.options = options
         self.message = message
         self.state = FrontState()
-        self.secret = secrets.token_hex(16)
+        # (one node: a fresh secret, through the workers' environment; several: the user's, given every node)
+        self.secret = secrets.token_hex(16) if options.single_node() else nodes.job_secret(os.environ)
         self.digest = script_digest(target.file)
         self._dir = tempfile.mkdtemp(prefix="nndb-front-")       # (0700: only this user gets in)
         self.socket_path = os.path.join(self._dir, "front.sock")
@@ -140,9 +142,10 @@ class Front:
         unix.listen(64)
         self._servers = [unix]
         self.tcp_port: Optional[int] = None      # node 0 of several: the other nodes' ranks connect here
+        self.tcp_host = ""
         if not options.single_node() and not options.follower():
-            self._servers.append(nodes.tcp_listener())
-            self.tcp_port = self._servers[-1].getsockname()[1]
+            self._servers.append(nodes.tcp_listener(nodes.bind_host(options.rdzv_endpoint or options.master_addr)))
+            self.tcp_host, self.tcp_port = self._servers[-1].getsockname()[:2]
         self._lock = threading.Lock()
         self._replies: dict = {}
         self._replied = threading.Condition(self._lock)
@@ -183,12 +186,13 @@ class Front:
             chan.send({"op": "refuse", "reason": why})
             self._abort_all("killed", EXIT_USAGE, why)
             return None
-        info = RankInfo(int(rank), int(msg.get("pid", 0)), chan)
+        theirs = str(msg.get("nonce", ""))
+        chan.send({"op": "ok", "proof": nodes.proof(self.secret, "front", theirs), "interactive": self.interactive})
+        sealed = nodes.SealedChannel(chan, nodes.session_key(self.secret, mine, theirs), "front", "rank")
+        info = RankInfo(int(rank), int(msg.get("pid", 0)), sealed)
         with self._lock:
             self.state.ranks[info.rank] = info
             self._last_progress = time.monotonic()
-        chan.send({"op": "ok", "proof": nodes.proof(self.secret, "front", str(msg.get("nonce", ""))),
-                   "interactive": self.interactive})
         return info
 
     def _serve(self, chan: Channel) -> None:
@@ -202,7 +206,7 @@ class Front:
         if info is None:
             return
         while True:
-            msg = chan.recv()
+            msg = info.chan.recv()
             if msg is None:
                 with self._lock:
                     info.status = info.status or "gone"
@@ -344,10 +348,10 @@ class Front:
             self._last_progress = time.monotonic()
         self._done.clear()
         if o.follower():                # (its ranks find node 0's front through torchrun's store)
-            env = {nodes.FROM_STORE_ENV: "1", SOCKET_ENV: None, SECRET_ENV: None, nodes.PUBLISH_ENV: None}
+            env = {nodes.FROM_STORE_ENV: "1", SOCKET_ENV: None, SECRET_ENV: self.secret, nodes.PUBLISH_ENV: None}
         else:
             env = {SOCKET_ENV: self.socket_path, SECRET_ENV: self.secret,
-                   nodes.PUBLISH_ENV: None if self.tcp_port is None else str(self.tcp_port)}
+                   nodes.PUBLISH_ENV: None if self.tcp_port is None else f"{self.tcp_host}:{self.tcp_port}"}
         self.judge = LiveJudge(o.nproc_per_node, self.message) if o.single_node() else None
         if o.single_node():             # (several nodes agree through torchrun's store: nndb.dist.job)
             if trace_dir is not None:

@@ -1,16 +1,30 @@
 """A job of several nodes: every rank reports to node 0's front.
 
 On one node the front listens on a Unix socket in a directory only its
-user can enter.  When the job spans nodes, node 0's front (the ``nndb run``
-given ``--node-rank 0``) also listens on TCP, and its local rank 0 puts the
-front's address and the job's secret into torchrun's own rendezvous store
-(the agent store every worker reaches at MASTER_ADDR:MASTER_PORT); the
-workers of the other nodes read them there and connect.  Whoever cannot
-read that store cannot attach to a rank: the front and a worker each prove
-that they know the secret (an HMAC of the other side's fresh nonce), so the
-secret itself never crosses the connection, a worker never takes commands
-from a process that is not its front, and the front never takes a process
-that is not a rank of its job.
+user can enter, and the job's secret is a fresh random one, handed to the
+workers in their environment.  When the job spans nodes, node 0's front (the
+``nndb run`` given ``--node-rank 0``) also listens on TCP, bound to the
+address the nodes reach the rendezvous at (``bind_host``: loopback for a
+rendezvous on localhost), and its local rank 0 puts the front's address (not
+the secret) into torchrun's rendezvous store; the workers of the other nodes
+read it there and connect.
+
+That store has no authentication: anyone who reaches its port reads and
+writes it.  So the job's secret never goes there: it is given to every node
+out of band, as ``NNDB_JOB_SECRET`` in the environment of each node's
+``nndb run`` (the same value on every node, at least 16 characters; the
+launch refuses a job of several nodes without it).  The front and a worker
+each prove that they know it (an HMAC of the other side's fresh nonce), so
+the secret never crosses the connection; a stranger's hello is refused and
+the job goes on.  After the handshake every message carries an HMAC under a
+key drawn from the secret and both nonces, with its sequence number
+(``SealedChannel``), so a process that relays a handshake (having put its own
+address into the store) can neither inject nor alter a message.  What this
+does not give: secrecy of the messages (statistics, the ranks' output, the
+commands cross in clear; use a private network or a tunnel for that), nor
+protection from anyone who can write the store (they can stop the job, as
+they can stop torchrun's own rendezvous).  docs/distributed.md has the
+threat model.
 """
 from __future__ import annotations
 
@@ -19,11 +33,15 @@ import hmac
 import json
 import secrets
 import socket
+from typing import Optional
 
 from ..errors import UsageError
+from ..timetravel.channel import Channel
 from .job import agent_store
 
-PUBLISH_ENV = "NNDB_FRONT_PUBLISH"        # node 0's workers: the front's TCP port (local rank 0 publishes it)
+PUBLISH_ENV = "NNDB_FRONT_PUBLISH"        # node 0's workers: the front's HOST:PORT (local rank 0 publishes it)
+JOB_SECRET_ENV = "NNDB_JOB_SECRET"        # the user's: the same secret on every node of a job of several
+MIN_SECRET = 16
 FROM_STORE_ENV = "NNDB_FRONT_FROM_STORE"  # the other nodes' workers: find the front through the store
 _KEY = "nndb/front"
 _CONNECT_S = 5.0
@@ -41,6 +59,54 @@ def proof(secret: str, role: str, their_nonce: str) -> str:
 
 def proven(secret: str, role: str, my_nonce: str, answer) -> bool:
     return isinstance(answer, str) and hmac.compare_digest(answer, proof(secret, role, my_nonce))
+
+
+def job_secret(env) -> str:
+    """A job of several nodes: the secret the user gave every node, out of band."""
+    secret = env.get(JOB_SECRET_ENV, "")
+    if len(secret) < MIN_SECRET:
+        why = "is not set" if not secret else f"is shorter than {MIN_SECRET} characters"
+        raise UsageError(f"a job of several nodes needs a secret that only its nodes know, and {JOB_SECRET_ENV} "
+                         f"{why}: set it to the same random value on every node (for instance "
+                         f"export {JOB_SECRET_ENV}=$(python -c 'import secrets; print(secrets.token_hex(16))'))")
+    return secret
+
+
+def session_key(secret: str, front_nonce: str, rank_nonce: str) -> bytes:
+    return hmac.new(secret.encode(), f"nndb|session|{front_nonce}|{rank_nonce}".encode(), hashlib.sha256).digest()
+
+
+class SealedChannel(Channel):
+    """A channel after the handshake: each message goes as {"m": its JSON,
+    "mac": HMAC(key, direction|sequence|JSON)}; one that fails the check, or
+    comes out of order, ends the channel (recv gives None)."""
+
+    def __init__(self, chan: Channel, key: bytes, me: str, them: str):
+        super().__init__(chan.sock)
+        self._key, self._me, self._them = key, me, them
+        self._sent = self._got = 0
+
+    def _mac(self, who: str, n: int, text: str) -> str:
+        return hmac.new(self._key, f"{who}|{n}|{text}".encode(), hashlib.sha256).hexdigest()
+
+    def send(self, obj: dict) -> bool:
+        text = json.dumps(obj)
+        mac = self._mac(self._me, self._sent, text)
+        self._sent += 1
+        return super().send({"m": text, "mac": mac})
+
+    def recv(self, limit=None):
+        frame = super().recv(limit)
+        if frame is None:
+            return None
+        text, mac = frame.get("m"), frame.get("mac")
+        if not (isinstance(text, str) and isinstance(mac, str)
+                and hmac.compare_digest(mac, self._mac(self._them, self._got, text))):
+            self.close()
+            return None
+        self._got += 1
+        msg = json.loads(text)
+        return msg if isinstance(msg, dict) else None
 
 
 def _key(env) -> str:
@@ -62,17 +128,20 @@ def _hosts(env) -> list:
     return out
 
 
-def publish(env, port: int, secret: str) -> None:
-    """Node 0's local rank 0: the front's address and the secret into the store."""
+def publish(env, address: str) -> None:
+    """Node 0's local rank 0: the front's address (HOST:PORT; a wildcard
+    HOST: this node's addresses) into the store.  Never the secret."""
     store = agent_store(env)
     if store is None:
         raise UsageError("the job spans nodes but torchrun gave its workers no store to find node 0's nndb "
                          "front through")
-    store.set(_key(env), json.dumps({"hosts": _hosts(env), "port": int(port), "secret": secret}))
+    host, _, port = address.rpartition(":")
+    hosts = _hosts(env) if host in ("", "0.0.0.0", "::") else [host]
+    store.set(_key(env), json.dumps({"hosts": hosts, "port": int(port)}))
 
 
 def lookup(env) -> dict:
-    """The other nodes' workers: node 0's front as published ({hosts, port, secret})."""
+    """The other nodes' workers: node 0's front as published ({hosts, port})."""
     try:
         store = agent_store(env)
         if store is None:
@@ -96,10 +165,33 @@ def connect(record: dict) -> socket.socket:
     raise UsageError(f"cannot reach node 0's nndb front at port {record.get('port')}: " + "; ".join(errors))
 
 
-def tcp_listener() -> socket.socket:
-    """Node 0's front on every interface (other nodes connect), a free port."""
+def bind_host(endpoint: Optional[str]) -> str:
+    """The address node 0's front listens on: the one the nodes use, that of
+    the rendezvous endpoint (HOST[:PORT], torchrun's --rdzv-endpoint or
+    --master-addr): its own address when it is this machine (127.0.0.1 for
+    localhost), else the address of this machine's interface towards it.
+    Every interface ('') only when there is no endpoint to go by."""
+    if not endpoint:
+        return ""
+    host, sep, port = endpoint.rpartition(":")
+    if not sep or not port.isdigit():
+        host, port = endpoint, ""
+    host = host.strip("[]")
+    try:
+        if _is_local(host):
+            ip = socket.gethostbyname(host)
+            return "" if ip == "0.0.0.0" else ip
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:     # (no packet sent: the route)
+            probe.connect((socket.gethostbyname(host), int(port or 9)))
+            return probe.getsockname()[0]
+    except (OSError, ValueError):
+        return ""
+
+
+def tcp_listener(host: str = "") -> socket.socket:
+    """Node 0's front on ``host`` (bind_host; other nodes connect), a free port."""
     s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    s.bind(("", 0))
+    s.bind((host, 0))
     s.listen(64)
     return s
 

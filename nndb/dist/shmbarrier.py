@@ -33,6 +33,8 @@ import secrets
 import time
 from typing import Optional
 
+from ..preload import alive
+
 MAGIC = 0x6E6E6462_61677231        # "nndbagr1"
 _LINE = 64
 _WORDS = _LINE // 8
@@ -68,22 +70,6 @@ def create(world: int, directory: Optional[str] = None) -> str:
     finally:
         os.close(fd)
     return path
-
-
-def alive(pid: int) -> bool:
-    """Is process ``pid`` running (not ended, not a zombie waiting to be reaped)?"""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            state = fh.read().rpartition(b")")[2].split()[0]
-        return state not in (b"Z", b"X")
-    except (OSError, IndexError):
-        return True
 
 
 class ShmBarrier:

@@ -2,10 +2,11 @@
 
 The front passes NNDB_FRONT_SOCKET (a Unix socket in a directory only its
 user can enter) and NNDB_FRONT_SECRET in the environment (the other nodes
-of a job of several: the front's address and the secret are read from
-torchrun's store, nndb.dist.nodes); the worker connects, says who it is
-(rank, pid, nndb version, script digest) with a proof of the secret, checks
-the front's, and a helper thread then answers the front: its Python stacks (the
+of a job of several: the front's address is read from torchrun's store, the
+secret is the user's NNDB_JOB_SECRET, nndb.dist.nodes); the worker connects,
+says who it is (rank, pid, nndb version, script digest) with a proof of the
+secret, checks the front's, every message after that is sealed with an HMAC
+(nodes.SealedChannel), and a helper thread then answers the front: its Python stacks (the
 main thread may be stuck in a collective: the helper still answers), and
 ``abort`` (the watchdog ends a hung job: the trace is closed from here and
 the process ends).  At each step end the worker tells the front which step
@@ -68,7 +69,7 @@ class FrontLink:
         path = env.get(SOCKET_ENV)
         if path:
             if env.get(nodes.PUBLISH_ENV) and place(env).local_rank == 0:    # (node 0 of several nodes)
-                nodes.publish(env, int(env[nodes.PUBLISH_ENV]), env.get(SECRET_ENV, ""))
+                nodes.publish(env, env[nodes.PUBLISH_ENV])
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             try:
                 sock.settimeout(30)
@@ -79,7 +80,7 @@ class FrontLink:
             return sock, env.get(SECRET_ENV, "")
         if env.get(nodes.FROM_STORE_ENV):
             record = nodes.lookup(env)
-            return nodes.connect(record), str(record.get("secret", ""))
+            return nodes.connect(record), env.get(SECRET_ENV, "")
         return None
 
     @classmethod
@@ -107,6 +108,8 @@ class FrontLink:
             link.chan.close()
             raise UsageError("the process at the nndb front's address does not know this job's secret; "
                              "not attaching to it")
+        link.chan = nodes.SealedChannel(link.chan, nodes.session_key(secret, str(first.get("nonce")), mine),
+                                        "rank", "front")
         link.interactive = bool(answer.get("interactive"))
         threading.Thread(target=link._serve, name="nndb-front-link", daemon=True).start()
         return link

@@ -25,6 +25,7 @@ from torch.overrides import _push_mode
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import _disable_current_modes
 
+from ..paths import FUZZ_STAMP
 from ..timetravel import forking, sandbox
 from ..timetravel.roles import Role, finish
 from . import search
@@ -198,7 +199,7 @@ def _save(path: Optional[str], res, m: Model, step) -> Optional[str]:
         return None
     sandbox.OWN.append(os.path.dirname(os.path.abspath(path)))     # (the live run's directory for it, not the user's)
     consts = m.tape.constants(m.loss_calls) if m.tape is not None else []
-    torch.save({"inputs": [t.detach().clone() for t in res.inputs],
+    torch.save({FUZZ_STAMP: 1, "inputs": [t.detach().clone() for t in res.inputs],
                 "loss_constants": [t.detach().clone() for t in consts],
                 "step": int(step), "found": str(res.found.get("what")), "mutant": int(res.tried)}, path)
     return path

@@ -10,6 +10,8 @@ from typing import Optional
 from .oprecord import (DTYPES, FILE, INS, LINE, MODULE, NODE, OP, OP_STATS, OUTS,  # noqa: F401
                        PHASE, SHAPES, op_name)
 
+DOT_STAMP = "// nndb lineage graph"    # a dot file's first line: nndb.paths lets nndb write over it
+
 
 # Of this many inputs made the same way (or more), one is followed, the others counted.
 GROUP_AT = 3
@@ -273,7 +275,7 @@ class StepGraph:
         return lines
 
     def dot(self, ops: bool = False) -> str:
-        out = [f'digraph "step {self.step}" {{', "  rankdir=TB;", "  node [shape=box];"]
+        out = [f"{DOT_STAMP} of step {self.step}", f'digraph "step {self.step}" {{', "  rankdir=TB;", "  node [shape=box];"]
         if ops:
             for i, op in enumerate(self.ops):
                 out.append(f'  op{i} [label="{op_name(op)}\\n{self.module_of(op) if op[MODULE] else ""}"];')

@@ -17,6 +17,8 @@ import os
 import numpy as np
 
 from ..errors import UsageError
+from ..paths import PICTURE_METADATA, claim_output
+from ..safetext import printable_line
 from ..plot.data import Heatmap, History, LossCurve, Ratio
 
 DPI = 100
@@ -27,8 +29,11 @@ MAX_LAYER_LABELS = 40
 
 def plain(text, limit: int = MAX_LABEL) -> str:
     """Text from a trace (names, rules, the script) as matplotlib shows it
-    literally: a ``$`` would start its math mode (and a bad formula raise)."""
-    t = str(text)
+    literally: a ``$`` would start its math mode (and a bad formula raise);
+    a control character is drawn as its escape (``\\x1b``), as the terminal
+    shows it (matplotlib's warning of a glyph its font lacks would carry the
+    raw character to the terminal)."""
+    t = printable_line(text)
     t = t if len(t) <= limit else t[:limit - 3] + "..."
     return t.replace("$", r"\$")
 
@@ -47,6 +52,25 @@ def pixel_size(data) -> tuple:
     return int(round(w * DPI)), int(round(h * DPI))
 
 
+def _claim(path: str) -> str:
+    """The picture's format (its extension), once ``path`` may be written:
+    a new file or one of nndb's own pictures (nndb.paths)."""
+    ext = os.path.splitext(path)[1].lower()
+    if ext not in FORMATS:
+        raise UsageError(f"cannot write a picture to {path}: the name must end in .png or .svg")
+    claim_output(path, "the picture", "picture")
+    return ext
+
+
+def _save(fig, path: str, ext: str) -> str:
+    """Write the figure, stamped as nndb's (so that nndb may write over it later)."""
+    try:
+        fig.savefig(path, dpi=DPI, format=ext[1:], metadata=PICTURE_METADATA[ext])
+    except OSError as e:
+        raise UsageError(f"cannot write {path}: {e.strerror or e}") from None
+    return path
+
+
 def figure(data):
     """The matplotlib Figure of ``data`` (on an Agg canvas, not saved)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -58,15 +82,8 @@ def figure(data):
 
 
 def draw(data, path: str) -> str:
-    ext = os.path.splitext(path)[1].lower()
-    if ext not in FORMATS:
-        raise UsageError(f"cannot write a picture to {path}: the name must end in .png or .svg")
-    fig = figure(data)
-    try:
-        fig.savefig(path, dpi=DPI, format=ext[1:])
-    except OSError as e:
-        raise UsageError(f"cannot write {path}: {e.strerror or e}") from None
-    return path
+    ext = _claim(path)
+    return _save(figure(data), path, ext)
 
 
 # -- marks ----------------------------------------------------------------------------------
@@ -300,9 +317,7 @@ def _legend(ax) -> None:
 def draw_compare(data: dict, path: str) -> str:
     """Two histograms of one series (nndb.store.distributions.compare) side by side,
     as the share of elements in each value range, into a PNG or SVG."""
-    ext = os.path.splitext(path)[1].lower()
-    if ext not in FORMATS:
-        raise UsageError(f"cannot write a picture to {path}: the name must end in .png or .svg")
+    ext = _claim(path)
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
     fig = Figure(figsize=(11.0, 5.5), dpi=DPI, layout="constrained")
@@ -321,8 +336,4 @@ def draw_compare(data: dict, path: str) -> str:
     ax.set_title(plain(f"{data['kind']} {data['name']}", 80) + f": zeros {100 * (a['zero_share'] or 0):.1f}% -> "
                  f"{100 * (b['zero_share'] or 0):.1f}%" + ("" if ks is None else f", KS {ks:.3f}"))
     ax.legend()
-    try:
-        fig.savefig(path, dpi=DPI, format=ext[1:])
-    except OSError as e:
-        raise UsageError(f"cannot write {path}: {e.strerror or e}") from None
-    return path
+    return _save(fig, path, ext)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import os
 from dataclasses import dataclass
 from typing import Optional
@@ -100,6 +101,15 @@ def _limit_read_attempts(fapl, attempts: int) -> None:
         fn(fapl.id, attempts)
 
 
+def open_hdf5(path: str) -> "h5py.File":
+    """An HDF5 file opened for reading: plainly, or, if it is flagged open for
+    writing (a live writer, or one killed), in SWMR mode."""
+    try:
+        return h5py.File(path, "r")
+    except _DAMAGE:
+        return _open_swmr(path)
+
+
 class TraceReader(FullReads):
     def __init__(self, path: str):
         self.path = path
@@ -160,11 +170,14 @@ class TraceReader(FullReads):
         f = self._f
         if f.attrs.get("nndb_format") != K.FORMAT:
             raise TraceError(f"{self.path} is not an nndb trace")
-        version = int(np.asarray(f.attrs.get("schema_version", -1)).item())
-        if version > K.SCHEMA_VERSION:
-            raise TraceError(f"{self.path} has trace schema version {version}; "
+        raw = np.asarray(f.attrs.get("schema_version", -1)).item()
+        if isinstance(raw, (bytes, str)) or not math.isfinite(float(raw)):
+            raise ValueError(f"schema_version {raw!r} is not a number")
+        if float(raw) > K.SCHEMA_VERSION:       # (1.5 too: not version 1)
+            raise TraceError(f"{self.path} has trace schema version {raw:g}; "
                              f"this nndb reads version {K.SCHEMA_VERSION} (upgrade nndb)")
-        if version < 1:
+        version = int(raw)
+        if version != raw or version < 1:
             raise TraceError(f"cannot read trace {self.path}: it is corrupted "
                              f"(schema version {version}: nndb never wrote one)")
         _check_layout(f)
@@ -198,7 +211,8 @@ class TraceReader(FullReads):
         self._n_rows = n_rows
         self._n_series = n_series
         self._series = self._series[:n_series]
-        steps = {name: np.asarray(f["steps"][name][:n_rows])
+        steps = {name: _counts(f["steps"][name][:n_rows], name) if name != "time" else
+                 np.asarray(f["steps"][name][:n_rows])
                  for name in ("step", "time", "backward_count", "optimizer_steps", "partial")}
         self._events = [_expect(json.loads(line), dict, "an event")
                         for line in _json_blob(f["events"], self._committed.get("events")).splitlines() if line.strip()]
@@ -460,6 +474,20 @@ def _check_layout(f) -> None:
         ds = steps.get(name)
         if not isinstance(ds, h5py.Dataset) or ds.ndim != 1 or ds.dtype.kind not in "iuf":
             raise ValueError(f"steps/{name} is not a number per row")
+
+
+def _counts(values, name: str) -> np.ndarray:
+    """A step number or count per row, as int64: whole numbers, none
+    negative (nndb writes integers; a float one must hold whole numbers)."""
+    values = np.asarray(values)
+    if values.dtype.kind == "f":
+        if not np.isfinite(values).all() or (values != np.floor(values)).any() or (np.abs(values) > 2**62).any():
+            raise ValueError(f"steps/{name} holds a value that is not a whole number")
+        values = values.astype(np.int64)
+    values = values.astype(np.int64)
+    if (values < 0).any():
+        raise ValueError(f"steps/{name} holds a negative value")
+    return values
 
 
 def _committed(f, live: bool) -> dict:

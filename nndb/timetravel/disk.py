@@ -20,15 +20,14 @@ from typing import Callable, Optional
 import numpy as np
 import torch
 
+from ..paths import checkpoint_dir
+
 FORMAT = "nndb-checkpoint"
 VERSION = 1
 _NAME = re.compile(r"^step_(\d+)\.pt$")
 
 
-def directory_for(trace_path: str) -> str:
-    """The checkpoint directory of a trace: ``run.h5`` -> ``run.ckpt``."""
-    root, ext = os.path.splitext(trace_path)
-    return (root if ext == ".h5" else trace_path) + ".ckpt"
+directory_for = checkpoint_dir     # (nndb.paths checks the directory at start: nndb's own, or refused)
 
 
 def file_name(step: int) -> str:

@@ -51,6 +51,10 @@ def files_note(msg: dict) -> str:
     return note
 
 
+def _size(kib: int) -> str:
+    return f"{kib / 1024:.1f} MiB" if kib >= 1024 else f"{kib} KiB"
+
+
 def default_memory_kib() -> Optional[int]:
     """A quarter of the memory available at start (None where /proc/meminfo is not there)."""
     try:
@@ -118,6 +122,7 @@ class TimeMachine:
         self._last_end: Optional[float] = None
         self._paused = 0.0                # seconds at the prompt: not the run's time
         self.evicted_for_memory = 0
+        self._said: set = set()          # the kinds of checkpoint dropped for memory, said once a run
         # A fork's cost comes mostly after it (copy-on-write): schedule.Settling,
         # with the regular excess of the steps timed since the last window (_since_*).
         self._settling: Optional[Settling] = None
@@ -252,12 +257,15 @@ class TimeMachine:
             stops = sorted((c for c in self.checkpoints.values() if c.kind == "stop"), key=lambda c: c.number)
             for c in stops[:-self.STOP_KEEP]:
                 self._drop(c)
-        self._keep_within_memory()
-        return ck
+        self._keep_within_memory(s)
+        return ck if ck.number in self.checkpoints else None
 
-    def _keep_within_memory(self) -> None:
-        """Over --checkpoint-memory: automatic checkpoints go, the one whose
-        loss leaves the smallest gap for its age first (never the first nor the newest)."""
+    def _keep_within_memory(self, s=None) -> None:
+        """Over --checkpoint-memory, checkpoints go until the rest fit:
+        automatic ones first (the one whose loss leaves the smallest gap
+        for its age, then the older of the last two), then those taken at stops, then the
+        user's own (oldest first).  One that is not automatic, or the first
+        automatic one the cap cannot hold at all, is said at once to ``s``."""
         if not self.memory_kib:
             return
         # (a checkpoint's PSS is at most its resident size, which costs
@@ -266,18 +274,32 @@ class TimeMachine:
         resident = [forking.resident_kib(c.pid) for c in self.checkpoints.values()]
         if None not in resident and sum(resident) <= self.memory_kib:
             return
-        while True:
+        while self.checkpoints:
             used = sum((forking.memory_kib(c.pid) or {}).get("pss", 0) for c in self.checkpoints.values())
-            autos = sorted(c.step for c in self.checkpoints.values() if c.kind == "auto")
-            if used <= self.memory_kib or len(autos) <= 2:
+            if used <= self.memory_kib:
                 return
-            drop = Adaptive(max_live=len(autos) - 1).evict(autos)
-            if not drop:
-                return
-            for c in list(self.checkpoints.values()):
-                if c.kind == "auto" and c.step in drop:
-                    self._drop(c)
-            self.evicted_for_memory += len(drop)
+            victim = self._memory_victim()
+            self._drop(victim)
+            self.evicted_for_memory += 1
+            if s is not None and (victim.kind != "auto" or not self.checkpoints) and victim.kind not in self._said:
+                if victim.kind != "manual":
+                    self._said.add(victim.kind)        # (automatic ones and stops': said once a run)
+                what = {"manual": "", "stop": " (taken at a stop)"}.get(victim.kind, " (automatic)")
+                alone = "it alone holds" if not self.checkpoints else "the checkpoints hold"
+                s.error(f"nndb: checkpoint {victim.number} of step {victim.step}{what} dropped: {alone} "
+                        f"{_size(used)}, over --checkpoint-memory {_size(self.memory_kib)} "
+                        f"(raise it to keep more; going back replays from an earlier checkpoint or the start)")
+
+    def _memory_victim(self) -> Checkpoint:
+        for kind in ("auto", "stop", "manual"):
+            mine = sorted((c for c in self.checkpoints.values() if c.kind == kind), key=lambda c: c.number)
+            if not mine:
+                continue
+            if kind == "auto" and len(mine) > 2:
+                drop = set(Adaptive(max_live=len(mine) - 1).evict([c.step for c in mine]))
+                return next((c for c in mine if c.step in drop), mine[0])
+            return mine[0]
+        return next(iter(self.checkpoints.values()))
 
     def at_stop(self, s, stop):
         """The live run stops at a step end: a checkpoint there makes going back

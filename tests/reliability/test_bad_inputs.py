@@ -159,3 +159,35 @@ def test_ctrl_c_still_ends_the_check_with_130(tmp_path):
         if p.poll() is None:
             os.killpg(p.pid, signal.SIGKILL)
     assert p.returncode == 130 and err.strip() == "nndb: check interrupted", (out, err)
+
+
+@pytest.mark.parametrize("argv,said", [
+    (["run", "--bogus", "ok.py"], "Error: No such option '--bogus'."),
+    (["run", "--batc", "ok.py"], "No such option '--batc'. (Did you mean one of: '--batch'"),
+    (["check", "--step=3", "ok.py"], "No such option '--step'. Did you mean '--steps'?"),
+    (["fuzz", "--step", "1", "--budgt", "3", "ok.py"], "No such option '--budgt'. Did you mean '--budget'?"),
+    (["run", "--flush-secs", "nan", "ok.py"], "Invalid value for '--flush-secs': 'nan' is not a number."),
+    (["fuzz", "--step", "1", "--tolerance", "nan", "ok.py"], "Invalid value for '--tolerance': 'nan' is not a number."),
+])
+def test_an_unknown_option_or_a_nan_before_script_is_clicks_usage_error(tmp_path, argv, said):
+    """Issue 41: an unknown option before SCRIPT was taken for it ('no such
+    file: --bogus'); --flush-secs nan was accepted."""
+    (tmp_path / "ok.py").write_text("open('ran.txt', 'w').write('ran')\n")
+    r = nndb(*argv, cwd=str(tmp_path))
+    assert r.returncode == 2 and said in r.stderr and "no such file" not in r.stderr, r.stderr
+    assert not (tmp_path / "ran.txt").exists()
+
+
+@pytest.mark.parametrize("content,line", [(b"\x80\x81\xfe\xffabc\n\xc3", 1), (b"x = 1\n# caf\xe9\n", 2)])
+def test_a_binary_file_without_nul_is_said_in_pythons_words(tmp_path, content, line):
+    """Issue 41: 'invalid or missing encoding declaration' for a file that
+    declares none; Python says what is wrong with it."""
+    from conftest import python
+    (tmp_path / "b.py").write_bytes(content)
+    plain = python("b.py", cwd=str(tmp_path))
+    said = plain.stderr.strip().splitlines()[-1]
+    assert said.startswith("SyntaxError: Non-UTF-8 code starting with") and f"on line {line}" in said
+    r = nndb("run", "--batch", "b.py", cwd=str(tmp_path))
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    words = said[len("SyntaxError: "):].replace(f" in file {tmp_path / 'b.py'}", "")
+    assert r.stderr == f"nndb: error: b.py is not a Python script: {words}\n"

@@ -103,6 +103,13 @@ def _replace(name, **kw):
     return _h5(edit)
 
 
+def _nan_steps(f, value=float("nan")):
+    step = np.asarray(f["steps/step"][()], dtype=np.float64)
+    step[1] = value
+    del f["steps/step"]
+    f.create_dataset("steps/step", data=step, maxshape=(None,))
+
+
 BAD = {
     "empty file": _bytes(lambda d: bytearray()),
     "truncated to 8 bytes": _bytes(lambda d: d[:8]),
@@ -123,6 +130,10 @@ BAD = {
     "schema version 0": _h5(lambda f: f.attrs.__setitem__("schema_version", 0)),
     "schema version 99": _h5(lambda f: f.attrs.__setitem__("schema_version", 99)),
     "schema version a string": _h5(lambda f: f.attrs.__setitem__("schema_version", "one")),
+    "schema version 1.5": _h5(lambda f: f.attrs.__setitem__("schema_version", 1.5)),
+    "schema version 0.5": _h5(lambda f: f.attrs.__setitem__("schema_version", 0.5)),
+    "steps/step NaN": _h5(lambda f: _nan_steps(f)),
+    "steps/step fractional": _h5(lambda f: _nan_steps(f, 0.5)),
     "columns attribute wrong": _h5(lambda f: f["stats"].attrs.__setitem__("columns", '["x"]')),
     "committed counts negative": _h5(lambda f: f["committed"].__setitem__(0, -5)),
     "end not an object": _replace("end", data=np.frombuffer(b'"done"', dtype=np.uint8), maxshape=(None,)),
@@ -146,6 +157,27 @@ def test_inspect_and_check_trace_say_one_line_and_exit_2(good, tmp_path, what):
         assert r.returncode == 2, (what, args, r.stderr)
         assert r.stderr.startswith("nndb: error: ") and r.stderr.count("\n") == 1, r.stderr
         assert path in r.stderr and "upgrade" not in r.stderr
+
+
+def test_steps_of_nan_are_one_line_in_every_reader(good, tmp_path):
+    """Issue 41: NaN step numbers were exit 3 'internal error' in inspect,
+    check-trace, plot and export, and nndb.open gave them back as steps."""
+    path = _edit(good, tmp_path / "bad.h5", BAD["steps/step NaN"])
+    for args in (["inspect", path], ["check-trace", path], ["plot", path, "-o", str(tmp_path / "p.png")],
+                 ["export", path, "--tensorboard", str(tmp_path / "tb")]):
+        r = nndb(*args, timeout=600)
+        assert r.returncode == 2, (args, r.stderr)
+        assert r.stderr.startswith("nndb: error: ") and r.stderr.count("\n") == 1, r.stderr
+        assert "steps/step holds a value that is not a whole number" in r.stderr
+    import nndb as api
+    with pytest.raises(TraceError, match="not a whole number"):
+        api.open(path)
+
+
+def test_a_newer_fractional_schema_version_is_refused_as_newer(good, tmp_path):
+    path = _edit(good, tmp_path / "v15.h5", BAD["schema version 1.5"])
+    with pytest.raises(TraceError, match=r"has trace schema version 1.5; this nndb reads version 1 \(upgrade"):
+        TraceReader(path)
 
 
 def test_schema_version_0_is_not_told_to_upgrade(good, tmp_path):

@@ -42,7 +42,7 @@ def test_trace_is_the_script_is_refused_and_the_script_kept(tmp_path):
     victim = tmp_path / "victim.py"
     victim.write_text(SCRIPT)
     r = nndb("run", "--batch", "--trace", "victim.py", "victim.py", cwd=str(tmp_path))
-    assert "not an nndb trace" in one_error_line(r)
+    assert "--trace and the script are the same file" in one_error_line(r)
     assert victim.read_text() == SCRIPT                    # not turned into HDF5
     assert not (tmp_path / "ran.txt").exists()             # and never run
 
@@ -159,3 +159,84 @@ def test_a_report_that_is_a_directory_fails_before_the_script(tmp_path):
     r = nndb("run", "--batch", "--report", "out", "s.py", cwd=str(tmp_path))
     assert r.returncode == 2 and "is a directory" in r.stderr and "Traceback" not in r.stderr   # (click's usage error)
     assert not (tmp_path / "ran.txt").exists()
+
+
+# -- every output: nndb writes over only its own (issue 41) ------------------------------------
+
+@pytest.mark.parametrize("name", ["common.py", "notes.txt"])
+def test_report_never_overwrites_a_file_nndb_did_not_write(tmp_path, name):
+    write(tmp_path / "s.py", SCRIPT)
+    victim = tmp_path / name
+    victim.write_text("import os\n")
+    r = nndb("run", "--batch", "--trace", "t.h5", "--report", name, "s.py", cwd=str(tmp_path))
+    line = one_error_line(r)
+    assert "nndb did not write it" in line and "give another path" in line
+    assert victim.read_text() == "import os\n"
+    assert not (tmp_path / "ran.txt").exists()
+
+
+def test_an_earlier_report_is_written_over(tmp_path):
+    write(tmp_path / "s.py", SCRIPT)
+    for trace in ("a.h5", "b.h5"):
+        r = nndb("run", "--batch", "-q", "--trace", trace, "--report", "r.json", "s.py", cwd=str(tmp_path))
+        assert r.returncode == 0, r.stderr
+        assert json.loads((tmp_path / "r.json").read_text())["trace"] == str(tmp_path / trace)
+
+
+def test_a_checkpoint_directory_of_someone_elses_is_refused(tmp_path):
+    write(tmp_path / "s.py", SCRIPT)
+    (tmp_path / "t.ckpt").mkdir()
+    (tmp_path / "t.ckpt" / "mine.txt").write_text("keep")
+    r = nndb("run", "--batch", "--trace", "t.h5", "s.py", cwd=str(tmp_path))
+    assert "checkpoint directory" in one_error_line(r)
+    assert not (tmp_path / "ran.txt").exists()
+
+
+def test_plot_and_inspect_npy_write_only_over_their_own(tmp_path):
+    script = write(tmp_path / "train.py", CHDIR.replace("os.chdir(sys.argv[1])", "pass"))
+    trace = tmp_path / "t.h5"
+    r = nndb("run", "--batch", "-q", "--rules", "none", "--record-full", "param:*", "--trace", str(trace), script,
+             cwd=str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    png = tmp_path / "p.png"
+    png.write_bytes(b"\x89PNG\r\n\x1a\nsomeone's picture")
+    r = nndb("plot", str(trace), "--what", "loss", "-o", str(png))
+    assert "nndb did not write it" in one_error_line(r)
+    assert png.read_bytes().endswith(b"someone's picture")
+    for out in ("q.png", "q.svg"):               # nndb's own picture: drawn again over itself
+        for _ in range(2):
+            r = nndb("plot", str(trace), "--what", "loss", "-o", str(tmp_path / out))
+            assert r.returncode == 0, r.stderr
+    npy = tmp_path / "w.npy"
+    npy.write_text("x")
+    r = nndb("inspect", str(trace), "--tensor", "param:weight", "--step", "0", "--npy", str(npy))
+    assert "nndb did not write it" in one_error_line(r)
+    assert npy.read_text() == "x"
+    r = nndb("inspect", str(trace), "--tensor", "param:weight", "--step", "0", "--npy", str(tmp_path / "new.npy"))
+    assert r.returncode == 0, r.stderr
+    import numpy as np
+    assert np.load(tmp_path / "new.npy").shape == (1, 3)
+
+
+@pytest.mark.parametrize("kind,content,ours", [
+    ("report", b'{"nndb_report": 1, "exit": {}}', True),
+    ("report", b'{"other": 1}', False),
+    ("report", b"import os\n", False),
+    ("picture", b"<svg>plain</svg>", False),
+    ("fuzz", b"PK\x03\x04 a zip of someone's", False),
+    ("dot", b"// nndb lineage graph of step 3\ndigraph {}", True),
+    ("dot", b"digraph {}", False),
+    ("npy", b"\x93NUMPY", False),
+])
+def test_nndb_wrote_recognises_only_its_own(tmp_path, kind, content, ours):
+    from nndb.errors import UsageError
+    from nndb.paths import claim_output, nndb_wrote
+    f = tmp_path / "out"
+    f.write_bytes(content)
+    assert nndb_wrote(str(f), kind) is ours
+    if ours:
+        assert claim_output(str(f), "--x", kind) == str(f)
+    else:
+        with pytest.raises(UsageError, match="nndb did not write it"):
+            claim_output(str(f), "--x", kind)
+    assert f.read_bytes() == content

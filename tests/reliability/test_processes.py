@@ -9,6 +9,7 @@
 * An on-disk checkpoint holds only what ``torch.load(weights_only=True)``
   reads: a param group's (or a module's extra state's) other values are
   dropped with one line naming the key."""
+import json
 import os
 import signal
 import subprocess
@@ -252,3 +253,55 @@ def test_a_disk_checkpoint_drops_what_weights_only_cannot_load(tmp_path):
     for key in ("scheduler_hint", "obj", "hint", "listed"):
         assert any(key in w for w in warned), (key, warned)
     assert disk.load(path)["step"] == 3
+
+
+KILLED = textwrap.dedent('''
+    import os, signal, torch
+    torch.manual_seed(0)
+    m = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    for step in range(6):
+        loss = m(torch.randn(8, 4)).pow(2).mean()
+        opt.zero_grad(); loss.backward(); opt.step()
+        if step == 3:
+            print(os.getpid(), flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)      # kill -9 of the run, steps 0-3 flushed
+''')
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux: /dev/shm")
+def test_a_killed_runs_trace_is_nndbs_and_its_openmp_registration_is_cleared(tmp_path):
+    """A run killed with SIGKILL leaves its trace flagged open for writing
+    (SWMR) and, under the preloaded libiomp5, /dev/shm/__KMP_REGISTERED_LIB_<pid>_<uid>
+    (issue 41: --force said the trace was 'not an nndb trace'; the file stayed)."""
+    (tmp_path / "killed.py").write_text(KILLED)
+    (tmp_path / "ok.py").write_text("print('ok')\n")
+    trace = str(tmp_path / "t.h5")
+    r = nndb("run", "--batch", "-q", "--rules", "none", "--flush-every", "1", "--trace", trace, "killed.py",
+             cwd=str(tmp_path))
+    assert r.returncode == -signal.SIGKILL, r.stderr
+    pid = int(r.stdout.split()[0])
+    kmp = f"/dev/shm/__KMP_REGISTERED_LIB_{pid}_{os.getuid()}"
+    assert os.path.exists(kmp) == (libiomp_path() is not None)
+    r = nndb("inspect", "--json", trace)
+    assert r.returncode == 0 and json.loads(r.stdout)["steps"] >= 1, r.stderr
+    r = nndb("run", "--batch", "-q", "--rules", "none", "--force", "--trace", trace, "ok.py", cwd=str(tmp_path))
+    assert (r.returncode, r.stdout) == (0, "ok\n"), r.stderr
+    from nndb.store.reader import TraceReader
+    with TraceReader(trace) as t:
+        assert t.meta["script"] == str(tmp_path / "ok.py")
+    assert not os.path.exists(kmp)
+
+
+def test_only_dead_processes_registrations_are_cleared(tmp_path):
+    from nndb.preload import forget_dead_openmp
+    uid = os.getuid()
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    names = {f"__KMP_REGISTERED_LIB_{dead.stdout.strip()}_{uid}": False,       # ended: removed
+             f"__KMP_REGISTERED_LIB_{os.getpid()}_{uid}": True,                # running: kept
+             f"__KMP_REGISTERED_LIB_{dead.stdout.strip()}_{uid + 1}": True,    # another user's: kept
+             "__KMP_REGISTERED_LIB_x_0": True, "notes.txt": True}
+    for n in names:
+        (tmp_path / n).write_text("x")
+    assert forget_dead_openmp(str(tmp_path)) == [n for n, kept in names.items() if not kept]
+    assert sorted(os.listdir(tmp_path)) == sorted(n for n, kept in names.items() if kept)

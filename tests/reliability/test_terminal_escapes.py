@@ -108,3 +108,16 @@ def test_the_debugger_shows_a_scripts_hostile_names_escaped(tmp_path):
     text = fe.text
     assert not any(c in text for c in RAW), text
     assert "\\x1b]0;pwned\\x07.weight" in text and "\\x1b[2J" in text
+
+
+def test_plot_draws_the_escapes_and_sends_none(hostile_trace, tmp_path):
+    """matplotlib warns of each glyph its font lacks, with the character in the
+    message: ESC and BEL of a tensor name reached the terminal so (issue 41)."""
+    pytest.importorskip("matplotlib")
+    trace, name, kind = hostile_trace
+    out = tmp_path / "h.svg"
+    r = nndb("plot", trace, "--kind", kind, "--rules", "none", "-o", str(out))
+    assert r.returncode == 0, r.stderr
+    _assert_safe(r)
+    assert "Glyph" not in r.stderr, r.stderr
+    assert "fc\\x1b[2J" in out.read_text()          # drawn as written, escaped

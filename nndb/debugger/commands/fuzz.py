@@ -9,7 +9,8 @@ import tempfile
 from dataclasses import dataclass
 from typing import Optional
 
-from ...errors import CommandError
+from ...errors import CommandError, UsageError
+from ...paths import claim_output
 from ..points import parse_int
 from .table import Command
 
@@ -93,16 +94,17 @@ def parse(text: str) -> FuzzArgs:
     if a.tolerance is not None and not a.against:
         raise CommandError("--tolerance goes with --against")
     if a.save is not None:
-        d = os.path.dirname(os.path.abspath(a.save)) or "."
-        if not os.path.isdir(d) or not os.access(d, os.W_OK):
-            raise CommandError(f"--save {a.save}: {d} is not a writable directory")
         if not a.save.endswith(".pt"):
             raise CommandError(f"--save {a.save}: the file is a .pt (torch.save of tensors)")
+        try:
+            claim_output(a.save, "--save", "fuzz")
+        except UsageError as e:
+            raise CommandError(str(e)) from None
     return a
 
 
-def _fresh_path(step) -> str:
-    base = f"nndb-fuzz-step{step}"
+def _fresh_path(step, directory: str = ".") -> str:
+    base = os.path.join(directory, f"nndb-fuzz-step{step}")
     path, i = base + ".pt", 1
     while os.path.exists(path):
         i += 1
@@ -137,9 +139,7 @@ def run_fuzz(s, a: FuzzArgs) -> Optional[dict]:
         if res.get("error"):
             raise CommandError(f"fuzz: {res['error']}; the live run is unchanged")
         if res.get("saved"):
-            dest = os.path.abspath(a.save) if a.save else _fresh_path(res.get("step"))
-            os.replace(res["saved"], dest) if _same_fs(tmp, dest) else _copy(res["saved"], dest)
-            res["saved"] = dest
+            res["saved"] = _keep(res, a.save)
     finally:
         import shutil
         shutil.rmtree(tmp, ignore_errors=True)
@@ -147,16 +147,34 @@ def run_fuzz(s, a: FuzzArgs) -> Optional[dict]:
     return res
 
 
-def _same_fs(a: str, b: str) -> bool:
-    try:
-        return os.stat(a).st_dev == os.stat(os.path.dirname(b)).st_dev
-    except OSError:
-        return False
-
-
-def _copy(src: str, dest: str) -> None:
+def _keep(res: dict, save: Optional[str]) -> Optional[str]:
+    """Move the input found from the replica's scratch file to ``save`` (or
+    ./nndb-fuzz-stepN.pt); where that cannot be written (a path that passed
+    the checks, /proc/x.pt, a full disk), to a fresh name in the working
+    directory, else in the temporary directory, with a note saying why and
+    where.  The input is never lost to a write error; None if nowhere took it."""
     import shutil
-    shutil.copyfile(src, dest)
+    step = res.get("step")
+    tries = [os.path.abspath(save) if save else _fresh_path(step)]
+    tries += [_fresh_path(step), _fresh_path(step, tempfile.gettempdir())]
+    failed = []
+    for dest in dict.fromkeys(tries):
+        existed = os.path.lexists(dest)
+        try:
+            shutil.copyfile(res["saved"], dest)
+        except OSError as e:
+            failed.append(f"cannot write {dest}: {e.strerror or e}")
+            if not existed and os.path.isfile(dest):
+                try:
+                    os.unlink(dest)          # (half a file, from a full disk)
+                except OSError:
+                    pass
+            continue
+        if failed:
+            res.setdefault("notes", []).append(f"{failed[0]}; the input found is saved in {dest}")
+        return dest
+    res.setdefault("notes", []).append("; ".join(failed) + "; the input found is not saved")
+    return None
 
 
 def _fuzz(s, a: FuzzArgs):

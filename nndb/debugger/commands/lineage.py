@@ -4,7 +4,8 @@ A step's lineage comes from the live recorder, the trace, or, asked after
 the fact, a replica that replays the step with the recorder on."""
 from __future__ import annotations
 
-from ...errors import CommandError
+from ...errors import CommandError, UsageError
+from ...paths import claim_output
 from ...lineage.fetch import lineage_control, resolve_target, step_lineage
 from .. import evaluate as E
 from .. import points as P
@@ -136,6 +137,10 @@ def _graph(s, arg):
     step = _step_of(s, arg)
     g = StepGraph(get_lineage(s, step)[0])
     if arg["dot"]:
+        try:
+            claim_output(arg["dot"], "--dot", "dot")
+        except UsageError as e:
+            raise CommandError(str(e)) from None
         try:
             with open(arg["dot"], "w") as fh:
                 fh.write(g.dot(arg["ops"]))

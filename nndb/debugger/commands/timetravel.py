@@ -101,8 +101,10 @@ def _checkpoint(s, _):
             s.current = stop
             s.message(render.stop_line(s, stop))
         return None
-    if ck is None:
+    if ck is None and m.blocked:
         raise CommandError(f"no checkpoint: {m.blocked}")
+    if ck is None:
+        return None                 # (over --checkpoint-memory: dropped at once, and said why)
     return f"Checkpoint {ck.number} at the end of step {ck.step} ({ck.cost_s * 1000:.1f} ms)."
 
 
