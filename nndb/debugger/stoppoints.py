@@ -72,7 +72,7 @@ class _NamedOptimizers:
 
 class StopPoints:
     # -- stop points (from the run's step pipeline and the tracer's hooks) -------------
-    def check_stops(self, step: int, record, rule_hits: list, known=None) -> None:
+    def check_stops(self, step: int, record, rule_hits: list, known) -> None:
         """At the end of ``step`` (``record``: the newest record handed on
         there, or None; ``known``: the step's own record as far as it is known,
         see ``check_points_at_step_end``): stop if a point, a rule or run control says so."""
@@ -222,7 +222,7 @@ class StopPoints:
                 self.failed_points.append(rule.id)
         return hits
 
-    def check_points_at_step_end(self, step: int, record=None, known=None) -> list:
+    def check_points_at_step_end(self, step: int, record, known) -> list:
         """[(point, detail)] of the points that hit at the end of ``step``.
         ``record``: the newest record handed on there; ``known``: the record
         of ``step`` as far as it is known at its end (``record`` itself, but
