@@ -114,13 +114,14 @@ def test_ddp_bit_identical_with_and_without_nndb_and_one_run_dir(tmp_path):
     port = _free_port()
     common = ["run", "--batch", "--nproc-per-node", "1", "--nnodes", "2", "--rdzv-backend", "c10d",
               "--rdzv-endpoint", f"localhost:{port}", "--rdzv-id", "twonodes"]
+    secret = {"NNDB_JOB_SECRET": "5e" * 16}             # (given to every node, out of band)
     results = {}
     node0 = threading.Thread(target=lambda: results.update(n0=nndb(*common, script, cwd=tmp_path / "b",
-                                                                      timeout=120)))
+                                                                      timeout=120, env=secret)))
     node0.start()
     time.sleep(0.5)
     results["n1"] = nndb(*common, "--node-rank", "1", script, cwd=tmp_path / "b",
-                         timeout=120)
+                         timeout=120, env=secret)
     node0.join()
     assert results["n0"].returncode == 0 and results["n1"].returncode == 0, results["n1"].stderr[-2000:]
     assert {**_digests(results["n0"].stdout), **_digests(results["n1"].stdout)} == want
