@@ -85,7 +85,7 @@ complete -c nndb -n '__fish_seen_subcommand_from run' -l rules -x -d 'The diagno
 complete -c nndb -n '__fish_seen_subcommand_from run' -l replica -x -a 'auto fork respawn off' -d 'How time travel copies the run: fork() checkpoints (auto: where safe, else respawn), a fresh process replaying from the start, or not at all'
 complete -c nndb -n '__fish_seen_subcommand_from run' -l total-steps -x -d 'The runs length in steps, for the checkpoint schedule (else an adaptive one)'
 complete -c nndb -n '__fish_seen_subcommand_from run' -l checkpoint-every -x -d 'Take a checkpoint every N steps or every N seconds of run time (else the schedules)'
-complete -c nndb -n '__fish_seen_subcommand_from run' -l checkpoint-memory -x -d 'The memory all checkpoints may hold, as their PSS (512M, 2G, 25%%); default a quarter of the memory available at start'
+complete -c nndb -n '__fish_seen_subcommand_from run' -l checkpoint-memory -x -d 'The memory all checkpoints may hold, as their PSS (512M, 2G, 25%); default a quarter of the memory available at start'
 complete -c nndb -n '__fish_seen_subcommand_from run' -l lineage -x -d 'Record the operation lineage of these steps: N, A:B (B excluded), N,M or all'
 complete -c nndb -n '__fish_seen_subcommand_from run' -l record-full -x -d 'Keep whole tensors in the trace: KIND param, grad or act, GLOB of names (grad:conv*; repeatable)'
 complete -c nndb -n '__fish_seen_subcommand_from run' -l full-tensors-every -x -d 'With --record-full: every N-th step (default: every step)'

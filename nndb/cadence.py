@@ -186,7 +186,7 @@ class Cadence:
 
     def table(self, horizon: int = 200) -> list:
         """[(what is measured, the steps of [0, horizon) it is measured at, the flag
-        that changes it)]: README's "what is recorded" table (scripts/gen_command_docs.py)."""
+        that changes it)]: docs/commands.md's "what is recorded" table (scripts/gen_command_docs.py)."""
         rows = [
             ("count, norm, NaN/Inf of every parameter, gradient and update; all ten statistics "
              "of the loss", "recorded", "`--every`, `--steps`"),

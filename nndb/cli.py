@@ -79,7 +79,7 @@ def cli():
 @click.option("--checkpoint-every", "checkpoint_every", metavar="N|Ns",
               help="Take a checkpoint every N steps or every N seconds of run time (else the schedule's).")
 @click.option("--checkpoint-memory", "checkpoint_memory", metavar="SIZE",
-              help="The memory all checkpoints may hold, as their PSS (512M, 2G, 25%%); default a quarter of the "
+              help="The memory all checkpoints may hold, as their PSS (512M, 2G, 25%); default a quarter of the "
                    "memory available at start.")
 @click.option("--lineage", "lineage", metavar="STEPS",
               help="Record the operation lineage of these steps: N, A:B (B excluded), N,M or all.")

@@ -1,6 +1,6 @@
 """One exception hierarchy for nndb; the CLI maps each to an exit code.
 
-Exit codes (also in README):
+Exit codes (also in docs/commands.md):
 
 ====  =============================================================
 0     the script finished (or ``sys.exit(0)``)

@@ -1,13 +1,13 @@
 #!/usr/bin/env python
-"""Write the debugger's command reference, the built-in rules and the
-"what is recorded by default" table into README.md, from the command table
-(nndb/debugger/commands), the rule catalog (nndb/rules/catalog.py) and the
-recording cadence (nndb/cadence.py), between the ``commands:``, ``rules:``
-and ``cadence:`` start/end markers.  ``--check`` exits 1 if README is
-out of date (the test suite runs it), so the README cannot drift from ``help``
-and ``info rules``.
+"""Write the debugger's command reference and the "what is recorded by
+default" table into docs/commands.md, and the built-in rules into
+docs/rules.md, from the command table (nndb/debugger/commands), the recording
+cadence (nndb/cadence.py) and the rule catalog (nndb/rules/catalog.py),
+between the ``commands:``, ``cadence:`` and ``rules:`` start/end markers.
+``--check`` exits 1 if a document is out of date (the test suite runs it), so
+the documents cannot drift from ``help`` and ``info rules``.
 
-    python scripts/gen_command_docs.py            # rewrite the README section
+    python scripts/gen_command_docs.py            # rewrite the generated sections
     python scripts/gen_command_docs.py --check
 """
 from __future__ import annotations
@@ -23,7 +23,8 @@ from nndb.cadence import Cadence  # noqa: E402
 from nndb.debugger.commands import TABLE  # noqa: E402
 from nndb.rules.catalog import default_rules  # noqa: E402
 
-README = os.path.join(ROOT, "README.md")
+COMMANDS_DOC = os.path.join(ROOT, "docs", "commands.md")
+RULES_DOC = os.path.join(ROOT, "docs", "rules.md")
 START, END = "<!-- commands:start (scripts/gen_command_docs.py) -->", "<!-- commands:end -->"
 RULES_START, RULES_END = "<!-- rules:start (scripts/gen_command_docs.py) -->", "<!-- rules:end -->"
 CADENCE_START, CADENCE_END = "<!-- cadence:start (scripts/gen_command_docs.py) -->", "<!-- cadence:end -->"
@@ -52,37 +53,45 @@ def _between(text: str, start: str, end: str, body: str) -> str:
 
 
 def cadence_table() -> str:
-    """README's "what is recorded by default", from the recording cadence."""
+    """docs/commands.md's "what is recorded by default", from the recording cadence."""
     lines = ["| what is measured | steps | changed by |", "|---|---|---|"]
     for what, steps, flag in Cadence().table():
         lines.append(f"| {what} | {steps} | {flag or '-'} |")
     return "\n".join(lines)
 
 
-def render(text: str) -> str:
+def render_commands(text: str) -> str:
     text = _between(text, START, END, reference())
-    if RULES_START in text:
-        text = _between(text, RULES_START, RULES_END, rules_reference())
-    if CADENCE_START in text:
-        text = _between(text, CADENCE_START, CADENCE_END, cadence_table())
-    return text
+    return _between(text, CADENCE_START, CADENCE_END, cadence_table())
+
+
+def render_rules(text: str) -> str:
+    return _between(text, RULES_START, RULES_END, rules_reference())
+
+
+DOCUMENTS = ((COMMANDS_DOC, render_commands), (RULES_DOC, render_rules))
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--check", action="store_true")
     args = ap.parse_args()
-    with open(README, encoding="utf-8") as fh:
-        text = fh.read()
-    new = render(text)
-    if args.check:
-        if new != text:
-            print("README.md's generated sections are out of date: run scripts/gen_command_docs.py",
-                  file=sys.stderr)
-            return 1
-        return 0
-    with open(README, "w", encoding="utf-8") as fh:
-        fh.write(new)
+    stale = []
+    for path, render in DOCUMENTS:
+        with open(path, encoding="utf-8") as fh:
+            text = fh.read()
+        new = render(text)
+        if new == text:
+            continue
+        if args.check:
+            stale.append(os.path.relpath(path, ROOT))
+        else:
+            with open(path, "w", encoding="utf-8") as fh:
+                fh.write(new)
+    if stale:
+        print(f"{', '.join(stale)}: the generated sections are out of date: run scripts/gen_command_docs.py",
+              file=sys.stderr)
+        return 1
     return 0
 
 

@@ -4,7 +4,7 @@
     python scripts/make_doc_images.py
 
 Each picture is drawn by ``nndb plot`` from a trace this script records with
-``nndb run --batch`` (in a temporary directory) and the README shows:
+``nndb run --batch`` (in a temporary directory) and docs/inspect.md shows:
 
   grad_heatmap.png   the gradient norm per layer of a 12-layer sigmoid MLP
                      (tests/scripts/planted_vanishing_gradient_deep_sigmoid.py):

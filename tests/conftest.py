@@ -97,6 +97,19 @@ def python(*args, cwd=None, timeout=180) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout)
 
 
+def plain_and_recorded(tmp_path, source: str, *args):
+    """The script ``source`` run by python and by ``nndb run --batch`` (same
+    output); (python's result, the trace's path)."""
+    script = tmp_path / "script.py"
+    script.write_text(source)
+    trace = str(tmp_path / f"script-{'-'.join(args)}.h5")
+    plain = python(str(script), *args)
+    r = nndb("run", "--batch", "--trace", trace, str(script), *args)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == plain.stdout
+    return plain, trace
+
+
 def without_nndb_lines(stderr: str) -> str:
     return "".join(l for l in stderr.splitlines(True) if not l.startswith("nndb: "))
 

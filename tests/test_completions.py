@@ -50,7 +50,9 @@ def test_bash_completes_commands_options_choices_and_files(tmp_path):
     assert complete("nndb run train.py tr", tmp_path) == ["train.py"]
 
 
-def test_readme_command_reference_matches_the_command_table():
+def test_command_and_rule_references_match_their_tables():
+    """docs/commands.md and docs/rules.md are generated from the command table,
+    the cadence and the rule catalog (scripts/gen_command_docs.py)."""
     proc = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "gen_command_docs.py"), "--check"],
                           capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr

@@ -501,7 +501,7 @@ def test_a_bad_set_gets_one_line(set_hyper_parameters, command, message):
 def test_set_with_a_value_that_is_not_a_number_shows_the_usage(set_hyper_parameters):
     assert set_hyper_parameters.after("set lr abc").splitlines() == [
         "'abc' is not a number or tuple of numbers",
-        "usage: set HYPER VALUE [group N] [optimizer NAME]  |  set var NAME VALUE    (e.g. set lr 1e-4)"]
+        "usage: set HYPER VALUE [group N] [optimizer NAME] [--hold]  |  set var NAME VALUE    (e.g. set lr 1e-4)"]
 
 
 @pytest.fixture(scope="module")

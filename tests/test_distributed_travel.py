@@ -170,9 +170,10 @@ class _FakeJob:
 
 
 def test_replay_makes_the_changes_at_their_steps_and_notes_the_stops():
+    from nndb.debugger.changes import Change
     from nndb.dist.travel import to_step
     job, hits = _FakeJob([1, 3]), []
-    changes = [(None, "set lr 0.2"), (2, "set lr 0.3 rank 1"), (4, "set lr 0.4")]
+    changes = [Change("set lr 0.2", None, "start"), Change("set lr 0.3 rank 1", 2), Change("set lr 0.4", 4)]
     from nndb.dist.console import Console
     assert to_step(job, [0, 1], 4, changes, Console._targets, hits=hits) is None
     assert [x for x in job.log if x[2].startswith("set")] == \

@@ -1,5 +1,5 @@
 """``rank [N]``, ``--ranks all|LIST`` and the trailing ``rank N`` of the
-points are in the one command table (help, completion, the README's
+points are in the one command table (help, completion, docs/commands.md's
 reference); in one process they say plainly that there is one process."""
 import pytest
 

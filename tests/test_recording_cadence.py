@@ -67,13 +67,13 @@ def test_one_cadence_answers_for_the_recorder_the_rules_and_the_probes():
     assert not any(outside)                                             # nothing measured off the recorded steps
 
 
-def test_readme_recording_table_matches_the_cadence():
+def test_documented_recording_table_matches_the_cadence():
     import runpy
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     gen = runpy.run_path(os.path.join(root, "scripts", "gen_command_docs.py"))
-    readme = open(os.path.join(root, "README.md"), encoding="utf-8").read()
+    doc = open(os.path.join(root, "docs", "commands.md"), encoding="utf-8").read()
     table = gen["cadence_table"]()
-    assert table.count("\n") >= 6 and f"{gen['CADENCE_START']}\n{table}\n{gen['CADENCE_END']}" in readme
+    assert table.count("\n") >= 6 and f"{gen['CADENCE_START']}\n{table}\n{gen['CADENCE_END']}" in doc
 
 
 # -- the statistics of the steps between full ones ------------------------------------------------

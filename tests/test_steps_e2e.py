@@ -3,7 +3,7 @@ boundary on each loop shape (docs/steps.md)."""
 import numpy as np
 import pytest
 
-from conftest import example, nndb, python, without_nndb_lines
+from conftest import example, nndb, plain_and_recorded, python, without_nndb_lines
 from nndb.store.reader import TraceReader
 
 ALL_EXAMPLES = ["mlp", "cnn", "lstm", "transformer", "grad_accum", "gan", "lbfgs", "manual_sgd",
@@ -49,12 +49,15 @@ def test_plain_loop_one_step_per_optimizer_step(trace):
 
 
 def test_grad_accumulation_is_one_step_per_optimizer_step(trace):
-    _, t = run_example("grad_accum", trace, "--steps", "5", "--accum", "4")
+    r, t = run_example("grad_accum", trace, "--steps", "5", "--accum", "4")
     with t:
         assert list(t.steps) == list(range(5))
         assert list(t.backward_count) == [4] * 5
         loss = t.find("loss", "loss")[0]
-        assert list(t.history(loss, "count")[1]) == [4] * 5    # four micro-batch losses merged
+        assert list(t.history(loss, "count")[1]) == [1] * 5    # one number: the step's objective
+        # the sum of the four scaled micro-batch losses, as the script adds them up and prints
+        printed = [float(line.split()[-1]) for line in r.stdout.splitlines()]
+        assert list(t.history(loss, "mean")[1]) == printed
 
 
 def test_gan_step_is_one_iteration_of_both_optimizers(trace):
@@ -253,19 +256,6 @@ def test_a_restarted_run_whose_optimizer_comes_from_an_imported_module_keeps_its
         np.testing.assert_array_equal(t.column(loss)[:, mean], second)
 
 
-def _plain_and_recorded(tmp_path, source, *args):
-    """The script ``source`` run by python and by ``nndb run --batch`` (same
-    output); (python's result, the trace's path)."""
-    script = tmp_path / "script.py"
-    script.write_text(source)
-    trace = str(tmp_path / f"script-{'-'.join(args)}.h5")
-    plain = python(str(script), *args)
-    r = nndb("run", "--batch", "--trace", trace, str(script), *args)
-    assert r.returncode == 0, r.stderr
-    assert r.stdout == plain.stdout
-    return plain, trace
-
-
 REPLACED_OPTIMIZER = """
 import sys
 import torch
@@ -297,7 +287,7 @@ def test_an_optimizer_replaced_mid_run_hands_the_steps_over(tmp_path, how):
     caches had kept the first optimizer alive (keyed by the object), so it
     stayed the step clock's closer and the whole second stage went into one
     partial step with the mean of its losses."""
-    plain, trace = _plain_and_recorded(tmp_path, REPLACED_OPTIMIZER, how)
+    plain, trace = plain_and_recorded(tmp_path, REPLACED_OPTIMIZER, how)
     printed = [line.split() for line in plain.stdout.splitlines()]
     with TraceReader(trace) as t:
         assert list(t.steps) == list(range(10))
@@ -336,7 +326,7 @@ def test_a_checkpointed_block_is_recorded_once_per_forward(tmp_path, how):
     The recorded activations equal those of the same loop without checkpointing."""
     acts = {}
     for mode in ("plain", how):
-        _, trace = _plain_and_recorded(tmp_path, CHECKPOINTED, mode)
+        _, trace = plain_and_recorded(tmp_path, CHECKPOINTED, mode)
         with TraceReader(trace) as t:
             acts[mode] = {s.name: (list(t.history(s, "count")[1]), list(t.history(s, "norm")[1]))
                           for s in t.series() if s.kind == "act"}
@@ -373,7 +363,7 @@ for i in range(4):
 def test_a_backward_of_several_losses_records_their_objective(tmp_path, how):
     """torch.autograd.backward([rec, sup]) differentiates rec + sup (with
     gradients given: their weighted sum); the trace's loss was rec alone."""
-    plain, trace = _plain_and_recorded(tmp_path, SEVERAL_ROOTS, how)
+    plain, trace = plain_and_recorded(tmp_path, SEVERAL_ROOTS, how)
     with TraceReader(trace) as t:
         loss = t.find("loss", "loss")[0]
         assert list(t.history(loss, "mean")[1]) == [np.float32(float(v)) for v in plain.stdout.split()]
@@ -411,7 +401,7 @@ def test_parameters_replaced_mid_run_are_recorded_under_their_names(tmp_path, ho
     tensor the model holds there, the one it replaced is 'replaced.2.weight',
     and with assign=True the rules say what is wrong: the model's weights
     get gradients no optimizer applies."""
-    plain, trace = _plain_and_recorded(tmp_path, REPLACED_PARAMETERS, how)
+    plain, trace = plain_and_recorded(tmp_path, REPLACED_PARAMETERS, how)
     printed = [line.split() for line in plain.stdout.splitlines()]
     with TraceReader(trace) as t:
         assert list(t.steps) == list(range(12))
@@ -453,7 +443,7 @@ def test_spectral_norm_parameters_are_named_by_their_path_in_the_model(tmp_path)
     the model's first forward: it was taken for a model of its own, and the
     discriminator's weights were 'parametrization_list.original',
     'parametrization_list2.original'."""
-    _, trace = _plain_and_recorded(tmp_path, SPECTRAL)
+    _, trace = plain_and_recorded(tmp_path, SPECTRAL)
     with TraceReader(trace) as t:
         params = {s.name for s in t.series() if s.kind == "param"}
     assert {"netD.0.parametrizations.weight.original", "netD.2.parametrizations.weight.original",

@@ -213,6 +213,16 @@ def test_bad_time_travel_commands_get_one_line(tmp_path, script):
     assert r.returncode == 0
 
 
+def test_goto_before_any_step_has_finished_is_one_line_and_exit_2(tmp_path, script):
+    # at the start stop no step has ended: goto had compared the target with
+    # None ("internal error ... TypeError") and the batch run exited 0
+    r = nndb("run", "--batch", "--nx", "--trace", str(tmp_path / "t.h5"), "-e", "goto 3", "-e", "kill",
+             script, cwd=str(tmp_path))
+    assert "internal error" not in r.stderr, r.stderr
+    assert "step 3 has not run yet (no step has finished): use 'until 3'" in r.stderr
+    assert r.returncode == 2
+
+
 def test_quit_in_the_past_ends_the_live_run_too(tmp_path, script):
     q = run(tmp_path, script, ["break step 6", "continue", "rs 2", "quit"])
     assert "In the past (timeline 0): step 4 finished" in q.stdout

@@ -133,7 +133,7 @@ def test_a_checkpoint_costs_what_the_steps_after_it_took_for_a_while():
     assert ends[-2] < until <= ends[-1] and steps > 100      # every step of SETTLE_S, well past SETTLE
     extra = 0.020 + 0.0002 - 0.0005 + 0.0002 * (steps - 3)
     assert ck.cost_s == pytest.approx(0.02 + extra)
-    assert m.policy.interval_s == pytest.approx(ck.cost_s / m.policy.budget)
+    assert m.policy.cost_s == pytest.approx(ck.cost_s)          # (what the schedule spaces them by)
 
     # a fork with no slower step after it costs the fork
     ck2 = Checkpoint(2, 20, 0, None, "auto", 0.0, 0.03)
@@ -185,7 +185,7 @@ def test_a_checkpoint_is_not_charged_the_runs_own_slow_steps():
     assert ck.cost_s == pytest.approx(0.02 + 0.030, abs=0.004)
     uncorrected = 0.02 + 0.030 + 0.004 * (steps // 32)     # what the median alone would have charged
     assert uncorrected > 3 * ck.cost_s
-    assert m.policy.interval_s == pytest.approx(ck.cost_s / m.policy.budget)
+    assert m.policy.cost_s == pytest.approx(ck.cost_s)          # (what the schedule spaces them by)
 
 
 def test_the_first_checkpoint_is_charged_its_copy_on_write_against_the_steps_after_it():
@@ -216,7 +216,7 @@ def test_the_first_checkpoint_is_charged_its_copy_on_write_against_the_steps_aft
         m._settle(0.009 if i == 3 else 0.001, now)
         assert (m._settling is None) == (i == BASELINE - 1)
     assert ck.cost_s == pytest.approx(0.01 + sum(window) - 0.001 * len(window))
-    assert m.policy.interval_s == pytest.approx(ck.cost_s / m.policy.budget)
+    assert m.policy.cost_s == pytest.approx(ck.cost_s)          # (what the schedule spaces them by)
     assert not m.step_times           # (the baseline's steps are not the run's median either)
 
 
@@ -301,9 +301,9 @@ def test_a_checkpoint_that_fails_to_fork_a_replica_ends_instead_of_running_on():
 
 
 def test_info_checkpoints_says_when_dear_checkpoints_break_the_replay_goal():
-    """A 100 ms checkpoint waits 5 s at the 2% budget: on 1 ms steps that is
-    5000 steps of replay against a 2 s goal, and 'info checkpoints' says so
-    with the cost that made it."""
+    """A 100 ms checkpoint waits 4 s (the tail's, 2.5%; 5 s at the 2%
+    budget): on 1 ms steps that is 4000 steps of replay against a 2 s goal,
+    and 'info checkpoints' says so with the cost that made it."""
     from nndb.timetravel.machine import Checkpoint
     from nndb.timetravel.schedule import Settling
 
@@ -314,7 +314,7 @@ def test_info_checkpoints_says_when_dear_checkpoints_break_the_replay_goal():
     assert m.broken_promise(1000) is None                   # 1 s of replay: within the goal
     warning = m.broken_promise(5000)
     assert "does not keep its replay bound (2 s)" in warning and "steps 0 to 5000" in warning
-    assert "costs up to 100 ms" in warning and "every 5 s" in warning
+    assert "costs up to 100 ms" in warning and "takes one every 4 s" in warning
 
 
 class _ScanMachine:

@@ -75,9 +75,12 @@ class CommandLoop:
         """Run one command line; errors print one line (``FILE:LINE: message`` for files)."""
         self._source = source
         try:
-            if self.replica is not None and self.machine is not None:
-                self._note_change(text)
+            changing = self._changing(text)
+            if changing and self.replica is not None and self.machine is not None:
+                self.machine.note_change(self, text.strip())
             result = self.table.dispatch(self, text)
+            if changing:
+                self.note_change(text.strip())
             # a front end may show the data itself (a notebook: HTML tables, inline pictures)
             show = getattr(self.frontend, "show", None)
             if result is not None and not (show is not None and show(result)):
@@ -100,14 +103,14 @@ class CommandLoop:
         except Exception as e:  # a bug in a command: one line, the session goes on
             self.error(f"nndb: internal error in '{text.strip()}': {type(e).__name__}: {e}")
 
-    def _note_change(self, text: str) -> None:
+    def _changing(self, text: str) -> bool:
+        """A command that changes the run (the table's group "changing": set, unset, py)."""
         word = self.table.split(text.strip())[0].partition("/")[0] if text.strip() else ""
         try:
             cmd = self.table.lookup(word) if word else None
         except CommandError:
-            return
-        if cmd is not None and cmd.group == "changing":
-            self.machine.note_change(self, text.strip())
+            return False
+        return cmd is not None and cmd.group == "changing"
 
     def _file_error(self, source: QueuedLine, msg: str) -> None:
         # the rest of that file is dropped (gdb stops reading a file at its first error)

@@ -201,9 +201,11 @@ class StatRow:
 
 
 def loss_value(row: StatRow) -> float:
-    """``$loss``: the mean of the step's losses (one per backward pass) as
-    Python would compute it: NaN if one was NaN, +/-inf if one was infinite
-    (NaN for both signs); the statistics' mean is over the finite ones."""
+    """A loss series' value at a step (``$loss``: the first series'): the
+    step's loss as Python would compute it: NaN if it holds a NaN, +/-inf
+    if an infinity (NaN for both signs); the statistics' mean is over the
+    finite elements (a scalar loss is one number: the sum of what the step's
+    backward passes received)."""
     if row.nan_count:
         return math.nan
     if row.inf_count:

@@ -1,9 +1,13 @@
 """Changing an optimizer's hyper-parameters in place (``set``, and
 ``predict --set`` on its replica): numeric ones only, of the same shape, in
-every param group or one."""
+every param group or one; holding one at a value (``set --hold``: set again
+before each step of the optimizer, until ``unset``); and noticing a change
+that the script or a scheduler set back before the optimizer stepped."""
 from __future__ import annotations
 
-from typing import Optional
+import math
+import weakref
+from typing import Callable, Optional
 
 from ..errors import CommandError
 
@@ -28,15 +32,141 @@ def set_hyperparameter(name: str, opt, key: str, value, group: Optional[int] = N
         if isinstance(value, tuple) != isinstance(old, tuple) or \
                 (isinstance(value, tuple) and len(value) != len(old)):
             raise CommandError(f"{name}'s '{key}' is {old!r}; give a value of the same shape")
-        if hasattr(old, "fill_") and not isinstance(value, tuple):
-            old_repr = float(old)
-            old.fill_(value)          # a tensor lr (capturable optimizers): change it in place
-        else:
-            old_repr = old
-            g[key] = type(old)(value) if isinstance(old, (int, float)) and not isinstance(old, bool) \
-                and not isinstance(value, tuple) else value
+        old_repr = float(old) if hasattr(old, "fill_") else old
+        _assign(g, key, value)
         rows.append((name, gi, key, old_repr, g[key] if not hasattr(g[key], "fill_") else float(g[key])))
     return rows
+
+
+def _assign(g: dict, key: str, value) -> None:
+    """``value`` into a param group, as the group holds ``key``: a tensor in
+    place (capturable optimizers' lr), a number of the same type."""
+    old = g[key]
+    if hasattr(old, "fill_") and not isinstance(value, tuple):
+        old.fill_(value)
+    else:
+        g[key] = type(old)(value) if isinstance(old, (int, float)) and not isinstance(old, bool) \
+            and not isinstance(value, tuple) else value
+
+
+def plain(v):
+    """A setting as a plain number (or tuple of them): a one-element tensor read."""
+    return float(v) if hasattr(v, "fill_") else v
+
+
+def distance(a, b) -> float:
+    """How far apart two settings are (numbers, or tuples/lists of them; log-scale for positive ones)."""
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return sum(distance(x, y) for x, y in zip(a, b))
+    a, b = float(a), float(b)
+    if a > 0 and b > 0:
+        return abs(math.log(a / b))
+    return abs(a - b)
+
+
+def undone(now, wanted, before) -> bool:
+    """A change to ``wanted`` (from ``before``) that reads ``now``: set back
+    (nearer the value before than the value set), not merely followed by a
+    schedule."""
+    return distance(wanted, before) > 0 and distance(now, wanted) >= distance(now, before)
+
+
+class Holds:
+    """Hyper-parameters held at a value (``set HYPER VALUE --hold``): set
+    again just before each step of their optimizer (torch's step pre-hook),
+    whatever the script or a scheduler set meanwhile, until ``unset``.  A
+    hold never breaks the training: one that cannot be applied is let go
+    and said at the next step end."""
+
+    def __init__(self):
+        # id(optimizer) -> [weakref to it, its name, hook handle, {(group, key): (value, line)}]
+        self._held: dict = {}
+        self.problems: list = []
+
+    def hold(self, name: str, opt, key: str, value, groups: list, line: str) -> None:
+        entry = self._held.get(id(opt))
+        if entry is None or entry[0]() is not opt:
+            ref = weakref.ref(opt)
+            entry = [ref, name, opt.register_step_pre_hook(self._hook(ref)), {}]
+            self._held[id(opt)] = entry
+        for gi in groups:
+            entry[3][(gi, key)] = (value, line)
+
+    def release(self, key: str, name: Optional[str] = None, group: Optional[int] = None) -> list:
+        """Let go of ``key`` (in optimizer ``name``'s groups, or every
+        optimizer's; all groups, or ``group``): [(name, group, value)] let go."""
+        gone = []
+        for oid, entry in list(self._held.items()):
+            if name is not None and entry[1] != name:
+                continue
+            for (gi, k), (v, _) in sorted(entry[3].items()):
+                if k == key and group in (None, gi):
+                    del entry[3][(gi, k)]
+                    gone.append((entry[1], gi, v))
+            if not entry[3]:
+                entry[2].remove()
+                del self._held[oid]
+        return gone
+
+    def held(self) -> list:
+        """[(optimizer name, group, key, value, the command that set it)]."""
+        return [(e[1], gi, k, v, line) for e in self._held.values() if e[0]() is not None
+                for (gi, k), (v, line) in sorted(e[3].items())]
+
+    def _hook(self, ref) -> Callable:
+        def apply(opt, args, kwargs):
+            entry = self._held.get(id(opt))
+            if entry is None or entry[0]() is not opt:
+                return None
+            for (gi, key), (value, line) in list(entry[3].items()):
+                try:
+                    _assign(opt.param_groups[gi], key, value)
+                except Exception as e:       # (never the training's problem: let go, say why)
+                    del entry[3][(gi, key)]
+                    self.problems.append(f"nndb: '{line}' let go of {entry[1]}'s {key} in group {gi}: "
+                                         f"{type(e).__name__}: {e}")
+            return None
+        return apply
+
+
+class HoldCheck:
+    """After a ``set`` of an optimizer's hyper-parameter: what the optimizer
+    steps with next (read by a step pre-hook, which changes nothing), so
+    that the next step end can say when the change did not hold."""
+
+    def __init__(self, name: str, opt, key: str, rows: list, line: str, scheduled: bool):
+        self.name, self.key, self.line, self.scheduled = name, key, line, scheduled
+        self.wanted = [(gi, plain(was), plain(now)) for _, gi, _, was, now in rows]
+        self.seen: Optional[list] = None
+        self._handle = opt.register_step_pre_hook(self._look)
+
+    def _look(self, opt, args, kwargs):
+        if self.seen is None:
+            try:
+                self.seen = [plain(opt.param_groups[gi][self.key]) for gi, _, _ in self.wanted]
+            except Exception:            # (a group gone: nothing to say)
+                self.seen = []
+        return None
+
+    def verdict(self, step: int) -> Optional[str]:
+        """None while the optimizer has not stepped; "" when the change held;
+        else the warning.  Removes the hook once the optimizer stepped."""
+        if self.seen is None:
+            return None
+        self._handle.remove()
+        bad = [(gi, now) for (gi, before, wanted), now in zip(self.wanted, self.seen) if undone(now, wanted, before)]
+        if not bad:
+            return ""
+        who = "the script or its LR scheduler set it back after the stop" if self.scheduled else \
+            f"the script sets it itself after the stop (a warmup or schedule in its loop: " \
+            f"param_group['{self.key}'] = ...)"
+        by_value: dict = {}
+        for gi, now in bad:
+            by_value.setdefault(repr(now), []).append(str(gi))
+        groups = ", ".join(f"{v} in group{'s' if len(g) > 1 else ''} {', '.join(g)}" for v, g in by_value.items())
+        return (f"nndb: warning: '{self.line}' did not hold: {self.name} stepped with {self.key} {groups} at "
+                f"step {step}: {who}; '{self.line} --hold' sets it again before each step of {self.name}, "
+                f"until 'unset {self.key}'")
 
 
 def is_numeric(v) -> bool:

@@ -12,20 +12,41 @@ class _Listener:
 
 
 class StepSeen(_Listener):
-    """The last step that ended and the newest record: what the prompt shows."""
+    """The last step that ended and the newest record: what the prompt shows;
+    the step's own record as far as it is known (``step_record``); and whether
+    the last ``set`` held (said at the step end after the optimizer stepped:
+    nndb.debugger.hyperparams.HoldCheck)."""
 
     def on_step(self, end) -> None:
         s = self.session
+        if (s.hold_checks or s.holds.problems) and end.step is not None:
+            _say_held(s, end.step)
         if end.records:
             s.latest_record = end.records[-1]
         if end.step is not None:
             s.last_step = end.step
-            if s.latest_record is None or s.latest_record.step != end.step:
+            s.step_record = None
+            if s.latest_record is not None and s.latest_record.step == end.step:
+                s.step_record = s.latest_record
+            else:
                 # a hand-written loop closes step N's record at N+1's end: the
-                # prompt shows step N as far as it is known (its loss), not N-1
+                # prompt and the watches see step N as far as it is known (its
+                # loss, gradients and activations), not N-1
                 known = s.rec.recorder.provisional()
                 if known is not None and known.step == end.step:
-                    s.latest_record = known
+                    s.latest_record = s.step_record = known
+
+
+def _say_held(s, step: int) -> None:
+    for check in list(s.hold_checks):
+        verdict = check.verdict(step)
+        if verdict is not None:
+            s.hold_checks.remove(check)
+            if verdict:
+                s.error(verdict)
+    problems, s.holds.problems = s.holds.problems, []
+    for line in problems:
+        s.error(line)
 
 
 class RuleCheck(_Listener):
@@ -65,7 +86,7 @@ class StopCheck(_Listener):
         if end.step is None or s.prompting:
             return
         hits, s.rule_hits = s.rule_hits, []
-        s.check_stops(end.step, end.record, hits)
+        s.check_stops(end.step, end.record, hits, s.step_record)
 
 
 def session_listeners(s) -> list:

@@ -8,6 +8,8 @@ import fnmatch
 import weakref
 from typing import Optional
 
+import numpy as np
+
 from ..errors import CommandError
 from ..numbers import NOT_MEASURED
 from ..store.measured import measured, measured_column
@@ -112,13 +114,28 @@ class RunQueries:
 
     def history_rows(self, name: str, kind: str):
         """(steps, (N, 10) statistics) of one series, from the trace (while the
-        run is live, through its writer: the latest steps too)."""
+        run is live, through its writer: the latest steps too), and the step
+        that just ended where the trace does not hold it yet (``unwritten``)."""
+        steps, block = [], np.zeros((0, len(P.STATS)))
         with self.trace_reader() as reader:
             s = reader.find(name, kind)
-            if not s:
-                return [], []
-            steps, block = reader.history(s[0])
-            return [int(x) for x in steps], block
+            if s:
+                steps, block = reader.history(s[0])
+                steps = [int(x) for x in steps]
+        last = self.unwritten()
+        if last is not None and (name, kind) in last.names:
+            row = self.stats_of(last)[last.names.index((name, kind))]
+            steps, block = steps + [last.step], np.concatenate([block, row[None]])
+        return steps, block
+
+    def unwritten(self):
+        """The record of the step that just ended if the trace does not hold
+        it yet (a hand-written loop's step N, written with its update at the
+        end of N+1: its loss, gradients and activations), else None."""
+        rec, w = self.step_record, self.rec.writer if self.rec is not None else None
+        if rec is None or w is None or w.closed or (w.last_step is not None and w.last_step >= rec.step):
+            return None
+        return rec
 
     def trace_reader(self):
         """A TraceReader of this session's trace: through the live writer (its
@@ -133,7 +150,8 @@ class RunQueries:
         # (the live writer's registry of series ids, not a read of the trace:
         # completion asks at each key, and must not flush the writer)
         if self.rec is not None and not self.rec.writer.closed:
-            return set(self.rec.writer.series)
+            last = self.unwritten()
+            return set(self.rec.writer.series) | set(last.names if last is not None else ())
         if self.trace_path:
             from ..store.reader import TraceReader
             try:
@@ -204,16 +222,26 @@ class RunQueries:
             out[k][name] = E.StatRow(name, k, *(v if m else NOT_MEASURED for v, m in zip(row, ok)))
         return out
 
+    @staticmethod
+    def _loss_values(rows: dict) -> list:
+        return [(name, E.loss_value(row)) for name, row in rows["loss"].items()]
+
+    def losses(self) -> list:
+        """[(name, value)] of the last recorded step's losses, in the record's
+        order: one (``loss``), or one per optimizer (a GAN's ``loss/optimizerD``
+        first, the optimizer that stepped first).  ``$loss`` is the first."""
+        return self._loss_values(self.stat_rows("loss"))
+
     def variables(self, frame=None, step_end: bool = False, stop=None) -> dict:
         """``stop``: the stop being decided (a module call's, for a point's
         condition), when it is not the current one yet."""
         rows = self.stat_rows()
-        loss = next(iter(rows["loss"].values()), None)
+        loss = next(iter(self._loss_values(rows)), (None, None))[1]
         cur = stop if stop is not None else self.current
         v = {
             "step": self.last_step if (step_end or cur is None or cur.at_step_end)
             else cur.step if cur.step is not None else self.step_in_progress(),
-            "loss": E.loss_value(loss) if loss is not None else None,
+            "loss": loss,
             "grad": E.StatTable("grad", rows["grad"]),
             "param": E.StatTable("param", rows["param"]),
             "weight": E.StatTable("param", rows["param"]),

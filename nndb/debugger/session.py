@@ -28,6 +28,8 @@ from ..safetext import printable
 from . import current
 from . import evaluate as E
 from . import points as P
+from .changes import Change
+from .hyperparams import Holds
 from .listeners import session_listeners
 from .command_loop import CommandLoop, QueuedLine  # noqa: F401  (QueuedLine: part of the API)
 from .queries import RunQueries
@@ -62,6 +64,9 @@ class Session(CommandLoop, StopPoints, RunQueries):
         self.queue: collections.deque = collections.deque()
         self.stops: list = []                # for the report
         self.findings: list = []             # rule findings (the rules issue fills these)
+        self.changes: list = []              # [changes.Change]: what the live run's prompt changed (replays remake them)
+        self.holds = Holds()                 # hyper-parameters held at a value (set --hold)
+        self.hold_checks: list = []          # [hyperparams.HoldCheck]: did a set hold at the next step?
         self.failed_points: list = []        # points with the fail action that hit
         self.command_file_error: Optional[str] = None
         self.last_command: Optional[str] = None
@@ -89,6 +94,7 @@ class Session(CommandLoop, StopPoints, RunQueries):
         self.frame_index = 0
         self.last_step: Optional[int] = None  # the last step that finished
         self.latest_record = None            # the newest StepRecord handed on (what 'stats' shows)
+        self.step_record = None              # the record of the step that just ended, as far as it is known
         self.rule_hits: list = []            # rule hits of the step end being checked
         self._listeners: list = []           # this session's part of the run's step pipeline
         self._view_cache = (None, None)
@@ -123,8 +129,10 @@ class Session(CommandLoop, StopPoints, RunQueries):
         self.runs += 1
         self.trace_path = trace_path
         self.last_step = None
-        self.latest_record = None
+        self.latest_record = self.step_record = None
         self.rule_hits = []
+        if self.replica is None:
+            self.changes, self.hold_checks = [], []
         self._pending_start = (self.stop_at_start or bool(self.queue)) and self.replica is None
         self.mode, self.count, self.until_step = "continue", 0, None
         self.interrupt_requested = self.prompting = False
@@ -308,6 +316,36 @@ class Session(CommandLoop, StopPoints, RunQueries):
         w = self.rec.writer if self.rec is not None else None
         if w is not None:
             w.event(kind, message, entry.get("step"), entry)
+
+    def note_change(self, line: str) -> None:
+        """A command of the 'changing' group succeeded at a stop: on the live
+        run it is part of the run's history (kept in the trace as an event of
+        kind "change", made again by every replay of the steps after it)."""
+        stop = self.current
+        if self.replica is not None or not self.live or stop is None or stop.kind == "exited":
+            return
+        place = "start" if stop.kind == "start" else "end" if stop.at_step_end else "inside"
+        change = Change(line, stop.step, place)
+        self.changes.append(change)
+        self.keep_in_trace("change", line, change.as_dict())
+
+    def remake(self, change: Change) -> Optional[str]:
+        """In a replay: make a change of the live run again at this step end
+        (the frame is the step end's, as at the stop it was made at).  None,
+        or why it failed."""
+        frame = E.stop_frame(self._hook_frame)
+        self.frames = [(f, f.f_lineno) for f in E.stack_from(frame)] if frame is not None else []
+        self.frame_index = len(self.frames) - 1
+        was, self.prompting = self.prompting, True
+        try:
+            self.table.dispatch(self, change.line)
+        except (KillRun, RestartRun):
+            raise
+        except Exception as e:
+            return f"{type(e).__name__}: {e}" if not isinstance(e, CommandError) else str(e)
+        finally:
+            self.prompting = was
+        return None
 
     def _record_stop(self, stop: Stop) -> None:
         if stop.kind in ("start", "step", "next", "finish", "until", "past"):

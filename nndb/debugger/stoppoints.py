@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from ..errors import CommandError, KillRun, RestartRun
+from ..tracer.recorder import LATE_KINDS
 from . import evaluate as E
 from . import points as P
 
@@ -71,9 +72,10 @@ class _NamedOptimizers:
 
 class StopPoints:
     # -- stop points (from the run's step pipeline and the tracer's hooks) -------------
-    def check_stops(self, step: int, record, rule_hits: list) -> None:
+    def check_stops(self, step: int, record, rule_hits: list, known=None) -> None:
         """At the end of ``step`` (``record``: the newest record handed on
-        there, or None): stop if a point, a rule or run control says so."""
+        there, or None; ``known``: the step's own record as far as it is known,
+        see ``check_points_at_step_end``): stop if a point, a rule or run control says so."""
         role = self.replica
         agreement = self.agreement           # (several ranks: nndb.dist.allstop, every step end)
         if not rule_hits and role is None and agreement is None and not self._pending_start and \
@@ -82,11 +84,13 @@ class StopPoints:
             return        # (nothing can stop here: no point, no run control, no other rank)
         self._hook_frame = sys._getframe(1)
         try:
+            if role is not None:
+                role.remake(self, step)      # (the live run's changes at this step, in a replay)
             stop = role.before_stops(self, step) if role is not None else None
             if stop == "skip":
                 stop = None
             elif stop is None:
-                stop = self._check_step_end(step, record)
+                stop = self._check_step_end(step, record, known)
             if rule_hits:
                 stop = _with_rule_hits(stop, step, rule_hits)
             if agreement is not None:
@@ -218,11 +222,16 @@ class StopPoints:
                 self.failed_points.append(rule.id)
         return hits
 
-    def check_points_at_step_end(self, step: int, record=None) -> list:
-        """[(point, detail)] of the points that hit at the end of ``step``
-        (``record``: the record handed on there; watches look at it)."""
+    def check_points_at_step_end(self, step: int, record=None, known=None) -> list:
+        """[(point, detail)] of the points that hit at the end of ``step``.
+        ``record``: the newest record handed on there; ``known``: the record
+        of ``step`` as far as it is known at its end (``record`` itself, but
+        for a hand-written loop, whose record of step N is handed on at
+        N+1's end: step N's loss, gradients and activations).  A watch looks
+        at each step once, as soon as its kind is known: a loss, gradient or
+        activation watch at the step's own end, a param or update watch at
+        the record's (LATE_KINDS)."""
         hits = []
-        fresh = record is not None         # (a watch looks at each record once)
         for p in list(self.points.values()):
             if not p.enabled:
                 continue
@@ -232,19 +241,21 @@ class StopPoints:
                     detail = {"step": step} if p.step == step else None
                 elif isinstance(p, P.ExprBreak):
                     detail = self._expr_hit(p, step)
-                elif isinstance(p, P.Watch) and fresh:
-                    detail = p.check(*self._watch_rows(p, record))
-                    self._say_zero_baselines(p)
-                    if detail is not None:
-                        detail["step"] = record.step
+                elif isinstance(p, P.Watch):
+                    seen = record if p.kind in LATE_KINDS else known
+                    if seen is not None:
+                        detail = p.check(*self._watch_rows(p, seen))
+                        self._say_zero_baselines(p)
+                        if detail is not None:
+                            detail["step"] = seen.step
             except CommandError as e:
                 detail = {"error": str(e)}
             if detail is not None and self.point_hits(p, detail):
                 hits.append((p, detail))
         return hits
 
-    def _check_step_end(self, step: int, record) -> Optional[Stop]:
-        hits = self.check_points_at_step_end(step, record) + self._step_end_catch(record)
+    def _check_step_end(self, step: int, record, known) -> Optional[Stop]:
+        hits = self.check_points_at_step_end(step, record, known) + self._step_end_catch(record)
         if hits:
             kind = "watchpoint" if all(isinstance(p, P.Watch) for p, _ in hits) else \
                 "catchpoint" if all(isinstance(p, P.CatchPoint) for p, _ in hits) else "breakpoint"

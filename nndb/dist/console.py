@@ -25,6 +25,7 @@ import time
 from typing import Callable, Optional
 
 from ..debugger.commands import TABLE
+from ..debugger.changes import Change, kept_before
 from ..debugger.commands.rankspec import chosen, split_ranks, split_suffix
 from ..errors import EXIT_USAGE, CommandError
 from . import stacks
@@ -115,7 +116,7 @@ class Console:
         self.front.interactive = True
         self._argv, self._trace_dir = list(worker_argv), trace_dir
         self._points: list = []              # the lines that set points on every rank (a replay sets them again)
-        self._changes: list = []             # [(step or None: the start, line)]: 'set' at a stop (a replay too)
+        self._changes: list = []             # [changes.Change]: 'set' at a stop (a replay makes it again)
         self._warned = False
         self._launch(self._argv)
         while True:
@@ -308,7 +309,8 @@ class Console:
             outs = {r: self._on(r, text) for r in targets}
             if not any(e for out in outs.values() for _, e in out):
                 if word == "set":
-                    self._changes.append((self.front.state.ranks[self.current].stop_step, line))
+                    at = self.front.state.ranks[self.current].stop_step
+                    self._changes.append(Change(line, at, "start" if at is None else "end"))
                 else:
                     self._points.append(line)
             first = next(iter(outs.values()), [])
@@ -393,7 +395,7 @@ class Console:
             self.front.take_output(r)
         before = travel.trace_losses({r: self.front.state.ranks[r].trace for r in ranks
                                       if self.front.state.ranks[r].trace}, target)
-        keep = [c for c in self._changes if c[0] is None or c[0] < target]
+        keep = kept_before(self._changes, target)
         self._replaying = True
         try:
             self._launch(travel.without_run_flag(self._argv), show=False)    # (every rank at its start stop)
@@ -408,10 +410,10 @@ class Console:
             return
         # (gdb keeps the points: set again, each on its ranks, with its commands block)
         travel.set_points(self, self._targets, self.front.live_ranks(), self._points)
-        for at, line in self._changes:
-            if (at, line) not in keep:
-                self.say(f"nndb: '{line}' (made at the end of step {at}) is not made again: the job is at the "
-                         f"end of step {target} as it ran there")
+        for change in self._changes:
+            if change not in keep:
+                self.say(f"nndb: {change.describe()} is not made again: the job is at the end of step {target} "
+                         f"as it ran there")
         self._changes = keep
         for text, err in self._last_out.get(self.current, []):
             if not err and not text.startswith("Stopped at the start of the run"):

@@ -105,37 +105,39 @@ def without_run_flag(argv: list) -> list:
     return [a for j, a in enumerate(argv) if not (j < i and a == "--run")]
 
 
-def _change(run, ranks: list, targets_of, at, line: str) -> Optional[str]:
-    targets, text = targets_of(line, ranks)
+def _change(run, ranks: list, targets_of, change) -> Optional[str]:
+    targets, text = targets_of(change.line, ranks)
     for r in targets:
         out = run.on(r, text)
         if any(err for _, err in out):
-            return (f"the change '{line}' (made at {'the start' if at is None else f'the end of step {at}'}) "
-                    f"failed on rank {r} in the replay: " + " ".join(t for t, _ in out))
+            return f"the change {change.describe()} failed on rank {r} in the replay: " + " ".join(t for t, _ in out)
     return None
 
 
 def to_step(run, ranks: list, step: int, changes: list, targets_of, hits: Optional[list] = None) -> Optional[str]:
     """Run a job (a replica, or the console's own, respawned) from its start
     stop to the end of ``step``, making the live job's changes (``set`` at a
-    stop: [(step or None for the start, line)]) at the steps they were made
-    at (those made at ``step`` too); ``hits``: a list to note [(step, line)]
-    in, each stop of a point before ``step``; ``targets_of(line, ranks)``: a
-    line's ranks and text (Console._targets).  None, or why it could not."""
+    stop: [nndb.debugger.changes.Change], as one process's replays make its
+    own) where they were made (those made at ``step`` too); ``hits``: a list
+    to note [(step, line)] in, each stop of a point before ``step``;
+    ``targets_of(line, ranks)``: a line's ranks and text (Console._targets).
+    None, or why it could not."""
+    from ..debugger.changes import due
     made: set = set()
     for _ in range(2 * step + len(changes) + 4):
         at = run.stop_step()
-        for i, (k, line) in enumerate(changes):
-            if i not in made and k == at:
-                made.add(i)
-                why = _change(run, ranks, targets_of, k, line)
+        if at not in made:
+            made.add(at)
+            for change in due(changes, at):
+                why = _change(run, ranks, targets_of, change)
                 if why:
                     return why
         if at == step:
             return None
         if at is not None and at > step:
             return f"the replay stopped past step {step}, at step {at}"
-        until = min([k for k, _ in changes if k is not None and (at is None or k > at)] + [step])
+        until = min([c.replay_at for c in changes if c.replay_at is not None and (at is None or c.replay_at > at)]
+                    + [step])
         out = run.resume(f"until {until}")
         if not out:
             return _failed(run, f"before step {step}") if isinstance(run, ReplicaJob) else \

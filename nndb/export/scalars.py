@@ -3,8 +3,8 @@
 A tag names one statistic of one series, ``KIND/NAME/STAT`` (``grad/fc1.weight/norm``,
 ``act/relu#2/zero_frac``, ``loss/loss/mean``), and each loss series also
 has a headline tag, ``NAME/value`` (``loss/value``, or ``loss/netD/value``
-with several optimizers), whose value is the step's loss (its ``mean`` over
-the step's backward passes).  No tag is a prefix of another: MLflow's file
+with several optimizers), whose value is the step's loss (its ``mean``: a
+scalar loss is one number, the sum over the step's backward passes).  No tag is a prefix of another: MLflow's file
 store keeps a metric ``a/b`` as a file under the directory ``a``.  A value is exported where it was measured and is a
 number: "not measured" (nndb.store.measured) and a measured NaN are both
 left out, never written as 0; an Inf is written as it is.  Steps are the

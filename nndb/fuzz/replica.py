@@ -25,7 +25,7 @@ from torch.overrides import _push_mode
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import _disable_current_modes
 
-from ..timetravel import forking
+from ..timetravel import forking, sandbox
 from ..timetravel.roles import Role, finish
 from . import search
 from .mutate import spec_for
@@ -44,7 +44,6 @@ def fuzz(s, machine, goal: dict) -> Optional[dict]:
 
 
 def _become_fuzzer(s, machine, chan, goal: dict) -> None:
-    from ..timetravel import sandbox
     machine.replica = True
     machine.checkpoints = {}
     s.rec.writer.detach()
@@ -197,6 +196,7 @@ def _save(path: Optional[str], res, m: Model, step) -> Optional[str]:
     """The input found, as tensors only (loads with torch.load(weights_only=True))."""
     if not path:
         return None
+    sandbox.OWN.append(os.path.dirname(os.path.abspath(path)))     # (the live run's directory for it, not the user's)
     consts = m.tape.constants(m.loss_calls) if m.tape is not None else []
     torch.save({"inputs": [t.detach().clone() for t in res.inputs],
                 "loss_constants": [t.detach().clone() for t in consts],

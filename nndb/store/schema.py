@@ -45,7 +45,8 @@
     ├── events                uint8[...]   UTF-8 JSON lines: {"time", "step", "kind", "message"[,
     │                                      "detail"]}, kind one of EVENT_KINDS (warnings such as a
     │                                      recording that stopped) or RECORD_KINDS (a rule's finding,
-    │                                      a debugger stop: "detail" is the report's object for it);
+    │                                      a debugger stop: "detail" is the report's object for it; a
+    │                                      change made at a stop: "detail" {"line", "step", "place"});
     │                                      step: the step in progress (of a record: its step), or null
     ├── lineage/              the operations of the steps whose lineage was recorded (nndb.lineage)
     │   ├── step              int64[L]     a step with lineage
@@ -128,8 +129,10 @@ EVENT_KINDS = ("recording_stopped", "rule_disabled", "probe_disabled", "full_ten
 # What ``events`` also keeps of a debugger session (an addition to version 1:
 # a reader of version 1 shows them as events): a rule's finding and a stop,
 # each with a "detail" object, the one the session report (docs/report.md)
-# holds for it.  TraceReader.events() leaves them out; .records(kind) reads them.
-RECORD_KINDS = ("finding", "stop")
+# holds for it; a change made at a stop of the live run (set, set --hold,
+# unset, py: nndb.debugger.changes.Change.as_dict()).  TraceReader.events()
+# leaves them out; .records(kind) reads them.
+RECORD_KINDS = ("finding", "stop", "change")
 
 # Chunk shapes: a ``stats`` chunk holds 4 steps of 64 series (20 KiB before
 # compression).  HDF5 pays about 50 us a chunk besides compressing it: with

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import os
 import signal
 import time
 from dataclasses import dataclass
@@ -35,6 +36,19 @@ class Checkpoint:
     kind: str              # auto | stop | manual
     taken_at: float
     cost_s: float
+    changes: int = 0       # how many of the session's changes (made at the prompt) it holds
+
+
+def files_note(msg: dict) -> str:
+    """What a replica's message says of the user's files, for the line after
+    it: its writes that went to scratch copies, and that the files compared
+    are as they were (only when they are: ``TimeMachine.watching_files``)."""
+    writes, seen = msg.get("scratch_writes"), msg.get("files") or {}
+    note = f"; its {writes} file write(s) went to scratch copies" if writes else ""
+    if writes and seen.get("where") and not seen.get("changed"):
+        note += f", your files under {seen['where']} are as they were" + (
+            "" if seen.get("complete") else f" (the first {sandbox.Survey.LIMIT} compared)")
+    return note
 
 
 def default_memory_kib() -> Optional[int]:
@@ -109,6 +123,7 @@ class TimeMachine:
         self._settling: Optional[Settling] = None
         self._since_sum, self._since_n = 0.0, 0
         self._preflush: Optional[float] = None      # when the writer was asked to write ahead of a fork
+        self._tail_warned = False                   # tail_warning said at a prompt (once a run)
 
     # -- the run's lifetime --------------------------------------------------------------
     def attach(self, s) -> None:
@@ -210,7 +225,7 @@ class TimeMachine:
             return "replica"
         child_end.close()
         cost = time.perf_counter() - t0
-        ck = Checkpoint(self._next, step, pid, parent_end, kind, time.time(), cost)
+        ck = Checkpoint(self._next, step, pid, parent_end, kind, time.time(), cost, len(s.changes))
         self._next += 1
         self.checkpoints[ck.number] = ck
         self.taken += 1
@@ -242,7 +257,7 @@ class TimeMachine:
 
     def _keep_within_memory(self) -> None:
         """Over --checkpoint-memory: automatic checkpoints go, the one whose
-        loss leaves the smallest gap first (never the first nor the newest)."""
+        loss leaves the smallest gap for its age first (never the first nor the newest)."""
         if not self.memory_kib:
             return
         # (a checkpoint's PSS is at most its resident size, which costs
@@ -270,6 +285,10 @@ class TimeMachine:
         its own, or None to run on)."""
         if self.replica or self.mode not in ("auto", "fork") or self.blocked or not s.live:
             return stop
+        warning = None if self._tail_warned else self.tail_warning(stop.step)
+        if warning:
+            self._tail_warned = True
+            s.error(warning)
         if any(c.step == stop.step for c in self.checkpoints.values()):
             return stop
         if self.take(s, stop.step, "stop") == "replica":
@@ -326,13 +345,17 @@ class TimeMachine:
     def replay(self, s, goal: dict, start: int) -> dict:
         """Run a replica that starts at or before step ``start`` with ``goal``;
         returns its last message (the session state is taken back).  The
-        replica compares every replayed step's loss with the trace's and gives
-        up at the first difference (a CommandError here)."""
+        replica makes the changes made at the live run's prompt since its
+        checkpoint again at their steps (nndb.debugger.changes), compares
+        every replayed step's loss with the trace's and gives up at the first
+        difference (a CommandError here)."""
         ck = self.nearest(start)
         if ck is not None and self.mode != "respawn":
             first = ck.step + 1
+            held = ck.changes
         else:
-            first = 0
+            first, held = 0, 0
+        goal = dict(goal, changes=[c.as_dict() for c in s.changes[held:]])
         if not goal.get("stats"):             # (replay --verify compares everything itself)
             goal = dict(goal, expect=recorded_losses(s, first, int(goal.get("target", goal.get("end", start)))))
         if not self.exact:
@@ -344,10 +367,38 @@ class TimeMachine:
                 s.error(f"nndb: {self.blocked or f'no checkpoint at or before step {start}'}: "
                         "replaying from the start in a new process (respawn)")
             goal = dict(goal, replayed_from=None)
-            return self._checked(self._wait(s, *spawn(s, self, goal)))
+            with self.watching_files(s) as seen:
+                msg = self._wait(s, *spawn(s, self, goal))
+            return self._checked(dict(msg, files=seen))
         goal = dict(goal, replayed_from=ck.step)
-        ck.chan.send({"op": "resume", "goal": goal, "state": s.snapshot(), "timeline": self.timeline})
-        return self._checked(self._wait(s, ck.chan, None))
+        with self.watching_files(s) as seen:
+            ck.chan.send({"op": "resume", "goal": goal, "state": s.snapshot(), "timeline": self.timeline})
+            msg = self._wait(s, ck.chan, None)
+        return self._checked(dict(msg, files=seen))
+
+    @contextlib.contextmanager
+    def watching_files(self, s):
+        """Around a replica's run: the user's files (the script's directory,
+        the working directory) surveyed before and compared after; what the
+        replica changed there (a write nndb could not redirect) is said, one
+        line.  Yields a dict filled as the replica ends: ``where`` (what was
+        compared), ``changed`` ([(path, what)]), ``complete``."""
+        t = getattr(s.rec, "target", None)
+        script = getattr(t, "path", None)
+        roots = [os.path.dirname(os.path.abspath(script)) if script else None, os.getcwd()]
+        from .disk import directory_for
+        trace = s.trace_path
+        survey = sandbox.Survey(roots, skip=(trace, directory_for(trace)) if trace else ())
+        seen: dict = {}
+        live = os.getpid()
+        try:
+            yield seen
+        finally:
+            if os.getpid() == live:         # (not in a replica forked inside: it goes on with the script)
+                changed = survey.changes()
+                seen.update(where=survey.where(), changed=changed, complete=survey.complete)
+                if changed:
+                    s.error(survey.report(changed))
 
     @staticmethod
     def _checked(msg: dict) -> dict:
@@ -428,11 +479,8 @@ class TimeMachine:
             elif nxt == "run":
                 s.request_restart()
             else:
-                files = msg.get("scratch_writes")
                 s.message(f"Back in the present (timeline 0): step {s.last_step}."
-                          f"  ({time.perf_counter() - t0:.2f} s in the past"
-                          + (f"; its {files} file write(s) went to scratch copies, your files are as they "
-                             f"were)" if files else ")"))
+                          f"  ({time.perf_counter() - t0:.2f} s in the past{files_note(msg)})")
             return
 
     @staticmethod
@@ -490,11 +538,39 @@ class TimeMachine:
         dear = max((c.cost_s for c in self.checkpoints.values() if c.kind == "auto"), default=None)
         why = (f"{self.evicted_for_memory} checkpoint(s) dropped to stay within --checkpoint-memory"
                if self.evicted_for_memory else self.blocked
-               or (f"a checkpoint costs up to {dear * 1000:.0f} ms here, and the "
-                   f"{self.policy.budget:.0%} budget takes one every {self.policy.interval_s:.3g} s"
+               or (f"a checkpoint costs up to {dear * 1000:.0f} ms here, and the schedule "
+                   f"({self.policy.budget:.0%} of the run time, {self.policy.tail_budget:.0%} near the present) "
+                   f"takes one every {self.policy.interval_s:.3g} s"
                    if dear else "checkpoints are slow to take here"))
         return (f"Warning: the schedule does not keep its replay bound ({bound:.3g} s): steps {a} to {b} are "
                 f"about {gap * st:.3g} s of replay apart ({why}).")
+
+    #: How far over the tail bound going back from a stop may be before the
+    #: prompt says so (the median step is an estimate; the newest checkpoint
+    #: may wait for its predecessor's settling window).
+    TAIL_SLACK = 1.25
+
+    def tail_warning(self, present: int) -> Optional[str]:
+        """At a stop at the end of step ``present`` (the adaptive schedule):
+        why going back a few steps from here replays well over its tail bound
+        (schedule.TAIL_S), or None."""
+        st = self.step_time()
+        earlier = [c.step for c in self.checkpoints.values() if c.step < present]
+        if type(self.policy) is not Adaptive or st is None or not earlier:
+            return None
+        newest = max(earlier)
+        back = (present - newest) * st
+        bound = self.policy.tail_s
+        if back <= bound * self.TAIL_SLACK:
+            return None
+        why = (f"{self.evicted_for_memory} checkpoint(s) were dropped to stay within --checkpoint-memory"
+               if self.evicted_for_memory and self.policy.keeps_tail else
+               f"a checkpoint costs {self.policy.cost_s * 1000:.0f} ms here, and keeping one every {bound:g} s "
+               f"would take more than {self.policy.tail_budget:.0%} of the run time: one comes every "
+               f"{self.policy.interval_s:.3g} s")
+        return (f"nndb: warning: going back from step {present} replays from the checkpoint at step {newest} "
+                f"or earlier, about {back:.3g} s or more ({bound:g} s is the aim: {why}); "
+                f"'info checkpoints' lists them (said once a run)")
 
     @property
     def settling(self) -> bool:

@@ -17,6 +17,8 @@ def go_to(s, machine, target: int, then: str = "stop", why: str = "") -> None:
             s.resume("until", until=target)
             return
         machine.hand_back(s, "goto", target=target, then=then, why=why)
+    if s.last_step is None:
+        raise CommandError(f"step {target} has not run yet (no step has finished): use 'until {target}'")
     if target > s.last_step:
         raise CommandError(f"step {target} has not run yet (the present is step {s.last_step}): "
                            f"use 'until {target}'")

@@ -11,17 +11,18 @@ def fork_and_wait(s, machine, become):
     """Fork a helper replica of this stop (``predict``, ``fuzz``): in the child
     ``become(chan)`` takes over and None is returned; the live run waits for
     the child's last message and returns it."""
-    parent, child = Channel.pair()
-    pid = forking.fork(close=tuple(c.chan for c in machine.checkpoints.values()) + (parent,))
-    if pid == 0:
-        become(child)
-        return None
-    child.close()
-    try:
-        return machine._wait(s, parent, None)
-    finally:
-        parent.close()
-        forking.reap(pid)
+    with machine.watching_files(s):
+        parent, child = Channel.pair()
+        pid = forking.fork(close=tuple(c.chan for c in machine.checkpoints.values()) + (parent,))
+        if pid == 0:
+            become(child)
+            return None
+        child.close()
+        try:
+            return machine._wait(s, parent, None)
+        finally:
+            parent.close()
+            forking.reap(pid)
 
 
 def predict(s, machine, n: int, set_lines: list) -> dict:

@@ -26,6 +26,8 @@ import time
 from typing import Optional
 
 from ..debugger import evaluate as E
+from ..debugger.changes import Change, due, not_as_made
+from ..debugger.hyperparams import undone
 from ..debugger.stoppoints import Stop
 from ..preload import forget_openmp
 from . import forking, sandbox
@@ -77,6 +79,39 @@ class Role:
         self._started = self._progress_at = time.monotonic()
         self._progress_fd: Optional[int] = None      # the terminal, while silenced (begin)
         self._shown = False
+        # the changes made at the live run's prompt after the checkpoint: made again at their steps
+        self.changes = [Change.from_dict(d) for d in goal.get("changes") or []]
+        self._remade_at: set = set()
+
+    def remake(self, s, step: int) -> None:
+        """At the end of ``step``: make again the changes the live run made
+        there (or inside the next step), once; a replica whose timeline was
+        changed has left the run's history and makes none."""
+        if step in self._remade_at or (s.machine is not None and s.machine.changed):
+            return
+        self._remade_at.add(step)
+        for change in due(self.changes, step):
+            why = s.remake(change)
+            if why is not None:
+                message = f"nndb: the replay could not make the change {change.describe()} again: {why}"
+                if self.replaying:
+                    self.give_up(s, message + "; nothing was changed")
+                s.error(message)
+
+    def _cause(self, step: int) -> str:
+        """Why a replay diverged at ``step``: the user's own change, where the
+        replay did not make one where it was made; else what a replay cannot hold."""
+        src = self.goal.get("replayed_from")
+        moved = not_as_made(self.changes, step, has_start=False)
+        if moved:
+            return ("the change" + ("s" if len(moved) > 1 else "") + " made at the prompt "
+                    + ", ".join(c.describe() for c in moved)
+                    + ": a replay runs from step end to step end, and makes a change made inside a step at "
+                      "the end of the step before (one made at the start, when respawned, not at all)")
+        if src is None:
+            return ("unseeded randomness (a respawned replay runs the script again: seed torch, "
+                    "random and numpy, or use fork replicas), a file that changed since, or threads")
+        return "randomness the checkpoint does not hold, a file that changed since, or threads"
 
     def diverged(self, s) -> Optional[str]:
         """The newest record, compared with the recorded run: a message at the
@@ -90,11 +125,7 @@ class Role:
             have = got.get(name)
             want = math.nan if want is None else float(want)
             if have is None or not (have == want or (math.isnan(have) and math.isnan(want))):
-                src = self.goal.get("replayed_from")
-                cause = ("unseeded randomness (a respawned replay runs the script again: seed torch, "
-                         "random and numpy, or use fork replicas), a file that changed since, or threads"
-                         if src is None else "randomness the checkpoint does not hold, a file that changed "
-                         "since, or threads")
+                cause = self._cause(rec.step)
                 return (f"nndb: the replay diverged from the recorded run at step {rec.step}: {name} recorded "
                         f"{want!r}, replayed {'nothing' if have is None else repr(have)} (likely cause: "
                         f"{cause}); nothing was changed")
@@ -165,6 +196,7 @@ class Role:
     def arrived(self, s, stop: Stop):
         """Resumed from a checkpoint taken at a stop (the prompt of step
         ``stop.step``): the stop to show now, or None to run on."""
+        self.remake(s, stop.step)
         r = self.before_stops(s, stop.step)
         if isinstance(r, Stop):
             return r
@@ -283,9 +315,10 @@ class Scan(Role):
         again with the points as they are now (the stop's own hits were
         decided with the points of then: a breakpoint set later was not among
         them)."""
+        self.remake(s, stop.step)
         r = self.before_stops(s, stop.step)
         if r is None:
-            fresh = s.check_points_at_step_end(stop.step, s.record)
+            fresh = s.check_points_at_step_end(stop.step, s.record, s.step_record)
             hits = fresh + [h for h in stop.hits if h[0].number is None]      # (and its rule hits)
             if hits:
                 self.intercept(s, Stop("breakpoint", stop.step, hits=hits))
@@ -376,7 +409,7 @@ class Predict(Role):
             except Exception as e:
                 self.undone.append(f"{label}: cannot read it after step {step} ({e})")
                 continue
-            if _distance(now, wanted) >= _distance(now, before) and _distance(wanted, before) > 0:
+            if undone(now, wanted, before):
                 self.undone.append(f"{label} did not hold: it was {now!r} after step {step} (before the "
                                    f"change {before!r})")
 
@@ -450,16 +483,6 @@ def _write(fd: int, text: str) -> bool:
         return True
     except OSError:
         return False
-
-
-def _distance(a, b) -> float:
-    """How far apart two settings are (numbers, or tuples/lists of them; log-scale for positive ones)."""
-    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
-        return sum(_distance(x, y) for x, y in zip(a, b))
-    a, b = float(a), float(b)
-    if a > 0 and b > 0:
-        return abs(math.log(a / b))
-    return abs(a - b)
 
 
 def make_role(goal: dict, chan) -> Role:

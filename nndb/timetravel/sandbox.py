@@ -1,15 +1,34 @@
-"""A replica never changes the user's files.
+"""A replica never changes the user's files, or says which ones it changed.
 
 A replica (a forked or respawned copy of the run: the past, a scan, a
 prediction) runs the script's own code again, and that code writes files:
-its log, ``torch.save`` of its checkpoint, ``savefig`` of its plots.  In a
-replica, every file the script opens for writing (``open``/``io.open`` in a
-writing mode: what ``torch.save``, ``numpy.save``, ``pathlib`` and matplotlib
-use) goes to a scratch copy under a directory of the replica's own, which is
-removed when the replica ends; later reads of that path in the replica read
-the copy.  ``os.remove``/``unlink`` of a real file and ``os.rename``/``replace``
-from one leave the real file as it is.  What the script writes through C
-libraries (h5py, a subprocess) is not redirected.
+its log, ``torch.save`` of its checkpoint, ``numpy.save``, an HDF5 file,
+``savefig`` of its plots.  In a replica, every write through the Python entry
+points that write files goes to a scratch copy under a directory of the
+replica's own, removed when the replica ends, and later reads of that path
+in the replica read the copy:
+
+* ``open``/``io.open`` in a writing mode (what ``numpy.save``, ``pathlib``,
+  ``zipfile``, ``shutil.copyfile`` and matplotlib use), ``os.open`` with a
+  writing flag (``Path.touch``, ``tempfile``), ``os.truncate``;
+* ``torch.save`` to a path (torch's C++ writer opens the path itself:
+  ``torch.serialization._open_zipfile_writer`` is given the scratch path);
+* ``h5py.File`` (the HDF5 library opens the path itself:
+  ``h5py._hl.files.make_fid`` is given the scratch path);
+* ``os.remove``/``unlink``/``rename``/``replace`` and ``shutil.rmtree``
+  leave the real files as they are; ``os.chmod``/``os.utime`` of a real
+  file change its scratch copy.
+
+What no Python entry point sees (another C library that opens a path itself,
+``torch.jit.save``, a subprocess, ``posix.open``) is not redirected: nothing
+portable can redirect it without privileges (a mount namespace) or a
+preloaded C library.  So the live run also looks: ``Survey`` notes the
+size, modification time and inode of every file under the script's
+directory and the working directory before a replica starts, and compares
+after it ended; what changed is said, one line, and "your files are as they
+were" is said only of what was compared.  Directories a replica makes
+(``os.makedirs``) are made for real (an empty directory; the comparison
+names it).
 
 A replica forked from a replica (``predict`` or ``fuzz`` in the past) has a
 sandbox of its own over its parent's: it reads the parent's scratch copies,
@@ -25,6 +44,7 @@ import os
 import shutil
 
 _PASS = ("/dev/", "/proc/", "/sys/")
+_WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
 
 
 class Sandbox:
@@ -35,14 +55,18 @@ class Sandbox:
         self.moved: dict = dict(base.moved) if base is not None else {}
         self.writes = 0
         self._open = base._open if base is not None else builtins.open
-        self._base_roots = (base.root,) + base._base_roots if base is not None else ()
 
     def _real(self, file) -> str | None:
+        """The absolute path of a user's file, or None for what passes
+        (a file descriptor, /dev, /proc, the replica's own directories)."""
         if isinstance(file, int):
             return None
-        p = os.path.abspath(os.fspath(file))
-        if p.startswith(_PASS) or any(p == r or p.startswith(r + os.sep) for r in (self.root,) + self._base_roots):
+        p = os.path.abspath(os.fsdecode(os.fspath(file)))
+        if p.startswith(_PASS):
             return None
+        for own in (self.root, *(d for _, d in CLEANUP), *OWN):     # (a parent replica's too)
+            if p == own or p.startswith(own + os.sep):
+                return None
         return p
 
     def _own(self, scratch: str) -> bool:
@@ -59,15 +83,43 @@ class Sandbox:
             self.moved[p] = scratch
         return scratch
 
-    def open(self, file, mode="r", *args, **kwargs):
+    def write_path(self, file, keep: bool):
+        """Where a write to ``file`` goes: its scratch copy (one more write
+        counted), or ``file`` itself when it is not a user's file.  ``keep``:
+        the copy starts from the file's content (appending, updating)."""
         p = self._real(file)
-        if p is not None:
-            if any(c in mode for c in "wax+"):
-                self.writes += 1
-                file = self._copy_of(p, keep="w" not in mode)      # (appending or updating starts from the file)
-            elif p in self.moved:
-                file = self.moved[p]
+        if p is None:
+            return file
+        self.writes += 1
+        return self._copy_of(p, keep)
+
+    def read_path(self, file):
+        """Where a read of ``file`` goes: its scratch copy once written here."""
+        p = self._real(file)
+        return self.moved.get(p, file) if p is not None else file
+
+    def open(self, file, mode="r", *args, **kwargs):
+        if any(c in mode for c in "wax+"):
+            file = self.write_path(file, keep="w" not in mode)     # (appending or updating starts from the file)
+        else:
+            file = self.read_path(file)
         return self._open(file, mode, *args, **kwargs)
+
+    def os_open(self, path, flags, *args, **kwargs):
+        if "dir_fd" not in kwargs:
+            path = (self.write_path(path, keep=not flags & os.O_TRUNC) if flags & _WRITE_FLAGS
+                    else self.read_path(path))
+        return _os_open(path, flags, *args, **kwargs)
+
+    def truncate(self, path, length):
+        return _os_truncate(self.write_path(path, keep=True), length)
+
+    def _metadata(self, real_call):
+        def change(path, *args, **kwargs):
+            if "dir_fd" not in kwargs and self._real(path) is not None:
+                path = self._copy_of(self._real(path), keep=True)
+            return real_call(path, *args, **kwargs)
+        return change
 
     def remove(self, path, *args, **kwargs):
         p = self._real(path) if not (args or kwargs) else None      # (dir_fd: nndb's own cleanup)
@@ -82,17 +134,54 @@ class Sandbox:
         if s is None and d is None:
             return _os_rename(src, dst, *args, **kwargs)
         source = self.moved.pop(s, s) if s is not None else src
-        target = self._copy_of(d, keep=False) if d is not None else dst
+        target = self.write_path(d, keep=False) if d is not None else dst
         if os.path.isfile(source):
             shutil.copyfile(source, target)
 
+    def rmtree(self, path, *args, **kwargs):
+        p = self._real(path)
+        if p is None:
+            return _rmtree(path, *args, **kwargs)
+        for real in [r for r in self.moved if r == p or r.startswith(p + os.sep)]:
+            scratch = self.moved.pop(real)
+            if self._own(scratch) and os.path.isfile(scratch):
+                _os_remove(scratch)
+
+    def _torch_writer(self, real_writer):
+        def writer(name_or_buffer, *args, **kwargs):
+            if isinstance(name_or_buffer, (str, bytes, os.PathLike)):
+                name_or_buffer = self.write_path(name_or_buffer, keep=False)
+            return real_writer(name_or_buffer, *args, **kwargs)
+        return writer
+
+    def _h5_make_fid(self, real_make_fid):
+        def make_fid(name, mode, *args, **kwargs):
+            if isinstance(name, (str, bytes, os.PathLike)):
+                # r: read; r+ and a: update (the copy starts from the file); w, w-, x: a new file
+                to = (self.read_path(name) if mode in (None, "r")
+                      else self.write_path(name, keep=mode in ("r+", "a")))
+                name = os.fsencode(to) if isinstance(name, bytes) else to     # (h5py passes bytes)
+            return real_make_fid(name, mode, *args, **kwargs)
+        return make_fid
+
     def install(self) -> None:
         builtins.open = io.open = self.open
+        os.open = self.os_open
+        os.truncate = self.truncate
+        os.chmod, os.utime = self._metadata(_os_chmod), self._metadata(_os_utime)
         os.remove = os.unlink = self.remove
         os.rename = os.replace = self.rename
+        shutil.rmtree = self.rmtree
+        import h5py._hl.files as h5files          # (nndb imports both before any replica)
+        import torch.serialization as ts
+        if hasattr(ts, "_open_zipfile_writer"):
+            ts._open_zipfile_writer = self._torch_writer(ts._open_zipfile_writer)
+        if hasattr(h5files, "make_fid"):
+            h5files.make_fid = self._h5_make_fid(h5files.make_fid)
 
 
-_os_remove, _os_rename = os.remove, os.rename
+_os_remove, _os_rename, _os_open, _os_truncate = os.remove, os.rename, os.open, os.truncate
+_os_chmod, _os_utime, _rmtree = os.chmod, os.utime, shutil.rmtree
 
 
 ACTIVE: "Sandbox | None" = None
@@ -113,6 +202,7 @@ def cleanup() -> None:
     for pid, d in CLEANUP:
         if pid == me:
             shutil.rmtree(d, ignore_errors=True)
+OWN: list = []          # directories the live run made for a replica's answer (fuzz --save): written for real
 
 
 def enter() -> Sandbox:
@@ -124,3 +214,83 @@ def enter() -> Sandbox:
         ACTIVE = Sandbox(scratch_dir("nndb-replica-files-"), base=ACTIVE)
         ACTIVE.install()
     return ACTIVE
+
+
+class Survey:
+    """The user's files before a replica runs, to compare after it ended
+    (in the live run, which waits meanwhile): size, modification time and
+    inode of every file and directory under ``roots`` (the script's
+    directory, the working directory), at most LIMIT entries, leaving out
+    hidden directories, ``__pycache__``, the paths in ``skip`` (the trace
+    and its checkpoints, which are nndb's) and the files the output goes to
+    (``nndb run ... > log``: the replica's output is the run's)."""
+
+    LIMIT = 20000
+
+    def __init__(self, roots, skip=()):
+        real = sorted({os.path.realpath(r) for r in roots if r and os.path.isdir(r)})
+        self.roots = [r for r in real if not any(r.startswith(o + os.sep) for o in real if o != r)]
+        self.skip = tuple(os.path.realpath(p) for p in skip if p)
+        self.stdio = set()                # the terminal's files: a log the run's output is sent to
+        for fd in (0, 1, 2):
+            try:
+                st = os.fstat(fd)
+                self.stdio.add((st.st_dev, st.st_ino))
+            except OSError:
+                pass
+        self.complete = True
+        self.before = self._scan()
+
+    def _scan(self) -> dict:
+        seen: dict = {}
+        todo = list(self.roots)
+        while todo:
+            d = todo.pop()
+            try:
+                entries = list(os.scandir(d))
+            except OSError:
+                continue
+            for e in entries:
+                if e.path.startswith(self.skip) or e.name == "__pycache__":
+                    continue
+                if len(seen) >= self.LIMIT:
+                    self.complete = False
+                    return seen
+                try:
+                    st = e.stat(follow_symlinks=False)
+                except OSError:
+                    continue
+                if (st.st_dev, st.st_ino) in self.stdio:
+                    continue
+                is_dir = e.is_dir(follow_symlinks=False)
+                seen[e.path] = (is_dir, st.st_size, st.st_mtime_ns, st.st_ino)
+                if is_dir and not e.name.startswith("."):
+                    todo.append(e.path)
+        return seen
+
+    def changes(self) -> list:
+        """[(path, "changed" | "new" | "removed")] since the survey, sorted
+        by path (a directory whose entries changed is named by them)."""
+        after = self._scan()
+        out = []
+        for p in sorted(set(self.before) | set(after)):
+            a, b = self.before.get(p), after.get(p)
+            if a is None:
+                out.append((p, "new"))
+            elif b is None:
+                out.append((p, "removed"))
+            elif a != b and not (a[0] and b[0] and a[3] == b[3]):
+                out.append((p, "changed"))
+        return out
+
+    def where(self) -> str:
+        return " and ".join(self.roots)
+
+    def report(self, changes: list, limit: int = 5) -> str:
+        """One warning line naming what changed."""
+        shown = ", ".join(f"{os.path.relpath(p, self.roots[0]) if p.startswith(self.roots[0] + os.sep) else p}"
+                          f" ({what})" for p, what in changes[:limit])
+        more = f" and {len(changes) - limit} more" if len(changes) > limit else ""
+        return (f"nndb: warning: the replica changed {len(changes)} of your file(s) that nndb could not send "
+                f"to scratch copies (written by a C library, a subprocess or a low-level call): "
+                f"{shown}{more}; the live run is unchanged, those files are not as they were")

@@ -11,7 +11,9 @@ Two policies share that interface:
   use by hand -- sparse early, sparser in the middle, dense at the end where
   most bugs show up, with per-phase limits on how many are kept.
 * ``Adaptive`` when it is not: spend at most a fixed fraction of the wall
-  time on checkpoints and keep a bounded number, spread over the whole run.
+  time on checkpoints (a little more, when they are dear, to keep the
+  newest a few seconds from the present) and keep a bounded number, dense
+  near the present and sparser with age.
 
 ``DiskSchedule`` is the much coarser schedule for checkpoints written to disk.
 
@@ -45,6 +47,17 @@ BUDGET = 0.02
 #: are (``TimeMachine.broken_promise``).  Time at the prompt is not run time.
 REPLAY_BOUND_S = 2.0
 REPLAY_BOUND_FRACTION = 0.05
+
+#: The tail (adaptive schedule): wherever the run stops, going back a few
+#: steps replays at most TAIL_S seconds -- the newest checkpoint is never
+#: older than that.  When a checkpoint costs more than BUDGET x TAIL_S (80
+#: ms: a fork measured at 85-462 ms on a loaded machine spaced them 4-23 s
+#: apart, and a 300-step CNN replayed 289 steps, 31.5 s, for 'rs 5' at its
+#: end), the schedule takes one every TAIL_S anyway as long as that costs at
+#: most TAIL_BUDGET of the run time; dearer still, one every cost /
+#: TAIL_BUDGET, and the prompt says so once (``TimeMachine.tail_warning``).
+TAIL_S = 4.0
+TAIL_BUDGET = 0.05
 
 
 def replay_bound(run_time: float) -> float:
@@ -161,30 +174,40 @@ class KnownTotal(Policy):
 
 class Adaptive(Policy):
     """For runs of unknown length: keep checkpointing under ``budget`` of the
-    wall time and at most ``max_live`` automatic checkpoints alive.
+    wall time and at most ``max_live`` automatic checkpoints alive, the
+    newest never more than ``tail_s`` of run time old where that costs at
+    most ``tail_budget``.
 
     After a checkpoint costing ``c`` seconds that finished at time ``t`` the
     next is due once ``now - t >= c / budget`` (and at least one step later),
-    with ``c`` floored at ``MIN_COST_S``. Measuring from the end of the
-    checkpoint keeps the overhead at ``budget / (1 + budget)``, under budget.
-    The replay bound does not shorten that interval (it did until 2026-12:
-    on a sub-millisecond step a checkpoint's ~50-150 ms then came every 2 s,
-    5-7% of the run instead of 2%); it is the goal that cheap checkpoints
-    meet, checked and reported by the time machine.
+    with ``c`` floored at ``MIN_COST_S``, or sooner for the tail: after
+    ``max(tail_s, c / tail_budget)`` when that is shorter. Measuring from the
+    end of the checkpoint keeps the overhead at ``budget / (1 + budget)``
+    (``tail_budget`` at most when checkpoints are dear). The whole-run
+    replay bound does not shorten the interval (it did until 2026-12: on a
+    sub-millisecond step a checkpoint's ~50-150 ms then came every 2 s, 5-7%
+    of the run instead of 2%); the tail does, since going back a few steps
+    from wherever the run stops is what travelling does most.
 
-    Eviction drops, one at a time, the checkpoint whose removal leaves the
-    smallest gap between its neighbours (ties: the oldest), never the first
-    nor the newest: the survivors stay spread over the whole run instead of
-    piling up at its end.
+    Eviction is dense near the present and sparser with age, as a log
+    scale: it drops, one at a time, the checkpoint whose removal leaves the
+    smallest gap relative to that gap's distance from the newest
+    checkpoint (ties: the oldest), never the first nor the newest.  Taken
+    every k steps, the last five stay k apart, then 2k, 4k, ... back to the
+    first.  (Until 2026-12 the survivors were spread evenly over the run:
+    20 kept of 150 taken 2 steps apart were ~15 apart at the end too.)
     """
 
-    def __init__(self, budget: float = BUDGET, max_live: int = 20):
+    def __init__(self, budget: float = BUDGET, max_live: int = 20, tail_s: float = TAIL_S,
+                 tail_budget: float = TAIL_BUDGET):
         if not 0 < budget <= 1:
             raise ValueError(f"budget is a fraction of the wall time in (0, 1], not {budget}")
         if max_live < 2:
             raise ValueError(f"max_live must be at least 2 (the first and the newest), not {max_live}")
         self.budget = budget
         self.max_live = max_live
+        self.tail_s = tail_s
+        self.tail_budget = max(tail_budget, budget)
         self._last: int | None = None
         self._last_time = 0.0
         self._start: float | None = None
@@ -194,7 +217,17 @@ class Adaptive(Policy):
     def interval_s(self) -> float:
         """Seconds to wait after the last checkpoint before the next (``now``:
         the run's clock, pauses left out)."""
-        return self._cost / self.budget
+        return min(self._cost / self.budget, max(self.tail_s, self._cost / self.tail_budget))
+
+    @property
+    def cost_s(self) -> float:
+        """The last checkpoint's cost, as the schedule counts it (floored at MIN_COST_S)."""
+        return self._cost
+
+    @property
+    def keeps_tail(self) -> bool:
+        """The newest checkpoint is at most ``tail_s`` of run time old at every step end."""
+        return self.interval_s <= self.tail_s
 
     def due(self, step: int, now: float) -> bool:
         if self._last is None:
@@ -213,12 +246,13 @@ class Adaptive(Policy):
         excess = sum(1 for s in live if s not in pinned) - self.max_live
         drop: list[int] = []
         while excess > 0:
-            best = None                     # (merged gap, index): min picks the oldest on ties
+            best = None                     # (merged gap / its age, index): min picks the oldest on ties
             for i in range(1, len(live) - 1):
                 if live[i] not in pinned:
                     gap = live[i + 1] - live[i - 1]
-                    if best is None or gap < best[0]:
-                        best = (gap, i)
+                    score = gap / (live[-1] - live[i - 1])
+                    if best is None or score < best[0]:
+                        best = (score, i)
             if best is None:
                 break                       # only the first, the newest and pins remain
             drop.append(live.pop(best[1]))
@@ -226,15 +260,17 @@ class Adaptive(Policy):
         return sorted(drop)
 
     def describe(self) -> str:
-        return (f"adaptive: at most {self.budget:.0%} of the run time on checkpoints "
-                f"(next {self.interval_s:.3g} s of run time after the last, {1 / self.budget:g}x its cost), "
+        return (f"adaptive: at most {self.budget:.0%} of the run time on checkpoints, or "
+                f"{self.tail_budget:.0%} to keep the newest within {self.tail_s:g} s of replay "
+                f"(next {self.interval_s:.3g} s of run time after the last), "
                 f"aiming at a replay of at most {REPLAY_BOUND_FRACTION:.0%} of the run time or "
-                f"{REPLAY_BOUND_S:g} s, whichever is more; {self.max_live} kept spread over the run")
+                f"{REPLAY_BOUND_S:g} s, whichever is more; {self.max_live} kept, dense near the present")
 
 
 class Every(Adaptive):
     """``--checkpoint-every N`` (steps) or ``Ns`` (seconds of run time): the
-    user's interval; the kept ones are spread over the run as Adaptive's."""
+    user's interval; the kept ones are chosen as Adaptive's (dense near the
+    present)."""
 
     def __init__(self, steps: int | None = None, seconds: float | None = None, max_live: int = 20):
         super().__init__(max_live=max_live)
@@ -249,7 +285,7 @@ class Every(Adaptive):
 
     def describe(self) -> str:
         every = f"{self.steps} steps" if self.steps is not None else f"{self.seconds:g} s of run time"
-        return f"every {every} (--checkpoint-every), {self.max_live} kept spread over the run"
+        return f"every {every} (--checkpoint-every), {self.max_live} kept, dense near the present"
 
 
 def parse_every(text: str) -> tuple:

@@ -17,8 +17,11 @@ class _Bucket:
 
     ``entries`` maps a series key to its raw row, in the order first seen:
     ``("act", module, use)``, ``("loss", optimizer)`` and
-    ``("param", tensor, kind)``.  Activations and losses merge over calls;
-    a parameter row is replaced by a later one.  Small CPU tensors wait in
+    ``("param", tensor, kind)``.  Activations merge over calls (their
+    elements together); scalar losses add up (the step's objective, whose
+    gradient the optimizer applies, is the sum of what each ``backward()``
+    received), a non-scalar loss's elements merge; a parameter row is
+    replaced by a later one.  Small CPU tensors wait in
     ``deferred`` (key, array copy) and ``blocks`` (keys, flat, sizes) and are
     reduced in one numpy batch by ``resolve``.  ``params`` holds the rows of
     an optimizer's small parameters as one block (value, update and grad of
@@ -39,7 +42,13 @@ class _Bucket:
         self.param_hists: dict = {}      # ParamPlan -> (rows, HIST_BINS), as params
 
     def add_hist(self, key, counts) -> None:
+        """(after ``add`` of the same key's row)"""
         old = self.hists.get(key)
+        if key[0] == "loss":
+            v = S.scalar_of(self.entries.get(key))
+            if v is not None:             # (a sum of scalar losses: the histogram of the one number)
+                self.hists[key] = H.of_scalar(v)
+                return
         self.hists[key] = counts if old is None or key[0] == "param" else old + counts
 
     def add(self, key, raw) -> None:
@@ -47,8 +56,13 @@ class _Bucket:
         old = self.entries.get(key)
         if old is None or key[0] == "param":
             self.entries[key] = raw
-        else:
-            self.entries[key] = S.merge_raw(np.asarray(old, dtype=float), np.asarray(raw, dtype=float))
+            return
+        if key[0] == "loss":
+            total = S.add_scalar_rows(old, raw)
+            if total is not None:
+                self.entries[key] = total
+                return
+        self.entries[key] = S.merge_raw(np.asarray(old, dtype=float), np.asarray(raw, dtype=float))
 
     def merge(self, other: "_Bucket") -> None:
         for key, raw in other.entries.items():

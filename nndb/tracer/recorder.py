@@ -10,9 +10,12 @@ The hooks (``tracer.hooks``) stay thin and forward here.  What is recorded:
   use: ``act``, ``act#2``.  Calls of the model repeated within a step (gradient
   accumulation, a GAN's discriminator on real and fake data) merge into one
   row per step.
-* ``loss``: the tensor ``backward()`` was called on, merged over the step's backward passes
-  (``count`` = their number).  With several optimizers the loss is attributed to the one
-  that steps after it and named ``loss/<optimizer>``.
+* ``loss``: the tensor ``backward()`` was called on.  A scalar loss is one number per step:
+  the sum over the step's backward passes (the objective whose gradient the optimizer
+  applies: gradient accumulation's scaled micro-batch losses add up to the batch's loss;
+  ``backward_count`` says how many there were); a non-scalar loss's elements merge.  With
+  several optimizers each loss is attributed to the one that steps after it and named
+  ``loss/<optimizer>`` (a GAN's discriminator and generator losses, each summed apart).
 * ``param``, ``grad``, ``update``: for each parameter an optimizer holds, at the return of
   its ``step()``: its value, its ``.grad`` and the step's change.  Parameters no optimizer
   holds get ``param`` and ``grad`` at the step's end.  Without any optimizer (hand-written
@@ -34,6 +37,11 @@ from . import stats as S
 from ..store.schema import KINDS  # noqa: F401  (the kinds of the series recorded here)
 from .bucket import _PENDING, _Bucket
 from .params import ParamPlan, Snapshot
+
+
+# The kinds a hand-written loop's step N has only at the end of step N+1 (the update
+# the script makes after step N's backward): its provisional record lacks them.
+LATE_KINDS = ("param", "update")
 
 
 @dataclass
@@ -198,8 +206,10 @@ class StepRecorder:
             if self._in_step:
                 return
             self._in_step = True
-        if tensor.is_cpu and tensor.numel() == 1:
-            v = tensor.item()
+        if tensor.numel() == 1:
+            # One number (on an accelerator too: its row would be read back now anyway), added
+            # to the step's other losses: the step's objective is their sum.
+            v = S.local(tensor).item()
             b.add(("loss", _PENDING), S.scalar_row(v))
             if self.full:
                 b.add_hist(("loss", _PENDING), H.of_scalar(v))

@@ -218,6 +218,29 @@ def scalar_row(v: float) -> list:
     return [1.0, v, v * v, v, v, abs(v), float(v == 0), 0.0, 0.0]
 
 
+def scalar_of(raw):
+    """The number a one-element row describes (``scalar_row``'s), or None:
+    a row of more elements, or one whose sum was not measured."""
+    if raw is None or raw[_I_N] != 1:
+        return None
+    if raw[_I_NAN]:
+        return math.nan
+    if raw[_I_INF]:
+        return float(raw[_I_MIN])
+    v = float(raw[_I_SUM])
+    return None if math.isnan(v) else v
+
+
+def add_scalar_rows(a, b):
+    """The row of the sum of two one-element rows (a step's losses: the
+    objective its backward passes differentiate is their sum), or None when
+    one of them is not such a row."""
+    va, vb = scalar_of(a), scalar_of(b)
+    if va is None or vb is None:
+        return None
+    return scalar_row(va + vb)
+
+
 def scalar_raw(v: float) -> np.ndarray:
     """Raw row of one number (a scalar loss), without numpy reductions."""
     return np.array(scalar_row(v))

@@ -74,7 +74,7 @@ def _wait_for_file(path, proc, seconds=120.0) -> str:
 
 
 # The replica (which runs the script again) blocks at step 2 once the live run has
-# passed step 3, and writes its pid first (os.open: past the replica's sandbox).
+# passed step 3, and writes its pid first (posix.open: past the replica's redirection of os.open).
 HANG = textwrap.dedent('''
     import os, sys, time, torch
     FLAG, PIDS, WORKERS = sys.argv[1], sys.argv[2], int(sys.argv[3])
@@ -90,7 +90,8 @@ HANG = textwrap.dedent('''
             yield (torch.randn(16, 256),)
     for step, (x,) in zip(range(8), batches()):
         if step == 2 and os.path.exists(FLAG):
-            fd = os.open(PIDS, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+            import posix
+            fd = posix.open(PIDS, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
             os.write(fd, f"{os.getpid()}\\n".encode())
             os.close(fd)
             time.sleep(120)

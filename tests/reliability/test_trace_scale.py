@@ -1,5 +1,5 @@
 """A trace at scale: 2000 small Linear layers (14,000 series) store what is
-measured, compressed (README states the bytes per step)."""
+measured, compressed (docs/inspect.md and docs/performance.md state the bytes per step)."""
 import os
 
 import h5py

@@ -198,7 +198,8 @@ COMMANDS = [
 A trailing "if EXPR" adds a condition; a trailing "fail" makes a hit fail the
 run (exit code 4).  Several ranks: on every rank; a trailing "rank N" sets it
 on rank N only (the others stop with it: all-stop).  EXPR is Python in the script's frame; $step, $loss,
-$grad['NAME'].norm, $act['NAME'].zero_frac ... give the step's statistics.""",
+$grad['NAME'].norm, $act['NAME'].zero_frac ... give the step's statistics ($loss: with one loss per
+optimizer, the first one's; $losses['loss/NAME'].mean the others').""",
             _break, _break_arg, aliases=("b", "br"), args=("sub:step|module|if", "module", "sub:forward|backward|fail"),
             group="breakpoints", ranks="suffix"),
     Command("tbreak", "tbreak " + P.BREAK_USAGE[6:], "Set a temporary breakpoint: deleted when it first stops the run.",

@@ -6,11 +6,12 @@ import sys
 
 from ...errors import CommandError
 from .. import evaluate as E
-from ..hyperparams import check_scheduled, follow_schedule, schedulers_of, set_hyperparameter
+from ..hyperparams import HoldCheck, check_scheduled, follow_schedule, schedulers_of, set_hyperparameter
 from ..points import parse_int
 from .table import Command, Table
 
-SET_USAGE = "set HYPER VALUE [group N] [optimizer NAME]  |  set var NAME VALUE    (e.g. set lr 1e-4)"
+SET_USAGE = "set HYPER VALUE [group N] [optimizer NAME] [--hold]  |  set var NAME VALUE    (e.g. set lr 1e-4)"
+UNSET_USAGE = "unset HYPER [group N] [optimizer NAME]    (lets go of 'set HYPER VALUE --hold')"
 
 
 def _set_arg(text):
@@ -24,18 +25,13 @@ def _set_arg(text):
         src = text.split(None, 2)[2]
         E.compile_expr(src)
         return ("var", name, src)
+    hold = "--hold" in words
+    words = [w for w in words if w != "--hold"]
     if len(words) < 2:
         raise CommandError("set needs a hyper-parameter and a value", SET_USAGE)
+    line = "set " + " ".join(words)
     key = words.pop(0)
-    opts = {"group": None, "optimizer": None}
-    value_words = []
-    while words:
-        w = words.pop(0)
-        if w in opts and words:
-            v = words.pop(0)
-            opts[w] = parse_int(v, "the group") if w == "group" else v
-        else:
-            value_words.append(w)
+    opts, value_words = _hyper_options(words)
     try:
         value = ast.literal_eval(" ".join(value_words))
     except (ValueError, SyntaxError, MemoryError, RecursionError, TypeError):
@@ -43,7 +39,21 @@ def _set_arg(text):
     if not isinstance(value, (int, float, bool, tuple)) or \
             (isinstance(value, tuple) and not all(isinstance(x, (int, float)) for x in value)):
         raise CommandError(f"'{' '.join(value_words)}' is not a number or tuple of numbers", SET_USAGE)
-    return ("hyper", key, value, opts["group"], opts["optimizer"])
+    return ("hyper", key, value, opts["group"], opts["optimizer"], hold, line)
+
+
+def _hyper_options(words: list) -> tuple:
+    """``group N`` and ``optimizer NAME`` among ``words``: ({"group", "optimizer"}, the other words)."""
+    opts = {"group": None, "optimizer": None}
+    rest = []
+    while words:
+        w = words.pop(0)
+        if w in opts and words:
+            v = words.pop(0)
+            opts[w] = parse_int(v, "the group") if w == "group" else v
+        else:
+            rest.append(w)
+    return opts, rest
 
 
 def _is_local(frame, root: str) -> bool:
@@ -91,8 +101,11 @@ def _set_var(s, name: str, src: str):
 def _set(s, arg):
     if arg[0] == "var":
         return _set_var(s, arg[1], arg[2])
-    _, key, value, group, oname = arg
+    _, key, value, group, oname, hold, line = arg
     if set_target(s, key, group, oname) == "var":
+        if hold:
+            raise CommandError(f"'{key}' is a variable of the script's frame: --hold holds an optimizer's "
+                               f"hyper-parameter", SET_USAGE)
         return _set_var(s, key, repr(value))
     opts = s.optimizers()
     if oname is not None:
@@ -105,12 +118,41 @@ def _set(s, arg):
     rows, notes = [], []
     for name, opt in opts:
         scheds = schedulers_of(opt)
-        check_scheduled(name, key, scheds)
+        if not hold:                   # (a held value is set again after the scheduler too)
+            check_scheduled(name, key, scheds)
         changed = set_hyperparameter(name, opt, key, value, group)
         rows += changed
-        if key == "lr" and scheds:
+        if key == "lr" and scheds and not hold:
             notes += follow_schedule(opt, changed, scheds)
+        if hold:
+            s.holds.hold(name, opt, key, value, [r[1] for r in changed], line + " --hold")
+            notes.append(f"Held: {name}'s {key} is set to {value!r} again before each of its steps, whatever "
+                         f"the script or a scheduler sets, until 'unset {key}'.")
+        elif s.replica is None or not s.replica.replaying:
+            s.hold_checks.append(HoldCheck(name, opt, key, changed, line, bool(scheds)))
     return [Table(("optimizer", "group", "hyper-parameter", "was", "now"), rows)] + notes
+
+
+def _unset_arg(text):
+    words = text.split()
+    if not words:
+        raise CommandError("unset needs a hyper-parameter", UNSET_USAGE)
+    key = words.pop(0)
+    opts, rest = _hyper_options(words)
+    if rest:
+        raise CommandError(f"unexpected '{' '.join(rest)}'", UNSET_USAGE)
+    return key, opts["group"], opts["optimizer"]
+
+
+def _unset(s, arg):
+    key, group, oname = arg
+    gone = s.holds.release(key, oname, group)
+    if not gone:
+        held = ", ".join(f"{n}'s {k} in group {gi}" for n, gi, k, _, _ in s.holds.held())
+        raise CommandError(f"{key} is not held" + (f" (held: {held})" if held else "")
+                           + f": 'set {key} VALUE --hold' holds it")
+    return [f"Let go of {n}'s {key} in group {gi} (held at {v!r}): the script and its schedulers set it "
+            f"again" for n, gi, v in gone]
 
 
 def _py(s, text):
@@ -161,11 +203,19 @@ COMMANDS = [
 in every param group, or in group N; with several optimizers, name one.
 It takes effect at the optimizer's next step.  An LR scheduler driving the
 optimizer follows a new lr (its scale is multiplied by new/old, and it says
-so); a change a scheduler would undo is refused.  'set var NAME VALUE' (or
-'set NAME VALUE' for a name that is no hyper-parameter) assigns a variable of
-the script's frame: a hand-written loop's lr.""",
-            _set, _set_arg, args=("hyper", "sub:group|optimizer"), group="changing",
+so); a change a scheduler would undo is refused.  When the optimizer steps
+with the value set back (a script that sets param_group['lr'] itself at
+every iteration, as a warmup does), the next step end says so.  --hold sets
+the value again just before each step of the optimizer until 'unset HYPER'
+('info optimizer' lists what is held).  'set var NAME VALUE' (or 'set NAME
+VALUE' for a name that is no hyper-parameter) assigns a variable of the
+script's frame: a hand-written loop's lr.  A change at a stop of the live
+run is part of its history: kept in the trace, made again by every replay.""",
+            _set, _set_arg, args=("hyper", "sub:group|optimizer|--hold"), group="changing",
             ranks="suffix"),
+    Command("unset", UNSET_USAGE, """Let go of a hyper-parameter held by 'set HYPER VALUE --hold' (all groups, or group N).
+From the optimizer's next step on, the script and its schedulers set it again.""",
+            _unset, _unset_arg, args=("hyper", "sub:group|optimizer"), group="changing", ranks="suffix"),
     Command("py", "py STMT   |   !STMT", """Run a Python statement in the script's current frame (assignments stick).""",
             _py, aliases=("!",), args=("expr",), group="changing"),
     Command("source", "source FILE", "Run the commands in FILE (one per line, # comments).",

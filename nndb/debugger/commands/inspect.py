@@ -288,8 +288,14 @@ def _info_params(s):
 def _info_optimizer(s):
     rows = [(name, type(opt).__name__, gi, n, ", ".join(f"{k}={v!r}" for k, v in hyper.items()))
             for name, opt, gi, n, hyper in s.optimizer_groups()]
-    return Table(("optimizer", "type", "group", "params", "hyper-parameters"), rows,
-                 empty="No optimizer has stepped yet.")
+    table = Table(("optimizer", "type", "group", "params", "hyper-parameters"), rows,
+                  empty="No optimizer has stepped yet.")
+    held = s.holds.held()
+    if not held:
+        return table
+    return [table, Table(("optimizer", "group", "held", "value", "by"),
+                         [(n, gi, k, repr(v), line) for n, gi, k, v, line in held],
+                         title="Held (set again before each step until 'unset HYPER'):")]
 
 
 def _info_locals(s):

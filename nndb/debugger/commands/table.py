@@ -3,7 +3,7 @@
 Each ``Command`` carries its name, aliases, usage line, help text, argument
 parser (text -> value, raising CommandError), the function that runs it
 (session, value -> data or None) and, for completion, the kind of thing each
-argument position takes.  ``help``, completion, the README's command list and
+argument position takes.  ``help``, completion, docs/commands.md's command list and
 error messages all come from here.
 
 Commands return data: a string, a list of lines, or a ``Table``;

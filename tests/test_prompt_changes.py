@@ -1,0 +1,229 @@
+"""Changes made at the prompt (issue 39, items 3 and 4): a ``set lr`` that
+the script sets back is said at the next step end, ``set lr X --hold`` holds
+until ``unset``, and a change made at a stop of the live run is part of its
+history: kept in the trace and made again by every replay after it (goto,
+reverse-step, catch points), so time travel lands on the values the live run
+had; a replay that diverges for a change it could not make where it was made
+says so, never randomness."""
+import os
+import re
+
+import pytest
+
+from conftest import Ran, nndb, python
+from nndb.store.reader import TraceReader
+
+pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="fork replicas need fork()")
+
+# A warmup loop that sets the learning rate itself at every iteration (as
+# nanoGPT's get_lr() does), and prints what it set and the loss.
+WARMUP = '''
+import sys
+import torch, torch.nn as nn
+torch.manual_seed(0)
+m = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
+opt = torch.optim.SGD(m.parameters(), lr=0.1)
+x, y = torch.randn(32, 4), torch.randn(32, 1)
+held = [float(a) for a in sys.argv[1:]]       # (the plain run of the held lr: lr from to)
+def get_lr(it):
+    if held and held[1] <= it <= held[2]:
+        return held[0]
+    return 0.05 * min(1.0, (it + 1) / 4)
+for it in range(12):
+    lr = get_lr(it)
+    for g in opt.param_groups:
+        g["lr"] = lr
+    opt.zero_grad()
+    loss = ((m(x) - y) ** 2).mean()
+    loss.backward()
+    opt.step()
+    print(f"it {it} lr {lr} loss {loss.item()!r}")
+'''
+
+# A loop that leaves its learning rate alone; ``scale`` is a variable of its frame.
+STEADY = '''
+import torch, torch.nn as nn
+torch.manual_seed(0)
+m = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
+opt = torch.optim.SGD(m.parameters(), lr=0.05)
+x, y = torch.randn(32, 4), torch.randn(32, 1)
+scale = 1.0
+for it in range(12):
+    opt.zero_grad()
+    loss = ((m(x) * scale - y) ** 2).mean()
+    loss.backward()
+    opt.step()
+    print(f"it {it} loss {loss.item()!r}")
+'''
+
+
+def _run(tmp_path, text, commands, *extra):
+    (tmp_path / "s.py").write_text(text)
+    argv = ["run", "--batch", "--nx", "--rules", "none", "--trace", str(tmp_path / "t.h5"), "--force", *extra]
+    for c in commands:
+        argv += ["-e", c]
+    r = Ran(nndb(*argv, "s.py", cwd=str(tmp_path)), argv + ["s.py"])
+    assert "Traceback" not in r.stderr and "internal error" not in r.stderr, r.stderr
+    return r
+
+
+def _printed(out: str) -> dict:
+    return {int(i): float(v) for i, v in re.findall(r"^it (\d+) .*loss (\S+)$", out, re.M)}
+
+
+def _said(out: str, tag: str) -> list:
+    return re.findall(rf"^\('{tag}', (.*)\)$", out, re.M)
+
+
+def test_a_set_lr_the_script_sets_back_is_said_at_the_next_step_end(tmp_path):
+    r = _run(tmp_path, WARMUP, ["until 3", "set lr 1e-5", "next", 'p ("LR", opt.param_groups[0]["lr"])', "continue"])
+    assert "nndb: warning: 'set lr 1e-5' did not hold: opt stepped with lr 0.05 in group 0 at step 4: the " \
+           "script sets it itself after the stop (a warmup or schedule in its loop: param_group['lr'] = ...); " \
+           "'set lr 1e-5 --hold' sets it again before each step of opt, until 'unset lr'" in r.stderr, r.stderr
+    assert _said(r.stdout, "LR") == ["0.05"]
+    # a change that holds says nothing
+    r = _run(tmp_path, STEADY, ["until 3", "set lr 0.5", "next", "continue"])
+    assert "did not hold" not in r.stderr, r.stderr
+    assert re.search(r"opt\s+0\s+lr\s+0.05\s+0.5", r.stdout), r.stdout
+
+
+def test_set_lr_hold_holds_until_unset_is_recorded_and_replayed(tmp_path):
+    r = _run(tmp_path, WARMUP, ["until 3", "set lr 0.01 --hold", "until 7", "info optimizer", "goto 5",
+                                'p ("PAST", $step, repr($loss), opt.param_groups[0]["lr"])', "present",
+                                "unset lr", "continue"])
+    assert "Held: opt's lr is set to 0.01 again before each of its steps" in r.stdout, r.stdout
+    assert re.search(r"opt\s+0\s+lr\s+0.01\s+set lr 0.01 --hold", r.stdout), r.stdout        # info optimizer
+    assert "Let go of opt's lr in group 0 (held at 0.01)" in r.stdout
+    # the script printed what it set; the optimizer stepped with the held value from step 4 to step 7:
+    # the losses are those of a plain run whose lr is 0.01 at those iterations, bit for bit
+    plain = python(str(tmp_path / "s.py"), "0.01", "4", "7", cwd=str(tmp_path))
+    assert plain.returncode == 0, plain.stderr
+    assert _printed(r.stdout) == _printed(plain.stdout) and len(_printed(plain.stdout)) == 12
+    assert re.search(r"^it 5 lr 0.05 loss", r.stdout, re.M)
+    with TraceReader(str(tmp_path / "t.h5")) as t:
+        lrs = {row["step"]: row["lr"] for row in t.hyper()}
+        changes = t.records("change")
+    held = {s: lr for s, lr in sorted(lrs.items())}
+    assert held.get(4) == 0.01 and held.get(8) == 0.05, held
+    assert changes == [{"line": "set lr 0.01 --hold", "step": 3, "place": "end"},
+                       {"line": "unset lr", "step": 7, "place": "end"}]
+    # time travel replays the hold (from the checkpoint at step 3, taken before it was made)
+    step, loss, lr = _said(r.stdout, "PAST")[0].split(", ")
+    assert (int(step), float(loss.strip("'")), float(lr)) == (5, _printed(r.stdout)[5], 0.01)
+
+
+@pytest.mark.parametrize("replica", ["fork", "respawn"])
+def test_time_travel_after_changes_gives_the_values_the_live_run_had(tmp_path, replica):
+    # two changes at two stops; goto 7 resumes from the stop checkpoint at step 5, which holds the
+    # first change and not the second (a respawned replay makes both)
+    r = _run(tmp_path, STEADY, ["until 3", "set lr 0.5", "until 5", "set var scale 2.0", "until 9", "goto 7",
+                                'p ("AT", $step, repr($loss))', "rs", 'p ("AT", $step, repr($loss))', "present",
+                                "continue"], "--replica", replica)
+    live = _printed(r.stdout)
+    at = [(int(s), float(v.strip("'"))) for s, v in (x.split(", ") for x in _said(r.stdout, "AT"))]
+    assert at == [(7, live[7]), (6, live[6])], (at, r.stderr)
+    assert "diverged" not in r.stderr
+
+
+def test_catch_after_a_change_replays_the_step_with_it(tmp_path):
+    script = '''
+import torch, torch.nn as nn
+torch.manual_seed(0)
+m = nn.Linear(4, 1)
+opt = torch.optim.SGD(m.parameters(), lr=0.05)
+x, y = torch.randn(16, 4), torch.randn(16, 1)
+floor = 2.0
+for it in range(10):
+    opt.zero_grad()
+    out = m(x)
+    margin = floor - 0.1 * it + 0.0 * out.mean()
+    loss = ((out - y) ** 2).mean() - 0.01 * torch.log(margin)
+    loss.backward()
+    opt.step()
+    print(f"it {it} loss {loss.item()!r}")
+'''
+    # with floor 0.5 the margin is 0 at step 5: the step-end catch replays step 5 from the checkpoint of
+    # the stop at step 2, taken before the change
+    r = _run(tmp_path, script, ["catch nonfinite", "until 2", "set var floor 0.5", "continue", 'p ("AT", $step)',
+                                "continue"])
+    assert "Catchpoint 1 (catch nonfinite): log made Inf in the forward pass of step 5 (s.py:12)" in r.stdout, \
+        r.stdout + r.stderr
+    assert _said(r.stdout, "AT") == ["5"] and "diverged" not in r.stderr
+
+
+RESET_EACH_STEP = STEADY.replace("    opt.zero_grad()", "    scale = 1.0\n    opt.zero_grad()")
+
+
+def test_a_change_inside_a_step_that_a_replay_cannot_make_there_is_named_not_randomness(tmp_path):
+    # the script sets scale at the top of each iteration: the change made at the module's breakpoint
+    # inside step 4 counts there; a replay makes it at the end of step 3, where the script sets it back
+    r = _run(tmp_path, RESET_EACH_STEP, ["break module 0 forward if $step == 4", "commands", "set var scale 2.0",
+                                         "end", "break step 8", "commands", "goto 6", 'p ("AT", $step)', "end",
+                                         "continue"])
+    assert re.search(r"the replay diverged from the recorded run at step 4: loss recorded [\d.e-]+, replayed "
+                     r"[\d.e-]+ \(likely cause: the change made at the prompt 'set var scale 2.0' \(made inside step 4; "
+                     r"a replay makes it at the end of step 3\): a replay runs from step end to step end",
+                     r.stderr), r.stderr
+    assert "randomness" not in r.stderr
+    assert _said(r.stdout, "AT") == ["8"]                # the user stays where they were
+    with TraceReader(str(tmp_path / "t.h5")) as t:
+        assert t.records("change") == [{"line": "set var scale 2.0", "step": 4, "place": "inside"}]
+
+
+def test_unset_and_hold_refuse_what_they_cannot_do(tmp_path):
+    # (from the breakpoint's commands: a failed -e line would end the batch run)
+    r = _run(tmp_path, STEADY, ["break step 2", "commands", "unset lr", "set scale 3 --hold", "set lr 0.1 --hold",
+                                "unset lr group 1", "unset momentum", "end", "continue"])
+    assert "lr is not held: 'set lr VALUE --hold' holds it" in r.stderr, r.stderr
+    assert "'scale' is a variable of the script's frame: --hold holds an optimizer's hyper-parameter" in r.stderr
+    assert "lr is not held (held: opt's lr in group 0)" in r.stderr      # no group 1 held
+    assert "momentum is not held (held: opt's lr in group 0)" in r.stderr
+    with TraceReader(str(tmp_path / "t.h5")) as t:
+        assert [c["line"] for c in t.records("change")] == ["set lr 0.1 --hold"]
+
+
+def test_a_hold_that_cannot_be_applied_is_let_go_and_said_not_raised():
+    import torch
+    from nndb.debugger.hyperparams import Holds
+    m = torch.nn.Linear(2, 1)
+    opt = torch.optim.SGD([{"params": [m.weight]}, {"params": [m.bias]}], lr=0.1)
+    holds = Holds()
+    holds.hold("opt", opt, "lr", 0.5, [1], "set lr 0.5 group 1 --hold")
+    holds.hold("opt", opt, "lr", 0.5, [5], "set lr 0.5 group 5 --hold")      # (no group 5: fails at the step)
+    for g in opt.param_groups:
+        g["lr"] = 0.1
+    m(torch.ones(2)).sum().backward()
+    opt.step()                                                                 # the training goes on
+    assert [g["lr"] for g in opt.param_groups] == [0.1, 0.5]
+    assert holds.problems == ["nndb: 'set lr 0.5 group 5 --hold' let go of opt's lr in group 5: IndexError: "
+                              "list index out of range"]
+    assert holds.held() == [("opt", 1, "lr", 0.5, "set lr 0.5 group 1 --hold")]
+    assert holds.release("lr") == [("opt", 1, 0.5)] and not opt._optimizer_step_pre_hooks
+
+
+def test_where_a_replay_makes_each_change():
+    from nndb.debugger.changes import Change, due, kept_before, not_as_made
+    end, inside, first, start = Change("a", 3), Change("b", 5, "inside"), Change("c", 0, "inside"), \
+        Change("d", 0, "start")
+    changes = [start, first, end, inside]
+    assert due(changes, 3) == [end] and due(changes, 4) == [inside] and due(changes, None) == [start, first]
+    assert kept_before(changes, 4) == [start, first, end] and kept_before(changes, 5) == changes
+    assert not_as_made(changes, 3, has_start=True) == [first]
+    assert not_as_made(changes, 4, has_start=False) == [start, first, inside]
+    assert Change.from_dict(inside.as_dict()) == inside
+    assert inside.describe() == "'b' (made inside step 5; a replay makes it at the end of step 4)"
+
+
+def test_a_divergence_that_is_not_the_change_is_still_said_as_before(tmp_path):
+    # the script reads a file that it changes at step 6: a replay after the change made at step 2 (made
+    # again exactly, at its step end) diverges for the file, and says so
+    (tmp_path / "scale.txt").write_text("1.0")
+    script = STEADY.replace("    opt.zero_grad()", "    scale = float(open('scale.txt').read())\n    opt.zero_grad()") \
+        .replace('    print(f"it {it}', '    if it == 6:\n        open("scale.txt", "w").write("3.0")\n'
+                                        '    print(f"it {it}')
+    r = _run(tmp_path, script, ["until 2", "set lr 0.2", "break step 8", "commands", "goto 4", 'p ("AT", $step)',
+                                "end", "continue"], "--replica", "fork")
+    assert re.search(r"the replay diverged from the recorded run at step 3: loss recorded [\d.e-]+, replayed "
+                     r"[\d.e-]+ \(likely cause: randomness the checkpoint does not hold, a file that changed since, "
+                     r"or threads\)", r.stderr), r.stderr
+    assert "made at the prompt" not in r.stderr and _said(r.stdout, "AT") == ["8"]

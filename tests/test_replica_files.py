@@ -1,0 +1,172 @@
+"""Replicas never change the user's files (issue 39, item 6), whatever
+library writes them: ``torch.save`` (torch's C++ writer opens the path
+itself), ``numpy.save``, ``h5py.File(..., "w")`` (the HDF5 library opens the
+path itself), ``open`` and ``os.replace``.  In a reverse replay and in a
+``predict`` the replica's writes go to scratch copies (the past reads its
+own write back), and the user's file is byte for byte what it was at the
+stop; a write nndb cannot redirect (a subprocess) is named, and nndb then
+does not say the files are as they were."""
+import os
+import re
+
+import pytest
+
+from conftest import Ran, nndb
+
+pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="fork replicas need fork()")
+
+# A step ends in opt.step(); what follows in the iteration comes after the step's end.
+LOOP = '''
+torch.manual_seed(0)
+m = nn.Linear(4, 1)
+opt = torch.optim.SGD(m.parameters(), lr=0.1)
+x, y = torch.randn(16, 4), torch.randn(16, 1)
+for step in range(8):
+    opt.zero_grad()
+    loss = ((m(x) - y) ** 2).mean()
+    loss.backward()
+    opt.step()'''
+
+# Each iteration writes its number with the writer named on the command line;
+# read() reads it back the same way.
+WRITES = '''
+import hashlib, os, subprocess, sys
+import h5py, numpy as np, torch, torch.nn as nn
+WRITER = sys.argv[1]
+FILE = {"torch.save": "ckpt.pt", "np.save": "arr.npy", "h5py": "log.h5", "open": "log.txt",
+        "os.replace": "state.txt", "subprocess": "sub.txt"}[WRITER]
+
+def write(step):
+    if WRITER == "torch.save":
+        torch.save({"step": step}, FILE)
+    elif WRITER == "np.save":
+        np.save(FILE, np.array([step]))
+    elif WRITER == "h5py":
+        with h5py.File(FILE, "w") as f:
+            f["step"] = step
+    elif WRITER == "open":
+        with open(FILE, "w") as fh:
+            fh.write(str(step))
+    elif WRITER == "os.replace":
+        with open(FILE + ".tmp", "w") as fh:
+            fh.write(str(step))
+        os.replace(FILE + ".tmp", FILE)
+    else:
+        subprocess.run(["sh", "-c", f"echo {step} > {FILE}"], check=True)
+
+def read():
+    if WRITER == "torch.save":
+        return torch.load(FILE, weights_only=True)["step"]
+    if WRITER == "np.save":
+        return int(np.load(FILE)[0])
+    if WRITER == "h5py":
+        with h5py.File(FILE, "r") as f:
+            return int(f["step"][()])
+    return int(open(FILE).read())
+
+def digest():
+    return hashlib.sha256(open(FILE, "rb").read()).hexdigest()
+
+''' + LOOP + '''
+    write(step)
+print("read back", read())
+'''
+
+COMMANDS = ["until 5", 'p ("BEFORE", digest())', "rs 3", 'p ("PAST", read())', "present",
+            'p ("AFTER_RS", digest())', "predict 2", 'p ("AFTER_PREDICT", digest())', "continue"]
+
+
+def _run(tmp_path, writer, *extra):
+    (tmp_path / "w.py").write_text(WRITES)
+    argv = ["run", "--batch", "--nx", "--rules", "none", "--trace", str(tmp_path / "t.h5"), "--force", *extra]
+    for c in COMMANDS:
+        argv += ["-e", c]
+    r = Ran(nndb(*argv, "w.py", writer, cwd=str(tmp_path)), argv + ["w.py", writer])
+    assert "Traceback" not in r.stderr and "internal error" not in r.stderr, r.stderr
+    return r
+
+
+def _printed(r, label):
+    m = re.search(rf"\('{label}', '?([0-9a-f]+)'?\)", r.stdout)
+    assert m, (label, r.stdout + r.stderr)
+    return m.group(1)
+
+
+@pytest.mark.parametrize("writer", ["torch.save", "np.save", "h5py", "open", "os.replace"])
+def test_a_replica_s_writes_go_to_scratch_copies(tmp_path, writer):
+    r = _run(tmp_path, writer)
+    # the stop at step 5 comes before that iteration's write: the file holds step 4's
+    before = _printed(r, "BEFORE")
+    assert _printed(r, "AFTER_RS") == before and _printed(r, "AFTER_PREDICT") == before
+    # the past replayed steps 1 and 2 from the checkpoint at step 0, and reads its own write of step 1
+    assert _printed(r, "PAST") == "1", r.stdout
+    assert re.search(r"Back in the present \(timeline 0\): step 5\. .*its \d+ file write\(s\) went to scratch "
+                     r"copies, your files under \S+ are as they were\)", r.stdout), r.stdout
+    # the prediction ran the script's two steps, writes and all
+    assert re.search(r"Predicted 2 step\(s\) ahead on a replica", r.stdout) and "the script ended" not in r.stdout
+    assert "nndb could not send" not in r.stderr, r.stderr
+    assert "read back 7" in r.stdout                      # the live run's own writes are real
+
+
+def test_a_respawned_replica_s_torch_save_goes_to_a_scratch_copy(tmp_path):
+    r = _run(tmp_path, "torch.save", "--replica", "respawn")
+    before = _printed(r, "BEFORE")
+    assert _printed(r, "AFTER_RS") == before and _printed(r, "AFTER_PREDICT") == before
+    assert _printed(r, "PAST") == "1", r.stdout
+    assert "from the start" in r.stdout + r.stderr        # (a respawned replay, not a fork's)
+    assert "read back 7" in r.stdout
+
+
+def test_a_write_nndb_cannot_redirect_is_named(tmp_path):
+    r = _run(tmp_path, "subprocess")
+    assert _printed(r, "PAST") == "1"                     # (the subprocess wrote the real file)
+    line = ("nndb: warning: the replica changed 1 of your file(s) that nndb could not send to scratch copies "
+            "(written by a C library, a subprocess or a low-level call): sub.txt (changed); the live run is "
+            "unchanged, those files are not as they were")
+    assert r.stderr.count(line) == 2, r.stderr            # after the reverse replay and after predict
+    assert "are as they were)" not in r.stdout
+    assert _printed(r, "AFTER_RS") != _printed(r, "BEFORE")
+
+
+# Appending, and the past going on (next) from where it arrived.
+WRITES_FILES = "import torch, torch.nn as nn" + LOOP + '''
+    with open("log.txt", "a") as fh:
+        fh.write(f"{step}\\n")
+    torch.save(m.state_dict(), "ckpt.pt")
+    open("last.txt", "w").write(str(step))
+'''
+
+
+def _files_run(tmp_path, commands):
+    (tmp_path / "s.py").write_text(WRITES_FILES)
+    argv = ["run", "--batch", "--nx", "--rules", "none", "--trace", str(tmp_path / "t.h5"), "--force"]
+    for c in commands:
+        argv += ["-e", c]
+    return Ran(nndb(*argv, "s.py", cwd=str(tmp_path)), argv + ["s.py"])
+
+
+def test_replicas_leave_the_user_s_files_alone(tmp_path):
+    r = _files_run(tmp_path, ["until 5", "rs 3", "next", 'p ("PAST", open("last.txt").read())', "present",
+                              "predict 2", 'p ("NOW", open("last.txt").read())', "continue"])
+    assert "('PAST', '2')" in r.stdout and "('NOW', '4')" in r.stdout, r.stdout + r.stderr   # (a step ends in opt.step())
+    assert re.search(r"file write\(s\) went to scratch copies, your files under \S+ are as they were", r.stdout)
+    assert (tmp_path / "log.txt").read_text() == "".join(f"{i}\n" for i in range(8))   # each step once
+    assert (tmp_path / "last.txt").read_text() == "7"
+    import torch
+    saved = torch.load(str(tmp_path / "ckpt.pt"), weights_only=True)
+    assert set(saved) == {"weight", "bias"}
+
+
+def test_a_prediction_in_the_past_leaves_the_past_s_files_alone(tmp_path):
+    """predict forks the replica in the past: its writes go to copies of its own,
+    and it removes only those (it had removed the past's, issue 39)."""
+    r = _files_run(tmp_path, ["until 5", "rs 3", "next", 'p ("PAST", open("last.txt").read())', "predict 2",
+                              'p ("AFTER", open("last.txt").read())', 'p ("LOG", open("log.txt").read().split())',
+                              "present", "continue"])
+    out = r.stdout + r.stderr
+    # (a step ends in opt.step(): the past at step 3 has written step 2's lines, on copies of the
+    # files as they were at the stop at step 5, the replay's steps 0-2 appended to the log's)
+    assert "('PAST', '2')" in r.stdout and "('AFTER', '2')" in r.stdout, out
+    assert "('LOG', ['0', '1', '2', '3', '4', '0', '1', '2'])" in r.stdout, out
+    assert (tmp_path / "last.txt").read_text() == "7"
+    assert (tmp_path / "log.txt").read_text() == "".join(f"{i}\n" for i in range(8))
