@@ -115,3 +115,21 @@ def test_ctrl_c_in_a_goto_from_the_past_says_the_user_is_in_the_present(tmp_path
     past = [line for line in screen(raw) if "In the past" in line]
     assert counts == {295} and past[0].startswith("In the past (timeline 0): step 295 finished"), (counts, past)
     assert past[0].endswith("295 step(s) replayed from the checkpoint at step 0)"), past
+
+
+def test_the_history_is_written_past_a_replica_s_sandbox(tmp_path, monkeypatch):
+    """In a replica the sandbox replaces open (and may replace os.open): the
+    history keeps the opener of the process that made the prompt."""
+    import builtins
+    from nndb.repl.app import History
+    path = tmp_path / "hist"
+    h = History(str(path))
+
+    def sandboxed(*args, **kwargs):
+        raise AssertionError("the history went through the sandbox")
+    monkeypatch.setattr(builtins, "open", sandboxed)
+    monkeypatch.setattr(os, "open", sandboxed)
+    h.store_string("p 1")
+    h.store_string("p 2")
+    monkeypatch.undo()
+    assert _history(path) == ["p 1", "p 2"]

@@ -137,13 +137,17 @@ WRITES_FILES = "import torch, torch.nn as nn" + LOOP + '''
 '''
 
 
-def test_replicas_leave_the_user_s_files_alone(tmp_path):
+def _files_run(tmp_path, commands):
     (tmp_path / "s.py").write_text(WRITES_FILES)
     argv = ["run", "--batch", "--nx", "--rules", "none", "--trace", str(tmp_path / "t.h5"), "--force"]
-    for c in ["until 5", "rs 3", "next", 'p ("PAST", open("last.txt").read())', "present", "predict 2",
-              'p ("NOW", open("last.txt").read())', "continue"]:
+    for c in commands:
         argv += ["-e", c]
-    r = Ran(nndb(*argv, "s.py", cwd=str(tmp_path)), argv + ["s.py"])
+    return Ran(nndb(*argv, "s.py", cwd=str(tmp_path)), argv + ["s.py"])
+
+
+def test_replicas_leave_the_user_s_files_alone(tmp_path):
+    r = _files_run(tmp_path, ["until 5", "rs 3", "next", 'p ("PAST", open("last.txt").read())', "present",
+                              "predict 2", 'p ("NOW", open("last.txt").read())', "continue"])
     assert "('PAST', '2')" in r.stdout and "('NOW', '4')" in r.stdout, r.stdout + r.stderr   # (a step ends in opt.step())
     assert re.search(r"file write\(s\) went to scratch copies, your files under \S+ are as they were", r.stdout)
     assert (tmp_path / "log.txt").read_text() == "".join(f"{i}\n" for i in range(8))   # each step once
@@ -151,3 +155,18 @@ def test_replicas_leave_the_user_s_files_alone(tmp_path):
     import torch
     saved = torch.load(str(tmp_path / "ckpt.pt"), weights_only=True)
     assert set(saved) == {"weight", "bias"}
+
+
+def test_a_prediction_in_the_past_leaves_the_past_s_files_alone(tmp_path):
+    """predict forks the replica in the past: its writes go to copies of its own,
+    and it removes only those (it had removed the past's, issue 39)."""
+    r = _files_run(tmp_path, ["until 5", "rs 3", "next", 'p ("PAST", open("last.txt").read())', "predict 2",
+                              'p ("AFTER", open("last.txt").read())', 'p ("LOG", open("log.txt").read().split())',
+                              "present", "continue"])
+    out = r.stdout + r.stderr
+    # (a step ends in opt.step(): the past at step 3 has written step 2's lines, on copies of the
+    # files as they were at the stop at step 5, the replay's steps 0-2 appended to the log's)
+    assert "('PAST', '2')" in r.stdout and "('AFTER', '2')" in r.stdout, out
+    assert "('LOG', ['0', '1', '2', '3', '4', '0', '1', '2'])" in r.stdout, out
+    assert (tmp_path / "last.txt").read_text() == "7"
+    assert (tmp_path / "log.txt").read_text() == "".join(f"{i}\n" for i in range(8))

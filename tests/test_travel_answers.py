@@ -218,36 +218,3 @@ def test_predict_says_when_a_change_did_not_hold(tmp_path):
 def test_bisect_after_the_run_ended(tmp_path):
     r = _run(tmp_path, "mlp.py", ["continue", "bisect $step >= 7"], "--steps", "12", extra=("--rules", "none"))
     assert re.search(r"\$step >= 7 first became true at step 7 \(", r.stdout), r.stdout + r.stderr
-
-
-WRITES_FILES = '''
-import torch, torch.nn as nn
-torch.manual_seed(0)
-m = nn.Linear(4, 1)
-opt = torch.optim.SGD(m.parameters(), lr=0.1)
-x, y = torch.randn(16, 4), torch.randn(16, 1)
-for step in range(8):
-    opt.zero_grad()
-    loss = ((m(x) - y) ** 2).mean()
-    loss.backward()
-    opt.step()
-    with open("log.txt", "a") as fh:
-        fh.write(f"{step}\\n")
-    torch.save(m.state_dict(), "ckpt.pt")
-    open("last.txt", "w").write(str(step))
-'''
-
-
-def test_a_prediction_in_the_past_leaves_the_past_s_files_alone(tmp_path):
-    """predict forks the replica in the past: its writes go to copies of its own,
-    and it removes only those (it had removed the past's, issue 39)."""
-    r = _script_run(tmp_path, WRITES_FILES, ["until 5", "rs 3", "next", 'p ("PAST", open("last.txt").read())',
-                                             "predict 2", 'p ("AFTER", open("last.txt").read())',
-                                             'p ("LOG", open("log.txt").read().split())', "present", "continue"])
-    out = r.stdout + r.stderr
-    # (a step ends in opt.step(): the past at step 3 has written step 2's lines, on copies of the
-    # files as they were at the stop at step 5, the replay's steps 0-2 appended to the log's)
-    assert "('PAST', '2')" in r.stdout and "('AFTER', '2')" in r.stdout, out
-    assert "('LOG', ['0', '1', '2', '3', '4', '0', '1', '2'])" in r.stdout, out
-    assert (tmp_path / "last.txt").read_text() == "7"
-    assert (tmp_path / "log.txt").read_text() == "".join(f"{i}\n" for i in range(8))

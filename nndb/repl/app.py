@@ -34,13 +34,20 @@ class History(FileHistory):
     """The history file, written past the replica sandbox: it is nndb's own
     file, not the script's, and a command typed in the past is kept as one
     typed in the present (through ``open``, prompt_toolkit's write went to a
-    replica's scratch copy, and failed once that was gone: issue 39)."""
+    replica's scratch copy, and failed once that was gone: issue 39).  The
+    sandbox replaces ``open`` (and may replace ``os.open``) in a replica;
+    this writes with the ``os.open`` of the process that made the prompt."""
+
+    def __init__(self, filename: str) -> None:
+        super().__init__(filename)
+        # (made in the live run, before any replica: os.open as it is before a sandbox replaces it)
+        self._os_open = os.open
 
     def store_string(self, string: str) -> None:
         lines = "".join(f"+{line}\n" for line in string.split("\n"))
         data = f"\n# {datetime.datetime.now()}\n{lines}".encode("utf-8")
         try:
-            fd = os.open(self.filename, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+            fd = self._os_open(self.filename, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
             try:
                 os.write(fd, data)       # (one write: the lines of one entry stay together)
             finally:

@@ -55,7 +55,6 @@ class Sandbox:
         self.moved: dict = dict(base.moved) if base is not None else {}
         self.writes = 0
         self._open = base._open if base is not None else builtins.open
-        self._base_roots = (base.root,) + base._base_roots if base is not None else ()
 
     def _real(self, file) -> str | None:
         """The absolute path of a user's file, or None for what passes
@@ -65,7 +64,7 @@ class Sandbox:
         p = os.path.abspath(os.fsdecode(os.fspath(file)))
         if p.startswith(_PASS):
             return None
-        for own in (self.root, *self._base_roots, *(d for _, d in CLEANUP), *OWN):
+        for own in (self.root, *(d for _, d in CLEANUP), *OWN):     # (a parent replica's too)
             if p == own or p.startswith(own + os.sep):
                 return None
         return p
@@ -145,7 +144,7 @@ class Sandbox:
             return _rmtree(path, *args, **kwargs)
         for real in [r for r in self.moved if r == p or r.startswith(p + os.sep)]:
             scratch = self.moved.pop(real)
-            if os.path.isfile(scratch):
+            if self._own(scratch) and os.path.isfile(scratch):
                 _os_remove(scratch)
 
     def _torch_writer(self, real_writer):
