@@ -189,7 +189,7 @@ class TraceReader(FullReads):
         self.meta = _expect(json.loads(_json_blob(f["meta"])), dict, "meta")
         self.columns = tuple(json.loads(f["stats"].attrs["columns"]))
         if len(self.columns) != f["stats"].shape[2] or not all(isinstance(c, str) for c in self.columns) \
-                or "count" not in self.columns:
+                or not {"count", "zero_frac"} <= set(self.columns):     # (what measured() reads)
             raise ValueError("the statistics' columns do not match stats")
         self._series: list = []
         for line in _json_blob(f["series"], self._committed.get("series")).splitlines():
