@@ -1,4 +1,4 @@
-"""Exploding and vanishing gradients, from the recorded gradient norms.
+"""Exploding, vanishing and absent gradients, from the recorded gradient norms.
 
 Three views of a weight tensor's gradient at a step, each a flag; a streak of
 ``steps`` consecutive flagged observed steps (nndb.rules.base.observed) reports the tensor (one finding
@@ -15,6 +15,10 @@ per optimizer: its worst tensor, the others listed):
 Only weight tensors count (>= 2-D and ``min_elements``: biases and norm scales
 have small, noisy gradients), and only nonzero gradients: an exactly-zero
 gradient is a frozen or dead layer, not a vanishing one.
+
+``zero_gradients`` is the other end: every gradient of the step exactly 0,
+step after step, so nothing can learn (a constant loss, a cross-entropy over a
+single class, a loss cut from the model).
 """
 from __future__ import annotations
 
@@ -386,3 +390,74 @@ class VanishingGradient(_Gradients):
 
     def _worst(self, cand, g):
         return min(cand)           # the earliest layer: the farthest from the loss
+
+
+class ZeroGradients(Rule):
+    id = "zero_gradients"
+    severity = "error"
+    explanation = ("every gradient is exactly 0, step after step: nothing learns (a constant loss such as a "
+                   "cross-entropy over a single class, a loss that does not depend on the parameters)")
+    THRESHOLDS = {
+        "steps": Threshold(10, "consecutive recorded steps on which every gradient recorded is exactly 0: a "
+                               "healthy run has no such step (a ReLU net whose units all died is dead_relu's "
+                               "first, and this one's when it stays so)"),
+    }
+    EVERY_STEP = True               # (the gradient norms are recorded on every step)
+
+    def reset(self):
+        self.own = Tensors()
+        self.run = 0                   # recorded steps in a row with every gradient exactly 0
+        self.since = None
+        self.losses: list = []         # the loss of each of those steps (one loss) while they run
+        self.classes = None            # the class count a classification loss was called with, if seen
+        self.done = False
+
+    def _zero(self, g: np.ndarray) -> bool:
+        return g.size > 0 and not np.count_nonzero(g)
+
+    def check_block(self, block):
+        if self.done:
+            return True
+        _, lay = block.layout(self.own)
+        g = block.take(lay, "grad", "norm")[:, lay.g >= 0]
+        if g.shape[1] == 0 or not (g == 0).all(axis=1).any():
+            self.run, self.since, self.losses = 0, None, []
+            return True
+        return None
+
+    def check(self, ctx):
+        if self.done:
+            return
+        # (the loss probe's facts, on its steps: the first ones)
+        for f in ctx.facts.get("loss_inputs", {}).get("calls", {}).values():
+            first = f.get("first_loss")
+            n = f.get("classes") if f.get("classes") is not None else first[1] if first else None
+            if n is not None:
+                self.classes = int(n)
+        _, lay = layout(ctx, self.own)
+        g = lay.take(ctx, "grad", "norm")[lay.g >= 0]
+        if not self._zero(g):
+            self.run, self.since, self.losses = 0, None, []
+            return
+        self.run += 1
+        if self.since is None:
+            self.since = ctx.step
+        if lay.loss_rows.size == 1:
+            self.losses.append(ctx.mean_of(int(lay.loss_rows[0])))
+        if self.run < int(self.params["steps"]):
+            return
+        self.done = True
+        cause, constant = "", None
+        if len(self.losses) == self.run and len(set(self.losses)) == 1:
+            constant = self.losses[0]
+            cause = f"; the loss is exactly {constant + 0.0:.6g} at every one of them: a constant loss has no gradient"
+            if self.classes == 1:
+                cause += (" (the classification loss is over a single class: cross-entropy of one logit is 0 "
+                          "whatever the model outputs; more than one class, or a loss for one output such as "
+                          "BCEWithLogitsLoss or MSELoss)")
+        elif self.classes == 1:
+            cause = "; the classification loss is over a single class: cross-entropy of one logit is 0"
+        yield self.finding(
+            ctx, f"every gradient ({g.size} tensor(s)) has been exactly 0 for {self.run} recorded steps in a row "
+                 f"since step {self.since}: nothing learns{cause}",
+            tensors=int(g.size), steps=[self.since, ctx.step], constant_loss=constant, classes=self.classes)
