@@ -193,7 +193,8 @@ class Cadence:
             ("module outputs (activations): count, norm, NaN/Inf", "acts", "`--act-every`"),
             ("all ten statistics of every tensor, activations included", "full", "`--full-every`"),
             ("`nonfinite`, `exploding_gradient`, `vanishing_gradient`, `update_ratio`, `param_not_updated`, "
-             "`loss_not_decreasing` (its trend judged on the observed steps), the rules of a rule file "
+             "`loss_not_decreasing` (its trend judged on the observed steps), `loss_explodes`, `zero_gradients`, "
+             "the rules of a rule file "
              "(between observed steps, while all of them only warn, judged together as a block of the steps between two observed ones (or 0.25 s), "
              "each step's findings as judged alone, all in before any stop)",
              "recorded", ""),

@@ -175,6 +175,10 @@ class Recording:
                                          on_error=self._fingerprints_failed, ranks=meta.get("world_size") or 1)
         self.listeners.append(self.fingerprints)
         self.tracer.on_first_grad = self.fingerprints.gradient_began
+        # The script's exception, once it has raised out of the run (an
+        # Exception, not an exit, Ctrl-C or the debugger's kill): the step
+        # listeners judge the records closed as it ended (nndb.debugger.listeners).
+        self.raised: Optional[BaseException] = None
 
     def note(self, kind: str, message: str) -> None:
         """Record a warning in the trace's events (kind: schema.EVENT_KINDS),
@@ -196,6 +200,8 @@ class Recording:
         return self
 
     def __exit__(self, *exc) -> None:
+        if isinstance(exc[1], Exception):
+            self.raised = exc[1]
         try:
             self.tracer.finish()
         finally:

@@ -91,6 +91,41 @@ def test_catch_nonfinite_in_the_backward_pass(tmp_path):
     assert "LogBackward0" in r.stdout
 
 
+BN_BUFFER_INF = textwrap.dedent('''
+    import torch, torch.nn as nn
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 3))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x, y = torch.randn(32, 8), torch.randint(0, 3, (32,))
+    for step in range(6):
+        opt.zero_grad()
+        loss = nn.functional.cross_entropy(model(x * (1e20 if step == 3 else 1.0)), y)   # BN LINE
+        loss.backward()
+        opt.step()
+    print("done", bool(model[1].running_var.isfinite().all()))
+''')
+
+
+@pytest.mark.parametrize("eager", [False, True])
+def test_catch_nonfinite_sees_batchnorm_running_statistics(tmp_path, eager):
+    """Inputs of 1e20 at step 3: the batch's variance overflows into running_var
+    (Inf), while the normalised output, the loss, every gradient and parameter
+    stay finite.  The buffer is a tensor the run makes: batch norm's in-place
+    update of it is the first non-finite operation (before: no stop at all)."""
+    script = _script(tmp_path, "train.py", BN_BUFFER_INF)
+    line = 1 + BN_BUFFER_INF.splitlines().index(next(l for l in BN_BUFFER_INF.splitlines() if "BN LINE" in l))
+    r = _run(tmp_path, script, "--report", str(tmp_path / "r.json"),
+             "-e", "catch nonfinite" + (" --eager" if eager else ""), "-e", "continue", "-e", "continue")
+    assert "done False" in r.stdout
+    stops = json.loads((tmp_path / "r.json").read_text())["stops"]
+    assert [(s["reason"], s["step"]) for s in stops] == [("catchpoint", 3)]    # once: not again at steps 4, 5
+    d = stops[0]["detail"]
+    assert (d["op"], d["phase"], d["module"], d["line"]) == ("native_batch_norm", "forward", "1", line)
+    running_var = d["inputs"][4]
+    assert running_var["written"] is True and running_var["inf"] == 16 and d["inputs"][0]["inf"] == 0
+    assert "(after the operation wrote it in place)" in r.stdout
+
+
 @pytest.fixture(scope="module")
 def nan_parameter_origin(tmp_path_factory) -> Ran:
     """nan_lr.py stopped where 2.weight went NaN; origin of it, of a finite

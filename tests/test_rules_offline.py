@@ -21,15 +21,16 @@ from nndb.tracer import stats as S
 from nndb.tracer.recorder import StepRecord
 
 # What a trace cannot serve, spelled out (not derived from the code under test).
-OFFLINE = ["nonfinite", "loss_not_decreasing"]
+OFFLINE = ["nonfinite", "loss_not_decreasing", "loss_explodes", "zero_gradients"]
 # ... and what it serves where it records the optimizers (a run's trace; not one written here by hand)
 OPTIMIZERS = ["exploding_gradient", "vanishing_gradient", "update_ratio", "param_not_updated"]
 # (epoch_repeats: from the input checksums a run's trace keeps, its fingerprints)
-WITH_OPTIMIZERS = ["nonfinite"] + OPTIMIZERS + ["loss_not_decreasing", "epoch_repeats"]
+WITH_OPTIMIZERS = ["nonfinite"] + OPTIMIZERS + ["loss_not_decreasing", "loss_explodes", "zero_gradients",
+                                                 "epoch_repeats", "duplicate_batches"]
 PROBES = {"bn_stats", "grad_none", "stale_grad", "dead_relu", "saturated_activation", "eval_mode_training",
           "input_range", "initial_loss", "loss_broadcast", "double_softmax"}
 # (a trace written by hand here records no optimizers: their rules are skipped too)
-NOT_ON_HAND_WRITTEN = PROBES | set(OPTIMIZERS) | {"epoch_repeats"}
+NOT_ON_HAND_WRITTEN = PROBES | set(OPTIMIZERS) | {"epoch_repeats", "duplicate_batches"}
 
 
 def _record(step, names, arrays, loss, optimizer_steps=1, partial=False):
@@ -122,7 +123,7 @@ def test_steps_the_live_rules_never_saw_are_not_checked_and_named(tmp_path):
 def test_a_series_first_seen_after_others_of_its_kind_skips_the_order_rules(tmp_path):
     records = _records(nan_at=53, late_act_at=5)
     result = _offline(_write(str(tmp_path / "t.h5"), records))
-    assert result.rules_run == ["loss_not_decreasing"]
+    assert result.rules_run == ["loss_not_decreasing", "loss_explodes", "zero_gradients"]
     order = [s for s in result.skipped if s.need == "order"]
     assert [s.rule for s in order] == ["nonfinite"]
     assert "act embed first appears at step 5" in order[0].reason
@@ -153,7 +154,7 @@ def test_the_engine_is_left_as_it_was(tmp_path):
     engine.set_enabled("loss_not_decreasing", False)
     with TraceReader(path) as reader:
         result = check_trace(reader, engine)
-    assert result.rules_run == ["nonfinite"]
+    assert result.rules_run == ["nonfinite", "loss_explodes", "zero_gradients"]
     assert "loss_not_decreasing" not in {s.rule for s in result.skipped}     # disabled: neither run nor skipped
     assert {r.id for r in engine.rules if r.enabled} == {r.id for r in load("default").rules} - {"loss_not_decreasing"}
     assert "module_types" not in vars(engine)
@@ -175,7 +176,7 @@ def test_check_trace_text_json_and_exit_codes(tmp_path):
                         "its norm at step 52 was " + lines[1].rsplit(" ", 1)[1])
     assert lines[2].startswith("nndb: not run on a trace: exploding_gradient, vanishing_gradient, update_ratio, "
                                "param_not_updated (they read the optimizers")
-    assert lines[-1] == (f"nndb: {path}: 60 step(s) checked with 2 rule(s): 2 findings "
+    assert lines[-1] == (f"nndb: {path}: 60 step(s) checked with 4 rule(s): 2 findings "
                          "(the run alone: 0, this re-check alone: 2, both: 0)")
     d = json.loads(_cli(path, "--json").output)
     assert [f["rule"] for f in d["findings"]] == ["loss_not_decreasing", "nonfinite"]
@@ -238,7 +239,7 @@ def test_check_trace_gives_the_live_runs_findings(tmp_path, script, args, subpro
     _run_live(example(script), args, trace, report, subprocess)
     d, findings = _compare(trace, report)
     # what makes these runs worth comparing: the examples' planted bugs
-    expected = {"nan_lr.py": ["exploding_gradient", "update_ratio", "nonfinite"],
+    expected = {"nan_lr.py": ["update_ratio", "loss_explodes", "exploding_gradient", "nonfinite"],
                 "dead_relu.py": ["loss_not_decreasing"], "double_softmax.py": ["loss_not_decreasing"]}
     assert [f["rule"] for f in d["findings"]] == expected.get(script, [])
     unchecked = {"raises.py": 3, "manual_sgd.py": 5}
@@ -309,8 +310,8 @@ def test_on_a_trace_written_before_the_optimizers_were_recorded_their_rules_say_
     _run_live(example("nan_lr.py"), ["--steps", "10"], trace, report, False)
     _as_written_before_optimizers(trace)
     d = json.loads(_cli(trace, "--json").output)
-    assert d["rules_run"] == OFFLINE + ["epoch_repeats"]
-    assert [f["rule"] for f in _found_by(d, "check-trace")] == ["nonfinite"]
+    assert d["rules_run"] == OFFLINE + ["epoch_repeats", "duplicate_batches"]
+    assert [f["rule"] for f in _found_by(d, "check-trace")] == ["loss_explodes", "nonfinite"]
     why = {s["rule"]: s for s in d["skipped"] if s["need"] == "optimizers"}
     assert list(why) == OPTIMIZERS
     assert "the trace predates the optimizers' records" in why["update_ratio"]["reason"]

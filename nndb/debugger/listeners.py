@@ -54,7 +54,15 @@ class RuleCheck(_Listener):
 
     def on_step(self, end) -> None:
         s = self.session
-        if end.step is None or s.prompting:
+        if s.prompting:
+            return
+        if end.step is None:
+            # The run's last records (the step the script raised in, a
+            # hand-written loop's last step): judged when the script raised,
+            # before the post-mortem, so that a run dying of what the rules
+            # see is not left without a finding.
+            if end.records and getattr(s.rec, "raised", None) is not None:
+                s.judge_at_exception(end.records)
             return
         s.rule_hits = [hit for record in end.records for hit in s.run_rules(record)]
         s.rules.arm(s.rec.recorder.step)         # the probes the next step needs

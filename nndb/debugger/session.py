@@ -99,6 +99,7 @@ class Session(CommandLoop, StopPoints, RunQueries):
         self._listeners: list = []           # this session's part of the run's step pipeline
         self._view_cache = (None, None)
         self._rule_optimizers = None         # (stoppoints._NamedOptimizers of the run, made once)
+        self._at_exception = False           # (the rules judge the records closed as the script raised)
         self._module_names: dict = {}        # id(module) -> (roots_version, name)
         self._main_thread = threading.main_thread().ident
         self._hook_frame = None

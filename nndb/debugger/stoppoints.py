@@ -171,7 +171,7 @@ class StopPoints:
     def step_in_progress(self) -> int:
         return self.rec.recorder.step if self.rec is not None else 0
 
-    def run_rules(self, record) -> list:
+    def run_rules(self, record, defer: bool = True) -> list:
         """The rules on one record: findings are printed and kept for the
         report; those whose action is stop or fail become hits."""
         try:
@@ -180,11 +180,26 @@ class StopPoints:
                 opts = self._rule_optimizers = _NamedOptimizers(self.rec)
             stats = self._view_cache[1] if self._view_cache[0] is record else None
             # (a replica judges each step as it comes: what it replays, the live run reported)
-            found = self.rules.on_record(record, stats, opts, defer=self.replica is None)
+            found = self.rules.on_record(record, stats, opts, defer=defer and self.replica is None)
         except Exception as e:
             self.error(f"nndb: internal error in the rules, skipped: {type(e).__name__}: {e}")
             return []
         return self._rule_findings(found)
+
+    def judge_at_exception(self, records) -> None:
+        """The script raised: the records closed as the run ended (the step it
+        raised in, a hand-written loop's last step) are judged now, each
+        finding marked ``judged_at: exception`` in the report.  No stop: the
+        post-mortem follows; a fail action still fails the run."""
+        self.flush_rules()
+        self._at_exception = True
+        try:
+            for record in records:
+                for hit, _ in self.run_rules(record, defer=False):
+                    if hit.rule.action == "fail":
+                        self.failed_points.append(hit.rule.id)
+        finally:
+            self._at_exception = False
 
     def flush_rules(self) -> None:
         """Judge the steps the rules keep in a block (nndb.rules.block): before
@@ -209,12 +224,16 @@ class StopPoints:
         for msg in self.rules.take_errors():
             self.error(f"nndb: {msg}")
         hits = []
+        at_exception = self._at_exception
         for f in found:
             self.findings.append(f.as_dict())
+            if at_exception:
+                self.findings[-1]["judged_at"] = "exception"
             rule = self.rules.rule(f.rule)
             if self.replica is not None and self.replica.replaying:
                 continue              # the live run reported it already
-            self.error(f"nndb: {f.severity}: {f.rule} at step {f.step}: {f.message}")
+            when = " (judged as the script raised)" if at_exception else ""
+            self.error(f"nndb: {f.severity}: {f.rule} at step {f.step}{when}: {f.message}")
             self.keep_in_trace("finding", f.message, self.findings[-1])
             if rule.action in ("stop", "fail") and self.mode != "detach":
                 hits.append((RuleHit(rule, f), f.as_dict()))

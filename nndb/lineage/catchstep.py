@@ -84,25 +84,30 @@ class StepEndCatch:
     def reset(self) -> None:
         self.bad = set()
 
-    def check(self, record, catching: Callable[[], list], replay: Optional[Replay], accept: Callable) -> tuple:
+    def check(self, record, catching: Callable[[], list], replay: Optional[Replay], accept: Callable,
+              buffers: Callable[[], list] = lambda: []) -> tuple:
         """(hits, note) for a record handed on at a step end: hits as in
         ``hits_from_events``, or, where the replay failed, one hit per point
         saying so; ``note``: a line for the user when the step went
         non-finite but no operation of it made the value (or None).
         ``catching()``: the catch points (asked again after the replay, which
-        may hand the session's points back as new objects)."""
+        may hand the session's points back as new objects).  ``buffers()``:
+        [((name, "buffer"), nan, inf)] of the model's buffers that are not
+        finite (BatchNorm's running statistics are not in the record)."""
         points = catching()
         if record is None or not points:
             return [], None
-        if not record.nonfinite:
+        bufs = buffers()
+        if not record.nonfinite and not bufs:
             self.bad = set()
             return [], None
         flags = record.raw[:, NONFINITE_FIELDS] > 0
         rows = np.flatnonzero(flags.any(axis=1))
         new = [(record.names[i], bool(flags[i, 0]), bool(flags[i, 1])) for i in rows
-               if record.names[i] not in self.bad]
+               if record.names[i] not in self.bad] + [b for b in bufs if b[0] not in self.bad]
         first = not self.bad
         self.bad.update(record.names[i] for i in rows)
+        self.bad.update(b[0] for b in bufs)
         if not new:
             return [], None
         step = record.step

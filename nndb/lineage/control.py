@@ -142,7 +142,8 @@ class LineageControl:
         record handed on at this step end (catchstep.StepEndCatch.check)."""
         if record is None or not self.catching() or self.eager():
             return [], None
-        return self.step_end.check(record, self.catching, lambda step: self.replay(s, step), accept)
+        return self.step_end.check(record, self.catching, lambda step: self.replay(s, step), accept,
+                                   lambda: nonfinite_buffers(s.rec.naming))
 
     def run_ended(self) -> None:
         if self.recorder is not None:
@@ -180,3 +181,24 @@ class LineageControl:
             sl = self.recorder.current
         return sl.find(t) if sl is not None else None
 
+
+
+def nonfinite_buffers(naming) -> list:
+    """[((name, "buffer"), nan, inf)] of the models' floating-point buffers
+    holding a NaN or Inf: one check of them all (a concatenation), then per
+    buffer only when one is bad.  Never raises (it runs in the user's step)."""
+    import torch
+    try:
+        bufs = [(f"{naming.module_name(m)}.{n}" if naming.module_name(m) else n, b)
+                for root in naming.roots() for m in root.modules()
+                for n, b in m.named_buffers(recurse=False)
+                if b is not None and b.is_floating_point() and b.numel()]
+        if not bufs:
+            return []
+        with torch.no_grad():
+            if bool(torch.isfinite(torch.cat([b.detach().reshape(-1).float() for _, b in bufs])).all()):
+                return []
+            return [((name, "buffer"), bool(torch.isnan(b).any()), bool(torch.isinf(b).any()))
+                    for name, b in bufs if not bool(torch.isfinite(b).all())]
+    except Exception:
+        return []

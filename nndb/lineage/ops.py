@@ -322,15 +322,16 @@ class OpRecorder(TorchDispatchMode):
         except Exception:
             self.errors += 1
             return func(*args, **(kwargs or {}))
-        pre = None
-        if self.check and _mutates(func):
+        pre = writes = None
+        if self.check and (_mutates(func) or _writes(func)[0]):
             try:
                 pre = _flags(ins)                # (an in-place op's input is its output afterwards)
+                writes = _written(func, args, kwargs)
             except Exception:
                 self.errors += 1
         out = func(*args, **(kwargs or {}))
         try:
-            self._note(cur, func, ins, in_ids, out, pre)
+            self._note(cur, func, ins, in_ids, out, pre, writes)
         except Exception:
             self.errors += 1
         return out
@@ -367,7 +368,7 @@ class OpRecorder(TorchDispatchMode):
         except Exception:
             return None
 
-    def _note(self, cur, func, ins, in_ids, out, pre: Optional[tuple] = None) -> None:
+    def _note(self, cur, func, ins, in_ids, out, pre: Optional[tuple] = None, writes: Optional[list] = None) -> None:
         outs = _tensors((out,), [])
         node = torch._C._current_autograd_node()
         if node is not None:
@@ -399,12 +400,16 @@ class OpRecorder(TorchDispatchMode):
                 cur.stats[idx] = [d[k] for k in OP_STATS]
         if self.check:
             cur.checked = True
-            self._check(cur, idx, ins, in_ids, outs, pre)
+            self._check(cur, idx, ins, in_ids, outs, pre, writes)
 
-    def _check(self, cur, idx: int, ins: list, in_ids: list, outs: list, pre: Optional[tuple]) -> None:
+    def _check(self, cur, idx: int, ins: list, in_ids: list, outs: list, pre: Optional[tuple],
+               writes: Optional[list] = None) -> None:
         """``pre``: the inputs' (NaN, Inf) before an in-place operation wrote
-        them (after it, a written input holds the output)."""
-        out_nan, out_inf = _flags(outs)
+        them (after it, a written input holds the output); ``writes``: the
+        inputs the operation wrote besides its outputs (batch norm's running
+        statistics: a buffer the run makes is checked as an output is)."""
+        checked = outs + [w for w in writes if not any(w is o for o in outs)] if writes else outs
+        out_nan, out_inf = _flags(checked)
         if not (out_nan or out_inf):
             return
         cur.first_bad.setdefault(cur.ops[idx][PHASE], idx)
@@ -418,7 +423,7 @@ class OpRecorder(TorchDispatchMode):
             return
         origin = None if finite_in else cur.origin_of(in_ids)
         info = {"nan": out_nan, "inf": out_inf, "in_nan": in_nan, "in_inf": in_inf,
-                "origin": origin, "inputs": [_described(a, outs, pre) for a in ins]}
+                "origin": origin, "inputs": [_described(a, checked, pre) for a in ins]}
         if len(cur.events) < MAX_EVENTS:
             cur.events.append([idx, info])
         if self.on_nonfinite is not None:
@@ -426,6 +431,45 @@ class OpRecorder(TorchDispatchMode):
 
 
 _MUTABLE: dict = {}     # op overload -> does it write one of its inputs
+
+
+_WRITES: dict = {}      # op overload -> ([(position, name)] of the arguments it writes, "training" position)
+
+
+def _writes(func) -> tuple:
+    """Which arguments an operation writes: those its schema marks
+    (``Tensor(a!)``: an in-place op's self); and batch norm's running_mean
+    and running_var, which ``aten.native_batch_norm`` (and the cuDNN/MIOpen
+    kernels) update in place in training without saying so in the schema."""
+    w = _WRITES.get(func)
+    if w is None:
+        try:
+            arguments = func._schema.arguments
+            names = [a.name for a in arguments]
+            marked = [(i, a.name) for i, a in enumerate(arguments)
+                      if a.alias_info is not None and a.alias_info.is_write]
+            if not marked and {"running_mean", "running_var", "training"} <= set(names):
+                w = ([(names.index(n), n) for n in ("running_mean", "running_var")], names.index("training"))
+            else:
+                w = (marked, None)
+        except Exception:
+            w = ([], None)
+        _WRITES[func] = w
+    return w
+
+
+def _written(func, args, kwargs) -> list:
+    """The tensors among an operation's arguments that it writes (``_writes``)."""
+    where, training = _writes(func)
+    kw = kwargs or {}
+    if training is not None and not (args[training] if training < len(args) else kw.get("training")):
+        return []
+    out = []
+    for i, name in where:
+        v = args[i] if i < len(args) else kw.get(name)
+        if isinstance(v, torch.Tensor):
+            out.append(v)
+    return out
 
 
 def _mutates(func) -> bool:

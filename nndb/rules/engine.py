@@ -29,11 +29,14 @@ BLOCK_ROWS = 1 << 16           # (steps x series: the block's stacked rows stay 
 
 class AsItWas:
     """What the rules read of an optimizer, as it was at a step: its
-    parameter groups' parameters and learning rates."""
-    __slots__ = ("param_groups",)
+    parameter groups' parameters, learning rates and eps, and its family
+    (the class name: nndb.rules.series.adaptive_eps)."""
+    __slots__ = ("param_groups", "family")
 
     def __init__(self, opt):
-        self.param_groups = [{"params": g["params"], "lr": g.get("lr")} for g in opt.param_groups]
+        self.param_groups = [{"params": g["params"], "lr": g.get("lr"), "eps": g.get("eps")}
+                             for g in opt.param_groups]
+        self.family = getattr(opt, "family", None) or type(opt).__name__
 
 
 def _lr_key(lr):

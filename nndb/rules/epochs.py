@@ -1,5 +1,7 @@
-"""``epoch_repeats`` in one process: the batches of an epoch repeat the
-previous epoch's exactly while the data loader shuffles.
+"""``epoch_repeats`` and ``duplicate_batches`` in one process: the batches of
+an epoch repeat the previous epoch's exactly while the data loader shuffles;
+the same batch comes step after step while a DataLoader holds several (an
+iterator made afresh at every step over a loader that does not shuffle).
 
 The ``batches`` probe hands the rule each step's input checksum, taken by
 the recording (nndb.tracer.fingerprint: the step's first forward with
@@ -14,7 +16,7 @@ shuffle.  The same tracker runs per rank across ranks (``nndb inspect RUNDIR``).
 from __future__ import annotations
 
 from .. import cadence
-from .base import Finding, Rule
+from .base import Finding, Rule, Threshold
 from .crossrank import RULES, EpochTracker, epoch_message, shuffles
 from .probes import Probe, register
 
@@ -33,7 +35,10 @@ class BatchChecksums(Probe):
         if fp is None or fp.failed:
             return {}
         new = fp.take_fresh()
-        return {"inputs": new, "shuffle": shuffles(fp.loaders)} if new else {}
+        if not new:
+            return {}
+        sizes = [d.get("batches") for d in fp.loaders or () if isinstance(d.get("batches"), int)]
+        return {"inputs": new, "shuffle": shuffles(fp.loaders), "batches": max(sizes, default=None)}
 
     # Taken at the observed steps only (the steps since, several at once): a
     # probe armed at every step would have the engine judge every step.
@@ -76,4 +81,51 @@ class EpochRepeats(Rule):
                               {"period": period, "first_step": at - period + 1})
 
 
-RULES_HERE = [EpochRepeats]
+class DuplicateBatches(Rule):
+    """The one-process side of ``duplicate_batches`` (across ranks:
+    nndb.rules.crossrank): the input checksum does not change for ``steps``
+    recorded steps in a row while a DataLoader of several batches is alive.
+    A full-batch loop over one tensor, or a loader of one batch, is left
+    alone (no loader of several batches)."""
+    id = "duplicate_batches"
+    severity = "warning"
+    explanation = ("the same input batch at every step while a DataLoader holds several (an iterator made "
+                   "afresh each step over a loader that does not shuffle); across ranks: every rank received "
+                   "the same batch (no DistributedSampler?)")
+    THRESHOLDS = {
+        "steps": Threshold(8, "consecutive recorded steps with one input checksum: a loader of several "
+                              "batches gives another at its next step; eight in a row are no accident"),
+    }
+    PROBES = ("batches",)
+
+    def reset(self) -> None:
+        self._last = None          # (step, checksum) of the last step seen
+        self._since = None
+        self._run = 0
+        self._done = False
+
+    def check(self, ctx):
+        facts = ctx.facts.get("batches")
+        if not facts or self._done:
+            return
+        need = int(self.params["steps"])
+        for step, value in facts["inputs"]:
+            last = self._last
+            if last is not None and last[1] == value and step == last[0] + 1:
+                self._run += 1
+            else:
+                self._run, self._since = 1, step
+            self._last = (step, value)
+            batches = facts.get("batches")
+            if self._run >= need and batches is not None and batches >= 2:
+                self._done = True
+                yield Finding(self.id, self.severity, step,
+                              f"the same input batch at every step from step {self._since} to {step} "
+                              f"({self._run} steps) while a DataLoader of {batches} batches is alive: the model "
+                              f"trains on one batch (an iterator made afresh each step, next(iter(loader)), "
+                              f"starts the epoch over; shuffle=False gives the same first batch each time)",
+                              None, None, {"steps": [self._since, step], "loader_batches": batches})
+                return
+
+
+RULES_HERE = [EpochRepeats, DuplicateBatches]

@@ -1,4 +1,4 @@
-"""Exploding and vanishing gradients, from the recorded gradient norms.
+"""Exploding, vanishing and absent gradients, from the recorded gradient norms.
 
 Three views of a weight tensor's gradient at a step, each a flag; a streak of
 ``steps`` consecutive flagged observed steps (nndb.rules.base.observed) reports the tensor (one finding
@@ -15,6 +15,10 @@ per optimizer: its worst tensor, the others listed):
 Only weight tensors count (>= 2-D and ``min_elements``: biases and norm scales
 have small, noisy gradients), and only nonzero gradients: an exactly-zero
 gradient is a frozen or dead layer, not a vanishing one.
+
+``zero_gradients`` is the other end: every gradient of the step exactly 0,
+step after step, so nothing can learn (a constant loss, a cross-entropy over a
+single class, a loss cut from the model).
 """
 from __future__ import annotations
 
@@ -23,7 +27,7 @@ import math
 import numpy as np
 
 from .base import Rule, Threshold
-from .series import MIN_ELEMENTS, Streaks, Tensors, also, fit, layout, live_share, num
+from .series import MIN_ELEMENTS, Streaks, Tensors, adaptive_eps, also, fit, layout, live_share, num
 
 _EARLY = 5      # recorded steps whose median is a tensor's own reference value
 _STEPS = Threshold(3, "consecutive recorded steps: a single spiky batch is not a trend; three in a row are")
@@ -224,11 +228,25 @@ class _Gradients(Rule):
         when it is in the earlier layer of the two; None if none."""
         spread = _spread(ctx, lay, int(self.params["min_elements"]), float(self.params["spread"]))
         cross = None
-        for _, hi, lo, _, _ in spread.values():
+        for key, (_, hi, lo, _, rms_lo) in spread.items():
+            if earlier == "smallest" and not self._adaptive_starves(ctx, key, rms_lo):
+                continue
             if (hi < lo) == (earlier == "largest"):
                 cross = np.zeros(e.size, dtype=bool) if cross is None else cross
                 cross[np.searchsorted(e, hi if earlier == "largest" else lo)] = True
         return cross
+
+    def _adaptive_starves(self, ctx, key: int, rms_lo: float) -> bool:
+        """May a layer spread of optimizer ``key`` hold back its smallest
+        gradient's updates?  Under SGD it does (the update is lr x gradient);
+        under Adam's family the update is normalised element by element, and a
+        gradient 1000x below another's moves its weights about as much, until
+        its RMS falls to the optimizer's eps (``eps_margin`` x eps)."""
+        opts = ctx.optimizers
+        if key < 0 or key >= len(opts):
+            return True
+        eps = adaptive_eps(opts[key][1])
+        return eps is None or rms_lo < float(self.params.get("eps_margin", 1)) * eps
 
     def _group_spread(self, ctx, lay, e, k):
         spread = _spread(ctx, lay, int(self.params["min_elements"]), float(self.params["spread"]))
@@ -291,7 +309,8 @@ class VanishingGradient(_Gradients):
     id = "vanishing_gradient"
     severity = "warning"
     explanation = ("a weight's gradient norm shrinks to almost nothing while the loss is still high, or is "
-                   "orders of magnitude below the later layers' gradients")
+                   "orders of magnitude below the later layers' gradients (under Adam's family, whose updates "
+                   "do not scale with the gradient, only once it nears the optimizer's eps)")
     direction = "vanishing"
     THRESHOLDS = {
         "relative": Threshold(1e-3, "x the median of the tensor's first 5 recorded gradient norms (while the "
@@ -306,6 +325,12 @@ class VanishingGradient(_Gradients):
                                  "optimizer, when the smallest is in the earlier layer (saturating "
                                  "activations, tiny init); healthy examples stay below ~150 (a transformer's "
                                  "embeddings vs its head)"),
+        "eps_margin": Threshold(1.0, "under Adam's family (per-element normalised updates) the layer spread "
+                                     "counts only while the smallest RMS gradient is below this x the "
+                                     "optimizer's eps, where its steps shrink to half of lr and less: above "
+                                     "it, a gradient 1000x below another's still moves its weights about as "
+                                     "much (word_language_model's LSTM under Adam: a spread of 1.2e3 at an RMS "
+                                     "gradient of 2.8e-7, 28x eps, the loss falling)"),
         "min_elements": MIN_ELEMENTS,
         "steps": _STEPS,
     }
@@ -386,3 +411,74 @@ class VanishingGradient(_Gradients):
 
     def _worst(self, cand, g):
         return min(cand)           # the earliest layer: the farthest from the loss
+
+
+class ZeroGradients(Rule):
+    id = "zero_gradients"
+    severity = "error"
+    explanation = ("every gradient is exactly 0, step after step: nothing learns (a constant loss such as a "
+                   "cross-entropy over a single class, a loss that does not depend on the parameters)")
+    THRESHOLDS = {
+        "steps": Threshold(10, "consecutive recorded steps on which every gradient recorded is exactly 0: a "
+                               "healthy run has no such step (a ReLU net whose units all died is dead_relu's "
+                               "first, and this one's when it stays so)"),
+    }
+    EVERY_STEP = True               # (the gradient norms are recorded on every step)
+
+    def reset(self):
+        self.own = Tensors()
+        self.run = 0                   # recorded steps in a row with every gradient exactly 0
+        self.since = None
+        self.losses: list = []         # the loss of each of those steps (one loss) while they run
+        self.classes = None            # the class count a classification loss was called with, if seen
+        self.done = False
+
+    def _zero(self, g: np.ndarray) -> bool:
+        return g.size > 0 and not np.count_nonzero(g)
+
+    def check_block(self, block):
+        if self.done:
+            return True
+        _, lay = block.layout(self.own)
+        g = block.take(lay, "grad", "norm")[:, lay.g >= 0]
+        if g.shape[1] == 0 or not (g == 0).all(axis=1).any():
+            self.run, self.since, self.losses = 0, None, []
+            return True
+        return None
+
+    def check(self, ctx):
+        if self.done:
+            return
+        # (the loss probe's facts, on its steps: the first ones)
+        for f in ctx.facts.get("loss_inputs", {}).get("calls", {}).values():
+            first = f.get("first_loss")
+            n = f.get("classes") if f.get("classes") is not None else first[1] if first else None
+            if n is not None:
+                self.classes = int(n)
+        _, lay = layout(ctx, self.own)
+        g = lay.take(ctx, "grad", "norm")[lay.g >= 0]
+        if not self._zero(g):
+            self.run, self.since, self.losses = 0, None, []
+            return
+        self.run += 1
+        if self.since is None:
+            self.since = ctx.step
+        if lay.loss_rows.size == 1:
+            self.losses.append(ctx.mean_of(int(lay.loss_rows[0])))
+        if self.run < int(self.params["steps"]):
+            return
+        self.done = True
+        cause, constant = "", None
+        if len(self.losses) == self.run and len(set(self.losses)) == 1:
+            constant = self.losses[0]
+            cause = f"; the loss is exactly {constant + 0.0:.6g} at every one of them: a constant loss has no gradient"
+            if self.classes == 1:
+                cause += (" (the classification loss is over a single class: cross-entropy of one logit is 0 "
+                          "whatever the model outputs; more than one class, or a loss for one output such as "
+                          "BCEWithLogitsLoss or MSELoss)")
+        elif self.classes == 1:
+            cause = "; the classification loss is over a single class: cross-entropy of one logit is 0"
+        yield self.finding(
+            ctx, f"every gradient ({g.size} tensor(s)) has been exactly 0 for {self.run} recorded steps in a row "
+                 f"since step {self.since}: nothing learns{cause}",
+            tensors=int(g.size), steps=[self.since, ctx.step], constant_loss=constant, classes=self.classes)

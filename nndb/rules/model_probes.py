@@ -332,7 +332,8 @@ class LossInputs(ModuleKeyed):
     "first_loss" (classification, the first call at step 0 with autograd on:
     the loss recomputed from the call's arguments, and the class count);
     "probs" (cross-entropy, sampled: tensor [min, max, largest |row sum -
-    1|] over up to ROWS rows), "classes", "dtype", "softmax_from" (the
+    1|] over up to ROWS rows), "classes" (also for a cross-entropy over a
+    single class, without "probs"), "dtype", "softmax_from" (the
     nn.Softmax series, or a softmax function, whose output is the input);
     for a broadcast in a hand-written loss, "op" and "model_shape"}.  A
     module's name is its loss name; a function's is ``F.mse_loss at
@@ -434,6 +435,8 @@ class LossInputs(ModuleKeyed):
         cdim = 1 if x.dim() >= 2 else 0
         classes = x.shape[cdim]
         if classes < 2:
+            if cross_entropy and classes == 1:     # (a loss of exactly 0: zero_gradients names the cause)
+                self._call(key, kind)["classes"] = 1
             return
         ident = key if isinstance(key, str) else id(key)
         if self.recorder.step == 0 and torch.is_grad_enabled() and ident not in self._first:

@@ -362,11 +362,14 @@ def trace_facts(reader) -> tuple:
     if rows is None:
         return frozenset(), {}
     from .crossrank import shuffles
-    shuffle = next((shuffles(r["loaders"]) for r in rows if "loaders" in r), None)
+    loaders = next((r["loaders"] for r in rows if "loaders" in r), None)
+    shuffle = shuffles(loaders)
+    sizes = [d.get("batches") for d in loaders or () if isinstance(d.get("batches"), int)]
+    most = max(sizes, default=None)
     by_step = {}
     for r in rows:
         for step, value in r.get("inputs", ()):
-            by_step[int(step)] = {"batches": {"inputs": [(int(step), value)], "shuffle": shuffle}}
+            by_step[int(step)] = {"batches": {"inputs": [(int(step), value)], "shuffle": shuffle, "batches": most}}
     return (frozenset({"batches"}) if by_step else frozenset()), by_step
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import weakref
+from typing import Optional
 
 import numpy as np
 
@@ -224,6 +225,26 @@ def optimizer_lr(ctx, name=None):
                 lr = group.get("lr")
                 return float(lr) if isinstance(lr, (int, float)) else None
     return None
+
+
+# Optimizers that divide each element's step by its own gradient scale: the
+# size of a gradient does not make the size of the update (down to eps).
+ADAPTIVE = frozenset({"Adam", "AdamW", "Adamax", "NAdam", "RAdam", "RMSprop", "Adagrad", "Adadelta",
+                      "SparseAdam", "Adafactor"})
+
+
+def adaptive_eps(opt) -> Optional[float]:
+    """The ``eps`` of an optimizer of Adam's family (ADAPTIVE), under which a
+    gradient far smaller than another's still moves its weights as much, as
+    long as it stays well above eps; None for any other optimizer (SGD, LBFGS,
+    or one a trace stands in for, whose class it does not record)."""
+    family = getattr(opt, "family", None) or type(opt).__name__
+    if family not in ADAPTIVE or not opt.param_groups:
+        return None
+    eps = opt.param_groups[0].get("eps")
+    if isinstance(eps, (tuple, list)):      # (Adafactor's pair: the first is the gradient's)
+        eps = eps[0] if eps else None
+    return float(eps) if isinstance(eps, (int, float)) else 1e-8
 
 
 class Streaks:

@@ -13,6 +13,11 @@ recorded step; nndb.rules.base), so they read whole columns of the step
 slot fixed for the run: no Python loop over the series of a step, and on a
 step where nothing is suspicious a handful of numpy calls per rule.
 
+Why this size: it is one family, the rules that read nothing but the
+recorded statistics of the parameters and the loss, and they share the
+layout and streak machinery of nndb.rules.series; split, each part would
+import the same helpers and the catalogue would list two homes for one kind.
+
 What the recording gives them (nndb.tracer.recorder): ``count``, ``norm``,
 ``nan_count`` and ``inf_count`` on every recorded step (the loss: all ten);
 the rest at full steps; a parameter an optimizer holds has
@@ -29,7 +34,7 @@ import numpy as np
 from ..cadence import observed
 from .base import Rule, Threshold
 from .bn_probe import BatchNormStats
-from .gradient_norms import ExplodingGradient, VanishingGradient
+from .gradient_norms import ExplodingGradient, VanishingGradient, ZeroGradients
 from .series import (MIN_ELEMENTS, Streaks, Tensors, also, block_medians, by_group, fit, layout, num, optimizer_lr,
                      theil_sen)
 
@@ -102,6 +107,11 @@ class UpdateRatio(Rule):
                                "Karpathy) puts a healthy ratio around 1e-3; 0.2 is 200x that, and above what "
                                "the healthy examples (Adam at lr 5e-2 on a small head included) reach after "
                                "their first steps (~0.15)"),
+        "rewrite": Threshold(0.9, "update norm / weight norm (the weight after the update) at or above this at "
+                                  "any step, the first included, and at once: the update is about as large as "
+                                  "the weight itself, which it rewrites in one step (a run at SGD lr 5000 dies "
+                                  "of overflow in 6 steps, sooner than warmup and steps allow); a tensor that "
+                                  "grew from exactly 0 is left out"),
         "low": Threshold(1e-6, "below this: 1000x under 1e-3, about float32's resolution of the weights "
                                "(an update this small is mostly rounded away)"),
         "warmup": Threshold(3, "first recorded steps not judged: Adam's first steps are ~lr per element "
@@ -128,6 +138,8 @@ class UpdateRatio(Rule):
         self.zero_init = np.zeros(0, dtype=bool)   # slot -> its first update was all of it (grew from 0)
         self.seen = np.zeros(0, dtype=bool)        # slot -> a first nonzero update was seen
         self.said = np.zeros(0, dtype=bool)        # slot -> reported (its streak may go on)
+        self.peak = np.zeros((0, 2))               # slot -> (largest ratio above ``high``, its step); 0: none
+        self._rewrites: set = set()                # optimizers (layout groups) whose rewriting update was reported
         self._detect = (None, 0)                   # (layout, steps left) while first updates are awaited
         self._lr = None
         self._steps = 0                            # recorded steps seen
@@ -147,7 +159,7 @@ class UpdateRatio(Rule):
         if t.n_slots > self.streaks.n:
             self.streaks.grow(t.n_slots)
             self.zero_init, self.seen = fit(self.zero_init, t.n_slots, False), fit(self.seen, t.n_slots, False)
-            self.said = fit(self.said, t.n_slots, False)
+            self.said, self.peak = fit(self.said, t.n_slots, False), fit(self.peak, t.n_slots, 0.0)
         e = self._eligible(ctx, lay, me)
         if e.size == 0:
             return
@@ -162,16 +174,27 @@ class UpdateRatio(Rule):
             unseen = ~self.seen[se]
             first = unseen & (u > 0) & np.isfinite(r)
             if np.count_nonzero(first):
-                self.zero_init[se[first]] = np.abs(u[first] - w[first]) <= 1e-6 * w[first]
+                # (and whose values stay small: an update that makes elements of RMS >= 1 out of
+                # almost nothing, Adam at lr 1e9, rewrote a tensor whatever it started from)
+                n = np.maximum(lay.take(ctx, "param", "count")[e][first], 1)
+                self.zero_init[se[first]] = (np.abs(u[first] - w[first]) <= 1e-6 * w[first]) & (w[first] < np.sqrt(n))
                 self.seen[se[first]] = True
             elif not np.count_nonzero(unseen):
                 self._detect = (lay, 0)
         if lay.loss_rows.size == 1:      # (several losses, a GAN's: no one trend to read)
             self._losses[self._steps % self._losses.size] = ctx.mean_of(int(lay.loss_rows[0]))
         self._steps += 1
+        hi = (r > p["high"]) & ~self.zero_init[se]
+        if np.count_nonzero(hi):
+            peak = self.peak[se]
+            up = hi & (r > peak[:, 0])
+            if np.count_nonzero(up):
+                self.peak[se[up]] = np.stack([r[up], np.full(np.count_nonzero(up), float(ctx.step))], axis=1)
+            rewrite = hi & (r >= p["rewrite"]) & ~self.said[se]
+            if np.count_nonzero(rewrite):
+                yield from self._rewritten(ctx, lay, e, se, np.flatnonzero(rewrite), r, u, w)
         if self._steps <= int(p["warmup"]):
             return
-        hi = (r > p["high"]) & ~self.zero_init[se]
         lo = (r < p["low"]) & (u > 0)
         if np.count_nonzero(lo) and self._warming(ctx):
             lo[:] = False
@@ -185,6 +208,9 @@ class UpdateRatio(Rule):
         for idx in by_group(new, groups, hi).values():      # one finding per optimizer and side
             k = max(idx, key=lambda j: r[j]) if hi[idx[0]] else min(idx, key=lambda j: r[j])
             slot, side, name = se[k], ("high" if hi[k] else "low"), lay.names[e[k]]
+            # a ratio that was far above 1e-3 before it fell this low: the weights blew up
+            was = max(idx, key=lambda j: self.peak[se[j], 0]) if side == "low" else k
+            blew = side == "low" and self.peak[se[was], 0] > p["high"]
             trend, first, last, n = self._loss_trend() if side == "high" else (None, None, None, 0)
             if side == "high" and trend in (None, "unsteady") and n < self.TREND_MIN:
                 continue           # too few losses to read a trend from yet: asked again next step
@@ -194,7 +220,12 @@ class UpdateRatio(Rule):
             msg = (f"update/weight ratio of {name} is {r[k]:.3g} at step {ctx.step}, "
                    f"{'above' if side == 'high' else 'below'} {p[side]:g} for {int(st[k])} recorded steps "
                    f"in a row since step {since} (healthy: ~1e-3)")
-            if trend == "falling":
+            if blew:
+                pk, at = self.peak[se[was]]
+                msg += (f"; earlier the ratio of {lay.names[e[was]]} reached {pk:.3g} at step {int(at)}: the "
+                        f"weights were rewritten by updates as large as themselves, and the updates have since "
+                        f"died out (saturated or dead units pass no gradient): the learning rate is far too high")
+            elif trend == "falling":
                 msg += (f", while the loss goes down steadily ({first:.4g} -> {last:.4g} over the last {n} steps): "
                         "a high learning rate that still trains (bounded by clipping or a schedule?); worth "
                         "watching, not yet a fault")
@@ -206,10 +237,30 @@ class UpdateRatio(Rule):
                 msg += f"{during}: the learning rate is probably far too {side}"
             f = self.finding(ctx, msg + also(others), tensor=name, side=side, ratio=num(r[k]), update_norm=num(u[k]),
                              weight_norm=num(w[k]), steps=[since, ctx.step], recent_ratios=self.streaks.recent(slot),
-                             lr=optimizer_lr(ctx, name), loss_trend=trend, also=others)
+                             lr=optimizer_lr(ctx, name), loss_trend=trend, also=others,
+                             peak=[num(self.peak[se[was], 0]), int(self.peak[se[was], 1])] if blew else None)
             if trend == "falling":
                 f.severity = "info"
             yield f
+
+    def _rewritten(self, ctx, lay, e, se, flagged, r, u, w):
+        """The findings of updates as large as the weights (``flagged``: positions in ``e``), one per optimizer."""
+        p = self.params
+        groups = lay.groups(ctx)[e]
+        for (group, _), idx in by_group(flagged, groups, np.ones(len(e), dtype=bool)).items():
+            self.said[se[idx]] = True
+            if group in self._rewrites:
+                continue           # (one such finding per optimizer: its learning rate is the one cause)
+            self._rewrites.add(group)
+            k = max(idx, key=lambda j: r[j])
+            name, others = lay.names[e[k]], [lay.names[e[j]] for j in idx if j != k]
+            yield self.finding(
+                ctx, f"update/weight ratio of {name} is {r[k]:.3g} at step {ctx.step}: the update (norm "
+                     f"{u[k]:.3g}) is as large as the weight it leaves (norm {w[k]:.3g}), at or above "
+                     f"{p['rewrite']:g}: every step rewrites the weights (healthy: ~1e-3): the learning rate is "
+                     f"far too high" + also(others),
+                tensor=name, side="high", ratio=num(r[k]), update_norm=num(u[k]), weight_norm=num(w[k]),
+                steps=[ctx.step, ctx.step], lr=optimizer_lr(ctx, name), loss_trend=None, also=others)
 
     @staticmethod
     def _eligible(ctx, lay, me: int) -> np.ndarray:
@@ -489,6 +540,78 @@ class LossNotDecreasing(Rule):
             slope_bound=steepest, max_drop=most, recorded_steps=n)
 
 
+class LossExplodes(Rule):
+    id = "loss_explodes"
+    severity = "error"
+    explanation = ("the loss multiplies by 100 or more within a few recorded steps, to above anything it was "
+                   "before: the run diverges (a learning rate far too high, no clipping); found at once, "
+                   "before the values overflow")
+    THRESHOLDS = {
+        "factor": Threshold(100, "times the smallest positive loss of the last window: a spiky healthy loss "
+                                 "moves by a few x; a word LM at SGD lr 5000 went x95 in one step and x274 "
+                                 "in two"),
+        "window": Threshold(10, "recorded steps looked back over; the loss must also pass the largest it "
+                                "has been (a converged loss of 1e-6 that spikes to 1e-4 is below its start)"),
+    }
+    EVERY_STEP = True               # (one value per step)
+
+    def reset(self):
+        self.own = Tensors()
+        self.recent: dict = {}         # loss name -> deque of the last window's values
+        self.top: dict = {}            # loss name -> the largest value so far
+        self.done: set = set()
+
+    def check_block(self, block):
+        _, lay = block.layout(self.own)
+        if lay.loss_rows.size != 1 or lay.loss_names[0] in self.done:
+            return True
+        v = block.loss_means(lay)
+        if v is None or not np.isfinite(v).all():
+            return None
+        name, vals = lay.loss_names[0], v[:, 0]
+        recent = self.recent.get(name)
+        if recent is None or not recent:
+            return None
+        # the block's values against the window before each: the coarse test
+        # (the window's smallest positive over the block and the values before)
+        pos = [x for x in list(recent) + vals.tolist() if x > 0]
+        if pos and vals.max() >= float(self.params["factor"]) * min(pos):
+            return None
+        recent.extend(vals.tolist())
+        self.top[name] = max(self.top[name], float(vals.max()))
+        return True
+
+    def check(self, ctx):
+        _, lay = layout(ctx, self.own)
+        if lay.loss_rows.size != 1:    # (several losses: a GAN's trade off against each other)
+            return
+        name = lay.loss_names[0]
+        if name in self.done:
+            return
+        v = ctx.mean_of(int(lay.loss_rows[0]))
+        if not math.isfinite(v):       # (nonfinite's business)
+            return
+        recent = self.recent.get(name)
+        if recent is None:
+            recent = self.recent[name] = deque(maxlen=int(self.params["window"]))
+            self.top[name] = v
+        pos = [(x, i) for i, x in enumerate(recent) if x > 0]
+        top = self.top[name]
+        recent.append(v)
+        self.top[name] = max(top, v)
+        if not pos:
+            return
+        lo, at = min(pos)
+        back = len(recent) - 1 - at          # recorded steps since the smallest
+        if v >= float(self.params["factor"]) * lo and v > top:
+            self.done.add(name)
+            yield self.finding(
+                ctx, f"{name} went from {lo:.4g} to {v:.4g} (x{v / lo:.3g}) in {back} recorded step(s), above "
+                     f"anything it was before ({top:.4g}): the run diverges (a learning rate far too high? no "
+                     f"gradient clipping?)",
+                tensor=name, low=lo, value=v, factor=v / lo, steps_back=back, previous_max=top)
+
+
 def _median(xs) -> float:
     s = sorted(xs)
     h = len(s) // 2
@@ -496,4 +619,4 @@ def _median(xs) -> float:
 
 
 RULES = [NonFinite, ExplodingGradient, VanishingGradient, UpdateRatio, ParamNotUpdated, LossNotDecreasing,
-         BatchNormStats]
+         LossExplodes, ZeroGradients, BatchNormStats]

@@ -192,8 +192,9 @@ class Fingerprints:
         self.naming = naming
         self.ranks = ranks
         # Every step's input checksum and time split serve the rules across
-        # ranks and ``epoch_repeats``: in one process without a shuffling
-        # DataLoader (known at the first observed step) no rule reads them, and
+        # ranks, ``epoch_repeats`` and ``duplicate_batches``: in one process
+        # without a DataLoader that shuffles or holds several batches (known at
+        # the first observed step) no rule reads them, and
         # they are not taken (the hook's call and the checksum were ~130K
         # instructions of a 3.6M-instruction MLP step).
         self.inputs_wanted = True
@@ -334,7 +335,8 @@ class Fingerprints:
                 self.loaders = loaders(self._earlier_loaders)
                 self._earlier_loaders = ()
                 row["loaders"] = self.loaders
-                self.inputs_wanted = self.ranks > 1 or any(x.get("shuffle") for x in self.loaders)
+                self.inputs_wanted = self.ranks > 1 or any(x.get("shuffle") or (x.get("batches") or 0) >= 2
+                                                           for x in self.loaders)
             if self.ranks > 1:              # (compared across ranks only: no rule of one process reads them)
                 row["params"], shards = self._params()
                 if shards:
