@@ -30,8 +30,9 @@ _nndb() {
     check-trace)
         case "$prev" in
             --rules) return ;;
+            --fail-on) COMPREPLY=($(compgen -W "warning error" -- "$cur")); return ;;
         esac
-        if [[ $cur == -* ]]; then COMPREPLY=($(compgen -W "--rules --json -h --help" -- "$cur"));
+        if [[ $cur == -* ]]; then COMPREPLY=($(compgen -W "--rules --json --fail-on -h --help" -- "$cur"));
         else COMPREPLY=($(compgen -f -- "$cur")); fi ;;
     export)
         case "$prev" in
@@ -87,7 +88,7 @@ _nndb() {
         for ((j = i + 1; j < COMP_CWORD; j++)); do
             if ((skip)); then skip=0; continue; fi
             case "${COMP_WORDS[j]}" in
-                --trace|--every|--steps|--full-every|--act-every|--flush-every|--flush-secs|-x|-e|--eval-command|--report|--rules|--replica|--total-steps|--checkpoint-every|--checkpoint-memory|--lineage|--record-full|--full-tensors-every|--precision|--full-tensors-buffer|--export|--nproc-per-node|--nnodes|--node-rank|--rdzv-backend|--rdzv-endpoint|--rdzv-id|--rdzv-conf|--master-addr|--master-port|--hang-timeout) skip=1 ;;
+                --trace|--every|--steps|--full-every|--act-every|--flush-every|--flush-secs|-x|-e|--eval-command|--report|--rules|--fail-on|--replica|--total-steps|--checkpoint-every|--checkpoint-memory|--lineage|--record-full|--full-tensors-every|--precision|--full-tensors-buffer|--export|--nproc-per-node|--nnodes|--node-rank|--rdzv-backend|--rdzv-endpoint|--rdzv-id|--rdzv-conf|--master-addr|--master-port|--hang-timeout) skip=1 ;;
                 -m) ((j + 1 < COMP_CWORD)) && { COMPREPLY=($(compgen -f -- "$cur")); return; } ;;
                 -*) ;;
                 *) COMPREPLY=($(compgen -f -- "$cur")); return ;;
@@ -106,6 +107,7 @@ _nndb() {
             -e|--eval-command) return ;;
             --report) COMPREPLY=($(compgen -f -- "$cur")); return ;;
             --rules) return ;;
+            --fail-on) COMPREPLY=($(compgen -W "warning error" -- "$cur")); return ;;
             --replica) COMPREPLY=($(compgen -W "auto fork respawn off" -- "$cur")); return ;;
             --total-steps) return ;;
             --checkpoint-every) return ;;
@@ -127,7 +129,7 @@ _nndb() {
             --master-port) return ;;
             --hang-timeout) return ;;
         esac
-        if [[ $cur == -* ]]; then COMPREPLY=($(compgen -W "-m --trace --force --every --steps --full-every --act-every --flush-every --flush-secs -q --quiet --batch --run -x -e --eval-command --nx --report --rules --replica --total-steps --checkpoint-every --checkpoint-memory --lineage --record-full --full-tensors-every --precision --full-tensors-buffer --export --nproc-per-node --nnodes --node-rank --rdzv-backend --rdzv-endpoint --rdzv-id --rdzv-conf --master-addr --master-port --hang-timeout -h --help" -- "$cur"));
+        if [[ $cur == -* ]]; then COMPREPLY=($(compgen -W "-m --trace --force --every --steps --full-every --act-every --flush-every --flush-secs -q --quiet --batch --run -x -e --eval-command --nx --report --rules --fail-on --replica --total-steps --checkpoint-every --checkpoint-memory --lineage --record-full --full-tensors-every --precision --full-tensors-buffer --export --nproc-per-node --nnodes --node-rank --rdzv-backend --rdzv-endpoint --rdzv-id --rdzv-conf --master-addr --master-port --hang-timeout -h --help" -- "$cur"));
         else COMPREPLY=($(compgen -f -- "$cur")); fi ;;
     trust)
         case "$prev" in

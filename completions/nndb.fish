@@ -8,15 +8,18 @@ complete -c nndb -n '__fish_seen_subcommand_from check' -l overfit-iters -x -d '
 complete -c nndb -n '__fish_seen_subcommand_from check' -l json -d 'Print one JSON object (the scripts own output goes to stderr)'
 complete -c nndb -n '__fish_seen_subcommand_from check' -s h -l help -d 'Show the help and exit'
 complete -c nndb -n '__fish_seen_subcommand_from check' -F
-complete -c nndb -n '__fish_use_subcommand' -a check-trace -d 'Run the diagnostic rules over a finished trace, as the live run did'
+complete -c nndb -n '__fish_use_subcommand' -a check-trace -d 'Run the diagnostic rules over a finished trace, as the live run did,
+    and give the findings the live run stored with them, each marked with
+    who found it ([run], [check-trace])'
 complete -c nndb -n '__fish_seen_subcommand_from check-trace' -l rules -x -d 'The rules to run: the built-in set or a YAML rule file, as for nndb run'
 complete -c nndb -n '__fish_seen_subcommand_from check-trace' -l json -d 'Print one JSON object instead of text'
+complete -c nndb -n '__fish_seen_subcommand_from check-trace' -l fail-on -x -a 'warning error' -d 'Exit with code 4 if a finding (the runs or the re-checks) is this severe or worse'
 complete -c nndb -n '__fish_seen_subcommand_from check-trace' -s h -l help -d 'Show the help and exit'
 complete -c nndb -n '__fish_seen_subcommand_from check-trace' -F
 complete -c nndb -n '__fish_use_subcommand' -a export -d 'Export TRACE to TensorBoard and/or MLflow: every recorded statistic
     as a scalar at its step (tags KIND/NAME/STAT, the loss also as loss/value), the
-    findings as text (TensorBoard) or tags (MLflow), the runs parameters,
-    and (MLflow) the trace as an artifact'
+    findings as text (TensorBoard) or tags (MLflow), each param groups
+    learning rate at every step (hyper/OPT'
 complete -c nndb -n '__fish_seen_subcommand_from export' -l tensorboard -x -d 'Write TensorBoard event files into DIR'
 complete -c nndb -n '__fish_seen_subcommand_from export' -l mlflow -x -d 'Log an MLflow run (default tracking URI: MLFLOW_TRACKING_URI, else a file store in ./mlruns)'
 complete -c nndb -n '__fish_seen_subcommand_from export' -l experiment -x -d 'The MLflow experiment'
@@ -82,6 +85,7 @@ complete -c nndb -n '__fish_seen_subcommand_from run' -s e -l eval-command -x -d
 complete -c nndb -n '__fish_seen_subcommand_from run' -l nx -d 'Read neither ~/.nndbrc nor ./.nndbrc'
 complete -c nndb -n '__fish_seen_subcommand_from run' -l report -r -F -d 'Write a JSON report of the session (stops, exit) to FILE.json'
 complete -c nndb -n '__fish_seen_subcommand_from run' -l rules -x -d 'The diagnostic rules to run: the built-in set, a YAML rule file, or none'
+complete -c nndb -n '__fish_seen_subcommand_from run' -l fail-on -x -a 'warning error' -d 'Exit with code 4 when the run ends if a rule found anything this severe (warning: a warning or an error; error: an error), as a rule with the fail action would, without one'
 complete -c nndb -n '__fish_seen_subcommand_from run' -l replica -x -a 'auto fork respawn off' -d 'How time travel copies the run: fork() checkpoints (auto: where safe, else respawn), a fresh process replaying from the start, or not at all'
 complete -c nndb -n '__fish_seen_subcommand_from run' -l total-steps -x -d 'The runs length in steps, for the checkpoint schedule (else an adaptive one)'
 complete -c nndb -n '__fish_seen_subcommand_from run' -l checkpoint-every -x -d 'Take a checkpoint every N steps or every N seconds of run time (else the schedules)'

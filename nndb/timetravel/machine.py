@@ -8,6 +8,14 @@ takes back the session state when the replica hands it back.  In a replica
 (``self.replica``) it takes no checkpoints: travelling hands the terminal
 back to the live process with the order instead, so all checkpoints stay
 owned by one process.
+
+Why this size: it is one object, the live run's side of time travel, whose
+parts share its checkpoints and their costs: taking them (the schedule's
+cadence), dropping them (the schedule's eviction and the memory cap, which
+must agree on what is kept), and handing the terminal to a replica and back
+(with the changes made at the prompt and the file survey that go with each
+travel).  Splitting it by line count would put one invariant (what is kept)
+in two places.
 """
 from __future__ import annotations
 

@@ -118,7 +118,7 @@ def test_check_of_a_script_that_ends_its_process_prints_a_fail_line(tmp_path, en
     run = report["checks"][0]
     assert run["name"] == "run" and run["status"] == "FAIL" and what in run["evidence"], run
     assert "in step 1" in run["evidence"]
-    assert [c["status"] for c in report["checks"][1:]] == ["SKIP"] * 7
+    assert [c["status"] for c in report["checks"][1:]] == ["SKIP"] * 8
 
 
 def test_check_of_a_script_that_raises_keyboard_interrupt_is_a_fail_line(tmp_path):
