@@ -94,12 +94,12 @@ def test_tensorboard_holds_every_value_of_the_trace(nan_trace, tmp_path):
             n += 1
     hists = sum(len(acc.Histograms(t)) for t in acc.Tags()["histograms"])
     assert hists > 0
-    assert f"exported {n} value(s) in {len(want)} tag(s), {hists} histogram(s) and 3 finding(s)" in res.output
+    assert f"exported {n} value(s) in {len(want)} tag(s), {hists} histogram(s) and 4 finding(s)" in res.output
     assert math.isinf(dict((e.step, e.value) for e in acc.Scalars("loss/value"))[6])
     # the findings, as text at their steps
     texts = {e.step: e.tensor_proto.string_val[0].decode() for e in acc.Tensors("findings/text_summary")}
-    assert sorted(texts) == [5, 6]
-    assert "exploding" in texts[5] and "update" in texts[5] and "nonfinite" in texts[6]
+    assert sorted(texts) == [2, 3, 5, 6]
+    assert "update" in texts[2] and "loss went from" in texts[3] and "exploding" in texts[5] and "nonfinite" in texts[6]
 
 
 def test_mlflow_run_holds_every_value_params_findings_and_the_trace(nan_trace, tmp_path, monkeypatch):
@@ -126,7 +126,7 @@ def test_mlflow_run_holds_every_value_params_findings_and_the_trace(nan_trace, t
         assert sorted(want["hyper/optimizer.group0/lr"]) == r.steps.tolist() and len(r.steps) == 30
     assert "argv" in p and p["nndb_version"]
     findings = [v for k, v in sorted(run.data.tags.items()) if k.startswith("nndb.finding.")]
-    assert len(findings) == 3 and findings[0].startswith("step 5: warning: exploding_gradient")
+    assert len(findings) == 4 and findings[0].startswith("step 2: warning: update_ratio")
     assert [a.path for a in client.list_artifacts(run.info.run_id)] == ["nan.h5"]
 
 

@@ -45,7 +45,7 @@ def test_live_tensorboard_holds_every_value_of_the_trace(tmp_path):
         with np.errstate(over="ignore"):
             assert all(got[s] == float(np.float32(v)) for s, v in pts.items()), tag
     texts = {e.step: e.tensor_proto.string_val[0].decode() for e in acc.Tensors("findings/text_summary")}
-    assert sorted(texts) == [5, 6] and "nonfinite" in texts[6]
+    assert sorted(texts) == [2, 3, 5, 6] and "nonfinite" in texts[6]
 
 
 def test_live_mlflow_file_store_holds_every_value_and_the_trace(tmp_path, monkeypatch):
@@ -64,7 +64,7 @@ def test_live_mlflow_file_store_holds_every_value_and_the_trace(tmp_path, monkey
     assert set(run.data.metrics) == {key(t) for t in want}
     for tag, pts in want.items():
         assert {m.step: m.value for m in client.get_metric_history(run.info.run_id, key(tag))} == pts, tag
-    assert sum(k.startswith("nndb.finding.") for k in run.data.tags) == 3
+    assert sum(k.startswith("nndb.finding.") for k in run.data.tags) == 4
     assert [a.path for a in client.list_artifacts(run.info.run_id)] == ["run.h5"]
     with TraceReader(path) as r:          # the parameters nndb export gives (the learning rate: a metric)
         from nndb.export.scalars import run_params
