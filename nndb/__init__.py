@@ -5,7 +5,7 @@ this process and ``nndb.set_trace()`` stops at the prompt there (docs/api.md);
 ``%load_ext nndb`` adds the notebook magics.  They import nndb.api, and with
 it h5py and torch, when first called: ``import nndb`` itself stays cheap.
 """
-from . import startup  # noqa: F401  (first: the modules loaded before nndb)
+from .run import startup  # noqa: F401  (first: the modules loaded before nndb)
 from .version import __version__
 
 
@@ -37,9 +37,9 @@ def set_trace(*, trace=None):
 
 
 def load_ipython_extension(ipython):
-    """``%load_ext nndb``: the ``%nndb`` / ``%%nndb`` and ``%debug_train`` magics (nndb.notebook)."""
-    from .notebook import load
-    load(ipython)
+    """``%load_ext nndb``: the ``%nndb`` / ``%%nndb`` and ``%debug_train`` magics (nndb.cli.magics)."""
+    from .cli.magics import register
+    register(ipython)
 
 
 __all__ = ["__version__", "open", "record", "set_trace"]

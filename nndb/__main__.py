@@ -1,5 +1,5 @@
 """python -m nndb"""
-from .safepath import drop_start_dir
+from .run.safepath import drop_start_dir
 
 drop_start_dir()        # (first: before click, torch or numpy can be looked up there)
 from .cli import main   # noqa: E402

@@ -86,12 +86,12 @@ import torch.nn as nn
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from nndb import runmeta  # noqa: E402
-from nndb.config import RecordSchedule, RunConfig  # noqa: E402
-from nndb.launcher import Target  # noqa: E402
-from nndb.debugger.driver import DebugOptions, build_session  # noqa: E402
-from nndb.debugger.frontend import BatchFrontend  # noqa: E402
-from nndb.runner import Recording  # noqa: E402
+from nndb.run import meta as runmeta  # noqa: E402
+from nndb.run.config import RecordSchedule, RunConfig  # noqa: E402
+from nndb.run.launcher import Target  # noqa: E402
+from nndb.driver import DebugOptions, build_session  # noqa: E402
+from nndb.frontends.batch import BatchFrontend  # noqa: E402
+from nndb.run.runner import Recording  # noqa: E402
 
 
 # -- workloads: (build(seed) -> (model, opt, batches), steps) -------------------
@@ -457,8 +457,8 @@ def instructions(name, flags, scale=1.0):
 
 
 def _restart_preloaded():
-    """Replicas need Intel's OpenMP runtime to run multi-threaded (see nndb.preload)."""
-    from nndb.preload import preloaded_env
+    """Replicas need Intel's OpenMP runtime to run multi-threaded (see nndb.run.preload)."""
+    from nndb.run.preload import preloaded_env
     env = preloaded_env()
     if env is not None and sys.platform.startswith("linux"):
         sys.stdout.flush()

@@ -24,7 +24,7 @@ STEPS = 2000
 
 def record(bench, steps: int, tmpdir: str) -> str:
     """A trace of ``steps`` steps of the bench's MLP, recorded as nndb run --batch records it."""
-    from nndb.config import RecordSchedule
+    from nndb.run.config import RecordSchedule
     bench.REPLICA = "off"
     model, opt, crit, data = bench.mlp(0)
     rec, session, path = bench._recording(RecordSchedule.parse(None, None, None, None), tmpdir)

@@ -3,7 +3,7 @@
 Two ranks (gloo, CPU, one thread each) train the CNN workload under DDP,
 each recorded as ``nndb run --batch`` records a rank (recorder, session,
 rules; no time travel across ranks), in pairs: without and with the
-all-stop agreement (nndb.dist.allstop: a shared-memory barrier, the ranks
+all-stop agreement (nndb.distributed.allstop: a shared-memory barrier, the ranks
 being on one machine; ``--agreement gloo``: one all_reduce(MAX) of one int
 per step end on nndb's own gloo group), interleaved, the order alternating.
 Printed: the median ratio with/without, its quartiles and min-max, and the
@@ -47,10 +47,10 @@ def _rank(rank: int, world: int, port: int, name: str, pairs: int, scale: float,
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     import bench as B
-    from nndb.config import RecordSchedule
+    from nndb.run.config import RecordSchedule
     from functools import partial
 
-    from nndb.dist.allstop import StepAgreement
+    from nndb.distributed.allstop import StepAgreement
 
     StepAgreement = partial(StepAgreement, transport)
     torch.set_num_threads(1)

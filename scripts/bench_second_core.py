@@ -78,7 +78,7 @@ def plain_step(build, steps: int, bench) -> float:
 
 def main(names, pairs: int, scale: float, bench, helpers=HELPERS) -> list:
     from tabulate import tabulate
-    from nndb import runmeta
+    from nndb.run import meta as runmeta
     out, rows = [], []
     for name in names:
         build, steps, _ = bench.WORKLOADS[name]

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Write the debugger's command reference and the "what is recorded by
 default" table into docs/commands.md, and the built-in rules into
-docs/rules.md, from the command table (nndb/debugger/commands), the recording
+docs/rules.md, from the command table (nndb/commands), the recording
 cadence (nndb/cadence.py) and the rule catalog (nndb/rules/catalog.py),
 between the ``commands:``, ``cadence:`` and ``rules:`` start/end markers.
 ``--check`` exits 1 if a document is out of date (the test suite runs it), so
@@ -20,7 +20,7 @@ ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 sys.path.insert(0, ROOT)
 
 from nndb.cadence import Cadence  # noqa: E402
-from nndb.debugger.commands import TABLE  # noqa: E402
+from nndb.commands import TABLE  # noqa: E402
 from nndb.rules.catalog import default_rules  # noqa: E402
 
 COMMANDS_DOC = os.path.join(ROOT, "docs", "commands.md")

@@ -118,7 +118,7 @@ def check_overhead(a, tmp, name):
     same = True
     # the plain side with the OpenMP runtime nndb run gives the script (libiomp5 preloaded
     # when installed), so that the ratio is nndb's and not the runtime's
-    from nndb.preload import libiomp_path
+    from nndb.run.preload import libiomp_path
     plain_env, omp = _env(), libiomp_path()
     if omp and "libiomp5" not in plain_env.get("LD_PRELOAD", ""):
         plain_env["LD_PRELOAD"] = omp + (":" + plain_env["LD_PRELOAD"] if plain_env.get("LD_PRELOAD") else "")

@@ -90,10 +90,10 @@ def builtin_rules() -> list:
 
 def run_one(script: Script, seed: int) -> Outcome:
     """The script under nndb's batch mode, in this process, default rules; its output swallowed."""
-    from nndb.config import RunConfig
-    from nndb.debugger.driver import DebugOptions, debug
-    from nndb.debugger.frontend import ScriptedFrontend
-    from nndb.launcher import Target
+    from nndb.run.config import RunConfig
+    from nndb.driver import DebugOptions, debug
+    from nndb.frontends.batch import ScriptedFrontend
+    from nndb.run.launcher import Target
     gc.collect()        # an earlier run's optimizers must not look alive to the step clock
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="nndb-matrix-") as tmp:

@@ -123,10 +123,10 @@ def run_in_process(tmp_path, script: str, args=(), rules="default", commands=(),
     """Run a script under nndb in this process (no torch import per run: fast),
     in batch mode; returns the driver's DebugResult (``.session.findings``)."""
     import gc
-    from nndb.config import RunConfig
-    from nndb.debugger.driver import DebugOptions, debug
-    from nndb.debugger.frontend import ScriptedFrontend
-    from nndb.launcher import Target
+    from nndb.run.config import RunConfig
+    from nndb.driver import DebugOptions, debug
+    from nndb.frontends.batch import ScriptedFrontend
+    from nndb.run.launcher import Target
     gc.collect()     # an earlier test's optimizers must not look alive to the step clock
     fe = frontend or ScriptedFrontend([])
     cfg = RunConfig(Target(path=script, args=[str(a) for a in args]), str(tmp_path / "run.h5"), quiet=True)

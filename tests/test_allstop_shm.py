@@ -1,5 +1,5 @@
-"""The all-stop agreement's shared-memory barrier (nndb.dist.shmbarrier)
-and its use by nndb.dist.allstop, in threads and processes (no torch job:
+"""The all-stop agreement's shared-memory barrier (nndb.distributed.shmbarrier)
+and its use by nndb.distributed.allstop, in threads and processes (no torch job:
 the job's end-to-end tests are in test_distributed_run.py and
 test_allstop_job.py)."""
 from __future__ import annotations
@@ -13,9 +13,9 @@ import time
 
 import pytest
 
-from nndb.dist import shmbarrier
-from nndb.dist.allstop import StepAgreement
-from nndb.dist.shmbarrier import BarrierBroken, ShmBarrier
+from nndb.distributed import shmbarrier
+from nndb.distributed.allstop import StepAgreement
+from nndb.distributed.shmbarrier import BarrierBroken, ShmBarrier
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -93,7 +93,7 @@ def test_a_stale_slot_is_never_read_as_the_current_step_end(segment):
 _PEER = """
 import sys
 sys.path.insert(0, {root!r})
-from nndb.dist.shmbarrier import ShmBarrier
+from nndb.distributed.shmbarrier import ShmBarrier
 b = ShmBarrier({path!r}, 1, 2)
 print(b.agree(True), flush=True)
 sys.stdin.readline()              # (alive until rank 0 has looked at its pid)
@@ -165,7 +165,7 @@ def _two_ranks(rank, port, out):
 
     import torch.distributed as dist
 
-    from nndb.dist import allstop
+    from nndb.distributed import allstop
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     seen = {}
     a = allstop.StepAgreement()

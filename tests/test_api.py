@@ -16,7 +16,7 @@ import pytest
 import nndb
 from conftest import ROOT, Ran, nndb as run_nndb
 from nndb.errors import NndbError, TraceError, UsageError
-from nndb.numbers import json_value
+from nndb.text import json_value
 from nndb.store.reader import TraceReader
 
 SCRIPTS = os.path.join(ROOT, "tests", "scripts")
@@ -146,7 +146,7 @@ def test_a_live_trace_opens_and_grows(tmp_path):
             assert t.status == "finished" and t.steps.tolist() == list(range(STEPS))
             assert t.series("loss", "loss", "mean")[:len(loss)].tolist() == loss.tolist()
             assert t.stops == json.load(open(report))["stops"]  # the trace keeps what the report says
-            from nndb.inspect import summary
+            from nndb.api.inspect import summary
             assert summary(t.reader)["events"] == []             # nndb inspect lists warnings only, as before
     finally:
         if proc.poll() is None:
@@ -334,7 +334,7 @@ def test_record_never_breaks_the_loop(tmp_path, monkeypatch):
 
 
 def test_nndb_failing_to_end_the_recording_is_one_line(tmp_path, monkeypatch, capsys):
-    from nndb.runner import Recording
+    from nndb.run.runner import Recording
 
     def broken(self, *a):
         raise OSError("disk gone")

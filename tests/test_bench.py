@@ -77,7 +77,7 @@ def test_phase_split_adds_up_to_the_difference_of_the_means(phases):
 
 def test_phase_loop_times_every_phase_and_knows_the_observed_steps(bench, phases, tmp_path, monkeypatch):
     monkeypatch.setattr(bench, "REPLICA", "off")          # (no checkpoint to settle: a short loop)
-    from nndb.config import RecordSchedule
+    from nndb.run.config import RecordSchedule
     schedule = RecordSchedule.parse(None, None, None, None)
     build = bench.WORKLOADS["mlp"][0]
     times, observed, numbers = phases.phase_loop(build, 40, True, schedule, str(tmp_path), bench)
@@ -137,7 +137,7 @@ def test_the_recorded_loop_is_recorded_step_for_step_and_trains_as_the_plain_one
     (they had repeated the first one until the model overfitted it and its
     loss rose to ~3.5 on the others: the rules judged another run)."""
     from nndb.api.trace import Trace
-    from nndb.config import RecordSchedule
+    from nndb.run.config import RecordSchedule
     monkeypatch.setattr(bench, "REPLICA", "off")
     build = bench.WORKLOADS["mlp"][0]
     model, opt, crit, data = build(0)

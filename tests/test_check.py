@@ -12,7 +12,7 @@ import pytest
 
 from conftest import Transcript, example, nndb
 from nndb.check import CHECK_STEPS, OVERFIT_ITERS, check
-from nndb.launcher import Target
+from nndb.run.launcher import Target
 from nndb.render.check import text
 
 
@@ -258,9 +258,9 @@ def gradcheck_session(tmp_path_factory) -> Transcript:
     """gradcheck before any stop, then at forward stops in fc, sq (a wrong
     backward) and drop, then at a step end."""
     import gc
-    from nndb.config import RunConfig
-    from nndb.debugger.driver import DebugOptions, debug
-    from nndb.debugger.frontend import ScriptedFrontend
+    from nndb.run.config import RunConfig
+    from nndb.driver import DebugOptions, debug
+    from nndb.frontends.batch import ScriptedFrontend
     gc.collect()
     tmp_path = tmp_path_factory.mktemp("gradcheck")
     script = write(tmp_path, "bad_grad.py", BAD_GRAD)

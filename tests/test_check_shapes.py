@@ -12,7 +12,7 @@ import pytest
 
 from conftest import nndb
 from nndb.check import check
-from nndb.launcher import Target
+from nndb.run.launcher import Target
 from nndb.render.check import text
 
 SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts", "check_loop_shapes.py")

@@ -14,16 +14,16 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from conftest import example
-from nndb.config import RunConfig
+from nndb.run.config import RunConfig
 from nndb.debugger import points as P
-from nndb.debugger.commands import TABLE
-from nndb.debugger.commands.breakpoints import _numbers
-from nndb.debugger.commands.inspect import _info_arg
-from nndb.debugger.driver import DebugOptions, build_session, debug
-from nndb.debugger.frontend import ScriptedFrontend
+from nndb.commands import TABLE
+from nndb.commands.breakpoints import _numbers
+from nndb.commands.inspect import _info_arg
+from nndb.driver import DebugOptions, build_session, debug
+from nndb.frontends.batch import ScriptedFrontend
 from nndb.debugger.session import Session
 from nndb.errors import CommandError
-from nndb.launcher import Target
+from nndb.run.launcher import Target
 
 SETTINGS = dict(deadline=None, database=None, derandomize=True,
                 suppress_health_check=list(HealthCheck))

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from conftest import Ran, example, nndb
-from nndb.debugger import rcfiles
+from nndb.commands import rcfiles
 from nndb.store.reader import TraceReader
 
 
@@ -516,8 +516,8 @@ def test_commands_block_ends_with_its_file(tmp_path):
     error at that line; it does not swallow the -e commands that follow."""
     import io
 
-    from nndb.debugger.frontend import BatchFrontend
-    from nndb.debugger.driver import DebugOptions, build_session
+    from nndb.frontends.batch import BatchFrontend
+    from nndb.driver import DebugOptions, build_session
     from nndb.debugger.session import QueuedLine
 
     path = _write(tmp_path / "noend.nndb", "break step 1\ncommands\nsilent\np 1\n")

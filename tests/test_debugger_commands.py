@@ -14,10 +14,10 @@ import re
 import pytest
 
 from conftest import Transcript, example
-from nndb.config import RunConfig
-from nndb.debugger.driver import DebugOptions, debug
-from nndb.debugger.frontend import ScriptedFrontend
-from nndb.launcher import Target
+from nndb.run.config import RunConfig
+from nndb.driver import DebugOptions, debug
+from nndb.frontends.batch import ScriptedFrontend
+from nndb.run.launcher import Target
 
 
 def session(tmp_path, script, lines, answers=(), steps=8, args=()) -> Transcript:

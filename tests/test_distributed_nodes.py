@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from nndb.dist import nodes
+from nndb.distributed import nodes
 from test_distributed_run import (_assert_none_left, _copy, _digests, _env, _free_port, _metas, _on_terminal)
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="gloo jobs on Linux")
@@ -118,10 +118,10 @@ def test_the_batch_watchdog_on_node_0_sees_the_ranks_of_both_nodes(tmp_path):
 
 
 def test_node_0s_tcp_channel_takes_only_the_jobs_ranks_and_ranks_take_only_their_front(tmp_path):
-    from nndb.dist.front import Front, LaunchOptions
-    from nndb.dist.worker import FrontLink
+    from nndb.distributed.front import Front, LaunchOptions
+    from nndb.distributed.worker import FrontLink
     from nndb.errors import UsageError
-    from nndb.launcher import Target
+    from nndb.run.launcher import Target
     from nndb.timetravel.channel import Channel
     from nndb.version import __version__
     script = _copy(tmp_path, "distrun_ddp_mlp.py")
@@ -199,9 +199,9 @@ def test_node_0s_tcp_channel_takes_only_the_jobs_ranks_and_ranks_take_only_their
 
 
 def test_a_job_of_several_nodes_needs_a_secret_given_out_of_band(monkeypatch, tmp_path):
-    from nndb.dist.front import Front, LaunchOptions
+    from nndb.distributed.front import Front, LaunchOptions
     from nndb.errors import UsageError
-    from nndb.launcher import Target
+    from nndb.run.launcher import Target
     script = _copy(tmp_path, "distrun_ddp_mlp.py")
     for value in (None, "short"):
         if value is None:

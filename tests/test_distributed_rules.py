@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from conftest import ROOT, nndb
-from nndb.config import rank_trace_path
+from nndb.run.config import rank_trace_path
 from nndb.rules.crossrank import CrossRankJudge, EpochTracker, judge_job
 from nndb.store.merge import merge_raw_rows, merge_stats
 from nndb.tracer import stats as S

@@ -15,7 +15,8 @@ import time
 import pytest
 
 from conftest import ROOT, nndb
-from nndb.dist import job, nodes
+from nndb.run import rank as job
+from nndb.distributed import nodes
 from nndb.store.reader import TraceReader
 
 SCRIPTS = os.path.join(ROOT, "tests", "scripts")
@@ -257,8 +258,8 @@ def test_trace_names_per_rank(tmp_path):
 
 
 def test_front_refuses_a_worker_without_the_secret_or_with_another_version(tmp_path):
-    from nndb.dist.front import Front, LaunchOptions
-    from nndb.launcher import Target
+    from nndb.distributed.front import Front, LaunchOptions
+    from nndb.run.launcher import Target
     from nndb.timetravel.channel import Channel
     from nndb.version import __version__
     script = _copy(tmp_path, "distrun_ddp_mlp.py")

@@ -2,7 +2,7 @@
 inside the gradients' all-reduce (every rank's step time is equal), so the
 ``straggler`` rule reads each rank's forward time (to the step's first
 gradient: no collective before it).  Units on rows; the live judge in the
-front (nndb.dist.judge) against the offline one; end to end on 2 gloo ranks
+front (nndb.distributed.judge) against the offline one; end to end on 2 gloo ranks
 through ``nndb run --nproc-per-node 2 --batch``: the planted job (rank 1
 sleeps in its forward) names rank 1 and "compute", live and in ``nndb
 inspect RUNDIR --ranks``; the healthy job is silent both ways."""
@@ -15,7 +15,7 @@ import sys
 import pytest
 
 from conftest import ROOT, nndb
-from nndb.dist.judge import LiveJudge
+from nndb.distributed.judge import LiveJudge
 from nndb.rules.crossrank import judge_job
 
 SCRIPTS = os.path.join(ROOT, "tests", "scripts")

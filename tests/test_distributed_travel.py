@@ -1,4 +1,4 @@
-"""Time travel across ranks that a replica job answers (nndb.dist.travel):
+"""Time travel across ranks that a replica job answers (nndb.distributed.travel):
 ``predict`` and ``reverse-continue`` on a 2-rank gloo job at the prompt,
 against an independent torchrun run; the replica's drift check."""
 import os
@@ -125,7 +125,7 @@ class _Ranks:
 
 
 def test_drift_check_bit_for_bit():
-    from nndb.dist.travel import drift
+    from nndb.distributed.travel import drift
     live = _Ranks({0: 0.6931471805599453, 1: 0.5})
     assert drift(live, _Ranks({0: 0.6931471805599453, 1: 0.5}), [0, 1], 4) is None
     why = drift(live, _Ranks({0: 0.6931471805599453, 1: 0.5000000000000001}), [0, 1], 4)
@@ -137,7 +137,7 @@ def test_drift_check_bit_for_bit():
 
 
 def test_replica_command_line():
-    from nndb.dist.replica import replica_argv
+    from nndb.distributed.replica import replica_argv
     argv = ["run", "--run", "--every", "5", "--rules", "none", "--trace", "x.h5", "-e", "until 3", "--quiet",
             "/a/train.py", "--every", "2", "-e", "x"]
     # its own trace directory, every step recorded, no start-up commands; the script's arguments untouched
@@ -171,10 +171,10 @@ class _FakeJob:
 
 def test_replay_makes_the_changes_at_their_steps_and_notes_the_stops():
     from nndb.debugger.changes import Change
-    from nndb.dist.travel import to_step
+    from nndb.distributed.travel import to_step
     job, hits = _FakeJob([1, 3]), []
     changes = [Change("set lr 0.2", None, "start"), Change("set lr 0.3 rank 1", 2), Change("set lr 0.4", 4)]
-    from nndb.dist.console import Console
+    from nndb.distributed.console import Console
     assert to_step(job, [0, 1], 4, changes, Console._targets, hits=hits) is None
     assert [x for x in job.log if x[2].startswith("set")] == \
         [(None, 0, "set lr 0.2"), (None, 1, "set lr 0.2"), (2, 1, "set lr 0.3"), (4, 0, "set lr 0.4"),
@@ -184,12 +184,12 @@ def test_replay_makes_the_changes_at_their_steps_and_notes_the_stops():
 
 
 def test_without_run_flag():
-    from nndb.dist.travel import without_run_flag
+    from nndb.distributed.travel import without_run_flag
     assert without_run_flag(["run", "--run", "-q", "/a/t.py", "--run"]) == ["run", "-q", "/a/t.py", "--run"]
 
 
 def test_travel_checked_against_the_run_before():
-    from nndb.dist.travel import check_travel
+    from nndb.distributed.travel import check_travel
     now = _Ranks({0: 0.25, 1: 0.5})
     assert check_travel(now, [0, 1], 2, {0: (0.25).hex(), 1: (0.5).hex()}) == \
         "nndb: every rank's loss at step 2 equals the run before's, bit for bit"

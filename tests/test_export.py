@@ -19,10 +19,10 @@ from nndb.store.reader import TraceReader
 def nan_trace(tmp_path_factory):
     """nan_lr.py recorded in this process: its loss goes Inf then NaN, and rules fire."""
     import gc
-    from nndb.config import RunConfig
-    from nndb.debugger.driver import DebugOptions, debug
-    from nndb.debugger.frontend import ScriptedFrontend
-    from nndb.launcher import Target
+    from nndb.run.config import RunConfig
+    from nndb.driver import DebugOptions, debug
+    from nndb.frontends.batch import ScriptedFrontend
+    from nndb.run.launcher import Target
     gc.collect()
     path = str(tmp_path_factory.mktemp("trace") / "nan.h5")
     debug(RunConfig(Target(path=example("nan_lr.py"), args=[]), path, quiet=True),

@@ -16,10 +16,10 @@ from test_export import expected_values
 
 def run_with_exports(tmp_path, targets, script="nan_lr.py"):
     import gc
-    from nndb.config import RunConfig
-    from nndb.debugger.driver import DebugOptions, debug
-    from nndb.debugger.frontend import ScriptedFrontend
-    from nndb.launcher import Target
+    from nndb.run.config import RunConfig
+    from nndb.driver import DebugOptions, debug
+    from nndb.frontends.batch import ScriptedFrontend
+    from nndb.run.launcher import Target
     gc.collect()
     path = str(tmp_path / "run.h5")
     messages = []
@@ -183,11 +183,11 @@ def test_run_at_the_prompt_exports_the_new_run_to_a_directory_of_its_own(tmp_pat
     its own run's values."""
     ea = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
     import gc
-    from nndb.config import RunConfig
-    from nndb.debugger.driver import DebugOptions, debug
-    from nndb.debugger.frontend import ScriptedFrontend
+    from nndb.run.config import RunConfig
+    from nndb.driver import DebugOptions, debug
+    from nndb.frontends.batch import ScriptedFrontend
     from nndb.export.targets import tensorboard_target
-    from nndb.launcher import Target
+    from nndb.run.launcher import Target
     gc.collect()
     tb = tmp_path / "tb"
     fe = ScriptedFrontend(["break step 3", "continue", "run", "y", "continue", "continue"])

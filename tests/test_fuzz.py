@@ -117,7 +117,7 @@ def test_search_coverage_walks_where_random_search_does_not():
 
 
 def test_options_are_checked_before_anything_runs():
-    from nndb.debugger.commands import TABLE
+    from nndb.commands import TABLE
     from nndb.errors import CommandError
     for bad, why in (("--against fp8", "fp16 or bf16"), ("--budget 0", "at least 1"), ("--scale 2", "--scale"),
                      ("--until 'loss >'", "syntax error"), ("--tolerance 0.1", "goes with --against"),
@@ -129,7 +129,7 @@ def test_options_are_checked_before_anything_runs():
 
 
 def test_save_refuses_a_file_nndb_did_not_write(tmp_path):
-    from nndb.debugger.commands import TABLE
+    from nndb.commands import TABLE
     from nndb.errors import CommandError
     mine = tmp_path / "weights.pt"
     torch.save({"w": torch.zeros(2)}, mine)

@@ -175,7 +175,7 @@ def test_a_tight_file_size_limit_keeps_the_steps_that_fit_with_their_histograms(
 # -- abbreviations at the prompt ----------------------------------------------------------------
 
 def test_com_is_ambiguous_as_in_gdb_and_names_the_abbreviation_of_each():
-    from nndb.debugger.commands import TABLE
+    from nndb.commands import TABLE
     from nndb.errors import CommandError
     with pytest.raises(CommandError) as e:
         TABLE.lookup("com")

@@ -94,7 +94,7 @@ def test_rank_suffix_under_torchrun(tmp_path):
     r = nndb("run", str(script), cwd=str(tmp_path), env={"RANK": "1", "WORLD_SIZE": "2"})
     assert r.returncode == 0
     path = r.stderr.split("recording to ", 1)[1].split()[0]
-    # one run directory per job, one file per rank in it (nndb.dist.job)
+    # one run directory per job, one file per rank in it (nndb.run.rank)
     assert re.fullmatch(r"nndb-runs/s-[^/]+/rank1\.h5", path), path
     data = json.loads(nndb("inspect", "--json", os.path.join(str(tmp_path), path)).stdout)
     assert data["meta"]["rank"] == 1 and data["meta"]["world_size"] == 2

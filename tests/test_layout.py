@@ -3,7 +3,8 @@ import ast
 import os
 
 ROOT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "nndb")
-UI_ALLOWED = ("cli.py", "__main__.py", "repl" + os.sep, "cli" + os.sep)
+UI_ALLOWED = ("__main__.py", "cli" + os.sep, os.path.join("frontends", "repl.py"),
+              os.path.join("frontends", "completer.py"), os.path.join("frontends", "toolbar.py"))
 
 
 def modules():
@@ -70,32 +71,31 @@ def test_the_size_check_sees_a_large_module_without_a_reason():
 
 def test_cli_choices_match_the_trace_schema():
     from nndb import cli
-    from nndb.store import schema
+    from nndb import schema
     assert cli.STAT_CHOICES == tuple(schema.COLUMNS)
     assert cli.KIND_CHOICES == tuple(schema.KINDS)
 
 
 # -- the floors ---------------------------------------------------------------------------
 # Top to bottom; a module imports only from its own floor or below (imports
-# inside functions count).  A module belongs to the floor of its longest
-# matching prefix.
-# The package itself (its __init__) is the public facade: nndb.open and
-# nndb.record import nndb.api when called, so it sits on the top floor, with
-# the API; everything else of nndb's that is not listed is on the base floor.
+# inside functions count).  A floor holds whole packages and leaf modules of
+# the root, never a part of a package: the folder tree is the plan.  Every
+# package and root module is listed (a new one must be placed), and no two
+# packages import each other, even on one floor.
 FLOORS = [
-    ("cli and the Python API", ("nndb.cli", "nndb.__main__", "nndb.checkrun", "nndb.api",
-                                "nndb.__init__", "nndb.notebook", "nndb.fuzzrun",
-                                "nndb.runsetup")),
-    ("driver", ("nndb.debugger.driver", "nndb.dist")),
-    ("front ends", ("nndb.repl", "nndb.debugger.frontend", "nndb.debugger.report", "nndb.inspect", "nndb.inspectrun",
-                    "nndb.api.trace")),
-    ("commands and renderers", ("nndb.debugger.commands", "nndb.debugger.rcfiles", "nndb.render", "nndb.plot")),
+    ("face", ("nndb.__init__", "nndb.__main__", "nndb.cli")),
+    ("Python API", ("nndb.api",)),
+    ("composition", ("nndb.driver", "nndb.distributed")),
+    ("front ends", ("nndb.frontends",)),
+    ("commands and renderers", ("nndb.commands", "nndb.render")),
     ("time travel", ("nndb.timetravel", "nndb.fuzz")),
     ("debugger engine", ("nndb.debugger",)),
-    ("recording", ("nndb.paths", "nndb.runner", "nndb.check", "nndb.launcher", "nndb.runmeta", "nndb.config", "nndb.export")),
-    ("rules, lineage, store", ("nndb.rules", "nndb.lineage", "nndb.store")),
+    ("running, checks, exports", ("nndb.run", "nndb.check", "nndb.export")),
+    ("rules and lineage", ("nndb.rules", "nndb.lineage")),
+    ("store", ("nndb.store",)),
     ("tracer", ("nndb.tracer",)),
-    ("base", ("nndb.errors", "nndb.cadence", "nndb.preload", "nndb.store.schema", "nndb.dist.job", "nndb")),
+    ("leaves", ("nndb.errors", "nndb.schema", "nndb.cadence", "nndb.histogram", "nndb.text", "nndb.version",
+                "nndb.extras")),
 ]
 
 
@@ -134,16 +134,30 @@ def import_edges() -> dict:
     return edges
 
 
-def floor_of(module: str) -> int:
+def unit_of(module: str) -> str:
+    """The package or root module a module belongs to (``nndb.X``)."""
     if module == "nndb":
-        module = "nndb.__init__"
-    best, depth = None, -1
-    for i, (_, prefixes) in enumerate(FLOORS):
-        for p in prefixes:
-            if (module == p or module.startswith(p + ".")) and len(p) > depth:
-                best, depth = i, len(p)
-    assert best is not None, f"{module} is on no floor: add it to FLOORS"
-    return best
+        return "nndb.__init__"
+    return ".".join(module.split(".")[:2])
+
+
+def floor_of(module: str) -> int:
+    unit = unit_of(module)
+    for i, (_, units) in enumerate(FLOORS):
+        if unit in units:
+            return i
+    raise AssertionError(f"{unit} is on no floor: add it to FLOORS")
+
+
+def unit_cycles(edges: dict) -> list:
+    """Cycles between packages (and root modules): the knots a floor plan hides."""
+    units: dict = {}
+    for m, ts in edges.items():
+        for t in ts:
+            a, b = unit_of(m), unit_of(t)
+            if a != b and not (a == "nndb.__init__" and m == "nndb"):
+                units.setdefault(a, set()).add(b)
+    return import_cycles(units)
 
 
 def upward_imports(edges: dict) -> list:
@@ -178,11 +192,22 @@ def test_no_import_cycles():
     assert import_cycles(import_edges()) == []
 
 
+def test_no_two_packages_import_each_other():
+    assert unit_cycles(import_edges()) == []
+
+
+def test_every_package_and_root_module_is_on_a_floor():
+    units = {unit_of(m) for m in import_edges()}
+    listed = [u for _, us in FLOORS for u in us]
+    assert sorted(units) == sorted(listed)
+    assert len(listed) == len(set(listed))
+
+
 def test_the_floor_checks_see_an_upward_import_and_a_cycle():
-    assert "nndb.debugger.session" in import_edges()["nndb.debugger.driver"]
-    bad = {"nndb.debugger.session": {"nndb.debugger.commands"}, "nndb.debugger.commands": {"nndb.debugger.session"},
+    assert "nndb.debugger.session" in import_edges()["nndb.driver"]
+    bad = {"nndb.debugger.session": {"nndb.commands"}, "nndb.commands": {"nndb.debugger.session"},
            "nndb.tracer.hooks": {"nndb.rules.engine"}}
     assert upward_imports(bad) == [
-        "nndb.debugger.session (debugger engine) -> nndb.debugger.commands (commands and renderers)",
-        "nndb.tracer.hooks (tracer) -> nndb.rules.engine (rules, lineage, store)"]
-    assert import_cycles(bad) == [["nndb.debugger.commands", "nndb.debugger.session", "nndb.debugger.commands"]]
+        "nndb.debugger.session (debugger engine) -> nndb.commands (commands and renderers)",
+        "nndb.tracer.hooks (tracer) -> nndb.rules.engine (rules and lineage)"]
+    assert import_cycles(bad) == [["nndb.commands", "nndb.debugger.session", "nndb.commands"]]

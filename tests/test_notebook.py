@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from conftest import ROOT
-from nndb.notebook.frontend import KERNEL_NO_REPLICAS as KERNEL
+from nndb.frontends.notebook import KERNEL_NO_REPLICAS as KERNEL
 from test_set_trace import LOOP
 
 
@@ -129,7 +129,7 @@ def test_a_notebook_records_a_cell_stops_at_a_watch_and_shows_html_and_a_plot(tm
 
 
 def test_a_command_table_as_html_is_escaped_and_formatted_as_the_terminal_shows_it():
-    from nndb.notebook.frontend import table_html
+    from nndb.frontends.notebook import table_html
     from nndb.render.table import Table
     h = table_html(Table(("tensor", "norm"), [["<img src=x onerror=alert(1)>", 0.123456789]], title="step <1>"))
     assert "<img" not in h and "&lt;img src=x onerror=alert(1)&gt;" in h
@@ -184,7 +184,7 @@ def test_nndb_run_magic_takes_nndb_runs_own_options(tmp_path, monkeypatch, capsy
     or one a kernel cannot honour is one line, and --help prints nndb run's help."""
     pytest.importorskip("IPython")
     from nndb.api.trace import Trace
-    from nndb.notebook.magics import run_script
+    from nndb.cli.magics import run_script
     monkeypatch.chdir(tmp_path)
     (tmp_path / "train.py").write_text(TRAIN)
     trace = run_script("--batch -q --every 2 --steps 0:8 --rules none --trace r.h5 train.py")

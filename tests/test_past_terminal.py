@@ -121,7 +121,7 @@ def test_the_history_is_written_past_a_replica_s_sandbox(tmp_path, monkeypatch):
     """In a replica the sandbox replaces open (and may replace os.open): the
     history keeps the opener of the process that made the prompt."""
     import builtins
-    from nndb.repl.app import History
+    from nndb.frontends.repl import History
     path = tmp_path / "hist"
     h = History(str(path))
 

@@ -12,7 +12,7 @@ from click.testing import CliRunner
 
 from conftest import example
 from nndb.cli import cli
-from nndb.plot import data as D
+from nndb.render import plotdata as D
 from nndb.store.measured import measured
 from nndb.store.reader import TraceReader
 
@@ -25,10 +25,10 @@ STOPS = [{"step": 3, "reason": "breakpoint", "id": 1, "detail": {}}]
 def nan_trace(tmp_path_factory):
     """nan_lr.py recorded in this process, stopped at step 8 where the REPL's plot is typed."""
     import gc
-    from nndb.config import RunConfig
-    from nndb.debugger.driver import DebugOptions, debug
-    from nndb.debugger.frontend import ScriptedFrontend
-    from nndb.launcher import Target
+    from nndb.run.config import RunConfig
+    from nndb.driver import DebugOptions, debug
+    from nndb.frontends.batch import ScriptedFrontend
+    from nndb.run.launcher import Target
     import importlib.util
     gc.collect()
     path = str(tmp_path_factory.mktemp("trace") / "nan.h5")
@@ -107,7 +107,7 @@ def test_loss_history_and_ratio_data_are_the_trace(nan_trace):
                                        ("ratio", {})])
 def test_each_picture_is_drawn_at_its_size(nan_trace, tmp_path, what, args):
     mpimg = pytest.importorskip("matplotlib.image")
-    from nndb.plot.pictures import gather, picture
+    from nndb.render.pictures import gather, picture
     from nndb.render.plot import pixel_size
     path, _ = nan_trace
     with TraceReader(path) as r:
@@ -128,7 +128,7 @@ def test_the_repl_plot_command_writes_beside_the_trace(nan_trace):
 
 
 def test_the_plot_command_is_in_the_table_with_its_help():
-    from nndb.debugger.commands import TABLE
+    from nndb.commands import TABLE
     assert TABLE.lookup("plot").usage.startswith("plot [heatmap|loss|history|ratio]")
     assert TABLE.parse("plot grad conv*")[1] == ("heatmap", "grad", "conv*", "norm")
     assert TABLE.parse("plot history fc1.weight")[1] == ("history", None, "fc1.weight", "norm")
@@ -182,12 +182,12 @@ def test_names_from_the_trace_are_drawn_as_written(tmp_path):
 
 def test_without_matplotlib_the_repl_plot_is_one_error_line(tmp_path, monkeypatch):
     from conftest import run_in_process
-    from nndb.debugger.frontend import ScriptedFrontend
+    from nndb.frontends.batch import ScriptedFrontend
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     fe = ScriptedFrontend(["until 2", "plot grad", "continue"])
-    from nndb.debugger.driver import DebugOptions, debug
-    from nndb.config import RunConfig
-    from nndb.launcher import Target
+    from nndb.driver import DebugOptions, debug
+    from nndb.run.config import RunConfig
+    from nndb.run.launcher import Target
     debug(RunConfig(Target(path=example("mlp.py"), args=["--steps", "4"]), str(tmp_path / "t.h5"), quiet=True),
           DebugOptions(batch=False, no_rc=True, stop_at_start=True), fe)
     said = "\n".join(fe.output)
@@ -195,10 +195,10 @@ def test_without_matplotlib_the_repl_plot_is_one_error_line(tmp_path, monkeypatc
 
 
 def test_history_draws_a_terminal_chart_at_the_prompt_only(tmp_path):
-    from nndb.config import RunConfig
-    from nndb.debugger.driver import DebugOptions, debug
-    from nndb.debugger.frontend import ScriptedFrontend
-    from nndb.launcher import Target
+    from nndb.run.config import RunConfig
+    from nndb.driver import DebugOptions, debug
+    from nndb.frontends.batch import ScriptedFrontend
+    from nndb.run.launcher import Target
     outputs = {}
     for batch in (False, True):
         fe = ScriptedFrontend(["until 30", "history loss loss mean --last 3", "continue"])
@@ -228,10 +228,10 @@ def relu_trace(tmp_path_factory):
     """mlp.py (Linear, ReLU, ...) recorded for 61 steps in this process: zero_frac is measured at the full
     steps only (0 and 32), 0 on the Linear layers' outputs and about a half on the ReLUs'."""
     import gc
-    from nndb.config import RunConfig
-    from nndb.debugger.driver import DebugOptions, debug
-    from nndb.debugger.frontend import ScriptedFrontend
-    from nndb.launcher import Target
+    from nndb.run.config import RunConfig
+    from nndb.driver import DebugOptions, debug
+    from nndb.frontends.batch import ScriptedFrontend
+    from nndb.run.launcher import Target
     gc.collect()
     path = str(tmp_path_factory.mktemp("relu") / "t.h5")
     result = debug(RunConfig(Target(path=example("mlp.py"), args=["--steps", "61"]), path, quiet=True),
@@ -280,10 +280,10 @@ def test_layers_are_in_the_models_registration_order_not_the_optimizers(tmp_path
     keeps the series' order and the axis says so."""
     import gc
     import h5py
-    from nndb.config import RunConfig
-    from nndb.debugger.driver import DebugOptions, debug
-    from nndb.debugger.frontend import ScriptedFrontend
-    from nndb.launcher import Target
+    from nndb.run.config import RunConfig
+    from nndb.driver import DebugOptions, debug
+    from nndb.frontends.batch import ScriptedFrontend
+    from nndb.run.launcher import Target
     gc.collect()
     path = str(tmp_path / "t.h5")
     script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts", "plot_order_groups.py")

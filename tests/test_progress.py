@@ -161,8 +161,8 @@ def test_the_script_s_lines_never_keep_a_piece_of_the_progress_line(tmp_path):
 def test_the_line_is_off_the_terminal_before_a_prompt_that_printed_nothing():
     """A stop whose points are all silent prints nothing (nothing cleared the
     line, and the prompt was drawn under it): the prompt loop clears it."""
-    from nndb.debugger.driver import DebugOptions, build_session
-    from nndb.debugger.frontend import ScriptedFrontend
+    from nndb.driver import DebugOptions, build_session
+    from nndb.frontends.batch import ScriptedFrontend
     s = build_session(ScriptedFrontend([]), DebugOptions())
     out = []
     s.progress = ProgressLine(s, out.append, streams=())

@@ -4,8 +4,8 @@ reference); in one process they say plainly that there is one process."""
 import pytest
 
 from conftest import example, nndb
-from nndb.debugger.commands import TABLE
-from nndb.debugger.commands.rankspec import OnRanks, chosen, split_ranks, split_suffix
+from nndb.commands import TABLE
+from nndb.commands.rankspec import OnRanks, chosen, split_ranks, split_suffix
 from nndb.errors import CommandError
 
 

@@ -14,7 +14,7 @@ from torch.nn.modules import module as torch_module
 from conftest import example, nndb, run_in_process
 
 from nndb import cadence
-from nndb.config import RecordSchedule
+from nndb.run.config import RecordSchedule
 from nndb.errors import UsageError
 from nndb.rules import base
 from nndb.rules.engine import RuleEngine

@@ -6,12 +6,12 @@ from prompt_toolkit.document import Document
 from prompt_toolkit.input import create_pipe_input
 from prompt_toolkit.output import DummyOutput
 
-from nndb.config import RunConfig
-from nndb.debugger.driver import DebugOptions, debug
-from nndb.launcher import Target
-from nndb.repl import ReplFrontend
-from nndb.repl.completer import NndbCompleter
-from nndb.repl.toolbar import toolbar_text
+from nndb.run.config import RunConfig
+from nndb.driver import DebugOptions, debug
+from nndb.run.launcher import Target
+from nndb.frontends.repl import ReplFrontend
+from nndb.frontends.completer import NndbCompleter
+from nndb.frontends.toolbar import toolbar_text
 
 from conftest import example
 
@@ -109,7 +109,7 @@ EXACTLY = [
     ("p errD_r", ["errD_real"]),
     ("p $st", ["$step"]),
     ("delete ", ["1"]),
-    ("ran", ["rank"]),                      # (the one table: rank and --ranks, nndb.debugger.commands.ranks)
+    ("ran", ["rank"]),                      # (the one table: rank and --ranks, nndb.commands.ranks)
     ("p --ra", ["--ranks"]),
     ("stats --ranks a", ["all"]),
     ("stats --ranks all act netG.1", ["netG.1"]),

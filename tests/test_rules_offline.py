@@ -9,7 +9,7 @@ from click.testing import CliRunner
 
 from conftest import example, nndb
 from nndb.cli import cli
-from nndb.numbers import json_value as _clean
+from nndb.text import json_value as _clean
 from nndb.errors import EXIT_FAIL_ACTION, EXIT_USAGE
 from nndb.rules.base import Rule, StepContext
 from nndb.rules.catalog import load
@@ -224,10 +224,10 @@ def _run_live(script, args, trace, report, subprocess):
         assert live.returncode in (0, 1), live.stderr
         return
     import gc
-    from nndb.config import RunConfig
-    from nndb.debugger.driver import DebugOptions, debug
-    from nndb.debugger.frontend import ScriptedFrontend
-    from nndb.launcher import Target
+    from nndb.run.config import RunConfig
+    from nndb.driver import DebugOptions, debug
+    from nndb.frontends.batch import ScriptedFrontend
+    from nndb.run.launcher import Target
     gc.collect()     # an earlier test's optimizers must not look alive to the step clock
     cfg = RunConfig(Target(path=script, args=list(args)), trace, quiet=True)
     debug(cfg, DebugOptions(batch=True, no_rc=True, report=report), ScriptedFrontend([]))

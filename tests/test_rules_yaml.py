@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 
 from conftest import example, nndb, run_in_process
-from nndb.config import RunConfig
-from nndb.debugger.driver import DebugOptions, debug
-from nndb.debugger.frontend import ScriptedFrontend
+from nndb.run.config import RunConfig
+from nndb.driver import DebugOptions, debug
+from nndb.frontends.batch import ScriptedFrontend
 from nndb.errors import UsageError
-from nndb.launcher import Target
+from nndb.run.launcher import Target
 from nndb.rules.base import STAT_INDEX, StepContext
 from nndb.rules.catalog import default_rules, load
 from nndb.rules.condition import Condition, ConditionError

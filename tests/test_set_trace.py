@@ -122,10 +122,10 @@ def test_end_of_input_at_the_prompt_is_quit(tmp_path):
 
 
 def test_under_nndb_run_set_trace_is_a_stop_of_that_run(tmp_path):
-    from nndb.config import RunConfig
-    from nndb.debugger.driver import DebugOptions, debug
-    from nndb.debugger.frontend import ScriptedFrontend
-    from nndb.launcher import Target
+    from nndb.run.config import RunConfig
+    from nndb.driver import DebugOptions, debug
+    from nndb.frontends.batch import ScriptedFrontend
+    from nndb.run.launcher import Target
     fe = ScriptedFrontend(["p step", "continue"])
     cfg = RunConfig(Target(path=str(_script(tmp_path))), str(tmp_path / "run.h5"), quiet=True)
     result = debug(cfg, DebugOptions(stop_at_start=False, no_rc=True, replica="off"), fe)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from conftest import Ran, nndb, plain_and_recorded, python
-from nndb.numbers import fmt
+from nndb.text import fmt
 from nndb.store.reader import TraceReader
 
 ACCUMULATION = """

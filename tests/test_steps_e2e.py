@@ -183,10 +183,10 @@ def test_optimizer_made_before_recording_keeps_steps_in_order(tmp_path, extra):
     import torch
     import torch.nn as nn
 
-    from nndb import runmeta
-    from nndb.config import RecordSchedule, RunConfig
-    from nndb.launcher import Target
-    from nndb.runner import Recording
+    from nndb.run import meta as runmeta
+    from nndb.run.config import RecordSchedule, RunConfig
+    from nndb.run.launcher import Target
+    from nndb.run.runner import Recording
     gc.collect()
     torch.manual_seed(0)
     body = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3))

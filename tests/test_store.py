@@ -9,7 +9,7 @@ import pytest
 
 from conftest import nndb
 from nndb.errors import TraceError, TraceWriteError
-from nndb.store import schema
+from nndb import schema
 from nndb.store.reader import TraceReader
 from nndb.store.writer import TraceWriter
 from nndb.tracer.recorder import StepRecord
@@ -61,7 +61,7 @@ def test_a_flush_on_time_writes_whole_stats_chunks_and_holds_the_rest_with_their
     """--flush-secs: the rows of whole chunks (schema.STATS_CHUNK: 4 steps) are
     written, the last ones wait with their histograms; a reader in the process
     and the run's end see every step."""
-    from nndb.store.schema import HIST_BINS
+    from nndb.schema import HIST_BINS
     from nndb.tracer.recorder import StepRecord
     p = str(tmp_path / "t.h5")
     w = TraceWriter(p, {}, flush_steps=1000, flush_secs=0)      # (every append is a flush on time)
@@ -226,11 +226,11 @@ def test_inspect_bad_trace_is_one_line_exit_2(tmp_path, what):
 def test_the_schema_is_a_leaf_that_owns_the_vocabulary():
     import subprocess
     import sys
-    code = ("import sys, nndb.store.schema as s; "
+    code = ("import sys, nndb.schema as s; "
             "print(sorted(m for m in sys.modules if m.startswith('nndb') or m in ('h5py', 'torch')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          env=dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-    assert out.stdout.split("\n")[0] == "['nndb', 'nndb.startup', 'nndb.store', 'nndb.store.schema', 'nndb.version']", \
+    assert out.stdout.split("\n")[0] == "['nndb', 'nndb.run.startup', 'nndb.store', 'nndb.schema', 'nndb.version']", \
         out.stderr
     from nndb import cli
     from nndb.debugger import points

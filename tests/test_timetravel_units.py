@@ -5,8 +5,8 @@ import threading
 import pytest
 
 from nndb.debugger import points as P
-from nndb.debugger.driver import DebugOptions, build_session
-from nndb.debugger.frontend import ScriptedFrontend
+from nndb.driver import DebugOptions, build_session
+from nndb.frontends.batch import ScriptedFrontend
 from nndb.debugger.session import QueuedLine
 from nndb.timetravel import forking
 from nndb.timetravel.channel import Channel
@@ -82,8 +82,8 @@ def test_cuda_blocks_fork(monkeypatch):
 ])
 def test_exactness_depends_on_the_openmp_runtime_and_threads(monkeypatch, runtime, threads, exact):
     import torch
-    import nndb.runmeta
-    monkeypatch.setattr(nndb.runmeta, "openmp_runtime", lambda: runtime)
+    import nndb.run.meta
+    monkeypatch.setattr(nndb.run.meta, "openmp_runtime", lambda: runtime)
     monkeypatch.setattr(torch, "get_num_threads", lambda: threads)
     ok, why = forking.exactness()
     assert ok is exact

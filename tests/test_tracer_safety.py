@@ -1,9 +1,9 @@
 """A hook nndb puts into the user's program never crashes the training."""
 import torch
 
-from nndb.config import RecordSchedule, RunConfig
-from nndb.launcher import Target
-from nndb.runner import Recording
+from nndb.run.config import RecordSchedule, RunConfig
+from nndb.run.launcher import Target
+from nndb.run.runner import Recording
 from nndb.store.reader import TraceReader
 
 from conftest import nndb, python

@@ -15,7 +15,7 @@ handlers run, stdout/stderr flushed, then ``os._exit``.  ``run()`` returns a
 timeout it kills the child's process group and raises TimeoutExpired.
 
 ``nndb run`` starts itself again with Intel's OpenMP runtime preloaded
-(nndb/preload.py).  A child of the plain zygote takes the same decision
+(nndb/run/preload.py).  A child of the plain zygote takes the same decision
 (``preload.runtime_loaded`` says "not yet", as in a fresh process) and its
 ``os.execve`` of ``python -m nndb`` comes back here as a request, which a
 second zygote, started with libiomp5 preloaded and a fixed PYTHONHASHSEED,
@@ -111,8 +111,8 @@ def serve(sock_path: str, base_path: list) -> None:
     import numpy  # noqa: F401
     import torch  # noqa: F401
     import nndb.cli  # noqa: F401
-    import nndb.debugger.driver  # noqa: F401
-    import nndb.preload
+    import nndb.driver  # noqa: F401
+    import nndb.run.preload
     parent = os.getppid()
     lst = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     lst.bind(sock_path)
@@ -216,7 +216,7 @@ def _child(req: dict, fds: list, conn, fresh: dict, base_path: list) -> int:
     signal.pthread_sigmask(signal.SIG_SETMASK, [])
     os.chdir(req["cwd"])
     env = dict(req["env"])
-    import nndb.preload as preload
+    import nndb.run.preload as preload
     if req.get("flavor") == PRELOADED:
         if env.get("NNDB_SET_HASHSEED"):         # nndb chose a seed; this interpreter runs with the zygote's
             env["PYTHONHASHSEED"] = os.environ["PYTHONHASHSEED"]
@@ -341,7 +341,7 @@ class Zygote:
     def env_for(base_env: dict, flavor, like=None) -> dict:
         env = dict(base_env)
         if flavor == PRELOADED:
-            from nndb.preload import libiomp_path
+            from nndb.run.preload import libiomp_path
             env["LD_PRELOAD"] = libiomp_path()
             seed = str(int.from_bytes(os.urandom(4), "little") or 1)
             env["PYTHONHASHSEED"] = like["PYTHONHASHSEED"] if like else seed

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 from typing import Optional
 
-from ..store.job import cross_rank, job_summary, open_job
+from ..rules.crossrank import judge_rundir
+from ..store.job import job_summary, open_job
 from .trace import FindingList, Trace
 
 
@@ -27,11 +28,11 @@ class Job:
     @property
     def findings(self) -> list:
         if self._findings is None:
-            self._findings = cross_rank(self._job)[0]
+            self._findings = judge_rundir(self._job)[0]
         return FindingList(self._findings)
 
     def summary(self, ranks: bool = False) -> dict:
-        return job_summary(self._job, ranks=ranks)
+        return job_summary(self._job, judge_rundir(self._job), ranks=ranks)
 
     def close(self) -> None:
         for t in self.ranks.values():

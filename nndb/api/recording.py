@@ -1,8 +1,8 @@
 """``nndb.record(PATH)``: record a training loop inside this process.
 
-The pieces are those of ``nndb run --batch`` (nndb.runner.Recording: the
+The pieces are those of ``nndb run --batch`` (nndb.run.runner.Recording: the
 tracer, recorder and trace writer; the debugger session from
-nndb.debugger.driver.build_session with its rules), put around a ``with``
+nndb.driver.build_session with its rules), put around a ``with``
 block instead of a script, so a notebook cell or code that cannot be
 launched as a script records the same trace and gets the same findings.
 """
@@ -13,16 +13,16 @@ import re
 import sys
 from typing import Optional
 
-from ..config import RecordSchedule, RunConfig, default_trace_path
-from ..debugger.driver import DebugOptions, build_session
-from ..debugger.commands import TABLE
-from ..debugger.frontend import BatchFrontend
-from ..debugger.rcfiles import first_error, startup_lines
+from ..run.config import RecordSchedule, RunConfig, default_trace_path
+from ..driver import DebugOptions, build_session
+from ..commands import TABLE
+from ..frontends.batch import BatchFrontend
+from ..commands.rcfiles import first_error, startup_lines
 from ..errors import EXIT_OK, EXIT_SCRIPT_ERROR, EXIT_SIGINT, EXIT_SIGTERM, KillRun, RestartRun, Terminated, UsageError
-from ..launcher import Target, system_exit_code
-from ..paths import default_dir_writable, resolve_trace
-from ..runner import Recording, _stderr
-from .. import runmeta
+from ..run.launcher import Target, system_exit_code
+from ..run.paths import default_dir_writable, resolve_trace
+from ..run.runner import Recording, _stderr
+from ..run import meta as runmeta
 from .trace import FindingList, Trace
 
 

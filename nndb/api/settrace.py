@@ -27,10 +27,10 @@ import atexit
 import sys
 from typing import Optional
 
-from ..config import shown
+from ..run.config import shown
 from ..debugger import current
 from ..errors import KillRun, NndbError, RestartRun
-from ..runner import _stderr
+from ..run.runner import _stderr
 from .recording import Recorder
 
 _own: Optional[Recorder] = None      # the recording set_trace started in this process
@@ -44,7 +44,7 @@ KERNEL_NO_TRAVEL = ("nndb.set_trace() in a notebook kernel: its threads do not s
 def choose_frontend():
     """The REPL at a terminal; else a prompt read with input() (lines piped
     in, or a notebook's input box); a notebook's front end in a kernel."""
-    from .. import notebook
+    from ..frontends import notebook
     if notebook.in_kernel():
         return notebook.NotebookFrontend()
     try:
@@ -52,15 +52,15 @@ def choose_frontend():
     except (AttributeError, ValueError):
         tty = False
     if tty:
-        from ..repl import ReplFrontend
+        from ..frontends.repl import ReplFrontend
         return ReplFrontend()
-    from ..debugger.frontend import InputFrontend
+    from ..frontends.batch import InputFrontend
     return InputFrontend()
 
 
 def _start(frame, trace: Optional[str]):
     global _own
-    from .. import notebook
+    from ..frontends import notebook
     kernel = notebook.in_kernel()
     # (None: a new file under ./nndb-runs/)
     rec = Recorder(trace, frontend=choose_frontend(), interactive=True, replica="off" if kernel else "fork")
@@ -79,7 +79,7 @@ def _start(frame, trace: Optional[str]):
 def _end_with_the_cell(rec: Recorder) -> bool:
     """In a notebook kernel the recording ends with the cell that called
     set_trace (the kernel outlives it: its later cells are not recorded)."""
-    from .. import notebook
+    from ..frontends import notebook
     if not notebook.in_kernel():
         return False
     shell = sys.modules["IPython"].get_ipython()

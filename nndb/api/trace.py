@@ -19,7 +19,7 @@ from typing import Optional
 import numpy as np
 
 from ..errors import UsageError
-from ..store import schema as K
+from .. import schema as K
 from ..store.measured import measured, measured_values
 from ..store.reader import TraceReader
 

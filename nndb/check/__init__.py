@@ -62,12 +62,12 @@ import tempfile
 import traceback
 from typing import Callable
 
-from .. import launcher, runmeta
-from ..config import RunConfig
+from ..run import launcher, meta as runmeta
+from ..run.config import RunConfig
 from ..errors import KillRun, UsageError
-from ..launcher import Target
-from ..runner import Recording
-from ..safetext import printable
+from ..run.launcher import Target
+from ..run.runner import Recording
+from ..text import printable
 from .capture import Capture, LossMode
 from .checks import (OVERFIT_ITERS, Check, CheckReport, Outcome, data_check, finite_check, grad_reset_check,
                      gradients_check, initial_loss_check, shapes_check, updates_check)

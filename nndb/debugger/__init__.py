@@ -1,3 +1,3 @@
 """The debugger: a UI-free session (run control, stops, breakpoints), its
-command table, command files and the report.  The REPL (nndb.repl) and batch
+command table, command files and the report.  The REPL (nndb.frontends.repl) and batch
 mode are front ends over the same session."""

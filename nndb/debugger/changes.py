@@ -5,7 +5,7 @@ the run makes them again where they were made.
 One record for both kinds of replay: a replica resumed from a checkpoint (or
 respawned) makes the session's changes at their step ends
 (nndb.timetravel.roles), and across ranks the console makes its own at the
-stops of the job it drives again (nndb.dist.travel.to_step).  A replay runs
+stops of the job it drives again (nndb.distributed.travel.to_step).  A replay runs
 silently from step end to step end, so a change is made again at the end of
 a step: one made there is made again exactly; one made inside a step (a
 module's breakpoint, ``step``, ``nndb.set_trace()``) at the end of the step

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from ..errors import CommandError
-from ..numbers import fmt
+from ..text import fmt
 
 _VARS = "__nndb_vars__"
 _DOLLAR = re.compile(r"\$([A-Za-z_][A-Za-z0-9_]*)")

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from ..errors import CommandError
-from ..store.schema import KIND_WORDS, STAT_NAMES as STATS
+from ..schema import KIND_WORDS, STAT_NAMES as STATS
 from . import watchband
 # The statistics measured at every recorded step (the others only at full
 # steps); a watch on any other makes the session measure everything.

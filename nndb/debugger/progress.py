@@ -23,7 +23,7 @@ import sys
 import time
 from typing import Callable, Optional
 
-from ..numbers import fmt
+from ..text import fmt
 from ..tracer import stats as S
 
 INTERVAL = 0.25              # seconds between two redraws, at least

@@ -11,9 +11,9 @@ from typing import Optional
 import numpy as np
 
 from ..errors import CommandError
-from ..numbers import NOT_MEASURED
+from ..text import NOT_MEASURED
 from ..store.measured import measured, measured_column
-from ..store.schema import KINDS
+from ..schema import KINDS
 from . import evaluate as E
 from . import points as P
 

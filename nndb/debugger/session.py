@@ -12,8 +12,8 @@ and ``error``; commands return data that ``render`` turns into text.
 
 A front end supplies ``read_line(prompt) -> str | None`` (None: end of
 input), ``confirm(question) -> bool``, ``message(text)``, ``error(text)``
-and ``interactive``.  The REPL (nndb.repl) and batch mode
-(nndb.debugger.frontend) are two such front ends; tests script a third.
+and ``interactive``.  The REPL (nndb.frontends.repl) and batch mode
+(nndb.frontends.batch) are two such front ends; tests script a third.
 """
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ import time
 from typing import Optional
 
 from ..errors import CommandError, KillRun, RestartRun
-from ..safetext import printable
+from ..text import printable
 from . import current
 from . import evaluate as E
 from . import points as P
@@ -39,7 +39,7 @@ from .stoppoints import Stop, StopPoints
 class Session(CommandLoop, StopPoints, RunQueries):
     """``commands`` (a CommandTable: ``dispatch``, ``lookup``, ``split``) and
     ``renderer`` (``render(data)``, ``stop_line(session, stop)``) come from the
-    floors above, passed in by ``nndb.debugger.driver.build_session``: the
+    floors above, passed in by ``nndb.driver.build_session``: the
     engine never imports the command table or a renderer."""
 
     def __init__(self, frontend, commands, renderer, interactive: bool = True, stop_at_start: bool = True,
@@ -52,7 +52,7 @@ class Session(CommandLoop, StopPoints, RunQueries):
         self.replica = None                  # in a replica process: its role (nndb.timetravel.roles)
         self.lineage = lineage               # nndb.lineage.control.LineageControl (op recorder policy)
         self.progress = None                 # nndb.debugger.progress.ProgressLine (nndb run on a terminal)
-        self.agreement = None                # several ranks: nndb.dist.allstop.StepAgreement (all-stop)
+        self.agreement = None                # several ranks: nndb.distributed.allstop.StepAgreement (all-stop)
         if hasattr(frontend, "session"):
             frontend.session = self        # completion and the toolbar look at the session
         self.interactive = interactive

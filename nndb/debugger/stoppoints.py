@@ -77,7 +77,7 @@ class StopPoints:
         there, or None; ``known``: the step's own record as far as it is known,
         see ``check_points_at_step_end``): stop if a point, a rule or run control says so."""
         role = self.replica
-        agreement = self.agreement           # (several ranks: nndb.dist.allstop, every step end)
+        agreement = self.agreement           # (several ranks: nndb.distributed.allstop, every step end)
         if not rule_hits and role is None and agreement is None and not self._pending_start and \
                 (self.mode == "detach" or (self.mode == "continue" and not self.points
                                            and not self.interrupt_requested)):

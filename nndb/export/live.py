@@ -26,7 +26,7 @@ import threading
 import time
 from typing import Callable, Optional
 
-from ..safetext import printable_line
+from ..text import printable_line
 from .scalars import findings_by_step, hyper_scalars, record_scalars, run_params, start_time
 
 CAPACITY = 1024             # entries (a step's record, or a batch of findings) waiting at most
@@ -193,7 +193,7 @@ class RunExports:
         self.live: list = []
 
     def start(self, rec) -> list:
-        """The listeners for the run ``rec`` (nndb.runner.Recording) records."""
+        """The listeners for the run ``rec`` (nndb.run.runner.Recording) records."""
         self.runs += 1
         script = os.path.basename(str(rec.meta.get("script") or rec.meta.get("module") or "run"))
         params = run_params(rec.meta)

@@ -18,9 +18,9 @@ from typing import Iterable, Iterator, Optional, Sequence
 
 import numpy as np
 
-from ..safetext import printable_line
+from ..text import printable_line
 from ..store.measured import measured
-from ..store.schema import STAT_NAMES
+from ..schema import STAT_NAMES
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ from typing import Callable, Optional
 import numpy as np
 
 from ..errors import CommandError
-from ..store.schema import series_label
+from ..schema import series_label
 from ..tracer.stats import NONFINITE_FIELDS
 from .oprecord import FILE, LINE, MODULE, NODE, OP, PHASE, op_name
 

@@ -10,7 +10,7 @@ from typing import Optional
 from .oprecord import (DTYPES, FILE, INS, LINE, MODULE, NODE, OP, OP_STATS, OUTS,  # noqa: F401
                        PHASE, SHAPES, op_name)
 
-DOT_STAMP = "// nndb lineage graph"    # a dot file's first line: nndb.paths lets nndb write over it
+DOT_STAMP = "// nndb lineage graph"    # a dot file's first line: nndb.run.paths lets nndb write over it
 
 
 # Of this many inputs made the same way (or more), one is followed, the others counted.

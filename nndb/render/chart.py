@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from typing import Optional, Sequence
 
-from ..numbers import fmt
+from ..text import fmt
 
 EIGHTHS = " ▁▂▃▄▅▆▇█"
 

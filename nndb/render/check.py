@@ -2,7 +2,7 @@
 CheckReport.to_dict() instead)."""
 from __future__ import annotations
 
-from ..safetext import printable
+from ..text import printable
 
 
 def text(report) -> str:

@@ -7,8 +7,8 @@ import os
 from tabulate import tabulate
 
 from .table import Table
-from ..numbers import fmt
-from ..store.schema import series_label
+from ..text import fmt
+from ..schema import series_label
 
 
 def render(result) -> str:

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from tabulate import tabulate
 
-from ..numbers import fmt
-from ..safetext import printable
+from ..text import fmt
+from ..text import printable
 
 BAR = 30
 

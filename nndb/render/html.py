@@ -1,12 +1,12 @@
 """HTML renderers for notebooks (``_repr_html_`` of nndb.api's objects): data
 in, HTML out.  A trace is untrusted input: every string that came from it
 (names, messages, the script's path) is escaped here, and numbers are
-formatted by nndb.numbers, never interpolated raw."""
+formatted by nndb.text, never interpolated raw."""
 from __future__ import annotations
 
 from html import escape
 
-from ..numbers import fmt
+from ..text import fmt
 
 # Tables longer than this show their first rows and say how many were left out.
 MAX_ROWS = 50

@@ -6,7 +6,7 @@ cannot serve, one for the steps the live rules never saw, and a summary
 from __future__ import annotations
 
 from ..rules.offline import NEEDS, RUN
-from ..safetext import printable
+from ..text import printable
 
 
 def found_by(f: dict) -> str:

@@ -1,4 +1,4 @@
-"""Drawing the pictures of nndb.plot.data with matplotlib (the ``plot``
+"""Drawing the pictures of nndb.render.plotdata with matplotlib (the ``plot``
 extra), through a Figure of its own and the Agg canvas: no pyplot, so the
 backend and figures of a script being debugged are never touched.
 
@@ -17,9 +17,9 @@ import os
 import numpy as np
 
 from ..errors import UsageError
-from ..paths import PICTURE_METADATA, claim_output
-from ..safetext import printable_line
-from ..plot.data import Heatmap, History, LossCurve, Ratio
+from ..run.paths import PICTURE_METADATA, claim_output
+from ..text import printable_line
+from .plotdata import Heatmap, History, LossCurve, Ratio
 
 DPI = 100
 MAX_LABEL = 60
@@ -54,7 +54,7 @@ def pixel_size(data) -> tuple:
 
 def _claim(path: str) -> str:
     """The picture's format (its extension), once ``path`` may be written:
-    a new file or one of nndb's own pictures (nndb.paths)."""
+    a new file or one of nndb's own pictures (nndb.run.paths)."""
     ext = os.path.splitext(path)[1].lower()
     if ext not in FORMATS:
         raise UsageError(f"cannot write a picture to {path}: the name must end in .png or .svg")

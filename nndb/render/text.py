@@ -1,14 +1,14 @@
 """Text renderers of ``nndb inspect``: data in, lines out (tabulate tables).
-Numbers go through nndb.numbers.fmt (``-``: not measured); what came from
-the trace is made safe for the terminal (nndb.safetext) on the way out."""
+Numbers go through nndb.text.fmt (``-``: not measured); what came from
+the trace is made safe for the terminal (nndb.text) on the way out."""
 from __future__ import annotations
 
 import datetime
 
 from tabulate import tabulate
 
-from ..numbers import fmt
-from ..safetext import printable, printable_line
+from ..text import fmt
+from ..text import printable, printable_line
 
 __all__ = ["fmt", "summary", "series"]
 

@@ -33,7 +33,7 @@ import numpy as np
 
 # The observed steps are the cadence's, named here too because the rules count in them.
 from ..cadence import OBSERVE_EVERY as EVERY, SETTLE, observed  # noqa: F401
-from ..store.schema import STAT_NAMES
+from ..schema import STAT_NAMES
 
 SEVERITIES = ("error", "warning", "info")
 ACTIONS = ("warn", "stop", "fail")

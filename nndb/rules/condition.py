@@ -33,7 +33,7 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from ..store.schema import KIND_WORDS
+from ..schema import KIND_WORDS
 from .base import STAT_INDEX
 
 KINDS = KIND_WORDS

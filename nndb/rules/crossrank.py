@@ -281,5 +281,18 @@ def judge_job(rows_by_rank: dict, params: Optional[dict] = None) -> list:
     return judge.findings
 
 
+def judge_rundir(job) -> tuple:
+    """A run directory's cross-rank findings (``job``: nndb.store.job.Job):
+    (findings as dicts, why they could not be judged or None)."""
+    rows = {}
+    for k in job.ranks:
+        fp = job.readers[k].fingerprints()
+        if fp is None:
+            return [], f"rank {k}'s trace was written before nndb recorded what ranks are compared by"
+        rows[k] = fp
+    found = judge_job(rows)             # (one rank: only epoch_repeats can apply)
+    return [f.as_dict() for f in found], None
+
+
 def describe() -> Iterable[dict]:
     return [{"id": k, "severity": s, "explanation": e} for k, (s, e) in RULES.items()]

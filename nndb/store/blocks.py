@@ -9,7 +9,7 @@ from typing import Optional
 import numpy as np
 
 from ..tracer.stats import N_RAW, finalize_many
-from . import schema as K
+from .. import schema as K
 
 STEP_COLUMNS = ("step", "time", "backward_count", "optimizer_steps", "partial")
 

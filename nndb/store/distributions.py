@@ -15,7 +15,7 @@ import numpy as np
 from ..errors import UsageError
 from .. import histogram as H
 from .precision import MAX_REL_ERROR
-from .schema import FULL_KINDS, KIND_WORDS, KINDS
+from ..schema import FULL_KINDS, KIND_WORDS, KINDS
 
 QUANTILES = (0.01, 0.25, 0.5, 0.75, 0.99)
 APPROX_NOTE = ("quantiles are read from the histogram: approximate, the true value lies in the "

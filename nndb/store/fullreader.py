@@ -8,7 +8,7 @@ from typing import Optional
 
 import numpy as np
 
-from . import schema as K
+from .. import schema as K
 from .precision import PRECISIONS, decode
 
 

@@ -17,7 +17,7 @@ from typing import Optional
 
 import numpy as np
 
-from . import schema as K
+from .. import schema as K
 from .precision import STORE_OF, encode
 
 DEFAULT_MAX_PENDING = 32

@@ -6,7 +6,7 @@ whole job (the same job id, script and world size, every rank once) and
 refuses anything else with one line (a UsageError: exit code 2);
 ``job_summary`` returns plain data (renderers print it): the ranks and
 their steps, each rank's findings (its own rule engine's), the cross-rank
-findings (nndb.rules.crossrank over the ranks' fingerprint rows), and per
+findings given (nndb.rules.crossrank.judge_rundir over the ranks' fingerprint rows), and per
 tensor the statistics at the last step every rank recorded, merged across
 ranks (nndb.store.merge) or, with ``ranks=True``, side by side.
 """
@@ -113,21 +113,10 @@ def _merge_kind(series) -> str:
     return "batch"
 
 
-def cross_rank(job: Job) -> tuple:
-    """(findings as dicts, why they could not be judged or None)."""
-    from ..rules.crossrank import judge_job
-    rows = {}
-    for k in job.ranks:
-        fp = job.readers[k].fingerprints()
-        if fp is None:
-            return [], f"rank {k}'s trace was written before nndb recorded what ranks are compared by"
-        rows[k] = fp
-    found = judge_job(rows)             # (one rank: only epoch_repeats can apply)
-    return [f.as_dict() for f in found], None
-
-
-def job_summary(job: Job, ranks: bool = False) -> dict:
-    """The job as plain data (see the module's docstring)."""
+def job_summary(job: Job, cross: tuple, ranks: bool = False) -> dict:
+    """The job as plain data (see the module's docstring); ``cross``: the
+    cross-rank findings and why they could not be judged
+    (nndb.rules.crossrank.judge_rundir)."""
     info = []
     for k in job.ranks:
         r = job.readers[k]
@@ -136,7 +125,7 @@ def job_summary(job: Job, ranks: bool = False) -> dict:
                      "first_step": int(steps[0]) if len(steps) else None,
                      "last_step": int(steps[-1]) if len(steps) else None,
                      "findings": r.records("finding")})
-    cross, why = cross_rank(job)
+    cross, why = cross
     return {"rundir": job.directory, "job_id": job.job_id, "script": job.script,
             "world_size": job.world_size, "warnings": list(job.warnings), "ranks": info,
             "cross_rank_findings": cross, "cross_rank_unjudged": why,

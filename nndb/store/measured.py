@@ -22,7 +22,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .schema import STAT_NAMES
+from ..schema import STAT_NAMES
 
 # Measured at every recorded row of a series; the others only at full rows.
 ALWAYS = ("count", "norm", "nan_count", "inf_count")
@@ -58,7 +58,7 @@ def is_measured(row, stat: str, columns: Sequence[str] = STAT_NAMES) -> bool:
 
 def measured_values(row, columns: Sequence[str] = STAT_NAMES, missing=None) -> list:
     """One row of statistics as Python floats, ``missing`` for what was not
-    measured (None in data; ``nndb.numbers.NOT_MEASURED`` where a float is
+    measured (None in data; ``nndb.text.NOT_MEASURED`` where a float is
     needed)."""
     row = np.asarray(row, dtype=np.float64)
     mask = measured(row[None, :], columns)[0]

@@ -26,7 +26,7 @@ from typing import Sequence
 import numpy as np
 
 from ..tracer.stats import N_RAW, finalize_many, merge_raw
-from .schema import N_STATS, STAT_NAMES
+from ..schema import N_STATS, STAT_NAMES
 
 _C = {name: i for i, name in enumerate(STAT_NAMES)}
 

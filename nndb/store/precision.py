@@ -35,7 +35,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .schema import FULL_PRECISIONS
+from ..schema import FULL_PRECISIONS
 
 PRECISIONS = ("fp16", "bf16", "fp32", "fp64")
 # The precisions a user may ask for (fp64 is only ever a fallback).

@@ -18,7 +18,7 @@ import h5py
 import numpy as np
 
 from ..errors import TraceError
-from . import schema as K
+from .. import schema as K
 from .fullreader import FullReads
 
 

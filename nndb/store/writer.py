@@ -38,11 +38,11 @@ import h5py
 import numpy as np
 
 from ..errors import TraceWriteError
-from ..numbers import json_value
+from ..text import json_value
 from . import fullstore
 from .blocks import (STEP_COLUMNS, Block, Unwritten, put_blob, room_needed, step_columns,
                      stats_block, whole_chunks)
-from . import schema as K
+from .. import schema as K
 from .space import NoRoom, check_room, detach_file, reason as _reason
 
 _BLOBS = ("series", "events", "end", "optimizers", "hyper", "fingerprints", "modules")

@@ -20,14 +20,14 @@ from typing import Callable, Optional
 import numpy as np
 import torch
 
-from ..paths import checkpoint_dir
+from ..run.paths import checkpoint_dir
 
 FORMAT = "nndb-checkpoint"
 VERSION = 1
 _NAME = re.compile(r"^step_(\d+)\.pt$")
 
 
-directory_for = checkpoint_dir     # (nndb.paths checks the directory at start: nndb's own, or refused)
+directory_for = checkpoint_dir     # (nndb.run.paths checks the directory at start: nndb's own, or refused)
 
 
 def file_name(step: int) -> str:

@@ -9,7 +9,7 @@ copy cheap).  The checkpoint reports ``replica-exited`` when that replica ends.
 
 OpenMP: GNU libgomp's thread pool does not survive fork() (a forked child
 hangs in its first parallel region).  Intel's libiomp5 does, and ``nndb run``
-preloads it when it is installed (``nndb.preload``).  Without it a
+preloads it when it is installed (``nndb.run.preload``).  Without it a
 replica runs with one thread, which is safe but may differ in the last bits
 from a multi-threaded run: ``exactness()`` says which case applies.
 """
@@ -22,14 +22,14 @@ import sys
 import threading
 from typing import Optional
 
-from ..preload import forget_openmp
+from ..run.preload import forget_openmp
 from .channel import Channel
 
 _PR_SET_PDEATHSIG = 1
 
 
 def openmp_forks_safely() -> bool:
-    from ..runmeta import openmp_runtime
+    from ..run.meta import openmp_runtime
     rt = openmp_runtime()
     # libiomp5 preloaded takes over the GOMP_* entry points even where libgomp
     # is loaded too (torch links it)

@@ -26,8 +26,8 @@ from .channel import Channel
 
 def _entry() -> str:
     """The new process's program: nndb.cli.replica_main, with nothing of the
-    working directory imported on the way (nndb.safepath)."""
-    from ..safepath import replica_entry
+    working directory imported on the way (nndb.run.safepath)."""
+    from ..run.safepath import replica_entry
     nndb_dir = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))     # (the package, not imported:
     return replica_entry(os.path.dirname(nndb_dir))                              # it is the API, a floor above)
 
@@ -98,9 +98,9 @@ def session_options(msg: dict) -> dict:
 def run(s, chan, msg: dict) -> None:
     """Run the script under the replica session ``s`` (built by build_session
     from ``session_options(msg)``) until its role ends this process."""
-    from ..config import RunConfig
-    from ..launcher import Target
-    from ..runner import record
+    from ..run.config import RunConfig
+    from ..run.launcher import Target
+    from ..run.runner import record
     from . import roles, sandbox
 
     machine = s.machine

@@ -29,7 +29,7 @@ from ..debugger import evaluate as E
 from ..debugger.changes import Change, due, not_as_made
 from ..debugger.hyperparams import undone
 from ..debugger.stoppoints import Stop
-from ..preload import forget_openmp
+from ..run.preload import forget_openmp
 from . import forking, sandbox
 
 

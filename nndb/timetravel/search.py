@@ -9,7 +9,7 @@ import math
 from ..debugger import evaluate as E
 from ..errors import CommandError, TraceError
 from ..store.reader import TraceReader
-from ..store.schema import STAT_NAMES
+from ..schema import STAT_NAMES
 
 
 def reverse_continue_target(s, machine, step: int, at_end: bool):

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from ..errors import UsageError
-from ..store.schema import FULL_KINDS, FULL_PRECISIONS as REQUESTABLE, KIND_WORDS
+from ..schema import FULL_KINDS, FULL_PRECISIONS as REQUESTABLE, KIND_WORDS
 
 
 @dataclass(frozen=True)

@@ -168,4 +168,4 @@ def _call_from_caller(func, args, kwargs):
         if len(_TRAMPOLINES) > 4096:          # (a script that calls from ever new lines: keep it bounded)
             _TRAMPOLINES.clear()
             _TRAMPOLINES[key] = call
-    return call(func, args, kwargs)     # (a traceback through here: nndb.launcher.user_traceback)
+    return call(func, args, kwargs)     # (a traceback through here: nndb.run.launcher.user_traceback)

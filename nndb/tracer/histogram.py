@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from .. import histogram as H
-from ..store.schema import HIST_BINS
+from ..schema import HIST_BINS
 from . import stats as S
 
 of_segments = H.of_segments

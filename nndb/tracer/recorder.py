@@ -34,7 +34,7 @@ import torch
 
 from . import histogram as H
 from . import stats as S
-from ..store.schema import KINDS  # noqa: F401  (the kinds of the series recorded here)
+from ..schema import KINDS  # noqa: F401  (the kinds of the series recorded here)
 from .bucket import _PENDING, _Bucket
 from .params import ParamPlan, Snapshot
 

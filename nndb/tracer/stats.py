@@ -44,7 +44,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from ..store.schema import N_STATS, STAT_NAMES
+from ..schema import N_STATS, STAT_NAMES
 from .quiet import quiet as _quiet      # (numpy's warnings off: NaN and Inf are data here)
 
 RAW_FIELDS = ("n", "sum", "sumsq", "min", "max", "sumabs", "nzero", "nnan", "ninf")

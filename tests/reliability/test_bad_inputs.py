@@ -80,7 +80,7 @@ def test_lineage_refusal_is_exit_2_before_the_script(tmp_path):
 
 @pytest.mark.parametrize("content", [b"\xff\xfe\x80\x81 garbage", b"# -*- coding: nope -*-\nx = 1\n"])
 def test_a_script_that_cannot_be_decoded_names_no_line_none(tmp_path, content):
-    from nndb.launcher import Target, prepare
+    from nndb.run.launcher import Target, prepare
     p = tmp_path / "x.py"
     p.write_bytes(content)
     with pytest.raises(UsageError) as e:
@@ -132,7 +132,7 @@ def test_check_of_a_script_that_raises_keyboard_interrupt_is_a_fail_line(tmp_pat
 def test_an_infinite_threshold_at_the_prompt_is_refused(tmp_path):
     """`rule threshold` checks the range as the rule file does (inf turned the rule off)."""
     from conftest import example, run_in_process
-    from nndb.debugger.frontend import ScriptedFrontend
+    from nndb.frontends.batch import ScriptedFrontend
     fe = ScriptedFrontend([])
     res = run_in_process(tmp_path, example("mlp.py"), args=("--steps", "1"), frontend=fe,
                          commands=("rule threshold stale_grad steps inf",))

@@ -129,7 +129,7 @@ def test_a_replay_that_diverges_says_the_operation_was_not_located(tmp_path):
 
 
 def test_catch_arguments():
-    from nndb.debugger.commands.lineage import _catch_arg
+    from nndb.commands.lineage import _catch_arg
     from nndb.errors import CommandError
     assert _catch_arg("nan") == ("nan", False, False)
     assert _catch_arg("inf --eager fail") == ("inf", True, True)

@@ -12,7 +12,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from conftest import nndb
-from nndb import api as nndb_api, inspect as queries
+from nndb import api as nndb_api
+from nndb.api import inspect as queries
 from nndb.errors import TraceError
 from nndb.store.reader import TraceReader
 from nndb.store.writer import TraceWriter

@@ -12,15 +12,15 @@ import pytest
 import torch
 
 from conftest import Transcript, example, nndb
-from nndb.config import RunConfig
-from nndb.debugger.driver import DebugOptions, debug
+from nndb.run.config import RunConfig
+from nndb.driver import DebugOptions, debug
 from nndb.debugger.evaluate import StatRow, loss_value
-from nndb.debugger.frontend import ScriptedFrontend
-from nndb.launcher import Target
-from nndb.numbers import NOT_MEASURED, fmt, json_value, to_json
-from nndb.repl.toolbar import toolbar_text
+from nndb.frontends.batch import ScriptedFrontend
+from nndb.run.launcher import Target
+from nndb.text import NOT_MEASURED, fmt, json_value, to_json
+from nndb.frontends.toolbar import toolbar_text
 from nndb.store.measured import is_measured, measured, measured_values
-from nndb.store.schema import STAT_NAMES
+from nndb.schema import STAT_NAMES
 from nndb.tracer import stats as S
 
 INF, NAN = math.inf, math.nan

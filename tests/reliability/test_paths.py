@@ -132,8 +132,8 @@ def test_the_default_trace_stays_under_the_start_directory(tmp_path):
 
 
 def test_two_default_traces_in_one_second_are_two_files(tmp_path, monkeypatch):
-    from nndb.config import default_trace_path
-    from nndb.launcher import Target
+    from nndb.run.config import default_trace_path
+    from nndb.run.launcher import Target
     monkeypatch.chdir(tmp_path)
     t = Target(path="s.py")
     paths = {default_trace_path(t) for _ in range(3)}
@@ -230,7 +230,7 @@ def test_plot_and_inspect_npy_write_only_over_their_own(tmp_path):
 ])
 def test_nndb_wrote_recognises_only_its_own(tmp_path, kind, content, ours):
     from nndb.errors import UsageError
-    from nndb.paths import claim_output, nndb_wrote
+    from nndb.run.paths import claim_output, nndb_wrote
     f = tmp_path / "out"
     f.write_bytes(content)
     assert nndb_wrote(str(f), kind) is ours

@@ -22,7 +22,7 @@ import pytest
 import torch
 
 from conftest import ROOT, nndb
-from nndb.preload import libiomp_path
+from nndb.run.preload import libiomp_path
 from nndb.timetravel import disk
 
 pytestmark = pytest.mark.real_subprocess     # (processes and OpenMP registrations left behind)
@@ -294,7 +294,7 @@ def test_a_killed_runs_trace_is_nndbs_and_its_openmp_registration_is_cleared(tmp
 
 
 def test_only_dead_processes_registrations_are_cleared(tmp_path):
-    from nndb.preload import forget_dead_openmp
+    from nndb.run.preload import forget_dead_openmp
     uid = os.getuid()
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     names = {f"__KMP_REGISTERED_LIB_{dead.stdout.strip()}_{uid}": False,       # ended: removed

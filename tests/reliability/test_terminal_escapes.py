@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from conftest import example, nndb, run_in_process
-from nndb.debugger.frontend import ScriptedFrontend
-from nndb.safetext import printable, printable_line
+from nndb.frontends.batch import ScriptedFrontend
+from nndb.text import printable, printable_line
 
 OSC = "\x1b]0;pwned\x07"          # retitles the terminal
 CLEAR = "\x1b[2J"                 # clears the screen
@@ -29,7 +29,7 @@ def _set_blob(f, name, text):
     data = text.encode("utf-8")
     del f[name]
     f.create_dataset(name, data=np.frombuffer(data, dtype=np.uint8), maxshape=(None,), chunks=True)
-    from nndb.store.schema import COMMITTED
+    from nndb.schema import COMMITTED
     if "committed" in f and name in COMMITTED:      # the reader trusts the lengths the writer committed
         f["committed"][COMMITTED.index(name)] = len(data)
 

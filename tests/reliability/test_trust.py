@@ -9,7 +9,7 @@ import stat
 import pytest
 
 from conftest import nndb
-from nndb.debugger import rcfiles
+from nndb.commands import rcfiles
 
 
 @pytest.fixture
@@ -104,7 +104,7 @@ def test_an_old_trust_file_is_read_and_its_control_characters_ignored(tmp_path, 
 def test_the_repl_history_is_private(tmp_path, existing):
     from prompt_toolkit.input import create_pipe_input
     from prompt_toolkit.output import DummyOutput
-    from nndb.repl import ReplFrontend
+    from nndb.frontends.repl import ReplFrontend
     hist = tmp_path / "history"
     if existing:
         hist.write_text("")

@@ -11,7 +11,7 @@ import pytest
 from conftest import example, nndb, run_in_process
 from nndb.debugger import points as P
 from nndb.debugger import watchband
-from nndb.debugger.commands import TABLE
+from nndb.commands import TABLE
 from nndb.errors import CommandError
 
 SCRIPTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts")
@@ -102,7 +102,7 @@ def test_always_is_parsed_shown_and_completed():
     assert P.parse_watch("watch grad w norm > 1 consecutive 3 always fail".split(None, 1)[1])["always"] is True
     assert _watch("watch grad w norm > 1 consecutive 3 always").what() == "grad w norm > 1 consecutive 3 always"
     assert _watch("watch loss always").what() == "loss * norm outside [0.01, 50] x baseline always"
-    from nndb.repl.completer import candidates
+    from nndb.frontends.completer import candidates
     assert "always" in candidates(SimpleNamespace(table=TABLE), "op", ["watch", "grad", "w", "norm"], "")
     assert "always" in TABLE.lookup("watch").usage and "always" in TABLE.lookup("watch").help
 
@@ -145,7 +145,7 @@ def test_a_healthy_run_does_not_hit_a_relative_watch(tmp_path, script, glob, arg
 
 
 def test_the_cnn_names_its_zero_gradient_biases_once(tmp_path):
-    from nndb.debugger.frontend import ScriptedFrontend
+    from nndb.frontends.batch import ScriptedFrontend
     fe = ScriptedFrontend([])
     run_in_process(tmp_path, example("cnn.py"), ("--steps", "12"), rules="none", commands=["watch grad conv*"],
                    frontend=fe)
@@ -239,7 +239,7 @@ def test_a_pending_point_without_fail_keeps_the_exit_code(tmp_path):
 
 
 def test_the_startup_check_skips_commands_blocks():
-    from nndb.debugger.rcfiles import first_error
+    from nndb.commands.rcfiles import first_error
     from nndb.debugger.session import QueuedLine
     lines = [QueuedLine(t) for t in ("break step 1", "commands", "silent", "p $step", "end", "watch loss")]
     assert first_error(TABLE, lines) is None
@@ -251,7 +251,7 @@ def test_a_replica_keeps_its_own_watch_streaks_when_points_change_hands():
     the past) carries that process's streaks: a watch this process has too
     keeps its own; a new one starts afresh, so its hits in the past are not
     swallowed by a streak of the present."""
-    from nndb.debugger.frontend import ScriptedFrontend
+    from nndb.frontends.batch import ScriptedFrontend
     from nndb.debugger.session import Session
     from nndb.render import debug as renderer
     s = Session(ScriptedFrontend([]), TABLE, renderer)

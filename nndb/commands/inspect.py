@@ -1,0 +1,420 @@
+"""Looking at the run: print, display, stats, history, where, up, down, list, info."""
+from __future__ import annotations
+
+import fnmatch
+import linecache
+import math
+
+from ..errors import CommandError
+from ..text import fmt
+from ..render.chart import chart
+from ..store.measured import measured_values
+from ..schema import KIND_WORDS, STAT_NAMES
+from ..debugger import evaluate as E
+from ..debugger import points as P
+from .breakpoints import info_points
+from .rules import info_rules
+from .table import Command, Table, no_args
+
+
+# -- print / display ---------------------------------------------------------------
+def _print_arg(text: str):
+    t = text.strip()
+    full = False
+    if t.startswith("/"):
+        fmt, _, t = t[1:].partition(" ")
+        if fmt not in ("full", "f"):
+            raise CommandError(f"unknown print format '/{fmt}' (there is /full)")
+        full = True
+    if not t:
+        raise CommandError("print what?")
+    return E.compile_expr(t), full
+
+
+def _print(s, arg):
+    code, full = arg
+    value = E.evaluate(code, s.frame, s.variables(s.frame))
+    return E.safe_repr(value, full=full)
+
+
+def _display(s, text):
+    if not text.strip():
+        s.show_displays()
+        return None
+    code = E.compile_expr(text)
+    number = s.new_display(text.strip(), code)
+    if s.current is not None:
+        try:
+            return f"{number}: {text.strip()} = {E.safe_repr(E.evaluate(code, s.frame, s.variables(s.frame)))}"
+        except CommandError as e:
+            return f"{number}: {text.strip()} = <error: {e}>"
+    return None
+
+
+def _undisplay(s, text):
+    if not text.strip():
+        s.displays.clear()
+        return None
+    for w in text.split():
+        n = P.parse_int(w, "display number")
+        if not any(d[0] == n for d in s.displays):
+            raise CommandError(f"no display number {n}")
+        s.displays = [d for d in s.displays if d[0] != n]
+    return None
+
+
+# -- statistics ----------------------------------------------------------------------
+# The schema's statistics less mean_abs, with the NaN and Inf counts last, where the eye ends.
+_LAST = ("nan_count", "inf_count")
+STAT_COLUMNS = tuple(n for n in STAT_NAMES if n not in ("mean_abs",) + _LAST) + _LAST
+
+
+def _stats_arg(text):
+    words = text.split()
+    kind = glob = None
+    if words and words[0] in KIND_WORDS:
+        kind = KIND_WORDS[words.pop(0)]
+    if words:
+        glob = words.pop(0)
+    if words:
+        raise CommandError(f"unexpected '{' '.join(words)}'")
+    return kind, glob
+
+
+def _stats(s, arg):
+    kind, glob = arg
+    rec = s.record
+    if rec is None:
+        raise CommandError("no step has been recorded yet")
+    rows = []
+    for (name, k), row in zip(rec.names, s.stats_of(rec)):
+        if kind and k != kind:
+            continue
+        if glob and not fnmatch.fnmatchcase(name, glob):
+            continue
+        vals = dict(zip(P.STATS, measured_values(row, P.STATS)))
+        rows.append((name, k, *(vals[c] for c in STAT_COLUMNS)))
+    if not rows and glob:
+        raise CommandError(f"no {kind or ''} tensor matches '{glob}' at step {rec.step}".replace("  ", " "))
+    return Table(("tensor", "kind", *STAT_COLUMNS), rows,
+                 title=f"step {rec.step}" + (" (partial)" if rec.partial else ""), empty="nothing recorded")
+
+
+def _history_arg(text):
+    words = text.split()
+    last = 20
+    if "--last" in words:
+        i = words.index("--last")
+        if i + 1 >= len(words):
+            raise CommandError("--last needs a count")
+        last = P.parse_int(words[i + 1], "the count")
+        if last < 1:
+            raise CommandError("the count must be at least 1")
+        del words[i:i + 2]
+    kind = None
+    if len(words) >= 2 and words[0] in KIND_WORDS:
+        kind = KIND_WORDS[words.pop(0)]
+    if not words:
+        raise CommandError("history needs a tensor name")
+    name = words.pop(0)
+    stat = "norm"
+    if words:
+        stat = words.pop(0)
+        if stat not in P.STATS:
+            raise CommandError(f"unknown statistic '{stat}' (one of: {', '.join(P.STATS)})")
+    if words:
+        raise CommandError(f"unexpected '{' '.join(words)}'")
+    return kind, name, stat, last
+
+
+SPARKS = "▁▂▃▄▅▆▇█"
+
+
+def sparkline(values, width: int = 60) -> str:
+    """One character per value: a bar for a finite one, ``!`` for NaN or Inf,
+    a space where nothing was measured (None)."""
+    vals = [None if v is None else float(v) for v in values]
+    if len(vals) > width:              # keep the shape: one bucket mean per character
+        step = len(vals) / width
+        vals = [_mean(vals[int(i * step):max(int((i + 1) * step), int(i * step) + 1)]) for i in range(width)]
+    finite = [v for v in vals if v is not None and math.isfinite(v)]
+    lo, hi = (min(finite), max(finite)) if finite else (0.0, 0.0)
+    out = []
+    for v in vals:
+        if v is None:
+            out.append(" ")
+        elif not math.isfinite(v):
+            out.append("!")
+        elif hi == lo:
+            out.append(SPARKS[3])
+        else:
+            out.append(SPARKS[min(len(SPARKS) - 1, int((v - lo) / (hi - lo) * len(SPARKS)))])
+    return "".join(out)
+
+
+def _mean(xs):
+    """A bucket's mean of its finite values; NaN if it has only NaN or Inf; None if nothing was measured."""
+    f = [x for x in xs if x is not None and math.isfinite(x)]
+    if f:
+        return sum(f) / len(f)
+    return math.nan if any(x is not None for x in xs) else None
+
+
+def _history(s, arg):
+    kind, name, stat, last = arg
+    steps, values, kind = s.history(name, kind, stat)
+    if len(steps) == 0:
+        return f"{name} ({kind}): nothing recorded yet"
+    rows = [(int(a), b) for a, b in zip(steps[-last:], values[-last:])]
+    numbers = [v for v in values if v is not None and not math.isnan(v)]     # (an Inf is an extreme)
+    what = name if name == kind else f"{name} ({kind})"          # (the loss: "loss", not "loss (loss)")
+    lines = [f"{what} {stat}, {len(steps)} recorded step(s) {int(steps[0])}..{int(steps[-1])}"
+             + (f", min {fmt(min(numbers))} max {fmt(max(numbers))}" if numbers else ""),
+             sparkline(values)]
+    # At the prompt, the whole series as a chart under its last values; batch
+    # mode (logs, CI) keeps to the numbers.
+    chart_lines = chart([int(x) for x in steps], values) if s.interactive else []
+    return [*lines, Table(("step", stat), rows), *chart_lines]
+
+
+# -- the script's stack ----------------------------------------------------------------
+def _frame_line(s, i, marker=True):
+    frame, lineno = s.frames[i]
+    code = frame.f_code
+    mark = "> " if (marker and i == s.frame_index) else "  "
+    src = linecache.getline(code.co_filename, lineno, frame.f_globals).strip()
+    return [f"{mark}{code.co_filename}({lineno}){code.co_name}()", f"-> {src}" if src else "->"]
+
+
+def _need_frames(s):
+    if not s.frames:
+        raise CommandError("no stack: the script is not stopped in a frame")
+
+
+def _where(s, _):
+    _need_frames(s)
+    lines = []
+    for i in range(len(s.frames)):
+        lines.extend(_frame_line(s, i))
+    return lines
+
+
+def _move(s, n):
+    _need_frames(s)
+    new = s.frame_index + n
+    if new < 0:
+        raise CommandError("Oldest frame")
+    if new >= len(s.frames):
+        raise CommandError("Newest frame")
+    s.frame_index = new
+    s.list_position = None
+    return _frame_line(s, new)
+
+
+def _up(s, n):
+    return _move(s, -n)
+
+
+def _down(s, n):
+    return _move(s, n)
+
+
+def _count1(text):
+    t = text.strip()
+    return P.parse_int(t, "the count") if t else 1
+
+
+def _list_arg(text):
+    t = text.strip()
+    return P.parse_int(t, "the line") if t else None
+
+
+def _list(s, line):
+    _need_frames(s)
+    frame, lineno = s.frames[s.frame_index]
+    filename = frame.f_code.co_filename
+    if line is not None:
+        first = max(1, line - 5)
+    elif getattr(s, "list_position", None) is not None and s.list_position[0] == (filename, s.frame_index):
+        first = s.list_position[1]
+    else:
+        first = max(1, lineno - 5)
+    lines = []
+    for n in range(first, first + 11):
+        src = linecache.getline(filename, n, frame.f_globals)
+        if not src:
+            break
+        mark = "->" if n == lineno else "  "
+        lines.append(f"{n:4d} {mark} {src.rstrip()}")
+    if not lines:
+        raise CommandError(f"line {first} is past the end of {filename}")
+    s.list_position = ((filename, s.frame_index), first + 11)
+    return lines
+
+
+# -- info ----------------------------------------------------------------------------------
+def _info_step(s):
+    cur = s.current
+    rec = s.record
+    rows = [("state", s.state)]
+    if cur is not None:
+        rows.append(("stopped", cur.kind + (f" in {cur.module} {cur.phase}" if cur.module else "")))
+    rows.append(("last finished step", s.last_step if s.last_step is not None else "-"))
+    if s.live:
+        rows.append(("step in progress", s.step_in_progress()))
+    if rec is not None:
+        rows.append(("last recorded step", rec.step))
+        rows.append(("backward passes", rec.backward_count))
+        rows.append(("optimizer steps", rec.optimizer_steps))
+        loss = s.variables()["loss"]
+        rows.append(("loss", loss))
+    if s.rec is not None:
+        rows.append(("step clock", s.rec.tracer.clock.mode.name.lower()))
+    rows.append(("trace", s.trace_path or "-"))
+    return Table(("", ""), rows)
+
+
+def _info_modules(s):
+    return Table(("module", "type", "params"), s.module_summary(), empty="No module has run yet.")
+
+
+def _info_params(s):
+    rows = [(name, shape, dtype, "y" if grad else "n", norm, gnorm)
+            for name, shape, dtype, grad, norm, gnorm in s.param_summary()]
+    return Table(("param", "shape", "dtype", "grad", "norm", "grad norm"), rows,
+                 empty="No parameters seen yet.")
+
+
+def _info_optimizer(s):
+    rows = [(name, type(opt).__name__, gi, n, ", ".join(f"{k}={v!r}" for k, v in hyper.items()))
+            for name, opt, gi, n, hyper in s.optimizer_groups()]
+    table = Table(("optimizer", "type", "group", "params", "hyper-parameters"), rows,
+                  empty="No optimizer has stepped yet.")
+    held = s.holds.held()
+    if not held:
+        return table
+    return [table, Table(("optimizer", "group", "held", "value", "by"),
+                         [(n, gi, k, repr(v), line) for n, gi, k, v, line in held],
+                         title="Held (set again before each step until 'unset HYPER'):")]
+
+
+def _info_locals(s):
+    _need_frames(s)
+    frame = s.frame
+    rows = []
+    for k, v in frame.f_locals.items():
+        if k.startswith("__") and k.endswith("__"):
+            continue
+        r = E.safe_repr(v)
+        first = r.splitlines()[0] if r else r
+        if first != r:
+            first += " ..."          # a model's or optimizer's repr spans lines: the table stays one row each
+        rows.append((k, first if len(first) <= 120 else first[:117] + "..."))
+    return Table(("name", "value"), rows, empty="No locals.")
+
+
+def _info_display(s):
+    return Table(("Num", "Expression"), [(n, src) for n, src, _ in s.displays],
+                 empty="There are no auto-display expressions now.")
+
+
+INFO = {
+    "breakpoints": lambda s: info_points(s),
+    "watchpoints": lambda s: info_points(s, watch_only=True),
+    "display": _info_display,
+    "step": _info_step,
+    "modules": _info_modules,
+    "params": _info_params,
+    "optimizer": _info_optimizer,
+    "locals": _info_locals,
+    "rules": info_rules,
+    "checkpoints": lambda s: _info_checkpoints(s),
+    "memory": lambda s: _info_memory(s),
+}
+
+
+def _mib(n) -> str:
+    return "-" if n is None else f"{n / 2**20:.1f} MiB"
+
+
+def _info_memory(s):
+    from ..debugger.memory import report
+    r = report(s)
+    rows = [("process (host, resident)", _mib(r["rss_bytes"])),
+            ("nndb's tensors kept between steps (host)", _mib(r["nndb_host_tensor_bytes"]))]
+    if s.machine is not None and getattr(s.machine, "checkpoints", None):
+        from ..timetravel.inventory import checkpoint_inventory, total_private_kib
+        rows.append(("checkpoints (private, their own processes)",
+                     _mib(total_private_kib(checkpoint_inventory(s.machine)) * 1024)))
+    for d in r["devices"]:
+        dev = f"{d['device']} ({d['name']})"
+        rows += [(f"{dev}: allocated (script and nndb)", _mib(d["allocated_bytes"])),
+                 (f"{dev}: reserved by the allocator", _mib(d["reserved_bytes"])),
+                 (f"{dev}: peak allocated", _mib(d["peak_allocated_bytes"])),
+                 (f"{dev}: nndb's tensors kept between steps", _mib(d["nndb_held_bytes"]))]
+    lines = [] if r["devices"] else ["CUDA: not initialised in this process (no GPU memory in use)."]
+    return [Table(("memory", ""), rows), *lines]
+
+
+def _info_checkpoints(s):
+    from .timetravel import info_checkpoints
+    return info_checkpoints(s)
+INFO_ALIASES = {"b": "breakpoints", "break": "breakpoints", "watch": "watchpoints"}
+
+
+def _info_arg(text):
+    w = text.split()
+    if len(w) != 1:
+        raise CommandError("info what? (" + " | ".join(INFO) + ")")
+    word = INFO_ALIASES.get(w[0], w[0])
+    if word in INFO:
+        return word
+    hits = [k for k in INFO if k.startswith(word)]
+    if len(hits) == 1:
+        return hits[0]
+    if hits:
+        raise CommandError(f'ambiguous info command "{w[0]}": {", ".join(hits)}')
+    raise CommandError(f'undefined info command: "{w[0]}".  Try "help info".')
+
+
+def _info(s, what):
+    return INFO[what](s)
+
+
+COMMANDS = [
+    Command("print", "print[/full] [--ranks all|LIST] EXPR", """Evaluate EXPR in the script's current frame and show the result.
+A tensor shows as one line (shape, dtype, device, statistics); /full prints
+every element.  $step, $loss, $grad['NAME'] ... are nndb's variables.
+--ranks all|LIST (several ranks): one row per rank, side by side.""",
+            _print, _print_arg, aliases=("p",), args=("expr",), group="data", ranks="option"),
+    Command("display", "display [EXPR]", "Show EXPR at every stop (with no EXPR, show them all now).",
+            _display, aliases=(), args=("expr",), group="data", ranks="suffix"),
+    Command("undisplay", "undisplay [N...]", "Stop showing display expressions N... (all if none are given).",
+            _undisplay, group="data", ranks="suffix"),
+    Command("stats", "stats [--ranks all|LIST] [KIND] [GLOB]", """A table of the last recorded step's statistics (KIND: grad weight update act loss).
+--ranks all|LIST (several ranks): one table per rank.""",
+            _stats, _stats_arg, args=("kind", "tensor"), group="data", ranks="option"),
+    Command("history", "history [KIND] NAME [STAT] [--last K]", """One tensor's recorded statistic (default norm) over the steps.
+A sparkline of the whole series and its last K values (default 20); at the
+prompt (not in batch mode), the whole series as a chart under them.""",
+            _history, _history_arg, args=("tensor", "stat"), group="data"),
+    Command("where", "where [--ranks all|LIST]", """The script's stack (nndb's own frames are hidden); > marks the current frame.
+--ranks all|LIST (several ranks): every rank's stack.""",
+            _where, no_args, aliases=("bt", "backtrace", "w"), group="stack", ranks="option"),
+    Command("up", "up [N]", "Move N frames up the stack (towards the outermost).",
+            _up, _count1, group="stack"),
+    Command("down", "down [N]", "Move N frames down the stack (towards the stop).",
+            _down, _count1, group="stack"),
+    Command("list", "list [--ranks all|LIST] [LINE]", """Show 11 source lines around the current line (again: the next 11).
+--ranks all|LIST (several ranks): each rank's lines.""",
+            _list, _list_arg, aliases=("l",), group="stack", ranks="option"),
+    Command("info", "info " + "|".join(INFO), """Show something about the session or the run:
+  info breakpoints   info watchpoints   info display
+  info step          the current step, why the run stopped, the last loss
+  info modules       info params        info optimizer (hyper-parameters per param group)
+  info locals        the current frame's variables
+  info rules         the diagnostic rules: severity, action, enabled, findings, thresholds
+  info checkpoints   time travel's checkpoints: step, cost, memory; the schedule
+  info memory        the process's memory, each CUDA device's, and what nndb keeps""",
+            _info, _info_arg, aliases=("i",), args=("info",), group="data"),
+]

@@ -1,0 +1,98 @@
+"""``nndb run --nproc-per-node N``: the worker's command line, the checks
+before the job starts, the front's run and its report."""
+from __future__ import annotations
+
+import os
+from typing import Callable, Optional
+
+from ..errors import UsageError
+from ..run.launcher import prepare
+from ..version import __version__
+from .front import Front, LaunchOptions
+
+# nndb run's flags a worker gets as they were given: (parameter, flag, takes a value)
+_PASSED = (("every", "--every", True), ("steps_range", "--steps", True), ("full_every", "--full-every", True),
+           ("act_every", "--act-every", True), ("flush_steps", "--flush-every", True),
+           ("flush_secs", "--flush-secs", True), ("quiet", "--quiet", False), ("rules", "--rules", True),
+           ("force", "--force", False), ("nx", "--nx", False), ("lineage", "--lineage", True),
+           ("fail_on", "--fail-on", True))
+# ...and those a job of several ranks cannot take yet (one line each, before anything starts)
+_NOT_YET = (("replica", "auto", "across ranks, time travel runs the whole job again and takes no checkpoints: --replica is not taken"),
+            ("total_steps", None, "across ranks, time travel runs the whole job again and takes no checkpoints: --total-steps is not taken"),
+            ("checkpoint_every", None, "across ranks, time travel runs the whole job again and takes no checkpoints: --checkpoint-every is not taken"),
+            ("checkpoint_memory", None, "across ranks, time travel runs the whole job again and takes no checkpoints: --checkpoint-memory is not taken"))
+
+
+def worker_argv(params: dict, trace_path: Optional[str]) -> list:
+    """``nndb run --batch ...`` for every worker (the launcher puts ``python -u -m nndb`` before it)."""
+    argv = ["run", "--batch"]
+    for name, flag, valued in _PASSED:
+        value = params.get(name)
+        if valued and value is not None:
+            argv += [flag, str(value)]
+        elif not valued and value:
+            argv.append(flag)
+    for spec in params.get("exports") or ():     # (each rank exports its own: nndb.export.targets.for_rank)
+        argv += ["--export", spec]
+    if trace_path:
+        argv += ["--trace", trace_path]
+    for f in params.get("command_files") or ():
+        argv += ["-x", os.path.abspath(f)]
+    for c in params.get("eval_commands") or ():
+        argv += ["-e", c]
+    if params.get("module"):
+        argv += ["-m", params["module"]]
+        if params.get("script") is not None:
+            argv.append(params["script"])
+    else:
+        argv.append(os.path.abspath(params["script"]))
+    return argv + list(params.get("args") or ())
+
+
+def start_job(params: dict, launch: LaunchOptions, target, frontend, trace_path: Optional[str],
+              report_path: Optional[str], trace_dir: Optional[str], message: Callable[[str], None]) -> int:
+    """``frontend``: the prompt's front end (None: batch mode)."""
+    for name, default, why in _NOT_YET:
+        if params.get(name) not in (default, None) and params.get(name) != default:
+            raise UsageError(why)
+    if launch.follower():
+        if launch.hang_timeout:
+            raise UsageError("--hang-timeout goes to node 0's nndb run: its watchdog sees every rank of every node")
+        frontend = None                 # (the prompt is node 0's: its front controls every rank)
+        if not params.get("quiet"):
+            message(f"nndb: node {launch.node_rank}: the job's prompt (or, in batch mode, its watchdog) is on "
+                    f"node 0; the ranks here record their traces locally")
+    if frontend is not None and launch.hang_timeout:
+        raise UsageError("--hang-timeout goes with --batch (at the prompt, Ctrl-C shows a hung job's stacks)")
+    prepare(target)                     # (a missing or broken script: one line here, no worker started)
+    from ..export.targets import parse_spec
+    for spec in params.get("exports") or ():  # (the extra missing, a directory not writable: one line here)
+        parse_spec(spec)
+    front = Front(target, launch, message)
+    try:
+        if frontend is None:
+            code = front.run(worker_argv(params, trace_path), trace_dir)
+        else:
+            from .console import Console
+            argv = worker_argv(params, trace_path)
+            argv.remove("--batch")      # (the ranks' sessions are interactive, through the front)
+            if params.get("go"):
+                argv.insert(1, "--run")
+            code = Console(front, frontend, message).run(argv, trace_dir)
+    finally:
+        front.close()
+    if front.state.run_dir and not params.get("quiet"):
+        message(f"nndb: traces of the {launch.nproc_per_node} rank(s) in {front.state.run_dir}")
+    if report_path:
+        from ..render import report
+        report.write(report_path, job_report(front, target, code))
+    return code
+
+
+def job_report(front: Front, target, code: int) -> dict:
+    from ..text import json_value
+    reason = ("the job hung" if front.state.hang is not None else
+              front.state.refused if front.state.refused else f"exit code {code}")
+    return json_value(dict({"nndb_report": 1, "nndb_version": __version__,
+                            "script": target.path or f"-m {target.module}", "argv": list(target.args),
+                            "exit": {"code": code, "reason": reason}}, **front.report()))

@@ -1,0 +1,299 @@
+"""``predict`` and ``reverse-continue`` across ranks, answered by a replica job
+(nndb.distributed.replica): the live job stays stopped where it is.
+
+Both replay the job from its start, which lands on the live job's values
+only when the script is deterministic from its start (seeded; CPU and
+gloo).  That is checked, not assumed: at the live job's stop step every
+replica rank's loss must equal the live rank's bit for bit
+(``float($loss).hex()`` on both); if one differs, nndb says the replica
+drifted and gives no answer.
+
+* ``predict [N] [--set KEY=VALUE ...]``: the replica runs to the stop step,
+  is checked, takes the changes (``set`` on every rank, as predict's changed
+  replica does in one process), sets the live job's points (they are active
+  ahead, as in one process) and runs N steps ahead; each rank's loss,
+  gradient norm and findings at those steps are read from the replica's
+  traces.  With ``--set`` a second replica job runs the baseline, unchanged.
+* ``reverse-continue``: the replica sets the live job's points at its start
+  and runs to the stop step, noting each step where a rank stopped before
+  it; the job then goes to the last of them (``goto``: every rank respawned).
+"""
+from __future__ import annotations
+
+import math
+import time
+from typing import Optional
+
+from .replica import ReplicaJob
+
+_LOSS = "p float($loss).hex()"
+# what of the live job's points (Console._points) a replica does not set again: no output is shown
+_NOT_POINTS = {"display", "undisplay"}
+
+
+def point_lines(lines: list) -> list:
+    from ..commands import TABLE
+    from ..errors import CommandError
+    out = []
+    for ln in lines:
+        try:
+            if TABLE.lookup(ln.split(None, 1)[0]).name not in _NOT_POINTS:
+                out.append(ln)
+        except CommandError:
+            pass
+    return out
+
+
+def set_points(run, targets_of, ranks: list, lines: list) -> None:
+    """The live job's point lines on a job's ranks (a line may carry its
+    'commands' block after newlines: typed there line by line)."""
+    for line in lines:
+        first, *block = line.split("\n")
+        targets, text = targets_of(first, ranks)
+        for r in targets:
+            for typed in [text] + block:
+                run.on(r, typed)
+
+
+def _text(out: list) -> Optional[str]:
+    """A command's output as one line, or None if it was an error."""
+    if not out or any(err for _, err in out):
+        return None
+    return " ".join(t for t, _ in out).strip().strip("'\"")
+
+
+def _show(hexa: Optional[str]) -> str:
+    try:
+        return repr(float.fromhex(hexa))
+    except (TypeError, ValueError):
+        return str(hexa)
+
+
+def drift(console, job: ReplicaJob, ranks: list, step: int) -> Optional[str]:
+    """None if every replica rank's loss at ``step`` equals the live rank's bit for bit; else why not."""
+    for r in ranks:
+        live = _text(console._on(r, _LOSS))
+        if live is None:
+            return (f"rank {r} has no loss at step {step} to check the replica against (no backward at that "
+                    f"step?): no answer")
+        there = _text(job.on(r, _LOSS))
+        if there != live:
+            return (f"the replica job drifted: rank {r}'s loss at step {step} is {_show(there)} there and "
+                    f"{_show(live)} in the live job (the script is not deterministic from its start, or the "
+                    f"job was changed at a stop): no answer")
+    return None
+
+
+def _failed(job: ReplicaJob, what: str) -> str:
+    why = "; ".join(n for n in job.notes if n.strip())
+    return f"the replica job ended {what}" + (f" ({why})" if why else "")
+
+
+def hit_line(out: dict) -> Optional[str]:
+    """What a point (or rule) that stopped a job said: the first stop line of a
+    rank that did not stop for run control (``until``) or for another rank."""
+    for r in sorted(out):
+        said = [t for t, err in out[r] if not err and t.strip()]
+        if said and not said[0].startswith(("Step ", "Interrupted", "Stopped at the start")):
+            return f"rank {r}: {said[0].strip().splitlines()[0]}"
+    return None
+
+
+def without_run_flag(argv: list) -> list:
+    """The ranks' command line without ``--run`` (a replay is driven from its start stop)."""
+    i = next((j for j, a in enumerate(argv) if j > 0 and not a.startswith("-")), len(argv))
+    return [a for j, a in enumerate(argv) if not (j < i and a == "--run")]
+
+
+def _change(run, ranks: list, targets_of, change) -> Optional[str]:
+    targets, text = targets_of(change.line, ranks)
+    for r in targets:
+        out = run.on(r, text)
+        if any(err for _, err in out):
+            return f"the change {change.describe()} failed on rank {r} in the replay: " + " ".join(t for t, _ in out)
+    return None
+
+
+def to_step(run, ranks: list, step: int, changes: list, targets_of, hits: Optional[list] = None) -> Optional[str]:
+    """Run a job (a replica, or the console's own, respawned) from its start
+    stop to the end of ``step``, making the live job's changes (``set`` at a
+    stop: [nndb.debugger.changes.Change], as one process's replays make its
+    own) where they were made (those made at ``step`` too); ``hits``: a list
+    to note [(step, line)] in, each stop of a point before ``step``;
+    ``targets_of(line, ranks)``: a line's ranks and text (Console._targets).
+    None, or why it could not."""
+    from ..debugger.changes import due
+    made: set = set()
+    for _ in range(2 * step + len(changes) + 4):
+        at = run.stop_step()
+        if at not in made:
+            made.add(at)
+            for change in due(changes, at):
+                why = _change(run, ranks, targets_of, change)
+                if why:
+                    return why
+        if at == step:
+            return None
+        if at is not None and at > step:
+            return f"the replay stopped past step {step}, at step {at}"
+        until = min([c.replay_at for c in changes if c.replay_at is not None and (at is None or c.replay_at > at)]
+                    + [step])
+        out = run.resume(f"until {until}")
+        if not out:
+            return _failed(run, f"before step {step}") if isinstance(run, ReplicaJob) else \
+                f"the job ended before step {step}"
+        now, line = run.stop_step(), hit_line(out)
+        if hits is not None and now is not None and now < step and line:
+            hits.append((now, line))
+    return f"the replay did not reach step {step}"
+
+
+def _set(job: ReplicaJob, rank: int, key: str, value: str) -> list:
+    """predict's --set KEY=VALUE as the set command, on one replica rank: as
+    in one process, OPTIMIZER.KEY names an optimizer, else a variable."""
+    oname, dot, hyper = key.partition(".")
+    if not dot:
+        return job.on(rank, f"set {key} {value}")
+    out = job.on(rank, f"set {hyper} {value} optimizer {oname}")
+    if any(err for _, err in out) and any("no optimizer named" in t for t, _ in out):
+        out = job.on(rank, f"set var {key} {value}")
+    return out
+
+
+def _ahead(console, ranks: list, step: int, n: int, sets: list):
+    """One replica job run ``n`` steps ahead of ``step``: {rank: predict's result} or why not (a str)."""
+    job = ReplicaJob(console.front, console._argv)
+    try:
+        if not job.start():
+            return _failed(job, "at its start")
+        why = to_step(job, ranks, step, console._changes, console._targets) or drift(console, job, ranks, step)
+        if why:
+            return why
+        for key, value in sets:
+            for r in ranks:
+                out = _set(job, r, key, value)
+                if any(err for _, err in out):
+                    return f"--set {key}={value}: " + " ".join(t for t, _ in out)
+        set_points(job, console._targets, ranks, point_lines(console._points))
+        out = job.resume(f"until {step + n}")
+        at, hit = job.stop_step(), hit_line(out)
+        stopped = f"{hit} (step {at})" if out and hit else None
+        ended = _failed(job, f"before step {step + n}") if not out else None
+        job.end()
+        return {r: dict(_rows(path, step + 1, step + n), stopped=stopped, ended=ended)
+                for r, path in job.traces().items() if r in ranks}
+    finally:
+        job.close()
+
+
+def _rows(path: str, first: int, last: int) -> dict:
+    """predict's rows of steps first..last from a replica rank's trace."""
+    from ..store.reader import TraceReader
+    rows = {}
+    with TraceReader(path) as t:
+        losses = {s.name: s for s in t.series() if s.kind == "loss"}
+        grads = [s for s in t.series() if s.kind == "grad"]
+        loss_at = dict(zip(*t.history(next(iter(losses.values())), "mean"))) if losses else {}
+        norms: dict = {}
+        for s in grads:
+            for st, v in zip(*t.history(s, "norm")):
+                if v == v:
+                    norms.setdefault(int(st), []).append(float(v))
+        found: dict = {}
+        for f in t.records("finding"):
+            found.setdefault(f.get("step"), set()).add(f.get("rule"))
+        for st in [int(x) for x in t.steps if first <= x <= last]:
+            g = norms.get(st)
+            rows[st] = {"step": st, "loss": float(loss_at[st]) if st in loss_at else None,
+                        "grad_norm": math.sqrt(sum(x * x for x in g)) if g else None,
+                        "findings": sorted(found.get(st, ()))}
+    return {"rows": [rows[s] for s in sorted(rows)]}
+
+
+def predict(console, arg: str, ranks: list, step: int) -> None:
+    from ..commands.timetravel import _predict_arg, render_prediction
+    from ..errors import CommandError
+    from ..render.debug import render
+    try:
+        n, sets = _predict_arg(arg)
+    except CommandError as e:
+        console.say(str(e))
+        return
+    t0 = time.perf_counter()
+    base = _ahead(console, ranks, step, n, [])
+    changed = _ahead(console, ranks, step, n, sets) if sets and not isinstance(base, str) else None
+    for res in (base, changed):
+        if isinstance(res, str):
+            console.say(f"nndb: predict across ranks: {res}")
+            return
+    took = time.perf_counter() - t0
+    labels = [f"set {k} {v}" for k, v in sets]
+    console.say(f"nndb: predicted on {'two replica jobs' if sets else 'a replica job'} (every rank respawned "
+                f"and replayed from the start; each rank's loss at step {step} equals the live job's bit for "
+                f"bit); the live job is unchanged")
+    for r in ranks:
+        console.say(f"-- rank {r} --")
+        console.say(render(render_prediction(n, labels, base[r], changed[r] if changed else None, took)))
+
+
+def reverse_continue(console, ranks: list, step: int) -> None:
+    points = point_lines(console._points)
+    if not points:
+        console.say("no breakpoints or watchpoints: nothing to go back to")
+        return
+    hits = []
+    job = ReplicaJob(console.front, console._argv)
+    try:
+        if not job.start():
+            console.say(f"nndb: reverse-continue across ranks: {_failed(job, 'at its start')}")
+            return
+        set_points(job, console._targets, ranks, points)
+        why = to_step(job, ranks, step, console._changes, console._targets, hits=hits)
+        if why:
+            console.say(f"nndb: reverse-continue across ranks: {why}")
+            return
+        why = drift(console, job, ranks, step)
+    finally:
+        job.close()
+    if why:
+        console.say(f"nndb: reverse-continue across ranks: {why}")
+        return
+    if not hits:
+        console.say(f"No earlier step where a breakpoint or watchpoint held (the job replayed from its start "
+                    f"to step {step}); the job stays at step {step}.")
+        return
+    at, what = hits[-1]
+    console._travel("goto", str(at), ranks)
+    console.say(f"nndb: reverse-continue: the last stop before step {step} was at step {at}: {what}")
+
+
+def trace_losses(paths: dict, step: int) -> dict:
+    """rank -> the loss its trace holds for ``step`` (float.hex, as ``_LOSS`` prints it), or None."""
+    from ..store.reader import TraceReader
+    out = {}
+    for r, path in paths.items():
+        out[r] = None
+        try:
+            with TraceReader(path) as t:
+                loss = next((s for s in t.series() if s.kind == "loss"), None)
+                if loss is not None:
+                    at = dict(zip(*t.history(loss, "mean")))
+                    out[r] = float(at[step]).hex() if step in at else None
+        except Exception:               # (an unreadable trace: the check says it cannot be made)
+            pass
+    return out
+
+
+def check_travel(console, ranks: list, step: int, before: dict) -> str:
+    """After a travel to ``step``: each rank's loss there against the trace of the run before (``before``)."""
+    for r in ranks:
+        then = before.get(r)
+        if then is None:
+            return (f"nndb: rank {r}'s trace of the run before holds no loss at step {step}: this run's values "
+                    f"cannot be checked against it")
+        now = _text(console._on(r, _LOSS))
+        if now != then:
+            return (f"nndb: this run drifted: rank {r}'s loss at step {step} is {_show(now)} now and "
+                    f"{_show(then)} in the run before (the script is not deterministic from its start): the "
+                    f"values here are not the first pass's")
+    return f"nndb: every rank's loss at step {step} equals the run before's, bit for bit"

@@ -1,0 +1,227 @@
+"""The arrays each picture shows, read from a trace: no drawing here.
+
+Every function takes a TraceReader and returns a small dataclass of numpy
+arrays, NaN where a value was not measured (nndb.store.measured), with the
+findings and stops to mark as ``Mark``s.  ``nndb.render.plot`` draws them.
+"""
+from __future__ import annotations
+
+import fnmatch
+import os
+from dataclasses import dataclass, field
+from typing import Optional, Sequence
+
+import numpy as np
+
+from ..errors import UsageError
+from ..text import printable_line
+from ..store.measured import measured
+
+WHATS = ("heatmap", "loss", "history", "ratio")
+# CS231n's rule of thumb for the update/weight ratio, and the band drawn around it.
+RATIO_TARGET = 1e-3
+RATIO_BAND = (1e-4, 1e-2)
+HISTORY_STATS = ("norm", "mean", "std", "min", "max")
+
+
+@dataclass(frozen=True)
+class Mark:
+    step: int
+    label: str              # a finding's rule, or a stop's reason
+    kind: str = "finding"   # finding | stop
+
+
+@dataclass
+class Heatmap:
+    kind: str
+    stat: str
+    layers: list            # names, in model order (top to bottom)
+    steps: np.ndarray       # (T,) the steps with a value
+    values: np.ndarray      # (L, T) NaN where not measured
+    nonfinite: np.ndarray   # (L, T) bool: a measured NaN or Inf
+    marks: list = field(default_factory=list)
+    title: str = ""
+    span: tuple = (0, 0)    # the trace's first and last recorded step: the x axis runs over them
+    order: str = "model order"      # how the layers are ordered (ORDER_KNOWN or ORDER_UNKNOWN)
+
+
+@dataclass
+class LossCurve:
+    names: list             # the loss series (one per optimizer with several)
+    steps: list             # [(N,) per name]
+    values: list            # [(N,) per name]: NaN where not measured, Inf as measured
+    nonfinite: list         # [(N,) bool per name]: a measured NaN or Inf
+    marks: list = field(default_factory=list)
+    title: str = ""
+
+
+@dataclass
+class History:
+    name: str
+    kind: str
+    steps: np.ndarray                           # (N,)
+    stats: dict = field(default_factory=dict)   # stat -> (N,) NaN where not measured
+    marks: list = field(default_factory=list)
+    title: str = ""
+
+
+@dataclass
+class Ratio:
+    layers: list
+    steps: np.ndarray       # (T,)
+    values: np.ndarray      # (L, T): update norm / weight norm, NaN where either is missing
+    target: float = RATIO_TARGET
+    band: tuple = RATIO_BAND
+    marks: list = field(default_factory=list)
+    title: str = ""
+    order: str = "model order"
+
+
+def marks(findings: Sequence[dict] = (), stops: Sequence[dict] = ()) -> list:
+    """Findings (rule, step) and stops (reason, step) as marks, once per (step, label)."""
+    out = []
+    for kind, items, key in (("finding", findings, "rule"), ("stop", stops, "reason")):
+        for item in items:
+            step = item.get("step") if isinstance(item, dict) else None
+            if isinstance(step, int) and not isinstance(step, bool):
+                m = Mark(step, printable_line(str(item.get(key, kind)))[:60], kind)
+                if m not in out:
+                    out.append(m)
+    return out
+
+
+def _title(reader, what: str) -> str:
+    script = reader.meta.get("script") or reader.meta.get("module") or reader.path
+    return printable_line(f"{what} ({os.path.basename(str(script))})")
+
+
+def _matching(reader, kind: str, glob: Optional[str]) -> list:
+    found = [s for s in reader.series() if s.kind == kind and (glob is None or fnmatch.fnmatchcase(s.name, glob))]
+    if not found:
+        what = f"{kind} tensor" + (f" matches '{glob}'" if glob else " was recorded")
+        raise UsageError(printable_line(f"no {what} in {reader.path}"))
+    return found
+
+
+ORDER_KNOWN = "model order"
+ORDER_UNKNOWN = "recording order: this trace predates the model order"
+
+
+def _module_of(s) -> Optional[str]:
+    """The module a series belongs to, as the trace's ``modules`` rows name it
+    (an activation: its module; a parameter's kinds: the name before the last
+    dot; a root's own parameter: None)."""
+    if s.kind == "act":
+        return s.name.split("#")[0]
+    return s.name.rsplit(".", 1)[0] if "." in s.name else None
+
+
+def in_model_order(reader, series: list) -> tuple:
+    """(``series`` in the model's registration order, the order's label):
+    by their module's place in the trace's last ``modules`` row (a root's own
+    parameters at the root; kinds and names kept in the trace's order within a
+    module; a series of no known module after the others).  A trace without
+    the rows: the series' order, labelled ORDER_UNKNOWN."""
+    rows = reader.modules()
+    if not rows:
+        return list(series), ORDER_UNKNOWN
+    names = rows[-1].get("modules") or []
+    place = {n: i for i, n in enumerate(names)}
+
+    def key(item):
+        i, s = item
+        m = _module_of(s)
+        return (place.get(m, 0 if m is None else len(place)), i)
+    return [s for _, s in sorted(enumerate(series), key=key)], ORDER_KNOWN
+
+
+def _column(reader, s, stat: str):
+    """(steps, values, nonfinite) of one statistic of one series: NaN where not measured."""
+    steps, block = reader.history(s)
+    j = reader.columns.index(stat)
+    ok = measured(block, reader.columns)[:, j]
+    v = np.where(ok, block[:, j], np.nan)
+    return steps.astype(np.int64), v, ok & ~np.isfinite(block[:, j])
+
+
+def _grid(reader, series: list, stat: str):
+    """Rows of one statistic per series over the steps where any has a value."""
+    cols = [_column(reader, s, stat) for s in series]
+    steps = np.unique(np.concatenate([c[0] for c in cols])) if cols else np.zeros(0, np.int64)
+    values = np.full((len(series), len(steps)), np.nan)
+    bad = np.zeros((len(series), len(steps)), bool)
+    for i, (st, v, nf) in enumerate(cols):
+        at = np.searchsorted(steps, st)
+        values[i, at] = v
+        bad[i, at] = nf
+    keep = ~np.all(np.isnan(values) & ~bad, axis=0)
+    return steps[keep], values[:, keep], bad[:, keep]
+
+
+def heatmap(reader, kind: str = "grad", stat: str = "norm", glob: Optional[str] = None,
+            findings=(), stops=()) -> Heatmap:
+    _check_stat(reader, stat)
+    series, order = in_model_order(reader, _matching(reader, kind, glob))
+    steps, values, bad = _grid(reader, series, stat)
+    span = (int(reader.steps[0]), int(reader.steps[-1])) if reader.n_steps else (0, 0)
+    return Heatmap(kind, stat, [s.name for s in series], steps, values, bad, marks(findings, stops),
+                   _title(reader, f"{kind} {stat} per layer"), span, order)
+
+
+def loss(reader, findings=(), stops=()) -> LossCurve:
+    series = _matching(reader, "loss", None)
+    cols = [_column(reader, s, "mean") for s in series]
+    return LossCurve([s.name for s in series], [c[0] for c in cols], [c[1] for c in cols], [c[2] for c in cols],
+                     marks(findings, stops), _title(reader, "loss"))
+
+
+def history(reader, name: str, kind: str = "param", findings=(), stops=()) -> History:
+    found = _matching(reader, kind, name)
+    if len(found) > 1:
+        names = ", ".join(s.name for s in found[:5]) + (", ..." if len(found) > 5 else "")
+        raise UsageError(printable_line(f"'{name}' matches {len(found)} {kind} tensors ({names}): name one"))
+    s = found[0]
+    stats = {}
+    steps = None
+    for stat in HISTORY_STATS:
+        steps, v, _ = _column(reader, s, stat)
+        stats[stat] = v
+    return History(s.name, kind, steps, stats, marks(findings, stops), _title(reader, f"{kind} {s.name} history"))
+
+
+def ratio(reader, glob: Optional[str] = None, findings=(), stops=()) -> Ratio:
+    """Per parameter with both an update and a weight series (by default the
+    weights of 2 dimensions or more: biases and norm scales move by other
+    rules): ||update|| / ||weight|| at each step."""
+    updates = {s.name: s for s in reader.series() if s.kind == "update"}
+    params = [s for s in reader.series() if s.kind == "param" and s.name in updates
+              and (fnmatch.fnmatchcase(s.name, glob) if glob else s.shape is None or len(s.shape) >= 2)]
+    if not params:
+        raise UsageError(printable_line(f"no parameter with an update" + (f" matches '{glob}'" if glob else "")
+                                        + f" in {reader.path}"))
+    params, order = in_model_order(reader, params)
+    up_steps, up, _ = _grid(reader, [updates[s.name] for s in params], "norm")
+    w_steps, w, _ = _grid(reader, params, "norm")
+    steps = np.intersect1d(up_steps, w_steps)
+    u = up[:, np.searchsorted(up_steps, steps)]
+    wv = w[:, np.searchsorted(w_steps, steps)]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        values = np.where(wv > 0, u / wv, np.nan)
+    return Ratio([s.name for s in params], steps, values, marks=marks(findings, stops),
+                 title=_title(reader, "update/weight ratio per layer"), order=order)
+
+
+def _check_stat(reader, stat: str) -> None:
+    if stat not in reader.columns:
+        raise UsageError(f"unknown statistic {stat!r}; one of: {', '.join(reader.columns)}")
+
+
+def default_name(trace_path: str, what: str, kind: Optional[str] = None, stat: Optional[str] = None,
+                 glob: Optional[str] = None, ext: str = ".png") -> str:
+    """Where a picture of a trace goes by default: beside it, named for what it shows."""
+    base = os.path.splitext(trace_path)[0]
+    parts = [what] + [p for p in (kind, glob, stat) if p]
+    safe = "-".join(parts).replace("*", "all").replace("?", "_")
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in safe)
+    return f"{base}-{safe}{ext}"
+

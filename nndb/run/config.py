@@ -1,0 +1,73 @@
+"""Plain configuration the core receives (the CLI builds it from flags)."""
+from __future__ import annotations
+
+import datetime
+import os
+from dataclasses import dataclass, field
+from typing import Optional
+
+from ..cadence import Cadence
+from .launcher import Target
+
+# The run's recording schedule is the cadence policy (--every, --steps, --full-every, --act-every).
+RecordSchedule = Cadence
+
+
+@dataclass
+class RunConfig:
+    target: Target
+    trace_path: Optional[str] = None
+    schedule: RecordSchedule = field(default_factory=RecordSchedule)
+    flush_steps: int = 500
+    flush_secs: float = 2.0
+    quiet: bool = False
+    trace_dir: Optional[str] = None     # where the default trace goes (absolute; else ./nndb-runs)
+    full_rules: tuple = ()              # --record-full: nndb.tracer.fulltensors.FullRule, in order
+    full_max_bytes: Optional[int] = None   # --full-tensors-buffer (bytes); None: the default bound
+    nndb_argv: tuple = ()               # nndb's own options as given (``--every 2 --rules none``): meta["nndb_argv"]
+
+
+def default_trace_path(target: Target, directory: str = "nndb-runs", where=None) -> str:
+    """A new file under ./nndb-runs/: <script>-<time>.h5, never an existing one:
+    the name is claimed (created empty, exclusively) so that two runs started in
+    the same second get two files (the second one ``-2``).  Absolute, so that a
+    script's ``os.chdir`` does not move it.  One rank of several (torchrun):
+    ``<script>-<time>/rank<R>.h5`` in the job's run directory (nndb.run.rank)."""
+    from . import rank as job
+    where = where or job.place()
+    if where.distributed:
+        try:
+            return job.rank_file(job.job_run_dir(directory, target.stem, where), where)
+        except OSError:
+            return job.rank_file(os.path.join(os.path.abspath(directory), target.stem), where)
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    base = os.path.join(os.path.abspath(directory), f"{target.stem}-{stamp}")
+    path, i = base + ".h5", 1
+    try:
+        os.makedirs(os.path.dirname(base), exist_ok=True)
+    except OSError:
+        return path                     # (the writer reports the directory it cannot create)
+    while True:
+        try:
+            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+            return path
+        except FileExistsError:
+            i += 1
+            path = f"{base}-{i}.h5"
+        except OSError:
+            return path                 # (the writer reports why it cannot create it)
+
+
+def rank_trace_path(path: str, rank: int, world_size: int) -> str:
+    """An explicit ``--trace PATH`` for rank ``rank`` of ``world_size`` (nndb.run.rank.rank_trace)."""
+    from .rank import Place, rank_trace
+    return rank_trace(path, Place(rank=rank, world_size=world_size, local_rank=rank))
+
+
+def shown(path: str) -> str:
+    """A path as the user would type it here: relative below the working directory."""
+    try:
+        rel = os.path.relpath(path)
+    except ValueError:
+        return path
+    return path if rel.startswith(os.pardir) else rel

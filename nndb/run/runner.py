@@ -1,0 +1,281 @@
+"""Record one run of a training script: the UI-free core behind ``nndb run``.
+
+``record(config)`` checks the script, opens the trace, installs the tracer,
+runs the script as Python would, and closes the trace however the script
+ends.  It returns a RunResult; it never calls ``sys.exit`` and prints only
+through ``message`` (nndb's own one-line messages, on stderr by default).
+"""
+from __future__ import annotations
+
+import _thread
+import os
+import signal
+import sys
+import threading
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+from . import launcher, meta as runmeta
+from . import rank as job
+from .config import RunConfig, default_trace_path, shown
+from ..errors import EXIT_OK, EXIT_SCRIPT_ERROR, EXIT_SIGINT, EXIT_SIGTERM, KillRun, RestartRun, Terminated
+from ..text import printable
+from ..store.writer import TraceWriter
+from ..tracer.hooks import Tracer
+from ..tracer.fingerprint import Fingerprints
+from ..tracer.naming import Naming
+from ..tracer.pipeline import CallAtStepEnd, Pipeline, WriteModules, WriteOptimizers, WriteRecords
+from ..tracer.fulltensors import FullTensors
+from ..tracer.recorder import StepRecorder
+
+
+@dataclass
+class RunResult:
+    exit_code: int
+    status: str          # finished | failed | interrupted | terminated
+    reason: str
+    trace_path: str
+    steps_recorded: int
+    last_step: Optional[int]
+
+
+def _stderr(msg: str) -> None:
+    try:
+        sys.stderr.write(printable(msg) + "\n")         # (one write: see debugger.frontend._say)
+        sys.stderr.flush()
+    except (ValueError, OSError, AttributeError):    # the script closed or dropped sys.stderr
+        pass
+
+
+def _show_exception(e: BaseException) -> bool:
+    """Python's exception printer, whatever the script did to it (closed or
+    dropped sys.stderr, an excepthook that raises): the run's end is
+    recorded after it either way.  False if it could not be printed."""
+    if sys.stderr is None:      # (Python's own printer says "lost sys.stderr" on fd 2 then)
+        return False
+    try:
+        launcher.print_script_exception(e)
+        sys.stderr.flush()
+    except Exception:
+        return False
+    return True
+
+
+def _exit_code(e: SystemExit) -> int:
+    try:
+        return launcher.system_exit_code(e)      # (prints a message given to sys.exit)
+    except Exception:           # (only the message's print can fail, and its code is 1)
+        return 1
+
+
+class _SignalGuard:
+    """SIGTERM becomes a Terminated exception and SIGINT a KeyboardInterrupt,
+    raised in the main thread, so the trace is closed on the way out; each
+    only where the default disposition is in force, restored afterwards.
+
+    Two things make a plain "raise in the handler" lose data or hang: the
+    signal can arrive while nndb is recording a step (``busy()``), and a
+    handler's exception can land where Python ignores it (a finaliser, a
+    callback run from C).  So the handler never raises while nndb is busy
+    (the signal is re-delivered just after), and after a SIGTERM a daemon
+    thread re-delivers it every half second until the run has stopped
+    (``stopped()``)."""
+
+    def __init__(self, busy: Callable[[], bool], on_sigint: Optional[Callable[[], bool]] = None):
+        self._busy = busy
+        self._on_sigint = on_sigint     # the debugger: True if it takes the Ctrl-C (stops the run)
+        self._old: dict = {}
+        self._term_requested = False
+        self._int_deferred = False
+        self._stopped = threading.Event()
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            for sig, default in ((signal.SIGTERM, signal.SIG_DFL), (signal.SIGINT, signal.default_int_handler)):
+                if signal.getsignal(sig) in (default, None):
+                    self._old[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum, frame):
+        if self._stopped.is_set():
+            return
+        if signum == signal.SIGTERM:
+            if not self._term_requested:
+                self._term_requested = True
+                threading.Thread(target=self._redeliver_term, name="nndb-sigterm", daemon=True).start()
+            if self._busy():
+                return                   # the thread re-delivers once nndb has finished the step
+            raise Terminated()
+        if self._on_sigint is not None and self._on_sigint():
+            return
+        if self._busy():
+            # Ctrl-C is delivered once, as Python does, but not in the middle
+            # of a step nndb is recording: a script may catch it and go on.
+            if not self._int_deferred:
+                self._int_deferred = True
+                threading.Thread(target=self._redeliver_int, name="nndb-sigint", daemon=True).start()
+            return
+        raise KeyboardInterrupt
+
+    def _redeliver_term(self):
+        while not self._stopped.wait(0.5):
+            _thread.interrupt_main(signal.SIGTERM)
+
+    def _redeliver_int(self):
+        while self._busy() and not self._stopped.wait(0.005):
+            pass
+        self._int_deferred = False
+        if not self._stopped.is_set():
+            _thread.interrupt_main(signal.SIGINT)
+
+    def stopped(self) -> None:
+        self._stopped.set()
+
+    def __exit__(self, *exc):
+        self._stopped.set()
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+
+
+class Recording:
+    """The tracer, recorder and trace writer for one run, as a context manager:
+    hooks are installed on entry and removed on exit.  ``close(status, code)``
+    ends the trace.  ``nndb run`` and scripts/bench.py both record through it.
+
+    ``listeners`` is the run's step pipeline (nndb.tracer.pipeline): the
+    writer first, the optimizers' record, then what joins the run
+    (``listeners.append``)."""
+
+    def __init__(self, path: str, meta: dict, config: RunConfig,
+                 message: Callable[[str], None] = _stderr,
+                 on_step_end: Optional[Callable[[int], None]] = None):
+        self.path = path
+        self.meta = meta
+        self.target = config.target
+        self.message = message
+        self.writer = TraceWriter(path, meta, config.flush_steps, config.flush_secs, on_error=message,
+                                  full_max_bytes=config.full_max_bytes)
+        self.naming = Naming()
+        self.pipeline = Pipeline([WriteRecords(self.writer)], on_error=message)
+        self.listeners = self.pipeline.listeners
+        if on_step_end is not None:
+            self.listeners.append(CallAtStepEnd(on_step_end))
+        self.recorder = StepRecorder(self.naming, self.pipeline.closed, config.schedule)
+        # Whole tensors (--record-full; the prompt's ``record full`` changes the rules)
+        self.recorder.fulltensors = FullTensors(config.full_rules, self.writer.full_tensor)
+        self.tracer = Tracer(self.recorder, self.naming, on_step_end=self.pipeline.step_ended,
+                             on_error=self._tracer_failed)
+        # What the rules read besides the statistics, kept in the trace for nndb check-trace.
+        self.writer.shape_of = self.recorder.series_shape
+        self.writer.local_shape_of = lambda name, kind: self.recorder.series_shape(name, kind, local=True)
+        self.listeners.append(WriteOptimizers(self.writer, self.tracer.optimizers, self.naming))
+        self.listeners.append(WriteModules(self.writer, self.naming))
+        # The checksums and timings ranks (and epochs) are compared by, before the rules read them.
+        self.fingerprints = Fingerprints(self.naming, self.tracer.optimizers, self.writer.fingerprint,
+                                         on_error=self._fingerprints_failed, ranks=meta.get("world_size") or 1)
+        self.listeners.append(self.fingerprints)
+        self.tracer.on_first_grad = self.fingerprints.gradient_began
+        # The script's exception, once it has raised out of the run (an
+        # Exception, not an exit, Ctrl-C or the debugger's kill): the step
+        # listeners judge the records closed as it ended (nndb.debugger.listeners).
+        self.raised: Optional[BaseException] = None
+
+    def note(self, kind: str, message: str) -> None:
+        """Record a warning in the trace's events (kind: schema.EVENT_KINDS),
+        at the step in progress."""
+        self.writer.event(kind, message, self.recorder.step)
+
+    def _fingerprints_failed(self, msg: str) -> None:
+        self.note("recording_stopped", msg)
+        self.message(msg)
+
+    def _tracer_failed(self, msg: str) -> None:
+        self.note("recording_stopped", msg)
+        self.message(msg)
+
+    def __enter__(self) -> "Recording":
+        self.tracer.install()
+        self.fingerprints.note_earlier_loaders()
+        self.fingerprints.arm()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if isinstance(exc[1], Exception):
+            self.raised = exc[1]
+        try:
+            self.tracer.finish()
+        finally:
+            self.tracer.uninstall()
+            self.fingerprints.close()
+            self.pipeline.run_ended()
+            self.fingerprints.finish()
+
+    def close(self, status: str = "finished", exit_code: int = 0, reason: str = "") -> None:
+        self.writer.close(status, exit_code, reason)
+
+
+def record(config: RunConfig, message: Callable[[str], None] = _stderr,
+           on_step_end: Optional[Callable[[int], None]] = None, session=None,
+           listeners: Optional[Callable[["Recording"], list]] = None) -> RunResult:
+    """Run the script once.  With a debugger ``session`` (nndb.debugger), the
+    session gets the tracer's stop points, Ctrl-C (if interactive) and the
+    post-mortem of an uncaught exception; ``kill`` and ``run`` unwind the
+    script with KillRun/RestartRun, which end the run with status "killed".
+    ``listeners(rec)`` gives more step listeners (live exports): they join
+    the pipeline after the trace's own and before the session's, so a stop
+    at the prompt does not hold them up."""
+    prepared = launcher.prepare(config.target)           # bad script: fails here, before a trace exists
+    meta = runmeta.collect(config.target, config.schedule.describe())
+    meta["nndb_argv"] = list(config.nndb_argv)
+    path = config.trace_path or default_trace_path(config.target, config.trace_dir or "nndb-runs")
+    meta["job_id"] = job.job_id(os.path.dirname(path) if not config.trace_path else None) \
+        if meta["world_size"] > 1 else None
+    rec = Recording(path, meta, config, message, on_step_end)
+    if listeners is not None:
+        rec.listeners.extend(listeners(rec))
+    if not config.quiet:
+        message(f"nndb: recording to {shown(path)}")
+    if session is not None:
+        session.attach(rec, path)
+    on_sigint = session.request_interrupt if session is not None and session.interactive else None
+
+    status, code, reason = "finished", EXIT_OK, ""
+    with _SignalGuard(busy=lambda: rec.tracer.busy > 0, on_sigint=on_sigint) as guard:
+        try:
+            with rec:
+                launcher.run(prepared)
+        except SystemExit as e:
+            reason = f"sys.exit({e.code!r})"
+            code = _exit_code(e)
+            status = "finished" if code == 0 else "failed"
+        except KeyboardInterrupt as e:
+            guard.stopped()
+            status, code, reason = "interrupted", EXIT_SIGINT, "KeyboardInterrupt"
+            if not _show_exception(e):
+                code = EXIT_SCRIPT_ERROR    # (as Python: a KeyboardInterrupt it cannot print ends it with 1)
+        except Terminated:
+            guard.stopped()
+            status, code, reason = "terminated", EXIT_SIGTERM, "SIGTERM"
+        except (KillRun, RestartRun) as e:
+            status, code = "killed", EXIT_OK
+            reason = "restarted from the debugger" if isinstance(e, RestartRun) else "killed from the debugger"
+        except BaseException as e:  # the script raised: show it as Python would
+            status, code = "failed", EXIT_SCRIPT_ERROR
+            try:
+                reason = f"{type(e).__name__}: {e}"
+            except Exception:       # (a __str__ that raises)
+                reason = type(e).__name__
+            _show_exception(e)
+            if session is not None:
+                session.post_mortem(e)    # the trace is still open: stats and history work
+        finally:
+            guard.stopped()
+            if session is not None:
+                session.flush_rules()     # (the last steps' findings, before the trace closes)
+            rec.close(status, code, reason)
+            if session is not None:
+                session.run_ended(status, code, reason)
+    steps = rec.writer.steps_written
+    if status == "terminated" and not config.quiet:
+        message(f"nndb: terminated (SIGTERM); trace closed with {steps} step(s): {path}")
+    return RunResult(code, status, reason, path, steps, rec.writer.last_step)
