@@ -18,6 +18,8 @@ every step and activations are recorded on every step.  Later checkpoints
 fall in the timed loops as they come (one every ~8 s on the MLP).
 
     python scripts/bench.py                      # all workloads, default sizes
+    python scripts/bench.py --workload gpt --workload resnet --pairs 3
+    python scripts/bench.py --workload mlp --pairs 3 --against c1f73ae   # this tree's nndb against c1f73ae's
     python scripts/bench.py --pairs 7 --json bench.json
     python scripts/bench.py --workload cnn --every 10
     python scripts/bench.py --catch --pairs 5    # catch nan against detect_anomaly (mlp, cnn)
@@ -28,6 +30,43 @@ fall in the timed loops as they come (one every ~8 s on the MLP).
     python scripts/bench.py --floor --pairs 6            # plain, capture-only hooks, nndb (scripts/bench_floor.py)
     python scripts/bench.py --second-core --workload mlp # the plain loop beside a busy helper process (scripts/bench_second_core.py)
     python scripts/bench.py --export-speed               # nndb export to TensorBoard, steps/s (scripts/bench_export.py)
+
+Workloads: ``mlp`` (6 parameter tensors, a sub-millisecond step), ``cnn``
+(14), ``lstm``, ``transformer``, ``gpt`` (a GPT-style decoder: 4 pre-norm
+blocks of d_model 128, causal attention by F.scaled_dot_product_attention,
+GELU MLPs, AdamW in two groups; vocabulary 128, context 32, batch 8; 53
+tensors) and ``resnet`` (a CIFAR-size ResNet-14: BasicBlocks with BatchNorm,
+SGD with momentum, 16 images of 32x32; 47 tensors).
+
+Each loop is timed by the wall clock and by the process's CPU time
+(``time.process_time``: user + system of all its threads, the writer's and
+OpenMP's included) at once; the table gives both ratios, each the median of
+the rounds with its min-max, ``--clock`` choosing which one the JSON's
+ratio_median and the one-time column use.  After the last round's timed
+loops, ``--count-steps`` (32) more steps of each run under
+``sys.setprofile`` count Python calls in the training thread: "nndb
+calls/step" is the median of the 'call' events whose code lies in the nndb
+package measured (its own functions), "calls/step" the plain loop's total
+and, for nndb, the median of all 'call' events net of the plain loop's (what
+nndb makes Python do, in its own code and in torch's and numpy's Python
+functions it calls).  The JSON has the means too (calls_per_step_mean: one
+observed step in 32 costs far more than a usual one).
+
+``--against REV`` measures another revision's nndb in the same invocation.
+``git archive REV nndb`` is extracted into a temporary directory (no
+worktree registered, nothing left behind), and every loop runs in a child
+process of this script (``--loop-child``) whose NNDB_BENCH_TREE and
+PYTHONPATH put one tree's nndb first: the plain loop, this tree's nndb and
+REV's, in rounds whose order rotates by one each round (with --pairs 3 each
+variant runs once first, once second, once last).  The workloads, the loop,
+the warm-up and the options are this script's for all three; only the
+nndb package differs; the children's start-up (imports, model, trace) is
+not timed.  With ``--instructions``, REV's recorded loop is counted by
+callgrind beside the plain and this tree's.  What the script imports from
+nndb is in one block ("nndb's internals"), with the older spellings it
+falls back to (c1f73ae made its debugger session by hand).
+
+    python scripts/bench.py --workload mlp --workload gpt --pairs 3 --against c1f73ae
 
 Workload ``cnn_fullgrad`` is the CNN keeping its conv layers' gradients
 whole every 10 steps in fp16 (``--record-full 'grad:conv*'
@@ -65,7 +104,7 @@ is the one the targets are about.
 
     python scripts/bench.py --instructions --workload mlp     # about 4 minutes
 
-(The CNN's convolutions are slow under valgrind: over ten minutes.)
+(The CNN's and the ResNet's convolutions are slow under valgrind: over ten minutes.)
 """
 from __future__ import annotations
 
@@ -83,15 +122,91 @@ import time
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+#: The tree whose nndb is measured: this script's own (the default), or the
+#: one --against extracted, handed to a child process in NNDB_BENCH_TREE.
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.abspath(os.environ.get("NNDB_BENCH_TREE") or os.path.join(HERE, ".."))
+sys.path.insert(0, ROOT)
 
-from nndb.run import meta as runmeta  # noqa: E402
-from nndb.run.config import RecordSchedule, RunConfig  # noqa: E402
-from nndb.run.launcher import Target  # noqa: E402
-from nndb.driver import DebugOptions, build_session  # noqa: E402
-from nndb.frontends.batch import BatchFrontend  # noqa: E402
-from nndb.run.runner import Recording  # noqa: E402
+# -- nndb's internals: the one place this script reaches into nndb ---------------
+# (besides travel(), and the sibling scripts of --phases, --floor, --catch,
+# --ranks and --export-speed, which measure parts of nndb by name).  The same
+# lines must import another revision's nndb for --against: where a name moved,
+# add the other spelling here.
+
+try:                                     # (the layout since 66423cf)
+    from nndb.run import meta as runmeta  # noqa: E402
+    from nndb.run.config import RecordSchedule, RunConfig  # noqa: E402
+    from nndb.run.launcher import Target  # noqa: E402
+    from nndb.frontends.batch import BatchFrontend  # noqa: E402
+    from nndb.run.runner import Recording  # noqa: E402
+except ImportError:                      # (--against an older tree)
+    from nndb import runmeta  # noqa: E402
+    from nndb.config import RecordSchedule, RunConfig  # noqa: E402
+    from nndb.launcher import Target  # noqa: E402
+    from nndb.debugger.frontend import BatchFrontend  # noqa: E402
+    from nndb.runner import Recording  # noqa: E402
+
+NNDB_DIR = os.path.dirname(sys.modules["nndb"].__file__) + os.sep   # (--against: whose code the calls are)
+
+
+def _build_session(frontend, rules, replica, lineage):
+    """The debugger session ``nndb run --batch`` makes (no commands)."""
+    try:
+        from nndb.driver import DebugOptions, build_session
+    except ImportError:
+        try:
+            from nndb.debugger.driver import DebugOptions, build_session    # (before 66423cf)
+        except ImportError:
+            build_session = None
+    if build_session is None:            # (trees before build_session: c1f73ae and earlier)
+        from nndb.debugger.session import Session
+        from nndb.lineage.control import LineageControl
+        from nndb.rules.catalog import load as load_rules
+        from nndb.timetravel.machine import TimeMachine
+        session = Session(frontend, interactive=False, stop_at_start=False, rules=load_rules(rules))
+        session.machine = TimeMachine(replica, rules_spec=rules)
+        session.lineage = LineageControl(lineage)
+        return session
+    return build_session(frontend, DebugOptions(batch=True, stop_at_start=False, rules=rules,
+                                                replica=replica, lineage=lineage))
+
+
+def _run_config(path, schedule, full_rules):
+    if full_rules:
+        return RunConfig(Target(path="bench.py"), path, schedule, full_rules=tuple(full_rules))
+    return RunConfig(Target(path="bench.py"), path, schedule)
+
+
+def _parse_full_rule(spec, every, precision):
+    from nndb.tracer.fulltensors import parse_rule
+    return parse_rule(spec, every, precision)
+
+
+def _settling(machine) -> bool:
+    """Time travel still measuring its first checkpoint (trees without the measure: never)."""
+    return bool(getattr(machine, "settling", False))
+
+
+def _preloaded_env():
+    try:
+        from nndb.preload import preloaded_env
+    except ImportError:                  # (older trees)
+        from nndb.timetravel.preload import preloaded_env
+    return preloaded_env()
+
+
+def _tune(background_writes=None, block_seconds=None):
+    """Module-level knobs: the writer's thread (--writes) and the rules' block
+    length (under callgrind); a tree without the knob ignores it."""
+    if background_writes is not None:
+        from nndb.store import writer
+        writer.BACKGROUND = background_writes
+    if block_seconds is not None:
+        from nndb.rules import engine
+        engine.BLOCK_SECONDS = block_seconds
 
 
 # -- workloads: (build(seed) -> (model, opt, batches), steps) -------------------
@@ -160,11 +275,130 @@ def transformer(seed):
     return model, opt, nn.CrossEntropyLoss(), data
 
 
+class CausalSelfAttention(nn.Module):
+    """Multi-head causal self-attention: one Linear for q, k and v, torch's fused attention."""
+
+    def __init__(self, d, heads):
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(d, 3 * d)
+        self.proj = nn.Linear(d, d)
+
+    def forward(self, x):
+        b, t, c = x.shape
+        q, k, v = (z.view(b, t, self.heads, c // self.heads).transpose(1, 2) for z in self.qkv(x).split(c, dim=2))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.proj(y.transpose(1, 2).contiguous().view(b, t, c))
+
+
+class GPTBlock(nn.Module):
+    """Pre-norm decoder block: x + attn(ln(x)), then x + mlp(ln(x)) (a GELU MLP 4x wide)."""
+
+    def __init__(self, d, heads):
+        super().__init__()
+        self.ln1 = nn.LayerNorm(d)
+        self.attn = CausalSelfAttention(d, heads)
+        self.ln2 = nn.LayerNorm(d)
+        self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
+
+    def forward(self, x):
+        x = x + self.attn(self.ln1(x))
+        return x + self.mlp(self.ln2(x))
+
+
+class TinyGPT(nn.Module):
+    """A GPT-style decoder: token and position embeddings, 4 blocks of d_model 128,
+    a final LayerNorm and an untied head: 53 parameter tensors.  Returns the
+    logits flattened to (batch * context, vocab) for CrossEntropyLoss."""
+
+    def __init__(self, vocab=128, context=32, d=128, heads=4, layers=4):
+        super().__init__()
+        self.vocab = vocab
+        self.tok = nn.Embedding(vocab, d)
+        self.pos = nn.Embedding(context, d)
+        self.blocks = nn.ModuleList(GPTBlock(d, heads) for _ in range(layers))
+        self.ln_f = nn.LayerNorm(d)
+        self.head = nn.Linear(d, vocab, bias=False)
+
+    def forward(self, idx):
+        x = self.tok(idx) + self.pos(torch.arange(idx.shape[1], device=idx.device))
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.ln_f(x)).view(-1, self.vocab)
+
+
+def gpt(seed):
+    """Next-token prediction on windows of one random token stream; AdamW with
+    weight decay on the matrices only (two parameter groups)."""
+    torch.manual_seed(seed)
+    vocab, context, batch = 128, 32, 8
+    model = TinyGPT(vocab, context)
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
+                            lr=1e-3, betas=(0.9, 0.95))
+    stream = torch.randint(0, vocab, (4096,), generator=torch.Generator().manual_seed(1234))
+
+    def window(g):
+        starts = torch.randint(0, len(stream) - context - 1, (batch,), generator=g)
+        chunks = torch.stack([stream[s:s + context + 1] for s in starts.tolist()])
+        return chunks[:, :-1].contiguous(), chunks[:, 1:].reshape(-1)
+    return model, opt, nn.CrossEntropyLoss(), _batches(8, window)
+
+
+class BasicBlock(nn.Module):
+    """ResNet's basic block: two 3x3 convolutions with BatchNorm, a 1x1 projection
+    on the shortcut where the shape changes."""
+
+    def __init__(self, cin, cout, stride):
+        super().__init__()
+        self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(cout)
+        self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(cout)
+        self.shortcut = nn.Sequential()
+        if stride != 1 or cin != cout:
+            self.shortcut = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+
+    def forward(self, x):
+        out = F.relu(self.bn1(self.conv1(x)))
+        return F.relu(self.bn2(self.conv2(out)) + self.shortcut(x))
+
+
+class ResNet14(nn.Module):
+    """CIFAR-size ResNet (6n+2, n=2): a 3x3 stem, three stages of two basic blocks
+    (16, 32, 64 channels), global average pooling, a Linear head: 47 parameter tensors."""
+
+    def __init__(self, classes=10):
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 16, 3, 1, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(16)
+        blocks, cin = [], 16
+        for cout, stride in ((16, 1), (32, 2), (64, 2)):
+            blocks += [BasicBlock(cin, cout, stride), BasicBlock(cout, cout, 1)]
+            cin = cout
+        self.layers = nn.Sequential(*blocks)
+        self.fc = nn.Linear(64, classes)
+
+    def forward(self, x):
+        x = self.layers(F.relu(self.bn1(self.conv1(x))))
+        return self.fc(F.adaptive_avg_pool2d(x, 1).flatten(1))
+
+
+def resnet(seed):
+    torch.manual_seed(seed)
+    model = ResNet14()
+    opt = torch.optim.SGD(model.parameters(), 0.05, momentum=0.9, weight_decay=5e-4)
+    data = _batches(4, lambda g: (torch.randn(16, 3, 32, 32, generator=g), torch.randint(0, 10, (16,), generator=g)))
+    return model, opt, nn.CrossEntropyLoss(), data
+
+
 # (build, steps of a timed loop, steps of a counted or travelled one).  A timed
 # loop runs about 3 s, long enough to pay for the aftermath of the first
 # checkpoint (taken in the warm-up) and for some of the later ones.
 WORKLOADS = {"mlp": (mlp, 2400, 600), "cnn": (cnn, 150, 60), "lstm": (lstm, 400, 100),
-             "transformer": (transformer, 250, 100), "cnn_fullgrad": (cnn, 150, 60)}
+             "transformer": (transformer, 250, 100), "cnn_fullgrad": (cnn, 150, 60),
+             "gpt": (gpt, 150, 40), "resnet": (resnet, 60, 20)}
 # Workloads that also keep whole tensors (nndb run --record-full ...): the CNN
 # keeps its conv layers' gradients (SmallCNN's convs are features.0, .4 and .8:
 # 'grad:conv*' in a model that names them conv) every 10 steps in fp16, i.e.
@@ -173,8 +407,7 @@ FULL_RULES = {"cnn_fullgrad": (("grad:features.[048].*", 10, "fp16"),)}
 
 
 def _full_rules(name):
-    from nndb.tracer.fulltensors import parse_rule
-    return tuple(parse_rule(spec, every, precision) for spec, every, precision in FULL_RULES.get(name, ()))
+    return tuple(_parse_full_rule(spec, every, precision) for spec, every, precision in FULL_RULES.get(name, ()))
 
 
 def train(model, opt, crit, data, steps, start=0):
@@ -220,8 +453,7 @@ class _Quiet(BatchFrontend):
 
 
 def _session(rec, path, frontend=None):
-    session = build_session(frontend or BatchFrontend(), DebugOptions(
-        batch=True, stop_at_start=False, rules=RULES, replica=REPLICA, lineage=LINEAGE))
+    session = _build_session(frontend or BatchFrontend(), RULES, REPLICA, LINEAGE)
     session.attach(rec, path)
     return session
 
@@ -232,7 +464,7 @@ def _recording(schedule, tmpdir, flush_secs=None, full_rules=()):
     whole tensors of ``full_rules``, as --record-full)."""
     path = os.path.join(tmpdir, f"bench-{time.monotonic_ns()}.h5")
     meta = runmeta.collect(Target(path="bench.py"), schedule.describe())
-    config = RunConfig(Target(path="bench.py"), path, schedule, full_rules=tuple(full_rules))
+    config = _run_config(path, schedule, full_rules)
     if flush_secs is not None:
         config.flush_secs = flush_secs
     rec = Recording(path, meta, config, message=lambda m: print(m, file=sys.stderr))
@@ -246,7 +478,7 @@ def warm_up(model, opt, crit, data, session) -> int:
     train(model, opt, crit, data, WARMUP)
     extra = 0
     machine = session.machine if session is not None else None
-    while machine is not None and machine.settling and extra < SETTLE_STEPS:
+    while machine is not None and _settling(machine) and extra < SETTLE_STEPS:
         # (the batches go on cycling: one batch again and again overfits it,
         # and the recorded loop would then train, and judge, another run)
         train(model, opt, crit, data, 1, start=WARMUP + extra)
@@ -265,14 +497,46 @@ def end_recording(rec, session, path) -> float:
     return size
 
 
+def count_calls(model, opt, crit, data, steps, start=0):
+    """Python calls per step over ``steps`` more steps of the loop, counted with
+    ``sys.setprofile`` (the training thread only: the trace writer's thread is
+    not in it): for each step, the 'call' events whose code object's file lies
+    in the measured nndb package (NNDB_DIR: nndb's own functions, another
+    tree's under --against) and all 'call' events (the plain loop's too:
+    ``train``, torch's modules and optimizer; the difference to the plain
+    loop's is what nndb makes Python do, in its own code and in what it calls)."""
+    own, every = [], []
+    counts = [0, 0]
+    prefix = NNDB_DIR
+
+    def profile(frame, event, arg):
+        if event == "call":
+            counts[1] += 1
+            if frame.f_code.co_filename.startswith(prefix):
+                counts[0] += 1
+    for i in range(steps):
+        counts[0] = counts[1] = 0
+        sys.setprofile(profile)
+        try:
+            train(model, opt, crit, data, 1, start=start + i)
+        finally:
+            sys.setprofile(None)
+        own.append(counts[0])
+        every.append(counts[1])
+    return {"own": own, "all": every}
+
+
 def timed_loop(build, steps, recorded, schedule, tmpdir, seed=0, arm=None, around=contextlib.nullcontext,
-               full_rules=()):
+               full_rules=(), count=0):
     """Seconds for ``steps`` steps after WARMUP untimed ones (both under the
-    recorder when ``recorded``), the final loss, trace bytes per step, and the
+    recorder when ``recorded``), the final loss, trace bytes per step, the
     seconds the warm-up took (where nndb's one-time costs fall: naming the
-    model, choosing the step rule, creating series).  ``arm(session)`` sets
-    the debugger up before the run (a catch point); both loops run inside
-    ``around()`` (torch.autograd.set_detect_anomaly)."""
+    model, choosing the step rule, creating series), and the loop's figures:
+    {"wall": s, "cpu": s (the process's CPU time, all its threads), "calls":
+    count_calls() over ``count`` steps after the timed ones, or None}; the
+    first three by CLOCK.  ``arm(session)`` sets the debugger up before the run
+    (a catch point); both loops run inside ``around()``
+    (torch.autograd.set_detect_anomaly)."""
     model, opt, crit, data = build(seed)
     rec = session = path = None
     if recorded:
@@ -284,39 +548,81 @@ def timed_loop(build, steps, recorded, schedule, tmpdir, seed=0, arm=None, aroun
         t = CLOCK()
         extra = warm_up(model, opt, crit, data, session)
         warmup = CLOCK() - t
-        t = CLOCK()
+        wall, cpu = time.perf_counter(), time.process_time()
         loss = train(model, opt, crit, data, steps)
-        elapsed = CLOCK() - t
+        wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+        elapsed = cpu if CLOCK is time.process_time else wall
+        calls = count_calls(model, opt, crit, data, count, start=WARMUP + extra + steps) if count else None
     # (the warm-up's steps beyond WARMUP counted at the timed loop's rate: the rest is one-time)
     warmup -= extra * elapsed / steps
     size = end_recording(rec, session, path) if rec is not None else None
-    return elapsed, loss, size, warmup
+    return elapsed, loss, size, warmup, {"wall": wall, "cpu": cpu, "calls": calls}
 
 
-def bench(name, pairs, schedule, tmpdir, scale=1.0):
+def _spread(values, key):
+    return {key: statistics.median(values), key + "_min": min(values), key + "_max": max(values)}
+
+
+def figures(rounds, tree, steps):
+    """One tree's figures over the rounds, each against the plain loop of its
+    round: ``rounds`` is a list of {variant: timed_loop()'s tuple}, variant
+    "plain" and ``tree``."""
+    out = {}
+    for clock in ("wall", "cpu"):
+        out.update(_spread([r[tree][4][clock] / r["plain"][4][clock] for r in rounds], "ratio_" + clock))
+        out["recorded_%s_ms" % clock] = statistics.median(r[tree][4][clock] for r in rounds) / steps * 1e3
+    out["recorded_ms"] = statistics.median(r[tree][0] for r in rounds) / steps * 1e3
+    sizes = [r[tree][2] for r in rounds if r[tree][2] is not None]
+    out["trace_bytes_per_step"] = statistics.median(sizes) if sizes else None
+    out["startup_extra_ms"] = statistics.median(r[tree][3] - r["plain"][3] for r in rounds) * 1e3
+    counted = [r for r in rounds if r[tree][4]["calls"] and r["plain"][4]["calls"]]
+    if counted:
+        mine, plain = counted[-1][tree][4]["calls"], counted[-1]["plain"][4]["calls"]
+        out.update({
+            "calls_per_step": statistics.median(mine["own"]),
+            "calls_per_step_mean": statistics.fmean(mine["own"]),
+            "calls_net_per_step": statistics.median(mine["all"]) - statistics.median(plain["all"]),
+            "calls_net_per_step_mean": statistics.fmean(mine["all"]) - statistics.fmean(plain["all"]),
+            "calls_steps": len(mine["own"])})
+    else:
+        out.update(dict.fromkeys(("calls_per_step", "calls_per_step_mean", "calls_net_per_step",
+                                  "calls_net_per_step_mean", "calls_steps")))
+    return out
+
+
+def summary(name, steps, rounds, against=None):
+    """The result of a workload: the plain loop, this tree's figures (and the
+    ratio by CLOCK as ratio_median/min/max), and with ``against`` ({"rev",
+    "commit"}) the figures of the rounds' "against" variant under "against"."""
+    plain = {"plain_ms": statistics.median(r["plain"][0] for r in rounds) / steps * 1e3}
+    for clock in ("wall", "cpu"):
+        plain["plain_%s_ms" % clock] = statistics.median(r["plain"][4][clock] for r in rounds) / steps * 1e3
+    counted = [r["plain"][4]["calls"] for r in rounds if r["plain"][4]["calls"]]
+    plain["plain_calls_per_step"] = statistics.median(counted[-1]["all"]) if counted else None
+    this = figures(rounds, "this", steps)
+    out = {"workload": name, "steps": steps, "pairs": len(rounds),
+           **_spread([r["this"][0] / r["plain"][0] for r in rounds], "ratio"), **plain, **this}
+    out["ratio_median"] = out.pop("ratio")
+    if against is not None:
+        out["against"] = {**against, **figures(rounds, "against", steps)}
+    return out
+
+
+def bench(name, pairs, schedule, tmpdir, scale=1.0, count=0):
+    """A/B pairs in this process, the order alternating; the calls counted
+    (``count`` steps) after the timed loops of the last pair."""
     build, steps, _ = WORKLOADS[name]
     steps = max(5, int(steps * scale))
-    ratios, plain, traced, sizes, startup = [], [], [], [], []
+    rounds = []
     for i in range(pairs):
         order = (False, True) if i % 2 == 0 else (True, False)
-        times, warm = {}, {}
+        got = {}
         for recorded in order:
-            elapsed, loss, size, warm[recorded] = timed_loop(build, steps, recorded, schedule, tmpdir,
-                                                             full_rules=_full_rules(name))
-            times[recorded] = elapsed
-            if size is not None:
-                sizes.append(size)
-        startup.append(warm[True] - warm[False])
-        plain.append(times[False] / steps)
-        traced.append(times[True] / steps)
-        ratios.append(times[True] / times[False])
-    return {
-        "workload": name, "steps": steps, "pairs": pairs,
-        "ratio_median": statistics.median(ratios), "ratio_min": min(ratios), "ratio_max": max(ratios),
-        "plain_ms": statistics.median(plain) * 1e3, "recorded_ms": statistics.median(traced) * 1e3,
-        "trace_bytes_per_step": statistics.median(sizes) if sizes else None,
-        "startup_extra_ms": statistics.median(startup) * 1e3,
-    }
+            got["this" if recorded else "plain"] = timed_loop(
+                build, steps, recorded, schedule, tmpdir, full_rules=_full_rules(name),
+                count=count if i == pairs - 1 else 0)
+        rounds.append(got)
+    return summary(name, steps, rounds)
 
 
 def travel(name, tmpdir, back=(1, 10), ahead=(1, 10)):
@@ -412,8 +718,7 @@ def _instructions_child(name, recorded, steps, schedule):
     slowdown would make the 2 s flush come every few steps (and the rules'
     blocks, nndb.rules.engine.BLOCK_SECONDS, hold a step or two)."""
     torch.set_num_threads(1)
-    from nndb.rules import engine
-    engine.BLOCK_SECONDS = float("inf")      # (blocks of the rules by step count only, for the same reason)
+    _tune(block_seconds=float("inf"))      # (blocks of the rules by step count only, for the same reason)
     model, opt, crit, data = WORKLOADS[name][0](0)
     with tempfile.TemporaryDirectory() as tmpdir:
         rec = None
@@ -431,45 +736,163 @@ def _instructions_child(name, recorded, steps, schedule):
             session.machine.close()
 
 
-def instructions(name, flags, scale=1.0):
+def instructions(name, flags, scale=1.0, against=None):
     """Instructions per step of the loop, plain and recorded, each counted
     by callgrind in a process of its own (deterministic: the same tree and
     inputs give the same counts whatever else the machine does; not time:
-    cache misses and the OpenMP threads are not in it)."""
+    cache misses and the OpenMP threads are not in it); with ``against``
+    (a tree from checkout()) its recorded loop too."""
     for tool in ("valgrind", "callgrind_control"):
         if shutil.which(tool) is None:
             raise SystemExit(f"bench: --instructions needs valgrind ({tool} is not on PATH)")
     steps = max(5, int(WORKLOADS[name][2] * scale))
     per_step = {}
+    variants = [("plain", ROOT), ("recorded", ROOT)] + ([("against", against)] if against else [])
     with tempfile.TemporaryDirectory() as tmpdir:
-        for recorded in (False, True):
+        for variant, tree in variants:
             cmd = ["valgrind", "--tool=callgrind", "--instr-atstart=no",
                    f"--callgrind-out-file={os.path.join(tmpdir, 'callgrind.%p')}",
                    sys.executable, os.path.abspath(__file__), *flags,
-                   "--instructions-child", name, "recorded" if recorded else "plain", str(steps)]
-            out = subprocess.run(cmd, capture_output=True, text=True)
+                   "--instructions-child", name, "plain" if variant == "plain" else "recorded", str(steps)]
+            out = subprocess.run(cmd, capture_output=True, text=True, env=_tree_env(tree))
             count = collected(out.stderr)
             if out.returncode != 0 or count is None:
                 raise SystemExit(f"bench: callgrind failed on {name}: {out.stderr.strip()[-500:]}")
-            per_step[recorded] = count / steps
-    return {"workload": name, "steps": steps, "plain_instructions": per_step[False],
-            "nndb_instructions": per_step[True], "ratio": per_step[True] / per_step[False]}
+            per_step[variant] = count / steps
+    out = {"workload": name, "steps": steps, "plain_instructions": per_step["plain"],
+           "nndb_instructions": per_step["recorded"], "ratio": per_step["recorded"] / per_step["plain"]}
+    if against:
+        out["against_instructions"] = per_step["against"]
+        out["against_ratio"] = per_step["against"] / per_step["plain"]
+    return out
+
+
+# -- --against REV: another revision's nndb, in child processes -------------------
+
+CHILD_TAG = "BENCH-CHILD "
+
+
+def _tree_env(tree):
+    """The environment of a child that imports ``tree``'s nndb."""
+    return dict(os.environ, NNDB_BENCH_TREE=tree,
+                PYTHONPATH=os.pathsep.join(p for p in (tree, os.environ.get("PYTHONPATH")) if p))
+
+
+def checkout(rev, into):
+    """``rev``'s nndb package extracted into the directory ``into`` (git archive: no
+    worktree to register and remove); the full commit id."""
+    top = os.path.abspath(os.path.join(HERE, ".."))
+    got = subprocess.run(["git", "-C", top, "rev-parse", "--verify", "--quiet", rev + "^{commit}"],
+                         capture_output=True, text=True)
+    if got.returncode != 0:
+        raise SystemExit(f"bench: --against {rev}: not a revision of {top}")
+    commit = got.stdout.strip()
+    archive = subprocess.run(["git", "-C", top, "archive", "--format=tar", commit, "nndb"], capture_output=True)
+    if archive.returncode != 0:
+        raise SystemExit(f"bench: --against {rev}: git archive failed: {archive.stderr.decode()[-300:]}")
+    import io
+    import tarfile
+    with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
+        if hasattr(tarfile, "data_filter"):
+            tar.extractall(into, filter="data")
+        else:
+            tar.extractall(into)
+    return commit
+
+
+def child_loop(name, mode, steps, count, tree, flags):
+    """timed_loop() in a child process that imports ``tree``'s nndb (this script's
+    workloads and loop, the same flags); its tuple, as JSON gives it back."""
+    cmd = [sys.executable, os.path.abspath(__file__), *flags, "--loop-child", name, mode, str(steps), str(count)]
+    out = subprocess.run(cmd, capture_output=True, text=True, env=_tree_env(tree))
+    for line in reversed(out.stdout.splitlines()):
+        if line.startswith(CHILD_TAG):
+            got = json.loads(line[len(CHILD_TAG):])
+            if not got["nndb"].startswith(os.path.join(tree, "nndb")):
+                raise SystemExit(f"bench: the child for {tree} imported nndb from {got['nndb']}")
+            return got["loop"]
+    raise SystemExit(f"bench: the {mode} loop of {name} ({tree}) failed (exit {out.returncode}): "
+                     f"{out.stderr.strip()[-800:]}")
+
+
+def _loop_child(name, mode, steps, count, schedule):
+    """In the child: one loop, its figures on stdout after CHILD_TAG."""
+    with tempfile.TemporaryDirectory() as tmpdir:
+        got = timed_loop(WORKLOADS[name][0], steps, mode == "recorded", schedule, tmpdir,
+                         full_rules=_full_rules(name) if mode == "recorded" else (), count=count)
+    print(CHILD_TAG + json.dumps({"loop": got, "nndb": NNDB_DIR}), flush=True)
+
+
+def bench_against(name, pairs, scale, count, tree, rev, commit, flags):
+    """Rounds of three child processes: the plain loop, this tree's nndb and
+    ``tree``'s (``rev``), the order rotating by one each round; the calls
+    counted in the last round."""
+    build, steps, _ = WORKLOADS[name]
+    steps = max(5, int(steps * scale))
+    variants = ["plain", "this", "against"]
+    rounds = []
+    for i in range(pairs):
+        order = variants[i % 3:] + variants[:i % 3]
+        rounds.append({v: child_loop(name, "plain" if v == "plain" else "recorded", steps,
+                                     count if i == pairs - 1 else 0, tree if v == "against" else ROOT, flags)
+                       for v in order})
+    return summary(name, steps, rounds, against={"rev": rev, "commit": commit})
 
 
 def _restart_preloaded():
+<<<<<<< HEAD
     """Replicas need Intel's OpenMP runtime to run multi-threaded (see nndb.run.preload)."""
     from nndb.run.preload import preloaded_env
     env = preloaded_env()
+=======
+    """Replicas need Intel's OpenMP runtime to run multi-threaded (see nndb.preload)."""
+    env = _preloaded_env()
+>>>>>>> h-bench
     if env is not None and sys.platform.startswith("linux"):
         sys.stdout.flush()
         os.execve(sys.executable, [sys.executable, *sys.argv], env)
+
+
+def _child_flags(args, replica):
+    """The options a child process needs to run the same loop."""
+    flags = ["--rules", RULES, "--replica", replica, "--clock", args.clock, "--writes", args.writes]
+    for opt, value in (("--every", args.every), ("--full-every", args.full_every),
+                       ("--act-every", args.act_every), ("--lineage", LINEAGE), ("--threads", args.threads)):
+        if value is not None:
+            flags += [opt, str(value)]
+    return flags
+
+
+def table(results, tabulate):
+    """A row for the plain loop and one per nndb measured, per workload."""
+    def num(v, fmt):
+        return "-" if v is None else format(v, fmt)
+    rows = []
+    for r in results:
+        calls = r["plain_calls_per_step"]
+        rows.append([r["workload"], "plain", f"{r['plain_wall_ms']:.2f}", f"{r['plain_cpu_ms']:.2f}",
+                     "", "", "", "", "-", num(calls, ".0f"), "-", "-"])
+        trees = [("nndb" if "against" not in r else "this tree", r)]
+        if "against" in r:
+            trees.append((r["against"]["rev"], r["against"]))
+        for label, f in trees:
+            rows.append(["", label, f"{f['recorded_wall_ms']:.2f}", f"{f['recorded_cpu_ms']:.2f}",
+                         f"{f['ratio_wall']:.3f}x", f"{f['ratio_wall_min']:.3f}-{f['ratio_wall_max']:.3f}",
+                         f"{f['ratio_cpu']:.3f}x", f"{f['ratio_cpu_min']:.3f}-{f['ratio_cpu_max']:.3f}",
+                         num(f["calls_per_step"], ".0f"),
+                         "-" if f["calls_net_per_step"] is None else f"+{f['calls_net_per_step']:.0f}",
+                         num(f["trace_bytes_per_step"], ".0f"), f"{f['startup_extra_ms']:.0f}"])
+    return tabulate(rows, headers=["workload", "loop", "wall ms/step", "CPU ms/step", "ratio wall", "min-max",
+                                   "ratio CPU", "min-max", "nndb calls/step", "calls/step", "trace B/step",
+                                   "one-time ms"], disable_numparse=True)
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--workload", action="append", choices=sorted(WORKLOADS),
                     help="run only this workload (repeatable; default: all)")
-    ap.add_argument("--pairs", type=int, default=7, help="A/B pairs per workload (default 7)")
+    ap.add_argument("--pairs", type=int, default=7,
+                    help="A/B pairs per workload (rounds of three loops with --against; default 7)")
     ap.add_argument("--scale", type=float, default=1.0, help="multiply the steps per loop")
     ap.add_argument("--every", type=int, default=None, help="record every N-th step")
     ap.add_argument("--full-every", type=int, default=None,
@@ -487,6 +910,15 @@ def main(argv=None):
                     help="count instructions per step with valgrind's callgrind instead of timing "
                          "(deterministic: compares two trees where the machine's noise hides a few percent)")
     ap.add_argument("--instructions-child", nargs=3, metavar=("WORKLOAD", "MODE", "STEPS"),
+                    help=argparse.SUPPRESS)
+    ap.add_argument("--against", metavar="REV",
+                    help="also measure the nndb of git revision REV (e.g. c1f73ae): each loop in a child "
+                         "process, plain, this tree's nndb and REV's rotated round by round; with "
+                         "--instructions, REV's recorded count too")
+    ap.add_argument("--count-steps", type=int, default=32, metavar="N",
+                    help="count Python calls (sys.setprofile) over N steps after the last round's timed "
+                         "loops: nndb's own per step and all net of the plain loop (default 32; 0: off)")
+    ap.add_argument("--loop-child", nargs=4, metavar=("WORKLOAD", "MODE", "STEPS", "COUNT"),
                     help=argparse.SUPPRESS)
     ap.add_argument("--catch", action="store_true",
                     help="instead: plain, nndb, 'catch nan' armed, 'catch nan --eager' and "
@@ -537,39 +969,46 @@ def main(argv=None):
     global RULES, REPLICA, LINEAGE, CLOCK
     RULES, REPLICA, LINEAGE = args.rules, args.replica, args.lineage
     CLOCK = time.process_time if args.clock == "cpu" else time.perf_counter
-    from nndb.store import writer as trace_writer
-    trace_writer.BACKGROUND = args.writes == "thread"
+    _tune(background_writes=args.writes == "thread")
     schedule = RecordSchedule.parse(args.every, None, args.full_every, args.act_every)
     if args.instructions_child:
         name, mode, steps = args.instructions_child
         _instructions_child(name, mode == "recorded", int(steps), schedule)
         return 0
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.loop_child:
+        name, mode, steps, count = args.loop_child
+        _loop_child(name, mode, int(steps), int(count), schedule)
+        return 0
     if argv is None and not args.instructions:
         _restart_preloaded()
     from tabulate import tabulate
-    if args.threads:
-        torch.set_num_threads(args.threads)
     names = args.workload or list(WORKLOADS)
     if args.instructions:
         # Checkpoints are taken on a wall-time budget, which valgrind's slowdown
         # would turn into many more: counted without them (their cost, a fork
         # and copy-on-write faults, is the kernel's: the timed benchmark has it).
         REPLICA = "off"
-        flags = ["--rules", RULES, "--replica", REPLICA]
-        for opt, value in (("--every", args.every), ("--full-every", args.full_every),
-                           ("--act-every", args.act_every), ("--lineage", LINEAGE)):
-            if value is not None:
-                flags += [opt, str(value)]
-        counted = [instructions(name, flags, args.scale) for name in names]
+        flags = _child_flags(args, REPLICA)
+        with tempfile.TemporaryDirectory(prefix="nndb-bench-") as tree:
+            commit = checkout(args.against, tree) if args.against else None
+            counted = [instructions(name, flags, args.scale, tree if args.against else None) for name in names]
         print(f"torch {torch.__version__}, 1 thread, callgrind, schedule: {schedule.describe()}, rules: {RULES}, "
-              f"checkpoints: {REPLICA}, lineage: {LINEAGE or 'off'}")
-        print(tabulate([[c["workload"], c["steps"], f"{c['plain_instructions']:,.0f}",
-                         f"{c['nndb_instructions']:,.0f}", f"{c['ratio']:.3f}x"] for c in counted],
-                       headers=["workload", "steps", "plain instructions/step", "nndb instructions/step",
-                                "ratio"], disable_numparse=True))
+              f"checkpoints: {REPLICA}, lineage: {LINEAGE or 'off'}"
+              + (f", against {args.against} ({commit[:10]})" if commit else ""))
+        rows = [[c["workload"], c["steps"], f"{c['plain_instructions']:,.0f}",
+                 f"{c['nndb_instructions']:,.0f}", f"{c['ratio']:.3f}x"]
+                + ([f"{c['against_instructions']:,.0f}", f"{c['against_ratio']:.3f}x"] if commit else [])
+                for c in counted]
+        headers = ["workload", "steps", "plain instructions/step", "nndb instructions/step", "ratio"]
+        if commit:
+            headers += [f"{args.against} instructions/step", f"{args.against} ratio"]
+        print(tabulate(rows, headers=headers, disable_numparse=True))
         if args.json:
             with open(args.json, "w") as fh:
                 json.dump({"torch": torch.__version__, "schedule": schedule.describe(),
+                           "against": {"rev": args.against, "commit": commit} if commit else None,
                            "instructions": counted}, fh, indent=2)
         return 0
     if args.phases:
@@ -599,19 +1038,21 @@ def main(argv=None):
         with tempfile.TemporaryDirectory() as tmpdir:
             return bench_catch.main(args.workload or ["mlp", "cnn"], args.pairs, args.scale, schedule, tmpdir,
                                     WORKLOADS, timed_loop, args.json)
-    results = []
-    with tempfile.TemporaryDirectory() as tmpdir:
-        for name in names:
-            results.append(bench(name, args.pairs, schedule, tmpdir, args.scale))
-    rows = [[r["workload"], f"{r['plain_ms']:.2f}", f"{r['recorded_ms']:.2f}",
-             f"{r['ratio_median']:.3f}x", f"{r['ratio_min']:.3f}-{r['ratio_max']:.3f}",
-             f"{r['trace_bytes_per_step']:.0f}" if r["trace_bytes_per_step"] else "-",
-             f"{r['startup_extra_ms']:.0f}"] for r in results]
+    commit = None
+    if args.against:
+        with tempfile.TemporaryDirectory(prefix="nndb-bench-") as tree:
+            commit = checkout(args.against, tree)
+            flags = _child_flags(args, REPLICA)
+            results = [bench_against(name, args.pairs, args.scale, args.count_steps, tree, args.against, commit,
+                                     flags) for name in names]
+    else:
+        with tempfile.TemporaryDirectory() as tmpdir:
+            results = [bench(name, args.pairs, schedule, tmpdir, args.scale, args.count_steps) for name in names]
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, OpenMP {runmeta.openmp_runtime()}, "
           f"schedule: {schedule.describe()}, rules: {RULES}, checkpoints: {REPLICA}, "
-          f"lineage: {LINEAGE or 'off'}")
-    print(tabulate(rows, headers=["workload", "plain ms/step", "nndb ms/step", "ratio (median)",
-                                  "ratio min-max", "trace B/step", "one-time ms"], disable_numparse=True))
+          f"lineage: {LINEAGE or 'off'}, {args.pairs} rounds"
+          + (f", against {args.against} ({commit[:10]}; every loop in a child process)" if commit else ""))
+    print(table(results, tabulate))
     travel_rows, memory = [], []
     if args.travel:
         with tempfile.TemporaryDirectory() as tmpdir:
@@ -634,7 +1075,9 @@ def main(argv=None):
     if args.json:
         with open(args.json, "w") as fh:
             json.dump({"torch": torch.__version__, "threads": torch.get_num_threads(),
-                       "schedule": schedule.describe(), "results": results,
+                       "schedule": schedule.describe(), "clock": args.clock,
+                       "against": {"rev": args.against, "commit": commit} if commit else None,
+                       "results": results,
                        "travel": travel_rows, "checkpoint_memory": memory}, fh, indent=2)
     return 0
 

@@ -212,3 +212,103 @@ def _children():
             if fields[1] == me and fields[0] != "Z":
                 out.append(int(pid))
     return out
+
+
+def _env():
+    root = os.path.dirname(os.path.dirname(os.path.abspath(_PATH)))
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p),
+                NNDB_NO_PRELOAD="1")          # (no second start with Intel's OpenMP: no checkpoints here)
+
+
+def test_the_table_and_json_carry_wall_and_cpu_ratios_and_calls_per_step(tmp_path):
+    """The smallest run of the script itself (24 MLP steps a loop, one pair, no
+    checkpoints): each workload's JSON has both ratios with their spread and
+    the Python calls per step, nndb's own and net of the plain loop."""
+    import json
+    import subprocess
+    import sys
+    out = tmp_path / "bench.json"
+    got = subprocess.run([sys.executable, _PATH, "--workload", "mlp", "--pairs", "1", "--scale", "0.01",
+                          "--replica", "off", "--count-steps", "4", "--json", str(out)],
+                         capture_output=True, text=True, timeout=300, env=_env())
+    assert got.returncode == 0, got.stderr[-2000:]
+    assert "ratio CPU" in got.stdout and "nndb calls/step" in got.stdout
+    (r,) = json.loads(out.read_text())["results"]
+    assert r["workload"] == "mlp" and r["pairs"] == 1
+    for key in ("ratio_wall", "ratio_cpu"):
+        assert r[key] > 0 and r[key + "_min"] <= r[key] <= r[key + "_max"]
+    assert r["ratio_median"] == r["ratio_wall"]                 # (--clock wall, the default)
+    assert r["plain_wall_ms"] > 0 and r["plain_cpu_ms"] > 0 and r["recorded_cpu_ms"] > 0
+    assert r["calls_steps"] == 4
+    assert r["calls_per_step"] > 0 and r["calls_per_step_mean"] > 0
+    assert r["plain_calls_per_step"] > 0
+    assert r["calls_net_per_step"] >= r["calls_per_step"]       # (nndb's own calls are among the net ones)
+    assert "against" not in r
+
+
+def test_gpt_and_resnet_workloads_have_the_tensors_of_the_issue_and_train(bench):
+    for name, tensors in (("gpt", 53), ("resnet", 47)):
+        model, opt, crit, data = bench.WORKLOADS[name][0](0)
+        assert len(list(model.parameters())) == tensors
+        before = [p.detach().clone() for p in model.parameters()]
+        assert np.isfinite(bench.train(model, opt, crit, data, 2))
+        assert all(not torch.equal(b, p) for b, p in zip(before, model.parameters()))
+    model, _, _, data = bench.WORKLOADS["gpt"][0](0)
+    x, y = data[0]
+    assert torch.equal(x[:, 1:].reshape(-1), y.view(x.shape)[:, :-1].reshape(-1))   # (y: the next tokens)
+    assert model(x).shape == (y.numel(), 128)            # (logits flattened for CrossEntropyLoss)
+    # causal: a token's logits do not depend on later tokens
+    x2 = x.clone()
+    x2[:, -1] = (x2[:, -1] + 1) % 128
+    with torch.no_grad():
+        a, b = model(x).view(*x.shape, -1), model(x2).view(*x.shape, -1)
+    assert torch.equal(a[:, :-1], b[:, :-1]) and not torch.equal(a[:, -1], b[:, -1])
+
+
+def test_calls_are_counted_per_step_and_only_nndb_s_code_as_its_own(bench, tmp_path, monkeypatch):
+    monkeypatch.setattr(bench, "REPLICA", "off")
+    from nndb.run.config import RecordSchedule
+    build = bench.WORKLOADS["mlp"][0]
+    model, opt, crit, data = build(0)
+    plain = bench.count_calls(model, opt, crit, data, 3)
+    assert plain["own"] == [0, 0, 0] and min(plain["all"]) > 0
+    rec, session, path = bench._recording(RecordSchedule.parse(None, None, None, None), str(tmp_path))
+    rec.__enter__()
+    bench.train(model, opt, crit, data, bench.WARMUP)
+    counted = bench.count_calls(model, opt, crit, data, 3, start=bench.WARMUP)
+    bench.end_recording(rec, session, path)
+    assert len(counted["own"]) == 3 and min(counted["own"]) > 0
+    assert all(a > p for a, p in zip(counted["all"], plain["all"]))
+    assert bench.NNDB_DIR.endswith(os.path.join("nndb", "")) and os.path.isdir(bench.NNDB_DIR)
+
+
+def test_against_extracts_the_revision_s_nndb_and_a_child_imports_it(bench, tmp_path):
+    """--against REV: REV's nndb package alone, extracted where a child of the
+    script (NNDB_BENCH_TREE) imports it rather than this tree's; an unknown
+    revision is one clear error."""
+    import subprocess
+    import sys
+    commit = bench.checkout("HEAD", str(tmp_path))
+    assert len(commit) == 40 and sorted(os.listdir(tmp_path)) == ["nndb"]
+    assert os.path.isfile(tmp_path / "nndb" / "__init__.py")
+    got = subprocess.run([sys.executable, "-c", "import nndb; print(nndb.__file__)"], capture_output=True,
+                         text=True, env=bench._tree_env(str(tmp_path)), cwd=str(tmp_path.parent), timeout=120)
+    assert got.stdout.strip() == str(tmp_path / "nndb" / "__init__.py")
+    with pytest.raises(SystemExit, match="not a revision"):
+        bench.checkout("no-such-revision-xyz", str(tmp_path / "other"))
+
+
+def test_figures_are_each_tree_s_against_the_plain_loop_of_its_round(bench):
+    def loop(wall, cpu, own=None, every=None):
+        calls = {"own": own, "all": every} if own is not None else None
+        return [wall, 0.0, 100.0, 0.5, {"wall": wall, "cpu": cpu, "calls": calls}]
+    rounds = [{"plain": loop(1.0, 2.0), "this": loop(1.5, 2.2), "against": loop(2.0, 3.0)},
+              {"plain": loop(2.0, 2.0, [0, 0], [100, 100]), "this": loop(2.4, 3.0, [20, 40], [150, 170]),
+               "against": loop(3.0, 4.0, [50, 50], [200, 200])}]
+    r = bench.summary("mlp", 10, rounds, against={"rev": "old", "commit": "c" * 40})
+    assert r["ratio_wall"] == pytest.approx(1.35) and (r["ratio_wall_min"], r["ratio_wall_max"]) == (1.2, 1.5)
+    assert r["ratio_cpu"] == pytest.approx(1.3) and r["ratio_cpu_max"] == pytest.approx(1.5)
+    assert r["calls_per_step"] == 30 and r["calls_net_per_step"] == 60 and r["plain_calls_per_step"] == 100
+    a = r["against"]
+    assert a["rev"] == "old" and a["ratio_wall"] == pytest.approx(1.75) and a["ratio_cpu"] == pytest.approx(1.75)
+    assert a["calls_per_step"] == 50 and a["calls_net_per_step"] == 100
