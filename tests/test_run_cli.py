@@ -266,6 +266,24 @@ def test_version_and_help():
     assert r.returncode == 0 and "--every" in r.stdout and "--steps" in r.stdout
 
 
+def test_run_options_are_the_run_commands_flags():
+    """One RunOptions field per parameter of nndb run, each with the flag's
+    default; a notebook's line is parsed by the same command into the same options."""
+    import dataclasses
+    from nndb.cli.run import given_options, parse_run_line, run, run_options
+    from nndb.run.config import RunOptions
+    assert [f.name for f in dataclasses.fields(RunOptions)] == [p.name for p in run.params] + ["given"]
+    assert run_options(run.make_context("nndb run", ["train.py"])) == RunOptions(script="train.py",
+                                                                                  given=("script",))
+    words = ["--every", "2", "-e", "info", "--nx", "train.py", "--every", "3"]
+    o = run_options(run.make_context("nndb run", list(words)))
+    assert (o.every, o.eval_commands, o.nx, o.args) == (2, ("info",), True, ("--every", "3"))
+    assert given_options(run, o) == ("--every", "2", "--eval-command", "info", "--nx")
+    assert parse_run_line(words, "%nndb run")[0] == o
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        o.every = 4
+
+
 def test_a_misspelt_name_gets_pythons_suggestion(tmp_path):
     """Python 3.10+ adds "Did you mean: 'loss'?" to a NameError or
     AttributeError; the traceback nndb prints for the script's exception had

@@ -15,9 +15,67 @@ import shutil
 import sys
 import tempfile
 
-from ..errors import EXIT_OK, EXIT_USAGE, UsageError
+import click
+
+from ..errors import EXIT_OK, EXIT_SIGINT, EXIT_USAGE, NndbError, UsageError
+from ..text import printable, to_json
+from .common import SCRIPT_CONTEXT, Number, fail, target_of
 
 EXIT_FOUND = 1
+
+
+@click.command("fuzz", context_settings=SCRIPT_CONTEXT)
+@click.option("-m", "module", metavar="MODULE", help="Fuzz a library module run as a script, like python -m.")
+@click.option("--step", type=click.IntRange(min=0), required=True, metavar="N",
+              help="Fuzz the batch of training step N (the run goes to the end of step N-1 first).")
+@click.option("--until", default="nan", show_default=True, metavar="nan|EXPR",
+              help="The objective: a non-finite activation, loss or gradient, or a condition such as 'loss > 1e3'.")
+@click.option("--against", type=click.Choice(["fp16", "bf16"]),
+              help="The objective: the model and its copy in this precision disagree beyond --tolerance.")
+@click.option("--tolerance", type=Number(min=0, min_open=True), metavar="T",
+              help="--against's relative tolerance (default 0.01 for fp16, 0.05 for bf16).")
+@click.option("--budget", type=click.IntRange(min=1), default=1000, show_default=True, metavar="N",
+              help="Mutant batches evaluated at most.")
+@click.option("--layers", metavar="GLOB", help="Coverage from these modules' outputs (default: the model's output).")
+@click.option("--seed", type=int, default=0, show_default=True, help="The mutations' random seed.")
+@click.option("--random", "random_search", is_flag=True, help="Random search: the same mutations, no coverage guidance.")
+@click.option("--scale", type=Number(min=0, max=1, min_open=True), default=0.1, show_default=True,
+              metavar="F", help="Mutation size: a share of each float input's range (of the elements, for integers).")
+@click.option("--threshold", type=Number(min=0, min_open=True), metavar="D",
+              help="Coverage distance (default: the median nearest-neighbour distance in the step's batch).")
+@click.option("--save", metavar="FILE.pt", type=click.Path(dir_okay=False),
+              help="Where the input found is saved (default ./nndb-fuzz-stepN.pt).")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print the report as one JSON object (the script's own output goes to stderr).")
+@click.argument("script", required=False, metavar="SCRIPT")
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def fuzz(module, step, until, against, tolerance, budget, layers, seed, random_search, scale, threshold, save,
+         as_json, script, args):
+    """Run SCRIPT [ARGS]... (or -m MODULE) to training step N and fuzz the
+    model with mutants of that step's batch on a replica (coverage-guided,
+    TensorFuzz), then end the run.  Exit code 0 if nothing was found within
+    the budget, 1 if the objective was reached (the report says how, and the
+    input is saved), 2 on a usage error or when fuzzing could not be done
+    (the script ended before step N, no model or loss seen), 130 at Ctrl-C."""
+    from ..run.preload import maybe_restart
+    maybe_restart("fork")
+    from ..run.launcher import prepare
+
+    target = target_of(module, script, args)
+    line = command_line(click.get_current_context().params)
+    try:
+        prepare(target)
+        report, code = run_fuzz_batch(target, step, line, as_json, tempfile.gettempdir())
+    except NndbError as e:
+        fail(e)
+    except KeyboardInterrupt:
+        click.echo("nndb: fuzz interrupted", err=True)
+        sys.exit(EXIT_SIGINT)
+    if as_json:
+        click.echo(to_json(report))
+    elif report.get("error"):
+        click.echo(printable(f"nndb: error: {report['error']}"), err=True)
+    sys.exit(code)
 
 
 def run_fuzz_batch(target, step: int, line: str, as_json: bool, tmp_root: str) -> tuple:

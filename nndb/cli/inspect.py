@@ -1,13 +1,45 @@
 """``nndb inspect``: one trace (its summary, one tensor's history, a kept
-whole tensor) or a distributed job's run directory, as text or JSON.  The
-command line (nndb.cli) parses the flags; this answers them."""
+whole tensor) or a distributed job's run directory, as text or JSON."""
 from __future__ import annotations
 
 import os
 from typing import Optional
 
-from ..errors import UsageError
+import click
+
+from ..errors import NndbError, UsageError
+from ..schema import KINDS as KIND_CHOICES, STAT_NAMES as STAT_CHOICES
 from ..text import to_json
+from .common import fail
+
+
+@click.command("inspect")
+@click.argument("trace", metavar="TRACE|RUNDIR")
+@click.option("--series", "series_name", metavar="NAME", help="Print the history of one tensor.")
+@click.option("--stat", type=click.Choice(STAT_CHOICES), default="norm", show_default=True,
+              help="The statistic --series prints.")
+@click.option("--kind", type=click.Choice(KIND_CHOICES), help="With --series: only this kind.")
+@click.option("--ranks", "side_by_side", is_flag=True,
+              help="With a RUNDIR: each tensor's statistics per rank, side by side (default: merged).")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
+@click.option("--tensor", "tensor_spec", metavar="KIND:NAME",
+              help="A whole tensor kept by --record-full, or a histogram, at --step.")
+@click.option("--step", "tensor_step", type=int, metavar="N", help="With --tensor: the step.")
+@click.option("--npy", "npy_path", metavar="OUT.npy", type=click.Path(dir_okay=False),
+              help="With --tensor: write the kept tensor to OUT.npy (numpy's format).")
+def inspect(trace, series_name, stat, kind, side_by_side, as_json, tensor_spec, tensor_step, npy_path):
+    """Print a trace's metadata, step count and recorded tensors.  Given a
+    run directory of a distributed job (one rank<R>.h5 per rank): the job's
+    ranks, their steps and findings, the cross-rank findings, and each
+    tensor's statistics merged across ranks (--ranks: side by side).  Exit
+    code 0; 2 for an unreadable trace, or a directory that is not one whole
+    job (empty, mixed jobs or scripts, a rank missing)."""
+    try:
+        out = inspect_text(trace, series_name, stat, kind, side_by_side, as_json, tensor_spec, tensor_step,
+                           npy_path)
+    except NndbError as e:
+        fail(e)
+    click.echo(out)
 
 
 def inspect_text(trace: str, series_name: Optional[str], stat: str, kind: Optional[str], side_by_side: bool,

@@ -47,21 +47,21 @@ def run_script(line: str):
     """``%nndb run ...``: the script under the debugger, in this kernel.
     Returns the run's Trace (shown as its summary), or None after an error line."""
     from ..api.trace import Trace
-    from . import parse_run_line
+    from .run import parse_run_line
     from ..driver import debug
     from .setup import run_setup
     try:
         parsed = parse_run_line(shlex.split(line), "%nndb run")
         if parsed is None:                      # (--help: printed)
             return None
-        p, target = parsed
-        if p.get("nproc_per_node") is not None:
+        o, target = parsed
+        if o.nproc_per_node is not None:
             raise UsageError("--nproc-per-node: a job of several ranks runs from a terminal "
                              "('nndb run --nproc-per-node N SCRIPT'), not inside a kernel")
-        if p["replica"] not in ("auto", "off"):
-            raise UsageError(f"--replica {p['replica']}: time travel is off in a notebook kernel "
+        if o.replica not in ("auto", "off"):
+            raise UsageError(f"--replica {o.replica}: time travel is off in a notebook kernel "
                              f"({KERNEL_NO_REPLICAS})")
-        config, options = run_setup(p, target, batch=p["batch"], progress=False, replica="off",
+        config, options = run_setup(o, target, batch=o.batch, progress=False, replica="off",
                                     replica_off_reason=KERNEL_NO_REPLICAS)
         result = debug(config, options, NotebookFrontend())
     except (NndbError, ValueError) as e:

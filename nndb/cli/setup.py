@@ -1,16 +1,19 @@
-"""What ``nndb run``'s options become: the run's RunConfig and DebugOptions,
-every file nndb writes checked before the script starts.  No click here:
-``nndb.cli`` parses the command line (and ``%nndb run`` in a notebook parses
-its line with the same command), then builds the run with these."""
+"""What ``nndb run``'s options (one RunOptions) become: the run's RunConfig
+and DebugOptions, torchrun's LaunchOptions, every file nndb writes checked
+before the script starts.  No click here: ``nndb.cli.run`` parses the
+command line (and ``%nndb run`` in a notebook parses its line with the same
+command), then builds the run with these."""
 from __future__ import annotations
 
 import os
 
-from ..errors import NndbError, UsageError
+from ..errors import UsageError
+from ..run.config import RunOptions
 
 
-def run_setup(p: dict, target, batch: bool, progress: bool, paths=None, nndb_argv: tuple = (), **overrides):
-    """``nndb run``'s options (click's parameters ``p``) as the run's
+def run_setup(o: RunOptions, target, batch: bool, progress: bool, paths=None, nndb_argv: tuple = (),
+              **overrides):
+    """``nndb run``'s options ``o`` as the run's
     RunConfig and DebugOptions, every path checked before the script starts
     (``paths``: the (trace, report, trace directory) ``own_paths`` gave,
     when the caller checked them already).  ``%nndb run`` in a notebook
@@ -19,21 +22,21 @@ def run_setup(p: dict, target, batch: bool, progress: bool, paths=None, nndb_arg
     nndb's options as given, kept in the trace's metadata)."""
     from ..run.config import RecordSchedule, RunConfig
     from ..driver import DebugOptions
-    schedule = RecordSchedule.parse(p["every"], p["steps_range"], p["full_every"], p["act_every"])
-    trace_path, report_path, trace_dir = paths or own_paths(target, p["trace_path"], p["force"], p["report_path"],
-                                                             p["command_files"], p["rules"])
-    exports = export_targets(p["exports"])
+    schedule = RecordSchedule.parse(o.every, o.steps_range, o.full_every, o.act_every)
+    trace_path, report_path, trace_dir = paths or own_paths(target, o.trace_path, o.force, o.report_path,
+                                                             o.command_files, o.rules)
+    exports = export_targets(o.exports)
     from ..run.rank import place
     if place().distributed:             # (one directory or run per rank, never one for all)
         exports = tuple(t.for_rank(place().rank) for t in exports)
-    config = RunConfig(target, trace_path, schedule, p["flush_steps"], p["flush_secs"], p["quiet"], trace_dir,
-                       *full_rules(p["record_full"], p["full_tensors_every"], p["precision"],
-                                    p["full_tensors_buffer"]), tuple(nndb_argv))
-    options = dict(batch=batch, stop_at_start=not p["go"], command_files=p["command_files"],
-                   eval_commands=p["eval_commands"], no_rc=p["nx"], report=report_path, rules=p["rules"],
-                   replica=p["replica"], total_steps=p["total_steps"], lineage=p["lineage"],
-                   checkpoint_every=p["checkpoint_every"], checkpoint_memory=p["checkpoint_memory"],
-                   exports=exports, progress=progress, fail_on=p.get("fail_on"))
+    config = RunConfig(target, trace_path, schedule, o.flush_steps, o.flush_secs, o.quiet, trace_dir,
+                       *full_rules(o.record_full, o.full_tensors_every, o.precision, o.full_tensors_buffer),
+                       tuple(nndb_argv))
+    options = dict(batch=batch, stop_at_start=not o.go, command_files=o.command_files,
+                   eval_commands=o.eval_commands, no_rc=o.nx, report=report_path, rules=o.rules,
+                   replica=o.replica, total_steps=o.total_steps, lineage=o.lineage,
+                   checkpoint_every=o.checkpoint_every, checkpoint_memory=o.checkpoint_memory,
+                   exports=exports, progress=progress, fail_on=o.fail_on)
     options.update(overrides)
     return config, DebugOptions(**options)
 
@@ -42,20 +45,19 @@ LAUNCH_FLAGS = ("nnodes", "node_rank", "rdzv_backend", "rdzv_endpoint", "rdzv_id
                 "master_port", "hang_timeout")
 
 
-def launch_options(p: dict, on_command_line):
-    """torchrun's flags -> nndb.distributed.front.LaunchOptions (None: no --nproc-per-node).
-    ``on_command_line(name)``: whether that flag was given (one of
-    LAUNCH_FLAGS without --nproc-per-node is an error)."""
-    if p["nproc_per_node"] is None:
-        given = [f for f in LAUNCH_FLAGS if on_command_line(f)]
+def launch_options(o: RunOptions):
+    """torchrun's flags -> nndb.distributed.front.LaunchOptions (None: no
+    --nproc-per-node; one of LAUNCH_FLAGS given without it is an error)."""
+    if o.nproc_per_node is None:
+        given = [f for f in LAUNCH_FLAGS if f in o.given]
         if given:
             raise UsageError(f"--{given[0].replace('_', '-')} goes with --nproc-per-node N")
         return None
     from ..distributed.front import LaunchOptions, check_options
-    o = LaunchOptions(p["nproc_per_node"], p["nnodes"], p["node_rank"], p["rdzv_backend"], p["rdzv_endpoint"],
-                      p["rdzv_id"], p["rdzv_conf"], p["master_addr"], p["master_port"], 0, p["hang_timeout"])
-    check_options(o)
-    return o
+    launch = LaunchOptions(o.nproc_per_node, o.nnodes, o.node_rank, o.rdzv_backend, o.rdzv_endpoint, o.rdzv_id,
+                           o.rdzv_conf, o.master_addr, o.master_port, 0, o.hang_timeout)
+    check_options(launch)
+    return launch
 
 
 def full_rules(specs, every, precision, buffer_mib) -> tuple:
@@ -85,23 +87,3 @@ def own_paths(target, trace_path, force, report_path, command_files, rules):
     report_path = paths.resolve_report(report_path)
     trace_dir = None if trace_path else paths.default_dir_writable("nndb-runs")
     return trace_path, report_path, trace_dir
-
-
-def export_to(reader, target, findings, progress=None):
-    """One export; a store that refuses it (unreachable, read-only) is one line, exit 2.
-    A KeyboardInterrupt (Ctrl-C) aborts the sink (its partial files removed,
-    an MLflow run marked KILLED) and goes on up."""
-    from ..export.offline import export_trace
-    sink = None
-    try:
-        sink = target.open()
-        return export_trace(reader, sink, findings, target.label, progress)
-    except KeyboardInterrupt:
-        if sink is not None:
-            sink.abort()
-        raise
-    except NndbError:
-        raise
-    except Exception as e:
-        first = (str(e).strip().splitlines() or [""])[0][:200]
-        raise UsageError(f"cannot export to {target.label}: {type(e).__name__}: {first}") from None

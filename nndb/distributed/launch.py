@@ -6,11 +6,12 @@ import os
 from typing import Callable, Optional
 
 from ..errors import UsageError
+from ..run.config import RunOptions
 from ..run.launcher import prepare
 from ..version import __version__
 from .front import Front, LaunchOptions
 
-# nndb run's flags a worker gets as they were given: (parameter, flag, takes a value)
+# nndb run's flags a worker gets as they were given: (RunOptions field, flag, takes a value)
 _PASSED = (("every", "--every", True), ("steps_range", "--steps", True), ("full_every", "--full-every", True),
            ("act_every", "--act-every", True), ("flush_steps", "--flush-every", True),
            ("flush_secs", "--flush-secs", True), ("quiet", "--quiet", False), ("rules", "--rules", True),
@@ -23,65 +24,65 @@ _NOT_YET = (("replica", "auto", "across ranks, time travel runs the whole job ag
             ("checkpoint_memory", None, "across ranks, time travel runs the whole job again and takes no checkpoints: --checkpoint-memory is not taken"))
 
 
-def worker_argv(params: dict, trace_path: Optional[str]) -> list:
+def worker_argv(o: RunOptions, trace_path: Optional[str]) -> list:
     """``nndb run --batch ...`` for every worker (the launcher puts ``python -u -m nndb`` before it)."""
     argv = ["run", "--batch"]
     for name, flag, valued in _PASSED:
-        value = params.get(name)
+        value = getattr(o, name)
         if valued and value is not None:
             argv += [flag, str(value)]
         elif not valued and value:
             argv.append(flag)
-    for spec in params.get("exports") or ():     # (each rank exports its own: nndb.export.targets.for_rank)
+    for spec in o.exports:      # (each rank exports its own: nndb.export.targets.for_rank)
         argv += ["--export", spec]
     if trace_path:
         argv += ["--trace", trace_path]
-    for f in params.get("command_files") or ():
+    for f in o.command_files:
         argv += ["-x", os.path.abspath(f)]
-    for c in params.get("eval_commands") or ():
+    for c in o.eval_commands:
         argv += ["-e", c]
-    if params.get("module"):
-        argv += ["-m", params["module"]]
-        if params.get("script") is not None:
-            argv.append(params["script"])
+    if o.module:
+        argv += ["-m", o.module]
+        if o.script is not None:
+            argv.append(o.script)
     else:
-        argv.append(os.path.abspath(params["script"]))
-    return argv + list(params.get("args") or ())
+        argv.append(os.path.abspath(o.script))
+    return argv + list(o.args)
 
 
-def start_job(params: dict, launch: LaunchOptions, target, frontend, trace_path: Optional[str],
+def start_job(o: RunOptions, launch: LaunchOptions, target, frontend, trace_path: Optional[str],
               report_path: Optional[str], trace_dir: Optional[str], message: Callable[[str], None]) -> int:
     """``frontend``: the prompt's front end (None: batch mode)."""
     for name, default, why in _NOT_YET:
-        if params.get(name) not in (default, None) and params.get(name) != default:
+        if getattr(o, name) not in (default, None):
             raise UsageError(why)
     if launch.follower():
         if launch.hang_timeout:
             raise UsageError("--hang-timeout goes to node 0's nndb run: its watchdog sees every rank of every node")
         frontend = None                 # (the prompt is node 0's: its front controls every rank)
-        if not params.get("quiet"):
+        if not o.quiet:
             message(f"nndb: node {launch.node_rank}: the job's prompt (or, in batch mode, its watchdog) is on "
                     f"node 0; the ranks here record their traces locally")
     if frontend is not None and launch.hang_timeout:
         raise UsageError("--hang-timeout goes with --batch (at the prompt, Ctrl-C shows a hung job's stacks)")
     prepare(target)                     # (a missing or broken script: one line here, no worker started)
     from ..export.targets import parse_spec
-    for spec in params.get("exports") or ():  # (the extra missing, a directory not writable: one line here)
+    for spec in o.exports:      # (the extra missing, a directory not writable: one line here)
         parse_spec(spec)
     front = Front(target, launch, message)
     try:
         if frontend is None:
-            code = front.run(worker_argv(params, trace_path), trace_dir)
+            code = front.run(worker_argv(o, trace_path), trace_dir)
         else:
             from .console import Console
-            argv = worker_argv(params, trace_path)
+            argv = worker_argv(o, trace_path)
             argv.remove("--batch")      # (the ranks' sessions are interactive, through the front)
-            if params.get("go"):
+            if o.go:
                 argv.insert(1, "--run")
             code = Console(front, frontend, message).run(argv, trace_dir)
     finally:
         front.close()
-    if front.state.run_dir and not params.get("quiet"):
+    if front.state.run_dir and not o.quiet:
         message(f"nndb: traces of the {launch.nproc_per_node} rank(s) in {front.state.run_dir}")
     if report_path:
         from ..render import report

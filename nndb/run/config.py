@@ -27,6 +27,59 @@ class RunConfig:
     nndb_argv: tuple = ()               # nndb's own options as given (``--every 2 --rules none``): meta["nndb_argv"]
 
 
+@dataclass(frozen=True)
+class RunOptions:
+    """``nndb run``'s command line, parsed: one field per parameter of the
+    command (same name, same default), built once by the command (``nndb
+    run`` in a shell, ``%nndb run`` in a notebook: nndb.cli.run.run_options)
+    and handed to everything below it, as black's ``Mode``: the run's setup
+    (nndb.cli.setup), torchrun's flags (``launch_options``), a distributed
+    job's workers (nndb.distributed.launch) and the notebook magics.  Plain
+    values only: what needs checking against the filesystem (paths, rule
+    files, exports) is checked where it is used, before the script starts."""
+    module: Optional[str] = None                # -m MODULE
+    trace_path: Optional[str] = None            # --trace PATH
+    force: bool = False                         # --force
+    every: Optional[int] = None                 # --every N
+    steps_range: Optional[str] = None           # --steps A:B
+    full_every: Optional[int] = None            # --full-every N
+    act_every: Optional[int] = None             # --act-every N
+    flush_steps: int = 500                      # --flush-every N
+    flush_secs: float = 2.0                     # --flush-secs S
+    quiet: bool = False                         # -q, --quiet
+    batch: bool = False                         # --batch
+    go: bool = False                            # --run (no stop at the start of step 0)
+    command_files: tuple = ()                   # -x FILE, in order
+    eval_commands: tuple = ()                   # -e CMD, in order
+    nx: bool = False                            # --nx
+    report_path: Optional[str] = None           # --report FILE.json
+    rules: str = "default"                      # --rules default|FILE.yaml|none
+    fail_on: Optional[str] = None               # --fail-on warning|error
+    replica: str = "auto"                       # --replica auto|fork|respawn|off
+    total_steps: Optional[int] = None           # --total-steps N
+    checkpoint_every: Optional[str] = None      # --checkpoint-every N|Ns
+    checkpoint_memory: Optional[str] = None     # --checkpoint-memory SIZE
+    lineage: Optional[str] = None               # --lineage STEPS
+    record_full: tuple = ()                     # --record-full KIND:GLOB, in order
+    full_tensors_every: Optional[int] = None    # --full-tensors-every N
+    precision: Optional[str] = None             # --precision fp16|bf16|fp32
+    full_tensors_buffer: Optional[float] = None     # --full-tensors-buffer MIB
+    exports: tuple = ()                         # --export tensorboard:DIR|mlflow[:URI], in order
+    nproc_per_node: Optional[int] = None        # --nproc-per-node N (a job of N workers)
+    nnodes: str = "1"                           # torchrun's flags, from here to --hang-timeout
+    node_rank: int = 0
+    rdzv_backend: Optional[str] = None
+    rdzv_endpoint: Optional[str] = None
+    rdzv_id: Optional[str] = None
+    rdzv_conf: Optional[str] = None
+    master_addr: Optional[str] = None
+    master_port: Optional[int] = None
+    hang_timeout: Optional[float] = None        # --hang-timeout SECS
+    script: Optional[str] = None                # SCRIPT (with -m: the module's first argument)
+    args: tuple = ()                            # the script's arguments, untouched
+    given: tuple = ()                           # the parameters the command line set, in the command's order
+
+
 def default_trace_path(target: Target, directory: str = "nndb-runs", where=None) -> str:
     """A new file under ./nndb-runs/: <script>-<time>.h5, never an existing one:
     the name is claimed (created empty, exclusively) so that two runs started in
