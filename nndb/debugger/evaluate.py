@@ -24,7 +24,7 @@ _VARS = "__nndb_vars__"
 _DOLLAR = re.compile(r"\$([A-Za-z_][A-Za-z0-9_]*)")
 _NNDB_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _HIDDEN = (_NNDB_DIR, os.path.dirname(runpy.__file__) + os.sep + "runpy.py")
-_LAUNCHER = os.path.join(_NNDB_DIR, "launcher.py")
+_LAUNCHER = os.path.join(_NNDB_DIR, "run", "launcher.py")
 
 
 def _torch_dir() -> str:

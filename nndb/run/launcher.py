@@ -233,7 +233,7 @@ def unshadow(directory: str) -> list:
     return out
 
 
-_OWN_DIRS = (os.path.dirname(os.path.abspath(__file__)), os.path.dirname(runpy.__file__))
+_OWN_DIRS = (os.path.dirname(os.path.dirname(os.path.abspath(__file__))), os.path.dirname(runpy.__file__))   # (nndb/, runpy)
 
 
 def user_traceback(tb):
