@@ -174,3 +174,24 @@ def test_usage_errors_match_a_real_subprocess(monkeypatch, tmp_path):
     monkeypatch.setenv(zygote.REAL_ENV, "1")
     r = nndb("run", "--every", "x", "s.py", cwd=str(tmp_path))
     assert (z.returncode, z.stdout, z.stderr) == (r.returncode, r.stdout, r.stderr) and z.returncode == 2
+
+
+def test_a_forked_plain_python_run_looks_like_a_real_one(tmp_path, monkeypatch):
+    """``python(SCRIPT, forked=True)`` (the plain side of the tests' bit-for-bit
+    comparisons): what the script sees and prints, its exit code and its
+    traceback, as ``python SCRIPT`` gives them."""
+    monkeypatch.delenv(zygote.REAL_ENV, raising=False)
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "p.py").write_text(
+        "import json, os, sys, torch\n"
+        "print(json.dumps({'argv': sys.argv, 'name': __name__, 'file': __file__, 'path0': sys.path[0],\n"
+        "                  'main_is_me': sys.modules['__main__'].__dict__ is globals(), 'cwd': os.getcwd(),\n"
+        "                  'sum': float(torch.manual_seed(0) and torch.randn(8, 8).sum())}))\n"
+        "def f():\n    raise ValueError('planted')\n"
+        "f() if sys.argv[1] == 'raise' else sys.exit(int(sys.argv[1]))\n")
+    for arg, code in (("raise", 1), ("4", 4)):
+        forked = conftest.python("sub/../sub/p.py", arg, cwd=str(tmp_path), forked=True)
+        real = conftest.python("sub/../sub/p.py", arg, cwd=str(tmp_path))
+        assert (forked.returncode, forked.stdout, forked.stderr) == (real.returncode, real.stdout, real.stderr)
+        assert real.returncode == code and '"main_is_me": true' in real.stdout
+        assert ("ValueError: planted" in forked.stderr) == (arg == "raise") and "zygote" not in forked.stderr
