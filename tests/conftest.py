@@ -92,8 +92,16 @@ def pytest_runtest_setup(item):
     _real_subprocess_test[0] = item.get_closest_marker("real_subprocess") is not None
 
 
-def python(*args, cwd=None, timeout=180) -> subprocess.CompletedProcess:
-    """Run the same thing with plain Python, for comparison."""
+def python(*args, cwd=None, timeout=180, forked=False) -> subprocess.CompletedProcess:
+    """Run the same thing with plain Python, for comparison.  ``forked``:
+    ``python SCRIPT ARGS`` in a child of the zygote where ``nndb()`` would
+    take one (no torch import of its own; the runs' environment): for what a
+    script computes and prints, never for what Python itself does (start-up,
+    sys.modules, the recursion limit, how it ends)."""
+    if forked and args and str(args[0]).endswith(".py"):
+        e = _base_env()
+        if _zygote_may_run(e, _ZYGOTE_ENV, {"stdin": subprocess.DEVNULL}):
+            return zygote.run([str(a) for a in args], cwd, e, _ZYGOTE_ENV, timeout, subprocess.DEVNULL, script=True)
     return subprocess.run([sys.executable, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout)
 
 
@@ -103,7 +111,7 @@ def plain_and_recorded(tmp_path, source: str, *args):
     script = tmp_path / "script.py"
     script.write_text(source)
     trace = str(tmp_path / f"script-{'-'.join(args)}.h5")
-    plain = python(str(script), *args)
+    plain = python(str(script), *args, forked=True)
     r = nndb("run", "--batch", "--trace", trace, str(script), *args)
     assert r.returncode == 0, r.stderr
     assert r.stdout == plain.stdout

@@ -145,7 +145,7 @@ def full_run(tmp_path_factory):
             "--record-full", "act:relu1", "--full-tensors-every", "5", "--precision", "fp16",
             *[x for c in COMMANDS for x in ("-e", c)], SCRIPT, "--steps", "20"]
     ran = Ran(run_nndb(*argv, cwd=str(d)), argv)
-    plain = python(SCRIPT, "--steps", "20")
+    plain = python(SCRIPT, "--steps", "20", forked=True)
     return d, trace, ran, plain
 
 

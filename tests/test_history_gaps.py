@@ -36,7 +36,7 @@ def measured(tmp_path_factory):
             "delete", "continue"]
     argv = ["run", "--batch", "-q", "--nx", "--trace", trace, "--full-every", "11", "--checkpoint-every", "10",
             *[x for c in cmds for x in ("-e", c)], DYING, "--steps", "40"]
-    return trace, Ran(run_nndb(*argv, cwd=str(d)), argv), python(DYING, "--steps", "40")
+    return trace, Ran(run_nndb(*argv, cwd=str(d)), argv), python(DYING, "--steps", "40", forked=True)
 
 
 def test_compare_at_checkpoints_measures_what_the_trace_lacks_on_replicas(measured):
@@ -95,7 +95,7 @@ def test_a_hand_written_update_keeps_whole_gradients_and_parameters(tmp_path):
             "--precision", "fp32", MANUAL, "5"]
     ran = Ran(run_nndb(*argv), argv)
     assert ran.returncode == 0, ran.stderr
-    assert ran.stdout == python(MANUAL, "5").stdout            # the same digest as without nndb
+    assert ran.stdout == python(MANUAL, "5", forked=True).stdout            # the same digest as without nndb
     spec = importlib.util.spec_from_file_location("manual_sgd_full", MANUAL)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)

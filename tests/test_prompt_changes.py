@@ -96,7 +96,7 @@ def test_set_lr_hold_holds_until_unset_is_recorded_and_replayed(tmp_path):
     assert "Let go of opt's lr in group 0 (held at 0.01)" in r.stdout
     # the script printed what it set; the optimizer stepped with the held value from step 4 to step 7:
     # the losses are those of a plain run whose lr is 0.01 at those iterations, bit for bit
-    plain = python(str(tmp_path / "s.py"), "0.01", "4", "7", cwd=str(tmp_path))
+    plain = python(str(tmp_path / "s.py"), "0.01", "4", "7", cwd=str(tmp_path), forked=True)
     assert plain.returncode == 0, plain.stderr
     assert _printed(r.stdout) == _printed(plain.stdout) and len(_printed(plain.stdout)) == 12
     assert re.search(r"^it 5 lr 0.05 loss", r.stdout, re.M)

@@ -51,7 +51,7 @@ def test_a_run_that_dies_of_its_learning_rate_in_a_few_steps_gets_its_findings_f
     Now the update as large as the weight is a finding at step 0, the loss going x100 at once."""
     script = tmp_path / "dies.py"
     script.write_text(DIES)
-    plain = python(str(script), "5000", "30", cwd=str(tmp_path))
+    plain = python(str(script), "5000", "30", cwd=str(tmp_path), forked=True)
     assert plain.returncode == 1 and "OverflowError" in plain.stderr
     report = tmp_path / "r.json"
     r = nndb("run", "--batch", "--report", str(report), "--trace", str(tmp_path / "t.h5"), str(script), "5000", "30",

@@ -97,7 +97,7 @@ def test_a_gan_records_each_optimizers_loss_summed(tmp_path):
     ``$losses`` has the other."""
     script = tmp_path / "gan.py"
     script.write_text(GAN)
-    plain = python(str(script))
+    plain = python(str(script), forked=True)
     printed = {int(m[1]): (float(m[2]), float(m[3]))
                for m in re.finditer(r"^step (\d+) D (\S+) G (\S+)$", plain.stdout, re.M)}
     trace = str(tmp_path / "gan.h5")
@@ -167,7 +167,7 @@ def test_a_hand_written_loop_stops_at_the_step_that_meets_the_watch(tmp_path, ho
     value comes at the next step's end, stops there and names its step."""
     script = tmp_path / "reg.py"
     script.write_text(REGRESSION)
-    plain = python(str(script), how)
+    plain = python(str(script), how, forked=True)
     rows = [(int(m[1]), float(m[2]), float(m[3]))
             for m in re.finditer(r"^step (\d+) loss (\S+) grad (\S+)$", plain.stdout, re.M)]
     assert [s for s, _, _ in rows] == list(range(40))

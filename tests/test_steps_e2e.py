@@ -20,7 +20,7 @@ def run_example(name, trace, *args):
 @pytest.mark.parametrize("name", ALL_EXAMPLES)
 def test_output_bit_identical_with_and_without_nndb(name, trace):
     args = ["--steps", "12"]
-    plain = python(example(f"{name}.py"), *args)
+    plain = python(example(f"{name}.py"), *args, forked=True)
     assert plain.returncode == 0, plain.stderr
     traced, t = run_example(name, trace, *args)
     assert traced.stdout == plain.stdout            # every printed loss, bit for bit

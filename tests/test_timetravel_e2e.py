@@ -77,7 +77,7 @@ def final(out: str) -> str:
 
 
 def test_reverse_step_restores_the_state_of_step_k_bit_for_bit(tmp_path, script):
-    plain = python(script, cwd=str(tmp_path))
+    plain = python(script, cwd=str(tmp_path), forked=True)
     # the original run's state at step 7
     a = run(tmp_path, script, ["break step 7", "continue", STATE, "continue"])
     # another run goes to step 12, then back 5 steps: a replay from the
@@ -105,7 +105,7 @@ def test_goto_continue_and_next_replay_forward_in_the_past(tmp_path, script):
 
 
 def test_predict_runs_ahead_and_leaves_the_live_run_bit_identical(tmp_path, script):
-    plain = python(script, cwd=str(tmp_path))
+    plain = python(script, cwd=str(tmp_path), forked=True)
     r = run(tmp_path, script, ["break step 4", "continue", "predict 3", "predict 2 --set lr=0.5",
                                "next", 'p ("LOSS5", repr(loss.item()))', "continue"])
     assert final(r.stdout) == final(plain.stdout)
@@ -190,7 +190,7 @@ def test_reverse_step_with_threads_says_why_and_replays_in_a_new_process(tmp_pat
     assert "the script started threads (prefetcher) that do not survive fork()" in t.stderr
     assert "replaying from the start in a new process (respawn)" in t.stderr
     assert len(states(t.stdout)) == 1
-    assert final(t.stdout) == final(python(script, "0", "--thread", cwd=str(tmp_path)).stdout)
+    assert final(t.stdout) == final(python(script, "0", "--thread", cwd=str(tmp_path), forked=True).stdout)
 
 
 def test_bad_time_travel_commands_get_one_line(tmp_path, script):

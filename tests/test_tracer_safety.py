@@ -85,7 +85,7 @@ for step, (x, y) in enumerate(DataLoader(D(), batch_size=8, num_workers=2)):
 def test_forked_dataloader_workers_neither_record_nor_stop(tmp_path, trace):
     script = tmp_path / "workers.py"
     script.write_text(FORKED_WORKERS)
-    plain = python(str(script))
+    plain = python(str(script), forked=True)
     run = nndb("run", "--trace", trace, "-e", "break module feat", "-e", "continue", str(script))
     assert run.returncode == 0, run.stderr
     # the breakpoint is pending (feat never runs in this process) and never hits in a worker

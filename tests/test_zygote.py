@@ -129,9 +129,14 @@ def test_a_timeout_kills_the_run_and_what_it_started(tmp_path, monkeypatch):
                       "open('pids', 'w').write(f'{os.getpid()} {p.pid}')\n"
                       "print('started', flush=True)\n"
                       "time.sleep(600)\n")
+    # (both zygotes started first: the timeout then covers the run alone, not a zygote's start-up)
+    (tmp_path / "quick.py").write_text("print('quick')\n")
+    quick = nndb("run", "--batch", "-q", "--nx", "--rules", "none", "--replica", "off", str(tmp_path / "quick.py"),
+                 cwd=str(tmp_path))
+    assert quick.returncode == 0 and "quick" in quick.stdout, quick.stderr
     with pytest.raises(subprocess.TimeoutExpired) as e:
         nndb("run", "--batch", "-q", "--nx", "--rules", "none", "--replica", "off", str(script),
-             cwd=str(tmp_path), timeout=20)
+             cwd=str(tmp_path), timeout=10)
     assert "started" in e.value.output
     pids = [int(p) for p in (tmp_path / "pids").read_text().split()]
     deadline = time.monotonic() + 10
@@ -174,3 +179,24 @@ def test_usage_errors_match_a_real_subprocess(monkeypatch, tmp_path):
     monkeypatch.setenv(zygote.REAL_ENV, "1")
     r = nndb("run", "--every", "x", "s.py", cwd=str(tmp_path))
     assert (z.returncode, z.stdout, z.stderr) == (r.returncode, r.stdout, r.stderr) and z.returncode == 2
+
+
+def test_a_forked_plain_python_run_looks_like_a_real_one(tmp_path, monkeypatch):
+    """``python(SCRIPT, forked=True)`` (the plain side of the tests' bit-for-bit
+    comparisons): what the script sees and prints, its exit code and its
+    traceback, as ``python SCRIPT`` gives them."""
+    monkeypatch.delenv(zygote.REAL_ENV, raising=False)
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "p.py").write_text(
+        "import json, os, sys, torch\n"
+        "print(json.dumps({'argv': sys.argv, 'name': __name__, 'file': __file__, 'path0': sys.path[0],\n"
+        "                  'main_is_me': sys.modules['__main__'].__dict__ is globals(), 'cwd': os.getcwd(),\n"
+        "                  'sum': float(torch.manual_seed(0) and torch.randn(8, 8).sum())}))\n"
+        "def f():\n    raise ValueError('planted')\n"
+        "f() if sys.argv[1] == 'raise' else sys.exit(int(sys.argv[1]))\n")
+    for arg, code in (("raise", 1), ("4", 4)):
+        forked = conftest.python("sub/../sub/p.py", arg, cwd=str(tmp_path), forked=True)
+        real = conftest.python("sub/../sub/p.py", arg, cwd=str(tmp_path))
+        assert (forked.returncode, forked.stdout, forked.stderr) == (real.returncode, real.stdout, real.stderr)
+        assert real.returncode == code and '"main_is_me": true' in real.stdout
+        assert ("ValueError: planted" in forked.stderr) == (arg == "raise") and "zygote" not in forked.stderr

@@ -217,7 +217,9 @@ def _child(req: dict, fds: list, conn, fresh: dict, base_path: list) -> int:
     os.chdir(req["cwd"])
     env = dict(req["env"])
     import nndb.run.preload as preload
-    if req.get("flavor") == PRELOADED:
+    if req.get("script"):
+        pass                                        # (a plain script: no nndb run to restart)
+    elif req.get("flavor") == PRELOADED:
         if env.get("NNDB_SET_HASHSEED"):         # nndb chose a seed; this interpreter runs with the zygote's
             env["PYTHONHASHSEED"] = os.environ["PYTHONHASHSEED"]
     else:
@@ -225,6 +227,12 @@ def _child(req: dict, fds: list, conn, fresh: dict, base_path: list) -> int:
         preload.runtime_loaded = lambda: False      # as in a fresh process: torch not imported yet
     os.environ.clear()
     os.environ.update(env)
+    if req.get("script"):                           # python SCRIPT ARGS
+        path = req["argv"][0]
+        sys.path[:] = [os.path.dirname(os.path.realpath(path))] + list(base_path)
+        sys.argv = list(req["argv"])
+        _reseed()
+        return _finalize(_run_script(path))
     sys.path[:] = [os.getcwd()] + list(base_path)
     sys.argv = ["-m", *req["argv"]]
     _reseed()
@@ -282,6 +290,34 @@ def _run_main() -> int:
     except BaseException:
         sys.excepthook(*sys.exc_info())
         return 1
+    return 0
+
+
+def _run_script(path: str) -> int:
+    """What ``python PATH`` does with the script: its code run in ``__main__``
+    (``__file__`` absolute, no ``__spec__``), an uncaught exception's
+    traceback from the script's own frame on."""
+    import importlib.machinery
+    import io
+    main = sys.modules["__main__"]
+    for k in list(main.__dict__):
+        if k != "__builtins__":
+            del main.__dict__[k]
+    path = path if os.path.isabs(path) else os.path.join(os.getcwd(), path)    # (as Python: not normalised)
+    main.__dict__.update(__name__="__main__", __doc__=None, __package__=None, __spec__=None, __file__=path,
+                         __cached__=None, __loader__=importlib.machinery.SourceFileLoader("__main__", path))
+    try:
+        with io.open_code(path) as fh:
+            code = compile(fh.read(), path, "exec", dont_inherit=True)
+        exec(code, main.__dict__)
+    except SystemExit as e:
+        return _exit_code(e.code)
+    except BaseException as e:
+        tb = e.__traceback__
+        while tb is not None and tb.tb_frame.f_code.co_filename == __file__:     # (this module's frames)
+            tb = tb.tb_next
+        sys.excepthook(type(e), e.with_traceback(tb), tb)
+        return -signal.SIGINT if isinstance(e, KeyboardInterrupt) else 1
     return 0
 
 
@@ -398,18 +434,19 @@ def close_all() -> None:
     _zygotes.clear()
 
 
-def run(argv: list, cwd, env: dict, base_env: dict, timeout: float, stdin=subprocess.DEVNULL
+def run(argv: list, cwd, env: dict, base_env: dict, timeout: float, stdin=subprocess.DEVNULL, script=False
         ) -> subprocess.CompletedProcess:
-    """``python -m nndb *argv`` in a child of the zygote for ``base_env`` (``env``
-    must fit it: ``env_fits``); as ``subprocess.run(..., capture_output=True,
+    """``python -m nndb *argv`` (with ``script``: ``python *argv``, argv[0] a
+    script's path) in a child of the zygote for ``base_env`` (``env`` must fit
+    it: ``env_fits``); as ``subprocess.run(..., capture_output=True,
     text=True, timeout=timeout)`` would return or raise."""
     import locale
-    cmd = [sys.executable, "-m", "nndb", *argv]
+    cmd = [sys.executable, *argv] if script else [sys.executable, "-m", "nndb", *argv]
     deadline = time.monotonic() + (timeout if timeout is not None else 1e9)
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
     fds = [out_w, err_w] + ([] if stdin == subprocess.DEVNULL else [stdin.fileno()])
-    req = {"argv": list(argv), "cwd": os.path.abspath(cwd or os.getcwd()), "env": env}
+    req = {"argv": list(argv), "cwd": os.path.abspath(cwd or os.getcwd()), "env": env, "script": script}
     chunks = {out_r: [], err_r: []}
     sel = selectors.DefaultSelector()
     for fd in chunks:
