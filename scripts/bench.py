@@ -192,9 +192,12 @@ def _settling(machine) -> bool:
 
 def _preloaded_env():
     try:
-        from nndb.preload import preloaded_env
+        from nndb.run.preload import preloaded_env
     except ImportError:                  # (older trees)
-        from nndb.timetravel.preload import preloaded_env
+        try:
+            from nndb.preload import preloaded_env
+        except ImportError:
+            from nndb.timetravel.preload import preloaded_env
     return preloaded_env()
 
 
@@ -840,14 +843,8 @@ def bench_against(name, pairs, scale, count, tree, rev, commit, flags):
 
 
 def _restart_preloaded():
-<<<<<<< HEAD
     """Replicas need Intel's OpenMP runtime to run multi-threaded (see nndb.run.preload)."""
-    from nndb.run.preload import preloaded_env
-    env = preloaded_env()
-=======
-    """Replicas need Intel's OpenMP runtime to run multi-threaded (see nndb.preload)."""
     env = _preloaded_env()
->>>>>>> h-bench
     if env is not None and sys.platform.startswith("linux"):
         sys.stdout.flush()
         os.execve(sys.executable, [sys.executable, *sys.argv], env)
