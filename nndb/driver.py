@@ -20,7 +20,7 @@ from .lineage.control import LineageControl
 from .render import debug as renderer
 from .rules.base import failing_findings
 from .rules.catalog import load as load_rules
-from .run.runner import RunResult, _stderr, record
+from .run.runner import RunResult, stderr_line, record
 from .timetravel.lineage_replay import replay_checked
 from .timetravel.machine import TimeMachine, parse_size
 from .timetravel.schedule import parse_every
@@ -105,7 +105,7 @@ def build_session(frontend, options: DebugOptions) -> Session:
 
 
 def debug(config: RunConfig, options: DebugOptions, frontend,
-          message: Callable[[str], None] = _stderr) -> DebugResult:
+          message: Callable[[str], None] = stderr_line) -> DebugResult:
     interactive = not options.batch
     session = build_session(frontend, options)
     session.agreement = options.agreement

@@ -211,3 +211,63 @@ def test_the_floor_checks_see_an_upward_import_and_a_cycle():
         "nndb.debugger.session (debugger engine) -> nndb.commands (commands and renderers)",
         "nndb.tracer.hooks (tracer) -> nndb.rules.engine (rules and lineage)"]
     assert import_cycles(bad) == [["nndb.commands", "nndb.debugger.session", "nndb.commands"]]
+
+
+# -- private names stay in their package ---------------------------------------------------
+
+# torch's own private attributes that nndb reads on torch's objects and that
+# are also names of nndb's (a tensor's ``_version`` counter).
+TORCH_PRIVATE = {"_version"}
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__") and name not in TORCH_PRIVATE
+
+
+def private_reaches(trees: dict) -> list:
+    """Uses of a ``_private`` name of nndb's (a function, class, constant or
+    attribute defined in one package) from another package: ``obj._x`` and
+    ``from ..pkg.mod import _x``.  An attribute of a module that is not
+    nndb's (``torch._C``, ``sys._getframe``) is the other library's business."""
+    defined: dict = {}
+    for rel, tree in trees.items():
+        unit = unit_of("nndb." + rel[:-3].replace(os.sep, "."))
+        for node in ast.walk(tree):
+            names = []
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                names = [node.name]
+            elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+                names = [node.attr]
+            elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+                names = [node.id]
+            defined.update({n: defined.get(n, set()) | {unit} for n in names if _private(n)})
+    out = []
+    for rel, tree in trees.items():
+        unit = unit_of("nndb." + rel[:-3].replace(os.sep, "."))
+        foreign = {a.asname or a.name for node in ast.walk(tree) if isinstance(node, ast.Import)
+                   for a in node.names if not a.name.startswith("nndb")}
+        for node in ast.walk(tree):
+            used = []
+            if isinstance(node, ast.Attribute) and _private(node.attr):
+                base = node.value
+                if not (isinstance(base, ast.Name) and (base.id in ("self", "cls") or base.id in foreign)):
+                    used = [node.attr]
+            elif isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").startswith("nndb")):
+                used = [a.name for a in node.names if _private(a.name)]
+            out += [f"{rel}:{node.lineno} {n} (of {', '.join(sorted(defined[n]))})"
+                    for n in used if n in defined and unit not in defined[n]]
+    return sorted(out)
+
+
+def test_no_package_touches_another_packages_private_names():
+    assert private_reaches({rel: tree for rel, tree in modules()}) == []
+
+
+def test_the_private_check_sees_a_reach():
+    owner = ast.parse("class T:\n    def _set_forward(self, on):\n        self._busy = on\n")
+    user = ast.parse("import torch\ndef f(t):\n    t._set_forward(True)\n    return t._busy, torch._C\n")
+    inside = ast.parse("def g(t):\n    t._set_forward(False)\n")
+    found = private_reaches({os.path.join("tracer", "hooks.py"): owner, os.path.join("rules", "x.py"): user,
+                             os.path.join("tracer", "y.py"): inside})
+    assert found == ["rules/x.py:3 _set_forward (of nndb.tracer)".replace("/", os.sep),
+                     "rules/x.py:4 _busy (of nndb.tracer)".replace("/", os.sep)]

@@ -21,7 +21,7 @@ from ..commands.rcfiles import first_error, startup_lines
 from ..errors import EXIT_OK, EXIT_SCRIPT_ERROR, EXIT_SIGINT, EXIT_SIGTERM, KillRun, RestartRun, Terminated, UsageError
 from ..run.launcher import Target, system_exit_code
 from ..run.paths import default_dir_writable, resolve_trace
-from ..run.runner import Recording, _stderr
+from ..run.runner import Recording, stderr_line
 from ..run import meta as runmeta
 from .trace import FindingList, Trace
 
@@ -64,7 +64,7 @@ def _quietly(fn, *args) -> None:
     try:
         fn(*args)
     except Exception as e:
-        _stderr(f"nndb: internal error while ending the recording: {type(e).__name__}: {e}")
+        stderr_line(f"nndb: internal error while ending the recording: {type(e).__name__}: {e}")
 
 
 class Recorder:
@@ -110,7 +110,7 @@ class Recorder:
             replica_off_reason=None if replica != "off" else
             "nndb.record: forking or re-running the caller's process is not safe; 'nndb run SCRIPT' has time travel"))
         if commands:
-            lines = startup_lines([], list(commands), True, _stderr)
+            lines = startup_lines([], list(commands), True, stderr_line)
             bad = first_error(TABLE, lines)
             if bad is not None:
                 raise UsageError(bad)
@@ -129,9 +129,9 @@ class Recorder:
         # (a notebook makes its model and optimizer in one cell and trains in
         # another: the tracer takes an optimizer alive at the block's start for
         # the loop's when it holds the parameters the first backward reaches)
-        self._rec = Recording(self.path, meta, cfg, _stderr)
+        self._rec = Recording(self.path, meta, cfg, stderr_line)
         if not cfg.quiet:
-            _stderr(f"nndb: recording to {self.path}")
+            stderr_line(f"nndb: recording to {self.path}")
         self._session.attach(self._rec, self.path)
         try:
             self._rec.__enter__()

@@ -30,7 +30,7 @@ from typing import Optional
 from ..run.config import shown
 from ..debugger import current
 from ..errors import KillRun, NndbError, RestartRun
-from ..run.runner import _stderr
+from ..run.runner import stderr_line
 from .recording import Recorder
 
 _own: Optional[Recorder] = None      # the recording set_trace started in this process
@@ -91,7 +91,7 @@ def _end_with_the_cell(rec: Recorder) -> bool:
             _own = None
         exc = getattr(result, "error_in_exec", None)
         rec.end(exc if isinstance(exc, Exception) else None)
-        _stderr(f"nndb: the cell ended; trace: {rec.path}")
+        stderr_line(f"nndb: the cell ended; trace: {rec.path}")
 
     shell.events.register("post_run_cell", ended)
     return True
@@ -108,7 +108,7 @@ def _leave(rec: Recorder, why: str) -> None:
     global _own
     _own = None
     rec.end(KillRun())
-    _stderr(f"nndb: left the prompt ({why}); the recording ended ({rec.path}) and the program goes on "
+    stderr_line(f"nndb: left the prompt ({why}); the recording ended ({rec.path}) and the program goes on "
             "without nndb")
 
 
@@ -127,6 +127,6 @@ def set_trace(*, trace: Optional[str] = None, frame=None) -> None:
             raise                   # nndb run's: its runner ends the run
         _leave(_own, "quit" if _own.session.quit_requested else "kill")
     except NndbError as e:
-        _stderr(f"nndb: set_trace: {e}; the program goes on without nndb")
+        stderr_line(f"nndb: set_trace: {e}; the program goes on without nndb")
     except Exception as e:      # nndb's own failure never stops the program
-        _stderr(f"nndb: set_trace: internal error, the program goes on: {type(e).__name__}: {e}")
+        stderr_line(f"nndb: set_trace: internal error, the program goes on: {type(e).__name__}: {e}")

@@ -81,9 +81,9 @@ __all__ = ["check", "run_checks", "Check", "CheckReport", "CHECK_STEPS", "OVERFI
 # -- running it ----------------------------------------------------------------------------
 def _where(exc: BaseException) -> str:
     """The innermost frame of the script's own code in the traceback."""
-    from ..tracer.naming import _skip_dirs
+    from ..tracer.naming import skip_dirs
     frames = traceback.extract_tb(launcher.user_traceback(exc.__traceback__))
-    own = [f for f in frames if not f.filename.startswith(_skip_dirs())] or frames
+    own = [f for f in frames if not f.filename.startswith(skip_dirs())] or frames
     if not own:
         return ""
     f = own[-1]

@@ -20,7 +20,7 @@ from typing import Optional
 from ..errors import CommandError
 from ..text import fmt
 
-_VARS = "__nndb_vars__"
+VARS_NAME = "__nndb_vars__"
 _DOLLAR = re.compile(r"\$([A-Za-z_][A-Za-z0-9_]*)")
 _NNDB_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _HIDDEN = (_NNDB_DIR, os.path.dirname(runpy.__file__) + os.sep + "runpy.py")
@@ -86,7 +86,7 @@ def stack_from_traceback(tb) -> list:
 # -- expressions ----------------------------------------------------------------
 def with_dollars(source: str) -> str:
     """``$name`` -> a lookup in nndb's convenience variables."""
-    return _DOLLAR.sub(lambda m: f"{_VARS}[{m.group(1)!r}]", source)
+    return _DOLLAR.sub(lambda m: f"{VARS_NAME}[{m.group(1)!r}]", source)
 
 
 def compile_expr(source: str, mode: str = "eval"):
@@ -116,10 +116,10 @@ def namespace(frame, variables: dict) -> tuple[dict, dict]:
     """(globals, locals) for evaluating in ``frame``."""
     cv = ConvenienceVars(variables)
     if frame is None:
-        g = {"__builtins__": __builtins__, _VARS: cv}
+        g = {"__builtins__": __builtins__, VARS_NAME: cv}
         return g, g
     loc = dict(frame.f_locals)
-    loc[_VARS] = cv
+    loc[VARS_NAME] = cv
     return frame.f_globals, loc
 
 
@@ -147,16 +147,16 @@ def execute(source: str, frame, variables: dict) -> None:
     g, loc = namespace(frame, variables)
     if is_module:
         loc = frame.f_globals
-        loc[_VARS] = g.get(_VARS) or ConvenienceVars(variables)
+        loc[VARS_NAME] = g.get(VARS_NAME) or ConvenienceVars(variables)
     try:
         exec(code, g, loc)
     except (Exception, SystemExit) as e:   # pdb: exit() is an error here
         raise CommandError(f"{type(e).__name__}: {e}") from None
     finally:
         if is_module:
-            frame.f_globals.pop(_VARS, None)
+            frame.f_globals.pop(VARS_NAME, None)
     if not is_module:
-        loc.pop(_VARS, None)
+        loc.pop(VARS_NAME, None)
         _write_locals(frame, loc)
 
 

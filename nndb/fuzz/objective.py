@@ -159,7 +159,7 @@ class Evaluator:
             found["loss"] = lv
         return Outcome(vecs, found, lv)
 
-    def _grads(self, loss):
+    def grads(self, loss):
         t = loss if isinstance(loss, torch.Tensor) else next(
             (x for x in pytree.tree_leaves(loss) if isinstance(x, torch.Tensor) and x.requires_grad), None)
         if t is None or not t.requires_grad or not self.params:
@@ -167,7 +167,7 @@ class Evaluator:
         return torch.autograd.grad(t.sum(), [p for _, p in self.params], allow_unused=True)
 
     def _bad_grad(self, loss) -> Optional[dict]:
-        grads = self._grads(loss)
+        grads = self.grads(loss)
         for (name, p), g in zip(self.params, grads or ()):
             if g is not None and not bool(torch.isfinite(g).all()):
                 return {"what": "nan", "where": "gradient", "name": self.m.param_names.get(id(p), name)}
@@ -178,11 +178,11 @@ class Evaluator:
         ns = {"loss": lv, "output": _detach(out), "inputs": [t.detach() for t in inputs], "torch": torch,
               "math": math}
         if "grad_norm" in self.goal.until:
-            grads = self._grads(loss if loss is not None else out)
+            grads = self.grads(loss if loss is not None else out)
             ns["grad_norm"] = math.sqrt(sum(float(g.double().pow(2).sum()) for g in grads or () if g is not None)) \
                 if grads else math.nan
         g = dict(ns, __builtins__=__builtins__)
-        g[E._VARS] = E.ConvenienceVars(ns)
+        g[E.VARS_NAME] = E.ConvenienceVars(ns)
         try:
             hit = bool(eval(self.goal.code, g, g))
         except Exception as e:          # (the condition cannot be evaluated on this mutant: said once)

@@ -39,7 +39,7 @@ class RunResult:
     last_step: Optional[int]
 
 
-def _stderr(msg: str) -> None:
+def stderr_line(msg: str) -> None:
     try:
         sys.stderr.write(printable(msg) + "\n")         # (one write: see debugger.frontend._say)
         sys.stderr.flush()
@@ -147,7 +147,7 @@ class Recording:
     (``listeners.append``)."""
 
     def __init__(self, path: str, meta: dict, config: RunConfig,
-                 message: Callable[[str], None] = _stderr,
+                 message: Callable[[str], None] = stderr_line,
                  on_step_end: Optional[Callable[[int], None]] = None):
         self.path = path
         self.meta = meta
@@ -214,7 +214,7 @@ class Recording:
         self.writer.close(status, exit_code, reason)
 
 
-def record(config: RunConfig, message: Callable[[str], None] = _stderr,
+def record(config: RunConfig, message: Callable[[str], None] = stderr_line,
            on_step_end: Optional[Callable[[int], None]] = None, session=None,
            listeners: Optional[Callable[["Recording"], list]] = None) -> RunResult:
     """Run the script once.  With a debugger ``session`` (nndb.debugger), the

@@ -226,7 +226,7 @@ def _locate(s, ev: Evaluator, inputs: list, found: dict, step) -> dict:
             h.remove()
         loss = ev.loss(inputs, out, before=lambda idx: starts.append((len(rec.current.ops), idx)))
         if found.get("where") == "gradient" or loss is not None and bool(torch.isfinite(loss.detach()).all()):
-            ev._grads(loss if loss is not None else out)
+            ev.grads(loss if loss is not None else out)
     finally:
         for h in handles:
             h.remove()

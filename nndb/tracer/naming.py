@@ -24,7 +24,7 @@ from .funcmode import TRAMPOLINE
 _SKIP_PREFIXES: tuple = ()
 
 
-def _skip_dirs() -> tuple:
+def skip_dirs() -> tuple:
     global _SKIP_PREFIXES
     if not _SKIP_PREFIXES:
         import os
@@ -35,7 +35,7 @@ def _skip_dirs() -> tuple:
 
 def user_frame(depth: int = 1):
     """The innermost frame that belongs to neither torch nor nndb."""
-    skip = _skip_dirs()
+    skip = skip_dirs()
     f = sys._getframe(depth)
     while f is not None and (f.f_code.co_filename.startswith(skip) or f.f_code.co_name == TRAMPOLINE):
         f = f.f_back
