@@ -170,7 +170,7 @@ def _changes(s, sets) -> list:
     a variable of the script's frame.  Anything else is refused here, before
     a replica runs."""
     from ..debugger.hyperparams import check_scheduled, is_numeric, schedulers_of
-    from .change import set_target
+    from ..debugger.changes import set_target
     opts = dict(s.optimizers())
     out = []
     for key, value in sets:

@@ -385,7 +385,7 @@ class TimeMachine:
             held = ck.changes
         else:
             first, held = 0, 0
-        goal = dict(goal, changes=[c.as_dict() for c in s.changes[held:]])
+        goal = dict(goal, changes=[c.message() for c in s.changes[held:]])
         if not goal.get("stats"):             # (replay --verify compares everything itself)
             goal = dict(goal, expect=recorded_losses(s, first, int(goal.get("target", goal.get("end", start)))))
         if not self.exact:
