@@ -148,9 +148,11 @@ def to_step(run, ranks: list, step: int, changes: list, targets_of, hits: Option
     return f"the replay did not reach step {step}"
 
 
-def _set(job: ReplicaJob, rank: int, key: str, value: str) -> list:
-    """predict's --set KEY=VALUE as the set command, on one replica rank: as
-    in one process, OPTIMIZER.KEY names an optimizer, else a variable."""
+def _set(job: ReplicaJob, rank: int, setting) -> list:
+    """predict's --set KEY=VALUE (a nndb.timetravel.predict.Setting) as the
+    set command, typed on one replica rank: as in one process, OPTIMIZER.KEY
+    names an optimizer, else a variable."""
+    key, value = setting.key, setting.value
     oname, dot, hyper = key.partition(".")
     if not dot:
         return job.on(rank, f"set {key} {value}")
@@ -160,8 +162,10 @@ def _set(job: ReplicaJob, rank: int, key: str, value: str) -> list:
     return out
 
 
-def _ahead(console, ranks: list, step: int, n: int, sets: list):
-    """One replica job run ``n`` steps ahead of ``step``: {rank: predict's result} or why not (a str)."""
+def _ahead(console, ranks: list, step: int, n: int, sets: tuple):
+    """One replica job run ``n`` steps ahead of ``step``, making ``sets``
+    ([Setting]) first: {rank: Prediction} or why not (a str)."""
+    from ..timetravel.predict import Prediction
     job = ReplicaJob(console.front, console._argv)
     try:
         if not job.start():
@@ -169,25 +173,25 @@ def _ahead(console, ranks: list, step: int, n: int, sets: list):
         why = to_step(job, ranks, step, console._changes, console._targets) or drift(console, job, ranks, step)
         if why:
             return why
-        for key, value in sets:
+        for setting in sets:
             for r in ranks:
-                out = _set(job, r, key, value)
+                out = _set(job, r, setting)
                 if any(err for _, err in out):
-                    return f"--set {key}={value}: " + " ".join(t for t, _ in out)
+                    return f"--set {setting.label}: " + " ".join(t for t, _ in out)
         set_points(job, console._targets, ranks, point_lines(console._points))
         out = job.resume(f"until {step + n}")
         at, hit = job.stop_step(), hit_line(out)
         stopped = f"{hit} (step {at})" if out and hit else None
         ended = _failed(job, f"before step {step + n}") if not out else None
         job.end()
-        return {r: dict(_rows(path, step + 1, step + n), stopped=stopped, ended=ended)
+        return {r: Prediction(_rows(path, step + 1, step + n), stopped=stopped, ended=ended)
                 for r, path in job.traces().items() if r in ranks}
     finally:
         job.close()
 
 
-def _rows(path: str, first: int, last: int) -> dict:
-    """predict's rows of steps first..last from a replica rank's trace."""
+def _rows(path: str, first: int, last: int) -> list:
+    """predict's rows of steps first..last from a replica rank's trace (Prediction.rows)."""
     from ..store.reader import TraceReader
     rows = {}
     with TraceReader(path) as t:
@@ -207,18 +211,20 @@ def _rows(path: str, first: int, last: int) -> dict:
             rows[st] = {"step": st, "loss": float(loss_at[st]) if st in loss_at else None,
                         "grad_norm": math.sqrt(sum(x * x for x in g)) if g else None,
                         "findings": sorted(found.get(st, ()))}
-    return {"rows": [rows[s] for s in sorted(rows)]}
+    return [rows[s] for s in sorted(rows)]
 
 
 def predict(console, arg: str, ranks: list, step: int) -> None:
-    from ..commands.timetravel import _predict_arg, render_prediction
+    from ..commands.timetravel import render_prediction
     from ..errors import CommandError
     from ..render.debug import render
+    from ..timetravel.predict import parse_request
     try:
-        n, sets = _predict_arg(arg)
+        request = parse_request(arg)
     except CommandError as e:
         console.say(str(e))
         return
+    n, sets = request.steps, request.sets
     t0 = time.perf_counter()
     base = _ahead(console, ranks, step, n, [])
     changed = _ahead(console, ranks, step, n, sets) if sets and not isinstance(base, str) else None
@@ -227,7 +233,7 @@ def predict(console, arg: str, ranks: list, step: int) -> None:
             console.say(f"nndb: predict across ranks: {res}")
             return
     took = time.perf_counter() - t0
-    labels = [f"set {k} {v}" for k, v in sets]
+    labels = [f"set {st.key} {st.value}" for st in sets]
     console.say(f"nndb: predicted on {'two replica jobs' if sets else 'a replica job'} (every rank respawned "
                 f"and replayed from the start; each rank's loss at step {step} equals the live job's bit for "
                 f"bit); the live job is unchanged")
