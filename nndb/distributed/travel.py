@@ -27,7 +27,7 @@ from typing import Optional
 from .replica import ReplicaJob
 
 _LOSS = "p float($loss).hex()"
-# what of the live job's points (Console._points) a replica does not set again: no output is shown
+# what of the live job's points (Console.point_lines) a replica does not set again: no output is shown
 _NOT_POINTS = {"display", "undisplay"}
 
 
@@ -72,7 +72,7 @@ def _show(hexa: Optional[str]) -> str:
 def drift(console, job: ReplicaJob, ranks: list, step: int) -> Optional[str]:
     """None if every replica rank's loss at ``step`` equals the live rank's bit for bit; else why not."""
     for r in ranks:
-        live = _text(console._on(r, _LOSS))
+        live = _text(console.on(r, _LOSS))
         if live is None:
             return (f"rank {r} has no loss at step {step} to check the replica against (no backward at that "
                     f"step?): no answer")
@@ -120,7 +120,7 @@ def to_step(run, ranks: list, step: int, changes: list, targets_of, hits: Option
     stop: [nndb.debugger.changes.Change], as one process's replays make its
     own) where they were made (those made at ``step`` too); ``hits``: a list
     to note [(step, line)] in, each stop of a point before ``step``;
-    ``targets_of(line, ranks)``: a line's ranks and text (Console._targets).
+    ``targets_of(line, ranks)``: a line's ranks and text (Console.targets).
     None, or why it could not."""
     from ..debugger.changes import due
     made: set = set()
@@ -166,11 +166,11 @@ def _ahead(console, ranks: list, step: int, n: int, sets: tuple):
     """One replica job run ``n`` steps ahead of ``step``, making ``sets``
     ([Setting]) first: {rank: Prediction} or why not (a str)."""
     from ..timetravel.predict import Prediction
-    job = ReplicaJob(console.front, console._argv)
+    job = ReplicaJob(console.front, console.argv)
     try:
         if not job.start():
             return _failed(job, "at its start")
-        why = to_step(job, ranks, step, console._changes, console._targets) or drift(console, job, ranks, step)
+        why = to_step(job, ranks, step, console.changes, console.targets) or drift(console, job, ranks, step)
         if why:
             return why
         for setting in sets:
@@ -178,7 +178,7 @@ def _ahead(console, ranks: list, step: int, n: int, sets: tuple):
                 out = _set(job, r, setting)
                 if any(err for _, err in out):
                     return f"--set {setting.label}: " + " ".join(t for t, _ in out)
-        set_points(job, console._targets, ranks, point_lines(console._points))
+        set_points(job, console.targets, ranks, point_lines(console.point_lines))
         out = job.resume(f"until {step + n}")
         at, hit = job.stop_step(), hit_line(out)
         stopped = f"{hit} (step {at})" if out and hit else None
@@ -243,18 +243,18 @@ def predict(console, arg: str, ranks: list, step: int) -> None:
 
 
 def reverse_continue(console, ranks: list, step: int) -> None:
-    points = point_lines(console._points)
+    points = point_lines(console.point_lines)
     if not points:
         console.say("no breakpoints or watchpoints: nothing to go back to")
         return
     hits = []
-    job = ReplicaJob(console.front, console._argv)
+    job = ReplicaJob(console.front, console.argv)
     try:
         if not job.start():
             console.say(f"nndb: reverse-continue across ranks: {_failed(job, 'at its start')}")
             return
-        set_points(job, console._targets, ranks, points)
-        why = to_step(job, ranks, step, console._changes, console._targets, hits=hits)
+        set_points(job, console.targets, ranks, points)
+        why = to_step(job, ranks, step, console.changes, console.targets, hits=hits)
         if why:
             console.say(f"nndb: reverse-continue across ranks: {why}")
             return
@@ -269,7 +269,7 @@ def reverse_continue(console, ranks: list, step: int) -> None:
                     f"to step {step}); the job stays at step {step}.")
         return
     at, what = hits[-1]
-    console._travel("goto", str(at), ranks)
+    console.travel("goto", str(at), ranks)
     console.say(f"nndb: reverse-continue: the last stop before step {step} was at step {at}: {what}")
 
 
@@ -297,7 +297,7 @@ def check_travel(console, ranks: list, step: int, before: dict) -> str:
         if then is None:
             return (f"nndb: rank {r}'s trace of the run before holds no loss at step {step}: this run's values "
                     f"cannot be checked against it")
-        now = _text(console._on(r, _LOSS))
+        now = _text(console.on(r, _LOSS))
         if now != then:
             return (f"nndb: this run drifted: rank {r}'s loss at step {step} is {_show(now)} now and "
                     f"{_show(then)} in the run before (the script is not deterministic from its start): the "
