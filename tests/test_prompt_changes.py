@@ -214,6 +214,38 @@ def test_where_a_replay_makes_each_change():
     assert inside.describe() == "'b' (made inside step 5; a replay makes it at the end of step 4)"
 
 
+def test_a_change_is_data_the_trace_keeps_its_line_and_a_replica_gets_its_edit():
+    import json
+
+    from nndb.commands import TABLE
+    from nndb.debugger.changes import Change, HyperChange, Release, Statement, VarChange, edit_of
+    assert edit_of(TABLE, "set betas (0.9, 0.99) group 1 optimizer Adam --hold") == \
+        HyperChange("Adam", 1, "betas", (0.9, 0.99), hold=True)
+    assert edit_of(TABLE, "set var x 2*3") == VarChange("x", "2*3")
+    assert edit_of(TABLE, "unset lr group 0") == Release("lr", 0)
+    assert edit_of(TABLE, "!x = 1") == Statement("x = 1") and edit_of(TABLE, "echo hi") is None
+    for line in ("set lr 0.5 rank 0", "set betas (0.9, 0.99) --hold", "set var x 2*3", "py x = 1", "unset lr"):
+        change = Change(line, 3, "end", edit_of(TABLE, line))
+        assert change.as_dict() == {"line": line, "step": 3, "place": "end"}       # (the trace's event, as before)
+        back = Change.from_dict(json.loads(json.dumps(change.message())))
+        assert back == change and back.edit == change.edit
+
+
+def test_predict_reads_one_request_for_one_process_and_a_job():
+    from nndb.errors import CommandError
+    from nndb.timetravel.predict import Prediction, PredictRequest, Setting, parse_request
+    assert parse_request("3 --set lr=1e-4 --set=SGD.momentum=0.5") == \
+        PredictRequest(3, (Setting("lr", "1e-4"), Setting("SGD.momentum", "0.5")))
+    assert parse_request("").steps == 1
+    for bad in ("0", "--set lr", "--set lr=", "--set 1x=2"):
+        with pytest.raises(CommandError):
+            parse_request(bad)
+    p = Prediction.from_message({"op": "predicted", "rows": [{"step": 4, "loss": 1.0, "grad_norm": None,
+                                                              "findings": []}], "stopped": None})
+    assert p.rows[0]["step"] == 4 and p.error is None and p.undone == []
+    assert Prediction.from_message(None) == Prediction()
+
+
 def test_a_divergence_that_is_not_the_change_is_still_said_as_before(tmp_path):
     # the script reads a file that it changes at step 6: a replay after the change made at step 2 (made
     # again exactly, at its step end) diverges for the file, and says so

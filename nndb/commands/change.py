@@ -1,17 +1,11 @@
 """Changing the run and the session: set, py/!, source, echo, help."""
 from __future__ import annotations
 
-import ast
-import sys
-
 from ..errors import CommandError
-from ..debugger import evaluate as E
-from ..debugger.hyperparams import HoldCheck, check_scheduled, follow_schedule, schedulers_of, set_hyperparameter
+from ..debugger.changes import (SET_USAGE, UNSET_USAGE, HyperChange, HyperSet, Release, Statement, VarChange,
+                                check_var, hyper_value, make)
 from ..debugger.points import parse_int
-from .table import Command, Table
-
-SET_USAGE = "set HYPER VALUE [group N] [optimizer NAME] [--hold]  |  set var NAME VALUE    (e.g. set lr 1e-4)"
-UNSET_USAGE = "unset HYPER [group N] [optimizer NAME]    (lets go of 'set HYPER VALUE --hold')"
+from .table import Command, Table, raw
 
 
 def _set_arg(text):
@@ -19,12 +13,9 @@ def _set_arg(text):
     if words and words[0] == "var":
         if len(words) < 3:
             raise CommandError("set var needs a variable and a value", SET_USAGE)
-        name = words[1]
-        if not all(part.isidentifier() for part in name.split(".")):
-            raise CommandError(f"'{name}' is not a variable name (NAME or NAME.ATTR)", SET_USAGE)
-        src = text.split(None, 2)[2]
-        E.compile_expr(src)
-        return ("var", name, src)
+        name, src = words[1], text.split(None, 2)[2]
+        check_var(name, src)
+        return VarChange(name, src)
     hold = "--hold" in words
     words = [w for w in words if w != "--hold"]
     if len(words) < 2:
@@ -32,14 +23,8 @@ def _set_arg(text):
     line = "set " + " ".join(words)
     key = words.pop(0)
     opts, value_words = _hyper_options(words)
-    try:
-        value = ast.literal_eval(" ".join(value_words))
-    except (ValueError, SyntaxError, MemoryError, RecursionError, TypeError):
-        raise CommandError(f"'{' '.join(value_words)}' is not a number or tuple of numbers", SET_USAGE) from None
-    if not isinstance(value, (int, float, bool, tuple)) or \
-            (isinstance(value, tuple) and not all(isinstance(x, (int, float)) for x in value)):
-        raise CommandError(f"'{' '.join(value_words)}' is not a number or tuple of numbers", SET_USAGE)
-    return ("hyper", key, value, opts["group"], opts["optimizer"], hold, line)
+    value = hyper_value(" ".join(value_words))
+    return HyperChange(opts["optimizer"], opts["group"], key, value, hold, line)
 
 
 def _hyper_options(words: list) -> tuple:
@@ -56,81 +41,11 @@ def _hyper_options(words: list) -> tuple:
     return opts, rest
 
 
-def _is_local(frame, root: str) -> bool:
-    """A variable the frame's code really has (not one a 'py' statement added
-    to its locals, which the code never reads)."""
-    code = frame.f_code
-    return frame.f_locals is frame.f_globals or root in code.co_varnames or root in code.co_cellvars \
-        or root in code.co_freevars
-
-
-def _has_variable(frame, name: str) -> bool:
-    root = name.split(".")[0]
-    return frame is not None and ((_is_local(frame, root) and root in frame.f_locals) or root in frame.f_globals)
-
-
-def set_target(s, key: str, group=None, oname=None) -> str:
-    """What ``set KEY ...`` changes: "hyper" (an optimizer's) or "var" (a
-    variable of the script's frame); a CommandError if neither."""
-    opts = s.optimizers()
-    if oname is None and group is None and _has_variable(s.frame, key) and \
-            not any(key in g for _, o in opts for g in o.param_groups if key != "params"):
-        return "var"
-    if not opts:
-        hint = f" ('{key}' is no variable of the script's frame either)" if s.frame is not None else ""
-        raise CommandError(f"no optimizer has been seen yet{hint}")
-    return "hyper"
-
-
-def _set_var(s, name: str, src: str):
-    frame = s.frame
-    if frame is None:
-        raise CommandError("set var works at a stop, in the script's frame")
-    if not _has_variable(frame, name):
-        raise CommandError(f"no variable '{name.split('.')[0]}' in {frame.f_code.co_name}()")
-    root = name.split(".")[0]
-    scope = f"global {root}; " if not _is_local(frame, root) else ""
-    read = E.compile_expr(name if not scope else f"globals()[{root!r}]" + name[len(root):])
-    old = E.evaluate(read, frame, s.variables(frame))
-    E.execute(f"{scope}{name} = ({src})", frame, s.variables(frame))
-    new = E.evaluate(read, frame, s.variables(frame))
-    where = "a global" if scope else f"in {frame.f_code.co_name}()"
-    return f"{name} ({where}): was {E.safe_repr(old)}, now {E.safe_repr(new)}"
-
-
-def _set(s, arg):
-    if arg[0] == "var":
-        return _set_var(s, arg[1], arg[2])
-    _, key, value, group, oname, hold, line = arg
-    if set_target(s, key, group, oname) == "var":
-        if hold:
-            raise CommandError(f"'{key}' is a variable of the script's frame: --hold holds an optimizer's "
-                               f"hyper-parameter", SET_USAGE)
-        return _set_var(s, key, repr(value))
-    opts = s.optimizers()
-    if oname is not None:
-        opts = [(n, o) for n, o in opts if n == oname]
-        if not opts:
-            raise CommandError(f"no optimizer named '{oname}' (there are: {', '.join(n for n, _ in s.optimizers())})")
-    elif len(opts) > 1:
-        raise CommandError(f"{len(opts)} optimizers: say which with 'optimizer NAME' "
-                           f"({', '.join(n for n, _ in opts)})", SET_USAGE)
-    rows, notes = [], []
-    for name, opt in opts:
-        scheds = schedulers_of(opt)
-        if not hold:                   # (a held value is set again after the scheduler too)
-            check_scheduled(name, key, scheds)
-        changed = set_hyperparameter(name, opt, key, value, group)
-        rows += changed
-        if key == "lr" and scheds and not hold:
-            notes += follow_schedule(opt, changed, scheds)
-        if hold:
-            s.holds.hold(name, opt, key, value, [r[1] for r in changed], line + " --hold")
-            notes.append(f"Held: {name}'s {key} is set to {value!r} again before each of its steps, whatever "
-                         f"the script or a scheduler sets, until 'unset {key}'.")
-        elif s.replica is None or not s.replica.replaying:
-            s.hold_checks.append(HoldCheck(name, opt, key, changed, line, bool(scheds)))
-    return [Table(("optimizer", "group", "hyper-parameter", "was", "now"), rows)] + notes
+def _set(s, edit):
+    made = make(s, edit)
+    if not isinstance(made, HyperSet):
+        return made                    # (a variable: one line)
+    return [Table(("optimizer", "group", "hyper-parameter", "was", "now"), made.rows)] + made.notes
 
 
 def _unset_arg(text):
@@ -141,37 +56,20 @@ def _unset_arg(text):
     opts, rest = _hyper_options(words)
     if rest:
         raise CommandError(f"unexpected '{' '.join(rest)}'", UNSET_USAGE)
-    return key, opts["group"], opts["optimizer"]
+    return Release(key, opts["group"], opts["optimizer"])
 
 
-def _unset(s, arg):
-    key, group, oname = arg
-    gone = s.holds.release(key, oname, group)
-    if not gone:
-        held = ", ".join(f"{n}'s {k} in group {gi}" for n, gi, k, _, _ in s.holds.held())
-        raise CommandError(f"{key} is not held" + (f" (held: {held})" if held else "")
-                           + f": 'set {key} VALUE --hold' holds it")
-    return [f"Let go of {n}'s {key} in group {gi} (held at {v!r}): the script and its schedulers set it "
-            f"again" for n, gi, v in gone]
+def _unset(s, edit):
+    return [f"Let go of {n}'s {edit.key} in group {gi} (held at {v!r}): the script and its schedulers set it "
+            f"again" for n, gi, v in make(s, edit)]
 
 
-def _py(s, text):
-    if not text.strip():
-        raise CommandError("py needs a statement")
-    shown = []                         # an expression statement's value: shown as print shows it,
-    hook = sys.displayhook             # through the front end (not on the script's stdout)
-    sys.displayhook = lambda v: shown.append(v) if v is not None else None
-    frame = s.frame
-    before = set(frame.f_locals) if frame is not None and frame.f_locals is not frame.f_globals else None
-    try:
-        E.execute(text, frame, s.variables(frame))
-    finally:
-        sys.displayhook = hook
-    if before is not None:
-        for name in sorted((set(frame.f_locals) - before) & set(frame.f_globals)):
-            s.error(f"nndb: warning: '{name}' is now a local of {frame.f_code.co_name}(), hiding the global "
-                    f"'{name}' (the script reads the global: 'set var {name} VALUE' changes it)")
-    return [E.safe_repr(v) for v in shown] or None
+def _py_arg(text):
+    return Statement(raw(text))
+
+
+def _py(s, edit):
+    return make(s, edit)
 
 
 def _source_arg(text):
@@ -217,7 +115,7 @@ run is part of its history: kept in the trace, made again by every replay.""",
 From the optimizer's next step on, the script and its schedulers set it again.""",
             _unset, _unset_arg, args=("hyper", "sub:group|optimizer"), group="changing", ranks="suffix"),
     Command("py", "py STMT   |   !STMT", """Run a Python statement in the script's current frame (assignments stick).""",
-            _py, aliases=("!",), args=("expr",), group="changing"),
+            _py, _py_arg, aliases=("!",), args=("expr",), group="changing"),
     Command("source", "source FILE", "Run the commands in FILE (one per line, # comments).",
             _source, _source_arg, args=("file",), group="session"),
     Command("echo", "echo TEXT", "Print TEXT (\\n for a new line); handy in command files.",

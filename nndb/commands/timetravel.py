@@ -8,6 +8,7 @@ import time
 from ..errors import CommandError
 from ..debugger import evaluate as E
 from ..debugger.points import parse_int
+from ..timetravel.predict import parse_request
 from .control import _count, step_arg
 from .table import Command, Table, no_args
 
@@ -141,104 +142,46 @@ def _mib(kib) -> str:
     return "?" if kib is None else f"{kib / 1024:.1f} MiB"
 
 
-def _predict_arg(text):
-    words = text.split()
-    n, sets = 1, []
-    while words:
-        w = words.pop(0)
-        if w == "--set":
-            if not words or "=" not in words[0]:
-                raise CommandError("--set needs KEY=VALUE (for instance --set lr=1e-4)")
-            key, _, value = words.pop(0).partition("=")
-            sets.append((key, value))
-        elif w.startswith("--set="):
-            key, _, value = w[6:].partition("=")
-            sets.append((key, value))
-        else:
-            n = parse_int(w, "the number of steps")
-            if n < 1:
-                raise CommandError(f"the number of steps must be at least 1, not {n}")
-    from .change import _set_arg
-    for key, value in sets:
-        _set_arg(f"var {key} {value}")     # a bad name or value fails here, before anything runs
-    return n, sets
-
-
-def _changes(s, sets) -> list:
-    """Each --set KEY=VALUE as the set command the changed replica runs, and
-    what it changes: an optimizer's hyper-parameter (KEY, or OPTIMIZER.KEY) or
-    a variable of the script's frame.  Anything else is refused here, before
-    a replica runs."""
-    from ..debugger.hyperparams import check_scheduled, is_numeric, schedulers_of
-    from .change import set_target
-    opts = dict(s.optimizers())
-    out = []
-    for key, value in sets:
-        label = f"{key}={value}"
-        oname, dot, hyper = key.partition(".")
-        if dot and oname in opts:
-            chosen = [oname]
-        else:
-            hyper = key
-            if set_target(s, key) == "var":
-                out.append({"line": f"set var {key} {value}", "label": label, "read": ["var", key]})
-                continue
-            if "." in key:
-                raise CommandError(f"unknown key '{key}': no optimizer named '{oname}' and no such variable "
-                                   f"(optimizers: {', '.join(opts) or 'none'})")
-            chosen = list(opts)
-        for name in chosen:
-            groups = opts[name].param_groups
-            if not all(hyper in g and hyper != "params" and is_numeric(g[hyper]) for g in groups):
-                known = ", ".join(k for k in groups[0] if k != "params" and is_numeric(groups[0][k]))
-                raise CommandError(f"unknown key '{key}': not a numeric hyper-parameter of {name} ({known}) "
-                                   f"nor a variable of the script's frame")
-        if len(chosen) > 1:
-            raise CommandError(f"{len(chosen)} optimizers: say which, as in --set {chosen[0]}.{key}={value}")
-        for name in chosen:
-            check_scheduled(name, hyper, schedulers_of(opts[name]))
-            out.append({"line": f"set {hyper} {value} optimizer {name}", "label": label,
-                        "read": ["hyper", name, hyper]})
-    return out
-
-
-def _predict(s, arg):
-    n, sets = arg
+def _predict(s, request):
     m = machine(s)
     if s.state != "live":
         raise CommandError("predict runs ahead of a live run")
-    from ..timetravel.predict import predict
-    changes = _changes(s, sets)
+    from ..timetravel.predict import changes_for, predict
+    n = request.steps
+    changes = changes_for(s, request.sets)
     t0 = time.perf_counter()
     base = predict(s, m, n, [])
-    if base.get("error"):
-        raise CommandError(base["error"])
+    if base.error:
+        raise CommandError(base.error)
     changed = predict(s, m, n, changes) if changes else None
-    if changed is not None and changed.get("error"):
-        raise CommandError(changed["error"])
+    if changed is not None and changed.error:
+        raise CommandError(changed.error)
     took = time.perf_counter() - t0
-    out = render_prediction(n, [f"set {c['label'].replace('=', ' ', 1)}" for c in changes], base, changed, took)
+    out = render_prediction(n, [f"set {c.setting.key} {c.setting.value}" for c in changes], base, changed, took)
     for c in changes:
-        out.insert(0, f"--set {c['label']} is: {c['line']}")       # exactly what the replica changes
-    for note in (changed or {}).get("undone", []):
+        out.insert(0, f"--set {c.setting.label} is: {c.line}")       # exactly what the replica changes
+    for note in changed.undone if changed is not None else []:
         out.append(f"Warning: the change {note}.")
     return out
 
 
 def render_prediction(n, sets, base, changed, took):
+    """A prediction as predict shows it (one process, or one rank of a job):
+    ``base`` and ``changed`` (None without --set) are
+    nndb.timetravel.predict.Prediction; ``sets``: the changes as 'set KEY VALUE'."""
     def f(x):
         return "-" if x is None else f"{x:.6g}"
     out = []
     if changed is None:
         rows = [(r["step"], f(r["loss"]), f(r["grad_norm"]), ", ".join(r["findings"]) or "-")
-                for r in base["rows"]]
+                for r in base.rows]
         out.append(Table(("Step", "Loss", "Grad norm", "Findings"), rows,
                          title=f"Predicted {len(rows)} step(s) ahead on a replica ({took:.2f} s); "
                                "the live run is unchanged:", empty="No step finished."))
     else:
         from ..timetravel.compare import compare_predictions
         label = ", ".join(x[4:] for x in sets)
-        pairs, first = compare_predictions(base["rows"], changed["rows"])
+        pairs, first = compare_predictions(base.rows, changed.rows)
         rows = [(r["step"], f(r["loss"]), f(r["loss_changed"]), f(r["loss_delta"]), f(r["grad_norm"]),
                  f(r["grad_norm_changed"]), ", ".join(r["findings"]) or "-") for r in pairs]
         out.append(Table(("Step", "Loss", f"Loss ({label})", "Δ loss", "Grad norm", f"Grad norm ({label})",
@@ -250,10 +193,10 @@ def render_prediction(n, sets, base, changed, took):
     for name, res in (("", base), (" (changed)", changed)):
         if res is None:
             continue
-        if res.get("stopped"):
-            out.append(f"The prediction{name} stopped: {res['stopped']}.")
-        if res.get("ended"):
-            out.append(f"The prediction{name} ended early: {res['ended']}.")
+        if res.stopped:
+            out.append(f"The prediction{name} stopped: {res.stopped}.")
+        if res.ended:
+            out.append(f"The prediction{name} ended early: {res.ended}.")
     return out
 
 
@@ -314,7 +257,7 @@ A timeline starts when 'set' or 'py' changes something on a replica in the past.
 Breakpoints, watchpoints and rules are active there.  With --set (e.g. --set
 lr=1e-4), a changed replica and an unchanged one run side by side, and the
 first step where they differ is shown.  The live run is never changed.""",
-            _predict, _predict_arg, args=("sub:--set",), group="time travel"),
+            _predict, parse_request, args=("sub:--set",), group="time travel"),
     Command("bisect", "bisect EXPR", """Find the first step at which EXPR became true.
 EXPR is evaluated at step ends ($loss, $grad, the script's variables): a binary
 search over the checkpoints, then one replay of the bracket found.""",

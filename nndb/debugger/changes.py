@@ -15,18 +15,265 @@ one (a job across ranks, driven again from its start); a fork checkpoint
 holds it already, and a respawned replica, which has no start stop, cannot
 make it.  A divergence after a change not made where it was made names the
 change, never randomness.
+
+What a change does is data, not text: a ``HyperChange`` (an optimizer's
+hyper-parameter), a ``VarChange`` (a variable of the script's frame), a
+``Release`` (``unset``) or a ``Statement`` (``py``), made by one function,
+``make``: by the commands at the prompt, by a replay making the live run's
+changes again, and by ``predict --set`` on its replica
+(nndb.timetravel.predict).  A ``Change`` is one such edit made at a stop of
+the live run: the trace keeps its line (the command as typed), a replica is
+sent its edit too (``message``).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Optional
+import ast
+import sys
+from dataclasses import dataclass, field
+from typing import Any, Optional, Union
+
+from ..errors import CommandError
+from . import evaluate as E
+from .hyperparams import HoldCheck, check_scheduled, follow_schedule, schedulers_of, set_hyperparameter
+
+SET_USAGE = "set HYPER VALUE [group N] [optimizer NAME] [--hold]  |  set var NAME VALUE    (e.g. set lr 1e-4)"
+UNSET_USAGE = "unset HYPER [group N] [optimizer NAME]    (lets go of 'set HYPER VALUE --hold')"
 
 
+# -- what a change does ---------------------------------------------------------------------
+@dataclass(frozen=True)
+class HyperChange:
+    """``set KEY VALUE [group N] [optimizer NAME] [--hold]``: an optimizer's
+    hyper-parameter set to a number (or tuple of numbers) in every param
+    group, or in ``group``; ``optimizer`` None: the only one.  When ``key``
+    names a variable of the script's frame instead, ``make`` assigns it (as
+    ``set var``)."""
+    optimizer: Optional[str]
+    group: Optional[int]
+    key: str
+    value: Any
+    hold: bool = False
+    line: str = field(default="", compare=False)     # the command, as warnings quote it (without --hold)
+
+    def __post_init__(self):
+        if isinstance(self.value, list):            # (from a message: JSON has no tuples)
+            object.__setattr__(self, "value", tuple(self.value))
+        if not self.line:
+            words = ["set", self.key, repr(self.value)]
+            words += ["group", str(self.group)] if self.group is not None else []
+            words += ["optimizer", self.optimizer] if self.optimizer is not None else []
+            object.__setattr__(self, "line", " ".join(words))
+
+
+@dataclass(frozen=True)
+class VarChange:
+    """``set var NAME VALUE``: a variable of the script's frame (NAME or
+    NAME.ATTR) assigned VALUE, a Python expression evaluated in that frame."""
+    name: str
+    value: str
+
+    @property
+    def line(self) -> str:
+        return f"set var {self.name} {self.value}"
+
+
+@dataclass(frozen=True)
+class Release:
+    """``unset KEY [group N] [optimizer NAME]``: let go of a held hyper-parameter."""
+    key: str
+    group: Optional[int] = None
+    optimizer: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class Statement:
+    """``py STMT``: a Python statement run in the script's current frame."""
+    source: str
+
+
+Edit = Union[HyperChange, VarChange, Release, Statement]
+_KINDS = {"hyper": HyperChange, "var": VarChange, "release": Release, "statement": Statement}
+
+
+def edit_as_dict(edit: Edit) -> dict:
+    """An edit as a message holds it (JSON: a tuple value becomes a list)."""
+    kind = next(k for k, t in _KINDS.items() if isinstance(edit, t))
+    return {"kind": kind, **{f: getattr(edit, f) for f in edit.__dataclass_fields__}}
+
+
+def edit_from_dict(d: dict) -> Edit:
+    return _KINDS[d["kind"]](**{k: v for k, v in d.items() if k != "kind"})
+
+
+def check_var(name: str, src: str) -> None:
+    """``set var NAME VALUE``'s words, before anything runs: a variable name
+    and an expression."""
+    if not all(part.isidentifier() for part in name.split(".")):
+        raise CommandError(f"'{name}' is not a variable name (NAME or NAME.ATTR)", SET_USAGE)
+    E.compile_expr(src)
+
+
+def hyper_value(text: str):
+    """A hyper-parameter's value as typed: a number or a tuple of numbers."""
+    try:
+        value = ast.literal_eval(text)
+    except (ValueError, SyntaxError, MemoryError, RecursionError, TypeError):
+        raise CommandError(f"'{text}' is not a number or tuple of numbers", SET_USAGE) from None
+    if not isinstance(value, (int, float, bool, tuple)) or \
+            (isinstance(value, tuple) and not all(isinstance(x, (int, float)) for x in value)):
+        raise CommandError(f"'{text}' is not a number or tuple of numbers", SET_USAGE)
+    return value
+
+
+# -- making one ----------------------------------------------------------------------------
+@dataclass
+class HyperSet:
+    """What a ``HyperChange`` did: [(optimizer, group, key, was, now)], one a
+    group changed, and what the schedulers or a hold say about it."""
+    rows: list
+    notes: list
+
+
+def make(s, edit: Edit):
+    """Make ``edit`` in session ``s``, at its stop (the one function for the
+    prompt, a replay and predict's replica).  Returns what it did: a line
+    (``VarChange``), a ``HyperSet`` (or a line when the key was a variable),
+    [(optimizer, group, value)] let go (``Release``), the values a
+    ``Statement`` showed (or None).  A CommandError says why it could not."""
+    if isinstance(edit, VarChange):
+        return _set_var(s, edit.name, edit.value)
+    if isinstance(edit, HyperChange):
+        return _set_hyper(s, edit)
+    if isinstance(edit, Release):
+        return _release(s, edit)
+    if isinstance(edit, Statement):
+        return _run_statement(s, edit.source)
+    raise TypeError(f"not a change: {edit!r}")
+
+
+def _is_local(frame, root: str) -> bool:
+    """A variable the frame's code really has (not one a 'py' statement added
+    to its locals, which the code never reads)."""
+    code = frame.f_code
+    return frame.f_locals is frame.f_globals or root in code.co_varnames or root in code.co_cellvars \
+        or root in code.co_freevars
+
+
+def _has_variable(frame, name: str) -> bool:
+    root = name.split(".")[0]
+    return frame is not None and ((_is_local(frame, root) and root in frame.f_locals) or root in frame.f_globals)
+
+
+def set_target(s, key: str, group=None, oname=None) -> str:
+    """What ``set KEY ...`` changes: "hyper" (an optimizer's) or "var" (a
+    variable of the script's frame); a CommandError if neither."""
+    opts = s.optimizers()
+    if oname is None and group is None and _has_variable(s.frame, key) and \
+            not any(key in g for _, o in opts for g in o.param_groups if key != "params"):
+        return "var"
+    if not opts:
+        hint = f" ('{key}' is no variable of the script's frame either)" if s.frame is not None else ""
+        raise CommandError(f"no optimizer has been seen yet{hint}")
+    return "hyper"
+
+
+def _set_var(s, name: str, src: str) -> str:
+    frame = s.frame
+    if frame is None:
+        raise CommandError("set var works at a stop, in the script's frame")
+    if not _has_variable(frame, name):
+        raise CommandError(f"no variable '{name.split('.')[0]}' in {frame.f_code.co_name}()")
+    root = name.split(".")[0]
+    scope = f"global {root}; " if not _is_local(frame, root) else ""
+    read = E.compile_expr(name if not scope else f"globals()[{root!r}]" + name[len(root):])
+    old = E.evaluate(read, frame, s.variables(frame))
+    E.execute(f"{scope}{name} = ({src})", frame, s.variables(frame))
+    new = E.evaluate(read, frame, s.variables(frame))
+    where = "a global" if scope else f"in {frame.f_code.co_name}()"
+    return f"{name} ({where}): was {E.safe_repr(old)}, now {E.safe_repr(new)}"
+
+
+def _set_hyper(s, edit: HyperChange):
+    key, value, group, oname, hold = edit.key, edit.value, edit.group, edit.optimizer, edit.hold
+    if set_target(s, key, group, oname) == "var":
+        if hold:
+            raise CommandError(f"'{key}' is a variable of the script's frame: --hold holds an optimizer's "
+                               f"hyper-parameter", SET_USAGE)
+        return _set_var(s, key, repr(value))
+    opts = s.optimizers()
+    if oname is not None:
+        opts = [(n, o) for n, o in opts if n == oname]
+        if not opts:
+            raise CommandError(f"no optimizer named '{oname}' (there are: {', '.join(n for n, _ in s.optimizers())})")
+    elif len(opts) > 1:
+        raise CommandError(f"{len(opts)} optimizers: say which with 'optimizer NAME' "
+                           f"({', '.join(n for n, _ in opts)})", SET_USAGE)
+    rows, notes = [], []
+    for name, opt in opts:
+        scheds = schedulers_of(opt)
+        if not hold:                   # (a held value is set again after the scheduler too)
+            check_scheduled(name, key, scheds)
+        changed = set_hyperparameter(name, opt, key, value, group)
+        rows += changed
+        if key == "lr" and scheds and not hold:
+            notes += follow_schedule(opt, changed, scheds)
+        if hold:
+            s.holds.hold(name, opt, key, value, [r[1] for r in changed], edit.line + " --hold")
+            notes.append(f"Held: {name}'s {key} is set to {value!r} again before each of its steps, whatever "
+                         f"the script or a scheduler sets, until 'unset {key}'.")
+        elif s.replica is None or not s.replica.replaying:
+            s.hold_checks.append(HoldCheck(name, opt, key, changed, edit.line, bool(scheds)))
+    return HyperSet(rows, notes)
+
+
+def _release(s, edit: Release) -> list:
+    key = edit.key
+    gone = s.holds.release(key, edit.optimizer, edit.group)
+    if not gone:
+        held = ", ".join(f"{n}'s {k} in group {gi}" for n, gi, k, _, _ in s.holds.held())
+        raise CommandError(f"{key} is not held" + (f" (held: {held})" if held else "")
+                           + f": 'set {key} VALUE --hold' holds it")
+    return gone
+
+
+def _run_statement(s, text: str) -> Optional[list]:
+    if not text.strip():
+        raise CommandError("py needs a statement")
+    shown = []                         # an expression statement's value: shown as print shows it,
+    hook = sys.displayhook             # through the front end (not on the script's stdout)
+    sys.displayhook = lambda v: shown.append(v) if v is not None else None
+    frame = s.frame
+    before = set(frame.f_locals) if frame is not None and frame.f_locals is not frame.f_globals else None
+    try:
+        E.execute(text, frame, s.variables(frame))
+    finally:
+        sys.displayhook = hook
+    if before is not None:
+        for name in sorted((set(frame.f_locals) - before) & set(frame.f_globals)):
+            s.error(f"nndb: warning: '{name}' is now a local of {frame.f_code.co_name}(), hiding the global "
+                    f"'{name}' (the script reads the global: 'set var {name} VALUE' changes it)")
+    return [E.safe_repr(v) for v in shown] or None
+
+
+def edit_of(table, line: str) -> Optional[Edit]:
+    """The edit a command line of the 'changing' group makes (``table``: the
+    session's command table, which reads lines); None for another line."""
+    parsed = table.parse(line)
+    if parsed is None:
+        return None
+    value = parsed[1]
+    if hasattr(value, "spec") and hasattr(value, "value"):     # (a line for some ranks: this one's)
+        value = value.value
+    return value if isinstance(value, (HyperChange, VarChange, Release, Statement)) else None
+
+
+# -- a change made at a stop of the live run ---------------------------------------------------
 @dataclass(frozen=True)
 class Change:
     line: str                  # the command, as it is typed again in a replay
     step: Optional[int]        # the stop's step: the one that ended ("end"), else the one in progress
     place: str = "end"         # end: a step end | inside: inside the step | start: the start stop
+    edit: Optional[Edit] = field(default=None, compare=False)    # what it does (None: read from line)
 
     @property
     def replay_at(self) -> Optional[int]:
@@ -55,13 +302,21 @@ class Change:
         return f"'{self.line}' (made {self.where()})"
 
     def as_dict(self) -> dict:
-        """What a replica is sent and the trace keeps (an event of kind "change")."""
+        """What the trace keeps (an event of kind "change")."""
         return {"line": self.line, "step": self.step, "place": self.place}
+
+    def message(self) -> dict:
+        """What a replica is sent: the trace's fields and the edit."""
+        d = self.as_dict()
+        if self.edit is not None:
+            d["edit"] = edit_as_dict(self.edit)
+        return d
 
     @classmethod
     def from_dict(cls, d: dict) -> "Change":
         step = d.get("step")
-        return cls(str(d["line"]), None if step is None else int(step), str(d.get("place", "end")))
+        edit = edit_from_dict(d["edit"]) if d.get("edit") else None
+        return cls(str(d["line"]), None if step is None else int(step), str(d.get("place", "end")), edit)
 
 
 def due(changes: list, at: Optional[int]) -> list:

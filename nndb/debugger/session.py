@@ -28,7 +28,7 @@ from ..text import printable
 from . import current
 from . import evaluate as E
 from . import points as P
-from .changes import Change
+from .changes import Change, edit_of, make
 from .hyperparams import Holds
 from .listeners import session_listeners
 from .command_loop import CommandLoop, QueuedLine  # noqa: F401  (QueuedLine: part of the API)
@@ -326,7 +326,7 @@ class Session(CommandLoop, StopPoints, RunQueries):
         if self.replica is not None or not self.live or stop is None or stop.kind == "exited":
             return
         place = "start" if stop.kind == "start" else "end" if stop.at_step_end else "inside"
-        change = Change(line, stop.step, place)
+        change = Change(line, stop.step, place, edit_of(self.table, line))
         self.changes.append(change)
         self.keep_in_trace("change", line, change.as_dict())
 
@@ -339,7 +339,7 @@ class Session(CommandLoop, StopPoints, RunQueries):
         self.frame_index = len(self.frames) - 1
         was, self.prompting = self.prompting, True
         try:
-            self.table.dispatch(self, change.line)
+            make(self, change.edit or edit_of(self.table, change.line))
         except (KillRun, RestartRun):
             raise
         except Exception as e:

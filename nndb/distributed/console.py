@@ -426,6 +426,26 @@ class Console:
     def on(self, rank: int, line: str) -> list:
         return self._on(rank, line)
 
+    @property
+    def argv(self) -> list:
+        """The ranks' command line (a replica job runs the same)."""
+        return self._argv
+
+    @property
+    def changes(self) -> list:
+        """[nndb.debugger.changes.Change]: the job's changes made at stops (a replay makes them again)."""
+        return self._changes
+
+    @property
+    def point_lines(self) -> list:
+        """The lines that set the job's points (a replica job sets them again)."""
+        return self._points
+
+    targets = staticmethod(_targets.__func__)
+
+    def travel(self, word: str, arg: str, ranks: list) -> None:
+        self._travel(word, arg, ranks)
+
     def resume(self, line: str) -> dict:
         """A run-control line on every rank; their output at the next all-stop ({} if the job ended)."""
         ranks = self.front.live_ranks()

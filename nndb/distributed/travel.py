@@ -27,7 +27,7 @@ from typing import Optional
 from .replica import ReplicaJob
 
 _LOSS = "p float($loss).hex()"
-# what of the live job's points (Console._points) a replica does not set again: no output is shown
+# what of the live job's points (Console.point_lines) a replica does not set again: no output is shown
 _NOT_POINTS = {"display", "undisplay"}
 
 
@@ -72,7 +72,7 @@ def _show(hexa: Optional[str]) -> str:
 def drift(console, job: ReplicaJob, ranks: list, step: int) -> Optional[str]:
     """None if every replica rank's loss at ``step`` equals the live rank's bit for bit; else why not."""
     for r in ranks:
-        live = _text(console._on(r, _LOSS))
+        live = _text(console.on(r, _LOSS))
         if live is None:
             return (f"rank {r} has no loss at step {step} to check the replica against (no backward at that "
                     f"step?): no answer")
@@ -120,7 +120,7 @@ def to_step(run, ranks: list, step: int, changes: list, targets_of, hits: Option
     stop: [nndb.debugger.changes.Change], as one process's replays make its
     own) where they were made (those made at ``step`` too); ``hits``: a list
     to note [(step, line)] in, each stop of a point before ``step``;
-    ``targets_of(line, ranks)``: a line's ranks and text (Console._targets).
+    ``targets_of(line, ranks)``: a line's ranks and text (Console.targets).
     None, or why it could not."""
     from ..debugger.changes import due
     made: set = set()
@@ -148,9 +148,11 @@ def to_step(run, ranks: list, step: int, changes: list, targets_of, hits: Option
     return f"the replay did not reach step {step}"
 
 
-def _set(job: ReplicaJob, rank: int, key: str, value: str) -> list:
-    """predict's --set KEY=VALUE as the set command, on one replica rank: as
-    in one process, OPTIMIZER.KEY names an optimizer, else a variable."""
+def _set(job: ReplicaJob, rank: int, setting) -> list:
+    """predict's --set KEY=VALUE (a nndb.timetravel.predict.Setting) as the
+    set command, typed on one replica rank: as in one process, OPTIMIZER.KEY
+    names an optimizer, else a variable."""
+    key, value = setting.key, setting.value
     oname, dot, hyper = key.partition(".")
     if not dot:
         return job.on(rank, f"set {key} {value}")
@@ -160,34 +162,36 @@ def _set(job: ReplicaJob, rank: int, key: str, value: str) -> list:
     return out
 
 
-def _ahead(console, ranks: list, step: int, n: int, sets: list):
-    """One replica job run ``n`` steps ahead of ``step``: {rank: predict's result} or why not (a str)."""
-    job = ReplicaJob(console.front, console._argv)
+def _ahead(console, ranks: list, step: int, n: int, sets: tuple):
+    """One replica job run ``n`` steps ahead of ``step``, making ``sets``
+    ([Setting]) first: {rank: Prediction} or why not (a str)."""
+    from ..timetravel.predict import Prediction
+    job = ReplicaJob(console.front, console.argv)
     try:
         if not job.start():
             return _failed(job, "at its start")
-        why = to_step(job, ranks, step, console._changes, console._targets) or drift(console, job, ranks, step)
+        why = to_step(job, ranks, step, console.changes, console.targets) or drift(console, job, ranks, step)
         if why:
             return why
-        for key, value in sets:
+        for setting in sets:
             for r in ranks:
-                out = _set(job, r, key, value)
+                out = _set(job, r, setting)
                 if any(err for _, err in out):
-                    return f"--set {key}={value}: " + " ".join(t for t, _ in out)
-        set_points(job, console._targets, ranks, point_lines(console._points))
+                    return f"--set {setting.label}: " + " ".join(t for t, _ in out)
+        set_points(job, console.targets, ranks, point_lines(console.point_lines))
         out = job.resume(f"until {step + n}")
         at, hit = job.stop_step(), hit_line(out)
         stopped = f"{hit} (step {at})" if out and hit else None
         ended = _failed(job, f"before step {step + n}") if not out else None
         job.end()
-        return {r: dict(_rows(path, step + 1, step + n), stopped=stopped, ended=ended)
+        return {r: Prediction(_rows(path, step + 1, step + n), stopped=stopped, ended=ended)
                 for r, path in job.traces().items() if r in ranks}
     finally:
         job.close()
 
 
-def _rows(path: str, first: int, last: int) -> dict:
-    """predict's rows of steps first..last from a replica rank's trace."""
+def _rows(path: str, first: int, last: int) -> list:
+    """predict's rows of steps first..last from a replica rank's trace (Prediction.rows)."""
     from ..store.reader import TraceReader
     rows = {}
     with TraceReader(path) as t:
@@ -207,18 +211,20 @@ def _rows(path: str, first: int, last: int) -> dict:
             rows[st] = {"step": st, "loss": float(loss_at[st]) if st in loss_at else None,
                         "grad_norm": math.sqrt(sum(x * x for x in g)) if g else None,
                         "findings": sorted(found.get(st, ()))}
-    return {"rows": [rows[s] for s in sorted(rows)]}
+    return [rows[s] for s in sorted(rows)]
 
 
 def predict(console, arg: str, ranks: list, step: int) -> None:
-    from ..commands.timetravel import _predict_arg, render_prediction
+    from ..commands.timetravel import render_prediction
     from ..errors import CommandError
     from ..render.debug import render
+    from ..timetravel.predict import parse_request
     try:
-        n, sets = _predict_arg(arg)
+        request = parse_request(arg)
     except CommandError as e:
         console.say(str(e))
         return
+    n, sets = request.steps, request.sets
     t0 = time.perf_counter()
     base = _ahead(console, ranks, step, n, [])
     changed = _ahead(console, ranks, step, n, sets) if sets and not isinstance(base, str) else None
@@ -227,7 +233,7 @@ def predict(console, arg: str, ranks: list, step: int) -> None:
             console.say(f"nndb: predict across ranks: {res}")
             return
     took = time.perf_counter() - t0
-    labels = [f"set {k} {v}" for k, v in sets]
+    labels = [f"set {st.key} {st.value}" for st in sets]
     console.say(f"nndb: predicted on {'two replica jobs' if sets else 'a replica job'} (every rank respawned "
                 f"and replayed from the start; each rank's loss at step {step} equals the live job's bit for "
                 f"bit); the live job is unchanged")
@@ -237,18 +243,18 @@ def predict(console, arg: str, ranks: list, step: int) -> None:
 
 
 def reverse_continue(console, ranks: list, step: int) -> None:
-    points = point_lines(console._points)
+    points = point_lines(console.point_lines)
     if not points:
         console.say("no breakpoints or watchpoints: nothing to go back to")
         return
     hits = []
-    job = ReplicaJob(console.front, console._argv)
+    job = ReplicaJob(console.front, console.argv)
     try:
         if not job.start():
             console.say(f"nndb: reverse-continue across ranks: {_failed(job, 'at its start')}")
             return
-        set_points(job, console._targets, ranks, points)
-        why = to_step(job, ranks, step, console._changes, console._targets, hits=hits)
+        set_points(job, console.targets, ranks, points)
+        why = to_step(job, ranks, step, console.changes, console.targets, hits=hits)
         if why:
             console.say(f"nndb: reverse-continue across ranks: {why}")
             return
@@ -263,7 +269,7 @@ def reverse_continue(console, ranks: list, step: int) -> None:
                     f"to step {step}); the job stays at step {step}.")
         return
     at, what = hits[-1]
-    console._travel("goto", str(at), ranks)
+    console.travel("goto", str(at), ranks)
     console.say(f"nndb: reverse-continue: the last stop before step {step} was at step {at}: {what}")
 
 
@@ -291,7 +297,7 @@ def check_travel(console, ranks: list, step: int, before: dict) -> str:
         if then is None:
             return (f"nndb: rank {r}'s trace of the run before holds no loss at step {step}: this run's values "
                     f"cannot be checked against it")
-        now = _text(console._on(r, _LOSS))
+        now = _text(console.on(r, _LOSS))
         if now != then:
             return (f"nndb: this run drifted: rank {r}'s loss at step {step} is {_show(now)} now and "
                     f"{_show(then)} in the run before (the script is not deterministic from its start): the "

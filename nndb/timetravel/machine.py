@@ -385,7 +385,7 @@ class TimeMachine:
             held = ck.changes
         else:
             first, held = 0, 0
-        goal = dict(goal, changes=[c.as_dict() for c in s.changes[held:]])
+        goal = dict(goal, changes=[c.message() for c in s.changes[held:]])
         if not goal.get("stats"):             # (replay --verify compares everything itself)
             goal = dict(goal, expect=recorded_losses(s, first, int(goal.get("target", goal.get("end", start)))))
         if not self.exact:
@@ -398,12 +398,12 @@ class TimeMachine:
                         "replaying from the start in a new process (respawn)")
             goal = dict(goal, replayed_from=None)
             with self.watching_files(s) as seen:
-                msg = self._wait(s, *spawn(s, self, goal))
+                msg = self.wait_for_replica(s, *spawn(s, self, goal))
             return self._checked(dict(msg, files=seen))
         goal = dict(goal, replayed_from=ck.step)
         with self.watching_files(s) as seen:
             ck.chan.send({"op": "resume", "goal": goal, "state": s.snapshot(), "timeline": self.timeline})
-            msg = self._wait(s, ck.chan, None)
+            msg = self.wait_for_replica(s, ck.chan)
         return self._checked(dict(msg, files=seen))
 
     @contextlib.contextmanager
@@ -445,7 +445,7 @@ class TimeMachine:
     def off_message(self) -> str:
         return f"time travel is off in this run ({self.off_reason})"
 
-    def _wait(self, s, chan: Channel, proc) -> dict:
+    def wait_for_replica(self, s, chan: Channel, proc=None) -> dict:
         """Wait for the replica's last message while it has the terminal
         (Ctrl-C and the progress line are the replica's then: roles.Role.progress),
         and take back the session state."""

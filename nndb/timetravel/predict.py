@@ -1,10 +1,139 @@
 """``predict``: fork the current process at the stop and run it N steps
 ahead as a replica that reports per-step figures and ends.  The live process
-only waits: it must finish as if predict had never been used."""
+only waits: it must finish as if predict had never been used.
+
+One vocabulary for one process and for a job across ranks
+(nndb.distributed.travel): ``parse_request`` reads ``predict [N] [--set
+KEY=VALUE ...]`` into a ``PredictRequest``, and each run ahead comes back as
+a ``Prediction``.  In one process the changed replica makes each ``--set`` as
+an edit of nndb.debugger.changes (``HyperChange`` or ``VarChange``), with the
+same function the prompt's ``set`` uses (``changes.make``)."""
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+from typing import Optional, Union
+
+from ..debugger.changes import SET_USAGE, HyperChange, VarChange, check_var, hyper_value, make, set_target
+from ..errors import CommandError
 from . import forking
 from .channel import Channel
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One ``--set KEY=VALUE``: KEY an optimizer's hyper-parameter (KEY, or
+    OPTIMIZER.KEY) or a variable of the script's frame; VALUE as typed."""
+    key: str
+    value: str
+
+    @property
+    def label(self) -> str:
+        return f"{self.key}={self.value}"
+
+
+@dataclass(frozen=True)
+class PredictRequest:
+    steps: int
+    sets: tuple = ()                   # (Setting, ...)
+
+
+def parse_request(text: str) -> PredictRequest:
+    """``[N] [--set KEY=VALUE ...]``; a CommandError for bad words (a bad
+    name or value fails here, before anything runs)."""
+    from ..debugger.points import parse_int
+    words = text.split()
+    n, sets = 1, []
+    while words:
+        w = words.pop(0)
+        if w == "--set":
+            if not words or "=" not in words[0]:
+                raise CommandError("--set needs KEY=VALUE (for instance --set lr=1e-4)")
+            key, _, value = words.pop(0).partition("=")
+            sets.append(Setting(key, value))
+        elif w.startswith("--set="):
+            key, _, value = w[6:].partition("=")
+            sets.append(Setting(key, value))
+        else:
+            n = parse_int(w, "the number of steps")
+            if n < 1:
+                raise CommandError(f"the number of steps must be at least 1, not {n}")
+    for st in sets:                    # (as 'set var KEY VALUE' would read them)
+        if not st.key or not st.value:
+            raise CommandError("set var needs a variable and a value", SET_USAGE)
+        check_var(st.key, st.value)
+    return PredictRequest(n, tuple(sets))
+
+
+@dataclass
+class Prediction:
+    """What one run ahead found: one row a step ({"step", "loss",
+    "grad_norm", "findings"}, as nndb.timetravel.compare pairs them), where a
+    point or rule stopped it, why it ended early, why it gave no answer
+    (``error``), and the ``--set`` changes that did not hold."""
+    rows: list = field(default_factory=list)
+    stopped: Optional[str] = None
+    ended: Optional[str] = None
+    error: Optional[str] = None
+    undone: list = field(default_factory=list)
+
+    @classmethod
+    def from_message(cls, msg: Optional[dict]) -> "Prediction":
+        """The predicting replica's last message (None: it sent none)."""
+        msg = msg or {}
+        return cls(list(msg.get("rows") or []), msg.get("stopped"), msg.get("ended"), msg.get("error"),
+                   list(msg.get("undone") or []))
+
+
+@dataclass(frozen=True)
+class PredictChange:
+    """A ``--set`` as the edit the changed replica makes."""
+    setting: Setting
+    edit: Union[HyperChange, VarChange]
+
+    @property
+    def line(self) -> str:
+        """The set command that makes the same change at the prompt."""
+        return self.edit.line
+
+
+def changes_for(s, sets) -> list:
+    """Each ``Setting`` as the edit the changed replica makes: an
+    optimizer's hyper-parameter (KEY, or OPTIMIZER.KEY) or a variable of the
+    script's frame.  Anything else is refused here, before a replica runs."""
+    from ..debugger.hyperparams import check_scheduled, is_numeric, schedulers_of
+    opts = dict(s.optimizers())
+    out = []
+    for st in sets:
+        key, value = st.key, st.value
+        oname, dot, hyper = key.partition(".")
+        if dot and oname in opts:
+            chosen = [oname]
+        else:
+            hyper = key
+            if set_target(s, key) == "var":
+                out.append(PredictChange(st, VarChange(key, value)))
+                continue
+            if "." in key:
+                raise CommandError(f"unknown key '{key}': no optimizer named '{oname}' and no such variable "
+                                   f"(optimizers: {', '.join(opts) or 'none'})")
+            chosen = list(opts)
+        for name in chosen:
+            groups = opts[name].param_groups
+            if not all(hyper in g and hyper != "params" and is_numeric(g[hyper]) for g in groups):
+                known = ", ".join(k for k in groups[0] if k != "params" and is_numeric(groups[0][k]))
+                raise CommandError(f"unknown key '{key}': not a numeric hyper-parameter of {name} ({known}) "
+                                   f"nor a variable of the script's frame")
+        if len(chosen) > 1:
+            raise CommandError(f"{len(chosen)} optimizers: say which, as in --set {chosen[0]}.{key}={value}")
+        for name in chosen:
+            check_scheduled(name, hyper, schedulers_of(opts[name]))
+            try:
+                number = hyper_value(value)
+            except CommandError as e:
+                raise CommandError(f"--set {st.label}: {e}") from None
+            out.append(PredictChange(st, HyperChange(name, None, hyper, number,
+                                                     line=f"set {hyper} {value} optimizer {name}")))
+    return out
 
 
 def fork_and_wait(s, machine, become):
@@ -19,19 +148,20 @@ def fork_and_wait(s, machine, become):
             return None
         child.close()
         try:
-            return machine._wait(s, parent, None)
+            return machine.wait_for_replica(s, parent)
         finally:
             parent.close()
             forking.reap(pid)
 
 
-def predict(s, machine, n: int, set_lines: list) -> dict:
-    """``set_lines``: [{"line": a set command, "label": KEY=VALUE, "read": (what, name, key)}]."""
-    msg = fork_and_wait(s, machine, lambda chan: _become_predictor(s, machine, chan, n, set_lines))
-    return {} if msg is None else msg
+def predict(s, machine, n: int, changes: list) -> Prediction:
+    """Run ``n`` steps ahead on a replica forked here, making ``changes``
+    ([PredictChange]) first; the live run waits and is left unchanged."""
+    msg = fork_and_wait(s, machine, lambda chan: _become_predictor(s, machine, chan, n, changes))
+    return Prediction.from_message(msg)
 
 
-def _become_predictor(s, machine, chan, n: int, set_lines: list) -> None:
+def _become_predictor(s, machine, chan, n: int, changes: list) -> None:
     from .roles import Predict
     from . import sandbox
     machine.replica = True
@@ -42,25 +172,24 @@ def _become_predictor(s, machine, chan, n: int, set_lines: list) -> None:
     s.become_replica(role)
     role.begin(s)                      # (output to /dev/null from here)
     s.queue.clear()                    # the rest of a command file is the live run's
-    for change in set_lines:
-        read = _reader(s, change["read"])
+    for change in changes:
+        read = _reader(s, change.edit)
         try:
             before = read()
-            s.table.dispatch(s, change["line"])
-            role.watch.append((change["label"], read, before, read()))
+            make(s, change.edit)
+            role.watch.append((change.setting.label, read, before, read()))
         except Exception as e:         # (the live run checked the change; say why it failed here)
-            role.fail(f"--set {change['label']}: {e}")
+            role.fail(f"--set {change.setting.label}: {e}")
     s.resume("continue")               # the stop's prompt loop ends; the script runs on here
 
 
-def _reader(s, what: list):
-    """A function that reads the setting a change makes: an optimizer's
+def _reader(s, edit):
+    """A function that reads the setting an edit makes: an optimizer's
     hyper-parameter in each group, or a variable of the script's frame."""
     from ..debugger import evaluate as E
-    if what[0] == "hyper":
-        opts = dict(s.optimizers())
-        opt = opts[what[1]]
-        return lambda: [float(g[what[2]]) if not isinstance(g[what[2]], tuple) else g[what[2]]
-                        for g in opt.param_groups]
-    code = E.compile_expr(what[1])
+    if isinstance(edit, HyperChange):
+        opt = dict(s.optimizers())[edit.optimizer]
+        key = edit.key
+        return lambda: [float(g[key]) if not isinstance(g[key], tuple) else g[key] for g in opt.param_groups]
+    code = E.compile_expr(edit.name)
     return lambda: E.evaluate(code, s.stop_frame(), s.variables(s.stop_frame()))

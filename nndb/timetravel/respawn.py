@@ -33,7 +33,7 @@ def _entry() -> str:
 
 
 def spawn(s, machine, goal: dict):
-    """Start a respawn replica; returns (channel, process) for TimeMachine._wait."""
+    """Start a respawn replica; returns (channel, process) for TimeMachine.wait_for_replica."""
     parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     meta = getattr(s.rec, "meta", None) or {}
     replay = meta.get("replay", {})
