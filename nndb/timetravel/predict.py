@@ -50,7 +50,7 @@ def _become_predictor(s, machine, chan, n: int, set_lines: list) -> None:
             role.watch.append((change["label"], read, before, read()))
         except Exception as e:         # (the live run checked the change; say why it failed here)
             role.fail(f"--set {change['label']}: {e}")
-    s.resume("continue")               # the stop's prompt loop ends; the script runs on here
+    s.set_continue()                   # the stop's prompt loop ends; the script runs on here
 
 
 def _reader(s, what: list):
@@ -58,9 +58,9 @@ def _reader(s, what: list):
     hyper-parameter in each group, or a variable of the script's frame."""
     from ..debugger import evaluate as E
     if what[0] == "hyper":
-        opts = dict(s.optimizers())
+        opts = dict(s.view.optimizers())
         opt = opts[what[1]]
         return lambda: [float(g[what[2]]) if not isinstance(g[what[2]], tuple) else g[what[2]]
                         for g in opt.param_groups]
     code = E.compile_expr(what[1])
-    return lambda: E.evaluate(code, s.stop_frame(), s.variables(s.stop_frame()))
+    return lambda: E.evaluate(code, s.stop_frame(), s.view.variables(s.stop_frame()))
