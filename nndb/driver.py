@@ -26,6 +26,7 @@ from .timetravel.machine import TimeMachine, parse_size
 from .timetravel.schedule import parse_every
 from .commands import rcfiles
 from .render import report
+from .debugger.modes import Mode
 from .debugger.progress import ProgressLine
 from .commands import TABLE
 from .debugger.session import Session
@@ -150,7 +151,7 @@ def debug(config: RunConfig, options: DebugOptions, frontend,
             continue
         if session.quit_requested or session.command_file_error or result.status == "terminated":
             break                       # (SIGTERM ends the session, at a prompt too: exit 143)
-        if interactive and session.mode == "detach":
+        if interactive and session.mode is Mode.DETACH:
             # detached: nothing is left to debug, so nndb ends with the script
             session.message(f"nndb: the run ended ({result.status}, exit code {result.exit_code}) after "
                             f"{session.steps_done()} step(s), detached; trace: {result.trace_path}")
@@ -163,7 +164,7 @@ def debug(config: RunConfig, options: DebugOptions, frontend,
         break
 
     session.machine.close()
-    pending = session.pending_points()
+    pending = session.view.pending_points()
     for p in pending:
         what = "module" if p.type_name == "breakpoint" else f"{p.kind} tensor"
         message(f"nndb: {p.type_name} {p.number} ({p.what()}{' [fail]' if p.fail else ''}) was still pending "

@@ -798,14 +798,13 @@ def test_rule_set_threshold_keeps_an_int_threshold_an_int():
 def test_model_and_optimizer_summaries_of_the_session():
     from types import SimpleNamespace
     import torch
-    from nndb.debugger.queries import RunQueries
+    from nndb.debugger.queries import RunView
     net = torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.ReLU())
     net[0].weight.grad = torch.ones(3, 2)
     opt = torch.optim.SGD(net.parameters(), lr=0.1)
     naming = SimpleNamespace(roots=lambda: [net], module_name=lambda m: type(m).__name__.lower(),
                              param_name=lambda p: "w" if p is net[0].weight else "b")
-    q = RunQueries()
-    q.rec = SimpleNamespace(naming=naming)
+    q = RunView(SimpleNamespace(rec=SimpleNamespace(naming=naming)))
     q.optimizers = lambda: [("opt", opt)]
     assert q.module_summary() == [("sequential", "Sequential", 0), ("linear", "Linear", 9), ("relu", "ReLU", 0)]
     rows = q.param_summary()

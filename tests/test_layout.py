@@ -69,6 +69,56 @@ def test_the_size_check_sees_a_large_module_without_a_reason():
     assert oversized_without_reason("small.py", "x = 1\n", ast.parse("x = 1\n")) is None
 
 
+SIZE_ATTRIBUTES = 25
+
+
+def instance_attributes(cls: ast.ClassDef) -> set:
+    """The names a class's own methods assign on their first argument (``self.X = ...``)."""
+    names = set()
+    for item in cls.body:
+        if not isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) or not item.args.args or \
+                any(getattr(d, "id", None) == "staticmethod" for d in item.decorator_list):
+            continue
+        me = item.args.args[0].arg
+        for node in ast.walk(item):
+            if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store) and \
+                    isinstance(node.value, ast.Name) and node.value.id == me:
+                names.add(node.attr)
+    return names
+
+
+def crowded_without_reason(rel, tree):
+    """A class with more than SIZE_ATTRIBUTES instance attributes says why in
+    its docstring, in a paragraph starting 'Why this size:'."""
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ClassDef):
+            n = len(instance_attributes(node))
+            if n > SIZE_ATTRIBUTES and "Why this size:" not in (ast.get_docstring(node) or ""):
+                out.append(f"{rel}: class {node.name} has {n} attributes and its docstring does not say why "
+                           f"('Why this size: ...')")
+    return out
+
+
+def test_a_large_class_says_why():
+    offenders = [msg for rel, tree in modules() for msg in crowded_without_reason(rel, tree)]
+    assert offenders == []
+
+
+def test_the_size_check_sees_a_large_class_without_a_reason():
+    body = "".join(f"        self.a{i} = {i}\n" for i in range(SIZE_ATTRIBUTES + 1))
+    crowded = "class Big:\n    def __init__(self):\n" + body
+    assert crowded_without_reason("big.py", ast.parse(crowded)) == [
+        f"big.py: class Big has {SIZE_ATTRIBUTES + 1} attributes and its docstring does not say why "
+        f"('Why this size: ...')"]
+    reasoned = 'class Big:\n    """One thing.\n\n    Why this size: one recorder, read whole."""\n' \
+        "    def __init__(self):\n" + body
+    assert crowded_without_reason("big.py", ast.parse(reasoned)) == []
+    spread = "class Small:\n    def a(me):\n        me.x, me.y = 1, 2\n    def b(self):\n        self.x = 3\n"
+    assert instance_attributes(ast.parse(spread).body[0]) == {"x", "y"}
+    assert crowded_without_reason("small.py", ast.parse(spread)) == []
+
+
 def test_cli_choices_match_the_trace_schema():
     from nndb import cli
     from nndb import schema

@@ -30,12 +30,12 @@ def _session(lines=()):
 
 def test_handover_round_trip_keeps_points_displays_queue_and_input():
     s = _session(["next", "p x"])
-    s.add_point(P.StepBreak, {"step": 7}, condition="$loss > 1")
-    w = s.add_point(P.Watch, {"kind": "grad", "label": "grad", "glob": "fc*", "stat": "norm", "op": ">",
+    s.points.add(P.StepBreak, {"step": 7}, condition="$loss > 1")
+    w = s.points.add(P.Watch, {"kind": "grad", "label": "grad", "glob": "fc*", "stat": "norm", "op": ">",
                               "value": 10.0, "consecutive": 3})
     w.hits, w.streak["fc.weight"] = 2, 1
     s.points[1].commands = ["p $loss", "continue"]
-    s.new_display("$step", compile("1", "<d>", "eval"))
+    s.points.new_display("$step", compile("1", "<d>", "eval"))
     s.rules.rule("nonfinite").action = "fail"
     s.rules.set_enabled("dead_relu", False)
     s.queue.append(QueuedLine("info checkpoints", "cmds.nndb", 4))
@@ -47,8 +47,8 @@ def test_handover_round_trip_keeps_points_displays_queue_and_input():
     assert t.points[1].condition == "$loss > 1" and t.points[1].commands == ["p $loss", "continue"]
     # a watch's streaks are the process's own (a replica replays other steps): not handed over
     assert t.points[2].hits == 2 and t.points[2].streak == {} and t.points[2].value == 10.0
-    assert t.add_point(P.StepBreak, {"step": 9}).number == 3 and [d[:2] for d in t.displays] == [(1, "$step")]
-    assert t.new_display("$loss", compile("1", "<d>", "eval")) == 2
+    assert t.points.add(P.StepBreak, {"step": 9}).number == 3 and [d[:2] for d in t.points.displays] == [(1, "$step")]
+    assert t.points.new_display("$loss", compile("1", "<d>", "eval")) == 2
     assert t.rules.rule("nonfinite").action == "fail" and not t.rules.rule("dead_relu").enabled
     assert [(q.text, q.source, q.line) for q in t.queue] == [("info checkpoints", "cmds.nndb", 4)]
     assert t.frontend.lines == ["next", "p x"]

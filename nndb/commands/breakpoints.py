@@ -25,7 +25,7 @@ def _break(s, arg, temporary=False):
     cls, fields, cond, fail = arg
     if cls is P.ModuleBreak:
         _check_glob(s, "module", fields["glob"])
-    p = s.add_point(cls, fields, condition=cond, temporary=temporary, fail=fail)
+    p = s.points.add(cls, fields, condition=cond, temporary=temporary, fail=fail)
     kind = "Temporary breakpoint" if temporary else "Breakpoint"
     out = f"{kind} {p.number}: {p.what()}" + (f" if {cond}" if cond else "") + (" [fail]" if fail else "")
     if cls is P.StepBreak and s.last_step is not None and fields["step"] <= s.last_step:
@@ -42,14 +42,14 @@ def _watch(s, fields):
     fields = dict(fields)
     fail = fields.pop("fail")
     _check_glob(s, fields["kind"], fields["glob"])
-    p = s.add_point(P.Watch, fields, fail=fail)
+    p = s.points.add(P.Watch, fields, fail=fail)
     return f"Watchpoint {p.number}: {p.what()}" + (" [fail]" if fail else "")
 
 
 def _check_glob(s, kind: str, glob: str) -> None:
     """A glob that matches nothing is an error once the names are known (after
     step 0); before that the point is pending, as in gdb."""
-    names = s.known_names(kind)
+    names = s.view.known_names(kind)
     if any(fnmatch.fnmatchcase(n, glob) for n in names):
         return
     what = "module" if kind == "module" else f"{kind} tensor"
@@ -77,7 +77,7 @@ def _numbers(text: str) -> list:
 def _targets(s, numbers):
     if not numbers:
         return list(s.points.values())
-    return [s.point(n) for n in numbers]
+    return [s.points.by_number(n) for n in numbers]
 
 
 def _delete_arg(text: str):
@@ -121,7 +121,7 @@ def _condition_arg(text):
 
 def _condition(s, arg):
     number, expr = arg
-    p = s.point(number)
+    p = s.points.by_number(number)
     if expr is None:
         p.condition = None
         return f"Breakpoint {number} now unconditional."
@@ -142,7 +142,7 @@ def _ignore_arg(text):
 
 def _ignore(s, arg):
     number, count = arg
-    p = s.point(number)
+    p = s.points.by_number(number)
     p.ignore_count = count
     if count == 0:
         return f"Will stop next time breakpoint {number} is reached."
@@ -159,7 +159,7 @@ def _commands(s, number):
         if not s.points:
             raise CommandError("no breakpoints")
         number = max(s.points)
-    p = s.point(number)
+    p = s.points.by_number(number)
     if s.interactive and s.reading_from_terminal():
         s.message("Type commands for when breakpoint %d is hit, one per line.\nEnd with a line saying just \"end\"." % number)
     lines = s.read_block()

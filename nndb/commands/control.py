@@ -23,25 +23,25 @@ def _continue(s, n):
         if p.number in s.points:
             p.ignore_count = n - 1
             s.message(f"Will ignore next {n - 1} crossings of breakpoint {p.number}.  Continuing.")
-    s.resume("continue")
+    s.set_continue()
 
 
 def _next(s, n):
-    s.resume("next", count=n)
+    s.set_next(n)
 
 
 def _step(s, _):
-    s.resume("step")
+    s.set_step()
 
 
 def _finish(s, _):
-    s.resume("finish")
+    s.set_finish()
 
 
 def _until(s, step):
     if s.last_step is not None and step <= s.last_step:
         raise CommandError(f"step {step} has already finished (the last was {s.last_step})")
-    s.resume("until", until=step)
+    s.set_until(step)
 
 
 def step_arg(command: str):
@@ -60,7 +60,7 @@ _until_arg = step_arg("until")
 
 
 def _detach(s, _):
-    s.resume("detach")
+    s.set_detach()
     s.message("Detached: the run goes on to its end with no more stops (still recording).")
 
 

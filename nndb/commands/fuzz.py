@@ -11,6 +11,7 @@ from typing import Optional
 
 from ..errors import CommandError, UsageError
 from ..run.paths import claim_output
+from ..debugger.modes import State
 from ..debugger.points import parse_int
 from .table import Command
 
@@ -118,7 +119,7 @@ def run_fuzz(s, a: FuzzArgs) -> Optional[dict]:
     m = machine(s)
     if m.replica:
         raise CommandError("fuzz runs from the live run ('present' returns to it)")
-    if s.state != "live":
+    if s.state is not State.LIVE:
         raise CommandError("fuzz needs a live run stopped at a step")
     if s.current is not None and not s.current.at_step_end:
         # (inside a step the model's forward has begun: its next module call is not the model's)

@@ -33,16 +33,16 @@ def _module(s, name):
         return cur.module, s.stop_module
     if here and cur.module == name:
         return name, s.stop_module
-    for root in s.roots():
+    for root in s.view.roots():
         for _, m in root.named_modules():
-            if s.module_name(m) == name:
+            if s.view.module_name(m) == name:
                 return name, m
     raise CommandError(f"no module named '{name}' ('info modules' lists them)")
 
 
 def _inputs(s, name, code):
     if code is not None:
-        value = E.evaluate(code, s.frame, s.variables(s.frame))
+        value = E.evaluate(code, s.frame, s.view.variables(s.frame))
         return value if isinstance(value, tuple) else (value,)
     cur = s.current
     if cur is not None and cur.module == name and cur.phase == "forward" and isinstance(s.stop_payload, tuple):

@@ -131,7 +131,7 @@ def _compare(s, arg):
     if not s.trace_path:
         raise CommandError("no trace yet: nothing has been recorded")
     try:
-        with s.trace_reader() as reader:
+        with s.view.trace_reader() as reader:
             if steps is not None:
                 data = D.compare(reader, kind, name, *steps)
             else:

@@ -33,7 +33,7 @@ def _print_arg(text: str):
 
 def _print(s, arg):
     code, full = arg
-    value = E.evaluate(code, s.frame, s.variables(s.frame))
+    value = E.evaluate(code, s.frame, s.view.variables(s.frame))
     return E.safe_repr(value, full=full)
 
 
@@ -42,10 +42,10 @@ def _display(s, text):
         s.show_displays()
         return None
     code = E.compile_expr(text)
-    number = s.new_display(text.strip(), code)
+    number = s.points.new_display(text.strip(), code)
     if s.current is not None:
         try:
-            return f"{number}: {text.strip()} = {E.safe_repr(E.evaluate(code, s.frame, s.variables(s.frame)))}"
+            return f"{number}: {text.strip()} = {E.safe_repr(E.evaluate(code, s.frame, s.view.variables(s.frame)))}"
         except CommandError as e:
             return f"{number}: {text.strip()} = <error: {e}>"
     return None
@@ -53,13 +53,13 @@ def _display(s, text):
 
 def _undisplay(s, text):
     if not text.strip():
-        s.displays.clear()
+        s.points.displays.clear()
         return None
     for w in text.split():
         n = P.parse_int(w, "display number")
-        if not any(d[0] == n for d in s.displays):
+        if not any(d[0] == n for d in s.points.displays):
             raise CommandError(f"no display number {n}")
-        s.displays = [d for d in s.displays if d[0] != n]
+        s.points.displays = [d for d in s.points.displays if d[0] != n]
     return None
 
 
@@ -87,7 +87,7 @@ def _stats(s, arg):
     if rec is None:
         raise CommandError("no step has been recorded yet")
     rows = []
-    for (name, k), row in zip(rec.names, s.stats_of(rec)):
+    for (name, k), row in zip(rec.names, s.view.stats_of(rec)):
         if kind and k != kind:
             continue
         if glob and not fnmatch.fnmatchcase(name, glob):
@@ -162,7 +162,7 @@ def _mean(xs):
 
 def _history(s, arg):
     kind, name, stat, last = arg
-    steps, values, kind = s.history(name, kind, stat)
+    steps, values, kind = s.view.history(name, kind, stat)
     if len(steps) == 0:
         return f"{name} ({kind}): nothing recorded yet"
     rows = [(int(a), b) for a, b in zip(steps[-last:], values[-last:])]
@@ -266,7 +266,7 @@ def _info_step(s):
         rows.append(("last recorded step", rec.step))
         rows.append(("backward passes", rec.backward_count))
         rows.append(("optimizer steps", rec.optimizer_steps))
-        loss = s.variables()["loss"]
+        loss = s.view.variables()["loss"]
         rows.append(("loss", loss))
     if s.rec is not None:
         rows.append(("step clock", s.rec.tracer.clock.mode.name.lower()))
@@ -275,19 +275,19 @@ def _info_step(s):
 
 
 def _info_modules(s):
-    return Table(("module", "type", "params"), s.module_summary(), empty="No module has run yet.")
+    return Table(("module", "type", "params"), s.view.module_summary(), empty="No module has run yet.")
 
 
 def _info_params(s):
     rows = [(name, shape, dtype, "y" if grad else "n", norm, gnorm)
-            for name, shape, dtype, grad, norm, gnorm in s.param_summary()]
+            for name, shape, dtype, grad, norm, gnorm in s.view.param_summary()]
     return Table(("param", "shape", "dtype", "grad", "norm", "grad norm"), rows,
                  empty="No parameters seen yet.")
 
 
 def _info_optimizer(s):
     rows = [(name, type(opt).__name__, gi, n, ", ".join(f"{k}={v!r}" for k, v in hyper.items()))
-            for name, opt, gi, n, hyper in s.optimizer_groups()]
+            for name, opt, gi, n, hyper in s.view.optimizer_groups()]
     table = Table(("optimizer", "type", "group", "params", "hyper-parameters"), rows,
                   empty="No optimizer has stepped yet.")
     held = s.holds.held()
@@ -314,7 +314,7 @@ def _info_locals(s):
 
 
 def _info_display(s):
-    return Table(("Num", "Expression"), [(n, src) for n, src, _ in s.displays],
+    return Table(("Num", "Expression"), [(n, src) for n, src, _ in s.points.displays],
                  empty="There are no auto-display expressions now.")
 
 

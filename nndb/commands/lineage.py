@@ -58,7 +58,7 @@ def _resolve(s, arg):
         return get_lineage(s, step, resolve=resolve)
 
     def evaluate(expr):
-        return E.evaluate(E.compile_expr(expr), s.frame, s.variables(s.frame))
+        return E.evaluate(E.compile_expr(expr), s.frame, s.view.variables(s.frame))
     return resolve_target(s, _step_of(s, arg), arg["target"], lineage, None if s.frame is None else evaluate)
 
 
@@ -96,7 +96,7 @@ def _catch_arg(text: str):
 def _catch(s, arg):
     kind, eager, fail = arg
     lc = lineage_control(s)
-    p = s.add_point(P.CatchPoint, {"what_kind": kind, "eager": eager}, fail=fail)
+    p = s.points.add(P.CatchPoint, {"what_kind": kind, "eager": eager}, fail=fail)
     if lc.eager():
         how = "every operation's output is checked while it is enabled"
         if not eager:

@@ -37,7 +37,7 @@ def _plot(s, arg):
         raise CommandError("no trace yet: nothing has been recorded")
     try:
         require("plot", "plot")
-        with s.trace_reader() as reader:
+        with s.view.trace_reader() as reader:
             path = picture(reader, what, kind, stat, glob, list(s.findings), list(s.stops))
     except NndbError as e:
         raise CommandError(str(e)) from None

@@ -7,6 +7,7 @@ import time
 
 from ..errors import CommandError
 from ..debugger import evaluate as E
+from ..debugger.modes import State
 from ..debugger.points import parse_int
 from ..timetravel.predict import parse_request
 from .control import _count, step_arg
@@ -19,7 +20,7 @@ def machine(s, live: bool = True):
         raise CommandError("time travel is off in this run (--replica off)")
     if m.mode == "off":
         raise CommandError(m.off_message())
-    if s.rec is None or (live and s.state not in ("live", "post-mortem", "exited")):
+    if s.rec is None or (live and s.state is State.NONE):
         raise CommandError("The program is not being run.")
     return m
 
@@ -90,13 +91,13 @@ def _checkpoint(s, _):
     m = machine(s)
     if m.replica:
         raise CommandError("checkpoints are taken on the live run ('present' returns to it)")
-    if s.state != "live" or s.current is None or not s.current.at_step_end:
+    if s.state is not State.LIVE or s.current is None or not s.current.at_step_end:
         raise CommandError("a checkpoint is taken at a step end: use 'finish' or 'next' first")
     ck = m.take(s, s.last_step, "manual")
     if ck == "replica":
         stop = s.replica.arrived(s, s.current)
         if stop is None:
-            s.resume("continue")
+            s.set_continue()
         else:
             from ..render import debug as render
             s.current = stop
@@ -144,7 +145,7 @@ def _mib(kib) -> str:
 
 def _predict(s, request):
     m = machine(s)
-    if s.state != "live":
+    if s.state is not State.LIVE:
         raise CommandError("predict runs ahead of a live run")
     from ..timetravel.predict import changes_for, predict
     n = request.steps

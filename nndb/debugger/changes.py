@@ -167,7 +167,7 @@ def _has_variable(frame, name: str) -> bool:
 def set_target(s, key: str, group=None, oname=None) -> str:
     """What ``set KEY ...`` changes: "hyper" (an optimizer's) or "var" (a
     variable of the script's frame); a CommandError if neither."""
-    opts = s.optimizers()
+    opts = s.view.optimizers()
     if oname is None and group is None and _has_variable(s.frame, key) and \
             not any(key in g for _, o in opts for g in o.param_groups if key != "params"):
         return "var"
@@ -186,9 +186,9 @@ def _set_var(s, name: str, src: str) -> str:
     root = name.split(".")[0]
     scope = f"global {root}; " if not _is_local(frame, root) else ""
     read = E.compile_expr(name if not scope else f"globals()[{root!r}]" + name[len(root):])
-    old = E.evaluate(read, frame, s.variables(frame))
-    E.execute(f"{scope}{name} = ({src})", frame, s.variables(frame))
-    new = E.evaluate(read, frame, s.variables(frame))
+    old = E.evaluate(read, frame, s.view.variables(frame))
+    E.execute(f"{scope}{name} = ({src})", frame, s.view.variables(frame))
+    new = E.evaluate(read, frame, s.view.variables(frame))
     where = "a global" if scope else f"in {frame.f_code.co_name}()"
     return f"{name} ({where}): was {E.safe_repr(old)}, now {E.safe_repr(new)}"
 
@@ -200,11 +200,11 @@ def _set_hyper(s, edit: HyperChange):
             raise CommandError(f"'{key}' is a variable of the script's frame: --hold holds an optimizer's "
                                f"hyper-parameter", SET_USAGE)
         return _set_var(s, key, repr(value))
-    opts = s.optimizers()
+    opts = s.view.optimizers()
     if oname is not None:
         opts = [(n, o) for n, o in opts if n == oname]
         if not opts:
-            raise CommandError(f"no optimizer named '{oname}' (there are: {', '.join(n for n, _ in s.optimizers())})")
+            raise CommandError(f"no optimizer named '{oname}' (there are: {', '.join(n for n, _ in s.view.optimizers())})")
     elif len(opts) > 1:
         raise CommandError(f"{len(opts)} optimizers: say which with 'optimizer NAME' "
                            f"({', '.join(n for n, _ in opts)})", SET_USAGE)
@@ -245,7 +245,7 @@ def _run_statement(s, text: str) -> Optional[list]:
     frame = s.frame
     before = set(frame.f_locals) if frame is not None and frame.f_locals is not frame.f_globals else None
     try:
-        E.execute(text, frame, s.variables(frame))
+        E.execute(text, frame, s.view.variables(frame))
     finally:
         sys.displayhook = hook
     if before is not None:

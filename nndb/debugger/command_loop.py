@@ -1,6 +1,10 @@
 """Reading and running commands: the queue (rc files, ``-x``, ``-e``), the
-front end's lines, one command line at a time through the command table.  A
-mixin of Session (the table, the front end and run control are the session's)."""
+front end's lines, one command line at a time through the command table.
+
+A base of Session, as ``cmd.Cmd`` is of ``pdb.Pdb``: the loop is how a stop
+of the session ends (a command's run-control request sets the session's
+resume flag) and each line is dispatched with the session as its receiver;
+the queue, the front end, the table and run control are the session's."""
 from __future__ import annotations
 
 import collections
@@ -9,6 +13,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from ..errors import CommandError, KillRun, RestartRun
+from .modes import End
 
 
 @dataclass
@@ -29,7 +34,7 @@ class CommandLoop:
         if self.progress is not None:
             self.progress.clear()          # (a silent stop prints nothing that would: the prompt is drawn here)
         if self.fail_fast():
-            self._end = "kill"
+            self._end = End.KILL
             return
         while not self._resume:
             if self.queue:
@@ -38,13 +43,13 @@ class CommandLoop:
                 continue
             if not self.interactive:
                 if self.fail_fast():         # the queued commands ran at a fail hit: stop now
-                    self._end = "kill"
+                    self._end = End.KILL
                 elif self.in_the_past():
                     # batch: nothing queued in the past, back to the present (running the past on
                     # printed the script's output again, and took as long again: issue 39)
                     self.machine.hand_back(self, "present")
                 elif self.live:
-                    self.resume("continue")  # batch: nothing queued, go on
+                    self.set_continue()      # batch: nothing queued, go on
                 return                       # (the run is over: nothing to resume)
             line = self.frontend.read_line(self.prompt())
             if line is None:                   # Ctrl-D
@@ -125,7 +130,7 @@ class CommandLoop:
     def batch_failed(self, msg: str) -> None:
         """A startup command failed in batch mode: the run ends (exit 2, ``msg`` the reason)."""
         self.command_file_error = msg
-        self._end = "kill" if self.live else None
+        self._end = End.KILL if self.live else None
         self._resume = True
 
     def queue_lines(self, lines: list) -> None:

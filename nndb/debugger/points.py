@@ -16,6 +16,7 @@ the objects cannot drift apart.  Parse errors raise ``CommandError``.
 """
 from __future__ import annotations
 
+import collections.abc
 import dataclasses
 import difflib
 import fnmatch
@@ -27,6 +28,7 @@ from typing import Optional
 from ..errors import CommandError
 from ..schema import KIND_WORDS, STAT_NAMES as STATS
 from . import watchband
+from .evaluate import compile_expr
 # The statistics measured at every recorded step (the others only at full
 # steps); a watch on any other makes the session measure everything.
 BASIC_STATS = ("count", "norm", "nan_count", "inf_count")
@@ -212,6 +214,99 @@ def point_from_dict(d: dict) -> Optional[Point]:
     d = dict(d)
     cls = _PORTABLE.get(d.pop("type", ""))
     return cls(**d) if cls is not None else None
+
+
+class Points(collections.abc.Mapping):
+    """The session's points by number (a mapping: ``points[n]``, ``n in
+    points``, ``points.values()``) and its displays, each numbered apart as
+    gdb does.  ``on_change`` is called when a point is added (the session
+    installs the tracer callbacks the points need).  What passes between the
+    live run and a replica is ``snapshot()``, plain JSON-able data; gdb does
+    not roll breakpoints back, so ``restore`` takes the other process's points
+    but keeps this process's own watch baselines."""
+
+    def __init__(self, on_change=None):
+        self._by_number: dict = {}           # number -> Point
+        self._next_number = 1
+        self.displays: list = []             # [(number, expr source, code)]
+        self._next_display = 1
+        self._on_change = on_change
+
+    def __getitem__(self, number: int) -> Point:
+        return self._by_number[number]
+
+    def __iter__(self):
+        return iter(self._by_number)
+
+    def __len__(self) -> int:
+        return len(self._by_number)
+
+    def pop(self, number: int, default=None):
+        return self._by_number.pop(number, default)
+
+    def add(self, cls, fields: dict, condition: Optional[str] = None, temporary: bool = False,
+            fail: bool = False) -> Point:
+        """A new point of class ``cls`` (its own ``fields``), numbered next."""
+        if condition is not None:
+            compile_expr(condition)
+        p = cls(number=self._next_number, temporary=temporary, condition=condition, fail=fail, **fields)
+        self._next_number += 1
+        self._by_number[p.number] = p
+        if self._on_change is not None:
+            self._on_change()
+        return p
+
+    def by_number(self, number: int) -> Point:
+        p = self._by_number.get(number)
+        if p is None:
+            raise CommandError(f"no breakpoint number {number}")
+        return p
+
+    def new_display(self, src: str, code) -> int:
+        number = self._next_display
+        self._next_display += 1
+        self.displays.append((number, src, code))
+        return number
+
+    def catch_points(self) -> list:
+        """The enabled catch points (the lineage recorder runs for them)."""
+        return [p for p in self._by_number.values() if isinstance(p, CatchPoint) and p.enabled]
+
+    def new_run(self) -> None:
+        """A run starts: gdb counts the hits of each run; watches start afresh."""
+        for p in self._by_number.values():
+            p.hits = 0
+            if isinstance(p, Watch):
+                p.reset()
+
+    def snapshot(self) -> dict:
+        return {
+            "points": [point_to_dict(p) for p in self._by_number.values() if is_portable(p)],
+            "next_number": self._next_number,
+            "displays": [[n, src] for n, src, _ in self.displays],
+            "next_display": self._next_display,
+        }
+
+    def restore(self, state: dict) -> None:
+        mine = self._by_number
+        self._by_number = {p.number: p for p in map(point_from_dict, state.get("points", [])) if p is not None}
+        for n, p in self._by_number.items():
+            if isinstance(p, Watch):
+                # a watch's streaks and baselines belong to this process's own
+                # steps (a replica replays the past): keep ours, or start afresh
+                old = mine.get(n)
+                if isinstance(old, Watch) and old.what() == p.what():
+                    p.band, p.streak = old.band, old.streak
+                else:
+                    p.streak.clear()
+        self._next_number = max(self._next_number, int(state.get("next_number", 1)))
+        self.displays = []
+        for n, src in state.get("displays", []):
+            try:
+                self.displays.append((n, src, compile_expr(src)))
+            except CommandError:
+                pass
+        self._next_display = max(self._next_display, int(state.get("next_display", 1)))
 
 
 def split_action(text: str) -> tuple[str, bool]:

@@ -1,7 +1,9 @@
 """What the debugger's commands look at: the last recorded step's statistics,
 nndb's ``$`` variables, the models, optimizers and series of the live run, and
-a series' history from the trace.  A mixin of Session, kept apart so each file
-stays readable."""
+a series' history from the trace.  ``RunView`` is owned by the session
+(``session.view``): it reads the session's run and stop and keeps only its
+caches (module names, the last record's statistics, the optimizers that were
+alive before the run); it changes nothing."""
 from __future__ import annotations
 
 import fnmatch
@@ -23,9 +25,17 @@ def _plain(v) -> bool:
         (isinstance(v, tuple) and all(isinstance(x, (int, float)) for x in v))
 
 
-class RunQueries:
+class RunView:
+    """Queries over a session's run (bdb's get_stack/get_breaks role)."""
+
+    def __init__(self, session):
+        self.s = session
+        self._module_names: dict = {}        # id(module) -> (roots_version, name, weakref)
+        self._view_cache = (None, None)      # (record, its statistics)
+        self._earlier_optimizers: tuple = ()
+
     def module_name(self, module) -> str:
-        naming = self.rec.naming
+        naming = self.s.rec.naming
         cached = self._module_names.get(id(module))
         if cached is not None and cached[0] == naming.roots_version and cached[2]() is module:
             return cached[1]
@@ -41,16 +51,20 @@ class RunQueries:
             self._view_cache = (record, record.stats)
         return self._view_cache[1]
 
+    def cached_stats(self, record):
+        """``record``'s statistics if they were asked for already, else None."""
+        return self._view_cache[1] if self._view_cache[0] is record else None
+
     def known_names(self, kind: str) -> set:
         """Names that a glob of this kind can match now: modules ("module"),
         or series of a trace kind, from the models seen so far and the last step."""
         names: set = set()
-        rec = self.record
+        rec = self.s.record
         if rec is not None:
             names |= {n for n, k in rec.names if k == kind or (kind == "module" and k == "act")}
-        if self.rec is None:
+        if self.s.rec is None:
             return names
-        naming = self.rec.naming
+        naming = self.s.rec.naming
         for root in self.roots():
             if kind in ("module", "act"):
                 names |= {naming.module_name(m) for _, m in root.named_modules()}
@@ -62,7 +76,7 @@ class RunQueries:
         """The watchpoints and module breakpoints whose glob matches nothing
         seen (gdb's pending breakpoints), as the run ends."""
         out = []
-        for p in sorted(self.points.values(), key=lambda p: p.number):
+        for p in sorted(self.s.points.values(), key=lambda p: p.number):
             kind = p.kind if isinstance(p, P.Watch) else "module" if isinstance(p, P.ModuleBreak) else None
             if kind is None or p.hits:
                 continue
@@ -73,22 +87,22 @@ class RunQueries:
     def note_earlier_optimizers(self) -> None:
         """At a run's start: the optimizers alive then are not the run's (the
         tracer's own list of them: one scan serves both)."""
-        self._earlier_optimizers = self.rec.tracer.preexisting_optimizers()
+        self._earlier_optimizers = self.s.rec.tracer.preexisting_optimizers()
 
     def optimizers(self) -> list:
         """[(name, optimizer)] the script holds."""
-        if self.rec is None:
+        if self.s.rec is None:
             return []
         from ..tracer.hooks import find_optimizers
-        naming = self.rec.naming
+        naming = self.s.rec.naming
         # Only this run's: an earlier run's (before 'run') may still be alive.
         # (One made before the run but stepped in it is this run's too.)
-        earlier = getattr(self, "_earlier_optimizers", ())
-        stepped = self.rec.tracer.optimizers()
+        earlier = self._earlier_optimizers
+        stepped = self.s.rec.tracer.optimizers()
         ours = [o for o in find_optimizers() if o not in earlier or o in stepped]
         # Name them from the script's frames, as the tracer does when it first
         # sees one step: the first name asked for is kept for the whole run.
-        frame = self.frames[-1][0] if self.frames else None
+        frame = self.s.frames[-1][0] if self.s.frames else None
         # by name: the garbage collector's order depends on what ran before in the process
         return sorted(((naming.optimizer_name(o, frame), o) for o in ours), key=lambda no: no[0])
 
@@ -132,7 +146,7 @@ class RunQueries:
         """The record of the step that just ended if the trace does not hold
         it yet (a hand-written loop's step N, written with its update at the
         end of N+1: its loss, gradients and activations), else None."""
-        rec, w = self.step_record, self.rec.writer if self.rec is not None else None
+        rec, w = self.s.step_record, self.s.rec.writer if self.s.rec is not None else None
         if rec is None or w is None or w.closed or (w.last_step is not None and w.last_step >= rec.step):
             return None
         return rec
@@ -141,33 +155,33 @@ class RunQueries:
         """A TraceReader of this session's trace: through the live writer (its
         steps not flushed yet too) while the run writes, else from the file."""
         from ..store.reader import TraceReader
-        w = self.rec.writer if self.rec is not None else None
+        w = self.s.rec.writer if self.s.rec is not None else None
         if w is not None and not w.closed:
             return TraceReader.from_writer(w)
-        return TraceReader(self.trace_path)
+        return TraceReader(self.s.trace_path)
 
     def series_names(self) -> set:
         # (the live writer's registry of series ids, not a read of the trace:
         # completion asks at each key, and must not flush the writer)
-        if self.rec is not None and not self.rec.writer.closed:
+        if self.s.rec is not None and not self.s.rec.writer.closed:
             last = self.unwritten()
-            return set(self.rec.writer.series) | set(last.names if last is not None else ())
-        if self.trace_path:
+            return set(self.s.rec.writer.series) | set(last.names if last is not None else ())
+        if self.s.trace_path:
             from ..store.reader import TraceReader
             try:
-                with TraceReader(self.trace_path) as reader:
+                with TraceReader(self.s.trace_path) as reader:
                     return {(s.name, s.kind) for s in reader.series()}
             except Exception:
                 return set()
         return set()
 
     def roots(self) -> list:
-        return self.rec.naming.roots() if self.rec is not None else []
+        return self.s.rec.naming.roots() if self.s.rec is not None else []
 
     def module_summary(self) -> list:
         """[(name, type name, parameters of its own)] of every module of the models seen."""
         rows = []
-        naming = self.rec.naming if self.rec is not None else None
+        naming = self.s.rec.naming if self.s.rec is not None else None
         for root in self.roots():
             for _, m in root.named_modules():
                 rows.append((naming.module_name(m), type(m).__name__,
@@ -178,7 +192,7 @@ class RunQueries:
         """[(name, shape, dtype, requires_grad, norm, grad norm or None)] of every
         parameter of the models seen (a shared one once), norms in float64."""
         rows = []
-        naming = self.rec.naming if self.rec is not None else None
+        naming = self.s.rec.naming if self.s.rec is not None else None
         seen = set()
         for root in self.roots():
             for p in root.parameters():
@@ -198,22 +212,11 @@ class RunQueries:
                 for name, opt in self.optimizers() for gi, g in enumerate(opt.param_groups)]
 
     # -- what commands look at --------------------------------------------------------------
-    @property
-    def frame(self):
-        if not self.frames:
-            return None
-        return self.frames[self.frame_index][0]
-
-    @property
-    def record(self):
-        """The last recorded step (StepRecord), or None."""
-        return self.latest_record
-
     def stat_rows(self, kind: Optional[str] = None) -> dict:
         """{kind: {name: StatRow}} of the last recorded step (NOT_MEASURED:
         a statistic not measured at the step)."""
         out: dict = {k: {} for k in KINDS}
-        rec = self.record
+        rec = self.s.record
         if rec is None:
             return out
         stats = self.stats_of(rec)
@@ -237,10 +240,10 @@ class RunQueries:
         condition), when it is not the current one yet."""
         rows = self.stat_rows()
         loss = next(iter(self._loss_values(rows)), (None, None))[1]
-        cur = stop if stop is not None else self.current
+        cur = stop if stop is not None else self.s.current
         v = {
-            "step": self.last_step if (step_end or cur is None or cur.at_step_end)
-            else cur.step if cur.step is not None else self.step_in_progress(),
+            "step": self.s.last_step if (step_end or cur is None or cur.at_step_end)
+            else cur.step if cur.step is not None else self.s.step_in_progress(),
             "loss": loss,
             "grad": E.StatTable("grad", rows["grad"]),
             "param": E.StatTable("param", rows["param"]),
@@ -251,8 +254,8 @@ class RunQueries:
             "full": E.FullLookup(self.trace_reader),
         }
         if cur is not None and cur.module is not None and not cur.at_step_end:
-            v["module"] = self.stop_module
-            v[cur.note or "inputs"] = self.stop_payload
+            v["module"] = self.s.stop_module
+            v[cur.note or "inputs"] = self.s.stop_payload
         if cur is not None and cur.exception is not None:
             v["exception"] = cur.exception
         return v

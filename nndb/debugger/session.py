@@ -32,15 +32,36 @@ from .changes import Change, edit_of, make
 from .hyperparams import Holds
 from .listeners import session_listeners
 from .command_loop import CommandLoop, QueuedLine  # noqa: F401  (QueuedLine: part of the API)
-from .queries import RunQueries
+from .queries import RunView
+from .modes import REQUESTED, End, Mode, State, StopKind
 from .stoppoints import Stop, StopPoints
 
 
-class Session(CommandLoop, StopPoints, RunQueries):
+class Session(CommandLoop, StopPoints):
     """``commands`` (a CommandTable: ``dispatch``, ``lookup``, ``split``) and
     ``renderer`` (``render(data)``, ``stop_line(session, stop)``) come from the
     floors above, passed in by ``nndb.driver.build_session``: the
-    engine never imports the command table or a renderer."""
+    engine never imports the command table or a renderer.
+
+    The session owns its points (``points``: breakpoints, watches, displays,
+    nndb.debugger.points.Points) and the queries commands make (``view``,
+    nndb.debugger.queries.RunView).  Its two bases are parts of the same
+    object, as ``cmd.Cmd`` is a base of ``pdb.Pdb`` and ``stop_here`` a method
+    of ``bdb.Bdb``: CommandLoop is the prompt of a stop (it ends when a
+    request sets this session's run control) and StopPoints decides the stops
+    from this session's run control and points; owned apart, each would reach
+    back into the session for nearly every member it reads.
+
+    Why this size: one debugger, as ``bdb.Bdb`` and ``pdb.Pdb`` together, in
+    five groups of state that move together: what the floors above handed in
+    (front end, table, renderer, rules, time machine, lineage, replica role,
+    progress line, agreement), the run's lifetime (rec, live, state, ended,
+    exit code, trace path), run control (mode, count, until step, pending
+    start, interrupt, resume, end), the stop's position (current stop,
+    frames, frame index, hook frame, payload, module, list position) and the
+    run's log for the report (stops, findings, changes, hold checks, failed
+    points).  Time travel forks and hands the terminal over with all of it.
+    """
 
     def __init__(self, frontend, commands, renderer, interactive: bool = True, stop_at_start: bool = True,
                  rules=None, machine=None, lineage=None):
@@ -57,10 +78,8 @@ class Session(CommandLoop, StopPoints, RunQueries):
             frontend.session = self        # completion and the toolbar look at the session
         self.interactive = interactive
         self.stop_at_start = stop_at_start
-        self.points: dict = {}               # number -> Point
-        self._next_number = 1
-        self.displays: list = []             # [(number, expr source, code)]
-        self._next_display = 1
+        self.points = P.Points(on_change=self.sync_hooks)   # breakpoints, watches, displays
+        self.view = RunView(self)            # what commands look at (the run's statistics, models, trace)
         self.queue: collections.deque = collections.deque()
         self.stops: list = []                # for the report
         self.findings: list = []             # rule findings (the rules issue fills these)
@@ -74,12 +93,12 @@ class Session(CommandLoop, StopPoints, RunQueries):
         self.rec = None                      # runner.Recording while a run is live
         self.live = False
         self.ended: Optional[str] = None     # how the last run ended (status), or None
-        self.state = "none"                  # none | live | post-mortem | exited
+        self.state = State.NONE
         self.exit_code: Optional[int] = None
         self.runs = 0
         self.trace_path: Optional[str] = None
         # run control
-        self.mode = "continue"               # continue | next | step | finish | until | detach
+        self.mode = Mode.CONTINUE
         self.count = 0
         self.until_step: Optional[int] = None
         self._pending_start = stop_at_start
@@ -87,7 +106,7 @@ class Session(CommandLoop, StopPoints, RunQueries):
         self.prompting = False               # at a stop: module calls and step ends made by
         #                                      the commands themselves (p model(x)) do not stop
         self._resume = False                 # the prompt loop ends: a command resumed the run
-        self._end: Optional[str] = None      # what happens to the run: None | kill | restart | quit
+        self._end: Optional[End] = None      # what happens to the run as the prompt loop ends
         # where we are
         self.current: Optional[Stop] = None
         self.frames: list = []               # [(frame, lineno)], outermost first
@@ -97,10 +116,8 @@ class Session(CommandLoop, StopPoints, RunQueries):
         self.step_record = None              # the record of the step that just ended, as far as it is known
         self.rule_hits: list = []            # rule hits of the step end being checked
         self._listeners: list = []           # this session's part of the run's step pipeline
-        self._view_cache = (None, None)
         self._rule_optimizers = None         # (stoppoints._NamedOptimizers of the run, made once)
         self._at_exception = False           # (the rules judge the records closed as the script raised)
-        self._module_names: dict = {}        # id(module) -> (roots_version, name)
         self._main_thread = threading.main_thread().ident
         self._hook_frame = None
         self._source = None
@@ -125,7 +142,7 @@ class Session(CommandLoop, StopPoints, RunQueries):
     def attach(self, rec, trace_path: str) -> None:
         self.rec = rec
         self.live = True
-        self.state = "live"
+        self.state = State.LIVE
         self.ended = None
         self.runs += 1
         self.trace_path = trace_path
@@ -135,20 +152,17 @@ class Session(CommandLoop, StopPoints, RunQueries):
         if self.replica is None:
             self.changes, self.hold_checks = [], []
         self._pending_start = (self.stop_at_start or bool(self.queue)) and self.replica is None
-        self.mode, self.count, self.until_step = "continue", 0, None
+        self.mode, self.count, self.until_step = Mode.CONTINUE, 0, None
         self.interrupt_requested = self.prompting = False
-        if self._end != "quit":
+        if self._end is not End.QUIT:
             self._end = None
-        for p in self.points.values():
-            p.hits = 0                        # gdb counts the hits of each run
-            if isinstance(p, P.Watch):
-                p.reset()
+        self.points.new_run()
         self._listeners = session_listeners(self)
         rec.listeners.extend(self._listeners)
         current.attached(self)               # (nndb.set_trace() stops here)
         if self.rules is not None:
             self.rules.attach(rec)
-        self.note_earlier_optimizers()
+        self.view.note_earlier_optimizers()
         if self.machine is not None:
             self.machine.attach(self)
         if self.lineage is not None:
@@ -162,11 +176,11 @@ class Session(CommandLoop, StopPoints, RunQueries):
             return
         t = self.rec.tracer
         modules = [p for p in self.points.values() if isinstance(p, P.ModuleBreak) and p.enabled]
-        want_module = self._pending_start or self.mode == "step" or self.interrupt_requested or bool(modules)
-        if self.mode == "detach" or (self.replica is not None and self.replica.replaying):
+        want_module = self._pending_start or self.mode is Mode.STEP or self.interrupt_requested or bool(modules)
+        if self.mode is Mode.DETACH or (self.replica is not None and self.replica.replaying):
             want_module = False
         t.stop_in_modules(self.on_module if want_module else None,
-                          backward=self.mode == "step" or any(p.phase == "backward" for p in modules))
+                          backward=self.mode is Mode.STEP or any(p.phase == "backward" for p in modules))
         # Someone at the prompt will look at every statistic; a watch may need
         # the ones measured only at full steps.
         measures = getattr(self.replica, "measures", False)      # (a replica measuring a histogram)
@@ -187,8 +201,8 @@ class Session(CommandLoop, StopPoints, RunQueries):
             self.replica.interrupted(self)     # (a replay or a prediction gives up: the user stays put)
             return True
         self.interrupt_requested = True
-        if self.mode == "detach":
-            self.mode = "continue"
+        if self.mode is Mode.DETACH:
+            self.mode = Mode.CONTINUE
         self.sync_hooks()
         self.error("nndb: stopping at the next step boundary or module call (Ctrl-C again interrupts the script)")
         return True
@@ -199,7 +213,7 @@ class Session(CommandLoop, StopPoints, RunQueries):
         current.ended(self)
         self.ended = status
         self.exit_code = exit_code
-        self.state = "exited"
+        self.state = State.EXITED
         self.current = None
         self.frames = []
         self._hook_frame = self.stop_payload = self.stop_module = None   # keep none of the script's objects alive
@@ -217,10 +231,10 @@ class Session(CommandLoop, StopPoints, RunQueries):
         """The script raised: stop at the raising frame (pdb's post-mortem)."""
         self.flush_rules()
         self.live = False
-        self.state = "post-mortem"
+        self.state = State.POST_MORTEM
         # The step that raised: the one after the last that finished (the
         # recorder has already closed it as a partial step and counted past it).
-        stop = Stop("exception", self.steps_done(), at_step_end=False, exception=exc)
+        stop = Stop(StopKind.EXCEPTION, self.steps_done(), at_step_end=False, exception=exc)
         self.current = stop
         self.frames = E.stack_from_traceback(exc.__traceback__)
         self.frame_index = len(self.frames) - 1
@@ -239,8 +253,8 @@ class Session(CommandLoop, StopPoints, RunQueries):
 
     def exited(self) -> None:
         """The run is over (interactive): stay at the prompt, as gdb does."""
-        self.state = "exited"
-        self.current = Stop("exited", self.last_step)
+        self.state = State.EXITED
+        self.current = Stop(StopKind.EXITED, self.last_step)
         self._prompt_after(f"nndb: the run ended ({self.ended}, exit code {self.exit_code}) after "
                            f"{self.steps_done()} step(s); trace: {self.trace_path}")
 
@@ -270,7 +284,7 @@ class Session(CommandLoop, StopPoints, RunQueries):
                 self.machine.paused(time.monotonic() - t0)     # (a stop is not the run's time)
 
     def _stop_here(self, stop: Stop, frame) -> None:
-        if self.machine is not None and stop.at_step_end and stop.kind != "exited":
+        if self.machine is not None and stop.at_step_end and stop.kind is not StopKind.EXITED:
             stop = self.machine.at_stop(self, stop)
             if stop is None:          # a replica resumed from this stop's checkpoint runs on
                 return
@@ -279,10 +293,10 @@ class Session(CommandLoop, StopPoints, RunQueries):
         self.frames = [(f, f.f_lineno) for f in E.stack_from(frame)] if frame is not None else []
         self.frame_index = len(self.frames) - 1
         self.list_position = None        # 'list' starts again around the new line
-        self.mode = "continue"
+        self.mode = Mode.CONTINUE
         self._record_stop(stop)
         # the start stop is shown at a prompt (as pdb shows its first line), never in batch mode
-        silent = (stop.kind == "start" and not self.interactive) or \
+        silent = (stop.kind is StopKind.START and not self.interactive) or \
             (stop.hits and all(p.silent for p, _ in stop.hits))
         if not silent:
             self.message(self.renderer.stop_line(self, stop))
@@ -300,14 +314,14 @@ class Session(CommandLoop, StopPoints, RunQueries):
                 if not self._resume:          # a 'continue' among the commands resumes at once
                     self.interact()
                 elif self.fail_fast():
-                    self._end = "kill"
+                    self._end = End.KILL
         finally:
             self.prompting = False
             self.current = None if self.live else self.current
         self.sync_hooks()
-        if self._end in ("kill", "quit"):
+        if self._end in (End.KILL, End.QUIT):
             raise KillRun()
-        if self._end == "restart":
+        if self._end is End.RESTART:
             raise RestartRun()
 
     def keep_in_trace(self, kind: str, message: str, entry: dict) -> None:
@@ -323,9 +337,9 @@ class Session(CommandLoop, StopPoints, RunQueries):
         run it is part of the run's history (kept in the trace as an event of
         kind "change", made again by every replay of the steps after it)."""
         stop = self.current
-        if self.replica is not None or not self.live or stop is None or stop.kind == "exited":
+        if self.replica is not None or not self.live or stop is None or stop.kind is StopKind.EXITED:
             return
-        place = "start" if stop.kind == "start" else "end" if stop.at_step_end else "inside"
+        place = "start" if stop.kind is StopKind.START else "end" if stop.at_step_end else "inside"
         change = Change(line, stop.step, place, edit_of(self.table, line))
         self.changes.append(change)
         self.keep_in_trace("change", line, change.as_dict())
@@ -349,7 +363,7 @@ class Session(CommandLoop, StopPoints, RunQueries):
         return None
 
     def _record_stop(self, stop: Stop) -> None:
-        if stop.kind in ("start", "step", "next", "finish", "until", "past"):
+        if stop.kind in REQUESTED:
             return
         first = len(self.stops)
         self._add_stops(stop)
@@ -368,7 +382,7 @@ class Session(CommandLoop, StopPoints, RunQueries):
                 detail = {"exception": type(stop.exception).__name__, "message": str(stop.exception)}
             if stop.module:
                 detail["module"] = stop.module
-            self.stops.append({"step": stop.step, "reason": stop.kind, "id": None, "detail": detail})
+            self.stops.append({"step": stop.step, "reason": stop.kind.value, "id": None, "detail": detail})
 
     def _run_point_commands(self, stop: Stop) -> None:
         for p, _ in stop.hits:
@@ -378,54 +392,60 @@ class Session(CommandLoop, StopPoints, RunQueries):
                 self.execute(text, source=f"commands {p.number}")
 
     def show_displays(self) -> None:
-        for number, src, code in list(self.displays):
+        for number, src, code in list(self.points.displays):
             try:
-                value = E.evaluate(code, self.frame, self.variables(self.frame))
+                value = E.evaluate(code, self.frame, self.view.variables(self.frame))
                 self.message(f"{number}: {src} = {E.safe_repr(value)}")
             except CommandError as e:
                 self.message(f"{number}: {src} = <error: {e}>")
 
     # -- run control (bdb's set_* requests; the prompt loop ends after each) --------------
-    def resume(self, mode: str, count: int = 0, until: Optional[int] = None) -> None:
-        """Resume the run: ``mode`` is continue | next (``count`` steps) | step |
-        finish | until (``until``: a step) | detach."""
-        if self.state == "post-mortem" and mode == "continue":
+    # Each command of the "running" group makes one of these requests (pdb's
+    # do_next -> set_next); they raise CommandError where no run is live.
+    def set_continue(self) -> None:
+        """Run to the next stop (out of a post-mortem: back to the prompt's end, as pdb)."""
+        if self.state is State.POST_MORTEM:
             self._resume = True                # leaves the post-mortem, as in pdb
             return
+        self._set_mode(Mode.CONTINUE)
+
+    def set_next(self, count: int = 1) -> None:
+        """Run ``count`` training steps, stopping at the end of the last one."""
+        self._set_mode(Mode.NEXT, count=count)
+
+    def set_step(self) -> None:
+        """Run to the next module call (or the step's end)."""
+        self._set_mode(Mode.STEP)
+
+    def set_finish(self) -> None:
+        """Run to the end of the step in progress."""
+        self._set_mode(Mode.FINISH)
+
+    def set_until(self, step: int) -> None:
+        """Run until training step ``step`` has finished."""
+        self._set_mode(Mode.UNTIL, until=step)
+
+    def set_detach(self) -> None:
+        """Let the run go on to its end with no more stops."""
+        self._set_mode(Mode.DETACH)
+
+    def _set_mode(self, mode: Mode, count: int = 0, until: Optional[int] = None) -> None:
         if not self.live:
             raise CommandError("The program is not being run.")
         self.mode, self.count, self.until_step = mode, count, until
         self._resume = True
 
-    def set_continue(self) -> None:
-        self.resume("continue")
-
-    def set_next(self, count: int = 1) -> None:
-        self.resume("next", count)
-
-    def set_step(self) -> None:
-        self.resume("step")
-
-    def set_finish(self) -> None:
-        self.resume("finish")
-
-    def set_until(self, step: int) -> None:
-        self.resume("until", until=step)
-
-    def set_detach(self) -> None:
-        self.resume("detach")
-
     def request_kill(self) -> None:
         """End the run (its trace is closed and kept); the session stays."""
-        self._end, self._resume = "kill", True
+        self._end, self._resume = End.KILL, True
 
     def request_restart(self) -> None:
         """End the run and start the script again."""
-        self._end, self._resume = "restart", True
+        self._end, self._resume = End.RESTART, True
 
     def request_quit(self) -> None:
         """End the run, if one is live, and the session."""
-        self._end, self._resume = "quit", True
+        self._end, self._resume = End.QUIT, True
 
     def become_replica(self, role) -> None:
         """This process is now a replica (``role``: nndb.timetravel.roles); it
@@ -435,52 +455,25 @@ class Session(CommandLoop, StopPoints, RunQueries):
 
     def reset_run_control(self) -> None:
         """Plain continue, nothing requested: a replica starting from a checkpoint."""
-        self.mode, self.count, self.until_step = "continue", 0, None
+        self.mode, self.count, self.until_step = Mode.CONTINUE, 0, None
         self._pending_start = self.interrupt_requested = self._resume = False
         self._end = None
 
     @property
     def kill_requested(self) -> bool:
-        return self._end in ("kill", "quit")
+        return self._end in (End.KILL, End.QUIT)
 
     @property
     def restart_requested(self) -> bool:
-        return self._end == "restart"
+        return self._end is End.RESTART
 
     @property
     def quit_requested(self) -> bool:
-        return self._end == "quit"
+        return self._end is End.QUIT
 
     @property
     def resume_requested(self) -> bool:
         return self._resume
-
-    # -- points ---------------------------------------------------------------------------
-    def add_point(self, cls, fields: dict, condition: Optional[str] = None, temporary: bool = False,
-                  fail: bool = False) -> P.Point:
-        if condition is not None:
-            E.compile_expr(condition)
-        p = cls(number=self._next_number, temporary=temporary, condition=condition, fail=fail, **fields)
-        self._next_number += 1
-        self.points[p.number] = p
-        self.sync_hooks()
-        return p
-
-    def new_display(self, src: str, code) -> int:
-        number = self._next_display
-        self._next_display += 1
-        self.displays.append((number, src, code))
-        return number
-
-    def catch_points(self) -> list:
-        """The enabled catch points (the lineage recorder runs for them)."""
-        return [p for p in self.points.values() if isinstance(p, P.CatchPoint) and p.enabled]
-
-    def point(self, number: int) -> P.Point:
-        p = self.points.get(number)
-        if p is None:
-            raise CommandError(f"no breakpoint number {number}")
-        return p
 
     # -- what a replica hands back -----------------------------------------------------
     # gdb does not roll breakpoints back: one set in the past is still set in
@@ -491,10 +484,7 @@ class Session(CommandLoop, StopPoints, RunQueries):
         settings, the timelines and the front end's unread input."""
         snap = getattr(self.frontend, "snapshot", None)
         return {
-            "points": [P.point_to_dict(p) for p in self.points.values() if P.is_portable(p)],
-            "next_number": self._next_number,
-            "displays": [[n, src] for n, src, _ in self.displays],
-            "next_display": self._next_display,
+            **self.points.snapshot(),
             "queue": [[q.text, q.source, q.line] for q in self.queue],
             "last_command": self.last_command,
             "frontend": snap() if snap is not None else None,
@@ -503,25 +493,7 @@ class Session(CommandLoop, StopPoints, RunQueries):
         }
 
     def restore(self, state: dict) -> None:
-        mine = self.points
-        self.points = {p.number: p for p in map(P.point_from_dict, state.get("points", [])) if p is not None}
-        for n, p in self.points.items():
-            if isinstance(p, P.Watch):
-                # a watch's streaks and baselines belong to this process's own
-                # steps (a replica replays the past): keep ours, or start afresh
-                old = mine.get(n)
-                if isinstance(old, P.Watch) and old.what() == p.what():
-                    p.band, p.streak = old.band, old.streak
-                else:
-                    p.streak.clear()
-        self._next_number = max(self._next_number, int(state.get("next_number", 1)))
-        self.displays = []
-        for n, src in state.get("displays", []):
-            try:
-                self.displays.append((n, src, E.compile_expr(src)))
-            except CommandError:
-                pass
-        self._next_display = max(self._next_display, int(state.get("next_display", 1)))
+        self.points.restore(state)
         self.queue.clear()
         self.queue.extend(QueuedLine(t, src, line) for t, src, line in state.get("queue", []))
         self.last_command = state.get("last_command")
@@ -533,6 +505,19 @@ class Session(CommandLoop, StopPoints, RunQueries):
         if self.machine is not None and state.get("timelines"):
             self.machine.timelines = state["timelines"]
         self.sync_hooks()
+
+    # -- where the stop is (pdb's curframe) --------------------------------------------------
+    @property
+    def frame(self):
+        """The frame 'up' and 'down' selected at the current stop, or None."""
+        if not self.frames:
+            return None
+        return self.frames[self.frame_index][0]
+
+    @property
+    def record(self):
+        """The last recorded step (StepRecord), or None."""
+        return self.latest_record
 
     def stop_frame(self):
         """The script's frame at the current stop point (for expressions)."""

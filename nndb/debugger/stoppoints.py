@@ -1,6 +1,9 @@
 """Deciding whether to stop: the tracer's callbacks at step ends and module
-calls, breakpoints, watchpoints and run-control targets.  A mixin of Session
-(``_stop`` is the session's); it only reads state and returns Stop objects."""
+calls, breakpoints, watchpoints and run-control targets.
+
+A base of Session (bdb's ``stop_here``/``break_here`` are ``Bdb``'s own
+methods): it reads the session's run control and points and hands Stop
+objects to the session's ``_stop``."""
 from __future__ import annotations
 
 import math
@@ -13,12 +16,12 @@ from ..errors import CommandError, KillRun, RestartRun
 from ..tracer.recorder import LATE_KINDS
 from . import evaluate as E
 from . import points as P
+from .modes import Mode, StepEnd, StopKind
 
 
 @dataclass
 class Stop:
-    kind: str                  # start | step | next | finish | until | interrupt | breakpoint |
-    #                            watchpoint | exception | exited
+    kind: StopKind             # (a word is taken too: Stop("past", ...))
     step: Optional[int]        # the step that just finished (step-end stops), or the step in progress
     at_step_end: bool = True
     module: Optional[str] = None
@@ -27,6 +30,8 @@ class Stop:
     exception: Optional[BaseException] = None
     note: str = ""
 
+    def __post_init__(self):
+        self.kind = StopKind(self.kind)
 
 
 @dataclass
@@ -50,11 +55,11 @@ class RuleHit:
 
 def _with_rule_hits(stop: Optional[Stop], step: int, rule_hits: list) -> Stop:
     if stop is None:
-        return Stop("rule", step, hits=rule_hits)
-    if stop.kind in ("breakpoint", "watchpoint"):
+        return Stop(StopKind.RULE, step, hits=rule_hits)
+    if stop.kind in (StopKind.BREAKPOINT, StopKind.WATCHPOINT):
         stop.hits = stop.hits + rule_hits
         return stop
-    return Stop("rule", step, hits=rule_hits)
+    return Stop(StopKind.RULE, step, hits=rule_hits)
 
 
 class _NamedOptimizers:
@@ -79,7 +84,7 @@ class StopPoints:
         role = self.replica
         agreement = self.agreement           # (several ranks: nndb.distributed.allstop, every step end)
         if not rule_hits and role is None and agreement is None and not self._pending_start and \
-                (self.mode == "detach" or (self.mode == "continue" and not self.points
+                (self.mode is Mode.DETACH or (self.mode is Mode.CONTINUE and not self.points
                                            and not self.interrupt_requested)):
             return        # (nothing can stop here: no point, no run control, no other rank)
         self._hook_frame = sys._getframe(1)
@@ -87,7 +92,7 @@ class StopPoints:
             if role is not None:
                 role.remake(self, step)      # (the live run's changes at this step, in a replay)
             stop = role.before_stops(self, step) if role is not None else None
-            if stop == "skip":
+            if stop == StepEnd.SKIP:
                 stop = None
             elif stop is None:
                 stop = self._check_step_end(step, record, known)
@@ -109,14 +114,14 @@ class StopPoints:
         if threading.get_ident() != self._main_thread or self.prompting:
             return                    # a device thread: stop at the next main-thread stop point
         try:
-            name = self.module_name(module)
+            name = self.view.module_name(module)
             stop = None
             if self._pending_start and phase == "forward":
                 self._pending_start = False
-                stop = Stop("start", self.step_in_progress(), at_step_end=False, module=name, phase=phase)
+                stop = Stop(StopKind.START, self.step_in_progress(), at_step_end=False, module=name, phase=phase)
             elif self.interrupt_requested:
                 self.interrupt_requested = False
-                stop = Stop("interrupt", self.step_in_progress(), at_step_end=False, module=name, phase=phase)
+                stop = Stop(StopKind.INTERRUPT, self.step_in_progress(), at_step_end=False, module=name, phase=phase)
             hits = []
             probe = None
             for p in list(self.points.values()):
@@ -125,15 +130,15 @@ class StopPoints:
                     if probe is None:        # what a condition sees: $step in progress, $inputs ...
                         self._hook_frame = sys._getframe(1)
                         self.stop_payload, self.stop_module = payload, module
-                        probe = Stop("probe", self.step_in_progress(), at_step_end=False, module=name,
+                        probe = Stop(StopKind.PROBE, self.step_in_progress(), at_step_end=False, module=name,
                                      phase=phase, note="inputs" if phase == "forward" else "grad_output")
                     if self.point_hits(p, detail, probe):
                         hits.append((p, detail))
             if hits:
-                stop = Stop("breakpoint", self.step_in_progress(), at_step_end=False,
+                stop = Stop(StopKind.BREAKPOINT, self.step_in_progress(), at_step_end=False,
                             module=name, phase=phase, hits=hits)
-            elif stop is None and self.mode == "step":
-                stop = Stop("step", self.step_in_progress(), at_step_end=False, module=name, phase=phase)
+            elif stop is None and self.mode is Mode.STEP:
+                stop = Stop(StopKind.STEP, self.step_in_progress(), at_step_end=False, module=name, phase=phase)
             if stop is None:
                 if probe is not None:
                     self.stop_payload = self.stop_module = None   # hold no tensor between stops
@@ -156,7 +161,7 @@ class StopPoints:
         if not self.live or threading.get_ident() != self._main_thread or self.prompting:
             return False
         self._hook_frame = frame
-        self._stop(Stop("set_trace", self.step_in_progress(), at_step_end=False), frame)
+        self._stop(Stop(StopKind.SET_TRACE, self.step_in_progress(), at_step_end=False), frame)
         return True
 
     def on_catch(self, hits: list, module, frame) -> None:
@@ -164,7 +169,7 @@ class StopPoints:
         if threading.get_ident() != self._main_thread or self.prompting:
             return
         self._hook_frame = frame
-        stop = Stop("catchpoint", self.step_in_progress(), at_step_end=False, module=module or "(script)",
+        stop = Stop(StopKind.CATCHPOINT, self.step_in_progress(), at_step_end=False, module=module or "(script)",
                     phase=hits[0][1].get("phase"), hits=hits)
         self._stop(stop, E.stop_frame(frame))
 
@@ -178,7 +183,7 @@ class StopPoints:
             opts = self._rule_optimizers
             if opts is None or opts.rec is not self.rec:
                 opts = self._rule_optimizers = _NamedOptimizers(self.rec)
-            stats = self._view_cache[1] if self._view_cache[0] is record else None
+            stats = self.view.cached_stats(record)
             # (a replica judges each step as it comes: what it replays, the live run reported)
             found = self.rules.on_record(record, stats, opts, defer=defer and self.replica is None)
         except Exception as e:
@@ -235,7 +240,7 @@ class StopPoints:
             when = " (judged as the script raised)" if at_exception else ""
             self.error(f"nndb: {f.severity}: {f.rule} at step {f.step}{when}: {f.message}")
             self.keep_in_trace("finding", f.message, self.findings[-1])
-            if rule.action in ("stop", "fail") and self.mode != "detach":
+            if rule.action in ("stop", "fail") and self.mode is not Mode.DETACH:
                 hits.append((RuleHit(rule, f), f.as_dict()))
             elif rule.action == "fail":
                 self.failed_points.append(rule.id)
@@ -276,23 +281,25 @@ class StopPoints:
     def _check_step_end(self, step: int, record, known) -> Optional[Stop]:
         hits = self.check_points_at_step_end(step, record, known) + self._step_end_catch(record)
         if hits:
-            kind = "watchpoint" if all(isinstance(p, P.Watch) for p, _ in hits) else \
-                "catchpoint" if all(isinstance(p, P.CatchPoint) for p, _ in hits) else "breakpoint"
+            kind = StopKind.WATCHPOINT if all(isinstance(p, P.Watch) for p, _ in hits) else \
+                StopKind.CATCHPOINT if all(isinstance(p, P.CatchPoint) for p, _ in hits) else StopKind.BREAKPOINT
             return Stop(kind, step, hits=hits)
         if self._pending_start:
             self._pending_start = False
-            return Stop("start", step)
+            return Stop(StopKind.START, step)
         if self.interrupt_requested:
             self.interrupt_requested = False
-            return Stop("interrupt", step)
-        if self.mode == "next":
+            return Stop(StopKind.INTERRUPT, step)
+        if self.mode is Mode.NEXT:
             self.count -= 1
             if self.count <= 0:
-                return Stop("next", step)
-        elif self.mode in ("step", "finish"):
-            return Stop(self.mode, step)
-        elif self.mode == "until" and self.until_step is not None and step >= self.until_step:
-            return Stop("until", step)
+                return Stop(StopKind.NEXT, step)
+        elif self.mode is Mode.STEP:
+            return Stop(StopKind.STEP, step)
+        elif self.mode is Mode.FINISH:
+            return Stop(StopKind.FINISH, step)
+        elif self.mode is Mode.UNTIL and self.until_step is not None and step >= self.until_step:
+            return Stop(StopKind.UNTIL, step)
         return None
 
     def _step_end_catch(self, record) -> list:
@@ -307,7 +314,7 @@ class StopPoints:
 
     def _expr_hit(self, p: P.ExprBreak, step: int) -> Optional[dict]:
         frame = E.stop_frame(self._hook_frame)
-        value = E.evaluate(E.compile_expr(p.expr), frame, self.variables(frame, step_end=True),
+        value = E.evaluate(E.compile_expr(p.expr), frame, self.view.variables(frame, step_end=True),
                            what=f"break if {p.expr}: ")
         return {"expr": p.expr, "step": step} if value else None
 
@@ -315,7 +322,7 @@ class StopPoints:
         """([(name, value)] of the series ``p`` watches at this record, the
         largest finite |value| of its statistic among all series of its kind)."""
         col = P.STATS.index(p.stat)
-        stats = self.stats_of(record)
+        stats = self.view.stats_of(record)
         rows, scale = [], 0.0
         for i, (n, k) in enumerate(record.names):
             if k != p.kind:
@@ -343,7 +350,7 @@ class StopPoints:
         if p.condition and "error" not in detail:
             try:
                 frame = E.stop_frame(self._hook_frame)
-                if not E.evaluate(E.compile_expr(p.condition), frame, self.variables(frame, stop=stop),
+                if not E.evaluate(E.compile_expr(p.condition), frame, self.view.variables(frame, stop=stop),
                                   what=f"condition of {p.number}: "):
                     return False
             except CommandError as e:

@@ -78,21 +78,21 @@ def candidates(session, kind: str, words, current: str) -> list:
     if kind == "rule":
         return [r.id for r in session.rules.rules] if session.rules is not None else []
     if kind == "module":
-        return sorted(session.known_names("module"))
+        return sorted(session.view.known_names("module"))
     if kind == "tensor":
         k = _kind_of(words)
         if k:
-            return sorted(session.known_names(k) | {n for n, kk in session.series_names() if kk == k})
-        return sorted({n for n, _ in session.series_names()} | session.known_names("act")
-                      | session.known_names("param"))
+            return sorted(session.view.known_names(k) | {n for n, kk in session.view.series_names() if kk == k})
+        return sorted({n for n, _ in session.view.series_names()} | session.view.known_names("act")
+                      | session.view.known_names("param"))
     if kind == "hyper":
         keys = set()
-        for _, opt in session.optimizers():
+        for _, opt in session.view.optimizers():
             for g in opt.param_groups:
                 keys |= {k for k in g if k != "params"}
         return sorted(keys)
     if kind == "expr":
-        names = ["$" + v for v in session.variables()]
+        names = ["$" + v for v in session.view.variables()]
         f = session.frame
         if f is not None:
             names += list(f.f_locals) + [k for k in f.f_globals if not k.startswith("__")]

@@ -66,7 +66,7 @@ class LineageControl:
         s = self.session
         if s is None:
             return []
-        return s.catch_points()
+        return s.points.catch_points()
 
     def eager(self) -> bool:
         """Does a catch point need every operation checked as the run goes?

@@ -26,7 +26,7 @@ def recorded_lineage(s, step: int, whole: bool = True) -> Optional[dict]:
     if s.rec is None:
         return None
     try:
-        with s.trace_reader() as reader:
+        with s.view.trace_reader() as reader:
             if not whole:
                 return {} if step in reader.lineage_steps() else None
             data = reader.lineage(step)

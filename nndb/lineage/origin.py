@@ -20,12 +20,12 @@ def _bad(row) -> bool:
 
 
 def _series(s, name: str, kind: str) -> dict:
-    steps, block = s.history_rows(name, kind)
+    steps, block = s.view.history_rows(name, kind)
     return dict(zip(steps, block))
 
 
 def origin(s, name: str, get_lineage) -> list:
-    params = {n for n, k in s.series_names() if k == "param"}
+    params = {n for n, k in s.view.series_names() if k == "param"}
     if name not in params:
         near = sorted(p for p in params if name in p)[:6]
         raise CommandError(f"no parameter named '{name}' has been recorded"

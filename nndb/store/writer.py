@@ -73,6 +73,13 @@ if hasattr(os, "register_at_fork"):
 
 
 class TraceWriter:
+    """The trace's one writer (the module's docstring says how it writes).
+
+    Why this size: one file written in blocks: the series and sequence
+    registries, the rows buffered for the next block, the block's thread and
+    its error, and the counts a reader trusts all describe the same file and
+    change together at each commit."""
+
     def __init__(self, path: str, meta: dict, flush_steps: int = 500, flush_secs: float = 2.0,
                  on_error: Optional[Callable[[str], None]] = None, full_max_bytes: Optional[int] = None):
         self.path = path

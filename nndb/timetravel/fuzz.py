@@ -27,6 +27,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 
 from ..run.paths import FUZZ_STAMP
 from . import forking, sandbox
+from ..debugger.modes import StepEnd
 from .roles import Role, finish
 from ..fuzz import search
 from ..fuzz.mutate import spec_for
@@ -53,7 +54,7 @@ def _become_fuzzer(s, machine, chan, goal: dict) -> None:
     s.become_replica(role)
     role.begin(s)
     s.queue.clear()
-    s.resume("continue")
+    s.set_continue()
 
 
 class FuzzRole(Role):
@@ -84,7 +85,7 @@ class FuzzRole(Role):
     def before_stops(self, s, step: int):
         if self.model is not None and self.tape is not None:
             self.run(None, self.step)        # the step ended: no loss.backward() was seen
-        return "skip"
+        return StepEnd.SKIP
 
     def run_ended(self, s, status: str, reason: str) -> None:
         self.fail(f"the script ended ({status}: {reason}) before the model's next forward pass")

@@ -95,6 +95,12 @@ def parse_size(text: str) -> int:
 
 
 class TimeMachine:
+    """The live run's side of time travel (the module's docstring says how it works).
+
+    Why this size: as the module's: one object whose parts share the
+    checkpoints and their costs (the schedule, the eviction and the memory
+    cap, the disk copies, the travels and their timelines)."""
+
     def __init__(self, replica_mode: str = "auto", total_steps: Optional[int] = None,
                  budget: float = BUDGET, max_live: int = 20, disk: bool = True, rules_spec: str = "default",
                  lineage_spec: Optional[str] = None, every: Optional[str] = None,
@@ -328,8 +334,8 @@ class TimeMachine:
     def _save_disk(self, s, step: int) -> None:
         from . import disk
         try:
-            mods = {s.rec.naming.module_name(m): m for m in s.roots()}
-            opts = dict(s.optimizers())
+            mods = {s.rec.naming.module_name(m): m for m in s.view.roots()}
+            opts = dict(s.view.optimizers())
             path = disk.save(disk.directory_for(s.trace_path), step, mods, opts, disk.capture_rng(),
                              warn=lambda line: self._warn_once(s, line))
             self.disk_files.append((step, path))

@@ -14,7 +14,7 @@ def go_to(s, machine, target: int, then: str = "stop", why: str = "") -> None:
         raise CommandError("cannot go back before the end of step 0 (the first checkpoint)")
     if machine.replica:
         if target > s.last_step:
-            s.resume("until", until=target)
+            s.set_until(target)
             return
         machine.hand_back(s, "goto", target=target, then=then, why=why)
     if s.last_step is None:

@@ -101,7 +101,7 @@ def changes_for(s, sets) -> list:
     optimizer's hyper-parameter (KEY, or OPTIMIZER.KEY) or a variable of the
     script's frame.  Anything else is refused here, before a replica runs."""
     from ..debugger.hyperparams import check_scheduled, is_numeric, schedulers_of
-    opts = dict(s.optimizers())
+    opts = dict(s.view.optimizers())
     out = []
     for st in sets:
         key, value = st.key, st.value
@@ -180,7 +180,7 @@ def _become_predictor(s, machine, chan, n: int, changes: list) -> None:
             role.watch.append((change.setting.label, read, before, read()))
         except Exception as e:         # (the live run checked the change; say why it failed here)
             role.fail(f"--set {change.setting.label}: {e}")
-    s.resume("continue")               # the stop's prompt loop ends; the script runs on here
+    s.set_continue()               # the stop's prompt loop ends; the script runs on here
 
 
 def _reader(s, edit):
@@ -188,8 +188,8 @@ def _reader(s, edit):
     hyper-parameter in each group, or a variable of the script's frame."""
     from ..debugger import evaluate as E
     if isinstance(edit, HyperChange):
-        opt = dict(s.optimizers())[edit.optimizer]
+        opt = dict(s.view.optimizers())[edit.optimizer]
         key = edit.key
         return lambda: [float(g[key]) if not isinstance(g[key], tuple) else g[key] for g in opt.param_groups]
     code = E.compile_expr(edit.name)
-    return lambda: E.evaluate(code, s.stop_frame(), s.variables(s.stop_frame()))
+    return lambda: E.evaluate(code, s.stop_frame(), s.view.variables(s.stop_frame()))

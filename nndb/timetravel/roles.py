@@ -120,7 +120,7 @@ class Role:
         if rec is None or rec is self._checked or rec.step not in self.expect:
             return None
         self._checked = rec
-        got = {n: float(row[1]) for (n, k), row in zip(rec.names, s.stats_of(rec)) if k == "loss"}
+        got = {n: float(row[1]) for (n, k), row in zip(rec.names, s.view.stats_of(rec)) if k == "loss"}
         for name, want in self.expect[rec.step]:
             have = got.get(name)
             want = math.nan if want is None else float(want)
@@ -293,7 +293,7 @@ class Scan(Role):
             frame = s.stop_frame()
             for src, code in self.exprs:
                 try:
-                    v = E.evaluate(code, frame, s.variables(frame, step_end=True))
+                    v = E.evaluate(code, frame, s.view.variables(frame, step_end=True))
                     self.result["values"].append([step, src, bool(v), None])
                 except Exception as e:
                     self.result["values"].append([step, src, None, str(e)])
@@ -332,7 +332,7 @@ class Scan(Role):
         frame = s.stop_frame()
         for src in self.resolve:
             try:
-                v = E.evaluate(E.compile_expr(src), frame, s.variables(frame, step_end=True))
+                v = E.evaluate(E.compile_expr(src), frame, s.view.variables(frame, step_end=True))
                 tid = s.lineage.find(v, step)
                 self.result["resolved"][src] = tid if tid is not None else \
                     f"{src} is not a tensor that step {step} made or used"
@@ -375,7 +375,7 @@ class Predict(Role):
         self.replaying = False          # breakpoints, watchpoints and rules are active
 
     def after_stops(self, s, step: int) -> None:
-        rows = s.stat_rows()
+        rows = s.view.stat_rows()
         loss = next(iter(rows["loss"].values()), None)
         grads = [r.norm for r in rows["grad"].values() if r.norm == r.norm]
         new = s.findings[self.findings_seen:]

@@ -61,7 +61,7 @@ def bisect(s, machine, expr: str) -> str:
     if s.state == "live":
         if s.current is None or not s.current.at_step_end:
             raise CommandError("bisect starts from a stop at a step end of the live run")
-        now = E.evaluate(E.compile_expr(expr), s.frame, s.variables(s.frame, step_end=True))
+        now = E.evaluate(E.compile_expr(expr), s.frame, s.view.variables(s.frame, step_end=True))
     else:                                   # the run is over: its last step is read on a replica
         E.compile_expr(expr)
         now = _value_at(s, machine, expr, here)

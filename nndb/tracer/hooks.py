@@ -55,6 +55,11 @@ class Tracer:
     step pipeline, nndb.tracer.pipeline, hands the step on), in the thread and
     under the frame of the code that ended the step (the debugger stops
     there).  ``on_error(msg)`` reports an internal error once.
+
+    Why this size: each global hook (module calls, backward, optimizer steps)
+    keeps its handles and the little state that says where in the step the
+    script is, and they read one another's (a backward pending, the module
+    depth, the optimizers seen); the consumers it calls are one attribute each.
     """
 
     def __init__(self, recorder: StepRecorder, naming: Naming,

@@ -99,6 +99,11 @@ class StepRecorder:
     says whether a step is recorded at all; ``schedule.full(step)`` and
     ``schedule.acts(step)``, if they exist, whether its expensive statistics
     and its activations are measured.
+
+    Why this size: one step's accumulation: the layouts and buckets of its
+    series, the names and shapes seen, the per-step policies (full, acts,
+    forced) and the snapshots taken for update statistics are read together
+    when the step closes into one StepRecord.
     """
 
     def __init__(self, naming, sink: Callable[[StepRecord], None],

@@ -255,7 +255,7 @@ def test_a_replica_keeps_its_own_watch_streaks_when_points_change_hands():
     from nndb.debugger.session import Session
     from nndb.render import debug as renderer
     s = Session(ScriptedFrontend([]), TABLE, renderer)
-    mine = s.add_point(P.Watch, {k: v for k, v in P.parse_watch("grad w norm > 1").items() if k != "fail"})
+    mine = s.points.add(P.Watch, {k: v for k, v in P.parse_watch("grad w norm > 1").items() if k != "fail"})
     mine.streak["w"] = 2
     theirs = {n: P.point_to_dict(p) for n, p in s.points.items()}
     theirs[1]["streak"] = {"w": 7}
