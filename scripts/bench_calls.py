@@ -49,36 +49,43 @@ def count(name, recorded, steps, tmpdir):
                 mine = ours[c.co_filename] = os.path.realpath(c.co_filename).startswith(NNDB + os.sep)
             if mine:
                 own[f"{os.path.relpath(os.path.realpath(c.co_filename), NNDB)}:{c.co_firstlineno} {c.co_qualname}"] += 1
-    per_step = []
+    per_step, counters = [], []
     for i in range(steps):
-        before = sum(own.values())
+        before = own.copy()
         sys.setprofile(prof)
         try:
             bench.train(model, opt, crit, data, 1, start=64 + i)
         finally:
             sys.setprofile(None)
-        per_step.append(sum(own.values()) - before)
+        counters.append(own - before)
+        per_step.append(sum(counters[-1].values()))
     if recorded:
         bench.end_recording(rec, session, path)
-    return own, events[0], per_step
+    median = sorted(range(steps), key=per_step.__getitem__)[steps // 2]
+    return own, events[0], per_step, counters[median]
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--workload", action="append", choices=sorted(bench.WORKLOADS))
     ap.add_argument("--steps", type=int, default=64)
-    ap.add_argument("--top", type=int, default=0)
+    ap.add_argument("--top", type=int, default=0, help="the N functions called most, calls a step")
+    ap.add_argument("--median", action="store_true", help="the calls of the median step, by function")
     a = ap.parse_args()
     bench.REPLICA = "off"
     with tempfile.TemporaryDirectory() as tmp:
         for name in a.workload or ["mlp", "cnn"]:
-            _, plain, _ = count(name, False, a.steps, tmp)
-            own, ev, per_step = count(name, True, a.steps, tmp)
+            _, plain, _, _ = count(name, False, a.steps, tmp)
+            own, ev, per_step, median = count(name, True, a.steps, tmp)
             print(f"{name}: nndb's own calls/step median {statistics.median(per_step)}, "
                   f"mean {sum(own.values()) / a.steps:.1f}, max {max(per_step)}; "
                   f"profile events/step net of plain {(ev - plain) / a.steps:.1f}")
             for fn, n in own.most_common(a.top):
                 print(f"  {n / a.steps:7.2f}  {fn}")
+            if a.median:
+                print("  the median step's calls:")
+                for fn, n in median.most_common():
+                    print(f"  {n:4d}  {fn}")
 
 
 if __name__ == "__main__":

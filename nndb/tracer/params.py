@@ -57,6 +57,10 @@ class ParamPlan:
         self._grad_dst: list = []        # torch views of its gradient part, shaped like the parameters
         self._views = [None] * len(self.host)
         self._ptrs = [None] * len(self.host)
+        # The large parameters' values before a step: buffers made once and filled by one
+        # ``torch._foreach_copy_`` a step (a clone of each allocated every step, before),
+        # lent to one Snapshot at a time.
+        self._large_spare: Optional[list] = None
 
     def names(self, name_of, with_grads: bool) -> list:
         """[(name, kind)] of a block's rows: values, updates (and gradients)."""
@@ -116,6 +120,28 @@ class ParamPlan:
                 views[i], self._ptrs[i] = v, (ptr if cacheable else None)
         return views
 
+    def large_values_before(self) -> list:
+        """Copies of the large parameters' values (their local shards), made by one fused
+        copy into buffers kept from the last step when they still fit."""
+        values = [S.local(p).detach() for p in self.large]
+        if not values:
+            return []
+        spare, self._large_spare = self._large_spare, None
+        if spare is not None and all(b.shape == v.shape and b.dtype == v.dtype and b.device == v.device
+                                     for b, v in zip(spare, values)):
+            grad_mode = torch.is_grad_enabled()
+            try:
+                if grad_mode:
+                    _set_grad_enabled(False)
+                torch._foreach_copy_(spare, values)
+                return spare
+            except (RuntimeError, TypeError):
+                pass
+            finally:
+                if grad_mode:
+                    _set_grad_enabled(True)
+        return [v.clone() for v in values]
+
     def values_before(self) -> Optional[np.ndarray]:
         """The small parameters' values before an update: for a plan ``block``
         reads, straight into the update's place in its buffer (no new array
@@ -169,7 +195,7 @@ class Snapshot:
     def __init__(self, plan: ParamPlan):
         self.plan = plan
         self.host_before = plan.values_before()
-        self.large_before = [S.local(p).detach().clone() for p in plan.large]
+        self.large_before = plan.large_values_before()
 
     def record(self, bucket, full: bool, grads: bool = True) -> None:
         """Put value, update (and grad) of every parameter into ``bucket`` (the
@@ -202,13 +228,27 @@ class Snapshot:
                 if g is not None:
                     bucket.blocks.append(g)
         if plan.large:
+            values = [S.local(p).detach() for p in plan.large]
+            # The updates, in place of the values before: -before + value is value - before
+            # bit for bit (two fused calls for all of them; the buffers go back to the plan).
+            updates = self.large_before
+            grad_mode = torch.is_grad_enabled()
+            try:
+                if grad_mode:
+                    _set_grad_enabled(False)
+                torch._foreach_neg_(updates)
+                torch._foreach_add_(updates, values)
+            finally:
+                if grad_mode:
+                    _set_grad_enabled(True)
             keys, items = [], []
-            for p, before in zip(plan.large, self.large_before):
+            for p, value, update in zip(plan.large, values, updates):
                 keys += [("param", p, "param"), ("param", p, "update")]
-                value = S.local(p).detach()
-                items += [value, value - before]
+                items += [value, update]
                 if grads and p.grad is not None and not p.grad.is_sparse:
                     keys.append(("param", p, "grad"))
                     items.append(S.local(p.grad).detach())
-            H.add_many(bucket, keys, items, full)
+            H.add_many(bucket, keys, items, full, bulk=True)
+            self.large_before = []
+            plan._large_spare = updates
         bucket.covered |= plan.ids

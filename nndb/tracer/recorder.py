@@ -320,7 +320,7 @@ class StepRecorder:
             if g is not None and not g.is_sparse:
                 keys.append(("param", p, "grad"))
                 items.append(g.detach())
-        H.add_many(bucket, keys, items, self.full)
+        H.add_many(bucket, keys, items, self.full, bulk=True)
 
     def _close_manual(self, step, bucket, now, recording, final) -> None:
         """Hand-written updates: step N's value and update are known at the
@@ -343,7 +343,7 @@ class StepRecorder:
             if p.grad is not None and not p.grad.is_sparse:
                 keys.append(("param", p, "grad"))
                 items.append(p.grad.detach())
-        H.add_many(bucket, keys, items, self.full)
+        H.add_many(bucket, keys, items, self.full, bulk=True)
         bucket.resolve(self.full)
         if final:
             self._emit(step, bucket, now, partial=True)
