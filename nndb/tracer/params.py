@@ -16,6 +16,7 @@ gradients, not six ``.numpy()`` and a concatenation).
 """
 from __future__ import annotations
 
+import operator
 from typing import Optional
 
 import numpy as np
@@ -28,6 +29,7 @@ from .quiet import Quiet
 # torch.no_grad() without the context manager's Python layers (a step's hooks
 # run with the caches cold, where each layer costs microseconds)
 _set_grad_enabled = torch._C._set_grad_enabled
+_GRAD = operator.attrgetter("grad")
 
 
 class ParamPlan:
@@ -97,7 +99,7 @@ class ParamPlan:
             if grad_mode:      # (a gradient that needs grad, under create_graph: our copy is not the step's graph)
                 _set_grad_enabled(False)
             torch._foreach_copy_(self._grad_dst, [S.local(p.grad) for p in self.host] if self._sharded
-                                 else [p.grad for p in self.host])
+                                 else list(map(_GRAD, self.host)))
         except (RuntimeError, TypeError):
             return False
         finally:
@@ -148,7 +150,8 @@ class ParamPlan:
         each step)."""
         if not self._fast:
             return self.host_values()
-        return np.concatenate(self._host_views(), out=self._buffer()[self.n:2 * self.n])
+        buf = self._buf if self._buf is not None else self._buffer()
+        return np.concatenate(self._host_views(), out=buf[self.n:2 * self.n])
 
     def block(self, before: np.ndarray, full: bool, grads: bool) -> Optional[tuple]:
         """(with grads, rows, histograms at a full step or None) of the block: values, updates since ``before``
@@ -195,7 +198,7 @@ class Snapshot:
     def __init__(self, plan: ParamPlan):
         self.plan = plan
         self.host_before = plan.values_before()
-        self.large_before = plan.large_values_before()
+        self.large_before = plan.large_values_before() if plan.large else []
 
     def record(self, bucket, full: bool, grads: bool = True) -> None:
         """Put value, update (and grad) of every parameter into ``bucket`` (the
