@@ -5,7 +5,11 @@
 copied into one float32 buffer (values and updates through cached zero-copy
 numpy views, one concatenation each; gradients by one
 ``torch._foreach_copy_`` into views of the buffer; then one ``reduceat`` a
-step), and the others, reduced one by one on their own device.
+step), and the others (large ones, accelerator ones), measured on their own
+devices all together: between full steps their norms by one
+``torch._foreach_norm`` per (device, dtype) and one host transfer per device
+(``stats.norm_rows_bulk``), their values before the step copied by one
+``torch._foreach_copy_`` into buffers kept from step to step.
 ``Snapshot``: the values before an update, from which the update is
 computed.
 
