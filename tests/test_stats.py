@@ -237,3 +237,57 @@ def test_float16_norms_between_full_steps_are_exact_to_float32():
     for row, x in zip(rows, (small, large)):
         want = np.sqrt(np.dot(x.astype(np.float64), x.astype(np.float64)))
         assert np.sqrt(row[S._I_SQ]) == pytest.approx(want, rel=1e-6)
+
+
+def test_large_parameters_norms_in_bulk_equal_the_exact_ones_step_after_step(monkeypatch):
+    """Parameters too large for the host block: value, update and gradient norms
+    of all of them by a few fused calls (stats.norm_rows_bulk) between full
+    steps, agreeing with float64 sums; the values before reuse the plan's
+    buffers from step to step; a non-finite one is counted exactly."""
+    from nndb.tracer.params import ParamPlan, Snapshot
+    monkeypatch.setattr(S, "HOST_MAX_PARAM_ELEMENTS", 8)
+    monkeypatch.setattr(S, "HOST_MAX_ELEMENTS", 8)
+    torch.manual_seed(0)
+    params = [torch.nn.Parameter(torch.randn(4, 5)), torch.nn.Parameter(torch.randn(9, dtype=torch.float64)),
+              torch.nn.Parameter(torch.randn(30).half())]
+    plan = ParamPlan(params)
+    assert [id(p) for p in plan.large] == [id(p) for p in params] and not plan.host
+
+    class Bucket:
+        def __init__(self):
+            self.rows, self.covered = {}, set()
+
+        def add(self, key, raw):
+            self.rows[key] = raw
+    calls = []
+    real = torch._foreach_norm
+    monkeypatch.setattr(torch, "_foreach_norm", lambda *a, **k: (calls.append(len(a[0])), real(*a, **k))[1])
+    buffers = None
+    for step in range(3):
+        for p in params:
+            p.grad = torch.randn_like(p)
+        if step == 2:
+            params[0].grad[1, 2] = float("nan")
+        snap = Snapshot(plan)
+        if buffers is not None:
+            assert all(a is b for a, b in zip(snap.large_before, buffers))      # (no new tensors a step)
+        old = [p.detach().clone() for p in params]
+        with torch.no_grad():
+            for p in params:
+                p.add_(p.grad.nan_to_num(), alpha=-0.1)
+        b = Bucket()
+        calls.clear()
+        snap.record(b, full=False)
+        assert calls == [3, 3, 3]             # (one fused call per dtype: value, update, gradient of each)
+        buffers = plan._large_spare
+        for p, o in zip(params, old):
+            for kind, t in (("param", p.detach()), ("update", p.detach() - o), ("grad", p.grad)):
+                raw = b.rows[("param", p, kind)]
+                want = S.raw_now(t, True)
+                assert raw[0] == t.numel() and raw[7] == want[7] and raw[8] == want[8]
+                x = t.detach().double()
+                np.testing.assert_allclose(S.finalize(raw)[S.STAT_NAMES.index("norm")],
+                                           float(x[x.isfinite()].norm()), rtol=1e-9)
+                if kind == "update":
+                    assert torch.equal(t, p.detach() - o)
+    assert b.rows[("param", params[0], "grad")][7] == 1           # the NaN, counted

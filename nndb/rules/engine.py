@@ -8,9 +8,10 @@ Which rule runs at a step (see nndb.rules.base): a rule that sets
 step; the others at the observed steps (``nndb.cadence.observed``)."""
 from __future__ import annotations
 
+import operator
 from typing import Iterable, Optional
 
-from ..cadence import OBSERVE_EVERY, observed
+from ..cadence import OBSERVE_EVERY, SETTLE, observed
 from ..errors import UsageError
 from .base import Rule, StepContext
 from .block import Block
@@ -37,6 +38,9 @@ class AsItWas:
         self.param_groups = [{"params": g["params"], "lr": g.get("lr"), "eps": g.get("eps")}
                              for g in opt.param_groups]
         self.family = getattr(opt, "family", None) or type(opt).__name__
+
+
+_ACTION = operator.attrgetter("action")
 
 
 def _lr_key(lr):
@@ -162,12 +166,13 @@ class RuleEngine:
         them with the action ``warn``, may wait in a block (nndb.rules.block)
         to be judged with the next ones; ``flush`` judges what waits (the
         findings returned are then of earlier steps: each names its step)."""
+        step = record.step
         if not self.armed and not facts and defer and stats is None and self._rec is not None \
-                and not observed(record.step):
+                and not (step < SETTLE or step % OBSERVE_EVERY == 0):      # (observed(step), inline: every step)
             # The usual step: no probe in (so no facts, no probed rule), only
             # every-step rules; they wait in a block if every one only warns.
-            every = self._every_rules()
-            if every and self._every_warn(every):
+            every = self._every if self._every is not None else self._every_rules()
+            if every and list(map(_ACTION, every)).count("warn") == len(every):      # (_every_warn)
                 return self._wait(record, optimizers)
         # (a probe gathers facts only while its callbacks are in: the steps it is armed for)
         given = facts
@@ -226,7 +231,11 @@ class RuleEngine:
         opts = None if raw is not None else optimizers() if callable(optimizers) else optimizers
         objs = raw() if raw is not None else [o for _, o in opts]
         # (one list of every group's learning rate; a float compares as itself, anything else by _lr_key)
-        lrs = [lr if type(lr := g.get("lr")) is float else _lr_key(lr) for o in objs for g in o.param_groups]
+        lrs = []
+        for o in objs:                       # (loops, not comprehensions: no call of their own, once a step)
+            for g in o.param_groups:
+                lr = g.get("lr")
+                lrs.append(lr if type(lr) is float else _lr_key(lr))
         last = self._snapshot
         if last is None or last[0] != objs or last[1] != lrs:
             if opts is None:

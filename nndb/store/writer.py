@@ -8,6 +8,9 @@ HOLD_SECS).  The block that a step's ``append`` starts is written in a
 thread of the writer's own (``_write``: h5py lets go of the GIL while HDF5
 compresses and writes the chunks), while the training thread goes on and
 the buffers fill again; one block at a time, so memory stays bounded.
+The thread lives as long as the writer (``_Worker``): handing it a block
+is a queue put, where starting a thread per block waited a scheduler slice
+for it to start (~2% of a sub-millisecond step's loop on a loaded machine).
 Whoever needs the file as it stands waits for that block first: ``flush``
 (a reader in this process, a checkpoint), ``unwritten``, ``close``, and
 every ``os.fork`` (a child forked in the middle of a block would inherit
@@ -27,8 +30,10 @@ included, is ``TraceReader``'s (``TraceReader.from_writer``).
 """
 from __future__ import annotations
 
+import _thread
 import json
 import os
+import queue
 import threading
 import time
 import weakref
@@ -61,6 +66,57 @@ HOLD_SECS = 30.0
 # Writers whose thread may be writing: a fork waits for it first (a child
 # forked in the middle of a block would inherit HDF5's and h5py's locks held).
 _LIVE: "weakref.WeakSet" = weakref.WeakSet()
+
+
+class _InFlight:
+    """A block handed to the writer's thread, until it is written: ``join``
+    waits for it (a lock the thread releases when the block is done)."""
+    __slots__ = ("_done",)
+
+    def __init__(self):
+        self._done = _thread.allocate_lock()
+        self._done.acquire()
+
+    def is_alive(self) -> bool:
+        return self._done.locked()
+
+    def join(self) -> None:
+        self._done.acquire()
+        self._done.release()
+
+
+class _Worker:
+    """The writer's one thread, started at its first block and kept until the
+    writer closes (or is collected): it writes the blocks put on its queue, one
+    at a time.  It holds no reference to the writer between blocks."""
+
+    def __init__(self):
+        self.pid = os.getpid()
+        self.jobs: "queue.SimpleQueue" = queue.SimpleQueue()
+        self.thread = threading.Thread(target=self._run, args=(self.jobs,), daemon=True,
+                                       name="nndb-trace-writer")
+        self.thread.start()
+
+    @staticmethod
+    def _run(jobs) -> None:
+        while True:
+            job = jobs.get()
+            if job is None:
+                return
+            write, block, done = job
+            try:
+                write(block)
+            finally:
+                del write, block, job           # (no writer held while the thread waits)
+                done._done.release()
+
+    def submit(self, write, block) -> _InFlight:
+        done = _InFlight()
+        self.jobs.put((write, block, done))
+        return done
+
+    def stop(self) -> None:
+        self.jobs.put(None)
 
 
 def _before_fork() -> None:
@@ -113,7 +169,8 @@ class TraceWriter:
         self.full = fullstore.FullPending(max_bytes=fullstore.DEFAULT_MAX_BYTES if full_max_bytes is None
                                           else full_max_bytes)
         self.hist_rows_written = 0
-        self._thread: Optional[threading.Thread] = None     # writing a block (flushes after the first)
+        self._thread: Optional[_InFlight] = None     # the block the writer's thread is writing, if any
+        self._worker: Optional[_Worker] = None       # that thread (started at the first block in the background)
         self._error: Optional[tuple] = None                  # (why, wrote) of a block that failed there
         self._pid = os.getpid()
         try:
@@ -342,10 +399,12 @@ class TraceWriter:
                 any(self._pending_rows.values()) or self.full.tensors or self.full.hists:
             block = self._take()
             if background:
-                self._thread = threading.Thread(target=self._write, args=(block,), daemon=True,
-                                                name="nndb-trace-writer")
-                _LIVE.add(self)
-                self._thread.start()
+                worker = self._worker
+                if worker is None or worker.pid != os.getpid():      # (a forked child has no thread of ours)
+                    worker = self._worker = _Worker()
+                    weakref.finalize(self, worker.stop)
+                    _LIVE.add(self)
+                self._thread = worker.submit(self._write, block)
             else:
                 self._write(block)
                 self._settle()
@@ -360,7 +419,7 @@ class TraceWriter:
         t = self._thread
         if t is None:
             return
-        if t.ident is not None and self._pid == os.getpid():
+        if self._pid == os.getpid():
             t.join()
         self._thread = None
         self._settle()
@@ -476,6 +535,9 @@ class TraceWriter:
         """Close the file, our dataset objects first (h5py's close of a file
         whose datasets are still referenced left ids that crashed the
         interpreter in garbage collection)."""
+        worker, self._worker = self._worker, None
+        if worker is not None and worker.pid == os.getpid():
+            worker.stop()
         self._ds = {}
         f = getattr(self, "_f", None)
         if f is None:

@@ -62,10 +62,11 @@ def of_scalar(v: float) -> np.ndarray:
     return out
 
 
-def add_many(bucket, keys: list, items: list, full: bool) -> None:
-    """Rows (and at a full step histograms) of tensors reduced one by one,
-    into the recorder's bucket."""
-    raws = S.raw_many(items, full)
+def add_many(bucket, keys: list, items: list, full: bool, bulk: bool = False) -> None:
+    """Rows (and at a full step histograms) of tensors reduced one by one
+    (``bulk``: parameters, gradients and updates, whose norms are measured
+    together: stats.raw_many), into the recorder's bucket."""
+    raws = S.raw_many(items, full, bulk)
     for key, raw in zip(keys, raws):
         bucket.add(key, raw)
     if full:

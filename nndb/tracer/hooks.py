@@ -180,9 +180,12 @@ class Tracer:
         models until step 0 ends (a model first called on a step without them: at the next)."""
         rec = self.recorder
         probes = self.probes
-        self._set_forward(not self.naming.frozen or (rec.recording and rec.acts) or rec.wants_forward()
-                          or (bool(probes) and any(k != "optimizer" for k in probes))
-                          or self.lineage is not None or self.on_module is not None)
+        # (twice a step: the usual answer, "off, and off already", asks nothing further)
+        on = (not self.naming._frozen or (rec.recording and rec.acts) or rec.wants_forward()
+              or (bool(probes) and any(k != "optimizer" for k in probes))
+              or self.lineage is not None or self.on_module is not None)
+        if on != bool(self._fwd_handles):
+            self._set_forward(on)
 
     def finish(self) -> None:
         """The script is over: close the open step if anything happened in it."""
@@ -326,7 +329,10 @@ class Tracer:
         self._backward_pending = False
         if self._failed:
             return
-        self._quietly(self._backward_end_quiet)
+        if self.lineage is None:
+            self._backward_end_quiet()
+        else:
+            self._quietly(self._backward_end_quiet)
 
     def _backward_end_quiet(self) -> None:
         self.busy += 1
@@ -373,7 +379,10 @@ class Tracer:
         # (an optimizer step that evaluates a closure, LBFGS's, runs forward and loss inside it;
         # ``args`` are step's own, the optimizer first)
         self.closure_step = len(args) > 1 or kwargs.get("closure") is not None
-        self._quietly(self._opt_pre_quiet, opt)
+        if self.lineage is None:
+            self._opt_pre_quiet(opt)
+        else:
+            self._quietly(self._opt_pre_quiet, opt)
         return None
 
     def _opt_pre_quiet(self, opt) -> None:
@@ -382,8 +391,9 @@ class Tracer:
             self._sync_forward()
             if self._opt_seen.get(opt) != len(opt.param_groups):
                 self._first_sight(opt)          # (again after add_param_group: its parameters named and watched)
-            needs_count = self.clock.mode in (Mode.UNKNOWN, Mode.MANUAL) or \
-                (self.clock.mode is not Mode.LEARNING and self.clock.closer is None)
+            clock = self.clock
+            needs_count = clock.mode in (Mode.UNKNOWN, Mode.MANUAL) or \
+                (clock.mode is not Mode.LEARNING and (clock._closer is None or clock._closer() is None))
             n = self._optimizer_count(opt) if needs_count else 2
             close = self.clock.optimizer_pre(opt, n)
             manual = self.clock.mode is Mode.MANUAL
@@ -394,7 +404,8 @@ class Tracer:
             if close is not None:
                 self._close(close)
             self.recorder.optimizer_pre(opt)
-            self._tell_optimizer(opt, "pre")
+            if self.lineage is not None or self.probes:
+                self._tell_optimizer(opt, "pre")
         except Exception:
             self._fail()
         finally:
@@ -403,14 +414,18 @@ class Tracer:
     def _opt_post(self, opt, args, kwargs):
         if self._failed:
             return None
-        self._quietly(self._opt_post_quiet, opt)
+        if self.lineage is None:
+            self._opt_post_quiet(opt)
+        else:
+            self._quietly(self._opt_post_quiet, opt)
         return None
 
     def _opt_post_quiet(self, opt) -> None:
         self.busy += 1
         try:
             self.recorder.optimizer_post(opt)
-            self._tell_optimizer(opt, "post")
+            if self.lineage is not None or self.probes:
+                self._tell_optimizer(opt, "post")
             mark = self.clock.marks(opt)
             close = self.clock.optimizer_post(opt)
             if mark:
@@ -433,7 +448,7 @@ class Tracer:
 
     def optimizers(self) -> list:
         """The optimizers that have stepped in this run."""
-        out = [r() for r in self._opt_refs]
+        out = list(map(weakref.ref.__call__, self._opt_refs))     # (no Python frame per optimizer)
         if None in out:                  # (an optimizer the script let go of)
             self._opt_refs = [r for r in self._opt_refs if r() is not None]
             out = [o for o in out if o is not None]

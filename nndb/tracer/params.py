@@ -5,7 +5,11 @@
 copied into one float32 buffer (values and updates through cached zero-copy
 numpy views, one concatenation each; gradients by one
 ``torch._foreach_copy_`` into views of the buffer; then one ``reduceat`` a
-step), and the others, reduced one by one on their own device.
+step), and the others (large ones, accelerator ones), measured on their own
+devices all together: between full steps their norms by one
+``torch._foreach_norm`` per (device, dtype) and one host transfer per device
+(``stats.norm_rows_bulk``), their values before the step copied by one
+``torch._foreach_copy_`` into buffers kept from step to step.
 ``Snapshot``: the values before an update, from which the update is
 computed.
 
@@ -16,6 +20,7 @@ gradients, not six ``.numpy()`` and a concatenation).
 """
 from __future__ import annotations
 
+import operator
 from typing import Optional
 
 import numpy as np
@@ -28,6 +33,7 @@ from .quiet import Quiet
 # torch.no_grad() without the context manager's Python layers (a step's hooks
 # run with the caches cold, where each layer costs microseconds)
 _set_grad_enabled = torch._C._set_grad_enabled
+_GRAD = operator.attrgetter("grad")
 
 
 class ParamPlan:
@@ -57,6 +63,10 @@ class ParamPlan:
         self._grad_dst: list = []        # torch views of its gradient part, shaped like the parameters
         self._views = [None] * len(self.host)
         self._ptrs = [None] * len(self.host)
+        # The large parameters' values before a step: buffers made once and filled by one
+        # ``torch._foreach_copy_`` a step (a clone of each allocated every step, before),
+        # lent to one Snapshot at a time.
+        self._large_spare: Optional[list] = None
 
     def names(self, name_of, with_grads: bool) -> list:
         """[(name, kind)] of a block's rows: values, updates (and gradients)."""
@@ -93,7 +103,7 @@ class ParamPlan:
             if grad_mode:      # (a gradient that needs grad, under create_graph: our copy is not the step's graph)
                 _set_grad_enabled(False)
             torch._foreach_copy_(self._grad_dst, [S.local(p.grad) for p in self.host] if self._sharded
-                                 else [p.grad for p in self.host])
+                                 else list(map(_GRAD, self.host)))
         except (RuntimeError, TypeError):
             return False
         finally:
@@ -116,13 +126,36 @@ class ParamPlan:
                 views[i], self._ptrs[i] = v, (ptr if cacheable else None)
         return views
 
+    def large_values_before(self) -> list:
+        """Copies of the large parameters' values (their local shards), made by one fused
+        copy into buffers kept from the last step when they still fit."""
+        values = [S.local(p).detach() for p in self.large]
+        if not values:
+            return []
+        spare, self._large_spare = self._large_spare, None
+        if spare is not None and all(b.shape == v.shape and b.dtype == v.dtype and b.device == v.device
+                                     for b, v in zip(spare, values)):
+            grad_mode = torch.is_grad_enabled()
+            try:
+                if grad_mode:
+                    _set_grad_enabled(False)
+                torch._foreach_copy_(spare, values)
+                return spare
+            except (RuntimeError, TypeError):
+                pass
+            finally:
+                if grad_mode:
+                    _set_grad_enabled(True)
+        return [v.clone() for v in values]
+
     def values_before(self) -> Optional[np.ndarray]:
         """The small parameters' values before an update: for a plan ``block``
         reads, straight into the update's place in its buffer (no new array
         each step)."""
         if not self._fast:
             return self.host_values()
-        return np.concatenate(self._host_views(), out=self._buffer()[self.n:2 * self.n])
+        buf = self._buf if self._buf is not None else self._buffer()
+        return np.concatenate(self._host_views(), out=buf[self.n:2 * self.n])
 
     def block(self, before: np.ndarray, full: bool, grads: bool) -> Optional[tuple]:
         """(with grads, rows, histograms at a full step or None) of the block: values, updates since ``before``
@@ -169,7 +202,7 @@ class Snapshot:
     def __init__(self, plan: ParamPlan):
         self.plan = plan
         self.host_before = plan.values_before()
-        self.large_before = [S.local(p).detach().clone() for p in plan.large]
+        self.large_before = plan.large_values_before() if plan.large else []
 
     def record(self, bucket, full: bool, grads: bool = True) -> None:
         """Put value, update (and grad) of every parameter into ``bucket`` (the
@@ -202,13 +235,27 @@ class Snapshot:
                 if g is not None:
                     bucket.blocks.append(g)
         if plan.large:
+            values = [S.local(p).detach() for p in plan.large]
+            # The updates, in place of the values before: -before + value is value - before
+            # bit for bit (two fused calls for all of them; the buffers go back to the plan).
+            updates = self.large_before
+            grad_mode = torch.is_grad_enabled()
+            try:
+                if grad_mode:
+                    _set_grad_enabled(False)
+                torch._foreach_neg_(updates)
+                torch._foreach_add_(updates, values)
+            finally:
+                if grad_mode:
+                    _set_grad_enabled(True)
             keys, items = [], []
-            for p, before in zip(plan.large, self.large_before):
+            for p, value, update in zip(plan.large, values, updates):
                 keys += [("param", p, "param"), ("param", p, "update")]
-                value = S.local(p).detach()
-                items += [value, value - before]
+                items += [value, update]
                 if grads and p.grad is not None and not p.grad.is_sparse:
                     keys.append(("param", p, "grad"))
                     items.append(S.local(p.grad).detach())
-            H.add_many(bucket, keys, items, full)
+            H.add_many(bucket, keys, items, full, bulk=True)
+            self.large_before = []
+            plan._large_spare = updates
         bucket.covered |= plan.ids

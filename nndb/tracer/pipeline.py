@@ -140,9 +140,13 @@ class WriteOptimizers:
         step = end.records[0].step
         try:
             opts = self.optimizers()
-            # (one row per group; most steps it equals the last one and nothing more is done)
-            rows = [(id(o), id(ps := g["params"]), len(ps), lr if type(lr := g.get("lr")) is float else _lr(lr))
-                    for o in opts for g in o.param_groups]
+            # (one row per group; most steps it equals the last one and nothing more is done;
+            # loops, not a comprehension: no call of their own, once a step)
+            rows = []
+            for o in opts:
+                for g in o.param_groups:
+                    ps, lr = g["params"], g.get("lr")
+                    rows.append((id(o), id(ps), len(ps), lr if type(lr) is float else _lr(lr)))
             now = (self.naming.roots_version, len(opts), rows)
             if now == self._rows:
                 return

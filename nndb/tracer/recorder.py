@@ -24,6 +24,7 @@ The hooks (``tracer.hooks``) stay thin and forward here.  What is recorded:
 """
 from __future__ import annotations
 
+import operator
 import time
 import weakref
 from dataclasses import dataclass
@@ -35,13 +36,15 @@ import torch
 from . import histogram as H
 from . import stats as S
 from ..schema import KINDS  # noqa: F401  (the kinds of the series recorded here)
-from .bucket import _PENDING, _Bucket
+from .bucket import _PENDING, _PENDING_LOSS, _Bucket
 from .params import ParamPlan, Snapshot
 
 
 # The kinds a hand-written loop's step N has only at the end of step N+1 (the update
 # the script makes after step N's backward): its provisional record lacks them.
 LATE_KINDS = ("param", "update")
+
+_PARAMS = operator.itemgetter("params")
 
 
 @dataclass
@@ -227,11 +230,11 @@ class StepRecorder:
         self._cur.backward_count += 1
 
     def _plan(self, opt) -> ParamPlan:
-        groups = opt.param_groups
-        signature = [(id(g["params"]), len(g["params"])) for g in groups]
+        lists = list(map(_PARAMS, opt.param_groups))
+        signature = (tuple(map(id, lists)), tuple(map(len, lists)))      # (C calls only: once a step)
         cached = self._plans.get(opt)
         if cached is None or cached[0] != signature:
-            cached = (signature, ParamPlan([p for g in groups for p in g["params"]]))
+            cached = (signature, ParamPlan([p for ps in lists for p in ps]))
             self._plans[opt] = cached
         return cached[1]
 
@@ -248,9 +251,10 @@ class StepRecorder:
 
     def optimizer_post(self, opt) -> None:
         self._in_step = None
-        b = self._cur
+        b = self._buckets[-1]
         b.optimizer_steps += 1
-        b.attribute_losses(opt)
+        if b.deferred or _PENDING_LOSS in b.entries or _PENDING_LOSS in b.hists:
+            b.attribute_losses(opt)
         snap = self._snapshots.pop(id(opt), None)
         if self.recording and snap is not None:
             snap.record(b, self.full)
@@ -274,7 +278,8 @@ class StepRecorder:
         if len(closed) != 1:
             for b in closed:
                 bucket.merge(b)
-        bucket.resolve(self.full)
+        if bucket.deferred or bucket.blocks:
+            bucket.resolve(self.full)
         nxt = _Bucket()
         for b in rest:
             nxt.merge(b)
@@ -291,7 +296,9 @@ class StepRecorder:
             self._close_manual(step, bucket, now, recording, final)
             return
         if recording:
-            self._other_params(bucket)
+            others = self._others
+            if others[1] or others[0] != (self.naming.roots_version, len(bucket.covered)):
+                self._other_params(bucket)
             self._emit(step, bucket, now, partial=final)
 
     def has_open_work(self) -> bool:
@@ -325,7 +332,7 @@ class StepRecorder:
             if g is not None and not g.is_sparse:
                 keys.append(("param", p, "grad"))
                 items.append(g.detach())
-        H.add_many(bucket, keys, items, self.full)
+        H.add_many(bucket, keys, items, self.full, bulk=True)
 
     def _close_manual(self, step, bucket, now, recording, final) -> None:
         """Hand-written updates: step N's value and update are known at the
@@ -348,7 +355,7 @@ class StepRecorder:
             if p.grad is not None and not p.grad.is_sparse:
                 keys.append(("param", p, "grad"))
                 items.append(p.grad.detach())
-        H.add_many(bucket, keys, items, self.full)
+        H.add_many(bucket, keys, items, self.full, bulk=True)
         bucket.resolve(self.full)
         if final:
             self._emit(step, bucket, now, partial=True)
@@ -440,8 +447,10 @@ class StepRecorder:
         self.sink(rec)
 
     def _record(self, step: int, b: _Bucket, now: float, partial: bool) -> StepRecord:
-        b.resolve()
-        b.attribute_losses(None)
+        if b.deferred or b.blocks:
+            b.resolve()
+        if b.deferred or _PENDING_LOSS in b.entries or _PENDING_LOSS in b.hists:
+            b.attribute_losses(None)
         # The step's series, by what was recorded (the same keys step after step: one lookup)
         if self._gone or self._names_version != self.naming.roots_version:
             self._forget_gone()

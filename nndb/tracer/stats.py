@@ -361,6 +361,44 @@ def cpu_raw_large(t: torch.Tensor, full: bool = True) -> np.ndarray:
     return raw
 
 
+# -- many tensors' norms at once (torch, fused) ----------------------------------
+
+_NORM_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
+
+
+def norm_rows_bulk(tensors: Sequence[torch.Tensor]) -> list[np.ndarray]:
+    """Norm-only rows (count, sum of squares, NaN/Inf: ``cpu_raw_large(t,
+    full=False)``'s fields) of many torch tensors with a constant number of
+    fused calls: one ``torch._foreach_norm`` (accumulated in float64) per
+    (device, dtype) group and one host transfer per device, whatever the
+    number of tensors.  A tensor whose norm is not finite takes the exact
+    path (its NaN and Inf counted).  Other dtypes, and empty tensors, one by one."""
+    out: list = [None] * len(tensors)
+    groups: dict = {}
+    for i, t in enumerate(tensors):
+        if t.dtype in _NORM_DTYPES and t.numel():
+            groups.setdefault((t.device, t.dtype), []).append(i)
+        else:
+            out[i] = cpu_raw_large(t, False) if t.device.type == "cpu" else raw_now(t, False)
+    if not groups:
+        return out
+    by_device: dict = {}
+    for (device, _), idx in groups.items():
+        norms = torch._foreach_norm([tensors[i] for i in idx], 2, dtype=torch.float64)
+        by_device.setdefault(device, ([], []))
+        by_device[device][0].extend(norms)
+        by_device[device][1].extend(idx)
+    for norms, idx in by_device.values():
+        values = torch.stack(norms).cpu().numpy()      # (the one host transfer of the device)
+        for i, v in zip(idx, values.tolist()):
+            if math.isfinite(v):
+                out[i] = np.array([tensors[i].numel(), math.nan, v * v, math.nan, math.nan, math.nan,
+                                   math.nan, 0.0, 0.0])
+            else:
+                out[i] = _segment_raw_exact(_device_flat(tensors[i]).cpu().numpy())
+    return out
+
+
 # -- accelerator tensors (torch, asynchronous) ---------------------------------
 
 def device_raw(t: torch.Tensor) -> tuple[int, torch.Tensor]:
@@ -420,24 +458,31 @@ def raw_now(t: torch.Tensor, full: bool = True) -> np.ndarray:
     return _complete(n, row.cpu().numpy(), t)
 
 
-def raw_many(tensors: Sequence, full: bool = True) -> list[np.ndarray]:
+def raw_many(tensors: Sequence, full: bool = True, bulk: bool = False) -> list[np.ndarray]:
     """Raw rows of many tensors (or host arrays): small CPU ones in one numpy
     batch, large CPU ones one by one, accelerator ones with one host transfer
-    at the end."""
+    at the end.  With ``bulk`` and not ``full`` (parameters, gradients and
+    updates: norms are what every step records of them, on any device), the
+    large and accelerator ones all together, norms only (``norm_rows_bulk``)."""
     out: list = [None] * len(tensors)
-    host_idx, host_arrays, dev = [], [], []
+    host_idx, host_arrays, dev, bulk_idx = [], [], [], []
     tensors = [t if isinstance(t, np.ndarray) else local(t) for t in tensors]
     for i, t in enumerate(tensors):
         if isinstance(t, np.ndarray):
             host_idx.append(i)
             host_arrays.append(t)
-        elif t.device.type != "cpu":
-            dev.append(i)
-        elif t.numel() <= HOST_MAX_ELEMENTS:
+        elif t.device.type == "cpu" and t.numel() <= HOST_MAX_ELEMENTS:
             host_idx.append(i)
             host_arrays.append(_host_array(t))
+        elif bulk and not full:
+            bulk_idx.append(i)
+        elif t.device.type != "cpu":
+            dev.append(i)
         else:
             out[i] = cpu_raw_large(t, full)
+    if bulk_idx:          # (norms only: every large or accelerator tensor in a few fused calls)
+        for i, row in zip(bulk_idx, norm_rows_bulk([tensors[i] for i in bulk_idx])):
+            out[i] = row
     if host_arrays:
         rows = host_raw_batch(host_arrays, full)
         for j, i in enumerate(host_idx):

@@ -89,12 +89,13 @@ class StepClock:
                 self.mode = Mode.CYCLE
                 return self._close(retro=self._learn_posts)
             return None
-        if self.closer is None:
+        closer = self._closer() if self._closer is not None else None
+        if closer is None:
             self.mode = Mode.SINGLE if n_optimizers <= 1 else Mode.CYCLE
             self._set_closer(opt)
             self._others = []
             return None
-        if self.mode is Mode.SINGLE and any(r() is opt for r in self._others):
+        if self.mode is Mode.SINGLE and self._others and any(r() is opt for r in self._others):
             # The closer has not stepped since this one did: this one (and any that
             # stepped with it) is the loop now; the closer is an earlier stage's.
             order, self._others = self._others, []
@@ -107,8 +108,10 @@ class StepClock:
         """Does ``opt``'s step, about to return, end a segment of the step
         (``StepRecorder.mark``): while learning, and for an optimizer other
         than the one closer (it may take over: see ``optimizer_pre``)."""
-        return self.mode is Mode.LEARNING or (self.mode is Mode.SINGLE and opt is not self.closer
-                                              and self.closer is not None)
+        if self.mode is Mode.LEARNING:
+            return True
+        closer = self._closer() if self._closer is not None else None
+        return self.mode is Mode.SINGLE and opt is not closer and closer is not None
 
     def optimizer_post(self, opt) -> Optional[Close]:
         if self.mode is Mode.LEARNING:
@@ -116,10 +119,11 @@ class StepClock:
             self._learn_posts += 1
             self._set_closer(opt)
             return None
-        if opt is self.closer:
+        closer = self._closer() if self._closer is not None else None
+        if opt is closer:
             self._others = []
             return self._close()
-        if self.mode is Mode.SINGLE and self.closer is not None:
+        if self.mode is Mode.SINGLE and closer is not None:
             self._others.append(weakref.ref(opt))
         return None
 
