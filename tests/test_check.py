@@ -386,8 +386,8 @@ def test_gradcheck_module_needs_something_to_differentiate():
 def test_tracer_quiet_restores_the_tracers_guard_and_depth():
     from types import SimpleNamespace
     from nndb.check.gradcheck import tracer_quiet
-    tracer = SimpleNamespace(_in_hook=False, _module_depth=2)
+    tracer = SimpleNamespace(in_hook=False, module_depth=2)
     with tracer_quiet(tracer):
-        assert tracer._in_hook
-        tracer._module_depth = -5
-    assert (tracer._in_hook, tracer._module_depth) == (False, 2)
+        assert tracer.in_hook
+        tracer.module_depth = -5
+    assert (tracer.in_hook, tracer.module_depth) == (False, 2)

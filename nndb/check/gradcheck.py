@@ -29,12 +29,12 @@ def tracer_quiet(tracer):
     """The copy's thousands of forward calls are not the run's: the tracer's
     hooks pass them by (its re-entrancy guard), and its module nesting depth,
     which their post hooks count down, is put back afterwards."""
-    saved = tracer._in_hook, tracer._module_depth
-    tracer._in_hook = True
+    saved = tracer.in_hook, tracer.module_depth
+    tracer.in_hook = True
     try:
         yield
     finally:
-        tracer._in_hook, tracer._module_depth = saved
+        tracer.in_hook, tracer.module_depth = saved
 
 
 def gradcheck_module(module, inputs: tuple) -> dict:

@@ -61,7 +61,7 @@ def _record(s, arg):
         cur = s.current
         if cur is None or cur.at_step_end:
             # (the module hooks go in or out only at a step boundary: never while a forward runs them)
-            rec.tracer._sync_forward()
+            rec.tracer.sync_forward()
     if not ft.rules:
         return "Whole tensors: none kept (record full KIND GLOB)."
     lines = ["Whole tensors kept from now on:" if arg[0] == "add" else "Whole tensors kept:"]

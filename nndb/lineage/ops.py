@@ -312,7 +312,7 @@ class OpRecorder(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         cur = self.current
         t = self.tracer
-        if cur is None or func in _SKIP or t._in_hook or t.busy:     # (nndb's own work is not the step's)
+        if cur is None or func in _SKIP or t.in_hook or t.busy:     # (nndb's own work is not the step's)
             return func(*args, **(kwargs or {}))
         try:
             ins = _tensors(args, [])

@@ -96,9 +96,9 @@ class Block:
         rows = lay.loss_rows
         if rows.size == 0:
             return np.zeros((self.k, 0))
-        from ..tracer.stats import _I_INF, _I_N, _I_NAN, _I_SUM
+        from ..tracer.stats import RAW_INF, RAW_N, RAW_NAN, RAW_SUM
         r = self.raw[:, rows, :]
-        finite = r[:, :, _I_N] - r[:, :, _I_NAN] - r[:, :, _I_INF]
+        finite = r[:, :, RAW_N] - r[:, :, RAW_NAN] - r[:, :, RAW_INF]
         if not (finite > 0).all():
             return None
-        return r[:, :, _I_SUM] / finite
+        return r[:, :, RAW_SUM] / finite

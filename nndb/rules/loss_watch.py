@@ -110,7 +110,7 @@ class LossWatch:
         self._module_call = (weakref.ref(x), weakref.ref(y))
 
     def model_output(self, module, use, args, output) -> None:
-        if self.probe.tracer._module_depth != 0 or self.probe.error is not None:
+        if self.probe.tracer.module_depth != 0 or self.probe.error is not None:
             return                          # a submodule of another model: not the model's output
         for t in (output,) if isinstance(output, torch.Tensor) else _leaves(output):
             if isinstance(t, torch.Tensor) and t.dim() >= 1 and t.is_floating_point():
@@ -126,7 +126,7 @@ class LossWatch:
 
     # -- the mode's calls ------------------------------------------------------------
     def on_call(self, func, args, kwargs, out) -> None:
-        if self.probe.tracer._in_hook:      # nndb's own tensor work in a hook
+        if self.probe.tracer.in_hook:      # nndb's own tensor work in a hook
             return
         op = BROADCASTING_OPS.get(func)
         if op is not None:

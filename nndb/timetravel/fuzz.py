@@ -74,7 +74,7 @@ class FuzzRole(Role):
         super().begin(s)
         self.s = s
         self._handles = [register_module_forward_pre_hook(self._pre), register_module_forward_hook(self._post)]
-        s.rec.tracer._set_forward(True)          # (so that the tracer sees the forward as before)
+        s.rec.tracer.want_forward(True)          # (so that the tracer sees the forward as before)
 
     def interruptible(self) -> bool:
         return True
@@ -121,7 +121,7 @@ class FuzzRole(Role):
         for h in self._handles:
             h.remove()
         s = self.s
-        s.rec.tracer._set_forward(False)          # (nndb's own hooks see none of the mutants)
+        s.rec.tracer.want_forward(False)          # (nndb's own hooks see none of the mutants)
         try:
             with torch._C.DisableTorchFunction(), _disable_current_modes(), torch.enable_grad():
                 result = self._fuzz(s, loss, step)
@@ -213,7 +213,7 @@ def _locate(s, ev: Evaluator, inputs: list, found: dict, step) -> dict:
     from ..lineage.catchstep import catch_detail
     from ..lineage.ops import OpRecorder
     from ..lineage.oprecord import FILE, LINE
-    stand_in = SimpleNamespace(naming=s.rec.naming, lineage=None, _in_hook=False, busy=0)
+    stand_in = SimpleNamespace(naming=s.rec.naming, lineage=None, in_hook=False, busy=0)
     rec = OpRecorder(stand_in, check=True)
     handles = []
     for mod in ev.m.module.modules():

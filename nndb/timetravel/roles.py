@@ -450,7 +450,7 @@ class Measure(Role):
     def begin(self, s) -> None:
         super().begin(s)
         s.rec.recorder.require(full=True, acts=True)
-        s.rec.tracer._sync_forward()              # (the module hooks, for the next forward)
+        s.rec.tracer.sync_forward()              # (the module hooks, for the next forward)
 
     def before_stops(self, s, step: int):
         wrong = self.diverged(s)

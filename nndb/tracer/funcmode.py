@@ -49,7 +49,7 @@ class FunctionWatch(TorchFunctionMode):
     def __init__(self, on_call: Callable, quiet=None):
         super().__init__()
         self.on_call = on_call
-        # the tracer, whose ``_in_hook`` (a module hook) or ``busy`` (a step
+        # the tracer, whose ``in_hook`` (a module hook) or ``busy`` (a step
         # boundary) is set while nndb's own hooks run: their tensor work goes
         # straight through, unseen (on a sampled MLP step it was ~140 of the
         # ~150 calls the mode saw)
@@ -63,7 +63,7 @@ class FunctionWatch(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         q = self.quiet
-        if q is not None and (q._in_hook or q.busy):
+        if q is not None and (q.in_hook or q.busy):
             return func(*args, **(kwargs or {}))
         self._depth += 1
         try:

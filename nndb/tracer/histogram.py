@@ -51,9 +51,9 @@ def exact_zeros(raw, n: int):
     """The exact count of zeros in a raw row (nndb.tracer.stats) of ``n``
     elements, or None (no row; not measured: a step that is not full; another
     element count; more elements than a float32 sum counts exactly)."""
-    if raw is None or n > _EXACT_COUNT_MAX or raw[S._I_N] != n or raw[S._I_ZERO] != raw[S._I_ZERO]:
+    if raw is None or n > _EXACT_COUNT_MAX or raw[S.RAW_N] != n or raw[S.RAW_ZERO] != raw[S.RAW_ZERO]:
         return None
-    return int(raw[S._I_ZERO])
+    return int(raw[S.RAW_ZERO])
 
 
 def of_scalar(v: float) -> np.ndarray:

@@ -7,7 +7,7 @@ and per-parameter post-accumulate-grad hooks plus an autograd-engine callback
 (the end of each ``backward()``, and the loss: the root tensors that the
 engine was asked to differentiate, read from the ``_engine_run_backward``
 frame that is on the stack at that moment).  Nothing in torch is patched.
-The module hooks are in only for the steps that need them (``_sync_forward``).
+The module hooks are in only for the steps that need them (``sync_forward``).
 
 A hook never raises into the user's program: an error inside nndb is
 reported once on stderr and recording stops; training goes on untouched.
@@ -85,9 +85,9 @@ class Tracer:
         self.probes: dict = {}
         self.on_error = on_error or (lambda msg: print(msg, file=sys.stderr))
         self._handles: list = []
-        self._fwd_handles: list = []            # the global module hooks, while in (_sync_forward)
+        self._fwd_handles: list = []            # the global module hooks, while in (sync_forward)
         self._param_handles: dict = {}          # id(param) -> handle
-        self._module_depth = 0
+        self.module_depth = 0
         self._calls: dict = {}                  # module -> calls within the current root forward
         self._ran: set = set()                  # modules whose forward ran with grad in this step (not in a backward)
         self._backward_pending = False
@@ -105,7 +105,7 @@ class Tracer:
         self.busy = 0
         self.closure_step = False               # the optimizer step running was given a closure
         self._failed = False
-        self._in_hook = False
+        self.in_hook = False
         self._thread = threading.get_ident()
 
     # -- what the debugger asks of the tracer ---------------------------------
@@ -136,7 +136,7 @@ class Tracer:
             _optimizer.register_optimizer_step_pre_hook(self._opt_pre),
             _optimizer.register_optimizer_step_post_hook(self._opt_post),
         ]
-        self._set_forward(True)
+        self.want_forward(True)
 
     def preexisting_optimizers(self) -> "weakref.WeakSet":
         """The optimizers alive before the run started (an earlier run's, in a notebook or a test):
@@ -158,12 +158,12 @@ class Tracer:
         for h in self._handles:
             h.remove()
         self._handles = []
-        self._set_forward(False)
+        self.want_forward(False)
         for _, h in self._param_handles.values():
             h.remove()
         self._param_handles = {}
 
-    def _set_forward(self, on: bool) -> None:
+    def want_forward(self, on: bool) -> None:
         if on and not self._fwd_handles:
             self._fwd_handles = [_module.register_module_forward_pre_hook(self._forward_pre),
                                  _module.register_module_forward_hook(self._forward_post)]
@@ -172,7 +172,7 @@ class Tracer:
                 h.remove()
             self._fwd_handles = []
 
-    def _sync_forward(self) -> None:
+    def sync_forward(self) -> None:
         """At an optimizer step (a safe point: no module's forward is iterating PyTorch's global
         module hooks): the module hooks are in only for the steps that need them (a module call
         costs nothing between them).  Needed for: activations (the steps ``Cadence.acts``
@@ -185,7 +185,7 @@ class Tracer:
               or (bool(probes) and any(k != "optimizer" for k in probes))
               or self.lineage is not None or self.on_module is not None)
         if on != bool(self._fwd_handles):
-            self._set_forward(on)
+            self.want_forward(on)
 
     def finish(self) -> None:
         """The script is over: close the open step if anything happened in it."""
@@ -219,24 +219,24 @@ class Tracer:
     # -- module hooks --------------------------------------------------------
     def _forward_pre(self, module, args):
         # (activation checkpointing recomputes a forward in the backward: recorded already if it ran with grad)
-        if self._failed or self._in_hook or (module in self._ran and _IN_BACKWARD() != -1):
+        if self._failed or self.in_hook or (module in self._ran and _IN_BACKWARD() != -1):
             return None
         try:
-            if self._module_depth == 0:
+            if self.module_depth == 0:
                 self._calls = {}
                 if not self.naming.knows(module):
                     self.naming.add_root(module, user_frame(2))
                 self._watch_params(module)     # (also parameters new in it: a head replaced, assign=True)
                 if self.probes and "root" in self.probes:
-                    self._in_hook = True          # (the probes' own tensor work is not the step's)
+                    self.in_hook = True          # (the probes' own tensor work is not the step's)
                     try:
                         for cb in self.probes["root"]:
                             cb(module, args)
                     finally:
-                        self._in_hook = False
+                        self.in_hook = False
         except Exception:
             self._fail()
-        self._module_depth += 1
+        self.module_depth += 1
         if self.lineage is not None:
             self.lineage.module_pre(module, args)
         if self.on_module is not None:
@@ -246,8 +246,8 @@ class Tracer:
     def _forward_post(self, module, args, output):
         if module in self._ran and _IN_BACKWARD() != -1:
             return None
-        self._module_depth = max(0, self._module_depth - 1)
-        if self._failed or self._in_hook:
+        self.module_depth = max(0, self.module_depth - 1)
+        if self._failed or self.in_hook:
             return None
         if torch.is_grad_enabled() and _IN_BACKWARD() == -1:
             self._ran.add(module)
@@ -258,7 +258,7 @@ class Tracer:
 
     def _forward_post_quiet(self, module, args, output) -> None:
         try:
-            self._in_hook = True
+            self.in_hook = True
             # A module reused within one forward pass (one ReLU applied after two
             # layers) gets one series per use: act, act#2, ...
             idx = self._calls.get(module, 0)
@@ -272,7 +272,7 @@ class Tracer:
         except Exception:
             self._fail()
         finally:
-            self._in_hook = False
+            self.in_hook = False
 
     def _quietly(self, fn, *args) -> None:
         """``fn(*args)``, with the op recorder (if on) off the dispatch stack:
@@ -388,7 +388,7 @@ class Tracer:
     def _opt_pre_quiet(self, opt) -> None:
         self.busy += 1
         try:
-            self._sync_forward()
+            self.sync_forward()
             if self._opt_seen.get(opt) != len(opt.param_groups):
                 self._first_sight(opt)          # (again after add_param_group: its parameters named and watched)
             clock = self.clock
@@ -432,7 +432,7 @@ class Tracer:
                 self.recorder.mark()
             if close is not None:
                 self._close(close)
-            self._sync_forward()
+            self.sync_forward()
         except Exception:
             self._fail()
         finally:
@@ -474,7 +474,7 @@ class Tracer:
     def _close(self, close: Close) -> None:
         # No forward pass is running at a step boundary, and a forward that raised
         # may have left the depth counter up (always_call would cost every module call).
-        self._module_depth, self._ran = 0, set()
+        self.module_depth, self._ran = 0, set()
         ft = self.recorder.fulltensors
         if ft is not None and ft.rules and self.recorder.manual:
             # (no optimizer: a hand-written update; the whole gradients and parameters are taken here)

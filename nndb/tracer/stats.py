@@ -59,14 +59,14 @@ HOST_MAX_ELEMENTS = 1 << 12
 HOST_MAX_PARAM_ELEMENTS = 1 << 16
 
 _HOST_DTYPES = (torch.float32, torch.float64, torch.float16)
-_I_N, _I_SUM, _I_SQ, _I_MIN, _I_MAX, _I_ABS, _I_ZERO, _I_NAN, _I_INF = range(N_RAW)
-NONFINITE_FIELDS = slice(_I_NAN, _I_INF + 1)
+RAW_N, RAW_SUM, RAW_SQ, RAW_MIN, RAW_MAX, RAW_ABS, RAW_ZERO, RAW_NAN, RAW_INF = range(N_RAW)
+NONFINITE_FIELDS = slice(RAW_NAN, RAW_INF + 1)
 
 
 def empty_raw() -> np.ndarray:
     raw = np.zeros(N_RAW)
-    raw[_I_MIN] = np.inf
-    raw[_I_MAX] = -np.inf
+    raw[RAW_MIN] = np.inf
+    raw[RAW_MAX] = -np.inf
     return raw
 
 
@@ -79,8 +79,8 @@ def is_recordable(t) -> bool:
 def merge_raw(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """Exact merge; a field one side did not measure (NaN) stays unmeasured."""
     out = a + b
-    out[_I_MIN] = np.minimum(a[_I_MIN], b[_I_MIN])
-    out[_I_MAX] = np.maximum(a[_I_MAX], b[_I_MAX])
+    out[RAW_MIN] = np.minimum(a[RAW_MIN], b[RAW_MIN])
+    out[RAW_MAX] = np.maximum(a[RAW_MAX], b[RAW_MAX])
     return out
 
 
@@ -109,21 +109,21 @@ def _segment_raw_exact(seg: np.ndarray) -> np.ndarray:
     """Slow path for a segment that holds NaN or Inf: sums over its finite
     part, extremes over its elements that are not NaN."""
     raw = empty_raw()
-    raw[_I_N] = seg.size
+    raw[RAW_N] = seg.size
     nan = np.isnan(seg)
     inf = np.isinf(seg)
-    raw[_I_NAN] = np.count_nonzero(nan)
-    raw[_I_INF] = np.count_nonzero(inf)
+    raw[RAW_NAN] = np.count_nonzero(nan)
+    raw[RAW_INF] = np.count_nonzero(inf)
     fin = seg[~(nan | inf)].astype(np.float64)
-    raw[_I_ZERO] = np.count_nonzero(fin == 0)
+    raw[RAW_ZERO] = np.count_nonzero(fin == 0)
     if fin.size:
-        raw[_I_SUM] = fin.sum()
-        raw[_I_SQ] = np.einsum("i,i->", fin, fin)
-        raw[_I_ABS] = np.abs(fin).sum()
-    if raw[_I_NAN] < seg.size:
+        raw[RAW_SUM] = fin.sum()
+        raw[RAW_SQ] = np.einsum("i,i->", fin, fin)
+        raw[RAW_ABS] = np.abs(fin).sum()
+    if raw[RAW_NAN] < seg.size:
         values = seg[~nan]
-        raw[_I_MIN] = values.min()
-        raw[_I_MAX] = values.max()
+        raw[RAW_MIN] = values.min()
+        raw[RAW_MAX] = values.max()
     return raw
 
 
@@ -132,7 +132,7 @@ def host_raw_one(a: np.ndarray, full: bool = True) -> np.ndarray:
     """Raw row of one small host array: numpy reductions, sums in float64."""
     raw = empty_raw()
     n = a.size
-    raw[_I_N] = n
+    raw[RAW_N] = n
     if n == 0:
         return raw
     x = a.astype(np.float64)
@@ -140,15 +140,15 @@ def host_raw_one(a: np.ndarray, full: bool = True) -> np.ndarray:
     sq = np.einsum("i,i->", x, x)
     if not np.isfinite(s + sq):
         return _segment_raw_exact(a)
-    raw[_I_SUM] = s
-    raw[_I_SQ] = sq
+    raw[RAW_SUM] = s
+    raw[RAW_SQ] = sq
     if not full:
-        raw[_I_MIN] = raw[_I_MAX] = raw[_I_ABS] = raw[_I_ZERO] = np.nan
+        raw[RAW_MIN] = raw[RAW_MAX] = raw[RAW_ABS] = raw[RAW_ZERO] = np.nan
         return raw
-    raw[_I_MIN] = x.min()
-    raw[_I_MAX] = x.max()
-    raw[_I_ABS] = np.abs(x).sum()
-    raw[_I_ZERO] = n - np.count_nonzero(x)
+    raw[RAW_MIN] = x.min()
+    raw[RAW_MAX] = x.max()
+    raw[RAW_ABS] = np.abs(x).sum()
+    raw[RAW_ZERO] = n - np.count_nonzero(x)
     return raw
 
 
@@ -173,27 +173,27 @@ def host_raw_segments(flat: np.ndarray, sizes: np.ndarray, full: bool = True) ->
     all_starts = np.zeros(k, dtype=np.int64)
     np.cumsum(sizes[:-1], out=all_starts[1:])
     out = np.zeros((k, N_RAW))
-    out[:, _I_N] = sizes
+    out[:, RAW_N] = sizes
     if sizes.all():                  # the common case: plain slices, no fancy indexing
         nonempty, starts, cols = slice(None), all_starts, out
     else:
         nonempty = np.flatnonzero(sizes)
-        out[:, _I_MIN] = np.inf
-        out[:, _I_MAX] = -np.inf
+        out[:, RAW_MIN] = np.inf
+        out[:, RAW_MAX] = -np.inf
         if nonempty.size == 0:
             return out
         starts = all_starts[nonempty]
         cols = None
     sums = np.add.reduceat(flat, starts)
     sq = np.add.reduceat(np.square(flat, dtype=np.float64), starts)
-    fields = [(_I_SUM, sums), (_I_SQ, sq)]
+    fields = [(RAW_SUM, sums), (RAW_SQ, sq)]
     if full:
-        fields += [(_I_MIN, np.minimum.reduceat(flat, starts)), (_I_MAX, np.maximum.reduceat(flat, starts)),
-                   (_I_ABS, np.add.reduceat(np.abs(flat), starts)),
-                   (_I_ZERO, np.add.reduceat((flat == 0).astype(np.float64), starts))]
+        fields += [(RAW_MIN, np.minimum.reduceat(flat, starts)), (RAW_MAX, np.maximum.reduceat(flat, starts)),
+                   (RAW_ABS, np.add.reduceat(np.abs(flat), starts)),
+                   (RAW_ZERO, np.add.reduceat((flat == 0).astype(np.float64), starts))]
     else:
         nan = np.full(sums.shape, np.nan)
-        fields += [(_I_MIN, nan), (_I_MAX, nan), (_I_ABS, nan), (_I_ZERO, nan)]
+        fields += [(RAW_MIN, nan), (RAW_MAX, nan), (RAW_ABS, nan), (RAW_ZERO, nan)]
     for col, values in fields:
         if cols is not None:
             out[:, col] = values
@@ -221,13 +221,13 @@ def scalar_row(v: float) -> list:
 def scalar_of(raw):
     """The number a one-element row describes (``scalar_row``'s), or None:
     a row of more elements, or one whose sum was not measured."""
-    if raw is None or raw[_I_N] != 1:
+    if raw is None or raw[RAW_N] != 1:
         return None
-    if raw[_I_NAN]:
+    if raw[RAW_NAN]:
         return math.nan
-    if raw[_I_INF]:
-        return float(raw[_I_MIN])
-    v = float(raw[_I_SUM])
+    if raw[RAW_INF]:
+        return float(raw[RAW_MIN])
+    v = float(raw[RAW_SUM])
     return None if math.isnan(v) else v
 
 
@@ -249,7 +249,7 @@ def scalar_raw(v: float) -> np.ndarray:
 # Norm-only rows (the steps between full ones): count and sum of squares,
 # which give the norm and tell whether NaN/Inf may be present; the rest NaN.
 _NORM_ROW = np.full(N_RAW, np.nan)
-_NORM_ROW[[_I_NAN, _I_INF]] = 0.0
+_NORM_ROW[[RAW_NAN, RAW_INF]] = 0.0
 
 
 def norm_template(sizes) -> tuple[np.ndarray, np.ndarray]:
@@ -259,7 +259,7 @@ def norm_template(sizes) -> tuple[np.ndarray, np.ndarray]:
     starts = np.zeros(len(sizes), dtype=np.int64)
     np.cumsum(sizes[:-1], out=starts[1:])
     rows = np.repeat(_NORM_ROW[None, :], len(sizes), axis=0)
-    rows[:, _I_N] = sizes
+    rows[:, RAW_N] = sizes
     return starts, rows
 
 
@@ -279,16 +279,16 @@ def host_norm_rows(flat: np.ndarray, starts: np.ndarray, template: np.ndarray) -
     squared in float32 (in float16 squares under 6e-8 were 0: a norm 0.002 read 0)."""
     sq = np.add.reduceat(np.square(flat.astype(np.float32) if flat.dtype == np.float16 else flat), starts)
     out = template.copy()
-    out[:, _I_SQ] = sq
+    out[:, RAW_SQ] = sq
     # (a few dozen sums: Python's min and sum of a list cost less than numpy's reductions;
     # NaN or Inf fails the sum's test, min then not needed)
     vals = sq.tolist()
     if not (sum(vals) < math.inf and min(vals) >= _F32_SQ_TINY):
         for i in np.flatnonzero(~(np.isfinite(sq) & (sq >= _F32_SQ_TINY))).tolist():
-            seg = flat[int(starts[i]):int(starts[i]) + int(template[i, _I_N])]
+            seg = flat[int(starts[i]):int(starts[i]) + int(template[i, RAW_N])]
             if np.isfinite(sq[i]):
                 x = seg.astype(np.float64)
-                out[i, _I_SQ] = np.dot(x, x)
+                out[i, RAW_SQ] = np.dot(x, x)
             else:
                 out[i] = _segment_raw_exact(seg)
     return out
@@ -340,24 +340,24 @@ def cpu_raw_large(t: torch.Tensor, full: bool = True) -> np.ndarray:
             return _segment_raw_exact(f.numpy())
         return np.array([n, math.nan, sq, math.nan, math.nan, math.nan, math.nan, 0.0, 0.0])
     raw = empty_raw()
-    raw[_I_N] = n
+    raw[RAW_N] = n
     mn, mx = torch.aminmax(f)
     s, sq, lo, hi = torch.stack([f.sum(), torch.dot(f, f), mn, mx]).tolist()
     if not math.isfinite(s + sq + lo + hi):
         return _segment_raw_exact(f.numpy())
-    raw[_I_SUM], raw[_I_SQ], raw[_I_MIN], raw[_I_MAX] = s, sq, lo, hi
+    raw[RAW_SUM], raw[RAW_SQ], raw[RAW_MIN], raw[RAW_MAX] = s, sq, lo, hi
     if lo > 0 or hi < 0:                 # one sign, no zeros
-        raw[_I_ABS], raw[_I_ZERO] = abs(s), 0.0
+        raw[RAW_ABS], raw[RAW_ZERO] = abs(s), 0.0
     elif lo == 0 and hi == 0:
-        raw[_I_ABS], raw[_I_ZERO] = 0.0, float(n)
+        raw[RAW_ABS], raw[RAW_ZERO] = 0.0, float(n)
     else:
         if lo >= 0 or hi <= 0:          # one sign (with zeros): sum|x| is |sum|
-            raw[_I_ABS] = abs(s)
-            raw[_I_ZERO] = n - abs(float(torch.sign(f).sum()))
+            raw[RAW_ABS] = abs(s)
+            raw[RAW_ZERO] = n - abs(float(torch.sign(f).sum()))
         else:                           # one temporary, reused in place
             a = f.abs()
-            raw[_I_ABS] = float(a.sum())
-            raw[_I_ZERO] = n - float(a.sign_().sum())
+            raw[RAW_ABS] = float(a.sum())
+            raw[RAW_ZERO] = n - float(a.sign_().sum())
     return raw
 
 
@@ -418,9 +418,9 @@ def device_raw(t: torch.Tensor) -> tuple[int, torch.Tensor]:
 @_quiet
 def _complete(n: int, rest: np.ndarray, t: torch.Tensor) -> np.ndarray:
     raw = np.empty(N_RAW)
-    raw[_I_N] = n
+    raw[RAW_N] = n
     raw[1:] = rest
-    if n and not np.isfinite(raw[_I_SUM] + raw[_I_SQ] + raw[_I_MIN] + raw[_I_MAX]):
+    if n and not np.isfinite(raw[RAW_SUM] + raw[RAW_SQ] + raw[RAW_MIN] + raw[RAW_MAX]):
         raw = _segment_raw_exact(_device_flat(t).cpu().numpy())
     return raw
 
@@ -499,14 +499,14 @@ def finalize_column(raws: np.ndarray, stat: str) -> np.ndarray:
     of one or two numpy operations instead of ``finalize_many``'s twenty."""
     r = np.asarray(raws, dtype=np.float64).reshape(-1, N_RAW)
     if stat == "count":
-        return r[:, _I_N].copy()
+        return r[:, RAW_N].copy()
     if stat == "nan_count":
-        return r[:, _I_NAN].copy()
+        return r[:, RAW_NAN].copy()
     if stat == "inf_count":
-        return r[:, _I_INF].copy()
+        return r[:, RAW_INF].copy()
     if stat in _COLUMN_FROM_RAW:
         out = _column(r, stat)
-        none_finite = (r[:, _I_N] > r[:, _I_NAN] + r[:, _I_INF]) == 0
+        none_finite = (r[:, RAW_N] > r[:, RAW_NAN] + r[:, RAW_INF]) == 0
         if stat != "zero_frac" and none_finite.any():       # (rare: finalize_many's own rules)
             out[none_finite] = finalize_many(r[none_finite])[:, STAT_NAMES.index(stat)]
         return out
@@ -519,16 +519,16 @@ _COLUMN_FROM_RAW = ("norm", "mean", "mean_abs", "min", "max", "zero_frac")
 def _column(r: np.ndarray, stat: str) -> np.ndarray:
     """(No numpy error state needed: divisions only where they are defined,
     and comparisons and square roots of NaN raise nothing.)"""
-    finite = r[:, _I_N] - r[:, _I_NAN] - r[:, _I_INF]
+    finite = r[:, RAW_N] - r[:, RAW_NAN] - r[:, RAW_INF]
     if stat == "norm":
-        sq = r[:, _I_SQ]
+        sq = r[:, RAW_SQ]
         return np.where((finite > 0) & (sq >= 0), np.sqrt(np.fmax(sq, 0.0)), np.nan)
     if stat in ("min", "max"):
-        return np.where(finite > 0, r[:, _I_MIN if stat == "min" else _I_MAX], np.nan)
+        return np.where(finite > 0, r[:, RAW_MIN if stat == "min" else RAW_MAX], np.nan)
     if stat == "zero_frac":
-        num, den = r[:, _I_ZERO], r[:, _I_N]
+        num, den = r[:, RAW_ZERO], r[:, RAW_N]
     else:
-        num, den = r[:, _I_SUM if stat == "mean" else _I_ABS], finite
+        num, den = r[:, RAW_SUM if stat == "mean" else RAW_ABS], finite
     return np.divide(num, den, out=np.full(len(r), np.nan), where=den > 0)
 
 
