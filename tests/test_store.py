@@ -230,7 +230,7 @@ def test_the_schema_is_a_leaf_that_owns_the_vocabulary():
             "print(sorted(m for m in sys.modules if m.startswith('nndb') or m in ('h5py', 'torch')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          env=dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-    assert out.stdout.split("\n")[0] == "['nndb', 'nndb.run.startup', 'nndb.store', 'nndb.schema', 'nndb.version']", \
+    assert out.stdout.split("\n")[0] == "['nndb', 'nndb.run', 'nndb.run.startup', 'nndb.schema', 'nndb.version']", \
         out.stderr
     from nndb import cli
     from nndb.debugger import points
