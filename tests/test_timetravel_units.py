@@ -376,7 +376,7 @@ def test_go_to_on_a_replica_runs_forward_itself():
     from types import SimpleNamespace
     from nndb.timetravel.navigate import go_to
     resumed = []
-    s = SimpleNamespace(last_step=4, resume=lambda how, **kw: resumed.append((how, kw)))
+    s = SimpleNamespace(last_step=4, set_until=lambda step: resumed.append(("until", {"until": step})))
     go_to(s, SimpleNamespace(replica=True), 6)
     assert resumed == [("until", {"until": 6})]
 
