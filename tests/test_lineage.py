@@ -284,7 +284,7 @@ def _fake_session(live=None, recorded=None, found=None, last_step=9):
     from types import SimpleNamespace
     w = _Writer(recorded)
     return SimpleNamespace(lineage=_Lineage(live, found), rec=SimpleNamespace(writer=w),
-                           trace_reader=lambda: w, last_step=last_step)
+                           view=SimpleNamespace(trace_reader=lambda: w), last_step=last_step)
 
 
 # op 0 makes t1 (fc's output) from t0 (the input); op 1 makes the loss t2 from t1
