@@ -236,7 +236,7 @@ def test_float16_norms_between_full_steps_are_exact_to_float32():
     rows = S.host_norm_segments(np.concatenate([small, large]), [4096, 4096])
     for row, x in zip(rows, (small, large)):
         want = np.sqrt(np.dot(x.astype(np.float64), x.astype(np.float64)))
-        assert np.sqrt(row[S._I_SQ]) == pytest.approx(want, rel=1e-6)
+        assert np.sqrt(row[S.RAW_SQ]) == pytest.approx(want, rel=1e-6)
 
 
 def test_large_parameters_norms_in_bulk_equal_the_exact_ones_step_after_step(monkeypatch):
