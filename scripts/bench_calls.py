@@ -25,7 +25,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench  # noqa: E402
 from nndb.run.config import RecordSchedule  # noqa: E402
 
-NNDB = os.path.dirname(os.path.realpath(bench.runmeta.__file__))
+import nndb  # noqa: E402
+
+NNDB = os.path.dirname(os.path.realpath(nndb.__file__))
 
 
 def count(name, recorded, steps, tmpdir):
