@@ -237,7 +237,8 @@ class Fingerprints:
             self._fail(e)
 
     def gradient_began(self) -> None:
-        """The tracer's hook: a backward's first parameter gradient is ready."""
+        """The tracer's hook: a backward begins (until an optimizer has stepped: its first
+        parameter gradient is ready).  The forward's time ends here."""
         if self._first_grad is None and self._first_forward is not None:
             self._first_grad = time.perf_counter()
 

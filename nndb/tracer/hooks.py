@@ -3,10 +3,23 @@
 Everything is installed through PyTorch's own global hooks and removed on
 ``uninstall``: module forward pre/post hooks (module call nesting, roots,
 activations), optimizer step pre/post hooks (step boundaries, parameters),
-and per-parameter post-accumulate-grad hooks plus an autograd-engine callback
-(the end of each ``backward()``, and the loss: the root tensors that the
-engine was asked to differentiate, read from the ``_engine_run_backward``
-frame that is on the stack at that moment).  Nothing in torch is patched.
+and the end of each ``backward()`` with its loss, seen two ways:
+
+* while the step clock has not met an optimizer (the first backward, and
+  hand-written updates, where "a backward that reaches a parameter" ends a
+  step): per-parameter post-accumulate-grad hooks plus an autograd-engine
+  callback, the loss being the root tensors that the engine was asked to
+  differentiate, read from the ``_engine_run_backward`` frame on the stack;
+* from the first optimizer step on: one wrapper around
+  ``torch.autograd.backward`` (what ``Tensor.backward`` calls), which hands
+  on its roots after the original returns: one call a backward, whatever
+  the number of parameters (the per-parameter hooks were one call each, 53
+  a step on a small GPT; issue 43).  A backward run inside a backward
+  (reentrant checkpointing) is the outer one's.  The wrapper is the one
+  thing nndb puts in place of a torch function; it calls the original with
+  the same arguments and returns what it returns, and is put back when the
+  last tracer uninstalls.
+
 The module hooks are in only for the steps that need them (``sync_forward``).
 
 A hook never raises into the user's program: an error inside nndb is
@@ -15,6 +28,7 @@ reported once on stderr and recording stops; training goes on untouched.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import sys
 import threading
@@ -28,12 +42,18 @@ from torch.nn.modules import module as _module
 from torch.optim import optimizer as _optimizer
 
 from .naming import Naming, user_frame
-from .discover import backward_roots, find_optimizers  # noqa: F401  (find_optimizers: queries)
+from .discover import backward_objective, backward_roots, find_optimizers  # noqa: F401  (find_optimizers: queries)
 from .recorder import StepRecorder, first_float_tensor
 from .stepclock import Close, Mode, StepClock
 
 
 _ACTIVE: "weakref.WeakSet" = weakref.WeakSet()
+# The tracers that see backward() through the wrapper (their parameter hooks are off).
+_BY_WRAPPER: list = []
+_ORIGINAL_BACKWARD = None        # torch.autograd.backward, while the wrapper is in its place
+_IN_WRAPPER: set = set()         # the threads inside it
+_get_ident = threading.get_ident
+_ONE = torch.tensor(1.0)
 _IN_BACKWARD = torch._C._current_graph_task_id     # -1 outside a backward (checkpointing recomputes in one)
 _FORK_HOOK = False
 REPLICA_FORK = False     # set by nndb.timetravel around its own fork(): the child is a replica
@@ -46,6 +66,56 @@ def _quiet_in_child() -> None:
         return
     for t in list(_ACTIVE):
         t._failed = True
+
+
+def _roots_and_grads(args, kwargs):
+    """(the roots, their gradients) of a ``torch.autograd.backward`` call."""
+    tensors = args[0] if args else kwargs.get("tensors")
+    grads = args[1] if len(args) > 1 else kwargs.get("grad_tensors", kwargs.get("grad_variables"))
+    roots = [tensors] if isinstance(tensors, torch.Tensor) else list(tensors or ())
+    if len(roots) > 1:      # (as the engine takes them: a missing gradient of a scalar root is one)
+        grads = [None] * len(roots) if grads is None else \
+            [grads] if isinstance(grads, torch.Tensor) else list(grads)
+        grads = [_ONE if g is None else g for g in grads]
+    return roots, grads
+
+
+def _backward(*args, **kwargs):
+    """``torch.autograd.backward`` while a tracer sees backward() through it."""
+    original = _ORIGINAL_BACKWARD
+    tracers = _BY_WRAPPER
+    thread = _get_ident()
+    # (a backward inside a backward: the outer one's; and the original calling the wrapper again,
+    # through a TorchFunctionMode's dispatch, which calls the module's ``backward``: this one)
+    if not tracers or _IN_BACKWARD() != -1 or thread in _IN_WRAPPER:
+        return original(*args, **kwargs)
+    tracers = tuple(tracers)      # (one that fails leaves the list)
+    for t in tracers:
+        t._backward_begins()
+    _IN_WRAPPER.add(thread)
+    try:
+        out = original(*args, **kwargs)
+    finally:
+        _IN_WRAPPER.discard(thread)
+    for t in tracers:
+        t._backward_returned(args, kwargs)
+    return out
+
+
+def _wrap_backward(tracer, on: bool) -> None:
+    global _ORIGINAL_BACKWARD
+    if on and tracer not in _BY_WRAPPER:
+        _BY_WRAPPER.append(tracer)
+        if _ORIGINAL_BACKWARD is None:
+            _ORIGINAL_BACKWARD = torch.autograd.backward
+            functools.update_wrapper(_backward, _ORIGINAL_BACKWARD)
+            torch.autograd.backward = _backward
+    elif not on and tracer in _BY_WRAPPER:
+        _BY_WRAPPER.remove(tracer)
+        if not _BY_WRAPPER and _ORIGINAL_BACKWARD is not None:
+            if torch.autograd.backward is _backward:       # (someone else's wrapper over ours: left in place)
+                torch.autograd.backward = _ORIGINAL_BACKWARD
+                _ORIGINAL_BACKWARD = None
 
 
 class Tracer:
@@ -86,7 +156,8 @@ class Tracer:
         self.on_error = on_error or (lambda msg: print(msg, file=sys.stderr))
         self._handles: list = []
         self._fwd_handles: list = []            # the global module hooks, while in (sync_forward)
-        self._param_handles: dict = {}          # id(param) -> handle
+        self._param_handles: dict = {}          # id(param) -> (weakref, hook handle or None)
+        self._param_hooks = True                # per-parameter hooks (else: the backward wrapper)
         self.module_depth = 0
         self._calls: dict = {}                  # module -> calls within the current root forward
         self._ran: set = set()                  # modules whose forward ran with grad in this step (not in a backward)
@@ -159,8 +230,8 @@ class Tracer:
             h.remove()
         self._handles = []
         self.want_forward(False)
-        for _, h in self._param_handles.values():
-            h.remove()
+        self._param_hooks_off()
+        _wrap_backward(self, False)
         self._param_handles = {}
 
     def want_forward(self, on: bool) -> None:
@@ -304,13 +375,50 @@ class Tracer:
             self.naming.refresh()       # (new parameters in a known model: named by their place in it)
 
     def _hook_param(self, p) -> bool:
-        """A gradient-accumulated hook on ``p`` (how a backward's end is seen), once per tensor
-        (by id and a weakref: a tensor that replaced a freed one may have its id)."""
+        """Is ``p`` new?  Then noted, with a gradient-accumulated hook while backward's end is
+        seen that way (``_param_hooks``), once per tensor (by id and a weakref: a tensor that
+        replaced a freed one may have its id)."""
         held = self._param_handles.get(id(p))
         if not p.requires_grad or (held is not None and held[0]() is p):
             return False
-        self._param_handles[id(p)] = (weakref.ref(p), p.register_post_accumulate_grad_hook(self._grad_accumulated))
+        self._param_handles[id(p)] = (weakref.ref(p), p.register_post_accumulate_grad_hook(self._grad_accumulated)
+                                      if self._param_hooks else None)
         return True
+
+    def _param_hooks_off(self) -> None:
+        """An optimizer steps now: backward() is seen by the wrapper from here on."""
+        self._param_hooks = False
+        for _, h in self._param_handles.values():
+            if h is not None:
+                h.remove()
+        self._param_handles = {i: (ref, None) for i, (ref, _) in self._param_handles.items()}
+        if not self._failed:
+            _wrap_backward(self, True)
+
+    def _backward_begins(self) -> None:
+        if not self._failed and self.on_first_grad is not None:
+            try:
+                self.on_first_grad()
+            except Exception:
+                self._fail()
+
+    def _backward_returned(self, args, kwargs) -> None:
+        """The wrapper's: a backward() returned (the parameter hooks are off)."""
+        if self._failed:
+            return
+        try:
+            inputs = kwargs.get("inputs", args[5] if len(args) > 5 else None)
+            if inputs is not None and not self._reaches_parameter(inputs):
+                return          # (``inputs=[x]``, no parameter: as the parameter hooks, not a step's backward)
+            roots, grads = _roots_and_grads(args, kwargs)
+            loss = backward_objective(roots, grads)
+        except Exception:
+            self._fail()
+            return
+        if self.lineage is None:
+            self._backward_end_quiet(loss)
+        else:
+            self._quietly(self._backward_end_quiet, loss)
 
     def _grad_accumulated(self, param) -> None:
         if self._first_backward:
@@ -334,10 +442,17 @@ class Tracer:
         else:
             self._quietly(self._backward_end_quiet)
 
-    def _backward_end_quiet(self) -> None:
+    def _reaches_parameter(self, inputs) -> bool:
+        ts = [inputs] if isinstance(inputs, torch.Tensor) else list(inputs.values()) if isinstance(inputs, dict) \
+            else list(inputs)
+        held = self._param_handles
+        return any(isinstance(t, torch.Tensor) and id(t) in held and held[id(t)][0]() is t for t in ts)
+
+    def _backward_end_quiet(self, roots=None) -> None:
         self.busy += 1
         try:
-            roots = backward_roots()
+            if roots is None:
+                roots = backward_roots()
             loss = roots[0] if roots and isinstance(roots[0], torch.Tensor) else None
             if loss is not None:
                 self.recorder.loss(loss)
@@ -397,6 +512,8 @@ class Tracer:
             n = self._optimizer_count(opt) if needs_count else 2
             close = self.clock.optimizer_pre(opt, n)
             manual = self.clock.mode is Mode.MANUAL
+            if self._param_hooks and not manual and self.clock.mode is not Mode.UNKNOWN:
+                self._param_hooks_off()
             if self.recorder.manual and not manual:
                 self.recorder.end_manual()
                 self._flush_full()
