@@ -133,16 +133,21 @@ class Cadence:
     grad_presence = staticmethod(grad_presence)
 
     def __call__(self, step: int) -> bool:
-        if step < self.start or (self.stop is not None and step >= self.stop):
-            return False
-        return (step - self.start) % self.every == 0
+        return self.policies(step)[0]
 
     def full(self, step: int) -> bool:
-        return (step - self.start) % (self.every * self.full_every) == 0
+        return self.policies(step)[1]
 
     def acts(self, step: int) -> bool:
+        return self.policies(step)[2]
+
+    def policies(self, step: int) -> tuple:
+        """(recorded, full, acts) of ``step``: the recorder's three questions at every step
+        end, in one call."""
         k, r = divmod(step - self.start, self.every)
-        return r == 0 and (k < SETTLE or k % self.act_every == 0 or k % self.full_every == 0)
+        recorded = r == 0 and step >= self.start and (self.stop is None or step < self.stop)
+        return (recorded, k % self.full_every == 0 and r == 0,
+                r == 0 and (k < SETTLE or k % self.act_every == 0 or k % self.full_every == 0))
 
     def at(self, step: int) -> Measured:
         """Everything measured at ``step`` (a new object: for docs and tests, not the hot path)."""

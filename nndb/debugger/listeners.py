@@ -1,40 +1,100 @@
-"""The debugger's part of a run's step pipeline (nndb.tracer.pipeline), in
-the order the session joins it: what the prompt shows, the rules, time
-travel's checkpoints, lineage, and the decision to stop.  While the session
-is at a prompt, steps that the typed commands run (``p model(x)``) are
-recorded but neither checked nor stopped in."""
+"""The debugger's part of a run's step pipeline (nndb.tracer.pipeline): one
+listener, ``SessionSteps``, that does in order what the prompt shows, the
+rules, time travel's checkpoints, lineage, the progress line and the
+decision to stop.  One object, not one per part: a step end costs the
+training loop a Python call per listener, and these parts read the same
+session (issue 43: a step's calls constant and few).  While the session is
+at a prompt, steps that the typed commands run (``p model(x)``) are recorded
+but neither checked nor stopped in.  A part that fails is said once and
+skipped; the others still run (the pipeline's promise for its listeners)."""
 from __future__ import annotations
 
 
-class _Listener:
+class SessionSteps:
+    """The session at a step end: ``seen`` (the last step and the newest
+    record; whether the last ``set`` held), ``rules`` (hits wait for the stop
+    check), ``checkpoints``, ``lineage``, the progress line, ``stops``."""
+
     def __init__(self, session):
         self.session = session
+        self._failed: set = set()
+
+    def on_step(self, end) -> None:
+        s = self.session
+        step = end.step
+        try:
+            _seen(s, end, step)
+        except Exception as e:
+            self._error("seen", e)
+        if s.prompting:
+            return
+        if s.rules is not None:
+            try:
+                if step is None:
+                    # The run's last records (the step the script raised in, a hand-written
+                    # loop's last step): judged when the script raised, before the post-mortem,
+                    # so that a run dying of what the rules see is not left without a finding.
+                    if end.records and getattr(s.rec, "raised", None) is not None:
+                        s.judge_at_exception(end.records)
+                else:
+                    hits = []
+                    for record in end.records:          # (a loop: no call of its own, every step)
+                        hits += s.run_rules(record)
+                    s.rule_hits = hits
+                    s.rules.arm(s.rec.recorder.step)    # the probes the next step needs
+            except Exception as e:
+                self._error("rules", e)
+        if step is None:
+            if s.progress is not None:
+                s.progress.on_step(end)
+            return
+        if s.machine is not None:
+            try:
+                s.machine.at_step_end(s, step)          # (in a forked checkpoint, a replica resumes here)
+            except Exception as e:
+                self._error("checkpoints", e)
+        if s.lineage is not None:
+            try:
+                s.lineage.at_step_end(s, step)
+            except Exception as e:
+                self._error("lineage", e)
+        if s.progress is not None:                      # (after the rules: it counts their findings)
+            try:
+                s.progress.on_step(end)
+            except Exception as e:
+                self._error("progress", e)
+        hits, s.rule_hits = s.rule_hits, []
+        records = end.records
+        s.check_stops(step, records[-1] if records else None, hits, s.step_record)
+
+    def _error(self, part: str, e: Exception) -> None:
+        if part not in self._failed:
+            self._failed.add(part)
+            self.session.error(f"nndb: internal error in the session's {part} at a step end: "
+                               f"{type(e).__name__}: {e}")
 
 
-class StepSeen(_Listener):
+def _seen(s, end, step) -> None:
     """The last step that ended and the newest record: what the prompt shows;
     the step's own record as far as it is known (``step_record``); and whether
     the last ``set`` held (said at the step end after the optimizer stepped:
     nndb.debugger.hyperparams.HoldCheck)."""
-
-    def on_step(self, end) -> None:
-        s = self.session
-        if (s.hold_checks or s.holds.problems) and end.step is not None:
-            _say_held(s, end.step)
-        if end.records:
-            s.latest_record = end.records[-1]
-        if end.step is not None:
-            s.last_step = end.step
-            s.step_record = None
-            if s.latest_record is not None and s.latest_record.step == end.step:
-                s.step_record = s.latest_record
-            else:
-                # a hand-written loop closes step N's record at N+1's end: the
-                # prompt and the watches see step N as far as it is known (its
-                # loss, gradients and activations), not N-1
-                known = s.rec.recorder.provisional()
-                if known is not None and known.step == end.step:
-                    s.latest_record = s.step_record = known
+    if (s.hold_checks or s.holds.problems) and step is not None:
+        _say_held(s, step)
+    if end.records:
+        s.latest_record = end.records[-1]
+    if step is not None:
+        s.last_step = step
+        s.step_record = None
+        if s.latest_record is not None and s.latest_record.step == step:
+            s.step_record = s.latest_record
+        else:
+            # a hand-written loop closes step N's record at N+1's end: the
+            # prompt and the watches see step N as far as it is known (its
+            # loss, gradients and activations), not N-1
+            known = s.rec.recorder.provisional()
+            if known is not None and known.step == step:
+                s.latest_record = s.step_record = known
 
 
 def _say_held(s, step: int) -> None:
@@ -49,63 +109,5 @@ def _say_held(s, step: int) -> None:
         s.error(line)
 
 
-class RuleCheck(_Listener):
-    """The rules on each record; hits (stop or fail actions) wait for StopCheck."""
-
-    def on_step(self, end) -> None:
-        s = self.session
-        if s.prompting:
-            return
-        if end.step is None:
-            # The run's last records (the step the script raised in, a
-            # hand-written loop's last step): judged when the script raised,
-            # before the post-mortem, so that a run dying of what the rules
-            # see is not left without a finding.
-            if end.records and getattr(s.rec, "raised", None) is not None:
-                s.judge_at_exception(end.records)
-            return
-        s.rule_hits = [hit for record in end.records for hit in s.run_rules(record)]
-        s.rules.arm(s.rec.recorder.step)         # the probes the next step needs
-
-
-class Checkpoints(_Listener):
-    """Time travel's checkpoints (in a forked checkpoint, a replica resumes here)."""
-
-    def on_step(self, end) -> None:
-        s = self.session
-        if end.step is not None and not s.prompting:
-            s.machine.at_step_end(s, end.step)
-
-
-class LineageSteps(_Listener):
-    """The step's operations, when its lineage is recorded."""
-
-    def on_step(self, end) -> None:
-        s = self.session
-        if end.step is not None and not s.prompting:
-            s.lineage.at_step_end(s, end.step)
-
-
-class StopCheck(_Listener):
-    """Breakpoints, watchpoints, rule hits and run control: stop here or go on."""
-
-    def on_step(self, end) -> None:
-        s = self.session
-        if end.step is None or s.prompting:
-            return
-        hits, s.rule_hits = s.rule_hits, []
-        s.check_stops(end.step, end.record, hits, s.step_record)
-
-
 def session_listeners(s) -> list:
-    out = [StepSeen(s)]
-    if s.rules is not None:
-        out.append(RuleCheck(s))
-    if s.machine is not None:
-        out.append(Checkpoints(s))
-    if s.lineage is not None:
-        out.append(LineageSteps(s))
-    if s.progress is not None:
-        out.append(s.progress)               # (after the rules: it counts their findings)
-    out.append(StopCheck(s))
-    return out
+    return [SessionSteps(s)]

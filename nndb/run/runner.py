@@ -24,7 +24,7 @@ from ..store.writer import TraceWriter
 from ..tracer.hooks import Tracer
 from ..tracer.fingerprint import Fingerprints
 from ..tracer.naming import Naming
-from ..tracer.pipeline import CallAtStepEnd, Pipeline, WriteModules, WriteOptimizers, WriteRecords
+from ..tracer.pipeline import CallAtStepEnd, Pipeline, WriteOptimizers, WriteRecords
 from ..tracer.fulltensors import FullTensors
 from ..tracer.recorder import StepRecorder
 
@@ -156,7 +156,7 @@ class Recording:
         self.writer = TraceWriter(path, meta, config.flush_steps, config.flush_secs, on_error=message,
                                   full_max_bytes=config.full_max_bytes)
         self.naming = Naming()
-        self.pipeline = Pipeline([WriteRecords(self.writer)], on_error=message)
+        self.pipeline = Pipeline([WriteRecords(self.writer, self.naming)], on_error=message)
         self.listeners = self.pipeline.listeners
         if on_step_end is not None:
             self.listeners.append(CallAtStepEnd(on_step_end))
@@ -169,7 +169,6 @@ class Recording:
         self.writer.shape_of = self.recorder.series_shape
         self.writer.local_shape_of = lambda name, kind: self.recorder.series_shape(name, kind, local=True)
         self.listeners.append(WriteOptimizers(self.writer, self.tracer.optimizers, self.naming))
-        self.listeners.append(WriteModules(self.writer, self.naming))
         # The checksums and timings ranks (and epochs) are compared by, before the rules read them.
         self.fingerprints = Fingerprints(self.naming, self.tracer.optimizers, self.writer.fingerprint,
                                          on_error=self._fingerprints_failed, ranks=meta.get("world_size") or 1)

@@ -85,7 +85,11 @@ class _Bucket:
         """Losses seen since the last optimizer step belong to ``opt``."""
         pending = _PENDING_LOSS
         if pending in self.entries:
-            self.add(("loss", opt), self.entries.pop(pending))
+            key = ("loss", opt)
+            if key in self.entries:
+                self.add(key, self.entries.pop(pending))
+            else:                         # (the usual step: its first loss of this optimizer)
+                self.entries[key] = self.entries.pop(pending)
         if pending in self.hists:
             self.add_hist(("loss", opt), self.hists.pop(pending))
         if self.deferred:

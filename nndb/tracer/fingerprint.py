@@ -289,37 +289,36 @@ class Fingerprints:
 
     # -- step ends ----------------------------------------------------------------
     def on_step(self, end) -> None:
+        """A step ended: its times, its input's checksum; a row at observed steps (one call a step)."""
         if self.failed:
             return
+        step = end.step
         try:
-            if end.step is None:
+            if step is None:
                 self.finish()
-            else:
-                self._step_ended(end.step)
+                return
+            now = time.perf_counter()
+            if self._first_forward is not None and self._last_end is not None:
+                self._data += self._first_forward - self._last_end
+                self._compute += now - self._first_forward
+                self._timed += 1
+                if self._first_grad is not None:
+                    start = self._forward_start if self._forward_start is not None and \
+                        self._forward_start <= self._first_grad else self._first_forward
+                    self._forward += self._first_grad - start
+                    self._forward_timed += 1
+            self._last_end, self._first_forward, self._first_grad, self._forward_start = now, None, None, None
+            if self._step_input is not None:
+                value, self._step_input = self._step_input, None
+                self._inputs.append([step, value])      # (on an accelerator: (sums, descs), read at the next row)
+                if self.keep_fresh and isinstance(value, int):
+                    self._fresh.append((step, value))
+            if step < cadence.SETTLE or step % cadence.OBSERVE_EVERY == 0:     # (cadence.observed, inline: every step)
+                self._emit(step, full=True)
+            if self.inputs_wanted:
+                self.arm()
         except Exception as e:
             self._fail(e)
-
-    def _step_ended(self, step: int) -> None:
-        now = time.perf_counter()
-        if self._first_forward is not None and self._last_end is not None:
-            self._data += self._first_forward - self._last_end
-            self._compute += now - self._first_forward
-            self._timed += 1
-            if self._first_grad is not None:
-                start = self._forward_start if self._forward_start is not None and \
-                    self._forward_start <= self._first_grad else self._first_forward
-                self._forward += self._first_grad - start
-                self._forward_timed += 1
-        self._last_end, self._first_forward, self._first_grad, self._forward_start = now, None, None, None
-        if self._step_input is not None:
-            value, self._step_input = self._step_input, None
-            self._inputs.append([step, value])      # (on an accelerator: (sums, descs), read at the next row)
-            if self.keep_fresh and isinstance(value, int):
-                self._fresh.append((step, value))
-        if cadence.observed(step):
-            self._emit(step, full=True)
-        if self.inputs_wanted:
-            self.arm()
 
     def finish(self) -> None:
         """The run ended: the steps since the last row."""

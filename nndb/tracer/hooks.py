@@ -91,7 +91,11 @@ def _backward(*args, **kwargs):
         return original(*args, **kwargs)
     tracers = tuple(tracers)      # (one that fails leaves the list)
     for t in tracers:
-        t._backward_begins()
+        if t.on_first_grad is not None and not t._failed:
+            try:
+                t.on_first_grad()
+            except Exception:
+                t._fail()
     _IN_WRAPPER.add(thread)
     try:
         out = original(*args, **kwargs)
@@ -252,7 +256,8 @@ class Tracer:
         rec = self.recorder
         probes = self.probes
         # (twice a step: the usual answer, "off, and off already", asks nothing further)
-        on = (not self.naming._frozen or (rec.recording and rec.acts) or rec.wants_forward()
+        on = (not self.naming._frozen or (rec.recording and rec.acts)
+              or (rec.fulltensors is not None and rec.fulltensors.rules and rec.wants_forward())
               or (bool(probes) and any(k != "optimizer" for k in probes))
               or self.lineage is not None or self.on_module is not None)
         if on != bool(self._fwd_handles):
@@ -395,30 +400,37 @@ class Tracer:
         if not self._failed:
             _wrap_backward(self, True)
 
-    def _backward_begins(self) -> None:
-        if not self._failed and self.on_first_grad is not None:
-            try:
-                self.on_first_grad()
-            except Exception:
-                self._fail()
-
     def _backward_returned(self, args, kwargs) -> None:
-        """The wrapper's: a backward() returned (the parameter hooks are off)."""
+        """The wrapper's: a backward() returned (the parameter hooks are off, so an optimizer
+        has stepped: the step clock knows its mode, and a backward never ends a step).  One
+        call, in the usual case (``loss.backward()``: one root tensor) and the recorder's."""
         if self._failed:
             return
+        lin = self.lineage
+        paused = lin.paused() if lin is not None else None     # (nndb's own work is not the step's lineage)
+        self.busy += 1
         try:
+            if paused is not None:
+                paused.__enter__()
             inputs = kwargs.get("inputs", args[5] if len(args) > 5 else None)
             if inputs is not None and not self._reaches_parameter(inputs):
                 return          # (``inputs=[x]``, no parameter: as the parameter hooks, not a step's backward)
-            roots, grads = _roots_and_grads(args, kwargs)
-            loss = backward_objective(roots, grads)
+            roots = args[0] if args else kwargs.get("tensors")
+            if type(roots) is not torch.Tensor:
+                roots = backward_objective(*_roots_and_grads(args, kwargs))
+                roots = roots[0] if roots and isinstance(roots[0], torch.Tensor) else None
+            if roots is not None:
+                self.recorder.loss(roots)
+                if lin is not None and self.on_loss is not None:
+                    self.on_loss(roots)
+            else:
+                self.recorder.backward_without_loss()
         except Exception:
             self._fail()
-            return
-        if self.lineage is None:
-            self._backward_end_quiet(loss)
-        else:
-            self._quietly(self._backward_end_quiet, loss)
+        finally:
+            self.busy -= 1
+            if paused is not None:
+                paused.__exit__(None, None, None)
 
     def _grad_accumulated(self, param) -> None:
         if self._first_backward:
@@ -456,7 +468,7 @@ class Tracer:
             loss = roots[0] if roots and isinstance(roots[0], torch.Tensor) else None
             if loss is not None:
                 self.recorder.loss(loss)
-                if self.on_loss is not None:
+                if self.lineage is not None and self.on_loss is not None:
                     self.on_loss(loss)
             else:
                 self.recorder.backward_without_loss()
@@ -494,15 +506,12 @@ class Tracer:
         # (an optimizer step that evaluates a closure, LBFGS's, runs forward and loss inside it;
         # ``args`` are step's own, the optimizer first)
         self.closure_step = len(args) > 1 or kwargs.get("closure") is not None
-        if self.lineage is None:
-            self._opt_pre_quiet(opt)
-        else:
-            self._quietly(self._opt_pre_quiet, opt)
-        return None
-
-    def _opt_pre_quiet(self, opt) -> None:
+        lin = self.lineage
+        paused = lin.paused() if lin is not None else None     # (nndb's own work is not the step's lineage)
         self.busy += 1
         try:
+            if paused is not None:
+                paused.__enter__()
             self.sync_forward()
             if self._opt_seen.get(opt) != len(opt.param_groups):
                 self._first_sight(opt)          # (again after add_param_group: its parameters named and watched)
@@ -527,19 +536,19 @@ class Tracer:
             self._fail()
         finally:
             self.busy -= 1
+            if paused is not None:
+                paused.__exit__(None, None, None)
+        return None
 
     def _opt_post(self, opt, args, kwargs):
         if self._failed:
             return None
-        if self.lineage is None:
-            self._opt_post_quiet(opt)
-        else:
-            self._quietly(self._opt_post_quiet, opt)
-        return None
-
-    def _opt_post_quiet(self, opt) -> None:
+        lin = self.lineage
+        paused = lin.paused() if lin is not None else None
         self.busy += 1
         try:
+            if paused is not None:
+                paused.__enter__()
             self.recorder.optimizer_post(opt)
             if self.lineage is not None or self.probes:
                 self._tell_optimizer(opt, "post")
@@ -554,6 +563,9 @@ class Tracer:
             self._fail()
         finally:
             self.busy -= 1
+            if paused is not None:
+                paused.__exit__(None, None, None)
+        return None
 
     def _tell_optimizer(self, opt, when: str) -> None:
         """The op recorder and the rules' probes see each optimizer step ("pre"/"post")."""

@@ -28,7 +28,7 @@ import torch
 
 from . import histogram as H
 from . import stats as S
-from .quiet import Quiet
+from .quiet import _ERRSTATE, _IGNORE, Quiet
 
 # torch.no_grad() without the context manager's Python layers (a step's hooks
 # run with the caches cold, where each layer costs microseconds)
@@ -173,7 +173,13 @@ class ParamPlan:
             return None
         views = self._host_views()
         flat = buf if grads else buf[:2 * n]
-        with Quiet():                            # (inf - inf in an update: no warning in the user's stderr)
+        # (inf - inf in an update: no warning in the user's stderr; Quiet's context variable set
+        # here without the context manager's two calls, every step)
+        quiet = _ERRSTATE.set(_IGNORE) if _ERRSTATE is not None else None
+        try:
+            if quiet is None:
+                q = Quiet()
+                q.__enter__()
             np.concatenate(views, out=buf[:n])
             np.subtract(buf[:n], before, out=before)
             if full:
@@ -183,6 +189,11 @@ class ParamPlan:
             if lay is None:
                 lay = self._norm_layouts[grads] = S.norm_template(self.sizes * (3 if grads else 2))
             return grads, S.host_norm_rows(flat, *lay), None
+        finally:
+            if quiet is not None:
+                _ERRSTATE.reset(quiet)
+            else:
+                q.__exit__(None, None, None)
 
     def host_grads(self):
         """(keys, flat, sizes) for the small parameters' gradients, or None."""

@@ -31,9 +31,7 @@ class Pipeline:
         self.on_error = on_error           # (message): a listener's failure, said once per listener
         self._failed: set = set()
         self._closed: list = []
-
-    def closed(self, record) -> None:
-        self._closed.append(record)
+        self.closed = self._closed.append     # (record): the recorder's sink (no Python frame a step)
 
     def step_ended(self, step: Optional[int]) -> None:
         records = tuple(self._closed)
@@ -55,14 +53,31 @@ class Pipeline:
 
 
 class WriteRecords:
-    """The trace writer's place in the pipeline: every record is appended."""
+    """The trace writer's place in the pipeline: every record is appended;
+    with ``naming``, also the model's modules in registration order
+    (``nn.Module`` attribute order; a module after the modules it holds), as
+    the series name them, written at a step end when a root was added: what
+    ``nndb plot`` orders layers by (the series' own order is the order they
+    were first recorded).  One listener for both: a step's calls are few."""
 
-    def __init__(self, writer):
+    def __init__(self, writer, naming=None):
         self.writer = writer
+        self.naming = naming
+        self._version = None
 
     def on_step(self, end: StepEnd) -> None:
-        for record in end.records:
+        records = end.records
+        for record in records:
             self.writer.append(record)
+        naming = self.naming
+        if not records or naming is None or naming.roots_version == self._version:
+            return
+        self._version = naming.roots_version
+        names: dict = {}
+        for root in naming.roots():
+            for m in _after_children(root, set()):
+                names.setdefault(naming.module_name(m), None)
+        self.writer.modules(records[0].step, list(names))
 
 
 class CallAtStepEnd:
@@ -74,28 +89,6 @@ class CallAtStepEnd:
     def on_step(self, end: StepEnd) -> None:
         if end.step is not None:
             self.callback(end.step)
-
-
-class WriteModules:
-    """The model's modules in registration order (``nn.Module`` attribute
-    order; a module after the modules it holds), as the series name them, written
-    at a step end when a root was added: what ``nndb plot`` orders layers by
-    (the series' own order is the order they were first recorded)."""
-
-    def __init__(self, writer, naming):
-        self.writer = writer
-        self.naming = naming
-        self._version = None
-
-    def on_step(self, end: StepEnd) -> None:
-        if not end.records or self.naming.roots_version == self._version:
-            return
-        self._version = self.naming.roots_version
-        names: dict = {}
-        for root in self.naming.roots():
-            for m in _after_children(root, set()):
-                names.setdefault(self.naming.module_name(m), None)
-        self.writer.modules(end.records[0].step, list(names))
 
 
 def _after_children(module, seen: set):

@@ -16,7 +16,7 @@ try:
     from numpy._core._ufunc_config import _extobj_contextvar as _ERRSTATE, _make_extobj
     _IGNORE = _make_extobj(all="ignore")
 except (ImportError, AttributeError, TypeError):      # numpy 1.x: no numpy._core
-    _ERRSTATE = None
+    _ERRSTATE = _IGNORE = None
 
 
 class Quiet:

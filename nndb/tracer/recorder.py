@@ -120,6 +120,8 @@ class StepRecorder:
         self.recording = schedule(0)
         self._full_policy = getattr(schedule, "full", lambda step: True)
         self._acts_policy = getattr(schedule, "acts", lambda step: True)
+        # (recorded, full, acts) in one call at every step end, where the schedule has it (Cadence)
+        self._policies = getattr(schedule, "policies", None)
         self.full = self._full_policy(0)
         self.acts = self.full or self._acts_policy(0)
         # Set by the debugger while a watchpoint needs statistics that are
@@ -206,8 +208,8 @@ class StepRecorder:
     def loss(self, tensor: torch.Tensor) -> None:
         b = self._buckets[-1]
         b.backward_count += 1
-        if not self.recording or not S.is_recordable(tensor):
-            return
+        if not self.recording or not (isinstance(tensor, torch.Tensor) and tensor.is_floating_point()):
+            return      # (S.is_recordable, inline: every step)
         if self._in_step is not None:
             # A closure optimizer (LBFGS) calls the closure again and again in one
             # step(); the step's loss is the first call's, which step() returns.
@@ -217,8 +219,11 @@ class StepRecorder:
         if tensor.numel() == 1:
             # One number (on an accelerator too: its row would be read back now anyway), added
             # to the step's other losses: the step's objective is their sum.
-            v = S.local(tensor).item()
-            b.add(("loss", _PENDING), S.scalar_row(v))
+            v = (tensor.to_local() if type(tensor).__name__ == "DTensor" else tensor).item()    # (S.local)
+            if _PENDING_LOSS in b.entries:
+                b.add(_PENDING_LOSS, S.scalar_row(v))
+            else:
+                b.entries[_PENDING_LOSS] = S.scalar_row(v)
             if self.full:
                 b.add_hist(("loss", _PENDING), H.of_scalar(v))
         elif S.is_host_tensor(tensor):
@@ -247,7 +252,12 @@ class StepRecorder:
         if ft is not None and ft.rules and ft.wants("grad", self.step):
             ft.params(self.naming, self._plan(opt).params, "grad", self.step)
         if self.recording:
-            self._snapshots[id(opt)] = Snapshot(self._plan(opt))
+            # (self._plan(opt), its usual case inline: every step)
+            lists = list(map(_PARAMS, opt.param_groups))
+            cached = self._plans.get(opt)
+            if cached is None or cached[0] != (tuple(map(id, lists)), tuple(map(len, lists))):
+                cached = (None, self._plan(opt))
+            self._snapshots[id(opt)] = Snapshot(cached[1])
 
     def optimizer_post(self, opt) -> None:
         self._in_step = None
@@ -287,9 +297,12 @@ class StepRecorder:
         now = time.time() - self.t0
         recording = self.recording
         self.step = step + 1
-        self.recording = self.schedule(self.step)
-        self.full = self.force_full or self._full_policy(self.step)
-        self.acts = self.full or self.force_acts or self._acts_policy(self.step)
+        if self._policies is not None:
+            self.recording, full, acts = self._policies(self.step)
+        else:
+            self.recording, full, acts = self.schedule(self.step), None, None
+        self.full = self.force_full or (full if full is not None else self._full_policy(self.step))
+        self.acts = self.full or self.force_acts or (acts if acts is not None else self._acts_policy(self.step))
         if step == 0:
             self.naming.freeze()
         if self.manual:
@@ -299,7 +312,8 @@ class StepRecorder:
             others = self._others
             if others[1] or others[0] != (self.naming.roots_version, len(bucket.covered)):
                 self._other_params(bucket)
-            self._emit(step, bucket, now, partial=final)
+            rec = self.last = self._record(step, bucket, now, final)     # (self._emit, inline: every step)
+            self.sink(rec)
 
     def has_open_work(self) -> bool:
         """Did anything happen since the last step closed?"""
@@ -460,7 +474,10 @@ class StepRecorder:
             psig = ((id(plan), g),)
         else:
             psig = tuple((id(plan), g) for plan, (g, _) in params.items())
-        sig = (tuple([(k[0], id(k[1]), *k[2:]) for k in b.entries]), psig, self.naming.loss_qualified)
+        keys = []
+        for k in b.entries:            # (a loop, not a comprehension: no call of its own, every step)
+            keys.append((k[0], id(k[1]), *k[2:]))
+        sig = (tuple(keys), psig, self.naming.loss_qualified)
         names = self._by_sig.get(sig)
         if names is None:
             names = self._names_of(b)        # (holds every object of the signature: _name and below)

@@ -122,7 +122,9 @@ class StepClock:
         closer = self._closer() if self._closer is not None else None
         if opt is closer:
             self._others = []
-            return self._close()
+            c = Close(self.step)          # (self._close(), inline: every step)
+            self.step += 1
+            return c
         if self.mode is Mode.SINGLE and closer is not None:
             self._others.append(weakref.ref(opt))
         return None
