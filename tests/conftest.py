@@ -171,7 +171,7 @@ def matrix_outcomes():
 
 
 def findings_of(result, severities=("error", "warning")) -> list:
-    return [f for f in result.session.findings if f["severity"] in severities]
+    return [f for f in result.session.log.findings if f["severity"] in severities]
 
 
 # -- transcripts: a session as it was typed, shown when a test fails ---------------------------
