@@ -144,7 +144,7 @@ def run_fuzz(s, a: FuzzArgs) -> Optional[dict]:
     finally:
         import shutil
         shutil.rmtree(tmp, ignore_errors=True)
-    s.fuzz_reports = getattr(s, "fuzz_reports", []) + [res]
+    s.log.fuzz_reports.append(res)
     return res
 
 

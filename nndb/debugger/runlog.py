@@ -1,7 +1,7 @@
 """What the session keeps of its runs for the report and the traces' events:
 how many runs it started and the current one's trace, the stops, the rule
-findings, the changes made at the live run's prompt, and the points whose
-fail action hit.
+findings, the changes made at the live run's prompt, the points whose fail
+action hit, and what 'fuzz' found.
 
 Owned by the session (``session.log``); nndb.render.report builds the
 report from it, and time travel hands the changes to the replicas."""
@@ -16,7 +16,8 @@ class RunLog:
     ``stops`` and ``findings``: the report's entries (dicts), also kept as
     the trace's events; ``changes``: [changes.Change], what the live run's
     prompt changed (each replay makes them again); ``failed_points``: the
-    points (numbers, or a rule's id) whose fail action hit; ``at_exception``:
+    points (numbers, or a rule's id) whose fail action hit; ``fuzz_reports``:
+    what each 'fuzz' found (nndb fuzz reports the last); ``at_exception``:
     the findings being added were judged as the script raised."""
 
     def __init__(self):
@@ -26,6 +27,7 @@ class RunLog:
         self.findings: list = []
         self.changes: list = []
         self.failed_points: list = []
+        self.fuzz_reports: list = []
         self.at_exception = False
 
     def add_stop(self, stop) -> list:
