@@ -119,18 +119,18 @@ def debug(config: RunConfig, options: DebugOptions, frontend,
         message(bad)
         return _finish(config, options, session, None, EXIT_USAGE, bad)
     session.queue_lines(lines)
-    exports = RunExports(options.exports, message, lambda: session.findings) if options.exports else None
+    exports = RunExports(options.exports, message, lambda: session.log.findings) if options.exports else None
     companions = ([exports] if exports else []) + list(options.companions)
     result: Optional[RunResult] = None
     first_path = config.trace_path
     start_cwd = os.getcwd()
     while True:
         cfg = config
-        if session.runs:
+        if session.log.runs:
             _back_to(start_cwd, message)    # a new run starts where the first did, as python would
-        if session.runs and first_path:
-            cfg = dataclasses.replace(config, trace_path=next_trace_path(first_path, session.runs + 1))
-        if session.runs:
+        if session.log.runs and first_path:
+            cfg = dataclasses.replace(config, trace_path=next_trace_path(first_path, session.log.runs + 1))
+        if session.log.runs:
             # The last run's objects (in reference cycles) go now: the tracer
             # counts the optimizers alive to choose how steps end.
             gc.collect()
@@ -149,9 +149,9 @@ def debug(config: RunConfig, options: DebugOptions, frontend,
             first_path = result.trace_path
         if session.restart_requested:
             continue
-        if session.quit_requested or session.command_file_error or result.status == "terminated":
+        if session.quit_requested or session.input.file_error or result.status == "terminated":
             break                       # (SIGTERM ends the session, at a prompt too: exit 143)
-        if interactive and session.mode is Mode.DETACH:
+        if interactive and session.control.mode is Mode.DETACH:
             # detached: nothing is left to debug, so nndb ends with the script
             session.message(f"nndb: the run ended ({result.status}, exit code {result.exit_code}) after "
                             f"{session.steps_done()} step(s), detached; trace: {result.trace_path}")
@@ -159,7 +159,7 @@ def debug(config: RunConfig, options: DebugOptions, frontend,
             session.exited()
             if session.restart_requested and not session.quit_requested:
                 continue
-        elif session.queue:
+        elif session.input.queue:
             session.interact()          # commands left when the script ended (it never stopped)
         break
 
@@ -170,13 +170,13 @@ def debug(config: RunConfig, options: DebugOptions, frontend,
         message(f"nndb: {p.type_name} {p.number} ({p.what()}{' [fail]' if p.fail else ''}) was still pending "
                 f"at the end of the run: no {what} matched '{p.glob}'")
     pending_fail = [p.number for p in pending if p.fail]
-    if session.command_file_error:
-        code, reason = EXIT_USAGE, session.command_file_error
-    elif session.failed_points:
-        nums = ", ".join(str(n) for n in dict.fromkeys(session.failed_points))
+    if session.input.file_error:
+        code, reason = EXIT_USAGE, session.input.file_error
+    elif session.log.failed_points:
+        nums = ", ".join(str(n) for n in dict.fromkeys(session.log.failed_points))
         code, reason = EXIT_FAIL_ACTION, f"a point with the fail action hit ({nums})"
-    elif failing_findings(session.findings, options.fail_on):
-        first = failing_findings(session.findings, options.fail_on)[0]
+    elif failing_findings(session.log.findings, options.fail_on):
+        first = failing_findings(session.log.findings, options.fail_on)[0]
         code, reason = EXIT_FAIL_ACTION, (f"--fail-on {options.fail_on}: {first['severity']} {first['rule']} "
                                           f"at step {first['step']}")
         message(f"nndb: {reason} (exit code {code})")

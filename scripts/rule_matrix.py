@@ -103,11 +103,11 @@ def run_one(script: Script, seed: int) -> Outcome:
         with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
             res = debug(cfg, DebugOptions(batch=True, no_rc=True, rules="default"), ScriptedFrontend([]))
     out = Outcome(script, seed, res.exit_code, seconds=time.perf_counter() - t0)
-    out.findings = res.session.findings
+    out.findings = res.session.log.findings
     out.longest_block = res.session.rules.longest_block
     out.steps_in_blocks = res.session.rules.steps_in_blocks
     out.steps = res.session.steps_done()
-    for f in res.session.findings:
+    for f in res.session.log.findings:
         out.first.setdefault(f["rule"], (f["step"], f["severity"]))
     out.rules_failed = [r.id for r in res.session.rules.rules if not r.enabled]
     return out

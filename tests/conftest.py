@@ -129,7 +129,7 @@ def trace(tmp_path):
 
 def run_in_process(tmp_path, script: str, args=(), rules="default", commands=(), frontend=None):
     """Run a script under nndb in this process (no torch import per run: fast),
-    in batch mode; returns the driver's DebugResult (``.session.findings``)."""
+    in batch mode; returns the driver's DebugResult (``.session.log.findings``)."""
     import gc
     from nndb.run.config import RunConfig
     from nndb.driver import DebugOptions, debug
@@ -171,7 +171,7 @@ def matrix_outcomes():
 
 
 def findings_of(result, severities=("error", "warning")) -> list:
-    return [f for f in result.session.findings if f["severity"] in severities]
+    return [f for f in result.session.log.findings if f["severity"] in severities]
 
 
 # -- transcripts: a session as it was typed, shown when a test fails ---------------------------

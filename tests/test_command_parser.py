@@ -112,13 +112,13 @@ def _reset(s: Session, frame_index: int) -> None:
     """Undo what an example's commands asked of the run (they only set flags:
     the run goes on only when read_line returns)."""
     s.reset_run_control()
-    s.queue.clear()
-    if s.frames:
-        s.frame_index = frame_index
+    s.input.queue.clear()
+    if s.here.frames:
+        s.here.frame_index = frame_index
 
 
 def _check_lines(s: Session, fe, lines) -> None:
-    frame_index = s.frame_index
+    frame_index = s.here.frame_index
     before = len(fe.output)
     try:
         for text in lines:
@@ -157,7 +157,7 @@ class FuzzFrontend(ScriptedFrontend):
             return super().read_line(prompt)
         if self.fuzzed is None:
             s = self.session
-            self.fuzzed = (s.state, s.current.kind if s.current else None)
+            self.fuzzed = (s.control.state, s.here.stop.kind if s.here.stop else None)
             try:
                 _fuzz(s, self, self.max_examples)
             except BaseException as e:      # re-raised by the test, not into the script
@@ -230,7 +230,7 @@ def test_whole_sessions_end_cleanly(lines, answers, script):
     assert res.exit_code in (0, 1, 4)
     # (the lines run out, or quit ended the session, or a detached run ended it with the script)
     assert not fe.lines or fe.lines == ["kill", "quit"][-len(fe.lines):] or res.session.quit_requested \
-        or res.session.mode == "detach"
+        or res.session.control.mode == "detach"
 
 
 # -- the parsers --------------------------------------------------------------------------------

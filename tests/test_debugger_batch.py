@@ -527,9 +527,9 @@ def test_commands_block_ends_with_its_file(tmp_path):
     s.interact()
     msg = f"{path}:2: 'commands' without a closing 'end'"
     assert err.getvalue() == msg + "\n"
-    assert s.command_file_error == msg
+    assert s.input.file_error == msg
     assert s.points[1].commands == [] and not s.points[1].silent
-    assert [q.text for q in s.queue] == ['p "E1"', "end"]      # not part of the block, not run
+    assert [q.text for q in s.input.queue] == ['p "E1"', "end"]      # not part of the block, not run
 
 
 def test_info_memory_shows_the_process_and_says_when_cuda_is_not_in_use():

@@ -395,7 +395,7 @@ def test_a_breakpoint_with_the_fail_action_ends_the_run_with_exit_4(breakpoints_
 
 
 def test_every_stop_is_recorded_silent_and_continued_ones_too(breakpoints_with_commands):
-    assert [s["id"] for s in breakpoints_with_commands.result.session.stops] == [1, 2, 3, 4, 5]
+    assert [s["id"] for s in breakpoints_with_commands.result.session.log.stops] == [1, 2, 3, 4, 5]
 
 
 # -- watchpoints ---------------------------------------------------------------------------
@@ -714,7 +714,7 @@ def test_run_while_live_asks_then_starts_a_third_trace(run_again):
     assert t.after("quit").startswith("A run is active.  Kill it and quit? (y or n) y")
     assert os.path.exists(t.tmp / "t.h5") and os.path.exists(t.tmp / "t-run2.h5") \
         and os.path.exists(t.tmp / "t-run3.h5")
-    assert t.result.session.runs == 3 and t.result.reason == "killed from the debugger"
+    assert t.result.session.log.runs == 3 and t.result.reason == "killed from the debugger"
 
 
 # -- the session commands: help, source, echo, prefixes, errors ------------------------------------

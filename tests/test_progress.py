@@ -5,6 +5,7 @@ import os
 import re
 import select
 import time
+from types import SimpleNamespace
 
 import pytest
 
@@ -30,7 +31,7 @@ print("done", step, flush=True)
 class _Session:
     prompting = False
     replica = None
-    findings = [{"rule": "x"}]
+    log = SimpleNamespace(findings=[{"rule": "x"}])
 
 
 class _Clock:

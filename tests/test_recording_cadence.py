@@ -229,6 +229,6 @@ def test_a_failing_probe_is_said_once_and_the_run_goes_on(tmp_path, monkeypatch)
             if "probe relu_units failed and is off: RuntimeError: boom" in line]
     assert said == ["nndb: probe relu_units failed and is off: RuntimeError: boom"]
     assert res.exit_code == 0
-    assert "loss_not_decreasing" in {f["rule"] for f in res.session.findings}
+    assert "loss_not_decreasing" in {f["rule"] for f in res.session.log.findings}
     with TraceReader(str(tmp_path / "run.h5")) as r:
         assert r.n_steps == 70

@@ -36,7 +36,7 @@ def line_of(script: str, text: str) -> int:
 def rule(res, rule_id) -> list:
     assert res.exit_code == 0
     assert all(r.enabled for r in res.session.rules.rules)       # no rule failed
-    return [f for f in res.session.findings if f["rule"] == rule_id]
+    return [f for f in res.session.log.findings if f["rule"] == rule_id]
 
 
 # -- initial_loss with F.cross_entropy ---------------------------------------------------------

@@ -52,7 +52,7 @@ BRANCHES = textwrap.dedent('''
 
 
 def _of(res, rule):
-    return [f for f in res.session.findings if f["rule"] == rule]
+    return [f for f in res.session.log.findings if f["rule"] == rule]
 
 
 # -- grad_none, end to end ---------------------------------------------------------------------
@@ -63,14 +63,14 @@ def test_grad_none_names_the_parameters_cut_from_the_loss(tmp_path, mode):
     res = run_in_process(tmp_path, str(script), ["--mode", mode])
     assert res.exit_code == 0
     found = _of(res, "grad_none")
-    assert len(found) == 1, res.session.findings
+    assert len(found) == 1, res.session.log.findings
     f = found[0]
     assert f["severity"] == "warning" and f["step"] == 4          # 5 consecutive steps: 0..4
     assert f["tensor"] == "side.weight" and f["evidence"]["params"] == ["side.weight", "side.bias"]
     assert "5 consecutive steps of opt" in f["message"]
     # the frozen parameter in the optimizer (requires_grad False) is not named
     assert "scale" not in f["message"]
-    assert [x for x in res.session.findings if x["rule"] != "grad_none"] == []
+    assert [x for x in res.session.log.findings if x["rule"] != "grad_none"] == []
 
 
 def test_grad_none_quiet_for_a_branch_used_every_other_step(tmp_path):

@@ -32,7 +32,7 @@ def run(tmp_path, script, *args):
 
 
 def only(res, rule) -> list:
-    return [f for f in res.session.findings if f["rule"] == rule]
+    return [f for f in res.session.log.findings if f["rule"] == rule]
 
 
 # -- dead_relu --------------------------------------------------------------------------------

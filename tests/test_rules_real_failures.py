@@ -121,7 +121,7 @@ def test_every_gradient_exactly_zero_names_a_constant_single_class_loss(tmp_path
     res = run_in_process(tmp_path, os.path.join(SCRIPTS, "planted_zero_gradients_single_class.py"),
                          ["--seed", "1", "--steps", "64"])
     assert res.exit_code == 0
-    [zg] = of(res.session.findings, "zero_gradients")
+    [zg] = of(res.session.log.findings, "zero_gradients")
     assert zg["step"] == 9 and zg["evidence"]["steps"] == [0, 9] and zg["evidence"]["tensors"] == 2
     assert zg["evidence"]["constant_loss"] == 0 and zg["evidence"]["classes"] == 1
     assert "the loss is exactly 0 at every one of them" in zg["message"] and "single class" in zg["message"]
@@ -144,7 +144,7 @@ def test_gradients_that_are_zero_only_some_steps_are_not_reported(tmp_path):
     script = tmp_path / "half.py"
     script.write_text(ZERO_LOSS_TWO_CLASSES)
     res = run_in_process(tmp_path, str(script))
-    assert res.exit_code == 0 and of(res.session.findings, "zero_gradients") == []
+    assert res.exit_code == 0 and of(res.session.log.findings, "zero_gradients") == []
 
 
 FRESH_ITER = '''
@@ -184,7 +184,7 @@ def test_the_same_batch_at_every_step_in_one_process(tmp_path, shape, found):
     script.write_text(FRESH_ITER)
     res = run_in_process(tmp_path, str(script), [shape])
     assert res.exit_code == 0
-    dup = of(res.session.findings, "duplicate_batches")
+    dup = of(res.session.log.findings, "duplicate_batches")
     if found is None:
         assert dup == []
     else:
@@ -223,13 +223,13 @@ def test_a_generator_at_lr_1e9_is_told_its_learning_rate_is_too_high(tmp_path):
     script = tmp_path / "gan.py"
     script.write_text(GAN)
     res = run_in_process(tmp_path, str(script))
-    [ur] = of(res.session.findings, "update_ratio")
+    [ur] = of(res.session.log.findings, "update_ratio")
     assert ur["step"] == 0 and ur["tensor"].startswith("G.") and ur["evidence"]["side"] == "high"
     assert ur["evidence"]["lr"] == 1e9 and "far too high" in ur["message"]
     rules = tmp_path / "rules.yaml"
     rules.write_text("rules:\n  - id: update_ratio\n    thresholds: {rewrite: 5}\n")
     res = run_in_process(tmp_path, str(script), rules=str(rules))
-    [ur] = of(res.session.findings, "update_ratio")
+    [ur] = of(res.session.log.findings, "update_ratio")
     assert ur["evidence"]["side"] == "low" and ur["evidence"]["peak"][0] >= 0.9 and ur["evidence"]["peak"][1] == 0
     assert "far too high" in ur["message"] and "too low" not in ur["message"]
 
@@ -263,7 +263,7 @@ def test_a_layer_spread_of_gradients_is_vanishing_under_sgd_not_under_adam(tmp_p
     script = tmp_path / "small.py"
     script.write_text(SMALL_INPUTS)
     res = run_in_process(tmp_path, str(script), [opt])
-    found = of(res.session.findings, "vanishing_gradient")
+    found = of(res.session.log.findings, "vanishing_gradient")
     if opt == "adam":
         assert found == []
     else:

@@ -65,8 +65,8 @@ def run(tmp_path, script, *args):
     assert res.exit_code == 0
     assert all(r.enabled for r in res.session.rules.rules)
     mine = {cls.id for cls in stats_rules.RULES}
-    json.dumps([f for f in res.session.findings if f["rule"] in mine], allow_nan=False)   # strict JSON
-    return res.session.findings
+    json.dumps([f for f in res.session.log.findings if f["rule"] in mine], allow_nan=False)   # strict JSON
+    return res.session.log.findings
 
 
 def of(findings, rule):

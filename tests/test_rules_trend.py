@@ -23,7 +23,7 @@ def run(tmp_path, name, *args):
     res = run_in_process(tmp_path, os.path.join(SCRIPTS, name), [str(a) for a in args])
     assert res.exit_code == 0
     assert all(r.enabled for r in res.session.rules.rules)      # no rule failed and was switched off
-    return res.session.findings
+    return res.session.log.findings
 
 
 # The default variant of a script is the rule matrix's own run of it (its

@@ -224,7 +224,7 @@ def test_a_custom_fail_rule_names_its_tensor_and_exits_4(tmp_path):
     fe = ScriptedFrontend([])
     res = run_in_process(tmp_path, example("mlp.py"), ["--steps", "6"], rules=path, frontend=fe)
     assert res.exit_code == 4
-    [f] = res.session.findings
+    [f] = res.session.log.findings
     assert (f["rule"], f["step"], f["severity"]) == ("big_grad", 2, "error")
     assert f["tensor"].startswith("0.") and f["evidence"]["kind"] == "grad"
     assert f["message"].startswith(f"first layer gradient (grad {f['tensor']}: max(grad['0.*'].norm) = ")
@@ -240,7 +240,7 @@ def test_a_custom_rule_is_checked_at_every_recorded_step(tmp_path):
             condition: step == 23 and max(grad.norm) > 0
         """)
     res = run_in_process(tmp_path, example("mlp.py"), ["--steps", "26"], rules=path)
-    assert [(f["rule"], f["step"]) for f in res.session.findings] == [("late_step", 23)]
+    assert [(f["rule"], f["step"]) for f in res.session.log.findings] == [("late_step", 23)]
 
 
 def test_a_custom_stop_rule_stops_and_says_why(tmp_path):
@@ -323,7 +323,7 @@ def test_info_rules_and_the_rule_command(tmp_path):
     # the changes held for the run: nonfinite off, loss_seen reported at step 0 with severity info
     eng = res.session.rules
     assert not eng.rule("nonfinite").enabled and eng.rule("stale_grad").params["steps"] == 3
-    assert [(f["rule"], f["severity"]) for f in res.session.findings if f["severity"] != "info" or
+    assert [(f["rule"], f["severity"]) for f in res.session.log.findings if f["severity"] != "info" or
             f["rule"] == "loss_seen"] == [("loss_seen", "info")]
 
 

@@ -133,7 +133,7 @@ def test_under_nndb_run_set_trace_is_a_stop_of_that_run(tmp_path):
     assert result.exit_code == 0
     assert f"Stopped at nndb.set_trace() during step 5\n> {os.path.relpath(tmp_path / 'loop.py')}({CALL_LINE})" in t.text
     assert "(nndb) p step\n4" in t.text
-    assert [s["reason"] for s in result.session.stops] == ["set_trace"]
+    assert [s["reason"] for s in result.session.log.stops] == ["set_trace"]
     assert not (tmp_path / "nndb-runs").exists()            # nndb run's trace, not a second recording
     with TraceReader(str(tmp_path / "run.h5")) as r:
         assert r.n_steps == 12

@@ -38,7 +38,7 @@ def test_handover_round_trip_keeps_points_displays_queue_and_input():
     s.points.new_display("$step", compile("1", "<d>", "eval"))
     s.rules.rule("nonfinite").action = "fail"
     s.rules.set_enabled("dead_relu", False)
-    s.queue.append(QueuedLine("info checkpoints", "cmds.nndb", 4))
+    s.input.queue.append(QueuedLine("info checkpoints", "cmds.nndb", 4))
     s.machine.timelines.append({"id": 1, "origin": "step 3 of timeline 0", "change": "set lr 1", "status": "left"})
     state = s.snapshot()
     t = _session()
@@ -50,7 +50,7 @@ def test_handover_round_trip_keeps_points_displays_queue_and_input():
     assert t.points.add(P.StepBreak, {"step": 9}).number == 3 and [d[:2] for d in t.points.displays] == [(1, "$step")]
     assert t.points.new_display("$loss", compile("1", "<d>", "eval")) == 2
     assert t.rules.rule("nonfinite").action == "fail" and not t.rules.rule("dead_relu").enabled
-    assert [(q.text, q.source, q.line) for q in t.queue] == [("info checkpoints", "cmds.nndb", 4)]
+    assert [(q.text, q.source, q.line) for q in t.input.queue] == [("info checkpoints", "cmds.nndb", 4)]
     assert t.frontend.lines == ["next", "p x"]
     assert [tl["id"] for tl in t.machine.timelines] == [0, 1]
 
@@ -425,11 +425,11 @@ def test_ctrl_c_in_a_replica_s_replay_gives_up_instead_of_stopping_there():
             calls.append(session)
 
     s.live, s.replica = True, Replaying()
-    assert s.request_interrupt() and calls == [s] and not s.interrupt_requested
+    assert s.request_interrupt() and calls == [s] and not s.control.interrupt_requested
     s.replica = None
     s.rec = None
     s.sync_hooks = lambda: None
-    assert s.request_interrupt() and s.interrupt_requested            # the live run: stop at the next point
+    assert s.request_interrupt() and s.control.interrupt_requested            # the live run: stop at the next point
 
 
 def test_progress_line_counts_steps_and_estimates_the_rest():

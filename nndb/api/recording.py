@@ -179,7 +179,7 @@ class Recorder:
         steps the rules keep in a block judged first: nndb.rules.block)."""
         if self.status is None:
             self._session.flush_rules()
-        return FindingList(self._session.findings)
+        return FindingList(self._session.log.findings)
 
     @property
     def steps_recorded(self) -> int:

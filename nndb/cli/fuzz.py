@@ -115,7 +115,7 @@ def run_fuzz_batch(target, step: int, line: str, as_json: bool, tmp_root: str) -
             os.dup2(saved, 1)
             os.close(saved)
         shutil.rmtree(d, ignore_errors=True)
-    reports = getattr(result.session, "fuzz_reports", [])
+    reports = result.session.log.fuzz_reports
     if not reports:
         said = next((e for e in reversed(errors) if "fuzz: " in e), None)
         why = said[said.index("fuzz: "):] if said else f"the script ended before step {step}"

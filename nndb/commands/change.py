@@ -82,7 +82,7 @@ def _source_arg(text):
 def _source(s, path):
     from .rcfiles import read_command_file
     lines = read_command_file(path)
-    s.queue.extendleft(reversed(lines))
+    s.input.queue.extendleft(reversed(lines))
 
 
 def _echo(s, text):

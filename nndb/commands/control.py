@@ -17,7 +17,7 @@ def _count(text: str):
 
 
 def _continue(s, n):
-    cur = s.current
+    cur = s.here.stop
     if n > 1 and cur is not None and cur.hits:
         p = cur.hits[0][0]
         if p.number in s.points:

@@ -119,9 +119,9 @@ def run_fuzz(s, a: FuzzArgs) -> Optional[dict]:
     m = machine(s)
     if m.replica:
         raise CommandError("fuzz runs from the live run ('present' returns to it)")
-    if s.state is not State.LIVE:
+    if s.control.state is not State.LIVE:
         raise CommandError("fuzz needs a live run stopped at a step")
-    if s.current is not None and not s.current.at_step_end:
+    if s.here.stop is not None and not s.here.stop.at_step_end:
         # (inside a step the model's forward has begun: its next module call is not the model's)
         raise CommandError("fuzz starts at a step end (the batch of the next step): 'finish' first")
     from ..timetravel import forking
@@ -144,7 +144,7 @@ def run_fuzz(s, a: FuzzArgs) -> Optional[dict]:
     finally:
         import shutil
         shutil.rmtree(tmp, ignore_errors=True)
-    s.fuzz_reports = getattr(s, "fuzz_reports", []) + [res]
+    s.log.fuzz_reports.append(res)
     return res
 
 

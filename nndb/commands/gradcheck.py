@@ -25,14 +25,14 @@ def _arg(text: str):
 
 
 def _module(s, name):
-    cur = s.current
-    here = cur is not None and cur.module is not None and cur.phase == "forward" and s.stop_module is not None
+    cur = s.here.stop
+    here = cur is not None and cur.module is not None and cur.phase == "forward" and s.here.module is not None
     if name is None:
         if not here:
             raise CommandError("gradcheck which module? (stop in a module's forward, or name one: gradcheck NAME)")
-        return cur.module, s.stop_module
+        return cur.module, s.here.module
     if here and cur.module == name:
-        return name, s.stop_module
+        return name, s.here.module
     for root in s.view.roots():
         for _, m in root.named_modules():
             if s.view.module_name(m) == name:
@@ -44,9 +44,9 @@ def _inputs(s, name, code):
     if code is not None:
         value = E.evaluate(code, s.frame, s.view.variables(s.frame))
         return value if isinstance(value, tuple) else (value,)
-    cur = s.current
-    if cur is not None and cur.module == name and cur.phase == "forward" and isinstance(s.stop_payload, tuple):
-        return s.stop_payload
+    cur = s.here.stop
+    if cur is not None and cur.module == name and cur.phase == "forward" and isinstance(s.here.payload, tuple):
+        return s.here.payload
     raise CommandError(f"no input for {name}: stop in its forward first ('break module {name}', then "
                        f"'continue'), or give one: gradcheck {name} EXPR")
 

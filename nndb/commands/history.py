@@ -58,7 +58,7 @@ def _record(s, arg):
         return f"Whole tensors: no longer kept ({n} rule(s) removed); the trace keeps those written."
     if arg[0] == "add":
         ft.set_rules(ft.rules + [arg[1]])
-        cur = s.current
+        cur = s.here.stop
         if cur is None or cur.at_step_end:
             # (the module hooks go in or out only at a step boundary: never while a forward runs them)
             rec.tracer.sync_forward()
@@ -128,7 +128,7 @@ def _compare(s, arg):
     kind, name, steps, k, png = arg
     from ..store import distributions as D
     from ..render.distributions import compare as render
-    if not s.trace_path:
+    if not s.log.trace_path:
         raise CommandError("no trace yet: nothing has been recorded")
     try:
         with s.view.trace_reader() as reader:

@@ -43,7 +43,7 @@ def _display(s, text):
         return None
     code = E.compile_expr(text)
     number = s.points.new_display(text.strip(), code)
-    if s.current is not None:
+    if s.here.stop is not None:
         try:
             return f"{number}: {text.strip()} = {E.safe_repr(E.evaluate(code, s.frame, s.view.variables(s.frame)))}"
         except CommandError as e:
@@ -179,35 +179,35 @@ def _history(s, arg):
 
 # -- the script's stack ----------------------------------------------------------------
 def _frame_line(s, i, marker=True):
-    frame, lineno = s.frames[i]
+    frame, lineno = s.here.frames[i]
     code = frame.f_code
-    mark = "> " if (marker and i == s.frame_index) else "  "
+    mark = "> " if (marker and i == s.here.frame_index) else "  "
     src = linecache.getline(code.co_filename, lineno, frame.f_globals).strip()
     return [f"{mark}{code.co_filename}({lineno}){code.co_name}()", f"-> {src}" if src else "->"]
 
 
 def _need_frames(s):
-    if not s.frames:
+    if not s.here.frames:
         raise CommandError("no stack: the script is not stopped in a frame")
 
 
 def _where(s, _):
     _need_frames(s)
     lines = []
-    for i in range(len(s.frames)):
+    for i in range(len(s.here.frames)):
         lines.extend(_frame_line(s, i))
     return lines
 
 
 def _move(s, n):
     _need_frames(s)
-    new = s.frame_index + n
+    new = s.here.frame_index + n
     if new < 0:
         raise CommandError("Oldest frame")
-    if new >= len(s.frames):
+    if new >= len(s.here.frames):
         raise CommandError("Newest frame")
-    s.frame_index = new
-    s.list_position = None
+    s.here.frame_index = new
+    s.here.list_position = None
     return _frame_line(s, new)
 
 
@@ -231,12 +231,12 @@ def _list_arg(text):
 
 def _list(s, line):
     _need_frames(s)
-    frame, lineno = s.frames[s.frame_index]
+    frame, lineno = s.here.frames[s.here.frame_index]
     filename = frame.f_code.co_filename
     if line is not None:
         first = max(1, line - 5)
-    elif getattr(s, "list_position", None) is not None and s.list_position[0] == (filename, s.frame_index):
-        first = s.list_position[1]
+    elif s.here.list_position is not None and s.here.list_position[0] == (filename, s.here.frame_index):
+        first = s.here.list_position[1]
     else:
         first = max(1, lineno - 5)
     lines = []
@@ -248,15 +248,15 @@ def _list(s, line):
         lines.append(f"{n:4d} {mark} {src.rstrip()}")
     if not lines:
         raise CommandError(f"line {first} is past the end of {filename}")
-    s.list_position = ((filename, s.frame_index), first + 11)
+    s.here.list_position = ((filename, s.here.frame_index), first + 11)
     return lines
 
 
 # -- info ----------------------------------------------------------------------------------
 def _info_step(s):
-    cur = s.current
+    cur = s.here.stop
     rec = s.record
-    rows = [("state", s.state)]
+    rows = [("state", s.control.state)]
     if cur is not None:
         rows.append(("stopped", cur.kind + (f" in {cur.module} {cur.phase}" if cur.module else "")))
     rows.append(("last finished step", s.last_step if s.last_step is not None else "-"))
@@ -270,7 +270,7 @@ def _info_step(s):
         rows.append(("loss", loss))
     if s.rec is not None:
         rows.append(("step clock", s.rec.tracer.clock.mode.name.lower()))
-    rows.append(("trace", s.trace_path or "-"))
+    rows.append(("trace", s.log.trace_path or "-"))
     return Table(("", ""), rows)
 
 

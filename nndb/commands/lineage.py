@@ -44,7 +44,7 @@ def _target_arg(text: str) -> dict:
 def _step_of(s, arg) -> int:
     if arg["step"] is not None:
         return arg["step"]
-    cur = s.current
+    cur = s.here.stop
     if cur is not None and not cur.at_step_end and cur.step is not None:
         return cur.step
     if s.last_step is None:

@@ -33,12 +33,12 @@ def _plot(s, arg):
     what, kind, glob, stat = arg
     from ..extras import require
     from ..render.pictures import picture
-    if not s.trace_path:
+    if not s.log.trace_path:
         raise CommandError("no trace yet: nothing has been recorded")
     try:
         require("plot", "plot")
         with s.view.trace_reader() as reader:
-            path = picture(reader, what, kind, stat, glob, list(s.findings), list(s.stops))
+            path = picture(reader, what, kind, stat, glob, list(s.log.findings), list(s.log.stops))
     except NndbError as e:
         raise CommandError(str(e)) from None
     return PictureFile(path)

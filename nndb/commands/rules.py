@@ -41,7 +41,7 @@ def info_rules(s):
     if s.rules is None:
         return RULES_OFF
     counts: dict = {}
-    for f in s.findings:
+    for f in s.log.findings:
         counts[f["rule"]] = counts.get(f["rule"], 0) + 1
     rows = [(r.id, r.severity, r.action, "y" if r.enabled else "n", counts.get(r.id, 0), _settings(r))
             for r in s.rules.rules]

@@ -20,7 +20,7 @@ def machine(s, live: bool = True):
         raise CommandError("time travel is off in this run (--replica off)")
     if m.mode == "off":
         raise CommandError(m.off_message())
-    if s.rec is None or (live and s.state is State.NONE):
+    if s.rec is None or (live and s.control.state is State.NONE):
         raise CommandError("The program is not being run.")
     return m
 
@@ -29,7 +29,7 @@ def position(s) -> tuple:
     """(the last finished step, whether we are at its end rather than inside the next)."""
     if s.last_step is None:
         raise CommandError("no step has finished yet")
-    cur = s.current
+    cur = s.here.stop
     return s.last_step, cur is None or cur.at_step_end
 
 
@@ -91,16 +91,16 @@ def _checkpoint(s, _):
     m = machine(s)
     if m.replica:
         raise CommandError("checkpoints are taken on the live run ('present' returns to it)")
-    if s.state is not State.LIVE or s.current is None or not s.current.at_step_end:
+    if s.control.state is not State.LIVE or s.here.stop is None or not s.here.stop.at_step_end:
         raise CommandError("a checkpoint is taken at a step end: use 'finish' or 'next' first")
     ck = m.take(s, s.last_step, "manual")
     if ck == "replica":
-        stop = s.replica.arrived(s, s.current)
+        stop = s.replica.arrived(s, s.here.stop)
         if stop is None:
             s.set_continue()
         else:
             from ..render import debug as render
-            s.current = stop
+            s.here.stop = stop
             s.message(render.stop_line(s, stop))
         return None
     if ck is None and m.blocked:
@@ -145,7 +145,7 @@ def _mib(kib) -> str:
 
 def _predict(s, request):
     m = machine(s)
-    if s.state is not State.LIVE:
+    if s.control.state is not State.LIVE:
         raise CommandError("predict runs ahead of a live run")
     from ..timetravel.predict import changes_for, predict
     n = request.steps

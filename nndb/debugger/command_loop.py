@@ -4,7 +4,8 @@ front end's lines, one command line at a time through the command table.
 A base of Session, as ``cmd.Cmd`` is of ``pdb.Pdb``: the loop is how a stop
 of the session ends (a command's run-control request sets the session's
 resume flag) and each line is dispatched with the session as its receiver;
-the queue, the front end, the table and run control are the session's."""
+the front end, the table and run control are the session's, the lines
+waiting and the last one typed its ``input`` (CommandInput)."""
 from __future__ import annotations
 
 import collections
@@ -27,23 +28,47 @@ class QueuedLine:
         return f"{self.source}:{self.line}: " if self.source else f"-e {shlex.quote(self.text)}: "
 
 
+class CommandInput:
+    """The session's command input besides the front end: the lines waiting
+    (``queue``: rc files, ``-x``, ``-e``, [QueuedLine]), the last line typed
+    (``last_command``: an empty line repeats it), where the line being run
+    came from (``source``: its QueuedLine, or None when typed) and the error
+    that ended a batch run's startup commands (``file_error``: exit 2).
+    ``snapshot``/``restore``: the waiting lines and the last command, handed
+    between the live run and a replica with the terminal."""
+
+    def __init__(self):
+        self.queue: collections.deque = collections.deque()
+        self.last_command: Optional[str] = None
+        self.source = None
+        self.file_error: Optional[str] = None
+
+    def snapshot(self) -> dict:
+        return {"queue": [[q.text, q.source, q.line] for q in self.queue], "last_command": self.last_command}
+
+    def restore(self, state: dict) -> None:
+        self.queue.clear()
+        self.queue.extend(QueuedLine(t, src, line) for t, src, line in state.get("queue", []))
+        self.last_command = state.get("last_command")
+
+
 class CommandLoop:
     def interact(self) -> None:
         """Read and run commands until one resumes the run."""
-        self._resume = False
+        self.control.resume = False
         if self.progress is not None:
             self.progress.clear()          # (a silent stop prints nothing that would: the prompt is drawn here)
         if self.fail_fast():
-            self._end = End.KILL
+            self.control.end = End.KILL
             return
-        while not self._resume:
-            if self.queue:
-                q = self.queue.popleft()
+        while not self.control.resume:
+            if self.input.queue:
+                q = self.input.queue.popleft()
                 self.execute(q.text, q)
                 continue
             if not self.interactive:
                 if self.fail_fast():         # the queued commands ran at a fail hit: stop now
-                    self._end = End.KILL
+                    self.control.end = End.KILL
                 elif self.in_the_past():
                     # batch: nothing queued in the past, back to the present (running the past on
                     # printed the script's output again, and took as long again: issue 39)
@@ -56,16 +81,16 @@ class CommandLoop:
                 self.execute("quit")
                 continue
             if not line.strip():
-                if self.last_command is None:
+                if self.input.last_command is None:
                     continue
-                line = self.last_command
+                line = self.input.last_command
             else:
-                self.last_command = line if line.split()[0] not in ("run", "r") else None
+                self.input.last_command = line if line.split()[0] not in ("run", "r") else None
             self.execute(line)
 
     def fail_fast(self) -> bool:
         """Batch mode stops the run once a ``fail`` point hit and its commands ran."""
-        return not self.interactive and bool(self.failed_points) and self.live and not self.queue
+        return not self.interactive and bool(self.log.failed_points) and self.live and not self.input.queue
 
     def in_the_past(self) -> bool:
         """This process is a replica at a prompt in the past (goto, reverse-step...)."""
@@ -78,7 +103,7 @@ class CommandLoop:
     # -- commands ------------------------------------------------------------------------
     def execute(self, text: str, source=None) -> None:
         """Run one command line; errors print one line (``FILE:LINE: message`` for files)."""
-        self._source = source
+        self.input.source = source
         try:
             changing = self._changing(text)
             if changing and self.replica is not None and self.machine is not None:
@@ -119,7 +144,7 @@ class CommandLoop:
 
     def _file_error(self, source: QueuedLine, msg: str) -> None:
         # the rest of that file is dropped (gdb stops reading a file at its first error)
-        self.queue = collections.deque(q for q in self.queue if q.source != source.source)
+        self.input.queue = collections.deque(q for q in self.input.queue if q.source != source.source)
         if not self.interactive:
             if self.in_the_past():
                 # the live run ends with it, as it would have outside the past (the replica
@@ -129,28 +154,28 @@ class CommandLoop:
 
     def batch_failed(self, msg: str) -> None:
         """A startup command failed in batch mode: the run ends (exit 2, ``msg`` the reason)."""
-        self.command_file_error = msg
-        self._end = End.KILL if self.live else None
-        self._resume = True
+        self.input.file_error = msg
+        self.control.end = End.KILL if self.live else None
+        self.control.resume = True
 
     def queue_lines(self, lines: list) -> None:
-        self.queue.extend(lines)
+        self.input.queue.extend(lines)
 
     def reading_from_terminal(self) -> bool:
-        return not isinstance(self._source, QueuedLine)
+        return not isinstance(self.input.source, QueuedLine)
 
     def read_block(self) -> list:
         """The lines after ``commands`` up to ``end``: from the same command
         file (or -e list) when the command came from one, else from the front end."""
         lines = []
-        from_queue = isinstance(self._source, QueuedLine) or not self.interactive
+        from_queue = isinstance(self.input.source, QueuedLine) or not self.interactive
         # a file's block ends with that file (the next file's lines are not part of it)
-        same = self._source.source if isinstance(self._source, QueuedLine) else False
+        same = self.input.source.source if isinstance(self.input.source, QueuedLine) else False
         while True:
             if from_queue:
-                if not self.queue or (same is not False and self.queue[0].source != same):
+                if not self.input.queue or (same is not False and self.input.queue[0].source != same):
                     raise CommandError("'commands' without a closing 'end'")
-                text = self.queue.popleft().text
+                text = self.input.queue.popleft().text
             else:
                 text = self.frontend.read_line(">")
                 if text is None:

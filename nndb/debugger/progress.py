@@ -84,7 +84,7 @@ class ProgressLine(_OneLine):
         if since is None or now <= since[1]:
             return                               # (the rate needs two points)
         rate = (end.step - since[0]) / (now - since[1])
-        self.draw(end.step, rate, _loss(end.record), len(s.findings))
+        self.draw(end.step, rate, _loss(end.record), len(s.log.findings))
 
     def draw(self, step: int, rate: float, loss: Optional[float], findings: int) -> None:
         text = f"nndb: step {step}  {rate:.3g} steps/s  loss {'-' if loss is None else fmt(loss)}  " \

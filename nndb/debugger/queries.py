@@ -3,7 +3,8 @@ nndb's ``$`` variables, the models, optimizers and series of the live run, and
 a series' history from the trace.  ``RunView`` is owned by the session
 (``session.view``): it reads the session's run and stop and keeps only its
 caches (module names, the last record's statistics, the optimizers that were
-alive before the run); it changes nothing."""
+alive before the run, the run's optimizers as the rules name them); it
+changes nothing."""
 from __future__ import annotations
 
 import fnmatch
@@ -33,6 +34,7 @@ class RunView:
         self._module_names: dict = {}        # id(module) -> (roots_version, name, weakref)
         self._view_cache = (None, None)      # (record, its statistics)
         self._earlier_optimizers: tuple = ()
+        self.rule_optimizers = None          # (stoppoints._NamedOptimizers of the run, made once by run_rules)
 
     def module_name(self, module) -> str:
         naming = self.s.rec.naming
@@ -102,7 +104,7 @@ class RunView:
         ours = [o for o in find_optimizers() if o not in earlier or o in stepped]
         # Name them from the script's frames, as the tracer does when it first
         # sees one step: the first name asked for is kept for the whole run.
-        frame = self.s.frames[-1][0] if self.s.frames else None
+        frame = self.s.here.frames[-1][0] if self.s.here.frames else None
         # by name: the garbage collector's order depends on what ran before in the process
         return sorted(((naming.optimizer_name(o, frame), o) for o in ours), key=lambda no: no[0])
 
@@ -158,7 +160,7 @@ class RunView:
         w = self.s.rec.writer if self.s.rec is not None else None
         if w is not None and not w.closed:
             return TraceReader.from_writer(w)
-        return TraceReader(self.s.trace_path)
+        return TraceReader(self.s.log.trace_path)
 
     def series_names(self) -> set:
         # (the live writer's registry of series ids, not a read of the trace:
@@ -166,10 +168,10 @@ class RunView:
         if self.s.rec is not None and not self.s.rec.writer.closed:
             last = self.unwritten()
             return set(self.s.rec.writer.series) | set(last.names if last is not None else ())
-        if self.s.trace_path:
+        if self.s.log.trace_path:
             from ..store.reader import TraceReader
             try:
-                with TraceReader(self.s.trace_path) as reader:
+                with TraceReader(self.s.log.trace_path) as reader:
                     return {(s.name, s.kind) for s in reader.series()}
             except Exception:
                 return set()
@@ -240,7 +242,7 @@ class RunView:
         condition), when it is not the current one yet."""
         rows = self.stat_rows()
         loss = next(iter(self._loss_values(rows)), (None, None))[1]
-        cur = stop if stop is not None else self.s.current
+        cur = stop if stop is not None else self.s.here.stop
         v = {
             "step": self.s.last_step if (step_end or cur is None or cur.at_step_end)
             else cur.step if cur.step is not None else self.s.step_in_progress(),
@@ -254,8 +256,8 @@ class RunView:
             "full": E.FullLookup(self.trace_reader),
         }
         if cur is not None and cur.module is not None and not cur.at_step_end:
-            v["module"] = self.s.stop_module
-            v[cur.note or "inputs"] = self.s.stop_payload
+            v["module"] = self.s.here.module
+            v[cur.note or "inputs"] = self.s.here.payload
         if cur is not None and cur.exception is not None:
             v["exception"] = cur.exception
         return v

@@ -17,9 +17,7 @@ and ``interactive``.  The REPL (nndb.frontends.repl) and batch mode
 """
 from __future__ import annotations
 
-import collections
 import contextlib
-import threading
 import time
 from typing import Optional
 
@@ -31,9 +29,12 @@ from . import points as P
 from .changes import Change, edit_of, make
 from .hyperparams import Holds
 from .listeners import session_listeners
-from .command_loop import CommandLoop, QueuedLine  # noqa: F401  (QueuedLine: part of the API)
+from .command_loop import CommandInput, CommandLoop, QueuedLine  # noqa: F401  (QueuedLine: part of the API)
+from .control import RunControl
+from .position import StopPosition
 from .queries import RunView
 from .modes import REQUESTED, End, Mode, State, StopKind
+from .runlog import RunLog
 from .stoppoints import Stop, StopPoints
 
 
@@ -44,23 +45,30 @@ class Session(CommandLoop, StopPoints):
     engine never imports the command table or a renderer.
 
     The session owns its points (``points``: breakpoints, watches, displays,
-    nndb.debugger.points.Points) and the queries commands make (``view``,
-    nndb.debugger.queries.RunView).  Its two bases are parts of the same
-    object, as ``cmd.Cmd`` is a base of ``pdb.Pdb`` and ``stop_here`` a method
-    of ``bdb.Bdb``: CommandLoop is the prompt of a stop (it ends when a
-    request sets this session's run control) and StopPoints decides the stops
-    from this session's run control and points; owned apart, each would reach
-    back into the session for nearly every member it reads.
+    nndb.debugger.points.Points), the queries commands make (``view``,
+    nndb.debugger.queries.RunView), its run control (``control``: the mode
+    and its targets, the requests, where the session stands and how the run
+    ended, nndb.debugger.control.RunControl), where the run is stopped
+    (``here``: the stop, its frames, nndb.debugger.position.StopPosition),
+    what the report and the traces' events keep (``log``: runs, trace,
+    stops, findings, changes, failed points, nndb.debugger.runlog.RunLog)
+    and its command input besides the front end (``input``: the queued
+    lines, the last command, nndb.debugger.command_loop.CommandInput).  Its
+    two bases are parts of the same object, as ``cmd.Cmd`` is a base of
+    ``pdb.Pdb`` and ``stop_here`` a method of ``bdb.Bdb``: CommandLoop is the
+    prompt of a stop (it ends when a request sets this session's run control)
+    and StopPoints decides the stops from this session's run control and
+    points; owned apart, each would reach back into the session for nearly
+    every member it reads.
 
-    Why this size: one debugger, as ``bdb.Bdb`` and ``pdb.Pdb`` together, in
-    five groups of state that move together: what the floors above handed in
-    (front end, table, renderer, rules, time machine, lineage, replica role,
-    progress line, agreement), the run's lifetime (rec, live, state, ended,
-    exit code, trace path), run control (mode, count, until step, pending
-    start, interrupt, resume, end), the stop's position (current stop,
-    frames, frame index, hook frame, payload, module, list position) and the
-    run's log for the report (stops, findings, changes, hold checks, failed
-    points).  Time travel forks and hands the terminal over with all of it.
+    Its own attributes, besides those owned objects: what the floors above
+    hand in (front end, table, renderer, rules, time machine, lineage,
+    replica role, progress line, agreement, ``interactive``), the
+    hyper-parameters held (``holds``), and what the run's step pipeline
+    (nndb.debugger.listeners) reads and writes at every step end as plain
+    attributes, where a property would be one more Python call a step
+    (``rec``, ``live``, ``last_step``, ``latest_record``, ``step_record``,
+    ``rule_hits``, ``prompting``, ``hold_checks``).
     """
 
     def __init__(self, frontend, commands, renderer, interactive: bool = True, stop_at_start: bool = True,
@@ -77,52 +85,23 @@ class Session(CommandLoop, StopPoints):
         if hasattr(frontend, "session"):
             frontend.session = self        # completion and the toolbar look at the session
         self.interactive = interactive
-        self.stop_at_start = stop_at_start
         self.points = P.Points(on_change=self.sync_hooks)   # breakpoints, watches, displays
         self.view = RunView(self)            # what commands look at (the run's statistics, models, trace)
-        self.queue: collections.deque = collections.deque()
-        self.stops: list = []                # for the report
-        self.findings: list = []             # rule findings (the rules issue fills these)
-        self.changes: list = []              # [changes.Change]: what the live run's prompt changed (replays remake them)
+        self.control = RunControl(stop_at_start)   # run control; where the session stands
+        self.here = StopPosition()           # where the run is stopped
+        self.log = RunLog()                  # runs, trace, stops, findings, changes, failed points
+        self.input = CommandInput()          # the queued lines, the last command
         self.holds = Holds()                 # hyper-parameters held at a value (set --hold)
-        self.hold_checks: list = []          # [hyperparams.HoldCheck]: did a set hold at the next step?
-        self.failed_points: list = []        # points with the fail action that hit
-        self.command_file_error: Optional[str] = None
-        self.last_command: Optional[str] = None
-        # the run
+        # the run, as its step pipeline sees it at each step end
         self.rec = None                      # runner.Recording while a run is live
         self.live = False
-        self.ended: Optional[str] = None     # how the last run ended (status), or None
-        self.state = State.NONE
-        self.exit_code: Optional[int] = None
-        self.runs = 0
-        self.trace_path: Optional[str] = None
-        # run control
-        self.mode = Mode.CONTINUE
-        self.count = 0
-        self.until_step: Optional[int] = None
-        self._pending_start = stop_at_start
-        self.interrupt_requested = False
-        self.prompting = False               # at a stop: module calls and step ends made by
-        #                                      the commands themselves (p model(x)) do not stop
-        self._resume = False                 # the prompt loop ends: a command resumed the run
-        self._end: Optional[End] = None      # what happens to the run as the prompt loop ends
-        # where we are
-        self.current: Optional[Stop] = None
-        self.frames: list = []               # [(frame, lineno)], outermost first
-        self.frame_index = 0
         self.last_step: Optional[int] = None  # the last step that finished
         self.latest_record = None            # the newest StepRecord handed on (what 'stats' shows)
         self.step_record = None              # the record of the step that just ended, as far as it is known
         self.rule_hits: list = []            # rule hits of the step end being checked
-        self._listeners: list = []           # this session's part of the run's step pipeline
-        self._rule_optimizers = None         # (stoppoints._NamedOptimizers of the run, made once)
-        self._at_exception = False           # (the rules judge the records closed as the script raised)
-        self._main_thread = threading.main_thread().ident
-        self._hook_frame = None
-        self._source = None
-        self.stop_payload = self.stop_module = None
-        self.list_position = None               # where 'list' goes on: ((file, frame index), line)
+        self.prompting = False               # at a stop: module calls and step ends made by
+        #                                      the commands themselves (p model(x)) do not stop
+        self.hold_checks: list = []          # [hyperparams.HoldCheck]: did a set hold at the next step?
 
     # -- output -----------------------------------------------------------------
     # (everything the debugger prints passes here: names, messages and values
@@ -142,23 +121,19 @@ class Session(CommandLoop, StopPoints):
     def attach(self, rec, trace_path: str) -> None:
         self.rec = rec
         self.live = True
-        self.state = State.LIVE
-        self.ended = None
-        self.runs += 1
-        self.trace_path = trace_path
+        self.log.runs += 1
+        self.log.trace_path = trace_path
         self.last_step = None
         self.latest_record = self.step_record = None
         self.rule_hits = []
         if self.replica is None:
-            self.changes, self.hold_checks = [], []
-        self._pending_start = (self.stop_at_start or bool(self.queue)) and self.replica is None
-        self.mode, self.count, self.until_step = Mode.CONTINUE, 0, None
-        self.interrupt_requested = self.prompting = False
-        if self._end is not End.QUIT:
-            self._end = None
+            self.log.changes, self.hold_checks = [], []
+        control = self.control
+        control.new_run((control.stop_at_start or bool(self.input.queue)) and self.replica is None)
+        self.prompting = False
         self.points.new_run()
-        self._listeners = session_listeners(self)
-        rec.listeners.extend(self._listeners)
+        control.listeners = session_listeners(self)
+        rec.listeners.extend(control.listeners)
         current.attached(self)               # (nndb.set_trace() stops here)
         if self.rules is not None:
             self.rules.attach(rec)
@@ -176,11 +151,12 @@ class Session(CommandLoop, StopPoints):
             return
         t = self.rec.tracer
         modules = [p for p in self.points.values() if isinstance(p, P.ModuleBreak) and p.enabled]
-        want_module = self._pending_start or self.mode is Mode.STEP or self.interrupt_requested or bool(modules)
-        if self.mode is Mode.DETACH or (self.replica is not None and self.replica.replaying):
+        c = self.control
+        want_module = c.pending_start or c.mode is Mode.STEP or c.interrupt_requested or bool(modules)
+        if c.mode is Mode.DETACH or (self.replica is not None and self.replica.replaying):
             want_module = False
         t.stop_in_modules(self.on_module if want_module else None,
-                          backward=self.mode is Mode.STEP or any(p.phase == "backward" for p in modules))
+                          backward=c.mode is Mode.STEP or any(p.phase == "backward" for p in modules))
         # Someone at the prompt will look at every statistic; a watch may need
         # the ones measured only at full steps.
         measures = getattr(self.replica, "measures", False)      # (a replica measuring a histogram)
@@ -195,14 +171,14 @@ class Session(CommandLoop, StopPoints):
     def request_interrupt(self) -> bool:
         """Ctrl-C while the script runs: stop at the next stop point.  A second
         Ctrl-C before that returns False: the caller interrupts the script."""
-        if not self.live or self.interrupt_requested:
+        if not self.live or self.control.interrupt_requested:
             return False
         if self.replica is not None and self.replica.interruptible():
             self.replica.interrupted(self)     # (a replay or a prediction gives up: the user stays put)
             return True
-        self.interrupt_requested = True
-        if self.mode is Mode.DETACH:
-            self.mode = Mode.CONTINUE
+        self.control.interrupt_requested = True
+        if self.control.mode is Mode.DETACH:
+            self.control.mode = Mode.CONTINUE
         self.sync_hooks()
         self.error("nndb: stopping at the next step boundary or module call (Ctrl-C again interrupts the script)")
         return True
@@ -211,15 +187,13 @@ class Session(CommandLoop, StopPoints):
         self.flush_rules()
         self.live = False
         current.ended(self)
-        self.ended = status
-        self.exit_code = exit_code
-        self.state = State.EXITED
-        self.current = None
-        self.frames = []
-        self._hook_frame = self.stop_payload = self.stop_module = None   # keep none of the script's objects alive
+        self.control.ended = status
+        self.control.exit_code = exit_code
+        self.control.state = State.EXITED
+        self.here.clear()                # keep none of the script's objects alive
         if self.rec is not None:
             self.rec.tracer.stop_in_modules(None)
-            self.rec.listeners[:] = [x for x in self.rec.listeners if x not in self._listeners]
+            self.rec.listeners[:] = [x for x in self.rec.listeners if x not in self.control.listeners]
         if self.rules is not None:
             self.rules.detach()
         if self.lineage is not None:
@@ -231,21 +205,18 @@ class Session(CommandLoop, StopPoints):
         """The script raised: stop at the raising frame (pdb's post-mortem)."""
         self.flush_rules()
         self.live = False
-        self.state = State.POST_MORTEM
+        self.control.state = State.POST_MORTEM
         # The step that raised: the one after the last that finished (the
         # recorder has already closed it as a partial step and counted past it).
         stop = Stop(StopKind.EXCEPTION, self.steps_done(), at_step_end=False, exception=exc)
-        self.current = stop
-        self.frames = E.stack_from_traceback(exc.__traceback__)
-        self.frame_index = len(self.frames) - 1
-        self.list_position = None
+        self.here.at_traceback(stop, exc.__traceback__)
         self._record_stop(stop)
         if self.replica is not None and not self.replica.prompts:
             return
         if self.interactive:
             self._prompt_after(f"nndb: post-mortem: the script raised {type(exc).__name__} during step "
                                f"{stop.step}; 'where', 'up', 'p', 'stats' work here")
-        elif self.queue:              # batch: the commands left run here, at the raising frame
+        elif self.input.queue:        # batch: the commands left run here, at the raising frame
             try:
                 self.interact()
             except (KillRun, RestartRun):
@@ -253,10 +224,10 @@ class Session(CommandLoop, StopPoints):
 
     def exited(self) -> None:
         """The run is over (interactive): stay at the prompt, as gdb does."""
-        self.state = State.EXITED
-        self.current = Stop(StopKind.EXITED, self.last_step)
-        self._prompt_after(f"nndb: the run ended ({self.ended}, exit code {self.exit_code}) after "
-                           f"{self.steps_done()} step(s); trace: {self.trace_path}")
+        self.control.state = State.EXITED
+        self.here.stop = Stop(StopKind.EXITED, self.last_step)
+        self._prompt_after(f"nndb: the run ended ({self.control.ended}, exit code {self.control.exit_code}) after "
+                           f"{self.steps_done()} step(s); trace: {self.log.trace_path}")
 
     def _prompt_after(self, text: str) -> None:
         self.message(text + ".  'run' starts it again, 'quit' ends.")
@@ -289,11 +260,8 @@ class Session(CommandLoop, StopPoints):
             if stop is None:          # a replica resumed from this stop's checkpoint runs on
                 return
         self.prompting = True         # (the displays may call modules too)
-        self.current = stop
-        self.frames = [(f, f.f_lineno) for f in E.stack_from(frame)] if frame is not None else []
-        self.frame_index = len(self.frames) - 1
-        self.list_position = None        # 'list' starts again around the new line
-        self.mode = Mode.CONTINUE
+        self.here.at(stop, frame)        # ('list' starts again around the new line)
+        self.control.mode = Mode.CONTINUE
         self._record_stop(stop)
         # the start stop is shown at a prompt (as pdb shows its first line), never in batch mode
         silent = (stop.kind is StopKind.START and not self.interactive) or \
@@ -304,24 +272,24 @@ class Session(CommandLoop, StopPoints):
             if p.temporary:
                 self.points.pop(p.number, None)
             if p.fail:
-                self.failed_points.append(p.number if p.number is not None else p.rule.id)
+                self.log.failed_points.append(p.number if p.number is not None else p.rule.id)
         self.show_displays()
         tracer = self.rec.tracer if self.rec is not None else None
         try:
             with tracer.idle() if tracer is not None else contextlib.nullcontext():   # signals may interrupt the prompt
-                self._resume = False          # (still set by the command that resumed the run)
+                self.control.resume = False   # (still set by the command that resumed the run)
                 self._run_point_commands(stop)
-                if not self._resume:          # a 'continue' among the commands resumes at once
+                if not self.control.resume:   # a 'continue' among the commands resumes at once
                     self.interact()
                 elif self.fail_fast():
-                    self._end = End.KILL
+                    self.control.end = End.KILL
         finally:
             self.prompting = False
-            self.current = None if self.live else self.current
+            self.here.stop = None if self.live else self.here.stop
         self.sync_hooks()
-        if self._end in (End.KILL, End.QUIT):
+        if self.control.kill_requested:
             raise KillRun()
-        if self._end is End.RESTART:
+        if self.control.restart_requested:
             raise RestartRun()
 
     def keep_in_trace(self, kind: str, message: str, entry: dict) -> None:
@@ -336,21 +304,19 @@ class Session(CommandLoop, StopPoints):
         """A command of the 'changing' group succeeded at a stop: on the live
         run it is part of the run's history (kept in the trace as an event of
         kind "change", made again by every replay of the steps after it)."""
-        stop = self.current
+        stop = self.here.stop
         if self.replica is not None or not self.live or stop is None or stop.kind is StopKind.EXITED:
             return
         place = "start" if stop.kind is StopKind.START else "end" if stop.at_step_end else "inside"
         change = Change(line, stop.step, place, edit_of(self.table, line))
-        self.changes.append(change)
+        self.log.changes.append(change)
         self.keep_in_trace("change", line, change.as_dict())
 
     def remake(self, change: Change) -> Optional[str]:
         """In a replay: make a change of the live run again at this step end
         (the frame is the step end's, as at the stop it was made at).  None,
         or why it failed."""
-        frame = E.stop_frame(self._hook_frame)
-        self.frames = [(f, f.f_lineno) for f in E.stack_from(frame)] if frame is not None else []
-        self.frame_index = len(self.frames) - 1
+        self.here.select_stack(self.here.stop_frame())
         was, self.prompting = self.prompting, True
         try:
             make(self, change.edit or edit_of(self.table, change.line))
@@ -365,29 +331,13 @@ class Session(CommandLoop, StopPoints):
     def _record_stop(self, stop: Stop) -> None:
         if stop.kind in REQUESTED:
             return
-        first = len(self.stops)
-        self._add_stops(stop)
-        for entry in self.stops[first:]:
+        for entry in self.log.add_stop(stop):
             self.keep_in_trace("stop", entry["reason"], entry)
-
-    def _add_stops(self, stop: Stop) -> None:
-        if stop.hits:
-            for p, detail in stop.hits:
-                pid = p.number if p.number is not None else p.rule.id     # a rule: its id
-                self.stops.append({"step": stop.step, "reason": p.type_name, "id": pid,
-                                   "detail": dict(detail, what=p.what(), fail=p.fail)})
-        else:
-            detail = {}
-            if stop.exception is not None:
-                detail = {"exception": type(stop.exception).__name__, "message": str(stop.exception)}
-            if stop.module:
-                detail["module"] = stop.module
-            self.stops.append({"step": stop.step, "reason": stop.kind.value, "id": None, "detail": detail})
 
     def _run_point_commands(self, stop: Stop) -> None:
         for p, _ in stop.hits:
             for text in p.commands:
-                if self._resume:
+                if self.control.resume:
                     return
                 self.execute(text, source=f"commands {p.number}")
 
@@ -404,8 +354,8 @@ class Session(CommandLoop, StopPoints):
     # do_next -> set_next); they raise CommandError where no run is live.
     def set_continue(self) -> None:
         """Run to the next stop (out of a post-mortem: back to the prompt's end, as pdb)."""
-        if self.state is State.POST_MORTEM:
-            self._resume = True                # leaves the post-mortem, as in pdb
+        if self.control.state is State.POST_MORTEM:
+            self.control.resume = True               # leaves the post-mortem, as in pdb
             return
         self._set_mode(Mode.CONTINUE)
 
@@ -432,20 +382,19 @@ class Session(CommandLoop, StopPoints):
     def _set_mode(self, mode: Mode, count: int = 0, until: Optional[int] = None) -> None:
         if not self.live:
             raise CommandError("The program is not being run.")
-        self.mode, self.count, self.until_step = mode, count, until
-        self._resume = True
+        self.control.request(mode, count, until)
 
     def request_kill(self) -> None:
         """End the run (its trace is closed and kept); the session stays."""
-        self._end, self._resume = End.KILL, True
+        self.control.finish(End.KILL)
 
     def request_restart(self) -> None:
         """End the run and start the script again."""
-        self._end, self._resume = End.RESTART, True
+        self.control.finish(End.RESTART)
 
     def request_quit(self) -> None:
         """End the run, if one is live, and the session."""
-        self._end, self._resume = End.QUIT, True
+        self.control.finish(End.QUIT)
 
     def become_replica(self, role) -> None:
         """This process is now a replica (``role``: nndb.timetravel.roles); it
@@ -455,25 +404,23 @@ class Session(CommandLoop, StopPoints):
 
     def reset_run_control(self) -> None:
         """Plain continue, nothing requested: a replica starting from a checkpoint."""
-        self.mode, self.count, self.until_step = Mode.CONTINUE, 0, None
-        self._pending_start = self.interrupt_requested = self._resume = False
-        self._end = None
+        self.control.reset()
 
     @property
     def kill_requested(self) -> bool:
-        return self._end in (End.KILL, End.QUIT)
+        return self.control.kill_requested
 
     @property
     def restart_requested(self) -> bool:
-        return self._end is End.RESTART
+        return self.control.restart_requested
 
     @property
     def quit_requested(self) -> bool:
-        return self._end is End.QUIT
+        return self.control.quit_requested
 
     @property
     def resume_requested(self) -> bool:
-        return self._resume
+        return self.control.resume
 
     # -- what a replica hands back -----------------------------------------------------
     # gdb does not roll breakpoints back: one set in the past is still set in
@@ -485,8 +432,7 @@ class Session(CommandLoop, StopPoints):
         snap = getattr(self.frontend, "snapshot", None)
         return {
             **self.points.snapshot(),
-            "queue": [[q.text, q.source, q.line] for q in self.queue],
-            "last_command": self.last_command,
+            **self.input.snapshot(),
             "frontend": snap() if snap is not None else None,
             "rules": self.rules.settings() if self.rules is not None else None,
             "timelines": self.machine.timelines if self.machine is not None else [],
@@ -494,9 +440,7 @@ class Session(CommandLoop, StopPoints):
 
     def restore(self, state: dict) -> None:
         self.points.restore(state)
-        self.queue.clear()
-        self.queue.extend(QueuedLine(t, src, line) for t, src, line in state.get("queue", []))
-        self.last_command = state.get("last_command")
+        self.input.restore(state)
         restore = getattr(self.frontend, "restore", None)
         if state.get("frontend") is not None and restore is not None:
             restore(state["frontend"])
@@ -510,9 +454,7 @@ class Session(CommandLoop, StopPoints):
     @property
     def frame(self):
         """The frame 'up' and 'down' selected at the current stop, or None."""
-        if not self.frames:
-            return None
-        return self.frames[self.frame_index][0]
+        return self.here.frame
 
     @property
     def record(self):
@@ -521,4 +463,4 @@ class Session(CommandLoop, StopPoints):
 
     def stop_frame(self):
         """The script's frame at the current stop point (for expressions)."""
-        return E.stop_frame(self._hook_frame)
+        return self.here.stop_frame()

@@ -2,8 +2,9 @@
 calls, breakpoints, watchpoints and run-control targets.
 
 A base of Session (bdb's ``stop_here``/``break_here`` are ``Bdb``'s own
-methods): it reads the session's run control and points and hands Stop
-objects to the session's ``_stop``."""
+methods): it reads the session's run control (``control``) and points,
+notes where a stop happens (``here``) and hands Stop objects to the
+session's ``_stop``."""
 from __future__ import annotations
 
 import math
@@ -83,11 +84,11 @@ class StopPoints:
         see ``check_points_at_step_end``): stop if a point, a rule or run control says so."""
         role = self.replica
         agreement = self.agreement           # (several ranks: nndb.distributed.allstop, every step end)
-        if not rule_hits and role is None and agreement is None and not self._pending_start and \
-                (self.mode is Mode.DETACH or (self.mode is Mode.CONTINUE and not self.points
-                                           and not self.interrupt_requested)):
+        if not rule_hits and role is None and agreement is None and not self.control.pending_start and \
+                (self.control.mode is Mode.DETACH or (self.control.mode is Mode.CONTINUE and not self.points
+                                                   and not self.control.interrupt_requested)):
             return        # (nothing can stop here: no point, no run control, no other rank)
-        self._hook_frame = sys._getframe(1)
+        self.here.hook_frame = sys._getframe(1)
         try:
             if role is not None:
                 role.remake(self, step)      # (the live run's changes at this step, in a replay)
@@ -106,21 +107,21 @@ class StopPoints:
             self.error(f"nndb: internal error at a step boundary, skipped: {type(e).__name__}: {e}")
             return
         if stop is not None:
-            self._stop(stop, E.stop_frame(self._hook_frame))
+            self._stop(stop, E.stop_frame(self.here.hook_frame))
         if role is not None:
             role.after_stops(self, step)
 
     def on_module(self, module, phase: str, payload) -> None:
-        if threading.get_ident() != self._main_thread or self.prompting:
+        if threading.get_ident() != self.control.main_thread or self.prompting:
             return                    # a device thread: stop at the next main-thread stop point
         try:
             name = self.view.module_name(module)
             stop = None
-            if self._pending_start and phase == "forward":
-                self._pending_start = False
+            if self.control.pending_start and phase == "forward":
+                self.control.pending_start = False
                 stop = Stop(StopKind.START, self.step_in_progress(), at_step_end=False, module=name, phase=phase)
-            elif self.interrupt_requested:
-                self.interrupt_requested = False
+            elif self.control.interrupt_requested:
+                self.control.interrupt_requested = False
                 stop = Stop(StopKind.INTERRUPT, self.step_in_progress(), at_step_end=False, module=name, phase=phase)
             hits = []
             probe = None
@@ -128,8 +129,8 @@ class StopPoints:
                 if isinstance(p, P.ModuleBreak) and p.enabled and p.phase == phase and p.matches(name):
                     detail = {"module": name, "phase": phase}
                     if probe is None:        # what a condition sees: $step in progress, $inputs ...
-                        self._hook_frame = sys._getframe(1)
-                        self.stop_payload, self.stop_module = payload, module
+                        self.here.hook_frame = sys._getframe(1)
+                        self.here.payload, self.here.module = payload, module
                         probe = Stop(StopKind.PROBE, self.step_in_progress(), at_step_end=False, module=name,
                                      phase=phase, note="inputs" if phase == "forward" else "grad_output")
                     if self.point_hits(p, detail, probe):
@@ -137,38 +138,38 @@ class StopPoints:
             if hits:
                 stop = Stop(StopKind.BREAKPOINT, self.step_in_progress(), at_step_end=False,
                             module=name, phase=phase, hits=hits)
-            elif stop is None and self.mode is Mode.STEP:
+            elif stop is None and self.control.mode is Mode.STEP:
                 stop = Stop(StopKind.STEP, self.step_in_progress(), at_step_end=False, module=name, phase=phase)
             if stop is None:
                 if probe is not None:
-                    self.stop_payload = self.stop_module = None   # hold no tensor between stops
+                    self.here.payload = self.here.module = None   # hold no tensor between stops
                 return
             stop.note = "inputs" if phase == "forward" else "grad_output"
-            self.stop_payload = payload
-            self.stop_module = module
-            self._hook_frame = sys._getframe(1)
+            self.here.payload = payload
+            self.here.module = module
+            self.here.hook_frame = sys._getframe(1)
         except (KillRun, RestartRun):
             raise
         except Exception as e:
             self.error(f"nndb: internal error at a module stop point, skipped: {type(e).__name__}: {e}")
             return
-        self._stop(stop, E.stop_frame(self._hook_frame))
+        self._stop(stop, E.stop_frame(self.here.hook_frame))
 
     def stop_requested(self, frame) -> bool:
         """``nndb.set_trace()`` (or ``breakpoint()``) in the script: stop at
         ``frame``'s line as at a breakpoint.  False where no stop can happen
         (no live run, another thread, nndb's own prompt evaluating it)."""
-        if not self.live or threading.get_ident() != self._main_thread or self.prompting:
+        if not self.live or threading.get_ident() != self.control.main_thread or self.prompting:
             return False
-        self._hook_frame = frame
+        self.here.hook_frame = frame
         self._stop(Stop(StopKind.SET_TRACE, self.step_in_progress(), at_step_end=False), frame)
         return True
 
     def on_catch(self, hits: list, module, frame) -> None:
         """The op recorder saw an operation a catch point wants (inside the step)."""
-        if threading.get_ident() != self._main_thread or self.prompting:
+        if threading.get_ident() != self.control.main_thread or self.prompting:
             return
-        self._hook_frame = frame
+        self.here.hook_frame = frame
         stop = Stop(StopKind.CATCHPOINT, self.step_in_progress(), at_step_end=False, module=module or "(script)",
                     phase=hits[0][1].get("phase"), hits=hits)
         self._stop(stop, E.stop_frame(frame))
@@ -180,9 +181,9 @@ class StopPoints:
         """The rules on one record: findings are printed and kept for the
         report; those whose action is stop or fail become hits."""
         try:
-            opts = self._rule_optimizers
+            opts = self.view.rule_optimizers
             if opts is None or opts.rec is not self.rec:
-                opts = self._rule_optimizers = _NamedOptimizers(self.rec)
+                opts = self.view.rule_optimizers = _NamedOptimizers(self.rec)
             stats = self.view.cached_stats(record)
             # (a replica judges each step as it comes: what it replays, the live run reported)
             found = self.rules.on_record(record, stats, opts, defer=defer and self.replica is None)
@@ -197,14 +198,14 @@ class StopPoints:
         finding marked ``judged_at: exception`` in the report.  No stop: the
         post-mortem follows; a fail action still fails the run."""
         self.flush_rules()
-        self._at_exception = True
+        self.log.at_exception = True
         try:
             for record in records:
                 for hit, _ in self.run_rules(record, defer=False):
                     if hit.rule.action == "fail":
-                        self.failed_points.append(hit.rule.id)
+                        self.log.failed_points.append(hit.rule.id)
         finally:
-            self._at_exception = False
+            self.log.at_exception = False
 
     def flush_rules(self) -> None:
         """Judge the steps the rules keep in a block (nndb.rules.block): before
@@ -222,28 +223,28 @@ class StopPoints:
         # fail action would still fail the run.
         for hit, _ in self._rule_findings(found):
             if hit.rule.action == "fail":
-                self.failed_points.append(hit.rule.id)
+                self.log.failed_points.append(hit.rule.id)
 
     def _rule_findings(self, found: list) -> list:
         """Print and keep the findings; those whose action is stop or fail become hits."""
         for msg in self.rules.take_errors():
             self.error(f"nndb: {msg}")
         hits = []
-        at_exception = self._at_exception
+        at_exception = self.log.at_exception
         for f in found:
-            self.findings.append(f.as_dict())
+            self.log.findings.append(f.as_dict())
             if at_exception:
-                self.findings[-1]["judged_at"] = "exception"
+                self.log.findings[-1]["judged_at"] = "exception"
             rule = self.rules.rule(f.rule)
             if self.replica is not None and self.replica.replaying:
                 continue              # the live run reported it already
             when = " (judged as the script raised)" if at_exception else ""
             self.error(f"nndb: {f.severity}: {f.rule} at step {f.step}{when}: {f.message}")
-            self.keep_in_trace("finding", f.message, self.findings[-1])
-            if rule.action in ("stop", "fail") and self.mode is not Mode.DETACH:
+            self.keep_in_trace("finding", f.message, self.log.findings[-1])
+            if rule.action in ("stop", "fail") and self.control.mode is not Mode.DETACH:
                 hits.append((RuleHit(rule, f), f.as_dict()))
             elif rule.action == "fail":
-                self.failed_points.append(rule.id)
+                self.log.failed_points.append(rule.id)
         return hits
 
     def check_points_at_step_end(self, step: int, record, known) -> list:
@@ -284,21 +285,22 @@ class StopPoints:
             kind = StopKind.WATCHPOINT if all(isinstance(p, P.Watch) for p, _ in hits) else \
                 StopKind.CATCHPOINT if all(isinstance(p, P.CatchPoint) for p, _ in hits) else StopKind.BREAKPOINT
             return Stop(kind, step, hits=hits)
-        if self._pending_start:
-            self._pending_start = False
+        if self.control.pending_start:
+            self.control.pending_start = False
             return Stop(StopKind.START, step)
-        if self.interrupt_requested:
-            self.interrupt_requested = False
+        if self.control.interrupt_requested:
+            self.control.interrupt_requested = False
             return Stop(StopKind.INTERRUPT, step)
-        if self.mode is Mode.NEXT:
-            self.count -= 1
-            if self.count <= 0:
+        if self.control.mode is Mode.NEXT:
+            self.control.count -= 1
+            if self.control.count <= 0:
                 return Stop(StopKind.NEXT, step)
-        elif self.mode is Mode.STEP:
+        elif self.control.mode is Mode.STEP:
             return Stop(StopKind.STEP, step)
-        elif self.mode is Mode.FINISH:
+        elif self.control.mode is Mode.FINISH:
             return Stop(StopKind.FINISH, step)
-        elif self.mode is Mode.UNTIL and self.until_step is not None and step >= self.until_step:
+        elif self.control.mode is Mode.UNTIL and self.control.until_step is not None and \
+                step >= self.control.until_step:
             return Stop(StopKind.UNTIL, step)
         return None
 
@@ -313,7 +315,7 @@ class StopPoints:
         return hits
 
     def _expr_hit(self, p: P.ExprBreak, step: int) -> Optional[dict]:
-        frame = E.stop_frame(self._hook_frame)
+        frame = E.stop_frame(self.here.hook_frame)
         value = E.evaluate(E.compile_expr(p.expr), frame, self.view.variables(frame, step_end=True),
                            what=f"break if {p.expr}: ")
         return {"expr": p.expr, "step": step} if value else None
@@ -349,7 +351,7 @@ class StopPoints:
         then the ignore count may swallow it."""
         if p.condition and "error" not in detail:
             try:
-                frame = E.stop_frame(self._hook_frame)
+                frame = E.stop_frame(self.here.hook_frame)
                 if not E.evaluate(E.compile_expr(p.condition), frame, self.view.variables(frame, stop=stop),
                                   what=f"condition of {p.number}: "):
                     return False

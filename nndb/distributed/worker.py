@@ -224,10 +224,10 @@ class RemoteFrontend:
 
     def read_line(self, prompt: str) -> Optional[str]:
         s = self.session
-        if s is None or s.state in ("exited", "post-mortem") or not s.live:
+        if s is None or s.control.state in ("exited", "post-mortem") or not s.live:
             return None
         if not self.link.send({"op": "prompt", "rank": self.link.where.rank, "step": s.last_step,
-                               "kind": s.current.kind if s.current is not None else None}):
+                               "kind": s.here.stop.kind if s.here.stop is not None else None}):
             return None
         return self.link.lines.get()
 

@@ -13,8 +13,8 @@ def toolbar_text(session) -> str:
     where = m.where(session) if m is not None else ""
     if where:
         parts.append(f"timeline {m.timeline} (in the past)")
-    cur = session.current
-    if session.state == "live" and cur is not None and not cur.at_step_end:
+    cur = session.here.stop
+    if session.control.state == "live" and cur is not None and not cur.at_step_end:
         parts.append(f"step {cur.step} (in progress)")
     elif session.last_step is not None:
         parts.append(f"step {session.last_step}")
@@ -33,5 +33,5 @@ def toolbar_text(session) -> str:
             why += f" at {cur.module} {cur.phase}"
         parts.append(f"stopped: {why}")
     else:
-        parts.append(session.state)
+        parts.append(session.control.state)
     return printable_line(" " + "  |  ".join(parts) + " ")

@@ -37,9 +37,9 @@ def _loss(session) -> str:
 
 
 def _where(session) -> str:
-    if not session.frames:
+    if not session.here.frames:
         return ""
-    frame, lineno = session.frames[session.frame_index]
+    frame, lineno = session.here.frames[session.here.frame_index]
     code = frame.f_code
     src = linecache.getline(code.co_filename, lineno, frame.f_globals).strip()
     name = os.path.relpath(code.co_filename) if not code.co_filename.startswith("<") else code.co_filename

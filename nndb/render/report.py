@@ -19,9 +19,9 @@ def build(session, script: str, argv: list, exit_code: int, reason: str, pending
         "argv": list(argv),
         "exit": {"code": exit_code, "reason": reason},
         "steps": session.steps_done(),
-        "trace": session.trace_path,
-        "stops": session.stops,
-        "findings": session.findings,
+        "trace": session.log.trace_path,
+        "stops": session.log.stops,
+        "findings": session.log.findings,
         "pending": [{"id": p.number, "type": p.type_name, "what": p.what(), "fail": p.fail} for p in pending],
     })
 

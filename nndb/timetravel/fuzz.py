@@ -53,7 +53,7 @@ def _become_fuzzer(s, machine, chan, goal: dict) -> None:
     role = FuzzRole(chan, goal)
     s.become_replica(role)
     role.begin(s)
-    s.queue.clear()
+    s.input.queue.clear()
     s.set_continue()
 
 
@@ -99,8 +99,8 @@ class FuzzRole(Role):
     def _pre(self, module, args):
         if self.depth == 0 and self.model is None and next(module.parameters(), None) is not None:
             self.model, self.args = module, args
-            st = self.s.last_step
-            self.step = 0 if st is None else st + (1 if self.s.current is None or self.s.current.at_step_end else 0)
+            st, stop = self.s.last_step, self.s.here.stop
+            self.step = 0 if st is None else st + (1 if stop is None or stop.at_step_end else 0)
         self.depth += 1
         return None
 

@@ -244,7 +244,7 @@ class TimeMachine:
             return "replica"
         child_end.close()
         cost = time.perf_counter() - t0
-        ck = Checkpoint(self._next, step, pid, parent_end, kind, time.time(), cost, len(s.changes))
+        ck = Checkpoint(self._next, step, pid, parent_end, kind, time.time(), cost, len(s.log.changes))
         self._next += 1
         self.checkpoints[ck.number] = ck
         self.taken += 1
@@ -336,7 +336,7 @@ class TimeMachine:
         try:
             mods = {s.rec.naming.module_name(m): m for m in s.view.roots()}
             opts = dict(s.view.optimizers())
-            path = disk.save(disk.directory_for(s.trace_path), step, mods, opts, disk.capture_rng(),
+            path = disk.save(disk.directory_for(s.log.trace_path), step, mods, opts, disk.capture_rng(),
                              warn=lambda line: self._warn_once(s, line))
             self.disk_files.append((step, path))
             self.disk_schedule.taken(step, self.taken)
@@ -391,7 +391,7 @@ class TimeMachine:
             held = ck.changes
         else:
             first, held = 0, 0
-        goal = dict(goal, changes=[c.message() for c in s.changes[held:]])
+        goal = dict(goal, changes=[c.message() for c in s.log.changes[held:]])
         if not goal.get("stats"):             # (replay --verify compares everything itself)
             goal = dict(goal, expect=recorded_losses(s, first, int(goal.get("target", goal.get("end", start)))))
         if not self.exact:
@@ -423,7 +423,7 @@ class TimeMachine:
         script = getattr(t, "path", None)
         roots = [os.path.dirname(os.path.abspath(script)) if script else None, os.getcwd()]
         from .disk import directory_for
-        trace = s.trace_path
+        trace = s.log.trace_path
         survey = sandbox.Survey(roots, skip=(trace, directory_for(trace)) if trace else ())
         seen: dict = {}
         live = os.getpid()

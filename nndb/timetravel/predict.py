@@ -171,7 +171,7 @@ def _become_predictor(s, machine, chan, n: int, changes: list) -> None:
     role = Predict(chan, {"kind": "predict", "steps": n})
     s.become_replica(role)
     role.begin(s)                      # (output to /dev/null from here)
-    s.queue.clear()                    # the rest of a command file is the live run's
+    s.input.queue.clear()                    # the rest of a command file is the live run's
     for change in changes:
         read = _reader(s, change.edit)
         try:

@@ -371,15 +371,15 @@ class Predict(Role):
 
     def begin(self, s) -> None:
         super().begin(s)
-        self.findings_seen = len(s.findings)
+        self.findings_seen = len(s.log.findings)
         self.replaying = False          # breakpoints, watchpoints and rules are active
 
     def after_stops(self, s, step: int) -> None:
         rows = s.view.stat_rows()
         loss = next(iter(rows["loss"].values()), None)
         grads = [r.norm for r in rows["grad"].values() if r.norm == r.norm]
-        new = s.findings[self.findings_seen:]
-        self.findings_seen = len(s.findings)
+        new = s.log.findings[self.findings_seen:]
+        self.findings_seen = len(s.log.findings)
         self.rows.append({"step": step, "loss": None if loss is None else loss.mean,
                           "grad_norm": math.sqrt(sum(g * g for g in grads)) if grads else None,
                           "findings": sorted({f["rule"] for f in new})})

@@ -58,8 +58,8 @@ def bisect(s, machine, expr: str) -> str:
     if s.last_step is None:
         raise CommandError("no step has finished yet")
     here = s.last_step
-    if s.state == "live":
-        if s.current is None or not s.current.at_step_end:
+    if s.control.state == "live":
+        if s.here.stop is None or not s.here.stop.at_step_end:
             raise CommandError("bisect starts from a stop at a step end of the live run")
         now = E.evaluate(E.compile_expr(expr), s.frame, s.view.variables(s.frame, step_end=True))
     else:                                   # the run is over: its last step is read on a replica
@@ -111,7 +111,7 @@ class _Recorded:
     def __init__(self, s):
         # (the live run's writer while it writes; the closed trace after the run)
         w = s.rec.writer if s.rec is not None else None
-        self.reader = TraceReader.from_writer(w) if w is not None and not w.closed else TraceReader(s.trace_path)
+        self.reader = TraceReader.from_writer(w) if w is not None and not w.closed else TraceReader(s.log.trace_path)
         self.rows = {int(st): i for i, st in enumerate(self.reader.steps)}   # (the last row of a step)
 
     def step(self, step: int) -> dict:
@@ -125,7 +125,7 @@ class _Recorded:
 def recorded_losses(s, first: int, last: int) -> dict:
     """{step: [[loss series, recorded mean or None], ...]} of the recorded
     steps in [first, last]: what a replay of them must give again."""
-    if last < first or (s.rec is None and not s.trace_path):
+    if last < first or (s.rec is None and not s.log.trace_path):
         return {}
     out: dict = {}
     try:

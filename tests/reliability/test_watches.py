@@ -129,7 +129,7 @@ def test_a_loss_glob_is_still_a_glob():
 # -- real runs: no noise on healthy runs, a hit on a planted explosion -------------------------
 
 def _watch_stops(result) -> list:
-    return [(s["step"], s["detail"]["tensor"]) for s in result.session.stops if s["reason"] == "watchpoint"]
+    return [(s["step"], s["detail"]["tensor"]) for s in result.session.log.stops if s["reason"] == "watchpoint"]
 
 
 @pytest.mark.parametrize("script,glob,args", [
@@ -162,7 +162,7 @@ def test_a_planted_lr_jump_hits_once_right_after_it(tmp_path):
                        commands=["watch grad *"])
     stops = _watch_stops(r)
     assert len(stops) == 1 and stops[0][0] == 22, stops
-    d = r.session.stops[0]["detail"]
+    d = r.session.log.stops[0]["detail"]
     assert d["smoothed"] / d["baseline"] > 50 and set(d["also"]) | {d["tensor"]} == {
         "0.weight", "0.bias", "2.weight", "2.bias"}
 
@@ -180,7 +180,7 @@ def test_dead_relu_consecutive_edge_and_always(tmp_path):
     cmds = ["watch act act#2 zero_frac == 1 consecutive 2", "watch act act#2 zero_frac == 1 consecutive 2 always"]
     r = run_in_process(tmp_path, example("dead_relu.py"), ("--steps", "8"), rules="none", commands=cmds)
     by_id = {}
-    for s in r.session.stops:
+    for s in r.session.log.stops:
         by_id.setdefault(s["id"], []).append(s["step"])
     assert by_id == {1: [1], 2: [1, 3, 5, 7]}
 
