@@ -24,6 +24,11 @@ The module hooks are in only for the steps that need them (``sync_forward``).
 
 A hook never raises into the user's program: an error inside nndb is
 reported once on stderr and recording stops; training goes on untouched.
+
+Why this size: one class, the Tracer, whose hooks read one another's state
+(a backward pending, the module depth, the optimizers seen, which way a
+backward is seen), and the backward wrapper that feeds it; split, each half
+would reach into the other's.
 """
 from __future__ import annotations
 
