@@ -641,7 +641,7 @@ def travel(name, tmpdir, back=(1, 10), ahead=(1, 10)):
     rec = Recording(path, meta, RunConfig(Target(path="bench.py"), path), message=lambda m: None)
     session = _session(rec, path, _Quiet())
     stop_at = WARMUP + steps - 1 - max(ahead)       # (predict needs steps left to run)
-    session.add_point(P.StepBreak, {"step": stop_at})
+    session.points.add(P.StepBreak, {"step": stop_at})
     timings = []
     real_travel, real_predict = M.TimeMachine.travel, PR.predict
 

@@ -32,7 +32,7 @@ MODES = ("plain", "nndb", "catch", "eager", "anomaly")
 
 def _arm(eager: bool):
     def arm(session):
-        session.add_point(P.CatchPoint, {"what_kind": "nan", "eager": eager})
+        session.points.add(P.CatchPoint, {"what_kind": "nan", "eager": eager})
     return arm
 
 
