@@ -12,6 +12,7 @@ import torch.nn as nn
 
 from conftest import example, run_in_process
 from nndb.rules.grad_rules import GradNone, GradPresence, GradReset, StaleGrad
+from nndb.tracer.within import WithinStep
 
 BRANCHES = textwrap.dedent('''
     import argparse
@@ -116,7 +117,7 @@ class _Naming:
 
 
 def _probe(cls, model):
-    rec = SimpleNamespace(tracer=SimpleNamespace(probes={}), naming=_Naming(model),
+    rec = SimpleNamespace(tracer=SimpleNamespace(within=WithinStep()), naming=_Naming(model),
                           recorder=SimpleNamespace(step=0))
     probe = cls(rec)
     probe.install()
@@ -245,7 +246,7 @@ def test_stale_probe_removes_its_hooks():
     model = nn.Sequential(nn.Linear(6, 20), nn.Tanh(), nn.Linear(20, 1))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     probe = _probe(GradReset, model)
-    assert probe.tracer.probes["optimizer"]
+    assert probe.tracer.within.optimizer
     _backward(model)
     opt.step()
     probe.optimizer(opt, "post")
@@ -253,7 +254,7 @@ def test_stale_probe_removes_its_hooks():
     assert hooked == ["0.bias"]               # the first smallest parameter with >= 16 elements
     sample = model[0].bias
     probe.uninstall()
-    assert not sample._backward_hooks and "optimizer" not in probe.tracer.probes
+    assert not sample._backward_hooks and not probe.tracer.within.optimizer
 
 
 def test_grad_none_probe_skips_steps_while_every_gradient_is_there():

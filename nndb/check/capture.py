@@ -1,8 +1,8 @@
 """What the first steps of the script showed, gathered for ``nndb check``.
 
-``Capture`` is a plain object; the tracer's probes (``tracer.probes``: root
-module inputs, a root's output, optimizer steps), the recorder's loss hook
-and ``LossMode`` (a TorchFunctionMode that sees torch.nn.functional's loss
+``Capture`` is a plain object; the tracer's within-step listeners
+(``tracer.within``, nndb.tracer.within: root module inputs, a root's output,
+optimizer steps, a backward's loss) and ``LossMode`` (a TorchFunctionMode that sees torch.nn.functional's loss
 calls) report to it.  None of them changes what the script computes; an
 error in one is kept as a note, never raised into the script.
 """
@@ -101,20 +101,13 @@ class Capture:
         def on_optimizer(opt, when):
             self._stop_if_done()
             optimizer(opt, when)
-        self._hooks = [("root", on_root), ("optimizer", on_optimizer)]
-        for key, cb in self._hooks:
-            t.probes.setdefault(key, []).append(cb)
-        rec = self.rec.recorder
-        loss, no_loss = rec.loss, rec.backward_without_loss
-
-        def on_loss(tensor):
-            self._guard(self.backward_loss)(tensor)
-            loss(tensor)
 
         def on_no_loss():
             self.backward_losses.append((self.steps_done, None))
-            no_loss()
-        rec.loss, rec.backward_without_loss = on_loss, on_no_loss
+        self._hooks = [("root", on_root), ("optimizer", on_optimizer), ("loss", self._guard(self.backward_loss)),
+                       ("no_loss", on_no_loss)]
+        for key, cb in self._hooks:
+            t.within.join(key, cb)
         # Was .grad reset between optimizer steps?  The live stale_grad rule's
         # probe (a tensor hook on one sample parameter per optimizer), read here
         # at each step's end.
@@ -127,14 +120,11 @@ class Capture:
         if self in self.rec.listeners:
             self.rec.listeners.remove(self)
         for key, cb in self._hooks:
-            cbs = t.probes.get(key, [])
-            if cb in cbs:
-                cbs.remove(cb)
+            t.within.leave(key, cb)
         if self._reset_probe is not None:
             self._reset_probe.uninstall()
             if self._reset_probe.error and len(self.errors) < 3:
                 self.errors.append(self._reset_probe.error)
-        t.probes.clear()
         self.outputs.clear()
 
     def _guard(self, fn):
@@ -181,7 +171,9 @@ class Capture:
             seen.last_args = _clone(args)
         if type(module) not in self._output_types:
             self._output_types.add(type(module))
-            self.rec.tracer.probes.setdefault(type(module), []).append(self._guard(self.output))
+            cb = self._guard(self.output)
+            self._hooks.append((type(module), cb))
+            self.rec.tracer.within.join(type(module), cb)
 
     def output(self, module, use, args, output) -> None:
         seen = self.models.get(id(module))

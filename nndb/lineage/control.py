@@ -96,12 +96,7 @@ class LineageControl:
         if self.recorder is not None:
             self.recorder.stop()
         self.recorder = None
-        s.rec.tracer.on_loss = self._loss
         self.refresh(0)
-
-    def _loss(self, t) -> None:
-        if self.recorder is not None:
-            self.recorder.label_loss(t)
 
     def refresh(self, step: int) -> None:
         """Record step ``step`` (the next to run) if anything wants it; else stop."""

@@ -197,11 +197,13 @@ class OpRecorder(TorchDispatchMode):
         self.node_module.clear()
         self.phase = "forward"
         self.tracer.lineage = self
+        self.tracer.within.join("loss", self.label_loss)
         self._want = True
         self._settle()
 
     def stop(self) -> Optional[StepLineage]:
         self.tracer.lineage = None
+        self.tracer.within.leave("loss", self.label_loss)
         self._want = False
         self._settle()
         done, self.current = self.current, None

@@ -84,13 +84,8 @@ class LossWatch:
 
     def stop(self) -> None:
         self.mode.remove()
-        cbs_of = self.probe.tracer.probes
         for cls in self._root_types:
-            cbs = cbs_of.get(cls, [])
-            if self.model_output in cbs:
-                cbs.remove(self.model_output)
-            if not cbs:
-                cbs_of.pop(cls, None)
+            self.probe.tracer.within.leave(cls, self.model_output)
         self._root_types.clear()
         self.new_step()
 
@@ -104,7 +99,7 @@ class LossWatch:
         cls = type(module)
         if cls not in self._root_types:
             self._root_types.add(cls)
-            self.probe.tracer.probes.setdefault(cls, []).append(self.model_output)
+            self.probe.tracer.within.join(cls, self.model_output)
 
     def loss_module_called(self, x, y) -> None:
         self._module_call = (weakref.ref(x), weakref.ref(y))

@@ -4,9 +4,10 @@ thin hooks while a step runs and handed to the rules at the step's end
 
 A probe is installed only while a rule that names it is enabled, and its
 callbacks are in the tracer only for the steps it ``wants``.  It hooks in
-through the tracer (``tracer.probes``: module class -> callback, called after
-a module's forward with its inputs and output; ``tracer.opt_observers``:
-called at each optimizer step) so it adds no global hook of its own.  A probe
+through the tracer's within-step listener lists (``tracer.within``,
+nndb.tracer.within: a module class's list, called after a forward of that
+class with its inputs and output; ``"root"`` before a root module's forward;
+``"optimizer"`` at each optimizer step) so it adds no global hook of its own.  A probe
 never raises into the script: the tracer's guard catches and reports.
 
 ``PROBES`` maps a probe name to its class; rules name probes in ``PROBES``.
@@ -70,15 +71,12 @@ class Probe:
         if on == self._armed:
             return
         self._armed = on
+        within = self.tracer.within
         for key, cb in self._hooks():
             if on:
-                self.tracer.probes.setdefault(key, []).append(cb)
-                continue
-            cbs = self.tracer.probes.get(key, [])
-            if cb in cbs:
-                cbs.remove(cb)
-            if not cbs:
-                self.tracer.probes.pop(key, None)
+                within.join(key, cb)
+            else:
+                within.leave(key, cb)
 
     def forward(self, module, use: int, args, output) -> None:
         """After ``module``'s forward (its ``use``-th call in this forward pass)."""

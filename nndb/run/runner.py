@@ -173,7 +173,7 @@ class Recording:
         self.fingerprints = Fingerprints(self.naming, self.tracer.optimizers, self.writer.fingerprint,
                                          on_error=self._fingerprints_failed, ranks=meta.get("world_size") or 1)
         self.listeners.append(self.fingerprints)
-        self.tracer.on_first_grad = self.fingerprints.gradient_began
+        self.tracer.within.join("backward", self.fingerprints.gradient_began)
         # The script's exception, once it has raised out of the run (an
         # Exception, not an exit, Ctrl-C or the debugger's kill): the step
         # listeners judge the records closed as it ended (nndb.debugger.listeners).

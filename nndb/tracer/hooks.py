@@ -50,6 +50,7 @@ from .naming import Naming, user_frame
 from .discover import backward_objective, backward_roots, find_optimizers  # noqa: F401  (find_optimizers: queries)
 from .recorder import StepRecorder, first_float_tensor
 from .stepclock import Close, Mode, StepClock
+from .within import WithinStep
 
 
 _ACTIVE: "weakref.WeakSet" = weakref.WeakSet()
@@ -96,9 +97,10 @@ def _backward(*args, **kwargs):
         return original(*args, **kwargs)
     tracers = tuple(tracers)      # (one that fails leaves the list)
     for t in tracers:
-        if t.on_first_grad is not None and not t._failed:
+        if t.within.backward and not t._failed:
             try:
-                t.on_first_grad()
+                for cb in t.within.backward:
+                    cb()
             except Exception:
                 t._fail()
     _IN_WRAPPER.add(thread)
@@ -148,20 +150,14 @@ class Tracer:
         self.naming = naming
         self.clock = StepClock()
         self.on_step_end = on_step_end
-        # The debugger's stop points inside a step, set only while something may
-        # stop there: on_module(module, "forward"|"backward", inputs|grad_output).
-        self.on_module: Optional[Callable] = None
-        self.on_loss: Optional[Callable] = None       # (tensor): the lineage recorder names the loss
+        # The consumers within a step (the rules' probes, the op recorder's loss label,
+        # the debugger's stops in modules, the first gradient's time): listener lists.
+        self.within = WithinStep()
         # The op recorder (nndb.lineage.ops) while it runs: module_pre(module, args),
         # module_post(module, args, output), optimizer(opt, "pre"|"post").  Fed from
         # these hooks: registering global hooks of its own from inside one (a step
         # ends in an optimizer hook) would change the dict PyTorch is iterating.
         self.lineage = None
-        self.want_backward = False
-        # The rules' probes (nndb.rules.probes): module class -> [callback(module,
-        # use, args, output)] after a forward; "root" -> [callback(module, args)]
-        # before a root module's forward; "optimizer" -> [callback(opt, "pre"|"post")].
-        self.probes: dict = {}
         self.on_error = on_error or (lambda msg: print(msg, file=sys.stderr))
         self._handles: list = []
         self._fwd_handles: list = []            # the global module hooks, while in (sync_forward)
@@ -171,8 +167,6 @@ class Tracer:
         self._calls: dict = {}                  # module -> calls within the current root forward
         self._ran: set = set()                  # modules whose forward ran with grad in this step (not in a backward)
         self._backward_pending = False
-        # (the first gradient of each backward, for the cross-rank compute timing: nndb.tracer.fingerprint)
-        self.on_first_grad: Optional[Callable[[], None]] = None
         self._opt_seen: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()   # -> its param_groups count
         self._opt_refs: list = []        # the same, in the order first seen (read at every step end)
         self._known_optimizers: Optional[weakref.WeakSet] = None
@@ -191,9 +185,10 @@ class Tracer:
     # -- what the debugger asks of the tracer ---------------------------------
     def stop_in_modules(self, callback: Optional[Callable], backward: bool = False) -> None:
         """Call ``callback(module, phase, payload)`` at every module forward
-        (and, with ``backward``, at every module's backward), or no more (None)."""
-        self.on_module = callback
-        self.want_backward = callback is not None and backward
+        (and, with ``backward``, at every module's backward), or no more (None):
+        the "module" listeners (WithinStep) are this one callback, or none."""
+        self.within.module[:] = [callback] if callback is not None else []
+        self.within.module_backward = callback is not None and backward
 
     @contextlib.contextmanager
     def idle(self):
@@ -259,12 +254,12 @@ class Tracer:
         names), the rules' probes, the op recorder, a stop point in a module, and naming the
         models until step 0 ends (a model first called on a step without them: at the next)."""
         rec = self.recorder
-        probes = self.probes
+        within = self.within
         # (twice a step: the usual answer, "off, and off already", asks nothing further)
-        on = (not self.naming._frozen or (rec.recording and rec.acts)
+        on = bool(not self.naming._frozen or (rec.recording and rec.acts)
               or (rec.fulltensors is not None and rec.fulltensors.rules and rec.wants_forward())
-              or (bool(probes) and any(k != "optimizer" for k in probes))
-              or self.lineage is not None or self.on_module is not None)
+              or within.forward or within.root or within.module
+              or self.lineage is not None)
         if on != bool(self._fwd_handles):
             self.want_forward(on)
 
@@ -308,10 +303,10 @@ class Tracer:
                 if not self.naming.knows(module):
                     self.naming.add_root(module, user_frame(2))
                 self._watch_params(module)     # (also parameters new in it: a head replaced, assign=True)
-                if self.probes and "root" in self.probes:
+                if self.within.root:
                     self.in_hook = True          # (the probes' own tensor work is not the step's)
                     try:
-                        for cb in self.probes["root"]:
+                        for cb in self.within.root:
                             cb(module, args)
                     finally:
                         self.in_hook = False
@@ -320,8 +315,8 @@ class Tracer:
         self.module_depth += 1
         if self.lineage is not None:
             self.lineage.module_pre(module, args)
-        if self.on_module is not None:
-            self.on_module(module, "forward", args)
+        for cb in self.within.module:
+            cb(module, "forward", args)
         return None
 
     def _forward_post(self, module, args, output):
@@ -345,10 +340,11 @@ class Tracer:
             idx = self._calls.get(module, 0)
             self._calls[module] = idx + 1
             self.recorder.activation((module, idx), output)
-            if self.probes:
-                for cb in self.probes.get(type(module), ()):
+            forward = self.within.forward
+            if forward:
+                for cb in forward.get(type(module), ()):
                     cb(module, idx, args, output)
-            if self.want_backward:
+            if self.within.module_backward:
                 self._watch_backward(module, output)
         except Exception:
             self._fail()
@@ -372,9 +368,9 @@ class Tracer:
             return
 
         def hook(grad, module=module):
-            cb = self.on_module
-            if cb is not None and self.want_backward and not self._failed:
-                cb(module, "backward", grad)
+            if self.within.module_backward and not self._failed:
+                for cb in self.within.module:
+                    cb(module, "backward", grad)
             return None
         t.register_hook(hook)
 
@@ -426,10 +422,12 @@ class Tracer:
                 roots = roots[0] if roots and isinstance(roots[0], torch.Tensor) else None
             if roots is not None:
                 self.recorder.loss(roots)
-                if lin is not None and self.on_loss is not None:
-                    self.on_loss(roots)
+                for cb in self.within.loss:
+                    cb(roots)
             else:
                 self.recorder.backward_without_loss()
+                for cb in self.within.no_loss:
+                    cb()
         except Exception:
             self._fail()
         finally:
@@ -444,8 +442,8 @@ class Tracer:
             return
         try:
             self._backward_pending = True
-            if self.on_first_grad is not None:
-                self.on_first_grad()
+            for cb in self.within.backward:
+                cb()
             Variable._execution_engine.queue_callback(self._backward_end)
         except Exception:
             self._fail()
@@ -473,10 +471,12 @@ class Tracer:
             loss = roots[0] if roots and isinstance(roots[0], torch.Tensor) else None
             if loss is not None:
                 self.recorder.loss(loss)
-                if self.lineage is not None and self.on_loss is not None:
-                    self.on_loss(loss)
+                for cb in self.within.loss:
+                    cb(loss)
             else:
                 self.recorder.backward_without_loss()
+                for cb in self.within.no_loss:
+                    cb()
             n = self._optimizer_count() if self.clock.mode is Mode.UNKNOWN else 1
             if self._first_backward:
                 if n == 0 and self._earlier_owner():
@@ -535,7 +535,7 @@ class Tracer:
             if close is not None:
                 self._close(close)
             self.recorder.optimizer_pre(opt)
-            if self.lineage is not None or self.probes:
+            if self.lineage is not None or self.within.optimizer:
                 self._tell_optimizer(opt, "pre")
         except Exception:
             self._fail()
@@ -555,7 +555,7 @@ class Tracer:
             if paused is not None:
                 paused.__enter__()
             self.recorder.optimizer_post(opt)
-            if self.lineage is not None or self.probes:
+            if self.lineage is not None or self.within.optimizer:
                 self._tell_optimizer(opt, "post")
             mark = self.clock.marks(opt)
             close = self.clock.optimizer_post(opt)
@@ -576,9 +576,8 @@ class Tracer:
         """The op recorder and the rules' probes see each optimizer step ("pre"/"post")."""
         if self.lineage is not None:
             self.lineage.optimizer(opt, when)
-        if self.probes:
-            for cb in self.probes.get("optimizer", ()):
-                cb(opt, when)
+        for cb in self.within.optimizer:
+            cb(opt, when)
 
     def optimizers(self) -> list:
         """The optimizers that have stepped in this run."""

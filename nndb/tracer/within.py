@@ -1,0 +1,66 @@
+"""The tracer's within-step consumers as listener lists: what nndb's parts
+join to see a step while it runs, the counterpart of the step end's
+pipeline (nndb.tracer.pipeline).  The tracer calls each list at its event,
+in the order joined; an event nobody listens to costs a test of an empty
+list, and the module hooks are in only while someone listens to module
+calls (a module class's list, ``root`` or ``module``: nndb.tracer.hooks.Tracer.sync_forward).
+
+The events (``join(event, callback)``, ``leave(event, callback)``):
+
+* a module class: ``(module, use, args, output)`` after a forward of that
+  class (``use``: its call's number within the forward pass) — the rules'
+  probes (nndb.rules.probes), ``nndb check``'s model outputs;
+* ``"root"``: ``(module, args)`` before a root module's forward (the model the
+  script calls);
+* ``"optimizer"``: ``(optimizer, "pre" | "post")`` at an optimizer step;
+* ``"loss"``: ``(tensor)`` a backward's loss, after the recorder took it — the
+  op recorder's label (nndb.lineage.ops), ``nndb check``;
+* ``"no_loss"``: ``()`` a backward whose root is no tensor;
+* ``"backward"``: ``()`` a backward begins (the cross-rank compute timing:
+  nndb.tracer.fingerprint);
+* ``"module"``: ``(module, "forward" | "backward", inputs | grad_output)`` at
+  every module call, and with ``module_backward`` at its backward too — the
+  debugger's stop points in modules.
+
+A callback never raises into the script: the tracer's guard catches it
+(a probe has a guard of its own, which switches only that probe off).
+"""
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+EVENTS = ("root", "optimizer", "loss", "no_loss", "backward", "module")
+
+
+class WithinStep:
+    def __init__(self):
+        self.forward: dict = {}             # module class -> [callback]
+        self.root: list = []
+        self.optimizer: list = []
+        self.loss: list = []
+        self.no_loss: list = []
+        self.backward: list = []
+        self.module: list = []
+        self.module_backward = False        # "module" listeners see backward calls too
+
+    def join(self, event, callback: Callable) -> None:
+        """``callback`` is called at ``event`` (a module class or one of EVENTS) from now on
+        (once: joining again changes nothing)."""
+        calls = self._list(event, make=True)
+        if callback not in calls:
+            calls.append(callback)
+
+    def leave(self, event, callback: Callable) -> None:
+        """No more calls of ``callback`` at ``event`` (a callback not joined: nothing)."""
+        calls = self._list(event, make=False)
+        if calls is not None and callback in calls:
+            calls.remove(callback)
+        if isinstance(event, type) and not calls:
+            self.forward.pop(event, None)
+
+    def _list(self, event, make: bool) -> Optional[list]:
+        if isinstance(event, type):
+            return self.forward.setdefault(event, []) if make else self.forward.get(event)
+        if event not in EVENTS:
+            raise ValueError(f"no such event within a step: {event!r} (a module class or one of {EVENTS})")
+        return getattr(self, event)
