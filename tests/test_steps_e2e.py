@@ -3,7 +3,7 @@ boundary on each loop shape (docs/steps.md)."""
 import numpy as np
 import pytest
 
-from conftest import example, nndb, plain_and_recorded, python, without_nndb_lines
+from conftest import example, nndb, plain_and_recorded, python, run_in_process, without_nndb_lines
 from nndb.store.reader import TraceReader
 
 ALL_EXAMPLES = ["mlp", "cnn", "lstm", "transformer", "grad_accum", "gan", "lbfgs", "manual_sgd",
@@ -449,3 +449,55 @@ def test_spectral_norm_parameters_are_named_by_their_path_in_the_model(tmp_path)
     assert {"netD.0.parametrizations.weight.original", "netD.2.parametrizations.weight.original",
             "netD.0.bias", "netG.0.weight"} <= params
     assert not any(n.startswith("parametrization_list") for n in params)
+
+
+BACKWARD_SHAPES = """
+import sys
+import torch
+import torch.nn as nn
+from torch.utils.checkpoint import checkpoint
+torch.manual_seed(0)
+block = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 16), nn.Tanh())
+head = nn.Linear(16, 1)
+opt = torch.optim.SGD([*block.parameters(), *head.parameters()], lr=0.05)
+x = torch.randn(64, 8, requires_grad=True)
+y = x.detach().sum(1, keepdim=True)
+for i in range(6):
+    opt.zero_grad()
+    h = checkpoint(block, x, use_reentrant=True) if sys.argv[1] == "reentrant" else block(x)
+    loss = nn.functional.mse_loss(head(h), y)
+    if sys.argv[1] == "inputs":
+        # a saliency pass first: differentiates the input only, no parameter
+        (saliency,) = [g.abs().mean() for g in torch.autograd.grad(loss, x, retain_graph=True)]
+        loss.backward(inputs=[x], retain_graph=True)
+    loss.backward()
+    print(repr(loss.item()))
+    opt.step()
+"""
+
+
+@pytest.mark.parametrize("how", ["plain", "reentrant", "inputs"])
+def test_a_backward_is_seen_once_per_call_that_reaches_the_parameters(tmp_path, how):
+    """From the first optimizer step on, backward() is seen through one wrapper of
+    torch.autograd.backward (issue 43), not a hook per parameter: a reentrant
+    checkpoint's inner backward (run inside the outer one) is not a second
+    backward, and ``loss.backward(inputs=[x])`` that reaches no parameter is not
+    the step's; the loss and the backward count are those of the hooks' way
+    (one backward a step, the printed loss) on every step."""
+    plain, trace = plain_and_recorded(tmp_path, BACKWARD_SHAPES, how)
+    printed = [float(line.split()[0]) for line in plain.stdout.splitlines()]
+    with TraceReader(trace) as t:
+        assert list(t.steps) == list(range(6))
+        assert list(t.backward_count) == [1] * 6
+        loss = t.find("loss", "loss")[0]
+        assert list(t.history(loss, "mean")[1]) == [np.float32(v) for v in printed]
+
+
+def test_the_backward_wrapper_is_gone_after_the_run(tmp_path):
+    """torch.autograd.backward is torch's own again once the recording ends."""
+    script = tmp_path / "train.py"
+    script.write_text(BACKWARD_SHAPES)
+    import torch
+    original = torch.autograd.backward
+    run_in_process(tmp_path, str(script), args=["plain"])
+    assert torch.autograd.backward is original
