@@ -27,7 +27,9 @@ What a zygote cannot give, the caller (tests/conftest.py) gets from a real
 subprocess: an environment that differs from the zygote's in a variable that
 may be read at import time (only ``RUNTIME_VARS`` and ``NNDB_*`` may differ),
 stdin/stdout arguments other than the plain ones, tests marked
-``real_subprocess`` (start-up itself, torchrun jobs), and every run when
+``real_subprocess`` (start-up itself, torchrun jobs, what a script sees
+before torch._dynamo is loaded: the modules it imported and how Python ends
+at a KeyboardInterrupt), and every run when
 ``NNDB_TEST_REAL_SUBPROCESS=1``.  ``sys.executable`` is the real interpreter:
 replicas and workers that nndb spawns start as they always do.
 """
