@@ -35,8 +35,8 @@ def write_trace(path, steps, n_series, lr_changes=((0, 0.1),)):
     for i in range(steps):
         if i in changes:
             w.hyper(i, "opt", 0, changes[i])
-        raw = np.stack([S.host_raw_one(rng.normal(size=8).astype(np.float32)) for _ in range(n_series)]
-                       + [S.scalar_raw(2.0 - 0.001 * i)])
+        grads = rng.normal(size=8 * n_series).astype(np.float32)     # (n_series arrays of 8, one draw)
+        raw = np.concatenate([S.host_raw_segments(grads, np.full(n_series, 8)), [S.scalar_raw(2.0 - 0.001 * i)]])
         w.append(StepRecord(i, 0.01 * i, 1, 1, names, raw))
     w.close("finished", 0)
     return path

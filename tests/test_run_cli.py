@@ -298,6 +298,9 @@ def test_a_misspelt_name_gets_pythons_suggestion(tmp_path):
     assert without_nndb_lines(r.stderr) == plain.stderr
 
 
+# (a real subprocess: in the tests' zygote torch._dynamo, and the standard
+# modules it imports, are there before the script; in python -m nndb they are not)
+@pytest.mark.real_subprocess
 def test_a_module_beside_the_script_is_the_scripts_own_though_nndb_imported_one_of_that_name(tmp_path):
     """A statistics.py beside the script: plain python imports it; under nndb
     the standard library's, which nndb had imported, was taken from
@@ -341,8 +344,10 @@ def test_a_tight_recursion_limit_counts_the_scripts_frames_only(tmp_path, how):
     assert (r.returncode, r.stdout) == (0, plain.stdout), r.stderr
 
 
-@pytest.mark.parametrize("before,ends", [("", -signal.SIGINT),
-                                          ("import torch\ntorch.optim.SGD([torch.zeros(1, requires_grad=True)])\n", 1)])
+@pytest.mark.parametrize("before,ends", [
+    # (no optimizer: a real subprocess, where torch._dynamo is not loaded as it is in the tests' zygote)
+    pytest.param("", -signal.SIGINT, marks=pytest.mark.real_subprocess),
+    ("import torch\ntorch.optim.SGD([torch.zeros(1, requires_grad=True)])\n", 1)])
 def test_the_scripts_own_keyboard_interrupt_ends_the_run_as_it_ends_python(tmp_path, before, ends):
     """Issue 41: exit code 130 under nndb; plain Python ends itself by SIGINT
     after its exit handlers (bpo-1054041), which a parent tells apart -- or,
