@@ -1,0 +1,53 @@
+"""Loop shapes met in public training scripts (pytorch/examples, nanoGPT)
+run through ``nndb run``: the script prints what plain Python prints, and
+what nndb answers (the trace's loss, ``p $loss`` after ``goto``,
+``reverse-continue``...) is the loss the plain run printed at that step."""
+import re
+import textwrap
+
+from conftest import Ran, nndb, python
+
+# dcgan's shape as it comes (--workers 2): a DataLoader with worker processes,
+# so nndb takes no fork checkpoints and replays from the start (respawn).
+WORKERS = textwrap.dedent('''
+    import torch, torch.nn as nn
+    from torch.utils.data import DataLoader, TensorDataset
+    torch.manual_seed(0)
+    data = TensorDataset(torch.randn(48, 4), torch.randn(48, 1))
+    loader = DataLoader(data, batch_size=8, shuffle=False, num_workers=1)
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step, (x, y) in enumerate(loader):
+        opt.zero_grad()
+        loss = ((model(x) - y) ** 2).mean()
+        loss.backward()
+        opt.step()
+        print("step", step, repr(loss.item()))
+''')
+
+
+def _printed(out: str) -> dict:
+    return {int(m[1]): m[2] for m in re.finditer(r"^step (\d+) (\S+)$", out, re.M)}
+
+
+def test_reverse_continue_replays_from_the_start_without_checkpoints(tmp_path):
+    """With DataLoader workers alive there are no fork checkpoints: ``goto``
+    replayed from the start in a new process, but ``reverse-continue`` only
+    searched the checkpoints' segments and said "No earlier step where a
+    breakpoint or watchpoint held" (dcgan --workers 2: break step 12 and 20,
+    rc from 20 stayed at 20, loss 0.5782 instead of step 12's 0.8484)."""
+    script = tmp_path / "workers.py"
+    script.write_text(WORKERS)
+    plain = python(str(script), forked=True)
+    assert plain.returncode == 0, plain.stderr
+    argv = ["run", "--batch", "-q", "--trace", str(tmp_path / "t.h5"),
+            "-e", "break step 2", "-e", "break step 4", "-e", "continue", "-e", "continue",
+            "-e", "reverse-continue", "-e", "p $step", "-e", "p $loss", "-e", "present", "-e", "continue"]
+    r = Ran(nndb(*argv, str(script), cwd=str(tmp_path)), argv)
+    assert r.returncode == 0, r.stderr
+    assert "Traceback" not in r.stderr
+    assert _printed(r.stdout) == _printed(plain.stdout)       # the live run's own output, whole
+    past = r.stdout.split("In the past (timeline 0): ")[1].split("Back in the present")[0]
+    assert past.startswith("step 2 finished"), r.stdout
+    lines = past.splitlines()
+    assert lines[-2:] == ["2", _printed(plain.stdout)[2]]       # p $step, p $loss: step 2's printed loss
