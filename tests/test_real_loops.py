@@ -10,6 +10,7 @@ from conftest import Ran, nndb, python
 # dcgan's shape as it comes (--workers 2): a DataLoader with worker processes,
 # so nndb takes no fork checkpoints and replays from the start (respawn).
 WORKERS = textwrap.dedent('''
+    import sys
     import torch, torch.nn as nn
     from torch.utils.data import DataLoader, TensorDataset
     torch.manual_seed(0)
@@ -18,6 +19,8 @@ WORKERS = textwrap.dedent('''
     model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     for step, (x, y) in enumerate(loader):
+        if len(sys.argv) > 1 and step == int(sys.argv[1]):      # (the plain run of predict's --set)
+            opt.param_groups[0]["lr"] = 0.5
         opt.zero_grad()
         loss = ((model(x) - y) ** 2).mean()
         loss.backward()
@@ -51,3 +54,24 @@ def test_reverse_continue_replays_from_the_start_without_checkpoints(tmp_path):
     assert past.startswith("step 2 finished"), r.stdout
     lines = past.splitlines()
     assert lines[-2:] == ["2", _printed(plain.stdout)[2]]       # p $step, p $loss: step 2's printed loss
+
+
+def test_predict_with_dataloader_workers_replays_instead_of_forking(tmp_path):
+    """``predict`` forked its replicas at the stop even with DataLoader workers
+    alive: the forked iterator failed at once and predict answered "No step
+    finished ... the script ended (failed: AssertionError: can only test a
+    child process)" (dcgan --workers 2, predict 3 from step 20).  It predicts
+    on a replica replayed to the stop now, with and without the change."""
+    script = tmp_path / "workers.py"
+    script.write_text(WORKERS)
+    plain = _printed(python(str(script), forked=True).stdout)
+    changed = _printed(python(str(script), "4", forked=True).stdout)     # lr 0.5 from step 4 on
+    argv = ["run", "--batch", "-q", "--trace", str(tmp_path / "t.h5"),
+            "-e", "break step 3", "-e", "continue", "-e", "predict 2 --set lr=0.5", "-e", "continue"]
+    r = Ran(nndb(*argv, str(script), cwd=str(tmp_path)), argv)
+    assert r.returncode == 0, r.stderr
+    assert "Traceback" not in r.stderr and "ended early" not in r.stdout, r.stdout
+    assert _printed(r.stdout) == plain
+    rows = {int(m[1]): (m[2], m[3]) for m in re.finditer(r"^(\d+)\s+(\S+)\s+(\S+)\s", r.stdout, re.M)}
+    assert rows == {st: (f"{float(plain[st]):.6g}", f"{float(changed[st]):.6g}") for st in (4, 5)}, r.stdout
+    assert rows[5][0] != rows[5][1]                              # the change made a difference
