@@ -5,7 +5,9 @@ what nndb answers (the trace's loss, ``p $loss`` after ``goto``,
 import re
 import textwrap
 
-from conftest import Ran, nndb, python
+import pytest
+
+from conftest import Ran, nndb, plain_and_recorded, python
 
 # dcgan's shape as it comes (--workers 2): a DataLoader with worker processes,
 # so nndb takes no fork checkpoints and replays from the start (respawn).
@@ -75,3 +77,55 @@ def test_predict_with_dataloader_workers_replays_instead_of_forking(tmp_path):
     rows = {int(m[1]): (m[2], m[3]) for m in re.finditer(r"^(\d+)\s+(\S+)\s+(\S+)\s", r.stdout, re.M)}
     assert rows == {st: (f"{float(plain[st]):.6g}", f"{float(changed[st]):.6g}") for st in (4, 5)}, r.stdout
     assert rows[5][0] != rows[5][1]                              # the change made a difference
+
+
+# pytorch/examples mnist_forward_forward: every layer has its own optimizer, all made
+# first; each layer is trained alone for its epochs, then the next one.
+STAGES = textwrap.dedent('''
+    import torch, torch.nn as nn
+    torch.manual_seed(0)
+    layers = [nn.Linear(6, 8), nn.Linear(8, 8)]
+    opts = [torch.optim.Adam(l.parameters(), lr=0.03) for l in layers]
+    h = torch.randn(32, 6)
+    for layer, opt in zip(layers, opts):
+        for i in range(4):
+            loss = torch.log1p(torch.exp(1.0 - LAYER(h).pow(2).mean(1))).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            print("step", repr(loss.item()))
+        h = layer(h).detach()
+''')
+
+
+def _stages(tmp_path, call):
+    from nndb.store.reader import TraceReader
+    plain, trace = plain_and_recorded(tmp_path, STAGES.replace("LAYER", call))
+    printed = [float(v) for v in re.findall(r"^step (\S+)$", plain.stdout, re.M)]
+    with TraceReader(trace) as t:
+        whole = ~t.partial
+        steps, loss = t.history(t.find("loss", "loss")[0], "mean")
+        return printed, list(t.optimizer_steps[whole]), list(t.backward_count[whole]), \
+            [float(v) for s, v in zip(steps, loss) if whole[list(t.steps).index(s)]]
+
+
+def test_optimizers_of_later_stages_made_first_each_step_is_a_step(tmp_path):
+    """Two optimizers alive at the first step, but only the first steps (then
+    only the second): the clock learnt a one-optimizer iteration as a cycle,
+    which no other optimizer could take over, and the second layer's 4 steps
+    made one step (optimizer_steps 4, loss 4.2526, the sum of its 4 losses)."""
+    printed, opt_steps, backward, loss = _stages(tmp_path, "layer")
+    assert opt_steps == [1] * 8 and backward == [1] * 8
+    assert loss == printed
+
+
+@pytest.mark.xfail(reason="a loss whose backward comes before any optimizer step and reaches only "
+                          "parameters that no module call has shown (the script calls layer.forward(h) "
+                          "itself, as mnist_forward_forward does) is not seen: backward() is seen by "
+                          "per-parameter hooks until an optimizer steps, and these parameters get theirs "
+                          "at the optimizer's first step; step 0 has no loss (backward_count 0)",
+                   strict=True)
+def test_first_loss_of_modules_called_through_forward(tmp_path):
+    printed, opt_steps, backward, loss = _stages(tmp_path, "layer.forward")
+    assert backward == [1] * 8
+    assert loss == printed
