@@ -129,3 +129,39 @@ def test_first_loss_of_modules_called_through_forward(tmp_path):
     printed, opt_steps, backward, loss = _stages(tmp_path, "layer.forward")
     assert backward == [1] * 8
     assert loss == printed
+
+
+# pytorch/examples mnist_rnn: nn.Dropout2d on a 2-D input; PyTorch warns (stacklevel 2) from
+# F.dropout2d, naming its caller, torch's Dropout2d.forward; once, whichever dropout called it.
+DROPOUT2D = textwrap.dedent('''
+    import torch, torch.nn as nn, torch.nn.functional as F
+    torch.manual_seed(0)
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc1, self.fc2 = nn.Linear(6, 8), nn.Linear(8, 3)
+            self.dropout1, self.dropout2 = nn.Dropout2d(0.25), nn.Dropout2d(0.5)
+        def forward(self, x):
+            x = self.dropout1(torch.relu(self.fc1(x)))
+            return F.log_softmax(self.fc2(self.dropout2(x)), dim=1)
+    model = Net()
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    x, y = torch.randn(16, 6), torch.randint(0, 3, (16,))
+    for step in range(4):
+        opt.zero_grad()
+        loss = F.nll_loss(model(x), y)
+        loss.backward()
+        opt.step()
+        print("step", step, repr(loss.item()))
+''')
+
+
+def test_warning_of_a_torch_function_called_by_torch_names_torchs_line(tmp_path):
+    script = tmp_path / "rnn.py"
+    script.write_text(DROPOUT2D)
+    plain = python(str(script), cwd=str(tmp_path))
+    r = nndb("run", "--batch", "-q", "--trace", str(tmp_path / "t.h5"), str(script), cwd=str(tmp_path))
+    assert plain.returncode == r.returncode == 0, r.stderr
+    assert r.stdout == plain.stdout
+    assert plain.stderr.count("UserWarning: dropout2d") == 1 and "dropout.py" in plain.stderr
+    assert "".join(l for l in r.stderr.splitlines(True) if not l.startswith("nndb: ")) == plain.stderr
