@@ -320,8 +320,9 @@ def test_info_checkpoints_says_when_dear_checkpoints_break_the_replay_goal():
 class _ScanMachine:
     """A time machine whose scan replicas report canned point hits."""
 
-    def __init__(self, checkpoints, hits):
+    def __init__(self, checkpoints, hits, mode="fork"):
         from types import SimpleNamespace
+        self.mode = mode
         self.checkpoints = {i: SimpleNamespace(number=i, step=st, kind="auto", pid=0, cost_s=0.001)
                             for i, st in enumerate(checkpoints)}
         self.hits = hits
@@ -355,6 +356,20 @@ def test_reverse_continue_stops_before_a_module_hit_and_finds_none_before_the_fi
     assert reverse_continue_target(None, _ScanMachine([0], [_hit(6, True)]), 6, True) is None
     assert reverse_continue_target(None, _ScanMachine([0], [_hit(6, True)]), 6, False) == \
         (6, "stop", "reverse-continue: 1 held")
+
+
+def test_reverse_continue_without_checkpoints_scans_from_the_start():
+    """No fork checkpoint (DataLoader workers: auto falls back to respawn; --replica respawn):
+    the steps before the first checkpoint are scanned from the start (they were never searched)."""
+    from nndb.timetravel.search import reverse_continue_target
+    m = _ScanMachine([], [_hit(2, True), _hit(4, True)], mode="auto")
+    assert reverse_continue_target(None, m, 4, True) == (2, "stop", "reverse-continue: 1 held")
+    assert m.scans == [(0, 4)]
+    m = _ScanMachine([6], [_hit(2, True), _hit(9, True)], mode="auto")    # (the first checkpoint late)
+    assert reverse_continue_target(None, m, 9, True)[0] == 2 and m.scans == [(6, 9), (0, 5)]
+    m = _ScanMachine([], [_hit(2, True)], mode="respawn")
+    assert reverse_continue_target(None, m, 2, True) is None and m.scans == [(0, 2)]
+    assert reverse_continue_target(None, _ScanMachine([], [_hit(2, True)]), 4, True) is None   # fork: none
 
 
 def test_go_to_travels_back_and_refuses_the_future():

@@ -156,9 +156,33 @@ def fork_and_wait(s, machine, become):
 
 def predict(s, machine, n: int, changes: list) -> Prediction:
     """Run ``n`` steps ahead on a replica forked here, making ``changes``
-    ([PredictChange]) first; the live run waits and is left unchanged."""
+    ([PredictChange]) first; the live run waits and is left unchanged.  Where
+    fork() is unsafe (DataLoader workers alive: a forked child's iterator
+    fails, "can only test a child process"), a replica replayed to the end of
+    this step (respawned, as goto's) predicts instead."""
+    why = forking.blockers()
+    if why:
+        stop = s.here.stop
+        if s.last_step is None or (stop is not None and not stop.at_step_end):
+            raise CommandError("predict cannot fork a replica here (" + "; ".join(why) + "): from a stop "
+                               "at a step end it predicts on a replica replayed to it")
+        goal = {"kind": "predict", "steps": n, "at": s.last_step, "end": s.last_step,
+                "sets": [[c.setting.key, c.setting.value] for c in changes]}
+        return Prediction.from_message(machine.replay(s, goal, s.last_step))
     msg = fork_and_wait(s, machine, lambda chan: _become_predictor(s, machine, chan, n, changes))
     return Prediction.from_message(msg)
+
+
+def make_changes(s, role, changes: list) -> None:
+    """Make the --set ``changes`` in the predicting replica, each watched (did it hold?)."""
+    for change in changes:
+        read = _reader(s, change.edit)
+        try:
+            before = read()
+            make(s, change.edit)
+            role.watch.append((change.setting.label, read, before, read()))
+        except Exception as e:         # (the live run checked the change; say why it failed here)
+            role.fail(f"--set {change.setting.label}: {e}")
 
 
 def _become_predictor(s, machine, chan, n: int, changes: list) -> None:
@@ -172,14 +196,7 @@ def _become_predictor(s, machine, chan, n: int, changes: list) -> None:
     s.become_replica(role)
     role.begin(s)                      # (output to /dev/null from here)
     s.input.queue.clear()                    # the rest of a command file is the live run's
-    for change in changes:
-        read = _reader(s, change.edit)
-        try:
-            before = read()
-            make(s, change.edit)
-            role.watch.append((change.setting.label, read, before, read()))
-        except Exception as e:         # (the live run checked the change; say why it failed here)
-            role.fail(f"--set {change.setting.label}: {e}")
+    make_changes(s, role, changes)
     s.set_continue()               # the stop's prompt loop ends; the script runs on here
 
 

@@ -131,6 +131,19 @@ class Role:
                         f"{cause}); nothing was changed")
         return None
 
+    def replay_until(self, s, step: int, target: int) -> bool:
+        """While replaying, at the end of ``step``: checked against the record (a
+        difference gives up); True while before ``target`` (skip it), False once
+        there (the replay is over)."""
+        wrong = self.diverged(s)
+        if wrong:
+            self.give_up(s, wrong)
+        if step < target:
+            self.progress(*self.replayed(step))
+            return True
+        self.replaying = False
+        return False
+
     PROGRESS_EVERY_S = 0.5
     PROGRESS_AFTER_S = 1.0           # (a short replay shows none)
     doing = "replaying"
@@ -225,13 +238,8 @@ class Goto(Role):
     def before_stops(self, s, step: int):
         if not self.replaying:
             return None
-        wrong = self.diverged(s)
-        if wrong:
-            self.give_up(s, wrong)
-        if step < self.target:
-            self.progress(*self.replayed(step))
+        if self.replay_until(s, step, self.target):
             return "skip"
-        self.replaying = False
         self._unsilence()
         self.prompts = True
         s.sync_hooks()
@@ -368,13 +376,33 @@ class Predict(Role):
         self.findings_seen = 0
         self.watch: list = []           # [(label, read(), value before, value set)]: the --set changes
         self.undone: list = []
+        # A replica not forked at the stop (respawned: fork() unsafe there) replays to the end of
+        # step ``at`` first, then makes the --set changes ``sets`` ([[key, value]]) and predicts.
+        self.at = goal.get("at")
 
     def begin(self, s) -> None:
         super().begin(s)
         self.findings_seen = len(s.log.findings)
-        self.replaying = False          # breakpoints, watchpoints and rules are active
+        self.replaying = self.at is not None      # (else breakpoints, watchpoints and rules are active)
+
+    def before_stops(self, s, step: int):
+        if not self.replaying:
+            return None
+        if self.replay_until(s, step, self.at):
+            return "skip"
+        self.findings_seen = len(s.log.findings)
+        s.sync_hooks()
+        from .predict import Setting, changes_for, make_changes
+        try:
+            changes = changes_for(s, [Setting(k, v) for k, v in self.goal.get("sets") or ()])
+        except Exception as e:
+            self.fail(str(e))
+        make_changes(s, self, changes)
+        return "skip"
 
     def after_stops(self, s, step: int) -> None:
+        if self.replaying or (self.at is not None and step <= self.at):
+            return
         rows = s.view.stat_rows()
         loss = next(iter(rows["loss"].values()), None)
         grads = [r.norm for r in rows["grad"].values() if r.norm == r.norm]
@@ -390,6 +418,8 @@ class Predict(Role):
             self._report(None)
 
     def intercept(self, s, stop: Stop) -> bool:
+        if self.replaying:
+            return True
         if stop.hits:
             what = ", ".join(f"{p.type_name} {p.number if p.number is not None else p.rule.id}"
                              for p, _ in stop.hits)

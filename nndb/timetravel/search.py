@@ -14,12 +14,19 @@ from ..schema import STAT_NAMES
 
 def reverse_continue_target(s, machine, step: int, at_end: bool):
     """The last hit before (step, at_end): searched one checkpoint segment at a
-    time, newest first.  (target, then, why) for ``TimeMachine.travel``, or None."""
+    time, newest first.  (target, then, why) for ``TimeMachine.travel``, or None.
+    Where a replica may be respawned (no fork checkpoint before a step: DataLoader
+    workers alive, ``--replica respawn``), the steps before the first checkpoint are
+    the last segment, replayed from the start (``replay`` respawns from step 0 anyway)."""
     end = step
-    for ck in sorted(machine.checkpoints.values(), key=lambda c: -c.step):
-        if ck.step > end:
+    starts = [] if machine.mode == "respawn" else sorted({c.step for c in machine.checkpoints.values()},
+                                                         reverse=True)
+    if machine.mode not in ("fork", "off"):
+        starts.append(-1)
+    for first in starts:
+        if first > end:
             continue
-        res = machine.replay(s, {"kind": "scan", "from": ck.step, "end": end, "points": True}, ck.step)
+        res = machine.replay(s, {"kind": "scan", "from": max(first, 0), "end": end, "points": True}, first)
         hits = [h for h in res["result"]["hits"]
                 if h["step"] < step or (h["step"] == step and not (h["at_step_end"] and at_end))]
         if hits:
@@ -30,7 +37,7 @@ def reverse_continue_target(s, machine, step: int, at_end: bool):
             if h["step"] == 0:
                 return 0, "stop", why + " in step 0 (shown at its end)"
             return h["step"] - 1, "points", why
-        end = ck.step - 1
+        end = first - 1
         if end < 0:
             break
     return None

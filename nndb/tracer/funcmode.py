@@ -138,13 +138,24 @@ _TRAMPOLINES: dict = {}     # (file, line, id(globals)) -> a function that calls
 TRAMPOLINE = "_nndb_call"
 
 
+_OVERRIDES = os.path.join(_TORCH_DIR, "overrides.py")
+
+
 def _caller():
     """The frame of the code that called the torch function (past torch's
-    dispatch to this mode)."""
+    dispatch to this mode): for a function written in Python (``F.dropout2d``),
+    the frame above its own, which called ``handle_torch_function``; for one
+    in C++ (``torch.mm``), the frame the mode was called from.  That frame may
+    be torch's own (``nn.Dropout2d.forward``), as the warning's line is then
+    without nndb (it was the script's line above it: mnist_rnn's dropout2d
+    warning named main.py:34 and :37, twice, not dropout.py:176 once)."""
     frame = sys._getframe(2)
-    while frame is not None and (frame.f_code.co_filename.startswith(_TORCH_DIR)
-                                 or frame.f_code.co_filename == __file__ or frame.f_code.co_name == TRAMPOLINE):
+    while frame is not None and (frame.f_code.co_filename == __file__ or frame.f_code.co_name == TRAMPOLINE):
         frame = frame.f_back
+    if frame is not None and frame.f_code.co_filename == _OVERRIDES:
+        while frame is not None and frame.f_code.co_filename == _OVERRIDES:
+            frame = frame.f_back
+        frame = frame.f_back if frame is not None else None      # (the function's own frame)
     return frame
 
 

@@ -85,8 +85,10 @@ class StepClock:
             return None
         if self.mode is Mode.LEARNING:
             if id(opt) in self._learn_order:
-                # The iteration is complete: the optimizer that stepped last closes steps.
-                self.mode = Mode.CYCLE
+                # The iteration is complete: the optimizer that stepped last closes steps.  One
+                # optimizer in it (the others made for later stages): one closer, which a later
+                # stage's optimizer may take over, as when it was alone.
+                self.mode = Mode.SINGLE if len(set(self._learn_order)) == 1 else Mode.CYCLE
                 return self._close(retro=self._learn_posts)
             return None
         closer = self._closer() if self._closer is not None else None

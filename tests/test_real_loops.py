@@ -1,0 +1,167 @@
+"""Loop shapes met in public training scripts (pytorch/examples, nanoGPT)
+run through ``nndb run``: the script prints what plain Python prints, and
+what nndb answers (the trace's loss, ``p $loss`` after ``goto``,
+``reverse-continue``...) is the loss the plain run printed at that step."""
+import re
+import textwrap
+
+import pytest
+
+from conftest import Ran, nndb, plain_and_recorded, python
+
+# dcgan's shape as it comes (--workers 2): a DataLoader with worker processes,
+# so nndb takes no fork checkpoints and replays from the start (respawn).
+WORKERS = textwrap.dedent('''
+    import sys
+    import torch, torch.nn as nn
+    from torch.utils.data import DataLoader, TensorDataset
+    torch.manual_seed(0)
+    data = TensorDataset(torch.randn(48, 4), torch.randn(48, 1))
+    loader = DataLoader(data, batch_size=8, shuffle=False, num_workers=1)
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step, (x, y) in enumerate(loader):
+        if len(sys.argv) > 1 and step == int(sys.argv[1]):      # (the plain run of predict's --set)
+            opt.param_groups[0]["lr"] = 0.5
+        opt.zero_grad()
+        loss = ((model(x) - y) ** 2).mean()
+        loss.backward()
+        opt.step()
+        print("step", step, repr(loss.item()))
+''')
+
+
+def _printed(out: str) -> dict:
+    return {int(m[1]): m[2] for m in re.finditer(r"^step (\d+) (\S+)$", out, re.M)}
+
+
+def test_reverse_continue_replays_from_the_start_without_checkpoints(tmp_path):
+    """With DataLoader workers alive there are no fork checkpoints: ``goto``
+    replayed from the start in a new process, but ``reverse-continue`` only
+    searched the checkpoints' segments and said "No earlier step where a
+    breakpoint or watchpoint held" (dcgan --workers 2: break step 12 and 20,
+    rc from 20 stayed at 20, loss 0.5782 instead of step 12's 0.8484)."""
+    script = tmp_path / "workers.py"
+    script.write_text(WORKERS)
+    plain = python(str(script), forked=True)
+    assert plain.returncode == 0, plain.stderr
+    argv = ["run", "--batch", "-q", "--trace", str(tmp_path / "t.h5"),
+            "-e", "break step 2", "-e", "break step 4", "-e", "continue", "-e", "continue",
+            "-e", "reverse-continue", "-e", "p $step", "-e", "p $loss", "-e", "present", "-e", "continue"]
+    r = Ran(nndb(*argv, str(script), cwd=str(tmp_path)), argv)
+    assert r.returncode == 0, r.stderr
+    assert "Traceback" not in r.stderr
+    assert _printed(r.stdout) == _printed(plain.stdout)       # the live run's own output, whole
+    past = r.stdout.split("In the past (timeline 0): ")[1].split("Back in the present")[0]
+    assert past.startswith("step 2 finished"), r.stdout
+    lines = past.splitlines()
+    assert lines[-2:] == ["2", _printed(plain.stdout)[2]]       # p $step, p $loss: step 2's printed loss
+
+
+def test_predict_with_dataloader_workers_replays_instead_of_forking(tmp_path):
+    """``predict`` forked its replicas at the stop even with DataLoader workers
+    alive: the forked iterator failed at once and predict answered "No step
+    finished ... the script ended (failed: AssertionError: can only test a
+    child process)" (dcgan --workers 2, predict 3 from step 20).  It predicts
+    on a replica replayed to the stop now, with and without the change."""
+    script = tmp_path / "workers.py"
+    script.write_text(WORKERS)
+    plain = _printed(python(str(script), forked=True).stdout)
+    changed = _printed(python(str(script), "4", forked=True).stdout)     # lr 0.5 from step 4 on
+    argv = ["run", "--batch", "-q", "--trace", str(tmp_path / "t.h5"),
+            "-e", "break step 3", "-e", "continue", "-e", "predict 2 --set lr=0.5", "-e", "continue"]
+    r = Ran(nndb(*argv, str(script), cwd=str(tmp_path)), argv)
+    assert r.returncode == 0, r.stderr
+    assert "Traceback" not in r.stderr and "ended early" not in r.stdout, r.stdout
+    assert _printed(r.stdout) == plain
+    rows = {int(m[1]): (m[2], m[3]) for m in re.finditer(r"^(\d+)\s+(\S+)\s+(\S+)\s", r.stdout, re.M)}
+    assert rows == {st: (f"{float(plain[st]):.6g}", f"{float(changed[st]):.6g}") for st in (4, 5)}, r.stdout
+    assert rows[5][0] != rows[5][1]                              # the change made a difference
+
+
+# pytorch/examples mnist_forward_forward: every layer has its own optimizer, all made
+# first; each layer is trained alone for its epochs, then the next one.
+STAGES = textwrap.dedent('''
+    import torch, torch.nn as nn
+    torch.manual_seed(0)
+    layers = [nn.Linear(6, 8), nn.Linear(8, 8)]
+    opts = [torch.optim.Adam(l.parameters(), lr=0.03) for l in layers]
+    h = torch.randn(32, 6)
+    for layer, opt in zip(layers, opts):
+        for i in range(4):
+            loss = torch.log1p(torch.exp(1.0 - LAYER(h).pow(2).mean(1))).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            print("step", repr(loss.item()))
+        h = layer(h).detach()
+''')
+
+
+def _stages(tmp_path, call):
+    from nndb.store.reader import TraceReader
+    plain, trace = plain_and_recorded(tmp_path, STAGES.replace("LAYER", call))
+    printed = [float(v) for v in re.findall(r"^step (\S+)$", plain.stdout, re.M)]
+    with TraceReader(trace) as t:
+        whole = ~t.partial
+        steps, loss = t.history(t.find("loss", "loss")[0], "mean")
+        return printed, list(t.optimizer_steps[whole]), list(t.backward_count[whole]), \
+            [float(v) for s, v in zip(steps, loss) if whole[list(t.steps).index(s)]]
+
+
+def test_optimizers_of_later_stages_made_first_each_step_is_a_step(tmp_path):
+    """Two optimizers alive at the first step, but only the first steps (then
+    only the second): the clock learnt a one-optimizer iteration as a cycle,
+    which no other optimizer could take over, and the second layer's 4 steps
+    made one step (optimizer_steps 4, loss 4.2526, the sum of its 4 losses)."""
+    printed, opt_steps, backward, loss = _stages(tmp_path, "layer")
+    assert opt_steps == [1] * 8 and backward == [1] * 8
+    assert loss == printed
+
+
+@pytest.mark.xfail(reason="a loss whose backward comes before any optimizer step and reaches only "
+                          "parameters that no module call has shown (the script calls layer.forward(h) "
+                          "itself, as mnist_forward_forward does) is not seen: backward() is seen by "
+                          "per-parameter hooks until an optimizer steps, and these parameters get theirs "
+                          "at the optimizer's first step; step 0 has no loss (backward_count 0)",
+                   strict=True)
+def test_first_loss_of_modules_called_through_forward(tmp_path):
+    printed, opt_steps, backward, loss = _stages(tmp_path, "layer.forward")
+    assert backward == [1] * 8
+    assert loss == printed
+
+
+# pytorch/examples mnist_rnn: nn.Dropout2d on a 2-D input; PyTorch warns (stacklevel 2) from
+# F.dropout2d, naming its caller, torch's Dropout2d.forward; once, whichever dropout called it.
+DROPOUT2D = textwrap.dedent('''
+    import torch, torch.nn as nn, torch.nn.functional as F
+    torch.manual_seed(0)
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc1, self.fc2 = nn.Linear(6, 8), nn.Linear(8, 3)
+            self.dropout1, self.dropout2 = nn.Dropout2d(0.25), nn.Dropout2d(0.5)
+        def forward(self, x):
+            x = self.dropout1(torch.relu(self.fc1(x)))
+            return F.log_softmax(self.fc2(self.dropout2(x)), dim=1)
+    model = Net()
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    x, y = torch.randn(16, 6), torch.randint(0, 3, (16,))
+    for step in range(4):
+        opt.zero_grad()
+        loss = F.nll_loss(model(x), y)
+        loss.backward()
+        opt.step()
+        print("step", step, repr(loss.item()))
+''')
+
+
+def test_warning_of_a_torch_function_called_by_torch_names_torchs_line(tmp_path):
+    script = tmp_path / "rnn.py"
+    script.write_text(DROPOUT2D)
+    plain = python(str(script), cwd=str(tmp_path))
+    r = nndb("run", "--batch", "-q", "--trace", str(tmp_path / "t.h5"), str(script), cwd=str(tmp_path))
+    assert plain.returncode == r.returncode == 0, r.stderr
+    assert r.stdout == plain.stdout
+    assert plain.stderr.count("UserWarning: dropout2d") == 1 and "dropout.py" in plain.stderr
+    assert "".join(l for l in r.stderr.splitlines(True) if not l.startswith("nndb: ")) == plain.stderr
