@@ -147,7 +147,8 @@ def _predict(s, request):
     m = machine(s)
     if s.control.state is not State.LIVE:
         raise CommandError("predict runs ahead of a live run")
-    from ..timetravel.predict import changes_for, predict
+    from ..timetravel.predict import predict
+    from ..timetravel.settings import changes_for
     n = request.steps
     changes = changes_for(s, request.sets)
     t0 = time.perf_counter()

@@ -11,24 +11,13 @@ same function the prompt's ``set`` uses (``changes.make``)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional, Union
+from typing import Optional
 
-from ..debugger.changes import SET_USAGE, HyperChange, VarChange, check_var, hyper_value, make, set_target
+from ..debugger.changes import SET_USAGE, check_var
 from ..errors import CommandError
 from . import forking
 from .channel import Channel
-
-
-@dataclass(frozen=True)
-class Setting:
-    """One ``--set KEY=VALUE``: KEY an optimizer's hyper-parameter (KEY, or
-    OPTIMIZER.KEY) or a variable of the script's frame; VALUE as typed."""
-    key: str
-    value: str
-
-    @property
-    def label(self) -> str:
-        return f"{self.key}={self.value}"
+from .settings import Setting, make_changes
 
 
 @dataclass(frozen=True)
@@ -84,58 +73,6 @@ class Prediction:
                    list(msg.get("undone") or []))
 
 
-@dataclass(frozen=True)
-class PredictChange:
-    """A ``--set`` as the edit the changed replica makes."""
-    setting: Setting
-    edit: Union[HyperChange, VarChange]
-
-    @property
-    def line(self) -> str:
-        """The set command that makes the same change at the prompt."""
-        return self.edit.line
-
-
-def changes_for(s, sets) -> list:
-    """Each ``Setting`` as the edit the changed replica makes: an
-    optimizer's hyper-parameter (KEY, or OPTIMIZER.KEY) or a variable of the
-    script's frame.  Anything else is refused here, before a replica runs."""
-    from ..debugger.hyperparams import check_scheduled, is_numeric, schedulers_of
-    opts = dict(s.view.optimizers())
-    out = []
-    for st in sets:
-        key, value = st.key, st.value
-        oname, dot, hyper = key.partition(".")
-        if dot and oname in opts:
-            chosen = [oname]
-        else:
-            hyper = key
-            if set_target(s, key) == "var":
-                out.append(PredictChange(st, VarChange(key, value)))
-                continue
-            if "." in key:
-                raise CommandError(f"unknown key '{key}': no optimizer named '{oname}' and no such variable "
-                                   f"(optimizers: {', '.join(opts) or 'none'})")
-            chosen = list(opts)
-        for name in chosen:
-            groups = opts[name].param_groups
-            if not all(hyper in g and hyper != "params" and is_numeric(g[hyper]) for g in groups):
-                known = ", ".join(k for k in groups[0] if k != "params" and is_numeric(groups[0][k]))
-                raise CommandError(f"unknown key '{key}': not a numeric hyper-parameter of {name} ({known}) "
-                                   f"nor a variable of the script's frame")
-        if len(chosen) > 1:
-            raise CommandError(f"{len(chosen)} optimizers: say which, as in --set {chosen[0]}.{key}={value}")
-        for name in chosen:
-            check_scheduled(name, hyper, schedulers_of(opts[name]))
-            try:
-                number = hyper_value(value)
-            except CommandError as e:
-                raise CommandError(f"--set {st.label}: {e}") from None
-            out.append(PredictChange(st, HyperChange(name, None, hyper, number,
-                                                     line=f"set {hyper} {value} optimizer {name}")))
-    return out
-
-
 def fork_and_wait(s, machine, become):
     """Fork a helper replica of this stop (``predict``, ``fuzz``): in the child
     ``become(chan)`` takes over and None is returned; the live run waits for
@@ -173,18 +110,6 @@ def predict(s, machine, n: int, changes: list) -> Prediction:
     return Prediction.from_message(msg)
 
 
-def make_changes(s, role, changes: list) -> None:
-    """Make the --set ``changes`` in the predicting replica, each watched (did it hold?)."""
-    for change in changes:
-        read = _reader(s, change.edit)
-        try:
-            before = read()
-            make(s, change.edit)
-            role.watch.append((change.setting.label, read, before, read()))
-        except Exception as e:         # (the live run checked the change; say why it failed here)
-            role.fail(f"--set {change.setting.label}: {e}")
-
-
 def _become_predictor(s, machine, chan, n: int, changes: list) -> None:
     from .roles import Predict
     from . import sandbox
@@ -198,15 +123,3 @@ def _become_predictor(s, machine, chan, n: int, changes: list) -> None:
     s.input.queue.clear()                    # the rest of a command file is the live run's
     make_changes(s, role, changes)
     s.set_continue()               # the stop's prompt loop ends; the script runs on here
-
-
-def _reader(s, edit):
-    """A function that reads the setting an edit makes: an optimizer's
-    hyper-parameter in each group, or a variable of the script's frame."""
-    from ..debugger import evaluate as E
-    if isinstance(edit, HyperChange):
-        opt = dict(s.view.optimizers())[edit.optimizer]
-        key = edit.key
-        return lambda: [float(g[key]) if not isinstance(g[key], tuple) else g[key] for g in opt.param_groups]
-    code = E.compile_expr(edit.name)
-    return lambda: E.evaluate(code, s.stop_frame(), s.view.variables(s.stop_frame()))

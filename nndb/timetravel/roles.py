@@ -392,7 +392,7 @@ class Predict(Role):
             return "skip"
         self.findings_seen = len(s.log.findings)
         s.sync_hooks()
-        from .predict import Setting, changes_for, make_changes
+        from .settings import Setting, changes_for, make_changes
         try:
             changes = changes_for(s, [Setting(k, v) for k, v in self.goal.get("sets") or ()])
         except Exception as e:
