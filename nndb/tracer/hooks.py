@@ -403,8 +403,8 @@ class Tracer:
 
     def _backward_returned(self, args, kwargs) -> None:
         """The wrapper's: a backward() returned (the parameter hooks are off, so an optimizer
-        has stepped: the step clock knows its mode, and a backward never ends a step).  One
-        call, in the usual case (``loss.backward()``: one root tensor) and the recorder's."""
+        has stepped: the step clock knows its mode, and a backward never ends a step).  Its own
+        call and the loss's, in the usual case (``loss.backward()``: one root tensor)."""
         if self._failed:
             return
         lin = self.lineage
@@ -420,14 +420,7 @@ class Tracer:
             if type(roots) is not torch.Tensor:
                 roots = backward_objective(*_roots_and_grads(args, kwargs))
                 roots = roots[0] if roots and isinstance(roots[0], torch.Tensor) else None
-            if roots is not None:
-                self.recorder.loss(roots)
-                for cb in self.within.loss:
-                    cb(roots)
-            else:
-                self.recorder.backward_without_loss()
-                for cb in self.within.no_loss:
-                    cb()
+            self._take_loss(roots)
         except Exception:
             self._fail()
         finally:
@@ -463,20 +456,22 @@ class Tracer:
         held = self._param_handles
         return any(isinstance(t, torch.Tensor) and id(t) in held and held[id(t)][0]() is t for t in ts)
 
-    def _backward_end_quiet(self, roots=None) -> None:
+    def _take_loss(self, loss) -> None:
+        """A backward's loss (None: its root is no tensor) to the recorder and the loss listeners."""
+        if loss is not None:
+            self.recorder.loss(loss)
+            for cb in self.within.loss:
+                cb(loss)
+        else:
+            self.recorder.backward_without_loss()
+            for cb in self.within.no_loss:
+                cb()
+
+    def _backward_end_quiet(self) -> None:
         self.busy += 1
         try:
-            if roots is None:
-                roots = backward_roots()
-            loss = roots[0] if roots and isinstance(roots[0], torch.Tensor) else None
-            if loss is not None:
-                self.recorder.loss(loss)
-                for cb in self.within.loss:
-                    cb(loss)
-            else:
-                self.recorder.backward_without_loss()
-                for cb in self.within.no_loss:
-                    cb()
+            roots = backward_roots()
+            self._take_loss(roots[0] if roots and isinstance(roots[0], torch.Tensor) else None)
             n = self._optimizer_count() if self.clock.mode is Mode.UNKNOWN else 1
             if self._first_backward:
                 if n == 0 and self._earlier_owner():
