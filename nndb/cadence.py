@@ -99,6 +99,32 @@ def grad_presence(step: int) -> bool:
     return step % PRESENCE_EVERY == 0
 
 
+# The rhythms above of the form "step < first or step % every in phases": ``next_change``
+# reads them, so that the rules put their probes in and out only at the steps where an
+# answer changes (nndb.rules.engine.RuleEngine.arm), not by asking at every step.
+_FORMS = {observed: (SETTLE, OBSERVE_EVERY, (0,)),
+          sampled: (2 * SAMPLE_CALLS, SAMPLE_EVERY, (0,)),
+          grad_reset_armed: (RESET_FIRST, RESET_EVERY, (0, 1, RESET_EVERY - 1)),
+          grad_presence: (0, PRESENCE_EVERY, (0,))}
+
+
+def next_change(fn, step: int) -> int:
+    """The first step after ``step`` whose ``fn(step)`` may differ from ``step``'s: for
+    this module's rhythms, the first that does; for a method of an object with its own
+    ``next_change(step)`` (a probe whose rhythm depends on what it saw), that; else the
+    next step."""
+    form = _FORMS.get(fn)
+    if form is None:
+        own = getattr(getattr(fn, "__self__", None), "next_change", None)
+        return own(step) if own is not None else step + 1
+    first, every, phases = form
+    now = step < first or step % every in phases
+    s, limit = step + 1, step + first + every + 1
+    while s < limit and (s < first or s % every in phases) == now:
+        s += 1
+    return s
+
+
 class Measured(NamedTuple):
     """What ``Cadence.at(step)`` says is measured at one step."""
     recorded: bool          # count, norm and NaN/Inf of parameters, gradients, updates; the loss
@@ -133,7 +159,7 @@ class Cadence:
     grad_presence = staticmethod(grad_presence)
 
     def __call__(self, step: int) -> bool:
-        return self.policies(step)[0]
+        return self.policies(step)[0]        # (one step's answers: for docs and tests)
 
     def full(self, step: int) -> bool:
         return self.policies(step)[1]
@@ -142,12 +168,25 @@ class Cadence:
         return self.policies(step)[2]
 
     def policies(self, step: int) -> tuple:
-        """(recorded, full, acts) of ``step``: the recorder's three questions at every step
-        end, in one call."""
-        k, r = divmod(step - self.start, self.every)
-        recorded = r == 0 and step >= self.start and (self.stop is None or step < self.stop)
-        return (recorded, k % self.full_every == 0 and r == 0,
-                r == 0 and (k < SETTLE or k % self.act_every == 0 or k % self.full_every == 0))
+        """(recorded, full, acts, until) of ``step``: the recorder's three questions, and the
+        first later step whose answers may differ (the same answers hold for every step in
+        [step, until)): the recorder asks again only there, about twice in OBSERVE_EVERY steps.
+        Found by stepping forward in plain arithmetic (no call a step), at most SCAN steps."""
+        start, every, stop, fe, ae = self.start, self.every, self.stop, self.full_every, self.act_every
+        first = None
+        s, limit = step, step + self.SCAN
+        while s < limit:
+            k, r = divmod(s - start, every)
+            now = (r == 0 and s >= start and (stop is None or s < stop), k % fe == 0 and r == 0,
+                   r == 0 and (k < SETTLE or k % ae == 0 or k % fe == 0))
+            if first is None:
+                first = now
+            elif now != first:
+                break
+            s += 1
+        return first + (s,)
+
+    SCAN: ClassVar[int] = 512
 
     def at(self, step: int) -> Measured:
         """Everything measured at ``step`` (a new object: for docs and tests, not the hot path)."""

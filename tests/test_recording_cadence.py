@@ -67,6 +67,39 @@ def test_one_cadence_answers_for_the_recorder_the_rules_and_the_probes():
     assert not any(outside)                                             # nothing measured off the recorded steps
 
 
+@pytest.mark.parametrize("flags", [{}, {"every": 3}, {"steps": "40:90"}, {"full_every": 7, "act_every": 5},
+                                   {"every": 100}])
+def test_a_cadences_answers_hold_until_the_step_it_names(flags):
+    """The recorder asks the cadence again only at ``until`` (issue 43: no call a step):
+    every step before it has the same answers, the step it names has others (or the scan's end)."""
+    c = cadence.Cadence.parse(**flags)
+    asked = 0
+    step = 0
+    while step < 700:
+        *answers, until = c.policies(step)
+        asked += 1
+        assert until > step
+        for s in range(step, min(until, 700)):
+            k, r = divmod(s - c.start, c.every)
+            want = (r == 0 and s >= c.start and (c.stop is None or s < c.stop), k % c.full_every == 0 and r == 0,
+                    r == 0 and (k < cadence.SETTLE or k % c.act_every == 0 or k % c.full_every == 0))
+            assert tuple(answers) == want, (flags, s)
+        assert until - step == c.SCAN or tuple(c.policies(until)[:3]) != tuple(answers)
+        step = until
+    if not flags:
+        assert asked < 700 / 10          # (the default: asked twice in 32 steps after the first 20)
+
+
+@pytest.mark.parametrize("fn", [cadence.observed, cadence.sampled, cadence.grad_reset_armed, cadence.grad_presence,
+                                cadence.bn_stats])
+def test_next_change_names_the_first_step_whose_answer_differs(fn):
+    """The rules put their probes in and out only where a rhythm's answer changes."""
+    for step in range(400):
+        n = cadence.next_change(fn, step)
+        assert all(fn(s) == fn(step) for s in range(step, n)) and fn(n) != fn(step), (fn.__name__, step, n)
+    assert cadence.next_change(lambda s: True, 7) == 8          # (an unknown rhythm: asked at the next step)
+
+
 def test_documented_recording_table_matches_the_cadence():
     import runpy
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -174,11 +174,11 @@ def test_parameter_block_reads_gradients_of_a_create_graph_backward():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])     # the float32 block, the general path
 def test_an_update_from_inf_to_inf_warns_nothing(recwarn, dtype):
-    from nndb.tracer.params import ParamPlan, Snapshot
+    from nndb.tracer.params import ParamPlan
     p = torch.nn.Parameter(torch.tensor([float("inf"), 1.0, 2.0], dtype=dtype))
     p.grad = torch.ones(3, dtype=dtype)
     plan = ParamPlan([p])
-    snap = Snapshot(plan)
+    snap = plan.snapshot()
 
     class Bucket:
         params, covered = {}, set()
@@ -244,7 +244,7 @@ def test_large_parameters_norms_in_bulk_equal_the_exact_ones_step_after_step(mon
     of all of them by a few fused calls (stats.norm_rows_bulk) between full
     steps, agreeing with float64 sums; the values before reuse the plan's
     buffers from step to step; a non-finite one is counted exactly."""
-    from nndb.tracer.params import ParamPlan, Snapshot
+    from nndb.tracer.params import ParamPlan
     monkeypatch.setattr(S, "HOST_MAX_PARAM_ELEMENTS", 8)
     monkeypatch.setattr(S, "HOST_MAX_ELEMENTS", 8)
     torch.manual_seed(0)
@@ -268,7 +268,7 @@ def test_large_parameters_norms_in_bulk_equal_the_exact_ones_step_after_step(mon
             p.grad = torch.randn_like(p)
         if step == 2:
             params[0].grad[1, 2] = float("nan")
-        snap = Snapshot(plan)
+        snap = plan.snapshot()
         if buffers is not None:
             assert all(a is b for a, b in zip(snap.large_before, buffers))      # (no new tensors a step)
         old = [p.detach().clone() for p in params]

@@ -9,6 +9,8 @@ but neither checked nor stopped in.  A part that fails is said once and
 skipped; the others still run (the pipeline's promise for its listeners)."""
 from __future__ import annotations
 
+from .modes import Mode
+
 
 class SessionSteps:
     """The session at a step end: ``seen`` (the last step and the newest
@@ -22,8 +24,13 @@ class SessionSteps:
     def on_step(self, end) -> None:
         s = self.session
         step = end.step
+        records = end.records
         try:
-            _seen(s, end, step)
+            if step is not None and records and records[-1].step == step and not (s.hold_checks or s.holds.problems):
+                s.latest_record = s.step_record = records[-1]       # (_seen's usual case, inline: every step)
+                s.last_step = step
+            else:
+                _seen(s, end, step)
         except Exception as e:
             self._error("seen", e)
         if s.prompting:
@@ -38,10 +45,12 @@ class SessionSteps:
                         s.judge_at_exception(end.records)
                 else:
                     hits = []
-                    for record in end.records:          # (a loop: no call of its own, every step)
+                    for record in records:              # (a loop: no call of its own, every step)
                         hits += s.run_rules(record)
                     s.rule_hits = hits
-                    s.rules.arm(s.rec.recorder.step)    # the probes the next step needs
+                    nxt = s.rec.recorder.step
+                    if nxt >= s.rules.arm_due:          # the probes the next step needs (when they change)
+                        s.rules.arm(nxt)
             except Exception as e:
                 self._error("rules", e)
         if step is None:
@@ -64,8 +73,13 @@ class SessionSteps:
             except Exception as e:
                 self._error("progress", e)
         hits, s.rule_hits = s.rule_hits, []
-        records = end.records
-        s.check_stops(step, records[-1] if records else None, hits, s.step_record)
+        # Can anything stop here (a rule's hit, a replica's role, other ranks, run control, a
+        # point)?  At most step ends nothing can: check_stops is not called.
+        c = s.control
+        if hits or s.replica is not None or s.agreement is not None or c.pending_start or not (
+                c.mode is Mode.DETACH or (c.mode is Mode.CONTINUE and not s.points.numbered
+                                          and not c.interrupt_requested)):
+            s.check_stops(step, records[-1] if records else None, hits, s.step_record)
 
     def _error(self, part: str, e: Exception) -> None:
         if part not in self._failed:

@@ -227,6 +227,7 @@ class Points(collections.abc.Mapping):
 
     def __init__(self, on_change=None):
         self._by_number: dict = {}           # number -> Point
+        self.numbered = self._by_number      # (the same dict: ``not points.numbered`` at every step end, no call)
         self._next_number = 1
         self.displays: list = []             # [(number, expr source, code)]
         self._next_display = 1

@@ -32,7 +32,7 @@ class RunView:
     def __init__(self, session):
         self.s = session
         self._module_names: dict = {}        # id(module) -> (roots_version, name, weakref)
-        self._view_cache = (None, None)      # (record, its statistics)
+        self.stats_cache = (None, None)      # (record, its statistics): read by the rules at every step end
         self._earlier_optimizers: tuple = ()
         self.rule_optimizers = None          # (stoppoints._NamedOptimizers of the run, made once by run_rules)
 
@@ -49,13 +49,13 @@ class RunView:
         return name
 
     def stats_of(self, record):
-        if self._view_cache[0] is not record:
-            self._view_cache = (record, record.stats)
-        return self._view_cache[1]
+        if self.stats_cache[0] is not record:
+            self.stats_cache = (record, record.stats)
+        return self.stats_cache[1]
 
     def cached_stats(self, record):
         """``record``'s statistics if they were asked for already, else None."""
-        return self._view_cache[1] if self._view_cache[0] is record else None
+        return self.stats_cache[1] if self.stats_cache[0] is record else None
 
     def known_names(self, kind: str) -> set:
         """Names that a glob of this kind can match now: modules ("module"),

@@ -70,6 +70,9 @@ class _NamedOptimizers:
     def __init__(self, rec):
         self.rec = rec
         self.raw = rec.tracer.optimizers
+        # the step pipeline's record of them, whose ``changes`` counts what changed (the rules
+        # take a new snapshot of the optimizers only then)
+        self.state = getattr(rec, "write_records", None)
 
     def __call__(self) -> list:
         naming = self.rec.naming
@@ -81,13 +84,10 @@ class StopPoints:
     def check_stops(self, step: int, record, rule_hits: list, known) -> None:
         """At the end of ``step`` (``record``: the newest record handed on
         there, or None; ``known``: the step's own record as far as it is known,
-        see ``check_points_at_step_end``): stop if a point, a rule or run control says so."""
+        see ``check_points_at_step_end``): stop if a point, a rule or run control says so.
+        The step pipeline (SessionSteps) calls it only where something can stop."""
         role = self.replica
-        agreement = self.agreement           # (several ranks: nndb.distributed.allstop, every step end)
-        if not rule_hits and role is None and agreement is None and not self.control.pending_start and \
-                (self.control.mode is Mode.DETACH or (self.control.mode is Mode.CONTINUE and not self.points
-                                                   and not self.control.interrupt_requested)):
-            return        # (nothing can stop here: no point, no run control, no other rank)
+        agreement = self.agreement
         self.here.hook_frame = sys._getframe(1)
         try:
             if role is not None:
@@ -184,12 +184,15 @@ class StopPoints:
             opts = self.view.rule_optimizers
             if opts is None or opts.rec is not self.rec:
                 opts = self.view.rule_optimizers = _NamedOptimizers(self.rec)
-            stats = self.view.cached_stats(record)
+            cache = self.view.stats_cache           # (view.cached_stats(record), inline: every step end)
+            stats = cache[1] if cache[0] is record else None
             # (a replica judges each step as it comes: what it replays, the live run reported)
             found = self.rules.on_record(record, stats, opts, defer=defer and self.replica is None)
         except Exception as e:
             self.error(f"nndb: internal error in the rules, skipped: {type(e).__name__}: {e}")
             return []
+        if not found and not self.rules.errors and not self.rules.probe_news:
+            return []       # (the usual step: nothing found, nothing failed)
         return self._rule_findings(found)
 
     def judge_at_exception(self, records) -> None:

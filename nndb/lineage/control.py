@@ -120,7 +120,7 @@ class LineageControl:
 
     def at_step_end(self, s, step: int) -> None:
         r = self.recorder
-        if r is None and not (self.always or self.forced or self.wanted is not None or s.points):
+        if r is None and not (self.always or self.forced or self.wanted is not None or s.points.numbered):
             return          # (nothing records the next step: no lineage asked for, no catch point)
         if r is not None and r.current is not None and r.current.step == step:
             done = r.next_step(step + 1) if self.wants(step + 1) else r.stop()

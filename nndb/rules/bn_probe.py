@@ -54,7 +54,7 @@ class BatchNormRunning(Probe):
         try:
             return self._summary(mods)
         except Exception as e:          # never into the run: the probe is off, said once
-            self.error = f"probe {self.name} failed and is off: {type(e).__name__}: {e}"
+            self.fail(f"probe {self.name} failed and is off: {type(e).__name__}: {e}")
             return {}
 
     def _summary(self, mods: list) -> dict:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import operator
 from typing import Iterable, Optional
 
-from ..cadence import OBSERVE_EVERY, SETTLE, observed
+from ..cadence import OBSERVE_EVERY, SETTLE, next_change, observed
 from ..errors import UsageError
 from .base import Rule, StepContext
 from .block import Block
@@ -54,18 +54,22 @@ class RuleEngine:
         self._seen: set = set()           # (rule id, subject)
         self._probes: dict = {}           # name -> installed probe
         self._arm_groups: Optional[list] = None   # [(wants, [probes])]: the probes by cadence function
+        # ``arm`` is due again at this step (before it, no probe's answer changes: a step end asks
+        # nothing; cadence.next_change); 0: at the next step end
+        self.arm_due = 0
         self._rec = None
         self.errors: list = []            # rules that raised (reported once each, then disabled)
         self._every: Optional[list] = None     # the enabled every-step rules (None: to be listed again)
         # Some probe is in for the step now running: only then can one have
         # facts or an error (most steps: none, and nothing to ask them).
         self.armed = False
-        self._probe_errors = False        # a probe was in since take_errors last looked
+        self.probe_news = False           # a probe failed since take_errors last looked (Probe.fail)
         self._queue: list = []            # (record, optimizers) of steps waiting to be judged as a block
         self._queued_rows = 0
         self.longest_block = 0            # most steps judged together so far (a figure for tests and bench)
         self.steps_in_blocks = 0          # steps judged in blocks of two or more (the same)
         self._snapshot = None             # (optimizers, learning rates, [(name, AsItWas)]): as the last step left them
+        self._changes: Optional[int] = None   # the optimizers' rows' changes count it was taken at
 
     # -- the rule set -------------------------------------------------------------
 
@@ -120,11 +124,13 @@ class RuleEngine:
             p.uninstall()
         self._probes = {}
         self._arm_groups = None
+        self.arm_due = 0
         self._rec = None
         self.armed = False
 
     def _sync_probes(self) -> None:
         self._arm_groups = None
+        self.arm_due = 0
         if self._rec is None:
             return
         wanted = {name for r in self.rules if r.enabled for name in r.PROBES}
@@ -134,28 +140,33 @@ class RuleEngine:
         for name in wanted:
             if name not in self._probes:
                 probe = PROBES[name](self._rec)
+                probe.on_fail = self._probe_failed
                 probe.install()
                 self._probes[name] = probe
         self.arm(self._rec.recorder.step)
 
     def arm(self, step: int) -> None:
-        """The step ``step`` starts: the probes it needs are in the tracer, the others out."""
+        """The step ``step`` starts: the probes it needs are in the tracer, the others out.
+        ``arm_due`` says when to call again: the first step where some probe's answer may
+        change (the caller skips the steps before it)."""
         groups = self._arm_groups
         if groups is None:
-            # Probes that share a cadence function (most of them: nndb.cadence's) ask it once a step.
+            # Probes that share a cadence function (most of them: nndb.cadence's) ask it once.
             by: dict = {}
             for p in self._probes.values():
                 by.setdefault(p.wants, []).append(p)
             groups = self._arm_groups = list(by.items())
         armed = False
+        due = step + OBSERVE_EVERY
         for wants, probes in groups:
             on = wants(step)
             for p in probes:
                 if on != p._armed:
                     p.arm(on)
             armed = armed or on
+            due = min(due, next_change(wants, step))
         self.armed = armed
-        self._probe_errors = self._probe_errors or armed
+        self.arm_due = due
 
     def on_record(self, record, stats=None, optimizers=(), naming=None, defer: bool = False,
                   facts: Optional[dict] = None) -> list:
@@ -217,7 +228,15 @@ class RuleEngine:
 
     def _wait(self, record, optimizers) -> list:
         q = self._queue
-        q.append((record, self._as_it_was(optimizers)))
+        # The optimizers as they were: the last snapshot while the step pipeline saw none of
+        # their rows change (nndb.tracer.pipeline.WriteRecords.changes), else taken again.
+        state = getattr(optimizers, "state", None)
+        changes = state.changes if state is not None else None
+        if changes is None or changes != self._changes or self._snapshot is None:
+            q.append((record, self._as_it_was(optimizers)))
+            self._changes = changes
+        else:
+            q.append((record, self._snapshot[2]))
         self._queued_rows += len(record.names)
         if len(q) < BLOCK_STEPS and self._queued_rows < BLOCK_ROWS and record.time - q[0][0].time < BLOCK_SECONDS:
             return []
@@ -301,24 +320,27 @@ class RuleEngine:
         self._every = None
         self.errors.append(f"rule {r.id} failed and is disabled: {type(e).__name__}: {e}")
 
+    def _probe_failed(self) -> None:
+        self.probe_news = True
+
     def take_errors(self) -> list:
         """Rules and probes that failed since the last call (each said once,
         and kept in the trace's events)."""
-        if not self.errors and not self._probe_errors:
+        if not self.errors and not self.probe_news:
             return []
         out = list(self.errors)
         self.errors = []
         if self._rec is not None:
             for msg in out:
                 self._rec.note("rule_disabled", msg)
-        if self._probe_errors:
+        if self.probe_news:
             for p in self._probes.values():
                 if p.error is not None and not getattr(p, "_said", False):
                     p._said = True
                     out.append(p.error)
                     if self._rec is not None:
                         self._rec.note("probe_disabled", p.error)
-            self._probe_errors = self.armed
+            self.probe_news = False
         return out
 
     def module_types(self) -> dict:

@@ -38,8 +38,14 @@ class GradPresence(Probe):
         self._lacking: "weakref.WeakSet" = weakref.WeakSet()     # optimizers whose last check missed one
 
     def wants(self, step: int) -> bool:
-        # (cadence.grad_presence written out: the engine asks at every step)
         return step % cadence.PRESENCE_EVERY == 0 or bool(self._lacking)
+
+    def next_change(self, step: int) -> int:
+        """(cadence.next_change) While in, asked again at the next step (what it sees
+        decides); out, at the next checked step."""
+        if self.wants(step):
+            return step + 1
+        return (step // cadence.PRESENCE_EVERY + 1) * cadence.PRESENCE_EVERY
 
     def optimizer(self, opt, when: str) -> None:
         if when != "post":
@@ -169,7 +175,7 @@ class GradReset(Probe):
                     g = _flat(grad)
                     w.incoming = g.clone() if w.incoming is None else w.incoming.add_(g)
             except Exception as e:     # never raise into the backward pass
-                self.error = f"probe {self.name} failed and is off: {type(e).__name__}: {e}"
+                self.fail(f"probe {self.name} failed and is off: {type(e).__name__}: {e}")
             return None
         return hook
 

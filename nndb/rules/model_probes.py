@@ -362,7 +362,7 @@ class LossInputs(ModuleKeyed):
             elif was and not on:
                 self.watch.stop()
         except Exception as e:       # never into the script: the probe is off, and says so
-            self.error = f"probe {self.name} failed and is off: {type(e).__name__}: {e}"
+            self.fail(f"probe {self.name} failed and is off: {type(e).__name__}: {e}")
 
     def optimizer(self, opt, when: str) -> None:
         """An optimizer's arithmetic is no loss: the watch is off the mode stack
@@ -378,7 +378,7 @@ class LossInputs(ModuleKeyed):
         try:
             self.watch.mode.remove()     # (a removal left pending inside backward(): now, or at the next module call)
         except Exception as e:
-            self.error = f"probe {self.name} failed and is off: {type(e).__name__}: {e}"
+            self.fail(f"probe {self.name} failed and is off: {type(e).__name__}: {e}")
 
     def forward(self, module, use, args, output) -> None:
         if type(output) is torch.Tensor and self.recorder.recording:
@@ -393,7 +393,7 @@ class LossInputs(ModuleKeyed):
 
     def take(self, step: int) -> dict:
         if self.watch.mode.error is not None and self.error is None:
-            self.error = f"probe {self.name} failed and is off: {self.watch.mode.error}"
+            self.fail(f"probe {self.name} failed and is off: {self.watch.mode.error}")
         self.watch.new_step()
         return super().take(step)
 

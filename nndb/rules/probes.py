@@ -26,6 +26,16 @@ class Probe:
         self.facts: dict = {}
         self.error = None
 
+    # Called (no argument) when the probe fails: the engine's, set as it installs the probe,
+    # so that a step end asks the probes for errors only after one failed.
+    on_fail = None
+
+    def fail(self, message: str) -> None:
+        """The probe is off, and says ``message`` (once: nndb.rules.engine.take_errors)."""
+        self.error = message
+        if self.on_fail is not None:
+            self.on_fail()
+
     def held_tensors(self) -> list:
         """The tensors this probe keeps between steps (``info memory``)."""
         return []
@@ -52,7 +62,7 @@ class Probe:
             try:
                 fn(*args)
             except Exception as e:
-                self.error = f"probe {self.name} failed and is off: {type(e).__name__}: {e}"
+                self.fail(f"probe {self.name} failed and is off: {type(e).__name__}: {e}")
         return call
 
     def wants(self, step: int) -> bool:

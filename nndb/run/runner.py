@@ -24,7 +24,7 @@ from ..store.writer import TraceWriter
 from ..tracer.hooks import Tracer
 from ..tracer.fingerprint import Fingerprints
 from ..tracer.naming import Naming
-from ..tracer.pipeline import CallAtStepEnd, Pipeline, WriteOptimizers, WriteRecords
+from ..tracer.pipeline import CallAtStepEnd, Pipeline, WriteRecords
 from ..tracer.fulltensors import FullTensors
 from ..tracer.recorder import StepRecorder
 
@@ -156,7 +156,9 @@ class Recording:
         self.writer = TraceWriter(path, meta, config.flush_steps, config.flush_secs, on_error=message,
                                   full_max_bytes=config.full_max_bytes)
         self.naming = Naming()
-        self.pipeline = Pipeline([WriteRecords(self.writer, self.naming)], on_error=message)
+        # the trace's listener; its ``changes`` counts changes of the optimizers (the rules read it)
+        self.write_records = WriteRecords(self.writer, self.naming)
+        self.pipeline = Pipeline([self.write_records], on_error=message)
         self.listeners = self.pipeline.listeners
         if on_step_end is not None:
             self.listeners.append(CallAtStepEnd(on_step_end))
@@ -168,12 +170,12 @@ class Recording:
         # What the rules read besides the statistics, kept in the trace for nndb check-trace.
         self.writer.shape_of = self.recorder.series_shape
         self.writer.local_shape_of = lambda name, kind: self.recorder.series_shape(name, kind, local=True)
-        self.listeners.append(WriteOptimizers(self.writer, self.tracer.optimizers, self.naming))
+        self.write_records.watch_optimizers(self.tracer.optimizers, self.tracer.optimizer_refs)
         # The checksums and timings ranks (and epochs) are compared by, before the rules read them.
         self.fingerprints = Fingerprints(self.naming, self.tracer.optimizers, self.writer.fingerprint,
-                                         on_error=self._fingerprints_failed, ranks=meta.get("world_size") or 1)
+                                         on_error=self._fingerprints_failed, ranks=meta.get("world_size") or 1,
+                                         tracer=self.tracer)
         self.listeners.append(self.fingerprints)
-        self.tracer.within.join("backward", self.fingerprints.gradient_began)
         # The script's exception, once it has raised out of the run (an
         # Exception, not an exit, Ctrl-C or the debugger's kill): the step
         # listeners judge the records closed as it ended (nndb.debugger.listeners).

@@ -188,9 +188,12 @@ class Fingerprints:
     sees every step's input checksum (the rules of one process)."""
 
     def __init__(self, naming, optimizers: Callable[[], list], sink: Callable[[dict], None],
-                 on_error: Optional[Callable[[str], None]] = None, ranks: int = 1):
+                 on_error: Optional[Callable[[str], None]] = None, ranks: int = 1, tracer=None):
         self.naming = naming
         self.ranks = ranks
+        # The tracer, whose ``backward_began`` (the step's first backward) ends the forward's
+        # time; without one, nothing ends it (no forward time is kept).
+        self.tracer = tracer
         # Every step's input checksum and time split serve the rules across
         # ranks, ``epoch_repeats`` and ``duplicate_batches``: in one process
         # without a DataLoader that shuffles or holds several batches (known at
@@ -207,7 +210,6 @@ class Fingerprints:
         self._inputs: list = []            # [step, checksum or (sums, tensors)] since the last row
         self._last_end: Optional[float] = None
         self._first_forward: Optional[float] = None
-        self._first_grad: Optional[float] = None
         self._forward_start: Optional[float] = None    # the step's second module call (_pre_hook)
         self._data = self._compute = self._forward = 0.0
         self._timed = self._forward_timed = 0
@@ -235,12 +237,6 @@ class Fingerprints:
                 self._step_input = ([bit_sum(t) for t in tensors], [_desc(t) for t in tensors])
         except Exception as e:
             self._fail(e)
-
-    def gradient_began(self) -> None:
-        """The tracer's hook: a backward begins (until an optimizer has stepped: its first
-        parameter gradient is ready).  The forward's time ends here."""
-        if self._first_grad is None and self._first_forward is not None:
-            self._first_grad = time.perf_counter()
 
     def _pre_hook(self, module, args):
         # The first module call after a step's end is a root's (the outermost
@@ -302,12 +298,13 @@ class Fingerprints:
                 self._data += self._first_forward - self._last_end
                 self._compute += now - self._first_forward
                 self._timed += 1
-                if self._first_grad is not None:
+                grad = self.tracer.backward_began if self.tracer is not None else None
+                if grad is not None and grad >= self._first_forward:
                     start = self._forward_start if self._forward_start is not None and \
-                        self._forward_start <= self._first_grad else self._first_forward
-                    self._forward += self._first_grad - start
+                        self._forward_start <= grad else self._first_forward
+                    self._forward += grad - start
                     self._forward_timed += 1
-            self._last_end, self._first_forward, self._first_grad, self._forward_start = now, None, None, None
+            self._last_end, self._first_forward, self._forward_start = now, None, None
             if self._step_input is not None:
                 value, self._step_input = self._step_input, None
                 self._inputs.append([step, value])      # (on an accelerator: (sums, descs), read at the next row)

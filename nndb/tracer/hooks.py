@@ -37,6 +37,7 @@ import functools
 import os
 import sys
 import threading
+import time
 import traceback
 import weakref
 from typing import Callable, Optional
@@ -59,6 +60,7 @@ _BY_WRAPPER: list = []
 _ORIGINAL_BACKWARD = None        # torch.autograd.backward, while the wrapper is in its place
 _IN_WRAPPER: set = set()         # the threads inside it
 _get_ident = threading.get_ident
+_perf_counter = time.perf_counter
 _ONE = torch.tensor(1.0)
 _IN_BACKWARD = torch._C._current_graph_task_id     # -1 outside a backward (checkpointing recomputes in one)
 _FORK_HOOK = False
@@ -97,6 +99,8 @@ def _backward(*args, **kwargs):
         return original(*args, **kwargs)
     tracers = tuple(tracers)      # (one that fails leaves the list)
     for t in tracers:
+        if t.backward_began is None:
+            t.backward_began = _perf_counter()
         if t.within.backward and not t._failed:
             try:
                 for cb in t.within.backward:
@@ -108,8 +112,23 @@ def _backward(*args, **kwargs):
         out = original(*args, **kwargs)
     finally:
         _IN_WRAPPER.discard(thread)
+    roots = args[0] if args else kwargs.get("tensors")
+    # (loss.backward(): one root tensor, no ``inputs=``; Tensor.backward passes inputs=None)
+    usual = type(roots) is torch.Tensor and len(args) < 6 and kwargs.get("inputs") is None
     for t in tracers:
-        t._backward_returned(args, kwargs)
+        if usual and t.lineage is None and not t._failed:
+            # (Tracer._backward_returned's usual case, inline: every step; _take_loss's first branch)
+            t.busy += 1
+            try:
+                t.recorder.loss(roots)
+                for cb in t.within.loss:
+                    cb(roots)
+            except Exception:
+                t._fail()
+            finally:
+                t.busy -= 1
+        else:
+            t._backward_returned(args, kwargs)
     return out
 
 
@@ -167,8 +186,15 @@ class Tracer:
         self._calls: dict = {}                  # module -> calls within the current root forward
         self._ran: set = set()                  # modules whose forward ran with grad in this step (not in a backward)
         self._backward_pending = False
+        # perf_counter() when the step's first backward began (its first gradient, while the
+        # parameter hooks see it), None before: the step's forward time ends there (read by
+        # the fingerprints at the step end; the tracer sets it back after the step's listeners)
+        self.backward_began: Optional[float] = None
+        self._forward_key = None        # what decided the module hooks at the last optimizer step (_opt_post)
         self._opt_seen: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()   # -> its param_groups count
-        self._opt_refs: list = []        # the same, in the order first seen (read at every step end)
+        # the same, in the order first seen, as weak references (read at every step end:
+        # list(map(weakref.ref.__call__, tracer.optimizer_refs)), where a None says one went)
+        self.optimizer_refs: list = []
         self._known_optimizers: Optional[weakref.WeakSet] = None
         self._preexisting: Optional[weakref.WeakSet] = None      # (preexisting_optimizers)
         # (_earlier_owner: until the first backward ends, the parameters it reaches)
@@ -188,6 +214,7 @@ class Tracer:
         (and, with ``backward``, at every module's backward), or no more (None):
         the "module" listeners (WithinStep) are this one callback, or none."""
         self.within.module[:] = [callback] if callback is not None else []
+        self.within.version += 1
         self.within.module_backward = callback is not None and backward
 
     @contextlib.contextmanager
@@ -239,6 +266,7 @@ class Tracer:
         self._param_handles = {}
 
     def want_forward(self, on: bool) -> None:
+        self._forward_key = None            # (the next optimizer step decides again: sync_forward)
         if on and not self._fwd_handles:
             self._fwd_handles = [_module.register_module_forward_pre_hook(self._forward_pre),
                                  _module.register_module_forward_hook(self._forward_post)]
@@ -252,7 +280,9 @@ class Tracer:
         module hooks): the module hooks are in only for the steps that need them (a module call
         costs nothing between them).  Needed for: activations (the steps ``Cadence.acts``
         names), the rules' probes, the op recorder, a stop point in a module, and naming the
-        models until step 0 ends (a model first called on a step without them: at the next)."""
+        models until step 0 ends (a model first called on a step without them: at the next).
+        What it reads is _opt_post's key too (which asks only when that changed): keep the two
+        together."""
         rec = self.recorder
         within = self.within
         # (twice a step: the usual answer, "off, and off already", asks nothing further)
@@ -403,8 +433,9 @@ class Tracer:
 
     def _backward_returned(self, args, kwargs) -> None:
         """The wrapper's: a backward() returned (the parameter hooks are off, so an optimizer
-        has stepped: the step clock knows its mode, and a backward never ends a step).  Its own
-        call and the loss's, in the usual case (``loss.backward()``: one root tensor)."""
+        has stepped: the step clock knows its mode, and a backward never ends a step), where
+        the wrapper does not take the loss itself (``inputs=``, several roots, the op recorder
+        running)."""
         if self._failed:
             return
         lin = self.lineage
@@ -435,6 +466,8 @@ class Tracer:
             return
         try:
             self._backward_pending = True
+            if self.backward_began is None:
+                self.backward_began = _perf_counter()
             for cb in self.within.backward:
                 cb()
             Variable._execution_engine.queue_callback(self._backward_end)
@@ -512,23 +545,32 @@ class Tracer:
         try:
             if paused is not None:
                 paused.__enter__()
-            self.sync_forward()
+            sync = self.closure_step            # (a closure's forward runs inside this step())
             if self._opt_seen.get(opt) != len(opt.param_groups):
                 self._first_sight(opt)          # (again after add_param_group: its parameters named and watched)
+                sync = True
             clock = self.clock
-            needs_count = clock.mode in (Mode.UNKNOWN, Mode.MANUAL) or \
-                (clock.mode is not Mode.LEARNING and (clock._closer is None or clock._closer() is None))
-            n = self._optimizer_count(opt) if needs_count else 2
-            close = self.clock.optimizer_pre(opt, n)
-            manual = self.clock.mode is Mode.MANUAL
-            if self._param_hooks and not manual and self.clock.mode is not Mode.UNKNOWN:
-                self._param_hooks_off()
-            if self.recorder.manual and not manual:
-                self.recorder.end_manual()
-                self._flush_full()
-            self.recorder.manual = manual
-            if close is not None:
-                self._close(close)
+            mode = clock.mode
+            alive = clock._closer is not None and clock._closer() is not None
+            if (mode is Mode.SINGLE or mode is Mode.CYCLE) and alive and not clock._others:
+                close = None        # (the loop as it was: the clock's optimizer_pre has nothing to do)
+            else:
+                needs_count = mode in (Mode.UNKNOWN, Mode.MANUAL) or (mode is not Mode.LEARNING and not alive)
+                n = self._optimizer_count(opt) if needs_count else 2
+                close = clock.optimizer_pre(opt, n)
+                manual = clock.mode is Mode.MANUAL
+                if self._param_hooks and not manual and clock.mode is not Mode.UNKNOWN:
+                    self._param_hooks_off()
+                if self.recorder.manual and not manual:
+                    self.recorder.end_manual()
+                    self._flush_full()
+                    sync = True
+                self.recorder.manual = manual
+                if close is not None:
+                    self._close(close)
+                    sync = True
+            if sync:
+                self.sync_forward()
             self.recorder.optimizer_pre(opt)
             if self.lineage is not None or self.within.optimizer:
                 self._tell_optimizer(opt, "pre")
@@ -552,13 +594,19 @@ class Tracer:
             self.recorder.optimizer_post(opt)
             if self.lineage is not None or self.within.optimizer:
                 self._tell_optimizer(opt, "post")
-            mark = self.clock.marks(opt)
             close = self.clock.optimizer_post(opt)
-            if mark:
+            if self.clock.mark:
                 self.recorder.mark()
             if close is not None:
                 self._close(close)
-            self.sync_forward()
+            # The module hooks for the next forward (sync_forward), asked again only when what
+            # decides them may have changed: the recorder's answers, the listeners within a
+            # step, the op recorder, the naming's freeze; whole tensors' rules ask every step.
+            rec = self.recorder
+            key = (rec.recording, rec.acts, self.within.version, self.lineage, self.naming._frozen)
+            if key != self._forward_key or (rec.fulltensors is not None and rec.fulltensors.rules):
+                self._forward_key = key
+                self.sync_forward()
         except Exception:
             self._fail()
         finally:
@@ -576,15 +624,15 @@ class Tracer:
 
     def optimizers(self) -> list:
         """The optimizers that have stepped in this run."""
-        out = list(map(weakref.ref.__call__, self._opt_refs))     # (no Python frame per optimizer)
+        out = list(map(weakref.ref.__call__, self.optimizer_refs))     # (no Python frame per optimizer)
         if None in out:                  # (an optimizer the script let go of)
-            self._opt_refs = [r for r in self._opt_refs if r() is not None]
+            self.optimizer_refs[:] = [r for r in self.optimizer_refs if r() is not None]
             out = [o for o in out if o is not None]
         return out
 
     def _first_sight(self, opt) -> None:
         if opt not in self._opt_seen:
-            self._opt_refs.append(weakref.ref(opt))
+            self.optimizer_refs.append(weakref.ref(opt))
         self._opt_seen[opt] = len(opt.param_groups)
         self.naming.refresh()
         frame = user_frame(3)
@@ -610,3 +658,4 @@ class Tracer:
         self.recorder.close(close.step, retro=close.retro)
         if self.on_step_end is not None:
             self.on_step_end(close.step)
+        self.backward_began = None

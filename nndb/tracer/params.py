@@ -34,6 +34,8 @@ from .quiet import _ERRSTATE, _IGNORE, Quiet
 # run with the caches cold, where each layer costs microseconds)
 _set_grad_enabled = torch._C._set_grad_enabled
 _GRAD = operator.attrgetter("grad")
+_DATA_PTR = torch.Tensor.data_ptr
+_new = object.__new__
 
 
 class ParamPlan:
@@ -94,23 +96,6 @@ class ParamPlan:
                 at += k
         return self._buf
 
-    def _copy_grads(self) -> bool:
-        """The gradients into the buffer in one call (six ``.numpy()`` and a
-        concatenation cost twice as much with the caches cold); False if they
-        do not fit it (one missing, sparse, of another shape)."""
-        grad_mode = torch.is_grad_enabled()
-        try:
-            if grad_mode:      # (a gradient that needs grad, under create_graph: our copy is not the step's graph)
-                _set_grad_enabled(False)
-            torch._foreach_copy_(self._grad_dst, [S.local(p.grad) for p in self.host] if self._sharded
-                                 else list(map(_GRAD, self.host)))
-        except (RuntimeError, TypeError):
-            return False
-        finally:
-            if grad_mode:
-                _set_grad_enabled(True)
-        return True
-
     def _host_views(self) -> list:
         """Flat numpy views of the small parameters (cached while their memory
         stays): the values' concatenation costs less than a torch copy."""
@@ -149,13 +134,25 @@ class ParamPlan:
         return [v.clone() for v in values]
 
     def values_before(self) -> Optional[np.ndarray]:
-        """The small parameters' values before an update: for a plan ``block``
-        reads, straight into the update's place in its buffer (no new array
-        each step)."""
-        if not self._fast:
-            return self.host_values()
-        buf = self._buf if self._buf is not None else self._buffer()
-        return np.concatenate(self._host_views(), out=buf[self.n:2 * self.n])
+        """The small parameters' values before an update (``snapshot().host_before``)."""
+        return self.snapshot().host_before
+
+    def snapshot(self) -> "Snapshot":
+        """The values before an update, to compute it from: the small parameters' (for a
+        plan ``block`` reads, straight into the update's place in its buffer: no new array
+        each step), and copies of the large ones (``large_values_before``).  Made without
+        a constructor of its own (one Python frame fewer, every optimizer step)."""
+        snap = _new(Snapshot)
+        snap.plan = self
+        if self._fast:
+            buf = self._buf if self._buf is not None else self._buffer()
+            views = self._views if not self._sharded and list(map(_DATA_PTR, self.host)) == self._ptrs \
+                else self._host_views()
+            snap.host_before = np.concatenate(views, out=buf[self.n:2 * self.n])
+        else:
+            snap.host_before = self.host_values()
+        snap.large_before = self.large_values_before() if self.large else []
+        return snap
 
     def block(self, before: np.ndarray, full: bool, grads: bool) -> Optional[tuple]:
         """(with grads, rows, histograms at a full step or None) of the block: values, updates since ``before``
@@ -168,10 +165,23 @@ class ParamPlan:
             return None
         n = self.n
         # torch's calls first, then numpy's (going back and forth between the
-        # two libraries costs more than the calls themselves)
-        if grads and not self._copy_grads():
-            return None
-        views = self._host_views()
+        # two libraries costs more than the calls themselves).  The gradients into the
+        # buffer in one call (six ``.numpy()`` and a concatenation cost twice as much with
+        # the caches cold); not when they do not fit it (one missing, sparse, of another shape).
+        if grads:
+            grad_mode = torch.is_grad_enabled()
+            try:
+                if grad_mode:      # (a gradient that needs grad, under create_graph: our copy is not the step's graph)
+                    _set_grad_enabled(False)
+                torch._foreach_copy_(self._grad_dst, [S.local(p.grad) for p in self.host] if self._sharded
+                                     else list(map(_GRAD, self.host)))
+            except (RuntimeError, TypeError):
+                return None
+            finally:
+                if grad_mode:
+                    _set_grad_enabled(True)
+        views = self._views if not self._sharded and list(map(_DATA_PTR, self.host)) == self._ptrs \
+            else self._host_views()
         flat = buf if grads else buf[:2 * n]
         # (inf - inf in an update: no warning in the user's stderr; Quiet's context variable set
         # here without the context manager's two calls, every step)
@@ -208,12 +218,9 @@ class ParamPlan:
 
 
 class Snapshot:
-    """Parameter values before an update, to compute the update."""
-
-    def __init__(self, plan: ParamPlan):
-        self.plan = plan
-        self.host_before = plan.values_before()
-        self.large_before = plan.large_values_before() if plan.large else []
+    """Parameter values before an update, to compute the update (made by
+    ``ParamPlan.snapshot``): ``plan``, ``host_before``, ``large_before``."""
+    __slots__ = ("plan", "host_before", "large_before")
 
     def record(self, bucket, full: bool, grads: bool = True) -> None:
         """Put value, update (and grad) of every parameter into ``bucket`` (the

@@ -2,13 +2,16 @@
 
 The recorder closes steps into ``StepRecord``s; at each step boundary the
 recording hands a ``StepEnd`` (the step that ended, the records closed since
-the last boundary) to an ordered list of listeners: the trace writer first,
-the optimizers' record (``WriteOptimizers``), then whatever joined the run (the debugger's rules, checkpoints, lineage and
-stop check; an exporter).  A listener is any object with ``on_step(end)``.
+the last boundary) to an ordered list of listeners: the trace's (``WriteRecords``:
+the records, the modules, the optimizers) first, then whatever joined the run (the
+fingerprints; the debugger's rules, checkpoints, lineage and stop check; an exporter).  A listener is any object with ``on_step(end)``.
 """
 from __future__ import annotations
 
+import weakref
 from typing import NamedTuple, Optional
+
+_DEREF = weakref.ref.__call__
 
 
 class StepEnd(NamedTuple):
@@ -53,31 +56,101 @@ class Pipeline:
 
 
 class WriteRecords:
-    """The trace writer's place in the pipeline: every record is appended;
-    with ``naming``, also the model's modules in registration order
-    (``nn.Module`` attribute order; a module after the modules it holds), as
-    the series name them, written at a step end when a root was added: what
-    ``nndb plot`` orders layers by (the series' own order is the order they
-    were first recorded).  One listener for both: a step's calls are few."""
+    """What the trace keeps at a step end, one listener (a step's calls are few): every
+    record, appended; with ``naming``, the model's modules in registration order
+    (``nn.Module`` attribute order; a module after the modules it holds), as the series
+    name them, written at a step end when a root was added: what ``nndb plot`` orders
+    layers by (the series' own order is the order they were first recorded); and, once
+    ``watch_optimizers`` has named them, the optimizers as the rules see them (the
+    parameters each group holds, each group's learning rate), written when they change,
+    so that the rules that read them give the same findings on the trace
+    (nndb.rules.offline).  It is the pipeline's first listener, before the debugger's
+    rules, so that nothing the script does comes between the two.
+
+    Per step: one tuple of the groups' parameter lists and learning rates, compared with
+    the last; names only when they change.  ``changes`` counts the changes (the rules take
+    a new snapshot of the optimizers only when it moves; None: unknown, after a failure)."""
 
     def __init__(self, writer, naming=None):
         self.writer = writer
         self.naming = naming
         self._version = None
+        self.optimizers = None            # () -> the run's optimizers, in the order the rules get them
+        # the same as weak references (the tracer's optimizer_refs), read without a call of
+        # ours at every step end; ``optimizers()`` where one of them has gone
+        self.refs: Optional[list] = None
+        self.changes: Optional[int] = 0
+        self._key = None                  # what the parameter lists were when last written
+        self._where: list = []            # (optimizer name, group index) of each group, as written
+        self._lrs = None                  # the groups' learning rates, as written
+        self._rows = None                 # what the last step had: (roots version, optimizers, rows)
+        self._failed = False
+
+    def watch_optimizers(self, optimizers, refs: Optional[list] = None) -> None:
+        """Write the optimizers' groups and learning rates too (``optimizers()``: the run's)."""
+        self.optimizers, self.refs = optimizers, refs
 
     def on_step(self, end: StepEnd) -> None:
         records = end.records
         for record in records:
             self.writer.append(record)
-        naming = self.naming
-        if not records or naming is None or naming.roots_version == self._version:
+        if not records:
             return
+        naming = self.naming
+        if naming is not None and naming.roots_version != self._version:
+            self._modules(records[0].step)
+        if self.optimizers is None or self._failed:
+            return
+        step = records[0].step
+        try:
+            opts = list(map(_DEREF, self.refs)) if self.refs is not None else None
+            if opts is None or None in opts:
+                opts = self.optimizers()
+            # (one row per group; most steps it equals the last one and nothing more is done;
+            # loops, not a comprehension: no call of their own, once a step)
+            rows = []
+            for o in opts:
+                for g in o.param_groups:
+                    ps, lr = g["params"], g.get("lr")
+                    rows.append((id(o), id(ps), len(ps), lr if type(lr) is float else _lr(lr)))
+            now = (naming.roots_version, len(opts), rows)
+            if now == self._rows:
+                return
+            self._rows = now
+            self.changes += 1
+            key = (naming.roots_version, *map(id, opts), *[r[1:3] for r in rows])
+            if key != self._key:
+                self._rewrite(step, opts)
+                self._key = key
+            lrs = tuple([r[3] for r in rows])
+            if lrs != self._lrs:
+                old = self._lrs
+                for k, ((name, i), lr) in enumerate(zip(self._where, lrs)):
+                    if old is None or old[k] != lr:
+                        self.writer.hyper(step, name, i, lr)
+                self._lrs = lrs
+        except Exception:
+            # Unknown from here on, said so in the trace: the rules on it fail rather than read stale values.
+            self._failed = True
+            self.changes = None
+            self.writer.optimizers(step, None)
+            raise
+
+    def _modules(self, step: int) -> None:
+        naming = self.naming
         self._version = naming.roots_version
         names: dict = {}
         for root in naming.roots():
             for m in _after_children(root, set()):
                 names.setdefault(naming.module_name(m), None)
-        self.writer.modules(records[0].step, list(names))
+        self.writer.modules(step, list(names))
+
+    def _rewrite(self, step: int, opts: list) -> None:
+        named = [(self.naming.optimizer_name(o), o) for o in opts]
+        self.writer.optimizers(step, [{"name": n, "groups": [[self.naming.param_name(p) for p in g["params"]]
+                                                             for g in o.param_groups]} for n, o in named])
+        self._where = [(n, i) for n, o in named for i in range(len(o.param_groups))]
+        self._lrs = None          # (the groups may be others: every learning rate again)
 
 
 class CallAtStepEnd:
@@ -105,65 +178,3 @@ def _after_children(module, seen: set):
 def _lr(x):
     """A group's learning rate as the rules read it (nndb.rules.series.optimizer_lr): a number, else None."""
     return float(x) if isinstance(x, (int, float)) else None
-
-
-class WriteOptimizers:
-    """The optimizers as the rules see them at a step end (the parameters each
-    group holds, each group's learning rate), written to the trace when they
-    change, so that the rules that read them give the same findings on the
-    trace (nndb.rules.offline).  It joins the pipeline before the debugger's
-    rules, so that nothing the script does comes between the two.
-
-    Per step: one tuple of the groups' parameter lists and one of their
-    learning rates, each compared with the last; names only when they change."""
-
-    def __init__(self, writer, optimizers, naming):
-        self.writer = writer
-        self.optimizers = optimizers      # () -> the run's optimizers, in the order the rules get them
-        self.naming = naming
-        self._key = None                  # what the parameter lists were when last written
-        self._where: list = []            # (optimizer name, group index) of each group, as written
-        self._lrs = None                  # the groups' learning rates, as written
-        self._rows = None                 # what the last step had: (roots version, optimizers, rows)
-        self._failed = False
-
-    def on_step(self, end: StepEnd) -> None:
-        if not end.records or self._failed:
-            return
-        step = end.records[0].step
-        try:
-            opts = self.optimizers()
-            # (one row per group; most steps it equals the last one and nothing more is done;
-            # loops, not a comprehension: no call of their own, once a step)
-            rows = []
-            for o in opts:
-                for g in o.param_groups:
-                    ps, lr = g["params"], g.get("lr")
-                    rows.append((id(o), id(ps), len(ps), lr if type(lr) is float else _lr(lr)))
-            now = (self.naming.roots_version, len(opts), rows)
-            if now == self._rows:
-                return
-            self._rows = now
-            key = (self.naming.roots_version, *map(id, opts), *[r[1:3] for r in rows])
-            if key != self._key:
-                self._rewrite(step, opts)
-                self._key = key
-            lrs = tuple([r[3] for r in rows])
-            if lrs != self._lrs:
-                old = self._lrs
-                for k, ((name, i), lr) in enumerate(zip(self._where, lrs)):
-                    if old is None or old[k] != lr:
-                        self.writer.hyper(step, name, i, lr)
-                self._lrs = lrs
-        except Exception:
-            # Unknown from here on, said so in the trace: the rules on it fail rather than read stale values.
-            self._failed = True
-            self.writer.optimizers(step, None)
-            raise
-
-    def _rewrite(self, step: int, opts: list) -> None:
-        named = [(self.naming.optimizer_name(o), o) for o in opts]
-        self.writer.optimizers(step, [{"name": n, "groups": [[self.naming.param_name(p) for p in g["params"]]
-                                                             for g in o.param_groups]} for n, o in named])
-        self._where = [(n, i) for n, o in named for i in range(len(o.param_groups))]
-        self._lrs = None          # (the groups may be others: every learning rate again)

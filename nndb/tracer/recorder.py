@@ -24,6 +24,7 @@ The hooks (``tracer.hooks``) stay thin and forward here.  What is recorded:
 """
 from __future__ import annotations
 
+import math
 import operator
 import time
 import weakref
@@ -37,7 +38,7 @@ from . import histogram as H
 from . import stats as S
 from ..schema import KINDS  # noqa: F401  (the kinds of the series recorded here)
 from .bucket import _PENDING, _PENDING_LOSS, _Bucket
-from .params import ParamPlan, Snapshot
+from .params import ParamPlan
 
 
 # The kinds a hand-written loop's step N has only at the end of step N+1 (the update
@@ -120,8 +121,11 @@ class StepRecorder:
         self.recording = schedule(0)
         self._full_policy = getattr(schedule, "full", lambda step: True)
         self._acts_policy = getattr(schedule, "acts", lambda step: True)
-        # (recorded, full, acts) in one call at every step end, where the schedule has it (Cadence)
+        # (recorded, full, acts, until) in one call, where the schedule has it (Cadence): asked
+        # again at step ``until`` (the same answers hold until then)
         self._policies = getattr(schedule, "policies", None)
+        self._policy: tuple = (None, None, None)
+        self._policy_until = 0
         self.full = self._full_policy(0)
         self.acts = self.full or self._acts_policy(0)
         # Set by the debugger while a watchpoint needs statistics that are
@@ -220,10 +224,13 @@ class StepRecorder:
             # One number (on an accelerator too: its row would be read back now anyway), added
             # to the step's other losses: the step's objective is their sum.
             v = (tensor.to_local() if type(tensor).__name__ == "DTensor" else tensor).item()    # (S.local)
+            # (S.scalar_row(v), its finite case inline: every step)
+            row = [1.0, v, v * v, v, v, abs(v), float(v == 0), 0.0, 0.0] if -math.inf < v < math.inf \
+                else S.scalar_row(v)
             if _PENDING_LOSS in b.entries:
-                b.add(_PENDING_LOSS, S.scalar_row(v))
+                b.add(_PENDING_LOSS, row)
             else:
-                b.entries[_PENDING_LOSS] = S.scalar_row(v)
+                b.entries[_PENDING_LOSS] = row
             if self.full:
                 b.add_hist(("loss", _PENDING), H.of_scalar(v))
         elif S.is_host_tensor(tensor):
@@ -257,14 +264,17 @@ class StepRecorder:
             cached = self._plans.get(opt)
             if cached is None or cached[0] != (tuple(map(id, lists)), tuple(map(len, lists))):
                 cached = (None, self._plan(opt))
-            self._snapshots[id(opt)] = Snapshot(cached[1])
+            self._snapshots[id(opt)] = cached[1].snapshot()
 
     def optimizer_post(self, opt) -> None:
         self._in_step = None
         b = self._buckets[-1]
         b.optimizer_steps += 1
-        if b.deferred or _PENDING_LOSS in b.entries or _PENDING_LOSS in b.hists:
+        entries = b.entries
+        if b.deferred or _PENDING_LOSS in b.hists or (_PENDING_LOSS in entries and ("loss", opt) in entries):
             b.attribute_losses(opt)
+        elif _PENDING_LOSS in entries:       # (the step's loss is this optimizer's: attribute_losses, inline)
+            entries[("loss", opt)] = entries.pop(_PENDING_LOSS)
         snap = self._snapshots.pop(id(opt), None)
         if self.recording and snap is not None:
             snap.record(b, self.full)
@@ -297,10 +307,13 @@ class StepRecorder:
         now = time.time() - self.t0
         recording = self.recording
         self.step = step + 1
-        if self._policies is not None:
-            self.recording, full, acts = self._policies(self.step)
-        else:
-            self.recording, full, acts = self.schedule(self.step), None, None
+        if self.step >= self._policy_until:
+            if self._policies is not None:
+                *policy, self._policy_until = self._policies(self.step)
+                self._policy = tuple(policy)
+            else:
+                self._policy, self._policy_until = (self.schedule(self.step), None, None), self.step + 1
+        self.recording, full, acts = self._policy
         self.full = self.force_full or (full if full is not None else self._full_policy(self.step))
         self.acts = self.full or self.force_acts or (acts if acts is not None else self._acts_policy(self.step))
         if step == 0:
@@ -374,7 +387,7 @@ class StepRecorder:
         if final:
             self._emit(step, bucket, now, partial=True)
         else:
-            self._manual_pending = (step, bucket, now, Snapshot(plan))
+            self._manual_pending = (step, bucket, now, plan.snapshot())
 
     def _hold(self, obj) -> int:
         """id(obj) for a cache key, watched: when obj goes, the id is forgotten."""

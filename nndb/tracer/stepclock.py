@@ -57,6 +57,7 @@ class StepClock:
         self._closer = None              # weakref to the closing optimizer
         self._learn_order: list = []     # ids of optimizers seen while learning
         self._learn_posts = 0            # optimizer steps (segments) while learning
+        self.mark = False                # did the last optimizer_post end a segment (marks)
         self._others: list = []          # one closer: the others that stepped since the last close (weakrefs)
 
     @property
@@ -116,12 +117,16 @@ class StepClock:
         return self.mode is Mode.SINGLE and opt is not closer and closer is not None
 
     def optimizer_post(self, opt) -> Optional[Close]:
+        """``opt``'s step returns: the step it closes, if any; ``self.mark`` says whether
+        it ends a segment of the step (``marks(opt)``, as asked before this call)."""
         if self.mode is Mode.LEARNING:
+            self.mark = True
             self._learn_order.append(id(opt))
             self._learn_posts += 1
             self._set_closer(opt)
             return None
         closer = self._closer() if self._closer is not None else None
+        self.mark = self.mode is Mode.SINGLE and opt is not closer and closer is not None   # (marks(opt), inline)
         if opt is closer:
             self._others = []
             c = Close(self.step)          # (self._close(), inline: every step)

@@ -42,6 +42,7 @@ class WithinStep:
         self.backward: list = []
         self.module: list = []
         self.module_backward = False        # "module" listeners see backward calls too
+        self.version = 0                    # moves at every join and leave (the tracer's module hooks follow)
 
     def join(self, event, callback: Callable) -> None:
         """``callback`` is called at ``event`` (a module class or one of EVENTS) from now on
@@ -49,12 +50,14 @@ class WithinStep:
         calls = self._list(event, make=True)
         if callback not in calls:
             calls.append(callback)
+            self.version += 1
 
     def leave(self, event, callback: Callable) -> None:
         """No more calls of ``callback`` at ``event`` (a callback not joined: nothing)."""
         calls = self._list(event, make=False)
         if calls is not None and callback in calls:
             calls.remove(callback)
+            self.version += 1
         if isinstance(event, type) and not calls:
             self.forward.pop(event, None)
 
