@@ -179,24 +179,42 @@ def test_the_recorded_loop_is_recorded_step_for_step_and_trains_as_the_plain_one
     assert all(torch.equal(a, b) for a, b in zip(warmed[0].parameters(), straight[0].parameters()))
 
 
-def test_second_core_helper_takes_the_share_of_a_core_it_asks_for_and_is_gone_after(bench):
-    """--second-core's helper really keeps a core busy for the share it asks
-    (else "the plain step beside it" measures nothing), reports it, and is
-    stopped when the measured code returns."""
+def test_second_core_helper_works_as_asked_reports_its_share_and_is_gone_after(bench):
+    """--second-core's helper keeps busy as it is asked (a whole core: never
+    resting; a tenth of one: resting between its slices), is one child process
+    while the measured code runs, reports the share of a core it got, and is
+    stopped when the measured code returns.  What share it gets is the
+    machine's (scripts/bench.py --second-core measures it): no figure is
+    asserted, the measured code waits for what the helper did instead."""
     second = _script("bench_second_core")
-    seen, before = {}, set(_children())        # (other tests of this worker may have left some)
+    before = set(_children())        # (other tests of this worker may have left some)
 
-    def measured():
-        time.sleep(0.6)
-        seen["children"] = set(_children()) - before
-        return "done"
-    out, share = second._with_helper(1000, 0, 0, measured)
-    assert out == "done"
-    assert 0.5 < share < 1.3                    # a whole core asked, at nice 0 (one of two cores)
-    assert len(seen["children"]) == 1
+    def measured(enough):
+        def fn():
+            (helper,) = set(_children()) - before
+            cpu0, rests0 = second._cpu_seconds(helper), _rests(helper)
+            end = time.time() + 120
+            while not enough(second._cpu_seconds(helper) - cpu0, _rests(helper) - rests0):
+                assert time.time() < end, "the helper did not do its work"
+                time.sleep(0.02)
+            return helper, second._cpu_seconds(helper) - cpu0, _rests(helper) - rests0
+        return fn
+
+    # a whole core asked: 0.2 s of CPU time, and no rest in it
+    (helper, cpu, rests), share = second._with_helper(1000, 0, 0, measured(lambda cpu, rests: cpu >= 0.2))
+    assert isinstance(share, float) and share > 0
+    assert rests < 5                            # (a pure busy loop: no sleep, no I/O)
+    assert helper not in _children() and set(_children()) - before == set()
+    # a tenth of a core asked: it rests after each 0.1 ms slice
+    (helper, cpu, rests), share = second._with_helper(100, 900, 0, measured(lambda cpu, rests: rests >= 50))
+    assert isinstance(share, float) and share >= 0
     assert set(_children()) - before == set()
-    out, share = second._with_helper(100, 900, 0, lambda: time.sleep(0.6))
-    assert share < 0.5                          # a tenth of a core asked
+
+
+def _rests(pid: int) -> int:
+    """Times process ``pid`` gave up its core of its own accord (slept, waited): Linux /proc."""
+    with open(f"/proc/{pid}/status") as fh:
+        return next(int(line.split()[1]) for line in fh if line.startswith("voluntary_ctxt_switches:"))
 
 
 def _children():
