@@ -134,19 +134,22 @@ EVENT_KINDS = ("recording_stopped", "rule_disabled", "probe_disabled", "full_ten
 # leaves them out; .records(kind) reads them.
 RECORD_KINDS = ("finding", "stop", "change")
 
-# Chunk shapes: a ``stats`` chunk holds 4 steps of 64 series (20 KiB before
-# compression).  HDF5 pays about 50 us a chunk besides compressing it: with
+# Chunk shapes: a ``stats`` chunk holds 16 steps of 16 series (20 KiB before
+# compression).  HDF5 pays about 50 us a chunk besides compressing it (with
 # one step a chunk, writing the trace cost ~70 us a step on the 0.7 ms MLP
-# step (scripts/bench.py), with 4 about 40 (16: no less).  A compressed chunk
-# written part-full is written anew when it fills (SWMR mode reuses no
-# space; a flush per step once wasted 80% of the file), so a flush on time
-# (--flush-secs: steps that outlast it flush at every step) writes whole
-# chunks and holds the last few steps back (blocks.whole_chunks): at most
-# HOLD_SECS, after which a chunk is written part-full, once.  The other
-# flushes (--flush-every N steps, a checkpoint's fork, a reader, the end)
-# write every step: one part-full chunk each at most.  A series' history
-# reads one chunk per 4 steps.
-STATS_CHUNK = (4, 64, N_STATS)
+# step, with 4 steps of 64 series about 40), and it deflates a chunk whole,
+# the series past the dataset's width included: 16 series wide, a run of 25
+# series deflates 32 columns a row where 64 wide it deflated 64 (the bench
+# MLP's writer: 30% less CPU, 6% fewer bytes; 60 series: the same as 4x64;
+# docs/performance.md).  A compressed chunk written part-full is written anew
+# when it fills (SWMR mode reuses no space; a flush per step once wasted 80%
+# of the file), so a flush on time (--flush-secs: steps that outlast it flush
+# at every step) writes whole chunks and holds the last few steps back
+# (blocks.whole_chunks): at most HOLD_SECS, after which a chunk is written
+# part-full, once.  The other flushes (--flush-every N steps, a checkpoint's
+# fork, a reader, the end) write every step: one part-full chunk each at
+# most.  A series' history reads one chunk per 16 steps.
+STATS_CHUNK = (16, 16, N_STATS)
 # ``stats`` is stored deflated (level 1): a statistic that was not measured
 # (NaN), and a series absent at a row, cost next to nothing on disk.  Not
 # shuffled: the rows are mostly runs of the same 8-byte NaN, which deflate

@@ -58,30 +58,31 @@ def test_writes_are_batched(tmp_path, monkeypatch):
 
 
 def test_a_flush_on_time_writes_whole_stats_chunks_and_holds_the_rest_with_their_histograms(tmp_path):
-    """--flush-secs: the rows of whole chunks (schema.STATS_CHUNK: 4 steps) are
+    """--flush-secs: the rows of whole chunks (schema.STATS_CHUNK: 16 steps) are
     written, the last ones wait with their histograms; a reader in the process
     and the run's end see every step."""
     from nndb.schema import HIST_BINS
     from nndb.tracer.recorder import StepRecord
     p = str(tmp_path / "t.h5")
     w = TraceWriter(p, {}, flush_steps=1000, flush_secs=0)      # (every append is a flush on time)
-    assert schema.STATS_CHUNK[0] == 4
+    per = schema.STATS_CHUNK[0]
+    n = 2 * per + per // 2
     names = [("a", "act")]
-    for i in range(10):
+    for i in range(n):
         r = rec(i, names, value=float(i))
         w.append(StepRecord(r.step, r.time, 1, 1, names, r.raw, hist=np.full((1, HIST_BINS), i, dtype=np.int64)))
         w.wait()
-        assert w.steps_written == (i + 1) // 4 * 4            # whole chunks only
+        assert w.steps_written == (i + 1) // per * per        # whole chunks only
         assert [h[0] for h in w.full.hists] == list(range(w.steps_written, i + 1))   # the rest wait, histograms too
     with TraceReader(p) as t:                                # (the file as another reader sees it)
-        assert list(t.steps) == list(range(8))
-        assert t.histogram_steps("a", "act") == list(range(8))
+        assert list(t.steps) == list(range(2 * per))
+        assert t.histogram_steps("a", "act") == list(range(2 * per))
     reader = TraceReader.from_writer(w)                      # (in the process: every step)
-    assert list(reader.steps) == list(range(10))
+    assert list(reader.steps) == list(range(n))
     w.close("finished", 0)
     with TraceReader(p) as t:
-        assert list(t.steps) == list(range(10)) and t.histogram_steps("a", "act") == list(range(10))
-        assert list(t.history(t.find("a")[0], "mean")[1]) == [float(i) for i in range(10)]
+        assert list(t.steps) == list(range(n)) and t.histogram_steps("a", "act") == list(range(n))
+        assert list(t.history(t.find("a")[0], "mean")[1]) == [float(i) for i in range(n)]
 
 
 def test_a_steps_block_is_written_in_the_writers_thread_and_read_back_whole(tmp_path, monkeypatch):
