@@ -9,6 +9,7 @@ event (C calls included) net of the same plain loop.  ``--top N`` lists
 the functions called most.
 
     python scripts/bench_calls.py --workload mlp --workload cnn --top 30
+    python scripts/bench_calls.py --workload mlp --median --catch     # with 'catch nan' armed
 """
 from __future__ import annotations
 
@@ -30,12 +31,15 @@ import nndb  # noqa: E402
 NNDB = os.path.dirname(os.path.realpath(nndb.__file__))
 
 
-def count(name, recorded, steps, tmpdir):
+def count(name, recorded, steps, tmpdir, catch=False):
     build, _, _ = bench.WORKLOADS[name]
     model, opt, crit, data = build(0)
     rec = session = path = None
     if recorded:
         rec, session, path = bench._recording(RecordSchedule(), tmpdir)
+        if catch:                       # (as typing ``catch nan`` at the prompt: checked at step ends)
+            from nndb.debugger import points as P
+            session.points.add(P.CatchPoint, {"what_kind": "nan", "eager": False})
         rec.__enter__()
     bench.train(model, opt, crit, data, 64)
     own, events = collections.Counter(), [0]
@@ -73,8 +77,12 @@ def main():
     ap.add_argument("--steps", type=int, default=64, help="steps counted (64: two observed steps' stretches)")
     ap.add_argument("--top", type=int, default=0, help="the N functions called most, calls a step")
     ap.add_argument("--median", action="store_true", help="the calls of the median step, by function")
+    ap.add_argument("--catch", action="store_true", help="with 'catch nan' armed (issue 43: at most the "
+                                                         "default recording's cost + 0.05x)")
     a = ap.parse_args()
-    bench.REPLICA = "off"
+    # (checkpoints' forks are on wall time; but 'catch nan' checks at step ends only where a step
+    # can be replayed: with them, as `nndb run` has them, else it checks every operation)
+    bench.REPLICA = "auto" if a.catch else "off"
     # Blocks of steps judged by the rules end at the observed steps, not on time
     # (the profiler slows a step tenfold: on time they would end every few steps).
     from nndb.rules import engine
@@ -82,7 +90,7 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         for name in a.workload or ["mlp", "cnn"]:
             _, plain, _, _ = count(name, False, a.steps, tmp)
-            own, ev, per_step, median = count(name, True, a.steps, tmp)
+            own, ev, per_step, median = count(name, True, a.steps, tmp, catch=a.catch)
             q = statistics.quantiles(per_step, n=4)
             print(f"{name}: nndb's own calls/step median {statistics.median(per_step)}, "
                   f"quartiles {q[0]}-{q[2]}, min {min(per_step)}, "

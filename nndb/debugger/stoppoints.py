@@ -125,7 +125,7 @@ class StopPoints:
                 stop = Stop(StopKind.INTERRUPT, self.step_in_progress(), at_step_end=False, module=name, phase=phase)
             hits = []
             probe = None
-            for p in list(self.points.values()):
+            for p in list(self.points.numbered.values()):      # (the dict: no Python call an item)
                 if isinstance(p, P.ModuleBreak) and p.enabled and p.phase == phase and p.matches(name):
                     detail = {"module": name, "phase": phase}
                     if probe is None:        # what a condition sees: $step in progress, $inputs ...
@@ -260,7 +260,7 @@ class StopPoints:
         activation watch at the step's own end, a param or update watch at
         the record's (LATE_KINDS)."""
         hits = []
-        for p in list(self.points.values()):
+        for p in list(self.points.numbered.values()):      # (the dict: no Python call an item)
             if not p.enabled:
                 continue
             detail = None

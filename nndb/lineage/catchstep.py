@@ -85,7 +85,7 @@ class StepEndCatch:
         self.bad = set()
 
     def check(self, record, catching: Callable[[], list], replay: Optional[Replay], accept: Callable,
-              buffers: Callable[[], list] = lambda: []) -> tuple:
+              buffers: Callable[[], list] = lambda: [], points: Optional[list] = None) -> tuple:
         """(hits, note) for a record handed on at a step end: hits as in
         ``hits_from_events``, or, where the replay failed, one hit per point
         saying so; ``note``: a line for the user when the step went
@@ -93,8 +93,10 @@ class StepEndCatch:
         ``catching()``: the catch points (asked again after the replay, which
         may hand the session's points back as new objects).  ``buffers()``:
         [((name, "buffer"), nan, inf)] of the model's buffers that are not
-        finite (BatchNorm's running statistics are not in the record)."""
-        points = catching()
+        finite (BatchNorm's running statistics are not in the record).
+        ``points``: ``catching()`` now, where the caller has it already."""
+        if points is None:
+            points = catching()
         if record is None or not points:
             return [], None
         bufs = buffers()

@@ -68,12 +68,14 @@ class LineageControl:
             return []
         return s.points.catch_points()
 
-    def eager(self) -> bool:
+    def eager(self, points: Optional[list] = None) -> bool:
         """Does a catch point need every operation checked as the run goes?
         One armed --eager does; so does any where no step can be replayed:
         in a replica other than a scan (the past, a prediction: they take no
-        checkpoints) and in a run without time travel (--replica off)."""
-        points = self.catching()
+        checkpoints) and in a run without time travel (--replica off).
+        ``points``: ``catching()``, where the caller has it already."""
+        if points is None:
+            points = self.catching()
         if not points:
             return False
         s = self.session
@@ -135,10 +137,11 @@ class LineageControl:
     def step_end_catch(self, s, record, accept) -> tuple:
         """(hits, note) of the catch points armed at the step end, for the
         record handed on at this step end (catchstep.StepEndCatch.check)."""
-        if record is None or not self.catching() or self.eager():
+        points = self.catching() if record is not None else None
+        if not points or self.eager(points):
             return [], None
         return self.step_end.check(record, self.catching, lambda step: self.replay(s, step), accept,
-                                   lambda: nonfinite_buffers(s.rec.naming))
+                                   lambda: nonfinite_buffers(s.rec.naming), points=points)
 
     def run_ended(self) -> None:
         if self.recorder is not None:
