@@ -289,8 +289,10 @@ class Points(collections.abc.Mapping):
         }
 
     def restore(self, state: dict) -> None:
-        mine = self._by_number
-        self._by_number = {p.number: p for p in map(point_from_dict, state.get("points", [])) if p is not None}
+        mine = dict(self._by_number)
+        # (in place: ``numbered`` is the same dict)
+        self._by_number.clear()
+        self._by_number.update((p.number, p) for p in map(point_from_dict, state.get("points", [])) if p is not None)
         for n, p in self._by_number.items():
             if isinstance(p, Watch):
                 # a watch's streaks and baselines belong to this process's own

@@ -10,15 +10,18 @@ and the end of each ``backward()`` with its loss, seen two ways:
   step): per-parameter post-accumulate-grad hooks plus an autograd-engine
   callback, the loss being the root tensors that the engine was asked to
   differentiate, read from the ``_engine_run_backward`` frame on the stack;
+  a backward they did not see (it reached no parameter the run has named:
+  modules called through ``.forward()``, which no module hook sees) is taken
+  by the wrapper below where an optimizer exists (its first step names them);
 * from the first optimizer step on: one wrapper around
   ``torch.autograd.backward`` (what ``Tensor.backward`` calls), which hands
   on its roots after the original returns: one call a backward, whatever
   the number of parameters (the per-parameter hooks were one call each, 53
   a step on a small GPT; issue 43).  A backward run inside a backward
   (reentrant checkpointing) is the outer one's.  The wrapper is the one
-  thing nndb puts in place of a torch function; it calls the original with
-  the same arguments and returns what it returns, and is put back when the
-  last tracer uninstalls.
+  thing nndb puts in place of a torch function (from ``install`` on); it
+  calls the original with the same arguments and returns what it returns,
+  and is put back when the last tracer uninstalls.
 
 The module hooks are in only for the steps that need them (``sync_forward``).
 
@@ -98,10 +101,14 @@ def _backward(*args, **kwargs):
     if not tracers or _IN_BACKWARD() != -1 or thread in _IN_WRAPPER:
         return original(*args, **kwargs)
     tracers = tuple(tracers)      # (one that fails leaves the list)
+    hooked = None
     for t in tracers:
         if t.backward_began is None:
             t.backward_began = _perf_counter()
-        if t.within.backward and not t._failed:
+        if t._param_hooks:           # (its parameter hooks see this backward, if they can: after it, which?)
+            hooked = (hooked or {})
+            hooked[t] = t._hook_ends
+        elif t.within.backward and not t._failed:
             try:
                 for cb in t.within.backward:
                     cb()
@@ -116,7 +123,10 @@ def _backward(*args, **kwargs):
     # (loss.backward(): one root tensor, no ``inputs=``; Tensor.backward passes inputs=None)
     usual = type(roots) is torch.Tensor and len(args) < 6 and kwargs.get("inputs") is None
     for t in tracers:
-        if usual and t.lineage is None and not t._failed:
+        if hooked is not None and t in hooked:
+            if t._hook_ends == hooked[t]:
+                t._backward_unhooked(args, kwargs)
+        elif usual and t.lineage is None and not t._failed:
             # (Tracer._backward_returned's usual case, inline: every step; _take_loss's first branch)
             t.busy += 1
             try:
@@ -186,6 +196,7 @@ class Tracer:
         self._calls: dict = {}                  # module -> calls within the current root forward
         self._ran: set = set()                  # modules whose forward ran with grad in this step (not in a backward)
         self._backward_pending = False
+        self._hook_ends = 0             # backwards whose end the parameter hooks saw (_backward_end)
         # perf_counter() when the step's first backward began (its first gradient, while the
         # parameter hooks see it), None before: the step's forward time ends there (read by
         # the fingerprints at the step end; the tracer sets it back after the step's listeners)
@@ -239,6 +250,7 @@ class Tracer:
             _optimizer.register_optimizer_step_post_hook(self._opt_post),
         ]
         self.want_forward(True)
+        _wrap_backward(self, True)       # (a backward the parameter hooks cannot see: _backward_unhooked)
 
     def preexisting_optimizers(self) -> "weakref.WeakSet":
         """The optimizers alive before the run started (an earlier run's, in a notebook or a test):
@@ -431,6 +443,17 @@ class Tracer:
         if not self._failed:
             _wrap_backward(self, True)
 
+    def _backward_unhooked(self, args, kwargs) -> None:
+        """The wrapper's, while the parameter hooks see backward(): a backward that none of
+        them saw (it reached no parameter this run has named: a model whose modules the script
+        calls through ``.forward()``, which no module hook sees, before an optimizer names its
+        parameters at its first step).  Where an optimizer exists and none has stepped, the
+        optimizer's step ends the step: the loss is the step's.  In a hand-written loop (no
+        optimizer) a backward ends a step only where it reaches a parameter: nothing here."""
+        if self._failed or self.clock.mode is not Mode.UNKNOWN or self._optimizer_count() == 0:
+            return
+        self._backward_returned(args, kwargs)
+
     def _backward_returned(self, args, kwargs) -> None:
         """The wrapper's: a backward() returned (the parameter hooks are off, so an optimizer
         has stepped: the step clock knows its mode, and a backward never ends a step), where
@@ -476,6 +499,7 @@ class Tracer:
 
     def _backward_end(self) -> None:
         self._backward_pending = False
+        self._hook_ends += 1
         if self._failed:
             return
         if self.lineage is None:
