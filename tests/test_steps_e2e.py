@@ -501,3 +501,51 @@ def test_the_backward_wrapper_is_gone_after_the_run(tmp_path):
     original = torch.autograd.backward
     run_in_process(tmp_path, str(script), args=["plain"])
     assert torch.autograd.backward is original
+
+
+LATER_STAGE = """
+import torch
+import torch.nn as nn
+torch.manual_seed(0)
+first, second = nn.Linear(32, 64), nn.Linear(64, 64)
+opts = [torch.optim.Adam(first.parameters(), lr=0.03), torch.optim.Adam(second.parameters(), lr=0.03)]
+pos, neg = torch.randn(128, 32), 0.5 * torch.randn(128, 32)
+for layer, opt in zip((first, second), opts):    # each layer trained alone, the second from step 30
+    for i in range(30):
+        gp, gn = torch.relu(layer(pos)).pow(2).mean(1), torch.relu(layer(neg)).pow(2).mean(1)
+        loss = torch.log1p(torch.exp(torch.cat([2.0 - gp, gn - 2.0]))).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        print(repr(loss.item()))
+    pos, neg = torch.relu(layer(pos)).detach(), torch.relu(layer(neg)).detach()
+"""
+
+
+def test_a_model_first_called_after_step_0_is_recorded_under_the_names_the_rules_read(tmp_path):
+    """The second layer is first called at step 30, between observed steps (module hooks
+    off), so its optimizer's first step names its parameters 'opt2.group0.0'; at step 32
+    the model is seen and named.  The series kept the optimizer's names (the parameter
+    block cached them) while the trace's optimizer rows and the rules used 'layer2.bias':
+    the rules took the bias for a weight matrix (a name without 'bias', no dimension
+    known), and update_ratio reported its Adam warmup.  From step 32 on the series are
+    named as the rules read them."""
+    plain, trace = plain_and_recorded(tmp_path, LATER_STAGE)
+    printed = [float(line) for line in plain.stdout.splitlines()]
+    with TraceReader(trace) as t:
+        assert list(t.steps) == list(range(60))
+        assert list(t.history(t.find("loss", "loss")[0], "mean")[1]) == [np.float32(v) for v in printed]
+        last = t.optimizers()[-1]
+        assert last["step"] <= 32
+        shapes = {}
+        for opt in last["optimizers"]:
+            for group in opt["groups"]:
+                for name in group:
+                    (grad,) = t.find(name, "grad")
+                    steps, _ = t.history(grad, "norm")
+                    assert steps[-1] == 59, name          # the series the rules read is the one recorded
+                    shapes[name] = grad.shape
+        assert sorted(len(s) for s in shapes.values()) == [1, 1, 2, 2]
+    import nndb
+    with nndb.open(trace) as t:
+        assert [f for f in t.findings if f["rule"] == "update_ratio" and len(shapes.get(f["tensor"], "xx")) == 1] == []

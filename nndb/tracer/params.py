@@ -55,6 +55,7 @@ class ParamPlan:
         self.update_keys = [("param", p, "update") for p in self.host]
         self.grad_keys = [("param", p, "grad") for p in self.host]
         self._names: dict = {}           # with grads -> [(name, kind)] of the block's rows
+        self._names_version = 0          # the naming's roots_version they were resolved at
         self.block_sizes = self.sizes * 3
         # The usual case, copied into one float32 buffer (``block``): float32
         # parameters, none empty.
@@ -70,8 +71,15 @@ class ParamPlan:
         # lent to one Snapshot at a time.
         self._large_spare: Optional[list] = None
 
-    def names(self, name_of, with_grads: bool) -> list:
-        """[(name, kind)] of a block's rows: values, updates (and gradients)."""
+    def names(self, name_of, with_grads: bool, version: int = 0) -> list:
+        """[(name, kind)] of a block's rows: values, updates (and gradients), resolved again
+        where the names may resolve to others (``version``: the naming's roots_version; a model
+        first called after its optimizer's first step, its parameters named by the optimizer
+        until then, is named by its module paths from the step it is seen on, as the
+        recorder's other names and the rules' are)."""
+        if version != self._names_version:
+            self._names.clear()
+            self._names_version = version
         out = self._names.get(with_grads)
         if out is None:
             base = [name_of(("param", p)) for p in self.host]

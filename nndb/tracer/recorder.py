@@ -449,7 +449,7 @@ class StepRecorder:
             else:
                 names.append((self._name(key), "act"))
         for plan, (with_grads, _) in b.params.items():
-            names.extend(plan.names(self._name, with_grads))
+            names.extend(plan.names(self._name, with_grads, self._names_version))
         # The same list object for the same series, step after step: the writer
         # and the rules then know a layout by identity.
         if len(self._layouts) < 64:
