@@ -265,6 +265,40 @@ def test_update_ratio_leaves_zero_init_and_warmup_alone():
     assert found == []
 
 
+LAYER_BY_LAYER = """
+import torch, torch.nn as nn
+torch.manual_seed(0)
+layers = [nn.Linear(64, 256), nn.Linear(256, 256)]
+opts = [torch.optim.Adam(l.parameters(), lr=0.03) for l in layers]
+pos, neg = torch.randn(256, 64), 0.5 * torch.randn(256, 64)
+for layer, opt in zip(layers, opts):       # each layer trained alone, its own Adam from its first step
+    for i in range(40):
+        gp, gn = torch.relu(layer.forward(pos)).pow(2).mean(1), torch.relu(layer.forward(neg)).pow(2).mean(1)
+        loss = torch.log1p(torch.exp(torch.cat([2.0 - gp, gn - 2.0]))).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        print(repr(loss.item()))
+    pos, neg = torch.relu(layer.forward(pos)).detach(), torch.relu(layer.forward(neg)).detach()
+"""
+
+
+def test_update_ratio_warms_up_each_stage_s_optimizer(tmp_path):
+    """A network trained layer by layer (pytorch/examples mnist_forward_forward): the second
+    layer's Adam starts at step 40, and its first updates are as large as the first layer's
+    were at step 0 (ratios 0.64, 0.33, 0.42), which the warmup left alone there but not at
+    step 40: 'update_ratio ... since step 40 ... while the loss goes down steadily (0.2462 ->
+    1.176)' (the first layer's converged loss against the second's first).  Each weight's
+    first updates are its warmup; a steady high ratio is still reported after them."""
+    script = tmp_path / "layers.py"
+    script.write_text(LAYER_BY_LAYER)
+    assert of(run(tmp_path, str(script)), "update_ratio") == []
+    rule = stats_rules.UpdateRatio()
+    late = [model_step(u=0.0) if i < 10 else model_step(w=1.0 + i, u=0.5 * (1.0 + i)) for i in range(22)]
+    # (updates from step 10 on: the warm-up's 3 steps, then 3 in a row)
+    assert [(i, f.evidence["side"]) for i, f in feed(rule, late)] == [(15, "high")]
+
+
 def test_loss_rule_needs_a_long_single_loss():
     rule = stats_rules.LossNotDecreasing()
     flat = [model_step(loss=2.3 + 0.01 * math.sin(i)) for i in range(70)]

@@ -114,7 +114,8 @@ class UpdateRatio(Rule):
                                   "grew from exactly 0 is left out"),
         "low": Threshold(1e-6, "below this: 1000x under 1e-3, about float32's resolution of the weights "
                                "(an update this small is mostly rounded away)"),
-        "warmup": Threshold(3, "first recorded steps not judged: Adam's first steps are ~lr per element "
+        "warmup": Threshold(3, "first recorded steps of each weight's updates not judged (a later training "
+                               "stage's optimizer starts its own): Adam's first steps are ~lr per element "
                                "whatever the gradient, and the ratio starts high for every tensor; the low "
                                "side is also not judged while an optimizer's learning rate is still rising "
                                "(an LR warmup)"),
@@ -139,6 +140,7 @@ class UpdateRatio(Rule):
         self.seen = np.zeros(0, dtype=bool)        # slot -> a first nonzero update was seen
         self.said = np.zeros(0, dtype=bool)        # slot -> reported (its streak may go on)
         self.peak = np.zeros((0, 2))               # slot -> (largest ratio above ``high``, its step); 0: none
+        self.first = np.zeros(0, dtype=np.int64)   # slot -> the recorded step (1, 2 ...) of its first update; 0: none yet
         self._rewrites: set = set()                # optimizers (layout groups) whose rewriting update was reported
         self._detect = (None, 0)                   # (layout, steps left) while first updates are awaited
         self._lr = None
@@ -160,6 +162,7 @@ class UpdateRatio(Rule):
             self.streaks.grow(t.n_slots)
             self.zero_init, self.seen = fit(self.zero_init, t.n_slots, False), fit(self.seen, t.n_slots, False)
             self.said, self.peak = fit(self.said, t.n_slots, False), fit(self.peak, t.n_slots, 0.0)
+            self.first = fit(self.first, t.n_slots, 0)
         e = self._eligible(ctx, lay, me)
         if e.size == 0:
             return
@@ -184,6 +187,9 @@ class UpdateRatio(Rule):
         if lay.loss_rows.size == 1:      # (several losses, a GAN's: no one trend to read)
             self._losses[self._steps % self._losses.size] = ctx.mean_of(int(lay.loss_rows[0]))
         self._steps += 1
+        fresh = (u > 0) & (self.first[se] == 0)
+        if np.count_nonzero(fresh):
+            self.first[se[fresh]] = self._steps
         hi = (r > p["high"]) & ~self.zero_init[se]
         if np.count_nonzero(hi):
             peak = self.peak[se]
@@ -195,7 +201,11 @@ class UpdateRatio(Rule):
                 yield from self._rewritten(ctx, lay, e, se, np.flatnonzero(rewrite), r, u, w)
         if self._steps <= int(p["warmup"]):
             return
-        lo = (r < p["low"]) & (u > 0)
+        # (a weight whose updates began later, a second stage's: its own first steps are not judged)
+        young = self._steps - self.first[se] < int(p["warmup"])
+        if np.count_nonzero(young):
+            hi = hi & ~young
+        lo = (r < p["low"]) & (u > 0) & ~young
         if np.count_nonzero(lo) and self._warming(ctx):
             lo[:] = False
         st = self.streaks.update(se, hi | lo, ctx.step, r)
@@ -301,6 +311,12 @@ class UpdateRatio(Rule):
                 for i, x in zip(at.tolist(), v[:, 0].tolist()):
                     ring[i] = x
         self._detect = (lay, left)
+        unseen = self.first[se] == 0                # (their first updates, as check notes them)
+        if np.count_nonzero(unseen):
+            pos = u[:, unseen] > 0
+            has = pos.any(axis=0)
+            if np.count_nonzero(has):
+                self.first[se[unseen][has]] = self._steps + 1 + np.argmax(pos, axis=0)[has]
         self._steps += k
         self.streaks.i += k             # (what Streaks.update does on a step with nothing flagged)
         return True
