@@ -503,6 +503,41 @@ def test_the_backward_wrapper_is_gone_after_the_run(tmp_path):
     assert torch.autograd.backward is original
 
 
+
+KEPT_BACKWARD = """
+import torch
+from torch.autograd import backward        # taken while nndb records: its wrapper
+torch.manual_seed(0)
+lin = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(lin.parameters(), lr=0.1)
+for i in range(3):
+    opt.zero_grad()
+    backward(lin(torch.randn(8, 4)).pow(2).mean())
+    opt.step()
+torch.kept_backward, torch.kept_linear = backward, lin
+"""
+
+
+def test_a_reference_to_the_wrapper_kept_past_the_run_calls_torch_s_backward(tmp_path):
+    """The wrapper is in place from install on, so a script's ``from torch.autograd import
+    backward`` takes it; once the recording ended (nndb.record's block, a tracer that
+    failed and uninstalled while training goes on) calling it raised TypeError ('NoneType'
+    object is not callable): the original it calls was let go.  It calls torch's own."""
+    import torch
+    script = tmp_path / "train.py"
+    script.write_text(KEPT_BACKWARD)
+    try:
+        run_in_process(tmp_path, str(script))
+        kept, lin = torch.kept_backward, torch.kept_linear
+        assert kept is not torch.autograd.backward         # (the wrapper, put back)
+        lin.zero_grad()
+        kept(lin(torch.ones(2, 4)).sum())
+        assert lin.bias.grad.item() == 2.0
+    finally:
+        for name in ("kept_backward", "kept_linear"):
+            if hasattr(torch, name):
+                delattr(torch, name)
+
 LATER_STAGE = """
 import torch
 import torch.nn as nn

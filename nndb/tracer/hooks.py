@@ -93,7 +93,9 @@ def _roots_and_grads(args, kwargs):
 
 def _backward(*args, **kwargs):
     """``torch.autograd.backward`` while a tracer sees backward() through it."""
-    original = _ORIGINAL_BACKWARD
+    # (put back: torch's own, for a reference taken while the wrapper was in place, from install
+    # on: a script's ``from torch.autograd import backward``, called after the recording ended)
+    original = _ORIGINAL_BACKWARD or _backward.__wrapped__
     tracers = _BY_WRAPPER
     thread = _get_ident()
     # (a backward inside a backward: the outer one's; and the original calling the wrapper again,
