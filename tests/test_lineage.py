@@ -475,3 +475,21 @@ def test_a_recurrent_model_prints_one_time_step(tmp_path, args, expect):
     tanh_lines = [l for l in r.stdout.splitlines() if "= tanh(" in l]
     assert 1 <= len(tanh_lines) <= 2, r.stdout                  # not one per time step (11)
     assert re.search(r"t\d+ = t\(t\d+ \(param cell\.weight_hh\)\)", r.stdout), r.stdout
+
+
+def test_nonfinite_buffers_sees_a_bad_running_statistic_and_a_replaced_buffer():
+    """catch nan's step-end check of the models' buffers (BatchNorm's running
+    statistics are in no record): the modules holding buffers are listed once
+    per model, the buffers themselves read at every check."""
+    import torch
+    from nndb.lineage.control import nonfinite_buffers
+    from nndb.tracer.naming import Naming
+    naming = Naming()
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4))
+    naming.add_root(model, None)
+    assert nonfinite_buffers(naming) == []
+    model[1].running_var[2] = float("inf")
+    assert nonfinite_buffers(naming) == [(("1.running_var", "buffer"), False, True)]
+    model[1].running_var = torch.ones(4)              # (replaced, not changed in place)
+    model[1].running_mean = torch.tensor([0.0, float("nan"), 0.0, 0.0])
+    assert nonfinite_buffers(naming) == [(("1.running_mean", "buffer"), True, False)]

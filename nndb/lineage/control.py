@@ -181,15 +181,29 @@ class LineageControl:
 
 
 
+_BUFFER_MODULES: dict = {}     # id(naming) -> (roots_version, [(module name, module)] of modules holding floating buffers)
+
+
 def nonfinite_buffers(naming) -> list:
     """[((name, "buffer"), nan, inf)] of the models' floating-point buffers
     holding a NaN or Inf: one check of them all (a concatenation), then per
-    buffer only when one is bad.  Never raises (it runs in the user's step)."""
+    buffer only when one is bad.  The modules that hold floating buffers are
+    listed again only when a model is added (at every step end with ``catch
+    nan`` armed, walking every module's ``named_buffers`` was ~40 us of a
+    0.5 ms step); their buffers are read each time (a script may replace
+    one).  Never raises (it runs in the user's step)."""
     import torch
     try:
-        bufs = [(f"{naming.module_name(m)}.{n}" if naming.module_name(m) else n, b)
-                for root in naming.roots() for m in root.modules()
-                for n, b in m.named_buffers(recurse=False)
+        known = _BUFFER_MODULES.get(id(naming))
+        if known is None or known[0] != naming.roots_version:
+            mods = [(naming.module_name(m), m) for root in naming.roots() for m in root.modules()
+                    if any(b is not None and b.is_floating_point() for b in m._buffers.values())]
+            if len(_BUFFER_MODULES) > 16:
+                _BUFFER_MODULES.clear()
+            known = _BUFFER_MODULES[id(naming)] = (naming.roots_version, mods)
+        if not known[1]:
+            return []
+        bufs = [(f"{mname}.{n}" if mname else n, b) for mname, m in known[1] for n, b in m._buffers.items()
                 if b is not None and b.is_floating_point() and b.numel()]
         if not bufs:
             return []
