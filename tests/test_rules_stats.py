@@ -356,3 +356,19 @@ def test_bn_rule_reads_the_probe_summary():
     [f] = bn(nonfinite=[3, 0])
     assert f.module == "bn1" and f.evidence["nonfinite_channels"] == 3
     assert bn(nonfinite=[3, 0]) == []                                 # once per module
+
+
+def test_update_ratio_names_the_loss_trend_by_its_fitted_line():
+    """The loss's trend words and its numbers agree: 'goes down steadily (0.6935 ->
+    1.046)' once came from the medians of the window's first and last three losses
+    where the level jumped inside it; the numbers are the Theil-Sen line's ends now."""
+    rule = stats_rules.UpdateRatio()
+    v = np.array([0.5, 0.5, 0.6] + list(np.linspace(3.0, 0.9, 27)))     # a jump up, then a long fall
+    rule._losses = np.full(v.size, np.nan)
+    rule._losses[:] = v
+    rule._steps = v.size
+    trend, first, last, n = rule._loss_trend()
+    assert n == v.size and np.median(v[:3]) < np.median(v[-3:])        # (the old numbers: rising)
+    assert trend == "falling" and first > last
+    slope = (last - first) / (n - 1)
+    assert np.median(v - (first + slope * np.arange(n))) == pytest.approx(0.0, abs=1e-9)

@@ -236,11 +236,11 @@ class UpdateRatio(Rule):
                         f"weights were rewritten by updates as large as themselves, and the updates have since "
                         f"died out (saturated or dead units pass no gradient): the learning rate is far too high")
             elif trend == "falling":
-                msg += (f", while the loss goes down steadily ({first:.4g} -> {last:.4g} over the last {n} steps): "
+                msg += (f", while the loss goes down steadily (its trend {first:.4g} -> {last:.4g} over the last {n} steps): "
                         "a high learning rate that still trains (bounded by clipping or a schedule?); worth "
                         "watching, not yet a fault")
             else:
-                during = (f", and the loss rises ({first:.4g} -> {last:.4g} over the last {n} steps)"
+                during = (f", and the loss rises (its trend {first:.4g} -> {last:.4g} over the last {n} steps)"
                           if trend == "rising" else
                           f", and the loss does not go down steadily (flat or oscillating over the last {n} steps)"
                           if trend == "unsteady" else "")
@@ -324,15 +324,20 @@ class UpdateRatio(Rule):
     def _loss_trend(self) -> tuple:
         """(falling | rising | unsteady | None, first, last, values) of the last
         ``trend_steps`` recorded losses: the sign of the Theil-Sen slope where
-        Sen's 95% bounds agree on it.  None: too few (fewer than 6 finite)."""
+        Sen's 95% bounds agree on it; ``first`` and ``last``: the fitted line at
+        the window's ends (the medians of the first and last three losses once
+        read "falls (0.6935 -> 1.046)" where the level jumped inside the window).
+        None: too few (fewer than 6 finite)."""
         ring, i = self._losses, self._steps
         v = ring[:i] if i <= ring.size else np.roll(ring, -(i % ring.size))
         v = v[np.isfinite(v)]
         if v.size < 6:
             return None, None, None, int(v.size)
-        _, lo, hi = theil_sen(v, np.arange(v.size, dtype=np.float64))
+        x = np.arange(v.size, dtype=np.float64)
+        slope, lo, hi = theil_sen(v, x)
         trend = "falling" if hi < 0 else "rising" if lo > 0 else "unsteady"
-        return trend, float(np.median(v[:3])), float(np.median(v[-3:])), int(v.size)
+        at0 = float(np.median(v - slope * x))
+        return trend, at0, at0 + float(slope) * (v.size - 1), int(v.size)
 
 
 class ParamNotUpdated(Rule):
