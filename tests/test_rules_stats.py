@@ -372,3 +372,45 @@ def test_update_ratio_names_the_loss_trend_by_its_fitted_line():
     assert trend == "falling" and first > last
     slope = (last - first) / (n - 1)
     assert np.median(v - (first + slope * np.arange(n))) == pytest.approx(0.0, abs=1e-9)
+
+
+LBFGS_FIT = """
+import torch, torch.nn as nn
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1))
+with torch.no_grad():
+    for p in model.parameters():
+        p.mul_(0.05)
+x = torch.randn(64, 8)
+y = (x @ torch.randn(8, 1)) * 3.0
+opt = torch.optim.LBFGS(model.parameters(), lr=0.8)
+for step in range(8):
+    def closure():
+        opt.zero_grad()
+        loss = ((model(x) - y) ** 2).mean()
+        loss.backward()
+        return loss
+    loss = opt.step(closure)
+    print("step", step, repr(loss.item()))
+"""
+
+
+def test_update_ratio_leaves_lbfgs_alone_live_and_on_its_trace(tmp_path):
+    """LBFGS's one step() is up to 20 curvature-scaled iterations: its first
+    update here is as large as the small weights it leaves (ratio 0.995) while
+    the loss falls from 9 to 2e-8.  'the learning rate is far too high' was a
+    false finding (pytorch/examples time_sequence_prediction: 0.929 at step 0).
+    The trace records each optimizer's class, so nndb check-trace agrees."""
+    from nndb.rules.catalog import load
+    from nndb.rules.offline import check_trace
+    from nndb.store.reader import TraceReader
+    script = tmp_path / "lbfgs.py"
+    script.write_text(LBFGS_FIT)
+    assert of(run(tmp_path, str(script)), "update_ratio") == []
+    with TraceReader(str(tmp_path / "run.h5")) as reader:
+        assert [o["family"] for o in reader.optimizers()[0]["optimizers"]] == ["LBFGS"]
+        offline = check_trace(reader, load("default"))
+    assert "update_ratio" in offline.rules_run and not [f for f in offline.findings if f.rule == "update_ratio"]
+    # (the same updates under SGD's name: judged, and found)
+    rule = stats_rules.UpdateRatio()
+    assert [f.evidence["side"] for _, f in feed(rule, [model_step(w=1.0, u=0.995)])] == ["high"]

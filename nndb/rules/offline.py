@@ -268,11 +268,12 @@ class TraceParam:
 
 
 class TraceOptimizer:
-    """An optimizer as a trace knows it: its name and ``param_groups``
-    ([{"params": [TraceParam], "lr": float or None}])."""
+    """An optimizer as a trace knows it: its name, ``param_groups``
+    ([{"params": [TraceParam], "lr": float or None}]) and ``family``, its class
+    name (None in a trace written before it was recorded)."""
 
-    def __init__(self, name: str, param_groups: list):
-        self.name, self.param_groups = name, param_groups
+    def __init__(self, name: str, param_groups: list, family: Optional[str] = None):
+        self.name, self.param_groups, self.family = name, param_groups, family
 
 
 class TraceNaming:
@@ -335,7 +336,7 @@ class TraceOptimizers:
                 groups = [{"params": [self._param(n) for n in names]} for names in o["groups"]]
                 for i, g in enumerate(groups):
                     self._groups[(o["name"], i)] = g
-                self._state.append((o["name"], TraceOptimizer(o["name"], groups)))
+                self._state.append((o["name"], TraceOptimizer(o["name"], groups, o.get("family"))))
             for key, g in self._groups.items():
                 if key in self._lrs:
                     g["lr"] = self._lrs[key]

@@ -231,15 +231,24 @@ def optimizer_lr(ctx, name=None):
 # size of a gradient does not make the size of the update (down to eps).
 ADAPTIVE = frozenset({"Adam", "AdamW", "Adamax", "NAdam", "RAdam", "RMSprop", "Adagrad", "Adadelta",
                       "SparseAdam", "Adafactor"})
+# Optimizers whose one step() runs many iterations of their own (LBFGS: up to
+# max_iter quasi-Newton moves, each scaled by curvature, not lr x a gradient): the
+# size of one step's update says nothing of the learning rate.
+MULTI_ITERATION = frozenset({"LBFGS"})
+
+
+def family(opt) -> str:
+    """An optimizer's class name as the rules read it (a trace's stand-in: the class the
+    trace recorded, or its own where the trace predates that)."""
+    return getattr(opt, "family", None) or type(opt).__name__
 
 
 def adaptive_eps(opt) -> Optional[float]:
     """The ``eps`` of an optimizer of Adam's family (ADAPTIVE), under which a
     gradient far smaller than another's still moves its weights as much, as
     long as it stays well above eps; None for any other optimizer (SGD, LBFGS,
-    or one a trace stands in for, whose class it does not record)."""
-    family = getattr(opt, "family", None) or type(opt).__name__
-    if family not in ADAPTIVE or not opt.param_groups:
+    or one a trace written before the class was recorded stands in for)."""
+    if family(opt) not in ADAPTIVE or not opt.param_groups:
         return None
     eps = opt.param_groups[0].get("eps")
     if isinstance(eps, (tuple, list)):      # (Adafactor's pair: the first is the gradient's)

@@ -35,8 +35,8 @@ from ..cadence import observed
 from .base import Rule, Threshold
 from .bn_probe import BatchNormStats
 from .gradient_norms import ExplodingGradient, VanishingGradient, ZeroGradients
-from .series import (MIN_ELEMENTS, Streaks, Tensors, also, block_medians, by_group, fit, layout, num, optimizer_lr,
-                     theil_sen)
+from .series import (MIN_ELEMENTS, MULTI_ITERATION, Streaks, Tensors, also, block_medians, by_group, family, fit,
+                     layout, num, optimizer_lr, theil_sen)
 
 KIND_ORDER = ("act", "loss", "grad", "param", "update")     # the order a step produces them
 
@@ -101,7 +101,8 @@ class UpdateRatio(Rule):
     id = "update_ratio"
     severity = "warning"
     explanation = ("the update / weight norm ratio of a weight tensor stays far from ~1e-3: the learning rate "
-                   "is far too high (weights rewritten every step) or far too low (nothing moves)")
+                   "is far too high (weights rewritten every step) or far too low (nothing moves); not judged "
+                   "under LBFGS, whose one step() is many curvature-scaled iterations")
     THRESHOLDS = {
         "high": Threshold(0.2, "update norm / weight norm above this: CS231n ('Neural Networks Part 3', "
                                "Karpathy) puts a healthy ratio around 1e-3; 0.2 is 200x that, and above what "
@@ -274,8 +275,15 @@ class UpdateRatio(Rule):
 
     @staticmethod
     def _eligible(ctx, lay, me: int) -> np.ndarray:
-        return lay.derived(("update_eligible", me),
-                           lambda: np.flatnonzero(lay.weightlike(ctx, me) & (lay.u >= 0) & (lay.p >= 0)))
+        """The weight tensors judged: recorded with update and value, and held by no optimizer
+        whose step() is many iterations of its own (MULTI_ITERATION: LBFGS)."""
+        def compute():
+            ok = lay.weightlike(ctx, me) & (lay.u >= 0) & (lay.p >= 0)
+            multi = [k for k, (_, opt) in enumerate(ctx.optimizers) if family(opt) in MULTI_ITERATION]
+            if multi:
+                ok &= ~np.isin(lay.groups(ctx), multi)
+            return np.flatnonzero(ok)
+        return lay.derived(("update_eligible", me), compute)
 
     def check_block(self, block):
         t, lay = block.layout(self.own)

@@ -147,8 +147,9 @@ class WriteRecords:
 
     def _rewrite(self, step: int, opts: list) -> None:
         named = [(self.naming.optimizer_name(o), o) for o in opts]
-        self.writer.optimizers(step, [{"name": n, "groups": [[self.naming.param_name(p) for p in g["params"]]
-                                                             for g in o.param_groups]} for n, o in named])
+        self.writer.optimizers(step, [{"name": n, "family": getattr(o, "family", None) or type(o).__name__,
+                                       "groups": [[self.naming.param_name(p) for p in g["params"]]
+                                                  for g in o.param_groups]} for n, o in named])
         self._where = [(n, i) for n, o in named for i in range(len(o.param_groups))]
         self._lrs = None          # (the groups may be others: every learning rate again)
 
