@@ -164,3 +164,32 @@ def test_warning_of_a_torch_function_called_by_torch_names_torchs_line(tmp_path)
     assert r.stdout == plain.stdout
     assert plain.stderr.count("UserWarning: dropout2d") == 1 and "dropout.py" in plain.stderr
     assert "".join(l for l in r.stderr.splitlines(True) if not l.startswith("nndb: ")) == plain.stderr
+
+
+RAW_TENSORS = textwrap.dedent('''
+    import torch
+    torch.manual_seed(0)
+    w = torch.randn(3, requires_grad=True)
+    for i in range(5):
+        loss = (w ** 2).sum()
+        loss.backward()
+        with torch.no_grad():
+            w -= 0.1 * w.grad
+            w.grad.zero_()
+        print(i, repr(loss.item()))
+''')
+
+
+def test_a_loop_of_raw_tensors_says_that_no_step_was_recorded(tmp_path):
+    """Tensors trained by hand outside any nn.Module, no optimizer: no parameter
+    is known, so no step is seen; the run recorded 0 steps and said nothing."""
+    from nndb.store.reader import TraceReader
+    script = tmp_path / "raw.py"
+    script.write_text(RAW_TENSORS)
+    plain = python(str(script), cwd=str(tmp_path))
+    r = nndb("run", "--batch", "-q", "--trace", str(tmp_path / "t.h5"), str(script), cwd=str(tmp_path))
+    assert plain.returncode == r.returncode == 0, r.stderr
+    assert r.stdout == plain.stdout
+    assert "nndb: no training step was recorded: 5 backward() call(s) reached no parameter" in r.stderr
+    with TraceReader(str(tmp_path / "t.h5")) as t:
+        assert t.n_steps == 0

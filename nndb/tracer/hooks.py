@@ -199,6 +199,9 @@ class Tracer:
         self._ran: set = set()                  # modules whose forward ran with grad in this step (not in a backward)
         self._backward_pending = False
         self._hook_ends = 0             # backwards whose end the parameter hooks saw (_backward_end)
+        # backward() calls that reached no named parameter while no optimizer existed (tensors
+        # trained by hand outside any nn.Module): no step is seen in such a loop
+        self.unseen_backwards = 0
         # perf_counter() when the step's first backward began (its first gradient, while the
         # parameter hooks see it), None before: the step's forward time ends there (read by
         # the fingerprints at the step end; the tracer sets it back after the step's listeners)
@@ -452,7 +455,10 @@ class Tracer:
         parameters at its first step).  Where an optimizer exists and none has stepped, the
         optimizer's step ends the step: the loss is the step's.  In a hand-written loop (no
         optimizer) a backward ends a step only where it reaches a parameter: nothing here."""
-        if self._failed or self.clock.mode is not Mode.UNKNOWN or self._optimizer_count() == 0:
+        if self._failed or self.clock.mode is not Mode.UNKNOWN:
+            return
+        if self._optimizer_count() == 0:
+            self.unseen_backwards += 1      # (said at the run's end if no step was ever seen: Recording)
             return
         self._backward_returned(args, kwargs)
 
