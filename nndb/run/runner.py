@@ -143,8 +143,8 @@ class Recording:
     ends the trace.  ``nndb run`` and scripts/bench.py both record through it.
 
     ``listeners`` is the run's step pipeline (nndb.tracer.pipeline): the
-    writer first, the optimizers' record, then what joins the run
-    (``listeners.append``)."""
+    trace's listener first (``write_records``: records, modules, optimizers),
+    the fingerprints, then what joins the run (``listeners.append``)."""
 
     def __init__(self, path: str, meta: dict, config: RunConfig,
                  message: Callable[[str], None] = stderr_line,

@@ -107,7 +107,7 @@ def _backward(*args, **kwargs):
     for t in tracers:
         if t.backward_began is None:
             t.backward_began = _perf_counter()
-        if t._param_hooks:           # (its parameter hooks see this backward, if they can: after it, which?)
+        if t._param_hooks:           # (its parameter hooks may see this one: after it, did they?)
             hooked = (hooked or {})
             hooked[t] = t._hook_ends
         elif t.within.backward and not t._failed:
