@@ -17,7 +17,11 @@ ADVERSARIAL = np.array([1e-8, 7e4, 1e30, -1e30, np.nan, np.inf, -np.inf, 1e-40, 
                         -3.3, 2.0 ** 24, -2.0 ** 24, 2.0 ** -24, 1.5, 1.4999999, 3.4028235e38], dtype=np.float32)
 
 
-def test_bins_from_float32_bits_equal_the_value_by_value_histogram():
+@pytest.mark.parametrize("by_segment", [False, True])    # one bincount of all; one a segment (large blocks)
+def test_bins_from_float32_bits_equal_the_value_by_value_histogram(by_segment, monkeypatch):
+    if by_segment:
+        monkeypatch.setattr(H, "LARGE_ELEMENTS", 1)
+        monkeypatch.setattr(H, "LARGE_SEGMENT", 1)
     rng = np.random.default_rng(0)
     segs = [ADVERSARIAL, rng.standard_normal(5000).astype(np.float32),
             np.where(rng.random(300) < 0.7, 0, rng.standard_normal(300)).astype(np.float32),

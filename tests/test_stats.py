@@ -153,6 +153,58 @@ def test_parameter_block_equals_the_general_path():
     assert double.block(double.values_before(), False, False) is None
 
 
+def test_a_large_blocks_norms_read_each_tensor_where_it_lies(monkeypatch):
+    """A block past DOT_MIN_ELEMENTS (a GPT's) between full steps: each value, update and
+    gradient dotted where it lies (no copy into the buffer), the same norms as the small
+    block's and as float64; a NaN counted, a gradient too small for float32 squares not
+    read as zero; what it cannot read goes to the general path with ``before`` intact."""
+    from torch import nn
+    from nndb.tracer.params import ParamPlan
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 5), nn.ReLU(), nn.Linear(5, 3))
+    model(torch.randn(8, 6)).sum().backward()
+    params = list(model.parameters())
+    plan = ParamPlan(params)
+    before = plan.values_before()
+    saved = before.copy()
+    old = [p.detach().clone() for p in params]
+    with torch.no_grad():
+        for p in params:
+            p.add_(p.grad, alpha=-0.1)
+
+    def norms(large):
+        before[:] = saved
+        done = plan._block_large(before, True) if large else plan.block(before, False, True)
+        return done if done is None else (S.finalize_column(done[1], "norm"), S.finalize_column(done[1], "nan_count"))
+    tensors = [p.detach() for p in params] + [p.detach() - o for p, o in zip(params, old)] + [p.grad for p in params]
+    want = [float(t.double().norm()) for t in tensors]
+    large, small = norms(True), norms(False)
+    np.testing.assert_allclose(large[0], want, rtol=1e-6)
+    np.testing.assert_allclose(large[0], small[0], rtol=1e-6)
+    updates = np.concatenate([t.reshape(-1).numpy() for t in tensors[len(params):2 * len(params)]])
+    np.testing.assert_array_equal(before, updates)              # (made in place of the values before)
+    params[1].grad[0] = float("nan")
+    params[2].grad.fill_(1e-21)                 # (squares of 1e-21 are 0 in float32)
+    got = norms(True)
+    assert got[1][2 * len(params) + 1] == 1 and got[1].sum() == 1
+    assert got[0][2 * len(params) + 2] == pytest.approx(1e-21 * math.sqrt(params[2].numel()), rel=1e-6)
+    for bad in (None, torch.zeros(6, 5).t()):    # no gradient; one not contiguous
+        params[0].grad = bad
+        assert norms(True) is None and np.array_equal(before, saved)
+    # a step's record takes that way past DOT_MIN_ELEMENTS, between full steps only
+
+    class Bucket:
+        params, param_hists, covered = {}, {}, set()
+    monkeypatch.setattr(S, "DOT_MIN_ELEMENTS", plan.n)
+    params[0].grad = torch.ones_like(params[0])
+    taken = []
+    real = plan._block_large
+    monkeypatch.setattr(plan, "_block_large", lambda *a: taken.append(a) or real(*a))
+    for full in (False, True):
+        plan.snapshot().record(Bucket, full=full)
+        assert len(taken) == 1 and len(Bucket.params[plan][1]) == 3 * len(params)
+
+
 @pytest.mark.filterwarnings("ignore:Using backward\\(\\) with create_graph")     # (torch's note on the cycle)
 def test_parameter_block_reads_gradients_of_a_create_graph_backward():
     """A gradient that itself needs grad (backward(create_graph=True)) is read
