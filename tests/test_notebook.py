@@ -202,5 +202,7 @@ def test_nndb_run_magic_takes_nndb_runs_own_options(tmp_path, monkeypatch, capsy
     assert err == [f"nndb: error: --replica fork: time travel is off in a notebook kernel ({KERNEL})"]
     assert run_script("--batch") is None
     assert capsys.readouterr().err.strip() == "nndb: error: missing SCRIPT (or -m MODULE)"
+    assert run_script("--bogus train.py") is None          # (an unknown option: was a RuntimeError)
+    assert capsys.readouterr().err.strip() == "nndb: error: No such option '--bogus'."
     assert run_script("--help") is None
     assert "--checkpoint-every" in capsys.readouterr().out

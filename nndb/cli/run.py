@@ -176,8 +176,10 @@ def parse_run_line(words: list, prog: str):
     (``%nndb run``): (RunOptions, Target), None after --help (printed); a
     bad line is a UsageError."""
     try:
-        o = run_options(run.make_context(prog, list(words)))
-        return o, target_of(o.module, o.script, o.args)
+        ctx = run.make_context(prog, list(words))
+        with ctx:                   # (an unknown option that reaches SCRIPT is told through the context)
+            o = run_options(ctx)
+            return o, target_of(o.module, o.script, o.args)
     except click.exceptions.Exit:
         return None
     except click.ClickException as e:
