@@ -5,7 +5,9 @@ what nndb answers (the trace's loss, ``p $loss`` after ``goto``,
 import re
 import textwrap
 
+import numpy as np
 import pytest
+import torch
 
 from conftest import Ran, nndb, plain_and_recorded, python
 
@@ -180,16 +182,58 @@ RAW_TENSORS = textwrap.dedent('''
 ''')
 
 
-def test_a_loop_of_raw_tensors_says_that_no_step_was_recorded(tmp_path):
-    """Tensors trained by hand outside any nn.Module, no optimizer: no parameter
-    is known, so no step is seen; the run recorded 0 steps and said nothing."""
-    from nndb.store.reader import TraceReader
+def test_a_loop_of_raw_tensors_is_recorded_and_travelled(tmp_path):
+    """Tensors trained by hand outside any nn.Module, no optimizer (``w -= lr * w.grad``):
+    the leaves the first backward reaches are the run's parameters, named by the script's
+    variable; every step recorded as the script computed it; a breakpoint, $loss and
+    reverse-step work on it as on a module's loop."""
+    import nndb as api
     script = tmp_path / "raw.py"
     script.write_text(RAW_TENSORS)
     plain = python(str(script), cwd=str(tmp_path))
     r = nndb("run", "--batch", "-q", "--trace", str(tmp_path / "t.h5"), str(script), cwd=str(tmp_path))
     assert plain.returncode == r.returncode == 0, r.stderr
+    assert r.stdout == plain.stdout and "no training step" not in r.stderr
+    printed = [float(line.split()[1]) for line in plain.stdout.splitlines()]
+    t = api.open(str(tmp_path / "t.h5"))
+    assert list(t.steps) == [0, 1, 2, 3, 4]
+    assert t.series("loss", kind="loss", stat="mean").tolist() == printed
+    torch.manual_seed(0)
+    w = torch.randn(3, dtype=torch.float64)
+    grads, values = [], []
+    for _ in range(5):                   # (the same loop in float64: the grad is 2w, the update -0.2w)
+        grads.append(float((2 * w).norm()))
+        w = w - 0.1 * 2 * w
+        values.append(float(w.norm()))
+    np.testing.assert_allclose(t.series("w", kind="grad", stat="norm"), grads, rtol=1e-5)
+    np.testing.assert_allclose(t.series("w", kind="param", stat="norm"), values, rtol=1e-5)
+    np.testing.assert_allclose(t.series("w", kind="update", stat="norm"), [0.2 * g / 2 for g in grads], rtol=1e-5)
+    r = nndb("run", "--batch", "--trace", str(tmp_path / "d.h5"), "-e", "break step 3", "-e", "continue",
+             "-e", "p $loss", "-e", "rs 1", "-e", "p $loss", "-e", "kill", str(script), cwd=str(tmp_path))
+    assert f"\n{printed[3]!r}\n" in r.stdout and f"\n{printed[2]!r}\n" in r.stdout.split("In the past")[1], r.stdout
+
+
+NO_LEAF = textwrap.dedent('''
+    import torch
+    torch.manual_seed(0)
+    x = torch.randn(3, requires_grad=True)
+    for i in range(4):
+        h = x * 2
+        (h ** 2).sum().backward(inputs=[h])       # (a gradient of an intermediate only)
+        print(i, float(h.grad.sum()))
+''')
+
+
+def test_backwards_that_reach_no_parameter_say_that_no_step_was_recorded(tmp_path):
+    """No optimizer, no module, no leaf that the backward fills: no step is seen, and the
+    run's end says so."""
+    from nndb.store.reader import TraceReader
+    script = tmp_path / "noleaf.py"
+    script.write_text(NO_LEAF)
+    plain = python(str(script), cwd=str(tmp_path))
+    r = nndb("run", "--batch", "-q", "--trace", str(tmp_path / "t.h5"), str(script), cwd=str(tmp_path))
+    assert plain.returncode == r.returncode == 0, r.stderr
     assert r.stdout == plain.stdout
-    assert "nndb: no training step was recorded: 5 backward() call(s) reached no parameter" in r.stderr
+    assert "nndb: no training step was recorded: 4 backward() call(s) reached no parameter" in r.stderr
     with TraceReader(str(tmp_path / "t.h5")) as t:
         assert t.n_steps == 0

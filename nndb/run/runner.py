@@ -212,8 +212,8 @@ class Recording:
             self.fingerprints.finish()
         if self.tracer.unseen_backwards and self.tracer.clock.step == 0:
             self.message(f"nndb: no training step was recorded: {self.tracer.unseen_backwards} backward() "
-                         f"call(s) reached no parameter of an nn.Module and no optimizer stepped (tensors "
-                         f"trained by hand outside any module are not seen; docs/steps.md)")
+                         f"call(s) reached no parameter of an nn.Module, nor any tensor that needs grad, and "
+                         f"no optimizer stepped (docs/steps.md)")
 
     def close(self, status: str = "finished", exit_code: int = 0, reason: str = "") -> None:
         self.writer.close(status, exit_code, reason)

@@ -67,7 +67,27 @@ _perf_counter = time.perf_counter
 _ONE = torch.tensor(1.0)
 _IN_BACKWARD = torch._C._current_graph_task_id     # -1 outside a backward (checkpointing recomputes in one)
 _FORK_HOOK = False
+_ENGINE = object()       # (_backward_end_quiet: the loss is the engine's root)
+# The first backwards with no optimizer that reach no parameter in which the tracer looks for the
+# leaf tensors a script trains by hand (Tracer._adopt_leaves): a walk of the graph each.
+ADOPT_TRIES = 3
 REPLICA_FORK = False     # set by nndb.timetravel around its own fork(): the child is a replica
+
+
+def graph_leaves(grad_fns) -> list:
+    """The leaf tensors (that need grad) a backward from these nodes reaches: its
+    ``AccumulateGrad`` nodes' variables, in the order a walk from the roots meets them."""
+    out, seen, stack = [], set(), list(reversed(grad_fns))
+    while stack:
+        fn = stack.pop()
+        if fn is None or fn in seen:
+            continue
+        seen.add(fn)
+        var = getattr(fn, "variable", None)
+        if isinstance(var, torch.Tensor):
+            out.append(var)
+        stack.extend(n for n, _ in reversed(fn.next_functions))
+    return out
 
 
 def _quiet_in_child() -> None:
@@ -202,6 +222,7 @@ class Tracer:
         # backward() calls that reached no named parameter while no optimizer existed (tensors
         # trained by hand outside any nn.Module): no step is seen in such a loop
         self.unseen_backwards = 0
+        self.adopt_tries = 0             # backwards looked through for leaves to adopt (_adopt_leaves)
         # perf_counter() when the step's first backward began (its first gradient, while the
         # parameter hooks see it), None before: the step's forward time ends there (read by
         # the fingerprints at the step end; the tracer sets it back after the step's listeners)
@@ -454,13 +475,50 @@ class Tracer:
         calls through ``.forward()``, which no module hook sees, before an optimizer names its
         parameters at its first step).  Where an optimizer exists and none has stepped, the
         optimizer's step ends the step: the loss is the step's.  In a hand-written loop (no
-        optimizer) a backward ends a step only where it reaches a parameter: nothing here."""
+        optimizer) a backward ends a step only where it reaches a parameter: here, one of
+        tensors trained outside any module (``_adopt_leaves``)."""
         if self._failed or self.clock.mode is not Mode.UNKNOWN:
             return
         if self._optimizer_count() == 0:
-            self.unseen_backwards += 1      # (said at the run's end if no step was ever seen: Recording)
+            if not self._adopt_leaves(args, kwargs):
+                self.unseen_backwards += 1      # (said at the run's end if no step was ever seen: Recording)
             return
         self._backward_returned(args, kwargs)
+
+    def _adopt_leaves(self, args, kwargs) -> bool:
+        """A backward with no optimizer that reached no parameter: a loop of tensors trained by
+        hand outside any module (``w -= lr * w.grad``, the first lesson of "What is torch.nn
+        really?").  The leaf tensors that need grad which it reached are the run's parameters
+        from here on (``Naming.adopt``: named by the script's variables), watched as a module's
+        are, and this backward ends step 0 as a watched one would.  Tried on the first
+        ADOPT_TRIES such backwards only (a walk of the graph each); False: none found."""
+        if self.adopt_tries >= ADOPT_TRIES:
+            return False
+        self.adopt_tries += 1
+        self.busy += 1
+        try:
+            roots = args[0] if args else kwargs.get("tensors")
+            roots = [roots] if isinstance(roots, torch.Tensor) else list(roots or ())
+            leaves = graph_leaves([r.grad_fn for r in roots if isinstance(r, torch.Tensor)])
+            inputs = kwargs.get("inputs", args[5] if len(args) > 5 else None)
+            if inputs is not None:          # (``inputs=``: only those get gradients)
+                wanted = {id(t) for t in ([inputs] if isinstance(inputs, torch.Tensor) else inputs)}
+                leaves = [t for t in leaves if id(t) in wanted]
+            leaves = [t for t in leaves if t.grad is not None and not t.grad.is_sparse]
+            if not leaves:
+                return False
+            frame = user_frame(3)
+            for p in leaves:
+                self.naming.adopt(p, frame)
+                self._hook_param(p)
+            loss = roots[0] if len(roots) == 1 else None
+            self._backward_end_quiet(loss)
+            return True
+        except Exception:
+            self._fail()
+            return False
+        finally:
+            self.busy -= 1
 
     def _backward_returned(self, args, kwargs) -> None:
         """The wrapper's: a backward() returned (the parameter hooks are off, so an optimizer
@@ -532,11 +590,15 @@ class Tracer:
             for cb in self.within.no_loss:
                 cb()
 
-    def _backward_end_quiet(self) -> None:
+    def _backward_end_quiet(self, loss=_ENGINE) -> None:
+        """A watched backward ended (``loss``: its root as the wrapper saw it; by default the
+        engine's, read in its callback)."""
         self.busy += 1
         try:
-            roots = backward_roots()
-            self._take_loss(roots[0] if roots and isinstance(roots[0], torch.Tensor) else None)
+            if loss is _ENGINE:
+                roots = backward_roots()
+                loss = roots[0] if roots and isinstance(roots[0], torch.Tensor) else None
+            self._take_loss(loss)
             n = self._optimizer_count() if self.clock.mode is Mode.UNKNOWN else 1
             if self._first_backward:
                 if n == 0 and self._earlier_owner():

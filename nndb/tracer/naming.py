@@ -92,6 +92,7 @@ class Naming:
         self._opt_names: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
         self._used_opt_names: set = set()
         self._loose_names: dict = {}     # id(param) -> (weakref param, name)
+        self._adopted: list = []         # weakrefs of tensors trained outside any module (``adopt``)
         self._used_loose: set = set()
         self.loss_qualified = False
         self.roots_version = 0           # bumped when a root is added      # set once a step had losses for several optimizers
@@ -151,7 +152,7 @@ class Naming:
                 self._qualified_roots[r] = True
 
     def root_params(self) -> list:
-        """Parameters of every root seen so far (alive ones)."""
+        """Parameters of every root seen so far (alive ones), then the tensors adopted."""
         out, seen = [], set()
         for ref in self._param_roots:
             r = ref()
@@ -161,7 +162,20 @@ class Naming:
                 if id(p) not in seen:
                     seen.add(id(p))
                     out.append(p)
+        for ref in self._adopted:
+            p = ref()
+            if p is not None and id(p) not in seen:
+                seen.add(id(p))
+                out.append(p)
         return out
+
+    def adopt(self, p: torch.Tensor, frame) -> None:
+        """A tensor a script trains by hand outside any module (``w -= lr * w.grad``): one of
+        the run's parameters, named by the script's variable (``w``), else ``tensor<i>``."""
+        if any(r() is p for r in self._adopted):
+            return
+        self._adopted.append(weakref.ref(p))
+        self.note_param(p, frame, fallback=unique("tensor", self._used_loose))
 
     # -- names ------------------------------------------------------------
     def _qualify(self, root, sub: str) -> str:
