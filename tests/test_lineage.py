@@ -83,6 +83,18 @@ def test_catch_nan_stops_at_the_log_that_made_it_with_its_source_line(tmp_path):
     assert d["module"] is None and d["via"]["op"] == "mul"
 
 
+def test_a_disabled_catch_point_catches_nothing_until_enabled_again(tmp_path):
+    """What a step end reads of the catch points follows ``disable`` and ``enable`` at
+    the prompt (the list is kept while the points stand: Points.version)."""
+    script = _script(tmp_path, "train.py", LOG_LOSS)
+    r = _run(tmp_path, script, "-e", "catch nan", "-e", "disable 1", "-e", "continue")
+    assert "Catchpoint 1 (catch nan)" not in r.stdout and r.returncode == 0, r.stdout
+    r = _run(tmp_path, script, "-e", "catch nan", "-e", "disable 1", "-e", "break step 2", "-e", "continue",
+             "-e", "enable 1", "-e", "continue", "-e", "p step", "-e", "kill", trace="t2.h5")
+    assert "Breakpoint 2, step 2" in r.stdout and "Catchpoint 1 (catch nan): log made Inf" in r.stdout, r.stdout
+    assert r.stdout.index("Breakpoint 2,") < r.stdout.index("Catchpoint 1 (") and "\n3\n" in r.stdout
+
+
 def test_catch_nonfinite_in_the_backward_pass(tmp_path):
     script = _script(tmp_path, "train.py", LOG_LOSS)
     r = _run(tmp_path, script, "-e", "catch nonfinite", "-e", "continue", "-e", "continue", "-e", "kill")

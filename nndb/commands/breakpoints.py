@@ -104,7 +104,7 @@ def _delete(s, numbers):
 
 def _enable(s, numbers, on=True):
     for p in _targets(s, numbers):
-        p.enabled = on
+        s.points.enable(p, on)
     s.sync_hooks()
 
 

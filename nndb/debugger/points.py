@@ -229,6 +229,9 @@ class Points(collections.abc.Mapping):
         self._by_number: dict = {}           # number -> Point
         self.numbered = self._by_number      # (the same dict: ``not points.numbered`` at every step end, no call)
         self._next_number = 1
+        # bumped by every change of which points there are or are enabled: what is read at
+        # every step end from them (the catch points) is kept while it stands
+        self.version = 0
         self.displays: list = []             # [(number, expr source, code)]
         self._next_display = 1
         self._on_change = on_change
@@ -243,7 +246,13 @@ class Points(collections.abc.Mapping):
         return len(self._by_number)
 
     def pop(self, number: int, default=None):
+        self.version += 1
         return self._by_number.pop(number, default)
+
+    def enable(self, p: Point, on: bool) -> None:
+        """Enable (or disable) ``p``."""
+        p.enabled = on
+        self.version += 1
 
     def add(self, cls, fields: dict, condition: Optional[str] = None, temporary: bool = False,
             fail: bool = False) -> Point:
@@ -253,6 +262,7 @@ class Points(collections.abc.Mapping):
         p = cls(number=self._next_number, temporary=temporary, condition=condition, fail=fail, **fields)
         self._next_number += 1
         self._by_number[p.number] = p
+        self.version += 1
         if self._on_change is not None:
             self._on_change()
         return p
@@ -290,6 +300,7 @@ class Points(collections.abc.Mapping):
 
     def restore(self, state: dict) -> None:
         mine = dict(self._by_number)
+        self.version += 1
         # (in place: ``numbered`` is the same dict)
         self._by_number.clear()
         self._by_number.update((p.number, p) for p in map(point_from_dict, state.get("points", [])) if p is not None)

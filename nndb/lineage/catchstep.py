@@ -100,7 +100,8 @@ class StepEndCatch:
         if record is None or not points:
             return [], None
         bufs = buffers()
-        if not record.nonfinite and not bufs:
+        # (record.nonfinite, inline: every step end while a catch point is armed)
+        if not np.count_nonzero(record.raw[:, NONFINITE_FIELDS]) and not bufs:
             self.bad = set()
             return [], None
         flags = record.raw[:, NONFINITE_FIELDS] > 0

@@ -8,6 +8,8 @@ for a step asked for after the fact (a replica replays it: ``get``).
 """
 from __future__ import annotations
 
+import functools
+
 import sys
 from typing import Callable, Optional
 
@@ -60,13 +62,34 @@ class LineageControl:
         # are eager
         self.replay: Optional[Callable] = None
         self.step_end = StepEndCatch()
+        self._catch_key = None           # (catch_state: the points' version its list is of)
+        self._catch: list = []
+        self._catch_eager = False
 
     # -- policy ---------------------------------------------------------------------------
     def catching(self) -> list:
+        return self.catch_state()[0]
+
+    def catch_state(self) -> tuple:
+        """(the enabled catch points, whether they are eager: ``eager``), in one call of
+        ours: it runs at every step end while one is armed.  The points are listed again
+        only when the session's points change (``Points.version``)."""
         s = self.session
         if s is None:
-            return []
-        return s.points.catch_points()
+            return [], False
+        if s.points.version != self._catch_key:
+            self._catch_key = s.points.version
+            self._catch = points = s.points.catch_points()
+            self._catch_eager = any(p.eager for p in points)
+        points = self._catch
+        if not points:
+            return points, False
+        if self._catch_eager or self.replay is None:
+            return points, True
+        if s.replica is not None:
+            return points, s.replica.kind != "scan"
+        m = s.machine
+        return points, m is None or m.mode == "off"
 
     def eager(self, points: Optional[list] = None) -> bool:
         """Does a catch point need every operation checked as the run goes?
@@ -75,7 +98,7 @@ class LineageControl:
         checkpoints) and in a run without time travel (--replica off).
         ``points``: ``catching()``, where the caller has it already."""
         if points is None:
-            points = self.catching()
+            return self.catch_state()[1]
         if not points:
             return False
         s = self.session
@@ -93,6 +116,7 @@ class LineageControl:
     # -- the run ------------------------------------------------------------------------
     def attach(self, s) -> None:
         self.session = s
+        self._catch_key = None
         self.done = {}
         self.step_end.reset()
         if self.recorder is not None:
@@ -122,8 +146,11 @@ class LineageControl:
 
     def at_step_end(self, s, step: int) -> None:
         r = self.recorder
-        if r is None and not (self.always or self.forced or self.wanted is not None or s.points.numbered):
-            return          # (nothing records the next step: no lineage asked for, no catch point)
+        if r is None and not (self.always or self.forced or self.wanted is not None):
+            # (nothing records the next step: no lineage asked for, no catch point, or only
+            # catch points armed at the step end: ``refresh``'s answer, in fewer calls)
+            if not s.points.numbered or not self.catch_state()[1]:
+                return
         if r is not None and r.current is not None and r.current.step == step:
             done = r.next_step(step + 1) if self.wants(step + 1) else r.stop()
             if done is not None:
@@ -137,11 +164,11 @@ class LineageControl:
     def step_end_catch(self, s, record, accept) -> tuple:
         """(hits, note) of the catch points armed at the step end, for the
         record handed on at this step end (catchstep.StepEndCatch.check)."""
-        points = self.catching() if record is not None else None
-        if not points or self.eager(points):
+        points, eager = self.catch_state() if record is not None else ((), False)
+        if not points or eager:
             return [], None
         return self.step_end.check(record, self.catching, lambda step: self.replay(s, step), accept,
-                                   lambda: nonfinite_buffers(s.rec.naming), points=points)
+                                   functools.partial(nonfinite_buffers, s.rec.naming), points=points)
 
     def run_ended(self) -> None:
         if self.recorder is not None:
