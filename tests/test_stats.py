@@ -153,6 +153,21 @@ def test_parameter_block_equals_the_general_path():
     assert double.block(double.values_before(), False, False) is None
 
 
+def test_a_large_float32_block_has_the_rows_of_its_float64_copy(monkeypatch):
+    """A float32 block past DOT_MIN_ELEMENTS is reduced as it is (no float64 copy): the
+    same full rows, zeros, extremes and a NaN's segment included."""
+    rng = np.random.default_rng(3)
+    sizes = [4096, 7, 1, 300, 2048]
+    flat = (rng.standard_normal(sum(sizes)) * 0.02).astype(np.float32)
+    flat[::11] = 0
+    flat[4100] = np.nan
+    want = S.host_raw_segments(flat.astype(np.float64), sizes)
+    monkeypatch.setattr(S, "DOT_MIN_ELEMENTS", 8)
+    got = S.host_raw_segments(flat, sizes)
+    np.testing.assert_allclose(got, want, rtol=1e-12)
+    assert got[1, S.RAW_NAN] == 1 and got[0, S.RAW_ZERO] == np.count_nonzero(flat[:4096] == 0)
+
+
 def test_a_large_blocks_norms_read_each_tensor_where_it_lies(monkeypatch):
     """A block past DOT_MIN_ELEMENTS (a GPT's) between full steps: each value, update and
     gradient dotted where it lies (no copy into the buffer), the same norms as the small
