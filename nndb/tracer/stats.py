@@ -35,6 +35,13 @@ the extreme it is.  A tensor with no finite element is described as it is:
 an infinite loss has mean, min, max, norm and mean |x| of ``inf`` (``-inf``
 for the mean and extremes of negative infinities) and a NaN std; with a NaN,
 mean, std, norm and mean |x| are NaN.  ``count`` is always the element count.
+A block of at least ``DOT_MIN_ELEMENTS`` (a GPT's parameters) has its squares
+summed by one BLAS dot a segment, and at full steps is reduced without a
+float64 copy (docs/performance.md).
+
+Why this size: one raw row, made by every path a tensor can take (host
+blocks, large CPU tensors, accelerators, several at once), and read back
+(``finalize``); the paths must agree field by field, so they stay side by side.
 """
 from __future__ import annotations
 
