@@ -213,6 +213,44 @@ def test_a_loop_of_raw_tensors_is_recorded_and_travelled(tmp_path):
     assert f"\n{printed[3]!r}\n" in r.stdout and f"\n{printed[2]!r}\n" in r.stdout.split("In the past")[1], r.stdout
 
 
+THROUGH_FORWARD = textwrap.dedent('''
+    import torch
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+    x = torch.randn(32, 4)
+    y = x.sum(1, keepdim=True)
+    for step in range(5):
+        h = x
+        for layer in model:
+            h = layer.forward(h)            # (no module hook sees these calls)
+        loss = ((h - y) ** 2).mean()
+        loss.backward()
+        with torch.no_grad():
+            for p in model.parameters():
+                p -= 0.05 * p.grad
+                p.grad = None
+        print(step, repr(loss.item()))
+''')
+
+
+def test_a_models_layers_called_through_forward_without_an_optimizer_are_named_by_their_paths(tmp_path):
+    """No optimizer, a model whose layers the script calls through ``.forward()``: the
+    leaves its first backward reaches are the model's parameters, named by their paths in
+    the script's ``model`` (not ``layer``, the loop's variable inside it), as a module hook
+    would have named them; every step recorded, with the printed loss."""
+    import nndb as api
+    script = tmp_path / "fwd.py"
+    script.write_text(THROUGH_FORWARD)
+    plain = python(str(script), cwd=str(tmp_path))
+    r = nndb("run", "--batch", "-q", "--trace", str(tmp_path / "t.h5"), str(script), cwd=str(tmp_path))
+    assert plain.returncode == r.returncode == 0, r.stderr
+    assert r.stdout == plain.stdout
+    t = api.open(str(tmp_path / "t.h5"))
+    assert list(t.steps) == [0, 1, 2, 3, 4]
+    assert t.series("loss", kind="loss", stat="mean").tolist() == [float(l.split()[1]) for l in plain.stdout.splitlines()]
+    assert {x.name for x in t.tensors if x.kind == "grad"} == {"0.weight", "0.bias", "2.weight", "2.bias"}
+
+
 NO_LEAF = textwrap.dedent('''
     import torch
     torch.manual_seed(0)

@@ -90,6 +90,28 @@ def graph_leaves(grad_fns) -> list:
     return out
 
 
+def owning_modules(leaves, frame) -> list:
+    """The modules of the script's variables (``frame``'s and its callers' locals, then its
+    globals) that hold some of ``leaves`` as parameters, but the ones inside another of them
+    (``layer`` of ``for layer in model``): the models whose modules the script calls through
+    ``.forward()``, which no module hook sees."""
+    ids = {id(t) for t in leaves}
+    values, f = [], frame
+    while f is not None:
+        values += list(f.f_locals.values())
+        f = f.f_back
+    if frame is not None:
+        values += list(frame.f_globals.values())
+    found: dict = {}
+    for v in values:
+        if isinstance(v, torch.nn.Module) and id(v) not in found:
+            owned = {id(p) for p in v.parameters()}
+            if owned & ids:
+                found[id(v)] = (v, owned)
+    return [m for m, owned in found.values()
+            if not any(o is not m and owned < other for o, other in found.values())]
+
+
 def _quiet_in_child() -> None:
     """A forked child (a DataLoader worker) inherits the global hooks: it must neither record into the
     parent's trace nor stop for the debugger (a replica nndb forks goes on recording, into memory)."""
@@ -508,8 +530,11 @@ class Tracer:
             if not leaves:
                 return False
             frame = user_frame(3)
+            for module in owning_modules(leaves, frame):     # (a model called through .forward())
+                self.naming.add_root(module, frame)
             for p in leaves:
-                self.naming.adopt(p, frame)
+                if not self.naming.has_path(p):
+                    self.naming.adopt(p, frame)
                 self._hook_param(p)
             loss = roots[0] if len(roots) == 1 else None
             self._backward_end_quiet(loss)

@@ -169,6 +169,11 @@ class Naming:
                 out.append(p)
         return out
 
+    def has_path(self, p: torch.Tensor) -> bool:
+        """Is ``p`` a parameter of a root seen (named by its module path)?"""
+        entry = self._param_path.get(id(p))
+        return entry is not None and entry[0]() is p
+
     def adopt(self, p: torch.Tensor, frame) -> None:
         """A tensor a script trains by hand outside any module (``w -= lr * w.grad``): one of
         the run's parameters, named by the script's variable (``w``), else ``tensor<i>``."""
