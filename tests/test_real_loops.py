@@ -251,6 +251,37 @@ def test_a_models_layers_called_through_forward_without_an_optimizer_are_named_b
     assert {x.name for x in t.tensors if x.kind == "grad"} == {"0.weight", "0.bias", "2.weight", "2.bias"}
 
 
+RAW_TWO_ROOTS = textwrap.dedent('''
+    import torch
+    torch.manual_seed(0)
+    x = torch.randn(64, 3)
+    y = x @ torch.tensor([1.0, -2.0, 0.5])
+    w = torch.zeros(3, requires_grad=True)
+    for step in range(4):
+        fit = ((x @ w - y) ** 2).mean()
+        decay = 0.01 * (w ** 2).sum()
+        torch.autograd.backward([fit, decay])
+        with torch.no_grad():
+            w -= 0.1 * w.grad
+            w.grad = None
+        print(step, repr((fit + decay).item()))
+''')
+
+
+def test_a_raw_tensor_loops_first_step_of_several_roots_has_their_sum_as_its_loss(tmp_path):
+    """The backward that finds the leaves ends step 0 with the loss the later steps get:
+    the objective of its roots (their sum), not none."""
+    import nndb as api
+    script = tmp_path / "two.py"
+    script.write_text(RAW_TWO_ROOTS)
+    plain = python(str(script), cwd=str(tmp_path))
+    r = nndb("run", "--batch", "-q", "--trace", str(tmp_path / "t.h5"), str(script), cwd=str(tmp_path))
+    assert plain.returncode == r.returncode == 0 and r.stdout == plain.stdout, r.stderr
+    printed = [float(line.split()[1]) for line in plain.stdout.splitlines()]
+    np.testing.assert_allclose(api.open(str(tmp_path / "t.h5")).series("loss", kind="loss", stat="mean"),
+                               printed, rtol=1e-6)
+
+
 NO_LEAF = textwrap.dedent('''
     import torch
     torch.manual_seed(0)

@@ -536,7 +536,11 @@ class Tracer:
                 if not self.naming.has_path(p):
                     self.naming.adopt(p, frame)
                 self._hook_param(p)
-            loss = roots[0] if len(roots) == 1 else None
+            # (the step's loss as ``_backward_returned`` takes it: several roots, their objective)
+            loss = args[0] if args else kwargs.get("tensors")
+            if type(loss) is not torch.Tensor:
+                loss = backward_objective(*_roots_and_grads(args, kwargs))
+                loss = loss[0] if loss and isinstance(loss[0], torch.Tensor) else None
             self._backward_end_quiet(loss)
             return True
         except Exception:
