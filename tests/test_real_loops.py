@@ -239,13 +239,9 @@ def test_a_models_layers_called_through_forward_without_an_optimizer_are_named_b
     the script's ``model`` (not ``layer``, the loop's variable inside it), as a module hook
     would have named them; every step recorded, with the printed loss."""
     import nndb as api
-    script = tmp_path / "fwd.py"
-    script.write_text(THROUGH_FORWARD)
-    plain = python(str(script), cwd=str(tmp_path))
-    r = nndb("run", "--batch", "-q", "--trace", str(tmp_path / "t.h5"), str(script), cwd=str(tmp_path))
-    assert plain.returncode == r.returncode == 0, r.stderr
-    assert r.stdout == plain.stdout
-    t = api.open(str(tmp_path / "t.h5"))
+    plain, trace = plain_and_recorded(tmp_path, THROUGH_FORWARD)     # (the same output, both exit 0)
+    assert plain.returncode == 0
+    t = api.open(trace)
     assert list(t.steps) == [0, 1, 2, 3, 4]
     assert t.series("loss", kind="loss", stat="mean").tolist() == [float(l.split()[1]) for l in plain.stdout.splitlines()]
     assert {x.name for x in t.tensors if x.kind == "grad"} == {"0.weight", "0.bias", "2.weight", "2.bias"}
@@ -272,14 +268,10 @@ def test_a_raw_tensor_loops_first_step_of_several_roots_has_their_sum_as_its_los
     """The backward that finds the leaves ends step 0 with the loss the later steps get:
     the objective of its roots (their sum), not none."""
     import nndb as api
-    script = tmp_path / "two.py"
-    script.write_text(RAW_TWO_ROOTS)
-    plain = python(str(script), cwd=str(tmp_path))
-    r = nndb("run", "--batch", "-q", "--trace", str(tmp_path / "t.h5"), str(script), cwd=str(tmp_path))
-    assert plain.returncode == r.returncode == 0 and r.stdout == plain.stdout, r.stderr
+    plain, trace = plain_and_recorded(tmp_path, RAW_TWO_ROOTS)       # (the same output, both exit 0)
+    assert plain.returncode == 0
     printed = [float(line.split()[1]) for line in plain.stdout.splitlines()]
-    np.testing.assert_allclose(api.open(str(tmp_path / "t.h5")).series("loss", kind="loss", stat="mean"),
-                               printed, rtol=1e-6)
+    np.testing.assert_allclose(api.open(trace).series("loss", kind="loss", stat="mean"), printed, rtol=1e-6)
 
 
 NO_LEAF = textwrap.dedent('''

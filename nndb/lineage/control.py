@@ -9,7 +9,6 @@ for a step asked for after the fact (a replica replays it: ``get``).
 from __future__ import annotations
 
 import functools
-
 import sys
 from typing import Callable, Optional
 

@@ -74,6 +74,16 @@ ADOPT_TRIES = 3
 REPLICA_FORK = False     # set by nndb.timetravel around its own fork(): the child is a replica
 
 
+def _backward_loss(args, kwargs):
+    """The loss of a ``torch.autograd.backward`` call: its root tensor, or the objective of
+    its several roots; None where that is no tensor."""
+    roots = args[0] if args else kwargs.get("tensors")
+    if type(roots) is torch.Tensor:
+        return roots
+    objective = backward_objective(*_roots_and_grads(args, kwargs))
+    return objective[0] if objective and isinstance(objective[0], torch.Tensor) else None
+
+
 def graph_leaves(grad_fns) -> list:
     """The leaf tensors (that need grad) a backward from these nodes reaches: its
     ``AccumulateGrad`` nodes' variables, in the order a walk from the roots meets them."""
@@ -519,8 +529,7 @@ class Tracer:
         self.adopt_tries += 1
         self.busy += 1
         try:
-            roots = args[0] if args else kwargs.get("tensors")
-            roots = [roots] if isinstance(roots, torch.Tensor) else list(roots or ())
+            roots = _roots_and_grads(args, kwargs)[0]
             leaves = graph_leaves([r.grad_fn for r in roots if isinstance(r, torch.Tensor)])
             inputs = kwargs.get("inputs", args[5] if len(args) > 5 else None)
             if inputs is not None:          # (``inputs=``: only those get gradients)
@@ -536,12 +545,7 @@ class Tracer:
                 if not self.naming.has_path(p):
                     self.naming.adopt(p, frame)
                 self._hook_param(p)
-            # (the step's loss as ``_backward_returned`` takes it: several roots, their objective)
-            loss = args[0] if args else kwargs.get("tensors")
-            if type(loss) is not torch.Tensor:
-                loss = backward_objective(*_roots_and_grads(args, kwargs))
-                loss = loss[0] if loss and isinstance(loss[0], torch.Tensor) else None
-            self._backward_end_quiet(loss)
+            self._backward_end_quiet(_backward_loss(args, kwargs))
             return True
         except Exception:
             self._fail()
@@ -565,11 +569,7 @@ class Tracer:
             inputs = kwargs.get("inputs", args[5] if len(args) > 5 else None)
             if inputs is not None and not self._reaches_parameter(inputs):
                 return          # (``inputs=[x]``, no parameter: as the parameter hooks, not a step's backward)
-            roots = args[0] if args else kwargs.get("tensors")
-            if type(roots) is not torch.Tensor:
-                roots = backward_objective(*_roots_and_grads(args, kwargs))
-                roots = roots[0] if roots and isinstance(roots[0], torch.Tensor) else None
-            self._take_loss(roots)
+            self._take_loss(_backward_loss(args, kwargs))
         except Exception:
             self._fail()
         finally:

@@ -255,7 +255,7 @@ class ParamPlan:
                 if gs is not None:
                     sq[2 * k + i] = float(dot(gs[i], gs[i]))
                 at += m
-            if sum(sq) < math.inf and min(sq) >= S.F32_SQ_TINY:     # (rows_of_squares' usual case, inline)
+            if sum(sq) < math.inf and min(sq) >= S.F32_SQ_TINY:     # (as host_norm_rows tests it)
                 rows = lay[1].copy()
                 rows[:, S.RAW_SQ] = sq
             else:

@@ -35,9 +35,9 @@ the extreme it is.  A tensor with no finite element is described as it is:
 an infinite loss has mean, min, max, norm and mean |x| of ``inf`` (``-inf``
 for the mean and extremes of negative infinities) and a NaN std; with a NaN,
 mean, std, norm and mean |x| are NaN.  ``count`` is always the element count.
-A block of at least ``DOT_MIN_ELEMENTS`` (a GPT's parameters) has its squares
-summed by one BLAS dot a segment, and at full steps is reduced without a
-float64 copy (docs/performance.md).
+A parameter block of at least ``DOT_MIN_ELEMENTS`` (a GPT's) is read between
+full steps where its tensors lie (``ParamPlan._block_large``), and at full
+steps reduced without a float64 copy (docs/performance.md).
 
 Why this size: one raw row, made by every path a tensor can take (host
 blocks, large CPU tensors, accelerators, several at once), and read back
@@ -276,9 +276,10 @@ def norm_template(sizes) -> tuple[np.ndarray, np.ndarray]:
     return starts, rows
 
 
-# A float32 block of at least this many elements has its squares summed by one BLAS dot
-# per segment (no temporary): a GPT's 2.5 M elements, 1.18 ms a step by squares and
-# sums, 0.37 ms by dots (hot: 0.72 ms and 0.37 ms); below it the dots' calls cost more.
+# A parameter block of at least this many elements is read where its tensors lie, one BLAS
+# dot each (ParamPlan._block_large), and at full steps reduced without a float64 copy: the
+# squares of a GPT's 2.5 M elements and their sums took 1.18 ms a step, the dots 0.37 ms
+# (hot: 0.72 ms and 0.37 ms); below it the dots' calls cost more.
 DOT_MIN_ELEMENTS = 1 << 17
 
 # A float32 sum of squares below this may have lost elements to underflow
@@ -289,24 +290,18 @@ F32_SQ_TINY = 1e-30
 
 def host_norm_rows(flat: np.ndarray, starts: np.ndarray, template: np.ndarray) -> np.ndarray:
     """Norm-only rows of the consecutive segments of ``flat`` (``norm_template``
-    of their lengths): squares summed per segment by one ``reduceat`` (a large block:
-    one BLAS dot per segment), in float32 for a float32 ``flat`` (numpy sums in blocks:
-    about 1e-7 relative error, against float64 at full steps); a segment whose sum is not finite
+    of their lengths): squares summed per segment by one ``reduceat``, in float32 for a
+    float32 ``flat`` (numpy sums in blocks: about 1e-7 relative error, against float64 at
+    full steps; a parameter block past DOT_MIN_ELEMENTS is not read here but where its tensors
+    lie: nndb.tracer.params.ParamPlan._block_large); a segment whose sum is not finite
     or nearly zero takes the exact path (float64).  Call it under
     ``np.errstate(all="ignore")`` (squares of huge values overflow).  Float16 is
     squared in float32 (in float16 squares under 6e-8 were 0: a norm 0.002 read 0)."""
-    if flat.dtype == np.float32 and flat.size >= DOT_MIN_ELEMENTS:
-        # (a large block: one BLAS dot per segment reads it once, where squares then sums
-        # wrote and read a temporary as large as the block, evicting the step's own tensors)
-        ends = (starts + template[:, RAW_N].astype(np.int64)).tolist()
-        dot = np.dot
-        sq = np.array([dot(flat[a:b], flat[a:b]) for a, b in zip(starts.tolist(), ends)], dtype=np.float32)
-    else:
-        sq = np.add.reduceat(np.square(flat.astype(np.float32) if flat.dtype == np.float16 else flat), starts)
+    sq = np.add.reduceat(np.square(flat.astype(np.float32) if flat.dtype == np.float16 else flat), starts)
     vals = sq.tolist()
     # (a few dozen sums: Python's min and sum of a list cost less than numpy's reductions;
     # NaN or Inf fails the sum's test, min then not needed)
-    if sum(vals) < math.inf and min(vals) >= F32_SQ_TINY:       # (rows_of_squares' usual case, inline)
+    if sum(vals) < math.inf and min(vals) >= F32_SQ_TINY:
         out = template.copy()
         out[:, RAW_SQ] = sq
         return out
@@ -315,22 +310,20 @@ def host_norm_rows(flat: np.ndarray, starts: np.ndarray, template: np.ndarray) -
 
 def rows_of_squares(sq: list, template: np.ndarray, segment) -> np.ndarray:
     """Norm-only rows (``template``'s) of segments whose float32 sums of squares are ``sq``
-    (floats); a segment whose sum is not finite or nearly zero (``segment(i)``: its
-    values) takes the exact path (float64)."""
+    (floats), where some sum is not finite or nearly zero (the callers test the usual case
+    themselves, inline): such a segment (``segment(i)``: its values) takes the exact path
+    (float64)."""
     out = template.copy()
     out[:, RAW_SQ] = sq
-    # (a few dozen sums: Python's min and sum of a list cost less than numpy's reductions;
-    # NaN or Inf fails the sum's test, min then not needed)
-    if not (sum(sq) < math.inf and min(sq) >= F32_SQ_TINY):
-        for i, v in enumerate(sq):
-            if math.isfinite(v) and v >= F32_SQ_TINY:
-                continue
-            seg = segment(i)
-            if math.isfinite(v):
-                x = seg.astype(np.float64)
-                out[i, RAW_SQ] = np.dot(x, x)
-            else:
-                out[i] = _segment_raw_exact(seg)
+    for i, v in enumerate(sq):
+        if math.isfinite(v) and v >= F32_SQ_TINY:
+            continue
+        seg = segment(i)
+        if math.isfinite(v):
+            x = seg.astype(np.float64)
+            out[i, RAW_SQ] = np.dot(x, x)
+        else:
+            out[i] = _segment_raw_exact(seg)
     return out
 
 
