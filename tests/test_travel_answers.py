@@ -218,3 +218,39 @@ def test_predict_says_when_a_change_did_not_hold(tmp_path):
 def test_bisect_after_the_run_ended(tmp_path):
     r = _run(tmp_path, "mlp.py", ["continue", "bisect $step >= 7"], "--steps", "12", extra=("--rules", "none"))
     assert re.search(r"\$step >= 7 first became true at step 7 \(", r.stdout), r.stdout + r.stderr
+
+
+_PY_RANDOM = """
+import random, sys
+import torch
+random.seed(0)
+torch.manual_seed(0)
+model = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for step in range(int(sys.argv[1])):
+    x = torch.tensor([[random.random() for _ in range(4)] for _ in range(8)])   # batches from Python's random
+    y = x.sum(1, keepdim=True)
+    opt.zero_grad()
+    loss = ((model(x) - y) ** 2).mean()
+    loss.backward()
+    opt.step()
+    print("step", step, "loss", repr(loss.item()))
+"""
+
+
+def test_replicas_draw_python_randoms_as_the_run_did(tmp_path):
+    """CPython reseeds ``random`` in a forked child: a replica from a checkpoint drew other
+    batches, and `rs` failed ("the replay diverged ... at step 1")."""
+    script = tmp_path / "pyrandom.py"
+    script.write_text(_PY_RANDOM)
+    argv = ["run", "--batch", "--nx", "--trace", str(tmp_path / "t.h5"), "--force",
+            "-e", "until 6", "-e", "rs 2", "-e", 'p ("AT", $step, repr($loss))', "-e", "goto 2",
+            "-e", 'p ("GO", $step, repr($loss))', "-e", "present", "-e", "predict 1", "-e", "continue",
+            str(script), "8"]
+    r = Ran(nndb(*argv, cwd=str(tmp_path)), argv)
+    assert "diverged" not in r.stderr and "Traceback" not in r.stderr, r.stderr
+    printed = dict(re.findall(r"^step (\d+) loss (\S+)$", r.stdout, re.M))
+    assert re.search(r"\('AT', 4, '([^']+)'\)", r.stdout).group(1) == printed["4"], r.stdout
+    assert re.search(r"\('GO', 2, '([^']+)'\)", r.stdout).group(1) == printed["2"], r.stdout
+    predicted = re.search(r"^7\s+([\d.e-]+)\s", r.stdout, re.M).group(1)
+    assert float(predicted) == float(f"{float(printed['7']):.6g}"), r.stdout

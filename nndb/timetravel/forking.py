@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import random
 import signal
 import sys
 import threading
@@ -88,7 +89,8 @@ def die_with_parent(parent: int) -> None:
 def fork(close: tuple = ()) -> int:
     """fork() with nndb's tracer left on in the child (a DataLoader worker's
     is switched off) and the stdio buffers flushed first (else the child
-    would print them again).  In the child: the channels in ``close`` are closed."""
+    would print them again).  In the child: the channels in ``close`` are closed, and
+    Python's ``random`` draws on as in the parent."""
     from ..tracer import hooks
     for f in (sys.stdout, sys.stderr):
         try:
@@ -97,11 +99,16 @@ def fork(close: tuple = ()) -> int:
             pass
     hooks.REPLICA_FORK = True
     parent = os.getpid()
+    # CPython reseeds the module ``random``'s global generator in a forked child
+    # (random.py: os.register_at_fork(after_in_child=_inst.seed)): a replica must go on
+    # drawing the run's own numbers (a script that shuffles or augments with ``random``).
+    py_random = random.getstate()
     try:
         pid = os.fork()
     finally:
         hooks.REPLICA_FORK = False
     if pid == 0:
+        random.setstate(py_random)
         for c in close:
             c.close()
         die_with_parent(parent)
