@@ -298,3 +298,52 @@ def test_backwards_that_reach_no_parameter_say_that_no_step_was_recorded(tmp_pat
     assert "nndb: no training step was recorded: 4 backward() call(s) reached no parameter" in r.stderr
     with TraceReader(str(tmp_path / "t.h5")) as t:
         assert t.n_steps == 0
+
+
+# gcn's shape (pytorch/examples): the features and the adjacency given as sparse tensors.
+SPARSE_INPUT = textwrap.dedent('''
+    import sys
+    import torch, torch.nn as nn
+    torch.manual_seed(0)
+    N, F = 200, 32
+    feat = (torch.rand(N, F) < 0.1).float() * 255      # raw pixel-like counts, not scaled
+    adj = (torch.rand(N, N) < 0.05).float().to_sparse()
+    y = torch.randint(0, 3, (N,))
+    if sys.argv[1] == "sparse":
+        feat = feat.to_sparse()
+
+    class GCN(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w1 = nn.Parameter(torch.randn(F, 16) * 0.1)
+            self.w2 = nn.Parameter(torch.randn(16, 3) * 0.1)
+        def forward(self, x, a):
+            h = torch.relu(torch.spmm(a, torch.mm(x, self.w1)))
+            return torch.spmm(a, h @ self.w2)
+
+    model = GCN()
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    for step in range(4):
+        opt.zero_grad()
+        loss = nn.functional.cross_entropy(model(feat, adj), y)
+        loss.backward()
+        opt.step()
+        print("step", step, repr(loss.item()))
+''')
+
+
+def test_a_sparse_model_input_is_checksummed_and_probed_as_a_dense_one(tmp_path):
+    """The cross-rank input checksum and the input probe failed on a sparse input ("reshape is not
+    implemented for sparse tensors"): the probe went off, and input_range said nothing."""
+    script = tmp_path / "gcn.py"
+    script.write_text(SPARSE_INPUT)
+    said = {}
+    for layout in ("dense", "sparse"):
+        plain = python(str(script), layout, cwd=str(tmp_path))
+        r = nndb("run", "--batch", "--trace", str(tmp_path / f"{layout}.h5"), str(script), layout,
+                 cwd=str(tmp_path))
+        assert r.returncode == plain.returncode == 0 and r.stdout == plain.stdout, r.stderr
+        assert "failed" not in r.stderr and "internal error" not in r.stderr and " off " not in r.stderr, r.stderr
+        said[layout] = re.findall(r"nndb: \w+: (input_range) at step (\d+): .*?range \[([-\d.e+]+), ([-\d.e+]+)\]",
+                                  r.stderr)
+    assert said["sparse"] and said["sparse"] == said["dense"], said

@@ -311,15 +311,33 @@ class ModelInputs(ModuleKeyed):
         if module in roots or not self.sample(module):
             return
         with torch.no_grad():
-            v = x.detach().reshape(-1)
-            if v.numel() > INPUT_CAP:
-                v = v[:: -(-v.numel() // INPUT_CAP)]
-            v = v.float()
-            lo, hi = torch.aminmax(v)
-            rms = torch.linalg.vector_norm(v) / math.sqrt(v.numel())     # (std_mean is far slower)
-            w = v[:4096]             # integer-valued? (only a hint in the message): a few values do
-            stats = torch.stack([lo, hi, v.mean(), rms, (w == w.round()).all().float()])
+            if x.layout is not torch.strided:
+                stats = _sparse_stats(x.detach())
+            else:
+                v = x.detach().reshape(-1)
+                if v.numel() > INPUT_CAP:
+                    v = v[:: -(-v.numel() // INPUT_CAP)]
+                v = v.float()
+                lo, hi = torch.aminmax(v)
+                rms = torch.linalg.vector_norm(v) / math.sqrt(v.numel())     # (std_mean is far slower)
+                w = v[:4096]             # integer-valued? (only a hint in the message): a few values do
+                stats = torch.stack([lo, hi, v.mean(), rms, (w == w.round()).all().float()])
         roots[module] = {"stats": stats, "shape": tuple(x.shape), "dtype": _dtype(x)}
+
+
+def _sparse_stats(x: torch.Tensor) -> torch.Tensor:
+    """ModelInputs' stats of a sparse input (a graph's features, gcn's ``to_sparse()``) from its
+    stored values and the zeros it does not store, without making it dense."""
+    v = (x.coalesce() if x.layout is torch.sparse_coo else x).values().reshape(-1).float()
+    n, zeros = x.numel(), x.numel() - v.numel()
+    if v.numel() == 0:
+        return torch.tensor([0.0, 0.0, 0.0, 0.0, 1.0])
+    lo, hi = torch.aminmax(v)
+    if zeros:
+        lo, hi = torch.clamp(lo, max=0.0), torch.clamp(hi, min=0.0)
+    w = v[:4096]
+    return torch.stack([lo, hi, v.sum() / n, torch.linalg.vector_norm(v) / math.sqrt(n),
+                        (w == w.round()).all().float()])
 
 
 @register

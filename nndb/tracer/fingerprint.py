@@ -54,6 +54,9 @@ def bit_sum(t: torch.Tensor) -> torch.Tensor:
     """The 64-bit wrap-around sum of ``t``'s bytes read as 64-bit words (the
     last one zero-padded), as a 0-d int64 tensor on its device."""
     t = local(t).detach()
+    if t.layout is not torch.strided:
+        parts = _sparse_parts(t)
+        return torch.stack([bit_sum(p).to(parts[-1].device) for p in parts]).sum()
     if t.is_complex():
         t = torch.view_as_real(t)
     if t.dtype is torch.bool:
@@ -62,6 +65,15 @@ def bit_sum(t: torch.Tensor) -> torch.Tensor:
     if b.numel() % 8:
         b = torch.cat([b, b.new_zeros(8 - b.numel() % 8)])
     return b.view(torch.int64).sum()
+
+
+def _sparse_parts(t: torch.Tensor) -> list:
+    """The dense tensors that hold a sparse tensor's contents (indices, then values)."""
+    if t.layout is torch.sparse_coo:
+        return [t._indices(), t._values()]
+    if t.layout in (torch.sparse_csr, torch.sparse_bsr):
+        return [t.crow_indices(), t.col_indices(), t.values()]
+    return [t.ccol_indices(), t.row_indices(), t.values()]
 
 
 _HOST_DTYPES = (torch.float32, torch.float64, torch.float16, torch.int64, torch.int32, torch.int16,
