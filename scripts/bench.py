@@ -23,6 +23,7 @@ fall in the timed loops as they come (one every ~8 s on the MLP).
     python scripts/bench.py --pairs 7 --json bench.json
     python scripts/bench.py --workload cnn --every 10
     python scripts/bench.py --catch --pairs 5    # catch nan against detect_anomaly (mlp, cnn)
+    python scripts/bench.py --instructions --catch --workload mlp   # catch nan's instructions a step
     python scripts/bench.py --ranks 2 --pairs 5  # 2 DDP ranks: all-stop agreement off / on (cnn)
     python scripts/bench.py --writes sync        # the trace's blocks written in the training thread
     python scripts/bench.py --workload mlp --threads 1   # torch on one thread (the default: one per core)
@@ -721,7 +722,7 @@ def _settle_writer(rec) -> None:
         writer.wait()
 
 
-def _instructions_child(name, recorded, steps, schedule):
+def _instructions_child(name, mode, steps, schedule):
     """Run under callgrind: the loop of ``steps`` steps after WARMUP, the only
     instrumented part.  One thread: a spinning OpenMP worker's instructions
     vary from run to run.  Flushes by step count only, since valgrind's
@@ -732,8 +733,11 @@ def _instructions_child(name, recorded, steps, schedule):
     model, opt, crit, data = WORKLOADS[name][0](0)
     with tempfile.TemporaryDirectory() as tmpdir:
         rec = None
-        if recorded:
+        if mode != "plain":
             rec, session, _ = _recording(schedule, tmpdir, flush_secs=float("inf"), full_rules=_full_rules(name))
+            if mode == "catch":
+                from nndb.debugger import points as P
+                session.points.add(P.CatchPoint, {"what_kind": "nan", "eager": False})
             rec.__enter__()
         train(model, opt, crit, data, WARMUP)
         # The writer's thread compresses a block while the loop goes on: whether that work fell
@@ -752,24 +756,26 @@ def _instructions_child(name, recorded, steps, schedule):
             session.machine.close()
 
 
-def instructions(name, flags, scale=1.0, against=None):
+def instructions(name, flags, scale=1.0, against=None, catch=False):
     """Instructions per step of the loop, plain and recorded, each counted
     by callgrind in a process of its own (deterministic: the same tree and
     inputs give the same counts whatever else the machine does; not time:
     cache misses and the OpenMP threads are not in it); with ``against``
-    (a tree from checkout()) its recorded loop too."""
+    (a tree from checkout()) its recorded loop too; with ``catch``, this tree's
+    with ``catch nan`` armed."""
     for tool in ("valgrind", "callgrind_control"):
         if shutil.which(tool) is None:
             raise SystemExit(f"bench: --instructions needs valgrind ({tool} is not on PATH)")
     steps = max(5, int(WORKLOADS[name][2] * scale))
     per_step = {}
-    variants = [("plain", ROOT), ("recorded", ROOT)] + ([("against", against)] if against else [])
+    variants = [("plain", ROOT), ("recorded", ROOT)] + ([("against", against)] if against else []) \
+        + ([("catch", ROOT)] if catch else [])
     with tempfile.TemporaryDirectory() as tmpdir:
         for variant, tree in variants:
             cmd = ["valgrind", "--tool=callgrind", "--instr-atstart=no",
                    f"--callgrind-out-file={os.path.join(tmpdir, 'callgrind.%p')}",
                    sys.executable, os.path.abspath(__file__), *flags,
-                   "--instructions-child", name, "plain" if variant == "plain" else "recorded", str(steps)]
+                   "--instructions-child", name, variant if variant != "against" else "recorded", str(steps)]
             out = subprocess.run(cmd, capture_output=True, text=True, env=_tree_env(tree))
             count = collected(out.stderr)
             if out.returncode != 0 or count is None:
@@ -780,6 +786,9 @@ def instructions(name, flags, scale=1.0, against=None):
     if against:
         out["against_instructions"] = per_step["against"]
         out["against_ratio"] = per_step["against"] / per_step["plain"]
+    if catch:
+        out["catch_instructions"] = per_step["catch"]
+        out["catch_ratio"] = per_step["catch"] / per_step["plain"]
     return out
 
 
@@ -933,7 +942,8 @@ def main(argv=None):
     ap.add_argument("--catch", action="store_true",
                     help="instead: plain, nndb, 'catch nan' armed, 'catch nan --eager' and "
                          "torch.autograd.set_detect_anomaly side by side (default workloads: mlp and cnn; "
-                         "see scripts/bench_catch.py)")
+                         "see scripts/bench_catch.py); with --instructions, a third count: this tree with "
+                         "'catch nan' armed")
     ap.add_argument("--clock", choices=["wall", "cpu"], default="wall",
                     help="time the loops by the wall clock (default) or by the process's CPU time "
                          "(user + system of all its threads: steadier on a machine other work loads)")
@@ -983,7 +993,7 @@ def main(argv=None):
     schedule = RecordSchedule.parse(args.every, None, args.full_every, args.act_every)
     if args.instructions_child:
         name, mode, steps = args.instructions_child
-        _instructions_child(name, mode == "recorded", int(steps), schedule)
+        _instructions_child(name, mode, int(steps), schedule)
         return 0
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -1003,17 +1013,21 @@ def main(argv=None):
         flags = _child_flags(args, REPLICA)
         with tempfile.TemporaryDirectory(prefix="nndb-bench-") as tree:
             commit = checkout(args.against, tree) if args.against else None
-            counted = [instructions(name, flags, args.scale, tree if args.against else None) for name in names]
+            counted = [instructions(name, flags, args.scale, tree if args.against else None, args.catch)
+                       for name in names]
         print(f"torch {torch.__version__}, 1 thread, callgrind, schedule: {schedule.describe()}, rules: {RULES}, "
               f"checkpoints: {REPLICA}, lineage: {LINEAGE or 'off'}"
               + (f", against {args.against} ({commit[:10]})" if commit else ""))
         rows = [[c["workload"], c["steps"], f"{c['plain_instructions']:,.0f}",
                  f"{c['nndb_instructions']:,.0f}", f"{c['ratio']:.3f}x"]
                 + ([f"{c['against_instructions']:,.0f}", f"{c['against_ratio']:.3f}x"] if commit else [])
+                + ([f"{c['catch_instructions']:,.0f}", f"{c['catch_ratio']:.3f}x"] if args.catch else [])
                 for c in counted]
         headers = ["workload", "steps", "plain instructions/step", "nndb instructions/step", "ratio"]
         if commit:
             headers += [f"{args.against} instructions/step", f"{args.against} ratio"]
+        if args.catch:
+            headers += ["catch nan instructions/step", "catch nan ratio"]
         print(tabulate(rows, headers=headers, disable_numparse=True))
         if args.json:
             with open(args.json, "w") as fh:
