@@ -347,3 +347,50 @@ def test_a_sparse_model_input_is_checksummed_and_probed_as_a_dense_one(tmp_path)
         said[layout] = re.findall(r"nndb: \w+: (input_range) at step (\d+): .*?range \[([-\d.e+]+), ([-\d.e+]+)\]",
                                   r.stderr)
     assert said["sparse"] and said["sparse"] == said["dense"], said
+
+
+# dcgan's discriminator step (two backward() calls, the printed loss their float32 sum) and
+# FGSM adversarial training (a backward for the input's gradient, then zero_grad(): the step
+# trains on the second loss alone).
+TWO_BACKWARDS = textwrap.dedent('''
+    import sys
+    import torch, torch.nn as nn
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.LeakyReLU(0.2), nn.Linear(32, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    for step in range(8):
+        model.zero_grad()
+        x = (torch.randn(16, 16) + 1).requires_grad_(True)
+        first = model(x).pow(2).mean()
+        first.backward()
+        if sys.argv[1] == "fgsm":
+            x = (x + 0.1 * x.grad.sign()).detach()
+            opt.zero_grad()
+            loss = model(x).pow(2).mean()
+            loss.backward()
+        else:
+            second = (model(torch.randn(16, 16)) - 1).pow(2).mean()
+            second.backward()
+            loss = first + second
+        opt.step()
+        print("step", step, repr(loss.item()))
+''')
+
+
+@pytest.mark.parametrize("shape", ["sum", "fgsm"])
+def test_a_steps_loss_is_the_objective_its_optimizer_applies_as_the_script_prints_it(tmp_path, shape):
+    """sum: the two losses added in float32, as the script adds them (the trace had their float64
+    sum, 4 of 6 steps off in the last bits); fgsm: the loss before zero_grad() is no part of it
+    (the trace had adv_loss + loss, ~2x the printed loss)."""
+    from nndb.store.reader import TraceReader
+    plain, trace = plain_and_recorded(tmp_path, TWO_BACKWARDS, shape)
+    printed = _printed(plain.stdout)
+    with TraceReader(trace) as t:
+        steps, losses = t.history(t.find("loss", "loss")[0], "mean")
+    assert {int(s): repr(float(v)) for s, v in zip(steps, losses)} == printed
+    script = tmp_path / "script.py"
+    r = Ran(nndb("run", "--batch", "-q", "--nx", "--trace", str(tmp_path / "s.h5"), "-e", "until 3",
+                 "-e", 'p ("AT", repr($loss))', "-e", "info step", "-e", "continue", str(script), shape,
+                 cwd=str(tmp_path)), [])
+    assert re.search(r"\('AT', '([^']+)'\)", r.stdout).group(1) == printed[3], r.stdout
+    assert re.search(r"^backward passes\s+2$", r.stdout, re.M), r.stdout

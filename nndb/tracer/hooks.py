@@ -52,6 +52,7 @@ from torch.optim import optimizer as _optimizer
 
 from .naming import Naming, user_frame
 from .discover import backward_objective, backward_roots, find_optimizers  # noqa: F401  (find_optimizers: queries)
+from .bucket import _PENDING_LOSS
 from .recorder import StepRecorder, first_float_tensor
 from .stepclock import Close, Mode, StepClock
 from .within import WithinStep
@@ -166,6 +167,14 @@ def _backward(*args, **kwargs):
             try:
                 for cb in t.within.backward:
                     cb()
+            except Exception:
+                t._fail()
+    for t in tracers:
+        # (a later backward of the step, after a loss no optimizer step has taken: did
+        # zero_grad() come between?  StepRecorder.later_backward)
+        if _PENDING_LOSS in t.recorder._buckets[-1].entries:
+            try:
+                t.recorder.later_backward()
             except Exception:
                 t._fail()
     _IN_WRAPPER.add(thread)

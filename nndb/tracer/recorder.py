@@ -95,6 +95,19 @@ def first_float_tensor(out, depth: int = 0):
     return None
 
 
+
+def _summed(row, v: float, dtype):
+    """The row of a step's scalar losses so far (``row``) plus ``v``, added in ``dtype`` as
+    torch adds two such 0-d tensors; None where ``row`` is no one number."""
+    prev = S.scalar_of(row)
+    if prev is None:
+        return None
+    if dtype != torch.float64:
+        v = float(torch.tensor(prev, dtype=dtype) + torch.tensor(v, dtype=dtype))
+    else:
+        v = prev + v
+    return S.scalar_row(v)
+
 class StepRecorder:
     """Accumulates one step's statistics and emits a StepRecord when it closes.
 
@@ -139,6 +152,7 @@ class StepRecorder:
         self._last_act: tuple = (None, None, None)
         self.manual = False
         self._in_step: Optional[bool] = None     # inside optimizer.step(): has a loss been taken there?
+        self._loss_dtype = torch.float32         # the dtype of the step's losses so far (their sum's)
         self._manual_pending: Optional[tuple] = None   # (step, bucket, time, snapshot)
         self.last: Optional[StepRecord] = None
         # These caches key an object by its id, never by the object: they must not keep
@@ -228,15 +242,43 @@ class StepRecorder:
             row = [1.0, v, v * v, v, v, abs(v), float(v == 0), 0.0, 0.0] if -math.inf < v < math.inf \
                 else S.scalar_row(v)
             if _PENDING_LOSS in b.entries:
-                b.add(_PENDING_LOSS, row)
+                # Summed as the script sums them (dcgan's errD = errD_real + errD_fake): in the
+                # losses' dtype, float32's rounding and not Python's float64 (printed 1.1882719993591309,
+                # $loss 1.188271939754486 before).
+                self._loss_dtype = dtype = torch.promote_types(self._loss_dtype, tensor.dtype)
+                total = _summed(b.entries[_PENDING_LOSS], v, dtype)
+                if total is None:
+                    b.add(_PENDING_LOSS, row)
+                else:
+                    b.entries[_PENDING_LOSS] = total
             else:
                 b.entries[_PENDING_LOSS] = row
+                self._loss_dtype = tensor.dtype
             if self.full:
                 b.add_hist(("loss", _PENDING), H.of_scalar(v))
         elif S.is_host_tensor(tensor):
             b.deferred.append((("loss", _PENDING), S._host_array(tensor).copy()))
         else:
             H.add_many(b, [("loss", _PENDING)], [tensor], self.full)
+
+    def later_backward(self) -> None:
+        """Before a later backward() of the step: where every parameter's gradient was set to
+        None since the last one (zero_grad() between them: FGSM's backward for the input's
+        gradient, SAM's first pass), the losses so far are no part of the objective whose
+        gradient the optimizer applies: they leave the step's loss (FGSM read adv_loss + loss,
+        1.96x the printed loss).  A reset that fills the gradients with zeros is not seen.
+        Not inside an optimizer's step(): a closure (LBFGS's) resets them before each of its
+        backwards, and the step's loss is its first call's."""
+        if self._in_step is not None:
+            return
+        params = [p for _, plan in self._plans.values() for p in plan.params] + self.naming.root_params()
+        params = [p for p in params if p.requires_grad]
+        if params and all(p.grad is None for p in params):
+            b = self._buckets[-1]
+            b.entries.pop(_PENDING_LOSS, None)
+            b.hists.pop(_PENDING_LOSS, None)
+            if b.deferred:
+                b.deferred = [(k, a) for k, a in b.deferred if k != _PENDING_LOSS]
 
     def backward_without_loss(self) -> None:
         self._cur.backward_count += 1
