@@ -112,6 +112,14 @@ COLUMNS = STAT_NAMES
 N_STATS = len(STAT_NAMES)
 
 KINDS = ("param", "grad", "update", "act", "loss")
+
+
+def default_stat(kind) -> str:
+    """The statistic shown where none is named: a loss's value (its mean: the one number a
+    scalar loss is, with its sign: a policy gradient's or a log-likelihood's loss goes below 0),
+    any other series' norm."""
+    return "mean" if kind == "loss" else "norm"
+
 # The words a user types for a kind, in the order they are listed: "weight"
 # is kept beside "param" because that is what people call a parameter.
 KIND_WORDS = {"grad": "grad", "weight": "param", "param": "param", "update": "update",

@@ -169,9 +169,9 @@ def test_stats_of_a_glob_that_matches_nothing_says_so(at_step_5):
 
 def test_history_of_the_loss_has_a_sparkline_and_a_row_per_step(at_step_5):
     hist = at_step_5.after("history loss").splitlines()
-    assert hist[0].startswith("loss norm, 6 recorded step(s) 0..5, min ")
+    assert hist[0].startswith("loss mean, 6 recorded step(s) 0..5, min ")
     assert len(hist[1]) == 6 and set(hist[1]) <= set("▁▂▃▄▅▆▇█")     # the sparkline
-    assert hist[2].split() == ["step", "norm"] and [l.split()[0] for l in hist[3:9]] == list("012345")
+    assert hist[2].split() == ["step", "mean"] and [l.split()[0] for l in hist[3:9]] == list("012345")
     assert all(" │" in l for l in hist[9:17]) and hist[17].lstrip().startswith("└")    # the chart, at the prompt
 
 

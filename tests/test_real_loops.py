@@ -394,3 +394,39 @@ def test_a_steps_loss_is_the_objective_its_optimizer_applies_as_the_script_print
                  cwd=str(tmp_path)), [])
     assert re.search(r"\('AT', '([^']+)'\)", r.stdout).group(1) == printed[3], r.stdout
     assert re.search(r"^backward passes\s+2$", r.stdout, re.M), r.stdout
+
+
+# A loss that goes below zero (a Gaussian negative log-likelihood; a policy gradient's, a WGAN
+# critic's): pytorch/examples reinforce.py's.
+NEGATIVE_LOSS = textwrap.dedent('''
+    import torch, torch.nn as nn
+    torch.manual_seed(0)
+    model = nn.Linear(4, 2)          # the mean and log-variance of a Gaussian
+    opt = torch.optim.Adam(model.parameters(), lr=0.05)
+    X = torch.randn(64, 4); Y = X.sum(1, keepdim=True)
+    for step in range(90):
+        opt.zero_grad()
+        mu, logvar = model(X).chunk(2, dim=1)
+        loss = (0.5 * (logvar + (Y - mu) ** 2 / logvar.exp())).mean()
+        loss.backward()
+        opt.step()
+        print("step", step, repr(loss.item()))
+''')
+
+
+def test_a_negative_loss_is_shown_and_watched_with_its_sign(tmp_path):
+    """The loss was shown (inspect --series, history) and watched as its norm, |loss|: -2.16 read
+    2.16, and 'watch loss * < -0.5' never fired."""
+    plain, trace = plain_and_recorded(tmp_path, NEGATIVE_LOSS)
+    printed = {k: float(v) for k, v in _printed(plain.stdout).items()}
+    first = min(k for k, v in printed.items() if v < -0.5)
+    r = nndb("inspect", trace, "--series", "loss", "--json")
+    import json
+    got = json.loads(r.stdout)
+    assert got["stat"] == "mean" and got["series"][0]["values"] == [printed[k] for k in range(90)]
+    script = tmp_path / "script.py"
+    r = Ran(nndb("run", "--batch", "-q", "--nx", "--trace", str(tmp_path / "w.h5"), "-e", "watch loss * < -0.5",
+                 "-e", "continue", "-e", "history loss --last 2", "-e", "kill", str(script), cwd=str(tmp_path)), [])
+    assert re.search(rf"Watchpoint 1: loss mean = \S+ \(< -0.5\) at step {first}\b", r.stdout), r.stdout
+    rows = re.findall(r"^(\d+)\s+(-?[\d.]+)$", r.stdout, re.M)
+    assert [int(s) for s, _ in rows] == [first - 1, first] and float(rows[-1][1]) < -0.5, r.stdout

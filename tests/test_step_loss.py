@@ -30,14 +30,14 @@ for step in range(5):
         if scaled:                        # nanoGPT: loss = loss / gradient_accumulation_steps
             loss = loss / accum
         loss.backward()
-        total += loss.item()              # what this backward() received
+        total = total + loss.detach()     # what this backward() received, summed as torch sums it
     opt.step()
     if zero == "model":
         model.zero_grad()
     else:
         opt.zero_grad(set_to_none=True)
     # nanoGPT prints the last micro-step's loss times accum; the step's objective is the sum
-    print(repr(total), repr(loss.item() * (accum if scaled else 1)))
+    print(repr(total.item()), repr(loss.item() * (accum if scaled else 1)))
 """
 
 
@@ -85,7 +85,8 @@ for i in range(5):
     errG = criterion(netD(fake), label)
     errG.backward()
     optimizerG.step()
-    print(f"step {i} D {errD_real.item() + errD_fake.item()!r} G {errG.item()!r}")
+    errD = errD_real + errD_fake          # (dcgan's Loss_D: the two added as tensors, in float32)
+    print(f"step {i} D {errD.item()!r} G {errG.item()!r}")
 """
 
 
@@ -198,5 +199,5 @@ def test_a_hand_written_loop_stops_at_the_step_that_meets_the_watch(tmp_path, ho
     # at each loss stop: $step and $loss are the step's, and history ends there
     for k in want_loss:
         assert f"('AT', {k}, {losses[k]!r})" in r.stdout
-    ends = [int(m) for m in re.findall(r"^loss norm, \d+ recorded step\(s\) 0\.\.(\d+)", r.stdout, re.M)]
+    ends = [int(m) for m in re.findall(r"^loss mean, \d+ recorded step\(s\) 0\.\.(\d+)", r.stdout, re.M)]
     assert ends == want_loss

@@ -9,6 +9,7 @@ from typing import Optional
 import numpy as np
 
 from ..errors import UsageError
+from ..schema import default_stat
 from ..run.paths import claim_output
 from ..store.measured import measured, measured_column, measured_values
 from ..rules.offline import stored_findings
@@ -68,14 +69,18 @@ def summary(reader: TraceReader) -> dict:
     }
 
 
-def series(reader: TraceReader, name: str, stat: str, kind: Optional[str] = None) -> dict:
-    """The history of one statistic of one tensor (all its kinds unless ``kind``)."""
-    if stat not in reader.columns:
+def series(reader: TraceReader, name: str, stat: Optional[str], kind: Optional[str] = None) -> dict:
+    """The history of one statistic of one tensor (all its kinds unless ``kind``); ``stat``
+    None: the kinds' default (schema.default_stat: the loss's value, a tensor's norm)."""
+    if stat is not None and stat not in reader.columns:
         raise UsageError(f"unknown statistic {stat!r}; one of: {', '.join(reader.columns)}")
     found = reader.find(name, kind)
     if not found:
         what = f"{kind} {name!r}" if kind else repr(name)
         raise UsageError(f"no series {what} in {reader.path} (run 'nndb inspect {reader.path}' for the list)")
+    if stat is None:
+        kinds = {s.kind for s in found}
+        stat = default_stat(kinds.pop() if len(kinds) == 1 else None)
     out = []
     for s in found:
         steps, block = reader.history(s)

@@ -164,19 +164,20 @@ class Trace:
         return self._reader.columns.index(stat)
 
     def _column(self, name: str, kind: str, stat: str) -> tuple:
-        """(measured, values): one statistic of one series at every row."""
-        j = self._stat_index(stat)
+        """(measured, values): one statistic of one series at every row (``stat`` None: the
+        kind's default, schema.default_stat: the loss's value, a tensor's norm)."""
+        j = self._stat_index(stat or K.default_stat(kind))
         block = self._reader.column(self._series_info(name, kind))
         return measured(block, self._reader.columns)[:, j], block[:, j]
 
-    def series(self, name: str, kind: str = "grad", stat: str = "norm") -> np.ndarray:
+    def series(self, name: str, kind: str = "grad", stat: Optional[str] = None) -> np.ndarray:
         """float64 array of len(steps): ``stat`` of the ``kind`` series ``name``
         at row i (step ``steps[i]``), NaN where it was not measured (a measured
         NaN is NaN too: ``history`` keeps only the measured rows)."""
         ok, values = self._column(name, kind, stat)
         return np.where(ok, values, np.nan)
 
-    def history(self, name: str, kind: str = "grad", stat: str = "norm") -> tuple:
+    def history(self, name: str, kind: str = "grad", stat: Optional[str] = None) -> tuple:
         """(steps, values): ``stat`` of one series at the steps where it was measured."""
         ok, values = self._column(name, kind, stat)
         return self._reader.steps[ok].copy(), values[ok]

@@ -16,8 +16,8 @@ from .common import fail
 @click.command("inspect")
 @click.argument("trace", metavar="TRACE|RUNDIR")
 @click.option("--series", "series_name", metavar="NAME", help="Print the history of one tensor.")
-@click.option("--stat", type=click.Choice(STAT_CHOICES), default="norm", show_default=True,
-              help="The statistic --series prints.")
+@click.option("--stat", type=click.Choice(STAT_CHOICES),
+              help="The statistic --series prints (default: the loss's value, its mean; a tensor's norm).")
 @click.option("--kind", type=click.Choice(KIND_CHOICES), help="With --series: only this kind.")
 @click.option("--ranks", "side_by_side", is_flag=True,
               help="With a RUNDIR: each tensor's statistics per rank, side by side (default: merged).")
@@ -42,7 +42,7 @@ def inspect(trace, series_name, stat, kind, side_by_side, as_json, tensor_spec, 
     click.echo(out)
 
 
-def inspect_text(trace: str, series_name: Optional[str], stat: str, kind: Optional[str], side_by_side: bool,
+def inspect_text(trace: str, series_name: Optional[str], stat: Optional[str], kind: Optional[str], side_by_side: bool,
                  as_json: bool, tensor_spec: Optional[str], tensor_step: Optional[int],
                  npy_path: Optional[str]) -> str:
     from ..api import inspect as queries

@@ -210,7 +210,7 @@ optimizer, the first one's; $losses['loss/NAME'].mean the others').""",
   watch grad *.weight norm > 1e3
   watch act fc3 zero_frac == 1 consecutive 3   all zero three steps in a row
   watch loss nan_count > 0
-STAT is one of the recorded statistics (default norm); OP one of > >= < <= == !=.
+STAT is one of the recorded statistics (default norm; the loss's: mean, its value); OP one of > >= < <= == !=.
 Without OP VALUE (the relative rule): the smoothed value, the median of the
 last 3, is judged against a baseline that starts as the median of the first 3
 and follows the smoothed value slowly (its log moves 1/20 of the way per step);

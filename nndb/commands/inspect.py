@@ -9,7 +9,7 @@ from ..errors import CommandError
 from ..text import fmt
 from ..render.chart import chart
 from ..store.measured import measured_values
-from ..schema import KIND_WORDS, STAT_NAMES
+from ..schema import KIND_WORDS, STAT_NAMES, default_stat
 from ..debugger import evaluate as E
 from ..debugger import points as P
 from .breakpoints import info_points
@@ -117,7 +117,7 @@ def _history_arg(text):
     if not words:
         raise CommandError("history needs a tensor name")
     name = words.pop(0)
-    stat = "norm"
+    stat = None                 # (the series' default_stat, once its kind is known)
     if words:
         stat = words.pop(0)
         if stat not in P.STATS:
@@ -163,6 +163,7 @@ def _mean(xs):
 def _history(s, arg):
     kind, name, stat, last = arg
     steps, values, kind = s.view.history(name, kind, stat)
+    stat = stat or default_stat(kind)
     if len(steps) == 0:
         return f"{name} ({kind}): nothing recorded yet"
     rows = [(int(a), b) for a, b in zip(steps[-last:], values[-last:])]
@@ -394,7 +395,7 @@ every element.  $step, $loss, $grad['NAME'] ... are nndb's variables.
     Command("stats", "stats [--ranks all|LIST] [KIND] [GLOB]", """A table of the last recorded step's statistics (KIND: grad weight update act loss).
 --ranks all|LIST (several ranks): one table per rank.""",
             _stats, _stats_arg, args=("kind", "tensor"), group="data", ranks="option"),
-    Command("history", "history [KIND] NAME [STAT] [--last K]", """One tensor's recorded statistic (default norm) over the steps.
+    Command("history", "history [KIND] NAME [STAT] [--last K]", """One tensor's recorded statistic (default norm; the loss's: mean, its value) over the steps.
 A sparkline of the whole series and its last K values (default 20); at the
 prompt (not in batch mode), the whole series as a chart under them.""",
             _history, _history_arg, args=("tensor", "stat"), group="data"),

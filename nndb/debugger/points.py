@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from ..errors import CommandError
-from ..schema import KIND_WORDS, STAT_NAMES as STATS
+from ..schema import KIND_WORDS, STAT_NAMES as STATS, default_stat
 from . import watchband
 from .evaluate import compile_expr
 # The statistics measured at every recorded step (the others only at full
@@ -444,7 +444,7 @@ def parse_watch(text: str) -> dict:
         glob = words.pop(0)
     elif kind != "loss":
         raise CommandError(f"watch {label} needs a tensor name or glob", WATCH_USAGE)
-    stat = "norm"
+    stat = default_stat(kind)
     if words and words[0] in STATS:
         stat = words.pop(0)
     elif words and words[0] not in OPS and words[0] not in _KEYWORDS:

@@ -16,7 +16,7 @@ import numpy as np
 from ..errors import CommandError
 from ..text import NOT_MEASURED
 from ..store.measured import measured, measured_column
-from ..schema import KINDS
+from ..schema import KINDS, default_stat
 from . import evaluate as E
 from . import points as P
 
@@ -108,9 +108,10 @@ class RunView:
         # by name: the garbage collector's order depends on what ran before in the process
         return sorted(((naming.optimizer_name(o, frame), o) for o in ours), key=lambda no: no[0])
 
-    def history(self, name: str, kind: Optional[str], stat: str):
+    def history(self, name: str, kind: Optional[str], stat: Optional[str]):
         """(steps, values, kind) of one series, from the trace (and the steps
-        the writer has not flushed yet); a value is None where it was not measured."""
+        the writer has not flushed yet); a value is None where it was not measured.
+        ``stat`` None: the kind's default (schema.default_stat)."""
         import fnmatch
         series = self.series_names()
         if kind is None:
@@ -126,7 +127,7 @@ class RunView:
         elif (name, kind) not in series:
             raise CommandError(f"no {kind} tensor named '{name}' has been recorded")
         steps, block = self.history_rows(name, kind)
-        return list(steps), measured_column(block, stat, P.STATS), kind
+        return list(steps), measured_column(block, stat or default_stat(kind), P.STATS), kind
 
     def history_rows(self, name: str, kind: str):
         """(steps, (N, 10) statistics) of one series, from the trace (while the

@@ -101,7 +101,7 @@ def test_unmeasured_steps_neither_grow_nor_break_a_streak():
 def test_always_is_parsed_shown_and_completed():
     assert P.parse_watch("watch grad w norm > 1 consecutive 3 always fail".split(None, 1)[1])["always"] is True
     assert _watch("watch grad w norm > 1 consecutive 3 always").what() == "grad w norm > 1 consecutive 3 always"
-    assert _watch("watch loss always").what() == "loss * norm outside [0.01, 50] x baseline always"
+    assert _watch("watch loss always").what() == "loss * mean outside [0.01, 50] x baseline always"
     from nndb.frontends.completer import candidates
     assert "always" in candidates(SimpleNamespace(table=TABLE), "op", ["watch", "grad", "w", "norm"], "")
     assert "always" in TABLE.lookup("watch").usage and "always" in TABLE.lookup("watch").help
