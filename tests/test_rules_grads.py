@@ -291,3 +291,41 @@ def test_gradient_probes_are_called_only_on_the_steps_they_check():
     model(torch.randn(4, 3)).sum().backward()
     _post(presence, opt, 31)
     assert not presence.wants(32) and presence.wants(40)
+
+
+# fast_neural_style's shape: a loss weighted by a large constant (style_weight 1e10), a healthy
+# run whose gradient norms are ~1e4 from the first step and shrink as the loss falls.
+SCALED_LOSS = textwrap.dedent('''
+    import sys
+    import torch, torch.nn as nn
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 64))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3) if sys.argv[1] == "adam" else \\
+        torch.optim.SGD(model.parameters(), lr=1e-7)
+    X, Y = torch.randn(256, 64), torch.randn(256, 64)
+    for step in range(30):
+        opt.zero_grad()
+        loss = 1e5 * nn.functional.mse_loss(model(X), Y)
+        loss.backward()
+        opt.step()
+        print(step, loss.item(), model[2].weight.grad.norm().item())
+''')
+
+
+@pytest.mark.parametrize("optimizer", ["adam", "sgd"])
+def test_exploding_gradient_ceiling_is_not_applied_under_adams_family(tmp_path, optimizer, capsys):
+    """Under Adam a constant loss weight scales the gradients and not the updates: the absolute
+    ceiling (1000) said 'exploding' at step 2 of fast_neural_style while the norms shrank.  Under
+    SGD the same gradients move the weights by lr x 1e4: the ceiling still holds."""
+    script = tmp_path / "scaled.py"
+    script.write_text(SCALED_LOSS)
+    res = run_in_process(tmp_path, str(script), [optimizer])
+    rows = [line.split() for line in capsys.readouterr().out.splitlines() if line[:1].isdigit()]
+    norms = [float(r[2]) for r in rows]
+    assert len(norms) == 30 and min(norms) > 1e3
+    found = _of(res, "exploding_gradient")
+    if optimizer == "adam":
+        assert norms[-1] < norms[0] and float(rows[-1][1]) < float(rows[0][1])       # healthy: both fall
+        assert found == []
+    else:
+        assert found and "above 1000" in found[0]["message"]

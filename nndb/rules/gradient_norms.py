@@ -268,7 +268,10 @@ class ExplodingGradient(_Gradients):
                                    "it started (zero-initialised heads start from ~0)"),
         "ceiling": Threshold(1e3, "absolute gradient norm of one tensor: 100-1000x the usual clipping norms "
                                   "(1 for transformers, 5-10 for RNNs: Pascanu et al. 2013, 'On the difficulty "
-                                  "of training recurrent neural networks'); healthy examples peak at ~10"),
+                                  "of training recurrent neural networks'); healthy examples peak at ~10.  Not "
+                                  "under Adam's family, whose updates do not scale with the gradient: a loss "
+                                  "weighted by a constant (fast_neural_style's style_weight 1e10) has gradients "
+                                  "of 1e5 that shrink as it trains"),
         "spread": Threshold(1e3, "ratio of the largest to the smallest RMS weight gradient within one "
                                  "optimizer, when the largest is in the earlier layer (backprop multiplies the "
                                  "gradient up on its way to the input); healthy examples stay below ~150"),
@@ -279,17 +282,32 @@ class ExplodingGradient(_Gradients):
     def _thresholds(self, ref):
         p = self.params
         rel = np.fmax(p["relative"] * ref, p["min_norm"])          # NaN (no reference yet) -> min_norm
+        # (under Adam's family: the relative test alone, none while the reference is unknown)
+        self.thr_adaptive = np.where(np.isnan(ref), np.inf, rel)
         return np.where(np.isnan(ref), p["ceiling"], np.fmin(rel, p["ceiling"]))
 
+    def _limits(self, ctx, lay, e, se):
+        """The norm above which each eligible tensor is flagged: its threshold, and without
+        the absolute ceiling where an optimizer of Adam's family holds it."""
+        adaptive = self._adaptive(ctx, lay, e)
+        return np.where(adaptive, self.thr_adaptive[se], self.thr[se]) if adaptive.any() else self.thr[se]
+
+    def _adaptive(self, ctx, lay, e):
+        def compute():
+            opts, groups = ctx.optimizers, lay.groups(ctx)
+            fam = [adaptive_eps(o) is not None for _, o in opts]
+            return np.array([0 <= k < len(fam) and fam[k] for k in groups[e]], dtype=bool)
+        return lay.derived(("grad_adaptive", e.size, len(ctx.optimizers)), compute)
+
     def _flags(self, ctx, lay, e, g, se):
-        flags = g > self.thr[se]
+        flags = g > self._limits(ctx, lay, e, se)
         if lay.any_nonzero(ctx, "inf_count"):
             flags |= lay.take(ctx, "grad", "inf_count")[e] > 0
         cross = self._cross(ctx, lay, e, g, "largest")
         return flags if cross is None else flags | cross
 
     def _flags_block(self, block, lay, e, g, se):
-        return (g > self.thr[se]) | (block.take(lay, "grad", "inf_count")[:, e] > 0)
+        return (g > self._limits(block.last, lay, e, se)) | (block.take(lay, "grad", "inf_count")[:, e] > 0)
 
     def _why(self, ctx, lay, e, g, k):
         p, ref = self.params, float(self.ref[lay.slots[e[k]]])
@@ -297,7 +315,7 @@ class ExplodingGradient(_Gradients):
         inf = lay.take(ctx, "grad", "inf_count")[e[k]] > 0
         reasons = [w for w, holds in (
             ("relative", ref > 0 and g[k] > p["relative"] * ref and g[k] >= p["min_norm"]),
-            ("absolute", g[k] > p["ceiling"]), ("inf", inf),
+            ("absolute", g[k] > p["ceiling"] and not self._adaptive(ctx, lay, e)[k]), ("inf", inf),
             ("cross_layer", sp is not None and sp[1] == e[k])) if holds]
         return reasons, sp
 
