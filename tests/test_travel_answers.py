@@ -254,3 +254,45 @@ def test_replicas_draw_python_randoms_as_the_run_did(tmp_path):
     assert re.search(r"\('GO', 2, '([^']+)'\)", r.stdout).group(1) == printed["2"], r.stdout
     predicted = re.search(r"^7\s+([\d.e-]+)\s", r.stdout, re.M).group(1)
     assert float(predicted) == float(f"{float(printed['7']):.6g}"), r.stdout
+
+
+_URANDOM = """
+import os, sys
+import torch
+torch.manual_seed(0)
+model = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for step in range(8):
+    if sys.argv[1] == "urandom":      # batches no replica can draw again (a sensor, a feed)
+        x = torch.frombuffer(bytearray(os.urandom(32 * 4)), dtype=torch.uint8).float().view(32, 4) / 255
+    else:
+        x = torch.rand(32, 4)
+    opt.zero_grad()
+    loss = ((model(x) - x.sum(1, keepdim=True)) ** 2).mean()
+    loss.backward()
+    opt.step()
+    print("step", step, "loss", repr(loss.item()))
+"""
+
+
+@pytest.mark.parametrize("source", ["seeded", "urandom"])
+def test_running_forward_in_the_past_checks_the_recorded_steps(tmp_path, source):
+    """`goto 4` from step 2 in the past ran the replica on unchecked: with batches it could not
+    draw again it showed step 4 with another loss than the run's, as the past."""
+    script = tmp_path / "forward.py"
+    script.write_text(_URANDOM)
+    # ('until 2' leaves a checkpoint at step 2: goto 2 replays nothing, goto 4 runs on from there)
+    argv = ["run", "--batch", "--nx", "--trace", str(tmp_path / "t.h5"), "--force", "-e", "until 2",
+            "-e", "until 5", "-e", "goto 2", "-e", "goto 4", "-e", 'p ("AT", $step, repr($loss))', "-e", "continue",
+            str(script), source]
+    r = Ran(nndb(*argv, cwd=str(tmp_path)), argv)
+    assert "Traceback" not in r.stderr
+    live = re.findall(r"^step (\d+) loss (\S+)$", r.stdout, re.M)
+    printed = dict(live[:6])                         # (the live run's steps 0..5)
+    if source == "seeded":
+        assert re.search(r"\('AT', 4, '([^']+)'\)", r.stdout).group(1) == printed["4"], r.stdout
+        assert "diverged" not in r.stderr
+    else:
+        assert "('AT'" not in r.stdout, r.stdout
+        assert re.search(r"the replay diverged from the recorded run at step 3: loss recorded "
+                         + re.escape(printed["3"]), r.stderr), r.stderr

@@ -237,6 +237,12 @@ class Goto(Role):
 
     def before_stops(self, s, step: int):
         if not self.replaying:
+            # Run on from the target at the prompt: while the timeline is the recorded run's, each
+            # step it recorded is checked as a replayed one is (a step that differs is no past).
+            if s.machine is None or not s.machine.changed:
+                wrong = self.diverged(s)
+                if wrong:
+                    self.give_up(s, wrong)
             return None
         if self.replay_until(s, step, self.target):
             return "skip"
