@@ -190,7 +190,10 @@ def _safely(name: str, fn, *args) -> Check:
     try:
         return fn(*args)
     except Exception as e:          # a check nndb could not carry out is skipped, not a traceback
-        return Check(name, "SKIP", f"nndb could not run this check: {type(e).__name__}: {e}")
+        # (one line: torch's errors go on for pages, a dispatcher's kernel table)
+        said = (str(e).strip().splitlines() or [""])[0]
+        said = said if len(said) <= 200 else said[:197] + "..."
+        return Check(name, "SKIP", f"nndb could not run this check: {type(e).__name__}: {said}")
 
 
 def _context(cap: Capture) -> dict:

@@ -154,9 +154,20 @@ def data_check(cap: Capture, outcome: Outcome) -> Check:
     return Check("data", "PASS", "; ".join(parts), numbers=numbers)
 
 
+# A sparse input (a graph's features, adjacency) is described as the dense tensor it stands
+# for, up to this many elements.
+_DENSE_MAX = 1 << 24
+
+
 def _describe_input(t: torch.Tensor):
     desc = f"{_shape(t.shape)} {str(t.dtype).replace('torch.', '')}"
     nums = {"shape": list(t.shape), "dtype": str(t.dtype).replace("torch.", "")}
+    if t.layout is not torch.strided:
+        desc += f" ({str(t.layout).replace('torch.', '')})"
+        nums["layout"] = str(t.layout).replace("torch.", "")
+        if t.numel() > _DENSE_MAX:
+            return desc, "", "", nums
+        t = t.to_dense()
     if t.numel() == 0 or t.is_complex():
         return desc, "", "", nums
     x = t.detach().double()

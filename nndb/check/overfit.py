@@ -76,12 +76,14 @@ def _fresh_optimizer(seen_opt, model, replica):
 
 def _small_batch(call: LossCall):
     """The first OVERFIT_BATCH samples, where every input and the target
-    share the batch dimension (dim 0); else the whole captured batch."""
+    share the batch dimension (dim 0) and none is sparse (a graph's adjacency
+    and features: its nodes, not a batch to cut); else the whole captured batch."""
     args, target = call.model_args, call.target
     b = call.input_shape[0] if call.input_shape else None
     leaves = [t for t in pytree.tree_leaves(args) if isinstance(t, torch.Tensor)]
     ok = (b is not None and b > OVERFIT_BATCH and target is not None and target.dim() > 0
-          and target.shape[0] == b and all(t.dim() > 0 and t.shape[0] == b for t in leaves))
+          and target.shape[0] == b and all(t.dim() > 0 and t.shape[0] == b and t.layout is torch.strided
+                                           for t in leaves))
     if not ok:
         return args, target, b if b is not None else "all"
     cut = pytree.tree_map(lambda t: t[:OVERFIT_BATCH] if isinstance(t, torch.Tensor) else t, args)
