@@ -430,3 +430,38 @@ def test_a_negative_loss_is_shown_and_watched_with_its_sign(tmp_path):
     assert re.search(rf"Watchpoint 1: loss mean = \S+ \(< -0.5\) at step {first}\b", r.stdout), r.stdout
     rows = re.findall(r"^(\d+)\s+(-?[\d.]+)$", r.stdout, re.M)
     assert [int(s) for s, _ in rows] == [first - 1, first] and float(rows[-1][1]) < -0.5, r.stdout
+
+
+HOGWILD = textwrap.dedent('''
+    import torch, torch.nn as nn
+    import torch.multiprocessing as mp
+
+    def train(rank, model):
+        torch.manual_seed(rank)
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        for step in range(3):
+            opt.zero_grad()
+            model(torch.randn(8, 4)).pow(2).mean().backward()
+            opt.step()
+
+    if __name__ == "__main__":
+        model = nn.Linear(4, 1)
+        model.share_memory()
+        ps = [mp.Process(target=train, args=(r, model)) for r in range(2)]
+        for p in ps:
+            p.start()
+        for p in ps:
+            p.join()
+        print("done")
+''')
+
+
+def test_training_in_other_processes_says_that_nothing_was_recorded(tmp_path):
+    """mnist_hogwild: the model trains in torch.multiprocessing's processes; the run recorded 0
+    steps and said nothing."""
+    plain, trace = plain_and_recorded(tmp_path, HOGWILD)
+    r = nndb("run", "--batch", "-q", "--trace", str(tmp_path / "h.h5"), str(tmp_path / "script.py"),
+             cwd=str(tmp_path))
+    assert r.returncode == 0 and r.stdout == plain.stdout == "done\n"
+    assert "nndb: no training step was recorded: the script called no backward() and stepped no optimizer " \
+           "in this process" in r.stderr, r.stderr

@@ -214,6 +214,11 @@ class Recording:
             self.message(f"nndb: no training step was recorded: {self.tracer.unseen_backwards} backward() "
                          f"call(s) reached no parameter of an nn.Module, nor any tensor that needs grad, and "
                          f"no optimizer stepped (docs/steps.md)")
+        elif exc[1] is None and self.recorder.last is None and not self.tracer.optimizer_refs:
+            # (mnist_hogwild: the model trained in processes of torch.multiprocessing's)
+            self.message("nndb: no training step was recorded: the script called no backward() and stepped no "
+                         "optimizer in this process (training in other processes, torch.multiprocessing's, "
+                         "is not traced; docs/steps.md)")
 
     def close(self, status: str = "finished", exit_code: int = 0, reason: str = "") -> None:
         self.writer.close(status, exit_code, reason)
