@@ -271,9 +271,16 @@ class StepRecorder:
         backwards, and the step's loss is its first call's."""
         if self._in_step is not None:
             return
-        params = [p for _, plan in self._plans.values() for p in plan.params] + self.naming.root_params()
-        params = [p for p in params if p.requires_grad]
-        if params and all(p.grad is None for p in params):
+        # (gradient accumulation comes here at every micro-batch: the optimizers' parameters
+        # first, where the first one with a gradient ends the look)
+        seen = False
+        for params in ([p for _, plan in self._plans.values() for p in plan.params], self.naming.root_params()):
+            for p in params:
+                if p.requires_grad:
+                    if p.grad is not None:
+                        return
+                    seen = True
+        if seen:
             b = self._buckets[-1]
             b.entries.pop(_PENDING_LOSS, None)
             b.hists.pop(_PENDING_LOSS, None)
