@@ -46,6 +46,20 @@ def test_run_module_like_python_m(tmp_path, trace):
     assert traced.stdout == plain.stdout == "__main__ ['--x', '1']\n"
 
 
+@pytest.mark.parametrize("command", ["run", "check"])
+def test_what_follows_the_module_is_the_modules_though_nndb_has_such_options(tmp_path, trace, command):
+    """python -m's rule: `nndb run -m mlp --steps 2` gave mlp's --steps to nndb ('--steps takes
+    A:B'), and `--every 2` recorded every second step; `-- x` reaches the module as python gives it."""
+    (tmp_path / "mod.py").write_text("import sys\nprint(sys.argv[1:])\n")
+    args = ["--steps", "2", "--every", "3", "-m", "x", "--", "y"]
+    plain = subprocess.run([sys.executable, "-m", "mod", *args], cwd=str(tmp_path), capture_output=True, text=True)
+    assert plain.stdout == f"{args}\n"
+    extra = ["--trace", trace, "--force", "--batch"] if command == "run" else []
+    for module in (["-m", "mod"], ["-mmod"]):
+        r = nndb(command, *extra, *module, *args, cwd=str(tmp_path))
+        assert r.stdout.startswith(plain.stdout), r.stdout + r.stderr
+
+
 def test_missing_script_is_one_line_exit_2(tmp_path):
     r = nndb("run", str(tmp_path / "nope.py"), cwd=str(tmp_path))
     assert r.returncode == 2

@@ -8,10 +8,10 @@ import click
 
 from ..errors import EXIT_SIGINT, NndbError
 from ..text import to_json
-from .common import SCRIPT_CONTEXT, fail, target_of
+from .common import SCRIPT_CONTEXT, ScriptCommand, fail, target_of
 
 
-@click.command("check", context_settings=SCRIPT_CONTEXT)
+@click.command("check", cls=ScriptCommand, context_settings=SCRIPT_CONTEXT)
 @click.option("-m", "module", metavar="MODULE", help="Check a library module run as a script, like python -m.")
 @click.option("--steps", type=click.IntRange(min=1), default=2, show_default=True, metavar="N",
               help="Run the script's first N steps.")

@@ -15,6 +15,35 @@ from ..text import printable
 SCRIPT_CONTEXT = {"ignore_unknown_options": True, "allow_interspersed_args": False}
 
 
+class ScriptCommand(click.Command):
+    """A command of SCRIPT [ARGS] or -m MODULE [ARGS] (run, check, fuzz): everything after
+    SCRIPT or MODULE is the script's, as python's rule is, even a word that is also an
+    option of the command (``nndb run -m mlp --steps 2``: the module's ``--steps``)."""
+
+    def parse_args(self, ctx, args):
+        return super().parse_args(ctx, module_args_apart(self, list(args)))
+
+
+def module_args_apart(command: click.Command, args: list) -> list:
+    """``args`` with ``--`` after ``-m MODULE`` where -m comes among the command's own options
+    (before SCRIPT): click then takes what follows as the module's arguments."""
+    opts = {name: p for p in command.params if isinstance(p, click.Option) for name in p.opts + p.secondary_opts}
+    i = 0
+    while i < len(args):
+        word = args[i]
+        if word == "--" or word == "-" or not word.startswith("-"):
+            return args                        # (SCRIPT, or the end of the options)
+        if word == "-m":
+            return args[:i + 2] + ["--"] + args[i + 2:] if i + 1 < len(args) else args
+        if word.startswith("-m") and not word.startswith("--"):          # (-mMODULE)
+            return args[:i + 1] + ["--"] + args[i + 1:]
+        p = opts.get(word.split("=", 1)[0])
+        if p is None:
+            return args                        # (unknown: click says so, or takes it as SCRIPT)
+        i += 1 if p.is_flag or p.count or "=" in word else 1 + p.nargs
+    return args
+
+
 class Number(click.FloatRange):
     """click's FloatRange, NaN refused (it passes every comparison's range check)."""
 

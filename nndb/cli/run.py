@@ -12,11 +12,12 @@ import click
 
 from ..errors import EXIT_SIGINT, NndbError, UsageError
 from ..run.config import RunOptions
-from .common import SCRIPT_CONTEXT, Number, fail, message, session_frontend, stderr_is_terminal, target_of
+from .common import (SCRIPT_CONTEXT, Number, ScriptCommand, fail, message, session_frontend,
+                     stderr_is_terminal, target_of)
 from .setup import full_rules, launch_options, own_paths, run_setup
 
 
-@click.command("run", context_settings=SCRIPT_CONTEXT)
+@click.command("run", cls=ScriptCommand, context_settings=SCRIPT_CONTEXT)
 @click.option("-m", "module", metavar="MODULE", help="Run a library module as a script, like python -m.")
 @click.option("--trace", "trace_path", metavar="PATH", type=click.Path(),
               help="Write the trace here (default: a new file under ./nndb-runs/); an existing file is refused. "
