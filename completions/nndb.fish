@@ -45,7 +45,7 @@ complete -c nndb -n '__fish_seen_subcommand_from fuzz' -s h -l help -d 'Show the
 complete -c nndb -n '__fish_seen_subcommand_from fuzz' -F
 complete -c nndb -n '__fish_use_subcommand' -a inspect -d 'Print a traces metadata, step count and recorded tensors'
 complete -c nndb -n '__fish_seen_subcommand_from inspect' -l series -x -d 'Print the history of one tensor'
-complete -c nndb -n '__fish_seen_subcommand_from inspect' -l stat -x -a 'count mean std min max norm mean_abs nan_count inf_count zero_frac' -d 'The statistic --series prints'
+complete -c nndb -n '__fish_seen_subcommand_from inspect' -l stat -x -a 'count mean std min max norm mean_abs nan_count inf_count zero_frac' -d 'The statistic --series prints (default: the losss value, its mean; a tensors norm)'
 complete -c nndb -n '__fish_seen_subcommand_from inspect' -l kind -x -a 'param grad update act loss' -d 'With --series: only this kind'
 complete -c nndb -n '__fish_seen_subcommand_from inspect' -l ranks -d 'With a RUNDIR: each tensors statistics per rank, side by side (default: merged)'
 complete -c nndb -n '__fish_seen_subcommand_from inspect' -l json -d 'Print one JSON object instead of text'

@@ -375,3 +375,13 @@ def test_the_scripts_own_keyboard_interrupt_ends_the_run_as_it_ends_python(tmp_p
     assert r.stderr.strip().endswith("KeyboardInterrupt")
     with TraceReader(str(tmp_path / "t.h5")) as t:
         assert t.status == "interrupted" and t.end["exit_code"] == 130
+
+
+@pytest.mark.parametrize("argv,said", [(["run", "--batch", "--bogus", "x.py"], "No such option '--bogus'."),
+                                       (["check", "--steps", "0", "x.py"], "Invalid value for '--steps'"),
+                                       (["bogus"], "No such command 'bogus'.")])
+def test_a_bad_option_is_one_line_and_exit_2(tmp_path, argv, said):
+    """README's exit table: a usage error is one line (click's form was three: the usage, a hint, the error)."""
+    r = nndb(*argv, cwd=str(tmp_path))
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr.count("\n") == 1 and r.stderr.startswith(f"nndb: error: {said}"), r.stderr

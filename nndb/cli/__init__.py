@@ -31,7 +31,20 @@ for _command in (run.run, check.check, fuzz.fuzz, trust.trust, inspect.inspect, 
 
 def main(argv=None) -> None:
     try:
-        cli.main(args=argv, prog_name="nndb", standalone_mode=True)
+        try:
+            code = cli.main(args=argv, prog_name="nndb", standalone_mode=False)
+        except click.ClickException as e:
+            if type(e).__name__ == "NoArgsIsHelpError":        # (`nndb` alone: the help, as click shows it)
+                e.show()
+                sys.exit(e.exit_code)
+            # A bad option or argument: one line and its exit code (2), as every other usage
+            # error (click's own form is three: the usage, a hint, the error)
+            click.echo(f"nndb: error: {e.format_message()}", err=True)
+            sys.exit(e.exit_code)
+        except click.Abort:
+            click.echo("Aborted!", err=True)
+            sys.exit(1)
+        sys.exit(code if isinstance(code, int) else 0)     # (--help, --version: click's Exit code)
     except SystemExit:
         if run.INTERRUPTED:
             # The script's KeyboardInterrupt (its traceback shown already)
