@@ -465,3 +465,29 @@ def test_training_in_other_processes_says_that_nothing_was_recorded(tmp_path):
     assert r.returncode == 0 and r.stdout == plain.stdout == "done\n"
     assert "nndb: no training step was recorded: the script called no backward() and stepped no optimizer " \
            "in this process" in r.stderr, r.stderr
+
+
+SKIPPED_NAN = textwrap.dedent('''
+    import torch, torch.nn as nn
+    torch.manual_seed(0)
+    model = nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    X = torch.randn(32, 4); Y = X.sum(1, keepdim=True)
+    for it in range(12):
+        loss = nn.functional.mse_loss(model(X), Y)
+        if it == 7:
+            loss = loss * float("nan")           # a bad batch ...
+        opt.zero_grad()
+        loss.backward()
+        if it != 7:                              # ... whose step the script skips
+            opt.step()
+        print("it", it, repr(loss.item()))
+''')
+
+
+def test_a_nan_loss_whose_step_the_script_skips_is_still_found(tmp_path):
+    """The next zero_grad() throws the NaN backward's gradients away; its loss left the step's
+    loss with them, and nothing (nonfinite, catch nan) said a NaN had come."""
+    plain, trace = plain_and_recorded(tmp_path, SKIPPED_NAN)
+    r = nndb("run", "--batch", "--trace", str(tmp_path / "n.h5"), str(tmp_path / "script.py"), cwd=str(tmp_path))
+    assert "nndb: error: nonfinite at step 7: NaN first appeared in loss" in r.stderr, r.stderr

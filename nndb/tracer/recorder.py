@@ -266,7 +266,8 @@ class StepRecorder:
         None since the last one (zero_grad() between them: FGSM's backward for the input's
         gradient, SAM's first pass), the losses so far are no part of the objective whose
         gradient the optimizer applies: they leave the step's loss (FGSM read adv_loss + loss,
-        1.96x the printed loss).  A reset that fills the gradients with zeros is not seen.
+        1.96x the printed loss).  A reset that fills the gradients with zeros is not seen, and a
+        NaN or Inf loss stays (a script that skips the step of a bad batch: the run's only sign of it).
         Not inside an optimizer's step(): a closure (LBFGS's) resets them before each of its
         backwards, and the step's loss is its first call's."""
         if self._in_step is not None:
@@ -280,8 +281,11 @@ class StepRecorder:
                     if p.grad is not None:
                         return
                     seen = True
+        b = self._buckets[-1]
+        row = b.entries.get(_PENDING_LOSS)
+        if row is not None and (row[S.RAW_NAN] or row[S.RAW_INF]):
+            return       # (a NaN or Inf loss whose step the script skipped stays the step's: catch nan sees it)
         if seen:
-            b = self._buckets[-1]
             b.entries.pop(_PENDING_LOSS, None)
             b.hists.pop(_PENDING_LOSS, None)
             if b.deferred:
