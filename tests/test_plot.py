@@ -306,3 +306,29 @@ def test_layers_are_in_the_models_registration_order_not_the_optimizers(tmp_path
     with TraceReader(path) as r:
         old = D.heatmap(r, "grad", "norm")
     assert old.layers == recorded and old.order == "recording order: this trace predates the model order"
+
+
+def test_steps_after_the_last_measured_one_are_drawn_not_measured(tmp_path):
+    """Activations (norm) are measured at steps 0-19 and 32 of a 40-step run: steps 33-39 were drawn
+    white, a measured 0's colour, for the last cell reached only one step."""
+    pytest.importorskip("matplotlib")
+    import gc
+    from nndb.run.config import RunConfig
+    from nndb.driver import DebugOptions, debug
+    from nndb.frontends.batch import ScriptedFrontend
+    from nndb.run.launcher import Target
+    from nndb.render.plot import figure
+    gc.collect()
+    path = str(tmp_path / "t.h5")
+    assert debug(RunConfig(Target(path=example("mlp.py"), args=["--steps", "40"]), path, quiet=True),
+                 DebugOptions(batch=True, no_rc=True, rules="none"), ScriptedFrontend([])).exit_code == 0
+    with TraceReader(path) as r:
+        d = D.heatmap(r, "act", "norm")
+    assert d.steps.tolist() == list(range(20)) + [32]
+    fig = figure(d)
+    mesh = fig.axes[0].collections[0]
+    x_edges = mesh.get_coordinates()[0, :, 0]
+    assert x_edges.tolist()[-3:] == [32.0, 33.0, 40.0]       # step 32's cell, then 33..39 to the axis' end
+    assert np.all(mesh.get_array().mask[:, -1])              # the last column: no value (grey), not a 0
+    assert not np.any(mesh.get_array().mask[:, -2])
+    assert "not measured" in [t.get_text() for t in fig.legends[0].get_texts()]

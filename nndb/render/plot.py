@@ -207,7 +207,8 @@ def _cells(steps: np.ndarray, values: np.ndarray, end: float):
     it and reaches the next measured step, or ``end``, but no further than
     the usual spacing of the measured steps; across a longer gap an empty
     column (the activations of steps 0-19 and then 32: step 19 is not drawn
-    as 13 wide)."""
+    as 13 wide), and one from the last cell to ``end`` (activations measured at step 32 of a
+    40-step run: steps 33-39 are not measured, not white)."""
     s = np.asarray(steps, dtype=float)
     if len(s) == 0:
         return np.array([0.0, float(end)]), np.full((values.shape[0], 1), np.nan)
@@ -220,6 +221,9 @@ def _cells(steps: np.ndarray, values: np.ndarray, end: float):
         nxt = s[i + 1] if i + 1 < len(s) else max(float(end), x + 1)
         edges.append(min(x + width, nxt))
         cols.append(values[:, i])
+    if edges[-1] < float(end) - 1e-9:          # (steps after the last measured one: not measured, to the end)
+        edges.append(float(end))
+        cols.append(np.full(values.shape[0], np.nan))
     return np.array(edges), np.stack(cols, axis=1)
 
 
