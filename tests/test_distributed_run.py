@@ -464,3 +464,36 @@ def test_nproc_per_node_trace_dir_gives_each_rank_its_file_inside_as_torchrun_do
             assert t.meta["rank"] == rank and t.status == "finished"
             # the report's last step is the trace's, not the last one sent while the job ran
             assert reported[rank]["last_step"] == t.end["last_step"] == int(t.steps[-1])
+
+
+@JOB
+@pytest.mark.parametrize("trace", ["runJ/", "run.h5"])
+def test_travel_across_ranks_with_a_trace_given_records_beside_it(tmp_path, trace):
+    """With --trace, reverse-step ran the job again on the same paths: every rank refused
+    ('--trace .../rank0.h5 exists') and the stopped job was lost.  The job run again records
+    beside the run before (runJ.t1/, run.t1.rank<R>.h5), which keeps its traces to be checked against."""
+    script = _copy(tmp_path, "distrun_ddp_mlp.py")
+    p, master, expect = _on_terminal(tmp_path, script, launch=("--nproc-per-node", "2", "--trace", trace))
+    cmd = _commands(master, expect)
+    try:
+        expect("(nndb r0) ")
+        cmd("break step 2")
+        assert "nndb: all 2 rank(s) stopped at the end of step 2" in cmd("continue")
+        out = cmd("reverse-step")
+        fresh = "runJ.t1/" if trace.endswith("/") else "run.t1.h5"
+        assert f"nndb: the job run again records to {tmp_path / fresh}" in out, out
+        assert "nndb: all 2 rank(s) stopped at the end of step 1" in out and "exists" not in out, out
+        assert "equals the run before's, bit for bit" in out, out
+        os.write(master, b"delete\n")
+        expect(") ")
+        os.write(master, b"continue\n")
+        expect("nndb: the job ended (exit code 0)")
+        p.wait(timeout=60)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, 9)
+        os.close(master)
+    first = ["runJ/rank0.h5", "runJ/rank1.h5"] if trace.endswith("/") else ["run.rank0.h5", "run.rank1.h5"]
+    again = ["runJ.t1/rank0.h5", "runJ.t1/rank1.h5"] if trace.endswith("/") else ["run.t1.rank0.h5", "run.t1.rank1.h5"]
+    assert all((tmp_path / f).exists() for f in first + again)
+    _assert_none_left(str(tmp_path))

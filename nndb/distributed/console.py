@@ -112,9 +112,11 @@ class Console:
             return
         self._wait_stopped(show)
 
-    def run(self, worker_argv: list, trace_dir: Optional[str]) -> int:
+    def run(self, worker_argv: list, trace_dir: Optional[str], trace_path: Optional[str] = None) -> int:
+        """``trace_path``: the job's --trace as the ranks' command line has it (a travel runs the
+        job again with a fresh one: nndb.distributed.travel.fresh_trace)."""
         self.front.interactive = True
-        self._argv, self._trace_dir = list(worker_argv), trace_dir
+        self._argv, self._trace_dir, self._trace_path = list(worker_argv), trace_dir, trace_path
         self._points: list = []              # the lines that set points on every rank (a replay sets them again)
         self._changes: list = []             # [changes.Change]: 'set' at a stop (a replay makes it again)
         self._warned = False
@@ -396,6 +398,11 @@ class Console:
         before = travel.trace_losses({r: self.front.state.ranks[r].trace for r in ranks
                                       if self.front.state.ranks[r].trace}, target)
         keep = kept_before(self._changes, target)
+        if self._trace_path:           # (--trace: the job run again writes beside the run before, not over it)
+            fresh = travel.fresh_trace(self._trace_path)
+            self._argv = travel.with_trace(self._argv, self._trace_path, fresh)
+            self._trace_path = fresh
+            self.say(f"nndb: the job run again records to {fresh}")
         self._replaying = True
         try:
             self._launch(travel.without_run_flag(self._argv), show=False)    # (every rank at its start stop)

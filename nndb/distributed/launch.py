@@ -79,7 +79,7 @@ def start_job(o: RunOptions, launch: LaunchOptions, target, frontend, trace_path
             argv.remove("--batch")      # (the ranks' sessions are interactive, through the front)
             if o.go:
                 argv.insert(1, "--run")
-            code = Console(front, frontend, message).run(argv, trace_dir)
+            code = Console(front, frontend, message).run(argv, trace_dir, trace_path)
     finally:
         front.close()
     if front.state.run_dir and not o.quiet:

@@ -20,7 +20,10 @@ drifted and gives no answer.
 """
 from __future__ import annotations
 
+import glob
 import math
+import os
+import re
 import time
 from typing import Optional
 
@@ -103,6 +106,30 @@ def without_run_flag(argv: list) -> list:
     """The ranks' command line without ``--run`` (a replay is driven from its start stop)."""
     i = next((j for j, a in enumerate(argv) if j > 0 and not a.startswith("-")), len(argv))
     return [a for j, a in enumerate(argv) if not (j < i and a == "--run")]
+
+
+def fresh_trace(path: str) -> str:
+    """A path beside ``path`` (a job's ``--trace``: ``DIR/``, or a file the ranks' names are made
+    from, run.h5 -> run.rank0.h5) that no run has written, for the job run again: ``DIR.t1/``,
+    ``run.t1.h5`` (t2, ... where taken).  The run before keeps its traces: the travel is checked
+    against them, and a user who gave --trace kept them for a reason."""
+    is_dir = path.endswith(os.sep)
+    stem, ext = (path.rstrip(os.sep), "") if is_dir else os.path.splitext(path)
+    stem = re.sub(r"\.t\d+$", "", stem)
+    n = 1
+    while True:
+        cand = f"{stem}.t{n}{ext}"
+        if not os.path.exists(cand) and not glob.glob(glob.escape(f"{stem}.t{n}") + ".rank*" + ext):
+            return cand + (os.sep if is_dir else "")
+        n += 1
+
+
+def with_trace(argv: list, old: str, new: str) -> list:
+    """The ranks' command line with nndb's ``--trace old`` made ``--trace new``."""
+    for j in range(len(argv) - 1):
+        if argv[j] == "--trace" and argv[j + 1] == old:
+            return argv[:j + 1] + [new] + argv[j + 2:]
+    return list(argv)
 
 
 def _change(run, ranks: list, targets_of, change) -> Optional[str]:
