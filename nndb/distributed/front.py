@@ -452,7 +452,9 @@ class Front:
             how = f"exit code {f.exitcode}" if f.exitcode is not None and f.exitcode >= 0 else \
                 f"signal {-f.exitcode if f.exitcode is not None else '?'}"
             if i == 0:
-                self.message(f"nndb: rank {rank} failed: {how}{why}; its traceback is above")
+                # (exit code 1: the script raised, its traceback printed; 2: nndb's own error line)
+                said = "its traceback is above" if f.exitcode == 1 else "its error is above"
+                self.message(f"nndb: rank {rank} failed: {how}{why}; {said}")
             else:
                 self.message(f"nndb: rank {rank} ended too: {how}{why}")
         code = failures[order[0]].exitcode
