@@ -762,20 +762,24 @@ def instructions(name, flags, scale=1.0, against=None, catch=False):
     inputs give the same counts whatever else the machine does; not time:
     cache misses and the OpenMP threads are not in it); with ``against``
     (a tree from checkout()) its recorded loop too; with ``catch``, this tree's
-    with ``catch nan`` armed."""
+    with ``catch nan`` armed and without, both with checkpoints (without time travel
+    catch nan checks every operation, as --eager: not what a run pays)."""
     for tool in ("valgrind", "callgrind_control"):
         if shutil.which(tool) is None:
             raise SystemExit(f"bench: --instructions needs valgrind ({tool} is not on PATH)")
     steps = max(5, int(WORKLOADS[name][2] * scale))
     per_step = {}
     variants = [("plain", ROOT), ("recorded", ROOT)] + ([("against", against)] if against else []) \
-        + ([("catch", ROOT)] if catch else [])
+        + ([("recorded-tt", ROOT), ("catch", ROOT)] if catch else [])
     with tempfile.TemporaryDirectory() as tmpdir:
         for variant, tree in variants:
+            mode = {"against": "recorded", "recorded-tt": "recorded"}.get(variant, variant)
+            own = [("auto" if variant in ("catch", "recorded-tt") and f == "off" and i and flags[i - 1] == "--replica"
+                    else f) for i, f in enumerate(flags)]
             cmd = ["valgrind", "--tool=callgrind", "--instr-atstart=no",
                    f"--callgrind-out-file={os.path.join(tmpdir, 'callgrind.%p')}",
-                   sys.executable, os.path.abspath(__file__), *flags,
-                   "--instructions-child", name, variant if variant != "against" else "recorded", str(steps)]
+                   sys.executable, os.path.abspath(__file__), *own,
+                   "--instructions-child", name, mode, str(steps)]
             out = subprocess.run(cmd, capture_output=True, text=True, env=_tree_env(tree))
             count = collected(out.stderr)
             if out.returncode != 0 or count is None:
@@ -787,8 +791,10 @@ def instructions(name, flags, scale=1.0, against=None, catch=False):
         out["against_instructions"] = per_step["against"]
         out["against_ratio"] = per_step["against"] / per_step["plain"]
     if catch:
+        out["checkpoints_instructions"] = per_step["recorded-tt"]
         out["catch_instructions"] = per_step["catch"]
         out["catch_ratio"] = per_step["catch"] / per_step["plain"]
+        out["catch_added"] = (per_step["catch"] - per_step["recorded-tt"]) / per_step["plain"]
     return out
 
 
@@ -942,8 +948,8 @@ def main(argv=None):
     ap.add_argument("--catch", action="store_true",
                     help="instead: plain, nndb, 'catch nan' armed, 'catch nan --eager' and "
                          "torch.autograd.set_detect_anomaly side by side (default workloads: mlp and cnn; "
-                         "see scripts/bench_catch.py); with --instructions, a third count: this tree with "
-                         "'catch nan' armed")
+                         "see scripts/bench_catch.py); with --instructions, this tree counted with checkpoints, without and with "
+                         "'catch nan' armed (what catch nan adds)")
     ap.add_argument("--clock", choices=["wall", "cpu"], default="wall",
                     help="time the loops by the wall clock (default) or by the process's CPU time "
                          "(user + system of all its threads: steadier on a machine other work loads)")
@@ -1021,13 +1027,14 @@ def main(argv=None):
         rows = [[c["workload"], c["steps"], f"{c['plain_instructions']:,.0f}",
                  f"{c['nndb_instructions']:,.0f}", f"{c['ratio']:.3f}x"]
                 + ([f"{c['against_instructions']:,.0f}", f"{c['against_ratio']:.3f}x"] if commit else [])
-                + ([f"{c['catch_instructions']:,.0f}", f"{c['catch_ratio']:.3f}x"] if args.catch else [])
+                + ([f"{c['checkpoints_instructions']:,.0f}", f"{c['catch_instructions']:,.0f}",
+                    f"+{c['catch_added']:.3f}x"] if args.catch else [])
                 for c in counted]
         headers = ["workload", "steps", "plain instructions/step", "nndb instructions/step", "ratio"]
         if commit:
             headers += [f"{args.against} instructions/step", f"{args.against} ratio"]
         if args.catch:
-            headers += ["catch nan instructions/step", "catch nan ratio"]
+            headers += ["with checkpoints", "and catch nan", "catch nan adds"]
         print(tabulate(rows, headers=headers, disable_numparse=True))
         if args.json:
             with open(args.json, "w") as fh:
