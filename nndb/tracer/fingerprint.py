@@ -70,7 +70,8 @@ def bit_sum(t: torch.Tensor) -> torch.Tensor:
 def _sparse_parts(t: torch.Tensor) -> list:
     """The dense tensors that hold a sparse tensor's contents (indices, then values)."""
     if t.layout is torch.sparse_coo:
-        return [t._indices(), t._values()]
+        t = t if t.is_coalesced() else t.coalesce()         # (the same contents, the same checksum)
+        return [t.indices(), t.values()]
     if t.layout in (torch.sparse_csr, torch.sparse_bsr):
         return [t.crow_indices(), t.col_indices(), t.values()]
     return [t.ccol_indices(), t.row_indices(), t.values()]
