@@ -393,38 +393,13 @@ def test_tracer_quiet_restores_the_tracers_guard_and_depth():
     assert (tracer.in_hook, tracer.module_depth) == (False, 2)
 
 
-SPARSE_GCN = """
-    import torch, torch.nn as nn
-    torch.manual_seed(0)
-    N, F = 200, 32
-    feat = ((torch.rand(N, F) < 0.1).float() * 255).to_sparse()      # unscaled counts, stored sparse
-    adj = (torch.rand(N, N) < 0.05).float().to_sparse()
-    y = torch.randint(0, 3, (N,))
-
-    class GCN(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.w1 = nn.Parameter(torch.randn(F, 16) * 0.1)
-            self.w2 = nn.Parameter(torch.randn(16, 3) * 0.1)
-        def forward(self, x, a):
-            return torch.spmm(a, torch.relu(torch.spmm(a, torch.mm(x, self.w1))) @ self.w2)
-
-    model = GCN()
-    opt = torch.optim.Adam(model.parameters(), lr=0.01)
-    for step in range(3):
-        opt.zero_grad()
-        loss = nn.functional.cross_entropy(model(feat, adj), y)
-        loss.backward()
-        opt.step()
-"""
-
-
 def test_sparse_inputs_are_checked_as_the_dense_tensors_they_stand_for(tmp_path):
     """gcn's sparse features and adjacency: the data check said 'could not run this check' with
     a 150-line kernel table of torch's ('ne.Scalar' on SparseCPU), the overfit check likewise
     (a batch cut with t[:16]); now the data are described (and the raw counts found), and the
     graph's nodes, which are no batch to cut, are overfit whole."""
-    report, _ = run_check(write(tmp_path, "gcn.py", SPARSE_GCN), overfit_iters=5)
+    from test_real_loops import SPARSE_INPUT          # (gcn's shape: sparse features and adjacency)
+    report, _ = run_check(write(tmp_path, "gcn.py", SPARSE_INPUT), "sparse", overfit_iters=5)
     checks = by_name(report)
     data = checks["data"]
     assert data.status == "FAIL" and "(sparse_coo) in [0, 255]" in data.evidence and "255" in data.cause, data
