@@ -116,6 +116,9 @@ def test_a_gan_records_each_optimizers_loss_summed(tmp_path):
     d2, g2 = printed[2]
     assert f"step 2 finished, loss/optimizerD {fmt(d2)}, loss/optimizerG {fmt(g2)}" in r.stdout
     assert f"('LOSS', {d2!r})" in r.stdout and f"('G', {g2!r})" in r.stdout
+    r = nndb("inspect", trace, "--series", "loss")              # (no series 'loss': it says which there are)
+    assert r.returncode == 2 and r.stderr.strip().endswith(
+        "its losses are loss/optimizerD, loss/optimizerG (one per optimizer)"), r.stderr
 
 
 REGRESSION = """

@@ -77,6 +77,10 @@ def series(reader: TraceReader, name: str, stat: Optional[str], kind: Optional[s
     found = reader.find(name, kind)
     if not found:
         what = f"{kind} {name!r}" if kind else repr(name)
+        losses = [s.name for s in reader.series() if s.kind == "loss"] if name == "loss" else []
+        if losses:          # (several optimizers: a loss each, loss/optimizerD ...)
+            raise UsageError(f"no series {what} in {reader.path}: its losses are {', '.join(losses)} "
+                             f"(one per optimizer)")
         raise UsageError(f"no series {what} in {reader.path} (run 'nndb inspect {reader.path}' for the list)")
     if stat is None:
         kinds = {s.kind for s in found}
