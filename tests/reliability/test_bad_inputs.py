@@ -162,7 +162,7 @@ def test_ctrl_c_still_ends_the_check_with_130(tmp_path):
 
 
 @pytest.mark.parametrize("argv,said", [
-    (["run", "--bogus", "ok.py"], "Error: No such option '--bogus'."),
+    (["run", "--bogus", "ok.py"], "nndb: error: No such option '--bogus'."),
     (["run", "--batc", "ok.py"], "No such option '--batc'. (Did you mean one of: '--batch'"),
     (["check", "--step=3", "ok.py"], "No such option '--step'. Did you mean '--steps'?"),
     (["fuzz", "--step", "1", "--budgt", "3", "ok.py"], "No such option '--budgt'. Did you mean '--budget'?"),
@@ -175,6 +175,7 @@ def test_an_unknown_option_or_a_nan_before_script_is_clicks_usage_error(tmp_path
     (tmp_path / "ok.py").write_text("open('ran.txt', 'w').write('ran')\n")
     r = nndb(*argv, cwd=str(tmp_path))
     assert r.returncode == 2 and said in r.stderr and "no such file" not in r.stderr, r.stderr
+    assert r.stderr.count("\n") == 1 and r.stderr.startswith("nndb: error: ")         # one line
     assert not (tmp_path / "ran.txt").exists()
 
 
