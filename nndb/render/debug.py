@@ -133,4 +133,8 @@ def stop_line(session, stop) -> str:
         m = session.machine
         tl = f"timeline {m.timeline}" if m is not None else "the past"
         return f"In the past ({tl}): {at} ({stop.note}){where}"
+    m = session.machine
+    if m is not None and m.where(session) == "past":   # (run on in the recorded past: next, goto to a later step;
+        # a timeline changed at the prompt is one of its own, "(nndb t1)", no past)
+        return f"In the past (timeline {m.timeline}): {at}{where}"
     return f"{at[0].upper()}{at[1:]}{where}"
