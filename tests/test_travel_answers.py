@@ -292,7 +292,7 @@ def test_running_forward_in_the_past_checks_the_recorded_steps(tmp_path, source)
     if source == "seeded":
         assert re.search(r"\('AT', 4, '([^']+)'\)", r.stdout).group(1) == printed["4"], r.stdout
         assert "diverged" not in r.stderr
-        assert f"In the past (timeline 0): step 4 finished" in r.stdout      # (not "Step 4 finished": the past)
+        assert "In the past (timeline 0): step 4 finished" in r.stdout      # (not "Step 4 finished": the past)
     else:
         assert "('AT'" not in r.stdout, r.stdout
         assert re.search(r"the replay diverged from the recorded run at step 3: loss recorded "
