@@ -56,7 +56,7 @@ def bit_sum(t: torch.Tensor) -> torch.Tensor:
     t = local(t).detach()
     if t.layout is not torch.strided:
         parts = _sparse_parts(t)
-        return torch.stack([bit_sum(p).to(parts[-1].device) for p in parts]).sum()
+        return torch.stack([bit_sum(p) for p in parts]).sum()
     if t.is_complex():
         t = torch.view_as_real(t)
     if t.dtype is torch.bool:

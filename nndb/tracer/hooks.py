@@ -160,6 +160,13 @@ def _backward(*args, **kwargs):
     for t in tracers:
         if t.backward_began is None:
             t.backward_began = _perf_counter()
+        # (a later backward of the step, after a loss no optimizer step has taken: did
+        # zero_grad() come between?  StepRecorder.later_backward)
+        if _PENDING_LOSS in t.recorder._buckets[-1].entries:
+            try:
+                t.recorder.later_backward()
+            except Exception:
+                t._fail()
         if t._param_hooks:           # (its parameter hooks may see this one: after it, did they?)
             hooked = (hooked or {})
             hooked[t] = t._hook_ends
@@ -167,14 +174,6 @@ def _backward(*args, **kwargs):
             try:
                 for cb in t.within.backward:
                     cb()
-            except Exception:
-                t._fail()
-    for t in tracers:
-        # (a later backward of the step, after a loss no optimizer step has taken: did
-        # zero_grad() come between?  StepRecorder.later_backward)
-        if _PENDING_LOSS in t.recorder._buckets[-1].entries:
-            try:
-                t.recorder.later_backward()
             except Exception:
                 t._fail()
     _IN_WRAPPER.add(thread)

@@ -95,19 +95,6 @@ def first_float_tensor(out, depth: int = 0):
     return None
 
 
-
-def _summed(row, v: float, dtype):
-    """The row of a step's scalar losses so far (``row``) plus ``v``, added in ``dtype`` as
-    torch adds two such 0-d tensors; None where ``row`` is no one number."""
-    prev = S.scalar_of(row)
-    if prev is None:
-        return None
-    if dtype != torch.float64:
-        v = float(torch.tensor(prev, dtype=dtype) + torch.tensor(v, dtype=dtype))
-    else:
-        v = prev + v
-    return S.scalar_row(v)
-
 class StepRecorder:
     """Accumulates one step's statistics and emits a StepRecord when it closes.
 
@@ -246,7 +233,7 @@ class StepRecorder:
                 # losses' dtype, float32's rounding and not Python's float64 (printed 1.1882719993591309,
                 # $loss 1.188271939754486 before).
                 self._loss_dtype = dtype = torch.promote_types(self._loss_dtype, tensor.dtype)
-                total = _summed(b.entries[_PENDING_LOSS], v, dtype)
+                total = S.add_scalar_rows(b.entries[_PENDING_LOSS], row, dtype)
                 if total is None:
                     b.add(_PENDING_LOSS, row)
                 else:
@@ -270,8 +257,10 @@ class StepRecorder:
         NaN or Inf loss stays (a script that skips the step of a bad batch: the run's only sign of it).
         Not inside an optimizer's step(): a closure (LBFGS's) resets them before each of its
         backwards, and the step's loss is its first call's."""
-        if self._in_step is not None:
-            return
+        b = self._buckets[-1]
+        row = b.entries.get(_PENDING_LOSS)
+        if self._in_step is not None or (row is not None and (row[S.RAW_NAN] or row[S.RAW_INF])):
+            return       # (a NaN or Inf loss whose step the script skipped stays the step's: catch nan sees it)
         # (gradient accumulation comes here at every micro-batch: the optimizers' parameters
         # first, where the first one with a gradient ends the look)
         seen = False
@@ -281,10 +270,6 @@ class StepRecorder:
                     if p.grad is not None:
                         return
                     seen = True
-        b = self._buckets[-1]
-        row = b.entries.get(_PENDING_LOSS)
-        if row is not None and (row[S.RAW_NAN] or row[S.RAW_INF]):
-            return       # (a NaN or Inf loss whose step the script skipped stays the step's: catch nan sees it)
         if seen:
             b.entries.pop(_PENDING_LOSS, None)
             b.hists.pop(_PENDING_LOSS, None)

@@ -244,13 +244,17 @@ def scalar_of(raw):
     return None if math.isnan(v) else v
 
 
-def add_scalar_rows(a, b):
+def add_scalar_rows(a, b, dtype=None):
     """The row of the sum of two one-element rows (a step's losses: the
     objective its backward passes differentiate is their sum), or None when
-    one of them is not such a row."""
+    one of them is not such a row.  ``dtype`` (a torch dtype): added as torch
+    adds two 0-d tensors of it (dcgan's ``errD_real + errD_fake``, float32),
+    else in Python's float64."""
     va, vb = scalar_of(a), scalar_of(b)
     if va is None or vb is None:
         return None
+    if dtype is not None and dtype != torch.float64:
+        return scalar_row(float(torch.tensor(va, dtype=dtype) + torch.tensor(vb, dtype=dtype)))
     return scalar_row(va + vb)
 
 
