@@ -29,12 +29,21 @@ Checks (each a row of the table, an object in the JSON's ``checks``):
   recorded run (growth fails the check).
 * ``catch-nan``: tests/scripts/device_log0.py (log(0) at step 3)
   under ``catch nan``: the stop names log, the module, the line and step 3.
+* ``nan-recorded``: the same script without ``catch``: the trace holds the
+  step-3 loss as NaN and its NaN count, and the ``nonfinite`` rule reports
+  step 3 (statistics of device tensors never miss a NaN).
 * ``break-watch-replay``: the CNN with ``--deterministic`` under ``--replica
   respawn``: ``break step 5``, ``watch grad conv* norm > 0``, then ``goto
   2`` (checked against the trace's losses as every replay is) and ``replay
   --verify 0:6`` (every statistic, bit for bit).
 * ``fork-refused`` (CUDA only): with ``--replica fork`` a replay is refused
   and nndb says that CUDA is initialised.
+* ``disk-checkpoint``: tests/scripts/device_dropout.py (dropout, batches
+  drawn on the device) with ``--total-steps 20``: fork checkpoints are off
+  on CUDA, the disk ones are written all the same (steps 2, 4, .. 18), and
+  the script resumed from step 10's file (``torch.load(weights_only=True)``,
+  nndb.timetravel.disk.restore_rng) prints the run's losses of steps 11-19
+  bit for bit; on CUDA the file holds the CUDA RNG state.
 * ``check``: ``nndb check --json`` of the CNN on the device; no check FAILs.
 
 Sync counting: while the ``recording`` loop runs, ``Tensor.item``,
@@ -113,8 +122,9 @@ def _losses(stdout):
 
 def check_overhead(a, tmp, name):
     script = os.path.join(EXAMPLES, f"{name}.py")
-    cmd = [script, "--steps", str(a.steps), "--device", a.device]
-    plain, recorded, ratios = [], [], []
+    # the CNN deterministic (both sides): on CUDA too nndb must change no number it prints
+    cmd = [script, "--steps", str(a.steps), "--device", a.device, "--time"] + (["--deterministic"] if name == "cnn" else [])
+    plain, recorded, ratios, loops = [], [], [], {"plain": [], "nndb": []}
     same = True
     # the plain side with the OpenMP runtime nndb run gives the script (libiomp5 preloaded
     # when installed), so that the ratio is nndb's and not the runtime's
@@ -133,18 +143,28 @@ def check_overhead(a, tmp, name):
             if p.returncode != 0:
                 raise Fail(f"{side} {name}.py exited {p.returncode}: {p.stderr.strip()[-200:]}")
             took[side + "_out"] = _losses(p.stdout)
+            m = re.search(r"^time (\d+) steps (\S+) s$", p.stderr, re.M)
+            if not m:
+                raise Fail(f"{side} {name}.py printed no loop time")
+            loops[side].append(float(m.group(2)) / int(m.group(1)))
         if took["plain_out"] != took["nndb_out"]:
             same = False
         plain.append(took["plain"])
         recorded.append(took["nndb"])
         ratios.append(took["nndb"] / took["plain"])
-    if a.device == "cpu" and not same:
+    if (a.device == "cpu" or name == "cnn") and not same:
         raise Fail(f"{name}.py printed other numbers under nndb than plain")
+    loop_ratios = [n / p for p, n in zip(loops["plain"], loops["nndb"])]
     return {"plain_s": plain, "nndb_s": recorded, "ratio_median": statistics.median(ratios),
             "ratio_min": min(ratios), "ratio_max": max(ratios), "same_numbers": same,
+            "same_numbers_judged": a.device == "cpu" or name == "cnn",
+            "deterministic": name == "cnn",
+            "loop_step_s": loops, "loop_ratio_median": statistics.median(loop_ratios),
+            "loop_ratio_min": min(loop_ratios), "loop_ratio_max": max(loop_ratios),
             "target": CNN_TARGET if name == "cnn" else None,
             "plain_openmp": "libiomp5 preloaded, as nndb run does" if omp else "the default",
-            "note": "wall time of the whole process, start-up included"}
+            "note": "ratio_*: wall time of the whole process, start-up included; loop_ratio_*: the "
+                    "training loop's time per step after its first min(20, steps/4) steps (--time)"}
 
 
 def _load_cnn():
@@ -232,6 +252,7 @@ def check_recording(a, tmp):
     mem = {"plain_peak_bytes": None, "recorded_peak_bytes": None, "nndb_extra_peak_bytes": None,
            "allocated_early_bytes": None, "allocated_end_bytes": None, "growth_bytes": None}
     t_plain = None
+    plain_alloc, alloc = [], []         # memory_allocated at every step's end (CUDA)
     if cuda:
         torch.manual_seed(0)
         model = cnn.SmallCNN().to(dev)
@@ -239,7 +260,7 @@ def check_recording(a, tmp):
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         t0 = time.perf_counter()
-        loop(model, opt, steps)
+        loop(model, opt, steps, lambda step, m: plain_alloc.append(torch.cuda.memory_allocated()))
         torch.cuda.synchronize()
         t_plain = time.perf_counter() - t0
         mem["plain_peak_bytes"] = torch.cuda.max_memory_allocated()
@@ -251,6 +272,7 @@ def check_recording(a, tmp):
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
     copies, marks = {}, []
     early = min(20, steps - 1)
+    settle = min(200, steps // 10)      # growth is judged from here (rules and statistics set up by then)
     counter = SyncCounter(torch, dev.type)
 
     def on_step(step, m):
@@ -258,10 +280,8 @@ def check_recording(a, tmp):
         if step in compare_at:
             copies[step] = {("param", n): p.detach().cpu().clone() for n, p in m.named_parameters()}
             copies[step].update({("grad", n): p.grad.detach().cpu().clone() for n, p in m.named_parameters()})
-        if cuda and step == early:
-            mem["allocated_early_bytes"] = torch.cuda.memory_allocated()
-        if cuda and step == steps - 1:              # the same point of the loop as the early reading
-            mem["allocated_end_bytes"] = torch.cuda.memory_allocated()
+        if cuda:
+            alloc.append(torch.cuda.memory_allocated())
         if step == steps - 1:                       # what 'info memory' says at the last step
             from nndb.debugger.memory import report
             mem["info_memory"] = report(rec.session)
@@ -277,7 +297,7 @@ def check_recording(a, tmp):
         torch.cuda.synchronize()
         mem["recorded_peak_bytes"] = torch.cuda.max_memory_allocated()
         mem["nndb_extra_peak_bytes"] = mem["recorded_peak_bytes"] - mem["plain_peak_bytes"]
-        mem["growth_bytes"] = mem["allocated_end_bytes"] - mem["allocated_early_bytes"]
+        mem.update(_growth(alloc, plain_alloc, early, settle))
     t_rec = time.perf_counter() - t0
 
     per_step = [b - a_ for a_, b in zip([0] + marks[:-1], marks)]
@@ -317,12 +337,27 @@ def check_recording(a, tmp):
                         raise Fail(f"step {step} {kind} {name} {stat}: recorded {g!r}, host copy {w!r}")
     if compared == 0:
         raise Fail("compared nothing")
-    if cuda and mem["growth_bytes"] > 0:
-        raise Fail(f"nndb's GPU memory grew by {mem['growth_bytes']} bytes between step {early} and the end")
-    return {"steps": steps, "compared_values": compared, "worst_rel_error": worst,
+    failed = None
+    if cuda and mem["growth_bytes"] > max(mem["plain_growth_bytes"], 0):
+        failed = (f"GPU memory grew by {mem['growth_bytes']} bytes between step {settle} and the end "
+                  f"(the plain loop: {mem['plain_growth_bytes']})")
+    return {"_fail": failed, "steps": steps, "compared_values": compared, "worst_rel_error": worst,
             "findings": sorted({f["rule"] for f in rec.findings}),
             "compared_at_steps": compare_at, "syncs": syncs, "memory": mem,
             "in_process_ratio": (t_rec / t_plain) if t_plain else None}
+
+
+def _growth(alloc, plain_alloc, early, settle):
+    """The recorded loop's allocated memory at every step against the plain
+    loop's: growth from ``settle`` to the end (judged), from ``early`` (said),
+    and the steps after ``settle`` where it changed (the first 20)."""
+    changes = [(i, alloc[i] - alloc[i - 1]) for i in range(settle + 1, len(alloc)) if alloc[i] != alloc[i - 1]]
+    return {"allocated_early_bytes": alloc[early], "allocated_settled_bytes": alloc[settle],
+            "allocated_end_bytes": alloc[-1], "settled_at_step": settle,
+            "growth_bytes": alloc[-1] - alloc[settle], "growth_from_early_bytes": alloc[-1] - alloc[early],
+            "plain_growth_bytes": plain_alloc[-1] - plain_alloc[settle],
+            "plain_growth_from_early_bytes": plain_alloc[-1] - plain_alloc[early],
+            "changes_after_settled": changes[:20], "changes_after_settled_count": len(changes)}
 
 
 def check_catch_nan(a, tmp):
@@ -340,6 +375,55 @@ def check_catch_nan(a, tmp):
     if got != want or stops[0]["reason"] != "catchpoint":
         raise Fail(f"catch nan stopped at {got}, expected {want}")
     return {"stop": got, "phase": d.get("phase"), "located": d.get("located")}
+
+
+def check_nan_recorded(a, tmp):
+    import nndb
+    rep, trace = os.path.join(tmp, "nan.json"), os.path.join(tmp, "nan.h5")
+    p, _ = _run(_nndb("run", "--batch", "-q", "--trace", trace, "--report", rep, PLANTED, "--device", a.device),
+                a.timeout)
+    printed = [line.split()[-1] for line in _losses(p.stdout)]
+    if len(printed) != 6 or printed[3] != "nan":
+        raise Fail(f"the script printed {printed}, expected 6 losses, NaN at step 3")
+    with nndb.open(trace) as t:
+        loss = t.stats(3)["loss"]["loss"]
+        got = {"mean": loss.get("mean"), "nan_count": loss.get("nan_count")}
+        first = {int(s): t.stats(int(s))["loss"]["loss"].get("mean") for s in t.steps if int(s) < 3}
+    if not (got["mean"] is not None and math.isnan(got["mean"]) and got["nan_count"] == 1):
+        raise Fail(f"the trace's step-3 loss is {got}, expected NaN with nan_count 1")
+    if [repr(first[k]) for k in sorted(first)] != printed[:3]:
+        raise Fail(f"the trace's losses of steps 0-2 {first} are not the printed {printed[:3]}")
+    found = sorted({(f["rule"], f["step"]) for f in _read_json(rep)["findings"] if f["rule"] == "nonfinite"})
+    if not found or found[0][1] != 3:
+        raise Fail(f"nonfinite did not report step 3 first: {found}")
+    return {"loss_step3": got, "nonfinite_first_step": found[0][1], "losses_0_2_equal_printed": True}
+
+
+DROPOUT = os.path.join(ROOT, "tests", "scripts", "device_dropout.py")
+
+
+def check_disk_checkpoint(a, tmp):
+    """Disk checkpoints of a run whose fork checkpoints are off (CUDA) are
+    written at every 10% of a known total and resume the script bit for bit:
+    model, optimizer and RNG (dropout and the batches draw from the device's)."""
+    trace = os.path.join(tmp, "disk.h5")
+    p, _ = _run(_nndb("run", "--batch", "-q", "--rules", "none", "--total-steps", "20", "--trace", trace,
+                      DROPOUT, "--steps", "20", "--device", a.device), a.timeout)
+    ckdir = os.path.join(tmp, "disk.ckpt")
+    names = sorted(os.listdir(ckdir)) if os.path.isdir(ckdir) else []
+    want = [f"step_{s:08d}.pt" for s in range(2, 20, 2)]
+    if names != want:
+        raise Fail(f"{ckdir} holds {names}, expected {want[0]} .. {want[-1]}")
+    recorded = _losses(p.stdout)
+    r, _ = _run([sys.executable, DROPOUT, "--steps", "20", "--device", a.device, "--resume",
+                 os.path.join(ckdir, "step_00000010.pt")], a.timeout)
+    lines = r.stdout.splitlines()
+    cuda_states = int(lines[0].rsplit(" ", 1)[1]) if lines and lines[0].startswith("resumed") else None
+    if a.device == "cuda" and not cuda_states:
+        raise Fail(f"the checkpoint holds no CUDA RNG state: {lines[:1]}")
+    if _losses(r.stdout) != recorded[11:]:
+        raise Fail(f"resumed after step 10 the script printed {_losses(r.stdout)[:2]}, the run {recorded[11:13]}")
+    return {"files": len(names), "resumed_steps_equal": len(recorded) - 11, "cuda_rng_states": cuda_states}
 
 
 def check_break_watch_replay(a, tmp):
@@ -413,23 +497,32 @@ def _device_name(a):
 
 def _summary(name, res):
     if name.startswith("overhead"):
-        return (f"ratio {res['ratio_median']:.3f}x ({res['ratio_min']:.3f}-{res['ratio_max']:.3f}), "
-                f"plain {statistics.median(res['plain_s']):.2f} s, same numbers: {res['same_numbers']}")
+        return (f"loop {res['loop_ratio_median']:.3f}x ({res['loop_ratio_min']:.3f}-{res['loop_ratio_max']:.3f}), "
+                f"plain step {statistics.median(res['loop_step_s']['plain']) * 1e3:.2f} ms; process "
+                f"{res['ratio_median']:.3f}x ({statistics.median(res['plain_s']):.1f} s plain); "
+                f"same numbers: {res['same_numbers']}{'' if res['same_numbers_judged'] else ' (not judged)'}")
     if name == "recording":
         s = res["syncs"]
         mem = res["memory"]
         memtxt = "memory n/a" if mem.get("nndb_extra_peak_bytes") is None else (f"nndb +{mem['nndb_extra_peak_bytes'] / 2**20:.1f} MiB peak, "
-                                                   f"growth {mem['growth_bytes']} B")
+                                                   f"growth {mem['growth_bytes']} B after step "
+                                                   f"{mem['settled_at_step']} (plain {mem['plain_growth_bytes']} B)")
         return (f"{res['compared_values']} values equal (worst rel {res['worst_rel_error']:.1e}); "
                 f"syncs/step {s['per_step_median']} (max {s['per_step_max']}, after 20: "
-                f"{s['per_step_after_20_median']}){' [cpu stand-in]' if s['stand_in'] else ''}; {memtxt}")
+                f"{s['per_step_after_20_median']}){' [cpu stand-in]' if s['stand_in'] else ''}; {memtxt}"
+                + (f"; loop {res['in_process_ratio']:.3f}x in process" if res["in_process_ratio"] else ""))
     if name == "catch-nan":
         st = res["stop"]
         return f"{st['op']} in {st['module']} line {st['line']} step {st['step']} ({res['phase']})"
+    if name == "nan-recorded":
+        return f"step-3 loss {res['loss_step3']}, nonfinite at step {res['nonfinite_first_step']}"
     if name == "break-watch-replay":
         return f"stops {res['stops']}; replay {res['replay']} ({res['values_compared']} values)"
     if name == "fork-refused":
         return res["message"][:100]
+    if name == "disk-checkpoint":
+        return (f"{res['files']} files; resumed from step 10: {res['resumed_steps_equal']} losses bit-equal; "
+                f"CUDA RNG states {res['cuda_rng_states']}")
     if name == "check":
         return ", ".join(f"{k} {v}" for k, v in res["checks"].items())
     return ""
@@ -446,6 +539,7 @@ def main(argv=None):
     ap.add_argument("--overfit-iters", type=int, default=300)
     ap.add_argument("--jobs", type=int, default=1,
                     help="run up to N checks at once (quicker; the ratios are then not measurements)")
+    ap.add_argument("--only", metavar="NAME[,NAME]", help="run only these checks (a rerun of the failed ones)")
     ap.add_argument("--timeout", type=int, default=120, help="seconds allowed to each subprocess (default 120)")
     a = ap.parse_args(argv)
     if a.steps < 1 or a.pairs < 1 or a.jobs < 1:
@@ -464,22 +558,33 @@ def main(argv=None):
               ("overhead:transformer", lambda tmp: check_overhead(a, tmp, "transformer")),
               ("recording", lambda tmp: check_recording(a, tmp)),
               ("catch-nan", lambda tmp: check_catch_nan(a, tmp)),
+              ("nan-recorded", lambda tmp: check_nan_recorded(a, tmp)),
               ("break-watch-replay", lambda tmp: check_break_watch_replay(a, tmp))]
     if a.device == "cuda":
         checks.append(("fork-refused", lambda tmp: check_fork_refused(a, tmp)))
+    checks.append(("disk-checkpoint", lambda tmp: check_disk_checkpoint(a, tmp)))
     checks.append(("check", lambda tmp: check_nndb_check(a, tmp)))
+    if a.only:
+        wanted = a.only.split(",")
+        unknown = sorted(set(wanted) - {n for n, _ in checks})
+        if unknown:
+            ap.error(f"--only: no check {', '.join(unknown)} (checks: {', '.join(n for n, _ in checks)})")
+        checks = [c for c in checks if c[0] in wanted]
 
     def one(item):
         name, fn = item
         t0 = time.perf_counter()
         try:
-            res, ok, why = fn(tmp), True, ""
+            res = fn(tmp)
+            why = res.pop("_fail", None) or ""        # (a check that failed but measured: its data kept)
+            ok = not why
         except Fail as e:
             res, ok, why = {}, False, str(e)
         except Exception as e:                  # a bug here is a failed check, one line
             res, ok, why = {}, False, f"{type(e).__name__}: {e}"
         print(f"  {name}: {'ok' if ok else 'FAIL'} ({time.perf_counter() - t0:.1f} s)", file=sys.stderr, flush=True)
-        return {"name": name, "ok": ok, "reason": why, "seconds": round(time.perf_counter() - t0, 2), **res}
+        return {"name": name, "ok": ok, "reason": why, "seconds": round(time.perf_counter() - t0, 2),
+                "measured": bool(res), **res}
 
     t_all = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="nndb-gpu-check-") as tmp:
@@ -500,9 +605,10 @@ def main(argv=None):
     print(f"nndb gpu_check on {out['device']} ({out['device_name']}), torch {out['torch']}"
           + ("" if out["timings_valid"] else f"; {a.jobs} checks at once: the ratios are not measurements"))
     print(tabulate([[r["name"], "ok" if r["ok"] else "FAIL", r["seconds"],
-                     _summary(r["name"], r) if r["ok"] else r["reason"]] for r in results],
+                     "; ".join(x for x in (r["reason"], _summary(r["name"], r) if r["measured"] else "") if x)]
+                    for r in results],
                    headers=["check", "result", "s", "what"]))
-    if results and any(r["name"] == "recording" and r["ok"] for r in results):
+    if results and any(r["name"] == "recording" and "syncs" in r for r in results):
         rec = next(r for r in results if r["name"] == "recording")
         print("host reads from nndb (file:line call: count over the recording loop):")
         for where, n in rec["syncs"]["where"].items():

@@ -21,7 +21,7 @@ def _run(*args, timeout=300):
 
 def test_gpu_check_passes_on_the_cpu(tmp_path):
     out = tmp_path / "gpu.json"
-    p = _run("--device", "cpu", "--steps", "5", "--pairs", "1", "--record-steps", "25",
+    p = _run("--device", "cpu", "--steps", "8", "--pairs", "1", "--record-steps", "25",
              "--overfit-iters", "20", "--jobs", "2", "--json", str(out))
     assert p.returncode == 0, p.stdout + p.stderr
     assert "Traceback" not in p.stderr
@@ -29,13 +29,14 @@ def test_gpu_check_passes_on_the_cpu(tmp_path):
     assert r["gpu_check"] == 1 and r["device"] == "cpu" and r["ok"] is True
     assert r["timings_valid"] is False and r["jobs"] == 2
     checks = {c["name"]: c for c in r["checks"]}
-    assert list(checks) == ["overhead:cnn", "overhead:transformer", "recording", "catch-nan",
-                            "break-watch-replay", "check"]
+    assert list(checks) == ["overhead:cnn", "overhead:transformer", "recording", "catch-nan", "nan-recorded",
+                            "break-watch-replay", "disk-checkpoint", "check"]
     assert all(c["ok"] and c["reason"] == "" for c in checks.values())
     for name in ("overhead:cnn", "overhead:transformer"):
         o = checks[name]
         assert len(o["plain_s"]) == len(o["nndb_s"]) == 1 and o["ratio_median"] > 0
-        assert o["same_numbers"] is True            # the CPU is deterministic: nndb changes no number
+        assert o["same_numbers"] is True and o["same_numbers_judged"] is True   # nndb changes no number
+        assert len(o["loop_step_s"]["plain"]) == len(o["loop_step_s"]["nndb"]) == 1 and o["loop_ratio_median"] > 0
         assert o["plain_openmp"] in ("libiomp5 preloaded, as nndb run does", "the default")
     assert checks["overhead:cnn"]["target"] == 1.05
     rec = checks["recording"]
@@ -49,6 +50,10 @@ def test_gpu_check_passes_on_the_cpu(tmp_path):
     assert all(w.startswith("nndb" + os.sep) for w in s["where"])
     assert checks["catch-nan"]["stop"]["op"] == "log" and checks["catch-nan"]["stop"]["step"] == 3
     assert checks["catch-nan"]["stop"]["module"] == "head"
+    nan = checks["nan-recorded"]
+    assert nan["nonfinite_first_step"] == 3 and nan["loss_step3"]["nan_count"] == 1
+    dk = checks["disk-checkpoint"]
+    assert dk["files"] == 9 and dk["resumed_steps_equal"] == 9 and dk["cuda_rng_states"] == 0
     bwr = checks["break-watch-replay"]
     assert bwr["stops"] == [["watchpoint", 0], ["breakpoint", 5]]
     assert bwr["replay"] == "bit-exact" and bwr["values_compared"] > 0
@@ -68,14 +73,10 @@ def test_cuda_without_a_device_is_one_line(tmp_path):
 
 
 def test_sync_counter_counts_nndb_calls_only_and_puts_torch_back():
-    import importlib.util
-
     import torch
 
     from nndb.tracer import stats
-    spec = importlib.util.spec_from_file_location("gpu_check_under_test", SCRIPT)
-    gc = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(gc)
+    gc = _gpu_check()
     before = {m: torch.Tensor.__dict__.get(m) for m in gc.SyncCounter.METHODS}
     t = torch.arange(3000, dtype=torch.float32)       # a small CPU tensor: read with .numpy()
     with gc.SyncCounter(torch, "cpu") as c:
@@ -89,3 +90,31 @@ def test_sync_counter_counts_nndb_calls_only_and_puts_torch_back():
     with gc.SyncCounter(torch, "cuda") as c:          # CPU tensors are not what a cuda count counts
         stats.stats_of(t)
     assert c.total == 0
+
+
+def _gpu_check():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("gpu_check_under_test", SCRIPT)
+    gc = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gc)
+    return gc
+
+
+def test_memory_growth_is_judged_after_the_settling_steps_against_the_plain_loop():
+    gc = _gpu_check()
+    plain = [1000] * 50
+    once = [1000] * 5 + [1512] * 45                    # a one-off at step 5, before settling (step 10)
+    g = gc._growth(once, plain, 2, 10)
+    assert g["growth_bytes"] == 0 and g["growth_from_early_bytes"] == 512 and g["changes_after_settled"] == []
+    leak = [1000 + 512 * (i // 10) for i in range(50)]  # a block every 10 steps
+    g = gc._growth(leak, plain, 2, 10)
+    assert g["growth_bytes"] == 512 * 3 and g["changes_after_settled_count"] == 3
+    assert g["changes_after_settled"][0] == (20, 512) and g["plain_growth_bytes"] == 0
+
+
+def test_only_runs_the_named_checks_and_refuses_an_unknown_one(tmp_path):
+    p = _run("--device", "cpu", "--only", "nan-recorded", "--json", str(tmp_path / "o.json"))
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert [c["name"] for c in json.loads((tmp_path / "o.json").read_text())["checks"]] == ["nan-recorded"]
+    p = _run("--device", "cpu", "--only", "nan-recordd")
+    assert p.returncode == 2 and "no check nan-recordd" in p.stderr and "Traceback" not in p.stderr

@@ -145,3 +145,40 @@ def test_rng_round_trip_through_disk(tmp_path):
     first = draw()
     disk.restore_rng(disk.load(path)["rng"])
     assert draw() == first
+
+
+DROPOUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts", "device_dropout.py")
+
+
+def test_without_fork_checkpoints_the_disk_ones_are_still_written_and_resume_the_run(tmp_path):
+    """Where fork checkpoints are off (CUDA initialised: scripts/gpu_check.py
+    checks it on a device; here --replica respawn, the same path) the disk
+    schedule still writes at every 10% of a known total, a travel's replica
+    writes none, and a checkpoint resumes the script bit for bit: its model,
+    optimizer and RNG (dropout draws from it) are the run's after that step."""
+    from tests.conftest import nndb, python
+    trace = str(tmp_path / "run.h5")
+    r = nndb("run", "--batch", "--replica", "respawn", "--total-steps", "20", "--trace", trace,
+             "-e", "break step 15", "-e", "continue", "-e", "goto 3", "-e", "present", "-e", "info checkpoints",
+             "-e", "continue", DROPOUT, "--steps", "20", cwd=str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    assert "In the past (timeline 0): step 3 finished" in r.stdout
+    ckdir = tmp_path / "run.ckpt"
+    names = sorted(os.listdir(ckdir))
+    assert names == [disk.file_name(s) for s in range(2, 20, 2)]
+    assert f"On disk: step 14: {ckdir / disk.file_name(14)}" in r.stdout      # info checkpoints lists them
+    # the replica (replaying 0..3 after step 15) wrote none: step 2's file is older than step 14's
+    assert os.stat(ckdir / disk.file_name(2)).st_mtime_ns <= os.stat(ckdir / disk.file_name(14)).st_mtime_ns
+    recorded = [line for line in r.stdout.splitlines() if line.startswith("step ")]
+    assert len(recorded) == 20
+    resumed = python(DROPOUT, "--steps", "20", "--resume", str(ckdir / disk.file_name(10)))
+    assert resumed.returncode == 0, resumed.stderr
+    lines = resumed.stdout.splitlines()
+    assert lines[0] == "resumed after step 10, cuda rng states: 0"
+    assert lines[1:] == recorded[11:]
+    # without the RNG the dropout masks differ: the same resume with torch's state of step 2
+    ck = torch.load(ckdir / disk.file_name(10), weights_only=True)
+    ck["rng"] = torch.load(ckdir / disk.file_name(2), weights_only=True)["rng"]
+    torch.save(ck, tmp_path / "wrong_rng.pt")
+    other = python(DROPOUT, "--steps", "20", "--resume", str(tmp_path / "wrong_rng.pt"))
+    assert other.stdout.splitlines()[1:] != recorded[11:]

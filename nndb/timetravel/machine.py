@@ -132,6 +132,7 @@ class TimeMachine:
         self.blocked: Optional[str] = None    # why fork checkpoints are off in this run
         self.exact, self.exact_why = True, ""
         self.taken = 0
+        self.ticks = 0                    # the schedule's ticks where fork checkpoints are off (disk alone)
         self.step_times = collections.deque(maxlen=50)   # recent step durations (s)
         self._last_end: Optional[float] = None
         self._paused = 0.0                # seconds at the prompt: not the run's time
@@ -188,7 +189,11 @@ class TimeMachine:
                 self.step_times.append(took)
                 self._since_sum, self._since_n = self._since_sum + took, self._since_n + 1
         self._last_end = now
-        if self.replica or self.mode not in ("auto", "fork") or self.blocked or self._settling is not None:
+        if self.replica or self._settling is not None:
+            return
+        if self.mode not in ("auto", "fork") or self.blocked:
+            if self.disk and self.mode != "off" and not self.replica and self.policy.due(step, now):
+                self._tick_disk_alone(s, step, now)
             return
         if self.policy.due(step, now) and self._writer_ready(s.rec.writer, now):
             self.take(s, step, "auto")
@@ -251,7 +256,7 @@ class TimeMachine:
         if kind == "auto":
             if self.disk and self.disk_schedule.due(step, self.taken):
                 t1 = time.perf_counter()
-                self._save_disk(s, step)
+                self._save_disk(s, step, self.taken)
                 cost += time.perf_counter() - t1      # (the schedule pays for the disk copy too)
                 ck.cost_s = cost
             now = self.clock()
@@ -331,7 +336,24 @@ class TimeMachine:
             return s.replica.arrived(s, stop)
         return stop
 
-    def _save_disk(self, s, step: int) -> None:
+    def _tick_disk_alone(self, s, step: int, now: float) -> None:
+        """Where no fork checkpoint can be taken (CUDA initialised, DataLoader
+        workers, ``--replica respawn``) the schedule's ticks still come, as
+        checkpoints that cost nothing; the disk schedule writes at its own (every
+        10% of a known total, else every 8th tick), and the write's cost sets the
+        next tick as a checkpoint's would (the 2% budget).  A replay still starts
+        from step 0 (a new process cannot resume a script in its loop); the files
+        are the run's state for the user, RNG included (CUDA's too)."""
+        self.ticks += 1
+        cost = 0.0
+        if self.disk_schedule.due(step, self.ticks):
+            t0 = time.perf_counter()
+            self._save_disk(s, step, self.ticks)
+            cost = time.perf_counter() - t0
+        self.policy.taken(step, cost, now)
+        self._last_end = self.clock()         # (the write's cost is not a step's)
+
+    def _save_disk(self, s, step: int, n_taken: int) -> None:
         from . import disk
         try:
             mods = {s.rec.naming.module_name(m): m for m in s.view.roots()}
@@ -339,7 +361,7 @@ class TimeMachine:
             path = disk.save(disk.directory_for(s.log.trace_path), step, mods, opts, disk.capture_rng(),
                              warn=lambda line: self._warn_once(s, line))
             self.disk_files.append((step, path))
-            self.disk_schedule.taken(step, self.taken)
+            self.disk_schedule.taken(step, n_taken)
         except Exception as e:            # never the run's problem
             s.error(f"nndb: could not write the checkpoint of step {step} to disk: {e}")
             self.disk = False

@@ -5,6 +5,8 @@ model.eval() + torch.no_grad(), then switches back with model.train().
 """
 import argparse
 import os
+import sys
+import time
 
 import torch
 import torch.nn as nn
@@ -58,6 +60,8 @@ def main():
                         help="where the model and the batches live (the data is made on the CPU either way)")
     parser.add_argument("--deterministic", action="store_true",
                         help="torch.use_deterministic_algorithms(True) (and CUBLAS_WORKSPACE_CONFIG on CUDA)")
+    parser.add_argument("--time", action="store_true",
+                        help="print the loop's time after its first steps to stderr (scripts/gpu_check.py)")
     args = parser.parse_args()
     if args.deterministic:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")   # read when cuBLAS starts
@@ -74,7 +78,12 @@ def main():
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
 
     model.train()
+    warm, t0 = min(20, args.steps // 4), time.perf_counter()     # (--time: after the first steps)
     for step in range(args.steps):
+        if args.time and step == warm:
+            if args.device == "cuda":
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
         idx = torch.randint(0, x_train.shape[0], (args.batch_size,)).to(args.device)   # CPU generator either way
         optimizer.zero_grad()
         loss = criterion(model(x_train[idx]), y_train[idx])
@@ -85,6 +94,11 @@ def main():
         if (step + 1) % args.val_every == 0:
             val_loss, val_acc = evaluate(model, x_val, y_val)
             print(f"val step {step} loss {val_loss!r} acc {val_acc!r}")
+
+    if args.time:
+        if args.device == "cuda":
+            torch.cuda.synchronize()
+        print(f"time {args.steps - warm} steps {time.perf_counter() - t0!r} s", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -4,6 +4,8 @@ Healthy: token-sequence classification (is token 1 present more often than
 token 2?) with AdamW and a linear-warmup LambdaLR scheduler stepped per step.
 """
 import argparse
+import sys
+import time
 
 import torch
 import torch.nn as nn
@@ -46,6 +48,8 @@ def main():
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                         help="where the model and the batches live (the data is made on the CPU either way)")
+    parser.add_argument("--time", action="store_true",
+                        help="print the loop's time after its first steps to stderr (scripts/gpu_check.py)")
     args = parser.parse_args()
 
     torch.manual_seed(args.seed)
@@ -61,7 +65,12 @@ def main():
     )
 
     model.train()
+    warm, t0 = min(20, args.steps // 4), time.perf_counter()     # (--time: after the first steps)
     for step in range(args.steps):
+        if args.time and step == warm:
+            if args.device == "cuda":
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
         idx = torch.randint(0, tokens.shape[0], (args.batch_size,)).to(args.device)   # CPU generator either way
         optimizer.zero_grad()
         loss = criterion(model(tokens[idx]), y[idx])
@@ -70,6 +79,11 @@ def main():
         lr = scheduler.get_last_lr()[0]
         scheduler.step()
         print(f"step {step} loss {loss.item()!r} lr {lr!r}")
+
+    if args.time:
+        if args.device == "cuda":
+            torch.cuda.synchronize()
+        print(f"time {args.steps - warm} steps {time.perf_counter() - t0!r} s", file=sys.stderr)
 
 
 if __name__ == "__main__":
