@@ -7,18 +7,22 @@ examples, print a table, write JSON, exit 1 if any check failed.
 
 On a lent device machine (its python3 has torch with CUDA, h5py, click,
 numpy, tabulate and pyyaml; nndb needs no install, and batch mode no
-prompt_toolkit), one call (estimated at 3 to 6 minutes, never measured yet):
+prompt_toolkit), one call (316-362 s on an H200 of this workplace, 2026-12-04,
+each process starting CUDA in ~10 s; figures in docs/performance.md):
 
     PYTHONUNBUFFERED=1 python3 scripts/gpu_check.py --device cuda --json $OUT/gpu.json 2>&1 | tee $OUT/gpu.txt
 
 Checks (each a row of the table, an object in the JSON's ``checks``):
 
-* ``overhead:cnn``, ``overhead:transformer``: ``python EXAMPLE --device D``
-  against ``nndb run --batch`` of the same command, A/B interleaved (PAIRS
-  pairs, the order alternating), wall time of the whole process (start-up
-  included; the plain side gets the OpenMP runtime nndb gives the script).  The ratio is reported, never judged; the check fails only if a
-  run fails, or (on the CPU, where both are deterministic) if the recorded
-  run prints other numbers than the plain one.
+* ``overhead:cnn``, ``overhead:transformer``: ``python EXAMPLE --device D
+  --time`` against ``nndb run --batch`` of the same command, A/B interleaved
+  (PAIRS pairs, the order alternating): the loop's time a step after its first
+  min(20, steps/4) steps (the script's ``--time``, synchronised on CUDA) and
+  the whole process's wall time (start-up included; the plain side gets the
+  OpenMP runtime nndb gives the script).  The ratios are reported, never
+  judged; the check fails if a run fails, or if the recorded run prints other
+  numbers than the plain one where both are deterministic (the CPU; the CNN,
+  run ``--deterministic``, on CUDA too).
 * ``recording``: the CNN trained in this process under ``nndb.record``;
   norm, mean, min and max that nndb recorded for parameters and gradients
   on the device equal, to float32 tolerance, the same statistics computed

@@ -248,3 +248,26 @@ def test_a_containers_output_that_is_its_last_childs_is_measured_once(tmp_path, 
     assert np.array_equal(t.histogram("model", "act", 0), t.histogram("0.1", "act", 0))
     assert np.array_equal(t.histogram("0", "act", 0), t.histogram("0.1", "act", 0))
     assert t.histogram("0.1", "act", 0).sum() == 64 * 128
+
+
+def test_the_accelerator_path_reads_counts_and_zeros_in_one_transfer_and_stays_exact():
+    """histogram.device_counts, the path of a CUDA tensor (scripts/gpu_check.py
+    runs it there), run here on CPU tensors: the fine counts and the zero count
+    come back together (or the count from the full row), and a subnormal, an
+    Inf or a signalling NaN still sends the tensor to the exact count."""
+    from nndb.tracer import histogram as TH
+    rng = np.random.default_rng(5)
+    relu = np.maximum(rng.standard_normal(5000), 0).astype(np.float32)
+    sub = relu.copy()
+    sub[::61] = np.float32(1e-41)
+    inf = relu.copy()
+    inf[3] = np.inf
+    snan = relu.copy()
+    snan.view(np.uint32)[9] = 0x7F800001
+    for a in (relu, sub, inf, snan):
+        f = torch.from_numpy(a)
+        fine = torch.bincount((f.view(torch.int32) >> 22).bitwise_and_(H.FINE - 1), minlength=H.FINE)
+        with np.errstate(invalid="ignore"):                    # (a signalling NaN's cast)
+            want = H.exact(a.astype(np.float64))
+        assert np.array_equal(TH.device_counts(f, fine, None), want)
+        assert np.array_equal(TH.device_counts(f, fine, int(np.count_nonzero(a == 0))), want)

@@ -32,11 +32,22 @@ def of_tensor(t: torch.Tensor, raw=None) -> np.ndarray:
         # 524,288-element activation), counted there, folded on the host
         # (the mask in place: one temporary, not two)
         fine = torch.bincount((f.view(torch.int32) >> 22).bitwise_and_(H.FINE - 1), minlength=H.FINE)
-        out = H.fold(fine.cpu().numpy()[None])     # (bincount's counts: int64)
         if f.device.type == "cpu":
+            out = H.fold(fine.numpy()[None])       # (bincount's counts: int64)
             return H.checked(out, f.numpy(), [f.numel()], exact_zeros(raw, f.numel()))[0]
-        zeros = int((f == 0).sum())
-    out = out[0]
+        return device_counts(f, fine, exact_zeros(raw, f.numel()))
+
+
+def device_counts(f: torch.Tensor, fine: torch.Tensor, zeros) -> np.ndarray:
+    """The histogram of ``f`` (flat float32, on an accelerator) from its fine
+    counts, in one host transfer: the zero count (which tells a subnormal from
+    a zero) rides with the counts unless the step's raw row had it."""
+    if zeros is None:
+        both = torch.cat([fine, (f == 0).sum().view(1)]).cpu().numpy()
+        counts, zeros = both[:-1], int(both[-1])
+    else:
+        counts = fine.cpu().numpy()
+    out = H.fold(counts[None])[0]
     if zeros != out[H.I_ZERO] or out[H.I_POS_INF] or out[H.I_NEG_INF]:
         return H.exact(f.cpu().numpy())
     return out
