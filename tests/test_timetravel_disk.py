@@ -182,3 +182,23 @@ def test_without_fork_checkpoints_the_disk_ones_are_still_written_and_resume_the
     torch.save(ck, tmp_path / "wrong_rng.pt")
     other = python(DROPOUT, "--steps", "20", "--resume", str(tmp_path / "wrong_rng.pt"))
     assert other.stdout.splitlines()[1:] != recorded[11:]
+
+
+def test_a_run_of_unknown_length_writes_disk_checkpoints_on_its_ticks_and_lists_them(tmp_path):
+    """Every 8th tick writes (here a tick a step: --checkpoint-every 1, fork
+    checkpoints off), as often as a write's cost allows at 2% of the run time
+    (how many: the machine's speed; which are kept when more than 10 were
+    written: test_timetravel_schedule), the first kept, and `info checkpoints`
+    lists what is on disk."""
+    import re
+
+    from tests.conftest import nndb
+    r = nndb("run", "--batch", "--replica", "respawn", "--checkpoint-every", "1", "--trace", str(tmp_path / "run.h5"),
+             "-e", "break step 199", "-e", "continue", "-e", "info checkpoints", "-e", "continue",
+             DROPOUT, "--steps", "200", cwd=str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    steps = [s for s, _ in disk.list_checkpoints(str(tmp_path / "run.ckpt"))]
+    assert 1 <= len(steps) <= 10 and steps[0] == 7, steps
+    assert all(b - a >= 8 for a, b in zip(steps, steps[1:])), steps
+    assert [int(m) for m in re.findall(r"^On disk: step (\d+):", r.stdout, re.M)] == steps
+    assert "the newest 10 kept" in r.stdout

@@ -227,3 +227,18 @@ def test_a_300_step_run_with_a_slow_fork_keeps_a_checkpoint_near_its_end():
     # wherever the run stops, the newest checkpoint at or before it is at most 4.1 s (41 steps) back
     assert all(s - max(c for c in taken if c <= s) <= 41 for s in range(300))
     assert any(s - max(c for c in before if c <= s) > 70 for s in range(300))
+
+def test_disk_schedule_unknown_total_keeps_its_budget_and_the_newest_files():
+    """Without a total a write waits for its own cost at the 2% budget (a
+    1 s write: 50 s), and of the files written the newest 10 are kept, the
+    first too, older ones dropped densest-first (a long run on a large model
+    filled the disk before)."""
+    sched = DiskSchedule(None, every_in_memory=2, keep=4)
+    sched.taken(10, 2, cost_s=1.0, now=100.0)
+    assert not sched.due(20, 4, now=149.0) and sched.due(20, 4, now=150.0)
+    assert not sched.due(20, 3, now=500.0)                 # and every 2nd checkpoint still
+    assert sched.evict([10, 20, 30, 40]) == []
+    dropped = sched.evict([10, 20, 30, 40, 50, 60])
+    assert len(dropped) == 2 and 10 not in dropped and 60 not in dropped
+    assert DiskSchedule(1000).evict(list(range(0, 2000, 100))) == []      # a known total: all kept
+    assert "the newest 4 kept" in sched.describe() and "2%" in sched.describe()

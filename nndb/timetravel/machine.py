@@ -254,10 +254,8 @@ class TimeMachine:
         self.checkpoints[ck.number] = ck
         self.taken += 1
         if kind == "auto":
-            if self.disk and self.disk_schedule.due(step, self.taken):
-                t1 = time.perf_counter()
-                self._save_disk(s, step, self.taken)
-                cost += time.perf_counter() - t1      # (the schedule pays for the disk copy too)
+            if self.disk and self.disk_schedule.due(step, self.taken, self.clock()):
+                cost += self._save_disk(s, step, self.taken)   # (the schedule pays for the disk copy too)
                 ck.cost_s = cost
             now = self.clock()
             self.policy.taken(step, cost, now)
@@ -340,31 +338,35 @@ class TimeMachine:
         """Where no fork checkpoint can be taken (CUDA initialised, DataLoader
         workers, ``--replica respawn``) the schedule's ticks still come, as
         checkpoints that cost nothing; the disk schedule writes at its own (every
-        10% of a known total, else every 8th tick), and the write's cost sets the
-        next tick as a checkpoint's would (the 2% budget).  A replay still starts
+        10% of a known total, else every 8th tick as the 2% budget allows).  A replay still starts
         from step 0 (a new process cannot resume a script in its loop); the files
         are the run's state for the user, RNG included (CUDA's too)."""
         self.ticks += 1
-        cost = 0.0
-        if self.disk_schedule.due(step, self.ticks):
-            t0 = time.perf_counter()
-            self._save_disk(s, step, self.ticks)
-            cost = time.perf_counter() - t0
+        cost = self._save_disk(s, step, self.ticks) if self.disk_schedule.due(step, self.ticks, now) else 0.0
         self.policy.taken(step, cost, now)
         self._last_end = self.clock()         # (the write's cost is not a step's)
 
-    def _save_disk(self, s, step: int, n_taken: int) -> None:
+    def _save_disk(self, s, step: int, n_taken: int) -> float:
+        """Write the checkpoint of ``step`` to disk, delete the files the disk
+        schedule no longer keeps; returns what it cost (s)."""
         from . import disk
+        t0 = time.perf_counter()
         try:
             mods = {s.rec.naming.module_name(m): m for m in s.view.roots()}
             opts = dict(s.view.optimizers())
             path = disk.save(disk.directory_for(s.log.trace_path), step, mods, opts, disk.capture_rng(),
                              warn=lambda line: self._warn_once(s, line))
             self.disk_files.append((step, path))
-            self.disk_schedule.taken(step, n_taken)
+            drop = set(self.disk_schedule.evict([st for st, _ in self.disk_files]))
+            for st, old in [f for f in self.disk_files if f[0] in drop]:
+                os.unlink(old)
+            self.disk_files = [f for f in self.disk_files if f[0] not in drop]
         except Exception as e:            # never the run's problem
             s.error(f"nndb: could not write the checkpoint of step {step} to disk: {e}")
             self.disk = False
+        cost = time.perf_counter() - t0
+        self.disk_schedule.taken(step, n_taken, cost, self.clock())
+        return cost
 
     def _warn_once(self, s, line: str) -> None:
         if line not in self._disk_warned:       # (once a run, not at every checkpoint)

@@ -401,36 +401,57 @@ class DiskSchedule:
     seconds and survives the process, so a handful per run is enough).
 
     With a known total: every 10% of the steps, the first at 10% (step 0 is
-    cheap to recompute and would only cost disk). Without: every
-    ``every_in_memory``-th in-memory checkpoint. Like ``KnownTotal``, ``due``
-    compares with the last disk checkpoint, so skipped steps lose nothing.
+    cheap to recompute and would only cost disk), all kept. Without: every
+    ``every_in_memory``-th in-memory checkpoint (or tick, where fork
+    checkpoints are off), no sooner than ``budget`` of the run time allows
+    after the last write's cost, and the newest ``keep`` files kept (older
+    ones deleted as ``Adaptive`` drops checkpoints: dense near the present,
+    the first kept): a run of unknown length on a large model would
+    otherwise fill the disk (300 MB of state every ~25 s, before 2026-12).
+    Like ``KnownTotal``, ``due`` compares with the last disk checkpoint, so
+    skipped steps lose nothing.
     """
 
-    def __init__(self, total_steps: int | None, every_in_memory: int = 8):
+    def __init__(self, total_steps: int | None, every_in_memory: int = 8, budget: float = BUDGET,
+                 keep: int = 10):
         if every_in_memory < 1:
             raise ValueError(f"every_in_memory must be at least 1, not {every_in_memory}")
         self.total_steps = total_steps or None
         self.interval = _percent(total_steps, 10) if self.total_steps else None
         self.every_in_memory = every_in_memory
+        self.budget = budget
+        self.keep = keep
         self._last_step = 0                 # marks start at 0, so the first is at 10%
         self._last_taken = 0
+        self._last_time: float | None = None
+        self._cost = 0.0
 
-    def due(self, step: int, n_taken: int) -> bool:
+    def due(self, step: int, n_taken: int, now: float = 0.0) -> bool:
         """Should a disk checkpoint be written after ``step``? ``n_taken`` is
-        how many in-memory checkpoints were taken so far, the one just taken
-        included."""
+        how many in-memory checkpoints (ticks) were taken so far, the one just
+        taken included; ``now`` the run's clock."""
         if self.interval is not None:
             next_mark = (self._last_step // self.interval + 1) * self.interval
             return step >= next_mark
+        if self._last_time is not None and now - self._last_time < self._cost / self.budget:
+            return False
         return n_taken - self._last_taken >= self.every_in_memory
 
-    def taken(self, step: int, n_taken: int) -> None:
-        """A disk checkpoint was written after ``step``, with ``n_taken`` as
-        passed to ``due``."""
+    def taken(self, step: int, n_taken: int, cost_s: float = 0.0, now: float = 0.0) -> None:
+        """A disk checkpoint that cost ``cost_s`` was written after ``step``
+        (the clock then ``now``), with ``n_taken`` as passed to ``due``."""
         self._last_step = max(self._last_step, step)
         self._last_taken = max(self._last_taken, n_taken)
+        self._last_time, self._cost = now, cost_s
+
+    def evict(self, steps: list[int]) -> list[int]:
+        """The steps of written files to delete (none with a known total)."""
+        if self.interval is not None or len(steps) <= self.keep:
+            return []
+        return Adaptive(max_live=self.keep).evict(steps)
 
     def describe(self) -> str:
         if self.interval is not None:
             return f"on disk every {self.interval} steps"
-        return f"on disk every {self.every_in_memory}th in-memory checkpoint"
+        return (f"on disk every {self.every_in_memory}th in-memory checkpoint, at most {self.budget:.0%} of "
+                f"the run time, the newest {self.keep} kept")
