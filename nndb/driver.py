@@ -169,6 +169,10 @@ def debug(config: RunConfig, options: DebugOptions, frontend,
         what = "module" if p.type_name == "breakpoint" else f"{p.kind} tensor"
         message(f"nndb: {p.type_name} {p.number} ({p.what()}{' [fail]' if p.fail else ''}) was still pending "
                 f"at the end of the run: no {what} matched '{p.glob}'")
+    for p, names, around in session.view.compiled_points():
+        message(f"nndb: {p.type_name} {p.number} ({p.what()}) never stopped: {', '.join(names[:3])} "
+                f"{'runs' if len(names) == 1 else 'run'} inside {around}, compiled by torch.compile, where "
+                "nndb's module hooks do not look (break on the compiled module, or run the model uncompiled)")
     pending_fail = [p.number for p in pending if p.fail]
     if session.input.file_error:
         code, reason = EXIT_USAGE, session.input.file_error

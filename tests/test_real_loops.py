@@ -491,3 +491,54 @@ def test_a_nan_loss_whose_step_the_script_skips_is_still_found(tmp_path):
     plain, trace = plain_and_recorded(tmp_path, SKIPPED_NAN)
     r = nndb("run", "--batch", "--trace", str(tmp_path / "n.h5"), str(tmp_path / "script.py"), cwd=str(tmp_path))
     assert "nndb: error: nonfinite at step 7: NaN first appeared in loss" in r.stderr, r.stderr
+
+
+COMPILED = textwrap.dedent('''
+    import torch, torch.nn as nn, torch._dynamo.testing
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 1))
+    cnt = torch._dynamo.testing.CompileCounter()
+    cmodel = torch.compile(model, backend=cnt)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    X = torch.randn(64, 8); Y = X.sum(1, keepdim=True)
+    for step in range(12):
+        opt.zero_grad()
+        loss = nn.functional.mse_loss(cmodel(X), Y)
+        loss.backward()
+        opt.step()
+        print("step", step, repr(loss.item()))
+    print("graphs", cnt.frame_count, "ops", cnt.op_count // cnt.frame_count)
+''')
+
+
+def test_a_compiled_model_is_recorded_from_outside_and_never_crashed_into(tmp_path):
+    """torch.compile'd: Dynamo traced nndb's module hooks (21 graphs where 1,
+    31 lines of Dynamo's on stderr) and a module breakpoint or `step` killed
+    the script (AssertionError from Dynamo).  Now the hooks do nothing while
+    it traces: the compiled graph is the script's own (its ops; it may compile
+    twice, once with nndb's function mode on the stack in the first steps),
+    stderr is the script's, the parameters are named as the script names
+    them (``2.weight``, not ``_orig_mod.2.weight``), a watch on them fires,
+    and a breakpoint inside the compiled model says why it never stopped."""
+    script = tmp_path / "compiled.py"
+    script.write_text(COMPILED)
+    plain = python(str(script))
+    assert plain.returncode == 0 and plain.stderr == "", plain.stderr
+    r = nndb("run", "--batch", "--trace", str(tmp_path / "t.h5"), "-e", "step", "-e", "break module 2 forward",
+             "-e", "watch grad 2.weight norm < 100", "-e", "continue", "-e", "continue", str(script))
+    assert r.returncode == 0, r.stderr
+    steps = [line for line in r.stdout.splitlines() if line.startswith("step ")]
+    assert steps == [line for line in plain.stdout.splitlines() if line.startswith("step ")]
+    assert plain.stdout.splitlines()[-1] == "graphs 1 ops 3"
+    # the same graph, compiled once or twice (Dynamo guards on the function-mode stack)
+    assert r.stdout.splitlines()[-1] in ("graphs 1 ops 3", "graphs 2 ops 3")
+    assert "Step 0, module cmodel backward" in r.stdout                   # (`step`: into the compiled model's call)
+    assert "Watchpoint 2: grad 2.weight norm = " in r.stdout
+    lines = [s for s in r.stderr.splitlines() if s.strip() and not s.startswith("nndb: recording to ")]
+    assert lines == ["nndb: breakpoint 1 (module 2 forward) never stopped: 2 runs inside cmodel, compiled by "
+                     "torch.compile, where nndb's module hooks do not look (break on the compiled module, or run "
+                     "the model uncompiled)"], r.stderr
+    import nndb as api
+    with api.open(str(tmp_path / "t.h5")) as t:
+        assert sorted(t.stats(3)["param"]) == ["0.bias", "0.weight", "2.bias", "2.weight"]
+        assert float(t.stats(3)["loss"]["loss"]["mean"]) == float(_printed(plain.stdout)[3])

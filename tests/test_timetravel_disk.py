@@ -156,7 +156,7 @@ def test_without_fork_checkpoints_the_disk_ones_are_still_written_and_resume_the
     schedule still writes at every 10% of a known total, a travel's replica
     writes none, and a checkpoint resumes the script bit for bit: its model,
     optimizer and RNG (dropout draws from it) are the run's after that step."""
-    from tests.conftest import nndb, python
+    from conftest import nndb, python
     trace = str(tmp_path / "run.h5")
     r = nndb("run", "--batch", "--replica", "respawn", "--total-steps", "20", "--trace", trace,
              "-e", "break step 15", "-e", "continue", "-e", "goto 3", "-e", "present", "-e", "info checkpoints",
@@ -192,7 +192,7 @@ def test_a_run_of_unknown_length_writes_disk_checkpoints_on_its_ticks_and_lists_
     lists what is on disk."""
     import re
 
-    from tests.conftest import nndb
+    from conftest import nndb
     r = nndb("run", "--batch", "--replica", "respawn", "--checkpoint-every", "1", "--trace", str(tmp_path / "run.h5"),
              "-e", "break step 199", "-e", "continue", "-e", "info checkpoints", "-e", "continue",
              DROPOUT, "--steps", "200", cwd=str(tmp_path))

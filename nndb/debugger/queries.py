@@ -86,6 +86,24 @@ class RunView:
                 out.append(p)
         return out
 
+    def compiled_points(self) -> list:
+        """[(module breakpoint, the modules it matches, their compiled module)]
+        of the breakpoints never hit whose modules all run inside a
+        ``torch.compile``'d module, where nndb's module hooks do not look."""
+        out = []
+        if self.s.rec is None:
+            return out
+        naming = self.s.rec.naming
+        for p in sorted(self.s.points.values(), key=lambda p: p.number):
+            if not isinstance(p, P.ModuleBreak) or p.hits:
+                continue
+            matched = [m for root in self.roots() for _, m in root.named_modules()
+                       if fnmatch.fnmatchcase(naming.module_name(m), p.glob)]
+            around = {naming.compiled_around(m) for m in matched}
+            if matched and None not in around:
+                out.append((p, sorted({naming.module_name(m) for m in matched}), ", ".join(sorted(around))))
+        return out
+
     def note_earlier_optimizers(self) -> None:
         """At a run's start: the optimizers alive then are not the run's (the
         tracer's own list of them: one scan serves both)."""

@@ -29,6 +29,8 @@ from torch.nn.modules.module import register_module_forward_pre_hook
 from torch.overrides import (TorchFunctionMode, _get_current_function_mode_stack, _pop_mode,
                              _push_mode)
 
+_COMPILING = torch.compiler.is_compiling      # (True while torch.compile traces)
+
 # torch.nn.functional losses: (input, target, ...) -> loss
 CLASS_LOSSES = ("cross_entropy", "nll_loss")
 BINARY_LOSSES = ("binary_cross_entropy", "binary_cross_entropy_with_logits")
@@ -63,7 +65,8 @@ class FunctionWatch(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         q = self.quiet
-        if q is not None and (q.in_hook or q.busy):
+        if _COMPILING() or q is not None and (q.in_hook or q.busy):
+            # (torch.compile tracing: the call as it is, no graph break at our frames)
             return func(*args, **(kwargs or {}))
         self._depth += 1
         try:

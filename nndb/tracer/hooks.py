@@ -42,6 +42,7 @@ import sys
 import threading
 import time
 import traceback
+import warnings
 import weakref
 from typing import Callable, Optional
 
@@ -67,6 +68,11 @@ _get_ident = threading.get_ident
 _perf_counter = time.perf_counter
 _ONE = torch.tensor(1.0)
 _IN_BACKWARD = torch._C._current_graph_task_id     # -1 outside a backward (checkpointing recomputes in one)
+# True while torch.compile traces (Dynamo folds it to a constant): the module hooks
+# then do nothing, so that a compiled model's graph is the one it is without nndb (no
+# graph break at nndb's code, no trace of it); they see the compiled model from outside
+_COMPILING = torch.compiler.is_compiling
+_COMPILE_HOOKS_WARNING = r"Using `torch.compile\(module\)` when there are global hooks on modules"
 _FORK_HOOK = False
 _ENGINE = object()       # (_backward_end_quiet: the loss is the engine's root)
 # The first backwards with no optimizer that reach no parameter in which the tracer looks for the
@@ -348,6 +354,9 @@ class Tracer:
         if on and not self._fwd_handles:
             self._fwd_handles = [_module.register_module_forward_pre_hook(self._forward_pre),
                                  _module.register_module_forward_hook(self._forward_post)]
+            # (torch.compile's module warns at every call that global hooks exist: ours, which
+            # do nothing inside it; the script's stderr stays as without nndb)
+            warnings.filterwarnings("ignore", message=_COMPILE_HOOKS_WARNING, category=UserWarning)
         elif not on and self._fwd_handles:
             for h in self._fwd_handles:
                 h.remove()
@@ -403,7 +412,7 @@ class Tracer:
     # -- module hooks --------------------------------------------------------
     def _forward_pre(self, module, args):
         # (activation checkpointing recomputes a forward in the backward: recorded already if it ran with grad)
-        if self._failed or self.in_hook or (module in self._ran and _IN_BACKWARD() != -1):
+        if _COMPILING() or self._failed or self.in_hook or (module in self._ran and _IN_BACKWARD() != -1):
             return None
         try:
             if self.module_depth == 0:
@@ -428,7 +437,7 @@ class Tracer:
         return None
 
     def _forward_post(self, module, args, output):
-        if module in self._ran and _IN_BACKWARD() != -1:
+        if _COMPILING() or (module in self._ran and _IN_BACKWARD() != -1):
             return None
         self.module_depth = max(0, self.module_depth - 1)
         if self._failed or self.in_hook:

@@ -66,6 +66,16 @@ def find_variable_name(obj, frame) -> Optional[str]:
     return None
 
 
+def _named(items):
+    """Module paths as the script knows them: torch.compile's wrapper puts the
+    model under ``_orig_mod`` (``_orig_mod.0.weight`` is ``0.weight``)."""
+    for sub, x in items:
+        yield (_ORIG_MOD.sub("", sub) if "_orig_mod." in sub else sub), x
+
+
+_ORIG_MOD = re.compile(r"(?:(?<=\.)|^)_orig_mod\.")
+
+
 def unique(base: str, used: set) -> str:
     """``base``, or ``base2``, ``base3``...: the first not in ``used`` (which it joins)."""
     name, i = base, 1
@@ -89,6 +99,7 @@ class Naming:
         self._param_roots: list = []     # weakrefs of roots that own parameters, in order seen
         self._qualified_roots: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
         self._frozen = False
+        self._compiled: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # module -> its OptimizedModule
         self._opt_names: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
         self._used_opt_names: set = set()
         self._loose_names: dict = {}     # id(param) -> (weakref param, name)
@@ -112,7 +123,8 @@ class Naming:
         # is part of it: named by its path in it ('0.parametrizations.weight.original').
         inside = {m for _, m in root.named_modules()} if not self._frozen else ()
         absorbed = set()
-        for sub, m in root.named_modules(remove_duplicate=True):
+        for sub, m in _named(root.named_modules(remove_duplicate=True)):
+            self._note_compiled(m)
             entry = self._module_path.get(m)
             if entry is not None and entry[0] is not root and entry[0] in inside:
                 absorbed.add(entry[0])
@@ -123,7 +135,7 @@ class Naming:
             self._used_root_names.discard(self._root_names.pop(gone, None))
             self._param_roots = [r for r in self._param_roots if r() is not gone]
         has_params = False
-        for sub, p in root.named_parameters(remove_duplicate=True):
+        for sub, p in _named(root.named_parameters(remove_duplicate=True)):
             has_params = True
             entry = self._param_path.get(id(p))
             if entry is None or entry[0]() is not p or entry[1] in absorbed:
@@ -132,6 +144,18 @@ class Naming:
             self._param_roots.append(weakref.ref(root))
             if self._frozen and len(self._param_roots) > 1:
                 self._qualified_roots[root] = True
+
+    def _note_compiled(self, m) -> None:
+        if type(m).__name__ == "OptimizedModule" and isinstance(getattr(m, "_orig_mod", None), torch.nn.Module):
+            for inner in m._orig_mod.modules():
+                if inner is not m._orig_mod:
+                    self._compiled[inner] = m
+
+    def compiled_around(self, module) -> Optional[str]:
+        """The name of the ``torch.compile``'d module that ``module`` runs
+        inside (nndb's module hooks do nothing there: nndb.tracer.hooks), or None."""
+        outer = self._compiled.get(module)
+        return None if outer is None else self.module_name(outer)
 
     def roots(self) -> list:
         """Every root module seen so far (alive ones), in the order seen."""
@@ -202,10 +226,11 @@ class Naming:
         ``assign=True``): named by their place in the root, as the first ones were."""
         moved = {}                       # (root, path) -> id of the parameter now there
         for root in self.roots():
-            for sub, m in root.named_modules(remove_duplicate=True):
+            for sub, m in _named(root.named_modules(remove_duplicate=True)):
+                self._note_compiled(m)
                 if m not in self._module_path:
                     self._module_path[m] = (root, sub)
-            for sub, p in root.named_parameters(remove_duplicate=True):
+            for sub, p in _named(root.named_parameters(remove_duplicate=True)):
                 entry = self._param_path.get(id(p))
                 if entry is None or entry[0]() is not p:
                     self._param_path[id(p)] = (weakref.ref(p), root, sub)
