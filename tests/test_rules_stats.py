@@ -414,3 +414,15 @@ def test_update_ratio_leaves_lbfgs_alone_live_and_on_its_trace(tmp_path):
     # (the same updates under SGD's name: judged, and found)
     rule = stats_rules.UpdateRatio()
     assert [f.evidence["side"] for _, f in feed(rule, [model_step(w=1.0, u=0.995)])] == ["high"]
+
+
+def test_loss_explodes_counts_the_steps_since_the_low_point_in_a_full_window():
+    """0.5 at step 7, 100 at step 10: three recorded steps, also once the
+    10-step window is full (it said 2: the window had dropped its first)."""
+    losses = [1.0, 1.1, 0.9, 1.0, 1.2, 1.0, 0.95, 0.5, 1.0, 1.1, 100.0]
+    found = feed(stats_rules.LossExplodes(), [{("loss", "loss"): {"mean": v, "count": 1}} for v in losses])
+    [(step, f)] = found
+    assert step == 10 and f.evidence["steps_back"] == 3 and f.evidence["low"] == 0.5
+    assert "in 3 recorded step(s)" in f.message
+    short = feed(stats_rules.LossExplodes(), [{("loss", "loss"): {"mean": v, "count": 1}} for v in (1.0, 0.5, 80.0)])
+    assert [(s, f.evidence["steps_back"]) for s, f in short] == [(2, 1)]       # (a window not full yet)

@@ -626,12 +626,13 @@ class LossExplodes(Rule):
             self.top[name] = v
         pos = [(x, i) for i, x in enumerate(recent) if x > 0]
         top = self.top[name]
+        ahead = len(recent)                  # (v's place: counted before a full window drops its first)
         recent.append(v)
         self.top[name] = max(top, v)
         if not pos:
             return
         lo, at = min(pos)
-        back = len(recent) - 1 - at          # recorded steps since the smallest
+        back = ahead - at                    # recorded steps since the smallest
         if v >= float(self.params["factor"]) * lo and v > top:
             self.done.add(name)
             yield self.finding(
