@@ -141,6 +141,43 @@ def test_lr_zero(tmp_path):
     assert of(found, "update_ratio") == []               # a zero update is not a ratio
 
 
+LBFGS_CONVERGES = """
+import sys
+import torch, torch.nn as nn
+torch.manual_seed(0)
+x = torch.randn(64, 4, dtype=torch.double)
+y = torch.sin(x.sum(1, keepdim=True))
+model = nn.Sequential(nn.Linear(4, 32), nn.Tanh(), nn.Linear(32, 1)).double()
+opt = torch.optim.LBFGS(model.parameters(), lr=float(sys.argv[1]))
+def closure():
+    opt.zero_grad()
+    loss = nn.functional.mse_loss(model(x), y)
+    loss.backward()
+    return loss
+for i in range(30):
+    before = [p.detach().clone() for p in model.parameters()]
+    opt.step(closure)
+    print(i, all(torch.equal(b, p) for b, p in zip(before, model.parameters())))
+"""
+
+
+def test_lbfgs_that_converged_is_not_stuck_and_one_at_lr_zero_is(tmp_path, capsys):
+    """From step ~24 LBFGS makes no move (its tolerance_change test: the loss at
+    6.2e-07, gradients ~1e-5, above the rule's min_grad_rms): its convergence,
+    not a parameter left out (param_not_updated said 'not updated for 5 observed
+    steps'); at lr 0 the same script is reported, as SGD's is."""
+    path = tmp_path / "lbfgs.py"
+    path.write_text(LBFGS_CONVERGES)
+    (tmp_path / "a").mkdir(), (tmp_path / "b").mkdir()
+    found = run(tmp_path / "a", str(path), "0.8")
+    still = [line.split()[0] for line in capsys.readouterr().out.splitlines() if line.endswith(" True")]
+    assert len(still) >= 5                                   # (it did stop moving, for 5 steps or more)
+    assert of(found, "param_not_updated") == []
+    found = run(tmp_path / "b", str(path), "0")
+    [pn] = of(found, "param_not_updated")
+    assert pn["evidence"]["lr"] == 0 and "learning rate 0" in pn["message"]
+
+
 CONVERGED = """
 import torch
 import torch.nn as nn

@@ -356,8 +356,9 @@ class ParamNotUpdated(Rule):
     THRESHOLDS = {
         "steps": Threshold(5, "consecutive recorded steps: an LR schedule may start at exactly 0 for a step "
                               "(linear warmup from 0); five steps without any change are not a schedule"),
-        "min_grad_rms": Threshold(1e-7, "gradients with a smaller RMS count as zero: LBFGS (tolerance_grad "
-                                        "1e-7) declares convergence and makes no update below that"),
+        "min_grad_rms": Threshold(1e-7, "gradients with a smaller RMS count as zero (a converged model's last "
+                                        "gradients; LBFGS's own zero updates, at a learning rate above 0, are "
+                                        "its convergence tests and never count)"),
     }
     # On a trace (nndb.rules.offline) it runs where the trace records the optimizers.
     READS_OPTIMIZERS = "which optimizer holds each parameter, its learning rate, and the parameters' shapes"
@@ -381,7 +382,7 @@ class ParamNotUpdated(Rule):
         if np.count_nonzero(zero):
             flags = np.zeros(len(lay.names), dtype=bool)
             k = held[zero]
-            flags[k] = self._has_grad(ctx, lay, k) & ~self._below_resolution(ctx, lay, k)
+            flags[k] = self._has_grad(ctx, lay, k) & ~self._below_resolution(ctx, lay, k) & ~self._converged(ctx, lay, k)
         # held by none (param and grad rows only): the value did not change
         # while a new gradient came (a stale .grad kept between a GAN's
         # generator steps is not a new one)
@@ -432,6 +433,21 @@ class ParamNotUpdated(Rule):
             return None                 # (values compared from step to step, or an update of exactly 0)
         self.streaks.i += block.k       # (what Streaks.update does on a step with nothing flagged)
         return True
+
+    @staticmethod
+    def _converged(ctx, lay, k: np.ndarray) -> np.ndarray:
+        """Held by an optimizer that stops by its own tests (MULTI_ITERATION: LBFGS returns
+        without a move once the loss or the step changes by less than tolerance_change, the
+        gradient's largest element is under tolerance_grad): its zero update at a learning
+        rate above 0 is its convergence, not a parameter left out."""
+        own = set()
+        for _, opt in ctx.optimizers:
+            if family(opt) in MULTI_ITERATION:
+                for group in opt.param_groups:
+                    lr = group.get("lr")
+                    if isinstance(lr, (int, float)) and lr > 0:
+                        own.update(ctx.param_name(p) for p in group["params"])
+        return np.array([lay.names[j] in own for j in k.tolist()], dtype=bool)
 
     @staticmethod
     def _below_resolution(ctx, lay, k: np.ndarray) -> np.ndarray:
