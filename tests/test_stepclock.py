@@ -109,3 +109,14 @@ def test_a_second_optimizer_stepping_after_the_closer_each_iteration_does_not_ta
         assert c.optimizer_post(a).step == step
         assert c.optimizer_pre(b, 2) is None and c.optimizer_post(b) is None
     assert c.closer is a
+
+
+def test_a_class_name_is_named_as_a_variable_would_be():
+    """Roots and optimizers with no variable of the script's are named after
+    their class: 's_g_d' and 're_l_u' before, now as a person writes them."""
+    from nndb.tracer.naming import snake
+    got = {n: snake(n) for n in ("SGD", "AdamW", "LBFGS", "ReLU", "LeakyReLU", "SmallCNN", "BatchNorm2d",
+                                  "TinyTransformer", "MultiheadAttention", "LSTM", "Net")}
+    assert got == {"SGD": "sgd", "AdamW": "adamw", "LBFGS": "lbfgs", "ReLU": "relu", "LeakyReLU": "leaky_relu",
+                   "SmallCNN": "small_cnn", "BatchNorm2d": "batch_norm2d", "TinyTransformer": "tiny_transformer",
+                   "MultiheadAttention": "multihead_attention", "LSTM": "lstm", "Net": "net"}

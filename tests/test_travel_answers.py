@@ -297,3 +297,10 @@ def test_running_forward_in_the_past_checks_the_recorded_steps(tmp_path, source)
         assert "('AT'" not in r.stdout, r.stdout
         assert re.search(r"the replay diverged from the recorded run at step 3: loss recorded "
                          + re.escape(printed["3"]), r.stderr), r.stderr
+
+
+def test_a_prediction_past_the_scripts_end_says_after_which_step_it_ended(tmp_path):
+    """It read 'the script ended (finished: )', the reason empty."""
+    r = _run(tmp_path, "cnn.py", ["until 5", "predict 5 --set lr=0.05", "continue"], "--steps", "8")
+    assert "The prediction ended early: the script ended (finished) after step 7." in r.stdout, r.stdout
+    assert "(changed) ended early: the script ended (finished) after step 7." in r.stdout

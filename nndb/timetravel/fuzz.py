@@ -88,7 +88,8 @@ class FuzzRole(Role):
         return StepEnd.SKIP
 
     def run_ended(self, s, status: str, reason: str) -> None:
-        self.fail(f"the script ended ({status}: {reason}) before the model's next forward pass")
+        self.fail(f"the script ended ({f'{status}: {reason}' if reason else status}) before the model's next "
+                  "forward pass")
 
     def fail(self, message: str) -> None:
         forking.unsilence(self.saved_fds)

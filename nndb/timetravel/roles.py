@@ -463,7 +463,8 @@ class Predict(Role):
                            "undone": self.undone})
 
     def run_ended(self, s, status: str, reason: str) -> None:
-        self._report(None, f"the script ended ({status}: {reason})")
+        self._report(None, f"the script ended ({status}: {reason})" if reason else
+                     f"the script ended ({status}) after step {s.last_step}")
 
 
 # How many steps past the checkpoint a replica runs at most to find a record

@@ -87,7 +87,18 @@ def unique(base: str, used: set) -> str:
 
 
 def snake(name: str) -> str:
-    return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
+    """A class's name as a variable's: ``SmallCNN`` -> ``small_cnn``, ``SGD`` ->
+    ``sgd``, ``ReLU`` -> ``relu``, ``BatchNorm2d`` -> ``batch_norm2d`` (a run of
+    capitals is one word, as is a capital with one more after it and no
+    lower case: the ``LU`` of ``ReLU``; it read ``s_g_d`` and ``re_l_u``)."""
+    words = re.findall(r"[A-Z]+(?![a-z])|[A-Z]?[a-z0-9]+", name)
+    out = []
+    for w in words:
+        if out and len(w) <= 2 and w.isupper() and out[-1][:1].isupper() and out[-1][1:].islower():
+            out[-1] += w                  # (ReLU, GeLU: one word)
+        else:
+            out.append(w)
+    return "_".join(out).lower() if out else name.lower()
 
 
 class Naming:
