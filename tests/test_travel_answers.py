@@ -304,3 +304,44 @@ def test_a_prediction_past_the_scripts_end_says_after_which_step_it_ended(tmp_pa
     r = _run(tmp_path, "cnn.py", ["until 5", "predict 5 --set lr=0.05", "continue"], "--steps", "8")
     assert "The prediction ended early: the script ended (finished) after step 7." in r.stdout, r.stdout
     assert "(changed) ended early: the script ended (finished) after step 7." in r.stdout
+
+
+STAGES = '''
+import torch, torch.nn as nn
+torch.manual_seed(0)
+
+class Stage:                      # each stage with its own self.opt (mnist_forward_forward's shape)
+    def __init__(self):
+        self.lin = nn.Linear(4, 1)
+        self.opt = torch.optim.SGD(self.lin.parameters(), lr=0.1)
+
+    def train(self, x, y, n):
+        for i in range(n):
+            loss = nn.functional.mse_loss(self.lin(x), y)
+            self.opt.zero_grad()
+            loss.backward()
+            self.opt.step()
+            print("loss", repr(loss.item()), "lr", self.opt.param_groups[0]["lr"])
+
+x, y = torch.randn(16, 4), torch.randn(16, 1)
+stages = [Stage(), Stage()]
+for s in stages:
+    s.train(x, y, 5)
+'''
+
+
+def test_an_optimizer_named_at_a_stop_is_the_stopped_frames_first(tmp_path):
+    """Stopped in stage 1 at `self.opt.step()`, 'opt' is stage 1's optimizer,
+    as a debugger scopes a name (nndb's own table calls stage 0's, finished,
+    'opt' and stage 1's 'opt2': `set lr 0.5 optimizer opt` changed the finished
+    one and training went on at 0.1; `predict --set opt.lr=` predicted no
+    difference)."""
+    r = _script_run(tmp_path, STAGES, ["break step 6", "continue", "predict 2 --set opt.lr=0.5",
+                                       "set lr 0.5 optimizer opt", 'p [s.opt.param_groups[0]["lr"] for s in stages]',
+                                       "continue"])
+    assert "'opt' is the stopped frame's, which nndb names opt2." in r.stdout, r.stdout
+    assert "[0.1, 0.5]" in r.stdout
+    lrs = [line.split()[-1] for line in r.stdout.splitlines() if line.startswith("loss ")]
+    assert lrs == ["0.1"] * 6 + ["0.5"] * 4        # (step 6 prints after its stop)
+    assert "--set opt.lr=0.5 is: set lr 0.5 optimizer opt2" in r.stdout
+    assert "They first differ at step 8." in r.stdout          # (step 7's loss is before its update)

@@ -98,7 +98,9 @@ def _help(s, text):
 
 COMMANDS = [
     Command("set", SET_USAGE, """Change an optimizer hyper-parameter (lr, momentum, weight_decay, betas ...)
-in every param group, or in group N; with several optimizers, name one.
+in every param group, or in group N; with several optimizers, name one: as
+the stopped frame calls it first (a local, or an attribute of its self:
+'optimizer opt' at 'self.opt.step()'), else as 'info optimizer' names it.
 It takes effect at the optimizer's next step.  An LR scheduler driving the
 optimizer follows a new lr (its scale is multiplied by new/old, and it says
 so); a change a scheduler would undo is refused.  When the optimizer steps

@@ -200,15 +200,17 @@ def _set_hyper(s, edit: HyperChange):
             raise CommandError(f"'{key}' is a variable of the script's frame: --hold holds an optimizer's "
                                f"hyper-parameter", SET_USAGE)
         return _set_var(s, key, repr(value))
-    opts = s.view.optimizers()
+    opts, notes = s.view.optimizers(), []
     if oname is not None:
-        opts = [(n, o) for n, o in opts if n == oname]
+        opts = s.view.optimizer_named(oname, opts)
         if not opts:
             raise CommandError(f"no optimizer named '{oname}' (there are: {', '.join(n for n, _ in s.view.optimizers())})")
+        if opts[0][0] != oname:
+            notes.append(f"'{oname}' is the stopped frame's, which nndb names {opts[0][0]}.")
     elif len(opts) > 1:
         raise CommandError(f"{len(opts)} optimizers: say which with 'optimizer NAME' "
                            f"({', '.join(n for n, _ in opts)})", SET_USAGE)
-    rows, notes = [], []
+    rows = []
     for name, opt in opts:
         scheds = schedulers_of(opt)
         if not hold:                   # (a held value is set again after the scheduler too)

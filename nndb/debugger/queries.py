@@ -126,6 +126,23 @@ class RunView:
         # by name: the garbage collector's order depends on what ran before in the process
         return sorted(((naming.optimizer_name(o, frame), o) for o in ours), key=lambda no: no[0])
 
+    def optimizer_named(self, name: str, opts: Optional[list] = None) -> list:
+        """[(nndb's name, optimizer)] that ``name`` means at this stop, as a
+        debugger scopes a name: the stopped frame's own first (a local, or an
+        attribute of its ``self``: ``self.opt`` of the stage that steps now,
+        where nndb's table may call another optimizer ``opt``), then nndb's
+        names.  [] when neither has it."""
+        opts = self.optimizers() if opts is None else opts
+        frame = self.s.here.frames[-1][0] if self.s.here.frames else None
+        if frame is not None:
+            local = frame.f_locals
+            me = local.get("self")
+            for cand in (local.get(name), getattr(me, "__dict__", {}).get(name) if me is not None else None):
+                mine = [(n, o) for n, o in opts if o is cand]
+                if cand is not None and mine:
+                    return mine
+        return [(n, o) for n, o in opts if n == name]
+
     def history(self, name: str, kind: Optional[str], stat: Optional[str]):
         """(steps, values, kind) of one series, from the trace (and the steps
         the writer has not flushed yet); a value is None where it was not measured.

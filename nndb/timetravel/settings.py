@@ -48,8 +48,9 @@ def changes_for(s, sets) -> list:
     for st in sets:
         key, value = st.key, st.value
         oname, dot, hyper = key.partition(".")
-        if dot and oname in opts:
-            chosen = [oname]
+        scoped = s.view.optimizer_named(oname, list(opts.items())) if dot else []
+        if scoped:
+            chosen = [scoped[0][0]]             # (nndb's name: the replica finds it by that)
         else:
             hyper = key
             if set_target(s, key) == "var":
