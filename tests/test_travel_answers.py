@@ -345,3 +345,21 @@ def test_an_optimizer_named_at_a_stop_is_the_stopped_frames_first(tmp_path):
     assert lrs == ["0.1"] * 6 + ["0.5"] * 4        # (step 6 prints after its stop)
     assert "--set opt.lr=0.5 is: set lr 0.5 optimizer opt2" in r.stdout
     assert "They first differ at step 8." in r.stdout          # (step 7's loss is before its update)
+
+
+def test_a_finished_stages_gradient_is_not_a_later_steps(tmp_path):
+    """Steps 5-9 train stage 1: stage 0's .grad, left as its last step (4) made
+    it, was recorded at each of them as theirs (`stats grad` listed it, and
+    predict's grad norm was sqrt(1.037^2 + 1.422^2) where the step's is 1.422)."""
+    import math
+    r = _script_run(tmp_path, STAGES, ["break step 6", "continue", "predict 2", "continue"])
+    assert r.returncode == 0, r.stderr
+    import nndb as api
+    with api.open(str(tmp_path / "t.h5")) as t:
+        grads = {s: t.stats(s)["grad"] for s in range(10)}
+    first, second = set(grads[0]), set(grads[9])
+    assert len(first) == len(second) == 2 and not first & second
+    assert all(set(grads[s]) == first for s in range(5)) and all(set(grads[s]) == second for s in range(5, 10))
+    row = next(line.split() for line in r.stdout.splitlines() if line.startswith("7 "))
+    want = math.sqrt(sum(v["norm"] ** 2 for v in grads[7].values()))
+    assert float(row[-2]) == pytest.approx(want, rel=1e-5)             # predict's grad norm: this step's

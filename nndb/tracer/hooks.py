@@ -670,6 +670,7 @@ class Tracer:
             earlier = self.preexisting_optimizers()
             self._known_optimizers = weakref.WeakSet(
                 o for o in find_optimizers() if o not in earlier or o in self._opt_seen)
+            self.recorder.several_optimizers = len(self._known_optimizers) > 1
         return len(self._known_optimizers)
 
     # -- optimizer hooks -------------------------------------------------------

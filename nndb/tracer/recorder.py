@@ -155,6 +155,11 @@ class StepRecorder:
         self._layouts: dict = {}            # tuple of (name, kind) -> the list given to every record
         self._by_sig: dict = {}             # (entry keys, plans, losses qualified), as ids -> that list
         self._others: tuple = (None, [])     # (cache key, params no optimizer holds)
+        # With several optimizers (a GAN, training stages): each parameter's gradient as its
+        # optimizer's last step left it, (id, version), so that a step that stepped another
+        # optimizer records only the gradients its backward made (a finished stage's .grad stays)
+        self.several_optimizers = False
+        self._grad_marks: dict = {}
         # Whole tensors kept (--record-full): nndb.tracer.fulltensors.FullTensors, or None
         self.fulltensors = None
 
@@ -316,6 +321,11 @@ class StepRecorder:
         snap = self._snapshots.pop(id(opt), None)
         if self.recording and snap is not None:
             snap.record(b, self.full)
+        if self.several_optimizers:
+            marks = self._grad_marks
+            for p in self._plan(opt).params:
+                g = p.grad
+                marks[id(p)] = None if g is None else (id(g), g._version)
         ft = self.fulltensors
         if ft is not None and ft.rules and ft.wants("param", self.step):
             ft.params(self.naming, self._plan(opt).params, "param", self.step)
@@ -390,13 +400,17 @@ class StepRecorder:
         if not others:
             return
         keys, items = [], []
+        marks = self._grad_marks
         for p in others:
             keys.append(("param", p, "param"))
             items.append(p.detach())
             g = p.grad
             if g is not None and not g.is_sparse:
-                keys.append(("param", p, "grad"))
-                items.append(g.detach())
+                mark = (id(g), g._version)
+                if marks.get(id(p)) != mark:     # (not as the last step left it: this step's backward made it)
+                    keys.append(("param", p, "grad"))
+                    items.append(g.detach())
+                marks[id(p)] = mark
         H.add_many(bucket, keys, items, self.full, bulk=True)
 
     def _close_manual(self, step, bucket, now, recording, final) -> None:
