@@ -192,7 +192,7 @@ class TimeMachine:
         if self.replica or self._settling is not None:
             return
         if self.mode not in ("auto", "fork") or self.blocked:
-            if self.disk and self.mode != "off" and not self.replica and self.policy.due(step, now):
+            if self.disk and self.mode != "off" and self.policy.due(step, now):
                 self._tick_disk_alone(s, step, now)
             return
         if self.policy.due(step, now) and self._writer_ready(s.rec.writer, now):
@@ -337,10 +337,11 @@ class TimeMachine:
     def _tick_disk_alone(self, s, step: int, now: float) -> None:
         """Where no fork checkpoint can be taken (CUDA initialised, DataLoader
         workers, ``--replica respawn``) the schedule's ticks still come, as
-        checkpoints that cost nothing; the disk schedule writes at its own (every
-        10% of a known total, else every 8th tick as the 2% budget allows).  A replay still starts
-        from step 0 (a new process cannot resume a script in its loop); the files
-        are the run's state for the user, RNG included (CUDA's too)."""
+        checkpoints that cost nothing; the disk schedule writes at its own
+        (every 10% of a known total, else every 8th tick as the 2% budget
+        allows).  A replay still starts from step 0 (a new process cannot
+        resume a script in its loop); the files are the run's state for the
+        user, RNG included (CUDA's too)."""
         self.ticks += 1
         cost = self._save_disk(s, step, self.ticks) if self.disk_schedule.due(step, self.ticks, now) else 0.0
         self.policy.taken(step, cost, now)
