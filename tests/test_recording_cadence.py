@@ -265,3 +265,21 @@ def test_a_failing_probe_is_said_once_and_the_run_goes_on(tmp_path, monkeypatch)
     assert "loss_not_decreasing" in {f["rule"] for f in res.session.log.findings}
     with TraceReader(str(tmp_path / "run.h5")) as r:
         assert r.n_steps == 70
+
+
+@pytest.mark.parametrize("script", ["manual_sgd.py", "mlp.py"])
+def test_full_statistics_land_on_the_observed_steps_in_every_loop_shape(tmp_path, script):
+    """A hand-written update's parameters, updates and gradients had their
+    full statistics a step early (30/31, 62/63): measured with the next
+    step's policy.  Every kind now has them at steps 0, 32, 64, as the
+    activations do and as docs/commands.md's cadence table says."""
+    import nndb as api
+    r = nndb("run", "--batch", "-q", "--rules", "none", "--trace", str(tmp_path / "t.h5"), example(script),
+             "--steps", "80")
+    assert r.returncode == 0, r.stderr
+    with api.open(str(tmp_path / "t.h5")) as t:
+        name = next(i.name for i in t.tensors if i.kind == "grad" and i.name.endswith("weight"))
+        for kind in ("param", "update", "grad"):
+            steps, values = t.history(name, kind, "mean")
+            full = [int(s) for s, v in zip(steps, values) if not math.isnan(v)]
+            assert full == [0, 32, 64], (kind, full)

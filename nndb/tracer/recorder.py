@@ -140,7 +140,7 @@ class StepRecorder:
         self.manual = False
         self._in_step: Optional[bool] = None     # inside optimizer.step(): has a loss been taken there?
         self._loss_dtype = torch.float32         # the dtype of the step's losses so far (their sum's)
-        self._manual_pending: Optional[tuple] = None   # (step, bucket, time, snapshot)
+        self._manual_pending: Optional[tuple] = None   # (step, bucket, time, snapshot, full)
         self.last: Optional[StepRecord] = None
         # These caches key an object by its id, never by the object: they must not keep
         # an optimizer, a module or a parameter alive (an optimizer the script replaced,
@@ -353,7 +353,7 @@ class StepRecorder:
             nxt.merge(b)
         self._buckets = [nxt]
         now = time.time() - self.t0
-        recording = self.recording
+        recording, was_full = self.recording, self.full     # (the closed step's: the policy moves on below)
         self.step = step + 1
         if self.step >= self._policy_until:
             if self._policies is not None:
@@ -367,12 +367,12 @@ class StepRecorder:
         if step == 0:
             self.naming.freeze()
         if self.manual:
-            self._close_manual(step, bucket, now, recording, final)
+            self._close_manual(step, bucket, now, recording, final, was_full)
             return
         if recording:
             others = self._others
             if others[1] or others[0] != (self.naming.roots_version, len(bucket.covered)):
-                self._other_params(bucket)
+                self._other_params(bucket, was_full)
             rec = self.last = self._record(step, bucket, now, final)     # (self._emit, inline: every step)
             self.sink(rec)
 
@@ -389,9 +389,9 @@ class StepRecorder:
         before the run counts only then): the last such step's record, which
         waits for the next step's end, goes out now, before the next."""
         if self._manual_pending is not None:
-            self._close_manual(None, None, time.time() - self.t0, False, True)
+            self._close_manual(None, None, time.time() - self.t0, False, True, self.full)
 
-    def _other_params(self, bucket: _Bucket) -> None:
+    def _other_params(self, bucket: _Bucket, full: bool) -> None:
         """param and grad of the model's parameters that no optimizer stepped."""
         key = (self.naming.roots_version, len(bucket.covered))
         if self._others[0] != key:
@@ -411,17 +411,19 @@ class StepRecorder:
                     keys.append(("param", p, "grad"))
                     items.append(g.detach())
                 marks[id(p)] = mark
-        H.add_many(bucket, keys, items, self.full, bulk=True)
+        H.add_many(bucket, keys, items, full, bulk=True)
 
-    def _close_manual(self, step, bucket, now, recording, final) -> None:
+    def _close_manual(self, step, bucket, now, recording, final, full) -> None:
         """Hand-written updates: step N's value and update are known at the
-        end of step N+1 (or of the run)."""
+        end of step N+1 (or of the run), measured as step N's policy says
+        (``full``: full statistics at steps 0, 32...; they came a step early,
+        at 31 and 30, until 2026-12)."""
         pend = self._manual_pending
         self._manual_pending = None
         if pend is not None:
-            pstep, pbucket, ptime, snap = pend
-            snap.record(pbucket, self.full, grads=False)
-            pbucket.resolve(self.full)
+            pstep, pbucket, ptime, snap, pfull = pend
+            snap.record(pbucket, pfull, grads=False)
+            pbucket.resolve(pfull)
             self._emit(pstep, pbucket, ptime)
         if bucket is None or not recording:
             return
@@ -434,12 +436,12 @@ class StepRecorder:
             if p.grad is not None and not p.grad.is_sparse:
                 keys.append(("param", p, "grad"))
                 items.append(p.grad.detach())
-        H.add_many(bucket, keys, items, self.full, bulk=True)
-        bucket.resolve(self.full)
+        H.add_many(bucket, keys, items, full, bulk=True)
+        bucket.resolve(full)
         if final:
             self._emit(step, bucket, now, partial=True)
         else:
-            self._manual_pending = (step, bucket, now, plan.snapshot())
+            self._manual_pending = (step, bucket, now, plan.snapshot(), full)
 
     def _hold(self, obj) -> int:
         """id(obj) for a cache key, watched: when obj goes, the id is forgotten."""
@@ -515,7 +517,7 @@ class StepRecorder:
         pend = self._manual_pending
         if pend is None:
             return None
-        step, bucket, now, _ = pend
+        step, bucket, now, _, _ = pend
         copy = _Bucket()
         copy.merge(bucket)                 # (the pending bucket is the real record's: left as it is)
         return self._record(step, copy, now, False)
