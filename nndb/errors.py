@@ -66,7 +66,13 @@ class CommandError(NndbError):
 
 class KillRun(BaseException):
     """Raised out of a stop point by ``kill``/``quit``: unwinds the script
-    (a BaseException, so its ``except Exception`` does not swallow it)."""
+    (a BaseException, so its ``except Exception`` does not swallow it).
+    ``reason``/``code``: why and with which exit code, where not the user's
+    ``kill`` (batch mode ending the run at a ``fail`` point: exit 4)."""
+
+    def __init__(self, reason: str = "killed from the debugger", code: int = 0):
+        super().__init__(reason)
+        self.reason, self.code = reason, code
 
 
 class RestartRun(BaseException):

@@ -335,6 +335,10 @@ def test_a_watchpoint_with_the_fail_action_ends_the_run_with_exit_4(dead_relu_ru
     assert data["stops"][1]["detail"]["fail"] is True
     assert data["exit"] == {"code": 4, "reason": "a point with the fail action hit (2)"}
     assert data["steps"] == 5
+    import nndb as api
+    with api.open(r.trace) as t:     # (the trace said 'killed from the debugger', exit 0: a CI run that passed)
+        assert (t.end["status"], t.end["exit_code"], t.end["reason"]) == \
+            ("killed", 4, "a point with the fail action hit (2)")
 
 
 def test_queued_e_commands_run_at_the_next_stops_the_fail_hits_too(dead_relu_run):

@@ -47,8 +47,10 @@ def _ending(exc: Optional[BaseException]) -> tuple:
         return ("finished" if code == 0 else "failed"), code, f"sys.exit({exc.code!r})"
     if isinstance(exc, KeyboardInterrupt):
         return "interrupted", EXIT_SIGINT, "KeyboardInterrupt"
-    if isinstance(exc, (KillRun, RestartRun)):       # (quit at nndb.set_trace's prompt)
-        return "killed", EXIT_OK, "killed from the debugger"
+    if isinstance(exc, KillRun):       # (quit at nndb.set_trace's prompt)
+        return "killed", exc.code, exc.reason
+    if isinstance(exc, RestartRun):
+        return "killed", EXIT_OK, "restarted from the debugger"
     if isinstance(exc, Terminated):
         return "terminated", EXIT_SIGTERM, "SIGTERM"
     try:

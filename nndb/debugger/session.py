@@ -21,7 +21,7 @@ import contextlib
 import time
 from typing import Optional
 
-from ..errors import CommandError, KillRun, RestartRun
+from ..errors import EXIT_FAIL_ACTION, CommandError, KillRun, RestartRun
 from ..text import printable
 from . import current
 from . import evaluate as E
@@ -288,6 +288,9 @@ class Session(CommandLoop, StopPoints):
             self.here.stop = None if self.live else self.here.stop
         self.sync_hooks()
         if self.control.kill_requested:
+            if self.fail_fast():
+                nums = ", ".join(str(n) for n in dict.fromkeys(self.log.failed_points))
+                raise KillRun(f"a point with the fail action hit ({nums})", EXIT_FAIL_ACTION)
             raise KillRun()
         if self.control.restart_requested:
             raise RestartRun()

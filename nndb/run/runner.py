@@ -267,8 +267,8 @@ def record(config: RunConfig, message: Callable[[str], None] = stderr_line,
             guard.stopped()
             status, code, reason = "terminated", EXIT_SIGTERM, "SIGTERM"
         except (KillRun, RestartRun) as e:
-            status, code = "killed", EXIT_OK
-            reason = "restarted from the debugger" if isinstance(e, RestartRun) else "killed from the debugger"
+            status, code = "killed", (e.code if isinstance(e, KillRun) else EXIT_OK)
+            reason = "restarted from the debugger" if isinstance(e, RestartRun) else e.reason
         except BaseException as e:  # the script raised: show it as Python would
             status, code = "failed", EXIT_SCRIPT_ERROR
             try:
