@@ -436,3 +436,25 @@ def test_record_keeps_the_findings_of_the_last_steps_in_the_trace(tmp_path, monk
     late = [f for f in rec.findings if f["step"] > 33]          # (after the last observed step, 32)
     assert "exploding_gradient" in {f["rule"] for f in late}
     assert rec.trace.findings == json_value(rec.findings)
+
+
+def test_kill_at_a_stop_in_a_recorded_block_ends_the_block_only(tmp_path):
+    """`kill` among a point's commands ended a %%nndb cell with KillRun's
+    traceback in the notebook; it ends the recorded block (the script's rest
+    runs), as it ends a script under nndb run, and the trace says so."""
+    import torch
+
+    import nndb
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    x = torch.randn(64, 8)
+    done = []
+    with nndb.record(str(tmp_path / "k.h5"), commands=("break step 2", "commands 1", "kill", "end")) as rec:
+        for step in range(10):
+            opt.zero_grad()
+            ((model(x) - x.sum(1, keepdim=True)) ** 2).mean().backward()
+            opt.step()
+            done.append(step)
+    assert done == [0, 1]                         # (step 2 stopped in its optimizer step: killed there)
+    assert (rec.status, rec.trace.end["exit_code"], rec.trace.end["reason"]) == ("killed", 0, "killed from the debugger")

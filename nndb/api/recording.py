@@ -144,7 +144,9 @@ class Recorder:
 
     def __exit__(self, exc_type, exc, tb) -> bool:
         self.end(exc, post_mortem=True)
-        return False                                    # the block's own exception goes on, untouched
+        # The block's own exception goes on, untouched; 'kill' at a stop ends the block only
+        # (as it ends a script under nndb run; in a %%nndb cell it raised into the cell).
+        return isinstance(exc, KillRun)
 
     @property
     def session(self):
