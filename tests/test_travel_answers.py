@@ -363,3 +363,16 @@ def test_a_finished_stages_gradient_is_not_a_later_steps(tmp_path):
     row = next(line.split() for line in r.stdout.splitlines() if line.startswith("7 "))
     want = math.sqrt(sum(v["norm"] ** 2 for v in grads[7].values()))
     assert float(row[-2]) == pytest.approx(want, rel=1e-5)             # predict's grad norm: this step's
+
+
+def test_a_step_that_is_not_recorded_shows_no_earlier_steps_values_as_its_own(tmp_path):
+    """--every 2: step 17 is not recorded; its stop said 'loss 0.3985' and
+    `p $loss` gave step 16's value (goto 17 likewise)."""
+    r = _run(tmp_path, "mlp.py", ["break step 17", "continue", "p $loss", 'p $grad["0.weight"].norm',
+                                  "until 20", "goto 17", "p ($step, $loss)", "goto 16", "p ($step, $loss)",
+                                  "present", "kill"], "--steps", "30", extra=("--every", "2"))
+    assert "Breakpoint 1, step 17 finished, not recorded (--every, --steps)" in r.stdout, r.stdout
+    assert r.stdout.splitlines().count("not measured") == 2
+    assert "In the past (timeline 0): step 17 finished, not recorded (--every, --steps)" in r.stdout
+    assert "(17, not measured)" in r.stdout
+    assert re.search(r"\(16, \d\.\d+", r.stdout)                # (a recorded step shows its own)

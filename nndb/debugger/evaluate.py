@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from ..errors import CommandError
-from ..text import fmt
+from ..text import fmt, is_not_measured
 
 VARS_NAME = "__nndb_vars__"
 _DOLLAR = re.compile(r"\$([A-Za-z_][A-Za-z0-9_]*)")
@@ -205,7 +205,9 @@ def loss_value(row: StatRow) -> float:
     step's loss as Python would compute it: NaN if it holds a NaN, +/-inf
     if an infinity (NaN for both signs); the statistics' mean is over the
     finite elements (a scalar loss is one number: the sum of what the step's
-    backward passes received)."""
+    backward passes received).  Not measured (a step not recorded): NOT_MEASURED."""
+    if is_not_measured(row.mean) and is_not_measured(row.nan_count):
+        return row.mean
     if row.nan_count:
         return math.nan
     if row.inf_count:

@@ -250,18 +250,27 @@ class RunView:
                 for name, opt in self.optimizers() for gi, g in enumerate(opt.param_groups)]
 
     # -- what commands look at --------------------------------------------------------------
-    def stat_rows(self, kind: Optional[str] = None) -> dict:
+    def stat_rows(self, kind: Optional[str] = None, unrecorded: bool = False) -> dict:
         """{kind: {name: StatRow}} of the last recorded step (NOT_MEASURED:
-        a statistic not measured at the step)."""
+        a statistic not measured at the step; ``unrecorded``: every one, the
+        step asked about was not recorded)."""
         out: dict = {k: {} for k in KINDS}
         rec = self.s.record
         if rec is None:
             return out
         stats = self.stats_of(rec)
-        mask = measured(stats).tolist()          # (one numpy pass for the step: conditions ask at every step)
-        for (name, k), row, ok in zip(rec.names, stats.tolist(), mask):
+        mask = (np.zeros(stats.shape, dtype=bool) if unrecorded else measured(stats)).tolist()
+        for (name, k), row, ok in zip(rec.names, stats.tolist(), mask):   # (one numpy pass: conditions ask every step)
             out[k][name] = E.StatRow(name, k, *(v if m else NOT_MEASURED for v, m in zip(row, ok)))
         return out
+
+    def unrecorded_step(self, step_end: bool = False, stop=None) -> bool:
+        """At the end of a step that was not recorded (--every N, --steps A:B):
+        the last record is an earlier step's, which ``$loss``, ``$grad``... and
+        the stop line must not show as this one's."""
+        cur = stop if stop is not None else self.s.here.stop
+        at_end = step_end or (cur is not None and cur.at_step_end)
+        return at_end and self.s.record is not None and self.s.step_record is None
 
     @staticmethod
     def _loss_values(rows: dict) -> list:
@@ -270,13 +279,15 @@ class RunView:
     def losses(self) -> list:
         """[(name, value)] of the last recorded step's losses, in the record's
         order: one (``loss``), or one per optimizer (a GAN's ``loss/optimizerD``
-        first, the optimizer that stepped first).  ``$loss`` is the first."""
-        return self._loss_values(self.stat_rows("loss"))
+        first, the optimizer that stepped first).  ``$loss`` is the first.
+        [] at the end of a step that was not recorded."""
+        return [] if self.unrecorded_step() else self._loss_values(self.stat_rows("loss"))
 
     def variables(self, frame=None, step_end: bool = False, stop=None) -> dict:
         """``stop``: the stop being decided (a module call's, for a point's
         condition), when it is not the current one yet."""
-        rows = self.stat_rows()
+        unrecorded = self.unrecorded_step(step_end, stop)
+        rows = self.stat_rows(unrecorded=unrecorded)
         loss = next(iter(self._loss_values(rows)), (None, None))[1]
         cur = stop if stop is not None else self.s.here.stop
         v = {

@@ -32,6 +32,8 @@ def render(result) -> str:
 def _loss(session) -> str:
     """The step's loss ("loss 0.6937"); with one per optimizer each by its
     name, ``$loss``'s first ("loss/optimizerD 1.387, loss/optimizerG 0.6935")."""
+    if session.view.unrecorded_step():
+        return "not recorded (--every, --steps)"
     losses = session.view.losses()
     return ", ".join(f"{name} {fmt(v)}" for name, v in losses) if losses else "no loss recorded"
 
