@@ -376,3 +376,17 @@ def test_a_step_that_is_not_recorded_shows_no_earlier_steps_values_as_its_own(tm
     assert "In the past (timeline 0): step 17 finished, not recorded (--every, --steps)" in r.stdout
     assert "(17, not measured)" in r.stdout
     assert re.search(r"\(16, \d\.\d+", r.stdout)                # (a recorded step shows its own)
+
+
+def test_a_condition_on_a_tensor_this_step_did_not_record_is_false_not_an_error(tmp_path):
+    """`break if $act[...]` between observed steps (activations not recorded)
+    stopped at every step with "no act tensor named ... at this step"; the
+    tensor is the run's, so the row is not measured and the condition false,
+    until a step that measured it."""
+    r = _run(tmp_path, "mlp.py", ['break if $step >= 22 and $act["0"].norm > 0', "continue", "p $step", "kill"],
+             "--steps", "40")
+    assert "no act tensor named" not in r.stdout + r.stderr, r.stdout
+    # (activations: the first 20 steps, then every 32nd: the first step it holds is 32)
+    assert [line for line in r.stdout.splitlines() if line.isdigit()] == ["32"], r.stdout
+    r = _run(tmp_path, "mlp.py", ["until 25", 'p $act["0"].norm', 'p $act["nonesuch"]', "kill"], "--steps", "40")
+    assert "\nnot measured\n" in r.stdout and "no act tensor named 'nonesuch' at this step" in r.stdout + r.stderr

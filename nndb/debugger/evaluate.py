@@ -14,11 +14,11 @@ import re
 import runpy
 import sys
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Optional
 
 from ..errors import CommandError
-from ..text import fmt, is_not_measured
+from ..text import NOT_MEASURED, fmt, is_not_measured
 
 VARS_NAME = "__nndb_vars__"
 _DOLLAR = re.compile(r"\$([A-Za-z_][A-Za-z0-9_]*)")
@@ -217,11 +217,16 @@ def loss_value(row: StatRow) -> float:
 
 
 class StatTable(dict):
-    """name -> StatRow for one kind; a glob key returns the single match."""
+    """name -> StatRow for one kind; a glob key returns the single match.
+    ``known``: () -> the names of this kind the run has (asked only on a
+    miss): one of them that this step did not measure (an activation between
+    observed steps) is a row of NOT_MEASURED, as a statistic skipped is, and
+    not an error (a condition on it stopped every step with one)."""
 
-    def __init__(self, kind: str, rows: dict):
+    def __init__(self, kind: str, rows: dict, known=None):
         super().__init__(rows)
         self.kind = kind
+        self.known = known
 
     def __missing__(self, key):
         if isinstance(key, str):
@@ -231,6 +236,9 @@ class StatTable(dict):
             if len(hits) > 1:
                 raise CommandError(f"'{key}' matches {len(hits)} {self.kind} tensors: "
                                    + ", ".join(hits[:5]) + (" ..." if len(hits) > 5 else ""))
+            elsewhere = sorted(n for n in (self.known() if self.known else ()) if fnmatch.fnmatchcase(n, key))
+            if len(elsewhere) == 1:
+                return StatRow(elsewhere[0], self.kind, *[NOT_MEASURED] * (len(fields(StatRow)) - 2))
         raise CommandError(f"no {self.kind} tensor named '{key}' at this step")
 
 

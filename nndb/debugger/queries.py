@@ -294,11 +294,11 @@ class RunView:
             "step": self.s.last_step if (step_end or cur is None or cur.at_step_end)
             else cur.step if cur.step is not None else self.s.step_in_progress(),
             "loss": loss,
-            "grad": E.StatTable("grad", rows["grad"]),
-            "param": E.StatTable("param", rows["param"]),
-            "weight": E.StatTable("param", rows["param"]),
-            "update": E.StatTable("update", rows["update"]),
-            "act": E.StatTable("act", rows["act"]),
+            "grad": E.StatTable("grad", rows["grad"], lambda: self.known_names("grad")),
+            "param": E.StatTable("param", rows["param"], lambda: self.known_names("param")),
+            "weight": E.StatTable("param", rows["param"], lambda: self.known_names("param")),
+            "update": E.StatTable("update", rows["update"], lambda: self.known_names("update")),
+            "act": E.StatTable("act", rows["act"], lambda: self.known_names("act")),
             "losses": E.StatTable("loss", rows["loss"]),
             "full": E.FullLookup(self.trace_reader),
         }
