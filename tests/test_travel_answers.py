@@ -390,3 +390,31 @@ def test_a_condition_on_a_tensor_this_step_did_not_record_is_false_not_an_error(
     assert [line for line in r.stdout.splitlines() if line.isdigit()] == ["32"], r.stdout
     r = _run(tmp_path, "mlp.py", ["until 25", 'p $act["0"].norm', 'p $act["nonesuch"]', "kill"], "--steps", "40")
     assert "\nnot measured\n" in r.stdout and "no act tensor named 'nonesuch' at this step" in r.stdout + r.stderr
+
+
+NAN_BATCH = '''
+import math
+import torch, torch.nn as nn
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
+opt = torch.optim.SGD(model.parameters(), lr=0.05)
+for step in range(8):
+    x, y = torch.randn(16, 4), torch.randn(16, 1)
+    if step == 3:
+        x[0, 0] = float("nan")                  # a bad sample in the batch
+    loss = nn.functional.mse_loss(model(x), y)
+    opt.zero_grad()
+    loss.backward()
+    if math.isfinite(loss.item()):
+        opt.step()
+    print("step", step, repr(loss.item()))
+'''
+
+
+def test_catch_nan_stops_where_a_nan_came_in_with_the_batch(tmp_path):
+    """No operation makes the NaN from finite inputs (it is in the data): the
+    catch said so in a note and ran to the end, never stopping."""
+    r = _script_run(tmp_path, NAN_BATCH, ["catch nan", "continue", 'p ("AT", $step)', "continue"])
+    assert "Catchpoint 1 (catch nan): step 3 made NaN" in r.stdout, r.stdout
+    assert "it came in with the step's data or from before the step" in r.stdout
+    assert "('AT', 3)" in r.stdout

@@ -312,10 +312,7 @@ class StopPoints:
         says the step went non-finite, a replay of it names the operation."""
         if self.lineage is None or record is None:
             return []
-        hits, note = self.lineage.step_end_catch(self, record, self.point_hits)
-        if note:
-            self.error(note)
-        return hits
+        return self.lineage.step_end_catch(self, record, self.point_hits)
 
     def _expr_hit(self, p: P.ExprBreak, step: int) -> Optional[dict]:
         frame = E.stop_frame(self.here.hook_frame)

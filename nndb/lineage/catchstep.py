@@ -85,11 +85,11 @@ class StepEndCatch:
         self.bad = set()
 
     def check(self, record, catching: Callable[[], list], replay: Optional[Replay], accept: Callable,
-              buffers: Callable[[], list] = lambda: [], points: Optional[list] = None) -> tuple:
-        """(hits, note) for a record handed on at a step end: hits as in
-        ``hits_from_events``, or, where the replay failed, one hit per point
-        saying so; ``note``: a line for the user when the step went
-        non-finite but no operation of it made the value (or None).
+              buffers: Callable[[], list] = lambda: [], points: Optional[list] = None) -> list:
+        """The hits for a record handed on at a step end: as in
+        ``hits_from_events``, or, where the replay failed or found no
+        operation that made the value from finite inputs (a NaN in the batch),
+        one hit per point saying so, at this step's end.
         ``catching()``: the catch points (asked again after the replay, which
         may hand the session's points back as new objects).  ``buffers()``:
         [((name, "buffer"), nan, inf)] of the model's buffers that are not
@@ -98,12 +98,12 @@ class StepEndCatch:
         if points is None:
             points = catching()
         if record is None or not points:
-            return [], None
+            return []
         bufs = buffers()
         # (record.nonfinite, inline: every step end while a catch point is armed)
         if not np.count_nonzero(record.raw[:, NONFINITE_FIELDS]) and not bufs:
             self.bad = set()
-            return [], None
+            return []
         flags = record.raw[:, NONFINITE_FIELDS] > 0
         rows = np.flatnonzero(flags.any(axis=1))
         new = [(record.names[i], bool(flags[i, 0]), bool(flags[i, 1])) for i in rows
@@ -112,7 +112,7 @@ class StepEndCatch:
         self.bad.update(record.names[i] for i in rows)
         self.bad.update(b[0] for b in bufs)
         if not new:
-            return [], None
+            return []
         step = record.step
         why = "time travel is not available in this session" if replay is None else None
         if replay is not None:
@@ -122,21 +122,22 @@ class StepEndCatch:
                 why = str(e).removeprefix("nndb: ")
             numbers = {p.number for p in points}
             points = [p for p in catching() if p.number in numbers]
-        if why is not None:
-            series = [series_label(n, k) for (n, k), _, _ in new]
-            hits = []
-            # (from the counts alone: an Inf that became NaN within the step is not seen)
-            for p in (p for p in points if any(_wanted(p, nan, inf) for _, nan, inf in new)):
-                detail = {"step": step, "unlocated": why, "series": series[:SHOWN_SERIES],
-                          "more_series": max(0, len(series) - SHOWN_SERIES),
-                          "nan": any(nan for _, nan, _ in new)}
-                if accept(p, detail):
-                    hits.append((p, detail))
-            return hits, None
-        hits = hits_from_events(points, data, step, accept)
-        note = None
-        if not hits and first:
-            note = (f"nndb: step {step} went non-finite ({series_label(new[0][0][0], new[0][0][1])}), but its replay found no "
-                    f"operation that made the value from finite inputs: it came in with the step's data or "
-                    f"from before the step")
-        return hits, note
+        if why is None:
+            hits = hits_from_events(points, data, step, accept)
+            if hits or not first:
+                return hits
+            # no operation made it from finite inputs: it came with the step's data (a NaN in
+            # the batch) or from before the step, and this step is where it first appeared: the
+            # catch stops here (it ran on with a note, and never stopped)
+            why = ("its replay found no operation that made it from finite inputs: it came in with the "
+                   "step's data or from before the step")
+        series = [series_label(n, k) for (n, k), _, _ in new]
+        hits = []
+        # (from the counts alone: an Inf that became NaN within the step is not seen)
+        for p in (p for p in points if any(_wanted(p, nan, inf) for _, nan, inf in new)):
+            detail = {"step": step, "unlocated": why, "series": series[:SHOWN_SERIES],
+                      "more_series": max(0, len(series) - SHOWN_SERIES),
+                      "nan": any(nan for _, nan, _ in new)}
+            if accept(p, detail):
+                hits.append((p, detail))
+        return hits

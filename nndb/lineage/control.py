@@ -160,12 +160,12 @@ class LineageControl:
                 s.rec.writer.lineage(step, done.as_dict())
         self.refresh(step + 1)
 
-    def step_end_catch(self, s, record, accept) -> tuple:
-        """(hits, note) of the catch points armed at the step end, for the
+    def step_end_catch(self, s, record, accept) -> list:
+        """The hits of the catch points armed at the step end, for the
         record handed on at this step end (catchstep.StepEndCatch.check)."""
         points, eager = self.catch_state() if record is not None else ((), False)
         if not points or eager:
-            return [], None
+            return []
         return self.step_end.check(record, self.catching, lambda step: self.replay(s, step), accept,
                                    functools.partial(nonfinite_buffers, s.rec.naming), points=points)
 
