@@ -418,3 +418,29 @@ def test_catch_nan_stops_where_a_nan_came_in_with_the_batch(tmp_path):
     assert "Catchpoint 1 (catch nan): step 3 made NaN" in r.stdout, r.stdout
     assert "it came in with the step's data or from before the step" in r.stdout
     assert "('AT', 3)" in r.stdout
+
+
+HASH_ORDER = '''
+import torch, torch.nn as nn
+torch.manual_seed(0)
+m = nn.Linear(4, 1)
+opt = torch.optim.SGD(m.parameters(), lr=0.01)
+order = list({"alpha", "beta", "gamma", "delta", "epsilon"})     # a set of strings: the hash seed's order
+for step in range(6):
+    x = torch.randn(8, 4) * (1 + order.index("alpha"))
+    loss = m(x).pow(2).mean()
+    opt.zero_grad(); loss.backward(); opt.step()
+    print("step", step, repr(loss.item()))
+'''
+
+
+@pytest.mark.real_subprocess
+def test_replicas_respawned_from_the_start_order_strings_as_the_run_did(tmp_path):
+    """--replica respawn did not start nndb again with a fixed PYTHONHASHSEED
+    (only the libiomp restart for fork replicas did), so a respawned replay
+    warned and could order a set of strings otherwise: here, another scale."""
+    r = _script_run(tmp_path, HASH_ORDER, ["break step 4", "continue", "goto 2", 'p ("AT", $loss)', "present",
+                                           "continue"], "--replica", "respawn")
+    assert "PYTHONHASHSEED was not fixed" not in r.stderr, r.stderr
+    printed = {int(line.split()[1]): line.split()[2] for line in r.stdout.splitlines() if line.startswith("step ")}
+    assert f"('AT', {printed[2]})" in r.stdout, r.stdout

@@ -75,20 +75,25 @@ def runtime_loaded() -> bool:
 
 def maybe_restart(replica_mode: str) -> None:
     """Start ``python -m nndb ARGS`` again with libiomp5 preloaded, when it is
-    installed, not loaded yet, and fork replicas may be used.  Returns only if not."""
+    installed, not loaded yet, and fork replicas may be used; else, where
+    replicas may be respawned, with a fixed PYTHONHASHSEED if it has none.
+    Returns only if not."""
     if os.environ.get("NNDB_PRELOADED") is not None:
         settle()
         return
     if not sys.platform.startswith("linux"):
         return
     forget_dead_openmp()
-    if replica_mode in ("respawn", "off"):
+    if replica_mode == "off" or runtime_loaded():   # (loaded: too late for either)
         return
-    if runtime_loaded():                # too late: the OpenMP runtime is loaded already
-        return
-    env = preloaded_env()
+    env = preloaded_env() if replica_mode != "respawn" else None
     if env is None:
-        return
+        # no runtime to preload (not installed; or replicas respawned only, no fork): started
+        # again all the same while the hash seed is not fixed, as a respawned replica (CUDA's
+        # only travel) orders sets and dicts of strings as the run did only with the same seed
+        if "PYTHONHASHSEED" in os.environ:
+            return
+        env = dict(os.environ)
     env["NNDB_PRELOADED"] = "1"
     env["NNDB_USER_LD_PRELOAD"] = os.environ.get("LD_PRELOAD", "")
     if "PYTHONHASHSEED" not in env:
