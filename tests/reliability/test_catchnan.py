@@ -172,12 +172,12 @@ def test_the_step_end_check_replays_the_step_where_a_series_first_went_bad():
 
     c = StepEndCatch()
     check = lambda rec: c.check(rec, lambda: [nan, inf], replay, lambda p, d: True)   # noqa: E731
-    assert check(_record(0)) == ([], None) and replayed == []                   # finite: no replay
-    hits, note = check(_record(1, {"loss": (1, 0)}))
-    assert replayed == [1] and note is None
+    assert check(_record(0)) == [] and replayed == []                           # finite: no replay
+    hits = check(_record(1, {"loss": (1, 0)}))
+    assert replayed == [1]
     assert [(p.number, d["op"], d["line"], d.get("via", {}).get("op")) for p, d in hits] == \
         [(2, "log", 11, None), (1, "log", 11, "mul")]                          # in the order the ops ran
-    assert check(_record(2, {"loss": (1, 0)})) == ([], None) and replayed == [1]   # already bad: not again
+    assert check(_record(2, {"loss": (1, 0)})) == [] and replayed == [1]       # already bad: not again
     check(_record(3, {"loss": (1, 0), "fc.weight": (0, 2)}))                   # a new series went bad
     assert replayed == [1, 3]
     check(_record(4))
@@ -194,13 +194,15 @@ def test_the_step_end_check_says_when_it_cannot_locate_the_operation():
     def replay(step):
         raise CommandError("nndb: time travel is off in this run (--replica off)")
 
-    hits, _ = StepEndCatch().check(_record(4, {"fc.weight": (3, 0)}), lambda: [nan, inf], replay,
-                                   lambda p, d: True)
+    hits = StepEndCatch().check(_record(4, {"fc.weight": (3, 0)}), lambda: [nan, inf], replay,
+                                lambda p, d: True)
     assert [p.number for p, _ in hits] == [1]                # only NaN: the inf point does not fire
     d = hits[0][1]
     assert d["step"] == 4 and d["unlocated"] == "time travel is off in this run (--replica off)"
     assert d["series"] == ["grad fc.weight"] and "op" not in d
-    # a replay that finds no operation making the value: one line, no hit
-    hits, note = StepEndCatch().check(_record(4, {"loss": (1, 0)}), lambda: [nan], lambda st: {"ops": [], "events": []},
-                                      lambda p, d: True)
-    assert hits == [] and "step 4 went non-finite (loss)" in note
+    # a replay that finds no operation making the value (a NaN in the batch): the step where it
+    # first appeared is the stop, saying so (it was a note, and no stop)
+    hits = StepEndCatch().check(_record(4, {"loss": (1, 0)}), lambda: [nan], lambda st: {"ops": [], "events": []},
+                                lambda p, d: True)
+    assert [p.number for p, _ in hits] == [1]
+    assert hits[0][1]["step"] == 4 and "came in with the step's data" in hits[0][1]["unlocated"]
