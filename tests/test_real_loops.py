@@ -542,3 +542,35 @@ def test_a_compiled_model_is_recorded_from_outside_and_never_crashed_into(tmp_pa
     with api.open(str(tmp_path / "t.h5")) as t:
         assert sorted(t.stats(3)["param"]) == ["0.bias", "0.weight", "2.bias", "2.weight"]
         assert float(t.stats(3)["loss"]["loss"]["mean"]) == float(_printed(plain.stdout)[3])
+
+
+LAYER_BY_LAYER = textwrap.dedent('''
+    import sys
+    import torch, torch.nn as nn
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    for step in range(4):
+        x, y = torch.randn(16, 4), torch.randn(16, 1)
+        if sys.argv[1] == "loop":
+            h = x
+            for layer in model:                  # each layer in turn, by a loop variable
+                h = layer(h)
+        else:
+            h = model[2](model[1](model[0](x)))  # each layer called on its own
+        loss = nn.functional.mse_loss(h, y)
+        opt.zero_grad(); loss.backward(); opt.step()
+        print("step", step, repr(loss.item()))
+''')
+
+
+@pytest.mark.parametrize("shape", ["loop", "index"])
+def test_layers_called_one_by_one_are_named_by_their_path_in_the_model(tmp_path, shape):
+    """They were named by their class or the loop's variable ('linear.weight',
+    'layer3.weight'), so `watch grad 0.weight` stayed pending; now by their
+    path in the model a variable holds, as model.named_parameters() names them."""
+    plain, trace = plain_and_recorded(tmp_path, LAYER_BY_LAYER, shape)
+    import nndb as api
+    with api.open(trace) as t:
+        assert sorted({i.name for i in t.tensors if i.kind == "grad"}) == ["0.bias", "0.weight", "2.bias", "2.weight"]
+        assert sorted({i.name for i in t.tensors if i.kind == "act"}) == ["0", "1", "2"]

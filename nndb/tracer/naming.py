@@ -66,6 +66,26 @@ def find_variable_name(obj, frame) -> Optional[str]:
     return None
 
 
+def find_container(module, frame):
+    """The largest module a script's variable holds (looking outwards from
+    ``frame``, then its globals) that has ``module`` inside it, or None: the
+    model whose layers the script calls one by one (``model[0](x)``)."""
+    best, size = None, 0
+    f, scopes = frame, []
+    while f is not None:
+        scopes.append(f.f_locals)
+        f = f.f_back
+    if frame is not None:
+        scopes.append(frame.f_globals)
+    for scope in scopes:
+        for v in list(scope.values()):
+            if isinstance(v, torch.nn.Module) and v is not module:
+                mods = list(v.modules())
+                if len(mods) > size and any(m is module for m in mods):
+                    best, size = v, len(mods)
+    return best
+
+
 def _named(items):
     """Module paths as the script knows them: torch.compile's wrapper puts the
     model under ``_orig_mod`` (``_orig_mod.0.weight`` is ``0.weight``)."""
@@ -126,7 +146,15 @@ class Naming:
     def add_root(self, root: torch.nn.Module, frame) -> None:
         if root in self._module_path:
             return
-        name = unique(find_variable_name(root, frame) or snake(type(root).__name__), self._used_root_names)
+        outer = find_container(root, frame) if frame is not None else None
+        if outer is not None and outer not in self._module_path:
+            # a layer called on its own (``model[0](x)``, ``for layer in model: h = layer(h)``):
+            # named by its path in the model a variable holds ('0.weight', as
+            # model.named_parameters() names it), not by its class or the loop's variable
+            # ('linear.weight' or 'layer.weight', then 'layer3.weight')
+            root = outer
+        var = find_variable_name(root, frame)
+        name = unique(var or snake(type(root).__name__), self._used_root_names)
         self._root_names[root] = name
         self.roots_version += 1
         # A module called on its own before step 0 ends, and so taken for a root, that turns out
