@@ -574,3 +574,44 @@ def test_layers_called_one_by_one_are_named_by_their_path_in_the_model(tmp_path,
     with api.open(trace) as t:
         assert sorted({i.name for i in t.tensors if i.kind == "grad"}) == ["0.bias", "0.weight", "2.bias", "2.weight"]
         assert sorted({i.name for i in t.tensors if i.kind == "act"}) == ["0", "1", "2"]
+
+
+WARNS_AND_WRAPS = textwrap.dedent('''
+    import warnings
+    import torch, torch.nn as nn
+
+    class Wrapper(nn.Module):                    # DDP's shape: the model as .module, nothing else
+        def __init__(self, module):
+            super().__init__()
+            self.module = module
+
+        def forward(self, x):
+            return self.module(x)
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
+    wrapped = Wrapper(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    for step in range(70):
+        warnings.warn("the script's own warning")   # shown once: Python's once-per-line default
+        loss = model(torch.randn(8, 4)).pow(2).mean()
+        opt.zero_grad(); loss.backward(); opt.step()
+    print("done")
+''')
+
+
+def test_the_scripts_warnings_show_once_and_a_wrapped_model_keeps_its_names(tmp_path):
+    """nndb added its warnings filter each time its module hooks went in (every
+    observed step), and each change of the filters made Python show a
+    once-per-line warning again (3 times in 70 steps); a model a wrapper also
+    holds (DDP's shape) is named as the model, not as the wrapper's 'module.'."""
+    script = tmp_path / "w.py"
+    script.write_text(WARNS_AND_WRAPS)
+    plain = python(str(script))
+    r = nndb("run", "--batch", "-q", "--trace", str(tmp_path / "t.h5"), str(script))
+    assert r.returncode == 0, r.stderr
+    assert plain.stderr.count("UserWarning: the script's own warning") == 1
+    assert r.stderr.count("UserWarning: the script's own warning") == 1, r.stderr
+    import nndb as api
+    with api.open(str(tmp_path / "t.h5")) as t:
+        assert sorted({i.name for i in t.tensors if i.kind == "grad"}) == ["0.bias", "0.weight", "2.bias", "2.weight"]

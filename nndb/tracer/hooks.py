@@ -73,6 +73,18 @@ _IN_BACKWARD = torch._C._current_graph_task_id     # -1 outside a backward (chec
 # graph break at nndb's code, no trace of it); they see the compiled model from outside
 _COMPILING = torch.compiler.is_compiling
 _COMPILE_HOOKS_WARNING = r"Using `torch.compile\(module\)` when there are global hooks on modules"
+_COMPILE_WARNING_FILTERED = False
+
+
+def _quiet_compile_warning() -> None:
+    """torch.compile's module warns at every call that global hooks exist: ours,
+    which do nothing inside it; the script's stderr stays as without nndb.  Once
+    a process: every change of the filters resets Python's once-per-line
+    registries, and the script's own warnings would show again."""
+    global _COMPILE_WARNING_FILTERED
+    if not _COMPILE_WARNING_FILTERED:
+        _COMPILE_WARNING_FILTERED = True
+        warnings.filterwarnings("ignore", message=_COMPILE_HOOKS_WARNING, category=UserWarning)
 _FORK_HOOK = False
 _ENGINE = object()       # (_backward_end_quiet: the loss is the engine's root)
 # The first backwards with no optimizer that reach no parameter in which the tracer looks for the
@@ -354,9 +366,7 @@ class Tracer:
         if on and not self._fwd_handles:
             self._fwd_handles = [_module.register_module_forward_pre_hook(self._forward_pre),
                                  _module.register_module_forward_hook(self._forward_post)]
-            # (torch.compile's module warns at every call that global hooks exist: ours, which
-            # do nothing inside it; the script's stderr stays as without nndb)
-            warnings.filterwarnings("ignore", message=_COMPILE_HOOKS_WARNING, category=UserWarning)
+            _quiet_compile_warning()
         elif not on and self._fwd_handles:
             for h in self._fwd_handles:
                 h.remove()

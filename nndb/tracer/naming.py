@@ -81,9 +81,15 @@ def find_container(module, frame):
         for v in list(scope.values()):
             if isinstance(v, torch.nn.Module) and v is not module:
                 mods = list(v.modules())
-                if len(mods) > size and any(m is module for m in mods):
+                if len(mods) > size and any(m is module for m in mods) and not _wraps(v, module):
                     best, size = v, len(mods)
     return best
+
+
+def _wraps(outer, module) -> bool:
+    """``outer`` only wraps ``module`` (DDP, DataParallel, torch.compile's
+    module: the same parameters): the script's model is ``module`` itself."""
+    return {id(p) for p in outer.parameters()} == {id(p) for p in module.parameters()}
 
 
 def _named(items):
