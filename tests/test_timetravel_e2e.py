@@ -154,6 +154,28 @@ def test_reverse_continue_bisect_and_replay_verify(tmp_path, script):
     assert "replay --verify 2:6: 4 step(s) replayed" in out         # A:B leaves B out, as --steps does
 
 
+def test_reverse_continue_counts_the_hit_and_deletes_a_tbreak(tmp_path, script):
+    # gdb: a breakpoint reverse-continue stops at counts a hit; a temporary one is deleted
+    r = run(tmp_path, script, ["until 6", "tbreak step 4", "break step 2", "rc", "info breakpoints",
+                               "rc", "info breakpoints", "present", "info breakpoints", "continue"])
+    out = r.stdout
+    assert "In the past (timeline 0): step 4 finished" in out and "reverse-continue: 1 held" in out, out
+    assert "In the past (timeline 0): step 2 finished" in out and "reverse-continue: 2 held" in out, out
+    tables = out.split("Num    Type")[1:]
+    assert len(tables) == 3, out
+    assert "step 4" not in tables[0] and re.search(r"step 2\s+0", tables[0]), tables[0]
+    for t in tables[1:]:                          # (in the past and back in the present)
+        assert "step 4" not in t and "breakpoint already hit 1 time" in t, t
+
+
+def test_present_from_a_stop_inside_a_step_names_that_step(tmp_path, script):
+    # stopped in step 2's forward pass ($step 2), back from the past: the present is step 2, not 1
+    r = run(tmp_path, script, ["break module 0", "continue", "continue", "continue", "p ('NOW', $step)",
+                               "rs", "present", "p ('NOW', $step)", "delete", "continue"])
+    assert r.stdout.count("('NOW', 2)") == 2, r.stdout
+    assert "Back in the present (timeline 0): step 2." in r.stdout, r.stdout
+
+
 def test_checkpoint_commands_and_memory(tmp_path, script):
     r = run(tmp_path, script, ["break step 5", "continue", "checkpoint", "info checkpoints",
                                "delete checkpoint 1", "info checkpoints", "continue"])

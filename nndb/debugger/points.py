@@ -273,6 +273,18 @@ class Points(collections.abc.Mapping):
             raise CommandError(f"no breakpoint number {number}")
         return p
 
+    def held_in_the_past(self, numbers) -> None:
+        """``reverse-continue`` stops at a step end where these points held: as gdb
+        counts a breakpoint hit in reverse execution, each counts a hit, and a
+        temporary one (``tbreak``) is deleted."""
+        for number in numbers:
+            p = self._by_number.get(number)
+            if p is None:
+                continue
+            p.hits += 1
+            if p.temporary:
+                self.pop(number)
+
     def new_display(self, src: str, code) -> int:
         number = self._next_display
         self._next_display += 1

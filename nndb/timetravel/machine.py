@@ -59,6 +59,15 @@ def files_note(msg: dict) -> str:
     return note
 
 
+def present_step(s) -> Optional[int]:
+    """The step the live run is stopped in, as ``$step`` reads it there: the step that
+    finished at a step end, the step running at a stop inside one (a module's call)."""
+    stop = s.here.stop
+    if stop is None or stop.at_step_end or stop.step is None:
+        return s.last_step
+    return stop.step
+
+
 def _size(kib: int) -> str:
     return f"{kib / 1024:.1f} MiB" if kib >= 1024 else f"{kib} KiB"
 
@@ -521,7 +530,7 @@ class TimeMachine:
             t0 = time.perf_counter()
             goal = {"kind": "goto", "target": target, "then": then, "why": why}
             if from_past:
-                goal["ctrl_c"] = f"takes you to the present (step {s.last_step})"
+                goal["ctrl_c"] = f"takes you to the present (step {present_step(s)})"
             with self._in_the_present_if(from_past, s):
                 msg = self.replay(s, goal, target)
             nxt = msg.get("next")
@@ -545,7 +554,7 @@ class TimeMachine:
             elif nxt == "run":
                 s.request_restart()
             else:
-                s.message(f"Back in the present (timeline 0): step {s.last_step}."
+                s.message(f"Back in the present (timeline 0): step {present_step(s)}."
                           f"  ({time.perf_counter() - t0:.2f} s in the past{files_note(msg)})")
             return
 
@@ -559,7 +568,7 @@ class TimeMachine:
         except CommandError as e:
             if not left_the_past:
                 raise
-            raise CommandError(f"{e}; you are in the present (timeline 0): step {s.last_step}") from None
+            raise CommandError(f"{e}; you are in the present (timeline 0): step {present_step(s)}") from None
 
     def hand_back(self, s, nxt: str, **extra) -> None:
         """In a replica: give the terminal back to the live run (this process ends)."""
