@@ -413,11 +413,45 @@ for step in range(8):
 
 def test_catch_nan_stops_where_a_nan_came_in_with_the_batch(tmp_path):
     """No operation makes the NaN from finite inputs (it is in the data): the
-    catch said so in a note and ran to the end, never stopping."""
+    catch said so in a note and ran to the end, never stopping; then it stopped
+    and said it could not locate the operation.  The replay now names where the
+    NaN came in: the first operation that took it (here the planting line's)."""
     r = _script_run(tmp_path, NAN_BATCH, ["catch nan", "continue", 'p ("AT", $step)', "continue"])
-    assert "Catchpoint 1 (catch nan): step 3 made NaN" in r.stdout, r.stdout
-    assert "it came in with the step's data or from before the step" in r.stdout
+    assert "Catchpoint 1 (catch nan): NaN came into step 3 in input 0 of lift_fresh (made by no operation " \
+        "of the step: the batch, or a tensor kept from before it), in the forward pass (s.py:10)" in r.stdout, \
+        r.stdout
+    assert "could not be located" not in r.stdout
     assert "('AT', 3)" in r.stdout
+
+
+NAN_DATA = '''
+import torch, torch.nn as nn
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+X, Y = torch.randn(8, 16, 4), torch.randn(8, 16, 1)
+X[3, 2, 1] = float("nan")                       # a bad sample in the dataset, before the loop
+for step in range(8):
+    x, y = X[step], Y[step]
+    opt.zero_grad()
+    loss = nn.functional.mse_loss(model(x), y)
+    loss.backward()
+    opt.step()                                  # (not skipped: the parameters hold NaN from here on)
+    print("step", step, repr(loss.item()))
+'''
+
+
+@pytest.mark.parametrize("how", ["catch nan --eager", "catch nan"])
+def test_catch_nan_names_where_a_nan_in_the_dataset_came_in_once(tmp_path, how):
+    """--eager never stopped on a NaN no operation makes (and the step-end catch's
+    message sent the user to --eager); both now stop at the indexing that took it,
+    once: the NaN the parameters keep in later steps began there."""
+    r = _script_run(tmp_path, NAN_DATA, [how, "continue", 'p ("AT", $step)', "continue"])
+    assert r.stdout.count("Catchpoint 1") == 2, r.stdout      # (set, and one stop)
+    assert "NaN came into step 3 in input 0 of select" in r.stdout and "(s.py:9)" in r.stdout, r.stdout
+    assert "input 0 of select: float32 (8, 16, 4): min nan, max nan, mean nan, nan 1, inf 0" in r.stdout
+    assert "('AT', 3)" in r.stdout
+    assert "step 7 nan" in r.stdout                            # the run went on to its end
 
 
 HASH_ORDER = '''

@@ -47,6 +47,8 @@ def catch_detail(ops: list, step: int, idx: int, info: dict) -> dict:
     """A catch hit's detail for the operation ``idx`` of a step (``info``: what
     the op recorder noted of it)."""
     detail = dict(where(ops[idx]), step=step, nan=info["nan"], inputs=info["inputs"])
+    if info.get("entered") is not None:       # (a NaN no operation of the step made: where it came in)
+        detail.update(entered=info["entered"], label=info.get("label"))
     if info.get("origin") is not None:
         # a NaN from an Inf: the operation that made the Inf is where it began
         detail["via"] = {k: detail[k] for k in ("op", "phase", "module", "file", "line", "node")}

@@ -92,6 +92,10 @@ class StepLineage:
         # [op index, info] of the ops a catch point may want (what on_nonfinite is
         # given), in order: a replay of the step hands them to the live run
         self.events: list = []
+        # Where a NaN that no operation of the step made came in (``_check``): looked for
+        # until found, and not in a step after one that held non-finite values already
+        # (a NaN kept in the parameters is where it began, a step earlier: said once).
+        self.look_for_entry = True
 
     def tid(self, t: torch.Tensor) -> int:
         """The id of this tensor as it is now: a tensor seen for the first time,
@@ -216,6 +220,8 @@ class OpRecorder(TorchDispatchMode):
         """Close this step's lineage and open the next's (the mode stays on)."""
         done = self.current
         self.current = StepLineage(step)
+        if done is not None and done.first_bad:
+            self.current.look_for_entry = False
         self.node_module.clear()
         self.phase = "forward"
         return done
@@ -420,7 +426,11 @@ class OpRecorder(TorchDispatchMode):
         if finite_in:
             cur.nonfinite.append(idx)        # this operation made the first non-finite value
         elif not (out_nan and not in_nan):
-            return                           # it only passed on what came in
+            # It only passed on what came in; the first operation that takes a NaN no
+            # operation of the step made (the batch's, a parameter's) is where it came in.
+            if cur.look_for_entry and in_nan and not cur.events:
+                self._came_in(cur, idx, ins, in_ids, checked, pre)
+            return
         if len(cur.events) >= MAX_EVENTS and self.on_nonfinite is None:
             return
         origin = None if finite_in else cur.origin_of(in_ids)
@@ -430,6 +440,24 @@ class OpRecorder(TorchDispatchMode):
             cur.events.append([idx, info])
         if self.on_nonfinite is not None:
             self.on_nonfinite(idx, info)
+
+
+    def _came_in(self, cur, idx: int, ins: list, in_ids: list, checked: list, pre: Optional[tuple]) -> None:
+        """An event for the operation ``idx`` if one of its inputs holds a NaN that no
+        operation of this step made: the step's data (or a tensor kept from before the
+        step), which no operation's check can find (``entered``: its position; ``label``:
+        what nndb calls it, a parameter's name)."""
+        for j, (a, tid) in enumerate(zip(ins, in_ids)):
+            if tid in cur.producer or not _flags([a])[0]:
+                continue
+            cur.look_for_entry = False
+            info = {"nan": True, "inf": False, "in_nan": False, "in_inf": False, "origin": None,
+                    "entered": j, "label": cur.labels.get(tid),
+                    "inputs": [_described(x, checked, pre) for x in ins]}
+            cur.events.append([idx, info])
+            if self.on_nonfinite is not None:
+                self.on_nonfinite(idx, info)
+            return
 
 
 _MUTABLE: dict = {}     # op overload -> does it write one of its inputs

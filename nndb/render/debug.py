@@ -90,7 +90,12 @@ def catch_line(head: str, point, d: dict) -> str:
         return (f"{head} ({point.what()}): step {d['step']} made {what} ({series}), but the operation could "
                 f"not be located: {d['unlocated']}\n  ('catch {point.what_kind} --eager' checks every "
                 f"operation as the run goes)")
-    s = f"{head} ({point.what()}): {d['op']} made {what} in the {d['phase']} pass of step {d['step']} ({_at(d)})"
+    if d.get("entered") is not None:
+        whose = d.get("label") or "made by no operation of the step: the batch, or a tensor kept from before it"
+        s = (f"{head} ({point.what()}): {what} came into step {d['step']} in input {d['entered']} of {d['op']} "
+             f"({whose}), in the {d['phase']} pass ({_at(d)})")
+    else:
+        s = f"{head} ({point.what()}): {d['op']} made {what} in the {d['phase']} pass of step {d['step']} ({_at(d)})"
     v = d.get("via")
     if v:
         s += f"\n  then {v['op']} turned it into NaN ({v['phase']}, {_at(v)})"

@@ -235,7 +235,9 @@ def _locate(s, ev: Evaluator, inputs: list, found: dict, step) -> dict:
             h.remove()
         lin = rec.stop()
     data = lin.as_dict() if lin is not None else {}
-    ops, events = data.get("ops", []), data.get("events", [])
+    ops = data.get("ops", [])
+    # (an operation that made it: where a NaN came in with an input is no finding of the input's)
+    events = [e for e in data.get("events", []) if e[1].get("entered") is None]
     if not events:
         return {"unlocated": "no operation made a non-finite value from finite inputs on the replay"}
     idx, info = events[0]
