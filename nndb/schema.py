@@ -112,6 +112,13 @@ COLUMNS = STAT_NAMES
 N_STATS = len(STAT_NAMES)
 
 KINDS = ("param", "grad", "update", "act", "loss")
+# A ``grad`` series of no parameter: what ``torch.nn.utils.clip_grad_norm_`` returned in
+# the step, the gradients' total norm before it clipped them (a step that calls it twice:
+# ``clip_grad_norm_#2`` too).  The parameters' gradients are recorded as the optimizer
+# applies them, after clipping, so that a gradient growing out of range under clipping
+# shows here alone (nndb.rules.gradient_norms.ExplodingGradient reads it).  A one-element
+# row: its norm, mean, min and max are the returned value.
+CLIP_SERIES = "clip_grad_norm_"
 
 
 def default_stat(kind) -> str:

@@ -315,3 +315,73 @@ def test_on_a_trace_written_before_the_optimizers_were_recorded_their_rules_say_
     why = {s["rule"]: s for s in d["skipped"] if s["need"] == "optimizers"}
     assert list(why) == OPTIMIZERS
     assert "the trace predates the optimizers' records" in why["update_ratio"]["reason"]
+
+
+# Gradients that explode under clip_grad_norm_: the loss's scale grows 10x a step from
+# step 20, the gradients the optimizer applies stay clipped to a total norm of 1.
+CLIPPED = """
+import torch
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1))
+opt = torch.optim.SGD(model.parameters(), lr=0.05)
+x, y = torch.randn(64, 8), torch.randn(64, 1)
+for step in range(40):
+    opt.zero_grad()
+    scale = 1.0 if step < 20 else 10.0 ** min(step - 19, 6)
+    loss = torch.nn.functional.mse_loss(model(x), y) * scale
+    loss.backward()
+    total = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    print(step, repr(loss.item()), repr(total.item()))
+"""
+
+
+def test_gradients_exploding_under_clipping_are_found_live_and_offline(tmp_path):
+    """The gradients recorded are those the optimizer applies (clipped): no weight's norm
+    grew, and exploding_gradient said nothing.  clip_grad_norm_'s total norm, recorded as
+    the grad series 'clip_grad_norm_', shows it; the rule reads it, on the trace too."""
+    script = tmp_path / "clipped.py"
+    script.write_text(CLIPPED)
+    trace, report = str(tmp_path / "t.h5"), str(tmp_path / "r.json")
+    _run_live(str(script), [], trace, report, True)
+    d, findings = _compare(trace, report)
+    exploding = [f for f in d["findings"] if f["rule"] == "exploding_gradient"]
+    assert len(exploding) == 1, d["findings"]
+    f = exploding[0]
+    assert f["tensor"] == "clip_grad_norm_" and f["step"] == 26, f
+    assert f["evidence"]["steps"] == [24, 26] and f["evidence"]["before_clipping"] is True
+    assert f["message"].startswith("exploding gradient before clipping: clip_grad_norm_ returned a total norm of "
+                                   "1.1e+05 at step 26 (2.79e+05x its early median 0.394)"), f["message"]
+    printed = [float(line.split()[2]) for line in python_out(script)]
+    import nndb
+    steps, norms = nndb.open(trace).history("clip_grad_norm_", "grad", "norm")
+    assert list(steps) == list(range(40)) and list(norms) == printed      # the returned values, bit for bit
+
+
+def python_out(script):
+    from conftest import python
+    r = python(str(script))
+    assert r.returncode == 0, r.stderr
+    return r.stdout.splitlines()
+
+
+def test_each_clip_grad_norm_call_is_a_series_a_watch_reads(tmp_path):
+    """Two clip_grad_norm_ calls a step (a GAN's two networks): 'clip_grad_norm_' and
+    'clip_grad_norm_#2', in call order; a watch on one stops at the step it crossed."""
+    script = tmp_path / "two.py"
+    script.write_text(CLIPPED.replace(
+        "    total = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)\n",
+        "    total = torch.nn.utils.clip_grad_norm_(model[0].parameters(), 1.0)\n"
+        "    torch.nn.utils.clip_grad_norm_(model[2].parameters(), 1.0)\n"))
+    r = nndb("run", "--batch", "--nx", "--rules", "none", "--trace", str(tmp_path / "t.h5"), "--force",
+             "-e", "watch grad clip_grad_norm_ > 50", "-e", "continue", "-e", 'p ("AT", $step)', "-e", "kill",
+             str(script), cwd=str(tmp_path))
+    printed = {int(line.split()[0]): float(line.split()[2]) for line in python_out(script)}
+    first = min(k for k, v in printed.items() if v > 50)
+    assert f"Watchpoint 1: grad clip_grad_norm_ norm = " in r.stdout and f"('AT', {first})" in r.stdout, r.stdout
+    import nndb as api
+    t = api.open(str(tmp_path / "t.h5"))
+    names = {(s.name, s.kind) for s in t.tensors}
+    assert {("clip_grad_norm_", "grad"), ("clip_grad_norm_#2", "grad")} <= names
+    steps, norms = t.history("clip_grad_norm_", "grad", "norm")
+    assert [float(v) for v in norms] == [printed[int(s)] for s in steps]

@@ -13,6 +13,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+from ..schema import CLIP_SERIES
 from ..errors import UsageError
 from ..text import printable_line
 from ..store.measured import measured
@@ -161,7 +162,10 @@ def _grid(reader, series: list, stat: str):
 def heatmap(reader, kind: str = "grad", stat: str = "norm", glob: Optional[str] = None,
             findings=(), stops=()) -> Heatmap:
     _check_stat(reader, stat)
-    series, order = in_model_order(reader, _matching(reader, kind, glob))
+    found = _matching(reader, kind, glob)
+    if glob is None and kind == "grad":      # (per layer: clip_grad_norm_'s total is no layer's; a glob names it)
+        found = [s for s in found if not s.name.startswith(CLIP_SERIES)] or found
+    series, order = in_model_order(reader, found)
     steps, values, bad = _grid(reader, series, stat)
     span = (int(reader.steps[0]), int(reader.steps[-1])) if reader.n_steps else (0, 0)
     return Heatmap(kind, stat, [s.name for s in series], steps, values, bad, marks(findings, stops),

@@ -26,6 +26,7 @@ import math
 
 import numpy as np
 
+from ..schema import CLIP_SERIES
 from .base import Rule, Threshold
 from .series import MIN_ELEMENTS, Streaks, Tensors, adaptive_eps, also, fit, layout, live_share, num
 
@@ -257,7 +258,9 @@ class ExplodingGradient(_Gradients):
     id = "exploding_gradient"
     severity = "warning"
     explanation = ("a weight's gradient norm keeps growing out of range: far above its own early value, above "
-                   "an absolute ceiling, Inf, or far above the other layers' gradients (early layers largest)")
+                   "an absolute ceiling, Inf, or far above the other layers' gradients (early layers largest); "
+                   "under clip_grad_norm_, the total norm it returns (the gradients before clipping: the "
+                   "clipped ones the optimizer applies do not show it), judged by the same thresholds")
     direction = "exploding"
     THRESHOLDS = {
         "relative": Threshold(1e4, "x the median of the tensor's first 5 recorded gradient norms: four orders "
@@ -278,6 +281,105 @@ class ExplodingGradient(_Gradients):
         "min_elements": MIN_ELEMENTS,
         "steps": _STEPS,
     }
+
+    # -- under clipping: clip_grad_norm_'s total norm (schema.CLIP_SERIES) -----------------
+    # The gradients recorded are those the optimizer applies, after clipping: a gradient
+    # growing out of range under clip_grad_norm_ shows only in the total norm it returns.
+    # Judged as a weight's norm is: against the median of its first 5 nonzero values
+    # (``relative``, at least ``min_norm``), the ``ceiling`` (not under Adam's family),
+    # Inf or NaN; ``steps`` flagged recorded steps in a row report it, once per series.
+
+    def reset(self):
+        super().reset()
+        self.clips: dict = {}        # series name -> {"early", "ref", "run", "since", "recent", "done"}
+        self._clip_at = (None, [])   # (a step's names list, [(row, name)] of its clip series)
+
+    def check(self, ctx):
+        yield from super().check(ctx)
+        rows = self._clip_rows(ctx.names)
+        if rows:
+            yield from self._check_clips(ctx, rows)
+
+    def check_block(self, block):
+        rows = self._clip_rows(block.names)
+        if rows and not self._clips_quiet(block, rows):
+            return None              # (judged step by step: nothing changed yet)
+        return super().check_block(block)
+
+    def _clip_rows(self, names) -> list:
+        if self._clip_at[0] is not names:
+            self._clip_at = (names, [(i, n) for i, (n, k) in enumerate(names)
+                                     if k == "grad" and n.startswith(CLIP_SERIES)])
+        return self._clip_at[1]
+
+    def _clip_limit(self, c: dict, adaptive: bool) -> float:
+        p = self.params
+        rel = max(p["relative"] * c["ref"], p["min_norm"]) if c["ref"] is not None else math.inf
+        return rel if adaptive else min(rel, p["ceiling"])
+
+    def _clips_adaptive(self, ctx) -> bool:
+        """Every optimizer of Adam's family (no absolute ceiling then)."""
+        opts = ctx.optimizers
+        return bool(opts) and all(adaptive_eps(o) is not None for _, o in opts)
+
+    def _clips_quiet(self, block, rows) -> bool:
+        """Nothing to do for the clip series over the block: references known, no streak
+        running, no value flagged (``check`` on each step would change nothing).  (A block
+        is a live run's: its records' raw rows.)"""
+        from ..tracer.stats import scalar_of
+        adaptive = self._clips_adaptive(block.last)
+        for i, name in rows:
+            c = self.clips.get(name)
+            if c is None:
+                return False         # (its first step: learnt step by step)
+            if c["done"]:
+                continue
+            if c["run"] or c["ref"] is None:
+                return False
+            for r in block.records:
+                v = scalar_of(r.raw[i])
+                if v is None or not v < self._clip_limit(c, adaptive):
+                    return False
+        return True
+
+    def _check_clips(self, ctx, rows):
+        p = self.params
+        adaptive = None
+        for i, name in rows:
+            c = self.clips.setdefault(name, {"early": [], "ref": None, "run": 0, "since": None,
+                                              "recent": [], "done": False})
+            if c["done"]:
+                continue
+            v = abs(ctx.mean_of(i))          # (the one value: NaN, or Inf, as it was)
+            if c["ref"] is None and math.isfinite(v) and v > 0:
+                c["early"].append(v)
+                if len(c["early"]) == _EARLY:
+                    c["ref"] = float(np.median(c["early"]))
+            if adaptive is None:
+                adaptive = self._clips_adaptive(ctx)
+            if v < self._clip_limit(c, adaptive):
+                c["run"], c["since"], c["recent"] = 0, None, []
+                continue
+            c["run"] += 1
+            c["since"] = ctx.step if c["since"] is None else c["since"]
+            c["recent"] = (c["recent"] + [[ctx.step, num(v)]])[-int(p["steps"]):]
+            if c["run"] < int(p["steps"]):
+                continue
+            c["done"] = True
+            ref = c["ref"]
+            if not math.isfinite(v):
+                why, criteria = ("holds NaN" if math.isnan(v) else "is Inf"), ["inf"]
+            elif ref is not None and v > p["relative"] * ref:
+                why, criteria = f"{v / ref:.3g}x its early median {ref:.3g}", ["relative"]
+            else:
+                why, criteria = f"above {p['ceiling']:g}", ["absolute"]
+            yield self.finding(
+                ctx, f"exploding gradient before clipping: {name} returned a total norm of {v:.3g} at step "
+                     f"{ctx.step} ({why}), for {p['steps']:g} recorded steps in a row since step {c['since']}; "
+                     f"the gradients the optimizer applies are clipped, so their norms do not show it",
+                tensor=name, grad_norm=num(v), early_median=num(ref) if ref is not None else None,
+                ratio_to_early=num(v / ref) if ref else None, criteria=criteria,
+                steps=[c["since"], ctx.step], recent_norms=c["recent"], before_clipping=True, also=[])
 
     def _thresholds(self, ref):
         p = self.params

@@ -15,6 +15,7 @@ from typing import Optional
 
 import numpy as np
 
+from ..schema import CLIP_SERIES
 from .base import Threshold
 
 _KINDS = ("grad", "param", "update")
@@ -135,6 +136,8 @@ class Tensors:
             losses = []
             for i, (n, k) in enumerate(names):
                 d = rows.get(k)
+                if d is not None and n.startswith(CLIP_SERIES):
+                    continue             # (clip_grad_norm_'s total: no parameter's row)
                 if d is not None and n not in d:
                     d[n] = i
                 elif k == "loss":

@@ -10,14 +10,15 @@ from . import stats as S
 
 _PENDING = object()   # a loss not yet attributed to an optimizer
 _PENDING_LOSS = ("loss", _PENDING)
+CLIP = object()       # ("clip", CLIP, i): the step's i-th clip_grad_norm_ total (schema.CLIP_SERIES)
 
 
 class _Bucket:
     """What one step (or one segment of it) recorded.
 
     ``entries`` maps a series key to its raw row, in the order first seen:
-    ``("act", module, use)``, ``("loss", optimizer)`` and
-    ``("param", tensor, kind)``.  Activations merge over calls (their
+    ``("act", module, use)``, ``("loss", optimizer)``,
+    ``("param", tensor, kind)`` and ``("clip", CLIP, i)``.  Activations merge over calls (their
     elements together); scalar losses add up (the step's objective, whose
     gradient the optimizer applies, is the sum of what each ``backward()``
     received), a non-scalar loss's elements merge; a parameter row is
@@ -54,7 +55,7 @@ class _Bucket:
     def add(self, key, raw) -> None:
         """``raw``: an array, or a list (a scalar loss's row, stats.scalar_row)."""
         old = self.entries.get(key)
-        if old is None or key[0] == "param":
+        if old is None or key[0] == "param" or key[0] == "clip":
             self.entries[key] = raw
             return
         if key[0] == "loss":

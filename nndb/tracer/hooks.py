@@ -64,6 +64,8 @@ _ACTIVE: "weakref.WeakSet" = weakref.WeakSet()
 _BY_WRAPPER: list = []
 _ORIGINAL_BACKWARD = None        # torch.autograd.backward, while the wrapper is in its place
 _IN_WRAPPER: set = set()         # the threads inside it
+_CLIPPING: list = []             # the tracers that see clip_grad_norm_ (_clip_grad_norm_)
+_ORIGINAL_CLIP = None            # torch's clip_grad_norm_, while the wrapper is in its place
 _get_ident = threading.get_ident
 _perf_counter = time.perf_counter
 _ONE = torch.tensor(1.0)
@@ -222,6 +224,47 @@ def _backward(*args, **kwargs):
     return out
 
 
+def _clip_grad_norm_(*args, **kwargs):
+    """``torch.nn.utils.clip_grad_norm_`` while a tracer records what it returns: the
+    gradients' total norm before clipping, which the gradients recorded at the optimizer's
+    step no longer show (StepRecorder.clip_norm)."""
+    out = (_ORIGINAL_CLIP or _clip_grad_norm_.__wrapped__)(*args, **kwargs)
+    if _CLIPPING and not _COMPILING():
+        for t in tuple(_CLIPPING):
+            if t._failed:
+                continue
+            t.busy += 1             # (nndb's own reading: no function mode sees it)
+            try:
+                t.recorder.clip_norm(out)
+            except Exception:
+                t._fail()
+            finally:
+                t.busy -= 1
+    return out
+
+
+def _wrap_clip(tracer, on: bool) -> None:
+    """``clip_grad_norm_`` seen through ``_clip_grad_norm_`` (in torch.nn.utils and its
+    clip_grad module, where the deprecated ``clip_grad_norm`` looks it up): a script's
+    ``from torch.nn.utils import clip_grad_norm_`` made before the recording started
+    keeps torch's own."""
+    global _ORIGINAL_CLIP
+    from torch.nn.utils import clip_grad
+    if on and tracer not in _CLIPPING:
+        _CLIPPING.append(tracer)
+        if _ORIGINAL_CLIP is None:
+            _ORIGINAL_CLIP = clip_grad.clip_grad_norm_
+            functools.update_wrapper(_clip_grad_norm_, _ORIGINAL_CLIP)
+            clip_grad.clip_grad_norm_ = torch.nn.utils.clip_grad_norm_ = _clip_grad_norm_
+    elif not on and tracer in _CLIPPING:
+        _CLIPPING.remove(tracer)
+        if not _CLIPPING and _ORIGINAL_CLIP is not None:
+            for mod in (clip_grad, torch.nn.utils):
+                if getattr(mod, "clip_grad_norm_", None) is _clip_grad_norm_:    # (not another's wrapper)
+                    mod.clip_grad_norm_ = _ORIGINAL_CLIP
+            _ORIGINAL_CLIP = None
+
+
 def _wrap_backward(tracer, on: bool) -> None:
     global _ORIGINAL_BACKWARD
     if on and tracer not in _BY_WRAPPER:
@@ -335,6 +378,7 @@ class Tracer:
         ]
         self.want_forward(True)
         _wrap_backward(self, True)       # (a backward the parameter hooks cannot see: _backward_unhooked)
+        _wrap_clip(self, True)
 
     def preexisting_optimizers(self) -> "weakref.WeakSet":
         """The optimizers alive before the run started (an earlier run's, in a notebook or a test):
@@ -359,6 +403,7 @@ class Tracer:
         self.want_forward(False)
         self._param_hooks_off()
         _wrap_backward(self, False)
+        _wrap_clip(self, False)
         self._param_handles = {}
 
     def want_forward(self, on: bool) -> None:

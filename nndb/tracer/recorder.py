@@ -36,8 +36,8 @@ import torch
 
 from . import histogram as H
 from . import stats as S
-from ..schema import KINDS  # noqa: F401  (the kinds of the series recorded here)
-from .bucket import _PENDING, _PENDING_LOSS, _Bucket
+from ..schema import CLIP_SERIES, KINDS  # noqa: F401  (the kinds of the series recorded here)
+from .bucket import _PENDING, _PENDING_LOSS, CLIP, _Bucket
 from .params import ParamPlan
 
 
@@ -214,6 +214,16 @@ class StepRecorder:
         self._last_act = (same, arr, reduced)
         if arr is not None:
             self._cur.deferred.append((("act",) + key, arr))
+
+    def clip_norm(self, total) -> None:
+        """What ``clip_grad_norm_`` returned: the gradients' total norm before it clipped
+        them, a row of the step's ``grad`` series ``clip_grad_norm_`` (``#2`` for its
+        second call in the step).  Read now (on an accelerator, one host transfer, as the
+        script's own ``.item()`` of it would be)."""
+        if not self.recording or not isinstance(total, torch.Tensor) or total.numel() != 1:
+            return
+        i = sum(1 for b in self._buckets for k in b.entries if k[0] == "clip")
+        self._buckets[-1].add(("clip", CLIP, i), S.scalar_row(float(S.local(total).item())))
 
     def loss(self, tensor: torch.Tensor) -> None:
         b = self._buckets[-1]
@@ -473,6 +483,8 @@ class StepRecorder:
                 name = f"{base}#{key[2] + 1}" if key[2] else base
             elif key[0] == "loss":
                 name = "loss/" + self.naming.optimizer_name(key[1]) if key[2] and key[1] is not None else "loss"
+            elif key[0] == "clip":
+                name = f"{CLIP_SERIES}#{key[2] + 1}" if key[2] else CLIP_SERIES
             else:
                 name = self.naming.param_name(key[1])
                 self._shapes[name] = list(key[1].shape)
@@ -500,6 +512,8 @@ class StepRecorder:
                 names.append((self._name(key[:2]), key[2]))
             elif tag == "loss":
                 names.append((self._name(("loss", key[1], qualify)), "loss"))
+            elif tag == "clip":
+                names.append((self._name(key), "grad"))
             else:
                 names.append((self._name(key), "act"))
         for plan, (with_grads, _) in b.params.items():
