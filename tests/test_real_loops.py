@@ -615,3 +615,42 @@ def test_the_scripts_warnings_show_once_and_a_wrapped_model_keeps_its_names(tmp_
     import nndb as api
     with api.open(str(tmp_path / "t.h5")) as t:
         assert sorted({i.name for i in t.tensors if i.kind == "grad"}) == ["0.bias", "0.weight", "2.bias", "2.weight"]
+
+
+PER_SAMPLE = '''
+import torch
+from torch import nn
+from torch.func import functional_call, grad, vmap
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
+opt = torch.optim.SGD(model.parameters(), lr=0.05)
+
+def sample_loss(p, x, y):
+    return ((functional_call(model, p, (x.unsqueeze(0),)) - y) ** 2).mean()
+
+for step in range(24):
+    x = torch.randn(32, 8); y = x.sum(1, keepdim=True)
+    opt.zero_grad()
+    loss = ((model(x) - y) ** 2).mean()
+    loss.backward()
+    opt.step()
+    if step % 4 == 3:       # per-sample gradient norms (the torch.func recipe), now and then
+        p = {k: v.detach() for k, v in model.named_parameters()}
+        g = vmap(grad(sample_loss), in_dims=(None, 0, 0))(p, x, y)
+        print("per-sample grad norm", g["0.weight"].flatten(1).norm(dim=1).max().item())
+    print("step", step, repr(loss.item()))
+'''
+
+
+def test_a_torch_func_transform_of_the_model_leaves_the_recording_running(tmp_path):
+    """vmap(grad(...)) over the model ran nndb's module hooks on functorch's wrapped tensors,
+    which have no storage: 'internal error in the tracer; recording stopped' at step 3, the
+    trace 4 steps long of 24.  The transform's module calls are not the step's forward."""
+    plain, trace = plain_and_recorded(tmp_path, PER_SAMPLE)
+    import nndb
+    t = nndb.open(trace)
+    steps, losses = t.history("loss", "loss", "mean")
+    printed = [float(m) for m in re.findall(r"^step \d+ (\S+)$", plain.stdout, re.M)]
+    assert list(steps) == list(range(24)) and list(losses) == printed
+    acts = {s.name for s in t.tensors if s.kind == "act"}
+    assert {"0", "1", "2"} <= acts                       # the training forward's, as before

@@ -236,8 +236,9 @@ class Fingerprints:
     def root_input(self, module, args) -> None:
         """Before a root module's forward: the step's first one with autograd
         enabled is its input batch."""
-        if self._step_input is not None or self.failed or not torch.is_grad_enabled():
-            return
+        if self._step_input is not None or self.failed or not torch.is_grad_enabled() \
+                or torch._C._functorch.peek_interpreter_stack() is not None:
+            return      # (inside a torch.func transform: no step's batch, tensors without storage)
         try:
             self._first_forward = time.perf_counter()
             if len(args) == 1 and type(args[0]) is torch.Tensor:       # (the usual case, in few calls)

@@ -30,6 +30,7 @@ from torch.overrides import (TorchFunctionMode, _get_current_function_mode_stack
                              _push_mode)
 
 _COMPILING = torch.compiler.is_compiling      # (True while torch.compile traces)
+_FUNCTORCH = torch._C._functorch.peek_interpreter_stack     # (not None inside a torch.func transform)
 
 # torch.nn.functional losses: (input, target, ...) -> loss
 CLASS_LOSSES = ("cross_entropy", "nll_loss")
@@ -65,7 +66,7 @@ class FunctionWatch(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         q = self.quiet
-        if _COMPILING() or q is not None and (q.in_hook or q.busy):
+        if _COMPILING() or q is not None and (q.in_hook or q.busy) or _FUNCTORCH() is not None:
             # (torch.compile tracing: the call as it is, no graph break at our frames)
             return func(*args, **(kwargs or {}))
         self._depth += 1

@@ -74,6 +74,10 @@ _IN_BACKWARD = torch._C._current_graph_task_id     # -1 outside a backward (chec
 # then do nothing, so that a compiled model's graph is the one it is without nndb (no
 # graph break at nndb's code, no trace of it); they see the compiled model from outside
 _COMPILING = torch.compiler.is_compiling
+# Not None inside a torch.func transform (grad, vmap, jacrev: per-sample gradients, a
+# functional_call training step): the module calls there run on functorch's wrapped tensors,
+# which have no storage to read; they are the transform's, not the step's forward
+_FUNCTORCH = torch._C._functorch.peek_interpreter_stack
 _COMPILE_HOOKS_WARNING = r"Using `torch.compile\(module\)` when there are global hooks on modules"
 _COMPILE_WARNING_FILTERED = False
 
@@ -467,7 +471,8 @@ class Tracer:
     # -- module hooks --------------------------------------------------------
     def _forward_pre(self, module, args):
         # (activation checkpointing recomputes a forward in the backward: recorded already if it ran with grad)
-        if _COMPILING() or self._failed or self.in_hook or (module in self._ran and _IN_BACKWARD() != -1):
+        if _COMPILING() or self._failed or self.in_hook or _FUNCTORCH() is not None \
+                or (module in self._ran and _IN_BACKWARD() != -1):
             return None
         try:
             if self.module_depth == 0:
@@ -492,7 +497,7 @@ class Tracer:
         return None
 
     def _forward_post(self, module, args, output):
-        if _COMPILING() or (module in self._ran and _IN_BACKWARD() != -1):
+        if _COMPILING() or _FUNCTORCH() is not None or (module in self._ran and _IN_BACKWARD() != -1):
             return None
         self.module_depth = max(0, self.module_depth - 1)
         if self._failed or self.in_hook:
