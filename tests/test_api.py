@@ -419,6 +419,16 @@ def test_a_finding_without_its_detail_is_a_corrupted_trace(tmp_path):
             t.findings
 
 
+def test_a_trace_whose_recording_stopped_says_so_beside_the_runs_status(tmp_path):
+    from nndb.store.writer import TraceWriter
+    path = str(tmp_path / "t.h5")
+    w = TraceWriter(path, {"script": "x.py", "argv": []})
+    w.event("recording_stopped", "nndb: internal error in the tracer; recording stopped, training goes on", 3)
+    w.close("finished", 0)
+    with nndb.open(path) as t:
+        assert repr(t).endswith(": 0 step(s), finished, recording stopped at step 3, 0 series>"), repr(t)
+
+
 def test_import_nndb_is_cheap():
     code = "import sys, nndb; print(sorted(m for m in ('torch', 'h5py', 'numpy', 'nndb.api') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60)

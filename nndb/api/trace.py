@@ -266,7 +266,10 @@ class Trace:
         self.close()
 
     def __repr__(self) -> str:
-        return (f"<nndb.Trace {self.path!r}: {self._reader.n_steps} step(s), {self.status}, "
+        # (the run may have finished where the recording did not: an internal error stopped it)
+        stopped = [e for e in self._reader.events() if e.get("kind") == "recording_stopped"]
+        cut = f", recording stopped at step {stopped[0].get('step')}" if stopped else ""
+        return (f"<nndb.Trace {self.path!r}: {self._reader.n_steps} step(s), {self.status}{cut}, "
                 f"{len(self._reader.series())} series>")
 
     def summary(self) -> dict:
