@@ -478,3 +478,58 @@ def test_replicas_respawned_from_the_start_order_strings_as_the_run_did(tmp_path
     assert "PYTHONHASHSEED was not fixed" not in r.stderr, r.stderr
     printed = {int(line.split()[1]): line.split()[2] for line in r.stdout.splitlines() if line.startswith("step ")}
     assert f"('AT', {printed[2]})" in r.stdout, r.stdout
+
+
+MANUAL_INF = '''
+import torch
+torch.manual_seed(0)
+model = torch.nn.Linear(4, 1)
+x = torch.randn(8, 4)
+for step in range(6):
+    model.zero_grad()
+    penalty = torch.tensor(1e20 if step == 2 else 0.0).pow(2)    # Inf at step 2
+    loss = model(x).pow(2).mean() + penalty
+    loss.backward()
+    with torch.no_grad():                                         # a hand-written update
+        for p in model.parameters():
+            p -= 0.01 * p.grad
+    print("step", step, repr(loss.item()))
+'''
+
+
+def test_catch_and_lineage_of_a_hand_written_loop_find_the_operation_at_its_step(tmp_path):
+    """A hand-written loop's step ends inside backward(): the op recorder a replay started
+    there was undone by the engine's thread state as backward returned, so the replay recorded
+    nothing ('could not be located', 'lineage loss' a bare 't2 = loss'), and the catch looked
+    at the step's record a step late (it closes at the next step's end)."""
+    r = _script_run(tmp_path, MANUAL_INF, ["catch inf", "continue", 'p ("AT", $step)', "lineage loss",
+                                           "continue"])
+    assert "Catchpoint 1 (catch inf): pow made Inf in the forward pass of step 2 (s.py:8)" in r.stdout, r.stdout
+    assert "(step 2 finished, loss inf;" in r.stdout and "('AT', 2)" in r.stdout
+    assert r.stdout.count("Catchpoint 1 (catch inf)") == 1
+    assert re.search(r"= pow\(t\d+\) \[forward\] scalar float32  s\.py:8", r.stdout), r.stdout
+
+
+INF_THEN_NAN = '''
+import torch
+torch.manual_seed(0)
+model = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+x = torch.randn(8, 4)
+extra = {2: float("inf"), 3: float("nan")}
+for step in range(6):
+    opt.zero_grad()
+    loss = model(x).pow(2).mean() + torch.tensor(extra.get(step, 0.0))
+    loss.backward()
+    opt.step()
+    print("step", step, repr(loss.item()))
+'''
+
+
+@pytest.mark.parametrize("how", ["catch nan", "catch nan --eager"])
+def test_catch_nan_stops_at_a_nan_in_a_series_that_was_inf_before(tmp_path, how):
+    """A diverging run's usual end: Inf at step 2, NaN at step 3 in the same series.  The
+    step-end catch kept which series had gone bad, not how: the NaN was never looked for."""
+    r = _script_run(tmp_path, INF_THEN_NAN, [how, "continue", 'p ("AT", $step)', "continue"])
+    assert "NaN came into step 3 in input 0 of lift_fresh" in r.stdout and "('AT', 3)" in r.stdout, r.stdout
+    assert r.stdout.count("Catchpoint 1 (") == 1

@@ -284,6 +284,10 @@ class StopPoints:
 
     def _check_step_end(self, step: int, record, known) -> Optional[Stop]:
         hits = self.check_points_at_step_end(step, record, known) + self._step_end_catch(record)
+        if known is not None and known is not record and known.step == step:
+            # (a hand-written loop: step N's record is closed at N+1's end; its loss and
+            # gradients, known now, are where a NaN made in step N shows first)
+            hits += self._step_end_catch(known)
         if hits:
             kind = StopKind.WATCHPOINT if all(isinstance(p, P.Watch) for p, _ in hits) else \
                 StopKind.CATCHPOINT if all(isinstance(p, P.CatchPoint) for p, _ in hits) else StopKind.BREAKPOINT

@@ -81,10 +81,16 @@ class StepEndCatch:
     looked for once, where it began)."""
 
     def __init__(self):
-        self.bad: set = set()
+        # series -> [NaN seen, Inf seen] since the last all-finite record: a series that was
+        # Inf and now holds NaN (a diverging run's usual end) is new for a NaN catch
+        self.bad: dict = {}
+        # steps already looked for (a hand-written loop's step is checked at its end, as far as
+        # it is known, and again when its record closes a step later: replayed once)
+        self.judged: list = []
 
     def reset(self) -> None:
-        self.bad = set()
+        self.bad = {}
+        self.judged = []
 
     def check(self, record, catching: Callable[[], list], replay: Optional[Replay], accept: Callable,
               buffers: Callable[[], list] = lambda: [], points: Optional[list] = None) -> list:
@@ -104,17 +110,26 @@ class StepEndCatch:
         bufs = buffers()
         # (record.nonfinite, inline: every step end while a catch point is armed)
         if not np.count_nonzero(record.raw[:, NONFINITE_FIELDS]) and not bufs:
-            self.bad = set()
+            self.bad = {}
             return []
         flags = record.raw[:, NONFINITE_FIELDS] > 0
         rows = np.flatnonzero(flags.any(axis=1))
-        new = [(record.names[i], bool(flags[i, 0]), bool(flags[i, 1])) for i in rows
-               if record.names[i] not in self.bad] + [b for b in bufs if b[0] not in self.bad]
-        first = not self.bad
-        self.bad.update(record.names[i] for i in rows)
-        self.bad.update(b[0] for b in bufs)
-        if not new:
+        now = [(record.names[i], bool(flags[i, 0]), bool(flags[i, 1])) for i in rows] + list(bufs)
+        bad = self.bad
+        had_nan = any(v[0] for v in bad.values())
+        had_inf = any(v[1] for v in bad.values())
+        new = []
+        for name, nan, inf in now:
+            seen = bad.get(name)
+            if seen is None or (nan and not seen[0]) or (inf and not seen[1]):
+                new.append((name, nan, inf))
+            bad[name] = [nan or (seen is not None and seen[0]), inf or (seen is not None and seen[1])]
+        if not new or record.step in self.judged:
             return []
+        self.judged = self.judged[-3:] + [record.step]
+        # where it first appeared: no series held that kind before (a NaN that spreads to a
+        # series step after step, through the parameters, is looked for where it began)
+        first = any(nan for _, nan, _ in new) and not had_nan or any(inf for _, _, inf in new) and not had_inf
         step = record.step
         why = "time travel is not available in this session" if replay is None else None
         if replay is not None:
@@ -125,6 +140,8 @@ class StepEndCatch:
             numbers = {p.number for p in points}
             points = [p for p in catching() if p.number in numbers]
         if why is None:
+            if had_nan:      # (a NaN no operation made is the one the run held already: not where it came in)
+                data = dict(data, events=[e for e in data.get("events", []) if e[1].get("entered") is None])
             hits = hits_from_events(points, data, step, accept)
             if hits or not first:
                 return hits

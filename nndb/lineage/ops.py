@@ -30,7 +30,8 @@ import weakref
 from typing import Callable, Optional
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
+from torch.utils._python_dispatch import (TorchDispatchMode, _disable_current_modes,
+                                          _get_current_dispatch_mode_stack, _pop_mode, _push_mode)
 
 from ..tracer.funcmode import TRAMPOLINE
 from .oprecord import FIELDS, INS, OP_STATS, PHASE  # noqa: F401  (FIELDS: the layout of cur.ops' records)
@@ -96,6 +97,7 @@ class StepLineage:
         # until found, and not in a step after one that held non-finite values already
         # (a NaN kept in the parameters is where it began, a step earlier: said once).
         self.look_for_entry = True
+        self.had_nan = False            # an operation's output held NaN (checked steps)
 
     def tid(self, t: torch.Tensor) -> int:
         """The id of this tensor as it is now: a tensor seen for the first time,
@@ -220,7 +222,7 @@ class OpRecorder(TorchDispatchMode):
         """Close this step's lineage and open the next's (the mode stays on)."""
         done = self.current
         self.current = StepLineage(step)
-        if done is not None and done.first_bad:
+        if done is not None and done.had_nan:
             self.current.look_for_entry = False
         self.node_module.clear()
         self.phase = "forward"
@@ -240,6 +242,29 @@ class OpRecorder(TorchDispatchMode):
                 self.__exit__(None, None, None)
             except Exception:
                 pass
+
+    def after_backward(self) -> None:
+        """A ``backward()`` returned: the autograd engine ran its callbacks under the thread
+        state of the call and put that state back as it returned, dispatch modes included.  A
+        step that ended inside it (a hand-written update's: the step ends as the backward pass
+        does) pushed the mode there, and lost it (nothing of the next step was recorded, and
+        a catch's replay found no operation), or took it off, and found it on again: the
+        stack is made what this recorder wants."""
+        if self._paused:
+            return
+        stack = _get_current_dispatch_mode_stack()
+        on = any(m is self for m in stack)
+        if self._want and self._on and not on:
+            _push_mode(self)
+        elif not self._on and on:
+            above = []
+            while True:
+                m = _pop_mode()
+                if m is self:
+                    break
+                above.append(m)
+            for m in reversed(above):
+                _push_mode(m)
 
     @contextlib.contextmanager
     def paused(self):
@@ -421,6 +446,7 @@ class OpRecorder(TorchDispatchMode):
         if not (out_nan or out_inf):
             return
         cur.first_bad.setdefault(cur.ops[idx][PHASE], idx)
+        cur.had_nan = cur.had_nan or out_nan
         in_nan, in_inf = pre if pre is not None else _flags(ins)
         finite_in = not (in_nan or in_inf)
         if finite_in:

@@ -19,6 +19,15 @@ gradient is a frozen or dead layer, not a vanishing one.
 ``zero_gradients`` is the other end: every gradient of the step exactly 0,
 step after step, so nothing can learn (a constant loss, a cross-entropy over a
 single class, a loss cut from the model).
+
+Under ``clip_grad_norm_`` the gradients recorded are the clipped ones; the total
+norm it returned (the ``grad`` series schema.CLIP_SERIES) is judged by
+``exploding_gradient`` with the same thresholds.
+
+Why this size: one family of rules over one column of every step (the gradient
+norms), sharing the layout-derived eligibility, the layer spread, the block
+judgement and the per-tensor streaks; split, each half would import the
+other's internals.
 """
 from __future__ import annotations
 

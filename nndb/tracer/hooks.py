@@ -201,10 +201,18 @@ def _backward(*args, **kwargs):
             except Exception:
                 t._fail()
     _IN_WRAPPER.add(thread)
+    before = [t.lineage for t in tracers if t.lineage is not None]
     try:
         out = original(*args, **kwargs)
     finally:
         _IN_WRAPPER.discard(thread)
+        # (an op recorder started or stopped at a step end inside the backward: the engine's
+        # thread state, put back as it returned, undid its dispatch-mode push or pop)
+        for lin in dict.fromkeys(before + [t.lineage for t in tracers if t.lineage is not None]):
+            try:
+                lin.after_backward()
+            except Exception:
+                pass
     roots = args[0] if args else kwargs.get("tensors")
     # (loss.backward(): one root tensor, no ``inputs=``; Tensor.backward passes inputs=None)
     usual = type(roots) is torch.Tensor and len(args) < 6 and kwargs.get("inputs") is None
