@@ -407,6 +407,67 @@ def test_sparse_inputs_are_checked_as_the_dense_tensors_they_stand_for(tmp_path)
     assert all("\n" not in c.evidence for c in report.checks)
 
 
+CAUSAL_MASK = """
+    import torch, torch.nn as nn
+    torch.manual_seed(0)
+
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            layer = nn.TransformerEncoderLayer(d_model=16, nhead=2, dim_feedforward=32, dropout=0.0)
+            self.enc = nn.TransformerEncoder(layer, num_layers=1, enable_nested_tensor=False)
+            self.head = nn.Linear(16, 5)
+        def forward(self, x, mask):
+            return self.head(self.enc(x, mask=mask))
+
+    model = Model()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    x = torch.randn(6, 4, 16)
+    y = torch.randint(0, 5, (6, 4))
+    {plant}
+    mask = nn.Transformer.generate_square_subsequent_mask(6)
+    for step in range(4):
+        opt.zero_grad()
+        out = model(x, mask)
+        loss = nn.functional.cross_entropy(out.reshape(-1, 5), y.reshape(-1))
+        loss.backward()
+        opt.step()
+"""
+
+
+def test_a_causal_attention_mask_is_not_corrupt_data_but_nan_or_inf_in_the_data_is(tmp_path):
+    """pytorch/examples language_translation: generate_square_subsequent_mask (0 on and below the
+    diagonal, -inf above) given to the model FAILed data ('inputs[1] hold 15 NaN/Inf value(s)',
+    described as 'in [0, 0], mean 0, std 0'); an additive mask is now noted and not judged, and
+    a NaN or -inf in the real input still FAILs, the non-finite values counted by kind."""
+    r = nndb("check", "--overfit-iters", "5", write(tmp_path, "causal.py", CAUSAL_MASK.replace("{plant}", "")))
+    data = next(l for l in r.stdout.splitlines() if l.startswith(("PASS  data", "FAIL  data")))
+    assert data.startswith("PASS  data") and r.returncode == 0, r.stdout
+    assert "inputs[1] (6, 6) float32 is an additive attention mask (21 x 0, 15 x -inf): not judged" in data
+    for value, kind in (("float('nan')", "NaN"), ("float('-inf')", "-inf")):
+        script = write(tmp_path, f"planted_{kind}.py", CAUSAL_MASK.replace("{plant}", f"x[2, 1, 3] = {value}"))
+        report, _ = run_check(script, overfit_iters=5)
+        data = by_name(report)["data"]
+        assert data.status == "FAIL" and report.exit_code == 1, data
+        assert data.evidence.startswith(f"inputs[0] hold 1 NaN/Inf value(s) (1 {kind}) [inputs[0] (6, 4, 16) "
+                                        f"float32 1 {kind} and 383 finite in ["), data.evidence
+        assert "inputs[1] (6, 6) float32 is an additive attention mask" in data.evidence
+        assert data.numbers["inputs"][0]["nonfinite"] == 1 and data.numbers["inputs"][1]["additive_mask"]
+
+
+def test_only_a_later_input_of_one_finite_value_and_minus_inf_reads_as_a_mask():
+    import torch
+    from nndb.check.checks import _describe_input
+    inf = float("inf")
+    mask = torch.tensor([[0.0, -inf], [0.0, 0.0]])
+    assert _describe_input(mask, mask_ok=True)[1] == ""
+    assert _describe_input(mask, mask_ok=False)[1] == "hold 1 NaN/Inf value(s) (1 -inf)"    # the first input: data
+    for bad in (torch.tensor([[0.0, -inf], [0.5, 0.0]]),           # finite values differ: data with a -inf
+                torch.tensor([[0.0, -inf], [float("nan"), 0.0]]), torch.tensor([[0.0, -inf], [inf, 0.0]]),
+                torch.tensor([[-inf, -inf]])):
+        assert _describe_input(bad, mask_ok=True)[1], bad
+
+
 def test_a_check_that_raises_is_skipped_on_one_line():
     from nndb.check import _safely
 

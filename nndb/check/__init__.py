@@ -20,7 +20,9 @@ The checks, in order, and their thresholds (constants in checks.py):
    for a classification loss, the label set.  FAIL: NaN/Inf; a float input
    in [0, 255] reaching RAW_PIXELS_MIN_MAX with >= 99% whole numbers (raw
    pixels); |x| beyond INPUT_ABS_MAX (not normalised); labels outside
-   [0, C); one label for all of >= CONSTANT_LABELS_MIN targets.
+   [0, C); one label for all of >= CONSTANT_LABELS_MIN targets.  An input
+   after the first holding only -inf and one finite value is an additive
+   attention mask (generate_square_subsequent_mask): said, not judged.
 2. ``shapes``: prediction vs target.  FAIL: an element-wise loss (MSE, L1,
    BCE...) whose prediction and target shapes differ (they broadcast).
 3. ``initial-loss``: the first loss vs the loss of a uniform prediction

@@ -135,7 +135,7 @@ def data_check(cap: Capture, outcome: Outcome) -> Check:
     parts, fails, causes, numbers = [], [], [], {"inputs": []}
     for i, t in enumerate(tensors):
         label = "inputs" if len(tensors) == 1 else f"inputs[{i}]"
-        desc, fail, cause, nums = _describe_input(t)
+        desc, fail, cause, nums = _describe_input(t, mask_ok=i > 0)
         parts.append(f"{label} {desc}")
         numbers["inputs"].append(nums)
         if fail:
@@ -159,7 +159,11 @@ def data_check(cap: Capture, outcome: Outcome) -> Check:
 _DENSE_MAX = 1 << 24
 
 
-def _describe_input(t: torch.Tensor):
+def _describe_input(t: torch.Tensor, mask_ok: bool = False):
+    """An input's description, and its FAIL and cause ("" if none).  With ``mask_ok`` (an input
+    after the first: the data comes first, a mask after it) a float tensor whose only non-finite
+    values are -inf and whose finite values are all equal is an additive attention mask
+    (nn.Transformer.generate_square_subsequent_mask, a float key-padding mask): not judged."""
     desc = f"{_shape(t.shape)} {str(t.dtype).replace('torch.', '')}"
     nums = {"shape": list(t.shape), "dtype": str(t.dtype).replace("torch.", "")}
     if t.layout is not torch.strided:
@@ -176,16 +180,26 @@ def _describe_input(t: torch.Tensor):
         nums.update(min=lo, max=hi)
         return desc + f" values {lo}..{hi}", "", "", nums
     finite = torch.isfinite(x)
-    bad = int((~finite).sum())
+    counts = {"NaN": int(torch.isnan(x).sum()), "inf": int(torch.isposinf(x).sum()),
+              "-inf": int(torch.isneginf(x).sum())}
+    bad = sum(counts.values())
+    kinds = ", ".join(f"{n} {k}" for k, n in counts.items() if n)      # e.g. "15 -inf"
     x = x[finite]
+    nums.update(nonfinite=bad, nan=counts["NaN"], pos_inf=counts["inf"], neg_inf=counts["-inf"])
     if x.numel() == 0:
-        return desc + " all NaN/Inf", "are all NaN/Inf", "the data pipeline produces NaN/Inf", nums
+        return desc + f" all NaN/Inf ({kinds})", "are all NaN/Inf", "the data pipeline produces NaN/Inf", nums
     lo, hi, mean, std = float(x.min()), float(x.max()), float(x.mean()), float(x.std()) if x.numel() > 1 else 0.0
+    if mask_ok and bad and bad == counts["-inf"] and lo == hi:
+        nums.update(min=lo, max=hi, additive_mask=True)
+        return desc + f" is an additive attention mask ({x.numel()} x {lo:.4g}, {bad} x -inf): not judged", "", "", nums
     whole = float((x == x.round()).double().mean())
-    nums.update(min=lo, max=hi, mean=mean, std=std, nonfinite=bad, whole_fraction=whole)
+    nums.update(min=lo, max=hi, mean=mean, std=std, whole_fraction=whole)
+    if bad:
+        desc += f" {kinds} and {x.numel()} finite"
     desc += f" in [{lo:.4g}, {hi:.4g}], mean {mean:.3g}, std {std:.3g}"
     if bad:
-        return desc, f"hold {bad} NaN/Inf value(s)", "the data pipeline produces NaN/Inf: check loading and preprocessing", nums
+        return desc, f"hold {bad} NaN/Inf value(s) ({kinds})", \
+            "the data pipeline produces NaN/Inf: check loading and preprocessing", nums
     if lo >= 0 and RAW_PIXELS_MIN_MAX <= hi <= 255 and whole >= WHOLE_FRACTION:
         return desc, f"look like raw 0-255 pixels (whole numbers up to {hi:.4g})", \
             "inputs look like raw 0-255 pixels: normalise them (x / 255, then subtract the mean and divide by the std)", nums

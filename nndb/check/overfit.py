@@ -160,7 +160,8 @@ def _verdict(cap: Capture, call: LossCall, setup: str, losses: list, iters: int)
         hints.append("the learning rate is 0")
     if call.probs_like:
         hints.append("a softmax before cross_entropy keeps the loss from going low")
-    if any(_describe_input(t)[1] for t in pytree.tree_leaves(call.model_args) if isinstance(t, torch.Tensor)):
+    inputs = [t for t in pytree.tree_leaves(call.model_args) if isinstance(t, torch.Tensor)]
+    if any(_describe_input(t, mask_ok=i > 0)[1] for i, t in enumerate(inputs)):       # (as the data check)
         hints.append("unnormalised inputs (see data)")
     model_params = [p for p in call.model.parameters() if p.requires_grad]
     if any(id(p) in cap.got_grad and id(p) not in cap.nonzero | cap.nonfinite for p in model_params):
