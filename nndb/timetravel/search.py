@@ -35,7 +35,8 @@ def reverse_continue_target(s, machine, step: int, at_end: bool):
             if h["at_step_end"] or h["step"] == 0:
                 # (the stop at that step end is the points' hit: counted, a tbreak deleted; inside a
                 # later step the replica stops at the point itself, which counts it there)
-                s.points.held_in_the_past(h["points"])
+                if s is not None:
+                    s.points.held_in_the_past(h["points"])
                 return h["step"], "stop", why + ("" if h["at_step_end"] else " in step 0 (shown at its end)")
             return h["step"] - 1, "points", why
         end = first - 1
