@@ -581,3 +581,31 @@ def test_a_batch_run_goes_back_to_the_present_when_nothing_is_queued_in_the_past
     assert lines == [str(i) for i in range(12)], r.stdout          # each step's line once, in order
     assert "('AT', 3)" in r.stdout and "Back in the present (timeline 0): step 6." in r.stdout
     assert "the script ended on this timeline" not in r.stdout
+
+
+def _in_the_past(tmp_path, lines: list) -> tuple:
+    """A batch run of mlp.py (12 steps) with ``lines`` as -e: the script's
+    lines and, of its one stop in the past, the stop line's words and what the
+    commands there printed."""
+    argv = ["run", "--batch", "-q", "--nx", "--trace", str(tmp_path / "t.h5"), "--force",
+            *[a for line in lines for a in ("-e", line)], example("mlp.py"), "--steps", "12"]
+    r = Ran(nndb(*argv, cwd=str(tmp_path)), argv)
+    assert r.returncode == 0 and "In the past (timeline 0): " in r.stdout, r.stdout + r.stderr
+    stop, _, rest = r.stdout.split("In the past (timeline 0): ", 1)[1].partition("\n")
+    assert "Back in the present (timeline 0): step 7." in rest, r.stdout
+    printed = rest.split("Back in the present")[0].splitlines()
+    return _script_lines(r.stdout), stop, [line for line in printed if not line.startswith(("> ", "-> "))]
+
+
+def test_a_travel_in_a_breakpoints_commands_runs_the_rest_of_them_in_the_past(tmp_path):
+    """`rs 3` in a `commands` block went to step 4 and came straight back: the
+    commands after it ran in the present under the past's stop line (`p $step`
+    printed 7, `p $loss` step 7's loss).  They run in the past now, as the
+    same commands do at the top level."""
+    for travel, step in (("rs 3", 4), ("goto 2", 2)):
+        block = _in_the_past(tmp_path, ["break step 7", "commands 1", travel, "p $step", "p $loss", "end"])
+        top = _in_the_past(tmp_path, ["until 7", travel, "p $step", "p $loss"])
+        for script, stop, printed in (block, top):
+            assert stop.startswith(f"step {step} finished"), stop
+            assert printed[0] == str(step) and float(printed[1]) == float(script[step]), printed
+            assert sorted(script) == list(range(12))        # the live run went on from step 7 to its end

@@ -22,6 +22,7 @@ class QueuedLine:
     text: str
     source: Optional[str] = None   # file name (None: -e or typed)
     line: int = 0
+    point: Optional[int] = None    # the breakpoint whose ``commands`` it is, at its stop
 
     def where(self) -> str:
         """How an error in it says where it came from: ``FILE:LINE: `` or ``-e 'CMD': ``."""
@@ -35,7 +36,8 @@ class CommandInput:
     came from (``source``: its QueuedLine, or None when typed) and the error
     that ended a batch run's startup commands (``file_error``: exit 2).
     ``snapshot``/``restore``: the waiting lines and the last command, handed
-    between the live run and a replica with the terminal."""
+    between the live run and a replica with the terminal (so the rest of a
+    breakpoint's commands after an ``rs`` or ``goto`` among them runs in the past)."""
 
     def __init__(self):
         self.queue: collections.deque = collections.deque()
@@ -44,12 +46,17 @@ class CommandInput:
         self.file_error: Optional[str] = None
 
     def snapshot(self) -> dict:
-        return {"queue": [[q.text, q.source, q.line] for q in self.queue], "last_command": self.last_command}
+        return {"queue": [[q.text, q.source, q.line, q.point] for q in self.queue], "last_command": self.last_command}
 
     def restore(self, state: dict) -> None:
         self.queue.clear()
-        self.queue.extend(QueuedLine(t, src, line) for t, src, line in state.get("queue", []))
+        self.queue.extend(QueuedLine(*q) for q in state.get("queue", []))
         self.last_command = state.get("last_command")
+
+    def end_point_commands(self) -> None:
+        """A command that resumes the run ends its breakpoint's command list (gdb):
+        the rest of it is dropped."""
+        self.queue = collections.deque(q for q in self.queue if q.point is None)
 
 
 class CommandLoop:
@@ -63,8 +70,7 @@ class CommandLoop:
             return
         while not self.control.resume:
             if self.input.queue:
-                q = self.input.queue.popleft()
-                self.execute(q.text, q)
+                self.run_queued()
                 continue
             if not self.interactive:
                 if self.fail_fast():         # the queued commands ran at a fail hit: stop now
@@ -87,6 +93,13 @@ class CommandLoop:
             else:
                 self.input.last_command = line if line.split()[0] not in ("run", "r") else None
             self.execute(line)
+
+    def run_queued(self) -> None:
+        """Run the first line waiting."""
+        q = self.input.queue.popleft()
+        self.execute(q.text, q)
+        if self.control.resume:
+            self.input.end_point_commands()
 
     def fail_fast(self) -> bool:
         """Batch mode stops the run once a ``fail`` point hit and its commands ran."""
@@ -119,8 +132,9 @@ class CommandLoop:
                     self.message(out)
         except CommandError as e:
             # a command file's line, or in batch mode any startup line, says
-            # where it came from and ends the run (exit 2)
-            fatal = isinstance(source, QueuedLine) and (bool(source.source) or not self.interactive)
+            # where it came from and ends the run (exit 2); a breakpoint's command does not
+            fatal = isinstance(source, QueuedLine) and source.point is None and \
+                (bool(source.source) or not self.interactive)
             where = source.where() if fatal else ""
             msg = f"{where}{e}"
             self.error(msg)

@@ -29,7 +29,7 @@ from . import points as P
 from .changes import Change, edit_of, make
 from .hyperparams import Holds
 from .listeners import session_listeners
-from .command_loop import CommandInput, CommandLoop, QueuedLine  # noqa: F401  (QueuedLine: part of the API)
+from .command_loop import CommandInput, CommandLoop, QueuedLine
 from .control import RunControl
 from .position import StopPosition
 from .queries import RunView
@@ -338,11 +338,14 @@ class Session(CommandLoop, StopPoints):
             self.keep_in_trace("stop", entry["reason"], entry)
 
     def _run_point_commands(self, stop: Stop) -> None:
-        for p, _ in stop.hits:
-            for text in p.commands:
-                if self.control.resume:
-                    return
-                self.execute(text, source=f"commands {p.number}")
+        """The hit points' commands, queued ahead of the lines waiting: one that
+        takes the terminal to the past (rs, goto, rc) hands those after it to the
+        replica, which runs them there (run here after it came back, they printed
+        the present's values under the past's stop line)."""
+        lines = [QueuedLine(text, point=p.number) for p, _ in stop.hits for text in p.commands]
+        self.input.queue.extendleft(reversed(lines))
+        while self.input.queue and self.input.queue[0].point is not None and not self.control.resume:
+            self.run_queued()
 
     def show_displays(self) -> None:
         for number, src, code in list(self.points.displays):
