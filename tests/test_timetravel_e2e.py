@@ -176,6 +176,17 @@ def test_present_from_a_stop_inside_a_step_names_that_step(tmp_path, script):
     assert "Back in the present (timeline 0): step 2." in r.stdout, r.stdout
 
 
+def test_reverse_continue_in_the_past_with_no_earlier_hit_stays_in_the_past(tmp_path, script):
+    # it handed back to the live run, found nothing, and left the user in the present
+    r = run(tmp_path, script, ["until 12", "rs 4", "break step 100", "rc", "p ('AT', $step)", "present", "continue"])
+    out = r.stdout
+    assert "(reverse-continue: no earlier step where a breakpoint or watchpoint held; back where you were" in out
+    assert "('AT', 8)" in out and out.count("Back in the present") == 1, out
+    # with no point at all: refused where it is (a failed batch line ends the batch: exit 2)
+    r = run(tmp_path, script, ["until 12", "rs 4", "rc"])
+    assert "no breakpoints or watchpoints: nothing to go back to" in r.stderr and "Back in the present" not in r.stdout
+
+
 def test_checkpoint_commands_and_memory(tmp_path, script):
     r = run(tmp_path, script, ["break step 5", "continue", "checkpoint", "info checkpoints",
                                "delete checkpoint 1", "info checkpoints", "continue"])

@@ -54,10 +54,10 @@ _goto_arg = step_arg("goto")
 def _reverse_continue(s, _):
     m = machine(s)
     step, at_end = position(s)
-    if m.replica:
-        m.hand_back(s, "rc", step=step, at_end=at_end)
-    if not s.points:
+    if not s.points:          # (asked in the past too: a hand-back would leave it for nothing)
         raise CommandError("no breakpoints or watchpoints: nothing to go back to")
+    if m.replica:
+        m.hand_back(s, "rc", step=step, at_end=at_end, changed=m.changed)
     from ..timetravel.search import reverse_continue_target
     target = reverse_continue_target(s, m, step, at_end)
     if target is None:

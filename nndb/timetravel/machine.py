@@ -546,7 +546,15 @@ class TimeMachine:
                     target, then, why = found
                     from_past = True
                     continue
-                s.message("No earlier step where a breakpoint or watchpoint held.")
+                if not msg.get("changed") and msg.get("at_end", True):
+                    # (the recorded run's past: where the search started is replayed again, as it was)
+                    target, then = int(msg["step"]), "stop"
+                    why = "reverse-continue: no earlier step where a breakpoint or watchpoint held; back where you were"
+                    from_past = True
+                    continue
+                s.message("No earlier step where a breakpoint or watchpoint held; the changed timeline was left "
+                          "(it cannot be replayed again)." if msg.get("changed") else
+                          "No earlier step where a breakpoint or watchpoint held.")
             if nxt == "failed":                  # (a batch command failed in the past)
                 s.batch_failed(msg["message"])
             elif nxt == "quit":
