@@ -183,6 +183,34 @@ def test_hand_written_updates_and_loss_are_skipped_not_failed():
     assert "hand-written" in by_name(report)["gradients"].evidence
 
 
+def test_a_loop_of_bare_tensors_runs_only_the_checked_steps(tmp_path):
+    """No module call or optimizer step to be unwound at: the whole script ran (30 steps of
+    the PyTorch tutorial's polynomial_autograd), and 'last' was step 1's loss."""
+    script = write(tmp_path, "poly.py", """
+        import math, torch
+        torch.manual_seed(0)
+        x = torch.linspace(-math.pi, math.pi, 2000)
+        y = torch.sin(x)
+        a, b, c, d = (torch.randn((), requires_grad=True) for _ in range(4))
+        for t in range(30):
+            y_pred = a + b * x + c * x ** 2 + d * x ** 3
+            loss = (y_pred - y).pow(2).sum()
+            print(t, repr(loss.item()))
+            loss.backward()
+            with torch.no_grad():
+                for w in (a, b, c, d):
+                    w -= 1e-6 * w.grad
+                    w.grad = None
+        print("Result", a.item())
+        """)
+    report, out = run_check(script, steps=2)
+    printed = [line.split() for line in out.splitlines()]
+    assert [p[0] for p in printed] == ["0", "1"], out              # (not "Result": unwound at step 2's forward)
+    fl = by_name(report)["finite-loss"]
+    assert fl.status == "PASS" and "in 2 step(s)" in fl.evidence, fl.evidence
+    assert f"last {float(printed[1][1]):.4g}" in fl.evidence and by_name(report)["run"].evidence == "2 step(s) ran"
+
+
 # -- the command line -----------------------------------------------------------------------------
 def test_cli_text_and_exit_code_for_a_healthy_script():
     r = nndb("check", example("mlp.py"))

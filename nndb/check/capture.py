@@ -300,5 +300,13 @@ class LossMode(FunctionWatch):
         def on_call(func, args, kwargs, out):
             if functional_loss(func) is not None:
                 guarded(func, args, kwargs, out)
-        super().__init__(on_call)
+            elif capture.steps_done >= capture.steps and torch.is_grad_enabled() \
+                    and capture._last_root is None and not capture.optimizers:
+                # The steps are done: a loop of bare tensors, with no module call or optimizer
+                # step to be unwound at (Capture._stop_if_done), is unwound at its first torch
+                # call with autograd on (its hand-written update after the last step runs under
+                # no_grad; the next step's forward does not)
+                raise KillRun()
+        # (nndb's own tensor work at a step end is not the script's: the tracer's busy flag)
+        super().__init__(on_call, quiet=capture.rec.tracer)
         self.capture = capture
