@@ -338,3 +338,37 @@ def test_double_softmax_function_and_values(tmp_path, flag, source):
         return
     [f] = found
     assert f["step"] == 0 and f["evidence"]["softmax_module"] == source and f["evidence"]["classes"] == 6
+
+
+# -- stale_grad on full-batch training ------------------------------------------------------------
+FULL_BATCH = """
+    import math
+    x = torch.linspace(-math.pi, math.pi, 2000)
+    xx = x.unsqueeze(-1).pow(torch.tensor([1, 2, 3]))
+    y = torch.sin(x)
+    model = MODEL
+    opt = torch.optim.OPT(model.parameters(), lr=LR)
+    for t in range(40):
+        loss = (model(xx).flatten() - y).pow(2).sum()
+        ZERO
+        loss.backward()
+        opt.step()
+"""
+SCALARS = """torch.nn.Module()
+    model.a, model.b = torch.nn.Parameter(torch.randn(())), torch.nn.Parameter(torch.randn(()))
+    model.forward = lambda xx: model.a + model.b * xx[:, 0]"""
+
+
+@pytest.mark.parametrize("model,opt,lr", [("torch.nn.Linear(3, 1)", "RMSprop", "1e-3"), (SCALARS, "SGD", "1e-6")],
+                         ids=["linear-rmsprop", "scalars-sgd"])
+def test_a_missing_zero_grad_in_full_batch_training_is_found(tmp_path, model, opt, lr):
+    """Full-batch training (the PyTorch tutorials' polynomial_optim and polynomial_module
+    without zero_grad): the last gradient and the new one are parallel, .grad = last + new
+    is parallel to new alone, and the rule's direction test never fired; one-element
+    parameters were never sampled.  Their sizes tell: .grad is exactly last + new."""
+    body = FULL_BATCH.replace("MODEL", model).replace("OPT", opt).replace("LR", lr)
+    stale = write(tmp_path, "stale.py", body.replace("ZERO", "pass"))
+    healthy = write(tmp_path, "healthy.py", body.replace("ZERO", "opt.zero_grad()"))
+    found = only(run(tmp_path, stale), "stale_grad")
+    assert [f["step"] for f in found] == [2], found
+    assert only(run(tmp_path, healthy), "stale_grad") == []

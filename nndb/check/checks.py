@@ -406,17 +406,7 @@ def grad_reset_check(cap: Capture, outcome: Outcome) -> Check:
         return _skip("zero-grad", "the gradients' reset is seen from an optimizer's second step on, with a "
                      "non-zero gradient: none was (more steps: --steps N)", outcome)
     tol, share = (StaleGrad.THRESHOLDS[k].default for k in ("tol", "min_share"))
-
-    def is_stale(c) -> bool:
-        if not (c["r_stale"] <= tol and c["scale"] > 0):
-            return False            # .grad is not (a multiple of) the last step's gradient plus the new ones
-        if c["r_reset"] >= share:
-            return True             # ... and not a multiple of the new ones alone (the live rule's test)
-        # Not a multiple of either alone: the same batch twice gives a new gradient
-        # parallel to the last one.  Unscaled (no clipping), .grad = last + new
-        # exactly, with the last a share of it: then |.grad - new| = |last|.
-        return abs(c["scale"] - 1) <= tol and c["last_norm"] >= share * c["grad_norm"]
-    stale = [c for c in checks if is_stale(c)]
+    stale = [c for c in checks if StaleGrad.is_stale(c, tol, share)]
     nums = {"checked": [{k: c[k] for k in ("step", "optimizer", "param", "r_stale", "r_reset")} for c in checks]}
     if stale:
         c = stale[0]

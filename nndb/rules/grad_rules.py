@@ -116,10 +116,11 @@ class _Watch:
 
 def _sample(opt):
     """A small parameter of the optimizer with a dense gradient now: the smallest
-    one with at least 16 elements (else the largest with at least 2; with one
-    element, a gradient and its sum with another are always parallel)."""
+    one with at least 16 elements, else the largest (with one element, a gradient
+    and its sum with another are always parallel: only their sizes tell them apart,
+    StaleGrad's second test)."""
     ps = [p for g in opt.param_groups for p in g["params"]
-          if p.requires_grad and p.grad is not None and not p.grad.is_sparse and p.numel() >= 2]
+          if p.requires_grad and p.grad is not None and not p.grad.is_sparse and p.numel() >= 1]
     if not ps:
         return None
     big = [p for p in ps if p.numel() >= 16]
@@ -140,7 +141,8 @@ class GradReset(Probe):
     means that l was never cleared.  (Parallel, not equal: gradient clipping
     and AMP's unscaling rescale .grad in place.)  Facts: relative residuals
     ``r_stale`` = |g - a(l+i)| / |g| and ``r_reset`` = |g - b i| / |g| with the
-    least-squares a, b."""
+    least-squares a, b (``scale``: a); where l and i are parallel (full-batch
+    training, a one-element parameter) only the sizes tell (StaleGrad.is_stale)."""
     name = "grad_reset"
     OPTIMIZER = True
     # The checked steps are the cadence's (cadence.grad_reset), named here for readers of the probe.
@@ -249,13 +251,28 @@ class StaleGrad(Rule):
         "tol": Threshold(1e-3, "relative residual of .grad against (last step's grad + new grads): "
                                "float32 re-summation differs by ~1e-6, clipping/AMP rescaling by 0"),
         "min_share": Threshold(0.05, "relative residual of .grad against the new grads alone, below which "
-                                     "the old gradient is too small to tell the two cases apart"),
+                                     "the old gradient is too small to tell the two cases apart; where "
+                                     "they are parallel (full-batch training, one-element parameters), "
+                                     "how far .grad / new, with .grad exactly last + new, is from 1"),
     }
     PROBES = ("grad_reset",)
 
     def __init__(self):
         super().__init__()
         self._runs: dict = {}          # optimizer name -> consecutive stale steps
+
+    @staticmethod
+    def is_stale(c: dict, tol: float, share: float) -> bool:
+        """Did .grad hold the last step's gradient at the step of the probe's check ``c``?"""
+        if not (c["r_stale"] <= tol and c["scale"] > 0):
+            return False            # .grad is not (a multiple of) the last step's gradient plus the new ones
+        if c["r_reset"] >= share:
+            return True             # ... and not a multiple of the new ones alone
+        # Not a multiple of either alone: the last gradient and the new one are parallel
+        # (full-batch training, the same batch again, a one-element parameter).  Unscaled (no
+        # clipping or unscaling, which only shrink it), .grad = last + new exactly, with the
+        # last a share of it: then |.grad - new| = |last|.
+        return abs(c["scale"] - 1) <= tol and c["last_norm"] >= share * c["grad_norm"]
 
     def reset(self) -> None:
         self._runs = {}
@@ -264,8 +281,7 @@ class StaleGrad(Rule):
         need = max(1, int(self.params["steps"]))
         for c in ctx.facts.get("grad_reset", {}).get("checks", ()):
             opt = c["optimizer"]
-            stale = c["r_stale"] <= self.params["tol"] and c["r_reset"] >= self.params["min_share"] \
-                and c["scale"] > 0
+            stale = self.is_stale(c, self.params["tol"], self.params["min_share"])
             n = self._runs[opt] = self._runs.get(opt, 0) + 1 if stale else 0
             if n >= need:
                 yield self.finding(
