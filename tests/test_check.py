@@ -211,6 +211,26 @@ def test_a_loop_of_bare_tensors_runs_only_the_checked_steps(tmp_path):
     assert f"last {float(printed[1][1]):.4g}" in fl.evidence and by_name(report)["run"].evidence == "2 step(s) ran"
 
 
+def test_the_initial_loss_line_quotes_the_loss_the_script_saw(tmp_path):
+    """reduction='sum' divided by the target's size was quoted as 'the first loss' (107.9
+    where the script printed 215799.875)."""
+    script = write(tmp_path, "sum.py", """
+        import torch
+        torch.manual_seed(0)
+        model = torch.nn.Linear(3, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=1e-6)
+        x, y = torch.randn(200, 3), torch.randn(200, 1)
+        for t in range(4):
+            loss = torch.nn.functional.mse_loss(model(x), y, reduction="sum")
+            print(repr(loss.item()))
+            opt.zero_grad(); loss.backward(); opt.step()
+        """)
+    report, out = run_check(script, steps=2)
+    first = float(out.split()[0])
+    ev = by_name(report)["initial-loss"].evidence
+    assert f"the first loss was {first:.4g}, {first / 200:.4g} a target element (reduction='sum')" in ev, ev
+
+
 # -- the command line -----------------------------------------------------------------------------
 def test_cli_text_and_exit_code_for_a_healthy_script():
     r = nndb("check", example("mlp.py"))

@@ -281,13 +281,15 @@ def initial_loss_check(cap: Capture, outcome: Outcome) -> Check:
     if call is None:
         return _skip("initial-loss", NO_LOSS + ": no reference value", outcome)
     v = call.value
+    first = f"the first loss was {v:.4g}"          # (as the script sees it)
     if call.kwargs.get("reduction") == "sum" and call.target is not None and call.target.numel():
         v /= call.target.numel()
+        first += f", {v:.4g} a target element (reduction='sum')"
     if call.kind in CLASS_LOSSES:
         c = _classes(call)
         if c is None and _single_class(call):
             return Check("initial-loss", "FAIL", f"{call.name} on {_shape(call.input_shape)}: one class, so the "
-                         f"loss is 0 whatever the model outputs (the first loss was {v:.4g})",
+                         f"loss is 0 whatever the model outputs ({first})",
                          SINGLE_CLASS_CAUSE, {"loss": v, "classes": 1})
         if c is None:
             return _skip("initial-loss", f"{call.name} on {_shape(call.input_shape)}: the number of classes "
@@ -297,9 +299,9 @@ def initial_loss_check(cap: Capture, outcome: Outcome) -> Check:
         expected, ref = math.log(2), f"ln(2) = {math.log(2):.3g}"
     else:
         return Check("initial-loss", "SKIP", f"{call.name} is not a classification loss: no reference value "
-                     f"(the first loss was {v:.4g})")
+                     f"({first})")
     nums = {"loss": v, "expected": expected}
-    ev = f"{v:.4g} vs {ref} (a uniform prediction)"
+    ev = f"{v:.4g} vs {ref} (a uniform prediction)" + (f" ({first})" if v != call.value else "")
     if not math.isfinite(v):
         return Check("initial-loss", "SKIP", f"the first loss is {v} (see finite-loss)", numbers=nums)
     if call.probs_like:
