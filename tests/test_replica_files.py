@@ -11,7 +11,7 @@ import re
 
 import pytest
 
-from conftest import Ran, nndb
+from conftest import Ran, nndb, python
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="fork replicas need fork()")
 
@@ -121,8 +121,8 @@ def test_a_write_nndb_cannot_redirect_is_named(tmp_path):
     r = _run(tmp_path, "subprocess")
     assert _printed(r, "PAST") == "1"                     # (the subprocess wrote the real file)
     line = ("nndb: warning: the replica changed 1 of your file(s) that nndb could not send to scratch copies "
-            "(written by a C library, a subprocess or a low-level call): sub.txt (changed); the live run is "
-            "unchanged, those files are not as they were")
+            "(written by a subprocess, a C library that opens the file itself, a low-level call or a memory map): "
+            "sub.txt (changed); the live run is unchanged, those files are not as they were")
     assert r.stderr.count(line) == 2, r.stderr            # after the reverse replay and after predict
     assert "are as they were)" not in r.stdout
     assert _printed(r, "AFTER_RS") != _printed(r, "BEFORE")
@@ -170,3 +170,50 @@ def test_a_prediction_in_the_past_leaves_the_past_s_files_alone(tmp_path):
     assert "('LOG', ['0', '1', '2', '3', '4', '0', '1', '2'])" in r.stdout, out
     assert (tmp_path / "last.txt").read_text() == "7"
     assert (tmp_path / "log.txt").read_text() == "".join(f"{i}\n" for i in range(8))
+
+
+# Files opened before the loop: a forked replica holds them through the live
+# run's file descriptors (one file, one offset), as pytorch/examples'
+# language_translation holds its logging.basicConfig(filename=...) log.
+OPEN_BEFORE = '''import logging, torch, torch.nn as nn
+logging.basicConfig(filename="train.log", level=logging.INFO)
+log = open("own.log", "w")
+torch.manual_seed(0)
+m = nn.Linear(4, 1)
+opt = torch.optim.SGD(m.parameters(), lr=0.1)
+x, y = torch.randn(16, 4), torch.randn(16, 1)
+for step in range(40):
+    opt.zero_grad()
+    loss = ((m(x) - y) ** 2).mean()
+    loss.backward()
+    opt.step()
+    logging.info(f"step {step}")
+    log.write(f"step {step}\\n")
+    log.flush()
+'''
+
+
+@pytest.mark.parametrize("travel, replica", [(["goto 10", "present"], "fork"), (["predict 3"], "fork"),
+                                             (["goto 10", "predict 3", "present"], "fork"),
+                                             (["goto 10", "present"], "respawn")])
+def test_files_opened_before_a_replica_are_left_alone(tmp_path, travel, replica):
+    """Every step a replica replayed or predicted was written into the user's
+    log through the live run's file descriptor: 40 lines where 31 were (goto 10
+    after until 30), "step 31" and "step 32" after a predict."""
+    (tmp_path / "s.py").write_text(OPEN_BEFORE)
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    (plain / "s.py").write_text(OPEN_BEFORE)
+    assert python("s.py", cwd=str(plain)).returncode == 0
+    commands = ["until 30", 'p ("LOG", len(open("own.log").readlines()))', *travel, "continue"]
+    argv = ["run", "--batch", "--nx", "--rules", "none", "--trace", str(tmp_path / "t.h5"), "--force",
+            "--replica", replica]
+    for c in commands:
+        argv += ["-e", c]
+    r = Ran(nndb(*argv, "s.py", cwd=str(tmp_path)), argv + ["s.py"])
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    assert "nndb could not send" not in r.stderr, r.stderr
+    assert "('LOG', 30)" in r.stdout, r.stdout        # (the stop at step 30 comes before its line)
+    for name in ("own.log", "train.log"):
+        assert (tmp_path / name).read_bytes() == (plain / name).read_bytes(), name
+    assert (tmp_path / "own.log").read_text().splitlines()[-1] == "step 39"

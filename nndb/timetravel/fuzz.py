@@ -49,7 +49,7 @@ def _become_fuzzer(s, machine, chan, goal: dict) -> None:
     machine.replica = True
     machine.checkpoints = {}
     s.rec.writer.detach()
-    sandbox.enter()
+    sandbox.enter(nndb_files=[s.log.trace_path])
     role = FuzzRole(chan, goal)
     s.become_replica(role)
     role.begin(s)

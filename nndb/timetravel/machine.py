@@ -396,7 +396,7 @@ class TimeMachine:
         self.replica = True
         self.checkpoints = {}
         s.rec.writer.detach()
-        sandbox.enter()                       # (the script's own writes go to scratch copies)
+        sandbox.enter(nndb_files=[s.log.trace_path])     # (the script's own writes go to scratch copies)
         self.timeline = int(msg.get("timeline", 0))
         s.restore(msg["state"])
         role = make_role(msg["goal"], chan)

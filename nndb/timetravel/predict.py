@@ -116,7 +116,7 @@ def _become_predictor(s, machine, chan, n: int, changes: list) -> None:
     machine.replica = True
     machine.checkpoints = {}
     s.rec.writer.detach()
-    sandbox.enter()                    # (the script's own writes go to scratch copies)
+    sandbox.enter(nndb_files=[s.log.trace_path])    # (the script's own writes go to scratch copies)
     role = Predict(chan, {"kind": "predict", "steps": n})
     s.become_replica(role)
     role.begin(s)                      # (output to /dev/null from here)

@@ -19,16 +19,24 @@ in the replica read the copy:
   leave the real files as they are; ``os.chmod``/``os.utime`` of a real
   file change its scratch copy.
 
+A file the script opened before the replica began (its log, a ``logging``
+handler's) is open in the replica through the live run's file descriptor,
+which shares the live run's file and offset: as the replica begins, each
+such descriptor open for writing is pointed (``dup2``) at a scratch copy of
+the file at the same offset (``Sandbox.take_open_files``; Linux, where
+/proc/self/fd names them).  The live run's descriptor is its own: its file
+and offset are untouched.
+
 What no Python entry point sees (another C library that opens a path itself,
-``torch.jit.save``, a subprocess, ``posix.open``) is not redirected: nothing
-portable can redirect it without privileges (a mount namespace) or a
-preloaded C library.  So the live run also looks: ``Survey`` notes the
-size, modification time and inode of every file under the script's
-directory and the working directory before a replica starts, and compares
-after it ended; what changed is said, one line, and "your files are as they
-were" is said only of what was compared.  Directories a replica makes
-(``os.makedirs``) are made for real (an empty directory; the comparison
-names it).
+``torch.jit.save``, a subprocess, ``posix.open``, a memory map made before
+the replica began) is not redirected: nothing portable can redirect it
+without privileges (a mount namespace) or a preloaded C library.  So the
+live run also looks: ``Survey`` notes the size, modification time and inode
+of every file under the script's directory and the working directory before
+a replica starts, and compares after it ended; what changed is said, one
+line, and "your files are as they were" is said only of what was compared.
+Directories a replica makes (``os.makedirs``) are made for real (an empty
+directory; the comparison names it).
 
 A replica forked from a replica (``predict`` or ``fuzz`` in the past) has a
 sandbox of its own over its parent's: it reads the parent's scratch copies,
@@ -42,8 +50,10 @@ import builtins
 import io
 import os
 import shutil
+import stat
 
 _PASS = ("/dev/", "/proc/", "/sys/")
+_FDS = "/proc/self/fd"
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
 
 
@@ -164,6 +174,45 @@ class Sandbox:
             return real_make_fid(name, mode, *args, **kwargs)
         return make_fid
 
+    def take_open_files(self, nndb_files=()) -> None:
+        """The files the script opened before the replica began (its log, a
+        ``logging`` handler's file) are open here through the live run's file
+        descriptors, sharing its file and offset: each one open for writing
+        is pointed (``dup2``) at its scratch copy, made from the file as it is
+        now and at the same offset, so the file objects holding it write the
+        copy.  Standard input and output and ``nndb_files`` (the trace) are
+        left as they are; Linux only (/proc/self/fd), elsewhere the live run's
+        comparison names what such a file wrote."""
+        if not os.path.isdir(_FDS):
+            return
+        import fcntl
+        skip = {os.path.realpath(p) for p in nndb_files if p}
+        copies = {scratch: real for real, scratch in self.moved.items()}      # (a parent replica's, taken over already)
+        stdio = stdio_files()     # (the run's output sent to a file, a copy of its descriptor: the role's, Role.begin)
+        for fd in sorted(int(name) for name in os.listdir(_FDS)):
+            try:
+                flags = fcntl.fcntl(fd, fcntl.F_GETFL)
+                st = os.fstat(fd)
+                if (flags & os.O_ACCMODE == os.O_RDONLY or not stat.S_ISREG(st.st_mode)
+                        or (st.st_dev, st.st_ino) in stdio):
+                    continue
+                path = os.readlink(f"{_FDS}/{fd}")
+                real = copies.get(path) or self._real(path)
+                if real is None or path in skip:
+                    continue
+                taken = self._own(self.moved.get(real, ""))          # (a second descriptor of the same file)
+                scratch = self.write_path(real, keep=False)
+                if not taken:
+                    shutil.copyfile(f"{_FDS}/{fd}", scratch)         # (the descriptor's file, even one unlinked)
+                copy = _os_open(scratch, flags & (os.O_ACCMODE | os.O_APPEND | os.O_SYNC))
+                try:
+                    os.lseek(copy, os.lseek(fd, 0, os.SEEK_CUR), os.SEEK_SET)
+                    os.dup2(copy, fd, inheritable=os.get_inheritable(fd))
+                finally:
+                    os.close(copy)
+            except OSError:       # (closed meanwhile: os.listdir's own descriptor among them)
+                continue
+
     def install(self) -> None:
         builtins.open = io.open = self.open
         os.open = self.os_open
@@ -207,15 +256,29 @@ def cleanup() -> None:
             shutil.rmtree(d, ignore_errors=True)
 
 
-def enter() -> Sandbox:
+def enter(nndb_files=()) -> Sandbox:
     """In a replica process only: from now on its writes go to a scratch
-    directory, removed as the replica ends.  In a replica forked from a
-    replica, a sandbox of its own over the parent's."""
+    directory, removed as the replica ends, those through the files the
+    script holds open included (but ``nndb_files``: the trace).  In a replica
+    forked from a replica, a sandbox of its own over the parent's."""
     global ACTIVE
     if ACTIVE is None or ACTIVE.pid != os.getpid():
         ACTIVE = Sandbox(scratch_dir("nndb-replica-files-"), base=ACTIVE)
+        ACTIVE.take_open_files(nndb_files)
         ACTIVE.install()
     return ACTIVE
+
+
+def stdio_files() -> set:
+    """(device, inode) of the files standard input and output are."""
+    seen = set()
+    for fd in (0, 1, 2):
+        try:
+            st = os.fstat(fd)
+            seen.add((st.st_dev, st.st_ino))
+        except OSError:
+            pass
+    return seen
 
 
 class Survey:
@@ -233,13 +296,7 @@ class Survey:
         real = sorted({os.path.realpath(r) for r in roots if r and os.path.isdir(r)})
         self.roots = [r for r in real if not any(r.startswith(o + os.sep) for o in real if o != r)]
         self.skip = tuple(os.path.realpath(p) for p in skip if p)
-        self.stdio = set()                # the terminal's files: a log the run's output is sent to
-        for fd in (0, 1, 2):
-            try:
-                st = os.fstat(fd)
-                self.stdio.add((st.st_dev, st.st_ino))
-            except OSError:
-                pass
+        self.stdio = stdio_files()        # the terminal's files: a log the run's output is sent to
         self.complete = True
         self.before = self._scan()
 
@@ -294,5 +351,10 @@ class Survey:
                           f" ({what})" for p, what in changes[:limit])
         more = f" and {len(changes) - limit} more" if len(changes) > limit else ""
         return (f"nndb: warning: the replica changed {len(changes)} of your file(s) that nndb could not send "
-                f"to scratch copies (written by a C library, a subprocess or a low-level call): "
+                f"to scratch copies ({UNREDIRECTED}): "
                 f"{shown}{more}; the live run is unchanged, those files are not as they were")
+
+
+# What writes a replica's files past the sandbox (Survey.report says it)
+UNREDIRECTED = ("written by a subprocess, a C library that opens the file itself, a low-level call or a memory map"
+                + ("" if os.path.isdir(_FDS) else ", or through a file the script opened before the replica began"))
