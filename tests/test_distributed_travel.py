@@ -197,3 +197,38 @@ def test_travel_checked_against_the_run_before():
     assert why.startswith("nndb: this run drifted: rank 1's loss at step 2 is 0.5 now and 0.5000001 in the run "
                           "before")
     assert "cannot be checked" in check_travel(now, [0, 1], 2, {0: (0.25).hex(), 1: None})
+
+
+def test_a_replica_job_leaves_the_scripts_files_and_names_those_it_read(tmp_path):
+    """predict's replica job ran the script from its start in the user's directory: it
+    rewrote the file the live job writes (the DDP tutorial's snapshot.pt), and its drift,
+    from reading that file at its start (the tutorial resumes from it), was blamed on a
+    script that is not deterministic.  Its writes now go to scratch copies, and the drift
+    names the file."""
+    script = _copy(tmp_path, "distrun_resumes.py")
+    p, master, expect = _on_terminal(tmp_path, script)
+
+    def cmd(line):
+        os.write(master, (line + "\n").encode())
+        out = expect("(nndb r")
+        expect(") ")
+        return out
+
+    try:
+        expect("(nndb r0) ")
+        assert "all 2 rank(s) stopped at the end of step 3" in cmd("until 3")
+        before = (tmp_path / "snapshot.txt").read_bytes()
+        out = cmd("predict 1")
+        assert "the replica job drifted" in out and "it read the files the run wrote since it started as " \
+            "they are now: snapshot.txt" in out, out
+        assert (tmp_path / "snapshot.txt").read_bytes() == before == b"step 2 lr 0.1\n"      # (step 3 ends in its step())
+        os.write(master, b"continue\n")
+        expect("nndb: the job ended (exit code 0)")
+        p.wait(timeout=60)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, 9)
+        os.close(master)
+    assert p.returncode == 0
+    assert (tmp_path / "snapshot.txt").read_bytes() == b"step 5 lr 0.1\n"
+    _assert_none_left(str(tmp_path))

@@ -138,6 +138,7 @@ def run(**_):
             batch = True                # (ranks never prompt on their own)
             replica, off_reason = "off", "a rank keeps no checkpoints: across ranks, time travel runs the job again"
             link = FrontLink.connect(target)
+            _replica_job_sandbox()
         agreement, frontend = None, None
         if link is not None and link.interactive:
             from ..distributed.allstop import StepAgreement
@@ -160,6 +161,21 @@ def run(**_):
     if result.exit_code == EXIT_SIGINT and link is None:
         INTERRUPTED.append(True)        # (nndb.cli.main ends as Python would)
     sys.exit(result.exit_code)
+
+
+def _replica_job_sandbox() -> None:
+    """A replica job's rank (predict, reverse-continue across ranks) leaves the user's files as
+    they are: the script's writes go to scratch copies (its snapshot.pt, its logs), as in a
+    replica of one process; its job's directory (traces, logs) is nndb's own."""
+    from ..distributed.worker import REPLICA_JOB_ENV
+    job_dir = os.environ.get(REPLICA_JOB_ENV)
+    if not job_dir:
+        return
+    import atexit
+    from ..timetravel import sandbox
+    sandbox.OWN.append(os.path.abspath(job_dir))
+    sandbox.enter()
+    atexit.register(sandbox.cleanup)
 
 
 INTERRUPTED: list = []      # nndb run ended by a KeyboardInterrupt (the script's own, or Ctrl-C)

@@ -37,7 +37,7 @@ from ..version import __version__
 from . import nodes, stacks
 from .judge import LiveJudge
 from ..run.rank import JOB_ID_ENV, RUN_DIR_ENV, claim_run_dir, run_dir_name
-from .worker import SECRET_ENV, SOCKET_ENV, script_digest
+from .worker import REPLICA_JOB_ENV, SECRET_ENV, SOCKET_ENV, script_digest
 
 _STACKS_WAIT_S = 5.0
 _START_S = 60.0          # the watchdog's patience before the job's first step
@@ -132,6 +132,8 @@ class Front:
         self.options = options
         self.message = message
         self.state = FrontState()
+        self.replica_dir: Optional[str] = None     # a replica job's: its directory (REPLICA_JOB_ENV)
+        self.starts: list = []                     # when each run of the job started (time.time())
         # (one node: a fresh secret, through the workers' environment; several: the user's, given every node)
         self.secret = secrets.token_hex(16) if options.single_node() else nodes.job_secret(os.environ)
         self.digest = script_digest(target.file)
@@ -361,6 +363,8 @@ class Front:
             env[JOB_ID_ENV] = self.state.job_id
         if "OMP_NUM_THREADS" not in os.environ and o.nproc_per_node > 1:
             env["OMP_NUM_THREADS"] = "1"      # (what torchrun sets, without its banner)
+        env[REPLICA_JOB_ENV] = self.replica_dir
+        self.starts.append(time.time())
         saved = {k: os.environ.get(k) for k in env}
         for k, v in env.items():
             if v is None:

@@ -55,6 +55,7 @@ class ReplicaJob:
         self.notes: list = []                     # what its front said (a rank that failed ...)
         self.front = Front(front.target, opts, self.notes.append)
         self.front.interactive = True
+        self.front.replica_dir = self.dir          # (its ranks' writes go to scratch copies)
         self.argv = replica_argv(argv)
         self.n = o.nproc_per_node
         self._done = threading.Event()

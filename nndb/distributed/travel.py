@@ -72,6 +72,45 @@ def _show(hexa: Optional[str]) -> str:
         return str(hexa)
 
 
+def written_since(front, started: Optional[float]) -> str:
+    """'; it reads files the run wrote since it started, as they are now: a, b' for the
+    user's files (the script's directory and the working directory, one level down) changed
+    since ``started``: a job started again from the start reads them (a snapshot it resumes
+    from), where the run before did not; '' for none."""
+    if started is None:
+        return ""
+    script = getattr(front.target, "file", None)
+    roots = dict.fromkeys(os.path.abspath(r) for r in (os.path.dirname(script) if script else None, os.getcwd())
+                          if r and os.path.isdir(r))
+    own = tuple(os.path.abspath(p) for p in (front.state.run_dir, front.replica_dir) if p)
+    found: list = []
+    for root in roots:
+        for top, dirs, files in os.walk(root):
+            depth = os.path.relpath(top, root).count(os.sep) + (top != root)
+            dirs[:] = [d for d in dirs if depth < 1 and not d.startswith((".", "nndb-runs")) and d != "__pycache__"
+                       and not os.path.join(top, d).startswith(own)]
+            for f in files:
+                p = os.path.join(top, f)
+                try:
+                    if not f.startswith(".") and not p.startswith(own) and os.stat(p).st_mtime >= started:
+                        found.append(os.path.relpath(p))
+                except OSError:
+                    pass
+    found = sorted(dict.fromkeys(found))
+    if not found:
+        return ""
+    names = ", ".join(found[:5]) + (f" and {len(found) - 5} more" if len(found) > 5 else "")
+    return f"; it read the files the run wrote since it started as they are now: {names}"
+
+
+def _since(console, back: int) -> str:
+    """``written_since`` the start of the live job's ``back``-th run from the last (1: this
+    one's, which a replica job started again; 2: the run before a travel's)."""
+    front = getattr(console, "front", None)
+    starts = getattr(front, "starts", ())
+    return written_since(front, starts[-back]) if len(starts) >= back else ""
+
+
 def drift(console, job: ReplicaJob, ranks: list, step: int) -> Optional[str]:
     """None if every replica rank's loss at ``step`` equals the live rank's bit for bit; else why not."""
     for r in ranks:
@@ -83,7 +122,7 @@ def drift(console, job: ReplicaJob, ranks: list, step: int) -> Optional[str]:
         if there != live:
             return (f"the replica job drifted: rank {r}'s loss at step {step} is {_show(there)} there and "
                     f"{_show(live)} in the live job (the script is not deterministic from its start, or the "
-                    f"job was changed at a stop): no answer")
+                    f"job was changed at a stop{_since(console, 1)}): no answer")
     return None
 
 
@@ -327,6 +366,6 @@ def check_travel(console, ranks: list, step: int, before: dict) -> str:
         now = _text(console.on(r, _LOSS))
         if now != then:
             return (f"nndb: this run drifted: rank {r}'s loss at step {step} is {_show(now)} now and "
-                    f"{_show(then)} in the run before (the script is not deterministic from its start): the "
-                    f"values here are not the first pass's")
+                    f"{_show(then)} in the run before (the script is not deterministic from its start"
+                    f"{_since(console, 2)}): the values here are not the first pass's")
     return f"nndb: every rank's loss at step {step} equals the run before's, bit for bit"

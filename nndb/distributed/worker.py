@@ -33,6 +33,9 @@ from ..run.rank import place
 
 SOCKET_ENV = "NNDB_FRONT_SOCKET"
 SECRET_ENV = "NNDB_FRONT_SECRET"
+# A replica job's rank (predict, reverse-continue across ranks): its job's directory, nndb's own;
+# the script's writes elsewhere go to scratch copies (nndb.timetravel.sandbox), as a replica's do
+REPLICA_JOB_ENV = "NNDB_REPLICA_JOB"
 _STEP_EVERY_S = 0.1
 _GRACE_S = 1.5            # (an abort: how long the main thread has to end the run itself)
 
