@@ -1,6 +1,7 @@
 """Looking at the run: print, display, stats, history, where, up, down, list, info."""
 from __future__ import annotations
 
+import os
 import fnmatch
 import linecache
 import math
@@ -184,7 +185,9 @@ def _frame_line(s, i, marker=True):
     code = frame.f_code
     mark = "> " if (marker and i == s.here.frame_index) else "  "
     src = linecache.getline(code.co_filename, lineno, frame.f_globals).strip()
-    return [f"{mark}{code.co_filename}({lineno}){code.co_name}()", f"-> {src}" if src else "->"]
+    # (the file as a stop shows it: relative to the working directory)
+    name = code.co_filename if code.co_filename.startswith("<") else os.path.relpath(code.co_filename)
+    return [f"{mark}{name}({lineno}){code.co_name}()", f"-> {src}" if src else "->"]
 
 
 def _need_frames(s):
