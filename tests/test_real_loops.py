@@ -654,3 +654,48 @@ def test_a_torch_func_transform_of_the_model_leaves_the_recording_running(tmp_pa
     assert list(steps) == list(range(24)) and list(losses) == printed
     acts = {s.name for s in t.tensors if s.kind == "act"}
     assert {"0", "1", "2"} <= acts                       # the training forward's, as before
+
+
+# A fresh optimizer each epoch, made inside the function that trains it (the
+# script keeps weak references to see which are still alive).
+PER_EPOCH_OPTIMIZER = '''
+import weakref
+import torch
+from torch import nn
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
+X = torch.randn(96, 8); Y = X.sum(1, keepdim=True)
+refs = []
+def train_epoch(lr):
+    opt = torch.optim.Adam(model.parameters(), lr=lr)
+    refs.append(weakref.ref(opt))
+    for _ in range(8):
+        for i in range(0, 96, 32):
+            opt.zero_grad()
+            loss = ((model(X[i:i+32]) - Y[i:i+32]) ** 2).mean()
+            loss.backward()
+            opt.step()
+for epoch in range(4):
+    train_epoch(1e-2 / (epoch + 1))
+    print("epoch", epoch, "alive", [r() is not None for r in refs])
+'''
+
+
+def test_an_optimizer_the_script_lets_go_is_gone_and_set_lr_changes_the_live_one(tmp_path):
+    """Each epoch's optimizer dies as its function returns, as in plain Python: nndb
+    kept the latest alive past its function (a kept StepContext held the rules'
+    [(name, optimizer)], the stop position the step end's frames) and one from a
+    stop for good; 'info optimizer' then listed the dead one beside the live one and
+    'set lr' at a stop was refused ("2 optimizers: say which").  The rules judge the
+    steps as before (blocks included: 24 steps an epoch)."""
+    plain, _ = plain_and_recorded(tmp_path, PER_EPOCH_OPTIMIZER)
+    argv = ["run", "--batch", "-q", "--trace", str(tmp_path / "t.h5"), "--force",
+            "-e", "break step 60", "-e", "commands 1", "-e", "info optimizer", "-e", "set lr 0.5",
+            "-e", 'p ("LR", opt.param_groups[0]["lr"], [r() is not None for r in refs])', "-e", "end"]
+    r = Ran(nndb(*argv, "script.py", cwd=str(tmp_path)), argv + ["script.py"])
+    assert r.returncode == 0 and "internal error" not in r.stderr, r.stderr
+    alive = re.findall(r"^epoch \d alive .*$", r.stdout, re.M)
+    assert alive == plain.stdout.splitlines() and alive[-1].endswith("[False, False, False, False]")
+    assert "say which" not in r.stdout + r.stderr
+    assert re.findall(r"^(\w+) +Adam ", r.stdout, re.M) == ["opt3"], r.stdout    # the live one alone: epoch 2's
+    assert "('LR', 0.5, [False, False, True])" in r.stdout, r.stdout

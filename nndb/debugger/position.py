@@ -60,5 +60,11 @@ class StopPosition:
     def clear(self) -> None:
         """The run ended: keep none of the script's objects alive."""
         self.stop = None
+        self.let_go()
+
+    def let_go(self) -> None:
+        """The run goes on: hold none of the script's frames until the next stop
+        (a frame holds its locals, and its callers': an optimizer that a function
+        made and the script let go would outlive it)."""
         self.frames = []
         self.hook_frame = self.payload = self.module = None

@@ -285,7 +285,9 @@ class Session(CommandLoop, StopPoints):
                     self.control.end = End.KILL
         finally:
             self.prompting = False
-            self.here.stop = None if self.live else self.here.stop
+            if self.live:
+                self.here.stop = None
+                self.here.let_go()
         self.sync_hooks()
         if self.control.kill_requested:
             if self.fail_fast():

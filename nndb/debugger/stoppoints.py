@@ -102,12 +102,15 @@ class StopPoints:
             if agreement is not None:
                 stop = agreement.agree(self, step, stop)
         except (KillRun, RestartRun):
+            self.here.hook_frame = None
             raise
         except Exception as e:
+            self.here.hook_frame = None
             self.error(f"nndb: internal error at a step boundary, skipped: {type(e).__name__}: {e}")
             return
         if stop is not None:
             self._stop(stop, E.stop_frame(self.here.hook_frame))
+        self.here.hook_frame = None       # (the step end's frames hold the script's locals)
         if role is not None:
             role.after_stops(self, step)
 
@@ -142,7 +145,7 @@ class StopPoints:
                 stop = Stop(StopKind.STEP, self.step_in_progress(), at_step_end=False, module=name, phase=phase)
             if stop is None:
                 if probe is not None:
-                    self.here.payload = self.here.module = None   # hold no tensor between stops
+                    self.here.let_go()       # hold no tensor, no frame between stops
                 return
             stop.note = "inputs" if phase == "forward" else "grad_output"
             self.here.payload = payload

@@ -99,7 +99,7 @@ class StepContext:
         # module_types and optimizers may be given as callables: computed on
         # first use (most steps no rule asks)
         self._module_types = module_types if module_types is not None else {}
-        self._optimizers = optimizers
+        self._optimizers = self._named = optimizers
         self.naming = naming
         self.names = record.names              # [(name, kind)], row order of ``stats``
         self._by_kind = None
@@ -118,6 +118,12 @@ class StepContext:
         if callable(self._optimizers):
             self._optimizers = self._optimizers()
         return list(self._optimizers)
+
+    def judged(self) -> None:
+        """The rules have judged the step: a rule may keep its context (NonFinite keeps
+        the last clean step's), never the script's optimizers that it asked for (an
+        optimizer the script lets go is gone; a later ask asks again)."""
+        self._optimizers = self._named
 
     @property
     def stats(self) -> np.ndarray:

@@ -9,6 +9,7 @@ step; the others at the observed steps (``nndb.cadence.observed``)."""
 from __future__ import annotations
 
 import operator
+import weakref
 from typing import Iterable, Optional
 
 from ..cadence import OBSERVE_EVERY, SETTLE, next_change, observed
@@ -68,7 +69,7 @@ class RuleEngine:
         self._queued_rows = 0
         self.longest_block = 0            # most steps judged together so far (a figure for tests and bench)
         self.steps_in_blocks = 0          # steps judged in blocks of two or more (the same)
-        self._snapshot = None             # (optimizers, learning rates, [(name, AsItWas)]): as the last step left them
+        self._snapshot = None             # (optimizers' weakrefs, learning rates, [(name, AsItWas)]): as the last step left them
         self._changes: Optional[int] = None   # the optimizers' rows' changes count it was taken at
 
     # -- the rule set -------------------------------------------------------------
@@ -204,6 +205,7 @@ class RuleEngine:
                     ctx = StepContext(record, stats, facts, self.module_types, optimizers, self._rec.naming)
                     for r in probed:
                         self._judge(r, ctx, new)
+                    ctx.judged()
                 return new
             rules = [r for r in self.rules if r in every or r in probed] if probed else every
         new = self.flush() if self._queue else []
@@ -213,6 +215,7 @@ class RuleEngine:
         ctx = StepContext(record, stats, facts, self.module_types, optimizers, naming)
         for r in rules:
             self._judge(r, ctx, new)
+        ctx.judged()
         return new
 
     def _every_rules(self) -> list:
@@ -255,11 +258,13 @@ class RuleEngine:
             for g in o.param_groups:
                 lr = g.get("lr")
                 lrs.append(lr if type(lr) is float else _lr_key(lr))
+        # (the optimizers by weak reference: two alive compare as themselves, a dead one as none other)
+        refs = list(map(weakref.ref, objs))
         last = self._snapshot
-        if last is None or last[0] != objs or last[1] != lrs:
+        if last is None or last[0] != refs or last[1] != lrs:
             if opts is None:
                 opts = optimizers()
-            self._snapshot = last = (objs, lrs, [(name, AsItWas(o)) for name, o in opts])
+            self._snapshot = last = (refs, lrs, [(name, AsItWas(o)) for name, o in opts])
         return last[2]
 
     @property
