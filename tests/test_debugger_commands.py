@@ -802,7 +802,8 @@ def test_model_and_optimizer_summaries_of_the_session():
     net = torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.ReLU())
     net[0].weight.grad = torch.ones(3, 2)
     opt = torch.optim.SGD(net.parameters(), lr=0.1)
-    naming = SimpleNamespace(roots=lambda: [net], module_name=lambda m: type(m).__name__.lower(),
+    naming = SimpleNamespace(roots=lambda: [net], root_params=lambda: list(net.parameters()),
+                             module_name=lambda m: type(m).__name__.lower(),
                              param_name=lambda p: "w" if p is net[0].weight else "b")
     q = RunView(SimpleNamespace(rec=SimpleNamespace(naming=naming)))
     q.optimizers = lambda: [("opt", opt)]

@@ -213,6 +213,52 @@ def test_a_loop_of_raw_tensors_is_recorded_and_travelled(tmp_path):
     assert f"\n{printed[3]!r}\n" in r.stdout and f"\n{printed[2]!r}\n" in r.stdout.split("In the past")[1], r.stdout
 
 
+# The PyTorch tutorial's polynomial_autograd: four scalar tensors trained by hand.
+POLYNOMIAL = textwrap.dedent('''
+    import math
+    import torch
+    torch.manual_seed(0)
+    x = torch.linspace(-math.pi, math.pi, 2000)
+    y = torch.sin(x)
+    a = torch.randn((), requires_grad=True)
+    b = torch.randn((), requires_grad=True)
+    c = torch.randn((), requires_grad=True)
+    d = torch.randn((), requires_grad=True)
+    for t in range(20):
+        y_pred = a + b * x + c * x ** 2 + d * x ** 3
+        loss = (y_pred - y).pow(2).sum()
+        loss.backward()
+        with torch.no_grad():
+            for p in (a, b, c, d):
+                p -= 1e-6 * p.grad
+                p.grad = None
+        print(t, repr(loss.item()))
+''')
+
+
+def test_watches_and_info_params_see_the_tensors_a_script_trains_outside_any_module(tmp_path):
+    """The run's parameters of a raw-tensor loop (a, b, c, d) were recorded but not known
+    to the watches' names nor to 'info params': 'watch weight a norm > 1.7' before the
+    run failed with "no param tensor matches 'a'" (exit 2) where it stays pending, and at
+    step 3 'watch weight *' and 'watch update a' were refused, 'info params' said "No
+    parameters seen yet.".  The watch fires at the step whose norm the trace has over 1.7."""
+    import nndb as api
+    plain, _ = plain_and_recorded(tmp_path, POLYNOMIAL)
+    argv = ["run", "--batch", "-q", "--trace", str(tmp_path / "t.h5"), "--force",
+            "-e", "watch weight a norm > 1.7", "-e", "break step 3", "-e", "commands 2", "-e", "info params",
+            "-e", "watch weight *", "-e", "watch update a", "-e", "end"]
+    r = Ran(nndb(*argv, "script.py", cwd=str(tmp_path)), argv + ["script.py"])
+    assert r.returncode == 0 and "matches" not in r.stderr, r.stderr
+    assert re.findall(r"^\d+ \S+$", r.stdout, re.M) == plain.stdout.splitlines()
+    listed = r.stdout.split("-> loss.backward()")[1]
+    assert re.findall(r"^(\w) +\(\) +float32 +y ", listed, re.M) == ["a", "b", "c", "d"], r.stdout
+    assert "Watchpoint 3: weight * norm" in r.stdout and "Watchpoint 4: update a norm" in r.stdout
+    norms = api.open(str(tmp_path / "t.h5")).series("a", kind="param", stat="norm")
+    first = int(np.flatnonzero(norms > 1.7)[0])
+    m = re.search(r"Watchpoint 1: param a norm = ([\d.]+) \(> 1.7\) at step (\d+)", r.stdout)
+    assert m and int(m[2]) == first and float(m[1]) == pytest.approx(norms[first], rel=1e-3), r.stdout
+
+
 THROUGH_FORWARD = textwrap.dedent('''
     import torch
     torch.manual_seed(0)

@@ -67,11 +67,12 @@ class RunView:
         if self.s.rec is None:
             return names
         naming = self.s.rec.naming
-        for root in self.roots():
-            if kind in ("module", "act"):
+        if kind in ("module", "act"):
+            for root in self.roots():
                 names |= {naming.module_name(m) for _, m in root.named_modules()}
-            elif kind in ("param", "grad", "update"):
-                names |= {naming.param_name(p) for p in root.parameters()}
+        elif kind in ("param", "grad", "update"):
+            # (the tensors a script trains outside any module too: Naming.adopt)
+            names |= {naming.param_name(p) for p in naming.root_params()}
         return names
 
     def pending_points(self) -> list:
@@ -228,19 +229,15 @@ class RunView:
 
     def param_summary(self) -> list:
         """[(name, shape, dtype, requires_grad, norm, grad norm or None)] of every
-        parameter of the models seen (a shared one once), norms in float64."""
+        parameter of the models seen (a shared one once), then of the tensors the
+        script trains outside any module, norms in float64."""
         rows = []
         naming = self.s.rec.naming if self.s.rec is not None else None
-        seen = set()
-        for root in self.roots():
-            for p in root.parameters():
-                if id(p) in seen:
-                    continue
-                seen.add(id(p))
-                g = p.grad
-                rows.append((naming.param_name(p), tuple(p.shape), str(p.dtype).replace("torch.", ""),
-                             p.requires_grad, float(p.detach().double().norm()),
-                             float(g.detach().double().norm()) if g is not None and not g.is_sparse else None))
+        for p in naming.root_params() if naming is not None else ():
+            g = p.grad
+            rows.append((naming.param_name(p), tuple(p.shape), str(p.dtype).replace("torch.", ""),
+                         p.requires_grad, float(p.detach().double().norm()),
+                         float(g.detach().double().norm()) if g is not None and not g.is_sparse else None))
         return rows
 
     def optimizer_groups(self) -> list:
