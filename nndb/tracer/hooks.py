@@ -201,18 +201,21 @@ def _backward(*args, **kwargs):
             except Exception:
                 t._fail()
     _IN_WRAPPER.add(thread)
-    before = [t.lineage for t in tracers if t.lineage is not None]
+    before = None
+    for t in tracers:                  # (a loop, not a comprehension: no call of its own, every step)
+        if t.lineage is not None:
+            before = (before or []) + [t.lineage]
     try:
         out = original(*args, **kwargs)
     finally:
         _IN_WRAPPER.discard(thread)
         # (an op recorder started or stopped at a step end inside the backward: the engine's
         # thread state, put back as it returned, undid its dispatch-mode push or pop)
-        for lin in dict.fromkeys(before + [t.lineage for t in tracers if t.lineage is not None]):
-            try:
-                lin.after_backward()
-            except Exception:
-                pass
+        for t in tracers:
+            if t.lineage is not None:
+                before = (before or []) + [t.lineage]
+        if before is not None:
+            _settle_after_backward(before)
     roots = args[0] if args else kwargs.get("tensors")
     # (loss.backward(): one root tensor, no ``inputs=``; Tensor.backward passes inputs=None)
     usual = type(roots) is torch.Tensor and len(args) < 6 and kwargs.get("inputs") is None
@@ -275,6 +278,14 @@ def _wrap_clip(tracer, on: bool) -> None:
                 if getattr(mod, "clip_grad_norm_", None) is _clip_grad_norm_:    # (not another's wrapper)
                     mod.clip_grad_norm_ = _ORIGINAL_CLIP
             _ORIGINAL_CLIP = None
+
+
+def _settle_after_backward(recorders: list) -> None:
+    for lin in dict.fromkeys(recorders):
+        try:
+            lin.after_backward()
+        except Exception:
+            pass
 
 
 def _wrap_backward(tracer, on: bool) -> None:
