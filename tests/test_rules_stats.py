@@ -100,8 +100,9 @@ def test_nan_lr_explodes_then_goes_nonfinite(tmp_path):
     assert (ur["step"], ur["tensor"], ur["evidence"]["side"]) == (2, "0.weight", "high")
     assert ur["evidence"]["ratio"] >= 0.9 and ur["evidence"]["lr"] == pytest.approx(0.4)
     assert "far too high" in ur["message"]
-    [le] = of(found, "loss_explodes")                 # 18.6, 18.9, 60.3, 7238: x390 at step 3
-    assert (le["step"], le["tensor"]) == (3, "loss") and le["evidence"]["factor"] > 100 and le["step"] < nf["step"]
+    [le] = of(found, "loss_explodes")                 # 18.6, 18.9, 60.3, 7238: x390 at step 3, 2.2e10 at 4
+    assert (le["step"], le["tensor"]) == (4, "loss") and le["evidence"]["factor"] > 100 and le["step"] < nf["step"]
+    assert le["evidence"]["jump_step"] == 3 and "in 3 recorded step(s) by step 3," in le["message"] and "rose further" in le["message"]
     assert of(found, "vanishing_gradient") == [] and of(found, "param_not_updated") == []
 
 
@@ -229,6 +230,11 @@ def feed(rule, steps, optimizers=()):
 
 
 def feed_one(rule, i, series, optimizers=(), facts=None):
+    rec = SimpleNamespace(step=i, names=list(series), raw=None)
+    return list(rule.check(StepContext(rec, _stats_of(series), facts or {}, {}, optimizers)) or ())
+
+
+def _stats_of(series):
     names = list(series)
     stats = np.full((len(names), len(STAT_INDEX)), np.nan)
     stats[:, STAT_INDEX["nan_count"]] = stats[:, STAT_INDEX["inf_count"]] = 0
@@ -236,8 +242,7 @@ def feed_one(rule, i, series, optimizers=(), facts=None):
     for r, key in enumerate(names):
         for stat, v in series[key].items():
             stats[r, STAT_INDEX[stat]] = v
-    rec = SimpleNamespace(step=i, names=names, raw=None)
-    return list(rule.check(StepContext(rec, stats, facts or {}, {}, optimizers)) or ())
+    return stats
 
 
 def model_step(w=1.0, g=0.1, u=0.001, loss=2.3, grad=True, update=True, name="fc.weight"):
@@ -456,10 +461,56 @@ def test_update_ratio_leaves_lbfgs_alone_live_and_on_its_trace(tmp_path):
 def test_loss_explodes_counts_the_steps_since_the_low_point_in_a_full_window():
     """0.5 at step 7, 100 at step 10: three recorded steps, also once the
     10-step window is full (it said 2: the window had dropped its first)."""
-    losses = [1.0, 1.1, 0.9, 1.0, 1.2, 1.0, 0.95, 0.5, 1.0, 1.1, 100.0]
-    found = feed(stats_rules.LossExplodes(), [{("loss", "loss"): {"mean": v, "count": 1}} for v in losses])
-    [(step, f)] = found
-    assert step == 10 and f.evidence["steps_back"] == 3 and f.evidence["low"] == 0.5
-    assert "in 3 recorded step(s)" in f.message
-    short = feed(stats_rules.LossExplodes(), [{("loss", "loss"): {"mean": v, "count": 1}} for v in (1.0, 0.5, 80.0)])
-    assert [(s, f.evidence["steps_back"]) for s, f in short] == [(2, 1)]       # (a window not full yet)
+    losses = [1.0, 1.1, 0.9, 1.0, 1.2, 1.0, 0.95, 0.5, 1.0, 1.1, 100.0, 90.0, 95.0]
+    found = feed(stats_rules.LossExplodes(), _losses(losses))
+    [(step, f)] = found                               # (confirmed by the 2 steps after the jump)
+    assert step == 12 and f.evidence["jump_step"] == 10 and f.evidence["after"] == [90.0, 95.0]
+    assert f.evidence["steps_back"] == 3 and f.evidence["low"] == 0.5
+    assert "in 3 recorded step(s) by step 10," in f.message and "stayed up (90, 95 since)" in f.message
+    short = feed(stats_rules.LossExplodes(), _losses([1.0, 0.5, 80.0, 70.0, 60.0]))
+    assert [(s, f.evidence["steps_back"]) for s, f in short] == [(4, 1)]       # (a window not full yet)
+
+
+def _losses(values):
+    return [{("loss", "loss"): {"mean": v, "count": 1}} for v in values]
+
+
+def test_loss_explodes_waits_for_the_jump_to_stay_up():
+    """A jump x100 above anything before is a divergence only if the loss
+    stays up: the dynamic_net tutorial's random-depth polynomial (x^4, x^5
+    terms on a random third of the steps each) went x205 at step 10 and fell
+    back the next step, and converged.  A loss that rises further is
+    confirmed at the next step; one that goes non-finite, then."""
+    rule = stats_rules.LossExplodes()
+    base = [1.0e5, 2.0e5, 1.5e5, 3.0e5, 1.2e5, 2.5e5, 1.8e5]
+    # a spike, back under 100x the low at once / back under the window's largest the next step but one
+    assert feed(rule, _losses(base + [3.0e7, 1.6e5] + base)) == []
+    assert feed(rule, _losses(base + [3.0e7, 2.0e7, 2.0e5] + base)) == []
+    # ... and one that lands above the low x100 but at the run's own earlier level: not up
+    assert feed(rule, _losses([1e7, 1e5] + base + [3.0e7, 5e6, 8e6])) == []
+    # higher still: confirmed at once
+    [(step, f)] = feed(rule, _losses(base + [3.0e7, 5.0e7]))
+    assert step == len(base) + 1 and f.evidence["jump_step"] == len(base) and "rose further (5e+07 since)" in f.message
+    # stays up, lower than the jump: after 2 steps
+    [(step, f)] = feed(rule, _losses(base + [3.0e7, 2.5e7, 2.9e7, 1.0e5]))
+    assert step == len(base) + 2 and f.evidence["after"] == [2.5e7, 2.9e7]
+    # goes non-finite right after the jump: that step
+    [(step, f)] = feed(rule, _losses(base + [3.0e7, float("inf")]))
+    assert step == len(base) + 1 and "then inf 1 recorded step(s) later" in f.message
+    # confirm 0: at the jump, as before
+    rule.set_threshold("confirm", 0)
+    [(step, f)] = feed(rule, _losses(base + [3.0e7, 1.6e5]))
+    assert step == len(base) and f.evidence["after"] == []
+
+
+def test_loss_explodes_says_an_unconfirmed_jump_when_the_script_raises_there():
+    rule = stats_rules.LossExplodes()
+    rule.reset()
+    found = []
+    for i, v in enumerate([1.0, 1.1, 0.9, 300.0]):
+        rec = SimpleNamespace(step=i, names=[("loss", "loss")], raw=None)
+        ctx = StepContext(rec, _stats_of({("loss", "loss"): {"mean": v, "count": 1}}), {}, {}, ())
+        ctx.ending = i == 3
+        found += list(rule.check(ctx))
+    [f] = found
+    assert f.step == 3 and "(and the script raised at this step)" in f.message

@@ -207,11 +207,15 @@ class StopPoints:
         self.log.at_exception = True
         try:
             for record in records:
+                if self.rules is not None:
+                    self.rules.ending = record is records[-1]     # (no step comes after it)
                 for hit, _ in self.run_rules(record, defer=False):
                     if hit.rule.action == "fail":
                         self.log.failed_points.append(hit.rule.id)
         finally:
             self.log.at_exception = False
+            if self.rules is not None:
+                self.rules.ending = False
 
     def flush_rules(self) -> None:
         """Judge the steps the rules keep in a block (nndb.rules.block): before

@@ -87,7 +87,11 @@ class StepContext:
     ``rows(kind)`` -> [(name, stats row)] in recording order (forward order for
     activations); ``value(kind, name, stat)``; ``facts``: what the probes saw
     during the step; ``module_types``: activation series name -> module class
-    name; ``optimizers``: [(name, optimizer)]; ``param_name(p)``."""
+    name; ``optimizers``: [(name, optimizer)]; ``param_name(p)``; ``ending``:
+    True on the last step judged as the script raised (a rule that waits for
+    the next steps to confirm what it saw says it now: none will come)."""
+
+    ending = False
 
     def __init__(self, record, stats: Optional[np.ndarray] = None, facts: Optional[dict] = None,
                  module_types: Optional[dict] = None, optimizers=(), naming=None):

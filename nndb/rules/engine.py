@@ -67,6 +67,7 @@ class RuleEngine:
         self.probe_news = False           # a probe failed since take_errors last looked (Probe.fail)
         self._queue: list = []            # (record, optimizers) of steps waiting to be judged as a block
         self._queued_rows = 0
+        self.ending = False               # the step being judged is the run's last, as the script raised
         self.longest_block = 0            # most steps judged together so far (a figure for tests and bench)
         self.steps_in_blocks = 0          # steps judged in blocks of two or more (the same)
         self._snapshot = None             # (optimizers' weakrefs, learning rates, [(name, AsItWas)]): as the last step left them
@@ -307,6 +308,8 @@ class RuleEngine:
         return new
 
     def _judge(self, r: Rule, ctx: StepContext, new: list) -> None:
+        if self.ending:
+            ctx.ending = True
         try:
             found = list(r.check(ctx) or ())
         except Exception as e:   # a rule never breaks the run: it is switched off, said once

@@ -589,14 +589,22 @@ class LossExplodes(Rule):
     id = "loss_explodes"
     severity = "error"
     explanation = ("the loss multiplies by 100 or more within a few recorded steps, to above anything it was "
-                   "before: the run diverges (a learning rate far too high, no clipping); found at once, "
-                   "before the values overflow")
+                   "before, and stays up: the run diverges (a learning rate far too high, no clipping); found "
+                   "1-2 steps after the jump, before the values overflow (a spike that comes back down at "
+                   "once is not a divergence)")
     THRESHOLDS = {
         "factor": Threshold(100, "times the smallest positive loss of the last window: a spiky healthy loss "
                                  "moves by a few x; a word LM at SGD lr 5000 went x95 in one step and x274 "
                                  "in two"),
         "window": Threshold(10, "recorded steps looked back over; the loss must also pass the largest it "
                                 "has been (a converged loss of 1e-6 that spikes to 1e-4 is below its start)"),
+        "confirm": Threshold(2, "recorded steps after the jump that must all stay at or above both 'factor' "
+                                "times that low and the largest loss of the window before the jump (one, if "
+                                "it is higher still than the jump; at once, if the script raises there): a "
+                                "diverging loss stays up, rises on or overflows (the word LM at lr 5000 stays "
+                                "at x250-x1500 of its first loss), a healthy spike comes back (the dynamic_net "
+                                "tutorial's random-depth polynomial jumps x205 on a deep step and falls back "
+                                "to its earlier values at the next shallow one); 0: report the jump at once"),
     }
     EVERY_STEP = True               # (one value per step)
 
@@ -605,6 +613,7 @@ class LossExplodes(Rule):
         self.recent: dict = {}         # loss name -> deque of the last window's values
         self.top: dict = {}            # loss name -> the largest value so far
         self.done: set = set()
+        self.jump: dict = {}           # loss name -> the jump waiting to be confirmed (a dict)
 
     def check_block(self, block):
         _, lay = block.layout(self.own)
@@ -615,7 +624,7 @@ class LossExplodes(Rule):
             return None
         name, vals = lay.loss_names[0], v[:, 0]
         recent = self.recent.get(name)
-        if recent is None or not recent:
+        if recent is None or not recent or name in self.jump:
             return None
         # the block's values against the window before each: the coarse test
         # (the window's smallest positive over the block and the values before)
@@ -634,7 +643,12 @@ class LossExplodes(Rule):
         if name in self.done:
             return
         v = ctx.mean_of(int(lay.loss_rows[0]))
-        if not math.isfinite(v):       # (nonfinite's business)
+        jump = self.jump.get(name)
+        if not math.isfinite(v):       # (nonfinite's business; after a jump, the divergence it ends in)
+            if jump is not None:
+                self.jump.pop(name)
+                self.done.add(name)
+                yield self._found(ctx, name, jump, v)
             return
         recent = self.recent.get(name)
         if recent is None:
@@ -643,19 +657,49 @@ class LossExplodes(Rule):
         pos = [(x, i) for i, x in enumerate(recent) if x > 0]
         top = self.top[name]
         ahead = len(recent)                  # (v's place: counted before a full window drops its first)
+        high = max(recent) if recent else v  # the largest of the window before v
         recent.append(v)
         self.top[name] = max(top, v)
+        if jump is not None:
+            if v >= jump["bar"]:
+                jump["after"].append(v)
+                # confirmed: up for 'confirm' steps, or higher still (it keeps rising), or the run ends here
+                if len(jump["after"]) >= int(self.params["confirm"]) or v > jump["value"] or ctx.ending:
+                    del self.jump[name]
+                    self.done.add(name)
+                    yield self._found(ctx, name, jump, v)
+                return
+            del self.jump[name]              # it came back down: a spike, not a divergence
         if not pos:
             return
         lo, at = min(pos)
         back = ahead - at                    # recorded steps since the smallest
-        if v >= float(self.params["factor"]) * lo and v > top:
-            self.done.add(name)
-            yield self.finding(
-                ctx, f"{name} went from {lo:.4g} to {v:.4g} (x{v / lo:.3g}) in {back} recorded step(s), above "
-                     f"anything it was before ({top:.4g}): the run diverges (a learning rate far too high? no "
-                     f"gradient clipping?)",
-                tensor=name, low=lo, value=v, factor=v / lo, steps_back=back, previous_max=top)
+        factor = float(self.params["factor"])
+        if v >= factor * lo and v > top:
+            jump = dict(lo=lo, value=v, back=back, top=top, step=ctx.step, after=[], bar=max(factor * lo, high))
+            if int(self.params["confirm"]) <= 0 or ctx.ending:
+                self.done.add(name)
+                yield self._found(ctx, name, jump, v)
+                return
+            self.jump[name] = jump
+
+    def _found(self, ctx, name, jump, v):
+        lo, value, after = jump["lo"], jump["value"], jump["after"]
+        if not math.isfinite(v):
+            then = f", then {v!r} {len(after) + 1} recorded step(s) later"
+        elif after:
+            said = ", ".join(f"{x:.4g}" for x in after)
+            then = f", and {'rose further' if after[-1] > value else 'stayed up'} ({said} since)"
+        else:
+            then = ""
+        if ctx.ending:
+            then += " (and the script raised at this step)"
+        return self.finding(
+            ctx, f"{name} went from {lo:.4g} to {value:.4g} (x{value / lo:.3g}) in {jump['back']} recorded "
+                 f"step(s) by step {jump['step']}, above anything it was before ({jump['top']:.4g}){then}: the "
+                 f"run diverges (a learning rate far too high? no gradient clipping?)",
+            tensor=name, low=lo, value=value, factor=value / lo, steps_back=jump["back"], previous_max=jump["top"],
+            jump_step=jump["step"], after=list(after), now=v if math.isfinite(v) else repr(v))
 
 
 def _median(xs) -> float:
