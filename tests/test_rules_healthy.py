@@ -25,3 +25,17 @@ def test_healthy_scripts_have_no_findings(tmp_path, script, capsys):
     assert findings_of(res) == []
     # every built-in rule ran (none was switched off by an error of its own)
     assert all(r.enabled for r in res.session.rules.rules)
+
+
+def test_the_dynamic_depth_tutorial_is_healthy(tmp_path):
+    """The PyTorch tutorial dynamic_net.py (tests/scripts/healthy_dynamic_depth_polynomial.py,
+    seed 0 is the tutorial's run): its loss jumps x205 at step 10 on a deep random draw and
+    falls back at the next (loss_explodes said 'the run diverges' there), and its x^4 weight
+    goes without a gradient on a random third of the steps, 5 in a row at step 554 (grad_none
+    said it was cut from the loss).  It converges: no finding."""
+    import os
+    script = os.path.join(os.path.dirname(__file__), "scripts", "healthy_dynamic_depth_polynomial.py")
+    res = run_in_process(tmp_path, script, ["--seed", "0", "--steps", "600"])
+    assert res.exit_code == 0
+    assert res.session.log.findings == []
+    assert all(r.enabled for r in res.session.rules.rules)

@@ -84,7 +84,7 @@ ERRORS = [
     ("rules:\n\n  - id: grad_none\n    action: explode\n", 4, "unknown action 'explode' (one of: warn, stop, fail)"),
     ("rules:\n  - id: grad_none\n    severity: fatal\n", 3, "unknown severity 'fatal' (one of: error, warning, info)"),
     ("rules:\n  - id: grad_none\n    thresholds:\n      step: 3\n", 4,
-     "thresholds of grad_none: unknown key 'step' (there are: steps)"),
+     "thresholds of grad_none: unknown key 'step' (there are: steps, stopped, gap_factor)"),
     ("rules:\n  - id: grad_none\n    thresholds: {steps: many}\n", 3, "threshold steps of grad_none must be a number"),
     ("rules:\n  - id: NO_THRESHOLDS\n    thresholds: {x: 1}\n", 3, "rule NO_THRESHOLDS has no thresholds"),
     ("rules:\n  - id: grad_none\n    enabled: maybe\n", 3, "'enabled' must be true or false"),
@@ -295,7 +295,7 @@ def test_info_rules_and_the_rule_command(tmp_path):
     rows = {line.split()[0]: line.split() for line in table[1:]}
     assert rows["stale_grad"][:5] == ["stale_grad", "error", "warn", "y", "0"]
     assert "steps=2," in rows["stale_grad"] and "tol=0.001," in rows["stale_grad"]
-    assert rows["grad_none"][1:] == ["warning", "warn", "y", "0", "steps=5"]
+    assert rows["grad_none"][1:] == ["warning", "warn", "y", "0", "steps=5,", "stopped=50,", "gap_factor=4"]
     assert rows["loss_seen"][1:] == ["warning", "warn", "y", "0", "if", "loss.mean", ">", "0"]
     assert after(fe, "rule disable grad_none nonfinite") == "Rules grad_none, nonfinite disabled."
     assert after(fe, "rule disable nope").startswith("no rule 'nope' (there are: ")

@@ -36,6 +36,7 @@ class GradPresence(Probe):
     def __init__(self, rec):
         super().__init__(rec)
         self._lacking: "weakref.WeakSet" = weakref.WeakSet()     # optimizers whose last check missed one
+        self._had: dict = {}           # id(param) -> weakref to it: parameters seen with a gradient at a check
 
     def wants(self, step: int) -> bool:
         return step % cadence.PRESENCE_EVERY == 0 or bool(self._lacking)
@@ -50,8 +51,17 @@ class GradPresence(Probe):
     def optimizer(self, opt, when: str) -> None:
         if when != "post":
             return
-        missing = [p for g in opt.param_groups for p in g["params"]
-                   if p.grad is None and p.requires_grad]
+        had = self._had
+        missing = []
+        for g in opt.param_groups:
+            for p in g["params"]:
+                if p.grad is None:
+                    if p.requires_grad:
+                        missing.append(p)
+                else:
+                    w = had.get(id(p))
+                    if w is None or w() is not p:
+                        had[id(p)] = weakref.ref(p)
         if missing:
             self._lacking.add(opt)
         else:
@@ -59,6 +69,8 @@ class GradPresence(Probe):
         self.facts.setdefault("checks", []).append({
             "optimizer": self.naming.optimizer_name(opt),
             "missing": [(id(p), self.naming.param_name(p)) for p in missing],
+            # of those, the ones that had a gradient at an earlier check (used on some steps only)
+            "had": [id(p) for p in missing if (w := had.get(id(p))) is not None and w() is p],
         })
 
 
@@ -66,36 +78,69 @@ class GradNone(Rule):
     id = "grad_none"
     severity = "warning"
     explanation = ("a parameter given to an optimizer, with requires_grad, gets no gradient (.grad is None "
-                   "at its steps): cut from the loss by detach()/.data/no_grad, or an unused branch")
+                   "at its steps): cut from the loss by detach()/.data/no_grad, or an unused branch; one "
+                   "that had gradients at earlier steps is used on some steps only (dynamic control flow) "
+                   "and is named only when it stops getting them for much longer than it ever went without")
     THRESHOLDS = {
-        "steps": Threshold(5, "consecutive optimizer steps without a gradient: a parameter used every other "
-                              "step, or round-robin over up to 5 task heads, is not flagged; a cut graph "
-                              "shows from the first step, so this only delays the report by 4 steps"),
+        "steps": Threshold(5, "consecutive optimizer steps without a gradient, for a parameter that never had "
+                              "one: one first used within 5 steps (round-robin over up to 5 task heads) is not "
+                              "flagged; a cut graph shows from the first step, so this only delays the report "
+                              "by 4 steps"),
+        "stopped": Threshold(50, "consecutive steps without a gradient for a parameter that had one before "
+                                 "(and 'gap_factor' times its longest gap so far): the dynamic_net tutorial "
+                                 "skips its x^4 weight on a random third of the steps, 5 in a row by step 554 "
+                                 "of 3000; 50 in a row at that rate is a 1e-24 chance"),
+        "gap_factor": Threshold(4, "times the longest run of steps the parameter went without a gradient "
+                                   "and got one again (a round-robin over 20 task heads leaves each 19 "
+                                   "steps in 20)"),
     }
     PROBES = ("grad_presence",)
 
     def __init__(self):
         super().__init__()
-        self._runs: dict = {}          # optimizer name -> {param id: consecutive steps without grad}
+        self.reset()
 
     def reset(self) -> None:
-        self._runs = {}
+        self._runs: dict = {}          # optimizer name -> {param id: consecutive steps without grad}
+        self._gaps: dict = {}          # optimizer name -> {param id: the longest gap it came back from}
+        self._had: dict = {}           # optimizer name -> {param ids known to have had a gradient}
 
     def check(self, ctx):
         need = max(1, int(self.params["steps"]))
+        stop, factor = max(need, int(self.params["stopped"])), float(self.params["gap_factor"])
         for c in ctx.facts.get("grad_presence", {}).get("checks", ()):
-            prev = self._runs.get(c["optimizer"], {})
+            opt = c["optimizer"]
+            prev = self._runs.get(opt, {})
+            gaps = self._gaps.setdefault(opt, {})
+            had = self._had.setdefault(opt, set())
+            had.update(c.get("had", ()))
             now = {pid: prev.get(pid, 0) + 1 for pid, _ in c["missing"]}
-            self._runs[c["optimizer"]] = now
-            hit = [name for pid, name in c["missing"] if now[pid] >= need]
-            if not hit:
-                continue
-            more = f" and {len(hit) - 4} more" if len(hit) > 4 else ""
-            yield self.finding(
-                ctx, f"{', '.join(hit[:4])}{more} got no gradient at {need} consecutive steps of "
-                     f"{c['optimizer']} although requires_grad is set (.grad is None): is it used in the "
-                     "forward pass, or cut from the loss by detach(), .data or torch.no_grad()?",
-                tensor=hit[0], optimizer=c["optimizer"], params=hit, steps=need)
+            for pid, n in prev.items():
+                if pid not in now:                  # it got its gradient back
+                    gaps[pid] = max(gaps.get(pid, 0), n)
+                    had.add(pid)
+            self._runs[opt] = now
+            never = [name for pid, name in c["missing"] if pid not in had and now[pid] >= need]
+            if never:
+                more = f" and {len(never) - 4} more" if len(never) > 4 else ""
+                yield self.finding(
+                    ctx, f"{', '.join(never[:4])}{more} got no gradient at {need} consecutive steps of {opt} "
+                         "although requires_grad is set (.grad is None): is it used in the forward pass, or cut "
+                         "from the loss by detach(), .data or torch.no_grad()?",
+                    tensor=never[0], optimizer=opt, params=never, steps=need)
+            gone = [(pid, name) for pid, name in c["missing"]
+                    if pid in had and now[pid] >= max(stop, factor * gaps.get(pid, 0))]
+            if gone:
+                names = [name for _, name in gone]
+                longest = max(gaps.get(pid, 0) for pid, _ in gone)
+                before = (f"the longest it went without one before: {longest} step(s)" if longest else
+                          "it had one at every step checked before")
+                more = f" and {len(names) - 4} more" if len(names) > 4 else ""
+                yield self.finding(
+                    ctx, f"{', '.join(names[:4])}{more} had gradients at earlier steps of {opt} but none at the "
+                         f"last {now[gone[0][0]]} consecutive steps ({before}): is the branch that uses it no "
+                         "longer taken, or is it now cut from the loss by detach(), .data or torch.no_grad()?",
+                    tensor=names[0], optimizer=opt, params=names, steps=now[gone[0][0]], longest_gap=longest)
 
 
 # -- stale_grad --------------------------------------------------------------------------------
