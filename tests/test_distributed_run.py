@@ -320,6 +320,13 @@ def _on_terminal(tmp_path, script, launch=("--nproc-per-node", "2")):
     return p, master, expect
 
 
+def _reap(p, master) -> None:
+    """A job's terminal closed; the job killed if it is still running (a failed test)."""
+    if p.poll() is None:
+        os.killpg(p.pid, 9)
+    os.close(master)
+
+
 def _commands(master, expect):
     """``cmd(line)``: type a line at the job's prompt; what it printed up to
     the next ``(nndb rN)`` prompt (then read on to ``until``), without CRs."""

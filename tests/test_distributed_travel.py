@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from test_distributed_run import _assert_none_left, _copy, _on_terminal, _torchrun
+from test_distributed_run import _assert_none_left, _commands, _copy, _on_terminal, _reap, _torchrun
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="gloo jobs on Linux")
 
@@ -207,13 +207,7 @@ def test_a_replica_job_leaves_the_scripts_files_and_names_those_it_read(tmp_path
     names the file."""
     script = _copy(tmp_path, "distrun_resumes.py")
     p, master, expect = _on_terminal(tmp_path, script)
-
-    def cmd(line):
-        os.write(master, (line + "\n").encode())
-        out = expect("(nndb r")
-        expect(") ")
-        return out
-
+    cmd = _commands(master, expect)
     try:
         expect("(nndb r0) ")
         assert "all 2 rank(s) stopped at the end of step 3" in cmd("until 3")
@@ -226,9 +220,6 @@ def test_a_replica_job_leaves_the_scripts_files_and_names_those_it_read(tmp_path
         expect("nndb: the job ended (exit code 0)")
         p.wait(timeout=60)
     finally:
-        if p.poll() is None:
-            os.killpg(p.pid, 9)
-        os.close(master)
-    assert p.returncode == 0
-    assert (tmp_path / "snapshot.txt").read_bytes() == b"step 5 lr 0.1\n"
+        _reap(p, master)
+    assert p.returncode == 0 and (tmp_path / "snapshot.txt").read_bytes() == b"step 5 lr 0.1\n"
     _assert_none_left(str(tmp_path))

@@ -33,7 +33,7 @@ import torch
 from torch.utils._python_dispatch import (TorchDispatchMode, _disable_current_modes,
                                           _get_current_dispatch_mode_stack, _pop_mode, _push_mode)
 
-from ..tracer.funcmode import TRAMPOLINE
+from ..tracer.funcmode import TRAMPOLINE, take_out
 from .oprecord import FIELDS, INS, OP_STATS, PHASE  # noqa: F401  (FIELDS: the layout of cur.ops' records)
 
 _TORCH_DIR = os.path.dirname(torch.__file__)
@@ -257,14 +257,7 @@ class OpRecorder(TorchDispatchMode):
         if self._want and self._on and not on:
             _push_mode(self)
         elif not self._on and on:
-            above = []
-            while True:
-                m = _pop_mode()
-                if m is self:
-                    break
-                above.append(m)
-            for m in reversed(above):
-                _push_mode(m)
+            take_out(self, _pop_mode, _push_mode)
 
     @contextlib.contextmanager
     def paused(self):

@@ -108,14 +108,7 @@ class FunctionWatch(TorchFunctionMode):
             self.pushed = False                   # someone popped it already
             return True
         self._cancel_cleanup()
-        above = []
-        while True:
-            m = _pop_mode()
-            if m is self:
-                break
-            above.append(m)
-        for m in reversed(above):
-            _push_mode(m)
+        take_out(self, _pop_mode, _push_mode)
         self.pushed = False
         return True
 
@@ -133,6 +126,19 @@ class FunctionWatch(TorchFunctionMode):
             self._cleanup.remove()
             self._cleanup = None
 
+
+
+def take_out(mode, pop, push) -> None:
+    """``mode`` off a mode stack (torch's function or dispatch modes: ``pop``, ``push``)
+    where it is, the modes above it put back in their order."""
+    above = []
+    while True:
+        m = pop()
+        if m is mode:
+            break
+        above.append(m)
+    for m in reversed(above):
+        push(m)
 
 
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
