@@ -336,12 +336,25 @@ for step in range(40):
 """
 
 
-def test_gradients_exploding_under_clipping_are_found_live_and_offline(tmp_path):
+# accelerate's (and so the HF Trainer's) clipping: the total norm computed by get_total_norm,
+# the clipping by clip_grads_with_norm_, torch.nn.utils.clip_grad_norm_ never called
+ACCELERATE_CLIP = """    from torch.nn.utils import clip_grads_with_norm_, get_total_norm
+    params = list(model.parameters())
+    total = get_total_norm([p.grad for p in params], 2.0)
+    clip_grads_with_norm_(params, 1.0, total)
+"""
+
+
+@pytest.mark.parametrize("how", ["clip_grad_norm_", "accelerate"])
+def test_gradients_exploding_under_clipping_are_found_live_and_offline(tmp_path, how):
     """The gradients recorded are those the optimizer applies (clipped): no weight's norm
     grew, and exploding_gradient said nothing.  clip_grad_norm_'s total norm, recorded as
-    the grad series 'clip_grad_norm_', shows it; the rule reads it, on the trace too."""
+    the grad series 'clip_grad_norm_', shows it; the rule reads it, on the trace too.
+    accelerate clips without clip_grad_norm_ (the Trainer's 'grad_norm' 1.62 where nndb
+    had no series): clip_grads_with_norm_'s total norm is the same series."""
     script = tmp_path / "clipped.py"
-    script.write_text(CLIPPED)
+    script.write_text(CLIPPED if how == "clip_grad_norm_" else CLIPPED.replace(
+        "    total = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)\n", ACCELERATE_CLIP))
     trace, report = str(tmp_path / "t.h5"), str(tmp_path / "r.json")
     _run_live(str(script), [], trace, report, True)
     d, findings = _compare(trace, report)

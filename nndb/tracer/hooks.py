@@ -65,7 +65,7 @@ _BY_WRAPPER: list = []
 _ORIGINAL_BACKWARD = None        # torch.autograd.backward, while the wrapper is in its place
 _IN_WRAPPER: set = set()         # the threads inside it
 _CLIPPING: list = []             # the tracers that see clip_grad_norm_ (_clip_grad_norm_)
-_ORIGINAL_CLIP = None            # torch's clip_grad_norm_, while the wrapper is in its place
+_ORIGINALS: dict = {}            # torch's clip_grad_norm_ and clip_grads_with_norm_, while nndb's wrappers are in place
 _get_ident = threading.get_ident
 _perf_counter = time.perf_counter
 _ONE = torch.tensor(1.0)
@@ -243,41 +243,66 @@ def _clip_grad_norm_(*args, **kwargs):
     """``torch.nn.utils.clip_grad_norm_`` while a tracer records what it returns: the
     gradients' total norm before clipping, which the gradients recorded at the optimizer's
     step no longer show (StepRecorder.clip_norm)."""
-    out = (_ORIGINAL_CLIP or _clip_grad_norm_.__wrapped__)(*args, **kwargs)
+    out = _ORIGINALS["clip_grad_norm_"](*args, **kwargs)
+    _clipped(out)
+    return out
+
+
+def _clip_grads_with_norm_(*args, **kwargs):
+    """``torch.nn.utils.clip_grads_with_norm_`` (parameters, max_norm, total_norm): the
+    clipping of those who compute the total norm themselves (accelerate's and so the
+    Trainer's ``clip_grad_norm_``); its ``total_norm`` is recorded as ``clip_grad_norm_``'s
+    return is.  (torch's own ``clip_grad_norm_`` calls the private name: counted once.)"""
+    out = _ORIGINALS["clip_grads_with_norm_"](*args, **kwargs)
+    _clipped(args[2] if len(args) > 2 else kwargs.get("total_norm"))
+    return out
+
+
+def _clipped(total) -> None:
     if _CLIPPING and not _COMPILING():
         for t in tuple(_CLIPPING):
             if t._failed:
                 continue
             t.busy += 1             # (nndb's own reading: no function mode sees it)
             try:
-                t.recorder.clip_norm(out)
+                t.recorder.clip_norm(total)
             except Exception:
                 t._fail()
             finally:
                 t.busy -= 1
-    return out
+
+
+# name -> (the modules whose attribute nndb's wrapper replaces, the wrapper)
+_CLIP_WRAPPERS = {"clip_grad_norm_": (("torch.nn.utils.clip_grad", "torch.nn.utils"), _clip_grad_norm_),
+                  "clip_grads_with_norm_": (("torch.nn.utils",), _clip_grads_with_norm_)}
 
 
 def _wrap_clip(tracer, on: bool) -> None:
-    """``clip_grad_norm_`` seen through ``_clip_grad_norm_`` (in torch.nn.utils and its
-    clip_grad module, where the deprecated ``clip_grad_norm`` looks it up): a script's
-    ``from torch.nn.utils import clip_grad_norm_`` made before the recording started
-    keeps torch's own."""
-    global _ORIGINAL_CLIP
-    from torch.nn.utils import clip_grad
+    """``clip_grad_norm_`` and ``clip_grads_with_norm_`` seen through nndb's wrappers (in
+    torch.nn.utils, and clip_grad_norm_ in its clip_grad module, where the deprecated
+    ``clip_grad_norm`` looks it up): a script's ``from torch.nn.utils import clip_grad_norm_``
+    made before the recording started keeps torch's own."""
+    import sys
     if on and tracer not in _CLIPPING:
         _CLIPPING.append(tracer)
-        if _ORIGINAL_CLIP is None:
-            _ORIGINAL_CLIP = clip_grad.clip_grad_norm_
-            functools.update_wrapper(_clip_grad_norm_, _ORIGINAL_CLIP)
-            clip_grad.clip_grad_norm_ = torch.nn.utils.clip_grad_norm_ = _clip_grad_norm_
+        if not _ORIGINALS:
+            for name, (mods, wrapper) in _CLIP_WRAPPERS.items():
+                original = getattr(torch.nn.utils, name, None)
+                if original is None:            # (a torch without it)
+                    continue
+                _ORIGINALS[name] = original
+                functools.update_wrapper(wrapper, original)
+                for mod in mods:
+                    setattr(sys.modules[mod], name, wrapper)
     elif not on and tracer in _CLIPPING:
         _CLIPPING.remove(tracer)
-        if not _CLIPPING and _ORIGINAL_CLIP is not None:
-            for mod in (clip_grad, torch.nn.utils):
-                if getattr(mod, "clip_grad_norm_", None) is _clip_grad_norm_:    # (not another's wrapper)
-                    mod.clip_grad_norm_ = _ORIGINAL_CLIP
-            _ORIGINAL_CLIP = None
+        if not _CLIPPING and _ORIGINALS:
+            for name, (mods, wrapper) in _CLIP_WRAPPERS.items():
+                for mod in mods:
+                    m = sys.modules.get(mod)
+                    if name in _ORIGINALS and getattr(m, name, None) is wrapper:    # (not another's wrapper)
+                        setattr(m, name, _ORIGINALS[name])
+            _ORIGINALS.clear()
 
 
 def _settle_after_backward(recorders: list) -> None:
