@@ -533,3 +533,49 @@ def test_catch_nan_stops_at_a_nan_in_a_series_that_was_inf_before(tmp_path, how)
     r = _script_run(tmp_path, INF_THEN_NAN, [how, "continue", 'p ("AT", $step)', "continue"])
     assert "NaN came into step 3 in input 0 of lift_fresh" in r.stdout and "('AT', 3)" in r.stdout, r.stdout
     assert r.stdout.count("Catchpoint 1 (") == 1
+
+
+WRAPPED_OPTIMIZER = '''
+import torch, torch.nn as nn
+
+class Wrapped(torch.optim.Optimizer):
+    """accelerate's AcceleratedOptimizer's shape: no Optimizer.__init__, the script's
+    optimizer held as .optimizer, its param_groups the held one's."""
+    def __init__(self, optimizer):
+        self.optimizer = optimizer
+    @property
+    def param_groups(self):
+        return self.optimizer.param_groups
+    @property
+    def state(self):
+        return self.optimizer.state
+    def zero_grad(self, set_to_none=True):
+        self.optimizer.zero_grad(set_to_none)
+    def step(self, closure=None):
+        return self.optimizer.step(closure)
+
+torch.manual_seed(0)
+model = nn.Linear(8, 1)
+opt = Wrapped(torch.optim.SGD(model.parameters(), lr=0.1))
+sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 / (1 + s))      # (on the wrapper, as the Trainer's)
+x = torch.randn(64, 8); y = x.sum(1, keepdim=True)
+for step in range(8):
+    loss = ((model(x) - y) ** 2).mean()
+    opt.zero_grad(); loss.backward(); opt.step(); sched.step()
+    print("step", step, repr(loss.item()), sched.get_last_lr()[0])
+'''
+
+
+def test_set_lr_on_a_wrapped_optimizer_is_one_optimizer_its_scheduler_follows(tmp_path):
+    """accelerate (so every HF Trainer) wraps the optimizer: 'set lr' was refused ('2
+    optimizers: optimizer, self'); on the wrapper it raised an internal error after changing
+    the lr, unrecorded (a later goto 'diverged'); on the inner one the scheduler, built on the
+    wrapper, was not found and set the lr back."""
+    r = _script_run(tmp_path, WRAPPED_OPTIMIZER, ["break step 2", "continue", "info optimizer", "set lr 0.001",
+                                                  "next 3", "goto 4", 'p ("AT", $loss)', "present", "continue"])
+    out = r.stdout + r.stderr
+    assert "2 optimizers" not in out and "internal error" not in out and "did not hold" not in out, out
+    assert "LambdaLR follows: group 0 base_lrs 0.1 -> 0.003" in out, out
+    printed = {int(s): float(v) for s, v in re.findall(r"^step (\d+) (\S+) ", r.stdout, re.M)}
+    assert f"('AT', {printed[4]!r})" in r.stdout                   # the past replayed with the change
+    assert re.search(r"^step 3 \S+ 0\.0006", r.stdout, re.M)     # 0.003 / 5: the schedule went on from it

@@ -192,8 +192,12 @@ def schedulers_of(opt) -> list:
     import gc
 
     from torch.optim.lr_scheduler import LRScheduler
-    # (type(), not isinstance: some live objects are proxies that warn when asked their class)
-    return [o for o in gc.get_objects() if issubclass(type(o), LRScheduler) and getattr(o, "optimizer", None) is opt]
+    # (type(), not isinstance: some live objects are proxies that warn when asked their class;
+    # one that drives a wrapper of ``opt`` or the optimizer ``opt`` wraps, accelerate's, drives
+    # the same param_groups)
+    groups = opt.param_groups
+    return [o for o in gc.get_objects() if issubclass(type(o), LRScheduler)
+            and getattr(getattr(o, "optimizer", None), "param_groups", None) is groups]
 
 
 def check_scheduled(name: str, key: str, schedulers: list) -> None:

@@ -120,7 +120,7 @@ class RunView:
         # (One made before the run but stepped in it is this run's too.)
         earlier = self._earlier_optimizers
         stepped = self.s.rec.tracer.optimizers()
-        ours = [o for o in find_optimizers() if o not in earlier or o in stepped]
+        ours = inner_optimizers([o for o in find_optimizers() if o not in earlier or o in stepped])
         # Name them from the script's frames, as the tracer does when it first
         # sees one step: the first name asked for is kept for the whole run.
         frame = self.s.here.frames[-1][0] if self.s.here.frames else None
@@ -305,3 +305,20 @@ class RunView:
         if cur is not None and cur.exception is not None:
             v["exception"] = cur.exception
         return v
+
+
+def inner_optimizers(opts: list) -> list:
+    """``opts`` less the wrappers of another of them (accelerate's AcceleratedOptimizer, a
+    torch.optim.Optimizer holding the script's as ``.optimizer``, whose ``param_groups`` are
+    the held one's): one optimizer to name, set and predict, the one its scheduler drives."""
+    held = {id(getattr(o, "optimizer", None)) for o in opts}
+    inner = [o for o in opts if id(o) in held]
+    return [o for o in opts if not (getattr(o, "optimizer", None) in inner
+                                    and _same_groups(o, o.optimizer))]
+
+
+def _same_groups(a, b) -> bool:
+    try:
+        return a.param_groups is b.param_groups
+    except Exception:
+        return False
