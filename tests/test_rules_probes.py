@@ -372,3 +372,34 @@ def test_a_missing_zero_grad_in_full_batch_training_is_found(tmp_path, model, op
     found = only(run(tmp_path, stale), "stale_grad")
     assert [f["step"] for f in found] == [2], found
     assert only(run(tmp_path, healthy), "stale_grad") == []
+
+
+# -- a batch given by keyword (every Hugging Face model: model(input_ids=..., labels=...)) ---------
+KEYWORD_BATCH = """
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.l = nn.Linear(64, 1)
+        def forward(self, x=None, y=None):
+            return ((self.l(x) - y) ** 2).mean()
+    m = M()
+    opt = torch.optim.SGD(m.parameters(), lr=1e-7)
+    X = torch.randint(0, 256, (512, 64)).float()          # raw 0-255 pixels
+    Y = X.mean(1, keepdim=True)
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(X, Y), batch_size=16, shuffle=True)
+    for epoch in range(2):
+        for x, y in loader:
+            loss = m(x=x, y=y)
+            opt.zero_grad(); loss.backward(); opt.step()
+"""
+
+
+def test_a_batch_given_by_keyword_is_the_steps_input(tmp_path):
+    """A global forward pre-hook is given the positional arguments alone: a model called by
+    keyword had no input, every step's checksum was the same, and duplicate_batches fired on
+    every healthy shuffled run (the HF Trainer's, accelerate's); input_range and nndb check's
+    data check missed what came by keyword."""
+    res = run(tmp_path, write(tmp_path, "kw.py", KEYWORD_BATCH))
+    assert only(res, "duplicate_batches") == [] and only(res, "epoch_repeats") == []
+    ranges = only(res, "input_range")
+    assert ranges and "range [0, 255]" in ranges[0]["message"], res.session.log.findings

@@ -70,3 +70,21 @@ def backward_roots():
         if outs is not None:
             return outs
     return []
+
+
+_MODULE_FILE = torch.nn.modules.module.__file__
+
+
+def call_kwargs(depth: int = 2) -> dict:
+    """The keyword arguments of the module call whose global forward pre-hook is running
+    (``depth``: frames up from the caller to torch's call): a model called as
+    ``model(input_ids=..., labels=...)`` (every Hugging Face model) passes its batch so, and
+    a global hook is given the positional ones alone.  {} where the frame is not torch's."""
+    try:
+        f = sys._getframe(depth)
+        if f.f_code.co_filename == _MODULE_FILE:
+            kw = f.f_locals.get("kwargs")
+            return kw if isinstance(kw, dict) else {}
+    except Exception:
+        pass
+    return {}

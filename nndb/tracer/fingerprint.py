@@ -39,6 +39,7 @@ import torch
 from torch.nn.modules import module as _module
 
 from .. import cadence
+from .discover import call_kwargs
 from .stats import local
 
 _MASK = (1 << 64) - 1
@@ -256,7 +257,8 @@ class Fingerprints:
         # The first module call after a step's end is a root's (the outermost
         # module's pre-hook runs before its children's).
         if self._step_input is None:
-            self.root_input(module, args)
+            kw = call_kwargs()      # (a batch given by keyword, model(input_ids=...): after the positional)
+            self.root_input(module, args + tuple(kw.values()) if kw else args)
             if self.failed or (self._step_input is not None and self.ranks <= 1):
                 self.disarm()
             return None

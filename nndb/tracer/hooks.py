@@ -52,7 +52,7 @@ from torch.nn.modules import module as _module
 from torch.optim import optimizer as _optimizer
 
 from .naming import Naming, user_frame
-from .discover import backward_objective, backward_roots, find_optimizers  # noqa: F401  (find_optimizers: queries)
+from .discover import backward_objective, backward_roots, call_kwargs, find_optimizers  # noqa: F401  (find_optimizers: queries)
 from .bucket import _PENDING_LOSS
 from .recorder import StepRecorder, first_float_tensor
 from .stepclock import Close, Mode, StepClock
@@ -526,9 +526,12 @@ class Tracer:
                 self._watch_params(module)     # (also parameters new in it: a head replaced, assign=True)
                 if self.within.root:
                     self.in_hook = True          # (the probes' own tensor work is not the step's)
+                    # (a batch given by keyword, model(input_ids=..., labels=...): after the positional)
+                    kw = call_kwargs()
+                    seen = args + tuple(kw.values()) if kw else args
                     try:
                         for cb in self.within.root:
-                            cb(module, args)
+                            cb(module, seen)
                     finally:
                         self.in_hook = False
         except Exception:
