@@ -361,3 +361,15 @@ def test_exploding_gradient_ceiling_is_not_applied_under_adams_family(tmp_path, 
         assert found == []
     else:
         assert found and "above 1000" in found[0]["message"]
+
+
+def test_embedding_tables_are_left_out_of_the_layer_spread():
+    """A healthy tiny BERT got exploding_gradient at step 16: 2.67e4x between the RMS gradients
+    of bert.embeddings.token_type_embeddings.weight (one row used, summed over every token) and
+    the last layer's attention query (a classifier reads one position): a spread of structure,
+    not of backprop.  Embedding tables are no layer of that product."""
+    from nndb.rules.gradient_norms import _embedding
+    assert _embedding("bert.embeddings.token_type_embeddings.weight", {})           # (by name)
+    assert _embedding("wte.weight", {"wte": "Embedding"}) and _embedding("e.weight", {"e": nn.Embedding})
+    assert not _embedding("bert.encoder.layer.1.attention.self.query.weight", {})
+    assert not _embedding("embedder.proj.weight", {"embedder.proj": "Linear"})       # (the class decides)

@@ -48,7 +48,7 @@ def _spread(ctx, lay, me: int, limit: float):
     largest RMS weight gradient is over ``limit`` x the smallest; shared by
     the two rules of a step."""
     def compute():
-        e = _eligible(ctx, lay, me)
+        e = _spread_eligible(ctx, lay, me)
         if e.size < 2:
             return {}
         # RMS over the entries a gradient reaches: an embedding's gradient is zero
@@ -90,6 +90,30 @@ def _spread_block(block, lay, e: np.ndarray, g: np.ndarray, limit: float) -> boo
     hi = np.where(pos, rms, -np.inf).max(axis=1)
     lo = np.where(pos, rms, np.inf).min(axis=1)
     return bool(((np.count_nonzero(pos, axis=1) >= 2) & (hi > limit * lo)).any())
+
+
+def _spread_eligible(ctx, lay, me: int) -> np.ndarray:
+    """``_eligible`` less the embedding tables: an embedding's gradient is a sum over the
+    batch's tokens, row by row (BERT's token-type table: one row, every token), not a product
+    of the layers above it; beside a last layer that reads one position its RMS is 1e4x
+    larger in a healthy model, step after step."""
+    def compute():
+        e = _eligible(ctx, lay, me)
+        types = ctx.module_types
+        keep = [not _embedding(lay.names[i], types) for i in e.tolist()]
+        return e[np.array(keep, dtype=bool)] if e.size else e
+    return lay.derived(("spread_eligible", me), compute)
+
+
+def _embedding(param: str, module_types: dict) -> bool:
+    """Is ``param`` an embedding table's (nn.Embedding's, by the module's class where the run
+    saw it, else by its name: ``*embed*.weight``)?"""
+    module = param.rsplit(".", 1)[0] if "." in param else ""
+    kind = module_types.get(module)
+    if kind is not None:
+        name = kind if isinstance(kind, str) else getattr(kind, "__name__", "")
+        return "Embedding" in name
+    return "embed" in module.rsplit(".", 1)[-1].lower()
 
 
 def _eligible(ctx, lay, me: int) -> np.ndarray:
@@ -171,7 +195,9 @@ class _Gradients(Rule):
             self._thr_params = dict(p)
             self.thr = self._thresholds(self.ref)
         flags = self._flags_block(block, lay, e, g, lay.slots[e])
-        if flags is None or np.count_nonzero(flags) or _spread_block(block, lay, e, g, float(p["spread"])):
+        es = _spread_eligible(block.last, lay, me)
+        if flags is None or np.count_nonzero(flags) or \
+                _spread_block(block, lay, es, block.take(lay, "grad", "norm")[:, es], float(p["spread"])):
             return None
         self.streaks.i += block.k       # (what Streaks.update does on a step with nothing flagged)
         return True
