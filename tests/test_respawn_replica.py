@@ -61,3 +61,34 @@ def test_rule_settings_changed_at_the_prompt_hold_in_a_respawned_replica(tmp_pat
     assert "Rule nonfinite (" in past, r.stdout
     assert r.stdout.count("Rule nonfinite (") == 1         # the live run, set back to warn, only warns
     assert "done" in r.stdout
+
+
+def test_a_respawned_past_prints_to_the_file_the_run_prints_to(tmp_path):
+    """nndb run ... > log: a respawned replica silenced its output, then took the kept
+    descriptors of that file for files the script had opened and pointed them at scratch
+    copies: the 'In the past' line and every command's output in the past were lost."""
+    import subprocess
+    import sys
+    from conftest import _base_env
+    script = tmp_path / "s.py"
+    script.write_text(textwrap.dedent("""
+        import torch
+        torch.manual_seed(0)
+        m = torch.nn.Linear(4, 1)
+        opt = torch.optim.SGD(m.parameters(), lr=0.1)
+        for step in range(8):
+            loss = m(torch.randn(8, 4)).pow(2).mean()
+            opt.zero_grad(); loss.backward(); opt.step()
+            print("step", step, repr(loss.item()), flush=True)
+        """))
+    out = tmp_path / "out.txt"
+    with open(out, "w") as fh:
+        r = subprocess.run([sys.executable, "-m", "nndb", "run", "--batch", "-q", "--replica", "respawn", "--nx",
+                            "-e", "until 6", "-e", "rs 3", "-e", 'p ("AT", $step, $loss)', "-e", "present",
+                            "-e", "continue", str(script)], cwd=tmp_path, stdout=fh, stderr=subprocess.STDOUT,
+                           stdin=subprocess.DEVNULL, env=_base_env(), timeout=180)
+    text = out.read_text()
+    assert r.returncode == 0, text
+    printed = dict(re.findall(r"^step (\d+) (\S+)$", text, re.M))
+    assert "In the past (timeline 0): step 3 finished" in text, text
+    assert f"('AT', 3, {printed['3']})" in text and "went to scratch copies" not in text

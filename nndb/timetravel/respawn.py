@@ -113,8 +113,11 @@ def run(s, chan, msg: dict) -> None:
     d = sandbox.scratch_dir("nndb-replica-")
     cfg = RunConfig(Target(tgt.get("path"), tgt.get("module"), tgt.get("args") or []),
                     trace_path=os.path.join(d, "replica.h5"), quiet=True)
+    # (after the trace's directory: the script's own writes only; before the role silences the
+    # output, whose kept descriptors would be taken for files the script opened: a run sent to a
+    # file, nndb run ... > log, lost everything the past printed)
+    sandbox.enter()
     role.begin(s)
-    sandbox.enter()                    # (after the trace's directory: the script's own writes only)
     try:
         record(cfg, message=lambda m: None, session=s)
     finally:
