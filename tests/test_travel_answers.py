@@ -579,3 +579,44 @@ def test_set_lr_on_a_wrapped_optimizer_is_one_optimizer_its_scheduler_follows(tm
     printed = {int(s): float(v) for s, v in re.findall(r"^step (\d+) (\S+) ", r.stdout, re.M)}
     assert f"('AT', {printed[4]!r})" in r.stdout                   # the past replayed with the change
     assert re.search(r"^step 3 \S+ 0\.0006", r.stdout, re.M)     # 0.003 / 5: the schedule went on from it
+
+
+CLOSURE_SETS_LR = '''
+import os
+import torch, torch.nn as nn
+torch.manual_seed(0)
+model = nn.Linear(8, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+x = torch.randn(64, 8); y = x.sum(1, keepdim=True) * 0.5
+edit = int(os.environ.get("EDIT_LR_FROM", "1000"))
+for step in range(12):
+    def closure():
+        for g in opt.param_groups:                  # (Lightning's shape: the training step, inside step())
+            g["lr"] = 0.01 if step >= edit else 0.1
+        opt.zero_grad()
+        loss = ((model(x) - y) ** 2).mean()
+        loss.backward()
+        return loss
+    loss = opt.step(closure)
+    print("step", step, repr(loss.item()))
+'''
+
+
+def test_set_lr_against_a_closure_that_sets_it_warns_and_a_hold_holds(tmp_path):
+    """Lightning runs the training step inside optimizer.step(closure), after the step
+    pre-hooks: an lr the script set there undid 'set lr' without the 'did not hold' warning
+    (read before the closure), and '--hold' said it held while every loss equalled the
+    unchanged run's.  Both now act after each closure call, before the update."""
+    r = _script_run(tmp_path, CLOSURE_SETS_LR, ["break step 3", "continue", "set lr 0.01", "delete", "break step 6",
+                                                "continue", "set lr 0.01 --hold", "delete", "continue"])
+    assert "'set lr 0.01' did not hold: opt stepped with lr 0.1 in group 0 at step 4" in r.stdout + r.stderr, \
+        r.stdout + r.stderr
+    import os
+    import subprocess
+    import sys
+    (tmp_path / "edit.py").write_text(CLOSURE_SETS_LR)
+    edited = subprocess.run([sys.executable, str(tmp_path / "edit.py")], capture_output=True, text=True,
+                            env=dict(os.environ, EDIT_LR_FROM="7"), timeout=120)
+    held = dict(re.findall(r"^step (\d+) (\S+)$", r.stdout, re.M))
+    truth = dict(re.findall(r"^step (\d+) (\S+)$", edited.stdout, re.M))
+    assert [held[str(s)] for s in range(7, 12)] == [truth[str(s)] for s in range(7, 12)], (held, truth)

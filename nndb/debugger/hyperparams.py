@@ -114,7 +114,7 @@ class Holds:
                 for (gi, k), (v, line) in sorted(e[3].items())]
 
     def _hook(self, ref) -> Callable:
-        def apply(opt, args, kwargs):
+        def apply(opt, args=None, kwargs=None):
             entry = self._held.get(id(opt))
             if entry is None or entry[0]() is not opt:
                 return None
@@ -125,7 +125,9 @@ class Holds:
                     del entry[3][(gi, key)]
                     self.problems.append(f"nndb: '{line}' let go of {entry[1]}'s {key} in group {gi}: "
                                          f"{type(e).__name__}: {e}")
-            return None
+            # (a closure step, Lightning's: the script's code, setting the lr too, runs inside
+            # step(): held again after each closure call, before the update)
+            return after_closure(args, kwargs, lambda: apply(opt))
         return apply
 
 
@@ -142,11 +144,16 @@ class HoldCheck:
 
     def _look(self, opt, args, kwargs):
         if self.seen is None:
-            try:
-                self.seen = [plain(opt.param_groups[gi][self.key]) for gi, _, _ in self.wanted]
-            except Exception:            # (a group gone: nothing to say)
-                self.seen = []
+            self._read(opt)
+            # (a closure step: what the script set inside it, before the update, is what counts)
+            return after_closure(args, kwargs, lambda: self._read(opt))
         return None
+
+    def _read(self, opt) -> None:
+        try:
+            self.seen = [plain(opt.param_groups[gi][self.key]) for gi, _, _ in self.wanted]
+        except Exception:            # (a group gone: nothing to say)
+            self.seen = []
 
     def verdict(self, step: int) -> Optional[str]:
         """None while the optimizer has not stepped; "" when the change held;
@@ -167,6 +174,31 @@ class HoldCheck:
         return (f"nndb: warning: '{self.line}' did not hold: {self.name} stepped with {self.key} {groups} at "
                 f"step {step}: {who}; '{self.line} --hold' sets it again before each step of {self.name}, "
                 f"until 'unset {self.key}'")
+
+
+def after_closure(args, kwargs, then: Callable):
+    """For an optimizer step pre-hook: (args, kwargs) of ``step`` with its closure (LBFGS's,
+    Lightning's ``optimizer.step(closure)``, which runs the script's training step inside
+    step()) made to call ``then()`` after each call; None where there is no closure."""
+    if args is None:
+        return None
+    if kwargs.get("closure") is not None:
+        closure, where = kwargs["closure"], "kw"
+    elif len(args) > 1 and callable(args[1]):
+        closure, where = args[1], "pos"
+    else:
+        return None
+
+    def closure_then(*a, **k):
+        out = closure(*a, **k)
+        try:
+            then()
+        except Exception:           # (never into the training)
+            pass
+        return out
+    if where == "kw":
+        return args, dict(kwargs, closure=closure_then)
+    return (args[0], closure_then, *args[2:]), kwargs
 
 
 def is_numeric(v) -> bool:
