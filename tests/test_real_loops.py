@@ -745,3 +745,35 @@ def test_an_optimizer_the_script_lets_go_is_gone_and_set_lr_changes_the_live_one
     assert "say which" not in r.stdout + r.stderr
     assert re.findall(r"^(\w+) +Adam ", r.stdout, re.M) == ["opt3"], r.stdout    # the live one alone: epoch 2's
     assert "('LR', 0.5, [False, False, True])" in r.stdout, r.stdout
+
+
+HOLDER = '''
+import torch, torch.nn as nn
+
+class Task(nn.Module):            # (a LightningModule's shape: the network a part of it, called as self.net)
+    def __init__(self):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
+    def training_step(self, x, y):
+        return nn.functional.mse_loss(self.net(x), y)
+
+torch.manual_seed(0)
+task = Task()
+opt = torch.optim.SGD(task.parameters(), lr=0.05)
+for step in range(6):
+    x = torch.randn(16, 8)
+    loss = task.training_step(x, x.sum(1, keepdim=True))
+    opt.zero_grad(); loss.backward(); opt.step()
+    print("step", step, repr(loss.item()))
+'''
+
+
+def test_a_network_held_by_a_module_with_no_other_parameters_is_named_by_its_path(tmp_path):
+    """The holder's parameters are the network's: it was taken for a wrapper (DDP's shape),
+    and the network named on its own ('0.weight', 'sequential'), where the optimizer, built
+    on the holder's parameters, and the user say 'net.0.weight': 'watch grad net.0.weight'
+    stayed pending for the whole run (every Lightning module calling self.net)."""
+    plain, trace = plain_and_recorded(tmp_path, HOLDER)
+    import nndb
+    names = {s.name for s in nndb.open(trace).tensors}
+    assert {"net.0.weight", "net.2.bias", "net.0"} <= names and "0.weight" not in names, names

@@ -86,9 +86,18 @@ def find_container(module, frame):
     return best
 
 
+# Where a wrapper keeps the model it wraps (DDP and DataParallel: ``module``; torch.compile:
+# ``_orig_mod``; FSDP's: ``_fsdp_wrapped_module``)
+_WRAPPED = ("module", "_orig_mod", "_fsdp_wrapped_module")
+
+
 def _wraps(outer, module) -> bool:
-    """``outer`` only wraps ``module`` (DDP, DataParallel, torch.compile's
-    module: the same parameters): the script's model is ``module`` itself."""
+    """``outer`` only wraps ``module`` (DDP, DataParallel, torch.compile's module: the same
+    parameters, ``module`` held where a wrapper keeps it): the script's model is ``module``
+    itself.  A model that holds ``module`` as a part of its own (a LightningModule's
+    ``self.net``, the same parameters too) is no wrapper: ``module`` is named by its path in it."""
+    if not any(getattr(outer, a, None) is module for a in _WRAPPED):
+        return False
     return {id(p) for p in outer.parameters()} == {id(p) for p in module.parameters()}
 
 
