@@ -620,3 +620,28 @@ def test_set_lr_against_a_closure_that_sets_it_warns_and_a_hold_holds(tmp_path):
     held = dict(re.findall(r"^step (\d+) (\S+)$", r.stdout, re.M))
     truth = dict(re.findall(r"^step (\d+) (\S+)$", edited.stdout, re.M))
     assert [held[str(s)] for s in range(7, 12)] == [truth[str(s)] for s in range(7, 12)], (held, truth)
+
+
+ACCUMULATED_NAN = '''
+import torch, torch.nn as nn
+torch.manual_seed(0)
+model = nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+for step in range(6):
+    opt.zero_grad()
+    for micro in range(2):                       # gradient accumulation over 2 micro-batches
+        x = torch.randn(8, 4)
+        out = model(x) * (float("nan") if step == 3 else 1.0)
+        loss = out.pow(2).mean() / 2
+        loss.backward()
+    opt.step()
+    print("step", step, repr(loss.item()))
+'''
+
+
+def test_catch_nan_stops_once_for_an_operation_each_micro_batch_repeats(tmp_path):
+    """Lightning's accumulate_grad_batches=2: the same 'mul made NaN' was reported twice for
+    one stop, once for each micro-batch's forward."""
+    r = _script_run(tmp_path, ACCUMULATED_NAN, ["catch nan", "continue", 'p ("AT", $step)', "continue"])
+    assert r.stdout.count("Catchpoint 1 (catch nan): mul made NaN in the forward pass of step 3") == 1, r.stdout
+    assert "('AT', 3)" in r.stdout

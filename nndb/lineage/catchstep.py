@@ -62,12 +62,15 @@ def hits_from_events(points: list, data: dict, step: int, accept: Callable) -> l
     (condition, ignore count)."""
     hits = []
     ops = data.get("ops", [])
+    hit = set()           # (a point stops once a step, at its first operation: the same op of each
+    #                        micro-batch of an accumulating step is not a stop of its own)
     for idx, info in data.get("events", []):
         for p in points:
-            if p.matches(info):
+            if id(p) not in hit and p.matches(info):
                 detail = dict(catch_detail(ops, step, int(idx), info), located="replay")
                 if accept(p, detail):
                     hits.append((p, detail))
+                    hit.add(id(p))
     return hits
 
 
