@@ -99,7 +99,10 @@ def _spread_eligible(ctx, lay, me: int) -> np.ndarray:
     larger in a healthy model, step after step."""
     def compute():
         e = _eligible(ctx, lay, me)
-        types = ctx.module_types
+        try:
+            types = ctx.module_types
+        except Exception:            # (a trace keeps no module classes: the names tell, nndb.rules.offline)
+            types = {}
         keep = [not _embedding(lay.names[i], types) for i in e.tolist()]
         return e[np.array(keep, dtype=bool)] if e.size else e
     return lay.derived(("spread_eligible", me), compute)
