@@ -62,15 +62,17 @@ def hits_from_events(points: list, data: dict, step: int, accept: Callable) -> l
     (condition, ignore count)."""
     hits = []
     ops = data.get("ops", [])
-    hit = set()           # (a point stops once a step, at its first operation: the same op of each
-    #                        micro-batch of an accumulating step is not a stop of its own)
+    hit = set()           # (an operation is a point's hit once a step: the same op of each
+    #                        micro-batch of an accumulating step is not a hit of its own)
     for idx, info in data.get("events", []):
         for p in points:
-            if id(p) not in hit and p.matches(info):
-                detail = dict(catch_detail(ops, step, int(idx), info), located="replay")
-                if accept(p, detail):
-                    hits.append((p, detail))
-                    hit.add(id(p))
+            if not p.matches(info):
+                continue
+            detail = dict(catch_detail(ops, step, int(idx), info), located="replay")
+            key = (id(p), *(detail.get(k) for k in ("op", "phase", "module", "file", "line", "nan")))
+            if key not in hit and accept(p, detail):
+                hits.append((p, detail))
+                hit.add(key)
     return hits
 
 
