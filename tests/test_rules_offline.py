@@ -363,6 +363,8 @@ def test_gradients_exploding_under_clipping_are_found_live_and_offline(tmp_path,
     f = exploding[0]
     assert f["tensor"] == "clip_grad_norm_" and f["step"] == 26, f
     assert f["evidence"]["steps"] == [24, 26] and f["evidence"]["before_clipping"] is True
+    [le] = [f for f in d["findings"] if f["rule"] == "loss_explodes"]     # (it clips: no "no gradient clipping?")
+    assert le["message"].endswith("the run diverges (a learning rate far too high?)"), le["message"]
     assert f["message"].startswith("exploding gradient before clipping: clip_grad_norm_ returned a total norm of "
                                    "1.1e+05 at step 26 (2.79e+05x its early median 0.394)"), f["message"]
     printed = [float(line.split()[2]) for line in python_out(script)]

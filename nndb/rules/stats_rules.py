@@ -32,6 +32,7 @@ from collections import deque
 import numpy as np
 
 from ..cadence import observed
+from ..schema import CLIP_SERIES
 from .base import Rule, Threshold
 from .bn_probe import BatchNormStats
 from .gradient_norms import ExplodingGradient, VanishingGradient, ZeroGradients
@@ -694,10 +695,12 @@ class LossExplodes(Rule):
             then = ""
         if ctx.ending:
             then += " (and the script raised at this step)"
+        # (a run that clips says so in its clip_grad_norm_ series: no "no gradient clipping?" then)
+        clips = any(k == "grad" and n.startswith(CLIP_SERIES) for n, k in ctx.names)
         return self.finding(
             ctx, f"{name} went from {lo:.4g} to {value:.4g} (x{value / lo:.3g}) in {jump['back']} recorded "
                  f"step(s) by step {jump['step']}, above anything it was before ({jump['top']:.4g}){then}: the "
-                 f"run diverges (a learning rate far too high? no gradient clipping?)",
+                 f"run diverges (a learning rate far too high?{'' if clips else ' no gradient clipping?'})",
             tensor=name, low=lo, value=value, factor=value / lo, steps_back=jump["back"], previous_max=jump["top"],
             jump_step=jump["step"], after=list(after), now=v if math.isfinite(v) else repr(v))
 
