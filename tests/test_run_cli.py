@@ -248,7 +248,9 @@ def test_kill_9_leaves_a_readable_trace_up_to_the_last_flush(tmp_path, trace):
     proc.wait(timeout=30)
     with TraceReader(trace) as t:
         assert t.status == "incomplete" and t.end is None
-        assert t.n_steps >= 20 and t.n_steps % 10 == 0        # whole flushes only
+        # whole flushes only (at least the first: the writer's thread may still be writing the
+        # second, begun at step 20's end, when the kill comes 5 steps later on a loaded machine)
+        assert t.n_steps >= 10 and t.n_steps % 10 == 0
         assert list(t.steps) == list(range(t.n_steps))
         w = t.find("0.weight", "param")[0]
         steps, norms = t.history(w, "norm")
