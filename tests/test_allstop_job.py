@@ -57,3 +57,42 @@ def test_one_rank_stops_both_stop_and_a_rank_waiting_in_the_shared_memory_barrie
     assert p.returncode == 0
     assert _segments() == before
     _assert_none_left(str(tmp_path))
+
+
+def test_uneven_inputs_under_join_the_rank_out_of_inputs_leaves_the_agreement(tmp_path):
+    """Rank 0 runs out of inputs after 5 steps and shadows rank 1's
+    collectives inside Join (no step end of its own) while rank 1 trains 3
+    more steps.  Rank 1 waited for it at its step end 5 for good (the job
+    hung: rank 0 in Join's all_reduce, rank 1 in the agreement); now rank 0
+    leaves the agreement, rank 1 says so once, 'break step 6' stops rank 1
+    (rank 0 named where it waits), and the job ends with torchrun's results."""
+    from test_distributed_run import _torchrun
+    script = _copy(tmp_path, "distrun_join.py")
+    plain = _torchrun(script, cwd=tmp_path)
+    assert plain.returncode == 0, plain.stderr[-2000:]
+    want = _digests(plain.stdout)
+    losses = set(re.findall(r"rank 1 step 6 loss \S+", plain.stdout))
+    p, master, expect = _on_terminal(tmp_path, script)
+    cmd = _commands(master, expect)
+    try:
+        expect("(nndb r0) ", timeout=150)
+        cmd("break step 6")
+        out = cmd("continue")
+        assert ("nndb: the all-stop agreement across ranks is broken at step 5 (rank 0 left it: it waits in a "
+                "collective of the script short of this step end") in out, out
+        assert "Breakpoint 1, step 6 finished" in out, out
+        assert "nndb: rank 0 did not stop: it waits in torch.distributed.all_reduce" in out, out
+        assert "nndb: 1 of 2 rank(s) stopped: r1" in out, out
+        out = cmd("p --ranks all $step")
+        assert re.search(r"^r1\s+6\s*$", out, re.M) and re.search(r"^r0\s+rank 0 is not at a stop", out, re.M), out
+        os.write(master, b"continue\n")
+        out = expect("nndb: the job ended (exit code 0)").replace("\r", "")
+        assert _digests(out) == want and sorted(want) == [0, 1], out
+        assert set(re.findall(r"rank 1 step 6 loss \S+", out)) == losses, out
+        p.wait(timeout=60)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, 9)
+        os.close(master)
+    assert p.returncode == 0
+    _assert_none_left(str(tmp_path))

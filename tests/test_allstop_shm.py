@@ -210,3 +210,46 @@ def test_the_job_agrees_in_shared_memory_or_every_rank_takes_the_collective(tmp_
     while set(glob.glob(f"/dev/shm/nndb-allstop-{os.getuid()}-*")) - before and time.monotonic() < deadline:
         time.sleep(0.2)
     assert set(glob.glob(f"/dev/shm/nndb-allstop-{os.getuid()}-*")) - before == set()
+
+
+def test_a_rank_that_leaves_breaks_the_wait_of_the_others_and_its_own_next(segment):
+    """Rank 1 held short of the step end rank 0 waits at (out of inputs
+    under Join) leaves the barrier: rank 0's wait ends at once with why,
+    rank 1's next step end raises its own reason, and a step end rank 0
+    comes to later is broken too (it never waits for a rank that left)."""
+    path = segment()
+    b0, b1 = ShmBarrier(path, 0, 2), ShmBarrier(path, 1, 2)
+    t, box = _in_thread(b0.agree, True)
+    deadline = time.monotonic() + 10
+    while not b1.peer_ahead() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert b1.peer_ahead() and not b0.peer_ahead()
+    b1.leave("held in Join")
+    t.join(10)
+    assert isinstance(box.get("error"), BarrierBroken), box
+    assert "rank 1 left it: it waits in a collective of the script short of this step end" in str(box["error"])
+    with pytest.raises(BarrierBroken, match="held in Join"):
+        b1.agree(False)
+    with pytest.raises(BarrierBroken, match="rank 1 left it"):
+        b0.agree(False)
+    assert not b0.peer_ahead()                  # (a rank that left is ahead of no one)
+
+
+def test_a_broken_agreement_waits_on_no_transport_afterwards(segment, monkeypatch):
+    """Once broken (a rank left), the agreement takes no collective either:
+    a rank that would wait in nndb's gloo group for a peer held in Join
+    would hang the job again (it did: the shared memory closed, the next
+    step end took the gloo all_reduce)."""
+    import torch.distributed as dist
+    taken = []
+    monkeypatch.setattr(dist, "all_reduce", lambda *a, **k: taken.append(a))
+    path = segment()
+    agreement = StepAgreement()
+    agreement.group = object()                  # (a collective on it would raise: not taken)
+    agreement.barrier = ShmBarrier(path, 0, 2)
+    ShmBarrier(path, 1, 2).leave("held")
+    session = _Session()
+    assert agreement.agree(session, 5, None) is None
+    assert agreement.agree(session, 6, None) is None and agreement.agree(session, 7, "own") == "own"
+    assert len(session.errors) == 1 and "rank 1 left it" in session.errors[0], session.errors
+    assert taken == []

@@ -18,7 +18,15 @@ script's own process group exists), through nndb's own gloo group
   all_reduce(MAX) of one int per step end on the gloo group.
 
 A rank that ends while another waits for it breaks the agreement; the
-waiting rank says so once and from then on stops on its own.  A stop
+waiting rank says so once and from then on stops on its own.  So does a
+rank held in one of the script's collectives while another waits for it
+at a step end it has not reached, for HELD_S (a watcher thread reads its
+main thread's stack when a peer is ahead): that collective waits for the
+waiting rank, and the agreement for it, so neither would ever end.  It is
+the rank out of inputs under torch's ``Join`` (uneven inputs), which
+shadows the others' collectives from outside any step while they go on
+training; the rank leaves the agreement (shared memory) and the others
+go on, each stopping on its own, as the script runs without nndb.  A stop
 inside a step (a module breakpoint) cannot be agreed on this way: the
 other ranks are left where they are, waiting in a collective or in this
 agreement (nndb.distributed.console tells them by their stacks); ``step`` is
@@ -26,10 +34,17 @@ refused across ranks.
 """
 from __future__ import annotations
 
+import os
+import sys
 import threading
+import time
+import traceback
 from typing import Optional
 
-from . import shmbarrier
+from . import shmbarrier, stacks
+
+HELD_S = 2.0                # (held this long in a collective while a peer waits at a step end: a deadlock)
+WATCH_EVERY_S = 0.2
 
 
 class StepAgreement:
@@ -63,7 +78,30 @@ class StepAgreement:
         self.group = dist.new_group(backend="gloo")
         if self.transport == "auto":
             self.barrier = _shared(self.group)
+            if self.barrier is not None:
+                threading.Thread(target=self._watch, args=(self.barrier, threading.main_thread().ident),
+                                 name="nndb-allstop-watch", daemon=True).start()
         return True
+
+    def _watch(self, barrier: shmbarrier.ShmBarrier, main: int) -> None:
+        """Leave the barrier when the main thread is held in one of the
+        script's collectives, short of a step end another rank waits at,
+        for HELD_S (a Join's shadow collectives): see the module's docstring."""
+        held = None                          # ((this rank's calls, the collective), since when)
+        try:
+            while self.barrier is barrier and barrier.left is None:
+                time.sleep(WATCH_EVERY_S)
+                coll = _held_in(sys._current_frames().get(main)) if barrier.peer_ahead() else None
+                if coll is None:
+                    held = None
+                elif held is None or held[0] != (barrier.calls, coll):
+                    held = ((barrier.calls, coll), time.monotonic())
+                elif time.monotonic() - held[1] >= HELD_S:
+                    barrier.leave(f"this rank waits in {coll} short of a step end another rank waits at "
+                                  f"(out of inputs under Join?), so it left the agreement")
+                    return
+        except Exception:                   # (the barrier closed under it: the agreement is over; never crash)
+            return
 
     def wants(self, local: bool) -> bool:
         """Every rank's answer: does any rank stop at this step end?"""
@@ -71,6 +109,8 @@ class StepAgreement:
         if asked:
             self._asked.clear()
         mine = 1 if (local or asked) else 0
+        if self.broken is not None:
+            return bool(mine)               # (this rank stops on its own: no transport waits for the others)
         try:
             if not self._ready():
                 return bool(mine)
@@ -104,6 +144,24 @@ class StepAgreement:
             return stop
         from ..debugger.stoppoints import Stop
         return Stop("interrupt", step, note="another rank stopped")
+
+
+_JOIN = os.sep + os.path.join("torch", "distributed", "algorithms", "join.py")
+
+
+def _held_in(frame) -> Optional[str]:
+    """Where the main thread waits, in words, if in one of the script's
+    collectives (not nndb's agreement) or in a Join's shadowing of the
+    others' (DDP's join hook calls the process group itself), else None."""
+    if frame is None:
+        return None
+    summary = traceback.extract_stack(frame)
+    coll = stacks.collective(summary)
+    if coll is not None and "all-stop agreement" not in coll:
+        return stacks.waiting_in(coll)
+    if coll is None and any(f.filename.endswith(_JOIN) and f.name == "__exit__" for f in summary):
+        return "torch.distributed's Join (shadowing the other ranks' collectives)"
+    return None
 
 
 def _shared(group) -> Optional[shmbarrier.ShmBarrier]:

@@ -24,6 +24,14 @@ pids); one that ended breaks the barrier (``BarrierBroken``).  A rank
 stopped at a prompt inside a step is alive: the others wait for it, as
 they would in any collective.  Plain Python: a KeyboardInterrupt (Ctrl-C,
 the front's abort) ends the wait.  No torch here.
+
+A rank can also leave the barrier for good (``leave``): it writes LEFT
+into both its slots, and a rank that waits for it, or comes to wait for
+it later, breaks the barrier (``BarrierBroken``) instead of waiting for a
+step end that will not come.  nndb.distributed.allstop does it for a rank
+held in one of the script's collectives while another rank waits for it
+here (``peer_ahead``): the rank out of inputs under torch's ``Join``,
+which shadows the others' collectives from outside any step.
 """
 from __future__ import annotations
 
@@ -44,6 +52,7 @@ SHORT_WAIT_S = 20e-3                #  at its next collective, so the early rank
 LONG_SLEEP_CAP_S = 20e-3            # (... then doubling to this: a rank at a prompt, a hang)
 LIVENESS_EVERY_S = 0.1
 SHM_DIR = "/dev/shm"
+LEFT = 1 << 61                      # (a slot's call number once its rank has left the barrier)
 
 
 class BarrierBroken(Exception):
@@ -88,6 +97,7 @@ class ShmBarrier:
             self.close()
             raise BarrierBroken(f"{path} is not an nndb all-stop segment for {world} ranks")
         self.rank, self.world, self.calls = rank, world, 0
+        self.left: Optional[str] = None     # (why this rank left the barrier: ``leave``)
         self._words[self._at(rank)] = os.getpid()
 
     @staticmethod
@@ -106,6 +116,8 @@ class ShmBarrier:
     def agree(self, wants: bool) -> bool:
         """This rank's next step end: does any rank want to stop there?
         Waits for every rank to come; BarrierBroken if one has ended."""
+        if self.left is not None:
+            raise BarrierBroken(self.left)
         self.calls += 1
         n, slot = self.calls, 1 + (self.calls & 1)
         words = self._words
@@ -120,6 +132,10 @@ class ShmBarrier:
                 word = words[at]
                 if word >> 1 == n:
                     anyone = anyone or bool(word & 1)
+                elif word >> 1 == LEFT:
+                    raise BarrierBroken(f"rank {at // _WORDS - 1} left it: it waits in a collective of the "
+                                        f"script short of this step end (a rank out of inputs under Join, "
+                                        f"or ranks whose collectives differ)")
                 elif word >> 1 > n:
                     raise BarrierBroken(f"rank {at // _WORDS - 1} is at step end {word >> 1}, "
                                         f"this rank at {n}: the ranks' step ends differ")
@@ -127,6 +143,8 @@ class ShmBarrier:
                     still.append(at)
             if not still:
                 return anyone
+            if self.left is not None:
+                raise BarrierBroken(self.left)
             pending = still
             now = time.perf_counter()
             if now - start < SPIN_S:
@@ -137,6 +155,24 @@ class ShmBarrier:
                 check = now + LIVENESS_EVERY_S
             sleep = SHORT_SLEEP_S if now - start < SHORT_WAIT_S else min(LONG_SLEEP_CAP_S, sleep * 2)
             time.sleep(sleep)
+
+    def peer_ahead(self) -> bool:
+        """Does another rank wait at a step end this rank has not reached
+        (its word of a call past this rank's calls)?"""
+        for r in range(self.world):
+            if r != self.rank:
+                for slot in (1, 2):
+                    n = self._words[self._at(r, slot)] >> 1
+                    if self.calls < n < LEFT:
+                        return True
+        return False
+
+    def leave(self, why: str) -> None:
+        """Leave the barrier for good: the ranks that wait for this one, or
+        come to, break it; this rank's next ``agree`` raises ``why``."""
+        self.left = why
+        for slot in (1, 2):
+            self._words[self._at(self.rank, slot)] = LEFT << 1
 
     def _check_alive(self, pending: list) -> None:
         for at in pending:
