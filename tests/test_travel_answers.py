@@ -4,6 +4,8 @@ replay --verify counts what it compared, on every loop shape, and after the
 run has ended."""
 import os
 import re
+import subprocess
+import sys
 
 import pytest
 
@@ -579,6 +581,47 @@ def test_set_lr_on_a_wrapped_optimizer_is_one_optimizer_its_scheduler_follows(tm
     printed = {int(s): float(v) for s, v in re.findall(r"^step (\d+) (\S+) ", r.stdout, re.M)}
     assert f"('AT', {printed[4]!r})" in r.stdout                   # the past replayed with the change
     assert re.search(r"^step 3 \S+ 0\.0006", r.stdout, re.M)     # 0.003 / 5: the schedule went on from it
+
+
+ZERO_OPTIMIZER = '''
+import os, tempfile
+import torch, torch.distributed as dist, torch.nn as nn
+from torch.distributed.optim import ZeroRedundancyOptimizer
+
+dist.init_process_group("gloo", init_method="file://" + os.path.join(tempfile.mkdtemp(), "pg"), rank=0, world_size=1)
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 1))
+opt = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.Adam, lr=0.01)
+x = torch.randn(16, 6); y = x[:, :2].sum(1, keepdim=True)
+for step in range(6):
+    opt.zero_grad()
+    loss = nn.functional.mse_loss(model(x), y)
+    loss.backward()
+    opt.step()
+    print("step", step, repr(loss.item()))
+    if step == int(os.environ.get("LR_AT", "-1")):
+        opt.param_groups[0]["lr"] = 0.05
+dist.destroy_process_group()
+'''
+
+
+def test_set_lr_on_a_zero_redundancy_optimizer_sets_the_scripts_not_its_shard(tmp_path):
+    """torch's ZeroRedundancyOptimizer holds its rank's shard as .optim, an Adam of its own
+    param_groups that it overwrites from the wrapper's at each step: 'set lr' was refused ('2
+    optimizers: say which with optimizer NAME (adam, opt)', 'info optimizer' listing both), and
+    'set lr 0.05 optimizer adam' was undone at the next step ('did not hold', blamed on the
+    script).  The shard is no optimizer of the script's: 'set lr' sets the wrapper's, and the
+    losses are those of the script setting it itself after step 2."""
+    r = _script_run(tmp_path, ZERO_OPTIMIZER, ["break step 2", "continue", "info optimizer", "set lr 0.05", "continue"])
+    out = r.stdout + r.stderr
+    assert "2 optimizers" not in out and "did not hold" not in out and "adam " not in out, out
+    assert re.search(r"^opt\s+ZeroRedundancyOptimizer\s+0\s+4\s+lr=0\.01,", r.stdout, re.M), out
+    (tmp_path / "plain.py").write_text(ZERO_OPTIMIZER)
+    plain = subprocess.run([sys.executable, str(tmp_path / "plain.py")], capture_output=True, text=True, timeout=120,
+                           env=dict(os.environ, LR_AT="2"))
+    assert plain.returncode == 0, plain.stderr
+    want = re.findall(r"^step \d+ \S+$", plain.stdout, re.M)
+    assert re.findall(r"^step \d+ \S+$", r.stdout, re.M) == want and len(want) == 6, out
 
 
 CLOSURE_SETS_LR = '''

@@ -310,11 +310,25 @@ class RunView:
 def inner_optimizers(opts: list) -> list:
     """``opts`` less the wrappers of another of them (accelerate's AcceleratedOptimizer, a
     torch.optim.Optimizer holding the script's as ``.optimizer``, whose ``param_groups`` are
-    the held one's): one optimizer to name, set and predict, the one its scheduler drives."""
+    the held one's): one optimizer to name, set and predict, the one its scheduler drives.
+    And less the shard optimizer a ZeroRedundancyOptimizer holds as ``.optim`` (its
+    ``param_groups`` are its own, which the wrapper overwrites with its own groups' values at
+    each step: a change made to the shard's is undone; the script's is the wrapper)."""
     held = {id(getattr(o, "optimizer", None)) for o in opts}
     inner = [o for o in opts if id(o) in held]
+    shards = {id(o.optim) for o in opts if _holds_shard(o)}
     return [o for o in opts if not (getattr(o, "optimizer", None) in inner
-                                    and _same_groups(o, o.optimizer))]
+                                    and _same_groups(o, o.optimizer)) and id(o) not in shards]
+
+
+def _holds_shard(o) -> bool:
+    """A wrapper whose held optimizer, ``.optim``, keeps groups of its own that it syncs
+    from the wrapper's (torch.distributed.optim.ZeroRedundancyOptimizer)."""
+    try:
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+    except ImportError:                 # (torch built without distributed)
+        return False
+    return isinstance(o, ZeroRedundancyOptimizer) and not _same_groups(o, getattr(o, "optim", None))
 
 
 def _same_groups(a, b) -> bool:
