@@ -223,3 +223,39 @@ def test_a_replica_job_leaves_the_scripts_files_and_names_those_it_read(tmp_path
         _reap(p, master)
     assert p.returncode == 0 and (tmp_path / "snapshot.txt").read_bytes() == b"step 5 lr 0.1\n"
     _assert_none_left(str(tmp_path))
+
+
+def test_predict_past_a_rank_out_of_inputs_under_join(tmp_path):
+    """At step 3 of a job whose rank 0 runs out of inputs after step 4
+    (Join: it then shadows rank 1's collectives and comes to no stop
+    again), 'predict 4' waited for ever for rank 0 to stop at step 7.  Now
+    the replica settles as the live job does: rank 0's one step ahead and
+    why it ended, rank 1's four, each loss the one torchrun's run prints."""
+    script = _copy(tmp_path, "distrun_join.py")
+    plain = _torchrun(script, cwd=tmp_path)
+    assert plain.returncode == 0, plain.stderr[-2000:]
+    expect_loss = _losses(plain.stdout)
+    p, master, expect = _on_terminal(tmp_path, script)
+    cmd = _commands(master, expect)
+    try:
+        expect("(nndb r0) ", timeout=150)
+        cmd("break step 3")
+        assert "all 2 rank(s) stopped at the end of step 3" in cmd("continue")
+        out = cmd("predict 4")
+        rows = {r: _table(out, r) for r in (0, 1)}
+        assert [s for s, _, _ in rows[0]] == [4] and [s for s, _, _ in rows[1]] == [4, 5, 6, 7], out
+        for r in (0, 1):
+            for s, loss, _ in rows[r]:
+                assert f"{loss:.6g}" == f"{expect_loss[(r, s)]:.6g}", (r, s, out)
+        assert ("The prediction ended early: rank 0 came to no stop: it waits in torch.distributed.all_reduce"
+                in out), out
+        out = cmd("p --ranks all $step")
+        assert re.findall(r"^r(\d)\s+(\d+)\s*$", out, re.M) == [("0", "3"), ("1", "3")], out
+        cmd("delete")
+        os.write(master, b"continue\n")
+        expect("nndb: the job ended (exit code 0)")
+        p.wait(timeout=60)
+    finally:
+        _reap(p, master)
+    assert p.returncode == 0
+    _assert_none_left(str(tmp_path))

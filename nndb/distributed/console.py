@@ -38,25 +38,7 @@ _REPLICA = {"predict", "reverse-continue", "rc"}      # answered by a replica jo
 _NOT_ACROSS = {"timeline": "time travel", "timelines": "time travel", "s": "step", "step": "step",
                "run": "run", "r": "run", "detach": "detach"}
 _STOP_WAIT_S = 3.0
-_POLL_S = 0.5
-_TORCH = os.sep + "torch" + os.sep
 _HELLO_WAIT_S = 120.0   # (after the first rank's hello: the other nodes' ranks start with it, then import)
-_HELD_POLLS = 3         # (a rank not at its prompt: seen at the same place this many polls running)
-
-
-def _place(rep: dict):
-    """(where a rank waits, in words; its whole main stack: the same place if it is unchanged)."""
-    main = stacks.main_stack(rep.get("stacks") or [])
-    if main is None or not main.get("frames"):
-        return None
-    frames = main["frames"]
-    own = [f for f in frames if _TORCH not in f[0]] or frames     # (the script's innermost line)
-    file, line, func, text = own[-1]
-    where = (stacks.waiting_in(main["collective"]) if main.get("collective") else
-             f"{os.path.basename(file)}:{line}" + (f" ({text})" if text else f" in {func}")
-             + (", inside autograd's backward (where DDP all-reduces the gradients)"
-                if frames[-1][2] == "_engine_run_backward" else ""))
-    return where, tuple(tuple(f[:3]) for f in main["frames"]), rep.get("step")
 
 
 def _shown(rep: dict) -> str:
@@ -175,30 +157,10 @@ class Console:
 
     def _settle(self, timeout: Optional[float]) -> bool:
         """True once every rank is at its prompt, or some are and each other
-        one has stayed at the same place for a while: a stop inside a step (a
-        module breakpoint) leaves the other ranks where they are (gdb's
-        all-stop), which is waiting for the stopped rank in a collective:
-        nndb's step-end agreement, one of the script's, or DDP's gradient
-        all-reduce inside backward (C++: its Python stack ends in
-        ``backward``).  Kept in ``held``; False after ``timeout``."""
-        self.held = {}
-        deadline = None if timeout is None else time.monotonic() + timeout
-        last: dict = {}
-        while True:
-            live = self.front.live_ranks()
-            if self.front.wait(live, timeout=_POLL_S, finished=self._finished):
-                return True
-            pending = [r for r in live if not self.front.state.ranks[r].at_prompt]
-            if len(pending) < len(live):
-                now = {rep["rank"]: _place(rep) for rep in self.front.all_stacks(wait=2.0)
-                       if rep["rank"] in pending and "error" not in rep}
-                last = {r: (now.get(r), last[r][1] + 1 if r in last and last[r][0] == now.get(r) else 1)
-                        for r in pending}       # (rank -> (its place, polls running it was there))
-                if all(now.get(r) is not None and last[r][1] >= _HELD_POLLS for r in pending):
-                    self.held = {r: last[r][0][0] for r in pending}
-                    return True
-            if deadline is not None and time.monotonic() > deadline:
-                return False
+        is held where it is (Front.settle: kept in ``held``); False after ``timeout``."""
+        held = self.front.settle(self._finished, timeout)
+        self.held = held or {}
+        return held is not None
 
     def _stopped(self) -> list:
         return [r for r in self.front.live_ranks() if r not in self.held]

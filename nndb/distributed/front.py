@@ -40,6 +40,8 @@ from ..run.rank import JOB_ID_ENV, RUN_DIR_ENV, claim_run_dir, run_dir_name
 from .worker import REPLICA_JOB_ENV, SECRET_ENV, SOCKET_ENV, script_digest
 
 _STACKS_WAIT_S = 5.0
+_POLL_S = 0.5
+_HELD_POLLS = 3          # (a rank not at its prompt: seen at the same place this many polls running)
 _START_S = 60.0          # the watchdog's patience before the job's first step
 
 
@@ -316,6 +318,33 @@ class Front:
                 if left is not None and left <= 0:
                     return False
                 self._replied.wait(0.2 if left is None else min(0.2, left))
+
+    def settle(self, finished: Callable[[], bool], timeout: Optional[float] = None) -> Optional[dict]:
+        """Once every live rank is at its prompt ({}), or some are and each
+        other one has stayed at the same place for a while ({rank: where it
+        waits}: held), or the job ended ({}); None after ``timeout``.  A
+        stop inside a step (a module breakpoint) leaves the other ranks where
+        they are (gdb's all-stop), which is waiting for the stopped rank in a
+        collective: nndb's step-end agreement, one of the script's, or DDP's
+        gradient all-reduce inside backward (C++: its Python stack ends in
+        ``backward``); so does a rank out of inputs under Join, shadowing the
+        others' collectives while they run to a stop."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        last: dict = {}
+        while True:
+            live = self.live_ranks()
+            if self.wait(live, timeout=_POLL_S, finished=finished):
+                return {}
+            pending = [r for r in live if not self.state.ranks[r].at_prompt]
+            if len(pending) < len(live):
+                now = {rep["rank"]: stacks.place(rep) for rep in self.all_stacks(wait=2.0)
+                       if rep["rank"] in pending and "error" not in rep}
+                last = {r: (now.get(r), last[r][1] + 1 if r in last and last[r][0] == now.get(r) else 1)
+                        for r in pending}       # (rank -> (its place, polls running it was there))
+                if all(now.get(r) is not None and last[r][1] >= _HELD_POLLS for r in pending):
+                    return {r: last[r][0][0] for r in pending}
+            if deadline is not None and time.monotonic() > deadline:
+                return None
 
     def wait_hello(self, n: int, finished: Callable[[], bool], patience: float) -> bool:
         """Until ``n`` ranks have said hello (True), the job ended, or

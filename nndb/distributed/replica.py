@@ -60,6 +60,7 @@ class ReplicaJob:
         self.n = o.nproc_per_node
         self._done = threading.Event()
         self._thread: Optional[threading.Thread] = None
+        self.held: dict = {}                      # rank -> where it waits, not at a stop (``resume``)
 
     def _agent(self) -> None:
         try:
@@ -86,7 +87,7 @@ class ReplicaJob:
         return ok and not self._done.is_set()
 
     def stop_step(self) -> Optional[int]:
-        steps = {self.front.state.ranks[r].stop_step for r in self.front.live_ranks()}
+        steps = {self.front.state.ranks[r].stop_step for r in self.front.live_ranks() if r not in self.held}
         return steps.pop() if len(steps) == 1 else None
 
     def on(self, rank: int, line: str) -> list:
@@ -96,15 +97,17 @@ class ReplicaJob:
         return self.front.take_output(rank)
 
     def resume(self, line: str) -> dict:
-        """A run-control line on every rank; their output at the next all-stop
-        ({rank: [(text, is_error)]}; {} if the job ended)."""
-        ranks = self.front.live_ranks()
+        """A run-control line on every rank; the output of those at a stop
+        when every rank is at one, or held where it is (``held``: rank ->
+        where it waits; a rank out of inputs under Join never comes to a
+        stop again) ({rank: [(text, is_error)]}; {} if the job ended)."""
+        ranks = [r for r in self.front.live_ranks() if r not in self.held]
         for r in ranks:
             self.front.send_line(r, line)
-        self.front.wait(ranks, finished=self._done.is_set)
+        self.held = self.front.settle(self._done.is_set)
         if self._done.is_set() or len(self.front.live_ranks()) != self.n:
             return {}
-        return {r: self.front.take_output(r) for r in ranks}
+        return {r: self.front.take_output(r) for r in ranks if r not in self.held}
 
     def traces(self) -> dict:
         """rank -> its trace's path (read them before ``end``... they are kept until ``close``)."""
@@ -114,6 +117,8 @@ class ReplicaJob:
         """End every rank (each closes its trace) and wait for the launcher."""
         if self._thread is None:
             return
+        if self.held:                             # (a rank held in a collective takes no line: ended at once)
+            self.front._abort_all("killed", 137, "the replica job is over")
         for r in self.front.live_ranks():
             self.front.send_line(r, "kill")
         self._thread.join(_END_WAIT_S)

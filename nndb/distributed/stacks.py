@@ -14,6 +14,7 @@ _OWN_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _AGREEMENT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "allstop.py")
 _SHM_BARRIER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "shmbarrier.py")
 AGREEMENT_SHM = "nndb's all-stop agreement at a step end (shared memory)"
+_TORCH = os.sep + "torch" + os.sep
 
 
 def collective(frames) -> Optional[str]:
@@ -100,3 +101,18 @@ def format_rank(report: dict, limit: int = 12) -> str:
         if text:
             lines.append(f"    {text}")
     return "\n".join(lines)
+
+
+def place(rep: dict):
+    """(where a rank waits, in words; its whole main stack: the same place if it is unchanged)."""
+    main = main_stack(rep.get("stacks") or [])
+    if main is None or not main.get("frames"):
+        return None
+    frames = main["frames"]
+    own = [f for f in frames if _TORCH not in f[0]] or frames     # (the script's innermost line)
+    file, line, func, text = own[-1]
+    where = (waiting_in(main["collective"]) if main.get("collective") else
+             f"{os.path.basename(file)}:{line}" + (f" ({text})" if text else f" in {func}")
+             + (", inside autograd's backward (where DDP all-reduces the gradients)"
+                if frames[-1][2] == "_engine_run_backward" else ""))
+    return where, tuple(tuple(f[:3]) for f in main["frames"]), rep.get("step")

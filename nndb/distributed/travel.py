@@ -208,6 +208,10 @@ def to_step(run, ranks: list, step: int, changes: list, targets_of, hits: Option
         if not out:
             return _failed(run, f"before step {step}") if isinstance(run, ReplicaJob) else \
                 f"the job ended before step {step}"
+        held = getattr(run, "held", None)
+        if held:
+            r = min(held)
+            return f"rank {r} came to no stop before step {step}: it waits in {held[r]}"
         now, line = run.stop_step(), hit_line(out)
         if hits is not None and now is not None and now < step and line:
             hits.append((now, line))
@@ -249,8 +253,11 @@ def _ahead(console, ranks: list, step: int, n: int, sets: tuple):
         at, hit = job.stop_step(), hit_line(out)
         stopped = f"{hit} (step {at})" if out and hit else None
         ended = _failed(job, f"before step {step + n}") if not out else None
+        held = dict(job.held)
         job.end()
-        return {r: Prediction(_rows(path, step + 1, step + n), stopped=stopped, ended=ended)
+        return {r: Prediction(_rows(path, step + 1, step + n), stopped=stopped,
+                              ended=(f"rank {r} came to no stop: it waits in {held[r]} (out of inputs under Join?)"
+                                     if r in held else ended))
                 for r, path in job.traces().items() if r in ranks}
     finally:
         job.close()
