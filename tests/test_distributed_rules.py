@@ -250,3 +250,18 @@ def test_epoch_repeats_one_process_live_and_on_the_trace(tmp_path):
     assert [f.pop("found_by") for f in found] == [["run", "check-trace"]]    # the run's, found again
     live = [f for f in json.load(open(tmp_path / "r.json"))["findings"] if f["rule"] == "epoch_repeats"]
     assert found == live and len(found) == 1 and found[0]["step"] == 9
+
+
+def test_divergence_from_the_first_step_compared_says_the_replicas_may_never_have_agreed():
+    """Replicas seeded per rank with the gradients all-reduced by hand (no DDP to broadcast
+    rank 0's parameters) differ at step 0: 'the replicas have diverged' sent the user after a
+    skipped all-reduce; it now names the per-rank initialisation too.  Replicas that agreed
+    first keep the diverged wording."""
+    never = {r: [_row(s, {"w": 5 + r, "b": 6}, [[s, 10 * s + r]]) for s in range(3)] for r in (0, 1)}
+    (f,) = [f for f in judge_job(never) if f.rule == "rank_divergence"]
+    assert f.step == 0 and "they differ from the first step compared" in f.message, f.message
+    assert "torch.manual_seed(rank)" in f.message and "have diverged" not in f.message
+    later = {r: [_row(s, {"w": 5 + (r if s >= 2 else 0), "b": 6}, [[s, 10 * s + r]]) for s in range(3)]
+             for r in (0, 1)}
+    (f,) = [f for f in judge_job(later) if f.rule == "rank_divergence"]
+    assert f.step == 2 and "the replicas have diverged (a gradient not all-reduced" in f.message, f.message

@@ -126,6 +126,7 @@ class CrossRankJudge:
         self._epochs: dict = {}          # rank -> EpochTracker
         self._shuffles: dict = {}        # rank -> shuffles(loaders)
         self._slow: dict = {}            # rank -> (observed steps in a row, where the time went)
+        self._params_agreed = False      # the replicas' parameters were equal at an observed step
 
     def _report(self, f: Finding, new: list) -> None:
         key = (f.rule, f.evidence.get("rank"), f.subject)
@@ -161,6 +162,7 @@ class CrossRankJudge:
         names = [n for n in params[ranks[0]] if all(n in params[r] for r in ranks[1:])]
         differ = [n for n in names if len({params[r][n] for r in ranks}) > 1]
         if not differ:
+            self._params_agreed = self._params_agreed or bool(names)
             return
         name = differ[0]
         groups: dict = {}
@@ -174,8 +176,13 @@ class CrossRankJudge:
         self._report(_finding(
             "rank_divergence", step,
             f"parameter {name} differs across ranks after step {step}'s optimizer step ({who}; "
-            f"{len(differ)} of {len(names)} parameters differ): the replicas have diverged "
-            f"(a gradient not all-reduced, a rank that skipped a step, an update outside DDP)",
+            f"{len(differ)} of {len(names)} parameters differ): " + (
+                "the replicas have diverged (a gradient not all-reduced, a rank that skipped a step, an update "
+                "outside DDP)" if self._params_agreed else
+                "they differ from the first step compared, so they may never have been the same (initialised "
+                "from a per-rank seed, torch.manual_seed(rank), with no broadcast: DDP broadcasts rank 0's "
+                "when it wraps the model), or diverged at once (a gradient not all-reduced, an update outside "
+                "DDP)"),
             tensor=name, differing=differ, ranks=ranks), new)
 
     def _batches(self, rows: dict, new: list) -> None:
