@@ -372,6 +372,51 @@ def test_a_backward_of_several_losses_records_their_objective(tmp_path, how):
         assert list(t.history(loss, "count")[1]) == [1] * 4
 
 
+# The original WGAN and WGAN-GP loops: the critic's two terms each given its
+# sign as backward()'s gradient (``errD_real.backward(mone)``), or the sign
+# given to torch.autograd.backward; "hand" updates without an optimizer.
+SIGNED_BACKWARDS = """
+import sys
+import torch
+import torch.nn as nn
+torch.manual_seed(0)
+D = nn.Sequential(nn.Linear(2, 16), nn.ReLU(), nn.Linear(16, 1))
+opt = torch.optim.Adam(D.parameters(), lr=1e-3, betas=(0., 0.9)) if sys.argv[1] != "hand" else None
+one = torch.tensor(1.0)
+mone = -one
+for i in range(4):
+    real, fake = torch.randn(32, 2) + 1, torch.randn(32, 2)
+    D.zero_grad()
+    d_real, d_fake = D(real).mean(), D(fake).mean()
+    if sys.argv[1] == "grad_tensors":
+        torch.autograd.backward(d_real, grad_tensors=mone)
+        torch.autograd.backward(d_fake, grad_tensors=(one,))
+    else:
+        d_real.backward(mone)
+        d_fake.backward(one)
+    print(repr((d_real * mone + d_fake).item()), repr((d_real * mone).item()), repr(d_fake.item()))
+    if opt is not None:
+        opt.step()
+    else:
+        with torch.no_grad():
+            for p in D.parameters():
+                p -= 1e-2 * p.grad
+"""
+
+
+@pytest.mark.parametrize("how", ["tensor", "grad_tensors", "hand"])
+def test_a_backward_given_a_gradient_records_gradient_times_loss(tmp_path, how):
+    """d_real.backward(mone) differentiates -d_real: the critic's objective is
+    d_fake - d_real.  The gradient was left out, so the step's loss was
+    d_real + d_fake (a WGAN-GP critic's 8.2676 where the script printed its
+    loss 7.4361).  Updated by hand, each backward() is a step of its own."""
+    plain, trace = plain_and_recorded(tmp_path, SIGNED_BACKWARDS, how)
+    printed = [line.split() for line in plain.stdout.splitlines()]
+    want = [p[1 + k] for p in printed for k in (0, 1)] if how == "hand" else [p[0] for p in printed]
+    with TraceReader(trace) as t:
+        loss = t.find("loss", "loss")[0]
+        assert list(t.history(loss, "mean")[1]) == [np.float32(float(v)) for v in want]
+
 REPLACED_PARAMETERS = """
 import sys
 import torch

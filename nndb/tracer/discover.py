@@ -11,10 +11,20 @@ import torch
 
 def backward_objective(roots: list, grads) -> list:
     """The tensors a backward differentiates, as the step's loss: one root as
-    it is; several scalar roots (``torch.autograd.backward([l1, l2])``) as the
-    one objective they make, sum of gradient_i x root_i (l1 + l2, as the
-    script would write it); else the first root (no scalar objective)."""
+    it is, but a scalar one given a scalar gradient other than 1 times it
+    (WGAN's ``errD_real.backward(mone)``: -errD_real, the objective whose
+    gradient the engine computes); several scalar roots
+    (``torch.autograd.backward([l1, l2])``) as the one objective they make,
+    sum of gradient_i x root_i (l1 + l2, as the script would write it); else
+    the first root (no scalar objective)."""
     if len(roots) < 2:
+        if roots and isinstance(grads, (tuple, list)) and len(grads) == 1:
+            grads = grads[0]
+        r = roots[0] if roots else None
+        if isinstance(grads, torch.Tensor) and isinstance(r, torch.Tensor) and grads.numel() == 1 \
+                and r.numel() == 1 and not bool(grads == 1):
+            with torch.no_grad():
+                return [(r.detach() * grads).to(r.dtype)]
         return roots
     if not isinstance(grads, (tuple, list)) or len(grads) != len(roots) or \
             not all(isinstance(t, torch.Tensor) and t.numel() == 1 for t in (*roots, *grads)):

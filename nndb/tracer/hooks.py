@@ -103,7 +103,7 @@ def _backward_loss(args, kwargs):
     """The loss of a ``torch.autograd.backward`` call: its root tensor, or the objective of
     its several roots; None where that is no tensor."""
     roots = args[0] if args else kwargs.get("tensors")
-    if type(roots) is torch.Tensor:
+    if type(roots) is torch.Tensor and _no_gradient(args, kwargs):
         return roots
     objective = backward_objective(*_roots_and_grads(args, kwargs))
     return objective[0] if objective and isinstance(objective[0], torch.Tensor) else None
@@ -154,6 +154,11 @@ def _quiet_in_child() -> None:
         return
     for t in list(_ACTIVE):
         t._failed = True
+
+
+def _no_gradient(args, kwargs) -> bool:
+    """A ``torch.autograd.backward`` call given no gradient for its roots (``loss.backward()``)."""
+    return (args[1] if len(args) > 1 else kwargs.get("grad_tensors", kwargs.get("grad_variables"))) is None
 
 
 def _roots_and_grads(args, kwargs):
@@ -217,8 +222,10 @@ def _backward(*args, **kwargs):
         if before is not None:
             _settle_after_backward(before)
     roots = args[0] if args else kwargs.get("tensors")
-    # (loss.backward(): one root tensor, no ``inputs=``; Tensor.backward passes inputs=None)
-    usual = type(roots) is torch.Tensor and len(args) < 6 and kwargs.get("inputs") is None
+    # (loss.backward(): one root tensor, no gradient, no ``inputs=``; Tensor.backward passes
+    # inputs=None; ``errD_real.backward(mone)``'s loss is -errD_real: _backward_loss)
+    usual = type(roots) is torch.Tensor and len(args) < 6 and kwargs.get("inputs") is None \
+        and _no_gradient(args, kwargs)
     for t in tracers:
         if hooked is not None and t in hooked:
             if t._hook_ends == hooked[t]:
