@@ -702,6 +702,51 @@ def test_a_torch_func_transform_of_the_model_leaves_the_recording_running(tmp_pa
     assert {"0", "1", "2"} <= acts                       # the training forward's, as before
 
 
+# MAML: an inner loop of fast weights (non-leaf tensors: the parameters minus
+# lr x their create_graph gradients) run through the model by functional_call,
+# an outer loss's backward through them, a meta-optimizer's step.
+MAML = """
+import torch, torch.nn as nn
+from torch.func import functional_call
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(1, 16), nn.Tanh(), nn.Linear(16, 1))
+meta = torch.optim.Adam(model.parameters(), lr=1e-3)
+for it in range(6):
+    meta.zero_grad()
+    outer = 0.
+    for t in range(2):
+        xs, xq = torch.rand(8, 1) * 10 - 5, torch.rand(8, 1) * 10 - 5
+        a = torch.rand(1) * 4 + 0.1
+        fast = dict(model.named_parameters())
+        for k in range(2):
+            l = ((functional_call(model, fast, (xs,)) - a * torch.sin(xs)) ** 2).mean()
+            gs = torch.autograd.grad(l, list(fast.values()), create_graph=True)
+            fast = {n: w - 0.05 * g for (n, w), g in zip(fast.items(), gs)}
+        outer = outer + ((functional_call(model, fast, (xq,)) - a * torch.sin(xq)) ** 2).mean()
+    outer = outer / 2
+    outer.backward()
+    meta.step()
+    print("step", it, repr(outer.item()), repr(model[0].weight.grad.norm().item()))
+"""
+
+
+def test_maml_fast_weights_through_functional_call_are_recorded(tmp_path):
+    """functional_call puts the fast weights (non-leaf tensors) in the model's places
+    while it runs: nndb's forward hook took them for new parameters and registered a
+    post-accumulate-grad hook on them, which torch refuses for a non-leaf: 'internal error
+    in the tracer; recording stopped' at step 0, and then 'the script called no
+    backward()'.  Now every step is recorded with the printed meta-loss and gradients."""
+    plain, trace = plain_and_recorded(tmp_path, MAML)
+    import nndb
+    t = nndb.open(trace)
+    assert not any(e["kind"] == "recording_stopped" for e in t.events)
+    printed = [line.split() for line in plain.stdout.splitlines()]
+    steps, losses = t.history("loss", "loss", "mean")
+    assert list(steps) == list(range(6))
+    assert list(losses) == [np.float32(float(p[2])) for p in printed]
+    np.testing.assert_allclose(t.history("0.weight", "grad")[1], [float(p[3]) for p in printed], rtol=1e-6)
+    assert {x.name for x in t.tensors if x.kind == "param"} == {"0.weight", "0.bias", "2.weight", "2.bias"}
+
 # A fresh optimizer each epoch, made inside the function that trains it (the
 # script keeps weak references to see which are still alive).
 PER_EPOCH_OPTIMIZER = '''

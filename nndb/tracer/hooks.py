@@ -616,7 +616,7 @@ class Tracer:
         seen that way (``_param_hooks``), once per tensor (by id and a weakref: a tensor that
         replaced a freed one may have its id)."""
         held = self._param_handles.get(id(p))
-        if not p.requires_grad or (held is not None and held[0]() is p):
+        if not p.requires_grad or not p.is_leaf or (held is not None and held[0]() is p):
             return False
         self._param_handles[id(p)] = (weakref.ref(p), p.register_post_accumulate_grad_hook(self._grad_accumulated)
                                       if self._param_hooks else None)
