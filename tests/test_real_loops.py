@@ -747,6 +747,50 @@ def test_maml_fast_weights_through_functional_call_are_recorded(tmp_path):
     np.testing.assert_allclose(t.history("0.weight", "grad")[1], [float(p[3]) for p in printed], rtol=1e-6)
     assert {x.name for x in t.tensors if x.kind == "param"} == {"0.weight", "0.bias", "2.weight", "2.bias"}
 
+# PyTorch's "optimizer in backward" recipe: an optimizer per parameter, stepped
+# (and zeroed) by the parameter's post-accumulate-grad hook; no step() after
+# backward().
+OPTIMIZER_IN_BACKWARD = """
+import torch, torch.nn as nn
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 4))
+X, Y = torch.randn(256, 8), torch.randint(0, 4, (256,))
+opts = {p: torch.optim.AdamW([p], lr=1e-2) for p in model.parameters()}
+norms = {}
+def hook(p):
+    norms[p] = p.grad.norm().item()
+    opts[p].step()
+    opts[p].zero_grad()
+for p in model.parameters():
+    p.register_post_accumulate_grad_hook(hook)
+for it in range(8):
+    idx = torch.randint(0, 256, (32,))
+    loss = nn.functional.cross_entropy(model(X[idx]), Y[idx])
+    loss.backward()
+    print("step", it, repr(loss.item()), repr(norms[model[0].weight]))
+"""
+
+
+def test_optimizer_in_backward_records_each_steps_loss(tmp_path):
+    """The optimizers step inside the backward, so the step ended there, before the
+    backward returned and gave its loss: the loss went to the next step, whose
+    zero_grad (in the hooks) then dropped it.  The trace had one loss, at a partial
+    step after the last, and every stop said 'no loss recorded'.  Now each step has
+    its backward's loss, as printed, and its gradients."""
+    plain, trace = plain_and_recorded(tmp_path, OPTIMIZER_IN_BACKWARD)
+    import nndb as api
+    t = api.open(trace)
+    printed = [line.split() for line in plain.stdout.splitlines()]
+    steps, losses = t.history("loss", "loss", "mean")
+    assert list(steps) == list(range(8)) and list(t.steps) == list(range(8))
+    assert list(losses) == [np.float32(float(p[2])) for p in printed]
+    np.testing.assert_allclose(t.history("0.weight", "grad")[1], [float(p[3]) for p in printed], rtol=1e-6)
+    assert t.findings == []
+    r = Ran(nndb("run", "--batch", "-q", "--nx", "--trace", str(tmp_path / "s.h5"), "-e", "until 3",
+                 "-e", 'p ("AT", repr($loss))', "-e", "rs 1", "-e", 'p ("AT", repr($loss))', "-e", "present",
+                 "-e", "kill", str(tmp_path / "script.py"), cwd=str(tmp_path)), [])
+    assert re.findall(r"\('AT', '([^']+)'\)", r.stdout) == [printed[3][2], printed[2][2]], r.stdout
+
 # A fresh optimizer each epoch, made inside the function that trains it (the
 # script keeps weak references to see which are still alive).
 PER_EPOCH_OPTIMIZER = '''

@@ -227,6 +227,9 @@ def _backward(*args, **kwargs):
     usual = type(roots) is torch.Tensor and len(args) < 6 and kwargs.get("inputs") is None \
         and _no_gradient(args, kwargs)
     for t in tracers:
+        if t._loss_early is not None:       # (its optimizers stepped inside it: its loss is taken)
+            t._loss_early = None
+            continue
         if hooked is not None and t in hooked:
             if t._hook_ends == hooked[t]:
                 t._backward_unhooked(args, kwargs)
@@ -375,6 +378,9 @@ class Tracer:
         self._ran: set = set()                  # modules whose forward ran with grad in this step (not in a backward)
         self._backward_pending = False
         self._hook_ends = 0             # backwards whose end the parameter hooks saw (_backward_end)
+        # The graph task of a backward whose loss was taken as an optimizer stepped inside it
+        # (the "optimizer in backward" recipe: _opt_pre), None otherwise: not taken again at its end.
+        self._loss_early: Optional[int] = None
         # backward() calls that reached no named parameter while no optimizer existed (tensors
         # trained by hand outside any nn.Module): no step is seen in such a loop
         self.unseen_backwards = 0
@@ -756,9 +762,13 @@ class Tracer:
         self.busy += 1
         try:
             if loss is _ENGINE:
-                roots = backward_roots()
-                loss = roots[0] if roots and isinstance(roots[0], torch.Tensor) else None
-            self._take_loss(loss)
+                if self._loss_early is not None:
+                    loss = _ENGINE          # (taken as an optimizer stepped inside this backward)
+                else:
+                    roots = backward_roots()
+                    loss = roots[0] if roots and isinstance(roots[0], torch.Tensor) else None
+            if loss is not _ENGINE:
+                self._take_loss(loss)
             n = self._optimizer_count() if self.clock.mode is Mode.UNKNOWN else 1
             if self._first_backward:
                 if n == 0 and self._earlier_owner():
@@ -826,6 +836,8 @@ class Tracer:
                     sync = True
             if sync:
                 self.sync_forward()
+            if self._loss_early is None and _IN_BACKWARD() != -1:
+                self._loss_in_backward()
             self.recorder.optimizer_pre(opt)
             if self.lineage is not None or self.within.optimizer:
                 self._tell_optimizer(opt, "pre")
@@ -836,6 +848,18 @@ class Tracer:
             if paused is not None:
                 paused.__exit__(None, None, None)
         return None
+
+    def _loss_in_backward(self) -> None:
+        """An optimizer steps inside a backward (PyTorch's "optimizer in backward" recipe: each
+        parameter's optimizer stepped by its post-accumulate-grad hook, no step() after
+        backward()): the backward's loss is the step's that its optimizers make, so it is
+        taken now, from the engine's frame, before they step and the step ends within this
+        backward.  Taken at its end, it came after the step and went to the next (whose
+        zero_grad, also in the hooks, then dropped it as a loss no optimizer applied): every
+        step but the run's last had no loss."""
+        self._loss_early = _IN_BACKWARD()
+        roots = backward_roots()
+        self._take_loss(roots[0] if roots and isinstance(roots[0], torch.Tensor) else None)
 
     def _opt_post(self, opt, args, kwargs):
         if self._failed:
