@@ -135,6 +135,32 @@ def test_parameter_given_to_the_optimizer_but_unused_gets_no_gradient(tmp_path):
     assert status(report)["updates"] == "PASS" and report.exit_code == 1
 
 
+def test_a_bias_the_loss_does_not_depend_on_is_no_failure(tmp_path):
+    """A WGAN critic's loss D(fake).mean() - D(real).mean() (+ its gradient penalty) does not
+    depend on the last layer's bias: its gradient is exactly 0 while the layer's weight's is
+    not.  The check failed ('all-zero gradient: D.2.bias -- likely cause: dead ReLUs')
+    on this healthy loop; a dead layer (weight and bias at 0) still fails."""
+    script = write(tmp_path, "critic.py", """
+        import torch, torch.nn as nn
+        torch.manual_seed(0)
+        D = nn.Sequential(nn.Linear(2, 16), nn.ReLU(), nn.Linear(16, 1))
+        opt = torch.optim.Adam(D.parameters(), lr=1e-3, betas=(0., 0.9))
+        for it in range(3):
+            real, fake = torch.randn(32, 2) + 1, torch.randn(32, 2)
+            opt.zero_grad()
+            eps = torch.rand(32, 1)
+            xh = (eps * real + (1 - eps) * fake).requires_grad_(True)
+            g, = torch.autograd.grad(D(xh).sum(), xh, create_graph=True)
+            loss = D(fake).mean() - D(real).mean() + 10 * ((g.norm(2, dim=1) - 1) ** 2).mean()
+            loss.backward()
+            opt.step()
+        """)
+    report, _ = run_check(script, overfit_iters=5)
+    grads = by_name(report)["gradients"]
+    assert grads.status == "PASS", text(report)
+    assert "3/4" in grads.evidence and "the loss does not depend on it: 2.bias" in grads.evidence
+    assert grads.numbers["zero_grad"] == [] and grads.numbers["zero_grad_bias_unused"] == ["2.bias"]
+
 def test_zero_learning_rate_leaves_the_parameters_unchanged():
     report, _ = run_check(example("mlp.py"), "--lr", 0, overfit_iters=5)
     updates = by_name(report)["updates"]

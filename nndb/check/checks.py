@@ -368,11 +368,18 @@ def gradients_check(cap: Capture, outcome: Outcome) -> Check:
         return _no_optimizer("gradients", cap, outcome)
     none = [p for p in params if id(p) not in cap.got_grad]
     zero = [p for p in params if id(p) in cap.got_grad and id(p) not in cap.nonzero and id(p) not in cap.nonfinite]
+    unused_bias = _biases_the_loss_ignores(cap, params, zero)
+    zero = [p for p in zero if p not in unused_bias]
     nonfinite = [p for p in params if id(p) in cap.nonfinite]
     good = sum(id(p) in cap.nonzero for p in params)
     nums = {"params": len(params), "no_grad": [cap.param_name(p) for p in none],
-            "zero_grad": [cap.param_name(p) for p in zero], "nonfinite_grad": [cap.param_name(p) for p in nonfinite]}
+            "zero_grad": [cap.param_name(p) for p in zero], "nonfinite_grad": [cap.param_name(p) for p in nonfinite],
+            "zero_grad_bias_unused": [cap.param_name(p) for p in unused_bias]}
     ev = f"{good}/{len(params)} parameter tensor(s) the optimizer holds got a non-zero, finite gradient"
+    if unused_bias:
+        ev += (f"; all-zero gradient, as the loss does not depend on it: {_names(cap, unused_bias)} (its "
+               "layer's weight got one: the layer's output gradients sum to 0 over the batch, as in a loss "
+               "of differences such as a WGAN critic's D(fake).mean() - D(real).mean())")
     if not (none or zero or nonfinite):
         return Check("gradients", "PASS", ev, numbers=nums)
     problems, causes = [], []
@@ -393,6 +400,26 @@ def gradients_check(cap: Capture, outcome: Outcome) -> Check:
         problems.append(f"NaN/Inf gradient (in some step): {_names(cap, nonfinite)}")
         causes.append("NaN/Inf gradients: a non-finite loss, or a sqrt/log/division at zero in the forward pass")
     return Check("gradients", "FAIL", ev + "; " + "; ".join(problems), "; ".join(causes), nums)
+
+
+def _biases_the_loss_ignores(cap: Capture, params: list, zero: list) -> list:
+    """The biases among ``zero`` (all-zero gradients) whose layer's weight got a non-zero
+    gradient.  A bias's gradient is the sum of its layer's output gradients over the batch,
+    the weight's those gradients times the inputs: a non-zero weight gradient means the
+    gradients reached the layer (no dead unit, no saturation upstream), and they summed to
+    exactly 0: the loss does not depend on the bias (a WGAN critic's last bias under
+    D(fake).mean() - D(real).mean()), which is no training bug."""
+    if not zero:
+        return []
+    by_name = {cap.param_name(p): p for p in params}
+    out = []
+    for p in zero:
+        name = cap.param_name(p)
+        if name == "bias" or name.endswith(".bias"):
+            weight = by_name.get(name[:-len("bias")] + "weight")
+            if weight is not None and id(weight) in cap.nonzero:
+                out.append(p)
+    return out
 
 
 def grad_reset_check(cap: Capture, outcome: Outcome) -> Check:
