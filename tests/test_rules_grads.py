@@ -125,6 +125,39 @@ def test_stale_grad_fires_on_the_missing_zero_grad(tmp_path):
     assert _of(res, "grad_none") == []
 
 
+# MAML: the inner loop's gradients of the parameters by torch.autograd.grad (never in
+# .grad), the meta-gradient by backward(); "forget" leaves out the meta zero_grad().
+MAML = textwrap.dedent('''
+    import sys
+    import torch, torch.nn as nn
+    from torch.func import functional_call
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(1, 16), nn.Tanh(), nn.Linear(16, 1))
+    meta = torch.optim.Adam(model.parameters(), lr=1e-3)
+    for it in range(6):
+        if sys.argv[1] != "forget":
+            meta.zero_grad()
+        xs, xq = torch.rand(8, 1) * 10 - 5, torch.rand(8, 1) * 10 - 5
+        fast = dict(model.named_parameters())
+        l = ((functional_call(model, fast, (xs,)) - torch.sin(xs)) ** 2).mean()
+        gs = torch.autograd.grad(l, list(fast.values()), create_graph=True)
+        fast = {n: w - 0.05 * g for (n, w), g in zip(fast.items(), gs)}
+        ((functional_call(model, fast, (xq,)) - torch.sin(xq)) ** 2).mean().backward()
+        meta.step()
+''')
+
+
+@pytest.mark.parametrize("how", ["forget", "reset"])
+def test_stale_grad_of_a_maml_loop_that_forgets_its_meta_zero_grad(tmp_path, how):
+    """The inner loop's torch.autograd.grad gradients were summed as if added to .grad:
+    the planted loop got no finding (nor a FAIL from nndb check)."""
+    script = tmp_path / "maml.py"
+    script.write_text(MAML)
+    res = run_in_process(tmp_path, str(script), [how])
+    assert res.exit_code == 0
+    found = [(f["step"], f["evidence"]["optimizer"]) for f in _of(res, "stale_grad")]
+    assert found == ([(2, "meta")] if how == "forget" else [])
+
 @pytest.mark.parametrize("script", ["grad_accum.py", "gan.py", "lbfgs.py"])
 def test_no_gradient_rule_fires_on_accumulation_gan_or_closures(tmp_path, script):
     res = run_in_process(tmp_path, example(script), ["--steps", "10"])
@@ -216,6 +249,50 @@ def test_stale_probe_sees_a_zero_grad_that_goes_missing_later():
     assert hooked == []                                  # (uninstalled)
 
 
+@pytest.mark.parametrize("zero_grad", [False, True])
+def test_stale_probe_counts_only_the_gradients_a_backward_adds(zero_grad):
+    """A gradient penalty (or MAML's inner loop) takes the parameters' gradients with
+    torch.autograd.grad(create_graph=True), which the probe's tensor hook saw too,
+    though they never reach .grad: its sum of the incoming gradients held them, .grad
+    matched neither last + new nor new alone, and a missing zero_grad() was never found."""
+    def step_fn(model, opt, i):
+        if zero_grad:
+            opt.zero_grad()
+        loss = model(torch.randn(16, 6)).pow(2).mean()
+        gs = torch.autograd.grad(loss, list(model.parameters()), create_graph=True)
+        (loss + 0.1 * sum(g.pow(2).sum() for g in gs)).backward()
+
+    out, _ = _stale_loop(step_fn)
+    assert [bool(m) for m in out] == ([False] * 5 if zero_grad else [False, False, True, True, True])
+
+
+@pytest.mark.parametrize("zero_grad", [False, True])
+def test_stale_probe_sees_an_optimizer_stepped_in_the_backward(zero_grad):
+    """PyTorch's "optimizer in backward": one optimizer per parameter, stepped (and
+    zeroed) by the parameter's post-accumulate-grad hook, which runs before the probe's
+    own: the backward's gradient is in .grad already when the probe checks."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 20), nn.Tanh(), nn.Linear(20, 1))
+    opts = {p: torch.optim.SGD([p], lr=0.01) for p in model.parameters()}
+    probe, rule, step = _probe(GradReset, model), StaleGrad(), [0]
+    found = []
+
+    def hook(p):
+        opts[p].step()
+        _post(probe, opts[p], step[0])
+        if zero_grad:
+            opts[p].zero_grad()
+    for p in model.parameters():
+        p.register_post_accumulate_grad_hook(hook)
+    for i in range(5):
+        step[0] = i
+        _backward(model)
+        found.append([f.message for f in rule.check(SimpleNamespace(step=i, facts={"grad_reset": probe.take(i)}))])
+    probe.uninstall()
+    assert probe.error is None
+    # (the four optimizers share the stub's name "opt": their stale steps count as one run)
+    assert [bool(m) for m in found] == ([False] * 5 if zero_grad else [False, True, True, True, True])
+
 @pytest.mark.parametrize("pattern", ["zero_first", "set_to_zero", "clipped"])
 def test_stale_probe_quiet_when_gradients_are_reset_before_backward(pattern):
     def step_fn(model, opt, i):
@@ -282,8 +359,10 @@ def test_stale_probe_removes_its_hooks():
     hooked = [n for n, p in model.named_parameters() if p._backward_hooks]
     assert hooked == ["0.bias"]               # the first smallest parameter with >= 16 elements
     sample = model[0].bias
+    assert sample._post_accumulate_grad_hooks
     probe.uninstall()
-    assert not sample._backward_hooks and not probe.tracer.within.optimizer
+    assert not sample._backward_hooks and not sample._post_accumulate_grad_hooks
+    assert not probe.tracer.within.optimizer
 
 
 def test_grad_none_probe_skips_steps_while_every_gradient_is_there():

@@ -147,15 +147,16 @@ class GradNone(Rule):
 class _Watch:
     """One optimizer's sample parameter: the gradient it had at the optimizer's
     last step, and the sum of the gradients that arrived since then."""
-    __slots__ = ("opt", "param", "name", "handle", "last", "incoming", "armed", "__weakref__")
+    __slots__ = ("opt", "param", "name", "handle", "last", "incoming", "pending", "armed", "__weakref__")
 
     def __init__(self, opt, param, name):
         self.opt = weakref.ref(opt)
         self.param = weakref.ref(param)
         self.name = name
-        self.handle = None
+        self.handle = None       # (the tensor hook's and the post-accumulate-grad hook's handles)
         self.last = None
         self.incoming = None
+        self.pending = None      # (graph task, the gradient) the tensor hook saw last, until it is accumulated
         self.armed = True        # the hook sums incoming gradients only before a checked step
 
 
@@ -174,6 +175,25 @@ def _sample(opt):
 
 def _flat(t):
     return t.detach().reshape(-1).to(torch.float32)
+
+
+_GRAPH_TASK = torch._C._current_graph_task_id        # -1 outside a backward
+
+
+def _take_pending(w: _Watch) -> None:
+    """The gradient the tensor hook saw, accumulated into .grad now: into the sum."""
+    pending, w.pending = w.pending, None
+    if w.armed and pending is not None:
+        g = pending[1]
+        w.incoming = g if w.incoming is None else w.incoming.add_(g)
+
+
+def _unhook(w: _Watch) -> None:
+    if w.handle is not None:
+        for h in w.handle:
+            h.remove()
+        w.handle = None
+    w.pending = None
 
 
 @register
@@ -210,21 +230,34 @@ class GradReset(Probe):
 
     def _drop(self, key) -> None:
         w = self._watches.pop(key)
-        if w.handle is not None:
-            w.handle.remove()
+        _unhook(w)
 
-    def _hook(self, w):
-        def hook(grad):
+    def _watch_hooks(self, w, p) -> tuple:
+        """The tensor hook sees each gradient computed for ``p``: a backward's, which is
+        added to ``.grad``, and also ``torch.autograd.grad``'s (MAML's inner loop, a gradient
+        penalty: ``create_graph`` gradients of the parameters), which is not.  So it keeps
+        the gradient it saw, and the post-accumulate-grad hook, which only a backward that
+        adds to ``.grad`` calls, adds it to the sum.  (Summed in the tensor hook, a MAML loop's
+        inner gradients were in it: .grad matched neither last + new nor new alone, and a
+        missing meta zero_grad() was never found.)"""
+        def seen(grad):
             if self.error is not None:
                 return None
             try:
-                if w.armed and grad is not None and not grad.is_sparse:
-                    g = _flat(grad)
-                    w.incoming = g.clone() if w.incoming is None else w.incoming.add_(g)
+                w.pending = (_GRAPH_TASK(), _flat(grad).clone()) \
+                    if w.armed and grad is not None and not grad.is_sparse else None
             except Exception as e:     # never raise into the backward pass
                 self.fail(f"probe {self.name} failed and is off: {type(e).__name__}: {e}")
             return None
-        return hook
+
+        def accumulated(param):
+            if self.error is not None:
+                return
+            try:
+                _take_pending(w)
+            except Exception as e:
+                self.fail(f"probe {self.name} failed and is off: {type(e).__name__}: {e}")
+        return p.register_hook(seen), p.register_post_accumulate_grad_hook(accumulated)
 
     def optimizer(self, opt, when: str) -> None:
         if when != "post":
@@ -239,20 +272,23 @@ class GradReset(Probe):
             if p is None:
                 return                                    # look again at the next step
             w = self._watches[key] = _Watch(opt, p, self.naming.param_name(p))
-            w.handle = p.register_hook(self._hook(w))
+            w.handle = self._watch_hooks(w, p)
             w.last = _flat(p.grad).clone()
             return
         p = w.param()
+        if w.pending is not None and w.pending[0] != -1 and w.pending[0] == _GRAPH_TASK():
+            # (an optimizer stepped by a post-accumulate-grad hook, "optimizer in backward":
+            # this backward's gradient is in .grad already, its accumulated hook not yet run)
+            _take_pending(w)
         check_now = w.armed
         # the next step is checked: keep this step's gradient and sum what comes
         # (the tensor hook is on the parameter only then: a Python call in every
         # backward pass costs a small model's step a few percent)
         w.armed = cadence.grad_reset(self.rec.recorder.step + 1)
         if w.armed and w.handle is None:
-            w.handle = p.register_hook(self._hook(w))
+            w.handle = self._watch_hooks(w, p)
         elif not w.armed and w.handle is not None:
-            w.handle.remove()
-            w.handle = None
+            _unhook(w)
         if not check_now and not w.armed:
             return
         g = None if p.grad is None or p.grad.is_sparse else _flat(p.grad)
