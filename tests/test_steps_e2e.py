@@ -1,5 +1,7 @@
 """Real example scripts through ``nndb run``: identical output, and the step
 boundary on each loop shape (docs/steps.md)."""
+import re
+
 import numpy as np
 import pytest
 
@@ -78,6 +80,52 @@ def test_gan_step_is_one_iteration_of_both_optimizers(trace):
         lossG = t.history(t.find("loss/optimizerG", "loss")[0], "mean")[1]
         np.testing.assert_array_equal(lossG, np.array(printed[:6], dtype=np.float32).astype(np.float64))
 
+
+# A WGAN: the critic trained three times per generator step, so the generator's
+# step falls into the critic step that follows it (steps 3, 6, ...).
+N_CRITIC = """
+import torch, torch.nn as nn
+torch.manual_seed(0)
+G = nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 2))
+D = nn.Sequential(nn.Linear(2, 16), nn.ReLU(), nn.Linear(16, 1))
+optG = torch.optim.Adam(G.parameters(), lr=1e-3, betas=(0., 0.9))
+optD = torch.optim.Adam(D.parameters(), lr=1e-3, betas=(0., 0.9))
+it = 0
+for gstep in range(4):
+    for _ in range(3):
+        optD.zero_grad()
+        lossD = D(G(torch.randn(32, 4)).detach()).mean() - D(torch.randn(32, 2) + 1).mean()
+        lossD.backward()
+        optD.step()
+        print("D", it, repr(lossD.item()))
+        it += 1
+    optG.zero_grad()
+    lossG = -D(G(torch.randn(32, 4))).mean()
+    lossG.backward()
+    optG.step()
+    print("G", gstep, repr(lossG.item()))
+"""
+
+
+def test_a_critic_trained_n_times_keeps_its_loss_as_every_steps_loss(tmp_path):
+    """$loss (the stop line's first loss, predict's Loss column) was the loss of the
+    optimizer that stepped first in the step: the generator's at steps 3, 6, ...
+    (predict 3 at step 4 read 6.93, -0.2687, 6.93 for three critic steps).  The
+    closing optimizer's loss comes first now, the generator's after it."""
+    plain, trace = plain_and_recorded(tmp_path, N_CRITIC)
+    lossD = [line.split()[2] for line in plain.stdout.splitlines() if line.startswith("D ")]
+    lossG = [line.split()[2] for line in plain.stdout.splitlines() if line.startswith("G ")]
+    r = nndb("run", "--batch", "-q", "--nx", "--trace", str(tmp_path / "s.h5"), "-e", "until 4",
+             "-e", "predict 3", "-e", "goto 3", "-e", 'p ("AT", repr($loss))', "-e", "present", "-e", "kill",
+             str(tmp_path / "script.py"))
+    assert r.returncode == 0, r.stderr
+    rows = re.findall(r"^(\d+)\s+(\S+)\s+\S+\s+-$", r.stdout, re.M)
+    assert rows == [(str(s), f"{float(lossD[s]):g}") for s in (5, 6, 7)], r.stdout
+    assert re.search(r"step 3 finished, loss/optD \S+, loss/optG \S+", r.stdout), r.stdout
+    assert re.findall(r"\('AT', '([^']+)'\)", r.stdout) == [lossD[3]], r.stdout
+    with TraceReader(trace) as t:
+        steps, values = t.history(t.find("loss/optG", "loss")[0], "mean")
+        assert list(steps) == [3, 6, 9, 12] and list(values) == [np.float32(float(v)) for v in lossG]
 
 def test_lbfgs_closure_many_backwards_in_one_step(trace):
     _, t = run_example("lbfgs", trace, "--steps", "4", "--max-iter", "5")

@@ -276,7 +276,8 @@ class RunView:
     def losses(self) -> list:
         """[(name, value)] of the last recorded step's losses, in the record's
         order: one (``loss``), or one per optimizer (a GAN's ``loss/optimizerD``
-        first, the optimizer that stepped first).  ``$loss`` is the first.
+        first, the optimizer that stepped first; a WGAN's critic, the closing optimizer, before
+        the generator that stepped in some of its steps only).  ``$loss`` is the first.
         [] at the end of a step that was not recorded."""
         return [] if self.unrecorded_step() else self._loss_values(self.stat_rows("loss"))
 

@@ -78,6 +78,24 @@ class _Bucket:
         self.backward_count += other.backward_count
         self.optimizer_steps += other.optimizer_steps
 
+    def lead_loss(self, opt) -> None:
+        """``opt``'s loss first among the step's losses (``$loss``, the stop line, predict's
+        Loss column read the first): the loss of the optimizer that closes the steps, where
+        another one steps in some of them only (a WGAN's generator, stepped once per
+        n_critic critic steps, first in the critic step that follows it)."""
+        key = ("loss", opt)
+        if key not in self.entries:
+            return
+        first = next(k for k in self.entries if k[0] == "loss")
+        if first[1] is opt:
+            return
+        row = self.entries.pop(key)
+        entries, self.entries = self.entries, {}
+        for k, v in entries.items():
+            if k is first:
+                self.entries[key] = row
+            self.entries[k] = v
+
     def empty(self) -> bool:
         return not (self.entries or self.deferred or self.blocks or self.params
                     or self.backward_count or self.optimizer_steps)

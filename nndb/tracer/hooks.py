@@ -934,7 +934,11 @@ class Tracer:
         if ft is not None and ft.rules and self.recorder.manual:
             # (no optimizer: a hand-written update; the whole gradients and parameters are taken here)
             ft.manual_step_end(self.naming, self.naming.root_params(), close.step)
-        self.recorder.close(close.step, retro=close.retro)
+        # (one closing optimizer, another stepping in some steps only: a WGAN's critic and
+        # generator; the closer's loss is the step's $loss, at every step alike)
+        clock = self.clock
+        self.recorder.close(close.step, retro=close.retro,
+                            lead=clock.closer if clock.mode is Mode.SINGLE else None)
         if self.on_step_end is not None:
             self.on_step_end(close.step)
         self.backward_began = None

@@ -345,9 +345,10 @@ class StepRecorder:
         self._buckets.append(_Bucket())
 
     # -- closing -------------------------------------------------------------
-    def close(self, step: int, retro: Optional[int] = None, final: bool = False) -> None:
+    def close(self, step: int, retro: Optional[int] = None, final: bool = False, lead=None) -> None:
         """Close ``step``.  With ``retro``, only the first ``retro`` segments
-        belong to it; the rest start the next step."""
+        belong to it; the rest start the next step.  ``lead``: the optimizer whose
+        loss is the step's first, where several stepped (_Bucket.lead_loss)."""
         if retro is not None:
             closed, rest = self._buckets[:retro], self._buckets[retro:]
         else:
@@ -358,6 +359,8 @@ class StepRecorder:
                 bucket.merge(b)
         if bucket.deferred or bucket.blocks:
             bucket.resolve(self.full)
+        if lead is not None and bucket.optimizer_steps > 1:
+            bucket.lead_loss(lead)
         nxt = _Bucket()
         for b in rest:
             nxt.merge(b)
