@@ -92,3 +92,15 @@ def test_a_respawned_past_prints_to_the_file_the_run_prints_to(tmp_path):
     printed = dict(re.findall(r"^step (\d+) (\S+)$", text, re.M))
     assert "In the past (timeline 0): step 3 finished" in text, text
     assert f"('AT', 3, {printed['3']})" in text and "went to scratch copies" not in text
+
+
+def test_a_respawned_replica_keeps_the_hits_the_live_run_counted(tmp_path):
+    """A respawned replica attached its session as a new run, which zeroes every point's
+    hits, and its state came back to the live run: after 'rc' and 'present', 'info
+    breakpoints' showed 0 hits for breakpoints hit twice and once (a fork replica: 2 and 1)."""
+    r = _run(tmp_path, ["break step 1", "break step 4", "continue", "continue", "reverse-continue",
+                        "info breakpoints", "present", "info breakpoints", "continue"])
+    assert "replayed from the start" in r.stdout, r.stdout
+    rows = re.findall(r"^([12]) +breakpoint +keep +y +step \d +(\d+)", r.stdout, re.M)
+    assert rows == [("1", "2"), ("2", "1")] * 2, r.stdout     # in the past (rc counts a hit), and back
+    assert "done" in r.stdout

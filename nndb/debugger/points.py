@@ -295,10 +295,16 @@ class Points(collections.abc.Mapping):
         """The enabled catch points (the lineage recorder runs for them)."""
         return [p for p in self._by_number.values() if isinstance(p, CatchPoint) and p.enabled]
 
-    def new_run(self) -> None:
-        """A run starts: gdb counts the hits of each run; watches start afresh."""
+    def new_run(self, replica: bool = False) -> None:
+        """A run starts: gdb counts the hits of each run; watches start afresh.
+        A respawned replica (the script run again from its start to replay the
+        past) is no new run: its points keep the hits the live run counted
+        (they come back with the replica's state; they were zeroed, and
+        ``info breakpoints`` read 0 hits after a travel that went back to the
+        present), while its watches start afresh, as its steps do."""
         for p in self._by_number.values():
-            p.hits = 0
+            if not replica:
+                p.hits = 0
             if isinstance(p, Watch):
                 p.reset()
 

@@ -131,7 +131,7 @@ class Session(CommandLoop, StopPoints):
         control = self.control
         control.new_run((control.stop_at_start or bool(self.input.queue)) and self.replica is None)
         self.prompting = False
-        self.points.new_run()
+        self.points.new_run(replica=self.replica is not None)
         control.listeners = session_listeners(self)
         rec.listeners.extend(control.listeners)
         current.attached(self)               # (nndb.set_trace() stops here)
