@@ -577,9 +577,14 @@ class LossNotDecreasing(Rule):
             return
         self.done.add(name)
         pct = 100 * (m1 - m2) / abs(m1) if m1 else 0.0
+        # a loss lower than it was whose slope is surely below 0 has gone down, too little (makemore's
+        # bigram at its defaults, a double softmax): said so, not "has not gone down"
+        fell = least < 0 and m2 < m1
+        went = (f"has gone down only {pct:.1f}% in {n} recorded steps" if fell
+                else f"has not gone down in {n} recorded steps")
         yield self.finding(
-            ctx, f"{name} has not gone down in {n} recorded steps: median {m2:.4g} over the last {w} vs {m1:.4g} "
-                 f"over the first {w} ({pct:.1f}%), and its trend ({slope:.3g} per step) allows at most a drop "
+            ctx, f"{name} {went}: median {m2:.4g} over the last {w} vs {m1:.4g} "
+                 f"over the first {w}{'' if fell else f' ({pct:.1f}%)'}, and its trend ({slope:.3g} per step) allows at most a drop "
                  f"of {most:.3g} over the run at its {p['z']:g}-sigma bound, less than the {need:.3g} "
                  f"({100 * float(p['margin']):g}%) expected",
             tensor=name, first_median=m1, last_median=m2, drop=m1 - m2, needed=need, slope=slope,
