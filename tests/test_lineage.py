@@ -505,3 +505,42 @@ def test_nonfinite_buffers_sees_a_bad_running_statistic_and_a_replaced_buffer():
     model[1].running_var = torch.ones(4)              # (replaced, not changed in place)
     model[1].running_mean = torch.tensor([0.0, float("nan"), 0.0, 0.0])
     assert nonfinite_buffers(naming) == [(("1.running_mean", "buffer"), True, False)]
+
+
+# makemore's bigram at lr 1e37 (AdamW): at step 1 the log-probabilities are finite, down to -2e37,
+# and nll_loss's sum of them overflows.  Here: finite log-probabilities of -4.8e37, and a float64 one.
+HUGE_FINITE = textwrap.dedent('''
+    import sys
+    import torch, torch.nn as nn, torch.nn.functional as F
+    dtype = torch.float64 if sys.argv[1:] == ["f64"] else torch.float32
+    w = nn.Parameter(torch.zeros(16, 5, dtype=dtype))
+    opt = torch.optim.SGD([w], lr=0.1)
+    y = torch.arange(16) % 5
+    for step in range(4):
+        scale = (1e307 if dtype == torch.float64 else 3e37) if step == 2 else 1.0
+        logp = F.log_softmax(w, dim=1) * scale
+        loss = F.nll_loss(logp, y)                  # the mean of 16 values of -ln(5) x scale overflows
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+''')
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f64"])
+def test_a_catch_reports_the_mean_of_large_finite_inputs_as_finite(tmp_path, dtype):
+    """The report of a catch summed the mean in float32: nll_loss's input of -2e37s read 'mean -inf,
+    nan 0, inf 0' (float64: -1.93e37); and it made a float64 tensor float32 first, so 1e307s read
+    as 'min -inf, ... inf 80', infinities the tensor did not have."""
+    script = _script(tmp_path, "train.py", HUGE_FINITE)
+    r = nndb(*_argv(tmp_path, script, "-e", "catch nonfinite", "-e", "continue", "-e", "kill"), dtype,
+             cwd=str(tmp_path))
+    assert "Traceback" not in r.stderr, r.stderr
+    assert re.search(r"Catchpoint 1 \(catch nonfinite\): nll_loss_forward made Inf in the forward pass of step 2",
+                     r.stdout), r.stdout
+    m = re.search(r"input 0 of nll_loss_forward: (float\d+) \(16, 5\): min (\S+), max (\S+), mean (\S+), "
+                  r"nan 0, inf (\d+)", r.stdout)
+    assert m, r.stdout
+    scale = 1e307 if dtype == "f64" else 3e37
+    assert m[1] == {"f32": "float32", "f64": "float64"}[dtype] and m[5] == "0"
+    for v in (m[2], m[3], m[4]):        # every element is about -ln(5) x scale (w has moved by ~0.01)
+        assert float(v) == pytest.approx(-1.6094 * scale, rel=0.02), r.stdout

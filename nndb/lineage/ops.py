@@ -574,7 +574,9 @@ def describe(t: torch.Tensor) -> dict:
     d = {"shape": list(t.shape), "dtype": str(t.dtype).replace("torch.", "")}
     if (t.is_floating_point() or t.is_complex()) and t.numel():
         with torch.no_grad():
-            f = t.detach().float()
-            d.update(min=float(f.min()), max=float(f.max()), mean=float(f.mean()),
+            # (float64 stays float64: .float() made a 1e300 an Inf that was none; the mean is the float64
+            # sum of x / n: the sum of -2e37s overflowed, 'mean -inf' of an input with 'inf 0')
+            f = t.detach() if t.dtype == torch.float64 else t.detach().float()
+            d.update(min=float(f.min()), max=float(f.max()), mean=float((f / f.numel()).sum(dtype=torch.float64)),
                      nan=int(torch.isnan(f).sum()), inf=int(torch.isinf(f).sum()))
     return d
