@@ -609,3 +609,45 @@ def test_a_travel_in_a_breakpoints_commands_runs_the_rest_of_them_in_the_past(tm
             assert stop.startswith(f"step {step} finished"), stop
             assert printed[0] == str(step) and float(printed[1]) == float(script[step]), printed
             assert sorted(script) == list(range(12))        # the live run went on from step 7 to its end
+
+
+# minGPT's Trainer.run: the stop is in a method's frame (self.loss, self.model), and the
+# expressions typed there loop over layer names.
+IN_A_METHOD = '''
+import torch, torch.nn as nn
+torch.manual_seed(0)
+class Trainer:
+    def run(self):
+        self.model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
+        opt = torch.optim.SGD(self.model.parameters(), lr=0.1)
+        for step in range(4):
+            self.loss = self.model(torch.randn(16, 4)).pow(2).mean()
+            opt.zero_grad()
+            self.loss.backward()
+            opt.step()
+            print("step", step, "loss", repr(self.loss.item()))
+Trainer().run()
+'''
+
+
+def test_comprehensions_and_lambdas_see_nndbs_variables_and_the_frames(tmp_path):
+    """'p {k: $update[k].norm for k in names}' said "NameError: name '__nndb_vars__' is not
+    defined" (a comprehension's scope sees only the globals, and nndb's variables were in the
+    locals), and so did 'break if any($loss < v for v in ...)' at every step; 'p [self.loss.item()
+    for _ in ...]' in a method's frame: name 'self' is not defined."""
+    script = tmp_path / "trainer.py"
+    script.write_text(IN_A_METHOD)
+    names = '["0.weight", "2.weight"]'
+    r = Ran(nndb("run", "--batch", "-q", "--nx", "--trace", str(tmp_path / "t.h5"), "-e", "break step 1", "-e", "continue",
+                 "-e", f"p [abs($grad[k].norm - self.model.get_parameter(k).grad.norm().item()) < 1e-6 * $grad[k].norm "
+                       f"for k in {names}]",
+                 "-e", "p [self.loss.item() for _ in range(2)], (lambda: $step)()",
+                 "-e", f"py norms = {{k: $weight[k].norm for k in {names}}}", "-e", "p sorted(norms)",
+                 "-e", "delete 1", "-e", "break if any($loss < v for v in [-1.0, 0.0])", "-e", "continue",
+                 str(script), cwd=str(tmp_path)), [])
+    assert "Error" not in r.stdout + r.stderr, r.stdout + r.stderr
+    printed = _script_lines(r.stdout)
+    assert "[True, True]" in r.stdout, r.stdout
+    assert f"([{printed[1]}, {printed[1]}], 1)" in r.stdout, r.stdout
+    assert "['0.weight', '2.weight']" in r.stdout
+    assert r.returncode == 0 and set(printed) == {0, 1, 2, 3}       # the condition never held

@@ -112,19 +112,29 @@ class ConvenienceVars(dict):
                            + ", ".join("$" + k for k in sorted(self)) + ")")
 
 
-def namespace(frame, variables: dict) -> tuple[dict, dict]:
-    """(globals, locals) for evaluating in ``frame``."""
+def namespace(frame, variables: dict, merged: bool = False) -> tuple[dict, dict]:
+    """(globals, locals) for evaluating in ``frame``.  ``merged``: globals that
+    hold the frame's locals and nndb's variables too (a copy), for an
+    expression: a comprehension, generator or lambda in it has a scope of its
+    own that sees only globals ('p [$grad[k].norm for k in names]' was
+    "NameError: name '__nndb_vars__' is not defined")."""
     cv = ConvenienceVars(variables)
     if frame is None:
         g = {"__builtins__": __builtins__, VARS_NAME: cv}
         return g, g
     loc = dict(frame.f_locals)
     loc[VARS_NAME] = cv
-    return frame.f_globals, loc
+    if not merged:
+        return frame.f_globals, loc
+    if frame.f_locals is frame.f_globals:       # (a module's frame: its locals are its globals)
+        return loc, loc
+    g = dict(frame.f_globals)
+    g.update(loc)
+    return g, loc
 
 
 def evaluate(code, frame, variables: dict, what: str = ""):
-    g, loc = namespace(frame, variables)
+    g, loc = namespace(frame, variables, merged=True)
     try:
         return eval(code, g, loc)
     except CommandError:
@@ -145,16 +155,16 @@ def execute(source: str, frame, variables: dict) -> None:
         return
     is_module = frame.f_locals is frame.f_globals
     g, loc = namespace(frame, variables)
+    # (in the globals while it runs: a comprehension or lambda of the statement sees them only)
+    g[VARS_NAME] = loc[VARS_NAME]
     if is_module:
         loc = frame.f_globals
-        loc[VARS_NAME] = g.get(VARS_NAME) or ConvenienceVars(variables)
     try:
         exec(code, g, loc)
     except (Exception, SystemExit) as e:   # pdb: exit() is an error here
         raise CommandError(f"{type(e).__name__}: {e}") from None
     finally:
-        if is_module:
-            frame.f_globals.pop(VARS_NAME, None)
+        frame.f_globals.pop(VARS_NAME, None)
     if not is_module:
         loc.pop(VARS_NAME, None)
         _write_locals(frame, loc)
