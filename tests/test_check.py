@@ -280,6 +280,39 @@ def test_a_loss_still_falling_when_overfit_runs_out_is_inconclusive_not_failed(t
     assert by_name(report)["overfit"].status == "PASS"       # (more iterations: it does fit)
 
 
+def test_a_head_over_a_backbone_is_overfit_together_from_the_data(tmp_path):
+    """head(backbone(x)), two modules and one optimizer: the check took the head for the model,
+    described the backbone's features as the data, and trained the head alone on them (1.089 ->
+    0.49 after 300 iterations), FAILing 'the model cannot fit one small batch' on a healthy
+    script.  Two models' outputs combined are not rebuilt: SKIP, with the reason."""
+    body = """
+        import torch, torch.nn as nn
+        torch.manual_seed(0)
+        backbone = nn.Sequential(nn.Linear(10, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU())
+        head = nn.Linear(32, 3)
+        other = nn.Linear(10, 32)
+        opt = torch.optim.Adam(list(backbone.parameters()) + list(head.parameters()) + list(other.parameters()),
+                               lr=3e-3)
+        X = torch.randn(128, 10) * 3; Y = (X[:, 0] > 0).long() + (X[:, 1] > 0).long()
+        for step in range(4):
+            i = torch.arange(step * 16 % 128, step * 16 % 128 + 16)
+            opt.zero_grad()
+            loss = nn.functional.cross_entropy(head(FEATURES), Y[i])
+            loss.backward()
+            opt.step()
+            print(f"step {step} loss {loss.item()!r}")
+        """
+    report, _ = run_check(write(tmp_path, "chain.py", body.replace("FEATURES", "backbone(X[i])")))
+    checks = by_name(report)
+    assert report.context["model"] == "backbone (Sequential) -> head (Linear)", report.context
+    assert checks["data"].status == "PASS" and checks["data"].evidence.startswith("inputs (16, 10) float32")
+    over = checks["overfit"]
+    assert over.status == "PASS" and over.numbers["last"] <= 0.05 * over.numbers["first"], over.evidence
+    report, _ = run_check(write(tmp_path, "sum.py", body.replace("FEATURES", "backbone(X[i]) + other(X[i])")))
+    over = by_name(report)["overfit"]
+    assert over.status == "SKIP" and "cannot rebuild the forward pass on a copy" in over.evidence, over.evidence
+
+
 # -- the command line -----------------------------------------------------------------------------
 def test_cli_text_and_exit_code_for_a_healthy_script():
     r = nndb("check", example("mlp.py"))

@@ -202,7 +202,9 @@ def _context(cap: Capture) -> dict:
     seen, call = cap.model(), cap.primary_loss()
     model = None
     if seen is not None:
-        name = cap.rec.naming.module_name(seen.module)
-        model = f"{name} ({type(seen.module).__name__})" if name else type(seen.module).__name__
+        chain = cap.chain(call) if call is not None else None
+        mods = [s.module for s, _ in chain] if chain and chain[0][0] is seen else [seen.module]
+        names = [(cap.rec.naming.module_name(m), type(m).__name__) for m in mods]
+        model = " -> ".join(f"{name} ({cls})" if name else cls for name, cls in names)
     return {"model": model, "optimizers": [type(o.opt).__name__ for o in cap.optimizers],
             "loss": call.name if call else None}

@@ -35,6 +35,24 @@ class ModelSeen:
     replica_error: str
     first_args: tuple
     last_args: tuple = ()
+    last_feed: object = None                # where its last call's input came from (``Capture._feed``)
+
+
+@dataclass
+class Feed:
+    """One input of a model's call that another model's output is: ``head(backbone(x))``.
+    ``model`` made it (its output leaf ``leaf``) from ``args``, itself fed by ``feed``."""
+    model: torch.nn.Module
+    leaf: int
+    args: tuple
+    feed: object = None         # a Feed, GRAPH or None, of that model's own call
+    arg: int = 0                # which tensor of the fed call's inputs (pytree leaf)
+
+
+# An input computed with autograd from something no model of the run made (a trainable tensor
+# outside the modules, a sum of two models' outputs): the model's forward is not the whole
+# computation from the data, and nndb cannot rebuild it on a copy.
+GRAPH = "graph"
 
 
 @dataclass
@@ -54,6 +72,7 @@ class LossCall:
     model: Optional[torch.nn.Module] = None   # the root whose output is the input
     leaf: int = 0               # which tensor of its output (pytree leaf)
     model_args: tuple = ()      # that forward's inputs
+    model_feed: object = None   # where they came from: a Feed, GRAPH, or None (the data)
 
 
 @dataclass
@@ -158,6 +177,7 @@ class Capture:
         self._last_root = module
         if self.steps_done >= self.steps or next(module.parameters(), None) is None:
             return
+        feed = self._feed(module, args)
         seen = self.models.get(id(module))
         if seen is None:
             replica, err = None, ""
@@ -169,16 +189,34 @@ class Capture:
             seen.last_args = seen.first_args
         else:
             seen.last_args = _clone(args)
+        seen.last_feed = feed
         if type(module) not in self._output_types:
             self._output_types.add(type(module))
             cb = self._guard(self.output)
             self._hooks.append((type(module), cb))
             self.rec.tracer.within.join(type(module), cb)
 
+    def _feed(self, module, args):
+        """Where this call's inputs came from: None (none was computed with autograd: the data,
+        or features of a frozen module), a ``Feed`` (one of them is another model's output of this
+        step, the others not computed with autograd: ``head(backbone(x))``), else GRAPH."""
+        leaves = [t for t in pytree.tree_leaves(args) if isinstance(t, torch.Tensor)]
+        made = [i for i, t in enumerate(leaves) if t.grad_fn is not None]
+        if not made:
+            return None
+        if len(made) == 1:
+            t = leaves[made[0]]
+            for mid, (outs, margs, mfeed) in self.outputs.items():
+                if mid != id(module):
+                    for j, o in enumerate(outs):
+                        if o is t:
+                            return Feed(self.models[mid].module, j, margs, mfeed, made[0])
+        return GRAPH
+
     def output(self, module, use, args, output) -> None:
         seen = self.models.get(id(module))
         if seen is not None and seen.module is module and self.steps_done < self.steps:
-            self.outputs[id(module)] = (pytree.tree_leaves(output), seen.last_args)
+            self.outputs[id(module)] = (pytree.tree_leaves(output), seen.last_args, seen.last_feed)
 
     def backward_loss(self, tensor) -> None:
         if self.steps_done < self.steps:
@@ -205,10 +243,10 @@ class Capture:
         value = float(out.detach().double().mean()) if isinstance(out, torch.Tensor) and out.numel() else math.nan
         call = LossCall(self.steps_done, name, func, func.__name__, args, kwargs, tuple(inp.shape),
                         inp.requires_grad, _probs_like(inp, func.__name__), target, target_pos, value)
-        for mid, (leaves, margs) in self.outputs.items():
+        for mid, (leaves, margs, mfeed) in self.outputs.items():
             for i, t in enumerate(leaves):
                 if t is inp:
-                    call.model, call.leaf, call.model_args = self.models[mid].module, i, margs
+                    call.model, call.leaf, call.model_args, call.model_feed = self.models[mid].module, i, margs, mfeed
         self.loss_calls.append(call)
         if from_module:
             self._last_root = None
@@ -257,10 +295,29 @@ class Capture:
                 return hit
         return None
 
+    def chain(self, call: LossCall) -> Optional[list]:
+        """The models the loss's input went through, from the data on: [(ModelSeen, Feed or
+        None)], the first fed by the data (its Feed None), each later one by the one before
+        (``head(backbone(x))``: backbone, then head); None where an input was computed with
+        autograd from something else (``GRAPH``), or nothing links the loss to a model."""
+        if call.model is None:
+            return None
+        out, model, feed = [], call.model, call.model_feed
+        while True:
+            if feed == GRAPH or len(out) > len(self.models):
+                return None
+            out.append((self.models[id(model)], feed))
+            if feed is None:
+                return out[::-1]
+            model, feed = feed.model, feed.feed
+
     def model(self) -> Optional[ModelSeen]:
+        """The model the checks look at: the first the data went into on the way to the training
+        loss (``backbone`` in ``head(backbone(x))``)."""
         call = self.primary_loss()
         if call is not None and call.model is not None:
-            return self.models[id(call.model)]
+            chain = self.chain(call)
+            return chain[0][0] if chain else self.models[id(call.model)]
         if self.optimizers:
             held = {id(p) for p in self.optimizers[0].params}
             for seen in self.models.values():

@@ -128,7 +128,11 @@ def data_check(cap: Capture, outcome: Outcome) -> Check:
     seen, call = cap.model(), cap.primary_loss()
     if seen is None:
         return _skip("data", "no module with parameters was called", outcome)
-    args = call.model_args if call is not None and call.model is seen.module else seen.first_args
+    chain = cap.chain(call) if call is not None else None
+    if chain is not None and len(chain) > 1:
+        args = chain[1][1].args            # (the data the first model got, in the loss's forward)
+    else:
+        args = call.model_args if call is not None and call.model is seen.module else seen.first_args
     tensors = [t for t in pytree.tree_leaves(args) if isinstance(t, torch.Tensor)]
     if not tensors:
         return _skip("data", f"{type(seen.module).__name__}'s inputs hold no tensor", outcome)

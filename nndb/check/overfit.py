@@ -28,31 +28,43 @@ def overfit(cap: Capture, outcome: Outcome, iters: int) -> Check:
     if call.model is None:
         return _skip("overfit", f"{call.name} was not called on the model's output itself (a reshape or slice "
                      "in between?): nndb cannot recompute the loss on a copy", outcome)
+    chain = cap.chain(call)
     seen = cap.models[id(call.model)]
     model_name = type(seen.module).__name__
-    if seen.replica is None:
-        return _skip("overfit", f"{model_name} cannot be deep-copied: {seen.replica_error}", outcome)
-    model_params = {id(p) for p in seen.module.parameters()}
+    if chain is None:
+        return _skip("overfit", f"{model_name}'s input is computed with autograd from tensors no model of the "
+                     "run made alone (a trainable tensor outside the modules, two models' outputs combined, "
+                     "a module fed its own output): nndb cannot rebuild the forward pass on a copy", outcome)
+    stuck = next((s for s, _ in chain if s.replica is None), None)
+    if stuck is not None:
+        return _skip("overfit", f"{type(stuck.module).__name__} cannot be deep-copied: {stuck.replica_error}",
+                     outcome)
+    model, replica = _Chain([s.module for s, _ in chain], chain), _Chain([s.replica for s, _ in chain], chain)
+    if len(chain) > 1:
+        model_name = " -> ".join(type(s.module).__name__ for s, _ in chain)
+        if len(list(model.parameters())) != len(list(replica.parameters())):
+            return _skip("overfit", f"{model_name} share parameters: their copies would not", outcome)
+    model_params = {id(p) for p in model.parameters()}
     opts = [o for o in cap.optimizers if any(id(p) in model_params for p in o.params)]
     if len(opts) != 1:
         return _skip("overfit", f"{len(opts)} optimizers hold {model_name}'s parameters: "
                      + ("no optimizer stepped" if not opts else "nndb overfits with one"), outcome)
     try:
-        opt = _fresh_optimizer(opts[0], seen.module, seen.replica)
+        opt = _fresh_optimizer(opts[0], model, replica)
     except Exception as e:
         return _skip("overfit", f"cannot make a fresh {type(opts[0].opt).__name__}: {type(e).__name__}: {e}", outcome)
-    args, target, n = _small_batch(call)
+    args, target, n = _small_batch(call, replica.batch_args())
     lr = opt.param_groups[0].get("lr")
     setup = f"{n} sample(s), {type(opt).__name__}" + (f"(lr={lr:g})" if isinstance(lr, (int, float)) else "")
-    devices = sorted({p.device.index or 0 for p in seen.replica.parameters() if p.device.type == "cuda"})
+    devices = sorted({p.device.index or 0 for p in replica.parameters() if p.device.type == "cuda"})
     with torch.random.fork_rng(devices=devices), torch.enable_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")         # the script's own run has shown its warnings
         torch.manual_seed(0)
         try:
-            losses = _train(seen.replica, opt, call, args, target, iters)
+            losses = _train(replica, opt, call, args, target, iters)
         except Exception as e:
             return _skip("overfit", f"training the replica raised {type(e).__name__}: {e}", outcome)
-    return _verdict(cap, call, setup, losses, iters)
+    return _verdict(cap, call, setup, losses, iters, model)
 
 
 def _fresh_optimizer(seen_opt, model, replica):
@@ -74,19 +86,53 @@ def _fresh_optimizer(seen_opt, model, replica):
         return cls(groups)
 
 
-def _small_batch(call: LossCall):
-    """The first OVERFIT_BATCH samples, where every input and the target
-    share the batch dimension (dim 0) and none is sparse (a graph's adjacency
-    and features: its nodes, not a batch to cut); else the whole captured batch."""
-    args, target = call.model_args, call.target
+class _Chain(torch.nn.Module):
+    """The models a loss's input went through, called as the script called them
+    (``head(backbone(x))``: backbone, then head on its output), on their own inputs of that
+    forward otherwise.  One model alone is called as it is.  Called with a tuple per model: the
+    first's inputs, then each later one's (its fed input left in place: replaced)."""
+
+    def __init__(self, modules, chain):
+        super().__init__()
+        self.stages = torch.nn.ModuleList(modules)
+        self.feeds = [feed for _, feed in chain]         # (None for the first)
+        # each model's inputs of the loss's forward: the first's are the fed one's Feed.args
+        self.inputs = [feed.args for _, feed in chain[1:]] + [None]
+
+    def batch_args(self) -> list:
+        """The inputs of the models before the last, as the loss's forward gave them."""
+        return list(self.inputs[:-1])
+
+    def forward(self, *per_stage):
+        out = self.stages[0](*per_stage[0])
+        for module, feed, args in zip(self.stages[1:], self.feeds[1:], per_stage[1:]):
+            x, k = pytree.tree_leaves(out)[feed.leaf], 0
+            flat, spec = pytree.tree_flatten(args)
+            for i, t in enumerate(flat):
+                if isinstance(t, torch.Tensor):
+                    if k == feed.arg:
+                        flat[i] = x
+                    k += 1
+            out = module(*pytree.tree_unflatten(flat, spec))
+        return out
+
+
+def _small_batch(call: LossCall, earlier: list):
+    """The inputs of each model the loss's input went through (``earlier``: those before the
+    model of the loss, then ``call.model_args``), cut to their first OVERFIT_BATCH samples,
+    where every input and the target share the batch dimension (dim 0) and none is sparse (a
+    graph's adjacency and features: its nodes, not a batch to cut); else the whole captured
+    batch.  Returned as one tuple of inputs per model."""
+    per_stage = [a if isinstance(a, tuple) else (a,) for a in earlier + [call.model_args]]
+    target = call.target
     b = call.input_shape[0] if call.input_shape else None
-    leaves = [t for t in pytree.tree_leaves(args) if isinstance(t, torch.Tensor)]
+    leaves = [t for t in pytree.tree_leaves(per_stage) if isinstance(t, torch.Tensor)]
     ok = (b is not None and b > OVERFIT_BATCH and target is not None and target.dim() > 0
           and target.shape[0] == b and all(t.dim() > 0 and t.shape[0] == b and t.layout is torch.strided
                                            for t in leaves))
     if not ok:
-        return args, target, b if b is not None else "all"
-    cut = pytree.tree_map(lambda t: t[:OVERFIT_BATCH] if isinstance(t, torch.Tensor) else t, args)
+        return per_stage, target, b if b is not None else "all"
+    cut = pytree.tree_map(lambda t: t[:OVERFIT_BATCH] if isinstance(t, torch.Tensor) else t, per_stage)
     return cut, target[:OVERFIT_BATCH], OVERFIT_BATCH
 
 
@@ -109,7 +155,6 @@ def _loss_fn(call: LossCall, target):
 
 def _train(replica, opt, call: LossCall, args, target, iters: int) -> list:
     loss_of = _loss_fn(call, target)
-    args = args if isinstance(args, tuple) else (args,)
 
     def closure():
         opt.zero_grad(set_to_none=True)
@@ -143,7 +188,7 @@ SLOW_SHARE = 0.2
 STILL_FALLING = 0.1
 
 
-def _verdict(cap: Capture, call: LossCall, setup: str, losses: list, iters: int) -> Check:
+def _verdict(cap: Capture, call: LossCall, setup: str, losses: list, iters: int, model) -> Check:
     first, last = losses[0], losses[-1]
     if not math.isfinite(first):
         return Check("overfit", "SKIP", f"{setup}: the first loss is {first} (see finite-loss)")
@@ -174,10 +219,11 @@ def _verdict(cap: Capture, call: LossCall, setup: str, losses: list, iters: int)
         hints.append("the learning rate is 0")
     if call.probs_like:
         hints.append("a softmax before cross_entropy keeps the loss from going low")
-    inputs = [t for t in pytree.tree_leaves(call.model_args) if isinstance(t, torch.Tensor)]
+    inputs = [t for t in pytree.tree_leaves(model.inputs[0] if len(model.inputs) > 1 else call.model_args)
+              if isinstance(t, torch.Tensor)]
     if any(_describe_input(t, mask_ok=i > 0)[1] for i, t in enumerate(inputs)):       # (as the data check)
         hints.append("unnormalised inputs (see data)")
-    model_params = [p for p in call.model.parameters() if p.requires_grad]
+    model_params = [p for p in model.parameters() if p.requires_grad]
     if any(id(p) in cap.got_grad and id(p) not in cap.nonzero | cap.nonfinite for p in model_params):
         hints.append("dead units: some parameters get all-zero gradients (see gradients)")
     generic = ("a bug in the model (a detached or dead path), too little capacity, a learning rate far too "
