@@ -313,6 +313,28 @@ def test_a_head_over_a_backbone_is_overfit_together_from_the_data(tmp_path):
     assert over.status == "SKIP" and "cannot rebuild the forward pass on a copy" in over.evidence, over.evidence
 
 
+def test_a_bias_before_batch_norm_is_not_a_parameter_that_fails_to_update(tmp_path):
+    """Linear -> BatchNorm1d under SGD: the Linear's bias gets a gradient of RMS ~3e-9 (batch
+    norm removes its effect), which the update rounds away; 'updates' FAILed '0.bias did not
+    change' on a healthy script.  Below param_not_updated's min_grad_rms it counts as zero."""
+    script = write(tmp_path, "bn.py", """
+        import torch, torch.nn as nn
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(10, 32), nn.BatchNorm1d(32), nn.ReLU(), nn.Linear(32, 3))
+        opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+        X = torch.randn(256, 10); Y = (X[:, 0] > 0).long() + (X[:, 1] > 0).long()
+        for step in range(4):
+            opt.zero_grad()
+            loss = nn.functional.cross_entropy(model(X[step * 32:(step + 1) * 32]), Y[step * 32:(step + 1) * 32])
+            loss.backward()
+            opt.step()
+        """)
+    report, _ = run_check(script, overfit_iters=20)
+    up = by_name(report)["updates"]
+    assert up.status == "PASS" and up.numbers["tiny_grad"] == ["0.bias"], up.evidence
+    assert "5/5 parameter tensor(s) changed" in up.evidence and "not judged: 0.bias" in up.evidence
+
+
 # -- the command line -----------------------------------------------------------------------------
 def test_cli_text_and_exit_code_for_a_healthy_script():
     r = nndb("check", example("mlp.py"))

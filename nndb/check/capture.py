@@ -98,6 +98,7 @@ class Capture:
         self.optimizers: list = []          # OptimizerSeen, in the order first stepped
         self.got_grad: set = set()          # id(param): a gradient in some step
         self.nonzero: set = set()           # ... a finite one with a non-zero element, in some step
+        self.grad_rms: dict = {}            # id(param) -> the largest RMS of its finite gradients
         self.nonfinite: set = set()         # ... a NaN/Inf one, in some step
         self.changed: dict = {}             # id(param) -> largest relative change
         self.reset_checks: list = []        # the grad_reset probe's facts, each with its "step"
@@ -283,6 +284,8 @@ class Capture:
                 self.nonfinite.add(id(p))
             elif bool((v != 0).any()):
                 self.nonzero.add(id(p))
+                rms = float(v.double().norm()) / math.sqrt(max(p.numel(), 1))   # (a sparse one's: over the whole)
+                self.grad_rms[id(p)] = max(rms, self.grad_rms.get(id(p), 0.0))
 
     # -- what the checks ask --------------------------------------------------------------
     def primary_loss(self) -> Optional[LossCall]:
