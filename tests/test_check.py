@@ -335,6 +335,30 @@ def test_a_bias_before_batch_norm_is_not_a_parameter_that_fails_to_update(tmp_pa
     assert "5/5 parameter tensor(s) changed" in up.evidence and "not judged: 0.bias" in up.evidence
 
 
+def test_a_one_cycle_schedule_is_overfit_at_its_peak_not_its_warm_start(tmp_path):
+    """OneCycleLR's initial_lr is its warm start (max_lr / 25): the replica trained at lr 4e-4
+    where the script trains at up to 1e-2 (sq(model(x)) with weight_norm, spectral_norm and
+    orthogonal layers: FAIL 1.117 -> 0.3164, 'the model cannot fit one small batch'; this MLP:
+    SKIP, still falling after 300 iterations)."""
+    script = write(tmp_path, "onecycle.py", """
+        import torch, torch.nn as nn
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(10, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 3))
+        opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+        sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=1e-2, total_steps=40)
+        X = torch.randn(128, 10); Y = (X[:, 0] > 0).long() + (X[:, 1] > 0).long()
+        for step in range(4):
+            i = torch.arange(step * 16, step * 16 + 16)
+            opt.zero_grad()
+            loss = nn.functional.cross_entropy(model(X[i]), Y[i])
+            loss.backward()
+            opt.step(); sched.step()
+        """)
+    report, _ = run_check(script)
+    over = by_name(report)["overfit"]
+    assert over.status == "PASS" and "Adam(lr=0.01, its schedule's max_lr)" in over.evidence, over.evidence
+
+
 # -- the command line -----------------------------------------------------------------------------
 def test_cli_text_and_exit_code_for_a_healthy_script():
     r = nndb("check", example("mlp.py"))

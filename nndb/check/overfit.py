@@ -3,7 +3,7 @@
 On a replica: the deep copy of the model taken at its first forward (its
 train/eval modes as the script had them) and a fresh optimizer of the
 script's class with its hyper-parameters (per param group; a scheduler's
-``initial_lr`` stands for the lr).  It trains on the first OVERFIT_BATCH
+``initial_lr`` stands for the lr, OneCycleLR's ``max_lr`` where it has one).  It trains on the first OVERFIT_BATCH
 samples of the captured batch with the script's loss function, for up to
 ``iters`` iterations, with the global RNG saved and restored (seeded 0
 inside, so dropout is repeatable).  The live model and optimizer are never
@@ -55,7 +55,8 @@ def overfit(cap: Capture, outcome: Outcome, iters: int) -> Check:
         return _skip("overfit", f"cannot make a fresh {type(opts[0].opt).__name__}: {type(e).__name__}: {e}", outcome)
     args, target, n = _small_batch(call, replica.batch_args())
     lr = opt.param_groups[0].get("lr")
-    setup = f"{n} sample(s), {type(opt).__name__}" + (f"(lr={lr:g})" if isinstance(lr, (int, float)) else "")
+    peak = ", its schedule's max_lr" if "max_lr" in opt.param_groups[0] else ""
+    setup = f"{n} sample(s), {type(opt).__name__}" + (f"(lr={lr:g}{peak})" if isinstance(lr, (int, float)) else "")
     devices = sorted({p.device.index or 0 for p in replica.parameters() if p.device.type == "cuda"})
     with torch.random.fork_rng(devices=devices), torch.enable_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")         # the script's own run has shown its warnings
@@ -76,6 +77,10 @@ def _fresh_optimizer(seen_opt, model, replica):
             h = dict(hyper)
             if "initial_lr" in h:
                 h["lr"] = h["initial_lr"]
+            if isinstance(h.get("max_lr"), (int, float)):
+                # OneCycleLR's: its initial_lr is the warm start, max_lr / 25 by default, where the
+                # script spends a few steps (a healthy model's overfit FAILed at 1.117 -> 0.3164)
+                h["lr"] = h["max_lr"]
             groups.append({**h, "params": ps})
     if not groups:
         raise ValueError("it holds none of the model's trainable parameters")
