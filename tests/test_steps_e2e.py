@@ -514,6 +514,49 @@ def test_parameters_replaced_mid_run_are_recorded_under_their_names(tmp_path, ho
         assert ("param_not_updated", "0.weight") in rules
 
 
+PRUNED = """
+import torch
+import torch.nn as nn
+import torch.nn.utils.prune as prune
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+x, y = torch.randn(64, 8), torch.randint(0, 4, (64,))
+for i in range(12):
+    if i == 3:
+        prune.l1_unstructured(model[0], "weight", amount=0.5)
+    if i == 8:
+        prune.remove(model[0], "weight")
+    opt.zero_grad()
+    loss = nn.functional.cross_entropy(model(x), y)
+    loss.backward()
+    opt.step()
+    names = dict(model.named_parameters())
+    w = names["0.weight_orig" if "0.weight_orig" in names else "0.weight"]
+    print(repr(loss.item()), repr(w.norm().item()), repr(w.grad.norm().item()))
+"""
+
+
+def test_a_parameter_the_model_holds_at_another_path_is_named_by_it(tmp_path):
+    """Pruning moves the parameter '0.weight' to '0.weight_orig' (the model's 'weight' is then
+    weight_orig x mask, no parameter) and prune.remove moves it back: the trace kept the name it
+    was first seen under, so '0.weight' at steps 3-7 was weight_orig's norm (2.335 where
+    model[0].weight's was 2.165), and a model pruned before step 0 kept '0.weight_orig' after
+    prune.remove ($grad['0.weight']: 'no grad tensor named 0.weight').  Now each step names the
+    tensor by its path in the model then, as named_parameters() does."""
+    plain, trace = plain_and_recorded(tmp_path, PRUNED)
+    printed = [[float(v) for v in line.split()] for line in plain.stdout.splitlines()]
+    with TraceReader(trace) as t:
+        orig, weight = t.find("0.weight_orig", "param")[0], t.find("0.weight", "param")[0]
+        assert list(t.history(orig, "norm")[0]) == [3, 4, 5, 6, 7]
+        assert list(t.history(weight, "norm")[0]) == [0, 1, 2, 8, 9, 10, 11]
+        for name, steps in (("0.weight_orig", range(3, 8)), ("0.weight", [0, 1, 2, 8, 9, 10, 11])):
+            norms = t.history(t.find(name, "param")[0], "norm")[1]
+            grads = t.history(t.find(name, "grad")[0], "norm")[1]
+            np.testing.assert_allclose(norms, [printed[i][1] for i in steps], rtol=1e-6)
+            np.testing.assert_allclose(grads, [printed[i][2] for i in steps], rtol=1e-6)
+
+
 SPECTRAL = """
 import torch
 import torch.nn as nn

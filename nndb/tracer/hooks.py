@@ -373,6 +373,10 @@ class Tracer:
         self._fwd_handles: list = []            # the global module hooks, while in (sync_forward)
         self._param_handles: dict = {}          # id(param) -> (weakref, hook handle or None)
         self._param_hooks = True                # per-parameter hooks (else: the backward wrapper)
+        # A parameter registered on a module since the last optimizer step (pruning's weight_orig,
+        # prune.remove's weight again, a parametrization's original): the names are looked
+        # for again there (Naming.refresh), as a tensor may now be held at another path.
+        self._params_registered = False
         self.module_depth = 0
         self._calls: dict = {}                  # module -> calls within the current root forward
         self._ran: set = set()                  # modules whose forward ran with grad in this step (not in a backward)
@@ -436,6 +440,7 @@ class Tracer:
         self._handles = [
             _optimizer.register_optimizer_step_pre_hook(self._opt_pre),
             _optimizer.register_optimizer_step_post_hook(self._opt_post),
+            _module.register_module_parameter_registration_hook(self._param_registered),
         ]
         self.want_forward(True)
         _wrap_backward(self, True)       # (a backward the parameter hooks cannot see: _backward_unhooked)
@@ -798,6 +803,10 @@ class Tracer:
         return len(self._known_optimizers)
 
     # -- optimizer hooks -------------------------------------------------------
+    def _param_registered(self, module, name, param):
+        self._params_registered = True
+        return None
+
     def _opt_pre(self, opt, args, kwargs):
         if self._failed:
             return None
@@ -814,6 +823,9 @@ class Tracer:
             if self._opt_seen.get(opt) != len(opt.param_groups):
                 self._first_sight(opt)          # (again after add_param_group: its parameters named and watched)
                 sync = True
+            if self._params_registered:
+                self._params_registered = False
+                self.naming.refresh()
             clock = self.clock
             mode = clock.mode
             alive = clock._closer is not None and clock._closer() is not None

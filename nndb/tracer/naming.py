@@ -277,8 +277,12 @@ class Naming:
 
     def refresh(self) -> None:
         """Modules and parameters new in the known roots (a head replaced, weights loaded with
-        ``assign=True``): named by their place in the root, as the first ones were."""
+        ``assign=True``): named by their place in the root, as the first ones were.  A parameter
+        the root now holds at another path (pruning's ``0.weight`` is ``0.weight_orig`` until
+        ``prune.remove``; a parametrization's ``0.parametrizations.weight.original``) is named
+        by that path from now on, as ``named_parameters()`` names it."""
         moved = {}                       # (root, path) -> id of the parameter now there
+        renamed = False
         for root in self.roots():
             for sub, m in _named(root.named_modules(remove_duplicate=True)):
                 self._note_compiled(m)
@@ -289,6 +293,11 @@ class Naming:
                 if entry is None or entry[0]() is not p:
                     self._param_path[id(p)] = (weakref.ref(p), root, sub)
                     moved[(id(root), sub)] = id(p)
+                elif entry[1] is root and entry[2] != sub:
+                    self._param_path[id(p)] = (entry[0], root, sub)
+                    renamed = True
+        if renamed and not moved:
+            self.roots_version += 1      # (what the names resolve to changed)
         if not moved:
             return
         # A tensor that held one of these places (alive in an optimizer) is no longer the model's:
