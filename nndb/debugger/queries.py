@@ -237,7 +237,8 @@ class RunView:
             g = p.grad
             rows.append((naming.param_name(p), tuple(p.shape), str(p.dtype).replace("torch.", ""),
                          p.requires_grad, float(p.detach().double().norm()),
-                         float(g.detach().double().norm()) if g is not None and not g.is_sparse else None))
+                         float(g.detach().coalesce().values().double().norm() if g.is_sparse
+                               else g.detach().double().norm()) if g is not None else None))
         return rows
 
     def optimizer_groups(self) -> list:

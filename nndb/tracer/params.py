@@ -268,11 +268,12 @@ class ParamPlan:
                 q.__exit__(None, None, None)
 
     def host_grads(self):
-        """(keys, flat, sizes) for the small parameters' gradients, or None."""
-        grads = [p.grad for p in self.host]
-        if all(g is not None and not g.is_sparse for g in grads):
+        """(keys, flat, sizes) for the small parameters' gradients, or None (a sparse one as the
+        dense tensor it stands for)."""
+        grads = [S.dense(p.grad) for p in self.host]
+        if all(g is not None for g in grads):
             return self.grad_keys, np.concatenate([S._host_array(g) for g in grads]), self.sizes
-        sel = [i for i, g in enumerate(grads) if g is not None and not g.is_sparse]
+        sel = [i for i, g in enumerate(grads) if g is not None]
         if not sel:
             return None
         return ([self.grad_keys[i] for i in sel], np.concatenate([S._host_array(grads[i]) for i in sel]),
@@ -337,9 +338,9 @@ class Snapshot:
             for p, value, update in zip(plan.large, values, updates):
                 keys += [("param", p, "param"), ("param", p, "update")]
                 items += [value, update]
-                if grads and p.grad is not None and not p.grad.is_sparse:
+                if grads and p.grad is not None:
                     keys.append(("param", p, "grad"))
-                    items.append(S.local(p.grad).detach())
+                    items.append(S.dense(S.local(p.grad)).detach())
             H.add_many(bucket, keys, items, full, bulk=True)
             self.large_before = []
             plan._large_spare = updates

@@ -418,11 +418,11 @@ class StepRecorder:
             keys.append(("param", p, "param"))
             items.append(p.detach())
             g = p.grad
-            if g is not None and not g.is_sparse:
+            if g is not None:
                 mark = (id(g), g._version)
                 if marks.get(id(p)) != mark:     # (not as the last step left it: this step's backward made it)
                     keys.append(("param", p, "grad"))
-                    items.append(g.detach())
+                    items.append(S.dense(g).detach())
                 marks[id(p)] = mark
         H.add_many(bucket, keys, items, full, bulk=True)
 
@@ -446,9 +446,9 @@ class StepRecorder:
             bucket.blocks.append(g)
         keys, items = [], []
         for p in plan.large:
-            if p.grad is not None and not p.grad.is_sparse:
+            if p.grad is not None:
                 keys.append(("param", p, "grad"))
-                items.append(p.grad.detach())
+                items.append(S.dense(p.grad).detach())
         H.add_many(bucket, keys, items, full, bulk=True)
         bucket.resolve(full)
         if final:

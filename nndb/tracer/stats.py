@@ -104,6 +104,12 @@ def local(t):
     return t.to_local() if type(t).__name__ == "DTensor" else t
 
 
+def dense(t):
+    """A sparse tensor (the gradient of ``nn.Embedding(sparse=True)``, which SparseAdam applies)
+    as the dense tensor it stands for (its repeated indices summed), else the tensor."""
+    return t.to_dense() if t is not None and t.layout is not torch.strided else t
+
+
 def _host_array(t: torch.Tensor) -> np.ndarray:
     t = local(t).detach()
     if t.dtype not in _HOST_DTYPES:
