@@ -359,6 +359,34 @@ def test_a_one_cycle_schedule_is_overfit_at_its_peak_not_its_warm_start(tmp_path
     assert over.status == "PASS" and "Adam(lr=0.01, its schedule's max_lr)" in over.evidence, over.evidence
 
 
+@pytest.mark.filterwarnings("ignore:.*weight_norm is deprecated")     # the script's own warning
+def test_a_model_pruned_before_training_is_overfit_through_its_masks(tmp_path):
+    """torch.nn.utils.prune's module.weight is weight_orig x mask, a tensor computed with
+    autograd, which deepcopy refuses: the overfit was SKIP 'Sequential cannot be deep-copied:
+    RuntimeError: Only Tensors created explicitly by the user (graph leaves) support the deepcopy
+    protocol' for every pruned model (the old weight_norm's too).  It is copied detached (the
+    pruning hook computes it again from the copied weight_orig and mask at each call)."""
+    script = write(tmp_path, "pruned.py", """
+        import torch, torch.nn as nn, torch.nn.utils.prune as prune
+        torch.manual_seed(1)
+        model = nn.Sequential(nn.Linear(20, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 5))
+        for m in (model[0], model[4]):
+            prune.l1_unstructured(m, "weight", amount=0.8)
+        model[2] = torch.nn.utils.weight_norm(model[2])      # (the old one: its weight is computed too)
+        X = torch.randn(256, 20); Y = X[:, :5].argmax(1)
+        opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+        for step in range(4):
+            i = torch.arange(step * 32, step * 32 + 32)
+            opt.zero_grad()
+            loss = nn.CrossEntropyLoss()(model(X[i]), Y[i])
+            loss.backward()
+            opt.step()
+        """)
+    report, _ = run_check(script)
+    over = by_name(report)["overfit"]
+    assert over.status == "PASS", over.evidence
+
+
 # -- the command line -----------------------------------------------------------------------------
 def test_cli_text_and_exit_code_for_a_healthy_script():
     r = nndb("check", example("mlp.py"))

@@ -183,7 +183,7 @@ class Capture:
         if seen is None:
             replica, err = None, ""
             try:
-                replica = copy.deepcopy(module)
+                replica = _deepcopy(module)
             except Exception as e:
                 err = f"{type(e).__name__}: {e}"
             seen = self.models[id(module)] = ModelSeen(module, replica, err, _clone(args))
@@ -333,6 +333,19 @@ class Capture:
             return self.rec.naming.param_name(p)
         except Exception:
             return f"<parameter {tuple(p.shape)}>"
+
+
+def _deepcopy(module: torch.nn.Module) -> torch.nn.Module:
+    """A deep copy of ``module``.  A tensor attribute computed with autograd, which deepcopy
+    refuses (torch.nn.utils.prune's ``weight``: weight_orig x mask; the old weight_norm's and
+    spectral_norm's ``weight``), is copied detached: the module's forward pre-hook computes it
+    again from the copied parameters at each call."""
+    memo: dict = {}
+    for m in module.modules():
+        for v in vars(m).values():
+            if isinstance(v, torch.Tensor) and v.grad_fn is not None:
+                memo[id(v)] = v.detach().clone()
+    return copy.deepcopy(module, memo)
 
 
 def _number(x) -> Optional[float]:
