@@ -158,6 +158,43 @@ def test_stale_grad_of_a_maml_loop_that_forgets_its_meta_zero_grad(tmp_path, how
     found = [(f["step"], f["evidence"]["optimizer"]) for f in _of(res, "stale_grad")]
     assert found == ([(2, "meta")] if how == "forget" else [])
 
+
+SPARSE_EMBEDDINGS = """
+import sys
+import torch, torch.nn as nn
+torch.manual_seed(0)
+emb = nn.Embedding(200, 8, sparse=True)
+head = nn.Linear(8, 2)
+sopt = torch.optim.SparseAdam(emb.parameters(), lr=1e-2)
+dopt = torch.optim.Adam(head.parameters(), lr=1e-2)
+tok, y = torch.randint(0, 200, (256,)), torch.randint(0, 2, (256,))
+for step in range(6):
+    if sys.argv[1] == "reset":
+        sopt.zero_grad()
+    dopt.zero_grad()
+    loss = nn.functional.cross_entropy(head(emb(tok[step * 32:(step + 1) * 32])), y[step * 32:(step + 1) * 32])
+    loss.backward()
+    sopt.step(); dopt.step()
+"""
+
+
+@pytest.mark.parametrize("reset", ["reset", "forgotten"])
+def test_stale_grad_sees_a_sparse_embeddings_missing_zero_grad(tmp_path, reset):
+    """SparseAdam's embeddings without sopt.zero_grad(): the probe sampled only parameters with
+    a dense gradient, so the optimizer of sparse ones was never checked (no finding; nndb
+    check's zero-grad PASSed 'dopt: .grad was reset').  A sparse gradient is compared as the
+    dense tensor it stands for."""
+    script = tmp_path / "sparse.py"
+    script.write_text(SPARSE_EMBEDDINGS)
+    res = run_in_process(tmp_path, str(script), [reset])
+    assert res.exit_code == 0
+    found = _of(res, "stale_grad")
+    if reset == "reset":
+        assert found == []
+    else:
+        assert len(found) == 1 and found[0]["step"] == 2 and found[0]["evidence"]["optimizer"] == "sopt"
+
+
 @pytest.mark.parametrize("script", ["grad_accum.py", "gan.py", "lbfgs.py"])
 def test_no_gradient_rule_fires_on_accumulation_gan_or_closures(tmp_path, script):
     res = run_in_process(tmp_path, example(script), ["--steps", "10"])

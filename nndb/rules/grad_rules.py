@@ -160,13 +160,20 @@ class _Watch:
         self.armed = True        # the hook sums incoming gradients only before a checked step
 
 
+# A sparse gradient (nn.Embedding(sparse=True) under SparseAdam) is compared as the dense tensor
+# it stands for, on a parameter of at most this many elements (its copies are held a step).
+SPARSE_SAMPLE_MAX = 1 << 22
+
+
 def _sample(opt):
-    """A small parameter of the optimizer with a dense gradient now: the smallest
-    one with at least 16 elements, else the largest (with one element, a gradient
-    and its sum with another are always parallel: only their sizes tell them apart,
-    StaleGrad's second test)."""
+    """A small parameter of the optimizer with a gradient now: the smallest one with at least
+    16 elements, else the largest (with one element, a gradient and its sum with another are
+    always parallel: only their sizes tell them apart, StaleGrad's second test); one with a
+    dense gradient where there is one, else (an optimizer of sparse embeddings alone: SparseAdam)
+    one with a sparse gradient."""
     ps = [p for g in opt.param_groups for p in g["params"]
-          if p.requires_grad and p.grad is not None and not p.grad.is_sparse and p.numel() >= 1]
+          if p.requires_grad and p.grad is not None and p.numel() >= 1]
+    ps = [p for p in ps if not p.grad.is_sparse] or [p for p in ps if p.numel() <= SPARSE_SAMPLE_MAX]
     if not ps:
         return None
     big = [p for p in ps if p.numel() >= 16]
@@ -174,7 +181,8 @@ def _sample(opt):
 
 
 def _flat(t):
-    return t.detach().reshape(-1).to(torch.float32)
+    t = t.detach()
+    return (t.to_dense() if t.is_sparse else t).reshape(-1).to(torch.float32)
 
 
 _GRAPH_TASK = torch._C._current_graph_task_id        # -1 outside a backward
@@ -244,8 +252,7 @@ class GradReset(Probe):
             if self.error is not None:
                 return None
             try:
-                w.pending = (_GRAPH_TASK(), _flat(grad).clone()) \
-                    if w.armed and grad is not None and not grad.is_sparse else None
+                w.pending = (_GRAPH_TASK(), _flat(grad).clone()) if w.armed and grad is not None else None
             except Exception as e:     # never raise into the backward pass
                 self.fail(f"probe {self.name} failed and is off: {type(e).__name__}: {e}")
             return None
@@ -291,7 +298,7 @@ class GradReset(Probe):
             _unhook(w)
         if not check_now and not w.armed:
             return
-        g = None if p.grad is None or p.grad.is_sparse else _flat(p.grad)
+        g = None if p.grad is None else _flat(p.grad)
         last, inc = w.last, w.incoming
         w.last = g.clone() if (g is not None and w.armed) else None
         w.incoming = None
