@@ -195,6 +195,17 @@ def test_stale_grad_sees_a_sparse_embeddings_missing_zero_grad(tmp_path, reset):
         assert len(found) == 1 and found[0]["step"] == 2 and found[0]["evidence"]["optimizer"] == "sopt"
 
 
+def test_stale_grad_names_the_parameter_as_the_trace_does(tmp_path):
+    """Two models called on their own (emb, head): names are qualified when step 0 ends, after
+    the probe picked its sample at the first optimizer step; the finding said 'weight.grad held
+    the last step's gradient' where the trace's series is 'emb.weight'."""
+    script = tmp_path / "dense.py"
+    script.write_text(SPARSE_EMBEDDINGS.replace(", sparse=True", "").replace("SparseAdam", "Adam"))
+    res = run_in_process(tmp_path, str(script), ["forgotten"])
+    [f] = _of(res, "stale_grad")
+    assert f["tensor"] == "emb.weight" and "(2 in a row: emb.weight.grad held" in f["message"]
+
+
 @pytest.mark.parametrize("script", ["grad_accum.py", "gan.py", "lbfgs.py"])
 def test_no_gradient_rule_fires_on_accumulation_gan_or_closures(tmp_path, script):
     res = run_in_process(tmp_path, example(script), ["--steps", "10"])

@@ -147,12 +147,11 @@ class GradNone(Rule):
 class _Watch:
     """One optimizer's sample parameter: the gradient it had at the optimizer's
     last step, and the sum of the gradients that arrived since then."""
-    __slots__ = ("opt", "param", "name", "handle", "last", "incoming", "pending", "armed", "__weakref__")
+    __slots__ = ("opt", "param", "handle", "last", "incoming", "pending", "armed", "__weakref__")
 
-    def __init__(self, opt, param, name):
+    def __init__(self, opt, param):
         self.opt = weakref.ref(opt)
         self.param = weakref.ref(param)
-        self.name = name
         self.handle = None       # (the tensor hook's and the post-accumulate-grad hook's handles)
         self.last = None
         self.incoming = None
@@ -278,7 +277,7 @@ class GradReset(Probe):
             p = _sample(opt)
             if p is None:
                 return                                    # look again at the next step
-            w = self._watches[key] = _Watch(opt, p, self.naming.param_name(p))
+            w = self._watches[key] = _Watch(opt, p)
             w.handle = self._watch_hooks(w, p)
             w.last = _flat(p.grad).clone()
             return
@@ -322,7 +321,9 @@ class GradReset(Probe):
         rr = math.sqrt(max(gg - gi * gi / ii, 0.0))
         gn, ln, n_in = math.sqrt(gg), math.sqrt(ll), math.sqrt(ii)
         self.facts.setdefault("checks", []).append({
-            "optimizer": self.naming.optimizer_name(opt), "param": w.name,
+            # (named now: at the optimizer's first step, before step 0 ended, a model of several
+            # roots had its names unqualified yet: 'weight' for 'emb.weight')
+            "optimizer": self.naming.optimizer_name(opt), "param": self.naming.param_name(p),
             "r_stale": rs / gn, "r_reset": rr / gn, "scale": a,
             "grad_norm": gn, "last_norm": ln, "incoming_norm": n_in,
         })
