@@ -110,6 +110,28 @@ def test_grad_none_names_a_parameter_that_stops_getting_gradients(tmp_path):
     assert "the longest it went without one before: 1 step(s)" in f["message"]
 
 
+def test_grad_none_names_a_module_never_called_by_the_scripts_variable(tmp_path):
+    """A module given to the optimizer and never called (no forward names it): its parameters
+    were named by their place in the optimizer, 'opt.group0.3, opt.group0.4 got no gradient';
+    now as the script holds them, extra.weight and extra.bias."""
+    script = tmp_path / "unused.py"
+    script.write_text(textwrap.dedent("""
+        import torch, torch.nn as nn
+        torch.manual_seed(0)
+        emb, head = nn.Embedding(200, 8), nn.Linear(8, 2)
+        extra = nn.Linear(8, 8)
+        opt = torch.optim.Adam([*emb.parameters(), *head.parameters(), *extra.parameters()], lr=1e-2)
+        tok, y = torch.randint(0, 200, (64,)), torch.randint(0, 2, (64,))
+        for step in range(8):
+            opt.zero_grad()
+            nn.functional.cross_entropy(head(emb(tok)), y).backward()
+            opt.step()
+        """))
+    res = run_in_process(tmp_path, str(script))
+    [f] = _of(res, "grad_none")
+    assert f["evidence"]["params"] == ["extra.weight", "extra.bias"], f
+
+
 # -- stale_grad, end to end ------------------------------------------------------------------------
 def test_stale_grad_fires_on_the_missing_zero_grad(tmp_path):
     res = run_in_process(tmp_path, example("no_zero_grad.py"), ["--steps", "6"])

@@ -8,7 +8,10 @@ by its root's variable name in the script (``netD.main.0.weight``); a root
 with parameters first seen later is always qualified.  A root's own output is
 named by that variable name (``model``).  Variable names come from the
 script's frames (locals, globals, then attributes of ``self``); where none is
-found, the class name in snake case.
+found, the class name in snake case.  A parameter no forward reached by the time
+its optimizer first steps (a module given to the optimizer and never called) is
+named by its path in a module a script's variable holds (``extra.weight``), else
+by its place in the optimizer (``opt.group0.3``).
 """
 from __future__ import annotations
 
@@ -84,6 +87,25 @@ def find_container(module, frame):
                 if len(mods) > size and any(m is module for m in mods) and not _wraps(v, module):
                     best, size = v, len(mods)
     return best
+
+
+def find_module_path(p, frame) -> Optional[str]:
+    """``var.path`` of ``p`` in a module a script's variable holds (looking outwards from
+    ``frame``, then its globals), or None: a module given to an optimizer but never called
+    (``extra.weight``), which no forward names."""
+    f, scopes = frame, []
+    while f is not None:
+        scopes.append(f.f_locals)
+        f = f.f_back
+    if frame is not None:
+        scopes.append(frame.f_globals)
+    for scope in scopes:
+        for k, v in list(scope.items()):
+            if isinstance(v, torch.nn.Module) and not k.startswith("."):
+                for sub, q in _named(v.named_parameters(remove_duplicate=True)):
+                    if q is p:
+                        return f"{k}.{sub}"
+    return None
 
 
 # Where a wrapper keeps the model it wraps (DDP and DataParallel: ``module``; torch.compile:
@@ -319,7 +341,8 @@ class Naming:
         loose = self._loose_names.get(id(p))
         if loose is not None and loose[0]() is p:       # (named already: "replaced.<name>" stays)
             return
-        self._loose_names[id(p)] = (weakref.ref(p), find_variable_name(p, frame) or fallback)
+        self._loose_names[id(p)] = (weakref.ref(p), find_variable_name(p, frame) or find_module_path(p, frame)
+                                    or fallback)
 
     def param_name(self, p: torch.Tensor) -> str:
         entry = self._param_path.get(id(p))
