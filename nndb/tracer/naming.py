@@ -69,18 +69,23 @@ def find_variable_name(obj, frame) -> Optional[str]:
     return None
 
 
-def find_container(module, frame):
-    """The largest module a script's variable holds (looking outwards from
-    ``frame``, then its globals) that has ``module`` inside it, or None: the
-    model whose layers the script calls one by one (``model[0](x)``)."""
-    best, size = None, 0
+def _scopes(frame) -> list:
+    """The script's scopes seen from ``frame``: its locals and its callers', outwards, then its globals."""
     f, scopes = frame, []
     while f is not None:
         scopes.append(f.f_locals)
         f = f.f_back
     if frame is not None:
         scopes.append(frame.f_globals)
-    for scope in scopes:
+    return scopes
+
+
+def find_container(module, frame):
+    """The largest module a script's variable holds (looking outwards from
+    ``frame``, then its globals) that has ``module`` inside it, or None: the
+    model whose layers the script calls one by one (``model[0](x)``)."""
+    best, size = None, 0
+    for scope in _scopes(frame):
         for v in list(scope.values()):
             if isinstance(v, torch.nn.Module) and v is not module:
                 mods = list(v.modules())
@@ -93,13 +98,7 @@ def find_module_path(p, frame) -> Optional[str]:
     """``var.path`` of ``p`` in a module a script's variable holds (looking outwards from
     ``frame``, then its globals), or None: a module given to an optimizer but never called
     (``extra.weight``), which no forward names."""
-    f, scopes = frame, []
-    while f is not None:
-        scopes.append(f.f_locals)
-        f = f.f_back
-    if frame is not None:
-        scopes.append(frame.f_globals)
-    for scope in scopes:
+    for scope in _scopes(frame):
         for k, v in list(scope.items()):
             if isinstance(v, torch.nn.Module) and not k.startswith("."):
                 for sub, q in _named(v.named_parameters(remove_duplicate=True)):
