@@ -332,3 +332,32 @@ def test_steps_after_the_last_measured_one_are_drawn_not_measured(tmp_path):
     assert np.all(mesh.get_array().mask[:, -1])              # the last column: no value (grey), not a 0
     assert not np.any(mesh.get_array().mask[:, -2])
     assert "not measured" in [t.get_text() for t in fig.legends[0].get_texts()]
+
+
+def test_a_measured_zero_beside_negative_values_is_white_not_grey(tmp_path):
+    """dead_relu.py's act mean: fc2's outputs are about -10, the dead ReLU's (act#2) exactly 0.  On the
+    symmetric log scale the 0 was masked with the 'not measured' values and drawn in their grey (with no
+    legend entry): a dead layer read as one nndb never measured."""
+    pytest.importorskip("matplotlib")
+    import gc
+    from nndb.run.config import RunConfig
+    from nndb.driver import DebugOptions, debug
+    from nndb.frontends.batch import ScriptedFrontend
+    from nndb.run.launcher import Target
+    from nndb.render.plot import figure
+    gc.collect()
+    path = str(tmp_path / "t.h5")
+    assert debug(RunConfig(Target(path=example("dead_relu.py"), args=["--steps", "3"]), path, quiet=True),
+                 DebugOptions(batch=True, no_rc=True, rules="none"), ScriptedFrontend([])).exit_code == 0
+    with TraceReader(path) as r:
+        d = D.heatmap(r, "act", "mean")
+    dead, neg = d.layers.index("act#2"), d.layers.index("fc2")
+    assert np.all(d.values[dead] == 0) and np.all(d.values[neg] < -5)
+    fig = figure(d)
+    ax = fig.axes[0]
+    assert "symmetric log scale" in fig.axes[1].get_ylabel()
+    mesh, zeros = ax.collections[0], ax.collections[1]
+    assert np.all(mesh.get_array().mask[dead]) and not np.any(zeros.get_array().mask[dead])
+    assert not np.any(mesh.get_array().mask[neg])
+    legend = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert "0 (measured)" in legend and "not measured" not in legend

@@ -165,7 +165,7 @@ def _heatmap(fig, d: Heatmap) -> None:
     zeros = values == 0
     extra = [Patch(facecolor=NOT_MEASURED, edgecolor="black", linewidth=0.5, label="not measured")] \
         if (~np.isfinite(values)).any() else []
-    if zeros.any() and not negative:
+    if zeros.any():         # (on the symmetric scale too: white, not the 'not measured' grey under the mask)
         ax.pcolormesh(edges, np.arange(L + 1), np.ma.masked_where(~zeros, np.zeros_like(values)),
                       cmap=ListedColormap([ZERO]), shading="flat")
         extra.append(Patch(facecolor=ZERO, edgecolor="black", linewidth=0.5, label="0 (measured)"))
