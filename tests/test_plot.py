@@ -361,3 +361,56 @@ def test_a_measured_zero_beside_negative_values_is_white_not_grey(tmp_path):
     assert not np.any(mesh.get_array().mask[neg])
     legend = [t.get_text() for t in fig.legends[0].get_texts()]
     assert "0 (measured)" in legend and "not measured" not in legend
+
+
+def test_ratio_and_history_show_a_zero_update_and_a_nonfinite_norm(nan_trace, tmp_path):
+    """A picture left these out silently: the ratio plot of dead_relu.py (every weight's update exactly 0:
+    no gradient flows past the dead ReLU) drew no line at all, only the legend's, and nan_lr.py's ratio and
+    0.weight history ended at step 5 as if the run had, where the norms are Inf, then NaN, from step 6 on.
+    Now a 0 is a hollow circle along the bottom edge (a log scale has no 0) and a NaN/Inf a red cross, as
+    on the loss curve."""
+    pytest.importorskip("matplotlib")
+    import gc
+    from nndb.run.config import RunConfig
+    from nndb.driver import DebugOptions, debug
+    from nndb.frontends.batch import ScriptedFrontend
+    from nndb.run.launcher import Target
+    from nndb.render.plot import figure
+
+    def legend_of(ax):
+        return [t.get_text() for t in ax.get_legend().get_texts()]
+
+    def crosses(ax):
+        return [c for c in ax.collections if c.get_label() in ("NaN or Inf", "norm: NaN or Inf")]
+
+    path, _ = nan_trace
+    with TraceReader(path) as r:
+        ratio, hist = D.ratio(r), D.history(r, "0.weight", "param")
+        _, w = column(r, "0.weight", "param", "norm")
+    bad = ~np.isfinite(w)
+    assert bad[6:].all() and not bad[:6].any()
+    assert ratio.nonfinite[0].tolist() == bad.tolist() and hist.nonfinite.tolist() == bad.tolist()
+    ax = figure(ratio).axes[0]
+    (c,) = crosses(ax)
+    assert sorted({int(round(x)) for x, _ in c.get_offsets()}) == list(range(6, int(r.steps[-1]) + 1))
+    assert "NaN or Inf" in legend_of(ax)
+    top = figure(hist).axes[0]
+    (c,) = crosses(top)
+    assert [int(round(x)) for x, _ in c.get_offsets()] == np.flatnonzero(bad).tolist()
+
+    gc.collect()
+    dead = str(tmp_path / "dead.h5")
+    assert debug(RunConfig(Target(path=example("dead_relu.py"), args=["--steps", "4"]), dead, quiet=True),
+                 DebugOptions(batch=True, no_rc=True, rules="none"), ScriptedFrontend([])).exit_code == 0
+    with TraceReader(dead) as r:
+        d = D.ratio(r)
+        for i, name in enumerate(d.layers):
+            _, u = column(r, name, "update", "norm")
+            assert np.all(u == 0) and np.all(d.values[i] == 0)
+    ax = figure(d).axes[0]
+    assert all(len(line.get_xdata()) == 0 for line in ax.get_lines() if line.get_label() in d.layers)
+    zeros = [c for c in ax.collections if c.get_offsets().shape[0] == 4 and not crosses(ax).count(c)]
+    assert len(zeros) == len(d.layers)                        # one row of circles per layer, steps 0..3
+    for c in zeros:
+        assert sorted(int(round(x)) for x, _ in c.get_offsets()) == [0, 1, 2, 3]
+    assert "0: no update (a log scale has no 0)" in legend_of(ax)

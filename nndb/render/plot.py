@@ -255,6 +255,10 @@ def _history(fig, d: History) -> None:
     norm = d.stats["norm"]
     ok = np.isfinite(norm)
     top.plot(d.steps[ok], norm[ok], linewidth=1.5, label="norm (every recorded step)")
+    bad = d.nonfinite if d.nonfinite is not None else np.zeros(len(norm), bool)
+    if bad.any():           # (as on the loss curve: no height to draw them at, a row of crosses along the bottom)
+        top.scatter(d.steps[bad], [0.03] * int(bad.sum()), marker="x", color="red", s=40,
+                    transform=top.get_xaxis_transform(), label="norm: NaN or Inf", zorder=4)
     top.set_ylabel("norm")
     top.grid(True, alpha=0.3)
     _mark(top, d.marks, d.steps)
@@ -285,9 +289,21 @@ def _ratio(fig, d: Ratio) -> None:
     ax = fig.add_subplot()
     ax.axhspan(*d.band, color="tab:green", alpha=0.12, label=f"healthy band {d.band[0]:g}-{d.band[1]:g}")
     ax.axhline(d.target, color="tab:green", linewidth=1.2, linestyle="--", label=f"{d.target:g} (rule of thumb)")
+    bad = d.nonfinite if d.nonfinite is not None else np.zeros(d.values.shape, bool)
+    zero_label = "0: no update (a log scale has no 0)"
     for i, (name, row) in enumerate(zip(d.layers, d.values)):
         ok = np.isfinite(row) & (row > 0)
-        ax.plot(d.steps[ok], row[ok], linewidth=1.2, label=plain(name), **_line_style(i, len(d.layers)))
+        line, = ax.plot(d.steps[ok], row[ok], linewidth=1.2, label=plain(name), **_line_style(i, len(d.layers)))
+        zero = (row == 0) & ~bad[i]
+        if zero.any():      # (a weight left as it was: along the bottom edge, in the layer's colour)
+            ax.scatter(d.steps[zero], [0.03] * int(zero.sum()), marker="o", facecolor="none",
+                       edgecolor=line.get_color(), s=30, transform=ax.get_xaxis_transform(), zorder=4,
+                       label=zero_label)
+            zero_label = None
+    bad_y, bad_x = np.nonzero(bad)
+    if len(bad_x):
+        ax.scatter(d.steps[bad_x], [0.97] * len(bad_x), marker="x", color="red", s=40,
+                   transform=ax.get_xaxis_transform(), label="NaN or Inf", zorder=4)
     ax.set_yscale("log")
     ax.set_xlabel("training step")
     ax.set_ylabel("||update|| / ||weight|| (log scale)")

@@ -64,6 +64,7 @@ class History:
     stats: dict = field(default_factory=dict)   # stat -> (N,) NaN where not measured
     marks: list = field(default_factory=list)
     title: str = ""
+    nonfinite: Optional[np.ndarray] = None      # (N,) bool: the norm measured NaN or Inf
 
 
 @dataclass
@@ -71,6 +72,7 @@ class Ratio:
     layers: list
     steps: np.ndarray       # (T,)
     values: np.ndarray      # (L, T): update norm / weight norm, NaN where either is missing
+    nonfinite: Optional[np.ndarray] = None     # (L, T) bool: the update's or the weight's norm measured NaN or Inf
     target: float = RATIO_TARGET
     band: tuple = RATIO_BAND
     marks: list = field(default_factory=list)
@@ -188,9 +190,12 @@ def history(reader, name: str, kind: str = "param", findings=(), stops=()) -> Hi
     stats = {}
     steps = None
     for stat in HISTORY_STATS:
-        steps, v, _ = _column(reader, s, stat)
+        steps, v, bad = _column(reader, s, stat)
         stats[stat] = v
-    return History(s.name, kind, steps, stats, marks(findings, stops), _title(reader, f"{kind} {s.name} history"))
+        if stat == "norm":
+            nonfinite = bad
+    return History(s.name, kind, steps, stats, marks(findings, stops), _title(reader, f"{kind} {s.name} history"),
+                   nonfinite)
 
 
 def ratio(reader, glob: Optional[str] = None, findings=(), stops=()) -> Ratio:
@@ -204,14 +209,15 @@ def ratio(reader, glob: Optional[str] = None, findings=(), stops=()) -> Ratio:
         raise UsageError(printable_line(f"no parameter with an update" + (f" matches '{glob}'" if glob else "")
                                         + f" in {reader.path}"))
     params, order = in_model_order(reader, params)
-    up_steps, up, _ = _grid(reader, [updates[s.name] for s in params], "norm")
-    w_steps, w, _ = _grid(reader, params, "norm")
+    up_steps, up, up_bad = _grid(reader, [updates[s.name] for s in params], "norm")
+    w_steps, w, w_bad = _grid(reader, params, "norm")
     steps = np.intersect1d(up_steps, w_steps)
     u = up[:, np.searchsorted(up_steps, steps)]
     wv = w[:, np.searchsorted(w_steps, steps)]
+    bad = up_bad[:, np.searchsorted(up_steps, steps)] | w_bad[:, np.searchsorted(w_steps, steps)]
     with np.errstate(divide="ignore", invalid="ignore"):
         values = np.where(wv > 0, u / wv, np.nan)
-    return Ratio([s.name for s in params], steps, values, marks=marks(findings, stops),
+    return Ratio([s.name for s in params], steps, values, bad, marks=marks(findings, stops),
                  title=_title(reader, "update/weight ratio per layer"), order=order)
 
 
