@@ -118,6 +118,7 @@ def at_step_5(tmp_path_factory):
         "p loss", "p/full x[:40]", "p x", "print/xyz x",
         "stats grad", "stats grad 4.*", "stats loss", "stats act nomatch*",
         "history loss", "history grad 0.weight norm --last 2", "history nope",
+        "history 0.weight --last 2", "history param 0.weight --last 2", "history update 0.weight --last 2",
     ], steps=9)
 
 
@@ -179,6 +180,22 @@ def test_history_last_n_rows(at_step_5):
     h2 = at_step_5.after("history grad 0.weight norm --last 2").splitlines()
     assert h2[0].startswith("0.weight (grad) norm, 6 recorded step(s)") and len(h2) == 2 + 1 + 2 + 10
     assert [l.split()[0] for l in h2[3:5]] == ["4", "5"]     # (then the whole series' chart)
+
+
+def test_history_of_a_parameters_name_shows_its_kinds_side_by_side(at_step_5):
+    """README's 'history fc1.weight' (no kind) was an error, "'0.weight' is recorded as grad, param,
+    update: say which", which in batch mode ended the run with exit code 2; now the three side by side,
+    as 'nndb inspect --series' shows them, each column the number its own kind's history gives."""
+    h = at_step_5.after("history 0.weight --last 2").splitlines()
+    assert h[0] == "0.weight norm (param, update, grad), 6 recorded step(s) 0..5", h
+    assert [l.split()[0] for l in h[1:4]] == ["param", "update", "grad"]
+    assert h[4].split() == ["step", "param", "update", "grad"] and len(h) == 7
+    one = {k: [l.split() for l in at_step_5.after(f"history {k} 0.weight --last 2").splitlines()[3:5]]
+           for k in ("param", "update")}
+    one["grad"] = [l.split() for l in at_step_5.after("history grad 0.weight norm --last 2").splitlines()[3:5]]
+    for row, (step, *values) in enumerate(l.split() for l in h[5:7]):
+        assert step == str(4 + row)
+        assert values == [one[k][row][1] for k in ("param", "update", "grad")]
 
 
 def test_history_of_an_unknown_tensor_says_so(at_step_5):

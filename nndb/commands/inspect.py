@@ -163,6 +163,10 @@ def _mean(xs):
 
 def _history(s, arg):
     kind, name, stat, last = arg
+    if kind is None:
+        kinds = s.view.kinds_of(name)
+        if len(kinds) > 1:          # (a parameter's name: its param, update and grad)
+            return _histories(s, name, kinds, stat, last)
     steps, values, kind = s.view.history(name, kind, stat)
     stat = stat or default_stat(kind)
     if len(steps) == 0:
@@ -177,6 +181,27 @@ def _history(s, arg):
     # mode (logs, CI) keeps to the numbers.
     chart_lines = chart([int(x) for x in steps], values) if s.interactive else []
     return [*lines, Table(("step", stat), rows), *chart_lines]
+
+
+def _histories(s, name, kinds, stat, last):
+    """One statistic of a name recorded as several kinds, side by side (as
+    ``nndb inspect --series`` shows it): a sparkline a kind, the last K steps."""
+    got = [(k, *s.view.history(name, k, stat)[:2]) for k in kinds]
+    stat = stat or default_stat(kinds[0])
+    steps = sorted({int(x) for _, st, _ in got for x in st})
+    lines = [f"{name} {stat} ({', '.join(kinds)}), {len(steps)} recorded step(s) {steps[0]}..{steps[-1]}"
+             if steps else f"{name} ({', '.join(kinds)}): nothing recorded yet"]
+    if not steps:
+        return lines
+    width = max(len(k) for k in kinds)
+    at = {}
+    for k, st, values in got:
+        numbers = [v for v in values if v is not None and not math.isnan(v)]
+        lines.append(f"{k:<{width}}  {sparkline(values)}"
+                     + (f"  min {fmt(min(numbers))} max {fmt(max(numbers))}" if numbers else ""))
+        at[k] = dict(zip((int(x) for x in st), values))
+    rows = [(x, *(at[k].get(x) for k in kinds)) for x in steps[-last:]]
+    return [*lines, Table(("step", *kinds), rows)]
 
 
 # -- the script's stack ----------------------------------------------------------------
@@ -400,7 +425,8 @@ every element.  $step, $loss, $grad['NAME'] ... are nndb's variables.
             _stats, _stats_arg, args=("kind", "tensor"), group="data", ranks="option"),
     Command("history", "history [KIND] NAME [STAT] [--last K]", """One tensor's recorded statistic (default norm; the loss's: mean, its value) over the steps.
 A sparkline of the whole series and its last K values (default 20); at the
-prompt (not in batch mode), the whole series as a chart under them.""",
+prompt (not in batch mode), the whole series as a chart under them.  A
+parameter's name without KIND: its param, update and grad side by side.""",
             _history, _history_arg, args=("tensor", "stat"), group="data"),
     Command("where", "where [--ranks all|LIST]", """The script's stack (nndb's own frames are hidden); > marks the current frame.
 --ranks all|LIST (several ranks): every rank's stack.""",

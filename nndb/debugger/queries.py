@@ -144,6 +144,13 @@ class RunView:
                     return mine
         return [(n, o) for n, o in opts if n == name]
 
+    def kinds_of(self, name: str) -> list:
+        """The kinds ``name`` is recorded as, in the order ``nndb inspect --series``
+        shows them side by side (param, update, grad; then the others)."""
+        order = ("param", "update", "grad", "act", "loss")
+        kinds = {k for n, k in self.series_names() if n == name}
+        return sorted(kinds, key=lambda k: order.index(k) if k in order else len(order))
+
     def history(self, name: str, kind: Optional[str], stat: Optional[str]):
         """(steps, values, kind) of one series, from the trace (and the steps
         the writer has not flushed yet); a value is None where it was not measured.
