@@ -104,6 +104,27 @@ def test_bad_questions_get_one_line(finished, call, message):
     assert message in str(e.value) and "\n" not in str(e.value)
 
 
+def test_a_closed_trace_says_it_was_closed(finished):
+    """After close() (or its 'with' block) a read said the file was corrupted ("cannot read trace
+    ...: it is corrupted (Unable to synchronously open object ...)"), and the readers of the optional
+    groups answered as if the trace kept nothing: histogram() None, histogram_steps() [], lineage_steps
+    [], full_tensors() [] (h5py's closed File answers get() with None)."""
+    with nndb.open(finished) as t:
+        kept = t.histogram_steps("2.weight", "grad")
+        assert kept and t.histogram("2.weight", "grad", kept[0]) is not None
+    for call in (lambda: t.series("loss", "loss"), lambda: t.stats(3), lambda: t.histogram_steps("2.weight", "grad"),
+                 lambda: t.histogram("2.weight", "grad", kept[0]), lambda: t.full_tensors(),
+                 lambda: t.lineage_steps, lambda: t.tensor("2.weight", "grad", 0)):
+        with pytest.raises(UsageError) as e:
+            call()
+        assert not isinstance(e.value, TraceError)
+        assert str(e.value).startswith(f"trace {finished} was closed") and "\n" not in str(e.value)
+    t.close()                                               # (again: nothing to do)
+    assert t.steps[0] == 0 and t.status == "finished"      # what open() read stays
+    assert t.refresh().series("loss", "loss")[3] > 0        # refresh() opens the file again
+    t.close()
+
+
 def test_what_is_not_a_trace_is_one_error(tmp_path):
     (tmp_path / "x.h5").write_text("hello")
     for path in (tmp_path / "x.h5", tmp_path / "missing.h5"):

@@ -17,7 +17,7 @@ from typing import Optional
 import h5py
 import numpy as np
 
-from ..errors import TraceError
+from ..errors import TraceError, UsageError
 from .. import schema as K
 from .fullreader import FullReads
 
@@ -41,6 +41,25 @@ def _series_info(d: dict) -> SeriesInfo:
 # reader turns each into a TraceError (one line; nndb inspect exits 2).
 _DAMAGE = (OSError, KeyError, ValueError, TypeError, IndexError, AttributeError, RuntimeError,
            UnicodeDecodeError, OverflowError, RecursionError)
+
+
+class _ClosedFile:
+    """What a closed TraceReader reads through: every read is one UsageError
+    line.  (h5py's closed File answers ``get`` with None, so the readers of
+    the optional groups, whole tensors, histograms, lineage, said the trace
+    kept none, and the others that the file was corrupted.)"""
+
+    def __init__(self, path: str):
+        self._path = path
+
+    def _closed(self, *_args, **_kw):
+        raise UsageError(f"trace {self._path} was closed (close(), or the end of its 'with' block): "
+                         f"nndb.open it again to read it")
+
+    def __getattr__(self, name):
+        self._closed()
+
+    __getitem__ = __contains__ = __iter__ = _closed
 
 
 def _reads(method):
@@ -435,10 +454,11 @@ class TraceReader(FullReads):
 
     def close(self) -> None:
         """Close the file (a reader over a writer's file leaves it to the writer)."""
-        if self._live:
+        if self._live or isinstance(self._f, _ClosedFile):
             return
+        f, self._f = self._f, _ClosedFile(self.path)
         try:
-            self._f.close()
+            f.close()
         except Exception:
             pass
 
