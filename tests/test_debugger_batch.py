@@ -381,6 +381,8 @@ def test_command_file_error_is_fatal_in_batch(tmp_path, trace):
     assert i.returncode == 0, i.stderr
     info = json.loads(i.stdout)
     assert info["status"] == "killed" and info["steps"] == 2 and info["last_step"] == 1
+    # ... and says why, as the report does (it said 'exit 0 (killed from the debugger)': no one typed kill)
+    assert (info["end"]["exit_code"], info["end"]["reason"]) == (2, msg)
 
 
 def test_a_command_file_line_that_does_not_parse_fails_before_the_script_runs(tmp_path, trace):
@@ -568,6 +570,7 @@ def test_a_command_that_fails_in_the_past_ends_the_run_with_exit_2(tmp_path, tra
     assert _report(report)["exit"] == {"code": 2, "reason": msg}
     with TraceReader(trace) as t:
         assert t.status == "killed"
+        assert (t.end["exit_code"], t.end["reason"]) == (2, msg)
 
 
 def test_a_batch_run_goes_back_to_the_present_when_nothing_is_queued_in_the_past(tmp_path, trace):

@@ -21,7 +21,7 @@ import contextlib
 import time
 from typing import Optional
 
-from ..errors import EXIT_FAIL_ACTION, CommandError, KillRun, RestartRun
+from ..errors import EXIT_FAIL_ACTION, EXIT_USAGE, CommandError, KillRun, RestartRun
 from ..text import printable
 from . import current
 from . import evaluate as E
@@ -290,6 +290,8 @@ class Session(CommandLoop, StopPoints):
                 self.here.let_go()
         self.sync_hooks()
         if self.control.kill_requested:
+            if self.input.file_error:       # (batch mode: a startup command failed; the trace says so)
+                raise KillRun(self.input.file_error, EXIT_USAGE)
             if self.fail_fast():
                 nums = ", ".join(str(n) for n in dict.fromkeys(self.log.failed_points))
                 raise KillRun(f"a point with the fail action hit ({nums})", EXIT_FAIL_ACTION)
