@@ -106,6 +106,39 @@ def test_nan_lr_explodes_then_goes_nonfinite(tmp_path):
     assert of(found, "vanishing_gradient") == [] and of(found, "param_not_updated") == []
 
 
+@pytest.mark.parametrize("every, steps, want", [
+    (4, None, (8, "NaN first appeared in act 0", [5, 7], "(steps 5-7 were not recorded (--every, --steps): "
+                                                        "it may have appeared there)")),
+    (None, "7:", (7, "NaN first appeared in act 0", [0, 6], "(steps 0-6 were not recorded")),
+    (None, None, (6, "Inf first appeared in act 2", None, None)),
+])
+def test_nonfinite_says_when_the_steps_before_were_not_recorded(tmp_path, every, steps, want):
+    """nan_lr.py's first non-finite value is an Inf in act 2 at step 6.  Recorded every 4th step, nonfinite
+    said 'NaN first appeared in act 0' at step 8, naming another tensor and kind, with nothing to tell that
+    steps 5-7, where it began, were never looked at."""
+    import gc
+    from nndb.run.config import RecordSchedule, RunConfig
+    from nndb.driver import DebugOptions, debug
+    from nndb.frontends.batch import ScriptedFrontend
+    from nndb.run.launcher import Target
+    gc.collect()
+    cfg = RunConfig(Target(path=example("nan_lr.py"), args=["--steps", "10"]), str(tmp_path / "run.h5"),
+                    RecordSchedule.parse(every, steps), quiet=True)
+    res = debug(cfg, DebugOptions(batch=True, no_rc=True), ScriptedFrontend([]))
+    [nf] = of(res.session.log.findings, "nonfinite")
+    step, first, gap, said = want
+    assert nf["step"] == step and first in nf["message"]
+    assert nf["evidence"].get("not_recorded") == gap
+    assert (said in nf["message"]) if said else ("not recorded" not in nf["message"])
+
+
+def test_nonfinite_switched_off_and_on_does_not_call_the_steps_it_missed_unrecorded(tmp_path):
+    res = run_in_process(tmp_path, example("nan_lr.py"), ["--steps", "9"],
+                         commands=("rule disable nonfinite", "until 3", "rule enable nonfinite"))
+    [nf] = of(res.session.log.findings, "nonfinite")
+    assert nf["step"] == 6 and "not recorded" not in nf["message"] and nf["evidence"]["previous_step"] == 5
+
+
 def test_deep_sigmoid_vanishes(tmp_path):
     """12 sigmoid layers: the first layer's gradient is ~1e-11, 1e10x below the last's."""
     found = run(tmp_path, "buggy", "--depth", 12, "--act", "sigmoid")

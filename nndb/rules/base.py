@@ -211,6 +211,10 @@ class Rule:
     def reset(self) -> None:
         """A new run starts: forget the history."""
 
+    def resumed(self) -> None:
+        """Switched on again (``rule enable``) after steps it did not see: those
+        steps were recorded all the same (NonFinite must not call them missing)."""
+
     def threshold_problem(self, name: str, value: float) -> Optional[str]:
         """Why ``value`` cannot be threshold ``name``, or None.  A threshold is a
         finite number >= 0 (an infinite one would silently turn the rule off),

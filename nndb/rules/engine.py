@@ -86,6 +86,8 @@ class RuleEngine:
 
     def set_enabled(self, rule_id: str, on: bool) -> Rule:
         r = self.rule(rule_id)
+        if on and not r.enabled:
+            r.resumed()
         r.enabled = on
         self._every = None
         self._sync_probes()

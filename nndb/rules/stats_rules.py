@@ -54,15 +54,20 @@ class NonFinite(Rule):
     def reset(self):
         self._prev = None              # (step, names, context) of the previous recorded step, if it was clean
         self._bad_before = False       # the previous recorded step already held a NaN/Inf
+        self._first = True             # no recorded step seen yet
+
+    def resumed(self):
+        self._prev, self._bad_before, self._first = None, False, False
 
     def check_block(self, block):
         if block.any_nonfinite():
             return None
         c = block.last
-        self._prev, self._bad_before = (c.step, c.names, c), False
+        self._prev, self._bad_before, self._first = (c.step, c.names, c), False, False
         return True
 
     def check(self, ctx):
+        first, self._first = self._first, False
         if not ctx.nonfinite:
             self._prev, self._bad_before = (ctx.step, ctx.names, ctx), False
             return
@@ -95,6 +100,13 @@ class NonFinite(Rule):
             before = float(prev[2].col("norm")[prev[1].index((name, kind))])
             evidence["previous_step"], evidence["previous_norm"] = prev[0], num(before)
             msg += f"; its norm at step {prev[0]} was {before:.3g}"
+        # Steps not recorded right before this one (--every, --steps) may have held it first:
+        # 'first appeared' is then only among the recorded steps, and the message says so.
+        gap = (prev[0] + 1, ctx.step - 1) if prev is not None else (0, ctx.step - 1) if first else None
+        if gap is not None and gap[0] <= gap[1]:
+            evidence["not_recorded"] = list(gap)
+            steps = f"step {gap[0]} was" if gap[0] == gap[1] else f"steps {gap[0]}-{gap[1]} were"
+            msg += f" ({steps} not recorded (--every, --steps): it may have appeared there)"
         yield self.finding(ctx, msg, tensor=name, **evidence)
 
 
