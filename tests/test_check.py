@@ -410,6 +410,30 @@ def test_cli_json_and_usage_errors(tmp_path):
     assert r.returncode == 2 and "Traceback" not in r.stderr
 
 
+EXITS = """
+import os, torch
+m = torch.nn.Linear(2, 1)
+o = torch.optim.SGD(m.parameters(), lr=0.1)
+for i in range(5):
+    o.zero_grad(); torch.nn.functional.mse_loss(m(torch.ones(4, 2)), torch.zeros(4, 1)).backward(); o.step()
+    if i == 0:
+        os._exit(5)
+"""
+
+
+def test_a_script_that_ends_its_process_is_not_said_to_have_no_optimizer(tmp_path):
+    """The header said 'no model seen, no optimizer stepped, no loss function seen' of a script whose
+    SGD had stepped once (and whose model and MSE loss had run) before os._exit(5): what the child process
+    knew died with it, and the header must say that, not that there was none."""
+    r = nndb("check", write(tmp_path, "exits.py", EXITS))
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    head, run = r.stdout.splitlines()[:2]
+    assert "no optimizer stepped" not in head and "no model seen" not in head
+    assert head.endswith("1 step(s); model, optimizer and loss not known: the script ended its process "
+                         "before nndb could report them")
+    assert run.startswith("FAIL  run") and "status 5" in run
+
+
 def test_cli_defaults_are_the_modules():
     from nndb.cli import cli
     opts = {p.name: p.default for p in cli.commands["check"].params}

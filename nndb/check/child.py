@@ -154,7 +154,11 @@ def _ended_early(target, last_step: Optional[int], status: int):
                     numbers={"steps": steps})]
     checks += [Check(name, "SKIP", "the script ended its process before the checks could run")
                for name in CHECK_NAMES[1:]]
-    return CheckReport(target.display, steps, {"model": None, "optimizers": [], "loss": None}, checks)
+    # (the child found the model, optimizer and loss, but ended before it could say: not 'none seen')
+    return CheckReport(target.display, steps, {"model": None, "optimizers": [], "loss": None,
+                                               "unknown": "model, optimizer and loss not known: the script "
+                                                          "ended its process before nndb could report them"},
+                       checks)
 
 
 def _from_dict(d: dict):

@@ -10,6 +10,8 @@ def text(report) -> str:
     found = [f"model: {ctx['model']}" if ctx.get("model") else "no model seen",
              ("optimizer: " + ", ".join(ctx["optimizers"])) if ctx.get("optimizers") else "no optimizer stepped",
              f"loss: {ctx['loss']}" if ctx.get("loss") else "no loss function seen"]
+    if ctx.get("unknown"):
+        found = [ctx["unknown"]]
     lines = [f"nndb check {report.target}: {report.steps} step(s); " + ", ".join(found)]
     width = max(len(c.name) for c in report.checks)
     for c in report.checks:
