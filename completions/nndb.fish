@@ -23,7 +23,7 @@ complete -c nndb -n '__fish_use_subcommand' -a export -d 'Export TRACE to Tensor
 complete -c nndb -n '__fish_seen_subcommand_from export' -l tensorboard -x -d 'Write TensorBoard event files into DIR'
 complete -c nndb -n '__fish_seen_subcommand_from export' -l mlflow -x -d 'Log an MLflow run (default tracking URI: MLFLOW_TRACKING_URI, else a file store in ./mlruns)'
 complete -c nndb -n '__fish_seen_subcommand_from export' -l experiment -x -d 'The MLflow experiment'
-complete -c nndb -n '__fish_seen_subcommand_from export' -l run-name -x -d 'The MLflow runs name (default: the traces file name)'
+complete -c nndb -n '__fish_seen_subcommand_from export' -l run-name -x -d 'The MLflow runs name (default: the traces file name without its extension: run for run.h5)'
 complete -c nndb -n '__fish_seen_subcommand_from export' -l rules -x -d 'The rules whose findings are exported (as nndb check-trace runs them)'
 complete -c nndb -n '__fish_seen_subcommand_from export' -s h -l help -d 'Show the help and exit'
 complete -c nndb -n '__fish_seen_subcommand_from export' -F

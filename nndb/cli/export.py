@@ -16,7 +16,7 @@ from .common import fail, stderr_is_terminal
 @click.option("--mlflow", "mlflow_uri", is_flag=False, flag_value="", default=None, metavar="[TRACKING_URI]",
               help="Log an MLflow run (default tracking URI: MLFLOW_TRACKING_URI, else a file store in ./mlruns).")
 @click.option("--experiment", default="nndb", show_default=True, metavar="NAME", help="The MLflow experiment.")
-@click.option("--run-name", metavar="NAME", help="The MLflow run's name (default: the trace's file name).")
+@click.option("--run-name", metavar="NAME", help="The MLflow run's name (default: the trace's file name without its extension: run for run.h5).")
 @click.option("--rules", "rules", default="default", show_default=True, metavar="default|FILE.yaml|none",
               help="The rules whose findings are exported (as nndb check-trace runs them).")
 def export(trace, tb_dir, mlflow_uri, experiment, run_name, rules):
