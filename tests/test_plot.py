@@ -414,3 +414,24 @@ def test_ratio_and_history_show_a_zero_update_and_a_nonfinite_norm(nan_trace, tm
     for c in zeros:
         assert sorted(int(round(x)) for x, _ in c.get_offsets()) == [0, 1, 2, 3]
     assert "0: no update (a log scale has no 0)" in legend_of(ax)
+
+
+def test_a_history_draws_no_line_across_steps_that_were_not_measured(relu_trace):
+    """An activation's norm is measured at steps 0-19, 32 (and the full steps); its history drew one line
+    through them, labelled 'every recorded step', from 19 to 32 as if measured between, and its x axis ran
+    to 76 for a 61-step trace (the last cell's edge)."""
+    pytest.importorskip("matplotlib")
+    from nndb.render.plot import figure
+    with TraceReader(relu_trace) as r:
+        d = D.history(r, "1", "act")
+        w = D.history(r, "0.weight", "param")
+    assert d.steps.tolist() == list(range(20)) + [32]
+    top = figure(d).axes[0]
+    (line,) = [l for l in top.get_lines() if l.get_label().startswith("norm")]
+    assert line.get_label() == "norm (at each step it was measured)"
+    x = np.asarray(line.get_xdata(), dtype=float)
+    assert np.isnan(x[20]) and x[:20].tolist() == list(range(20)) and x[21] == 32     # no line from 19 to 32
+    same(np.asarray(line.get_ydata(), dtype=float)[[*range(20), 21]], d.stats["norm"])
+    assert top.get_xlim() == (-0.5, 60.5)
+    wl = [l for l in figure(w).axes[0].get_lines() if l.get_label().startswith("norm")][0]
+    assert not np.isnan(np.asarray(wl.get_xdata(), dtype=float)).any()     # a weight's: every step, unbroken

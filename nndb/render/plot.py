@@ -254,7 +254,10 @@ def _history(fig, d: History) -> None:
     top, bottom = fig.subplots(2, 1, sharex=True)
     norm = d.stats["norm"]
     ok = np.isfinite(norm)
-    top.plot(d.steps[ok], norm[ok], linewidth=1.5, label="norm (every recorded step)")
+    xs, ys = _broken(d.steps[ok], norm[ok])
+    sparse = ok.sum() < 60 or bool(np.isnan(xs).any())        # (few points, or gaps: each one shown)
+    top.plot(xs, ys, linewidth=1.5, marker="." if sparse else None, markersize=4,
+             label="norm (at each step it was measured)")
     bad = d.nonfinite if d.nonfinite is not None else np.zeros(len(norm), bool)
     if bad.any():           # (as on the loss curve: no height to draw them at, a row of crosses along the bottom)
         top.scatter(d.steps[bad], [0.03] * int(bad.sum()), marker="x", color="red", s=40,
@@ -282,7 +285,23 @@ def _history(fig, d: History) -> None:
     bottom.set_ylabel("value (full steps)")
     bottom.set_xlabel("training step")
     bottom.grid(True, alpha=0.3)
-    _integer_steps(bottom, d.steps)
+    _integer_steps(bottom)
+    bottom.set_xlim(d.span[0] - 0.5, d.span[1] + 0.5)     # the trace's steps, first to last
+
+
+def _broken(steps: np.ndarray, values: np.ndarray) -> tuple:
+    """(x, y) of a line that is not drawn across a gap longer than the usual
+    spacing of its steps (an activation's norm at steps 0-19, then 32, 64: no
+    line from 19 to 32 or from 32 to 64, which would show values never measured)."""
+    s = np.asarray(steps, dtype=float)
+    v = np.asarray(values, dtype=float)
+    if len(s) < 3:
+        return s, v
+    gap = np.diff(s) > max(1.0, float(np.median(np.diff(s)))) * 1.5
+    if not gap.any():
+        return s, v
+    cut = np.flatnonzero(gap) + 1
+    return np.insert(s, cut, np.nan), np.insert(v, cut, np.nan)
 
 
 def _ratio(fig, d: Ratio) -> None:

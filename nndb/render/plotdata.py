@@ -65,6 +65,7 @@ class History:
     marks: list = field(default_factory=list)
     title: str = ""
     nonfinite: Optional[np.ndarray] = None      # (N,) bool: the norm measured NaN or Inf
+    span: tuple = (0, 0)    # the trace's first and last recorded step: the x axis runs over them
 
 
 @dataclass
@@ -194,8 +195,9 @@ def history(reader, name: str, kind: str = "param", findings=(), stops=()) -> Hi
         stats[stat] = v
         if stat == "norm":
             nonfinite = bad
+    span = (int(reader.steps[0]), int(reader.steps[-1])) if reader.n_steps else (0, 0)
     return History(s.name, kind, steps, stats, marks(findings, stops), _title(reader, f"{kind} {s.name} history"),
-                   nonfinite)
+                   nonfinite, span)
 
 
 def ratio(reader, glob: Optional[str] = None, findings=(), stops=()) -> Ratio:
