@@ -56,6 +56,8 @@ def main() -> None:
             nndb("run", "--batch", "-q", "--replica", "off", "--trace", traces[name], *argv)
         for file, run, args in PICTURES:
             out = os.path.join(OUT, file)
+            if os.path.exists(out):     # (the committed picture: nndb plot writes over none it did not stamp)
+                os.remove(out)
             nndb("plot", traces[run], *args, "-o", out)
             print(os.path.relpath(out, ROOT))
 
