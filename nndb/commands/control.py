@@ -105,7 +105,9 @@ At the end of the step, stop there.""",
             _detach, no_args, group="running"),
     Command("kill", "kill", "Stop the run (its trace is closed and kept); 'run' starts it again.",
             _kill, no_args, aliases=("k",), group="running"),
-    Command("run", "run", "Start the script again from the beginning; breakpoints are kept.",
+    Command("run", "run", """Start the script again from the beginning; breakpoints are kept.
+The new run records to a trace of its own beside the first, TRACE-run2.h5
+(-run3 ..., never over an existing file), and says so.""",
             _run, no_args, aliases=("r",), group="running"),
     Command("quit", "quit", "Leave nndb (asks first if a run is active).",
             _quit, no_args, aliases=("q", "exit"), group="running"),
