@@ -654,3 +654,19 @@ def test_comprehensions_and_lambdas_see_nndbs_variables_and_the_frames(tmp_path)
     assert f"([{printed[1]}, {printed[1]}], 1)" in r.stdout, r.stdout
     assert "['0.weight', '2.weight']" in r.stdout
     assert r.returncode == 0 and set(printed) == {0, 1, 2, 3}       # the condition never held
+
+
+def test_inside_a_step_the_steps_statistics_are_not_measured_not_the_last_steps(tmp_path, trace):
+    """At a module stop in step 3, '$step' said 3 and '$loss' 2.309532880783081, step 2's loss (step 3's is
+    2.3051798343658447), '$grad' step 2's gradients, with nothing to tell; at the start stop '$loss' was
+    None, so 'p $loss > 1' raised a TypeError (exit 2) and a condition on it stopped the run with an error.
+    As at a step that was not recorded: not measured, and a comparison with it is false."""
+    r = nndb("run", "--batch", "--nx", "-q", "--trace", trace, "-e", "p $loss", "-e", "p $loss > 1",
+             "-e", "until 2", "-e", "p $loss", "-e", "break module 0", "-e", "c", "-e", "p $step", "-e", "p $loss",
+             "-e", "p $grad['0.weight'].norm", "-e", "p $loss > 1", "-e", "kill",
+             example("mlp.py"), "--steps", "6", cwd=str(tmp_path))
+    assert r.returncode == 0, r.stdout + r.stderr
+    said = [l for l in r.stdout.splitlines()
+            if not l.startswith(("step ", "Step ", "> ", "-> ", "Breakpoint"))]
+    assert said == ["not measured", "False", "2.309532880783081", "3", "not measured", "not measured", "False"]
+    assert "step 2 loss 2.309532880783081" in r.stdout

@@ -281,6 +281,10 @@ class RunView:
     def _loss_values(rows: dict) -> list:
         return [(name, E.loss_value(row)) for name, row in rows["loss"].items()]
 
+    def last_loss(self):
+        """The last recorded step's (first) loss, or None: what the bottom bar shows."""
+        return next(iter(self._loss_values(self.stat_rows("loss"))), (None, None))[1]
+
     def losses(self) -> list:
         """[(name, value)] of the last recorded step's losses, in the record's
         order: one (``loss``), or one per optimizer (a GAN's ``loss/optimizerD``
@@ -292,13 +296,18 @@ class RunView:
     def variables(self, frame=None, step_end: bool = False, stop=None) -> dict:
         """``stop``: the stop being decided (a module call's, for a point's
         condition), when it is not the current one yet."""
-        unrecorded = self.unrecorded_step(step_end, stop)
-        rows = self.stat_rows(unrecorded=unrecorded)
-        loss = next(iter(self._loss_values(rows)), (None, None))[1]
         cur = stop if stop is not None else self.s.here.stop
+        step = (self.s.last_step if (step_end or cur is None or cur.at_step_end)
+                else cur.step if cur.step is not None else self.s.step_in_progress())
+        # $loss, $grad ... are the statistics of the step $step names, or not measured: never an
+        # earlier step's (a step not recorded; a stop inside a step, whose statistics are not
+        # taken yet: they were the last step's; the start of the run, before any)
+        rec = self.s.record
+        unrecorded = self.unrecorded_step(step_end, stop) or rec is None or rec.step != step
+        rows = self.stat_rows(unrecorded=unrecorded)
+        loss = next(iter(self._loss_values(rows)), (None, NOT_MEASURED))[1]
         v = {
-            "step": self.s.last_step if (step_end or cur is None or cur.at_step_end)
-            else cur.step if cur.step is not None else self.s.step_in_progress(),
+            "step": step,
             "loss": loss,
             "grad": E.StatTable("grad", rows["grad"], lambda: self.known_names("grad")),
             "param": E.StatTable("param", rows["param"], lambda: self.known_names("param")),

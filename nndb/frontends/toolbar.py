@@ -21,7 +21,7 @@ def toolbar_text(session) -> str:
     else:
         parts.append("step -")
     try:
-        loss = session.view.variables().get("loss")
+        loss = session.view.last_loss()
     except Exception:
         loss = None
     parts.append(f"loss {fmt(loss)}")
