@@ -104,3 +104,38 @@ def test_a_respawned_replica_keeps_the_hits_the_live_run_counted(tmp_path):
     rows = re.findall(r"^([12]) +breakpoint +keep +y +step \d +(\d+)", r.stdout, re.M)
     assert rows == [("1", "2"), ("2", "1")] * 2, r.stdout     # in the past (rc counts a hit), and back
     assert "done" in r.stdout
+
+
+# makemore --resume: the script starts from the snapshot it saves over as it trains.
+RESUMES = textwrap.dedent('''
+    import os
+    import torch, torch.nn as nn
+    torch.manual_seed(0)
+    model = nn.Linear(4, 1)
+    if os.path.exists("snap.pt"):
+        model.load_state_dict(torch.load("snap.pt", weights_only=True))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in range(8):
+        x = torch.randn(16, 4)
+        loss = (model(x) - x.sum(1, keepdim=True)).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        if step == 3:
+            torch.save(model.state_dict(), "snap.pt")
+''')
+
+
+def test_a_drift_names_the_file_the_run_saved_over_since_it_started(tmp_path):
+    """makemore --resume overwrites the model.pt it resumed from; a replay from the start then
+    began from the new one and drifted at once, the message listing 'a file that changed since'
+    among three causes without naming it."""
+    script = tmp_path / "resume.py"
+    script.write_text(RESUMES)
+    (tmp_path / "untouched.txt").write_text("written before the run")
+    argv = ["run", "--batch", "--nx", "--replica", "respawn", "--trace", str(tmp_path / "t.h5"),
+            "-e", "until 5", "-e", "goto 1"]
+    r = Ran(nndb(*argv, str(script), cwd=str(tmp_path)), argv)
+    said = [l for l in r.stderr.splitlines() if "it read the files the run wrote since it started" in l]
+    assert len(said) == 1 and said[0].endswith("as they are now: snap.pt"), r.stderr
+    assert "step 0" in said[0] and "untouched.txt" not in said[0], said

@@ -115,6 +115,8 @@ class TimeMachine:
                  lineage_spec: Optional[str] = None, every: Optional[str] = None,
                  memory_kib: Optional[int] = None):
         self.mode = replica_mode          # auto | fork | respawn | off
+        # (the user's files modified since then are read by a replica as they are now: a drift names them)
+        self.started = time.time()
         self.off_reason = "--replica off"  # why, when off (nndb.set_trace: a process nndb did not start)
         self.total_steps = total_steps
         self.every = every                # --checkpoint-every N|Ns
@@ -471,14 +473,15 @@ class TimeMachine:
         finally:
             if os.getpid() == live:         # (not in a replica forked inside: it goes on with the script)
                 changed = survey.changes()
-                seen.update(where=survey.where(), changed=changed, complete=survey.complete)
+                seen.update(where=survey.where(), changed=changed, complete=survey.complete,
+                            since_start=survey.modified_since(self.started))
                 if changed:
                     s.error(survey.report(changed))
 
     @staticmethod
     def _checked(msg: dict) -> dict:
         if msg.get("next") == "diverged":
-            raise CommandError(msg["message"])
+            raise CommandError(msg["message"] + sandbox.read_as_now((msg.get("files") or {}).get("since_start")))
         return msg
 
     def _no_checkpoint(self, step: int) -> str:

@@ -327,6 +327,12 @@ class Survey:
                     todo.append(e.path)
         return seen
 
+    def modified_since(self, t: float) -> list:
+        """The files (not directories) of the survey last modified at or after ``t``
+        (time.time()), sorted: what the live run wrote since it started."""
+        ns = int(t * 1e9)
+        return sorted(p for p, (is_dir, _, mtime, _) in self.before.items() if not is_dir and mtime >= ns)
+
     def changes(self) -> list:
         """[(path, "changed" | "new" | "removed")] since the survey, sorted
         by path (a directory whose entries changed is named by them)."""
@@ -358,3 +364,14 @@ class Survey:
 # What writes a replica's files past the sandbox (Survey.report says it)
 UNREDIRECTED = ("written by a subprocess, a C library that opens the file itself, a low-level call or a memory map"
                 + ("" if os.path.isdir(_FDS) else ", or through a file the script opened before the replica began"))
+
+
+def read_as_now(paths) -> str:
+    """'; it read the files the run wrote since it started as they are now: a, b' (a drift's
+    likely cause: a replica reads a file as it is now, not as it was at its checkpoint or
+    the run's start: a snapshot the script resumes from and saves over), '' for none."""
+    if not paths:
+        return ""
+    names = [os.path.relpath(p) for p in paths]
+    return ("; it read the files the run wrote since it started as they are now: "
+            + ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else ""))
