@@ -132,6 +132,35 @@ def test_grad_none_names_a_module_never_called_by_the_scripts_variable(tmp_path)
     assert f["evidence"]["params"] == ["extra.weight", "extra.bias"], f
 
 
+def test_a_loop_variable_holding_each_layer_in_turn_names_no_two_tensors_alike(tmp_path):
+    """Layers trained one after the other through a loop variable (mnist_forward_forward's
+    ``for layer in layers: layer.forward(x)``, no module call nndb sees): both layers' weights
+    were named by the variable, 'layer.weight', one series of two tensors (80 steps of updates
+    where each had 40), and update_ratio took the second layer's first updates for the first's."""
+    script = tmp_path / "layers.py"
+    script.write_text(textwrap.dedent("""
+        import torch, torch.nn as nn
+        torch.manual_seed(0)
+        layers = [nn.Linear(8, 16), nn.Linear(16, 16)]
+        opts = [torch.optim.Adam(l.parameters(), lr=0.03) for l in layers]
+        x = torch.randn(32, 8)
+        for layer, opt in zip(layers, opts):
+            for i in range(6):
+                loss = torch.relu(layer.forward(x)).pow(2).mean()
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+            x = torch.relu(layer.forward(x)).detach()
+        """))
+    res = run_in_process(tmp_path, str(script))
+    assert res.exit_code == 0
+    import nndb
+    t = nndb.open(str(tmp_path / "run.h5"))
+    names = [x.name for x in t.tensors if x.kind == "update"]
+    assert len(names) == 4 and len(set(names)) == 4, names
+    assert sorted(len(t.history(n, "update", "norm")[0]) for n in names) == [6, 6, 6, 6]
+
+
 # -- stale_grad, end to end ------------------------------------------------------------------------
 def test_stale_grad_fires_on_the_missing_zero_grad(tmp_path):
     res = run_in_process(tmp_path, example("no_zero_grad.py"), ["--steps", "6"])

@@ -340,8 +340,12 @@ class Naming:
         loose = self._loose_names.get(id(p))
         if loose is not None and loose[0]() is p:       # (named already: "replaced.<name>" stays)
             return
-        self._loose_names[id(p)] = (weakref.ref(p), find_variable_name(p, frame) or find_module_path(p, frame)
-                                    or fallback)
+        # (a name another parameter has already is not this one's: a loop variable holding each layer
+        # in turn, ``for layer in layers: layer.forward(x)``, named both layers' weights layer.weight,
+        # one series of two tensors)
+        taken = {name for ref, name in self._loose_names.values() if ref() is not None}
+        found = [n for n in (find_variable_name(p, frame), find_module_path(p, frame)) if n and n not in taken]
+        self._loose_names[id(p)] = (weakref.ref(p), found[0] if found else fallback)
 
     def param_name(self, p: torch.Tensor) -> str:
         entry = self._param_path.get(id(p))
