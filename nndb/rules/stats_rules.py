@@ -250,11 +250,11 @@ class UpdateRatio(Rule):
                         f"weights were rewritten by updates as large as themselves, and the updates have since "
                         f"died out (saturated or dead units pass no gradient): the learning rate is far too high")
             elif trend == "falling":
-                msg += (f", while the loss goes down steadily (its trend {first:.4g} -> {last:.4g} over the last {n} steps): "
+                msg += (f", while the loss goes down steadily ({_rate(first, last, n)}): "
                         "a high learning rate that still trains (bounded by clipping or a schedule?); worth "
                         "watching, not yet a fault")
             else:
-                during = (f", and the loss rises (its trend {first:.4g} -> {last:.4g} over the last {n} steps)"
+                during = (f", and the loss rises ({_rate(first, last, n)})"
                           if trend == "rising" else
                           f", and the loss does not go down steadily (flat or oscillating over the last {n} steps)"
                           if trend == "unsteady" else "")
@@ -359,6 +359,12 @@ class UpdateRatio(Rule):
         trend = "falling" if hi < 0 else "rising" if lo > 0 else "unsteady"
         at0 = float(np.median(v - slope * x))
         return trend, at0, at0 + float(slope) * (v.size - 1), int(v.size)
+
+
+def _rate(first: float, last: float, n: int) -> str:
+    """The loss's trend as its rate a step: the fitted line's ends could read as losses it never
+    had (a loss rising from 0.2 to 14 fitted from -1.738 to 12.41)."""
+    return f"by {(last - first) / max(n - 1, 1):+.3g} a step over the last {n} steps"
 
 
 class ParamNotUpdated(Rule):
