@@ -177,6 +177,20 @@ def set_target(s, key: str, group=None, oname=None) -> str:
     return "hyper"
 
 
+def _read_var(s, frame, name: str, is_global: bool):
+    """``name``'s value in ``frame``; a global's from the frame's globals themselves (an
+    expression's namespace has the frame's locals over them: a local that hides the global,
+    made by 'py lr = 0.5' in a function, read as the global)."""
+    if not is_global:
+        return E.evaluate(E.compile_expr(name), frame, s.view.variables(frame))
+    root = name.split(".")[0]
+    try:
+        return eval(compile(f"__g[{root!r}]" + name[len(root):], "<set>", "eval"),
+                    {"__g": frame.f_globals, "__builtins__": {}})
+    except Exception as e:
+        raise CommandError(f"{type(e).__name__}: {e}") from None
+
+
 def _set_var(s, name: str, src: str) -> str:
     frame = s.frame
     if frame is None:
@@ -185,10 +199,9 @@ def _set_var(s, name: str, src: str) -> str:
         raise CommandError(f"no variable '{name.split('.')[0]}' in {frame.f_code.co_name}()")
     root = name.split(".")[0]
     scope = f"global {root}; " if not _is_local(frame, root) else ""
-    read = E.compile_expr(name if not scope else f"globals()[{root!r}]" + name[len(root):])
-    old = E.evaluate(read, frame, s.view.variables(frame))
+    old = _read_var(s, frame, name, bool(scope))
     E.execute(f"{scope}{name} = ({src})", frame, s.view.variables(frame))
-    new = E.evaluate(read, frame, s.view.variables(frame))
+    new = _read_var(s, frame, name, bool(scope))
     where = "a global" if scope else f"in {frame.f_code.co_name}()"
     return f"{name} ({where}): was {E.safe_repr(old)}, now {E.safe_repr(new)}"
 
