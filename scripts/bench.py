@@ -105,6 +105,18 @@ is the one the targets are about.
 
     python scripts/bench.py --instructions --workload mlp     # about 4 minutes
 
+``--split`` also counts the usual steps and the observed ones
+(nndb.cadence.observed: full statistics, activations, the probes, the
+rules' block) apart, by two more runs of this tree's recorded loop: one in
+which callgrind is switched on over each stretch of usual steps and off
+over the observed step between two (``callgrind_control``, one process a
+switch), and one that only switches, as often, around no step, whose count
+(what the switching itself costs the counted process, ~0.3 M instructions a
+pair) is taken off the first's.  The observed steps' count a step is the
+whole loop's less the usual steps':
+
+    python scripts/bench.py --instructions --split --workload mlp   # about 10 minutes
+
 (The CNN's and the ResNet's convolutions are slow under valgrind: over ten minutes.)
 """
 from __future__ import annotations
@@ -724,7 +736,9 @@ def _settle_writer(rec) -> None:
 
 def _instructions_child(name, mode, steps, schedule):
     """Run under callgrind: the loop of ``steps`` steps after WARMUP, the only
-    instrumented part.  One thread: a spinning OpenMP worker's instructions
+    instrumented part (modes ``usual`` and ``switch``, --split: recorded, with
+    callgrind switched on over each stretch of usual steps; the same switches
+    around no step).  One thread: a spinning OpenMP worker's instructions
     vary from run to run.  Flushes by step count only, since valgrind's
     slowdown would make the 2 s flush come every few steps (and the rules'
     blocks, nndb.rules.engine.BLOCK_SECONDS, hold a step or two)."""
@@ -733,6 +747,7 @@ def _instructions_child(name, mode, steps, schedule):
     model, opt, crit, data = WORKLOADS[name][0](0)
     with tempfile.TemporaryDirectory() as tmpdir:
         rec = None
+        each = mode in ("usual", "switch")
         if mode != "plain":
             rec, session, _ = _recording(schedule, tmpdir, flush_secs=float("inf"), full_rules=_full_rules(name))
             if mode == "catch":
@@ -745,10 +760,28 @@ def _instructions_child(name, mode, steps, schedule):
         # tree: 3,028 K and 3,190 K). A block begun before the window is written before it,
         # and one begun in it is counted whole.
         _settle_writer(rec)
-        _callgrind(True)
-        train(model, opt, crit, data, steps)
-        _settle_writer(rec)
-        _callgrind(False)
+        if each:
+            from nndb.cadence import observed
+            on = False
+            for i in range(steps):
+                usual = not observed(rec.tracer.recorder.step)
+                if usual != on:
+                    _callgrind(usual if mode == "usual" else True)
+                    if mode == "switch":
+                        _callgrind(False)
+                    on = usual
+                    print("switched", file=sys.stderr)
+                train(model, opt, crit, data, 1, start=WARMUP + i)
+                if usual:
+                    print("usual step", file=sys.stderr)
+            if on and mode == "usual":
+                _settle_writer(rec)
+                _callgrind(False)
+        else:
+            _callgrind(True)
+            train(model, opt, crit, data, steps)
+            _settle_writer(rec)
+            _callgrind(False)
         if rec is not None:
             rec.__exit__(None, None, None)
             rec.close()
@@ -756,21 +789,41 @@ def _instructions_child(name, mode, steps, schedule):
             session.machine.close()
 
 
-def instructions(name, flags, scale=1.0, against=None, catch=False):
+def split_counts(per_step: dict, counted: dict, steps: int) -> dict:
+    """The usual and the observed steps' instructions a step (--split), from the counts a
+    step of the runs ``recorded`` (unswitched), ``usual`` (switched on over each stretch of
+    usual steps) and ``switch`` (the same switches around no step), and what the runs said:
+    ``counted[run] = (usual steps, switches)``."""
+    usual_steps, switched = counted["usual"]
+    pairs = (switched + 1) // 2                   # (on and off: one pair a stretch of usual steps)
+    switch = per_step["switch"] * steps / max(counted["switch"][1], 1)    # (a pair's cost)
+    usual = (per_step["usual"] * steps - pairs * switch) / usual_steps
+    k = steps - usual_steps
+    observed = (per_step["recorded"] * steps - usual * usual_steps) / max(k, 1)
+    return {"observed_steps": k, "switch_instructions": switch, "usual_instructions": usual,
+            "usual_ratio": usual / per_step["plain"], "observed_instructions": observed,
+            "observed_ratio": observed / per_step["plain"],
+            "observed_added": (per_step["recorded"] - usual) / per_step["plain"]}
+
+
+def instructions(name, flags, scale=1.0, against=None, catch=False, split=False):
     """Instructions per step of the loop, plain and recorded, each counted
     by callgrind in a process of its own (deterministic: the same tree and
     inputs give the same counts whatever else the machine does; not time:
     cache misses and the OpenMP threads are not in it); with ``against``
     (a tree from checkout()) its recorded loop too; with ``catch``, this tree's
     with ``catch nan`` armed and without, both with checkpoints (without time travel
-    catch nan checks every operation, as --eager: not what a run pays)."""
+    catch nan checks every operation, as --eager: not what a run pays); with
+    ``split``, the usual and the observed steps apart (see the module's doc)."""
     for tool in ("valgrind", "callgrind_control"):
         if shutil.which(tool) is None:
             raise SystemExit(f"bench: --instructions needs valgrind ({tool} is not on PATH)")
     steps = max(5, int(WORKLOADS[name][2] * scale))
     per_step = {}
     variants = [("plain", ROOT), ("recorded", ROOT)] + ([("against", against)] if against else []) \
-        + ([("recorded-tt", ROOT), ("catch", ROOT)] if catch else [])
+        + ([("recorded-tt", ROOT), ("catch", ROOT)] if catch else []) \
+        + ([("usual", ROOT), ("switch", ROOT)] if split else [])
+    counted = {}
     with tempfile.TemporaryDirectory() as tmpdir:
         for variant, tree in variants:
             mode = {"against": "recorded", "recorded-tt": "recorded"}.get(variant, variant)
@@ -785,6 +838,7 @@ def instructions(name, flags, scale=1.0, against=None, catch=False):
             if out.returncode != 0 or count is None:
                 raise SystemExit(f"bench: callgrind failed on {name}: {out.stderr.strip()[-500:]}")
             per_step[variant] = count / steps
+            counted[variant] = (out.stderr.count("usual step"), out.stderr.count("switched"))
     out = {"workload": name, "steps": steps, "plain_instructions": per_step["plain"],
            "nndb_instructions": per_step["recorded"], "ratio": per_step["recorded"] / per_step["plain"]}
     if against:
@@ -795,6 +849,8 @@ def instructions(name, flags, scale=1.0, against=None, catch=False):
         out["catch_instructions"] = per_step["catch"]
         out["catch_ratio"] = per_step["catch"] / per_step["plain"]
         out["catch_added"] = (per_step["catch"] - per_step["recorded-tt"]) / per_step["plain"]
+    if split:
+        out.update(split_counts(per_step, counted, steps))
     return out
 
 
@@ -934,6 +990,9 @@ def main(argv=None):
     ap.add_argument("--instructions", action="store_true",
                     help="count instructions per step with valgrind's callgrind instead of timing "
                          "(deterministic: compares two trees where the machine's noise hides a few percent)")
+    ap.add_argument("--split", action="store_true",
+                    help="with --instructions: the usual and the observed steps counted apart "
+                         "(two more callgrind runs, switched at each observed step)")
     ap.add_argument("--instructions-child", nargs=3, metavar=("WORKLOAD", "MODE", "STEPS"),
                     help=argparse.SUPPRESS)
     ap.add_argument("--against", metavar="REV",
@@ -1019,8 +1078,8 @@ def main(argv=None):
         flags = _child_flags(args, REPLICA)
         with tempfile.TemporaryDirectory(prefix="nndb-bench-") as tree:
             commit = checkout(args.against, tree) if args.against else None
-            counted = [instructions(name, flags, args.scale, tree if args.against else None, args.catch)
-                       for name in names]
+            counted = [instructions(name, flags, args.scale, tree if args.against else None, args.catch,
+                                    args.split) for name in names]
         print(f"torch {torch.__version__}, 1 thread, callgrind, schedule: {schedule.describe()}, rules: {RULES}, "
               f"checkpoints: {REPLICA}, lineage: {LINEAGE or 'off'}"
               + (f", against {args.against} ({commit[:10]})" if commit else ""))
@@ -1029,12 +1088,17 @@ def main(argv=None):
                 + ([f"{c['against_instructions']:,.0f}", f"{c['against_ratio']:.3f}x"] if commit else [])
                 + ([f"{c['checkpoints_instructions']:,.0f}", f"{c['catch_instructions']:,.0f}",
                     f"+{c['catch_added']:.3f}x"] if args.catch else [])
+                + ([f"{c['usual_instructions']:,.0f} ({c['usual_ratio']:.3f}x)",
+                    f"{c['observed_instructions']:,.0f} ({c['observed_ratio']:.2f}x, {c['observed_steps']})",
+                    f"+{c['observed_added']:.3f}x"] if args.split else [])
                 for c in counted]
         headers = ["workload", "steps", "plain instructions/step", "nndb instructions/step", "ratio"]
         if commit:
             headers += [f"{args.against} instructions/step", f"{args.against} ratio"]
         if args.catch:
             headers += ["with checkpoints", "and catch nan", "catch nan adds"]
+        if args.split:
+            headers += ["usual step", "observed step (steps)", "observed steps add"]
         print(tabulate(rows, headers=headers, disable_numparse=True))
         if args.json:
             with open(args.json, "w") as fh:

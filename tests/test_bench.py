@@ -330,3 +330,22 @@ def test_figures_are_each_tree_s_against_the_plain_loop_of_its_round(bench):
     a = r["against"]
     assert a["rev"] == "old" and a["ratio_wall"] == pytest.approx(1.75) and a["ratio_cpu"] == pytest.approx(1.75)
     assert a["calls_per_step"] == 50 and a["calls_net_per_step"] == 100
+
+
+def test_split_takes_the_switches_off_and_gives_each_kind_of_step_its_count(bench):
+    """--split: 600 steps of which 19 observed (1,000 instructions each) and 581 usual (100
+    each); the usual run switched on over 19 stretches and off after them (38 switches, one
+    pair 50 instructions), the switch-only run made 19 pairs around no step."""
+    steps, usual_steps, pairs = 600, 581, 19
+    recorded = (usual_steps * 100 + 19 * 1000) / steps
+    per_step = {"plain": 80.0, "recorded": recorded,
+                "usual": (usual_steps * 100 + pairs * 50) / steps, "switch": pairs * 50 / steps}
+    got = bench.split_counts(per_step, {"usual": (usual_steps, 2 * pairs), "switch": (0, pairs)}, steps)
+    assert got["observed_steps"] == 19 and got["switch_instructions"] == pytest.approx(50)
+    assert got["usual_instructions"] == pytest.approx(100) and got["observed_instructions"] == pytest.approx(1000)
+    assert got["usual_ratio"] == pytest.approx(1.25)
+    assert got["observed_added"] == pytest.approx((recorded - 100) / 80)
+    # a loop that ends in a stretch of usual steps switched on (an odd count: the last off is
+    # made without a line) is the same number of pairs
+    odd = bench.split_counts(per_step, {"usual": (usual_steps, 2 * pairs - 1), "switch": (0, pairs)}, steps)
+    assert odd["usual_instructions"] == pytest.approx(100)
