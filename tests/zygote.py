@@ -477,6 +477,13 @@ def run(argv: list, cwd, env: dict, base_env: dict, timeout: float, stdin=subpro
             sock = z.connect(deadline + 60)
             _send(sock, req, fds)
             msg, _ = _recv(sock)
+            # (the child may ask for the preloaded zygote before its parent has said its pid: on a
+            # loaded machine the child runs first, and its "exec" came where "pid" was read)
+            while msg is not None and "pid" not in msg:
+                if "exec" in msg:
+                    req["argv"], req["env"] = msg["exec"]["argv"], msg["exec"]["env"]
+                    flavor = PRELOADED
+                msg, _ = _recv(sock)
             if msg is None:
                 raise RuntimeError(f"the test zygote ended: {z.tail()}")
             pid = msg["pid"]
