@@ -688,3 +688,31 @@ def test_catch_nan_stops_once_for_an_operation_each_micro_batch_repeats(tmp_path
     r = _script_run(tmp_path, ACCUMULATED_NAN, ["catch nan", "continue", 'p ("AT", $step)', "continue"])
     assert r.stdout.count("Catchpoint 1 (catch nan): mul made NaN in the forward pass of step 3") == 1, r.stdout
     assert "('AT', 3)" in r.stdout
+
+
+CLIPS = '''
+import torch, torch.nn as nn
+torch.manual_seed(0)
+m = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
+opt = torch.optim.SGD(m.parameters(), lr=0.05)
+x, y = torch.randn(16, 4), torch.randn(16, 1) * 10
+for step in range(6):
+    opt.zero_grad()
+    loss = ((m(x) - y) ** 2).mean()
+    loss.backward()
+    total = torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0)
+    applied = torch.nn.utils.get_total_norm([p.grad for p in m.parameters()])
+    print("step", step, "total", repr(total.item()), "applied", repr(applied.item()))
+    opt.step()
+'''
+
+
+def test_predict_s_grad_norm_is_the_gradients_the_optimizer_applies_under_clipping(tmp_path):
+    # (clip_grad_norm_'s total is a grad series of no parameter: summed in with the clipped
+    # gradients, predict's Grad norm was sqrt(total^2 + 1): 1.73 for a total of 1.41, clipped to 1)
+    r = _script_run(tmp_path, CLIPS, ["until 1", "predict 3", "continue"])
+    applied = {int(s): float(v) for s, v in re.findall(r"step (\d) total \S+ applied (\S+)", r.stdout)}
+    rows = re.findall(r"^(\d)\s+([\d.e+-]+)\s+([\d.e+-]+)\s+-$", r.stdout, re.M)
+    assert [int(s) for s, _, _ in rows] == [2, 3, 4], r.stdout + r.stderr
+    for s, _, g in rows:
+        assert float(g) == pytest.approx(applied[int(s)], rel=1e-5), (s, g, applied)

@@ -27,6 +27,7 @@ import re
 import time
 from typing import Optional
 
+from ..schema import CLIP_SERIES
 from .replica import ReplicaJob
 
 _LOSS = "p float($loss).hex()"
@@ -269,7 +270,7 @@ def _rows(path: str, first: int, last: int) -> list:
     rows = {}
     with TraceReader(path) as t:
         losses = {s.name: s for s in t.series() if s.kind == "loss"}
-        grads = [s for s in t.series() if s.kind == "grad"]
+        grads = [s for s in t.series() if s.kind == "grad" and not s.name.startswith(CLIP_SERIES)]
         loss_at = dict(zip(*t.history(next(iter(losses.values())), "mean"))) if losses else {}
         norms: dict = {}
         for s in grads:

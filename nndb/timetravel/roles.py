@@ -30,6 +30,7 @@ from ..debugger.changes import Change, due, not_as_made
 from ..debugger.hyperparams import undone
 from ..debugger.stoppoints import Stop
 from ..run.preload import forget_openmp
+from ..schema import CLIP_SERIES
 from . import forking, sandbox
 
 
@@ -411,7 +412,9 @@ class Predict(Role):
             return
         rows = s.view.stat_rows()
         loss = next(iter(rows["loss"].values()), None)
-        grads = [r.norm for r in rows["grad"].values() if r.norm == r.norm]
+        # (the parameters' gradients, as the optimizer applies them: clip_grad_norm_'s total is
+        # no parameter's, and summed in it counted the gradients twice, sqrt(total^2 + max_norm^2))
+        grads = [r.norm for n, r in rows["grad"].items() if r.norm == r.norm and not n.startswith(CLIP_SERIES)]
         new = s.log.findings[self.findings_seen:]
         self.findings_seen = len(s.log.findings)
         self.rows.append({"step": step, "loss": None if loss is None else loss.mean,
