@@ -547,3 +547,36 @@ def test_loss_explodes_says_an_unconfirmed_jump_when_the_script_raises_there():
         found += list(rule.check(ctx))
     [f] = found
     assert f.step == 3 and "(and the script raised at this step)" in f.message
+
+
+SMALL_THEN_LARGE = '''
+import torch, torch.nn as nn
+torch.manual_seed(0)
+# a GPT's shape: small hidden outputs (8 x 16), then a head whose output is large (8 x 6000,
+# above stats.HOST_MAX_ELEMENTS: measured as it runs, where the small ones wait for the step's end)
+model = nn.Sequential(nn.Linear(4, 16), nn.LayerNorm(16), nn.Linear(16, 6000))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+x, y = torch.randn(8, 4), torch.randint(0, 6000, (8,))
+for step in range(5):
+    if step == 3:
+        with torch.no_grad():
+            model[0].weight[0, 0] = float("inf")      # the first layer's output: Inf, then LayerNorm's NaN
+    opt.zero_grad()
+    loss = nn.functional.cross_entropy(model(x), y)
+    loss.backward()
+    opt.step()
+'''
+
+
+def test_nonfinite_names_the_first_module_that_ran_when_a_later_one_s_output_is_large(tmp_path):
+    """llm.c's train_gpt2.py at lr 1e30: the first LayerNorm made the NaN (catch nan said so), and
+    nonfinite said 'NaN first appeared in act lm_head': the head's output, the one above 4096
+    elements, went into the step's rows as it ran and the small ones after it, at the step's end."""
+    path = tmp_path / "s.py"
+    path.write_text(SMALL_THEN_LARGE)
+    [nf] = of(run(tmp_path, str(path)), "nonfinite")
+    assert (nf["step"], nf["tensor"], nf["evidence"]["kind"]) == (3, "0", "act"), nf["message"]
+    assert "Inf first appeared in act 0 " in nf["message"]
+    from nndb.store.reader import TraceReader
+    with TraceReader(str(tmp_path / "run.h5")) as t:        # (the trace's series: in the order the modules ran)
+        assert [s.name for s in t.series() if s.kind == "act"][:3] == ["0", "1", "2"]

@@ -29,7 +29,7 @@ class _Bucket:
     each, in the plan's order), named once per plan.
     """
     __slots__ = ("entries", "deferred", "blocks", "params", "covered", "backward_count", "optimizer_steps",
-                 "hists", "param_hists")
+                 "hists", "param_hists", "act_order")
 
     def __init__(self):
         self.entries: dict = {}
@@ -41,6 +41,7 @@ class _Bucket:
         self.optimizer_steps = 0
         self.hists: dict = {}            # series key -> histogram (full steps), as entries
         self.param_hists: dict = {}      # ParamPlan -> (rows, HIST_BINS), as params
+        self.act_order: dict = {}        # activation keys in the order the modules ran (``saw_act``)
 
     def add_hist(self, key, counts) -> None:
         """(after ``add`` of the same key's row)"""
@@ -65,7 +66,16 @@ class _Bucket:
                 return
         self.entries[key] = S.merge_raw(np.asarray(old, dtype=float), np.asarray(raw, dtype=float))
 
+    def saw_act(self, key) -> None:
+        """An activation's key as its module returns, before its row is added or deferred:
+        a large tensor's row goes into ``entries`` at once and a small one's waits for
+        ``resolve``, which puts the activations back in this order."""
+        if key not in self.act_order:
+            self.act_order[key] = None
+
     def merge(self, other: "_Bucket") -> None:
+        for key in other.act_order:
+            self.saw_act(key)
         for key, raw in other.entries.items():
             self.add(key, raw)
         self.deferred.extend(other.deferred)
@@ -134,3 +144,24 @@ class _Bucket:
                 self.add_hist(key, h)
         self.deferred = []
         self.blocks = []
+        self._order_acts()
+
+    def _order_acts(self) -> None:
+        """The activations' rows in the order their modules ran, where the small ones,
+        reduced here, came after the large ones added as they ran (a GPT's lm_head, its one
+        output above stats.HOST_MAX_ELEMENTS, was the step's first activation, and
+        ``nonfinite`` said a NaN first appeared there when the first LayerNorm made it)."""
+        acts = [k for k in self.act_order if k in self.entries]
+        if len(acts) < 2 or [k for k in self.entries if k[0] == "act"] == acts:
+            return
+        entries, self.entries = self.entries, {}
+        for k, v in entries.items():
+            if k[0] != "act":
+                self.entries[k] = v
+            elif acts:
+                for a in acts:
+                    self.entries[a] = entries[a]
+                acts = []
+        for k, v in entries.items():           # (an activation no module call announced, if any)
+            if k not in self.entries:
+                self.entries[k] = v

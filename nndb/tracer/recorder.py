@@ -193,6 +193,7 @@ class StepRecorder:
         t = output if type(output) is torch.Tensor else first_float_tensor(output)
         if t is None or not t.is_floating_point():
             return
+        self._cur.saw_act(("act",) + key)
         # The same tensor object, unchanged (an id alone is not enough: CPython
         # reuses a freed tensor's id for the next one, which once made a layer's
         # row repeat the previous step's model output).
