@@ -716,3 +716,32 @@ def test_predict_s_grad_norm_is_the_gradients_the_optimizer_applies_under_clippi
     assert [int(s) for s, _, _ in rows] == [2, 3, 4], r.stdout + r.stderr
     for s, _, g in rows:
         assert float(g) == pytest.approx(applied[int(s)], rel=1e-5), (s, g, applied)
+
+
+HELD = '''
+import torch, torch.nn as nn
+torch.manual_seed(0)
+m = nn.Linear(2, 1)
+opt = torch.optim.SGD(m.parameters(), lr=0.1)
+x, y = torch.randn(8, 2), torch.randn(8, 1)
+for step in range(7):
+    for g in opt.param_groups:
+        g["lr"] = 0.01                        # the script sets lr itself at every step
+    opt.zero_grad()
+    loss = ((m(x) - y) ** 2).mean()
+    loss.backward()
+    opt.step()
+    print("step", step, "loss", repr(loss.item()))
+'''
+
+
+def test_predict_in_the_past_makes_the_run_s_later_changes_as_continue_does(tmp_path):
+    # (a hold set at step 1 and let go at step 2: from 'goto 1', predict held it to the end,
+    # 0.954244 at step 4 where the run, and 'continue' from there, had 0.971729)
+    r = _script_run(tmp_path, HELD, ["until 1", "set lr 0.5 --hold", "next", "unset lr", "next", "next",
+                                     "next", "goto 1", "predict 4", "kill"])
+    printed = {int(s): float(v) for s, v in re.findall(r"^step (\d) loss (\S+)$", r.stdout, re.M)}
+    rows = re.findall(r"^(\d)\s+([\d.e+-]+)\s+[\d.e+-]+\s+-$", r.stdout, re.M)
+    assert [int(s) for s, _ in rows] == [2, 3, 4, 5], r.stdout + r.stderr
+    for s, loss in rows:
+        assert float(loss) == pytest.approx(printed[int(s)], rel=1e-5), (s, loss, printed)

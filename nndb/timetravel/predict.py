@@ -117,7 +117,13 @@ def _become_predictor(s, machine, chan, n: int, changes: list) -> None:
     machine.checkpoints = {}
     s.rec.writer.detach()
     sandbox.enter(nndb_files=[s.log.trace_path])    # (the script's own writes go to scratch copies)
-    role = Predict(chan, {"kind": "predict", "steps": n})
+    # In the past, the live run's changes still ahead of this step (a 'set lr --hold' let go
+    # with 'unset lr' two steps on) are made again at their steps, as 'continue' there makes
+    # them: the prediction is of the run's own history (it held the lr to the end instead).
+    past = s.replica
+    ahead = [c.message() for c in getattr(past, "changes", ())
+             if c.replay_at is not None and s.last_step is not None and c.replay_at > s.last_step]
+    role = Predict(chan, {"kind": "predict", "steps": n, "changes": ahead})
     s.become_replica(role)
     role.begin(s)                      # (output to /dev/null from here)
     s.input.queue.clear()                    # the rest of a command file is the live run's
