@@ -745,3 +745,12 @@ def test_predict_in_the_past_makes_the_run_s_later_changes_as_continue_does(tmp_
     assert [int(s) for s, _ in rows] == [2, 3, 4, 5], r.stdout + r.stderr
     for s, loss in rows:
         assert float(loss) == pytest.approx(printed[int(s)], rel=1e-5), (s, loss, printed)
+
+
+def test_predict_after_a_set_the_script_undoes_says_it_did_not_hold(tmp_path):
+    # (llm.c's train_gpt2.py sets the lr by hand each step: 'set lr 0.05' then 'predict 2' showed
+    # the script's own lr's losses with no word, and 'predict 2 --set lr=0.05' 'No difference')
+    r = _script_run(tmp_path, RESETS_LR, ["until 2", "set lr 0.5", "predict 2", "continue"])
+    said = "Warning: in the prediction, 'set lr 0.5' did not hold: opt stepped with lr 0.1 in group 0 at step 3"
+    assert said in r.stdout, r.stdout + r.stderr
+    assert "nndb: warning: 'set lr 0.5' did not hold" in r.stderr      # (the live run's own step says it too)

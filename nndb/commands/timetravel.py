@@ -162,6 +162,8 @@ def _predict(s, request):
     out = render_prediction(n, [f"set {c.setting.key} {c.setting.value}" for c in changes], base, changed, took)
     for c in changes:
         out.insert(0, f"--set {c.setting.label} is: {c.line}")       # exactly what the replica changes
+    for note in base.live_undone:
+        out.append(f"Warning: in the prediction, {note}.")
     for note in changed.undone if changed is not None else []:
         out.append(f"Warning: the change {note}.")
     return out

@@ -64,13 +64,14 @@ class Prediction:
     ended: Optional[str] = None
     error: Optional[str] = None
     undone: list = field(default_factory=list)
+    live_undone: list = field(default_factory=list)    # the stop's own sets that did not hold
 
     @classmethod
     def from_message(cls, msg: Optional[dict]) -> "Prediction":
         """The predicting replica's last message (None: it sent none)."""
         msg = msg or {}
         return cls(list(msg.get("rows") or []), msg.get("stopped"), msg.get("ended"), msg.get("error"),
-                   list(msg.get("undone") or []))
+                   list(msg.get("undone") or []), list(msg.get("live_undone") or []))
 
 
 def fork_and_wait(s, machine, become):
@@ -124,6 +125,9 @@ def _become_predictor(s, machine, chan, n: int, changes: list) -> None:
     ahead = [c.message() for c in getattr(past, "changes", ())
              if c.replay_at is not None and s.last_step is not None and c.replay_at > s.last_step]
     role = Predict(chan, {"kind": "predict", "steps": n, "changes": ahead})
+    # a 'set' made at this stop that the script undoes (its own lr schedule): the live run's next
+    # step end says so; the prediction, whose replica steps first, says it too
+    role.live_checks = list(s.hold_checks)
     s.become_replica(role)
     role.begin(s)                      # (output to /dev/null from here)
     s.input.queue.clear()                    # the rest of a command file is the live run's

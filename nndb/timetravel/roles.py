@@ -383,6 +383,8 @@ class Predict(Role):
         self.findings_seen = 0
         self.watch: list = []           # [(label, read(), value before, value set)]: the --set changes
         self.undone: list = []
+        self.live_checks: list = []     # [hyperparams.HoldCheck]: the sets made at the stop predicted from
+        self.live_undone: list = []
         # A replica not forked at the stop (respawned: fork() unsafe there) replays to the end of
         # step ``at`` first, then makes the --set changes ``sets`` ([[key, value]]) and predicts.
         self.at = goal.get("at")
@@ -442,6 +444,10 @@ class Predict(Role):
     def _check_changes(self, step: int) -> None:
         """After the first step: each change still nearer the value set than the
         value before (a scheduler or the script may have set it back)."""
+        for check in self.live_checks:
+            verdict = check.verdict(step)
+            if verdict:
+                self.live_undone.append(verdict.replace("nndb: warning: ", "", 1))
         for label, read, before, wanted in self.watch:
             try:
                 now = read()
@@ -463,7 +469,7 @@ class Predict(Role):
     def _report(self, note: Optional[str], ended: Optional[str] = None) -> None:
         self._unsilence()
         finish(self.chan, {"op": "predicted", "rows": self.rows, "stopped": note, "ended": ended,
-                           "undone": self.undone})
+                           "undone": self.undone, "live_undone": self.live_undone})
 
     def run_ended(self, s, status: str, reason: str) -> None:
         self._report(None, f"the script ended ({status}: {reason})" if reason else
