@@ -160,7 +160,9 @@ def debug(config: RunConfig, options: DebugOptions, frontend,
             if session.restart_requested and not session.quit_requested:
                 continue
         elif session.input.queue:
-            session.interact()          # commands left when the script ended (it never stopped)
+            session.interact()          # commands left when the script ended (or was killed)
+            if session.restart_requested and not session.quit_requested:
+                continue                # ('run' among them starts it again, as at the prompt)
         break
 
     session.machine.close()

@@ -670,3 +670,24 @@ def test_inside_a_step_the_steps_statistics_are_not_measured_not_the_last_steps(
             if not l.startswith(("step ", "Step ", "> ", "-> ", "Breakpoint"))]
     assert said == ["not measured", "False", "2.309532880783081", "3", "not measured", "not measured", "False"]
     assert "step 2 loss 2.309532880783081" in r.stdout
+
+
+def test_run_after_kill_in_batch_starts_the_script_again(tmp_path):
+    """'kill' then 'run' in batch mode: the run was killed at step 2 and 'run' and every command after it
+    were dropped unsaid (exit 0, one trace), where at the prompt 'run' starts it again; the second run
+    stops at the breakpoint too, with the script's own total there (2.164... after steps 0 and 1)."""
+    script = tmp_path / "loop.py"
+    script.write_text("import torch\ntorch.manual_seed(0)\nmodel = torch.nn.Linear(3, 1)\n"
+                      "opt = torch.optim.SGD(model.parameters(), lr=0.1)\nx = torch.randn(8, 3)\ntotal = 0.0\n"
+                      "for i in range(4):\n    opt.zero_grad()\n    loss = (model(x) ** 2).mean()\n"
+                      "    loss.backward()\n    opt.step()\n    total += loss.item()\n"
+                      "    print(f'i={i} total={total!r}')\n")
+    r = Ran(nndb("run", "--batch", "-q", "--nx", "--trace", str(tmp_path / "t.h5"), "-e", "break step 2",
+                 "-e", "continue", "-e", "kill", "-e", "run", "-e", "p 'again', $step", "-e", "continue",
+                 "-e", "p $step, total", str(script), cwd=str(tmp_path)))
+    assert r.returncode == 0, r
+    printed = re.findall(r"^i=(\d) total=(.*)$", r.stdout, re.M)
+    assert [i for i, _ in printed] == ["0", "1", "0", "1", "2", "3"], r
+    assert "('again', 0)" in r.stdout, r
+    assert f"(2, {printed[1][1]})" in r.stdout, r
+    assert (tmp_path / "t-run2.h5").exists()
