@@ -875,3 +875,15 @@ def test_a_bad_command_gets_one_line(session_commands, command, message):
 def test_up_with_a_bad_count_after_the_run(session_commands):
     up = session_commands.after("up x")
     assert up.startswith("no stack") or up.startswith("the count must be")
+
+
+def test_pp_pretty_prints_as_pdb_does(tmp_path):
+    """pdb's 'pp EXPR' was 'undefined command: "pp"' (exit 2 in batch mode, the rest of a command file
+    dropped): it is pprint.pformat of the value, a tensor the one line of 'p'."""
+    import pprint
+    t = session(tmp_path, "mlp.py", ["until 1", 'pp {"steps": list(range(30)), "at": $step}',
+                                     "pp model[0].bias", "p model[0].bias"], steps=3)
+    assert t.after('pp {"steps": list(range(30)), "at": $step}').strip() == \
+        pprint.pformat({"steps": list(range(30)), "at": 1})
+    assert t.after("pp model[0].bias").strip() == t.after("p model[0].bias").strip()
+    assert t.after("pp model[0].bias").startswith("tensor(shape=[")

@@ -38,6 +38,17 @@ def _print(s, arg):
     return E.safe_repr(value, full=full)
 
 
+def _pprint_arg(text: str):
+    if not text.strip():
+        raise CommandError("pp what?")
+    return E.compile_expr(text.strip())
+
+
+def _pprint(s, code):
+    value = E.evaluate(code, s.frame, s.view.variables(s.frame))
+    return E.safe_pformat(value)
+
+
 def _display(s, text):
     if not text.strip():
         s.show_displays()
@@ -416,6 +427,9 @@ A tensor shows as one line (shape, dtype, device, statistics); /full prints
 every element.  $step, $loss, $grad['NAME'] ... are nndb's variables.
 --ranks all|LIST (several ranks): one row per rank, side by side.""",
             _print, _print_arg, aliases=("p",), args=("expr",), group="data", ranks="option"),
+    Command("pp", "pp EXPR", """Evaluate EXPR as print does and pretty-print the result (pdb's pp).
+A long list or dict is one item a line (Python's pprint); a tensor is the one line of print.""",
+            _pprint, _pprint_arg, args=("expr",), group="data"),
     Command("display", "display [EXPR]", "Show EXPR at every stop (with no EXPR, show them all now).",
             _display, aliases=(), args=("expr",), group="data", ranks="suffix"),
     Command("undisplay", "undisplay [N...]", "Stop showing display expressions N... (all if none are given).",

@@ -335,3 +335,15 @@ def safe_repr(value, full: bool = False) -> str:
         return repr(value)
     except Exception as e:
         return f"<unprintable {type(value).__name__}: {type(e).__name__}: {e}>"
+
+
+def safe_pformat(value) -> str:
+    """What ``pp`` shows: ``pprint.pformat`` (pdb's pp), a tensor as ``print`` shows it."""
+    try:
+        import torch
+        if isinstance(value, torch.Tensor):
+            return safe_repr(value)
+        import pprint
+        return pprint.pformat(value)
+    except Exception as e:
+        return f"<unprintable {type(value).__name__}: {type(e).__name__}: {e}>"
