@@ -887,3 +887,18 @@ def test_pp_pretty_prints_as_pdb_does(tmp_path):
         pprint.pformat({"steps": list(range(30)), "at": 1})
     assert t.after("pp model[0].bias").strip() == t.after("p model[0].bias").strip()
     assert t.after("pp model[0].bias").startswith("tensor(shape=[")
+
+
+def test_list_a_range_and_longlist_as_pdb_and_gdb_have_them(tmp_path):
+    """'list 3,5' (gdb's and pdb's range) was 'the line must be an integer, not '3,5'' and pdb's 'll'
+    an undefined command: the range lists those lines (a last below the first is a count, as in pdb),
+    'll' the whole function the stop is in, its current line marked."""
+    src = open(example("mlp.py")).read().splitlines()
+    t = session(tmp_path, "mlp.py", ["until 1", "list 3,5", "list 30,2", "ll"], steps=3)
+    assert [l[8:] for l in t.after("list 3,5").strip("\n").splitlines()] == src[2:5]
+    assert [int(l.split()[0]) for l in t.after("list 30,2").strip("\n").splitlines()] == [30, 31, 32]
+    ll = t.after("ll").strip("\n").splitlines()
+    first = int(ll[0].split()[0])
+    assert src[first - 1].lstrip().startswith("def ") and len(ll) > 11
+    assert [l[8:] for l in ll] == src[first - 1:first - 1 + len(ll)]
+    assert sum(l[5:7] == "->" for l in ll) == 1 and "step()" in [l for l in ll if l[5:7] == "->"][0]

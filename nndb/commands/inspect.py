@@ -265,22 +265,29 @@ def _count1(text):
 
 
 def _list_arg(text):
+    """``LINE``, ``FIRST,LAST`` (pdb's and gdb's range; a LAST below FIRST is a count, as in
+    pdb) or ``.`` (around the current line); None: go on from the last listing."""
     t = text.strip()
-    return P.parse_int(t, "the line") if t else None
+    if not t:
+        return None
+    if t == ".":
+        return "."
+    if "," in t:
+        a, _, b = t.partition(",")
+        first = P.parse_int(a.strip(), "the first line")
+        last = P.parse_int(b.strip(), "the last line")
+        if last < first:
+            last = first + last
+        if first < 1 or last < first:
+            raise CommandError(f"bad range {t}: lines count from 1")
+        return first, last
+    return P.parse_int(t, "the line")
 
 
-def _list(s, line):
-    _need_frames(s)
-    frame, lineno = s.here.frames[s.here.frame_index]
+def _source_lines(s, frame, first: int, last: int, lineno: int) -> list:
     filename = frame.f_code.co_filename
-    if line is not None:
-        first = max(1, line - 5)
-    elif s.here.list_position is not None and s.here.list_position[0] == (filename, s.here.frame_index):
-        first = s.here.list_position[1]
-    else:
-        first = max(1, lineno - 5)
     lines = []
-    for n in range(first, first + 11):
+    for n in range(first, last + 1):
         src = linecache.getline(filename, n, frame.f_globals)
         if not src:
             break
@@ -288,8 +295,39 @@ def _list(s, line):
         lines.append(f"{n:4d} {mark} {src.rstrip()}")
     if not lines:
         raise CommandError(f"line {first} is past the end of {filename}")
-    s.here.list_position = ((filename, s.here.frame_index), first + 11)
+    s.here.list_position = ((filename, s.here.frame_index), first + len(lines))
     return lines
+
+
+def _list(s, line):
+    _need_frames(s)
+    frame, lineno = s.here.frames[s.here.frame_index]
+    filename = frame.f_code.co_filename
+    if isinstance(line, tuple):
+        return _source_lines(s, frame, line[0], line[1], lineno)
+    if line == ".":
+        first = max(1, lineno - 5)
+    elif line is not None:
+        first = max(1, line - 5)
+    elif s.here.list_position is not None and s.here.list_position[0] == (filename, s.here.frame_index):
+        first = s.here.list_position[1]
+    else:
+        first = max(1, lineno - 5)
+    return _source_lines(s, frame, first, first + 10, lineno)
+
+
+def _longlist(s, _):
+    _need_frames(s)
+    frame, lineno = s.here.frames[s.here.frame_index]
+    import inspect as pyinspect
+    try:
+        if frame.f_code.co_name == "<module>":       # (pdb: the module's whole source)
+            lines, first = pyinspect.findsource(frame)[0], 1
+        else:
+            lines, first = pyinspect.getsourcelines(frame)
+    except (OSError, TypeError) as e:
+        raise CommandError(f"no source for {frame.f_code.co_name}: {e}")
+    return _source_lines(s, frame, max(1, first), max(1, first) + len(lines) - 1, lineno)
 
 
 # -- info ----------------------------------------------------------------------------------
@@ -449,9 +487,13 @@ parameter's name without KIND: its param, update and grad side by side.""",
             _up, _count1, group="stack"),
     Command("down", "down [N]", "Move N frames down the stack (towards the stop).",
             _down, _count1, group="stack"),
-    Command("list", "list [--ranks all|LIST] [LINE]", """Show 11 source lines around the current line (again: the next 11).
+    Command("list", "list [--ranks all|LIST] [LINE | FIRST,LAST | .]", """Show 11 source lines around the current line (again: the next 11).
+With LINE, around it; FIRST,LAST: those lines (a LAST below FIRST is a count,
+as in pdb); '.': around the current line again.
 --ranks all|LIST (several ranks): each rank's lines.""",
             _list, _list_arg, aliases=("l",), group="stack", ranks="option"),
+    Command("longlist", "longlist", "Show the whole source of the current function (pdb's ll; at the top level, the script's).",
+            _longlist, no_args, aliases=("ll",), group="stack"),
     Command("info", "info " + "|".join(INFO), """Show something about the session or the run:
   info breakpoints   info watchpoints   info display
   info step          the current step, why the run stopped, the last loss
