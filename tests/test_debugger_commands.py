@@ -902,3 +902,14 @@ def test_list_a_range_and_longlist_as_pdb_and_gdb_have_them(tmp_path):
     assert src[first - 1].lstrip().startswith("def ") and len(ll) > 11
     assert [l[8:] for l in ll] == src[first - 1:first - 1 + len(ll)]
     assert sum(l[5:7] == "->" for l in ll) == 1 and "step()" in [l for l in ll if l[5:7] == "->"][0]
+
+
+def test_a_silent_breakpoint_shows_no_displays_a_noisy_one_does(tmp_path):
+    """gdb shows nothing at a 'silent' breakpoint's stop but what its commands print, displays included;
+    nndb printed every display there ('1: $step = 1' before the commands' own line at each hit, the
+    log that 'silent' + 'continue' is for, cluttered)."""
+    t = session(tmp_path, "mlp.py", ["display $step * 10", "break step 1", "commands", "silent", "p 'quiet'",
+                                     "end", "break step 2", "c", "c", "p 'end'"], steps=4)
+    assert t.after("c").strip() == "'quiet'"
+    second = t.after("c", 2).strip().splitlines()
+    assert second[0].startswith("Breakpoint 2, step 2 finished") and second[-1] == "1: $step * 10 = 20"

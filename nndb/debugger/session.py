@@ -264,8 +264,8 @@ class Session(CommandLoop, StopPoints):
         self.control.mode = Mode.CONTINUE
         self._record_stop(stop)
         # the start stop is shown at a prompt (as pdb shows its first line), never in batch mode
-        silent = (stop.kind is StopKind.START and not self.interactive) or \
-            (stop.hits and all(p.silent for p, _ in stop.hits))
+        quiet_hit = bool(stop.hits) and all(p.silent for p, _ in stop.hits)
+        silent = (stop.kind is StopKind.START and not self.interactive) or quiet_hit
         if not silent:
             self.message(self.renderer.stop_line(self, stop))
         for p, _ in stop.hits:
@@ -273,7 +273,8 @@ class Session(CommandLoop, StopPoints):
                 self.points.pop(p.number, None)
             if p.fail:
                 self.log.failed_points.append(p.number if p.number is not None else p.rule.id)
-        self.show_displays()
+        if not quiet_hit:             # (gdb: a 'silent' breakpoint's stop shows no displays either)
+            self.show_displays()
         tracer = self.rec.tracer if self.rec is not None else None
         try:
             with tracer.idle() if tracer is not None else contextlib.nullcontext():   # signals may interrupt the prompt
