@@ -320,7 +320,12 @@ def test_backward_module_breakpoint_and_hit_counts_in_info_breakpoints(tmp_path)
 
 BREAKPOINT_ERRORS = [
     ("break step 99 if $loss >", "syntax error in '$loss >'"),
-    ("break frob", "cannot break on 'frob'"),
+    ("break frob", "cannot break on 'frob': nndb breaks at training steps and module calls, not at source lines"),
+    ("b 12", "cannot break on '12': nndb breaks at training steps and module calls, not at source lines or "
+             "functions ('break step 12' stops when training step 12 has finished; to stop at a line, put "
+             "nndb.set_trace() there)"),
+    ("tbreak mlp.py:40", "cannot break on 'mlp.py:40': nndb breaks at training steps and module calls"),
+    ("break 3x", "cannot break on '3x'"),
     ("condition 42 True", "no breakpoint number 42"),
     ("ignore 1", "ignore needs a breakpoint number and a count"),
     ("tbreak module zzz*", "no module matches 'zzz*' (there are: "),

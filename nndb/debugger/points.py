@@ -386,7 +386,14 @@ def parse_break(text: str) -> tuple[type, dict, Optional[str], bool]:
         if phase not in ("forward", "backward"):
             raise CommandError(f"'{phase}' is neither forward nor backward", BREAK_USAGE)
         return ModuleBreak, {"glob": words[1], "phase": phase}, cond, fail
-    raise CommandError(f"cannot break on '{words[0]}'", BREAK_USAGE)
+    w = words[0]
+    if w.isdigit() or (":" in w and w.rpartition(":")[2].isdigit()) or w.isidentifier():
+        # pdb's and gdb's 'break LINE', 'break FILE:LINE', 'break FUNCTION': nndb has none
+        step = f"'break step {w}' stops when training step {w} has finished; " if w.isdigit() else ""
+        raise CommandError(f"cannot break on '{w}': nndb breaks at training steps and module calls, not at "
+                           f"source lines or functions ({step}to stop at a line, put nndb.set_trace() "
+                           f"there)", BREAK_USAGE)
+    raise CommandError(f"cannot break on '{w}'", BREAK_USAGE)
 
 
 def _split_expr_condition(text: str) -> tuple[str, Optional[str]]:
