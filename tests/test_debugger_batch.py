@@ -691,3 +691,19 @@ def test_run_after_kill_in_batch_starts_the_script_again(tmp_path):
     assert "('again', 0)" in r.stdout, r
     assert f"(2, {printed[1][1]})" in r.stdout, r
     assert (tmp_path / "t-run2.h5").exists()
+
+
+def test_a_script_name_after_kill_is_said_gone_not_undefined(tmp_path):
+    """After 'kill' (or the run's end) 'p total' said "NameError: name 'total' is not defined" of a
+    variable the script had defined (2.16... at the stop): the line says the script is not stopped
+    in a frame, its variables gone; nndb's $step is still there."""
+    script = tmp_path / "loop.py"
+    script.write_text("import torch\nmodel = torch.nn.Linear(3, 1)\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+                      "total = 0.0\nfor i in range(3):\n    opt.zero_grad()\n    loss = model(torch.ones(2, 3)).sum()\n"
+                      "    loss.backward()\n    opt.step()\n    total += 1.0\n")
+    r = Ran(nndb("run", "--batch", "-q", "--nx", "--trace", str(tmp_path / "t.h5"), "-e", "until 1", "-e", "p total",
+                 "-e", "kill", "-e", "p $step", "-e", "p total", str(script), cwd=str(tmp_path)))
+    assert r.returncode == 2, r
+    assert r.stdout.splitlines()[-2:] == ["1.0", "1"], r
+    assert r.stderr.strip() == ("-e 'p total': NameError: name 'total' is not defined (the script is not stopped "
+                                "in a frame: its variables are gone; nndb's $ variables are left)"), r

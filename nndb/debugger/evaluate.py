@@ -140,7 +140,14 @@ def evaluate(code, frame, variables: dict, what: str = ""):
     except CommandError:
         raise
     except (Exception, SystemExit) as e:   # pdb: exit() is an error here
-        raise CommandError(f"{what}{type(e).__name__}: {e}") from None
+        raise CommandError(f"{what}{type(e).__name__}: {e}{_no_frame(e, frame)}") from None
+
+
+def _no_frame(e: BaseException, frame) -> str:
+    """A name not found with no frame to look in: the script's names are gone, not undefined."""
+    if frame is None and isinstance(e, NameError):
+        return " (the script is not stopped in a frame: its variables are gone; nndb's $ variables are left)"
+    return ""
 
 
 def execute(source: str, frame, variables: dict) -> None:
@@ -151,7 +158,7 @@ def execute(source: str, frame, variables: dict) -> None:
         try:
             exec(code, g)
         except (Exception, SystemExit) as e:   # pdb: exit() is an error here
-            raise CommandError(f"{type(e).__name__}: {e}") from None
+            raise CommandError(f"{type(e).__name__}: {e}{_no_frame(e, None)}") from None
         return
     is_module = frame.f_locals is frame.f_globals
     g, loc = namespace(frame, variables)
