@@ -86,7 +86,9 @@ def _source(s, path):
 
 
 def _echo(s, text):
-    return text.replace("\\n", "\n")
+    # (printed as a line: gdb's 'echo TEXT\n', its own line's end, is not a blank line more)
+    out = text.replace("\\n", "\n")
+    return out[:-1] if out.endswith("\n") else out
 
 
 def _help(s, text):
@@ -120,7 +122,7 @@ From the optimizer's next step on, the script and its schedulers set it again.""
             _py, _py_arg, aliases=("!",), args=("expr",), group="changing"),
     Command("source", "source FILE", "Run the commands in FILE (one per line, # comments).",
             _source, _source_arg, args=("file",), group="session"),
-    Command("echo", "echo TEXT", "Print TEXT (\\n for a new line); handy in command files.",
+    Command("echo", "echo TEXT", "Print TEXT (\\n for a new line; a last \\n, as gdb's echo has it, ends the line); handy in command files.",
             _echo, group="session"),
     Command("help", "help [CMD]", "List the commands, or show one command's usage and help.",
             _help, aliases=("h",), args=("command",), group="session"),
