@@ -921,3 +921,14 @@ def test_a_silent_breakpoint_shows_no_displays_a_noisy_one_does(tmp_path):
     assert t.after("c").strip() == "'quiet'"
     second = t.after("c", 2).strip().splitlines()
     assert second[0].startswith("Breakpoint 2, step 2 finished") and second[-1] == "1: $step * 10 = 20"
+
+
+def test_until_alone_is_next_and_continue_n_off_a_breakpoint_says_it_ignores_n(tmp_path):
+    """gdb's and pdb's 'until' with no argument was 'until needs a step number'; 'continue 3' at a stop
+    no breakpoint made ignored its count unsaid.  'until' goes to the end of the step in progress (as
+    next: step 0's end from the start stop, then step 1's), 'continue 3' says what gdb says."""
+    t = session(tmp_path, "mlp.py", ["until", "p $step", "u", "p $step", "c 3", "p 'after'"], steps=4)
+    assert t.after("until").startswith("Step 0 finished")
+    assert t.after("p $step").strip() == "0" and t.after("p $step", 2).strip() == "1"
+    assert t.after("u").startswith("Step 1 finished")
+    assert t.after("c 3").startswith("Not stopped at any breakpoint; argument ignored.")

@@ -23,6 +23,8 @@ def _continue(s, n):
         if p.number in s.points:
             p.ignore_count = n - 1
             s.message(f"Will ignore next {n - 1} crossings of breakpoint {p.number}.  Continuing.")
+    elif n > 1:
+        s.message("Not stopped at any breakpoint; argument ignored.")     # (gdb's words)
     s.set_continue()
 
 
@@ -39,6 +41,9 @@ def _finish(s, _):
 
 
 def _until(s, step):
+    if step is None:            # (gdb's and pdb's 'until' with no argument: on to the next step's end, as next)
+        s.set_next(1)
+        return
     if s.last_step is not None and step <= s.last_step:
         raise CommandError(f"step {step} has already finished (the last was {s.last_step})")
     s.set_until(step)
@@ -56,7 +61,8 @@ def step_arg(command: str):
     return parse
 
 
-_until_arg = step_arg("until")
+def _until_arg(text: str):
+    return step_arg("until")(text) if text.strip() else None
 
 
 def _detach(s, _):
@@ -99,7 +105,8 @@ At the end of the step, stop there.""",
             _step, no_args, aliases=("s",), group="running"),
     Command("finish", "finish", "Run to the end of the current training step.",
             _finish, no_args, aliases=("fin",), group="running"),
-    Command("until", "until STEP", "Run until training step STEP has finished.",
+    Command("until", "until [STEP]", """Run until training step STEP has finished.
+With no STEP, as next: to the end of the step in progress (gdb's and pdb's until).""",
             _until, _until_arg, aliases=("u",), group="running"),
     Command("detach", "detach", "Let the run go on to its end with no more stops (still recorded); nndb ends with it.",
             _detach, no_args, group="running"),
