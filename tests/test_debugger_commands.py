@@ -56,14 +56,18 @@ def test_the_run_starts_stopped_before_the_models_forward_in_step_0(stepped_thro
     assert t.after("up").startswith("> ") and "<module>()" in t.after("up")
     assert "main()" in t.after("down")
     assert t.after("down", 2).strip() == "Newest frame"
-    assert t.after("up 9").strip() == "Oldest frame"
+    # as pdb and gdb: 'up 9' with one frame above goes to it ("Oldest frame" before, and it stayed);
+    # only a move from the end is refused
+    assert t.after("up 9").startswith("> ") and "<module>()" in t.after("up 9")
+    assert t.after("up", 2).strip() == "Oldest frame"
+    assert t.after("down 9").startswith("> ") and "main()" in t.after("down 9")
 
 
 # -- step: into each forward call, then into the backward pass --------------------------------
 @pytest.fixture(scope="module")
 def stepped_through_step_0(tmp_path_factory):
     return shared_session(tmp_path_factory, "step", "mlp.py", [
-        "info step", "where", "list", "up", "down", "down", "up 9",
+        "info step", "where", "list", "up", "down", "down", "up 9", "up", "down 9",
         "s", "p $inputs", "p $module",
         "s", "s", "s", "s", "s", "s", "s", "s", "s", "s", "s", "s",
         "p $grad_output", "where", "list",

@@ -240,12 +240,13 @@ def _where(s, _):
 
 
 def _move(s, n):
+    """As pdb and gdb: a count past the end goes as far as there is; only a move from the end is refused."""
     _need_frames(s)
-    new = s.here.frame_index + n
-    if new < 0:
+    if n < 0 and s.here.frame_index == 0:
         raise CommandError("Oldest frame")
-    if new >= len(s.here.frames):
+    if n > 0 and s.here.frame_index == len(s.here.frames) - 1:
         raise CommandError("Newest frame")
+    new = min(max(0, s.here.frame_index + n), len(s.here.frames) - 1)
     s.here.frame_index = new
     s.here.list_position = None
     return _frame_line(s, new)
