@@ -481,7 +481,8 @@ class TimeMachine:
     @staticmethod
     def _checked(msg: dict) -> dict:
         if msg.get("next") == "diverged":
-            raise CommandError(msg["message"] + sandbox.read_as_now((msg.get("files") or {}).get("since_start")))
+            files = (msg.get("files") or {}).get("since_start") if msg.get("drift") else None
+            raise CommandError(msg["message"] + sandbox.read_as_now(files))
         return msg
 
     def _no_checkpoint(self, step: int) -> str:

@@ -138,7 +138,7 @@ class Role:
         there (the replay is over)."""
         wrong = self.diverged(s)
         if wrong:
-            self.give_up(s, wrong)
+            self.give_up(s, wrong, drift=True)
         if step < target:
             self.progress(*self.replayed(step))
             return True
@@ -185,10 +185,12 @@ class Role:
     def interrupted(self, s) -> None:
         self.give_up(s, "nndb: interrupted (Ctrl-C); nothing was changed")
 
-    def give_up(self, s, message: str) -> None:
-        """A replay that diverged ends here; the live run says why."""
+    def give_up(self, s, message: str, drift: bool = False) -> None:
+        """A replay that diverged ends here; the live run says why (``drift``: a replayed
+        step's loss differed from the recorded one's)."""
         self._unsilence()
-        finish(self.chan, {"op": "handback", "next": "diverged", "message": message, "state": s.snapshot()})
+        finish(self.chan, {"op": "handback", "next": "diverged", "message": message, "drift": drift,
+                           "state": s.snapshot()})
 
     def begin(self, s) -> None:
         self.saved_fds = forking.silence()
@@ -243,7 +245,7 @@ class Goto(Role):
             if s.machine is None or not s.machine.changed:
                 wrong = self.diverged(s)
                 if wrong:
-                    self.give_up(s, wrong)
+                    self.give_up(s, wrong, drift=True)
             return None
         if self.replay_until(s, step, self.target):
             return "skip"
@@ -299,7 +301,7 @@ class Scan(Role):
     def before_stops(self, s, step: int):
         wrong = self.diverged(s)
         if wrong:
-            self.give_up(s, wrong)
+            self.give_up(s, wrong, drift=True)
         self.progress(*self.replayed(step))
         if step < self.start:
             return "skip"
@@ -501,7 +503,7 @@ class Measure(Role):
     def before_stops(self, s, step: int):
         wrong = self.diverged(s)
         if wrong:
-            self.give_up(s, wrong)
+            self.give_up(s, wrong, drift=True)
         rec = s.record
         if rec is not None and rec.step > self.after and rec.hist is not None:
             for (name, kind), row in zip(rec.names, rec.hist):

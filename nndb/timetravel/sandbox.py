@@ -329,9 +329,11 @@ class Survey:
 
     def modified_since(self, t: float) -> list:
         """The files (not directories) of the survey last modified at or after ``t``
-        (time.time()), sorted: what the live run wrote since it started."""
+        (time.time()), sorted: what the live run wrote since it started (not a hidden
+        file: the prompt's history, ``.nndb_history``, is nndb's, not the script's)."""
         ns = int(t * 1e9)
-        return sorted(p for p, (is_dir, _, mtime, _) in self.before.items() if not is_dir and mtime >= ns)
+        return sorted(p for p, (is_dir, _, mtime, _) in self.before.items()
+                      if not is_dir and mtime >= ns and not os.path.basename(p).startswith("."))
 
     def changes(self) -> list:
         """[(path, "changed" | "new" | "removed")] since the survey, sorted
