@@ -28,6 +28,7 @@ import time
 from typing import Optional
 
 from ..schema import CLIP_SERIES
+from ..timetravel.sandbox import read_as_now
 from .replica import ReplicaJob
 
 _LOSS = "p float($loss).hex()"
@@ -97,11 +98,7 @@ def written_since(front, started: Optional[float]) -> str:
                         found.append(os.path.relpath(p))
                 except OSError:
                     pass
-    found = sorted(dict.fromkeys(found))
-    if not found:
-        return ""
-    names = ", ".join(found[:5]) + (f" and {len(found) - 5} more" if len(found) > 5 else "")
-    return f"; it read the files the run wrote since it started as they are now: {names}"
+    return read_as_now(sorted(dict.fromkeys(found)))
 
 
 def _since(console, back: int) -> str:
