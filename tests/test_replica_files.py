@@ -1,7 +1,8 @@
 """Replicas never change the user's files (issue 39, item 6), whatever
 library writes them: ``torch.save`` (torch's C++ writer opens the path
 itself), ``numpy.save``, ``h5py.File(..., "w")`` (the HDF5 library opens the
-path itself), ``open`` and ``os.replace``.  In a reverse replay and in a
+path itself), safetensors' ``save_file`` (its Rust code does), ``open`` and
+``os.replace``.  In a reverse replay and in a
 ``predict`` the replica's writes go to scratch copies (the past reads its
 own write back), and the user's file is byte for byte what it was at the
 stop; a write nndb cannot redirect (a subprocess) is named, and nndb then
@@ -34,7 +35,9 @@ import hashlib, os, subprocess, sys
 import h5py, numpy as np, torch, torch.nn as nn
 WRITER = sys.argv[1]
 FILE = {"torch.save": "ckpt.pt", "np.save": "arr.npy", "h5py": "log.h5", "open": "log.txt",
-        "os.replace": "state.txt", "subprocess": "sub.txt"}[WRITER]
+        "os.replace": "state.txt", "subprocess": "sub.txt", "safetensors": "model.safetensors"}[WRITER]
+if WRITER == "safetensors":
+    from safetensors.torch import load_file, save_file
 
 def write(step):
     if WRITER == "torch.save":
@@ -44,6 +47,8 @@ def write(step):
     elif WRITER == "h5py":
         with h5py.File(FILE, "w") as f:
             f["step"] = step
+    elif WRITER == "safetensors":
+        save_file({"step": torch.tensor([step])}, FILE)
     elif WRITER == "open":
         with open(FILE, "w") as fh:
             fh.write(str(step))
@@ -62,6 +67,8 @@ def read():
     if WRITER == "h5py":
         with h5py.File(FILE, "r") as f:
             return int(f["step"][()])
+    if WRITER == "safetensors":
+        return int(load_file(FILE)["step"][0])
     return int(open(FILE).read())
 
 def digest():
@@ -92,8 +99,10 @@ def _printed(r, label):
     return m.group(1)
 
 
-@pytest.mark.parametrize("writer", ["torch.save", "np.save", "h5py", "open", "os.replace"])
+@pytest.mark.parametrize("writer", ["torch.save", "np.save", "h5py", "open", "os.replace", "safetensors"])
 def test_a_replica_s_writes_go_to_scratch_copies(tmp_path, writer):
+    if writer == "safetensors":
+        pytest.importorskip("safetensors")       # (Hugging Face's format: its Rust code opens the path itself)
     r = _run(tmp_path, writer)
     # the stop at step 5 comes before that iteration's write: the file holds step 4's
     before = _printed(r, "BEFORE")
@@ -108,8 +117,11 @@ def test_a_replica_s_writes_go_to_scratch_copies(tmp_path, writer):
     assert "read back 7" in r.stdout                      # the live run's own writes are real
 
 
-def test_a_respawned_replica_s_torch_save_goes_to_a_scratch_copy(tmp_path):
-    r = _run(tmp_path, "torch.save", "--replica", "respawn")
+@pytest.mark.parametrize("writer", ["torch.save", "safetensors"])
+def test_a_respawned_replica_s_torch_save_goes_to_a_scratch_copy(tmp_path, writer):
+    if writer == "safetensors":
+        pytest.importorskip("safetensors")       # (imported by the script after the sandbox is in)
+    r = _run(tmp_path, writer, "--replica", "respawn")
     before = _printed(r, "BEFORE")
     assert _printed(r, "AFTER_RS") == before and _printed(r, "AFTER_PREDICT") == before
     assert _printed(r, "PAST") == "1", r.stdout

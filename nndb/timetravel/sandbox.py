@@ -15,6 +15,11 @@ in the replica read the copy:
   ``torch.serialization._open_zipfile_writer`` is given the scratch path);
 * ``h5py.File`` (the HDF5 library opens the path itself:
   ``h5py._hl.files.make_fid`` is given the scratch path);
+* ``safetensors`` (its Rust code opens the path itself: Hugging Face's
+  ``save_file``/``save_model``/``load_file``, for torch and numpy): its
+  ``serialize_file`` is given the scratch path, its ``safe_open`` the copy
+  to read (a ``safe_open`` the script imported by name before the replica
+  began reads the real file);
 * ``os.remove``/``unlink``/``rename``/``replace`` and ``shutil.rmtree``
   leave the real files as they are; ``os.chmod``/``os.utime`` of a real
   file change its scratch copy.
@@ -174,6 +179,54 @@ class Sandbox:
             return real_make_fid(name, mode, *args, **kwargs)
         return make_fid
 
+    def _path_arg(self, real, to):
+        """``real(path, ...)`` with ``path`` sent through ``to`` (``write_path`` or ``read_path``)."""
+        def call(first, *args, **kwargs):
+            if isinstance(first, (str, bytes, os.PathLike)):
+                first = to(first)
+            return real(first, *args, **kwargs)
+        return call
+
+    def _safetensors(self) -> None:
+        """safetensors' writer and reader, where the script can import it (the modules
+        imported now, before the script's own import in a respawned replica: it then
+        binds the wrapped ones)."""
+        import importlib.util
+        import sys
+        if "safetensors" not in sys.modules:
+            try:
+                if importlib.util.find_spec("safetensors") is None:
+                    return
+            except (ImportError, ValueError):
+                return
+        try:
+            import safetensors
+            mods = [safetensors]
+            for sub in ("safetensors.torch", "safetensors.numpy"):
+                try:
+                    mods.append(importlib.import_module(sub))
+                except ImportError:
+                    pass
+        except Exception:          # (a broken install: the live run's comparison names what it writes)
+            return
+        native = _NATIVE.setdefault("safetensors", (getattr(safetensors, "serialize_file", None),
+                                                    getattr(safetensors, "safe_open", None)))
+        write = lambda f: self.write_path(f, keep=False)     # noqa: E731 (a whole new file each time)
+        for m in mods:
+            if native[0] is not None and hasattr(m, "serialize_file"):
+                # (serialize_file(tensors, filename, metadata)): the path is the second argument
+                m.serialize_file = self._second_path(native[0], write)
+            if native[1] is not None and hasattr(m, "safe_open"):
+                m.safe_open = self._path_arg(native[1], self.read_path)
+
+    @staticmethod
+    def _second_path(real, to):
+        def call(first, path, *args, **kwargs):
+            if isinstance(path, (str, bytes, os.PathLike)):
+                path = to(path)
+            return real(first, path, *args, **kwargs)
+        return call
+
     def take_open_files(self, nndb_files=()) -> None:
         """The files the script opened before the replica began (its log, a
         ``logging`` handler's file) are open here through the live run's file
@@ -228,11 +281,12 @@ class Sandbox:
             ts._open_zipfile_writer = self._torch_writer(_NATIVE.setdefault("torch", ts._open_zipfile_writer))
         if hasattr(h5files, "make_fid"):
             h5files.make_fid = self._h5_make_fid(_NATIVE.setdefault("h5py", h5files.make_fid))
+        self._safetensors()
 
 
 _os_remove, _os_rename, _os_open, _os_truncate = os.remove, os.rename, os.open, os.truncate
 _os_chmod, _os_utime, _rmtree = os.chmod, os.utime, shutil.rmtree
-_NATIVE: dict = {}      # torch's and h5py's writers as they were before any sandbox
+_NATIVE: dict = {}      # torch's, h5py's and safetensors' writers as they were before any sandbox
 
 
 ACTIVE: "Sandbox | None" = None
