@@ -121,11 +121,16 @@ def test_a_critic_trained_n_times_keeps_its_loss_as_every_steps_loss(tmp_path):
     assert r.returncode == 0, r.stderr
     rows = re.findall(r"^(\d+)\s+(\S+)\s+\S+\s+-$", r.stdout, re.M)
     assert rows == [(str(s), f"{float(lossD[s]):g}") for s in (5, 6, 7)], r.stdout
-    assert re.search(r"step 3 finished, loss/optD \S+, loss/optG \S+", r.stdout), r.stdout
+    # the critic's loss is `loss` from step 0 to the end (it was `loss` at steps 0-2 and
+    # `loss/optD` from step 3, where the generator's loss first came: two series, each cut)
+    assert re.search(r"step 3 finished, loss \S+, loss/optG \S+", r.stdout), r.stdout
     assert re.findall(r"\('AT', '([^']+)'\)", r.stdout) == [lossD[3]], r.stdout
     with TraceReader(trace) as t:
         steps, values = t.history(t.find("loss/optG", "loss")[0], "mean")
         assert list(steps) == [3, 6, 9, 12] and list(values) == [np.float32(float(v)) for v in lossG]
+        assert sorted(s.name for s in t.series() if s.kind == "loss") == ["loss", "loss/optG"]
+        steps, values = t.history(t.find("loss", "loss")[0], "mean")
+        assert list(steps) == list(range(12)) and list(values) == [np.float32(float(v)) for v in lossD]
 
 def test_lbfgs_closure_many_backwards_in_one_step(trace):
     _, t = run_example("lbfgs", trace, "--steps", "4", "--max-iter", "5")

@@ -159,6 +159,10 @@ class StepRecorder:
         # optimizer's last step left it, (id, version), so that a step that stepped another
         # optimizer records only the gradients its backward made (a finished stage's .grad stays)
         self.several_optimizers = False
+        # The optimizer whose loss the series ``loss`` holds (a weakref): a series keeps its
+        # name for the whole run, so when a later step has a second optimizer's loss (a WGAN's
+        # generator, first stepped at step 3), only the newcomer's is ``loss/<optimizer>``
+        self._loss_owner = None
         self._grad_marks: dict = {}
         # Whole tensors kept (--record-full): nndb.tracer.fulltensors.FullTensors, or None
         self.fulltensors = None
@@ -486,7 +490,7 @@ class StepRecorder:
                 base = self.naming.module_name(key[1])
                 name = f"{base}#{key[2] + 1}" if key[2] else base
             elif key[0] == "loss":
-                name = "loss/" + self.naming.optimizer_name(key[1]) if key[2] and key[1] is not None else "loss"
+                name = self._loss_name(key[1], key[2])
             elif key[0] == "clip":
                 name = f"{CLIP_SERIES}#{key[2] + 1}" if key[2] else CLIP_SERIES
             else:
@@ -496,6 +500,19 @@ class StepRecorder:
                     self._local_shapes[name] = list(S.local(key[1]).shape)
             self._names[ikey] = name
         return name
+
+    def _loss_name(self, opt, qualified: bool) -> str:
+        """``loss`` while no step has had two optimizers' losses; after one has, each
+        optimizer's ``loss/<optimizer>``, except the loss already written as ``loss``
+        (its optimizer's; a step's losses from step 0 on: none is)."""
+        owner = self._loss_owner() if self._loss_owner is not None else None
+        if not qualified:
+            if opt is not None:
+                self._loss_owner = weakref.ref(opt)
+            return "loss"
+        if opt is None:
+            return "loss/(no optimizer)" if owner is not None else "loss"
+        return "loss" if opt is owner else "loss/" + self.naming.optimizer_name(opt)
 
     def series_shape(self, name: str, kind: str, local: bool = False) -> Optional[list]:
         """The shape of a param, grad or update series' tensor (the rules tell weight matrices
