@@ -275,3 +275,65 @@ def test_a_layer_spread_of_gradients_is_vanishing_under_sgd_not_under_adam(tmp_p
         [v] = found
         assert (v["step"], v["tensor"]) == (2, "0.weight") and "cross_layer" in v["evidence"]["criteria"]
         assert v["evidence"]["layer_spread"]["ratio"] > 1e3
+
+
+# A layer pruned to zero from the start (torch.nn.utils.prune at amount 1.0): no gradient
+# reaches it or anything before it; the rest of the model trains on (before: dead_relu on the
+# layer after it, and loss_not_decreasing at step 49, never the cause).  Beside it, branches
+# that start with no gradient by design and get one after the first update (LoRA's B = 0,
+# a ReZero gate at 0), and task heads used in turn whose .grad is zeroed in place.
+PARTS = '''
+import sys
+import torch, torch.nn as nn
+import torch.nn.utils.prune as prune
+torch.manual_seed(0)
+shape = sys.argv[1]
+x, y = torch.randn(128, 20), torch.randint(0, 5, (128,))
+if shape == "pruned":
+    model = nn.Sequential(nn.Linear(20, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 5))
+    prune.l1_unstructured(model[2], "weight", amount=1.0)
+    forward = model
+else:
+    trunk, heads = nn.Linear(20, 32), nn.ModuleList(nn.Linear(32, 5) for _ in range(3))
+    lora_a, lora_b = nn.Linear(20, 4, bias=False), nn.Linear(4, 32, bias=False)
+    nn.init.zeros_(lora_b.weight)
+    gate = nn.Parameter(torch.zeros(()))
+    branch = nn.Linear(32, 32)
+    model = nn.ModuleList([trunk, heads, lora_a, lora_b, branch])
+    model.gate = gate
+    step_no = [0]
+    def forward(v):
+        h = torch.relu(trunk(v) + lora_b(lora_a(v)))
+        h = h + gate * branch(h)
+        return heads[step_no[0] % 3](h)
+opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+for step in range(30):
+    opt.zero_grad(set_to_none=shape == "pruned")
+    if shape != "pruned":
+        step_no[0] = step
+    loss = nn.functional.cross_entropy(forward(x), y)
+    loss.backward()
+    opt.step()
+'''
+
+
+def test_a_layer_whose_gradient_is_zero_from_the_start_is_named(tmp_path):
+    script = tmp_path / "parts.py"
+    script.write_text(PARTS)
+    res = run_in_process(tmp_path, str(script), ["pruned"])
+    assert res.exit_code == 0
+    [zg] = of(res.session.log.findings, "zero_gradients")
+    assert zg["step"] == 9 and zg["evidence"]["steps"] == [0, 9]
+    assert zg["tensor"] == "0.weight" and zg["evidence"]["also"] == ["0.bias", "2.weight_orig"]
+    assert "exactly 0 for 10 recorded steps in a row since step 0, while 3 other tensor(s)" in zg["message"]
+    # the trace says the same offline
+    r = nndb("check-trace", str(tmp_path / "run.h5"), "--json")
+    found = [f for f in json.loads(r.stdout)["findings"] if f["rule"] == "zero_gradients"]
+    assert [(f["step"], f["tensor"]) for f in found] == [(9, "0.weight")], r.stdout
+
+
+def test_branches_that_start_without_a_gradient_and_heads_used_in_turn_are_not_named(tmp_path):
+    script = tmp_path / "parts.py"
+    script.write_text(PARTS)
+    res = run_in_process(tmp_path, str(script), ["healthy"])
+    assert res.exit_code == 0 and of(res.session.log.findings, "zero_gradients") == []

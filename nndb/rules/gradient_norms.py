@@ -575,11 +575,15 @@ class ZeroGradients(Rule):
     id = "zero_gradients"
     severity = "error"
     explanation = ("every gradient is exactly 0, step after step: nothing learns (a constant loss such as a "
-                   "cross-entropy over a single class, a loss that does not depend on the parameters)")
+                   "cross-entropy over a single class, a loss that does not depend on the parameters); or some "
+                   "tensors' gradients are, while others' are not: those learn nothing (a layer pruned or "
+                   "masked to zero, everything after it cut off by a zero weight or a factor 0)")
     THRESHOLDS = {
-        "steps": Threshold(10, "consecutive recorded steps on which every gradient recorded is exactly 0: a "
-                               "healthy run has no such step (a ReLU net whose units all died is dead_relu's "
-                               "first, and this one's when it stays so)"),
+        "steps": Threshold(10, "consecutive recorded steps on which every gradient recorded, or one tensor's "
+                               "whole gradient, is exactly 0: a healthy run has no such step (a ReLU net whose "
+                               "units all died is dead_relu's first, and this one's when it stays so; a branch "
+                               "initialised to give no gradient, ReZero's gate or LoRA's B = 0, has one at "
+                               "its first step only)"),
     }
     EVERY_STEP = True               # (the gradient norms are recorded on every step)
 
@@ -590,6 +594,13 @@ class ZeroGradients(Rule):
         self.losses: list = []         # the loss of each of those steps (one loss) while they run
         self.classes = None            # the class count a classification loss was called with, if seen
         self.done = False
+        # a tensor whose gradient has been exactly 0 at every step so far while others' are not:
+        # slot -> steps in a row; the slots told; those that ever had a gradient other than 0
+        # (a task head used now and then, its .grad zeroed in place between: left to grad_none's
+        # reading of gaps)
+        self.zeros = Streaks(1)
+        self.told = np.zeros(0, dtype=bool)
+        self.ever = np.zeros(0, dtype=bool)
 
     def _zero(self, g: np.ndarray) -> bool:
         return g.size > 0 and not np.count_nonzero(g)
@@ -597,10 +608,19 @@ class ZeroGradients(Rule):
     def check_block(self, block):
         if self.done:
             return True
-        _, lay = block.layout(self.own)
-        g = block.take(lay, "grad", "norm")[:, lay.g >= 0]
-        if g.shape[1] == 0 or not (g == 0).all(axis=1).any():
+        t, lay = block.layout(self.own)
+        has = lay.g >= 0
+        g = block.take(lay, "grad", "norm")[:, has]
+        if self.zeros.active or t.n_slots > self.zeros.n:
+            return None
+        zero = g == 0
+        slots = lay.slots[has]
+        if np.count_nonzero(zero) and np.count_nonzero(zero & ~(self.told[slots] | self.ever[slots])):
+            return None            # (a tensor's gradient 0 from its start, not told yet: judged step by step)
+        if g.shape[1] == 0 or not zero.all(axis=1).any():
             self.run, self.since, self.losses = 0, None, []
+            self.zeros.i += block.k            # (what Streaks.update does on a step with nothing flagged)
+            self.ever[slots] |= (~zero).any(axis=0)
             return True
         return None
 
@@ -613,8 +633,12 @@ class ZeroGradients(Rule):
             n = f.get("classes") if f.get("classes") is not None else first[1] if first else None
             if n is not None:
                 self.classes = int(n)
-        _, lay = layout(ctx, self.own)
-        g = lay.take(ctx, "grad", "norm")[lay.g >= 0]
+        t, lay = layout(ctx, self.own)
+        has = lay.g >= 0
+        norms = lay.take(ctx, "grad", "norm")
+        g = norms[has]
+        yield from self._tensors(ctx, t, lay, has & (norms == 0) if g.size and np.count_nonzero(g) else None)
+        self.ever[lay.slots[has]] |= g != 0
         if not self._zero(g):
             self.run, self.since, self.losses = 0, None, []
             return
@@ -640,3 +664,28 @@ class ZeroGradients(Rule):
             ctx, f"every gradient ({g.size} tensor(s)) has been exactly 0 for {self.run} recorded steps in a row "
                  f"since step {self.since}: nothing learns{cause}",
             tensors=int(g.size), steps=[self.since, ctx.step], constant_loss=constant, classes=self.classes)
+
+    def _tensors(self, ctx, t, lay, zero):
+        """Some tensors' whole gradients exactly 0 while others' are not (``zero``: layout
+        positions; None: none, or every one, the finding above), at every step since their
+        first, ``steps`` in a row: each told once, those of a step in one finding."""
+        if t.n_slots > self.zeros.n:
+            self.zeros.grow(t.n_slots)
+            self.told, self.ever = fit(self.told, t.n_slots, False), fit(self.ever, t.n_slots, False)
+        flags = zero & ~(self.told[lay.slots] | self.ever[lay.slots]) if zero is not None \
+            else np.zeros(len(lay.names), dtype=bool)
+        st = self.zeros.update(lay.slots, flags, ctx.step)
+        if st is None:
+            return
+        new = np.flatnonzero(st == int(self.params["steps"]))
+        if not new.size:
+            return
+        self.told[lay.slots[new]] = True
+        names = [lay.names[k] for k in new]
+        since = int(self.zeros.since[lay.slots[new[0]]])
+        learning = int(np.count_nonzero(lay.take(ctx, "grad", "norm")[lay.g >= 0]))
+        yield self.finding(
+            ctx, f"{names[0]}'s gradient has been exactly 0 for {self.params['steps']:g} recorded steps in a row "
+                 f"since step {since}, while {learning} other tensor(s) have gradients: it learns nothing "
+                 f"(pruned or masked to zero, or cut off by a zero weight or a factor 0 after it){also(names[1:])}",
+            tensor=names[0], steps=[since, ctx.step], also=names[1:])
