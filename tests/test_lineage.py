@@ -83,6 +83,24 @@ def test_catch_nan_stops_at_the_log_that_made_it_with_its_source_line(tmp_path):
     assert d["module"] is None and d["via"]["op"] == "mul"
 
 
+def test_catch_nan_under_every_says_the_steps_it_did_not_look_at(tmp_path):
+    """--every 2 records steps 0, 2, 4: the log made Inf in step 3, which no record holds, and the
+    catch stopped at step 4 saying the NaN "came into step 4" from a parameter, with nothing
+    said of step 3; 'goto 2' then 'continue' (eager in the past) finds the log."""
+    script = _script(tmp_path, "train.py", LOG_LOSS)
+    r = _run(tmp_path, script, "--every", "2", "-e", "catch nan", "-e", "continue", "-e", "goto 2",
+             "-e", "continue", "-e", 'p ("AT", step)', "-e", "present", "-e", "kill")
+    first = r.stdout.split("In the past")[0]
+    assert "Catchpoint 1 (catch nan)" in first and "step 4" in first, r.stdout
+    assert ("(step 3 before it was not recorded (--every 2) and not looked at: a NaN or Inf made there is "
+            "found first at step 4; 'goto 2' then 'continue' checks them operation by operation)") in first, first
+    past = r.stdout.split("In the past")[1]
+    assert re.search(r"Catchpoint 1 \(catch nan\): log made Inf in the forward pass of step 3 ", past), past
+    assert "('AT', 3)" in past and "not recorded" not in past.split("('AT'")[0].split("\n", 1)[1]
+    r = _run(tmp_path, script, "-e", "catch nan", "-e", "continue", "-e", "kill", trace="every1.h5")
+    assert "not recorded" not in r.stdout and "log made Inf in the forward pass of step 3" in r.stdout
+
+
 def test_a_disabled_catch_point_catches_nothing_until_enabled_again(tmp_path):
     """What a step end reads of the catch points follows ``disable`` and ``enable`` at
     the prompt (the list is kept while the points stand: Points.version)."""

@@ -76,6 +76,26 @@ def hits_from_events(points: list, data: dict, step: int, accept: Callable) -> l
     return hits
 
 
+def unseen_before(cadence, step: int) -> Optional[dict]:
+    """The steps right before the recorded ``step`` that were not recorded
+    (``--every``, ``--steps``): no record, so the step-end catch looked at
+    none of them; a non-finite value made there is found first at ``step``.
+    {"first", "last", "flag"}, or None."""
+    every, start = getattr(cadence, "every", 1), getattr(cadence, "start", 0)
+    if every > 1 and step - every >= start:
+        return {"first": step - every + 1, "last": step - 1, "flag": f"--every {every}"}
+    if step == start and start > 0:
+        return {"first": 0, "last": start - 1, "flag": f"--steps {start}:"}
+    return None
+
+
+def _with_unseen(hits: list, unseen: Optional[dict]) -> list:
+    if unseen is not None:
+        for _, detail in hits:
+            detail["unseen"] = unseen
+    return hits
+
+
 def _wanted(p, nan: bool, inf: bool) -> bool:
     return {"nan": nan, "inf": inf}.get(p.what_kind, nan or inf)
 
@@ -98,7 +118,7 @@ class StepEndCatch:
         self.judged = []
 
     def check(self, record, catching: Callable[[], list], replay: Optional[Replay], accept: Callable,
-              buffers: Callable[[], list] = lambda: [], points: Optional[list] = None) -> list:
+              buffers: Callable[[], list] = lambda: [], points: Optional[list] = None, cadence=None) -> list:
         """The hits for a record handed on at a step end: as in
         ``hits_from_events``, or, where the replay failed or found no
         operation that made the value from finite inputs (a NaN in the batch),
@@ -107,7 +127,9 @@ class StepEndCatch:
         may hand the session's points back as new objects).  ``buffers()``:
         [((name, "buffer"), nan, inf)] of the model's buffers that are not
         finite (BatchNorm's running statistics are not in the record).
-        ``points``: ``catching()`` now, where the caller has it already."""
+        ``points``: ``catching()`` now, where the caller has it already.
+        ``cadence``: the recorded steps (nndb.cadence.Cadence): a hit after
+        steps that were not recorded says so (``unseen_before``)."""
         if points is None:
             points = catching()
         if record is None or not points:
@@ -149,7 +171,7 @@ class StepEndCatch:
                 data = dict(data, events=[e for e in data.get("events", []) if e[1].get("entered") is None])
             hits = hits_from_events(points, data, step, accept)
             if hits or not first:
-                return hits
+                return _with_unseen(hits, unseen_before(cadence, step))
             # no operation made it from finite inputs: it came with the step's data (a NaN in
             # the batch) or from before the step, and this step is where it first appeared: the
             # catch stops here (it ran on with a note, and never stopped)
@@ -164,4 +186,4 @@ class StepEndCatch:
                       "nan": any(nan for _, nan, _ in new)}
             if accept(p, detail):
                 hits.append((p, detail))
-        return hits
+        return _with_unseen(hits, unseen_before(cadence, step))

@@ -167,7 +167,8 @@ class LineageControl:
         if not points or eager:
             return []
         return self.step_end.check(record, self.catching, lambda step: self.replay(s, step), accept,
-                                   functools.partial(nonfinite_buffers, s.rec.naming), points=points)
+                                   functools.partial(nonfinite_buffers, s.rec.naming), points=points,
+                                   cadence=getattr(s.rec.recorder, "schedule", None))
 
     def run_ended(self) -> None:
         if self.recorder is not None:

@@ -89,7 +89,7 @@ def catch_line(head: str, point, d: dict) -> str:
         series = ", ".join(d["series"]) + (f" and {d['more_series']} more" if d.get("more_series") else "")
         return (f"{head} ({point.what()}): step {d['step']} made {what} ({series}), but the operation could "
                 f"not be located: {d['unlocated']}\n  ('catch {point.what_kind} --eager' checks every "
-                f"operation as the run goes)")
+                f"operation as the run goes)") + unseen_note(point, d)
     if d.get("entered") is not None:
         whose = d.get("label") or "made by no operation of the step: the batch, or a tensor kept from before it"
         s = (f"{head} ({point.what()}): {what} came into step {d['step']} in input {d['entered']} of {d['op']} "
@@ -104,7 +104,20 @@ def catch_line(head: str, point, d: dict) -> str:
         stats = ", ".join(f"{k} {fmt(x[k])}" for k in ("min", "max", "mean", "nan", "inf") if k in x)
         s += f"\n  input {i} of {of}: {x['dtype']} {tuple(x['shape'])}" + (f": {stats}" if stats else "") \
             + (" (after the operation wrote it in place)" if x.get("written") else "")
-    return s
+    return s + unseen_note(point, d)
+
+
+def unseen_note(point, d: dict) -> str:
+    """A step-end catch after steps that were not recorded: nothing looked at them."""
+    u = d.get("unseen")
+    if not u:
+        return ""
+    a, b = u["first"], u["last"]
+    steps = f"step {a}" if a == b else f"steps {a}-{b}"
+    look = f"'goto {a - 1}' then 'continue' checks them operation by operation" if a > 0 else \
+        f"'catch {point.what_kind} --eager' then 'run' checks every operation"
+    return (f"\n  ({steps} before it {'was' if a == b else 'were'} not recorded ({u['flag']}) and not looked at: "
+            f"a NaN or Inf made there is found first at step {d['step']}; {look})")
 
 
 def stop_line(session, stop) -> str:
