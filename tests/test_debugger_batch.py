@@ -586,6 +586,34 @@ def test_a_batch_run_goes_back_to_the_present_when_nothing_is_queued_in_the_past
     assert "the script ended on this timeline" not in r.stdout
 
 
+def test_continue_in_the_past_stops_at_the_present(tmp_path, trace):
+    """gdb's record-full log ends at the live point: `continue` at step 3 in the past ran the
+    replica on past the present (step 6) to the script's end, steps 6-11 unchecked and shown as
+    the past, and the live run then printed them again (each of the script's lines twice)."""
+    r = nndb("run", "--batch", "--nx", "--trace", trace, "-e", "until 6", "-e", "rs 3", "-e", "continue",
+             "-e", 'p ("AT", $step)', "-e", "goto 6", "-e", "next", "-e", 'p ("THEN", $step)',
+             example("mlp.py"), "--steps", "12", cwd=str(tmp_path))
+    assert r.returncode == 0, r.stdout + r.stderr
+    # (the past prints what it runs, steps 3-5, up to the present; the live run the rest, once)
+    printed = [int(n) for n in re.findall(r"^step (\d+) loss", r.stdout, re.M)]
+    assert printed == [*range(6), 3, 4, 5, *range(6, 12)], r.stdout
+    said = "No more reverse-execution history: the past ends at step 6, the present."
+    assert r.stdout.count(said) == 2, r.stdout          # (run up to it, and typed there: 'goto 6', 'next')
+    assert "('AT', 6)" in r.stdout and "('THEN', 6)" in r.stdout
+    assert r.stdout.count("Back in the present (timeline 0): step 6.") == 2
+    assert "the script ended on this timeline" not in r.stdout
+
+
+def test_goto_past_the_present_from_the_past_is_refused_as_in_the_present(tmp_path, trace):
+    """It ran the replica on to step 9, which the live run (at step 6) had not made, shown as the past."""
+    r = nndb("run", "--batch", "--nx", "--trace", trace, "-e", "until 6", "-e", "rs 3", "-e", "goto 9",
+             example("mlp.py"), "--steps", "12", cwd=str(tmp_path))
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "-e 'goto 9': step 9 has not run yet (the present is step 6): 'present', then 'until 9'" \
+        in r.stderr.splitlines(), r.stderr
+    assert "In the past (timeline 0): step 9" not in r.stdout
+
+
 def _in_the_past(tmp_path, lines: list) -> tuple:
     """A batch run of mlp.py (12 steps) with ``lines`` as -e: the script's
     lines and, of its one stop in the past, the stop line's words and what the

@@ -55,7 +55,8 @@ def test_catch_nan_stops_in_a_respawned_replica(tmp_path):
 
 
 def test_rule_settings_changed_at_the_prompt_hold_in_a_respawned_replica(tmp_path):
-    r = _run(tmp_path, ["break step 1", "continue", "delete 1", "rule action nonfinite stop", "goto 0",
+    # (the past ends at the present: it is past step 3, where the NaN is)
+    r = _run(tmp_path, ["break step 4", "continue", "delete 1", "rule action nonfinite stop", "goto 0",
                         "continue", "present", "rule action nonfinite warn", "continue"], rules="default")
     past = r.stdout.split("In the past")[1].split("Back in the present")[0]
     assert "Rule nonfinite (" in past, r.stdout

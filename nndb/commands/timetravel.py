@@ -248,7 +248,9 @@ tensors, the script's frame and its variables are as they were then.
     Command("reverse-continue", "reverse-continue", """Go back to the last earlier step where a breakpoint or watchpoint held.
 It is found by replaying from the checkpoints, newest first.""",
             _reverse_continue, no_args, aliases=("rc",), group="time travel"),
-    Command("goto", "goto STEP", "Go to the end of a recorded step (back in time, or forward on this timeline).",
+    Command("goto", "goto STEP", """Go to the end of a recorded step (back in time, or forward on this timeline).
+Forward in the past it runs as 'until STEP' does (a breakpoint on the way stops it),
+up to the present; past it only on a timeline that was changed.""",
             _goto, _goto_arg, group="time travel"),
     Command("present", "present", "Leave the past: back to the live run, where it was stopped.",
             _present, no_args, group="time travel"),

@@ -393,6 +393,8 @@ class Session(CommandLoop, StopPoints):
     def _set_mode(self, mode: Mode, count: int = 0, until: Optional[int] = None) -> None:
         if not self.live:
             raise CommandError("The program is not being run.")
+        if self.replica is not None:
+            self.replica.resuming(self)        # (in the past, at the present: back to the live run)
         self.control.request(mode, count, until)
 
     def request_kill(self) -> None:

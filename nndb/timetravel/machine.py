@@ -532,7 +532,9 @@ class TimeMachine:
         from_past = False
         while True:
             t0 = time.perf_counter()
-            goal = {"kind": "goto", "target": target, "then": then, "why": why}
+            # (present: the live run's last finished step, where the recorded past ends)
+            goal = {"kind": "goto", "target": target, "then": then, "why": why, "present": s.last_step,
+                    "present_inside": present_step(s) != s.last_step}
             if from_past:
                 goal["ctrl_c"] = f"takes you to the present (step {present_step(s)})"
             with self._in_the_present_if(from_past, s):

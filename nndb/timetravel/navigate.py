@@ -13,6 +13,10 @@ def go_to(s, machine, target: int, then: str = "stop", why: str = "") -> None:
     if target < 0:
         raise CommandError("cannot go back before the end of step 0 (the first checkpoint)")
     if machine.replica:
+        present = getattr(s.replica, "present", None)
+        if target > s.last_step and present is not None and target > present and not machine.changed:
+            raise CommandError(f"step {target} has not run yet (the present is step {present}): "
+                               f"'present', then 'until {target}'")
         if target > s.last_step:
             s.set_until(target)
             return

@@ -209,6 +209,9 @@ class Role:
     def after_stops(self, s, step: int) -> None:
         pass
 
+    def resuming(self, s) -> None:
+        """A command at the prompt resumes the run (continue, next, step, ...)."""
+
     def arrived(self, s, stop: Stop):
         """Resumed from a checkpoint taken at a stop (the prompt of step
         ``stop.step``): the stop to show now, or None to run on."""
@@ -237,15 +240,23 @@ class Goto(Role):
         # "points": arm the breakpoints at the target and go on (reverse-continue
         # to a hit inside the next step) instead of stopping there
         self.then = goal.get("then", "stop")
+        # the live run's last finished step: the recorded past ends there
+        self.present = goal.get("present")
+
+    def recorded(self, s) -> bool:
+        """This timeline is the recorded run's (nothing was changed in the past)."""
+        return s.machine is None or not s.machine.changed
 
     def before_stops(self, s, step: int):
         if not self.replaying:
             # Run on from the target at the prompt: while the timeline is the recorded run's, each
             # step it recorded is checked as a replayed one is (a step that differs is no past).
-            if s.machine is None or not s.machine.changed:
+            if self.recorded(s):
                 wrong = self.diverged(s)
                 if wrong:
                     self.give_up(s, wrong, drift=True)
+                if self.present is not None and step > self.present:
+                    self.end_of_history(s)       # (from inside the present's step: its end is no past)
             return None
         if self.replay_until(s, step, self.target):
             return "skip"
@@ -259,6 +270,33 @@ class Goto(Role):
             else f"{step + 1} step(s) replayed from the start"
         why = self.goal.get("why")
         return Stop("past", step, note=f"{why}; {how}" if why else how)
+
+    def after_stops(self, s, step: int) -> None:
+        """At the present's step end, on the recorded run's timeline, the run is about to go on
+        past the present (a stop there, if any, has been and gone): the past ends here."""
+        if self.replaying or self.present is None or step < self.present or not self.recorded(s):
+            return
+        if self.then == "points" and step == self.target:
+            return                    # (reverse-continue to a hit inside the step the live run is in)
+        self.end_of_history(s)
+
+    def resuming(self, s) -> None:
+        """At or past the present's step end (a goto or reverse-continue that arrived there):
+        nothing recorded is ahead."""
+        if not self.replaying and self.present is not None and s.last_step is not None \
+                and s.last_step >= self.present and self.recorded(s):
+            self.end_of_history(s)
+
+    def end_of_history(self, s) -> None:
+        """gdb's record-full at the end of its log: forward in the past stops at
+        the present; the live run, stopped there, takes the terminal back.
+        (Until 2026-12 the replica ran on to the script's end, its steps
+        past the present unchecked and shown as the past, and the live run
+        then printed them again.)"""
+        where = f"the end of step {self.present} (the present is inside step {self.present + 1})" \
+            if self.goal.get("present_inside") else f"step {self.present}, the present"
+        s.message(f"No more reverse-execution history: the past ends at {where}.")
+        s.machine.hand_back(s, "present")
 
     def intercept(self, s, stop: Stop) -> bool:
         return self.replaying
