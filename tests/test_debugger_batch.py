@@ -614,6 +614,22 @@ def test_goto_past_the_present_from_the_past_is_refused_as_in_the_present(tmp_pa
     assert "In the past (timeline 0): step 9" not in r.stdout
 
 
+def test_a_goto_forward_in_the_past_cut_short_by_a_breakpoint_says_so(tmp_path, trace):
+    """`goto 5` from step 1 in the past runs as `until 5`: breakpoint 1 at step 3 stopped it
+    there with only 'Breakpoint 1, step 3 finished', no word of the goto nor of the past,
+    and the next command ran at step 3, not 5."""
+    r = nndb("run", "--batch", "--nx", "--trace", trace, "-e", "until 6", "-e", "break step 3", "-e", "goto 1",
+             "-e", "goto 5", "-e", 'p ("AT", $step)', "-e", "goto 5", "-e", 'p ("THEN", $step)',
+             example("mlp.py"), "--steps", "12", cwd=str(tmp_path))
+    assert r.returncode == 0, r.stdout + r.stderr
+    hit = r.stdout.split("Breakpoint 1, step 3 finished, loss ")[1].splitlines()
+    assert hit[1] == ("  (in the past (timeline 0): 'goto 5' stopped on the way, short of step 5; "
+                      "'goto 5' again goes on)"), r.stdout
+    assert "('AT', 3)" in r.stdout and "('THEN', 5)" in r.stdout
+    assert "In the past (timeline 0): step 5 finished" in r.stdout
+    assert r.stdout.count("stopped on the way") == 1
+
+
 def _in_the_past(tmp_path, lines: list) -> tuple:
     """A batch run of mlp.py (12 steps) with ``lines`` as -e: the script's
     lines and, of its one stop in the past, the stop line's words and what the

@@ -30,7 +30,8 @@ def _break(s, arg, temporary=False):
     out = f"{kind} {p.number}: {p.what()}" + (f" if {cond}" if cond else "") + (" [fail]" if fail else "")
     if cls is P.StepBreak and s.last_step is not None and fields["step"] <= s.last_step:
         out += (f"\n(step {fields['step']} has already finished in this run, which is at step "
-                f"{s.last_step}: it stops a run started again with 'run')")
+                f"{s.last_step}: it stops a run started again with 'run', and the past run forward "
+                f"over it: 'goto', 'continue')")
     return out
 
 

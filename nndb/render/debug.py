@@ -120,6 +120,18 @@ def unseen_note(point, d: dict) -> str:
             f"a NaN or Inf made there is found first at step {d['step']}; {look})")
 
 
+def _short_of_goto(session, stop) -> str:
+    """A point that stopped a 'goto' forward in the past on its way (it runs as 'until'
+    does): the line says so, and where the session is (the hit's line alone did not)."""
+    target = getattr(session.replica, "forward_goto", None)
+    if target is None or stop.step is None or stop.step > target or (stop.step == target and stop.at_step_end):
+        return ""
+    m = session.machine
+    where = "in the past" if m is None else f"on timeline {m.timeline}" if m.changed else \
+        f"in the past (timeline {m.timeline})"
+    return f"\n  ({where}: 'goto {target}' stopped on the way, short of step {target}; 'goto {target}' again goes on)"
+
+
 def stop_line(session, stop) -> str:
     where = _where(session)
     if stop.kind == "exception":
@@ -130,6 +142,7 @@ def stop_line(session, stop) -> str:
         at = f"step {stop.step}, module {stop.module} {stop.phase}"
     if stop.hits:
         lines = [_hit(p, d) for p, d in stop.hits if not p.silent]
+        where = _short_of_goto(session, stop) + where
         if len(lines) == 1 and not stop.at_step_end and stop.module:
             return f"{lines[0]} (step {stop.step}){where}"
         if len(lines) == 1 and stop.at_step_end and lines[0].endswith(f"step {stop.step}") \

@@ -19,6 +19,7 @@ def go_to(s, machine, target: int, then: str = "stop", why: str = "") -> None:
                                f"'present', then 'until {target}'")
         if target > s.last_step:
             s.set_until(target)
+            s.replica.forward_goto = target      # (a point on the way stops it, as 'until': said so)
             return
         machine.hand_back(s, "goto", target=target, then=then, why=why)
     if s.last_step is None:

@@ -242,6 +242,7 @@ class Goto(Role):
         self.then = goal.get("then", "stop")
         # the live run's last finished step: the recorded past ends there
         self.present = goal.get("present")
+        self.forward_goto: Optional[int] = None     # 'goto N' forward, running as 'until N'
 
     def recorded(self, s) -> bool:
         """This timeline is the recorded run's (nothing was changed in the past)."""
@@ -283,6 +284,7 @@ class Goto(Role):
     def resuming(self, s) -> None:
         """At or past the present's step end (a goto or reverse-continue that arrived there):
         nothing recorded is ahead."""
+        self.forward_goto = None
         if not self.replaying and self.present is not None and s.last_step is not None \
                 and s.last_step >= self.present and self.recorded(s):
             self.end_of_history(s)
