@@ -421,6 +421,19 @@ def test_script_raises_post_mortem_in_batch(tmp_path, trace):
         assert t.status == "failed" and list(t.partial) == [False, False, True]
 
 
+def test_run_control_at_a_post_mortem_ends_the_run_and_then_says_how_it_ended(tmp_path, trace):
+    """'next' at the post-mortem said "The program is not being run." (exit 2) where 'continue'
+    ended the run; now each goes on as gdb's after a fatal signal, and after the end says how
+    the run ended."""
+    r = nndb("run", "--batch", "--trace", trace, "-e", "continue", "-e", 'p ("PM", $step)', "-e", "next",
+             "-e", 'p ("END", $step)', "-e", "next", "-e", 'p "NOT REACHED"',
+             example("raises.py"), "--steps", "6", "--fail-at", "2", cwd=str(tmp_path))
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "('PM', 2)" in r.stdout and "('END', 1)" in r.stdout and "NOT REACHED" not in r.stdout
+    assert ("-e next: The program is not being run: it ended (failed, exit code 1) after 2 step(s); "
+            "'run' starts it again.") in r.stderr.splitlines(), r.stderr
+
+
 KILL_FILE = """\
 break step 1
 continue

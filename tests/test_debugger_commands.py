@@ -668,9 +668,13 @@ def test_post_mortem_stats_and_history_of_the_steps_recorded(post_mortem):
 
 
 def test_post_mortem_run_control_ends_the_run(post_mortem):
+    """As gdb's after a fatal signal: each of them lets the exception end the run (only
+    'continue' did; 'next', 'step', 'until', 'finish' and 'kill' said the program was not being
+    run, and did nothing); then they say how it ended."""
     assert re.search(r"state\s+post-mortem", post_mortem.after("info step"))
-    assert post_mortem.after("n").strip() == "The program is not being run."
-    assert "the run ended (failed, exit code 1) after 2 step(s)" in post_mortem.after("c", 2)
+    assert "the run ended (failed, exit code 1) after 2 step(s)" in post_mortem.after("n")
+    assert post_mortem.after("c", 2).strip() == \
+        "The program is not being run: it ended (failed, exit code 1) after 2 step(s); 'run' starts it again."
 
 
 # -- kill, run, quit, the empty line -----------------------------------------------------------
@@ -706,7 +710,8 @@ def test_after_kill_the_last_stop_can_still_be_read(killed):
     t = killed
     assert re.search(r"state\s+exited", t.after("info step"))
     assert t.after("p $step").strip() == "1"
-    assert t.after("kill", 3).strip() == "The program is not being run."
+    assert t.after("kill", 3).strip() == \
+        "The program is not being run: it ended (killed, exit code 0) after 2 step(s); 'run' starts it again."
 
 
 @pytest.fixture(scope="module")

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from ..errors import CommandError
+from ..debugger.modes import State
 from ..debugger.points import parse_int
 from .table import Command, no_args
 
@@ -71,8 +72,11 @@ def _detach(s, _):
 
 
 def _kill(s, _):
+    if s.control.state is State.POST_MORTEM:
+        s.control.resume = True       # (the exception ends the run: it is over already, as gdb's kill)
+        return
     if not s.live:
-        raise CommandError("The program is not being run.")
+        raise CommandError(s.not_running())
     if s.interactive and not s.frontend.confirm("Kill the run being debugged? (y or n) "):
         s.message("Not confirmed.")
         return

@@ -364,10 +364,7 @@ class Session(CommandLoop, StopPoints):
     # Each command of the "running" group makes one of these requests (pdb's
     # do_next -> set_next); they raise CommandError where no run is live.
     def set_continue(self) -> None:
-        """Run to the next stop (out of a post-mortem: back to the prompt's end, as pdb)."""
-        if self.control.state is State.POST_MORTEM:
-            self.control.resume = True               # leaves the post-mortem, as in pdb
-            return
+        """Run to the next stop."""
         self._set_mode(Mode.CONTINUE)
 
     def set_next(self, count: int = 1) -> None:
@@ -391,11 +388,26 @@ class Session(CommandLoop, StopPoints):
         self._set_mode(Mode.DETACH)
 
     def _set_mode(self, mode: Mode, count: int = 0, until: Optional[int] = None) -> None:
+        if self.control.state is State.POST_MORTEM:
+            # gdb: going on from a fatal signal delivers it and the program ends; here the
+            # exception goes on out of the script ('the run ended (failed, exit code 1) ...').
+            # (Until 2026-12 'continue' did so and next, step, until, finish said the program
+            # was not being run.)
+            self.control.resume = True
+            return
         if not self.live:
-            raise CommandError("The program is not being run.")
+            raise CommandError(self.not_running())
         if self.replica is not None:
             self.replica.resuming(self)        # (in the past, at the present: back to the live run)
         self.control.request(mode, count, until)
+
+    def not_running(self) -> str:
+        """gdb's line where no run is live, with how the last one ended."""
+        c = self.control
+        if c.state is not State.EXITED or c.ended is None:
+            return "The program is not being run."
+        return (f"The program is not being run: it ended ({c.ended}, exit code {c.exit_code}) after "
+                f"{self.steps_done()} step(s); 'run' starts it again.")
 
     def request_kill(self) -> None:
         """End the run (its trace is closed and kept); the session stays."""
