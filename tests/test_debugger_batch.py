@@ -617,6 +617,18 @@ def test_continue_in_the_past_stops_at_the_present(tmp_path, trace):
     assert "the script ended on this timeline" not in r.stdout
 
 
+def test_continue_in_the_past_after_the_run_ended_runs_to_the_scripts_end(tmp_path, trace):
+    """Once the run has ended its recorded past goes on to the script's end (the run's last
+    lines included), not only to its last step's end."""
+    r = nndb("run", "--batch", "--nx", "--trace", trace, "-e", "continue", "-e", "goto 8", "-e", "continue",
+             "-e", 'p ("END", $step)', example("mlp.py"), "--steps", "12", cwd=str(tmp_path))
+    assert r.returncode == 0, r.stdout + r.stderr
+    printed = [int(n) for n in re.findall(r"^step (\d+) loss", r.stdout, re.M)]
+    assert printed == [*range(12), 8, 9, 10, 11], r.stdout
+    assert "nndb: the script ended on this timeline (finished); back to the present." in r.stdout
+    assert "No more reverse-execution history" not in r.stdout and "('END', 11)" in r.stdout
+
+
 def test_goto_past_the_present_from_the_past_is_refused_as_in_the_present(tmp_path, trace):
     """It ran the replica on to step 9, which the live run (at step 6) had not made, shown as the past."""
     r = nndb("run", "--batch", "--nx", "--trace", trace, "-e", "until 6", "-e", "rs 3", "-e", "goto 9",

@@ -532,9 +532,10 @@ class TimeMachine:
         from_past = False
         while True:
             t0 = time.perf_counter()
-            # (present: the live run's last finished step, where the recorded past ends)
+            # (present: the live run's last finished step, where the recorded past ends; after the
+            # run's end ("ended") it runs on to the script's end, as the run did)
             goal = {"kind": "goto", "target": target, "then": then, "why": why, "present": s.last_step,
-                    "present_inside": present_step(s) != s.last_step}
+                    "ended": not s.live, "present_inside": present_step(s) != s.last_step}
             if from_past:
                 goal["ctrl_c"] = f"takes you to the present (step {present_step(s)})"
             with self._in_the_present_if(from_past, s):

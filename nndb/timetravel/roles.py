@@ -240,8 +240,10 @@ class Goto(Role):
         # "points": arm the breakpoints at the target and go on (reverse-continue
         # to a hit inside the next step) instead of stopping there
         self.then = goal.get("then", "stop")
-        # the live run's last finished step: the recorded past ends there
+        # the live run's last finished step: the recorded past ends there (after the run's end,
+        # at the script's end: no stop at that step then)
         self.present = goal.get("present")
+        self.stop_at = None if goal.get("ended") else self.present
         self.forward_goto: Optional[int] = None     # 'goto N' forward, running as 'until N'
 
     def recorded(self, s) -> bool:
@@ -256,7 +258,7 @@ class Goto(Role):
                 wrong = self.diverged(s)
                 if wrong:
                     self.give_up(s, wrong, drift=True)
-                if self.present is not None and step > self.present:
+                if self.stop_at is not None and step > self.stop_at:
                     self.end_of_history(s)       # (from inside the present's step: its end is no past)
             return None
         if self.replay_until(s, step, self.target):
@@ -275,7 +277,7 @@ class Goto(Role):
     def after_stops(self, s, step: int) -> None:
         """At the present's step end, on the recorded run's timeline, the run is about to go on
         past the present (a stop there, if any, has been and gone): the past ends here."""
-        if self.replaying or self.present is None or step < self.present or not self.recorded(s):
+        if self.replaying or self.stop_at is None or step < self.stop_at or not self.recorded(s):
             return
         if self.then == "points" and step == self.target:
             return                    # (reverse-continue to a hit inside the step the live run is in)
@@ -285,8 +287,8 @@ class Goto(Role):
         """At or past the present's step end (a goto or reverse-continue that arrived there):
         nothing recorded is ahead."""
         self.forward_goto = None
-        if not self.replaying and self.present is not None and s.last_step is not None \
-                and s.last_step >= self.present and self.recorded(s):
+        if not self.replaying and self.stop_at is not None and s.last_step is not None \
+                and s.last_step >= self.stop_at and self.recorded(s):
             self.end_of_history(s)
 
     def end_of_history(self, s) -> None:
