@@ -394,6 +394,13 @@ def test_go_to_on_a_replica_runs_forward_itself():
     s = SimpleNamespace(last_step=4, set_until=lambda step: resumed.append(("until", {"until": step})))
     go_to(s, SimpleNamespace(replica=True), 6)
     assert resumed == [("until", {"until": 6})]
+    # (on the recorded run's timeline, not past the present: the live run's last step)
+    s.replica = SimpleNamespace(present=5)
+    from nndb.errors import CommandError
+    with pytest.raises(CommandError, match=r"step 6 has not run yet \(the present is step 5\)"):
+        go_to(s, SimpleNamespace(replica=True, changed=False), 6)
+    go_to(s, SimpleNamespace(replica=True, changed=True), 6)          # (a changed timeline runs on)
+    assert resumed[-1] == ("until", {"until": 6}) and s.replica.forward_goto == 6
 
 
 def test_compare_predictions_pairs_steps_and_finds_the_first_difference():

@@ -13,13 +13,16 @@ def go_to(s, machine, target: int, then: str = "stop", why: str = "") -> None:
     if target < 0:
         raise CommandError("cannot go back before the end of step 0 (the first checkpoint)")
     if machine.replica:
-        present = getattr(s.replica, "present", None)
-        if target > s.last_step and present is not None and target > present and not machine.changed:
+        role = getattr(s, "replica", None)            # (the Goto role: where the present is)
+        present = getattr(role, "present", None)
+        if target > s.last_step and present is not None and target > present \
+                and not getattr(machine, "changed", False):
             raise CommandError(f"step {target} has not run yet (the present is step {present}): "
                                f"'present', then 'until {target}'")
         if target > s.last_step:
             s.set_until(target)
-            s.replica.forward_goto = target      # (a point on the way stops it, as 'until': said so)
+            if role is not None:
+                role.forward_goto = target      # (a point on the way stops it, as 'until': said so)
             return
         machine.hand_back(s, "goto", target=target, then=then, why=why)
     if s.last_step is None:
