@@ -18,6 +18,7 @@ from torch.utils import _pytree as pytree
 
 from ..errors import KillRun
 from ..tracer.funcmode import BINARY_LOSSES, CLASS_LOSSES, LOSSES, FunctionWatch, functional_loss  # noqa: F401
+from ..tracer.recorder import unscaled
 
 LOSS_CALLS_KEPT = 16            # loss-function calls remembered per run
 
@@ -221,7 +222,7 @@ class Capture:
 
     def backward_loss(self, tensor) -> None:
         if self.steps_done < self.steps:
-            t = tensor.detach()
+            t = unscaled(tensor).detach()        # (a GradScaler's scaled loss: the loss it scaled)
             self.backward_losses.append((self.steps_done, float(t.double().mean()) if t.numel() else None))
 
     def loss_call(self, func, args, kwargs, out) -> None:

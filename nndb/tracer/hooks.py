@@ -54,7 +54,7 @@ from torch.optim import optimizer as _optimizer
 from .naming import Naming, user_frame
 from .discover import backward_objective, backward_roots, call_kwargs, find_optimizers  # noqa: F401  (find_optimizers: queries)
 from .bucket import _PENDING_LOSS
-from .recorder import StepRecorder, first_float_tensor
+from .recorder import UNSCALED, StepRecorder, first_float_tensor
 from .stepclock import Close, Mode, StepClock
 from .within import WithinStep
 
@@ -66,6 +66,7 @@ _ORIGINAL_BACKWARD = None        # torch.autograd.backward, while the wrapper is
 _IN_WRAPPER: set = set()         # the threads inside it
 _CLIPPING: list = []             # the tracers that see clip_grad_norm_ (_clip_grad_norm_)
 _ORIGINALS: dict = {}            # torch's clip_grad_norm_ and clip_grads_with_norm_, while nndb's wrappers are in place
+_SCALER_ORIGINALS: dict = {}     # torch.amp.GradScaler's scale and step, while nndb's wrappers are in place
 _get_ident = threading.get_ident
 _perf_counter = time.perf_counter
 _ONE = torch.tensor(1.0)
@@ -304,6 +305,7 @@ def _wrap_clip(tracer, on: bool) -> None:
                 functools.update_wrapper(wrapper, original)
                 for mod in mods:
                     setattr(sys.modules[mod], name, wrapper)
+            _wrap_scaler(True)
     elif not on and tracer in _CLIPPING:
         _CLIPPING.remove(tracer)
         if not _CLIPPING and _ORIGINALS:
@@ -313,6 +315,64 @@ def _wrap_clip(tracer, on: bool) -> None:
                     if name in _ORIGINALS and getattr(m, name, None) is wrapper:    # (not another's wrapper)
                         setattr(m, name, _ORIGINALS[name])
             _ORIGINALS.clear()
+            _wrap_scaler(False)
+
+
+def _scaler_scale(self, outputs):
+    """``torch.amp.GradScaler.scale`` while a tracer records: the scaled loss it returns
+    remembers the loss it scaled (``_nndb_unscaled``), which the step's ``loss`` is
+    (StepRecorder.loss): the script's own number, not the loss times the scale (65536 at
+    the start, halved at every skipped step and doubled at every growth)."""
+    out = _SCALER_ORIGINALS["scale"](self, outputs)
+    if _CLIPPING and out is not outputs and isinstance(outputs, torch.Tensor) and isinstance(out, torch.Tensor):
+        try:
+            setattr(out, UNSCALED, outputs.detach())
+            for t in _CLIPPING:
+                t.recorder.scaler_seen = True
+        except Exception:
+            pass
+    return out
+
+
+def _scaler_step(self, optimizer, *args, **kwargs):
+    """``torch.amp.GradScaler.step`` while a tracer records: where the scaler found Inf or
+    NaN gradients and skipped ``optimizer.step()`` (no step hook ran), the iteration made
+    no step: what it recorded for one (its finite loss, its ``clip_grad_norm_`` total of
+    Inf) is not the next step's (StepRecorder.scaler_skipped)."""
+    tracers = tuple(_CLIPPING)
+    before = [t.optimizer_posts for t in tracers]
+    out = _SCALER_ORIGINALS["step"](self, optimizer, *args, **kwargs)
+    for t, n in zip(tracers, before):
+        if t.optimizer_posts == n and not t._failed:
+            t.busy += 1
+            try:
+                t.recorder.scaler_skipped()
+            except Exception:
+                t._fail()
+            finally:
+                t.busy -= 1
+    return out
+
+
+def _wrap_scaler(on: bool) -> None:
+    """nndb's ``scale`` and ``step`` in ``torch.amp.GradScaler`` (the class
+    torch.cuda.amp's and torch.cpu.amp's derive from), with the clipping wrappers."""
+    cls = getattr(getattr(torch, "amp", None), "GradScaler", None)
+    if cls is None:
+        return
+    if on and not _SCALER_ORIGINALS:
+        for name, wrapper in (("scale", _scaler_scale), ("step", _scaler_step)):
+            original = cls.__dict__.get(name)
+            if original is None:
+                continue
+            _SCALER_ORIGINALS[name] = original
+            functools.update_wrapper(wrapper, original)
+            setattr(cls, name, wrapper)
+    elif not on and _SCALER_ORIGINALS:
+        for name, wrapper in (("scale", _scaler_scale), ("step", _scaler_step)):
+            if name in _SCALER_ORIGINALS and cls.__dict__.get(name) is wrapper:
+                setattr(cls, name, _SCALER_ORIGINALS[name])
+        _SCALER_ORIGINALS.clear()
 
 
 def _settle_after_backward(recorders: list) -> None:
@@ -385,6 +445,7 @@ class Tracer:
         # The graph task of a backward whose loss was taken as an optimizer stepped inside it
         # (the "optimizer in backward" recipe: _opt_pre), None otherwise: not taken again at its end.
         self._loss_early: Optional[int] = None
+        self.optimizer_posts = 0            # optimizer steps returned (_scaler_step)
         # backward() calls that reached no named parameter while no optimizer existed (tensors
         # trained by hand outside any nn.Module): no step is seen in such a loop
         self.unseen_backwards = 0
@@ -874,6 +935,7 @@ class Tracer:
         self._take_loss(roots[0] if roots and isinstance(roots[0], torch.Tensor) else None)
 
     def _opt_post(self, opt, args, kwargs):
+        self.optimizer_posts += 1           # (did a GradScaler's step() step the optimizer: _scaler_step)
         if self._failed:
             return None
         lin = self.lineage

@@ -77,6 +77,15 @@ class StepRecord:
                 for (n, k), row in zip(self.names, self.stats)}
 
 
+UNSCALED = "_nndb_unscaled"     # the attribute of GradScaler.scale's output: the loss it scaled (hooks._scaler_scale)
+
+
+def unscaled(tensor):
+    """The loss a GradScaler scaled, given what ``scale()`` returned (and the tensor itself,
+    given any other): what the script computed, not that times the loss scale."""
+    return getattr(tensor, UNSCALED, tensor)
+
+
 def first_float_tensor(out, depth: int = 0):
     if isinstance(out, torch.Tensor):
         return out if out.is_floating_point() else None
@@ -142,6 +151,8 @@ class StepRecorder:
         self._loss_dtype = torch.float32         # the dtype of the step's losses so far (their sum's)
         self._manual_pending: Optional[tuple] = None   # (step, bucket, time, snapshot, full)
         self.last: Optional[StepRecord] = None
+        self.scaler_seen = False                 # a GradScaler scaled a loss (hooks._scaler_scale)
+        self._clips_since_step: list = []        # clip_grad_norm_ keys since the last optimizer step
         # These caches key an object by its id, never by the object: they must not keep
         # an optimizer, a module or a parameter alive (an optimizer the script replaced,
         # kept alive here, never handed the step clock over to its successor: every
@@ -229,10 +240,43 @@ class StepRecorder:
             return
         i = sum(1 for b in self._buckets for k in b.entries if k[0] == "clip")
         self._buckets[-1].add(("clip", CLIP, i), S.scalar_row(float(S.local(total).item())))
+        self._clips_since_step.append(("clip", CLIP, i))
+
+    def scaler_skipped(self) -> None:
+        """A GradScaler's ``step()`` skipped the optimizer's (its gradients held Inf or NaN:
+        the loss scale was too large, as at the start of every float16 run): the iteration
+        made no step, and what it recorded for one is not the next step's.  Its
+        ``clip_grad_norm_`` totals (Inf: the scaler's overflow) and its finite losses leave
+        the step; a NaN or Inf loss stays (the scaler cannot mend that: catch nan and
+        ``nonfinite`` see it).  Where no optimizer has stepped in the step yet (one optimizer:
+        always), the iteration is all the step holds: its activations leave too (the first
+        step's were the merged rows of every iteration the scaler skipped before it), unless its
+        loss is NaN or Inf (where that came from is the finding's).  Its backward passes still
+        count in ``backward_count``."""
+        b = self._buckets[-1]
+        row = b.entries.get(_PENDING_LOSS)
+        bad = (row is not None and bool(row[S.RAW_NAN] or row[S.RAW_INF])) or \
+            any(k == _PENDING_LOSS and not np.isfinite(a).all() for k, a in b.deferred)
+        if not bad and len(self._buckets) == 1 and not b.optimizer_steps and not b.params:
+            fresh = self._buckets[0] = _Bucket()
+            fresh.backward_count = b.backward_count
+            self._clips_since_step = []
+            return
+        for key in self._clips_since_step:
+            b.entries.pop(key, None)
+            b.hists.pop(key, None)
+        self._clips_since_step = []
+        if not bad:
+            b.entries.pop(_PENDING_LOSS, None)
+            b.hists.pop(_PENDING_LOSS, None)
+            if b.deferred:
+                b.deferred = [(k, a) for k, a in b.deferred if k != _PENDING_LOSS]
 
     def loss(self, tensor: torch.Tensor) -> None:
         b = self._buckets[-1]
         b.backward_count += 1
+        if self.scaler_seen:       # (GradScaler.scale's loss: the one it scaled, hooks._scaler_scale)
+            tensor = getattr(tensor, UNSCALED, tensor)
         if not self.recording or not (isinstance(tensor, torch.Tensor) and tensor.is_floating_point()):
             return      # (S.is_recordable, inline: every step)
         if self._in_step is not None:
@@ -326,6 +370,8 @@ class StepRecorder:
 
     def optimizer_post(self, opt) -> None:
         self._in_step = None
+        if self._clips_since_step:
+            self._clips_since_step = []
         b = self._buckets[-1]
         b.optimizer_steps += 1
         entries = b.entries
@@ -370,6 +416,7 @@ class StepRecorder:
         for b in rest:
             nxt.merge(b)
         self._buckets = [nxt]
+        self._clips_since_step = []
         now = time.time() - self.t0
         recording, was_full = self.recording, self.full     # (the closed step's: the policy moves on below)
         self.step = step + 1

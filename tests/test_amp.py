@@ -1,0 +1,127 @@
+"""Mixed precision as training scripts do it (nanoGPT's train.py): float16 autocast
+with a ``torch.amp.GradScaler`` whose first loss scale overflows, so that it skips
+the optimizer's first steps and halves the scale (every float16 run starts so).
+What nndb shows is the script's own numbers: the loss it computes (not the loss
+times the scale), the gradients' norm of the steps the optimizer took, and no
+NaN finding for the skips; a NaN the scaler cannot mend is still caught."""
+import re
+import textwrap
+
+import numpy as np
+
+from conftest import Ran, nndb, plain_and_recorded
+
+# One step a line: "it N skip|step LOSS CLIP ACT" (repr of the script's floats).
+SCALER = textwrap.dedent('''
+    import sys
+    import torch, torch.nn as nn, torch.nn.functional as F
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 22, growth_interval=3)
+    data, labels = torch.randn(256, 16), torch.randint(0, 4, (256,))
+    accum = int(sys.argv[1])
+    k = 0
+    for it in range(10):
+        total, hsq = torch.zeros(()), 0.0
+        for micro in range(accum):
+            x, y = data[k:k + 16], labels[k:k + 16]
+            k = (k + 16) % 240
+            with torch.autocast("cpu", dtype=torch.float16):
+                h = model[0](x)
+                loss = F.cross_entropy(model[2](model[1](h)), y) / accum
+            total += loss.detach()
+            hsq += h.detach().double().norm().item() ** 2      # (the step's activations: every micro-batch's)
+            scaler.scale(loss).backward()
+        scaler.unscale_(opt)
+        gn = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        scale = scaler.get_scale()
+        scaler.step(opt)
+        scaler.update()
+        skipped = scaler.get_scale() < scale
+        opt.zero_grad(set_to_none=sys.argv[2] == "none")
+        print("it", it, "skip" if skipped else "step", repr(total.item()), repr(gn.item()),
+              repr(hsq ** 0.5))
+''')
+
+
+def _steps(out: str) -> list:
+    return [m.groups() for m in re.finditer(r"^it \d+ (skip|step) (\S+) (\S+) (\S+)$", out, re.M)]
+
+
+def test_a_grad_scalers_skipped_steps_and_scaled_loss_are_not_the_steps(tmp_path):
+    """The trace's loss was the scaled loss (2.5e6 for 1.39 at a scale of 2**21), the
+    first step's clip_grad_norm_ was the first skipped iteration's NaN and each skip's Inf
+    came as clip_grad_norm_#2.. of the next step (nonfinite: 'error' at steps 0 and 3 of
+    a healthy run), and the first step's activation norm was the merged rows of the
+    skipped iterations' forwards (1.7x the step's).  With ``zero_grad(set_to_none=False)``
+    a skipped iteration's scaled loss was also added to the next step's (11062649 for
+    1.374955)."""
+    from nndb.store.reader import TraceReader
+    for zero in ("none", "zeros"):
+        plain, trace = plain_and_recorded(tmp_path, SCALER, "2", zero)
+        rows = _steps(plain.stdout)
+        assert [r[0] for r in rows].count("skip") >= 3 and rows[0][0] == "skip", plain.stdout
+        taken = [r[1:] for r in rows if r[0] == "step"]
+        with TraceReader(trace) as t:
+            _, losses = t.history(t.find("loss", "loss")[0], "mean")
+            _, clips = t.history(t.find("clip_grad_norm_", "grad")[0], "mean")
+            _, acts = t.history(t.find("0", "act")[0], "norm")
+            names = {s.name for s in t.series()}
+            findings = t.records("finding")
+        assert [repr(float(v)) for v in clips] == [c for _, c, _ in taken]
+        # (the micro-batches' float32 losses, summed in float32 as the script sums them)
+        assert [repr(float(v)) for v in losses] == [lo for lo, _, _ in taken]
+        np.testing.assert_allclose(acts, [float(a) for _, _, a in taken], rtol=1e-6)
+        assert "clip_grad_norm_#2" not in names
+        assert not findings, findings
+
+
+REAL_NAN = textwrap.dedent('''
+    import torch, torch.nn as nn, torch.nn.functional as F
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
+    opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 22)
+    x, y = torch.randn(64, 16), torch.randint(0, 4, (64,))
+    for it in range(8):
+        with torch.autocast("cpu", dtype=torch.float16):
+            loss = F.cross_entropy(model(x), y)
+        if it == 5:
+            loss = loss + torch.log(loss - 100.0)     # NaN: no loss scale mends it
+        scaler.scale(loss).backward()
+        scaler.unscale_(opt)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 5.0)
+        scale = scaler.get_scale()
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad()
+        print("it", it, "skip" if scaler.get_scale() < scale else "step", repr(loss.item()))
+''')
+
+
+def test_catch_nan_passes_the_scalers_overflow_and_stops_at_a_real_nan(tmp_path):
+    """catch nan stopped at the first step of every float16 run (the scaler's Inf
+    gradients, which it skips); a NaN loss is still caught, at its step."""
+    script = tmp_path / "nan.py"
+    script.write_text(REAL_NAN)
+    argv = ["run", "--batch", "-q", "--trace", str(tmp_path / "n.h5"), "-e", "catch nan",
+            "-e", "commands 1", "-e", 'p ("AT", $step, repr($loss))', "-e", "end", "-e", "continue", str(script)]
+    r = Ran(nndb(*argv, cwd=str(tmp_path)), argv)
+    assert r.returncode == 0, r.stderr
+    # (the iterations the scaler skipped made no step: iteration 5 is step 5 - skips)
+    skips = len(re.findall(r"^it [0-4] skip ", r.stdout, re.M))
+    assert skips >= 2, r.stdout
+    assert re.findall(r"\('AT', (\d+), '([^']+)'\)", r.stdout) == [(str(5 - skips), "nan")], r.stdout
+    assert "made Inf" not in r.stdout + r.stderr and "Inf first" not in r.stderr, r.stdout
+    assert re.findall(r"nonfinite at step (\d+): NaN first appeared in loss", r.stderr) == [str(5 - skips)], r.stderr
+
+
+def test_nndb_check_reads_the_loss_the_scaler_scaled(tmp_path):
+    """finite-loss said 'first 5.844e+06' of a loss of 1.393 (the loss times 2**22)."""
+    script = tmp_path / "scaled.py"
+    script.write_text(SCALER)
+    r = Ran(nndb("check", str(script), "1", "none", cwd=str(tmp_path)), ["check"])
+    line = next(l for l in r.stdout.splitlines() if "finite-loss" in l)
+    first = float(re.search(r"first (\S+),", line).group(1))
+    assert 1.0 < first < 2.0, line
