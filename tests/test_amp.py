@@ -17,7 +17,7 @@ SCALER = textwrap.dedent('''
     import torch, torch.nn as nn, torch.nn.functional as F
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, fused=sys.argv[3] == "fused")
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 22, growth_interval=3)
     data, labels = torch.randn(256, 16), torch.randint(0, 4, (256,))
     accum = int(sys.argv[1])
@@ -56,10 +56,12 @@ def test_a_grad_scalers_skipped_steps_and_scaled_loss_are_not_the_steps(tmp_path
     a healthy run), and the first step's activation norm was the merged rows of the
     skipped iterations' forwards (1.7x the step's).  With ``zero_grad(set_to_none=False)``
     a skipped iteration's scaled loss was also added to the next step's (11062649 for
-    1.374955)."""
+    1.374955).  A fused optimizer (which the scaler steps with its found_inf, to skip the
+    update itself) made every skipped iteration a step: NaN gradients, 'nonfinite' errors
+    and an exploding_gradient warning."""
     from nndb.store.reader import TraceReader
-    for zero in ("none", "zeros"):
-        plain, trace = plain_and_recorded(tmp_path, SCALER, "2", zero)
+    for zero, fused in (("none", "foreach"), ("zeros", "foreach"), ("none", "fused")):
+        plain, trace = plain_and_recorded(tmp_path, SCALER, "2", zero, fused)
         rows = _steps(plain.stdout)
         assert [r[0] for r in rows].count("skip") >= 3 and rows[0][0] == "skip", plain.stdout
         taken = [r[1:] for r in rows if r[0] == "step"]
@@ -121,7 +123,7 @@ def test_nndb_check_reads_the_loss_the_scaler_scaled(tmp_path):
     """finite-loss said 'first 5.844e+06' of a loss of 1.393 (the loss times 2**22)."""
     script = tmp_path / "scaled.py"
     script.write_text(SCALER)
-    r = Ran(nndb("check", str(script), "1", "none", cwd=str(tmp_path)), ["check"])
+    r = Ran(nndb("check", str(script), "1", "none", "foreach", cwd=str(tmp_path)), ["check"])
     line = next(l for l in r.stdout.splitlines() if "finite-loss" in l)
     first = float(re.search(r"first (\S+),", line).group(1))
     assert 1.0 < first < 2.0, line

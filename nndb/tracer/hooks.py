@@ -446,6 +446,7 @@ class Tracer:
         # (the "optimizer in backward" recipe: _opt_pre), None otherwise: not taken again at its end.
         self._loss_early: Optional[int] = None
         self.optimizer_posts = 0            # optimizer steps returned (_scaler_step)
+        self._skipping = None               # weakref to an optimizer stepping a scaler's skipped step (_scaler_skips)
         # backward() calls that reached no named parameter while no optimizer existed (tensors
         # trained by hand outside any nn.Module): no step is seen in such a loop
         self.unseen_backwards = 0
@@ -871,6 +872,8 @@ class Tracer:
     def _opt_pre(self, opt, args, kwargs):
         if self._failed:
             return None
+        if getattr(opt, "found_inf", None) is not None and self._scaler_skips(opt):
+            return None
         # (an optimizer step that evaluates a closure, LBFGS's, runs forward and loss inside it;
         # ``args`` are step's own, the optimizer first)
         self.closure_step = len(args) > 1 or kwargs.get("closure") is not None
@@ -922,6 +925,21 @@ class Tracer:
                 paused.__exit__(None, None, None)
         return None
 
+    def _scaler_skips(self, opt) -> bool:
+        """An optimizer that applies a GradScaler's work itself (``fused=True``: torch's
+        ``_step_supports_amp_scaling``) is stepped by ``scaler.step()`` with the scaler's
+        ``found_inf`` as an attribute, and leaves its parameters as they were where that is
+        not 0: the iteration made no step, as where the scaler skips ``step()`` itself
+        (_scaler_step).  Read once a step (a host transfer on an accelerator)."""
+        try:
+            found = opt.found_inf
+            if not (isinstance(found, torch.Tensor) and found.numel() == 1 and float(found) != 0.0):
+                return False
+            self._skipping = weakref.ref(opt)
+            return True
+        except Exception:
+            return False
+
     def _loss_in_backward(self) -> None:
         """An optimizer steps inside a backward (PyTorch's "optimizer in backward" recipe: each
         parameter's optimizer stepped by its post-accumulate-grad hook, no step() after
@@ -935,6 +953,17 @@ class Tracer:
         self._take_loss(roots[0] if roots and isinstance(roots[0], torch.Tensor) else None)
 
     def _opt_post(self, opt, args, kwargs):
+        if self._skipping is not None and self._skipping() is opt:
+            self._skipping = None          # (a step the optimizer skipped itself: _scaler_skips)
+            if not self._failed:
+                self.busy += 1
+                try:
+                    self.recorder.scaler_skipped()
+                except Exception:
+                    self._fail()
+                finally:
+                    self.busy -= 1
+            return None
         self.optimizer_posts += 1           # (did a GradScaler's step() step the optimizer: _scaler_step)
         if self._failed:
             return None
