@@ -127,3 +127,44 @@ def test_nndb_check_reads_the_loss_the_scaler_scaled(tmp_path):
     line = next(l for l in r.stdout.splitlines() if "finite-loss" in l)
     first = float(re.search(r"first (\S+),", line).group(1))
     assert 1.0 < first < 2.0, line
+
+
+FOREVER = textwrap.dedent('''
+    import torch, torch.nn as nn, torch.nn.functional as F
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
+    opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 4)
+    x, y = torch.randn(64, 16), torch.randint(0, 4, (64,))
+    for it in range(9):
+        with torch.autocast("cpu", dtype=torch.float16):
+            out = model(x)
+            # finite, but its gradient is NaN at any scale (sqrt's at 0 times 0)
+            loss = F.cross_entropy(out, y) + (out.float() * 0).pow(2).sum().sqrt()
+        scale = scaler.get_scale()
+        scaler.scale(loss).backward()
+        scaler.unscale_(opt)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad()
+        print("it", it, scale, repr(loss.item()))
+''')
+
+
+def test_gradients_no_loss_scale_mends_make_steps_that_catch_nan_stops_at(tmp_path):
+    """The scaler skips every step (it halves its scale for ever): nndb recorded no step,
+    said nothing, and catch nan never stopped (before the skips were dropped, the trace's
+    one partial step held clip_grad_norm_ .. #9, NaN, and no finding either).  Once the
+    scale an iteration ran at is below 1, the iteration is a step: iterations 0-4 ran at
+    16..1 and are skips, iteration 5 (scale 0.5) is step 0."""
+    script = tmp_path / "forever.py"
+    script.write_text(FOREVER)
+    argv = ["run", "--batch", "-q", "--trace", str(tmp_path / "f.h5"), "-e", "catch nan",
+            "-e", "commands 1", "-e", 'p ("AT", $step, repr($loss), it)', "-e", "end", "-e", "continue", str(script)]
+    r = Ran(nndb(*argv, cwd=str(tmp_path)), argv)
+    assert r.returncode == 0, r.stderr
+    printed = dict(re.findall(r"^it (\d+) \S+ (\S+)$", r.stdout, re.M))
+    assert re.findall(r"\('AT', (\d+), '([^']+)', (\d+)\)", r.stdout)[0] == ("0", printed["5"], "5"), r.stdout
+    assert "SqrtBackward0" in r.stdout, r.stdout
+    assert re.search(r"nonfinite at step 0: NaN first appeared in grad", r.stderr), r.stderr

@@ -344,13 +344,7 @@ def _scaler_step(self, optimizer, *args, **kwargs):
     out = _SCALER_ORIGINALS["step"](self, optimizer, *args, **kwargs)
     for t, n in zip(tracers, before):
         if t.optimizer_posts == n and not t._failed:
-            t.busy += 1
-            try:
-                t.recorder.scaler_skipped()
-            except Exception:
-                t._fail()
-            finally:
-                t.busy -= 1
+            t.scaler_skipped(self)
     return out
 
 
@@ -924,6 +918,27 @@ class Tracer:
             if paused is not None:
                 paused.__exit__(None, None, None)
         return None
+
+    def scaler_skipped(self, scaler) -> None:
+        """A GradScaler skipped the optimizer's step (_scaler_step): the iteration is no step
+        (StepRecorder.scaler_skipped), unless the scale it ran at was below 1 already: then
+        no loss scale mends its NaN or Inf gradients (a NaN the backward makes, sqrt at 0; an
+        overflow of the gradients themselves), and the scaler would skip every step from here
+        on, a run nndb would record nothing of.  Such an iteration is a step of its own (one
+        optimizer, or none stepped yet): its loss, its gradients (NaN, no optimizer took them)
+        and its clip total are the step's, seen by ``nonfinite`` and ``catch nan``."""
+        self.busy += 1
+        try:
+            scale = getattr(scaler, "_scale", None)
+            if isinstance(scale, torch.Tensor) and scale.numel() == 1 and float(scale) < 1.0 \
+                    and self.clock.mode in (Mode.SINGLE, Mode.UNKNOWN) and not self.recorder.manual:
+                self._close(self.clock._close())
+            else:
+                self.recorder.scaler_skipped()
+        except Exception:
+            self._fail()
+        finally:
+            self.busy -= 1
 
     def _scaler_skips(self, opt) -> bool:
         """An optimizer that applies a GradScaler's work itself (``fused=True``: torch's
