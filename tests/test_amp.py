@@ -168,3 +168,53 @@ def test_gradients_no_loss_scale_mends_make_steps_that_catch_nan_stops_at(tmp_pa
     assert re.findall(r"\('AT', (\d+), '([^']+)', (\d+)\)", r.stdout)[0] == ("0", printed["5"], "5"), r.stdout
     assert "SqrtBackward0" in r.stdout, r.stdout
     assert re.search(r"nonfinite at step 0: NaN first appeared in grad", r.stderr), r.stderr
+
+
+GAN = textwrap.dedent('''
+    import torch, torch.nn as nn, torch.nn.functional as F
+    torch.manual_seed(0)
+    G = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 16))
+    D = nn.Sequential(nn.Linear(16, 32), nn.LeakyReLU(0.2), nn.Linear(32, 1))
+    optD = torch.optim.Adam(D.parameters(), lr=2e-4)
+    optG = torch.optim.Adam(G.parameters(), lr=2e-4)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 20, growth_interval=4)
+    real = torch.randn(64, 16) + 1
+    for it in range(12):
+        z = torch.randn(64, 8)
+        optD.zero_grad()
+        with torch.autocast("cpu", dtype=torch.float16):
+            fake = G(z)
+            errD = F.binary_cross_entropy_with_logits(D(real), torch.ones(64, 1)) + \\
+                F.binary_cross_entropy_with_logits(D(fake.detach()), torch.zeros(64, 1))
+        scaler.scale(errD).backward()
+        before = D[0].weight.detach().clone()
+        scaler.step(optD)
+        stepped = not torch.equal(before, D[0].weight)
+        optG.zero_grad()
+        with torch.autocast("cpu", dtype=torch.float16):
+            errG = F.binary_cross_entropy_with_logits(D(fake), torch.ones(64, 1))
+        scaler.scale(errG).backward()
+        scaler.step(optG)
+        scaler.update()
+        print("it", it, "D" if stepped else "-", repr(errD.item()), repr(errG.item()))
+''')
+
+
+def test_a_gan_under_one_scaler_has_no_finding_for_the_discriminators_skipped_steps(tmp_path):
+    """The discriminator's first 4 steps skipped (its gradients overflowed): its .grad,
+    Inf, then NaN once the generator's backward added to it, and scaled by 2**20, was
+    recorded as the step's gradient of a parameter no optimizer stepped: 'nonfinite at
+    step 0: NaN first appeared in grad D.2.bias', exploding_gradient (1.62e4) and
+    vanishing_gradient (0.62, its true norm, '3.84e-05x its early median') on a healthy
+    run; loss/optD was 91459.875 for 1.3955669."""
+    from nndb.store.reader import TraceReader
+    plain, trace = plain_and_recorded(tmp_path, GAN)
+    rows = re.findall(r"^it \d+ (\S) (\S+) (\S+)$", plain.stdout, re.M)
+    assert rows[0][0] == "-" and rows[-1][0] == "D", plain.stdout
+    with TraceReader(trace) as t:
+        _, d_losses = t.history(t.find("loss/optD", "loss")[0], "mean")
+        _, d_grads = t.history(t.find("D.0.weight", "grad")[0], "norm")
+        findings = t.records("finding")
+    assert [repr(float(v)) for v in d_losses] == [d for stepped, d, _ in rows if stepped == "D"]
+    assert len(d_grads) == sum(1 for r in rows if r[0] == "D") and np.all(d_grads < 10), d_grads
+    assert not findings, findings

@@ -344,7 +344,7 @@ def _scaler_step(self, optimizer, *args, **kwargs):
     out = _SCALER_ORIGINALS["step"](self, optimizer, *args, **kwargs)
     for t, n in zip(tracers, before):
         if t.optimizer_posts == n and not t._failed:
-            t.scaler_skipped(self)
+            t.scaler_skipped(self, optimizer)
     return out
 
 
@@ -919,7 +919,7 @@ class Tracer:
                 paused.__exit__(None, None, None)
         return None
 
-    def scaler_skipped(self, scaler) -> None:
+    def scaler_skipped(self, scaler, opt) -> None:
         """A GradScaler skipped the optimizer's step (_scaler_step): the iteration is no step
         (StepRecorder.scaler_skipped), unless the scale it ran at was below 1 already: then
         no loss scale mends its NaN or Inf gradients (a NaN the backward makes, sqrt at 0; an
@@ -934,7 +934,7 @@ class Tracer:
                     and self.clock.mode in (Mode.SINGLE, Mode.UNKNOWN) and not self.recorder.manual:
                 self._close(self.clock._close())
             else:
-                self.recorder.scaler_skipped()
+                self.recorder.scaler_skipped(opt)
         except Exception:
             self._fail()
         finally:
@@ -973,7 +973,7 @@ class Tracer:
             if not self._failed:
                 self.busy += 1
                 try:
-                    self.recorder.scaler_skipped()
+                    self.recorder.scaler_skipped(opt)
                 except Exception:
                     self._fail()
                 finally:

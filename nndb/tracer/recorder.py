@@ -242,7 +242,7 @@ class StepRecorder:
         self._buckets[-1].add(("clip", CLIP, i), S.scalar_row(float(S.local(total).item())))
         self._clips_since_step.append(("clip", CLIP, i))
 
-    def scaler_skipped(self) -> None:
+    def scaler_skipped(self, opt) -> None:
         """A GradScaler's ``step()`` skipped the optimizer's (its gradients held Inf or NaN:
         the loss scale was too large, as at the start of every float16 run): the iteration
         made no step, and what it recorded for one is not the next step's.  Its
@@ -252,16 +252,22 @@ class StepRecorder:
         always), the iteration is all the step holds: its activations leave too (the first
         step's were the merged rows of every iteration the scaler skipped before it), unless its
         loss is NaN or Inf (where that came from is the finding's).  Its backward passes still
-        count in ``backward_count``."""
+        count in ``backward_count``.  ``opt``'s parameters get no ``param`` and ``grad`` rows
+        in the step as parameters no optimizer stepped would (a GAN's discriminator, whose
+        skipped step left its gradients scaled, Inf, and the generator's backward then added
+        to them: NaN, and 1.6e4 where its true gradients are 0.6)."""
         b = self._buckets[-1]
         row = b.entries.get(_PENDING_LOSS)
         bad = (row is not None and bool(row[S.RAW_NAN] or row[S.RAW_INF])) or \
             any(k == _PENDING_LOSS and not np.isfinite(a).all() for k, a in b.deferred)
+        skipped = {id(p) for p in self._plan(opt).params} if opt is not None else set()
         if not bad and len(self._buckets) == 1 and not b.optimizer_steps and not b.params:
             fresh = self._buckets[0] = _Bucket()
             fresh.backward_count = b.backward_count
+            fresh.covered |= skipped
             self._clips_since_step = []
             return
+        b.covered |= skipped
         for key in self._clips_since_step:
             b.entries.pop(key, None)
             b.hists.pop(key, None)
