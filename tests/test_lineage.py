@@ -101,6 +101,37 @@ def test_catch_nan_under_every_says_the_steps_it_did_not_look_at(tmp_path):
     assert "not recorded" not in r.stdout and "log made Inf in the forward pass of step 3" in r.stdout
 
 
+# A NaN at step 0, and before it a tensor made with torch.empty where NaN bits lie (the
+# memory of one freed just before: nn.Linear's weights are made so, then initialised).
+EMPTY_FIRST = textwrap.dedent('''
+    import torch, torch.nn as nn
+    torch.manual_seed(0)
+    junk = torch.full((4096,), -1, dtype=torch.int32)     # (0xffffffff: a float32 NaN's bits)
+    del junk
+    w = torch.empty(4096)                        # EMPTY LINE: NaN bits, no value yet
+    nn.init.uniform_(w)
+    model = nn.Linear(4, 3)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in range(3):
+        loss = model(torch.randn(8, 4)).sum() * w.sum() + torch.log(torch.tensor(-1.0))   # LOG LINE
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+''')
+
+
+def test_catch_nan_is_not_the_uninitialised_memory_of_torch_empty(tmp_path):
+    """A replay of step 0 checks every operation from the script's start: the output of
+    torch.empty (nn.Linear's weight before its init) held NaN bits, and catch nan said
+    'empty made NaN in the forward pass of step 0' at the model's line."""
+    script = _script(tmp_path, "train.py", EMPTY_FIRST)
+    log_line = 1 + EMPTY_FIRST.splitlines().index(next(l for l in EMPTY_FIRST.splitlines() if "LOG LINE" in l))
+    r = _run(tmp_path, script, "-e", "catch nan", "-e", "continue", "-e", "kill")
+    hits = re.findall(r"Catchpoint 1 \(catch nan\): (\w+) made NaN in the forward pass of step (\d+) \(train.py:(\d+)\)",
+                      r.stdout)
+    assert hits and hits[0] == ("log", "0", str(log_line)), r.stdout
+
+
 def test_a_disabled_catch_point_catches_nothing_until_enabled_again(tmp_path):
     """What a step end reads of the catch points follows ``disable`` and ``enable`` at
     the prompt (the list is kept while the points stand: Points.version)."""

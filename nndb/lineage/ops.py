@@ -42,6 +42,12 @@ _STDLIB = os.path.dirname(os.__file__)
 _SKIP = {torch.ops.profiler._record_function_enter_new.default,
          torch.ops.profiler._record_function_exit._RecordFunction}
 
+# Operations whose output is uninitialised memory (nn.Linear's weight before its init fills
+# it): a NaN bit pattern there is no value the script computed, and not checked.
+_UNINITIALISED = {getattr(torch.ops.aten, n) for n in ("empty", "empty_like", "empty_strided", "new_empty",
+                                                     "new_empty_strided", "empty_permuted")
+                  if hasattr(torch.ops.aten, n)}
+
 
 MAX_EVENTS = 50         # a step's events kept (the first ones are what a catch point reports)
 
@@ -426,7 +432,8 @@ class OpRecorder(TorchDispatchMode):
                 cur.stats[idx] = [d[k] for k in OP_STATS]
         if self.check:
             cur.checked = True
-            self._check(cur, idx, ins, in_ids, outs, pre, writes)
+            if getattr(func, "overloadpacket", None) not in _UNINITIALISED:
+                self._check(cur, idx, ins, in_ids, outs, pre, writes)
 
     def _check(self, cur, idx: int, ins: list, in_ids: list, outs: list, pre: Optional[tuple],
                writes: Optional[list] = None) -> None:
