@@ -218,3 +218,14 @@ def test_a_gan_under_one_scaler_has_no_finding_for_the_discriminators_skipped_st
     assert [repr(float(v)) for v in d_losses] == [d for stepped, d, _ in rows if stepped == "D"]
     assert len(d_grads) == sum(1 for r in rows if r[0] == "D") and np.all(d_grads < 10), d_grads
     assert not findings, findings
+
+
+def test_nndb_check_fails_gradients_when_the_scaler_skips_every_step(tmp_path):
+    """gradients, zero-grad and updates said SKIP 'no torch.optim optimizer stepped
+    (hand-written updates?)' of a script whose scaler skipped all 19 of its steps."""
+    script = tmp_path / "forever.py"
+    script.write_text(FOREVER.replace("2.0 ** 4", "2.0 ** 2"))
+    r = Ran(nndb("check", str(script), cwd=str(tmp_path)), ["check"])
+    line = next(l for l in r.stdout.splitlines() if l.split()[1:2] == ["gradients"])
+    assert line.startswith("FAIL") and "GradScaler skipped every optimizer step" in line, r.stdout
+    assert "hand-written" not in r.stdout, r.stdout

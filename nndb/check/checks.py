@@ -77,6 +77,15 @@ def _skip(name: str, why: str, outcome: Outcome) -> Check:
 def _no_optimizer(name: str, cap: Capture, outcome: Outcome) -> Check:
     if cap.optimizers:
         return Check(name, "SKIP", "the optimizers hold no parameter that requires grad")
+    skips = getattr(getattr(cap.rec, "tracer", None), "scaler_skips", 0)
+    if skips:
+        what = f"the GradScaler skipped every optimizer step ({skips} of them)"
+        if name != "gradients":
+            return Check(name, "SKIP", what + " (see gradients)")
+        return Check(name, "FAIL", what + ": the gradients held NaN or Inf at every loss scale",
+                     "NaN/Inf gradients from a finite loss that no loss scale mends: a sqrt/log/division at zero "
+                     "in the backward pass, or gradients that overflow float16 by themselves",
+                     {"scaler_skips": skips})
     if outcome.status != "finished":
         return Check(name, "SKIP", "the script stopped before any optimizer step")
     return Check(name, "SKIP", "no torch.optim optimizer stepped (hand-written updates?): "

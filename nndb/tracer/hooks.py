@@ -440,6 +440,7 @@ class Tracer:
         # (the "optimizer in backward" recipe: _opt_pre), None otherwise: not taken again at its end.
         self._loss_early: Optional[int] = None
         self.optimizer_posts = 0            # optimizer steps returned (_scaler_step)
+        self.scaler_skips = 0               # optimizer steps a GradScaler skipped (nndb check reads it)
         self._skipping = None               # weakref to an optimizer stepping a scaler's skipped step (_scaler_skips)
         # backward() calls that reached no named parameter while no optimizer existed (tensors
         # trained by hand outside any nn.Module): no step is seen in such a loop
@@ -928,6 +929,7 @@ class Tracer:
         optimizer, or none stepped yet): its loss, its gradients (NaN, no optimizer took them)
         and its clip total are the step's, seen by ``nonfinite`` and ``catch nan``."""
         self.busy += 1
+        self.scaler_skips += 1
         try:
             scale = getattr(scaler, "_scale", None)
             if isinstance(scale, torch.Tensor) and scale.numel() == 1 and float(scale) < 1.0 \
@@ -970,6 +972,7 @@ class Tracer:
     def _opt_post(self, opt, args, kwargs):
         if self._skipping is not None and self._skipping() is opt:
             self._skipping = None          # (a step the optimizer skipped itself: _scaler_skips)
+            self.scaler_skips += 1
             if not self._failed:
                 self.busy += 1
                 try:
