@@ -168,6 +168,18 @@ def test_gradients_no_loss_scale_mends_make_steps_that_catch_nan_stops_at(tmp_pa
     assert re.findall(r"\('AT', (\d+), '([^']+)', (\d+)\)", r.stdout)[0] == ("0", printed["5"], "5"), r.stdout
     assert "SqrtBackward0" in r.stdout, r.stdout
     assert re.search(r"nonfinite at step 0: NaN first appeared in grad", r.stderr), r.stderr
+    # each such step has the parameters and their (NaN) gradients, and replays bit for bit (step 0
+    # had none: the skips before it had counted them as a skipped optimizer's; the steps after it
+    # lost a gradient whose new .grad took its predecessor's id, and replay --verify diverged)
+    argv = ["run", "--batch", "-q", "--trace", str(tmp_path / "g.h5"), "-e", "break step 3", "-e", "commands 1",
+            "-e", "replay --verify", "-e", "end", "-e", "continue", str(script)]
+    r = Ran(nndb(*argv, cwd=str(tmp_path)), argv)
+    assert re.search(r"replay --verify 0:4: 4 step\(s\) replayed .*identical to the trace", r.stdout), r.stdout
+    from nndb.store.reader import TraceReader
+    with TraceReader(str(tmp_path / "g.h5")) as t:
+        for name in ("0.weight", "0.bias", "2.weight", "2.bias"):
+            steps, nans = t.history(t.find(name, "grad")[0], "nan_count")
+            assert list(steps) == [0, 1, 2, 3] and all(nans > 0), (name, steps, nans)
 
 
 GAN = textwrap.dedent('''

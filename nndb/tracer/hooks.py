@@ -934,6 +934,13 @@ class Tracer:
             scale = getattr(scaler, "_scale", None)
             if isinstance(scale, torch.Tensor) and scale.numel() == 1 and float(scale) < 1.0 \
                     and self.clock.mode in (Mode.SINGLE, Mode.UNKNOWN) and not self.recorder.manual:
+                # (its gradients are this iteration's, whatever the marks of the last say: a new
+                # .grad after zero_grad() may take the id of the one it replaced)
+                # (nor are they covered by the skips before it: StepRecorder.scaler_skipped)
+                marks, covered = self.recorder._grad_marks, self.recorder._buckets[-1].covered
+                for p in self.recorder._plan(opt).params:
+                    marks.pop(id(p), None)
+                    covered.discard(id(p))
                 self._close(self.clock._close())
             else:
                 self.recorder.scaler_skipped(opt)
