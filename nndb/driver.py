@@ -20,6 +20,7 @@ from .lineage.control import LineageControl
 from .render import debug as renderer
 from .rules.base import failing_findings
 from .rules.catalog import load as load_rules
+from .run import leftover
 from .run.runner import RunResult, stderr_line, record
 from .timetravel.lineage_replay import replay_checked
 from .timetravel.machine import TimeMachine, parse_size
@@ -61,6 +62,8 @@ class DebugResult:
     reason: str
     run: Optional[RunResult]
     session: Session
+    stranded: tuple = ()                # the script's threads alive as a run was ended at the prompt
+    #                                     (quit, kill, run): it stopped where it stood (nndb.run.leftover)
 
 
 def next_trace_path(path: str, run: int) -> str:
@@ -124,6 +127,7 @@ def debug(config: RunConfig, options: DebugOptions, frontend,
     result: Optional[RunResult] = None
     first_path = config.trace_path
     start_cwd = os.getcwd()
+    stranded: list = []
     while True:
         cfg = config
         if session.log.runs:
@@ -145,6 +149,8 @@ def debug(config: RunConfig, options: DebugOptions, frontend,
             for c in companions:
                 c.finish(this_run.status if this_run else "failed", this_run.trace_path if this_run else None)
         result = this_run
+        if this_run.status == "killed":
+            stranded.extend(t for t in leftover.running() if t not in stranded)
         if first_path is None:
             first_path = result.trace_path
         if session.restart_requested:
@@ -190,12 +196,12 @@ def debug(config: RunConfig, options: DebugOptions, frontend,
         code, reason = EXIT_USAGE, f"a point with the fail action stayed pending ({', '.join(map(str, pending_fail))})"
     else:
         code, reason = result.exit_code, result.reason or result.status
-    return _finish(config, options, session, result, code, reason, pending)
+    return _finish(config, options, session, result, code, reason, pending, tuple(stranded))
 
 
-def _finish(config, options, session, result, code: int, reason: str, pending=()) -> DebugResult:
+def _finish(config, options, session, result, code: int, reason: str, pending=(), stranded=()) -> DebugResult:
     if options.report:
         t = config.target
         report.write(options.report, report.build(session, t.path or f"-m {t.module}", t.args, code, reason,
                                                   pending))
-    return DebugResult(code, reason, result, session)
+    return DebugResult(code, reason, result, session, stranded)

@@ -461,6 +461,49 @@ def test_kill_from_a_command_file(tmp_path, trace):
         assert t.status == "killed" and t.end["exit_code"] == 0 and list(t.steps) == [0, 1]
 
 
+PRODUCER = """
+import queue, threading, torch, torch.nn as nn
+torch.manual_seed(0)
+log = open("own.log", "w")
+q = queue.Queue(maxsize=2)
+def produce():
+    for _ in range(30):
+        q.put(torch.randn(4, 8))
+threading.Thread(target=produce, name="prefetch").start()      # (not a daemon thread)
+m = nn.Linear(8, 1)
+opt = torch.optim.SGD(m.parameters(), lr=0.1)
+for step in range(30):
+    opt.zero_grad()
+    loss = m(q.get()).pow(2).mean()
+    loss.backward()
+    opt.step()
+    log.write(f"step {step} loss {loss.item()!r}\\n")
+log.close()
+print("done")
+"""
+
+
+@pytest.mark.parametrize("end", ["quit", "kill"])
+def test_a_run_ended_at_the_prompt_does_not_wait_for_the_scripts_blocked_thread(tmp_path, trace, end):
+    # The producer of a bounded queue.Queue, not a daemon thread, blocks on put once the loop
+    # stops: Python waits for it at exit, and until 2026-12 'quit' or 'kill' at a stop hung
+    # nndb there for good.  nndb says so and ends; the script's open file is flushed as at exit.
+    script = _write(tmp_path / "producer.py", PRODUCER)
+    r = nndb("run", "--batch", "-q", "--nx", "--trace", trace, "-e", "break step 5", "-e", "continue",
+             "-e", end, script, cwd=str(tmp_path), timeout=120)
+    Ran(r, ["run", "--batch", "-e", "break step 5", "-e", "continue", "-e", end, script])
+    assert r.returncode == 0, r.stderr
+    _no_traceback_from_nndb(r.stderr)
+    assert ("nndb: the run was ended at the prompt while 1 thread(s) of the script were still running "
+            "(prefetch; not daemon threads, which Python waits for): nndb ends without them") in r.stderr
+    lines = (tmp_path / "own.log").read_text().splitlines()
+    assert [l.split()[1] for l in lines] == [str(i) for i in range(5)]      # (step 5 stopped before its write)
+    # a run the script ends itself is left to end as Python ends it
+    r = nndb("run", "--batch", "-q", "--nx", "--trace", trace, "--force", script, cwd=str(tmp_path), timeout=120)
+    assert r.returncode == 0 and r.stdout == "done\n" and "nndb:" not in r.stderr, r.stderr
+    assert len((tmp_path / "own.log").read_text().splitlines()) == 30
+
+
 # -- rc files and the trust rule ---------------------------------------------------------
 
 @pytest.fixture

@@ -160,6 +160,11 @@ def run(**_):
         link.done(result.exit_code, result.reason)
     if result.exit_code == EXIT_SIGINT and link is None:
         INTERRUPTED.append(True)        # (nndb.cli.main ends as Python would)
+    elif result.stranded:
+        # a run ended at the prompt: threads of the script waiting on its loop would keep
+        # Python from exiting (returns when they end by themselves)
+        from ..run.leftover import end_without
+        end_without(result.stranded, result.exit_code, message)
     sys.exit(result.exit_code)
 
 
