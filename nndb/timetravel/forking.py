@@ -64,11 +64,39 @@ def blockers() -> list:
     if kids:
         reasons.append(f"{len(kids)} worker process(es) are alive (a DataLoader with num_workers > 0?); "
                        "a forked replica cannot share their queues")
-    threads = [t.name for t in threading.enumerate()
-               if t is not threading.main_thread() and t.is_alive() and not t.name.startswith("nndb-")]
+    threads = script_threads()
     if threads:
-        reasons.append(f"the script started threads ({', '.join(sorted(threads)[:4])}) that do not survive fork()")
+        reasons.append(f"the script started threads ({threads}) that do not survive fork()")
     return reasons
+
+
+def script_threads(own_code: bool = False) -> str:
+    """The threads alive beside the main one, nndb's own left out, named
+    for the user ('' when there are none): at most four.  ``own_code``: only
+    those that run the script's own code (``_runs_own_code``)."""
+    names = sorted(t.name for t in threading.enumerate()
+                   if t is not threading.main_thread() and t.is_alive() and not t.name.startswith("nndb-")
+                   and (not own_code or _runs_own_code(t)))
+    return ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
+
+
+def _runs_own_code(t: threading.Thread) -> bool:
+    """Whether thread ``t`` runs code of the script's (its target, or the
+    ``run`` of its class, is defined outside the standard library and the
+    installed packages), or a thread pool's callables (concurrent.futures):
+    such a thread may draw random numbers or change what the loop reads, where
+    a library's own (tqdm's monitor, TensorBoard's writer, a logging
+    QueueListener, multiprocessing's feeders) does neither."""
+    import sysconfig
+    func = getattr(t, "_target", None) or getattr(type(t), "run", None)
+    if getattr(func, "__module__", "") == "concurrent.futures.thread":
+        return True
+    code = getattr(func, "__code__", None)
+    if code is None:
+        return False             # (a builtin: time.sleep, C code)
+    where = os.path.realpath(code.co_filename)
+    libs = {os.path.realpath(p) for k, p in sysconfig.get_paths().items() if k in ("stdlib", "purelib", "platlib")}
+    return not any(where.startswith(lib + os.sep) for lib in libs)
 
 
 def die_with_parent(parent: int) -> None:

@@ -109,6 +109,14 @@ class Role:
                     + ", ".join(c.describe() for c in moved)
                     + ": a replay runs from step end to step end, and makes a change made inside a step at "
                       "the end of the step before (one made at the start, when respawned, not at all)")
+        threads = forking.script_threads(own_code=True)
+        if threads:
+            # (the replica's own: the script started them again; seeding cannot order them)
+            return (f"the script's threads ({threads}) run beside the training loop: where they draw random "
+                    "numbers (torch's global generator) or change what the loop reads, the two interleave "
+                    "differently from run to run, under plain Python too; else "
+                    + ("unseeded randomness" if src is None else "randomness the checkpoint does not hold")
+                    + " or a file that changed since")
         if src is None:
             return ("unseeded randomness (a respawned replay runs the script again: seed torch, "
                     "random and numpy, or use fork replicas), a file that changed since, or threads")
