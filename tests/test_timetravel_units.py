@@ -68,6 +68,36 @@ def test_blockers_name_the_script_threads():
         th.join()
 
 
+def test_threads_python_named_say_what_they_run_and_whose_code_it_is():
+    # A SummaryWriter's thread is 'Thread-N' to Python: until 2026-12 nndb said "the script
+    # started threads (Thread-1)", which does not say whose it is
+    import logging.handlers
+    import queue
+
+    class Pump(threading.Thread):
+        def run(self):
+            stop.wait()
+
+    stop = threading.Event()
+    listener = logging.handlers.QueueListener(queue.Queue())
+    listener.start()
+    own = [threading.Thread(target=stop.wait, name="waiter", daemon=True), Pump(daemon=True)]
+    for t in own:
+        t.start()
+    try:
+        names = forking.script_threads()
+        assert f"{listener._thread.name.split()[0]} (logging.handlers.QueueListener._monitor)" in names, names
+        assert f"{own[1].name} (test_timetravel_units." in names and "Pump)" in names, names
+        assert "waiter" in names
+        mine = forking.script_threads(own_code=True)      # (Event.wait is the stdlib's: not 'waiter')
+        assert mine.endswith(".Pump)") and ", " not in mine, mine
+    finally:
+        stop.set()
+        listener.stop()
+        for t in own:
+            t.join()
+
+
 def test_cuda_blocks_fork(monkeypatch):
     import torch
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)

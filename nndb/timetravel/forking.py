@@ -18,6 +18,7 @@ from __future__ import annotations
 import ctypes
 import os
 import random
+import re
 import signal
 import sys
 import threading
@@ -74,10 +75,25 @@ def script_threads(own_code: bool = False) -> str:
     """The threads alive beside the main one, nndb's own left out, named
     for the user ('' when there are none): at most four.  ``own_code``: only
     those that run the script's own code (``_runs_own_code``)."""
-    names = sorted(t.name for t in threading.enumerate()
+    names = sorted(_label(t) for t in threading.enumerate()
                    if t is not threading.main_thread() and t.is_alive() and not t.name.startswith("nndb-")
                    and (not own_code or _runs_own_code(t)))
     return ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
+
+
+def _label(t: threading.Thread) -> str:
+    """A thread's name; a name Python made up ('Thread-1', 'Thread-1
+    (_monitor)') with what the thread runs, which says whose it is
+    ('Thread-1 (tensorboard.summary.writer.event_file_writer._AsyncWriterThread)'
+    is TensorBoard's SummaryWriter)."""
+    m = re.fullmatch(r"(Thread-\d+)(?: \(.*\))?", t.name)
+    if m is None:
+        return t.name
+    what = getattr(t, "_target", None)
+    if what is None and type(t) is not threading.Thread:
+        what = type(t)
+    module, name = getattr(what, "__module__", None), getattr(what, "__qualname__", None)
+    return f"{m.group(1)} ({module}.{name})" if module and name else t.name
 
 
 def _runs_own_code(t: threading.Thread) -> bool:
