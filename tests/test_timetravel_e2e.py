@@ -226,6 +226,76 @@ def test_reverse_step_with_threads_says_why_and_replays_in_a_new_process(tmp_pat
     assert final(t.stdout) == final(python(script, "0", "--thread", cwd=str(tmp_path), forked=True).stdout)
 
 
+# A stand-in for tqdm (not installed here) with the two things nndb relies on: a monitor
+# thread of class tqdm._monitor.TMonitor, and its work done under the class lock
+# TqdmDefaultWriteLock.th_lock, which the bars take to print.  This monitor holds the lock
+# most of the time: a fork that did not take it first would copy it held, and the replica's
+# first bar update would wait for it for good.
+FAKE_TQDM = {
+    "__init__.py": "from .std import tqdm, TqdmDefaultWriteLock\n",
+    "_monitor.py": """
+import threading, time
+class TMonitor(threading.Thread):
+    def __init__(self, tqdm_cls, sleep_interval):
+        threading.Thread.__init__(self, name="tqdm_monitor", daemon=True)
+        self.tqdm_cls, self.sleep_interval = tqdm_cls, sleep_interval
+        self.start()
+    def run(self):
+        while True:
+            with self.tqdm_cls.get_lock():
+                time.sleep(self.sleep_interval)
+            time.sleep(0.0005)
+""",
+    "std.py": """
+import sys, threading
+from ._monitor import TMonitor
+class TqdmDefaultWriteLock:
+    th_lock = threading.RLock()
+    def __enter__(self):
+        self.th_lock.acquire()
+    def __exit__(self, *exc):
+        self.th_lock.release()
+class tqdm:
+    monitor = None
+    @classmethod
+    def get_lock(cls):
+        if not hasattr(cls, "_lock"):
+            cls._lock = TqdmDefaultWriteLock()
+        return cls._lock
+    def __init__(self, iterable):
+        self.iterable = iterable
+        if tqdm.monitor is None:
+            tqdm.monitor = TMonitor(tqdm, 0.01)
+    def __iter__(self):
+        for i, x in enumerate(self.iterable):
+            yield x
+            with self.get_lock():
+                sys.stderr.write(f"\\r{i + 1}/{len(self.iterable)}")
+""",
+}
+
+
+def test_tqdms_monitor_thread_leaves_fork_checkpoints_on(tmp_path):
+    # Until 2026-12 any thread turned fork checkpoints off, tqdm's monitor too (started by
+    # the first progress bar: most training scripts): every travel replayed from the start in
+    # a new process (on a 224-step tqdm loop, 50.4 s for rs, 2 goto, predict, replay --verify
+    # against 12.8 s).  nndb takes tqdm's lock around the fork instead.
+    pkg = tmp_path / "tqdm"
+    pkg.mkdir()
+    for name, text in FAKE_TQDM.items():
+        (pkg / name).write_text(textwrap.dedent(text))
+    script = tmp_path / "bar.py"
+    script.write_text(SCRIPT.replace("import torch, torch.nn as nn", "import torch, torch.nn as nn\nfrom tqdm import tqdm")
+                      .replace("for x, y in loader:", "for x, y in tqdm(loader):"))
+    cmds = ["break step 12", "continue", "reverse-step 5", STATE, "present", STATE, "continue"]
+    t = run(tmp_path, str(script), cmds, "--checkpoint-every", "4")
+    p = run(tmp_path, str(script), ["break step 7", "continue", STATE, "continue"])
+    assert "tqdm_monitor" not in t.stderr and "respawn" not in t.stderr
+    assert "3 step(s) replayed from the checkpoint at step 4" in t.stdout, t.stdout
+    assert states(t.stdout)[0] == states(p.stdout)[0]                 # step 7 as it was
+    assert final(t.stdout) == final(python(str(script), cwd=str(tmp_path)).stdout)
+
+
 def test_bad_time_travel_commands_get_one_line(tmp_path, script):
     # the breakpoint's commands: an error there does not end the rest (an error
     # in a -e line itself ends a batch run with exit 2)

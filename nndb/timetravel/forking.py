@@ -65,19 +65,41 @@ def blockers() -> list:
     if kids:
         reasons.append(f"{len(kids)} worker process(es) are alive (a DataLoader with num_workers > 0?); "
                        "a forked replica cannot share their queues")
-    threads = script_threads()
+    threads = script_threads(tolerated=False)
     if threads:
         reasons.append(f"the script started threads ({threads}) that do not survive fork()")
     return reasons
 
 
-def script_threads(own_code: bool = False) -> str:
+def _fork_lock(t: threading.Thread):
+    """The lock that makes a fork with thread ``t`` alive safe, for the
+    threads known to need nothing in a forked child but that lock free: tqdm's
+    monitor (``tqdm._monitor.TMonitor``, started by the first progress bar)
+    wakes every 10 s to nudge slow bars' ``miniters``, and all it does then is
+    under tqdm's thread lock (``TqdmDefaultWriteLock.th_lock``, which the bars
+    take to print).  A child forked while that lock is held (``fork`` takes it
+    first) has the bars and no monitor (``tqdm.monitor`` there is the dead
+    thread, which says it is running: no second is started), so a bar
+    nudges itself no more: its numbers and the run's are as before.  None
+    for every other thread (and for a tqdm whose lock is not its own: one set
+    with ``tqdm.set_lock``)."""
+    cls = type(t)
+    if cls.__name__ != "TMonitor" or cls.__module__.split(".")[0] != "tqdm":
+        return None
+    lock = getattr(getattr(t, "tqdm_cls", None), "_lock", None)
+    if type(lock).__name__ != "TqdmDefaultWriteLock":
+        return None
+    return getattr(type(lock), "th_lock", None)
+
+
+def script_threads(own_code: bool = False, tolerated: bool = True) -> str:
     """The threads alive beside the main one, nndb's own left out, named
     for the user ('' when there are none): at most four.  ``own_code``: only
-    those that run the script's own code (``_runs_own_code``)."""
+    those that run the script's own code (``_runs_own_code``); not
+    ``tolerated``: not those a fork is made safe for (``_fork_lock``)."""
     names = sorted(_label(t) for t in threading.enumerate()
                    if t is not threading.main_thread() and t.is_alive() and not t.name.startswith("nndb-")
-                   and (not own_code or _runs_own_code(t)))
+                   and (not own_code or _runs_own_code(t)) and (tolerated or _fork_lock(t) is None))
     return ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
 
 
@@ -147,10 +169,15 @@ def fork(close: tuple = ()) -> int:
     # (random.py: os.register_at_fork(after_in_child=_inst.seed)): a replica must go on
     # drawing the run's own numbers (a script that shuffles or augments with ``random``).
     py_random = random.getstate()
+    held = [lk for lk in {id(lk): lk for lk in map(_fork_lock, threading.enumerate()) if lk is not None}.values()]
+    for lk in held:                 # (never held by their thread at the fork: _fork_lock)
+        lk.acquire()
     try:
         pid = os.fork()
     finally:
         hooks.REPLICA_FORK = False
+        for lk in held:             # (in the child too: the forking thread holds them there)
+            lk.release()
     if pid == 0:
         random.setstate(py_random)
         for c in close:
