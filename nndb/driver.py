@@ -63,7 +63,8 @@ class DebugResult:
     run: Optional[RunResult]
     session: Session
     stranded: tuple = ()                # the script's threads alive as a run was ended at the prompt
-    #                                     (quit, kill, run): it stopped where it stood (nndb.run.leftover)
+    #                                     (quit, kill, run) or by SIGTERM: it stopped where it stood
+    #                                     (nndb.run.leftover)
 
 
 def next_trace_path(path: str, run: int) -> str:
@@ -149,7 +150,7 @@ def debug(config: RunConfig, options: DebugOptions, frontend,
             for c in companions:
                 c.finish(this_run.status if this_run else "failed", this_run.trace_path if this_run else None)
         result = this_run
-        if this_run.status == "killed":
+        if this_run.status in ("killed", "terminated"):
             stranded.extend(t for t in leftover.running() if t not in stranded)
         if first_path is None:
             first_path = result.trace_path

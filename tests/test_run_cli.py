@@ -208,6 +208,25 @@ def test_signals_flush_and_close_the_trace(tmp_path, trace, sig, code, status):
         assert "KeyboardInterrupt" in err
 
 
+def test_sigterm_does_not_wait_for_a_blocked_thread_of_the_script(tmp_path, trace):
+    # SIGTERM ends plain Python at once; nndb ends the run and its trace instead, and then
+    # Python's shutdown waited for the script's non-daemon thread (blocked on a queue no one
+    # feeds): until 2026-12 the process never ended (py-spy: MainThread in threading._shutdown)
+    after = """
+import queue, threading
+threading.Thread(target=queue.Queue().get, name="feeder").start()
+train()
+"""
+    proc = _launch(tmp_path, trace, after=after)
+    proc.send_signal(signal.SIGTERM)
+    _, err = _wait(proc)
+    assert proc.returncode == 143, err
+    assert ("nndb: the run was terminated (SIGTERM) while 1 thread(s) of the script were still running "
+            "(feeder; not daemon threads, which Python waits for): nndb ends without them") in err
+    with TraceReader(trace) as t:
+        assert t.status == "terminated" and list(t.steps) == list(range(t.n_steps))
+
+
 @pytest.mark.parametrize("delay", [0.05, 0.2, 0.45])
 def test_sigterm_in_a_busy_loop_loses_no_step(tmp_path, trace, delay):
     """No sleep in the loop: the signal lands inside nndb's hooks often."""

@@ -161,10 +161,12 @@ def run(**_):
     if result.exit_code == EXIT_SIGINT and link is None:
         INTERRUPTED.append(True)        # (nndb.cli.main ends as Python would)
     elif result.stranded:
-        # a run ended at the prompt: threads of the script waiting on its loop would keep
-        # Python from exiting (returns when they end by themselves)
-        from ..run.leftover import end_without
-        end_without(result.stranded, result.exit_code, message)
+        # a run ended at the prompt or by SIGTERM: threads of the script waiting on its loop
+        # would keep Python from exiting (returns when they end by themselves)
+        from ..run.leftover import JOIN_S, end_without
+        term = result.run is not None and result.run.status == "terminated"
+        end_without(result.stranded, result.exit_code, message, wait_s=0.0 if term else JOIN_S,
+                    how="terminated (SIGTERM)" if term else "ended at the prompt")
     sys.exit(result.exit_code)
 
 

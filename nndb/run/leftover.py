@@ -1,4 +1,4 @@
-"""The script's threads that a run ended at the prompt leaves behind.
+"""The script's threads that a run ended at the prompt, or by SIGTERM, leaves behind.
 
 Python waits for every non-daemon thread before it exits
 (``threading._shutdown``).  A run nndb ended at the prompt (``quit``,
@@ -6,7 +6,9 @@ Python waits for every non-daemon thread before it exits
 script that waits on its loop (a producer blocked on a full
 ``queue.Queue``, a consumer waiting for the next item) never ends then, and
 nndb, in the same process, never ended either (``-e quit`` hung a batch
-run until it was killed).  The driver notes the threads alive as a run is
+run until it was killed).  So did a SIGTERM, which nndb turns into the end
+of the run and its trace (plain Python dies of it at once: no thread is
+waited for then either, ``wait_s`` 0).  The driver notes the threads alive as a run is
 ended so (``running``); ``end_without`` waits a little for them (one that
 is finishing its work, an asynchronous save, finishes it), names those
 still running and ends the process without them, as Python would end it
@@ -36,9 +38,10 @@ def running() -> list:
             and not t.name.startswith("nndb-")]
 
 
-def end_without(threads, code: int, message: Callable[[str], None], wait_s: float = JOIN_S) -> None:
+def end_without(threads, code: int, message: Callable[[str], None], wait_s: float = JOIN_S,
+                how: str = "ended at the prompt") -> None:
     """Return if none of ``threads`` is left once they had ``wait_s`` seconds
-    to end; else say which and end the process with ``code``."""
+    to end; else say which (the run was ``how``) and end the process with ``code``."""
     deadline = time.monotonic() + wait_s
     for t in threads:
         t.join(max(0.0, deadline - time.monotonic()))
@@ -46,7 +49,7 @@ def end_without(threads, code: int, message: Callable[[str], None], wait_s: floa
     if not left:
         return
     names = ", ".join(sorted(t.name for t in left)[:4]) + (" ..." if len(left) > 4 else "")
-    message(f"nndb: the run was ended at the prompt while {len(left)} thread(s) of the script were still "
+    message(f"nndb: the run was {how} while {len(left)} thread(s) of the script were still "
             f"running ({names}; not daemon threads, which Python waits for): nndb ends without them")
     try:
         atexit._run_exitfuncs()
