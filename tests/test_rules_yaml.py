@@ -332,3 +332,48 @@ def test_rule_commands_when_rules_are_off(tmp_path):
     _debug(tmp_path, "mlp.py", fe, "none", steps=2)
     assert after(fe, "info rules") == "Rules are off (nndb run --rules none)."
     assert after(fe, "rule disable grad_none") == "Rules are off (nndb run --rules none)."
+
+
+def test_a_custom_vector_rule_reports_each_tensor_at_its_own_first_step(tmp_path):
+    """Once per tensor: a tensor that makes the condition true later is reported then, although
+    one reported earlier is still true (the finding named the first true tensor only, already
+    reported, and the engine dropped it: b and c were never reported)."""
+    script = tmp_path / "grow.py"
+    script.write_text(textwrap.dedent("""
+        import torch
+
+        class M(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.a = torch.nn.Parameter(torch.full((3,), 5.0))
+                self.b = torch.nn.Parameter(torch.zeros(3))
+                self.c = torch.nn.Parameter(torch.zeros(3))
+                self.d = torch.nn.Parameter(torch.zeros(3))
+
+            def forward(self, x):
+                return (x * self.a).sum() * 0 - self.b.sum() - self.c.sum() - 0.5 * self.d.sum()
+
+        m = M()
+        opt = torch.optim.SGD(m.parameters(), lr=0.5)
+        for step in range(10):
+            opt.zero_grad()
+            loss = m(torch.ones(3))
+            loss.backward()
+            opt.step()
+        """))
+    path = rules_file(tmp_path, """
+        default: none
+        rules:
+          - name: big_weight
+            condition: weight.norm > 2.5
+        """)
+    res = run_in_process(tmp_path, str(script), rules=path)
+    import nndb
+    with nndb.open(str(tmp_path / "run.h5")) as t:
+        first = {n: int(t.steps[np.argmax(t.series(n, kind="param") > 2.5)]) for n in "abcd"}
+        norm_b = t.stats(first["b"])["param"]["b"]["norm"]
+    assert first["a"] == 0 and first["b"] == first["c"] < first["d"]        # (b and c: 2.6 at step 2)
+    found = [(f["step"], f["tensor"], f["evidence"].get("also")) for f in res.session.log.findings]
+    assert found == [(first["a"], "a", None), (first["b"], "b", ["c"]), (first["d"], "d", None)]
+    assert res.session.log.findings[1]["message"] == (
+        f"weight.norm > 2.5 is true (param b: weight.norm = {norm_b:.4g} (and 1 more: c))")

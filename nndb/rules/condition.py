@@ -77,6 +77,8 @@ class Result:
     value: Optional[float] = None      # the compared value there
     what: str = ""                     # its source text
     count: int = 0                     # how many tensors made it true (vector conditions)
+    hits: tuple = ()                   # (vector conditions) every (kind, name) that made it true, in order
+    values: tuple = ()                 # the compared value of each (None where none is shown)
 
 
 class Condition:
@@ -107,7 +109,8 @@ class Condition:
             return Result(False)
         i = int(hits[0])
         shown = float(v.shown[i]) if v.shown is not None else None
-        return Result(True, v.names[i], shown, v.what, int(hits.size))
+        values = tuple(float(v.shown[j]) if v.shown is not None else None for j in hits)
+        return Result(True, v.names[i], shown, v.what, int(hits.size), tuple(v.names[j] for j in hits), values)
 
 
 def _num(x):

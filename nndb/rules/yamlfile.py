@@ -23,7 +23,9 @@ with their defaults)::
 Each rule appears once.  A new rule's ``name`` must not be a built-in id and
 looks like an identifier (letters, digits, ``_ . -``).  A new rule reports
 once per tensor that makes its condition true (once in all if the condition
-names none), with the tensor and the value in the message.
+names none), at the step it first does, with the tensor and the value in the
+message (a vector condition: the first tensor not reported before, then the
+others new at that step).
 
 Every mistake (YAML syntax, an unknown key, rule id, action, severity,
 threshold or statistic, a threshold out of its range, a bad condition, a
@@ -71,19 +73,34 @@ class CustomRule(Rule):
         self.message = message
         self.severity = severity
         self.explanation = explanation or f"custom rule: {condition.source}"
+        self._reported: set = set()
+
+    def reset(self) -> None:
+        self._reported = set()
 
     def check(self, ctx):
         r = self.condition.evaluate(ctx)
         if not r.true:
             return
+        more: list = []
+        if r.hits:
+            # A vector condition: once per tensor, so the finding names the first tensor that makes
+            # it true and was not reported before (fc2.weight crossing at step 7 while fc1.weight,
+            # reported at step 0, is still true); the others new now are named after it.
+            new = [i for i, who in enumerate(r.hits) if who not in self._reported]
+            if not new:
+                return
+            self._reported.update(r.hits[i] for i in new)
+            r.who, r.value, r.count = r.hits[new[0]], r.values[new[0]], len(new)
+            more = [r.hits[i][1] for i in new[1:]]
         where = ""
         if r.who is not None:
             kind, name = r.who
             where = name if name.split("/")[0] == kind else f"{kind} {name}"   # the loss: "loss"
             if r.value is not None and r.what:
                 where += f": {r.what} = {r.value:.4g}"
-            if r.count > 1:
-                where += f" (and {r.count - 1} more)"
+            if more:
+                where += f" (and {len(more)} more: {', '.join(more[:4])}{', ...' if len(more) > 4 else ''})"
         elif r.value is not None and r.what:
             where = f"{r.what} = {r.value:.4g}"
         text = self.message or f"{self.condition.source} is true"
@@ -92,6 +109,8 @@ class CustomRule(Rule):
         evidence = {"condition": self.condition.source}
         if r.who is not None:
             evidence["kind"] = r.who[0]
+        if more:
+            evidence["also"] = more
         if r.value is not None:
             evidence["value"] = None if math.isnan(r.value) else r.value
         yield self.finding(ctx, text, tensor=r.who[1] if r.who is not None else None, **evidence)
