@@ -178,6 +178,10 @@ def debug(config: RunConfig, options: DebugOptions, frontend,
         what = "module" if p.type_name == "breakpoint" else f"{p.kind} tensor"
         message(f"nndb: {p.type_name} {p.number} ({p.what()}{' [fail]' if p.fail else ''}) was still pending "
                 f"at the end of the run: no {what} matched '{p.glob}'")
+    if session.rules is not None:
+        from .rules.yamlfile import unmatched_notes
+        for note in unmatched_notes(session.rules.rules):
+            message(f"nndb: {note}")
     for p, names, around in session.view.compiled_points():
         message(f"nndb: {p.type_name} {p.number} ({p.what()}) never stopped: {', '.join(names[:3])} "
                 f"{'runs' if len(names) == 1 else 'run'} inside {around}, compiled by torch.compile, where "

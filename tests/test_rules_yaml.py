@@ -377,3 +377,30 @@ def test_a_custom_vector_rule_reports_each_tensor_at_its_own_first_step(tmp_path
     assert found == [(first["a"], "a", None), (first["b"], "b", ["c"]), (first["d"], "d", None)]
     assert res.session.log.findings[1]["message"] == (
         f"weight.norm > 2.5 is true (param b: weight.norm = {norm_b:.4g} (and 1 more: c))")
+
+
+def test_a_name_filter_that_matches_no_tensor_is_said_at_the_end(tmp_path):
+    """A misspelt tensor name in a condition ('fc9.weight' in a model of 0, 2, 4) was judged as
+    NaN at every step, silently: the run said 0 findings as for a healthy model.  It is said at
+    the end of the run and of check-trace, one line per filter; one not judged (an 'and' that never
+    got to it) or that matched at some step is not."""
+    path = rules_file(tmp_path, """
+        default: none
+        rules:
+          - name: typo
+            condition: grad['fc9.weight'].norm > 0
+          - name: late
+            condition: step > 100 and max(grad['nothing*'].norm) > 0
+          - name: fine
+            condition: max(grad['4.*'].norm) > 1e9
+        """)
+    run_h5 = str(tmp_path / "run.h5")
+    res = nndb("run", "--batch", "-q", "--trace", run_h5, "--rules", path,
+               example("mlp.py"), "--steps", "3", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    notes = [line for line in res.stderr.splitlines() if "matched no" in line]
+    assert notes == ["nndb: rule typo: grad['fc9.weight'] matched no grad tensor in the run (there are: "
+                     "0.weight, 0.bias, 2.weight, 2.bias, 4.weight, 4.bias); its condition was judged "
+                     "without it"]
+    off = nndb("check-trace", "--rules", path, run_h5, cwd=tmp_path)
+    assert off.returncode == 0 and notes[0] in off.stdout.splitlines()

@@ -24,6 +24,7 @@ def text(result) -> str:
     merged = result.all_findings()
     lines = [finding_line(f) for f in merged]
     lines += [f"nndb: {e}" for e in result.errors]
+    lines += [f"nndb: {n}" for n in result.notes]
     if result.skipped:
         by_need: dict = {}
         for s in result.skipped:

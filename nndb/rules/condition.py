@@ -86,9 +86,10 @@ class Condition:
         self.source = source.strip()
         if len(self.source) > MAX_LENGTH:
             raise ConditionError(f"the condition is longer than {MAX_LENGTH} characters")
+        compiler = _Compiler(self.source)
         try:
             tree = ast.parse(self.source, mode="eval")
-            t, self._fn = _Compiler(self.source).compile(tree.body)
+            t, self._fn = compiler.compile(tree.body)
         except SyntaxError as e:
             raise ConditionError(f"syntax error: {e.msg}", e.offset) from None
         except (RecursionError, MemoryError):
@@ -97,6 +98,18 @@ class Condition:
             raise ConditionError(f"the condition is a {t}: it must be true or false "
                                  "(a comparison, e.g. max(grad.norm) > 1e3)", 1)
         self._vector = t == VBOOL
+        self._filters = compiler.filters
+
+    def unmatched(self) -> list:
+        """The name filters (``grad['fc9*']``) judged at some step that matched no tensor at any
+        step so far: [(text, kind, some of the kind's names seen)]: a condition that can never
+        be true through them (a misspelt name)."""
+        return [(f["text"], f["kind"], f["have"]) for f in self._filters if f["judged"] and not f["seen"]]
+
+    def forget(self) -> None:
+        """A new run: nothing judged yet."""
+        for f in self._filters:
+            f.update(judged=False, seen=False, have=[], names=None)
 
     def evaluate(self, ctx) -> Result:
         with np.errstate(all="ignore"):
@@ -159,6 +172,7 @@ class _Compiler:
 
     def __init__(self, source: str):
         self.source = source
+        self.filters: list = []         # the name filters' state, for Condition.unmatched
 
     def text(self, node) -> str:
         return ast.get_source_segment(self.source, node) or ""
@@ -199,7 +213,9 @@ class _Compiler:
         glob = node.slice
         if not (isinstance(glob, ast.Constant) and isinstance(glob.value, str)):
             self.fail(glob, f"{self.text(node)}: the filter must be a quoted name or glob, e.g. grad['fc*']")
-        return SEL, _selection(KINDS[node.value.id], glob.value)
+        track = {"text": self.text(node), "kind": KINDS[node.value.id]}
+        self.filters.append(track)
+        return SEL, _selection(KINDS[node.value.id], glob.value, track)
 
     def c_Attribute(self, node):
         t, sel = self.compile(node.value)
@@ -365,17 +381,23 @@ def _reduce(name: str, v: Vec) -> Num:
     return Num(float(np.nansum(x) if name == "sum" else np.nanmean(x)))
 
 
-def _selection(kind: str, glob: Optional[str]) -> Callable:
+def _selection(kind: str, glob: Optional[str], track: Optional[dict] = None) -> Callable:
     """ctx, stat, label -> Vec of that statistic over the kind's tensors
-    matching ``glob``; the indices are kept while the step's names stay the same."""
+    matching ``glob``; the indices are kept while the step's names stay the same.
+    ``track`` (a name filter's): ``judged``, ``seen`` (it matched a tensor), ``have``
+    (some of the kind's names), set when the names change."""
     match = re.compile(fnmatch.translate(glob)).match if glob is not None else None
-    cache = {"names": None, "idx": None, "labels": None}
+    cache = track if track is not None else {}
+    cache.update(names=None, idx=None, labels=None, judged=False, seen=False, have=[])
 
     def select(ctx, stat: str, label: str) -> Vec:
         if cache["names"] is not ctx.names and cache["names"] != ctx.names:
             idx = np.flatnonzero(ctx.mask(kind))
             if match is not None:
+                have = [ctx.names[i][0] for i in idx[:9]]
                 idx = np.array([i for i in idx if match(ctx.names[i][0])], dtype=np.int64)
+                cache.update(judged=True, seen=cache["seen"] or idx.size > 0,
+                             have=cache["have"] or have)
             cache.update(names=ctx.names, idx=idx, labels=[(kind, ctx.names[i][0]) for i in idx])
         idx = cache["idx"]
         return Vec(np.asarray(ctx.col(stat)[idx], dtype=float), cache["labels"])

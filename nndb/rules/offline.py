@@ -102,6 +102,7 @@ class OfflineResult:
     unchecked: list = field(default_factory=list)    # (step, why): trace rows the live rules never saw
     errors: list = field(default_factory=list)       # rules that failed (and were disabled), as live
     stored: list = field(default_factory=list)       # the findings the live run kept in the trace (dicts)
+    notes: list = field(default_factory=list)        # a rule file's name filters that matched no tensor
 
     @property
     def failed(self) -> bool:
@@ -118,7 +119,7 @@ class OfflineResult:
                 "rules_run": list(self.rules_run), "findings": self.all_findings(),
                 "skipped": [{"rule": s.rule, "need": s.need, "reason": s.reason} for s in self.skipped],
                 "unchecked_steps": [{"step": st, "reason": why} for st, why in self.unchecked],
-                "errors": list(self.errors)}
+                "errors": list(self.errors), "notes": list(self.notes)}
 
 
 # -- the run's findings and the re-check's -----------------------------------------------------
@@ -409,6 +410,8 @@ def check_trace(reader, engine: RuleEngine) -> OfflineResult:
             result.findings.extend(engine.on_record(step, step.stats, optimizers, naming,
                                                     facts=facts.get(step.step)))
             result.errors.extend(engine.take_errors())
+        from .yamlfile import unmatched_notes
+        result.notes = unmatched_notes(r for r in engine.rules if r.enabled)
     finally:
         del engine.module_types
         for s in skipped:

@@ -77,6 +77,7 @@ class CustomRule(Rule):
 
     def reset(self) -> None:
         self._reported = set()
+        self.condition.forget()
 
     def check(self, ctx):
         r = self.condition.evaluate(ctx)
@@ -119,6 +120,21 @@ class CustomRule(Rule):
         d = super().describe()
         d["condition"] = self.condition.source
         return d
+
+
+def unmatched_notes(rules) -> list:
+    """One line per name filter of a rule file's rule that matched no tensor in the run (or the
+    trace): its condition was judged without it, so a misspelt name is never silently 0 findings."""
+    notes = []
+    for r in rules:
+        if not isinstance(r, CustomRule):
+            continue
+        for text, kind, have in r.condition.unmatched():
+            there = (f"there are: {', '.join(have[:8])}{', ...' if len(have) > 8 else ''}" if have
+                     else f"no {kind} tensor was recorded")
+            notes.append(f"rule {r.id}: {text} matched no {kind} tensor in the run ({there}); its "
+                         "condition was judged without it")
+    return notes
 
 
 class _File:
