@@ -18,6 +18,7 @@ from nndb.fuzz.search import FuzzConfig, Outcome, run
 
 PLANTED = example("fuzz_log_corner.py")
 TOKENS = os.path.join(ROOT, "tests", "scripts", "fuzz_tokens.py")
+DROPOUT = os.path.join(ROOT, "tests", "scripts", "fuzz_dropout.py")
 
 
 @pytest.fixture(autouse=True)
@@ -235,3 +236,25 @@ def test_against_fp16_finds_the_overflow_and_bf16_the_rounding():
     assert Evaluator(m, Goal(against="bf16"), [])([torch.full((3, 4), 1.0)], 3).found is None
     tight = Evaluator(m, Goal(against="bf16", tolerance=1e-6), [])([torch.full((3, 4), 0.123)], 3).found
     assert tight is not None and 1e-6 < tight["relative"] < 1e-2
+
+
+def test_a_model_with_dropout_is_fuzzed_with_the_steps_own_random_draws(tmp_path):
+    """Each mutant used to draw a new dropout mask (the RNG went on from mutant to mutant): the
+    step's own batch gave a loss the script never computed (0.0169944 for the script's
+    0.015153354965150356 at step 30), the NaN found at step 41 was not NaN when the script was
+    given the input (loss 0.040329) nor on the locating replay ("not located"), and --against fp16
+    compared two different masks (0.54 apart at mutant 0).  The RNG is now the forward's own."""
+    plain = _plain(DROPOUT)
+    step30 = float(re.search(r"^step 30 loss (\S+)$", plain.stdout, re.M).group(1))
+    found = tmp_path / "found.pt"
+    r = nndb("fuzz", "--step", "30", "--json", "--save", str(found), DROPOUT, cwd=str(tmp_path), env=ONE)
+    assert r.returncode == 1, r.stderr
+    rep = json.loads(r.stdout)
+    assert rep["seed_loss"] == step30
+    assert rep["found"]["what"] == "nan" and rep["location"]["op"] == "log"
+    again = _plain(DROPOUT, "--inject", str(found), "--at", "30")
+    assert re.search(r"^step 30 loss nan$", again.stdout, re.M), again.stdout
+    r = nndb("fuzz", "--step", "30", "--against", "fp16", "--budget", "20", "--json", DROPOUT,
+             cwd=str(tmp_path), env=ONE)
+    assert r.returncode == 0, r.stdout
+    assert json.loads(r.stdout)["found"] is None

@@ -56,6 +56,14 @@ class Model:
     loss_key: Optional[tuple] = None
     loss_calls: list = field(default_factory=list)
     param_names: dict = field(default_factory=dict)     # id(parameter) -> its name
+    rng: Optional[torch.Tensor] = None    # the CPU RNG state the step's forward began with (dropout)
+
+    def seeded(self) -> None:
+        """The RNG as the step's forward found it: each mutant (and the copy in another precision)
+        draws the random numbers the step drew (its dropout mask), so that an input found
+        reaches the objective when the script itself is given it at that step."""
+        if self.rng is not None:
+            torch.set_rng_state(self.rng)
 
     def inputs(self) -> list:
         return [self.arg_leaves[i] for i in self.tensor_at]
@@ -111,7 +119,10 @@ class Evaluator:
 
     _recording = False
 
-    def forward(self, inputs: list):
+    def forward(self, inputs: list, hooks: bool = True):
+        self.m.seeded()
+        if not hooks:
+            return self.m.call(self.m.module, inputs)
         self._acts, self._bad, self._recording = {}, None, True
         try:
             return self.m.call(self.m.module, inputs)
@@ -190,6 +201,7 @@ class Evaluator:
         return {"what": "condition", "condition": self.goal.until} if hit else None
 
     def _disagree(self, inputs, out, loss) -> Optional[dict]:
+        self.m.seeded()             # (and its loss replay draws on from there, as the model's did)
         with torch.no_grad():
             low = self.m.call(self.low, inputs, self.dtype)
         a = [t.detach().double() for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor) and t.is_floating_point()]

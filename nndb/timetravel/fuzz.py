@@ -68,6 +68,7 @@ class FuzzRole(Role):
         self.step = None
         self.depth = 0
         self.tape: Optional[Tape] = None
+        self.rng: Optional[torch.Tensor] = None
         self._handles: list = []
 
     def begin(self, s) -> None:
@@ -100,6 +101,8 @@ class FuzzRole(Role):
     def _pre(self, module, args):
         if self.depth == 0 and self.model is None and next(module.parameters(), None) is not None:
             self.model, self.args = module, args
+            # the random numbers the step's forward draws from (dropout): every mutant draws the same
+            self.rng = torch.get_rng_state()
             st, stop = self.s.last_step, self.s.here.stop
             self.step = 0 if st is None else st + (1 if stop is None or stop.at_step_end else 0)
         self.depth += 1
@@ -142,7 +145,8 @@ class FuzzRole(Role):
         names = {m: naming.module_name(m) for m in mod.modules()}
         leaves, spec = pytree.tree_flatten((tuple(self.args), {}))
         at = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor)]
-        m = Model(mod, names, leaves, spec, at, param_names={id(p): naming.param_name(p) for p in mod.parameters()})
+        m = Model(mod, names, leaves, spec, at, param_names={id(p): naming.param_name(p) for p in mod.parameters()},
+                  rng=self.rng)
         notes = []
         tape = self.tape
         if loss is not None and tape is not None and tape.key_of(loss) is not None and not tape.overflow:
@@ -224,7 +228,7 @@ def _locate(s, ev: Evaluator, inputs: list, found: dict, step) -> dict:
     starts: list = []
     rec.start(int(step or 0))
     try:
-        out = ev.m.call(ev.m.module, inputs)
+        out = ev.forward(inputs, hooks=False)
         for h in handles:
             h.remove()
         loss = ev.loss(inputs, out, before=lambda idx: starts.append((len(rec.current.ops), idx)))
