@@ -280,6 +280,45 @@ def test_a_loss_still_falling_when_overfit_runs_out_is_inconclusive_not_failed(t
     assert by_name(report)["overfit"].status == "PASS"       # (more iterations: it does fit)
 
 
+@pytest.mark.parametrize("loss,floor", [
+    ("F.binary_cross_entropy_with_logits(out, x)",                 # an autoencoder of gray pixels
+     "F.binary_cross_entropy(x[:32], x[:32])"),
+    ("F.cross_entropy(out, F.softmax(5 * x, 1))",                  # probability targets (distillation)
+     "(-(F.softmax(5 * x[:32], 1) * F.log_softmax(5 * x[:32], 1)).sum(1)).mean()"),
+    ("F.cross_entropy(out, (8 * x[:, 0]).long(), label_smoothing=0.2)",
+     "-(0.8 + 0.2 / 16) * math.log(0.8 + 0.2 / 16) - 15 * (0.2 / 16) * math.log(0.2 / 16)"),
+])
+def test_overfit_aims_at_the_least_the_loss_can_be_not_at_zero(tmp_path, loss, floor):
+    """Binary cross-entropy on targets between 0 and 1, cross-entropy on probability targets or
+    with label smoothing cannot go below the targets' entropy: the goal, 5% of the first loss,
+    was below it (an autoencoder of gray pixels: 0.6964 -> 0.4251 with Adam, goal 0.0348, its
+    least 0.4139), and every such healthy model FAILed 'cannot fit one small batch'."""
+    script = write(tmp_path, "soft.py", f"""
+        import torch, torch.nn as nn, torch.nn.functional as F
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(16, 128), nn.ReLU(), nn.Linear(128, 16))
+        opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+        data = torch.rand(256, 16) ** 2
+        for step in range(2):
+            x = data[32 * step:32 * (step + 1)]
+            out = model(x)
+            loss = {loss}
+            opt.zero_grad(); loss.backward(); opt.step()
+        """)
+    report, _ = run_check(script, steps=2, overfit_iters=300)
+    c = by_name(report)["overfit"]
+    import math
+    import torch
+    import torch.nn.functional as F
+    torch.manual_seed(0)
+    torch.nn.Sequential(torch.nn.Linear(16, 128), torch.nn.ReLU(), torch.nn.Linear(128, 16))
+    x = torch.rand(256, 16) ** 2
+    truth = float(eval(floor, {"F": F, "math": math, "x": x}))
+    assert c.numbers["floor"] == pytest.approx(truth, rel=1e-5)
+    assert c.status == "PASS" and "the targets' entropy, the least the loss can be" in c.evidence, c.evidence
+    assert c.numbers["floor"] < c.numbers["last"] <= c.numbers["goal"]
+
+
 def test_a_head_over_a_backbone_is_overfit_together_from_the_data(tmp_path):
     """head(backbone(x)), two modules and one optimizer: the check took the head for the model,
     described the backbone's features as the data, and trained the head alone on them (1.089 ->

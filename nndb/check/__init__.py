@@ -48,7 +48,8 @@ The checks, in order, and their thresholds (constants in checks.py):
    the captured batch (its first OVERFIT_BATCH samples) for up to
    OVERFIT_ITERS iterations, the global RNG saved and restored.  "Close to
    zero": the loss gets below OVERFIT_REL of its first value, or below
-   OVERFIT_ABS.
+   OVERFIT_ABS; where the loss has a floor above 0 (the targets' entropy:
+   soft targets, label smoothing), OVERFIT_REL of the way from it.
 
 A check that cannot be decided (no optimizer, no loss function seen, the
 script raised first) is SKIP with the reason.  ``run`` is FAIL if the

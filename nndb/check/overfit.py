@@ -54,6 +54,7 @@ def overfit(cap: Capture, outcome: Outcome, iters: int) -> Check:
     except Exception as e:
         return _skip("overfit", f"cannot make a fresh {type(opts[0].opt).__name__}: {type(e).__name__}: {e}", outcome)
     args, target, n = _small_batch(call, replica.batch_args())
+    floor = _floor(call, target)
     lr = opt.param_groups[0].get("lr")
     peak = ", its schedule's max_lr" if "max_lr" in opt.param_groups[0] else ""
     setup = f"{n} sample(s), {type(opt).__name__}" + (f"(lr={lr:g}{peak})" if isinstance(lr, (int, float)) else "")
@@ -62,10 +63,10 @@ def overfit(cap: Capture, outcome: Outcome, iters: int) -> Check:
         warnings.simplefilter("ignore")         # the script's own run has shown its warnings
         torch.manual_seed(0)
         try:
-            losses = _train(replica, opt, call, args, target, iters)
+            losses = _train(replica, opt, call, args, target, iters, floor[0])
         except Exception as e:
             return _skip("overfit", f"training the replica raised {type(e).__name__}: {e}", outcome)
-    return _verdict(cap, call, setup, losses, iters, model)
+    return _verdict(cap, call, setup, losses, iters, model, floor)
 
 
 def _fresh_optimizer(seen_opt, model, replica):
@@ -158,7 +159,52 @@ def _loss_fn(call: LossCall, target):
     return loss_of
 
 
-def _train(replica, opt, call: LossCall, args, target, iters: int) -> list:
+def _floor(call: LossCall, target) -> tuple:
+    """(the least value the loss can take on these targets, what it is): the targets' entropy for
+    binary cross-entropy on targets strictly between 0 and 1 (gray pixels, as an autoencoder's),
+    cross-entropy on probability targets (distillation, mixup) or with label_smoothing: the loss
+    at the prediction equal to the targets, which no model gets below.  (0, "") otherwise (and
+    where a class weight or pos_weight moves the minimum off the targets)."""
+    kw = dict(call.kwargs)
+    if target is None or not isinstance(target, torch.Tensor) or not target.is_floating_point() and \
+            call.kind != "cross_entropy":
+        return 0.0, ""
+    try:
+        with torch.no_grad():
+            t = target.detach()
+            if call.kind == "binary_cross_entropy":
+                if not bool(((t > 0) & (t < 1)).any()):
+                    return 0.0, ""
+                ideal = t.clamp(0, 1)
+            elif call.kind == "binary_cross_entropy_with_logits":
+                if kw.get("pos_weight") is not None or not bool(((t > 0) & (t < 1)).any()):
+                    return 0.0, ""
+                ideal = torch.logit(t.clamp(0, 1).double(), eps=1e-12).to(t.dtype)
+            elif call.kind == "cross_entropy":
+                smooth = float(kw.get("label_smoothing") or 0.0)
+                if kw.get("weight") is not None or not (t.is_floating_point() or smooth > 0):
+                    return 0.0, ""
+                c_dim = 1 if len(call.input_shape) >= 2 else 0
+                classes = call.input_shape[c_dim]
+                if t.is_floating_point():
+                    probs = t
+                else:
+                    ignore = kw.get("ignore_index", -100)
+                    idx = torch.where(t == ignore, torch.zeros_like(t), t).long()
+                    probs = torch.nn.functional.one_hot(idx, classes).movedim(-1, c_dim).to(torch.float64)
+                probs = probs.double() * (1 - smooth) + smooth / classes
+                ideal = probs.clamp_min(1e-300).log().to(torch.float32 if not t.is_floating_point() else t.dtype)
+            else:
+                return 0.0, ""
+            value = float(_loss_fn(call, target)(ideal).detach().double())
+    except Exception:
+        return 0.0, ""
+    if not math.isfinite(value) or value <= 0:
+        return 0.0, ""
+    return value, "the targets' entropy"
+
+
+def _train(replica, opt, call: LossCall, args, target, iters: int, floor: float = 0.0) -> list:
     loss_of = _loss_fn(call, target)
 
     def closure():
@@ -180,7 +226,7 @@ def _train(replica, opt, call: LossCall, args, target, iters: int) -> list:
         if not math.isfinite(v):
             break
         if threshold is None:
-            threshold = max(OVERFIT_REL * v, OVERFIT_ABS)
+            threshold = floor + max(OVERFIT_REL * (v - floor), OVERFIT_ABS)
         if v <= threshold:
             break
     return losses
@@ -193,17 +239,24 @@ SLOW_SHARE = 0.2
 STILL_FALLING = 0.1
 
 
-def _verdict(cap: Capture, call: LossCall, setup: str, losses: list, iters: int, model) -> Check:
+def _verdict(cap: Capture, call: LossCall, setup: str, losses: list, iters: int, model,
+             floor: tuple = (0.0, "")) -> Check:
     first, last = losses[0], losses[-1]
+    low, what = floor
     if not math.isfinite(first):
         return Check("overfit", "SKIP", f"{setup}: the first loss is {first} (see finite-loss)")
     if first == 0:
         return Check("overfit", "SKIP", f"{setup}: the loss is 0 before any training, so there is nothing to "
                      "fit (see finite-loss)")
-    goal = max(OVERFIT_REL * first, OVERFIT_ABS)
+    # (where the loss cannot go below a floor, the way from the first loss down to it)
+    goal = low + max(OVERFIT_REL * (first - low), OVERFIT_ABS)
     finite = [v for v in losses if math.isfinite(v)]
     nums = {"first": first, "last": last, "best": min(finite), "goal": goal, "iterations": len(losses)}
     goal_text = f"goal < {goal:.3g}: {OVERFIT_REL:.0%} of the first loss or {OVERFIT_ABS:g}"
+    if low:
+        nums["floor"] = low
+        goal_text = (f"goal < {goal:.4g}: {low:.4g}, {what}, the least the loss can be, plus "
+                     f"{OVERFIT_REL:.0%} of the first loss above it or {OVERFIT_ABS:g}")
     if math.isfinite(last) and last <= goal:
         return Check("overfit", "PASS", f"{setup}: loss {first:.4g} -> {last:.4g} in {len(losses)} "
                      f"iteration(s) ({goal_text})", numbers=nums)
@@ -214,9 +267,10 @@ def _verdict(cap: Capture, call: LossCall, setup: str, losses: list, iters: int,
     # Still falling fast where the iterations ran out, most of the way down already: a slow
     # optimiser (plain SGD at a modest learning rate), not a model that cannot fit
     quarter = finite[-max(2, len(finite) // 4):]
-    if len(finite) == len(losses) and last <= SLOW_SHARE * first and quarter[-1] <= (1 - STILL_FALLING) * quarter[0]:
+    if len(finite) == len(losses) and last - low <= SLOW_SHARE * (first - low) and \
+            quarter[-1] - low <= (1 - STILL_FALLING) * (quarter[0] - low):
         return Check("overfit", "SKIP", f"{setup}: loss {first:.4g} -> {last:.4g} after {len(losses)} iteration(s), "
-                     f"still falling ({1 - quarter[-1] / quarter[0]:.0%} in the last {len(quarter)}), not yet at the "
+                     f"still falling ({1 - (quarter[-1] - low) / (quarter[0] - low):.0%} in the last {len(quarter)}), not yet at the "
                      f"goal ({goal_text}): more iterations tell (--overfit-iters N)", numbers=nums)
     hints = []
     lrs = [lr for o in cap.optimizers for step in o.lrs[:1] for lr in step]
