@@ -115,6 +115,29 @@ def test_silent_broadcasting_fails_shapes(tmp_path):
     assert by_name(fixed)["shapes"].status == "PASS"
 
 
+def test_shapes_that_differ_only_by_dimensions_of_size_1_are_no_silent_broadcasting(tmp_path):
+    """A prediction (64,) against a target (1, 64) broadcasts to (1, 64): nothing is repeated,
+    each prediction meets its own target and the loss is that of equal shapes (checked here);
+    the line said FAIL 'compares predictions and targets pairwise'."""
+    script = write(tmp_path, "ones.py", """
+        import torch, torch.nn as nn
+        torch.manual_seed(0)
+        x = torch.randn(256, 8); y = x @ torch.randn(8)
+        model = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 1))
+        opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+        for step in range(2):
+            out = model(x[:64]).squeeze(1)
+            loss = nn.functional.huber_loss(out, y[:64].unsqueeze(0))
+            assert loss.item() == nn.functional.huber_loss(out, y[:64]).item()
+            opt.zero_grad(); loss.backward(); opt.step()
+        """)
+    report, _ = run_check(script, overfit_iters=5)
+    shapes = by_name(report)["shapes"]
+    assert shapes.status == "PASS" and status(report)["run"] == "PASS", text(report)
+    assert shapes.evidence.startswith("F.huber_loss: prediction (64,) vs target (1, 64): broadcast to (1, 64), "
+                                      "which repeats no element")
+
+
 def test_diverging_loss_fails_finite_loss():
     report, _ = run_check(example("nan_lr.py"), steps=8, overfit_iters=5)
     finite = by_name(report)["finite-loss"]

@@ -283,6 +283,11 @@ def shapes_check(cap: Capture, outcome: Outcome) -> Check:
     except RuntimeError:
         return Check("shapes", "FAIL", ev + " (they do not broadcast)", "make the prediction and target shapes equal", nums)
     nums["broadcast"] = list(both)
+    if math.prod(both) == math.prod(pred) == math.prod(tgt):
+        # only dimensions of size 1 added ((64,) vs (1, 64)): nothing is repeated, element i meets
+        # element i, and the loss is the one of equal shapes
+        return Check("shapes", "PASS", ev + f": broadcast to {_shape(both)}, which repeats no element (the shapes "
+                     "differ only by dimensions of size 1): each prediction meets its own target", numbers=nums)
     return Check("shapes", "FAIL", ev + f": broadcast to {_shape(both)}",
                  f"silent broadcasting: the loss compares predictions and targets pairwise over {_shape(both)}; "
                  f"make the shapes equal (e.g. target.view{_shape(pred)} or the prediction squeezed)", nums)
