@@ -138,6 +138,34 @@ def test_shapes_that_differ_only_by_dimensions_of_size_1_are_no_silent_broadcast
                                       "which repeats no element")
 
 
+def test_silent_broadcasting_in_a_hand_written_loss_fails_shapes(tmp_path):
+    """((out - y) ** 2).mean() with out (64, 1) and y (64,) compares every prediction with every
+    target over (64, 64); the live loss_broadcast rule said so, but the checklist's shapes line was
+    SKIP 'no torch.nn.functional loss was called' and nndb check exited 0."""
+    bad = write(tmp_path, "hand.py", """
+        import torch, torch.nn as nn
+        torch.manual_seed(0)
+        x = torch.randn(256, 8); y = x @ torch.randn(8)
+        model = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 1))
+        opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+        for step in range(2):
+            out = model(x[:64]).float()
+            loss = ((out - y[:64]) ** 2).mean()
+            opt.zero_grad(); loss.backward(); opt.step()
+        """)
+    report, _ = run_check(bad, overfit_iters=5)
+    shapes = by_name(report)["shapes"]
+    assert shapes.status == "FAIL" and report.exit_code == 1, text(report)
+    assert shapes.evidence == ("`-` at hand.py:9: (64, 1) - (64,), one of them the model's output, broadcast to "
+                               "(64, 64), a new dimension out of the batch")
+    # the same loss written right, a bias added and a per-sample weight: still SKIP (no loss function)
+    good = write(tmp_path, "hand_ok.py", open(bad).read().replace(
+        "loss = ((out - y[:64]) ** 2).mean()",
+        "loss = (((out + torch.ones(1)).squeeze(1) - y[:64]) ** 2 * torch.ones(64)).mean()"))
+    report, _ = run_check(good, overfit_iters=5)
+    assert by_name(report)["shapes"].status == "SKIP" and report.exit_code == 0, text(report)
+
+
 def test_diverging_loss_fails_finite_loss():
     report, _ = run_check(example("nan_lr.py"), steps=8, overfit_iters=5)
     finite = by_name(report)["finite-loss"]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import math
+import weakref
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
@@ -17,6 +18,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from ..errors import KillRun
+from ..rules.loss_watch import BROADCASTING_OPS, TAGS_KEPT, new_batch_dimension, where
 from ..tracer.funcmode import BINARY_LOSSES, CLASS_LOSSES, LOSSES, FunctionWatch, functional_loss  # noqa: F401
 from ..tracer.recorder import unscaled
 
@@ -108,6 +110,10 @@ class Capture:
         self._last_root = None
         self._output_types: set = set()
         self._hooks: list = []
+        # a hand-written loss's broadcast that spreads the batch along a new dimension
+        # ((N, 1) - (N,) -> (N, N)), as the live loss_broadcast rule sees it: [(where, op, a, b, out)]
+        self.broadcasts: list = []
+        self._tags: dict = {}               # id -> weakref: this step's model outputs and same-shape results
 
     # -- installing -------------------------------------------------------------------
     def install(self) -> None:
@@ -167,6 +173,7 @@ class Capture:
             self.reset_checks += [dict(c, step=step) for c in self._reset_probe.take(step).get("checks", ())]
         self.steps_done = step + 1
         self.outputs.clear()                 # hold no activation between steps
+        self._tags.clear()
 
     def _stop_if_done(self) -> None:
         """The steps are done: the script is unwound at its next module call
@@ -219,6 +226,36 @@ class Capture:
         seen = self.models.get(id(module))
         if seen is not None and seen.module is module and self.steps_done < self.steps:
             self.outputs[id(module)] = (pytree.tree_leaves(output), seen.last_args, seen.last_feed)
+            for t in self.outputs[id(module)][0]:
+                if isinstance(t, torch.Tensor) and t.dim() >= 1 and t.is_floating_point():
+                    self._tag(t)
+
+    def _tag(self, t) -> None:
+        if len(self._tags) < TAGS_KEPT:
+            self._tags[id(t)] = weakref.ref(t)
+
+    def _tagged(self, t) -> bool:
+        ref = self._tags.get(id(t))
+        return ref is not None and ref() is t
+
+    def tensor_op(self, func, args, out) -> None:
+        """A torch call while the steps run: a broadcasting op of the model's output (or what is
+        made of it, same shape) that makes a new dimension of its batch is kept (loss_watch)."""
+        if not self._tags or self.steps_done >= self.steps or not args or not isinstance(out, torch.Tensor):
+            return
+        op = BROADCASTING_OPS.get(func)
+        if op is not None and len(args) >= 2 and isinstance(args[0], torch.Tensor) and isinstance(args[1], torch.Tensor):
+            a, b = args[0], args[1]
+            for t, other in ((a, b), (b, a)):
+                if self._tagged(t) and not self._tagged(other) and new_batch_dimension(t, other, tuple(out.shape)):
+                    if len(self.broadcasts) < 8:
+                        self.broadcasts.append((where(), op, tuple(a.shape), tuple(b.shape), tuple(out.shape)))
+                    return
+            return
+        for a in args[:2]:
+            if isinstance(a, torch.Tensor) and a.shape == out.shape and self._tagged(a):
+                self._tag(out)
+                break
 
     def backward_loss(self, tensor) -> None:
         if self.steps_done < self.steps:
@@ -371,10 +408,15 @@ class LossMode(FunctionWatch):
     def __init__(self, capture: Capture):
         guarded = capture._guard(capture.loss_call)
 
+        op = capture._guard(capture.tensor_op)
+
         def on_call(func, args, kwargs, out):
             if functional_loss(func) is not None:
                 guarded(func, args, kwargs, out)
-            elif capture.steps_done >= capture.steps and torch.is_grad_enabled() \
+                return
+            if capture._tags:
+                op(func, args, out)
+            if capture.steps_done >= capture.steps and torch.is_grad_enabled() \
                     and capture._last_root is None and not capture.optimizers:
                 # The steps are done: a loop of bare tensors, with no module call or optimizer
                 # step to be unwound at (Capture._stop_if_done), is unwound at its first torch

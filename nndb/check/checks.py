@@ -259,6 +259,13 @@ NO_LOSS = "no torch.nn.functional loss was called (a hand-written loss?)"
 
 def shapes_check(cap: Capture, outcome: Outcome) -> Check:
     call = cap.primary_loss()
+    if cap.broadcasts:
+        at, op, a, b, out = cap.broadcasts[0]
+        return Check("shapes", "FAIL", f"`{op}` at {at}: {_shape(a)} {op} {_shape(b)}, one of them the model's output, "
+                     f"broadcast to {_shape(out)}, a new dimension out of the batch",
+                     f"silent broadcasting in a hand-written loss: every prediction meets every target over "
+                     f"{_shape(out)}; make the shapes equal (reshape one of them)",
+                     {"op": op, "shapes": [list(a), list(b)], "broadcast": list(out), "where": at})
     if call is None:
         return _skip("shapes", NO_LOSS + ": prediction and target shapes unknown", outcome)
     if call.target is None:
