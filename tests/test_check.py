@@ -166,6 +166,18 @@ def test_silent_broadcasting_in_a_hand_written_loss_fails_shapes(tmp_path):
     assert by_name(report)["shapes"].status == "SKIP" and report.exit_code == 0, text(report)
 
 
+def test_a_frozen_layer_the_optimizer_holds_is_named_not_hidden(tmp_path):
+    """The optimizer holds 4 tensors, the first layer's weight frozen (requires_grad=False): the line
+    said '3/3 parameter tensor(s) the optimizer holds got ...', as if it held 3."""
+    script = regression(tmp_path, "frozen.py", extra="model[0].weight.requires_grad_(False)")
+    report, _ = run_check(script, overfit_iters=5)
+    g = by_name(report)["gradients"]
+    assert g.status == "PASS" and g.evidence == (
+        "3/3 parameter tensor(s) the optimizer holds got a non-zero, finite gradient; 1 more it holds frozen "
+        "(requires_grad=False), not judged: 0.weight"), g.evidence
+    assert g.numbers["frozen"] == ["0.weight"]
+
+
 def test_diverging_loss_fails_finite_loss():
     report, _ = run_check(example("nan_lr.py"), steps=8, overfit_iters=5)
     finite = by_name(report)["finite-loss"]

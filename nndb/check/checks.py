@@ -401,6 +401,14 @@ def gradients_check(cap: Capture, outcome: Outcome) -> Check:
             "zero_grad": [cap.param_name(p) for p in zero], "nonfinite_grad": [cap.param_name(p) for p in nonfinite],
             "zero_grad_bias_unused": [cap.param_name(p) for p in unused_bias]}
     ev = f"{good}/{len(params)} parameter tensor(s) the optimizer holds got a non-zero, finite gradient"
+    # what the optimizers hold frozen (requires_grad=False: a fine-tune's backbone, or a layer frozen by
+    # mistake) is not judged, and said so: the count above is of the trainable ones only
+    held = {id(p) for p in params}
+    frozen = list({id(p): p for o in cap.optimizers for g in o.opt.param_groups for p in g["params"]
+                   if id(p) not in held and not p.requires_grad}.values())
+    if frozen:
+        nums["frozen"] = [cap.param_name(p) for p in frozen]
+        ev += f"; {len(frozen)} more it holds frozen (requires_grad=False), not judged: {_names(cap, frozen)}"
     if unused_bias:
         ev += (f"; all-zero gradient, as the loss does not depend on it: {_names(cap, unused_bias)} (its "
                "layer's weight got one: the layer's output gradients sum to 0 over the batch, as in a loss "
