@@ -258,3 +258,26 @@ def test_a_model_with_dropout_is_fuzzed_with_the_steps_own_random_draws(tmp_path
              cwd=str(tmp_path), env=ONE)
     assert r.returncode == 0, r.stdout
     assert json.loads(r.stdout)["found"] is None
+
+
+def test_a_model_called_with_keyword_arguments_only_is_one_clear_line(tmp_path):
+    """model(x=batch): the global module hooks see no positional tensor.  The line was 'fuzzing
+    failed: RuntimeError: the model's inputs cannot be mutated (...) (File ".../fuzz.py", line
+    169, in _fuzz)': nndb's own file and line, and not why."""
+    script = tmp_path / "kw.py"
+    script.write_text(
+        "import torch\n"
+        "class M(torch.nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__(); self.fc = torch.nn.Linear(4, 1)\n"
+        "    def forward(self, x=None):\n"
+        "        return self.fc(x)\n"
+        "m = M(); opt = torch.optim.SGD(m.parameters(), lr=0.1)\n"
+        "for step in range(4):\n"
+        "    loss = m(x=torch.randn(8, 4)).pow(2).mean()\n"
+        "    opt.zero_grad(); loss.backward(); opt.step()\n")
+    r = nndb("fuzz", "--step", "2", str(script), cwd=str(tmp_path), env=ONE)
+    assert r.returncode == 2, r.stderr
+    errors = [line for line in r.stderr.splitlines() if line.startswith("nndb: error:")]
+    assert errors == ["nndb: error: fuzz: m was called with no tensor among its positional arguments: fuzz sees "
+                      "those only (a call such as model(x=batch) gives it none); the live run is unchanged"], r.stderr

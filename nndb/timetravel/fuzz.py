@@ -165,8 +165,11 @@ class FuzzRole(Role):
         inputs = m.inputs()
         vocab = next((e.num_embeddings for e in mod.modules() if isinstance(e, torch.nn.Embedding)), None)
         specs = [spec_for(t, vocab) for t in inputs]
+        if not inputs:
+            raise ConditionFailed(f"{names.get(mod, type(mod).__name__)} was called with no tensor among its positional "
+                                  "arguments: fuzz sees those only (a call such as model(x=batch) gives it none)")
         if all(sp.kind == "fixed" for sp in specs):
-            raise RuntimeError("the model's inputs cannot be mutated (no float or integer tensor with a range)")
+            raise ConditionFailed("the model's inputs cannot be mutated (no float or integer tensor with a range)")
         rows = search.batch_rows(inputs, specs)
         cfg = search.FuzzConfig(budget=int(g["budget"]), seed=int(g.get("seed", 0)), scale=float(g["scale"]),
                                 random=bool(g.get("random")), threshold=g.get("threshold"))
