@@ -442,6 +442,74 @@ def test_a_steps_loss_is_the_objective_its_optimizer_applies_as_the_script_print
     assert re.search(r"^backward passes\s+2$", r.stdout, re.M), r.stdout
 
 
+
+# A loss taken before optimizer.step(closure) whose gradients the step throws away before its
+# closure runs: SAM's step(closure) (zero_grad, perturb, the closure at the perturbed weights,
+# restore, the base optimizer's step: a step nested in the step) after the first pass, and a
+# script that calls its closure once to print the loss, then LBFGS's step(closure).
+LOSS_BEFORE_CLOSURE = textwrap.dedent("""
+    import sys
+    import torch, torch.nn as nn
+    torch.manual_seed(0)
+
+    class SAM(torch.optim.Optimizer):
+        def __init__(self, params, rho=0.05, **kw):
+            super().__init__(params, dict(rho=rho, **kw))
+            self.base = torch.optim.SGD(self.param_groups, **kw)
+            self.param_groups = self.base.param_groups
+
+        @torch.no_grad()
+        def step(self, closure):
+            ps = [p for g in self.param_groups for p in g["params"] if p.grad is not None]
+            scale = self.param_groups[0]["rho"] / torch.stack([p.grad.norm() for p in ps]).norm()
+            old = [p.clone() for p in ps]
+            for p in ps:
+                p.add_(p.grad * scale)
+            self.zero_grad()
+            with torch.enable_grad():
+                closure()
+            for p, o in zip(ps, old):
+                p.copy_(o)
+            self.base.step()
+
+    model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1))
+    x, y = torch.randn(32, 8), torch.randn(32, 1)
+    def closure():
+        opt.zero_grad()
+        loss = ((model(x) - y) ** 2).mean()
+        loss.backward()
+        closure.loss = loss
+        return loss
+    if sys.argv[1] == "sam":
+        opt = SAM(model.parameters(), lr=0.05, momentum=0.9)
+    else:
+        opt = torch.optim.LBFGS(model.parameters(), lr=0.5, max_iter=4)
+    for step in range(6):
+        first = closure()
+        opt.step(closure)
+        # SAM: the loss at the perturbed weights, whose gradient the base optimizer applies;
+        # LBFGS: the first call in step(), the one it returns (the same number as 'first')
+        print("step", step, repr((closure.loss if sys.argv[1] == "sam" else first).item()))
+""")
+
+
+@pytest.mark.parametrize("shape", ["sam", "lbfgs"])
+def test_a_loss_before_a_closure_step_that_resets_the_gradients_is_no_part_of_it(tmp_path, shape):
+    """The first backward in optimizer.step(closure) was never asked whether zero_grad() had
+    thrown the earlier loss's gradients away: that loss was added in (SAM: $loss 1.8331, the
+    unperturbed 0.8791 + the perturbed 0.9541; LBFGS: 2 x the printed loss)."""
+    from nndb.store.reader import TraceReader
+    plain, trace = plain_and_recorded(tmp_path, LOSS_BEFORE_CLOSURE, shape)
+    printed = _printed(plain.stdout)
+    with TraceReader(trace) as t:
+        steps, losses = t.history(t.find("loss", "loss")[0], "mean")
+    assert {int(s): repr(float(v)) for s, v in zip(steps, losses)} == printed
+    r = Ran(nndb("run", "--batch", "-q", "--nx", "--trace", str(tmp_path / "s.h5"), "-e", "until 3",
+                 "-e", 'p ("AT", repr($loss))', "-e", "rs", "-e", 'p ("BACK", repr($loss))', "-e", "continue",
+                 str(tmp_path / "script.py"), shape, cwd=str(tmp_path)), [])
+    assert re.search(r"\('AT', '([^']+)'\)", r.stdout).group(1) == printed[3], r.stdout
+    assert re.search(r"\('BACK', '([^']+)'\)", r.stdout).group(1) == printed[2], r.stdout
+
 # A loss that goes below zero (a Gaussian negative log-likelihood; a policy gradient's, a WGAN
 # critic's): pytorch/examples reinforce.py's.
 NEGATIVE_LOSS = textwrap.dedent('''
