@@ -807,3 +807,31 @@ def test_a_check_that_raises_is_skipped_on_one_line():
     c = _safely("data", kernel_table)
     assert c.status == "SKIP" and "\n" not in c.evidence and len(c.evidence) < 300
     assert c.evidence.startswith("nndb could not run this check: NotImplementedError: Could not run 'aten::ne")
+
+
+LBFGS_FORGETS = """
+    import torch, torch.nn as nn
+    torch.manual_seed(0)
+    x = torch.randn(64, 4); y = torch.sin(x.sum(1, keepdim=True))
+    model = nn.Sequential(nn.Linear(4, 16), nn.Tanh(), nn.Linear(16, 1))
+    opt = torch.optim.LBFGS(model.parameters())                 # lr 1, max_iter 20
+    for step in range(4):
+        def closure():
+            loss = ((model(x) - y) ** 2).mean()                 # no opt.zero_grad()
+            loss.backward()
+            return loss
+        opt.step(closure)
+"""
+
+
+def test_zero_grad_fails_a_closure_that_forgets_it_from_the_first_step(tmp_path):
+    """(It said SKIP, 'the gradients' reset is seen from an optimizer's second step on, with a
+    non-zero gradient: none was': the run's gradients were 0 or NaN by step 1.)"""
+    report, _ = run_check(write(tmp_path, "lbfgs.py", LBFGS_FORGETS))
+    c = by_name(report)["zero-grad"]
+    assert c.status == "FAIL" and "at step 0, 0.bias.grad held the gradient of the calls of opt's closure before " \
+        "each of its 20 calls" in c.evidence, text(report)
+    report, _ = run_check(write(tmp_path, "ok.py", LBFGS_FORGETS.replace("            loss = ((model(x)",
+                                                                          "            opt.zero_grad()\n"
+                                                                          "            loss = ((model(x)")))
+    assert by_name(report)["zero-grad"].status == "PASS", text(report)

@@ -265,6 +265,48 @@ def test_no_gradient_rule_fires_on_accumulation_gan_or_closures(tmp_path, script
     assert all(r.enabled for r in res.session.rules.rules)
 
 
+# An LBFGS closure: one that forgets zero_grad() (each of LBFGS's calls adds its gradient to the
+# calls' before it), or that leaves it to the loop (once a step), one that resets and accumulates
+# two micro-batches (set_to_none or zeros).
+LBFGS_CLOSURE = textwrap.dedent("""
+    import sys
+    import torch, torch.nn as nn
+    torch.manual_seed(0)
+    x = torch.randn(64, 4); y = torch.sin(x.sum(1, keepdim=True))
+    model = nn.Sequential(nn.Linear(4, 16), nn.Tanh(), nn.Linear(16, 1))
+    opt = torch.optim.LBFGS(model.parameters())                 # lr 1, max_iter 20
+    for step in range(4):
+        if sys.argv[1] == "outside":
+            opt.zero_grad()                 # once a step, not once a call
+        def closure():
+            if sys.argv[1] not in ("forgets", "outside"):
+                opt.zero_grad(set_to_none=sys.argv[1] == "none")
+            total = 0
+            for xb, yb in zip(x.chunk(2), y.chunk(2)):
+                loss = ((model(xb) - yb) ** 2).mean() / 2
+                loss.backward()
+                total = total + loss.detach()
+            return total
+        print("step", step, opt.step(closure).item())
+""")
+
+
+def test_stale_grad_finds_a_closure_that_forgets_zero_grad_at_its_first_step(tmp_path):
+    """At LBFGS's defaults the run diverged within two steps and the step-to-step comparison
+    never judged (0.bias's gradients were all 0 by step 1, then NaN): nndb said only
+    'loss_explodes ... a learning rate far too high? no gradient clipping?'."""
+    script = tmp_path / "lbfgs.py"
+    script.write_text(LBFGS_CLOSURE)
+    for bug in ("forgets", "outside"):    # (outside: reset between steps, main found nothing at all)
+        res = run_in_process(tmp_path, str(script), [bug])
+        [f] = _of(res, "stale_grad")
+        assert f["step"] == 0 and "between the calls of opt's closure (20 calls in the step" in f["message"], f
+    for healthy in ("none", "zeros"):
+        res = run_in_process(tmp_path, str(script), [healthy])
+        assert res.exit_code == 0 and _of(res, "stale_grad") == [], healthy
+        assert all(r.enabled for r in res.session.rules.rules)
+
+
 # -- the probes on plain loops -----------------------------------------------------------------------
 class _Naming:
     def __init__(self, model):

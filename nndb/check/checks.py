@@ -469,7 +469,15 @@ def grad_reset_check(cap: Capture, outcome: Outcome) -> Check:
                      "non-zero gradient: none was (more steps: --steps N)", outcome)
     tol, share = (StaleGrad.THRESHOLDS[k].default for k in ("tol", "min_share"))
     stale = [c for c in checks if StaleGrad.is_stale(c, tol, share)]
-    nums = {"checked": [{k: c[k] for k in ("step", "optimizer", "param", "r_stale", "r_reset")} for c in checks]}
+    nums = {"checked": [{k: c[k] for k in ("step", "optimizer", "param", "r_stale", "r_reset", "calls") if k in c}
+                        for c in checks]}
+    within = [c for c in stale if c.get("within")]
+    if within:
+        c = within[0]
+        return Check("zero-grad", "FAIL", f"at step {c['step']}, {c['param']}.grad held the gradient of the calls "
+                     f"of {c['optimizer']}'s closure before each of its {c['calls']} calls", "gradients are not "
+                     "reset between the calls of a closure (zero_grad missing in it): each call's gradient is "
+                     "the sum of all so far; call optimizer.zero_grad() at the start of the closure", nums)
     if stale:
         c = stale[0]
         return Check("zero-grad", "FAIL", f"at step {c['step']}, {c['param']}.grad held the last step's gradient "

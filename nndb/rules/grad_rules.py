@@ -147,7 +147,8 @@ class GradNone(Rule):
 class _Watch:
     """One optimizer's sample parameter: the gradient it had at the optimizer's
     last step, and the sum of the gradients that arrived since then."""
-    __slots__ = ("opt", "param", "handle", "last", "incoming", "pending", "armed", "__weakref__")
+    __slots__ = ("opt", "param", "handle", "last", "incoming", "pending", "armed", "call", "calls", "kept",
+                 "__weakref__")
 
     def __init__(self, opt, param):
         self.opt = weakref.ref(opt)
@@ -157,6 +158,13 @@ class _Watch:
         self.incoming = None
         self.pending = None      # (graph task, the gradient) the tensor hook saw last, until it is accumulated
         self.armed = True        # the hook sums incoming gradients only before a checked step
+        # A closure's calls in the step (Tracer.closure_calls), and for each call after the step's
+        # first, whether .grad held a gradient as the call's first one came: None where it was
+        # None, else a 0-dim bool tensor (a nonzero element), read at the step (no
+        # synchronisation in the backward)
+        self.call = None
+        self.calls = 0
+        self.kept: list = []
 
 
 # A sparse gradient (nn.Embedding(sparse=True) under SparseAdam) is compared as the dense tensor
@@ -164,15 +172,17 @@ class _Watch:
 SPARSE_SAMPLE_MAX = 1 << 22
 
 
-def _sample(opt):
+def _sample(opt, any_grad: bool = False):
     """A small parameter of the optimizer with a gradient now: the smallest one with at least
     16 elements, else the largest (with one element, a gradient and its sum with another are
     always parallel: only their sizes tell them apart, StaleGrad's second test); one with a
     dense gradient where there is one, else (an optimizer of sparse embeddings alone: SparseAdam)
-    one with a sparse gradient."""
+    one with a sparse gradient.  ``any_grad``: among all of them, with a gradient or not (before
+    a closure optimizer's first step)."""
     ps = [p for g in opt.param_groups for p in g["params"]
-          if p.requires_grad and p.grad is not None and p.numel() >= 1]
-    ps = [p for p in ps if not p.grad.is_sparse] or [p for p in ps if p.numel() <= SPARSE_SAMPLE_MAX]
+          if p.requires_grad and (any_grad or p.grad is not None) and p.numel() >= 1]
+    ps = [p for p in ps if p.grad is None or not p.grad.is_sparse] or \
+        [p for p in ps if p.numel() <= SPARSE_SAMPLE_MAX]
     if not ps:
         return None
     big = [p for p in ps if p.numel() >= 16]
@@ -188,11 +198,25 @@ _GRAPH_TASK = torch._C._current_graph_task_id        # -1 outside a backward
 
 
 def _take_pending(w: _Watch) -> None:
-    """The gradient the tensor hook saw, accumulated into .grad now: into the sum."""
+    """The gradient the tensor hook saw, accumulated into .grad now: into the sum; the first
+    of a closure call: is .grad reset?"""
     pending, w.pending = w.pending, None
     if w.armed and pending is not None:
         g = pending[1]
         w.incoming = g if w.incoming is None else w.incoming.add_(g)
+        if pending[2] is not None and pending[2] != w.call:
+            w.call = pending[2]
+            w.calls += 1
+            if w.calls > 1:
+                w.kept.append(pending[3])
+
+
+def _held(grad):
+    """Does .grad (as a gradient arrives) hold one: None where it is None, else whether it has
+    a nonzero element, a 0-dim tensor (a sparse one counts as None: not looked into)."""
+    if grad is None or grad.is_sparse:
+        return None
+    return grad.detach().any()
 
 
 def _unhook(w: _Watch) -> None:
@@ -251,7 +275,14 @@ class GradReset(Probe):
             if self.error is not None:
                 return None
             try:
-                w.pending = (_GRAPH_TASK(), _flat(grad).clone()) if w.armed and grad is not None else None
+                if not w.armed or grad is None:
+                    w.pending = None
+                else:
+                    t = self.tracer     # (a stand-in without the counters: no closure)
+                    call = t.closure_calls if getattr(t, "in_closure", 0) else None
+                    q = w.param()       # (not the hook's own parameter: no cycle holds it)
+                    held = _held(q.grad) if call is not None and call != w.call and q is not None else None
+                    w.pending = (_GRAPH_TASK(), _flat(grad).clone(), call, held)
             except Exception as e:     # never raise into the backward pass
                 self.fail(f"probe {self.name} failed and is off: {type(e).__name__}: {e}")
             return None
@@ -266,9 +297,15 @@ class GradReset(Probe):
         return p.register_hook(seen), p.register_post_accumulate_grad_hook(accumulated)
 
     def optimizer(self, opt, when: str) -> None:
-        if when != "post":
-            return
         key = id(opt)
+        if when != "post":
+            # (a closure optimizer watched from its first step on: its calls there are checked)
+            if getattr(self.tracer, "closure_step", False) and key not in self._watches:
+                p = _sample(opt, any_grad=True)
+                if p is not None:
+                    w = self._watches[key] = _Watch(opt, p)
+                    w.handle = self._watch_hooks(w, p)
+            return
         w = self._watches.get(key)
         if w is not None and (w.opt() is not opt or w.param() is None):
             self._drop(key)                               # a new optimizer at a reused address
@@ -301,39 +338,56 @@ class GradReset(Probe):
         last, inc = w.last, w.incoming
         w.last = g.clone() if (g is not None and w.armed) else None
         w.incoming = None
-        if not check_now or g is None or last is None or inc is None:
-            return
-        if g.shape != last.shape or g.shape != inc.shape:
-            return
-        # Every dot product of g, l and i from one float64 Gram matrix, in one
-        # transfer to the host (one synchronisation on a GPU).
-        m = torch.stack([g, last, inc]).double()
-        (gg, gl, gi), (_, ll, li), (_, _, ii) = (m @ m.T).tolist()
-        if not (gg > 0 and ll > 0 and ii > 0) or not math.isfinite(gg + ll + ii):
-            return
-        gs, ss = gl + gi, ll + 2 * li + ii        # g.s and s.s for s = l + i
-        if not ss > 0:
-            return
-        a = gs / ss                               # least squares: g ~ a (l + i), g ~ b i
-        # |g - a s|^2 = g.g - (g.s)^2 / s.s, and likewise for i (float64: the
-        # cancellation costs nothing near the rule's 1e-3 tolerance)
-        rs = math.sqrt(max(gg - gs * gs / ss, 0.0))
-        rr = math.sqrt(max(gg - gi * gi / ii, 0.0))
-        gn, ln, n_in = math.sqrt(gg), math.sqrt(ll), math.sqrt(ii)
-        self.facts.setdefault("checks", []).append({
+        calls, kept = w.calls, w.kept
+        w.call, w.calls, w.kept = None, 0, []
+        # a closure called again and again in the step (LBFGS's line search) whose every call after
+        # the first found .grad holding the gradients of the calls before it (one synchronisation,
+        # only then: a closure that resets them leaves Nones)
+        within = (check_now and calls > 1 and all(k is not None for k in kept) and len(kept) == calls - 1
+                  and bool(torch.stack(kept).all()))
+        c = None
+        if check_now and g is not None and last is not None and inc is not None \
+                and g.shape == last.shape == inc.shape:
+            c = _compare(g, last, inc)
+        if within:
+            c = dict(c or {}, calls=calls, within=True)
+        if c is not None:
             # (named now: at the optimizer's first step, before step 0 ended, a model of several
             # roots had its names unqualified yet: 'weight' for 'emb.weight')
-            "optimizer": self.naming.optimizer_name(opt), "param": self.naming.param_name(p),
-            "r_stale": rs / gn, "r_reset": rr / gn, "scale": a,
-            "grad_norm": gn, "last_norm": ln, "incoming_norm": n_in,
-        })
+            self.facts.setdefault("checks", []).append(
+                {"optimizer": self.naming.optimizer_name(opt), "param": self.naming.param_name(p), **c})
+
+
+def _compare(g, last, inc):
+    """The residuals of .grad (g) against a (last + new) and b new (GradReset), or None where
+    they say nothing (a zero or non-finite gradient)."""
+    # Every dot product of g, l and i from one float64 Gram matrix, in one
+    # transfer to the host (one synchronisation on a GPU).
+    m = torch.stack([g, last, inc]).double()
+    (gg, gl, gi), (_, ll, li), (_, _, ii) = (m @ m.T).tolist()
+    if not (gg > 0 and ll > 0 and ii > 0) or not math.isfinite(gg + ll + ii):
+        return None
+    gs, ss = gl + gi, ll + 2 * li + ii        # g.s and s.s for s = l + i
+    if not ss > 0:
+        return None
+    a = gs / ss                               # least squares: g ~ a (l + i), g ~ b i
+    # |g - a s|^2 = g.g - (g.s)^2 / s.s, and likewise for i (float64: the
+    # cancellation costs nothing near the rule's 1e-3 tolerance)
+    rs = math.sqrt(max(gg - gs * gs / ss, 0.0))
+    rr = math.sqrt(max(gg - gi * gi / ii, 0.0))
+    gn, ln, n_in = math.sqrt(gg), math.sqrt(ll), math.sqrt(ii)
+    return {"r_stale": rs / gn, "r_reset": rr / gn, "scale": a,
+            "grad_norm": gn, "last_norm": ln, "incoming_norm": n_in}
 
 
 class StaleGrad(Rule):
     id = "stale_grad"
     severity = "error"
     explanation = ("gradients are not reset between optimizer steps (zero_grad missing): each step "
-                   "uses the sum of all gradients so far; accumulation within a step is fine")
+                   "uses the sum of all gradients so far; accumulation within a step is fine, but not "
+                   "between the calls of an optimizer's closure (LBFGS's line search), each of which "
+                   "needs its own gradient: found at once, at the step where every call after the "
+                   "first found .grad holding the calls' before it")
     THRESHOLDS = {
         "steps": Threshold(2, "consecutive optimizer steps whose .grad still held the last step's "
                               "gradient: one could be a deliberate one-off, two in a row is a pattern"),
@@ -353,7 +407,9 @@ class StaleGrad(Rule):
     @staticmethod
     def is_stale(c: dict, tol: float, share: float) -> bool:
         """Did .grad hold the last step's gradient at the step of the probe's check ``c``?"""
-        if not (c["r_stale"] <= tol and c["scale"] > 0):
+        if c.get("within"):
+            return True             # a closure's calls added their gradients to each other's
+        if "r_stale" not in c or not (c["r_stale"] <= tol and c["scale"] > 0):
             return False            # .grad is not (a multiple of) the last step's gradient plus the new ones
         if c["r_reset"] >= share:
             return True             # ... and not a multiple of the new ones alone
@@ -372,7 +428,17 @@ class StaleGrad(Rule):
             opt = c["optimizer"]
             stale = self.is_stale(c, self.params["tol"], self.params["min_share"])
             n = self._runs[opt] = self._runs.get(opt, 0) + 1 if stale else 0
-            if n >= need:
+            if c.get("within"):
+                # (at once: the closure's calls in one step are a pattern already)
+                yield self.finding(
+                    ctx, f"gradients are not reset between the calls of {opt}'s closure ({c['calls']} calls "
+                         f"in the step: {c['param']}.grad held the gradient of the calls before it when "
+                         "each call's came, so each call's gradient is the sum of all so far): call "
+                         "zero_grad() at the start of the closure",
+                    tensor=c["param"], optimizer=opt, steps=n, calls=c["calls"],
+                    **{k: c[k] for k in ("r_stale", "r_reset", "scale", "grad_norm", "last_norm",
+                                         "incoming_norm") if k in c})
+            elif n >= need:
                 yield self.finding(
                     ctx, f"gradients are not reset between the steps of {opt} ({n} in a row: "
                          f"{c['param']}.grad held the last step's gradient plus the new one): call "

@@ -464,6 +464,8 @@ class Tracer:
         # signal handling waits for it, so a Ctrl-C never loses half a step.
         self.busy = 0
         self.closure_step = False               # the optimizer step running was given a closure
+        self.closure_calls = 0                  # calls of the optimizers' closures so far (_counted)
+        self.in_closure = 0                     # > 0 while an optimizer calls its closure
         self._failed = False
         self.in_hook = False
         self._thread = threading.get_ident()
@@ -918,7 +920,30 @@ class Tracer:
             self.busy -= 1
             if paused is not None:
                 paused.__exit__(None, None, None)
-        return None
+        return self._counted(args, kwargs) if self.closure_step and not self._failed else None
+
+    def _counted(self, args, kwargs):
+        """(args, kwargs) of an optimizer's ``step`` with its closure made to count its calls
+        in ``closure_calls`` (where one call's backward passes end and the next's begin: the
+        stale_grad probe asks whether the closure reset the gradients before each); None where
+        the closure is not one."""
+        if kwargs.get("closure") is not None:
+            closure, pos = kwargs["closure"], False
+        elif len(args) > 1 and callable(args[1]):
+            closure, pos = args[1], True
+        else:
+            return None
+
+        def counted(*a, **k):
+            self.closure_calls += 1
+            self.in_closure += 1
+            try:
+                return closure(*a, **k)
+            finally:
+                self.in_closure -= 1
+        if pos:
+            return (args[0], counted, *args[2:]), kwargs
+        return args, dict(kwargs, closure=counted)
 
     def scaler_skipped(self, scaler, opt) -> None:
         """A GradScaler skipped the optimizer's step (_scaler_step): the iteration is no step
