@@ -259,6 +259,44 @@ def test_watches_and_info_params_see_the_tensors_a_script_trains_outside_any_mod
     assert m and int(m[2]) == first and float(m[1]) == pytest.approx(norms[first], rel=1e-3), r.stdout
 
 
+
+# LBFGS over a tensor outside any module through a frozen model (neural style transfer's
+# ``optimizer = optim.LBFGS([input_img])``, feature visualisation, adversarial inputs).
+OPTIMIZED_INPUT = textwrap.dedent("""
+    import torch, torch.nn as nn
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 2)).eval()
+    for p in net.parameters():
+        p.requires_grad_(False)
+    target = torch.randn(1, 2)
+    image = torch.randn(1, 4, requires_grad=True)
+    opt = torch.optim.LBFGS([image], lr=0.5, max_iter=5)
+    for step in range(4):
+        def closure():
+            opt.zero_grad()
+            loss = ((net(image) - target) ** 2).sum()
+            loss.backward()
+            return loss
+        opt.step(closure)
+        print("norms", step, repr(image.norm().item()), repr(image.grad.norm().item()))
+""")
+
+
+def test_info_params_lists_the_tensor_an_optimizer_trains_outside_any_module(tmp_path):
+    """'info params' listed the frozen model's four parameters alone (grad n): the one tensor
+    the optimizer trains, 'image' (norm 11.48, grad norm 0.0302 at step 2), was not in it."""
+    plain, _ = plain_and_recorded(tmp_path, OPTIMIZED_INPUT)
+    norms = {int(m[1]): (float(m[2]), float(m[3]))
+             for m in re.finditer(r"^norms (\d+) (\S+) (\S+)$", plain.stdout, re.M)}
+    r = Ran(nndb("run", "--batch", "-q", "--nx", "--trace", str(tmp_path / "s.h5"), "-e", "break step 2",
+                 "-e", "continue", "-e", "info params", "-e", "continue", "script.py", cwd=str(tmp_path)), [])
+    rows = dict((m[0], m[1:]) for m in re.findall(r"^(\S+) +\(([\d, ]+)\) +float32 +(y|n) +(\S+) +(\S+)$",
+                                                  r.stdout, re.M))
+    assert set(rows) == {"0.weight", "0.bias", "2.weight", "2.bias", "image"}, r.stdout
+    _, grad, norm, gnorm = rows["image"]
+    assert grad == "y" and float(norm) == pytest.approx(norms[2][0], rel=1e-3) \
+        and float(gnorm) == pytest.approx(norms[2][1], rel=1e-3), r.stdout
+
 THROUGH_FORWARD = textwrap.dedent('''
     import torch
     torch.manual_seed(0)

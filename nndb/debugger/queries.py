@@ -238,10 +238,21 @@ class RunView:
     def param_summary(self) -> list:
         """[(name, shape, dtype, requires_grad, norm, grad norm or None)] of every
         parameter of the models seen (a shared one once), then of the tensors the
-        script trains outside any module, norms in float64."""
+        script trains outside any module: by hand, or in an optimizer (LBFGS over an image,
+        style transfer's ``optimizer = LBFGS([input_img])``: it was left out, and the table
+        showed the frozen model's parameters alone), norms in float64."""
         rows = []
         naming = self.s.rec.naming if self.s.rec is not None else None
-        for p in naming.root_params() if naming is not None else ():
+        params = naming.root_params() if naming is not None else []
+        if naming is not None:
+            seen = set(map(id, params))
+            for _, opt in self.optimizers():
+                for g in opt.param_groups:
+                    for p in g["params"]:
+                        if id(p) not in seen:
+                            seen.add(id(p))
+                            params.append(p)
+        for p in params:
             g = p.grad
             rows.append((naming.param_name(p), tuple(p.shape), str(p.dtype).replace("torch.", ""),
                          p.requires_grad, float(p.detach().double().norm()),
