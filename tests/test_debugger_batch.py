@@ -819,3 +819,52 @@ def test_a_script_name_after_kill_is_said_gone_not_undefined(tmp_path):
     assert r.stdout.splitlines()[-2:] == ["1.0", "1"], r
     assert r.stderr.strip() == ("-e 'p total': NameError: name 'total' is not defined (the script is not stopped "
                                 "in a frame: its variables are gone; nndb's $ variables are left)"), r
+
+
+PROMPT_CALLS = """\
+import torch, torch.nn as nn
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(6, 24), nn.Tanh(), nn.Linear(24, 3))
+opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+X = torch.randn(200, 6); Y = torch.randint(0, 3, (200,))
+for step in range(8):
+    if step == 5:            # a second stage: a new optimizer under the same name
+        opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    x, y = X[(step % 5) * 40:(step % 5 + 1) * 40], Y[(step % 5) * 40:(step % 5 + 1) * 40]
+    opt.zero_grad()
+    loss = nn.functional.cross_entropy(model(x), y)
+    loss.backward()
+    opt.step()
+    print(f"step {step} loss {loss.item()!r}")
+"""
+
+
+def test_what_the_prompt_computes_is_not_the_runs(tmp_path):
+    """Expressions typed at a stop ran under nndb's recording as if the script had run them:
+    'p model(X).sum()' after step 2 went into step 3's activations ('0': count 5760 and norm
+    47.76 where the script's batch gives 960 and 18.14), 'p F.cross_entropy(softmax(...), y)'
+    fired 'double_softmax at step 3: F.cross_entropy at <nndb>:1' on a healthy script, and a
+    torch call at the prompt kept the expression's copy of the script's names alive: after the
+    script made a new 'opt', 'info optimizer' listed the dead one too and 'set lr' asked which."""
+    script = tmp_path / "stages.py"
+    script.write_text(PROMPT_CALLS)
+    quiet = Ran(nndb("run", "--batch", "-q", "--nx", "--trace", str(tmp_path / "quiet.h5"), str(script),
+                     cwd=str(tmp_path)))
+    assert quiet.returncode == 0, quiet
+    r = Ran(nndb("run", "--batch", "-q", "--nx", "--trace", str(tmp_path / "t.h5"), "-e", "break step 2",
+                 "-e", "break step 6", "-e", "continue", "-e", "p model(X).sum()",
+                 "-e", "p nn.functional.cross_entropy(torch.softmax(model(X), 1), Y)",
+                 "-e", "!z = model(X[:3]).norm()", "-e", "display model(X).shape",
+                 "-e", "continue", "-e", "info optimizer", "-e", "set lr 0.02", "-e", "p opt.param_groups[0]['lr']",
+                 "-e", "continue", str(script), cwd=str(tmp_path)))
+    assert r.returncode == 0, r
+    assert _script_lines(r.stdout) == _script_lines(quiet.stdout), r     # (the same run up to the set at step 6)
+    assert "double_softmax" not in r.stderr and "warning" not in r.stderr and "error" not in r.stderr, r
+    table = r.stdout[r.stdout.index("optimizer    type"):]
+    assert len(re.findall(r"^opt\S*\s+Adam\s", table, re.M)) == 1, r
+    assert "0.01   0.02" in r.stdout and "\n0.02\n" in r.stdout, r
+    with TraceReader(str(tmp_path / "quiet.h5")) as a, TraceReader(str(tmp_path / "t.h5")) as b:
+        for name in ("0", "2", "model"):
+            for stat in ("count", "norm"):
+                want, got = (t.history(t.find(name, "act")[0], stat) for t in (a, b))
+                assert np.array_equal(want[0], got[0]) and np.array_equal(want[1], got[1]), (name, stat, want, got)

@@ -6,6 +6,7 @@ returned to the caller.
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import fnmatch
 import math
@@ -133,10 +134,18 @@ def namespace(frame, variables: dict, merged: bool = False) -> tuple[dict, dict]
     return g, loc
 
 
+def _unseen():
+    """The tracers pass the debugger's own evaluation by (nndb.tracer.hooks.unseen);
+    with the tracer not even imported (a trace read offline) none is recording."""
+    hooks = sys.modules.get("nndb.tracer.hooks")
+    return hooks.unseen() if hooks is not None else contextlib.nullcontext()
+
+
 def evaluate(code, frame, variables: dict, what: str = ""):
     g, loc = namespace(frame, variables, merged=True)
     try:
-        return eval(code, g, loc)
+        with _unseen():
+            return eval(code, g, loc)
     except CommandError:
         raise
     except (Exception, SystemExit) as e:   # pdb: exit() is an error here
@@ -156,7 +165,8 @@ def execute(source: str, frame, variables: dict) -> None:
     if frame is None:
         g, _ = namespace(None, variables)
         try:
-            exec(code, g)
+            with _unseen():
+                exec(code, g)
         except (Exception, SystemExit) as e:   # pdb: exit() is an error here
             raise CommandError(f"{type(e).__name__}: {e}{_no_frame(e, None)}") from None
         return
@@ -167,7 +177,8 @@ def execute(source: str, frame, variables: dict) -> None:
     if is_module:
         loc = frame.f_globals
     try:
-        exec(code, g, loc)
+        with _unseen():
+            exec(code, g, loc)
     except (Exception, SystemExit) as e:   # pdb: exit() is an error here
         raise CommandError(f"{type(e).__name__}: {e}") from None
     finally:

@@ -148,6 +148,28 @@ def owning_modules(leaves, frame) -> list:
             if not any(o is not m and owned < other for o, other in found.values())]
 
 
+@contextlib.contextmanager
+def unseen():
+    """What runs inside is the debugger's, not the script's: an expression or
+    statement typed at a stop (``p model(x)``, ``display``, ``!stmt``) or a
+    point's condition.  Every active tracer's module hooks, function mode
+    (the loss probes) and op recorder pass it by, as they pass their own
+    hooks' tensor work (``in_hook``), and the module nesting depth that its
+    forward post hooks count down is put back.  (They did not: ``p
+    model(X)`` at a stop went into the next step's activation statistics,
+    ``p F.cross_entropy(probs, y)`` fired ``double_softmax`` at "<nndb>:1",
+    and the function mode's trampoline kept the expression's copy of the
+    script's namespace alive, with an optimizer the script had replaced.)"""
+    saved = [(t, t.in_hook, t.module_depth) for t in list(_ACTIVE)]
+    for t, _, _ in saved:
+        t.in_hook = True
+    try:
+        yield
+    finally:
+        for t, in_hook, depth in saved:
+            t.in_hook, t.module_depth = in_hook, depth
+
+
 def _quiet_in_child() -> None:
     """A forked child (a DataLoader worker) inherits the global hooks: it must neither record into the
     parent's trace nor stop for the debugger (a replica nndb forks goes on recording, into memory)."""
