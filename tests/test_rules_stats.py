@@ -166,6 +166,39 @@ def test_param_left_out_of_the_optimizer(tmp_path):
     assert "no optimizer that has stepped holds it" in pn["message"]
 
 
+UNFROZEN_NOT_GIVEN = """
+import torch, torch.nn as nn
+torch.manual_seed(0)
+backbone = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU())
+head = nn.Linear(32, 4)
+model = nn.Sequential(backbone, head)
+backbone.requires_grad_(False)
+opt = torch.optim.AdamW(head.parameters(), lr=1e-2)
+X = torch.randn(256, 8); Y = (X[:, 0] > 0).long() + 2 * (X[:, 1] > 0).long()
+for step in range(14):
+    if step == 6:
+        backbone.requires_grad_(True)        # (and never opt.add_param_group: the bug)
+    i = step % 8
+    opt.zero_grad()
+    loss = nn.functional.cross_entropy(model(X[i * 32:(i + 1) * 32]), Y[i * 32:(i + 1) * 32])
+    loss.backward()
+    opt.step()
+"""
+
+
+def test_a_backbone_unfrozen_but_never_given_to_the_optimizer(tmp_path):
+    """Progressive unfreezing that forgets add_param_group: the backbone's gradients come from
+    step 6 and its values never change.  The streak counts from step 6, where the first
+    gradient came to the unchanged value (it said 'since step 7' and fired at step 11: the
+    value before the first gradient was not kept)."""
+    path = tmp_path / "unfreeze.py"
+    path.write_text(UNFROZEN_NOT_GIVEN)
+    [pn] = of(run(tmp_path, str(path)), "param_not_updated")
+    assert (pn["step"], pn["tensor"]) == (10, "0.0.weight"), pn
+    assert pn["evidence"]["steps"] == [6, 10] and pn["evidence"]["in_optimizer"] is False
+    assert set(pn["evidence"]["also"]) == {"0.0.bias", "0.2.weight", "0.2.bias"}
+
+
 def test_lr_zero(tmp_path):
     found = run(tmp_path, "buggy", "--lr", 0)
     [pn] = of(found, "param_not_updated")               # one cause, one finding: the others listed

@@ -416,6 +416,13 @@ class ParamNotUpdated(Rule):
             if np.count_nonzero(stuck):
                 flags = np.zeros(len(lay.names), dtype=bool) if flags is None else flags
                 flags[unheld[stuck]] = True
+        # held by none and no gradient yet (a frozen backbone): its value, so that the step
+        # its first gradient comes (unfrozen but never given to an optimizer) is judged too
+        # (it was not: "since step 7" of a backbone unfrozen at step 6, found a step late)
+        frozen = lay.derived("frozen", lambda: np.flatnonzero((lay.u < 0) & (lay.g < 0) & (lay.p >= 0)))
+        if frozen.size:
+            pn, pm = lay.take(ctx, "param", "norm")[frozen], lay.take(ctx, "param", "mean")[frozen]
+            self.prev[lay.slots[frozen]] = np.stack([pn, pm, np.full(len(frozen), np.nan)], axis=1)
         st = self.streaks.update(lay.slots, flags if flags is not None else np.zeros(len(lay.names), dtype=bool),
                                  ctx.step)
         if st is None:
