@@ -461,6 +461,58 @@ def test_a_one_cycle_schedule_is_overfit_at_its_peak_not_its_warm_start(tmp_path
     assert over.status == "PASS" and "Adam(lr=0.01, its schedule's max_lr)" in over.evidence, over.evidence
 
 
+@pytest.mark.parametrize("loss, target, floor, why", [
+    # torchvision's classification recipe: CrossEntropyLoss(label_smoothing=0.1); 4 classes:
+    # -(0.925 ln 0.925 + 3 x 0.025 ln 0.025)
+    ("nn.CrossEntropyLoss(label_smoothing=0.1)", "y", 0.34878, "label smoothing 0.1"),
+    # mixup at lambda 0.6 with the batch rolled by one: (0.6, 0.4) rows, one-hot where y repeats
+    ("nn.CrossEntropyLoss()", "0.6 * t + 0.4 * t.roll(1, 0)", None, "soft targets"),
+    ("nn.BCEWithLogitsLoss()", "0.9 * t + 0.05", None, "soft targets"),
+])
+def test_overfit_comes_down_to_the_least_the_loss_can_be_not_to_0(tmp_path, loss, target, floor, why):
+    """A loss over smoothed or soft targets can come down only to their entropy: a model that
+    fitted its batch exactly FAILed 'cannot fit one small batch' (label smoothing 0.1 over 4
+    classes: 1.424 -> 0.3496, the floor 0.3488, against a goal of 0.0712, 5% of the first loss)."""
+    script = write(tmp_path, "smooth.py", f"""
+        import torch, torch.nn as nn
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 4))
+        crit = {loss}
+        opt = torch.optim.Adam(model.parameters(), lr=0.01)
+        X = torch.randn(64, 8); Y = torch.randint(0, 4, (64,))
+        for step in range(2):
+            x, y = X[step * 32:(step + 1) * 32], Y[step * 32:(step + 1) * 32]
+            t = nn.functional.one_hot(y, 4).float()
+            opt.zero_grad()
+            loss = crit(model(x), {target})
+            loss.backward()
+            opt.step()
+        """)
+    report, _ = run_check(script)
+    over = by_name(report)["overfit"]
+    assert over.status == "PASS", over.evidence
+    low = over.numbers["floor"]
+    if floor is None:           # the targets' entropy, as free outputs trained to their least loss give it
+        ns = runpy.run_path(script)
+        t = eval(target, {}, {"t": ns["nn"].functional.one_hot(ns["Y"][:32], 4).double(), "y": ns["Y"][:32]})
+        z = ns["torch"].zeros(32, 4, dtype=ns["torch"].float64, requires_grad=True)
+        lbfgs = ns["torch"].optim.LBFGS([z], max_iter=500, tolerance_grad=1e-12, tolerance_change=1e-15)
+
+        def closure():
+            lbfgs.zero_grad()
+            v = ns["crit"](z, t)
+            v.backward()
+            return v
+        for _ in range(5):
+            lbfgs.step(closure)
+        floor = float(closure().detach())
+    assert low == pytest.approx(floor, rel=1e-5), (low, floor)
+    assert over.numbers["goal"] == pytest.approx(low + 0.05 * (over.numbers["first"] - low))
+    assert over.numbers["last"] <= over.numbers["goal"] and over.numbers["last"] > low - 1e-6
+    assert f"goal < {over.numbers['goal']:.4g}: {low:.4g}, the targets' entropy, the least the loss can be" \
+        in over.evidence, (why, over.evidence)
+
+
 @pytest.mark.filterwarnings("ignore:.*weight_norm is deprecated")     # the script's own warning
 def test_a_model_pruned_before_training_is_overfit_through_its_masks(tmp_path):
     """torch.nn.utils.prune's module.weight is weight_orig x mask, a tensor computed with

@@ -868,3 +868,42 @@ def test_what_the_prompt_computes_is_not_the_runs(tmp_path):
             for stat in ("count", "norm"):
                 want, got = (t.history(t.find(name, "act")[0], stat) for t in (a, b))
                 assert np.array_equal(want[0], got[0]) and np.array_equal(want[1], got[1]), (name, stat, want, got)
+
+
+LOOSE_PARAMETER = """\
+import torch, torch.nn as nn
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+X = torch.randn(64, 8); Y = torch.randint(0, 4, (64,))
+logit_scale = None
+for step in range(6):
+    if step == 2:            # a learnable temperature, in no module, given to the optimizer mid-run
+        logit_scale = nn.Parameter(torch.tensor(0.5))
+        opt.add_param_group({"params": [logit_scale], "lr": 0.05})
+    out = model(X[step * 8:(step + 1) * 8])
+    if logit_scale is not None:
+        out = out * logit_scale.exp()
+    opt.zero_grad()
+    loss = nn.functional.cross_entropy(out, Y[step * 8:(step + 1) * 8])
+    loss.backward()
+    opt.step()
+    if logit_scale is not None:
+        print(f"step {step} scale {logit_scale.item()!r} grad {abs(logit_scale.grad.item())!r}")
+"""
+
+
+def test_info_params_lists_an_optimizers_tensor_in_no_module(tmp_path):
+    """'stats grad' and 'history' had logit_scale (an nn.Parameter given to the optimizer by
+    add_param_group, in no module); 'info params' listed the model's four and not it."""
+    script = tmp_path / "loose.py"
+    script.write_text(LOOSE_PARAMETER)
+    r = Ran(nndb("run", "--batch", "-q", "--nx", "--trace", str(tmp_path / "t.h5"), "-e", "break step 4",
+                 "-e", "continue", "-e", "info params", "-e", "continue", str(script), cwd=str(tmp_path)))
+    assert r.returncode == 0, r
+    scale, grad = re.search(r"^step 4 scale (\S+) grad (\S+)$", r.stdout, re.M).groups()
+    row = re.search(r"^logit_scale\s+\(\)\s+float32\s+y\s+(\S+)\s+(\S+)$", r.stdout, re.M)
+    assert row, r
+    assert float(row.group(1)) == pytest.approx(abs(float(scale)), rel=1e-3), r
+    assert float(row.group(2)) == pytest.approx(float(grad), rel=1e-3), r
+    assert re.search(r"^0\.weight\s+\(16, 8\)", r.stdout, re.M), r
