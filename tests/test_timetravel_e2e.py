@@ -342,3 +342,35 @@ def test_run_in_the_past_restarts_the_live_run(tmp_path, script):
     r = run(tmp_path, script, ["break step 6", "continue", "rs 2", "run", "delete", "continue"])
     assert r.stdout.count("Breakpoint 1, step 6 finished") == 1 and "final" in r.stdout, r.stdout
     assert (tmp_path / "t-run2.h5").exists()
+
+
+PATTERN = textwrap.dedent('''
+    import torch, torch.nn as nn
+    p = nn.Parameter(torch.zeros(1))
+    opt = torch.optim.SGD([p], lr=0.1)
+    extra = [5, 5, 5, 1, 5, 5, 1, 1, 5, 1, 5, 5]      # the loss is below 2 at steps 3, 6, 7, 9
+    for step in range(12):
+        opt.zero_grad()
+        loss = ((p - 1) ** 2).sum() * 0.01 + extra[step]
+        loss.backward()
+        opt.step()
+''')
+
+
+def test_reverse_continue_finds_a_watchpoints_earlier_hit(tmp_path):
+    """A watchpoint's hits at steps 3 and 6 (edge-triggered: 7 is the same stretch): rc from
+    the second found no first ('No earlier step where a breakpoint or watchpoint held'): the
+    checkpoint taken at the first hit's stop held the watch's streak after that step, and
+    checking that step end again counted it twice.  A step judged again gives its answer."""
+    (tmp_path / "pattern.py").write_text(PATTERN)
+    r = run(tmp_path, str(tmp_path / "pattern.py"),
+            ["watch loss mean < 2", "continue", "continue", "p ('HIT', $step)", "rc", "p ('AT', $step)",
+             "rc", "p ('AT', $step)", "present", "continue"])
+    out = r.stdout
+    assert "('HIT', 6)" in out and out.count("('AT', 3)") == 2, out
+    assert "reverse-continue: 1 held" in out and "reverse-continue: no earlier step" in out, out
+    # two steps in a row below 2: 6 and 7 -> the hit at 7 (3 and 9 alone); rc from step 10 finds it
+    r = run(tmp_path, str(tmp_path / "pattern.py"),
+            ["watch loss mean < 2 consecutive 2", "continue", "p ('HIT2', $step)", "until 10", "rc",
+             "p ('AT2', $step)", "present", "continue"])
+    assert "('HIT2', 7)" in r.stdout and "('AT2', 7)" in r.stdout, r.stdout

@@ -127,6 +127,11 @@ class Watch(Point):
     always: bool = False             # level-triggered: a hit every K steps while the condition holds
     band: dict = field(default_factory=dict)       # the relative rule's state (nndb.debugger.watchband)
     streak: dict = field(default_factory=dict)     # series name -> consecutive steps true
+    # [step, detail or None]: the last step judged and its answer; judged again (a checkpoint
+    # taken at that step's stop, resumed by a reverse search, checks its step end once more),
+    # the same answer, the streak not counted twice (rc from a watch's second hit found no
+    # first one: resumed at the first's stop, the streak went 1 -> 2, no hit)
+    checked: list = field(default_factory=list)
 
     type_name = "watchpoint"
 
@@ -146,6 +151,7 @@ class Watch(Point):
         """A new run: no baseline, no streak."""
         self.band.clear()
         self.streak.clear()
+        self.checked.clear()
 
     def series(self, names) -> list:
         """The (name, kind) pairs of ``names`` this watch looks at."""
@@ -328,9 +334,10 @@ class Points(collections.abc.Mapping):
                 # steps (a replica replays the past): keep ours, or start afresh
                 old = mine.get(n)
                 if isinstance(old, Watch) and old.what() == p.what():
-                    p.band, p.streak = old.band, old.streak
+                    p.band, p.streak, p.checked = old.band, old.streak, old.checked
                 else:
                     p.streak.clear()
+                    p.checked.clear()
         self._next_number = max(self._next_number, int(state.get("next_number", 1)))
         self.displays = []
         for n, src in state.get("displays", []):

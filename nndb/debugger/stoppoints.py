@@ -278,11 +278,14 @@ class StopPoints:
                     detail = self._expr_hit(p, step)
                 elif isinstance(p, P.Watch):
                     seen = record if p.kind in LATE_KINDS else known
-                    if seen is not None:
+                    if seen is not None and p.checked and p.checked[0] == seen.step:
+                        detail = dict(p.checked[1]) if p.checked[1] is not None else None
+                    elif seen is not None:
                         detail = p.check(*self._watch_rows(p, seen))
                         self._say_zero_baselines(p)
                         if detail is not None:
                             detail["step"] = seen.step
+                        p.checked[:] = [seen.step, dict(detail) if detail is not None else None]
             except CommandError as e:
                 detail = {"error": str(e)}
             if detail is not None and self.point_hits(p, detail):
