@@ -83,11 +83,15 @@ def test_merge_equals_stats_of_concatenation():
     np.testing.assert_allclose(merged, whole, rtol=1e-9)
 
 
-def test_std_precision_with_large_mean():
-    # A one-pass float32 variance would lose this; the host path sums in float64.
-    t = torch.full((1000,), 1000.0) + torch.linspace(-1e-2, 1e-2, 1000)
+@pytest.mark.parametrize("n", [1000, 262_144])
+def test_std_precision_with_large_mean(n):
+    # A one-pass float32 variance would lose this; the host path sums in float64, the
+    # large one (torch's float32 reductions) sums the squares again about the mean
+    # (an activation of 1000 +- 0.0055 read std 0.0, norm 511,987.94 for 512,000.0)
+    t = torch.full((n,), 1000.0) + torch.linspace(-1e-2, 1e-2, n)
     got = S.stats_of(t)
     assert got["std"] == pytest.approx(float(t.double().std()), rel=1e-3)
+    assert got["norm"] == pytest.approx(float(t.double().norm()), rel=1e-7)
 
 
 def test_statistics_do_not_touch_the_tensor_or_rng():
