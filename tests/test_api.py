@@ -489,3 +489,23 @@ def test_kill_at_a_stop_in_a_recorded_block_ends_the_block_only(tmp_path):
             done.append(step)
     assert done == [0, 1]                         # (step 2 stopped in its optimizer step: killed there)
     assert (rec.status, rec.trace.end["exit_code"], rec.trace.end["reason"]) == ("killed", 0, "killed from the debugger")
+
+
+def test_partial_marks_the_row_after_the_last_step_end(tmp_path, finished):
+    """A script that ends between backward() and step() (word_language_model's evaluation after
+    its last step, a loop that raises) leaves that work as one more row: ``steps`` listed it
+    with nothing to tell it from a whole step (62 rows for 61 steps)."""
+    script = tmp_path / "ends.py"
+    script.write_text("import torch\nm = torch.nn.Linear(3, 1)\nopt = torch.optim.SGD(m.parameters(), lr=0.1)\n"
+                      "for step in range(4):\n    opt.zero_grad()\n    m(torch.randn(5, 3)).pow(2).mean().backward()\n"
+                      "    opt.step()\nm(torch.randn(5, 3)).pow(2).mean().backward()     # no step after it\n")
+    path = str(tmp_path / "t.h5")
+    r = Ran(run_nndb("run", "--batch", "-q", "--trace", path, str(script)))
+    assert r.returncode == 0, r.stderr
+    with nndb.open(path) as t:
+        assert t.steps.tolist() == [0, 1, 2, 3, 4] and t.partial.tolist() == [False] * 4 + [True]
+        assert t.steps[~t.partial].tolist() == [0, 1, 2, 3]
+        with pytest.raises(ValueError):
+            t.partial[0] = True                     # (read-only, as steps)
+    with nndb.open(finished) as t:
+        assert not t.partial.any() and len(t.partial) == len(t.steps)

@@ -109,6 +109,13 @@ class Trace:
         return _read_only(self._reader.steps)
 
     @property
+    def partial(self) -> np.ndarray:
+        """bool array (read-only): True for a row that is no whole step: what the script
+        did after its last step's end (an evaluation's backward, an iteration it raised
+        in), kept as one more row (docs/steps.md, "The end of the run")."""
+        return _read_only(self._reader.partial)
+
+    @property
     def times(self) -> np.ndarray:
         """float64 array (read-only): seconds since the run started, at each recorded row's end."""
         return _read_only(self._reader.times)
