@@ -240,7 +240,7 @@ def test_check_trace_gives_the_live_runs_findings(tmp_path, script, args, subpro
     d, findings = _compare(trace, report)
     # what makes these runs worth comparing: the examples' planted bugs
     expected = {"nan_lr.py": ["update_ratio", "loss_explodes", "exploding_gradient", "nonfinite"],
-                "dead_relu.py": ["loss_not_decreasing"], "double_softmax.py": ["loss_not_decreasing"]}
+                "dead_relu.py": ["zero_gradients", "loss_not_decreasing"], "double_softmax.py": ["loss_not_decreasing"]}
     assert [f["rule"] for f in d["findings"]] == expected.get(script, [])
     unchecked = {"raises.py": 3, "manual_sgd.py": 5}
     assert [u["step"] for u in d["unchecked_steps"]] == ([unchecked[script]] if script in unchecked else [])

@@ -326,6 +326,7 @@ def test_a_layer_whose_gradient_is_zero_from_the_start_is_named(tmp_path):
     assert zg["step"] == 9 and zg["evidence"]["steps"] == [0, 9]
     assert zg["tensor"] == "0.weight" and zg["evidence"]["also"] == ["0.bias", "2.weight_orig"]
     assert "exactly 0 for 10 recorded steps in a row since step 0, while 3 other tensor(s)" in zg["message"]
+    assert "cut off after it: ReLUs dead for every sample" in zg["message"]
     # the trace says the same offline
     r = nndb("check-trace", str(tmp_path / "run.h5"), "--json")
     found = [f for f in json.loads(r.stdout)["findings"] if f["rule"] == "zero_gradients"]

@@ -687,5 +687,6 @@ class ZeroGradients(Rule):
         yield self.finding(
             ctx, f"{names[0]}'s gradient has been exactly 0 for {self.params['steps']:g} recorded steps in a row "
                  f"since step {since}, while {learning} other tensor(s) have gradients: it learns nothing "
-                 f"(pruned or masked to zero, or cut off by a zero weight or a factor 0 after it){also(names[1:])}",
+                 f"(pruned or masked to zero, or cut off after it: ReLUs dead for every sample, a zero "
+                 f"weight, a factor 0){also(names[1:])}",
             tensor=names[0], steps=[since, ctx.step], also=names[1:])
