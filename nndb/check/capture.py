@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import copy
 import math
-import weakref
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
@@ -18,7 +17,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from ..errors import KillRun
-from ..rules.loss_watch import BROADCASTING_OPS, TAGS_KEPT, new_batch_dimension, where
+from ..rules.loss_watch import BROADCASTING_OPS, Tags, new_batch_dimension, where
 from ..tracer.funcmode import BINARY_LOSSES, CLASS_LOSSES, LOSSES, FunctionWatch, functional_loss  # noqa: F401
 from ..tracer.recorder import unscaled
 
@@ -113,7 +112,7 @@ class Capture:
         # a hand-written loss's broadcast that spreads the batch along a new dimension
         # ((N, 1) - (N,) -> (N, N)), as the live loss_broadcast rule sees it: [(where, op, a, b, out)]
         self.broadcasts: list = []
-        self._tags: dict = {}               # id -> weakref: this step's model outputs and same-shape results
+        self._tags = Tags()               # id -> weakref: this step's model outputs and same-shape results
 
     # -- installing -------------------------------------------------------------------
     def install(self) -> None:
@@ -228,15 +227,7 @@ class Capture:
             self.outputs[id(module)] = (pytree.tree_leaves(output), seen.last_args, seen.last_feed)
             for t in self.outputs[id(module)][0]:
                 if isinstance(t, torch.Tensor) and t.dim() >= 1 and t.is_floating_point():
-                    self._tag(t)
-
-    def _tag(self, t) -> None:
-        if len(self._tags) < TAGS_KEPT:
-            self._tags[id(t)] = weakref.ref(t)
-
-    def _tagged(self, t) -> bool:
-        ref = self._tags.get(id(t))
-        return ref is not None and ref() is t
+                    self._tags.tag(t)
 
     def tensor_op(self, func, args, out) -> None:
         """A torch call while the steps run: a broadcasting op of the model's output (or what is
@@ -247,14 +238,14 @@ class Capture:
         if op is not None and len(args) >= 2 and isinstance(args[0], torch.Tensor) and isinstance(args[1], torch.Tensor):
             a, b = args[0], args[1]
             for t, other in ((a, b), (b, a)):
-                if self._tagged(t) and not self._tagged(other) and new_batch_dimension(t, other, tuple(out.shape)):
+                if self._tags.tagged(t) and not self._tags.tagged(other) and new_batch_dimension(t, other, tuple(out.shape)):
                     if len(self.broadcasts) < 8:
                         self.broadcasts.append((where(), op, tuple(a.shape), tuple(b.shape), tuple(out.shape)))
                     return
             return
         for a in args[:2]:
-            if isinstance(a, torch.Tensor) and a.shape == out.shape and self._tagged(a):
-                self._tag(out)
+            if isinstance(a, torch.Tensor) and a.shape == out.shape and self._tags.tagged(a):
+                self._tags.tag(out)
                 break
 
     def backward_loss(self, tensor) -> None:

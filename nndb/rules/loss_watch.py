@@ -47,6 +47,19 @@ BROADCASTING_OPS = {f: sym for fs, sym in (
 TAGS_KEPT = 64                  # tagged tensors per step (a model output and what is made of it)
 
 
+class Tags(dict):
+    """id(tensor) -> weakref: the tensors tagged in a step (a model's outputs and the
+    same-shape results made of them), at most TAGS_KEPT; the live rule's and nndb check's."""
+
+    def tag(self, t) -> None:
+        if len(self) < TAGS_KEPT:
+            self[id(t)] = weakref.ref(t)
+
+    def tagged(self, t) -> bool:
+        ref = self.get(id(t))
+        return ref is not None and ref() is t
+
+
 def where() -> str:
     """The script's line that made the call: ``train.py:42``."""
     f = user_frame(2)
@@ -74,7 +87,7 @@ class LossWatch:
     def __init__(self, probe):
         self.probe = probe
         self.mode = FunctionWatch(self.on_call, quiet=probe.tracer)
-        self._tags: dict = {}               # id(tensor) -> weakref: the model's outputs and what is made of them
+        self._tags = Tags()               # id(tensor) -> weakref: the model's outputs and what is made of them
         self._module_call = None            # (weakref input, weakref target) of the loss module being called
         self._root_types: set = set()       # model classes whose forward output the probe sees
 
@@ -109,15 +122,7 @@ class LossWatch:
             return                          # a submodule of another model: not the model's output
         for t in (output,) if isinstance(output, torch.Tensor) else _leaves(output):
             if isinstance(t, torch.Tensor) and t.dim() >= 1 and t.is_floating_point():
-                self._tag(t)
-
-    def _tag(self, t) -> None:
-        if len(self._tags) < TAGS_KEPT:
-            self._tags[id(t)] = weakref.ref(t)
-
-    def _tagged(self, t) -> bool:
-        ref = self._tags.get(id(t))
-        return ref is not None and ref() is t
+                self._tags.tag(t)
 
     # -- the mode's calls ------------------------------------------------------------
     def on_call(self, func, args, kwargs, out) -> None:
@@ -133,8 +138,8 @@ class LossWatch:
                 return
         if self._tags and args and isinstance(out, torch.Tensor):
             for a in args[:2]:
-                if isinstance(a, torch.Tensor) and a.shape == out.shape and self._tagged(a):
-                    self._tag(out)
+                if isinstance(a, torch.Tensor) and a.shape == out.shape and self._tags.tagged(a):
+                    self._tags.tag(out)
                     break
 
     def _binary(self, op, args, out) -> None:
@@ -144,7 +149,7 @@ class LossWatch:
         if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
             return
         for t, other in ((a, b), (b, a)):
-            if self._tagged(t) and not self._tagged(other) and new_batch_dimension(t, other, tuple(out.shape)):
+            if self._tags.tagged(t) and not self._tags.tagged(other) and new_batch_dimension(t, other, tuple(out.shape)):
                 key = f"`{op}` at {where()}"
                 self.probe.hand_written(key, op, tuple(a.shape), tuple(b.shape), tuple(t.shape))
                 return
