@@ -728,6 +728,41 @@ def test_layers_called_one_by_one_are_named_by_their_path_in_the_model(tmp_path,
         assert sorted({i.name for i in t.tensors if i.kind == "act"}) == ["0", "1", "2"]
 
 
+SLICES = textwrap.dedent('''
+    import torch, torch.nn as nn
+    torch.manual_seed(0)
+    cnn = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 16), nn.ReLU())
+    for p in cnn.parameters():
+        p.requires_grad_(False)                  # a frozen feature extractor (a perceptual loss's)
+    head = nn.Linear(16, 2)
+    opt = torch.optim.Adam(head.parameters(), lr=1e-2)
+    x, y = torch.randn(32, 8), torch.randint(0, 2, (32,))
+    for step in range(30):
+        feats = cnn[:2](x)                       # a slice: a new nn.Sequential at every call
+        loss = nn.functional.cross_entropy(head(cnn[2:](feats)), y)
+        opt.zero_grad(); loss.backward(); opt.step()
+        print("step", step, repr(loss.item()))
+''')
+
+
+def test_slices_of_a_model_are_named_in_it_and_make_no_series_of_their_own(tmp_path):
+    """``cnn[:2](x)`` makes a new container at every call: each was a new root, 'sequential',
+    'sequential2' ... 'sequential42', an activation series a call without end, and cnn's
+    layers were named 'sequential.0.weight' and 'sequential2.2.weight' in info params."""
+    plain, trace = plain_and_recorded(tmp_path, SLICES)
+    import nndb as api
+    with api.open(trace) as t:
+        assert sorted({i.name for i in t.tensors if i.kind == "act"}) == ["cnn.0", "cnn.1", "cnn.2", "cnn.3", "head"]
+        assert sorted({i.name for i in t.tensors if i.kind == "param"}) == \
+            ["cnn.0.bias", "cnn.0.weight", "cnn.2.bias", "cnn.2.weight", "head.bias", "head.weight"]
+        losses = t.history("loss", "loss", "mean")[1]
+    assert [repr(float(v)) for v in losses] == [line.split()[2] for line in plain.stdout.splitlines()]
+    r = nndb("run", "--batch", "-q", "--nx", "--trace", str(tmp_path / "i.h5"), "-e", "break step 3",
+             "-e", "continue", "-e", "info params", "-e", "kill", str(tmp_path / "script.py"))
+    names = re.findall(r"^(\S+)\s+\(", r.stdout, re.M)
+    assert names == ["cnn.0.weight", "cnn.0.bias", "cnn.2.weight", "cnn.2.bias", "head.weight", "head.bias"], r.stdout
+
+
 WARNS_AND_WRAPS = textwrap.dedent('''
     import warnings
     import torch, torch.nn as nn

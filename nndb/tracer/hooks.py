@@ -662,7 +662,8 @@ class Tracer:
             # layers) gets one series per use: act, act#2, ...
             idx = self._calls.get(module, 0)
             self._calls[module] = idx + 1
-            self.recorder.activation((module, idx), output)
+            if not (self.naming.views and self.naming.is_view(module)):     # (a slice: its layers' rows)
+                self.recorder.activation((module, idx), output)
             forward = self.within.forward
             if forward:
                 for cb in forward.get(type(module), ()):

@@ -80,16 +80,29 @@ def _scopes(frame) -> list:
     return scopes
 
 
+# Containers that slicing makes anew at every call (``cnn[:2]`` is a new nn.Sequential of
+# cnn's layers; a ModuleList's slice likewise)
+_VIEW_TYPES = (torch.nn.Sequential, torch.nn.ModuleList)
+
+
+def view_children(module) -> tuple:
+    """The layers of a container that may be a slice of another model's (``cnn[:2]``), or ()."""
+    return tuple(module.children()) if type(module) in _VIEW_TYPES else ()
+
+
 def find_container(module, frame):
     """The largest module a script's variable holds (looking outwards from
     ``frame``, then its globals) that has ``module`` inside it, or None: the
-    model whose layers the script calls one by one (``model[0](x)``)."""
+    model whose layers the script calls one by one (``model[0](x)``), or whose
+    slice it calls (``cnn[:2](x)``: all of ``module``'s layers are in it)."""
     best, size = None, 0
+    kids = {id(k) for k in view_children(module)}
     for scope in _scopes(frame):
         for v in list(scope.values()):
             if isinstance(v, torch.nn.Module) and v is not module:
                 mods = list(v.modules())
-                if len(mods) > size and any(m is module for m in mods) and not _wraps(v, module):
+                if len(mods) > size and not _wraps(v, module) and (
+                        any(m is module for m in mods) or (kids and kids <= {id(m) for m in mods})):
                     best, size = v, len(mods)
     return best
 
@@ -173,21 +186,41 @@ class Naming:
         self._adopted: list = []         # weakrefs of tensors trained outside any module (``adopt``)
         self._used_loose: set = set()
         self.loss_qualified = False
+        # id -> weakref of the slices of a known model called (``cnn[:2](x)``, a new container
+        # at every call): no root of their own, their layers named in that model, no series
+        self.views: dict = {}
         self.roots_version = 0           # bumped when a root is added      # set once a step had losses for several optimizers
 
     # -- registration -----------------------------------------------------
     def knows(self, module) -> bool:
         return module in self._module_path
 
+    def is_view(self, module) -> bool:
+        ref = self.views.get(id(module))
+        return ref is not None and ref() is module
+
+    def _view(self, module) -> None:
+        views = self.views
+        views[id(module)] = weakref.ref(module, lambda _, i=id(module): views.pop(i, None))
+
     def add_root(self, root: torch.nn.Module, frame) -> None:
         if root in self._module_path:
+            return
+        kids = view_children(root)
+        if kids and all(k in self._module_path for k in kids):
+            # a slice of a known model (``cnn[:2](x)`` at every step: a new container each
+            # call, a new root 'sequential2', 'sequential3'... and a series each, without end)
+            self._view(root)
             return
         outer = find_container(root, frame) if frame is not None else None
         if outer is not None and outer not in self._module_path:
             # a layer called on its own (``model[0](x)``, ``for layer in model: h = layer(h)``):
             # named by its path in the model a variable holds ('0.weight', as
             # model.named_parameters() names it), not by its class or the loop's variable
-            # ('linear.weight' or 'layer.weight', then 'layer3.weight')
+            # ('linear.weight' or 'layer.weight', then 'layer3.weight'); a slice of it
+            # (``cnn[:2]``) likewise, the slice no model of its own
+            if kids and not any(m is root for m in outer.modules()):
+                self._view(root)
             root = outer
         var = find_variable_name(root, frame)
         name = unique(var or snake(type(root).__name__), self._used_root_names)

@@ -21,6 +21,12 @@ The hooks (``tracer.hooks``) stay thin and forward here.  What is recorded:
   holds get ``param`` and ``grad`` at the step's end.  Without any optimizer (hand-written
   updates), ``param`` and ``update`` of step N are taken at the end of step N+1 (or of the
   run): they include the hand-written update after step N's backward pass.
+
+Why this size: one class, the StepRecorder, whose events (a module's output, a
+loss, an optimizer's pre and post, a GradScaler's skipped step, a hand-written
+loop's step end) fill and close one bucket a step and read one another's state
+(the losses pending, the snapshots before an update, the marks of the gradients
+an optimizer left); the bucket and the parameter plans are modules of their own.
 """
 from __future__ import annotations
 
