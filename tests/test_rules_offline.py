@@ -400,3 +400,37 @@ def test_each_clip_grad_norm_call_is_a_series_a_watch_reads(tmp_path):
     assert {("clip_grad_norm_", "grad"), ("clip_grad_norm_#2", "grad")} <= names
     steps, norms = t.history("clip_grad_norm_", "grad", "norm")
     assert [float(v) for v in norms] == [printed[int(s)] for s in steps]
+
+
+SPARE_OPTIMIZER_CLIP = """
+import torch
+torch.manual_seed(0)
+m = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(m.parameters(), lr=0.1)
+spare = torch.optim.SGD(m.parameters(), lr=0.1)   # made up front, never stepped
+x = torch.randn(8, 4); y = torch.randn(8, 1)
+for step in range(4):
+    loss = ((m(x) - y) ** 2).mean()
+    loss.backward()
+    n = torch.nn.utils.clip_grad_norm_(m.parameters(), 0.5)
+    print(step, repr(n.item()))
+    opt.step(); opt.zero_grad()
+"""
+
+
+def test_one_clip_a_step_beside_an_idle_optimizer_is_clip_grad_norm_each_step(tmp_path):
+    """A second optimizer that never steps (accelerate's AcceleratedOptimizer around the
+    Trainer's AdamW; one made up front) closes step 0 after the fact, when the first steps
+    again: step 1's one clip_grad_norm_ counted step 0's and was 'clip_grad_norm_#2'
+    (2.3267 at step 1 only; 'clip_grad_norm_' had steps 0, 2, 3)."""
+    script = tmp_path / "spare.py"
+    script.write_text(SPARE_OPTIMIZER_CLIP)
+    r = nndb("run", "--batch", "-q", "--rules", "none", "--trace", str(tmp_path / "t.h5"), "--force",
+             str(script), cwd=str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    printed = {int(line.split()[0]): float(line.split()[1]) for line in python_out(script)}
+    import nndb as api
+    t = api.open(str(tmp_path / "t.h5"))
+    assert "clip_grad_norm_#2" not in {s.name for s in t.tensors}
+    steps, norms = t.history("clip_grad_norm_", "grad", "norm")
+    assert {int(s): float(v) for s, v in zip(steps, norms)} == printed

@@ -88,6 +88,19 @@ class _Bucket:
         self.backward_count += other.backward_count
         self.optimizer_steps += other.optimizer_steps
 
+    def renumber_clips(self) -> None:
+        """The ``clip_grad_norm_`` totals numbered from the step's first (``("clip", CLIP, 0)``):
+        a step that begins with segments recorded before the previous step was closed after
+        the fact (several optimizers, ``close(retro=...)``) counted the closed step's calls
+        too, so its one call was ``clip_grad_norm_#2``."""
+        old = sorted(k[2] for k in self.entries if k[0] == "clip")
+        if not old or old == list(range(len(old))):
+            return
+        new = {i: j for j, i in enumerate(old)}
+        self.entries = {(("clip", CLIP, new[k[2]]) if k[0] == "clip" else k): v for k, v in self.entries.items()}
+        if any(k[0] == "clip" for k in self.hists):
+            self.hists = {(("clip", CLIP, new[k[2]]) if k[0] == "clip" else k): v for k, v in self.hists.items()}
+
     def lead_loss(self, opt) -> None:
         """``opt``'s loss first among the step's losses (``$loss``, the stop line, predict's
         Loss column read the first): the loss of the optimizer that closes the steps, where

@@ -431,6 +431,7 @@ class StepRecorder:
         nxt = _Bucket()
         for b in rest:
             nxt.merge(b)
+        nxt.renumber_clips()
         self._buckets = [nxt]
         self._clips_since_step = []
         now = time.time() - self.t0
