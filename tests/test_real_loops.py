@@ -1043,3 +1043,52 @@ def test_a_loss_that_went_down_too_little_is_not_said_to_have_not_gone_down(tmp_
     assert m, r.stderr
     assert m[1] == f"has gone down only {100 * (first - last) / first:.1f}% in 50 recorded steps", m[1]
     assert (m[2], m[3]) == (f"{last:.4g}", f"{first:.4g}")
+
+
+LOSS_MODULE_MADE_IN_FORWARD = """
+import torch
+torch.manual_seed(0)
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 3)
+    def forward(self, x, y):
+        logits = self.fc(x)
+        loss_fct = torch.nn.CrossEntropyLoss()      # made at each call, as Hugging Face models do
+        return loss_fct(logits, y)
+m = Net()
+opt = torch.optim.SGD(m.parameters(), lr=0.1)
+for step in range(3):
+    losses = []
+    for micro in range(2):
+        x = torch.randn(8, 4); y = torch.randint(0, 3, (8,))
+        loss = m(x, y)
+        (loss / 2).backward()
+        losses.append(loss.item())
+    opt.step(); opt.zero_grad()
+    print(step, repr(losses[0]), repr(losses[1]))
+"""
+
+
+def test_a_loss_module_made_in_each_forward_is_one_series_of_every_micro_batch(tmp_path):
+    """A module the model's forward makes at each call (BertForSequenceClassification's
+    ``loss_fct = CrossEntropyLoss()``) was a series per object under one name: with two
+    micro-batches a step, act cross_entropy_loss kept one (count 1, 1.1542 at step 0 of
+    0.9661 and 1.1542), and replay --verify, whose replay kept the other, said 'first
+    divergence at step 0' on a run it reproduced.  It is one series of both calls now."""
+    script = tmp_path / "made.py"
+    script.write_text(LOSS_MODULE_MADE_IN_FORWARD)
+    r = nndb("run", "--batch", "-q", "--trace", str(tmp_path / "t.h5"), "--force",
+             "-e", "break step 2", "-e", "continue", "-e", "replay --verify 0:2", "-e", "continue",
+             str(script), cwd=str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    assert "identical to the trace, bit for bit" in r.stdout, r.stdout
+    printed = [line.split() for line in python(str(script)).stdout.splitlines()]
+    import nndb as api
+    t = api.open(str(tmp_path / "t.h5"))
+    assert "cross_entropy_loss" in {s.name for s in t.tensors if s.kind == "act"}
+    steps, counts = t.history("cross_entropy_loss", "act", "count")
+    assert [float(c) for c in counts] == [2.0, 2.0, 2.0]
+    _, lo = t.history("cross_entropy_loss", "act", "min")
+    _, hi = t.history("cross_entropy_loss", "act", "max")
+    assert (float(lo[0]), float(hi[0])) == tuple(sorted(float(v) for v in printed[0][1:]))

@@ -660,10 +660,16 @@ class Tracer:
             self.in_hook = True
             # A module reused within one forward pass (one ReLU applied after two
             # layers) gets one series per use: act, act#2, ...
-            idx = self._calls.get(module, 0)
-            self._calls[module] = idx + 1
+            # A module no model holds, made in the forward that calls it (Hugging Face's
+            # ``loss_fct = CrossEntropyLoss()`` in a model's forward): a new object at each
+            # call, one series by its class and its use among them in the pass, as one
+            # module held by the model would be (each micro-batch's object was a series of
+            # its own under the same name: the step kept one micro-batch's loss).
+            who = module if self.module_depth == 0 or self.naming.knows(module) else type(module)
+            idx = self._calls.get(who, 0)
+            self._calls[who] = idx + 1
             if not (self.naming.views and self.naming.is_view(module)):     # (a slice: its layers' rows)
-                self.recorder.activation((module, idx), output)
+                self.recorder.activation((who, idx), output)
             forward = self.within.forward
             if forward:
                 for cb in forward.get(type(module), ()):

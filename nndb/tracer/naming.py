@@ -324,6 +324,10 @@ class Naming:
         return sub
 
     def module_name(self, module) -> str:
+        """``module`` may be a module class: the modules of it that no model holds
+        (made in a forward, hooks.Tracer._forward_post_quiet)."""
+        if isinstance(module, type):
+            return snake(module.__name__)
         entry = self._module_path.get(module)
         if entry is None:        # (new modules with parameters are found by refresh as those are hooked)
             return snake(type(module).__name__)
