@@ -653,6 +653,8 @@ class Tracer:
         if self.lineage is not None:
             self.lineage.module_post(module, args, output)
         self._quietly(self._forward_post_quiet, module, args, output)
+        if self.module_depth == 0:
+            self._calls = {}             # (no module held past its pass: a model the script lets go dies)
         return None
 
     def _forward_post_quiet(self, module, args, output) -> None:

@@ -172,8 +172,10 @@ def snake(name: str) -> str:
 
 class Naming:
     def __init__(self):
-        self._module_path: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # module -> (root, sub)
-        self._param_path: dict = {}      # id(param) -> (weakref param, root|None, sub)
+        # (the roots held by weak references: a value that held its key kept every model a
+        # script let go alive, a k-fold loop's each fold's model)
+        self._module_path: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # module -> (weakref root, sub)
+        self._param_path: dict = {}      # id(param) -> (weakref param, weakref root, sub)
         self._root_names: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
         self._used_root_names: set = set()
         self._param_roots: list = []     # weakrefs of roots that own parameters, in order seen
@@ -230,15 +232,17 @@ class Naming:
         # to be inside this one (spectral_norm's ParametrizationList calls itself as it is made)
         # is part of it: named by its path in it ('0.parametrizations.weight.original').
         inside = {m for _, m in root.named_modules()} if not self._frozen else ()
+        ref_root = weakref.ref(root)
         absorbed = set()
         for sub, m in _named(root.named_modules(remove_duplicate=True)):
             self._note_compiled(m)
             entry = self._module_path.get(m)
-            if entry is not None and entry[0] is not root and entry[0] in inside:
-                absorbed.add(entry[0])
+            held = entry[0]() if entry is not None else None
+            if entry is not None and held is not root and held in inside:
+                absorbed.add(held)
                 entry = None
             if entry is None:
-                self._module_path[m] = (root, sub)
+                self._module_path[m] = (ref_root, sub)
         for gone in absorbed:
             self._used_root_names.discard(self._root_names.pop(gone, None))
             self._param_roots = [r for r in self._param_roots if r() is not gone]
@@ -246,8 +250,8 @@ class Naming:
         for sub, p in _named(root.named_parameters(remove_duplicate=True)):
             has_params = True
             entry = self._param_path.get(id(p))
-            if entry is None or entry[0]() is not p or entry[1] in absorbed:
-                self._param_path[id(p)] = (weakref.ref(p), root, sub)
+            if entry is None or entry[0]() is not p or entry[1]() in absorbed:
+                self._param_path[id(p)] = (weakref.ref(p), ref_root, sub)
         if has_params:
             self._param_roots.append(weakref.ref(root))
             if self._frozen and len(self._param_roots) > 1:
@@ -316,6 +320,9 @@ class Naming:
 
     # -- names ------------------------------------------------------------
     def _qualify(self, root, sub: str) -> str:
+        """``root``: the root module, or None where it is gone (its path alone, then)."""
+        if root is None:
+            return sub or "model"
         rname = self._root_names.get(root, "model")
         if not sub:
             return rname
@@ -331,7 +338,7 @@ class Naming:
         entry = self._module_path.get(module)
         if entry is None:        # (new modules with parameters are found by refresh as those are hooked)
             return snake(type(module).__name__)
-        return self._qualify(*entry)
+        return self._qualify(entry[0](), entry[1])
 
     def refresh(self) -> None:
         """Modules and parameters new in the known roots (a head replaced, weights loaded with
@@ -342,17 +349,18 @@ class Naming:
         moved = {}                       # (root, path) -> id of the parameter now there
         renamed = False
         for root in self.roots():
+            ref_root = weakref.ref(root)
             for sub, m in _named(root.named_modules(remove_duplicate=True)):
                 self._note_compiled(m)
                 if m not in self._module_path:
-                    self._module_path[m] = (root, sub)
+                    self._module_path[m] = (ref_root, sub)
             for sub, p in _named(root.named_parameters(remove_duplicate=True)):
                 entry = self._param_path.get(id(p))
                 if entry is None or entry[0]() is not p:
-                    self._param_path[id(p)] = (weakref.ref(p), root, sub)
+                    self._param_path[id(p)] = (weakref.ref(p), ref_root, sub)
                     moved[(id(root), sub)] = id(p)
-                elif entry[1] is root and entry[2] != sub:
-                    self._param_path[id(p)] = (entry[0], root, sub)
+                elif entry[1]() is root and entry[2] != sub:
+                    self._param_path[id(p)] = (entry[0], ref_root, sub)
                     renamed = True
         if renamed and not moved:
             self.roots_version += 1      # (what the names resolve to changed)
@@ -360,8 +368,8 @@ class Naming:
             return
         # A tensor that held one of these places (alive in an optimizer) is no longer the model's:
         # it is named as a tensor no module holds, "replaced.<its old name>".
-        for i, (ref, root, sub) in list(self._param_path.items()):
-            old = ref()
+        for i, (ref, rref, sub) in list(self._param_path.items()):
+            old, root = ref(), rref()
             if root is not None and moved.get((id(root), sub), i) != i:
                 del self._param_path[i]
                 if old is not None:
@@ -387,15 +395,15 @@ class Naming:
     def param_name(self, p: torch.Tensor) -> str:
         entry = self._param_path.get(id(p))
         if entry is not None and entry[0]() is p:
-            _, root, sub = entry
-            return self._qualify(root, sub)
+            _, rref, sub = entry
+            return self._qualify(rref(), sub)
         loose = self._loose_names.get(id(p))
         if loose is not None and loose[0]() is p:
             return loose[1]
         self.refresh()
         entry = self._param_path.get(id(p))
         if entry is not None and entry[0]() is p:
-            return self._qualify(entry[1], entry[2])
+            return self._qualify(entry[1](), entry[2])
         return f"tensor{id(p):x}"
 
     def optimizer_name(self, opt, frame=None) -> str:
