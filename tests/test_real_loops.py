@@ -1092,3 +1092,46 @@ def test_a_loss_module_made_in_each_forward_is_one_series_of_every_micro_batch(t
     _, lo = t.history("cross_entropy_loss", "act", "min")
     _, hi = t.history("cross_entropy_loss", "act", "max")
     assert (float(lo[0]), float(hi[0])) == tuple(sorted(float(v) for v in printed[0][1:]))
+
+
+CRITERION_MADE_AGAIN = """
+import torch
+torch.manual_seed(0)
+m = torch.nn.Linear(4, 3)
+opt = torch.optim.SGD(m.parameters(), lr=0.1)
+def train(epoch):
+    criterion = torch.nn.CrossEntropyLoss()       # made in each epoch (pytorch/examples' siamese_network)
+    for i in range(3):
+        x = torch.randn(8, 4); y = torch.randint(0, 3, (8,))
+        loss = criterion(m(x), y)
+        opt.zero_grad(); loss.backward(); opt.step()
+        print(3 * epoch + i, repr(loss.item()))
+for epoch in range(2):
+    train(epoch)
+for i in range(6, 9):
+    x = torch.randn(8, 4); y = torch.randint(0, 3, (8,))
+    loss = torch.nn.CrossEntropyLoss()(m(x), y)   # made at each step, no variable
+    opt.zero_grad(); loss.backward(); opt.step()
+    print(i, repr(loss.item()))
+"""
+
+
+def test_a_criterion_made_again_each_epoch_or_step_is_one_series(tmp_path):
+    """A loss module made again (in each epoch's train(), or inline at each step) was a new
+    root each time, named 'criterion', 'criterion2', ... and 'cross_entropy_loss',
+    'cross_entropy_loss2', ...: a series per epoch or per step, 'history criterion' only
+    the first epoch's.  A parameterless module takes the name of one that is gone."""
+    script = tmp_path / "again.py"
+    script.write_text(CRITERION_MADE_AGAIN)
+    r = nndb("run", "--batch", "-q", "--trace", str(tmp_path / "t.h5"), "--force", str(script), cwd=str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    printed = {int(a): float(b) for a, b in (line.split() for line in python(str(script)).stdout.splitlines())}
+    import nndb as api
+    t = api.open(str(tmp_path / "t.h5"))
+    assert sorted(s.name for s in t.tensors if s.kind == "act") == ["criterion", "cross_entropy_loss", "m"]
+    steps, _ = t.history("criterion", "act", "count")
+    assert [int(s) for s in steps] == [0, 1, 2, 3, 4, 5]
+    steps, counts = t.history("cross_entropy_loss", "act", "count")
+    assert [int(s) for s in steps] == [6, 7, 8] and [float(c) for c in counts] == [1.0] * 3
+    steps, losses = t.history("loss", "loss")
+    assert {int(s): float(v) for s, v in zip(steps, losses)} == printed

@@ -178,6 +178,7 @@ class Naming:
         self._param_path: dict = {}      # id(param) -> (weakref param, weakref root, sub)
         self._root_names: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
         self._used_root_names: set = set()
+        self._paramless_names: set = set()   # root names given to modules without parameters
         self._param_roots: list = []     # weakrefs of roots that own parameters, in order seen
         self._qualified_roots: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
         self._frozen = False
@@ -225,7 +226,19 @@ class Naming:
                 self._view(root)
             root = outer
         var = find_variable_name(root, frame)
-        name = unique(var or snake(type(root).__name__), self._used_root_names)
+        used = self._used_root_names
+        if next(root.parameters(), None) is None:
+            # A module without parameters that the script makes again (a criterion made in each
+            # epoch's train(), ``nn.CrossEntropyLoss()(out, y)`` at each step): the name of one
+            # that is gone is free for it, one series ('criterion' for every epoch; it was
+            # 'criterion', then 'criterion2', 'criterion3', a series per epoch).
+            live = set(self._root_names.values())
+            used = used - {n for n in self._paramless_names if n not in live}
+            name = unique(var or snake(type(root).__name__), used)
+            self._used_root_names.add(name)
+            self._paramless_names.add(name)
+        else:
+            name = unique(var or snake(type(root).__name__), used)
         self._root_names[root] = name
         self.roots_version += 1
         # A module called on its own before step 0 ends, and so taken for a root, that turns out
