@@ -435,6 +435,7 @@ def test_a_bias_before_batch_norm_is_not_a_parameter_that_fails_to_update(tmp_pa
     up = by_name(report)["updates"]
     assert up.status == "PASS" and up.numbers["tiny_grad"] == ["0.bias"], up.evidence
     assert "5/5 parameter tensor(s) changed" in up.evidence and "not judged: 0.bias" in up.evidence
+    assert "a bias the loss barely depends on by construction, as one before a BatchNorm" in up.evidence
 
 
 def test_a_one_cycle_schedule_is_overfit_at_its_peak_not_its_warm_start(tmp_path):

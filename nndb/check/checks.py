@@ -529,6 +529,7 @@ def updates_check(cap: Capture, outcome: Outcome) -> Check:
     if tiny:
         nums["tiny_grad"] = [cap.param_name(p) for p in tiny]
         left = (f"; not judged: {_names(cap, tiny)}, whose gradient's RMS stayed below {floor:g} (counted as "
-                "zero, as param_not_updated does: a bias before a BatchNorm has ~0 by construction)")
+                "zero, as param_not_updated does: a bias the loss barely depends on by construction, as one "
+                "before a BatchNorm, or an attention key's bias, which the softmax's shift leaves unchanged)")
     return Check("updates", "PASS", f"{len(moving)}/{len(moving)} parameter tensor(s) changed in optimizer.step() "
                  f"(relative change {min(changes):.2g}..{max(changes):.2g}; {lr_text}){left}", numbers=nums)
