@@ -694,7 +694,78 @@ def test_a_compiled_model_is_recorded_from_outside_and_never_crashed_into(tmp_pa
     with api.open(str(tmp_path / "t.h5")) as t:
         assert sorted(t.stats(3)["param"]) == ["0.bias", "0.weight", "2.bias", "2.weight"]
         assert float(t.stats(3)["loss"]["loss"]["mean"]) == float(_printed(plain.stdout)[3])
+        # (the compiled module's output, once: not again as its _orig_mod's, whose hooks run as Python)
+        assert sorted({i.name for i in t.tensors if i.kind == "act"}) == ["cmodel"]
 
+
+
+COMPILED_STEPS = textwrap.dedent('''
+    import sys
+    import torch, torch.nn as nn, torch._dynamo.testing
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    X = torch.randn(32, 8); Y = X.sum(1, keepdim=True)
+    cnt = torch._dynamo.testing.CompileCounter()
+
+    def train_step(x, y):                # the whole step compiled (graph breaks at backward, step)
+        opt.zero_grad()
+        loss = nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        opt.step()
+        return loss
+
+    def opt_step():                      # PyTorch's compiled-optimizer recipe
+        opt.step()
+
+    if sys.argv[1] == "step":
+        train_step = torch.compile(train_step, backend=cnt)
+    else:
+        opt_step = torch.compile(opt_step, backend=cnt)
+
+        def train_step(x, y):
+            opt.zero_grad()
+            loss = nn.functional.mse_loss(model(x), y)
+            loss.backward()
+            opt_step()
+            return loss
+    for step in range(8):
+        loss = train_step(X, Y)
+        print("step", step, repr(loss.item()))
+    print("graphs", cnt.frame_count, "ops", cnt.op_count)
+''')
+
+
+@pytest.mark.parametrize("shape", ["step", "optimizer"])
+def test_a_compiled_step_or_optimizer_step_runs_nndb_s_hooks_as_python(tmp_path, shape):
+    """torch.compile compiled nndb's own frames where its hooks ran inside a
+    compiled function (the optimizer hooks of a compiled train step or of a
+    compiled ``optimizer.step``): 32 graphs where the script has 3, Dynamo's
+    warnings on stderr (``sys._getframe``...), a rule failed (its numpy
+    traced as tensors), and "internal error in the tracer; recording stopped":
+    no step recorded, `break step 5` never stopped.  Now the hooks run as
+    Python, as around an uncompiled step: the script's graphs (the same
+    count), its stderr, every step recorded with its printed loss."""
+    script = tmp_path / "compiled_steps.py"
+    script.write_text(COMPILED_STEPS)
+    plain = python(str(script), shape)
+    assert plain.returncode == 0, plain.stderr
+    trace = str(tmp_path / "t.h5")
+    r = nndb("run", "--batch", "--trace", trace, "-e", "break step 5", "-e", "continue", "-e", "p $loss",
+             "-e", "reverse-step", "-e", "p $loss", "-e", "present", "-e", "continue", str(script), shape)
+    assert r.returncode == 0, r.stderr
+    printed = _printed(plain.stdout)
+    assert [s for s in r.stdout.splitlines() if s.startswith(("step ", "graphs "))] == \
+        [s for s in plain.stdout.splitlines() if s.startswith(("step ", "graphs "))]
+    assert f"\n{printed[5]}\n" in r.stdout and f"\n{printed[4]}\n" in r.stdout, r.stdout
+    def frames(err): return [re.sub(r"^\S+ \S+ \d+ |\[\d+/\d+\] ", "", s) for s in err.splitlines()
+                             if s.strip() and not s.startswith("nndb: recording to ")]
+    assert frames(r.stderr) == frames(plain.stderr), r.stderr
+    import nndb as api
+    with api.open(trace) as t:
+        steps, losses = t.history("loss", "loss", "mean")
+        assert list(steps) == list(range(8))
+        assert [float(v) for v in losses] == [float(printed[i]) for i in range(8)]
 
 LAYER_BY_LAYER = textwrap.dedent('''
     import sys

@@ -39,6 +39,7 @@ import torch
 from torch.nn.modules import module as _module
 
 from .. import cadence
+from .compiled import COMPILING, never_compiled
 from .discover import call_kwargs
 from .stats import local
 
@@ -255,7 +256,10 @@ class Fingerprints:
 
     def _pre_hook(self, module, args):
         # The first module call after a step's end is a root's (the outermost
-        # module's pre-hook runs before its children's).
+        # module's pre-hook runs before its children's).  Nothing while torch.compile
+        # traces a module: its graph is the script's, with no break at nndb's reading.
+        if COMPILING():
+            return None
         if self._step_input is None:
             kw = call_kwargs()      # (a batch given by keyword, model(input_ids=...): after the positional)
             self.root_input(module, args + tuple(kw.values()) if kw else args)
@@ -421,3 +425,6 @@ class Fingerprints:
                 self.close()
             except Exception:
                 pass
+
+
+never_compiled(Fingerprints._pre_hook, inlined=False)

@@ -51,6 +51,7 @@ from torch.autograd import Variable
 from torch.nn.modules import module as _module
 from torch.optim import optimizer as _optimizer
 
+from .compiled import never_compiled
 from .naming import Naming, user_frame
 from .discover import backward_objective, backward_roots, call_kwargs, find_optimizers  # noqa: F401  (find_optimizers: queries)
 from .bucket import _PENDING_LOSS
@@ -615,7 +616,8 @@ class Tracer:
     def _forward_pre(self, module, args):
         # (activation checkpointing recomputes a forward in the backward: recorded already if it ran with grad)
         if _COMPILING() or self._failed or self.in_hook or _FUNCTORCH() is not None \
-                or (module in self._ran and _IN_BACKWARD() != -1):
+                or (module in self._ran and _IN_BACKWARD() != -1) \
+                or self.naming.compiled_bodies and self._compiled_body(module):
             return None
         try:
             if self.module_depth == 0:
@@ -643,7 +645,8 @@ class Tracer:
         return None
 
     def _forward_post(self, module, args, output):
-        if _COMPILING() or _FUNCTORCH() is not None or (module in self._ran and _IN_BACKWARD() != -1):
+        if _COMPILING() or _FUNCTORCH() is not None or (module in self._ran and _IN_BACKWARD() != -1) \
+                or self.naming.compiled_bodies and self._compiled_body(module):
             return None
         self.module_depth = max(0, self.module_depth - 1)
         if self._failed or self.in_hook:
@@ -656,6 +659,13 @@ class Tracer:
         if self.module_depth == 0:
             self._calls = {}             # (no module held past its pass: a model the script lets go dies)
         return None
+
+    def _compiled_body(self, module) -> bool:
+        """Is ``module`` a ``torch.compile``'d module's ``_orig_mod``?  Its call is the compiled
+        module's own, with the same output (recorded once, under the script's name for it): its
+        hooks run as Python, outside the compiled forward."""
+        body = self.naming.compiled_bodies.get(id(module))
+        return body is not None and body() is module
 
     def _forward_post_quiet(self, module, args, output) -> None:
         try:
@@ -1126,3 +1136,11 @@ class Tracer:
         if self.on_step_end is not None:
             self.on_step_end(close.step)
         self.backward_began = None
+
+
+# Hooks that run inside a compiled step or optimizer step: never compiled themselves
+for _fn in (_backward, Tracer._opt_pre, Tracer._opt_post, Tracer._param_registered,
+            Tracer._grad_accumulated, Tracer._backward_end):
+    never_compiled(_fn)
+for _fn in (Tracer._forward_pre, Tracer._forward_post, _clipped):
+    never_compiled(_fn, inlined=False)

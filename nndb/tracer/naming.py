@@ -183,6 +183,9 @@ class Naming:
         self._qualified_roots: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
         self._frozen = False
         self._compiled: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # module -> its OptimizedModule
+        # id(an OptimizedModule's _orig_mod) -> a weakref of it: its call is the compiled module's
+        # own (torch.compile compiles its forward; its hooks run as Python), not a module of its own
+        self.compiled_bodies: dict = {}
         self._opt_names: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
         self._used_opt_names: set = set()
         self._loose_names: dict = {}     # id(param) -> (weakref param, name)
@@ -272,6 +275,7 @@ class Naming:
 
     def _note_compiled(self, m) -> None:
         if type(m).__name__ == "OptimizedModule" and isinstance(getattr(m, "_orig_mod", None), torch.nn.Module):
+            self.compiled_bodies[id(m._orig_mod)] = weakref.ref(m._orig_mod)
             for inner in m._orig_mod.modules():
                 if inner is not m._orig_mod:
                     self._compiled[inner] = m
