@@ -183,9 +183,10 @@ def debug(config: RunConfig, options: DebugOptions, frontend,
         for note in unmatched_notes(session.rules.rules):
             message(f"nndb: {note}")
     for p, names, around in session.view.compiled_points():
+        instead = "watch the compiled module's output" if p.type_name == "watchpoint" else "break on the compiled module"
         message(f"nndb: {p.type_name} {p.number} ({p.what()}) never stopped: {', '.join(names[:3])} "
                 f"{'runs' if len(names) == 1 else 'run'} inside {around}, compiled by torch.compile, where "
-                "nndb's module hooks do not look (break on the compiled module, or run the model uncompiled)")
+                f"nndb's module hooks do not look ({instead}, or run the model uncompiled)")
     pending_fail = [p.number for p in pending if p.fail]
     if session.input.file_error:
         code, reason = EXIT_USAGE, session.input.file_error

@@ -671,13 +671,16 @@ def test_a_compiled_model_is_recorded_from_outside_and_never_crashed_into(tmp_pa
     twice, once with nndb's function mode on the stack in the first steps),
     stderr is the script's, the parameters are named as the script names
     them (``2.weight``, not ``_orig_mod.2.weight``), a watch on them fires,
-    and a breakpoint inside the compiled model says why it never stopped."""
+    and a breakpoint or an activation watch inside the compiled model says
+    why it never stopped (the watch said nothing: its module's activations
+    were never recorded, so it never hit, as on a healthy module)."""
     script = tmp_path / "compiled.py"
     script.write_text(COMPILED)
     plain = python(str(script))
     assert plain.returncode == 0 and plain.stderr == "", plain.stderr
     r = nndb("run", "--batch", "--trace", str(tmp_path / "t.h5"), "-e", "step", "-e", "break module 2 forward",
-             "-e", "watch grad 2.weight norm < 100", "-e", "continue", "-e", "continue", str(script))
+             "-e", "watch grad 2.weight norm < 100", "-e", "watch act 0 norm > 0", "-e", "continue", "-e", "continue",
+             str(script))
     assert r.returncode == 0, r.stderr
     steps = [line for line in r.stdout.splitlines() if line.startswith("step ")]
     assert steps == [line for line in plain.stdout.splitlines() if line.startswith("step ")]
@@ -689,7 +692,11 @@ def test_a_compiled_model_is_recorded_from_outside_and_never_crashed_into(tmp_pa
     lines = [s for s in r.stderr.splitlines() if s.strip() and not s.startswith("nndb: recording to ")]
     assert lines == ["nndb: breakpoint 1 (module 2 forward) never stopped: 2 runs inside cmodel, compiled by "
                      "torch.compile, where nndb's module hooks do not look (break on the compiled module, or run "
-                     "the model uncompiled)"], r.stderr
+                     "the model uncompiled)",
+                     # (an activation watch there never hit either: it said nothing, as if they were fine)
+                     "nndb: watchpoint 3 (act 0 norm > 0) never stopped: 0 runs inside cmodel, compiled by "
+                     "torch.compile, where nndb's module hooks do not look (watch the compiled module's output, or "
+                     "run the model uncompiled)"], r.stderr
     import nndb as api
     with api.open(str(tmp_path / "t.h5")) as t:
         assert sorted(t.stats(3)["param"]) == ["0.bias", "0.weight", "2.bias", "2.weight"]

@@ -89,15 +89,24 @@ class RunView:
         return out
 
     def compiled_points(self) -> list:
-        """[(module breakpoint, the modules it matches, their compiled module)]
-        of the breakpoints never hit whose modules all run inside a
-        ``torch.compile``'d module, where nndb's module hooks do not look."""
+        """[(module breakpoint or activation watchpoint, the modules it matches,
+        their compiled module)] of the points never hit whose modules all run
+        inside a ``torch.compile``'d module, where nndb's module hooks do not
+        look (an activation watch that also matches a recorded series, the
+        compiled module's own, is not one)."""
         out = []
         if self.s.rec is None:
             return out
         naming = self.s.rec.naming
+        rec = self.s.record
+        recorded = [n for n, k in rec.names if k == "act"] if rec is not None else []
         for p in sorted(self.s.points.values(), key=lambda p: p.number):
-            if not isinstance(p, P.ModuleBreak) or p.hits:
+            if p.hits:
+                continue
+            if isinstance(p, P.Watch):
+                if p.kind != "act" or any(fnmatch.fnmatchcase(n, p.glob) for n in recorded):
+                    continue
+            elif not isinstance(p, P.ModuleBreak):
                 continue
             matched = [m for root in self.roots() for _, m in root.named_modules()
                        if fnmatch.fnmatchcase(naming.module_name(m), p.glob)]
