@@ -759,7 +759,8 @@ def test_a_compiled_step_or_optimizer_step_runs_nndb_s_hooks_as_python(tmp_path,
     assert plain.returncode == 0, plain.stderr
     trace = str(tmp_path / "t.h5")
     r = nndb("run", "--batch", "--trace", trace, "-e", "break step 5", "-e", "continue", "-e", "p $loss",
-             "-e", "reverse-step", "-e", "p $loss", "-e", "present", "-e", "continue", str(script), shape)
+             "-e", "info params", "-e", "reverse-step", "-e", "p $loss", "-e", "present", "-e", "continue",
+             str(script), shape)
     assert r.returncode == 0, r.stderr
     printed = _printed(plain.stdout)
     assert [s for s in r.stdout.splitlines() if s.startswith(("step ", "graphs "))] == \
@@ -773,6 +774,10 @@ def test_a_compiled_step_or_optimizer_step_runs_nndb_s_hooks_as_python(tmp_path,
         steps, losses = t.history("loss", "loss", "mean")
         assert list(steps) == list(range(8))
         assert [float(v) for v in losses] == [float(printed[i]) for i in range(8)]
+        # (the model runs inside the compiled step, where no module hook sees it: its parameters
+        # are its own, as uncompiled, not loose tensors 'model.0.weight' that `info params` left out)
+        assert sorted({i.name for i in t.tensors if i.kind == "grad"}) == ["0.bias", "0.weight", "2.bias", "2.weight"]
+    assert re.search(r"^0\.weight +\(16, 8\) +float32 +y ", r.stdout, re.M), r.stdout
 
 LAYER_BY_LAYER = textwrap.dedent('''
     import sys

@@ -1109,6 +1109,14 @@ class Tracer:
         self._opt_seen[opt] = len(opt.param_groups)
         self.naming.refresh()
         frame = user_frame(3)
+        # Parameters of no model a module hook saw (a model that runs inside a torch.compile'd
+        # training step, where the hooks do nothing; one called through .forward()): their
+        # model, a variable of the script's, is a root as a called one is (named '0.weight' as
+        # uncompiled, listed by `info params`), not loose tensors ('model.0.weight')
+        unseen = [p for g in opt.param_groups for p in g["params"] if not self.naming.has_path(p)]
+        if unseen:
+            for module in owning_modules(unseen, frame):
+                self.naming.add_root(module, frame)
         oname = self.naming.optimizer_name(opt, frame)
         for gi, g in enumerate(opt.param_groups):
             for pi, p in enumerate(g["params"]):
