@@ -229,3 +229,47 @@ def test_files_opened_before_a_replica_are_left_alone(tmp_path, travel, replica)
     for name in ("own.log", "train.log"):
         assert (tmp_path / name).read_bytes() == (plain / name).read_bytes(), name
     assert (tmp_path / "own.log").read_text().splitlines()[-1] == "step 39"
+
+
+# What torch.compile's inductor does to build a kernel: it writes the C++ in a temporary directory
+# of its own (the precompiled header) and in its cache, and g++, a subprocess, reads it by path.
+COMPILES = '''
+import os, shutil, subprocess, tempfile
+import torch, torch.nn as nn
+CACHE = os.environ["TORCHINDUCTOR_CACHE_DIR"]
+
+def build(step):
+    d = tempfile.mkdtemp()
+    with open(os.path.join(d, "header.hpp"), "w") as fh:
+        fh.write(f"tmp {step} ")
+    kernel = os.path.join(CACHE, f"k{step}.cpp")
+    with open(kernel, "w") as fh:
+        fh.write(f"cache {step}")
+    out = subprocess.run(["cat", os.path.join(d, "header.hpp"), kernel], capture_output=True, text=True)
+    shutil.rmtree(d)
+    return out.stdout or out.stderr
+''' + LOOP + '''
+    build(step)
+print("built", build(8))
+'''
+
+
+@pytest.mark.parametrize("replica", ["fork", "respawn"])
+def test_a_replica_s_compiler_reads_what_it_wrote_in_its_temporary_directory_and_torch_s_cache(tmp_path, replica):
+    """torch.compile with inductor, `--replica respawn`: `rs` failed ('the replay
+    ended (failed: BackendCompilerFailed ... CppCompileError ... cc1plus: fatal
+    error: /tmp/tmpdrasbuur/header.hpp: No such file or directory)'): the replica's
+    writes into the temporary directory it had just made, and into inductor's
+    cache, went to scratch copies, which g++, a subprocess, never saw.  Now a
+    temporary directory the replica made is its own, and torch.compile's cache
+    is torch's: both written for real, and the cache is no user's file changed."""
+    (tmp_path / "c.py").write_text(COMPILES)
+    cache = tmp_path / "inductor-cache"
+    cache.mkdir()
+    argv = ["run", "--batch", "--nx", "--rules", "none", "--trace", str(tmp_path / "t.h5"), "--replica", replica,
+            "-e", "until 5", "-e", "rs 2", "-e", 'p ("PAST", build(3))', "-e", "present",
+            "-e", 'predict 1', "-e", "continue", "c.py"]
+    r = Ran(nndb(*argv, cwd=str(tmp_path), env={"TORCHINDUCTOR_CACHE_DIR": str(cache)}), argv)
+    assert "('PAST', 'tmp 3 cache 3')" in r.stdout, r.stdout + r.stderr
+    assert "built tmp 8 cache 8" in r.stdout
+    assert "nndb could not send" not in r.stderr, r.stderr          # (the cache: torch's, not the user's)

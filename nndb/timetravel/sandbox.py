@@ -70,6 +70,11 @@ class Sandbox:
         self.moved: dict = dict(base.moved) if base is not None else {}
         self.writes = 0
         self._open = base._open if base is not None else builtins.open
+        # Directories of no user's: the temporary directories this replica made (and its parent's),
+        # and torch.compile's cache, written for real: a compiler that runs as a subprocess (g++
+        # for inductor's kernels) reads what was written there by path, which a scratch copy hid
+        self.made: list = list(base.made) if base is not None else []
+        self.caches = torch_caches()
 
     def _real(self, file) -> str | None:
         """The absolute path of a user's file, or None for what passes
@@ -79,10 +84,19 @@ class Sandbox:
         p = os.path.abspath(os.fsdecode(os.fspath(file)))
         if p.startswith(_PASS):
             return None
-        for own in (self.root, *(d for _, d in CLEANUP), *OWN):     # (a parent replica's too)
+        for own in (self.root, *(d for _, d in CLEANUP), *OWN, *self.made, *self.caches):  # (a parent replica's too)
             if p == own or p.startswith(own + os.sep):
                 return None
         return p
+
+    def mkdir(self, path, *args, **kwargs):
+        """Made for real; one made in the temporary directory (``tempfile.mkdtemp``'s) is the
+        replica's own: what it writes there is written for real."""
+        _os_mkdir(path, *args, **kwargs)
+        if "dir_fd" not in kwargs and not isinstance(path, int):
+            p = os.path.abspath(os.fsdecode(os.fspath(path)))
+            if p.startswith(_temp_root() + os.sep):
+                self.made.append(p)
 
     def _own(self, scratch: str) -> bool:
         return scratch.startswith(self.root + os.sep)
@@ -273,6 +287,7 @@ class Sandbox:
         os.chmod, os.utime = self._metadata(_os_chmod), self._metadata(_os_utime)
         os.remove = os.unlink = self.remove
         os.rename = os.replace = self.rename
+        os.mkdir = self.mkdir
         shutil.rmtree = self.rmtree
         import h5py._hl.files as h5files          # (nndb imports both before any replica)
         import torch.serialization as ts
@@ -286,6 +301,29 @@ class Sandbox:
 
 _os_remove, _os_rename, _os_open, _os_truncate = os.remove, os.rename, os.open, os.truncate
 _os_chmod, _os_utime, _rmtree = os.chmod, os.utime, shutil.rmtree
+_os_mkdir = os.mkdir
+
+
+def _temp_root() -> str:
+    import tempfile
+    return os.path.abspath(tempfile.gettempdir())
+
+
+def torch_caches() -> list:
+    """torch.compile's cache directories (torch's, content-addressed: no user's files)."""
+    return [os.path.abspath(os.environ.get("TORCHINDUCTOR_CACHE_DIR") or _inductor_cache())]
+
+
+def _inductor_cache() -> str:
+    """torch.compile's (inductor's) cache directory where TORCHINDUCTOR_CACHE_DIR is not set:
+    torch's default (torch._inductor.runtime.cache_dir_utils, not imported for it)."""
+    import getpass
+    import re
+    try:
+        user = getpass.getuser()
+    except (KeyError, ModuleNotFoundError, OSError):
+        user = f"uid_{os.getuid()}" if hasattr(os, "getuid") else "unknown_user"
+    return os.path.join(_temp_root(), "torchinductor_" + re.sub(r'[\\/:*?"<>|]', "_", user))
 _NATIVE: dict = {}      # torch's, h5py's and safetensors' writers as they were before any sandbox
 
 
@@ -341,7 +379,8 @@ class Survey:
     inode of every file and directory under ``roots`` (the script's
     directory, the working directory), at most LIMIT entries, leaving out
     hidden directories, ``__pycache__``, the paths in ``skip`` (the trace
-    and its checkpoints, which are nndb's) and the files the output goes to
+    and its checkpoints, which are nndb's), torch.compile's cache (a replica
+    writes it for real: ``Sandbox``) and the files the output goes to
     (``nndb run ... > log``: the replica's output is the run's)."""
 
     LIMIT = 20000
@@ -349,7 +388,7 @@ class Survey:
     def __init__(self, roots, skip=()):
         real = sorted({os.path.realpath(r) for r in roots if r and os.path.isdir(r)})
         self.roots = [r for r in real if not any(r.startswith(o + os.sep) for o in real if o != r)]
-        self.skip = tuple(os.path.realpath(p) for p in skip if p)
+        self.skip = tuple(os.path.realpath(p) for p in (*skip, *torch_caches()) if p)
         self.stdio = stdio_files()        # the terminal's files: a log the run's output is sent to
         self.complete = True
         self.before = self._scan()
