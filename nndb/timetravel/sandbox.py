@@ -176,13 +176,6 @@ class Sandbox:
             if self._own(scratch) and os.path.isfile(scratch):
                 _os_remove(scratch)
 
-    def _torch_writer(self, real_writer):
-        def writer(name_or_buffer, *args, **kwargs):
-            if isinstance(name_or_buffer, (str, bytes, os.PathLike)):
-                name_or_buffer = self.write_path(name_or_buffer, keep=False)
-            return real_writer(name_or_buffer, *args, **kwargs)
-        return writer
-
     def _h5_make_fid(self, real_make_fid):
         def make_fid(name, mode, *args, **kwargs):
             if isinstance(name, (str, bytes, os.PathLike)):
@@ -193,12 +186,17 @@ class Sandbox:
             return real_make_fid(name, mode, *args, **kwargs)
         return make_fid
 
-    def _path_arg(self, real, to):
-        """``real(path, ...)`` with ``path`` sent through ``to`` (``write_path`` or ``read_path``)."""
-        def call(first, *args, **kwargs):
-            if isinstance(first, (str, bytes, os.PathLike)):
-                first = to(first)
-            return real(first, *args, **kwargs)
+    def _new_file(self, file):
+        return self.write_path(file, keep=False)          # (written whole: the copy starts empty)
+
+    @staticmethod
+    def _path_arg(real, to, at: int = 0):
+        """``real`` with its positional argument ``at``, a path (not a buffer), sent through
+        ``to`` (``_new_file`` or ``read_path``)."""
+        def call(*args, **kwargs):
+            if len(args) > at and isinstance(args[at], (str, bytes, os.PathLike)):
+                args = args[:at] + (to(args[at]),) + args[at + 1:]
+            return real(*args, **kwargs)
         return call
 
     def _safetensors(self) -> None:
@@ -225,21 +223,12 @@ class Sandbox:
             return
         native = _NATIVE.setdefault("safetensors", (getattr(safetensors, "serialize_file", None),
                                                     getattr(safetensors, "safe_open", None)))
-        write = lambda f: self.write_path(f, keep=False)     # noqa: E731 (a whole new file each time)
         for m in mods:
             if native[0] is not None and hasattr(m, "serialize_file"):
                 # (serialize_file(tensors, filename, metadata)): the path is the second argument
-                m.serialize_file = self._second_path(native[0], write)
+                m.serialize_file = self._path_arg(native[0], self._new_file, at=1)
             if native[1] is not None and hasattr(m, "safe_open"):
                 m.safe_open = self._path_arg(native[1], self.read_path)
-
-    @staticmethod
-    def _second_path(real, to):
-        def call(first, path, *args, **kwargs):
-            if isinstance(path, (str, bytes, os.PathLike)):
-                path = to(path)
-            return real(first, path, *args, **kwargs)
-        return call
 
     def take_open_files(self, nndb_files=()) -> None:
         """The files the script opened before the replica began (its log, a
@@ -293,7 +282,8 @@ class Sandbox:
         import torch.serialization as ts
         # (a replica's replica wraps torch's and h5py's own functions, not its parent's wrappers)
         if hasattr(ts, "_open_zipfile_writer"):
-            ts._open_zipfile_writer = self._torch_writer(_NATIVE.setdefault("torch", ts._open_zipfile_writer))
+            ts._open_zipfile_writer = self._path_arg(_NATIVE.setdefault("torch", ts._open_zipfile_writer),
+                                                     self._new_file)
         if hasattr(h5files, "make_fid"):
             h5files.make_fid = self._h5_make_fid(_NATIVE.setdefault("h5py", h5files.make_fid))
         self._safetensors()
