@@ -41,8 +41,8 @@ def openmp_runtime() -> str:
 def replay_state() -> dict:
     """What a respawned replica needs to run the script again as this run
     did, and what decides whether a forked replica replays it exactly: the
-    initial states of Python's and NumPy's global generators (torch's
-    starts from a fixed seed), the hash seed, the thread count, the OpenMP
+    initial states of Python's and NumPy's global generators and the seed
+    of torch's CPU generator (torch seeds it from the OS at import), the hash seed, the thread count, the OpenMP
     runtime (GNU libgomp cannot run threads in a forked child)."""
     import random
     from . import preload

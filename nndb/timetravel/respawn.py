@@ -5,10 +5,13 @@ the choice of ``--replica respawn``.
 
 What the new process needs comes from the live run's trace metadata
 (``meta["replay"]``: the initial states of Python's and NumPy's global
-generators, the hash seed, the thread count) and from the live session (its
-``snapshot()``: breakpoints, queued commands, rule settings).  torch's own
-generator needs nothing: it starts from a fixed seed unless the script seeds
-it, and then it does so again.
+generators and torch's CPU generator's initial seed, the hash seed, the
+thread count) and from the live session (its ``snapshot()``: breakpoints,
+queued commands, rule settings).  torch's generator is seeded too: torch
+2.13 seeds it from the OS at import (``torch.initial_seed()`` differs from
+one ``python`` to the next), so an unseeded script draws other numbers in a
+new process (its model's initial weights, a DataLoader's shuffle and its
+workers' seeds); one that seeds it does so again.
 
 The new process starts at ``nndb.cli.replica_main``: the front end is chosen
 at the top, the session is built by ``build_session`` as for ``nndb run``,
@@ -70,6 +73,10 @@ def _restore_rng(replay: dict) -> None:
     if replay.get("numpy_random"):
         name, key, pos, has_gauss, cached = replay["numpy_random"]
         np.random.set_state((name, np.array(key, dtype=np.uint32), pos, has_gauss, cached))
+    if replay.get("torch_initial_seed") is not None:
+        # (the CPU generator's alone, as the live run's started: torch.manual_seed would seed
+        # the accelerators' generators too, which the live run did not have seeded so)
+        torch.default_generator.manual_seed(int(replay["torch_initial_seed"]))
     if replay.get("num_threads"):
         torch.set_num_threads(int(replay["num_threads"]))
 
