@@ -60,3 +60,58 @@ def test_a_respawned_replay_of_a_script_that_does_not_seed_torch_runs_it_again(t
     assert re.search(r"replay --verify 0:6: 6 step\(s\) replayed from the start: identical to the trace",
                      r.stdout), r.stdout
     assert len(printed) == 8
+
+
+
+CTRL_C_WORKERS = """
+import time, torch, torch.nn as nn
+from torch.utils.data import DataLoader, TensorDataset
+torch.manual_seed(0)
+loader = DataLoader(TensorDataset(torch.randn(4000, 4), torch.randn(4000, 1)), batch_size=4, shuffle=True,
+                    num_workers=2, persistent_workers=True)
+model = nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+for epoch in range(2):
+    for step, (x, y) in enumerate(loader):
+        opt.zero_grad()
+        loss = ((model(x) - y) ** 2).mean()
+        loss.backward()
+        opt.step()
+        if step % 20 == 5:
+            print("ready", step, flush=True)
+        time.sleep(0.01)
+        if step == 300:
+            break
+print("done", epoch, step)
+"""
+
+
+def test_two_ctrl_c_stops_in_one_epoch_leave_the_dataloader_workers_alive(tmp_path):
+    # Ctrl-C reaches the whole process group: the DataLoader's workers too, forked from the live
+    # run with nndb's SIGINT handler and a copy of its session.  Until 2026-12 the copy took the
+    # first Ctrl-C for a stop request and raised KeyboardInterrupt at the second, which ends a
+    # worker: after two Ctrl-C stops in one epoch of persistent workers, 'continue' failed with
+    # "RuntimeError: DataLoader worker (pid(s) ...) exited unexpectedly" (post-mortem), and each
+    # Ctrl-C said "stopping at the next step boundary" three times (the run and its two workers).
+    from test_past_terminal import _interrupt
+    from test_repl_terminal import Terminal
+    (tmp_path / "loop.py").write_text(CTRL_C_WORKERS)
+    term = Terminal(["run", "--nx", "--rules", "none", "--trace", str(tmp_path / "t.h5"), "loop.py"],
+                    cwd=tmp_path, home=tmp_path)
+    try:
+        term.expect("(nndb)")
+        term.type("continue")
+        shown = ""
+        for ready in ("ready 25", "ready 65"):
+            term.expect(ready)
+            _interrupt(term)
+            shown += term.expect("(nndb)")
+            term.type("continue")
+        shown += term.expect("done")
+        assert shown.count("stopping at the next step boundary") == 2, shown
+        assert "exited unexpectedly" not in shown and "post-mortem" not in shown, shown
+        term.expect("(nndb)")                     # the run ended: the prompt
+        os.write(term.master, b"quit\r")
+        assert term.proc.wait(timeout=60) == 0
+    finally:
+        term.close()

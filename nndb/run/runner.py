@@ -68,6 +68,14 @@ def _exit_code(e: SystemExit) -> int:
         return 1
 
 
+def _started_by_multiprocessing() -> bool:
+    """This process is a child the script started with multiprocessing (its
+    bootstrap names the parent), not the one nndb runs the script in, nor a
+    replica forked from it."""
+    mp = sys.modules.get("multiprocessing")
+    return mp is not None and mp.parent_process() is not None
+
+
 class _SignalGuard:
     """SIGTERM becomes a Terminated exception and SIGINT a KeyboardInterrupt,
     raised in the main thread, so the trace is closed on the way out; each
@@ -98,6 +106,22 @@ class _SignalGuard:
 
     def _handle(self, signum, frame):
         if self._stopped.is_set():
+            return
+        if _started_by_multiprocessing():
+            # A process the script started with multiprocessing (a DataLoader worker, a Pool's)
+            # inherits this handler from the fork, and with it a copy of the session.  Ctrl-C
+            # reaches the whole foreground process group: the live run stops, and its workers
+            # must live on; in the copy a second Ctrl-C raised KeyboardInterrupt and ended the
+            # worker (torch's worker loop returns on it), so a run stopped twice by Ctrl-C in
+            # one epoch of persistent workers failed at 'continue' with "DataLoader worker
+            # (pid(s) ...) exited unexpectedly".  The live run decides: a second Ctrl-C there
+            # ends it, and torch ends its workers.  Without a prompt (batch mode) Ctrl-C is a
+            # KeyboardInterrupt there as in the run, and SIGTERM is Python's default.
+            if signum == signal.SIGTERM:
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
+                os.kill(os.getpid(), signal.SIGTERM)
+            elif self._on_sigint is None:
+                raise KeyboardInterrupt
             return
         if signum == signal.SIGTERM:
             if not self._term_requested:
