@@ -3,6 +3,7 @@
 the start), and what such a run must reproduce bit for bit."""
 import os
 import re
+import time
 
 import pytest
 
@@ -113,5 +114,34 @@ def test_two_ctrl_c_stops_in_one_epoch_leave_the_dataloader_workers_alive(tmp_pa
         term.expect("(nndb)")                     # the run ended: the prompt
         os.write(term.master, b"quit\r")
         assert term.proc.wait(timeout=60) == 0
+    finally:
+        term.close()
+
+
+def test_ctrl_c_while_a_respawned_replica_starts_leaves_you_where_you_were(tmp_path):
+    # The workers make 'rs' a respawned replay: a new python that imports torch (a second or
+    # more) before its session takes Ctrl-C.  Until 2026-12 a Ctrl-C then printed the replica's
+    # KeyboardInterrupt traceback (nndb/cli/replica.py ... import torch) and "nndb: the replica
+    # ended without reporting back (it crashed?)", where a replay interrupted later says this:
+    from test_past_terminal import _interrupt
+    from test_repl_terminal import Terminal
+    (tmp_path / "loop.py").write_text(CTRL_C_WORKERS)
+    term = Terminal(["run", "--nx", "--rules", "none", "--trace", str(tmp_path / "t.h5"), "loop.py"],
+                    cwd=tmp_path, home=tmp_path)
+    try:
+        term.expect("(nndb)")
+        term.type("until 8")
+        term.expect("(nndb)")
+        term.type("rs 2")
+        term.expect("replaying from the start in a new process (respawn)")
+        time.sleep(0.2)
+        _interrupt(term)
+        shown = term.expect("(nndb)")
+        assert "nndb: interrupted (Ctrl-C); nothing was changed" in shown, shown
+        assert "Traceback" not in shown and "crashed" not in shown, shown
+        term.type("p $step")
+        term.expect("\n8\r")
+        term.expect("(nndb)")
+        assert term.quit() == 0
     finally:
         term.close()

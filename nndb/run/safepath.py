@@ -45,21 +45,33 @@ def drop_start_dir() -> None:
         DROPPED = True
 
 
+INTERRUPTED = 130         # a respawned replica's exit status when Ctrl-C came before its session
+
+
 def replica_entry(home: str) -> str:
     """The ``python -c`` program of a respawned replica: the working
     directory out of ``sys.path`` first, nndb imported from ``home`` (the
     directory the live run's nndb package lies in) where nothing else on the
     path has it, and that directory out of the path again."""
+    # (a Ctrl-C before the replica's session takes it, while torch is imported, ends the
+    # process with 130 and no traceback: the live run says the replay was interrupted.  A
+    # handler, not only the except: a KeyboardInterrupt raised in a callback (an import lock's)
+    # is printed and ignored, and the replay went on.  nndb.timetravel.respawn.run puts
+    # Python's own back before the script starts, for the session's guard to take.)
     return (
-        "import sys\n"
-        "dropped = sys.path[:1] == ['']\n"
-        "if dropped: del sys.path[0]\n"
-        f"sys.path.append({home!r})\n"
-        "import nndb.run.safepath\n"
-        "from nndb.cli import replica_main\n"
-        f"del sys.path[len(sys.path) - 1 - sys.path[::-1].index({home!r})]\n"
-        "nndb.run.safepath.DROPPED = dropped\n"
-        "replica_main()\n")
+        "import os, signal, sys\n"
+        f"signal.signal(signal.SIGINT, lambda *a: os._exit({INTERRUPTED}))\n"
+        "try:\n"
+        "    dropped = sys.path[:1] == ['']\n"
+        "    if dropped: del sys.path[0]\n"
+        f"    sys.path.append({home!r})\n"
+        "    import nndb.run.safepath\n"
+        "    from nndb.cli import replica_main\n"
+        f"    del sys.path[len(sys.path) - 1 - sys.path[::-1].index({home!r})]\n"
+        "    nndb.run.safepath.DROPPED = dropped\n"
+        "    replica_main()\n"
+        "except KeyboardInterrupt:\n"
+        f"    os._exit({INTERRUPTED})\n")
 
 
 def enter_script(first: str):

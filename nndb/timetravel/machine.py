@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from ..errors import CommandError
+from ..run import safepath
 from . import forking, sandbox
 from .respawn import spawn
 from .search import recorded_losses
@@ -517,6 +518,9 @@ class TimeMachine:
                 chan.close()
         finally:
             signal.signal(signal.SIGINT, old)
+        if last is None and proc is not None and proc.returncode in (safepath.INTERRUPTED, -signal.SIGINT):
+            # (Ctrl-C while a respawned replica started, before its session could take it)
+            raise CommandError("nndb: interrupted (Ctrl-C); nothing was changed")
         if last is None:
             raise CommandError("nndb: the replica ended without reporting back (it crashed?); "
                                "the live run is unchanged")

@@ -20,6 +20,7 @@ and ``run`` here carries out the replica's part.
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -124,6 +125,7 @@ def run(s, chan, msg: dict) -> None:
     # output, whose kept descriptors would be taken for files the script opened: a run sent to a
     # file, nndb run ... > log, lost everything the past printed)
     sandbox.enter()
+    signal.signal(signal.SIGINT, signal.default_int_handler)    # (the entry's, nndb.run.safepath.replica_entry)
     role.begin(s)
     try:
         record(cfg, message=lambda m: None, session=s)
