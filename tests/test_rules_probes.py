@@ -403,3 +403,35 @@ def test_a_batch_given_by_keyword_is_the_steps_input(tmp_path):
     assert only(res, "duplicate_batches") == [] and only(res, "epoch_repeats") == []
     ranges = only(res, "input_range")
     assert ranges and "range [0, 255]" in ranges[0]["message"], res.session.log.findings
+
+
+# -- epoch_repeats: whose epoch repeated --------------------------------------------------------
+TWO_LOADERS = """
+    X, Y = torch.randn(32, 5), torch.randn(32, 1)
+    g = torch.Generator()
+    train = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(X, Y), batch_size=8, SHUFFLE)
+    val = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(12, 5), torch.randn(12, 1)),
+                                      batch_size=6, VAL_SHUFFLE)
+    model = nn.Linear(5, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    for epoch in range(4):
+        g.manual_seed(0)                                   # (the planted bug: the same order each epoch)
+        for x, y in train:
+            opt.zero_grad(); loss = ((model(x) - y) ** 2).mean(); loss.backward(); opt.step()
+        with torch.no_grad():
+            v = sum(((model(a) - b) ** 2).mean().item() for a, b in val)
+"""
+
+
+def test_epoch_repeats_judges_the_loader_whose_epoch_repeated(tmp_path):
+    """A training loader in order by design (shuffle=False: 4 batches, its epochs repeat) beside
+    a shuffled validation loader (2 batches): until 2026-12 the rule asked whether any loader
+    shuffles and said "the batches of steps 4-7 repeat those of steps 0-3 exactly while the loader
+    shuffles" on this healthy script.  The loaders of as many batches as the repeated epoch's steps
+    decide; a shuffled training loader reseeded each epoch still repeats beside an ordered one."""
+    ordered = TWO_LOADERS.replace("VAL_SHUFFLE", "shuffle=True").replace("SHUFFLE)", "shuffle=False)")
+    res = run(tmp_path, write(tmp_path, "ordered.py", ordered))
+    assert only(res, "epoch_repeats") == [], res.session.log.findings
+    reseeded = TWO_LOADERS.replace("VAL_SHUFFLE", "shuffle=False").replace("SHUFFLE)", "shuffle=True, generator=g)")
+    found = only(run(tmp_path, write(tmp_path, "reseeded.py", reseeded)), "epoch_repeats")
+    assert [(f["step"], f["evidence"]["period"]) for f in found] == [(7, 4)], found

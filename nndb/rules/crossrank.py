@@ -87,11 +87,17 @@ class EpochTracker:
         return None
 
 
-def shuffles(loaders: Optional[list]) -> Optional[bool]:
+def shuffles(loaders: Optional[list], period: Optional[int] = None) -> Optional[bool]:
     """Does the run's data loader shuffle: True if one does, False if every
-    one is known not to, None when unknown (no DataLoader, an unknown sampler)."""
+    one is known not to, None when unknown (no DataLoader, an unknown sampler).
+    With ``period`` (the steps of an epoch that repeated), the loaders of that
+    many batches alone where there are any: the epoch is theirs.  (A training
+    loader in order by design beside a shuffled validation loader: its
+    repeated epochs were reported "while the loader shuffles".)"""
     if not loaders:
         return None
+    if period is not None:
+        loaders = [d for d in loaders if d.get("batches") == period] or loaders
     flags = [d.get("shuffle") for d in loaders]
     if any(f is True for f in flags):
         return True
@@ -124,7 +130,7 @@ class CrossRankJudge:
         self._inputs: dict = {}          # step -> {rank: checksum}, until every rank that sent rows judged it
         self._dup_run = 0                # steps in a row whose batches were equal on every rank
         self._epochs: dict = {}          # rank -> EpochTracker
-        self._shuffles: dict = {}        # rank -> shuffles(loaders)
+        self._loaders: dict = {}         # rank -> its DataLoaders (fingerprint.loaders)
         self._slow: dict = {}            # rank -> (observed steps in a row, where the time went)
         self._params_agreed = False      # the replicas' parameters were equal at an observed step
 
@@ -142,7 +148,7 @@ class CrossRankJudge:
         new: list = []
         for rank, row in rows.items():
             if "loaders" in row:
-                self._shuffles[rank] = shuffles(row["loaders"])
+                self._loaders[rank] = row["loaders"]
         self._batches(rows, new)
         if len(rows) >= 2:
             with_params = {r: row["params"] for r, row in rows.items() if row.get("params") is not None}
@@ -191,7 +197,7 @@ class CrossRankJudge:
             for step, value in row.get("inputs", ()):
                 self._inputs.setdefault(step, {})[rank] = value
                 hit = tracker.feed(step, value)
-                if hit is not None and self._shuffles.get(rank) is True:
+                if hit is not None and hit[1] is not None and shuffles(self._loaders.get(rank), hit[1]) is True:
                     at, period = hit
                     self._report(_finding("epoch_repeats", at, epoch_message(at, period, rank),
                                           rank=rank, period=period), new)

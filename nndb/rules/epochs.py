@@ -11,7 +11,9 @@ shuffles (its sampler, seen at step 0's end).  An epoch's boundary is where
 the first batch comes back (nndb.rules.crossrank.EpochTracker): no
 DataLoader needs to be found for that, but a loader that does not shuffle
 repeats its epochs by design, so the rule speaks only when one is known to
-shuffle.  The same tracker runs per rank across ranks (``nndb inspect RUNDIR``).
+shuffle: among the loaders of as many batches as the repeated epoch has
+steps where there are such (the epoch is theirs: an ordered training loader
+beside a shuffled validation loader repeats by design), else among all.  The same tracker runs per rank across ranks (``nndb inspect RUNDIR``).
 """
 from __future__ import annotations
 
@@ -38,7 +40,8 @@ class BatchChecksums(Probe):
         if not new:
             return {}
         sizes = [d.get("batches") for d in fp.loaders or () if isinstance(d.get("batches"), int)]
-        return {"inputs": new, "shuffle": shuffles(fp.loaders), "batches": max(sizes, default=None)}
+        return {"inputs": new, "shuffle": shuffles(fp.loaders), "batches": max(sizes, default=None),
+                "loaders": fp.loaders}
 
     # Taken at the observed steps only (the steps since, several at once): a
     # probe armed at every step would have the engine judge every step.
@@ -75,7 +78,11 @@ class EpochRepeats(Rule):
             return
         for step, value in facts["inputs"]:
             hit = self._tracker.feed(step, value)
-            if hit is not None and facts["shuffle"] is True:
+            if hit is None or hit[1] is None:
+                continue
+            # (the loaders of as many batches as the epoch had where known: the epoch is theirs)
+            shuffle = shuffles(facts["loaders"], hit[1]) if facts.get("loaders") else facts["shuffle"]
+            if shuffle is True:
                 at, period = hit
                 yield Finding(self.id, self.severity, at, epoch_message(at, period), None, None,
                               {"period": period, "first_step": at - period + 1})

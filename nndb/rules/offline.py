@@ -371,7 +371,8 @@ def trace_facts(reader) -> tuple:
     by_step = {}
     for r in rows:
         for step, value in r.get("inputs", ()):
-            by_step[int(step)] = {"batches": {"inputs": [(int(step), value)], "shuffle": shuffle, "batches": most}}
+            by_step[int(step)] = {"batches": {"inputs": [(int(step), value)], "shuffle": shuffle, "batches": most,
+                                              "loaders": loaders}}
     return (frozenset({"batches"}) if by_step else frozenset()), by_step
 
 
