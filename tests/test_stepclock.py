@@ -46,6 +46,36 @@ def test_gan_iteration_is_learnt_and_step0_closed_retroactively():
     assert c.optimizer_post(g).step == 2
 
 
+def test_an_iteration_in_which_every_optimizer_stepped_ends_step0_at_its_last_return():
+    """Counted at the return of the last of them (the caller asks when worth it), every
+    optimizer of the run having stepped once: step 0 ends there, as the later steps do
+    (it was closed inside the next iteration's first step(), whose frame the stop showed)."""
+    c, a, b = StepClock(), Opt(), Opt()
+    assert c.optimizer_pre(a, 2) is None
+    assert not c.completes_iteration(a)
+    assert c.optimizer_post(a, None) is None
+    assert c.optimizer_pre(b, 2) is None
+    assert c.completes_iteration(b)
+    first = c.optimizer_post(b, 2)
+    assert (first.step, first.retro) == (0, None) and not c.mark
+    assert c.mode is Mode.CYCLE and c.closer is b
+    assert c.optimizer_pre(a, 2) is None and c.optimizer_post(a) is None
+    c.optimizer_pre(b, 2)
+    assert c.optimizer_post(b).step == 1
+
+
+def test_an_optimizer_made_after_the_count_keeps_step0_open():
+    """A third optimizer made after the first stepped (counted afresh at the second's
+    return: 3): the iteration is learnt as before, when the first steps again."""
+    c, a, b, z = StepClock(), Opt(), Opt(), Opt()
+    c.optimizer_pre(a, 2)
+    c.optimizer_post(a, None)
+    c.optimizer_pre(b, 2)
+    assert c.optimizer_post(b, 3) is None and c.mark
+    c.optimizer_pre(z, 3)
+    assert c.optimizer_post(z, 3).step == 0
+
+
 def test_two_optimizers_but_only_one_steps():
     c, a = StepClock(), Opt()
     c.optimizer_pre(a, 2)

@@ -81,6 +81,45 @@ def test_gan_step_is_one_iteration_of_both_optimizers(trace):
         np.testing.assert_array_equal(lossG, np.array(printed[:6], dtype=np.float32).astype(np.float64))
 
 
+# An actor and a critic, each with its optimizer (PPO's shape): the actor's step, then the critic's.
+ACTOR_CRITIC = """
+import torch, torch.nn as nn
+torch.manual_seed(0)
+actor, critic = nn.Linear(4, 2), nn.Linear(4, 1)
+aopt = torch.optim.SGD(actor.parameters(), lr=0.1)
+copt = torch.optim.SGD(critic.parameters(), lr=0.1)
+for k in range(4):
+    x = torch.randn(8, 4)
+    aopt.zero_grad()
+    pl = actor(x).logsumexp(1).mean()
+    pl.backward()
+    aopt.step()
+    copt.zero_grad()
+    vl = critic(x).pow(2).mean()
+    vl.backward()
+    copt.step()
+    print(k, repr(pl.item()), repr(actor.weight.grad.double().norm().item()))
+"""
+
+
+def test_step0_of_several_optimizers_stops_in_its_own_iteration(tmp_path):
+    """Step 0 of an iteration of two optimizers ended inside the actor's step() of the
+    next iteration (closed after the fact): a stop at step 0 showed iteration 1's frame
+    (k 1) and `info params` the actor's gradient of step 1 (0.02989 in a PPO loop where the
+    trace had 0.01243).  Both optimizers having stepped, it ends at the critic's return."""
+    plain, _ = plain_and_recorded(tmp_path, ACTOR_CRITIC)
+    rows = [line.split() for line in plain.stdout.splitlines()]
+    r = nndb("run", "--batch", "-q", "--nx", "--trace", str(tmp_path / "s.h5"), "-e", "break step 0",
+             "-e", "break step 2", "-e", "continue", "-e", 'p ("AT", k, repr(pl.item()))', "-e", "info params",
+             "-e", "continue", "-e", "goto 0", "-e", 'p ("AT", k, repr(pl.item()))', "-e", "info params",
+             "-e", "present", "-e", "kill", str(tmp_path / "script.py"))
+    assert r.returncode == 0, r.stderr
+    assert re.findall(r"\('AT', (\d+), '([^']+)'\)", r.stdout) == [("0", rows[0][1])] * 2, r.stdout
+    grads = re.findall(r"^actor\.weight\s+\(2, 4\)\s+float32\s+y\s+\S+\s+(\S+)$", r.stdout, re.M)
+    assert grads == [f"{float(rows[0][2]):.4g}"] * 2, r.stdout
+    assert "-> copt.step()" in r.stdout and "-> aopt.step()" not in r.stdout, r.stdout
+
+
 # A WGAN: the critic trained three times per generator step, so the generator's
 # step falls into the critic step that follows it (steps 3, 6, ...).
 N_CRITIC = """

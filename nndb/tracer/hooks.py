@@ -890,12 +890,12 @@ class Tracer:
         finally:
             self.busy -= 1
 
-    def _optimizer_count(self, opt=None) -> int:
+    def _optimizer_count(self, opt=None, fresh: bool = False) -> int:
         """Optimizers of this run: scanned once and reused, unless an optimizer
-        steps that the last scan did not see.  One that was alive before the
+        steps that the last scan did not see (or ``fresh``).  One that was alive before the
         run started (an earlier run's, in a notebook or a test process) counts
         only once it steps in this run."""
-        if self._known_optimizers is None or (opt is not None and opt not in self._known_optimizers):
+        if fresh or self._known_optimizers is None or (opt is not None and opt not in self._known_optimizers):
             earlier = self.preexisting_optimizers()
             self._known_optimizers = weakref.WeakSet(
                 o for o in find_optimizers() if o not in earlier or o in self._opt_seen)
@@ -1067,7 +1067,10 @@ class Tracer:
             self.recorder.optimizer_post(opt)
             if self.lineage is not None or self.within.optimizer:
                 self._tell_optimizer(opt, "post")
-            close = self.clock.optimizer_post(opt)
+            # (the first iteration of several optimizers: once each has stepped, counted afresh,
+            # since one may have been made after the count as learning began, the step ends here)
+            n = self._optimizer_count(None, fresh=True) if self.clock.completes_iteration(opt) else None
+            close = self.clock.optimizer_post(opt, n)
             if self.clock.mark:
                 self.recorder.mark()
             if close is not None:

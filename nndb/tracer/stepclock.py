@@ -8,9 +8,14 @@ The rule (also in docs/steps.md):
 * **Several optimizers** (a GAN): one step is one iteration of the training
   loop.  The iteration is learnt from the first optimizer to step a second
   time: the optimizers that stepped before that, in order, make one
-  iteration, and the one that stepped last *closes* every step.  Step 0 is
-  closed retroactively at that moment (at the return of its last optimizer);
-  from step 1 on a step ends as soon as the closing optimizer returns.  If the
+  iteration, and the one that stepped last *closes* every step.  Step 0 ends
+  as the later ones do, when its last optimizer returns, if by then every
+  optimizer of the run has stepped once (a GAN's, PPO's actor and critic):
+  no other can be part of the iteration.  Otherwise (an optimizer made for
+  a later stage, or one that first steps in a later iteration) it is closed
+  retroactively when the first optimizer steps again (at the return of its
+  last optimizer).  From step 1 on a step ends as soon as the closing
+  optimizer returns.  If the
   closing optimizer goes away (a new optimizer replaces it), the next
   optimizer to step becomes the closer.
 * **A new optimizer while the old one lives on** (kept in a list, or a
@@ -57,6 +62,7 @@ class StepClock:
         self._closer = None              # weakref to the closing optimizer
         self._learn_order: list = []     # ids of optimizers seen while learning
         self._learn_posts = 0            # optimizer steps (segments) while learning
+        self._learn_n = 0                # optimizers in the process as learning began
         self.mark = False                # did the last optimizer_post end a segment (marks)
         self._others: list = []          # one closer: the others that stepped since the last close (weakrefs)
 
@@ -83,6 +89,7 @@ class StepClock:
                 self.mode = Mode.LEARNING
                 self._learn_order = []
                 self._learn_posts = 0
+                self._learn_n = n_optimizers
             return None
         if self.mode is Mode.LEARNING:
             if id(opt) in self._learn_order:
@@ -116,10 +123,30 @@ class StepClock:
         closer = self._closer() if self._closer is not None else None
         return self.mode is Mode.SINGLE and opt is not closer and closer is not None
 
-    def optimizer_post(self, opt) -> Optional[Close]:
+    def completes_iteration(self, opt) -> bool:
+        """While learning: would ``opt``'s return leave every optimizer counted as
+        learning began stepped once (worth a fresh count for ``optimizer_post``)?"""
+        if self.mode is not Mode.LEARNING:
+            return False
+        seen = set(self._learn_order) | {id(opt)}
+        return len(seen) > 1 and len(seen) >= self._learn_n
+
+    def optimizer_post(self, opt, n_optimizers: Optional[int] = None) -> Optional[Close]:
         """``opt``'s step returns: the step it closes, if any; ``self.mark`` says whether
-        it ends a segment of the step (``marks(opt)``, as asked before this call)."""
+        it ends a segment of the step (``marks(opt)``, as asked before this call).
+        ``n_optimizers``: how many optimizers the process holds now, where the caller
+        counted them (``completes_iteration``): once each of them has stepped while
+        learning, the iteration is complete and step 0 ends here, at its last
+        optimizer's return, as the steps after it will (closed after the fact, at the
+        next step's first optimizer, its stop showed the next iteration's frame and
+        that optimizer's new gradients)."""
         if self.mode is Mode.LEARNING:
+            seen = set(self._learn_order) | {id(opt)}
+            if n_optimizers is not None and len(seen) > 1 and len(seen) >= n_optimizers:
+                self.mode = Mode.CYCLE
+                self._set_closer(opt)
+                self.mark = False
+                return self._close()
             self.mark = True
             self._learn_order.append(id(opt))
             self._learn_posts += 1
