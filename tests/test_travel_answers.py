@@ -792,3 +792,44 @@ def test_predict_after_a_set_the_script_undoes_says_it_did_not_hold(tmp_path):
     said = "Warning: in the prediction, 'set lr 0.5' did not hold: opt stepped with lr 0.1 in group 0 at step 3"
     assert said in r.stdout, r.stdout + r.stderr
     assert "nndb: warning: 'set lr 0.5' did not hold" in r.stderr      # (the live run's own step says it too)
+
+
+# A policy with dropout whose actions are sampled: every draw of torch's, numpy's or Python's
+# global generator shifts the episodes that follow.
+SAMPLED_POLICY = """
+import random
+import numpy as np
+import torch, torch.nn as nn
+torch.manual_seed(0); random.seed(0); np.random.seed(0)
+policy = nn.Sequential(nn.Linear(4, 16), nn.Dropout(0.3), nn.ReLU(), nn.Linear(16, 2))
+opt = torch.optim.SGD(policy.parameters(), lr=0.1)
+for ep in range(6):
+    x = torch.randn(4) + float(np.random.rand()) + random.random()
+    m = torch.distributions.Categorical(logits=policy(x))
+    a = m.sample()
+    loss = -m.log_prob(a)
+    opt.zero_grad(); loss.backward(); opt.step()
+    print(ep, a.item(), repr(loss.item()))
+"""
+
+
+def test_an_expression_at_the_prompt_leaves_the_runs_random_draws_alone(tmp_path):
+    """'p policy(x)' through a dropout (and 'p' of a draw from numpy's or Python's generator)
+    at a stop drew from the run's generators: the live run went on with other numbers than
+    plain Python's (a REINFORCE loop: loss 0.3405 at the next episode for 0.5078), and a
+    later 'goto' replayed the run as it was and said "the replay diverged ... nothing was
+    changed".  An expression is the debugger's: the generators are as they were after it."""
+    script = tmp_path / "policy.py"
+    script.write_text(SAMPLED_POLICY)
+    plain = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, cwd=str(tmp_path))
+    argv = ["run", "--batch", "--nx", "-q", "--trace", str(tmp_path / "t.h5"), "--force",
+            "-e", "break step 1", "-e", "break step 4", "-e", "continue",
+            "-e", "p policy(torch.ones(4)).sum().item(), torch.rand(1).item(), np.random.rand(), random.random()",
+            "-e", "continue", "-e", "goto 3", "-e", 'p ("AT", $step, repr($loss))', "-e", "present",
+            "-e", "delete", "-e", "continue", str(script)]
+    r = nndb(*argv, cwd=str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    assert "diverged" not in r.stdout + r.stderr, r.stdout + r.stderr
+    lines = [l for l in r.stdout.splitlines() if re.match(r"^\d+ \d+ \S+$", l)]
+    assert lines == plain.stdout.splitlines(), r.stdout
+    assert re.findall(r"\('AT', 3, '([^']+)'\)", r.stdout) == [plain.stdout.splitlines()[3].split()[2]], r.stdout

@@ -141,10 +141,44 @@ def _unseen():
     return hooks.unseen() if hooks is not None else contextlib.nullcontext()
 
 
+@contextlib.contextmanager
+def _generators_kept():
+    """The global random generators the script draws from (torch's CPU one, CUDA's where
+    initialised, Python's ``random``, numpy's legacy global one) as they were before:
+    an expression is the debugger's (``p model(x)`` through a dropout, ``p
+    dist.sample()``, a condition), and a draw of its own would shift every later draw
+    of the run, a change no replay makes ('the replay diverged ... nothing was
+    changed').  A ``!`` statement is a change made at the prompt: its draws stay."""
+    torch = sys.modules.get("torch")
+    pyrandom = sys.modules.get("random")
+    nprandom = getattr(sys.modules.get("numpy"), "random", None)
+    saved = []
+    try:
+        if torch is not None:
+            saved.append((torch.set_rng_state, torch.get_rng_state()))
+            cuda = getattr(torch, "cuda", None)
+            if cuda is not None and cuda.is_initialized():
+                saved.append((cuda.set_rng_state_all, cuda.get_rng_state_all()))
+        if pyrandom is not None:
+            saved.append((pyrandom.setstate, pyrandom.getstate()))
+        if nprandom is not None:
+            saved.append((nprandom.set_state, nprandom.get_state()))
+    except Exception:
+        pass                        # (a generator that cannot be read is left to the expression)
+    try:
+        yield
+    finally:
+        for put, state in saved:
+            try:
+                put(state)
+            except Exception:
+                pass
+
+
 def evaluate(code, frame, variables: dict, what: str = ""):
     g, loc = namespace(frame, variables, merged=True)
     try:
-        with _unseen():
+        with _unseen(), _generators_kept():
             return eval(code, g, loc)
     except CommandError:
         raise
