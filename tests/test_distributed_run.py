@@ -206,6 +206,7 @@ def test_a_rank_that_dies_takes_the_job_down(tmp_path):
     assert lines[0] == ("nndb: rank 1 failed: exit code 1 (RuntimeError: planted failure on rank 1); "
                         "its traceback is above")
     assert "RuntimeError: planted failure on rank 1" in r.stderr.split(lines[0])[0]   # the traceback itself
+    assert "[rank1]:   File " in r.stderr and "nndb/run/" not in r.stderr   # the script's frames only, as torchrun
     # --trace PATH: the rank goes before the extension, never one file for all ranks
     assert sorted(os.listdir(tmp_path / "out")) == ["run.rank0.h5", "run.rank1.h5"]
     ends, ids = [], set()

@@ -136,6 +136,33 @@ def test_script_exception_traceback_as_python_and_trace_kept(tmp_path, trace):
         assert len(t.history(t.find("weight", "update")[0], "norm")[0]) == 3
 
 
+def test_a_scripts_excepthook_that_hands_on_to_pythons_shows_no_nndb_frame(tmp_path, trace):
+    """A script's sys.excepthook that calls the one it replaced (torch.distributed
+    installs one at init_process_group, prefixing "[rankN]: ") ends in
+    sys.__excepthook__, which shows the exception's own traceback whatever it
+    is given: the traceback was nndb's runner.py and launcher.py frames above
+    the script's under nndb, the script's frames alone under python."""
+    script = write(tmp_path, "s.py", (
+        "import sys\n"
+        "old = sys.excepthook\n"
+        "def hook(*a):\n"
+        "    sys.stderr.write('[rank0]: hook\\n')\n"
+        "    old(*a)\n"
+        "sys.excepthook = hook\n"
+        "import torch\n"
+        "m = torch.nn.Linear(2, 1)\n"
+        "o = torch.optim.SGD(m.parameters(), lr=0.1)\n"
+        "for i in range(3):\n"
+        "    o.zero_grad(); m(torch.ones(1, 2)).sum().backward(); o.step()\n"
+        "raise RuntimeError('planted')\n"))
+    plain = python(script, cwd=str(tmp_path))
+    r = nndb("run", "--batch", "-q", "--trace", trace, script, cwd=str(tmp_path))
+    assert r.returncode == plain.returncode == 1
+    assert "[rank0]: hook\nTraceback" in plain.stderr
+    assert without_nndb_lines(r.stderr) == plain.stderr
+    assert "nndb/" not in r.stderr
+
+
 def test_sys_exit_with_message(tmp_path, trace):
     script = write(tmp_path, "s.py", "import sys\nsys.exit('bye')\n")
     r = nndb("run", "--trace", trace, script)

@@ -279,10 +279,17 @@ def print_script_exception(exc: BaseException) -> None:
         finally:
             exc.__traceback__ = full
     else:
+        # The script's own hook (torch.distributed's, which prefixes "[rankN]: " to each
+        # line, installs one at init_process_group) that hands the exception on to
+        # sys.__excepthook__: that shows the exception's own traceback, whatever it is
+        # given, so nndb's frames come off it there too (they were shown above the script's).
+        full, exc.__traceback__ = exc.__traceback__, tb
         try:
             hook(type(exc), exc, tb)
         except Exception:
             traceback.print_exception(type(exc), exc, tb, file=sys.stderr)
+        finally:
+            exc.__traceback__ = full
     sys.stderr.flush()
 
 
