@@ -241,3 +241,52 @@ def test_nndb_check_fails_gradients_when_the_scaler_skips_every_step(tmp_path):
     line = next(l for l in r.stdout.splitlines() if l.split()[1:2] == ["gradients"])
     assert line.startswith("FAIL") and "GradScaler skipped every optimizer step" in line, r.stdout
     assert "hand-written" not in r.stdout, r.stdout
+
+
+# FSDP2 with FSDP's ShardedGradScaler (CPU, gloo, a process group of one: the shape of
+# a sharded job's rank), and a scaler class of the script's own with a scale() of its own.
+SHARDED = textwrap.dedent('''
+    import sys
+    import torch, torch.nn as nn, torch.nn.functional as F
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 10), nn.ReLU(), nn.Linear(10, 2))
+    if sys.argv[1] == "sharded":
+        import torch.distributed as dist
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+        from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+        fully_shard(model, mesh=init_device_mesh("cpu", (1,)))
+        scaler = ShardedGradScaler(device="cpu", init_scale=1024.0)
+    else:
+        class Scaler(torch.amp.GradScaler):
+            def scale(self, outputs):
+                if self._scale is None:
+                    self._lazy_init_scale_growth_tracker(outputs.device)
+                return outputs * self._scale
+        scaler = Scaler("cpu", init_scale=1024.0)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x, y = torch.randn(32, 6), torch.randint(0, 2, (32,))
+    for it in range(4):
+        loss = F.cross_entropy(model(x[8 * it:8 * it + 8]), y[8 * it:8 * it + 8])
+        opt.zero_grad()
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        print("it", it, repr(loss.item()), scaler.get_scale())
+''')
+
+
+def test_a_grad_scaler_subclass_with_its_own_scale_records_the_scripts_loss(tmp_path):
+    """FSDP's ShardedGradScaler has a scale() of its own, which never calls
+    GradScaler's (nndb's wrapper): the trace's loss was the loss times the scale
+    (743.85 for 0.7264 at 1024, on rank 0 of a 2-rank FSDP2 job); so for a script's
+    own subclass."""
+    from nndb.store.reader import TraceReader
+    for kind in ("sharded", "own"):
+        plain, trace = plain_and_recorded(tmp_path, SHARDED, kind)
+        printed = re.findall(r"^it \d+ (\S+) 1024\.0$", plain.stdout, re.M)
+        assert len(printed) == 4, plain.stdout
+        with TraceReader(trace) as t:
+            _, losses = t.history(t.find("loss", "loss")[0], "mean")
+        assert [repr(float(v)) for v in losses] == printed

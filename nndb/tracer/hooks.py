@@ -68,6 +68,7 @@ _IN_WRAPPER: set = set()         # the threads inside it
 _CLIPPING: list = []             # the tracers that see clip_grad_norm_ (_clip_grad_norm_)
 _ORIGINALS: dict = {}            # torch's clip_grad_norm_ and clip_grads_with_norm_, while nndb's wrappers are in place
 _SCALER_ORIGINALS: dict = {}     # torch.amp.GradScaler's scale and step, while nndb's wrappers are in place
+_SCALER_SUBCLASSES: dict = {}    # a GradScaler subclass -> (its own scale, nndb's wrapper of it), while in place
 _get_ident = threading.get_ident
 _perf_counter = time.perf_counter
 _ONE = torch.tensor(1.0)
@@ -346,7 +347,13 @@ def _scaler_scale(self, outputs):
     remembers the loss it scaled (``_nndb_unscaled``), which the step's ``loss`` is
     (StepRecorder.loss): the script's own number, not the loss times the scale (65536 at
     the start, halved at every skipped step and doubled at every growth)."""
-    out = _SCALER_ORIGINALS["scale"](self, outputs)
+    return _scale_through(_SCALER_ORIGINALS["scale"], self, outputs)
+
+
+def _scale_through(original, self, outputs):
+    """``original(self, outputs)``, a GradScaler class's own ``scale``, its output
+    marked with the loss it scaled (_scaler_scale)."""
+    out = original(self, outputs)
     if _CLIPPING and out is not outputs and isinstance(outputs, torch.Tensor) and isinstance(out, torch.Tensor):
         try:
             setattr(out, UNSCALED, outputs.detach())
@@ -371,14 +378,45 @@ def _scaler_step(self, optimizer, *args, **kwargs):
     return out
 
 
+def _scaler_init(self, *args, **kwargs):
+    """``torch.amp.GradScaler.__init__`` while a tracer records: a subclass with a
+    ``scale`` of its own (FSDP's ShardedGradScaler, which never calls GradScaler's)
+    gets nndb's wrapper of it (_wrap_scaler_subclass), else its scaled loss was
+    recorded as the step's loss (the loss times 65536, or the scaler's init_scale)."""
+    _SCALER_ORIGINALS["__init__"](self, *args, **kwargs)
+    try:
+        _wrap_scaler_subclass(type(self))
+    except Exception:
+        pass
+
+
+def _wrap_scaler_subclass(klass) -> None:
+    base = getattr(torch.amp, "GradScaler", None)
+    for k in klass.__mro__:
+        if k is base or base is None:
+            break
+        original = k.__dict__.get("scale")
+        if original is None or getattr(original, "_nndb_scale", False) or not callable(original):
+            continue
+
+        def wrapper(self, outputs, _original=original):
+            return _scale_through(_original, self, outputs)
+        functools.update_wrapper(wrapper, original)
+        wrapper._nndb_scale = True
+        _SCALER_SUBCLASSES[k] = (original, wrapper)
+        setattr(k, "scale", wrapper)
+
+
 def _wrap_scaler(on: bool) -> None:
-    """nndb's ``scale`` and ``step`` in ``torch.amp.GradScaler`` (the class
-    torch.cuda.amp's and torch.cpu.amp's derive from), with the clipping wrappers."""
+    """nndb's ``scale``, ``step`` and ``__init__`` in ``torch.amp.GradScaler`` (the class
+    torch.cuda.amp's and torch.cpu.amp's derive from; a subclass's own ``scale`` is
+    wrapped when one is made: _scaler_init), with the clipping wrappers."""
     cls = getattr(getattr(torch, "amp", None), "GradScaler", None)
     if cls is None:
         return
+    wrappers = (("scale", _scaler_scale), ("step", _scaler_step), ("__init__", _scaler_init))
     if on and not _SCALER_ORIGINALS:
-        for name, wrapper in (("scale", _scaler_scale), ("step", _scaler_step)):
+        for name, wrapper in wrappers:
             original = cls.__dict__.get(name)
             if original is None:
                 continue
@@ -386,10 +424,14 @@ def _wrap_scaler(on: bool) -> None:
             functools.update_wrapper(wrapper, original)
             setattr(cls, name, wrapper)
     elif not on and _SCALER_ORIGINALS:
-        for name, wrapper in (("scale", _scaler_scale), ("step", _scaler_step)):
+        for name, wrapper in wrappers:
             if name in _SCALER_ORIGINALS and cls.__dict__.get(name) is wrapper:
                 setattr(cls, name, _SCALER_ORIGINALS[name])
         _SCALER_ORIGINALS.clear()
+        for k, (original, wrapper) in list(_SCALER_SUBCLASSES.items()):
+            if k.__dict__.get("scale") is wrapper:
+                setattr(k, "scale", original)
+        _SCALER_SUBCLASSES.clear()
 
 
 def _settle_after_backward(recorders: list) -> None:
