@@ -96,3 +96,40 @@ def test_uneven_inputs_under_join_the_rank_out_of_inputs_leaves_the_agreement(tm
         os.close(master)
     assert p.returncode == 0
     _assert_none_left(str(tmp_path))
+
+
+def test_quit_with_a_rank_held_in_ddps_all_reduce_ends_the_job_as_quit(tmp_path):
+    """A module breakpoint on rank 1 leaves rank 0 held in DDP's all-reduce
+    inside backward; 'quit' there ended rank 1 first, which broke rank 0's
+    collective: 'nndb: rank 0 failed: exit code 1 (RuntimeError: ...
+    Connection closed by peer); its traceback is above', rank 0's trace
+    "failed" and the job's exit code 1.  Now the held rank is ended first
+    from its helper thread: the job ends as a quit (exit code 0), every
+    trace "killed", nothing left running."""
+    from test_distributed_run import _metas
+    script = _copy(tmp_path, "distrun_ddp_mlp.py")
+    p, master, expect = _on_terminal(tmp_path, script)
+    cmd = _commands(master, expect)
+    try:
+        expect("(nndb r0) ", timeout=150)
+        cmd("break step 1")
+        out = cmd("continue")
+        assert "nndb: all 2 rank(s) stopped at the end of step 1" in out, out
+        cmd("delete")
+        assert "Breakpoint" in cmd("break module module.0 rank 1")
+        out = cmd("continue")
+        assert "nndb: rank 0 did not stop: it waits in" in out and "autograd's backward" in out, out
+        assert "nndb: 1 of 2 rank(s) stopped: r1" in out, out
+        os.write(master, b"quit\n")
+        out = expect("nndb: the job ended (exit code 0)").replace("\r", "")
+        assert "failed" not in out and "Traceback" not in out, out
+        p.wait(timeout=60)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, 9)
+        os.close(master)
+    assert p.returncode == 0
+    (run_dir,) = os.listdir(tmp_path / "nndb-runs")
+    for _, end, _ in _metas(tmp_path / "nndb-runs" / run_dir):
+        assert end["status"] == "killed" and end["exit_code"] == 0, end
+    _assert_none_left(str(tmp_path))

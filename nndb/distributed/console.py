@@ -38,6 +38,7 @@ _REPLICA = {"predict", "reverse-continue", "rc"}      # answered by a replica jo
 _NOT_ACROSS = {"timeline": "time travel", "timelines": "time travel", "s": "step", "step": "step",
                "run": "run", "r": "run", "detach": "detach"}
 _STOP_WAIT_S = 3.0
+_ABORT_WAIT_S = 10.0   # (quit with a rank held in a collective: its helper thread ends it after 1.5 s)
 _HELLO_WAIT_S = 120.0   # (after the first rank's hello: the other nodes' ranks start with it, then import)
 
 
@@ -257,12 +258,24 @@ class Console:
             except CommandError as e:
                 self.say(str(e))
                 return
-        if word in _RESUME or word in _END:
-            for r in (ranks if word in _END else self._stopped()):     # (a held rank runs on by itself)
-                self.front.send_line(r, "kill" if word in _END else line)
-            if word in _END:
-                self._job_done.wait()
-                return
+        if word in _END:
+            # A rank held in a collective by another's stop inside a step reads no line: it is
+            # ended first, from its helper thread (its trace closed "killed", exit code 0), so
+            # that the stopped ranks' end does not break its collective under it (it was
+            # "rank 0 failed: exit code 1 (RuntimeError: ... Connection closed by peer)",
+            # its trace "failed", the job's exit code 1, for a quit).
+            held = [r for r in ranks if r in self.held]
+            if held:
+                self.front.abort(held, "killed", 0, "killed from the debugger")
+                self.front.wait(held, timeout=_ABORT_WAIT_S, finished=self._finished)
+            for r in ranks:
+                if r not in held:
+                    self.front.send_line(r, "kill")
+            self._job_done.wait()
+            return
+        if word in _RESUME:
+            for r in self._stopped():     # (a held rank runs on by itself)
+                self.front.send_line(r, line)
             self._wait_stopped()
             return
         if across == "suffix" and TABLE.lookup(word).name == "commands":

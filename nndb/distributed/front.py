@@ -238,9 +238,15 @@ class Front:
                 self._replied.notify_all()
 
     def _abort_all(self, status: str, code: int, reason: str) -> None:
+        self.abort(None, status, code, reason)
+
+    def abort(self, ranks, status: str, code: int, reason: str) -> None:
+        """End ``ranks`` (None: every rank) from their helper threads
+        (nndb.distributed.worker: a main thread that runs Python ends the run
+        itself; one blocked in a collective has its trace closed for it)."""
         with self._lock:
-            ranks = list(self.state.ranks.values())
-        for r in ranks:
+            infos = [i for r, i in self.state.ranks.items() if ranks is None or r in ranks]
+        for r in infos:
             r.chan.send({"op": "abort", "status": status, "exit_code": code, "reason": reason})
 
     # -- stacks and the watchdog ----------------------------------------------------------------
