@@ -5,6 +5,7 @@ FSDP jobs of 2 CPU ranks under ``torch.distributed.run`` with gloo, each rank
 under ``nndb run --batch`` (tests/scripts/dist_ddp.py, dist_fsdp.py)."""
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -265,3 +266,29 @@ def test_divergence_from_the_first_step_compared_says_the_replicas_may_never_hav
              for r in (0, 1)}
     (f,) = [f for f in judge_job(later) if f.rule == "rank_divergence"]
     assert f.step == 2 and "the replicas have diverged (a gradient not all-reduced" in f.message, f.message
+
+
+def test_judge_takes_no_divergence_under_model_averaging():
+    """Replicas that differ between averages (Local SGD: a row says the job holds one of
+    torch's model averagers) are not a divergence; the same rows without it are."""
+    rows = {r: [_row(s, {"w": 5 + (r if s % 4 else 0), "b": 6}, [[s, 10 * s + r]]) for s in range(9)]
+            for r in (0, 1)}
+    assert ("rank_divergence", 1) in _rules(judge_job(rows))
+    rows[1][0]["averaging"] = True
+    assert judge_job(rows) == []
+
+
+@pytest.mark.parametrize("how", ["optimizer", "manual"])
+def test_local_sgd_has_no_divergence_finding(tmp_path, how):
+    """torch's Local SGD (PostLocalSGDOptimizer, or a PeriodicModelAverager the script
+    calls after each step): after the warm-up the replicas differ at every step end, by
+    design (they are averaged every 4 steps, after the step).  The job said, and inspect
+    too, 'error rank_divergence at step 2: ... the replicas have diverged (a gradient not
+    all-reduced ...)'."""
+    rundir, p = _job(tmp_path, how, "dist_localsgd.py", *(["--manual"] if how == "manual" else []))
+    rows = re.findall(r"^rank (\d) step (\d+) loss \S+ params (\w+)$", p.stdout, re.M)
+    by = {(int(r), int(s)): d for r, s, d in rows}
+    assert by[(0, 3)] != by[(1, 3)] and by[(0, 6)] == by[(1, 6)], p.stdout    # (the replicas do differ)
+    data = _inspect(rundir)
+    assert data["cross_rank_findings"] == []
+    assert all(r["findings"] == [] for r in data["ranks"])

@@ -133,6 +133,10 @@ class CrossRankJudge:
         self._loaders: dict = {}         # rank -> its DataLoaders (fingerprint.loaders)
         self._slow: dict = {}            # rank -> (observed steps in a row, where the time went)
         self._params_agreed = False      # the replicas' parameters were equal at an observed step
+        # A model averager in the job (Local SGD: torch's PostLocalSGDOptimizer, PeriodicModelAverager):
+        # each rank steps its own replica and they are averaged every few steps, after the step's
+        # end, so they differ at step ends by design: rank_divergence is not judged.
+        self._averaging = False
 
     def _report(self, f: Finding, new: list) -> None:
         key = (f.rule, f.evidence.get("rank"), f.subject)
@@ -149,10 +153,12 @@ class CrossRankJudge:
         for rank, row in rows.items():
             if "loaders" in row:
                 self._loaders[rank] = row["loaders"]
+            if row.get("averaging"):
+                self._averaging = True
         self._batches(rows, new)
         if len(rows) >= 2:
             with_params = {r: row["params"] for r, row in rows.items() if row.get("params") is not None}
-            if len(with_params) >= 2:
+            if len(with_params) >= 2 and not self._averaging:
                 self._divergence(step, with_params, new)
             with_bn = {r: row["bn"] for r, row in rows.items() if row.get("bn")}
             if len(with_bn) >= 2:

@@ -31,6 +31,7 @@ tensor or consumes a random number; an error switches it off (said once).
 from __future__ import annotations
 
 import gc
+import sys
 import time
 from typing import Callable, Optional
 
@@ -177,6 +178,25 @@ def loaders(earlier=()) -> list:
             n = None
         out.append({"sampler": name, "shuffle": shuffle, "batches": n})
     return out
+
+
+def model_averaging(modules=None) -> bool:
+    """Does the process hold one of torch's model averagers (Local SGD:
+    ``PeriodicModelAverager``, ``HierarchicalModelAverager``, the one a
+    ``PostLocalSGDOptimizer`` holds)?  Its replicas differ between averages by
+    design.  Nothing to look for when their module was never imported (one
+    referrer scan otherwise)."""
+    mod = (modules if modules is not None else sys.modules).get(
+        "torch.distributed.algorithms.model_averaging.averagers")
+    base = getattr(mod, "ModelAverager", None)
+    if base is None:
+        return False
+    classes, todo = [], [base]
+    while todo:
+        k = todo.pop()
+        classes.append(k)
+        todo.extend(k.__subclasses__())
+    return any(isinstance(o, base) for o in gc.get_referrers(*classes))
 
 
 def bn_summary(module) -> Optional[list]:
@@ -352,6 +372,8 @@ class Fingerprints:
                 self.loaders = loaders(self._earlier_loaders)
                 self._earlier_loaders = ()
                 row["loaders"] = self.loaders
+                if self.ranks > 1 and model_averaging():
+                    row["averaging"] = True     # (rank_divergence: the replicas differ between averages)
                 self.inputs_wanted = self.ranks > 1 or any(x.get("shuffle") or (x.get("batches") or 0) >= 2
                                                            for x in self.loaders)
             if self.ranks > 1:              # (compared across ranks only: no rule of one process reads them)
