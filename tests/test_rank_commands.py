@@ -45,6 +45,21 @@ def test_rank_in_one_process_says_there_is_one(one_process):
         TABLE.parse("rank x")
 
 
+def test_a_rank_on_its_own_says_whose_launcher_it_runs_under(monkeypatch):
+    """A rank of ``nndb run --nproc-per-node N --batch`` (nndb's own launcher, its front's
+    socket in the environment) runs the -e commands by itself: it said "plain torchrun:
+    no prompt holds the other ranks", which it was not under."""
+    from nndb.commands.rankspec import one_process as said
+    for k, v in (("RANK", "1"), ("WORLD_SIZE", "2"), ("LOCAL_RANK", "1")):
+        monkeypatch.setenv(k, v)
+    for k in ("NNDB_FRONT_SOCKET", "NNDB_FRONT_PUBLISH", "NNDB_FRONT_FROM_STORE"):
+        monkeypatch.delenv(k, raising=False)
+    assert "plain torchrun" in said()
+    monkeypatch.setenv("NNDB_FRONT_SOCKET", "/tmp/nndb-x/front.sock")
+    assert said() == ("rank 1 of 2, on its own (--batch: each rank runs the -e/-x commands by itself; "
+                      "without --batch, nndb run --nproc-per-node N holds one prompt for all)")
+
+
 def test_help_names_rank_and_the_ranks_options():
     rows = TABLE.help().rows
     assert ("ranks", "rank", "Show the rank you look at, or switch to rank N (several ranks).") in rows

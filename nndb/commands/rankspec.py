@@ -12,6 +12,8 @@ plainly rather than pretend to show other ranks.
 """
 from __future__ import annotations
 
+import os
+
 import re
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -66,6 +68,10 @@ def one_process() -> str:
     w = place()
     if not w.distributed:
         return "one process: rank 0 of 1"
+    if any(os.environ.get(k) for k in ("NNDB_FRONT_SOCKET", "NNDB_FRONT_PUBLISH", "NNDB_FRONT_FROM_STORE")):
+        # (a rank of nndb run --nproc-per-node N --batch: it was "plain torchrun", under nndb's own launcher)
+        return (f"rank {w.rank} of {w.world_size}, on its own (--batch: each rank runs the -e/-x commands "
+                f"by itself; without --batch, nndb run --nproc-per-node N holds one prompt for all)")
     return (f"rank {w.rank} of {w.world_size}, on its own (plain torchrun: no prompt holds the other ranks; "
             f"nndb run --nproc-per-node N holds one for all)")
 
