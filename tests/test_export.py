@@ -205,3 +205,53 @@ def test_an_unreachable_mlflow_server_is_one_line_at_once(nan_trace):
     assert res.exit_code == 2 and res.output.count("\n") == 1
     assert res.output.startswith(f"nndb: error: cannot export to mlflow:http://127.0.0.1:{port}: "
                                  f"ConnectionRefusedError")
+
+
+LONG_NAMES = """
+import torch, torch.nn as nn
+torch.manual_seed(0)
+m = nn.Linear(4, 1)
+for i in range(7):                      # a deep model's path: 290 characters
+    w = nn.Module()
+    w.add_module("encoder_stack_wrapper_at_level_%d_of_seven" % i, m)
+    m = w
+net = nn.Sequential(m)
+layer = net[0]
+while not isinstance(layer, nn.Linear):
+    layer = next(iter(layer.children()))
+opt = torch.optim.SGD(net.parameters(), lr=0.1)
+x = torch.randn(16, 4); y = x.sum(1, keepdim=True)
+for it in range(4):
+    opt.zero_grad(); loss = ((layer(x) - y) ** 2).mean(); loss.backward(); opt.step()
+    print(it, f"{layer.weight.grad.norm().item():.9g}", f"{layer.bias.grad.norm().item():.9g}")
+"""
+
+
+def test_mlflow_keeps_long_names_apart(tmp_path, monkeypatch):
+    """A tag over MLflow's 250 characters gets a key of its own: cut at 250,
+    every statistic of a 269-character parameter name, its weight's and its
+    bias's, went into one metric (20 values at step 0, the UI showing the last)."""
+    pytest.importorskip("mlflow")
+    from mlflow.tracking import MlflowClient
+    from conftest import plain_and_recorded
+    from nndb.export.mlflow import key, MAX_KEY
+    plain, trace = plain_and_recorded(tmp_path, LONG_NAMES)
+    res = export(trace, "--mlflow", "file:" + str(tmp_path / "ml"))
+    assert res.exit_code == 0, res.output
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    client = MlflowClient(tracking_uri="file:" + str(tmp_path / "ml"))
+    (run,) = client.search_runs([client.get_experiment_by_name("nndb").experiment_id])
+    want = expected_values(trace)
+    assert max(map(len, want)) > MAX_KEY
+    assert len({key(t) for t in want}) == len(want) and set(run.data.metrics) == {key(t) for t in want}
+    assert all(len(key(t)) <= MAX_KEY and key(t).endswith(t.rsplit("/", 1)[1]) for t in want)
+    for tag, pts in want.items():
+        got = {m.step: m.value for m in client.get_metric_history(run.info.run_id, key(tag))}
+        assert got == pts, tag
+    # the gradients' norms are the script's own (nndb sums in float64: within float32's rounding)
+    weight = next(t for t in want if t.startswith("grad/") and t.endswith(".weight/norm"))
+    bias = next(t for t in want if t.startswith("grad/") and t.endswith(".bias/norm"))
+    rows = [line.split() for line in plain.stdout.splitlines()]
+    for name, col in ((weight, 1), (bias, 2)):
+        got = {m.step: m.value for m in client.get_metric_history(run.info.run_id, key(name))}
+        assert [got[i] for i in range(4)] == pytest.approx([float(r[col]) for r in rows], rel=1e-6)
