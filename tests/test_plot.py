@@ -435,3 +435,55 @@ def test_a_history_draws_no_line_across_steps_that_were_not_measured(relu_trace)
     assert top.get_xlim() == (-0.5, 60.5)
     wl = [l for l in figure(w).axes[0].get_lines() if l.get_label().startswith("norm")][0]
     assert not np.isnan(np.asarray(wl.get_xdata(), dtype=float)).any()     # a weight's: every step, unbroken
+
+
+TINY = """
+import sys, torch, torch.nn as nn
+torch.manual_seed(0)
+m = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
+opt = torch.optim.SGD(m.parameters(), lr=0.01)
+x = torch.randn(32, 4); y = x.sum(1, keepdim=True)
+for it in range(int(sys.argv[1])):
+    opt.zero_grad(); loss = ((m(x) - y) ** 2).mean(); loss.backward(); opt.step()
+"""
+
+
+@pytest.mark.parametrize("steps,act_every,observed", [
+    # the default schedule over a long run: steps 0-19, then every 32nd; their usual spacing is 32
+    (700, None, list(range(20)) + list(range(32, 700, 32))),
+    # every 2nd step after the first 20: 20, 22, ... (21, 23, ... not measured)
+    (40, 2, list(range(20)) + list(range(20, 40, 2))),
+])
+def test_a_history_breaks_its_line_at_every_recorded_step_it_skips(tmp_path, steps, act_every, observed):
+    """A gap was one longer than 1.5 times the series' usual spacing: over 700 steps an activation's
+    usual spacing is 32 (22 gaps of 32 against 19 of 1), so its norm was one line through steps 19, 32,
+    64, ... as if measured between them; with --act-every 2, a line from 20 to 22 across step 21."""
+    pytest.importorskip("matplotlib")
+    import gc
+    from nndb.driver import DebugOptions, debug
+    from nndb.frontends.batch import ScriptedFrontend
+    from nndb.render.plot import figure
+    from nndb.run.config import RecordSchedule, RunConfig
+    from nndb.run.launcher import Target
+    from nndb.store.reader import TraceReader
+    gc.collect()
+    script = tmp_path / "tiny.py"
+    script.write_text(TINY)
+    path = str(tmp_path / "t.h5")
+    schedule = RecordSchedule.parse(None, None, None, act_every)
+    assert debug(RunConfig(Target(path=str(script), args=[str(steps)]), path, quiet=True, schedule=schedule),
+                 DebugOptions(batch=True, no_rc=True, rules="none"), ScriptedFrontend([])).exit_code == 0
+    with TraceReader(path) as r:
+        assert r.steps.tolist() == list(range(steps))
+        d = D.history(r, "1", "act")
+        w = D.history(r, "0.weight", "param")
+    assert d.steps.tolist() == observed
+    (line,) = [l for l in figure(d).axes[0].get_lines() if l.get_label().startswith("norm")]
+    x = np.asarray(line.get_xdata(), dtype=float)
+    segments = [[int(v) for v in seg if not np.isnan(v)] for seg in np.split(x, np.flatnonzero(np.isnan(x)))]
+    for seg in filter(None, segments):      # each joins steps with no recorded step between them
+        assert seg == list(range(seg[0], seg[-1] + 1)), seg
+    assert sum(map(len, segments)) == len(observed)
+    same(np.asarray(line.get_ydata(), dtype=float)[~np.isnan(x)], d.stats["norm"])
+    wl = [l for l in figure(w).axes[0].get_lines() if l.get_label().startswith("norm")][0]
+    assert not np.isnan(np.asarray(wl.get_xdata(), dtype=float)).any()     # a weight's: every step, unbroken

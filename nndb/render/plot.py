@@ -254,7 +254,7 @@ def _history(fig, d: History) -> None:
     top, bottom = fig.subplots(2, 1, sharex=True)
     norm = d.stats["norm"]
     ok = np.isfinite(norm)
-    xs, ys = _broken(d.steps[ok], norm[ok])
+    xs, ys = _broken(d.steps[ok], norm[ok], d.recorded)
     sparse = ok.sum() < 60 or bool(np.isnan(xs).any())        # (few points, or gaps: each one shown)
     top.plot(xs, ys, linewidth=1.5, marker="." if sparse else None, markersize=4,
              label="norm (at each step it was measured)")
@@ -289,15 +289,26 @@ def _history(fig, d: History) -> None:
     bottom.set_xlim(d.span[0] - 0.5, d.span[1] + 0.5)     # the trace's steps, first to last
 
 
-def _broken(steps: np.ndarray, values: np.ndarray) -> tuple:
-    """(x, y) of a line that is not drawn across a gap longer than the usual
-    spacing of its steps (an activation's norm at steps 0-19, then 32, 64: no
-    line from 19 to 32 or from 32 to 64, which would show values never measured)."""
+def _broken(steps: np.ndarray, values: np.ndarray, recorded=None) -> tuple:
+    """(x, y) of a line that is not drawn across a recorded step where the
+    series has no value (an activation's norm at steps 0-19, then 32, 64: no
+    line from 19 to 32 or from 32 to 64, which would show values never
+    measured).  Without ``recorded`` (the trace's steps), a gap is one longer
+    than the usual spacing of the series' steps.  (That rule alone drew the
+    line across every gap of a run of 700 steps or more, whose activations'
+    usual spacing is 32, and across step 21 with --act-every 2.)"""
     s = np.asarray(steps, dtype=float)
     v = np.asarray(values, dtype=float)
-    if len(s) < 3:
+    if len(s) < 2:
         return s, v
-    gap = np.diff(s) > max(1.0, float(np.median(np.diff(s)))) * 1.5
+    if recorded is not None:
+        rec = np.asarray(recorded, dtype=float)
+        # a recorded step strictly between two neighbours: the series skipped it
+        gap = np.searchsorted(rec, s[1:], side="left") - np.searchsorted(rec, s[:-1], side="right") > 0
+    elif len(s) < 3:
+        return s, v
+    else:
+        gap = np.diff(s) > max(1.0, float(np.median(np.diff(s)))) * 1.5
     if not gap.any():
         return s, v
     cut = np.flatnonzero(gap) + 1

@@ -66,6 +66,7 @@ class History:
     title: str = ""
     nonfinite: Optional[np.ndarray] = None      # (N,) bool: the norm measured NaN or Inf
     span: tuple = (0, 0)    # the trace's first and last recorded step: the x axis runs over them
+    recorded: Optional[np.ndarray] = None       # the trace's recorded steps (a line breaks where one was skipped)
 
 
 @dataclass
@@ -197,7 +198,7 @@ def history(reader, name: str, kind: str = "param", findings=(), stops=()) -> Hi
             nonfinite = bad
     span = (int(reader.steps[0]), int(reader.steps[-1])) if reader.n_steps else (0, 0)
     return History(s.name, kind, steps, stats, marks(findings, stops), _title(reader, f"{kind} {s.name} history"),
-                   nonfinite, span)
+                   nonfinite, span, np.asarray(reader.steps, dtype=np.int64))
 
 
 def ratio(reader, glob: Optional[str] = None, findings=(), stops=()) -> Ratio:
