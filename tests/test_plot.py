@@ -487,3 +487,41 @@ def test_a_history_breaks_its_line_at_every_recorded_step_it_skips(tmp_path, ste
     same(np.asarray(line.get_ydata(), dtype=float)[~np.isnan(x)], d.stats["norm"])
     wl = [l for l in figure(w).axes[0].get_lines() if l.get_label().startswith("norm")][0]
     assert not np.isnan(np.asarray(wl.get_xdata(), dtype=float)).any()     # a weight's: every step, unbroken
+
+
+NAN_ONCE = """
+import torch, torch.nn as nn
+torch.manual_seed(0)
+m = nn.Linear(4, 1)
+opt = torch.optim.SGD(m.parameters(), lr=0.01)
+x = torch.randn(16, 4); y = x.sum(1, keepdim=True)
+for it in range(10):
+    opt.zero_grad()
+    loss = ((m(x) * (float("nan") if it == 5 else 1.0) - y) ** 2).mean()
+    loss.backward()
+    if it == 5:
+        opt.zero_grad()             # a bad batch: its step skipped
+    opt.step()
+    print(it, loss.item())
+"""
+
+
+def test_the_loss_curve_draws_no_line_across_a_nan_step(tmp_path):
+    """A NaN loss at step 5 of 10 (the script skips that step's update): the curve went straight from
+    step 4's loss to step 6's, a line through a step whose loss was NaN (its cross along the bottom)."""
+    pytest.importorskip("matplotlib")
+    from conftest import plain_and_recorded
+    from nndb.render.plot import figure
+    plain, path = plain_and_recorded(tmp_path, NAN_ONCE)
+    printed = [float(line.split()[1]) for line in plain.stdout.splitlines()]
+    with TraceReader(path) as r:
+        d = D.loss(r)
+    ax = figure(d).axes[0]
+    (line,) = [l for l in ax.get_lines() if l.get_label() == "loss"]
+    x = np.asarray(line.get_xdata(), dtype=float)
+    y = np.asarray(line.get_ydata(), dtype=float)
+    assert np.isnan(x).tolist() == [i == 5 for i in range(10)]      # steps 0-4, a break, 6-9
+    assert x[~np.isnan(x)].tolist() == [0, 1, 2, 3, 4, 6, 7, 8, 9]
+    assert y[~np.isnan(y)].tolist() == [v for i, v in enumerate(printed) if i != 5] and math.isnan(printed[5])
+    (c,) = [c for c in ax.collections if c.get_label() == "loss: NaN or Inf"]
+    assert [int(round(p[0])) for p in c.get_offsets()] == [5]

@@ -234,7 +234,8 @@ def _loss(fig, d: LossCurve) -> None:
     log = finite.size > 0 and finite.min() > 0 and finite.max() / finite.min() > 100
     for name, steps, values, bad in zip(d.names, d.steps, d.values, d.nonfinite):
         ok = np.isfinite(values)
-        ax.plot(steps[ok], values[ok], marker="." if ok.sum() < 60 else None, linewidth=1.5, label=plain(name))
+        xs, ys = _broken(steps[ok], values[ok], steps[bad])     # (no line across a NaN or Inf step)
+        ax.plot(xs, ys, marker="." if ok.sum() < 60 or bad.any() else None, linewidth=1.5, label=plain(name))
         if bad.any():       # (no height to draw them at: a row of crosses along the bottom)
             ax.scatter(steps[bad], [0.03] * int(bad.sum()), marker="x", color="red", s=40,
                        transform=ax.get_xaxis_transform(), label=f"{plain(name)}: NaN or Inf", zorder=4)
