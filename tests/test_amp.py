@@ -290,3 +290,40 @@ def test_a_grad_scaler_subclass_with_its_own_scale_records_the_scripts_loss(tmp_
         with TraceReader(trace) as t:
             _, losses = t.history(t.find("loss", "loss")[0], "mean")
         assert [repr(float(v)) for v in losses] == printed
+
+
+LOSSES = textwrap.dedent('''
+    import sys
+    import torch, torch.nn as nn, torch.nn.functional as F
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
+    head = nn.Linear(32, 1)
+    opt = torch.optim.SGD(list(model.parameters()) + list(head.parameters()), lr=0.05)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 10)
+    data, labels = torch.randn(96, 16), torch.randint(0, 4, (96,))
+    for it in range(6):
+        x, y = data[it * 16:it * 16 + 16], labels[it * 16:it * 16 + 16]
+        with torch.autocast("cpu", dtype=torch.float16):
+            h = model[1](model[0](x))
+            l1 = F.cross_entropy(model[2](h), y)
+            l2 = head(h).float().pow(2).mean()
+        scaled = scaler.scale([l1, l2] if sys.argv[1] == "list" else (l1, l2))
+        torch.autograd.backward(scaled)
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad()
+        print("it", it, repr((l1 + l2).item()))
+''')
+
+
+def test_the_loss_of_losses_a_scaler_scaled_together_is_their_sum(tmp_path):
+    """``torch.autograd.backward(scaler.scale([l1, l2]))`` (scale() takes a list or tuple
+    of losses): the trace's loss was the scaled sum, 1444.7 for the script's 1.4109 at a
+    scale of 2**10, where ``scaler.scale(l1 + l2).backward()`` recorded 1.4109."""
+    from nndb.store.reader import TraceReader
+    for kind in ("list", "tuple"):
+        plain, trace = plain_and_recorded(tmp_path, LOSSES, kind)
+        truth = re.findall(r"^it \d+ (\S+)$", plain.stdout, re.M)
+        with TraceReader(trace) as t:
+            _, losses = t.history(t.find("loss", "loss")[0], "mean")
+        assert [repr(float(v)) for v in losses] == truth

@@ -8,6 +8,8 @@ import sys
 
 import torch
 
+from .recorder import unscaled
+
 
 def backward_objective(roots: list, grads) -> list:
     """The tensors a backward differentiates, as the step's loss: one root as
@@ -16,7 +18,9 @@ def backward_objective(roots: list, grads) -> list:
     gradient the engine computes); several scalar roots
     (``torch.autograd.backward([l1, l2])``) as the one objective they make,
     sum of gradient_i x root_i (l1 + l2, as the script would write it); else
-    the first root (no scalar objective)."""
+    the first root (no scalar objective).  A root a GradScaler scaled counts as
+    the loss it scaled (``scaler.scale([l1, l2])``: l1 + l2, not that times
+    the scale; one root stays as it is, which the recorder reads so)."""
     if len(roots) < 2:
         if roots and isinstance(grads, (tuple, list)) and len(grads) == 1:
             grads = grads[0]
@@ -24,7 +28,7 @@ def backward_objective(roots: list, grads) -> list:
         if isinstance(grads, torch.Tensor) and isinstance(r, torch.Tensor) and grads.numel() == 1 \
                 and r.numel() == 1 and not bool(grads == 1):
             with torch.no_grad():
-                return [(r.detach() * grads).to(r.dtype)]
+                return [(unscaled(r).detach() * grads).to(r.dtype)]
         return roots
     if not isinstance(grads, (tuple, list)) or len(grads) != len(roots) or \
             not all(isinstance(t, torch.Tensor) and t.numel() == 1 for t in (*roots, *grads)):
@@ -32,6 +36,7 @@ def backward_objective(roots: list, grads) -> list:
     total = None
     with torch.no_grad():
         for r, g in zip(roots, grads):
+            r = unscaled(r)
             term = r.detach() if bool(g == 1) else r.detach() * g
             total = term if total is None else total + term
     return [total]

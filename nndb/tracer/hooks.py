@@ -354,11 +354,19 @@ def _scale_through(original, self, outputs):
     """``original(self, outputs)``, a GradScaler class's own ``scale``, its output
     marked with the loss it scaled (_scaler_scale)."""
     out = original(self, outputs)
-    if _CLIPPING and out is not outputs and isinstance(outputs, torch.Tensor) and isinstance(out, torch.Tensor):
+    if _CLIPPING and out is not outputs:
+        # (a list or tuple of losses, which scale() gives back scaled one by one in a list or
+        # tuple: ``torch.autograd.backward(scaler.scale([l1, l2]))``'s loss is l1 + l2, not
+        # that times the scale)
+        pairs = [(outputs, out)] if isinstance(outputs, torch.Tensor) else \
+            list(zip(outputs, out)) if isinstance(outputs, (list, tuple)) and isinstance(out, (list, tuple)) \
+            else []
         try:
-            setattr(out, UNSCALED, outputs.detach())
-            for t in _CLIPPING:
-                t.recorder.scaler_seen = True
+            for loss, scaled in pairs:
+                if isinstance(loss, torch.Tensor) and isinstance(scaled, torch.Tensor) and scaled is not loss:
+                    setattr(scaled, UNSCALED, loss.detach())
+                    for t in _CLIPPING:
+                        t.recorder.scaler_seen = True
         except Exception:
             pass
     return out
