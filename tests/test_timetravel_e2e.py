@@ -176,6 +176,17 @@ def test_present_from_a_stop_inside_a_step_names_that_step(tmp_path, script):
     assert "Back in the present (timeline 0): step 2." in r.stdout, r.stdout
 
 
+def test_displays_show_again_back_in_the_present(tmp_path, script):
+    """``display`` shows at every stop: the past's stop showed them, the present's did not
+    once the replica handed back ('Back in the present ... step 6.' and then the prompt)."""
+    r = run(tmp_path, script, ["break step 6", "continue", "display ('D', $step)", "goto 3", "present",
+                               "delete", "continue"])
+    out = r.stdout
+    assert re.findall(r"^1: \('D', \$step\) = \('D', (\d+)\)$", out, re.M) == ["6", "3", "6"], out
+    back = out[out.index("Back in the present (timeline 0): step 6."):].splitlines()
+    assert back[1] == "1: ('D', $step) = ('D', 6)", out
+
+
 def test_reverse_continue_in_the_past_with_no_earlier_hit_stays_in_the_past(tmp_path, script):
     # it handed back to the live run, found nothing, and left the user in the present
     r = run(tmp_path, script, ["until 12", "rs 4", "break step 100", "rc", "p ('AT', $step)", "present", "continue"])

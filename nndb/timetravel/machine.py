@@ -575,6 +575,9 @@ class TimeMachine:
             else:
                 s.message(f"Back in the present (timeline 0): step {present_step(s)}."
                           f"  ({time.perf_counter() - t0:.2f} s in the past{files_note(msg)})")
+                # (the live run's stop again, after the past's: its displays, as at any stop and
+                # as the past showed its own)
+                s.show_displays()
             return
 
     @staticmethod
