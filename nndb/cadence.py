@@ -265,6 +265,7 @@ class Cadence:
             (f"`input_range`, `initial_loss`, `loss_broadcast`, `double_softmax` probes (a module's "
              f"first {SAMPLE_CALLS} calls, then these steps)", "input_probes", ""),
             ("`bn_stats` probe", "bn_stats", ""),
+            ("`clip_before_unscale` probe (at a GradScaler's `step()` after a `clip_grad_norm_`)", "recorded", ""),
             ("`stale_grad` check", "grad_reset", ""),
             ("`grad_none` check (every step while a parameter lacks its gradient)", "grad_presence", ""),
         ]

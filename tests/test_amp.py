@@ -327,3 +327,52 @@ def test_the_loss_of_losses_a_scaler_scaled_together_is_their_sum(tmp_path):
         with TraceReader(trace) as t:
             _, losses = t.history(t.find("loss", "loss")[0], "mean")
         assert [repr(float(v)) for v in losses] == truth
+
+
+CLIP_ORDER = textwrap.dedent('''
+    import sys
+    import torch, torch.nn as nn, torch.nn.functional as F
+    torch.manual_seed(0)
+    order = sys.argv[1]      # clip-first | unscale-first | fp32 | disabled
+    model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 4))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 16, enabled=order.endswith("-first"))
+    data, labels = torch.randn(96, 16), torch.randint(0, 4, (96,))
+    for it in range(6):
+        x, y = data[it * 16:it * 16 + 16], labels[it * 16:it * 16 + 16]
+        with torch.autocast("cpu", dtype=torch.float16, enabled=order != "fp32"):
+            loss = F.cross_entropy(model(x), y)
+        scaler.scale(loss).backward()
+        if order != "clip-first":
+            scaler.unscale_(opt)
+        gn = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        if order == "clip-first":
+            scaler.unscale_(opt)
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad()
+        print("it", it, repr(loss.item()), repr(gn.item()))
+''')
+
+
+def test_clipping_before_the_scaler_unscales_is_an_error_and_the_right_order_is_not(tmp_path):
+    """clip_grad_norm_ before ``scaler.unscale_(opt)`` clipped the gradients times 65536
+    (it returned 7.28e4 for a true 1.11, clipping to 1.5e-5): no rule said so, and
+    exploding_gradient called it 'exploding gradient before clipping'.  The right order,
+    a float32 run and a disabled scaler stay silent."""
+    from nndb.store.reader import TraceReader
+    found = {}
+    for order in ("clip-first", "unscale-first", "fp32", "disabled"):
+        plain, trace = plain_and_recorded(tmp_path, CLIP_ORDER, order)
+        with TraceReader(trace) as t:
+            found[order] = [f for f in t.records("finding") if f["rule"] == "clip_before_unscale"]
+        if order == "clip-first":
+            scaled = float(re.search(r"^it 0 \S+ (\S+)$", plain.stdout, re.M).group(1))
+        if order == "unscale-first":
+            true = float(re.search(r"^it 0 \S+ (\S+)$", plain.stdout, re.M).group(1))
+    assert not found["unscale-first"] and not found["fp32"] and not found["disabled"], found
+    (f,) = found["clip-first"]
+    assert f["step"] == 0 and f["severity"] == "error", f
+    assert f["evidence"]["scale"] == 65536.0 and f["evidence"]["total_norm"] == scaled, f
+    assert abs(scaled / 65536.0 - true) < 1e-3 * true, (scaled, true)
+    assert f"the gradients' own: {true:.3g}" in f["message"] and "scaler.unscale_(opt)" in f["message"], f

@@ -28,7 +28,7 @@ OPTIMIZERS = ["exploding_gradient", "vanishing_gradient", "update_ratio", "param
 WITH_OPTIMIZERS = ["nonfinite"] + OPTIMIZERS + ["loss_not_decreasing", "loss_explodes", "zero_gradients",
                                                  "epoch_repeats", "duplicate_batches"]
 PROBES = {"bn_stats", "grad_none", "stale_grad", "dead_relu", "saturated_activation", "eval_mode_training",
-          "input_range", "initial_loss", "loss_broadcast", "double_softmax"}
+          "input_range", "initial_loss", "loss_broadcast", "double_softmax", "clip_before_unscale"}
 # (a trace written by hand here records no optimizers: their rules are skipped too)
 NOT_ON_HAND_WRITTEN = PROBES | set(OPTIMIZERS) | {"epoch_repeats", "duplicate_batches"}
 

@@ -249,6 +249,34 @@ class TrainMode(StepProbe):
         return {self.act_name(*key): f for key, f in super().take(step).items()}
 
 
+# -- clip_before_unscale -------------------------------------------------------------------------
+def _number(x):
+    if isinstance(x, torch.Tensor):
+        return float(x.detach().float().cpu().item()) if x.numel() == 1 else None
+    try:
+        return float(x)
+    except (TypeError, ValueError):
+        return None
+
+
+@register
+class ScaledClip(StepProbe):
+    """A GradScaler's ``step(optimizer)`` after clip_grad_norm_ clipped the optimizer's
+    gradients while the scaler had not unscaled them (nndb.tracer.hooks._scaler_step):
+    facts["clips"] = [{"optimizer": weakref, "total", "max_norm", "scale"}] (numbers read
+    here: only a script with the bug pays for the host transfer)."""
+    name = "scaled_clip"
+    SCALED_CLIP = True
+
+    def scaled_clip(self, opt, clips: list, scale) -> None:
+        if not self.recorder.recording:
+            return
+        found = self.step_facts().setdefault("clips", [])
+        for total, max_norm in clips:
+            found.append({"optimizer": weakref.ref(opt), "total": _number(total),
+                          "max_norm": _number(max_norm), "scale": _number(scale)})
+
+
 # -- input_range, initial_loss, loss_broadcast, double_softmax ----------------------------------
 CLASS_LOSSES = (nn.CrossEntropyLoss, nn.NLLLoss)
 POINTWISE_LOSSES = (nn.MSELoss, nn.L1Loss, nn.SmoothL1Loss, nn.HuberLoss, nn.BCELoss, nn.BCEWithLogitsLoss)

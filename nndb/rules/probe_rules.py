@@ -492,4 +492,38 @@ class DoubleSoftmax(Rule):
                 module=name, softmax_module=src, min=lo, max=hi, row_sum_error=err, classes=f.get("classes"))
 
 
-RULES = [DeadRelu, SaturatedActivation, EvalModeTraining, InputRange, InitialLoss, LossBroadcast, DoubleSoftmax]
+class ClipBeforeUnscale(Rule):
+    """clip_grad_norm_ under a GradScaler must come after ``scaler.unscale_(optimizer)``
+    (PyTorch's AMP examples, 'Gradient clipping'): before it, the gradients are still the
+    loss scale (65536 at the start) times the true ones, so the total norm it returns is
+    scale x the true norm and it clips them to ``max_norm`` there, to max_norm / scale
+    once the scaler's step unscales them: every step clipped to almost nothing (or never,
+    with a max_norm sized for the scaled norms).  Seen live, at the scaler's
+    ``step(optimizer)`` after such a clip of that optimizer's parameters (an optimizer no
+    scaler steps has gradients no scaler scaled); the order unscale_ then clip, a run
+    without a scaler and a disabled scaler are not reported."""
+    id = "clip_before_unscale"
+    severity = "error"
+    explanation = ("clip_grad_norm_ under a GradScaler before scaler.unscale_(optimizer): it measures and clips "
+                   "the gradients times the loss scale, so the norm it returns is the scale's and max_norm "
+                   "becomes max_norm / scale")
+    THRESHOLDS: dict = {}
+    PROBES = ("scaled_clip",)
+
+    def check(self, ctx):
+        for f in ctx.facts.get("scaled_clip", {}).get("clips", ()):
+            opt = f["optimizer"]()
+            name = next((n for n, o in ctx.optimizers if o is opt), "the optimizer")
+            total, max_norm, scale = f["total"], f["max_norm"], f["scale"]
+            true = f" (the gradients' own: {total / scale:.3g})" if total is not None and scale else ""
+            clipped = f", clipping them to {max_norm:g} / {scale:g} = {max_norm / scale:.3g}" \
+                if max_norm is not None and scale and total is not None and total > max_norm else ""
+            yield self.finding(
+                ctx, f"clip_grad_norm_ clipped {name}'s gradients before scaler.unscale_({name}): they "
+                     f"were still multiplied by the loss scale ({scale:g}), so it returned a total norm "
+                     f"of {total:.3g}{true}{clipped}; call scaler.unscale_(optimizer) before clipping",
+                module=name, total_norm=total, max_norm=max_norm, scale=scale)
+
+
+RULES = [DeadRelu, SaturatedActivation, EvalModeTraining, InputRange, InitialLoss, LossBroadcast, DoubleSoftmax,
+         ClipBeforeUnscale]

@@ -43,6 +43,7 @@ class Probe:
     _armed = False                    # its callbacks are in the tracer now
     ROOT = False                      # see every root module's inputs (``root``)
     OPTIMIZER = False                 # see every optimizer step (``optimizer``)
+    SCALED_CLIP = False               # see a GradScaler's step after a clip of scaled gradients (``scaled_clip``)
 
     def _hooks(self) -> list:
         if getattr(self, "_wrapped", None) is None:
@@ -51,6 +52,8 @@ class Probe:
                 out.append(("root", self._guard(self.root)))
             if self.OPTIMIZER:
                 out.append(("optimizer", self._guard(self.optimizer)))
+            if self.SCALED_CLIP:
+                out.append(("scaled_clip", self._guard(self.scaled_clip)))
             self._wrapped = out
         return self._wrapped
 
@@ -96,6 +99,11 @@ class Probe:
 
     def optimizer(self, opt, when: str) -> None:
         """At an optimizer step: ``when`` is "pre" or "post"."""
+
+    def scaled_clip(self, opt, clips: list, scale) -> None:
+        """A GradScaler steps ``opt``, whose gradients clip_grad_norm_ clipped ((total it
+        returned, max_norm) in ``clips``) while they were still scaled by ``scale``
+        (nndb.tracer.within)."""
 
     def take(self, step: int) -> dict:
         out, self.facts = self.facts, {}

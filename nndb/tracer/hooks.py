@@ -69,6 +69,8 @@ _CLIPPING: list = []             # the tracers that see clip_grad_norm_ (_clip_g
 _ORIGINALS: dict = {}            # torch's clip_grad_norm_ and clip_grads_with_norm_, while nndb's wrappers are in place
 _SCALER_ORIGINALS: dict = {}     # torch.amp.GradScaler's scale and step, while nndb's wrappers are in place
 _SCALER_SUBCLASSES: dict = {}    # a GradScaler subclass -> (its own scale, nndb's wrapper of it), while in place
+_SCALING: "weakref.WeakSet" = weakref.WeakSet()   # the GradScalers that scaled a loss (_scaler_scale)
+_SCALED_CLIPS: list = []         # clip_grad_norm_ calls a GradScaler may have scaled the gradients of (_scaled_clip)
 _get_ident = threading.get_ident
 _perf_counter = time.perf_counter
 _ONE = torch.tensor(1.0)
@@ -278,9 +280,70 @@ def _clip_grad_norm_(*args, **kwargs):
     """``torch.nn.utils.clip_grad_norm_`` while a tracer records what it returns: the
     gradients' total norm before clipping, which the gradients recorded at the optimizer's
     step no longer show (StepRecorder.clip_norm)."""
+    if _SCALING:
+        args, kwargs = _clip_params_listed(args, kwargs)
     out = _ORIGINALS["clip_grad_norm_"](*args, **kwargs)
+    if _SCALING:
+        _scaled_clip(args, kwargs, out)
     _clipped(out)
     return out
+
+
+def _clip_params_listed(args, kwargs):
+    """clip_grad_norm_'s arguments with its parameters in a list (a generator, such as
+    ``model.parameters()``, is read once: by torch's function, and by _scaled_clip after it)."""
+    try:
+        if args and not isinstance(args[0], (torch.Tensor, list, tuple)):
+            args = (list(args[0]),) + tuple(args[1:])
+        elif "parameters" in kwargs and not isinstance(kwargs["parameters"], (torch.Tensor, list, tuple)):
+            kwargs = dict(kwargs, parameters=list(kwargs["parameters"]))
+    except Exception:
+        pass
+    return args, kwargs
+
+
+def _scaled_clip(args, kwargs, total) -> None:
+    """A clip_grad_norm_ while a GradScaler scales the losses: the parameters it clipped, and
+    which optimizers each scaler had unscaled then (``scaler.unscale_(optimizer)``).  The
+    scaler's ``step(optimizer)`` tells whether the clip saw that optimizer's gradients
+    still scaled (_scaler_step): an optimizer no scaler steps (a model trained in float32
+    beside one under the scaler) has gradients no scaler scaled."""
+    try:
+        params = args[0] if args else kwargs.get("parameters")
+        max_norm = args[1] if len(args) > 1 else kwargs.get("max_norm")
+        ids = {id(params)} if isinstance(params, torch.Tensor) else {id(p) for p in params}
+        stages = []
+        for scaler in list(_SCALING):
+            states = getattr(scaler, "_per_optimizer_states", None)
+            if isinstance(states, dict):
+                stages.append((weakref.ref(scaler), {k: v.get("stage") for k, v in states.items()
+                                                     if isinstance(v, dict)}))
+        if stages:
+            _SCALED_CLIPS.append((ids, stages, total, max_norm))
+            del _SCALED_CLIPS[:-16]      # (clips no scaler's step ever took: the last few are kept)
+    except Exception:
+        pass
+
+
+def _clips_of_scaled_gradients(scaler, optimizer) -> list:
+    """(total, max_norm) of the clip_grad_norm_ calls (since ``scaler`` last stepped
+    ``optimizer``) that clipped some of ``optimizer``'s parameters before ``scaler`` unscaled
+    its gradients: they measured and clipped the gradients times the loss scale.  The clips
+    of the optimizer's parameters are taken either way."""
+    from torch.amp.grad_scaler import OptState
+    owned = {id(p) for g in optimizer.param_groups for p in g["params"]}
+    found, kept = [], []
+    for entry in _SCALED_CLIPS:
+        ids, stages, total, max_norm = entry
+        if not ids & owned:
+            kept.append(entry)
+            continue
+        for ref, stage in stages:
+            if ref() is scaler and stage.get(id(optimizer), OptState.READY) == OptState.READY:
+                found.append((total, max_norm))
+                break
+    _SCALED_CLIPS[:] = kept
+    return found
 
 
 def _clip_grads_with_norm_(*args, **kwargs):
@@ -288,8 +351,13 @@ def _clip_grads_with_norm_(*args, **kwargs):
     clipping of those who compute the total norm themselves (accelerate's and so the
     Trainer's ``clip_grad_norm_``); its ``total_norm`` is recorded as ``clip_grad_norm_``'s
     return is.  (torch's own ``clip_grad_norm_`` calls the private name: counted once.)"""
+    if _SCALING:
+        args, kwargs = _clip_params_listed(args, kwargs)
     out = _ORIGINALS["clip_grads_with_norm_"](*args, **kwargs)
-    _clipped(args[2] if len(args) > 2 else kwargs.get("total_norm"))
+    total = args[2] if len(args) > 2 else kwargs.get("total_norm")
+    if _SCALING:
+        _scaled_clip(args, kwargs, total)
+    _clipped(total)
     return out
 
 
@@ -365,6 +433,7 @@ def _scale_through(original, self, outputs):
             for loss, scaled in pairs:
                 if isinstance(loss, torch.Tensor) and isinstance(scaled, torch.Tensor) and scaled is not loss:
                     setattr(scaled, UNSCALED, loss.detach())
+                    _SCALING.add(self)
                     for t in _CLIPPING:
                         t.recorder.scaler_seen = True
         except Exception:
@@ -378,6 +447,20 @@ def _scaler_step(self, optimizer, *args, **kwargs):
     no step: what it recorded for one (its finite loss, its ``clip_grad_norm_`` total of
     Inf) is not the next step's (StepRecorder.scaler_skipped)."""
     tracers = tuple(_CLIPPING)
+    if _SCALED_CLIPS:
+        try:
+            clips = _clips_of_scaled_gradients(self, optimizer)
+        except Exception:
+            clips = []
+        if clips:
+            scale = getattr(self, "_scale", None)
+            for t in tracers:
+                if t.within.scaled_clip and not t._failed:
+                    try:
+                        for cb in t.within.scaled_clip:
+                            cb(optimizer, clips, scale)
+                    except Exception:
+                        t._fail()
     before = [t.optimizer_posts for t in tracers]
     out = _SCALER_ORIGINALS["step"](self, optimizer, *args, **kwargs)
     for t, n in zip(tracers, before):
@@ -440,6 +523,7 @@ def _wrap_scaler(on: bool) -> None:
             if k.__dict__.get("scale") is wrapper:
                 setattr(k, "scale", original)
         _SCALER_SUBCLASSES.clear()
+        _SCALED_CLIPS.clear()
 
 
 def _settle_after_backward(recorders: list) -> None:

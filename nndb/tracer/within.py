@@ -16,6 +16,10 @@ The events (``join(event, callback)``, ``leave(event, callback)``):
 * ``"loss"``: ``(tensor)`` a backward's loss, after the recorder took it — the
   op recorder's label (nndb.lineage.ops), ``nndb check``;
 * ``"no_loss"``: ``()`` a backward whose root is no tensor;
+* ``"scaled_clip"``: ``(optimizer, clips, scale)`` a GradScaler's ``step(optimizer)``
+  after clip_grad_norm_ clipped that optimizer's gradients before the scaler unscaled
+  them (clips: (the total it returned, its max_norm) each; the scaler's scale tensor) — the rules' probe
+  (nndb.rules.model_probes.ScaledClip);
 * ``"backward"``: ``()`` a backward begins (the cross-rank compute timing:
   nndb.tracer.fingerprint);
 * ``"module"``: ``(module, "forward" | "backward", inputs | grad_output)`` at
@@ -29,7 +33,7 @@ from __future__ import annotations
 
 from typing import Callable, Optional
 
-EVENTS = ("root", "optimizer", "loss", "no_loss", "backward", "module")
+EVENTS = ("root", "optimizer", "loss", "no_loss", "backward", "module", "scaled_clip")
 
 
 class WithinStep:
@@ -40,6 +44,7 @@ class WithinStep:
         self.loss: list = []
         self.no_loss: list = []
         self.backward: list = []
+        self.scaled_clip: list = []
         self.module: list = []
         self.module_backward = False        # "module" listeners see backward calls too
         self.version = 0                    # moves at every join and leave (the tracer's module hooks follow)
