@@ -4,6 +4,7 @@ stays quiet on the look-alikes that are not bugs.  Runs are in-process
 (conftest.run_in_process); the cry-wolf cases are fed to the rules directly
 as synthetic steps."""
 import json
+import re
 import math
 from types import SimpleNamespace
 
@@ -613,3 +614,57 @@ def test_nonfinite_names_the_first_module_that_ran_when_a_later_one_s_output_is_
     from nndb.store.reader import TraceReader
     with TraceReader(str(tmp_path / "run.h5")) as t:        # (the trace's series: in the order the modules ran)
         assert [s.name for s in t.series() if s.kind == "act"][:3] == ["0", "1", "2"]
+
+
+GRAD_REMADE = """
+import torch, torch.nn as nn, torch.nn.functional as F
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
+opt = torch.optim.SGD(model[2].parameters(), lr=0.05)      # (the bug: the first layer left out)
+data, labels = torch.randn(512, 16), torch.randint(0, 4, (512,))
+for it in range(12):
+    model.zero_grad(set_to_none=True)                         # (every .grad freed, made anew by backward)
+    loss = F.cross_entropy(model(data[it * 16:it * 16 + 16]), labels[it * 16:it * 16 + 16])
+    loss.backward()
+    opt.step()
+    print("it", it, repr(model[0].weight.grad.norm().item()))
+"""
+
+
+def test_a_grad_made_anew_with_the_id_of_the_last_one_is_this_steps(tmp_path):
+    """A parameter no optimizer holds has its gradient recorded where the step's backward
+    made it, told by the .grad's id() and version: a .grad freed by zero_grad(set_to_none)
+    and made anew often has the old one's id (and version 0, as the old one): 0.weight's
+    gradient was missing at steps 2 and 9 of 12, and param_not_updated came at step 7
+    ('since step 3'), not 5."""
+    from conftest import plain_and_recorded
+    from nndb.store.reader import TraceReader
+    plain, trace = plain_and_recorded(tmp_path, GRAD_REMADE)
+    truth = [float(v) for v in re.findall(r"^it \d+ (\S+)$", plain.stdout, re.M)]
+    with TraceReader(trace) as t:
+        steps, norms = t.history(t.find("0.weight", "grad")[0], "norm")
+        found = [f for f in t.records("finding") if f["rule"] == "param_not_updated"]
+    assert list(steps) == list(range(12)), steps
+    np.testing.assert_allclose(norms, truth, rtol=1e-6)
+    assert [(f["step"], f["evidence"]["steps"]) for f in found] == [(5, [1, 5])], found
+
+
+def test_a_grad_mark_is_of_the_tensor_not_of_its_id():
+    """(the case above, made sure of: a new tensor that takes a freed one's id, version 0 as
+    the freed one's, is not the gradient the mark saw)"""
+    import torch
+    from nndb.tracer.recorder import _grad_mark, _same_grad
+    g = torch.zeros(3)
+    mark, old = _grad_mark(g), id(g)
+    assert _same_grad(mark, g)
+    g.add_(1)
+    assert not _same_grad(mark, g)                # (changed in place: its version moved)
+    del g
+    for _ in range(1000):
+        new = torch.zeros(3)
+        if id(new) == old:
+            break
+        del new
+    else:
+        pytest.skip("no new tensor took the freed one's id")
+    assert new._version == 0 and not _same_grad(mark, new)

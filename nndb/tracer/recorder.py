@@ -92,6 +92,21 @@ def unscaled(tensor):
     return getattr(tensor, UNSCALED, tensor)
 
 
+def _grad_mark(g: torch.Tensor) -> tuple:
+    """A ``.grad`` as a step left it: the tensor (weakly) and its version counter."""
+    return weakref.ref(g), g._version
+
+
+def _same_grad(mark, g: torch.Tensor) -> bool:
+    """Is ``g`` the ``.grad`` ``mark`` saw, unchanged since?  The tensor itself, not its
+    id(): a .grad that zero_grad(set_to_none=True) freed and the next backward made anew
+    often takes the id of the one it replaced (5 of 12 steps of a two-layer model), and a
+    new gradient's version is 0 as the old one's was: such a step's gradient was taken for
+    the last step's and not recorded (0.weight's grad norm missing at steps 2 and 9,
+    param_not_updated found 2 steps late)."""
+    return mark is not None and mark[0]() is g and mark[1] == g._version
+
+
 def first_float_tensor(out, depth: int = 0):
     if isinstance(out, torch.Tensor):
         return out if out.is_floating_point() else None
@@ -173,7 +188,7 @@ class StepRecorder:
         self._by_sig: dict = {}             # (entry keys, plans, losses qualified), as ids -> that list
         self._others: tuple = (None, [])     # (cache key, params no optimizer holds)
         # With several optimizers (a GAN, training stages): each parameter's gradient as its
-        # optimizer's last step left it, (id, version), so that a step that stepped another
+        # optimizer's last step left it, (weakref, version): _grad_mark, so that a step that stepped another
         # optimizer records only the gradients its backward made (a finished stage's .grad stays)
         self.several_optimizers = False
         # The optimizer whose loss the series ``loss`` holds (a weakref): a series keeps its
@@ -402,7 +417,7 @@ class StepRecorder:
             marks = self._grad_marks
             for p in self._plan(opt).params:
                 g = p.grad
-                marks[id(p)] = None if g is None else (id(g), g._version)
+                marks[id(p)] = None if g is None else _grad_mark(g)
         ft = self.fulltensors
         if ft is not None and ft.rules and ft.wants("param", self.step):
             ft.params(self.naming, self._plan(opt).params, "param", self.step)
@@ -488,11 +503,10 @@ class StepRecorder:
             items.append(p.detach())
             g = p.grad
             if g is not None:
-                mark = (id(g), g._version)
-                if marks.get(id(p)) != mark:     # (not as the last step left it: this step's backward made it)
+                if not _same_grad(marks.get(id(p)), g):     # (not as the last step left it: this step's backward made it)
                     keys.append(("param", p, "grad"))
                     items.append(S.dense(g).detach())
-                marks[id(p)] = mark
+                marks[id(p)] = _grad_mark(g)
         H.add_many(bucket, keys, items, full, bulk=True)
 
     def _close_manual(self, step, bucket, now, recording, final, full) -> None:
