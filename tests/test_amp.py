@@ -307,8 +307,14 @@ LOSSES = textwrap.dedent('''
             h = model[1](model[0](x))
             l1 = F.cross_entropy(model[2](h), y)
             l2 = head(h).float().pow(2).mean()
-        scaled = scaler.scale([l1, l2] if sys.argv[1] == "list" else (l1, l2))
-        torch.autograd.backward(scaled)
+        if sys.argv[1] == "each":
+            (scaler.scale(l1) + scaler.scale(l2)).backward()
+        else:
+            scaled = scaler.scale([l1, l2] if sys.argv[1] in ("list", "sum") else (l1, l2))
+            if sys.argv[1] == "sum":
+                sum(scaled).backward()
+            else:
+                torch.autograd.backward(scaled)
         scaler.step(opt)
         scaler.update()
         opt.zero_grad()
@@ -319,9 +325,11 @@ LOSSES = textwrap.dedent('''
 def test_the_loss_of_losses_a_scaler_scaled_together_is_their_sum(tmp_path):
     """``torch.autograd.backward(scaler.scale([l1, l2]))`` (scale() takes a list or tuple
     of losses): the trace's loss was the scaled sum, 1444.7 for the script's 1.4109 at a
-    scale of 2**10, where ``scaler.scale(l1 + l2).backward()`` recorded 1.4109."""
+    scale of 2**10, where ``scaler.scale(l1 + l2).backward()`` recorded 1.4109; so did
+    ``sum(scaler.scale([l1, l2])).backward()`` and ``(scaler.scale(l1) +
+    scaler.scale(l2)).backward()``, whose loss is no output of scale() itself."""
     from nndb.store.reader import TraceReader
-    for kind in ("list", "tuple"):
+    for kind in ("list", "tuple", "sum", "each"):
         plain, trace = plain_and_recorded(tmp_path, LOSSES, kind)
         truth = re.findall(r"^it \d+ (\S+)$", plain.stdout, re.M)
         with TraceReader(trace) as t:

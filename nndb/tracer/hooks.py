@@ -55,7 +55,7 @@ from .compiled import never_compiled
 from .naming import Naming, user_frame
 from .discover import backward_objective, backward_roots, call_kwargs, find_optimizers  # noqa: F401  (find_optimizers: queries)
 from .bucket import _PENDING_LOSS
-from .recorder import UNSCALED, StepRecorder, first_float_tensor
+from .recorder import SCALED_NODES, UNSCALED, StepRecorder, first_float_tensor
 from .stepclock import Close, Mode, StepClock
 from .within import WithinStep
 
@@ -273,6 +273,8 @@ def _backward(*args, **kwargs):
                 t.busy -= 1
         else:
             t._backward_returned(args, kwargs)
+    if SCALED_NODES:
+        SCALED_NODES.clear()         # (its losses are taken: the graph is the script's to free)
     return out
 
 
@@ -434,6 +436,9 @@ def _scale_through(original, self, outputs):
                 if isinstance(loss, torch.Tensor) and isinstance(scaled, torch.Tensor) and scaled is not loss:
                     setattr(scaled, UNSCALED, loss.detach())
                     _SCALING.add(self)
+                    scale = getattr(self, "_scale", None)
+                    if scaled.grad_fn is not None and isinstance(scale, torch.Tensor) and len(SCALED_NODES) < 16:
+                        SCALED_NODES[scaled.grad_fn] = scale
                     for t in _CLIPPING:
                         t.recorder.scaler_seen = True
         except Exception:

@@ -86,10 +86,42 @@ class StepRecord:
 UNSCALED = "_nndb_unscaled"     # the attribute of GradScaler.scale's output: the loss it scaled (hooks._scaler_scale)
 
 
+# The autograd nodes of the losses a GradScaler scaled since the last backward, each with the
+# scale tensor it multiplied by (hooks._scaler_scale; emptied after each backward): a loss made
+# of scaled ones (``sum(scaler.scale([l1, l2])).backward()``) is no output of scale() itself.
+SCALED_NODES: dict = {}
+_NODES_LOOKED_AT = 64            # nodes of a backward's graph searched for a scaled loss
+
+
 def unscaled(tensor):
-    """The loss a GradScaler scaled, given what ``scale()`` returned (and the tensor itself,
-    given any other): what the script computed, not that times the loss scale."""
-    return getattr(tensor, UNSCALED, tensor)
+    """The loss a GradScaler scaled, given what ``scale()`` returned, or a sum of such
+    (the sum divided by the scale: exact for the scaler's powers of 2); the tensor itself,
+    given any other: what the script computed, not that times the loss scale."""
+    u = getattr(tensor, UNSCALED, None)
+    if u is not None:
+        return u
+    if SCALED_NODES and isinstance(tensor, torch.Tensor) and tensor.grad_fn is not None:
+        scale = _scale_behind(tensor.grad_fn)
+        if scale is not None:
+            with torch.no_grad():
+                return (tensor.detach() / scale).to(tensor.dtype)
+    return tensor
+
+
+def _scale_behind(node):
+    """The scale of a scaled loss the graph from ``node`` reaches (None: none, within the
+    nodes looked at)."""
+    seen, todo = set(), [node]
+    while todo and len(seen) < _NODES_LOOKED_AT:
+        n = todo.pop()
+        if n is None or n in seen:
+            continue
+        scale = SCALED_NODES.get(n)
+        if scale is not None:
+            return scale
+        seen.add(n)
+        todo.extend(m for m, _ in n.next_functions)
+    return None
 
 
 def _grad_mark(g: torch.Tensor) -> tuple:
@@ -303,7 +335,7 @@ class StepRecorder:
         b = self._buckets[-1]
         b.backward_count += 1
         if self.scaler_seen:       # (GradScaler.scale's loss: the one it scaled, hooks._scaler_scale)
-            tensor = getattr(tensor, UNSCALED, tensor)
+            tensor = unscaled(tensor)
         if not self.recording or not (isinstance(tensor, torch.Tensor) and tensor.is_floating_point()):
             return      # (S.is_recordable, inline: every step)
         if self._in_step is not None:
