@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import math
+import weakref
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
@@ -38,6 +39,7 @@ class ModelSeen:
     first_args: tuple
     last_args: tuple = ()
     last_feed: object = None                # where its last call's input came from (``Capture._feed``)
+    keywords: tuple = ()                    # the names of its last call's inputs given by keyword (the last ones)
 
 
 @dataclass
@@ -49,6 +51,7 @@ class Feed:
     args: tuple
     feed: object = None         # a Feed, GRAPH or None, of that model's own call
     arg: int = 0                # which tensor of the fed call's inputs (pytree leaf)
+    keywords: tuple = ()        # the names of ``args``' last ones, given by keyword
 
 
 # An input computed with autograd from something no model of the run made (a trainable tensor
@@ -75,6 +78,25 @@ class LossCall:
     leaf: int = 0               # which tensor of its output (pytree leaf)
     model_args: tuple = ()      # that forward's inputs
     model_feed: object = None   # where they came from: a Feed, GRAPH, or None (the data)
+    model_keywords: tuple = ()  # the names of ``model_args``' last ones, given by keyword
+    # the input a view of that output leaf (``logits.view(-1, V)``, ``out.squeeze(1)``,
+    # ``logits.transpose(1, 2)``): (size, stride, offset in the leaf's storage from the leaf's
+    # own, the leaf's shape, the leaf's stride), to take the same view of a copy's output
+    view: Optional[tuple] = None
+    out_ref: object = None      # a weak reference to the loss the call returned
+
+
+@dataclass
+class OutputLoss:
+    """A backward's loss that a model returned itself (``logits, loss = model(x, y)``, a Hugging
+    Face model's ``out.loss``): its output leaf ``leaf`` of the call with inputs ``args``."""
+    step: int
+    model: torch.nn.Module
+    leaf: int
+    args: tuple
+    feed: object
+    keywords: tuple
+    call: Optional[LossCall] = None     # the loss function's call that returned it, if one did
 
 
 @dataclass
@@ -96,6 +118,7 @@ class Capture:
         self.models: dict = {}              # id(module) -> ModelSeen
         self.outputs: dict = {}             # id(module) -> (output leaves, args) of its last call
         self.loss_calls: list = []
+        self.output_losses: list = []       # OutputLoss: a backward's loss a model returned
         self.backward_losses: list = []     # (step, value or None)
         self.optimizers: list = []          # OptimizerSeen, in the order first stepped
         self.got_grad: set = set()          # id(param): a gradient in some step
@@ -185,6 +208,8 @@ class Capture:
         self._last_root = module
         if self.steps_done >= self.steps or next(module.parameters(), None) is None:
             return
+        keywords = tuple(getattr(args, "keywords", ()))     # (nndb.tracer.discover.CallArgs)
+        args = tuple(args)
         feed = self._feed(module, args)
         seen = self.models.get(id(module))
         if seen is None:
@@ -197,7 +222,7 @@ class Capture:
             seen.last_args = seen.first_args
         else:
             seen.last_args = _clone(args)
-        seen.last_feed = feed
+        seen.last_feed, seen.keywords = feed, keywords
         if type(module) not in self._output_types:
             self._output_types.add(type(module))
             cb = self._guard(self.output)
@@ -218,7 +243,8 @@ class Capture:
                 if mid != id(module):
                     for j, o in enumerate(outs):
                         if o is t:
-                            return Feed(self.models[mid].module, j, margs, mfeed, made[0])
+                            return Feed(self.models[mid].module, j, margs, mfeed, made[0],
+                                        self.models[mid].keywords)
         return GRAPH
 
     def output(self, module, use, args, output) -> None:
@@ -250,8 +276,18 @@ class Capture:
 
     def backward_loss(self, tensor) -> None:
         if self.steps_done < self.steps:
-            t = unscaled(tensor).detach()        # (a GradScaler's scaled loss: the loss it scaled)
+            loss = unscaled(tensor)             # (a GradScaler's scaled loss: the loss it scaled)
+            t = loss.detach()
             self.backward_losses.append((self.steps_done, float(t.double().mean()) if t.numel() else None))
+            for mid, (leaves, margs, mfeed) in self.outputs.items():
+                for i, o in enumerate(leaves):
+                    if o is loss:
+                        seen = self.models[mid]
+                        made = next((c for c in self.loss_calls if c.step == self.steps_done
+                                     and c.out_ref is not None and c.out_ref() is loss), None)
+                        self.output_losses.append(OutputLoss(self.steps_done, seen.module, i, margs, mfeed,
+                                                             seen.keywords, made))
+                        return
 
     def loss_call(self, func, args, kwargs, out) -> None:
         if self.steps_done >= self.steps or len(self.loss_calls) >= LOSS_CALLS_KEPT:
@@ -273,10 +309,14 @@ class Capture:
         value = float(out.detach().double().mean()) if isinstance(out, torch.Tensor) and out.numel() else math.nan
         call = LossCall(self.steps_done, name, func, func.__name__, args, kwargs, tuple(inp.shape),
                         inp.requires_grad, _probs_like(inp, func.__name__), target, target_pos, value)
+        if isinstance(out, torch.Tensor):
+            call.out_ref = weakref.ref(out)
         for mid, (leaves, margs, mfeed) in self.outputs.items():
             for i, t in enumerate(leaves):
-                if t is inp:
+                view = None if t is inp else _view_of(inp, t)
+                if t is inp or view is not None:
                     call.model, call.leaf, call.model_args, call.model_feed = self.models[mid].module, i, margs, mfeed
+                    call.model_keywords, call.view = self.models[mid].keywords, view
         self.loss_calls.append(call)
         if from_module:
             self._last_root = None
@@ -327,14 +367,21 @@ class Capture:
                 return hit
         return None
 
-    def chain(self, call: LossCall) -> Optional[list]:
-        """The models the loss's input went through, from the data on: [(ModelSeen, Feed or
-        None)], the first fed by the data (its Feed None), each later one by the one before
-        (``head(backbone(x))``: backbone, then head); None where an input was computed with
-        autograd from something else (``GRAPH``), or nothing links the loss to a model."""
+    def output_loss(self) -> Optional[OutputLoss]:
+        """The first step's backward loss that a model returned itself, if one did."""
+        return next((o for o in self.output_losses if o.step == 0), None) or \
+            next(iter(self.output_losses), None)
+
+    def chain(self, call) -> Optional[list]:
+        """The models the loss's input (a LossCall's; an OutputLoss's: the loss itself) went
+        through, from the data on: [(ModelSeen, Feed or None)], the first fed by the data (its
+        Feed None), each later one by the one before (``head(backbone(x))``: backbone, then head);
+        None where an input was computed with autograd from something else (``GRAPH``), or
+        nothing links the loss to a model."""
         if call.model is None:
             return None
-        out, model, feed = [], call.model, call.model_feed
+        out, model = [], call.model
+        feed = call.feed if isinstance(call, OutputLoss) else call.model_feed
         while True:
             if feed == GRAPH or len(out) > len(self.models):
                 return None
@@ -375,6 +422,28 @@ def _deepcopy(module: torch.nn.Module) -> torch.nn.Module:
             if isinstance(v, torch.Tensor) and v.grad_fn is not None:
                 memo[id(v)] = v.detach().clone()
     return copy.deepcopy(module, memo)
+
+
+def _view_of(inp: torch.Tensor, t) -> Optional[tuple]:
+    """Where ``inp`` is a view of the model's output ``t`` (``logits.view(-1, V)``,
+    ``out.squeeze(1)``, ``logits.transpose(1, 2)``, ``logits[:, -1]``): how to take it of another
+    output laid out as ``t`` (``LossCall.view``); None otherwise (a copy: ``.float()``, a
+    ``reshape`` of a non-contiguous output).  ``t`` contiguous, so that every element of its
+    storage span that the view reads is one of ``t``'s."""
+    if not isinstance(t, torch.Tensor) or inp._base is None or inp.layout is not torch.strided \
+            or t.layout is not torch.strided or inp.dtype != t.dtype or inp.device != t.device \
+            or not t.is_contiguous() or t.numel() == 0 or inp.numel() == 0:
+        return None
+    try:
+        if inp.untyped_storage().data_ptr() != t.untyped_storage().data_ptr():
+            return None
+    except Exception:
+        return None
+    rel = inp.storage_offset() - t.storage_offset()
+    last = rel + sum((n - 1) * abs(st) for n, st in zip(inp.shape, inp.stride()))
+    if rel < 0 or any(st < 0 for st in inp.stride()) or last >= t.numel():
+        return None
+    return tuple(inp.shape), tuple(inp.stride()), rel, tuple(t.shape), tuple(t.stride())
 
 
 def _number(x) -> Optional[float]:

@@ -17,18 +17,25 @@ import warnings
 import torch
 from torch.utils import _pytree as pytree
 
+from ..tracer.discover import split_call
 from .capture import Capture, LossCall
 from .checks import NO_LOSS, OVERFIT_ABS, OVERFIT_BATCH, OVERFIT_REL, Check, Outcome, _describe_input, _skip
 
 
 def overfit(cap: Capture, outcome: Outcome, iters: int) -> Check:
     call = cap.primary_loss()
-    if call is None:
+    own = cap.output_loss() if call is None or call.model is None else None
+    if own is not None:
+        # the model returns its loss itself (``logits, loss = model(x, y)``, a Hugging Face
+        # model's ``out.loss``): the copy's is the loss, whatever computed it inside
+        call = OwnLoss(own, call)
+    elif call is None:
         return _skip("overfit", NO_LOSS + ": nndb cannot recompute the loss on a copy", outcome)
-    if call.model is None:
-        return _skip("overfit", f"{call.name} was not called on the model's output itself (a reshape or slice "
-                     "in between?): nndb cannot recompute the loss on a copy", outcome)
-    chain = cap.chain(call)
+    elif call.model is None:
+        return _skip("overfit", f"{call.name} was not called on the model's output itself (nor on a view of "
+                     "it: a copy, a slice or arithmetic in between?): nndb cannot recompute the loss on a copy",
+                     outcome)
+    chain = cap.chain(own if own is not None else call)
     seen = cap.models[id(call.model)]
     model_name = type(seen.module).__name__
     if chain is None:
@@ -39,7 +46,8 @@ def overfit(cap: Capture, outcome: Outcome, iters: int) -> Check:
     if stuck is not None:
         return _skip("overfit", f"{type(stuck.module).__name__} cannot be deep-copied: {stuck.replica_error}",
                      outcome)
-    model, replica = _Chain([s.module for s, _ in chain], chain), _Chain([s.replica for s, _ in chain], chain)
+    model = _Chain([s.module for s, _ in chain], chain, call.model_keywords)
+    replica = _Chain([s.replica for s, _ in chain], chain, call.model_keywords)
     if len(chain) > 1:
         model_name = " -> ".join(type(s.module).__name__ for s, _ in chain)
         if len(list(model.parameters())) != len(list(replica.parameters())):
@@ -54,7 +62,23 @@ def overfit(cap: Capture, outcome: Outcome, iters: int) -> Check:
     except Exception as e:
         return _skip("overfit", f"cannot make a fresh {type(opts[0].opt).__name__}: {type(e).__name__}: {e}", outcome)
     args, target, n = _small_batch(call, replica.batch_args())
-    floor = _floor(call, target)
+    if own is None:
+        floor = _floor(call, target)
+    elif own.call is not None and own.call.target is not None and \
+            (n != OVERFIT_BATCH or not own.call.target.is_floating_point()):
+        # (the loss the model returned is a loss function's call inside it: on this very batch, or
+        # on class indices, whose floor with label smoothing is the same for every target)
+        floor = _floor(own.call, own.call.target)
+    else:
+        floor = (0.0, "")
+    inner = own.call if own is not None else call
+    if inner is not None and inner.kind == "cross_entropy":
+        # next-token targets: tokens with the same prefix in the batch and different next ones
+        # keep the loss above 0 for any model (names that start alike, at their first letters)
+        seq = _sequence_floor(inner, [t for t in pytree.tree_leaves(args[0]) if isinstance(t, torch.Tensor)],
+                              target if own is None else None)
+        if seq[0] > floor[0]:
+            floor = seq
     lr = opt.param_groups[0].get("lr")
     peak = ", its schedule's max_lr" if "max_lr" in opt.param_groups[0] else ""
     setup = f"{n} sample(s), {type(opt).__name__}" + (f"(lr={lr:g}{peak})" if isinstance(lr, (int, float)) else "")
@@ -92,26 +116,44 @@ def _fresh_optimizer(seen_opt, model, replica):
         return cls(groups)
 
 
+class OwnLoss:
+    """An OutputLoss as the overfit's LossCall: the loss is the model's output leaf itself."""
+    own = True
+    view = None
+    target = None
+    target_pos = None
+    probs_like = False
+
+    def __init__(self, out, inner):
+        self.model, self.leaf, self.model_args, self.model_keywords = out.model, out.leaf, out.args, out.keywords
+        self.probs_like = bool(inner is not None and inner.probs_like)
+        self.input_shape = ()
+        self.name = "the loss it returns"
+
+
 class _Chain(torch.nn.Module):
     """The models a loss's input went through, called as the script called them
     (``head(backbone(x))``: backbone, then head on its output), on their own inputs of that
     forward otherwise.  One model alone is called as it is.  Called with a tuple per model: the
     first's inputs, then each later one's (its fed input left in place: replaced)."""
 
-    def __init__(self, modules, chain):
+    def __init__(self, modules, chain, keywords: tuple = ()):
         super().__init__()
         self.stages = torch.nn.ModuleList(modules)
         self.feeds = [feed for _, feed in chain]         # (None for the first)
         # each model's inputs of the loss's forward: the first's are the fed one's Feed.args
         self.inputs = [feed.args for _, feed in chain[1:]] + [None]
+        # the names of each one's inputs given by keyword (its last ones): the last's, the loss's call's
+        self.keywords = [feed.keywords for _, feed in chain[1:]] + [keywords]
 
     def batch_args(self) -> list:
         """The inputs of the models before the last, as the loss's forward gave them."""
         return list(self.inputs[:-1])
 
     def forward(self, *per_stage):
-        out = self.stages[0](*per_stage[0])
-        for module, feed, args in zip(self.stages[1:], self.feeds[1:], per_stage[1:]):
+        a, kw = split_call(per_stage[0], self.keywords[0])
+        out = self.stages[0](*a, **kw)
+        for module, feed, args, names in zip(self.stages[1:], self.feeds[1:], per_stage[1:], self.keywords[1:]):
             x, k = pytree.tree_leaves(out)[feed.leaf], 0
             flat, spec = pytree.tree_flatten(args)
             for i, t in enumerate(flat):
@@ -119,7 +161,8 @@ class _Chain(torch.nn.Module):
                     if k == feed.arg:
                         flat[i] = x
                     k += 1
-            out = module(*pytree.tree_unflatten(flat, spec))
+            a, kw = split_call(pytree.tree_unflatten(flat, spec), names)
+            out = module(*a, **kw)
         return out
 
 
@@ -131,20 +174,65 @@ def _small_batch(call: LossCall, earlier: list):
     batch.  Returned as one tuple of inputs per model."""
     per_stage = [a if isinstance(a, tuple) else (a,) for a in earlier + [call.model_args]]
     target = call.target
-    b = call.input_shape[0] if call.input_shape else None
     leaves = [t for t in pytree.tree_leaves(per_stage) if isinstance(t, torch.Tensor)]
-    ok = (b is not None and b > OVERFIT_BATCH and target is not None and target.dim() > 0
-          and target.shape[0] == b and all(t.dim() > 0 and t.shape[0] == b and t.layout is torch.strided
-                                           for t in leaves))
+    if isinstance(call, OwnLoss):
+        # (the loss the model returns: its targets are among its inputs)
+        b = leaves[0].shape[0] if leaves and leaves[0].dim() > 0 else None
+        ok = b is not None and b > OVERFIT_BATCH
+    else:
+        b = call.input_shape[0] if call.input_shape else None
+        # (a view of the output that mixes its samples, (B, T, V) -> (B*T, V): the whole batch)
+        ok = (b is not None and b > OVERFIT_BATCH and target is not None and target.dim() > 0
+              and target.shape[0] == b and (call.view is None or _keeps_batch(call.view)))
+    ok = ok and all(t.dim() > 0 and t.shape[0] == b and t.layout is torch.strided for t in leaves)
     if not ok:
+        if leaves and leaves[0].dim() > 0 and (isinstance(call, OwnLoss) or call.view is not None):
+            b = leaves[0].shape[0]          # (the model's samples, not the (B*T, V) view's rows)
         return per_stage, target, b if b is not None else "all"
     cut = pytree.tree_map(lambda t: t[:OVERFIT_BATCH] if isinstance(t, torch.Tensor) else t, per_stage)
-    return cut, target[:OVERFIT_BATCH], OVERFIT_BATCH
+    return cut, target[:OVERFIT_BATCH] if target is not None else None, OVERFIT_BATCH
+
+
+def _keeps_batch(view: tuple) -> bool:
+    """Does a view of the output (LossCall.view) keep its samples apart along dim 0, each row of
+    the view within one sample's (``out.squeeze(1)``, ``logits.transpose(1, 2)``, ``logits[:, -1]``),
+    so that a copy's output on fewer samples has the same view on them?"""
+    size, stride, rel, shape, strides = view
+    if not size or not shape or size[0] != shape[0] or stride[0] != strides[0]:
+        return False
+    return rel + sum((n - 1) * st for n, st in zip(size[1:], stride[1:])) < max(strides[0], 1)
+
+
+def _view(out: torch.Tensor, view: tuple) -> torch.Tensor:
+    """The view of the copy's output ``out`` that the script took of its model's (LossCall.view)."""
+    size, stride, rel, shape, strides = view
+    if tuple(out.stride()) == strides and tuple(out.shape) == shape:
+        return out.as_strided(size, stride, out.storage_offset() + rel)
+    if tuple(out.stride()) == strides and tuple(out.shape[1:]) == shape[1:] and _keeps_batch(view):
+        return out.as_strided((out.shape[0],) + size[1:], stride, out.storage_offset() + rel)
+    raise ValueError(f"the copy's output is {tuple(out.shape)} with strides {tuple(out.stride())}, not "
+                     f"{shape} with {strides} as the script's: nndb cannot take the loss's view of it")
 
 
 def _loss_fn(call: LossCall, target):
+    if isinstance(call, OwnLoss):
+        def own_loss(output):
+            loss = pytree.tree_leaves(output)[call.leaf]
+            return loss.mean() if loss.dim() else loss
+        return own_loss
+    on = _loss_on(call, target)
+
     def loss_of(output):
         pred = pytree.tree_leaves(output)[call.leaf]
+        if call.view is not None:
+            pred = _view(pred, call.view)
+        return on(pred)
+    return loss_of
+
+
+def _loss_on(call: LossCall, target):
+    """The script's loss function, on a prediction shaped as its input (after any view)."""
+    def loss_of(pred):
         args, kwargs = list(call.args), dict(call.kwargs)
         if args:
             args[0] = pred
@@ -196,12 +284,67 @@ def _floor(call: LossCall, target) -> tuple:
                 ideal = probs.clamp_min(1e-300).log().to(torch.float32 if not t.is_floating_point() else t.dtype)
             else:
                 return 0.0, ""
-            value = float(_loss_fn(call, target)(ideal).detach().double())
+            value = float(_loss_on(call, target)(ideal).detach().double())
     except Exception:
         return 0.0, ""
     if not math.isfinite(value) or value <= 0:
         return 0.0, ""
     return value, "the targets' entropy"
+
+
+def _sequence_floor(call: LossCall, inputs: list, target) -> tuple:
+    """(the least value a cross-entropy over next tokens can take on this batch, what it is), or
+    (0, ""): where an input of the first model is a (B, T) tensor of token ids and the targets
+    (``target`` laid out as it, else another (B, T) integer input: a loss computed inside the
+    model) are those tokens shifted by one (``y[:, t] == x[:, t + 1]`` wherever not ignored), the
+    targets' entropy given their prefixes x[:, :t+1]: the loss of a model that knows the whole
+    batch by heart, at each prefix the targets' mix in the batch (label smoothing mixed in)."""
+    kw = dict(call.kwargs)
+    if kw.get("weight") is not None or not call.input_shape or len(call.input_shape) < 2:
+        return 0.0, ""
+    ignore = kw.get("ignore_index", -100)
+    smooth = float(kw.get("label_smoothing") or 0.0)
+    classes = call.input_shape[1]
+    tokens = [t for t in inputs if t.dim() == 2 and not t.is_floating_point() and not t.is_complex()
+              and t.dtype is not torch.bool and t.shape[1] > 1]
+    for x in tokens:
+        if target is not None:
+            if target.is_floating_point() or target.numel() != x.numel():
+                continue
+            ys = [target.reshape(x.shape)]
+        else:
+            ys = [t for t in tokens if t is not x and t.shape == x.shape]
+        for y in ys:
+            y = y.to(x.device)
+            kept = y[:, :-1] != ignore
+            if not bool(kept.any()) or not torch.equal(y[:, :-1][kept], x[:, 1:][kept]):
+                continue
+            return _prefix_entropy(x.tolist(), y.tolist(), ignore, smooth, classes), \
+                "the targets' entropy given their prefixes in the batch"
+    return 0.0, ""
+
+
+def _prefix_entropy(xs: list, ys: list, ignore: int, smooth: float, classes: int) -> float:
+    prefix: dict = {}
+    groups: dict = {}
+    for xrow, yrow in zip(xs, ys):
+        pid = 0
+        for tok, nxt in zip(xrow, yrow):
+            pid = prefix.setdefault((pid, tok), len(prefix) + 1)
+            if nxt != ignore:
+                counts = groups.setdefault(pid, {})
+                counts[nxt] = counts.get(nxt, 0) + 1
+    total, n_all = 0.0, 0
+    for counts in groups.values():
+        n = sum(counts.values())
+        ps = [(1 - smooth) * c / n + smooth / classes for c in counts.values()]
+        h = -sum(p * math.log(p) for p in ps if p > 0)
+        if smooth > 0 and classes > len(ps):
+            q = smooth / classes
+            h -= (classes - len(ps)) * q * math.log(q)
+        total += n * h
+        n_all += n
+    return total / n_all if n_all else 0.0
 
 
 def _train(replica, opt, call: LossCall, args, target, iters: int, floor: float = 0.0) -> list:

@@ -90,6 +90,29 @@ def backward_roots():
 _MODULE_FILE = torch.nn.modules.module.__file__
 
 
+class CallArgs(tuple):
+    """A root module call's inputs as the ``root`` listeners see them: the positional ones, then
+    the values of those given by keyword, whose names ``keywords`` holds (in the call's order), so
+    that a listener calling the module again passes each as the script did
+    (``model(input_ids=x, labels=y)``: ``labels`` is no positional argument of its forward)."""
+    keywords: tuple = ()
+
+
+def call_args(args: tuple, kw: dict) -> tuple:
+    """``args``, then ``kw``'s values, as a CallArgs naming them (``args`` itself without any)."""
+    if not kw:
+        return args
+    out = CallArgs(args + tuple(kw.values()))
+    out.keywords = tuple(kw)
+    return out
+
+
+def split_call(args: tuple, keywords: tuple) -> tuple:
+    """(positional, keyword dict) of a call's inputs as CallArgs listed them."""
+    n = len(args) - len(keywords)
+    return tuple(args[:n]), dict(zip(keywords, args[n:]))
+
+
 def call_kwargs(depth: int = 2) -> dict:
     """The keyword arguments of the module call whose global forward pre-hook is running
     (``depth``: frames up from the caller to torch's call): a model called as

@@ -53,7 +53,7 @@ from torch.optim import optimizer as _optimizer
 
 from .compiled import never_compiled
 from .naming import Naming, user_frame
-from .discover import backward_objective, backward_roots, call_kwargs, find_optimizers  # noqa: F401  (find_optimizers: queries)
+from .discover import backward_objective, backward_roots, call_args, call_kwargs, find_optimizers  # noqa: F401  (find_optimizers: queries)
 from .bucket import _PENDING_LOSS
 from .recorder import SCALED_NODES, UNSCALED, StepRecorder, first_float_tensor
 from .stepclock import Close, Mode, StepClock
@@ -767,8 +767,7 @@ class Tracer:
                 if self.within.root:
                     self.in_hook = True          # (the probes' own tensor work is not the step's)
                     # (a batch given by keyword, model(input_ids=..., labels=...): after the positional)
-                    kw = call_kwargs()
-                    seen = args + tuple(kw.values()) if kw else args
+                    seen = call_args(args, call_kwargs())
                     try:
                         for cb in self.within.root:
                             cb(module, seen)
