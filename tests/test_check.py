@@ -973,3 +973,30 @@ def test_a_language_model_is_overfit_whether_it_computes_its_loss_or_the_loss_re
     report, _ = run_check(write(tmp_path, "broken.py", body.replace("BROKEN", "True")), overfit_iters=100)
     c = by_name(report)["overfit"]
     assert c.status == "FAIL" and "cannot fit one small batch" in c.cause, (c.evidence, c.cause)
+
+
+def test_the_label_smoothing_floor_holds_where_the_logits_are_not_the_first_output(tmp_path):
+    """model(x) -> (features, logits), cross_entropy(logits, y, label_smoothing=0.2): the floor
+    was computed on the first output leaf's index of a bare tensor (an IndexError, swallowed:
+    floor 0), and the goal was 5% of the first loss, 0.0802, under the least the loss can be,
+    0.6615: a healthy model FAILed 'cannot fit one small batch' at 0.6625."""
+    script = write(tmp_path, "two.py", """
+        import torch, torch.nn as nn, torch.nn.functional as F
+        torch.manual_seed(0)
+        class M(nn.Module):
+            def __init__(s):
+                super().__init__(); s.body = nn.Sequential(nn.Linear(10, 64), nn.ReLU()); s.head = nn.Linear(64, 5)
+            def forward(s, x):
+                f = s.body(x); return f, s.head(f)
+        m = M(); opt = torch.optim.Adam(m.parameters(), lr=3e-3)
+        X = torch.randn(128, 10); Y = torch.randint(0, 5, (128,))
+        for step in range(2):
+            feat, logits = m(X[:64])
+            loss = F.cross_entropy(logits, Y[:64], label_smoothing=0.2)
+            opt.zero_grad(); loss.backward(); opt.step()
+        """)
+    report, _ = run_check(script, overfit_iters=300)
+    c = by_name(report)["overfit"]
+    import math
+    assert c.numbers["floor"] == pytest.approx(-(0.84 * math.log(0.84) + 4 * 0.04 * math.log(0.04)), rel=1e-6)
+    assert c.status == "PASS" and c.numbers["floor"] < c.numbers["last"] <= c.numbers["goal"], c.evidence
