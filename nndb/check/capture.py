@@ -119,6 +119,8 @@ class Capture:
         self.outputs: dict = {}             # id(module) -> (output leaves, args) of its last call
         self.loss_calls: list = []
         self.output_losses: list = []       # OutputLoss: a backward's loss a model returned
+        self._calls: dict = {}              # id(model) -> its calls with autograd on since the last backward
+        self.repeated: dict = {}            # id(model) -> the most such calls before one backward (2 or more)
         self.backward_losses: list = []     # (step, value or None)
         self.optimizers: list = []          # OptimizerSeen, in the order first stepped
         self.got_grad: set = set()          # id(param): a gradient in some step
@@ -209,6 +211,8 @@ class Capture:
         if self.steps_done >= self.steps or next(module.parameters(), None) is None:
             return
         keywords = tuple(getattr(args, "keywords", ()))     # (nndb.tracer.discover.CallArgs)
+        if torch.is_grad_enabled():
+            self._calls[id(module)] = self._calls.get(id(module), 0) + 1
         args = tuple(args)
         feed = self._feed(module, args)
         seen = self.models.get(id(module))
@@ -276,6 +280,10 @@ class Capture:
 
     def backward_loss(self, tensor) -> None:
         if self.steps_done < self.steps:
+            for mid, n in self._calls.items():
+                if n > 1:
+                    self.repeated[mid] = max(n, self.repeated.get(mid, 0))
+            self._calls = {}
             loss = unscaled(tensor)             # (a GradScaler's scaled loss: the loss it scaled)
             t = loss.detach()
             self.backward_losses.append((self.steps_done, float(t.double().mean()) if t.numel() else None))

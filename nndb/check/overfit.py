@@ -42,6 +42,13 @@ def overfit(cap: Capture, outcome: Outcome, iters: int) -> Check:
         return _skip("overfit", f"{model_name}'s input is computed with autograd from tensors no model of the "
                      "run made alone (a trainable tensor outside the modules, two models' outputs combined, "
                      "a module fed its own output): nndb cannot rebuild the forward pass on a copy", outcome)
+    again = next((s for s, _ in chain if cap.repeated.get(id(s.module), 0) > 1), None)
+    if again is not None:
+        # (a decoder's loop over time steps, two inputs through one model: one call's loss is a
+        # part of the script's, and a model that fits it need not fit the script's)
+        return _skip("overfit", f"{type(again.module).__name__} was called {cap.repeated[id(again.module)]} times "
+                     "with autograd on before one backward (a decoder's loop over time steps?): nndb overfits "
+                     "one forward's loss, a part of the script's", outcome)
     stuck = next((s for s, _ in chain if s.replica is None), None)
     if stuck is not None:
         return _skip("overfit", f"{type(stuck.module).__name__} cannot be deep-copied: {stuck.replica_error}",
