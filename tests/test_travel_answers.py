@@ -621,6 +621,44 @@ def test_set_lr_on_a_wrapped_optimizer_is_one_optimizer_its_scheduler_follows(tm
     assert re.search(r"^step 3 \S+ 0\.0006", r.stdout, re.M)     # 0.003 / 5: the schedule went on from it
 
 
+CHAINED_ONECYCLE = '''
+import torch, torch.nn as nn
+L = torch.optim.lr_scheduler
+torch.manual_seed(0)
+model = nn.Linear(8, 2)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+sched = L.ChainedScheduler([L.OneCycleLR(opt, max_lr=0.2, total_steps=13)])
+x = torch.randn(64, 8); y = torch.randint(0, 2, (64,))
+for step in range(12):
+    opt.zero_grad()
+    loss = nn.functional.cross_entropy(model(x), y)
+    loss.backward()
+    lr = opt.param_groups[0]["lr"]
+    opt.step()
+    sched.step()
+    print("step", step, "lr", repr(lr))
+'''
+
+
+def test_set_lr_under_a_chained_scheduler_scales_the_schedule_once(tmp_path):
+    """ChainedScheduler([OneCycleLR]): both drive the optimizer, and the group's initial_lr,
+    max_lr and min_lr (where OneCycleLR reads its schedule) were scaled once per scheduler:
+    'set lr 0.05' at lr 0.1929 (x0.2592) ran the rest of the schedule at x0.0672 of the
+    script's own, max_lr 0.0134 where 0.0518 was meant."""
+    (tmp_path / "plain.py").write_text(CHAINED_ONECYCLE)
+    plain = subprocess.run([sys.executable, str(tmp_path / "plain.py")], capture_output=True, text=True, timeout=120)
+    assert plain.returncode == 0, plain.stderr
+    want = {int(s): float(v) for s, v in re.findall(r"^step (\d+) lr (\S+)$", plain.stdout, re.M)}
+    r = _script_run(tmp_path, CHAINED_ONECYCLE, ["break step 4", "continue", "set lr 0.05",
+                                                 'p ("MAX", opt.param_groups[0]["max_lr"])', "continue"])
+    got = {int(s): float(v) for s, v in re.findall(r"^step (\d+) lr (\S+)$", r.stdout, re.M)}
+    factor = 0.05 / want[4]
+    assert [got[i] for i in range(5)] == [want[i] for i in range(5)], r.stdout
+    for i in range(5, 12):
+        assert got[i] == pytest.approx(want[i] * factor, rel=1e-9), (i, r.stdout)
+    assert float(re.search(r"\('MAX', (\S+)\)", r.stdout).group(1)) == pytest.approx(0.2 * factor, rel=1e-12)
+
+
 ZERO_OPTIMIZER = '''
 import os, tempfile
 import torch, torch.distributed as dist, torch.nn as nn

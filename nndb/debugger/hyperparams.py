@@ -247,14 +247,18 @@ def follow_schedule(opt, rows: list, schedulers: list) -> list:
     schedule goes on from the new value instead of setting the old one back.
     Returns one line per scheduler changed."""
     notes = []
+    # (a group's keys once, whatever the number of schedulers: under ChainedScheduler or
+    # SequentialLR the wrapper and each scheduler it holds drive the same groups)
+    for _, gi, _, was, now in rows:
+        factor = now / was if was else None
+        g = opt.param_groups[gi]
+        for k in _GROUP_LR_KEYS:
+            if isinstance(g.get(k), (int, float)):
+                g[k] = g[k] * factor if factor is not None else now
     for sch in schedulers:
         changed = []
         for _, gi, _, was, now in rows:
             factor = now / was if was else None
-            g = opt.param_groups[gi]
-            for k in _GROUP_LR_KEYS:
-                if isinstance(g.get(k), (int, float)):
-                    g[k] = g[k] * factor if factor is not None else now
             for attr in _SCHEDULER_LR_LISTS:
                 lst = getattr(sch, attr, None)
                 if isinstance(lst, list) and gi < len(lst):
