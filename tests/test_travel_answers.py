@@ -659,6 +659,36 @@ def test_set_lr_under_a_chained_scheduler_scales_the_schedule_once(tmp_path):
     assert float(re.search(r"\('MAX', (\S+)\)", r.stdout).group(1)) == pytest.approx(0.2 * factor, rel=1e-12)
 
 
+SWA_PHASE = '''
+import torch, torch.nn as nn
+from torch.optim.swa_utils import AveragedModel, SWALR
+torch.manual_seed(0)
+model = nn.Linear(8, 2)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+swa_model, swa_sched = AveragedModel(model), SWALR(opt, swa_lr=0.05, anneal_epochs=2)
+x = torch.randn(64, 8); y = torch.randint(0, 2, (64,))
+for step in range(8):
+    opt.zero_grad()
+    loss = nn.functional.cross_entropy(model(x), y)
+    loss.backward()
+    lr = opt.param_groups[0]["lr"]
+    opt.step()
+    swa_model.update_parameters(model); swa_sched.step()
+    print("step", step, "lr", repr(lr))
+'''
+
+
+def test_set_lr_under_swalr_is_followed_not_set_back(tmp_path):
+    """SWALR keeps the lr it anneals to, and then sets at every step, as the group's
+    swa_lr: 'set lr 0.01' after the annealing said 'SWALR follows ... (the schedule goes
+    on from the new lr)', and the next step ran at 0.05 again ('did not hold')."""
+    r = _script_run(tmp_path, SWA_PHASE, ["break step 4", "continue", "set lr 0.01", "continue"])
+    out = r.stdout + r.stderr
+    assert "did not hold" not in out, out
+    lrs = {int(s): float(v) for s, v in re.findall(r"^step (\d+) lr (\S+)$", r.stdout, re.M)}
+    assert lrs[4] == 0.05 and [lrs[i] for i in (5, 6, 7)] == [0.01, 0.01, 0.01], out
+
+
 ZERO_OPTIMIZER = '''
 import os, tempfile
 import torch, torch.distributed as dist, torch.nn as nn

@@ -213,8 +213,9 @@ def is_numeric(v) -> bool:
 
 
 # Where LR schedulers keep a group's learning-rate scale: the group keys they
-# add, and their own per-group lists (CyclicLR: base and max).
-_GROUP_LR_KEYS = ("initial_lr", "max_lr", "min_lr")
+# add (OneCycleLR's initial, max and min; SWALR's swa_lr, the lr it anneals to
+# and then sets at every step), and their own per-group lists (CyclicLR: base and max).
+_GROUP_LR_KEYS = ("initial_lr", "max_lr", "min_lr", "swa_lr")
 _SCHEDULER_LR_LISTS = ("base_lrs", "max_lrs")
 
 
