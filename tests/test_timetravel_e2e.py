@@ -229,10 +229,14 @@ def test_reverse_step_with_dataloader_workers_alive_says_why_it_cannot_fork(tmp_
 
 
 def test_reverse_step_with_threads_says_why_and_replays_in_a_new_process(tmp_path, script):
-    t = run(tmp_path, script, ["break step 6", "continue", "reverse-step 2", STATE, "present", "continue"],
-            args=("0", "--thread"))
-    assert "the script started threads (prefetcher) that do not survive fork()" in t.stderr
-    assert "replaying from the start in a new process (respawn)" in t.stderr
+    t = run(tmp_path, script, ["break step 6", "continue", "reverse-step 2", STATE, "present", "reverse-step 1",
+                               "present", "info checkpoints", "continue"], args=("0", "--thread"))
+    # (why, at the first travel; the later ones say it is so again, not the whole reason)
+    assert t.stderr.count("the script started threads (prefetcher) that do not survive fork()") == 1, t.stderr
+    assert t.stderr.count("replaying from the start in a new process (respawn)") == 2, t.stderr
+    assert "nndb: no fork checkpoints in this run ('info checkpoints' says why): replaying" in t.stderr
+    assert "Fork checkpoints are off: no fork checkpoints from step 0 on: the script started threads (prefetcher)" \
+        in t.stdout, t.stdout
     assert len(states(t.stdout)) == 1
     assert final(t.stdout) == final(python(script, "0", "--thread", cwd=str(tmp_path), forked=True).stdout)
 

@@ -142,6 +142,7 @@ class TimeMachine:
         self.disk_files: list = []
         self._disk_warned: set = set()
         self.blocked: Optional[str] = None    # why fork checkpoints are off in this run
+        self._told_blocked: Optional[str] = None   # the ``blocked`` a travel has said in full
         self.exact, self.exact_why = True, ""
         self.taken = 0
         self.ticks = 0                    # the schedule's ticks where fork checkpoints are off (disk alone)
@@ -442,8 +443,12 @@ class TimeMachine:
             if self.mode in ("fork", "off"):
                 raise CommandError(self._no_checkpoint(start))
             if self.mode == "auto":
-                s.error(f"nndb: {self.blocked or f'no checkpoint at or before step {start}'}: "
-                        "replaying from the start in a new process (respawn)")
+                # (why, the first time; after it, that it is so again, as gdb's notices are said once)
+                why = (self.blocked if self.blocked != self._told_blocked else
+                       "no fork checkpoints in this run ('info checkpoints' says why)") if self.blocked \
+                    else f"no checkpoint at or before step {start}"
+                self._told_blocked = self.blocked
+                s.error(f"nndb: {why}: replaying from the start in a new process (respawn)")
             goal = dict(goal, replayed_from=None)
             with self.watching_files(s) as seen:
                 msg = self.wait_for_replica(s, *spawn(s, self, goal))
