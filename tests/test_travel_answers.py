@@ -901,3 +901,37 @@ def test_an_expression_at_the_prompt_leaves_the_runs_random_draws_alone(tmp_path
     lines = [l for l in r.stdout.splitlines() if re.match(r"^\d+ \d+ \S+$", l)]
     assert lines == plain.stdout.splitlines(), r.stdout
     assert re.findall(r"\('AT', 3, '([^']+)'\)", r.stdout) == [plain.stdout.splitlines()[3].split()[2]], r.stdout
+
+
+NAN_BIAS_GRAD = """
+import torch, torch.nn as nn
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+x = torch.randn(16, 4)
+for it in range(6):
+    opt.zero_grad()
+    loss = model(x).pow(2).mean()
+    loss.backward()
+    if it == 3:
+        model[2].bias.grad.fill_(float("nan"))
+    norm = torch.linalg.vector_norm(torch.stack([p.grad.double().norm() for p in model.parameters()]))
+    opt.step()
+    print(it, repr(loss.item()), repr(norm.item()))
+"""
+
+
+def test_predict_shows_a_nan_gradient_as_a_nan_grad_norm(tmp_path):
+    """A step whose last bias got a NaN gradient: predict's Grad norm was the other tensors'
+    norm (0.1337 where the script's own norm is nan), the NaN left out as if not measured."""
+    script = tmp_path / "nanbias.py"
+    script.write_text(NAN_BIAS_GRAD)
+    plain = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, cwd=str(tmp_path))
+    assert plain.stdout.splitlines()[3].split()[2] == "nan", plain.stdout
+    r = nndb("run", "--batch", "--nx", "-q", "--trace", str(tmp_path / "t.h5"), "--force",
+             "-e", "break step 1", "-e", "continue", "-e", "predict 3", "-e", "kill", str(script), cwd=str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    rows = dict(re.findall(r"^(\d+)\s+\S+\s+(\S+)\s+\S+$", r.stdout, re.M))
+    norms = [float(line.split()[2]) for line in plain.stdout.splitlines()]
+    assert rows["3"] == "nan", r.stdout
+    assert float(rows["2"]) == pytest.approx(norms[2], rel=1e-5), r.stdout

@@ -31,6 +31,7 @@ from ..debugger.hyperparams import undone
 from ..debugger.stoppoints import Stop
 from ..run.preload import forget_openmp
 from ..schema import CLIP_SERIES
+from ..text import is_not_measured
 from . import forking, sandbox
 
 
@@ -467,8 +468,10 @@ class Predict(Role):
         rows = s.view.stat_rows()
         loss = next(iter(rows["loss"].values()), None)
         # (the parameters' gradients, as the optimizer applies them: clip_grad_norm_'s total is
-        # no parameter's, and summed in it counted the gradients twice, sqrt(total^2 + max_norm^2))
-        grads = [r.norm for n, r in rows["grad"].items() if r.norm == r.norm and not n.startswith(CLIP_SERIES)]
+        # no parameter's, and summed in it counted the gradients twice, sqrt(total^2 + max_norm^2);
+        # a NaN one makes the norm NaN: left out, as one not measured is, it was the others' norm)
+        grads = [r.norm for n, r in rows["grad"].items()
+                 if not is_not_measured(r.norm) and not n.startswith(CLIP_SERIES)]
         new = s.log.findings[self.findings_seen:]
         self.findings_seen = len(s.log.findings)
         self.rows.append({"step": step, "loss": None if loss is None else loss.mean,
