@@ -935,3 +935,17 @@ def test_predict_shows_a_nan_gradient_as_a_nan_grad_norm(tmp_path):
     norms = [float(line.split()[2]) for line in plain.stdout.splitlines()]
     assert rows["3"] == "nan", r.stdout
     assert float(rows["2"]) == pytest.approx(norms[2], rel=1e-5), r.stdout
+
+
+def test_predict_set_does_not_call_two_nan_losses_a_difference(tmp_path):
+    """Both predictions NaN at the same step, and nothing else apart: 'They first differ at
+    step 3' (NaN != NaN) where every column showed nan and nan."""
+    script = tmp_path / "nanloss.py"
+    script.write_text(NAN_BIAS_GRAD.replace("loss = model(x).pow(2).mean()",
+                                            "loss = model(x).pow(2).mean() * (float('nan') if it == 3 else 1.0)"))
+    r = nndb("run", "--batch", "--nx", "-q", "--trace", str(tmp_path / "t.h5"), "--force",
+             "-e", "break step 2", "-e", "continue", "-e", "predict 1 --set momentum=0.5", "-e", "kill",
+             str(script), cwd=str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    assert re.search(r"^3\s+nan\s+nan\s+nan\s+nan\s+nan\s", r.stdout, re.M), r.stdout
+    assert "No difference in 1 step(s)." in r.stdout and "They first differ" not in r.stdout, r.stdout

@@ -12,12 +12,18 @@ def compare_predictions(base: list, changed: list) -> tuple:
     paired in order; the shorter prediction ends the comparison."""
     rows, first = [], None
     for a, b in zip(base, changed):
-        if first is None and (a["loss"] != b["loss"] or a["grad_norm"] != b["grad_norm"]):
+        if first is None and (_differ(a["loss"], b["loss"]) or _differ(a["grad_norm"], b["grad_norm"])):
             first = a["step"]
         rows.append({"step": a["step"], "loss": a["loss"], "loss_changed": b["loss"],
                      "loss_delta": _delta(a["loss"], b["loss"]), "grad_norm": a["grad_norm"],
                      "grad_norm_changed": b["grad_norm"], "findings": b["findings"]})
     return rows, first
+
+
+def _differ(a: Optional[float], b: Optional[float]) -> bool:
+    """Do two values of a column differ?  NaN and NaN do not (they showed 'nan' and 'nan'
+    and 'They first differ at step 7': NaN != NaN)."""
+    return a != b and not (isinstance(a, float) and isinstance(b, float) and a != a and b != b)
 
 
 def _delta(a: Optional[float], b: Optional[float]) -> Optional[float]:
