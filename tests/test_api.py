@@ -509,3 +509,25 @@ def test_partial_marks_the_row_after_the_last_step_end(tmp_path, finished):
             t.partial[0] = True                     # (read-only, as steps)
     with nndb.open(finished) as t:
         assert not t.partial.any() and len(t.partial) == len(t.steps)
+
+
+def test_a_step_between_recorded_ones_is_named_with_its_neighbours(tmp_path):
+    """With every=5 the recorded steps are 0, 5, 10, 15: the error for step 3 said
+    'recorded steps: 0..15', which reads as if step 3 were among them."""
+    import torch
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x, y = torch.randn(8, 4), torch.randn(8, 1)
+    with nndb.record(tmp_path / "t.h5", every=5) as rec:
+        for _ in range(20):
+            opt.zero_grad()
+            ((model(x) - y) ** 2).mean().backward()
+            opt.step()
+    with nndb.open(tmp_path / "t.h5") as t:
+        assert t.steps.tolist() == [0, 5, 10, 15]
+        for step, said in ((3, "(recorded steps: 0..15, one in 5; the nearest 0 and 5)"),
+                           (99, "(recorded steps: 0..15, one in 5)")):
+            with pytest.raises(UsageError) as e:
+                t.stats(step)
+            assert str(e.value) == f"step {step} was not recorded in {tmp_path / 't.h5'} {said}"

@@ -189,13 +189,31 @@ class Trace:
         ok, values = self._column(name, kind, stat)
         return self._reader.steps[ok].copy(), values[ok]
 
+    def _recorded_near(self, step: int) -> str:
+        """The recorded steps, said so that a gap shows: ``0..15``, and where
+        ``step`` falls between two of them (``--every 5``: ``0..15, one in 5;
+        the nearest 0 and 5``), or that there are none."""
+        steps = self._reader.steps
+        if not len(steps):
+            return "none"
+        span = f"{int(steps[0])}..{int(steps[-1])}"
+        gaps = np.unique(np.diff(steps))
+        if len(gaps) == 1 and gaps[0] > 1:
+            span += f", one in {int(gaps[0])}"
+        elif len(gaps) > 1:
+            span += f", {len(steps)} of them"
+        before, after = steps[steps < step], steps[steps > step]
+        if len(before) and len(after):
+            span += f"; the nearest {int(before[-1])} and {int(after[0])}"
+        return span
+
     def stats(self, step: int) -> dict:
         """Every series' statistics at one recorded step: {kind: {name: {stat:
         float or None}}} (None: not measured at that step)."""
         rows = np.flatnonzero(self._reader.steps == step)
         if not len(rows):
-            span = f"{self._reader.steps[0]}..{self._reader.steps[-1]}" if self._reader.n_steps else "none"
-            raise UsageError(f"step {step} was not recorded in {self.path} (recorded steps: {span})")
+            raise UsageError(f"step {step} was not recorded in {self.path} "
+                             f"(recorded steps: {self._recorded_near(step)})")
         cols = self._reader.columns
         out: dict = {}
         for (name, kind), row in self._reader.row(int(rows[-1])).items():
