@@ -225,6 +225,39 @@ def test_record_around_a_model_made_before_the_block(tmp_path, finished):
     del stale
 
 
+def test_record_a_gan_whose_optimizers_were_made_before_the_block(tmp_path):
+    """A notebook's GAN: both optimizers made in an earlier cell.  Only the
+    discriminator's was counted at its first step (an optimizer alive before
+    the block counted once it stepped), so step 0 ended after it alone: 9
+    steps for 8 iterations, each step holding one iteration's discriminator
+    loss and the iteration before's generator loss (step 3's loss/optG
+    0.6911, iteration 2's), the first series named 'loss'.  An earlier
+    optimizer over a model the block calls is the block's."""
+    import torch
+    torch.manual_seed(0)
+    G, D = torch.nn.Linear(4, 2), torch.nn.Sequential(torch.nn.Linear(2, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+    optD, optG = torch.optim.Adam(D.parameters(), 1e-3), torch.optim.Adam(G.parameters(), 2e-3)
+    bce = torch.nn.BCEWithLogitsLoss()
+    printed = []
+    with nndb.record(tmp_path / "t.h5") as rec:
+        for _ in range(8):
+            fake = G(torch.randn(16, 4))
+            optD.zero_grad()
+            errD = bce(D(torch.randn(16, 2) + 3), torch.ones(16, 1)) + bce(D(fake.detach()), torch.zeros(16, 1))
+            errD.backward()
+            optD.step()
+            optG.zero_grad()
+            errG = bce(D(fake), torch.ones(16, 1))
+            errG.backward()
+            optG.step()
+            printed.append((errD.item(), errG.item()))
+    t = rec.trace
+    assert t.steps.tolist() == list(range(8)) and not t.partial.any()
+    assert sorted(x.name for x in t.tensors if x.kind == "loss") == ["loss/optD", "loss/optG"]
+    assert t.series("loss/optD", "loss", "mean").tolist() == [d for d, _ in printed]
+    assert t.series("loss/optG", "loss", "mean").tolist() == [g for _, g in printed]
+
+
 HAND_WRITTEN = """
 import json, sys
 import torch

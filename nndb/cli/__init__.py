@@ -41,7 +41,13 @@ def main(argv=None) -> None:
             # error (click's own form is three: the usage, a hint, the error)
             click.echo(f"nndb: error: {e.format_message()}", err=True)
             sys.exit(e.exit_code)
-        except click.Abort:
+        except click.Abort as e:
+            if isinstance(e.__context__, KeyboardInterrupt):
+                # Ctrl-C before the script runs (nndb and torch importing): one line, and the
+                # process ends by SIGINT as Python's own Ctrl-C does (130 in a shell)
+                click.echo("nndb: interrupted (Ctrl-C)", err=True)
+                sys.excepthook = lambda *exc: None
+                raise KeyboardInterrupt from None
             click.echo("Aborted!", err=True)
             sys.exit(1)
         sys.exit(code if isinstance(code, int) else 0)     # (--help, --version: click's Exit code)

@@ -1031,12 +1031,20 @@ class Tracer:
     def _optimizer_count(self, opt=None, fresh: bool = False) -> int:
         """Optimizers of this run: scanned once and reused, unless an optimizer
         steps that the last scan did not see (or ``fresh``).  One that was alive before the
-        run started (an earlier run's, in a notebook or a test process) counts
-        only once it steps in this run."""
+        run started (an earlier run's, in a notebook or a test process) counts once it
+        steps in this run, or, counted as an optimizer steps, where it holds a parameter
+        of a model this run has called (a notebook's GAN: both optimizers made in a cell
+        before the ``%%nndb`` one; were the generator's not counted, the discriminator's
+        first step would end step 0 alone and every later step hold one iteration's
+        generator step and the next's discriminator step).  (Counted at a backward, it
+        does not: a loop that updates by hand beside such an optimizer would wait for it.)"""
         if fresh or self._known_optimizers is None or (opt is not None and opt not in self._known_optimizers):
             earlier = self.preexisting_optimizers()
+            stepping = opt is not None or fresh
+            has_path = self.naming.has_path
             self._known_optimizers = weakref.WeakSet(
-                o for o in find_optimizers() if o not in earlier or o in self._opt_seen)
+                o for o in find_optimizers() if o not in earlier or o in self._opt_seen
+                or (stepping and any(has_path(q) for g in o.param_groups for q in g["params"])))
             self.recorder.several_optimizers = len(self._known_optimizers) > 1
         return len(self._known_optimizers)
 
