@@ -374,6 +374,38 @@ def test_update_ratio_leaves_zero_init_and_warmup_alone():
     assert found == []
 
 
+
+def test_update_ratio_leaves_the_end_of_an_annealed_schedule_alone():
+    """A cosine (or OneCycle) schedule ends with its lr near 0: the last steps of healthy
+    1000-step runs (SGD under LambdaLR cosine, AdamW under OneCycleLR and under SequentialLR
+    warmup + cosine) had ratios of 1e-7 to 7e-7 and were told 'the learning rate is probably
+    far too low'.  A ratio low only by the decay from the peak lr is the schedule's; one low
+    at the peak lr too (a learning rate far too low from the start) is still reported."""
+    weight = SimpleNamespace(dim=lambda: 2)
+    naming = SimpleNamespace(param_name=lambda p: "fc.weight", root_params=lambda: [weight])
+
+    def judge(lrs, ratios):
+        rule = stats_rules.UpdateRatio()
+        rule.reset()
+        opt = SimpleNamespace(param_groups=[{"params": [weight], "lr": 0.0}])
+        found = []
+        for i, (lr, r) in enumerate(zip(lrs, ratios)):
+            opt.param_groups[0]["lr"] = lr
+            series = model_step(u=r)
+            rec = SimpleNamespace(step=i, names=list(series), raw=None)
+            found += list(rule.check(StepContext(rec, _stats_of(series), {}, {}, [("optimizer", opt)], naming))
+                          or ())
+        return [(f.step, f.evidence["side"]) for f in found]
+
+    n = 200
+    cosine = [0.1 * 0.5 * (1 + math.cos(math.pi * i / n)) for i in range(n)]
+    assert judge(cosine, [1e-3 * lr / 0.1 for lr in cosine]) == []
+    # the same decay, with ratios 1000x too low from the start: reported
+    assert judge(cosine, [1e-9 * lr / 0.1 for lr in cosine]) == [(5, "low")]
+    # a constant learning rate far too low: reported
+    assert judge([1e-9] * 12, [1e-9] * 12) == [(5, "low")]
+
+
 LAYER_BY_LAYER = """
 import torch, torch.nn as nn
 torch.manual_seed(0)

@@ -127,7 +127,11 @@ class UpdateRatio(Rule):
                                   "of overflow in 6 steps, sooner than warmup and steps allow); a tensor that "
                                   "grew from exactly 0 is left out"),
         "low": Threshold(1e-6, "below this: 1000x under 1e-3, about float32's resolution of the weights "
-                               "(an update this small is mostly rounded away)"),
+                               "(an update this small is mostly rounded away); not where the ratio is low "
+                               "only because a schedule annealed the learning rate from its peak (ratio x "
+                               "the optimizer's highest lr so far / its lr now at or above this: the last "
+                               "steps of a cosine or OneCycle schedule, whose lr ends near 0, where a "
+                               "healthy 1000-step run reaches 1e-7)"),
         "warmup": Threshold(3, "first recorded steps of each weight's updates not judged (a later training "
                                "stage's optimizer starts its own): Adam's first steps are ~lr per element "
                                "whatever the gradient, and the ratio starts high for every tensor; the low "
@@ -158,6 +162,7 @@ class UpdateRatio(Rule):
         self._rewrites: set = set()                # optimizers (layout groups) whose rewriting update was reported
         self._detect = (None, 0)                   # (layout, steps left) while first updates are awaited
         self._lr = None
+        self._peak_lr: dict = {}                   # optimizer name -> its highest learning rate so far
         self._steps = 0                            # recorded steps seen
         self._losses = np.full(max(int(self.params["trend_steps"]), 6), np.nan)   # ring of the last losses
 
@@ -168,10 +173,25 @@ class UpdateRatio(Rule):
         self._lr = lrs
         return warming
 
+    def _annealed(self, ctx, lay, e) -> np.ndarray:
+        """For the weights ``e``: their optimizer's highest learning rate so far / its
+        learning rate now (1: not below its peak; inf: annealed to 0)."""
+        lrs = optimizer_lr(ctx)
+        ratio = []
+        for name, _ in ctx.optimizers:
+            now, peak = lrs.get(name), self._peak_lr.get(name)
+            ratio.append(1.0 if now is None or peak is None or now >= peak else peak / now if now > 0 else np.inf)
+        ratio.append(1.0)                          # (-1: a weight no optimizer holds)
+        return np.asarray(ratio)[lay.groups(ctx)[e]]
+
     def check(self, ctx):
         t, lay = layout(ctx, self.own)
         p = self.params
         me = int(p["min_elements"])
+        peaks = self._peak_lr
+        for name, lr in optimizer_lr(ctx).items():
+            if lr > peaks.get(name, -np.inf):
+                peaks[name] = lr
         if t.n_slots > self.streaks.n:
             self.streaks.grow(t.n_slots)
             self.zero_init, self.seen = fit(self.zero_init, t.n_slots, False), fit(self.seen, t.n_slots, False)
@@ -222,6 +242,11 @@ class UpdateRatio(Rule):
         lo = (r < p["low"]) & (u > 0) & ~young
         if np.count_nonzero(lo) and self._warming(ctx):
             lo[:] = False
+        if np.count_nonzero(lo):
+            # (a ratio low only by the schedule's decay from the peak lr: the schedule's end, not
+            # a learning rate far too low)
+            with np.errstate(all="ignore"):
+                lo &= ~(r * self._annealed(ctx, lay, e) >= p["low"])
         st = self.streaks.update(se, hi | lo, ctx.step, r)
         if st is None:
             return
