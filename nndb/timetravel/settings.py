@@ -100,4 +100,11 @@ def _reader(s, edit):
         key = edit.key
         return lambda: [float(g[key]) if not isinstance(g[key], tuple) else g[key] for g in opt.param_groups]
     code = E.compile_expr(edit.name)
-    return lambda: E.evaluate(code, s.stop_frame(), s.view.variables(s.stop_frame()))
+    # (read after the replica's first step, at its step end, before the session stands at a
+    # stop there: the frame the change was made in, which the loop runs on in)
+    made_in = s.stop_frame()
+
+    def read():
+        frame = s.stop_frame() or made_in
+        return E.evaluate(code, frame, s.view.variables(frame))
+    return read
