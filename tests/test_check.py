@@ -1027,3 +1027,43 @@ def test_a_decoder_called_once_per_time_step_is_not_overfit_on_one_step_s_loss(t
         c.evidence
     report, _ = run_check(example("grad_accum.py"), overfit_iters=300)
     assert by_name(report)["overfit"].status == "PASS"
+
+
+def test_the_floor_of_a_weighted_label_smoothed_cross_entropy_is_not_0(tmp_path):
+    """CrossEntropyLoss(weight=..., label_smoothing=0.05) on a padded tagger's logits.transpose(1, 2):
+    a class weight made the floor 0 and the goal 5% of the first loss, 0.0847, under the least the
+    loss can be (0.1972): a tagger that fit its batch FAILed 'cannot fit one small batch' at 0.1974.
+    The least is at the prediction proportional to weight x smoothed target; free logits trained on
+    the loss itself come down to it."""
+    script = write(tmp_path, "wls.py", """
+        import torch, torch.nn as nn
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(6, 64), nn.Tanh(), nn.Linear(64, 5))
+        opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+        X = torch.randn(64, 6); Y = torch.randint(0, 5, (64,)); Y[::7] = -100
+        crit = nn.CrossEntropyLoss(weight=torch.tensor([1., 2., 3., 1., .5]), label_smoothing=0.05)
+        for step in range(2):
+            loss = crit(model(X[:48]), Y[:48])
+            opt.zero_grad(); loss.backward(); opt.step()
+        """)
+    report, _ = run_check(script, overfit_iters=300)
+    c = by_name(report)["overfit"]
+    import torch
+    torch.manual_seed(0)
+    torch.nn.Sequential(torch.nn.Linear(6, 64), torch.nn.Tanh(), torch.nn.Linear(64, 5))
+    torch.randn(64, 6)
+    y = torch.randint(0, 5, (64,))
+    y[::7] = -100
+    crit = torch.nn.CrossEntropyLoss(weight=torch.tensor([1., 2., 3., 1., .5], dtype=torch.float64),
+                                     label_smoothing=0.05)
+    free = torch.zeros(32, 5, dtype=torch.float64, requires_grad=True)
+    opt = torch.optim.LBFGS([free], max_iter=500, tolerance_grad=1e-12, tolerance_change=1e-15)
+
+    def closure():
+        opt.zero_grad()
+        loss = crit(free, y[:32])
+        loss.backward()
+        return loss
+    opt.step(closure)
+    assert c.numbers["floor"] == pytest.approx(float(crit(free, y[:32])), rel=1e-6)
+    assert c.status == "PASS" and c.numbers["floor"] < c.numbers["last"] <= c.numbers["goal"], c.evidence

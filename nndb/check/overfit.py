@@ -259,7 +259,8 @@ def _floor(call: LossCall, target) -> tuple:
     binary cross-entropy on targets strictly between 0 and 1 (gray pixels, as an autoencoder's),
     cross-entropy on probability targets (distillation, mixup) or with label_smoothing: the loss
     at the prediction equal to the targets, which no model gets below.  (0, "") otherwise (and
-    where a class weight or pos_weight moves the minimum off the targets)."""
+    where a pos_weight moves the minimum off the targets; a cross-entropy's class weight moves it to
+    the prediction proportional to weight x target, the loss taken there)."""
     kw = dict(call.kwargs)
     if target is None or not isinstance(target, torch.Tensor) or not target.is_floating_point() and \
             call.kind != "cross_entropy":
@@ -277,7 +278,7 @@ def _floor(call: LossCall, target) -> tuple:
                 ideal = torch.logit(t.clamp(0, 1).double(), eps=1e-12).to(t.dtype)
             elif call.kind == "cross_entropy":
                 smooth = float(kw.get("label_smoothing") or 0.0)
-                if kw.get("weight") is not None or not (t.is_floating_point() or smooth > 0):
+                if not (t.is_floating_point() or smooth > 0):
                     return 0.0, ""
                 c_dim = 1 if len(call.input_shape) >= 2 else 0
                 classes = call.input_shape[c_dim]
@@ -288,6 +289,13 @@ def _floor(call: LossCall, target) -> tuple:
                     idx = torch.where(t == ignore, torch.zeros_like(t), t).long()
                     probs = torch.nn.functional.one_hot(idx, classes).movedim(-1, c_dim).to(torch.float64)
                 probs = probs.double() * (1 - smooth) + smooth / classes
+                weight = kw.get("weight")
+                if weight is not None:
+                    # (the loss is sum_c w_c p_c (-log q_c) per target: least at q proportional to w * p)
+                    shape = [1] * probs.dim()
+                    shape[c_dim] = classes
+                    probs = probs * weight.detach().double().to(probs.device).reshape(shape)
+                    probs = probs / probs.sum(c_dim, keepdim=True)
                 ideal = probs.clamp_min(1e-300).log().to(torch.float32 if not t.is_floating_point() else t.dtype)
             else:
                 return 0.0, ""
