@@ -433,3 +433,29 @@ def test_a_bad_option_is_one_line_and_exit_2(tmp_path, argv, said):
     r = nndb(*argv, cwd=str(tmp_path))
     assert r.returncode == 2 and r.stdout == ""
     assert r.stderr.count("\n") == 1 and r.stderr.startswith(f"nndb: error: {said}"), r.stderr
+
+
+def test_ctrl_c_before_the_script_runs_is_one_line_and_ends_by_sigint(monkeypatch, capsys):
+    """Ctrl-C while nndb starts (importing torch, before the script runs) printed
+    click's 'Aborted!' and exited 1; it says so in one line and ends as Python's
+    own Ctrl-C does (KeyboardInterrupt out of the program: by SIGINT, 130 in a
+    shell).  click's Abort of another cause (EOF at a confirmation) is as before."""
+    import click
+    from nndb import cli as nndb_cli
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(sys, "excepthook", sys.excepthook)       # (put back after the test)
+    monkeypatch.setattr(nndb_cli.inspect.inspect, "callback", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        nndb_cli.main(["inspect", "t.h5"])
+    assert capsys.readouterr().err.strip() == "nndb: interrupted (Ctrl-C)"
+
+    def aborted(*args, **kwargs):
+        raise click.Abort()
+
+    monkeypatch.setattr(nndb_cli.inspect.inspect, "callback", aborted)
+    with pytest.raises(SystemExit) as e:
+        nndb_cli.main(["inspect", "t.h5"])
+    assert e.value.code == 1 and capsys.readouterr().err.strip() == "Aborted!"
