@@ -164,6 +164,10 @@ def test_silent_broadcasting_in_a_hand_written_loss_fails_shapes(tmp_path):
         "loss = (((out + torch.ones(1)).squeeze(1) - y[:64]) ** 2 * torch.ones(64)).mean()"))
     report, _ = run_check(good, overfit_iters=5)
     assert by_name(report)["shapes"].status == "SKIP" and report.exit_code == 0, text(report)
+    # (the reason says what is true of a loss torch has but nndb does not recompute, F.ctc_loss:
+    # it was "no torch.nn.functional loss was called")
+    assert by_name(report)["shapes"].evidence.startswith(
+        "no loss nndb recomputes was called (a hand-written loss, or one such as ctc_loss"), text(report)
 
 
 def test_a_frozen_layer_the_optimizer_holds_is_named_not_hidden(tmp_path):

@@ -254,7 +254,7 @@ def _describe_target(call: LossCall):
 
 
 # -- 2. shapes ------------------------------------------------------------------------------
-NO_LOSS = "no torch.nn.functional loss was called (a hand-written loss?)"
+NO_LOSS = "no loss nndb recomputes was called (a hand-written loss, or one such as ctc_loss: docs/check.md)"
 
 
 def shapes_check(cap: Capture, outcome: Outcome) -> Check:
