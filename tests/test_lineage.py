@@ -66,6 +66,55 @@ def _run(tmp_path, script, *args, trace="t.h5"):
     return r
 
 
+CHECKPOINTED = textwrap.dedent('''
+    import sys, torch, torch.nn as nn
+    from torch.utils.checkpoint import checkpoint
+    torch.manual_seed(0)
+    REENTRANT = sys.argv[1] == "reentrant"
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc, self.bad = nn.Linear(16, 16), False
+        def forward(self, x):
+            h = self.fc(x)
+            if self.bad:
+                h = torch.log(h)               # LOG LINE: NaN where h < 0
+            return torch.relu(h)
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b, self.c = nn.Linear(8, 16), Block(), nn.Linear(16, 1)
+        def forward(self, x):
+            return self.c(checkpoint(self.b, self.a(x), use_reentrant=REENTRANT))
+    net = Net()
+    opt = torch.optim.SGD(net.parameters(), lr=0.01)
+    x, y = torch.randn(32, 8, requires_grad=REENTRANT), torch.randn(32, 1)
+    for step in range(4):
+        net.b.bad = step == 2
+        loss = ((net(x) - y) ** 2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+''')
+
+
+@pytest.mark.parametrize("mode,flags", [("plain", ["--eager"]), ("reentrant", [])])
+def test_catch_nan_names_a_checkpointed_op_once_not_again_at_its_recomputation(tmp_path, mode, flags):
+    """Activation checkpointing runs a block's forward again in the backward: the
+    log that made the NaN was a second catch, 'log made NaN in the backward pass
+    of step 2 (module net, CheckpointFunctionBackward)' (reentrant; 'module b,
+    ReluBackward0' otherwise), a second source where there is one: with the
+    replay's catch, a second line at the stop; with --eager, a second stop."""
+    script = _script(tmp_path, "ck.py", CHECKPOINTED)
+    log_line = 1 + CHECKPOINTED.splitlines().index(next(l for l in CHECKPOINTED.splitlines() if "LOG LINE" in l))
+    r = nndb(*_argv(tmp_path, script, "-e", " ".join(["catch nan", *flags]), "-e", "continue", "-e", "continue")[:-1],
+             script, mode, cwd=str(tmp_path))
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    catches = [l for l in r.stdout.splitlines() if l.startswith("Catchpoint 1 (catch nan")]
+    assert len(catches) == 1, r.stdout
+    assert catches[0].endswith(f"log made NaN in the forward pass of step 2 (module b, ck.py:{log_line})"), r.stdout
+
+
 def test_catch_nan_stops_at_the_log_that_made_it_with_its_source_line(tmp_path):
     script = _script(tmp_path, "train.py", LOG_LOSS)
     log_line = 1 + LOG_LOSS.splitlines().index(next(l for l in LOG_LOSS.splitlines() if "LOG LINE" in l))

@@ -64,16 +64,34 @@ def hits_from_events(points: list, data: dict, step: int, accept: Callable) -> l
     ops = data.get("ops", [])
     hit = set()           # (an operation is a point's hit once a step: the same op of each
     #                        micro-batch of an accumulating step is not a hit of its own)
+    forward = set()       # (op, file, line, nan) of the forward's hits: the same source line run
+    #                        again in the backward is its recomputation (activation checkpointing
+    #                        runs a block's forward again there), not a second source
     for idx, info in data.get("events", []):
         for p in points:
             if not p.matches(info):
                 continue
             detail = dict(catch_detail(ops, step, int(idx), info), located="replay")
             key = (id(p), *(detail.get(k) for k in ("op", "phase", "module", "file", "line", "nan")))
+            if recomputed(p, detail, forward):
+                continue
             if key not in hit and accept(p, detail):
                 hits.append((p, detail))
                 hit.add(key)
     return hits
+
+
+def recomputed(point, detail: dict, forward: set) -> bool:
+    """Is this hit of ``point`` the backward's recomputation of an operation
+    the forward made the non-finite value with (the same operation at the
+    same source line: activation checkpointing, ``torch.utils.checkpoint``,
+    runs a block's forward again in the backward)?  ``forward`` collects the
+    forward's hits of the step as they are asked about."""
+    line = (id(point), *(detail.get(k) for k in ("op", "file", "line", "nan")))
+    if detail.get("phase") == "forward":
+        forward.add(line)
+        return False
+    return detail.get("phase") == "backward" and detail.get("file") is not None and line in forward
 
 
 def unseen_before(cadence, step: int) -> Optional[dict]:

@@ -13,7 +13,7 @@ import sys
 from typing import Callable, Optional
 
 from ..errors import CommandError
-from .catchstep import StepEndCatch, catch_detail
+from .catchstep import StepEndCatch, catch_detail, recomputed
 from .oprecord import MODULE
 
 
@@ -64,6 +64,7 @@ class LineageControl:
         self._catch_key = None           # (catch_state: the points' version its list is of)
         self._catch: list = []
         self._catch_eager = False
+        self._forward_hits = (None, set())     # (step, its forward's hits: catchstep.recomputed)
 
     # -- policy ---------------------------------------------------------------------------
     def catching(self) -> list:
@@ -182,9 +183,13 @@ class LineageControl:
         if s is None or cur is None:
             return
         hits = []
+        if self._forward_hits[0] != cur.step:
+            self._forward_hits = (cur.step, set())
         for p in self.catching():
             if p.matches(info):
                 detail = catch_detail(cur.ops, cur.step, idx, info)
+                if recomputed(p, detail, self._forward_hits[1]):
+                    continue
                 if s.point_hits(p, detail):
                     hits.append((p, detail))
         if hits:
