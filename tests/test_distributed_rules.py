@@ -292,3 +292,14 @@ def test_local_sgd_has_no_divergence_finding(tmp_path, how):
     data = _inspect(rundir)
     assert data["cross_rank_findings"] == []
     assert all(r["findings"] == [] for r in data["ranks"])
+    if how == "optimizer":
+        # The step ends as PostLocalSGDOptimizer.step() returns, after its averaging: at steps
+        # 2, 6 and 10 the ranks' parameters are one (it ended as the inner SGD's step()
+        # returned: the traces held each rank's before averaging, 1.6431252 on rank 1 at step
+        # 2 where both ranks' weight was 1.6469641).
+        import nndb as api
+        norms = [api.open(os.path.join(rundir, f"rank{r}.h5")).history("module.0.weight", "param", "norm")[1]
+                 for r in (0, 1)]
+        for s in (2, 6, 10):
+            assert by[(0, s)] == by[(1, s)] and norms[0][s] == norms[1][s], (s, norms)
+        assert norms[0][3] != norms[1][3]

@@ -800,3 +800,64 @@ def test_a_model_first_called_after_step_0_is_recorded_under_the_names_the_rules
     import nndb
     with nndb.open(trace) as t:
         assert [f for f in t.findings if f["rule"] == "update_ratio" and len(shapes.get(f["tensor"], "xx")) == 1] == []
+
+
+_WRAPPER = '''
+import sys, torch, torch.nn as nn
+
+
+class Lookahead:                    # (a user's: no torch.optim.Optimizer, no step hooks)
+    def __init__(self, optimizer, k=3, alpha=0.5):
+        self.optimizer, self.k, self.alpha, self.n = optimizer, k, alpha, 0
+        self.param_groups = optimizer.param_groups
+        self.slow = [p.detach().clone() for g in self.param_groups for p in g["params"]]
+
+    def zero_grad(self):
+        self.optimizer.zero_grad()
+
+    def step(self):
+        self.optimizer.step()
+        self.n += 1
+        with torch.no_grad():
+            ps = [p for g in self.param_groups for p in g["params"]]
+            if sys.argv[1] == "clamp":              # (a projection after every step)
+                for p in ps:
+                    p.clamp_(-0.3, 0.3)
+            elif self.n % self.k == 0:              # (the slow weights every k steps)
+                for p, s in zip(ps, self.slow):
+                    s.add_(p - s, alpha=self.alpha)
+                    p.copy_(s)
+
+
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(5, 8), nn.Tanh(), nn.Linear(8, 1))
+opt = Lookahead(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9))
+g = torch.Generator().manual_seed(1)
+for step in range(6):
+    x = torch.randn(16, 5, generator=g)
+    opt.zero_grad()
+    loss = nn.functional.mse_loss(model(x), x[:, :1] * 2)
+    loss.backward()
+    opt.step()
+    print(f"step {step} w0 {model[0].weight.norm().item()!r}")
+'''
+
+
+@pytest.mark.parametrize("how", ["lookahead", "clamp"])
+def test_a_wrapper_s_step_ends_the_step_when_it_returns(tmp_path, how):
+    """An object whose step() calls the optimizer's and then changes the parameters (a
+    Lookahead's slow weights every 3 steps; a projection after every step; torch's
+    PostLocalSGDOptimizer averages so), with no step hooks of its own: the step ends as
+    its step() returns.  It ended as the inner SGD's returned: at step 2 ``p`` and ``info
+    params`` gave 2.068 and the trace's param norm 2.0676949 where the script's weight
+    was 1.7583169 (clamped: 1.6431248 at step 0 for 1.4209134)."""
+    plain, tr = plain_and_recorded(tmp_path, _WRAPPER, how)
+    truth = [float(v) for v in re.findall(r"w0 (\S+)", plain.stdout)]
+    import nndb as api
+    steps, values = api.open(tr).history("0.weight", "param", "norm")
+    assert list(steps) == list(range(6))
+    assert np.allclose(values, truth, rtol=1e-6, atol=0), (list(values), truth)
+    r = nndb("run", "--batch", "-q", "--trace", str(tmp_path / "b.h5"), "-e", "break step 2", "-e", "c",
+             "-e", "p model[0].weight.norm().item()", "-e", "c", str(tmp_path / "script.py"), how)
+    assert r.returncode == 0, r.stderr
+    assert repr(truth[2]) in r.stdout.split("step 2 finished")[1].split("step 2 w0")[0], r.stdout

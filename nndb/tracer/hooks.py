@@ -531,6 +531,51 @@ def _wrap_scaler(on: bool) -> None:
         _SCALED_CLIPS.clear()
 
 
+_OPTIM_DIR = os.path.dirname(_optimizer.__file__) + os.sep
+_TRACER_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
+def _outer_steps(opt, frame) -> tuple:
+    """The code objects of the ``step()`` methods that call ``opt.step()`` as wrappers (from
+    ``frame``, inside its first step): the caller (past torch.optim's own wrappers, an LR
+    scheduler's) is a method named ``step`` of an object that holds ``opt`` as an attribute,
+    holds no other optimizer, looks like an optimizer (``zero_grad`` or ``param_groups``),
+    needs no argument (``step(closure=None)``, not a trainer's ``step(batch)``) and whose
+    ``step`` has no step hooks (a user's Lookahead, torch's PostLocalSGDOptimizer: it
+    never calls Optimizer.__init__); then the same outwards for a wrapper of that wrapper.
+    A wrapper with hooks (timm's Lookahead, ZeroRedundancyOptimizer) is seen by them: none."""
+    codes, held, f = [], opt, frame
+    while f is not None and f.f_code.co_filename.startswith((_OPTIM_DIR, _TRACER_DIR)):
+        f = f.f_back
+    try:
+        while f is not None and len(codes) < 4:
+            code = f.f_code
+            if code.co_name != "step" or code.co_argcount < 1:
+                break
+            obj = f.f_locals.get(code.co_varnames[0])
+            attrs = getattr(obj, "__dict__", None)
+            fn = getattr(type(obj), "step", None)
+            for _ in range(4):               # (a decorated step(): @torch.no_grad()'s wrapper)
+                if getattr(fn, "__code__", None) is code or not hasattr(fn, "__wrapped__"):
+                    break
+                fn = fn.__wrapped__
+            if getattr(fn, "__code__", None) is not code \
+                    or code.co_argcount - len(fn.__defaults__ or ()) > 1 \
+                    or code.co_kwonlyargcount > len(fn.__kwdefaults__ or {}) \
+                    or obj is None or obj is held or not isinstance(attrs, dict) \
+                    or not any(v is held for v in attrs.values()) \
+                    or sum(isinstance(v, torch.optim.Optimizer) for v in attrs.values()) > 1 \
+                    or getattr(getattr(type(obj), "step", None), "hooked", False) \
+                    or not (callable(getattr(type(obj), "zero_grad", None)) or "param_groups" in attrs
+                            or isinstance(obj, torch.optim.Optimizer)):
+                break
+            codes.append(code)
+            held, f = obj, f.f_back
+    except Exception:
+        pass
+    return tuple(codes)
+
+
 def _settle_after_backward(recorders: list) -> None:
     for lin in dict.fromkeys(recorders):
         try:
@@ -602,6 +647,14 @@ class Tracer:
         # (the "optimizer in backward" recipe: _opt_pre), None otherwise: not taken again at its end.
         self._loss_early: Optional[int] = None
         self.optimizer_posts = 0            # optimizer steps returned (_scaler_step)
+        # An optimizer whose step() another object's step() calls and then goes on (a Lookahead,
+        # torch's PostLocalSGDOptimizer, with no step hooks of their own) -> the code objects of
+        # those step()s, found at its first step (_outer_steps); its post hook waits for the
+        # outermost to return (_defer_post): the step ends there, with what it did after.
+        self._wrapped_by: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+        self._wrapping = False                  # (any: one attribute read a step in other loops)
+        self._deferred: Optional[list] = None   # the posts waiting for it, while it runs
+        self._on_return = None                  # the profile function that waits for it
         self.scaler_skips = 0               # optimizer steps a GradScaler skipped (nndb check reads it)
         self._skipping = None               # weakref to an optimizer stepping a scaler's skipped step (_scaler_skips)
         # backward() calls that reached no named parameter while no optimizer existed (tensors
@@ -726,6 +779,8 @@ class Tracer:
         """The script is over: close the open step if anything happened in it."""
         if self._failed:
             return
+        if self._deferred is not None:
+            self._outer_returned()
         self.busy += 1
         try:
             rec = self.recorder
@@ -1068,8 +1123,14 @@ class Tracer:
             if paused is not None:
                 paused.__enter__()
             sync = self.closure_step            # (a closure's forward runs inside this step())
+            if self._deferred is not None:
+                self._outer_returned()          # (another step before the wrapper returned)
             if self._opt_seen.get(opt) != len(opt.param_groups):
                 self._first_sight(opt)          # (again after add_param_group: its parameters named and watched)
+                codes = _outer_steps(opt, sys._getframe(1))
+                if codes:
+                    self._wrapped_by[opt] = codes
+                    self._wrapping = True
                 sync = True
             if self._params_registered:
                 self._params_registered = False
@@ -1188,7 +1249,10 @@ class Tracer:
         roots = backward_roots()
         self._take_loss(roots[0] if roots and isinstance(roots[0], torch.Tensor) else None)
 
-    def _opt_post(self, opt, args, kwargs):
+    def _opt_post(self, opt, args, kwargs, held=False):
+        if self._wrapping and not held and not self._failed and opt in self._wrapped_by \
+                and self._defer_post(opt, args, kwargs):
+            return None             # (``held``: _outer_returned, the wrapper's step() returned)
         if self._skipping is not None and self._skipping() is opt:
             self._skipping = None          # (a step the optimizer skipped itself: _scaler_skips)
             self.scaler_skips += 1
@@ -1236,6 +1300,45 @@ class Tracer:
             if paused is not None:
                 paused.__exit__(None, None, None)
         return None
+
+    def _defer_post(self, opt, args, kwargs) -> bool:
+        """``opt``'s step returns inside a step() of another object that holds it and goes on
+        after it (a Lookahead's slow-weight update, PostLocalSGDOptimizer's model averaging):
+        its post hook (the step's end: parameters, updates, the stop) waits for the outermost
+        such call to return, seen by a profile function on its frame for as long as it runs
+        (none where another profiler is in place: the step then ends here, as it did)."""
+        if self._deferred is not None:
+            self._deferred.append((opt, args, kwargs))
+            return True
+        codes = self._wrapped_by.get(opt)
+        if sys.getprofile() is not None:
+            return False
+        f, outer = sys._getframe(2), None
+        for _ in range(16):
+            if f is None:
+                break
+            if f.f_code in codes:
+                outer = f
+            f = f.f_back
+        if outer is None:
+            return False
+        self._deferred = [(opt, args, kwargs)]
+
+        def on_return(frame, event, arg):
+            if frame is outer and event == "return":
+                self._outer_returned()
+        self._on_return = on_return
+        sys.setprofile(on_return)
+        return True
+
+    def _outer_returned(self) -> None:
+        """The wrapper's step() returned (_defer_post): the posts it held back run now."""
+        if self._on_return is not None and sys.getprofile() is self._on_return:
+            sys.setprofile(None)
+        self._on_return = None
+        deferred, self._deferred = self._deferred or [], None
+        for opt, args, kwargs in deferred:
+            self._opt_post(opt, args, kwargs, True)
 
     def _tell_optimizer(self, opt, when: str) -> None:
         """The op recorder and the rules' probes see each optimizer step ("pre"/"post")."""
