@@ -78,7 +78,8 @@ def test_judge_healthy_rows_silent():
 
 
 def test_judge_planted_rows():
-    loaders = [{"sampler": "DistributedSampler", "shuffle": True, "batches": 4}]
+    loaders = [{"sampler": "DistributedSampler", "shuffle": True, "batches": 4, "samples": 32, "batch_size": 8,
+                "drop_last": False}]
     rows = {}
     for r in (0, 1):
         rows[r] = []

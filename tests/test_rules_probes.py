@@ -423,6 +423,42 @@ TWO_LOADERS = """
 """
 
 
+TINY_SHUFFLED = """
+    torch.manual_seed(10)
+    X, Y = torch.randn(SAMPLES, 8), torch.randn(SAMPLES, 1)       # (a row of 8 float32: 4 whole 64-bit words)
+    g = torch.Generator()
+    dl = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(X, Y), batch_size=BATCH, shuffle=True)
+    model = nn.Linear(8, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    for ep in range(3):
+        RESEED
+        for x, y in dl:
+            opt.zero_grad(); loss = ((model(x) - y) ** 2).mean(); loss.backward(); opt.step()
+"""
+
+
+def test_epoch_repeats_not_by_chance_of_a_tiny_loader(tmp_path):
+    """4 samples in 2 shuffled batches: epoch 0 gave rows [0, 1], [3, 2], epoch 1 [0, 1], [2, 3],
+    reshuffled as it should be.  The input checksum (a sum of 64-bit words) does not see the
+    order of rows within a batch, and nndb said "the batches of steps 2-3 repeat those of steps
+    0-1 exactly while the loader shuffles": the same samples in each batch, which a reshuffle of
+    4 samples in batches of 2 gives once in 6.  The rule now speaks only where a reshuffle
+    repeats them by chance less than once in a million, and says what it saw."""
+    def script(samples, batch, reseed):
+        body = TINY_SHUFFLED.replace("SAMPLES", str(samples)).replace("BATCH", str(batch))
+        return body.replace("shuffle=True", "shuffle=True, generator=g").replace("RESEED", "g.manual_seed(0)") \
+            if reseed else body.replace("RESEED", "pass")
+    assert only(run(tmp_path, write(tmp_path, "tiny.py", script(4, 2, False))), "epoch_repeats") == []
+    # the bug on a tiny loader: reseeded every epoch, but once in 6 is no evidence
+    assert only(run(tmp_path, write(tmp_path, "tiny_reseeded.py", script(4, 2, True))), "epoch_repeats") == []
+    # 16 samples in batches of 4: once in 6.3e+07 by chance
+    small = script(16, 4, True)
+    [f] = only(run(tmp_path, write(tmp_path, "small_reseeded.py", small)), "epoch_repeats")
+    assert f["step"] == 7 and f["evidence"]["period"] == 4, f
+    assert abs(f["evidence"]["chance"] * 63_063_000 - 1) < 1e-6, f
+    assert "steps 4-7 repeat those of steps 0-3 (the same samples in each batch)" in f["message"]
+    assert "once in 6.3e+07" in f["message"], f
+
 def test_epoch_repeats_judges_the_loader_whose_epoch_repeated(tmp_path):
     """A training loader in order by design (shuffle=False: 4 batches, its epochs repeat) beside
     a shuffled validation loader (2 batches): until 2026-12 the rule asked whether any loader

@@ -16,6 +16,7 @@ checksums; it is also the single-process rule's core (nndb.rules.epochs).
 """
 from __future__ import annotations
 
+import math
 import statistics
 from typing import Iterable, Optional
 
@@ -24,8 +25,9 @@ from .base import Finding, Threshold
 RULES = {
     "rank_divergence": ("error", "a replicated (DDP) parameter differs across ranks after an optimizer step"),
     "duplicate_batches": ("error", "every rank received the same input batch (no DistributedSampler?)"),
-    "epoch_repeats": ("warning", "an epoch's batches repeat the previous epoch's exactly while the loader "
-                                 "shuffles (sampler.set_epoch missing?)"),
+    "epoch_repeats": ("warning", "an epoch's batches repeat the previous epoch's (the same samples in each "
+                                 "batch) while the loader shuffles, where a reshuffle repeats them by chance "
+                                 "less than once in a million (sampler.set_epoch missing?)"),
     "unsynced_batchnorm": ("info", "BatchNorm running statistics differ across ranks (no SyncBatchNorm)"),
     "straggler": ("warning", "one rank's step takes over 1.5x the median rank's, for several observed steps"),
 }
@@ -34,6 +36,9 @@ THRESHOLDS = {
                                     "pair could be chance of a tiny dataset, two in a row is a pattern"),
     "straggler_ratio": Threshold(1.5, "the issue's 1.5x of the median rank's time"),
     "straggler_steps": Threshold(3, "observed steps in a row: one slow step is noise (a checkpoint, a log)"),
+    "epoch_chance": Threshold(1e-6, "the chance a reshuffled epoch gives the same samples in each batch as "
+                                    "the one before, at most: 1/6 for 4 samples in batches of 2, 1.6e-8 for 16 "
+                                    "in batches of 4; a tiny loader repeats by chance"),
     "straggler_floor": Threshold(0.01, "seconds a rank must lose at least, so that a 0.1 ms jitter on a "
                                        "0.2 ms data load is not a straggler"),
 }
@@ -104,12 +109,41 @@ def shuffles(loaders: Optional[list], period: Optional[int] = None) -> Optional[
     return False if all(f is False for f in flags) else None
 
 
-def epoch_message(step: int, period: int, rank: Optional[int] = None) -> str:
+def repeat_chance(loaders: Optional[list], period: int) -> float:
+    """The chance that a loader which reshuffles every epoch gives the ``period``
+    batches of an epoch the same samples as the epoch before (the input
+    checksum does not see the order of a batch's rows: ``fingerprint``).  A
+    uniform shuffle of n samples into batches of sizes b1..bk (and r left
+    over, ``drop_last``) makes n! / (b1!...bk! r!) batchings, equally likely.
+    From the shuffling loader of ``period`` batches, where its sample count
+    and batch size are known; else at most 1/period! (one sample a batch makes
+    the fewest batchings)."""
+    fallback = math.exp(-math.lgamma(period + 1))
+    for d in loaders or ():
+        n, size, k = d.get("samples"), d.get("batch_size"), d.get("batches")
+        if d.get("shuffle") is not True or k != period or not isinstance(n, int) or not isinstance(size, int) \
+                or size < 1 or n < 1:
+            continue
+        if d.get("drop_last"):
+            sizes, left = [size] * k, n - k * size
+        else:
+            sizes, left = [size] * (k - 1) + [n - (k - 1) * size], 0
+        if left < 0 or min(sizes) < 1:
+            continue
+        log = math.lgamma(n + 1) - sum(math.lgamma(b + 1) for b in sizes) - math.lgamma(left + 1)
+        return math.exp(-log)
+    return fallback
+
+
+def epoch_message(step: int, period: int, rank: Optional[int] = None, chance: Optional[float] = None) -> str:
     who = f"rank {rank}'s" if rank is not None else "the"
+    odds = "" if chance is None else \
+        f" (a reshuffle repeats them once in {1 / chance:.2g})" if chance >= 1e-30 else \
+        " (a reshuffle repeats them less than once in 1e+30)"
     return (f"{who} batches of steps {step - period + 1}-{step} repeat those of steps "
-            f"{step - 2 * period + 1}-{step - period} exactly while the loader shuffles: an epoch of "
-            f"{period} steps repeated (a DistributedSampler without sampler.set_epoch(epoch) "
-            f"shuffles every epoch the same way)")
+            f"{step - 2 * period + 1}-{step - period} (the same samples in each batch) while the loader "
+            f"shuffles{odds}: an epoch of {period} steps repeated (a DistributedSampler without "
+            f"sampler.set_epoch(epoch) shuffles every epoch the same way)")
 
 
 def _rel(values: list) -> float:
@@ -205,8 +239,10 @@ class CrossRankJudge:
                 hit = tracker.feed(step, value)
                 if hit is not None and hit[1] is not None and shuffles(self._loaders.get(rank), hit[1]) is True:
                     at, period = hit
-                    self._report(_finding("epoch_repeats", at, epoch_message(at, period, rank),
-                                          rank=rank, period=period), new)
+                    chance = repeat_chance(self._loaders.get(rank), period)
+                    if chance <= self.params["epoch_chance"]:
+                        self._report(_finding("epoch_repeats", at, epoch_message(at, period, rank, chance),
+                                              rank=rank, period=period, chance=chance), new)
         if len(rows) < 2:
             return
         ranks = set(rows)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from .. import cadence
 from .base import Finding, Rule, Threshold
-from .crossrank import RULES, EpochTracker, epoch_message, shuffles
+from .crossrank import RULES, THRESHOLDS, EpochTracker, epoch_message, repeat_chance, shuffles
 from .probes import Probe, register
 
 
@@ -63,6 +63,7 @@ class EpochRepeats(Rule):
     id = "epoch_repeats"
     severity = RULES[id][0]
     explanation = RULES[id][1]
+    THRESHOLDS = {"chance": THRESHOLDS["epoch_chance"]}
     PROBES = ("batches",)
 
     def __init__(self):
@@ -84,8 +85,11 @@ class EpochRepeats(Rule):
             shuffle = shuffles(facts["loaders"], hit[1]) if facts.get("loaders") else facts["shuffle"]
             if shuffle is True:
                 at, period = hit
-                yield Finding(self.id, self.severity, at, epoch_message(at, period), None, None,
-                              {"period": period, "first_step": at - period + 1})
+                chance = repeat_chance(facts.get("loaders"), period)
+                if chance > self.params["chance"]:
+                    continue        # (a loader this small repeats its batches by chance)
+                yield Finding(self.id, self.severity, at, epoch_message(at, period, chance=chance), None, None,
+                              {"period": period, "first_step": at - period + 1, "chance": chance})
 
 
 class DuplicateBatches(Rule):

@@ -19,7 +19,11 @@ A checksum is exact and cheap: the 64-bit wrap-around sum of the tensor's
 bytes read as 64-bit words, one reduction on the tensor's own device (no
 cast), mixed with its shape and dtype.  Equal tensors have
 equal checksums; two tensors that differ anywhere almost surely do not (a
-sum can cancel: one word up by as much as another goes down).  On an accelerator the sums stay on the device until the next
+sum can cancel: one word up by as much as another goes down), but for a
+reordering of whole 64-bit words: a batch whose rows are a whole number of
+words (8 float32 features) has the checksum of its rows in any order.  What
+reads the input checksums allows for it (``epoch_repeats``: the same samples
+in each batch, not the same order within it).  On an accelerator the sums stay on the device until the next
 observed step (one transfer then); on the CPU they are read at once.
 
 The recorder is a plain object fed by two thin hooks: a global forward
@@ -156,7 +160,8 @@ def _dataloaders() -> list:
 def loaders(earlier=()) -> list:
     """The DataLoaders the process holds, but for those in ``earlier`` (alive
     before the run: an earlier run's, in a notebook or a test process):
-    [{"sampler", "shuffle", "batches"}].
+    [{"sampler", "shuffle", "batches", "samples", "batch_size", "drop_last"}]
+    (``samples``: the sampler's length, an epoch's samples; None where unknown).
     ``shuffle``: True for a RandomSampler or a shuffling DistributedSampler,
     False for a SequentialSampler or a DistributedSampler without shuffle,
     None for a sampler nndb does not know.  (One referrer scan: done once.)"""
@@ -176,7 +181,17 @@ def loaders(earlier=()) -> list:
             n = len(o)
         except TypeError:
             n = None
-        out.append({"sampler": name, "shuffle": shuffle, "batches": n})
+        try:
+            samples = len(sampler)
+        except Exception:
+            samples = None
+        size = getattr(o, "batch_size", None)
+        drop = getattr(o, "drop_last", None)
+        if size is None and bs is not None:         # (a batch_sampler of the script's: its own, where it says)
+            size, drop = getattr(bs, "batch_size", None), getattr(bs, "drop_last", None)
+        out.append({"sampler": name, "shuffle": shuffle, "batches": n, "samples": samples,
+                    "batch_size": size if isinstance(size, int) else None,
+                    "drop_last": drop if isinstance(drop, bool) else None})
     return out
 
 
