@@ -405,6 +405,43 @@ def test_a_batch_given_by_keyword_is_the_steps_input(tmp_path):
     assert ranges and "range [0, 255]" in ranges[0]["message"], res.session.log.findings
 
 
+# -- duplicate_batches: an IterableDataset read by every worker ---------------------------------
+ITERABLE = """
+    from torch.utils.data import DataLoader, IterableDataset, get_worker_info, TensorDataset
+    class Stream(IterableDataset):
+        def __iter__(self):
+            g = torch.Generator().manual_seed(0)
+            rows = [(torch.randn(5, generator=g), torch.randn(1, generator=g)) for _ in range(40)]
+            info = get_worker_info()
+            SHARD
+            return iter(rows)
+    dl = DataLoader(DATASET, batch_size=4, num_workers=2)
+    model = nn.Linear(5, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    for ep in range(2):
+        for x, y in dl:
+            for _ in range(ECHO):
+                opt.zero_grad(); loss = ((model(x) - y) ** 2).mean(); loss.backward(); opt.step()
+"""
+
+
+def test_duplicate_batches_iterable_dataset_every_worker_yields_it_all(tmp_path):
+    """An IterableDataset with num_workers=2 and no get_worker_info() sharding: each worker yields
+    all 10 batches, the loader takes one from each in turn, A A B B ...: 20 steps an epoch, each
+    batch twice (PyTorch's documentation warns of it).  No rule fired.  Sharded, it is silent;
+    so is a script that steps twice on each batch on purpose over a map-style dataset."""
+    def script(shard="pass", dataset="Stream()", echo=1):
+        return ITERABLE.replace("SHARD", shard).replace("DATASET", dataset).replace("ECHO", str(echo))
+    [f] = only(run(tmp_path, write(tmp_path, "unsharded.py", script())), "duplicate_batches")
+    assert f["step"] == 7 and f["evidence"]["repeats"] == 2 and f["evidence"]["steps"] == [0, 7], f
+    assert "each input batch came 2 times running from step 0 to 7" in f["message"]
+    assert "num_workers=2" in f["message"] and "get_worker_info()" in f["message"]
+    sharded = script("if info is not None: rows = rows[info.id::info.num_workers]")
+    assert only(run(tmp_path, write(tmp_path, "sharded.py", sharded)), "duplicate_batches") == []
+    # data echoing on purpose: each batch twice, from a map-style dataset (two workers)
+    echo = script(dataset="TensorDataset(torch.randn(40, 5), torch.randn(40, 1))", echo=2)
+    assert only(run(tmp_path, write(tmp_path, "echo.py", echo)), "duplicate_batches") == []
+
 # -- epoch_repeats: whose epoch repeated --------------------------------------------------------
 TWO_LOADERS = """
     X, Y = torch.randn(32, 5), torch.randn(32, 1)

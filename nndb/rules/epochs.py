@@ -97,15 +97,26 @@ class DuplicateBatches(Rule):
     nndb.rules.crossrank): the input checksum does not change for ``steps``
     recorded steps in a row while a DataLoader of several batches is alive.
     A full-batch loop over one tensor, or a loader of one batch, is left
-    alone (no loader of several batches)."""
+    alone (no loader of several batches).  Also: ``echoes`` batches in a row
+    each come exactly k >= 2 times running while a DataLoader over an
+    IterableDataset has num_workers == k: every worker yields the whole
+    dataset (no ``get_worker_info()`` sharding), and the loader takes a batch
+    from each in turn.  A script that steps on each batch twice on purpose
+    (data echoing) is left alone over a map-style dataset, without workers,
+    or echoing other than num_workers times; echoing exactly num_workers
+    times over an IterableDataset looks the same and is reported."""
     id = "duplicate_batches"
     severity = "warning"
     explanation = ("the same input batch at every step while a DataLoader holds several (an iterator made "
-                   "afresh each step over a loader that does not shuffle); across ranks: every rank received "
-                   "the same batch (no DistributedSampler?)")
+                   "afresh each step over a loader that does not shuffle), or each batch num_workers times "
+                   "running from a DataLoader over an IterableDataset (every worker yields the whole dataset: "
+                   "no get_worker_info() sharding); across ranks: every rank received the same batch (no "
+                   "DistributedSampler?)")
     THRESHOLDS = {
         "steps": Threshold(8, "consecutive recorded steps with one input checksum: a loader of several "
                               "batches gives another at its next step; eight in a row are no accident"),
+        "echoes": Threshold(4, "batches in a row that each come exactly num_workers times running from an "
+                               "IterableDataset's loader: a sharded one gives each once; four are no accident"),
     }
     PROBES = ("batches",)
 
@@ -114,6 +125,7 @@ class DuplicateBatches(Rule):
         self._since = None
         self._run = 0
         self._done = False
+        self._echo = (0, 0, None)  # (run length k >= 2, runs of exactly k in a row, their first step)
 
     def check(self, ctx):
         facts = ctx.facts.get("batches")
@@ -125,7 +137,17 @@ class DuplicateBatches(Rule):
             if last is not None and last[1] == value and step == last[0] + 1:
                 self._run += 1
             else:
+                if last is not None and step == last[0] + 1 and self._run >= 2:
+                    k, runs, first = self._echo
+                    self._echo = (k, runs + 1, first) if k == self._run else (self._run, 1, self._since)
+                else:
+                    self._echo = (0, 0, None)       # (a batch once, or a gap in the steps)
                 self._run, self._since = 1, step
+                found = self._echoed(facts.get("loaders"), last[0] if last else step)
+                if found is not None:
+                    self._done = True
+                    yield found
+                    return
             self._last = (step, value)
             batches = facts.get("batches")
             if self._run >= need and batches is not None and batches >= 2:
@@ -137,6 +159,20 @@ class DuplicateBatches(Rule):
                               f"starts the epoch over; shuffle=False gives the same first batch each time)",
                               None, None, {"steps": [self._since, step], "loader_batches": batches})
                 return
+
+    def _echoed(self, loaders, step: int):
+        """The finding, at ``step`` (the last of the runs), when ``echoes`` runs of exactly k
+        equal batches came in a row while an IterableDataset's loader has k workers."""
+        k, runs, first = self._echo
+        if runs < int(self.params["echoes"]) or \
+                not any(d.get("iterable") and d.get("workers") == k for d in loaders or ()):
+            return None
+        return Finding(self.id, self.severity, step,
+                       f"each input batch came {k} times running from step {first} to {step} ({runs} batches, "
+                       f"{runs * k} steps) while a DataLoader over an IterableDataset has num_workers={k}: "
+                       f"every worker yields the whole dataset, and the model sees each batch {k} times (shard "
+                       f"the data in __iter__ by torch.utils.data.get_worker_info())",
+                       None, None, {"steps": [first, step], "repeats": k, "batches": runs, "workers": k})
 
 
 RULES_HERE = [EpochRepeats, DuplicateBatches]

@@ -160,11 +160,14 @@ def _dataloaders() -> list:
 def loaders(earlier=()) -> list:
     """The DataLoaders the process holds, but for those in ``earlier`` (alive
     before the run: an earlier run's, in a notebook or a test process):
-    [{"sampler", "shuffle", "batches", "samples", "batch_size", "drop_last"}]
-    (``samples``: the sampler's length, an epoch's samples; None where unknown).
+    [{"sampler", "shuffle", "batches", "samples", "batch_size", "drop_last",
+    "iterable", "workers"}] (``samples``: the sampler's length, an epoch's
+    samples, None where unknown; ``iterable``: over an IterableDataset;
+    ``workers``: num_workers).
     ``shuffle``: True for a RandomSampler or a shuffling DistributedSampler,
     False for a SequentialSampler or a DistributedSampler without shuffle,
     None for a sampler nndb does not know.  (One referrer scan: done once.)"""
+    from torch.utils.data import IterableDataset
     out = []
     for o in _dataloaders():
         if o in earlier:
@@ -189,9 +192,12 @@ def loaders(earlier=()) -> list:
         drop = getattr(o, "drop_last", None)
         if size is None and bs is not None:         # (a batch_sampler of the script's: its own, where it says)
             size, drop = getattr(bs, "batch_size", None), getattr(bs, "drop_last", None)
+        workers = getattr(o, "num_workers", 0)
         out.append({"sampler": name, "shuffle": shuffle, "batches": n, "samples": samples,
                     "batch_size": size if isinstance(size, int) else None,
-                    "drop_last": drop if isinstance(drop, bool) else None})
+                    "drop_last": drop if isinstance(drop, bool) else None,
+                    "iterable": isinstance(getattr(o, "dataset", None), IterableDataset),
+                    "workers": workers if isinstance(workers, int) else 0})
     return out
 
 
@@ -246,7 +252,8 @@ class Fingerprints:
         self.tracer = tracer
         # Every step's input checksum and time split serve the rules across
         # ranks, ``epoch_repeats`` and ``duplicate_batches``: in one process
-        # without a DataLoader that shuffles or holds several batches (known at
+        # without a DataLoader that shuffles, holds several batches or reads an
+        # IterableDataset with several workers (known at
         # the first observed step) no rule reads them, and
         # they are not taken (the hook's call and the checksum were ~130K
         # instructions of a 3.6M-instruction MLP step).
@@ -389,8 +396,9 @@ class Fingerprints:
                 row["loaders"] = self.loaders
                 if self.ranks > 1 and model_averaging():
                     row["averaging"] = True     # (rank_divergence: the replicas differ between averages)
-                self.inputs_wanted = self.ranks > 1 or any(x.get("shuffle") or (x.get("batches") or 0) >= 2
-                                                           for x in self.loaders)
+                self.inputs_wanted = self.ranks > 1 or any(
+                    x.get("shuffle") or (x.get("batches") or 0) >= 2 or (x.get("iterable") and x.get("workers", 0) >= 2)
+                    for x in self.loaders)
             if self.ranks > 1:              # (compared across ranks only: no rule of one process reads them)
                 row["params"], shards = self._params()
                 if shards:
