@@ -459,3 +459,42 @@ def test_ctrl_c_before_the_script_runs_is_one_line_and_ends_by_sigint(monkeypatc
     with pytest.raises(SystemExit) as e:
         nndb_cli.main(["inspect", "t.h5"])
     assert e.value.code == 1 and capsys.readouterr().err.strip() == "Aborted!"
+
+
+STOP_LOOP = """
+import torch
+torch.manual_seed(0)
+model = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for step in range(8):
+    opt.zero_grad()
+    loss = model(torch.ones(2, 4)).pow(2).mean()
+    loss.backward()
+    opt.step()
+    print("step", step, flush=True)
+"""
+
+
+def test_ctrl_c_while_a_batch_stops_commands_run_ends_the_run_at_the_stop(tmp_path):
+    """Ctrl-C in batch mode while a breakpoint's stop ran its commands (the `py` below
+    sends it as the terminal would): the KeyboardInterrupt was raised wherever the signal
+    landed in nndb's code (in a `goto`, the script's traceback ended in h5py's frames of
+    the trace's read), and then the commands after it still ran (`goto 1` replayed the
+    past, `p $loss` printed).  Now the command running ends, the rest are dropped, and the
+    stop interrupts the script: the traceback ends at opt.step(), the trace is closed."""
+    (tmp_path / "loop.py").write_text(STOP_LOOP)
+    trace = str(tmp_path / "t.h5")
+    r = nndb("run", "--batch", "-q", "--trace", trace, "-e", "break step 3", "-e", "continue",
+             "-e", "py import os, signal; os.kill(os.getpid(), signal.SIGINT); print('sent', flush=True)",
+             "-e", "goto 1", "-e", "p $loss", "loop.py", cwd=str(tmp_path))
+    # (an optimizer loads torch._dynamo: Python's Ctrl-C then ends with 1, as plain Python's does)
+    assert r.returncode in (1, -signal.SIGINT), r.stderr
+    out = [line for line in r.stdout.splitlines() if not line.startswith(("Breakpoint 1", ">", "->"))]
+    assert out == ["step 0", "step 1", "step 2", "sent"], r.stdout + r.stderr
+    assert "In the past" not in r.stdout + r.stderr and "goto" not in r.stderr
+    tb = r.stderr[r.stderr.index("Traceback"):].splitlines()
+    assert tb[-1] == "KeyboardInterrupt" and "post_hook(self, args, kwargs)" in tb[-2], r.stderr
+    assert not [line for line in tb if "/nndb/" in line or "h5py" in line], r.stderr
+    with TraceReader(trace) as t:
+        assert t.status == "interrupted" and t.end["exit_code"] == 130
+        assert list(t.steps) == [0, 1, 2, 3]

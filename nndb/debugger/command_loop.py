@@ -44,6 +44,7 @@ class CommandInput:
         self.last_command: Optional[str] = None
         self.source = None
         self.file_error: Optional[str] = None
+        self.interrupted = False     # batch: Ctrl-C came while a stop's commands ran (Session.interrupt_at_stop)
 
     def snapshot(self) -> dict:
         return {"queue": [[q.text, q.source, q.line, q.point] for q in self.queue], "last_command": self.last_command}
@@ -69,6 +70,8 @@ class CommandLoop:
             self.control.end = End.KILL
             return
         while not self.control.resume:
+            if self.input.interrupted:
+                return                       # (batch: Ctrl-C; the stop ends the run: Session._stop_here)
             if self.input.queue:
                 self.run_queued()
                 continue

@@ -183,6 +183,20 @@ class Session(CommandLoop, StopPoints):
         self.error("nndb: stopping at the next step boundary or module call (Ctrl-C again interrupts the script)")
         return True
 
+    def interrupt_at_stop(self) -> bool:
+        """Batch mode: Ctrl-C while a stop's commands run.  They are nndb's code, not
+        the script's, so the KeyboardInterrupt is not raised where the signal lands (in
+        the middle of a command: a ``goto`` reading the trace, whose h5py frames the
+        script's traceback then showed, and the commands after it still ran): the
+        command running ends, the rest are dropped, and the stop raises it into the
+        script (``_stop_here``), which ends the run as Ctrl-C does (exit 130, the
+        trace closed).  False when no stop's commands run: the script is interrupted."""
+        if self.interactive or not self.live or not self.prompting or self.replica is not None:
+            return False
+        self.input.interrupted = True
+        self.input.queue.clear()        # (now: a goto under way hands the rest to its replica)
+        return True
+
     def run_ended(self, status: str, exit_code: int, reason: str) -> None:
         self.flush_rules()
         self.live = False
@@ -284,6 +298,10 @@ class Session(CommandLoop, StopPoints):
                     self.interact()
                 elif self.fail_fast():
                     self.control.end = End.KILL
+            if self.input.interrupted:        # (batch: Ctrl-C while the commands ran)
+                self.input.interrupted = False
+                self.input.queue.clear()
+                raise KeyboardInterrupt
         finally:
             self.prompting = False
             if self.live:

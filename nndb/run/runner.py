@@ -89,9 +89,11 @@ class _SignalGuard:
     thread re-delivers it every half second until the run has stopped
     (``stopped()``)."""
 
-    def __init__(self, busy: Callable[[], bool], on_sigint: Optional[Callable[[], bool]] = None):
+    def __init__(self, busy: Callable[[], bool], on_sigint: Optional[Callable[[], bool]] = None,
+                 at_stop: Optional[Callable[[], bool]] = None):
         self._busy = busy
         self._on_sigint = on_sigint     # the debugger: True if it takes the Ctrl-C (stops the run)
+        self._at_stop = at_stop         # batch mode: True if a stop's commands run and it takes the Ctrl-C
         self._old: dict = {}
         self._term_requested = False
         self._int_deferred = False
@@ -131,6 +133,8 @@ class _SignalGuard:
                 return                   # the thread re-delivers once nndb has finished the step
             raise Terminated()
         if self._on_sigint is not None and self._on_sigint():
+            return
+        if self._at_stop is not None and self._at_stop():
             return
         if self._busy():
             # Ctrl-C is delivered once, as Python does, but not in the middle
@@ -272,9 +276,10 @@ def record(config: RunConfig, message: Callable[[str], None] = stderr_line,
     if session is not None:
         session.attach(rec, path)
     on_sigint = session.request_interrupt if session is not None and session.interactive else None
+    at_stop = session.interrupt_at_stop if session is not None and not session.interactive else None
 
     status, code, reason = "finished", EXIT_OK, ""
-    with _SignalGuard(busy=lambda: rec.tracer.busy > 0, on_sigint=on_sigint) as guard:
+    with _SignalGuard(busy=lambda: rec.tracer.busy > 0, on_sigint=on_sigint, at_stop=at_stop) as guard:
         try:
             with rec:
                 launcher.run(prepared)
