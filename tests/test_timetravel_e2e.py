@@ -168,6 +168,33 @@ def test_reverse_continue_counts_the_hit_and_deletes_a_tbreak(tmp_path, script):
         assert "step 4" not in t and "breakpoint already hit 1 time" in t, t
 
 
+def test_reverse_continue_spends_ignore_counts_newest_first_as_gdb(tmp_path, script):
+    """gdb counts a crossing whichever way it runs: in reverse the newest hit uses up an
+    ignore count.  The scan replica spent it on the oldest hit of its segment and never
+    gave it back: `break if it % 4 == 2` (it: 2, 6, 10 at those step ends), `ignore 1 1`,
+    `rc` from step 12 went to step 10 (it should cross 10 and stop at 6), and 'info
+    breakpoints' still said 'will ignore next 1 crossings'; with `break step 4`, `ignore 2 1`,
+    every `rc` said there was no earlier hit."""
+    r = run(tmp_path, script, ["until 12", "break if it % 4 == 2", "ignore 1 1", "rc", 'p ("AT", it)',
+                               "info breakpoints", "present", "info breakpoints",
+                               "delete 1", "break step 4", "ignore 2 1", "rc", "info breakpoints", "rc",
+                               'p ("AT", it)', "info breakpoints", "present", "delete", "continue"])
+    out = r.stdout
+    # (a step ends inside opt.step(): 'it' there is the step's number)
+    assert out.count("('AT', ") == 2 and "('AT', 6)" in out and "('AT', 4)" in out, out
+    tables = out.split("Num    Type")[1:]
+    assert len(tables) == 4, out
+    for t in tables:
+        assert "will ignore" not in t, t
+    for t in tables[:2]:                          # crossed at 10 (ignored), stopped at 6: two hits
+        assert re.search(r"if it % 4 == 2\s+2\s+breakpoint already hit 2 times", t), t
+    # the first rc crossed step 4 (ignored: one hit), found nothing before it, and stayed;
+    # the second stopped there (two)
+    assert "No earlier step where a breakpoint or watchpoint held" in out, out
+    assert re.search(r"step 4\s+1\s+breakpoint already hit 1 time", tables[2]), tables[2]
+    assert re.search(r"step 4\s+2\s+breakpoint already hit 2 times", tables[3]), tables[3]
+
+
 def test_present_from_a_stop_inside_a_step_names_that_step(tmp_path, script):
     # stopped in step 2's forward pass ($step 2), back from the past: the present is step 2, not 1
     r = run(tmp_path, script, ["break module 0", "continue", "continue", "continue", "p ('NOW', $step)",

@@ -279,17 +279,29 @@ class Points(collections.abc.Mapping):
             raise CommandError(f"no breakpoint number {number}")
         return p
 
-    def held_in_the_past(self, numbers) -> None:
-        """``reverse-continue`` stops at a step end where these points held: as gdb
-        counts a breakpoint hit in reverse execution, each counts a hit, and a
-        temporary one (``tbreak``) is deleted."""
+    def crossed_in_reverse(self, numbers, at_step_end: bool = True) -> bool:
+        """``reverse-continue`` crossed a place where these points held (their
+        conditions true): as gdb counts a crossing whichever way it runs, each
+        counts a hit and an ignore count swallows it (the newest crossing first).
+        True if one of them stops the run there; then, at a step end, a temporary
+        one (``tbreak``) that stops is deleted.  (Inside a step the replica stops
+        at the point itself and counts that hit there.)"""
+        stopping = []
         for number in numbers:
             p = self._by_number.get(number)
             if p is None:
                 continue
-            p.hits += 1
-            if p.temporary:
-                self.pop(number)
+            if p.ignore_count > 0:
+                p.hits += 1
+                p.ignore_count -= 1
+                continue
+            stopping.append(p)
+        if at_step_end:
+            for p in stopping:
+                p.hits += 1
+                if p.temporary:
+                    self.pop(p.number)
+        return bool(stopping)
 
     def new_display(self, src: str, code) -> int:
         number = self._next_display

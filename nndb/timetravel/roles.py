@@ -344,6 +344,12 @@ class Scan(Role):
 
     def begin(self, s) -> None:
         super().begin(s)
+        if self.want_points:
+            # Every hit as it held (the condition's verdict): reverse-continue spends the ignore
+            # counts itself, newest hit first, as gdb counts crossings in reverse
+            # (search.reverse_continue_target); here they were spent oldest first.
+            for number in s.points:
+                s.points.by_number(number).ignore_count = 0
         if self.lineage_steps and s.lineage is not None:
             s.lineage.forced = set(self.lineage_steps)
             if s.last_step is not None:

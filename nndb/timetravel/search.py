@@ -29,14 +29,15 @@ def reverse_continue_target(s, machine, step: int, at_end: bool):
         res = machine.replay(s, {"kind": "scan", "from": max(first, 0), "end": end, "points": True}, first)
         hits = [h for h in res["result"]["hits"]
                 if h["step"] < step or (h["step"] == step and not (h["at_step_end"] and at_end))]
-        if hits:
-            h = hits[-1]
+        # newest first, each crossing counted and its ignore counts spent (the live session's
+        # points: 'info breakpoints' shows them after), as gdb does in reverse
+        for h in reversed(hits):
+            if h["points"] and s is not None and not s.points.crossed_in_reverse(
+                    h["points"], at_step_end=h["at_step_end"] or h["step"] == 0):
+                continue
             why = f"reverse-continue: {', '.join(map(str, h['points'])) or 'a rule'} held"
             if h["at_step_end"] or h["step"] == 0:
-                # (the stop at that step end is the points' hit: counted, a tbreak deleted; inside a
-                # later step the replica stops at the point itself, which counts it there)
-                if s is not None:
-                    s.points.held_in_the_past(h["points"])
+                # (the stop at that step end is the points' hit, counted above)
                 return h["step"], "stop", why + ("" if h["at_step_end"] else " in step 0 (shown at its end)")
             return h["step"] - 1, "points", why
         end = first - 1
