@@ -11,6 +11,7 @@ import json
 import os
 import re
 import shlex
+import textwrap
 
 import numpy as np
 import pytest
@@ -670,6 +671,43 @@ def test_continue_in_the_past_after_the_run_ended_runs_to_the_scripts_end(tmp_pa
     assert printed == [*range(12), 8, 9, 10, 11], r.stdout
     assert "nndb: the script ended on this timeline (finished); back to the present." in r.stdout
     assert "No more reverse-execution history" not in r.stdout and "('END', 11)" in r.stdout
+
+
+INTERRUPTED_AT_10 = textwrap.dedent('''
+    import os, signal, torch
+    torch.manual_seed(0)
+    m = torch.nn.Linear(4, 1)
+    o = torch.optim.SGD(m.parameters(), lr=0.1)
+    x, y = torch.randn(60, 4), torch.randn(60, 1)
+    for s in range(30):
+        i = s % 10
+        loss = ((m(x[6 * i:6 * i + 6]) - y[6 * i:6 * i + 6]) ** 2).mean()
+        o.zero_grad()
+        loss.backward()
+        o.step()
+        print("step", s, "loss", repr(loss.item()))
+        if s == 10 and not os.path.exists("interrupted"):    # (Ctrl-C from outside: the live run only)
+            open("interrupted", "w").close()
+            os.kill(os.getpid(), signal.SIGINT)
+''')
+
+
+def test_continue_in_the_past_of_a_run_ctrl_c_ended_stops_at_its_last_step(tmp_path, trace):
+    """A run that Ctrl-C ended at step 10 has no past after it: 'continue' at step 2 in
+    the past ran the replica on to the script's end (steps 11-29, which the run never
+    made, shown as the past); a script's own end is the past's end only where the script
+    ended itself (it finished or raised)."""
+    script = tmp_path / "train.py"
+    script.write_text(INTERRUPTED_AT_10)
+    r = nndb("run", "--batch", "--nx", "--trace", trace, "-e", "continue", "-e", "goto 2", "-e", "continue",
+             "-e", 'p ("END", $step)', str(script), cwd=str(tmp_path))
+    printed = [int(n) for n in re.findall(r"^step (\d+) loss", r.stdout, re.M)]
+    # (the past prints from step 2's line, after its end, up to the present's end, before its line)
+    assert printed == [*range(11), *range(2, 10)], r.stdout
+    assert "No more reverse-execution history: the past ends at step 10, the present." in r.stdout, r.stdout
+    assert "('END', 10)" in r.stdout
+    with TraceReader(trace) as t:
+        assert t.status == "interrupted"
 
 
 def test_goto_past_the_present_from_the_past_is_refused_as_in_the_present(tmp_path, trace):

@@ -542,9 +542,11 @@ class TimeMachine:
         while True:
             t0 = time.perf_counter()
             # (present: the live run's last finished step, where the recorded past ends; after the
-            # run's end ("ended") it runs on to the script's end, as the run did)
+            # script's own end ("ended": it finished, or raised) it runs on to that end, as the run
+            # did; a run that Ctrl-C, SIGTERM or 'kill' ended has no past after its last step)
+            ended = not s.live and getattr(s.control, "ended", None) in ("finished", "failed")
             goal = {"kind": "goto", "target": target, "then": then, "why": why, "present": s.last_step,
-                    "ended": not s.live, "present_inside": present_step(s) != s.last_step}
+                    "ended": ended, "present_inside": present_step(s) != s.last_step}
             if from_past:
                 goal["ctrl_c"] = f"takes you to the present (step {present_step(s)})"
             with self._in_the_present_if(from_past, s):
