@@ -181,7 +181,7 @@ RANK_ATTRS = ("rank", "world_size", "local_rank", "job_id")
 # the rows of ``stats`` and ``steps/*``, the rows of ``lineage/step`` and
 # ``lineage/seq``, and the bytes of each JSON blob.
 COMMITTED = ("rows", "series", "events", "end", "optimizers", "hyper", "lineage", "lineage/sequences",
-             "full/index", "full/u16", "full/f32", "full/f64", "hist", "fingerprints", "modules")
+             "full/index", "full/u16", "full/f32", "full/f64", "hist", "fingerprints", "modules", "clips")
 
 # Full-tensor history (``full/``): the kinds whose whole tensors can be kept,
 # the precisions a user asks for (nndb.store.precision has the error bounds),

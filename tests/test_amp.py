@@ -369,11 +369,12 @@ def test_clipping_before_the_scaler_unscales_is_an_error_and_the_right_order_is_
     exploding_gradient called it 'exploding gradient before clipping'.  The right order,
     a float32 run and a disabled scaler stay silent."""
     from nndb.store.reader import TraceReader
-    found = {}
+    found, exploding = {}, {}
     for order in ("clip-first", "unscale-first", "fp32", "disabled"):
         plain, trace = plain_and_recorded(tmp_path, CLIP_ORDER, order)
         with TraceReader(trace) as t:
             found[order] = [f for f in t.records("finding") if f["rule"] == "clip_before_unscale"]
+            exploding[order] = [f for f in t.records("finding") if f["rule"] == "exploding_gradient"]
         if order == "clip-first":
             scaled = float(re.search(r"^it 0 \S+ (\S+)$", plain.stdout, re.M).group(1))
         if order == "unscale-first":
@@ -384,3 +385,6 @@ def test_clipping_before_the_scaler_unscales_is_an_error_and_the_right_order_is_
     assert f["evidence"]["scale"] == 65536.0 and f["evidence"]["total_norm"] == scaled, f
     assert abs(scaled / 65536.0 - true) < 1e-3 * true, (scaled, true)
     assert f"the gradients' own: {true:.3g}" in f["message"] and "scaler.unscale_(opt)" in f["message"], f
+    # exploding_gradient judged the scaled totals (7.28e4, over its ceiling of 1e3, three steps
+    # running) as gradients 'the optimizer applies clipped': they are the loss scale's
+    assert not [f for f in exploding["clip-first"] if f["tensor"].startswith("clip_grad_norm_")], exploding

@@ -336,6 +336,34 @@ for step in range(40):
 """
 
 
+def test_a_clip_that_clips_nothing_is_not_called_clipping_live_and_offline(tmp_path):
+    """clip_grad_norm_(params, 1e9) clips nothing (a script that only reads the total norm):
+    exploding_gradient said 'the gradients the optimizer applies are clipped, so their
+    norms do not show it' of its total of 1.1e5.  It says whether the call clipped
+    (total > max_norm), on the trace too (its ``clips`` rows keep max_norm)."""
+    script = tmp_path / "unclipped.py"
+    # (the loss times 1e5 from step 20, the learning rate divided by as much: the run does not diverge)
+    script.write_text(CLIPPED.replace("clip_grad_norm_(model.parameters(), 1.0)",
+                                      "clip_grad_norm_(model.parameters(), 1e9)")
+                      .replace("10.0 ** min(step - 19, 6)", "1e5")
+                      .replace("    opt.step()\n", "    opt.param_groups[0]['lr'] = 0.05 / scale\n    opt.step()\n"))
+    trace, report = str(tmp_path / "t.h5"), str(tmp_path / "r.json")
+    _run_live(str(script), [], trace, report, True)
+    d, findings = _compare(trace, report)
+    [f] = [f for f in d["findings"] if f["rule"] == "exploding_gradient" and f["tensor"] == "clip_grad_norm_"]
+    printed = [float(line.split()[2]) for line in python_out(script)]
+    assert max(printed) < 1e9 and f["step"] == 22 and f["evidence"]["grad_norm"] == printed[22], (printed, f)
+    assert f["message"].startswith(f"exploding gradient: clip_grad_norm_ returned a total norm of {printed[22]:.3g} "
+                                   f"at step 22"), f["message"]
+    assert f["message"].endswith("; it did not clip them (max_norm 1e+09): the optimizer applies them as they "
+                                 "are"), f["message"]
+    assert "clipped" not in f["message"] and f["evidence"]["clipped"] is False, f
+    assert f["evidence"]["max_norm"] == 1e9
+    from nndb.store.reader import TraceReader
+    with TraceReader(trace) as t:
+        assert t.clips() == [{"step": 0, "clips": {"clip_grad_norm_": [1e9, False]}}]
+
+
 # accelerate's (and so the HF Trainer's) clipping: the total norm computed by get_total_norm,
 # the clipping by clip_grads_with_norm_, torch.nn.utils.clip_grad_norm_ never called
 ACCELERATE_CLIP = """    from torch.nn.utils import clip_grads_with_norm_, get_total_norm
@@ -367,6 +395,8 @@ def test_gradients_exploding_under_clipping_are_found_live_and_offline(tmp_path,
     assert le["message"].endswith("the run diverges (a learning rate far too high?)"), le["message"]
     assert f["message"].startswith("exploding gradient before clipping: clip_grad_norm_ returned a total norm of "
                                    "1.1e+05 at step 26 (2.79e+05x its early median 0.394)"), f["message"]
+    assert f["message"].endswith("it clipped them to max_norm 1, so the norms of the gradients the optimizer "
+                                 "applies do not show it") and f["evidence"]["clipped"] is True, f["message"]
     printed = [float(line.split()[2]) for line in python_out(script)]
     import nndb
     steps, norms = nndb.open(trace).history("clip_grad_norm_", "grad", "norm")

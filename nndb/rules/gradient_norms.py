@@ -297,8 +297,10 @@ class ExplodingGradient(_Gradients):
     severity = "warning"
     explanation = ("a weight's gradient norm keeps growing out of range: far above its own early value, above "
                    "an absolute ceiling, Inf, or far above the other layers' gradients (early layers largest); "
-                   "under clip_grad_norm_, the total norm it returns (the gradients before clipping: the "
-                   "clipped ones the optimizer applies do not show it), judged by the same thresholds")
+                   "under clip_grad_norm_, the total norm it returns (the gradients before clipping: where "
+                   "it clipped, total above max_norm, the gradients the optimizer applies do not show it), "
+                   "judged by the same thresholds (not a total of gradients a GradScaler had not unscaled: "
+                   "the loss scale's, clip_before_unscale's)")
     direction = "exploding"
     THRESHOLDS = {
         "relative": Threshold(1e4, "x the median of the tensor's first 5 recorded gradient norms: four orders "
@@ -325,7 +327,10 @@ class ExplodingGradient(_Gradients):
     # growing out of range under clip_grad_norm_ shows only in the total norm it returns.
     # Judged as a weight's norm is: against the median of its first 5 nonzero values
     # (``relative``, at least ``min_norm``), the ``ceiling`` (not under Adam's family),
-    # Inf or NaN; ``steps`` flagged recorded steps in a row report it, once per series.
+    # Inf or NaN; ``steps`` flagged recorded steps in a row report it, once per series.  The
+    # finding says whether the call clipped (total > its max_norm: StepRecord.clips, the
+    # trace's ``clips`` rows); a call that measured gradients a GradScaler had not unscaled
+    # (the loss scale times theirs) is not judged.
 
     def reset(self):
         super().reset()
@@ -388,6 +393,9 @@ class ExplodingGradient(_Gradients):
                                               "recent": [], "done": False})
             if c["done"]:
                 continue
+            limit, scaled = (getattr(ctx.record, "clips", None) or {}).get(name, (None, False))
+            if scaled:
+                continue                     # (the loss scale times the norm: clip_before_unscale's)
             v = abs(ctx.mean_of(i))          # (the one value: NaN, or Inf, as it was)
             if c["ref"] is None and math.isfinite(v) and v > 0:
                 c["early"].append(v)
@@ -411,13 +419,25 @@ class ExplodingGradient(_Gradients):
                 why, criteria = f"{v / ref:.3g}x its early median {ref:.3g}", ["relative"]
             else:
                 why, criteria = f"above {p['ceiling']:g}", ["absolute"]
+            # (whether it clipped: total > max_norm, known live; a trace does not keep max_norm)
+            clipped = None if limit is None else not v <= limit
+            if clipped:
+                what = (f"exploding gradient before clipping", f"it clipped them to max_norm {limit:g}, so the "
+                        f"norms of the gradients the optimizer applies do not show it")
+            elif clipped is None:
+                what = ("exploding gradient", "that is the gradients' norm before clipping, which the gradients "
+                        "recorded at the optimizer's step do not show where it clipped them")
+            else:
+                what = ("exploding gradient", f"it did not clip them (max_norm {limit:g}): the optimizer "
+                        f"applies them as they are")
             yield self.finding(
-                ctx, f"exploding gradient before clipping: {name} returned a total norm of {v:.3g} at step "
+                ctx, f"{what[0]}: {name} returned a total norm of {v:.3g} at step "
                      f"{ctx.step} ({why}), for {p['steps']:g} recorded steps in a row since step {c['since']}; "
-                     f"the gradients the optimizer applies are clipped, so their norms do not show it",
+                     f"{what[1]}",
                 tensor=name, grad_norm=num(v), early_median=num(ref) if ref is not None else None,
                 ratio_to_early=num(v / ref) if ref else None, criteria=criteria,
-                steps=[c["since"], ctx.step], recent_norms=c["recent"], before_clipping=True, also=[])
+                steps=[c["since"], ctx.step], recent_norms=c["recent"], before_clipping=True, max_norm=limit,
+                clipped=clipped, also=[])
 
     def _thresholds(self, ref):
         p = self.params

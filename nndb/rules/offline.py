@@ -80,6 +80,7 @@ class TraceStep:
     names: list
     stats: np.ndarray
     partial: bool = False
+    clips: Optional[dict] = None      # the step's clip_grad_norm_ calls (the trace's ``clips`` rows)
 
 
 @dataclass
@@ -234,6 +235,7 @@ def trace_steps(reader, mask: Optional[np.ndarray] = None) -> Iterator[TraceStep
     (the rules recognise a step's layout by it)."""
     series = reader.series()
     layouts: dict = {}
+    clip_rows, c, clips = reader.clips() or [], 0, None
     for start, block in stat_blocks(reader):
         for j in range(block.shape[0]):
             i = start + j
@@ -246,8 +248,14 @@ def trace_steps(reader, mask: Optional[np.ndarray] = None) -> Iterator[TraceStep
                 names = [(series[k].name, series[k].kind) for k in ids.tolist()]
                 if len(layouts) < 256:
                     layouts[key] = names
-            yield TraceStep(int(reader.steps[i]), float(reader.times[i]), int(reader.backward_count[i]),
-                            int(reader.optimizer_steps[i]), names, block[j, ids, :], bool(reader.partial[i]))
+            step = int(reader.steps[i])
+            while c < len(clip_rows) and clip_rows[c]["step"] <= step:
+                rows = clip_rows[c]["clips"]
+                clips = None if rows is None else {k: tuple(v) for k, v in rows.items()}
+                c += 1
+            yield TraceStep(step, float(reader.times[i]), int(reader.backward_count[i]),
+                            int(reader.optimizer_steps[i]), names, block[j, ids, :], bool(reader.partial[i]),
+                            clips)
 
 
 # -- the optimizers, as the live rules saw them ---------------------------------------------

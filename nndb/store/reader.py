@@ -328,6 +328,13 @@ class TraceReader(FullReads):
         (None: a trace written before nndb kept them)."""
         return self._rows("modules")
 
+    def clips(self) -> Optional[list]:
+        """[{"step", "clips": {series name: [max_norm, scaled]} | null}]: what each
+        clip_grad_norm_ call of the steps from ``step`` on was given (max_norm: whether it
+        clipped) and whether it measured gradients a GradScaler had not unscaled, a row each
+        time it changed (None: a trace written before nndb kept them)."""
+        return self._rows("clips")
+
     def fingerprints(self) -> Optional[list]:
         """What ranks are compared by (nndb.tracer.fingerprint): [{"step", "inputs":
         [[step, checksum], ...], "params", "bn", "data_time", "compute_time", "timed",

@@ -50,9 +50,9 @@ from .blocks import (STEP_COLUMNS, Block, Unwritten, put_blob, room_needed, step
 from .. import schema as K
 from .space import NoRoom, check_room, detach_file, reason as _reason
 
-_BLOBS = ("series", "events", "end", "optimizers", "hyper", "fingerprints", "modules")
+_BLOBS = ("series", "events", "end", "optimizers", "hyper", "fingerprints", "modules", "clips")
 # The JSON-lines blobs a run appends to (row dicts), counted in lines for a replica's reader.
-_ROW_BLOBS = ("optimizers", "hyper", "fingerprints", "modules")
+_ROW_BLOBS = ("optimizers", "hyper", "fingerprints", "modules", "clips")
 
 
 # The block a step's end starts is written in the writer's thread (False: in
@@ -343,6 +343,12 @@ class TraceWriter:
         module after those it holds; roots in the order seen), as they are
         named in the trace's series, written when a root is added."""
         self._row("modules", {"step": step, "modules": names})
+
+    def clips(self, step: int, clips: Optional[dict]) -> None:
+        """The step's clip_grad_norm_ calls from ``step`` on, written when they change:
+        {series name: [max_norm or None, measured gradients a GradScaler had not unscaled]}
+        (None: no call)."""
+        self._row("clips", {"step": step, "clips": None if clips is None else {k: list(v) for k, v in clips.items()}})
 
     def fingerprint(self, row: dict) -> None:
         """A row of the checksums and timings the ranks are compared by

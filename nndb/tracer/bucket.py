@@ -29,7 +29,7 @@ class _Bucket:
     each, in the plan's order), named once per plan.
     """
     __slots__ = ("entries", "deferred", "blocks", "params", "covered", "backward_count", "optimizer_steps",
-                 "hists", "param_hists", "act_order")
+                 "hists", "param_hists", "act_order", "clip_limits")
 
     def __init__(self):
         self.entries: dict = {}
@@ -42,6 +42,7 @@ class _Bucket:
         self.hists: dict = {}            # series key -> histogram (full steps), as entries
         self.param_hists: dict = {}      # ParamPlan -> (rows, HIST_BINS), as params
         self.act_order: dict = {}        # activation keys in the order the modules ran (``saw_act``)
+        self.clip_limits: dict = {}      # clip key -> (max_norm, scaled): what clip_norm was told
 
     def add_hist(self, key, counts) -> None:
         """(after ``add`` of the same key's row)"""
@@ -84,6 +85,7 @@ class _Bucket:
         for key, h in other.hists.items():
             self.add_hist(key, h)
         self.param_hists.update(other.param_hists)
+        self.clip_limits.update(other.clip_limits)
         self.covered |= other.covered
         self.backward_count += other.backward_count
         self.optimizer_steps += other.optimizer_steps
@@ -98,6 +100,7 @@ class _Bucket:
             return
         new = {i: j for j, i in enumerate(old)}
         self.entries = {(("clip", CLIP, new[k[2]]) if k[0] == "clip" else k): v for k, v in self.entries.items()}
+        self.clip_limits = {("clip", CLIP, new[k[2]]): v for k, v in self.clip_limits.items() if k[2] in new}
         if any(k[0] == "clip" for k in self.hists):
             self.hists = {(("clip", CLIP, new[k[2]]) if k[0] == "clip" else k): v for k, v in self.hists.items()}
 

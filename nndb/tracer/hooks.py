@@ -287,7 +287,7 @@ def _clip_grad_norm_(*args, **kwargs):
     out = _ORIGINALS["clip_grad_norm_"](*args, **kwargs)
     if _SCALING:
         _scaled_clip(args, kwargs, out)
-    _clipped(out)
+    _clipped(out, args[1] if len(args) > 1 else kwargs.get("max_norm"))
     return out
 
 
@@ -359,22 +359,40 @@ def _clip_grads_with_norm_(*args, **kwargs):
     total = args[2] if len(args) > 2 else kwargs.get("total_norm")
     if _SCALING:
         _scaled_clip(args, kwargs, total)
-    _clipped(total)
+    _clipped(total, args[1] if len(args) > 1 else kwargs.get("max_norm"))
     return out
 
 
-def _clipped(total) -> None:
+def _clipped(total, max_norm=None) -> None:
     if _CLIPPING and not _COMPILING():
+        scaled = _SCALING and _nothing_unscaled()
         for t in tuple(_CLIPPING):
             if t._failed:
                 continue
             t.busy += 1             # (nndb's own reading: no function mode sees it)
             try:
-                t.recorder.clip_norm(total)
+                t.recorder.clip_norm(total, max_norm, bool(scaled))
             except Exception:
                 t._fail()
             finally:
                 t.busy -= 1
+
+
+def _nothing_unscaled() -> bool:
+    """Has no GradScaler that scaled a loss unscaled any optimizer's gradients yet in this
+    iteration (``scaler.unscale_(optimizer)``)?  A clip_grad_norm_ now measured gradients still
+    times the loss scale (the clip_before_unscale bug), not the gradients' own norm."""
+    try:
+        from torch.amp.grad_scaler import OptState
+        for scaler in list(_SCALING):
+            states = getattr(scaler, "_per_optimizer_states", None)
+            if not isinstance(states, dict):
+                return False
+            if any(isinstance(v, dict) and v.get("stage") != OptState.READY for v in states.values()):
+                return False
+        return True
+    except Exception:
+        return False
 
 
 # name -> (the modules whose attribute nndb's wrapper replaces, the wrapper)

@@ -85,6 +85,7 @@ class WriteRecords:
         self._lrs = None                  # the groups' learning rates, as written
         self._rows = None                 # what the last step had: (roots version, optimizers, rows)
         self._failed = False
+        self._clips = None                # the clip_grad_norm_ calls' max_norm, as last written (StepRecord.clips)
 
     def watch_optimizers(self, optimizers, refs: Optional[list] = None) -> None:
         """Write the optimizers' groups and learning rates too (``optimizers()``: the run's)."""
@@ -94,6 +95,10 @@ class WriteRecords:
         records = end.records
         for record in records:
             self.writer.append(record)
+            clips = getattr(record, "clips", None)
+            if clips != self._clips:          # (None, as last time: most steps)
+                self._clips = clips
+                self.writer.clips(record.step, clips)
         if not records:
             return
         naming = self.naming

@@ -64,6 +64,7 @@ class StepRecord:
     raw: np.ndarray              # (len(names), N_RAW) raw accumulator rows (stats.RAW_FIELDS)
     partial: bool = False        # cut short by the end of the run (the script raised or exited mid-step)
     hist: Optional[np.ndarray] = None   # (len(names), HIST_BINS) histograms at a full step, -1 rows: none
+    clips: Optional[dict] = None        # clip series name -> (max_norm or None, measured scaled gradients)
 
     @property
     def nonfinite(self) -> bool:
@@ -81,6 +82,14 @@ class StepRecord:
     def as_dict(self) -> dict:
         return {(n, k): dict(zip(S.STAT_NAMES, map(float, row)))
                 for (n, k), row in zip(self.names, self.stats)}
+
+
+def _max_norm(x) -> Optional[float]:
+    """clip_grad_norm_'s ``max_norm`` as a number (None: not one)."""
+    try:
+        return float(x.item() if isinstance(x, torch.Tensor) else x)
+    except Exception:
+        return None
 
 
 UNSCALED = "_nndb_unscaled"     # the attribute of GradScaler.scale's output: the loss it scaled (hooks._scaler_scale)
@@ -284,16 +293,20 @@ class StepRecorder:
         if arr is not None:
             self._cur.deferred.append((("act",) + key, arr))
 
-    def clip_norm(self, total) -> None:
+    def clip_norm(self, total, max_norm=None, scaled: bool = False) -> None:
         """What ``clip_grad_norm_`` returned: the gradients' total norm before it clipped
         them, a row of the step's ``grad`` series ``clip_grad_norm_`` (``#2`` for its
         second call in the step).  Read now (on an accelerator, one host transfer, as the
-        script's own ``.item()`` of it would be)."""
+        script's own ``.item()`` of it would be).  Its ``max_norm`` (whether it clipped:
+        total > max_norm) and ``scaled`` (it measured gradients a GradScaler had not unscaled
+        yet) go into the record's ``clips`` (live only: a trace does not keep them)."""
         if not self.recording or not isinstance(total, torch.Tensor) or total.numel() != 1:
             return
         i = sum(1 for b in self._buckets for k in b.entries if k[0] == "clip")
-        self._buckets[-1].add(("clip", CLIP, i), S.scalar_row(float(S.local(total).item())))
-        self._clips_since_step.append(("clip", CLIP, i))
+        key = ("clip", CLIP, i)
+        self._buckets[-1].add(key, S.scalar_row(float(S.local(total).item())))
+        self._buckets[-1].clip_limits[key] = (_max_norm(max_norm), scaled)
+        self._clips_since_step.append(key)
 
     def scaler_skipped(self, opt) -> None:
         """A GradScaler's ``step()`` skipped the optimizer's (its gradients held Inf or NaN:
@@ -324,6 +337,7 @@ class StepRecorder:
         for key in self._clips_since_step:
             b.entries.pop(key, None)
             b.hists.pop(key, None)
+            b.clip_limits.pop(key, None)
         self._clips_since_step = []
         if not bad:
             b.entries.pop(_PENDING_LOSS, None)
@@ -701,6 +715,10 @@ class StepRecorder:
         for _, rows in b.params.values():
             raws.append(rows)
         raw = np.concatenate(raws) if len(raws) > 1 else raws[0] if raws else np.zeros((0, S.N_RAW))
-        return StepRecord(step, now, b.backward_count, b.optimizer_steps, names, raw, partial,
-                          H.rows_of(b, len(names)) if (b.hists or b.param_hists) else None)
+        rec = StepRecord(step, now, b.backward_count, b.optimizer_steps, names, raw, partial,
+                         H.rows_of(b, len(names)) if (b.hists or b.param_hists) else None)
+        if b.clip_limits:
+            rec.clips = {(f"{CLIP_SERIES}#{k[2] + 1}" if k[2] else CLIP_SERIES): v
+                         for k, v in b.clip_limits.items() if k in b.entries}
+        return rec
 
