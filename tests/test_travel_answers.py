@@ -693,6 +693,98 @@ def test_set_lr_under_swalr_is_followed_not_set_back(tmp_path):
     assert lrs[4] == 0.05 and [lrs[i] for i in (5, 6, 7)] == [0.01, 0.01, 0.01], out
 
 
+RISING = '''
+import os, torch, torch.nn as nn
+from torch.optim.swa_utils import SWALR
+L = torch.optim.lr_scheduler
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
+opt = torch.optim.SGD([{"params": model[0].parameters()}, {"params": model[2].parameters(), "lr": 0.05}], lr=0.1)
+kind = os.environ["KIND"]
+
+
+class Peak(L.LRScheduler):
+    """A warmup to its own peak: the groups' lrs are no part of its schedule."""
+    def __init__(self, opt, peak):
+        self.peak = peak
+        super().__init__(opt)
+
+    def get_lr(self):
+        return [self.peak * min(1.0, (self.last_epoch + 1) / 8) for _ in self.optimizer.param_groups]
+
+
+if kind == "onecycle":
+    sched = L.OneCycleLR(opt, max_lr=0.2, total_steps=24)
+elif kind == "swa":
+    sched = SWALR(opt, swa_lr=0.5, anneal_epochs=8)
+else:
+    sched = Peak(opt, 0.4)
+x = torch.randn(64, 8); y = torch.randint(0, 2, (64,))
+for step in range(10):
+    opt.zero_grad()
+    loss = nn.functional.cross_entropy(model(x), y)
+    loss.backward()
+    lrs = [g["lr"] for g in opt.param_groups]
+    opt.step()
+    sched.step()
+    print("step", step, "lrs", repr(lrs))
+'''
+
+
+def _lrs(text: str) -> dict:
+    return {int(s): [float(v) for v in vs.split(", ")]
+            for s, vs in re.findall(r"^step (\d+) lrs \[([^\]]*)\]$", text, re.M)}
+
+
+@pytest.mark.parametrize("kind,command,groups", [("onecycle", "set lr 0.02", (0, 1)),
+                                                 ("swa", "set lr 0.04 group 1", (1,))])
+def test_set_lr_while_the_schedule_rises_holds_and_the_schedule_goes_on_scaled(tmp_path, kind, command, groups):
+    """OneCycleLR's warmup: 'set lr 0.02' at step 1 (lr 0.02006) and the next step ran at
+    0.05305, the followed schedule (0.997 x 0.05322), yet the step end (and predict --set)
+    warned 'did not hold ... set it back' and advised --hold, which would have frozen the
+    schedule: the check asked only whether the lr was nearer the value before than the value
+    set.  SWALR annealing up from group 1 set to 0.04 (from 0.0671: 0.0691 next), the same.  It now judges the lr against what the schedule gives next,
+    unchanged and followed from the change (a dry run of copies of its schedulers); predict
+    --set judges so too."""
+    env = dict(os.environ, KIND=kind)
+    (tmp_path / "plain.py").write_text(RISING)
+    plain = subprocess.run([sys.executable, str(tmp_path / "plain.py")], capture_output=True, text=True,
+                           timeout=120, env=env)
+    assert plain.returncode == 0, plain.stderr
+    want = _lrs(plain.stdout)
+    (tmp_path / "s.py").write_text(RISING)
+    argv = ["run", "--batch", "--nx", "--rules", "none", "--trace", str(tmp_path / "t.h5"), "--force"]
+    for c in ["break step 1", "continue", "predict 2 --set lr=" + command.split()[2], command, "predict 2",
+              "continue"]:
+        argv += ["-e", c]
+    r = Ran(nndb(*argv, "s.py", cwd=str(tmp_path), env=env), argv + ["s.py"])
+    out = r.stdout + r.stderr
+    assert "did not hold" not in out and "Traceback" not in out, out
+    got = _lrs(r.stdout)
+    assert [got[i] for i in range(2)] == [want[i] for i in range(2)], out
+    for gi in groups:
+        factor = (0.02 if kind == "onecycle" else 0.04) / want[1][gi]
+        assert got[2][gi] > want[1][gi] * factor * 1.05, out           # (the schedule rose from it)
+        for i in range(2, 10):
+            assert got[i][gi] == pytest.approx(want[i][gi] * factor, rel=1e-9), (i, out)
+
+
+def test_set_lr_under_a_schedule_that_ignores_the_group_lr_still_warns(tmp_path):
+    """A scheduler of the script's own, whose schedule is its own peak (no base_lrs): the lr
+    set at step 1 is undone at the next step, the schedule's value with or without it."""
+    env = dict(os.environ, KIND="peak")
+    (tmp_path / "s.py").write_text(RISING)
+    argv = ["run", "--batch", "--nx", "--rules", "none", "--trace", str(tmp_path / "t.h5"), "--force"]
+    for c in ["break step 1", "continue", "predict 2 --set lr=0.001", "set lr 0.001", "continue"]:
+        argv += ["-e", c]
+    r = Ran(nndb(*argv, "s.py", cwd=str(tmp_path), env=env), argv + ["s.py"])
+    out = r.stdout + r.stderr
+    assert "Warning: the change lr=0.001 did not hold: it was [0.15000000000000002, 0.15000000000000002] " \
+           "after step 2" in out, out
+    assert "nndb: warning: 'set lr 0.001' did not hold: opt stepped with lr 0.15000000000000002 in groups 0, 1 " \
+           "at step 2: the script or its LR scheduler set it back" in out, out
+
+
 ZERO_OPTIMIZER = '''
 import os, tempfile
 import torch, torch.distributed as dist, torch.nn as nn

@@ -34,7 +34,7 @@ from typing import Any, Optional, Union
 
 from ..errors import CommandError
 from . import evaluate as E
-from .hyperparams import HoldCheck, check_scheduled, follow_schedule, schedulers_of, set_hyperparameter
+from .hyperparams import HoldCheck, Shadow, check_scheduled, follow_schedule, schedulers_of, set_hyperparameter
 
 SET_USAGE = "set HYPER VALUE [group N] [optimizer NAME] [--hold]  |  set var NAME VALUE    (e.g. set lr 1e-4)"
 UNSET_USAGE = "unset HYPER [group N] [optimizer NAME]    (lets go of 'set HYPER VALUE --hold')"
@@ -228,6 +228,9 @@ def _set_hyper(s, edit: HyperChange):
         scheds = schedulers_of(opt)
         if not hold:                   # (a held value is set again after the scheduler too)
             check_scheduled(name, key, scheds)
+        # (what the schedule gives next, unchanged: against it the next step end judges the change)
+        checked = not hold and (s.replica is None or not s.replica.replaying)
+        unchanged = Shadow(opt, scheds) if key == "lr" and scheds and checked else None
         changed = set_hyperparameter(name, opt, key, value, group)
         rows += changed
         if key == "lr" and scheds and not hold:
@@ -237,7 +240,8 @@ def _set_hyper(s, edit: HyperChange):
             notes.append(f"Held: {name}'s {key} is set to {value!r} again before each of its steps, whatever "
                          f"the script or a scheduler sets, until 'unset {key}'.")
         elif s.replica is None or not s.replica.replaying:
-            s.hold_checks.append(HoldCheck(name, opt, key, changed, edit.line, bool(scheds)))
+            s.hold_checks.append(HoldCheck(name, opt, key, changed, edit.line, bool(scheds),
+                                           (unchanged, Shadow(opt, scheds)) if unchanged is not None else None))
     return HyperSet(rows, notes)
 
 

@@ -136,10 +136,14 @@ class HoldCheck:
     steps with next (read by a step pre-hook, which changes nothing), so
     that the next step end can say when the change did not hold."""
 
-    def __init__(self, name: str, opt, key: str, rows: list, line: str, scheduled: bool):
+    def __init__(self, name: str, opt, key: str, rows: list, line: str, scheduled: bool,
+                 shadows: Optional[tuple] = None):
         self.name, self.key, self.line, self.scheduled = name, key, line, scheduled
         self.wanted = [(gi, plain(was), plain(now)) for _, gi, _, was, now in rows]
         self.seen: Optional[list] = None
+        # (Shadow before the change, Shadow after it: what the schedule gives next, unchanged
+        # and followed; the step counts of its schedulers when the optimizer stepped)
+        self.shadows, self.counts = shadows, None
         self._handle = opt.register_step_pre_hook(self._look)
 
     def _look(self, opt, args, kwargs):
@@ -152,8 +156,28 @@ class HoldCheck:
     def _read(self, opt) -> None:
         try:
             self.seen = [plain(opt.param_groups[gi][self.key]) for gi, _, _ in self.wanted]
+            if self.shadows is not None:
+                self.counts = self.shadows[0].step_counts()
         except Exception:            # (a group gone: nothing to say)
             self.seen = []
+
+    def undone_groups(self, seen: list, counts: Optional[list]) -> list:
+        """[(group, value)] where ``seen`` (the groups' values) is the change set back: nearer
+        what the schedule gives unchanged than what it gives followed from the change (a
+        schedule rising from the value set is no change undone), or, where nndb cannot tell
+        what the schedule gives, nearer the value before than the value set."""
+        back = followed = None
+        if self.shadows is not None and counts is not None:
+            back, followed = self.shadows[0].lrs(counts), self.shadows[1].lrs(counts)
+        bad = []
+        for (gi, before, wanted), now in zip(self.wanted, seen):
+            if back is not None and followed is not None and gi < len(back) and gi < len(followed):
+                # (a schedule that gives the same with the change as without undid it)
+                if distance(wanted, before) > 0 and distance(now, back[gi]) <= distance(now, followed[gi]):
+                    bad.append((gi, now))
+            elif undone(now, wanted, before):
+                bad.append((gi, now))
+        return bad
 
     def verdict(self, step: int) -> Optional[str]:
         """None while the optimizer has not stepped; "" when the change held;
@@ -161,7 +185,7 @@ class HoldCheck:
         if self.seen is None:
             return None
         self._handle.remove()
-        bad = [(gi, now) for (gi, before, wanted), now in zip(self.wanted, self.seen) if undone(now, wanted, before)]
+        bad = self.undone_groups(self.seen, self.counts)
         if not bad:
             return ""
         who = "the script or its LR scheduler set it back after the stop" if self.scheduled else \
@@ -272,3 +296,117 @@ def follow_schedule(opt, rows: list, schedulers: list) -> list:
         else:
             notes.append(f"{type(sch).__name__} drives this optimizer: it adjusts the new lr at its next step")
     return notes
+
+
+class _StandIn:
+    """An optimizer as an LR scheduler sees it: the param groups' settings, no parameters."""
+
+    def __init__(self, groups: list):
+        self.param_groups = groups
+        self._opt_called = True
+
+    def step(self, *a, **k):
+        return None
+
+    step._wrapped_by_lr_sched = True      # (torch's check that step() came first)
+
+
+def _leaf(v, depth: int = 0) -> bool:
+    """A value a scheduler's copy may hold: numbers, names, plain containers of them,
+    functions (a lambda, an anneal function), a one-element tensor."""
+    import types
+    if v is None or isinstance(v, (bool, int, float, str, types.FunctionType, types.BuiltinFunctionType,
+                                   staticmethod)):
+        return True
+    if depth < 4 and isinstance(v, (list, tuple)):
+        return all(_leaf(x, depth + 1) for x in v)
+    if depth < 4 and isinstance(v, dict):
+        return all(_leaf(x, depth + 1) for x in v.values())
+    return hasattr(v, "fill_") and getattr(v, "numel", lambda: 0)() == 1
+
+
+class Shadow:
+    """What the LR schedulers of an optimizer give its groups next, had nothing
+    changed since: a copy of them (made at a ``set``, before or after the change)
+    onto a stand-in optimizer, stepped as many times as the live ones stepped
+    since (a dry run: the live ones are never stepped).  None where it cannot
+    tell: a scheduler whose step needs its argument (ReduceLROnPlateau's metric),
+    or one that holds more than plain settings."""
+
+    def __init__(self, opt, schedulers: list):
+        import copy
+        import warnings
+        subs = {id(x) for sch in schedulers for x in getattr(sch, "_schedulers", None) or ()}
+        self.live = [sch for sch in schedulers if id(sch) not in subs]
+        self.counts = self.step_counts()
+        self.copies: Optional[list] = None
+        self.groups: list = []
+        self.answer: Optional[tuple] = None       # (step counts, the lrs then)
+        try:
+            ids = {id(sch) for sch in schedulers}
+            for sch in schedulers:
+                for k, v in vars(sch).items():
+                    if k in ("optimizer", "lr_lambdas"):
+                        continue
+                    if k == "_schedulers" and isinstance(v, list) and all(id(x) in ids for x in v):
+                        continue
+                    if k == "_scale_fn_ref" or (k == "scale_fn" and getattr(v, "__self__", None) is sch):
+                        continue
+                    if not _leaf(v):
+                        return
+            self.groups = [{k: (v.clone() if hasattr(v, "clone") else v) for k, v in g.items() if k != "params"}
+                           for g in opt.param_groups]
+            stand = _StandIn(self.groups)
+            memo = {id(opt): stand}
+            for sch in schedulers:
+                memo[id(sch.optimizer)] = stand
+                for fn in getattr(sch, "lr_lambdas", None) or ():
+                    memo[id(fn)] = fn
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                self.copies = copy.deepcopy(self.live, memo)
+        except Exception:             # (a scheduler nndb cannot copy: no shadow)
+            self.copies = None
+
+    def step_counts(self) -> list:
+        return [getattr(sch, "_step_count", None) for sch in self.live]
+
+    def lrs(self, counts: list) -> Optional[list]:
+        """The groups' lrs once each live scheduler's copy stepped as it did, up to ``counts``
+        (its step counts then); None where it cannot tell."""
+        import warnings
+
+        from torch.optim.lr_scheduler import ReduceLROnPlateau
+        if self.answer is not None and self.answer[0] == counts:
+            return self.answer[1]
+        if self.copies is None:
+            return None
+        self.answer = (list(counts), None)
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                for live, c, then, now in zip(self.live, self.copies, self.counts, counts):
+                    if then is None or now is None or now < then:
+                        raise LookupError("no step count")
+                    if now == then:
+                        continue
+                    if isinstance(c, ReduceLROnPlateau):
+                        raise LookupError("a step of its own argument")
+                    for _ in range(now - then):
+                        c.step()
+                    if getattr(c, "last_epoch", None) != getattr(live, "last_epoch", None):
+                        # (stepped with an epoch, CosineAnnealingWarmRestarts' step(it / n): its state
+                        # read from the live one, the lrs from it in closed form)
+                        for k in ("last_epoch", "T_cur", "T_i"):
+                            if hasattr(live, k):
+                                setattr(c, k, getattr(live, k))
+                        c._get_lr_called_within_step = True
+                        values = c._get_closed_form_lr() if hasattr(c, "_get_closed_form_lr") else c.get_lr()
+                        c._get_lr_called_within_step = False
+                        for g, v in zip(self.groups, values):
+                            g["lr"] = v
+            self.answer = (list(counts), [plain(g["lr"]) for g in self.groups])
+        except Exception:             # (a scheduler's step that fails on a copy: nndb cannot tell)
+            pass
+        self.copies = None            # (stepped: one answer, kept)
+        return self.answer[1]

@@ -509,13 +509,17 @@ class Predict(Role):
             verdict = check.verdict(step)
             if verdict:
                 self.live_undone.append(verdict.replace("nndb: warning: ", "", 1))
-        for label, read, before, wanted in self.watch:
+        for label, read, before, wanted, checks in self.watch:
             try:
                 now = read()
             except Exception as e:
                 self.undone.append(f"{label}: cannot read it after step {step} ({e})")
                 continue
-            if undone(now, wanted, before):
+            if any(c.seen is not None for c in checks):
+                back = any(c.seen is not None and c.undone_groups(c.seen, c.counts) for c in checks)
+            else:
+                back = undone(now, wanted, before)
+            if back:
                 self.undone.append(f"{label} did not hold: it was {now!r} after step {step} (before the "
                                    f"change {before!r})")
 

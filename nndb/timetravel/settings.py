@@ -85,8 +85,11 @@ def make_changes(s, role, changes: list) -> None:
         read = _reader(s, change.edit)
         try:
             before = read()
+            known = len(s.hold_checks)
             make(s, change.edit)
-            role.watch.append((change.setting.label, read, before, read()))
+            # (an lr's check: what the optimizer steps with against what its schedule gives, unchanged
+            # and followed from the change: a schedule rising from the value set is no change undone)
+            role.watch.append((change.setting.label, read, before, read(), s.hold_checks[known:]))
         except Exception as e:         # (the live run checked the change; say why it failed here)
             role.fail(f"--set {change.setting.label}: {e}")
 
