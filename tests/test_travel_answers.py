@@ -733,7 +733,7 @@ for step in range(10):
 
 def _lrs(text: str) -> dict:
     return {int(s): [float(v) for v in vs.split(", ")]
-            for s, vs in re.findall(r"^step (\d+) lrs \[([^\]]*)\]$", text, re.M)}
+            for s, vs in re.findall(r"^step (\d+) lrs \[([^\]]*)\]", text, re.M)}
 
 
 @pytest.mark.parametrize("kind,command,groups", [("onecycle", "set lr 0.02", (0, 1)),
@@ -783,6 +783,88 @@ def test_set_lr_under_a_schedule_that_ignores_the_group_lr_still_warns(tmp_path)
            "after step 2" in out, out
     assert "nndb: warning: 'set lr 0.001' did not hold: opt stepped with lr 0.15000000000000002 in groups 0, 1 " \
            "at step 2: the script or its LR scheduler set it back" in out, out
+
+
+FLOORS = '''
+import os, torch, torch.nn as nn
+L = torch.optim.lr_scheduler
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
+opt = torch.optim.SGD([{"params": model[0].parameters()}, {"params": model[2].parameters()}], lr=0.1, momentum=0.9)
+kind = os.environ["KIND"]
+if kind == "cosine":
+    sched = L.CosineAnnealingLR(opt, T_max=6, eta_min=0.01)
+elif kind == "warm_restarts":
+    sched = L.CosineAnnealingWarmRestarts(opt, T_0=1, T_mult=2, eta_min=0.01)
+elif kind == "plateau":
+    sched = L.ReduceLROnPlateau(opt, factor=0.5, patience=0, min_lr=[0.02, 0.01])
+else:
+    sched = L.SequentialLR(opt, [L.LinearLR(opt, start_factor=0.1, total_iters=3),
+                                 L.CosineAnnealingLR(opt, T_max=6, eta_min=0.005)], milestones=[3])
+x = torch.randn(64, 8); y = torch.randint(0, 2, (64,))
+for step in range(12):
+    opt.zero_grad()
+    loss = nn.functional.cross_entropy(model(x), y)
+    loss.backward()
+    lrs = [g["lr"] for g in opt.param_groups]
+    opt.step()
+    if kind == "plateau":
+        sched.step(1.0)
+    elif kind == "warm_restarts":
+        sched.step(step / 4)
+    else:
+        sched.step()
+    print("step", step, "lrs", repr(lrs), "loss", repr(loss.item()))
+'''
+
+
+@pytest.mark.parametrize("kind", ["cosine", "warm_restarts", "plateau", "sequential"])
+def test_set_lr_multiplies_the_whole_schedule_its_floor_too(tmp_path, kind):
+    """CosineAnnealingLR(eta_min=0.01): 'set lr 0.02' at lr 0.0634 multiplied base_lrs but not
+    eta_min, so the rest of the schedule was not the script's times new/old, as 'its scale is
+    multiplied by new/old' said: the ratio drifted (0.654, 0.708 for a factor of 0.634) and was
+    1.0 at the cosine bottom.  CosineAnnealingWarmRestarts' eta_min and ReduceLROnPlateau's
+    min_lr (its floor: the lr stopped halving at 0.02 where 0.0063 was the scaled one), the
+    same.  Every group set by one factor: the floors are multiplied too, every later lr is the
+    script's times new/old, and goto and predict --set replay it exactly."""
+    env = dict(os.environ, KIND=kind)
+    (tmp_path / "plain.py").write_text(FLOORS)
+    plain = subprocess.run([sys.executable, str(tmp_path / "plain.py")], capture_output=True, text=True,
+                           timeout=120, env=env)
+    assert plain.returncode == 0, plain.stderr
+    want = _lrs(plain.stdout)
+    (tmp_path / "s.py").write_text(FLOORS)
+    argv = ["run", "--batch", "--nx", "--rules", "none", "--trace", str(tmp_path / "t.h5"), "--force"]
+    for c in ["break step 2", "continue", "predict 4 --set lr=0.02", "set lr 0.02", "until 9",
+              'p ("NOW", opt.param_groups[1]["lr"])', "goto 7", 'p ("AT7", opt.param_groups[1]["lr"])', "present",
+              "continue"]:
+        argv += ["-e", c]
+    r = Ran(nndb(*argv, "s.py", cwd=str(tmp_path), env=env), argv + ["s.py"])
+    out = r.stdout + r.stderr
+    assert "did not hold" not in out and "Traceback" not in out and "kept" not in out, out
+    got = _lrs(r.stdout)
+    factor = 0.02 / want[2][0]
+    assert want[2][0] == want[2][1] and [got[i] for i in range(3)] == [want[i] for i in range(3)], out
+    for i in range(3, 12):
+        assert got[i] == pytest.approx([v * factor for v in want[i]], rel=1e-9), (i, out)
+    assert float(re.search(r"\('NOW', (\S+)\)", r.stdout).group(1)) == got[9][1], out
+    assert float(re.search(r"\('AT7', (\S+)\)", r.stdout).group(1)) == got[7][1], out
+    predicted = [float(v) for v in re.findall(r"^[3-6]\s+\S+\s+(\S+)\s", r.stdout, re.M)]
+    losses = {int(s): float(v) for s, v in re.findall(r"^step (\d+) lrs .* loss (\S+)$", r.stdout, re.M)}
+    assert predicted == pytest.approx([losses[i] for i in range(3, 7)], rel=1e-5), out
+
+
+def test_set_lr_in_one_group_says_the_floor_shared_by_all_is_kept(tmp_path):
+    """eta_min is one for all groups: set in group 1 only, it cannot be multiplied for that
+    group; nndb says it is kept, and the group's lr goes on toward it."""
+    (tmp_path / "s.py").write_text(FLOORS)
+    r = Ran(nndb("run", "--batch", "--nx", "--rules", "none", "--trace", str(tmp_path / "t.h5"), "--force",
+                 "-e", "break step 2", "-e", "continue", "-e", "set lr 0.02 group 1", "-e", "continue", "s.py",
+                 cwd=str(tmp_path), env=dict(os.environ, KIND="cosine")), ["s.py"])
+    out = r.stdout + r.stderr
+    assert "CosineAnnealingLR follows: group 1 base_lrs 0.1 -> 0.0258065 (the schedule goes on from the new lr); " \
+           "eta_min 0.01 kept (one for all groups, not multiplied: the groups set go on toward it)" in out, out
+    assert "did not hold" not in out, out
 
 
 ZERO_OPTIMIZER = '''

@@ -104,10 +104,14 @@ in every param group, or in group N; with several optimizers, name one: as
 the stopped frame calls it first (a local, or an attribute of its self:
 'optimizer opt' at 'self.opt.step()'), else as 'info optimizer' names it.
 It takes effect at the optimizer's next step.  An LR scheduler driving the
-optimizer follows a new lr (its scale is multiplied by new/old, and it says
-so); a change a scheduler would undo is refused.  When the optimizer steps
-with the value set back (a script that sets param_group['lr'] itself at
-every iteration, as a warmup does), the next step end says so.  --hold sets
+optimizer follows a new lr: its scale (base, peak and floor lrs) is
+multiplied by new/old, so the rest of its schedule is the script's times
+new/old (a floor one for all groups, eta_min, only where every group is set
+by one factor; else it is kept), and it says so; a change a scheduler would
+undo is refused.  When the optimizer steps with the value set back (a script
+that sets param_group['lr'] itself at every iteration, as a warmup does;
+judged against what the schedule gives next, with and without the change),
+the next step end says so.  --hold sets
 the value again just before each step of the optimizer until 'unset HYPER'
 ('info optimizer' lists what is held).  'set var NAME VALUE' (or 'set NAME
 VALUE' for a name that is no hyper-parameter) assigns a variable of the

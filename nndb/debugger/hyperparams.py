@@ -240,7 +240,11 @@ def is_numeric(v) -> bool:
 # add (OneCycleLR's initial, max and min; SWALR's swa_lr, the lr it anneals to
 # and then sets at every step), and their own per-group lists (CyclicLR: base and max).
 _GROUP_LR_KEYS = ("initial_lr", "max_lr", "min_lr", "swa_lr")
-_SCHEDULER_LR_LISTS = ("base_lrs", "max_lrs")
+_SCHEDULER_LR_LISTS = ("base_lrs", "max_lrs", "min_lrs")
+# ... and the floors they keep for every group at once (CosineAnnealingLR's and
+# CosineAnnealingWarmRestarts' eta_min; ReduceLROnPlateau's min_lr given as one number):
+# multiplied by new/old too where every group's lr was, by one factor.
+_SCHEDULER_LR_SCALARS = ("eta_min", "default_min_lr")
 
 
 def schedulers_of(opt) -> list:
@@ -268,9 +272,12 @@ def check_scheduled(name: str, key: str, schedulers: list) -> None:
 
 def follow_schedule(opt, rows: list, schedulers: list) -> list:
     """After ``lr`` was set in some groups (``rows`` of set_hyperparameter):
-    the schedulers' scale for those groups is multiplied by new/old, so the
-    schedule goes on from the new value instead of setting the old one back.
-    Returns one line per scheduler changed."""
+    the schedulers' scale for those groups (their base, peak and floor lrs) is
+    multiplied by new/old, so the schedule goes on from the new value, the whole
+    of it multiplied by new/old, instead of setting the old one back.  A floor
+    kept for all groups at once (eta_min) is multiplied where every group's lr
+    was, by one factor; else it is kept, and said.  Returns one line per
+    scheduler changed."""
     notes = []
     # (a group's keys once, whatever the number of schedulers: under ChainedScheduler or
     # SequentialLR the wrapper and each scheduler it holds drive the same groups)
@@ -280,19 +287,35 @@ def follow_schedule(opt, rows: list, schedulers: list) -> list:
         for k in _GROUP_LR_KEYS:
             if isinstance(g.get(k), (int, float)):
                 g[k] = g[k] * factor if factor is not None else now
+    factors = {now / was if was else None for _, _, _, was, now in rows}
+    one = factors.pop() if len(factors) == 1 and len(rows) == len(opt.param_groups) else None
     for sch in schedulers:
-        changed = []
+        changed, kept = [], []
         for _, gi, _, was, now in rows:
             factor = now / was if was else None
             for attr in _SCHEDULER_LR_LISTS:
                 lst = getattr(sch, attr, None)
-                if isinstance(lst, list) and gi < len(lst):
+                # (a floor of 0, or one under a group whose lr was 0, stays as it is)
+                if isinstance(lst, list) and gi < len(lst) and \
+                        not (attr == "min_lrs" and (factor is None or not lst[gi])):
                     before = lst[gi]
                     lst[gi] = before * factor if factor is not None else now
                     changed.append(f"group {gi} {attr} {before:.6g} -> {lst[gi]:.6g}")
+        for attr in _SCHEDULER_LR_SCALARS:
+            before = getattr(sch, attr, None)
+            if not isinstance(before, (int, float)) or isinstance(before, bool) or before == 0:
+                continue
+            if one is not None:
+                setattr(sch, attr, before * one)
+                changed.append(f"{attr} {before:.6g} -> {getattr(sch, attr):.6g}")
+            else:
+                kept.append(f"{attr} {before:.6g} kept (one for all groups, not multiplied: the groups set "
+                            f"go on toward it)")
         if changed:
             notes.append(f"{type(sch).__name__} follows: {'; '.join(changed)} (the schedule goes on from the "
-                         "new lr)")
+                         "new lr)" + (f"; {'; '.join(kept)}" if kept else ""))
+        elif kept:
+            notes.append(f"{type(sch).__name__}: {'; '.join(kept)}")
         else:
             notes.append(f"{type(sch).__name__} drives this optimizer: it adjusts the new lr at its next step")
     return notes
