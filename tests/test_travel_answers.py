@@ -713,7 +713,7 @@ class Peak(L.LRScheduler):
         return [self.peak * min(1.0, (self.last_epoch + 1) / 8) for _ in self.optimizer.param_groups]
 
 
-if kind == "onecycle":
+if kind in ("onecycle", "override"):
     sched = L.OneCycleLR(opt, max_lr=0.2, total_steps=24)
 elif kind == "swa":
     sched = SWALR(opt, swa_lr=0.5, anneal_epochs=8)
@@ -724,6 +724,9 @@ for step in range(10):
     opt.zero_grad()
     loss = nn.functional.cross_entropy(model(x), y)
     loss.backward()
+    if kind == "override" and 2 <= step <= 4:
+        for g in opt.param_groups:
+            g["lr"] = 0.05                      # (the script's own, over the schedule's)
     lrs = [g["lr"] for g in opt.param_groups]
     opt.step()
     sched.step()
@@ -783,6 +786,20 @@ def test_set_lr_under_a_schedule_that_ignores_the_group_lr_still_warns(tmp_path)
            "after step 2" in out, out
     assert "nndb: warning: 'set lr 0.001' did not hold: opt stepped with lr 0.15000000000000002 in groups 0, 1 " \
            "at step 2: the script or its LR scheduler set it back" in out, out
+
+
+def test_set_lr_the_script_sets_again_over_its_schedule_warns(tmp_path):
+    """The script sets the lr itself (0.05) over its OneCycleLR: 'set lr 0.02' at step 2, and
+    step 3 ran at 0.05 again, nearer the followed schedule (0.0991 x 0.4) than the unchanged
+    one (0.0991): only the followed schedule's own value is the change held."""
+    env = dict(os.environ, KIND="override")
+    (tmp_path / "s.py").write_text(RISING)
+    argv = ["run", "--batch", "--nx", "--rules", "none", "--trace", str(tmp_path / "t.h5"), "--force"]
+    for c in ["break step 2", "continue", "set lr 0.02", "continue"]:
+        argv += ["-e", c]
+    r = Ran(nndb(*argv, "s.py", cwd=str(tmp_path), env=env), argv + ["s.py"])
+    out = r.stdout + r.stderr
+    assert "nndb: warning: 'set lr 0.02' did not hold: opt stepped with lr 0.05 in groups 0, 1 at step 3" in out, out
 
 
 FLOORS = '''

@@ -64,6 +64,12 @@ def distance(a, b) -> float:
     return abs(a - b)
 
 
+def _same(a, b) -> bool:
+    """Two lrs equal but for rounding."""
+    a, b = float(a), float(b)
+    return abs(a - b) <= 1e-9 * max(abs(a), abs(b))
+
+
 def undone(now, wanted, before) -> bool:
     """A change to ``wanted`` (from ``before``) that reads ``now``: set back
     (nearer the value before than the value set), not merely followed by a
@@ -162,18 +168,20 @@ class HoldCheck:
             self.seen = []
 
     def undone_groups(self, seen: list, counts: Optional[list]) -> list:
-        """[(group, value)] where ``seen`` (the groups' values) is the change set back: nearer
-        what the schedule gives unchanged than what it gives followed from the change (a
-        schedule rising from the value set is no change undone), or, where nndb cannot tell
-        what the schedule gives, nearer the value before than the value set."""
+        """[(group, value)] where ``seen`` (the groups' values) is the change set back: not what
+        the schedule gives followed from the change (a schedule rising from the value set is no
+        change undone), or, where nndb cannot tell what the schedule gives, nearer the value
+        before than the value set."""
         back = followed = None
         if self.shadows is not None and counts is not None:
             back, followed = self.shadows[0].lrs(counts), self.shadows[1].lrs(counts)
         bad = []
         for (gi, before, wanted), now in zip(self.wanted, seen):
             if back is not None and followed is not None and gi < len(back) and gi < len(followed):
-                # (a schedule that gives the same with the change as without undid it)
-                if distance(wanted, before) > 0 and distance(now, back[gi]) <= distance(now, followed[gi]):
+                # (the copies compute what the live schedulers do, bit for bit: an lr other than the
+                # followed schedule's was set by something else, the script; a schedule that gives
+                # the same with the change as without undid it)
+                if distance(wanted, before) > 0 and (not _same(now, followed[gi]) or _same(back[gi], followed[gi])):
                     bad.append((gi, now))
             elif undone(now, wanted, before):
                 bad.append((gi, now))
@@ -392,7 +400,9 @@ class Shadow:
             self.copies = None
 
     def step_counts(self) -> list:
-        return [getattr(sch, "_step_count", None) for sch in self.live]
+        # (and where a step with an epoch left the count, CosineAnnealingWarmRestarts': its state)
+        return [(getattr(sch, "_step_count", None), getattr(sch, "last_epoch", None), getattr(sch, "T_cur", None))
+                for sch in self.live]
 
     def lrs(self, counts: list) -> Optional[list]:
         """The groups' lrs once each live scheduler's copy stepped as it did, up to ``counts``
@@ -408,16 +418,17 @@ class Shadow:
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                for live, c, then, now in zip(self.live, self.copies, self.counts, counts):
+                for live, c, (then, *was), (now, *state) in zip(self.live, self.copies, self.counts, counts):
                     if then is None or now is None or now < then:
                         raise LookupError("no step count")
-                    if now == then:
+                    if now == then and was == state:
                         continue
                     if isinstance(c, ReduceLROnPlateau):
                         raise LookupError("a step of its own argument")
                     for _ in range(now - then):
                         c.step()
-                    if getattr(c, "last_epoch", None) != getattr(live, "last_epoch", None):
+                    if now == then or getattr(c, "last_epoch", None) != getattr(live, "last_epoch", None) or \
+                            getattr(c, "T_cur", None) != getattr(live, "T_cur", None):
                         # (stepped with an epoch, CosineAnnealingWarmRestarts' step(it / n): its state
                         # read from the live one, the lrs from it in closed form)
                         for k in ("last_epoch", "T_cur", "T_i"):
