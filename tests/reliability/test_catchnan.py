@@ -100,8 +100,11 @@ def test_without_time_travel_the_catch_point_checks_every_operation(tmp_path):
 
 
 UNSEEDED = textwrap.dedent('''
-    import torch, torch.nn as nn
-    model = nn.Sequential(nn.Linear(4, 3), nn.Softmax(dim=1))      # no seed: a replay from the start differs
+    import os, torch, torch.nn as nn
+    # seeded by the OS's entropy: a replay from the start differs (a script that seeds
+    # nothing replays exactly: a respawned replica starts torch's generator where the run's did)
+    torch.manual_seed(int.from_bytes(os.urandom(4), "little"))
+    model = nn.Sequential(nn.Linear(4, 3), nn.Softmax(dim=1))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     for step in range(5):
         x, y = torch.randn(16, 4), torch.randint(0, 3, (16,))
