@@ -16,6 +16,12 @@
 Every role ends its process with ``os._exit``: a replica never closes the
 trace file it shares with the live run, never runs atexit handlers, and
 never returns into the live run's code paths.
+
+Why this size: one protocol, read whole: the four roles are the same
+replica's answers to the session's events (``before_stops``, ``after_stops``,
+``intercept``, ``run_ended``), written against ``Role``'s silence, progress
+line and hand-back; a role in a file of its own would be read beside this
+one every time.
 """
 from __future__ import annotations
 
@@ -33,8 +39,6 @@ from ..run.preload import forget_openmp
 from ..schema import CLIP_SERIES
 from ..text import is_not_measured
 from . import forking, sandbox
-
-
 
 
 CLEAR = "\r\033[K"          # (the cursor to the line's start, the line erased)
