@@ -314,12 +314,7 @@ def _scaled_clip(args, kwargs, total) -> None:
         params = args[0] if args else kwargs.get("parameters")
         max_norm = args[1] if len(args) > 1 else kwargs.get("max_norm")
         ids = {id(params)} if isinstance(params, torch.Tensor) else {id(p) for p in params}
-        stages = []
-        for scaler in list(_SCALING):
-            states = getattr(scaler, "_per_optimizer_states", None)
-            if isinstance(states, dict):
-                stages.append((weakref.ref(scaler), {k: v.get("stage") for k, v in states.items()
-                                                     if isinstance(v, dict)}))
+        stages = _scaler_stages()
         if stages:
             _SCALED_CLIPS.append((ids, stages, total, max_norm))
             del _SCALED_CLIPS[:-16]      # (clips no scaler's step ever took: the last few are kept)
@@ -384,15 +379,22 @@ def _nothing_unscaled() -> bool:
     times the loss scale (the clip_before_unscale bug), not the gradients' own norm."""
     try:
         from torch.amp.grad_scaler import OptState
-        for scaler in list(_SCALING):
-            states = getattr(scaler, "_per_optimizer_states", None)
-            if not isinstance(states, dict):
-                return False
-            if any(isinstance(v, dict) and v.get("stage") != OptState.READY for v in states.values()):
-                return False
-        return True
+        stages = _scaler_stages()
+        return len(stages) == len(_SCALING) and all(st == OptState.READY for _, by in stages for st in by.values())
     except Exception:
         return False
+
+
+def _scaler_stages() -> list:
+    """[(weakref to a GradScaler that scaled a loss, {id(optimizer): its unscale stage})]: where
+    each scaler is with each optimizer in this iteration (``OptState``: READY until
+    ``unscale_(optimizer)``); a scaler without that state (another class's) is left out."""
+    out = []
+    for scaler in list(_SCALING):
+        states = getattr(scaler, "_per_optimizer_states", None)
+        if isinstance(states, dict):
+            out.append((weakref.ref(scaler), {k: v.get("stage") for k, v in states.items() if isinstance(v, dict)}))
+    return out
 
 
 # name -> (the modules whose attribute nndb's wrapper replaces, the wrapper)
