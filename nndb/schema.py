@@ -46,7 +46,8 @@
     │                                      "detail"]}, kind one of EVENT_KINDS (warnings such as a
     │                                      recording that stopped) or RECORD_KINDS (a rule's finding,
     │                                      a debugger stop: "detail" is the report's object for it; a
-    │                                      change made at a stop: "detail" {"line", "step", "place"});
+    │                                      change made at a stop: "detail" {"line", "step", "place"}; what
+    │                                      the loss is, kind "loss_kind": "detail" {"step", "kind", "where"});
     │                                      step: the step in progress (of a record: its step), or null
     ├── lineage/              the operations of the steps whose lineage was recorded (nndb.lineage)
     │   ├── step              int64[L]     a step with lineage
@@ -145,9 +146,11 @@ EVENT_KINDS = ("recording_stopped", "rule_disabled", "probe_disabled", "full_ten
 # a reader of version 1 shows them as events): a rule's finding and a stop,
 # each with a "detail" object, the one the session report (docs/report.md)
 # holds for it; a change made at a stop of the live run (set, set --hold,
-# unset, py: nndb.debugger.changes.Change.as_dict()).  TraceReader.events()
+# unset, py: nndb.debugger.changes.Change.as_dict()); what the loss is, where
+# it is not meant to go down (a policy-gradient surrogate, a moving target:
+# nndb.rules.loss_watch), written once per kind by the loss probe.  TraceReader.events()
 # leaves them out; .records(kind) reads them.
-RECORD_KINDS = ("finding", "stop", "change")
+RECORD_KINDS = ("finding", "stop", "change", "loss_kind")
 
 # Chunk shapes: a ``stats`` chunk holds 16 steps of 16 series (20 KiB before
 # compression).  HDF5 pays about 50 us a chunk besides compressing it (with

@@ -23,6 +23,22 @@ probe (nndb.rules.model_probes.LossInputs):
   bigger than both; an outer difference the script builds on purpose
   (``emb[:, None] - emb[None]``) is of reshaped tensors, which are not tagged.
 
+What the loss *is* (``Made``): every tensor an op makes of a model's output
+carries a mark, whatever its shape, for the step; the marks tell
+loss_not_decreasing the two losses that are not meant to go down:
+
+- a *policy-gradient surrogate*: the loss depends on a value drawn
+  (``torch.multinomial``, ``bernoulli``, ``normal``, ``poisson``: what
+  ``torch.distributions`` sample with) from a distribution the model's output
+  gives, other than through the input of a model (REINFORCE's
+  ``-log_prob(a) * G``, actor-critic, PPO with its actions kept as tensors):
+  its value follows the episodes' returns, not the policy's quality;
+- a *moving target*: a loss's target, without gradient, is made of the
+  output of the trained model itself or of a copy of it (same parameter
+  shapes: a DQN's target network, an EMA teacher, pseudo-labels), while
+  its prediction has a gradient: the target moves as the model learns.  A
+  fixed teacher of another architecture (distillation) is not one.
+
 The ops are told apart by a dict lookup per call; nothing is computed from
 a tensor's values, nothing is raised into the script (the mode keeps the
 first error, and the probe reports it).
@@ -45,6 +61,13 @@ BROADCASTING_OPS = {f: sym for fs, sym in (
     ((_T.div, torch.div, torch.true_divide, torch.divide), "/"),
 ) for f in fs}
 TAGS_KEPT = 64                  # tagged tensors per step (a model output and what is made of it)
+# What torch.distributions draw samples with (Categorical, Bernoulli, Normal, Poisson, Gamma...)
+SAMPLERS = frozenset((torch.multinomial, _T.multinomial, torch.bernoulli, _T.bernoulli, torch.normal,
+                      torch.poisson, torch._standard_gamma, torch.binomial))
+# The marks of Made: made of a model's output; of a sample drawn from one; of a moving target
+MODEL, SAMPLE, MOVING = 1, 2, 4
+MADE_KEPT = 8192                # marked tensors per step (an episode of REINFORCE: ~10 a time step)
+TARGET_OPS = frozenset(f for f, sym in BROADCASTING_OPS.items() if sym == "-")
 
 
 class Tags(dict):
@@ -58,6 +81,20 @@ class Tags(dict):
     def tagged(self, t) -> bool:
         ref = self.get(id(t))
         return ref is not None and ref() is t
+
+
+class Made(dict):
+    """id(tensor) -> (weakref, marks, the model whose output it is made of): what ops made
+    of a model's output in a step (any shape), at most MADE_KEPT."""
+
+    def mark(self, t, marks: int, model) -> None:
+        if len(self) < MADE_KEPT or id(t) in self:
+            self[id(t)] = (weakref.ref(t), marks, model)
+
+    def of(self, t):
+        """(marks, model) of ``t``, or None."""
+        e = self.get(id(t))
+        return (e[1], e[2]) if e is not None and e[0]() is t else None
 
 
 def where() -> str:
@@ -90,6 +127,9 @@ class LossWatch:
         self._tags = Tags()               # id(tensor) -> weakref: the model's outputs and what is made of them
         self._module_call = None            # (weakref input, weakref target) of the loss module being called
         self._root_types: set = set()       # model classes whose forward output the probe sees
+        self._made = Made()                 # what ops made of the model's outputs this step
+        self._roots: "weakref.WeakSet" = weakref.WeakSet()   # the root modules with parameters called
+        self.surrogate = None               # (kind, where): what the step's backward() was given
 
     # -- on and off --------------------------------------------------------------
     def start(self) -> None:
@@ -104,12 +144,15 @@ class LossWatch:
 
     def new_step(self) -> None:
         self._tags.clear()
+        self._made.clear()
         self._module_call = None
+        self.surrogate = None
 
     # -- what the probe hands on ----------------------------------------------------
     def model_called(self, module) -> None:
         """A root module with parameters is about to run: see its output."""
         cls = type(module)
+        self._roots.add(module)
         if cls not in self._root_types:
             self._root_types.add(cls)
             self.probe.tracer.within.join(cls, self.model_output)
@@ -121,13 +164,18 @@ class LossWatch:
         if self.probe.tracer.module_depth != 0 or self.probe.error is not None:
             return                          # a submodule of another model: not the model's output
         for t in (output,) if isinstance(output, torch.Tensor) else _leaves(output):
-            if isinstance(t, torch.Tensor) and t.dim() >= 1 and t.is_floating_point():
-                self._tags.tag(t)
+            if isinstance(t, torch.Tensor) and t.is_floating_point():
+                # (a model's output is its own: what its input was made of does not pass through)
+                self._made.mark(t, MODEL, weakref.ref(module))
+                if t.dim() >= 1:
+                    self._tags.tag(t)
 
     # -- the mode's calls ------------------------------------------------------------
     def on_call(self, func, args, kwargs, out) -> None:
         if self.probe.tracer.in_hook:      # nndb's own tensor work in a hook
             return
+        if self._made:
+            self._mark(func, args, kwargs, out)
         op = BROADCASTING_OPS.get(func)
         if op is not None:
             self._binary(op, args, out)
@@ -141,6 +189,53 @@ class LossWatch:
                 if isinstance(a, torch.Tensor) and a.shape == out.shape and self._tags.tagged(a):
                     self._tags.tag(out)
                     break
+
+    def _mark(self, func, args, kwargs, out) -> None:
+        """Carry the marks of ``func``'s tensor arguments to its outputs; a sample drawn
+        from a model's output, a target made of the trained model's, a backward() of a
+        loss that has either: the step's ``surrogate``."""
+        made, marks, model, target = self._made, 0, None, None
+        for a in _tensors(args, kwargs):
+            e = made.of(a)
+            if e is not None:
+                marks |= e[0]
+                model = model or e[1]
+                if not a.requires_grad:
+                    target = e
+        if not marks:
+            return
+        if func is _BACKWARD or func is _AUTOGRAD_BACKWARD:
+            if marks & (SAMPLE | MOVING) and self.surrogate is None:
+                self.surrogate = ("policy_gradient" if marks & SAMPLE else "moving_target", where())
+                self.probe.surrogate(*self.surrogate)
+            return
+        if func in SAMPLERS:
+            marks |= SAMPLE
+        elif target is not None and not marks & MOVING and (func in TARGET_OPS or functional_loss(func)) \
+                and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args[:2]) \
+                and self._trained_or_copy(target[1]):
+            marks |= MOVING
+        for o in (out,) if isinstance(out, torch.Tensor) else out if isinstance(out, (tuple, list)) else ():
+            if isinstance(o, torch.Tensor):
+                made.mark(o, marks, model)
+
+    def _trained_or_copy(self, ref) -> bool:
+        """Is the model ``ref`` (a weakref) one an optimizer trains, or a copy of one
+        (the same parameter shapes: a target network, an EMA teacher)?"""
+        m = ref() if ref is not None else None
+        if m is None:
+            return False
+        trained = {id(p) for o in self.probe.tracer.optimizers() for g in o.param_groups for p in g["params"]}
+        if not trained:
+            return False
+
+        def shapes(module):
+            return [tuple(p.shape) for p in module.parameters()]
+        if any(id(p) in trained for p in m.parameters()):
+            return True
+        mine = shapes(m)
+        return any(r is not m and any(id(p) in trained for p in r.parameters()) and shapes(r) == mine
+                   for r in list(self._roots))
 
     def _binary(self, op, args, out) -> None:
         if not self._tags or len(args) < 2 or not isinstance(out, torch.Tensor):
@@ -166,6 +261,25 @@ class LossWatch:
         recompute = _mean_loss(func, args, kwargs) if name in CLASS_LOSSES else None
         self.probe.loss_call(key, f"F.{name}", x, y, pointwise=name not in CLASS_LOSSES,
                              cross_entropy=name == "cross_entropy", recompute=recompute)
+
+
+_BACKWARD = torch.Tensor.backward
+_AUTOGRAD_BACKWARD = torch.autograd.backward
+
+
+def _tensors(args, kwargs):
+    """The tensors among a call's arguments, and in its lists and tuples (``torch.cat([...])``)."""
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            yield a
+        elif isinstance(a, (list, tuple)):
+            for b in a:
+                if isinstance(b, torch.Tensor):
+                    yield b
+    if kwargs:
+        for a in kwargs.values():
+            if isinstance(a, torch.Tensor):
+                yield a
 
 
 def _leaves(output):

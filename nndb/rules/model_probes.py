@@ -396,6 +396,7 @@ class LossInputs(ModuleKeyed):
         self._first: set = set()      # ids of losses (modules, call sites) whose first step-0 call was measured
         self._calls_seen: dict = {}   # call site -> calls (the sample of a functional loss)
         self._has_params: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+        self._kinds_kept: set = set()  # the loss kinds recorded in the trace (``surrogate``)
         from .loss_watch import LossWatch
         self.watch = LossWatch(self)
 
@@ -463,6 +464,20 @@ class LossInputs(ModuleKeyed):
             self.loss_call(module, type(module).__name__, x, y, pointwise=isinstance(module, POINTWISE_LOSSES),
                            cross_entropy=isinstance(module, nn.CrossEntropyLoss),
                            recompute=lambda x, y: self._loss(module, x, y))
+
+    def surrogate(self, kind: str, where: str) -> None:
+        """The step's backward() was given a loss that is not meant to go down (loss_watch:
+        ``kind`` "policy_gradient" or "moving_target", made at ``where``): a fact of the
+        step, and, the first time, a record in the trace (kind "loss_kind"), from which
+        ``nndb check-trace`` gives loss_not_decreasing the same fact."""
+        self.step_facts()["surrogate"] = {"kind": kind, "where": where}
+        if kind not in self._kinds_kept:
+            self._kinds_kept.add(kind)
+            w = getattr(self.rec, "writer", None)
+            if w is not None:
+                step = self.recorder.step
+                w.event("loss_kind", f"the loss is a {kind.replace('_', ' ')} ({where})", step,
+                        {"step": step, "kind": kind, "where": where})
 
     def hand_written(self, key: str, op: str, a_shape, b_shape, model_shape) -> None:
         """A broadcast of the model's output that makes a new dimension of its batch (loss_watch)."""

@@ -367,21 +367,29 @@ class TraceOptimizers:
 def trace_facts(reader) -> tuple:
     """(the probes a trace serves, step -> their facts): the ``batches``
     probe's input checksums, from the trace's fingerprints (nndb.tracer.fingerprint),
-    one step each as the live probe hands them on the CPU."""
+    one step each as the live probe hands them on the CPU; and of the ``loss_inputs``
+    probe only what the loss is (its "loss_kind" records: ``surrogate``, which
+    loss_not_decreasing reads), which does not make the probe served."""
+    by_step: dict = {}
+    for r in reader.records("loss_kind"):
+        if isinstance(r.get("step"), int):
+            by_step.setdefault(r["step"], {})["loss_inputs"] = {"surrogate": {"kind": r.get("kind"),
+                                                                              "where": r.get("where")}}
     rows = reader.fingerprints()
     if rows is None:
-        return frozenset(), {}
+        return frozenset(), by_step
     from .crossrank import shuffles
     loaders = next((r["loaders"] for r in rows if "loaders" in r), None)
     shuffle = shuffles(loaders)
     sizes = [d.get("batches") for d in loaders or () if isinstance(d.get("batches"), int)]
     most = max(sizes, default=None)
-    by_step = {}
+    served = False
     for r in rows:
         for step, value in r.get("inputs", ()):
-            by_step[int(step)] = {"batches": {"inputs": [(int(step), value)], "shuffle": shuffle, "batches": most,
-                                              "loaders": loaders}}
-    return (frozenset({"batches"}) if by_step else frozenset()), by_step
+            served = True
+            by_step.setdefault(int(step), {})["batches"] = {"inputs": [(int(step), value)], "shuffle": shuffle,
+                                                            "batches": most, "loaders": loaders}
+    return (frozenset({"batches"}) if served else frozenset()), by_step
 
 
 # -- the invoker ----------------------------------------------------------------------------

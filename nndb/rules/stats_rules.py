@@ -523,7 +523,11 @@ class LossNotDecreasing(Rule):
     severity = "warning"
     explanation = ("the loss has not gone down over the run so far: its robust trend (Theil-Sen slope of block "
                    "medians) cannot have brought it down by margin, even at its confidence bound, and the last "
-                   "window is not below the first by margin either")
+                   "window is not below the first by margin either; not judged where the loss is not meant to "
+                   "go down: a policy-gradient surrogate (it depends on actions sampled from the model's own "
+                   "output: REINFORCE, actor-critic) or a loss chasing a moving target (its target made, "
+                   "without gradient, by the trained model or a copy of it: a DQN's target network), as the "
+                   "loss probe sees on its steps")
     THRESHOLDS = {
         "min_steps": Threshold(50, "recorded steps with a finite loss before judging: short runs and slow "
                                    "starts (warmup) are left alone; a fine-tuned head over frozen features "
@@ -552,10 +556,11 @@ class LossNotDecreasing(Rule):
         self.last: dict = {}           # loss name -> the last window (deque)
         self.n: dict = {}              # loss name -> finite values seen
         self.done: set = set()         # reported, or non-finite once (nonfinite's business)
+        self.surrogate = None          # {"kind", "where"}: the run's loss is not meant to go down
 
     def check_block(self, block):
         _, lay = block.layout(self.own)
-        if lay.loss_rows.size != 1 or lay.loss_names[0] in self.done:
+        if lay.loss_rows.size != 1 or lay.loss_names[0] in self.done or self.surrogate is not None:
             return True
         name, p = lay.loss_names[0], self.params
         v = block.loss_means(lay)
@@ -584,6 +589,12 @@ class LossNotDecreasing(Rule):
         h[2] = (h[2] + 1) % h[1]
 
     def check(self, ctx):
+        if self.surrogate is None:
+            # (the loss probe's steps: a policy-gradient surrogate or a moving target, nndb.rules.loss_watch;
+            # on a trace, its "loss_kind" record at the same step)
+            self.surrogate = (ctx.facts.get("loss_inputs") or {}).get("surrogate")
+        if self.surrogate is not None:
+            return
         _, lay = layout(ctx, self.own)
         if lay.loss_rows.size != 1:    # several losses (a GAN, actor-critic): adversarial, not meant to all go down
             return
