@@ -710,6 +710,41 @@ def test_continue_in_the_past_of_a_run_ctrl_c_ended_stops_at_its_last_step(tmp_p
         assert t.status == "interrupted"
 
 
+CTRL_C_IN_A_REPLAY = textwrap.dedent('''
+    import os, signal, torch, torch.nn as nn
+    torch.manual_seed(0)
+    m = nn.Linear(4, 1)
+    o = torch.optim.SGD(m.parameters(), lr=0.1)
+    for s in range(30):
+        loss = (m(torch.randn(6, 4)) ** 2).mean()
+        o.zero_grad()
+        loss.backward()
+        o.step()
+        print("step", s, "loss", repr(loss.item()), flush=True)
+        if s == 5 and os.path.exists("live_went_past_20"):     # (a replay: Ctrl-C at the terminal)
+            os.killpg(os.getpgrp(), signal.SIGINT)
+        if s == 20:
+            open("live_went_past_20", "w").close()
+''')
+
+
+def test_ctrl_c_during_a_goto_replay_in_batch_mode_ends_the_run(tmp_path, trace):
+    """Ctrl-C at the terminal while `goto 8` replayed: the replay gave up, then the
+    commands after it ran ('AFTER' printed) and `continue` ran the script to its end,
+    exit 0, as if no Ctrl-C had come.  It ends the run now, as Ctrl-C at a stop's
+    commands does (the script interrupted, the trace closed as such)."""
+    script = tmp_path / "train.py"
+    script.write_text(CTRL_C_IN_A_REPLAY)
+    r = nndb("run", "--batch", "--nx", "--trace", trace, "-e", "until 25", "-e", "goto 8", "-e", "p 'AFTER'",
+             "-e", "continue", str(script), cwd=str(tmp_path), start_new_session=True)
+    assert r.returncode != 0, r.stdout + r.stderr
+    assert "KeyboardInterrupt" in r.stderr and "AFTER" not in r.stdout, r.stdout + r.stderr
+    printed = [int(n) for n in re.findall(r"^step (\d+) loss", r.stdout, re.M)]
+    assert printed == list(range(25)), r.stdout        # (the replay prints nothing; nothing after the stop at 25)
+    with TraceReader(trace) as t:
+        assert t.status == "interrupted"
+
+
 def test_goto_past_the_present_from_the_past_is_refused_as_in_the_present(tmp_path, trace):
     """It ran the replica on to step 9, which the live run (at step 6) had not made, shown as the past."""
     r = nndb("run", "--batch", "--nx", "--trace", trace, "-e", "until 6", "-e", "rs 3", "-e", "goto 9",

@@ -503,26 +503,36 @@ class TimeMachine:
     def wait_for_replica(self, s, chan: Channel, proc=None) -> dict:
         """Wait for the replica's last message while it has the terminal
         (Ctrl-C and the progress line are the replica's then: roles.Role.progress),
-        and take back the session state."""
-        old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        and take back the session state.  A Ctrl-C the live run got meanwhile (the
+        terminal's reaches both; ``kill -INT`` this process's alone) is kept: in
+        batch mode it ends the run once the replica is back, as Ctrl-C at a stop's
+        commands does (Session.interrupt_at_stop: exit 130; until 2026-12 the
+        commands after the interrupted goto ran and the run went on to its end, exit 0)."""
+        got = []
+        old = signal.signal(signal.SIGINT, lambda signum, frame: got.append(signum))
         try:
-            last = None
-            while True:
-                msg = chan.recv()
-                if msg is None:
-                    break
-                if msg.get("op") in ("handback", "predicted", "fuzzed"):
-                    last = msg
-                    if proc is not None:
-                        break
-                elif msg.get("op") == "replica-exited":
-                    break
-            if proc is not None:
-                proc.wait()
-                forking.forget_openmp(proc.pid)     # (its Intel OpenMP registration)
-                chan.close()
+            return self._replica_back(s, chan, proc)
         finally:
             signal.signal(signal.SIGINT, old)
+            if got:
+                s.interrupt_at_stop()
+
+    def _replica_back(self, s, chan: Channel, proc) -> dict:
+        last = None
+        while True:
+            msg = chan.recv()
+            if msg is None:
+                break
+            if msg.get("op") in ("handback", "predicted", "fuzzed"):
+                last = msg
+                if proc is not None:
+                    break
+            elif msg.get("op") == "replica-exited":
+                break
+        if proc is not None:
+            proc.wait()
+            forking.forget_openmp(proc.pid)     # (its Intel OpenMP registration)
+            chan.close()
         if last is None and proc is not None and proc.returncode in (safepath.INTERRUPTED, -signal.SIGINT):
             # (Ctrl-C while a respawned replica started, before its session could take it)
             raise CommandError("nndb: interrupted (Ctrl-C); nothing was changed")
