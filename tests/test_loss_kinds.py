@@ -18,17 +18,17 @@ from nndb.store.reader import TraceReader
 SCRIPT = os.path.join(ROOT, "tests", "scripts", "loss_kinds.py")
 
 
-def _run(tmp_path, mode, steps):
+def _run(tmp_path, mode, steps, rule="loss_not_decreasing"):
     res = run_in_process(tmp_path, SCRIPT, [mode, steps])
     assert res.exit_code == 0
     assert all(r.enabled for r in res.session.rules.rules)     # no rule failed and was switched off
-    live = [f for f in res.session.log.findings if f["rule"] == "loss_not_decreasing"]
+    live = [f for f in res.session.log.findings if f["rule"] == rule]
     path = str(tmp_path / "run.h5")
     with TraceReader(path) as reader:
         kinds = reader.records("loss_kind")
         offline = check_trace(reader, load("default"))
-    assert "loss_not_decreasing" in offline.rules_run
-    return live, kinds, [f.as_dict() for f in offline.findings if f.rule == "loss_not_decreasing"]
+    assert rule in offline.rules_run
+    return live, kinds, [f.as_dict() for f in offline.findings if f.rule == rule]
 
 
 # Without the marks the first three warned "loss has not gone down" (actor-critic at step 49: the
@@ -60,3 +60,22 @@ def test_a_flat_loss_of_a_look_alike_is_still_found(tmp_path, mode):
     assert kinds == []
     assert len(live) == 1 and "has not gone down" in live[0]["message"]
     assert [f["step"] for f in offline] == [live[0]["step"]]
+
+
+def test_a_policy_gradient_surrogate_whose_scale_follows_the_rewards_does_not_explode(tmp_path):
+    """pytorch/examples' actor_critic.py (CartPole, unmodified) got 'loss_explodes at step 403: loss
+    went from 0.4018 to 912.1 (x2.27e+03)' as its episodes grew to 500 steps, on its way to solving
+    the task.  Here a bandit's rewards become 300x larger half-way: without the mark, loss_explodes
+    at step 32 (0.2947 to 123.8) and loss_not_decreasing at step 49."""
+    for rule in ("loss_explodes", "loss_not_decreasing"):
+        live, kinds, offline = _run(tmp_path, "bandit", 60, rule)
+        assert live == [] and offline == [], rule
+        assert [k["kind"] for k in kinds] == ["policy_gradient"]
+
+
+def test_a_moving_target_that_explodes_is_still_found(tmp_path):
+    """A DQN whose targets run away (no target network sync, a huge learning rate) is a divergence:
+    the moving-target mark leaves loss_explodes judging it."""
+    live, kinds, offline = _run(tmp_path, "dqn_diverge", 40, "loss_explodes")
+    assert [k["kind"] for k in kinds] == ["moving_target"]
+    assert len(live) == 1 and [f["step"] for f in offline] == [live[0]["step"]]

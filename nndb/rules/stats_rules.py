@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from typing import Optional
 
 import numpy as np
 
@@ -518,6 +519,13 @@ class ParamNotUpdated(Rule):
 
 # -- the loss -------------------------------------------------------------------------------------
 
+def loss_kind(ctx) -> Optional[dict]:
+    """What the loss probe saw the step's loss is, where it is not meant to go down
+    ({"kind": "policy_gradient" | "moving_target", "where"}; nndb.rules.loss_watch), or None;
+    on a trace, its "loss_kind" record at the same step (nndb.rules.offline.trace_facts)."""
+    return (ctx.facts.get("loss_inputs") or {}).get("surrogate")
+
+
 class LossNotDecreasing(Rule):
     id = "loss_not_decreasing"
     severity = "warning"
@@ -590,9 +598,7 @@ class LossNotDecreasing(Rule):
 
     def check(self, ctx):
         if self.surrogate is None:
-            # (the loss probe's steps: a policy-gradient surrogate or a moving target, nndb.rules.loss_watch;
-            # on a trace, its "loss_kind" record at the same step)
-            self.surrogate = (ctx.facts.get("loss_inputs") or {}).get("surrogate")
+            self.surrogate = loss_kind(ctx)
         if self.surrogate is not None:
             return
         _, lay = layout(ctx, self.own)
@@ -658,7 +664,10 @@ class LossExplodes(Rule):
     explanation = ("the loss multiplies by 100 or more within a few recorded steps, to above anything it was "
                    "before, and stays up: the run diverges (a learning rate far too high, no clipping); found "
                    "1-2 steps after the jump, before the values overflow (a spike that comes back down at "
-                   "once is not a divergence)")
+                   "once is not a divergence); not judged on a policy-gradient surrogate (a loss that depends on "
+                   "actions sampled from the model's own output, as the loss probe sees on its steps: its value "
+                   "follows the episodes' length and returns, not the policy's quality, and a healthy actor-critic "
+                   "goes x2000 as its episodes grow long; a diverging policy still shows in its gradients)")
     THRESHOLDS = {
         "factor": Threshold(100, "times the smallest positive loss of the last window: a spiky healthy loss "
                                  "moves by a few x; a word LM at SGD lr 5000 went x95 in one step and x274 "
@@ -681,10 +690,11 @@ class LossExplodes(Rule):
         self.top: dict = {}            # loss name -> the largest value so far
         self.done: set = set()
         self.jump: dict = {}           # loss name -> the jump waiting to be confirmed (a dict)
+        self.surrogate = None          # the run's loss is a policy-gradient surrogate (loss_kind)
 
     def check_block(self, block):
         _, lay = block.layout(self.own)
-        if lay.loss_rows.size != 1 or lay.loss_names[0] in self.done:
+        if lay.loss_rows.size != 1 or lay.loss_names[0] in self.done or self.surrogate is not None:
             return True
         v = block.loss_means(lay)
         if v is None or not np.isfinite(v).all():
@@ -703,6 +713,11 @@ class LossExplodes(Rule):
         return True
 
     def check(self, ctx):
+        if self.surrogate is None:
+            kind = loss_kind(ctx)
+            self.surrogate = kind if kind is not None and kind["kind"] == "policy_gradient" else None
+        if self.surrogate is not None:
+            return
         _, lay = layout(ctx, self.own)
         if lay.loss_rows.size != 1:    # (several losses: a GAN's trade off against each other)
             return

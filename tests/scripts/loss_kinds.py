@@ -10,9 +10,12 @@ tutorial write them:
   loss, the sum of ``-log_prob(a) * advantage`` and a value loss over its time
   steps, grows as the episodes get longer (a healthy run);
 - ``reinforce``: a policy alone, ``torch.cat([-lp * G ...]).sum()``;
+- ``bandit``: a contextual bandit's policy gradient whose rewards become 300x
+  larger half-way (a harder level): the loss's scale follows the rewards';
 - ``dqn``: a Q-network, a target network (a deep copy, synced every 25
   steps), Huber loss against ``r + gamma * max Q_target(s')`` made under
-  ``no_grad``; ``dqn_hand``: the same with a hand-written squared error.
+  ``no_grad``; ``dqn_hand``: the same with a hand-written squared error;
+  ``dqn_diverge``: that at SGD lr 0.8, whose Q-values run away (a divergence).
 
 Look-alikes whose loss must go down (all at lr 0 here: a flat loss, the
 finding loss_not_decreasing exists for):
@@ -133,11 +136,26 @@ def reinforce():
         print(f"step {ep} len {len(rewards)} loss {loss.item():.9g}")
 
 
-def dqn(hand_written):
+def bandit():
+    policy = nn.Linear(4, 3)
+    opt = torch.optim.Adam(policy.parameters(), lr=1e-2)
+    x = torch.randn(64, 4)
+    for step in range(STEPS):
+        m = Categorical(logits=policy(x))
+        a = m.sample()
+        r = (a == 2).float() * (1.0 if step < STEPS // 2 else 300.0)
+        loss = -(m.log_prob(a) * r).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        print(f"step {step} loss {loss.item():.9g}")
+
+
+def dqn(hand_written, lr=None):
     env = Pole(SEED)
     q = nn.Sequential(nn.Linear(4, 32), nn.ReLU(), nn.Linear(32, 2))
     target = copy.deepcopy(q)
-    opt = torch.optim.Adam(q.parameters(), lr=1e-3)
+    opt = torch.optim.Adam(q.parameters(), lr=1e-3) if lr is None else torch.optim.SGD(q.parameters(), lr=lr)
     buf, s, eps, step = [], env.reset(), 1.0, 0
     while step < STEPS:
         if random.random() < eps:
@@ -201,5 +219,6 @@ def feedback_flat():
         print(f"step {step} loss {loss.item():.9g}")
 
 
-{"actor_critic": actor_critic, "reinforce": reinforce, "dqn": lambda: dqn(False), "dqn_hand": lambda: dqn(True),
+{"actor_critic": actor_critic, "reinforce": reinforce, "bandit": bandit, "dqn": lambda: dqn(False), "dqn_hand": lambda: dqn(True),
+ "dqn_diverge": lambda: dqn(True, float(sys.argv[4]) if len(sys.argv) > 4 else 0.8),
  "distill_flat": distill_flat, "feedback_flat": feedback_flat}[MODE]()
