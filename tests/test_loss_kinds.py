@@ -71,6 +71,13 @@ def test_a_policy_gradient_surrogate_whose_scale_follows_the_rewards_does_not_ex
         live, kinds, offline = _run(tmp_path, "bandit", 60, rule)
         assert live == [] and offline == [], rule
         assert [k["kind"] for k in kinds] == ["policy_gradient"]
+    # nndb inspect says why the loss rules are quiet
+    from nndb.api.inspect import summary
+    from nndb.render.text import summary as text
+    with TraceReader(str(tmp_path / "run.h5")) as reader:
+        [line] = [x for x in text(summary(reader)).splitlines() if x.startswith("loss       a ")]
+    assert line.startswith("loss       a policy-gradient surrogate") and "loss_explodes do not judge it" in line
+    assert line.endswith(f"({kinds[0]['where']}, seen at step 0)")
 
 
 def test_a_moving_target_that_explodes_is_still_found(tmp_path):

@@ -65,6 +65,7 @@ def summary(reader: TraceReader) -> dict:
         "last_step": int(steps[-1]) if len(steps) else None,
         "events": reader.events(),
         "findings": stored_findings(reader),
+        "loss_kinds": reader.records("loss_kind"),
         "tensors": tensors,
     }
 

@@ -13,6 +13,15 @@ from ..text import printable, printable_line
 __all__ = ["fmt", "summary", "series"]
 
 
+# What the loss probe found the loss to be (trace records "loss_kind"), and what the rules make of it
+LOSS_KINDS = {
+    "policy_gradient": "a policy-gradient surrogate (it depends on actions sampled from the model's output): "
+                       "loss_not_decreasing and loss_explodes do not judge it",
+    "moving_target": "chases a moving target (made without gradient by the trained model or a copy of it): "
+                     "loss_not_decreasing does not judge it",
+}
+
+
 def summary(data: dict) -> str:
     m = data["meta"]
     end = data.get("end") or {}
@@ -39,6 +48,9 @@ def summary(data: dict) -> str:
     lines.append(f"recorded   {data['steps']} step(s){span}, schedule {m.get('schedule', '?')}")
     for e in data.get("events", []):
         lines.append(printable_line(f"event      step {e.get('step')}: {e.get('kind')}: {e.get('message')}"))
+    for k in data.get("loss_kinds") or ():
+        lines.append(printable_line(f"loss       {LOSS_KINDS.get(k.get('kind'), k.get('kind'))} "
+                                    f"({k.get('where')}, seen at step {k.get('step')})"))
     found = data.get("findings") or []
     lines.append(f"findings   {len(found) or 'none'} stored by the live run"
                  + ("" if found else " (nndb check-trace re-checks the trace offline)"))
