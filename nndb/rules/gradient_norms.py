@@ -591,13 +591,48 @@ class VanishingGradient(_Gradients):
         return min(cand)           # the earliest layer: the farthest from the loss
 
 
+# Where a layer's weight is, under the names a model gives it: plain, pruned (torch.nn.utils.prune) or
+# under the old spectral_norm (weight_orig), the old weight_norm's two tensors, parametrized
+# (weight_norm's two tensors, spectral_norm's, orthogonal's).
+_WEIGHT_NAMES = ("weight", "weight_orig", "weight_g", "weight_v", "parametrizations.weight.original",
+                 "parametrizations.weight.original0", "parametrizations.weight.original1")
+
+
+def _ignored_biases(lay, has: np.ndarray, g: np.ndarray) -> np.ndarray:
+    """Of ``g`` (steps x the positions in ``has``: gradient norms), the biases whose gradient
+    is exactly 0 while their layer's weight's is not 0 at that step.  A bias's gradient is
+    the sum over the batch of its layer's output gradients, the weight's those gradients
+    times the inputs: a weight's gradient other than 0 means the gradients reached the layer
+    (no dead unit, no zero factor after it) and summed to exactly 0: the loss does not depend
+    on the bias (a WGAN critic's last bias under D(fake).mean() - D(real).mean()), which is
+    no training bug.  (nndb check's gradients check leaves them alone for the same reason.)"""
+    def compute():
+        pos = np.flatnonzero(has)
+        at = {lay.names[k]: j for j, k in enumerate(pos)}
+        pairs = []
+        for j, k in enumerate(pos):
+            name = lay.names[k]
+            if name == "bias" or name.endswith(".bias"):
+                stem = name[:-len("bias")]
+                w = [at[stem + n] for n in _WEIGHT_NAMES if stem + n in at]
+                if w:
+                    pairs.append((j, w))
+        return pairs
+    out = np.zeros(g.shape, dtype=bool)
+    for j, w in lay.derived(("weight_of_bias", has.tobytes()), compute):
+        out[:, j] = (g[:, j] == 0) & (np.abs(g[:, w]) > 0).any(axis=1)
+    return out
+
+
 class ZeroGradients(Rule):
     id = "zero_gradients"
     severity = "error"
     explanation = ("every gradient is exactly 0, step after step: nothing learns (a constant loss such as a "
                    "cross-entropy over a single class, a loss that does not depend on the parameters); or some "
                    "tensors' gradients are, while others' are not: those learn nothing (a layer pruned or "
-                   "masked to zero, everything after it cut off by a zero weight or a factor 0)")
+                   "masked to zero, everything after it cut off by a zero weight or a factor 0); a bias whose layer's "
+                   "weight has a gradient is left alone: the loss does not depend on it (a WGAN critic's last "
+                   "bias)")
     THRESHOLDS = {
         "steps": Threshold(10, "consecutive recorded steps on which every gradient recorded, or one tensor's "
                                "whole gradient, is exactly 0: a healthy run has no such step (a ReLU net whose "
@@ -633,7 +668,7 @@ class ZeroGradients(Rule):
         g = block.take(lay, "grad", "norm")[:, has]
         if self.zeros.active or t.n_slots > self.zeros.n:
             return None
-        zero = g == 0
+        zero = (g == 0) & ~_ignored_biases(lay, has, g)
         slots = lay.slots[has]
         if np.count_nonzero(zero) and np.count_nonzero(zero & ~(self.told[slots] | self.ever[slots])):
             return None            # (a tensor's gradient 0 from its start, not told yet: judged step by step)
@@ -657,7 +692,11 @@ class ZeroGradients(Rule):
         has = lay.g >= 0
         norms = lay.take(ctx, "grad", "norm")
         g = norms[has]
-        yield from self._tensors(ctx, t, lay, has & (norms == 0) if g.size and np.count_nonzero(g) else None)
+        zero = None
+        if g.size and np.count_nonzero(g):
+            zero = has & (norms == 0)
+            zero[has] &= ~_ignored_biases(lay, has, g[None, :])[0]
+        yield from self._tensors(ctx, t, lay, zero)
         self.ever[lay.slots[has]] |= g != 0
         if not self._zero(g):
             self.run, self.since, self.losses = 0, None, []
