@@ -266,7 +266,8 @@ class Cadence:
              f"first {SAMPLE_CALLS} calls, then these steps)", "input_probes", ""),
             ("`bn_stats` probe", "bn_stats", ""),
             ("`clip_before_unscale` probe (at a GradScaler's `step()` after a `clip_grad_norm_`)", "recorded", ""),
-            ("`stale_grad` check", "grad_reset", ""),
+            (f"`stale_grad` check (and each optimizer's own first {RESET_FIRST} steps, within {RESET_EVERY} "
+             "of its first: one that steps once in a few steps, a WGAN's generator)", "grad_reset", ""),
             ("`grad_none` check (every step while a parameter lacks its gradient)", "grad_presence", ""),
         ]
         plans = [self.at(step) for step in range(horizon)]

@@ -148,11 +148,13 @@ class _Watch:
     """One optimizer's sample parameter: the gradient it had at the optimizer's
     last step, and the sum of the gradients that arrived since then."""
     __slots__ = ("opt", "param", "handle", "last", "incoming", "pending", "armed", "call", "calls", "kept",
-                 "__weakref__")
+                 "seen", "born", "__weakref__")
 
-    def __init__(self, opt, param):
+    def __init__(self, opt, param, born: int = 0):
         self.opt = weakref.ref(opt)
         self.param = weakref.ref(param)
+        self.seen = 1            # the optimizer's steps the probe saw (from the one that made the watch)
+        self.born = born         # the step that made it
         self.handle = None       # (the tensor hook's and the post-accumulate-grad hook's handles)
         self.last = None
         self.incoming = None
@@ -244,8 +246,26 @@ class GradReset(Probe):
     # The checked steps are the cadence's (cadence.grad_reset), named here for readers of the probe.
     FIRST, EVERY = cadence.RESET_FIRST, cadence.RESET_EVERY
     # A checked step, and the step before it (which keeps its gradient and puts
-    # the tensor hook on); the probe is not called on the others.
-    wants = staticmethod(cadence.grad_reset_armed)
+    # the tensor hook on); the probe is not called on the others, but for the
+    # first FIRST steps of each optimizer (``_young``).
+
+    def wants(self, step: int) -> bool:
+        return cadence.grad_reset_armed(step) or self._young(step)
+
+    def next_change(self, step: int) -> int:
+        """(cadence.next_change) While an optimizer is young, asked again at the next step."""
+        if self._young(step):
+            return step + 1
+        return cadence.next_change(cadence.grad_reset_armed, step)
+
+    def _young(self, step: int) -> bool:
+        """Has an optimizer had fewer than FIRST of its steps checked, within EVERY steps of its
+        first?  An optimizer that steps only on some steps (a WGAN's generator, once every
+        n_critic critic steps) is checked at its own first steps, as one that steps at every
+        step is at the run's first: the checked steps alone (0-5, then two in 50) met it once,
+        then never twice in a row (steps 3, 6, 9, ...), and its missing zero_grad() was never
+        found."""
+        return any(w.seen < self.FIRST and step <= w.born + self.EVERY for w in self._watches.values())
 
     def __init__(self, rec):
         super().__init__(rec)
@@ -303,7 +323,7 @@ class GradReset(Probe):
             if getattr(self.tracer, "closure_step", False) and key not in self._watches:
                 p = _sample(opt, any_grad=True)
                 if p is not None:
-                    w = self._watches[key] = _Watch(opt, p)
+                    w = self._watches[key] = _Watch(opt, p, self.rec.recorder.step)
                     w.handle = self._watch_hooks(w, p)
             return
         w = self._watches.get(key)
@@ -314,7 +334,7 @@ class GradReset(Probe):
             p = _sample(opt)
             if p is None:
                 return                                    # look again at the next step
-            w = self._watches[key] = _Watch(opt, p)
+            w = self._watches[key] = _Watch(opt, p, self.rec.recorder.step)
             w.handle = self._watch_hooks(w, p)
             w.last = _flat(p.grad).clone()
             return
@@ -324,10 +344,12 @@ class GradReset(Probe):
             # this backward's gradient is in .grad already, its accumulated hook not yet run)
             _take_pending(w)
         check_now = w.armed
+        w.seen += 1
+        step = self.rec.recorder.step
         # the next step is checked: keep this step's gradient and sum what comes
         # (the tensor hook is on the parameter only then: a Python call in every
         # backward pass costs a small model's step a few percent)
-        w.armed = cadence.grad_reset(self.rec.recorder.step + 1)
+        w.armed = cadence.grad_reset(step + 1) or (w.seen < self.FIRST and step + 1 <= w.born + self.EVERY)
         if w.armed and w.handle is None:
             w.handle = self._watch_hooks(w, p)
         elif not w.armed and w.handle is not None:
