@@ -619,6 +619,33 @@ def test_training_in_other_processes_says_that_nothing_was_recorded(tmp_path):
            "in this process" in r.stderr, r.stderr
 
 
+FUNC_ONLY = textwrap.dedent('''
+    import torch, torch.nn as nn
+    from torch.func import functional_call, grad_and_value
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1))
+    params = {k: v.detach() for k, v in model.named_parameters()}
+    def loss_fn(p, x, y):
+        return ((functional_call(model, p, (x,)) - y) ** 2).mean()
+    for step in range(5):
+        x = torch.randn(32, 8); y = x.sum(1, keepdim=True)
+        g, loss = grad_and_value(loss_fn)(params, x, y)
+        params = {k: params[k] - 0.05 * g[k] for k in params}
+        print(step, repr(loss.item()))
+''')
+
+
+def test_gradients_of_torch_func_alone_say_why_nothing_was_recorded(tmp_path):
+    """torch.func.grad's gradients applied by hand to a dict of tensors: no backward(), no
+    optimizer, no step.  The run's end named only training in other processes as the cause."""
+    plain, _ = plain_and_recorded(tmp_path, FUNC_ONLY)
+    r = nndb("run", "--batch", "-q", "--trace", str(tmp_path / "f.h5"), str(tmp_path / "script.py"),
+             cwd=str(tmp_path))
+    assert r.returncode == 0 and r.stdout == plain.stdout and len(r.stdout.splitlines()) == 5
+    assert "nor are gradients taken only by torch.func.grad or torch.autograd.grad and applied by hand" \
+        in r.stderr, r.stderr
+
+
 SKIPPED_NAN = textwrap.dedent('''
     import torch, torch.nn as nn
     torch.manual_seed(0)

@@ -243,10 +243,12 @@ class Recording:
                          f"call(s) reached no parameter of an nn.Module, nor any tensor that needs grad, and "
                          f"no optimizer stepped (docs/steps.md)")
         elif exc[1] is None and self.recorder.last is None and not self.tracer.optimizer_refs:
-            # (mnist_hogwild: the model trained in processes of torch.multiprocessing's)
+            # (mnist_hogwild: the model trained in processes of torch.multiprocessing's; a loop of
+            # torch.func.grad's gradients applied to a dict of tensors by hand)
             self.message("nndb: no training step was recorded: the script called no backward() and stepped no "
                          "optimizer in this process (training in other processes, torch.multiprocessing's, "
-                         "is not traced; docs/steps.md)")
+                         "is not traced, nor are gradients taken only by torch.func.grad or "
+                         "torch.autograd.grad and applied by hand; docs/steps.md)")
 
     def close(self, status: str = "finished", exit_code: int = 0, reason: str = "") -> None:
         self.writer.close(status, exit_code, reason)
