@@ -452,6 +452,20 @@ TWO_BACKWARDS = textwrap.dedent('''
             opt.zero_grad()
             loss = model(x).pow(2).mean()
             loss.backward()
+        elif sys.argv[1] in ("pcgrad", "microbatch"):
+            # gradients of each backward kept by the script, zero_grad() between, and what it
+            # applies written by hand: PCGrad's projection, DP-SGD's clipped per-micro-batch sum
+            kept = [p.grad.clone() for p in model.parameters()]
+            opt.zero_grad()
+            second = (model(torch.randn(16, 16)) - 1).pow(2).mean()
+            second.backward()
+            for p, g in zip(model.parameters(), kept):
+                if sys.argv[1] == "pcgrad":
+                    dot = (g * p.grad).sum()
+                    p.grad = g + p.grad - (dot / p.grad.pow(2).sum() * p.grad if dot < 0 else 0)
+                else:
+                    p.grad = (g / max(1.0, float(g.norm())) + p.grad / max(1.0, float(p.grad.norm()))) / 2
+            loss = first + second
         else:
             second = (model(torch.randn(16, 16)) - 1).pow(2).mean()
             second.backward()
@@ -461,11 +475,13 @@ TWO_BACKWARDS = textwrap.dedent('''
 ''')
 
 
-@pytest.mark.parametrize("shape", ["sum", "fgsm"])
+@pytest.mark.parametrize("shape", ["sum", "fgsm", "pcgrad", "microbatch"])
 def test_a_steps_loss_is_the_objective_its_optimizer_applies_as_the_script_prints_it(tmp_path, shape):
     """sum: the two losses added in float32, as the script adds them (the trace had their float64
     sum, 4 of 6 steps off in the last bits); fgsm: the loss before zero_grad() is no part of it
-    (the trace had adv_loss + loss, ~2x the printed loss)."""
+    (the trace had adv_loss + loss, ~2x the printed loss); pcgrad, microbatch: zero_grad() came
+    between the backward passes too, but the gradients applied are the script's own, made of
+    both: the objective is the sum (the trace had the second loss alone)."""
     from nndb.store.reader import TraceReader
     plain, trace = plain_and_recorded(tmp_path, TWO_BACKWARDS, shape)
     printed = _printed(plain.stdout)

@@ -214,6 +214,11 @@ class StepRecorder:
         self._manual_pending: Optional[tuple] = None   # (step, bucket, time, snapshot, full)
         self.last: Optional[StepRecord] = None
         self.scaler_seen = False                 # a GradScaler scaled a loss (hooks._scaler_scale)
+        # Losses later_backward took out of the step (bucket, their summed row, had a histogram),
+        # and the gradients the backward after them left ([(parameter, weakref of its .grad)]): put
+        # back at the optimizer's step if the script wrote the gradients it applies itself
+        self._set_aside: Optional[tuple] = None
+        self._grads_after: Optional[list] = None
         self._clips_since_step: list = []        # clip_grad_norm_ keys since the last optimizer step
         # These caches key an object by its id, never by the object: they must not keep
         # an optimizer, a module or a parameter alive (an optimizer the script replaced,
@@ -384,6 +389,9 @@ class StepRecorder:
             b.deferred.append((("loss", _PENDING), S._host_array(tensor).copy()))
         else:
             H.add_many(b, [("loss", _PENDING)], [tensor], self.full)
+        if self._set_aside is not None:
+            self._grads_after = [(p, weakref.ref(p.grad)) for p in self._step_params()
+                                 if p.requires_grad and p.grad is not None]
 
     def later_backward(self) -> None:
         """Before a later backward() of the step: where every parameter's gradient was set to
@@ -412,10 +420,47 @@ class StepRecorder:
                         return
                     seen = True
         if seen:
-            b.entries.pop(_PENDING_LOSS, None)
-            b.hists.pop(_PENDING_LOSS, None)
+            row = b.entries.pop(_PENDING_LOSS, None)
+            hist = b.hists.pop(_PENDING_LOSS, None)
             if b.deferred:
                 b.deferred = [(k, a) for k, a in b.deferred if k != _PENDING_LOSS]
+            self._aside(b, row, hist is not None)
+
+    def _aside(self, b, row, hist: bool) -> None:
+        """Keep the losses later_backward took out (one number each), in case the script
+        applies gradients it wrote itself: PCGrad's, projected from each task's backward
+        with zero_grad() between them; DP-SGD's, clipped per micro-batch and summed by hand.
+        Their sum is the objective then ($loss was the last task's 0.8089 where the tasks'
+        sum is 5.1778).  A loss of several elements is not kept (the step's loss stays the
+        last backward's, as before)."""
+        prev = self._set_aside
+        if prev is not None and prev[0] is b:
+            row = None if prev[1] is None or row is None else S.add_scalar_rows(prev[1], row, self._loss_dtype)
+            hist = hist or prev[2]
+        self._set_aside = (b, row, hist)
+        self._grads_after = None
+
+    def _step_params(self) -> list:
+        return [p for _, plan in self._plans.values() for p in plan.params] or list(self.naming.root_params())
+
+    def _put_back(self, opt) -> None:
+        """At ``opt``'s step: the losses set aside go back into the step's loss if the
+        gradients it applies are not those the last backward() left (the script wrote them)."""
+        b, row, hist = self._set_aside
+        grads = self._grads_after
+        self._set_aside = self._grads_after = None
+        if b is not self._buckets[-1] or row is None or not grads:
+            return
+        mine = {id(p) for p in self._plan(opt).params}
+        if all(ref() is p.grad for p, ref in grads if id(p) in mine):
+            return                     # (SAM's, FGSM's: the last backward's gradients are applied)
+        now = b.entries.get(_PENDING_LOSS)
+        total = row if now is None else S.add_scalar_rows(row, now, self._loss_dtype)
+        if total is None:
+            return
+        b.entries[_PENDING_LOSS] = total
+        if hist:
+            b.add_hist(("loss", _PENDING), None)      # (a scalar loss's: the histogram of the sum)
 
     def backward_without_loss(self) -> None:
         self._cur.backward_count += 1
@@ -434,6 +479,8 @@ class StepRecorder:
 
     def optimizer_pre(self, opt) -> None:
         self._in_step = False
+        if self._set_aside is not None:
+            self._put_back(opt)
         ft = self.fulltensors
         if ft is not None and ft.rules and ft.wants("grad", self.step):
             ft.params(self.naming, self._plan(opt).params, "grad", self.step)
@@ -481,6 +528,8 @@ class StepRecorder:
             closed, rest = self._buckets[:retro], self._buckets[retro:]
         else:
             closed, rest = self._buckets, []
+        if self._set_aside is not None and self._set_aside[0] in closed:
+            self._set_aside = self._grads_after = None
         bucket = closed[0] if len(closed) == 1 else _Bucket()
         if len(closed) != 1:
             for b in closed:
