@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from conftest import Ran, example, nndb
+from conftest import Ran, example, nndb, python
 from nndb.store.reader import TraceReader
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="fork replicas need fork()")
@@ -119,6 +119,17 @@ def _script_run(tmp_path, text, commands, *extra):
     for c in commands:
         argv += ["-e", c]
     return Ran(nndb(*argv, "s.py", cwd=str(tmp_path)), argv + ["s.py"])
+
+
+def _fixed(text, name, value):
+    """``text`` with what it reads from the variable ``name`` of the environment
+    written in: the script computes what it computes with the variable set, and
+    its runs need no environment of their own (nndb() takes a child of the
+    zygote, python() too, where a variable not nndb's would start Python and
+    torch again)."""
+    reads = re.findall(r'os\.environ(?:\["%s"\]|\.get\("%s", "[^"]*"\))' % (name, name), text)
+    assert len(reads) == 1, reads
+    return text.replace(reads[0], repr(value))
 
 
 def test_a_respawned_replay_of_an_unseeded_script_says_it_diverged(tmp_path):
@@ -749,18 +760,16 @@ def test_set_lr_while_the_schedule_rises_holds_and_the_schedule_goes_on_scaled(t
     set.  SWALR annealing up from group 1 set to 0.04 (from 0.0671: 0.0691 next), the same.  It now judges the lr against what the schedule gives next,
     unchanged and followed from the change (a dry run of copies of its schedulers); predict
     --set judges so too."""
-    env = dict(os.environ, KIND=kind)
-    (tmp_path / "plain.py").write_text(RISING)
-    plain = subprocess.run([sys.executable, str(tmp_path / "plain.py")], capture_output=True, text=True,
-                           timeout=120, env=env)
+    (tmp_path / "plain.py").write_text(_fixed(RISING, "KIND", kind))
+    plain = python(str(tmp_path / "plain.py"), forked=True)
     assert plain.returncode == 0, plain.stderr
     want = _lrs(plain.stdout)
-    (tmp_path / "s.py").write_text(RISING)
+    (tmp_path / "s.py").write_text(_fixed(RISING, "KIND", kind))
     argv = ["run", "--batch", "--nx", "--rules", "none", "--trace", str(tmp_path / "t.h5"), "--force"]
     for c in ["break step 1", "continue", "predict 2 --set lr=" + command.split()[2], command, "predict 2",
               "continue"]:
         argv += ["-e", c]
-    r = Ran(nndb(*argv, "s.py", cwd=str(tmp_path), env=env), argv + ["s.py"])
+    r = Ran(nndb(*argv, "s.py", cwd=str(tmp_path)), argv + ["s.py"])
     out = r.stdout + r.stderr
     assert "did not hold" not in out and "Traceback" not in out, out
     got = _lrs(r.stdout)
@@ -775,12 +784,11 @@ def test_set_lr_while_the_schedule_rises_holds_and_the_schedule_goes_on_scaled(t
 def test_set_lr_under_a_schedule_that_ignores_the_group_lr_still_warns(tmp_path):
     """A scheduler of the script's own, whose schedule is its own peak (no base_lrs): the lr
     set at step 1 is undone at the next step, the schedule's value with or without it."""
-    env = dict(os.environ, KIND="peak")
-    (tmp_path / "s.py").write_text(RISING)
+    (tmp_path / "s.py").write_text(_fixed(RISING, "KIND", "peak"))
     argv = ["run", "--batch", "--nx", "--rules", "none", "--trace", str(tmp_path / "t.h5"), "--force"]
     for c in ["break step 1", "continue", "predict 2 --set lr=0.001", "set lr 0.001", "continue"]:
         argv += ["-e", c]
-    r = Ran(nndb(*argv, "s.py", cwd=str(tmp_path), env=env), argv + ["s.py"])
+    r = Ran(nndb(*argv, "s.py", cwd=str(tmp_path)), argv + ["s.py"])
     out = r.stdout + r.stderr
     assert "Warning: the change lr=0.001 did not hold: it was [0.15000000000000002, 0.15000000000000002] " \
            "after step 2" in out, out
@@ -792,12 +800,11 @@ def test_set_lr_the_script_sets_again_over_its_schedule_warns(tmp_path):
     """The script sets the lr itself (0.05) over its OneCycleLR: 'set lr 0.02' at step 2, and
     step 3 ran at 0.05 again, nearer the followed schedule (0.0991 x 0.4) than the unchanged
     one (0.0991): only the followed schedule's own value is the change held."""
-    env = dict(os.environ, KIND="override")
-    (tmp_path / "s.py").write_text(RISING)
+    (tmp_path / "s.py").write_text(_fixed(RISING, "KIND", "override"))
     argv = ["run", "--batch", "--nx", "--rules", "none", "--trace", str(tmp_path / "t.h5"), "--force"]
     for c in ["break step 2", "continue", "set lr 0.02", "continue"]:
         argv += ["-e", c]
-    r = Ran(nndb(*argv, "s.py", cwd=str(tmp_path), env=env), argv + ["s.py"])
+    r = Ran(nndb(*argv, "s.py", cwd=str(tmp_path)), argv + ["s.py"])
     out = r.stdout + r.stderr
     assert "nndb: warning: 'set lr 0.02' did not hold: opt stepped with lr 0.05 in groups 0, 1 at step 3" in out, out
 
@@ -844,19 +851,17 @@ def test_set_lr_multiplies_the_whole_schedule_its_floor_too(tmp_path, kind):
     min_lr (its floor: the lr stopped halving at 0.02 where 0.0063 was the scaled one), the
     same.  Every group set by one factor: the floors are multiplied too, every later lr is the
     script's times new/old, and goto and predict --set replay it exactly."""
-    env = dict(os.environ, KIND=kind)
-    (tmp_path / "plain.py").write_text(FLOORS)
-    plain = subprocess.run([sys.executable, str(tmp_path / "plain.py")], capture_output=True, text=True,
-                           timeout=120, env=env)
+    (tmp_path / "plain.py").write_text(_fixed(FLOORS, "KIND", kind))
+    plain = python(str(tmp_path / "plain.py"), forked=True)
     assert plain.returncode == 0, plain.stderr
     want = _lrs(plain.stdout)
-    (tmp_path / "s.py").write_text(FLOORS)
+    (tmp_path / "s.py").write_text(_fixed(FLOORS, "KIND", kind))
     argv = ["run", "--batch", "--nx", "--rules", "none", "--trace", str(tmp_path / "t.h5"), "--force"]
     for c in ["break step 2", "continue", "predict 4 --set lr=0.02", "set lr 0.02", "until 9",
               'p ("NOW", opt.param_groups[1]["lr"])', "goto 7", 'p ("AT7", opt.param_groups[1]["lr"])', "present",
               "continue"]:
         argv += ["-e", c]
-    r = Ran(nndb(*argv, "s.py", cwd=str(tmp_path), env=env), argv + ["s.py"])
+    r = Ran(nndb(*argv, "s.py", cwd=str(tmp_path)), argv + ["s.py"])
     out = r.stdout + r.stderr
     assert "did not hold" not in out and "Traceback" not in out and "kept" not in out, out
     got = _lrs(r.stdout)
@@ -874,10 +879,10 @@ def test_set_lr_multiplies_the_whole_schedule_its_floor_too(tmp_path, kind):
 def test_set_lr_in_one_group_says_the_floor_shared_by_all_is_kept(tmp_path):
     """eta_min is one for all groups: set in group 1 only, it cannot be multiplied for that
     group; nndb says it is kept, and the group's lr goes on toward it."""
-    (tmp_path / "s.py").write_text(FLOORS)
+    (tmp_path / "s.py").write_text(_fixed(FLOORS, "KIND", "cosine"))
     r = Ran(nndb("run", "--batch", "--nx", "--rules", "none", "--trace", str(tmp_path / "t.h5"), "--force",
                  "-e", "break step 2", "-e", "continue", "-e", "set lr 0.02 group 1", "-e", "continue", "s.py",
-                 cwd=str(tmp_path), env=dict(os.environ, KIND="cosine")), ["s.py"])
+                 cwd=str(tmp_path)), ["s.py"])
     out = r.stdout + r.stderr
     assert "CosineAnnealingLR follows: group 1 base_lrs 0.1 -> 0.0258065 (the schedule goes on from the new lr); " \
            "eta_min 0.01 kept (one for all groups, not multiplied: the groups set go on toward it)" in out, out
@@ -917,9 +922,8 @@ def test_set_lr_on_a_zero_redundancy_optimizer_sets_the_scripts_not_its_shard(tm
     out = r.stdout + r.stderr
     assert "2 optimizers" not in out and "did not hold" not in out and "adam " not in out, out
     assert re.search(r"^opt\s+ZeroRedundancyOptimizer\s+0\s+4\s+lr=0\.01,", r.stdout, re.M), out
-    (tmp_path / "plain.py").write_text(ZERO_OPTIMIZER)
-    plain = subprocess.run([sys.executable, str(tmp_path / "plain.py")], capture_output=True, text=True, timeout=120,
-                           env=dict(os.environ, LR_AT="2"))
+    (tmp_path / "plain.py").write_text(_fixed(ZERO_OPTIMIZER, "LR_AT", "2"))
+    plain = python(str(tmp_path / "plain.py"), forked=True)
     assert plain.returncode == 0, plain.stderr
     want = re.findall(r"^step \d+ \S+$", plain.stdout, re.M)
     assert re.findall(r"^step \d+ \S+$", r.stdout, re.M) == want and len(want) == 6, out
@@ -955,12 +959,8 @@ def test_set_lr_against_a_closure_that_sets_it_warns_and_a_hold_holds(tmp_path):
                                                 "continue", "set lr 0.01 --hold", "delete", "continue"])
     assert "'set lr 0.01' did not hold: opt stepped with lr 0.1 in group 0 at step 4" in r.stdout + r.stderr, \
         r.stdout + r.stderr
-    import os
-    import subprocess
-    import sys
-    (tmp_path / "edit.py").write_text(CLOSURE_SETS_LR)
-    edited = subprocess.run([sys.executable, str(tmp_path / "edit.py")], capture_output=True, text=True,
-                            env=dict(os.environ, EDIT_LR_FROM="7"), timeout=120)
+    (tmp_path / "edit.py").write_text(_fixed(CLOSURE_SETS_LR, "EDIT_LR_FROM", "7"))
+    edited = python(str(tmp_path / "edit.py"), forked=True)
     held = dict(re.findall(r"^step (\d+) (\S+)$", r.stdout, re.M))
     truth = dict(re.findall(r"^step (\d+) (\S+)$", edited.stdout, re.M))
     assert [held[str(s)] for s in range(7, 12)] == [truth[str(s)] for s in range(7, 12)], (held, truth)
