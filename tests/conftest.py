@@ -172,6 +172,20 @@ def rule_matrix():
 
 
 @pytest.fixture(scope="session")
+def distrun_join_plain(tmp_path_factory):
+    """tests/scripts/distrun_join.py run by torchrun alone (2 gloo ranks), the
+    truth two tests compare nndb's job with (test_allstop_job.py,
+    test_distributed_travel.py): one job for both, whose output is the same
+    wherever the script lies.  (They are in the ``distrun_join`` xdist group:
+    one worker runs both.)"""
+    from test_distributed_run import _copy, _torchrun
+    tmp = tmp_path_factory.mktemp("distrun_join_plain")
+    plain = _torchrun(_copy(tmp, "distrun_join.py"), cwd=tmp)
+    assert plain.returncode == 0, plain.stderr[-2000:]
+    return plain
+
+
+@pytest.fixture(scope="session")
 def matrix_outcomes():
     """The rule matrix over tests/scripts (each planted and healthy script on
     each seed, in this process, default rules), computed once per worker: a

@@ -6,6 +6,8 @@ import glob
 import os
 import re
 
+import pytest
+
 from test_distributed_run import _assert_none_left, _commands, _copy, _digests, _on_terminal, pytestmark  # noqa: F401
 
 
@@ -59,17 +61,16 @@ def test_one_rank_stops_both_stop_and_a_rank_waiting_in_the_shared_memory_barrie
     _assert_none_left(str(tmp_path))
 
 
-def test_uneven_inputs_under_join_the_rank_out_of_inputs_leaves_the_agreement(tmp_path):
+@pytest.mark.xdist_group("distrun_join")          # (conftest's distrun_join_plain: one torchrun job for both)
+def test_uneven_inputs_under_join_the_rank_out_of_inputs_leaves_the_agreement(tmp_path, distrun_join_plain):
     """Rank 0 runs out of inputs after 5 steps and shadows rank 1's
     collectives inside Join (no step end of its own) while rank 1 trains 3
     more steps.  Rank 1 waited for it at its step end 5 for good (the job
     hung: rank 0 in Join's all_reduce, rank 1 in the agreement); now rank 0
     leaves the agreement, rank 1 says so once, 'break step 6' stops rank 1
     (rank 0 named where it waits), and the job ends with torchrun's results."""
-    from test_distributed_run import _torchrun
     script = _copy(tmp_path, "distrun_join.py")
-    plain = _torchrun(script, cwd=tmp_path)
-    assert plain.returncode == 0, plain.stderr[-2000:]
+    plain = distrun_join_plain
     want = _digests(plain.stdout)
     losses = set(re.findall(r"rank 1 step 6 loss \S+", plain.stdout))
     p, master, expect = _on_terminal(tmp_path, script)

@@ -225,15 +225,15 @@ def test_a_replica_job_leaves_the_scripts_files_and_names_those_it_read(tmp_path
     _assert_none_left(str(tmp_path))
 
 
-def test_predict_past_a_rank_out_of_inputs_under_join(tmp_path):
+@pytest.mark.xdist_group("distrun_join")          # (conftest's distrun_join_plain: one torchrun job for both)
+def test_predict_past_a_rank_out_of_inputs_under_join(tmp_path, distrun_join_plain):
     """At step 3 of a job whose rank 0 runs out of inputs after step 4
     (Join: it then shadows rank 1's collectives and comes to no stop
     again), 'predict 4' waited for ever for rank 0 to stop at step 7.  Now
     the replica settles as the live job does: rank 0's one step ahead and
     why it ended, rank 1's four, each loss the one torchrun's run prints."""
     script = _copy(tmp_path, "distrun_join.py")
-    plain = _torchrun(script, cwd=tmp_path)
-    assert plain.returncode == 0, plain.stderr[-2000:]
+    plain = distrun_join_plain
     expect_loss = _losses(plain.stdout)
     p, master, expect = _on_terminal(tmp_path, script)
     cmd = _commands(master, expect)
