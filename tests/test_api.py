@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import nndb
-from conftest import ROOT, Ran, nndb as run_nndb
+from conftest import ROOT, Ran, nndb as run_nndb, python
 from nndb.errors import NndbError, TraceError, UsageError
 from nndb.text import json_value
 from nndb.store.reader import TraceReader
@@ -284,11 +284,12 @@ print(json.dumps([t.reader.backward_count.tolist(), t.series("loss", "loss", "me
 
 
 def _hand_written_updates(path, earlier: str):
-    """In a process of its own: no optimizer of another test is alive there."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT] + [p for p in os.environ.get("PYTHONPATH", "").split(
-        os.pathsep) if p]))
-    out = subprocess.run([sys.executable, "-c", HAND_WRITTEN, str(path), SCRIPTS, earlier], capture_output=True,
-                         text=True, timeout=120, env=env)
+    """In a process of its own: no optimizer of another test is alive there
+    (a child of the zygote, which made none)."""
+    script = os.path.join(os.path.dirname(str(path)), f"hand_written_{earlier}.py")
+    with open(script, "w") as fh:
+        fh.write(HAND_WRITTEN)
+    out = python(script, str(path), SCRIPTS, earlier, forked=True)
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout.splitlines()[-1])
 
