@@ -4,8 +4,6 @@ replay --verify counts what it compared, on every loop shape, and after the
 run has ended."""
 import os
 import re
-import subprocess
-import sys
 
 import pytest
 
@@ -661,7 +659,7 @@ def test_set_lr_under_a_chained_scheduler_scales_the_schedule_once(tmp_path):
     'set lr 0.05' at lr 0.1929 (x0.2592) ran the rest of the schedule at x0.0672 of the
     script's own, max_lr 0.0134 where 0.0518 was meant."""
     (tmp_path / "plain.py").write_text(CHAINED_ONECYCLE)
-    plain = subprocess.run([sys.executable, str(tmp_path / "plain.py")], capture_output=True, text=True, timeout=120)
+    plain = python(str(tmp_path / "plain.py"), forked=True)
     assert plain.returncode == 0, plain.stderr
     want = {int(s): float(v) for s, v in re.findall(r"^step (\d+) lr (\S+)$", plain.stdout, re.M)}
     r = _script_run(tmp_path, CHAINED_ONECYCLE, ["break step 4", "continue", "set lr 0.05",
@@ -1084,7 +1082,7 @@ def test_an_expression_at_the_prompt_leaves_the_runs_random_draws_alone(tmp_path
     changed".  An expression is the debugger's: the generators are as they were after it."""
     script = tmp_path / "policy.py"
     script.write_text(SAMPLED_POLICY)
-    plain = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, cwd=str(tmp_path))
+    plain = python(str(script), cwd=str(tmp_path), forked=True)
     argv = ["run", "--batch", "--nx", "-q", "--trace", str(tmp_path / "t.h5"), "--force",
             "-e", "break step 1", "-e", "break step 4", "-e", "continue",
             "-e", "p policy(torch.ones(4)).sum().item(), torch.rand(1).item(), np.random.rand(), random.random()",
@@ -1121,7 +1119,7 @@ def test_predict_shows_a_nan_gradient_as_a_nan_grad_norm(tmp_path):
     norm (0.1337 where the script's own norm is nan), the NaN left out as if not measured."""
     script = tmp_path / "nanbias.py"
     script.write_text(NAN_BIAS_GRAD)
-    plain = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, cwd=str(tmp_path))
+    plain = python(str(script), cwd=str(tmp_path), forked=True)
     assert plain.stdout.splitlines()[3].split()[2] == "nan", plain.stdout
     r = nndb("run", "--batch", "--nx", "-q", "--trace", str(tmp_path / "t.h5"), "--force",
              "-e", "break step 1", "-e", "continue", "-e", "predict 3", "-e", "kill", str(script), cwd=str(tmp_path))
