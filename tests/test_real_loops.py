@@ -190,7 +190,7 @@ def test_a_loop_of_raw_tensors_is_recorded_and_travelled(tmp_path):
     import nndb as api
     script = tmp_path / "raw.py"
     script.write_text(RAW_TENSORS)
-    plain = python(str(script), cwd=str(tmp_path))
+    plain = python(str(script), cwd=str(tmp_path), forked=True)
     r = nndb("run", "--batch", "-q", "--trace", str(tmp_path / "t.h5"), str(script), cwd=str(tmp_path))
     assert plain.returncode == r.returncode == 0, r.stderr
     assert r.stdout == plain.stdout and "no training step" not in r.stderr
@@ -375,7 +375,7 @@ def test_backwards_that_reach_no_parameter_say_that_no_step_was_recorded(tmp_pat
     from nndb.store.reader import TraceReader
     script = tmp_path / "noleaf.py"
     script.write_text(NO_LEAF)
-    plain = python(str(script), cwd=str(tmp_path))
+    plain = python(str(script), cwd=str(tmp_path), forked=True)
     r = nndb("run", "--batch", "-q", "--trace", str(tmp_path / "t.h5"), str(script), cwd=str(tmp_path))
     assert plain.returncode == r.returncode == 0, r.stderr
     assert r.stdout == plain.stdout
@@ -423,7 +423,7 @@ def test_a_sparse_model_input_is_checksummed_and_probed_as_a_dense_one(tmp_path)
     script.write_text(SPARSE_INPUT)
     said = {}
     for layout in ("dense", "sparse"):
-        plain = python(str(script), layout, cwd=str(tmp_path))
+        plain = python(str(script), layout, cwd=str(tmp_path), forked=True)
         r = nndb("run", "--batch", "--trace", str(tmp_path / f"{layout}.h5"), str(script), layout,
                  cwd=str(tmp_path))
         assert r.returncode == plain.returncode == 0 and r.stdout == plain.stdout, r.stderr
@@ -1212,7 +1212,7 @@ def test_a_loss_module_made_in_each_forward_is_one_series_of_every_micro_batch(t
              str(script), cwd=str(tmp_path))
     assert r.returncode == 0, r.stderr
     assert "identical to the trace, bit for bit" in r.stdout, r.stdout
-    printed = [line.split() for line in python(str(script)).stdout.splitlines()]
+    printed = [line.split() for line in python(str(script), forked=True).stdout.splitlines()]
     import nndb as api
     t = api.open(str(tmp_path / "t.h5"))
     assert "cross_entropy_loss" in {s.name for s in t.tensors if s.kind == "act"}
@@ -1254,7 +1254,8 @@ def test_a_criterion_made_again_each_epoch_or_step_is_one_series(tmp_path):
     script.write_text(CRITERION_MADE_AGAIN)
     r = nndb("run", "--batch", "-q", "--trace", str(tmp_path / "t.h5"), "--force", str(script), cwd=str(tmp_path))
     assert r.returncode == 0, r.stderr
-    printed = {int(a): float(b) for a, b in (line.split() for line in python(str(script)).stdout.splitlines())}
+    plain = python(str(script), forked=True).stdout
+    printed = {int(a): float(b) for a, b in (line.split() for line in plain.splitlines())}
     import nndb as api
     t = api.open(str(tmp_path / "t.h5"))
     assert sorted(s.name for s in t.tensors if s.kind == "act") == ["criterion", "cross_entropy_loss", "m"]
