@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT, Transcript
+from conftest import ROOT, Transcript, python
 from nndb.store.reader import TraceReader
 
 LOOP = """\
@@ -43,6 +43,12 @@ def _python(tmp_path, script, stdin="", env=None):
                           text=True, timeout=120, env=e)
 
 
+def _plain(tmp_path):
+    """The loop without the call, as plain Python prints it (in a child of the
+    zygote: what the script computes and prints, no torch import of its own)."""
+    return python(str(_script(tmp_path, call="pass", imports="")), cwd=str(tmp_path), forked=True)
+
+
 def _losses(stdout: str) -> list:
     """The script's lines (one may follow a prompt: input() shows it without a newline)."""
     return re.findall(r"step \d+ loss [0-9.]+", stdout)
@@ -55,7 +61,7 @@ def _trace_in(tmp_path) -> str:
 
 
 def test_set_trace_stops_at_the_line_and_continue_finishes_with_the_same_numbers(tmp_path):
-    plain = _python(tmp_path, _script(tmp_path, call="pass", imports=""))
+    plain = _plain(tmp_path)
     script = _script(tmp_path)
     ran = _python(tmp_path, script, stdin="p step\np loss.item() > 0\ncontinue\n")
     assert ran.returncode == 0, ran.stderr
@@ -70,8 +76,8 @@ def test_set_trace_stops_at_the_line_and_continue_finishes_with_the_same_numbers
 
 
 def test_breakpoint_with_pythonbreakpoint_and_a_watch_after_the_call(tmp_path):
+    plain = _plain(tmp_path)          # (what it prints with breakpoint() a no-op, PYTHONBREAKPOINT=0)
     script = _script(tmp_path, call="breakpoint()", imports="")
-    plain = _python(tmp_path, script, env={"PYTHONBREAKPOINT": "0"})
     cmds = "watch loss mean < 1.05\ncontinue\np step\nrs 1\np step\npresent\ncontinue\n"
     ran = _python(tmp_path, script, stdin=cmds, env={"PYTHONBREAKPOINT": "nndb.set_trace"})
     assert ran.returncode == 0, ran.stderr
@@ -89,7 +95,7 @@ def test_time_travel_after_set_trace_lands_on_the_recorded_values(tmp_path):
     before the first checkpoint is refused in one line, and the piped
     commands run once each (a replica forked at the prompt must not inherit
     the lines the parent read ahead)."""
-    plain = _python(tmp_path, _script(tmp_path, call="pass", imports=""))
+    plain = _plain(tmp_path)
     script_losses = {int(a): b for a, b in re.findall(r"step (\d+) loss ([0-9.]+)", plain.stdout)}
     cmds = ("break step 5\ncontinue\np '%.8f' % $loss\ngoto 2\np '%.8f' % $loss\np step\nreverse-step\n"
             "p step\ngoto 0\nreverse-step\npresent\np step\ncontinue\n")
