@@ -216,7 +216,7 @@ def test_files_opened_before_a_replica_are_left_alone(tmp_path, travel, replica)
     plain = tmp_path / "plain"
     plain.mkdir()
     (plain / "s.py").write_text(OPEN_BEFORE)
-    assert python("s.py", cwd=str(plain)).returncode == 0
+    assert python("s.py", cwd=str(plain), forked=True).returncode == 0
     commands = ["until 30", 'p ("LOG", len(open("own.log").readlines()))', *travel, "continue"]
     argv = ["run", "--batch", "--nx", "--rules", "none", "--trace", str(tmp_path / "t.h5"), "--force",
             "--replica", replica]

@@ -405,7 +405,7 @@ def test_gradients_exploding_under_clipping_are_found_live_and_offline(tmp_path,
 
 def python_out(script):
     from conftest import python
-    r = python(str(script))
+    r = python(str(script), forked=True)
     assert r.returncode == 0, r.stderr
     return r.stdout.splitlines()
 

@@ -171,7 +171,7 @@ def test_without_fork_checkpoints_the_disk_ones_are_still_written_and_resume_the
     assert os.stat(ckdir / disk.file_name(2)).st_mtime_ns <= os.stat(ckdir / disk.file_name(14)).st_mtime_ns
     recorded = [line for line in r.stdout.splitlines() if line.startswith("step ")]
     assert len(recorded) == 20
-    resumed = python(DROPOUT, "--steps", "20", "--resume", str(ckdir / disk.file_name(10)))
+    resumed = python(DROPOUT, "--steps", "20", "--resume", str(ckdir / disk.file_name(10)), forked=True)
     assert resumed.returncode == 0, resumed.stderr
     lines = resumed.stdout.splitlines()
     assert lines[0] == "resumed after step 10, cuda rng states: 0"
@@ -180,7 +180,7 @@ def test_without_fork_checkpoints_the_disk_ones_are_still_written_and_resume_the
     ck = torch.load(ckdir / disk.file_name(10), weights_only=True)
     ck["rng"] = torch.load(ckdir / disk.file_name(2), weights_only=True)["rng"]
     torch.save(ck, tmp_path / "wrong_rng.pt")
-    other = python(DROPOUT, "--steps", "20", "--resume", str(tmp_path / "wrong_rng.pt"))
+    other = python(DROPOUT, "--steps", "20", "--resume", str(tmp_path / "wrong_rng.pt"), forked=True)
     assert other.stdout.splitlines()[1:] != recorded[11:]
 
 
