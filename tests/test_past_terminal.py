@@ -90,31 +90,31 @@ def test_ctrl_c_in_a_goto_from_the_past_says_the_user_is_in_the_present(tmp_path
                     cwd=tmp_path, home=tmp_path)
     try:
         term.expect("(nndb)")
-        term.type("until 300")
+        term.type("until 200")
         term.expect("(nndb)")
-        term.type("rs 5")                  # (295 steps from the checkpoint at step 0: a progress line)
+        term.type("rs 5")                  # (195 steps from the checkpoint at step 0: a progress line)
         raw = _raw_until(term, "(nndb past)")
-        term.type("goto 250")
-        time.sleep(2.5)                    # (it replays 250 steps of 20 ms)
+        term.type("goto 190")
+        time.sleep(2.5)                    # (it replays 190 steps of 20 ms: 3.8 s at least)
         _interrupt(term)
         shown = _raw_until(term, "(nndb)")
         term.type("p step")
-        term.expect("\n300\r")
+        term.expect("\n200\r")
         term.expect("(nndb)")
         assert term.quit() == 0
     finally:
         term.close()
     lines = screen(shown)
     said = [line for line in lines if "interrupted" in line]
-    assert said == ["nndb: interrupted (Ctrl-C); nothing was changed; you are in the present (timeline 0): step 300"], \
+    assert said == ["nndb: interrupted (Ctrl-C); nothing was changed; you are in the present (timeline 0): step 200"], \
         lines
-    assert "Ctrl-C stops it and takes you to the present (step 300)" in shown
+    assert "Ctrl-C stops it and takes you to the present (step 200)" in shown
     assert "leaves you where you were" not in shown
-    # the first replay: its line said N of 295, was cleared before 'In the past', and agrees with it
+    # the first replay: its line said N of 195, was cleared before 'In the past', and agrees with it
     counts = {int(n) for n in re.findall(r"replaying: \d+ of (\d+) step", raw)}
     past = [line for line in screen(raw) if "In the past" in line]
-    assert counts == {295} and past[0].startswith("In the past (timeline 0): step 295 finished"), (counts, past)
-    assert past[0].endswith("295 step(s) replayed from the checkpoint at step 0)"), past
+    assert counts == {195} and past[0].startswith("In the past (timeline 0): step 195 finished"), (counts, past)
+    assert past[0].endswith("195 step(s) replayed from the checkpoint at step 0)"), past
 
 
 def test_the_history_is_written_past_a_replica_s_sandbox(tmp_path, monkeypatch):
