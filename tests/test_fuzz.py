@@ -11,7 +11,7 @@ import re
 import pytest
 import torch
 
-from conftest import ROOT, example, nndb
+from conftest import ROOT, example, nndb, python
 from nndb.fuzz.coverage import Coverage
 from nndb.fuzz.mutate import mutate, spec_for
 from nndb.fuzz.search import FuzzConfig, Outcome, run
@@ -35,6 +35,11 @@ ONE = {"OMP_NUM_THREADS": "1"}      # (subprocesses too: the same env with and w
 
 
 def _plain(*args):
+    if os.environ.get("OMP_NUM_THREADS") == ONE["OMP_NUM_THREADS"]:
+        # (the suite's two workers on two cores: conftest set it before the zygote started, so
+        # a child of the zygote has the thread count nndb(env=ONE) gives its run, and imports
+        # no torch of its own)
+        return python(*args, forked=True)
     import subprocess
     import sys
     return subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=180,
