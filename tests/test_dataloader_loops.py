@@ -81,7 +81,7 @@ for epoch in range(2):
         if step % 20 == 5:
             print("ready", step, flush=True)
         time.sleep(0.01)
-        if step == 300:
+        if step == 150:
             break
 print("done", epoch, step)
 """
