@@ -136,7 +136,7 @@ def test_a_timeout_kills_the_run_and_what_it_started(tmp_path, monkeypatch):
     assert quick.returncode == 0 and "quick" in quick.stdout, quick.stderr
     with pytest.raises(subprocess.TimeoutExpired) as e:
         nndb("run", "--batch", "-q", "--nx", "--rules", "none", "--replica", "off", str(script),
-             cwd=str(tmp_path), timeout=10)
+             cwd=str(tmp_path), timeout=5)
     assert "started" in e.value.output
     pids = [int(p) for p in (tmp_path / "pids").read_text().split()]
     deadline = time.monotonic() + 10
