@@ -198,7 +198,7 @@ def test_numbers_and_warnings_count_unchanged_under_the_mode(tmp_path):
     script = write(tmp_path, "same.py", REGRESSION + """
         print(step, repr(loss.item()), [repr(float(p.sum())) for p in model.parameters()])
     """)
-    plain = python(script, "1", "25", "hand")
+    plain = python(script, "1", "25", "hand", forked=True)
     ran = nndb("run", "--batch", "--trace", str(tmp_path / "t.h5"), script, "1", "25", "hand")
     assert plain.returncode == 0 and ran.returncode == 0
     assert ran.stdout == plain.stdout and plain.stdout.count("\n") == 25
