@@ -102,6 +102,16 @@ def test_raw_pixels_fail_data_and_initial_loss():
     assert status(report)["shapes"] == "PASS" and report.exit_code == 1
 
 
+def test_data_describes_the_batch_a_training_forward_gets_not_an_action_choice():
+    """A DQN's first calls of its Q-network pick actions under no_grad, one state each: the data
+    check described that ('inputs (4,) float32'), not the (32, 4) replay batch the loss is of."""
+    import os
+    from conftest import ROOT
+    report, _ = run_check(os.path.join(ROOT, "tests", "scripts", "loss_kinds.py"), "dqn", 100)
+    data = by_name(report)["data"]
+    assert data.status == "PASS" and data.evidence.startswith("inputs (32, 4) float32"), data.evidence
+
+
 @pytest.mark.filterwarnings("ignore:Using a target size")      # the script's own warning
 def test_silent_broadcasting_fails_shapes(tmp_path):
     report, _ = run_check(regression(tmp_path, "broadcast.py", target_shape=""), overfit_iters=5)

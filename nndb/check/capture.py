@@ -40,6 +40,9 @@ class ModelSeen:
     last_args: tuple = ()
     last_feed: object = None                # where its last call's input came from (``Capture._feed``)
     keywords: tuple = ()                    # the names of its last call's inputs given by keyword (the last ones)
+    # its first call's inputs with autograd on, a training forward's (a DQN's first calls pick
+    # actions under no_grad, one state each), None before one
+    grad_args: Optional[tuple] = None
 
 
 @dataclass
@@ -226,6 +229,8 @@ class Capture:
             seen.last_args = seen.first_args
         else:
             seen.last_args = _clone(args)
+        if seen.grad_args is None and torch.is_grad_enabled():
+            seen.grad_args = seen.last_args
         seen.last_feed, seen.keywords = feed, keywords
         if type(module) not in self._output_types:
             self._output_types.add(type(module))

@@ -141,7 +141,8 @@ def data_check(cap: Capture, outcome: Outcome) -> Check:
     if chain is not None and len(chain) > 1:
         args = chain[1][1].args            # (the data the first model got, in the loss's forward)
     else:
-        args = call.model_args if call is not None and call.model is seen.module else seen.first_args
+        args = call.model_args if call is not None and call.model is seen.module else \
+            seen.grad_args if seen.grad_args is not None else seen.first_args
     tensors = [t for t in pytree.tree_leaves(args) if isinstance(t, torch.Tensor)]
     if not tensors:
         return _skip("data", f"{type(seen.module).__name__}'s inputs hold no tensor", outcome)
