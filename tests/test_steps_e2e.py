@@ -393,6 +393,54 @@ def test_an_optimizer_replaced_mid_run_hands_the_steps_over(tmp_path, how):
         np.testing.assert_allclose(t.history(grad, "norm")[1], [float(p[2]) for p in printed], rtol=1e-6)
 
 
+K_FOLD = """
+import weakref
+import torch, torch.nn as nn
+torch.manual_seed(0)
+X = torch.randn(120, 8); y = (X[:, :2].sum(1) > 0).long()
+folds = torch.arange(120).chunk(3)
+last = None
+for k, val in enumerate(folds):
+    train = torch.cat([f for j, f in enumerate(folds) if j != k])
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    for i in range(4):
+        batch = train[i * 20:(i + 1) * 20]
+        opt.zero_grad()
+        loss = nn.functional.cross_entropy(model(X[batch]), y[batch])
+        loss.backward()
+        opt.step()
+        print(k, i, repr(loss.item()), repr(model[0].weight.norm().item()),
+              "last fold's model alive:", last is not None and last() is not None, flush=True)
+    model.eval()
+    with torch.no_grad():
+        print(k, "val", repr(nn.functional.cross_entropy(model(X[val]), y[val]).item()))
+    last = weakref.ref(model[0].weight)
+"""
+
+
+def test_a_k_fold_loop_lets_each_fold_s_model_go(tmp_path):
+    """A new model and optimizer for each fold, validated under no_grad between folds: the
+    last fold's model is gone in the next, as under python, and each model's series hold its
+    fold's steps alone.  The recorder's cache of the parameters no optimizer steps held them
+    (a whole fold: 'last fold's model alive: True', and 0.weight's param rows went on at
+    steps 4-7, 2.259 each step), and the input probe held the validated model into the next
+    fold's first step, whose rows took its .grad of the last step for theirs."""
+    plain, trace = plain_and_recorded(tmp_path, K_FOLD)
+    rows = [line.split() for line in plain.stdout.splitlines() if "val" not in line]
+    assert len(rows) == 12 and {r[-1] for r in rows} == {"False"}
+    with TraceReader(trace) as t:
+        assert list(t.steps) == list(range(12))
+        loss = t.find("loss", "loss")[0]
+        assert list(t.history(loss, "mean")[1]) == [np.float32(float(r[2])) for r in rows]
+        for k, name in enumerate(("0.weight", "model2.0.weight", "model3.0.weight")):
+            for kind in ("param", "grad", "update"):
+                steps, norms = t.history(t.find(name, kind)[0], "norm")
+                assert list(steps) == list(range(4 * k, 4 * k + 4)), (name, kind)
+                if kind == "param":
+                    np.testing.assert_allclose(norms, [float(r[3]) for r in rows[4 * k:4 * k + 4]], rtol=1e-6)
+
+
 CHECKPOINTED = """
 import sys
 import torch

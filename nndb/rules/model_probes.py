@@ -335,7 +335,12 @@ class ModelInputs(ModuleKeyed):
         x = _first_tensor(args)
         if x is None or not x.is_floating_point() or x.numel() < 2:
             return
-        roots = self.step_facts().setdefault("roots", {})
+        # (weakly: a model validated after its last step, a k-fold loop's, is gone in the
+        # next fold's first step; held here, it lived into that step's end, and its
+        # parameters were recorded as that step's)
+        roots = self.step_facts().get("roots")
+        if roots is None:
+            roots = self.step_facts()["roots"] = weakref.WeakKeyDictionary()
         if module in roots or not self.sample(module):
             return
         with torch.no_grad():

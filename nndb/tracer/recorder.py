@@ -232,7 +232,9 @@ class StepRecorder:
         self._local_shapes: dict = {}       # parameter name -> its shard's shape (a DTensor's: FSDP)
         self._layouts: dict = {}            # tuple of (name, kind) -> the list given to every record
         self._by_sig: dict = {}             # (entry keys, plans, losses qualified), as ids -> that list
-        self._others: tuple = (None, [])     # (cache key, params no optimizer holds)
+        # (cache key, weakrefs of the params no optimizer holds: held, a k-fold loop's last fold's
+        # model lived through the next fold, its param rows recorded at each of its steps)
+        self._others: tuple = (None, [])
         # With several optimizers (a GAN, training stages): each parameter's gradient as its
         # optimizer's last step left it, (weakref, version): _grad_mark, so that a step that stepped another
         # optimizer records only the gradients its backward made (a finished stage's .grad stays)
@@ -587,8 +589,11 @@ class StepRecorder:
         """param and grad of the model's parameters that no optimizer stepped."""
         key = (self.naming.roots_version, len(bucket.covered))
         if self._others[0] != key:
-            self._others = (key, [p for p in self.naming.root_params() if id(p) not in bucket.covered])
-        others = self._others[1]
+            self._others = (key, [weakref.ref(p) for p in self.naming.root_params() if id(p) not in bucket.covered])
+        refs = self._others[1]
+        if not refs:
+            return
+        others = [p for r in refs if (p := r()) is not None]
         if not others:
             return
         keys, items = [], []
