@@ -441,6 +441,52 @@ def test_a_k_fold_loop_lets_each_fold_s_model_go(tmp_path):
                     np.testing.assert_allclose(norms, [float(r[3]) for r in rows[4 * k:4 * k + 4]], rtol=1e-6)
 
 
+TEACHER_THEN_STUDENT = """
+import sys
+import torch, torch.nn as nn, torch.nn.functional as F
+torch.manual_seed(0)
+X = torch.randn(64, 10); y = (X[:, 0] * X[:, 1] > 0).long()
+teacher = nn.Sequential(nn.Linear(10, 32), nn.ReLU(), nn.Linear(32, 2))
+opt = torch.optim.Adam(teacher.parameters(), lr=1e-2)
+for i in range(4):
+    loss = F.cross_entropy(teacher(X), y)
+    opt.zero_grad(); loss.backward(); opt.step()
+    print("teacher", i, repr(loss.item()), repr(teacher[0].weight.grad.norm().item()))
+student = nn.Sequential(nn.Linear(10, 8), nn.ReLU(), nn.Linear(8, 2))
+if sys.argv[1] == "frozen":            # distillation: the teacher's last .grad stays as it was
+    teacher.requires_grad_(False)
+    opt = torch.optim.SGD(student.parameters(), lr=0.1)
+else:                                  # the teacher trained on by the loss, stepped by no optimizer
+    opt = torch.optim.SGD(student.parameters(), lr=0.1)
+for i in range(4, 8):
+    logits = teacher(X)
+    s = student(X)
+    loss = F.kl_div(F.log_softmax(s, 1), F.softmax(logits, 1), reduction="batchmean") + F.cross_entropy(s, y)
+    opt.zero_grad(); loss.backward(); opt.step()
+    print("student", i, repr(loss.item()), repr(teacher[0].weight.grad.norm().item()))
+"""
+
+
+@pytest.mark.parametrize("how", ["frozen", "trained"])
+def test_a_stage_s_last_gradient_is_no_later_step_s(tmp_path, how):
+    """A teacher trained with its optimizer, then a student with another made later: the
+    teacher's .grad, as its last step left it, is no step of the student's.  The marks that
+    tell a finished stage's gradient from a new one were kept only when several optimizers
+    were counted, which a second one made later is not until it steps: the teacher's 0.weight
+    grad of step 3 was recorded as step 4's too.  A teacher the loss still reaches (its
+    .grad accumulated by every step, stepped by no optimizer) has a gradient at every step."""
+    plain, trace = plain_and_recorded(tmp_path, TEACHER_THEN_STUDENT, how)
+    rows = [line.split() for line in plain.stdout.splitlines()]
+    with TraceReader(trace) as t:
+        assert list(t.steps) == list(range(8))
+        loss = t.find("loss", "loss")[0]
+        assert list(t.history(loss, "mean")[1]) == [np.float32(float(r[2])) for r in rows]
+        steps, norms = t.history(t.find("0.weight", "grad")[0], "norm")
+        until = 4 if how == "frozen" else 8
+        assert list(steps) == list(range(until))
+        np.testing.assert_allclose(norms, [float(r[3]) for r in rows[:until]], rtol=1e-6)
+
+
 CHECKPOINTED = """
 import sys
 import torch

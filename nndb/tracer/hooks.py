@@ -1120,7 +1120,6 @@ class Tracer:
             self._known_optimizers = weakref.WeakSet(
                 o for o in find_optimizers() if o not in earlier or o in self._opt_seen
                 or (stepping and any(has_path(q) for g in o.param_groups for q in g["params"])))
-            self.recorder.several_optimizers = len(self._known_optimizers) > 1
         return len(self._known_optimizers)
 
     # -- optimizer hooks -------------------------------------------------------

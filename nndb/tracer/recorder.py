@@ -235,14 +235,13 @@ class StepRecorder:
         # (cache key, weakrefs of the params no optimizer holds: held, a k-fold loop's last fold's
         # model lived through the next fold, its param rows recorded at each of its steps)
         self._others: tuple = (None, [])
-        # With several optimizers (a GAN, training stages): each parameter's gradient as its
-        # optimizer's last step left it, (weakref, version): _grad_mark, so that a step that stepped another
-        # optimizer records only the gradients its backward made (a finished stage's .grad stays)
-        self.several_optimizers = False
         # The optimizer whose loss the series ``loss`` holds (a weakref): a series keeps its
         # name for the whole run, so when a later step has a second optimizer's loss (a WGAN's
         # generator, first stepped at step 3), only the newcomer's is ``loss/<optimizer>``
         self._loss_owner = None
+        # Each parameter's gradient as its optimizer's last step left it, (weakref, version):
+        # _grad_mark, so that a step that stepped another optimizer (a GAN, training stages, an
+        # optimizer replaced) records only the gradients its backward made (a finished stage's .grad stays)
         self._grad_marks: dict = {}
         # Whole tensors kept (--record-full): nndb.tracer.fulltensors.FullTensors, or None
         self.fulltensors = None
@@ -508,11 +507,15 @@ class StepRecorder:
         snap = self._snapshots.pop(id(opt), None)
         if self.recording and snap is not None:
             snap.record(b, self.full)
-        if self.several_optimizers:
-            marks = self._grad_marks
-            for p in self._plan(opt).params:
-                g = p.grad
-                marks[id(p)] = None if g is None else _grad_mark(g)
+        # (with one optimizer too: one replaced by another (fine-tuning after pretraining, a
+        # distilled student after its teacher) leaves its parameters' .grad as its last step
+        # made it, and the next step recorded that as its own: the teacher's 0.weight grad
+        # at the student's first step)
+        # (_grad_mark inline, the plan the snapshot has: no Python call a parameter, every step)
+        marks, ref = self._grad_marks, weakref.ref
+        for p in (snap.plan if snap is not None else self._plan(opt)).params:
+            g = p.grad
+            marks[id(p)] = None if g is None else (ref(g), g._version)
         ft = self.fulltensors
         if ft is not None and ft.rules and ft.wants("param", self.step):
             ft.params(self.naming, self._plan(opt).params, "param", self.step)
