@@ -39,3 +39,48 @@ def test_the_dynamic_depth_tutorial_is_healthy(tmp_path):
     assert res.exit_code == 0
     assert res.session.log.findings == []
     assert all(r.enabled for r in res.session.rules.rules)
+
+
+SWEEP = """
+import sys
+import torch, torch.nn as nn
+torch.manual_seed(0)
+X = torch.randn(24, 6); y = torch.randint(0, 3, (24,))
+for trial, gain in enumerate((0.5, 1.0, 2.0)):      # a sweep over the last layer's initial scale
+    model = nn.Sequential(nn.Linear(6, 64), nn.Tanh(), nn.Linear(64, 3))
+    nn.init.normal_(model[2].weight, std=gain)
+    if sys.argv[1] == "diverges" and trial == 1:     # (planted: a learning rate far too high)
+        opt = torch.optim.SGD(model.parameters(), lr=40.0, momentum=0.9)
+    else:
+        opt = torch.optim.Adam(model.parameters(), lr=0.03)
+    for i in range(80):
+        loss = nn.functional.cross_entropy(model(X), y)
+        opt.zero_grad(); loss.backward(); opt.step()
+        print(trial, i, repr(loss.item()))
+"""
+
+
+@pytest.mark.parametrize("how", ["healthy", "diverges"])
+def test_each_trial_of_a_sweep_is_judged_as_a_run_of_its_own(tmp_path, how):
+    """A new model and optimizer per trial in one process: the loss of trial 1 starts at
+    2.644, 421x trial 0's last loss (0.00628) and above its first (1.268), and falls.  Judged
+    as one run, loss_explodes said 'the run diverges' at step 82, live and in check-trace;
+    each trial is now judged from its own first step.  A trial that does diverge (SGD at lr
+    40: 2.644, 18.5, 268) is still found, against its own start."""
+    from nndb.rules.catalog import load
+    from nndb.rules.offline import check_trace
+    from nndb.store.reader import TraceReader
+    script = tmp_path / "sweep.py"
+    script.write_text(SWEEP)
+    res = run_in_process(tmp_path, str(script), [how])
+    assert res.exit_code == 0
+    with TraceReader(str(tmp_path / "run.h5")) as reader:
+        offline = check_trace(reader, load("default")).findings
+    live = [(f["rule"], f["step"], f["evidence"]) for f in findings_of(res)]
+    offline = [(f.rule, f.step, f.evidence) for f in offline if f.severity in ("error", "warning")]
+    for found in (live, offline):
+        if how == "healthy":
+            assert found == []
+        else:
+            assert [(step, e["low"], e["jump_step"]) for rule, step, e in found if rule == "loss_explodes"] == \
+                [(83, pytest.approx(2.6438348), 82)]

@@ -39,6 +39,7 @@ class Layout:
         self.rows = {k: np.array([rows[k].get(n, -1) for n in names], dtype=np.int64) for k in _KINDS}
         self.g, self.p, self.u = self.rows["grad"], self.rows["param"], self.rows["update"]
         self._missing = {k: (r < 0) if (r < 0).any() else None for k, r in self.rows.items()}
+        self.trained = frozenset(rows["update"])      # the parameters the step updated
         self.loss_rows = np.array([i for i, _ in losses], dtype=np.int64)
         self.loss_names = [n for _, n in losses]
         self.memo: dict = {}
@@ -99,6 +100,33 @@ class Layout:
                         owner.setdefault(ctx.param_name(p), k)
             return np.array([owner.get(n, -1) for n in self.names], dtype=np.int64)
         return self.derived("groups", compute)
+
+
+class Restarts:
+    """Where the training starts anew in the same process: a step that updates
+    parameters, none of which the last step that updated any did (a k-fold
+    loop's next fold, a sweep's next trial, a student after its teacher: a new
+    model and its optimizer).  Its loss is a new run's, no continuation of the
+    last one's: a history judged across the two found a fold's first loss, a
+    little above the first fold's, a divergence (loss_explodes, x1600 of the
+    last fold's 0.0007), and the run's loss flat.  A stage that trains some of
+    the same parameters (a head fine-tuned with a new optimizer) goes on."""
+
+    def __init__(self):
+        self.lay = None                  # the layout of the last step seen
+        self._trained = frozenset()
+
+    def new_run(self, lay: Layout) -> bool:
+        """Does a step of ``lay``, after the steps seen so far, start a new run?"""
+        if lay is self.lay:
+            return False
+        self.lay = lay
+        now = lay.trained
+        if not now:
+            return False
+        fresh = bool(self._trained) and self._trained.isdisjoint(now)
+        self._trained = now
+        return fresh
 
 
 class Tensors:

@@ -37,7 +37,7 @@ from ..schema import CLIP_SERIES
 from .base import Rule, Threshold
 from .bn_probe import BatchNormStats
 from .gradient_norms import ExplodingGradient, VanishingGradient, ZeroGradients
-from .series import (MIN_ELEMENTS, MULTI_ITERATION, Streaks, Tensors, also, block_medians, by_group, family, fit,
+from .series import (MIN_ELEMENTS, MULTI_ITERATION, Restarts, Streaks, Tensors, also, block_medians, by_group, family, fit,
                      layout, num, optimizer_lr, theil_sen)
 
 KIND_ORDER = ("act", "loss", "grad", "param", "update")     # the order a step produces them
@@ -531,11 +531,13 @@ class LossNotDecreasing(Rule):
     severity = "warning"
     explanation = ("the loss has not gone down over the run so far: its robust trend (Theil-Sen slope of block "
                    "medians) cannot have brought it down by margin, even at its confidence bound, and the last "
-                   "window is not below the first by margin either; not judged where the loss is not meant to "
-                   "go down: a policy-gradient surrogate (it depends on actions sampled from the model's own "
-                   "output: REINFORCE, actor-critic) or a loss chasing a moving target (its target made, "
-                   "without gradient, by the trained model or a copy of it: a DQN's target network), as the "
-                   "loss probe sees on its steps")
+                   "window is not below the first by margin either; a new model trained in the same process "
+                   "(a k-fold loop's next fold, a sweep's next trial: a step that updates none of the "
+                   "parameters the last one did) starts a run of its own; not judged where the loss is not "
+                   "meant to go down: a policy-gradient surrogate (it depends on actions sampled from the "
+                   "model's own output: REINFORCE, actor-critic) or a loss chasing a moving target (its target "
+                   "made, without gradient, by the trained model or a copy of it: a DQN's target network), as "
+                   "the loss probe sees on its steps")
     THRESHOLDS = {
         "min_steps": Threshold(50, "recorded steps with a finite loss before judging: short runs and slow "
                                    "starts (warmup) are left alone; a fine-tuned head over frozen features "
@@ -559,15 +561,23 @@ class LossNotDecreasing(Rule):
 
     def reset(self):
         self.own = Tensors()
+        self.restarts = Restarts()
+        # {"kind", "where"}: the loss is not meant to go down (kept over a new model's run: a sweep of seeds)
+        self.surrogate = None
+        self._forget()
+
+    def _forget(self):
+        """A new run starts (the first, or a new model's in the same process: Restarts)."""
         self.hist: dict = {}           # loss name -> [kept values, stride, values until the next is kept]
         self.first: dict = {}          # loss name -> the first window
         self.last: dict = {}           # loss name -> the last window (deque)
         self.n: dict = {}              # loss name -> finite values seen
         self.done: set = set()         # reported, or non-finite once (nonfinite's business)
-        self.surrogate = None          # {"kind", "where"}: the run's loss is not meant to go down
 
     def check_block(self, block):
         _, lay = block.layout(self.own)
+        if lay is not self.restarts.lay and self.restarts.new_run(lay):     # (the usual step: no call)
+            self._forget()
         if lay.loss_rows.size != 1 or lay.loss_names[0] in self.done or self.surrogate is not None:
             return True
         name, p = lay.loss_names[0], self.params
@@ -602,6 +612,8 @@ class LossNotDecreasing(Rule):
         if self.surrogate is not None:
             return
         _, lay = layout(ctx, self.own)
+        if lay is not self.restarts.lay and self.restarts.new_run(lay):     # (the usual step: no call)
+            self._forget()
         if lay.loss_rows.size != 1:    # several losses (a GAN, actor-critic): adversarial, not meant to all go down
             return
         name = lay.loss_names[0]
@@ -664,10 +676,12 @@ class LossExplodes(Rule):
     explanation = ("the loss multiplies by 100 or more within a few recorded steps, to above anything it was "
                    "before, and stays up: the run diverges (a learning rate far too high, no clipping); found "
                    "1-2 steps after the jump, before the values overflow (a spike that comes back down at "
-                   "once is not a divergence); not judged on a policy-gradient surrogate (a loss that depends on "
-                   "actions sampled from the model's own output, as the loss probe sees on its steps: its value "
-                   "follows the episodes' length and returns, not the policy's quality, and a healthy actor-critic "
-                   "goes x2000 as its episodes grow long; a diverging policy still shows in its gradients)")
+                   "once is not a divergence); a new model trained in the same process (a k-fold loop's next "
+                   "fold, a sweep's next trial) starts a run of its own, its first loss no jump; not judged on a "
+                   "policy-gradient surrogate (a loss that depends on actions sampled from the model's own output, "
+                   "as the loss probe sees on its steps: its value follows the episodes' length and returns, not "
+                   "the policy's quality, and a healthy actor-critic goes x2000 as its episodes grow long; a "
+                   "diverging policy still shows in its gradients)")
     THRESHOLDS = {
         "factor": Threshold(100, "times the smallest positive loss of the last window: a spiky healthy loss "
                                  "moves by a few x; a word LM at SGD lr 5000 went x95 in one step and x274 "
@@ -686,14 +700,21 @@ class LossExplodes(Rule):
 
     def reset(self):
         self.own = Tensors()
+        self.restarts = Restarts()
+        self.surrogate = None          # the loss is a policy-gradient surrogate (loss_kind; kept over runs)
+        self._forget()
+
+    def _forget(self):
+        """A new run starts (the first, or a new model's in the same process: Restarts)."""
         self.recent: dict = {}         # loss name -> deque of the last window's values
         self.top: dict = {}            # loss name -> the largest value so far
         self.done: set = set()
         self.jump: dict = {}           # loss name -> the jump waiting to be confirmed (a dict)
-        self.surrogate = None          # the run's loss is a policy-gradient surrogate (loss_kind)
 
     def check_block(self, block):
         _, lay = block.layout(self.own)
+        if lay is not self.restarts.lay and self.restarts.new_run(lay):     # (the usual step: no call)
+            self._forget()
         if lay.loss_rows.size != 1 or lay.loss_names[0] in self.done or self.surrogate is not None:
             return True
         v = block.loss_means(lay)
@@ -719,6 +740,8 @@ class LossExplodes(Rule):
         if self.surrogate is not None:
             return
         _, lay = layout(ctx, self.own)
+        if lay is not self.restarts.lay and self.restarts.new_run(lay):     # (the usual step: no call)
+            self._forget()
         if lay.loss_rows.size != 1:    # (several losses: a GAN's trade off against each other)
             return
         name = lay.loss_names[0]
