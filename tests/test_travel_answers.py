@@ -862,6 +862,9 @@ def test_set_lr_multiplies_the_whole_schedule_its_floor_too(tmp_path, kind):
     r = Ran(nndb(*argv, "s.py", cwd=str(tmp_path)), argv + ["s.py"])
     out = r.stdout + r.stderr
     assert "did not hold" not in out and "Traceback" not in out and "kept" not in out, out
+    if kind == "sequential":    # (it said 'SequentialLR drives this optimizer: it adjusts the new lr at its next step')
+        assert "SequentialLR steps the schedulers it holds (LinearLR, CosineAnnealingLR): they make the lr " \
+               "from now on" in out, out
     got = _lrs(r.stdout)
     factor = 0.02 / want[2][0]
     assert want[2][0] == want[2][1] and [got[i] for i in range(3)] == [want[i] for i in range(3)], out

@@ -324,8 +324,13 @@ def follow_schedule(opt, rows: list, schedulers: list) -> list:
                          "new lr)" + (f"; {'; '.join(kept)}" if kept else ""))
         elif kept:
             notes.append(f"{type(sch).__name__}: {'; '.join(kept)}")
+        elif getattr(sch, "_schedulers", None):
+            held = ", ".join(type(s).__name__ for s in sch._schedulers)
+            notes.append(f"{type(sch).__name__} steps the schedulers it holds ({held}): they make the lr from "
+                         "now on")
         else:
-            notes.append(f"{type(sch).__name__} drives this optimizer: it adjusts the new lr at its next step")
+            notes.append(f"{type(sch).__name__} drives this optimizer: nndb found no lr of its own to "
+                         "follow the change, and its next step() may set the lr again")
     return notes
 
 
