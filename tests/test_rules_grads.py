@@ -3,6 +3,7 @@ gradient) and stale_grad (gradients not reset between optimizer steps).
 
 The probes are tested directly on plain PyTorch loops (no nndb run: fast, and
 every pattern is spelled out), the rules end to end on the example scripts."""
+import os
 import textwrap
 from types import SimpleNamespace
 
@@ -10,7 +11,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-from conftest import example, python, run_in_process
+from conftest import ROOT, example, python, run_in_process
 from nndb.rules.grad_rules import GradNone, GradPresence, GradReset, StaleGrad
 from nndb.tracer.within import WithinStep
 
@@ -246,35 +247,6 @@ def test_stale_grad_sees_a_sparse_embeddings_missing_zero_grad(tmp_path, reset):
         assert len(found) == 1 and found[0]["step"] == 2 and found[0]["evidence"]["optimizer"] == "sopt"
 
 
-# A WGAN-GP: the critic stepped 5 times per generator step (the generator's optimizer steps at
-# steps 5, 10, 15, ... only), the generator's zero_grad() there or forgotten.
-WGAN_GP_GENERATOR = """
-import sys
-import torch, torch.nn as nn
-torch.manual_seed(0)
-G = nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 2))
-D = nn.Sequential(nn.Linear(2, 16), nn.ReLU(), nn.Linear(16, 1))
-optG = torch.optim.Adam(G.parameters(), lr=1e-3, betas=(0.5, 0.9))
-optD = torch.optim.Adam(D.parameters(), lr=1e-3, betas=(0.5, 0.9))
-for it in range(12):
-    for _ in range(5):
-        real, fake = torch.randn(32, 2) * 0.5 + 1.0, G(torch.randn(32, 4)).detach()
-        eps = torch.rand(32, 1)
-        xh = (eps * real + (1 - eps) * fake).requires_grad_(True)
-        g, = torch.autograd.grad(D(xh).sum(), xh, create_graph=True)
-        lossD = D(fake).mean() - D(real).mean() + 10 * ((g.norm(2, dim=1) - 1) ** 2).mean()
-        optD.zero_grad()
-        lossD.backward()
-        optD.step()
-    lossG = -D(G(torch.randn(32, 4))).mean()
-    if sys.argv[1] == "reset":
-        optG.zero_grad()
-    lossG.backward()
-    optG.step()
-    print(it, repr(G[0].bias.grad.norm().item()))
-"""
-
-
 @pytest.mark.parametrize("reset", ["reset", "forgotten"])
 def test_stale_grad_checks_an_optimizer_that_steps_every_few_steps(tmp_path, reset):
     """The generator's optimizer steps once in 5 critic steps, at steps 5, 10, 15, ...: the
@@ -282,12 +254,12 @@ def test_stale_grad_checks_an_optimizer_that_steps_every_few_steps(tmp_path, res
     100 and 101 ...), never at two of the generator's steps in a row, so its missing
     zero_grad() was never found (none in 60 steps, nor with 3 critic steps in 160).  Each optimizer's own
     first steps are checked now: found at its third step (step 15)."""
-    script = tmp_path / "wgan_gp.py"
-    script.write_text(WGAN_GP_GENERATOR)
-    plain = python(str(script), reset)
-    norms = [float(line.split()[1]) for line in plain.stdout.splitlines()]
+    # (tests/scripts/wgan_gp.py: 12 iterations of 5 critic steps and a generator step)
+    script = os.path.join(ROOT, "tests", "scripts", "wgan_gp.py")
+    plain = python(script, "12", "5", reset)
+    norms = [float(line.split()[2]) for line in plain.stdout.splitlines() if line.startswith("G ")]
     assert (norms[-1] > 3 * norms[0]) == (reset == "forgotten")        # (the sum of all its gradients)
-    res = run_in_process(tmp_path, str(script), [reset])
+    res = run_in_process(tmp_path, script, ["12", "5", reset])
     assert res.exit_code == 0
     found = [(f["step"], f["evidence"]["optimizer"]) for f in _of(res, "stale_grad")]
     assert found == ([] if reset == "reset" else [(15, "optG")])
