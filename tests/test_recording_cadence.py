@@ -57,7 +57,7 @@ def test_one_cadence_answers_for_the_recorder_the_rules_and_the_probes():
         assert m.recorded and m.full == c.full(step) and m.acts == c.acts(step)
         assert m.observed == base.observed(step) == ReluUnits.wants(step)
         assert m.bn_stats == BatchNormRunning.wants(step) and m.input_probes == ModelInputs.wants(step)
-        assert m.grad_reset == cadence.grad_reset(step) and GradReset.wants(SimpleNamespace(_young=lambda s: False), step) == (m.grad_reset or
+        assert m.grad_reset == cadence.grad_reset(step) and GradReset.wants(SimpleNamespace(_grown=True, _young=lambda s: False), step) == (m.grad_reset or
                                                                                        c.at(step + 1).grad_reset)
         assert m.grad_presence == GradPresence.wants(SimpleNamespace(_lacking=()), step)
         assert not m.big_acts or m.observed

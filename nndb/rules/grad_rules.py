@@ -250,11 +250,11 @@ class GradReset(Probe):
     # first FIRST steps of each optimizer (``_young``).
 
     def wants(self, step: int) -> bool:
-        return cadence.grad_reset_armed(step) or self._young(step)
+        return cadence.grad_reset_armed(step) or (not self._grown and self._young(step))
 
     def next_change(self, step: int) -> int:
         """(cadence.next_change) While an optimizer is young, asked again at the next step."""
-        if self._young(step):
+        if not self._grown and self._young(step):
             return step + 1
         return cadence.next_change(cadence.grad_reset_armed, step)
 
@@ -265,11 +265,15 @@ class GradReset(Probe):
         step is at the run's first: the checked steps alone (0-5, then two in 50) met it once,
         then never twice in a row (steps 3, 6, 9, ...), and its missing zero_grad() was never
         found."""
-        return any(w.seen < self.FIRST and step <= w.born + self.EVERY for w in self._watches.values())
+        if any(w.seen < self.FIRST and step <= w.born + self.EVERY for w in self._watches.values()):
+            return True
+        self._grown = True            # (for good: until a watch is made, none is young again)
+        return False
 
     def __init__(self, rec):
         super().__init__(rec)
         self._watches: dict = {}      # id(optimizer) -> _Watch
+        self._grown = False           # no watch young (_young): the usual step asks nothing more
 
     def uninstall(self) -> None:
         super().uninstall()
@@ -324,6 +328,7 @@ class GradReset(Probe):
                 p = _sample(opt, any_grad=True)
                 if p is not None:
                     w = self._watches[key] = _Watch(opt, p, self.rec.recorder.step)
+                    self._grown = False
                     w.handle = self._watch_hooks(w, p)
             return
         w = self._watches.get(key)
@@ -335,6 +340,7 @@ class GradReset(Probe):
             if p is None:
                 return                                    # look again at the next step
             w = self._watches[key] = _Watch(opt, p, self.rec.recorder.step)
+            self._grown = False
             w.handle = self._watch_hooks(w, p)
             w.last = _flat(p.grad).clone()
             return
