@@ -145,6 +145,7 @@ class RuleEngine:
             if name not in self._probes:
                 probe = PROBES[name](self._rec)
                 probe.on_fail = self._probe_failed
+                probe.on_fact = self._probe_fact
                 probe.install()
                 self._probes[name] = probe
         self.arm(self._rec.recorder.step)
@@ -332,6 +333,9 @@ class RuleEngine:
 
     def _probe_failed(self) -> None:
         self.probe_news = True
+
+    def _probe_fact(self) -> None:
+        self.armed = True       # (this step's end takes the facts; arm() says again at arm_due)
 
     def take_errors(self) -> list:
         """Rules and probes that failed since the last call (each said once,

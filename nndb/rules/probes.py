@@ -29,6 +29,9 @@ class Probe:
     # Called (no argument) when the probe fails: the engine's, set as it installs the probe,
     # so that a step end asks the probes for errors only after one failed.
     on_fail = None
+    # Called (no argument) when a probe whose callbacks stay in without arming the step (ScaledClip:
+    # a rare event) got facts: the engine takes the probes' facts at this step's end.
+    on_fact = None
 
     def fail(self, message: str) -> None:
         """The probe is off, and says ``message`` (once: nndb.rules.engine.take_errors)."""
