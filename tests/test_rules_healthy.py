@@ -84,3 +84,70 @@ def test_each_trial_of_a_sweep_is_judged_as_a_run_of_its_own(tmp_path, how):
         else:
             assert [(step, e["low"], e["jump_step"]) for rule, step, e in found if rule == "loss_explodes"] == \
                 [(83, pytest.approx(2.6438348), 82)]
+
+
+ONE_MODEL = """
+import sys
+import torch, torch.nn as nn
+torch.manual_seed(0)
+X = torch.randn(24, 6); y = torch.randint(0, 3, (24,))
+model = nn.Sequential(nn.Linear(6, 64), nn.Tanh(), nn.Linear(64, 3))      # one model for the whole run
+how = sys.argv[1]
+def train(opt, n, tag):
+    for i in range(n):
+        loss = nn.functional.cross_entropy(model(X), y)
+        opt.zero_grad(); loss.backward(); opt.step()
+        print(tag, i, repr(loss.item()))
+if how.startswith("sweep"):             # re-initialised in place, a new optimizer per trial
+    for trial in range(4):
+        model.apply(lambda m: m.reset_parameters() if isinstance(m, nn.Linear) else None)
+        if how == "sweep_diverges" and trial == 2:      # (planted: a learning rate far too high)
+            opt = torch.optim.SGD(model.parameters(), lr=40.0, momentum=0.9)
+        else:
+            opt = torch.optim.Adam(model.parameters(), lr=0.03)
+        train(opt, 80, trial)
+elif how.startswith("stage2"):          # fine-tuning goes on with a new optimizer over the same model
+    opt = torch.optim.Adam(model.parameters(), lr=0.03)
+    train(opt, 80, "s1")
+    opt = torch.optim.Adam(model.parameters(), lr=5.0 if how == "stage2_diverges" else 0.003)
+    train(opt, 80, "s2")
+else:                                   # an optimizer made anew at every step, diverging from step 40
+    for i in range(80):
+        opt = torch.optim.SGD(model.parameters(), lr=0.1 if i < 40 else 60.0)
+        loss = nn.functional.cross_entropy(model(X), y)
+        opt.zero_grad(); loss.backward(); opt.step()
+        print(i, repr(loss.item()))
+"""
+
+
+@pytest.mark.parametrize("how, found", [
+    ("sweep", []),
+    ("sweep_diverges", [(163, pytest.approx(1.19874, rel=1e-4), 162)]),
+    ("stage2", []),
+    ("stage2_diverges", [(82, pytest.approx(0.00160515, rel=1e-4), 81)]),
+    ("every_step_diverges", [(43, pytest.approx(0.600512, rel=1e-4), 42)]),
+])
+def test_a_trial_that_reinitialises_one_model_is_judged_as_a_run_of_its_own(tmp_path, how, found):
+    """One model re-initialised in place per trial (reset_parameters), a new optimizer each: the
+    same parameters every step, so only the optimizers say a trial starts.  Trial 1's first loss
+    (1.185) is 761x trial 0's last (0.00156): loss_explodes said 'the run diverges' at step 82,
+    live and in check-trace, and so missed trial 2's real divergence (SGD at lr 40, from 1.199 to
+    212 by step 162).  A new stage that goes on training the model with a new optimizer is
+    judged from its own first loss, measured before the new optimizer acted: its divergence
+    (Adam at lr 5 after convergence: 0.0016 to 35.3) is still found, as is one under an optimizer
+    made anew at every step (no new run: each steps once)."""
+    from nndb.rules.catalog import load
+    from nndb.rules.offline import check_trace
+    from nndb.store.reader import TraceReader
+    script = tmp_path / "one_model.py"
+    script.write_text(ONE_MODEL)
+    res = run_in_process(tmp_path, str(script), [how])
+    assert res.exit_code == 0
+    with TraceReader(str(tmp_path / "run.h5")) as reader:
+        offline = check_trace(reader, load("default")).findings
+    live = [(f["rule"], f["step"], f["evidence"]) for f in findings_of(res)]
+    offline = [(f.rule, f.step, f.evidence) for f in offline]
+    for got in (live, offline):
+        assert [(step, e["low"], e["jump_step"]) for rule, step, e in got if rule == "loss_explodes"] == found
+        if not found:
+            assert [rule for rule, _, _ in got if rule.startswith("loss_")] == []

@@ -103,7 +103,8 @@ class StepContext:
         # module_types and optimizers may be given as callables: computed on
         # first use (most steps no rule asks)
         self._module_types = module_types if module_types is not None else {}
-        self._optimizers = self._named = optimizers
+        # (opt_source: what gave them, unchanged while they are: series.Restarts looks again when it is another)
+        self._optimizers = self._named = self.opt_source = optimizers
         self.naming = naming
         self.names = record.names              # [(name, kind)], row order of ``stats``
         self._by_kind = None

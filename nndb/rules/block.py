@@ -32,10 +32,13 @@ from .series import layout
 
 class Block:
     """Consecutive recorded steps with one list of series (``names``):
-    ``records``, and ``last``, the StepContext of the last of them."""
+    ``records``, and ``last``, the StepContext of the last of them;
+    ``sources``: each step's optimizers as its StepContext gets them
+    (``opt_source``; the same object while they do not change)."""
 
-    def __init__(self, records: list, last):
+    def __init__(self, records: list, last, sources: Optional[list] = None):
         self.records = records
+        self.sources = sources if sources is not None else [last.opt_source] * len(records)
         self.k = len(records)
         self.last = last
         self.names = last.names
@@ -44,13 +47,13 @@ class Block:
         self._lay: dict = {}
 
     @staticmethod
-    def of(records: list, make_ctx) -> Optional["Block"]:
-        """A Block (``make_ctx(record)``: its StepContext), or None when the
-        steps do not share one list of series."""
+    def of(records: list, make_ctx, sources: Optional[list] = None) -> Optional["Block"]:
+        """A Block (``make_ctx(record)``: its StepContext; ``sources``: each
+        step's optimizers), or None when the steps do not share one list of series."""
         names = records[-1].names
         if any(r.names is not names and r.names != names for r in records):
             return None
-        return Block(records, make_ctx(records[-1]))
+        return Block(records, make_ctx(records[-1]), sources)
 
     @property
     def raw(self) -> np.ndarray:

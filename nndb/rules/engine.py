@@ -289,7 +289,7 @@ class RuleEngine:
 
         def context(record, opts=q[-1][1]):
             return StepContext(record, None, {}, self.module_types, opts, naming)
-        block = Block.of([rec for rec, _ in q], context) if len(q) > 1 else None
+        block = Block.of([rec for rec, _ in q], context, [opts for _, opts in q]) if len(q) > 1 else None
         rest = []
         for r in rules:
             done = None

@@ -326,6 +326,13 @@ class TraceOptimizers:
         self._groups: dict = {}               # (optimizer, group) -> its group dict in _state
         self._lrs: dict = {}                  # (optimizer, group) -> the last learning rate written
         self._step: Optional[int] = None
+        # what a StepContext's optimizers come from, as the live session's (series.Restarts):
+        # ``state.changes`` counts the optimizers' rows applied
+        self.state = self
+        self.changes = 0
+
+    def __call__(self) -> list:
+        return self.current()
 
     def _param(self, name: str) -> TraceParam:
         p = self.params.get(name)
@@ -337,6 +344,7 @@ class TraceOptimizers:
         while self._h < len(holders) and holders[self._h]["step"] <= step:
             opts = holders[self._h]["optimizers"]
             self._h += 1
+            self.changes += 1
             if opts is None:              # the recording could not say from here on
                 self._state, self._groups = None, {}
                 continue
@@ -418,7 +426,7 @@ def check_trace(reader, engine: RuleEngine) -> OfflineResult:
         engine.set_enabled(s.rule, False)
     # (the engine's own module_types answers {} without a run: a rule asking must fail instead)
     engine.module_types = _unavailable("the model's modules")
-    optimizers = _unavailable("the optimizers") if opts.why is not None else opts.current
+    optimizers = _unavailable("the optimizers") if opts.why is not None else opts
     naming = opts.naming if opts.why is None else None
     try:
         for step in trace_steps(reader, mask):

@@ -110,14 +110,36 @@ class Restarts:
     last one's: a history judged across the two found a fold's first loss, a
     little above the first fold's, a divergence (loss_explodes, x1600 of the
     last fold's 0.0007), and the run's loss flat.  A stage that trains some of
-    the same parameters (a head fine-tuned with a new optimizer) goes on."""
+    the same parameters (a head fine-tuned with a new optimizer) goes on.
+
+    ``look`` also sees new optimizers over the same parameters (a sweep that
+    re-initialises one model and makes a new optimizer per trial): a step where
+    every optimizer that holds a parameter the step updated is one that never
+    stepped before, and those of the last updating step, which stepped on two
+    recorded steps or more, hold none of them (gone: the script let them go).
+    That step's loss was computed before any of the new optimizers changed a
+    parameter: a jump to it is none of theirs (a model re-initialised, or a new
+    stage's data), while a new stage's own divergence is still found against
+    it (a model carried over keeps the last stage's level there).  An optimizer
+    made anew at every step (one step each) is no new run.
+
+    Cost: the callers look only when the step's layout, or the optimizers' source
+    (``StepContext.opt_source``) or its count of changes, is not the last one's."""
 
     def __init__(self):
         self.lay = None                  # the layout of the last step seen
         self._trained = frozenset()
+        self.src = None                  # the optimizers' source last looked at (None: look again)
+        self.token = None                # its count of changes then (a session's, a trace's); None: none kept
+        self.last = None                 # the last recorded step judged (the callers keep it)
+        self._names: Optional[tuple] = None      # the optimizers' names last looked at
+        self._stepping = frozenset()     # the optimizers holding the parameters of the last updating step
+        self._since = None               # the step they first did
+        self._ever: set = set()          # every optimizer that held the updated parameters of a step
 
     def new_run(self, lay: Layout) -> bool:
-        """Does a step of ``lay``, after the steps seen so far, start a new run?"""
+        """Does a step of ``lay``, after the steps seen so far, start a new run
+        (none of the parameters updated is one the last updating step updated)?"""
         if lay is self.lay:
             return False
         self.lay = lay
@@ -127,6 +149,62 @@ class Restarts:
         fresh = bool(self._trained) and self._trained.isdisjoint(now)
         self._trained = now
         return fresh
+
+    def quiet(self, lay: Layout, src) -> bool:
+        """Nothing ``look`` reads can have changed since it last looked (the usual step)."""
+        return lay is self.lay and src is self.src and (self.token is None or src.state.changes == self.token)
+
+    def quiet_block(self, lay: Layout, sources: list) -> bool:
+        """``quiet`` at every step of a block (``sources``: each step's optimizers):
+        only their learning rates moved.  True leaves what ``look`` at each step
+        would; False changes nothing (the steps are judged one by one)."""
+        if self._names is None or lay is not self.lay and (not lay.trained or lay.trained != self._trained):
+            return False                 # (a layout of other parameters: the steps are looked at one by one)
+        src = self.src
+        for s in sources:
+            if s is not src:
+                if getattr(s, "state", None) is not None or tuple([n for n, _ in s]) != self._names:
+                    return False
+                src = s
+        if src is not self.src:
+            self.src, self.token = src, None
+        self.lay = lay                   # (the step of observed activations and the next: another list, the same parameters)
+        return True
+
+    def look(self, lay: Layout, ctx) -> bool:
+        """Does the step of ``ctx`` start a new run: new parameters (``new_run``),
+        or new optimizers over the same ones?"""
+        src = ctx.opt_source
+        state = getattr(src, "state", None)
+        self.token = state.changes if state is not None else None
+        self.src = src if state is None or self.token is not None else None
+        fresh = self.new_run(lay)
+        now = lay.trained
+        if not now:
+            return fresh
+        try:
+            opts = ctx.optimizers
+        except Exception:                # (a trace without the optimizers' records)
+            self.src = None
+            return fresh
+        names = tuple([n for n, _ in opts])
+        if names == self._names and not fresh:
+            return False                 # the same optimizers (a learning rate moved)
+        holding = frozenset(n for n, o in opts if any(ctx.param_name(p) in now
+                                                      for g in o.param_groups for p in g["params"]))
+        if not holding:
+            if names:                    # (the one that stepped is gone at the step's end: look again)
+                self.src = None
+            else:                        # (no optimizer: hand-written updates)
+                self._names = names
+            return fresh
+        self._names = names
+        new = not fresh and bool(self._stepping) and holding.isdisjoint(self._ever) \
+            and self.last is not None and self._since is not None and self.last > self._since
+        if holding != self._stepping:
+            self._stepping, self._since = holding, ctx.step
+        self._ever |= holding
+        return fresh or new
 
 
 class Tensors:

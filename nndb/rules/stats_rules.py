@@ -533,7 +533,9 @@ class LossNotDecreasing(Rule):
                    "medians) cannot have brought it down by margin, even at its confidence bound, and the last "
                    "window is not below the first by margin either; a new model trained in the same process "
                    "(a k-fold loop's next fold, a sweep's next trial: a step that updates none of the "
-                   "parameters the last one did) starts a run of its own; not judged where the loss is not "
+                   "parameters the last one did) starts a run of its own (new optimizers over the same "
+                   "parameters do not: a fine-tuning stage at a lower learning rate hardly moves a converged "
+                   "loss, and is judged with the stage before); not judged where the loss is not "
                    "meant to go down: a policy-gradient surrogate (it depends on actions sampled from the "
                    "model's own output: REINFORCE, actor-critic) or a loss chasing a moving target (its target "
                    "made, without gradient, by the trained model or a copy of it: a DQN's target network), as "
@@ -677,7 +679,12 @@ class LossExplodes(Rule):
                    "before, and stays up: the run diverges (a learning rate far too high, no clipping); found "
                    "1-2 steps after the jump, before the values overflow (a spike that comes back down at "
                    "once is not a divergence); a new model trained in the same process (a k-fold loop's next "
-                   "fold, a sweep's next trial) starts a run of its own, its first loss no jump; not judged on a "
+                   "fold, a sweep's next trial) starts a run of its own, its first loss no jump, and so do new "
+                   "optimizers over the same parameters (a sweep that re-initialises one model: every optimizer "
+                   "holding the parameters the step updates steps for the first time, and those of the last "
+                   "step, which stepped twice or more, are gone): that loss was computed before the new "
+                   "optimizers changed anything, and a new stage's own divergence is still found against it; "
+                   "not judged on a "
                    "policy-gradient surrogate (a loss that depends on actions sampled from the model's own output, "
                    "as the loss probe sees on its steps: its value follows the episodes' length and returns, not "
                    "the policy's quality, and a healthy actor-critic goes x2000 as its episodes grow long; a "
@@ -713,9 +720,11 @@ class LossExplodes(Rule):
 
     def check_block(self, block):
         _, lay = block.layout(self.own)
-        if lay is not self.restarts.lay and self.restarts.new_run(lay):     # (the usual step: no call)
-            self._forget()
+        r = self.restarts
+        if not r.quiet_block(lay, block.sources):
+            return None                  # (a new layout, or new optimizers: judged step by step)
         if lay.loss_rows.size != 1 or lay.loss_names[0] in self.done or self.surrogate is not None:
+            r.last = block.records[-1].step
             return True
         v = block.loss_means(lay)
         if v is None or not np.isfinite(v).all():
@@ -731,6 +740,7 @@ class LossExplodes(Rule):
             return None
         recent.extend(vals.tolist())
         self.top[name] = max(self.top[name], float(vals.max()))
+        r.last = block.records[-1].step
         return True
 
     def check(self, ctx):
@@ -740,8 +750,12 @@ class LossExplodes(Rule):
         if self.surrogate is not None:
             return
         _, lay = layout(ctx, self.own)
-        if lay is not self.restarts.lay and self.restarts.new_run(lay):     # (the usual step: no call)
+        r, src = self.restarts, ctx.opt_source
+        # (Restarts.quiet, inline: the usual step makes no call)
+        if (lay is not r.lay or src is not r.src or r.token is not None and src.state.changes != r.token) \
+                and r.look(lay, ctx):
             self._forget()
+        r.last = ctx.step
         if lay.loss_rows.size != 1:    # (several losses: a GAN's trade off against each other)
             return
         name = lay.loss_names[0]
