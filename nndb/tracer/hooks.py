@@ -252,7 +252,8 @@ def _backward(*args, **kwargs):
     # (loss.backward(): one root tensor, no gradient, no ``inputs=``; Tensor.backward passes
     # inputs=None; ``errD_real.backward(mone)``'s loss is -errD_real: _backward_loss)
     usual = type(roots) is torch.Tensor and len(args) < 6 and kwargs.get("inputs") is None \
-        and _no_gradient(args, kwargs)
+        and (args[1] if len(args) > 1 else kwargs.get("grad_tensors", kwargs.get("grad_variables"))) is None
+    # (_no_gradient(args, kwargs), inline: every step)
     for t in tracers:
         if t._loss_early is not None:       # (its optimizers stepped inside it: its loss is taken)
             t._loss_early = None
@@ -1298,7 +1299,8 @@ class Tracer:
                 self._tell_optimizer(opt, "post")
             # (the first iteration of several optimizers: once each has stepped, counted afresh,
             # since one may have been made after the count as learning began, the step ends here)
-            n = self._optimizer_count(None, fresh=True) if self.clock.completes_iteration(opt) else None
+            n = self._optimizer_count(None, fresh=True) \
+                if self.clock.mode is Mode.LEARNING and self.clock.completes_iteration(opt) else None
             close = self.clock.optimizer_post(opt, n)
             if self.clock.mark:
                 self.recorder.mark()
@@ -1410,8 +1412,9 @@ class Tracer:
         # (one closing optimizer, another stepping in some steps only: a WGAN's critic and
         # generator; the closer's loss is the step's $loss, at every step alike)
         clock = self.clock
-        self.recorder.close(close.step, retro=close.retro,
-                            lead=clock.closer if clock.mode is Mode.SINGLE else None)
+        # (clock.closer, inline: every step)
+        lead = clock._closer() if clock.mode is Mode.SINGLE and clock._closer is not None else None
+        self.recorder.close(close.step, retro=close.retro, lead=lead)
         if self.on_step_end is not None:
             self.on_step_end(close.step)
         self.backward_began = None

@@ -544,9 +544,10 @@ class StepRecorder:
         if lead is not None and bucket.optimizer_steps > 1:
             bucket.lead_loss(lead)
         nxt = _Bucket()
-        for b in rest:
-            nxt.merge(b)
-        nxt.renumber_clips()
+        if rest:                        # (a step closed after the fact: the next one's segments so far)
+            for b in rest:
+                nxt.merge(b)
+            nxt.renumber_clips()
         self._buckets = [nxt]
         self._clips_since_step = []
         now = time.time() - self.t0
