@@ -300,6 +300,28 @@ def test_calls_are_counted_per_step_and_only_nndb_s_code_as_its_own(bench, tmp_p
     assert bench.NNDB_DIR.endswith(os.path.join("nndb", "")) and os.path.isdir(bench.NNDB_DIR)
 
 
+def test_a_usual_step_makes_the_same_few_calls_of_nndb_whatever_the_model(bench, tmp_path, monkeypatch):
+    """Issue 43's design: a constant number of nndb's own Python calls on a usual step, the same
+    for 6 parameter tensors (mlp) as for 14 (cnn), at most 25.  Two stops let it slip to 51
+    unnoticed (a probe that armed every step; a per-step renumbering): bench.py measured it, no
+    test did.  A count of calls, not a time: it does not depend on the machine's load."""
+    import statistics
+    monkeypatch.setattr(bench, "REPLICA", "off")
+    from nndb.run.config import RecordSchedule
+    medians = {}      # (the usual step's count, the commonest)
+    for name in ("mlp", "cnn"):
+        model, opt, crit, data = bench.WORKLOADS[name][0](0)
+        rec, session, path = bench._recording(RecordSchedule.parse(None, None, None, None), str(tmp_path))
+        rec.__enter__()
+        bench.train(model, opt, crit, data, 40)         # (past the first steps, where every step is observed)
+        counted = bench.count_calls(model, opt, crit, data, 32, start=40)
+        bench.end_recording(rec, session, path)
+        usual = statistics.mode(counted["own"])           # (the usual step's: the others observe or arm)
+        assert counted["own"].count(usual) >= 16, counted
+        medians[name] = usual
+    assert medians["mlp"] == medians["cnn"] <= 25, medians
+
+
 def test_against_extracts_the_revision_s_nndb_and_a_child_imports_it(bench, tmp_path):
     """--against REV: REV's nndb package alone, extracted where a child of the
     script (NNDB_BENCH_TREE) imports it rather than this tree's; an unknown
