@@ -447,22 +447,32 @@ TWO_BACKWARDS = textwrap.dedent('''
         x = (torch.randn(16, 16) + 1).requires_grad_(True)
         first = model(x).pow(2).mean()
         first.backward()
-        if sys.argv[1] == "fgsm":
+        if sys.argv[1] in ("fgsm", "fgsm_clip"):
             x = (x + 0.1 * x.grad.sign()).detach()
             opt.zero_grad()
             loss = model(x).pow(2).mean()
             loss.backward()
-        elif sys.argv[1] in ("pcgrad", "microbatch"):
+            if sys.argv[1] == "fgsm_clip":      # (in place: the last backward's gradients, scaled)
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 0.01)
+        elif sys.argv[1] in ("pcgrad", "microbatch", "pcgrad_copy", "pcgrad_data"):
             # gradients of each backward kept by the script, zero_grad() between, and what it
             # applies written by hand: PCGrad's projection, DP-SGD's clipped per-micro-batch sum
+            if sys.argv[1] == "pcgrad_copy":      # (the first pass's gradients clipped, in place)
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 100.0)
             kept = [p.grad.clone() for p in model.parameters()]
             opt.zero_grad()
             second = (model(torch.randn(16, 16)) - 1).pow(2).mean()
             second.backward()
             for p, g in zip(model.parameters(), kept):
-                if sys.argv[1] == "pcgrad":
+                if sys.argv[1].startswith("pcgrad"):
                     dot = (g * p.grad).sum()
-                    p.grad = g + p.grad - (dot / p.grad.pow(2).sum() * p.grad if dot < 0 else 0)
+                    new = g + p.grad - (dot / p.grad.pow(2).sum() * p.grad if dot < 0 else 0)
+                    if sys.argv[1] == "pcgrad_copy":      # written into the last backward's tensor
+                        p.grad.copy_(new)
+                    elif sys.argv[1] == "pcgrad_data":    # new storage under the same tensor
+                        p.grad.data = new
+                    else:
+                        p.grad = new
                 else:
                     p.grad = (g / max(1.0, float(g.norm())) + p.grad / max(1.0, float(p.grad.norm()))) / 2
             loss = first + second
@@ -475,13 +485,15 @@ TWO_BACKWARDS = textwrap.dedent('''
 ''')
 
 
-@pytest.mark.parametrize("shape", ["sum", "fgsm", "pcgrad", "microbatch"])
+@pytest.mark.parametrize("shape", ["sum", "fgsm", "fgsm_clip", "pcgrad", "microbatch", "pcgrad_copy", "pcgrad_data"])
 def test_a_steps_loss_is_the_objective_its_optimizer_applies_as_the_script_prints_it(tmp_path, shape):
     """sum: the two losses added in float32, as the script adds them (the trace had their float64
     sum, 4 of 6 steps off in the last bits); fgsm: the loss before zero_grad() is no part of it
-    (the trace had adv_loss + loss, ~2x the printed loss); pcgrad, microbatch: zero_grad() came
-    between the backward passes too, but the gradients applied are the script's own, made of
-    both: the objective is the sum (the trace had the second loss alone)."""
+    (the trace had adv_loss + loss, ~2x the printed loss), clipped in place too (fgsm_clip);
+    pcgrad, microbatch: zero_grad() came between the backward passes too, but the gradients
+    applied are the script's own, made of both: the objective is the sum (the trace had the
+    second loss alone), written into the last backward's gradient tensors too (pcgrad_copy:
+    p.grad.copy_(...); pcgrad_data: p.grad.data = ...; $loss was the second loss alone)."""
     from nndb.store.reader import TraceReader
     plain, trace = plain_and_recorded(tmp_path, TWO_BACKWARDS, shape)
     printed = _printed(plain.stdout)

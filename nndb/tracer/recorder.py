@@ -218,6 +218,7 @@ class StepRecorder:
         # and the gradients the backward after them left ([(parameter, weakref of its .grad)]): put
         # back at the optimizer's step if the script wrote the gradients it applies itself
         self._set_aside: Optional[tuple] = None
+        self._clips_before = 0                   # clip_grad_norm_ calls of the step before its last backward
         self._grads_after: Optional[list] = None
         self._clips_since_step: list = []        # clip_grad_norm_ keys since the last optimizer step
         # These caches key an object by its id, never by the object: they must not keep
@@ -391,8 +392,9 @@ class StepRecorder:
         else:
             H.add_many(b, [("loss", _PENDING)], [tensor], self.full)
         if self._set_aside is not None:
-            self._grads_after = [(p, weakref.ref(p.grad)) for p in self._step_params()
-                                 if p.requires_grad and p.grad is not None]
+            self._grads_after = [(p, weakref.ref(p.grad), p.grad._version, p.grad.data_ptr())
+                                 for p in self._step_params() if p.requires_grad and p.grad is not None]
+            self._clips_before = len(self._clips_since_step)
 
     def later_backward(self) -> None:
         """Before a later backward() of the step: where every parameter's gradient was set to
@@ -432,7 +434,8 @@ class StepRecorder:
         applies gradients it wrote itself: PCGrad's, projected from each task's backward
         with zero_grad() between them; DP-SGD's, clipped per micro-batch and summed by hand.
         Their sum is the objective then ($loss was the last task's 0.8089 where the tasks'
-        sum is 5.1778).  A loss of several elements is not kept (the step's loss stays the
+        sum is 5.1778; written into the last backward's tensors, ``p.grad.copy_(g)`` or
+        ``p.grad.data = g``, the last task's 10.64 where the sum is 14.70).  A loss of several elements is not kept (the step's loss stays the
         last backward's, as before)."""
         prev = self._set_aside
         if prev is not None and prev[0] is b:
@@ -453,7 +456,13 @@ class StepRecorder:
         if b is not self._buckets[-1] or row is None or not grads:
             return
         mine = {id(p) for p in self._plan(opt).params}
-        if all(ref() is p.grad for p, ref in grads if id(p) in mine):
+        # The script wrote them: a new tensor (p.grad = ...), new storage (p.grad.data = ...), or
+        # the same one written in place (p.grad.copy_(...): its version moved), unless a clip or a
+        # GradScaler's unscale_, which scale the last backward's gradients in place, came between
+        # (a clip of each micro-batch's gradients before it does not count).
+        scaled = len(self._clips_since_step) > self._clips_before or self.scaler_seen
+        if all(ref() is p.grad and p.grad.data_ptr() == ptr and (scaled or p.grad._version == version)
+               for p, ref, version, ptr in grads if id(p) in mine):
             return                     # (SAM's, FGSM's: the last backward's gradients are applied)
         now = b.entries.get(_PENDING_LOSS)
         total = row if now is None else S.add_scalar_rows(row, now, self._loss_dtype)
