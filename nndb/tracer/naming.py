@@ -181,6 +181,10 @@ class Naming:
         self._paramless_names: set = set()   # root names given to modules without parameters
         self._param_roots: list = []     # weakrefs of roots that own parameters, in order seen
         self._qualified_roots: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+        # weakref of a root with parameters -> (its name, qualified?): the names of its parameters
+        # once it is gone while they live on (an optimizer, or the rules' step some steps behind
+        # the script, holds them: a k-fold loop's fold ended)
+        self._prefixes: dict = {}
         self._frozen = False
         self._compiled: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # module -> its OptimizedModule
         # id(an OptimizedModule's _orig_mod) -> a weakref of it: its call is the compiled module's
@@ -272,6 +276,7 @@ class Naming:
             self._param_roots.append(weakref.ref(root))
             if self._frozen and len(self._param_roots) > 1:
                 self._qualified_roots[root] = True
+            self._prefixes[ref_root] = (name, root in self._qualified_roots)
 
     def _note_compiled(self, m) -> None:
         if type(m).__name__ == "OptimizedModule" and isinstance(getattr(m, "_orig_mod", None), torch.nn.Module):
@@ -303,6 +308,9 @@ class Naming:
         if len(roots) > 1:
             for r in roots:
                 self._qualified_roots[r] = True
+                ref = weakref.ref(r)
+                if ref in self._prefixes:
+                    self._prefixes[ref] = (self._prefixes[ref][0], True)
 
     def root_params(self) -> list:
         """Parameters of every root seen so far (alive ones), then the tensors adopted."""
@@ -336,10 +344,14 @@ class Naming:
         self.note_param(p, frame, fallback=unique("tensor", self._used_loose))
 
     # -- names ------------------------------------------------------------
-    def _qualify(self, root, sub: str) -> str:
-        """``root``: the root module, or None where it is gone (its path alone, then)."""
+    def _qualify(self, root, sub: str, ref=None) -> str:
+        """``root``: the root module, or None where it is gone (then as it was named while
+        it lived, ``ref`` its weakref; its path alone where that is not known)."""
         if root is None:
-            return sub or "model"
+            name, qualified = self._prefixes.get(ref, (None, False)) if ref is not None else (None, False)
+            if not sub:
+                return name or "model"
+            return f"{name}.{sub}" if qualified else sub
         rname = self._root_names.get(root, "model")
         if not sub:
             return rname
@@ -413,14 +425,14 @@ class Naming:
         entry = self._param_path.get(id(p))
         if entry is not None and entry[0]() is p:
             _, rref, sub = entry
-            return self._qualify(rref(), sub)
+            return self._qualify(rref(), sub, rref)
         loose = self._loose_names.get(id(p))
         if loose is not None and loose[0]() is p:
             return loose[1]
         self.refresh()
         entry = self._param_path.get(id(p))
         if entry is not None and entry[0]() is p:
-            return self._qualify(entry[1](), entry[2])
+            return self._qualify(entry[1](), entry[2], entry[1])
         return f"tensor{id(p):x}"
 
     def optimizer_name(self, opt, frame=None) -> str:
