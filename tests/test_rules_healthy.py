@@ -60,6 +60,22 @@ for trial, gain in enumerate((0.5, 1.0, 2.0)):      # a sweep over the last laye
 """
 
 
+def _live_and_offline(tmp_path, source: str, arg: str) -> tuple:
+    """Run ``source`` (argv ``arg``) under nndb in this process, then check-trace its trace:
+    the (rule, step, evidence) of the errors and warnings, live and offline."""
+    from nndb.rules.catalog import load
+    from nndb.rules.offline import check_trace
+    from nndb.store.reader import TraceReader
+    script = tmp_path / "script.py"
+    script.write_text(source)
+    res = run_in_process(tmp_path, str(script), [arg])
+    assert res.exit_code == 0
+    with TraceReader(str(tmp_path / "run.h5")) as reader:
+        offline = check_trace(reader, load("default")).findings
+    live = [(f["rule"], f["step"], f["evidence"]) for f in findings_of(res)]
+    return live, [(f.rule, f.step, f.evidence) for f in offline if f.severity in ("error", "warning")]
+
+
 @pytest.mark.parametrize("how", ["healthy", "diverges"])
 def test_each_trial_of_a_sweep_is_judged_as_a_run_of_its_own(tmp_path, how):
     """A new model and optimizer per trial in one process: the loss of trial 1 starts at
@@ -67,17 +83,7 @@ def test_each_trial_of_a_sweep_is_judged_as_a_run_of_its_own(tmp_path, how):
     as one run, loss_explodes said 'the run diverges' at step 82, live and in check-trace;
     each trial is now judged from its own first step.  A trial that does diverge (SGD at lr
     40: 2.644, 18.5, 268) is still found, against its own start."""
-    from nndb.rules.catalog import load
-    from nndb.rules.offline import check_trace
-    from nndb.store.reader import TraceReader
-    script = tmp_path / "sweep.py"
-    script.write_text(SWEEP)
-    res = run_in_process(tmp_path, str(script), [how])
-    assert res.exit_code == 0
-    with TraceReader(str(tmp_path / "run.h5")) as reader:
-        offline = check_trace(reader, load("default")).findings
-    live = [(f["rule"], f["step"], f["evidence"]) for f in findings_of(res)]
-    offline = [(f.rule, f.step, f.evidence) for f in offline if f.severity in ("error", "warning")]
+    live, offline = _live_and_offline(tmp_path, SWEEP, how)
     for found in (live, offline):
         if how == "healthy":
             assert found == []
@@ -136,17 +142,7 @@ def test_a_trial_that_reinitialises_one_model_is_judged_as_a_run_of_its_own(tmp_
     judged from its own first loss, measured before the new optimizer acted: its divergence
     (Adam at lr 5 after convergence: 0.0016 to 35.3) is still found, as is one under an optimizer
     made anew at every step (no new run: each steps once)."""
-    from nndb.rules.catalog import load
-    from nndb.rules.offline import check_trace
-    from nndb.store.reader import TraceReader
-    script = tmp_path / "one_model.py"
-    script.write_text(ONE_MODEL)
-    res = run_in_process(tmp_path, str(script), [how])
-    assert res.exit_code == 0
-    with TraceReader(str(tmp_path / "run.h5")) as reader:
-        offline = check_trace(reader, load("default")).findings
-    live = [(f["rule"], f["step"], f["evidence"]) for f in findings_of(res)]
-    offline = [(f.rule, f.step, f.evidence) for f in offline]
+    live, offline = _live_and_offline(tmp_path, ONE_MODEL, how)
     for got in (live, offline):
         assert [(step, e["low"], e["jump_step"]) for rule, step, e in got if rule == "loss_explodes"] == found
         if not found:
