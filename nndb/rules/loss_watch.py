@@ -36,7 +36,10 @@ loss_not_decreasing the two losses that are not meant to go down:
 - a *moving target*: a loss's target, without gradient, is made of the
   output of the trained model itself or of a copy of it (same parameter
   shapes: a DQN's target network, an EMA teacher, pseudo-labels), while
-  its prediction has a gradient: the target moves as the model learns.  A
+  its prediction has a gradient: the target moves as the model learns.
+  The target is a functional loss's, or the operand of a hand-written
+  ``pred - target`` of the prediction's shape (``logits -
+  logits.max(...).detach()`` stabilises a log-softmax: no target).  A
   fixed teacher of another architecture (distillation) is not one.
 
 The ops are told apart by a dict lookup per call; nothing is computed from
@@ -211,13 +214,24 @@ class LossWatch:
             return
         if func in SAMPLERS:
             marks |= SAMPLE
-        elif target is not None and not marks & MOVING and (func in TARGET_OPS or functional_loss(func)) \
-                and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args[:2]) \
+        elif target is not None and not marks & MOVING and self._compares(func, args) \
                 and self._trained_or_copy(target[1]):
             marks |= MOVING
         for o in (out,) if isinstance(out, torch.Tensor) else out if isinstance(out, (tuple, list)) else ():
             if isinstance(o, torch.Tensor):
                 made.mark(o, marks, model)
+
+    @staticmethod
+    def _compares(func, args) -> bool:
+        """Does ``func`` compare a prediction with a gradient to a target: a functional loss, or
+        a hand-written ``pred - target`` of one shape (not ``logits - logits.max(...).detach()``,
+        a stabilised log-softmax, whose operand without gradient is no target)?"""
+        if len(args) < 2 or not any(isinstance(a, torch.Tensor) and a.requires_grad for a in args[:2]):
+            return False
+        if func in TARGET_OPS:
+            a, b = args[0], args[1]
+            return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape
+        return functional_loss(func) is not None
 
     def _trained_or_copy(self, ref) -> bool:
         """Is the model ``ref`` (a weakref) one an optimizer trains, or a copy of one

@@ -24,7 +24,10 @@ finding loss_not_decreasing exists for):
   architecture (its output made under no_grad is the target);
 - ``feedback_flat``: a model fed the class it sampled from its own output at
   the last step, fitted to the true classes (the sample reaches the loss
-  only through the model's input).
+  only through the model's input);
+- ``logsoftmax_flat``: a cross-entropy written by hand, its log-softmax
+  stabilised by ``logits - logits.max(...).detach()`` (the model's own output
+  without gradient, but no target).
 
 Prints one line a step with the loss (``.9g``).
 """
@@ -203,6 +206,21 @@ def distill_flat():
         print(f"step {step} loss {loss.item():.9g}")
 
 
+def logsoftmax_flat():
+    model = nn.Sequential(nn.Linear(6, 32), nn.ReLU(), nn.Linear(32, 3))
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    for step in range(STEPS):
+        x = torch.randn(512, 6)
+        y = (x[:, 0] > 0).long() + (x[:, 1] > 0).long()
+        logits = model(x)
+        z = logits - logits.max(dim=1, keepdim=True)[0].detach()      # (a stable log-softmax by hand)
+        loss = -(z.gather(1, y[:, None]) - z.exp().sum(1, keepdim=True).log()).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        print(f"step {step} loss {loss.item():.9g}")
+
+
 def feedback_flat():
     model = nn.Sequential(nn.Linear(6, 32), nn.ReLU(), nn.Linear(32, 3))
     opt = torch.optim.SGD(model.parameters(), lr=0.0)
@@ -221,4 +239,5 @@ def feedback_flat():
 
 {"actor_critic": actor_critic, "reinforce": reinforce, "bandit": bandit, "dqn": lambda: dqn(False), "dqn_hand": lambda: dqn(True),
  "dqn_diverge": lambda: dqn(True, float(sys.argv[4]) if len(sys.argv) > 4 else 0.8),
- "distill_flat": distill_flat, "feedback_flat": feedback_flat}[MODE]()
+ "distill_flat": distill_flat, "feedback_flat": feedback_flat,
+ "logsoftmax_flat": logsoftmax_flat}[MODE]()
