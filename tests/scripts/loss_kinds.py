@@ -191,6 +191,14 @@ def dqn(hand_written, lr=None):
         step += 1
 
 
+def _fit(opt, loss, step):
+    """One step of a look-alike's supervised loop (lr 0 here), its loss printed."""
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    print(f"step {step} loss {loss.item():.9g}")
+
+
 def distill_flat():
     teacher = nn.Sequential(nn.Linear(8, 64), nn.Tanh(), nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, 4))
     student = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
@@ -200,10 +208,7 @@ def distill_flat():
         with torch.no_grad():
             soft = F.softmax(teacher(x), dim=1)
         loss = F.kl_div(F.log_softmax(student(x), dim=1), soft, reduction="batchmean")
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        print(f"step {step} loss {loss.item():.9g}")
+        _fit(opt, loss, step)
 
 
 def logsoftmax_flat():
@@ -215,10 +220,7 @@ def logsoftmax_flat():
         logits = model(x)
         z = logits - logits.max(dim=1, keepdim=True)[0].detach()      # (a stable log-softmax by hand)
         loss = -(z.gather(1, y[:, None]) - z.exp().sum(1, keepdim=True).log()).mean()
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        print(f"step {step} loss {loss.item():.9g}")
+        _fit(opt, loss, step)
 
 
 def feedback_flat():
@@ -231,10 +233,7 @@ def feedback_flat():
         y = (x[:, 0] > 0).long() + (x[:, 1] > 0).long()
         loss = F.cross_entropy(logits, y)
         last = Categorical(logits=logits.detach()).sample()
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        print(f"step {step} loss {loss.item():.9g}")
+        _fit(opt, loss, step)
 
 
 {"actor_critic": actor_critic, "reinforce": reinforce, "bandit": bandit, "dqn": lambda: dqn(False), "dqn_hand": lambda: dqn(True),
