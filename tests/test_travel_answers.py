@@ -743,6 +743,23 @@ for step in range(10):
 '''
 
 
+def _lr_run(tmp_path, source: str, kind: str, commands: list) -> Ran:
+    """``source`` (its KIND ``kind``) as s.py, run by nndb in batch mode with ``commands``, no rules."""
+    (tmp_path / "s.py").write_text(_fixed(source, "KIND", kind))
+    argv = ["run", "--batch", "--nx", "--rules", "none", "--trace", str(tmp_path / "t.h5"), "--force"]
+    for c in commands:
+        argv += ["-e", c]
+    return Ran(nndb(*argv, "s.py", cwd=str(tmp_path)), argv + ["s.py"])
+
+
+def _plain_lrs(tmp_path, source: str, kind: str) -> dict:
+    """The lrs ``source`` (its KIND ``kind``) prints at each step under plain python (_lrs)."""
+    (tmp_path / "plain.py").write_text(_fixed(source, "KIND", kind))
+    plain = python(str(tmp_path / "plain.py"), forked=True)
+    assert plain.returncode == 0, plain.stderr
+    return _lrs(plain.stdout)
+
+
 def _lrs(text: str) -> dict:
     return {int(s): [float(v) for v in vs.split(", ")]
             for s, vs in re.findall(r"^step (\d+) lrs \[([^\]]*)\]", text, re.M)}
@@ -758,16 +775,9 @@ def test_set_lr_while_the_schedule_rises_holds_and_the_schedule_goes_on_scaled(t
     set.  SWALR annealing up from group 1 set to 0.04 (from 0.0671: 0.0691 next), the same.  It now judges the lr against what the schedule gives next,
     unchanged and followed from the change (a dry run of copies of its schedulers); predict
     --set judges so too."""
-    (tmp_path / "plain.py").write_text(_fixed(RISING, "KIND", kind))
-    plain = python(str(tmp_path / "plain.py"), forked=True)
-    assert plain.returncode == 0, plain.stderr
-    want = _lrs(plain.stdout)
-    (tmp_path / "s.py").write_text(_fixed(RISING, "KIND", kind))
-    argv = ["run", "--batch", "--nx", "--rules", "none", "--trace", str(tmp_path / "t.h5"), "--force"]
-    for c in ["break step 1", "continue", "predict 2 --set lr=" + command.split()[2], command, "predict 2",
-              "continue"]:
-        argv += ["-e", c]
-    r = Ran(nndb(*argv, "s.py", cwd=str(tmp_path)), argv + ["s.py"])
+    want = _plain_lrs(tmp_path, RISING, kind)
+    r = _lr_run(tmp_path, RISING, kind, ["break step 1", "continue", "predict 2 --set lr=" + command.split()[2],
+                                         command, "predict 2", "continue"])
     out = r.stdout + r.stderr
     assert "did not hold" not in out and "Traceback" not in out, out
     got = _lrs(r.stdout)
@@ -782,11 +792,8 @@ def test_set_lr_while_the_schedule_rises_holds_and_the_schedule_goes_on_scaled(t
 def test_set_lr_under_a_schedule_that_ignores_the_group_lr_still_warns(tmp_path):
     """A scheduler of the script's own, whose schedule is its own peak (no base_lrs): the lr
     set at step 1 is undone at the next step, the schedule's value with or without it."""
-    (tmp_path / "s.py").write_text(_fixed(RISING, "KIND", "peak"))
-    argv = ["run", "--batch", "--nx", "--rules", "none", "--trace", str(tmp_path / "t.h5"), "--force"]
-    for c in ["break step 1", "continue", "predict 2 --set lr=0.001", "set lr 0.001", "continue"]:
-        argv += ["-e", c]
-    r = Ran(nndb(*argv, "s.py", cwd=str(tmp_path)), argv + ["s.py"])
+    r = _lr_run(tmp_path, RISING, "peak", ["break step 1", "continue", "predict 2 --set lr=0.001", "set lr 0.001",
+                                           "continue"])
     out = r.stdout + r.stderr
     assert "Warning: the change lr=0.001 did not hold: it was [0.15000000000000002, 0.15000000000000002] " \
            "after step 2" in out, out
@@ -798,11 +805,7 @@ def test_set_lr_the_script_sets_again_over_its_schedule_warns(tmp_path):
     """The script sets the lr itself (0.05) over its OneCycleLR: 'set lr 0.02' at step 2, and
     step 3 ran at 0.05 again, nearer the followed schedule (0.0991 x 0.4) than the unchanged
     one (0.0991): only the followed schedule's own value is the change held."""
-    (tmp_path / "s.py").write_text(_fixed(RISING, "KIND", "override"))
-    argv = ["run", "--batch", "--nx", "--rules", "none", "--trace", str(tmp_path / "t.h5"), "--force"]
-    for c in ["break step 2", "continue", "set lr 0.02", "continue"]:
-        argv += ["-e", c]
-    r = Ran(nndb(*argv, "s.py", cwd=str(tmp_path)), argv + ["s.py"])
+    r = _lr_run(tmp_path, RISING, "override", ["break step 2", "continue", "set lr 0.02", "continue"])
     out = r.stdout + r.stderr
     assert "nndb: warning: 'set lr 0.02' did not hold: opt stepped with lr 0.05 in groups 0, 1 at step 3" in out, out
 
@@ -849,17 +852,10 @@ def test_set_lr_multiplies_the_whole_schedule_its_floor_too(tmp_path, kind):
     min_lr (its floor: the lr stopped halving at 0.02 where 0.0063 was the scaled one), the
     same.  Every group set by one factor: the floors are multiplied too, every later lr is the
     script's times new/old, and goto and predict --set replay it exactly."""
-    (tmp_path / "plain.py").write_text(_fixed(FLOORS, "KIND", kind))
-    plain = python(str(tmp_path / "plain.py"), forked=True)
-    assert plain.returncode == 0, plain.stderr
-    want = _lrs(plain.stdout)
-    (tmp_path / "s.py").write_text(_fixed(FLOORS, "KIND", kind))
-    argv = ["run", "--batch", "--nx", "--rules", "none", "--trace", str(tmp_path / "t.h5"), "--force"]
-    for c in ["break step 2", "continue", "predict 4 --set lr=0.02", "set lr 0.02", "until 9",
-              'p ("NOW", opt.param_groups[1]["lr"])', "goto 7", 'p ("AT7", opt.param_groups[1]["lr"])', "present",
-              "continue"]:
-        argv += ["-e", c]
-    r = Ran(nndb(*argv, "s.py", cwd=str(tmp_path)), argv + ["s.py"])
+    want = _plain_lrs(tmp_path, FLOORS, kind)
+    r = _lr_run(tmp_path, FLOORS, kind, ["break step 2", "continue", "predict 4 --set lr=0.02", "set lr 0.02",
+                                         "until 9", 'p ("NOW", opt.param_groups[1]["lr"])', "goto 7",
+                                         'p ("AT7", opt.param_groups[1]["lr"])', "present", "continue"])
     out = r.stdout + r.stderr
     assert "did not hold" not in out and "Traceback" not in out and "kept" not in out, out
     if kind == "sequential":    # (it said 'SequentialLR drives this optimizer: it adjusts the new lr at its next step')
@@ -880,10 +876,7 @@ def test_set_lr_multiplies_the_whole_schedule_its_floor_too(tmp_path, kind):
 def test_set_lr_in_one_group_says_the_floor_shared_by_all_is_kept(tmp_path):
     """eta_min is one for all groups: set in group 1 only, it cannot be multiplied for that
     group; nndb says it is kept, and the group's lr goes on toward it."""
-    (tmp_path / "s.py").write_text(_fixed(FLOORS, "KIND", "cosine"))
-    r = Ran(nndb("run", "--batch", "--nx", "--rules", "none", "--trace", str(tmp_path / "t.h5"), "--force",
-                 "-e", "break step 2", "-e", "continue", "-e", "set lr 0.02 group 1", "-e", "continue", "s.py",
-                 cwd=str(tmp_path)), ["s.py"])
+    r = _lr_run(tmp_path, FLOORS, "cosine", ["break step 2", "continue", "set lr 0.02 group 1", "continue"])
     out = r.stdout + r.stderr
     assert "CosineAnnealingLR follows: group 1 base_lrs 0.1 -> 0.0258065 (the schedule goes on from the new lr); " \
            "eta_min 0.01 kept (one for all groups, not multiplied: the groups set go on toward it)" in out, out
