@@ -840,6 +840,9 @@ class Tracer:
                 if not self.naming.knows(module):
                     self.naming.add_root(module, user_frame(2))
                 self._watch_params(module)     # (also parameters new in it: a head replaced, assign=True)
+                rec = self.recorder
+                if rec.acts and rec.recording and torch.is_grad_enabled():
+                    rec.pass_began()           # (its activations wait for a backward through them)
                 if self.within.root:
                     self.in_hook = True          # (the probes' own tensor work is not the step's)
                     # (a batch given by keyword, model(input_ids=..., labels=...): after the positional)
@@ -872,6 +875,11 @@ class Tracer:
         self._quietly(self._forward_post_quiet, module, args, output)
         if self.module_depth == 0:
             self._calls = {}             # (no module held past its pass: a model the script lets go dies)
+            if self.recorder._pass is not None:
+                try:
+                    self.recorder.pass_ended()
+                except Exception:
+                    self._fail()
         return None
 
     def _compiled_body(self, module) -> bool:

@@ -166,6 +166,25 @@ def first_float_tensor(out, depth: int = 0):
     return None
 
 
+class _Pass:
+    """A root module's forward pass whose activations wait apart (StepRecorder.pass_began):
+    ``home``, the segment it began in; ``bucket``, its activations; ``used``, [True] once a
+    backward ran through one of its modules' outputs (``hook``, a pre-hook on their autograd
+    nodes, holds that list and nothing else: a pass left behind is not kept alive by a graph);
+    ``node``, the last node hooked while it runs."""
+    __slots__ = ("home", "bucket", "used", "hook", "node")
+
+    def __init__(self, home: _Bucket):
+        self.home = home
+        self.bucket = _Bucket()
+        self.used = used = [False]
+        self.node = None
+
+        def hook(grad_outputs, used=used):
+            used[0] = True
+        self.hook = hook
+
+
 class StepRecorder:
     """Accumulates one step's statistics and emits a StepRecord when it closes.
 
@@ -208,6 +227,8 @@ class StepRecorder:
         self._snapshots: dict = {}          # id(optimizer) -> Snapshot
         # the last activation: (tensor ref, version), its host copy or (raw, full, hist), reused by a container
         self._last_act: tuple = (None, None, None)
+        self._pass: Optional[_Pass] = None      # the root module's forward pass in progress (pass_began)
+        self._passes: list = []                 # passes no backward has gone through yet (settle_passes)
         self.manual = False
         self._in_step: Optional[bool] = None     # inside optimizer.step(): has a loss been taken there?
         self._loss_dtype = torch.float32         # the dtype of the step's losses so far (their sum's)
@@ -277,7 +298,14 @@ class StepRecorder:
         t = output if type(output) is torch.Tensor else first_float_tensor(output)
         if t is None or not t.is_floating_point():
             return
-        self._cur.saw_act(("act",) + key)
+        p = self._pass
+        b = self._buckets[-1] if p is None else p.bucket
+        if p is not None and t.requires_grad:
+            node = t.grad_fn
+            if node is not None and node is not p.node:     # (a container's output is its last child's)
+                node.register_prehook(p.hook)
+                p.node = node
+        b.saw_act(("act",) + key)
         # The same tensor object, unchanged (an id alone is not enough: CPython
         # reuses a freed tensor's id for the next one, which once made a layer's
         # row repeat the previous step's model output).
@@ -293,12 +321,56 @@ class StepRecorder:
                 raw = S.raw_now(t, self.full)
                 arr, reduced = None, (raw, self.full, H.of_tensor(t, raw) if self.full else None)
         if reduced is not None:          # (a large tensor: its row and histogram, measured here or for the last module)
-            self._cur.add(("act",) + key, reduced[0].copy())
+            b.add(("act",) + key, reduced[0].copy())
             if reduced[2] is not None:
-                self._cur.add_hist(("act",) + key, reduced[2])
+                b.add_hist(("act",) + key, reduced[2])
         self._last_act = (same, arr, reduced)
         if arr is not None:
-            self._cur.deferred.append((("act",) + key, arr))
+            b.deferred.append((("act",) + key, arr))
+
+    # -- forward passes ---------------------------------------------------------
+    # A step's activations are those of the forward passes its backward went through.  A pass
+    # with autograd on whose output no backward of the step reaches (a validation pass under
+    # model.eval() without no_grad(), a DQN's target network, rollouts collected with autograd
+    # on) is no part of it: merged into the step, its elements were 33,024 where the training
+    # batch's were 1,024, its norm the validation data's.  So a pass's activations wait apart
+    # (``_Pass``) until a backward has run through one of its modules' outputs (a pre-hook on
+    # their autograd nodes), and leave with the step if none did.  Only on the steps that
+    # record activations (the observed ones): the usual step has no module hooks.
+
+    def pass_began(self) -> None:
+        """A root module's forward begins, with autograd on, on a step that records activations."""
+        if self._pass is not None:           # (one that never returned: its forward raised)
+            self.pass_ended()
+        self._pass = _Pass(self._buckets[-1])
+
+    def pass_ended(self) -> None:
+        """The root module's forward returned: its activations into its step now if no
+        backward can reach them (no output that requires a gradient: a frozen teacher's),
+        else they wait for one (``settle_passes``)."""
+        p, self._pass = self._pass, None
+        if p is None or p.bucket.empty():
+            return
+        if p.node is None:
+            (p.home if any(p.home is b for b in self._buckets) else self._buckets[-1]).merge(p.bucket)
+            return
+        p.node = None                        # (no autograd node held past its pass)
+        self._passes.append(p)
+
+    def settle_passes(self, closing: Optional[list] = None) -> None:
+        """The passes a backward went through since, into the segment they began in; with
+        ``closing`` (the segments of a step that closes), those of its segments no backward
+        went through leave.  A pass whose segment is gone (an iteration a GradScaler
+        skipped: ``scaler_skipped``) leaves with it."""
+        keep = []
+        for p in self._passes:
+            live = any(p.home is b for b in self._buckets)
+            if p.used[0]:
+                if live:
+                    p.home.merge(p.bucket)
+            elif live and (closing is None or not any(p.home is b for b in closing)):
+                keep.append(p)
+        self._passes = keep
 
     def clip_norm(self, total, max_norm=None, scaled: bool = False) -> None:
         """What ``clip_grad_norm_`` returned: the gradients' total norm before it clipped
@@ -542,6 +614,8 @@ class StepRecorder:
             closed, rest = self._buckets[:retro], self._buckets[retro:]
         else:
             closed, rest = self._buckets, []
+        if self._passes:
+            self.settle_passes(closed)
         if self._set_aside is not None and self._set_aside[0] in closed:
             self._set_aside = self._grads_after = None
         bucket = closed[0] if len(closed) == 1 else _Bucket()
