@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from conftest import example
+from conftest import example, nndb as nndb_cli
 from nndb.cli import cli
 from nndb.render import plotdata as D
 from nndb.store.measured import measured
@@ -306,6 +306,35 @@ def test_layers_are_in_the_models_registration_order_not_the_optimizers(tmp_path
     with TraceReader(path) as r:
         old = D.heatmap(r, "grad", "norm")
     assert old.layers == recorded and old.order == "recording order: this trace predates the model order"
+
+
+KFOLD = """
+import torch, torch.nn as nn
+torch.manual_seed(0)
+X = torch.randn(60, 4); y = (X[:, 0] > 0).long()
+for fold in range(3):
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for i in range(3):
+        opt.zero_grad()
+        nn.functional.cross_entropy(model(X), y).backward()
+        opt.step()
+"""
+
+
+def test_a_k_fold_trace_draws_each_fold_s_layers_in_the_order_the_folds_ran(tmp_path):
+    """Each fold's model is a modules row of its own: the layers were ordered by the last
+    row alone, so the last fold's came first, above the first fold's, the second's last."""
+    path = str(tmp_path / "t.h5")
+    script = tmp_path / "kfold.py"
+    script.write_text(KFOLD)
+    r = nndb_cli("run", "--batch", "-q", "--rules", "none", "--trace", path, str(script))
+    assert r.returncode == 0, r.stderr
+    with TraceReader(path) as t:
+        layers = D.heatmap(t, "grad", "norm").layers
+        first = {name: int(t.history(s)[0][0]) for name, s in ((s.name, s) for s in t.series() if s.kind == "grad")}
+    assert layers == sorted(layers, key=lambda name: first[name]) and len(layers) == 12, layers
+    assert layers[:4] == ["0.weight", "0.bias", "2.weight", "2.bias"], layers
 
 
 def test_steps_after_the_last_measured_one_are_drawn_not_measured(tmp_path):

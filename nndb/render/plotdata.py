@@ -123,15 +123,21 @@ def _module_of(s) -> Optional[str]:
 
 def in_model_order(reader, series: list) -> tuple:
     """(``series`` in the model's registration order, the order's label):
-    by their module's place in the trace's last ``modules`` row (a root's own
-    parameters at the root; kinds and names kept in the trace's order within a
-    module; a series of no known module after the others).  A trace without
-    the rows: the series' order, labelled ORDER_UNKNOWN."""
+    by their module's place in the trace's ``modules`` rows, the first row's
+    modules first and each later row's new ones after them, in its order (a
+    root's own parameters at the root; kinds and names kept in the trace's
+    order within a module; a series of no known module after the others).
+    Not the last row alone: a k-fold loop's rows are each fold's model, and its
+    last fold's layers came first, above the first fold's, the second fold's
+    below them.  A trace without the rows: the series' order, labelled
+    ORDER_UNKNOWN."""
     rows = reader.modules()
     if not rows:
         return list(series), ORDER_UNKNOWN
-    names = rows[-1].get("modules") or []
-    place = {n: i for i, n in enumerate(names)}
+    place: dict = {}
+    for row in rows:
+        for n in row.get("modules") or []:
+            place.setdefault(n, len(place))
 
     def key(item):
         i, s = item
