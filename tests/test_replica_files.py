@@ -273,3 +273,38 @@ def test_a_replica_s_compiler_reads_what_it_wrote_in_its_temporary_directory_and
     assert "('PAST', 'tmp 3 cache 3')" in r.stdout, r.stdout + r.stderr
     assert "built tmp 8 cache 8" in r.stdout
     assert "nndb could not send" not in r.stderr, r.stderr          # (the cache: torch's, not the user's)
+
+
+# A step that saves a checkpoint, checks it is there, restores it and removes it (Lightning's
+# Tuner.lr_find does so with fsspec's exists()); and a file removed at step 3 that the run writes
+# again at step 6, so it is there for real when the past at step 5 asks.
+CHECKS = '''import os, torch, torch.nn as nn
+open("note.txt", "w").write("first")''' + LOOP + '''
+    if step == 3:
+        torch.save(m.state_dict(), "restore.pt")
+        if not os.path.exists("restore.pt") or os.path.getsize("restore.pt") == 0:
+            raise FileNotFoundError("Checkpoint file not found: restore.pt")
+        m.load_state_dict(torch.load("restore.pt"))
+        os.remove("restore.pt")
+        os.remove("note.txt")
+    if step == 6:
+        open("note.txt", "w").write("again")
+'''
+
+
+def test_a_replica_finds_the_file_it_wrote_and_not_the_one_it_removed(tmp_path):
+    """'replay --verify' across such a step said 'the replay ended early (failed:
+    FileNotFoundError: Checkpoint file not found: restore.pt) after 3 step(s)
+    matched': the replica's torch.save went to a scratch copy, but os.stat asked
+    the real path, where no file was; and a file it removed was still there for it."""
+    (tmp_path / "s.py").write_text(CHECKS)
+    argv = ["run", "--batch", "--nx", "--rules", "none", "--trace", str(tmp_path / "t.h5"), "--force"]
+    for c in ["until 7", "replay --verify", "goto 5", 'p ("THERE", os.path.exists("restore.pt"), '
+              'os.path.isfile("note.txt"))', "present", "continue"]:
+        argv += ["-e", c]
+    r = Ran(nndb(*argv, "s.py", cwd=str(tmp_path)), argv + ["s.py"])
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    assert re.search(r"replay --verify 0:8: 8 step\(s\) replayed .*identical to the trace", r.stdout), r.stdout
+    # (a step ends in opt.step(): the past at step 5 has run iteration 3's removals, not iteration 6's write)
+    assert "('THERE', False, False)" in r.stdout, r.stdout + r.stderr
+    assert (tmp_path / "note.txt").read_text() == "again" and not (tmp_path / "restore.pt").exists()

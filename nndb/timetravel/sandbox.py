@@ -24,6 +24,16 @@ in the replica read the copy:
   leave the real files as they are; ``os.chmod``/``os.utime`` of a real
   file change its scratch copy.
 
+What the replica asks of a path (``os.stat``/``os.lstat``: ``os.path.exists``,
+``isfile``, ``getsize``, ``pathlib``'s ``exists()``, fsspec's) is answered as
+its own writes left it: a file it wrote, the copy's; one it removed or renamed
+away, no file (a real file stays, but not for the replica), as is reading it.
+(Before, a file the replica wrote was not there for ``os.path.exists`` unless
+the real one was, and one it removed still was: a step that saves a
+checkpoint, checks that it exists, restores and removes it, as Lightning's
+``Tuner.lr_find`` does, failed every replay past it with ``FileNotFoundError``.)
+A directory's listing (``os.listdir``, ``glob``) is the real one's.
+
 A file the script opened before the replica began (its log, a ``logging``
 handler's) is open in the replica through the live run's file descriptor,
 which shares the live run's file and offset: as the replica begins, each
@@ -52,6 +62,7 @@ among them, failed: issue 39).
 from __future__ import annotations
 
 import builtins
+import errno
 import io
 import os
 import shutil
@@ -68,6 +79,8 @@ class Sandbox:
         self.pid = os.getpid()
         # real path -> its scratch copy (a parent replica's copies are read, never written)
         self.moved: dict = dict(base.moved) if base is not None else {}
+        # real paths (files or directories) the replica removed or renamed away: not there for it
+        self.gone: set = set(base.gone) if base is not None else set()
         self.writes = 0
         self._open = base._open if base is not None else builtins.open
         # Directories of no user's: the temporary directories this replica made (and its parent's),
@@ -92,11 +105,16 @@ class Sandbox:
     def mkdir(self, path, *args, **kwargs):
         """Made for real; one made in the temporary directory (``tempfile.mkdtemp``'s) is the
         replica's own: what it writes there is written for real."""
-        _os_mkdir(path, *args, **kwargs)
-        if "dir_fd" not in kwargs and not isinstance(path, int):
-            p = os.path.abspath(os.fsdecode(os.fspath(path)))
-            if p.startswith(_temp_root() + os.sep):
-                self.made.append(p)
+        p = None if "dir_fd" in kwargs or isinstance(path, int) else os.path.abspath(os.fsdecode(os.fspath(path)))
+        again = p is not None and self._is_gone(p)          # (removed here: made again, for the replica)
+        self.gone.discard(p)
+        try:
+            _os_mkdir(path, *args, **kwargs)
+        except FileExistsError:
+            if not again:
+                raise
+        if p is not None and p.startswith(_temp_root() + os.sep):
+            self.made.append(p)
 
     def _own(self, scratch: str) -> bool:
         return scratch.startswith(self.root + os.sep)
@@ -120,12 +138,35 @@ class Sandbox:
         if p is None:
             return file
         self.writes += 1
-        return self._copy_of(p, keep)
+        scratch = self._copy_of(p, keep)        # (a file it removed starts empty: not there for stat)
+        self.gone.discard(p)
+        return scratch
+
+    def _is_gone(self, p: str) -> bool:
+        return p not in self.moved and any(p == g or p.startswith(g + os.sep) for g in self.gone)
+
+    @staticmethod
+    def _no_file(file):
+        return FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), file)
 
     def read_path(self, file):
-        """Where a read of ``file`` goes: its scratch copy once written here."""
+        """Where a read of ``file`` goes: its scratch copy once written here;
+        one the replica removed is not there (FileNotFoundError)."""
         p = self._real(file)
-        return self.moved.get(p, file) if p is not None else file
+        if p is None:
+            return file
+        if self._is_gone(p):
+            raise self._no_file(file)
+        return self.moved.get(p, file)
+
+    def _stat(self, real_call):
+        """os.stat/os.lstat (os.path.exists, isfile, getsize, pathlib) as the
+        replica's writes left the path: its copy's, or no file where it removed it."""
+        def stat(path, *args, **kwargs):
+            if "dir_fd" not in kwargs and not isinstance(path, int) and (self.gone or self.moved):
+                path = self.read_path(path)
+            return real_call(path, *args, **kwargs)
+        return stat
 
     def open(self, file, mode="r", *args, **kwargs):
         if any(c in mode for c in "wax+"):
@@ -154,18 +195,26 @@ class Sandbox:
         p = self._real(path) if not (args or kwargs) else None      # (dir_fd: nndb's own cleanup)
         if p is None:
             return _os_remove(path, *args, **kwargs)
+        if self._is_gone(p):
+            raise self._no_file(path)       # (removed here already; a real file that is not there now may
+                                            # be one the live run removed since the checkpoint: left alone)
         scratch = self.moved.pop(p, None)
         if scratch is not None and self._own(scratch) and os.path.exists(scratch):
             _os_remove(scratch)
+        self.gone.add(p)
 
     def rename(self, src, dst, *args, **kwargs):
         s, d = (self._real(src), self._real(dst)) if not (args or kwargs) else (None, None)
         if s is None and d is None:
             return _os_rename(src, dst, *args, **kwargs)
+        if s is not None and self._is_gone(s):
+            raise self._no_file(src)
         source = self.moved.pop(s, s) if s is not None else src
         target = self.write_path(d, keep=False) if d is not None else dst
         if os.path.isfile(source):
             shutil.copyfile(source, target)
+        if s is not None:
+            self.gone.add(s)
 
     def rmtree(self, path, *args, **kwargs):
         p = self._real(path)
@@ -175,6 +224,7 @@ class Sandbox:
             scratch = self.moved.pop(real)
             if self._own(scratch) and os.path.isfile(scratch):
                 _os_remove(scratch)
+        self.gone.add(p)
 
     def _h5_make_fid(self, real_make_fid):
         def make_fid(name, mode, *args, **kwargs):
@@ -276,6 +326,7 @@ class Sandbox:
         os.chmod, os.utime = self._metadata(_os_chmod), self._metadata(_os_utime)
         os.remove = os.unlink = self.remove
         os.rename = os.replace = self.rename
+        os.stat, os.lstat = self._stat(_os_stat), self._stat(_os_lstat)
         os.mkdir = self.mkdir
         shutil.rmtree = self.rmtree
         import h5py._hl.files as h5files          # (nndb imports both before any replica)
@@ -292,6 +343,7 @@ class Sandbox:
 _os_remove, _os_rename, _os_open, _os_truncate = os.remove, os.rename, os.open, os.truncate
 _os_chmod, _os_utime, _rmtree = os.chmod, os.utime, shutil.rmtree
 _os_mkdir = os.mkdir
+_os_stat, _os_lstat = os.stat, os.lstat
 
 
 def _temp_root() -> str:
