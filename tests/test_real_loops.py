@@ -2,6 +2,7 @@
 run through ``nndb run``: the script prints what plain Python prints, and
 what nndb answers (the trace's loss, ``p $loss`` after ``goto``,
 ``reverse-continue``...) is the loss the plain run printed at that step."""
+import os
 import re
 import textwrap
 
@@ -9,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import Ran, nndb, plain_and_recorded, python
+from conftest import ROOT, Ran, nndb, plain_and_recorded, python
 
 # dcgan's shape as it comes (--workers 2): a DataLoader with worker processes,
 # so nndb takes no fork checkpoints and replays from the start (respawn).
@@ -507,6 +508,26 @@ def test_a_steps_loss_is_the_objective_its_optimizer_applies_as_the_script_print
     assert re.search(r"\('AT', '([^']+)'\)", r.stdout).group(1) == printed[3], r.stdout
     assert re.search(r"^backward passes\s+2$", r.stdout, re.M), r.stdout
 
+
+
+def test_a_micro_batch_whose_parameters_are_frozen_later_in_the_step_keeps_its_loss(tmp_path):
+    """tests/scripts/toggle_accumulation.py: Lightning's toggle_optimizer with gradient
+    accumulation.  The second micro-batch's backward found every parameter that needs a
+    gradient without one (the first half frozen by then, holding its gradient), took the
+    first micro-batch's loss for one zero_grad() had thrown away, and dropped it: $loss
+    and the trace read 0.4868 at step 3, the script 1.5617."""
+    from nndb.store.reader import TraceReader
+    script = os.path.join(ROOT, "tests", "scripts", "toggle_accumulation.py")
+    plain = python(script, forked=True)
+    printed = _printed(plain.stdout)
+    trace = str(tmp_path / "t.h5")
+    r = Ran(nndb("run", "--batch", "-q", "--nx", "--trace", trace, "-e", "until 3", "-e", 'p ("AT", repr($loss))',
+                 "-e", "continue", script, cwd=str(tmp_path)), [])
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    assert re.search(r"\('AT', '([^']+)'\)", r.stdout).group(1) == printed[3], (r.stdout, printed)
+    with TraceReader(trace) as t:
+        steps, losses = t.history(t.find("loss", "loss")[0], "mean")
+    assert {int(s): repr(float(v)) for s, v in zip(steps, losses)} == printed
 
 
 # A loss taken before optimizer.step(closure) whose gradients the step throws away before its

@@ -488,12 +488,20 @@ class StepRecorder:
         # (gradient accumulation comes here at every micro-batch: the optimizers' parameters
         # first, where the first one with a gradient ends the look)
         seen = False
+        marks = self._grad_marks
         for params in ([p for _, plan in self._plans.values() for p in plan.params], self.naming.root_params()):
             for p in params:
+                g = p.grad
                 if p.requires_grad:
-                    if p.grad is not None:
+                    if g is not None:
                         return
                     seen = True
+                elif g is not None and not _same_grad(marks.get(id(p)), g):
+                    # (frozen for this backward only, its gradient made since its last step:
+                    # Lightning's toggle_optimizer freezes the parameters of every optimizer but
+                    # one, and with gradient accumulation the step applies what the micro-batches
+                    # before made: their losses were dropped, $loss read 0.4868 for 1.5617)
+                    return
         if seen:
             row = b.entries.pop(_PENDING_LOSS, None)
             hist = b.hists.pop(_PENDING_LOSS, None)
