@@ -322,6 +322,19 @@ def test_backward_module_breakpoint_and_hit_counts_in_info_breakpoints(tmp_path)
     assert not re.search(r"^3\s", table, re.M)
 
 
+def test_info_step_inside_a_step_shows_the_last_recorded_step_s_loss(tmp_path):
+    """At a module stop inside step 3, 'info step' listed step 2 as the last recorded
+    step with its backward passes and optimizer steps, and 'loss -' under them: the
+    row took $loss, which is not measured inside a step (the trace held step 2's)."""
+    t = session(tmp_path, "mlp.py", ["until 2", "stats loss", "b module 4 backward", "c", "info step", "p $loss"],
+                steps=6)
+    at_2 = re.search(r"^loss\s+loss\s+1\s+(\S+)", t.after("stats loss"), re.M).group(1)
+    info = t.after("info step")
+    assert re.search(r"^last recorded step\s+2$", info, re.M) and re.search(r"step in progress\s+3", info), info
+    assert re.search(rf"^loss\s+{re.escape(at_2)}$", info, re.M), (at_2, info)
+    assert t.after("p $loss").strip() == "not measured"
+
+
 BREAKPOINT_ERRORS = [
     ("break step 99 if $loss >", "syntax error in '$loss >'"),
     ("break frob", "cannot break on 'frob': nndb breaks at training steps and module calls, not at source lines"),

@@ -345,8 +345,10 @@ def _info_step(s):
         rows.append(("last recorded step", rec.step))
         rows.append(("backward passes", rec.backward_count))
         rows.append(("optimizer steps", rec.optimizer_steps))
-        loss = s.view.variables()["loss"]
-        rows.append(("loss", loss))
+        # (that step's, as the two rows above: at a stop inside the next step $loss is not
+        # measured, and the row said '-' under a step whose loss the trace holds)
+        loss = s.view.last_loss()
+        rows.append(("loss", "-" if loss is None else loss))
     if s.rec is not None:
         rows.append(("step clock", s.rec.tracer.clock.mode.name.lower()))
     rows.append(("trace", s.log.trace_path or "-"))
