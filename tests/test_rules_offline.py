@@ -432,6 +432,44 @@ def test_each_clip_grad_norm_call_is_a_series_a_watch_reads(tmp_path):
     assert [float(v) for v in norms] == [printed[int(s)] for s in steps]
 
 
+
+HAND_CLIPPED = """
+import torch
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1))
+x, y = torch.randn(64, 8), torch.randn(64, 1)
+for step in range(8):
+    model.zero_grad()
+    loss = torch.nn.functional.mse_loss(model(x), y) * (1.0 if step < 5 else 100.0)
+    loss.backward()
+    total = torch.nn.utils.clip_grad_norm_(model.parameters(), 0.25)
+    for p in model.parameters():
+        p.data.add_(p.grad, alpha=-0.5)
+    print(step, repr(loss.item()), repr(total.item()))
+"""
+
+
+def test_a_hand_written_loop_s_clip_is_its_own_step_s_in_the_trace_and_for_a_watch(tmp_path):
+    """word_language_model's loop (no optimizer: backward, clip_grad_norm_, p.data.add_): the
+    step ends as backward() returns, and the clip that follows measured that step's
+    gradients.  It went into the next step: the trace's clip_grad_norm_ at step 3 was
+    step 2's total (0.2416 where the script's was 1.7196), and a watch on it stopped a step
+    late.  Now each step holds its own total, and a watch names the step that crossed."""
+    script = tmp_path / "hand.py"
+    script.write_text(HAND_CLIPPED)
+    r = nndb("run", "--batch", "--nx", "--rules", "none", "--trace", str(tmp_path / "t.h5"),
+             "-e", "watch grad clip_grad_norm_ > 10", "-e", "continue", "-e", "kill", str(script), cwd=str(tmp_path))
+    printed = {int(line.split()[0]): float(line.split()[2]) for line in python_out(script)}
+    first = min(k for k, v in printed.items() if v > 10)
+    assert f"Watchpoint 1: grad clip_grad_norm_ norm = {printed[first]:.4g} (> 10) at step {first}" in r.stdout, \
+        r.stdout + r.stderr
+    import nndb as api
+    with api.open(str(tmp_path / "t.h5")) as t:
+        steps, norms = t.history("clip_grad_norm_", "grad", "norm")
+    assert list(steps) == list(range(len(steps))) and len(steps) >= first
+    assert [float(v) for v in norms] == [printed[int(s)] for s in steps]
+
+
 SPARE_OPTIMIZER_CLIP = """
 import torch
 torch.manual_seed(0)

@@ -132,6 +132,9 @@ class Watch(Point):
     # the same answer, the streak not counted twice (rc from a watch's second hit found no
     # first one: resumed at the first's stop, the streak went 1 -> 2, no hit)
     checked: list = field(default_factory=list)
+    # the same for the series a hand-written loop's step has only with its record, at the
+    # next step's end: clip_grad_norm_'s total, which the script computes after backward()
+    checked_late: list = field(default_factory=list)
 
     type_name = "watchpoint"
 
@@ -152,6 +155,7 @@ class Watch(Point):
         self.band.clear()
         self.streak.clear()
         self.checked.clear()
+        self.checked_late.clear()
 
     def series(self, names) -> list:
         """The (name, kind) pairs of ``names`` this watch looks at."""
@@ -346,10 +350,11 @@ class Points(collections.abc.Mapping):
                 # steps (a replica replays the past): keep ours, or start afresh
                 old = mine.get(n)
                 if isinstance(old, Watch) and old.what() == p.what():
-                    p.band, p.streak, p.checked = old.band, old.streak, old.checked
+                    p.band, p.streak, p.checked, p.checked_late = old.band, old.streak, old.checked, old.checked_late
                 else:
                     p.streak.clear()
                     p.checked.clear()
+                    p.checked_late.clear()
         self._next_number = max(self._next_number, int(state.get("next_number", 1)))
         self.displays = []
         for n, src in state.get("displays", []):

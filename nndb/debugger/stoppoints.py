@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from ..errors import CommandError, KillRun, RestartRun
+from ..schema import CLIP_SERIES
 from ..tracer.recorder import LATE_KINDS
 from . import evaluate as E
 from . import points as P
@@ -278,14 +279,11 @@ class StopPoints:
                     detail = self._expr_hit(p, step)
                 elif isinstance(p, P.Watch):
                     seen = record if p.kind in LATE_KINDS else known
-                    if seen is not None and p.checked and p.checked[0] == seen.step:
-                        detail = dict(p.checked[1]) if p.checked[1] is not None else None
-                    elif seen is not None:
-                        detail = p.check(*self._watch_rows(p, seen))
-                        self._say_zero_baselines(p)
-                        if detail is not None:
-                            detail["step"] = seen.step
-                        p.checked[:] = [seen.step, dict(detail) if detail is not None else None]
+                    detail = self._judge_watch(p, seen, p.checked)
+                    if detail is None and p.kind == "grad" and record is not None and known is not record:
+                        # (a hand-written loop: clip_grad_norm_'s total of step N, taken after
+                        # its backward, comes with its record at N+1's end)
+                        detail = self._judge_watch(p, record, p.checked_late, clips=True)
             except CommandError as e:
                 detail = {"error": str(e)}
             if detail is not None and self.point_hits(p, detail):
@@ -333,6 +331,24 @@ class StopPoints:
         value = E.evaluate(E.compile_expr(p.expr), frame, self.view.variables(frame, step_end=True),
                            what=f"break if {p.expr}: ")
         return {"expr": p.expr, "step": step} if value else None
+
+    def _judge_watch(self, p: P.Watch, seen, memo: list, clips: bool = False) -> Optional[dict]:
+        """The detail of ``p``'s hit at the record ``seen`` (``clips``: its
+        clip_grad_norm_ series alone), or None; ``memo`` ([step, detail]) keeps
+        the answer, so that a step judged again gives it without counting twice."""
+        if seen is None:
+            return None
+        if memo and memo[0] == seen.step:
+            return dict(memo[1]) if memo[1] is not None else None
+        rows, scale = self._watch_rows(p, seen)
+        if clips:
+            rows = [(n, v) for n, v in rows if n.split("#")[0] == CLIP_SERIES]
+        detail = p.check(rows, scale)
+        self._say_zero_baselines(p)
+        if detail is not None:
+            detail["step"] = seen.step
+        memo[:] = [seen.step, dict(detail) if detail is not None else None]
+        return detail
 
     def _watch_rows(self, p: P.Watch, record) -> tuple:
         """([(name, value)] of the series ``p`` watches at this record, the

@@ -379,7 +379,21 @@ class StepRecorder:
         script's own ``.item()`` of it would be).  Its ``max_norm`` (whether it clipped:
         total > max_norm) and ``scaled`` (it measured gradients a GradScaler had not unscaled
         yet) go into the record's ``clips`` (live only: a trace does not keep them)."""
-        if not self.recording or not isinstance(total, torch.Tensor) or total.numel() != 1:
+        if not isinstance(total, torch.Tensor) or total.numel() != 1:
+            return
+        if self.manual and not any(b.backward_count for b in self._buckets):
+            # A hand-written loop's step ends as its backward() returns, before the script
+            # clips and updates: a clip_grad_norm_ before the next backward measured that
+            # step's gradients and is its row, in the record that waits for its update (it
+            # went into the next step's: the series ran a step behind the script's values).
+            pend = self._manual_pending
+            if pend is not None:       # (None: that step was not recorded)
+                b = pend[1]
+                key = ("clip", CLIP, sum(1 for k in b.entries if k[0] == "clip"))
+                b.add(key, S.scalar_row(float(S.local(total).item())))
+                b.clip_limits[key] = (_max_norm(max_norm), scaled)
+            return
+        if not self.recording:
             return
         i = sum(1 for b in self._buckets for k in b.entries if k[0] == "clip")
         key = ("clip", CLIP, i)
