@@ -216,3 +216,17 @@ def test_links_between_the_documents_resolve():
             elif anchor and dest.endswith(".md") and anchor not in _anchors(dest):
                 broken.append(f"{os.path.relpath(path, ROOT)}: {target} (no such heading)")
     assert broken == []
+
+
+# -- the command table's usage lines ------------------------------------------------------------
+
+def test_each_usage_line_names_its_own_command():
+    """A usage line's alternatives (``A | B``) that start with a command's name
+    start with this command's: 'help tbreak' (and docs/commands.md) read
+    'tbreak step N | break module GLOB ... | break if EXPR', two of its three
+    forms another command's."""
+    from nndb.commands import TABLE
+    names = {c.name for c in TABLE.commands}
+    wrong = [c.usage for c in TABLE.commands for alt in c.usage.split(" | ")
+             if alt.split() and alt.split()[0] in names and alt.split()[0] != c.name]
+    assert wrong == []

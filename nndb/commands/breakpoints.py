@@ -203,7 +203,7 @@ $grad['NAME'].norm, $act['NAME'].zero_frac ... give the step's statistics ($loss
 optimizer, the first one's; $losses['loss/NAME'].mean the others').""",
             _break, _break_arg, aliases=("b", "br"), args=("sub:step|module|if", "module", "sub:forward|backward|fail"),
             group="breakpoints", ranks="suffix"),
-    Command("tbreak", "tbreak " + P.BREAK_USAGE[6:], "Set a temporary breakpoint: deleted when it first stops the run.",
+    Command("tbreak", P.BREAK_USAGE.replace("break ", "tbreak "), "Set a temporary breakpoint: deleted when it first stops the run.",
             _tbreak, _break_arg, aliases=("tb",), args=("sub:step|module|if", "module", "sub:forward|backward|fail"),
             group="breakpoints", ranks="suffix"),
     Command("watch", P.WATCH_USAGE, """Stop when a recorded statistic of matching tensors crosses a value.
