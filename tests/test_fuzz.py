@@ -179,6 +179,19 @@ def test_nndb_fuzz_finds_nothing_on_the_healthy_model(tmp_path):
     assert rep["found"] is None and rep["tried"] == 300 and rep["loss_reproduced"] is True
     assert rep["coverage"] > rep["seed_coverage"] == 32
     assert not list(tmp_path.glob("*.pt"))
+    # every key docs/report.md lists is there ('saved' and 'location' were left out when
+    # nothing was found: a reader's rep["saved"], documented "string or null", raised KeyError)
+    assert set(_documented_fuzz_keys()) - set(rep) == set()
+    assert rep["saved"] is None and rep["location"] is None
+
+
+def _documented_fuzz_keys() -> list:
+    text = open(os.path.join(ROOT, "docs", "report.md"), encoding="utf-8").read()
+    table = text.split("## `nndb fuzz`", 1)[1].split("| key |", 1)[1]
+    keys = [k for line in table.splitlines() if line.startswith("| `")
+            for k in re.findall(r"`(\w+)`", line.split("|")[1])]
+    assert "found" in keys and "saved" in keys and "notes" in keys
+    return keys
 
 
 def test_nndb_fuzz_exit_codes_and_integer_inputs(tmp_path):
@@ -188,6 +201,7 @@ def test_nndb_fuzz_exit_codes_and_integer_inputs(tmp_path):
     assert r.returncode == 1, r.stderr
     rep = json.loads(r.stdout)
     assert rep["found"]["what"] == "condition" and rep["step"] == 3
+    assert rep["location"] is None and rep["saved"] == str(save)
     assert rep["inputs"][0]["mutation"] == "int in [0, 49] (the embedding's num_embeddings=50)"
     ids = torch.load(save, weights_only=True)["inputs"][0]
     assert ids.dtype == torch.int64 and int(ids.min()) >= 0 and 45 <= int(ids.max()) <= 49

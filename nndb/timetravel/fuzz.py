@@ -183,6 +183,7 @@ class FuzzRole(Role):
                    goal={"until": goal.until, "against": goal.against,
                          "tolerance": getattr(ev, "tolerance", None)},
                    evaluations=ev.evaluations, budget=cfg.budget, seed=cfg.seed, scale=cfg.scale)
+        out["location"] = out["saved"] = None          # (the JSON report's keys are always there)
         if res.found is not None:
             if res.found.get("what") == "nan":
                 out["location"] = _locate(s, ev, res.inputs, res.found, step)
