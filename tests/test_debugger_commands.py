@@ -934,6 +934,14 @@ def test_list_a_range_and_longlist_as_pdb_and_gdb_have_them(tmp_path):
     assert sum(l[5:7] == "->" for l in ll) == 1 and "step()" in [l for l in ll if l[5:7] == "->"][0]
 
 
+
+def test_list_past_the_end_names_the_lines_asked_for(tmp_path):
+    """'list 9999' lists 9994-10004 (11 lines around it, as pdb): it said "line 9994 is past the
+    end", a line nobody asked for; it names the window and the file's length."""
+    n = len(open(example("mlp.py")).read().splitlines())
+    t = session(tmp_path, "mlp.py", ["until 1", "list 9999"], steps=3)
+    assert f"lines 9994-10004 are past the end of {example('mlp.py')} ({n} lines)" in t.after("list 9999"), t.text
+
 def test_a_silent_breakpoint_shows_no_displays_a_noisy_one_does(tmp_path):
     """gdb shows nothing at a 'silent' breakpoint's stop but what its commands print, displays included;
     nndb printed every display there ('1: $step = 1' before the commands' own line at each hit, the

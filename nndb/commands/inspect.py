@@ -295,7 +295,9 @@ def _source_lines(s, frame, first: int, last: int, lineno: int) -> list:
         mark = "->" if n == lineno else "  "
         lines.append(f"{n:4d} {mark} {src.rstrip()}")
     if not lines:
-        raise CommandError(f"line {first} is past the end of {filename}")
+        # ('list 9999' lists 9994-10004: it said "line 9994 is past the end", a line not asked for)
+        n = len(linecache.getlines(filename, frame.f_globals))
+        raise CommandError(f"lines {first}-{last} are past the end of {filename} ({n} lines)")
     s.here.list_position = ((filename, s.here.frame_index), first + len(lines))
     return lines
 
