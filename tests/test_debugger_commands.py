@@ -13,7 +13,7 @@ import re
 
 import pytest
 
-from conftest import Transcript, example
+from conftest import Transcript, example, nndb
 from nndb.run.config import RunConfig
 from nndb.driver import DebugOptions, debug
 from nndb.frontends.batch import ScriptedFrontend
@@ -962,3 +962,16 @@ def test_until_alone_is_next_and_continue_n_off_a_breakpoint_says_it_ignores_n(t
     assert t.after("p $step").strip() == "0" and t.after("p $step", 2).strip() == "1"
     assert t.after("u").startswith("Step 1 finished")
     assert t.after("c 3").startswith("Not stopped at any breakpoint; argument ignored.")
+
+
+def test_the_prompt_measures_every_statistic_and_batch_mode_keeps_the_rhythm(tmp_path):
+    """docs/commands.md's table of what is recorded when is a batch run's: at the prompt every
+    step measures all ten statistics (someone may print any), which the document did not say
+    (it said a mean between full steps is 'not measured' there too)."""
+    t = session(tmp_path, "mlp.py", ["until 3", "p $grad['0.weight'].mean"], steps=5)
+    assert re.fullmatch(r"-?\d\.\d+(e-?\d+)?", t.after("p $grad['0.weight'].mean").strip()), t.text
+    b = nndb("run", "--batch", "-q", "--nx", "--rules", "none", "--trace", str(tmp_path / "b.h5"), "-e", "until 3",
+             "-e", "p ('AT', $step, $grad['0.weight'].mean)", "-e", "kill", example("mlp.py"), "--steps", "5")
+    assert "('AT', 3, not measured)" in b.stdout, b.stdout + b.stderr
+    doc = " ".join(open(os.path.join(os.path.dirname(os.path.dirname(__file__)), "docs", "commands.md")).read().split())
+    assert "At the prompt (`nndb run` at a terminal) every recorded step measures all ten statistics" in doc
