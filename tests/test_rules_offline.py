@@ -468,6 +468,12 @@ def test_a_hand_written_loop_s_clip_is_its_own_step_s_in_the_trace_and_for_a_wat
         steps, norms = t.history("clip_grad_norm_", "grad", "norm")
     assert list(steps) == list(range(len(steps))) and len(steps) >= first
     assert [float(v) for v in norms] == [printed[int(s)] for s in steps]
+    # set at a later stop (the glob known from the record before it), and found in reverse:
+    # step 'first''s total is judged at the end of the step after it, where rc goes
+    r = nndb("run", "--batch", "--nx", "--rules", "none", "--trace", str(tmp_path / "t2.h5"), "-e", "until 7",
+             "-e", "watch grad clip_grad_norm_ > 10", "-e", "rc", "-e", 'p ("AT", $step)', "-e", "kill",
+             str(script), cwd=str(tmp_path))
+    assert r.returncode == 0 and f"('AT', {first + 1})" in r.stdout, r.stdout + r.stderr
 
 
 SPARE_OPTIMIZER_CLIP = """

@@ -67,6 +67,11 @@ class RunView:
             names |= {n for n, k in rec.names if k == kind or (kind == "module" and k == "act")}
         if self.s.rec is None:
             return names
+        last = self.s.rec.recorder.last
+        if last is not None and last is not rec:
+            # (a hand-written loop's prompt shows step N as far as it is known; the record
+            # written last, step N-1's, has what comes after a step's end: clip_grad_norm_)
+            names |= {n for n, k in last.names if k == kind or (kind == "module" and k == "act")}
         naming = self.s.rec.naming
         if kind in ("module", "act"):
             for root in self.roots():

@@ -268,6 +268,7 @@ class StopPoints:
         activation watch at the step's own end, a param or update watch at
         the record's (LATE_KINDS)."""
         hits = []
+        late = self._late_record(record, known)
         for p in list(self.points.numbered.values()):      # (the dict: no Python call an item)
             if not p.enabled:
                 continue
@@ -278,12 +279,12 @@ class StopPoints:
                 elif isinstance(p, P.ExprBreak):
                     detail = self._expr_hit(p, step)
                 elif isinstance(p, P.Watch):
-                    seen = record if p.kind in LATE_KINDS else known
+                    seen = (late or record) if p.kind in LATE_KINDS else known
                     detail = self._judge_watch(p, seen, p.checked)
-                    if detail is None and p.kind == "grad" and record is not None and known is not record:
+                    if detail is None and p.kind == "grad" and late is not None:
                         # (a hand-written loop: clip_grad_norm_'s total of step N, taken after
                         # its backward, comes with its record at N+1's end)
-                        detail = self._judge_watch(p, record, p.checked_late, clips=True)
+                        detail = self._judge_watch(p, late, p.checked_late, clips=True)
             except CommandError as e:
                 detail = {"error": str(e)}
             if detail is not None and self.point_hits(p, detail):
@@ -331,6 +332,19 @@ class StopPoints:
         value = E.evaluate(E.compile_expr(p.expr), frame, self.view.variables(frame, step_end=True),
                            what=f"break if {p.expr}: ")
         return {"expr": p.expr, "step": step} if value else None
+
+    def _late_record(self, record, known):
+        """A hand-written loop's record of the step before ``known`` (closed at
+        ``known``'s end, with what came after that step's backward: its update,
+        its clip_grad_norm_), or None in other loops.  ``record`` is it, but
+        where a replica resumed at a stop checks that step end again, which
+        passes the step's own record as far as known for both."""
+        if record is not None and known is not None and record is not known:
+            return record
+        last = self.rec.recorder.last if self.rec is not None else None
+        if last is not None and known is not None and last is not known and last.step < known.step:
+            return last
+        return None
 
     def _judge_watch(self, p: P.Watch, seen, memo: list, clips: bool = False) -> Optional[dict]:
         """The detail of ``p``'s hit at the record ``seen`` (``clips``: its
