@@ -315,11 +315,17 @@ def test_lineage_of_an_expression_and_consumers(tmp_path):
     script = _script(tmp_path, "cnn.py", CNN)
     r = _run(tmp_path, script, "-e", "break step 1", "-e", "continue", "-e", "lineage on", "-e", "next",
              "-e", "lineage loss --depth 2", "-e", "consumers 4.weight --depth 1", "-e", "lineage x --depth 1",
-             "-e", "lineage off", "-e", "continue")
+             "-e", "consumers 4.weight --depth 2", "-e", "lineage off", "-e", "continue")
     assert "lineage of loss in step 2" in r.stdout
     assert re.search(r"t\d+ \(loss\) = nll_loss_forward", r.stdout) or "(loss) =" in r.stdout
     assert re.search(r"-> t\d+ = t\(t\d+ \(param 4.weight\)\) \[forward\]", r.stdout), r.stdout
     assert re.search(r"lineage of x in step 2 \(t\d+\):\nt\d+ \(input\) = randn", r.stdout), r.stdout
+    # --depth D is D levels of operations, as lineage's (consumers counted from 2: --depth 1 and
+    # 2 both showed the ops that took the tensor, and nothing said the tree was cut)
+    one = r.stdout.split("consumers of 4.weight in step 2:\n", 1)[1].split("lineage of x", 1)[0]
+    assert "\n    ... (--depth 1 reached)" in one and "\n    ->" not in one, one
+    two = r.stdout.split("consumers of 4.weight in step 2:\n")[2].split("lineage off", 1)[0]
+    assert "\n    -> " in two and "\n      ... (--depth 2 reached)" in two and "\n      ->" not in two, two
 
 
 @pytest.mark.parametrize("cmd,msg", [

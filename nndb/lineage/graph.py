@@ -166,11 +166,14 @@ class StepGraph:
         return lines
 
     def consumer_trace(self, tid: int, depth: int = 6) -> list:
+        """The ops that used ``tid``, and theirs, ``depth`` levels of them (as
+        backward_trace's: depth 1 is the ops that took ``tid`` itself; the levels
+        were counted from 2, and --depth 1 and 2 both showed one)."""
         lines, seen = [self.label(tid)], set()
 
         def walk(t: int, level: int) -> None:
             for i in self.consumers.get(t, []):
-                pad = "  " * level
+                pad = "  " * (level + 1)
                 if i in seen:
                     lines.append(f"{pad}-> op {i} {op_name(self.ops[i])} (shown above)")
                     continue
@@ -178,11 +181,13 @@ class StepGraph:
                 outs = ", ".join(self.label(o) for o in self.ops[i][OUTS]) or "nothing"
                 lines.append(f"{pad}-> {outs} = {self.describe_op(i)}")
                 if level + 1 >= depth:
+                    if any(self.consumers.get(o) for o in self.ops[i][OUTS]):
+                        lines.append(f"{pad}  ... (--depth {depth} reached)")
                     continue
                 for o in self.ops[i][OUTS]:
                     walk(o, level + 1)
 
-        walk(tid, 1)
+        walk(tid, 0)
         if len(lines) == 1:
             lines.append("  (no operation of this step used it)")
         return lines
