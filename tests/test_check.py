@@ -112,6 +112,40 @@ def test_data_describes_the_batch_a_training_forward_gets_not_an_action_choice()
     assert data.status == "PASS" and data.evidence.startswith("inputs (32, 4) float32"), data.evidence
 
 
+def test_a_count_given_with_the_batch_is_no_data_to_scale(tmp_path):
+    """The Hugging Face Trainer gives a causal LM the token count of the whole accumulated batch
+    by keyword (model(input_ids=x, labels=y, num_items_in_batch=n), a 0-d float tensor) and the
+    model divides its summed cross-entropy by it: every healthy Trainer run FAILed data, 'inputs[2]
+    look like raw 0-255 pixels (whole numbers up to 128)' (and 'reach 512 (beyond +-100)' at
+    longer batches).  One number with no dimension is said, not judged."""
+    script = write(tmp_path, "hf_like.py", """
+        import torch, torch.nn as nn, torch.nn.functional as F
+        torch.manual_seed(0)
+        class LM(nn.Module):
+            def __init__(s):
+                super().__init__(); s.emb = nn.Embedding(64, 32); s.head = nn.Linear(32, 64)
+            def forward(s, input_ids, labels=None, num_items_in_batch=None):
+                logits = s.head(s.emb(input_ids))
+                loss = F.cross_entropy(logits.view(-1, 64), labels.view(-1), reduction="sum") / num_items_in_batch
+                return logits, loss
+        model = LM(); opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        data = torch.randint(0, 64, (64, 16))
+        for step in range(4):
+            micro = [data[(2 * step + i) * 4 % 64:][:4] for i in range(2)]
+            n = torch.tensor(float(sum(m.numel() for m in micro)))      # 128 tokens over both
+            for ids in micro:
+                _, loss = model(input_ids=ids, labels=ids, num_items_in_batch=n)
+                loss.backward()
+            opt.step(); opt.zero_grad()
+            print(f"step {step} loss {loss.item()!r}")
+    """)
+    report, _ = run_check(script, overfit_iters=20)
+    data = by_name(report)["data"]
+    assert data.status == "PASS", (data.evidence, data.cause)
+    assert "inputs[2] () float32 128, one number: not judged" in data.evidence, data.evidence
+    assert data.numbers["inputs"][2] == {"shape": [], "dtype": "float32", "scalar": True}
+
+
 @pytest.mark.filterwarnings("ignore:Using a target size")      # the script's own warning
 def test_silent_broadcasting_fails_shapes(tmp_path):
     report, _ = run_check(regression(tmp_path, "broadcast.py", target_shape=""), overfit_iters=5)

@@ -188,6 +188,11 @@ def _describe_input(t: torch.Tensor, mask_ok: bool = False):
         t = t.to_dense()
     if t.numel() == 0 or t.is_complex():
         return desc, "", "", nums
+    if t.dim() == 0:
+        # (one number, no batch: a setting given with the data, not data to scale; the Hugging
+        # Face Trainer's num_items_in_batch, the batch's token count, 128.0 for 8 x 16 tokens)
+        nums.update(scalar=True)
+        return desc + f" {t.item():.4g}, one number: not judged", "", "", nums
     x = t.detach().double()
     if not t.is_floating_point():
         lo, hi = int(x.min()), int(x.max())
