@@ -799,6 +799,25 @@ def test_a_travel_in_a_breakpoints_commands_runs_the_rest_of_them_in_the_past(tm
             assert sorted(script) == list(range(12))        # the live run went on from step 7 to its end
 
 
+
+def test_a_goto_forward_in_a_breakpoints_commands_runs_the_rest_of_them_where_it_stops(tmp_path):
+    """After a `goto` back, a `goto` forward in the past (to a later past step, or to the
+    present's) in the same `commands` block resumed the replica as `continue` does, and the rest
+    of the block was dropped unsaid: `goto 4` then `p $step` printed nothing, the past handed back
+    to the present and the run went on (an HF Trainer session's `goto 5`, `goto 8`, then `predict 3`
+    and `replay --verify`: none of them ran).  They run where the goto stops, as after a goto back."""
+    argv = ["run", "--batch", "-q", "--nx", "--trace", str(tmp_path / "t.h5"),
+            *[a for line in ["tbreak step 7", "commands 1", "goto 2", "goto 4", "p $step", "p $loss", "goto 7",
+                             "p $step", "p 'after'", "end"] for a in ("-e", line)], example("mlp.py"), "--steps", "12"]
+    r = Ran(nndb(*argv, cwd=str(tmp_path)), argv)
+    assert r.returncode == 0, r.stdout + r.stderr
+    script = _script_lines(r.stdout)
+    assert sorted(script) == list(range(12)), r.stdout       # the live run went on from step 7 to its end
+    past = r.stdout.split("In the past (timeline 0): step 4 finished", 1)[1].split("Back in the present")[0]
+    printed = [line for line in past.splitlines()[1:] if not line.startswith(("> ", "-> ", "step ", "In the past"))]
+    assert printed == ["4", repr(float(script[4])), "7", "'after'"], r.stdout
+    assert "In the past (timeline 0): step 7 finished" in past, r.stdout
+
 # minGPT's Trainer.run: the stop is in a method's frame (self.loss, self.model), and the
 # expressions typed there loop over layer names.
 IN_A_METHOD = '''

@@ -45,6 +45,9 @@ class CommandInput:
         self.source = None
         self.file_error: Optional[str] = None
         self.interrupted = False     # batch: Ctrl-C came while a stop's commands ran (Session.interrupt_at_stop)
+        # (a 'goto' forward in the past resumed the replica: the rest of its breakpoint's commands
+        # run where it stops, as they do after a 'goto' back)
+        self.keep_point_commands = False
 
     def snapshot(self) -> dict:
         return {"queue": [[q.text, q.source, q.line, q.point] for q in self.queue], "last_command": self.last_command}
@@ -100,9 +103,11 @@ class CommandLoop:
     def run_queued(self) -> None:
         """Run the first line waiting."""
         q = self.input.queue.popleft()
+        self.input.keep_point_commands = False
         self.execute(q.text, q)
-        if self.control.resume:
+        if self.control.resume and not self.input.keep_point_commands:
             self.input.end_point_commands()
+        self.input.keep_point_commands = False
 
     def fail_fast(self) -> bool:
         """Batch mode stops the run once a ``fail`` point hit and its commands ran."""

@@ -23,6 +23,9 @@ def go_to(s, machine, target: int, then: str = "stop", why: str = "") -> None:
             s.set_until(target)
             if role is not None:
                 role.forward_goto = target      # (a point on the way stops it, as 'until': said so)
+            # (a goto, not an 'until': the commands after it in a breakpoint's list run where it
+            # stops, as after a goto back; they were dropped as after a 'continue')
+            s.input.keep_point_commands = True
             return
         machine.hand_back(s, "goto", target=target, then=then, why=why)
     if s.last_step is None:
