@@ -962,6 +962,35 @@ def test_what_the_prompt_computes_is_not_the_runs(tmp_path):
                 assert np.array_equal(want[0], got[0]) and np.array_equal(want[1], got[1]), (name, stat, want, got)
 
 
+TENSOR_LR = """\
+import torch
+torch.manual_seed(0)
+m = torch.nn.Linear(4, 1)
+opt = torch.optim.Adam(m.parameters(), lr=torch.tensor(0.01))     # (torch's compiled-optimizer recipe)
+sched = torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5)
+for step in range(6):
+    loss = m(torch.randn(8, 4)).pow(2).mean()
+    opt.zero_grad(); loss.backward(); opt.step()
+    print(f"step {step} lr {opt.param_groups[0]['lr'].item()!r}")
+    sched.step()
+"""
+
+
+def test_info_optimizer_shows_a_tensor_lr(tmp_path):
+    """A tensor lr (Adam(lr=torch.tensor(0.01)), the lr Hugging Face's AdafactorSchedule writes)
+    was left out of 'info optimizer': no lr at all in the row, where 'set lr' took it (was
+    0.005).  It is shown by its value, as .item() gives it: the lr step 3 used."""
+    script = tmp_path / "tensor_lr.py"
+    script.write_text(TENSOR_LR)
+    r = Ran(nndb("run", "--batch", "-q", "--nx", "--trace", str(tmp_path / "t.h5"), "-e", "break step 3",
+                 "-e", "commands 1", "-e", "info optimizer", "-e", "end", str(script), cwd=str(tmp_path)))
+    assert r.returncode == 0, r
+    used = re.search(r"^step 3 lr (\S+)$", r.stdout, re.M).group(1)
+    assert float(used) == float(np.float32(0.005)), used        # (0.01 halved at step 2, float32)
+    row = re.search(r"^opt\s+Adam\s+0\s+2\s+(.*)$", r.stdout, re.M).group(1)
+    assert row.startswith(f"lr=tensor({used}), betas=(0.9, 0.999)"), row
+    assert f"initial_lr=tensor({float(np.float32(0.01))!r})" in row, row
+
 LOOSE_PARAMETER = """\
 import torch, torch.nn as nn
 torch.manual_seed(0)

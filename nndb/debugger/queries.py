@@ -24,7 +24,28 @@ from . import points as P
 
 def _plain(v) -> bool:
     return isinstance(v, (int, float, bool, str, type(None))) or \
-        (isinstance(v, tuple) and all(isinstance(x, (int, float)) for x in v))
+        (isinstance(v, tuple) and all(isinstance(x, (int, float)) for x in v)) or _one_number(v)
+
+
+def _one_number(v) -> bool:
+    """A tensor of one real number: a tensor lr (torch's compiled-optimizer recipe,
+    ``Adam(lr=torch.tensor(0.01))``; the lr AdafactorSchedule writes)."""
+    import torch
+    return isinstance(v, torch.Tensor) and v.numel() == 1 and not v.is_complex() and v.layout is torch.strided
+
+
+class _TensorNumber:
+    """How ``info optimizer`` shows a one-number tensor: its value with every digit, ``.item()``'s."""
+
+    def __init__(self, t):
+        self.value = t.detach().item()
+
+    def __repr__(self) -> str:
+        return f"tensor({self.value!r})"
+
+
+def _shown(v):
+    return _TensorNumber(v) if _one_number(v) else v
 
 
 class RunView:
@@ -276,8 +297,9 @@ class RunView:
 
     def optimizer_groups(self) -> list:
         """[(optimizer name, optimizer, group index, number of params, {hyper-parameter: value})]:
-        the plain values of each param group (numbers, strings, tuples of numbers)."""
-        return [(name, opt, gi, len(g["params"]), {k: v for k, v in g.items() if k != "params" and _plain(v)})
+        the plain values of each param group (numbers, strings, tuples of numbers, and a tensor
+        of one number by its value: a tensor lr was left out, so no lr was shown)."""
+        return [(name, opt, gi, len(g["params"]), {k: _shown(v) for k, v in g.items() if k != "params" and _plain(v)})
                 for name, opt in self.optimizers() for gi, g in enumerate(opt.param_groups)]
 
     # -- what commands look at --------------------------------------------------------------
