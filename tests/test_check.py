@@ -1024,6 +1024,47 @@ def test_a_language_model_is_overfit_whether_it_computes_its_loss_or_the_loss_re
     assert c.status == "FAIL" and "cannot fit one small batch" in c.cause, (c.evidence, c.cause)
 
 
+
+OWN_LOSS_ACCUMULATED = """
+    import torch, torch.nn as nn, torch.nn.functional as F
+    torch.manual_seed(0)
+    GA = 4
+    class LM(nn.Module):
+        def __init__(s):
+            super().__init__(); s.emb = nn.Embedding(16, 32); s.head = nn.Linear(32, 16)
+        def forward(s, x, y=None):
+            logits = s.head(torch.relu(s.emb(x)))
+            return logits, OWN
+    model = LM(); opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    data = torch.randint(0, 16, (64, 8))
+    for step in range(4):
+        for micro in range(GA):
+            x = data[(step * GA + micro) * 4 % 64:][:4]
+            logits, loss = model(x, y=(x * 3 + 1) % 16)
+            BACKWARD
+        opt.step(); opt.zero_grad()
+        print(f"step {step} loss {loss.item()!r}")
+"""
+
+
+@pytest.mark.parametrize("own,backward", [
+    ("F.cross_entropy(logits.view(-1, 16), y.view(-1))", "(loss / GA).backward()"),      # nanoGPT's
+    # accelerate's accelerator.backward (loss / GA), under the Hugging Face Trainer's (loss * 1 / GA),
+    # of a model that scales its loss itself (BERT's loss_fct(...) * 1.0)
+    ("F.cross_entropy(logits.view(-1, 16), y.view(-1)) * 1.0", "(loss * 1 / GA).backward()"),
+])
+def test_a_model_that_returns_its_loss_is_overfit_when_the_script_scales_it(tmp_path, own, backward):
+    """A model returning its loss (minGPT's, every Hugging Face model's out.loss) was overfit only
+    where the script's backward() was of that very tensor: with gradient accumulation's
+    `loss / GA` (nanoGPT, accelerate's accelerator.backward, so every HF Trainer and accelerate
+    loop) overfit was SKIP 'F.cross_entropy was not called on the model's output itself (nor on
+    a view of it ...)'.  A one-number multiple of it is the loss the model returned."""
+    script = write(tmp_path, "own.py", OWN_LOSS_ACCUMULATED.replace("OWN", own).replace("BACKWARD", backward))
+    report, _ = run_check(script, overfit_iters=100)
+    c = by_name(report)["overfit"]
+    assert c.status == "PASS", (c.evidence, c.cause)
+    assert c.evidence.startswith("4 sample(s), AdamW(lr=0.01): loss 2.8"), c.evidence
+
 def test_the_label_smoothing_floor_holds_where_the_logits_are_not_the_first_output(tmp_path):
     """model(x) -> (features, logits), cross_entropy(logits, y, label_smoothing=0.2): the floor
     was computed on the first output leaf's index of a bare tensor (an IndexError, swallowed:

@@ -292,9 +292,11 @@ class Capture:
             loss = unscaled(tensor)             # (a GradScaler's scaled loss: the loss it scaled)
             t = loss.detach()
             self.backward_losses.append((self.steps_done, float(t.double().mean()) if t.numel() else None))
+            scaled = _scaled_from(loss)
             for mid, (leaves, margs, mfeed) in self.outputs.items():
                 for i, o in enumerate(leaves):
-                    if o is loss:
+                    if o is loss or (isinstance(o, torch.Tensor) and o.numel() == 1 and
+                                     any(o.grad_fn is fn for fn in scaled)):
                         seen = self.models[mid]
                         made = next((c for c in self.loss_calls if c.step == self.steps_done
                                      and c.out_ref is not None and c.out_ref() is loss), None)
@@ -435,6 +437,28 @@ def _deepcopy(module: torch.nn.Module) -> torch.nn.Module:
             if isinstance(v, torch.Tensor) and v.grad_fn is not None:
                 memo[id(v)] = v.detach().clone()
     return copy.deepcopy(module, memo)
+
+
+# A one-number loss times or over a number: gradient accumulation's ``loss / accumulation_steps``
+# (nanoGPT's, accelerate's accelerator.backward, the Hugging Face Trainer's)
+_SCALINGS = ("MulBackward0", "MulBackward1", "DivBackward0", "DivBackward1")
+
+
+def _scaled_from(loss) -> list:
+    """The grad_fns of the tensors the one-number tensor ``loss`` is a multiple of (``loss / 4``:
+    the loss the model returned; a model may scale its own loss too, so every one down the chain
+    of products and quotients by a number, or by a tensor out of the graph)."""
+    out = []
+    fn = getattr(loss, "grad_fn", None) if isinstance(loss, torch.Tensor) and loss.numel() == 1 else None
+    for _ in range(4):
+        if fn is None or type(fn).__name__ not in _SCALINGS:
+            break
+        inputs = [f for f, _ in fn.next_functions if f is not None]
+        if len(inputs) != 1:
+            break
+        fn = inputs[0]
+        out.append(fn)
+    return out
 
 
 def _view_of(inp: torch.Tensor, t) -> Optional[tuple]:
