@@ -2,6 +2,7 @@
 ``gradcheck`` debugger command.  Most tests call nndb.check in-process (no
 torch import per test); a few run the CLI."""
 import io
+import math
 import json
 import re
 import runpy
@@ -365,7 +366,42 @@ def test_the_initial_loss_line_quotes_the_loss_the_script_saw(tmp_path):
     report, out = run_check(script, steps=2)
     first = float(out.split()[0])
     ev = by_name(report)["initial-loss"].evidence
-    assert f"the first loss was {first:.4g}, {first / 200:.4g} a target element (reduction='sum')" in ev, ev
+    assert f"the first loss was {first:.4g}, {first / 200:.4g} a target element (reduction='sum' over 200)" in ev, ev
+
+
+@pytest.mark.parametrize("targets,loss,n", [
+    # a causal LM's labels padded with ignore_index at the last position, as Hugging Face's loss shifts them
+    ("y = torch.cat([x[:, 1:], torch.full((8, 1), -100)], 1)",
+     "F.cross_entropy(out.view(-1, 64), y.view(-1), ignore_index=-100, reduction='sum')", 8 * 15),
+    # class probabilities: one loss element per row, not one per class
+    ("y = torch.softmax(torch.randn(8 * 16, 64), 1)", "F.cross_entropy(out.view(-1, 64), y, reduction='sum')",
+     8 * 16),
+])
+def test_a_summed_classification_loss_is_quoted_per_loss_element(tmp_path, targets, loss, n):
+    """A summed cross-entropy was divided by the target's size: the Hugging Face causal LM's (its
+    labels shifted, the last position ignore_index) '3.9 a target element' at init, where each of
+    the 60 it sums is 4.16 = ln(64) (64 counted); with probability targets, by rows x classes.
+    The loss elements it added: the targets but ignore_index's, one per row of probabilities."""
+    script = write(tmp_path, "lm_sum.py", f"""
+        import torch, torch.nn as nn, torch.nn.functional as F
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Embedding(64, 32), nn.Linear(32, 64))
+        nn.init.zeros_(model[1].weight); nn.init.zeros_(model[1].bias)     # uniform: ln(64) a target
+        opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+        x = torch.randint(0, 64, (8, 16))
+        {targets}
+        for t in range(3):
+            out = model(x)
+            loss = {loss}
+            print(repr(loss.item()))
+            opt.zero_grad(); loss.backward(); opt.step()
+        """)
+    report, out = run_check(script, steps=2, overfit_iters=5)
+    first = float(out.split()[0])
+    c = by_name(report)["initial-loss"]
+    assert c.numbers["loss"] == pytest.approx(first / n, rel=1e-12) == pytest.approx(math.log(64), rel=1e-6), c.evidence
+    assert c.evidence.startswith(f"{first / n:.4g} vs ln(64) = 4.16 (a uniform prediction) (the first loss was "
+                                 f"{first:.4g}, {first / n:.4g} a target element (reduction='sum' over {n}))"), c.evidence
 
 
 def test_a_loss_still_falling_when_overfit_runs_out_is_inconclusive_not_failed(tmp_path):

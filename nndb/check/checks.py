@@ -307,15 +307,32 @@ def shapes_check(cap: Capture, outcome: Outcome) -> Check:
 
 
 # -- 3. initial loss ----------------------------------------------------------------------------
+def _summed_elements(call: LossCall) -> int:
+    """How many loss elements a reduction='sum' call added: the targets, but for a classification
+    loss the class-index targets other than ignore_index (a causal LM's padded last position,
+    -100: the Hugging Face loss sums 60 of 64 and 3.9 was said where each is 4.16 = ln(64)), and
+    one per row of class probabilities (not one per class)."""
+    t = call.target
+    if t is None or not t.numel():
+        return 0
+    if call.kind in CLASS_LOSSES:
+        if _is_index(t):
+            return int((t != call.kwargs.get("ignore_index", -100)).sum())
+        c = _classes(call)
+        return t.numel() // c if c else t.numel()
+    return t.numel()
+
+
 def initial_loss_check(cap: Capture, outcome: Outcome) -> Check:
     call = cap.primary_loss()
     if call is None:
         return _skip("initial-loss", NO_LOSS + ": no reference value", outcome)
     v = call.value
     first = f"the first loss was {v:.4g}"          # (as the script sees it)
-    if call.kwargs.get("reduction") == "sum" and call.target is not None and call.target.numel():
-        v /= call.target.numel()
-        first += f", {v:.4g} a target element (reduction='sum')"
+    n = _summed_elements(call) if call.kwargs.get("reduction") == "sum" else 0
+    if n:
+        v /= n
+        first += f", {v:.4g} a target element (reduction='sum' over {n})"
     if call.kind in CLASS_LOSSES:
         c = _classes(call)
         if c is None and _single_class(call):
