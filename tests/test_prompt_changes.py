@@ -78,13 +78,62 @@ def _said(out: str, tag: str) -> list:
 def test_a_set_lr_the_script_sets_back_is_said_at_the_next_step_end(tmp_path):
     r = _run(tmp_path, WARMUP, ["until 3", "set lr 1e-5", "next", 'p ("LR", opt.param_groups[0]["lr"])', "continue"])
     assert "nndb: warning: 'set lr 1e-5' did not hold: opt stepped with lr 0.05 in group 0 at step 4: the " \
-           "script sets it itself after the stop (a warmup or schedule in its loop: param_group['lr'] = ...); " \
+           "script sets it itself after the stop (a warmup or schedule in its loop: param_group['lr'] = ..., at " \
+           "each step or each epoch's start); " \
            "'set lr 1e-5 --hold' sets it again before each step of opt, until 'unset lr'" in r.stderr, r.stderr
     assert _said(r.stdout, "LR") == ["0.05"]
     # a change that holds says nothing
     r = _run(tmp_path, STEADY, ["until 3", "set lr 0.5", "next", "continue"])
     assert "did not hold" not in r.stderr, r.stderr
     assert re.search(r"opt\s+0\s+lr\s+0.05\s+0.5", r.stdout), r.stdout
+
+
+# A loop that sets its learning rate at each epoch's start (4 steps an epoch), as
+# adjust_learning_rate(optimizer, epoch) loops do, and a StepLR one (the schedule, followed).
+EPOCHS = '''
+import torch, torch.nn as nn
+torch.manual_seed(0)
+m = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
+opt = torch.optim.SGD(m.parameters(), lr=0.1)
+sched = torch.optim.lr_scheduler.StepLR(opt, 3, 0.5) if KIND == "steplr" else None
+x, y = torch.randn(32, 4), torch.randn(32, 1)
+for epoch in range(4):
+    if sched is None:
+        for g in opt.param_groups:
+            g["lr"] = 0.1 * 0.5 ** epoch
+    for i in range(4):
+        opt.zero_grad()
+        loss = ((m(x) - y) ** 2).mean()
+        loss.backward()
+        opt.step()
+        if sched is not None:
+            sched.step()
+        print(f"it {epoch * 4 + i} lr {opt.param_groups[0]['lr']} loss {loss.item()!r}")
+'''
+
+
+def test_a_set_lr_the_script_sets_back_at_the_next_epoch_is_said_then(tmp_path):
+    """'set lr 0.001' at step 5 held for steps 6 and 7, and the loop set 0.025 at the next
+    epoch's start (step 8): nndb looked at the next step only and never said it; every later
+    step is looked at now, and the warning names step 8.  A StepLR schedule followed from the
+    change (halving it every 3 steps) is not the change undone, at any step; a second 'set'
+    replaces the first's check (no warning for the value the first set)."""
+    r = _run(tmp_path, EPOCHS.replace("KIND", '"epochs"'), ["until 5", "set lr 0.001", "continue"])
+    assert "nndb: warning: 'set lr 0.001' did not hold: opt stepped with lr 0.025 in group 0 at step 8" in r.stderr, \
+        r.stderr
+    assert r.stderr.count("did not hold") == 1, r.stderr
+    assert re.findall(r"^it (\d+) lr (\S+) ", r.stdout, re.M)[5:9] == [("5", "0.001"), ("6", "0.001"), ("7", "0.001"),
+                                                                        ("8", "0.025")]
+    r = _run(tmp_path, EPOCHS.replace("KIND", '"steplr"'), ["until 5", "set lr 0.001", "continue"])
+    assert "did not hold" not in r.stderr, r.stderr
+    assert "lr 0.00025 " in r.stdout, r.stdout          # (0.001 halved twice: the schedule went on, scaled)
+    # (a second set replaces the first's check: 0.04 is no undoing of 'set lr 0.001', and the
+    # epoch's 0.025 is nearer 0.04 than the 0.001 before it)
+    r = _run(tmp_path, EPOCHS.replace("KIND", '"epochs"'), ["until 5", "set lr 0.001", "next", "set lr 0.04",
+                                                            "continue"])
+    assert "did not hold" not in r.stderr, r.stderr
+    assert re.findall(r"^it (\d+) lr (\S+) ", r.stdout, re.M)[5:9] == [("5", "0.001"), ("6", "0.04"), ("7", "0.04"),
+                                                                        ("8", "0.025")]
 
 
 def test_set_lr_hold_holds_until_unset_is_recorded_and_replayed(tmp_path):

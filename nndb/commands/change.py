@@ -109,9 +109,10 @@ multiplied by new/old, so the rest of its schedule is the script's times
 new/old (a floor one for all groups, eta_min, only where every group is set
 by one factor; else it is kept), and it says so; a change a scheduler would
 undo is refused.  When the optimizer steps with the value set back (a script
-that sets param_group['lr'] itself at every iteration, as a warmup does;
-judged against what the schedule gives next, with and without the change),
-the next step end says so.  --hold sets
+that sets param_group['lr'] itself at every iteration, as a warmup does, or at
+each epoch's start; under a scheduler, judged at the next step against what
+the schedule gives, with and without the change), that step's end says so,
+once; a later 'set' of the same hyper-parameter replaces the check.  --hold sets
 the value again just before each step of the optimizer until 'unset HYPER'
 ('info optimizer' lists what is held).  'set var NAME VALUE' (or 'set NAME
 VALUE' for a name that is no hyper-parameter) assigns a variable of the

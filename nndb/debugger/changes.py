@@ -225,6 +225,9 @@ def _set_hyper(s, edit: HyperChange):
                            f"({', '.join(n for n, _ in opts)})", SET_USAGE)
     rows = []
     for name, opt in opts:
+        for check in [c for c in s.hold_checks if c.about(opt, key)]:
+            check.stop()              # (replaced by this change: it judged the value set before)
+            s.hold_checks.remove(check)
         scheds = schedulers_of(opt)
         if not hold:                   # (a held value is set again after the scheduler too)
             check_scheduled(name, key, scheds)

@@ -139,8 +139,15 @@ class Holds:
 
 class HoldCheck:
     """After a ``set`` of an optimizer's hyper-parameter: what the optimizer
-    steps with next (read by a step pre-hook, which changes nothing), so
-    that the next step end can say when the change did not hold."""
+    steps with (read by a step pre-hook, which changes nothing), so that a
+    step end can say when the change did not hold: the next step's (a warmup
+    or a schedule in the loop sets it every step), or a later one's (a loop
+    that sets it at each epoch's start: the change held until the epoch
+    ended, and nndb said nothing when the script set it back).  It looks at
+    every step of the optimizer until the change is undone (said once) or a
+    later ``set`` of the same hyper-parameter of the optimizer replaces it;
+    under an LR scheduler, at the next step only (what the schedule gives,
+    unchanged and followed from the change, is known for that step)."""
 
     def __init__(self, name: str, opt, key: str, rows: list, line: str, scheduled: bool,
                  shadows: Optional[tuple] = None):
@@ -150,14 +157,24 @@ class HoldCheck:
         # (Shadow before the change, Shadow after it: what the schedule gives next, unchanged
         # and followed; the step counts of its schedulers when the optimizer stepped)
         self.shadows, self.counts = shadows, None
+        self.opt = weakref.ref(opt)
+        self.fresh = False          # the optimizer stepped since the last verdict
+        self.done = False           # said, or replaced: the hook is out
+        self.said: Optional[str] = None
         self._handle = opt.register_step_pre_hook(self._look)
 
+    def about(self, opt, key: str) -> bool:
+        return self.key == key and self.opt() is opt
+
+    def stop(self) -> None:
+        self.done = True
+        self._handle.remove()
+
     def _look(self, opt, args, kwargs):
-        if self.seen is None:
-            self._read(opt)
-            # (a closure step: what the script set inside it, before the update, is what counts)
-            return after_closure(args, kwargs, lambda: self._read(opt))
-        return None
+        self._read(opt)
+        self.fresh = True
+        # (a closure step: what the script set inside it, before the update, is what counts)
+        return after_closure(args, kwargs, lambda: self._read(opt))
 
     def _read(self, opt) -> None:
         try:
@@ -188,24 +205,32 @@ class HoldCheck:
         return bad
 
     def verdict(self, step: int) -> Optional[str]:
-        """None while the optimizer has not stepped; "" when the change held;
-        else the warning.  Removes the hook once the optimizer stepped."""
-        if self.seen is None:
+        """The warning, where the optimizer stepped since the last verdict with the
+        change set back (then the check is ``done``: said once); else None."""
+        if self.done:
+            return self.said                # (asked again: a prediction's, after the step end's)
+        if not self.fresh:
             return None
-        self._handle.remove()
-        bad = self.undone_groups(self.seen, self.counts)
+        self.fresh = False
+        bad = self.undone_groups(self.seen or [], self.counts)
         if not bad:
-            return ""
+            if self.scheduled:
+                # (an LR scheduler's: its copies say what it gives next, not steps later; and a
+                # loop that sets the lr by hand as well as stepping a scheduler is rare)
+                self.stop()
+            return None
+        self.stop()
         who = "the script or its LR scheduler set it back after the stop" if self.scheduled else \
             f"the script sets it itself after the stop (a warmup or schedule in its loop: " \
-            f"param_group['{self.key}'] = ...)"
+            f"param_group['{self.key}'] = ..., at each step or each epoch's start)"
         by_value: dict = {}
         for gi, now in bad:
             by_value.setdefault(repr(now), []).append(str(gi))
         groups = ", ".join(f"{v} in group{'s' if len(g) > 1 else ''} {', '.join(g)}" for v, g in by_value.items())
-        return (f"nndb: warning: '{self.line}' did not hold: {self.name} stepped with {self.key} {groups} at "
-                f"step {step}: {who}; '{self.line} --hold' sets it again before each step of {self.name}, "
-                f"until 'unset {self.key}'")
+        self.said = (f"nndb: warning: '{self.line}' did not hold: {self.name} stepped with {self.key} {groups} at "
+                     f"step {step}: {who}; '{self.line} --hold' sets it again before each step of {self.name}, "
+                     f"until 'unset {self.key}'")
+        return self.said
 
 
 def after_closure(args, kwargs, then: Callable):

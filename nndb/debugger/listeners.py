@@ -112,12 +112,14 @@ def _seen(s, end, step) -> None:
 
 
 def _say_held(s, step: int) -> None:
+    # (a replay's steps were the live run's: what was undone there, it said there; the check ends)
+    replaying = s.replica is not None and getattr(s.replica, "replaying", False)
     for check in list(s.hold_checks):
         verdict = check.verdict(step)
-        if verdict is not None:
+        if check.done:
             s.hold_checks.remove(check)
-            if verdict:
-                s.error(verdict)
+        if verdict and not replaying:
+            s.error(verdict)
     problems, s.holds.problems = s.holds.problems, []
     for line in problems:
         s.error(line)
