@@ -132,9 +132,10 @@ def test_a_respawned_replica_s_torch_save_goes_to_a_scratch_copy(tmp_path, write
 def test_a_write_nndb_cannot_redirect_is_named(tmp_path):
     r = _run(tmp_path, "subprocess")
     assert _printed(r, "PAST") == "1"                     # (the subprocess wrote the real file)
-    line = ("nndb: warning: the replica changed 1 of your file(s) that nndb could not send to scratch copies "
-            "(written by a subprocess, a C library that opens the file itself, a low-level call or a memory map): "
-            "sub.txt (changed); the live run is unchanged, those files are not as they were")
+    line = ("nndb: warning: 1 of your file(s) changed while the replica ran (the replica writing past the scratch "
+            "copies nndb gives it: written by a subprocess, a C library that opens the file itself, a low-level call "
+            "or a memory map; or another program): sub.txt (changed); the live run is unchanged, those files are "
+            "not as they were")
     assert r.stderr.count(line) == 2, r.stderr            # after the reverse replay and after predict
     assert "are as they were)" not in r.stdout
     assert _printed(r, "AFTER_RS") != _printed(r, "BEFORE")

@@ -493,8 +493,10 @@ class Survey:
         shown = ", ".join(f"{os.path.relpath(p, self.roots[0]) if p.startswith(self.roots[0] + os.sep) else p}"
                           f" ({what})" for p, what in changes[:limit])
         more = f" and {len(changes) - limit} more" if len(changes) > limit else ""
-        return (f"nndb: warning: the replica changed {len(changes)} of your file(s) that nndb could not send "
-                f"to scratch copies ({UNREDIRECTED}): "
+        # (another program writing there meanwhile looks the same: a second experiment logging
+        # into the directory was said to be the replica's doing)
+        return (f"nndb: warning: {len(changes)} of your file(s) changed while the replica ran (the replica "
+                f"writing past the scratch copies nndb gives it: {UNREDIRECTED}; or another program): "
                 f"{shown}{more}; the live run is unchanged, those files are not as they were")
 
 
