@@ -43,6 +43,44 @@ def shared_session(tmp_path_factory, name, *a, **kw) -> Transcript:
 
 
 # -- the start, where/list/up/down -----------------------------------------------------------
+LIBRARY_STEP = """
+import contextlib
+import torch, torch.nn as nn
+torch.manual_seed(0)
+m = nn.Linear(4, 1)
+opt = torch.optim.SGD(m.parameters(), lr=0.1)
+x, y = torch.randn(16, 4), torch.randn(16, 1)
+for it in range(4):
+    opt.zero_grad()
+    loss = ((m(x) - y) ** 2).mean()
+    loss.backward()
+    with contextlib.ExitStack() as stack:      # (the step runs in the standard library's __exit__)
+        stack.callback(opt.step)
+    print(f"it {it} loss {loss.item()!r}")
+"""
+
+
+def test_a_step_that_ends_inside_a_library_stops_at_the_users_line(tmp_path):
+    """A step whose optimizer.step() an installed package calls (accelerate's
+    AcceleratedOptimizer, the Hugging Face Trainer; here the standard library's
+    ExitStack) stopped in the library's frame: 'p loss' raised NameError until 'up'.
+    The user's innermost frame is selected (pdb's skip, for installed packages and the
+    standard library); 'where' still lists the library's frames and 'down' goes to them."""
+    (tmp_path / "s.py").write_text(LIBRARY_STEP)
+    r = nndb("run", "--batch", "-q", "--nx", "--rules", "none", "--trace", str(tmp_path / "t.h5"),
+             "-e", "break step 2", "-e", "c", "-e", "p loss.item()", "-e", "where", "-e", "down",
+             "-e", "p type(self).__name__", str(tmp_path / "s.py"), cwd=str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    out = r.stdout
+    assert "> s.py(12)<module>()\n-> with contextlib.ExitStack() as stack:" in out, out
+    printed = re.search(r"^it 2 loss (\S+)$", out, re.M).group(1)
+    assert f"\n{printed}\n" in out, out                   # (p loss.item(): the script's own frame)
+    lines = out.splitlines()
+    exit_frame = [l for l in lines if re.search(r"contextlib\.py\(\d+\)__exit__\(\)$", l)]
+    assert exit_frame[0].startswith("  ") and exit_frame[-1].startswith("> "), exit_frame     # (where; down)
+    assert "'ExitStack'" in out                             # ('down': the library's frame, its self)
+
+
 def test_the_run_starts_stopped_before_the_models_forward_in_step_0(stepped_through_step_0):
     t = stepped_through_step_0
     assert re.search(r"stopped\s+start in model forward", t.after("info step"))

@@ -8,7 +8,37 @@ Owned by the session (``session.here``); the stop checks
 move its selected frame."""
 from __future__ import annotations
 
+import os
+import site
+import sysconfig
+
 from . import evaluate as E
+
+
+def _library_dirs() -> tuple:
+    """Where installed packages and the standard library live (site-packages, the stdlib)."""
+    paths = sysconfig.get_paths()
+    dirs = {paths.get(k) for k in ("stdlib", "platstdlib", "purelib", "platlib")}
+    try:
+        dirs.update(site.getsitepackages())
+        dirs.add(site.getusersitepackages())
+    except Exception:            # (a Python without them: a virtual environment of an old kind)
+        pass
+    out = set()
+    for d in dirs:
+        if d:
+            out.add(os.path.join(os.path.abspath(d), ""))
+            out.add(os.path.join(os.path.realpath(d), ""))
+    return tuple(sorted(out))
+
+
+_LIBRARY = _library_dirs()
+
+
+def is_library_frame(frame) -> bool:
+    """Is ``frame`` an installed package's or the standard library's (not code the user wrote)?"""
+    name = frame.f_code.co_filename
+    return name.startswith(_LIBRARY) or name.startswith("<frozen ")
 
 
 class StopPosition:
@@ -40,9 +70,17 @@ class StopPosition:
         return E.stop_frame(self.hook_frame)
 
     def select_stack(self, frame) -> None:
-        """The script's frames from ``frame`` outwards, the innermost selected."""
+        """The script's frames from ``frame`` outwards; selected, the innermost of code the
+        user wrote, where one is (pdb's ``skip`` of installed packages, done for them): a step
+        that ends inside a library the script calls (accelerate's ``AcceleratedOptimizer.step``,
+        the Hugging Face Trainer's loop) stops at the user's line that called it, the
+        library's frames below it ('down', 'where').  (It stopped in accelerate/optimizer.py,
+        where 'p loss' raised NameError until 'up'.)"""
         self.frames = [(f, f.f_lineno) for f in E.stack_from(frame)] if frame is not None else []
-        self.frame_index = len(self.frames) - 1
+        i = len(self.frames) - 1
+        while i > 0 and is_library_frame(self.frames[i][0]):
+            i -= 1
+        self.frame_index = i if i >= 0 and not is_library_frame(self.frames[i][0]) else len(self.frames) - 1
 
     def at(self, stop, frame) -> None:
         """The run stopped at ``stop``, in ``frame``: 'list' starts again around its line."""
