@@ -154,7 +154,7 @@ def test_hang_timeout_shows_every_rank_and_exits_5(tmp_path):
     assert "nndb: the job hung: no rank finished a step for 3 s; every rank's stack:" in err
     assert "rank 0 (pid" in err and "waiting in torch.distributed.all_reduce" in err
     assert "rank 1 (pid" in err and "waiting in torch.distributed.barrier" in err
-    assert "distrun_desync.py:23 in <module>" in err and "distrun_desync.py:24 in <module>" in err
+    assert "distrun_desync.py:26 in <module>" in err and "distrun_desync.py:28 in <module>" in err
     rep = json.loads((tmp_path / "rep.json").read_text())
     assert rep["exit"]["code"] == 5
     hung = {x["rank"]: x for x in rep["hang"]["ranks"]}
@@ -167,6 +167,23 @@ def test_hang_timeout_shows_every_rank_and_exits_5(tmp_path):
     _assert_none_left(str(tmp_path))
 
 
+_HUNG = ("rank 0 step 4 all_reduce", "rank 1 barrier")     # (tests/scripts/distrun_desync.py: where it hangs)
+
+
+def _until_hung(fd, timeout=90) -> str:
+    """What the job printed on ``fd`` until both ranks of distrun_desync.py
+    said they entered the collective they hang in (past their last step end)."""
+    import select
+    seen, end = b"", time.time() + timeout
+    while not all(w.encode() in seen for w in _HUNG):
+        r, _, _ = select.select([fd], [], [], max(0.0, end - time.time()))
+        assert r, f"no hang: the job printed {seen.decode(errors='replace')[-1500:]}"
+        chunk = os.read(fd, 4096)
+        assert chunk, f"the job ended: {seen.decode(errors='replace')[-1500:]}"
+        seen += chunk
+    return seen.decode(errors="replace")
+
+
 @JOB
 def test_ctrl_c_at_a_hung_job_shows_every_stack_and_closes_every_trace(tmp_path):
     script = _copy(tmp_path, "distrun_desync.py")
@@ -174,15 +191,10 @@ def test_ctrl_c_at_a_hung_job_shows_every_stack_and_closes_every_trace(tmp_path)
                          cwd=tmp_path, env=_env(), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
-        deadline = time.time() + 60        # hung: both ranks have recorded their 5 steps
-        while time.time() < deadline:
-            runs = os.listdir(tmp_path / "nndb-runs") if (tmp_path / "nndb-runs").exists() else []
-            if runs and all(os.path.exists(tmp_path / "nndb-runs" / runs[0] / f"rank{r}.h5") for r in (0, 1)):
-                break
-            time.sleep(0.2)
-        time.sleep(6)
+        shown = _until_hung(p.stdout.fileno())     # hung: both ranks have recorded their 5 steps
         p.send_signal(signal.SIGINT)
         out, err = p.communicate(timeout=60)
+        out = shown + out
     finally:
         if p.poll() is None:
             os.killpg(p.pid, signal.SIGKILL)
@@ -352,7 +364,9 @@ def test_ctrl_c_at_the_prompt_of_a_hung_job(tmp_path):
     try:
         expect("(nndb r0) ")
         os.write(master, b"continue\n")
-        time.sleep(8)
+        shown = expect(_HUNG[1])
+        if _HUNG[0] not in shown:
+            expect(_HUNG[0])
         p.send_signal(signal.SIGINT)            # (the terminal's Ctrl-C: the front's process group)
         out = expect("nndb: Ctrl-C again ends the job\r\n")
         assert "not every rank stopped within 3 s (a hang?); every rank's stack:" in out
