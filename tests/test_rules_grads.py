@@ -256,7 +256,7 @@ def test_stale_grad_checks_an_optimizer_that_steps_every_few_steps(tmp_path, res
     first steps are checked now: found at its third step (step 15)."""
     # (tests/scripts/wgan_gp.py: 12 iterations of 5 critic steps and a generator step)
     script = os.path.join(ROOT, "tests", "scripts", "wgan_gp.py")
-    plain = python(script, "12", "5", reset)
+    plain = python(script, "12", "5", reset, forked=True)
     norms = [float(line.split()[2]) for line in plain.stdout.splitlines() if line.startswith("G ")]
     assert (norms[-1] > 3 * norms[0]) == (reset == "forgotten")        # (the sum of all its gradients)
     res = run_in_process(tmp_path, script, ["12", "5", reset])

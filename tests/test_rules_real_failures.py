@@ -350,7 +350,7 @@ def test_a_bias_the_loss_does_not_depend_on_is_not_named(tmp_path):
     (0.bias under the layer pruned to zero above) is still named."""
     # (tests/scripts/wgan_gp.py: 5 iterations of 3 critic steps and a generator step)
     script = os.path.join(ROOT, "tests", "scripts", "wgan_gp.py")
-    plain = python(script, "5", "3", "reset")
+    plain = python(script, "5", "3", "reset", forked=True)
     assert {line.split()[2] for line in plain.stdout.splitlines() if line.startswith("D ")} == {"0.0"}, plain.stdout
     res = run_in_process(tmp_path, script, ["5", "3", "reset"])
     assert res.exit_code == 0 and of(res.session.log.findings, "zero_gradients") == []
