@@ -552,12 +552,6 @@ def main(argv=None):
         a.record_steps = 2000 if a.device == "cuda" else 40
     if a.record_steps < 2:
         ap.error("--record-steps must be at least 2")
-    import torch
-    if a.device == "cuda" and not torch.cuda.is_available():
-        print("gpu_check: --device cuda but torch sees no CUDA device (torch.cuda.is_available() is False)",
-              file=sys.stderr)
-        return 2
-
     checks = [("overhead:cnn", lambda tmp: check_overhead(a, tmp, "cnn")),
               ("overhead:transformer", lambda tmp: check_overhead(a, tmp, "transformer")),
               ("recording", lambda tmp: check_recording(a, tmp)),
@@ -574,6 +568,11 @@ def main(argv=None):
         if unknown:
             ap.error(f"--only: no check {', '.join(unknown)} (checks: {', '.join(n for n, _ in checks)})")
         checks = [c for c in checks if c[0] in wanted]
+    import torch                                # (after the arguments: a bad one costs no torch import)
+    if a.device == "cuda" and not torch.cuda.is_available():
+        print("gpu_check: --device cuda but torch sees no CUDA device (torch.cuda.is_available() is False)",
+              file=sys.stderr)
+        return 2
 
     def one(item):
         name, fn = item
