@@ -179,7 +179,11 @@ class Role:
             return
         self._progress_at = now
         text = progress_line(done, total, now - self._started, self.doing, self.goal.get("ctrl_c") or STAY)
-        self._shown = _write(self._progress_fd, CLEAR + text) or self._shown
+        # (shown before the write: the write wakes the terminal's reader, the replica may lose the
+        # core there, and a Ctrl-C then gave up the replay with the line left on the terminal and
+        # 'nndb: interrupted ...' glued to it)
+        self._shown = True
+        _write(self._progress_fd, CLEAR + text)
 
     def _unsilence(self) -> None:
         """The line off the terminal, then fds 1 and 2 back (before anything is printed)."""
