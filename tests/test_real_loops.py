@@ -695,6 +695,19 @@ def test_gradients_of_torch_func_alone_say_why_nothing_was_recorded(tmp_path):
         in r.stderr, r.stderr
 
 
+def test_a_launcher_that_runs_the_script_in_processes_of_its_own_is_named_with_what_to_run(tmp_path):
+    """'nndb run -m torch.distributed.run ... SCRIPT' (and accelerate launch's module): the
+    script trained in the launcher's child process and nndb said only that training in other
+    processes is not traced; it names the launcher and what to run instead."""
+    (tmp_path / "script.py").write_text(FUNC_ONLY.replace("grad_and_value(loss_fn)(params, x, y)",
+                                                          "grad_and_value(loss_fn)(params, x, y)  # (any loop)"))
+    r = nndb("run", "--batch", "-q", "--trace", str(tmp_path / "l.h5"), "-m", "torch.distributed.run",
+             "--nproc-per-node", "1", "script.py", cwd=str(tmp_path))
+    assert r.returncode == 0 and len(r.stdout.splitlines()) == 5, r.stderr
+    assert "; torchrun runs the script in processes of its own: run the script itself under nndb ('nndb run " \
+           "SCRIPT ARGS', one process), or its ranks with 'nndb run --nproc-per-node N SCRIPT ARGS'" in r.stderr, r.stderr
+
+
 SKIPPED_NAN = textwrap.dedent('''
     import torch, torch.nn as nn
     torch.manual_seed(0)

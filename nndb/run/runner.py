@@ -248,10 +248,27 @@ class Recording:
             self.message("nndb: no training step was recorded: the script called no backward() and stepped no "
                          "optimizer in this process (training in other processes, torch.multiprocessing's, "
                          "is not traced, nor are gradients taken only by torch.func.grad or "
-                         "torch.autograd.grad and applied by hand; docs/steps.md)")
+                         "torch.autograd.grad and applied by hand; docs/steps.md)" + _launcher_hint(self.target))
 
     def close(self, status: str = "finished", exit_code: int = 0, reason: str = "") -> None:
         self.writer.close(status, exit_code, reason)
+
+
+# Launchers that start the training script in processes of their own (`nndb run -m accelerate.commands.launch
+# train.py` recorded nothing, and said only that other processes are not traced).
+_LAUNCHERS = {"accelerate.commands.launch": "accelerate launch", "accelerate.commands.accelerate_cli": "accelerate",
+              "torch.distributed.run": "torchrun", "torch.distributed.launch": "torch.distributed.launch",
+              "deepspeed.launcher.runner": "deepspeed", "deepspeed": "deepspeed"}
+
+
+def _launcher_hint(target) -> str:
+    """What to run instead, where the target is a launcher whose processes run the script."""
+    name = _LAUNCHERS.get(getattr(target, "module", None) or "")
+    if name is None:
+        return ""
+    return (f"; {name} runs the script in processes of its own: run the script itself under nndb "
+            f"('nndb run SCRIPT ARGS', one process), or its ranks with 'nndb run --nproc-per-node N SCRIPT ARGS' "
+            f"(docs/distributed.md)")
 
 
 def record(config: RunConfig, message: Callable[[str], None] = stderr_line,
