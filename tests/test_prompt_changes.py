@@ -231,6 +231,20 @@ def test_unset_and_hold_refuse_what_they_cannot_do(tmp_path):
         assert [c["line"] for c in t.records("change")] == ["set lr 0.1 --hold"]
 
 
+def test_a_value_torch_optim_refuses_is_refused_and_nothing_changes(tmp_path):
+    """'set lr -1' was taken (torch.optim's constructors refuse it: 'Invalid learning rate'),
+    and the run ascended its loss from there; so was a negative momentum."""
+    r = _run(tmp_path, STEADY, ["break step 2", "commands", "set lr -1", "set lr nan", "set momentum -0.5",
+                                "predict 2 --set lr=-0.01", 'p ("LR", opt.param_groups[0]["lr"])', "end", "continue"])
+    assert "lr must be >= 0, not -1 (torch.optim builds no optimizer with it)" in r.stderr, r.stderr
+    assert "'nan' is not a number" in r.stderr and "--set lr=-0.01: lr must be >= 0, not -0.01" in r.stderr
+    assert "opt has no hyper-parameter 'momentum'" in r.stderr or "momentum must be >= 0" in r.stderr, r.stderr
+    assert _said(r.stdout, "LR") == ["0.05"]
+    assert _printed(r.stdout) == _printed(python(str(tmp_path / "s.py"), forked=True).stdout)
+    with TraceReader(str(tmp_path / "t.h5")) as t:
+        assert [c["line"] for c in t.records("change")] == []
+
+
 def test_a_hold_that_cannot_be_applied_is_let_go_and_said_not_raised():
     import torch
     from nndb.debugger.hyperparams import Holds

@@ -15,6 +15,7 @@ from ..errors import CommandError
 def set_hyperparameter(name: str, opt, key: str, value, group: Optional[int] = None) -> list:
     """Set ``key`` to ``value`` in ``opt``'s param groups (all, or ``group``):
     [(optimizer name, group, key, was, now)], one a group changed."""
+    _check_range(key, value)
     rows = []
     groups = list(enumerate(opt.param_groups))
     if group is not None:
@@ -36,6 +37,29 @@ def set_hyperparameter(name: str, opt, key: str, value, group: Optional[int] = N
         _assign(g, key, value)
         rows.append((name, gi, key, old_repr, g[key] if not hasattr(g[key], "fill_") else float(g[key])))
     return rows
+
+
+# The ranges torch.optim's constructors accept (their "Invalid learning rate: -1" and so on):
+# a value an optimizer would not have been built with is refused ('set lr -1' was taken, and
+# the next step ascended the loss).  key -> (lowest, highest, highest included)
+_RANGES = {"lr": (0.0, math.inf, False), "eps": (0.0, math.inf, False), "momentum": (0.0, math.inf, False),
+           "weight_decay": (0.0, math.inf, False), "alpha": (0.0, math.inf, False), "rho": (0.0, 1.0, True),
+           "betas": (0.0, 1.0, False), "lr_decay": (0.0, math.inf, False)}
+
+
+def _check_range(key: str, value) -> None:
+    rng = _RANGES.get(key)
+    if rng is None:
+        return
+    lo, hi, closed = rng
+    for v in (value if isinstance(value, tuple) else (value,)):
+        try:
+            x = float(v)
+        except (TypeError, ValueError):
+            return
+        if not (lo <= x and (x <= hi if closed or hi == math.inf else x < hi)):      # (NaN: neither)
+            what = f"in [{lo:g}, {hi:g}{']' if closed else ')'}" if hi != math.inf else f">= {lo:g}"
+            raise CommandError(f"{key} must be {what}, not {v!r} (torch.optim builds no optimizer with it)")
 
 
 def _assign(g: dict, key: str, value) -> None:
