@@ -26,6 +26,8 @@ def _printed(stdout: str) -> dict:
     ("validate", "net.0", None),         # merged: 9,216 elements at steps 5, 10, 15 (the validation batch's 8,192)
     ("target", "model.net.0", "target"),  # the target network's rows, a pass no backward went through
     ("rollout", "net.0", None),          # merged: 1,120 (six acting passes of one row each)
+    ("raised", "net.0", None),           # lost: no rows at steps 1, 5, 9, 13, 17 (the depth stayed up)
+    ("fallback", "net.0", None),         # lost: no rows at all
     ("twopass", "net.0", None),
     ("accum", "net.0", None),
     ("gan", "G.net.0", None),

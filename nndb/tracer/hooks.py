@@ -770,8 +770,9 @@ class Tracer:
     def want_forward(self, on: bool) -> None:
         self._forward_key = None            # (the next optimizer step decides again: sync_forward)
         if on and not self._fwd_handles:
+            # (always_call: a forward that raises still ends its call: _forward_raised)
             self._fwd_handles = [_module.register_module_forward_pre_hook(self._forward_pre),
-                                 _module.register_module_forward_hook(self._forward_post)]
+                                 _module.register_module_forward_hook(self._forward_post, always_call=True)]
             _quiet_compile_warning()
         elif not on and self._fwd_handles:
             for h in self._fwd_handles:
@@ -865,6 +866,9 @@ class Tracer:
         if _COMPILING() or _FUNCTORCH() is not None or (module in self._ran and _IN_BACKWARD() != -1) \
                 or self.naming.compiled_bodies and self._compiled_body(module):
             return None
+        if output is None and sys.exc_info()[1] is not None:
+            self._forward_raised(module, args)
+            return None
         self.module_depth = max(0, self.module_depth - 1)
         if self._failed or self.in_hook:
             return None
@@ -881,6 +885,26 @@ class Tracer:
                 except Exception:
                     self._fail()
         return None
+
+    def _forward_raised(self, module, args) -> None:
+        """``module``'s forward raised (PyTorch calls the post hook, registered ``always_call``,
+        as the exception leaves each module's call, with no output): its call ends, and at the
+        root its pass.  The depth stayed up until the step's end, so a pass the script ran
+        after catching the exception was no root's: its activations went into the raised
+        pass's, which never ended, and the step had none (layers 'l0', 'l1' missing at each
+        step whose first forward raised)."""
+        self.module_depth = max(0, self.module_depth - 1)
+        if self._failed or self.in_hook:
+            return
+        if self.lineage is not None:
+            self._quietly(self.lineage.module_post, module, args, None)
+        if self.module_depth == 0:
+            self._calls = {}
+            if self.recorder._pass is not None:
+                try:
+                    self.recorder.pass_ended()
+                except Exception:
+                    self._fail()
 
     def _compiled_body(self, module) -> bool:
         """Is ``module`` a ``torch.compile``'d module's ``_orig_mod``?  Its call is the compiled
@@ -1410,8 +1434,8 @@ class Tracer:
             ft.flush()
 
     def _close(self, close: Close) -> None:
-        # No forward pass is running at a step boundary, and a forward that raised
-        # may have left the depth counter up (always_call would cost every module call).
+        # No forward pass is running at a step boundary (a forward that raised ended its
+        # calls too: _forward_raised).
         self.module_depth, self._ran = 0, set()
         ft = self.recorder.fulltensors
         if ft is not None and ft.rules and self.recorder.manual:

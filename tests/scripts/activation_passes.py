@@ -3,6 +3,9 @@
   target    a DQN-like target network called with autograd on, its output detached
   rollout   rollouts collected with autograd on (a policy called per env step,
             outputs detached), then one update pass
+  raised    every 4th step, a forward that raises (a batch of the wrong width),
+            caught by the script before the step's pass
+  fallback  a model whose forward calls a layer that raises and catches it
 and passes a backward does go through, which stay the step's:
   twopass   two forward passes per step, one loss of both
   accum     gradient accumulation: four micro-batches, a backward each
@@ -65,7 +68,16 @@ if MODE == "gan":
         say(step, n, norm, lossG.item())
     sys.exit(0)
 
-model = Net()
+class Fallback(Net):
+    def forward(self, x):
+        try:
+            self.net[0](x[:, :5])                # (the wrong width: raises, caught here)
+        except RuntimeError:
+            pass
+        return self.net(x)
+
+
+model = Fallback() if MODE == "fallback" else Net()
 opt = torch.optim.SGD(model.parameters(), lr=0.1)
 target = Net()
 target.load_state_dict(model.state_dict())
@@ -84,6 +96,11 @@ for step in range(STEPS):
         opt.step()
         say(step, n, norm, total)
         continue
+    if MODE == "raised" and step % 4 == 1:
+        try:
+            model(torch.randn(3, 5))
+        except RuntimeError:
+            pass
     if MODE == "rollout":
         for t in range(6):                       # acting: autograd on, the action detached
             probs = model(torch.randn(1, 8)).softmax(-1)
