@@ -28,6 +28,7 @@ def _printed(stdout: str) -> dict:
     ("rollout", "net.0", None),          # merged: 1,120 (six acting passes of one row each)
     ("raised", "net.0", None),           # lost: no rows at steps 1, 5, 9, 13, 17 (the depth stayed up)
     ("fallback", "net.0", None),         # lost: no rows at all
+    ("adapt", "model.net.0", None),      # lost: no rows at all (its pass ended after its step closed)
     ("twopass", "net.0", None),
     ("accum", "net.0", None),
     ("gan", "G.net.0", None),

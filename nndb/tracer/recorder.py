@@ -174,7 +174,7 @@ class _Pass:
     ``node``, the last node hooked while it runs."""
     __slots__ = ("home", "bucket", "used", "hook", "node")
 
-    def __init__(self, home: _Bucket):
+    def __init__(self, home: Optional[_Bucket]):
         self.home = home
         self.bucket = _Bucket()
         self.used = used = [False]
@@ -636,6 +636,13 @@ class StepRecorder:
             closed, rest = self._buckets[:retro], self._buckets[retro:]
         else:
             closed, rest = self._buckets, []
+        p = self._pass
+        if p is not None and any(p.home is b for b in closed):
+            # (a step closes inside a root's forward: an optimizer step in it, test-time adaptation's
+            # wrapper.  Its pass so far is the closing step's if a backward went through it (the step
+            # had no activations: settled only as the pass ended, its step gone), the rest the next's)
+            self._passes.append(p)
+            self._pass = _Pass(None)
         if self._passes:
             self.settle_passes(closed)
         if self._set_aside is not None and self._set_aside[0] in closed:
@@ -654,6 +661,8 @@ class StepRecorder:
                 nxt.merge(b)
             nxt.renumber_clips()
         self._buckets = [nxt]
+        if self._pass is not None and self._pass.home is None:
+            self._pass.home = nxt
         self._clips_since_step = []
         now = time.time() - self.t0
         recording, was_full = self.recording, self.full     # (the closed step's: the policy moves on below)

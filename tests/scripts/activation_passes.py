@@ -6,6 +6,8 @@
   raised    every 4th step, a forward that raises (a batch of the wrong width),
             caught by the script before the step's pass
   fallback  a model whose forward calls a layer that raises and catches it
+  adapt     test-time adaptation: a wrapper module whose forward runs the model,
+            its loss's backward and the optimizer's step, then returns the output
 and passes a backward does go through, which stay the step's:
   twopass   two forward passes per step, one loss of both
   accum     gradient accumulation: four micro-batches, a backward each
@@ -79,6 +81,26 @@ class Fallback(Net):
 
 model = Fallback() if MODE == "fallback" else Net()
 opt = torch.optim.SGD(model.parameters(), lr=0.1)
+if MODE == "adapt":
+    class Adapt(nn.Module):
+        def __init__(self, model):
+            super().__init__()
+            self.model = model
+
+        def forward(self, x, y):
+            out = self.model(x)
+            loss = crit(out, y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()                           # (the step closes inside this forward)
+            return out, loss
+
+    adapt = Adapt(model)
+    for step in range(STEPS):
+        n, norm = first_layer(model, X)
+        out, loss = adapt(X, Y)
+        say(step, n, norm, loss.item())
+    sys.exit(0)
 target = Net()
 target.load_state_dict(model.state_dict())
 XV, YV = torch.randn(512, 8) * 100, torch.randint(0, 2, (512,))
