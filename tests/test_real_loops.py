@@ -752,6 +752,41 @@ COMPILED = textwrap.dedent('''
 ''')
 
 
+COMPILED_HOOKED = textwrap.dedent('''
+    import torch, torch.nn as nn, torch.nn.functional as F, torch._dynamo.testing
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 2))
+    acc = {}
+    def hook(mod, args, out):                        # a user's hook, a graph break: .item()
+        with torch.no_grad():
+            n, s = acc.get(mod, (0, 0.0))
+            acc[mod] = (n + out.numel(), s + out.detach().double().pow(2).sum().item())
+    for layer in (model[0], model[2]):
+        layer.register_forward_hook(hook)
+    cnt = torch._dynamo.testing.CompileCounter()
+    cmodel = torch.compile(model, backend=cnt)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    X, Y = torch.randn(32, 8), torch.randint(0, 2, (32,))
+    for step in range(22):
+        opt.zero_grad()
+        loss = F.cross_entropy(cmodel(X[step % 4 * 8:(step % 4 + 1) * 8]), Y[step % 4 * 8:(step % 4 + 1) * 8])
+        loss.backward()
+        opt.step()
+        print("step", step, repr(loss.item()), [s for _, s in acc.values()])
+''')
+
+
+def test_a_compiled_model_whose_hook_breaks_the_graph_runs_as_under_python(tmp_path):
+    """A compiled model with a user's forward hook that calls .item() (a graph break): under
+    nndb the script died at step 0 in Dynamo's resumed frame of the hook ('NoneType' object
+    has no attribute 'item'; an acts helper's finding), where python ran it: the loss rules'
+    function watch, a TorchFunctionMode, was on the mode stack, which Dynamo traces and
+    guards (with Inductor, it also changed the hook's sums in their last digits).  The watch
+    stays off the stack once torch.compile is in use."""
+    plain, trace = plain_and_recorded(tmp_path, COMPILED_HOOKED)
+    assert len(plain.stdout.splitlines()) == 22
+
+
 def test_a_compiled_model_is_recorded_from_outside_and_never_crashed_into(tmp_path):
     """torch.compile'd: Dynamo traced nndb's module hooks (21 graphs where 1,
     31 lines of Dynamo's on stderr) and a module breakpoint or `step` killed

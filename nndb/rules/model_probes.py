@@ -38,6 +38,12 @@ from .. import cadence
 from ..cadence import big_observed, observed
 from .probes import Probe, register
 
+try:                                 # (torch.compile's module: its forward is Dynamo's to run)
+    from torch._dynamo.eval_frame import OptimizedModule as _OptimizedModule
+except Exception:                    # pragma: no cover (a torch without it)
+    class _OptimizedModule:          # noqa: D401 (matches no module)
+        pass
+
 # An activation bigger than this is looked at only on the cadence's big_observed
 # steps, because a pass over it costs about as much as recording it.
 BIG_ELEMENTS = 1 << 18
@@ -442,7 +448,7 @@ class LossInputs(ModuleKeyed):
         if when == "pre" and not self.tracer.closure_step:
             self.watch.mode.remove()
         elif when == "post" and self._armed and self.error is None:
-            self.watch.mode.push()
+            self.watch.start()
 
     def uninstall(self) -> None:
         super().uninstall()
@@ -469,6 +475,9 @@ class LossInputs(ModuleKeyed):
         return super().take(step)
 
     def root(self, module, args) -> None:
+        if type(module) is _OptimizedModule and not self.watch.compiled:
+            self.watch.compiled = True          # (its forward is compiled: the watch off the stack before it runs)
+            self.watch.mode.remove()
         if not self.recorder.recording or not args:
             return
         if not isinstance(module, nn.modules.loss._Loss):
