@@ -20,7 +20,7 @@ def test_json_summary(mlp_trace):
     r = nndb("inspect", "--json", mlp_trace)
     assert r.returncode == 0, r.stderr
     data = json.loads(r.stdout)
-    assert data["steps"] == 6 and data["status"] == "finished"
+    assert data["steps"] == 6 and data["status"] == "finished" and data["partial_steps"] == []
     assert data["meta"]["argv"][1:] == ["--steps", "6", "--lr", "0.1"]
     for key in ("torch", "numpy", "python", "num_threads", "openmp", "rank", "world_size", "start_time"):
         assert key in data["meta"]
@@ -99,3 +99,32 @@ def test_rank_suffix_under_torchrun(tmp_path):
     data = json.loads(nndb("inspect", "--json", os.path.join(str(tmp_path), path)).stdout)
     assert data["meta"]["rank"] == 1 and data["meta"]["world_size"] == 2
     assert data["meta"]["job_id"] == os.path.basename(os.path.dirname(path))
+
+
+def test_a_partial_last_row_is_named_in_the_summary_and_the_series(tmp_path):
+    """A run that ends between backward() and step() (a Ctrl-C in the step, a
+    script that raises there) keeps that work as one more row.  `nndb inspect`
+    said 'recorded 5 step(s) (steps 0..4)' and listed step 4 in --series as a
+    step like the others (its grad beside no update), though the script ran 4
+    whole steps: the Python API's ``partial`` had it, inspect did not."""
+    script = tmp_path / "raises.py"
+    script.write_text(
+        "import torch\ntorch.manual_seed(0)\nm = torch.nn.Linear(3, 1)\n"
+        "opt = torch.optim.SGD(m.parameters(), lr=0.1)\nx = torch.randn(8, 3)\n"
+        "for step in range(5):\n    opt.zero_grad()\n    loss = m(x).pow(2).mean()\n    loss.backward()\n"
+        "    if step == 4:\n        raise KeyboardInterrupt\n    opt.step()\n    print(step, loss.item())\n")
+    path = str(tmp_path / "t.h5")
+    r = nndb("run", "--batch", "-q", "--trace", path, str(script))
+    assert r.returncode == 1 and [line.split()[0] for line in r.stdout.splitlines()] == ["0", "1", "2", "3"]
+    out = nndb("inspect", path).stdout
+    assert "recorded   5 step(s) (steps 0..4), step 4 partial (work after the run's last step end" in out
+    data = json.loads(nndb("inspect", "--json", path).stdout)
+    assert data["steps"] == 5 and data["partial_steps"] == [4]
+    rows = nndb("inspect", path, "--series", "weight").stdout.splitlines()[3:]
+    assert [row.split("  ")[0].strip() for row in rows] == ["0", "1", "2", "3", "4 (partial)"]
+    assert rows[-1].split()[-2] == "-"                 # (no update at the partial row: param, update, grad)
+    j = json.loads(nndb("inspect", path, "--series", "weight", "--json").stdout)
+    assert j["partial_steps"] == [4]
+    from nndb import open as open_trace
+    with open_trace(path) as t:                        # (a notebook's summary of the trace)
+        assert t.summary()["partial_steps"] == [4] and "(steps 0..4), step 4 partial," in t._repr_html_()

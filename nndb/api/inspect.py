@@ -63,6 +63,7 @@ def summary(reader: TraceReader) -> dict:
         "steps": reader.n_steps,
         "first_step": int(steps[0]) if len(steps) else None,
         "last_step": int(steps[-1]) if len(steps) else None,
+        "partial_steps": _partial_steps(reader),
         "events": reader.events(),
         "findings": stored_findings(reader),
         "loss_kinds": reader.records("loss_kind"),
@@ -91,7 +92,15 @@ def series(reader: TraceReader, name: str, stat: Optional[str], kind: Optional[s
         steps, block = reader.history(s)
         out.append({"kind": s.kind, "steps": [int(x) for x in steps],
                     "values": measured_column(block, stat, reader.columns)})
-    return {"trace": reader.path, "name": name, "stat": stat, "series": out}
+    return {"trace": reader.path, "name": name, "stat": stat, "series": out,
+            "partial_steps": _partial_steps(reader)}
+
+
+def _partial_steps(reader: TraceReader) -> list:
+    """The steps of the rows that are no whole step: the work after the run's
+    last step end (the iteration a Ctrl-C or an exception ended, an evaluation's
+    backward()), kept as one more row (nndb.Trace.partial)."""
+    return [int(x) for x in np.asarray(reader.steps)[np.asarray(reader.partial, dtype=bool)]]
 
 
 def tensor_at(reader: TraceReader, spec: str, step: int, npy_path: Optional[str] = None) -> dict:

@@ -303,6 +303,7 @@ class Trace:
         return {"path": self.path, "script": self._reader.meta.get("script"), "status": self.status,
                 "steps": int(len(steps)), "first_step": int(steps[0]) if len(steps) else None,
                 "last_step": int(steps[-1]) if len(steps) else None,
+                "partial_steps": [int(x) for x in steps[self.partial]],
                 "findings": len(self._reader.records("finding")),
                 "stops": len(self._reader.records("stop")),
                 "tensors": self.tensors}

@@ -30,6 +30,9 @@ def table(headers: list, rows: list, max_rows: int = MAX_ROWS) -> str:
 def trace_summary(data: dict) -> str:
     """``Trace.summary()`` as HTML: a heading line and a table of the tensors."""
     span = "" if data["first_step"] is None else f" (steps {data['first_step']}..{data['last_step']})"
+    partial = data.get("partial_steps") or []
+    if partial:     # (the work after the run's last step end: no whole step)
+        span += f", {'step' if len(partial) == 1 else 'steps'} {', '.join(map(str, partial))} partial"
     lines = [
         f"<b>nndb trace</b> <code>{escape(str(data['path']))}</code>",
         f"script <code>{escape(str(data['script']))}</code>",

@@ -45,6 +45,10 @@ def summary(data: dict) -> str:
         status += " (the run is still writing, or was killed: data up to its last flush)"
     lines.append(f"status     {status}")
     span = "" if data["first_step"] is None else f" (steps {data['first_step']}..{data['last_step']})"
+    partial = data.get("partial_steps") or []
+    if partial:
+        span += (f", step {partial[0]} partial" if len(partial) == 1 else
+                 f", steps {', '.join(map(str, partial))} partial") + " (work after the run's last step end, no whole step)"
     lines.append(f"recorded   {data['steps']} step(s){span}, schedule {m.get('schedule', '?')}")
     for e in data.get("events", []):
         lines.append(printable_line(f"event      step {e.get('step')}: {e.get('kind')}: {e.get('message')}"))
@@ -76,7 +80,9 @@ def series(data: dict) -> str:
     for s in data["series"]:
         for step, v in zip(s["steps"], s["values"]):
             by_step.setdefault(step, {})[s["kind"]] = v
-    rows = [[step] + [fmt(by_step[step].get(k)) for k in kinds] for step in sorted(by_step)]
+    partial = set(data.get("partial_steps") or ())
+    rows = [[f"{step} (partial)" if step in partial else step] + [fmt(by_step[step].get(k)) for k in kinds]
+            for step in sorted(by_step)]
     # the tensor and statistic once, above a column per kind
     title = f"{data['name']}: {data['stat']}"
     return printable(title + "\n" + tabulate(rows, headers=["step"] + kinds, disable_numparse=True))
