@@ -304,3 +304,22 @@ def test_local_sgd_has_no_divergence_finding(tmp_path, how):
         for s in (2, 6, 10):
             assert by[(0, s)] == by[(1, s)] and norms[0][s] == norms[1][s], (s, norms)
         assert norms[0][3] != norms[1][3]
+
+
+def test_a_partial_last_row_is_named_and_the_tensors_are_of_the_last_whole_step(tmp_path):
+    """A job whose ranks end with an evaluation's backward() after their last step keep it as
+    a partial row (step 4 of 4 whole steps, 0..3).  `nndb inspect RUNDIR` showed the span
+    '0..4' and 'tensors at step 4 (the last step every rank recorded)': the merged table was
+    that backward's (its gradient accumulated onto step 3's, no loss of a step), not a step's."""
+    rundir, p = _job(tmp_path, "evalbw", "dist_ddp.py", "--epochs", "1", "--eval-backward")
+    last = {int(m.group(1)): float(m.group(2))
+            for m in re.finditer(r"rank (\d) last step's loss (\S+)", p.stdout)}
+    assert sorted(last) == [0, 1], p.stdout
+    data = _inspect(rundir)
+    assert [(r["first_step"], r["last_step"], r["partial_steps"]) for r in data["ranks"]] == [(0, 4, [4])] * 2
+    assert data["step"] == 3
+    loss = next(t for t in data["tensors"] if t["kind"] == "loss")
+    assert loss["stats"]["count"] == 2
+    assert loss["stats"]["mean"] == pytest.approx((last[0] + last[1]) / 2, rel=1e-6)
+    text = nndb("inspect", rundir).stdout
+    assert "0..4 (4 partial)" in text and "tensors at step 3 (the last whole step every rank recorded)" in text

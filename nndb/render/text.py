@@ -109,7 +109,8 @@ def job(data: dict) -> str:
     for w in data.get("warnings", ()):
         lines.append(printable_line(f"warning    {w}"))
     rows = [[r["rank"], r["status"], r["steps"],
-             "-" if r["first_step"] is None else f"{r['first_step']}..{r['last_step']}",
+             ("-" if r["first_step"] is None else f"{r['first_step']}..{r['last_step']}")
+             + "".join(f" ({x} partial)" for x in r.get("partial_steps") or ()),
              len(r["findings"]), printable_line(r["trace"])] for r in data["ranks"]]
     lines += ["", tabulate(rows, headers=["rank", "status", "steps", "span", "findings", "trace"],
                            disable_numparse=True)]
@@ -128,13 +129,13 @@ def job(data: dict) -> str:
     lines.append("")
     table = []
     if data["tensors"] and "by_rank" in data["tensors"][0]:
-        lines.append(f"tensors at step {data['step']} (the last step every rank recorded), one row per rank:")
+        lines.append(f"tensors at step {data['step']} (the last whole step every rank recorded), one row per rank:")
         for t in data["tensors"]:
             for k, st in t["by_rank"].items():
                 table.append([printable_line(t["name"]), t["kind"], k] + [fmt(st[c]) for c in _JOB_STATS])
         headers = ["tensor", "kind", "rank", *_JOB_STATS]
     else:
-        lines.append(f"tensors at step {data['step']} (the last step every rank recorded), merged across ranks "
+        lines.append(f"tensors at step {data['step']} (the last whole step every rank recorded), merged across ranks "
                      f"(shards and batches combined; a replicated parameter: rank {data['ranks'][0]['rank']}'s):")
         for t in data["tensors"]:
             st = t["stats"]

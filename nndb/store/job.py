@@ -7,7 +7,7 @@ refuses anything else with one line (a UsageError: exit code 2);
 ``job_summary`` returns plain data (renderers print it): the ranks and
 their steps, each rank's findings (its own rule engine's), the cross-rank
 findings given (nndb.rules.crossrank.judge_rundir over the ranks' fingerprint rows), and per
-tensor the statistics at the last step every rank recorded, merged across
+tensor the statistics at the last whole step every rank recorded, merged across
 ranks (nndb.store.merge) or, with ``ranks=True``, side by side.
 """
 from __future__ import annotations
@@ -124,6 +124,7 @@ def job_summary(job: Job, cross: tuple, ranks: bool = False) -> dict:
         info.append({"rank": k, "trace": r.path, "status": r.status, "steps": r.n_steps,
                      "first_step": int(steps[0]) if len(steps) else None,
                      "last_step": int(steps[-1]) if len(steps) else None,
+                     "partial_steps": [int(x) for x in np.asarray(steps)[np.asarray(r.partial, dtype=bool)]],
                      "findings": r.records("finding")})
     cross, why = cross
     return {"rundir": job.directory, "job_id": job.job_id, "script": job.script,
@@ -133,10 +134,12 @@ def job_summary(job: Job, cross: tuple, ranks: bool = False) -> dict:
 
 
 def _tensors(job: Job, side_by_side: bool) -> dict:
-    """Per tensor, its statistics at the last step every rank recorded."""
+    """Per tensor, its statistics at the last whole step every rank recorded (a
+    rank's partial last row, the work after its last step end, is no step)."""
     common: Optional[set] = None
     for k in job.ranks:
-        s = {int(x) for x in job.readers[k].steps}
+        r = job.readers[k]
+        s = {int(x) for x in np.asarray(r.steps)[~np.asarray(r.partial, dtype=bool)]}
         common = s if common is None else common & s
     if not common:
         return {"step": None, "tensors": []}
@@ -145,7 +148,7 @@ def _tensors(job: Job, side_by_side: bool) -> dict:
     cols = job.readers[job.ranks[0]].columns
     for k in job.ranks:
         r = job.readers[k]
-        i = int(np.flatnonzero(np.asarray(r.steps) == step)[0])
+        i = int(np.flatnonzero((np.asarray(r.steps) == step) & ~np.asarray(r.partial, dtype=bool))[0])
         block = r.stats_rows(i, i + 1)[0]
         for s in r.series():
             if s.id >= block.shape[0] or np.isnan(block[s.id, 0]):

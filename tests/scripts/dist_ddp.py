@@ -8,6 +8,8 @@ plants one bug:
   --bn            a plain BatchNorm layer (unsynced_batchnorm; SyncBatchNorm needs a GPU)
   --slow-rank S   rank 1 sleeps S seconds loading each batch (straggler: data loading)
   --slow-forward S  rank 1 sleeps S seconds in each forward (straggler: compute, hidden in DDP's all-reduce)
+Not a bug: --eval-backward  one more forward and backward after the last step, with no step
+(an evaluation's backward: each rank's trace ends with a partial row)
 """
 import argparse
 import time
@@ -26,6 +28,7 @@ ap.add_argument("--bn", action="store_true")
 ap.add_argument("--slow-rank", type=float, default=0.0)
 ap.add_argument("--slow-forward", type=float, default=0.0)
 ap.add_argument("--epochs", type=int, default=3)
+ap.add_argument("--eval-backward", action="store_true")
 args = ap.parse_args()
 
 dist.init_process_group("gloo")
@@ -74,5 +77,9 @@ for epoch in range(args.epochs):
             with torch.no_grad():
                 model.module[0].weight[0, 0] += 0.01
         step += 1
-print(f"rank {rank} done: {step} steps, loss {loss.item():.6f}")
+print(f"rank {rank} done: {step} steps, loss {loss.item():.6f}", flush=True)
+if args.eval_backward:
+    x, y = data[:8]
+    nn.functional.cross_entropy(model(x), y).backward()
+    print(f"rank {rank} last step's loss {loss.item()!r}", flush=True)
 dist.destroy_process_group()
