@@ -554,3 +554,32 @@ def test_the_loss_curve_draws_no_line_across_a_nan_step(tmp_path):
     assert y[~np.isnan(y)].tolist() == [v for i, v in enumerate(printed) if i != 5] and math.isnan(printed[5])
     (c,) = [c for c in ax.collections if c.get_label() == "loss: NaN or Inf"]
     assert [int(round(p[0])) for p in c.get_offsets()] == [5]
+
+
+def test_the_loss_of_a_partial_last_row_is_a_point_of_its_own(tmp_path):
+    """A script that ends with an evaluation's backward() after its last step keeps that
+    loss as a partial row (step 4 after steps 0-3): `nndb plot --what loss` drew it on the
+    training loss's line as if it were step 4's loss.  It is a hollow point, named in the
+    legend, off the line; the line ends at step 3."""
+    pytest.importorskip("matplotlib")
+    from nndb.render.plot import figure
+    script = tmp_path / "evalbw.py"
+    script.write_text("import torch\ntorch.manual_seed(0)\nm = torch.nn.Linear(3, 1)\n"
+                      "opt = torch.optim.SGD(m.parameters(), lr=0.1)\nx = torch.randn(8, 3)\n"
+                      "for step in range(4):\n    opt.zero_grad()\n    loss = m(x).pow(2).mean()\n"
+                      "    loss.backward()\n    opt.step()\n    print(repr(loss.item()))\n"
+                      "ev = (m(x) - 1).pow(2).mean()\nev.backward()\nprint(repr(ev.item()))\n")
+    path = str(tmp_path / "t.h5")
+    r = nndb_cli("run", "--batch", "-q", "--trace", path, str(script))
+    assert r.returncode == 0, r.stderr
+    printed = [float(x) for x in r.stdout.split()]
+    with TraceReader(path) as rd:
+        d = D.loss(rd)
+    assert d.partial.tolist() == [4] and d.steps[0].tolist() == [0, 1, 2, 3, 4]
+    assert d.values[0].tolist() == pytest.approx(printed, rel=1e-6)
+    ax = figure(d).axes[0]
+    line = ax.lines[0]
+    assert line.get_xdata().tolist() == [0, 1, 2, 3]
+    assert line.get_ydata().tolist() == pytest.approx(printed[:4], rel=1e-6)
+    point = [c for c in ax.collections if "partial step" in c.get_label()]
+    assert len(point) == 1 and point[0].get_offsets().tolist() == [[4, pytest.approx(printed[4], rel=1e-6)]]

@@ -233,9 +233,15 @@ def _loss(fig, d: LossCurve) -> None:
     finite = every[np.isfinite(every)]
     log = finite.size > 0 and finite.min() > 0 and finite.max() / finite.min() > 100
     for name, steps, values, bad in zip(d.names, d.steps, d.values, d.nonfinite):
-        ok = np.isfinite(values)
+        part = np.isin(steps, d.partial)
+        ok = np.isfinite(values) & ~part
         xs, ys = _broken(steps[ok], values[ok], steps[bad])     # (no line across a NaN or Inf step)
-        ax.plot(xs, ys, marker="." if ok.sum() < 60 or bad.any() else None, linewidth=1.5, label=plain(name))
+        line, = ax.plot(xs, ys, marker="." if ok.sum() < 60 or bad.any() else None, linewidth=1.5,
+                        label=plain(name))
+        shown = part & np.isfinite(values)
+        if shown.any():     # (the work after the last step end: a point of its own, not on the steps' line)
+            ax.scatter(steps[shown], values[shown], marker="o", facecolors="none", edgecolors=line.get_color(),
+                       s=40, zorder=4, label=f"{plain(name)}: partial step (after the run's last step end)")
         if bad.any():       # (no height to draw them at: a row of crosses along the bottom)
             ax.scatter(steps[bad], [0.03] * int(bad.sum()), marker="x", color="red", s=40,
                        transform=ax.get_xaxis_transform(), label=f"{plain(name)}: NaN or Inf", zorder=4)

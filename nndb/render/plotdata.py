@@ -54,6 +54,8 @@ class LossCurve:
     nonfinite: list         # [(N,) bool per name]: a measured NaN or Inf
     marks: list = field(default_factory=list)
     title: str = ""
+    partial: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))   # steps of rows that are no
+    # whole step (the work after the run's last step end: nndb.Trace.partial)
 
 
 @dataclass
@@ -185,8 +187,9 @@ def heatmap(reader, kind: str = "grad", stat: str = "norm", glob: Optional[str] 
 def loss(reader, findings=(), stops=()) -> LossCurve:
     series = _matching(reader, "loss", None)
     cols = [_column(reader, s, "mean") for s in series]
+    partial = np.asarray(reader.steps, dtype=np.int64)[np.asarray(reader.partial, dtype=bool)]
     return LossCurve([s.name for s in series], [c[0] for c in cols], [c[1] for c in cols], [c[2] for c in cols],
-                     marks(findings, stops), _title(reader, "loss"))
+                     marks(findings, stops), _title(reader, "loss"), partial)
 
 
 def history(reader, name: str, kind: str = "param", findings=(), stops=()) -> History:
