@@ -313,7 +313,8 @@ def test_a_partial_last_row_is_named_and_the_tensors_are_of_the_last_whole_step(
     that backward's (its gradient accumulated onto step 3's, no loss of a step), not a step's."""
     rundir, p = _job(tmp_path, "evalbw", "dist_ddp.py", "--epochs", "1", "--eval-backward")
     last = {int(m.group(1)): float(m.group(2))
-            for m in re.finditer(r"rank (\d) last step's loss (\S+)", p.stdout)}
+            for m in re.finditer(r"rank (\d) last step's loss ([-+]?\d+\.\d+(?:[eE][-+]?\d+)?)", p.stdout)}
+    # (a number, not \S+: the ranks' lines may come out on one line, 'rank 0 ... 1.066rank 1 ...')
     assert sorted(last) == [0, 1], p.stdout
     data = _inspect(rundir)
     assert [(r["first_step"], r["last_step"], r["partial_steps"]) for r in data["ranks"]] == [(0, 4, [4])] * 2

@@ -181,6 +181,9 @@ def _until_hung(fd, timeout=90) -> str:
         chunk = os.read(fd, 4096)
         assert chunk, f"the job ended: {seen.decode(errors='replace')[-1500:]}"
         seen += chunk
+    # (a rank says so just before its call: on a loaded machine its stack at Ctrl-C was still the
+    # script's line, not torch.distributed.all_reduce's; the calls are in within this margin)
+    time.sleep(2.0)
     return seen.decode(errors="replace")
 
 

@@ -421,9 +421,11 @@ def test_go_to_on_a_replica_runs_forward_itself():
     from types import SimpleNamespace
     from nndb.timetravel.navigate import go_to
     resumed = []
-    s = SimpleNamespace(last_step=4, set_until=lambda step: resumed.append(("until", {"until": step})))
+    s = SimpleNamespace(last_step=4, set_until=lambda step: resumed.append(("until", {"until": step})),
+                        input=SimpleNamespace(keep_point_commands=False))
     go_to(s, SimpleNamespace(replica=True), 6)
     assert resumed == [("until", {"until": 6})]
+    assert s.input.keep_point_commands          # (the commands after it in a breakpoint's list run where it stops)
     # (on the recorded run's timeline, not past the present: the live run's last step)
     s.replica = SimpleNamespace(present=5)
     from nndb.errors import CommandError
