@@ -1227,3 +1227,47 @@ def test_the_replica_overfits_with_dropout_off(tmp_path):
     # (without dropout nothing is said)
     report, _ = run_check(regression(tmp_path, "reg.py"), overfit_iters=300)
     assert "dropout off" not in by_name(report)["overfit"].evidence
+
+
+def test_a_sigmoid_before_a_with_logits_loss_fails_the_initial_loss(tmp_path):
+    """BCEWithLogitsLoss on torch.sigmoid(model(x)) (a multi-label head, 12 labels, 10% positive):
+    the initial loss 0.9217 was within the limit of ln(2) = 0.693 and PASSed, the overfit SKIPped,
+    so the planted double sigmoid went unsaid.  An input that is a sigmoid's output (by its
+    autograd graph, through views) now FAILs it; the same head on its logits (0.7058) still
+    PASSes, and so does a small GAN discriminator whose fresh logits all lie in [0, 1]."""
+    body = """
+        import torch, torch.nn as nn
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(20, 64), nn.ReLU(), nn.Linear(64, 12))
+        opt = torch.optim.Adam(model.parameters(), 1e-3)
+        X, Y = torch.randn(256, 20), (torch.rand(256, 12) < 0.1).float()
+        crit = nn.BCEWithLogitsLoss()
+        for s in range(2):
+            i = torch.randint(0, 256, (64,)); loss = crit(OUT, Y[i])
+            opt.zero_grad(); loss.backward(); opt.step()
+        """
+    report, _ = run_check(write(tmp_path, "sig.py", body.replace("OUT", "torch.sigmoid(model(X[i]))")),
+                          overfit_iters=1)
+    c = by_name(report)["initial-loss"]
+    assert c.status == "FAIL" and "input is a sigmoid's output" in c.evidence and "sigmoid" in c.cause, c.evidence
+    assert c.numbers["loss"] == pytest.approx(0.9217, abs=1e-4)
+    report, _ = run_check(write(tmp_path, "logits.py", body.replace("OUT", "model(X[i])")), overfit_iters=1)
+    c = by_name(report)["initial-loss"]
+    assert c.status == "PASS" and c.numbers["loss"] == pytest.approx(0.7058, abs=1e-4), c.evidence
+    report, _ = run_check(write(tmp_path, "view.py", body.replace("OUT", "torch.sigmoid(model(X[i])).view(64, 12)")),
+                          overfit_iters=1)
+    assert by_name(report)["initial-loss"].status == "FAIL"
+    report, _ = run_check(write(tmp_path, "d.py", """
+        import torch, torch.nn as nn, torch.nn.functional as F
+        torch.manual_seed(0)
+        D = nn.Sequential(nn.Linear(2, 16), nn.LeakyReLU(0.2), nn.Linear(16, 1))
+        with torch.no_grad():
+            D[2].bias.fill_(0.5)
+        opt = torch.optim.Adam(D.parameters(), 2e-3)
+        x = torch.randn(32, 2) * 0.1
+        assert ((D(x) >= 0) & (D(x) <= 1)).all()
+        for s in range(2):
+            loss = F.binary_cross_entropy_with_logits(D(x), torch.ones(32, 1))
+            opt.zero_grad(); loss.backward(); opt.step()
+        """), overfit_iters=1)
+    assert by_name(report)["initial-loss"].status == "PASS", by_name(report)["initial-loss"].evidence

@@ -352,6 +352,11 @@ def initial_loss_check(cap: Capture, outcome: Outcome) -> Check:
     ev = f"{v:.4g} vs {ref} (a uniform prediction)" + (f" ({first})" if v != call.value else "")
     if not math.isfinite(v):
         return Check("initial-loss", "SKIP", f"the first loss is {v} (see finite-loss)", numbers=nums)
+    if call.probs_like and call.kind == "binary_cross_entropy_with_logits":
+        return Check("initial-loss", "FAIL", ev + "; but its input is a sigmoid's output, probabilities "
+                     "rather than logits",
+                     "a sigmoid before binary_cross_entropy_with_logits (BCEWithLogitsLoss), which applies it "
+                     "itself: return the logits (drop the sigmoid)", nums)
     if call.probs_like:
         return Check("initial-loss", "FAIL", ev + "; but its input rows are probabilities (in [0, 1], summing to 1)",
                      "a softmax before cross_entropy, which applies log_softmax itself: "

@@ -489,7 +489,9 @@ def _verdict(cap: Capture, call: LossCall, setup: str, losses: list, iters: int,
     if lrs and all(lr == 0 for lr in lrs):
         hints.append("the learning rate is 0")
     if call.probs_like:
-        hints.append("a softmax before cross_entropy keeps the loss from going low")
+        hints.append("a sigmoid before binary_cross_entropy_with_logits keeps the loss from going low"
+                     if getattr(call, "kind", None) == "binary_cross_entropy_with_logits"
+                     else "a softmax before cross_entropy keeps the loss from going low")
     inputs = [t for t in pytree.tree_leaves(model.inputs[0] if len(model.inputs) > 1 else call.model_args)
               if isinstance(t, torch.Tensor)]
     if any(_describe_input(t, mask_ok=i > 0)[1] for i, t in enumerate(inputs)):       # (as the data check)
