@@ -1271,3 +1271,33 @@ def test_a_sigmoid_before_a_with_logits_loss_fails_the_initial_loss(tmp_path):
             opt.zero_grad(); loss.backward(); opt.step()
         """), overfit_iters=1)
     assert by_name(report)["initial-loss"].status == "PASS", by_name(report)["initial-loss"].evidence
+
+
+@pytest.mark.parametrize("seed, first, exp_sum", [(1, 0.1022, 4.734), (0, -0.03278, None)])
+def test_nll_loss_on_raw_logits_fails_the_initial_loss_whatever_its_sign(tmp_path, seed, first, exp_sum):
+    """F.nll_loss on a segmentation net's raw (N, 5, H, W) logits (log_softmax missing): the loss
+    is near 0, above it as often as below.  Above (seed 1: 0.1022 against ln(5) = 1.61) it PASSed
+    initial-loss as 'a pretrained model?' and PASSed overfit as the loss went negative
+    (0.1022 -> -0.01664 in 3 iterations); below (seed 0) overfit PASSed at iteration 1.  exp of an
+    input row sums to ~5, not 1: initial-loss FAILs; the overfit SKIPs (no least value)."""
+    script = write(tmp_path, "nll.py", f"""
+        import torch, torch.nn as nn, torch.nn.functional as F
+        torch.manual_seed({seed})
+        model = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.Conv2d(16, 5, 1))
+        opt = torch.optim.SGD(model.parameters(), 0.1, momentum=0.9)
+        X, Y = torch.randn(32, 3, 16, 16), torch.randint(0, 5, (32, 16, 16))
+        for s in range(2):
+            loss = F.nll_loss(model(X[:8]), Y[:8]); opt.zero_grad(); loss.backward(); opt.step()
+        """)
+    report, _ = run_check(script, overfit_iters=50)
+    c = by_name(report)
+    assert c["initial-loss"].status == "FAIL" and "log_softmax" in c["initial-loss"].cause, c["initial-loss"].evidence
+    assert c["initial-loss"].numbers["loss"] == pytest.approx(first, abs=1e-4)
+    if exp_sum is not None:
+        assert c["initial-loss"].numbers["exp_sum"] == pytest.approx(exp_sum, abs=1e-3)
+    assert c["overfit"].status == "SKIP" and "below 0" in c["overfit"].evidence, c["overfit"].evidence
+    # (the same net through log_softmax: both PASS)
+    good = write(tmp_path, "lsm.py", open(script).read().replace("F.nll_loss(model(X[:8])",
+                                                                  "F.nll_loss(F.log_softmax(model(X[:8]), 1)"))
+    report, _ = run_check(good, overfit_iters=1)
+    assert by_name(report)["initial-loss"].status == "PASS", by_name(report)["initial-loss"].evidence

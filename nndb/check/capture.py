@@ -87,6 +87,8 @@ class LossCall:
     # own, the leaf's shape, the leaf's stride), to take the same view of a copy's output
     view: Optional[tuple] = None
     out_ref: object = None      # a weak reference to the loss the call returned
+    # nll_loss: the median over its input's rows of their exp's sum (1 for log-probabilities)
+    exp_sum: Optional[float] = None
 
 
 @dataclass
@@ -326,6 +328,8 @@ class Capture:
                         inp.requires_grad, _probs_like(inp, func.__name__), target, target_pos, value)
         if isinstance(out, torch.Tensor):
             call.out_ref = weakref.ref(out)
+        if func.__name__ == "nll_loss":
+            call.exp_sum = _exp_sum(inp)
         for mid, (leaves, margs, mfeed) in self.outputs.items():
             for i, t in enumerate(leaves):
                 view = None if t is inp else _view_of(inp, t)
@@ -505,6 +509,16 @@ def _sigmoid_output(inp: torch.Tensor) -> bool:
     while fn is not None and type(fn).__name__ in VIEW_NODES:
         fn = next((f for f, _ in fn.next_functions if f is not None), None)
     return fn is not None and type(fn).__name__ == "SigmoidBackward0"
+
+
+def _exp_sum(inp: torch.Tensor) -> Optional[float]:
+    """The median over an nll_loss input's rows (its class dim: 1, or 0 unbatched) of their
+    exp's sum: 1 for log-probabilities (log_softmax's output), ~C for raw logits near 0."""
+    if not inp.is_floating_point() or inp.dim() < 1 or not inp.numel():
+        return None
+    x = inp.detach().double().exp().sum(1 if inp.dim() >= 2 else 0).flatten()
+    x = x[torch.isfinite(x)]
+    return float(x.median()) if x.numel() else None
 
 
 def _probs_like(inp: torch.Tensor, kind: str) -> bool:

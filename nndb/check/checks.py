@@ -323,6 +323,11 @@ def _summed_elements(call: LossCall) -> int:
     return t.numel()
 
 
+# nll_loss's input rows are log-probabilities where exp of a row sums to 1 within this (bf16's
+# log_softmax: within 1%)
+LOG_PROBS_TOL = 0.05
+
+
 def initial_loss_check(cap: Capture, outcome: Outcome) -> Check:
     call = cap.primary_loss()
     if call is None:
@@ -364,6 +369,14 @@ def initial_loss_check(cap: Capture, outcome: Outcome) -> Check:
     if call.kind == "nll_loss" and v < 0:
         return Check("initial-loss", "FAIL", ev, "nll_loss takes log-probabilities: apply log_softmax to the "
                      "model's output (or use cross_entropy on the logits)", nums)
+    if call.kind == "nll_loss" and call.exp_sum is not None and abs(call.exp_sum - 1) > LOG_PROBS_TOL:
+        # (raw logits near 0 give a loss near 0, above 0 as often as below: 0.1022 against ln(5)
+        # PASSed as 'a pretrained model?', and its overfit PASSed as the loss went negative)
+        nums["exp_sum"] = call.exp_sum
+        return Check("initial-loss", "FAIL", ev + f"; but its input is not log-probabilities: exp of a row sums "
+                     f"to {call.exp_sum:.4g} (median over rows), not 1",
+                     "nll_loss takes log-probabilities: apply log_softmax to the model's output (or use "
+                     "cross_entropy on the logits)", nums)
     limit = max(INIT_LOSS_FACTOR * expected, expected + INIT_LOSS_MARGIN)
     nums["limit"] = limit
     if v > limit:

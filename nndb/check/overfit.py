@@ -460,9 +460,17 @@ def _verdict(cap: Capture, call: LossCall, setup: str, losses: list, iters: int,
     if first == 0:
         return Check("overfit", "SKIP", f"{setup}: the loss is 0 before any training, so there is nothing to "
                      "fit (see finite-loss)")
+    finite = [v for v in losses if math.isfinite(v)]
+    if first < 0 or (getattr(call, "kind", None) == "nll_loss" and min(finite) < 0):
+        # (nll_loss on what is not log-probabilities, raw logits: no least value; it 'fit' its batch
+        # as the loss went below 0: 0.1022 -> -0.01664 in 3 iterations, a PASS)
+        said = (f"the first loss is below 0 ({first:.4g}): {OVERFIT_REL:.0%} of it is no goal" if first < 0 else
+                f"nll_loss went below 0 ({first:.4g} -> {min(finite):.4g}): on what is not log-probabilities it "
+                "has no least value to come down to")
+        return Check("overfit", "SKIP", f"{setup}: {said} (see initial-loss)",
+                     numbers={"first": first, "best": min(finite), "iterations": len(losses)})
     # (where the loss cannot go below a floor, the way from the first loss down to it)
     goal = low + max(OVERFIT_REL * (first - low), OVERFIT_ABS)
-    finite = [v for v in losses if math.isfinite(v)]
     nums = {"first": first, "last": last, "best": min(finite), "goal": goal, "iterations": len(losses)}
     goal_text = f"goal < {goal:.3g}: {OVERFIT_REL:.0%} of the first loss or {OVERFIT_ABS:g}"
     if low:
