@@ -1301,3 +1301,35 @@ def test_nll_loss_on_raw_logits_fails_the_initial_loss_whatever_its_sign(tmp_pat
                                                                   "F.nll_loss(F.log_softmax(model(X[:8]), 1)"))
     report, _ = run_check(good, overfit_iters=1)
     assert by_name(report)["initial-loss"].status == "PASS", by_name(report)["initial-loss"].evidence
+
+
+@pytest.mark.parametrize("zero_grad", ["opt.zero_grad()", "opt.zero_grad(set_to_none=False)"])
+def test_a_zero_grad_between_backward_and_step_is_named_not_called_detached(tmp_path, zero_grad):
+    """loss.backward(); opt.zero_grad(); opt.step(): every parameter got its gradient in backward()
+    and it was gone at step().  The gradients check FAILed with 'got no gradient: detached (.detach(),
+    .data, no_grad, a numpy round trip) or unused in the forward pass' (and with set_to_none=False,
+    'all-zero gradient ... dead ReLUs'), a cause the script does not have.  A hook on each held
+    parameter's gradient accumulation now tells a cleared gradient from one backward never gave;
+    a model whose output is detached still reads 'detached'."""
+    body = """
+        import torch, torch.nn as nn, torch.nn.functional as F
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(20, 64), nn.ReLU(), nn.Linear(64, 7))
+        opt = torch.optim.Adam(model.parameters(), 1e-3)
+        X, Y = torch.randn(256, 20), torch.randint(0, 7, (256,))
+        for s in range(2):
+            loss = F.cross_entropy(OUT, Y[:64])
+            LOOP
+        """
+    script = write(tmp_path, "order.py", body.replace("OUT", "model(X[:64])").replace(
+        "LOOP", f"loss.backward(); {zero_grad}; opt.step()"))
+    report, _ = run_check(script, overfit_iters=1)
+    c = by_name(report)["gradients"]
+    assert c.status == "FAIL" and "zero_grad() between loss.backward() and optimizer.step()" in c.cause, c.evidence
+    assert "detached" not in c.cause and "ReLU" not in c.cause
+    assert c.numbers["cleared_grad"] == ["0.weight", "0.bias", "2.weight", "2.bias"]
+    script = write(tmp_path, "det.py", body.replace("OUT", "model(X[:64]).detach().requires_grad_()").replace(
+        "LOOP", "opt.zero_grad(); loss.backward(); opt.step()"))
+    report, _ = run_check(script, overfit_iters=1)
+    c = by_name(report)["gradients"]
+    assert c.status == "FAIL" and "detached" in c.cause and "cleared_grad" not in c.numbers, c.evidence

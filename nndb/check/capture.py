@@ -129,6 +129,10 @@ class Capture:
         self.backward_losses: list = []     # (step, value or None)
         self.optimizers: list = []          # OptimizerSeen, in the order first stepped
         self.got_grad: set = set()          # id(param): a gradient in some step
+        # id(param): backward() accumulated a non-zero gradient into it (seen from the optimizer's
+        # first step on), whether or not .grad still held it at optimizer.step()
+        self.reached: set = set()
+        self._grad_hooks: list = []
         self.nonzero: set = set()           # ... a finite one with a non-zero element, in some step
         self.grad_rms: dict = {}            # id(param) -> the largest RMS of its finite gradients
         self.nonfinite: set = set()         # ... a NaN/Inf one, in some step
@@ -177,6 +181,9 @@ class Capture:
             self.rec.listeners.remove(self)
         for key, cb in self._hooks:
             t.within.leave(key, cb)
+        for h in self._grad_hooks:
+            h.remove()
+        self._grad_hooks = []
         if self._reset_probe is not None:
             self._reset_probe.uninstall()
             if self._reset_probe.error and len(self.errors) < 3:
@@ -349,6 +356,9 @@ class Capture:
             params = [p for g in opt.param_groups for p in g["params"] if p.requires_grad]
             seen = OptimizerSeen(opt, hyper, params)
             self.optimizers.append(seen)
+            for p in params:
+                if hasattr(p, "register_post_accumulate_grad_hook"):
+                    self._grad_hooks.append(p.register_post_accumulate_grad_hook(self._reached_hook))
         self._note_grads(seen.params)
         if when == "pre":
             seen.before = [p.detach().clone() for p in seen.params]
@@ -360,6 +370,14 @@ class Capture:
                     change = float((p.detach() - b).double().norm()) / scale
                     self.changed[id(p)] = max(change, self.changed.get(id(p), 0.0))
             seen.before = None
+
+    def _reached_hook(self, p) -> None:
+        try:
+            g = p.grad
+            if g is not None and id(p) not in self.reached and not g.is_sparse and bool((g != 0).any()):
+                self.reached.add(id(p))
+        except Exception:                    # (a hook in the script's backward never raises)
+            pass
 
     def _note_grads(self, params) -> None:
         for p in params:

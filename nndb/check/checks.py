@@ -457,6 +457,18 @@ def gradients_check(cap: Capture, outcome: Outcome) -> Check:
     if not (none or zero or nonfinite):
         return Check("gradients", "PASS", ev, numbers=nums)
     problems, causes = [], []
+    # backward() did give them a gradient, gone by optimizer.step(): zero_grad() between the two
+    # (it read 'detached or unused in the forward pass')
+    cleared = [p for p in none + zero if id(p) in cap.reached and id(p) not in cap.nonzero]
+    gone = {id(p) for p in cleared}
+    none = [p for p in none if id(p) not in gone]
+    zero = [p for p in zero if id(p) not in gone]
+    if cleared:
+        nums["cleared_grad"] = [cap.param_name(p) for p in cleared]
+        problems.append(f"a gradient from backward() but none left at optimizer.step(): {_names(cap, cleared)}")
+        causes.append(f"{_names(cap, cleared)} got a gradient in backward() that was gone (None or zeroed) when "
+                      "optimizer.step() ran: a zero_grad() between loss.backward() and optimizer.step(); reset "
+                      "the gradients before backward()")
     if none:
         problems.append(f"no gradient: {_names(cap, none)}")
         causes.append(f"{_names(cap, none)} got no gradient: detached (.detach(), .data, no_grad, a numpy "

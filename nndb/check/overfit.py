@@ -505,7 +505,9 @@ def _verdict(cap: Capture, call: LossCall, setup: str, losses: list, iters: int,
     if any(_describe_input(t, mask_ok=i > 0)[1] for i, t in enumerate(inputs)):       # (as the data check)
         hints.append("unnormalised inputs (see data)")
     model_params = [p for p in model.parameters() if p.requires_grad]
-    if any(id(p) in cap.got_grad and id(p) not in cap.nonzero | cap.nonfinite for p in model_params):
+    if any(id(p) in cap.reached and id(p) not in cap.nonzero for p in model_params):
+        hints.append("the gradients are cleared between backward() and optimizer.step() (see gradients)")
+    elif any(id(p) in cap.got_grad and id(p) not in cap.nonzero | cap.nonfinite for p in model_params):
         hints.append("dead units: some parameters get all-zero gradients (see gradients)")
     generic = ("a bug in the model (a detached or dead path), too little capacity, a learning rate far too "
                "small or too large, or inputs that do not match their labels")
