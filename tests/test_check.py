@@ -1333,3 +1333,31 @@ def test_a_zero_grad_between_backward_and_step_is_named_not_called_detached(tmp_
     report, _ = run_check(script, overfit_iters=1)
     c = by_name(report)["gradients"]
     assert c.status == "FAIL" and "detached" in c.cause and "cleared_grad" not in c.numbers, c.evidence
+
+
+def test_a_layer_left_out_of_the_optimizer_is_said(tmp_path):
+    """Adam(model[0].parameters()) for a 2-layer MLP: the last layer gets a gradient in every
+    backward() and never changes.  gradients and updates PASSed ('2/2 parameter tensor(s) the
+    optimizer holds'), and the overfit FAILed with only the generic hints.  updates now names the
+    parameters backward() gives a gradient that no optimizer holds (said, not failed: a fine-tune
+    may pass only its head), and the overfit's hint names them; a frozen backbone (requires_grad
+    False) is not named."""
+    body = """
+        import torch, torch.nn as nn, torch.nn.functional as F
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(20, 64), nn.ReLU(), nn.Linear(64, 7))
+        FREEZE
+        opt = torch.optim.Adam(model[0].parameters(), 1e-3)
+        X, Y = torch.randn(256, 20), torch.randint(0, 7, (256,))
+        for s in range(2):
+            loss = F.cross_entropy(model(X[:64]), Y[:64])
+            opt.zero_grad(); loss.backward(); opt.step()
+        """
+    report, _ = run_check(write(tmp_path, "part.py", body.replace("FREEZE", "")), overfit_iters=30)
+    c = by_name(report)
+    assert c["updates"].status == "PASS" and c["updates"].numbers["unheld_with_grad"] == ["2.weight", "2.bias"]
+    assert "no optimizer holds 2.weight, 2.bias, though backward() gives them a gradient" in c["updates"].evidence
+    assert c["overfit"].status == "FAIL" and "no optimizer holds stay as they are: 2.weight, 2.bias" in c["overfit"].cause
+    report, _ = run_check(write(tmp_path, "frozen.py", body.replace(
+        "FREEZE", "model[2].requires_grad_(False)")), overfit_iters=1)
+    assert "unheld_with_grad" not in by_name(report)["updates"].numbers

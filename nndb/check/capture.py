@@ -132,6 +132,9 @@ class Capture:
         # id(param): backward() accumulated a non-zero gradient into it (seen from the optimizer's
         # first step on), whether or not .grad still held it at optimizer.step()
         self.reached: set = set()
+        # id(param) -> param: a trainable parameter of a model the run called with a non-zero .grad
+        # at an optimizer step (those no optimizer holds never change: left out of the optimizer?)
+        self.model_grads: dict = {}
         self._grad_hooks: list = []
         self.nonzero: set = set()           # ... a finite one with a non-zero element, in some step
         self.grad_rms: dict = {}            # id(param) -> the largest RMS of its finite gradients
@@ -361,6 +364,11 @@ class Capture:
                     self._grad_hooks.append(p.register_post_accumulate_grad_hook(self._reached_hook))
         self._note_grads(seen.params)
         if when == "pre":
+            for m in list(self.models.values()):
+                for p in m.module.parameters():
+                    if p.requires_grad and id(p) not in self.model_grads and p.grad is not None and \
+                            not p.grad.is_sparse and bool((p.grad != 0).any()):
+                        self.model_grads[id(p)] = p
             seen.before = [p.detach().clone() for p in seen.params]
             seen.lrs.append([_number(g.get("lr")) for g in opt.param_groups])
         elif seen.before is not None:
@@ -394,6 +402,11 @@ class Capture:
                 self.grad_rms[id(p)] = max(rms, self.grad_rms.get(id(p), 0.0))
 
     # -- what the checks ask --------------------------------------------------------------
+    def unheld_with_grad(self) -> list:
+        """Parameters backward() gave a gradient that no optimizer holds."""
+        held = {id(p) for o in self.optimizers for g in o.opt.param_groups for p in g["params"]}
+        return [p for i, p in self.model_grads.items() if i not in held]
+
     def primary_loss(self) -> Optional[LossCall]:
         """The training loss: the first linked to a model and differentiable, else the first."""
         calls = [c for c in self.loss_calls if c.step == 0] or self.loss_calls

@@ -579,6 +579,13 @@ def updates_check(cap: Capture, outcome: Outcome) -> Check:
         return Check("updates", "FAIL", f"{len(still)}/{len(moving)} parameter tensor(s) with a gradient did not "
                      f"change in optimizer.step(): {_names(cap, still)} ({lr_text})", cause, nums)
     left = ""
+    orphans = cap.unheld_with_grad()
+    if orphans:
+        # (said, not failed: a fine-tune may pass only its head to the optimizer; a model whose last
+        # layer was left out of it PASSed without a word, and only its overfit FAILed)
+        nums["unheld_with_grad"] = [cap.param_name(p) for p in orphans]
+        left += (f"; no optimizer holds {_names(cap, orphans)}, though backward() gives them a gradient: they "
+                 "never change (left out of the optimizer? or frozen on purpose: requires_grad_(False) says so)")
     if tiny:
         nums["tiny_grad"] = [cap.param_name(p) for p in tiny]
         left = (f"; not judged: {_names(cap, tiny)}, whose gradient's RMS stayed below {floor:g} (counted as "

@@ -505,6 +505,10 @@ def _verdict(cap: Capture, call: LossCall, setup: str, losses: list, iters: int,
     if any(_describe_input(t, mask_ok=i > 0)[1] for i, t in enumerate(inputs)):       # (as the data check)
         hints.append("unnormalised inputs (see data)")
     model_params = [p for p in model.parameters() if p.requires_grad]
+    orphans = {id(p) for p in cap.unheld_with_grad()}
+    if any(id(p) in orphans for p in model_params):
+        hints.append(f"parameters no optimizer holds stay as they are: "
+                     f"{', '.join(cap.param_name(p) for p in model_params if id(p) in orphans)} (see updates)")
     if any(id(p) in cap.reached and id(p) not in cap.nonzero for p in model_params):
         hints.append("the gradients are cleared between backward() and optimizer.step() (see gradients)")
     elif any(id(p) in cap.got_grad and id(p) not in cap.nonzero | cap.nonfinite for p in model_params):
