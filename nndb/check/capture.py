@@ -114,7 +114,12 @@ class OptimizerSeen:
 
 
 class Capture:
-    """The plain object the probes and the loss mode report to."""
+    """The plain object the probes and the loss mode report to.
+
+    Why this size: one record of what `nndb check`'s short run saw (the models, their calls
+    and outputs, the losses, the optimizers, each parameter's gradients from backward() to
+    step()), written by the hooks and read whole by the checks; split, each part would be
+    written by the same hooks and read by the same checks."""
 
     def __init__(self, rec, steps: int):
         self.rec = rec
