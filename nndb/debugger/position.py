@@ -77,10 +77,8 @@ class StopPosition:
         library's frames below it ('down', 'where').  (It stopped in accelerate/optimizer.py,
         where 'p loss' raised NameError until 'up'.)"""
         self.frames = [(f, f.f_lineno) for f in E.stack_from(frame)] if frame is not None else []
-        i = len(self.frames) - 1
-        while i > 0 and is_library_frame(self.frames[i][0]):
-            i -= 1
-        self.frame_index = i if i >= 0 and not is_library_frame(self.frames[i][0]) else len(self.frames) - 1
+        own = [i for i, (f, _) in enumerate(self.frames) if not is_library_frame(f)]
+        self.frame_index = own[-1] if own else len(self.frames) - 1
 
     def at(self, stop, frame) -> None:
         """The run stopped at ``stop``, in ``frame``: 'list' starts again around its line."""

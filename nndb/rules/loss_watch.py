@@ -133,23 +133,18 @@ class LossWatch:
         self._made = Made()                 # what ops made of the model's outputs this step
         self._roots: "weakref.WeakSet" = weakref.WeakSet()   # the root modules with parameters called
         self.surrogate = None               # (kind, where): what the step's backward() was given
-        self.compiled = False               # torch.compile is in use: the mode stays off (off_for_compile)
+        self.compiled = False               # a compiled module is in use: the mode stays off (start)
 
     # -- on and off --------------------------------------------------------------
     def start(self) -> None:
-        if not self.off_for_compile():
+        # (not while a torch.compile'd module is in use: LossInputs.root sets ``compiled`` as one
+        # is called, before its compiled forward runs.  A TorchFunctionMode on the stack is part
+        # of what Dynamo traces and guards: a compiled model whose user hook breaks the graph,
+        # .item(), died in Dynamo's resumed frame where python ran it; no loss marks for such a
+        # run.  A compiled function, a whole train step, is first compiled with the watch on the
+        # stack: taken off then, Dynamo compiled it again; it stays.)
+        if not self.compiled:
             self.mode.push()
-
-    def off_for_compile(self) -> bool:
-        """Is a torch.compile'd module in use (LossInputs.root sets ``compiled`` as one is called,
-        before its compiled forward runs)?  Then the watch stays off the mode stack: a
-        TorchFunctionMode there is part of what Dynamo traces and guards, and a compiled model
-        whose user hook breaks the graph (``.item()``) died in Dynamo's resumed frame
-        ('NoneType' object has no attribute 'item') where python ran it; the loss marks are not
-        made for such a run.  (A compiled function, a whole train step, is first compiled with
-        the watch on the stack: taken off then, Dynamo compiled it again, a graph more than
-        without nndb; it stays.)"""
-        return self.compiled
 
     def stop(self) -> None:
         self.mode.remove()

@@ -36,15 +36,9 @@ import torch.nn as nn
 
 from .. import cadence
 from ..cadence import big_observed, observed
+from ..tracer.naming import is_compiled_module
 from .probes import Probe, register
 
-
-def _compiled(module) -> bool:
-    """Is ``module`` torch.compile's (an OptimizedModule)?  By its class's name and module:
-    importing torch._dynamo here would load it into every script (Python then ends a
-    KeyboardInterrupt with exit 1, not by SIGINT as without nndb)."""
-    cls = type(module)
-    return cls.__name__ == "OptimizedModule" and cls.__module__ == "torch._dynamo.eval_frame"
 
 # An activation bigger than this is looked at only on the cadence's big_observed
 # steps, because a pass over it costs about as much as recording it.
@@ -477,7 +471,7 @@ class LossInputs(ModuleKeyed):
         return super().take(step)
 
     def root(self, module, args) -> None:
-        if not self.watch.compiled and _compiled(module):
+        if not self.watch.compiled and is_compiled_module(module):
             self.watch.compiled = True          # (its forward is compiled: the watch off the stack before it runs)
             self.watch.mode.remove()
         if not self.recorder.recording or not args:

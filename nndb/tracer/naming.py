@@ -36,6 +36,13 @@ def skip_dirs() -> tuple:
     return _SKIP_PREFIXES
 
 
+def is_compiled_module(m) -> bool:
+    """Is ``m`` a ``torch.compile``'d module (an OptimizedModule around its ``_orig_mod``)?  By
+    its class's name: importing torch._dynamo to ask would load it into every script (Python
+    then ends a KeyboardInterrupt with exit 1, not by SIGINT as without nndb)."""
+    return type(m).__name__ == "OptimizedModule" and isinstance(getattr(m, "_orig_mod", None), torch.nn.Module)
+
+
 def user_frame(depth: int = 1):
     """The innermost frame that belongs to neither torch nor nndb."""
     skip = skip_dirs()
@@ -279,7 +286,7 @@ class Naming:
             self._prefixes[ref_root] = (name, root in self._qualified_roots)
 
     def _note_compiled(self, m) -> None:
-        if type(m).__name__ == "OptimizedModule" and isinstance(getattr(m, "_orig_mod", None), torch.nn.Module):
+        if is_compiled_module(m):
             self.compiled_bodies[id(m._orig_mod)] = weakref.ref(m._orig_mod)
             for inner in m._orig_mod.modules():
                 if inner is not m._orig_mod:
