@@ -133,18 +133,13 @@ class LossWatch:
         self._made = Made()                 # what ops made of the model's outputs this step
         self._roots: "weakref.WeakSet" = weakref.WeakSet()   # the root modules with parameters called
         self.surrogate = None               # (kind, where): what the step's backward() was given
-        self.compiled = False               # a compiled module is in use: the mode stays off (start)
 
     # -- on and off --------------------------------------------------------------
     def start(self) -> None:
-        # (not while a torch.compile'd module is in use: LossInputs.root sets ``compiled`` as one
-        # is called, before its compiled forward runs.  A TorchFunctionMode on the stack is part
-        # of what Dynamo traces and guards: a compiled model whose user hook breaks the graph,
-        # .item(), died in Dynamo's resumed frame where python ran it; no loss marks for such a
-        # run.  A compiled function, a whole train step, is first compiled with the watch on the
-        # stack: taken off then, Dynamo compiled it again; it stays.)
-        if not self.compiled:
-            self.mode.push()
+        # (not once torch.compile is in use: the mode leaves the stack as Dynamo starts
+        # compiling, and LossInputs.root takes it off as a compiled module is called, before
+        # its compiled forward runs; FunctionWatch.compiled.  No loss marks for such a run.)
+        self.mode.push()
 
     def stop(self) -> None:
         self.mode.remove()

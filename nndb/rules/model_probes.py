@@ -471,8 +471,8 @@ class LossInputs(ModuleKeyed):
         return super().take(step)
 
     def root(self, module, args) -> None:
-        if not self.watch.compiled and is_compiled_module(module):
-            self.watch.compiled = True          # (its forward is compiled: the watch off the stack before it runs)
+        if not self.watch.mode.compiled and is_compiled_module(module):
+            self.watch.mode.compiled = True     # (its forward is compiled: the watch off the stack before it runs)
             self.watch.mode.remove()
         if not self.recorder.recording or not args:
             return

@@ -14,6 +14,11 @@ lets the calls of nndb's own hooks through unseen, without the trampoline.
 ``push()`` / ``remove()`` put it on the (thread-local) mode stack and take it
 off again from wherever it is, the modes above it kept in order, so that a
 mode the script entered meanwhile still leaves with its own ``with``.
+
+A mode on the stack is part of what torch.compile traces and guards: the
+watch leaves the stack as Dynamo starts compiling anything (its compile-start
+callback) and is not pushed again (``compiled``), so that compiled code is
+traced, and runs, as without nndb.
 """
 from __future__ import annotations
 
@@ -21,6 +26,7 @@ import os
 import sys
 import threading
 import types
+import weakref
 from typing import Callable, Optional
 
 import torch
@@ -63,11 +69,24 @@ class FunctionWatch(TorchFunctionMode):
         self._depth = 0                  # calls of ours running (PyTorch pops the mode during each)
         self._cleanup = None             # the module pre-hook that removes it at a safe point
         self._thread: Optional[int] = None
+        # Dynamo compiled something while it was pushed (or a compiled module is in use): off
+        # for good.  With the watch on the stack Dynamo traced into __torch_function__ and
+        # guarded on the stack: a compiled train step whose user hook broke the graph had 14
+        # graphs where python has 10 (three of nndb's frames compiled, and the step, a ReLU,
+        # the hook and the resumed frame compiled again as the watch left the stack)
+        self.compiled = False
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
+        if _CALLBACK is None and "torch._dynamo" in _MODULES:
+            # (torch.compile imported it since the push, as a script's first lines do: told
+            # before the compiled function's first call, which has torch calls before it)
+            _watch_compiles(self)
         q = self.quiet
         if _COMPILING() or q is not None and (q.in_hook or q.busy) or _FUNCTORCH() is not None:
-            # (torch.compile tracing: the call as it is, no graph break at our frames)
+            # (torch.compile tracing: the call as it is, no graph break at our frames; and
+            # not pushed again, where Dynamo began compiling before its callback was set)
+            if _COMPILING():
+                self.compiled = True
             return func(*args, **(kwargs or {}))
         self._depth += 1
         try:
@@ -82,12 +101,24 @@ class FunctionWatch(TorchFunctionMode):
         return out
 
     def push(self) -> None:
-        """On the mode stack of this thread (no-op if it is on already)."""
+        """On the mode stack of this thread (no-op if it is on already, or once
+        Dynamo has compiled something)."""
+        if self.compiled:
+            return
         self.on = True
         self._cancel_cleanup()
         if not self.pushed:
+            _watch_compiles(self)
             _push_mode(self)
             self.pushed, self._thread = True, threading.get_ident()
+
+    def compile_started(self, *args) -> None:
+        """Dynamo's compile-start callback (before it reads the mode stack): off now, for good."""
+        try:
+            self.compiled = True
+            self.remove()
+        except Exception as e:      # (never into the script's compile)
+            self.error = self.error or f"{type(e).__name__}: {e}"
 
     def remove(self) -> bool:
         """Off the stack, wherever it is in it; False if it could not be now
@@ -126,6 +157,31 @@ class FunctionWatch(TorchFunctionMode):
             self._cleanup.remove()
             self._cleanup = None
 
+
+
+_WATCHES: "weakref.WeakSet" = weakref.WeakSet()     # the watches Dynamo's callback tells
+_CALLBACK = None
+_MODULES = sys.modules
+
+
+def _watch_compiles(watch) -> None:
+    """Have Dynamo tell ``watch`` when it starts compiling.  Only where the script has
+    imported torch._dynamo (torch.compile, or an optimizer's first step): nndb never
+    imports it.  One callback for the process, the watches held weakly."""
+    global _CALLBACK
+    _WATCHES.add(watch)
+    dynamo = sys.modules.get("torch._dynamo")
+    if _CALLBACK is not None or dynamo is None:
+        return
+    handler = getattr(dynamo, "callback_handler", None)
+    if not hasattr(handler, "register_start_callback"):
+        _CALLBACK = False            # (a torch without the callback: ``__torch_function__``'s own test)
+        return
+
+    def started(*args):
+        for w in list(_WATCHES):
+            w.compile_started()
+    _CALLBACK = handler.register_start_callback(started) or started
 
 
 def take_out(mode, pop, push) -> None:
