@@ -150,3 +150,26 @@ def test_a_class_name_is_named_as_a_variable_would_be():
     assert got == {"SGD": "sgd", "AdamW": "adamw", "LBFGS": "lbfgs", "ReLU": "relu", "LeakyReLU": "leaky_relu",
                    "SmallCNN": "small_cnn", "BatchNorm2d": "batch_norm2d", "TinyTransformer": "tiny_transformer",
                    "MultiheadAttention": "multihead_attention", "LSTM": "lstm", "Net": "net"}
+
+
+def test_a_replica_told_of_a_handover_closes_the_step_at_the_new_optimizers_return():
+    """The live clock learns a handover one optimizer step late (closed after the
+    fact); a forked replica told of it (by the optimizer's id) ends the step at
+    that optimizer's first return, and the steps after it as the live run did."""
+    live, old, new = StepClock(), Opt(), Opt()
+    live.optimizer_pre(old, 1)
+    live.optimizer_post(old)
+    live.optimizer_pre(new, 2)
+    live.optimizer_post(new)
+    took = live.optimizer_pre(new, 2)
+    assert (took.step, took.retro) == (1, 1) and live.late == 1
+    assert live.handovers == {1: (1, id(new))}
+    replica = StepClock()
+    replica.know({str(k): list(v) for k, v in live.handovers.items()})     # (as JSON brings it)
+    replica.optimizer_pre(old, 1)
+    assert replica.optimizer_post(old).step == 0
+    assert replica.optimizer_pre(new, 2) is None
+    closed = replica.optimizer_post(new)
+    assert (closed.step, closed.retro) == (1, None) and not replica.mark and replica.late is None
+    assert replica.closer is new
+    assert replica.optimizer_pre(new, 2) is None and replica.optimizer_post(new).step == 2

@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from conftest import Ran, example, nndb, python
+from conftest import ROOT, Ran, example, nndb, python
 from nndb.store.reader import TraceReader
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="fork replicas need fork()")
@@ -1138,3 +1138,29 @@ def test_predict_set_does_not_call_two_nan_losses_a_difference(tmp_path):
     assert r.returncode == 0, r.stderr
     assert re.search(r"^3\s+nan\s+nan\s+nan\s+nan\s+nan\s", r.stdout, re.M), r.stdout
     assert "No difference in 1 step(s)." in r.stdout and "They first differ" not in r.stdout, r.stdout
+
+
+def test_a_step_a_later_stages_optimizer_took_over_is_gone_back_to_at_its_own_end(tmp_path):
+    """tests/scripts/stages_own_optimizers.py (each block its own Adam, made up
+    front; mnist_forward_forward's shape): step 4, block 1's first, is closed
+    after the fact, as block 1's optimizer steps again.  `goto 4` stopped
+    there too, in step 5's `self.opt.step()`: `i` 1, `loss.item()` step 5's
+    (mnist_forward_forward: 1.0559 where $loss read 1.1267) and `.grad` step
+    5's.  A forked replica is told of the handover and ends the step at its
+    optimizer's return; the live stop says where it is."""
+    script = os.path.join(ROOT, "tests", "scripts", "stages_own_optimizers.py")
+    printed = [line.split()[-1] for line in python(script, forked=True).stdout.splitlines()]
+    r = _run(tmp_path, script, ["break step 4", "continue", 'p ("LIVE", i)', "tbreak step 6", "continue",
+                                "goto 4", 'p ("PAST", i, repr(loss.item()), repr($loss))',
+                                'p ("GRAD", round(self.lin.weight.grad.norm().item() / $grad["self2.lin.weight"].norm, 6))',
+                                "goto 3", "next", 'p ("NEXT", i, repr(loss.item()))', "present",
+                                "replay --verify 0:7", "continue"])
+    assert r.returncode == 0, r.stderr
+    assert "(step 4 was closed after the fact, as another optimizer took the steps over: the run is in " \
+           "step 5's first optimizer step, its variables and .grad step 5's; 'goto 4' shows step 4's own end)" \
+           in r.stdout, r.stdout
+    assert "('LIVE', 1)" in r.stdout
+    assert f"('PAST', 0, '{printed[4]}', '{printed[4]}')" in r.stdout, r.stdout
+    assert "('GRAD', 1.0)" in r.stdout
+    assert f"('NEXT', 0, '{printed[4]}')" in r.stdout
+    assert re.search(r"replay --verify 0:7: 7 step\(s\) replayed .*: identical to the trace, bit for bit", r.stdout)

@@ -215,6 +215,13 @@ class Session(CommandLoop, StopPoints):
         if self.replica is not None:
             self.replica.run_ended(self, status, reason)      # (ends this replica process)
 
+    def closed_late(self, step: Optional[int]) -> bool:
+        """Did a later stage's optimizer take the steps over at ``step``, which the live
+        run closed after the fact, inside the next step's first optimizer step (where it
+        stops now, with that step's variables and gradients: StepClock.handovers)?"""
+        clock = self.rec.tracer.clock if self.rec is not None else None
+        return clock is not None and step is not None and clock.late == step and step in clock.handovers
+
     def post_mortem(self, exc: BaseException) -> None:
         """The script raised: stop at the raising frame (pdb's post-mortem)."""
         self.flush_rules()

@@ -132,8 +132,19 @@ def _short_of_goto(session, stop) -> str:
     return f"\n  ({where}: 'goto {target}' stopped on the way, short of step {target}; 'goto {target}' again goes on)"
 
 
+def _late_note(session, stop) -> str:
+    """A step end the live run came to after the fact: another optimizer took the steps
+    over, which it learnt only as that one stepped again (Session.closed_late)."""
+    if not stop.at_step_end or not session.closed_late(stop.step):
+        return ""
+    n = stop.step
+    return (f"\n  (step {n} was closed after the fact, as another optimizer took the steps over: the run is in "
+            f"step {n + 1}'s first optimizer step, its variables and .grad step {n + 1}'s; 'goto {n}' shows "
+            f"step {n}'s own end)")
+
+
 def stop_line(session, stop) -> str:
-    where = _where(session)
+    where = _late_note(session, stop) + _where(session)
     if stop.kind == "exception":
         return f"Post-mortem: {type(stop.exception).__name__}: {stop.exception}{where}"
     if stop.at_step_end:

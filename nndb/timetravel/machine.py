@@ -46,6 +46,10 @@ class Checkpoint:
     taken_at: float
     cost_s: float
     changes: int = 0       # how many of the session's changes (made at the prompt) it holds
+    # taken as a later stage's optimizer took the step over (StepClock.handovers), closed after the
+    # fact inside the next step's first optimizer step: a start for replays of the steps after
+    # it, never its step's own end (a forked replica told of the handover ends it where it ended)
+    late: bool = False
 
 
 def files_note(msg: dict) -> str:
@@ -262,7 +266,8 @@ class TimeMachine:
             return "replica"
         child_end.close()
         cost = time.perf_counter() - t0
-        ck = Checkpoint(self._next, step, pid, parent_end, kind, time.time(), cost, len(s.log.changes))
+        ck = Checkpoint(self._next, step, pid, parent_end, kind, time.time(), cost, len(s.log.changes),
+                        step in s.rec.tracer.clock.handovers)
         self._next += 1
         self.checkpoints[ck.number] = ck
         self.taken += 1
@@ -403,6 +408,7 @@ class TimeMachine:
         sandbox.enter(nndb_files=[s.log.trace_path])     # (the script's own writes go to scratch copies)
         self.timeline = int(msg.get("timeline", 0))
         s.restore(msg["state"])
+        s.rec.tracer.clock.know(msg["goal"].get("handovers"))     # (the steps closed after the fact)
         role = make_role(msg["goal"], chan)
         s.become_replica(role)
         role.begin(s)
@@ -412,7 +418,7 @@ class TimeMachine:
     def nearest(self, step: int) -> Optional[Checkpoint]:
         best = None
         for ck in self.checkpoints.values():
-            if ck.step <= step and (best is None or ck.step > best.step):
+            if (ck.step < step or ck.step == step and not ck.late) and (best is None or ck.step > best.step):
                 best = ck
         return best
 
@@ -453,7 +459,9 @@ class TimeMachine:
             with self.watching_files(s) as seen:
                 msg = self.wait_for_replica(s, *spawn(s, self, goal))
             return self._checked(dict(msg, files=seen))
-        goal = dict(goal, replayed_from=ck.step)
+        # (a forked replica has the live run's objects at their addresses: it is told by id which
+        # steps a later stage's optimizer took over, learnt since its checkpoint: StepClock.know)
+        goal = dict(goal, replayed_from=ck.step, handovers=s.rec.tracer.clock.handovers)
         with self.watching_files(s) as seen:
             ck.chan.send({"op": "resume", "goal": goal, "state": s.snapshot(), "timeline": self.timeline})
             msg = self.wait_for_replica(s, ck.chan)

@@ -65,6 +65,10 @@ class StepClock:
         self._learn_n = 0                # optimizers in the process as learning began
         self.mark = False                # did the last optimizer_post end a segment (marks)
         self._others: list = []          # one closer: the others that stepped since the last close (weakrefs)
+        # {step: (optimizer steps in it, id of the last)}: the steps a later stage's optimizer
+        # took over, learnt here after the fact (optimizer_pre) or told to a forked replica (know)
+        self.handovers: dict = {}
+        self.late: Optional[int] = None  # the step last closed after the fact, inside the next one
 
     @property
     def closer(self):
@@ -75,8 +79,17 @@ class StepClock:
 
     def _close(self, retro=None) -> Close:
         c = Close(self.step, retro)
+        self.late = self.step if retro is not None else None
         self.step += 1
         return c
+
+    def know(self, handovers) -> None:
+        """A forked replica is told the live run's handovers (``handovers``'s items, JSON's
+        string keys or not): it closes each such step at the return of its last optimizer
+        step, where the live run closed it after the fact (its stop was in the next step's
+        first optimizer step, with that step's variables and gradients)."""
+        for step, (n, ident) in dict(handovers or {}).items():
+            self.handovers[int(step)] = (int(n), int(ident))
 
     # -- events -------------------------------------------------------------
     def optimizer_pre(self, opt, n_optimizers: int) -> Optional[Close]:
@@ -109,10 +122,14 @@ class StepClock:
             # The closer has not stepped since this one did: this one (and any that
             # stepped with it) is the loop now; the closer is an earlier stage's.
             order, self._others = self._others, []
-            self.mode = Mode.SINGLE if len({id(r()) for r in order}) == 1 else Mode.CYCLE
-            self._closer = order[-1]
-            return self._close(retro=len(order))
+            self.handovers[self.step] = (len(order), id(order[-1]()))
+            return self._hand_over(order, retro=len(order))
         return None
+
+    def _hand_over(self, order: list, retro=None) -> Close:
+        self.mode = Mode.SINGLE if len({id(r()) for r in order}) == 1 else Mode.CYCLE
+        self._closer = order[-1]
+        return self._close(retro=retro)
 
     def marks(self, opt) -> bool:
         """Does ``opt``'s step, about to return, end a segment of the step
@@ -157,10 +174,16 @@ class StepClock:
         if opt is closer:
             self._others = []
             c = Close(self.step)          # (self._close(), inline: every step)
+            self.late = None
             self.step += 1
             return c
         if self.mode is Mode.SINGLE and closer is not None:
             self._others.append(weakref.ref(opt))
+            if self.handovers and self.handovers.get(self.step) == (len(self._others), id(opt)):
+                # (a replica told of the live run's handover: the step ends here, at its return)
+                order, self._others = self._others, []
+                self.mark = False
+                return self._hand_over(order)
         return None
 
     def backward_end(self, n_optimizers: int) -> Optional[Close]:
