@@ -1164,3 +1164,17 @@ def test_a_step_a_later_stages_optimizer_took_over_is_gone_back_to_at_its_own_en
     assert "('GRAD', 1.0)" in r.stdout
     assert f"('NEXT', 0, '{printed[4]}')" in r.stdout
     assert re.search(r"replay --verify 0:7: 7 step\(s\) replayed .*: identical to the trace, bit for bit", r.stdout)
+
+
+def test_a_stop_at_a_step_0_closed_after_the_fact_says_where_it_is(tmp_path):
+    """Two optimizers alive at the first step, the first stepping again before
+    the other has: step 0 is closed inside step 1's first optimizer step
+    (docs/steps.md), and its stop showed step 1's `i` and `.grad` as step 0's
+    end, saying nothing."""
+    script = os.path.join(ROOT, "tests", "scripts", "stages_own_optimizers.py")
+    r = _run(tmp_path, script, ["break step 0", "continue", 'p ("AT", $step, i)', "kill"])
+    assert r.returncode == 0, r.stderr
+    assert "(step 0 was closed after the fact, as the first optimizer stepped again (so nndb learns which " \
+           "optimizers make a step): the run is in step 1's first optimizer step, its variables and .grad " \
+           "step 1's)" in r.stdout, r.stdout
+    assert "('AT', 0, 1)" in r.stdout

@@ -215,12 +215,16 @@ class Session(CommandLoop, StopPoints):
         if self.replica is not None:
             self.replica.run_ended(self, status, reason)      # (ends this replica process)
 
-    def closed_late(self, step: Optional[int]) -> bool:
-        """Did a later stage's optimizer take the steps over at ``step``, which the live
-        run closed after the fact, inside the next step's first optimizer step (where it
-        stops now, with that step's variables and gradients: StepClock.handovers)?"""
+    def closed_late(self, step: Optional[int]) -> Optional[str]:
+        """Was ``step`` closed after the fact, inside the next step's first optimizer
+        step (where the live run stops now, with that step's variables and gradients)?
+        "handover": a later stage's optimizer took the steps over (StepClock.handovers;
+        a replica goes to the step's own end); "learnt": step 0 of several optimizers,
+        closed as the first stepped again (docs/steps.md); None: no."""
         clock = self.rec.tracer.clock if self.rec is not None else None
-        return clock is not None and step is not None and clock.late == step and step in clock.handovers
+        if clock is None or step is None or clock.late != step:
+            return None
+        return "handover" if step in clock.handovers else "learnt"
 
     def post_mortem(self, exc: BaseException) -> None:
         """The script raised: stop at the raising frame (pdb's post-mortem)."""

@@ -133,14 +133,16 @@ def _short_of_goto(session, stop) -> str:
 
 
 def _late_note(session, stop) -> str:
-    """A step end the live run came to after the fact: another optimizer took the steps
-    over, which it learnt only as that one stepped again (Session.closed_late)."""
-    if not stop.at_step_end or not session.closed_late(stop.step):
+    """A step end the live run came to after the fact (Session.closed_late): another
+    optimizer took the steps over, or the first of several optimizers stepped again."""
+    why = session.closed_late(stop.step) if stop.at_step_end else None
+    if why is None:
         return ""
     n = stop.step
-    return (f"\n  (step {n} was closed after the fact, as another optimizer took the steps over: the run is in "
-            f"step {n + 1}'s first optimizer step, its variables and .grad step {n + 1}'s; 'goto {n}' shows "
-            f"step {n}'s own end)")
+    cause, after = ("another optimizer took the steps over", f"; 'goto {n}' shows step {n}'s own end") \
+        if why == "handover" else ("the first optimizer stepped again (so nndb learns which optimizers make a step)", "")
+    return (f"\n  (step {n} was closed after the fact, as {cause}: the run is in step {n + 1}'s first "
+            f"optimizer step, its variables and .grad step {n + 1}'s{after})")
 
 
 def stop_line(session, stop) -> str:
