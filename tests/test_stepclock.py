@@ -154,20 +154,25 @@ def test_a_class_name_is_named_as_a_variable_would_be():
 
 def test_a_replica_told_of_a_handover_closes_the_step_at_the_new_optimizers_return():
     """The live clock learns a handover one optimizer step late (closed after the
-    fact); a forked replica told of it (by the optimizer's id) ends the step at
-    that optimizer's first return, and the steps after it as the live run did."""
+    fact); a replica told of it (the optimizer's place by first step: a respawned
+    replica's objects are new ones) ends the step at that optimizer's first
+    return, and the steps after it as the live run did."""
     live, old, new = StepClock(), Opt(), Opt()
+    live.seen(old)
     live.optimizer_pre(old, 1)
     live.optimizer_post(old)
+    live.seen(new)
     live.optimizer_pre(new, 2)
     live.optimizer_post(new)
     took = live.optimizer_pre(new, 2)
     assert (took.step, took.retro) == (1, 1) and live.late == 1
-    assert live.handovers == {1: (1, id(new))}
-    replica = StepClock()
+    assert live.handovers == {1: (1, 1)}
+    replica, old, new = StepClock(), Opt(), Opt()
     replica.know({str(k): list(v) for k, v in live.handovers.items()})     # (as JSON brings it)
+    replica.seen(old)
     replica.optimizer_pre(old, 1)
     assert replica.optimizer_post(old).step == 0
+    replica.seen(new)
     assert replica.optimizer_pre(new, 2) is None
     closed = replica.optimizer_post(new)
     assert (closed.step, closed.retro) == (1, None) and not replica.mark and replica.late is None

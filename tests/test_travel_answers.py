@@ -1164,6 +1164,10 @@ def test_a_step_a_later_stages_optimizer_took_over_is_gone_back_to_at_its_own_en
     assert "('GRAD', 1.0)" in r.stdout
     assert f"('NEXT', 0, '{printed[4]}')" in r.stdout
     assert re.search(r"replay --verify 0:7: 7 step\(s\) replayed .*: identical to the trace, bit for bit", r.stdout)
+    # a respawned replica (new objects, new ids) is told too: by the optimizers' order of first step
+    r = _run(tmp_path, script, ["tbreak step 6", "continue", "goto 4", 'p ("PAST", i, repr(loss.item()))', "kill"],
+             extra=("--replica", "respawn"))
+    assert f"('PAST', 0, '{printed[4]}')" in r.stdout and "was closed after the fact" not in r.stdout, r.stdout
 
 
 def test_a_stop_at_a_step_0_closed_after_the_fact_says_where_it_is(tmp_path):

@@ -128,6 +128,8 @@ class Session(CommandLoop, StopPoints):
         self.rule_hits = []
         if self.replica is None:
             self.log.changes, self.hold_checks = [], []
+        else:               # (a respawned replica's run: the live run's handovers, StepClock.know)
+            rec.tracer.clock.know(self.replica.goal.get("handovers"))
         control = self.control
         control.new_run((control.stop_at_start or bool(self.input.queue)) and self.replica is None)
         self.prompting = False

@@ -408,7 +408,7 @@ class TimeMachine:
         sandbox.enter(nndb_files=[s.log.trace_path])     # (the script's own writes go to scratch copies)
         self.timeline = int(msg.get("timeline", 0))
         s.restore(msg["state"])
-        s.rec.tracer.clock.know(msg["goal"].get("handovers"))     # (the steps closed after the fact)
+        s.rec.tracer.clock.know(msg["goal"].get("handovers"))     # (a respawned one's: Session.attach)
         role = make_role(msg["goal"], chan)
         s.become_replica(role)
         role.begin(s)
@@ -435,7 +435,9 @@ class TimeMachine:
             held = ck.changes
         else:
             first, held = 0, 0
-        goal = dict(goal, changes=[c.message() for c in s.log.changes[held:]])
+        # (the steps a later stage's optimizer took over, known only after the fact: StepClock.know)
+        goal = dict(goal, changes=[c.message() for c in s.log.changes[held:]],
+                    handovers=s.rec.tracer.clock.handovers)
         if not goal.get("stats"):             # (replay --verify compares everything itself)
             last = int(goal.get("target", goal.get("end", start)))
             if goal.get("kind") == "goto" and s.last_step is not None:
@@ -459,9 +461,7 @@ class TimeMachine:
             with self.watching_files(s) as seen:
                 msg = self.wait_for_replica(s, *spawn(s, self, goal))
             return self._checked(dict(msg, files=seen))
-        # (a forked replica has the live run's objects at their addresses: it is told by id which
-        # steps a later stage's optimizer took over, learnt since its checkpoint: StepClock.know)
-        goal = dict(goal, replayed_from=ck.step, handovers=s.rec.tracer.clock.handovers)
+        goal = dict(goal, replayed_from=ck.step)
         with self.watching_files(s) as seen:
             ck.chan.send({"op": "resume", "goal": goal, "state": s.snapshot(), "timeline": self.timeline})
             msg = self.wait_for_replica(s, ck.chan)

@@ -1411,6 +1411,7 @@ class Tracer:
     def _first_sight(self, opt) -> None:
         if opt not in self._opt_seen:
             self.optimizer_refs.append(weakref.ref(opt))
+            self.clock.seen(opt)
         self._opt_seen[opt] = len(opt.param_groups)
         self.naming.refresh()
         frame = user_frame(3)

@@ -24,7 +24,11 @@ The rule (also in docs/steps.md):
   its first takes over, as a learnt iteration would: the optimizers that
   stepped since the last close, in order, make the step, which ends at the
   return of the last of them (closed after the fact), and the last closes
-  the steps from then on.
+  the steps from then on.  The live run learns that only inside the next
+  step; a replica replaying the step is told (``handovers``, the live
+  clock's: the step, how many optimizer steps make it, the last one's place
+  among the run's optimizers by their first step, the same in a replay) and
+  closes it at that return, where the step ended.
 * **No optimizer** in the process (hand-written updates such as
   ``p.data.add_(p.grad, alpha=-lr)``): step N ends when the N-th
   ``backward()`` that reaches a parameter returns.  If an optimizer appears
@@ -65,9 +69,11 @@ class StepClock:
         self._learn_n = 0                # optimizers in the process as learning began
         self.mark = False                # did the last optimizer_post end a segment (marks)
         self._others: list = []          # one closer: the others that stepped since the last close (weakrefs)
-        # {step: (optimizer steps in it, id of the last)}: the steps a later stage's optimizer
-        # took over, learnt here after the fact (optimizer_pre) or told to a forked replica (know)
+        # {step: (optimizer steps in it, the last one's ordinal)}: the steps a later stage's optimizer
+        # took over, learnt here after the fact (optimizer_pre) or told to a replica (know)
         self.handovers: dict = {}
+        self._ordinals = weakref.WeakKeyDictionary()    # optimizer -> its place by first step (seen)
+        self._n_seen = 0
         self.late: Optional[int] = None  # the step last closed after the fact, inside the next one
 
     @property
@@ -83,13 +89,20 @@ class StepClock:
         self.step += 1
         return c
 
+    def seen(self, opt) -> None:
+        """``opt`` steps for the first time in this run (the tracer's first sight of it):
+        its ordinal, which a replay gives it too (ids differ in a new process)."""
+        if opt not in self._ordinals:
+            self._ordinals[opt] = self._n_seen
+            self._n_seen += 1
+
     def know(self, handovers) -> None:
-        """A forked replica is told the live run's handovers (``handovers``'s items, JSON's
-        string keys or not): it closes each such step at the return of its last optimizer
-        step, where the live run closed it after the fact (its stop was in the next step's
-        first optimizer step, with that step's variables and gradients)."""
-        for step, (n, ident) in dict(handovers or {}).items():
-            self.handovers[int(step)] = (int(n), int(ident))
+        """A replica is told the live run's handovers (``handovers``'s items, JSON's string
+        keys or not): it closes each such step at the return of its last optimizer step,
+        where the live run closed it after the fact (its stop was in the next step's first
+        optimizer step, with that step's variables and gradients)."""
+        for step, (n, ordinal) in dict(handovers or {}).items():
+            self.handovers[int(step)] = (int(n), int(ordinal))
 
     # -- events -------------------------------------------------------------
     def optimizer_pre(self, opt, n_optimizers: int) -> Optional[Close]:
@@ -122,7 +135,7 @@ class StepClock:
             # The closer has not stepped since this one did: this one (and any that
             # stepped with it) is the loop now; the closer is an earlier stage's.
             order, self._others = self._others, []
-            self.handovers[self.step] = (len(order), id(order[-1]()))
+            self.handovers[self.step] = (len(order), self._ordinals.get(order[-1](), -1))
             return self._hand_over(order, retro=len(order))
         return None
 
@@ -179,7 +192,7 @@ class StepClock:
             return c
         if self.mode is Mode.SINGLE and closer is not None:
             self._others.append(weakref.ref(opt))
-            if self.handovers and self.handovers.get(self.step) == (len(self._others), id(opt)):
+            if self.handovers and self.handovers.get(self.step) == (len(self._others), self._ordinals.get(opt, -1)):
                 # (a replica told of the live run's handover: the step ends here, at its return)
                 order, self._others = self._others, []
                 self.mark = False
