@@ -1182,3 +1182,20 @@ def test_a_stop_at_a_step_0_closed_after_the_fact_says_where_it_is(tmp_path):
            "optimizers make a step): the run is in step 1's first optimizer step, its variables and .grad " \
            "step 1's)" in r.stdout, r.stdout
     assert "('AT', 0, 1)" in r.stdout
+
+
+def test_the_step_after_a_handover_has_the_activations_its_own_policy_records(tmp_path):
+    """Block 1's first step is step 32, an observed step: its second step's forward ran
+    before the live run knew step 32 had ended, under step 32's policy, and step 33 (not
+    observed: 0-19, then one in 32) had activations in the trace, 'self2' among them,
+    where a replay, told of the handover, records none (`stats act` at `goto 33`:
+    nothing recorded)."""
+    import nndb as api
+    script = os.path.join(ROOT, "tests", "scripts", "stages_own_optimizers.py")
+    r = _run(tmp_path, script, ["break step 34", "continue", "goto 33", "stats act", "present", "continue"],
+             "--iters", "32")
+    assert r.returncode == 0, r.stderr
+    assert "nothing recorded" in r.stdout, r.stdout
+    with api.open(str(tmp_path / "t.h5")) as t:
+        observed = sorted(int(s) for s in t.steps if t.stats(int(s)).get("act"))
+    assert observed == list(range(20)) + [32]

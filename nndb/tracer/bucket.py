@@ -90,6 +90,16 @@ class _Bucket:
         self.backward_count += other.backward_count
         self.optimizer_steps += other.optimizer_steps
 
+    def drop_acts(self) -> None:
+        """No activation rows: segments recorded before the previous step was closed after
+        the fact ran under its recording policy, which observed activations where the step
+        they belong to does not (a later stage's first step at step 32, its second's forward
+        recorded at step 33, an unobserved step; a replay, told of the handover, had none)."""
+        self.entries = {k: v for k, v in self.entries.items() if k[0] != "act"}
+        self.deferred = [(k, a) for k, a in self.deferred if k[0] != "act"]
+        self.hists = {k: v for k, v in self.hists.items() if k[0] != "act"}
+        self.act_order = {}
+
     def renumber_clips(self) -> None:
         """The ``clip_grad_norm_`` totals numbered from the step's first (``("clip", CLIP, 0)``):
         a step that begins with segments recorded before the previous step was closed after

@@ -676,6 +676,8 @@ class StepRecorder:
         self.recording, full, acts = self._policy
         self.full = self.force_full or (full if full is not None else self._full_policy(self.step))
         self.acts = self.full or self.force_acts or (acts if acts is not None else self._acts_policy(self.step))
+        if rest and not self.acts:
+            nxt.drop_acts()
         if step == 0:
             self.naming.freeze()
         if self.manual:
