@@ -530,6 +530,34 @@ def test_a_micro_batch_whose_parameters_are_frozen_later_in_the_step_keeps_its_l
     assert {int(s): repr(float(v)) for s, v in zip(steps, losses)} == printed
 
 
+@pytest.mark.parametrize("shape", [("interleaved", "--toggle"), ("sequential", "--toggle"), ("sequential",)])
+def test_a_gan_whose_optimizers_both_accumulate_credits_each_loss_to_the_optimizer_it_reached(tmp_path, shape):
+    """tests/scripts/gan_accumulation.py: a GAN whose two optimizers accumulate over two
+    micro-batches each.  Where D's and G's micro-batches alternate (Lightning's
+    toggle_optimizer with accumulate_grad_batches), every backward's loss went to the
+    optimizer that stepped next: loss/optD was D1 + G1 + D2 (-0.9724 at step 0, the
+    script's -0.6984) and loss/optG G2 alone (-0.2722 for -0.5462).  Each loss goes to the
+    optimizer whose parameters its gradient reached; the sequential shape stays as it was."""
+    from nndb.store.reader import TraceReader
+    script = os.path.join(ROOT, "tests", "scripts", "gan_accumulation.py")
+    args = ["--shape", *shape]
+    plain = python(script, *args, forked=True)
+    printed = {int(m[1]): (m[2], m[3]) for m in re.finditer(r"^step (\d+) (\S+) (\S+)$", plain.stdout, re.M)}
+    trace = str(tmp_path / "t.h5")
+    r = Ran(nndb("run", "--batch", "-q", "--nx", "--trace", trace, "-e", "until 2", "-e", 'p ("AT", repr($loss))',
+                 "-e", "p ('G', repr($losses['loss/optG'].mean))", "-e", "continue", script, *args,
+                 cwd=str(tmp_path)), [])
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    assert re.search(r"\('AT', '([^']+)'\)", r.stdout).group(1) == printed[2][0], (r.stdout, printed)
+    assert re.search(r"\('G', '([^']+)'\)", r.stdout).group(1) == printed[2][1], (r.stdout, printed)
+    with TraceReader(trace) as t:
+        assert list(t.backward_count) == [4] * 4 and list(t.optimizer_steps) == [2] * 4
+        for i, name in enumerate(("loss/optD", "loss/optG")):
+            steps, losses = t.history(t.find(name, "loss")[0], "mean")
+            assert {int(s): repr(float(v)) for s, v in zip(steps, losses)} == \
+                {s: v[i] for s, v in printed.items()}, (name, printed)
+
+
 # A loss taken before optimizer.step(closure) whose gradients the step throws away before its
 # closure runs: SAM's step(closure) (zero_grad, perturb, the closure at the perturbed weights,
 # restore, the base optimizer's step: a step nested in the step) after the first pass, and a

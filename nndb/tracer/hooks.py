@@ -218,9 +218,14 @@ def _backward(*args, **kwargs):
             t.backward_began = _perf_counter()
         # (a later backward of the step, after a loss no optimizer step has taken: did
         # zero_grad() come between?  StepRecorder.later_backward)
-        if _PENDING_LOSS in t.recorder._buckets[-1].entries:
+        rec = t.recorder
+        pending = _PENDING_LOSS in rec._buckets[-1].entries
+        if pending or rec.reaching:
             try:
-                t.recorder.later_backward()
+                if pending:
+                    rec.later_backward()
+                if rec.reaching:        # (no optimizer stepped yet, or several: whose is its loss?)
+                    rec.before_backward()
             except Exception:
                 t._fail()
         if t._param_hooks:           # (its parameter hooks may see this one: after it, did they?)
@@ -1211,7 +1216,7 @@ class Tracer:
                 self.sync_forward()
             if self._loss_early is None and _IN_BACKWARD() != -1:
                 self._loss_in_backward()
-            self.recorder.optimizer_pre(opt)
+            self.recorder.optimizer_pre(opt, self._known_optimizers or ())
             if self.lineage is not None or self.within.optimizer:
                 self._tell_optimizer(opt, "pre")
         except Exception:

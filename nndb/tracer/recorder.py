@@ -148,6 +148,25 @@ def _same_grad(mark, g: torch.Tensor) -> bool:
     return mark is not None and mark[0]() is g and mark[1] == g._version
 
 
+def _reached(before) -> Optional[frozenset]:
+    """The ids of the parameters whose gradient a backward made or added to, from the marks
+    ``StepRecorder.before_backward`` took before it; None where it took none."""
+    if before is None:
+        return None
+    params, marks = before
+    return frozenset(id(p) for p in params if p.grad is not None and not _same_grad(marks.get(id(p)), p.grad))
+
+
+def _sum_rows(parts) -> tuple:
+    """(the row of the sum, its dtype) of ``parts`` ((row, dtype, reach) each), added as
+    StepRecorder.loss adds them, in order, in their promoted dtype."""
+    row, dtype = parts[0][0], parts[0][1]
+    for r, dt, _ in parts[1:]:
+        dtype = torch.promote_types(dtype, dt)
+        row = S.add_scalar_rows(row, r, dtype)
+    return row, dtype
+
+
 def first_float_tensor(out, depth: int = 0):
     if isinstance(out, torch.Tensor):
         return out if out.is_floating_point() else None
@@ -242,6 +261,16 @@ class StepRecorder:
         self._clips_before = 0                   # clip_grad_norm_ calls of the step before its last backward
         self._grads_after: Optional[list] = None
         self._clips_since_step: list = []        # clip_grad_norm_ keys since the last optimizer step
+        # Which optimizer a backward's loss is credited to (_credit): with no optimizer stepped yet
+        # or several (``reaching``), each backward's parameters' gradients before it (``_before``:
+        # (parameters, their marks)), and the losses the bucket's pending row sums, one a backward:
+        # (bucket, [(row, dtype, ids of the parameters whose gradient it changed, or None)]); None
+        # where the pending row is no such sum (a loss of several elements, losses set aside put back)
+        self.reaching = True
+        self._before: Optional[tuple] = None
+        self._parts: Optional[tuple] = None
+        self._held_back: Optional[tuple] = None       # (bucket, parts, optimizer ref): credited later (_credit)
+        self._waiting: Optional[tuple] = None    # (bucket, optimizer ref): held, pending again (_unhold)
         # These caches key an object by its id, never by the object: they must not keep
         # an optimizer, a module or a parameter alive (an optimizer the script replaced,
         # kept alive here, never handed the step clock over to its successor: every
@@ -433,6 +462,7 @@ class StepRecorder:
             b.clip_limits.pop(key, None)
         self._clips_since_step = []
         if not bad:
+            self._parts = None
             b.entries.pop(_PENDING_LOSS, None)
             b.hists.pop(_PENDING_LOSS, None)
             if b.deferred:
@@ -458,6 +488,12 @@ class StepRecorder:
             # (S.scalar_row(v), its finite case inline: every step)
             row = [1.0, v, v * v, v, v, abs(v), float(v == 0), 0.0, 0.0] if -math.inf < v < math.inf \
                 else S.scalar_row(v)
+            before, self._before = self._before, None
+            parts = self._parts
+            if _PENDING_LOSS not in b.entries:
+                self._parts = (b, [(row, tensor.dtype, _reached(before))])
+            elif parts is not None and parts[0] is b:
+                parts[1].append((row, tensor.dtype, _reached(before)))
             if _PENDING_LOSS in b.entries:
                 # Summed as the script sums them (dcgan's errD = errD_real + errD_fake): in the
                 # losses' dtype, float32's rounding and not Python's float64 (printed 1.1882719993591309,
@@ -474,13 +510,79 @@ class StepRecorder:
             if self.full:
                 b.add_hist(("loss", _PENDING), H.of_scalar(v))
         elif S.is_host_tensor(tensor):
+            self._parts = self._before = None
             b.deferred.append((("loss", _PENDING), S._host_array(tensor).copy()))
         else:
+            self._parts = self._before = None
             H.add_many(b, [("loss", _PENDING)], [tensor], self.full)
         if self._set_aside is not None:
             self._grads_after = [(p, weakref.ref(p.grad), p.grad._version, p.grad.data_ptr())
                                  for p in self._step_params() if p.requires_grad and p.grad is not None]
             self._clips_before = len(self._clips_since_step)
+
+    def before_backward(self) -> None:
+        """A backward() begins while ``reaching`` (no optimizer has stepped yet, or several
+        have): the models' and optimizers' parameters' gradients as they are, so that its loss
+        goes to the optimizer whose parameters its gradient reaches (``_credit``)."""
+        if not self.recording or self.manual:
+            return          # (a hand-written loop: no optimizer to credit)
+        params = {id(p): p for _, plan in self._plans.values() for p in plan.params}
+        for p in self.naming.root_params():
+            params.setdefault(id(p), p)
+        params = list(params.values())
+        self._before = (params, {id(p): _grad_mark(p.grad) for p in params if p.grad is not None})
+
+    def _credit(self, opt, others) -> None:
+        """At ``opt``'s step: the pending losses whose gradient reached none of its parameters
+        but those of another optimizer of the run (``others``) wait for that one's step (held
+        until ``optimizer_post``).  A GAN whose micro-batches of the discriminator and the
+        generator alternate, each optimizer stepping after its k-th (Lightning's
+        toggle_optimizer with accumulate_grad_batches): the discriminator's loss was D1 + G1 + D2
+        (-0.9724 where its micro-batches' sum is -0.6984) and the generator's G2 alone.  A loss
+        whose gradient reached no optimizer's parameters, or this one's and another's (a
+        generator's loss through the discriminator), stays with the first to step."""
+        b, parts = self._parts
+        if b is not self._buckets[-1] or _PENDING_LOSS not in b.entries:
+            return
+        mine = self._plan(opt).ids
+        away = [part for part in parts if part[2] and part[2].isdisjoint(mine)]
+        if not away:
+            return
+        theirs = {id(p) for o in others if o is not opt for g in o.param_groups for p in g["params"]}
+        held = [part for part in away if not part[2].isdisjoint(theirs)]
+        if not held:
+            return
+        kept = [part for part in parts if not any(part is h for h in held)]
+        self._held_back = (b, held, weakref.ref(opt))
+        self._parts = (b, kept)
+        had_hist = b.hists.pop(_PENDING_LOSS, None) is not None
+        if not kept:
+            del b.entries[_PENDING_LOSS]
+            return
+        b.entries[_PENDING_LOSS], self._loss_dtype = _sum_rows(kept)
+        if had_hist:
+            b.add_hist(_PENDING_LOSS, None)
+
+    def _unhold(self) -> None:
+        """After the step that held them (``_credit``): the losses held back are pending again."""
+        b, held, ref = self._held_back
+        self._held_back = None
+        if b is not self._buckets[-1]:
+            return
+        self._waiting = (b, ref)
+        b.entries[_PENDING_LOSS], self._loss_dtype = _sum_rows(held)      # (the step took the rest)
+        self._parts = (b, held)
+        if self.full:
+            b.add_hist(_PENDING_LOSS, None)
+
+    def _credit_waiting(self, closed: list) -> None:
+        """A step closes with losses still held for an optimizer that did not step again in it:
+        the optimizer that held them takes them, the last to step before the close, as any
+        loss pending at an optimizer's step went to it before ``_credit``."""
+        (b, ref), self._waiting = self._waiting, None
+        opt = ref()
+        if opt is not None and _PENDING_LOSS in b.entries and any(b is c for c in closed):
+            b.attribute_losses(opt)
 
     def later_backward(self) -> None:
         """Before a later backward() of the step: where every parameter's gradient was set to
@@ -517,6 +619,7 @@ class StepRecorder:
                     # before made: their losses were dropped, $loss read 0.4868 for 1.5617)
                     return
         if seen:
+            self._parts = None
             row = b.entries.pop(_PENDING_LOSS, None)
             hist = b.hists.pop(_PENDING_LOSS, None)
             if b.deferred:
@@ -563,6 +666,7 @@ class StepRecorder:
         if total is None:
             return
         b.entries[_PENDING_LOSS] = total
+        self._parts = None
         if hist:
             b.add_hist(("loss", _PENDING), None)      # (a scalar loss's: the histogram of the sum)
 
@@ -576,15 +680,19 @@ class StepRecorder:
         if cached is None or cached[0] != signature:
             cached = (signature, ParamPlan([p for ps in lists for p in ps]))
             self._plans[opt] = cached
+            self.reaching = len(self._plans) != 1
         return cached[1]
 
     def held_tensors(self) -> list:     # (info memory: the large parameters' values until a step ends)
         return [t for snap in [*self._snapshots.values(), *(self._manual_pending or ())[3:4]] for t in snap.large_before]
 
-    def optimizer_pre(self, opt) -> None:
+    def optimizer_pre(self, opt, others=()) -> None:
+        """``opt`` steps; ``others``: the run's other optimizers (``_credit``)."""
         self._in_step = False
         if self._set_aside is not None:
             self._put_back(opt)
+        if self._parts is not None and self.reaching:
+            self._credit(opt, others)
         ft = self.fulltensors
         if ft is not None and ft.rules and ft.wants("grad", self.step):
             ft.params(self.naming, self._plan(opt).params, "grad", self.step)
@@ -607,6 +715,8 @@ class StepRecorder:
             b.attribute_losses(opt)
         elif _PENDING_LOSS in entries:       # (the step's loss is this optimizer's: attribute_losses, inline)
             entries[("loss", opt)] = entries.pop(_PENDING_LOSS)
+        if self._held_back is not None:
+            self._unhold()
         snap = self._snapshots.pop(id(opt), None)
         if self.recording and snap is not None:
             snap.record(b, self.full)
@@ -624,8 +734,17 @@ class StepRecorder:
             ft.params(self.naming, self._plan(opt).params, "param", self.step)
 
     def mark(self) -> None:
-        """Start a new segment (used while the step clock learns a GAN's iteration)."""
-        self._buckets.append(_Bucket())
+        """Start a new segment (used while the step clock learns a GAN's iteration).  The losses
+        held for a later optimizer's step (``_credit``) go on into it, as that step will."""
+        old, new = self._buckets[-1], _Bucket()
+        self._buckets.append(new)
+        waiting = self._waiting
+        if waiting is not None and waiting[0] is old and _PENDING_LOSS in old.entries:
+            new.entries[_PENDING_LOSS] = old.entries.pop(_PENDING_LOSS)
+            if _PENDING_LOSS in old.hists:
+                new.hists[_PENDING_LOSS] = old.hists.pop(_PENDING_LOSS)
+            self._parts = None if self._parts is None else (new, self._parts[1])
+            self._waiting = (new, waiting[1])
 
     # -- closing -------------------------------------------------------------
     def close(self, step: int, retro: Optional[int] = None, final: bool = False, lead=None) -> None:
@@ -647,6 +766,9 @@ class StepRecorder:
             self.settle_passes(closed)
         if self._set_aside is not None and self._set_aside[0] in closed:
             self._set_aside = self._grads_after = None
+        if self._waiting is not None:
+            self._credit_waiting(closed)
+        self._parts = self._before = None     # (a bucket of the step, whose keys hold its optimizers and modules; parameters)
         bucket = closed[0] if len(closed) == 1 else _Bucket()
         if len(closed) != 1:
             for b in closed:
