@@ -29,9 +29,11 @@ def _printed(stdout: str) -> dict:
     ("raised", "net.0", None),           # lost: no rows at steps 1, 5, 9, 13, 17 (the depth stayed up)
     ("fallback", "net.0", None),         # lost: no rows at all
     ("adapt", "model.net.0", None),      # lost: no rows at all (its pass ended after its step closed)
+    ("saliency", "net.0", None),         # merged: 2,176 elements at steps 5, 10, 15 (the validation batch's 1,152)
     ("twopass", "net.0", None),
     ("accum", "net.0", None),
     ("gan", "G.net.0", None),
+    ("gradapply", "net.0", None),        # (its gradients by torch.autograd.grad: the step's pass all the same)
 ])
 def test_a_steps_activations_are_the_passes_its_backward_went_through(tmp_path, mode, layer, absent):
     trace = str(tmp_path / f"{mode}.h5")

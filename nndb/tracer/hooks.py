@@ -55,7 +55,7 @@ from .compiled import never_compiled
 from .naming import Naming, user_frame
 from .discover import backward_objective, backward_roots, call_args, call_kwargs, find_optimizers  # noqa: F401  (find_optimizers: queries)
 from .bucket import _PENDING_LOSS
-from .recorder import SCALED_NODES, UNSCALED, StepRecorder, first_float_tensor
+from .recorder import GRAD_OF_INPUTS, SCALED_NODES, UNSCALED, StepRecorder, first_float_tensor
 from .stepclock import Close, Mode, StepClock
 from .within import WithinStep
 
@@ -64,6 +64,7 @@ _ACTIVE: "weakref.WeakSet" = weakref.WeakSet()
 # The tracers that see backward() through the wrapper (their parameter hooks are off).
 _BY_WRAPPER: list = []
 _ORIGINAL_BACKWARD = None        # torch.autograd.backward, while the wrapper is in its place
+_ORIGINAL_GRAD = None            # torch.autograd.grad, while its wrapper (_grad) is in its place
 _IN_WRAPPER: set = set()         # the threads inside it
 _CLIPPING: list = []             # the tracers that see clip_grad_norm_ (_clip_grad_norm_)
 _ORIGINALS: dict = {}            # torch's clip_grad_norm_ and clip_grads_with_norm_, while nndb's wrappers are in place
@@ -610,20 +611,56 @@ def _settle_after_backward(recorders: list) -> None:
             pass
 
 
+def _grad(*args, **kwargs):
+    """``torch.autograd.grad`` while a tracer runs: where a forward pass waits for a backward
+    (the steps that record activations) and every input of the call is a leaf tensor that no
+    model or optimizer of the run holds, it runs with GRAD_OF_INPUTS up, so that the passes it
+    goes through are not taken for the step's (recorder._Pass)."""
+    original = _ORIGINAL_GRAD or _grad.__wrapped__
+    tracers = [t for t in _BY_WRAPPER if not t._failed and t.recorder.passes_waiting()]
+    if not tracers:
+        return original(*args, **kwargs)
+    try:
+        inputs = args[1] if len(args) > 1 else kwargs.get("inputs")
+        # (a generator, model.parameters(), left unread: parameters)
+        inputs = [inputs] if isinstance(inputs, torch.Tensor) else inputs if isinstance(inputs, (list, tuple)) else ()
+        of_inputs = bool(inputs) and all(
+            isinstance(x, torch.Tensor) and x.is_leaf and not isinstance(x, torch.nn.Parameter)
+            and not any(t.holds(x) for t in tracers) for x in inputs)
+    except Exception:
+        of_inputs = False               # (the script's call, as it is: torch says what is wrong with it)
+    if not of_inputs:
+        return original(*args, **kwargs)
+    GRAD_OF_INPUTS[0] += 1
+    try:
+        return original(*args, **kwargs)
+    finally:
+        GRAD_OF_INPUTS[0] -= 1
+
+
 def _wrap_backward(tracer, on: bool) -> None:
-    global _ORIGINAL_BACKWARD
+    """torch.autograd's ``backward`` (_backward) and ``grad`` (_grad) wrapped while a tracer runs."""
+    global _ORIGINAL_BACKWARD, _ORIGINAL_GRAD
     if on and tracer not in _BY_WRAPPER:
         _BY_WRAPPER.append(tracer)
         if _ORIGINAL_BACKWARD is None:
             _ORIGINAL_BACKWARD = torch.autograd.backward
             functools.update_wrapper(_backward, _ORIGINAL_BACKWARD)
             torch.autograd.backward = _backward
+        if _ORIGINAL_GRAD is None:
+            _ORIGINAL_GRAD = torch.autograd.grad
+            functools.update_wrapper(_grad, _ORIGINAL_GRAD)
+            torch.autograd.grad = _grad
     elif not on and tracer in _BY_WRAPPER:
         _BY_WRAPPER.remove(tracer)
         if not _BY_WRAPPER and _ORIGINAL_BACKWARD is not None:
             if torch.autograd.backward is _backward:       # (someone else's wrapper over ours: left in place)
                 torch.autograd.backward = _ORIGINAL_BACKWARD
                 _ORIGINAL_BACKWARD = None
+        if not _BY_WRAPPER and _ORIGINAL_GRAD is not None:
+            if torch.autograd.grad is _grad:
+                torch.autograd.grad = _ORIGINAL_GRAD
+                _ORIGINAL_GRAD = None
 
 
 class Tracer:
@@ -1094,6 +1131,12 @@ class Tracer:
             self._backward_end_quiet()
         else:
             self._quietly(self._backward_end_quiet)
+
+    def holds(self, t: torch.Tensor) -> bool:
+        """Is ``t`` a parameter of the run: of a model it named, or held by an optimizer?"""
+        if self.naming.has_path(t):
+            return True
+        return any(t is p for o in (self._known_optimizers or ()) for g in o.param_groups for p in g["params"])
 
     def _reaches_parameter(self, inputs) -> bool:
         ts = [inputs] if isinstance(inputs, torch.Tensor) else list(inputs.values()) if isinstance(inputs, dict) \

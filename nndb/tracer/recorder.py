@@ -185,12 +185,23 @@ def first_float_tensor(out, depth: int = 0):
     return None
 
 
+# The torch.autograd.grad calls running now that differentiate with respect to inputs only
+# (leaf tensors no model or optimizer of the run holds: a saliency map's ``x.requires_grad_()``),
+# counted by the tracer's wrapper (hooks._grad): the passes they run through are not used for them
+GRAD_OF_INPUTS = [0]
+
+
 class _Pass:
     """A root module's forward pass whose activations wait apart (StepRecorder.pass_began):
     ``home``, the segment it began in; ``bucket``, its activations; ``used``, [True] once a
     backward ran through one of its modules' outputs (``hook``, a pre-hook on their autograd
     nodes, holds that list and nothing else: a pass left behind is not kept alive by a graph);
-    ``node``, the last node hooked while it runs."""
+    ``node``, the last node hooked while it runs.  A ``torch.autograd.grad`` of inputs only
+    (GRAD_OF_INPUTS) uses none: a saliency map of a validation batch merged into the next
+    step's activations (2,176 elements where the training batch's are 1,024); one whose inputs
+    include a parameter, or a tensor made from them (a meta-learning loop's fast weights), or
+    whose result a later backward goes through (a gradient penalty's, ``create_graph=True``:
+    that backward reaches the pass), does."""
     __slots__ = ("home", "bucket", "used", "hook", "node")
 
     def __init__(self, home: Optional[_Bucket]):
@@ -199,8 +210,9 @@ class _Pass:
         self.used = used = [False]
         self.node = None
 
-        def hook(grad_outputs, used=used):
-            used[0] = True
+        def hook(grad_outputs, used=used, inputs_only=GRAD_OF_INPUTS):
+            if not inputs_only[0]:
+                used[0] = True
         self.hook = hook
 
 
@@ -385,6 +397,10 @@ class StepRecorder:
             return
         p.node = None                        # (no autograd node held past its pass)
         self._passes.append(p)
+
+    def passes_waiting(self) -> bool:
+        """Is a forward pass running or waiting for a backward (``settle_passes``)?"""
+        return self._pass is not None or bool(self._passes)
 
     def settle_passes(self, closing: Optional[list] = None) -> None:
         """The passes a backward went through since, into the segment they began in; with

@@ -8,11 +8,15 @@
   fallback  a model whose forward calls a layer that raises and catches it
   adapt     test-time adaptation: a wrapper module whose forward runs the model,
             its loss's backward and the optimizer's step, then returns the output
+  saliency  a saliency map of a validation batch every 5 steps: its input's
+            gradient by torch.autograd.grad (x.requires_grad_(), no parameter)
 and passes a backward does go through, which stay the step's:
   twopass   two forward passes per step, one loss of both
   accum     gradient accumulation: four micro-batches, a backward each
   gan       a generator's output detached for the discriminator's step and used
             again for the generator's
+  gradapply the step's gradients by torch.autograd.grad of the parameters, written
+            to their .grad for the optimizer's step (no backward())
 Each step prints, under no_grad() (which nndb does not record), what the trained
 model's first layer outputs over the step's training input(s): their elements
 and norm, which the trace's activation rows of layer 'net.0' must equal.
@@ -135,9 +139,17 @@ for step in range(STEPS):
     if MODE == "target":
         q_next = target(X).max(1)[0].detach()    # a target network with autograd on, detached
         loss = loss + 0.01 * (out.max(1)[0] - q_next).pow(2).mean()
-    loss.backward()
+    if MODE == "gradapply":
+        for p, g in zip(model.parameters(), torch.autograd.grad(loss, model.parameters())):   # (a generator)
+            p.grad = g
+    else:
+        loss.backward()
     opt.step()
     say(step, n, norm, loss.item())
+    if MODE == "saliency" and step % 5 == 4:
+        xv = XV[:72].clone().requires_grad_()
+        g, = torch.autograd.grad(model(xv).sum(), xv)      # autograd on, the input's gradient only
+        print(f"saliency {g.abs().mean().item():.6f}")
     if MODE == "validate" and step % 5 == 4:
         model.eval()
         val = crit(model(XV), YV)                # no no_grad(): autograd on, no backward
