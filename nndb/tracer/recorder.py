@@ -504,12 +504,14 @@ class StepRecorder:
             # (S.scalar_row(v), its finite case inline: every step)
             row = [1.0, v, v * v, v, v, abs(v), float(v == 0), 0.0, 0.0] if -math.inf < v < math.inf \
                 else S.scalar_row(v)
+            # (the parameters it reached, where several optimizers may take it: _credit)
             before, self._before = self._before, None
+            reach = None if before is None else _reached(before)
             parts = self._parts
             if _PENDING_LOSS not in b.entries:
-                self._parts = (b, [(row, tensor.dtype, _reached(before))])
+                self._parts = (b, [(row, tensor.dtype, reach)])
             elif parts is not None and parts[0] is b:
-                parts[1].append((row, tensor.dtype, _reached(before)))
+                parts[1].append((row, tensor.dtype, reach))
             if _PENDING_LOSS in b.entries:
                 # Summed as the script sums them (dcgan's errD = errD_real + errD_fake): in the
                 # losses' dtype, float32's rounding and not Python's float64 (printed 1.1882719993591309,
