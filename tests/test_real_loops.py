@@ -558,6 +558,28 @@ def test_a_gan_whose_optimizers_both_accumulate_credits_each_loss_to_the_optimiz
                 {s: v[i] for s, v in printed.items()}, (name, printed)
 
 
+def test_a_gan_micro_batch_before_the_others_skipped_step_keeps_its_loss(tmp_path):
+    """gan_accumulation.py --scaler: D's and G's micro-batches alternate under a GradScaler
+    whose first scale overflows D's gradients only, so scaler.step(optD) skips D's first 3
+    steps.  The skip took every loss pending then, G's first micro-batch with D's: G's loss
+    (``loss``, first seen alone) read G2 alone at steps 0-2 (-0.2737 where the script's is
+    -0.5477).  Its D rows are the steps D took (3 on), their loss D's micro-batches'."""
+    from nndb.store.reader import TraceReader
+    script = os.path.join(ROOT, "tests", "scripts", "gan_accumulation.py")
+    args = ["--shape", "interleaved", "--toggle", "--scaler", "--steps", "6"]
+    plain = python(script, *args, forked=True)
+    printed = {int(m[1]): (m[2], m[3]) for m in re.finditer(r"^step (\d+) (\S+) (\S+)$", plain.stdout, re.M)}
+    trace = str(tmp_path / "t.h5")
+    r = nndb("run", "--batch", "-q", "--trace", trace, script, *args, cwd=str(tmp_path))
+    assert r.returncode == 0 and r.stdout == plain.stdout, r.stderr
+    with TraceReader(trace) as t:
+        assert list(t.optimizer_steps) == [1, 1, 1, 2, 2, 2]
+        history = {name: t.history(t.find(name, "loss")[0], "mean") for name in ("loss", "loss/optD")}
+    assert {int(s): repr(float(v)) for s, v in zip(*history["loss"])} == {s: v[1] for s, v in printed.items()}
+    assert {int(s): repr(float(v)) for s, v in zip(*history["loss/optD"])} == \
+        {s: v[0] for s, v in printed.items() if s >= 3}
+
+
 # A loss taken before optimizer.step(closure) whose gradients the step throws away before its
 # closure runs: SAM's step(closure) (zero_grad, perturb, the closure at the perturbed weights,
 # restore, the base optimizer's step: a step nested in the step) after the first pass, and a

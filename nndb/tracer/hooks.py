@@ -1316,7 +1316,7 @@ class Tracer:
                     covered.discard(id(p))
                 self._close(self.clock._close())
             else:
-                self.recorder.scaler_skipped(opt)
+                self.recorder.scaler_skipped(opt, self._known_optimizers or ())
         except Exception:
             self._fail()
         finally:
@@ -1359,7 +1359,7 @@ class Tracer:
             if not self._failed:
                 self.busy += 1
                 try:
-                    self.recorder.scaler_skipped(opt)
+                    self.recorder.scaler_skipped(opt, self._known_optimizers or ())
                 except Exception:
                     self._fail()
                 finally:

@@ -281,7 +281,7 @@ class StepRecorder:
         self.reaching = True
         self._before: Optional[tuple] = None
         self._parts: Optional[tuple] = None
-        self._held_back: Optional[tuple] = None       # (bucket, parts, optimizer ref): credited later (_credit)
+        self._held_back: Optional[tuple] = None  # (parts, optimizer ref): credited later (_credit)
         self._waiting: Optional[tuple] = None    # (bucket, optimizer ref): held, pending again (_unhold)
         # These caches key an object by its id, never by the object: they must not keep
         # an optimizer, a module or a parameter alive (an optimizer the script replaced,
@@ -446,7 +446,7 @@ class StepRecorder:
         self._buckets[-1].clip_limits[key] = (_max_norm(max_norm), scaled)
         self._clips_since_step.append(key)
 
-    def scaler_skipped(self, opt) -> None:
+    def scaler_skipped(self, opt, others=()) -> None:
         """A GradScaler's ``step()`` skipped the optimizer's (its gradients held Inf or NaN:
         the loss scale was too large, as at the start of every float16 run): the iteration
         made no step, and what it recorded for one is not the next step's.  Its
@@ -459,7 +459,18 @@ class StepRecorder:
         count in ``backward_count``.  ``opt``'s parameters get no ``param`` and ``grad`` rows
         in the step as parameters no optimizer stepped would (a GAN's discriminator, whose
         skipped step left its gradients scaled, Inf, and the generator's backward then added
-        to them: NaN, and 1.6e4 where its true gradients are 0.6)."""
+        to them: NaN, and 1.6e4 where its true gradients are 0.6).  The losses whose gradients
+        only another optimizer of the run (``others``) applies are not the skip's: they wait
+        for that one's step (``_credit``; a GAN whose micro-batches of D and G alternate: G's
+        micro-batch before D's skipped step left with it, and loss/optG was G's last alone)."""
+        if self._parts is not None and self.reaching and opt is not None:
+            self._credit(opt, others)
+        self._skip_losses(opt)
+        if self._held_back is not None:
+            self._unhold()
+
+    def _skip_losses(self, opt) -> None:
+        """(scaler_skipped's: what the skipped iteration recorded for ``opt`` leaves)"""
         b = self._buckets[-1]
         row = b.entries.get(_PENDING_LOSS)
         bad = (row is not None and bool(row[S.RAW_NAN] or row[S.RAW_INF])) or \
@@ -571,7 +582,7 @@ class StepRecorder:
         if not held:
             return
         kept = [part for part in parts if not any(part is h for h in held)]
-        self._held_back = (b, held, weakref.ref(opt))
+        self._held_back = (held, weakref.ref(opt))
         self._parts = (b, kept)
         had_hist = b.hists.pop(_PENDING_LOSS, None) is not None
         if not kept:
@@ -583,10 +594,11 @@ class StepRecorder:
 
     def _unhold(self) -> None:
         """After the step that held them (``_credit``): the losses held back are pending again."""
-        b, held, ref = self._held_back
+        held, ref = self._held_back
         self._held_back = None
-        if b is not self._buckets[-1]:
-            return
+        b = self._buckets[-1]        # (the one held from, or the fresh one of a skipped iteration: scaler_skipped)
+        if _PENDING_LOSS in b.entries:
+            return                   # (not expected: the step took the rest)
         self._waiting = (b, ref)
         b.entries[_PENDING_LOSS], self._loss_dtype = _sum_rows(held)      # (the step took the rest)
         self._parts = (b, held)
