@@ -798,7 +798,7 @@ class StepRecorder:
             self._set_aside = self._grads_after = None
         if self._waiting is not None:
             self._credit_waiting(closed)
-        self._parts = self._before = None     # (a bucket of the step, whose keys hold its optimizers and modules; parameters)
+        self._parts = self._before = None     # (a bucket of the step: its keys hold optimizers and modules)
         bucket = closed[0] if len(closed) == 1 else _Bucket()
         if len(closed) != 1:
             for b in closed:
