@@ -3,6 +3,7 @@
 torch import per test); a few run the CLI."""
 import io
 import math
+import os
 import json
 import re
 import runpy
@@ -11,7 +12,7 @@ import textwrap
 
 import pytest
 
-from conftest import Transcript, example, nndb
+from conftest import ROOT, Transcript, example, nndb
 from nndb.check import CHECK_STEPS, OVERFIT_ITERS, check
 from nndb.run.launcher import Target
 from nndb.render.check import text
@@ -972,6 +973,20 @@ def test_zero_grad_fails_a_closure_that_forgets_it_from_the_first_step(tmp_path)
     report, _ = run_check(write(tmp_path, "ok.py", LBFGS_FORGETS.replace("            loss = ((model(x)",
                                                                           "            opt.zero_grad()\n"
                                                                           "            loss = ((model(x)")))
+    assert by_name(report)["zero-grad"].status == "PASS", text(report)
+
+
+def test_zero_grad_fails_lora_adapters_that_forget_it(tmp_path):
+    """LoRA's A has a gradient of exactly 0 at step 0 (B starts at 0), and the probe watched the
+    smallest tensor, A: step 1 told nothing, and zero-grad said SKIP ('with a non-zero
+    gradient: none was') with every other check PASS, though zero_grad() was missing.  The
+    probe watches a tensor whose gradient is not all 0 now (B)."""
+    script = os.path.join(ROOT, "tests", "scripts", "lora_adapters.py")
+    report, _ = run_check(script, "--no-zero-grad")
+    c = by_name(report)["zero-grad"]
+    assert c.status == "FAIL" and c.evidence.startswith("at step 1, 0.B.grad held the last step's gradient plus "
+                                                        "the new one"), text(report)
+    report, _ = run_check(script)
     assert by_name(report)["zero-grad"].status == "PASS", text(report)
 
 

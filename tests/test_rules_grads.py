@@ -177,6 +177,18 @@ def test_stale_grad_fires_on_the_missing_zero_grad(tmp_path):
     assert _of(res, "grad_none") == []
 
 
+def test_stale_grad_of_lora_adapters_is_found_at_the_second_stale_step(tmp_path):
+    """The probe's sample tensor was LoRA's A (the smallest), whose gradient is exactly 0 at
+    step 0 (B starts at 0): step 1 told nothing and the missing zero_grad() was found at
+    step 3, one step late.  A tensor with a non-zero gradient (B) is watched now: step 2."""
+    script = os.path.join(ROOT, "tests", "scripts", "lora_adapters.py")
+    res = run_in_process(tmp_path, script, ["--no-zero-grad", "--steps", "6"])
+    assert res.exit_code == 0
+    [f] = _of(res, "stale_grad")
+    assert f["step"] == 2 and f["tensor"] == "0.B", f
+    assert _of(run_in_process(tmp_path, script, ["--steps", "6"]), "stale_grad") == []
+
+
 # MAML: the inner loop's gradients of the parameters by torch.autograd.grad (never in
 # .grad), the meta-gradient by backward(); "forget" leaves out the meta zero_grad().
 MAML = textwrap.dedent('''

@@ -172,6 +172,9 @@ class _Watch:
 # A sparse gradient (nn.Embedding(sparse=True) under SparseAdam) is compared as the dense tensor
 # it stands for, on a parameter of at most this many elements (its copies are held a step).
 SPARSE_SAMPLE_MAX = 1 << 22
+# Parameters whose gradient _sample looks at for one not all 0 (one synchronisation each, once per
+# optimizer): the rest of a model whose first 16 candidates all have a zero gradient is no likelier.
+SAMPLE_TRIES = 16
 
 
 def _sample(opt, any_grad: bool = False):
@@ -179,16 +182,21 @@ def _sample(opt, any_grad: bool = False):
     16 elements, else the largest (with one element, a gradient and its sum with another are
     always parallel: only their sizes tell them apart, StaleGrad's second test); one with a
     dense gradient where there is one, else (an optimizer of sparse embeddings alone: SparseAdam)
-    one with a sparse gradient.  ``any_grad``: among all of them, with a gradient or not (before
-    a closure optimizer's first step)."""
+    one with a sparse gradient.  Of these, the first in that order whose gradient is not all 0
+    (of the first SAMPLE_TRIES): a zero last gradient tells nothing at the next step (LoRA's A,
+    whose B starts at 0, or a branch behind a gate initialised to 0: the smallest tensor, and
+    .grad 0 at step 0 alone; `nndb check`, which looks at step 1 alone, said 'none was' and
+    missed a missing zero_grad()).  ``any_grad``: among all of them, with a gradient or not
+    (before a closure optimizer's first step)."""
     ps = [p for g in opt.param_groups for p in g["params"]
           if p.requires_grad and (any_grad or p.grad is not None) and p.numel() >= 1]
     ps = [p for p in ps if p.grad is None or not p.grad.is_sparse] or \
         [p for p in ps if p.numel() <= SPARSE_SAMPLE_MAX]
     if not ps:
         return None
-    big = [p for p in ps if p.numel() >= 16]
-    return min(big, key=lambda p: p.numel()) if big else max(ps, key=lambda p: p.numel())
+    order = sorted((p for p in ps if p.numel() >= 16), key=lambda p: p.numel()) + \
+        sorted((p for p in ps if p.numel() < 16), key=lambda p: -p.numel())
+    return next((p for p in order[:SAMPLE_TRIES] if p.grad is not None and bool(_flat(p.grad).any())), order[0])
 
 
 def _flat(t):
