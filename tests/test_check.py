@@ -990,6 +990,18 @@ def test_zero_grad_fails_lora_adapters_that_forget_it(tmp_path):
     assert by_name(report)["zero-grad"].status == "PASS", text(report)
 
 
+def test_overfit_names_every_param_groups_lr_and_the_tensors_it_leaves_at_lr_0(tmp_path):
+    """Two layers frozen at lr 0 in their param groups, the head at 0.05: the overfit line read
+    'SGD(lr=0): loss 1.633 -> 0.3607', group 0's lr alone (the replica trained the head at
+    0.05), and its hints did not say that the frozen layers stayed as they were."""
+    script = os.path.join(ROOT, "tests", "scripts", "param_groups_lr_zero.py")
+    report, _ = run_check(script)
+    c = by_name(report)["overfit"]
+    assert c.status == "FAIL" and c.evidence.startswith("32 sample(s), SGD(lr=0, 0.05): loss 1.633 -> "), text(report)
+    assert "parameters in a param group at lr 0 stay as they are: 0.weight, 0.bias, 2.weight, 2.bias (see " \
+           "updates)" in c.cause, text(report)
+
+
 LM_SCRIPT = """
     import sys, torch, torch.nn as nn, torch.nn.functional as F
     torch.manual_seed(0)

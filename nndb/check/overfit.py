@@ -86,9 +86,14 @@ def overfit(cap: Capture, outcome: Outcome, iters: int) -> Check:
                               target if own is None else None)
         if seq[0] > floor[0]:
             floor = seq
-    lr = opt.param_groups[0].get("lr")
+    # every param group's lr (a fine-tune's frozen groups at 0, its backbone's below its head's:
+    # group 0's alone read 'SGD(lr=0)' for a head trained at 0.05)
+    lrs = list(dict.fromkeys(g.get("lr") for g in opt.param_groups))
     peak = ", its schedule's max_lr" if "max_lr" in opt.param_groups[0] else ""
-    setup = f"{n} sample(s), {type(opt).__name__}" + (f"(lr={lr:g}{peak})" if isinstance(lr, (int, float)) else "")
+    setup = f"{n} sample(s), {type(opt).__name__}" + (
+        f"(lr={', '.join(f'{lr:g}' for lr in lrs)}{peak})" if all(isinstance(lr, (int, float)) for lr in lrs) else "")
+    back = {id(q): p for p, q in zip(model.parameters(), replica.parameters())}
+    at_zero = [cap.param_name(back[id(q)]) for g in opt.param_groups if g.get("lr") == 0 for q in g["params"]]
     devices = sorted({p.device.index or 0 for p in replica.parameters() if p.device.type == "cuda"})
     no_dropout, rnn_off = _NoDropout(), _rnn_dropout_off(replica)
     with torch.random.fork_rng(devices=devices), torch.enable_grad(), warnings.catch_warnings():
@@ -101,7 +106,7 @@ def overfit(cap: Capture, outcome: Outcome, iters: int) -> Check:
             return _skip("overfit", f"training the replica raised {type(e).__name__}: {e}", outcome)
     if no_dropout.dropped or rnn_off.rnns:
         setup += ", dropout off"
-    return _verdict(cap, call, setup, losses, iters, model, floor)
+    return _verdict(cap, call, setup, losses, iters, model, floor, at_zero)
 
 
 # Dropout is off in the replica, as practitioners turn regularisation off to overfit one batch:
@@ -452,7 +457,8 @@ STILL_FALLING = 0.1
 
 
 def _verdict(cap: Capture, call: LossCall, setup: str, losses: list, iters: int, model,
-             floor: tuple = (0.0, "")) -> Check:
+             floor: tuple = (0.0, ""), at_zero: tuple = ()) -> Check:
+    """``at_zero``: the names of the parameters the replica's optimizer holds at lr 0."""
     first, last = losses[0], losses[-1]
     low, what = floor
     if not math.isfinite(first):
@@ -496,6 +502,8 @@ def _verdict(cap: Capture, call: LossCall, setup: str, losses: list, iters: int,
     lrs = [lr for o in cap.optimizers for step in o.lrs[:1] for lr in step]
     if lrs and all(lr == 0 for lr in lrs):
         hints.append("the learning rate is 0")
+    elif at_zero:
+        hints.append(f"parameters in a param group at lr 0 stay as they are: {', '.join(at_zero)} (see updates)")
     if call.probs_like:
         hints.append("a sigmoid before binary_cross_entropy_with_logits keeps the loss from going low"
                      if getattr(call, "kind", None) == "binary_cross_entropy_with_logits"
