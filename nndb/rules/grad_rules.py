@@ -196,7 +196,12 @@ def _sample(opt, any_grad: bool = False):
         return None
     order = sorted((p for p in ps if p.numel() >= 16), key=lambda p: p.numel()) + \
         sorted((p for p in ps if p.numel() < 16), key=lambda p: -p.numel())
-    return next((p for p in order[:SAMPLE_TRIES] if p.grad is not None and bool(_flat(p.grad).any())), order[0])
+    return next((p for p in order[:SAMPLE_TRIES] if p.grad is not None and _any_nonzero(p.grad)), order[0])
+
+
+def _any_nonzero(g) -> bool:
+    g = g.detach()
+    return bool((g._values() if g.is_sparse else g).any())     # (no copy: a large bfloat16 gradient's)
 
 
 def _flat(t):
