@@ -174,10 +174,15 @@ def debug(config: RunConfig, options: DebugOptions, frontend,
 
     session.machine.close()
     pending = session.view.pending_points()
+    renamed = {p.number: (p, missed) for p, missed in session.view.renamed_points()}
     for p in pending:
         what = "module" if p.type_name == "breakpoint" else f"{p.kind} tensor"
+        _, missed = renamed.pop(p.number, (p, ()))
         message(f"nndb: {p.type_name} {p.number} ({p.what()}{' [fail]' if p.fail else ''}) was still pending "
-                f"at the end of the run: no {what} matched '{p.glob}'")
+                f"at the end of the run: no {what} matched '{p.glob}'" + _renamed_note(missed))
+    for p, missed in renamed.values():
+        message(f"nndb: watchpoint {p.number} ({p.what()}) never stopped, and did not look at "
+                + _renamed_note(missed)[2:-1])
     if session.rules is not None:
         from .rules.yamlfile import unmatched_notes
         for note in unmatched_notes(session.rules.rules):
@@ -203,6 +208,15 @@ def debug(config: RunConfig, options: DebugOptions, frontend,
     else:
         code, reason = result.exit_code, result.reason or result.status
     return _finish(config, options, session, result, code, reason, pending, tuple(stranded))
+
+
+def _renamed_note(missed) -> str:
+    """The tensors a watchpoint's glob left out that it names as the script does (``0.weight``),
+    recorded under the parameter a parametrization or pruning keeps them in."""
+    if not missed:
+        return ""
+    return (f" ({', '.join(missed[:4])}{' ...' if len(missed) > 4 else ''}: a parametrized or pruned layer's "
+            "tensor is recorded under the name of the parameter that holds it; watch it by that name)")
 
 
 def _finish(config, options, session, result, code: int, reason: str, pending=(), stranded=()) -> DebugResult:

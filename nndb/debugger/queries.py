@@ -8,6 +8,7 @@ changes nothing."""
 from __future__ import annotations
 
 import fnmatch
+import re
 import sys
 import weakref
 from typing import Optional
@@ -20,6 +21,14 @@ from ..store.measured import measured, measured_column
 from ..schema import KINDS, default_stat
 from . import evaluate as E
 from . import points as P
+
+
+def _as_the_script_names_it(name: str) -> str:
+    """``0.weight`` for the tensor a parametrization or torch.nn.utils.prune keeps it in."""
+    head, sep, tail = name.rpartition(".parametrizations.")
+    if sep and re.fullmatch(r"[^.]+\.original\d*", tail):
+        return f"{head}.{tail.split('.')[0]}"
+    return name[:-len("_orig")] if name.endswith("_orig") else name
 
 
 def _plain(v) -> bool:
@@ -112,6 +121,24 @@ class RunView:
                 continue
             if not any(fnmatch.fnmatchcase(n, p.glob) for n in self.known_names(kind)):
                 out.append(p)
+        return out
+
+    def renamed_points(self) -> list:
+        """[(watchpoint, the tensors it did not look at)] of the parameter, gradient and update
+        watchpoints never hit whose glob leaves out tensors it would match under the name the
+        script gives them: a parametrized layer's weight is recorded as its original
+        (``0.parametrizations.weight.original``: weight_norm's two, spectral_norm's,
+        orthogonal's), a pruned one's as ``0.weight_orig``; ``watch grad *.weight`` on a
+        spectral-normed discriminator looked at none of its weights, and said nothing."""
+        out = []
+        for p in sorted(self.s.points.values(), key=lambda p: p.number):
+            if not isinstance(p, P.Watch) or p.hits or p.kind not in ("param", "grad", "update"):
+                continue
+            names = self.known_names(p.kind)
+            missed = sorted(n for n in names if not fnmatch.fnmatchcase(n, p.glob)
+                            and fnmatch.fnmatchcase(_as_the_script_names_it(n), p.glob))
+            if missed:
+                out.append((p, missed))
         return out
 
     def compiled_points(self) -> list:

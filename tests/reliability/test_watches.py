@@ -262,3 +262,27 @@ def test_a_replica_keeps_its_own_watch_streaks_when_points_change_hands():
     theirs[2] = dict(theirs[1], number=2, glob="v", streak={"v": 5})
     s.restore({"points": list(theirs.values())})
     assert s.points[1].streak == {"w": 2} and s.points[2].streak == {}
+
+
+@pytest.mark.parametrize("prune", [False, True])
+def test_a_watch_that_leaves_out_parametrized_or_pruned_weights_says_which(tmp_path, prune):
+    """``watch grad *.weight`` on layers whose weights are parametrized (weight_norm, orthogonal,
+    spectral_norm: recorded as N.parametrizations.weight.original*) or pruned (N.weight_orig)
+    looked at none of them: pending to the end, 'no grad tensor matched', or silent where it
+    matched the other layers' weights, so a watch the user took for one on every weight never
+    stopped and nothing said why.  The end of the run names the tensors it left out."""
+    script = os.path.join(SCRIPTS, "parametrized_layers.py")
+    r, data = _batch(tmp_path, "-q", "-e", "watch grad *.weight norm > 1e6", script, *(["prune"] if prune else []))
+    assert r.returncode == 0, r.stderr
+    note = ": a parametrized or pruned layer's tensor is recorded under the name of the parameter that holds it"
+    if prune:
+        assert ("nndb: watchpoint 1 (grad *.weight norm > 1e+06) never stopped, and did not look at "
+                "0.weight_orig, 2.weight_orig" + note) in r.stderr, r.stderr
+        assert data["pending"] == []
+    else:
+        assert ("nndb: watchpoint 1 (grad *.weight norm > 1e+06) was still pending at the end of the run: no grad "
+                "tensor matched '*.weight' (0.parametrizations.weight.original0, 0.parametrizations.weight.original1, "
+                "2.parametrizations.weight.original, 4.parametrizations.weight.original" + note) in r.stderr, r.stderr
+    # a watch by the names the trace has is told nothing
+    r, _ = _batch(tmp_path, "-q", "-e", "watch grad *original* norm > 1e6", script)
+    assert "did not look at" not in r.stderr and "pending" not in r.stderr, r.stderr
