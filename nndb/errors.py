@@ -10,7 +10,8 @@ Exit codes (also in docs/commands.md):
 4     a breakpoint, watchpoint or rule with the ``fail`` action fired, or
       with ``--fail-on warning|error`` a finding that severe
 5     a distributed job hung (``--hang-timeout``): every rank's stack was shown
-130   interrupted (SIGINT / Ctrl-C; ``nndb run`` ends by SIGINT itself, as Python does)
+130   interrupted (SIGINT / Ctrl-C; ``nndb run`` ends by SIGINT itself, as Python does,
+      or exits 1 where Python does: nndb.run.runner._python_exits_1_on_interrupt)
 143   terminated (SIGTERM)
 ====  =============================================================
 """

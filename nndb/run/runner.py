@@ -61,6 +61,14 @@ def _show_exception(e: BaseException) -> bool:
     return True
 
 
+def _python_exits_1_on_interrupt() -> bool:
+    """Python ends a script that a KeyboardInterrupt ended by SIGINT (130 in a shell), but
+    with status 1 once torch._dynamo is loaded (an optimizer's step() loads it: seen with
+    torch 2.13 on Python 3.11).  nndb run's process ends as Python's would, and the trace
+    and the report record the status it ends with (they said 130 where it exited 1)."""
+    return "torch._dynamo.utils" in sys.modules
+
+
 def _exit_code(e: SystemExit) -> int:
     try:
         return launcher.system_exit_code(e)      # (prints a message given to sys.exit)
@@ -309,8 +317,8 @@ def record(config: RunConfig, message: Callable[[str], None] = stderr_line,
         except KeyboardInterrupt as e:
             guard.stopped()
             status, code, reason = "interrupted", EXIT_SIGINT, "KeyboardInterrupt"
-            if not _show_exception(e):
-                code = EXIT_SCRIPT_ERROR    # (as Python: a KeyboardInterrupt it cannot print ends it with 1)
+            if not _show_exception(e) or _python_exits_1_on_interrupt():
+                code = EXIT_SCRIPT_ERROR    # (the status the process will end with, as Python's would)
         except Terminated:
             guard.stopped()
             status, code, reason = "terminated", EXIT_SIGTERM, "SIGTERM"
