@@ -129,6 +129,18 @@ def open_hdf5(path: str) -> "h5py.File":
         return _open_swmr(path)
 
 
+def _directory_refused(path: str) -> str:
+    """The line for a directory given where one trace goes: a torchrun job's run
+    directory (one trace per rank) is named so, with what to give instead."""
+    names = sorted(n for n in os.listdir(path) if n.endswith(".h5"))
+    if not names:
+        return f"{path} is a directory, not a trace"
+    first = os.path.join(path, "rank0.h5" if "rank0.h5" in names else names[0])
+    held = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
+    return (f"{path} is a directory of {len(names)} trace(s) ({held}), a distributed job's run directory: give "
+            f"one rank's trace ({first}); nndb inspect {path} reads the ranks together")
+
+
 class TraceReader(FullReads):
     def __init__(self, path: str):
         self.path = path
@@ -136,7 +148,7 @@ class TraceReader(FullReads):
         if not os.path.exists(path):
             raise TraceError(f"no such trace: {path}")
         if os.path.isdir(path):
-            raise TraceError(f"{path} is a directory, not a trace")
+            raise TraceError(_directory_refused(path))
         try:
             if not h5py.is_hdf5(path):
                 raise TraceError(f"{path} is not an nndb trace (not an HDF5 file)")

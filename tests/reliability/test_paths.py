@@ -240,3 +240,18 @@ def test_nndb_wrote_recognises_only_its_own(tmp_path, kind, content, ours):
         with pytest.raises(UsageError, match="nndb did not write it"):
             claim_output(str(f), "--x", kind)
     assert f.read_bytes() == content
+
+
+@pytest.mark.parametrize("argv", [["check-trace"], ["export", "--tensorboard", "tb"], ["plot"]])
+def test_a_run_directory_given_for_one_trace_names_a_ranks_trace(tmp_path, argv):
+    """nndb inspect reads a torchrun job's run directory; check-trace, export and plot said only
+    'runs is a directory, not a trace'.  They refuse it in one line that says what to give."""
+    (tmp_path / "runs").mkdir()
+    for r in (0, 1):
+        (tmp_path / "runs" / f"rank{r}.h5").write_bytes(b"")
+    r = nndb(*argv[:1], "runs", *argv[1:], cwd=str(tmp_path))
+    line = one_error_line(r)
+    if "extra" in line:
+        pytest.skip(line)
+    assert line == ("nndb: error: runs is a directory of 2 trace(s) (rank0.h5, rank1.h5), a distributed job's run "
+                    "directory: give one rank's trace (runs/rank0.h5); nndb inspect runs reads the ranks together")
