@@ -410,7 +410,7 @@ def test_ratio_and_history_show_a_zero_update_and_a_nonfinite_norm(nan_trace, tm
         return [t.get_text() for t in ax.get_legend().get_texts()]
 
     def crosses(ax):
-        return [c for c in ax.collections if c.get_label() in ("NaN or Inf", "norm: NaN or Inf")]
+        return [c for c in ax.collections if c.get_label() == "NaN or Inf" or c.get_label().startswith("norm: ")]
 
     path, _ = nan_trace
     with TraceReader(path) as r:
@@ -424,8 +424,7 @@ def test_ratio_and_history_show_a_zero_update_and_a_nonfinite_norm(nan_trace, tm
     assert sorted({int(round(x)) for x, _ in c.get_offsets()}) == list(range(6, int(r.steps[-1]) + 1))
     assert "NaN or Inf" in legend_of(ax)
     top = figure(hist).axes[0]
-    (c,) = crosses(top)
-    assert [int(round(x)) for x, _ in c.get_offsets()] == np.flatnonzero(bad).tolist()
+    assert sorted(int(round(x)) for c in crosses(top) for x, _ in c.get_offsets()) == np.flatnonzero(bad).tolist()
 
     gc.collect()
     dead = str(tmp_path / "dead.h5")
@@ -552,7 +551,7 @@ def test_the_loss_curve_draws_no_line_across_a_nan_step(tmp_path):
     assert np.isnan(x).tolist() == [i == 5 for i in range(10)]      # steps 0-4, a break, 6-9
     assert x[~np.isnan(x)].tolist() == [0, 1, 2, 3, 4, 6, 7, 8, 9]
     assert y[~np.isnan(y)].tolist() == [v for i, v in enumerate(printed) if i != 5] and math.isnan(printed[5])
-    (c,) = [c for c in ax.collections if c.get_label() == "loss: NaN or Inf"]
+    (c,) = [c for c in ax.collections if c.get_label() == "loss: NaN (no value, drawn at the bottom)"]
     assert [int(round(p[0])) for p in c.get_offsets()] == [5]
 
 
@@ -583,3 +582,50 @@ def test_the_loss_of_a_partial_last_row_is_a_point_of_its_own(tmp_path):
     assert line.get_ydata().tolist() == pytest.approx(printed[:4], rel=1e-6)
     point = [c for c in ax.collections if "partial step" in c.get_label()]
     assert len(point) == 1 and point[0].get_offsets().tolist() == [[4, pytest.approx(printed[4], rel=1e-6)]]
+
+
+def test_with_every_5_the_last_recorded_steps_cell_is_5_wide_and_its_crosses_centred(tmp_path):
+    """nan_lr.py recorded every 5 steps (0..25): the heat map drew step 25's cell from 25 to 26
+    where the others are 5 wide, and each NaN's cross half a step right of its cell's left edge."""
+    pytest.importorskip("matplotlib")
+    import gc
+    from nndb.run.config import RecordSchedule, RunConfig
+    from nndb.driver import DebugOptions, debug
+    from nndb.frontends.batch import ScriptedFrontend
+    from nndb.run.launcher import Target
+    from nndb.render.plot import figure
+    gc.collect()
+    path = str(tmp_path / "t.h5")
+    assert debug(RunConfig(Target(path=example("nan_lr.py"), args=[]), path, RecordSchedule.parse(5, None),
+                           quiet=True), DebugOptions(batch=True, no_rc=True, rules="none"),
+                 ScriptedFrontend([])).exit_code == 0
+    with TraceReader(path) as r:
+        d = D.heatmap(r, "grad", "norm")
+    assert d.steps.tolist() == [0, 5, 10, 15, 20, 25]
+    ax = figure(d).axes[0]
+    assert ax.collections[0].get_coordinates()[0, :, 0].tolist() == [0, 5, 10, 15, 20, 25, 30]
+    assert ax.get_xlim() == (0.0, 30.0)
+    (crosses,) = [c for c in ax.collections if c.get_label() == "NaN or Inf"]
+    assert sorted({x for x, _ in crosses.get_offsets().tolist()}) == [12.5, 17.5, 22.5, 27.5]
+
+
+def test_an_inf_loss_is_drawn_at_the_top_and_a_nan_at_the_bottom_each_named(tmp_path):
+    """The loss is 2.997 at step 5, Inf at 6, NaN at 7: the Inf was a red cross at the bottom edge, where a
+    loss near its least reads, labelled 'NaN or Inf'.  It is a triangle at the top edge, named off the scale."""
+    pytest.importorskip("matplotlib")
+    from nndb.render.plot import figure
+    script = tmp_path / "infloss.py"
+    script.write_text("import torch\ntorch.manual_seed(0)\nm = torch.nn.Linear(3, 1)\n"
+                      "opt = torch.optim.SGD(m.parameters(), lr=0.0)\nx = torch.randn(8, 3)\n"
+                      "extra = [0.0] * 5 + [2.997, float('inf'), float('nan'), 1.0]\n"
+                      "for step in range(9):\n    opt.zero_grad()\n    loss = m(x).mean() * 0 + 1 + extra[step]\n"
+                      "    loss.backward()\n    opt.step()\n")
+    path = str(tmp_path / "t.h5")
+    r = nndb_cli("run", "--batch", "-q", "--rules", "none", "--trace", path, str(script))
+    assert r.returncode == 0, r.stderr
+    with TraceReader(path) as rd:
+        ax = figure(D.loss(rd)).axes[0]
+    marks = {c.get_label(): c for c in ax.collections if c.get_label().startswith("loss: ")}
+    assert sorted(marks) == ["loss: Inf (off the scale, drawn at the top)", "loss: NaN (no value, drawn at the bottom)"]
+    assert marks["loss: Inf (off the scale, drawn at the top)"].get_offsets().tolist() == [[6, 0.97]]
+    assert marks["loss: NaN (no value, drawn at the bottom)"].get_offsets().tolist() == [[7, 0.03]]

@@ -157,7 +157,7 @@ def _heatmap(fig, d: Heatmap) -> None:
         norm = LogNorm(vmin=vmin, vmax=vmax if vmax > vmin else vmin * 10)
     else:
         norm = LogNorm(vmin=1e-12, vmax=1.0)
-    end = d.span[1] + 1 if len(d.steps) else 1
+    end = d.span[1] + d.every if len(d.steps) else 1     # (the last recorded step's cell as wide as the others)
     edges, values = _cells(d.steps, d.values, end)
     drawn = np.isfinite(values) & ((values != 0) if negative else (values > 0))
     mesh = ax.pcolormesh(edges, np.arange(L + 1), np.ma.masked_where(~drawn, values), cmap=cmap, norm=norm,
@@ -171,7 +171,8 @@ def _heatmap(fig, d: Heatmap) -> None:
         extra.append(Patch(facecolor=ZERO, edgecolor="black", linewidth=0.5, label="0 (measured)"))
     bad_y, bad_x = np.nonzero(d.nonfinite)
     if len(bad_x):
-        ax.scatter(d.steps[bad_x] + 0.5 * np.minimum(1, np.diff(edges).min()), bad_y + 0.5, marker="x",
+        left = np.searchsorted(edges, d.steps[bad_x])        # (each measured step is its cell's left edge)
+        ax.scatter((edges[left] + edges[left + 1]) / 2, bad_y + 0.5, marker="x",
                    color="red", s=30, linewidth=1.5, label="NaN or Inf", zorder=4)
     ax.set_ylim(L, 0)                                 # model order, top to bottom
     every = max(1, int(np.ceil(L / MAX_LAYER_LABELS)))
@@ -242,9 +243,7 @@ def _loss(fig, d: LossCurve) -> None:
         if shown.any():     # (the work after the last step end: a point of its own, not on the steps' line)
             ax.scatter(steps[shown], values[shown], marker="o", facecolors="none", edgecolors=line.get_color(),
                        s=40, zorder=4, label=f"{plain(name)}: partial step (after the run's last step end)")
-        if bad.any():       # (no height to draw them at: a row of crosses along the bottom)
-            ax.scatter(steps[bad], [0.03] * int(bad.sum()), marker="x", color="red", s=40,
-                       transform=ax.get_xaxis_transform(), label=f"{plain(name)}: NaN or Inf", zorder=4)
+        _nonfinite(ax, steps, values, bad, plain(name))
     if log:
         ax.set_yscale("log")
     ax.set_xlabel("training step")
@@ -257,6 +256,22 @@ def _loss(fig, d: LossCurve) -> None:
     _legend(ax)
 
 
+def _nonfinite(ax, steps: np.ndarray, values: np.ndarray, bad: np.ndarray, name: str) -> None:
+    """A curve's measured NaN and Inf, which have no height on its axis: Inf as a triangle
+    at the top edge (off the scale upwards), -Inf at the bottom edge, NaN as a cross along
+    the bottom; each named so in the legend.  (An Inf loss was a cross at the bottom edge,
+    labelled 'NaN or Inf': where a value near the least reads.)"""
+    bad = np.asarray(bad, dtype=bool)
+    v = np.asarray(values, dtype=float)
+    where = ax.get_xaxis_transform()
+    for which, y, marker, label in ((bad & np.isposinf(v), 0.97, "^", "Inf (off the scale, drawn at the top)"),
+                                    (bad & np.isneginf(v), 0.03, "v", "-Inf (off the scale, drawn at the bottom)"),
+                                    (bad & ~np.isinf(v), 0.03, "x", "NaN (no value, drawn at the bottom)")):
+        if which.any():
+            ax.scatter(steps[which], [y] * int(which.sum()), marker=marker, color="red", s=40, transform=where,
+                       label=f"{name}: {label}", zorder=4, clip_on=False)
+
+
 def _history(fig, d: History) -> None:
     top, bottom = fig.subplots(2, 1, sharex=True)
     norm = d.stats["norm"]
@@ -265,10 +280,8 @@ def _history(fig, d: History) -> None:
     sparse = ok.sum() < 60 or bool(np.isnan(xs).any())        # (few points, or gaps: each one shown)
     top.plot(xs, ys, linewidth=1.5, marker="." if sparse else None, markersize=4,
              label="norm (at each step it was measured)")
-    bad = d.nonfinite if d.nonfinite is not None else np.zeros(len(norm), bool)
-    if bad.any():           # (as on the loss curve: no height to draw them at, a row of crosses along the bottom)
-        top.scatter(d.steps[bad], [0.03] * int(bad.sum()), marker="x", color="red", s=40,
-                    transform=top.get_xaxis_transform(), label="norm: NaN or Inf", zorder=4)
+    if d.nonfinite is not None:
+        _nonfinite(top, d.steps, norm, d.nonfinite, "norm")
     top.set_ylabel("norm")
     top.grid(True, alpha=0.3)
     _mark(top, d.marks, d.steps)

@@ -44,6 +44,7 @@ class Heatmap:
     title: str = ""
     span: tuple = (0, 0)    # the trace's first and last recorded step: the x axis runs over them
     order: str = "model order"      # how the layers are ordered (ORDER_KNOWN or ORDER_UNKNOWN)
+    every: int = 1          # the usual spacing of the recorded steps (--every): the axis ends a cell past the last
 
 
 @dataclass
@@ -180,8 +181,9 @@ def heatmap(reader, kind: str = "grad", stat: str = "norm", glob: Optional[str] 
     series, order = in_model_order(reader, found)
     steps, values, bad = _grid(reader, series, stat)
     span = (int(reader.steps[0]), int(reader.steps[-1])) if reader.n_steps else (0, 0)
+    every = int(np.median(np.diff(reader.steps))) if reader.n_steps > 1 else 1
     return Heatmap(kind, stat, [s.name for s in series], steps, values, bad, marks(findings, stops),
-                   _title(reader, f"{kind} {stat} per layer"), span, order)
+                   _title(reader, f"{kind} {stat} per layer"), span, order, max(1, every))
 
 
 def loss(reader, findings=(), stops=()) -> LossCurve:
