@@ -386,6 +386,21 @@ def test_command_file_error_is_fatal_in_batch(tmp_path, trace):
     assert (info["end"]["exit_code"], info["end"]["reason"]) == (2, msg)
 
 
+def test_an_error_in_a_breakpoints_commands_ends_its_list_not_the_run(tmp_path, trace):
+    """gdb: 'If an error occurs in a command, the rest of the list is not executed'.  nndb ran the
+    rest (a 'p' after a failed 'p nosuch' printed); another breakpoint's list at the same stop runs,
+    and the run goes on (exit 0)."""
+    r = nndb("run", "--batch", "--nx", "--rules", "none", "--trace", trace,
+             "-e", "break step 1", "-e", "commands", "-e", "p nosuch", "-e", 'p "AFTER-" + str($step)', "-e", "end",
+             "-e", "break step 1", "-e", "commands", "-e", 'p "OTHER-" + str($step)', "-e", "end",
+             example("mlp.py"), "--steps", "4", cwd=str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    assert "NameError: name 'nosuch' is not defined (the rest of breakpoint 1's commands is not run)" \
+        in r.stderr.splitlines(), r.stderr
+    assert "AFTER-" not in r.stdout and "'OTHER-1'" in r.stdout
+    assert sorted(_script_lines(r.stdout)) == [0, 1, 2, 3]
+
+
 def test_a_command_file_line_that_does_not_parse_fails_before_the_script_runs(tmp_path, trace):
     _write(tmp_path / "bad.nndb", BAD_FILE.replace("watch grad zzz*", "watch grad"))
     report = str(tmp_path / "r.json")

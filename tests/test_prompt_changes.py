@@ -67,6 +67,12 @@ def _run(tmp_path, text, commands, *extra):
     return r
 
 
+def _each(at: str, commands: list) -> list:
+    """Each command from a breakpoint's commands of its own at ``at`` (``break step 2``): a failed
+    -e line ends a batch run, and an error in a breakpoint's commands the rest of its list (gdb)."""
+    return [c for cmd in commands for c in (at, "commands", cmd, "end")]
+
+
 def _printed(out: str) -> dict:
     return {int(i): float(v) for i, v in re.findall(r"^it (\d+) .*loss (\S+)$", out, re.M)}
 
@@ -207,8 +213,7 @@ def test_a_change_inside_a_step_that_a_replay_cannot_make_there_is_named_not_ran
     # the script sets scale at the top of each iteration: the change made at the module's breakpoint
     # inside step 4 counts there; a replay makes it at the end of step 3, where the script sets it back
     r = _run(tmp_path, RESET_EACH_STEP, ["break module 0 forward if $step == 4", "commands", "set var scale 2.0",
-                                         "end", "break step 8", "commands", "goto 6", 'p ("AT", $step)', "end",
-                                         "continue"])
+                                         "end"] + _each("break step 8", ["goto 6", 'p ("AT", $step)']) + ["continue"])
     assert re.search(r"the replay diverged from the recorded run at step 4: loss recorded [\d.e-]+, replayed "
                      r"[\d.e-]+ \(likely cause: the change made at the prompt 'set var scale 2.0' \(made inside step 4; "
                      r"a replay makes it at the end of step 3\): a replay runs from step end to step end",
@@ -220,9 +225,8 @@ def test_a_change_inside_a_step_that_a_replay_cannot_make_there_is_named_not_ran
 
 
 def test_unset_and_hold_refuse_what_they_cannot_do(tmp_path):
-    # (from the breakpoint's commands: a failed -e line would end the batch run)
-    r = _run(tmp_path, STEADY, ["break step 2", "commands", "unset lr", "set scale 3 --hold", "set lr 0.1 --hold",
-                                "unset lr group 1", "unset momentum", "end", "continue"])
+    r = _run(tmp_path, STEADY, _each("break step 2", ["unset lr", "set scale 3 --hold", "set lr 0.1 --hold",
+                                                      "unset lr group 1", "unset momentum"]) + ["continue"])
     assert "lr is not held: 'set lr VALUE --hold' holds it" in r.stderr, r.stderr
     assert "'scale' is a variable of the script's frame: --hold holds an optimizer's hyper-parameter" in r.stderr
     assert "lr is not held (held: opt's lr in group 0)" in r.stderr      # no group 1 held
@@ -234,8 +238,9 @@ def test_unset_and_hold_refuse_what_they_cannot_do(tmp_path):
 def test_a_value_torch_optim_refuses_is_refused_and_nothing_changes(tmp_path):
     """'set lr -1' was taken (torch.optim's constructors refuse it: 'Invalid learning rate'),
     and the run ascended its loss from there; so was a negative momentum."""
-    r = _run(tmp_path, STEADY, ["break step 2", "commands", "set lr -1", "set lr nan", "set momentum -0.5",
-                                "predict 2 --set lr=-0.01", 'p ("LR", opt.param_groups[0]["lr"])', "end", "continue"])
+    r = _run(tmp_path, STEADY, _each("break step 2", ["set lr -1", "set lr nan", "set momentum -0.5",
+                                                      "predict 2 --set lr=-0.01", 'p ("LR", opt.param_groups[0]["lr"])'])
+             + ["continue"])
     assert "lr must be >= 0, not -1 (torch.optim builds no optimizer with it)" in r.stderr, r.stderr
     assert "'nan' is not a number" in r.stderr and "--set lr=-0.01: lr must be >= 0, not -0.01" in r.stderr
     assert "opt has no hyper-parameter 'momentum'" in r.stderr or "momentum must be >= 0" in r.stderr, r.stderr
@@ -316,8 +321,8 @@ def test_a_divergence_that_is_not_the_change_is_still_said_as_before(tmp_path):
     script = STEADY.replace("    opt.zero_grad()", "    scale = float(open('scale.txt').read())\n    opt.zero_grad()") \
         .replace('    print(f"it {it}', '    if it == 6:\n        open("scale.txt", "w").write("3.0")\n'
                                         '    print(f"it {it}')
-    r = _run(tmp_path, script, ["until 2", "set lr 0.2", "break step 8", "commands", "goto 4", 'p ("AT", $step)',
-                                "end", "continue"], "--replica", "fork")
+    r = _run(tmp_path, script, ["until 2", "set lr 0.2"] + _each("break step 8", ["goto 4", 'p ("AT", $step)'])
+             + ["continue"], "--replica", "fork")
     assert re.search(r"the replay diverged from the recorded run at step 3: loss recorded [\d.e-]+, replayed "
                      r"[\d.e-]+ \(likely cause: randomness the checkpoint does not hold, a file that changed since, "
                      r"or threads\)", r.stderr), r.stderr

@@ -339,10 +339,11 @@ def test_tqdms_monitor_thread_leaves_fork_checkpoints_on(tmp_path):
 
 
 def test_bad_time_travel_commands_get_one_line(tmp_path, script):
-    # the breakpoint's commands: an error there does not end the rest (an error
-    # in a -e line itself ends a batch run with exit 2)
-    cmds = ["break step 2", "commands", "goto 9", "present", "predict 0", "replay", "replay --verify 5:3",
-            "bisect", "reverse-step 5", "delete checkpoint 99", "end", "continue"]
+    # each from a breakpoint's commands of its own: an error there ends that list (gdb), not
+    # the run (an error in a -e line itself ends a batch run with exit 2)
+    bad = ["goto 9", "present", "predict 0", "replay", "replay --verify 5:3", "bisect", "reverse-step 5",
+           "delete checkpoint 99"]
+    cmds = [c for b in bad for c in ("break step 2", "commands", b, "end")] + ["continue"]
     args = [a for c in cmds for a in ("-e", c)]
     r = nndb("run", "--batch", "--nx", "--trace", str(tmp_path / "t.h5"), *args, script, cwd=str(tmp_path))
     assert "Traceback" not in r.stderr, r.stderr

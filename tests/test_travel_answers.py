@@ -131,9 +131,10 @@ def _fixed(text, name, value):
 
 
 def test_a_respawned_replay_of_an_unseeded_script_says_it_diverged(tmp_path):
-    # (from the breakpoint's commands: a failed -e line would end the batch run)
-    r = _script_run(tmp_path, UNSEEDED, ["break step 5", "commands", "goto 2", 'p ("AT", $step)', "end", "continue"],
-                    "--replica", "respawn")
+    # (from a breakpoint's commands: a failed -e line would end the batch run; the p from a second
+    # breakpoint's: the goto's error ends the rest of its own list, as in gdb)
+    r = _script_run(tmp_path, UNSEEDED, ["break step 5", "commands", "goto 2", "end", "break step 5", "commands",
+                                         'p ("AT", $step)', "end", "continue"], "--replica", "respawn")
     assert re.search(r"the replay diverged from the recorded run at step 0: loss recorded [\d.e-]+, replayed "
                      r"[\d.e-]+ \(likely cause: unseeded randomness", r.stderr), r.stdout + r.stderr
     assert "In the past" not in r.stdout                  # no wrong past is shown
@@ -170,8 +171,8 @@ def test_a_replay_that_diverged_beside_a_thread_of_the_script_names_the_thread(t
     # cause said "unseeded randomness (... seed torch, random and numpy, or use fork replicas)",
     # advice that cannot help (threads are why the replay is respawned); the script's own thread
     # is named first, the logging QueueListener's (library code) is not.
-    r = _script_run(tmp_path, THREAD_JITTER, ["break step 5", "commands", "goto 2", 'p ("AT", $step)', "end",
-                                              "continue"])
+    r = _script_run(tmp_path, THREAD_JITTER, ["break step 5", "commands", "goto 2", "end", "break step 5", "commands",
+                                              'p ("AT", $step)', "end", "continue"])
     assert re.search(r"the replay diverged from the recorded run at step 0: loss recorded [\d.e-]+, replayed "
                      r"[\d.e-]+ \(likely cause: the script's threads \(jitter\) run beside the training loop: "
                      r"where they draw random numbers", r.stderr), r.stdout + r.stderr
@@ -180,8 +181,8 @@ def test_a_replay_that_diverged_beside_a_thread_of_the_script_names_the_thread(t
 
 def test_a_replay_of_a_script_that_reads_a_changed_file_says_it_diverged(tmp_path):
     (tmp_path / "scale.txt").write_text("1.0")
-    r = _script_run(tmp_path, READS_A_FILE, ["break step 8", "commands", "goto 3", 'p ("AT", $step)', "end",
-                                             "continue"], "--replica", "fork")
+    r = _script_run(tmp_path, READS_A_FILE, ["break step 8", "commands", "goto 3", "end", "break step 8", "commands",
+                                             'p ("AT", $step)', "end", "continue"], "--replica", "fork")
     assert re.search(r"the replay diverged from the recorded run at step 1: loss recorded", r.stderr), \
         r.stdout + r.stderr
     assert "In the past" not in r.stdout and "('AT', 8)" in r.stdout
@@ -225,10 +226,11 @@ def test_set_on_a_hand_written_loop_changes_the_script_s_variable(tmp_path):
 
 
 def test_predict_set_refuses_what_it_cannot_apply(tmp_path):
-    # (from the breakpoint's commands: a failed -e line would end the batch run)
-    r = _run(tmp_path, "gan.py", ["break step 3", "commands", "predict 2 --set lr=0.5", "predict 2 --set foo=1",
-                                  "predict 2 --set optimizerG.lr=0.5", "end", "continue"], "--steps", "6",
-             extra=("--rules", "none"))
+    # (each from a breakpoint's commands of its own: a failed -e line would end the batch run, and
+    # an error in a breakpoint's commands the rest of its list, as in gdb)
+    tried = ["predict 2 --set lr=0.5", "predict 2 --set foo=1", "predict 2 --set optimizerG.lr=0.5"]
+    r = _run(tmp_path, "gan.py", [c for t in tried for c in ("break step 3", "commands", t, "end")] + ["continue"],
+             "--steps", "6", extra=("--rules", "none"))
     assert "2 optimizers: say which, as in --set optimizerD.lr=0.5" in r.stderr
     assert "unknown key 'foo'" in r.stderr
     assert "--set optimizerG.lr=0.5 is: set lr 0.5 optimizer optimizerG" in r.stdout

@@ -231,7 +231,8 @@ every rank; a trailing "rank N" watches rank N only (the others stop with it).""
     Command("commands", "commands [N]", """Give a breakpoint commands to run at each of its stops.
 N defaults to the last one set; one command per line, ending with "end".  A first line "silent" stops
 the usual message.  An empty list removes them.  A command that resumes the run ends the list;
-after rs, goto or rc the rest of it runs in the past.  Several ranks: on every rank (its breakpoint
+after rs, goto or rc the rest of it runs in the past.  An error in a command ends the list (gdb: the
+rest is not run, and the error line says so); the run goes on, in batch mode too.  Several ranks: on every rank (its breakpoint
 N), or on rank R alone with "commands N rank R".""",
             _commands, _commands_arg, args=("point",), group="breakpoints", ranks="suffix"),
     Command("delete", "delete [N...] | delete checkpoint N",

@@ -145,6 +145,10 @@ class CommandLoop:
                 (bool(source.source) or not self.interactive)
             where = source.where() if fatal else ""
             msg = f"{where}{e}"
+            if isinstance(source, QueuedLine) and source.point is not None and self._end_point_list(source.point):
+                # gdb: "If an error occurs in a command, the rest of the list is not executed"
+                # (the commands after a failed 'set' or 'goto' ran on a state they did not expect)
+                msg += f" (the rest of breakpoint {source.point}'s commands is not run)"
             self.error(msg)
             if e.usage and not where:
                 self.error(f"usage: {e.usage}")
@@ -154,6 +158,13 @@ class CommandLoop:
             raise
         except Exception as e:  # a bug in a command: one line, the session goes on
             self.error(f"nndb: internal error in '{text.strip()}': {type(e).__name__}: {e}")
+
+    def _end_point_list(self, point: int) -> bool:
+        """Drop the lines of point ``point``'s command list still waiting; True if there were any."""
+        kept = collections.deque(q for q in self.input.queue if q.point != point)
+        dropped = len(kept) != len(self.input.queue)
+        self.input.queue = kept
+        return dropped
 
     def _changing(self, text: str) -> bool:
         """A command that changes the run (the table's group "changing": set, unset, py)."""
