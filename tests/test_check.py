@@ -1175,10 +1175,40 @@ def test_a_decoder_called_once_per_time_step_is_not_overfit_on_one_step_s_loss(t
         """)
     report, _ = run_check(script, overfit_iters=20)
     c = by_name(report)["overfit"]
-    assert c.status == "SKIP" and "Sequential was called 4 times with autograd on before one backward" in c.evidence, \
-        c.evidence
+    assert c.status == "SKIP" and "dec (Sequential) was called 4 times with autograd on before one backward, 4 loss " \
+        "calls on its outputs in the first step (F.cross_entropy, " in c.evidence, c.evidence
     report, _ = run_check(example("grad_accum.py"), overfit_iters=300)
     assert by_name(report)["overfit"].status == "PASS"
+
+
+def test_a_gans_discriminator_on_real_and_fake_is_skipped_for_what_it_is_not_a_decoder(tmp_path):
+    """A DCGAN-style loop whose D loss sums BCE on D(real) and on D(fake.detach()): the overfit SKIPped
+    guessing 'a decoder's loop over time steps?'.  It says what it saw: D called twice before one
+    backward, its loss calls, the two optimizers."""
+    script = write(tmp_path, "gan.py", """
+        import torch, torch.nn as nn
+        torch.manual_seed(0)
+        G = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 16), nn.Tanh())
+        D = nn.Sequential(nn.Linear(16, 32), nn.LeakyReLU(0.2), nn.Linear(32, 1))
+        crit = nn.BCEWithLogitsLoss()
+        optD = torch.optim.Adam(D.parameters(), lr=2e-4, betas=(0.5, 0.999))
+        optG = torch.optim.Adam(G.parameters(), lr=2e-4, betas=(0.5, 0.999))
+        data = torch.randn(64, 16).tanh()
+        for i in range(2):
+            real, fake = data[i * 32:(i + 1) * 32], G(torch.randn(32, 8))
+            D.zero_grad()
+            (crit(D(real), torch.ones(32, 1)) + crit(D(fake.detach()), torch.zeros(32, 1))).backward()
+            optD.step()
+            G.zero_grad()
+            crit(D(fake), torch.ones(32, 1)).backward()
+            optG.step()
+        """)
+    report, _ = run_check(script, overfit_iters=20)
+    c = by_name(report)["overfit"]
+    assert c.status == "SKIP" and "decoder" not in c.evidence, c.evidence
+    assert c.evidence.startswith("D (Sequential) was called 2 times with autograd on before one backward, 3 loss calls "
+                                 "on its outputs in the first step (BCEWithLogitsLoss, BCEWithLogitsLoss, "
+                                 "BCEWithLogitsLoss); 2 optimizers stepped: "), c.evidence
 
 
 def test_the_floor_of_a_weighted_label_smoothed_cross_entropy_is_not_0(tmp_path):

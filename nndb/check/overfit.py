@@ -44,11 +44,11 @@ def overfit(cap: Capture, outcome: Outcome, iters: int) -> Check:
                      "a module fed its own output): nndb cannot rebuild the forward pass on a copy", outcome)
     again = next((s for s, _ in chain if cap.repeated.get(id(s.module), 0) > 1), None)
     if again is not None:
-        # (a decoder's loop over time steps, two inputs through one model: one call's loss is a
-        # part of the script's, and a model that fits it need not fit the script's)
-        return _skip("overfit", f"{type(again.module).__name__} was called {cap.repeated[id(again.module)]} times "
-                     "with autograd on before one backward (a decoder's loop over time steps?): nndb overfits "
-                     "one forward's loss, a part of the script's", outcome)
+        # (two inputs through one model before its backward: a GAN's discriminator on a real and a
+        # fake batch, a decoder's loop over time steps, a siamese pair: one call's loss is a part of
+        # the script's, and a model that fits it need not fit the script's).  What is said is what
+        # the capture saw, never a guess at the kind of script (it guessed a decoder for GANs).
+        return _skip("overfit", _repeated_calls(cap, again.module), outcome)
     stuck = next((s for s, _ in chain if s.replica is None), None)
     if stuck is not None:
         return _skip("overfit", f"{type(stuck.module).__name__} cannot be deep-copied: {stuck.replica_error}",
@@ -107,6 +107,21 @@ def overfit(cap: Capture, outcome: Outcome, iters: int) -> Check:
     if no_dropout.dropped or rnn_off.rnns:
         setup += ", dropout off"
     return _verdict(cap, call, setup, losses, iters, model, floor, at_zero)
+
+
+def _repeated_calls(cap: Capture, module) -> str:
+    """Why the overfit is skipped for a model called several times before one backward: the
+    calls, the loss calls on its outputs in the first step, and the optimizers."""
+    name = cap.rec.naming.module_name(module)
+    who = f"{name} ({type(module).__name__})" if name else type(module).__name__
+    losses = [c.name for c in cap.loss_calls if c.step == 0 and c.model is module]
+    said = f"{who} was called {cap.repeated[id(module)]} times with autograd on before one backward"
+    if len(losses) > 1:
+        said += f", {len(losses)} loss calls on its outputs in the first step ({', '.join(losses)})"
+    if len(cap.optimizers) > 1:
+        said += f"; {len(cap.optimizers)} optimizers stepped"
+    return said + ": the loss backpropagated is made of several forward passes, and nndb overfits one " \
+                  "forward's loss, a part of it"
 
 
 # Dropout is off in the replica, as practitioners turn regularisation off to overfit one batch:
