@@ -60,7 +60,11 @@ def is_not_measured(x) -> bool:
 
 def fmt(x) -> str:
     """The text of one value: ``-`` (not measured), ``nan``, ``inf``, ``-inf``,
-    a whole number as an integer, other floats to 4 significant digits."""
+    a whole number as an integer, other floats to 4 significant digits.  A
+    float that rounds to fewer digits keeps its zeros (2.99999 is ``3.000``,
+    0.0099996 ``0.01000``): ``3`` would say the value is exactly 3, as a
+    norm or loss at a threshold is often read; within float32's precision
+    of the shorter text (0.3 held as float32) the zeros are dropped."""
     if is_not_measured(x):
         return "-"
     if isinstance(x, bool) or not isinstance(x, (int, float)):
@@ -75,7 +79,8 @@ def fmt(x) -> str:
         return "inf" if x > 0 else "-inf"
     if x == int(x) and abs(x) < 1e15:
         return str(int(x))
-    return f"{x:.4g}"
+    text = f"{x:.4g}"
+    return text if abs(float(text) - x) <= 1e-6 * abs(x) else f"{x:#.4g}".replace(".e", "e").rstrip(".")
 
 
 def json_value(x):

@@ -10,6 +10,7 @@ import textwrap
 import numpy as np
 
 from conftest import Ran, nndb, plain_and_recorded
+from nndb.text import fmt
 
 # One step a line: "it N skip|step LOSS CLIP ACT" (repr of the script's floats).
 SCALER = textwrap.dedent('''
@@ -384,7 +385,7 @@ def test_clipping_before_the_scaler_unscales_is_an_error_and_the_right_order_is_
     assert f["step"] == 0 and f["severity"] == "error", f
     assert f["evidence"]["scale"] == 65536.0 and f["evidence"]["total_norm"] == scaled, f
     assert abs(scaled / 65536.0 - true) < 1e-3 * true, (scaled, true)
-    assert f"the gradients' own: {true:.3g}" in f["message"] and "scaler.unscale_(opt)" in f["message"], f
+    assert f"the gradients' own: {fmt(true)}" in f["message"] and "scaler.unscale_(opt)" in f["message"], f
     # exploding_gradient judged the scaled totals (7.28e4, over its ceiling of 1e3, three steps
     # running) as gradients 'the optimizer applies clipped': they are the loss scale's
     assert not [f for f in exploding["clip-first"] if f["tensor"].startswith("clip_grad_norm_")], exploding

@@ -16,6 +16,7 @@ from conftest import ROOT, Transcript, example, nndb
 from nndb.check import CHECK_STEPS, OVERFIT_ITERS, check
 from nndb.run.launcher import Target
 from nndb.render.check import text
+from nndb.text import fmt
 
 
 def run_check(script, *args, steps=CHECK_STEPS, overfit_iters=OVERFIT_ITERS):
@@ -99,7 +100,7 @@ def test_raw_pixels_fail_data_and_initial_loss():
     assert checks["data"].status == "FAIL" and "raw 0-255 pixels" in checks["data"].cause
     assert "normalise" in checks["data"].cause and "in [0, 255]" in checks["data"].evidence
     assert checks["initial-loss"].status == "FAIL"
-    assert re.match(r"2\d\.\d+ vs ln\(4\) = 1\.39", checks["initial-loss"].evidence)
+    assert re.match(r"2\d\.\d+ vs ln\(4\) = 1\.386", checks["initial-loss"].evidence)
     assert "output layer's init or a missing input normalisation" in checks["initial-loss"].cause
     assert status(report)["shapes"] == "PASS" and report.exit_code == 1
 
@@ -347,7 +348,7 @@ def test_a_loop_of_bare_tensors_runs_only_the_checked_steps(tmp_path):
     assert [p[0] for p in printed] == ["0", "1"], out              # (not "Result": unwound at step 2's forward)
     fl = by_name(report)["finite-loss"]
     assert fl.status == "PASS" and "in 2 step(s)" in fl.evidence, fl.evidence
-    assert f"last {float(printed[1][1]):.4g}" in fl.evidence and by_name(report)["run"].evidence == "2 step(s) ran"
+    assert f"last {fmt(float(printed[1][1]))}" in fl.evidence and by_name(report)["run"].evidence == "2 step(s) ran"
 
 
 def test_the_initial_loss_line_quotes_the_loss_the_script_saw(tmp_path):
@@ -367,7 +368,7 @@ def test_the_initial_loss_line_quotes_the_loss_the_script_saw(tmp_path):
     report, out = run_check(script, steps=2)
     first = float(out.split()[0])
     ev = by_name(report)["initial-loss"].evidence
-    assert f"the first loss was {first:.4g}, {first / 200:.4g} a target element (reduction='sum' over 200)" in ev, ev
+    assert f"the first loss was {fmt(first)}, {fmt(first / 200)} a target element (reduction='sum' over 200)" in ev, ev
 
 
 @pytest.mark.parametrize("targets,loss,n", [
@@ -401,8 +402,8 @@ def test_a_summed_classification_loss_is_quoted_per_loss_element(tmp_path, targe
     first = float(out.split()[0])
     c = by_name(report)["initial-loss"]
     assert c.numbers["loss"] == pytest.approx(first / n, rel=1e-12) == pytest.approx(math.log(64), rel=1e-6), c.evidence
-    assert c.evidence.startswith(f"{first / n:.4g} vs ln(64) = 4.16 (a uniform prediction) (the first loss was "
-                                 f"{first:.4g}, {first / n:.4g} a target element (reduction='sum' over {n}))"), c.evidence
+    assert c.evidence.startswith(f"{fmt(first / n)} vs ln(64) = 4.159 (a uniform prediction) (the first loss was "
+                                 f"{fmt(first)}, {fmt(first / n)} a target element (reduction='sum' over {n}))"), c.evidence
 
 
 def test_a_loss_still_falling_when_overfit_runs_out_is_inconclusive_not_failed(tmp_path):
@@ -595,7 +596,7 @@ def test_overfit_comes_down_to_the_least_the_loss_can_be_not_to_0(tmp_path, loss
     assert low == pytest.approx(floor, rel=1e-5), (low, floor)
     assert over.numbers["goal"] == pytest.approx(low + 0.05 * (over.numbers["first"] - low))
     assert over.numbers["last"] <= over.numbers["goal"] and over.numbers["last"] > low - 1e-6
-    assert f"goal < {over.numbers['goal']:.4g}: {low:.4g}, the targets' entropy, the least the loss can be" \
+    assert f"goal < {fmt(over.numbers['goal'])}: {fmt(low)}, the targets' entropy, the least the loss can be" \
         in over.evidence, (why, over.evidence)
 
 

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from conftest import ROOT, Ran, nndb, plain_and_recorded, python
+from nndb.text import fmt
 
 # dcgan's shape as it comes (--workers 2): a DataLoader with worker processes,
 # so nndb takes no fork checkpoints and replays from the start (respawn).
@@ -1337,7 +1338,7 @@ def test_a_loss_that_went_down_too_little_is_not_said_to_have_not_gone_down(tmp_
                   r.stderr)
     assert m, r.stderr
     assert m[1] == f"has gone down only {100 * (first - last) / first:.1f}% in 50 recorded steps", m[1]
-    assert (m[2], m[3]) == (f"{last:.4g}", f"{first:.4g}")
+    assert (m[2], m[3]) == (fmt(last), fmt(first))
 
 
 LOSS_MODULE_MADE_IN_FORWARD = """

@@ -9,7 +9,7 @@ from click.testing import CliRunner
 
 from conftest import example, nndb
 from nndb.cli import cli
-from nndb.text import json_value as _clean
+from nndb.text import fmt, json_value as _clean
 from nndb.errors import EXIT_FAIL_ACTION, EXIT_USAGE
 from nndb.rules.base import Rule, StepContext
 from nndb.rules.catalog import load
@@ -353,7 +353,7 @@ def test_a_clip_that_clips_nothing_is_not_called_clipping_live_and_offline(tmp_p
     [f] = [f for f in d["findings"] if f["rule"] == "exploding_gradient" and f["tensor"] == "clip_grad_norm_"]
     printed = [float(line.split()[2]) for line in python_out(script)]
     assert max(printed) < 1e9 and f["step"] == 22 and f["evidence"]["grad_norm"] == printed[22], (printed, f)
-    assert f["message"].startswith(f"exploding gradient: clip_grad_norm_ returned a total norm of {printed[22]:.3g} "
+    assert f["message"].startswith(f"exploding gradient: clip_grad_norm_ returned a total norm of {fmt(printed[22])} "
                                    f"at step 22"), f["message"]
     assert f["message"].endswith("; it did not clip them (max_norm 1e+09): the optimizer applies them as they "
                                  "are"), f["message"]
@@ -394,7 +394,7 @@ def test_gradients_exploding_under_clipping_are_found_live_and_offline(tmp_path,
     [le] = [f for f in d["findings"] if f["rule"] == "loss_explodes"]     # (it clips: no "no gradient clipping?")
     assert le["message"].endswith("the run diverges (a learning rate far too high?)"), le["message"]
     assert f["message"].startswith("exploding gradient before clipping: clip_grad_norm_ returned a total norm of "
-                                   "1.1e+05 at step 26 (2.79e+05x its early median 0.394)"), f["message"]
+                                   "1.101e+05 at step 26 (2.794e+05x its early median 0.3940)"), f["message"]
     assert f["message"].endswith("it clipped them to max_norm 1, so the norms of the gradients the optimizer "
                                  "applies do not show it") and f["evidence"]["clipped"] is True, f["message"]
     printed = [float(line.split()[2]) for line in python_out(script)]
@@ -461,7 +461,7 @@ def test_a_hand_written_loop_s_clip_is_its_own_step_s_in_the_trace_and_for_a_wat
              "-e", "watch grad clip_grad_norm_ > 10", "-e", "continue", "-e", "kill", str(script), cwd=str(tmp_path))
     printed = {int(line.split()[0]): float(line.split()[2]) for line in python_out(script)}
     first = min(k for k, v in printed.items() if v > 10)
-    assert f"Watchpoint 1: grad clip_grad_norm_ norm = {printed[first]:.4g} (> 10) at step {first}" in r.stdout, \
+    assert f"Watchpoint 1: grad clip_grad_norm_ norm = {fmt(printed[first])} (> 10) at step {first}" in r.stdout, \
         r.stdout + r.stderr
     import nndb as api
     with api.open(str(tmp_path / "t.h5")) as t:

@@ -488,13 +488,13 @@ def test_epoch_repeats_not_by_chance_of_a_tiny_loader(tmp_path):
     assert only(run(tmp_path, write(tmp_path, "tiny.py", script(4, 2, False))), "epoch_repeats") == []
     # the bug on a tiny loader: reseeded every epoch, but once in 6 is no evidence
     assert only(run(tmp_path, write(tmp_path, "tiny_reseeded.py", script(4, 2, True))), "epoch_repeats") == []
-    # 16 samples in batches of 4: once in 6.3e+07 by chance
+    # 16 samples in batches of 4: once in 6.306e+07 by chance
     small = script(16, 4, True)
     [f] = only(run(tmp_path, write(tmp_path, "small_reseeded.py", small)), "epoch_repeats")
     assert f["step"] == 7 and f["evidence"]["period"] == 4, f
     assert abs(f["evidence"]["chance"] * 63_063_000 - 1) < 1e-6, f
     assert "steps 4-7 repeat those of steps 0-3 (the same samples in each batch)" in f["message"]
-    assert "once in 6.3e+07" in f["message"], f
+    assert "once in 6.306e+07" in f["message"], f
 
 def test_epoch_repeats_judges_the_loader_whose_epoch_repeated(tmp_path):
     """A training loader in order by design (shuffle=False: 4 batches, its epochs repeat) beside

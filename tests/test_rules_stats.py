@@ -107,6 +107,39 @@ def test_nan_lr_explodes_then_goes_nonfinite(tmp_path):
     assert of(found, "vanishing_gradient") == [] and of(found, "param_not_updated") == []
 
 
+INF_LOSS = """
+import torch
+torch.manual_seed(0)
+model = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.0)
+x = torch.randn(8, 4)
+extra = [0.0, 0.0, 0.0, 0.0, 0.0, 2.997, float("inf"), 0.0]
+for step in range(8):
+    opt.zero_grad()
+    loss = model(x).mean() * 0 + extra[step]
+    loss.backward()
+    opt.step()
+"""
+
+
+def test_nonfinite_names_the_loss_once_and_its_norm_to_four_digits(tmp_path):
+    """The loss is 2.997 at step 5 and Inf at step 6: nonfinite said 'Inf first appeared in loss loss
+    (1 element(s)); its norm at step 5 was 3' (three significant digits made 2.997 a round 3)."""
+    (tmp_path / "inf_loss.py").write_text(INF_LOSS)
+    [nf] = of(run(tmp_path, str(tmp_path / "inf_loss.py")), "nonfinite")
+    assert nf["step"] == 6 and nf["message"].endswith(
+        "Inf first appeared in loss (1 element(s)); its norm at step 5 was 2.997"), nf["message"]
+
+
+def test_numbers_rounded_short_keep_their_zeros():
+    """fmt's 4 significant digits: a value that rounds to a shorter text keeps the zeros that say
+    it was rounded (2.99999 read '3', 0.0099996 '0.01'), and one held as float32 is not padded."""
+    from nndb.text import fmt
+    assert [fmt(v) for v in (2.99999, 0.0099996, 389.96, 29999.7, 7237.56)] == \
+        ["3.000", "0.01000", "390.0", "3.000e+04", "7238"]
+    assert [fmt(v) for v in (3.0, float(np.float32(0.3)), 0.5, 2.997, float("inf"))] == ["3", "0.3", "0.5", "2.997", "inf"]
+
+
 @pytest.mark.parametrize("every, steps, want", [
     (4, None, (8, "NaN first appeared in act 0", [5, 7], "(steps 5-7 were not recorded (--every, --steps): "
                                                         "it may have appeared there)")),
@@ -589,7 +622,7 @@ def test_loss_explodes_waits_for_the_jump_to_stay_up():
     assert feed(rule, _losses([1e7, 1e5] + base + [3.0e7, 5e6, 8e6])) == []
     # higher still: confirmed at once
     [(step, f)] = feed(rule, _losses(base + [3.0e7, 5.0e7]))
-    assert step == len(base) + 1 and f.evidence["jump_step"] == len(base) and "rose further (5e+07 since)" in f.message
+    assert step == len(base) + 1 and f.evidence["jump_step"] == len(base) and "rose further (50000000 since)" in f.message
     # stays up, lower than the jump: after 2 steps
     [(step, f)] = feed(rule, _losses(base + [3.0e7, 2.5e7, 2.9e7, 1.0e5]))
     assert step == len(base) + 2 and f.evidence["after"] == [2.5e7, 2.9e7]

@@ -16,6 +16,7 @@ from nndb.rules.base import STAT_INDEX, StepContext
 from nndb.rules.catalog import default_rules, load
 from nndb.rules.condition import Condition, ConditionError
 from nndb.rules.yamlfile import CustomRule, load_file
+from nndb.text import fmt
 
 
 def rules_file(tmp_path, text: str, name="rules.yaml") -> str:
@@ -376,7 +377,7 @@ def test_a_custom_vector_rule_reports_each_tensor_at_its_own_first_step(tmp_path
     found = [(f["step"], f["tensor"], f["evidence"].get("also")) for f in res.session.log.findings]
     assert found == [(first["a"], "a", None), (first["b"], "b", ["c"]), (first["d"], "d", None)]
     assert res.session.log.findings[1]["message"] == (
-        f"weight.norm > 2.5 is true (param b: weight.norm = {norm_b:.4g} (and 1 more: c))")
+        f"weight.norm > 2.5 is true (param b: weight.norm = {fmt(norm_b)} (and 1 more: c))")
 
 
 def test_a_name_filter_that_matches_no_tensor_is_said_at_the_end(tmp_path):

@@ -10,6 +10,7 @@ from typing import Optional
 import torch
 from torch.utils import _pytree as pytree
 
+from ..text import fmt
 from .capture import BINARY_LOSSES, CLASS_LOSSES, Capture, LossCall
 
 RAW_PIXELS_MIN_MAX = 20.0       # a float input in [0, 255] reaching this, whole numbers: raw pixels
@@ -192,7 +193,7 @@ def _describe_input(t: torch.Tensor, mask_ok: bool = False):
         # (one number, no batch: a setting given with the data, not data to scale; the Hugging
         # Face Trainer's num_items_in_batch, the batch's token count, 128.0 for 8 x 16 tokens)
         nums.update(scalar=True)
-        return desc + f" {t.item():.4g}, one number: not judged", "", "", nums
+        return desc + f" {fmt(t.item())}, one number: not judged", "", "", nums
     x = t.detach().double()
     if not t.is_floating_point():
         lo, hi = int(x.min()), int(x.max())
@@ -210,20 +211,20 @@ def _describe_input(t: torch.Tensor, mask_ok: bool = False):
     lo, hi, mean, std = float(x.min()), float(x.max()), float(x.mean()), float(x.std()) if x.numel() > 1 else 0.0
     if mask_ok and bad and bad == counts["-inf"] and lo == hi:
         nums.update(min=lo, max=hi, additive_mask=True)
-        return desc + f" is an additive attention mask ({x.numel()} x {lo:.4g}, {bad} x -inf): not judged", "", "", nums
+        return desc + f" is an additive attention mask ({x.numel()} x {fmt(lo)}, {bad} x -inf): not judged", "", "", nums
     whole = float((x == x.round()).double().mean())
     nums.update(min=lo, max=hi, mean=mean, std=std, whole_fraction=whole)
     if bad:
         desc += f" {kinds} and {x.numel()} finite"
-    desc += f" in [{lo:.4g}, {hi:.4g}], mean {mean:.3g}, std {std:.3g}"
+    desc += f" in [{fmt(lo)}, {fmt(hi)}], mean {fmt(mean)}, std {fmt(std)}"
     if bad:
         return desc, f"hold {bad} NaN/Inf value(s) ({kinds})", \
             "the data pipeline produces NaN/Inf: check loading and preprocessing", nums
     if lo >= 0 and RAW_PIXELS_MIN_MAX <= hi <= 255 and whole >= WHOLE_FRACTION:
-        return desc, f"look like raw 0-255 pixels (whole numbers up to {hi:.4g})", \
+        return desc, f"look like raw 0-255 pixels (whole numbers up to {fmt(hi)})", \
             "inputs look like raw 0-255 pixels: normalise them (x / 255, then subtract the mean and divide by the std)", nums
     if max(abs(lo), abs(hi)) > INPUT_ABS_MAX:
-        return desc, f"reach {max(abs(lo), abs(hi)):.4g} (beyond +-{INPUT_ABS_MAX:g})", \
+        return desc, f"reach {fmt(max(abs(lo), abs(hi)))} (beyond +-{INPUT_ABS_MAX:g})", \
             "inputs are not normalised: standardise each feature (subtract the mean, divide by the std)", nums
     return desc, "", "", nums
 
@@ -251,9 +252,9 @@ def _describe_target(call: LossCall):
         return desc, "", ""
     if call.kind in BINARY_LOSSES and t.is_floating_point():
         lo, hi = float(t.min()), float(t.max())
-        desc = f"targets in [{lo:.3g}, {hi:.3g}]"
+        desc = f"targets in [{fmt(lo)}, {fmt(hi)}]"
         if lo < 0 or hi > 1:
-            return desc, f"binary targets outside [0, 1] ([{lo:.3g}, {hi:.3g}])", \
+            return desc, f"binary targets outside [0, 1] ([{fmt(lo)}, {fmt(hi)}])", \
                 "binary cross-entropy needs targets in [0, 1]: map the labels to 0/1"
         return desc, "", ""
     return "", "", ""
@@ -333,11 +334,11 @@ def initial_loss_check(cap: Capture, outcome: Outcome) -> Check:
     if call is None:
         return _skip("initial-loss", NO_LOSS + ": no reference value", outcome)
     v = call.value
-    first = f"the first loss was {v:.4g}"          # (as the script sees it)
+    first = f"the first loss was {fmt(v)}"          # (as the script sees it)
     n = _summed_elements(call) if call.kwargs.get("reduction") == "sum" else 0
     if n:
         v /= n
-        first += f", {v:.4g} a target element (reduction='sum' over {n})"
+        first += f", {fmt(v)} a target element (reduction='sum' over {n})"
     if call.kind in CLASS_LOSSES:
         c = _classes(call)
         if c is None and _single_class(call):
@@ -347,14 +348,14 @@ def initial_loss_check(cap: Capture, outcome: Outcome) -> Check:
         if c is None:
             return _skip("initial-loss", f"{call.name} on {_shape(call.input_shape)}: the number of classes "
                          "is unknown", outcome)
-        expected, ref = math.log(c), f"ln({c}) = {math.log(c):.3g}"
+        expected, ref = math.log(c), f"ln({c}) = {fmt(math.log(c))}"
     elif call.kind in BINARY_LOSSES:
-        expected, ref = math.log(2), f"ln(2) = {math.log(2):.3g}"
+        expected, ref = math.log(2), f"ln(2) = {fmt(math.log(2))}"
     else:
         return Check("initial-loss", "SKIP", f"{call.name} is not a classification loss: no reference value "
                      f"({first})")
     nums = {"loss": v, "expected": expected}
-    ev = f"{v:.4g} vs {ref} (a uniform prediction)" + (f" ({first})" if v != call.value else "")
+    ev = f"{fmt(v)} vs {ref} (a uniform prediction)" + (f" ({first})" if v != call.value else "")
     if not math.isfinite(v):
         return Check("initial-loss", "SKIP", f"the first loss is {v} (see finite-loss)", numbers=nums)
     if call.probs_like and call.kind == "binary_cross_entropy_with_logits":
@@ -374,13 +375,13 @@ def initial_loss_check(cap: Capture, outcome: Outcome) -> Check:
         # PASSed as 'a pretrained model?', and its overfit PASSed as the loss went negative)
         nums["exp_sum"] = call.exp_sum
         return Check("initial-loss", "FAIL", ev + f"; but its input is not log-probabilities: exp of a row sums "
-                     f"to {call.exp_sum:.4g} (median over rows), not 1",
+                     f"to {fmt(call.exp_sum)} (median over rows), not 1",
                      "nll_loss takes log-probabilities: apply log_softmax to the model's output (or use "
                      "cross_entropy on the logits)", nums)
     limit = max(INIT_LOSS_FACTOR * expected, expected + INIT_LOSS_MARGIN)
     nums["limit"] = limit
     if v > limit:
-        return Check("initial-loss", "FAIL", ev + f" ({v / expected:.1f}x; limit {limit:.3g})",
+        return Check("initial-loss", "FAIL", ev + f" ({v / expected:.1f}x; limit {fmt(limit)})",
                      "the initial logits are far too large: check the output layer's init or a missing "
                      "input normalisation", nums)
     low = " (lower: a pretrained model?)" if v < 0.5 * expected else ""
@@ -414,7 +415,7 @@ def finite_check(cap: Capture, outcome: Outcome) -> Check:
         return Check("finite-loss", "FAIL", f"the loss is exactly 0 at every step ({len(values)} {what} "
                      f"value(s) in {cap.steps_done or 1} step(s))", cause, nums)
     return Check("finite-loss", "PASS", f"{len(values)} {what} value(s) in {cap.steps_done or 1} step(s), all "
-                 f"finite (first {values[0][1]:.4g}, last {values[-1][1]:.4g})", numbers=nums)
+                 f"finite (first {fmt(values[0][1])}, last {fmt(values[-1][1])})", numbers=nums)
 
 
 # -- 5. gradients, 6. updates ------------------------------------------------------------------------
@@ -534,8 +535,8 @@ def grad_reset_check(cap: Capture, outcome: Outcome) -> Check:
     if stale:
         c = stale[0]
         return Check("zero-grad", "FAIL", f"at step {c['step']}, {c['param']}.grad held the last step's gradient "
-                     f"plus the new one ({c['optimizer']}; residual {c['r_stale']:.2g} against last + new, "
-                     f"{c['r_reset']:.2g} against the new alone; {len(stale)} of {len(checks)} step(s) checked)",
+                     f"plus the new one ({c['optimizer']}; residual {fmt(c['r_stale'])} against last + new, "
+                     f"{fmt(c['r_reset'])} against the new alone; {len(stale)} of {len(checks)} step(s) checked)",
                      "gradients are not reset between optimizer steps (zero_grad missing): each step uses the "
                      "sum of all gradients so far; call optimizer.zero_grad() once per step (after step() when "
                      "accumulating over several backward passes)", nums)
@@ -592,4 +593,4 @@ def updates_check(cap: Capture, outcome: Outcome) -> Check:
                 "zero, as param_not_updated does: a bias the loss barely depends on by construction, as one "
                 "before a BatchNorm, or an attention key's bias, which the softmax's shift leaves unchanged)")
     return Check("updates", "PASS", f"{len(moving)}/{len(moving)} parameter tensor(s) changed in optimizer.step() "
-                 f"(relative change {min(changes):.2g}..{max(changes):.2g}; {lr_text}){left}", numbers=nums)
+                 f"(relative change {fmt(min(changes))}..{fmt(max(changes))}; {lr_text}){left}", numbers=nums)

@@ -17,6 +17,7 @@ import warnings
 import torch
 from torch.utils import _pytree as pytree
 
+from ..text import fmt
 from ..tracer.discover import split_call
 from .capture import Capture, LossCall
 from .checks import NO_LOSS, OVERFIT_ABS, OVERFIT_BATCH, OVERFIT_REL, Check, Outcome, _describe_input, _skip
@@ -485,24 +486,24 @@ def _verdict(cap: Capture, call: LossCall, setup: str, losses: list, iters: int,
     if first < 0 or (getattr(call, "kind", None) == "nll_loss" and min(finite) < 0):
         # (nll_loss on what is not log-probabilities, raw logits: no least value; it 'fit' its batch
         # as the loss went below 0: 0.1022 -> -0.01664 in 3 iterations, a PASS)
-        said = (f"the first loss is below 0 ({first:.4g}): {OVERFIT_REL:.0%} of it is no goal" if first < 0 else
-                f"nll_loss went below 0 ({first:.4g} -> {min(finite):.4g}): on what is not log-probabilities it "
+        said = (f"the first loss is below 0 ({fmt(first)}): {OVERFIT_REL:.0%} of it is no goal" if first < 0 else
+                f"nll_loss went below 0 ({fmt(first)} -> {fmt(min(finite))}): on what is not log-probabilities it "
                 "has no least value to come down to")
         return Check("overfit", "SKIP", f"{setup}: {said} (see initial-loss)",
                      numbers={"first": first, "best": min(finite), "iterations": len(losses)})
     # (where the loss cannot go below a floor, the way from the first loss down to it)
     goal = low + max(OVERFIT_REL * (first - low), OVERFIT_ABS)
     nums = {"first": first, "last": last, "best": min(finite), "goal": goal, "iterations": len(losses)}
-    goal_text = f"goal < {goal:.3g}: {OVERFIT_REL:.0%} of the first loss or {OVERFIT_ABS:g}"
+    goal_text = f"goal < {fmt(goal)}: {OVERFIT_REL:.0%} of the first loss or {OVERFIT_ABS:g}"
     if low:
         nums["floor"] = low
-        goal_text = (f"goal < {goal:.4g}: {low:.4g}, {what}, the least the loss can be, plus "
+        goal_text = (f"goal < {fmt(goal)}: {fmt(low)}, {what}, the least the loss can be, plus "
                      f"{OVERFIT_REL:.0%} of the first loss above it or {OVERFIT_ABS:g}")
     if math.isfinite(last) and last <= goal:
-        return Check("overfit", "PASS", f"{setup}: loss {first:.4g} -> {last:.4g} in {len(losses)} "
+        return Check("overfit", "PASS", f"{setup}: loss {fmt(first)} -> {fmt(last)} in {len(losses)} "
                      f"iteration(s) ({goal_text})", numbers=nums)
     if not math.isfinite(last):
-        return Check("overfit", "FAIL", f"{setup}: loss {first:.4g} -> {last} at iteration {len(losses)}",
+        return Check("overfit", "FAIL", f"{setup}: loss {fmt(first)} -> {last} at iteration {len(losses)}",
                      "the training diverges even on one batch: the learning rate is too high for this model "
                      "and data (unnormalised inputs make it worse)", nums)
     # Still falling fast where the iterations ran out, most of the way down already: a slow
@@ -510,7 +511,7 @@ def _verdict(cap: Capture, call: LossCall, setup: str, losses: list, iters: int,
     quarter = finite[-max(2, len(finite) // 4):]
     if len(finite) == len(losses) and last - low <= SLOW_SHARE * (first - low) and \
             quarter[-1] - low <= (1 - STILL_FALLING) * (quarter[0] - low):
-        return Check("overfit", "SKIP", f"{setup}: loss {first:.4g} -> {last:.4g} after {len(losses)} iteration(s), "
+        return Check("overfit", "SKIP", f"{setup}: loss {fmt(first)} -> {fmt(last)} after {len(losses)} iteration(s), "
                      f"still falling ({1 - (quarter[-1] - low) / (quarter[0] - low):.0%} in the last {len(quarter)}), not yet at the "
                      f"goal ({goal_text}): more iterations tell (--overfit-iters N)", numbers=nums)
     hints = []
@@ -539,6 +540,6 @@ def _verdict(cap: Capture, call: LossCall, setup: str, losses: list, iters: int,
     generic = ("a bug in the model (a detached or dead path), too little capacity, a learning rate far too "
                "small or too large, or inputs that do not match their labels")
     hints.append(("otherwise " if hints else "") + generic)
-    return Check("overfit", "FAIL", f"{setup}: loss {first:.4g} -> {last:.4g} after {len(losses)} iteration(s), "
-                 f"best {min(finite):.4g} ({goal_text})",
+    return Check("overfit", "FAIL", f"{setup}: loss {fmt(first)} -> {fmt(last)} after {len(losses)} iteration(s), "
+                 f"best {fmt(min(finite))} ({goal_text})",
                  "the model cannot fit one small batch: " + "; ".join(hints), nums)

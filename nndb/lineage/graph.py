@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 from typing import Optional
 
+from ..text import fmt
 from .oprecord import (DTYPES, FILE, INS, LINE, MODULE, NODE, OP, OP_STATS, OUTS,  # noqa: F401
                        PHASE, SHAPES, op_name)
 
@@ -81,7 +82,7 @@ class StepGraph:
         st = self.stats.get(i)
         if st:
             st = dict(zip(OP_STATS, st))
-        stats = f"  min {st['min']:.4g} max {st['max']:.4g} mean {st['mean']:.4g}" + \
+        stats = f"  min {fmt(st['min'])} max {fmt(st['max'])} mean {fmt(st['mean'])}" + \
             (f" nan {st['nan']} inf {st['inf']}" if st['nan'] or st['inf'] else "") if st else ""
         return f"{op_name(op)}({args}) [{op[PHASE]}] {shape or 'scalar'} {op[DTYPES][0] if op[DTYPES] else ''}"\
             f"  {self.where(op)}{stats}".rstrip()

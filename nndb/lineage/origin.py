@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 
 from ..errors import CommandError
+from ..text import fmt
 from ..tracer.stats import STAT_NAMES
 from .graph import StepGraph
 from .oprecord import FILE, LINE, MODULE, NODE, PHASE, op_name
@@ -41,13 +42,13 @@ def origin(s, name: str, get_lineage) -> list:
     before = [st for st in sorted(rows) if st < k]
     if before:
         p = rows[before[-1]]
-        lines.append(f"  At step {before[-1]} it was finite (norm {p[_NORM]:.4g}).")
+        lines.append(f"  At step {before[-1]} it was finite (norm {fmt(p[_NORM])}).")
     grads = _series(s, name, "grad")
     g = grads.get(k)
     if g is not None and _bad(g):
         lines.append(f"  Its gradient at step {k} carried it: nan {int(g[_NAN])}, inf {int(g[_INF])}.")
     elif g is not None:
-        lines.append(f"  Its gradient at step {k} was finite (norm {g[_NORM]:.4g}): the optimizer's update "
+        lines.append(f"  Its gradient at step {k} was finite (norm {fmt(g[_NORM])}): the optimizer's update "
                      f"made it non-finite.")
     data = get_lineage(k, check=True)
     graph = StepGraph(data)

@@ -17,6 +17,7 @@ import torch
 import torch.nn as nn
 
 from .. import cadence
+from ..text import fmt
 from .base import Rule, Threshold
 from .probes import Probe, register
 from .series import num
@@ -126,9 +127,9 @@ class BatchNormStats(Rule):
             if f["nonfinite"][k] > 0:
                 what = f"NaN/Inf in {int(f['nonfinite'][k])} of {ch} channels"
             elif vmax > p["var_max"]:
-                what = f"running_var reaches {vmax:.3g} (inputs of std ~{np.sqrt(vmax):.3g}; unscaled inputs?)"
+                what = f"running_var reaches {fmt(vmax)} (inputs of std ~{fmt(np.sqrt(vmax))}; unscaled inputs?)"
             elif mabs > p["mean_max"]:
-                what = f"abs(running_mean) reaches {mabs:.3g}"
+                what = f"abs(running_mean) reaches {fmt(mabs)}"
             else:
                 what = (f"running_var is ~0 in {100 * f['var_zero_frac'][k]:.0f}% of {ch} channels "
                         f"(their inputs are constant)")

@@ -20,6 +20,7 @@ import math
 import statistics
 from typing import Iterable, Optional
 
+from ..text import fmt
 from .base import Finding, Threshold
 
 RULES = {
@@ -138,7 +139,7 @@ def repeat_chance(loaders: Optional[list], period: int) -> float:
 def epoch_message(step: int, period: int, rank: Optional[int] = None, chance: Optional[float] = None) -> str:
     who = f"rank {rank}'s" if rank is not None else "the"
     odds = "" if chance is None else \
-        f" (a reshuffle repeats them once in {1 / chance:.2g})" if chance >= 1e-30 else \
+        f" (a reshuffle repeats them once in {fmt(1 / chance)})" if chance >= 1e-30 else \
         " (a reshuffle repeats them less than once in 1e+30)"
     return (f"{who} batches of steps {step - period + 1}-{step} repeat those of steps "
             f"{step - 2 * period + 1}-{step - period} (the same samples in each batch) while the loader "
@@ -275,11 +276,11 @@ class CrossRankJudge:
         if worst is None:
             return
         d, m, what, vals = worst
-        per = ", ".join(f"rank {r} {v:.4g}" for r, v in zip(ranks, vals))
+        per = ", ".join(f"rank {r} {fmt(v)}" for r, v in zip(ranks, vals))
         self._report(_finding(
             "unsynced_batchnorm", step,
             f"BatchNorm running statistics differ across ranks at step {step} in {len(apart)} of "
-            f"{len(modules)} module(s); the farthest: {m}, {what} {per} ({100 * d:.3g}% apart): each rank "
+            f"{len(modules)} module(s); the farthest: {m}, {what} {per} ({fmt(100 * d)}% apart): each rank "
             f"keeps its own (use torch.nn.SyncBatchNorm.convert_sync_batchnorm, or evaluate on one rank)",
             module=m, drift=d, modules=apart), new)
 

@@ -36,6 +36,7 @@ import math
 import numpy as np
 
 from ..schema import CLIP_SERIES
+from ..text import fmt
 from .base import Rule, Threshold
 from .series import MIN_ELEMENTS, Streaks, Tensors, adaptive_eps, also, fit, layout, live_share, num
 
@@ -251,13 +252,13 @@ class _Gradients(Rule):
             ev["loss"], ev["early_loss"] = self._loss
         ev["also"] = others
         p = self.params
-        said = {"relative": f"{g[k] / ref:.3g}x its early median {ref:.3g}" if ref > 0 else "",
+        said = {"relative": f"{fmt(g[k] / ref)}x its early median {fmt(ref)}" if ref > 0 else "",
                 "absolute": (f"above {p['ceiling']:g}" if self.direction == "exploding" else f"below {p['floor']:g}"),
                 "inf": "holds Inf",
-                "cross_layer": (f"{sp[0]:.3g}x between the RMS gradients of {lay.names[sp[1]]} and "
+                "cross_layer": (f"{fmt(sp[0])}x between the RMS gradients of {lay.names[sp[1]]} and "
                                 f"{lay.names[sp[2]]}" if sp is not None else "")}
         detail = "; ".join(s for s in (said[r] for r in reasons) if s)
-        msg = (f"{self.direction} gradient in {name}: norm {g[k]:.3g} at step {ctx.step} ({detail}), "
+        msg = (f"{self.direction} gradient in {name}: norm {fmt(g[k])} at step {ctx.step} ({detail}), "
                f"for {p['steps']:g} recorded steps in a row since step {since}{also(others)}")
         return self.finding(ctx, msg, tensor=name, **ev)
 
@@ -416,7 +417,7 @@ class ExplodingGradient(_Gradients):
             if not math.isfinite(v):
                 why, criteria = ("holds NaN" if math.isnan(v) else "is Inf"), ["inf"]
             elif ref is not None and v > p["relative"] * ref:
-                why, criteria = f"{v / ref:.3g}x its early median {ref:.3g}", ["relative"]
+                why, criteria = f"{fmt(v / ref)}x its early median {fmt(ref)}", ["relative"]
             else:
                 why, criteria = f"above {p['ceiling']:g}", ["absolute"]
             # (whether it clipped: total > max_norm, known live; a trace does not keep max_norm)
@@ -431,7 +432,7 @@ class ExplodingGradient(_Gradients):
                 what = ("exploding gradient", f"it did not clip them (max_norm {limit:g}): the optimizer "
                         f"applies them as they are")
             yield self.finding(
-                ctx, f"{what[0]}: {name} returned a total norm of {v:.3g} at step "
+                ctx, f"{what[0]}: {name} returned a total norm of {fmt(v)} at step "
                      f"{ctx.step} ({why}), for {p['steps']:g} recorded steps in a row since step {c['since']}; "
                      f"{what[1]}",
                 tensor=name, grad_norm=num(v), early_median=num(ref) if ref is not None else None,

@@ -20,6 +20,7 @@ import weakref
 import numpy as np
 import torch
 
+from ..text import fmt
 from . import model_probes  # noqa: F401  (registers the probes)
 from .base import Rule, Threshold
 
@@ -341,8 +342,8 @@ class InputRange(Rule):
             elif integral >= 1 and lo >= 0:
                 hint = "; non-negative integer values: raw counts or codes?"
             yield self.finding(
-                ctx, f"the input of {root} {tuple(f['shape'])} ({f['dtype']}) is not normalised: mean {mean:.4g}, "
-                     f"std {std:.4g}, range [{lo:.4g}, {hi:.4g}] for {n} batches{hint}",
+                ctx, f"the input of {root} {tuple(f['shape'])} ({f['dtype']}) is not normalised: mean {fmt(mean)}, "
+                     f"std {fmt(std)}, range [{fmt(lo)}, {fmt(hi)}] for {n} batches{hint}",
                 module=root, min=lo, max=hi, mean=mean, std=std, integer_valued=integral >= 1,
                 shape=list(f["shape"]), dtype=f["dtype"], steps=n)
 
@@ -402,8 +403,8 @@ class InitialLoss(Rule):
                 continue
             if loss > float(self.params["ratio"]) * chance and loss - chance > float(self.params["margin"]):
                 yield self.finding(
-                    ctx, f"the first loss of {_label(name, f)} ({classes} classes) is {loss:.4g}, "
-                         f"{loss / chance:.1f}x ln({classes}) = {chance:.4g}, the loss at chance: the initial "
+                    ctx, f"the first loss of {_label(name, f)} ({classes} classes) is {fmt(loss)}, "
+                         f"{loss / chance:.1f}x ln({classes}) = {fmt(chance)}, the loss at chance: the initial "
                          f"outputs are confidently wrong (unscaled inputs? last layer's init?)",
                     module=name, loss=loss, classes=classes, chance_loss=chance, ratio=loss / chance)
 
@@ -485,7 +486,7 @@ class DoubleSoftmax(Rule):
             if src is None and not looks:
                 continue
             why = f"it is the output of {src}" if src is not None else \
-                f"its values are in [{lo:.3g}, {hi:.3g}] and its rows sum to 1 (within {err:.1g})"
+                f"its values are in [{fmt(lo)}, {fmt(hi)}] and its rows sum to 1 (within {err:.1g})"
             yield self.finding(
                 ctx, f"{name} ({f['type']}) is given probabilities, not logits: {why}; it applies "
                      f"log-softmax itself, so softmax runs twice (tiny gradients, the loss plateaus)",
@@ -515,13 +516,13 @@ class ClipBeforeUnscale(Rule):
             opt = f["optimizer"]()
             name = next((n for n, o in ctx.optimizers if o is opt), "the optimizer")
             total, max_norm, scale = f["total"], f["max_norm"], f["scale"]
-            true = f" (the gradients' own: {total / scale:.3g})" if total is not None and scale else ""
-            clipped = f", clipping them to {max_norm:g} / {scale:g} = {max_norm / scale:.3g}" \
+            true = f" (the gradients' own: {fmt(total / scale)})" if total is not None and scale else ""
+            clipped = f", clipping them to {max_norm:g} / {scale:g} = {fmt(max_norm / scale)}" \
                 if max_norm is not None and scale and total is not None and total > max_norm else ""
             yield self.finding(
                 ctx, f"clip_grad_norm_ clipped {name}'s gradients before scaler.unscale_({name}): they "
                      f"were still multiplied by the loss scale ({scale:g}), so it returned a total norm "
-                     f"of {total:.3g}{true}{clipped}; call scaler.unscale_(optimizer) before clipping",
+                     f"of {fmt(total)}{true}{clipped}; call scaler.unscale_(optimizer) before clipping",
                 module=name, total_norm=total, max_norm=max_norm, scale=scale)
 
 

@@ -33,7 +33,8 @@ from typing import Optional
 import numpy as np
 
 from ..cadence import observed
-from ..schema import CLIP_SERIES
+from ..schema import CLIP_SERIES, series_label
+from ..text import fmt
 from .base import Rule, Threshold
 from .bn_probe import BatchNormStats
 from .gradient_norms import ExplodingGradient, VanishingGradient, ZeroGradients
@@ -96,11 +97,11 @@ class NonFinite(Rule):
             by_kind[names[j][1]] = by_kind.get(names[j][1], 0) + 1
         evidence = {"kind": kind, "nan_count": num(n_nan), "inf_count": num(n_inf),
                     "elements": num(ctx.col("count")[i]), "nonfinite_tensors": by_kind}
-        msg = f"{what} first appeared in {kind} {name} ({int(n_nan + n_inf)} element(s))"
+        msg = f"{what} first appeared in {series_label(name, kind)} ({int(n_nan + n_inf)} element(s))"
         if prev is not None and (name, kind) in prev[1]:
             before = float(prev[2].col("norm")[prev[1].index((name, kind))])
             evidence["previous_step"], evidence["previous_norm"] = prev[0], num(before)
-            msg += f"; its norm at step {prev[0]} was {before:.3g}"
+            msg += f"; its norm at step {prev[0]} was {fmt(before)}"
         # Steps not recorded right before this one (--every, --steps) may have held it first:
         # 'first appeared' is then only among the recorded steps, and the message says so.
         gap = (prev[0] + 1, ctx.step - 1) if prev is not None else (0, ctx.step - 1) if first else None
@@ -267,12 +268,12 @@ class UpdateRatio(Rule):
             self.said[se[idx]] = True
             since = int(self.streaks.since[slot])
             others = [lay.names[e[j]] for j in idx if j != k]
-            msg = (f"update/weight ratio of {name} is {r[k]:.3g} at step {ctx.step}, "
+            msg = (f"update/weight ratio of {name} is {fmt(r[k])} at step {ctx.step}, "
                    f"{'above' if side == 'high' else 'below'} {p[side]:g} for {int(st[k])} recorded steps "
                    f"in a row since step {since} (healthy: ~1e-3)")
             if blew:
                 pk, at = self.peak[se[was]]
-                msg += (f"; earlier the ratio of {lay.names[e[was]]} reached {pk:.3g} at step {int(at)}: the "
+                msg += (f"; earlier the ratio of {lay.names[e[was]]} reached {fmt(pk)} at step {int(at)}: the "
                         f"weights were rewritten by updates as large as themselves, and the updates have since "
                         f"died out (saturated or dead units pass no gradient): the learning rate is far too high")
             elif trend == "falling":
@@ -305,8 +306,8 @@ class UpdateRatio(Rule):
             k = max(idx, key=lambda j: r[j])
             name, others = lay.names[e[k]], [lay.names[e[j]] for j in idx if j != k]
             yield self.finding(
-                ctx, f"update/weight ratio of {name} is {r[k]:.3g} at step {ctx.step}: the update (norm "
-                     f"{u[k]:.3g}) is as large as the weight it leaves (norm {w[k]:.3g}), at or above "
+                ctx, f"update/weight ratio of {name} is {fmt(r[k])} at step {ctx.step}: the update (norm "
+                     f"{fmt(u[k])}) is as large as the weight it leaves (norm {fmt(w[k])}), at or above "
                      f"{p['rewrite']:g}: every step rewrites the weights (healthy: ~1e-3): the learning rate is "
                      f"far too high" + also(others),
                 tensor=name, side="high", ratio=num(r[k]), update_norm=num(u[k]), weight_norm=num(w[k]),
@@ -465,7 +466,7 @@ class ParamNotUpdated(Rule):
                    "its update is exactly 0" if held_k else
                    "no optimizer that has stepped holds it, and its value never changes")
             yield self.finding(
-                ctx, f"{name} has a gradient (norm {g[k]:.3g}) but was not updated for {self.params['steps']:g} "
+                ctx, f"{name} has a gradient (norm {fmt(g[k])}) but was not updated for {self.params['steps']:g} "
                      f"observed steps in a row since step {since}: {why}{also(others)}",
                 tensor=name, grad_norm=num(g[k]), in_optimizer=held_k, lr=lr, steps=[since, ctx.step],
                 also=others)
@@ -664,9 +665,9 @@ class LossNotDecreasing(Rule):
         went = (f"has gone down only {pct:.1f}% in {n} recorded steps" if fell
                 else f"has not gone down in {n} recorded steps")
         yield self.finding(
-            ctx, f"{name} {went}: median {m2:.4g} over the last {w} vs {m1:.4g} "
-                 f"over the first {w}{'' if fell else f' ({pct:.1f}%)'}, and its trend ({slope:.3g} per step) allows at most a drop "
-                 f"of {most:.3g} over the run at its {p['z']:g}-sigma bound, less than the {need:.3g} "
+            ctx, f"{name} {went}: median {fmt(m2)} over the last {w} vs {fmt(m1)} "
+                 f"over the first {w}{'' if fell else f' ({pct:.1f}%)'}, and its trend ({fmt(slope)} per step) allows at most a drop "
+                 f"of {fmt(most)} over the run at its {p['z']:g}-sigma bound, less than the {fmt(need)} "
                  f"({100 * float(p['margin']):g}%) expected",
             tensor=name, first_median=m1, last_median=m2, drop=m1 - m2, needed=need, slope=slope,
             slope_bound=steepest, max_drop=most, recorded_steps=n)
@@ -807,7 +808,7 @@ class LossExplodes(Rule):
         if not math.isfinite(v):
             then = f", then {v!r} {len(after) + 1} recorded step(s) later"
         elif after:
-            said = ", ".join(f"{x:.4g}" for x in after)
+            said = ", ".join(fmt(x) for x in after)
             then = f", and {'rose further' if after[-1] > value else 'stayed up'} ({said} since)"
         else:
             then = ""
@@ -816,8 +817,8 @@ class LossExplodes(Rule):
         # (a run that clips says so in its clip_grad_norm_ series: no "no gradient clipping?" then)
         clips = any(k == "grad" and n.startswith(CLIP_SERIES) for n, k in ctx.names)
         return self.finding(
-            ctx, f"{name} went from {lo:.4g} to {value:.4g} (x{value / lo:.3g}) in {jump['back']} recorded "
-                 f"step(s) by step {jump['step']}, above anything it was before ({jump['top']:.4g}){then}: the "
+            ctx, f"{name} went from {fmt(lo)} to {fmt(value)} (x{fmt(value / lo)}) in {jump['back']} recorded "
+                 f"step(s) by step {jump['step']}, above anything it was before ({fmt(jump['top'])}){then}: the "
                  f"run diverges (a learning rate far too high?{'' if clips else ' no gradient clipping?'})",
             tensor=name, low=lo, value=value, factor=value / lo, steps_back=jump["back"], previous_max=jump["top"],
             jump_step=jump["step"], after=list(after), now=v if math.isfinite(v) else repr(v))

@@ -44,6 +44,8 @@ import yaml
 from yaml.constructor import SafeConstructor
 
 from ..errors import UsageError
+from ..schema import series_label
+from ..text import fmt
 from .base import ACTIONS, SEVERITIES, Rule
 from .condition import Condition, ConditionError
 
@@ -97,13 +99,13 @@ class CustomRule(Rule):
         where = ""
         if r.who is not None:
             kind, name = r.who
-            where = name if name.split("/")[0] == kind else f"{kind} {name}"   # the loss: "loss"
+            where = series_label(name, kind)
             if r.value is not None and r.what:
-                where += f": {r.what} = {r.value:.4g}"
+                where += f": {r.what} = {fmt(r.value)}"
             if more:
                 where += f" (and {len(more)} more: {', '.join(more[:4])}{', ...' if len(more) > 4 else ''})"
         elif r.value is not None and r.what:
-            where = f"{r.what} = {r.value:.4g}"
+            where = f"{r.what} = {fmt(r.value)}"
         text = self.message or f"{self.condition.source} is true"
         if where:
             text += f" ({where})"

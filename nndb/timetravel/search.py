@@ -9,7 +9,7 @@ import math
 from ..debugger import evaluate as E
 from ..errors import CommandError, TraceError
 from ..store.reader import TraceReader
-from ..schema import STAT_NAMES
+from ..schema import STAT_NAMES, series_label
 
 
 def reverse_continue_target(s, machine, step: int, at_end: bool):
@@ -188,13 +188,13 @@ def verify(s, machine, rng) -> list:
             want = recorded.get((name, kind))
             if want is None:
                 return [f"replay --verify {shown}: first divergence at step {step}: "
-                        f"{kind} {name} was not recorded in the trace"]
+                        f"{series_label(name, kind)} was not recorded in the trace"]
             got = [math.nan if v is None else v for v in vals]
             for col, (a, b) in enumerate(zip(want, got)):
                 compared += 1
                 if not _same(a, b):
                     stat = STAT_NAMES[col] if col < len(STAT_NAMES) else str(col)
-                    return [f"replay --verify {shown}: first divergence at step {step}: {kind} {name} "
+                    return [f"replay --verify {shown}: first divergence at step {step}: {series_label(name, kind)} "
                             f"{stat}: recorded {a!r}, replayed {b!r}"]
     src = f"the checkpoint at step {ck.step}" if ck is not None else "the start"
     if res.get("ended"):
