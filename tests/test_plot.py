@@ -584,6 +584,15 @@ def test_the_loss_of_a_partial_last_row_is_a_point_of_its_own(tmp_path):
     assert len(point) == 1 and point[0].get_offsets().tolist() == [[4, pytest.approx(printed[4], rel=1e-6)]]
 
 
+def _recorded(tmp_path, text: str) -> str:
+    """The trace of a script of ``text`` run under nndb (no rules)."""
+    (tmp_path / "script.py").write_text(text)
+    path = str(tmp_path / "t.h5")
+    r = nndb_cli("run", "--batch", "-q", "--rules", "none", "--trace", path, str(tmp_path / "script.py"))
+    assert r.returncode == 0, r.stderr
+    return path
+
+
 def test_with_every_5_the_last_recorded_steps_cell_is_5_wide_and_its_crosses_centred(tmp_path):
     """nan_lr.py recorded every 5 steps (0..25): the heat map drew step 25's cell from 25 to 26
     where the others are 5 wide, and each NaN's cross half a step right of its cell's left edge."""
@@ -614,18 +623,33 @@ def test_an_inf_loss_is_drawn_at_the_top_and_a_nan_at_the_bottom_each_named(tmp_
     loss near its least reads, labelled 'NaN or Inf'.  It is a triangle at the top edge, named off the scale."""
     pytest.importorskip("matplotlib")
     from nndb.render.plot import figure
-    script = tmp_path / "infloss.py"
-    script.write_text("import torch\ntorch.manual_seed(0)\nm = torch.nn.Linear(3, 1)\n"
-                      "opt = torch.optim.SGD(m.parameters(), lr=0.0)\nx = torch.randn(8, 3)\n"
-                      "extra = [0.0] * 5 + [2.997, float('inf'), float('nan'), 1.0]\n"
-                      "for step in range(9):\n    opt.zero_grad()\n    loss = m(x).mean() * 0 + 1 + extra[step]\n"
-                      "    loss.backward()\n    opt.step()\n")
-    path = str(tmp_path / "t.h5")
-    r = nndb_cli("run", "--batch", "-q", "--rules", "none", "--trace", path, str(script))
-    assert r.returncode == 0, r.stderr
+    path = _recorded(tmp_path, "import torch\ntorch.manual_seed(0)\nm = torch.nn.Linear(3, 1)\n"
+                               "opt = torch.optim.SGD(m.parameters(), lr=0.0)\nx = torch.randn(8, 3)\n"
+                               "extra = [0.0] * 5 + [2.997, float('inf'), float('nan'), 1.0]\n"
+                               "for step in range(9):\n    opt.zero_grad()\n"
+                               "    loss = m(x).mean() * 0 + 1 + extra[step]\n    loss.backward()\n    opt.step()\n")
     with TraceReader(path) as rd:
         ax = figure(D.loss(rd)).axes[0]
     marks = {c.get_label(): c for c in ax.collections if c.get_label().startswith("loss: ")}
     assert sorted(marks) == ["loss: Inf (off the scale, drawn at the top)", "loss: NaN (no value, drawn at the bottom)"]
     assert marks["loss: Inf (off the scale, drawn at the top)"].get_offsets().tolist() == [[6, 0.97]]
     assert marks["loss: NaN (no value, drawn at the bottom)"].get_offsets().tolist() == [[7, 0.03]]
+
+
+def test_the_heatmap_hatches_a_partial_last_row(tmp_path):
+    """An evaluation's backward() after steps 0-3 leaves a partial row at step 4: the heat map drew its
+    gradients (bias norm 2.7 against 0.40 at step 3) as step 4's, with nothing to tell them apart.  Its
+    cell is hatched and named in the legend, as the loss curve draws that loss as a point of its own."""
+    pytest.importorskip("matplotlib")
+    from nndb.render.plot import figure
+    path = _recorded(tmp_path, "import torch\ntorch.manual_seed(0)\nm = torch.nn.Linear(3, 1)\n"
+                               "opt = torch.optim.SGD(m.parameters(), lr=0.1)\nx = torch.randn(8, 3)\n"
+                               "for step in range(4):\n    opt.zero_grad()\n    loss = m(x).pow(2).mean()\n"
+                               "    loss.backward()\n    opt.step()\nev = (m(x) - 1).pow(2).mean()\nev.backward()\n")
+    with TraceReader(path) as rd:
+        d = D.heatmap(rd, "grad", "norm")
+    assert d.steps.tolist() == [0, 1, 2, 3, 4] and d.partial.tolist() == [4]
+    fig = figure(d)
+    (span,) = [p for p in fig.axes[0].patches if p.get_label() == "partial step (after the run's last step end)"]
+    assert (span.get_x(), span.get_x() + span.get_width()) == (4, 5) and span.get_hatch() == "//"
+    assert "partial step (after the run's last step end)" in [t.get_text() for t in fig.legends[0].get_texts()]

@@ -174,6 +174,11 @@ def _heatmap(fig, d: Heatmap) -> None:
         left = np.searchsorted(edges, d.steps[bad_x])        # (each measured step is its cell's left edge)
         ax.scatter((edges[left] + edges[left + 1]) / 2, bad_y + 0.5, marker="x",
                    color="red", s=30, linewidth=1.5, label="NaN or Inf", zorder=4)
+    for j, step in enumerate(x for x in d.partial if x in d.steps):
+        # (the work after the run's last step end, an evaluation's backward(): no step's values)
+        left = np.searchsorted(edges, step)
+        ax.axvspan(edges[left], edges[left + 1], facecolor="none", edgecolor="black", hatch="//", linewidth=0,
+                   zorder=3, label="partial step (after the run's last step end)" if j == 0 else None)
     ax.set_ylim(L, 0)                                 # model order, top to bottom
     every = max(1, int(np.ceil(L / MAX_LAYER_LABELS)))
     ax.set_yticks(np.arange(0, L, every) + 0.5)

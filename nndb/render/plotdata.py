@@ -45,6 +45,8 @@ class Heatmap:
     span: tuple = (0, 0)    # the trace's first and last recorded step: the x axis runs over them
     order: str = "model order"      # how the layers are ordered (ORDER_KNOWN or ORDER_UNKNOWN)
     every: int = 1          # the usual spacing of the recorded steps (--every): the axis ends a cell past the last
+    partial: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))   # steps of rows that are no
+    # whole step (the work after the run's last step end: nndb.Trace.partial)
 
 
 @dataclass
@@ -183,15 +185,19 @@ def heatmap(reader, kind: str = "grad", stat: str = "norm", glob: Optional[str] 
     span = (int(reader.steps[0]), int(reader.steps[-1])) if reader.n_steps else (0, 0)
     every = int(np.median(np.diff(reader.steps))) if reader.n_steps > 1 else 1
     return Heatmap(kind, stat, [s.name for s in series], steps, values, bad, marks(findings, stops),
-                   _title(reader, f"{kind} {stat} per layer"), span, order, max(1, every))
+                   _title(reader, f"{kind} {stat} per layer"), span, order, max(1, every), _partial(reader))
+
+
+def _partial(reader) -> np.ndarray:
+    """The steps of the trace's rows that are no whole step (nndb.Trace.partial)."""
+    return np.asarray(reader.steps, dtype=np.int64)[np.asarray(reader.partial, dtype=bool)]
 
 
 def loss(reader, findings=(), stops=()) -> LossCurve:
     series = _matching(reader, "loss", None)
     cols = [_column(reader, s, "mean") for s in series]
-    partial = np.asarray(reader.steps, dtype=np.int64)[np.asarray(reader.partial, dtype=bool)]
     return LossCurve([s.name for s in series], [c[0] for c in cols], [c[1] for c in cols], [c[2] for c in cols],
-                     marks(findings, stops), _title(reader, "loss"), partial)
+                     marks(findings, stops), _title(reader, "loss"), _partial(reader))
 
 
 def history(reader, name: str, kind: str = "param", findings=(), stops=()) -> History:
