@@ -653,3 +653,21 @@ def test_the_heatmap_hatches_a_partial_last_row(tmp_path):
     (span,) = [p for p in fig.axes[0].patches if p.get_label() == "partial step (after the run's last step end)"]
     assert (span.get_x(), span.get_x() + span.get_width()) == (4, 5) and span.get_hatch() == "//"
     assert "partial step (after the run's last step end)" in [t.get_text() for t in fig.legends[0].get_texts()]
+
+
+def test_a_single_step_is_drawn_and_its_axis_is_whole_steps(tmp_path):
+    """A trace of one step: the ratio plot drew nothing for its layer (a line of one point, no marker;
+    the ratio 0.16, far above the healthy band, not shown) and the x axes read -0.5, -0.4 ... 0.5."""
+    pytest.importorskip("matplotlib")
+    from nndb.render.plot import figure
+    path = _recorded(tmp_path, "import torch\ntorch.manual_seed(0)\nm = torch.nn.Linear(3, 1)\n"
+                               "opt = torch.optim.SGD(m.parameters(), lr=0.1)\nx = torch.randn(8, 3)\n"
+                               "opt.zero_grad()\nm(x).pow(2).mean().backward()\nopt.step()\n")
+    with TraceReader(path) as rd:
+        ratio, hist = D.ratio(rd), D.history(rd, "weight", "param")
+    ax = figure(ratio).axes[0]
+    (line,) = [l for l in ax.get_lines() if l.get_label() == "weight"]
+    assert line.get_xdata().tolist() == [0] and line.get_marker() not in (None, "None", "")
+    assert [t for t in ax.get_xticks() if ax.get_xlim()[0] <= t <= ax.get_xlim()[1]] == [0]
+    bottom = figure(hist).axes[1]
+    assert [t for t in bottom.get_xticks() if bottom.get_xlim()[0] <= t <= bottom.get_xlim()[1]] == [0]

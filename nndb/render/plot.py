@@ -119,7 +119,8 @@ def _integer_steps(ax, steps=None) -> None:
     """Whole step numbers on the x axis, spanning ``steps`` (marks drawn in
     axes coordinates do not widen the limits by themselves)."""
     from matplotlib.ticker import MaxNLocator
-    ax.xaxis.set_major_locator(MaxNLocator(nbins=12, integer=True))
+    # (min_n_ticks=1: over a single step, the default 2 made matplotlib fall back to -0.5, -0.4 ... 0.5)
+    ax.xaxis.set_major_locator(MaxNLocator(nbins=12, integer=True, min_n_ticks=1))
     if steps is not None and len(steps):
         edges = _edges(np.unique(np.asarray(steps)))
         ax.set_xlim(edges[0], edges[-1])
@@ -348,7 +349,9 @@ def _ratio(fig, d: Ratio) -> None:
     zero_label = "0: no update (a log scale has no 0)"
     for i, (name, row) in enumerate(zip(d.layers, d.values)):
         ok = np.isfinite(row) & (row > 0)
-        line, = ax.plot(d.steps[ok], row[ok], linewidth=1.2, label=plain(name), **_line_style(i, len(d.layers)))
+        # (a point on each step where there are few: a line of one point draws nothing)
+        line, = ax.plot(d.steps[ok], row[ok], linewidth=1.2, label=plain(name), marker="." if ok.sum() < 60 else None,
+                        **_line_style(i, len(d.layers)))
         zero = (row == 0) & ~bad[i]
         if zero.any():      # (a weight left as it was: along the bottom edge, in the layer's colour)
             ax.scatter(d.steps[zero], [0.03] * int(zero.sum()), marker="o", facecolor="none",
