@@ -151,6 +151,7 @@ def run(**_):
                                     nndb_argv=given_options(run, o), replica=replica,
                                     replica_off_reason=off_reason, companions=(link,) if link else (),
                                     agreement=agreement)
+        config.ends_as_python = link is None        # (a rank under the front exits with the code it records)
         result = debug(config, options, frontend or session_frontend(interactive=not batch))
     except NndbError as e:
         if link is not None:

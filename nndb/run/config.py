@@ -25,6 +25,10 @@ class RunConfig:
     full_rules: tuple = ()              # --record-full: nndb.tracer.fulltensors.FullRule, in order
     full_max_bytes: Optional[int] = None   # --full-tensors-buffer (bytes); None: the default bound
     nndb_argv: tuple = ()               # nndb's own options as given (``--every 2 --rules none``): meta["nndb_argv"]
+    # the process ends when the script does, as Python's would (``nndb run``; not a rank under nndb's
+    # front, which exits with the code recorded, nor a notebook's kernel): a KeyboardInterrupt is
+    # recorded with the status the process will end with (nndb.run.runner._python_exits_1_on_interrupt)
+    ends_as_python: bool = False
 
 
 @dataclass(frozen=True)

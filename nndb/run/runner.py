@@ -317,7 +317,7 @@ def record(config: RunConfig, message: Callable[[str], None] = stderr_line,
         except KeyboardInterrupt as e:
             guard.stopped()
             status, code, reason = "interrupted", EXIT_SIGINT, "KeyboardInterrupt"
-            if not _show_exception(e) or _python_exits_1_on_interrupt():
+            if not _show_exception(e) or (config.ends_as_python and _python_exits_1_on_interrupt()):
                 code = EXIT_SCRIPT_ERROR    # (the status the process will end with, as Python's would)
         except Terminated:
             guard.stopped()
