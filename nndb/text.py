@@ -60,7 +60,10 @@ def is_not_measured(x) -> bool:
 
 def fmt(x) -> str:
     """The text of one value: ``-`` (not measured), ``nan``, ``inf``, ``-inf``,
-    a whole number as an integer, other floats to 4 significant digits.  A
+    a whole number as an integer (a float one of at most 7 significant digits,
+    as many as float32 holds: a count; 21943189504.0, a float32 loss whose
+    last digits move with the CPU, is ``2.194e+10``), other floats to 4
+    significant digits.  A
     float that rounds to fewer digits keeps its zeros (2.99999 is ``3.000``,
     0.0099996 ``0.01000``): ``3`` would say the value is exactly 3, as a
     norm or loss at a threshold is often read; within float32's precision
@@ -78,7 +81,9 @@ def fmt(x) -> str:
     if math.isinf(x):
         return "inf" if x > 0 else "-inf"
     if x == int(x) and abs(x) < 1e15:
-        return str(int(x))
+        whole = str(int(x))
+        if len(whole.lstrip("-").rstrip("0")) <= 7:
+            return whole
     text = f"{x:.4g}"
     return text if abs(float(text) - x) <= 1e-6 * abs(x) else f"{x:#.4g}".replace(".e", "e").rstrip(".")
 

@@ -138,6 +138,10 @@ def test_numbers_rounded_short_keep_their_zeros():
     assert [fmt(v) for v in (2.99999, 0.0099996, 389.96, 29999.7, 7237.56)] == \
         ["3.000", "0.01000", "390.0", "3.000e+04", "7238"]
     assert [fmt(v) for v in (3.0, float(np.float32(0.3)), 0.5, 2.997, float("inf"))] == ["3", "0.3", "0.5", "2.997", "inf"]
+    # a whole float of more digits than float32 holds is a magnitude, not a count: nan_lr.py's loss at
+    # step 4 is 21943189504.0 on one CPU and 21943160832.0 on an AVX-512 one ('rose further (...) since')
+    assert [fmt(v) for v in (21943189504.0, 21943160832.0, 1179648.0, 10000000.0, 123456789.0)] == \
+        ["2.194e+10", "2.194e+10", "1179648", "10000000", "1.235e+08"]
 
 
 @pytest.mark.parametrize("every, steps, want", [
