@@ -111,17 +111,35 @@ def pytest_runtest_setup(item):
     _real_subprocess_test[0] = item.get_closest_marker("real_subprocess") is not None
 
 
-def python(*args, cwd=None, timeout=180, forked=False) -> subprocess.CompletedProcess:
+def python(*args, cwd=None, timeout=180, forked=False, input=None, env=None) -> subprocess.CompletedProcess:
     """Run the same thing with plain Python, for comparison.  ``forked``:
     ``python SCRIPT ARGS`` in a child of the zygote where ``nndb()`` would
     take one (no torch import of its own; the runs' environment): for what a
     script computes and prints, never for what Python itself does (start-up,
-    sys.modules, the recursion limit, how it ends)."""
+    sys.modules, the recursion limit, how it ends).  ``input``: text on its
+    stdin, a pipe (else /dev/null with ``forked``, the caller's without);
+    ``env``: its whole environment (else the runs' with ``forked``, the
+    caller's without)."""
     if forked and args and str(args[0]).endswith(".py"):
-        e = _base_env()
-        if _zygote_may_run(e, _ZYGOTE_ENV, {"stdin": subprocess.DEVNULL}):
-            return zygote.run([str(a) for a in args], cwd, e, _ZYGOTE_ENV, timeout, subprocess.DEVNULL, script=True)
-    return subprocess.run([sys.executable, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout)
+        e = _base_env() if env is None else dict(env)
+        stdin = _pipe_with(input) if input is not None else subprocess.DEVNULL
+        try:
+            if _zygote_may_run(e, _ZYGOTE_ENV, {"stdin": stdin}):
+                return zygote.run([str(a) for a in args], cwd, e, _ZYGOTE_ENV, timeout, stdin, script=True)
+        finally:
+            if stdin is not subprocess.DEVNULL:
+                stdin.close()
+    return subprocess.run([sys.executable, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout,
+                          input=input, env=env)
+
+
+def _pipe_with(text: str):
+    """The read end of a pipe that holds ``text`` and then its end (as
+    ``subprocess.run(input=...)`` gives it; text this short fits in the pipe)."""
+    r, w = os.pipe()
+    with os.fdopen(w, "w") as fh:
+        fh.write(text)
+    return os.fdopen(r, "rb")
 
 
 def plain_and_recorded(tmp_path, source: str, *args):

@@ -3,12 +3,10 @@ the prompt at the script's line, in a process nndb did not start (it starts
 recording there) and under nndb run (a stop of that run)."""
 import os
 import re
-import subprocess
-import sys
 
 import pytest
 
-from conftest import ROOT, Transcript, python
+from conftest import Transcript, _base_env, python
 from nndb.store.reader import TraceReader
 
 LOOP = """\
@@ -37,10 +35,13 @@ def _script(tmp_path, call="nndb.set_trace()", imports="import nndb"):
 
 
 def _python(tmp_path, script, stdin="", env=None):
-    e = {k: v for k, v in os.environ.items() if k != "PYTHONBREAKPOINT"}
-    e.update(PYTHONPATH=ROOT, **(env or {}))
-    return subprocess.run([sys.executable, str(script)], cwd=tmp_path, input=stdin, capture_output=True,
-                          text=True, timeout=120, env=e)
+    """``python SCRIPT`` with ``stdin`` piped in, in a child of the zygote (the
+    script's own start-up is not what these tests look at: what the prompt
+    does, what the script computes and prints; the terminal's test is a real
+    Python on a pty)."""
+    e = {k: v for k, v in _base_env().items() if k != "PYTHONBREAKPOINT"}
+    e.update(env or {})
+    return python(str(script), cwd=str(tmp_path), forked=True, input=stdin, env=e, timeout=120)
 
 
 def _plain(tmp_path):

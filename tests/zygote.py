@@ -53,6 +53,7 @@ REAL_ENV = "NNDB_TEST_REAL_SUBPROCESS"
 # at import): a run may set them differently from the zygote's environment.
 RUNTIME_VARS = frozenset({"HOME", "XDG_CONFIG_HOME", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
                           "MLFLOW_TRACKING_URI", "PYTEST_CURRENT_TEST",
+                          "PYTHONBREAKPOINT",           # (read by each breakpoint() call)
                           "TORCHINDUCTOR_CACHE_DIR"})   # (torch sets it in a process that imports inductor)
 RUNTIME_PREFIXES = ("NNDB_",)
 
