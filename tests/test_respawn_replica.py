@@ -69,8 +69,7 @@ def test_a_respawned_past_prints_to_the_file_the_run_prints_to(tmp_path):
     descriptors of that file for files the script had opened and pointed them at scratch
     copies: the 'In the past' line and every command's output in the past were lost."""
     import subprocess
-    import sys
-    from conftest import _base_env
+    from conftest import nndb_started
     script = tmp_path / "s.py"
     script.write_text(textwrap.dedent("""
         import torch
@@ -84,12 +83,16 @@ def test_a_respawned_past_prints_to_the_file_the_run_prints_to(tmp_path):
         """))
     out = tmp_path / "out.txt"
     with open(out, "w") as fh:
-        r = subprocess.run([sys.executable, "-m", "nndb", "run", "--batch", "-q", "--replica", "respawn", "--nx",
-                            "-e", "until 6", "-e", "rs 3", "-e", 'p ("AT", $step, $loss)', "-e", "present",
-                            "-e", "continue", str(script)], cwd=tmp_path, stdout=fh, stderr=subprocess.STDOUT,
-                           stdin=subprocess.DEVNULL, env=_base_env(), timeout=180)
+        r = nndb_started("run", "--batch", "-q", "--replica", "respawn", "--nx", "-e", "until 6", "-e", "rs 3",
+                         "-e", 'p ("AT", $step, $loss)', "-e", "present", "-e", "continue", str(script),
+                         cwd=tmp_path, stdout=fh, stderr=subprocess.STDOUT)
+        try:
+            code = r.wait(timeout=180)
+        finally:
+            if r.poll() is None:
+                r.kill()
     text = out.read_text()
-    assert r.returncode == 0, text
+    assert code == 0, text
     printed = dict(re.findall(r"^step (\d+) (\S+)$", text, re.M))
     assert "In the past (timeline 0): step 3 finished" in text, text
     assert f"('AT', 3, {printed['3']})" in text and "went to scratch copies" not in text

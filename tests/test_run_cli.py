@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from conftest import ROOT, example, nndb, python, without_nndb_lines
+from conftest import example, nndb, nndb_started, python, without_nndb_lines
 from nndb.store.reader import TraceReader
 
 
@@ -194,10 +194,7 @@ def _launch(tmp_path, trace, *flags, ready=5, sleep=0.002, after=None):
     text = LOOP.replace("READY", str(ready)).replace("SLEEP", str(sleep)) + (after or "train()\n")
     script = tmp_path / "loop.py"
     script.write_text(text)
-    env = dict(os.environ, PYTHONPATH=ROOT)
-    proc = subprocess.Popen([sys.executable, "-m", "nndb", "run", *flags, "--trace", trace, str(script)],
-                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=env)
+    proc = nndb_started("run", *flags, "--trace", trace, str(script))
     assert proc.stdout.readline().strip() == "ready"
     return proc
 

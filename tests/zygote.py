@@ -44,6 +44,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -544,3 +545,117 @@ def run(argv: list, cwd, env: dict, base_env: dict, timeout: float, stdin=subpro
     if timed_out:
         raise subprocess.TimeoutExpired(cmd, timeout, output=out, stderr=err)
     return subprocess.CompletedProcess(cmd, os.waitstatus_to_exitcode(status), out, err)
+
+
+class Started:
+    """``python -m nndb *argv`` started in a child of the zygote for
+    ``base_env`` (``env`` must fit it: ``env_fits``), as ``subprocess.Popen(...,
+    stdout=PIPE, stderr=PIPE, text=True)`` would give it, for a test that reads
+    a run's output as it comes and signals it (``pid`` is the run's: after
+    ``nndb run``'s start again, the preloaded zygote's child).  ``stdout``: a
+    file object to write to instead of a pipe; ``stderr``:
+    ``subprocess.STDOUT`` for the same one.  A thread here follows the zygote's
+    messages; ``returncode`` is set when the run has ended."""
+
+    def __init__(self, argv: list, cwd, env: dict, base_env: dict, stdin=subprocess.DEVNULL, stdout=None,
+                 stderr=None):
+        import locale
+        enc = locale.getpreferredencoding(False)
+        self.stdout = self.stderr = None
+        self._mine = []                     # write ends made here: closed when the run has ended
+        if stdout is None:
+            r, w = os.pipe()
+            self.stdout, out_w = open(r, encoding=enc), w
+            self._mine.append(w)
+        else:
+            out_w = stdout.fileno()
+        if stderr == subprocess.STDOUT:
+            err_w = out_w
+        else:
+            r, w = os.pipe()
+            self.stderr, err_w = open(r, encoding=enc), w
+            self._mine.append(w)
+        self.args = [sys.executable, "-m", "nndb", *argv]
+        self.pid, self.returncode = None, None
+        self._started, self._ended = threading.Event(), threading.Event()
+        self._error = None
+        fds = [out_w, err_w] + ([] if stdin == subprocess.DEVNULL else [stdin.fileno()])
+        req = {"argv": list(argv), "cwd": os.path.abspath(cwd or os.getcwd()), "env": env, "script": False}
+        threading.Thread(target=self._follow, args=(req, fds, base_env), daemon=True,
+                            name="zygote-started").start()
+        self._started.wait()
+        if self._error is not None:
+            raise self._error
+
+    def _follow(self, req: dict, fds: list, base_env: dict) -> None:
+        status, flavor = None, None
+        try:
+            while status is None:
+                z = _zygote(base_env, flavor)
+                req["flavor"] = flavor
+                sock = z.connect(time.monotonic() + 120)
+                try:
+                    _send(sock, req, fds)
+                    while status is None:
+                        msg, _ = _recv(sock)
+                        if msg is None:
+                            raise RuntimeError(f"the test zygote ended: {z.tail()}")
+                        if "pid" in msg:
+                            self.pid = msg["pid"]
+                            self._started.set()
+                        elif "exec" in msg:
+                            req["argv"], req["env"] = msg["exec"]["argv"], msg["exec"]["env"]
+                            flavor = PRELOADED
+                        elif "status" in msg:
+                            status = msg["status"]
+                finally:
+                    sock.close()
+                if flavor == PRELOADED and req.get("flavor") != PRELOADED:
+                    status = None        # (the plain child ended in its exec: the preloaded one runs it)
+            self.returncode = os.waitstatus_to_exitcode(status)
+        except BaseException as e:
+            self._error = e
+            self.returncode = 70
+        finally:
+            for fd in self._mine:
+                os.close(fd)
+            self._started.set()
+            self._ended.set()
+
+    def poll(self):
+        return self.returncode if self._ended.is_set() else None
+
+    def wait(self, timeout=None) -> int:
+        if not self._ended.wait(timeout):
+            raise subprocess.TimeoutExpired(self.args, timeout)
+        return self.returncode
+
+    def send_signal(self, sig) -> None:
+        if not self._ended.is_set():
+            os.kill(self.pid, sig)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def communicate(self, timeout=None):
+        """(stdout, stderr) to their end (None for one not a pipe here; what a
+        readline() before read ahead is kept), then the exit."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        files = [f for f in (self.stdout, self.stderr) if f is not None]
+        got: dict = {}
+        readers = [threading.Thread(target=lambda f=f: got.__setitem__(f, f.read()), daemon=True)
+                   for f in files]
+        for t in readers:
+            t.start()
+        for t in readers:
+            t.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+            if t.is_alive():
+                raise subprocess.TimeoutExpired(self.args, timeout)
+        self.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        for f in files:
+            f.close()
+        return tuple(got.get(f) if f is not None else None for f in (self.stdout, self.stderr))
+
