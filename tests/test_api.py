@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import nndb
-from conftest import ROOT, Ran, nndb as run_nndb, python
+from conftest import ROOT, Ran, nndb as run_nndb, nndb_started, python
 from nndb.errors import NndbError, TraceError, UsageError
 from nndb.text import json_value
 from nndb.store.reader import TraceReader
@@ -137,10 +137,9 @@ def _paused_run(tmp_path, pause_at: int, *extra):
     """``nndb run --batch`` of the loop, which waits after step ``pause_at``
     until the test lets it go; (process, trace, go file)."""
     trace, ready, go = (str(tmp_path / n) for n in ("run.h5", "ready", "go"))
-    env = dict(os.environ, PYTHONPATH=ROOT, API_PAUSE_AT=str(pause_at), API_READY=ready, API_GO=go)
-    proc = subprocess.Popen([sys.executable, "-m", "nndb", "run", "--batch", "-q", "--flush-every", "1",
-                             "--trace", trace, *extra, LOOP, str(STEPS)],
-                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    env = {"NNDB_TEST_API_PAUSE_AT": str(pause_at), "NNDB_TEST_API_READY": ready, "NNDB_TEST_API_GO": go}
+    proc = nndb_started("run", "--batch", "-q", "--flush-every", "1", "--trace", trace, *extra, LOOP, str(STEPS),
+                        env=env)
     deadline = time.monotonic() + 120
     while not os.path.exists(ready):
         assert proc.poll() is None, proc.communicate()

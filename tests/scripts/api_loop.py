@@ -1,9 +1,9 @@
 """A small regression loop for the Python API's tests (tests/test_api.py):
 run as a script (``nndb run``) or imported and called (``nndb.record``).
 
-With API_PAUSE_AT=N in the environment it stops after step N's optimizer
-step, creates the file API_READY and waits (at most a minute) for the file
-API_GO: a test reads the trace while the run is still writing it, or kills it."""
+With NNDB_TEST_API_PAUSE_AT=N in the environment it stops after step N's optimizer
+step, creates the file NNDB_TEST_API_READY and waits (at most a minute) for the file
+NNDB_TEST_API_GO: a test reads the trace while the run is still writing it, or kills it."""
 import os
 import sys
 import time
@@ -13,11 +13,11 @@ import torch.nn as nn
 
 
 def _pause(step: int) -> None:
-    if os.environ.get("API_PAUSE_AT") != str(step):
+    if os.environ.get("NNDB_TEST_API_PAUSE_AT") != str(step):
         return
-    open(os.environ["API_READY"], "w").close()
+    open(os.environ["NNDB_TEST_API_READY"], "w").close()
     deadline = time.monotonic() + 60
-    while not os.path.exists(os.environ["API_GO"]) and time.monotonic() < deadline:
+    while not os.path.exists(os.environ["NNDB_TEST_API_GO"]) and time.monotonic() < deadline:
         time.sleep(0.02)
 
 
