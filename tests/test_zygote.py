@@ -200,3 +200,37 @@ def test_a_forked_plain_python_run_looks_like_a_real_one(tmp_path, monkeypatch):
         assert (forked.returncode, forked.stdout, forked.stderr) == (real.returncode, real.stdout, real.stderr)
         assert real.returncode == code and '"main_is_me": true' in real.stdout
         assert ("ValueError: planted" in forked.stderr) == (arg == "raise") and "zygote" not in forked.stderr
+
+
+def test_a_started_run_is_the_one_its_pid_names_and_signals(tmp_path, monkeypatch):
+    """conftest.nndb_started() (zygote.Started, Popen's stand-in): the run's
+    output as it comes, its pid the process that runs the script (nndb run's
+    start again with libiomp5 is a second child), a signal to it ending the
+    run as it ends a real one (SIGTERM: 143), and a file as its stdout and
+    stderr."""
+    monkeypatch.delenv(zygote.REAL_ENV, raising=False)
+    script = tmp_path / "s.py"
+    script.write_text("import os, sys, time\nprint('pid', os.getpid(), flush=True)\n"
+                      "print('to stderr', file=sys.stderr, flush=True)\ntime.sleep(120)\n")
+    p = conftest.nndb_started("run", "--batch", "-q", "--nx", "--rules", "none", str(script), cwd=str(tmp_path))
+    try:
+        assert isinstance(p, zygote.Started)
+        assert p.stdout.readline() == f"pid {p.pid}\n" and p.poll() is None
+        p.send_signal(signal.SIGTERM)
+        out, err = p.communicate(timeout=60)
+    finally:
+        p.kill()
+    assert p.returncode == 143 and out == "" and "to stderr\n" in err, (p.returncode, out, err)
+    with open(tmp_path / "log", "w") as fh:
+        p = conftest.nndb_started("run", "--batch", "-q", "--nx", "--rules", "none", str(script), cwd=str(tmp_path),
+                                  stdout=fh, stderr=subprocess.STDOUT)
+    try:
+        for _ in range(600):
+            if "to stderr" in (tmp_path / "log").read_text():
+                break
+            time.sleep(0.1)
+        p.terminate()
+        assert p.wait(timeout=60) == 143 and p.stdout is None and p.stderr is None
+    finally:
+        p.kill()
+    assert (tmp_path / "log").read_text().startswith(f"pid {p.pid}\nto stderr\n")

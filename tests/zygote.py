@@ -562,13 +562,14 @@ class Started:
         import locale
         enc = locale.getpreferredencoding(False)
         self.stdout = self.stderr = None
-        self._mine = []                     # write ends made here: closed when the run has ended
+        self._mine = []                     # descriptors of ours the run is given: closed when it has ended
         if stdout is None:
             r, w = os.pipe()
             self.stdout, out_w = open(r, encoding=enc), w
             self._mine.append(w)
         else:
-            out_w = stdout.fileno()
+            out_w = os.dup(stdout.fileno())     # (the caller may close its file at once, as after a Popen)
+            self._mine.append(out_w)
         if stderr == subprocess.STDOUT:
             err_w = out_w
         else:
@@ -579,7 +580,10 @@ class Started:
         self.pid, self.returncode = None, None
         self._started, self._ended = threading.Event(), threading.Event()
         self._error = None
-        fds = [out_w, err_w] + ([] if stdin == subprocess.DEVNULL else [stdin.fileno()])
+        fds = [out_w, err_w]
+        if stdin != subprocess.DEVNULL:
+            fds.append(os.dup(stdin.fileno()))
+            self._mine.append(fds[-1])
         req = {"argv": list(argv), "cwd": os.path.abspath(cwd or os.getcwd()), "env": env, "script": False}
         threading.Thread(target=self._follow, args=(req, fds, base_env), daemon=True,
                             name="zygote-started").start()
