@@ -60,19 +60,20 @@ def nndb(*args, cwd=None, timeout=180, env=None, **kw) -> subprocess.CompletedPr
 
 
 def nndb_started(*args, cwd=None, env=None, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                 stderr=subprocess.PIPE):
+                 stderr=subprocess.PIPE, start_new_session=False):
     """``python -m nndb ARGS`` started, as ``subprocess.Popen(..., text=True)``
     gives it, for a test that reads its output as it comes or signals it: in
     a child of the zygote where ``nndb()`` would take one (zygote.Started;
-    ``stdout`` a pipe or a file, ``stderr`` a pipe or ``subprocess.STDOUT``),
-    else a real subprocess."""
+    ``stdout`` a pipe or a file, ``stderr`` a pipe or ``subprocess.STDOUT``;
+    a process group of its own, as with ``start_new_session``), else a real
+    subprocess."""
     e = dict(_base_env(), **(env or {}))
     if _zygote_may_run(e, _ZYGOTE_ENV, {"stdin": stdin}) and stderr in (subprocess.PIPE, subprocess.STDOUT) \
             and (stdout == subprocess.PIPE or hasattr(stdout, "fileno")):
         return zygote.Started(list(args), cwd, e, _ZYGOTE_ENV, stdin,
                               None if stdout == subprocess.PIPE else stdout, stderr)
     return subprocess.Popen([sys.executable, "-m", "nndb", *args], cwd=cwd, env=e, stdin=stdin, stdout=stdout,
-                            stderr=stderr, text=True)
+                            stderr=stderr, text=True, start_new_session=start_new_session)
 
 
 _ZYGOTE_ENV = _base_env()            # (the zygotes' own: the session's at its start)

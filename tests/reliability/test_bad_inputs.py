@@ -144,13 +144,9 @@ def test_an_infinite_threshold_at_the_prompt_is_refused(tmp_path):
 def test_ctrl_c_still_ends_the_check_with_130(tmp_path):
     """The user's Ctrl-C (SIGINT to the process group, as a terminal sends it) is not the script's."""
     import signal
-    import subprocess
-    import sys
-    from conftest import ROOT
+    from conftest import nndb_started
     (tmp_path / "s.py").write_text("import time\nprint('started', flush=True)\ntime.sleep(120)\n")
-    env = dict(os.environ, PYTHONPATH=ROOT)
-    p = subprocess.Popen([sys.executable, "-m", "nndb", "check", "s.py"], cwd=str(tmp_path), env=env, text=True,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    p = nndb_started("check", "s.py", cwd=str(tmp_path), start_new_session=True)
     try:
         assert p.stdout.readline() == "started\n"
         os.killpg(p.pid, signal.SIGINT)
