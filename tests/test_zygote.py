@@ -210,8 +210,8 @@ def test_a_started_run_is_the_one_its_pid_names_and_signals(tmp_path, monkeypatc
     stderr."""
     monkeypatch.delenv(zygote.REAL_ENV, raising=False)
     script = tmp_path / "s.py"
-    script.write_text("import os, sys, time\nprint('pid', os.getpid(), flush=True)\n"
-                      "print('to stderr', file=sys.stderr, flush=True)\ntime.sleep(120)\n")
+    script.write_text("import os, sys, time\nprint('to stderr', file=sys.stderr, flush=True)\n"
+                      "print('pid', os.getpid(), flush=True)\ntime.sleep(120)\n")
     p = conftest.nndb_started("run", "--batch", "-q", "--nx", "--rules", "none", str(script), cwd=str(tmp_path))
     try:
         assert isinstance(p, zygote.Started)
@@ -226,11 +226,11 @@ def test_a_started_run_is_the_one_its_pid_names_and_signals(tmp_path, monkeypatc
                                   stdout=fh, stderr=subprocess.STDOUT)
     try:
         for _ in range(600):
-            if "to stderr" in (tmp_path / "log").read_text():
+            if "pid" in (tmp_path / "log").read_text():
                 break
             time.sleep(0.1)
         p.terminate()
         assert p.wait(timeout=60) == 143 and p.stdout is None and p.stderr is None
     finally:
         p.kill()
-    assert (tmp_path / "log").read_text().startswith(f"pid {p.pid}\nto stderr\n")
+    assert (tmp_path / "log").read_text().startswith(f"to stderr\npid {p.pid}\n")
