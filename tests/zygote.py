@@ -453,6 +453,18 @@ def close_all() -> None:
     _zygotes.clear()
 
 
+def _answer(msg, req: dict, z: Zygote, status, flavor):
+    """(status, flavor) after the zygote's message ``msg`` about a run: its exit status, or
+    that the child re-exec'd itself with libiomp5 preloaded (``req`` takes the new argv and
+    environment); None: the zygote ended."""
+    if msg is None:
+        raise RuntimeError(f"the test zygote ended: {z.tail()}")
+    if "exec" in msg:
+        req["argv"], req["env"] = msg["exec"]["argv"], msg["exec"]["env"]
+        return status, PRELOADED
+    return msg.get("status", status), flavor
+
+
 def run(argv: list, cwd, env: dict, base_env: dict, timeout: float, stdin=subprocess.DEVNULL, script=False
         ) -> subprocess.CompletedProcess:
     """``python -m nndb *argv`` (with ``script``: ``python *argv``, argv[0] a
@@ -497,14 +509,7 @@ def run(argv: list, cwd, env: dict, base_env: dict, timeout: float, stdin=subpro
                     _kill_group(pid)
                 for key, _ in sel.select(timeout=max(left, 0.05) if not timed_out else 1.0):
                     if key.fileobj is sock:
-                        msg, _ = _recv(sock)
-                        if msg is None:
-                            raise RuntimeError(f"the test zygote ended: {z.tail()}")
-                        if "exec" in msg:
-                            req["argv"], req["env"] = msg["exec"]["argv"], msg["exec"]["env"]
-                            flavor = PRELOADED
-                        elif "status" in msg:
-                            status = msg["status"]
+                        status, flavor = _answer(_recv(sock)[0], req, z, status, flavor)
                     else:
                         data = os.read(key.fileobj, 65536)
                         chunks[key.fileobj].append(data)
@@ -602,16 +607,11 @@ class Started:
                     _send(sock, req, fds)
                     while status is None:
                         msg, _ = _recv(sock)
-                        if msg is None:
-                            raise RuntimeError(f"the test zygote ended: {z.tail()}")
-                        if "pid" in msg:
+                        if msg is not None and "pid" in msg:
                             self.pid = msg["pid"]
                             self._started.set()
-                        elif "exec" in msg:
-                            req["argv"], req["env"] = msg["exec"]["argv"], msg["exec"]["env"]
-                            flavor = PRELOADED
-                        elif "status" in msg:
-                            status = msg["status"]
+                        else:
+                            status, flavor = _answer(msg, req, z, status, flavor)
                 finally:
                     sock.close()
                 if flavor == PRELOADED and req.get("flavor") != PRELOADED:
