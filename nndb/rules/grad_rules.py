@@ -201,7 +201,8 @@ def _sample(opt, any_grad: bool = False):
 
 def _any_nonzero(g) -> bool:
     g = g.detach()
-    return bool((g._values() if g.is_sparse else g).any())     # (no copy: a large bfloat16 gradient's)
+    # (no copy of a dense one: a large bfloat16 gradient's; a sparse one's values alone)
+    return bool((g.coalesce().values() if g.is_sparse else g).any())
 
 
 def _flat(t):
