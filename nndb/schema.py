@@ -111,6 +111,9 @@ STAT_NAMES = ("count", "mean", "std", "min", "max", "norm", "mean_abs",
               "nan_count", "inf_count", "zero_frac")
 COLUMNS = STAT_NAMES
 N_STATS = len(STAT_NAMES)
+# The statistics that count elements: whole numbers, shown whole at any size (a float's text
+# gives a magnitude 4 significant digits: nndb.text.fmt)
+COUNT_STATS = ("count", "nan_count", "inf_count")
 
 KINDS = ("param", "grad", "update", "act", "loss")
 # A ``grad`` series of no parameter: what ``torch.nn.utils.clip_grad_norm_`` returned in

@@ -1013,3 +1013,24 @@ def test_the_prompt_measures_every_statistic_and_batch_mode_keeps_the_rhythm(tmp
     assert "('AT', 3, not measured)" in b.stdout, b.stdout + b.stderr
     doc = " ".join(open(os.path.join(os.path.dirname(os.path.dirname(__file__)), "docs", "commands.md")).read().split())
     assert "At the prompt (`nndb run` at a terminal) every recorded step measures all ten statistics" in doc
+
+
+def test_stats_gives_a_large_tensor_s_element_count_whole(tmp_path):
+    """fmt gives a whole float of more than 7 significant digits 4 of them (a float32 magnitude
+    such as a diverging loss, 21943189504.0, is 2.194e+10): a count is no magnitude, and the
+    stats table gave a 3163 x 3163 weight's 10,004,569 elements as 1.000e+07."""
+    script = tmp_path / "big.py"
+    script.write_text("import torch, torch.nn as nn\n"
+                      "torch.manual_seed(0)\n"
+                      "model = nn.Linear(3163, 3163, bias=False)\n"
+                      "opt = torch.optim.SGD(model.parameters(), lr=0.01)\n"
+                      "x = torch.randn(2, 3163)\n"
+                      "for step in range(2):\n"
+                      "    opt.zero_grad()\n"
+                      "    model(x).square().mean().backward()\n"
+                      "    opt.step()\n")
+    r = nndb("run", "--batch", "-q", "--trace", str(tmp_path / "t.h5"), "-e", "break step 0", "-e", "continue",
+             "-e", "stats param", str(script))
+    assert r.returncode == 0, r.stderr
+    row = next(line for line in r.stdout.splitlines() if line.startswith("weight "))
+    assert row.split()[2] == "10004569", r.stdout

@@ -10,7 +10,7 @@ from ..errors import CommandError
 from ..text import fmt
 from ..render.chart import chart
 from ..store.measured import measured_values
-from ..schema import KIND_WORDS, STAT_NAMES, default_stat
+from ..schema import COUNT_STATS, KIND_WORDS, STAT_NAMES, default_stat
 from ..debugger import evaluate as E
 from ..debugger import points as P
 from .breakpoints import info_points
@@ -105,7 +105,8 @@ def _stats(s, arg):
         if glob and not fnmatch.fnmatchcase(name, glob):
             continue
         vals = dict(zip(P.STATS, measured_values(row, P.STATS)))
-        rows.append((name, k, *(vals[c] for c in STAT_COLUMNS)))
+        rows.append((name, k, *(int(vals[c]) if c in COUNT_STATS and vals[c] is not None else vals[c]
+                                for c in STAT_COLUMNS)))
     if not rows and glob:
         raise CommandError(f"no {kind or ''} tensor matches '{glob}' at step {rec.step}".replace("  ", " "))
     return Table(("tensor", "kind", *STAT_COLUMNS), rows,

@@ -7,6 +7,7 @@ import datetime
 
 from tabulate import tabulate
 
+from ..schema import COUNT_STATS
 from ..text import fmt
 from ..text import printable, printable_line
 
@@ -102,6 +103,11 @@ def _finding_line(f: dict, rank=None) -> str:
 _JOB_STATS = ("count", "mean", "std", "min", "max", "norm", "nan_count", "inf_count")
 
 
+def _stat_text(stat: str, v) -> str:
+    """A statistic's cell: a count whole at any size (fmt gives a large float 4 digits)."""
+    return fmt(int(v)) if stat in COUNT_STATS and isinstance(v, float) and v.is_integer() else fmt(v)
+
+
 def job(data: dict) -> str:
     """``nndb inspect RUNDIR`` (nndb.store.job.job_summary)."""
     lines = [f"job        {data['rundir']}: {data['world_size']} rank(s), script {data['script']}"
@@ -132,14 +138,14 @@ def job(data: dict) -> str:
         lines.append(f"tensors at step {data['step']} (the last whole step every rank recorded), one row per rank:")
         for t in data["tensors"]:
             for k, st in t["by_rank"].items():
-                table.append([printable_line(t["name"]), t["kind"], k] + [fmt(st[c]) for c in _JOB_STATS])
+                table.append([printable_line(t["name"]), t["kind"], k] + [_stat_text(c, st[c]) for c in _JOB_STATS])
         headers = ["tensor", "kind", "rank", *_JOB_STATS]
     else:
         lines.append(f"tensors at step {data['step']} (the last whole step every rank recorded), merged across ranks "
                      f"(shards and batches combined; a replicated parameter: rank {data['ranks'][0]['rank']}'s):")
         for t in data["tensors"]:
             st = t["stats"]
-            table.append([printable_line(t["name"]), t["kind"], t["merge"]] + [fmt(st[c]) for c in _JOB_STATS])
+            table.append([printable_line(t["name"]), t["kind"], t["merge"]] + [_stat_text(c, st[c]) for c in _JOB_STATS])
         headers = ["tensor", "kind", "merged", *_JOB_STATS]
     lines.append(tabulate(table, headers=headers, disable_numparse=True))
     return printable("\n".join(lines))
