@@ -164,3 +164,55 @@ def test_a_model_the_script_lets_go_is_freed_as_under_python(tmp_path):
     from conftest import plain_and_recorded
     plain, _ = plain_and_recorded(tmp_path, FOLDS)
     assert "models alive: 0 criteria alive: 0" in plain.stdout.splitlines()[-1], plain.stdout
+
+
+PROFILED = '''
+import torch, torch.nn as nn
+from torch.profiler import profile, ProfilerActivity, schedule
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
+opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+sched = torch.optim.lr_scheduler.StepLR(opt, 10)
+scaler = torch.amp.GradScaler("cpu", init_scale=256.0)
+data = [(torch.randn(16, 8), torch.randint(0, 2, (16,))) for _ in range(2)]
+
+def one_step():
+    opt.zero_grad()
+    for x, y in data:                  # two micro-batches a step
+        loss = nn.functional.cross_entropy(model(x), y) / 2
+        scaler.scale(loss).backward()
+    scaler.unscale_(opt)
+    total = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    scaler.step(opt)
+    scaler.update()
+    sched.step()
+    return loss + 0 * total
+
+def table(p):
+    return sorted((e.key, e.count) for e in p.key_averages())
+
+# the first steps (step 0, the probes' steps: activations, the loss watch, the input checksum)
+with profile(activities=[ProfilerActivity.CPU]) as prof:
+    for _ in range(4):
+        loss = one_step()
+print(table(prof))
+# a scheduled profile later on, over observed and usual steps
+tables = []
+with profile(activities=[ProfilerActivity.CPU], record_shapes=True,
+             schedule=schedule(wait=20, warmup=2, active=16),
+             on_trace_ready=lambda p: tables.append(table(p))) as prof:
+    for _ in range(40):
+        loss = one_step()
+        prof.step()
+print(tables)
+print(loss.item())
+'''
+
+
+def test_the_scripts_profile_lists_its_own_ops_alone(tmp_path):
+    # (under nndb the script's torch.profiler table listed nndb's ops as the script's:
+    # aten::aminmax, cat, stack, linalg_vector_norm, matmul and 20 more, and 148
+    # as_strided where the script makes 55)
+    from conftest import plain_and_recorded
+    plain, _ = plain_and_recorded(tmp_path, PROFILED)
+    assert "aten::addmm" in plain.stdout and "aten::linalg_vector_norm" in plain.stdout   # (the script's clip)

@@ -19,6 +19,7 @@ import torch
 
 from .. import cadence
 from .base import Rule, Threshold
+from ..tracer.quiet import PROFILING as _PROFILING, profiled, unprofiled
 from .probes import Probe, register
 
 
@@ -312,6 +313,7 @@ class GradReset(Probe):
         def seen(grad):
             if self.error is not None:
                 return None
+            hidden = _PROFILING() and unprofiled()     # (the probe's copies: no rows in the script's profile)
             try:
                 if not w.armed or grad is None:
                     w.pending = None
@@ -323,15 +325,22 @@ class GradReset(Probe):
                     w.pending = (_GRAPH_TASK(), _flat(grad).clone(), call, held)
             except Exception as e:     # never raise into the backward pass
                 self.fail(f"probe {self.name} failed and is off: {type(e).__name__}: {e}")
+            finally:
+                if hidden:
+                    profiled()
             return None
 
         def accumulated(param):
             if self.error is not None:
                 return
+            hidden = _PROFILING() and unprofiled()
             try:
                 _take_pending(w)
             except Exception as e:
                 self.fail(f"probe {self.name} failed and is off: {type(e).__name__}: {e}")
+            finally:
+                if hidden:
+                    profiled()
         return p.register_hook(seen), p.register_post_accumulate_grad_hook(accumulated)
 
     def optimizer(self, opt, when: str) -> None:

@@ -47,6 +47,7 @@ from .. import cadence
 from .compiled import COMPILING, never_compiled
 from .discover import call_kwargs
 from .stats import local
+from .quiet import PROFILING, profiled, unprofiled
 
 _MASK = (1 << 64) - 1
 
@@ -304,7 +305,12 @@ class Fingerprints:
             return None
         if self._step_input is None:
             kw = call_kwargs()      # (a batch given by keyword, model(input_ids=...): after the positional)
-            self.root_input(module, args + tuple(kw.values()) if kw else args)
+            hidden = PROFILING() and unprofiled()      # (no rows of nndb's in the script's profile)
+            try:
+                self.root_input(module, args + tuple(kw.values()) if kw else args)
+            finally:
+                if hidden:
+                    profiled()
             if self.failed or (self._step_input is not None and self.ranks <= 1):
                 self.disarm()
             return None

@@ -31,6 +31,7 @@ from typing import Callable, Optional
 
 import torch
 
+from .quiet import PROFILING as _PROFILING, profiled, unprofiled
 from torch.nn.modules.module import register_module_forward_pre_hook
 from torch.overrides import (TorchFunctionMode, _get_current_function_mode_stack, _pop_mode,
                              _push_mode)
@@ -94,10 +95,14 @@ class FunctionWatch(TorchFunctionMode):
         finally:
             self._depth -= 1
         if self.on and self.error is None:
+            hidden = _PROFILING() and unprofiled()      # (what on_call computes: no rows in the script's profile)
             try:
                 self.on_call(func, args, kwargs or {}, out)
             except Exception as e:          # never into the script: off, and said once by the owner
                 self.error = f"{type(e).__name__}: {e}"
+            finally:
+                if hidden:
+                    profiled()
         return out
 
     def push(self) -> None:

@@ -52,6 +52,7 @@ from torch.nn.modules import module as _module
 from torch.optim import optimizer as _optimizer
 
 from .compiled import never_compiled
+from .quiet import PROFILING as _PROFILING, profiled, unprofiled
 from .naming import Naming, user_frame
 from .discover import backward_objective, backward_roots, call_args, call_kwargs, find_optimizers  # noqa: F401  (find_optimizers: queries)
 from .bucket import _PENDING_LOSS
@@ -214,6 +215,7 @@ def _backward(*args, **kwargs):
         return original(*args, **kwargs)
     tracers = tuple(tracers)      # (one that fails leaves the list)
     hooked = None
+    hidden = _PROFILING() and unprofiled()
     for t in tracers:
         if t.backward_began is None:
             t.backward_began = _perf_counter()
@@ -238,6 +240,8 @@ def _backward(*args, **kwargs):
                     cb()
             except Exception:
                 t._fail()
+    if hidden:
+        profiled()
     _IN_WRAPPER.add(thread)
     before = None
     for t in tracers:                  # (a loop, not a comprehension: no call of its own, every step)
@@ -270,6 +274,7 @@ def _backward(*args, **kwargs):
         elif usual and t.lineage is None and not t._failed:
             # (Tracer._backward_returned's usual case, inline: every step; _take_loss's first branch)
             t.busy += 1
+            hidden = _PROFILING() and unprofiled()
             try:
                 t.recorder.loss(roots)
                 for cb in t.within.loss:
@@ -278,6 +283,8 @@ def _backward(*args, **kwargs):
                 t._fail()
             finally:
                 t.busy -= 1
+                if hidden:
+                    profiled()
         else:
             t._backward_returned(args, kwargs)
     if SCALED_NODES:
@@ -372,12 +379,15 @@ def _clipped(total, max_norm=None) -> None:
             if t._failed:
                 continue
             t.busy += 1             # (nndb's own reading: no function mode sees it)
+            hidden = _PROFILING() and unprofiled()
             try:
                 t.recorder.clip_norm(total, max_norm, bool(scaled))
             except Exception:
                 t._fail()
             finally:
                 t.busy -= 1
+                if hidden:
+                    profiled()
 
 
 def _nothing_unscaled() -> bool:
@@ -458,6 +468,7 @@ def _scale_through(original, self, outputs):
         pairs = [(outputs, out)] if isinstance(outputs, torch.Tensor) else \
             list(zip(outputs, out)) if isinstance(outputs, (list, tuple)) and isinstance(out, (list, tuple)) \
             else []
+        hidden = _PROFILING() and unprofiled()
         try:
             for loss, scaled in pairs:
                 if isinstance(loss, torch.Tensor) and isinstance(scaled, torch.Tensor) and scaled is not loss:
@@ -470,6 +481,9 @@ def _scale_through(original, self, outputs):
                         t.recorder.scaler_seen = True
         except Exception:
             pass
+        finally:
+            if hidden:
+                profiled()
     return out
 
 
@@ -846,6 +860,7 @@ class Tracer:
         if self._deferred is not None:
             self._outer_returned()
         self.busy += 1
+        hidden = _PROFILING() and unprofiled()
         try:
             rec = self.recorder
             if rec.has_open_work():
@@ -857,6 +872,8 @@ class Tracer:
             self._fail()
         finally:
             self.busy -= 1
+            if hidden:
+                profiled()
 
     # -- guard -------------------------------------------------------------
     def _fail(self) -> None:
@@ -877,6 +894,7 @@ class Tracer:
                 or (module in self._ran and _IN_BACKWARD() != -1) \
                 or self.naming.compiled_bodies and self._compiled_body(module):
             return None
+        hidden = _PROFILING() and unprofiled()
         try:
             if self.module_depth == 0:
                 self._calls = {}
@@ -897,6 +915,8 @@ class Tracer:
                         self.in_hook = False
         except Exception:
             self._fail()
+        if hidden:
+            profiled()
         self.module_depth += 1
         if self.lineage is not None:
             self.lineage.module_pre(module, args)
@@ -918,6 +938,7 @@ class Tracer:
             self._ran.add(module)
         if self.lineage is not None:
             self.lineage.module_post(module, args, output)
+        hidden = _PROFILING() and unprofiled()
         self._quietly(self._forward_post_quiet, module, args, output)
         if self.module_depth == 0:
             self._calls = {}             # (no module held past its pass: a model the script lets go dies)
@@ -926,6 +947,8 @@ class Tracer:
                     self.recorder.pass_ended()
                 except Exception:
                     self._fail()
+        if hidden:
+            profiled()
         return None
 
     def _forward_raised(self, module, args) -> None:
@@ -1058,6 +1081,7 @@ class Tracer:
             return False
         self.adopt_tries += 1
         self.busy += 1
+        hidden = _PROFILING() and unprofiled()
         try:
             roots = _roots_and_grads(args, kwargs)[0]
             leaves = graph_leaves([r.grad_fn for r in roots if isinstance(r, torch.Tensor)])
@@ -1082,6 +1106,8 @@ class Tracer:
             return False
         finally:
             self.busy -= 1
+            if hidden:
+                profiled()
 
     def _backward_returned(self, args, kwargs) -> None:
         """The wrapper's: a backward() returned (the parameter hooks are off, so an optimizer
@@ -1093,6 +1119,7 @@ class Tracer:
         lin = self.lineage
         paused = lin.paused() if lin is not None else None     # (nndb's own work is not the step's lineage)
         self.busy += 1
+        hidden = _PROFILING() and unprofiled()
         try:
             if paused is not None:
                 paused.__enter__()
@@ -1104,6 +1131,8 @@ class Tracer:
             self._fail()
         finally:
             self.busy -= 1
+            if hidden:
+                profiled()
             if paused is not None:
                 paused.__exit__(None, None, None)
 
@@ -1159,6 +1188,7 @@ class Tracer:
         """A watched backward ended (``loss``: its root as the wrapper saw it; by default the
         engine's, read in its callback)."""
         self.busy += 1
+        hidden = _PROFILING() and unprofiled()
         try:
             if loss is _ENGINE:
                 if self._loss_early is not None:
@@ -1183,6 +1213,8 @@ class Tracer:
             self._fail()
         finally:
             self.busy -= 1
+            if hidden:
+                profiled()
 
     def _optimizer_count(self, opt=None, fresh: bool = False) -> int:
         """Optimizers of this run: scanned once and reused, unless an optimizer
@@ -1219,6 +1251,7 @@ class Tracer:
         lin = self.lineage
         paused = lin.paused() if lin is not None else None     # (nndb's own work is not the step's lineage)
         self.busy += 1
+        hidden = _PROFILING() and unprofiled()
         try:
             if paused is not None:
                 paused.__enter__()
@@ -1266,6 +1299,8 @@ class Tracer:
             self._fail()
         finally:
             self.busy -= 1
+            if hidden:
+                profiled()
             if paused is not None:
                 paused.__exit__(None, None, None)
         return self._counted(args, kwargs) if self.closure_step and not self._failed else None
@@ -1302,6 +1337,7 @@ class Tracer:
         optimizer, or none stepped yet): its loss, its gradients (NaN, no optimizer took them)
         and its clip total are the step's, seen by ``nonfinite`` and ``catch nan``."""
         self.busy += 1
+        hidden = _PROFILING() and unprofiled()
         self.scaler_skips += 1
         try:
             scale = getattr(scaler, "_scale", None)
@@ -1321,6 +1357,8 @@ class Tracer:
             self._fail()
         finally:
             self.busy -= 1
+            if hidden:
+                profiled()
 
     def _scaler_skips(self, opt) -> bool:
         """An optimizer that applies a GradScaler's work itself (``fused=True``: torch's
@@ -1358,12 +1396,15 @@ class Tracer:
             self.scaler_skips += 1
             if not self._failed:
                 self.busy += 1
+                hidden = _PROFILING() and unprofiled()
                 try:
                     self.recorder.scaler_skipped(opt, self._known_optimizers or ())
                 except Exception:
                     self._fail()
                 finally:
                     self.busy -= 1
+                    if hidden:
+                        profiled()
             return None
         self.optimizer_posts += 1           # (did a GradScaler's step() step the optimizer: _scaler_step)
         if self._failed:
@@ -1371,6 +1412,7 @@ class Tracer:
         lin = self.lineage
         paused = lin.paused() if lin is not None else None
         self.busy += 1
+        hidden = _PROFILING() and unprofiled()
         try:
             if paused is not None:
                 paused.__enter__()
@@ -1398,6 +1440,8 @@ class Tracer:
             self._fail()
         finally:
             self.busy -= 1
+            if hidden:
+                profiled()
             if paused is not None:
                 paused.__exit__(None, None, None)
         return None
