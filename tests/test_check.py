@@ -406,9 +406,10 @@ def test_a_summed_classification_loss_is_quoted_per_loss_element(tmp_path, targe
                                  f"{fmt(first)}, {fmt(first / n)} a target element (reduction='sum' over {n}))"), c.evidence
 
 
-def test_a_loss_still_falling_when_overfit_runs_out_is_inconclusive_not_failed(tmp_path):
+def test_a_loss_still_falling_when_overfit_runs_out_is_inconclusive_not_failed(tmp_path, monkeypatch):
     """A healthy MLP under plain SGD at lr 0.05 overfits slowly: 1.496 -> 0.1446 in 300
-    iterations (goal 0.0748), 41% of it in the last 75.  It FAILed 'cannot fit one small batch'."""
+    iterations (goal 0.0748), 41% of it in the last 75.  It FAILed 'cannot fit one small batch'.
+    At 10x the lr it fits (PASS, both runs said); where that diverges too, inconclusive."""
     script = write(tmp_path, "slow.py", """
         import torch
         from torch import nn
@@ -423,8 +424,17 @@ def test_a_loss_still_falling_when_overfit_runs_out_is_inconclusive_not_failed(t
         """)
     report, _ = run_check(script, steps=2, overfit_iters=300)
     c = by_name(report)["overfit"]
+    assert c.status == "PASS" and c.evidence.startswith("32 sample(s), SGD(lr=0.05): loss 1.496 -> 0.1446 after 300 "
+                                                        "iteration(s); at 10x the lr (0.5) 1.496 -> "), c.evidence
+    assert c.numbers["faster_last"] <= c.numbers["goal"] < c.numbers["last"] and c.numbers["faster_iterations"] < 300
+    from nndb.check import overfit
+    monkeypatch.setattr(overfit, "FASTER", 1000)          # (a retry that diverges: what the script's lr gave)
+    report, _ = run_check(script, steps=2, overfit_iters=300)
+    c = by_name(report)["overfit"]
     assert c.status == "SKIP" and "still falling" in c.evidence and "--overfit-iters N" in c.evidence, c.evidence
+    assert "; at 1000x the lr (50) 1.496 -> " in c.evidence, c.evidence
     assert c.numbers["last"] <= 0.2 * c.numbers["first"] and report.exit_code == 0
+    monkeypatch.undo()
     report, _ = run_check(script, steps=2, overfit_iters=1500)
     assert by_name(report)["overfit"].status == "PASS"       # (more iterations: it does fit)
 
@@ -1419,3 +1429,44 @@ def test_a_layer_left_out_of_the_optimizer_is_said(tmp_path):
     report, _ = run_check(write(tmp_path, "frozen.py", body.replace(
         "FREEZE", "model[2].requires_grad_(False)")), overfit_iters=1)
     assert "unheld_with_grad" not in by_name(report)["updates"].numbers
+
+
+@pytest.mark.parametrize("shape", ["dcgan", "classifier"])
+def test_a_learning_rate_too_small_for_300_iterations_is_no_model_that_cannot_fit(tmp_path, shape):
+    """A DCGAN-shaped loop (D stepped on a real and a fake backward, then G) at Adam's 0.0002,
+    and a classifier at the same lr, FAILed 'the model cannot fit one small batch' (0.6092 ->
+    0.3460 and 0.6841 -> 0.4352 after 300 iterations): at 10x the lr both fit it."""
+    body = {"dcgan": """
+        G = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 16), nn.Tanh())
+        D = nn.Sequential(nn.Linear(16, 32), nn.LeakyReLU(0.2), nn.Linear(32, 1), nn.Sigmoid())
+        optD = torch.optim.Adam(D.parameters(), lr=2e-4, betas=(0.5, 0.999))
+        optG = torch.optim.Adam(G.parameters(), lr=2e-4, betas=(0.5, 0.999))
+        bce = nn.BCELoss()
+        data = torch.randn(256, 16).tanh()
+        for i in range(4):
+            real = data[i * 32:(i + 1) * 32]
+            D.zero_grad()
+            bce(D(real).view(-1), torch.ones(32)).backward()
+            fake = G(torch.randn(32, 8))
+            bce(D(fake.detach()).view(-1), torch.zeros(32)).backward()
+            optD.step()
+            G.zero_grad()
+            bce(D(fake).view(-1), torch.ones(32)).backward()
+            optG.step()
+        """, "classifier": """
+        model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 1), nn.Sigmoid())
+        opt = torch.optim.Adam(model.parameters(), lr=2e-4, betas=(0.5, 0.999))
+        x = torch.randn(256, 16); y = (x[:, 0] > 0).float()
+        for i in range(4):
+            opt.zero_grad()
+            loss = nn.BCELoss()(model(x[i * 32:(i + 1) * 32]).view(-1), y[i * 32:(i + 1) * 32])
+            loss.backward(); opt.step()
+        """}[shape]
+    script = write(tmp_path, f"{shape}.py", "import torch\nfrom torch import nn\ntorch.manual_seed(0)\n"
+                   + textwrap.dedent(body))
+    report, _ = run_check(script, steps=2, overfit_iters=300)
+    c = by_name(report)["overfit"]
+    assert c.status == "PASS" and report.exit_code == 0, c.evidence
+    assert re.match(r"32 sample\(s\), Adam\(lr=0\.0002\): loss \S+ -> \S+ after 300 iteration\(s\); at 10x the lr "
+                    r"\(0\.002\) \S+ -> \S+ in \d+: the model fits one batch", c.evidence), c.evidence
+    assert c.numbers["last"] > 2 * c.numbers["goal"] and c.numbers["faster_last"] <= c.numbers["goal"]

@@ -49,7 +49,9 @@ The checks, in order, and their thresholds (constants in checks.py):
    OVERFIT_ITERS iterations, the global RNG saved and restored.  "Close to
    zero": the loss gets below OVERFIT_REL of its first value, or below
    OVERFIT_ABS; where the loss has a floor above 0 (the targets' entropy:
-   soft targets, label smoothing), OVERFIT_REL of the way from it.
+   soft targets, label smoothing), OVERFIT_REL of the way from it.  Missed at
+   the script's lr without diverging: trained again from the same start at
+   overfit.FASTER times every group's lr, PASS where that gets there.
 
 A check that cannot be decided (no optimizer, no loss function seen, the
 script raised first) is SKIP with the reason.  ``run`` is FAIL if the
