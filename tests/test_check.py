@@ -1470,3 +1470,67 @@ def test_a_learning_rate_too_small_for_300_iterations_is_no_model_that_cannot_fi
     assert re.match(r"32 sample\(s\), Adam\(lr=0\.0002\): loss \S+ -> \S+ after 300 iteration\(s\); at 10x the lr "
                     r"\(0\.002\) \S+ -> \S+ in \d+: the model fits one batch", c.evidence), c.evidence
     assert c.numbers["last"] > 2 * c.numbers["goal"] and c.numbers["faster_last"] <= c.numbers["goal"]
+
+
+SEQ_FIRST = """
+import torch, torch.nn as nn
+torch.manual_seed(0)
+V = 20
+class LM(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(V, 16)
+        self.body = BODY
+        self.out = nn.Linear(16, V)
+    def forward(self, x):
+        h = self.body(self.emb(x))
+        return self.out(h[0] if isinstance(h, tuple) else h)
+model = LM()
+opt = torch.optim.Adam(model.parameters(), lr=0.01)
+data = torch.randint(0, V, (9 * 4 + 1, 16))            # (time, batch): word_language_model's layout
+for i in range(3):
+    x, y = data[i * 9:(i + 1) * 9], data[i * 9 + 1:(i + 1) * 9 + 1]
+    opt.zero_grad()
+    loss = nn.functional.cross_entropy(model(x).view(-1, V), y.reshape(-1))
+    loss.backward(); opt.step()
+"""
+
+CRNN = """
+import torch, torch.nn as nn
+torch.manual_seed(0)
+class CRNN(nn.Module):                 # images batch first, the LSTM over their columns time first
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(1, 8, 3, padding=1)
+        self.rnn = nn.LSTM(8 * 4, 16)
+        self.head = nn.Linear(16, 5)
+    def forward(self, x):
+        f = self.conv(x)                                   # (B, 8, 4, W)
+        seq = f.permute(3, 0, 1, 2).flatten(2)             # (W, B, 32)
+        out, _ = self.rnn(seq)
+        return self.head(out[-1])
+model = CRNN()
+opt = torch.optim.Adam(model.parameters(), lr=0.01)
+for i in range(3):
+    x, y = torch.randn(12, 1, 4, 10), torch.randint(0, 5, (12,))
+    opt.zero_grad()
+    loss = nn.functional.cross_entropy(model(x), y)
+    loss.backward(); opt.step()
+"""
+
+
+@pytest.mark.parametrize("body,said", [
+    ("nn.LSTM(16, 16)", "16 sample(s) (9 time steps each, time first)"),
+    ("nn.TransformerEncoder(nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0), 1)",
+     "16 sample(s) (9 time steps each, time first)"),
+    ("nn.LSTM(16, 16, batch_first=True)", "9 sample(s)"),          # (as the script has it: its batch is 9 long)
+    (None, "12 sample(s)"),
+])
+def test_a_time_first_batch_is_counted_in_sequences_not_time_steps(tmp_path, body, said):
+    """word_language_model's layout, (time, batch) tokens into an LSTM or a transformer without
+    batch_first: the overfit line said '9 sample(s)' for 16 sequences of 9 tokens.  A CRNN's
+    images (batch first, its LSTM over their columns time first) keep their count."""
+    source = CRNN if body is None else SEQ_FIRST.replace("BODY", body)
+    report, _ = run_check(write(tmp_path, "seq.py", source), steps=2, overfit_iters=5)
+    c = by_name(report)["overfit"]
+    assert c.evidence.startswith(said + ", Adam(lr=0.01): loss "), c.evidence

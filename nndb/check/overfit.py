@@ -11,6 +11,7 @@ touched; the script has already stopped when this runs.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import warnings
 
@@ -91,7 +92,7 @@ def overfit(cap: Capture, outcome: Outcome, iters: int) -> Check:
     # group 0's alone read 'SGD(lr=0)' for a head trained at 0.05)
     lrs = list(dict.fromkeys(g.get("lr") for g in opt.param_groups))
     peak = ", its schedule's max_lr" if "max_lr" in opt.param_groups[0] else ""
-    setup = f"{n} sample(s), {type(opt).__name__}" + (
+    setup = f"{{}}, {type(opt).__name__}" + (
         f"(lr={', '.join(f'{lr:g}' for lr in lrs)}{peak})" if all(isinstance(lr, (int, float)) for lr in lrs) else "")
     back = {id(q): p for p, q in zip(model.parameters(), replica.parameters())}
     at_zero = [cap.param_name(back[id(q)]) for g in opt.param_groups if g.get("lr") == 0 for q in g["params"]]
@@ -105,10 +106,13 @@ def overfit(cap: Capture, outcome: Outcome, iters: int) -> Check:
             torch.manual_seed(0)
             with no_dropout, rnn_off:
                 return _train(replica, optimizer, call, args, target, iters, floor[0])
+    seq_first = _SeqFirst(replica) if n != OVERFIT_BATCH else None
     try:
-        losses = fit(opt)
+        with seq_first or contextlib.nullcontext():
+            losses = fit(opt)
     except Exception as e:
         return _skip("overfit", f"training the replica raised {type(e).__name__}: {e}", outcome)
+    setup = setup.format(seq_first.samples(args, n) if seq_first is not None else f"{n} sample(s)")
     if no_dropout.dropped or rnn_off.rnns:
         setup += ", dropout off"
     verdict = _verdict(cap, call, setup, losses, iters, model, floor, at_zero)
@@ -134,6 +138,42 @@ def overfit(cap: Capture, outcome: Outcome, iters: int) -> Check:
 # 'cannot fit one small batch'; at 0.002 both fit it.  What cannot fit at either (dead units, a
 # softmax before cross_entropy, a learning rate of 0) stays FAIL, with both runs said.
 FASTER = 10
+
+
+class _SeqFirst:
+    """How many samples a whole batch holds where the model reads its sequences time first: a
+    recurrent layer or an attention without ``batch_first`` takes (time, batch, features), so a
+    language model's (35, 20) tokens are 20 sequences, not 35 samples (word_language_model's
+    shape said '9 sample(s)' for 16 sequences of 9 tokens).  The first such layer's input, seen
+    as the copy trains, tells the batch size; the input's dimension of that size is its batch's
+    (a CRNN's (B, C, H, W) images feed its LSTM (W, B, C): B samples, as said without this)."""
+
+    def __init__(self, replica):
+        self.batch = None
+        self.layers = [m for m in replica.modules()
+                       if isinstance(m, (torch.nn.RNNBase, torch.nn.MultiheadAttention)) and not m.batch_first]
+        self.handles = []
+
+    def __enter__(self):
+        self.handles = [m.register_forward_pre_hook(self._seen) for m in self.layers]
+        return self
+
+    def __exit__(self, *exc):
+        for h in self.handles:
+            h.remove()
+
+    def _seen(self, module, args):
+        x = args[0] if args else None
+        if self.batch is None and isinstance(x, torch.Tensor) and x.dim() == 3:
+            self.batch = x.shape[1]
+
+    def samples(self, args, n):
+        """'N sample(s)' of the batch (``n``: its first input's first dimension)."""
+        first = next((t for t in pytree.tree_leaves(args) if isinstance(t, torch.Tensor)), None)
+        if self.batch is None or first is None or first.dim() < 2 or first.shape[0] == self.batch \
+                or first.shape[1] != self.batch:
+            return f"{n} sample(s)"
+        return f"{self.batch} sample(s) ({first.shape[0]} time steps each, time first)"
 
 
 def _goal_text(goal: float, floor: tuple) -> str:
