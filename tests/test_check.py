@@ -1534,3 +1534,46 @@ def test_a_time_first_batch_is_counted_in_sequences_not_time_steps(tmp_path, bod
     report, _ = run_check(write(tmp_path, "seq.py", source), steps=2, overfit_iters=5)
     c = by_name(report)["overfit"]
     assert c.evidence.startswith(said + ", Adam(lr=0.01): loss "), c.evidence
+
+
+LORA = """
+import torch, torch.nn as nn
+torch.manual_seed(0)
+class LoRALinear(nn.Module):
+    def __init__(self, base, r=4):
+        super().__init__()
+        self.base = base.requires_grad_(False)
+        self.A = nn.Parameter(torch.randn(r, base.in_features) * 0.01)
+        self.B = nn.Parameter(torch.zeros(base.out_features, r))         # (LoRA's init: the adapter starts at 0)
+    def forward(self, x):
+        return self.base(x) + x @ self.A.t() @ self.B.t()
+model = nn.Sequential(LoRALinear(nn.Linear(16, 32)), nn.ReLU(), LoRALinear(nn.Linear(32, 4)))
+A = [m.A for m in model if hasattr(m, "A")]
+B = [m.B for m in model if hasattr(m, "B")]
+opt = torch.optim.AdamW([{"params": A}, {"params": B, "lr": B_LR}], lr=1e-2)
+x = torch.randn(128, 16); y = torch.randint(0, 4, (128,))
+for i in range(4):
+    opt.zero_grad()
+    loss = nn.functional.cross_entropy(model(x[i * 32:(i + 1) * 32]), y[i * 32:(i + 1) * 32])
+    loss.backward(); opt.step()
+"""
+
+
+def test_a_factor_that_starts_at_zero_is_no_dead_unit_in_one_step(tmp_path):
+    """`nndb check --steps 1` on a healthy LoRA fine-tune FAILed gradients: 'all-zero gradient:
+    0.A, 2.A -- dead ReLUs or a saturated activation upstream': B starts at 0, so A's gradient
+    (through B) is 0 at the first step.  Said and not judged in one step; with two steps judged,
+    and where B never moves (its group at lr 0) A's zero gradient is a FAIL."""
+    script = write(tmp_path, "lora.py", LORA.replace("B_LR", "1e-2"))
+    report, _ = run_check(script, steps=1, overfit_iters=5)
+    c = by_name(report)["gradients"]
+    assert c.status == "PASS", (c.evidence, c.cause)
+    assert "all-zero gradient behind a factor that starts at zero, not judged in one step: 0.A, 2.A (0.B, 2.B " \
+        "start all zeros" in c.evidence, c.evidence
+    assert c.numbers["zero_grad_behind_zero_factor"] == ["0.A", "2.A"]
+    report, _ = run_check(script, steps=2, overfit_iters=5)
+    assert by_name(report)["gradients"].status == "PASS" and "behind" not in by_name(report)["gradients"].evidence
+    stuck = write(tmp_path, "stuck.py", LORA.replace("B_LR", "0.0"))
+    report, _ = run_check(stuck, steps=2, overfit_iters=5)
+    c = by_name(report)["gradients"]
+    assert c.status == "FAIL" and "all-zero gradient: 0.A, 2.A" in c.evidence, c.evidence

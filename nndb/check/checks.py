@@ -437,6 +437,8 @@ def gradients_check(cap: Capture, outcome: Outcome) -> Check:
     zero = [p for p in params if id(p) in cap.got_grad and id(p) not in cap.nonzero and id(p) not in cap.nonfinite]
     unused_bias = _biases_the_loss_ignores(cap, params, zero)
     zero = [p for p in zero if p not in unused_bias]
+    behind = _behind_zero_factors(cap, params, zero)
+    zero = [p for p in zero if id(p) not in behind]
     nonfinite = [p for p in params if id(p) in cap.nonfinite]
     good = sum(id(p) in cap.nonzero for p in params)
     nums = {"params": len(params), "no_grad": [cap.param_name(p) for p in none],
@@ -451,6 +453,14 @@ def gradients_check(cap: Capture, outcome: Outcome) -> Check:
     if frozen:
         nums["frozen"] = [cap.param_name(p) for p in frozen]
         ev += f"; {len(frozen)} more it holds frozen (requires_grad=False), not judged: {_names(cap, frozen)}"
+    if behind:
+        nums["zero_grad_behind_zero_factor"] = [cap.param_name(p) for p in behind.values()]
+        mods = {cap.param_name(p).rpartition(".")[0] for p in behind.values()}
+        factors = [q for q in _zero_factors(cap, params) if cap.param_name(q).rpartition(".")[0] in mods]
+        ev += (f"; all-zero gradient behind a factor that starts at zero, not judged in one step: "
+               f"{_names(cap, list(behind.values()))} ({_names(cap, factors)} start all zeros, as LoRA's B "
+               "does: no gradient reaches the other factor until they move; from the second step on it does: "
+               "--steps 2 checks it)")
     if unused_bias:
         ev += (f"; all-zero gradient, as the loss does not depend on it: {_names(cap, unused_bias)} (its "
                "layer's weight got one: the layer's output gradients sum to 0 over the batch, as in a loss "
@@ -487,6 +497,31 @@ def gradients_check(cap: Capture, outcome: Outcome) -> Check:
         problems.append(f"NaN/Inf gradient (in some step): {_names(cap, nonfinite)}")
         causes.append("NaN/Inf gradients: a non-finite loss, or a sqrt/log/division at zero in the forward pass")
     return Check("gradients", "FAIL", ev + "; " + "; ".join(problems), "; ".join(causes), nums)
+
+
+def _zero_factors(cap: Capture, params: list) -> list:
+    """The trainable parameters that were all zeros at their model's first forward (its copy
+    then: nndb.check.capture.ModelSeen.replica) and got a non-zero gradient: a factor that
+    starts at zero (LoRA's B, ReZero's alpha)."""
+    start = {}
+    for seen in cap.models.values():
+        if seen.replica is not None:
+            for p, q in zip(seen.module.parameters(), seen.replica.parameters()):
+                start[id(p)] = q
+    return [p for p in params if id(p) in cap.nonzero and id(p) in start
+            and start[id(p)].numel() and not torch.count_nonzero(start[id(p)].detach())]
+
+
+def _behind_zero_factors(cap: Capture, params: list, zero: list) -> dict:
+    """{id: parameter} of the parameters among ``zero`` (all-zero gradients) whose module holds a
+    factor that starts at zero (_zero_factors), where one optimizer step ran: their gradient
+    passes through that factor's value (LoRA's A through B = 0, x @ A.T @ B.T), 0 until it has
+    moved.  (``nndb check --steps 1`` on a healthy LoRA fine-tune FAILed 'dead ReLUs or a
+    saturated activation upstream' for every A.)  With more steps, a zero there is judged."""
+    if not zero or cap.steps_done != 1:
+        return {}
+    prefixes = {cap.param_name(q).rpartition(".")[0] for q in _zero_factors(cap, params)}
+    return {id(p): p for p in zero if cap.param_name(p).rpartition(".")[0] in prefixes}
 
 
 def _biases_the_loss_ignores(cap: Capture, params: list, zero: list) -> list:
