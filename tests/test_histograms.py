@@ -17,9 +17,11 @@ ADVERSARIAL = np.array([1e-8, 7e4, 1e30, -1e30, np.nan, np.inf, -np.inf, 1e-40, 
                         -3.3, 2.0 ** 24, -2.0 ** 24, 2.0 ** -24, 1.5, 1.4999999, 3.4028235e38], dtype=np.float32)
 
 
-@pytest.mark.parametrize("by_segment", [False, True])    # one bincount of all; one a segment (large blocks)
-def test_bins_from_float32_bits_equal_the_value_by_value_histogram(by_segment, monkeypatch):
-    if by_segment:
+# one bincount of all, folded; each element's bin looked up (few elements a segment); one a segment (large blocks)
+@pytest.mark.parametrize("path", ["fold", "lookup", "by_segment"])
+def test_bins_from_float32_bits_equal_the_value_by_value_histogram(path, monkeypatch):
+    monkeypatch.setattr(H, "FEW_ELEMENTS", 1000 if path == "lookup" else 0)
+    if path == "by_segment":
         monkeypatch.setattr(H, "LARGE_ELEMENTS", 1)
         monkeypatch.setattr(H, "LARGE_SEGMENT", 1)
     rng = np.random.default_rng(0)
