@@ -163,6 +163,39 @@ def test_a_scripts_excepthook_that_hands_on_to_pythons_shows_no_nndb_frame(tmp_p
     assert "nndb/" not in r.stderr
 
 
+OP_RAISES_AFTER_THE_STEP = """
+import torch
+torch.manual_seed(0)
+m = torch.nn.Linear(4, 2)
+opt = torch.optim.SGD(m.parameters(), lr=0.1)
+for step in range(3):
+    loss = m(torch.randn(8, 4)).pow(2).mean()
+    opt.zero_grad(); loss.backward(); opt.step()
+    print(step, loss.item())
+with torch.no_grad():                       # sampling from the model, as minGPT's callbacks do
+    probs = torch.softmax(m(torch.randn(1, 4)), -1)
+    probs[0, 0] = -1.0
+    torch.multinomial(probs, 1)
+"""
+
+
+@pytest.mark.parametrize("armed", ["lineage on", "catch nan --eager"])
+def test_an_operation_that_raises_under_the_op_recorder_shows_pythons_traceback(tmp_path, trace, armed):
+    """Under nndb's dispatch mode (the op recorder of 'lineage on' and 'catch nan
+    --eager') an operation that raised showed three torch frames Python does not
+    (torch/_compile.py inner, eval_frame.py _fn, _ops.py __call__: the mode's way in
+    and out), and the post-mortem stopped in the last of them, where 'p probs' was
+    a NameError."""
+    script = write(tmp_path, "s.py", OP_RAISES_AFTER_THE_STEP)      # (raises in C++: no frame of torch's)
+    plain = python(script, cwd=str(tmp_path))
+    r = nndb("run", "--batch", "-q", "--trace", trace, "-e", armed, "-e", "c", "-e", "where", "-e", "p probs.shape",
+             script, cwd=str(tmp_path))
+    assert r.returncode == plain.returncode == 1
+    assert 's.py", line 13, in <module>' in plain.stderr and "_ops.py" not in plain.stderr
+    assert without_nndb_lines(r.stderr) == plain.stderr
+    assert r.stdout.endswith("> s.py(13)<module>()\n-> torch.multinomial(probs, 1)\ntorch.Size([1, 2])\n")
+
+
 def test_sys_exit_with_message(tmp_path, trace):
     script = write(tmp_path, "s.py", "import sys\nsys.exit('bye')\n")
     r = nndb("run", "--trace", trace, script)

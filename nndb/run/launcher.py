@@ -236,16 +236,35 @@ def unshadow(directory: str) -> list:
 _OWN_DIRS = (os.path.dirname(os.path.dirname(os.path.abspath(__file__))), os.path.dirname(runpy.__file__))   # (nndb/, runpy)
 
 
+# torch's frames that only a mode of nndb's puts in a traceback: the dynamo-disable
+# wrappers a TorchDispatchMode's __torch_dispatch__ is called through (torch >= 2.5), and
+# the OpOverload the mode calls to run the operation (without a mode the dispatcher runs
+# it in C++: no Python frame at all)
+_INTO_DISPATCH_MODE = ((os.path.join("torch", "_compile.py"), "inner"),
+                       (os.path.join("torch", "_dynamo", "eval_frame.py"), "_fn"))
+_OP_CALL = os.path.join("torch", "_ops.py")
+
+
+def _is_one_of(code, frames) -> bool:
+    return any(code.co_name == name and code.co_filename.endswith(os.sep + path) for path, name in frames)
+
+
 def user_traceback(tb):
     """The traceback Python would show without nndb: nndb's and runpy's own
-    frames dropped from the top, and nndb's frames within (its torch function
-    mode on the first steps: a loss that raises went public API ->
-    torch.overrides.handle_torch_function -> nndb -> the same API again) with
-    the two torch frames that only led into it."""
+    frames dropped from the top, and nndb's frames within with the torch
+    frames that only led into them or out of them: its torch function mode
+    on the first steps (a loss that raises went public API ->
+    torch.overrides.handle_torch_function -> nndb -> the same API again; the
+    two torch frames that led into the mode go), and its dispatch mode (the
+    op recorder of 'lineage on' and 'catch nan --eager': an operation that
+    raises went C++ -> torch's dynamo-disable wrappers -> nndb ->
+    OpOverload.__call__; those torch frames go too, so the traceback and a
+    post-mortem's frame end at the script's line, as without nndb)."""
     while tb is not None and (tb.tb_frame.f_code.co_filename.startswith(_OWN_DIRS[0])
                               or tb.tb_frame.f_code.co_filename == runpy.__file__):
         tb = tb.tb_next
     kept = []
+    out_of_nndb = False        # (the frame before was nndb's)
     while tb is not None:
         code = tb.tb_frame.f_code
         if code.co_filename.startswith(_OWN_DIRS[0]) or code.co_name == "_nndb_call":   # (funcmode.TRAMPOLINE)
@@ -253,8 +272,14 @@ def user_traceback(tb):
                 kept.pop()                          # torch.overrides, into the mode
                 if kept:
                     kept.pop()                      # the API's call of it (shown again below, as Python shows it)
+            while kept and _is_one_of(kept[-1].tb_frame.f_code, _INTO_DISPATCH_MODE):
+                kept.pop()
+            out_of_nndb = True
+        elif out_of_nndb and code.co_name == "__call__" and code.co_filename.endswith(os.sep + _OP_CALL):
+            out_of_nndb = False                     # the operation the dispatch mode handed on
         else:
             kept.append(tb)
+            out_of_nndb = False
         tb = tb.tb_next
     for a, b in zip(kept, kept[1:]):
         a.tb_next = b
