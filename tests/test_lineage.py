@@ -169,6 +169,44 @@ EMPTY_FIRST = textwrap.dedent('''
 ''')
 
 
+RAISES_AT_ITS_NAN = textwrap.dedent('''
+    import torch
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 3)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in range(5):
+        x = torch.randn(8, 4)
+        if step == 2:
+            x[0, 0] = float("nan")
+        loss = model(x).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0, error_if_nonfinite=True)   # raises at the NaN
+        opt.step()
+''')
+
+
+@pytest.mark.parametrize("rules", [[], ["--rules", "none"]])
+def test_catch_nan_at_the_step_end_says_it_missed_a_step_the_script_raised_in(tmp_path, rules):
+    """The script raised in the step that went NaN (its own check, here
+    clip_grad_norm_'s error_if_nonfinite): the step never ended, where a step-end
+    catch looks, and no replay reaches into a step that raised ('goto 1' then
+    'continue' says the past ends there), so 'catch nan' said nothing at all."""
+    script = _script(tmp_path, "train.py", RAISES_AT_ITS_NAN)
+    r = nndb("run", "--batch", "--nx", "-q", "--trace", str(tmp_path / "t.h5"), *rules, "-e", "catch nan", script,
+             cwd=str(tmp_path))
+    assert r.returncode == 1 and "RuntimeError: The total norm of order 2.0" in r.stderr
+    said = [l for l in r.stderr.splitlines() if l.startswith("nndb: catchpoint")]
+    assert said == ["nndb: catchpoint 1 (catch nan): step 2 went non-finite (act model, grad weight, grad bias, "
+                    "loss), but the script raised in it, before the step's end where the catch looks, and a step "
+                    "that raised cannot be replayed: 'catch nan --eager', then 'run', stops inside the "
+                    "operation"], r.stderr
+    eager = nndb("run", "--batch", "--nx", "-q", "--trace", str(tmp_path / "e.h5"), *rules, "-e",
+                 "catch nan --eager", script, cwd=str(tmp_path))
+    assert "nndb: catchpoint" not in eager.stderr                  # (it stopped inside the operation)
+    assert "NaN came into step 2 in input 0 of lift_fresh" in eager.stdout
+
+
 def test_catch_nan_is_not_the_uninitialised_memory_of_torch_empty(tmp_path):
     """A replay of step 0 checks every operation from the script's start: the output of
     torch.empty (nn.Linear's weight before its init) held NaN bits, and catch nan said

@@ -35,6 +35,11 @@ class SessionSteps:
             self._error("seen", e)
         if s.prompting:
             return
+        if step is None and end.records and getattr(s.rec, "raised", None) is not None:
+            try:
+                s.catch_missed_at_exception(end.records)
+            except Exception as e:
+                self._error("catch", e)
         if s.rules is not None:
             try:
                 if step is None:

@@ -327,6 +327,25 @@ class StopPoints:
             return []
         return self.lineage.step_end_catch(self, record, self.point_hits)
 
+    def catch_missed_at_exception(self, records) -> None:
+        """The script raised inside a step (its own check of the loss,
+        torch.multinomial on NaN probabilities): a catch point armed at the
+        step end never sees that step's end, and no replay reaches into a step
+        that raised; where the step went non-finite, one line says so, and how
+        to find the operation (it said nothing)."""
+        if self.lineage is None or not records:
+            return
+        missed = self.lineage.missed_at_exception(records[-1])
+        if missed is None:
+            return
+        points = self.points.catch_points()
+        named = ", ".join(f"{p.number} ({p.what()})" for p in points)
+        more = f" and {missed['more_series']} more" if missed["more_series"] else ""
+        self.error(f"nndb: catchpoint {named}: step {missed['step']} went non-finite "
+                   f"({', '.join(missed['series'])}{more}), but the script raised in it, before the step's end "
+                   f"where the catch looks, and a step that raised cannot be replayed: "
+                   f"'catch {points[0].what_kind} --eager', then 'run', stops inside the operation")
+
     def _expr_hit(self, p: P.ExprBreak, step: int) -> Optional[dict]:
         frame = E.stop_frame(self.here.hook_frame)
         value = E.evaluate(E.compile_expr(p.expr), frame, self.view.variables(frame, step_end=True),

@@ -135,6 +135,41 @@ class StepEndCatch:
         self.bad = {}
         self.judged = []
 
+    def _newly_nonfinite(self, record, bufs: list) -> list:
+        """[(series, nan, inf)] of the record's series (and ``bufs``, the model's
+        buffers) that hold a NaN or Inf they did not hold since the last
+        all-finite record; the bookkeeping follows."""
+        # (record.nonfinite, inline: every step end while a catch point is armed)
+        if not np.count_nonzero(record.raw[:, NONFINITE_FIELDS]) and not bufs:
+            self.bad = {}
+            return []
+        flags = record.raw[:, NONFINITE_FIELDS] > 0
+        rows = np.flatnonzero(flags.any(axis=1))
+        now = [(record.names[i], bool(flags[i, 0]), bool(flags[i, 1])) for i in rows] + list(bufs)
+        bad = self.bad
+        new = []
+        for name, nan, inf in now:
+            seen = bad.get(name)
+            if seen is None or (nan and not seen[0]) or (inf and not seen[1]):
+                new.append((name, nan, inf))
+            bad[name] = [nan or (seen is not None and seen[0]), inf or (seen is not None and seen[1])]
+        return new
+
+    def missed(self, record, buffers: Callable[[], list] = lambda: []) -> Optional[dict]:
+        """The script raised inside the step of ``record`` (partial): that step
+        has no end for the catch to look at, and time travel cannot replay a
+        step that raised, so no operation can be named; where the step went
+        non-finite, {"step", "series", "more_series"} for the one line that
+        says so (else None)."""
+        if record is None or not record.partial or record.step in self.judged:
+            return None
+        new = self._newly_nonfinite(record, buffers())
+        if not new:
+            return None
+        series = [series_label(n, k) for (n, k), _, _ in new]
+        return {"step": record.step, "series": series[:SHOWN_SERIES],
+                "more_series": max(0, len(series) - SHOWN_SERIES)}
+
     def check(self, record, catching: Callable[[], list], replay: Optional[Replay], accept: Callable,
               buffers: Callable[[], list] = lambda: [], points: Optional[list] = None, cadence=None) -> list:
         """The hits for a record handed on at a step end: as in
@@ -152,23 +187,9 @@ class StepEndCatch:
             points = catching()
         if record is None or not points:
             return []
-        bufs = buffers()
-        # (record.nonfinite, inline: every step end while a catch point is armed)
-        if not np.count_nonzero(record.raw[:, NONFINITE_FIELDS]) and not bufs:
-            self.bad = {}
-            return []
-        flags = record.raw[:, NONFINITE_FIELDS] > 0
-        rows = np.flatnonzero(flags.any(axis=1))
-        now = [(record.names[i], bool(flags[i, 0]), bool(flags[i, 1])) for i in rows] + list(bufs)
-        bad = self.bad
-        had_nan = any(v[0] for v in bad.values())
-        had_inf = any(v[1] for v in bad.values())
-        new = []
-        for name, nan, inf in now:
-            seen = bad.get(name)
-            if seen is None or (nan and not seen[0]) or (inf and not seen[1]):
-                new.append((name, nan, inf))
-            bad[name] = [nan or (seen is not None and seen[0]), inf or (seen is not None and seen[1])]
+        had_nan = any(v[0] for v in self.bad.values())
+        had_inf = any(v[1] for v in self.bad.values())
+        new = self._newly_nonfinite(record, buffers())
         if not new or record.step in self.judged:
             return []
         self.judged = self.judged[-3:] + [record.step]

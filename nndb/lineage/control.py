@@ -171,6 +171,14 @@ class LineageControl:
                                    functools.partial(nonfinite_buffers, s.rec.naming), points=points,
                                    cadence=getattr(s.rec.recorder, "schedule", None))
 
+    def missed_at_exception(self, record) -> Optional[dict]:
+        """The script raised in the step of ``record``: what the catch points
+        armed at the step end missed there (catchstep.StepEndCatch.missed)."""
+        points, eager = self.catch_state()
+        if not points or eager:
+            return None
+        return self.step_end.missed(record, functools.partial(nonfinite_buffers, self.session.rec.naming))
+
     def run_ended(self) -> None:
         if self.recorder is not None:
             self.recorder.stop()
