@@ -203,12 +203,14 @@ EVAL = """
 
 def test_eval_mode_training_after_validation_without_train(tmp_path):
     res = run(tmp_path, write(tmp_path, "evalmode.py", EVAL), 6, "forget_train")
-    found = only(res, "eval_mode_training")
-    assert sorted(f["module"] for f in found) == ["1", "3"]      # the BatchNorm1d and the Dropout
-    for f in found:
-        assert f["step"] == 3               # steps 2 and 3 train in eval mode
-        assert f["evidence"]["root"] == "model" and f["evidence"]["steps"] == 2
-    assert {f["evidence"]["module_type"] for f in found} == {"BatchNorm1d", "Dropout"}
+    [f] = only(res, "eval_mode_training")      # one model.eval(): one finding, its layers listed (it was one each)
+    assert f["module"] == "model" and f["evidence"]["modules"] == ["1", "3"]    # the BatchNorm1d and the Dropout
+    assert f["step"] == 3               # steps 2 and 3 train in eval mode
+    assert f["evidence"]["root"] == "model" and f["evidence"]["steps"] == 2
+    assert f["evidence"]["module_types"] == ["BatchNorm1d", "Dropout"]
+    assert f["message"] == ("BatchNorm1d 1 ran in eval mode in 2 training steps running (model.training is False: "
+                            "model.eval() without model.train() after it?): dropout is off and BatchNorm normalises "
+                            "with frozen running statistics instead of the batch's; also Dropout 3"), f["message"]
 
 
 @pytest.mark.parametrize("flag", ["", "frozen_bn"])

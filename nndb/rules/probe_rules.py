@@ -23,6 +23,7 @@ import torch
 from ..text import fmt
 from . import model_probes  # noqa: F401  (registers the probes)
 from .base import Rule, Threshold
+from .series import also
 
 _STEPS_WHY = ("consecutive observed steps (in which the layer ran with at least min_samples values per unit) "
               "in which the same units are stuck: one batch can silence a sparse unit by chance, the same "
@@ -269,6 +270,7 @@ class EvalModeTraining(Rule):
             return
         need = max(1, int(self.params["steps"]))
         opt_params = None
+        found: dict = {}                # id(root) -> (root, [(series, fact, steps)]): one finding a model
         for series, f in facts.items():
             module = f["module"]
             bad = module is not None and f["eval"] > 0 and f["train"] == 0 and f["needs_grad"] \
@@ -280,13 +282,21 @@ class EvalModeTraining(Rule):
                 bad = self._trained(module, root, opt_params)
             n = self._streak[series] = self._streak.get(series, 0) + 1 if bad else 0
             if n >= need:
-                rname = ctx.naming.module_name(root)
-                kind = "dropout is off" if "Dropout" in f["type"] else \
-                    "it normalises with frozen running statistics instead of the batch's"
-                yield self.finding(
-                    ctx, f"{f['type']} {series} ran in eval mode in {n} training steps running "
-                         f"({rname}.training is False: model.eval() without model.train() after it?): {kind}",
-                    module=series, module_type=f["type"], root=rname, steps=n, eval_calls=f["eval"])
+                found.setdefault(id(root), (root, []))[1].append((series, f, n))
+        for root, mods in found.values():
+            # (one model.eval() puts all its Dropout and BatchNorm layers in eval mode: one finding, its
+            # layers listed, as update_ratio lists its tensors; a GPT's 7 dropouts were 7 lines)
+            rname = ctx.naming.module_name(root)
+            series, f, n = mods[0]
+            types = [t for t in ("Dropout", "BatchNorm") if any(t in m[1]["type"] for m in mods)]
+            kind = " and ".join({"Dropout": "dropout is off", "BatchNorm": "BatchNorm normalises with frozen "
+                                 "running statistics instead of the batch's"}[t] for t in types) or "dropout is off"
+            others = [f"{m[1]['type']} {m[0]}" for m in mods[1:]]
+            yield self.finding(
+                ctx, f"{f['type']} {series} ran in eval mode in {n} training steps running ({rname}.training is "
+                     f"False: model.eval() without model.train() after it?): {kind}" + also(others),
+                module=rname, module_type=f["type"], root=rname, steps=n, eval_calls=f["eval"],
+                modules=[m[0] for m in mods], module_types=[m[1]["type"] for m in mods])
 
     @staticmethod
     def _changes_something(module) -> bool:
