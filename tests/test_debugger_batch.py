@@ -875,6 +875,40 @@ def test_comprehensions_and_lambdas_see_nndbs_variables_and_the_frames(tmp_path)
     assert r.returncode == 0 and set(printed) == {0, 1, 2, 3}       # the condition never held
 
 
+WARNS_EACH_STEP = textwrap.dedent('''
+    import warnings
+    import torch
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in range(6):
+        warnings.warn("the script's own warning")    # once under plain Python: once per line
+        loss = model(torch.randn(8, 3)).pow(2).mean()
+        opt.zero_grad(); loss.backward(); opt.step()
+        print("step", step, "loss", repr(loss.item()))
+''')
+
+
+def test_expressions_leave_the_scripts_once_per_line_warnings_shown_once(tmp_path, trace):
+    """Each expression nndb compiled ('p', a condition, a display) went through
+    warnings.catch_warnings, and every change of Python's filters makes it forget the
+    once-per-line warnings it has shown: the VAE tutorial's deprecation warning, once under
+    plain Python, came again after every 'p', and at every step under a 'break if' (30 times
+    in 30 steps).  The expression's own SyntaxWarning is still one error line."""
+    script = tmp_path / "warns.py"
+    script.write_text(WARNS_EACH_STEP)
+    r = nndb("run", "--batch", "--nx", "-q", "--trace", trace, "-e", "break if $step == 100",
+             "-e", "display $step", "-e", "break step 2", "-e", "c", "-e", "p $loss", "-e", "p 1 + 1",
+             str(script), cwd=str(tmp_path))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert set(_script_lines(r.stdout)) == set(range(6)) and "\n2\n" in r.stdout
+    assert r.stderr.count("UserWarning: the script's own warning") == 1, r.stderr
+    bad = nndb("run", "--batch", "--nx", "-q", "--trace", str(tmp_path / "bad.h5"), "-e", "p step is 1",
+               str(script), cwd=str(tmp_path))
+    assert bad.returncode == 2 and "Warning" not in bad.stderr, bad.stderr
+    assert "syntax error in 'step is 1': \"is\" with a literal" in bad.stderr, bad.stderr
+
+
 def test_inside_a_step_the_steps_statistics_are_not_measured_not_the_last_steps(tmp_path, trace):
     """At a module stop in step 3, '$step' said 3 and '$loss' 2.309532880783081, step 2's loss (step 3's is
     2.3051798343658447), '$grad' step 2's gradients, with nothing to tell; at the start stop '$loss' was
