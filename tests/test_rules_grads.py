@@ -624,3 +624,71 @@ def test_embedding_tables_are_left_out_of_the_layer_spread():
     assert _embedding("wte.weight", {"wte": "Embedding"}) and _embedding("e.weight", {"e": nn.Embedding})
     assert not _embedding("bert.encoder.layer.1.attention.self.query.weight", {})
     assert not _embedding("embedder.proj.weight", {"embedder.proj": "Linear"})       # (the class decides)
+
+
+# Neural style transfer's loop (the PyTorch tutorials'): Adam steps the image, a fixed conv
+# network (its weights left requiring grad, as the tutorials' VGG) gives the features.
+IMAGE_OPTIMIZATION = textwrap.dedent('''
+    import torch
+    import torch.nn as nn
+    torch.manual_seed(0)
+    layers, c = [], 3
+    for i, width in enumerate((16, 16, 32, 32, 64, 64, 128, 128)):
+        layers += [nn.Conv2d(c, width, 3, padding=1), nn.ReLU()]
+        if i % 2 == 1:
+            layers.append(nn.MaxPool2d(2))
+        c = width
+    features = nn.Sequential(*layers)
+    for m in features:
+        if isinstance(m, nn.Conv2d):
+            nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
+            nn.init.zeros_(m.bias)
+    picked = {"0", "5", "10", "15", "17"}
+    content, style = torch.rand(1, 3, 32, 32), torch.rand(1, 3, 32, 32)
+    target = content.clone().requires_grad_(True)
+    opt = torch.optim.Adam([target], lr=0.003, betas=(0.5, 0.999))
+
+    def maps(x):
+        out = []
+        for name, layer in features._modules.items():
+            x = layer(x)
+            if name in picked:
+                out.append(x)
+        return out
+
+    for step in range(8):
+        content_loss = style_loss = 0
+        for f1, f2, f3 in zip(maps(target), maps(content), maps(style)):
+            content_loss += torch.mean((f1 - f2) ** 2)
+            _, ch, h, w = f1.size()
+            g1, g3 = f1.view(ch, h * w), f3.view(ch, h * w)
+            style_loss += torch.mean((g1 @ g1.t() - g3 @ g3.t()) ** 2) / (ch * h * w)
+        loss = content_loss + 100 * style_loss
+        opt.zero_grad()
+        loss.backward()
+        spread = [p.grad.norm().item() / p.grad.numel() ** 0.5 for p in features.parameters() if p.dim() > 1]
+        opt.step()
+        print(step, loss.item(), max(spread) / min(spread))
+''')
+
+
+def test_the_gradients_of_a_network_nothing_trains_are_not_judged(tmp_path, capsys):
+    """Neural style transfer optimizes the image through a fixed VGG whose weights get
+    gradients: exploding_gradient said 'exploding gradient in vgg.0.weight ... 2.103e+05x
+    between the RMS gradients of vgg.0.weight and vgg.28.weight' at step 2 (the first conv's
+    gradient comes from five losses, the last's from one), live and on the trace, of weights
+    no optimizer holds and nothing changes.  Only what the step trains is judged."""
+    from nndb.rules.catalog import load
+    from nndb.rules.offline import check_trace
+    from nndb.store.reader import TraceReader
+    script = tmp_path / "style.py"
+    script.write_text(IMAGE_OPTIMIZATION)
+    res = run_in_process(tmp_path, str(script))
+    spreads = [float(line.split()[2]) for line in capsys.readouterr().out.splitlines() if line[:1].isdigit()]
+    assert len(spreads) == 8 and min(spreads) > 1e5         # (the network's own, far past 'spread')
+    with TraceReader(str(tmp_path / "run.h5")) as reader:
+        offline = [f.rule for f in check_trace(reader, load("default")).findings]
+    live = [f["rule"] for f in res.session.log.findings]
+    for rule in ("exploding_gradient", "vanishing_gradient"):
+        assert rule not in live and rule not in offline, (live, offline)
+

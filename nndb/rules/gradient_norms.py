@@ -13,8 +13,9 @@ per optimizer: its worst tensor, the others listed):
   forward order) says exploding (largest first) or vanishing (smallest first).
 
 Only weight tensors count (>= 2-D and ``min_elements``: biases and norm scales
-have small, noisy gradients), and only nonzero gradients: an exactly-zero
-gradient is a frozen or dead layer, not a vanishing one.
+have small, noisy gradients) that the step trains (an update row: a fixed
+network's gradients are applied by no one), and only nonzero gradients: an
+exactly-zero gradient is a frozen or dead layer, not a vanishing one.
 
 ``zero_gradients`` is the other end: every gradient of the step exactly 0,
 step after step, so nothing can learn (a constant loss, a cross-entropy over a
@@ -121,8 +122,14 @@ def _embedding(param: str, module_types: dict) -> bool:
 
 
 def _eligible(ctx, lay, me: int) -> np.ndarray:
-    """Layout positions of the weight tensors with a gradient row."""
-    return lay.derived(("grad_eligible", me), lambda: np.flatnonzero(lay.weightlike(ctx, me) & (lay.g >= 0)))
+    """Layout positions of the weight tensors with a gradient row that the step trains (an update
+    row: an optimizer that stepped holds them, or the script updates them by hand).  A gradient
+    nothing applies harms nothing: a fixed network's the loss runs through (neural style
+    transfer's VGG, whose weights get gradients while Adam steps the image alone: 'exploding',
+    2.1e5x between its first and last conv layers' gradients, one from five losses, the other
+    from one) is no layer of the training (param_not_updated names a layer left out)."""
+    return lay.derived(("grad_eligible", me),
+                       lambda: np.flatnonzero(lay.weightlike(ctx, me) & (lay.g >= 0) & (lay.u >= 0)))
 
 
 class _Gradients(Rule):
