@@ -204,6 +204,34 @@ def test_param_left_out_of_the_optimizer(tmp_path):
     assert "no optimizer that has stepped holds it" in pn["message"]
 
 
+BODY_LEFT_OUT = """
+import torch, torch.nn as nn
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 3))
+opt = torch.optim.SGD(model[4].parameters(), lr=0.05)      # meant: model.parameters()
+x, y = torch.randn(128, 64), torch.randint(0, 3, (128,))
+for step in range(40):
+    loss = nn.functional.cross_entropy(model(x), y)
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+"""
+
+
+def test_a_body_left_out_of_the_optimizer_is_one_finding_from_step_1(tmp_path):
+    """The value of a parameter no optimizer holds is judged unchanged by its norm, which a
+    full step (0, 32, ...) sums in float64 and the others in float32: 0.weight's read
+    9.245893236894252 at step 0 and 9.245892851918873 after, a 'change' at step 1 (and at
+    32 and 33).  So the weights' streaks began at step 2, the biases' (exact in both) at
+    step 1: two findings of one cause, at steps 5 and 6.  A norm summed the other way is
+    the same value to float32's precision."""
+    path = tmp_path / "body.py"
+    path.write_text(BODY_LEFT_OUT)
+    [pn] = of(run(tmp_path, str(path)), "param_not_updated")
+    assert (pn["step"], pn["evidence"]["steps"]) == (5, [1, 5]), pn
+    assert {pn["tensor"], *pn["evidence"]["also"]} == {"0.weight", "0.bias", "2.weight", "2.bias"}
+
+
 UNFROZEN_NOT_GIVEN = """
 import torch, torch.nn as nn
 torch.manual_seed(0)
