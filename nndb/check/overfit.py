@@ -15,6 +15,8 @@ import contextlib
 import math
 import warnings
 
+from typing import Optional
+
 import torch
 from torch.utils import _pytree as pytree
 
@@ -85,7 +87,7 @@ def overfit(cap: Capture, outcome: Outcome, iters: int) -> Check:
         # next-token targets: tokens with the same prefix in the batch and different next ones
         # keep the loss above 0 for any model (names that start alike, at their first letters)
         seq = _sequence_floor(inner, [t for t in pytree.tree_leaves(args[0]) if isinstance(t, torch.Tensor)],
-                              target if own is None else None)
+                              target if own is None else None, lambda x: _lookback(replica, args, x))
         if seq[0] > floor[0]:
             floor = seq
     # every param group's lr (a fine-tune's frozen groups at 0, its backbone's below its head's:
@@ -471,13 +473,15 @@ def _floor(call: LossCall, target) -> tuple:
     return value, "the targets' entropy"
 
 
-def _sequence_floor(call: LossCall, inputs: list, target) -> tuple:
+def _sequence_floor(call: LossCall, inputs: list, target, lookback=lambda x: None) -> tuple:
     """(the least value a cross-entropy over next tokens can take on this batch, what it is), or
     (0, ""): where an input of the first model is a (B, T) tensor of token ids and the targets
     (``target`` laid out as it, else another (B, T) integer input: a loss computed inside the
     model) are those tokens shifted by one (``y[:, t] == x[:, t + 1]`` wherever not ignored), the
     targets' entropy given their prefixes x[:, :t+1]: the loss of a model that knows the whole
-    batch by heart, at each prefix the targets' mix in the batch (label smoothing mixed in)."""
+    batch by heart, at each prefix the targets' mix in the batch (label smoothing mixed in).
+    Where the model's output at a position depends on the last ``lookback(x)`` tokens only (a
+    bigram's on one, an n-gram MLP's on n), the entropy given those: all it can know."""
     kw = dict(call.kwargs)
     if kw.get("weight") is not None or not call.input_shape or len(call.input_shape) < 2:
         return 0.0, ""
@@ -498,18 +502,60 @@ def _sequence_floor(call: LossCall, inputs: list, target) -> tuple:
             kept = y[:, :-1] != ignore
             if not bool(kept.any()) or not torch.equal(y[:, :-1][kept], x[:, 1:][kept]):
                 continue
+            back = lookback(x)
+            if back is not None:
+                return _prefix_entropy(x.tolist(), y.tolist(), ignore, smooth, classes, back), \
+                    f"the targets' entropy given the last {back} token(s) before each in the batch, as far " \
+                    "back as the model's outputs look"
             return _prefix_entropy(x.tolist(), y.tolist(), ignore, smooth, classes), \
                 "the targets' entropy given their prefixes in the batch"
     return 0.0, ""
 
 
-def _prefix_entropy(xs: list, ys: list, ignore: int, smooth: float, classes: int) -> float:
+def _lookback(replica, args, x) -> Optional[int]:
+    """How many tokens back the copy's outputs at a position depend on, where fewer than the
+    sequence's length (a bigram's: 1); None where they depend on all, or it cannot tell.  Told
+    by changing the batch's first tokens and seeing which positions of the (B, T, ...) outputs
+    change (the parameters nudged by 0.01 noise and put back, dropout off, no gradient, the RNG
+    put back; BatchNorm in train mode mixes the batch: all change, None).  A healthy bigram FAILed overfit: its goal was the entropy given
+    whole prefixes (0.3081), below what a model of one token can reach (1.892)."""
+    if x.dim() != 2 or x.shape[1] < 2 or bool((x.min() == x.max()).item()):
+        return None
+    alt = x.clone()
+    alt[:, 0] = torch.where(x[:, 0] == x.min(), x.max(), x.min())
+    other = pytree.tree_map(lambda t: alt if t is x else t, args)
+    params = [p for p in replica.parameters() if p.is_floating_point()]
+    kept = {k: v.detach().clone() for k, v in replica.state_dict().items()}    # (BatchNorm's statistics too)
+    devices = sorted({p.device.index or 0 for p in params if p.device.type == "cuda"})
+    with torch.random.fork_rng(devices=devices), torch.no_grad(), _NoDropout():
+        try:
+            torch.manual_seed(0)
+            for p in params:          # (a table that starts at zero, a bigram's, depends on nothing yet)
+                p.add_(torch.randn_like(p), alpha=0.01)
+            a, b = replica(*args), replica(*other)
+        finally:
+            replica.load_state_dict(kept)
+    changed = None
+    for u, v in zip(pytree.tree_leaves(a), pytree.tree_leaves(b)):
+        if isinstance(u, torch.Tensor) and u.is_floating_point() and u.dim() >= 2 and u.shape[:2] == x.shape:
+            d = (u != v).reshape(x.shape[0], x.shape[1], -1).any(dim=2).any(dim=0)
+            changed = d if changed is None else changed | d
+    if changed is None or not bool(changed[0]):
+        return None
+    reach = int(torch.nonzero(changed).max()) + 1
+    return reach if reach < x.shape[1] else None
+
+
+def _prefix_entropy(xs: list, ys: list, ignore: int, smooth: float, classes: int,
+                    back: Optional[int] = None) -> float:
+    """The targets' entropy given each position's prefix (``back``: its last ``back`` tokens)."""
     prefix: dict = {}
     groups: dict = {}
     for xrow, yrow in zip(xs, ys):
         pid = 0
-        for tok, nxt in zip(xrow, yrow):
-            pid = prefix.setdefault((pid, tok), len(prefix) + 1)
+        for t, (tok, nxt) in enumerate(zip(xrow, yrow)):
+            pid = prefix.setdefault((pid, tok), len(prefix) + 1) if back is None else \
+                prefix.setdefault(tuple(xrow[max(0, t - back + 1):t + 1]), len(prefix) + 1)
             if nxt != ignore:
                 counts = groups.setdefault(pid, {})
                 counts[nxt] = counts.get(nxt, 0) + 1
