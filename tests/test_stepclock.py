@@ -93,11 +93,22 @@ def test_manual_updates_close_at_each_backward():
 
 
 def test_optimizer_appearing_after_manual_steps_takes_over():
+    # its first step applies the gradients of the backward that ended step 0: step 0's update
     c, a = StepClock(), Opt()
     assert c.backward_end(0).step == 0
     c.optimizer_pre(a, 1)
-    assert c.optimizer_post(a).step == 1
+    assert c.optimizer_post(a) is None
     assert c.backward_end(1) is None
+    c.optimizer_pre(a, 1)
+    assert c.optimizer_post(a).step == 1
+
+
+def test_optimizer_with_its_own_backward_after_manual_steps_closes_its_step():
+    # (LBFGS's closure, an optimizer stepped inside a backward: its gradients are its own)
+    c, a = StepClock(), Opt()
+    assert c.backward_end(0).step == 0
+    c.optimizer_pre(a, 1, own_backward=True)
+    assert c.optimizer_post(a).step == 1
 
 
 def test_replaced_optimizer_hands_over_closing():

@@ -468,6 +468,13 @@ for i in range(4, 8):
 """
 
 
+def _assert_a_step_per_printed_loss(t, printed: list) -> None:
+    """Steps 0..N-1 for the N losses the script printed, each its step's loss bit for bit."""
+    assert list(t.steps) == list(range(len(printed)))
+    loss = t.find("loss", "loss")[0]
+    assert list(t.history(loss, "mean")[1]) == [np.float32(float(v)) for v in printed]
+
+
 @pytest.mark.parametrize("how", ["frozen", "trained"])
 def test_a_stage_s_last_gradient_is_no_later_step_s(tmp_path, how):
     """A teacher trained with its optimizer, then a student with another made later: the
@@ -479,9 +486,7 @@ def test_a_stage_s_last_gradient_is_no_later_step_s(tmp_path, how):
     plain, trace = plain_and_recorded(tmp_path, TEACHER_THEN_STUDENT, how)
     rows = [line.split() for line in plain.stdout.splitlines()]
     with TraceReader(trace) as t:
-        assert list(t.steps) == list(range(8))
-        loss = t.find("loss", "loss")[0]
-        assert list(t.history(loss, "mean")[1]) == [np.float32(float(r[2])) for r in rows]
+        _assert_a_step_per_printed_loss(t, [r[2] for r in rows])
         steps, norms = t.history(t.find("0.weight", "grad")[0], "norm")
         until = 4 if how == "frozen" else 8
         assert list(steps) == list(range(until))
@@ -956,3 +961,51 @@ def test_a_wrapper_s_step_ends_the_step_when_it_returns(tmp_path, how):
              "-e", "p model[0].weight.norm().item()", "-e", "c", str(tmp_path / "script.py"), how)
     assert r.returncode == 0, r.stderr
     assert repr(truth[2]) in r.stdout.split("step 2 finished")[1].split("step 2 w0")[0], r.stdout
+
+
+# nn_tutorial's shape: a model trained by hand (``p -= p.grad * lr``), then an optimizer's
+# loop (on the same model, or on a new one): the first backward of the optimizer's loop ends
+# a hand-written step, whose update is the optimizer's first step.
+HAND_THEN_OPTIMIZER = """
+import sys
+import torch
+import torch.nn as nn
+torch.manual_seed(0)
+x, y = torch.randn(16, 4), torch.randn(16, 1)
+model = nn.Linear(4, 1)
+for i in range(3):
+    loss = ((model(x) - y) ** 2).mean()
+    loss.backward()
+    print(repr(loss.item()), repr(model.weight.grad.norm().item()))
+    with torch.no_grad():
+        for p in model.parameters():
+            p -= p.grad * 0.1
+        model.zero_grad()
+if sys.argv[1] == "new":
+    model = nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for i in range(3):
+    loss = ((model(x) - y) ** 2).mean()
+    loss.backward()
+    print(repr(loss.item()), repr(model.weight.grad.norm().item()))
+    opt.step()
+    opt.zero_grad()
+"""
+
+
+@pytest.mark.parametrize("how", ["same", "new"])
+def test_an_optimizer_after_hand_written_updates_makes_no_step_of_its_own(tmp_path, how):
+    """The optimizer's first step() applies the gradients of the backward that ended the
+    last hand-written step: it is that step's update.  It was a step of its own (six
+    iterations made seven steps; step 4 had no loss, the gradients of step 3 again, 1.185,
+    and step 3 an update of 0), so every later step was one ahead of the script's."""
+    plain, trace = plain_and_recorded(tmp_path, HAND_THEN_OPTIMIZER, how)
+    printed = [line.split() for line in plain.stdout.splitlines()]
+    with TraceReader(trace) as t:
+        _assert_a_step_per_printed_loss(t, [p[0] for p in printed])
+        name = "weight" if how == "same" else "model2.weight"
+        steps, grads = t.history(t.find(name, "grad")[0], "norm")
+        assert list(steps) == ([0, 1, 2, 3, 4, 5] if how == "same" else [3, 4, 5])
+        assert list(grads) == pytest.approx([float(p[1]) for p in printed][-len(steps):], rel=1e-6)
+        ups = dict(zip(*t.history(t.find(name, "update")[0], "norm")))
+        assert ups[3] == pytest.approx(0.1 * float(printed[3][1]), rel=1e-5)    # SGD's first step: lr x grad

@@ -1276,11 +1276,15 @@ class Tracer:
             else:
                 needs_count = mode in (Mode.UNKNOWN, Mode.MANUAL) or (mode is not Mode.LEARNING and not alive)
                 n = self._optimizer_count(opt) if needs_count else 2
-                close = clock.optimizer_pre(opt, n)
+                close = clock.optimizer_pre(opt, n, self.closure_step or _IN_BACKWARD() != -1)
                 manual = clock.mode is Mode.MANUAL
                 if self._param_hooks and not manual and clock.mode is not Mode.UNKNOWN:
                     self._param_hooks_off()
-                if self.recorder.manual and not manual:
+                if clock.absorbing is not None:
+                    # (the last hand-written step's update: its record, which waits for it, is
+                    # written as this step returns, _opt_post; it measured none, 0, before it)
+                    manual = True
+                elif self.recorder.manual and not manual:
                     self.recorder.end_manual()
                     self._flush_full()
                     sync = True
@@ -1292,7 +1296,8 @@ class Tracer:
                 self.sync_forward()
             if self._loss_early is None and _IN_BACKWARD() != -1:
                 self._loss_in_backward()
-            self.recorder.optimizer_pre(opt, self._known_optimizers or ())
+            if clock.absorbing is None:
+                self.recorder.optimizer_pre(opt, self._known_optimizers or ())
             if self.lineage is not None or self.within.optimizer:
                 self._tell_optimizer(opt, "pre")
         except Exception:
@@ -1416,6 +1421,9 @@ class Tracer:
         try:
             if paused is not None:
                 paused.__enter__()
+            if self.clock.absorbing is not None:
+                self._manual_update_ends(opt)
+                return None
             self.recorder.optimizer_post(opt)
             if self.lineage is not None or self.within.optimizer:
                 self._tell_optimizer(opt, "post")
@@ -1445,6 +1453,20 @@ class Tracer:
             if paused is not None:
                 paused.__exit__(None, None, None)
         return None
+
+    def _manual_update_ends(self, opt) -> None:
+        """The first step of an optimizer after hand-written updates, which applied the
+        gradients of the backward that ended the last step (StepClock.optimizer_pre), returns:
+        that step's record, waiting for its update, is written now, with this one (it was
+        written as the optimizer began, with an update of 0, and the optimizer's step was a
+        step of its own, with no loss and the same gradients)."""
+        self.clock.optimizer_post(opt)
+        self.recorder.end_manual()
+        self.recorder.manual = False
+        self._flush_full()
+        if self.lineage is not None or self.within.optimizer:
+            self._tell_optimizer(opt, "post")
+        self.sync_forward()
 
     def _defer_post(self, opt, args, kwargs) -> bool:
         """``opt``'s step returns inside a step() of another object that holds it and goes on

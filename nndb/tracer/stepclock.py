@@ -32,7 +32,10 @@ The rule (also in docs/steps.md):
 * **No optimizer** in the process (hand-written updates such as
   ``p.data.add_(p.grad, alpha=-lr)``): step N ends when the N-th
   ``backward()`` that reaches a parameter returns.  If an optimizer appears
-  later, its steps take over from then on.
+  later, its steps take over from then on.  Its first ``step()``, where it
+  applies the gradients of the ``backward()`` that ended the last such step
+  (not a closure's, nor one inside a backward), is that step's update, as a
+  hand-written one would be: it closes no step of its own.
 """
 from __future__ import annotations
 
@@ -75,6 +78,7 @@ class StepClock:
         self._ordinals = weakref.WeakKeyDictionary()    # optimizer -> its place by first step (seen)
         self._n_seen = 0
         self.late: Optional[int] = None  # the step last closed after the fact, inside the next one
+        self.absorbing = None            # weakref: an optimizer whose step is the last hand-written step's update
 
     @property
     def closer(self):
@@ -105,10 +109,15 @@ class StepClock:
             self.handovers[int(step)] = (int(n), int(ordinal))
 
     # -- events -------------------------------------------------------------
-    def optimizer_pre(self, opt, n_optimizers: int) -> Optional[Close]:
-        """``n_optimizers``: how many optimizers the process holds now."""
+    def optimizer_pre(self, opt, n_optimizers: int, own_backward: bool = False) -> Optional[Close]:
+        """``n_optimizers``: how many optimizers the process holds now; ``own_backward``:
+        the gradients this step applies come from a backward inside it (a closure's, or the
+        backward it steps in), not from the last one."""
         if self.mode in (Mode.UNKNOWN, Mode.MANUAL):
             if n_optimizers <= 1:
+                if self.mode is Mode.MANUAL and not own_backward:
+                    # (the gradients of the backward that ended the last step: its update)
+                    self.absorbing = weakref.ref(opt)
                 self.mode = Mode.SINGLE
                 self._set_closer(opt)
             else:
@@ -184,6 +193,11 @@ class StepClock:
             return None
         closer = self._closer() if self._closer is not None else None
         self.mark = self.mode is Mode.SINGLE and opt is not closer and closer is not None   # (marks(opt), inline)
+        if self.absorbing is not None:
+            absorbed, self.absorbing = self.absorbing() is opt, None
+            if absorbed:
+                self.mark = False
+                return None
         if opt is closer:
             self._others = []
             c = Close(self.step)          # (self._close(), inline: every step)
