@@ -215,6 +215,58 @@ def test_a_loop_of_raw_tensors_is_recorded_and_travelled(tmp_path):
     assert f"\n{printed[3]!r}\n" in r.stdout and f"\n{printed[2]!r}\n" in r.stdout.split("In the past")[1], r.stdout
 
 
+# nn_tutorial's first two loops: tensors ``weights`` and ``bias`` trained by hand, then a
+# model whose parameters have those names, trained by hand too.
+RAW_TENSORS_THEN_A_MODEL = textwrap.dedent('''
+    import torch
+    import torch.nn as nn
+    torch.manual_seed(0)
+    x, y = torch.randn(16, 4), torch.randn(16, 1)
+    weights = torch.randn(4, 1).requires_grad_()
+    bias = torch.zeros(1, requires_grad=True)
+    for i in range(3):
+        loss = ((x @ weights + bias - y) ** 2).mean()
+        loss.backward()
+        with torch.no_grad():
+            weights -= weights.grad * 0.1
+            bias -= bias.grad * 0.1
+            weights.grad.zero_()
+            bias.grad.zero_()
+    class Logistic(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.weights = nn.Parameter(torch.randn(4, 1))
+            self.bias = nn.Parameter(torch.zeros(1))
+        def forward(self, xb):
+            return xb @ self.weights + self.bias
+    model = Logistic()
+    for i in range(3):
+        loss = ((model(x) - y) ** 2).mean()
+        loss.backward()
+        print(repr(model.weights.grad.norm().item()))
+        with torch.no_grad():
+            for p in model.parameters():
+                p -= p.grad * 0.1
+            model.zero_grad()
+        print(repr(model.weights.norm().item()))
+''')
+
+
+def test_a_model_after_raw_tensors_of_its_parameters_names_has_series_of_its_own(tmp_path):
+    """A model first seen after step 0, after tensors trained outside any module, is named
+    by its variable (``model.weights``), as any root with parameters first seen later is:
+    unqualified, its 'weights' was the tensors' name, and its parameters had no series (the
+    'weights' series held the tensor the first loop left, norm 0.3815 at steps 3-5)."""
+    import nndb as api
+    plain, trace = plain_and_recorded(tmp_path, RAW_TENSORS_THEN_A_MODEL)
+    printed = [float(v) for v in plain.stdout.split()]
+    t = api.open(trace)
+    assert list(t.steps) == list(range(6))
+    np.testing.assert_allclose(t.series("model.weights", kind="grad", stat="norm")[3:], printed[0::2], rtol=1e-6)
+    np.testing.assert_allclose(t.series("model.weights", kind="param", stat="norm")[3:], printed[1::2], rtol=1e-6)
+    assert np.isnan(t.series("model.weights", kind="param", stat="norm")[:3]).all()
+
+
 # The PyTorch tutorial's polynomial_autograd: four scalar tensors trained by hand.
 POLYNOMIAL = textwrap.dedent('''
     import math

@@ -281,7 +281,10 @@ class Naming:
                 self._param_path[id(p)] = (weakref.ref(p), ref_root, sub)
         if has_params:
             self._param_roots.append(weakref.ref(root))
-            if self._frozen and len(self._param_roots) > 1:
+            # (after tensors trained outside any module, nn_tutorial's ``weights`` and ``bias``
+            # trained by hand and then a model's: its unqualified 'weights' was their series,
+            # and its own parameters had none)
+            if self._frozen and (len(self._param_roots) > 1 or any(r() is not None for r in self._adopted)):
                 self._qualified_roots[root] = True
             self._prefixes[ref_root] = (name, root in self._qualified_roots)
 
