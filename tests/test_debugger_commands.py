@@ -864,6 +864,24 @@ def test_set_hyperparameter_changes_numbers_in_place_and_refuses_the_rest():
             set_hyperparameter("adam", opt, key, value, group=2 if msg.startswith("there") else None)
 
 
+def test_set_hyperparameter_takes_a_fraction_for_a_rate_held_as_a_whole_number():
+    """LBFGS's default lr is the int 1: 'set lr 0.5' (and predict's --set lr=0.5) made it
+    int(0.5), 0, and neural style transfer stood still (each step returned 0.003346 again
+    where the script with lr 0.5 goes on to 0.002101).  A whole number stays whole where
+    it is one (max_iter), and a fraction for it is refused."""
+    import torch
+    from nndb.debugger.hyperparams import set_hyperparameter
+    from nndb.errors import CommandError
+    opt = torch.optim.LBFGS([torch.nn.Parameter(torch.zeros(2))])
+    assert set_hyperparameter("optimizer", opt, "lr", 0.5) == [("optimizer", 0, "lr", 1, 0.5)]
+    assert opt.param_groups[0]["lr"] == 0.5
+    assert set_hyperparameter("optimizer", opt, "max_iter", 10.0)[0][4] == 10
+    assert type(opt.param_groups[0]["max_iter"]) is int
+    with pytest.raises(CommandError, match="'max_iter' is 10, a whole number: give a whole number, not 2.5"):
+        set_hyperparameter("optimizer", opt, "max_iter", 2.5)
+    assert opt.param_groups[0]["max_iter"] == 10
+
+
 def test_rule_set_threshold_keeps_an_int_threshold_an_int():
     from nndb.rules.base import Rule, Threshold
 

@@ -33,6 +33,8 @@ def set_hyperparameter(name: str, opt, key: str, value, group: Optional[int] = N
         if isinstance(value, tuple) != isinstance(old, tuple) or \
                 (isinstance(value, tuple) and len(value) != len(old)):
             raise CommandError(f"{name}'s '{key}' is {old!r}; give a value of the same shape")
+        if _whole(old) and not isinstance(value, tuple) and not float(value).is_integer() and key not in _RANGES:
+            raise CommandError(f"{name}'s '{key}' is {old!r}, a whole number: give a whole number, not {value!r}")
         old_repr = float(old) if hasattr(old, "fill_") else old
         _assign(g, key, value)
         rows.append((name, gi, key, old_repr, g[key] if not hasattr(g[key], "fill_") else float(g[key])))
@@ -62,15 +64,24 @@ def _check_range(key: str, value) -> None:
             raise CommandError(f"{key} must be {what}, not {v!r} (torch.optim builds no optimizer with it)")
 
 
+def _whole(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
 def _assign(g: dict, key: str, value) -> None:
     """``value`` into a param group, as the group holds ``key``: a tensor in
-    place (capturable optimizers' lr), a number of the same type."""
+    place (capturable optimizers' lr), a number of the same type, but for a
+    fraction where the group holds a whole number (LBFGS's ``lr=1``: 'set lr
+    0.5' made it int(0.5), 0, and the optimization stood still; the rates
+    torch.optim checks take fractions, set_hyperparameter refuses one for
+    another whole number, LBFGS's ``max_iter``)."""
     old = g[key]
     if hasattr(old, "fill_") and not isinstance(value, tuple):
         old.fill_(value)
+    elif isinstance(value, tuple) or not isinstance(old, (int, float)) or isinstance(old, bool):
+        g[key] = value
     else:
-        g[key] = type(old)(value) if isinstance(old, (int, float)) and not isinstance(old, bool) \
-            and not isinstance(value, tuple) else value
+        g[key] = int(value) if _whole(old) and float(value).is_integer() else float(value)
 
 
 def plain(v):
