@@ -176,3 +176,46 @@ def test_a_fold_that_converges_to_float32_resolution_is_healthy_after_its_model_
     res = run_in_process(tmp_path, str(script), [])
     assert res.exit_code == 0
     assert findings_of(res) == []
+
+
+# fgsm_tutorial's shape: a model nothing trains (eval(), no optimizer), a backward per example
+# for the gradient of its input; or ("forgot_bias") a hand-written loop that updates the
+# weight and leaves the bias out.
+INPUT_GRADIENTS = """
+import sys
+import torch, torch.nn as nn, torch.nn.functional as F
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+X = torch.rand(12, 8); y = torch.randint(0, 4, (12,))
+if sys.argv[1] == "attack":
+    model.eval()
+for i in range(12):
+    data = X[i:i + 1].clone()
+    data.requires_grad = True
+    loss = F.cross_entropy(model(data), y[i:i + 1])
+    model.zero_grad()
+    loss.backward()
+    if sys.argv[1] == "attack":
+        adv = torch.clamp(data + 0.1 * data.grad.sign(), 0, 1)
+        print(i, model(adv).argmax().item())
+    else:
+        with torch.no_grad():
+            for layer in (model[0], model[2]):
+                layer.weight -= 0.1 * layer.weight.grad
+        print(i, repr(loss.item()))
+"""
+
+
+@pytest.mark.parametrize("how", ["attack", "forgot_bias"])
+def test_a_backward_for_an_inputs_gradient_through_a_model_nothing_trains_is_healthy(tmp_path, how):
+    """FGSM's attack: no optimizer, and no parameter changes at any step: it trains nothing.
+    param_not_updated said 'fc1.weight has a gradient (norm 12.15) but was not updated for
+    5 observed steps ...; also conv1.weight, conv1.bias, conv2.weight and 4 more' at step 4.
+    A hand-written loop that leaves the biases out of its update still has them found."""
+    live, offline = _live_and_offline(tmp_path, INPUT_GRADIENTS, how)
+    for found in (live, offline):
+        if how == "attack":
+            assert found == []
+        else:
+            assert [(rule, step, e["steps"], e["also"]) for rule, step, e in found] == \
+                [("param_not_updated", 4, [0, 4], ["2.bias"])]       # (0.bias, and 2.bias with it)

@@ -443,6 +443,12 @@ class ParamNotUpdated(Rule):
         flags = None
         # held by an optimizer: its update is exactly 0
         zero = lay.take(ctx, "update", "norm")[held] == 0
+        if zero.size and zero.all() and not ctx.optimizers:
+            # no optimizer, and the step changed no parameter: no training step, but a backward
+            # for an input's gradient through a model nothing trains (FGSM's attack, a saliency
+            # map); a parameter left out of a hand-written update is one that stays while
+            # others change (FGSM's eval loop had every parameter "not updated")
+            zero = zero & False
         if np.count_nonzero(zero):
             flags = np.zeros(len(lay.names), dtype=bool)
             k = held[zero]
