@@ -53,3 +53,62 @@ def test_a_steps_activations_are_the_passes_its_backward_went_through(tmp_path, 
     assert list(steps) == list(range(20)), steps     # (activations: the first 20 steps, then one in 32)
     for s, n, norm in zip(steps, counts, norms):
         assert (int(n), norm) == pytest.approx(truth[int(s)], rel=1e-6), (mode, int(s))
+
+
+# char_rnn_classification's shape: the model's forward called as ``rnn.forward(x)``, so that
+# each of its layers is a pass of its own, and an RNN whose outputs the loss does not use
+# (its last hidden state only).  "named": the model is called and named ``rnn``, as its layer.
+HIDDEN_STATE_ONLY = """
+import sys
+import torch, torch.nn as nn
+torch.manual_seed(0)
+class CharRNN(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.rnn = nn.RNN(5, 8)
+        self.h2o = nn.Linear(8, 3)
+    def forward(self, x):
+        out, hidden = self.rnn(x)
+        return self.h2o(hidden[0])
+rnn = CharRNN()
+opt = torch.optim.SGD(rnn.parameters(), lr=0.1)
+for i in range(3):
+    loss = 0
+    for length in (4, 6):
+        x, y = torch.randn(length, 1, 5), torch.randint(0, 3, (1,))
+        loss = loss + nn.functional.cross_entropy(rnn(x) if sys.argv[1] == "named" else rnn.forward(x), y)
+        with torch.no_grad():
+            out, hidden = rnn.rnn(x)
+            print(i, out.numel(), repr(out.norm().item()), repr(rnn(x).norm().item()))
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+"""
+
+
+@pytest.mark.parametrize("how", ["named"])
+def test_an_rnn_whose_hidden_state_alone_is_used_has_its_activations(tmp_path, how):
+    """forward: the RNN's pass, hooked on its first output only (out, which the loss does not
+    use), was taken for one no backward went through: the rnn row was missing at every step.
+    named: the layer ``rnn`` of the model the script names ``rnn``: one series, the model's
+    output; the layer's is rnn.rnn."""
+    script = tmp_path / "char.py"
+    script.write_text(HIDDEN_STATE_ONLY)
+    trace = str(tmp_path / "t.h5")
+    plain = python(str(script), how, forked=True)
+    r = run_nndb("run", "--batch", "-q", "--trace", trace, str(script), how)
+    assert r.returncode == 0 and r.stdout == plain.stdout, r.stderr
+    rows = [line.split() for line in plain.stdout.splitlines()]
+    layer = "rnn" if how == "forward" else "rnn.rnn"
+    t = nndb.open(trace)
+    steps, counts = t.history(layer, "act", "count")
+    _, norms = t.history(layer, "act", "norm")
+    assert list(steps) == [0, 1, 2] and list(counts) == [80, 80, 80]     # (4 + 6 time steps of 8)
+    for k, norm in enumerate(norms):
+        a, b = (float(rows[2 * k + j][2]) for j in (0, 1))
+        assert norm == pytest.approx((a * a + b * b) ** 0.5, rel=1e-5)
+    if how == "named":
+        _, model_norms = t.history("rnn", "act", "norm")
+        for k, norm in enumerate(model_norms):
+            a, b = (float(rows[2 * k + j][3]) for j in (0, 1))
+            assert norm == pytest.approx((a * a + b * b) ** 0.5, rel=1e-5)

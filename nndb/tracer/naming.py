@@ -377,7 +377,12 @@ class Naming:
         entry = self._module_path.get(module)
         if entry is None:        # (new modules with parameters are found by refresh as those are hooked)
             return snake(type(module).__name__)
-        return self._qualify(entry[0](), entry[1])
+        root, sub = entry[0](), entry[1]
+        if root is not None and sub and sub == self._root_names.get(root):
+            # (a layer at the path its model's variable is named, char_rnn's ``rnn.rnn``, HF's
+            # ``model.model``: its output and the model's were one series, the model's)
+            return f"{sub}.{sub}"
+        return self._qualify(root, sub)
 
     def refresh(self) -> None:
         """Modules and parameters new in the known roots (a head replaced, weights loaded with
