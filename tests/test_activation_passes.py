@@ -86,7 +86,7 @@ for i in range(3):
 """
 
 
-@pytest.mark.parametrize("how", ["named"])
+@pytest.mark.parametrize("how", ["forward", "named"])
 def test_an_rnn_whose_hidden_state_alone_is_used_has_its_activations(tmp_path, how):
     """forward: the RNN's pass, hooked on its first output only (out, which the loss does not
     use), was taken for one no backward went through: the rnn row was missing at every step.

@@ -167,6 +167,17 @@ def _sum_rows(parts) -> tuple:
     return row, dtype
 
 
+def _float_tensors(out, depth: int = 0):
+    """The floating-point tensors of a module's output (nested up to 3 deep), as first_float_tensor
+    looks for the first of them."""
+    if isinstance(out, torch.Tensor):
+        if out.is_floating_point():
+            yield out
+    elif depth <= 3 and isinstance(out, (tuple, list, dict)):
+        for o in (out.values() if isinstance(out, dict) else out):
+            yield from _float_tensors(o, depth + 1)
+
+
 def first_float_tensor(out, depth: int = 0):
     if isinstance(out, torch.Tensor):
         return out if out.is_floating_point() else None
@@ -341,11 +352,15 @@ class StepRecorder:
             return
         p = self._pass
         b = self._buckets[-1] if p is None else p.bucket
-        if p is not None and t.requires_grad:
-            node = t.grad_fn
-            if node is not None and node is not p.node:     # (a container's output is its last child's)
-                node.register_prehook(p.hook)
-                p.node = node
+        if p is not None:
+            # (every output a backward may go through: an RNN's hidden state and not its
+            # outputs, char_rnn_classification's, whose model is called through .forward(),
+            # each layer a pass of its own: the RNN's activations left its steps)
+            for u in ((t,) if t is output else _float_tensors(output)):
+                node = u.grad_fn
+                if node is not None and node is not p.node:     # (a container's output is its last child's)
+                    node.register_prehook(p.hook)
+                    p.node = node
         b.saw_act(("act",) + key)
         # The same tensor object, unchanged (an id alone is not enough: CPython
         # reuses a freed tensor's id for the next one, which once made a layer's
