@@ -132,6 +132,72 @@ def test_catch_nan_stops_at_the_log_that_made_it_with_its_source_line(tmp_path):
     assert d["module"] is None and d["via"]["op"] == "mul"
 
 
+# A causal attention as GPTs write it: the mask's -inf is made every step and the softmax
+# absorbs it.  At step 3 the values' path goes Inf ('made': a gain overflows in the step;
+# 'param': the value weight holds an Inf when the step starts) and the weights' zeros from the
+# mask turn it into NaN in w @ v.
+CAUSAL = textwrap.dedent('''
+    import sys, torch, torch.nn as nn
+
+    class Attention(nn.Module):
+        def __init__(self, d, t):
+            super().__init__()
+            self.q, self.k, self.v = (nn.Linear(d, d, bias=False) for _ in range(3))
+            self.register_buffer("mask", torch.triu(torch.ones(t, t), diagonal=1).bool())
+            self.gain = 1.0
+
+        def forward(self, x):
+            q, k, v = self.q(x), self.k(x), self.v(x)                # V LINE
+            v = v * self.gain                                        # GAIN LINE
+            scores = q @ k.transpose(1, 2)
+            scores.masked_fill_(self.mask, -torch.inf)               # MASK LINE
+            w = torch.softmax(scores / k.shape[-1] ** 0.5, dim=-1)
+            return w @ v                                             # BMM LINE
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), Attention(8, 6), nn.Flatten(), nn.Linear(48, 3))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x, y = torch.randn(5, 6, 4), torch.randint(0, 3, (5,))
+    for step in range(5):
+        if step == 3:
+            if sys.argv[1] == "made":
+                model[1].gain = 1e39                     # past float32: Inf
+            else:
+                with torch.no_grad():
+                    model[1].v.weight[0, 0] = float("inf")
+        opt.zero_grad()
+        loss = nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+''')
+
+
+@pytest.mark.parametrize("eager", [False, True])
+@pytest.mark.parametrize("how", ["made", "param"])
+def test_catch_nan_from_an_inf_follows_the_inf_not_a_causal_masks_absorbed_inf(tmp_path, how, eager):
+    """The NaN made in w @ v from the values' Inf was said to come from the causal mask:
+    'masked_fill_ made Inf in the forward pass of step 3 ... then bmm turned it into NaN'
+    (the latest operation that made an Inf among all of bmm's ancestors, through the
+    softmax whose output was finite); the Inf that bmm got came from v."""
+    script = _script(tmp_path, "attn.py", CAUSAL)
+    lines = CAUSAL.splitlines()
+    at = {k: 1 + lines.index(next(l for l in lines if k in l)) for k in ("V LINE", "GAIN LINE", "BMM LINE")}
+    r = nndb(*_argv(tmp_path, script, "--report", str(tmp_path / "r.json"), "-e", "catch nan" + " --eager" * eager,
+                    "-e", "continue", "-e", "kill"), how, cwd=str(tmp_path))
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    assert "masked_fill_" not in r.stdout, r.stdout
+    if how == "made":
+        head = f"mul made Inf in the forward pass of step 3 (module 1, attn.py:{at['GAIN LINE']})"
+    else:
+        head = (f"Inf came into step 3 in input 0 of t (param 1.v.weight), in the forward pass "
+                f"(module 1.v, attn.py:{at['V LINE']})")
+    assert f"Catchpoint 1 (catch nan{' --eager' * eager}): {head}\n" \
+           f"  then bmm turned it into NaN (forward, module 1, attn.py:{at['BMM LINE']})" in r.stdout, r.stdout
+    d = json.loads((tmp_path / "r.json").read_text())["stops"][0]["detail"]
+    assert d["step"] == 3 and d["via"]["op"] == "bmm" and d["nan"] is False
+    assert (d["op"], d.get("label")) == (("mul", None) if how == "made" else ("t", "param 1.v.weight"))
+
+
 def test_catch_nan_under_every_says_the_steps_it_did_not_look_at(tmp_path):
     """--every 2 records steps 0, 2, 4: the log made Inf in step 3, which no record holds, and the
     catch stopped at step 4 saying the NaN "came into step 4" from a parameter, with nothing

@@ -49,10 +49,15 @@ def catch_detail(ops: list, step: int, idx: int, info: dict) -> dict:
     detail = dict(where(ops[idx]), step=step, nan=info["nan"], inputs=info["inputs"])
     if info.get("entered") is not None:       # (a NaN no operation of the step made: where it came in)
         detail.update(entered=info["entered"], label=info.get("label"))
-    if info.get("origin") is not None:
-        # a NaN from an Inf: the operation that made the Inf is where it began
+    if info.get("origin") is not None or info.get("origin_entered") is not None:
+        # a NaN from an Inf: the operation that made the Inf is where it began (or, where
+        # no operation of the step made it, the operation it came into the step with)
         detail["via"] = {k: detail[k] for k in ("op", "phase", "module", "file", "line", "node")}
-        detail.update(where(ops[info["origin"]]), nan=False)
+        if info.get("origin") is not None:
+            detail.update(where(ops[info["origin"]]), nan=False)
+        else:
+            at, position = info["origin_entered"]
+            detail.update(where(ops[at]), nan=False, entered=position, label=info.get("origin_label"))
     return detail
 
 

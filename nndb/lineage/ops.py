@@ -34,7 +34,7 @@ from torch.utils._python_dispatch import (TorchDispatchMode, _disable_current_mo
                                           _get_current_dispatch_mode_stack, _pop_mode, _push_mode)
 
 from ..tracer.funcmode import TRAMPOLINE, take_out
-from .oprecord import FIELDS, INS, OP_STATS, PHASE  # noqa: F401  (FIELDS: the layout of cur.ops' records)
+from .oprecord import FIELDS, INS, OP_STATS, OUTS, PHASE  # noqa: F401  (FIELDS: the layout of cur.ops' records)
 
 _TORCH_DIR = os.path.dirname(torch.__file__)
 _NNDB_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -87,6 +87,12 @@ class StepLineage:
         self._ids: dict = {}            # id(tensor) -> (weakref, version, tid)
         self._next = 0
         self.nonfinite: list = []       # [op index] whose output was not finite while the inputs were
+        # (checked steps) the ids of the tensors that held NaN/Inf: the outputs that did, and
+        # ``entries``: those no operation of the step made (a parameter, the batch), id ->
+        # [op index, input position] of the first operation that took it
+        self.bad: set = set()
+        self.entries: dict = {}
+        self._clean: set = set()        # ids of tensors no operation made, found finite
         self.producer: dict = {}        # tensor id -> index of the op that made it
         self._views: dict = {}          # (data_ptr, shape, stride, offset, dtype) -> id of an op's output
         self.checked = False            # NaN/Inf were looked for (catch, origin)
@@ -148,11 +154,15 @@ class StepLineage:
             pass
         return tid
 
-    def origin_of(self, ids: list) -> Optional[int]:
-        """The latest op among the ancestors of these tensors that made a
-        non-finite value from finite inputs."""
-        bad = set(self.nonfinite)
-        seen, stack, best = set(), list(ids), None
+    def origin_of(self, ids: list) -> tuple:
+        """Where the non-finite values among these tensors began, followed back
+        through tensors that held NaN/Inf only (a causal mask's -inf that the
+        softmax after it absorbed is no ancestor of a NaN the values' Inf
+        made): (the latest op that made one from finite inputs, None), else
+        (None, [op index, input position] where one came into the step), else
+        (None, None)."""
+        makers = set(self.nonfinite)
+        seen, stack, best, entry = set(), list(ids), None, None
         while stack:
             tid = stack.pop()
             if tid in seen:
@@ -160,11 +170,17 @@ class StepLineage:
             seen.add(tid)
             i = self.producer.get(tid)
             if i is None:
+                e = self.entries.get(tid)
+                if e is not None and (entry is None or e[0] < entry[0]):
+                    entry = e
                 continue
-            if i in bad and (best is None or i > best):
-                best = i
+            if tid not in self.bad:
+                continue
+            if i in makers:
+                best = i if best is None else max(best, i)
+                continue
             stack.extend(self.ops[i][INS])
-        return best
+        return (best, None) if best is not None else (None, entry)
 
     def find(self, t) -> Optional[int]:
         """The id of a live tensor of this step (its latest version), or None."""
@@ -447,21 +463,30 @@ class OpRecorder(TorchDispatchMode):
             return
         cur.first_bad.setdefault(cur.ops[idx][PHASE], idx)
         cur.had_nan = cur.had_nan or out_nan
+        out_ids = cur.ops[idx][OUTS]
+        cur.bad.update(out_ids if len(outs) == 1 else
+                       (tid for o, tid in zip(outs, out_ids) if any(_flags([o]))))
         in_nan, in_inf = pre if pre is not None else _flags(ins)
         finite_in = not (in_nan or in_inf)
         if finite_in:
             cur.nonfinite.append(idx)        # this operation made the first non-finite value
-        elif not (out_nan and not in_nan):
-            # It only passed on what came in; the first operation that takes a NaN no
-            # operation of the step made (the batch's, a parameter's) is where it came in.
-            if cur.look_for_entry and in_nan and not cur.events:
-                self._came_in(cur, idx, ins, in_ids, checked, pre)
-            return
+        else:
+            _note_entries(cur, idx, ins, in_ids, pre)
+            if not (out_nan and not in_nan):
+                # It only passed on what came in; the first operation that takes a NaN no
+                # operation of the step made (the batch's, a parameter's) is where it came in.
+                if cur.look_for_entry and in_nan and not cur.events:
+                    self._came_in(cur, idx, ins, in_ids, checked, pre)
+                return
         if len(cur.events) >= MAX_EVENTS and self.on_nonfinite is None:
             return
-        origin = None if finite_in else cur.origin_of(in_ids)
+        origin, entered = (None, None) if finite_in else cur.origin_of(in_ids)
         info = {"nan": out_nan, "inf": out_inf, "in_nan": in_nan, "in_inf": in_inf,
                 "origin": origin, "inputs": [_described(a, checked, pre) for a in ins]}
+        if entered is not None:
+            # (a NaN from an Inf that came in with a tensor no operation of the step made:
+            # a parameter an earlier step's update made Inf, which a 'catch nan' let pass)
+            info.update(origin_entered=entered, origin_label=cur.labels.get(cur.ops[entered[0]][INS][entered[1]]))
         if len(cur.events) < MAX_EVENTS:
             cur.events.append([idx, info])
         if self.on_nonfinite is not None:
@@ -484,6 +509,22 @@ class OpRecorder(TorchDispatchMode):
             if self.on_nonfinite is not None:
                 self.on_nonfinite(idx, info)
             return
+
+
+def _note_entries(cur, idx: int, ins: list, in_ids: list, pre: Optional[tuple]) -> None:
+    """The inputs of operation ``idx`` that no operation of the step made and that hold
+    NaN/Inf (looked at once each): where a non-finite value came into the step
+    (``StepLineage.entries``).  An in-place operation's input is its output afterwards:
+    left for the next operation that takes it."""
+    if pre is not None:
+        return
+    for j, (a, tid) in enumerate(zip(ins, in_ids)):
+        if tid in cur.producer or tid in cur.entries or tid in cur._clean:
+            continue
+        if any(_flags([a])):
+            cur.entries[tid] = [idx, j]
+        else:
+            cur._clean.add(tid)
 
 
 _MUTABLE: dict = {}     # op overload -> does it write one of its inputs
