@@ -1623,3 +1623,31 @@ def test_a_model_that_looks_back_a_few_tokens_is_overfit_to_what_it_can_know(tmp
     assert f"the targets' entropy given the last {back} token(s) before each in the batch, as far back as the " \
         "model's outputs look" in c.evidence, c.evidence
     assert c.numbers["floor"] > (1.0 if back == 1 else 0.3081)       # (the whole prefixes' entropy is 0.3081)
+def test_a_warmup_written_by_hand_is_overfit_at_the_optimizers_lr_not_its_warm_start(tmp_path):
+    """A warmup by hand (``param_group["lr"] = lr`` at each step, as LLMs from scratch's
+    appendix D writes it) starts 1000x below the optimizer's lr: the replica trained at that
+    first lr, 1e-05, and 'overfit' FAILed a healthy script ('loss 11.04 -> 10.80 after 300
+    iteration(s)', likely cause 'a learning rate far too small'); at the optimizer's own lr,
+    0.001, the same batch fell below its goal in 159."""
+    script = write(tmp_path, "warmup.py", """
+        import torch, torch.nn as nn
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(10, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 3))
+        peak_lr, initial_lr, warmup_steps = 1e-2, 1e-5, 100
+        opt = torch.optim.Adam(model.parameters(), lr=peak_lr)
+        X = torch.randn(128, 10); Y = (X[:, 0] > 0).long() + (X[:, 1] > 0).long()
+        for step in range(4):
+            lr = initial_lr + step * (peak_lr - initial_lr) / warmup_steps
+            for param_group in opt.param_groups:
+                param_group["lr"] = lr
+            i = torch.arange(step * 16, step * 16 + 16)
+            opt.zero_grad()
+            loss = nn.functional.cross_entropy(model(X[i]), Y[i])
+            loss.backward()
+            opt.step()
+        """)
+    report, _ = run_check(script)
+    over = by_name(report)["overfit"]
+    assert over.status == "PASS", over.evidence
+    assert "Adam(lr=0.01, the optimizer's own: the script's warmup by hand set 1e-05 at its first step)" \
+        in over.evidence, over.evidence

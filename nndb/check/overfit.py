@@ -3,7 +3,8 @@
 On a replica: the deep copy of the model taken at its first forward (its
 train/eval modes as the script had them) and a fresh optimizer of the
 script's class with its hyper-parameters (per param group; a scheduler's
-``initial_lr`` stands for the lr, OneCycleLR's ``max_lr`` where it has one).  It trains on the first OVERFIT_BATCH
+``initial_lr`` stands for the lr, OneCycleLR's ``max_lr`` where it has one, and the
+optimizer's own lr for a warmup written by hand).  It trains on the first OVERFIT_BATCH
 samples of the captured batch with the script's loss function, for up to
 ``iters`` iterations, with the global RNG saved and restored (seeded 0
 inside, so dropout is repeatable).  The live model and optimizer are never
@@ -69,7 +70,7 @@ def overfit(cap: Capture, outcome: Outcome, iters: int) -> Check:
         return _skip("overfit", f"{len(opts)} optimizers hold {model_name}'s parameters: "
                      + ("no optimizer stepped" if not opts else "nndb overfits with one"), outcome)
     try:
-        opt = _fresh_optimizer(opts[0], model, replica)
+        opt, warmup = _fresh_optimizer(opts[0], model, replica)
     except Exception as e:
         return _skip("overfit", f"cannot make a fresh {type(opts[0].opt).__name__}: {type(e).__name__}: {e}", outcome)
     args, target, n = _small_batch(call, replica.batch_args())
@@ -93,7 +94,7 @@ def overfit(cap: Capture, outcome: Outcome, iters: int) -> Check:
     # every param group's lr (a fine-tune's frozen groups at 0, its backbone's below its head's:
     # group 0's alone read 'SGD(lr=0)' for a head trained at 0.05)
     lrs = list(dict.fromkeys(g.get("lr") for g in opt.param_groups))
-    peak = ", its schedule's max_lr" if "max_lr" in opt.param_groups[0] else ""
+    peak = ", its schedule's max_lr" if "max_lr" in opt.param_groups[0] else warmup
     setup = f"{{}}, {type(opt).__name__}" + (
         f"(lr={', '.join(f'{lr:g}' for lr in lrs)}{peak})" if all(isinstance(lr, (int, float)) for lr in lrs) else "")
     back = {id(q): p for p, q in zip(model.parameters(), replica.parameters())}
@@ -124,7 +125,7 @@ def overfit(cap: Capture, outcome: Outcome, iters: int) -> Check:
     # Not at the goal, not diverged: at FASTER times the learning rate, from the same start
     try:
         replica.load_state_dict(start)
-        quick = _fresh_optimizer(opts[0], model, replica)
+        quick, _ = _fresh_optimizer(opts[0], model, replica)
         for g in quick.param_groups:
             g["lr"] = g["lr"] * FASTER
         again = fit(quick)
@@ -267,9 +268,11 @@ class _rnn_dropout_off:
 
 
 def _fresh_optimizer(seen_opt, model, replica):
+    """The replica's optimizer, and what its lr is where the script's was not it (a warmup by
+    hand's: said on the check's line)."""
     pmap = {id(p): q for p, q in zip(model.parameters(), replica.parameters())}
-    groups = []
-    for g, hyper in zip(seen_opt.opt.param_groups, seen_opt.hyper):
+    groups, warmed = [], []
+    for gi, (g, hyper) in enumerate(zip(seen_opt.opt.param_groups, seen_opt.hyper)):
         ps = [pmap[id(p)] for p in g["params"] if id(p) in pmap and p.requires_grad]
         if ps:
             h = dict(hyper)
@@ -279,14 +282,37 @@ def _fresh_optimizer(seen_opt, model, replica):
                 # OneCycleLR's: its initial_lr is the warm start, max_lr / 25 by default, where the
                 # script spends a few steps (a healthy model's overfit FAILed at 1.117 -> 0.3164)
                 h["lr"] = h["max_lr"]
+            elif "initial_lr" not in h:
+                peak = _hand_warmup_peak(seen_opt, gi)
+                if peak is not None:
+                    warmed.append(h["lr"])
+                    h["lr"] = peak
             groups.append({**h, "params": ps})
     if not groups:
         raise ValueError("it holds none of the model's trainable parameters")
     cls = type(seen_opt.opt)
     try:
-        return cls(groups, **seen_opt.opt.defaults)
+        opt = cls(groups, **seen_opt.opt.defaults)
     except TypeError:
-        return cls(groups)
+        opt = cls(groups)
+    note = (", the optimizer's own: the script's warmup by hand set "
+            + ", ".join(f"{lr:g}" for lr in dict.fromkeys(warmed)) + " at its first step") if warmed else ""
+    return opt, note
+
+
+def _hand_warmup_peak(seen_opt, group: int):
+    """A warmup written by hand (``param_group["lr"] = lr`` each step, rising over the
+    captured steps, with no scheduler's ``initial_lr``): its first lr is a warm start (LLMs
+    from scratch's appendix D: 1e-05 on the way to 0.001, where AdamW's overfit FAILed 11.04
+    -> 10.80 and passes at 0.001).  The lr it rises to is the optimizer's own, its
+    constructor's ``defaults["lr"]``, as a scheduler's ``initial_lr`` is (at least the
+    highest lr seen); None where the lr did not rise."""
+    seen = [step[group] for step in seen_opt.lrs
+            if group < len(step) and isinstance(step[group], (int, float))]
+    if len(seen) < 2 or max(seen) <= seen[0]:
+        return None
+    own = seen_opt.opt.defaults.get("lr")
+    return max(seen + ([own] if isinstance(own, (int, float)) and not isinstance(own, bool) else []))
 
 
 class OwnLoss:
