@@ -155,14 +155,14 @@ CAUSAL = textwrap.dedent('''
             return w @ v                                             # BMM LINE
 
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(4, 8), Attention(8, 6), nn.Flatten(), nn.Linear(48, 3))
+    model = nn.Sequential(nn.Linear(4, 8), Attention(8, 6), Attention(8, 6), nn.Flatten(), nn.Linear(48, 3))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     x, y = torch.randn(5, 6, 4), torch.randint(0, 3, (5,))
     for step in range(5):
         if step == 3:
             if sys.argv[1] == "made":
                 model[1].gain = 1e39                     # past float32: Inf
-            else:
+            elif sys.argv[1] == "param":
                 with torch.no_grad():
                     model[1].v.weight[0, 0] = float("inf")
         opt.zero_grad()
@@ -196,6 +196,37 @@ def test_catch_nan_from_an_inf_follows_the_inf_not_a_causal_masks_absorbed_inf(t
     d = json.loads((tmp_path / "r.json").read_text())["stops"][0]["detail"]
     assert d["step"] == 3 and d["via"]["op"] == "bmm" and d["nan"] is False
     assert (d["op"], d.get("label")) == (("mul", None) if how == "made" else ("t", "param 1.v.weight"))
+
+
+def test_the_step_end_catch_passes_over_a_causal_masks_inf_that_the_softmax_absorbs(tmp_path):
+    """Every step's masked_fill_(mask, -inf) makes an Inf from finite inputs, which the
+    softmax takes back to finite: 'catch nonfinite' named it at the step the values went Inf,
+    a second line after the mul that did (and a third, the second block's: 'masked_fill_ made
+    Inf in the forward pass of step 3 (module 1, attn.py:16)'); in LLMs-from-scratch's GPT,
+    an Inf that came into block 2's values read as both blocks' masks and nothing else.  The
+    step-end catch names what reached the step's record."""
+    script = _script(tmp_path, "attn.py", CAUSAL)
+    r = nndb(*_argv(tmp_path, script, "-e", "catch nonfinite", "-e", "continue", "-e", "kill"), "made",
+             cwd=str(tmp_path))
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    catches = [line for line in r.stdout.splitlines() if line.startswith("Catchpoint 1 (catch nonfinite)")]
+    assert len(catches) == 1 and "mul made Inf in the forward pass of step 3 (module 1," in catches[0], r.stdout
+    assert "masked_fill_" not in r.stdout, r.stdout
+
+
+@pytest.mark.parametrize("kind", ["nan", "nonfinite"])
+def test_a_nan_that_came_in_after_a_causal_mask_is_named_where_it_came_in(tmp_path, kind):
+    """A NaN put into block 2's value weight at a stop came into step 3 there; the first
+    block's causal mask had made its -inf before it in the step, and a NaN coming in was
+    looked for only in a step with no event yet: 'step 3 made NaN (...), but the operation
+    could not be located'."""
+    script = _script(tmp_path, "attn.py", CAUSAL)
+    r = nndb(*_argv(tmp_path, script, "-e", "break step 2", "-e", "continue",
+                    "-e", "!model[2].v.weight.data[0, 0] = float('nan')", "-e", f"catch {kind}",
+                    "-e", "continue", "-e", "kill"), "none", cwd=str(tmp_path))
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    assert f"Catchpoint 2 (catch {kind}): NaN came into step 3 in input 0 of t (param 2.v.weight), " \
+           f"in the forward pass (module 2.v, attn.py:" in r.stdout, r.stdout
 
 
 def test_catch_nan_under_every_says_the_steps_it_did_not_look_at(tmp_path):

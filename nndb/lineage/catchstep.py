@@ -73,6 +73,10 @@ def hits_from_events(points: list, data: dict, step: int, accept: Callable) -> l
     #                        again in the backward is its recomputation (activation checkpointing
     #                        runs a block's forward again there), not a second source
     for idx, info in data.get("events", []):
+        if info.get("absorbed"):
+            # (its NaN/Inf ended within the step: a causal mask's -inf that the softmax took,
+            # made at every step; the step-end catch looks for what reached the step's record)
+            continue
         for p in points:
             if not p.matches(info):
                 continue

@@ -34,7 +34,7 @@ from torch.utils._python_dispatch import (TorchDispatchMode, _disable_current_mo
                                           _get_current_dispatch_mode_stack, _pop_mode, _push_mode)
 
 from ..tracer.funcmode import TRAMPOLINE, take_out
-from .oprecord import FIELDS, INS, OP_STATS, OUTS, PHASE  # noqa: F401  (FIELDS: the layout of cur.ops' records)
+from .oprecord import DTYPES, FIELDS, INS, OP_STATS, OUTS, PHASE, op_name  # noqa: F401  (FIELDS: the layout of cur.ops' records)
 
 _TORCH_DIR = os.path.dirname(torch.__file__)
 _NNDB_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -191,7 +191,48 @@ class StepLineage:
             return e[2]
         return None
 
+    def absorbed(self, idx: int, users: Optional[dict] = None) -> bool:
+        """Did the NaN/Inf that operation ``idx`` output end within the step, in operations
+        whose floating-point outputs are finite (a causal mask's -inf in the softmax after it,
+        a ``nan_to_num``)?  One that reaches a tensor no operation took afterwards (the loss,
+        a gradient, a parameter), or one that only a non-floating result took (``.item()``,
+        ``isnan``), did not.  ``users``: ``self.users()``, where it is at hand."""
+        users = self.users() if users is None else users
+        stack, seen = [t for t in self.ops[idx][OUTS] if t in self.bad], set()
+        if not stack:
+            return False         # (it wrote the value into an input: batch norm's running statistics)
+        while stack:
+            tid = stack.pop()
+            if tid in seen:
+                continue
+            seen.add(tid)
+            if not users.get(tid):
+                return False
+            for i in users[tid]:
+                bad = [t for t in self.ops[i][OUTS] if t in self.bad]
+                if bad:
+                    stack.extend(bad)
+                elif not any(d.startswith(("float", "bfloat", "complex")) for d in self.ops[i][DTYPES]):
+                    return False
+        return True
+
+    def users(self) -> dict:
+        """Tensor id -> the indices of the operations that read its values, in order (not
+        those that take only its shape and dtype: the backward's ``ones_like(loss)``)."""
+        users: dict = {}
+        for i, op in enumerate(self.ops):
+            name = op_name(op)
+            if name.endswith("_like") or name.startswith("new_"):
+                continue
+            for tid in op[INS]:
+                users.setdefault(tid, []).append(i)
+        return users
+
     def as_dict(self) -> dict:
+        users = self.users() if self.checked and self.events else None
+        for idx, info in self.events:
+            if users is not None and "absorbed" not in info and self.absorbed(idx, users):
+                info["absorbed"] = True
         return {"step": self.step, "ops": self.ops, "labels": {str(k): v for k, v in self.labels.items()},
                 "nonfinite": self.nonfinite, "checked": self.checked,
                 "first_bad": self.first_bad, "stats": {str(k): v for k, v in self.stats.items()},
@@ -475,7 +516,9 @@ class OpRecorder(TorchDispatchMode):
             if not (out_nan and not in_nan):
                 # It only passed on what came in; the first operation that takes a NaN no
                 # operation of the step made (the batch's, a parameter's) is where it came in.
-                if cur.look_for_entry and in_nan and not cur.events:
+                # (after a NaN an operation made, a NaN coming in is not the first; an Inf made
+                # before it, a causal mask's -inf, says nothing of where it came from)
+                if cur.look_for_entry and in_nan and not any(e[1]["nan"] for e in cur.events):
                     self._came_in(cur, idx, ins, in_ids, checked, pre)
                 return
         if len(cur.events) >= MAX_EVENTS and self.on_nonfinite is None:
