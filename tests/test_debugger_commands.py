@@ -1052,3 +1052,21 @@ def test_stats_gives_a_large_tensor_s_element_count_whole(tmp_path):
     assert r.returncode == 0, r.stderr
     row = next(line for line in r.stdout.splitlines() if line.startswith("weight "))
     assert row.split()[2] == "10004569", r.stdout
+
+
+def test_a_frozen_parameter_has_no_gradient_to_watch_or_print(tmp_path):
+    """A parameter with requires_grad=False (a fine-tune's frozen backbone, LLMs from
+    scratch's ch06 embeddings) never has a gradient, but every parameter's name counted
+    as a grad tensor's: 'watch grad 0.0.weight norm == 0' was set as if it watched one (no
+    'pending', and none at the run's end) and never hit, and '$grad["0.0.weight"]' was a row
+    of 'not measured', as on a step not recorded."""
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts",
+                          "healthy_frozen_backbone_finetune.py")
+    r = nndb("run", "--batch", "-q", "--rules", "none", "--trace", str(tmp_path / "t.h5"),
+             "-e", "watch grad 0.0.weight norm == 0", "-e", "break step 1", "-e", "continue",
+             "-e", 'p $grad["1.weight"].norm > 0', "-e", 'p $grad["0.0.weight"]', script, "--steps", "3")
+    assert "Traceback" not in r.stderr, r.stderr
+    assert "No grad tensor matches '0.0.weight' yet; the point stays pending until one does." in r.stdout, r.stdout
+    assert "\nTrue\n" in r.stdout
+    assert "no grad tensor named '0.0.weight' at this step" in r.stdout + r.stderr, r.stdout + r.stderr
+    assert "not measured" not in r.stdout

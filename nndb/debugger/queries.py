@@ -107,8 +107,9 @@ class RunView:
             for root in self.roots():
                 names |= {naming.module_name(m) for _, m in root.named_modules()}
         elif kind in ("param", "grad", "update"):
-            # (the tensors a script trains outside any module too: Naming.adopt)
-            names |= {naming.param_name(p) for p in naming.root_params()}
+            # (the tensors a script trains outside any module too: Naming.adopt; a frozen one,
+            # requires_grad=False, has no gradient to match: its '$grad' read 'not measured')
+            names |= {naming.param_name(p) for p in naming.root_params() if kind != "grad" or p.requires_grad}
         return names
 
     def pending_points(self) -> list:
