@@ -270,6 +270,21 @@ def test_predict_says_when_a_change_did_not_hold(tmp_path):
         in r.stdout, r.stdout + r.stderr
 
 
+def test_predict_says_how_to_predict_with_a_change_the_script_sets_back(tmp_path):
+    """LLMs from scratch's appendix D sets param_group["lr"] itself before each step (a
+    warmup, then cosine): 'predict 3 --set lr=1e-6' ran both replicas at the schedule's lr
+    ('No difference in 3 step(s)') and said the change did not hold, with no way to the
+    prediction asked for; the hold it names predicts with the lr held."""
+    r = _script_run(tmp_path, RESETS_LR, ["until 2", "predict 2 --set lr=0.5", "set lr 0.5 optimizer opt --hold",
+                                          "predict 2", "unset lr", "predict 2", "continue"])
+    out = r.stdout
+    assert "  (the script or a scheduler sets lr before each step: 'set lr 0.5 optimizer opt --hold' here, " \
+           "then 'predict 2', predicts with it held; 'unset lr' lets go of it)" in out, out + r.stderr
+    tables = [t for t in out.split("Predicted 2 step(s)")[1:]]
+    rows = [[line.split()[1] for line in t.splitlines() if line[:1].isdigit()] for t in tables]
+    assert rows[0][1] == rows[2][1] != rows[1][1], out          # (held: step 4's loss after a step at 0.5)
+
+
 def test_bisect_after_the_run_ended(tmp_path):
     r = _run(tmp_path, "mlp.py", ["continue", "bisect $step >= 7"], "--steps", "12", extra=("--rules", "none"))
     assert re.search(r"\$step >= 7 first became true at step 7 \(", r.stdout), r.stdout + r.stderr

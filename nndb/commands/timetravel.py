@@ -166,6 +166,13 @@ def _predict(s, request):
         out.append(f"Warning: in the prediction, {note}.")
     for note in changed.undone if changed is not None else []:
         out.append(f"Warning: the change {note}.")
+    for c in changes:
+        # (a schedule of the script's own, param_group['lr'] = ... at each step, sets it back
+        # before the replica's next step: the prediction is the unchanged run's)
+        if getattr(c.edit, "hold", None) is False and changed is not None and \
+                any(note.startswith(f"{c.setting.label} did not hold") for note in changed.undone):
+            out.append(f"  (the script or a scheduler sets {c.edit.key} before each step: '{c.line} --hold' "
+                       f"here, then 'predict {n}', predicts with it held; 'unset {c.edit.key}' lets go of it)")
     return out
 
 
