@@ -4,6 +4,8 @@ live, the module graph of a small CNN, and the trace's de-duplication."""
 import json
 import re
 import shlex
+import subprocess
+import sys
 import textwrap
 
 import pytest
@@ -302,6 +304,46 @@ def test_catch_nan_at_the_step_end_says_it_missed_a_step_the_script_raised_in(tm
                  "catch nan --eager", script, cwd=str(tmp_path))
     assert "nndb: catchpoint" not in eager.stderr                  # (it stopped inside the operation)
     assert "NaN came into step 2 in input 0 of lift_fresh" in eager.stdout
+
+
+INF_THEN_NAN = textwrap.dedent('''
+    import torch
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Embedding(10, 4), torch.nn.Flatten(), torch.nn.Linear(8, 16),
+                                torch.nn.Tanh(), torch.nn.Linear(16, 10))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e30, weight_decay=0.01)
+    for step in range(4):
+        x = torch.randint(0, 10, (8, 2))
+        y = torch.randint(0, 10, (8,))
+        logits = model(x)
+        loss = torch.nn.functional.cross_entropy(logits, y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        print("step", step, loss.item(), int(logits.isinf().sum()), int(logits.isnan().sum()))
+''')
+
+
+@pytest.mark.parametrize("eager", [[], ["--eager"]])
+def test_catch_nan_names_the_inf_an_earlier_step_made(tmp_path, eager):
+    """An lr of 1e30: step 1's addmm (module 2) made the run's first Inf, and
+    step 2's addmm a NaN from the Inf weights; the stop named step 2's addmm
+    alone ("addmm made NaN ... step 2"), eager or at the step end (whose replay
+    of step 1 had found the Inf and thrown it away), where the docs promise the
+    operation that made the Inf."""
+    script = _script(tmp_path, "train.py", INF_THEN_NAN)
+    plain = subprocess.run([sys.executable, script], capture_output=True, text=True, cwd=str(tmp_path))
+    assert "step 1 9.758929" in plain.stdout and "step 2 nan" in plain.stdout
+    r = nndb("run", "--batch", "--nx", "-q", "--trace", str(tmp_path / "t.h5"), "--rules", "none",
+             "-e", " ".join(["catch nan"] + eager), script,
+             cwd=str(tmp_path))
+    out = r.stdout
+    assert "Catchpoint 1 (catch nan" in out and "addmm made Inf in the forward pass of step 1 (module 2, " \
+        "train.py:10)" in out, out
+    assert "the run's first Inf; then, in step 2, addmm turned Inf into NaN (forward, module 2, " \
+        "train.py:10)" in out, out
+    assert "made NaN" not in out
+    assert plain.stdout.splitlines() == [l for l in out.splitlines() if l.startswith("step ")]
 
 
 def test_catch_nan_is_not_the_uninitialised_memory_of_torch_empty(tmp_path):

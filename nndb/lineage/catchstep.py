@@ -61,10 +61,34 @@ def catch_detail(ops: list, step: int, idx: int, info: dict) -> dict:
     return detail
 
 
-def hits_from_events(points: list, data: dict, step: int, accept: Callable) -> list:
+def first_inf(ops: list, step: int, events: list) -> Optional[dict]:
+    """Where the first Inf of a step's ``events`` was made from finite inputs
+    (``where`` and ``step``), or None: kept while the run stays non-finite, so
+    that a NaN made in a later step from that Inf is traced to it."""
+    for idx, info in events:
+        if info.get("inf") and not (info.get("in_nan") or info.get("in_inf")) and info.get("entered") is None:
+            return dict(where(ops[int(idx)]), step=step)
+    return None
+
+
+def from_earlier_inf(detail: dict, info: dict, inf: Optional[dict]) -> dict:
+    """A NaN an operation made from an Inf that no operation of its step made
+    (a parameter an earlier step's update made Inf): the stop names the
+    operation that made the run's first Inf, in its step (``inf``:
+    ``first_inf`` of that step), with ``via`` for the one that turned it into
+    NaN, and its step, as for an Inf made in the same step."""
+    if inf is None or "via" in detail or not info.get("nan") or info.get("in_nan") \
+            or not info.get("in_inf") or info.get("entered") is not None or inf["step"] >= detail["step"]:
+        return detail
+    via = {k: detail[k] for k in ("op", "phase", "module", "file", "line", "node", "step")}
+    return dict(detail, **inf, via=via, nan=False)
+
+
+def hits_from_events(points: list, data: dict, step: int, accept: Callable, inf: Optional[dict] = None) -> list:
     """[(point, detail)] of the replayed step's events, in the order the
     operations ran; ``accept(point, detail)`` is the session's hit test
-    (condition, ignore count)."""
+    (condition, ignore count); ``inf``: where the run's first Inf was made, in
+    an earlier step (``from_earlier_inf``)."""
     hits = []
     ops = data.get("ops", [])
     hit = set()           # (an operation is a point's hit once a step: the same op of each
@@ -80,7 +104,7 @@ def hits_from_events(points: list, data: dict, step: int, accept: Callable) -> l
         for p in points:
             if not p.matches(info):
                 continue
-            detail = dict(catch_detail(ops, step, int(idx), info), located="replay")
+            detail = dict(from_earlier_inf(catch_detail(ops, step, int(idx), info), info, inf), located="replay")
             key = (id(p), *(detail.get(k) for k in ("op", "phase", "module", "file", "line", "nan")))
             if recomputed(p, detail, forward):
                 continue
@@ -139,10 +163,13 @@ class StepEndCatch:
         # steps already looked for (a hand-written loop's step is checked at its end, as far as
         # it is known, and again when its record closes a step later: replayed once)
         self.judged: list = []
+        # where the run's first Inf was made (first_inf), since the last all-finite record
+        self.inf: Optional[dict] = None
 
     def reset(self) -> None:
         self.bad = {}
         self.judged = []
+        self.inf = None
 
     def _newly_nonfinite(self, record, bufs: list) -> list:
         """[(series, nan, inf)] of the record's series (and ``bufs``, the model's
@@ -151,6 +178,7 @@ class StepEndCatch:
         # (record.nonfinite, inline: every step end while a catch point is armed)
         if not np.count_nonzero(record.raw[:, NONFINITE_FIELDS]) and not bufs:
             self.bad = {}
+            self.inf = None
             return []
         flags = record.raw[:, NONFINITE_FIELDS] > 0
         rows = np.flatnonzero(flags.any(axis=1))
@@ -217,7 +245,9 @@ class StepEndCatch:
         if why is None:
             if had_nan:      # (a NaN no operation made is the one the run held already: not where it came in)
                 data = dict(data, events=[e for e in data.get("events", []) if e[1].get("entered") is None])
-            hits = hits_from_events(points, data, step, accept)
+            hits = hits_from_events(points, data, step, accept, self.inf)
+            if self.inf is None:
+                self.inf = first_inf(data.get("ops", []), step, data.get("events", []))
             if hits or not first:
                 return _with_unseen(hits, unseen_before(cadence, step))
             # no operation made it from finite inputs: it came with the step's data (a NaN in

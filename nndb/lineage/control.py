@@ -13,7 +13,7 @@ import sys
 from typing import Callable, Optional
 
 from ..errors import CommandError
-from .catchstep import StepEndCatch, catch_detail, recomputed
+from .catchstep import StepEndCatch, catch_detail, first_inf, from_earlier_inf, recomputed
 from .oprecord import MODULE
 
 
@@ -155,6 +155,8 @@ class LineageControl:
             done = r.next_step(step + 1) if self.wants(step + 1) else r.stop()
             if done is not None:
                 done.step = step
+                if done.checked and not done.first_bad:
+                    self.step_end.inf = None       # (a step all finite: an earlier Inf is not the next NaN's)
                 self.done[step] = done
                 for old in sorted(self.done)[:-self.KEEP]:
                     del self.done[old]
@@ -193,9 +195,12 @@ class LineageControl:
         hits = []
         if self._forward_hits[0] != cur.step:
             self._forward_hits = (cur.step, set())
+        inf = self.step_end.inf
+        if inf is None:
+            self.step_end.inf = first_inf(cur.ops, cur.step, [(idx, info)])
         for p in self.catching():
             if p.matches(info):
-                detail = catch_detail(cur.ops, cur.step, idx, info)
+                detail = from_earlier_inf(catch_detail(cur.ops, cur.step, idx, info), info, inf)
                 if recomputed(p, detail, self._forward_hits[1]):
                     continue
                 if s.point_hits(p, detail):

@@ -97,7 +97,10 @@ def catch_line(head: str, point, d: dict) -> str:
     else:
         s = f"{head} ({point.what()}): {d['op']} made {what} in the {d['phase']} pass of step {d['step']} ({_at(d)})"
     v = d.get("via")
-    if v:
+    if v and v.get("step", d["step"]) != d["step"]:
+        s += (f"\n  the run's first Inf; then, in step {v['step']}, {v['op']} turned Inf into NaN "
+              f"({v['phase']}, {_at(v)})")
+    elif v:
         s += f"\n  then {v['op']} turned it into NaN ({v['phase']}, {_at(v)})"
     of = v["op"] if v else d["op"]
     for i, x in enumerate(d.get("inputs", [])):
@@ -161,7 +164,8 @@ def stop_line(session, stop) -> str:
         if len(lines) == 1 and stop.at_step_end and lines[0].endswith(f"step {stop.step}") \
                 and "Watchpoint" not in lines[0]:
             return f"{lines[0]} finished, {_loss(session)}{where}"
-        replayed = [d["step"] for _, d in stop.hits if d.get("located") == "replay"]
+        replayed = [d.get("via", {}).get("step", d["step"])
+                    for _, d in stop.hits if d.get("located") == "replay"]
         if replayed and stop.at_step_end:
             k = replayed[0]
             back = f"'goto {k - 1}' then 'continue' stops inside the operation" if k > 0 else \
