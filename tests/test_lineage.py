@@ -285,6 +285,19 @@ RAISES_AT_ITS_NAN = textwrap.dedent('''
 ''')
 
 
+def _says_it_missed(tmp_path, script, rules, error, series):
+    """Runs ``script`` under 'catch nan': it raises ``error`` in step 2, and the
+    catch point's one line says the step went non-finite in ``series``."""
+    r = nndb("run", "--batch", "--nx", "-q", "--trace", str(tmp_path / "t.h5"), *rules, "-e", "catch nan", script,
+             cwd=str(tmp_path))
+    assert r.returncode == 1 and error in r.stderr
+    said = [l for l in r.stderr.splitlines() if l.startswith("nndb: catchpoint")]
+    assert said == [f"nndb: catchpoint 1 (catch nan): step 2 went non-finite ({series}), but the script raised in "
+                    "it, before the step's end where the catch looks, and a step that raised cannot be replayed: "
+                    "'catch nan --eager', then 'run', stops inside the operation"], r.stderr
+    return r
+
+
 @pytest.mark.parametrize("rules", [[], ["--rules", "none"]])
 def test_catch_nan_at_the_step_end_says_it_missed_a_step_the_script_raised_in(tmp_path, rules):
     """The script raised in the step that went NaN (its own check, here
@@ -292,14 +305,8 @@ def test_catch_nan_at_the_step_end_says_it_missed_a_step_the_script_raised_in(tm
     catch looks, and no replay reaches into a step that raised ('goto 1' then
     'continue' says the past ends there), so 'catch nan' said nothing at all."""
     script = _script(tmp_path, "train.py", RAISES_AT_ITS_NAN)
-    r = nndb("run", "--batch", "--nx", "-q", "--trace", str(tmp_path / "t.h5"), *rules, "-e", "catch nan", script,
-             cwd=str(tmp_path))
-    assert r.returncode == 1 and "RuntimeError: The total norm of order 2.0" in r.stderr
-    said = [l for l in r.stderr.splitlines() if l.startswith("nndb: catchpoint")]
-    assert said == ["nndb: catchpoint 1 (catch nan): step 2 went non-finite (act model, grad weight, grad bias, "
-                    "loss), but the script raised in it, before the step's end where the catch looks, and a step "
-                    "that raised cannot be replayed: 'catch nan --eager', then 'run', stops inside the "
-                    "operation"], r.stderr
+    _says_it_missed(tmp_path, script, rules, "RuntimeError: The total norm of order 2.0",
+                    "act model, grad weight, grad bias, loss")
     eager = nndb("run", "--batch", "--nx", "-q", "--trace", str(tmp_path / "e.h5"), *rules, "-e",
                  "catch nan --eager", script, cwd=str(tmp_path))
     assert "nndb: catchpoint" not in eager.stderr                  # (it stopped inside the operation)
@@ -344,6 +351,26 @@ def test_catch_nan_names_the_inf_an_earlier_step_made(tmp_path, eager):
         "train.py:10)" in out, out
     assert "made NaN" not in out
     assert plain.stdout.splitlines() == [l for l in out.splitlines() if l.startswith("step ")]
+
+
+# the same loop with the usual guard, which raises at step 2's NaN loss, before backward()
+RAISES_BEFORE_BACKWARD = INF_THEN_NAN.replace("    opt.zero_grad()\n", "    if not torch.isfinite(loss):\n"
+                                              "        raise ValueError(f'loss is {loss.item()} at step {step}')\n"
+                                              "    opt.zero_grad()\n", 1)
+
+
+@pytest.mark.parametrize("rules", [[], ["--rules", "none"]])
+def test_catch_nan_says_it_missed_a_step_the_script_raised_in_before_backward(tmp_path, rules):
+    """The script's own guard (``if not torch.isfinite(loss): raise``) raised
+    before backward() at step 2's NaN: the step's forward passes waited for a
+    backward that never came and were dropped, the step left no record, and
+    'catch nan' said nothing."""
+    script = _script(tmp_path, "train.py", RAISES_BEFORE_BACKWARD)
+    _says_it_missed(tmp_path, script, rules, "ValueError: loss is nan at step 2",
+                    "act 0, act 1, act 2, act 3 and 2 more")
+    with TraceReader(str(tmp_path / "t.h5")) as t:
+        steps, nans = t.history(t.find("model", "act")[0], "nan_count")
+    assert steps.tolist() == [0, 1, 2] and nans.tolist() == [0, 0, 80]    # (step 2, partial: logits.isnan().sum())
 
 
 def test_catch_nan_is_not_the_uninitialised_memory_of_torch_empty(tmp_path):

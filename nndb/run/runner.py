@@ -240,7 +240,7 @@ class Recording:
         if isinstance(exc[1], Exception):
             self.raised = exc[1]
         try:
-            self.tracer.finish()
+            self.tracer.finish(raised=self.raised is not None)
         finally:
             self.tracer.uninstall()
             self.fingerprints.close()

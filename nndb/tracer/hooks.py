@@ -853,8 +853,9 @@ class Tracer:
         if on != bool(self._fwd_handles):
             self.want_forward(on)
 
-    def finish(self) -> None:
-        """The script is over: close the open step if anything happened in it."""
+    def finish(self, raised: bool = False) -> None:
+        """The script is over: close the open step if anything happened in it
+        (``raised``: the script raised, its forward passes are the step's)."""
         if self._failed:
             return
         if self._deferred is not None:
@@ -863,6 +864,8 @@ class Tracer:
         hidden = _PROFILING() and unprofiled()
         try:
             rec = self.recorder
+            if raised:
+                rec.keep_passes()
             if rec.has_open_work():
                 close = self.clock.finish()
                 rec.close(close.step, final=True)

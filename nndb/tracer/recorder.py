@@ -413,6 +413,16 @@ class StepRecorder:
         p.node = None                        # (no autograd node held past its pass)
         self._passes.append(p)
 
+    def keep_passes(self) -> None:
+        """The script raised inside the step (its own check of the loss, before
+        ``backward()``): no backward will come for its forward passes, and they
+        are the step's (a partial record that held none said nothing of its NaN)."""
+        if self._pass is not None:
+            self.pass_ended()
+        for p in self._passes:
+            (p.home if any(p.home is b for b in self._buckets) else self._buckets[-1]).merge(p.bucket)
+        self._passes = []
+
     def passes_waiting(self) -> bool:
         """Is a forward pass running or waiting for a backward (``settle_passes``)?"""
         return self._pass is not None or bool(self._passes)
