@@ -333,11 +333,13 @@ INF_THEN_NAN = textwrap.dedent('''
 
 @pytest.mark.parametrize("eager", [[], ["--eager"]])
 def test_catch_nan_names_the_inf_an_earlier_step_made(tmp_path, eager):
-    """An lr of 1e30: step 1's addmm (module 2) made the run's first Inf, and
-    step 2's addmm a NaN from the Inf weights; the stop named step 2's addmm
-    alone ("addmm made NaN ... step 2"), eager or at the step end (whose replay
-    of step 1 had found the Inf and thrown it away), where the docs promise the
-    operation that made the Inf."""
+    """An lr of 1e30: step 1's update (AdamW's weight decay, mul_) made the
+    weights Inf, and step 2's addmm a NaN from them; the stop named step 2's
+    addmm alone ("addmm made NaN ... step 2"), eager or at the step end (whose
+    replay of step 1 had found the Inf and thrown it away), where the docs
+    promise the operation that made the Inf.  (Step 1's forward made an Inf
+    too, in module 2's output, which the tanh after it took back to finite
+    values: absorbed, no NaN's beginning.)"""
     script = _script(tmp_path, "train.py", INF_THEN_NAN)
     plain = subprocess.run([sys.executable, script], capture_output=True, text=True, cwd=str(tmp_path))
     assert "step 1 9.758929" in plain.stdout and "step 2 nan" in plain.stdout
@@ -345,8 +347,8 @@ def test_catch_nan_names_the_inf_an_earlier_step_made(tmp_path, eager):
              "-e", " ".join(["catch nan"] + eager), script,
              cwd=str(tmp_path))
     out = r.stdout
-    assert "Catchpoint 1 (catch nan" in out and "addmm made Inf in the forward pass of step 1 (module 2, " \
-        "train.py:10)" in out, out
+    assert "Catchpoint 1 (catch nan" in out and "mul_ made Inf in the optimizer pass of step 1 (train.py:14)" \
+        in out, out
     assert "the run's first Inf; then, in step 2, addmm turned Inf into NaN (forward, module 2, " \
         "train.py:10)" in out, out
     assert "made NaN" not in out

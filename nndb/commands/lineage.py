@@ -165,7 +165,7 @@ step from now ('off' stops), with --stats every op's output statistics too;
     Command("catch", CATCH_USAGE, """Stop at the first operation whose output is not finite while its inputs were.
 Forward, backward or the optimizer's; 'nan' stops where a NaN appears and names
 the operation that made the Inf behind it, if any (an Inf from an earlier
-step: the operation that made the run's first Inf).  Reports the operation,
+step: the operation that made the run's first Inf that lasted).  Reports the operation,
 module, source line and the inputs' statistics.  Cheap enough to leave on:
 each step's recorded NaN/Inf counts are checked, a step that went bad is
 replayed on a replica with every operation checked, and the run stops at

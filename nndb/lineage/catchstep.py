@@ -64,9 +64,11 @@ def catch_detail(ops: list, step: int, idx: int, info: dict) -> dict:
 def first_inf(ops: list, step: int, events: list) -> Optional[dict]:
     """Where the first Inf of a step's ``events`` was made from finite inputs
     (``where`` and ``step``), or None: kept while the run stays non-finite, so
-    that a NaN made in a later step from that Inf is traced to it."""
+    that a NaN made in a later step from that Inf is traced to it.  An Inf the
+    step absorbed (a causal mask's -inf in the softmax) is none."""
     for idx, info in events:
-        if info.get("inf") and not (info.get("in_nan") or info.get("in_inf")) and info.get("entered") is None:
+        if info.get("inf") and not (info.get("in_nan") or info.get("in_inf")) and info.get("entered") is None \
+                and not info.get("absorbed"):
             return dict(where(ops[int(idx)]), step=step)
     return None
 
@@ -77,11 +79,15 @@ def from_earlier_inf(detail: dict, info: dict, inf: Optional[dict]) -> dict:
     operation that made the run's first Inf, in its step (``inf``:
     ``first_inf`` of that step), with ``via`` for the one that turned it into
     NaN, and its step, as for an Inf made in the same step."""
-    if inf is None or "via" in detail or not info.get("nan") or info.get("in_nan") \
+    if inf is None or info.get("origin") is not None or not info.get("nan") or info.get("in_nan") \
             or not info.get("in_inf") or info.get("entered") is not None or inf["step"] >= detail["step"]:
         return detail
-    via = {k: detail[k] for k in ("op", "phase", "module", "file", "line", "node", "step")}
-    return dict(detail, **inf, via=via, nan=False)
+    # (where the Inf came into the step, catch_detail's origin_entered, a weight the earlier
+    # step's update made Inf, gives way to the operation that made the run's first Inf)
+    via = dict(detail.get("via") or {k: detail[k] for k in ("op", "phase", "module", "file", "line", "node")},
+               step=detail["step"])
+    kept = {k: v for k, v in detail.items() if k not in ("entered", "label")}
+    return dict(kept, **inf, via=via, nan=False)
 
 
 def hits_from_events(points: list, data: dict, step: int, accept: Callable, inf: Optional[dict] = None) -> list:

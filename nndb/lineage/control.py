@@ -155,12 +155,19 @@ class LineageControl:
             done = r.next_step(step + 1) if self.wants(step + 1) else r.stop()
             if done is not None:
                 done.step = step
-                if done.checked and not done.first_bad:
-                    self.step_end.inf = None       # (a step all finite: an earlier Inf is not the next NaN's)
+                record = done.as_dict()         # (its events' NaN/Inf that ended within it: absorbed)
+                if done.checked:
+                    inf = self.step_end.inf
+                    if inf is not None and inf.get("step") == step:
+                        # (the first Inf, as --eager saw it, may be one the step absorbed: a
+                        # causal mask's -inf, made at every step, is no NaN's beginning)
+                        self.step_end.inf = first_inf(record["ops"], step, record["events"])
+                    if all(info.get("absorbed") for _, info in record["events"]):
+                        self.step_end.inf = None   # (a step all finite: an earlier Inf is not the next NaN's)
                 self.done[step] = done
                 for old in sorted(self.done)[:-self.KEEP]:
                     del self.done[old]
-                s.rec.writer.lineage(step, done.as_dict())
+                s.rec.writer.lineage(step, record)
         self.refresh(step + 1)
 
     def step_end_catch(self, s, record, accept) -> list:
