@@ -128,3 +128,39 @@ def test_a_partial_last_row_is_named_in_the_summary_and_the_series(tmp_path):
     from nndb import open as open_trace
     with open_trace(path) as t:                        # (a notebook's summary of the trace)
         assert t.summary()["partial_steps"] == [4] and "(steps 0..4), step 4 partial," in t._repr_html_()
+
+
+SCHEDULED = """
+import torch
+torch.manual_seed(0)
+m = torch.nn.Linear(3, 1)
+opt = torch.optim.SGD([{'params': [m.weight]}, {'params': [m.bias], 'lr': 0.5}], lr=0.1)
+sched = torch.optim.lr_scheduler.StepLR(opt, 3, gamma=0.1)
+x = torch.randn(8, 3)
+for step in range(5):
+    opt.zero_grad()
+    m(x).pow(2).mean().backward()
+    opt.step()
+    print(step, [g['lr'] for g in opt.param_groups])
+    sched.step()
+"""
+
+
+def test_the_learning_rate_a_step_used_is_a_series(tmp_path):
+    """The trace keeps each param group's learning rate (the exports' hyper/.../lr), but
+    `nndb inspect TRACE --series lr` said "no series 'lr'": the lr a step used is read
+    from the trace like any other history, a column per group."""
+    script = tmp_path / "sched.py"
+    script.write_text(SCHEDULED)
+    path = str(tmp_path / "t.h5")
+    r = nndb("run", "--batch", "-q", "--trace", path, str(script))
+    assert r.returncode == 0, r.stderr
+    used = {int(line.split()[0]): json.loads(line.split(" ", 1)[1]) for line in r.stdout.splitlines()}
+    j = json.loads(nndb("inspect", path, "--series", "lr", "--json").stdout)
+    assert j["stat"] == "lr" and [s["kind"] for s in j["series"]] == ["opt.group0", "opt.group1"]
+    for g, s in enumerate(j["series"]):
+        assert s["steps"] == [0, 1, 2, 3, 4]
+        assert s["values"] == pytest.approx([used[step][g] for step in range(5)], rel=1e-12)
+    out = nndb("inspect", path, "--series", "lr").stdout.splitlines()
+    assert out[0] == "lr: lr" and out[1].split() == ["step", "opt.group0", "opt.group1"]
+    assert out[3].split() == ["0", "0.1", "0.5"] and out[6].split() == ["3", "0.01", "0.05"]

@@ -77,6 +77,8 @@ def series(reader: TraceReader, name: str, stat: Optional[str], kind: Optional[s
     if stat is not None and stat not in reader.columns:
         raise UsageError(f"unknown statistic {stat!r}; one of: {', '.join(reader.columns)}")
     found = reader.find(name, kind)
+    if not found and name == "lr" and kind is None and stat in (None, "lr"):
+        return _learning_rates(reader)
     if not found:
         what = f"{kind} {name!r}" if kind else repr(name)
         losses = [s.name for s in reader.series() if s.kind == "loss"] if name == "loss" else []
@@ -94,6 +96,20 @@ def series(reader: TraceReader, name: str, stat: Optional[str], kind: Optional[s
                     "values": measured_column(block, stat, reader.columns)})
     return {"trace": reader.path, "name": name, "stat": stat, "series": out,
             "partial_steps": _partial_steps(reader)}
+
+
+def _learning_rates(reader: TraceReader) -> dict:
+    """``series``'s answer for ``lr``: each param group's learning rate at the recorded
+    steps, a column per group (``OPTIMIZER.groupG``), from the trace's hyper rows (the
+    exports' ``hyper/.../lr``)."""
+    groups = reader.learning_rates()
+    if not groups:
+        raise UsageError(f"no learning rates in {reader.path} (no optimizer stepped, or a trace written before "
+                         "nndb kept them)")
+    steps = [int(x) for x in reader.steps]
+    out = [{"kind": f"{opt}.group{group}", "steps": [st for st, v in zip(steps, values) if not np.isnan(v)],
+            "values": [float(v) for v in values if not np.isnan(v)]} for opt, group, values in groups]
+    return {"trace": reader.path, "name": "lr", "stat": "lr", "series": out, "partial_steps": _partial_steps(reader)}
 
 
 def _partial_steps(reader: TraceReader) -> list:

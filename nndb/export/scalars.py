@@ -92,19 +92,11 @@ def hyper_scalars(reader) -> Iterator[ScalarSeries]:
     ``hyper`` rows (a group's lr from a step on, written when it changed)
     carried forward over the recorded steps; none before a group's first row,
     none where the lr was not a number."""
-    rows = reader.hyper() or []
     steps = np.asarray(reader.steps, dtype=np.int64)
-    if not rows or not len(steps):
+    if not len(steps):
         return
     walltimes = start_time(reader.meta) + np.asarray(reader.times, dtype=np.float64)
-    by_group: dict = {}
-    for r in rows:
-        by_group.setdefault((str(r.get("optimizer")), r.get("group")), []).append(r)
-    for (opt, group), changes in by_group.items():
-        values = np.full(len(steps), np.nan)
-        for r in sorted(changes, key=lambda r: r["step"]):
-            lr = r.get("lr")
-            values[steps >= int(r["step"])] = float(lr) if isinstance(lr, (int, float)) else np.nan
+    for opt, group, values in reader.learning_rates():
         k = ~np.isnan(values)
         if k.any():
             yield ScalarSeries(hyper_tag(printable_line(opt), group), steps[k], values[k], walltimes[k])

@@ -334,6 +334,23 @@ class TraceReader(FullReads):
         on (null: not a number), a row each time it changed."""
         return self._rows("hyper")
 
+    def learning_rates(self) -> list:
+        """[(optimizer, group, values)]: each param group's learning rate at every recorded
+        step (``values`` beside ``steps``): the ``hyper`` rows carried forward; NaN before a
+        group's first row and where the lr was not a number."""
+        steps = np.asarray(self.steps, dtype=np.int64)
+        by_group: dict = {}
+        for r in self.hyper() or []:
+            by_group.setdefault((str(r.get("optimizer")), r.get("group")), []).append(r)
+        out = []
+        for (opt, group), changes in by_group.items():
+            values = np.full(len(steps), np.nan)
+            for r in sorted(changes, key=lambda r: r["step"]):
+                lr = r.get("lr")
+                values[steps >= int(r["step"])] = float(lr) if isinstance(lr, (int, float)) else np.nan
+            out.append((opt, group, values))
+        return out
+
     def modules(self) -> Optional[list]:
         """[{"step", "modules": [module name, ...]}]: the model's modules in
         registration order from ``step`` on, a row each time a root was added
