@@ -1651,3 +1651,26 @@ def test_a_warmup_written_by_hand_is_overfit_at_the_optimizers_lr_not_its_warm_s
     assert over.status == "PASS", over.evidence
     assert "Adam(lr=0.01, the optimizer's own: the script's warmup by hand set 1e-05 at its first step)" \
         in over.evidence, over.evidence
+
+
+def test_a_loss_of_several_calls_names_whose_first_value_it_gives(tmp_path):
+    """Neural style transfer (an image optimised for a content loss, 0 at the start, plus a style
+    loss): initial-loss said '(the first loss was 0)' where the step's loss was 2.803e-06."""
+    script = write(tmp_path, "style.py", """
+        import torch, torch.nn as nn, torch.nn.functional as F
+        torch.manual_seed(0)
+        net = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU()).eval().requires_grad_(False)
+        content, style = torch.rand(1, 3, 8, 8), torch.rand(1, 3, 8, 8)
+        gram = lambda f: f.flatten(2) @ f.flatten(2).transpose(1, 2) / f[0].numel()
+        target_c, target_s = net(content), gram(net(style))
+        img = content.clone().requires_grad_(True)
+        opt = torch.optim.Adam([img], lr=0.01)
+        for step in range(3):
+            f = net(img)
+            loss = F.mse_loss(f, target_c) + 1000 * F.mse_loss(gram(f), target_s)
+            opt.zero_grad(); loss.backward(); opt.step()
+        """)
+    report, _ = run_check(script, steps=2, overfit_iters=5)
+    c = by_name(report)["initial-loss"]
+    assert re.fullmatch(r"F\.mse_loss is not a classification loss: no reference value \(its first value was 0; "
+                        r"the first backward\(\) loss [0-9.e+-]+\)", c.evidence), c.evidence

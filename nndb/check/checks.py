@@ -335,6 +335,11 @@ def initial_loss_check(cap: Capture, outcome: Outcome) -> Check:
         return _skip("initial-loss", NO_LOSS + ": no reference value", outcome)
     v = call.value
     first = f"the first loss was {fmt(v)}"          # (as the script sees it)
+    backward = next((b for _, b in cap.backward_losses if b is not None), None)
+    if backward is not None and backward != v:
+        # (a loss made of several calls: style transfer's content loss is 0 at the first step,
+        # the step's loss 2.8e-06; 'the first loss was 0' read as the step's)
+        first = f"its first value was {fmt(v)}; the first backward() loss {fmt(backward)}"
     n = _summed_elements(call) if call.kwargs.get("reduction") == "sum" else 0
     if n:
         v /= n
