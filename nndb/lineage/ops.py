@@ -20,6 +20,11 @@ NaN/Inf; an output that is not finite while the inputs were (or NaN while
 they held none) is noted in the step's ``events`` and, when set, calls
 ``on_nonfinite(op, info)``.  Nothing here changes a tensor or draws a random
 number: the run's numbers stay the same.
+
+Why this size: one dispatch mode and the graph it fills, read together.  The
+step's graph (``StepLineage``: ids and versions, where a NaN or Inf began or
+came in, what the step absorbed) is written only by the mode's ``_note`` and
+``_check``, with the same records; apart, each would reach into the other's.
 """
 from __future__ import annotations
 
