@@ -1,6 +1,11 @@
 """The checks of ``nndb check``, each a function of the Capture: PASS, FAIL
 with the likely cause, or SKIP with the reason it could not be decided.
-The thresholds are the constants below (nndb/check/__init__.py lists them)."""
+The thresholds are the constants below (nndb/check/__init__.py lists them).
+
+Why this size: the checklist read in its order (data, shapes, initial loss,
+finite loss, gradients, zero-grad, updates), each check a function of a
+screen or two with the helpers only it uses beside it; the overfit, which
+trains a copy, is in nndb.check.overfit."""
 from __future__ import annotations
 
 import math

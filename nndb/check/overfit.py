@@ -9,6 +9,13 @@ samples of the captured batch with the script's loss function, for up to
 ``iters`` iterations, with the global RNG saved and restored (seeded 0
 inside, so dropout is repeatable).  The live model and optimizer are never
 touched; the script has already stopped when this runs.
+
+Why this size: one question, asked of one copy.  The copy (``_Chain``), its
+batch (``_small_batch``), the goal (the least the loss can be on that batch:
+``_floor``, ``_sequence_floor``, computed with the copy's own loss function,
+``_loss_on``, and its outputs' reach, ``_lookback``), the training, the
+retry at a larger lr and the verdict all read the same run; apart, each
+would take the others' internals as arguments.
 """
 from __future__ import annotations
 
