@@ -1,6 +1,7 @@
 """Time travel across ranks that a replica job answers (nndb.distributed.travel):
 ``predict`` and ``reverse-continue`` on a 2-rank gloo job at the prompt,
 against an independent torchrun run; the replica's drift check."""
+import contextlib
 import os
 import re
 import sys
@@ -24,6 +25,23 @@ def _table(out: str, rank: int) -> list:
     part = out.replace("\r", "").split(f"-- rank {rank} --")[1].split("-- rank")[0]
     return [(int(a), float(b), float(c)) for a, b, c in re.findall(r"^\s*(\d+)\s+(\S+)\s+(\S+)\s+\S+", part, re.M)
             if b != "Loss"]
+
+
+@contextlib.contextmanager
+def _prompt_job(tmp_path, name: str, start_timeout: float = 90):
+    """A 2-rank job of tests/scripts/NAME at the prompt: yields ``cmd`` (a line typed
+    at the prompt -> what it printed); at the end the job is continued to its end
+    and must exit 0."""
+    p, master, expect = _on_terminal(tmp_path, _copy(tmp_path, name))
+    try:
+        expect("(nndb r0) ", timeout=start_timeout)
+        yield _commands(master, expect)
+        os.write(master, b"continue\n")
+        expect("nndb: the job ended (exit code 0)")
+        p.wait(timeout=60)
+    finally:
+        _reap(p, master)
+    assert p.returncode == 0
 
 
 def test_predict_and_reverse_continue_across_ranks(tmp_path):
@@ -205,23 +223,14 @@ def test_a_replica_job_leaves_the_scripts_files_and_names_those_it_read(tmp_path
     from reading that file at its start (the tutorial resumes from it), was blamed on a
     script that is not deterministic.  Its writes now go to scratch copies, and the drift
     names the file."""
-    script = _copy(tmp_path, "distrun_resumes.py")
-    p, master, expect = _on_terminal(tmp_path, script)
-    cmd = _commands(master, expect)
-    try:
-        expect("(nndb r0) ")
+    with _prompt_job(tmp_path, "distrun_resumes.py") as cmd:
         assert "all 2 rank(s) stopped at the end of step 3" in cmd("until 3")
         before = (tmp_path / "snapshot.txt").read_bytes()
         out = cmd("predict 1")
         assert "the replica job drifted" in out and "it read the files the run wrote since it started as " \
             "they are now: snapshot.txt" in out, out
         assert (tmp_path / "snapshot.txt").read_bytes() == before == b"step 2 lr 0.1\n"      # (step 3 ends in its step())
-        os.write(master, b"continue\n")
-        expect("nndb: the job ended (exit code 0)")
-        p.wait(timeout=60)
-    finally:
-        _reap(p, master)
-    assert p.returncode == 0 and (tmp_path / "snapshot.txt").read_bytes() == b"step 5 lr 0.1\n"
+    assert (tmp_path / "snapshot.txt").read_bytes() == b"step 5 lr 0.1\n"
     _assert_none_left(str(tmp_path))
 
 
@@ -232,13 +241,8 @@ def test_predict_past_a_rank_out_of_inputs_under_join(tmp_path, distrun_join_pla
     again), 'predict 4' waited for ever for rank 0 to stop at step 7.  Now
     the replica settles as the live job does: rank 0's one step ahead and
     why it ended, rank 1's four, each loss the one torchrun's run prints."""
-    script = _copy(tmp_path, "distrun_join.py")
-    plain = distrun_join_plain
-    expect_loss = _losses(plain.stdout)
-    p, master, expect = _on_terminal(tmp_path, script)
-    cmd = _commands(master, expect)
-    try:
-        expect("(nndb r0) ", timeout=150)
+    expect_loss = _losses(distrun_join_plain.stdout)
+    with _prompt_job(tmp_path, "distrun_join.py", start_timeout=150) as cmd:
         cmd("break step 3")
         assert "all 2 rank(s) stopped at the end of step 3" in cmd("continue")
         out = cmd("predict 4")
@@ -252,10 +256,19 @@ def test_predict_past_a_rank_out_of_inputs_under_join(tmp_path, distrun_join_pla
         out = cmd("p --ranks all $step")
         assert re.findall(r"^r(\d)\s+(\d+)\s*$", out, re.M) == [("0", "3"), ("1", "3")], out
         cmd("delete")
-        os.write(master, b"continue\n")
-        expect("nndb: the job ended (exit code 0)")
-        p.wait(timeout=60)
-    finally:
-        _reap(p, master)
-    assert p.returncode == 0
     _assert_none_left(str(tmp_path))
+
+
+def test_predict_set_that_the_script_undoes_across_ranks(tmp_path):
+    """A loop that sets the lr itself before every step (a warmup written into
+    each param_group) undoes 'predict --set lr=...': across ranks predict says
+    so under each rank's table, as it does in one process (it said nothing:
+    'No difference in 2 step(s).' alone, as if the lr changed nothing)."""
+    with _prompt_job(tmp_path, "distrun_warmup.py") as cmd:
+        assert "all 2 rank(s) stopped at the end of step 2" in cmd("until 2")
+        out = cmd("predict 2 --set lr=0.5")
+        assert "No difference in 2 step(s)." in out, out
+        for r in (0, 1):
+            part = out.split(f"-- rank {r} --")[1].split("-- rank")[0]
+            assert "Warning: the change 'set lr 0.5' did not hold: opt stepped with lr 0.05 in groups 0, 1 " \
+                   "at step 3: the script sets it itself" in part, out

@@ -162,10 +162,6 @@ def _predict(s, request):
     out = render_prediction(n, [f"set {c.setting.key} {c.setting.value}" for c in changes], base, changed, took)
     for c in changes:
         out.insert(0, f"--set {c.setting.label} is: {c.line}")       # exactly what the replica changes
-    for note in base.live_undone:
-        out.append(f"Warning: in the prediction, {note}.")
-    for note in changed.undone if changed is not None else []:
-        out.append(f"Warning: the change {note}.")
     for c in changes:
         # (a schedule of the script's own, param_group['lr'] = ... at each step, sets it back
         # before the replica's next step: the prediction is the unchanged run's)
@@ -208,6 +204,10 @@ def render_prediction(n, sets, base, changed, took):
             out.append(f"The prediction{name} stopped: {res.stopped}.")
         if res.ended:
             out.append(f"The prediction{name} ended early: {res.ended}.")
+    for note in base.live_undone:
+        out.append(f"Warning: in the prediction, {note}.")
+    for note in changed.undone if changed is not None else []:
+        out.append(f"Warning: the change {note}.")
     return out
 
 

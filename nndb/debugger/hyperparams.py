@@ -172,6 +172,12 @@ class Holds:
         return apply
 
 
+# How a step end says that a set did not hold (HoldCheck.verdict): predict across
+# ranks reads it in a replica rank's output (nndb.distributed.travel).
+HELD_WARNING = "nndb: warning: "
+NOT_HELD = " did not hold: "
+
+
 class HoldCheck:
     """After a ``set`` of an optimizer's hyper-parameter: what the optimizer
     steps with (read by a step pre-hook, which changes nothing), so that a
@@ -262,7 +268,7 @@ class HoldCheck:
         for gi, now in bad:
             by_value.setdefault(repr(now), []).append(str(gi))
         groups = ", ".join(f"{v} in group{'s' if len(g) > 1 else ''} {', '.join(g)}" for v, g in by_value.items())
-        self.said = (f"nndb: warning: '{self.line}' did not hold: {self.name} stepped with {self.key} {groups} at "
+        self.said = (f"{HELD_WARNING}'{self.line}'{NOT_HELD}{self.name} stepped with {self.key} {groups} at "
                      f"step {step}: {who}; '{self.line} --hold' sets it again before each step of {self.name}, "
                      f"until 'unset {self.key}'")
         return self.said

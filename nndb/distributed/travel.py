@@ -27,6 +27,7 @@ import re
 import time
 from typing import Optional
 
+from ..debugger.hyperparams import HELD_WARNING, NOT_HELD
 from ..schema import CLIP_SERIES
 from ..timetravel.sandbox import read_as_now
 from .replica import ReplicaJob
@@ -255,10 +256,18 @@ def _ahead(console, ranks: list, step: int, n: int, sets: tuple):
         job.end()
         return {r: Prediction(_rows(path, step + 1, step + n), stopped=stopped,
                               ended=(f"rank {r} came to no stop: it waits in {held[r]} (out of inputs under Join?)"
-                                     if r in held else ended))
+                                     if r in held else ended), undone=_undone(out.get(r, ())))
                 for r, path in job.traces().items() if r in ranks}
     finally:
         job.close()
+
+
+def _undone(said) -> list:
+    """The --set changes a replica rank said did not hold (the script set the
+    value back: its own lr schedule), from its output [(text, is_error)], as
+    one process's prediction has them (Prediction.undone)."""
+    return [line.strip().replace(HELD_WARNING, "", 1) for text, err in said if err
+            for line in text.splitlines() if line.startswith(HELD_WARNING) and NOT_HELD in line]
 
 
 def _rows(path: str, first: int, last: int) -> list:
