@@ -28,14 +28,17 @@ def _table(out: str, rank: int) -> list:
 
 
 @contextlib.contextmanager
-def _prompt_job(tmp_path, name: str, start_timeout: float = 90):
-    """A 2-rank job of tests/scripts/NAME at the prompt: yields ``cmd`` (a line typed
-    at the prompt -> what it printed); at the end the job is continued to its end
-    and must exit 0."""
-    p, master, expect = _on_terminal(tmp_path, _copy(tmp_path, name))
+def _prompt_job(tmp_path, name: str, start_timeout: float = 90, flags: tuple = ()):
+    """A 2-rank job of tests/scripts/NAME (``nndb run --nproc-per-node 2 FLAGS``) at the
+    prompt: yields ``cmd`` (a line typed at the prompt -> what it printed;
+    ``cmd.startup``: what the job printed before its first prompt); at the end the
+    job is continued to its end and must exit 0."""
+    p, master, expect = _on_terminal(tmp_path, _copy(tmp_path, name), ("--nproc-per-node", "2", *flags))
     try:
-        expect("(nndb r0) ", timeout=start_timeout)
-        yield _commands(master, expect)
+        startup = expect("(nndb r0) ", timeout=start_timeout)
+        cmd = _commands(master, expect)
+        cmd.startup = startup.replace("\r", "")
+        yield cmd
         os.write(master, b"continue\n")
         expect("nndb: the job ended (exit code 0)")
         p.wait(timeout=60)
@@ -272,3 +275,20 @@ def test_predict_set_that_the_script_undoes_across_ranks(tmp_path):
             part = out.split(f"-- rank {r} --")[1].split("-- rank")[0]
             assert "Warning: the change 'set lr 0.5' did not hold: opt stepped with lr 0.05 in groups 0, 1 " \
                    "at step 3: the script sets it itself" in part, out
+
+
+def test_eval_commands_run_at_the_jobs_prompt(tmp_path):
+    """``nndb run --nproc-per-node 2 -e ... -x FILE`` at a terminal: the
+    commands run at the job's one prompt, across the ranks, as if typed there.
+    Each rank ran them by itself: '-e "p --ranks all $step"' was refused with
+    "this session sees only rank 0 of 2, on its own (--batch: ...)" though no
+    --batch was given, and a '-e kill' ended the job with nothing shown."""
+    (tmp_path / "cmds.nndb").write_text("# at the first prompt\necho from the file\\n\n")
+    flags = ("-x", "cmds.nndb", "-e", "until 2", "-e", "p --ranks all $step * 10")
+    with _prompt_job(tmp_path, "distrun_warmup.py", flags=flags) as cmd:
+        out = cmd.startup
+        assert "from the file" in out and "nndb: all 2 rank(s) stopped at the end of step 2" in out, out
+        assert re.findall(r"^r(\d)\s+(\d+)\s*$", out, re.M) == [("0", "20"), ("1", "20")], out
+        assert "on its own" not in out, out
+        out = cmd("p --ranks all $step")
+        assert re.findall(r"^r(\d)\s+(\d+)\s*$", out, re.M) == [("0", "2"), ("1", "2")], out

@@ -22,7 +22,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
 from ..commands import TABLE
 from ..debugger.changes import Change, kept_before
@@ -66,6 +66,11 @@ class Console:
         self._replaying = False
         self._last_out: dict = {}
         self.held: dict = {}     # rank -> where it waits (another rank stopped inside a step)
+        self._queued: list = []  # the -x/-e lines not run yet
+
+    def _read_line(self, prompt: str) -> Optional[str]:
+        """The next startup line (-x, -e), else one typed at the prompt."""
+        return self._queued.pop(0) if self._queued else self.fe.read_line(prompt)
 
     def _finished(self) -> bool:
         return self._job_done.is_set()
@@ -95,9 +100,12 @@ class Console:
             return
         self._wait_stopped(show)
 
-    def run(self, worker_argv: list, trace_dir: Optional[str], trace_path: Optional[str] = None) -> int:
+    def run(self, worker_argv: list, trace_dir: Optional[str], trace_path: Optional[str] = None,
+            startup: Sequence[str] = ()) -> int:
         """``trace_path``: the job's --trace as the ranks' command line has it (a travel runs the
-        job again with a fresh one: nndb.distributed.travel.fresh_trace)."""
+        job again with a fresh one: nndb.distributed.travel.fresh_trace); ``startup``: the
+        ``-x``/``-e`` lines, run at the first prompt as if typed there."""
+        self._queued = list(startup)
         self.front.interactive = True
         self._argv, self._trace_dir, self._trace_path = list(worker_argv), trace_dir, trace_path
         self._points: list = []              # the lines that set points on every rank (a replay sets them again)
@@ -110,7 +118,7 @@ class Console:
             if self._finished():
                 break
             try:
-                line = self.fe.read_line(f"(nndb r{self.current}) ")
+                line = self._read_line(f"(nndb r{self.current}) ")
             except KeyboardInterrupt:
                 self.say("Quit")
                 continue
@@ -307,7 +315,7 @@ class Console:
                  'End with a line saying just "end".')
         block = []
         while True:
-            got = self.fe.read_line(">")
+            got = self._read_line(">")
             if got is None:
                 self.say("'commands' without a closing 'end'")
                 return

@@ -24,8 +24,9 @@ _NOT_YET = (("replica", "auto", "across ranks, time travel runs the whole job ag
             ("checkpoint_memory", None, "across ranks, time travel runs the whole job again and takes no checkpoints: --checkpoint-memory is not taken"))
 
 
-def worker_argv(o: RunOptions, trace_path: Optional[str]) -> list:
-    """``nndb run --batch ...`` for every worker (the launcher puts ``python -u -m nndb`` before it)."""
+def worker_argv(o: RunOptions, trace_path: Optional[str], commands: bool = True) -> list:
+    """``nndb run --batch ...`` for every worker (the launcher puts ``python -u -m nndb`` before it);
+    without ``commands``, no ``-x``/``-e`` (the job's prompt runs them: nndb.distributed.console)."""
     argv = ["run", "--batch"]
     for name, flag, valued in _PASSED:
         value = getattr(o, name)
@@ -37,9 +38,9 @@ def worker_argv(o: RunOptions, trace_path: Optional[str]) -> list:
         argv += ["--export", spec]
     if trace_path:
         argv += ["--trace", trace_path]
-    for f in o.command_files:
+    for f in o.command_files if commands else ():
         argv += ["-x", os.path.abspath(f)]
-    for c in o.eval_commands:
+    for c in o.eval_commands if commands else ():
         argv += ["-e", c]
     if o.module:
         argv += ["-m", o.module]
@@ -75,11 +76,15 @@ def start_job(o: RunOptions, launch: LaunchOptions, target, frontend, trace_path
             code = front.run(worker_argv(o, trace_path), trace_dir)
         else:
             from .console import Console
-            argv = worker_argv(o, trace_path)
+            from ..commands.rcfiles import startup_lines
+            # -x and -e run at the job's prompt, as if typed there, across the ranks (each rank ran
+            # them on its own: '--ranks all' was refused, and 'kill' ended the job unseen)
+            startup = [q.text for q in startup_lines(list(o.command_files), list(o.eval_commands), True, message)]
+            argv = worker_argv(o, trace_path, commands=False)
             argv.remove("--batch")      # (the ranks' sessions are interactive, through the front)
             if o.go:
                 argv.insert(1, "--run")
-            code = Console(front, frontend, message).run(argv, trace_dir, trace_path)
+            code = Console(front, frontend, message).run(argv, trace_dir, trace_path, startup)
     finally:
         front.close()
     if front.state.run_dir and not o.quiet:
