@@ -88,6 +88,20 @@ def fmt(x) -> str:
     return text if abs(float(text) - x) <= 1e-6 * abs(x) else f"{x:#.4g}".replace(".e", "e").rstrip(".")
 
 
+def fmt_apart(x, y) -> tuple[str, str]:
+    """``fmt`` of two numbers compared with each other (a watch's value and its
+    threshold), with as many more significant digits as tell them apart where
+    ``fmt``'s four do not: 10.8447 against 10.84 read ``10.84 (> 10.84)``."""
+    a, b = fmt(x), fmt(y)
+    if a != b or not all(isinstance(v, (int, float)) and math.isfinite(v) for v in (x, y)) or x == y:
+        return a, b
+    for digits in range(5, 18):
+        a, b = f"{x:.{digits}g}", f"{y:.{digits}g}"
+        if a != b:
+            break
+    return a, b
+
+
 def json_value(x):
     """``x`` made JSON-safe, recursively: non-finite floats as the strings
     "nan", "inf", "-inf"; not measured (``None``, ``NOT_MEASURED``) as null;

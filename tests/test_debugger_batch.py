@@ -1077,3 +1077,13 @@ def test_info_params_lists_an_optimizers_tensor_in_no_module(tmp_path):
     assert float(row.group(1)) == pytest.approx(abs(float(scale)), rel=1e-3), r
     assert float(row.group(2)) == pytest.approx(float(grad), rel=1e-3), r
     assert re.search(r"^0\.weight\s+\(16, 8\)", r.stdout, re.M), r
+
+
+def test_a_watch_hit_tells_its_value_from_a_threshold_that_rounds_alike(tmp_path):
+    """A loss of 10.8447 over a threshold of 10.84 read 'loss mean = 10.84 (>
+    10.84)' (build-nanogpt's loss at step 5): the value and the threshold get
+    the digits that tell them apart."""
+    r = nndb("run", "--batch", "-q", "--trace", str(tmp_path / "t.h5"), "-e", "watch loss loss > 10.84",
+             os.path.join(os.path.dirname(__file__), "scripts", "constant_loss.py"), cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "Watchpoint 1: loss mean = 10.845 (> 10.84) at step 0" in r.stdout, r.stdout

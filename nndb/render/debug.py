@@ -7,7 +7,7 @@ import os
 from tabulate import tabulate
 
 from .table import Table
-from ..text import fmt
+from ..text import fmt, fmt_apart
 from ..schema import series_label
 
 
@@ -58,9 +58,10 @@ def _hit(point, detail: dict) -> str:
         return f"{head} ({point.what()}): error: {detail['error']}"
     if point.type_name == "watchpoint":
         v = detail.get("value")
-        s = f"{head}: {series_label(detail['tensor'], detail['kind'])} {detail['stat']} = {fmt(v)}"
+        value, threshold = fmt_apart(v, detail["threshold"]) if "op" in detail else (fmt(v), None)
+        s = f"{head}: {series_label(detail['tensor'], detail['kind'])} {detail['stat']} = {value}"
         if "op" in detail:
-            s += f" ({detail['op']} {fmt(detail['threshold'])})"
+            s += f" ({detail['op']} {threshold})"
         elif detail.get("baseline") is not None:
             sm, base = detail["smoothed"], detail["baseline"]
             s += f" (smoothed {fmt(sm)}, baseline {fmt(base)}, x{fmt(abs(sm / base))})"
