@@ -1087,3 +1087,32 @@ def test_a_watch_hit_tells_its_value_from_a_threshold_that_rounds_alike(tmp_path
              os.path.join(os.path.dirname(__file__), "scripts", "constant_loss.py"), cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert "Watchpoint 1: loss mean = 10.845 (> 10.84) at step 0" in r.stdout, r.stdout
+
+
+NO_MODULE_LOOP = """
+import torch
+torch.manual_seed(0)
+w = torch.zeros(3, requires_grad=True)          # trained by an optimizer, no module called
+opt = torch.optim.SGD([w], lr=0.1)
+for step in range(4):
+    loss = (w - 1).pow(2).sum()
+    opt.zero_grad(); loss.backward(); opt.step()
+    print("step", step, loss.item())
+"""
+
+
+def test_a_watch_given_with_e_sees_step_0_where_the_start_stop_falls_at_its_end(tmp_path):
+    """In a loop whose step calls no module's forward the start stop falls at step 0's end, after
+    its points were judged: '-e "watch loss loss > 0"' first hit at step 1 (loss 1.92) where
+    step 0's loss, 3.0, held it already.  A watch set there sees step 0; a 'break step 0' set
+    there is not hit again (the run is past it), as gdb's breakpoint on the current line."""
+    script = tmp_path / "w.py"
+    script.write_text(NO_MODULE_LOOP)
+    r = nndb("run", "--batch", "-q", "--rules", "none", "--trace", str(tmp_path / "t.h5"),
+             "-e", "watch loss loss > 0", "-e", "break step 0", str(script))
+    assert r.returncode == 0, r.stderr
+    hits = re.findall(r"^Watchpoint 1: loss mean = (\S+) \(> 0\) at step (\d+)$", r.stdout, re.M)
+    assert hits == [("3", "0")], r.stdout
+    assert "Breakpoint 2, " not in r.stdout, r.stdout
+    assert [l for l in r.stdout.splitlines() if l.startswith("step ")] == \
+        ["step 0 3.0", "step 1 1.9200000762939453", "step 2 1.2287999391555786", "step 3 0.7864319086074829"]

@@ -110,7 +110,16 @@ class StopPoints:
             self.error(f"nndb: internal error at a step boundary, skipped: {type(e).__name__}: {e}")
             return
         if stop is not None:
+            # (a start stop that falls at step 0's end, in a loop whose step calls no module's
+            # forward: the watches set there, by -e, -x or at the prompt, see step 0 too, as
+            # they would have at its start; a '-e watch loss ...' first hit at step 1)
+            before = set(self.points.numbered) if stop.kind is StopKind.START and stop.at_step_end \
+                and role is None and agreement is None else None
             self._stop(stop, E.stop_frame(self.here.hook_frame))
+            if before is not None and set(self.points.numbered) - before:
+                late = self.check_points_at_step_end(step, record, known, new_since=before)
+                if late:
+                    self._stop(Stop(StopKind.WATCHPOINT, step, hits=late), E.stop_frame(self.here.hook_frame))
         self.here.hook_frame = None       # (the step end's frames hold the script's locals)
         if role is not None:
             role.after_stops(self, step)
@@ -258,7 +267,7 @@ class StopPoints:
                 self.log.failed_points.append(rule.id)
         return hits
 
-    def check_points_at_step_end(self, step: int, record, known) -> list:
+    def check_points_at_step_end(self, step: int, record, known, new_since: Optional[set] = None) -> list:
         """[(point, detail)] of the points that hit at the end of ``step``.
         ``record``: the newest record handed on there; ``known``: the record
         of ``step`` as far as it is known at its end (``record`` itself, but
@@ -266,11 +275,12 @@ class StopPoints:
         N+1's end: step N's loss, gradients and activations).  A watch looks
         at each step once, as soon as its kind is known: a loss, gradient or
         activation watch at the step's own end, a param or update watch at
-        the record's (LATE_KINDS)."""
+        the record's (LATE_KINDS).  ``new_since``: only the watches whose
+        numbers are not in it (set at a start stop at this step's end)."""
         hits = []
         late = self._late_record(record, known)
-        for p in list(self.points.numbered.values()):      # (the dict: no Python call an item)
-            if not p.enabled:
+        for n, p in list(self.points.numbered.items()):      # (the dict: no Python call an item)
+            if not p.enabled or new_since is not None and (n in new_since or not isinstance(p, P.Watch)):
                 continue
             detail = None
             try:
