@@ -168,8 +168,8 @@ def _sum_rows(parts) -> tuple:
 
 
 def _float_tensors(out, depth: int = 0):
-    """The floating-point tensors of a module's output (nested up to 3 deep), as first_float_tensor
-    looks for the first of them."""
+    """The floating-point tensors of a module's output (nested in tuples, lists and dicts up to
+    3 deep), in order."""
     if isinstance(out, torch.Tensor):
         if out.is_floating_point():
             yield out
@@ -178,22 +178,9 @@ def _float_tensors(out, depth: int = 0):
             yield from _float_tensors(o, depth + 1)
 
 
-def first_float_tensor(out, depth: int = 0):
-    if isinstance(out, torch.Tensor):
-        return out if out.is_floating_point() else None
-    if depth > 3:
-        return None
-    if isinstance(out, (tuple, list)):
-        for o in out:
-            t = first_float_tensor(o, depth + 1)
-            if t is not None:
-                return t
-    elif isinstance(out, dict):
-        for o in out.values():
-            t = first_float_tensor(o, depth + 1)
-            if t is not None:
-                return t
-    return None
+def first_float_tensor(out):
+    """The first floating-point tensor of a module's output (``_float_tensors``), or None."""
+    return next(_float_tensors(out), None)
 
 
 # The torch.autograd.grad calls running now that differentiate with respect to inputs only
