@@ -2,6 +2,7 @@
 run through ``nndb run``: the script prints what plain Python prints, and
 what nndb answers (the trace's loss, ``p $loss`` after ``goto``,
 ``reverse-continue``...) is the loss the plain run printed at that step."""
+import importlib.util
 import os
 import re
 import textwrap
@@ -1150,6 +1151,50 @@ def test_the_scripts_warnings_show_once_and_a_wrapped_model_keeps_its_names(tmp_
     import nndb as api
     with api.open(str(tmp_path / "t.h5")) as t:
         assert sorted({i.name for i in t.tensors if i.kind == "grad"}) == ["0.bias", "0.weight", "2.bias", "2.weight"]
+
+
+
+DATA_PARALLEL = textwrap.dedent('''
+    import torch, torch.nn as nn
+    torch.manual_seed(0)
+    model = nn.DataParallel(nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1)))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    for step in range(6):
+        x = torch.randn(16, 4)
+        loss = ((model(x) - x.sum(1, keepdim=True)) ** 2).mean()
+        opt.zero_grad(); loss.backward(); opt.step()
+        print("step", step, repr(loss.item()))
+''')
+
+
+def test_globs_written_for_the_model_select_its_tensors_inside_a_data_parallel_wrapper(tmp_path):
+    """DDP and DataParallel name the model's tensors from the wrapper ('module.0.weight'):
+    ``watch grad 0.weight norm > 0`` under torchrun stayed pending for the whole run
+    ('no grad tensor matched') where the same -x file hit at step 0 in one process, and
+    ``break module 0``, ``$grad['0.bias']``, ``--record-full grad:2.*`` and ``nndb plot
+    --glob`` likewise found nothing.  The glob matches the name inside the wrapper too
+    (DataParallel on the CPU names them as DDP does, in one process)."""
+    script = tmp_path / "dp.py"
+    script.write_text(DATA_PARALLEL)
+    plain = python(str(script))
+    t = str(tmp_path / "t.h5")
+    r = Ran(nndb("run", "--batch", "--trace", t, "--record-full", "grad:2.*",
+                 "-e", "watch grad 2.weight norm > 0", "-e", "break module 0", "-e", "continue",
+                 "-e", "continue", "-e", "p $grad['0.bias'].norm", "-e", "delete", "-e", "continue",
+                 str(script), cwd=str(tmp_path)))
+    out = r.stdout + r.stderr
+    assert r.returncode == 0 and plain.stdout in r.stdout, r
+    assert "Breakpoint 2, module module.0 forward (step 0)" in out, r
+    assert "Watchpoint 1: grad module.2.weight norm = " in out and "pending" not in out, r
+    import nndb as api
+    with api.open(t) as tr:
+        norm = tr.series("module.0.bias", "grad", "norm")[0]
+        assert {(f["name"], f["step"]) for f in tr.full_tensors()} >= {("module.2.weight", 0), ("module.2.bias", 5)}
+    shown = re.search(r"\(step 0 finished, loss [^)]*\)\n.*\n.*\n(\S+)\n", out)
+    assert shown and float(shown[1]) == pytest.approx(float(norm), rel=1e-6), r
+    if importlib.util.find_spec("matplotlib"):
+        pic = nndb("plot", t, "--what", "history", "--glob", "2.weight", "-o", str(tmp_path / "h.png"))
+        assert pic.returncode == 0 and os.path.getsize(tmp_path / "h.png") > 1000, pic.stderr
 
 
 PER_SAMPLE = '''

@@ -2,8 +2,8 @@
 commands, delete, disable, enable, and their ``info`` tables."""
 from __future__ import annotations
 
-import fnmatch
 
+from .. import globs
 from ..errors import CommandError
 from ..debugger import evaluate as E
 from ..debugger import points as P
@@ -51,7 +51,7 @@ def _check_glob(s, kind: str, glob: str) -> None:
     """A glob that matches nothing is an error once the names are known (after
     step 0); before that the point is pending, as in gdb."""
     names = s.view.known_names(kind)
-    if any(fnmatch.fnmatchcase(n, glob) for n in names):
+    if any(globs.matches(n, glob) for n in names):
         return
     what = "module" if kind == "module" else f"{kind} tensor"
     if s.last_step is None:

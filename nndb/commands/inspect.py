@@ -2,10 +2,10 @@
 from __future__ import annotations
 
 import os
-import fnmatch
 import linecache
 import math
 
+from .. import globs
 from ..errors import CommandError
 from ..text import fmt
 from ..render.chart import chart
@@ -102,7 +102,7 @@ def _stats(s, arg):
     for (name, k), row in zip(rec.names, s.view.stats_of(rec)):
         if kind and k != kind:
             continue
-        if glob and not fnmatch.fnmatchcase(name, glob):
+        if glob and not globs.matches(name, glob):
             continue
         vals = dict(zip(P.STATS, measured_values(row, P.STATS)))
         rows.append((name, k, *(int(vals[c]) if c in COUNT_STATS and vals[c] is not None else vals[c]

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import fnmatch
 import math
 import os
 import re
@@ -18,6 +17,7 @@ import warnings
 from dataclasses import dataclass, fields
 from typing import Optional
 
+from .. import globs
 from ..errors import CommandError
 from ..text import NOT_MEASURED, fmt, is_not_measured
 
@@ -319,13 +319,13 @@ class StatTable(dict):
 
     def __missing__(self, key):
         if isinstance(key, str):
-            hits = [k for k in self if fnmatch.fnmatchcase(k, key)]
+            hits = [k for k in self if globs.matches(k, key)]
             if len(hits) == 1:
                 return dict.__getitem__(self, hits[0])
             if len(hits) > 1:
                 raise CommandError(f"'{key}' matches {len(hits)} {self.kind} tensors: "
                                    + ", ".join(hits[:5]) + (" ..." if len(hits) > 5 else ""))
-            elsewhere = sorted(n for n in (self.known() if self.known else ()) if fnmatch.fnmatchcase(n, key))
+            elsewhere = sorted(n for n in (self.known() if self.known else ()) if globs.matches(n, key))
             if len(elsewhere) == 1:
                 return StatRow(elsewhere[0], self.kind, *[NOT_MEASURED] * (len(fields(StatRow)) - 2))
         raise CommandError(f"no {self.kind} tensor named '{key}' at this step")

@@ -25,6 +25,7 @@ import operator
 from dataclasses import dataclass, field
 from typing import Optional
 
+from .. import globs
 from ..errors import CommandError
 from ..schema import KIND_WORDS, STAT_NAMES as STATS, default_stat
 from . import watchband
@@ -80,7 +81,7 @@ class ModuleBreak(Point):
         return f"module {self.glob} {self.phase}"
 
     def matches(self, name: str) -> bool:
-        return fnmatch.fnmatchcase(name, self.glob)
+        return globs.matches(name, self.glob)
 
 
 @dataclass
@@ -159,7 +160,7 @@ class Watch(Point):
 
     def series(self, names) -> list:
         """The (name, kind) pairs of ``names`` this watch looks at."""
-        return [(n, k) for n, k in names if k == self.kind and fnmatch.fnmatchcase(n, self.glob)]
+        return [(n, k) for n, k in names if k == self.kind and globs.matches(n, self.glob)]
 
     def _holds(self, name: str, value: float, scale: float):
         """None: the condition does not hold for this series at this step;

@@ -15,6 +15,7 @@ from typing import Optional
 
 import numpy as np
 
+from .. import globs
 from ..errors import CommandError
 from ..text import NOT_MEASURED
 from ..store.measured import measured, measured_column
@@ -120,7 +121,7 @@ class RunView:
             kind = p.kind if isinstance(p, P.Watch) else "module" if isinstance(p, P.ModuleBreak) else None
             if kind is None or p.hits:
                 continue
-            if not any(fnmatch.fnmatchcase(n, p.glob) for n in self.known_names(kind)):
+            if not any(globs.matches(n, p.glob) for n in self.known_names(kind)):
                 out.append(p)
         return out
 
@@ -136,8 +137,8 @@ class RunView:
             if not isinstance(p, P.Watch) or p.hits or p.kind not in ("param", "grad", "update"):
                 continue
             names = self.known_names(p.kind)
-            missed = sorted(n for n in names if not fnmatch.fnmatchcase(n, p.glob)
-                            and fnmatch.fnmatchcase(_as_the_script_names_it(n), p.glob))
+            missed = sorted(n for n in names if not globs.matches(n, p.glob)
+                            and globs.matches(_as_the_script_names_it(n), p.glob))
             if missed:
                 out.append((p, missed))
         return out
@@ -158,12 +159,12 @@ class RunView:
             if p.hits:
                 continue
             if isinstance(p, P.Watch):
-                if p.kind != "act" or any(fnmatch.fnmatchcase(n, p.glob) for n in recorded):
+                if p.kind != "act" or any(globs.matches(n, p.glob) for n in recorded):
                     continue
             elif not isinstance(p, P.ModuleBreak):
                 continue
             matched = [m for root in self.roots() for _, m in root.named_modules()
-                       if fnmatch.fnmatchcase(naming.module_name(m), p.glob)]
+                       if globs.matches(naming.module_name(m), p.glob)]
             around = {naming.compiled_around(m) for m in matched}
             if matched and None not in around:
                 out.append((p, sorted({naming.module_name(m) for m in matched}), ", ".join(sorted(around))))

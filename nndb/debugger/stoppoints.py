@@ -13,6 +13,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Optional
 
+from .. import globs
 from ..errors import CommandError, KillRun, RestartRun
 from ..schema import CLIP_SERIES
 from ..tracer.recorder import LATE_KINDS
@@ -405,7 +406,7 @@ class StopPoints:
             v = float(stats[i, col])
             if math.isfinite(v):
                 scale = max(scale, abs(v))
-            if P.fnmatch.fnmatchcase(n, p.glob):
+            if globs.matches(n, p.glob):
                 rows.append((n, v))
         return rows, scale
 

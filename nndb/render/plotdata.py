@@ -6,13 +6,13 @@ findings and stops to mark as ``Mark``s.  ``nndb.render.plot`` draws them.
 """
 from __future__ import annotations
 
-import fnmatch
 import os
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
 import numpy as np
 
+from .. import globs
 from ..schema import CLIP_SERIES
 from ..errors import UsageError
 from ..text import printable_line
@@ -106,7 +106,7 @@ def _title(reader, what: str) -> str:
 
 
 def _matching(reader, kind: str, glob: Optional[str]) -> list:
-    found = [s for s in reader.series() if s.kind == kind and (glob is None or fnmatch.fnmatchcase(s.name, glob))]
+    found = [s for s in reader.series() if s.kind == kind and (glob is None or globs.matches(s.name, glob))]
     if not found:
         what = f"{kind} tensor" + (f" matches '{glob}'" if glob else " was recorded")
         raise UsageError(printable_line(f"no {what} in {reader.path}"))
@@ -224,7 +224,7 @@ def ratio(reader, glob: Optional[str] = None, findings=(), stops=()) -> Ratio:
     rules): ||update|| / ||weight|| at each step."""
     updates = {s.name: s for s in reader.series() if s.kind == "update"}
     params = [s for s in reader.series() if s.kind == "param" and s.name in updates
-              and (fnmatch.fnmatchcase(s.name, glob) if glob else s.shape is None or len(s.shape) >= 2)]
+              and (globs.matches(s.name, glob) if glob else s.shape is None or len(s.shape) >= 2)]
     if not params:
         raise UsageError(printable_line(f"no parameter with an update" + (f" matches '{glob}'" if glob else "")
                                         + f" in {reader.path}"))

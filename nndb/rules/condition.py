@@ -25,14 +25,13 @@ picked).
 from __future__ import annotations
 
 import ast
-import fnmatch
 import math
-import re
 from dataclasses import dataclass
 from typing import Callable, Optional
 
 import numpy as np
 
+from .. import globs
 from ..schema import KIND_WORDS
 from .base import STAT_INDEX
 
@@ -386,7 +385,7 @@ def _selection(kind: str, glob: Optional[str], track: Optional[dict] = None) -> 
     matching ``glob``; the indices are kept while the step's names stay the same.
     ``track`` (a name filter's): ``judged``, ``seen`` (it matched a tensor), ``have``
     (some of the kind's names), set when the names change."""
-    match = re.compile(fnmatch.translate(glob)).match if glob is not None else None
+    match = globs.matcher(glob) if glob is not None else None
     cache = track if track is not None else {}
     cache.update(names=None, idx=None, labels=None, judged=False, seen=False, have=[])
 

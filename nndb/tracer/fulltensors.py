@@ -14,13 +14,13 @@ the trace writer, which bounds what waits (nndb.store.fullstore).
 """
 from __future__ import annotations
 
-import fnmatch
 from dataclasses import dataclass
 from typing import Callable, Optional
 
 import numpy as np
 import torch
 
+from .. import globs
 from ..errors import UsageError
 from ..schema import FULL_KINDS, FULL_PRECISIONS as REQUESTABLE, KIND_WORDS
 
@@ -86,7 +86,7 @@ class FullTensors:
         """The last rule that takes ``kind name`` at ``step`` (a later rule overrides)."""
         found = None
         for r in self.rules:
-            if r.kind == kind and step % r.every == 0 and fnmatch.fnmatchcase(name, r.glob):
+            if r.kind == kind and step % r.every == 0 and globs.matches(name, r.glob):
                 found = r
         return found
 
