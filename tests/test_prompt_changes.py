@@ -327,3 +327,35 @@ def test_a_divergence_that_is_not_the_change_is_still_said_as_before(tmp_path):
                      r"[\d.e-]+ \(likely cause: randomness the checkpoint does not hold, a file that changed since, "
                      r"or threads\)", r.stderr), r.stderr
     assert "made at the prompt" not in r.stderr and _said(r.stdout, "AT") == ["8"]
+
+
+WARNS_WITH_SCHEDULER = '''
+import warnings
+import torch, torch.nn as nn
+torch.manual_seed(0)
+model = nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+sched = torch.optim.lr_scheduler.StepLR(opt, step_size=3, gamma=0.5)
+for step in range(8):
+    warnings.warn("the script's own warning")
+    loss = model(torch.randn(8, 4)).pow(2).mean()
+    opt.zero_grad(); loss.backward(); opt.step(); sched.step()
+    print("lr", opt.param_groups[0]["lr"])
+'''
+
+
+def test_set_lr_with_a_scheduler_leaves_the_scripts_once_per_line_warnings_shown_once(tmp_path):
+    """'set lr' copies the script's schedulers (to tell what the lr becomes) with their
+    warnings off: ``warnings.catch_warnings`` marked the filters changed, which emptied
+    Python's once-per-line registries, and the script's own warning showed 3 times in
+    8 steps where plain python shows it once."""
+    script = tmp_path / "w.py"
+    script.write_text(WARNS_WITH_SCHEDULER)
+    plain = python(str(script))
+    r = Ran(nndb("run", "--batch", "-q", "--trace", str(tmp_path / "t.h5"), "-e", "break step 2",
+                 "-e", "continue", "-e", "set lr 0.01", "-e", "continue", str(script), cwd=str(tmp_path)))
+    assert r.returncode == 0, r
+    assert plain.stderr.count("UserWarning: the script's own warning") == 1
+    assert r.stderr.count("UserWarning: the script's own warning") == 1, r
+    assert "StepLR follows: group 0 base_lrs 0.1 -> 0.01" in r.stdout, r
+    assert r.stdout.splitlines()[-6:] == ["lr 0.005"] * 3 + ["lr 0.0025"] * 3, r

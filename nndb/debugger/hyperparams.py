@@ -10,6 +10,7 @@ import weakref
 from typing import Callable, Optional
 
 from ..errors import CommandError
+from ..tracer.quiet import silenced
 
 
 def set_hyperparameter(name: str, opt, key: str, value, group: Optional[int] = None) -> list:
@@ -437,7 +438,6 @@ class Shadow:
 
     def __init__(self, opt, schedulers: list):
         import copy
-        import warnings
         subs = {id(x) for sch in schedulers for x in getattr(sch, "_schedulers", None) or ()}
         self.live = [sch for sch in schedulers if id(sch) not in subs]
         self.counts = self.step_counts()
@@ -464,8 +464,7 @@ class Shadow:
                 memo[id(sch.optimizer)] = stand
                 for fn in getattr(sch, "lr_lambdas", None) or ():
                     memo[id(fn)] = fn
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
+            with silenced():
                 self.copies = copy.deepcopy(self.live, memo)
         except Exception:             # (a scheduler nndb cannot copy: no shadow)
             self.copies = None
@@ -478,7 +477,6 @@ class Shadow:
     def lrs(self, counts: list) -> Optional[list]:
         """The groups' lrs once each live scheduler's copy stepped as it did, up to ``counts``
         (its step counts then); None where it cannot tell."""
-        import warnings
 
         from torch.optim.lr_scheduler import ReduceLROnPlateau
         if self.answer is not None and self.answer[0] == counts:
@@ -487,8 +485,7 @@ class Shadow:
             return None
         self.answer = (list(counts), None)
         try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
+            with silenced():
                 for live, c, (then, *was), (now, *state) in zip(self.live, self.copies, self.counts, counts):
                     if then is None or now is None or now < then:
                         raise LookupError("no step count")

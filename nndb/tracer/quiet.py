@@ -1,5 +1,6 @@
-"""nndb's own work unseen: numpy's floating-point warnings off, cheaply, and
-torch.profiler not seeing the ops of nndb's hooks (below).
+"""nndb's own work unseen: numpy's floating-point warnings off, cheaply, the
+warnings of torch code nndb runs for itself (``silenced``), and torch.profiler
+not seeing the ops of nndb's hooks (below).
 
 Warnings:
 
@@ -11,8 +12,10 @@ variable; with another numpy they are np.errstate).
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import threading
+import warnings
 
 import numpy as np
 import torch
@@ -40,6 +43,30 @@ class Quiet:
             self._token.__exit__(*exc)
         else:
             _ERRSTATE.reset(self._token)
+
+
+# An "ignore" filter for every warning, put at the head of the filters and taken off again
+_IGNORE_ALL = ("ignore", None, Warning, None, 0)
+
+
+@contextlib.contextmanager
+def silenced():
+    """No warning shown while torch code runs for nndb (a copy of the script's lr
+    scheduler stepped to tell what 'set lr' will become), and Python's once-per-line
+    registries left as they were: ``warnings.catch_warnings`` and ``simplefilter``
+    mark the filters changed, which empties every registry, and the script's own
+    once-per-line warnings showed again after each 'set lr' (3 times in 8 steps for
+    plain python's once).  The filter goes into the list as it is (warn reads it at
+    every call); an ignored warning writes no registry entry."""
+    filters = warnings.filters
+    filters.insert(0, _IGNORE_ALL)
+    try:
+        yield
+    finally:
+        for i, f in enumerate(filters):
+            if f is _IGNORE_ALL:
+                del filters[i]
+                break
 
 
 def quiet(func):
