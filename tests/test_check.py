@@ -1598,6 +1598,20 @@ class Causal(nn.Module):                       # a causal convolution: the last 
         h = F.pad(self.emb(idx).transpose(1, 2), (K - 1, 0))
         logits = self.out(torch.relu(self.conv(h)).transpose(1, 2))
         return logits, F.cross_entropy(logits.reshape(-1, V), targets.reshape(-1))
+class Attn(nn.Module):                         # one head of causal self-attention, by hand
+    def __init__(self, mask):
+        super().__init__()
+        self.emb, self.pos = nn.Embedding(V, 32), nn.Parameter(torch.randn(9, 32) * 0.1)
+        self.qkv, self.out = nn.Linear(32, 96), nn.Linear(32, V)
+        self.mlp = nn.Sequential(nn.Linear(32, 128), nn.ReLU(), nn.Linear(128, 32))
+        self.register_buffer("mask", mask)
+    def forward(self, idx, targets):
+        h = self.emb(idx) + self.pos[:idx.shape[1]]
+        q, k, v = self.qkv(h).split(32, dim=2)
+        w = (q @ k.transpose(1, 2) / 32 ** 0.5).masked_fill(self.mask == 0, float("-inf")).softmax(-1)
+        h = h + w @ v
+        logits = self.out(h + self.mlp(h))
+        return logits, F.cross_entropy(logits.reshape(-1, V), targets.reshape(-1))
 model = MODEL
 opt = torch.optim.AdamW(model.parameters(), lr=5e-2)
 words = torch.randint(1, V, (64, 9))
@@ -1623,6 +1637,26 @@ def test_a_model_that_looks_back_a_few_tokens_is_overfit_to_what_it_can_know(tmp
     assert f"the targets' entropy given the last {back} token(s) before each in the batch, as far back as the " \
         "model's outputs look" in c.evidence, c.evidence
     assert c.numbers["floor"] > (1.0 if back == 1 else 0.3081)       # (the whole prefixes' entropy is 0.3081)
+@pytest.mark.parametrize("mask", ["torch.tril(torch.ones(9, 9))", "torch.eye(9)"])
+def test_an_attention_whose_mask_hides_the_context_fails_overfit_and_says_so(tmp_path, mask):
+    """A causal self-attention whose mask kept only the diagonal (``eye`` where ``tril`` was
+    meant: each position sees itself alone) PASSed overfit at 'the targets' entropy given the
+    last 1 token(s)', the lookback probe taking the bug for a bigram's design; it FAILs now,
+    the cut context named, and the same model with its tril mask PASSes at whole prefixes."""
+    script = write(tmp_path, "attn.py", NGRAM.replace("MODEL", f"Attn({mask})"))
+    report, _ = run_check(script, steps=2, overfit_iters=300)
+    c = by_name(report)["overfit"]
+    if "tril" in mask:
+        assert c.status == "PASS", (c.evidence, c.cause)
+        assert "given their prefixes in the batch" in c.evidence, c.evidence
+        return
+    assert c.status == "FAIL", (c.evidence, c.cause)
+    assert "given their prefixes in the batch" in c.evidence, c.evidence
+    assert c.cause.startswith("the model cannot fit one small batch: its outputs at a position depend on the last "
+                              "1 token(s) only, though it has an attention (a softmax of position against position) "
+                              "over the 9 positions: a mask or state that cuts the context short"), c.cause
+
+
 def test_a_warmup_written_by_hand_is_overfit_at_the_optimizers_lr_not_its_warm_start(tmp_path):
     """A warmup by hand (``param_group["lr"] = lr`` at each step, as LLMs from scratch's
     appendix D writes it) starts 1000x below the optimizer's lr: the replica trained at that

@@ -26,6 +26,7 @@ import warnings
 from typing import Optional
 
 import torch
+from torch.overrides import TorchFunctionMode
 from torch.utils import _pytree as pytree
 
 from ..text import fmt
@@ -83,6 +84,7 @@ def overfit(cap: Capture, outcome: Outcome, iters: int) -> Check:
     args, target, n = _small_batch(call, replica.batch_args())
     # the copy as it starts: put back after _lookback's probe and before a retry (_faster)
     start = {k: v.detach().clone() for k, v in replica.state_dict().items()}
+    cut: list = []           # (_lookback: a model that mixes positions and yet looks back fewer)
     if own is None:
         floor = _floor(call, target)
     elif own.call is not None and own.call.target is not None and \
@@ -97,7 +99,7 @@ def overfit(cap: Capture, outcome: Outcome, iters: int) -> Check:
         # next-token targets: tokens with the same prefix in the batch and different next ones
         # keep the loss above 0 for any model (names that start alike, at their first letters)
         seq = _sequence_floor(inner, [t for t in pytree.tree_leaves(args[0]) if isinstance(t, torch.Tensor)],
-                              target if own is None else None, lambda x: _lookback(replica, args, x, start))
+                              target if own is None else None, lambda x: _lookback(replica, args, x, start, cut))
         if seq[0] > floor[0]:
             floor = seq
     # every param group's lr (a fine-tune's frozen groups at 0, its backbone's below its head's:
@@ -127,7 +129,7 @@ def overfit(cap: Capture, outcome: Outcome, iters: int) -> Check:
     setup = f"{samples}, {optimizer_text}"
     if no_dropout.dropped or rnn_off.rnns:
         setup += ", dropout off"
-    verdict = _verdict(cap, call, setup, losses, iters, model, floor, at_zero)
+    verdict = _verdict(cap, call, setup, losses, iters, model, floor, at_zero, cut)
     if verdict.status == "PASS" or not math.isfinite(verdict.numbers.get("last", math.nan)) \
             or "goal" not in verdict.numbers or not all(isinstance(lr, (int, float)) and lr > 0 for lr in lrs):
         return verdict
@@ -557,14 +559,20 @@ def _sequence_floor(call: LossCall, inputs: list, target, lookback=lambda x: Non
     return 0.0, ""
 
 
-def _lookback(replica, args, x, start: dict) -> Optional[int]:
+def _lookback(replica, args, x, start: dict, cut: Optional[list] = None) -> Optional[int]:
     """How many tokens back the copy's outputs at a position depend on, where fewer than the
     sequence's length (a bigram's: 1); None where they depend on all, or it cannot tell.  Told
     by changing the batch's first tokens and seeing which positions of the (B, T, ...) outputs
     change (the parameters nudged by 0.01 noise and put back, dropout off, no gradient, the RNG
     put back; BatchNorm in train mode mixes the batch: all change, None).  A healthy bigram FAILed overfit: its goal was the entropy given
     whole prefixes (0.3081), below what a model of one token can reach (1.892).  ``start``: the
-    copy's state_dict as it was (BatchNorm's statistics too), put back after."""
+    copy's state_dict as it was (BatchNorm's statistics too), put back after.
+
+    A model made to read the whole context (attention over the T positions, a recurrent layer)
+    whose outputs still look back fewer tokens has its context cut short (a mask of the
+    diagonal where ``tril`` was meant, a hidden state reset at each token): that is no floor but
+    the bug overfitting one batch is there to find (a GPT whose mask hid every earlier token
+    PASSed at 'the last 1 token(s)'); None, and what was seen goes into ``cut``."""
     if x.dim() != 2 or x.shape[1] < 2 or bool((x.min() == x.max()).item()):
         return None
     alt = x.clone()
@@ -572,12 +580,15 @@ def _lookback(replica, args, x, start: dict) -> Optional[int]:
     other = pytree.tree_map(lambda t: alt if t is x else t, args)
     params = [p for p in replica.parameters() if p.is_floating_point()]
     devices = sorted({p.device.index or 0 for p in params if p.device.type == "cuda"})
+    mixes = _Mixes(x.shape[1])
     with torch.random.fork_rng(devices=devices), torch.no_grad(), _NoDropout():
         try:
             torch.manual_seed(0)
             for p in params:          # (a table that starts at zero, a bigram's, depends on nothing yet)
                 p.add_(torch.randn_like(p), alpha=0.01)
-            a, b = replica(*args), replica(*other)
+            with mixes:
+                a = replica(*args)
+            b = replica(*other)
         finally:
             replica.load_state_dict(start)
     changed = None
@@ -588,7 +599,38 @@ def _lookback(replica, args, x, start: dict) -> Optional[int]:
     if changed is None or not bool(changed[0]):
         return None
     reach = int(torch.nonzero(changed).max()) + 1
-    return reach if reach < x.shape[1] else None
+    if reach >= x.shape[1]:
+        return None
+    layer = next((type(m).__name__ for m in replica.modules()
+                  if isinstance(m, (torch.nn.RNNBase, torch.nn.MultiheadAttention))), None)
+    what = f"an {layer}" if layer and layer[0] in "AEIOU" else f"a {layer}" if layer else mixes.seen
+    if what is None:
+        return reach
+    if cut is not None and not cut:
+        cut.append(f"its outputs at a position depend on the last {reach} token(s) only, though it has "
+                   f"{what} over the {x.shape[1]} positions: a mask or state that cuts the context short")
+    return None
+
+
+class _Mixes(TorchFunctionMode):
+    """Sees whether a forward weighs positions against each other: attention's (..., T, T)
+    softmax, ``scaled_dot_product_attention``, ``multi_head_attention_forward``."""
+
+    def __init__(self, positions: int):
+        super().__init__()
+        self.positions = positions
+        self.seen: Optional[str] = None
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if self.seen is None:
+            name = getattr(func, "__name__", "")
+            if name in ("scaled_dot_product_attention", "multi_head_attention_forward"):
+                self.seen = f"a {name}"
+            elif name == "softmax" and isinstance(out, torch.Tensor) and out.dim() >= 3 and \
+                    out.shape[-1] == out.shape[-2] == self.positions:
+                self.seen = "an attention (a softmax of position against position)"
+        return out
 
 
 def _prefix_entropy(xs: list, ys: list, ignore: int, smooth: float, classes: int,
@@ -653,8 +695,9 @@ STILL_FALLING = 0.1
 
 
 def _verdict(cap: Capture, call: LossCall, setup: str, losses: list, iters: int, model,
-             floor: tuple = (0.0, ""), at_zero: tuple = ()) -> Check:
-    """``at_zero``: the names of the parameters the replica's optimizer holds at lr 0."""
+             floor: tuple = (0.0, ""), at_zero: tuple = (), cut: list = ()) -> Check:
+    """``at_zero``: the names of the parameters the replica's optimizer holds at lr 0; ``cut``:
+    what _lookback saw of a context cut short, a cause of its own."""
     first, last = losses[0], losses[-1]
     low, what = floor
     if not math.isfinite(first):
@@ -692,7 +735,7 @@ def _verdict(cap: Capture, call: LossCall, setup: str, losses: list, iters: int,
         return Check("overfit", "SKIP", f"{setup}: loss {fmt(first)} -> {fmt(last)} after {len(losses)} iteration(s), "
                      f"still falling ({1 - (quarter[-1] - low) / (quarter[0] - low):.0%} in the last {len(quarter)}), not yet at the "
                      f"goal ({goal_text}): more iterations tell (--overfit-iters N)", numbers=nums)
-    hints = []
+    hints = list(cut)
     lrs = [lr for o in cap.optimizers for step in o.lrs[:1] for lr in step]
     if lrs and all(lr == 0 for lr in lrs):
         hints.append("the learning rate is 0")
