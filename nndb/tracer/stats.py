@@ -209,7 +209,7 @@ def host_raw_segments(flat: np.ndarray, sizes: np.ndarray, full: bool = True) ->
         # accumulated in float64 and int64)
         fields += [(RAW_MIN, np.minimum.reduceat(flat, starts)), (RAW_MAX, np.maximum.reduceat(flat, starts)),
                    (RAW_ABS, np.add.reduceat(np.abs(flat), starts, dtype=np.float64)),
-                   (RAW_ZERO, np.add.reduceat(flat == 0, starts, dtype=np.int64))]
+                   (RAW_ZERO, _zeros(flat, starts, sizes if cols is not None else sizes[nonempty]))]
     else:
         nan = np.full(sums.shape, np.nan)
         fields += [(RAW_MIN, nan), (RAW_MAX, nan), (RAW_ABS, nan), (RAW_ZERO, nan)]
@@ -225,6 +225,15 @@ def host_raw_segments(flat: np.ndarray, sizes: np.ndarray, full: bool = True) ->
             i = idx[j]
             out[i] = _segment_raw_exact(flat[all_starts[i]:all_starts[i] + sizes[i]])
     return out
+
+
+def _zeros(flat: np.ndarray, starts: np.ndarray, sizes: np.ndarray) -> np.ndarray:
+    """The zeros in each segment: where they lie, then how many fall in each segment.  A
+    ``reduceat`` of the booleans cast to int64 made a GPT's 812 K parameters' full rows
+    2.93 ms, this 2.47 ms (an MLP's 67 K: 139 -> 125 us); with half the elements zero, a
+    ReLU's output, the two are even."""
+    at = np.flatnonzero(flat == 0)
+    return np.searchsorted(at, starts + sizes) - np.searchsorted(at, starts)
 
 
 def scalar_row(v: float) -> list:
