@@ -315,6 +315,82 @@ def test_watches_and_info_params_see_the_tensors_a_script_trains_outside_any_mod
 
 
 
+# A notebook's lectures trained by hand (no nn.Module, no optimizer): a first model of loose
+# tensors, then a second made anew of the script's own layer classes while the first's
+# tensors live on in the script's variables.
+TWO_HAND_TRAINED_MODELS = textwrap.dedent('''
+    import torch
+    import torch.nn.functional as F
+    g = torch.Generator().manual_seed(42)
+    x = torch.randn(64, 6, generator=g)
+    y = torch.randint(0, 5, (64,), generator=g)
+    W1 = (torch.randn((6, 16), generator=g) / 6**0.5).requires_grad_()
+    W2 = (torch.randn((16, 5), generator=g) * 0.1).requires_grad_()
+    parameters = [W1, W2]
+    for i in range(4):
+        loss = F.cross_entropy(torch.tanh(x @ W1) @ W2, y)
+        for p in parameters:
+            p.grad = None
+        loss.backward()
+        lr = 0.5 if i < 2 else 0.1
+        for p in parameters:
+            p.data += -lr * p.grad
+        print("a", i, repr(loss.item()))
+    class Linear:
+        def __init__(self, fan_in, fan_out):
+            self.weight = torch.randn((fan_in, fan_out), generator=g) / fan_in**0.5
+        def __call__(self, x):
+            self.out = x @ self.weight
+            return self.out
+        def parameters(self):
+            return [self.weight]
+    class Tanh:
+        def __call__(self, x):
+            self.out = torch.tanh(x)
+            return self.out
+        def parameters(self):
+            return []
+    layers = [Linear(6, 16), Tanh(), Linear(16, 5)]
+    parameters = [p for layer in layers for p in layer.parameters()]
+    for p in parameters:
+        p.requires_grad = True
+    for i in range(5):
+        h = x
+        for layer in layers:
+            h = layer(h)
+        loss = F.cross_entropy(h, y)
+        for p in parameters:
+            p.grad = None
+        loss.backward()
+        for p in parameters:
+            p.data += -0.1 * p.grad
+        print("b", i, repr(loss.item()), repr(layers[0].weight.grad.norm().item()))
+''')
+
+
+def test_a_second_model_trained_by_hand_after_the_first_is_recorded(tmp_path):
+    """Tensors made anew after a loop that trained others by hand (a notebook's next lecture,
+    an init cell run again): each backward of the new ones ends a step, as the first loop's
+    did.  Their steps went unseen: the trace ended at step 3 of the 9 the script trained
+    (makemore's part 3 notebook: 300 of 600).  The first model's tensors, alive in the
+    script's W1 and W2, are no part of the later steps: no gradient their backward did not
+    make, no update of 0 (param_not_updated named W1 and W2 at every step of the second)."""
+    import nndb as api
+    plain, trace = plain_and_recorded(tmp_path, TWO_HAND_TRAINED_MODELS)
+    rows = [line.split() for line in plain.stdout.splitlines()]
+    t = api.open(trace)
+    assert list(t.steps) == list(range(9))
+    assert t.series("loss", kind="loss", stat="mean").tolist() == [float(r[2]) for r in rows]
+    assert [f["rule"] for f in t.findings] == []
+    assert np.isnan(t.series("W1", kind="update", stat="norm")[4:]).all()
+    assert np.isnan(t.series("W1", kind="grad", stat="norm")[4:]).all()
+    assert not np.isnan(t.series("W1", kind="update", stat="norm")[:4]).any()
+    grads = [s.name for s in t.tensors if s.kind == "grad" and s.name not in ("W1", "W2")]
+    first = [n for n in grads if t.series(n, kind="grad", stat="norm")[4:].tolist()
+             == pytest.approx([float(r[3]) for r in rows[4:]], rel=1e-6)]
+    assert len(first) == 1 and np.isnan(t.series(first[0], kind="grad", stat="norm")[:4]).all()
+
+
 # LBFGS over a tensor outside any module through a frozen model (neural style transfer's
 # ``optimizer = optim.LBFGS([input_img])``, feature visualisation, adversarial inputs).
 OPTIMIZED_INPUT = textwrap.dedent("""

@@ -100,8 +100,9 @@ def _quiet_compile_warning() -> None:
         warnings.filterwarnings("ignore", message=_COMPILE_HOOKS_WARNING, category=UserWarning)
 _FORK_HOOK = False
 _ENGINE = object()       # (_backward_end_quiet: the loss is the engine's root)
-# The first backwards with no optimizer that reach no parameter in which the tracer looks for the
-# leaf tensors a script trains by hand (Tracer._adopt_leaves): a walk of the graph each.
+# The backwards with no optimizer that reach no parameter and no leaf tensor given a gradient
+# after which the tracer no longer looks for the leaf tensors a script trains by hand
+# (Tracer._adopt_leaves): a walk of the graph each.
 ADOPT_TRIES = 3
 REPLICA_FORK = False     # set by nndb.timetravel around its own fork(): the child is a replica
 
@@ -737,7 +738,7 @@ class Tracer:
         # backward() calls that reached no named parameter while no optimizer existed (tensors
         # trained by hand outside any nn.Module): no step is seen in such a loop
         self.unseen_backwards = 0
-        self.adopt_tries = 0             # backwards looked through for leaves to adopt (_adopt_leaves)
+        self.adopt_tries = 0             # backwards looked through in vain for leaves to adopt (_adopt_leaves)
         # perf_counter() when the step's first backward began (its first gradient, while the
         # parameter hooks see it), None before: the step's forward time ends there (read by
         # the fingerprints at the step end; the tracer sets it back after the step's listeners)
@@ -1064,25 +1065,28 @@ class Tracer:
         parameters at its first step).  Where an optimizer exists and none has stepped, the
         optimizer's step ends the step: the loss is the step's.  In a hand-written loop (no
         optimizer) a backward ends a step only where it reaches a parameter: here, one of
-        tensors trained outside any module (``_adopt_leaves``)."""
-        if self._failed or self.clock.mode is not Mode.UNKNOWN:
+        tensors trained outside any module (``_adopt_leaves``).  So also once such a loop has
+        made steps (``Mode.MANUAL``): a backward that reaches none of its parameters reaches
+        new ones, made again (a notebook's init cell run again, a second model trained by hand
+        after the first: ``W = torch.randn(..., requires_grad=True)``; its steps went unseen)."""
+        if self._failed or self.clock.mode not in (Mode.UNKNOWN, Mode.MANUAL):
             return
         if self._optimizer_count() == 0:
             if not self._adopt_leaves(args, kwargs):
                 self.unseen_backwards += 1      # (said at the run's end if no step was ever seen: Recording)
             return
-        self._backward_returned(args, kwargs)
+        if self.clock.mode is Mode.UNKNOWN:
+            self._backward_returned(args, kwargs)
 
     def _adopt_leaves(self, args, kwargs) -> bool:
         """A backward with no optimizer that reached no parameter: a loop of tensors trained by
         hand outside any module (``w -= lr * w.grad``, the first lesson of "What is torch.nn
         really?").  The leaf tensors that need grad which it reached are the run's parameters
         from here on (``Naming.adopt``: named by the script's variables), watched as a module's
-        are, and this backward ends step 0 as a watched one would.  Tried on the first
-        ADOPT_TRIES such backwards only (a walk of the graph each); False: none found."""
+        are, and this backward ends a step as a watched one would.  Tried until ADOPT_TRIES
+        such backwards found none (a walk of the graph each); False: none found."""
         if self.adopt_tries >= ADOPT_TRIES:
             return False
-        self.adopt_tries += 1
         self.busy += 1
         hidden = _PROFILING() and unprofiled()
         try:
@@ -1094,6 +1098,7 @@ class Tracer:
                 leaves = [t for t in leaves if id(t) in wanted]
             leaves = [t for t in leaves if t.grad is not None and not t.grad.is_sparse]
             if not leaves:
+                self.adopt_tries += 1
                 return False
             frame = user_frame(3)
             for module in owning_modules(leaves, frame):     # (a model called through .forward())

@@ -905,13 +905,31 @@ class StepRecorder:
             snap.record(pbucket, pfull, grads=False)
             pbucket.resolve(pfull)
             self._emit(pstep, pbucket, ptime)
+            # (let go before the next plan is made: its tensors are the next plan's only where the
+            # script still holds them; a tensor it made again, ``W = torch.randn(...)``, replaced
+            # its first, which this snapshot kept alive, recorded at every later step)
+            del pend, snap, pbucket
+        # The step's parameters are those whose .grad its backward made (or added to): a tensor
+        # it did not reach (the first model's, trained by hand before a second one made anew; a
+        # layer the forward skipped) has its value recorded, as a parameter no optimizer stepped
+        # has (_other_params), not a gradient its step did not make, nor an update of 0 that is
+        # no update of the step's (param_not_updated named the first model's C, W1... at each
+        # step of the second's training)
+        marks, made, rest = self._grad_marks, [], []
+        for p in self.naming.root_params():
+            g = p.grad
+            (rest if g is None or _same_grad(marks.get(id(p)), g) else made).append(p)
+            marks[id(p)] = None if g is None else _grad_mark(g)
         if bucket is None or not recording:
             return
-        plan = ParamPlan(self.naming.root_params())
+        plan = ParamPlan(made)
         g = plan.host_grads()
         if g is not None:
             bucket.blocks.append(g)
         keys, items = [], []
+        for p in rest:
+            keys.append(("param", p, "param"))
+            items.append(p.detach())
         for p in plan.large:
             if p.grad is not None:
                 keys.append(("param", p, "grad"))
