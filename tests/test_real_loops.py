@@ -329,36 +329,22 @@ TWO_HAND_TRAINED_MODELS = textwrap.dedent('''
     parameters = [W1, W2]
     for i in range(4):
         loss = F.cross_entropy(torch.tanh(x @ W1) @ W2, y)
-        for p in parameters:
-            p.grad = None
-        loss.backward()
-        lr = 0.5 if i < 2 else 0.1
-        for p in parameters:
-            p.data += -lr * p.grad
         print("a", i, repr(loss.item()))
+        loss.backward()
+        for p in parameters:
+            p.data += -(0.5 if i < 2 else 0.1) * p.grad
+            p.grad = None
     class Linear:
         def __init__(self, fan_in, fan_out):
             self.weight = torch.randn((fan_in, fan_out), generator=g) / fan_in**0.5
         def __call__(self, x):
-            self.out = x @ self.weight
-            return self.out
-        def parameters(self):
-            return [self.weight]
-    class Tanh:
-        def __call__(self, x):
-            self.out = torch.tanh(x)
-            return self.out
-        def parameters(self):
-            return []
-    layers = [Linear(6, 16), Tanh(), Linear(16, 5)]
-    parameters = [p for layer in layers for p in layer.parameters()]
+            return x @ self.weight
+    layers = [Linear(6, 16), Linear(16, 5)]
+    parameters = [layer.weight for layer in layers]
     for p in parameters:
         p.requires_grad = True
     for i in range(5):
-        h = x
-        for layer in layers:
-            h = layer(h)
-        loss = F.cross_entropy(h, y)
+        loss = F.cross_entropy(layers[1](torch.tanh(layers[0](x))), y)
         for p in parameters:
             p.grad = None
         loss.backward()
@@ -385,10 +371,94 @@ def test_a_second_model_trained_by_hand_after_the_first_is_recorded(tmp_path):
     assert np.isnan(t.series("W1", kind="update", stat="norm")[4:]).all()
     assert np.isnan(t.series("W1", kind="grad", stat="norm")[4:]).all()
     assert not np.isnan(t.series("W1", kind="update", stat="norm")[:4]).any()
-    grads = [s.name for s in t.tensors if s.kind == "grad" and s.name not in ("W1", "W2")]
-    first = [n for n in grads if t.series(n, kind="grad", stat="norm")[4:].tolist()
-             == pytest.approx([float(r[3]) for r in rows[4:]], rel=1e-6)]
-    assert len(first) == 1 and np.isnan(t.series(first[0], kind="grad", stat="norm")[:4]).all()
+    np.testing.assert_allclose(t.series("layers.0.weight", kind="grad", stat="norm")[4:],
+                               [float(r[3]) for r in rows[4:]], rtol=1e-6)
+    assert np.isnan(t.series("layers.0.weight", kind="grad", stat="norm")[:4]).all()
+
+
+# Tensors trained by hand, named as the script names them: a W trained once, made anew and
+# trained again (a notebook's cell run twice); then a model of the script's own classes whose
+# parameters are a list it loops over (``for p in parameters``).
+HAND_TRAINED_NAMES = textwrap.dedent('''
+    import torch
+    import torch.nn.functional as F
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(32, 4, generator=g)
+    y = torch.randint(0, 3, (32,), generator=g)
+    W = torch.randn((4, 3), generator=g, requires_grad=True)
+    loss = F.cross_entropy(x @ W, y)
+    W.grad = None
+    loss.backward()
+    W.data += -0.1 * W.grad
+    print("once", repr(loss.item()))
+    W = torch.randn((4, 3), generator=g, requires_grad=True)
+    for k in range(3):
+        loss = F.cross_entropy(x @ W, y)
+        W.grad = None
+        loss.backward()
+        W.data += -1.0 * W.grad
+        print("W", k, repr(loss.item()), repr(W.grad.norm().item()))
+    class Linear:
+        def __init__(self, fan_in, fan_out):
+            self.weight = torch.randn((fan_in, fan_out), generator=g) / fan_in**0.5
+            self.bias = torch.zeros(fan_out)
+        def __call__(self, x):
+            self.out = x @ self.weight + self.bias
+            return self.out
+        def parameters(self):
+            return [self.weight, self.bias]
+    class Tanh:
+        def __call__(self, x):
+            self.out = torch.tanh(x)
+            return self.out
+        def parameters(self):
+            return []
+    class Sequential:
+        def __init__(self, layers):
+            self.layers = layers
+        def __call__(self, x):
+            for layer in self.layers:
+                x = layer(x)
+            return x
+        def parameters(self):
+            return [p for layer in self.layers for p in layer.parameters()]
+    model = Sequential([Linear(4, 8), Tanh(), Linear(8, 3)])
+    parameters = model.parameters()
+    for p in parameters:
+        p.requires_grad = True
+    for i in range(4):
+        loss = F.cross_entropy(model(x), y)
+        for p in parameters:
+            p.grad = None
+        loss.backward()
+        lr = 0.5 if i < 2 else 0.05
+        for p in parameters:
+            p.data += -lr * p.grad
+        print("model", i, repr(loss.item()), repr(model.layers[2].bias.grad.norm().item()))
+''')
+
+
+def test_tensors_trained_by_hand_are_named_as_the_script_names_them(tmp_path):
+    """A tensor no module holds is named by the script's variable, but not a ``for`` loop's
+    (``p`` named the last tensor of the list, and the others were ``tensor``, ``tensor2``...:
+    makemore's wavenet notebook), else by its path through the script's objects
+    (``model.layers.2.bias``), so that a watch can name it.  A W made anew goes on as ``W``
+    (it was ``tensor2``)."""
+    import nndb as api
+    plain, trace = plain_and_recorded(tmp_path, HAND_TRAINED_NAMES)
+    rows = [line.split() for line in plain.stdout.splitlines()]
+    t = api.open(trace)
+    assert list(t.steps) == list(range(8))
+    assert sorted(s.name for s in t.tensors if s.kind == "grad") == [
+        "W", "model.layers.0.bias", "model.layers.0.weight", "model.layers.2.bias", "model.layers.2.weight"]
+    np.testing.assert_allclose(t.series("W", kind="grad", stat="norm")[1:4], [float(r[3]) for r in rows[1:4]],
+                               rtol=1e-6)
+    np.testing.assert_allclose(t.series("model.layers.2.bias", kind="grad", stat="norm")[4:],
+                               [float(r[3]) for r in rows[4:]], rtol=1e-6)
+    r = nndb("run", "--batch", "-q", "--trace", str(tmp_path / "w.h5"), "-e", "break step 4", "-e", "continue",
+             "-e", "watch grad model.layers.2.bias norm < 0.08", "-e", "continue", "-e", "p $step", "-e", "kill",
+             str(tmp_path / "script.py"), cwd=str(tmp_path))
+    assert "Watchpoint 2: grad model.layers.2.bias norm = 0.07242 (< 0.08) at step 6" in r.stdout, r.stdout + r.stderr
 
 
 # LBFGS over a tensor outside any module through a frozen model (neural style transfer's

@@ -1105,7 +1105,7 @@ class Tracer:
                 self.naming.add_root(module, frame)
             for p in leaves:
                 if not self.naming.has_path(p):
-                    self.naming.adopt(p, frame)
+                    self.naming.adopt(p, frame, along=leaves)
                 self._hook_param(p)
             self._backward_end_quiet(_backward_loss(args, kwargs))
             return True
@@ -1548,7 +1548,7 @@ class Tracer:
         oname = self.naming.optimizer_name(opt, frame)
         for gi, g in enumerate(opt.param_groups):
             for pi, p in enumerate(g["params"]):
-                self.naming.note_param(p, frame, fallback=f"{oname}.group{gi}.{pi}")
+                self.naming.note_param(p, frame, fallback=lambda: f"{oname}.group{gi}.{pi}")
                 self._hook_param(p)
 
     def _flush_full(self) -> None:

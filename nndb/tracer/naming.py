@@ -11,14 +11,18 @@ script's frames (locals, globals, then attributes of ``self``); where none is
 found, the class name in snake case.  A parameter no forward reached by the time
 its optimizer first steps (a module given to the optimizer and never called) is
 named by its path in a module a script's variable holds (``extra.weight``), else
-by its place in the optimizer (``opt.group0.3``).
+by its place in the optimizer (``opt.group0.3``).  A tensor no module holds (trained by
+hand) is named by the script's variable, but not a ``for`` loop's, else by its path through
+the script's own objects and containers (``model.layers.2.weight``): find_tensor_path.
 """
 from __future__ import annotations
 
+import dis
 import re
 import sys
+import types
 import weakref
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
@@ -85,6 +89,108 @@ def _scopes(frame) -> list:
     if frame is not None:
         scopes.append(frame.f_globals)
     return scopes
+
+
+def loop_targets(code) -> frozenset:
+    """The names a ``for`` loop of ``code`` binds (``p`` of ``for p in parameters``, ``i`` and
+    ``p`` of ``for i, p in enumerate(parameters)``): after the loop such a name holds its last
+    item, no name of that tensor's (it named the last of a list's 12 tensors ``p``)."""
+    out, ins = set(), list(dis.get_instructions(code)) if code is not None else []
+    for i, ins_ in enumerate(ins):
+        if ins_.opname != "FOR_ITER":
+            continue
+        want, j = 1, i + 1
+        while want and j < len(ins):
+            op = ins[j].opname
+            if op == "UNPACK_SEQUENCE":
+                want += ins[j].arg
+            elif op.startswith("STORE_"):
+                names = ins[j].argval
+                out.update(names if isinstance(names, tuple) else [names])
+            elif op not in ("EXTENDED_ARG", "CACHE", "NOP"):
+                break
+            want -= op.startswith("STORE_") or op == "UNPACK_SEQUENCE"
+            j += 1
+    return frozenset(n for n in out if isinstance(n, str))
+
+
+# How far find_tensor_path looks into the script's own objects and containers: three links
+# (``model.layers.2.weight``), containers of at most _PATH_ITEMS items (a list of names read
+# from a file is not looked through).
+_PATH_DEPTH = 3
+_PATH_ITEMS = 1024
+
+
+def _links(v) -> list:
+    """(name, value, is an attribute or key) of what a container or an object of the script's
+    own classes holds, [] for anything else (modules and tensors are named elsewhere)."""
+    if isinstance(v, (list, tuple)):
+        return [(str(i), x, False) for i, x in enumerate(v)] if len(v) <= _PATH_ITEMS else []
+    if isinstance(v, dict):
+        return [(k, x, True) for k, x in list(v.items())[:_PATH_ITEMS] if isinstance(k, str) and k.isidentifier()] \
+            if len(v) <= _PATH_ITEMS else []
+    if isinstance(v, (type, types.ModuleType, types.FunctionType, types.MethodType, torch.Tensor, torch.nn.Module,
+                      torch.optim.Optimizer)):
+        return []
+    d = getattr(v, "__dict__", None)
+    mod = sys.modules.get(type(v).__module__)
+    src = getattr(mod, "__file__", None) or ""
+    if not isinstance(d, dict) or (type(v).__module__ != "__main__" and (not src or src.startswith(_library_dirs()))):
+        return []
+    return [(k, x, True) for k, x in list(d.items())[:_PATH_ITEMS] if not k.startswith("_")]
+
+
+def _library_dirs() -> tuple:
+    global _LIBRARY_DIRS
+    if _LIBRARY_DIRS is None:
+        import os
+        import sysconfig
+        paths = sysconfig.get_paths()
+        _LIBRARY_DIRS = tuple(os.path.join(os.path.realpath(paths[k]), "") for k in ("stdlib", "purelib", "platlib")
+                              if paths.get(k)) + skip_dirs()
+    return _LIBRARY_DIRS
+
+
+_LIBRARY_DIRS = None
+
+
+def find_tensor_path(p, frame) -> Optional[str]:
+    """The name a script uses for a tensor no module holds: its variable (``W1``), but not
+    a ``for`` loop's; else its path through the script's own objects and containers, by
+    attribute or key where one holds it so (``model.layers.2.weight``: the layer it is in,
+    not its place in a flat list), else by place (``parameters.3``); None where none holds
+    it within _PATH_DEPTH links."""
+    scopes, f = [], frame
+    while f is not None:
+        scopes.append((f.f_locals, f.f_code))
+        f = f.f_back
+    if frame is not None:
+        module = next((s for s in scopes if s[0] is frame.f_globals), None)
+        scopes.append((frame.f_globals, module[1] if module is not None else None))
+    queue, seen, by_place = [], set(), None
+    for scope, code in scopes:
+        loops = loop_targets(code)
+        for k, v in list(scope.items()):
+            if k.startswith((".", "_")) or k in loops:
+                continue
+            if v is p:
+                return k
+            queue.append((k, v))
+    for _ in range(_PATH_DEPTH):
+        nxt = []
+        for path, v in queue:
+            if id(v) in seen:
+                continue
+            seen.add(id(v))
+            for name, x, named in _links(v):
+                if x is p:
+                    if named:
+                        return f"{path}.{name}"
+                    by_place = by_place or f"{path}.{name}"
+                elif not isinstance(x, (str, int, float, bool, torch.Tensor)) and x is not None:
+                    nxt.append((f"{path}.{name}", x))
+        queue = nxt
+    return by_place
 
 
 # Containers that slicing makes anew at every call (``cnn[:2]`` is a new nn.Sequential of
@@ -345,13 +451,21 @@ class Naming:
         entry = self._param_path.get(id(p))
         return entry is not None and entry[0]() is p
 
-    def adopt(self, p: torch.Tensor, frame) -> None:
+    def adopt(self, p: torch.Tensor, frame, along=()) -> None:
         """A tensor a script trains by hand outside any module (``w -= lr * w.grad``): one of
-        the run's parameters, named by the script's variable (``w``), else ``tensor<i>``."""
+        the run's parameters, named as the script names it (``find_tensor_path``: ``w``,
+        ``layers.0.weight``), else ``tensor<i>``.  ``along``: the tensors one backward adopts
+        with it.  The name of one adopted before and not among them is free for it: the script
+        made the tensor anew (``W = torch.randn(..., requires_grad=True)`` again, a notebook's
+        init cell run again), and its series goes on under the name (it was ``tensor2``: the
+        first ``W`` lived on, in nndb's record of the step before)."""
         if any(r() is p for r in self._adopted):
             return
         self._adopted.append(weakref.ref(p))
-        self.note_param(p, frame, fallback=unique("tensor", self._used_loose))
+        ids = {id(t) for t in along}
+        free = {self._loose_names[id(q)][1] for r in self._adopted if (q := r()) is not None
+                and id(q) not in ids and id(q) in self._loose_names}
+        self.note_param(p, frame, fallback=lambda: unique("tensor", self._used_loose), free=free)
 
     # -- names ------------------------------------------------------------
     def _qualify(self, root, sub: str, ref=None) -> str:
@@ -420,10 +534,11 @@ class Naming:
                     self._loose_names[i] = (ref, unique("replaced." + self._qualify(root, sub), self._used_loose))
         self.roots_version += 1          # (what the names resolve to changed)
 
-    def note_param(self, p: torch.Tensor, frame, fallback: str) -> None:
+    def note_param(self, p: torch.Tensor, frame, fallback: Callable[[], str], free=frozenset()) -> None:
         """Remember a name for a parameter that may belong to no module: the
-        script's variable name if it has one, else ``fallback``.  A module
-        path found later (the model's first forward) takes precedence."""
+        script's name for it if it has one, else ``fallback``'s.  A module
+        path found later (the model's first forward) takes precedence.  ``free``: names
+        another parameter has that this one may have too (``adopt``)."""
         if id(p) in self._param_path and self._param_path[id(p)][0]() is p:
             return
         loose = self._loose_names.get(id(p))
@@ -432,9 +547,9 @@ class Naming:
         # (a name another parameter has already is not this one's: a loop variable holding each layer
         # in turn, ``for layer in layers: layer.forward(x)``, named both layers' weights layer.weight,
         # one series of two tensors)
-        taken = {name for ref, name in self._loose_names.values() if ref() is not None}
-        found = [n for n in (find_variable_name(p, frame), find_module_path(p, frame)) if n and n not in taken]
-        self._loose_names[id(p)] = (weakref.ref(p), found[0] if found else fallback)
+        taken = {name for ref, name in self._loose_names.values() if ref() is not None} - set(free)
+        found = [n for n in (find_tensor_path(p, frame), find_module_path(p, frame)) if n and n not in taken]
+        self._loose_names[id(p)] = (weakref.ref(p), found[0] if found else fallback())
 
     def param_name(self, p: torch.Tensor) -> str:
         entry = self._param_path.get(id(p))
