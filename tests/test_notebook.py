@@ -11,6 +11,7 @@ import pytest
 
 from conftest import ROOT
 from nndb.frontends.notebook import KERNEL_NO_REPLICAS as KERNEL
+from test_real_loops import HAND_TRAINED_NAMES
 from test_set_trace import LOOP
 
 
@@ -206,3 +207,29 @@ def test_nndb_run_magic_takes_nndb_runs_own_options(tmp_path, monkeypatch, capsy
     assert capsys.readouterr().err.strip() == "nndb: error: No such option '--bogus'."
     assert run_script("--help") is None
     assert "--checkpoint-every" in capsys.readouterr().out
+
+
+def test_a_cell_that_trains_tensors_by_hand_names_them_for_its_watch(tmp_path, monkeypatch):
+    """A %%nndb cell training tensors of the notebook's own layer classes, listed in
+    ``parameters`` and zeroed by ``for p in parameters`` (makemore's lectures): the watch its
+    -e sets names one by its path (``model.layers.2.bias``) and stops where the cell's own
+    print shows the gradient below the bound.  The kernel's namespace is also that of
+    IPython's ``run_cell_magic`` line, which binds no loop: the last tensor was named ``p``,
+    the watch matched nothing and the cell's loop was killed at step 0."""
+    nbformat = pytest.importorskip("nbformat")
+    nbclient = pytest.importorskip("nbclient")
+    pytest.importorskip("ipykernel")
+    monkeypatch.setenv("JUPYTER_PATH", _kernelspec(tmp_path))
+    monkeypatch.setenv("PYTHONPATH", ROOT)
+    setup, loop = HAND_TRAINED_NAMES.rsplit("for i in range(4):", 1)
+    cell = ("%%nndb --trace hand.h5 -e 'watch grad model.layers.2.bias norm < 0.08' -e 'commands 1' "
+            "-e 'p $loss' -e 'end'\nfor i in range(4):" + loop)
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(src) for src in (SETUP, setup, cell)]
+    nbclient.NotebookClient(nb, timeout=120, kernel_name="nndb-test",
+                            resources={"metadata": {"path": str(tmp_path)}}).execute()
+    text = _text(nb.cells[2])
+    rows = [line.split() for line in text.splitlines() if line.startswith("model ")]
+    assert [r[1] for r in rows] == ["0", "1", "2", "3"] and not _outputs(nb.cells[2], "error"), nb.cells[2].outputs
+    assert "Watchpoint 1: grad model.layers.2.bias norm = 0.07242 (< 0.08) at step 2" in text, text
+    assert f"\n{rows[2][2]}\n" in text.split("at step 2")[1]          # $loss: the step's printed loss

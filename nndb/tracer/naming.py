@@ -160,18 +160,21 @@ def find_tensor_path(p, frame) -> Optional[str]:
     attribute or key where one holds it so (``model.layers.2.weight``: the layer it is in,
     not its place in a flat list), else by place (``parameters.3``); None where none holds
     it within _PATH_DEPTH links."""
-    scopes, f = [], frame
+    # (a namespace with the loops of every code that runs in it: a notebook's cell runs in the
+    # kernel's namespace under IPython's own ``run_cell_magic(...)`` line, which has none)
+    scopes, loops, f = [], {}, frame
     while f is not None:
-        scopes.append((f.f_locals, f.f_code))
+        if id(f.f_locals) not in loops:
+            scopes.append(f.f_locals)
+        loops[id(f.f_locals)] = loops.get(id(f.f_locals), frozenset()) | loop_targets(f.f_code)
         f = f.f_back
-    if frame is not None:
-        module = next((s for s in scopes if s[0] is frame.f_globals), None)
-        scopes.append((frame.f_globals, module[1] if module is not None else None))
+    if frame is not None and id(frame.f_globals) not in loops:
+        scopes.append(frame.f_globals)
     queue, seen, by_place = [], set(), None
-    for scope, code in scopes:
-        loops = loop_targets(code)
+    for scope in scopes:
+        skip = loops.get(id(scope), ())
         for k, v in list(scope.items()):
-            if k.startswith((".", "_")) or k in loops:
+            if k.startswith((".", "_")) or k in skip:
                 continue
             if v is p:
                 return k
