@@ -18,6 +18,7 @@ the script's own objects and containers (``model.layers.2.weight``): find_tensor
 from __future__ import annotations
 
 import dis
+import functools
 import re
 import sys
 import types
@@ -91,6 +92,7 @@ def _scopes(frame) -> list:
     return scopes
 
 
+@functools.lru_cache(maxsize=64)      # (asked once per tensor named, of every frame's code)
 def loop_targets(code) -> frozenset:
     """The names a ``for`` loop of ``code`` binds (``p`` of ``for p in parameters``, ``i`` and
     ``p`` of ``for i, p in enumerate(parameters)``): after the loop such a name holds its last
