@@ -133,6 +133,29 @@ def test_grad_none_names_a_module_never_called_by_the_scripts_variable(tmp_path)
     assert f["evidence"]["params"] == ["extra.weight", "extra.bias"], f
 
 
+def test_grad_none_quiet_for_a_last_layer_frozen_by_dropping_its_gradient(tmp_path):
+    """DINO's first epoch: backward() gives the last layer its gradient and the script sets
+    p.grad = None before optimizer.step() (8 steps here; thousands in DINO).  grad_none said
+    at step 4 that student.head.last_layer.weight 'got no gradient ... is it used in the
+    forward pass, or cut from the loss by detach()?'; nothing is said now, and the run has no
+    other finding (the teacher, updated by EMA outside any optimizer, and its forward pass
+    included)."""
+    res = run_in_process(tmp_path, os.path.join(ROOT, "tests", "scripts", "self_distillation.py"))
+    assert res.exit_code == 0 and res.session.log.findings == [], res.session.log.findings
+
+
+def test_grad_none_says_every_gradient_was_dropped_before_the_step(tmp_path):
+    """zero_grad() between backward() and step(): every gradient backward() made is gone
+    when the optimizer steps.  Still found, and said as it is (it was 'cut from the loss')."""
+    res = run_in_process(tmp_path, os.path.join(ROOT, "tests", "scripts", "self_distillation.py"),
+                         ["--late-zero-grad"])
+    [f] = _of(res, "grad_none")
+    assert f["step"] == 4 and len(f["evidence"]["params"]) == 9 and f["tensor"] == "student.backbone.1.weight", f
+    assert f["message"].endswith("backward() gave it one, and the script set .grad to None before optimizer.step() "
+                                 "(every parameter's: optimizer updates nothing; a zero_grad() between backward() "
+                                 "and step()?)"), f["message"]
+
+
 def test_a_loop_variable_holding_each_layer_in_turn_names_no_two_tensors_alike(tmp_path):
     """Layers trained one after the other through a loop variable (mnist_forward_forward's
     ``for layer in layers: layer.forward(x)``, no module call nndb sees): both layers' weights

@@ -30,7 +30,13 @@ class GradPresence(Probe):
     at its step.  Cheap: looked at on the steps ``cadence.grad_presence`` names while every
     parameter had a gradient (the probe is not even called on the others);
     once one is missing, at every step until it has a gradient again (so
-    consecutive checks are consecutive steps)."""
+    consecutive checks are consecutive steps).
+
+    A parameter missing at a check gets a post-accumulate-grad hook until it has a gradient
+    again, which tells whether a backward made it one since: one that the script then set to
+    None before the step (``p.grad = None``: DINO freezes its last layer so for the first
+    epoch; a ``zero_grad()`` between ``backward()`` and ``step()``) is ``dropped``, not cut
+    from the loss."""
     name = "grad_presence"
     OPTIMIZER = True
 
@@ -38,6 +44,8 @@ class GradPresence(Probe):
         super().__init__(rec)
         self._lacking: "weakref.WeakSet" = weakref.WeakSet()     # optimizers whose last check missed one
         self._had: dict = {}           # id(param) -> weakref to it: parameters seen with a gradient at a check
+        self._hooked: dict = {}        # id(param) -> (weakref, hook handle): parameters missing at their last check
+        self._reached: set = set()     # ids of those that a backward gave a gradient since that check
 
     def wants(self, step: int) -> bool:
         return step % cadence.PRESENCE_EVERY == 0 or bool(self._lacking)
@@ -49,29 +57,54 @@ class GradPresence(Probe):
             return step + 1
         return (step // cadence.PRESENCE_EVERY + 1) * cadence.PRESENCE_EVERY
 
+    def uninstall(self) -> None:
+        super().uninstall()
+        for _, h in self._hooked.values():
+            h.remove()
+        self._hooked.clear()
+        self._reached.clear()
+
+    def _accumulated(self, p) -> None:
+        self._reached.add(id(p))
+
     def optimizer(self, opt, when: str) -> None:
         if when != "post":
             return
-        had = self._had
-        missing = []
+        had, hooked, reached = self._had, self._hooked, self._reached
+        missing, dropped, with_grad = [], [], False
         for g in opt.param_groups:
             for p in g["params"]:
+                key = id(p)
+                h = hooked.get(key)
+                if h is not None and h[0]() is not p:
+                    h = None                    # (a freed tensor's id, reused)
                 if p.grad is None:
                     if p.requires_grad:
-                        missing.append(p)
+                        (dropped if h is not None and key in reached else missing).append(p)
+                        if h is None:
+                            hooked[key] = (weakref.ref(p), p.register_post_accumulate_grad_hook(self._accumulated))
                 else:
-                    w = had.get(id(p))
+                    with_grad = True
+                    if h is not None:
+                        hooked.pop(key)[1].remove()
+                    w = had.get(key)
                     if w is None or w() is not p:
-                        had[id(p)] = weakref.ref(p)
-        if missing:
+                        had[key] = weakref.ref(p)
+                reached.discard(key)
+        if missing or dropped:
             self._lacking.add(opt)
         else:
             self._lacking.discard(opt)
+        if not with_grad:
+            # every gradient the step had was thrown away: the optimizer updates nothing
+            missing += dropped
         self.facts.setdefault("checks", []).append({
             "optimizer": self.naming.optimizer_name(opt),
             "missing": [(id(p), self.naming.param_name(p)) for p in missing],
             # of those, the ones that had a gradient at an earlier check (used on some steps only)
             "had": [id(p) for p in missing if (w := had.get(id(p))) is not None and w() is p],
+            # the ones a backward gave a gradient that the script set to None before the step
+            "dropped": [id(p) for p in dropped],
         })
 
 
@@ -81,7 +114,10 @@ class GradNone(Rule):
     explanation = ("a parameter given to an optimizer, with requires_grad, gets no gradient (.grad is None "
                    "at its steps): cut from the loss by detach()/.data/no_grad, or an unused branch; one "
                    "that had gradients at earlier steps is used on some steps only (dynamic control flow) "
-                   "and is named only when it stops getting them for much longer than it ever went without")
+                   "and is named only when it stops getting them for much longer than it ever went without; "
+                   "one whose gradient backward() made and the script set to None before the step (a layer "
+                   "frozen so for a while: DINO's last layer in its first epoch) is not named, unless every "
+                   "parameter's was (a zero_grad() between backward() and step())")
     THRESHOLDS = {
         "steps": Threshold(5, "consecutive optimizer steps without a gradient, for a parameter that never had "
                               "one: one first used within 5 steps (round-robin over up to 5 task heads) is not "
@@ -121,14 +157,19 @@ class GradNone(Rule):
                     gaps[pid] = max(gaps.get(pid, 0), n)
                     had.add(pid)
             self._runs[opt] = now
-            never = [name for pid, name in c["missing"] if pid not in had and now[pid] >= need]
+            dropped = set(c.get("dropped", ()))
+            never = [(pid, name) for pid, name in c["missing"] if pid not in had and now[pid] >= need]
             if never:
-                more = f" and {len(never) - 4} more" if len(never) > 4 else ""
+                names = [name for _, name in never]
+                more = f" and {len(names) - 4} more" if len(names) > 4 else ""
+                why = (f"backward() gave it one, and the script set .grad to None before {opt}.step() (every "
+                       f"parameter's: {opt} updates nothing; a zero_grad() between backward() and step()?)"
+                       if all(pid in dropped for pid, _ in never) else
+                       "is it used in the forward pass, or cut from the loss by detach(), .data or torch.no_grad()?")
                 yield self.finding(
-                    ctx, f"{', '.join(never[:4])}{more} got no gradient at {need} consecutive steps of {opt} "
-                         "although requires_grad is set (.grad is None): is it used in the forward pass, or cut "
-                         "from the loss by detach(), .data or torch.no_grad()?",
-                    tensor=never[0], optimizer=opt, params=never, steps=need)
+                    ctx, f"{', '.join(names[:4])}{more} got no gradient at {need} consecutive steps of {opt} "
+                         f"although requires_grad is set (.grad is None): {why}",
+                    tensor=names[0], optimizer=opt, params=names, steps=need)
             gone = [(pid, name) for pid, name in c["missing"]
                     if pid in had and now[pid] >= max(stop, factor * gaps.get(pid, 0))]
             if gone:
