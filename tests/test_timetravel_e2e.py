@@ -12,7 +12,7 @@ import textwrap
 
 import pytest
 
-from conftest import Ran, nndb, python
+from conftest import ROOT, Ran, nndb, python
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="fork replicas need fork()")
 
@@ -266,6 +266,22 @@ def test_reverse_step_with_threads_says_why_and_replays_in_a_new_process(tmp_pat
         in t.stdout, t.stdout
     assert len(states(t.stdout)) == 1
     assert final(t.stdout) == final(python(script, "0", "--thread", cwd=str(tmp_path), forked=True).stdout)
+
+
+def test_a_process_group_of_the_scripts_own_turns_fork_checkpoints_off(tmp_path):
+    """A script that starts a gloo group of one itself (DINO's init_distributed_mode under plain
+    ``nndb run``) and all-reduces in each step: a forked replica hung in its first collective
+    (goto 3 never came back, nor did the run on SIGTERM).  The group is a fork blocker now: the
+    replay runs in a new process, which makes a group of its own."""
+    script = os.path.join(ROOT, "tests", "scripts", "self_distillation.py")
+    t = run(tmp_path, script, ["break step 6", "continue", "goto 3", 'p ("STATE", it, loss.item())', "present",
+                               "continue"], args=("--dist",))
+    plain = python(script, "--dist", cwd=str(tmp_path)).stdout
+    assert "a torch.distributed process group (gloo) is initialised in this process" in t.stderr, t.stderr
+    assert "replaying from the start in a new process (respawn)" in t.stderr
+    loss3 = re.search(r"^epoch 0 it 3 loss (\S+)", plain, re.M).group(1)
+    assert states(t.stdout) == [f"('STATE', 3, {loss3})"], t.stdout
+    assert final(t.stdout) == final(plain)
 
 
 # A stand-in for tqdm (not installed here) with the two things nndb relies on: a monitor

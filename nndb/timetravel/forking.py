@@ -60,6 +60,11 @@ def blockers() -> list:
             reasons.append("CUDA is initialised in this process and does not survive fork()")
     except Exception:
         pass
+    group = process_group()
+    if group:
+        reasons.append(f"a torch.distributed process group ({group}) is initialised in this process: its "
+                       "connections and threads do not survive fork() (a forked replica hangs in its first "
+                       "collective)")
     import multiprocessing
     kids = multiprocessing.active_children()
     if kids:
@@ -69,6 +74,19 @@ def blockers() -> list:
     if threads:
         reasons.append(f"the script started threads ({threads}) that do not survive fork()")
     return reasons
+
+
+def process_group() -> str:
+    """The backend of the default process group the script initialised ('gloo', 'nccl'), '' when
+    there is none.  A script may start one itself, a world of one included (DINO's
+    init_distributed_mode under plain ``python``): not imported here where it is not."""
+    dist = sys.modules.get("torch.distributed")
+    try:
+        if dist is None or not dist.is_available() or not dist.is_initialized():
+            return ""
+        return str(dist.get_backend())
+    except Exception:
+        return "unknown backend"
 
 
 def _fork_lock(t: threading.Thread):

@@ -1,7 +1,7 @@
 """Respawn replicas: a fresh process runs the script again from its start,
 seeded as the original run was, up to the step asked for.  The fallback
-where fork() is unsafe (CUDA, DataLoader workers, threads of the script) and
-the choice of ``--replica respawn``.
+where fork() is unsafe (CUDA, DataLoader workers, threads of the script, a
+process group it started) and the choice of ``--replica respawn``.
 
 What the new process needs comes from the live run's trace metadata
 (``meta["replay"]``: the initial states of Python's and NumPy's global
