@@ -2,6 +2,7 @@
 of a NaN parameter, lineage asked after the fact equal to lineage recorded
 live, the module graph of a small CNN, and the trace's de-duplication."""
 import json
+import os
 import re
 import shlex
 import subprocess
@@ -10,7 +11,7 @@ import textwrap
 
 import pytest
 
-from conftest import Ran, example, nndb
+from conftest import ROOT, Ran, example, nndb
 from nndb.lineage.graph import StepGraph
 from nndb.store.reader import TraceReader
 
@@ -311,6 +312,25 @@ def test_catch_nan_at_the_step_end_says_it_missed_a_step_the_script_raised_in(tm
                  "catch nan --eager", script, cwd=str(tmp_path))
     assert "nndb: catchpoint" not in eager.stderr                  # (it stopped inside the operation)
     assert "NaN came into step 2 in input 0 of lift_fresh" in eager.stdout
+
+
+def test_a_script_that_exits_on_its_nan_loss_keeps_the_steps_forward_passes(tmp_path):
+    """DINO's loop: 'if not math.isfinite(loss.item()): sys.exit(1)', before backward().  Only
+    an Exception counted as the script raising in the step: on SystemExit(1) the step's forward
+    passes, which no backward would claim, were dropped (its NaN activations not in the trace),
+    catch nan said nothing and nonfinite found nothing (main_dino.py with a NaN crop at step 3:
+    'Loss is nan, stopping training', and nndb silent)."""
+    script = os.path.join(ROOT, "tests", "scripts", "self_distillation.py")
+    r = nndb("run", "--batch", "--nx", "-q", "--trace", str(tmp_path / "t.h5"), "-e", "catch nan", script,
+             "--nan-at", "3", cwd=str(tmp_path))
+    assert r.returncode == 1 and "loss is nan, stopping" in r.stdout
+    said = [line for line in r.stderr.splitlines() if line.startswith("nndb: ")]
+    assert said[0].startswith("nndb: catchpoint 1 (catch nan): step 3 went non-finite (act student.backbone.0#3, "), said
+    assert said[1] == ("nndb: error: nonfinite at step 3 (judged as the script raised): NaN first appeared in act "
+                       "student.backbone.0#3 (1536 element(s)); its norm at step 2 was 39.72"), said
+    with TraceReader(str(tmp_path / "t.h5")) as t:
+        steps, nans = t.history(t.find("student.backbone.0#3", "act")[0], "nan_count")
+    assert steps.tolist() == [0, 1, 2, 3] and nans.tolist() == [0, 0, 0, 1536]    # (step 3, partial)
 
 
 INF_THEN_NAN = textwrap.dedent('''

@@ -213,8 +213,10 @@ class Recording:
                                          tracer=self.tracer)
         self.listeners.append(self.fingerprints)
         # The script's exception, once it has raised out of the run (an
-        # Exception, not an exit, Ctrl-C or the debugger's kill): the step
-        # listeners judge the records closed as it ended (nndb.debugger.listeners).
+        # Exception, or a sys.exit() of a failure status: DINO's sys.exit(1) on a
+        # NaN loss; not a clean exit, Ctrl-C or the debugger's kill): the step's
+        # forward passes are its own, and the step listeners judge the records
+        # closed as it ended (nndb.debugger.listeners).
         self.raised: Optional[BaseException] = None
 
     def note(self, kind: str, message: str) -> None:
@@ -237,7 +239,7 @@ class Recording:
         return self
 
     def __exit__(self, *exc) -> None:
-        if isinstance(exc[1], Exception):
+        if isinstance(exc[1], Exception) or isinstance(exc[1], SystemExit) and exc[1].code not in (None, 0):
             self.raised = exc[1]
         try:
             self.tracer.finish(raised=self.raised is not None)
