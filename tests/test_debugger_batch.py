@@ -1040,6 +1040,31 @@ def test_info_optimizer_shows_a_tensor_lr(tmp_path):
     assert row.startswith(f"lr=tensor({used}), betas=(0.9, 0.999)"), row
     assert f"initial_lr=tensor({float(np.float32(0.01))!r})" in row, row
 
+def test_info_optimizer_shows_a_numpy_lr_as_its_number(tmp_path):
+    """DINO writes its cosine schedules' values, numpy float64, into each param group: 'info
+    optimizer' read 'lr=np.float64(0.0007515535026209658)', and an np.float32 lr was left out of
+    the row.  Both are shown as their Python number, every digit kept."""
+    script = tmp_path / "numpy_lr.py"
+    script.write_text(textwrap.dedent("""
+        import numpy as np, torch
+        m = torch.nn.Linear(4, 1)
+        opt = torch.optim.AdamW([{"params": [m.weight]}, {"params": [m.bias], "weight_decay": 0.0}])
+        lrs = np.linspace(0.0, 0.01, 6)
+        for step in range(6):
+            opt.param_groups[0]["lr"] = lrs[step]
+            opt.param_groups[1]["lr"] = np.float32(lrs[step])
+            loss = m(torch.randn(8, 4)).pow(2).mean()
+            opt.zero_grad(); loss.backward(); opt.step()
+        """))
+    r = Ran(nndb("run", "--batch", "-q", "--nx", "--trace", str(tmp_path / "t.h5"), "-e", "break step 3",
+                 "-e", "commands 1", "-e", "info optimizer", "-e", "end", str(script), cwd=str(tmp_path)))
+    assert r.returncode == 0, r
+    rows = re.findall(r"^opt\s+AdamW\s+(\d)\s+1\s+(.*)$", r.stdout, re.M)
+    assert [g for g, _ in rows] == ["0", "1"] and "np." not in r.stdout, r.stdout
+    assert rows[0][1].startswith(f"lr={float(np.linspace(0.0, 0.01, 6)[3])!r}, "), rows
+    assert f"lr={float(np.float32(np.linspace(0.0, 0.01, 6)[3]))!r}" in rows[1][1], rows
+
+
 LOOSE_PARAMETER = """\
 import torch, torch.nn as nn
 torch.manual_seed(0)

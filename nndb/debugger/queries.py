@@ -34,7 +34,18 @@ def _as_the_script_names_it(name: str) -> str:
 
 def _plain(v) -> bool:
     return isinstance(v, (int, float, bool, str, type(None))) or \
-        (isinstance(v, tuple) and all(isinstance(x, (int, float)) for x in v)) or _one_number(v)
+        (isinstance(v, tuple) and all(isinstance(x, (int, float)) for x in v)) or _one_number(v) \
+        or _numpy_number(v) is not None
+
+
+def _numpy_number(v):
+    """A numpy scalar's Python number (None for anything else): DINO writes its cosine schedules'
+    np.float64 into the param groups, shown as 'lr=np.float64(0.0007515535026209658)' (an
+    np.float32 was left out)."""
+    if type(v).__module__ != "numpy" or getattr(v, "ndim", None) != 0:
+        return None
+    x = v.item()
+    return x if isinstance(x, (int, float)) else None
 
 
 def _one_number(v) -> bool:
@@ -55,7 +66,10 @@ class _TensorNumber:
 
 
 def _shown(v):
-    return _TensorNumber(v) if _one_number(v) else v
+    if _one_number(v):
+        return _TensorNumber(v)
+    x = _numpy_number(v)
+    return v if x is None else x
 
 
 class RunView:
