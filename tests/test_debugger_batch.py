@@ -1060,9 +1060,16 @@ def test_info_optimizer_shows_a_numpy_lr_as_its_number(tmp_path):
                  "-e", "commands 1", "-e", "info optimizer", "-e", "end", str(script), cwd=str(tmp_path)))
     assert r.returncode == 0, r
     rows = re.findall(r"^opt\s+AdamW\s+(\d)\s+1\s+(.*)$", r.stdout, re.M)
-    assert [g for g, _ in rows] == ["0", "1"] and "np." not in r.stdout, r.stdout
+    assert [g for g, _ in rows] == ["0", "1"] and "np." not in r.stdout, r
     assert rows[0][1].startswith(f"lr={float(np.linspace(0.0, 0.01, 6)[3])!r}, "), rows
     assert f"lr={float(np.float32(np.linspace(0.0, 0.01, 6)[3]))!r}" in rows[1][1], rows
+    # ('set lr' that the script's schedule undoes: the warning names the lr it stepped with
+    # as a number, where it read 'stepped with lr np.float64(0.008) in group 0')
+    r = Ran(nndb("run", "--batch", "-q", "--nx", "--trace", str(tmp_path / "t2.h5"), "-e", "break step 3",
+                 "-e", "continue", "-e", "set lr 0.5", "-e", "continue", str(script), cwd=str(tmp_path)))
+    assert r.returncode == 0 and "np." not in r.stderr, r
+    assert f"'set lr 0.5' did not hold: opt stepped with lr {float(np.linspace(0.0, 0.01, 6)[4])!r} in group 0" \
+        in r.stderr, r
 
 
 LOOSE_PARAMETER = """\

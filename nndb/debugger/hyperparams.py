@@ -36,9 +36,9 @@ def set_hyperparameter(name: str, opt, key: str, value, group: Optional[int] = N
             raise CommandError(f"{name}'s '{key}' is {old!r}; give a value of the same shape")
         if _whole(old) and not isinstance(value, tuple) and not float(value).is_integer() and key not in _RANGES:
             raise CommandError(f"{name}'s '{key}' is {old!r}, a whole number: give a whole number, not {value!r}")
-        old_repr = float(old) if hasattr(old, "fill_") else old
+        old_repr = plain(old)
         _assign(g, key, value)
-        rows.append((name, gi, key, old_repr, g[key] if not hasattr(g[key], "fill_") else float(g[key])))
+        rows.append((name, gi, key, old_repr, plain(g[key])))
     return rows
 
 
@@ -86,8 +86,14 @@ def _assign(g: dict, key: str, value) -> None:
 
 
 def plain(v):
-    """A setting as a plain number (or tuple of them): a one-element tensor read."""
-    return float(v) if hasattr(v, "fill_") else v
+    """A setting as a plain number (or tuple of them): a one-element tensor read, a numpy
+    scalar's Python number (DINO writes its schedules' np.float64 into the groups: the
+    'did not hold' warning read 'stepped with lr np.float64(0.0007515535026209658)')."""
+    if hasattr(v, "fill_"):
+        return float(v)
+    if type(v).__module__ == "numpy" and getattr(v, "ndim", None) == 0:
+        return v.item()
+    return v
 
 
 def distance(a, b) -> float:
@@ -301,11 +307,14 @@ def after_closure(args, kwargs, then: Callable):
 
 
 def is_numeric(v) -> bool:
-    """A hyper-parameter nndb may set: a number, a tuple of numbers, or a one-element tensor."""
+    """A hyper-parameter nndb may set: a number (numpy's scalars too), a tuple of numbers, or a
+    one-element tensor."""
     if isinstance(v, bool):
         return False
     if isinstance(v, (int, float)):
         return True
+    if type(v).__module__ == "numpy" and getattr(v, "ndim", None) == 0:
+        return getattr(v, "dtype", None) is not None and v.dtype.kind in "iuf"      # (np.float32: DINO's shape)
     if isinstance(v, tuple):
         return all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v)
     return hasattr(v, "fill_") and getattr(v, "numel", lambda: 0)() == 1      # a tensor lr
