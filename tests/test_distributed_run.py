@@ -263,6 +263,10 @@ def test_trace_names_per_rank(tmp_path):
     assert job.rank_trace(str(tmp_path / "run.h5"), two) == str(tmp_path / "run.rank1.h5")
     assert job.rank_trace(str(tmp_path / "run"), two) == str(tmp_path / "run.rank1.h5")
     assert job.rank_trace(str(tmp_path / "run.h5"), job.Place()) == str(tmp_path / "run.h5")
+    one = job.place({"NNDB_JOB_ID": "x-1"})         # (nndb run --nproc-per-node 1's worker)
+    assert one.in_job and not one.distributed
+    assert job.rank_trace(str(tmp_path / "run.h5"), one) == str(tmp_path / "run.rank0.h5")
+    assert job.rank_trace(str(tmp_path / "d") + os.sep, one) == str(tmp_path / "d" / "rank0.h5")
     given = job.job_run_dir(str(tmp_path), "x", two, env={"NNDB_RUN_DIR": str(tmp_path / "d")})
     assert given == str(tmp_path / "d") and os.path.isdir(given)
     # without a front or a store: every rank derives the same name
@@ -471,23 +475,33 @@ def test_all_stop_prompt_on_a_terminal(tmp_path):
 
 
 @JOB
-@pytest.mark.parametrize("existing", [False, True], ids=["new-dir", "existing-dir"])
-def test_nproc_per_node_trace_dir_gives_each_rank_its_file_inside_as_torchrun_does(tmp_path, existing):
+@pytest.mark.parametrize("existing,nproc", [(False, 2), (True, 2), (False, 1)],
+                         ids=["new-dir", "existing-dir", "one-rank"])
+def test_nproc_per_node_trace_dir_gives_each_rank_its_file_inside_as_torchrun_does(tmp_path, existing, nproc):
     """``--trace DIR/`` (new, with its slash) or ``--trace DIR`` (existing):
     DIR/rank<R>.h5, the rule ``torchrun -m nndb run`` follows (rank_trace);
-    the job's report gives each rank's last step as its trace ends."""
+    the job's report gives each rank's last step as its trace ends.  A job of one
+    rank too: ``--nproc-per-node 1 --trace DIR/`` was refused ('is a directory'), and
+    without --trace its trace went to nndb-runs/<script>-<time>.h5 beside the run
+    directory the front announced, left empty."""
     script = _copy(tmp_path, "distrun_ddp_mlp.py")
     out = tmp_path / "out"
     if existing:
         out.mkdir()
-    r = nndb("run", "--batch", "-q", "--nproc-per-node", "2", "--trace", str(out) if existing else "out/",
+    r = nndb("run", "--batch", "-q", "--nproc-per-node", str(nproc), "--trace", str(out) if existing else "out/",
              "--report", "rep.json", script, cwd=tmp_path, timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]
-    assert sorted(os.listdir(out)) == ["rank0.h5", "rank1.h5"]
+    assert sorted(os.listdir(out)) == [f"rank{k}.h5" for k in range(nproc)]
     assert not list(tmp_path.glob("out.rank*"))
+    if nproc == 1:
+        r = nndb("run", "--batch", "--nproc-per-node", "1", script, cwd=tmp_path, timeout=120)
+        assert r.returncode == 0, r.stderr[-2000:]
+        runs = os.listdir(tmp_path / "nndb-runs")
+        assert len(runs) == 1 and os.listdir(tmp_path / "nndb-runs" / runs[0]) == ["rank0.h5"], runs
+        assert f"traces of the 1 rank(s) in {tmp_path / 'nndb-runs' / runs[0]}" in r.stderr, r.stderr
     with open(tmp_path / "rep.json") as fh:
         reported = {x["rank"]: x for x in json.load(fh)["ranks"]}
-    for rank in (0, 1):
+    for rank in range(nproc):
         with TraceReader(str(out / f"rank{rank}.h5")) as t:
             assert t.meta["rank"] == rank and t.status == "finished"
             # the report's last step is the trace's, not the last one sent while the job ran

@@ -104,7 +104,7 @@ def run(**_):
     stdin is not a terminal."""
     o = run_options(click.get_current_context())
     from ..run import rank as job
-    if o.nproc_per_node is None and not job.place().distributed:     # (no time travel across ranks yet)
+    if o.nproc_per_node is None and not job.place().in_job:     # (no time travel across ranks yet)
         from ..run.preload import maybe_restart
         maybe_restart(o.replica)        # (fork replicas: Intel's OpenMP runtime; returns if not)
     target = target_of(o.module, o.script, o.args)
@@ -113,9 +113,9 @@ def run(**_):
     link = None
     try:
         launch = launch_options(o)
-        if where.distributed and trace_path:
+        if where.in_job and trace_path:
             trace_path = job.rank_trace(trace_path, where, create=True)     # (never one file for all ranks)
-        if where.distributed and report_path:
+        if where.in_job and report_path:
             report_path = job.rank_trace(report_path, where)
         from ..run.config import RecordSchedule
         RecordSchedule.parse(o.every, o.steps_range, o.full_every, o.act_every)    # (a bad value fails before any rank)
@@ -130,7 +130,7 @@ def run(**_):
             sys.exit(start_job(o, launch, target, _console_frontend() if interactive else None, *paths, message))
         from ..driver import debug     # (torch: after the checks above)
         off_reason = None
-        if where.distributed:
+        if where.in_job:
             from ..distributed.worker import FrontLink
             if not batch and sys.stdin.isatty() and where.rank == 0 and "NNDB_FRONT_SOCKET" not in os.environ:
                 message(f"nndb: rank 0 of {where.world_size} under torchrun: no prompt on any rank (batch "
@@ -147,7 +147,7 @@ def run(**_):
             link.agreement = agreement
         else:
             batch = batch or not sys.stdin.isatty()
-        config, options = run_setup(o, target, batch, stderr_is_terminal() and not where.distributed, paths,
+        config, options = run_setup(o, target, batch, stderr_is_terminal() and not where.in_job, paths,
                                     nndb_argv=given_options(run, o), replica=replica,
                                     replica_off_reason=off_reason, companions=(link,) if link else (),
                                     agreement=agreement)

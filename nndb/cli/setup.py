@@ -27,7 +27,7 @@ def run_setup(o: RunOptions, target, batch: bool, progress: bool, paths=None, nn
                                                              o.command_files, o.rules)
     exports = export_targets(o.exports)
     from ..run.rank import place
-    if place().distributed:             # (one directory or run per rank, never one for all)
+    if place().in_job:                  # (one directory or run per rank, never one for all)
         exports = tuple(t.for_rank(place().rank) for t in exports)
     config = RunConfig(target, trace_path, schedule, o.flush_steps, o.flush_secs, o.quiet, trace_dir,
                        *full_rules(o.record_full, o.full_tensors_every, o.precision, o.full_tensors_buffer),

@@ -92,7 +92,7 @@ def default_trace_path(target: Target, directory: str = "nndb-runs", where=None)
     ``<script>-<time>/rank<R>.h5`` in the job's run directory (nndb.run.rank)."""
     from . import rank as job
     where = where or job.place()
-    if where.distributed:
+    if where.in_job:
         try:
             return job.rank_file(job.job_run_dir(directory, target.stem, where), where)
         except OSError:

@@ -46,16 +46,25 @@ class Place:
     world_size: int = 1
     local_rank: int = 0
     restart: int = 0            # TORCHELASTIC_RESTART_COUNT
+    launched: bool = False      # a worker of nndb run --nproc-per-node (its front named the job)
 
     @property
     def distributed(self) -> bool:
         return self.world_size > 1
 
+    @property
+    def in_job(self) -> bool:
+        """Its trace, report and exports are a rank's (``rank<R>.h5`` in the job's run directory):
+        one of several ranks, or the one worker of ``nndb run --nproc-per-node 1``, whose front
+        announced 'traces of the 1 rank(s) in DIR' while the trace went to nndb-runs/<script>-<time>.h5
+        beside that empty directory, and ``--trace DIR/`` was refused as a directory."""
+        return self.distributed or self.launched
+
 
 def place(env: Optional[dict] = None) -> Place:
     env = os.environ if env is None else env
     return Place(_int(env, "RANK", 0), _int(env, "WORLD_SIZE", 1), _int(env, "LOCAL_RANK", 0),
-                 _int(env, "TORCHELASTIC_RESTART_COUNT", 0))
+                 _int(env, "TORCHELASTIC_RESTART_COUNT", 0), bool(env.get(JOB_ID_ENV)))
 
 
 def run_dir_name(stem: str, now: Optional[datetime.datetime] = None) -> str:
@@ -146,7 +155,7 @@ def rank_trace(path: str, where: Place, create: bool = False) -> str:
     ``rank<R>.h5`` inside it (created: the run directory ``nndb inspect``
     reads; ``create``: made here); a file name gets ``.rank<R>`` before its
     extension (``run.h5`` -> ``run.rank1.h5``).  One process: PATH."""
-    if not where.distributed:
+    if not where.in_job:
         return path
     if is_trace_dir(path):
         if create:
