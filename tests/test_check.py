@@ -511,6 +511,45 @@ def test_a_head_over_a_backbone_is_overfit_together_from_the_data(tmp_path):
     assert over.status == "SKIP" and "cannot rebuild the forward pass on a copy" in over.evidence, over.evidence
 
 
+def test_a_model_evaluated_before_training_is_overfit_in_its_training_mode(tmp_path):
+    """A CNN with BatchNorm that the script evaluates first (model.eval() and a validation pass
+    under no_grad, then model.train(): Lightning's sanity check has this shape): the copy taken
+    at that first forward stayed in eval mode, and overfit trained it so, from 2.403 where the
+    step's loss was 2.493 (SKIP 'still falling'; FAIL 'cannot fit' on Lightning's CNN).  The
+    copy takes the modes of the model's first forward with autograd on."""
+    script = write(tmp_path, "eval_first.py", """
+        import torch, torch.nn as nn
+        torch.manual_seed(3)
+        X = torch.randn(320, 1, 12, 12); Y = torch.randint(0, 10, (320,))
+        X += Y.view(-1, 1, 1, 1) * 0.3
+        model = nn.Sequential(nn.Conv2d(1, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.MaxPool2d(2),
+                              nn.Conv2d(8, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(),
+                              nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, 10))
+        opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+
+        def evaluate():
+            model.eval()
+            with torch.no_grad():
+                loss = nn.functional.cross_entropy(model(X[256:]), Y[256:])
+            model.train()
+            return loss.item()
+
+        print("val loss before training", evaluate())
+        for step in range(4):
+            i = torch.arange(step * 32, step * 32 + 32)
+            opt.zero_grad()
+            loss = nn.functional.cross_entropy(model(X[i]), Y[i])
+            loss.backward()
+            opt.step()
+            print(f"step {step} loss {loss.item()!r}")
+        """)
+    report, out = run_check(script)
+    first = float(re.search(r"step 0 loss (\S+)", out).group(1))
+    over = by_name(report)["overfit"]
+    assert over.numbers["first"] == pytest.approx(first, rel=1e-6), (first, over.evidence)
+    assert over.status == "PASS", over.evidence
+
+
 def test_a_bias_before_batch_norm_is_not_a_parameter_that_fails_to_update(tmp_path):
     """Linear -> BatchNorm1d under SGD: the Linear's bias gets a gradient of RMS ~3e-9 (batch
     norm removes its effect), which the update rounds away; 'updates' FAILed '0.bias did not

@@ -43,7 +43,7 @@ The checks, in order, and their thresholds (constants in checks.py):
 7. ``updates``: every parameter that got a non-zero gradient changes in
    ``optimizer.step()``, in some captured step.
 8. ``overfit``: a deep copy of the model (taken at its first forward, in the
-   train/eval mode the script had) and a fresh optimizer of the same class
+   train/eval modes of its first forward with autograd on: the training one) and a fresh optimizer of the same class
    and hyper-parameters (a scheduler's ``initial_lr`` as the lr) train on
    the captured batch (its first OVERFIT_BATCH samples) for up to
    OVERFIT_ITERS iterations, the global RNG saved and restored.  "Close to

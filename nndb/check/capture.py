@@ -34,7 +34,9 @@ def _clone(tree):
 class ModelSeen:
     """A root module with parameters, as first called."""
     module: torch.nn.Module
-    replica: Optional[torch.nn.Module]      # deep copy at its first forward (None: could not copy)
+    # deep copy at its first forward, in the train/eval modes of its first call with autograd on
+    # (None: could not copy)
+    replica: Optional[torch.nn.Module]
     replica_error: str
     first_args: tuple
     last_args: tuple = ()
@@ -248,6 +250,8 @@ class Capture:
             seen.last_args = _clone(args)
         if seen.grad_args is None and torch.is_grad_enabled():
             seen.grad_args = seen.last_args
+            if seen.replica is not None:
+                _same_modes(seen.replica, module)
         seen.last_feed, seen.keywords = feed, keywords
         if type(module) not in self._output_types:
             self._output_types.add(type(module))
@@ -464,6 +468,18 @@ class Capture:
             return self.rec.naming.param_name(p)
         except Exception:
             return f"<parameter {tuple(p.shape)}>"
+
+
+def _same_modes(replica: torch.nn.Module, module: torch.nn.Module) -> None:
+    """Put ``replica``'s modules in the train/eval modes ``module``'s have now, its training
+    forward's.  A script that evaluates before it trains (``model.eval()`` and a validation
+    pass under no_grad, Lightning's sanity check) made the copy in eval mode: BatchNorm with
+    its initial running statistics, no dropout, and ``overfit`` trained that (2.403 where the
+    step's loss was 2.493, SKIP 'still falling' or FAIL 'cannot fit' on a healthy CNN)."""
+    modes = {name: m.training for name, m in module.named_modules()}
+    for name, m in replica.named_modules():
+        if name in modes:
+            m.training = modes[name]
 
 
 def _deepcopy(module: torch.nn.Module) -> torch.nn.Module:

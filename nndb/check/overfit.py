@@ -1,7 +1,8 @@
 """Check 7 of ``nndb check``: can the model overfit one small fixed batch?
 
 On a replica: the deep copy of the model taken at its first forward (its
-train/eval modes as the script had them) and a fresh optimizer of the
+train/eval modes those of its first forward with autograd on, a training
+forward's, not an evaluation's before training) and a fresh optimizer of the
 script's class with its hyper-parameters (per param group; a scheduler's
 ``initial_lr`` stands for the lr, OneCycleLR's ``max_lr`` where it has one, and the
 optimizer's own lr for a warmup written by hand).  It trains on the first OVERFIT_BATCH
