@@ -5,6 +5,7 @@ what nndb answers (the trace's loss, ``p $loss`` after ``goto``,
 import importlib.util
 import os
 import re
+import sys
 import textwrap
 
 import numpy as np
@@ -778,6 +779,62 @@ def test_a_gan_micro_batch_before_the_others_skipped_step_keeps_its_loss(tmp_pat
     assert {int(s): repr(float(v)) for s, v in zip(*history["loss"])} == {s: v[1] for s, v in printed.items()}
     assert {int(s): repr(float(v)) for s, v in zip(*history["loss/optD"])} == \
         {s: v[0] for s, v in printed.items() if s >= 3}
+
+
+# An installed package that wraps each optimizer and steps it in a function of its own, whose
+# argument is 'optimizer' (Lightning's LightningOptimizer and precision plugin have this shape)
+WRAPPER_PACKAGE = textwrap.dedent("""
+    def _step(optimizer):
+        optimizer.step()
+
+    class Wrapped:
+        def __init__(self, optimizer):
+            self._optimizer = optimizer
+        def step(self):
+            _step(self._optimizer)
+        def zero_grad(self):
+            self._optimizer.zero_grad()
+""")
+
+WRAPPED_GAN = textwrap.dedent("""
+    import torch, torch.nn as nn, torch.nn.functional as F
+    from optwrap import Wrapped
+    torch.manual_seed(1)
+    G = nn.Sequential(nn.Linear(8, 16), nn.Tanh())
+    D = nn.Linear(16, 1)
+    def train(opts):
+        opt_g, opt_d = opts
+        for step in range(3):
+            z = torch.randn(16, 8)
+            g_loss = F.binary_cross_entropy_with_logits(D(G(z)), torch.ones(16, 1))
+            opt_g.zero_grad(); g_loss.backward(); opt_g.step()
+            d_loss = F.binary_cross_entropy_with_logits(D(G(z).detach()), torch.zeros(16, 1))
+            opt_d.zero_grad(); d_loss.backward(); opt_d.step()
+            print(f"step {step} g {g_loss.item():.4f} d {d_loss.item():.4f}")
+    train([Wrapped(torch.optim.Adam(G.parameters(), 1e-3)), Wrapped(torch.optim.Adam(D.parameters(), 1e-3))])
+""")
+
+
+@pytest.mark.real_subprocess
+def test_optimizers_stepped_through_an_installed_wrapper_are_named_by_the_scripts_variables(tmp_path):
+    """A GAN whose optimizers an installed package wraps and steps (a LightningModule's
+    ``opt_g, opt_d = self.optimizers()``): they were named by the package's own variable,
+    'optimizer' and 'optimizer2' (in 'info optimizer', 'loss/optimizer', 'set lr ...
+    optimizer NAME'), not by the script's 'opt_g' and 'opt_d', which hold their wrappers."""
+    from nndb.store.reader import TraceReader
+    userbase = tmp_path / "userbase"
+    site_dir = userbase / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}" / "site-packages"
+    site_dir.mkdir(parents=True)
+    (site_dir / "optwrap.py").write_text(WRAPPER_PACKAGE)
+    script = tmp_path / "gan.py"
+    script.write_text(WRAPPED_GAN)
+    env = {"PYTHONUSERBASE": str(userbase), "PYTHONPATH": os.pathsep.join([str(site_dir), ROOT])}
+    r = nndb("run", "--batch", "-q", "--nx", "--trace", str(tmp_path / "t.h5"), "-e", "until 1",
+             "-e", "info optimizer", "-e", "continue", str(script), cwd=str(tmp_path), env=env)
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    assert re.findall(r"^(opt\S*)\s+Adam", r.stdout, re.M) == ["opt_d", "opt_g"], r.stdout
+    with TraceReader(str(tmp_path / "t.h5")) as t:
+        assert sorted(s.name for s in t.series() if s.kind == "loss") == ["loss/opt_d", "loss/opt_g"]
 
 
 # A loss taken before optimizer.step(closure) whose gradients the step throws away before its

@@ -8,37 +8,8 @@ Owned by the session (``session.here``); the stop checks
 move its selected frame."""
 from __future__ import annotations
 
-import os
-import site
-import sysconfig
-
+from ..tracer.naming import is_library_frame
 from . import evaluate as E
-
-
-def _library_dirs() -> tuple:
-    """Where installed packages and the standard library live (site-packages, the stdlib)."""
-    paths = sysconfig.get_paths()
-    dirs = {paths.get(k) for k in ("stdlib", "platstdlib", "purelib", "platlib")}
-    try:
-        dirs.update(site.getsitepackages())
-        dirs.add(site.getusersitepackages())
-    except Exception:            # (a Python without them: a virtual environment of an old kind)
-        pass
-    out = set()
-    for d in dirs:
-        if d:
-            out.add(os.path.join(os.path.abspath(d), ""))
-            out.add(os.path.join(os.path.realpath(d), ""))
-    return tuple(sorted(out))
-
-
-_LIBRARY = _library_dirs()
-
-
-def is_library_frame(frame) -> bool:
-    """Is ``frame`` an installed package's or the standard library's (not code the user wrote)?"""
-    name = frame.f_code.co_filename
-    return name.startswith(_LIBRARY) or name.startswith("<frozen ")
 
 
 class StopPosition:

@@ -8,7 +8,10 @@ by its root's variable name in the script (``netD.main.0.weight``); a root
 with parameters first seen later is always qualified.  A root's own output is
 named by that variable name (``model``).  Variable names come from the
 script's frames (locals, globals, then attributes of ``self``); where none is
-found, the class name in snake case.  A parameter no forward reached by the time
+found, the class name in snake case.  An optimizer is named by a variable of the
+script's own code (not an installed package's) that holds it, else one that holds
+a wrapper the script steps in its place (Lightning's ``opt_g, opt_d =
+self.optimizers()``), else as above.  A parameter no forward reached by the time
 its optimizer first steps (a module given to the optimizer and never called) is
 named by its path in a module a script's variable holds (``extra.weight``), else
 by its place in the optimizer (``opt.group0.3``).  A tensor no module holds (trained by
@@ -19,8 +22,11 @@ from __future__ import annotations
 
 import dis
 import functools
+import os
 import re
+import site
 import sys
+import sysconfig
 import types
 import weakref
 from typing import Callable, Optional
@@ -57,6 +63,32 @@ def user_frame(depth: int = 1):
     return f
 
 
+def _library_dirs() -> tuple:
+    """Where installed packages and the standard library live (site-packages, the stdlib)."""
+    paths = sysconfig.get_paths()
+    dirs = {paths.get(k) for k in ("stdlib", "platstdlib", "purelib", "platlib")}
+    try:
+        dirs.update(site.getsitepackages())
+        dirs.add(site.getusersitepackages())
+    except Exception:            # (a Python without them: a virtual environment of an old kind)
+        pass
+    out = set()
+    for d in dirs:
+        if d:
+            out.add(os.path.join(os.path.abspath(d), ""))
+            out.add(os.path.join(os.path.realpath(d), ""))
+    return tuple(sorted(out))
+
+
+_LIBRARY = _library_dirs()
+
+
+def is_library_frame(frame) -> bool:
+    """Is ``frame`` an installed package's or the standard library's (not code the user wrote)?"""
+    name = frame.f_code.co_filename
+    return name.startswith(_LIBRARY) or name.startswith("<frozen ")
+
+
 def find_variable_name(obj, frame) -> Optional[str]:
     """The name a script uses for ``obj``, looking outwards from ``frame``."""
     seen_selfs = []
@@ -79,6 +111,41 @@ def find_variable_name(obj, frame) -> Optional[str]:
                 if v is obj:
                     return k
     return None
+
+
+def _wrapper_of(v, opt) -> bool:
+    """Is ``v`` an object standing for the optimizer ``opt`` that the script steps in its place
+    (Lightning's ``LightningOptimizer``, accelerate's ``AcceleratedOptimizer``): not a module,
+    with a ``zero_grad`` of its own (an LR scheduler holds its optimizer too, and has none), and
+    ``opt`` in its own attributes?"""
+    if isinstance(v, torch.nn.Module) or not callable(getattr(type(v), "zero_grad", None)):
+        return False
+    try:
+        d = object.__getattribute__(v, "__dict__")
+    except Exception:            # (no __dict__: slots, a C type)
+        return False
+    return isinstance(d, dict) and any(x is opt for x in list(d.values()))
+
+
+def find_optimizer_name(opt, frame) -> Optional[str]:
+    """The name the script's own code uses for the optimizer ``opt``, looking outwards from
+    ``frame``: a variable of a frame of code the user wrote (not an installed package's) that
+    holds it, else one that holds a wrapper of it (``opt_g, opt_d = self.optimizers()`` in a
+    LightningModule's ``training_step``: Lightning's wrappers; its precision plugin, stepping
+    each, calls both ``optimizer``, and they were 'optimizer' and 'optimizer2'); else any
+    frame's variable that holds it, as ``find_variable_name`` looks."""
+    skip = skip_dirs()
+    own, f = [], frame
+    while f is not None:
+        if not is_library_frame(f) and not f.f_code.co_filename.startswith(skip):
+            own.append([(k, v) for k, v in list(f.f_locals.items()) if not k.startswith(".")])
+        f = f.f_back
+    for holds in (lambda v: v is opt, lambda v: _wrapper_of(v, opt)):
+        for scope in own:
+            for k, v in scope:
+                if holds(v):
+                    return k
+    return find_variable_name(opt, frame)
 
 
 def _scopes(frame) -> list:
@@ -137,23 +204,11 @@ def _links(v) -> list:
     d = getattr(v, "__dict__", None)
     mod = sys.modules.get(type(v).__module__)
     src = getattr(mod, "__file__", None) or ""
-    if not isinstance(d, dict) or (type(v).__module__ != "__main__" and (not src or src.startswith(_library_dirs()))):
+    if not isinstance(d, dict) or (type(v).__module__ != "__main__" and (
+            not src or src.startswith(_LIBRARY) or src.startswith(skip_dirs()))):
         return []
     return [(k, x, True) for k, x in list(d.items())[:_PATH_ITEMS] if not k.startswith("_")]
 
-
-def _library_dirs() -> tuple:
-    global _LIBRARY_DIRS
-    if _LIBRARY_DIRS is None:
-        import os
-        import sysconfig
-        paths = sysconfig.get_paths()
-        _LIBRARY_DIRS = tuple(os.path.join(os.path.realpath(paths[k]), "") for k in ("stdlib", "purelib", "platlib")
-                              if paths.get(k)) + skip_dirs()
-    return _LIBRARY_DIRS
-
-
-_LIBRARY_DIRS = None
 
 
 def find_tensor_path(p, frame) -> Optional[str]:
@@ -573,7 +628,7 @@ class Naming:
     def optimizer_name(self, opt, frame=None) -> str:
         name = self._opt_names.get(opt)
         if name is None:
-            base = (find_variable_name(opt, frame) if frame is not None else None) \
+            base = (find_optimizer_name(opt, frame) if frame is not None else None) \
                 or snake(type(opt).__name__)
             name = unique(base, self._used_opt_names)
             self._opt_names[opt] = name
