@@ -410,6 +410,40 @@ def python_out(script):
     return r.stdout.splitlines()
 
 
+NAN_UNDER_CLIPPING = """
+import torch, torch.nn as nn, torch.nn.functional as F
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(20, 32), nn.ReLU(), nn.Linear(32, 4))
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+X = torch.randn(256, 20); Y = X[:, :4].argmax(1)
+for step in range(8):
+    i = torch.arange(step * 16, step * 16 + 16)
+    loss = F.cross_entropy(model(X[i]), Y[i])
+    if step == 2:
+        loss = loss * torch.log(torch.tensor(-1.0))
+    opt.zero_grad()
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)
+    opt.step()
+    print(step, repr(loss.item()))
+"""
+
+
+def test_a_nan_under_clipping_is_nonfinites_not_an_exploding_gradient(tmp_path):
+    """A NaN loss at step 2 under clip_grad_norm_ (Lightning's gradient_clip_val): after
+    nonfinite's 'NaN first appeared in loss', exploding_gradient said 'exploding gradient
+    before clipping: clip_grad_norm_ returned a total norm of nan at step 4 (holds NaN) ...
+    it clipped them to max_norm 0.5', of a NaN that clipping makes every gradient.  A NaN
+    total is not judged, as a weight's NaN gradient norm is not; live and on the trace."""
+    script = tmp_path / "nan_clip.py"
+    script.write_text(NAN_UNDER_CLIPPING)
+    trace, report = str(tmp_path / "t.h5"), str(tmp_path / "r.json")
+    _run_live(str(script), [], trace, report, False)
+    d, findings = _compare(trace, report)
+    assert [(f["rule"], f["step"]) for f in findings] == [("nonfinite", 2)], findings
+    assert findings[0]["message"].startswith("NaN first appeared in loss"), findings[0]["message"]
+
+
 def test_each_clip_grad_norm_call_is_a_series_a_watch_reads(tmp_path):
     """Two clip_grad_norm_ calls a step (a GAN's two networks): 'clip_grad_norm_' and
     'clip_grad_norm_#2', in call order; a watch on one stops at the step it crossed."""

@@ -335,7 +335,8 @@ class ExplodingGradient(_Gradients):
     # growing out of range under clip_grad_norm_ shows only in the total norm it returns.
     # Judged as a weight's norm is: against the median of its first 5 nonzero values
     # (``relative``, at least ``min_norm``), the ``ceiling`` (not under Adam's family),
-    # Inf or NaN; ``steps`` flagged recorded steps in a row report it, once per series.  The
+    # Inf (a NaN total is not judged: nonfinite's); ``steps`` flagged recorded steps in a
+    # row report it, once per series.  The
     # finding says whether the call clipped (total > its max_norm: StepRecord.clips, the
     # trace's ``clips`` rows); a call that measured gradients a GradScaler had not unscaled
     # (the loss scale times theirs) is not judged.
@@ -389,7 +390,7 @@ class ExplodingGradient(_Gradients):
                 return False
             for r in block.records:
                 v = scalar_of(r.raw[i])
-                if v is None or not v < self._clip_limit(c, adaptive):
+                if v is None or not (v < self._clip_limit(c, adaptive) or math.isnan(v)):
                     return False
         return True
 
@@ -405,6 +406,14 @@ class ExplodingGradient(_Gradients):
             if scaled:
                 continue                     # (the loss scale times the norm: clip_before_unscale's)
             v = abs(ctx.mean_of(i))          # (the one value: NaN, or Inf, as it was)
+            if math.isnan(v):
+                # A gradient that holds NaN: nonfinite's incident, no exploding one (its total
+                # is NaN from then on: 'exploding gradient before clipping ... total norm of nan
+                # (holds NaN) ... it clipped them to max_norm 0.5' came after nonfinite's
+                # 'NaN first appeared in loss' on every run that clipped; clipping by a NaN
+                # total clips nothing, it makes every gradient NaN).  Not judged, as a weight's
+                # NaN gradient norm is not.
+                continue
             if c["ref"] is None and math.isfinite(v) and v > 0:
                 c["early"].append(v)
                 if len(c["early"]) == _EARLY:
@@ -422,7 +431,7 @@ class ExplodingGradient(_Gradients):
             c["done"] = True
             ref = c["ref"]
             if not math.isfinite(v):
-                why, criteria = ("holds NaN" if math.isnan(v) else "is Inf"), ["inf"]
+                why, criteria = "is Inf", ["inf"]
             elif ref is not None and v > p["relative"] * ref:
                 why, criteria = f"{fmt(v / ref)}x its early median {fmt(ref)}", ["relative"]
             else:
