@@ -91,7 +91,8 @@ def test_an_rnn_whose_hidden_state_alone_is_used_has_its_activations(tmp_path, h
     """forward: the RNN's pass, hooked on its first output only (out, which the loss does not
     use), was taken for one no backward went through: the rnn row was missing at every step.
     named: the layer ``rnn`` of the model the script names ``rnn``: one series, the model's
-    output; the layer's is rnn.rnn."""
+    output; the layer's is rnn.rnn.  So too under forward (the model was named by its
+    forward's ``self``, the layer 'rnn')."""
     script = tmp_path / "char.py"
     script.write_text(HIDDEN_STATE_ONLY)
     trace = str(tmp_path / "t.h5")
@@ -99,7 +100,7 @@ def test_an_rnn_whose_hidden_state_alone_is_used_has_its_activations(tmp_path, h
     r = run_nndb("run", "--batch", "-q", "--trace", trace, str(script), how)
     assert r.returncode == 0 and r.stdout == plain.stdout, r.stderr
     rows = [line.split() for line in plain.stdout.splitlines()]
-    layer = "rnn" if how == "forward" else "rnn.rnn"
+    layer = "rnn.rnn"
     t = nndb.open(trace)
     steps, counts = t.history(layer, "act", "count")
     _, norms = t.history(layer, "act", "norm")

@@ -781,9 +781,10 @@ def test_a_gan_micro_batch_before_the_others_skipped_step_keeps_its_loss(tmp_pat
         {s: v[0] for s, v in printed.items() if s >= 3}
 
 
-# An installed package that wraps each optimizer and steps it in a function of its own, whose
-# argument is 'optimizer' (Lightning's LightningOptimizer and precision plugin have this shape)
-WRAPPER_PACKAGE = textwrap.dedent("""
+# An installed package that runs a model's training_step over the batches, with each optimizer
+# wrapped and stepped in a function of its own whose argument is 'optimizer', the model its
+# 'pl_module' (Lightning's Trainer, LightningOptimizer and precision plugin have this shape)
+TRAINER_PACKAGE = textwrap.dedent("""
     def _step(optimizer):
         optimizer.step()
 
@@ -794,47 +795,66 @@ WRAPPER_PACKAGE = textwrap.dedent("""
             _step(self._optimizer)
         def zero_grad(self):
             self._optimizer.zero_grad()
+
+    def fit(pl_module, batches):
+        pl_module.wrapped = [Wrapped(o) for o in pl_module.configure_optimizers()]
+        for i, batch in enumerate(batches):
+            pl_module.training_step(batch, i)
 """)
 
-WRAPPED_GAN = textwrap.dedent("""
+TRAINER_GAN = textwrap.dedent("""
     import torch, torch.nn as nn, torch.nn.functional as F
-    from optwrap import Wrapped
-    torch.manual_seed(1)
-    G = nn.Sequential(nn.Linear(8, 16), nn.Tanh())
-    D = nn.Linear(16, 1)
-    def train(opts):
-        opt_g, opt_d = opts
-        for step in range(3):
-            z = torch.randn(16, 8)
-            g_loss = F.binary_cross_entropy_with_logits(D(G(z)), torch.ones(16, 1))
+    from trainerlib import fit
+
+    class GAN(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.generator = nn.Sequential(nn.Linear(8, 16), nn.Tanh())
+            self.discriminator = nn.Linear(16, 1)
+        def forward(self, z):
+            return self.generator(z)
+        def configure_optimizers(self):
+            return [torch.optim.Adam(self.generator.parameters(), 1e-3),
+                    torch.optim.Adam(self.discriminator.parameters(), 1e-3)]
+        def training_step(self, z, i):
+            opt_g, opt_d = self.wrapped
+            g_loss = F.binary_cross_entropy_with_logits(self.discriminator(self(z)), torch.ones(16, 1))
             opt_g.zero_grad(); g_loss.backward(); opt_g.step()
-            d_loss = F.binary_cross_entropy_with_logits(D(G(z).detach()), torch.zeros(16, 1))
+            d_loss = F.binary_cross_entropy_with_logits(self.discriminator(self(z).detach()), torch.zeros(16, 1))
             opt_d.zero_grad(); d_loss.backward(); opt_d.step()
-            print(f"step {step} g {g_loss.item():.4f} d {d_loss.item():.4f}")
-    train([Wrapped(torch.optim.Adam(G.parameters(), 1e-3)), Wrapped(torch.optim.Adam(D.parameters(), 1e-3))])
+            print(f"step {i} g {g_loss.item():.4f} d {d_loss.item():.4f}")
+
+    torch.manual_seed(1)
+    model = GAN()
+    fit(model, [torch.randn(16, 8) for _ in range(3)])
 """)
 
 
 @pytest.mark.real_subprocess
-def test_optimizers_stepped_through_an_installed_wrapper_are_named_by_the_scripts_variables(tmp_path):
-    """A GAN whose optimizers an installed package wraps and steps (a LightningModule's
-    ``opt_g, opt_d = self.optimizers()``): they were named by the package's own variable,
+def test_a_model_and_optimizers_an_installed_trainer_runs_are_named_by_the_scripts_variables(tmp_path):
+    """A LightningModule-shaped GAN that an installed package trains: it calls the model's
+    training_step, which steps the package's wrappers of its optimizers (``opt_g, opt_d =
+    self.optimizers()``).  The optimizers were named by the package's own variable,
     'optimizer' and 'optimizer2' (in 'info optimizer', 'loss/optimizer', 'set lr ...
-    optimizer NAME'), not by the script's 'opt_g' and 'opt_d', which hold their wrappers."""
+    optimizer NAME'), and the model by the method's 'self' (its output the series 'self';
+    looking past it, the package's 'pl_module'), not by the script's 'opt_g', 'opt_d' (which
+    hold the wrappers) and 'model'."""
     from nndb.store.reader import TraceReader
     userbase = tmp_path / "userbase"
     site_dir = userbase / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}" / "site-packages"
     site_dir.mkdir(parents=True)
-    (site_dir / "optwrap.py").write_text(WRAPPER_PACKAGE)
+    (site_dir / "trainerlib.py").write_text(TRAINER_PACKAGE)
     script = tmp_path / "gan.py"
-    script.write_text(WRAPPED_GAN)
+    script.write_text(TRAINER_GAN)
     env = {"PYTHONUSERBASE": str(userbase), "PYTHONPATH": os.pathsep.join([str(site_dir), ROOT])}
     r = nndb("run", "--batch", "-q", "--nx", "--trace", str(tmp_path / "t.h5"), "-e", "until 1",
              "-e", "info optimizer", "-e", "continue", str(script), cwd=str(tmp_path), env=env)
     assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
     assert re.findall(r"^(opt\S*)\s+Adam", r.stdout, re.M) == ["opt_d", "opt_g"], r.stdout
     with TraceReader(str(tmp_path / "t.h5")) as t:
-        assert sorted(s.name for s in t.series() if s.kind == "loss") == ["loss/opt_d", "loss/opt_g"]
+        series = {(s.name, s.kind) for s in t.series()}
+    assert {n for n, k in series if k == "loss"} == {"loss/opt_d", "loss/opt_g"}, series
+    assert ("model", "act") in series and not {n for n, _ in series} & {"self", "pl_module"}, series
 
 
 # A loss taken before optimizer.step(closure) whose gradients the step throws away before its

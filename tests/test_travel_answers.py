@@ -1169,7 +1169,7 @@ def test_a_step_a_later_stages_optimizer_took_over_is_gone_back_to_at_its_own_en
     printed = [line.split()[-1] for line in python(script, forked=True).stdout.splitlines()]
     r = _run(tmp_path, script, ["break step 4", "continue", 'p ("LIVE", i)', "tbreak step 6", "continue",
                                 "goto 4", 'p ("PAST", i, repr(loss.item()), repr($loss))',
-                                'p ("GRAD", round(self.lin.weight.grad.norm().item() / $grad["self2.lin.weight"].norm, 6))',
+                                'p ("GRAD", round(self.lin.weight.grad.norm().item() / $grad["block2.lin.weight"].norm, 6))',
                                 "goto 3", "next", 'p ("NEXT", i, repr(loss.item()))', "present",
                                 "replay --verify 0:7", "continue"])
     assert r.returncode == 0, r.stderr
@@ -1204,7 +1204,7 @@ def test_a_stop_at_a_step_0_closed_after_the_fact_says_where_it_is(tmp_path):
 def test_the_step_after_a_handover_has_the_activations_its_own_policy_records(tmp_path):
     """Block 1's first step is step 32, an observed step: its second step's forward ran
     before the live run knew step 32 had ended, under step 32's policy, and step 33 (not
-    observed: 0-19, then one in 32) had activations in the trace, 'self2' among them,
+    observed: 0-19, then one in 32) had activations in the trace, 'block2' among them,
     where a replay, told of the handover, records none (`stats act` at `goto 33`:
     nothing recorded)."""
     import nndb as api

@@ -7,11 +7,12 @@ saw more than one root that owns parameters (a GAN), every name is qualified
 by its root's variable name in the script (``netD.main.0.weight``); a root
 with parameters first seen later is always qualified.  A root's own output is
 named by that variable name (``model``).  Variable names come from the
-script's frames (locals, globals, then attributes of ``self``); where none is
-found, the class name in snake case.  An optimizer is named by a variable of the
-script's own code (not an installed package's) that holds it, else one that holds
-a wrapper the script steps in its place (Lightning's ``opt_g, opt_d =
-self.optimizers()``), else as above.  A parameter no forward reached by the time
+script's frames (locals, those of code the user wrote before an installed
+package's, then globals, then attributes of ``self``; a method's ``self`` is
+not the name of the object it is); where none is found, the class name in
+snake case.  An optimizer that no variable of the user's code holds is named by
+one that holds a wrapper the script steps in its place (Lightning's ``opt_g,
+opt_d = self.optimizers()``) before a library's.  A parameter no forward reached by the time
 its optimizer first steps (a module given to the optimizer and never called) is
 named by its path in a module a script's variable holds (``extra.weight``), else
 by its place in the optimizer (``opt.group0.3``).  A tensor no module holds (trained by
@@ -89,17 +90,40 @@ def is_library_frame(frame) -> bool:
     return name.startswith(_LIBRARY) or name.startswith("<frozen ")
 
 
-def find_variable_name(obj, frame) -> Optional[str]:
-    """The name a script uses for ``obj``, looking outwards from ``frame``."""
-    seen_selfs = []
-    f = frame
+def _foreign(frame) -> bool:
+    """A frame of code the user did not write: an installed package's, the standard library's,
+    torch's or nndb's."""
+    return is_library_frame(frame) or frame.f_code.co_filename.startswith(skip_dirs())
+
+
+def _outwards(frame) -> tuple:
+    """The frames from ``frame`` outwards: (those of code the user wrote, the others)."""
+    own, other, f = [], [], frame
     while f is not None:
-        for k, v in f.f_locals.items():
-            if v is obj and not k.startswith("."):
-                return k
-            if k == "self":
-                seen_selfs.append(v)
+        (other if _foreign(f) else own).append(f)
         f = f.f_back
+    return own, other
+
+
+def find_variable_name(obj, frame, wrapped=None) -> Optional[str]:
+    """The name a script uses for ``obj``, looking outwards from ``frame``: a variable of code
+    the user wrote that holds it, else (given ``wrapped``, a test) one that holds a wrapper of
+    it, else one of a library's frame (a library that runs the script's code, Lightning's
+    Trainer, has names of its own for the script's objects: ``pl_module``, ``optimizer``),
+    its globals, an attribute of a ``self``.  A method's ``self`` is no name for the object it
+    is (a model that calls itself, ``self(x)`` in a LightningModule's ``training_step``: its
+    output was the series 'self', its check's model 'self (Net)', two such models 'self' and
+    'self2'): the callers' name is."""
+    own, other = _outwards(frame)
+    seen_selfs = []
+    for frames, holds in ((own, lambda v: v is obj), (own if wrapped else (), wrapped),
+                          (other, lambda v: v is obj)):
+        for f in frames:
+            for k, v in list(f.f_locals.items()):
+                if not k.startswith(".") and k != "self" and holds(v):
+                    return k
+                if k == "self" and holds is not wrapped:
+                    seen_selfs.append(v)
     if frame is not None:
         for k, v in frame.f_globals.items():
             if v is obj:
@@ -113,39 +137,20 @@ def find_variable_name(obj, frame) -> Optional[str]:
     return None
 
 
-def _wrapper_of(v, opt) -> bool:
-    """Is ``v`` an object standing for the optimizer ``opt`` that the script steps in its place
-    (Lightning's ``LightningOptimizer``, accelerate's ``AcceleratedOptimizer``): not a module,
-    with a ``zero_grad`` of its own (an LR scheduler holds its optimizer too, and has none), and
-    ``opt`` in its own attributes?"""
-    if isinstance(v, torch.nn.Module) or not callable(getattr(type(v), "zero_grad", None)):
-        return False
-    try:
-        d = object.__getattribute__(v, "__dict__")
-    except Exception:            # (no __dict__: slots, a C type)
-        return False
-    return isinstance(d, dict) and any(x is opt for x in list(d.values()))
-
-
-def find_optimizer_name(opt, frame) -> Optional[str]:
-    """The name the script's own code uses for the optimizer ``opt``, looking outwards from
-    ``frame``: a variable of a frame of code the user wrote (not an installed package's) that
-    holds it, else one that holds a wrapper of it (``opt_g, opt_d = self.optimizers()`` in a
-    LightningModule's ``training_step``: Lightning's wrappers; its precision plugin, stepping
-    each, calls both ``optimizer``, and they were 'optimizer' and 'optimizer2'); else any
-    frame's variable that holds it, as ``find_variable_name`` looks."""
-    skip = skip_dirs()
-    own, f = [], frame
-    while f is not None:
-        if not is_library_frame(f) and not f.f_code.co_filename.startswith(skip):
-            own.append([(k, v) for k, v in list(f.f_locals.items()) if not k.startswith(".")])
-        f = f.f_back
-    for holds in (lambda v: v is opt, lambda v: _wrapper_of(v, opt)):
-        for scope in own:
-            for k, v in scope:
-                if holds(v):
-                    return k
-    return find_variable_name(opt, frame)
+def _wrapper_of(opt):
+    """A test: is an object one standing for the optimizer ``opt`` that the script steps in
+    its place (Lightning's ``LightningOptimizer``, accelerate's ``AcceleratedOptimizer``): not
+    a module, with a ``zero_grad`` of its own (an LR scheduler holds its optimizer too, and
+    has none), and ``opt`` among its own attributes?"""
+    def test(v) -> bool:
+        if isinstance(v, torch.nn.Module) or not callable(getattr(type(v), "zero_grad", None)):
+            return False
+        try:
+            d = object.__getattribute__(v, "__dict__")
+        except Exception:            # (no __dict__: slots, a C type)
+            return False
+        return isinstance(d, dict) and any(x is opt for x in list(d.values()))
+    return test
 
 
 def _scopes(frame) -> list:
@@ -628,7 +633,10 @@ class Naming:
     def optimizer_name(self, opt, frame=None) -> str:
         name = self._opt_names.get(opt)
         if name is None:
-            base = (find_optimizer_name(opt, frame) if frame is not None else None) \
+            # (``opt_g, opt_d = self.optimizers()`` in a LightningModule's training_step:
+            # Lightning's wrappers, each stepped in its precision plugin's
+            # optimizer_step(optimizer): they were 'optimizer' and 'optimizer2')
+            base = (find_variable_name(opt, frame, _wrapper_of(opt)) if frame is not None else None) \
                 or snake(type(opt).__name__)
             name = unique(base, self._used_opt_names)
             self._opt_names[opt] = name
