@@ -444,6 +444,54 @@ def test_a_nan_under_clipping_is_nonfinites_not_an_exploding_gradient(tmp_path):
     assert findings[0]["message"].startswith("NaN first appeared in loss"), findings[0]["message"]
 
 
+GENERATOR_FIRST_GAN = """
+import sys
+import torch, torch.nn as nn, torch.nn.functional as F
+torch.manual_seed(1)
+G = nn.Sequential(nn.Linear(8, 32), nn.LeakyReLU(0.2), nn.Linear(32, 16), nn.Tanh())
+D = nn.Sequential(nn.Linear(16, 32), nn.LeakyReLU(0.2), nn.Linear(32, 1))
+opt_g = torch.optim.Adam(G.parameters(), lr=2e-4, betas=(0.5, 0.999))
+opt_d = torch.optim.Adam(D.parameters(), lr=2e-4, betas=(0.5, 0.999))
+data = torch.randn(512, 16) * 0.5 + 1.0
+for step in range(6):
+    real = data[step * 32:(step + 1) * 32]
+    if step == 4 and sys.argv[1] == "data":
+        real = real * float("nan")
+    z = torch.randn(32, 8)
+    valid, fake = torch.ones(32, 1), torch.zeros(32, 1)
+    g_loss = F.binary_cross_entropy_with_logits(D(G(z)), valid)
+    if step == 4 and sys.argv[1] == "generator":
+        g_loss = g_loss * float("nan")
+    opt_g.zero_grad(); g_loss.backward(); opt_g.step()
+    d_loss = (F.binary_cross_entropy_with_logits(D(real), valid)
+              + F.binary_cross_entropy_with_logits(D(G(z).detach()), fake)) / 2
+    opt_d.zero_grad(); d_loss.backward(); opt_d.step()
+    print(step, repr(g_loss.item()), repr(d_loss.item()))
+"""
+
+
+@pytest.mark.parametrize("planted", ["generator", "data"])
+def test_a_nan_of_a_gans_first_pass_is_not_pinned_on_a_later_passs_activation(tmp_path, planted):
+    """Lightning's GAN shape, the generator's pass first: a NaN generator loss at step 4 made
+    the generator NaN in its update, and the discriminator's pass then ran on a NaN fake
+    batch.  nonfinite said 'NaN first appeared in act D.0 (1024 element(s))', a layer of the
+    later pass: activations add up over the step's passes and were put before every loss.
+    It says that the first optimizer's loss, NaN too, may have come first.  A NaN batch of
+    real data in the discriminator's pass (the generator's loss finite) is its layer's."""
+    script = tmp_path / "gan.py"
+    script.write_text(GENERATOR_FIRST_GAN)
+    trace, report = str(tmp_path / "t.h5"), str(tmp_path / "r.json")
+    _run_live(str(script), [planted], trace, report, False)
+    d, findings = _compare(trace, report)
+    [nf] = [f for f in findings if f["rule"] == "nonfinite"]
+    assert nf["step"] == 4 and nf["message"].startswith("NaN first appeared in act D.0"), nf
+    if planted == "generator":
+        assert "; or in loss/opt_g: the step ran 2 optimizers' passes in turn" in nf["message"], nf["message"]
+        assert nf["evidence"]["or_loss"] == "loss/opt_g"
+    else:
+        assert "or in" not in nf["message"] and "or_loss" not in nf["evidence"], nf["message"]
+
+
 def test_each_clip_grad_norm_call_is_a_series_a_watch_reads(tmp_path):
     """Two clip_grad_norm_ calls a step (a GAN's two networks): 'clip_grad_norm_' and
     'clip_grad_norm_#2', in call order; a watch on one stops at the step it crossed."""

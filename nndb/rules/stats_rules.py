@@ -48,7 +48,9 @@ class NonFinite(Rule):
     id = "nonfinite"
     severity = "error"
     explanation = ("NaN or Inf in an activation, the loss, a gradient or a parameter; says where it appeared "
-                   "first (once per incident: what a NaN spreads to on later steps is not reported again)")
+                   "first (once per incident: what a NaN spreads to on later steps is not reported again; in a "
+                   "step of several optimizers' passes, an activation summed over them and the first "
+                   "optimizer's loss, both bad, are named both: which came first is not known)")
 
     EVERY_STEP = True
     ROW_ORDER = True        # (on a trace: it names the first tensor in the step's recording order)
@@ -102,6 +104,18 @@ class NonFinite(Rule):
             before = float(prev[2].col("norm")[prev[1].index((name, kind))])
             evidence["previous_step"], evidence["previous_norm"] = prev[0], num(before)
             msg += f"; its norm at step {prev[0]} was {fmt(before)}"
+        losses = [j for j, (_, k) in enumerate(names) if k == "loss"]
+        if kind == "act" and len(losses) > 1 and losses[0] in bad:
+            # Several optimizers' passes one after the other (a GAN's generator, then its
+            # discriminator), each activation summed over them: the first optimizer's loss
+            # went bad, and the activation may have only in a later pass, through parameters
+            # that loss's update made NaN (a NaN generator loss read 'NaN first appeared in
+            # act D.0', the discriminator's first layer on the fake batch of its own pass).
+            lead = names[losses[0]][0]
+            evidence["or_loss"] = lead
+            msg += (f"; or in {series_label(lead, 'loss')}: the step ran {len(losses)} optimizers' passes in turn "
+                    f"and an activation's statistics add up over them, so whether it went bad before that loss "
+                    f"is not known ('catch nan' replays the step to find the operation)")
         # Steps not recorded right before this one (--every, --steps) may have held it first:
         # 'first appeared' is then only among the recorded steps, and the message says so.
         gap = (prev[0] + 1, ctx.step - 1) if prev is not None else (0, ctx.step - 1) if first else None
