@@ -309,3 +309,45 @@ def test_a_replica_finds_the_file_it_wrote_and_not_the_one_it_removed(tmp_path):
     # (a step ends in opt.step(): the past at step 5 has run iteration 3's removals, not iteration 6's write)
     assert "('THERE', False, False)" in r.stdout, r.stdout + r.stderr
     assert (tmp_path / "note.txt").read_text() == "again" and not (tmp_path / "restore.pt").exists()
+
+
+# The Hugging Face Trainer's save: a directory per checkpoint, made when the step saves
+# (os.makedirs), and the files written into it.
+SAVES_CHECKPOINTS = '''import json, os, tempfile
+import torch, torch.nn as nn''' + LOOP + '''
+    if step % 3 == 2:
+        d = os.path.join("out", f"checkpoint-{step + 1}")
+        os.makedirs(d, exist_ok=True)
+        torch.save(m.state_dict(), os.path.join(d, "model.pt"))
+        with open(os.path.join(d, "state.json"), "w") as fh:
+            json.dump({"step": step}, fh)
+    with tempfile.TemporaryDirectory() as t:        # (a temporary directory's files: written for real)
+        open(os.path.join(t, "x"), "w").write(str(step))
+        assert open(os.path.join(t, "x")).read() == str(step)
+'''
+
+
+def test_a_directory_the_replica_makes_holds_no_file_of_its_for_real(tmp_path):
+    """A Trainer-shaped loop run from a directory under /tmp (the temporary
+    directory): the Hugging Face Trainer's (save_steps=6) 'predict 2' at step 4
+    wrote checkpoint-6's 8 files for real (config.json, model.safetensors,
+    optimizer.pt, ...: '18 of your file(s) changed while the replica ran'), as
+    every directory a replica made under the temporary directory was taken for
+    tempfile.mkdtemp's.  Only mkdtemp's are the replica's own now (a
+    TemporaryDirectory's files are still written for real); a checkpoint
+    directory is made, its files go to scratch copies."""
+    assert str(tmp_path).startswith(os.path.realpath(__import__("tempfile").gettempdir()) + os.sep)
+    (tmp_path / "s.py").write_text(SAVES_CHECKPOINTS)
+    commands = ["break step 1", "continue", "predict 4",
+                'p ("FILES", sorted(os.listdir("out/checkpoint-3")))', "kill"]
+    argv = ["run", "--batch", "--nx", "--rules", "none", "--trace", str(tmp_path / "t.h5")]
+    for c in commands:
+        argv += ["-e", c]
+    r = Ran(nndb(*argv, "s.py", cwd=str(tmp_path)), argv + ["s.py"])
+    assert "Traceback" not in r.stderr and "internal error" not in r.stderr, r.stderr
+    assert re.search(r"Predicted 4 step\(s\) ahead on a replica", r.stdout), r.stdout + r.stderr
+    assert "('FILES', [])" in r.stdout, r.stdout + r.stderr
+    assert os.listdir(tmp_path / "out" / "checkpoint-3") == []          # (killed at step 1: no save yet)
+    # (the directory itself is made for real, and named)
+    assert "out (new), out/checkpoint-3 (new); the live run is unchanged" in r.stderr, r.stderr
+

@@ -51,7 +51,8 @@ of every file under the script's directory and the working directory before
 a replica starts, and compares after it ended; what changed is said, one
 line, and "your files are as they were" is said only of what was compared.
 Directories a replica makes (``os.makedirs``) are made for real (an empty
-directory; the comparison names it).
+directory; the comparison names it); those ``tempfile.mkdtemp`` makes are its
+own, written for real.
 
 A replica forked from a replica (``predict`` or ``fuzz`` in the past) has a
 sandbox of its own over its parent's: it reads the parent's scratch copies,
@@ -67,6 +68,7 @@ import io
 import os
 import shutil
 import stat
+import sys
 
 _PASS = ("/dev/", "/proc/", "/sys/")
 _FDS = "/proc/self/fd"
@@ -103,8 +105,9 @@ class Sandbox:
         return p
 
     def mkdir(self, path, *args, **kwargs):
-        """Made for real; one made in the temporary directory (``tempfile.mkdtemp``'s) is the
-        replica's own: what it writes there is written for real."""
+        """Made for real; one ``tempfile.mkdtemp`` makes (its caller) is the replica's own: what
+        it writes there is written for real.  (Any directory made under the temporary directory
+        was: a script run from /tmp/work wrote its checkpoint directory's files for real.)"""
         p = None if "dir_fd" in kwargs or isinstance(path, int) else os.path.abspath(os.fsdecode(os.fspath(path)))
         again = p is not None and self._is_gone(p)          # (removed here: made again, for the replica)
         self.gone.discard(p)
@@ -113,7 +116,7 @@ class Sandbox:
         except FileExistsError:
             if not again:
                 raise
-        if p is not None and p.startswith(_temp_root() + os.sep):
+        if p is not None and sys._getframe(1).f_code is _mkdtemp_code():
             self.made.append(p)
 
     def _own(self, scratch: str) -> bool:
@@ -344,6 +347,11 @@ _os_remove, _os_rename, _os_open, _os_truncate = os.remove, os.rename, os.open, 
 _os_chmod, _os_utime, _rmtree = os.chmod, os.utime, shutil.rmtree
 _os_mkdir = os.mkdir
 _os_stat, _os_lstat = os.stat, os.lstat
+
+
+def _mkdtemp_code():
+    import tempfile
+    return tempfile.mkdtemp.__code__
 
 
 def _temp_root() -> str:
