@@ -351,3 +351,30 @@ def test_a_directory_the_replica_makes_holds_no_file_of_its_for_real(tmp_path):
     # (the directory itself is made for real, and named)
     assert "out (new), out/checkpoint-3 (new); the live run is unchanged" in r.stderr, r.stderr
 
+
+def test_a_survey_cut_at_its_limit_names_only_what_changed(tmp_path, monkeypatch):
+    """The survey of the user's files stops at Survey.LIMIT entries (20000); a
+    script beside its venv (/tmp/hf/venv: transformers' 500 model folders)
+    fills it.  The cut fell inside a directory, and the comparison after a
+    replica that made one directory (the Trainer's checkpoint-6) moved it by
+    one: 'venv/.../models/vitmatte/configuration_vitmatte.py (removed)', a
+    file untouched.  Directories are surveyed whole, and the comparison lists
+    again those the survey listed (and new ones)."""
+    from nndb.timetravel import sandbox
+    monkeypatch.setattr(sandbox.Survey, "LIMIT", 25)
+    for i in range(6):
+        d = tmp_path / "venv" / f"m{i}"
+        d.mkdir(parents=True)
+        for j in range(5):
+            (d / f"f{j}.py").write_text("x")
+    survey = sandbox.Survey([str(tmp_path)])
+    assert not survey.complete and len(survey.before) <= 25
+    (tmp_path / "checkpoint-6").mkdir()
+    (tmp_path / "checkpoint-6" / "model.pt").write_text("y")
+    changes = survey.changes()
+    assert changes == [(str(tmp_path / "checkpoint-6"), "new"),
+                       (str(tmp_path / "checkpoint-6" / "model.pt"), "new")], changes
+    for i in range(6):          # (and a change in a directory listed is named)
+        (tmp_path / "venv" / f"m{i}" / "f0.py").write_text("changed")
+    named = [p for p, what in survey.changes() if what == "changed"]
+    assert named and all(p.endswith("f0.py") for p in named), named

@@ -440,24 +440,28 @@ class Survey:
         self.roots = [r for r in real if not any(r.startswith(o + os.sep) for o in real if o != r)]
         self.skip = tuple(os.path.realpath(p) for p in (*skip, *torch_caches()) if p)
         self.stdio = stdio_files()        # the terminal's files: a log the run's output is sent to
-        self.complete = True
-        self.before = self._scan()
+        self.before, self.listed, self.complete = self._scan()
 
-    def _scan(self) -> dict:
+    def _scan(self, within=None) -> tuple:
+        """(entries, the directories listed, whether all were) under the roots, each directory
+        whole: the first that would pass LIMIT is left out, with all after it.  ``within``: the
+        directories the survey listed, the only ones listed again but for those new since
+        (whose every entry is new)."""
         seen: dict = {}
+        listed = set()
         todo = list(self.roots)
         while todo:
             d = todo.pop()
+            if within is not None and d not in within and (d in self.before or d in self.roots):
+                continue
             try:
                 entries = list(os.scandir(d))
             except OSError:
                 continue
+            found = {}
             for e in entries:
                 if e.path.startswith(self.skip) or e.name == "__pycache__":
                     continue
-                if len(seen) >= self.LIMIT:
-                    self.complete = False
-                    return seen
                 try:
                     st = e.stat(follow_symlinks=False)
                 except OSError:
@@ -465,10 +469,16 @@ class Survey:
                 if (st.st_dev, st.st_ino) in self.stdio:
                     continue
                 is_dir = e.is_dir(follow_symlinks=False)
-                seen[e.path] = (is_dir, st.st_size, st.st_mtime_ns, st.st_ino)
+                found[e.path] = (is_dir, st.st_size, st.st_mtime_ns, st.st_ino)
                 if is_dir and not e.name.startswith("."):
                     todo.append(e.path)
-        return seen
+            if within is None and len(seen) + len(found) > self.LIMIT:
+                # (a directory cut short named the rest of it 'removed' when a new entry moved
+                # the cut: a venv's transformers/models/vitmatte/configuration_vitmatte.py)
+                return seen, listed, False
+            seen.update(found)
+            listed.add(d)
+        return seen, listed, True
 
     def modified_since(self, t: float) -> list:
         """The files (not directories) of the survey last modified at or after ``t``
@@ -481,7 +491,7 @@ class Survey:
     def changes(self) -> list:
         """[(path, "changed" | "new" | "removed")] since the survey, sorted
         by path (a directory whose entries changed is named by them)."""
-        after = self._scan()
+        after = self._scan(within=None if self.complete else self.listed)[0]
         out = []
         for p in sorted(set(self.before) | set(after)):
             a, b = self.before.get(p), after.get(p)
