@@ -172,6 +172,26 @@ def plain_and_recorded(tmp_path, source: str, *args):
     return plain, trace
 
 
+# accelerate's optimizer wrapper (every Hugging Face Trainer's), for scripts that import torch first
+ACCELERATE_WRAPPER = '''
+class Wrapped(torch.optim.Optimizer):
+    """accelerate's AcceleratedOptimizer's shape: no Optimizer.__init__, the script's
+    optimizer held as .optimizer, its param_groups the held one's."""
+    def __init__(self, optimizer):
+        self.optimizer = optimizer
+    @property
+    def param_groups(self):
+        return self.optimizer.param_groups
+    @property
+    def state(self):
+        return self.optimizer.state
+    def zero_grad(self, set_to_none=True):
+        self.optimizer.zero_grad(set_to_none)
+    def step(self, closure=None):
+        return self.optimizer.step(closure)
+'''
+
+
 def without_nndb_lines(stderr: str) -> str:
     return "".join(l for l in stderr.splitlines(True) if not l.startswith("nndb: "))
 

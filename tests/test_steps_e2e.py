@@ -5,7 +5,7 @@ import re
 import numpy as np
 import pytest
 
-from conftest import example, nndb, plain_and_recorded, python, run_in_process, without_nndb_lines
+from conftest import ACCELERATE_WRAPPER, example, nndb, plain_and_recorded, python, run_in_process, without_nndb_lines
 from nndb.store.reader import TraceReader
 from nndb.text import fmt
 
@@ -119,6 +119,47 @@ def test_step0_of_several_optimizers_stops_in_its_own_iteration(tmp_path):
     grads = re.findall(r"^actor\.weight\s+\(2, 4\)\s+float32\s+y\s+\S+\s+(\S+)$", r.stdout, re.M)
     assert grads == [fmt(float(rows[0][2]))] * 2, r.stdout
     assert "-> copt.step()" in r.stdout and "-> aopt.step()" not in r.stdout, r.stdout
+
+
+# accelerate's loop (so the Hugging Face Trainer's): its optimizer wrapper subclasses
+# torch.optim.Optimizer without Optimizer.__init__ and steps the script's; a warmup schedule on it,
+# four micro-batches a step, each loss scaled by 1/4 as accelerator.backward scales it.
+WRAPPED_ACCUMULATION = """
+import torch, torch.nn as nn
+""" + ACCELERATE_WRAPPER + """
+torch.manual_seed(0)
+model = nn.Linear(8, 1)
+opt = Wrapped(torch.optim.AdamW(model.parameters(), lr=1e-3))
+sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, s / 3))
+x = torch.randn(64, 8); y = x.sum(1, keepdim=True)
+for micro in range(16):
+    loss = ((model(x[micro * 4:micro * 4 + 4]) - y[micro * 4:micro * 4 + 4]) ** 2).mean()
+    (loss / 4).backward()
+    if micro % 4 == 3:
+        print("step", micro // 4, "lr", repr(opt.param_groups[0]["lr"]))
+        opt.step(); sched.step(); opt.zero_grad()
+"""
+
+
+def test_an_optimizer_wrapper_without_step_hooks_is_no_second_optimizer(tmp_path):
+    """accelerate's AcceleratedOptimizer (every Hugging Face Trainer's) was counted as a
+    second optimizer that never stepped: step 0 was closed after the fact, in step 1's
+    optimizer step, so 'break step 0' stopped at micro-batch 7 with step 1's variables and the
+    trace's lr of step 0 was step 1's (the Trainer's 0.000333 where it logged learning_rate
+    0.0; accelerate's warmup 0.0005 for 0).  A wrapper whose step() fires no step hooks is
+    not counted: step 0 ends as the wrapper returns."""
+    plain, _ = plain_and_recorded(tmp_path, WRAPPED_ACCUMULATION)
+    used = [float(v) for v in re.findall(r"^step \d+ lr (\S+)$", plain.stdout, re.M)]
+    assert used == [0.0, 1e-3 / 3, 2e-3 / 3, 1e-3]
+    r = nndb("run", "--batch", "-q", "--nx", "--trace", str(tmp_path / "w.h5"), "-e", "break step 0",
+             "-e", "continue", "-e", 'p ("AT", micro, opt.param_groups[0]["lr"])', "-e", "continue",
+             str(tmp_path / "script.py"))
+    assert r.returncode == 0, r.stderr
+    assert "('AT', 3, 0.0)" in r.stdout and "closed after the fact" not in r.stdout, r.stdout
+    with TraceReader(str(tmp_path / "w.h5")) as t:
+        assert list(t.steps) == [0, 1, 2, 3] and list(t.backward_count) == [4] * 4
+        (_, _, lrs), = t.learning_rates()
+    assert list(lrs) == used                         # the lr each step stepped with
 
 
 # A WGAN: the critic trained three times per generator step, so the generator's

@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from conftest import ROOT, Ran, example, nndb, python
+from conftest import ACCELERATE_WRAPPER, ROOT, Ran, example, nndb, python
 from nndb.store.reader import TraceReader
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="fork replicas need fork()")
@@ -607,23 +607,7 @@ def test_catch_nan_stops_at_a_nan_in_a_series_that_was_inf_before(tmp_path, how)
 
 WRAPPED_OPTIMIZER = '''
 import torch, torch.nn as nn
-
-class Wrapped(torch.optim.Optimizer):
-    """accelerate's AcceleratedOptimizer's shape: no Optimizer.__init__, the script's
-    optimizer held as .optimizer, its param_groups the held one's."""
-    def __init__(self, optimizer):
-        self.optimizer = optimizer
-    @property
-    def param_groups(self):
-        return self.optimizer.param_groups
-    @property
-    def state(self):
-        return self.optimizer.state
-    def zero_grad(self, set_to_none=True):
-        self.optimizer.zero_grad(set_to_none)
-    def step(self, closure=None):
-        return self.optimizer.step(closure)
-
+''' + ACCELERATE_WRAPPER + '''
 torch.manual_seed(0)
 model = nn.Linear(8, 1)
 opt = Wrapped(torch.optim.SGD(model.parameters(), lr=0.1))

@@ -61,6 +61,14 @@ def find_optimizers() -> list:
     return [o for o in gc.get_referrers(*classes) if type(o) in classes]
 
 
+def fires_step_hooks(opt) -> bool:
+    """Does ``opt.step()`` run torch's optimizer step hooks (the global ones nndb's step clock
+    listens to)?  ``Optimizer.__init__`` wraps its class's ``step`` so (marking it ``hooked``); a
+    subclass that never runs it (a wrapper holding the script's optimizer: accelerate's
+    AcceleratedOptimizer) steps unseen, through what it holds."""
+    return bool(getattr(getattr(type(opt), "step", None), "hooked", False))
+
+
 def _engine_outputs(frame, depth: int):
     """``t_outputs`` of the ``_engine_run_backward`` frame at or above ``frame``."""
     for _ in range(depth):

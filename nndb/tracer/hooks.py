@@ -55,6 +55,7 @@ from .compiled import never_compiled
 from .quiet import PROFILING as _PROFILING, profiled, unprofiled
 from .naming import Naming, user_frame
 from .discover import backward_objective, backward_roots, call_args, call_kwargs, find_optimizers  # noqa: F401  (find_optimizers: queries)
+from .discover import fires_step_hooks
 from .bucket import _PENDING_LOSS
 from .recorder import GRAD_OF_INPUTS, SCALED_NODES, UNSCALED, StepRecorder, first_float_tensor
 from .stepclock import Close, Mode, StepClock
@@ -1233,14 +1234,20 @@ class Tracer:
         before the ``%%nndb`` one; were the generator's not counted, the discriminator's
         first step would end step 0 alone and every later step hold one iteration's
         generator step and the next's discriminator step).  (Counted at a backward, it
-        does not: a loop that updates by hand beside such an optimizer would wait for it.)"""
+        does not: a loop that updates by hand beside such an optimizer would wait for it.)
+        One whose ``step()`` fires no step hooks is not counted: it never steps as nndb sees it
+        (a wrapper that never ran ``Optimizer.__init__``, accelerate's AcceleratedOptimizer and so
+        every Hugging Face Trainer's, is seen through the optimizer it holds; counted, it was a
+        second optimizer the first step waited for, and step 0 was closed after the fact, in
+        step 1's optimizer step, its lr step 1's: 0.000333 for the Trainer's logged 0.0)."""
         if fresh or self._known_optimizers is None or (opt is not None and opt not in self._known_optimizers):
             earlier = self.preexisting_optimizers()
             stepping = opt is not None or fresh
             has_path = self.naming.has_path
             self._known_optimizers = weakref.WeakSet(
-                o for o in find_optimizers() if o not in earlier or o in self._opt_seen
-                or (stepping and any(has_path(q) for g in o.param_groups for q in g["params"])))
+                o for o in find_optimizers() if fires_step_hooks(o) and (
+                    o not in earlier or o in self._opt_seen
+                    or (stepping and any(has_path(q) for g in o.param_groups for q in g["params"]))))
         return len(self._known_optimizers)
 
     # -- optimizer hooks -------------------------------------------------------
