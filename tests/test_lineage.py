@@ -874,3 +874,39 @@ def test_a_catch_reports_the_mean_of_large_finite_inputs_as_finite(tmp_path, dty
     assert m[1] == {"f32": "float32", "f64": "float64"}[dtype] and m[5] == "0"
     for v in (m[2], m[3], m[4]):        # every element is about -ln(5) x scale (w has moved by ~0.01)
         assert float(v) == pytest.approx(-1.6094 * scale, rel=0.02), r.stdout
+
+
+ACCUMULATED = textwrap.dedent('''
+    import torch, torch.nn as nn
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x, y = torch.randn(24, 4), torch.randn(24, 1)
+    for step in range(3):
+        for micro in range(4):              # (the Hugging Face Trainer's gradient_accumulation_steps=4)
+            loss = ((model(x[micro * 6:micro * 6 + 6]) - y[micro * 6:micro * 6 + 6]) ** 2).mean() / 4
+            loss.backward()
+        opt.step()
+        opt.zero_grad()
+''')
+
+
+def test_lineage_of_a_name_a_step_has_several_of_says_which(tmp_path):
+    """Under gradient accumulation (the Trainer's, 2 micro-batches in its step 2) 'lineage loss
+    --step 2' showed one micro-batch's loss, the last, as 'lineage of loss in step 2 (t710)',
+    where the step's loss is the sum of both; a module called once a micro-batch the same.  The
+    line says it is the last of them and names the others."""
+    script = _script(tmp_path, "accumulated.py", ACCUMULATED)
+    r = _run(tmp_path, script, "--lineage", "1", "-e", "until 2", "-e", "lineage loss --step 1 --depth 1",
+             "-e", "lineage model --step 1 --depth 1", "-e", "consumers 0 --step 1 --depth 1", "-e", "continue")
+    m = re.search(r"lineage of loss in step 1 \(t(\d+), the last of 4 tensors of this name in the step: "
+                  r"t(\d+), t(\d+), t(\d+), t(\d+)\):\nt(\d+) \(loss\) = ", r.stdout)
+    assert m, r.stdout
+    tids = [int(t) for t in m.groups()]
+    assert tids[0] == tids[4] == tids[5] and tids[1] < tids[2] < tids[3] < tids[4], tids
+    assert re.search(r"lineage of model in step 1 \(t\d+, the last of 4 tensors of this name in the step: ", r.stdout)
+    assert re.search(r"consumers of 0 in step 1 \(t\d+, the last of 4 tensors of this name in the step: ", r.stdout)
+    # (a name the step has once: as it was)
+    r = _run(tmp_path, script, "--lineage", "1", "-e", "until 2", "-e", "lineage 0.weight --step 1 --depth 1",
+             "-e", "continue", trace="once.h5")
+    assert re.search(r"lineage of 0.weight in step 1 \(t\d+\):\n", r.stdout), r.stdout

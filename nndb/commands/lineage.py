@@ -73,14 +73,29 @@ def _lineage(s, arg):
     if arg["target"] is None:
         raise CommandError("lineage what? (a name such as loss or fc1.weight, an expression, or on|off)")
     g, tid = _resolve(s, arg)
-    return [f"lineage of {arg['target']} in step {g.step} (t{tid}):"] + g.backward_trace(tid, arg["depth"])
+    return [f"lineage of {arg['target']} in step {g.step} (t{tid}{_last_of(g, tid)}):"] + \
+        g.backward_trace(tid, arg["depth"])
+
+
+def _last_of(g, tid: int) -> str:
+    """', the last of 2 tensors of this name in the step: t272, t710' where the name is several
+    (the loss of each backward() under gradient accumulation, whose sum is the step's loss; the
+    output of each call of a module)."""
+    same = g.namesakes(tid)
+    if len(same) < 2 or tid != same[-1]:
+        return ""
+    shown = same if len(same) <= 6 else [*same[:5], None, same[-1]]
+    listed = ", ".join("..." if t is None else f"t{t}" for t in shown)
+    return f", the last of {len(same)} tensors of this name in the step: {listed}"
 
 
 def _consumers(s, arg):
     if arg["target"] is None:
         raise CommandError("consumers of what? (a name or an expression)")
     g, tid = _resolve(s, arg)
-    return [f"consumers of {arg['target']} in step {g.step}:"] + g.consumer_trace(tid, arg["depth"])
+    note = _last_of(g, tid)
+    return [f"consumers of {arg['target']} in step {g.step}" + (f" (t{tid}{note})" if note else "") + ":"] + \
+        g.consumer_trace(tid, arg["depth"])
 
 
 def _catch_arg(text: str):

@@ -47,6 +47,13 @@ class StepGraph:
                 return max(hits)
         return None
 
+    def namesakes(self, tid: int) -> list:
+        """The step's tensors labelled as ``tid`` is, in order: the loss of each ``backward()`` of
+        a step of several (gradient accumulation's micro-batches), each call's output of a module
+        called more than once; ``resolve`` gives the last."""
+        lab = self.labels.get(tid)
+        return sorted(t for t, other in self.labels.items() if other == lab) if lab else [tid]
+
     def names(self) -> list:
         return sorted({lab.split(" ", 1)[-1] for lab in self.labels.values()
                        if lab != "input" and not lab.endswith(" (view)")})
