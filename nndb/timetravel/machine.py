@@ -447,6 +447,7 @@ class TimeMachine:
             goal = dict(goal, expect=recorded_losses(s, first, last))
         if not self.exact:
             s.error(f"nndb: warning: this replay may not be exact: {self.exact_why}")
+            goal = dict(goal, inexact=self.exact_why)        # (a divergence in the last bits names it)
         if ck is None or self.mode == "respawn":
             if self.mode in ("fork", "off"):
                 raise CommandError(self._no_checkpoint(start))

@@ -82,6 +82,7 @@ class Role:
         # for the steps this replica replays (JSON keys are strings)
         self.expect = {int(k): v for k, v in (goal.get("expect") or {}).items()}
         self._checked = None
+        self.in_last_bits = False        # (the last divergence: a difference in the last bits, replays inexact)
         self._started = self._progress_at = time.monotonic()
         self._progress_fd: Optional[int] = None      # the terminal, while silenced (begin)
         self._shown = False
@@ -104,9 +105,14 @@ class Role:
                     self.give_up(s, message + "; nothing was changed")
                 s.error(message)
 
-    def _cause(self, step: int) -> str:
+    # (a difference this small, where replays are known not to be exact, is that: the last bits)
+    LAST_BITS = 1e-5
+
+    def _cause(self, step: int, want: float = math.nan, have: float = math.nan) -> str:
         """Why a replay diverged at ``step``: the user's own change, where the
-        replay did not make one where it was made; else what a replay cannot hold."""
+        replay did not make one where it was made; a difference in the last bits
+        where replays are not exact (the live run's reason, ``inexact``); else what
+        a replay cannot hold."""
         src = self.goal.get("replayed_from")
         moved = not_as_made(self.changes, step, has_start=False)
         if moved:
@@ -114,6 +120,12 @@ class Role:
                     + ", ".join(c.describe() for c in moved)
                     + ": a replay runs from step end to step end, and makes a change made inside a step at "
                       "the end of the step before (one made at the start, when respawned, not at all)")
+        inexact = self.goal.get("inexact")
+        self.in_last_bits = bool(inexact) and abs(have - want) <= self.LAST_BITS * max(abs(want), abs(have))
+        if self.in_last_bits:
+            # (it said 'randomness the checkpoint does not hold, a file that changed since, or
+            # threads' and named the files the run wrote: the Trainer's checkpoint-6, which it never read)
+            return f"replays are not exact here, and the two differ in the last bits: {inexact}"
         threads = forking.script_threads(own_code=True)
         if threads:
             # (the replica's own: the script started them again; seeding cannot order them)
@@ -139,7 +151,7 @@ class Role:
             have = got.get(name)
             want = math.nan if want is None else float(want)
             if have is None or not (have == want or (math.isnan(have) and math.isnan(want))):
-                cause = self._cause(rec.step)
+                cause = self._cause(rec.step, want, math.nan if have is None else have)
                 return (f"nndb: the replay diverged from the recorded run at step {rec.step}: {name} recorded "
                         f"{want!r}, replayed {'nothing' if have is None else repr(have)} (likely cause: "
                         f"{cause}); nothing was changed")
@@ -206,6 +218,8 @@ class Role:
         """A replay that diverged ends here; the live run says why (``drift``: a replayed
         step's loss differed from the recorded one's)."""
         self._unsilence()
+        # (the files the run wrote are no likely cause of a difference in the last bits)
+        drift = drift and not self.in_last_bits
         finish(self.chan, {"op": "handback", "next": "diverged", "message": message, "drift": drift,
                            "state": s.snapshot()})
 
