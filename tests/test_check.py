@@ -1777,3 +1777,62 @@ def test_a_retry_still_falling_fast_is_inconclusive_unless_a_cause_was_seen(tmp_
     assert re.search(r"; at 10x the lr \(0\.005\) \S+ -> \S+ after 300 iteration\(s\), still falling \(\d+% in the "
                      r"last 75\): more iterations tell \(--overfit-iters N\)$", c.evidence), c.evidence
     assert c.numbers["faster_last"] > c.numbers["goal"]
+
+
+# A DDPM's training step, the common tutorial shape: fresh noise and timesteps each step, the
+# prediction given to the loss second (F.l1_loss(noise, noise_pred)).
+DDPM = """
+    import math, torch, torch.nn as nn, torch.nn.functional as F
+    torch.manual_seed(0)
+    T = 50
+    alphas_cumprod = torch.cumprod(1 - torch.linspace(1e-4, 0.05, T), 0)
+
+    class Denoiser(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.time = nn.Linear(8, 32)
+            self.net = nn.Sequential(nn.Linear(16, 32), nn.SiLU(), nn.Linear(32, 32), nn.SiLU(), nn.Linear(32, 16))
+            BROKEN
+        def forward(self, x, t):
+            half = torch.exp(torch.arange(4) * -math.log(10000) / 3)
+            emb = t[:, None].float() * half[None]
+            h = self.net[0](x) + self.time(torch.cat([emb.sin(), emb.cos()], -1))
+            return self.net[3:](self.net[2](self.net[1](h)))
+
+    model = Denoiser()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    data = torch.rand(64, 16) * 2 - 1
+    for step in range(3):
+        x0 = data[step * 16:(step + 1) * 16]
+        t = torch.randint(0, T, (16,)).long()
+        noise = torch.randn_like(x0)
+        a = alphas_cumprod[t][:, None]
+        x_noisy = a.sqrt() * x0 + (1 - a).sqrt() * noise
+        noise_pred = model(x_noisy, t)
+        loss = F.LOSS(noise, noise_pred)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        print(f"step {step} loss {loss.item()!r}")
+"""
+
+
+@pytest.mark.parametrize("loss", ["mse_loss", "l1_loss"])
+def test_a_loss_given_the_prediction_second_is_overfit_on_the_models_output(tmp_path, loss):
+    """F.mse_loss(noise, noise_pred), as DDPM tutorials write it: overfit was SKIP 'F.mse_loss was not
+    called on the model's output itself' (the prediction was taken to be the first argument).  The
+    losses of |input - target| are the same either way round: the model's output is the prediction,
+    and a model that cannot fit (its SiLU layer fed -100s, so the output is one vector) FAILs."""
+    healthy = DDPM.replace("LOSS", loss).replace("BROKEN", "pass")
+    report, out = run_check(write(tmp_path, "ddpm.py", healthy))
+    checks = by_name(report)
+    assert checks["shapes"].status == "PASS" and checks["shapes"].evidence == \
+        f"F.{loss}: prediction (16, 16) vs target (16, 16)"
+    over = checks["overfit"]
+    assert over.status == "PASS", over.evidence
+    assert over.evidence.startswith(f"16 sample(s), Adam(lr=0.001): loss {fmt(over.numbers['first'])}")
+    assert re.search(r"step 0 loss (\S+)", out).group(1) == repr(over.numbers["first"])    # (the script's)
+    broken = DDPM.replace("LOSS", loss).replace(
+        "BROKEN", "nn.init.zeros_(self.net[2].weight); nn.init.constant_(self.net[2].bias, -100.0)")
+    report, _ = run_check(write(tmp_path, "ddpm_dead.py", broken))
+    assert by_name(report)["overfit"].status == "FAIL", by_name(report)["overfit"].evidence

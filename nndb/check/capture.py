@@ -23,6 +23,8 @@ from ..tracer.funcmode import BINARY_LOSSES, CLASS_LOSSES, LOSSES, FunctionWatch
 from ..tracer.recorder import unscaled
 
 LOSS_CALLS_KEPT = 16            # loss-function calls remembered per run
+# the losses of |input - target| alone: the same with the two given the other way round
+SYMMETRIC_LOSSES = ("mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss")
 
 
 # -- what the first steps showed ----------------------------------------------------------
@@ -336,6 +338,13 @@ class Capture:
             args[0] = None
         target_pos = 1 if len(args) > 1 else ("target" if "target" in kwargs else None)
         target = args[1] if target_pos == 1 else kwargs.get("target")
+        link = self._output_of(inp)
+        if link is None and func.__name__ in SYMMETRIC_LOSSES and isinstance(target, torch.Tensor):
+            # (the prediction given second: F.mse_loss(noise, noise_pred), a DDPM tutorial's; the
+            # loss is the same either way round, and it is the model's output that is judged)
+            link = self._output_of(target)
+            if link is not None:
+                inp, target = target, inp
         target = target.detach().clone() if isinstance(target, torch.Tensor) else None
         if target_pos is not None and target_pos != "target":
             args[1] = None
@@ -349,15 +358,25 @@ class Capture:
             call.out_ref = weakref.ref(out)
         if func.__name__ == "nll_loss":
             call.exp_sum = _exp_sum(inp)
-        for mid, (leaves, margs, mfeed) in self.outputs.items():
-            for i, t in enumerate(leaves):
-                view = None if t is inp else _view_of(inp, t)
-                if t is inp or view is not None:
-                    call.model, call.leaf, call.model_args, call.model_feed = self.models[mid].module, i, margs, mfeed
-                    call.model_keywords, call.view = self.models[mid].keywords, view
+        if link is not None:
+            mid, i, view = link
+            margs, mfeed = self.outputs[mid][1:]
+            call.model, call.leaf, call.model_args, call.model_feed = self.models[mid].module, i, margs, mfeed
+            call.model_keywords, call.view = self.models[mid].keywords, view
         self.loss_calls.append(call)
         if from_module:
             self._last_root = None
+
+    def _output_of(self, x) -> Optional[tuple]:
+        """(id of the model, its output leaf, LossCall.view) where ``x`` is a model's output of
+        this step or a view of one (the last model to have it), else None."""
+        found = None
+        for mid, (leaves, _, _) in self.outputs.items():
+            for i, t in enumerate(leaves):
+                view = None if t is x else _view_of(x, t)
+                if t is x or view is not None:
+                    found = (mid, i, view)
+        return found
 
     def optimizer(self, opt, when: str) -> None:
         if self.steps_done >= self.steps:
