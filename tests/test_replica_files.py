@@ -348,8 +348,9 @@ def test_a_directory_the_replica_makes_holds_no_file_of_its_for_real(tmp_path):
     assert re.search(r"Predicted 4 step\(s\) ahead on a replica", r.stdout), r.stdout + r.stderr
     assert "('FILES', [])" in r.stdout, r.stdout + r.stderr
     assert os.listdir(tmp_path / "out" / "checkpoint-3") == []          # (killed at step 1: no save yet)
-    # (the directory itself is made for real, and named)
-    assert "out (new), out/checkpoint-3 (new); the live run is unchanged" in r.stderr, r.stderr
+    # (the directory itself is made for real, and named as made)
+    assert "nndb: note: the replica made 2 directory(ies), left empty (os.makedirs makes a directory for " \
+        "real; what the replica wrote in it went to scratch copies): out, out/checkpoint-3" in r.stderr, r.stderr
 
 
 def test_a_survey_cut_at_its_limit_names_only_what_changed(tmp_path, monkeypatch):
@@ -378,3 +379,47 @@ def test_a_survey_cut_at_its_limit_names_only_what_changed(tmp_path, monkeypatch
         (tmp_path / "venv" / f"m{i}" / "f0.py").write_text("changed")
     named = [p for p, what in survey.changes() if what == "changed"]
     assert named and all(p.endswith("f0.py") for p in named), named
+
+
+# diffusers' train_unconditional.py shape: the output directory is made where the first sample
+# is saved (os.makedirs(output_dir, exist_ok=True), then numpy.save of the images).
+SAMPLES_LATER = "import os, numpy as np, torch, torch.nn as nn" + LOOP + '''
+    if step == 5:
+        os.makedirs("out", exist_ok=True)
+        np.save(os.path.join("out", "samples.npy"), np.array([step]))
+        open(os.path.join("out", "last.txt"), "w").write(str(step))
+'''
+
+
+@pytest.mark.parametrize("replica", ["fork", "respawn"])
+def test_a_directory_a_replica_makes_under_the_temporary_directory_is_the_user_s(tmp_path, replica):
+    """A script kept under /tmp (pytest's tmp_path is) whose output directory is made in the step a
+    prediction runs: 'predict 3' at step 3 wrote out/samples.npy and out/last.txt into the user's
+    directory (any directory made under the temporary directory was taken for the replica's own
+    tempfile.mkdtemp), and said so: '3 of your file(s) changed while the replica ran'."""
+    (tmp_path / "s.py").write_text(SAMPLES_LATER)
+    argv = ["run", "--batch", "--nx", "--rules", "none", "--trace", str(tmp_path / "t.h5"), "--force",
+            "--replica", replica, "-e", "until 3", "-e", "predict 3",
+            "-e", 'p ("SEEN", sorted(os.listdir("out")) if os.path.isdir("out") else None)', "-e", "continue"]
+    r = Ran(nndb(*argv, "s.py", cwd=str(tmp_path)), argv + ["s.py"])
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    assert re.search(r"Predicted 3 step\(s\) ahead on a replica", r.stdout), r.stdout + r.stderr
+    # the directory is made for real, empty; its files went to scratch copies
+    assert "('SEEN', [])" in r.stdout, r.stdout + r.stderr
+    assert "samples.npy" not in r.stderr and "last.txt" not in r.stderr, r.stderr
+    assert (tmp_path / "out" / "last.txt").read_text() == "5"          # (the live run's own)
+
+
+def test_a_directory_the_replica_made_is_named_as_made_not_as_written_past_the_copies(tmp_path):
+    """The directory a prediction's os.makedirs made (for real, by design) was named in the warning
+    for writes past the scratch copies ('out (new)', its causes a subprocess, a C library, a memory
+    map; 'those files are not as they were')."""
+    (tmp_path / "s.py").write_text(SAMPLES_LATER)
+    argv = ["run", "--batch", "--nx", "--rules", "none", "--trace", str(tmp_path / "t.h5"), "--force",
+            "-e", "until 3", "-e", "predict 3", "-e", "predict 3", "-e", "continue"]
+    r = Ran(nndb(*argv, "s.py", cwd=str(tmp_path)), argv + ["s.py"])
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    note = ("nndb: note: the replica made 1 directory(ies), left empty (os.makedirs makes a directory for real; "
+            "what the replica wrote in it went to scratch copies): out")
+    # (the second prediction found the directory there: it made none)
+    assert r.stderr.count(note) == 1 and "changed while the replica ran" not in r.stderr, r.stderr

@@ -488,8 +488,12 @@ class TimeMachine:
         finally:
             if os.getpid() == live:         # (not in a replica forked inside: it goes on with the script)
                 changed = survey.changes()
+                made = survey.made_dirs(changed)
+                changed = [c for c in changed if c[0] not in made]
                 seen.update(where=survey.where(), changed=changed, complete=survey.complete,
                             since_start=survey.modified_since(self.started))
+                if made:
+                    s.error(survey.made_report(made))
                 if changed:
                     s.error(survey.report(changed))
 

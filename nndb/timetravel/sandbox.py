@@ -51,8 +51,8 @@ of every file under the script's directory and the working directory before
 a replica starts, and compares after it ended; what changed is said, one
 line, and "your files are as they were" is said only of what was compared.
 Directories a replica makes (``os.makedirs``) are made for real (an empty
-directory; the comparison names it); those ``tempfile.mkdtemp`` makes are its
-own, written for real.
+directory; the comparison names it on a line of its own, ``Survey.made_dirs``);
+those ``tempfile.mkdtemp`` makes are the replica's own, written for real.
 
 A replica forked from a replica (``predict`` or ``fuzz`` in the past) has a
 sandbox of its own over its parent's: it reads the parent's scratch copies,
@@ -441,6 +441,7 @@ class Survey:
         self.skip = tuple(os.path.realpath(p) for p in (*skip, *torch_caches()) if p)
         self.stdio = stdio_files()        # the terminal's files: a log the run's output is sent to
         self.before, self.listed, self.complete = self._scan()
+        self.after: dict = {}           # (the scan of changes(): what made_dirs reads)
 
     def _scan(self, within=None) -> tuple:
         """(entries, the directories listed, whether all were) under the roots, each directory
@@ -491,7 +492,7 @@ class Survey:
     def changes(self) -> list:
         """[(path, "changed" | "new" | "removed")] since the survey, sorted
         by path (a directory whose entries changed is named by them)."""
-        after = self._scan(within=None if self.complete else self.listed)[0]
+        after = self.after = self._scan(within=None if self.complete else self.listed)[0]
         out = []
         for p in sorted(set(self.before) | set(after)):
             a, b = self.before.get(p), after.get(p)
@@ -503,13 +504,30 @@ class Survey:
                 out.append((p, "changed"))
         return out
 
+    def made_dirs(self, changes: list) -> list:
+        """The new directories among ``changes`` that hold nothing but new directories: what the
+        replica's ``os.makedirs`` made, for real (``Sandbox.mkdir``), the files it wrote there
+        going to scratch copies.  (They were named as files the replica wrote past its scratch
+        copies: a prediction across diffusers' first sample, out (new), out/unet (new) ...)"""
+        new = {p for p, what in changes if what == "new" and self.after.get(p, (False,))[0]}
+        return [d for d in sorted(new) if all(q in new for q in self.after if q.startswith(d + os.sep))]
+
     def where(self) -> str:
         return " and ".join(self.roots)
 
+    def _names(self, paths: list, limit: int = 5) -> str:
+        shown = ", ".join(os.path.relpath(p, self.roots[0]) if p.startswith(self.roots[0] + os.sep) else p
+                          for p in paths[:limit])
+        return shown + (f" and {len(paths) - limit} more" if len(paths) > limit else "")
+
+    def made_report(self, dirs: list) -> str:
+        """One line naming the directories the replica made (``made_dirs``)."""
+        return (f"nndb: note: the replica made {len(dirs)} directory(ies), left empty (os.makedirs makes a "
+                f"directory for real; what the replica wrote in it went to scratch copies): {self._names(dirs)}")
+
     def report(self, changes: list, limit: int = 5) -> str:
         """One warning line naming what changed."""
-        shown = ", ".join(f"{os.path.relpath(p, self.roots[0]) if p.startswith(self.roots[0] + os.sep) else p}"
-                          f" ({what})" for p, what in changes[:limit])
+        shown = ", ".join(f"{self._names([p])} ({what})" for p, what in changes[:limit])
         more = f" and {len(changes) - limit} more" if len(changes) > limit else ""
         # (another program writing there meanwhile looks the same: a second experiment logging
         # into the directory was said to be the replica's doing)
