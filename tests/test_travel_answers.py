@@ -1200,3 +1200,34 @@ def test_the_step_after_a_handover_has_the_activations_its_own_policy_records(tm
     with api.open(str(tmp_path / "t.h5")) as t:
         observed = sorted(int(s) for s in t.steps if t.stats(int(s)).get("act"))
     assert observed == list(range(20)) + [32]
+
+
+TWO_THREADS = '''
+import torch, torch.nn as nn
+torch.set_num_threads(2)
+torch.manual_seed(0)
+model = nn.Linear(8, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+x = torch.randn(64, 8); y = x.sum(1, keepdim=True)
+for step in range(6):
+    loss = ((model(x) - y) ** 2).mean()
+    opt.zero_grad(); loss.backward(); opt.step()
+    print("step", step, repr(loss.item()))
+'''
+
+
+@pytest.mark.real_subprocess           # (the zygote has Intel's OpenMP loaded: a run of its own has not)
+def test_a_prediction_that_cannot_be_exact_says_so_in_every_replica_mode(tmp_path):
+    """--replica respawn starts the run without Intel's OpenMP runtime, and a prediction forks in
+    every mode: its replica ran one thread of GNU OpenMP's two, and on diffusers' UNet its
+    baseline read 0.949103 at a step whose loss the script printed as 0.9491024613 with no word
+    (a replay, which respawns there, is exact; a prediction said nothing either where intel-openmp
+    is missing, as a replay does)."""
+    r = _script_run(tmp_path, TWO_THREADS, ["break step 2", "continue", "predict 2", "delete", "continue"],
+                    "--replica", "respawn")
+    assert r.returncode == 0, r.stderr
+    assert re.search(r"Predicted 2 step\(s\) ahead on a replica", r.stdout), r.stdout + r.stderr
+    assert ("nndb: warning: this replica may not be exact: the GNU OpenMP runtime cannot run 2 threads in a "
+            "forked process") in r.stderr, r.stderr
+    r = _script_run(tmp_path, TWO_THREADS, ["break step 2", "continue", "predict 2", "delete", "continue"])
+    assert re.search(r"Predicted 2 step\(s\) ahead on a replica", r.stdout) and "may not be exact" not in r.stderr

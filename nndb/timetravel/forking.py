@@ -44,9 +44,12 @@ def exactness() -> tuple[bool, str]:
     threads = torch.get_num_threads()
     if threads == 1 or openmp_forks_safely():
         return True, f"{threads} thread(s), OpenMP runtime safe across fork()"
+    from ..run.preload import libiomp_path
+    # (installed, but not preloaded: --replica respawn starts no second process for it)
+    fix = ("intel-openmp is installed but not loaded in this process: 'nndb run' preloads it, but not under "
+           "--replica respawn" if libiomp_path() else "install intel-openmp to replay exactly")
     return False, (f"the GNU OpenMP runtime cannot run {threads} threads in a forked process: "
-                   "replicas run with 1 thread and may differ in the last bits "
-                   "(install intel-openmp to replay exactly)")
+                   f"replicas run with 1 thread and may differ in the last bits ({fix})")
 
 
 def blockers() -> list:

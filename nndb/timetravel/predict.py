@@ -77,7 +77,13 @@ class Prediction:
 def fork_and_wait(s, machine, become):
     """Fork a helper replica of this stop (``predict``, ``fuzz``): in the child
     ``become(chan)`` takes over and None is returned; the live run waits for
-    the child's last message and returns it."""
+    the child's last message and returns it.  A fork that cannot compute what the run does bit for
+    bit (GNU OpenMP, several threads: the child runs one) says so first, as a replay does, in
+    every --replica mode: under 'respawn' a prediction is a fork too (its baseline read 0.949103 at
+    a step whose loss the script printed as 0.9491024613, and nothing said why)."""
+    exact, why = forking.exactness()
+    if not exact:
+        s.error(f"nndb: warning: this replica may not be exact: {why}")
     with machine.watching_files(s):
         parent, child = Channel.pair()
         pid = forking.fork(close=tuple(c.chan for c in machine.checkpoints.values()) + (parent,))
