@@ -1836,3 +1836,22 @@ def test_a_loss_given_the_prediction_second_is_overfit_on_the_models_output(tmp_
         "BROKEN", "nn.init.zeros_(self.net[2].weight); nn.init.constant_(self.net[2].bias, -100.0)")
     report, _ = run_check(write(tmp_path, "ddpm_dead.py", broken))
     assert by_name(report)["overfit"].status == "FAIL", by_name(report)["overfit"].evidence
+
+
+@pytest.mark.parametrize("loss", ["mse_loss", "l1_loss"])
+def test_a_regression_loss_starts_near_the_loss_of_predicting_0(tmp_path, loss):
+    """An MSE on fresh unit noise starts near 1, its targets' mean square: initial-loss was SKIP
+    ('not a classification loss: no reference value').  Now the reference is the loss of a zero
+    prediction on the step's targets; outputs far larger than the targets (the last layer's weight
+    x100: 42.09 against 0.8193 for MSE, 5.168 against 0.7062 for L1) FAIL."""
+    report, out = run_check(write(tmp_path, "ddpm.py", DDPM.replace("LOSS", loss).replace("BROKEN", "pass")),
+                            overfit_iters=5)
+    c = by_name(report)["initial-loss"]
+    first = float(re.search(r"step 0 loss (\S+)", out).group(1))
+    assert c.status == "PASS" and c.numbers["loss"] == first, c.evidence
+    assert c.evidence == f"{fmt(first)} vs {fmt(c.numbers['expected'])}, the loss of predicting 0 on these targets"
+    assert 0.5 < c.numbers["expected"] < 1.5 and c.numbers["loss"] < 1.5 * c.numbers["expected"]
+    report, _ = run_check(write(tmp_path, "loud.py", DDPM.replace("LOSS", loss).replace(
+        "BROKEN", "self.net[4].weight.data *= 100")), overfit_iters=5)
+    c = by_name(report)["initial-loss"]
+    assert c.status == "FAIL" and "far larger than the targets" in c.cause, c.evidence

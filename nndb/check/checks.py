@@ -16,7 +16,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from ..text import fmt
-from .capture import BINARY_LOSSES, CLASS_LOSSES, Capture, LossCall
+from .capture import BINARY_LOSSES, CLASS_LOSSES, SYMMETRIC_LOSSES, Capture, LossCall
 
 RAW_PIXELS_MIN_MAX = 20.0       # a float input in [0, 255] reaching this, whole numbers: raw pixels
 WHOLE_FRACTION = 0.99           # ... "whole numbers": this fraction of the values
@@ -24,6 +24,11 @@ INPUT_ABS_MAX = 100.0           # a float input beyond +-this is not normalised
 CONSTANT_LABELS_MIN = 16        # one label for all of at least this many targets: FAIL
 INIT_LOSS_FACTOR = 2.0          # initial loss above max(FACTOR x uniform, uniform + MARGIN): FAIL
 INIT_LOSS_MARGIN = 1.0
+# A regression loss at the first step above this x the loss of predicting 0 (for MSE: the targets'
+# mean square; a fresh model's outputs, uncorrelated with the targets, add their own mean square):
+# FAIL (L1: its square root, 3.16x).  10x is outputs of ~3x the targets' RMS; default inits give
+# well under 1x (a DDPM's UNet on unit noise: 1.088 against 1.003)
+INIT_REGRESSION_FACTOR = 10.0
 OVERFIT_BATCH = 32              # samples of the captured batch the replica trains on
 OVERFIT_ITERS = 300             # iterations at most
 OVERFIT_REL = 0.05              # "close to zero": below 5% of the first loss...
@@ -361,6 +366,10 @@ def initial_loss_check(cap: Capture, outcome: Outcome) -> Check:
         expected, ref = math.log(c), f"ln({c}) = {fmt(math.log(c))}"
     elif call.kind in BINARY_LOSSES:
         expected, ref = math.log(2), f"ln(2) = {fmt(math.log(2))}"
+    elif call.kind in SYMMETRIC_LOSSES and (backward is None or backward == call.value):
+        # (the step's loss is this call's: of several calls, style transfer's content loss, 0 at the
+        # start, plus its style loss, one call's reference says nothing of the sum)
+        return _regression_initial_loss(call, v, first, n)
     else:
         return Check("initial-loss", "SKIP", f"{call.name} is not a classification loss: no reference value "
                      f"({first})")
@@ -396,6 +405,37 @@ def initial_loss_check(cap: Capture, outcome: Outcome) -> Check:
                      "input normalisation", nums)
     low = " (lower: a pretrained model?)" if v < 0.5 * expected else ""
     return Check("initial-loss", "PASS", ev + low, numbers=nums)
+
+
+def _regression_initial_loss(call: LossCall, v: float, first: str, n: int) -> Check:
+    """An element-wise regression loss (MSE, L1, smooth L1, Huber) against its value for a
+    prediction of 0 on the same targets: a fresh model's outputs, uncorrelated with the targets,
+    add to it (their mean square, for MSE); far above it, they are far larger than the targets.
+    (It was SKIP, 'no reference value': a DDPM's MSE on unit noise starts at ~1.)"""
+    t = call.target
+    if t is None or not t.is_floating_point() or tuple(t.shape) != tuple(call.input_shape):
+        return Check("initial-loss", "SKIP", f"{call.name}: the targets do not have the prediction's shape: "
+                     f"no reference value ({first})")
+    try:
+        with torch.no_grad():
+            ref = call.func(torch.zeros_like(t), t, *[a for a in call.args[2:]], **call.kwargs)
+        ref = float(ref.double().mean()) / (n or 1)
+    except Exception as e:
+        return Check("initial-loss", "SKIP", f"{call.name} of a zero prediction could not be computed "
+                     f"({type(e).__name__}: {e}; {first})")
+    ev = f"{fmt(v)} vs {fmt(ref)}, the loss of predicting 0 on these targets" + (
+        f" ({first})" if v != call.value else "")
+    nums = {"loss": v, "expected": ref}
+    if not math.isfinite(v) or not math.isfinite(ref) or ref <= 0:
+        return Check("initial-loss", "SKIP", ev + (": the targets are all 0" if ref == 0 else ""), numbers=nums)
+    # (L1 grows as the outputs' scale, not as its square: the same outputs, 3x the targets)
+    limit = (math.sqrt(INIT_REGRESSION_FACTOR) if call.kind == "l1_loss" else INIT_REGRESSION_FACTOR) * ref
+    nums["limit"] = limit
+    if v > limit:
+        return Check("initial-loss", "FAIL", ev + f" ({v / ref:.1f}x; limit {fmt(limit)})",
+                     "the initial predictions are far larger than the targets: check the output layer's init "
+                     "(a scale or an activation too many?), or the targets' scale", nums)
+    return Check("initial-loss", "PASS", ev, numbers=nums)
 
 
 # -- 4. the loss is finite ------------------------------------------------------------------------
