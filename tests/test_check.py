@@ -1855,3 +1855,20 @@ def test_a_regression_loss_starts_near_the_loss_of_predicting_0(tmp_path, loss):
         "BROKEN", "self.net[4].weight.data *= 100")), overfit_iters=5)
     c = by_name(report)["initial-loss"]
     assert c.status == "FAIL" and "far larger than the targets" in c.cause, c.evidence
+
+
+def test_a_warmup_from_0_is_no_cause_of_an_overfit_the_replica_ran_at_its_base_lr(tmp_path):
+    """diffusers' get_cosine_schedule_with_warmup starts at lr 0: the replica is overfit at the base
+    lr (Adam(lr=0.001)), yet a model that could not fit was said to fail for 'the learning rate is
+    0', the script's first step's."""
+    body = DDPM.replace("LOSS", "mse_loss").replace(
+        "BROKEN", "nn.init.zeros_(self.net[2].weight); nn.init.constant_(self.net[2].bias, -100.0)").replace(
+        "opt = torch.optim.Adam(model.parameters(), lr=1e-3)",
+        "opt = torch.optim.Adam(model.parameters(), lr=1e-3)\n"
+        "    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, s / 2))").replace(
+        "opt.step()", "opt.step(); sched.step()")
+    report, _ = run_check(write(tmp_path, "warm.py", body), overfit_iters=30)
+    c = by_name(report)["overfit"]
+    assert c.status == "FAIL" and c.evidence.startswith("16 sample(s), Adam(lr=0.001"), c.evidence
+    assert "the learning rate is 0" not in c.cause, c.cause
+    assert by_name(report)["updates"].status == "PASS"        # (its second step ran at 0.0005)

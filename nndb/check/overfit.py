@@ -130,7 +130,7 @@ def overfit(cap: Capture, outcome: Outcome, iters: int) -> Check:
     setup = f"{samples}, {optimizer_text}"
     if no_dropout.dropped or rnn_off.rnns:
         setup += ", dropout off"
-    verdict = _verdict(cap, call, setup, losses, iters, model, floor, at_zero, cut)
+    verdict = _verdict(cap, call, setup, losses, iters, model, floor, at_zero, lrs, cut)
     if verdict.status == "PASS" or not math.isfinite(verdict.numbers.get("last", math.nan)) \
             or "goal" not in verdict.numbers or not all(isinstance(lr, (int, float)) and lr > 0 for lr in lrs):
         return verdict
@@ -696,9 +696,9 @@ STILL_FALLING = 0.1
 
 
 def _verdict(cap: Capture, call: LossCall, setup: str, losses: list, iters: int, model,
-             floor: tuple = (0.0, ""), at_zero: tuple = (), cut: list = ()) -> Check:
-    """``at_zero``: the names of the parameters the replica's optimizer holds at lr 0; ``cut``:
-    what _lookback saw of a context cut short, a cause of its own."""
+             floor: tuple = (0.0, ""), at_zero: tuple = (), lrs: tuple = (), cut: list = ()) -> Check:
+    """``at_zero``: the names of the parameters the replica's optimizer holds at lr 0; ``lrs``: its
+    groups' learning rates; ``cut``: what _lookback saw of a context cut short, a cause of its own."""
     first, last = losses[0], losses[-1]
     low, what = floor
     if not math.isfinite(first):
@@ -737,7 +737,8 @@ def _verdict(cap: Capture, call: LossCall, setup: str, losses: list, iters: int,
                      f"still falling ({1 - (quarter[-1] - low) / (quarter[0] - low):.0%} in the last {len(quarter)}), not yet at the "
                      f"goal ({goal_text}): more iterations tell (--overfit-iters N)", numbers=nums)
     hints = list(cut)
-    lrs = [lr for o in cap.optimizers for step in o.lrs[:1] for lr in step]
+    # (the replica's: a warmup from 0, diffusers' cosine schedule's, is overfit at its base lr, and
+    # the script's first step at lr 0 is no cause of it: it was named as one)
     if lrs and all(lr == 0 for lr in lrs):
         hints.append("the learning rate is 0")
     elif at_zero:
