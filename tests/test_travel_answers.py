@@ -270,6 +270,40 @@ def test_predict_says_when_a_change_did_not_hold(tmp_path):
         in r.stdout, r.stdout + r.stderr
 
 
+# A loop that sets its learning rate at each epoch's start (4 steps an epoch), as PPO's
+# annealing does before each rollout's updates.
+EPOCH_LR = '''
+import torch, torch.nn as nn
+torch.manual_seed(0)
+m = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
+opt = torch.optim.SGD(m.parameters(), lr=0.1)
+x, y = torch.randn(32, 4), torch.randn(32, 1)
+for epoch in range(4):
+    opt.param_groups[0]["lr"] = 0.1 * 0.5 ** epoch
+    for i in range(4):
+        opt.zero_grad()
+        loss = ((m(x) - y) ** 2).mean()
+        loss.backward()
+        opt.step()
+'''
+
+
+def test_predict_says_when_a_change_did_not_hold_at_a_later_step(tmp_path):
+    """cleanrl's PPO sets param_groups[0]['lr'] at each rollout's start: 'predict 3 --set
+    lr=1e-3' at step 5 held for steps 6 and 7 and was set back to 8.33e-5 at step 8, and
+    nothing said so (predict looked at the first step only; the live run's step end says
+    it at step 8): its column 'Loss (lr 1e-3)' read as if step 8 had stepped at 1e-3.  The
+    same of a 'set lr' made at the stop, then 'predict'."""
+    r = _script_run(tmp_path, EPOCH_LR, ["until 5", "predict 4 --set lr=0.001", "set lr 0.001", "predict 4",
+                                         "continue"])
+    out = r.stdout
+    assert "Warning: the change lr=0.001 did not hold: it was [0.025] after step 8 (before the change [0.05])" \
+        in out, out + r.stderr
+    assert "Warning: in the prediction, 'set lr 0.001' did not hold: opt stepped with lr 0.025 in group 0 at " \
+           "step 8" in out, out + r.stderr
+    assert out.count("did not hold") == 2, out
+
+
 def test_predict_says_how_to_predict_with_a_change_the_script_sets_back(tmp_path):
     """LLMs from scratch's appendix D sets param_group["lr"] itself before each step (a
     warmup, then cosine): 'predict 3 --set lr=1e-6' ran both replicas at the schedule's lr

@@ -464,6 +464,7 @@ class Predict(Role):
         self.findings_seen = 0
         self.watch: list = []           # [(label, read(), value before, value set)]: the --set changes
         self.undone: list = []
+        self.said: set = set()          # the labels of the --set changes said in ``undone``
         self.live_checks: list = []     # [hyperparams.HoldCheck]: the sets made at the stop predicted from
         self.live_undone: list = []
         # A replica not forked at the stop (respawned: fork() unsafe there) replays to the end of
@@ -506,8 +507,7 @@ class Predict(Role):
                           "grad_norm": math.sqrt(sum(g * g for g in grads)) if grads else None,
                           "findings": sorted({f["rule"] for f in new})})
         self.progress(len(self.rows), self.n)
-        if len(self.rows) == 1:
-            self._check_changes(step)
+        self._check_changes(step)
         if len(self.rows) >= self.n:
             self._report(None)
 
@@ -525,16 +525,24 @@ class Predict(Role):
         return True
 
     def _check_changes(self, step: int) -> None:
-        """After the first step: each change still nearer the value set than the
-        value before (a scheduler or the script may have set it back)."""
+        """After each step: each change still nearer the value set than the
+        value before (a scheduler or the script may have set it back: at the
+        next step, or at a later one, a loop that sets it at each epoch's
+        start, PPO's annealing at each rollout's), each said once.  Under an
+        LR scheduler, after the first step only (HoldCheck's: what the schedule
+        gives, unchanged and followed from the change, is known for that step)."""
         for check in self.live_checks:
             verdict = check.verdict(step)
-            if verdict:
-                self.live_undone.append(verdict.replace("nndb: warning: ", "", 1))
+            note = verdict.replace("nndb: warning: ", "", 1) if verdict else None
+            if note and note not in self.live_undone:       # (a check said asks again with what it said)
+                self.live_undone.append(note)
         for label, read, before, wanted, checks in self.watch:
+            if label in self.said or (len(self.rows) > 1 and any(c.scheduled for c in checks)):
+                continue
             try:
                 now = read()
             except Exception as e:
+                self.said.add(label)
                 self.undone.append(f"{label}: cannot read it after step {step} ({e})")
                 continue
             if any(c.seen is not None for c in checks):
@@ -542,6 +550,7 @@ class Predict(Role):
             else:
                 back = undone(now, wanted, before)
             if back:
+                self.said.add(label)
                 self.undone.append(f"{label} did not hold: it was {now!r} after step {step} (before the "
                                    f"change {before!r})")
 
