@@ -221,12 +221,14 @@ class Session(CommandLoop, StopPoints):
         """Was ``step`` closed after the fact, inside the next step's first optimizer
         step (where the live run stops now, with that step's variables and gradients)?
         "handover": a later stage's optimizer took the steps over (StepClock.handovers;
-        a replica goes to the step's own end); "learnt": step 0 of several optimizers,
-        closed as the first stepped again (docs/steps.md); None: no."""
+        a replica goes to the step's own end); "repeat": an optimizer that stepped in it
+        stepped again (StepClock.repeats; a replica goes to its own end too); "learnt":
+        step 0 of several optimizers, closed as the first stepped again (docs/steps.md);
+        None: no."""
         clock = self.rec.tracer.clock if self.rec is not None else None
         if clock is None or step is None or clock.late != step:
             return None
-        return "handover" if step in clock.handovers else "learnt"
+        return "repeat" if step in clock.repeats else "handover" if step in clock.handovers else "learnt"
 
     def post_mortem(self, exc: BaseException) -> None:
         """The script raised: stop at the raising frame (pdb's post-mortem)."""

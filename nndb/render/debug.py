@@ -143,8 +143,11 @@ def _late_note(session, stop) -> str:
     if why is None:
         return ""
     n = stop.step
-    cause, after = ("another optimizer took the steps over", f"; 'goto {n}' shows step {n}'s own end") \
-        if why == "handover" else ("the first optimizer stepped again (so nndb learns which optimizers make a step)", "")
+    cause, after = {
+        "handover": ("another optimizer took the steps over", f"; 'goto {n}' shows step {n}'s own end"),
+        "repeat": ("an optimizer that stepped in it stepped again (no step holds two steps of one optimizer)",
+                   f"; 'goto {n}' shows step {n}'s own end"),
+    }.get(why, ("the first optimizer stepped again (so nndb learns which optimizers make a step)", ""))
     return (f"\n  (step {n} was closed after the fact, as {cause}: the run is in step {n + 1}'s first "
             f"optimizer step, its variables and .grad step {n + 1}'s{after})")
 

@@ -29,6 +29,15 @@ The rule (also in docs/steps.md):
   clock's: the step, how many optimizer steps make it, the last one's place
   among the run's optimizers by their first step, the same in a replay) and
   closes it at that return, where the step ended.
+* **An optimizer that steps twice in one iteration** (SAC's critic, stepped
+  at every environment step, its actor and temperature every other one,
+  twice: q | q actor alpha actor alpha | q | ...): no step holds two steps of
+  one optimizer.  One that stepped since the last close (not the closer),
+  stepping again, ends the step before it, after the fact as above (the
+  optimizers that stepped since the last close make it; the closer stays);
+  a replica is told (``handovers``, and ``repeats`` names the step) and closes
+  it at the return of its last optimizer step.  (Two critic steps and the
+  policy's made one step: a loss that was the sum of two of the critic's.)
 * **No optimizer** in the process (hand-written updates such as
   ``p.data.add_(p.grad, alpha=-lr)``): step N ends when the N-th
   ``backward()`` that reaches a parameter returns.  If an optimizer appears
@@ -75,6 +84,7 @@ class StepClock:
         # {step: (optimizer steps in it, the last one's ordinal)}: the steps a later stage's optimizer
         # took over, learnt here after the fact (optimizer_pre) or told to a replica (know)
         self.handovers: dict = {}
+        self.repeats: set = set()        # those of ``handovers`` ended as an optimizer stepped again (not handed over)
         self._ordinals = weakref.WeakKeyDictionary()    # optimizer -> its place by first step (seen)
         self._n_seen = 0
         self.late: Optional[int] = None  # the step last closed after the fact, inside the next one
@@ -140,11 +150,15 @@ class StepClock:
             self._set_closer(opt)
             self._others = []
             return None
-        if self.mode is Mode.SINGLE and self._others and any(r() is opt for r in self._others):
-            # The closer has not stepped since this one did: this one (and any that
-            # stepped with it) is the loop now; the closer is an earlier stage's.
+        if self._others and any(r() is opt for r in self._others):
             order, self._others = self._others, []
             self.handovers[self.step] = (len(order), self._ordinals.get(order[-1](), -1))
+            if self.mode is Mode.CYCLE:
+                # It stepped in this step already: the step ends before it; the closer stays.
+                self.repeats.add(self.step)
+                return self._close(retro=len(order))
+            # The closer has not stepped since this one did: this one (and any that
+            # stepped with it) is the loop now; the closer is an earlier stage's.
             return self._hand_over(order, retro=len(order))
         return None
 
@@ -156,11 +170,12 @@ class StepClock:
     def marks(self, opt) -> bool:
         """Does ``opt``'s step, about to return, end a segment of the step
         (``StepRecorder.mark``): while learning, and for an optimizer other
-        than the one closer (it may take over: see ``optimizer_pre``)."""
+        than the closer (one closer: it may take over; several: it may step again
+        in the step; see ``optimizer_pre``)."""
         if self.mode is Mode.LEARNING:
             return True
         closer = self._closer() if self._closer is not None else None
-        return self.mode is Mode.SINGLE and opt is not closer and closer is not None
+        return self.mode in (Mode.SINGLE, Mode.CYCLE) and opt is not closer and closer is not None
 
     def completes_iteration(self, opt) -> bool:
         """While learning: would ``opt``'s return leave every optimizer counted as
@@ -192,7 +207,7 @@ class StepClock:
             self._set_closer(opt)
             return None
         closer = self._closer() if self._closer is not None else None
-        self.mark = self.mode is Mode.SINGLE and opt is not closer and closer is not None   # (marks(opt), inline)
+        self.mark = self.mode in (Mode.SINGLE, Mode.CYCLE) and opt is not closer and closer is not None   # (marks)
         if self.absorbing is not None:
             absorbed, self.absorbing = self.absorbing() is opt, None
             if absorbed:
@@ -204,13 +219,13 @@ class StepClock:
             self.late = None
             self.step += 1
             return c
-        if self.mode is Mode.SINGLE and closer is not None:
+        if self.mark:
             self._others.append(weakref.ref(opt))
             if self.handovers and self.handovers.get(self.step) == (len(self._others), self._ordinals.get(opt, -1)):
                 # (a replica told of the live run's handover: the step ends here, at its return)
                 order, self._others = self._others, []
                 self.mark = False
-                return self._hand_over(order)
+                return self._close() if self.mode is Mode.CYCLE else self._hand_over(order)
         return None
 
     def backward_end(self, n_optimizers: int) -> Optional[Close]:

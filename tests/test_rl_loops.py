@@ -1,0 +1,60 @@
+"""Reinforcement-learning loop shapes (cleanrl's single-file PPO, DQN and SAC), in scripts of
+the same shape with toy environments (tests/scripts/rl_*.py: no gym): environment steps
+between updates, action sampling forwards, target networks copied by hand, optimizers that
+step in an irregular order.  The script prints what plain Python prints, and nndb's steps,
+losses and time travel are the script's own."""
+import os
+import re
+
+import pytest
+
+from conftest import ROOT, Ran, nndb, python
+from nndb.store.reader import TraceReader
+
+pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="fork replicas need fork()")
+
+SCRIPTS = os.path.join(ROOT, "tests", "scripts")
+SAC = os.path.join(SCRIPTS, "rl_soft_actor_critic.py")
+
+
+def _run(tmp_path, script, commands=(), *args, extra=()):
+    argv = ["run", "--batch", "--nx", "--trace", str(tmp_path / "t.h5"), "--force", *extra]
+    for c in commands:
+        argv += ["-e", c]
+    r = Ran(nndb(*argv, script, *args, cwd=str(tmp_path)), argv + [script, *args])
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    return r
+
+
+def _printed(out: str) -> list:
+    """[(environment step, optimizer, loss)] as the SAC script prints them."""
+    return [(int(s), o, float(v)) for s, o, v in re.findall(r"^(\d+) (\w+_optimizer) (\S+)$", out, re.M)]
+
+
+def test_sac_each_optimizer_step_is_in_a_step_of_its_own(tmp_path):
+    """cleanrl's SAC steps its critic at every environment step and its actor and
+    temperature twice every other one (q | q actor alpha actor alpha | q | ...): from the
+    third environment step of training on, two critic steps and the policy's made one
+    nndb step, whose loss was the sum of the critic's two (97.23 = 56.44 + 40.79 on
+    Pendulum; here 1.509 = 0.6204 + 0.8887).  No step holds two steps of one optimizer:
+    each loss the script prints is a step's loss, in order, bit for bit, and 'goto' to a
+    step closed as the critic stepped again stops at that step's own end."""
+    plain = python(SAC, forked=True)
+    assert plain.returncode == 0, plain.stderr
+    r = _run(tmp_path, SAC, ["until 8", "goto 4", 'p ("AT", $step, global_step, repr($loss), repr(qf_loss.item()))',
+                             "present", "continue"], extra=("--rules", "none"))
+    assert _printed(r.stdout) == _printed(plain.stdout)
+    printed = _printed(plain.stdout)
+    with TraceReader(str(tmp_path / "t.h5")) as t:
+        series = {}
+        for name in ("loss", "loss/actor_optimizer", "loss/a_optimizer"):
+            steps, values = t.history(t.find(name, "loss")[0], "mean")
+            series[name] = [(int(s), float(v)) for s, v in zip(steps, values)]
+    for name, opt in (("loss", "q_optimizer"), ("loss/actor_optimizer", "actor_optimizer"),
+                      ("loss/a_optimizer", "a_optimizer")):
+        assert [v for _, v in series[name]] == [v for _, o, v in printed if o == opt], name
+    # step 4 is the critic's step at environment step 11 alone (closed as it stepped again at 12)
+    assert series["loss"][2] == (4, printed[6][2]) and printed[6][:2] == (11, "q_optimizer"), series["loss"][:4]
+    at = re.search(r"\('AT', (\d+), (\d+), '([^']+)', '([^']+)'\)", r.stdout)
+    assert at and at.group(1, 2) == ("4", "11"), r.stdout
+    assert float(at.group(3)) == float(at.group(4)) == printed[6][2], r.stdout
