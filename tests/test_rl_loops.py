@@ -58,3 +58,53 @@ def test_sac_each_optimizer_step_is_in_a_step_of_its_own(tmp_path):
     at = re.search(r"\('AT', (\d+), (\d+), '([^']+)', '([^']+)'\)", r.stdout)
     assert at and at.group(1, 2) == ("4", "11"), r.stdout
     assert float(at.group(3)) == float(at.group(4)) == printed[6][2], r.stdout
+
+
+SELF_CALL = '''
+import torch, torch.nn as nn
+torch.manual_seed(0)
+
+
+class Policy(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(3, 8), nn.Tanh(), nn.Linear(8, 2))
+
+    def forward(self, x):
+        return self.body(x)
+
+    def act(self, x):
+        return torch.distributions.Categorical(logits=self(x))
+
+
+def main():
+    pi_net, value = Policy(), nn.Linear(3, 1)
+    opt = torch.optim.Adam(list(pi_net.parameters()) + list(value.parameters()), lr=1e-2)
+    for step in range(4):
+        x = torch.randn(16, 3)
+        dist = pi_net.act(x)
+        a = dist.sample()
+        loss = -(dist.log_prob(a) * value(x).detach().view(-1)).mean() + (value(x) ** 2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+
+
+main()
+'''
+
+
+def test_a_model_called_from_a_method_of_its_own_is_named_by_the_scripts_variable(tmp_path):
+    """cleanrl's SAC calls its actor through ``actor.get_action(x)``, which calls ``self(x)``:
+    the actor's parameters were named 'self.fc1.weight' (the variable found in the innermost
+    frame, the method's own ``self``); they are 'actor.fc1.weight', as the script names it
+    (and 'pi_net.body.0.weight' where the variable is a local of another function)."""
+    _run(tmp_path, SAC, extra=("--rules", "none"))
+    with TraceReader(str(tmp_path / "t.h5")) as t:
+        names = {s.name for s in t.series() if s.kind == "param"}
+    assert "actor.fc1.weight" in names and not any(n.startswith("self.") for n in names), sorted(names)
+    (tmp_path / "s.py").write_text(SELF_CALL)
+    _run(tmp_path, str(tmp_path / "s.py"), extra=("--rules", "none"))
+    with TraceReader(str(tmp_path / "t.h5")) as t:
+        names = {s.name for s in t.series() if s.kind == "param"}
+    assert {"pi_net.body.0.weight", "value.weight"} <= names, sorted(names)
