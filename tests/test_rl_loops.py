@@ -125,3 +125,18 @@ def test_ppo_actor_and_critic_towers_are_no_exploding_gradient(tmp_path):
     res = run_in_process(tmp_path, PPO)
     assert res.exit_code == 0
     assert findings_of(res) == []
+
+
+def test_ppo_loss_is_known_for_a_surrogate_through_the_rollout_buffers(tmp_path):
+    """cleanrl's ppo.py on CartPole (256 updates): 'loss_not_decreasing at step 224: loss has
+    not gone down in 225 recorded steps'.  Its loss is a policy-gradient surrogate (and its
+    value loss chases returns made of the critic's own values), which the loss probe tells by
+    the marks it carries from the model's outputs and samples; but the rollout writes each
+    sample into a buffer made before it (``actions[step] = action``, ``values[step] = value``)
+    and the marks stopped there.  A write into a tensor marks it with what was written."""
+    _run(tmp_path, PPO)
+    with TraceReader(str(tmp_path / "t.h5")) as t:
+        assert [(k["kind"], k["step"]) for k in t.records("loss_kind")] == [("policy_gradient", 0)]
+    r = Ran(nndb("inspect", str(tmp_path / "t.h5"), cwd=str(tmp_path)), ["inspect"], title="nndb inspect")
+    line = next((l for l in r.stdout.splitlines() if l.startswith("loss ") and "surrogate" in l), None)
+    assert line is not None and "a policy-gradient surrogate" in line, r.stdout

@@ -24,7 +24,10 @@ probe (nndb.rules.model_probes.LossInputs):
   (``emb[:, None] - emb[None]``) is of reshaped tensors, which are not tagged.
 
 What the loss *is* (``Made``): every tensor an op makes of a model's output
-carries a mark, whatever its shape, for the step; the marks tell
+carries a mark, whatever its shape, for the step (and a tensor written into:
+a rollout's buffer, ``actions[step] = action``, ``values[step] = value``,
+carries what was written: cleanrl's PPO samples its actions into one, and
+its loss went unknown for a surrogate); the marks tell
 loss_not_decreasing the two losses that are not meant to go down:
 
 - a *policy-gradient surrogate*: the loss depends on a value drawn
@@ -71,6 +74,9 @@ SAMPLERS = frozenset((torch.multinomial, _T.multinomial, torch.bernoulli, _T.ber
 MODEL, SAMPLE, MOVING = 1, 2, 4
 MADE_KEPT = 8192                # marked tensors per step (an episode of REINFORCE: ~10 a time step)
 TARGET_OPS = frozenset(f for f, sym in BROADCASTING_OPS.items() if sym == "-")
+# A write into a tensor the script made before (a rollout's buffer, ``actions[step] = action``):
+# what it holds now is made of what was written (an in-place op returns the tensor: its output)
+SETITEM = _T.__setitem__
 
 
 class Tags(dict):
@@ -220,6 +226,10 @@ class LossWatch:
         elif target is not None and not marks & MOVING and self._compares(func, args) \
                 and self._trained_or_copy(target[1]):
             marks |= MOVING
+        if func is SETITEM and isinstance(args[0], torch.Tensor):
+            e = made.of(args[0])
+            made.mark(args[0], marks | (e[0] if e else 0), model or (e[1] if e else None))
+            return
         for o in (out,) if isinstance(out, torch.Tensor) else out if isinstance(out, (tuple, list)) else ():
             if isinstance(o, torch.Tensor):
                 made.mark(o, marks, model)
