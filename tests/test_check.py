@@ -115,6 +115,37 @@ def test_data_describes_the_batch_a_training_forward_gets_not_an_action_choice()
     assert data.status == "PASS" and data.evidence.startswith("inputs (32, 4) float32"), data.evidence
 
 
+def test_data_describes_the_batch_a_backward_reached_not_an_action_choice_with_autograd(tmp_path):
+    """cleanrl's dqn.py picks its actions with autograd on (q_network(obs), no no_grad; nothing is
+    backed through them): the data check described the first such call, 'inputs (1, 4) float32',
+    not the (32, 4) replay batch its loss is of.  The call whose output the backward reached is
+    the training forward's."""
+    script = write(tmp_path, "dqn_grad_picks.py", """
+        import random
+        import torch, torch.nn as nn, torch.nn.functional as F
+        torch.manual_seed(0); random.seed(0)
+        q = nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 2))
+        target = nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 2))
+        target.load_state_dict(q.state_dict())
+        opt = torch.optim.Adam(q.parameters(), lr=1e-3)
+        buf, obs = [], torch.randn(4)
+        for t in range(60):
+            a = int(torch.argmax(q(obs[None]), 1)) if random.random() > 0.5 else random.randrange(2)
+            nxt = obs * 0.9 + 0.1 * torch.randn(4)
+            buf.append((obs, a, float(-obs.abs().sum()), nxt)); obs = nxt
+            if t >= 40 and t % 4 == 0:
+                o, acts, r, o2 = zip(*random.sample(buf, 32))
+                o, o2, acts, r = torch.stack(o), torch.stack(o2), torch.tensor(acts), torch.tensor(r)
+                with torch.no_grad():
+                    y = r + 0.99 * target(o2).max(1).values
+                loss = F.mse_loss(q(o).gather(1, acts[:, None]).squeeze(1), y)
+                opt.zero_grad(); loss.backward(); opt.step()
+    """)
+    report, _ = run_check(script)
+    data = by_name(report)["data"]
+    assert data.status == "PASS" and data.evidence.startswith("inputs (32, 4) float32"), data.evidence
+
+
 def test_a_count_given_with_the_batch_is_no_data_to_scale(tmp_path):
     """The Hugging Face Trainer gives a causal LM the token count of the whole accumulated batch
     by keyword (model(input_ids=x, labels=y, num_items_in_batch=n), a 0-d float tensor) and the

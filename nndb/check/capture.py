@@ -25,6 +25,8 @@ from ..tracer.recorder import unscaled
 LOSS_CALLS_KEPT = 16            # loss-function calls remembered per run
 # the losses of |input - target| alone: the same with the two given the other way round
 SYMMETRIC_LOSSES = ("mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss")
+_GRAD_CALLS_KEPT = 256          # calls with autograd on kept between two backward()s, for grad_args
+_GRAPH_NODES = 100_000          # autograd nodes walked to find which of them a backward() reached
 
 
 # -- what the first steps showed ----------------------------------------------------------
@@ -44,8 +46,9 @@ class ModelSeen:
     last_args: tuple = ()
     last_feed: object = None                # where its last call's input came from (``Capture._feed``)
     keywords: tuple = ()                    # the names of its last call's inputs given by keyword (the last ones)
-    # its first call's inputs with autograd on, a training forward's (a DQN's first calls pick
-    # actions under no_grad, one state each), None before one
+    # the inputs of its first call with autograd on whose output a backward() reached, a training
+    # forward's (a DQN's calls that pick actions, one state each, come first: under no_grad, or
+    # with autograd on and never backed through, cleanrl's), None before one
     grad_args: Optional[tuple] = None
 
 
@@ -134,6 +137,9 @@ class Capture:
         self.loss_calls: list = []
         self.output_losses: list = []       # OutputLoss: a backward's loss a model returned
         self._calls: dict = {}              # id(model) -> its calls with autograd on since the last backward
+        # [id(model), its inputs, its output's grad_fns]: the calls with autograd on since the last
+        # backward of the models without grad_args yet
+        self._grad_calls: list = []
         self.repeated: dict = {}            # id(model) -> the most such calls before one backward (2 or more)
         self.backward_losses: list = []     # (step, value or None)
         self.optimizers: list = []          # OptimizerSeen, in the order first stepped
@@ -250,10 +256,8 @@ class Capture:
             seen.last_args = seen.first_args
         else:
             seen.last_args = _clone(args)
-        if seen.grad_args is None and torch.is_grad_enabled():
-            seen.grad_args = seen.last_args
-            if seen.replica is not None:
-                _same_modes(seen.replica, module)
+        if seen.grad_args is None and torch.is_grad_enabled() and len(self._grad_calls) < _GRAD_CALLS_KEPT:
+            self._grad_calls.append([id(module), seen.last_args, ()])
         seen.last_feed, seen.keywords = feed, keywords
         if type(module) not in self._output_types:
             self._output_types.add(type(module))
@@ -283,6 +287,9 @@ class Capture:
         seen = self.models.get(id(module))
         if seen is not None and seen.module is module and self.steps_done < self.steps:
             self.outputs[id(module)] = (pytree.tree_leaves(output), seen.last_args, seen.last_feed)
+            if self._grad_calls and self._grad_calls[-1][0] == id(module) and not self._grad_calls[-1][2]:
+                self._grad_calls[-1][2] = tuple(t.grad_fn for t in self.outputs[id(module)][0]
+                                                if isinstance(t, torch.Tensor) and t.grad_fn is not None)
             for t in self.outputs[id(module)][0]:
                 if isinstance(t, torch.Tensor) and t.dim() >= 1 and t.is_floating_point():
                     self._tags.tag(t)
@@ -312,6 +319,8 @@ class Capture:
                 if n > 1:
                     self.repeated[mid] = max(n, self.repeated.get(mid, 0))
             self._calls = {}
+            if self._grad_calls:
+                self._backed(tensor)
             loss = unscaled(tensor)             # (a GradScaler's scaled loss: the loss it scaled)
             t = loss.detach()
             self.backward_losses.append((self.steps_done, float(t.double().mean()) if t.numel() else None))
@@ -326,6 +335,25 @@ class Capture:
                         self.output_losses.append(OutputLoss(self.steps_done, seen.module, i, margs, mfeed,
                                                              seen.keywords, made))
                         return
+
+    def _backed(self, tensor) -> None:
+        """Each model's first call since the last backward whose output ``tensor``'s graph holds
+        gives its ``grad_args``."""
+        calls, self._grad_calls = self._grad_calls, []
+        wanted = {id(fn) for _, _, fns in calls for fn in fns}
+        seen, todo = set(), [getattr(tensor, "grad_fn", None)]
+        while todo and len(seen) < _GRAPH_NODES and not wanted <= seen:
+            fn = todo.pop()
+            if fn is None or id(fn) in seen:
+                continue
+            seen.add(id(fn))
+            todo.extend(nxt for nxt, _ in getattr(fn, "next_functions", ()))
+        for mid, args, fns in calls:
+            model = self.models.get(mid)
+            if model is not None and model.grad_args is None and any(id(fn) in seen for fn in fns):
+                model.grad_args = args
+                if model.replica is not None:       # (its training forward's modes: _same_modes)
+                    _same_modes(model.replica, model.module)
 
     def loss_call(self, func, args, kwargs, out) -> None:
         if self.steps_done >= self.steps or len(self.loss_calls) >= LOSS_CALLS_KEPT:
