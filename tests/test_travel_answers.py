@@ -669,6 +669,21 @@ def test_set_lr_on_a_wrapped_optimizer_is_one_optimizer_its_scheduler_follows(tm
     assert re.search(r"^step 3 \S+ 0\.0006", r.stdout, re.M)     # 0.003 / 5: the schedule went on from it
 
 
+@pytest.mark.parametrize("travel", [[], ["until 3", "goto 0"]])
+def test_a_stop_at_step_0_of_a_wrapped_optimizer_is_in_step_0(tmp_path, travel):
+    """accelerate's wrapper (every accelerate script's, the HF Trainer's) was counted as an
+    optimizer of the run that never stepped (it passes through no optimizer hook), so step 0 was
+    closed after the fact: a stop at step 0 of diffusers' train_unconditional.py shape read step
+    1's variables, loss.item() 1.0742 where step 0's loss, $loss, was 1.0883 (goto 0 the same)."""
+    r = _script_run(tmp_path, WRAPPED_OPTIMIZER, ["break step 0", "continue", *travel,
+                                                  'p ("AT", step, $loss, loss.item())',
+                                                  *(["present"] if travel else []), "delete", "continue"])
+    out = r.stdout + r.stderr
+    assert "closed after the fact" not in out, out
+    loss = re.search(r"^step 0 (\S+) ", r.stdout, re.M).group(1)
+    assert f"('AT', 0, {loss}, {loss})" in r.stdout, out
+
+
 CHAINED_ONECYCLE = '''
 import torch, torch.nn as nn
 L = torch.optim.lr_scheduler
