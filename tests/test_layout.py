@@ -144,8 +144,8 @@ FLOORS = [
     ("rules and lineage", ("nndb.rules", "nndb.lineage")),
     ("store", ("nndb.store",)),
     ("tracer", ("nndb.tracer",)),
-    ("leaves", ("nndb.errors", "nndb.schema", "nndb.cadence", "nndb.histogram", "nndb.text", "nndb.version",
-                "nndb.extras")),
+    ("leaves", ("nndb.errors", "nndb.schema", "nndb.cadence", "nndb.globs", "nndb.histogram", "nndb.text",
+                "nndb.version", "nndb.extras")),
 ]
 
 

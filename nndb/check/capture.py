@@ -5,6 +5,11 @@
 optimizer steps, a backward's loss) and ``LossMode`` (a TorchFunctionMode that sees torch.nn.functional's loss
 calls) report to it.  None of them changes what the script computes; an
 error in one is kept as a note, never raised into the script.
+
+Why this size: one object that every listener of the first steps reports to, and the records
+it keeps for the checks (ModelSeen, Feed, LossCall, OutputLoss, OptimizerSeen); which model
+call a backward reached, which loss call made the loss and which optimizer stepped what are
+facts about one another, so they are gathered in one place.
 """
 from __future__ import annotations
 

@@ -18,6 +18,12 @@ named by its path in a module a script's variable holds (``extra.weight``), else
 by its place in the optimizer (``opt.group0.3``).  A tensor no module holds (trained by
 hand) is named by the script's variable, but not a ``for`` loop's, else by its path through
 the script's own objects and containers (``model.layers.2.weight``): find_tensor_path.
+
+Why this size: one question, what the script calls a thing, asked of modules, parameters,
+optimizers and tensors trained by hand, each answered by looking through the script's frames
+and objects the same way (its variables before a loop's, its own code before a library's,
+wrappers seen through); ``Naming`` keeps the answers stable for the whole run.  Split by the
+kind of thing named, the frame walk and its rules would be written once per kind.
 """
 from __future__ import annotations
 
