@@ -167,6 +167,10 @@ def debug(config: RunConfig, options: DebugOptions, frontend,
             if session.restart_requested and not session.quit_requested:
                 continue
         elif session.input.queue:
+            # (said first, as gdb's '[Inferior 1 (process N) exited normally]': 'until 50' in a run of
+            # 8 steps gave way to '-e "p $step"' printing 7, nothing saying the run had ended)
+            session.message(f"nndb: the run ended ({result.status}, exit code {result.exit_code}) after "
+                            f"{session.steps_done()} step(s); the commands left run at its end")
             session.interact()          # commands left when the script ended (or was killed)
             if session.restart_requested and not session.quit_requested:
                 continue                # ('run' among them starts it again, as at the prompt)

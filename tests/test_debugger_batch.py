@@ -946,6 +946,21 @@ def test_run_after_kill_in_batch_starts_the_script_again(tmp_path):
     assert (tmp_path / "t-run2.h5").exists()
 
 
+def test_until_past_the_end_in_batch_mode_says_the_run_ended_before_the_commands_left(tmp_path):
+    """In batch mode 'until 50' in a run of 8 steps gave way to the next command with nothing said:
+    '-e "p $step"' printed 7, as if the run had stopped there.  The end is said first, as gdb's
+    '[Inferior 1 (process N) exited normally]' and nndb's prompt say it."""
+    script = tmp_path / "loop.py"
+    script.write_text("import torch\nmodel = torch.nn.Linear(3, 1)\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+                      "for i in range(8):\n    opt.zero_grad()\n    model(torch.ones(2, 3)).sum().backward()\n"
+                      "    opt.step()\n")
+    r = Ran(nndb("run", "--batch", "-q", "--nx", "--trace", str(tmp_path / "t.h5"), "-e", "until 50", "-e", "p $step",
+                 str(script), cwd=str(tmp_path)))
+    assert r.returncode == 0, r
+    assert r.stdout.splitlines() == ["nndb: the run ended (finished, exit code 0) after 8 step(s); the commands left "
+                                     "run at its end", "7"], r
+
+
 def test_a_script_name_after_kill_is_said_gone_not_undefined(tmp_path):
     """After 'kill' (or the run's end) 'p total' said "NameError: name 'total' is not defined" of a
     variable the script had defined (2.16... at the stop): the line says the script is not stopped
@@ -957,7 +972,8 @@ def test_a_script_name_after_kill_is_said_gone_not_undefined(tmp_path):
     r = Ran(nndb("run", "--batch", "-q", "--nx", "--trace", str(tmp_path / "t.h5"), "-e", "until 1", "-e", "p total",
                  "-e", "kill", "-e", "p $step", "-e", "p total", str(script), cwd=str(tmp_path)))
     assert r.returncode == 2, r
-    assert r.stdout.splitlines()[-2:] == ["1.0", "1"], r
+    assert r.stdout.splitlines()[-3:] == ["1.0", "nndb: the run ended (killed, exit code 0) after 2 step(s); the "
+                                          "commands left run at its end", "1"], r
     assert r.stderr.strip() == ("-e 'p total': NameError: name 'total' is not defined (the script is not stopped "
                                 "in a frame: its variables are gone; nndb's $ variables are left)"), r
 
