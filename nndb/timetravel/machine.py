@@ -445,7 +445,9 @@ class TimeMachine:
                 # past: the recorded steps up to the present are checked as they come too)
                 last = max(last, s.last_step)
             goal = dict(goal, expect=recorded_losses(s, first, last))
-        if not self.exact:
+        if not self.exact and ck is not None and self.mode != "respawn":
+            # (a forked replica's threads: a respawned one is a new process, which runs them all;
+            # it was warned of before every respawned replay too, cleanrl's under TensorBoard's thread)
             s.error(f"nndb: warning: this replay may not be exact: {self.exact_why}")
             goal = dict(goal, inexact=self.exact_why)        # (a divergence in the last bits names it)
         if ck is None or self.mode == "respawn":
