@@ -234,7 +234,6 @@ class RunView:
         """(steps, values, kind) of one series, from the trace (and the steps
         the writer has not flushed yet); a value is None where it was not measured.
         ``stat`` None: the kind's default (schema.default_stat)."""
-        import fnmatch
         series = self.series_names()
         if kind is None:
             kinds = sorted({k for n, k in series if n == name})
