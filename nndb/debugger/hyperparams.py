@@ -85,15 +85,22 @@ def _assign(g: dict, key: str, value) -> None:
         g[key] = int(value) if _whole(old) and float(value).is_integer() else float(value)
 
 
+def numpy_number(v):
+    """A numpy scalar's Python number, None for anything else (DINO writes its schedules'
+    np.float64, or an np.float32, into the param groups)."""
+    if type(v).__module__ != "numpy" or getattr(v, "ndim", None) != 0 or v.dtype.kind not in "iuf":
+        return None
+    return v.item()
+
+
 def plain(v):
     """A setting as a plain number (or tuple of them): a one-element tensor read, a numpy
-    scalar's Python number (DINO writes its schedules' np.float64 into the groups: the
-    'did not hold' warning read 'stepped with lr np.float64(0.0007515535026209658)')."""
+    scalar's Python number (the 'did not hold' warning read 'stepped with lr
+    np.float64(0.0007515535026209658)')."""
     if hasattr(v, "fill_"):
         return float(v)
-    if type(v).__module__ == "numpy" and getattr(v, "ndim", None) == 0:
-        return v.item()
-    return v
+    x = numpy_number(v)
+    return v if x is None else x
 
 
 def distance(a, b) -> float:
@@ -313,8 +320,8 @@ def is_numeric(v) -> bool:
         return False
     if isinstance(v, (int, float)):
         return True
-    if type(v).__module__ == "numpy" and getattr(v, "ndim", None) == 0:
-        return getattr(v, "dtype", None) is not None and v.dtype.kind in "iuf"      # (np.float32: DINO's shape)
+    if numpy_number(v) is not None:              # (np.float32: DINO's shape)
+        return True
     if isinstance(v, tuple):
         return all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v)
     return hasattr(v, "fill_") and getattr(v, "numel", lambda: 0)() == 1      # a tensor lr

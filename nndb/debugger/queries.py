@@ -21,6 +21,7 @@ from ..text import NOT_MEASURED
 from ..store.measured import measured, measured_column
 from ..schema import KINDS, default_stat
 from . import evaluate as E
+from .hyperparams import numpy_number
 from . import points as P
 
 
@@ -35,17 +36,7 @@ def _as_the_script_names_it(name: str) -> str:
 def _plain(v) -> bool:
     return isinstance(v, (int, float, bool, str, type(None))) or \
         (isinstance(v, tuple) and all(isinstance(x, (int, float)) for x in v)) or _one_number(v) \
-        or _numpy_number(v) is not None
-
-
-def _numpy_number(v):
-    """A numpy scalar's Python number (None for anything else): DINO writes its cosine schedules'
-    np.float64 into the param groups, shown as 'lr=np.float64(0.0007515535026209658)' (an
-    np.float32 was left out)."""
-    if type(v).__module__ != "numpy" or getattr(v, "ndim", None) != 0:
-        return None
-    x = v.item()
-    return x if isinstance(x, (int, float)) else None
+        or numpy_number(v) is not None
 
 
 def _one_number(v) -> bool:
@@ -68,7 +59,7 @@ class _TensorNumber:
 def _shown(v):
     if _one_number(v):
         return _TensorNumber(v)
-    x = _numpy_number(v)
+    x = numpy_number(v)
     return v if x is None else x
 
 
