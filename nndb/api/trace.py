@@ -18,7 +18,7 @@ from typing import Optional
 
 import numpy as np
 
-from ..errors import UsageError
+from ..errors import TraceError, UsageError
 from .. import schema as K
 from ..store.measured import measured, measured_values
 from ..store.reader import TraceReader
@@ -167,6 +167,9 @@ class Trace:
 
     def _stat_index(self, stat: str) -> int:
         if stat not in self._reader.columns:
+            if stat in K.STAT_NAMES:        # (a statistic every trace has: its column names damaged)
+                raise TraceError(f"{self.path}: the trace has no column '{stat}' (its columns read "
+                                 f"{', '.join(map(repr, self._reader.columns))}): a damaged trace")
             raise UsageError(f"unknown statistic {stat!r}; one of: {', '.join(self._reader.columns)}")
         return self._reader.columns.index(stat)
 
