@@ -350,13 +350,55 @@ def test_dead_relu_report_lists_both_watchpoint_stops(dead_relu_run):
     assert _stops(dead_relu_run.report()) == [(2, "watchpoint", 1), (4, "watchpoint", 2)]
 
 
+# A second model built at step 3, its parameters added to the optimizer then.
+SECOND_MODEL_LATER = """\
+import torch, torch.nn as nn
+torch.manual_seed(0)
+first = nn.Linear(4, 4)
+opt = torch.optim.SGD(first.parameters(), lr=0.1)
+second = None
+for step in range(6):
+    x = torch.randn(8, 4)
+    if step == 3:
+        second = nn.Linear(4, 2)
+        opt.add_param_group({"params": second.parameters()})
+    out = first(x) if second is None else second(first(x))
+    loss = out.pow(2).mean()
+    opt.zero_grad(); loss.backward(); opt.step()
+    print(f"step {step} loss {loss.item()!r}")
+"""
+
+
+def test_a_point_on_a_tensor_that_appears_later_stays_pending_past_step_0(tmp_path):
+    """A watch or module breakpoint set once the run's names are known (here at
+    step 1) on a model built at step 3 ended the batch run with exit 2: "-e 'watch
+    act second max > 0': no act tensor matches 'second' (there are: first)", where
+    gdb's pending breakpoints wait.  It stays pending, says so with the names there
+    are (a typo shows), and hits when the tensor appears; one that never appears
+    is pending at the end, as before step 0."""
+    r = BatchRun(tmp_path, "-q", "--rules", "none", "-e", "until 1", "-e", "watch act second max > 0",
+                 "-e", "tbreak module second", "-e", "watch grad second.wieght norm > 0",
+                 _write(tmp_path / "s.py", SECOND_MODEL_LATER))
+    _no_traceback_from_nndb(r.stderr)
+    assert r.returncode == 0, r.stderr
+    assert sorted(_script_lines(r.stdout)) == list(range(6))
+    assert "No act tensor matches 'second' (there are: first); the point stays pending until one does." \
+        in r.stdout, r.stdout
+    assert "No module matches 'second' (there are: first); the point stays pending" in r.stdout
+    assert "No grad tensor matches 'second.wieght' (there are: bias, weight); the point" in r.stdout
+    assert _stops(r.report()) == [(3, "breakpoint", 2), (3, "watchpoint", 1)], r.report()
+    assert r.report()["pending"] == [{"id": 3, "type": "watchpoint", "what": "grad second.wieght norm > 0",
+                                      "fail": False}]
+    assert "watchpoint 3 (grad second.wieght norm > 0) was still pending at the end of the run" in r.stderr
+
+
 # -- errors, exceptions, kill -------------------------------------------------------
 
 BAD_FILE = """\
 break step 1
 continue
 p "REACHED"
-watch grad zzz*
+stats grad zzz*
 p "NOT REACHED"
 """
 
@@ -369,7 +411,7 @@ def test_command_file_error_is_fatal_in_batch(tmp_path, trace):
     assert os.path.exists(cmds)
     assert r.returncode == 2
     _no_traceback_from_nndb(r.stderr)
-    msg = "bad.nndb:4: no grad tensor matches 'zzz*' (there are: 0.bias, 0.weight, 2.bias, 2.weight, 4.bias, 4.weight)"
+    msg = "bad.nndb:4: no grad tensor matches 'zzz*' at step 1"
     assert [l for l in r.stderr.splitlines() if "bad.nndb" in l] == [msg]
     assert "'REACHED'" in r.stdout
     assert "NOT REACHED" not in r.stdout                   # the rest of the file and the -e lines

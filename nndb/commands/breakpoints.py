@@ -48,17 +48,17 @@ def _watch(s, fields):
 
 
 def _check_glob(s, kind: str, glob: str) -> None:
-    """A glob that matches nothing is an error once the names are known (after
-    step 0); before that the point is pending, as in gdb."""
+    """A glob that matches no name seen yet leaves the point pending, as gdb's
+    pending breakpoints wait for a library not loaded yet: a second model
+    built at step N, a parameter group added later, are named only then.
+    Once names are known the message lists some, which shows a typo."""
     names = s.view.known_names(kind)
     if any(globs.matches(n, glob) for n in names):
         return
     what = "module" if kind == "module" else f"{kind} tensor"
-    if s.last_step is None:
-        s.message(f"No {what} matches '{glob}' yet; the point stays pending until one does.")
-        return
     some = ", ".join(sorted(names)[:8]) + (" ..." if len(names) > 8 else "")
-    raise CommandError(f"no {what} matches '{glob}'" + (f" (there are: {some})" if names else ""))
+    seen = f" (there are: {some})" if s.last_step is not None and names else " yet"
+    s.message(f"No {what} matches '{glob}'{seen}; the point stays pending until one does.")
 
 
 def _numbers(text: str) -> list:
