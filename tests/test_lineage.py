@@ -419,12 +419,69 @@ def test_a_disabled_catch_point_catches_nothing_until_enabled_again(tmp_path):
     assert r.stdout.index("Breakpoint 2,") < r.stdout.index("Catchpoint 1 (") and "\n3\n" in r.stdout
 
 
+SQRT_OF_ZERO = textwrap.dedent('''
+    import torch, torch.nn as nn
+    torch.manual_seed(0)
+    model = nn.Linear(4, 3)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in range(6):
+        x = torch.randn(16, 4) * (0.0 if step == 3 else 1.0)
+        d = model(x) - model.bias                  # exactly 0 at step 3
+        loss = d.pow(2).sum(1).sqrt().mean()       # sqrt(0) is 0; its gradient is not finite
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+''')
+
+
 def test_catch_nonfinite_in_the_backward_pass(tmp_path):
-    script = _script(tmp_path, "train.py", LOG_LOSS)
-    r = _run(tmp_path, script, "-e", "catch nonfinite", "-e", "continue", "-e", "continue", "-e", "kill")
-    hits = re.findall(r"Catchpoint 1 \(catch nonfinite\): (\w+) made \w+ in the (\w+) pass", r.stdout)
-    assert hits[:2] == [("log", "forward"), ("div", "backward")], r.stdout
-    assert "LogBackward0" in r.stdout
+    """A forward pass all finite whose backward makes an Inf: the gradient of sqrt at 0."""
+    script = _script(tmp_path, "train.py", SQRT_OF_ZERO)
+    r = _run(tmp_path, script, "-e", "catch nonfinite", "-e", "continue", "-e", "kill")
+    hits = re.findall(r"Catchpoint 1 \(catch nonfinite\): (\w+) made (\w+) in the (\w+) pass of step (\d)", r.stdout)
+    assert hits == [("div", "Inf", "backward", "3")], r.stdout
+    assert "SqrtBackward0" in r.stdout
+
+
+# Lightning's GAN order: the generator's step, then the discriminator's, in one iteration;
+# the generator's loss is made NaN at step 3 (a constant NaN the loss is multiplied by).
+GENERATOR_FIRST = textwrap.dedent('''
+    import torch, torch.nn as nn
+    torch.manual_seed(0)
+    G = nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 6))
+    D = nn.Sequential(nn.Linear(6, 16), nn.LeakyReLU(0.2), nn.Linear(16, 1))
+    opt_g, opt_d = (torch.optim.Adam(net.parameters(), lr=1e-3) for net in (G, D))
+    for step in range(5):
+        z, real = torch.randn(8, 4), torch.randn(8, 6) + 1
+        g_loss = nn.functional.softplus(-D(G(z))).mean()
+        if step == 3:
+            g_loss = g_loss * float("nan")     # NAN LINE
+        opt_g.zero_grad(); g_loss.backward(); opt_g.step()
+        d_loss = nn.functional.softplus(-D(real)).mean() + nn.functional.softplus(D(G(z).detach())).mean()
+        opt_d.zero_grad(); d_loss.backward(); opt_d.step()
+        print(step, g_loss.item(), d_loss.item())
+''')
+
+
+@pytest.mark.parametrize("script_text,what", [(GENERATOR_FIRST, "mul made NaN"), (LOG_LOSS, "log made Inf")],
+                         ids=["gan_nan_constant", "log_of_zero"])
+@pytest.mark.parametrize("eager", [False, True])
+def test_catch_names_an_operation_once_not_again_at_its_own_backward(tmp_path, script_text, what, eager):
+    """The backward of the forward operation that made the NaN or Inf makes one again from
+    finite inputs: MulBackward0 multiplies by the same NaN constant, LogBackward0 divides
+    by the 0 the log took.  A generator-first GAN whose generator loss went NaN got two
+    origins in one stop, 'mul made NaN in the forward pass of step 3 (gan.py:12)' and 'mul
+    made NaN in the backward pass of step 3 (MulBackward0, gan.py:13)' (two stops with
+    --eager); the log of 0, 'div made Inf in the backward pass (LogBackward0)' after it.
+    It is the same origin, named once."""
+    script = _script(tmp_path, "train.py", script_text)
+    line = 1 + script_text.splitlines().index(next(l for l in script_text.splitlines()
+                                                    if "NAN LINE" in l or "LOG LINE" in l))
+    r = _run(tmp_path, script, "-e", "catch nonfinite" + (" --eager" if eager else ""),
+             "-e", "continue", "-e", "continue", "-e", "continue")
+    hits = re.findall(r"^Catchpoint 1 \(catch nonfinite.*?\): (.*)$", r.stdout, re.M)
+    assert len(hits) == 1 and hits[0].startswith(f"{what} in the forward pass of step 3"), r.stdout
+    assert hits[0].endswith(f"train.py:{line})"), r.stdout
 
 
 BN_BUFFER_INF = textwrap.dedent('''

@@ -92,6 +92,10 @@ class StepLineage:
         self._ids: dict = {}            # id(tensor) -> (weakref, version, tid)
         self._next = 0
         self.nonfinite: list = []       # [op index] whose output was not finite while the inputs were
+        # op index -> the forward operation whose own backward it ran (``maker_of``): the same origin
+        self.echoes: dict = {}
+        self._maker_outs: list = []     # [(weakref of an output, op index)] of forward makers, until
+        self._maker_nodes: dict = {}    # ... their autograd node is known: id(node) -> (node, op index)
         # (checked steps) the ids of the tensors that held NaN/Inf: the outputs that did, and
         # ``entries``: those no operation of the step made (a parameter, the batch), id ->
         # [op index, input position] of the first operation that took it
@@ -182,10 +186,30 @@ class StepLineage:
             if tid not in self.bad:
                 continue
             if i in makers:
+                i = self.echoes.get(i, i)
                 best = i if best is None else max(best, i)
                 continue
             stack.extend(self.ops[i][INS])
         return (best, None) if best is not None else (None, entry)
+
+    def maker_of(self, node) -> Optional[int]:
+        """The forward operation of this step that made a NaN/Inf from finite inputs and
+        whose autograd node is ``node``, or None.  (A forward operation's output gets its
+        node above the dispatch mode, after the operation returns: looked up at a later
+        operation that takes it, or in the backward while the script holds it.)"""
+        for ref, idx in self._maker_outs:
+            t = ref()
+            fn = getattr(t, "grad_fn", None)
+            if fn is not None:
+                self._maker_nodes.setdefault(id(fn), (fn, idx))
+        self._maker_outs = []
+        e = self._maker_nodes.get(id(node)) if node is not None else None
+        return e[1] if e is not None and e[0] is node else None
+
+    def forget_nodes(self) -> None:
+        """The step is over: its autograd nodes are let go (a node holds its saved tensors)."""
+        self._maker_outs = []
+        self._maker_nodes = {}
 
     def find(self, t) -> Optional[int]:
         """The id of a live tensor of this step (its latest version), or None."""
@@ -281,6 +305,8 @@ class OpRecorder(TorchDispatchMode):
         self._want = False
         self._settle()
         done, self.current = self.current, None
+        if done is not None:
+            done.forget_nodes()
         self.node_module.clear()
         self.modules = []
         self._boundaries = []
@@ -290,8 +316,10 @@ class OpRecorder(TorchDispatchMode):
         """Close this step's lineage and open the next's (the mode stays on)."""
         done = self.current
         self.current = StepLineage(step)
-        if done is not None and done.had_nan:
-            self.current.look_for_entry = False
+        if done is not None:
+            done.forget_nodes()
+            if done.had_nan:
+                self.current.look_for_entry = False
         self.node_module.clear()
         self.phase = "forward"
         return done
@@ -516,7 +544,22 @@ class OpRecorder(TorchDispatchMode):
         finite_in = not (in_nan or in_inf)
         if finite_in:
             cur.nonfinite.append(idx)        # this operation made the first non-finite value
+            phase = cur.ops[idx][PHASE]
+            if phase == "forward":
+                for o in outs:
+                    with contextlib.suppress(TypeError):
+                        cur._maker_outs.append((weakref.ref(o), idx))
+            elif phase == "backward":
+                maker = cur.maker_of(torch._C._current_autograd_node())
+                if maker is not None:
+                    # the backward of the forward operation that made it (LogBackward0's
+                    # division by the 0 that log took, MulBackward0's product with the NaN
+                    # the forward multiplied by): the same origin, not a second one
+                    cur.echoes[idx] = maker
+                    return
         else:
+            if cur._maker_outs:
+                cur.maker_of(None)           # (the inputs' autograd nodes are set by now)
             _note_entries(cur, idx, ins, in_ids, pre)
             if not (out_nan and not in_nan):
                 # It only passed on what came in; the first operation that takes a NaN no
