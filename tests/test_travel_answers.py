@@ -1052,15 +1052,25 @@ for step in range(6):
 '''
 
 
-def test_predict_s_grad_norm_is_the_gradients_the_optimizer_applies_under_clipping(tmp_path):
-    # (clip_grad_norm_'s total is a grad series of no parameter: summed in with the clipped
-    # gradients, predict's Grad norm was sqrt(total^2 + 1): 1.73 for a total of 1.41, clipped to 1)
-    r = _script_run(tmp_path, CLIPS, ["until 1", "predict 3", "continue"])
-    applied = {int(s): float(v) for s, v in re.findall(r"step (\d) total \S+ applied (\S+)", r.stdout)}
+def test_predict_s_grad_norm_under_clipping_is_clip_grad_norm_s_total_as_the_trace_s(tmp_path):
+    """Under clip_grad_norm_(..., 1.0), predict's Grad norm read the clipped gradients' norm,
+    1 on every row (0.999999 under a Trainer's max_grad_norm 1.0, whose logged grad_norm read
+    1.06-1.24), where the trace's clip_grad_norm_ series holds the total before clipping
+    (10.55 at step 2): the gradients the optimizer applies are at most max_norm by
+    construction.  The column is the total clip_grad_norm_ returned, and says so.  (Before
+    that, the total was summed in with the clipped gradients: sqrt(total^2 + 1).)"""
+    import nndb as api
+    r = _script_run(tmp_path, CLIPS, ["until 1", "predict 3", "predict 1 --set lr=0.01", "continue"])
+    total = {int(s): float(v) for s, v in re.findall(r"step (\d) total (\S+) applied \S+", r.stdout)}
+    assert "Step    Loss     Grad norm before clipping    Findings" in r.stdout, r.stdout
+    assert "Grad norm before clipping (lr 0.01)" in r.stdout, r.stdout
     rows = re.findall(r"^(\d)\s+([\d.e+-]+)\s+([\d.e+-]+)\s+-$", r.stdout, re.M)
     assert [int(s) for s, _, _ in rows] == [2, 3, 4], r.stdout + r.stderr
+    with api.open(str(tmp_path / "t.h5")) as t:
+        series = t.series("clip_grad_norm_", kind="grad", stat="norm")
     for s, _, g in rows:
-        assert float(g) == pytest.approx(applied[int(s)], rel=1e-5), (s, g, applied)
+        assert float(g) == pytest.approx(total[int(s)], rel=1e-5) == pytest.approx(series[int(s)], rel=1e-5), \
+            (s, g, total, series)
 
 
 HELD = '''

@@ -179,10 +179,13 @@ def render_prediction(n, sets, base, changed, took):
     def f(x):
         return "-" if x is None else f"{x:.6g}"
     out = []
+    # (the norm before clipping: where the script clipped, clip_grad_norm_'s totals; the header says so)
+    clipped = any(r.get("clipped") for r in base.rows + (changed.rows if changed is not None else []))
+    gn = "Grad norm before clipping" if clipped else "Grad norm"
     if changed is None:
         rows = [(r["step"], f(r["loss"]), f(r["grad_norm"]), ", ".join(r["findings"]) or "-")
                 for r in base.rows]
-        out.append(Table(("Step", "Loss", "Grad norm", "Findings"), rows,
+        out.append(Table(("Step", "Loss", gn, "Findings"), rows,
                          title=f"Predicted {len(rows)} step(s) ahead on a replica ({took:.2f} s); "
                                "the live run is unchanged:", empty="No step finished."))
     else:
@@ -191,7 +194,7 @@ def render_prediction(n, sets, base, changed, took):
         pairs, first = compare_predictions(base.rows, changed.rows)
         rows = [(r["step"], f(r["loss"]), f(r["loss_changed"]), f(r["loss_delta"]), f(r["grad_norm"]),
                  f(r["grad_norm_changed"]), ", ".join(r["findings"]) or "-") for r in pairs]
-        out.append(Table(("Step", "Loss", f"Loss ({label})", "Δ loss", "Grad norm", f"Grad norm ({label})",
+        out.append(Table(("Step", "Loss", f"Loss ({label})", "Δ loss", gn, f"{gn} ({label})",
                           f"Findings ({label})"), rows,
                          title=f"Predicted {len(rows)} step(s): baseline and {label} on replicas "
                                f"({took:.2f} s); the live run is unchanged:", empty="No step finished."))
@@ -267,9 +270,12 @@ A timeline starts when 'set' or 'py' changes something on a replica in the past.
     Command("checkpoint", "checkpoint", "Take a checkpoint of the live run now (at a step end).",
             _checkpoint, no_args, group="time travel"),
     Command("predict", "predict [N] [--set KEY=VALUE ...]", """Run N steps (default 1) ahead on a replica: loss, gradient norm, findings.
-Breakpoints, watchpoints and rules are active there.  With --set (e.g. --set
-lr=1e-4), a changed replica and an unchanged one run side by side, and the
-first step where they differ is shown.  The live run is never changed.""",
+The gradient norm is before clipping: where the script calls clip_grad_norm_,
+the total it returns (the trace's clip_grad_norm_ series, a Trainer's logged
+grad_norm), and the column says so.  Breakpoints, watchpoints and rules are
+active there.  With --set (e.g. --set lr=1e-4), a changed replica and an
+unchanged one run side by side, and the first step where they differ is
+shown.  The live run is never changed.""",
             _predict, parse_request, args=("sub:--set",), group="time travel"),
     Command("bisect", "bisect EXPR", """Find the first step at which EXPR became true.
 EXPR is evaluated at step ends ($loss, $grad, the script's variables): a binary

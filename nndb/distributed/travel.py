@@ -21,14 +21,13 @@ drifted and gives no answer.
 from __future__ import annotations
 
 import glob
-import math
 import os
 import re
 import time
 from typing import Optional
 
 from ..debugger.hyperparams import HELD_WARNING, NOT_HELD
-from ..schema import CLIP_SERIES
+from ..timetravel.compare import step_grad_norm
 from ..timetravel.sandbox import read_as_now
 from .replica import ReplicaJob
 
@@ -276,21 +275,20 @@ def _rows(path: str, first: int, last: int) -> list:
     rows = {}
     with TraceReader(path) as t:
         losses = {s.name: s for s in t.series() if s.kind == "loss"}
-        grads = [s for s in t.series() if s.kind == "grad" and not s.name.startswith(CLIP_SERIES)]
+        grads = [s for s in t.series() if s.kind == "grad"]
         loss_at = dict(zip(*t.history(next(iter(losses.values())), "mean"))) if losses else {}
         norms: dict = {}
         for s in grads:
             for st, v in zip(*t.history(s, "norm")):
                 if v == v:
-                    norms.setdefault(int(st), []).append(float(v))
+                    norms.setdefault(int(st), []).append((s.name, float(v)))
         found: dict = {}
         for f in t.records("finding"):
             found.setdefault(f.get("step"), set()).add(f.get("rule"))
         for st in [int(x) for x in t.steps if first <= x <= last]:
-            g = norms.get(st)
+            grad_norm, clipped = step_grad_norm(norms.get(st, []))
             rows[st] = {"step": st, "loss": float(loss_at[st]) if st in loss_at else None,
-                        "grad_norm": math.sqrt(sum(x * x for x in g)) if g else None,
-                        "findings": sorted(found.get(st, ()))}
+                        "grad_norm": grad_norm, "clipped": clipped, "findings": sorted(found.get(st, ()))}
     return [rows[s] for s in sorted(rows)]
 
 

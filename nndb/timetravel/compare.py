@@ -1,13 +1,33 @@
-"""``predict --set``: a baseline prediction and a changed one, step by step,
-and the first step where they differ."""
+"""``predict``'s rows: a step's gradient norm, and with ``--set`` a baseline
+prediction and a changed one, step by step, and the first step where they
+differ."""
 from __future__ import annotations
 
+import math
 from typing import Optional
+
+from ..schema import CLIP_SERIES
+
+
+def step_grad_norm(norms: list) -> tuple:
+    """predict's Grad norm of one step from the norms of its ``grad`` series,
+    [(name, norm)] (those not measured left out; a NaN one makes it NaN):
+    (the gradients' norm before clipping, or None; whether the script clipped).
+    Where the script called clip_grad_norm_, the totals it returned (several
+    calls, a GAN's generator's and discriminator's: their root sum of squares,
+    each over its own parameters): what the trace's ``clip_grad_norm_`` series
+    holds and a Trainer logs as grad_norm; the gradients it left are at most
+    max_norm by construction, and say nothing of where the run is going.
+    Else the parameters' gradients', the same number unclipped."""
+    clips = [v for n, v in norms if n.startswith(CLIP_SERIES)]
+    values = clips or [v for n, v in norms if not n.startswith(CLIP_SERIES)]
+    return (math.sqrt(sum(v * v for v in values)) if values else None), bool(clips)
 
 
 def compare_predictions(base: list, changed: list) -> tuple:
     """(rows, first): one dict a step (step, loss, loss_changed, loss_delta,
-    grad_norm, grad_norm_changed, findings of the changed run), and the first
+    grad_norm, grad_norm_changed, findings of the changed run, clipped in
+    either), and the first
     step whose loss or gradient norm differs (None if none does).  Steps are
     paired in order; the shorter prediction ends the comparison."""
     rows, first = [], None
@@ -16,7 +36,8 @@ def compare_predictions(base: list, changed: list) -> tuple:
             first = a["step"]
         rows.append({"step": a["step"], "loss": a["loss"], "loss_changed": b["loss"],
                      "loss_delta": _delta(a["loss"], b["loss"]), "grad_norm": a["grad_norm"],
-                     "grad_norm_changed": b["grad_norm"], "findings": b["findings"]})
+                     "grad_norm_changed": b["grad_norm"], "findings": b["findings"],
+                     "clipped": bool(a.get("clipped") or b.get("clipped"))})
     return rows, first
 
 

@@ -36,9 +36,9 @@ from ..debugger.changes import Change, due, not_as_made
 from ..debugger.hyperparams import undone
 from ..debugger.stoppoints import Stop
 from ..run.preload import forget_openmp
-from ..schema import CLIP_SERIES
 from ..text import is_not_measured
 from . import forking, sandbox
+from .compare import step_grad_norm
 
 
 CLEAR = "\r\033[K"          # (the cursor to the line's start, the line erased)
@@ -496,15 +496,14 @@ class Predict(Role):
             return
         rows = s.view.stat_rows()
         loss = next(iter(rows["loss"].values()), None)
-        # (the parameters' gradients, as the optimizer applies them: clip_grad_norm_'s total is
-        # no parameter's, and summed in it counted the gradients twice, sqrt(total^2 + max_norm^2);
-        # a NaN one makes the norm NaN: left out, as one not measured is, it was the others' norm)
-        grads = [r.norm for n, r in rows["grad"].items()
-                 if not is_not_measured(r.norm) and not n.startswith(CLIP_SERIES)]
+        # (a NaN one makes the norm NaN: it was left out as one not measured is, and the
+        # others' norm shown)
+        grad_norm, clipped = step_grad_norm([(n, r.norm) for n, r in rows["grad"].items()
+                                             if not is_not_measured(r.norm)])
         new = s.log.findings[self.findings_seen:]
         self.findings_seen = len(s.log.findings)
         self.rows.append({"step": step, "loss": None if loss is None else loss.mean,
-                          "grad_norm": math.sqrt(sum(g * g for g in grads)) if grads else None,
+                          "grad_norm": grad_norm, "clipped": clipped,
                           "findings": sorted({f["rule"] for f in new})})
         self.progress(len(self.rows), self.n)
         self._check_changes(step)
