@@ -1628,12 +1628,13 @@ def test_a_network_held_by_a_module_with_no_other_parameters_is_named_by_its_pat
 # makemore's bigram (karpathy/makemore, its defaults: a zero-initialised table of next-character
 # logits, AdamW at lr 5e-4): the loss falls steadily but slowly, ~0.0004 a step from ln(27).
 SLOW_BIGRAM = textwrap.dedent('''
+    import sys
     import torch, torch.nn as nn, torch.nn.functional as F
     torch.manual_seed(0)
     true = torch.randn(27, 27) * 1.5                      # the data's next-character logits
     logits = nn.Parameter(torch.zeros(27, 27))
-    opt = torch.optim.AdamW([logits], lr=5e-4, weight_decay=0.01, betas=(0.9, 0.99))
-    for step in range(60):
+    opt = torch.optim.AdamW([logits], lr=float(sys.argv[1]), weight_decay=0.01, betas=(0.9, 0.99))
+    for step in range(70):
         x = torch.randint(0, 27, (32 * 11,))
         y = torch.multinomial(F.softmax(true[x], dim=1), 1)[:, 0]
         loss = F.cross_entropy(logits[x], y)
@@ -1644,18 +1645,26 @@ SLOW_BIGRAM = textwrap.dedent('''
 ''')
 
 
-def test_a_loss_that_went_down_too_little_is_not_said_to_have_not_gone_down(tmp_path):
-    """loss_not_decreasing on makemore's bigram said 'loss has not gone down in 50 recorded
-    steps: median 3.278 over the last 10 vs 3.294 over the first 10 (0.5%)': it had gone down,
-    by less than the rule's 3% margin (as a loss over labels without signal does, 0.5-0.9%)."""
+@pytest.mark.parametrize("lr", ["5e-4", "5e-8"])
+def test_a_loss_that_falls_slowly_and_steadily_is_not_a_flat_loss(tmp_path, lr):
+    """loss_not_decreasing warned on makemore's bigram at its own lr, 5e-4: 'loss has gone
+    down only 0.5% in 50 recorded steps', though it falls at every block of steps, as
+    steadily (Sen's bound on the slope within 1% of the slope), and by 3% by step ~200.
+    A loss that falls steadily, at a pace that reaches the rule's 3% within 10 times the
+    steps run so far, is going down.  At lr 5e-8 it falls as steadily by 0.00005%: that
+    would take a million steps, and is said, as what it is."""
     script = tmp_path / "bigram.py"
     script.write_text(SLOW_BIGRAM)
-    r = Ran(nndb("run", "--batch", "--nx", "--trace", str(tmp_path / "t.h5"), str(script), cwd=str(tmp_path)), [])
+    r = Ran(nndb("run", "--batch", "--nx", "--trace", str(tmp_path / "t.h5"), str(script), lr,
+                 cwd=str(tmp_path)), [])
     printed = {k: float(v) for k, v in _printed(r.stdout).items()}
     first, last = np.median([printed[k] for k in range(10)]), np.median([printed[k] for k in range(40, 50)])
     assert last < first and (first - last) / first < 0.015, printed      # down, by less than half the margin
     m = re.search(r"loss_not_decreasing at step 49: loss (.*?): median (\S+) over the last 10 vs (\S+) over",
                   r.stderr)
+    if lr == "5e-4":
+        assert "loss_not_decreasing" not in r.stderr and r.returncode == 0, r.stderr
+        return
     assert m, r.stderr
     assert m[1] == f"has gone down only {100 * (first - last) / first:.1f}% in 50 recorded steps", m[1]
     assert (m[2], m[3]) == (fmt(last), fmt(first))

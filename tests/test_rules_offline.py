@@ -213,7 +213,7 @@ def test_check_trace_errors_are_one_line_with_exit_code_2(tmp_path):
 # through the same driver in this process, which saves a torch import a run)
 EXAMPLES = [("nan_lr.py", ["--steps", "10"], True), ("raises.py", ["--steps", "6"], True),
             ("manual_sgd.py", ["--steps", "6"], True), ("dead_relu.py", ["--steps", "70"], False),
-            ("double_softmax.py", ["--steps", "70"], False), ("no_zero_grad.py", ["--steps", "6"], False),
+            ("raw_pixels.py", ["--steps", "70"], False), ("no_zero_grad.py", ["--steps", "6"], False),
             ("frozen_backbone.py", ["--steps", "6"], False), ("mlp.py", ["--steps", "6"], False),
             ("cnn.py", ["--steps", "4"], False)]
 
@@ -238,9 +238,11 @@ def test_check_trace_gives_the_live_runs_findings(tmp_path, script, args, subpro
     trace, report = str(tmp_path / "t.h5"), str(tmp_path / "r.json")
     _run_live(example(script), args, trace, report, subprocess)
     d, findings = _compare(trace, report)
-    # what makes these runs worth comparing: the examples' planted bugs
+    # what makes these runs worth comparing: the examples' planted bugs (double_softmax.py's loss
+    # falls steadily, 0.5% by step 49 and 4% by 96: no longer a flat loss; raw pixels' is flat)
     expected = {"nan_lr.py": ["update_ratio", "loss_explodes", "exploding_gradient", "nonfinite"],
-                "dead_relu.py": ["zero_gradients", "loss_not_decreasing"], "double_softmax.py": ["loss_not_decreasing"]}
+                "dead_relu.py": ["zero_gradients", "loss_not_decreasing"],
+                "raw_pixels.py": ["update_ratio", "loss_explodes", "loss_not_decreasing"]}
     assert [f["rule"] for f in d["findings"]] == expected.get(script, [])
     unchecked = {"raises.py": 3, "manual_sgd.py": 5}
     assert [u["step"] for u in d["unchecked_steps"]] == ([unchecked[script]] if script in unchecked else [])
