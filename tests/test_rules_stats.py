@@ -204,6 +204,50 @@ def test_param_left_out_of_the_optimizer(tmp_path):
     assert "no optimizer that has stepped holds it" in pn["message"]
 
 
+# style transfer's shape: a fixed feature extractor (eval mode) computes the features of an image
+# that is the one tensor trained; its parameters still require grad unless told not to.
+FIXED_EXTRACTOR = """
+import sys
+import torch, torch.nn as nn
+torch.manual_seed(0)
+features = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 8, 3, padding=1)).eval()
+if sys.argv[1] == "frozen":
+    features.requires_grad_(False)
+content, style = torch.rand(1, 3, 12, 12), torch.rand(1, 3, 12, 12)
+image = content.clone().requires_grad_(True)
+opt = torch.optim.Adam([image], lr=0.01)
+for step in range(8):
+    f, fs = features(image), features(style)
+    loss = (f - features(content)).pow(2).mean() + (f.flatten(2) @ f.flatten(2).mT - fs.flatten(2) @ fs.flatten(2).mT).pow(2).mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+"""
+
+
+@pytest.mark.parametrize("how", ["requires_grad", "frozen"])
+def test_a_fixed_feature_extractor_is_said_to_be_held_by_no_optimizer_not_to_have_missed_updates(tmp_path, how):
+    """A style transfer's VGG, kept fixed while the image trains: 'features.0.weight has a
+    gradient (norm ...) but was not updated for 5 observed steps ...', as if an update had been
+    due.  None was asked for: it was left out of the optimizer, or is not meant to train and
+    computes its gradients for nothing, and the finding says both.  Frozen
+    (requires_grad_(False)) it has no gradient, and no finding."""
+    path = tmp_path / "style.py"
+    path.write_text(FIXED_EXTRACTOR)
+    found = of(run(tmp_path, str(path), how), "param_not_updated")
+    if how == "frozen":
+        assert found == []
+        return
+    [pn] = found
+    assert (pn["tensor"], pn["evidence"]["in_optimizer"]) == ("0.weight", False), pn
+    assert "not updated" not in pn["message"], pn["message"]
+    assert pn["message"].endswith("and its value has not changed for 5 observed steps in a row since step 1: no "
+                                  "optimizer that has stepped holds it; also 0.bias, 2.weight, 2.bias; either they "
+                                  "were left out of the optimizer, or they are kept fixed (a feature extractor, a loss "
+                                  "network) and their gradients are computed for nothing (requires_grad_(False) "
+                                  "spares them)"), pn["message"]
+
+
 BODY_LEFT_OUT = """
 import torch, torch.nn as nn
 torch.manual_seed(0)

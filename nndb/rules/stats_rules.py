@@ -429,8 +429,10 @@ def _rate(first: float, last: float, n: int) -> str:
 class ParamNotUpdated(Rule):
     id = "param_not_updated"
     severity = "warning"
-    explanation = ("a parameter gets a nonzero gradient step after step but never changes: it is missing from "
-                   "the optimizer, or its learning rate is 0")
+    explanation = ("a parameter gets a nonzero gradient step after step but never changes: its optimizer's "
+                   "learning rate is 0, or no optimizer holds it: left out of the optimizer, or kept fixed on "
+                   "purpose (a feature extractor, style transfer's VGG) while it still requires grad, so its "
+                   "gradients are computed for nothing")
     THRESHOLDS = {
         "steps": Threshold(5, "consecutive recorded steps: an LR schedule may start at exactly 0 for a step "
                               "(linear warmup from 0); five steps without any change are not a schedule"),
@@ -502,12 +504,20 @@ class ParamNotUpdated(Rule):
             since = int(self.streaks.since[lay.slots[k]])
             others = [lay.names[j] for j in idx[1:]]
             lr = optimizer_lr(ctx, name) if held_k else None
-            why = (f"its update is exactly 0 (learning rate {lr:g})" if held_k and lr is not None else
-                   "its update is exactly 0" if held_k else
-                   "no optimizer that has stepped holds it, and its value never changes")
+            streak = f"{self.params['steps']:g} observed steps in a row since step {since}"
+            if held_k:
+                why = f"its update is exactly 0 (learning rate {lr:g})" if lr is not None else "its update is exactly 0"
+                text = f"{name} has a gradient (norm {fmt(g[k])}) but was not updated for {streak}: {why}{also(others)}"
+            else:
+                # (no update was asked for: it was left out of the optimizer, or is not meant to
+                # train at all, a fixed network that still requires grad; either is said)
+                it, was, its = ("they", "were", "their") if others else ("it", "was", "its")
+                text = (f"{name} has a gradient (norm {fmt(g[k])}) and its value has not changed for {streak}: "
+                        f"no optimizer that has stepped holds it{also(others)}; either {it} {was} left out of the "
+                        f"optimizer, or {it} {'are' if others else 'is'} kept fixed (a feature extractor, a loss "
+                        f"network) and {its} gradients are computed for nothing (requires_grad_(False) spares them)")
             yield self.finding(
-                ctx, f"{name} has a gradient (norm {fmt(g[k])}) but was not updated for {self.params['steps']:g} "
-                     f"observed steps in a row since step {since}: {why}{also(others)}",
+                ctx, text,
                 tensor=name, grad_norm=num(g[k]), in_optimizer=held_k, lr=lr, steps=[since, ctx.step],
                 also=others)
 
