@@ -444,7 +444,7 @@ def test_an_error_in_a_breakpoints_commands_ends_its_list_not_the_run(tmp_path, 
 
 
 def test_a_command_file_line_that_does_not_parse_fails_before_the_script_runs(tmp_path, trace):
-    _write(tmp_path / "bad.nndb", BAD_FILE.replace("watch grad zzz*", "watch grad"))
+    _write(tmp_path / "bad.nndb", BAD_FILE.replace("stats grad zzz*", "watch grad"))
     report = str(tmp_path / "r.json")
     r = nndb("run", "--batch", "--trace", trace, "--report", report, "-x", "bad.nndb",
              example("mlp.py"), "--steps", "5", cwd=str(tmp_path))
