@@ -21,6 +21,12 @@ import pytest  # noqa: E402
 import schedule  # noqa: E402
 import zygote  # noqa: E402
 
+# The workers of every torchrun job a test starts (nndb's and plain torchrun's, whatever
+# environment the test builds from this one): children of this process's zygote, which has
+# imported torch and nndb, through torchrun's own hook for the interpreter (zygote.worker_python).
+if os.environ.get(zygote.REAL_ENV) != "1":
+    os.environ["PYTHON_EXEC"] = zygote.worker_python()
+
 # A suite started in the background of a non-interactive shell (``pytest &``)
 # inherits SIGINT ignored, and so does every run it starts (an ignored signal
 # stays ignored across exec): the tests that send a run Ctrl-C then wait for
@@ -126,6 +132,8 @@ def pytest_collection_finish(session):
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item):
     _real_subprocess_test[0] = item.get_closest_marker("real_subprocess") is not None
+    if os.environ.get(zygote.REAL_ENV) != "1":
+        zygote.start(_ZYGOTE_ENV)      # (at once: a test's torchrun workers find it ready, or nearly)
 
 
 def python(*args, cwd=None, timeout=180, forked=False, input=None, env=None) -> subprocess.CompletedProcess:

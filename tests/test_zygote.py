@@ -234,3 +234,103 @@ def test_a_started_run_is_the_one_its_pid_names_and_signals(tmp_path, monkeypatc
     finally:
         p.kill()
     assert (tmp_path / "log").read_text().startswith(f"to stderr\npid {p.pid}\n")
+
+
+WORKER_PROBE = r'''
+import json, os, signal, sys, time
+rank = int(os.environ["RANK"])
+with open("/proc/self/cmdline", "rb") as fh:
+    cmdline = [a.decode() for a in fh.read().rstrip(b"\0").split(b"\0")]
+st = {
+    "argv": sys.argv, "path0": sys.path[0], "cwd": os.getcwd(), "cmdline": cmdline,
+    "own_session": os.getsid(0) == os.getpid() == os.getpgid(0),
+    "env": {k: os.environ.get(k) for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_PORT", "PWD",
+                                         "OMP_NUM_THREADS", "NNDB_PROBE_VAR")},
+    "stdout": [type(sys.stdout.buffer).__name__, sys.stdout.write_through, sys.stdout.line_buffering,
+               sys.stdout.encoding, sys.stdout.errors, sys.stderr.errors, sys.stdout.buffer.name],
+    "stdin": sys.stdin.read(), "sigint": signal.getsignal(signal.SIGINT) is signal.default_int_handler,
+    "mask": sorted(signal.pthread_sigmask(signal.SIG_BLOCK, [])), "ppid": os.getppid(),
+}
+print(json.dumps(st), end="")           # (unbuffered: reaches the pipe without a flush or a newline)
+print(file=sys.stderr)
+if rank == 1:
+    time.sleep(1)
+    os._exit(3)                 # rank 1 fails: torchrun ends rank 0 with SIGTERM
+signal.signal(signal.SIGTERM, lambda *a: (open(f"sigterm{rank}", "w").close(), os._exit(7)))
+time.sleep(120)
+'''
+
+
+def _torchrun_probe(tmp_path, name, env):
+    d = tmp_path / name
+    d.mkdir()
+    (d / "probe.py").write_text(WORKER_PROBE)
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                        "probe.py", "--flag"], cwd=d, env=env, capture_output=True, text=True, timeout=120,
+                       stdin=subprocess.DEVNULL)
+    states = [json.loads(line) for line in r.stdout.replace("}{", "}\n{").splitlines() if line.startswith("{")]
+    for st in states:
+        assert st["cwd"] == st["path0"] == str(d)
+        del st["cwd"], st["path0"], st["env"]["MASTER_PORT"]
+    return r, sorted(states, key=lambda st: st["env"]["RANK"]), sorted(os.listdir(d))
+
+
+def test_a_torchrun_worker_forked_by_the_zygote_looks_like_a_real_one(tmp_path):
+    """torchrun's workers under the tests' PYTHON_EXEC (zygote.worker_python)
+    are children of the zygote: each sees what a real ``python -u SCRIPT``
+    worker sees (argv, command line, a session of its own, torchrun's
+    environment and nothing of the shim's, unbuffered stdout), and ends as one
+    (rank 1's exit code in torchrun's report; rank 0 given torchrun's
+    SIGTERM)."""
+    env = dict(conftest._base_env(), NNDB_PROBE_VAR="given")
+    if "PYTHON_EXEC" not in env or "OMP_NUM_THREADS" not in env:
+        pytest.skip("workers are real processes here (NNDB_TEST_REAL_SUBPROCESS=1, or -n 0: torchrun's "
+                    "OMP_NUM_THREADS=1 is not the zygote's environment)")
+    zygote.start(conftest._ZYGOTE_ENV)
+    forked = _torchrun_probe(tmp_path, "forked", env)
+    real = _torchrun_probe(tmp_path, "real", {k: v for k, v in env.items() if k != "PYTHON_EXEC"})
+    zygote_pid = zygote._zygotes[None].proc.pid
+    assert [st.pop("ppid") for st in forked[1]] == [zygote_pid] * 2
+    assert zygote_pid not in [st.pop("ppid") for st in real[1]]
+    assert forked[1] == real[1]
+    assert [st["env"]["RANK"] for st in real[1]] == ["0", "1"] and real[1][0]["own_session"]
+    assert real[1][0]["cmdline"] == [sys.executable, "-u", "probe.py", "--flag"]
+    assert real[1][0]["stdout"][:3] == ["FileIO", True, False] and real[1][0]["env"]["PWD"] == env.get("PWD")
+    for r, _, files in (forked, real):
+        assert r.returncode == 1 and "exitcode  : 3" in r.stderr, r.stderr[-3000:]
+        assert files == ["probe.py", "sigterm0"]
+
+
+def test_a_torchrun_worker_dies_with_its_shim(tmp_path):
+    """torchrun's SIGKILL of a worker that outlived its SIGTERM reaches the
+    shim only: the zygote then kills the worker (and what it started)."""
+    env = conftest._base_env()
+    if "PYTHON_EXEC" not in env or "OMP_NUM_THREADS" not in env:
+        pytest.skip("workers are real processes here")
+    zygote.start(conftest._ZYGOTE_ENV)
+    (tmp_path / "w.py").write_text("import os, time\nopen('pid' + os.environ['RANK'], 'w').write(str(os.getpid()))\n"
+                                   "time.sleep(120)\n")
+    p = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                          "w.py"], cwd=tmp_path, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 90
+        while not all((tmp_path / f"pid{r}").exists() and (tmp_path / f"pid{r}").read_text() for r in (0, 1)):
+            assert time.monotonic() < deadline and p.poll() is None
+            time.sleep(0.1)
+        workers = [int((tmp_path / f"pid{r}").read_text()) for r in (0, 1)]
+        assert all(_ppid(str(w)) == zygote._zygotes[None].proc.pid for w in workers)
+        shims = [c for c in os.listdir("/proc") if c.isdigit() and _ppid(c) == p.pid]
+        assert len(shims) == 2
+        for s in shims:
+            os.kill(int(s), signal.SIGKILL)
+        assert p.wait(timeout=60) == 1
+        deadline = time.monotonic() + 10
+        while any(_alive(w) for w in workers) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not any(_alive(w) for w in workers)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+        p.stderr.close()

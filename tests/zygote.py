@@ -9,7 +9,7 @@ and nndb's modules but run no torch operation, and frozen what they made
 directory, environment, ``sys.argv``/``sys.path`` as ``python -m`` sets them,
 stdin (/dev/null or the given file) and stdout/stderr (pipes read here), the
 signal dispositions and mask a fresh interpreter has, its own process group,
-fresh random seeds, and nndb's real entry point
+the command line ``ps`` shows (written over the zygote's own), fresh random seeds, and nndb's real entry point
 (``runpy._run_module_as_main("nndb")``, as ``-m`` runs it).  It ends as the
 interpreter would: SystemExit's code, non-daemon threads joined, atexit
 handlers run, stdout/stderr flushed, then ``os._exit``.  ``run()`` returns a
@@ -32,12 +32,18 @@ before torch._dynamo is loaded: the modules it imported and how Python ends
 at a KeyboardInterrupt), and every run when
 ``NNDB_TEST_REAL_SUBPROCESS=1``.  ``sys.executable`` is the real interpreter:
 replicas and workers that nndb spawns start as they always do.
+
+torchrun's workers are the exception: torchrun starts them with the
+interpreter its ``PYTHON_EXEC`` names, which the tests set to a shim
+(``worker_python``) that has the plain zygote fork each worker, with the
+process state torchrun's Popen gives one (see "torchrun's workers" below).
 """
 from __future__ import annotations
 
 import json
 import os
 import selectors
+import shutil
 import signal
 import socket
 import struct
@@ -55,8 +61,12 @@ REAL_ENV = "NNDB_TEST_REAL_SUBPROCESS"
 RUNTIME_VARS = frozenset({"HOME", "XDG_CONFIG_HOME", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
                           "MLFLOW_TRACKING_URI", "PYTEST_CURRENT_TEST",
                           "PYTHONBREAKPOINT",           # (read by each breakpoint() call)
-                          "TORCHINDUCTOR_CACHE_DIR"})   # (torch sets it in a process that imports inductor)
-RUNTIME_PREFIXES = ("NNDB_",)
+                          "TERM",       # (read by a terminal front end when it starts; nothing the zygote imports)
+                          "TORCHINDUCTOR_CACHE_DIR",    # (torch sets it in a process that imports inductor)
+                          # torchrun's, in its workers (read when the job starts)
+                          "GROUP_RANK", "ROLE_RANK", "ROLE_NAME", "GROUP_WORLD_SIZE", "ROLE_WORLD_SIZE",
+                          "MASTER_ADDR", "MASTER_PORT", "TORCH_NCCL_ASYNC_ERROR_HANDLING"})
+RUNTIME_PREFIXES = ("NNDB_", "TORCHELASTIC_")
 
 PRELOADED = "preloaded"
 
@@ -113,6 +123,16 @@ def serve(sock_path: str, base_path: list) -> None:
         except (ValueError, OSError):
             pass
     fresh = {s: h for s, h in fresh.items() if h is not None}
+    base_env = dict(os.environ)         # (before torch's import sets any)
+    # Listening before the imports: a request that comes meanwhile waits in the
+    # backlog (a torchrun worker's shim, PYTHON_EXEC, finds us started).
+    lst = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        os.unlink(sock_path)            # (an earlier zygote's of this session, ended)
+    except OSError:
+        pass
+    lst.bind(sock_path)
+    lst.listen(64)
     import h5py  # noqa: F401
     import numpy  # noqa: F401
     import torch  # noqa: F401
@@ -133,9 +153,6 @@ def serve(sock_path: str, base_path: list) -> None:
     gc.collect()
     gc.freeze()
     parent = os.getppid()
-    lst = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    lst.bind(sock_path)
-    lst.listen(64)
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_r, False)
     os.set_blocking(wake_w, False)
@@ -145,6 +162,7 @@ def serve(sock_path: str, base_path: list) -> None:
     sel.register(lst, selectors.EVENT_READ)
     sel.register(wake_r, selectors.EVENT_READ)
     running: dict = {}
+    workers: dict = {}          # a torchrun worker's shim's connection -> its child's pid
     while True:
         events = sel.select(timeout=1.0)
         if os.getppid() != parent:          # pytest's worker is gone: so are we, and our runs
@@ -161,6 +179,18 @@ def serve(sock_path: str, base_path: list) -> None:
                 if req is None:
                     conn.close()
                     continue
+                worker = req.get("worker")
+                if worker and not env_fits(req["env"], base_env):
+                    for fd in fds:
+                        os.close(fd)
+                    try:
+                        _send(conn, {"refused": sorted(
+                            k for k in set(req["env"]) | set(base_env) if req["env"].get(k) != base_env.get(k)
+                            and k not in RUNTIME_VARS and not k.startswith(RUNTIME_PREFIXES))})
+                    except OSError:
+                        pass
+                    conn.close()
+                    continue
                 pid = os.fork()
                 if pid == 0:
                     code = 70
@@ -169,6 +199,7 @@ def serve(sock_path: str, base_path: list) -> None:
                         sel.close()
                         for f in (lst, *running.values()):
                             f.close()
+                        workers.clear()
                         for fd in (wake_r, wake_w):
                             os.close(fd)
                         code = _child(req, fds, conn, fresh, base_path)
@@ -177,10 +208,14 @@ def serve(sock_path: str, base_path: list) -> None:
                         traceback.print_exc()
                     finally:
                         os._exit(code)
-                try:
-                    os.setpgid(pid, pid)        # (here too: a kill of the group right away reaches it)
-                except OSError:
-                    pass
+                if worker:              # (its own session, made by the child: torchrun's start_new_session)
+                    workers[conn] = pid
+                    sel.register(conn, selectors.EVENT_READ)
+                else:
+                    try:
+                        os.setpgid(pid, pid)        # (here too: a kill of the group right away reaches it)
+                    except OSError:
+                        pass
                 for fd in fds:
                     os.close(fd)
                 running[pid] = conn
@@ -188,6 +223,11 @@ def serve(sock_path: str, base_path: list) -> None:
                     _send(conn, {"pid": pid})
                 except OSError:
                     pass
+            elif key.fileobj in workers:
+                # the shim ended before its worker (torchrun's SIGKILL after its SIGTERM
+                # found the worker still running): the worker's group goes with it
+                sel.unregister(key.fileobj)
+                _kill_group(workers.pop(key.fileobj))
             else:
                 try:
                     while os.read(wake_r, 512):
@@ -202,6 +242,8 @@ def serve(sock_path: str, base_path: list) -> None:
             if pid == 0:
                 break
             conn = running.pop(pid, None)
+            if workers.pop(conn, None) is not None:
+                sel.unregister(conn)
             if conn is not None:
                 try:
                     _send(conn, {"status": status})
@@ -220,13 +262,24 @@ def _kill_group(pid: int) -> None:
 
 def _child(req: dict, fds: list, conn, fresh: dict, base_path: list) -> int:
     """Become ``python -m nndb ARGS`` and run it; returns the exit status."""
-    os.setpgid(0, 0)
+    worker = req.get("worker")
+    if worker:
+        os.setsid()
+    else:
+        os.setpgid(0, 0)
     stdin = fds[2] if len(fds) > 2 else os.open(os.devnull, os.O_RDONLY)
     for fd, std in ((stdin, 0), (fds[0], 1), (fds[1], 2)):
         os.dup2(fd, std)
     for fd in {stdin, fds[0], fds[1]}:
         if fd > 2:
             os.close(fd)
+    if worker:
+        _unbuffered_stdio()
+        _set_cmdline(worker["cmdline"])
+    elif req.get("script"):
+        _set_cmdline([sys.executable, *req["argv"]])
+    else:
+        _set_cmdline([sys.executable, "-m", "nndb", *req["argv"]])
     for s, h in fresh.items():
         try:
             signal.signal(s, h)
@@ -260,6 +313,36 @@ def _child(req: dict, fds: list, conn, fresh: dict, base_path: list) -> int:
     if req.get("flavor") == PRELOADED:
         preload.forget_openmp()     # (libiomp5 removes its /dev/shm registration at exit(); os._exit skips it)
     return code
+
+
+def _set_cmdline(argv: list) -> None:
+    """What /proc/PID/cmdline (ps, and the tests that look for processes left
+    behind by their command line) shows of this process: ``argv``, written over
+    the zygote's own (started with room for it: ``CMDLINE_ROOM``); cut short
+    if longer."""
+    try:
+        import ctypes
+        with open("/proc/self/stat", "rb") as fh:
+            fields = fh.read().rpartition(b")")[2].split()
+        start, end = int(fields[45]), int(fields[46])      # (arg_start, arg_end: fields 48 and 49)
+        data = b"\0".join(os.fsencode(a) for a in argv)[:end - start - 1]
+        ctypes.memmove(start, data.ljust(end - start, b"\0"), end - start)
+    except (OSError, ValueError, IndexError):
+        pass
+
+
+def _unbuffered_stdio() -> None:
+    """``python -u``'s stdout and stderr: written through, unbuffered underneath."""
+    import io
+    for fd, name in ((1, "stdout"), (2, "stderr")):
+        old = getattr(sys, name)
+        raw = io.FileIO(fd, "wb", closefd=False)
+        raw.name = f"<{name}>"
+        new = io.TextIOWrapper(raw, encoding=old.encoding, errors=old.errors, newline="\n",
+                               line_buffering=False, write_through=True)
+        new.mode = "w"
+        setattr(sys, name, new)
+        setattr(sys, f"__{name}__", new)
 
 
 def _exec_comes_back(conn) -> None:
@@ -384,12 +467,13 @@ class Zygote:
     def __init__(self, base_env: dict, flavor=None):
         self.flavor = flavor
         self.env = self.env_for(base_env, flavor)
-        self.dir = tempfile.mkdtemp(prefix="nndb-zygote-")
-        self.sock_path = os.path.join(self.dir, "z.sock")
-        self.log = open(os.path.join(self.dir, "log"), "wb")
+        self.dir = _home()
+        self.sock_path = _sock_path(flavor)
+        self.log = open(os.path.join(self.dir, f"{flavor or 'plain'}.log"), "wb")
         code = ("import sys\nbase = sys.path[1:]\nsys.path.insert(0, %r)\nimport zygote\ndel sys.path[0]\n"
                 "zygote.serve(%r, base)\n" % (HERE, self.sock_path))
-        self.proc = subprocess.Popen([sys.executable, "-c", code], cwd=self.dir, env=self.env,
+        # (the last argument: room for each child's own command line, _set_cmdline)
+        self.proc = subprocess.Popen([sys.executable, "-c", code, CMDLINE_ROOM], cwd=self.dir, env=self.env,
                                      stdin=subprocess.DEVNULL, stdout=self.log, stderr=self.log)
 
     @staticmethod
@@ -424,15 +508,11 @@ class Zygote:
             self.proc.kill()
             self.proc.wait()
         self.log.close()
-        for name in ("z.sock", "log"):
+        for path in (self.sock_path, self.log.name):
             try:
-                os.unlink(os.path.join(self.dir, name))
+                os.unlink(path)
             except OSError:
                 pass
-        try:
-            os.rmdir(self.dir)
-        except OSError:
-            pass
 
 
 _zygotes: dict = {}
@@ -447,10 +527,32 @@ def _zygote(base_env: dict, flavor=None) -> Zygote:
     return z
 
 
+def start(base_env: dict) -> None:
+    """The plain zygote started, if it is not (it serves once its imports are
+    done; a request that comes before waits)."""
+    _zygote(base_env)
+
+
 def close_all() -> None:
     for z in _zygotes.values():
         z.close()
     _zygotes.clear()
+    if _homes:
+        shutil.rmtree(_homes.pop(), ignore_errors=True)
+
+
+_homes: list = []
+
+
+def _home() -> str:
+    """This process's directory for its zygotes' sockets and logs and the workers' shim."""
+    if not _homes:
+        _homes.append(tempfile.mkdtemp(prefix="nndb-zygote-"))
+    return _homes[0]
+
+
+def _sock_path(flavor) -> str:
+    return os.path.join(_home(), f"{flavor or 'plain'}.sock")
 
 
 def _answer(msg, req: dict, z: Zygote, status, flavor):
@@ -663,3 +765,105 @@ class Started:
             f.close()
         return tuple(got.get(f) if f is not None else None for f in (self.stdout, self.stderr))
 
+
+# -- torchrun's workers: PYTHON_EXEC ----------------------------------------------------------------
+#
+# torchrun starts each worker as ``$PYTHON_EXEC -u -m nndb ARGS`` (nndb's jobs) or ``$PYTHON_EXEC -u
+# SCRIPT ARGS`` (plain torchrun), PYTHON_EXEC defaulting to sys.executable: its own hook for the
+# interpreter.  In the tests it is ``worker_python()``, a shim that has this session's plain zygote
+# fork the worker, which then spends no 3 s importing torch, torch._dynamo and nndb.  torchrun keeps
+# the shim's process; the worker is the zygote's child, made as torchrun's Popen makes a worker: a
+# session of its own (start_new_session), the shim's stdin, stdout and stderr, its working directory
+# and environment, ``-u``'s unbuffered stdout and stderr, the command line torchrun gave.  The shim
+# passes on the signals torchrun sends its process group (SIGTERM at the job's end) to the worker's,
+# and ends as the worker ended (its exit code, or killed by the same signal); if the shim is killed
+# (torchrun's SIGKILL after SIGTERM), the zygote kills the worker's group.  Where the zygote cannot
+# stand in (no zygote, an environment that differs in a variable read at import, another command
+# line), or the worker starts itself again (nndb run's libiomp5 preload), the shim execs the real
+# interpreter: the worker is then what it is outside the tests.
+
+CMDLINE_ROOM = "-" * 8192
+_FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
+
+
+def worker_python() -> str:
+    """The PYTHON_EXEC of the torchrun jobs the tests start: an executable script (not a
+    shell's, which would set PWD in the worker's environment)."""
+    path = os.path.join(_home(), "python")
+    if not os.path.exists(path):
+        with open(path, "w") as fh:
+            fh.write(f"#!{sys.executable} -I\n# torchrun's workers, forked by the tests' zygote\n"
+                     f"import sys\nsys.path.insert(0, {HERE!r})\nimport zygote\n"
+                     f"zygote.shim({_sock_path(None)!r}, sys.argv[1:])\n")
+        os.chmod(path, 0o755)
+    return path
+
+
+def _worker_request(args: list):
+    """The zygote's request for ``python ARGS`` as torchrun starts a worker, or None."""
+    if args[:1] != ["-u"]:
+        return None
+    if args[1:3] == ["-m", "nndb"]:
+        argv, script = args[3:], False
+    elif len(args) > 1 and not args[1].startswith("-"):
+        argv, script = args[1:], True
+    else:
+        return None
+    return {"argv": argv, "cwd": os.getcwd(), "env": dict(os.environ), "script": script, "flavor": None,
+            "worker": {"cmdline": [sys.executable, *args]}}
+
+
+def shim(sock_path: str, args: list) -> None:
+    """``python ARGS`` (torchrun's worker): forked by the zygote at ``sock_path``, or exec'd."""
+    req = _worker_request(args)
+    sock = None
+    try:
+        for fd in (0, 1, 2):
+            os.fstat(fd)
+    except OSError:
+        req = None                      # (a standard stream closed: nothing to hand over)
+    if req is not None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.connect(sock_path)
+        except OSError:
+            sock.close()
+            sock = None
+    if sock is not None:
+        child, pending = [], []
+        given = {sig: signal.getsignal(sig) for sig in _FORWARDED}
+
+        def forward(sig, frame):
+            if child:
+                try:
+                    os.killpg(child[0], sig)
+                except OSError:
+                    pass
+            else:
+                pending.append(sig)
+
+        for sig in _FORWARDED:
+            signal.signal(sig, forward)
+        _send(sock, req, [1, 2, 0])
+        while True:
+            msg, _ = _recv(sock)
+            if msg is None:
+                sys.stderr.write("tests/zygote.py: the zygote ended under a torchrun worker\n")
+                os._exit(70)
+            if "pid" in msg:
+                child.append(msg["pid"])
+                for sig in pending:
+                    forward(sig, None)
+            elif "exec" in msg:         # (nndb run starting itself again: as it would, here)
+                os.execve(sys.executable, [sys.executable, "-m", "nndb", *msg["exec"]["argv"]], msg["exec"]["env"])
+            elif "status" in msg:
+                status = msg["status"]
+                if os.WIFSIGNALED(status):
+                    signal.signal(os.WTERMSIG(status), signal.SIG_DFL)
+                    os.kill(os.getpid(), os.WTERMSIG(status))
+                os._exit(os.waitstatus_to_exitcode(status) & 0xFF)
+            elif "refused" in msg:
+                for sig, how in given.items():          # (an ignored one stays ignored across the exec)
+                    signal.signal(sig, how)
+                break
+    os.execv(sys.executable, [sys.executable, *args])
