@@ -132,8 +132,8 @@ def pytest_collection_finish(session):
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item):
     _real_subprocess_test[0] = item.get_closest_marker("real_subprocess") is not None
-    if os.environ.get(zygote.REAL_ENV) != "1":
-        zygote.start(_ZYGOTE_ENV)      # (at once: a test's torchrun workers find it ready, or nearly)
+    if _WORKERS > 1 and os.environ.get(zygote.REAL_ENV) != "1":
+        zygote.start(_ZYGOTE_ENV)      # (at once: a test's torchrun workers find them ready, or nearly)
 
 
 def python(*args, cwd=None, timeout=180, forked=False, input=None, env=None) -> subprocess.CompletedProcess:

@@ -143,6 +143,7 @@ def serve(sock_path: str, base_path: list) -> None:
     import nndb.cli  # noqa: F401
     import nndb.driver  # noqa: F401
     import nndb.run.preload
+    _import_lazy_modules()
     # What the imports made lives as long as the zygote: out of the collector's
     # sight (gc.freeze), in the children too.  A run's own objects are not
     # frozen, so what nndb finds by a referrer scan (its optimizers and data
@@ -250,6 +251,22 @@ def serve(sock_path: str, base_path: list) -> None:
                 except OSError:
                     pass
                 conn.close()
+
+
+# What runs import as they go, after nndb.cli and nndb.driver: 60-140 ms in each of the suite's
+# ~900 runs otherwise (yaml and the rules' file, the batch front end, the time travel a session
+# does, the trace API of inspect and check-trace).  Dependencies and nndb's own modules only: an
+# optional extra stays unimported (a test may make it look missing).
+LAZY_MODULES = ("yaml", "nndb.frontends.batch", "nndb.rules.condition", "nndb.rules.loss_watch",
+                "nndb.rules.yamlfile", "nndb.timetravel.disk", "nndb.timetravel.inventory",
+                "nndb.timetravel.navigate", "nndb.api.inspect", "nndb.api.recording", "nndb.api.trace",
+                "nndb.render.text", "nndb.render.offline", "nndb.rules.offline", "nndb.store.rows")
+
+
+def _import_lazy_modules() -> None:
+    import importlib
+    for name in LAZY_MODULES:
+        importlib.import_module(name)
 
 
 def _kill_group(pid: int) -> None:
@@ -528,9 +545,13 @@ def _zygote(base_env: dict, flavor=None) -> Zygote:
 
 
 def start(base_env: dict) -> None:
-    """The plain zygote started, if it is not (it serves once its imports are
-    done; a request that comes before waits)."""
+    """Both zygotes started, if they are not (each serves once its imports are
+    done; a request that comes before waits): the plain one forks torchrun's
+    workers and every run first, the preloaded one the runs nndb run starts again."""
     _zygote(base_env)
+    from nndb.run.preload import libiomp_path
+    if libiomp_path() is not None:
+        _zygote(base_env, PRELOADED)
 
 
 def close_all() -> None:
