@@ -98,6 +98,8 @@ def _zygote_may_run(env: dict, base: dict, kw: dict) -> bool:
 def pytest_configure(config):
     config.addinivalue_line("markers", "real_subprocess: nndb() runs real subprocesses in this test "
                                        "(its point is start-up, or it needs what only one gives)")
+    config.addinivalue_line("markers", "real_workers: torchrun's workers are real processes in this test "
+                                       "(its point rests on how a real interpreter ends)")
 
 
 def pytest_unconfigure(config):
@@ -134,6 +136,16 @@ def pytest_runtest_setup(item):
     _real_subprocess_test[0] = item.get_closest_marker("real_subprocess") is not None
     if _WORKERS > 1 and os.environ.get(zygote.REAL_ENV) != "1":
         zygote.start(_ZYGOTE_ENV)      # (at once: a test's torchrun workers find them ready, or nearly)
+    if item.get_closest_marker("real_workers") is not None and "PYTHON_EXEC" in os.environ:
+        _worker_python.append(os.environ.pop("PYTHON_EXEC"))
+
+
+def pytest_runtest_teardown(item):
+    if _worker_python:
+        os.environ["PYTHON_EXEC"] = _worker_python.pop()
+
+
+_worker_python: list = []       # the shim, while a real_workers test runs without it
 
 
 def python(*args, cwd=None, timeout=180, forked=False, input=None, env=None) -> subprocess.CompletedProcess:
