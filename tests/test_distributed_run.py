@@ -212,12 +212,9 @@ def test_ctrl_c_at_a_hung_job_shows_every_stack_and_closes_every_trace(tmp_path)
 
 
 @JOB
-# (real workers: which rank failed first rests on how long a real interpreter takes to end.  Rank 0,
-# failing on the connection rank 1's death broke, ended within the same second as rank 1 when forked
-# by the zygote, which skips the interpreter's teardown; torchrun's one-second timestamps then tie
-# and Front._failed named rank 0 and gloo's 'Connection closed by peer', as it can for a real job
-# whose launcher polls late)
-@pytest.mark.real_workers
+# (forked workers skip the interpreter's teardown: rank 0, failing on the connection rank 1's death
+# broke, ends within the same second as rank 1, and torchrun's one-second timestamps tie: the ranks'
+# own times of ending tell which was first, as test_the_first_rank_to_fail_is_named_in_a_tie shows)
 def test_a_rank_that_dies_takes_the_job_down(tmp_path):
     script = _copy(tmp_path, "distrun_ddp_mlp.py")
     r = nndb("run", "--batch", "-q", "--nproc-per-node", "2", "--trace", "out/run.h5", script, "--fail-rank", "1",
@@ -240,6 +237,31 @@ def test_a_rank_that_dies_takes_the_job_down(tmp_path):
     assert ends[0] is not None                  # rank 0's trace closed too
     assert len(ids) == 1 and None not in ids    # one job id in both
     _assert_none_left(str(tmp_path))
+
+
+def test_the_first_rank_to_fail_is_named_in_a_tie():
+    """torchrun's failure timestamps are whole seconds: rank 0, failing on the connection rank 1's
+    death broke, tied with rank 1 and was named as the cause ('nndb: rank 0 failed: exit code 1
+    (RuntimeError: ... Connection closed by peer ...)'); the ranks' own times of ending break the tie."""
+    from types import SimpleNamespace
+    from nndb.distributed.front import Front, FrontState, RankInfo
+    said = []
+    front = Front.__new__(Front)            # (its _failed alone: no sockets, no job)
+    front.state, front.message = FrontState(), said.append
+    front.options = SimpleNamespace(follower=lambda: False)
+    front.state.ranks = {
+        0: RankInfo(0, 1, None, status="exit", reason="RuntimeError: [gloo] Connection closed by peer",
+                    ended_at=1000.731),
+        1: RankInfo(1, 2, None, status="exit", reason="RuntimeError: planted failure on rank 1", ended_at=1000.402)}
+    failures = {r: SimpleNamespace(exitcode=1, timestamp=1000) for r in (0, 1)}
+    assert front._failed(SimpleNamespace(failures=failures)) == 1
+    assert said == ["nndb: rank 1 failed: exit code 1 (RuntimeError: planted failure on rank 1); its traceback is above",
+                    "nndb: rank 0 ended too: exit code 1 (RuntimeError: [gloo] Connection closed by peer)"]
+    # a rank that never said when (killed before it could) goes by torchrun's timestamp
+    front.state.ranks[1].ended_at, failures[1].timestamp = None, 999
+    said.clear()
+    front._failed(SimpleNamespace(failures=failures))
+    assert said[0].startswith("nndb: rank 1 failed")
 
 
 @pytest.mark.parametrize("args, line", [

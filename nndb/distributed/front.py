@@ -112,6 +112,7 @@ class RankInfo:
     step: Optional[int] = None
     status: Optional[str] = None
     reason: Optional[str] = None
+    ended_at: Optional[float] = None                # when it said it ended (time.time() where it ran)
     outbox: list = field(default_factory=list)      # an interactive job: [(text, is_error)] since the last line
     at_prompt: bool = False                         # stopped, waiting for a command line
     stop_step: Optional[int] = None
@@ -226,6 +227,8 @@ class Front:
                     info.trace = msg.get("path")
                 elif op == "ended":
                     info.status, info.reason = msg.get("status"), msg.get("reason")
+                    at = msg.get("at")
+                    info.ended_at = float(at) if isinstance(at, (int, float)) else time.time()
                     self._last_progress = time.monotonic()
                 elif op == "stacks":
                     self._replies[info.rank] = msg
@@ -482,8 +485,16 @@ class Front:
         if not failures:
             self.message(f"nndb: the job failed: {_first_line(e)}")
             return EXIT_SCRIPT_ERROR
-        # the cause: a rank that ended by itself (an exit code) before one the launcher stopped (a signal)
-        order = sorted(failures, key=lambda r: ((failures[r].exitcode or 0) <= 0, failures[r].timestamp, r))
+        # the cause: a rank that ended by itself (an exit code) before one the launcher stopped (a
+        # signal), the first to end first.  torchrun's timestamps are whole seconds: a rank that
+        # failed on the connection another's death broke (gloo's 'Connection closed by peer') ends
+        # within the same second, and the tie went to the lower rank; the ranks' own word of when
+        # they ended (to the microsecond) comes first where they gave one
+        def when(r):
+            info = self.state.ranks.get(r)
+            at = info.ended_at if info is not None else None
+            return at if at is not None else float(failures[r].timestamp)
+        order = sorted(failures, key=lambda r: ((failures[r].exitcode or 0) <= 0, when(r), r))
         for i, rank in enumerate(order):
             f = failures[rank]
             info = self.state.ranks.get(rank)

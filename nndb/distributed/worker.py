@@ -153,8 +153,10 @@ class FrontLink:
 
     def done(self, exit_code: int, reason: str) -> None:
         """The worker's run is over: how, for the front's summary line."""
+        # (when, by this machine's clock: which rank failed first, where torchrun's one-second
+        # timestamps tie: nndb.distributed.front.Front._failed)
         self.send({"op": "ended", "rank": self.where.rank, "status": "exit", "exit_code": exit_code,
-                   "reason": reason})
+                   "reason": reason, "at": time.time()})
 
     # -- the helper thread --------------------------------------------------------------------
     def report(self) -> dict:
