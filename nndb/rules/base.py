@@ -34,6 +34,7 @@ import numpy as np
 # The observed steps are the cadence's, named here too because the rules count in them.
 from ..cadence import OBSERVE_EVERY as EVERY, SETTLE, observed  # noqa: F401
 from ..schema import STAT_NAMES
+from ..tracer.stats import finalize_column
 
 SEVERITIES = ("error", "warning", "info")
 ACTIONS = ("warn", "stop", "fail")
@@ -155,7 +156,6 @@ class StepContext:
         finite = n - nan - inf
         if finite > 0:
             return s / finite
-        from ..tracer.stats import finalize_column
         return float(finalize_column(self.record.raw[i:i + 1], "mean")[0])    # (inf for an infinite loss)
 
     def col(self, stat: str) -> np.ndarray:
@@ -164,7 +164,6 @@ class StepContext:
             return self._stats[:, STAT_INDEX[stat]]
         c = self._cols.get(stat)
         if c is None:
-            from ..tracer.stats import finalize_column
             c = self._cols[stat] = finalize_column(self.record.raw, stat)
         return c
 

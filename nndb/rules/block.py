@@ -23,11 +23,17 @@ checkpoint's fork and at the end of the run.
 """
 from __future__ import annotations
 
+import operator
+from itertools import repeat
 from typing import Optional
 
 import numpy as np
 
+from ..tracer.stats import N_RAW, NONFINITE_FIELDS, RAW_INF, RAW_N, RAW_NAN, RAW_SUM, finalize_column
 from .series import layout
+
+_NAMES = operator.attrgetter("names")
+_RAW = operator.attrgetter("raw")
 
 
 class Block:
@@ -51,7 +57,8 @@ class Block:
         """A Block (``make_ctx(record)``: its StepContext; ``sources``: each
         step's optimizers), or None when the steps do not share one list of series."""
         names = records[-1].names
-        if any(r.names is not names and r.names != names for r in records):
+        # (in C: no Python call per step, the same list object compares at once)
+        if not all(map(operator.eq, repeat(names), map(_NAMES, records))):
             return None
         return Block(records, make_ctx(records[-1]), sources)
 
@@ -59,7 +66,7 @@ class Block:
     def raw(self) -> np.ndarray:
         """(steps, series, N_RAW) raw rows."""
         if self._raw is None:
-            self._raw = np.stack([r.raw for r in self.records])
+            self._raw = np.array(list(map(_RAW, self.records)))     # (np.stack: a Python call per step)
         return self._raw
 
     def layout(self, own) -> tuple:
@@ -80,7 +87,6 @@ class Block:
             if rows.size == 0:
                 out = np.zeros((self.k, 0))
             else:
-                from ..tracer.stats import N_RAW, finalize_column
                 out = finalize_column(self.raw[:, rows, :].reshape(-1, N_RAW), stat).reshape(self.k, rows.size)
                 if lay._missing[kind] is not None:
                     out[:, lay._missing[kind]] = np.nan
@@ -89,7 +95,6 @@ class Block:
 
     def any_nonfinite(self) -> bool:
         """Does some series of some step hold a NaN or Inf?"""
-        from ..tracer.stats import NONFINITE_FIELDS
         return bool(np.count_nonzero(self.raw[:, :, NONFINITE_FIELDS]))
 
     def loss_means(self, lay) -> Optional[np.ndarray]:
@@ -99,7 +104,6 @@ class Block:
         rows = lay.loss_rows
         if rows.size == 0:
             return np.zeros((self.k, 0))
-        from ..tracer.stats import RAW_INF, RAW_N, RAW_NAN, RAW_SUM
         r = self.raw[:, rows, :]
         finite = r[:, :, RAW_N] - r[:, :, RAW_NAN] - r[:, :, RAW_INF]
         if not (finite > 0).all():

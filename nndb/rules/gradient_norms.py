@@ -38,6 +38,7 @@ import numpy as np
 
 from ..schema import CLIP_SERIES
 from ..text import fmt
+from ..tracer.stats import scalar_of
 from .base import Rule, Threshold
 from .series import MIN_ELEMENTS, Streaks, Tensors, adaptive_eps, also, fit, layout, live_share, num
 
@@ -346,7 +347,9 @@ class ExplodingGradient(_Gradients):
     def reset(self):
         super().reset()
         self.clips: dict = {}        # series name -> {"early", "ref", "run", "since", "recent", "done"}
-        self._clip_at = (None, [])   # (a step's names list, [(row, name)] of its clip series)
+        # id of a step's names list -> (that list, [(row, name)] of its clip series): the recorder
+        # reuses a list per set of series, and two alternate (the observed steps' and the others')
+        self._clip_at: dict = {}
 
     def check(self, ctx):
         yield from super().check(ctx)
@@ -361,10 +364,13 @@ class ExplodingGradient(_Gradients):
         return super().check_block(block)
 
     def _clip_rows(self, names) -> list:
-        if self._clip_at[0] is not names:
-            self._clip_at = (names, [(i, n) for i, (n, k) in enumerate(names)
-                                     if k == "grad" and n.startswith(CLIP_SERIES)])
-        return self._clip_at[1]
+        got = self._clip_at.get(id(names))
+        if got is None or got[0] is not names:
+            if len(self._clip_at) >= 16:
+                self._clip_at.clear()
+            got = self._clip_at[id(names)] = (names, [(i, n) for i, (n, k) in enumerate(names)
+                                                      if k == "grad" and n.startswith(CLIP_SERIES)])
+        return got[1]
 
     def _clip_limit(self, c: dict, adaptive: bool) -> float:
         p = self.params
@@ -380,7 +386,6 @@ class ExplodingGradient(_Gradients):
         """Nothing to do for the clip series over the block: references known, no streak
         running, no value flagged (``check`` on each step would change nothing).  (A block
         is a live run's: its records' raw rows.)"""
-        from ..tracer.stats import scalar_of
         adaptive = self._clips_adaptive(block.last)
         for i, name in rows:
             c = self.clips.get(name)
@@ -629,20 +634,25 @@ def _ignored_biases(lay, has: np.ndarray, g: np.ndarray) -> np.ndarray:
     on the bias (a WGAN critic's last bias under D(fake).mean() - D(real).mean()), which is
     no training bug.  (nndb check's gradients check leaves them alone for the same reason.)"""
     def compute():
+        """(the biases' columns, their weights' columns one after the other, where each
+        bias's weights start in them): one weight or more a bias (weight_g and weight_v)."""
         pos = np.flatnonzero(has)
         at = {lay.names[k]: j for j, k in enumerate(pos)}
-        pairs = []
+        biases, weights, starts = [], [], []
         for j, k in enumerate(pos):
             name = lay.names[k]
             if name == "bias" or name.endswith(".bias"):
                 stem = name[:-len("bias")]
                 w = [at[stem + n] for n in _WEIGHT_NAMES if stem + n in at]
                 if w:
-                    pairs.append((j, w))
-        return pairs
+                    biases.append(j)
+                    starts.append(len(weights))
+                    weights.extend(w)
+        return np.array(biases, dtype=np.int64), np.array(weights, dtype=np.int64), np.array(starts, dtype=np.int64)
     out = np.zeros(g.shape, dtype=bool)
-    for j, w in lay.derived(("weight_of_bias", has.tobytes()), compute):
-        out[:, j] = (g[:, j] == 0) & (np.abs(g[:, w]) > 0).any(axis=1)
+    biases, weights, starts = lay.derived(("weight_of_bias", has.tobytes()), compute)
+    if biases.size:              # (all biases at once: a weight's gradient other than 0, any of a bias's weights)
+        out[:, biases] = (g[:, biases] == 0) & np.logical_or.reduceat(np.abs(g[:, weights]) > 0, starts, axis=1)
     return out
 
 

@@ -653,9 +653,7 @@ class LossNotDecreasing(Rule):
         vals = v[:, 0].tolist()
         self.n[name] = n0 + k
         self.last[name].extend(vals)
-        h = self.hist[name]
-        for x in vals:
-            self._keep(h, x)
+        self._keep_all(self.hist[name], vals)
         return True
 
     @classmethod
@@ -666,6 +664,19 @@ class LossNotDecreasing(Rule):
             if len(h[0]) >= cls.KEEP:
                 h[0], h[1] = h[0][::2], 2 * h[1]
         h[2] = (h[2] + 1) % h[1]
+
+    @classmethod
+    def _keep_all(cls, h: list, vals: list) -> None:
+        """``_keep`` of each of ``vals`` in turn: while the stride stays, the values kept
+        are every stride-th from the one the countdown names, taken as a slice."""
+        stride = h[1]
+        kept = vals[-h[2] % stride::stride]
+        if len(h[0]) + len(kept) >= cls.KEEP:
+            for v in vals:               # (the kept history halves on the way: one by one)
+                cls._keep(h, v)
+            return
+        h[0].extend(kept)
+        h[2] = (h[2] + len(vals)) % stride
 
     def check(self, ctx):
         if self.surrogate is None:
