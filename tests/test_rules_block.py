@@ -84,3 +84,25 @@ def test_the_loss_history_kept_by_a_block_is_the_one_kept_value_by_value():
                 assert many == one
     finally:
         LossNotDecreasing.KEEP = keep
+
+
+def test_a_block_takes_what_each_step_s_context_takes():
+    """The block finalises each statistic once for every series of every step (``column``)
+    and the rules take their rows from it; a step's context finalises its own column: the
+    same numbers, NaN where a parameter has no row, the rows with no finite element included."""
+    from nndb.rules.series import Tensors, layout
+    rng = random.Random(2)
+    names = _names(3)[:-1]            # (the last bias without an update row)
+    records = [_record(i, names, rng) for i in range(6)]
+    records[2].raw[3, RAW_NAN] = records[2].raw[3, RAW_N]      # (a gradient all NaN)
+    records[4].raw[5, RAW_INF] = 1
+    records[3].raw[1, RAW_N] = 0                               # (an empty tensor)
+    block = Block.of(records, lambda rec: StepContext(rec))
+    own = Tensors()
+    _, lay = block.layout(own)
+    for kind in ("grad", "param", "update"):
+        for stat in ("norm", "count", "inf_count", "zero_frac"):
+            steps = np.stack([layout(StepContext(r), own)[1].take(StepContext(r), kind, stat) for r in records])
+            np.testing.assert_array_equal(block.take(lay, kind, stat), steps)
+    means = [StepContext(r).mean_of(int(lay.loss_rows[0])) for r in records]
+    np.testing.assert_array_equal(block.loss_means(lay)[:, 0], means)

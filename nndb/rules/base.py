@@ -111,6 +111,8 @@ class StepContext:
         self._by_kind = None
         self._index = None
         self._masks: dict = {}
+        # what the rules of the step share, computed once (nndb.rules.series.Layout.per_step)
+        self.shared: dict = {}
 
     # Rules run on every step: prefer the vector forms (col, mask) to Python loops.
     @property

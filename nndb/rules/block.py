@@ -87,10 +87,26 @@ class Block:
             if rows.size == 0:
                 out = np.zeros((self.k, 0))
             else:
-                out = finalize_column(self.raw[:, rows, :].reshape(-1, N_RAW), stat).reshape(self.k, rows.size)
+                out = self.column(stat)[:, rows]
                 if lay._missing[kind] is not None:
                     out[:, lay._missing[kind]] = np.nan
             self._takes[key] = out
+        return out
+
+    def derived(self, key, fn):
+        """What the rules derive from the block, computed once (None included)."""
+        if key in self._takes:
+            return self._takes[key]
+        out = self._takes[key] = fn()
+        return out
+
+    def column(self, stat: str) -> np.ndarray:
+        """(steps, series): ``stat`` of every series of every step, finalised once for
+        the rules' takes of every kind (row by row: each as ``ctx.col`` gives it)."""
+        out = self._takes.get(stat)
+        if out is None:
+            raw = self.raw
+            out = self._takes[stat] = finalize_column(raw.reshape(-1, N_RAW), stat).reshape(raw.shape[:2])
         return out
 
     def any_nonfinite(self) -> bool:
@@ -101,11 +117,11 @@ class Block:
         """(steps, losses): each loss's mean, as ``ctx.mean_of`` gives it where
         the loss has finite elements; None if some step's has none (judged
         step by step: an infinite loss is finalised row by row)."""
-        rows = lay.loss_rows
-        if rows.size == 0:
-            return np.zeros((self.k, 0))
-        r = self.raw[:, rows, :]
-        finite = r[:, :, RAW_N] - r[:, :, RAW_NAN] - r[:, :, RAW_INF]
-        if not (finite > 0).all():
-            return None
-        return r[:, :, RAW_SUM] / finite
+        def means():
+            rows = lay.loss_rows
+            if rows.size == 0:
+                return np.zeros((self.k, 0))
+            r = self.raw[:, rows, :]
+            finite = r[:, :, RAW_N] - r[:, :, RAW_NAN] - r[:, :, RAW_INF]
+            return r[:, :, RAW_SUM] / finite if (finite > 0).all() else None
+        return self.derived((id(lay), "loss"), means)      # (the loss rules and the gradients' each ask)

@@ -76,23 +76,30 @@ def _spread(ctx, lay, me: int, limit: float):
     return lay.per_step(ctx, ("spread", me, limit), compute)
 
 
-def _spread_block(block, lay, e: np.ndarray, g: np.ndarray, limit: float) -> bool:
+def _spread_block(block, lay, e: np.ndarray, limit: float) -> bool:
     """Could ``_spread`` find a layer spread over ``limit`` at some step of the
     block?  (The coarse test of ``_spread``, for every step at once; the
     groups are then looked at step by step.)  Also True when a step measured
     which gradient entries are zero (``live_share`` learns from it: step by
-    step)."""
+    step).  The RMS gradients' extremes are the block's, shared by the two rules."""
     if e.size < 2:
         return False
-    t = lay.owner
-    if np.isfinite(block.take(lay, "grad", "zero_frac")).any():
+
+    def extremes():
+        """(positive RMS gradients, largest, smallest) a step; None: step by step."""
+        if np.isfinite(block.take(lay, "grad", "zero_frac")).any():
+            return None
+        t = lay.owner
+        live = t.live[lay.slots] if t.live.shape[0] >= t.n_slots else fit(t.live, t.n_slots, 1.0)[lay.slots]
+        rms = block.take(lay, "grad", "norm")[:, e] / \
+            np.sqrt(np.maximum(block.take(lay, "grad", "count")[:, e] * live[e], 1))
+        pos = rms > 0
+        return pos.sum(axis=1), np.where(pos, rms, -np.inf).max(axis=1), np.where(pos, rms, np.inf).min(axis=1)
+    got = block.derived(("spread", id(lay), id(e)), extremes)
+    if got is None:
         return True
-    live = t.live[lay.slots] if t.live.shape[0] >= t.n_slots else fit(t.live, t.n_slots, 1.0)[lay.slots]
-    rms = g / np.sqrt(np.maximum(block.take(lay, "grad", "count")[:, e] * live[e], 1))
-    pos = rms > 0
-    hi = np.where(pos, rms, -np.inf).max(axis=1)
-    lo = np.where(pos, rms, np.inf).min(axis=1)
-    return bool(((np.count_nonzero(pos, axis=1) >= 2) & (hi > limit * lo)).any())
+    n, hi, lo = got
+    return bool(((n >= 2) & (hi > limit * lo)).any())
 
 
 def _spread_eligible(ctx, lay, me: int) -> np.ndarray:
@@ -209,7 +216,7 @@ class _Gradients(Rule):
         flags = self._flags_block(block, lay, e, g, lay.slots[e])
         es = _spread_eligible(block.last, lay, me)
         if flags is None or np.count_nonzero(flags) or \
-                _spread_block(block, lay, es, block.take(lay, "grad", "norm")[:, es], float(p["spread"])):
+                _spread_block(block, lay, es, float(p["spread"])):
             return None
         self.streaks.i += block.k       # (what Streaks.update does on a step with nothing flagged)
         return True

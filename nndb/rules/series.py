@@ -44,8 +44,6 @@ class Layout:
         self.loss_names = [n for _, n in losses]
         self.memo: dict = {}
         self.owner = None               # the Tensors it belongs to (per-run, per-slot state)
-        self._ctx = None
-        self._step: dict = {}
 
     def derived(self, key, fn):
         """What a rule derives from the layout alone, computed once."""
@@ -55,25 +53,29 @@ class Layout:
         return v
 
     def per_step(self, ctx, key, fn):
-        """What the rules of one step share, computed once per step."""
-        if self._ctx is None or self._ctx() is not ctx:      # (weak: a layout outlives its steps)
-            self._ctx, self._step = weakref.ref(ctx), {}
-        v = self._step.get(key)
+        """What the rules of one step share, computed once per step (kept by the
+        step's context: ``StepContext.shared``, under the layout and ``key``)."""
+        k = (self, key)
+        v = ctx.shared.get(k)
         if v is None:
-            v = self._step[key] = fn()
+            v = ctx.shared[k] = fn()
         return v
 
     def take(self, ctx, kind: str, stat: str) -> np.ndarray:
-        """``stat`` of the ``kind`` row of every parameter (NaN where there is none)."""
-        def compute():
+        """``stat`` of the ``kind`` row of every parameter (NaN where there is none);
+        once a step (``per_step``'s, inline: every rule takes a few a step)."""
+        k = (self, kind, stat)
+        out = ctx.shared.get(k)
+        if out is None:
             rows = self.rows[kind]
             if rows.size == 0:
-                return np.zeros(0)
-            out = ctx.col(stat)[rows]
-            if self._missing[kind] is not None:
-                out[self._missing[kind]] = np.nan
-            return out
-        return self.per_step(ctx, (kind, stat), compute)
+                out = np.zeros(0)
+            else:
+                out = ctx.col(stat)[rows]
+                if self._missing[kind] is not None:
+                    out[self._missing[kind]] = np.nan
+            ctx.shared[k] = out
+        return out
 
     def any_nonzero(self, ctx, stat: str) -> bool:
         return self.per_step(ctx, ("any", stat), lambda: bool(np.count_nonzero(ctx.col(stat))))
