@@ -270,16 +270,20 @@ _SHARED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()     # a run's
 def layout(ctx, own: Tensors) -> tuple:
     """(Tensors, Layout) of the step: one Tensors per run shared by the rules
     (keyed by the run's naming), so the layout is found once per step; a
-    rule's own when there is no session (a trace, tests)."""
-    t = own
-    if ctx.naming is not None:
+    rule's own when there is no session (a trace, tests).  The run's is looked
+    up once a step, for all the rules (kept by the step's context)."""
+    if ctx.naming is None:
+        return own, own.update(ctx)
+    got = ctx.shared.get("layout")
+    if got is None:
         try:
             t = _SHARED.get(ctx.naming)
             if t is None:
                 t = _SHARED[ctx.naming] = Tensors()
         except TypeError:
-            t = own
-    return t, t.update(ctx)
+            return own, own.update(ctx)
+        got = ctx.shared["layout"] = (t, t.update(ctx))
+    return got
 
 
 # A gradient with more exact zeros than this is judged by its nonzero entries.
