@@ -412,7 +412,6 @@ class LossInputs(ModuleKeyed):
     train.py:42``, a hand-written op's ```-` at train.py:42``."""
     name = "loss_inputs"
     ROOT = True
-    OPTIMIZER = True
     MODULE_TYPES = subclasses(nn.Softmax)
     wants = staticmethod(cadence.sampled)    # the steps ``sample`` may say yes to
 
@@ -436,15 +435,6 @@ class LossInputs(ModuleKeyed):
                 self.watch.stop()
         except Exception as e:       # never into the script: the probe is off, and says so
             self.fail(f"probe {self.name} failed and is off: {type(e).__name__}: {e}")
-
-    def optimizer(self, opt, when: str) -> None:
-        """An optimizer's arithmetic is no loss: the watch is off the mode stack
-        while it steps (Adam's calls were most of what a sampled step paid
-        it), unless the step evaluates a closure (LBFGS computes the loss in it)."""
-        if when == "pre" and not self.tracer.closure_step:
-            self.watch.mode.remove()
-        elif when == "post" and self._armed and self.error is None:
-            self.watch.start()
 
     def uninstall(self) -> None:
         super().uninstall()

@@ -46,6 +46,7 @@ from torch.nn.modules import module as _module
 from .. import cadence
 from .compiled import COMPILING, never_compiled
 from .discover import call_kwargs
+from .funcmode import hide, show
 from .stats import local
 from .quiet import PROFILING, profiled, unprofiled
 
@@ -306,9 +307,13 @@ class Fingerprints:
         if self._step_input is None:
             kw = call_kwargs()      # (a batch given by keyword, model(input_ids=...): after the positional)
             hidden = PROFILING() and unprofiled()      # (no rows of nndb's in the script's profile)
+            t = self.tracer             # (nor its tensor calls in a function watch: funcmode.hide)
+            off = hide(t) if t is not None and t.watching else None
             try:
                 self.root_input(module, args + tuple(kw.values()) if kw else args)
             finally:
+                if off:
+                    show(off)
                 if hidden:
                     profiled()
             if self.failed or (self._step_input is not None and self.ranks <= 1):

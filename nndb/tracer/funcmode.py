@@ -9,7 +9,13 @@ kept in ``error`` and switches the watch off, never raised into the script.
 While the call runs the mode is off the stack (PyTorch pops it for its own
 ``__torch_function__``), so what a functional loss does inside is not seen,
 nor is what ``on_call`` computes.  ``FunctionWatch(on_call, quiet=tracer)``
-lets the calls of nndb's own hooks through unseen, without the trampoline.
+lets the calls of nndb's own hooks through unseen, without the trampoline;
+better, those hooks take it off the stack while they work (``hide`` /
+``show``), so that their tensor calls do not go through PyTorch's mode
+dispatch at all (~3 us a call, seen or not: on a sampled GPT step the
+statistics', histograms' and probes' ~1,600 calls cost more than the step's
+own ~300), and keep it off from an optimizer step's pre hook to its post
+hook (an optimizer's arithmetic is no loss; nndb.tracer.hooks.Tracer).
 
 ``push()`` / ``remove()`` put it on the (thread-local) mode stack and take it
 off again from wherever it is, the modes above it kept in order, so that a
@@ -38,6 +44,8 @@ from torch.overrides import (TorchFunctionMode, _get_current_function_mode_stack
 
 _COMPILING = torch.compiler.is_compiling      # (True while torch.compile traces)
 _FUNCTORCH = torch._C._functorch.peek_interpreter_stack     # (not None inside a torch.func transform)
+_STACK_LEN, _STACK_AT = torch._C._len_torch_function_stack, torch._C._get_function_stack_at
+_STACK_POP, _STACK_PUSH = torch._C._pop_torch_function_stack, torch._C._push_on_torch_function_stack
 
 # torch.nn.functional losses: (input, target, ...) -> loss
 CLASS_LOSSES = ("cross_entropy", "nll_loss")
@@ -65,7 +73,8 @@ class FunctionWatch(TorchFunctionMode):
         # ~150 calls the mode saw)
         self.quiet = quiet
         self.error: Optional[str] = None
-        self.pushed = False
+        self._pushed = False
+        self.hidden = False              # off the stack while nndb's hook works (hide): show puts it back
         self.on = True                   # False: still on the stack (a removal pending), seeing nothing
         self._depth = 0                  # calls of ours running (PyTorch pops the mode during each)
         self._cleanup = None             # the module pre-hook that removes it at a safe point
@@ -82,12 +91,13 @@ class FunctionWatch(TorchFunctionMode):
             # (torch.compile imported it since the push, as a script's first lines do: told
             # before the compiled function's first call, which has torch calls before it)
             _watch_compiles(self)
-        q = self.quiet
-        if _COMPILING() or q is not None and (q.in_hook or q.busy) or _FUNCTORCH() is not None:
+        if _COMPILING():
             # (torch.compile tracing: the call as it is, no graph break at our frames; and
             # not pushed again, where Dynamo began compiling before its callback was set)
-            if _COMPILING():
-                self.compiled = True
+            self.compiled = True
+            return func(*args, **(kwargs or {}))
+        q = self.quiet
+        if q is not None and (q.in_hook or q.busy) or _FUNCTORCH() is not None:
             return func(*args, **(kwargs or {}))
         self._depth += 1
         try:
@@ -114,8 +124,20 @@ class FunctionWatch(TorchFunctionMode):
         self._cancel_cleanup()
         if not self.pushed:
             _watch_compiles(self)
-            _push_mode(self)
+            if not self.hidden:             # (hidden by a hook that works now: it puts it back)
+                _push_mode(self)
             self.pushed, self._thread = True, threading.get_ident()
+
+    @property
+    def pushed(self) -> bool:
+        """On this thread's mode stack (or hidden from it by nndb's hook for a while)."""
+        return self._pushed
+
+    @pushed.setter
+    def pushed(self, on: bool) -> None:
+        if on != self._pushed and self.quiet is not None:
+            self.quiet.watching += 1 if on else -1      # (its hooks hide the watches only where any is on)
+        self._pushed = on
 
     def compile_started(self, *args) -> None:
         """Dynamo's compile-start callback (before it reads the mode stack): off now, for good."""
@@ -135,6 +157,9 @@ class FunctionWatch(TorchFunctionMode):
             return True
         if threading.get_ident() != self._thread:
             return False
+        if self.hidden:                           # (off the stack while a hook works: not put back)
+            self.pushed = False
+            return True
         stack = _get_current_function_mode_stack()
         if not any(m is self for m in stack):
             if self._depth > 0:                   # inside a call of ours (a step that ends in backward())
@@ -187,6 +212,33 @@ def _watch_compiles(watch) -> None:
         for w in list(_WATCHES):
             w.compile_started()
     _CALLBACK = handler.register_start_callback(started) or started
+
+
+def hide(tracer) -> list:
+    """nndb's own work begins (a hook of ``tracer``): the pushed watches told of it
+    (``quiet=tracer``) at the top of this thread's mode stack are taken off it, for
+    ``show(hidden)`` to put back as the work ends, so that its tensor calls do not go
+    through them.  (A watch under the script's own mode stays, and lets them through
+    by ``quiet``; one removed meanwhile is not put back, one pushed again is.)"""
+    hidden = []
+    n = _STACK_LEN()
+    while n:
+        top = _STACK_AT(n - 1)
+        if not isinstance(top, FunctionWatch) or top.quiet is not tracer or not top._pushed or top.hidden:
+            break
+        _STACK_POP()
+        top.hidden = True
+        hidden.append(top)
+        n -= 1
+    return hidden
+
+
+def show(hidden: list) -> None:
+    """The watches ``hide`` took off the stack back on it, in their order (those still pushed)."""
+    for w in reversed(hidden):
+        w.hidden = False
+        if w._pushed:
+            _STACK_PUSH(w)
 
 
 def take_out(mode, pop, push) -> None:

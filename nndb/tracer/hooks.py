@@ -52,6 +52,7 @@ from torch.nn.modules import module as _module
 from torch.optim import optimizer as _optimizer
 
 from .compiled import never_compiled
+from .funcmode import hide as _hide_watches, show as _show_watches
 from .quiet import PROFILING as _PROFILING, profiled, unprofiled
 from .naming import Naming, user_frame
 from .discover import backward_objective, backward_roots, call_args, call_kwargs, find_optimizers  # noqa: F401  (find_optimizers: queries)
@@ -762,6 +763,12 @@ class Tracer:
         self.in_closure = 0                     # > 0 while an optimizer calls its closure
         self._failed = False
         self.in_hook = False
+        # Function watches (nndb.tracer.funcmode: the loss rules' on their steps) pushed that
+        # know this tracer: while any is, the hooks take them off the mode stack as they work,
+        # and from an optimizer step's pre hook to its post hook (an optimizer's arithmetic is
+        # no loss; unless the step evaluates a closure, LBFGS's, which computes the loss): _held.
+        self.watching = 0
+        self._held: Optional[list] = None
         self._thread = threading.get_ident()
 
     # -- what the debugger asks of the tracer ---------------------------------
@@ -900,8 +907,11 @@ class Tracer:
                 or self.naming.compiled_bodies and self._compiled_body(module):
             return None
         hidden = _PROFILING() and unprofiled()
+        off = None
         try:
             if self.module_depth == 0:
+                if self.watching:
+                    off = _hide_watches(self)     # (its tensor calls: no mode sees them)
                 self._calls = {}
                 if not self.naming.knows(module):
                     self.naming.add_root(module, user_frame(2))
@@ -920,6 +930,8 @@ class Tracer:
                         self.in_hook = False
         except Exception:
             self._fail()
+        if off:
+            _show_watches(off)
         if hidden:
             profiled()
         self.module_depth += 1
@@ -944,6 +956,7 @@ class Tracer:
         if self.lineage is not None:
             self.lineage.module_post(module, args, output)
         hidden = _PROFILING() and unprofiled()
+        off = _hide_watches(self) if self.watching else None
         self._quietly(self._forward_post_quiet, module, args, output)
         if self.module_depth == 0:
             self._calls = {}             # (no module held past its pass: a model the script lets go dies)
@@ -952,6 +965,8 @@ class Tracer:
                     self.recorder.pass_ended()
                 except Exception:
                     self._fail()
+        if off:
+            _show_watches(off)
         if hidden:
             profiled()
         return None
@@ -1267,6 +1282,7 @@ class Tracer:
         paused = lin.paused() if lin is not None else None     # (nndb's own work is not the step's lineage)
         self.busy += 1
         hidden = _PROFILING() and unprofiled()
+        off = _hide_watches(self) if self.watching else None
         try:
             if paused is not None:
                 paused.__enter__()
@@ -1319,6 +1335,11 @@ class Tracer:
             self._fail()
         finally:
             self.busy -= 1
+            if off:
+                if self.closure_step or self._failed:
+                    _show_watches(off)
+                else:                       # (off while the optimizer steps: back as its post hook returns)
+                    self._held = (self._held or []) + off
             if hidden:
                 profiled()
             if paused is not None:
@@ -1433,6 +1454,9 @@ class Tracer:
         paused = lin.paused() if lin is not None else None
         self.busy += 1
         hidden = _PROFILING() and unprofiled()
+        off = _hide_watches(self) if self.watching else None
+        if self._held is not None:          # (off since the step's pre hook: back as this one returns)
+            off, self._held = (off or []) + self._held, None
         try:
             if paused is not None:
                 paused.__enter__()
@@ -1463,6 +1487,8 @@ class Tracer:
             self._fail()
         finally:
             self.busy -= 1
+            if off:
+                _show_watches(off)
             if hidden:
                 profiled()
             if paused is not None:
