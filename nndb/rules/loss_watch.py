@@ -56,7 +56,7 @@ import weakref
 
 import torch
 
-from ..tracer.funcmode import CLASS_LOSSES, FunctionWatch, functional_loss
+from ..tracer.funcmode import CLASS_LOSSES, LOSS_OF, UNSEEN, FunctionWatch, functional_loss
 from ..tracer.naming import user_frame
 
 _T = torch._C.TensorBase
@@ -192,7 +192,9 @@ class LossWatch:
         if op is not None:
             self._binary(op, args, out)
         else:
-            name = functional_loss(func)
+            name = LOSS_OF.get(func, UNSEEN)
+            if name is UNSEEN:
+                name = functional_loss(func)
             if name is not None:
                 self._functional(func, name, args, kwargs)
                 return

@@ -56,9 +56,18 @@ LOSSES = CLASS_LOSSES + ELEMENTWISE_LOSSES
 
 
 def functional_loss(func) -> Optional[str]:
-    """The name of a torch.nn.functional loss (``"mse_loss"``), or None."""
+    """The name of a torch.nn.functional loss (``"mse_loss"``), or None (kept in LOSS_OF)."""
     name = getattr(func, "__name__", "")
-    return name if name in LOSSES and getattr(func, "__module__", "") == "torch.nn.functional" else None
+    name = name if name in LOSSES and getattr(func, "__module__", "") == "torch.nn.functional" else None
+    if len(LOSS_OF) < 4096:                 # (a few hundred torch functions in a run)
+        LOSS_OF[func] = name
+    return name
+
+
+# func -> functional_loss(func), for the functions seen so far: a watch's per-call test is a
+# dict lookup (``LOSS_OF.get(func, UNSEEN)``), not a call
+LOSS_OF: dict = {}
+UNSEEN = object()
 
 
 class FunctionWatch(TorchFunctionMode):
@@ -264,31 +273,27 @@ TRAMPOLINE = "_nndb_call"
 _OVERRIDES = os.path.join(_TORCH_DIR, "overrides.py")
 
 
-def _caller():
-    """The frame of the code that called the torch function (past torch's
+def _call_from_caller(func, args, kwargs):
+    """``func(*args, **kwargs)`` called from a frame that has the caller's
+    file, line and globals, so that a warning the call raises (PyTorch's
+    ``stacklevel=2`` ones, and those its C++ code raises) names the script's
+    line, as without nndb, not this module's; its once-per-line registry is
+    the script's module's.
+
+    The caller is the code that called the torch function (past torch's
     dispatch to this mode): for a function written in Python (``F.dropout2d``),
     the frame above its own, which called ``handle_torch_function``; for one
     in C++ (``torch.mm``), the frame the mode was called from.  That frame may
     be torch's own (``nn.Dropout2d.forward``), as the warning's line is then
     without nndb (it was the script's line above it: mnist_rnn's dropout2d
     warning named main.py:34 and :37, twice, not dropout.py:176 once)."""
-    frame = sys._getframe(2)
+    frame = sys._getframe(1)
     while frame is not None and (frame.f_code.co_filename == __file__ or frame.f_code.co_name == TRAMPOLINE):
         frame = frame.f_back
     if frame is not None and frame.f_code.co_filename == _OVERRIDES:
         while frame is not None and frame.f_code.co_filename == _OVERRIDES:
             frame = frame.f_back
         frame = frame.f_back if frame is not None else None      # (the function's own frame)
-    return frame
-
-
-def _call_from_caller(func, args, kwargs):
-    """``func(*args, **kwargs)`` called from a frame that has the caller's
-    file, line and globals, so that a warning the call raises (PyTorch's
-    ``stacklevel=2`` ones, and those its C++ code raises) names the script's
-    line, as without nndb, not this module's; its once-per-line registry is
-    the script's module's."""
-    frame = _caller()
     if frame is None:
         return func(*args, **kwargs)
     g = frame.f_globals
