@@ -510,3 +510,33 @@ def test_epoch_repeats_judges_the_loader_whose_epoch_repeated(tmp_path):
     reseeded = TWO_LOADERS.replace("VAL_SHUFFLE", "shuffle=False").replace("SHUFFLE)", "shuffle=True, generator=g)")
     found = only(run(tmp_path, write(tmp_path, "reseeded.py", reseeded)), "epoch_repeats")
     assert [(f["step"], f["evidence"]["period"]) for f in found] == [(7, 4)], found
+
+
+def test_a_probe_joins_and_leaves_its_module_classes_in_one_call():
+    """The rules arm their probes as the observed and sampled steps come and go, each
+    with its module classes (ReLU, ReLU6...; Dropout, BatchNorm and their subclasses):
+    one call into the tracer's listener lists each way, whatever their number (two a
+    class were ~60 calls at each observed step's end and ~60 before the next one)."""
+    import sys
+    from types import SimpleNamespace
+    from nndb.rules.model_probes import ReluUnits, TrainMode
+    from nndb.tracer import within as within_module
+    from nndb.tracer.within import WithinStep
+    for cls in (ReluUnits, TrainMode):
+        w = WithinStep()
+        probe = cls(SimpleNamespace(tracer=SimpleNamespace(within=w), naming=None, recorder=None))
+        calls = []
+
+        def seen(frame, event, arg):
+            if event == "call" and frame.f_code.co_filename == within_module.__file__:
+                calls.append(frame.f_code.co_name)
+        for on in (True, False):
+            calls.clear()
+            sys.setprofile(seen)
+            try:
+                probe.arm(on)
+            finally:
+                sys.setprofile(None)
+            assert len(calls) == 1, (cls.name, on, calls)
+            assert set(w.forward) == (set(cls.MODULE_TYPES) if on else set())
+        assert len(cls.MODULE_TYPES) >= 2 and w.version == 2 * len(cls.MODULE_TYPES)

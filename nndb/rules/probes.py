@@ -88,11 +88,10 @@ class Probe:
             return
         self._armed = on
         within = self.tracer.within
-        for key, cb in self._hooks():
-            if on:
-                within.join(key, cb)
-            else:
-                within.leave(key, cb)
+        if on:
+            within.join_all(self._hooks())
+        else:
+            within.leave_all(self._hooks())
 
     def forward(self, module, use: int, args, output) -> None:
         """After ``module``'s forward (its ``use``-th call in this forward pass)."""

@@ -31,7 +31,7 @@ A callback never raises into the script: the tracer's guard catches it
 """
 from __future__ import annotations
 
-from typing import Callable, Optional
+from typing import Callable
 
 EVENTS = ("root", "optimizer", "loss", "no_loss", "backward", "module", "scaled_clip")
 
@@ -52,23 +52,35 @@ class WithinStep:
     def join(self, event, callback: Callable) -> None:
         """``callback`` is called at ``event`` (a module class or one of EVENTS) from now on
         (once: joining again changes nothing)."""
-        calls = self._list(event, make=True)
-        if callback not in calls:
-            calls.append(callback)
-            self.version += 1
+        self.join_all(((event, callback),))
 
     def leave(self, event, callback: Callable) -> None:
         """No more calls of ``callback`` at ``event`` (a callback not joined: nothing)."""
-        calls = self._list(event, make=False)
-        if calls is not None and callback in calls:
-            calls.remove(callback)
-            self.version += 1
-        if isinstance(event, type) and not calls:
-            self.forward.pop(event, None)
+        self.leave_all(((event, callback),))
 
-    def _list(self, event, make: bool) -> Optional[list]:
-        if isinstance(event, type):
-            return self.forward.setdefault(event, []) if make else self.forward.get(event)
+    def join_all(self, pairs) -> None:
+        """``join(event, callback)`` for each (event, callback) of ``pairs``, in one call (a
+        probe's module classes: ~30 of them, joined and left as the rules' steps come and go)."""
+        forward = self.forward
+        for event, callback in pairs:
+            calls = forward.setdefault(event, []) if isinstance(event, type) else self._list(event)
+            if callback not in calls:
+                calls.append(callback)
+                self.version += 1
+
+    def leave_all(self, pairs) -> None:
+        """``leave(event, callback)`` for each (event, callback) of ``pairs``, in one call."""
+        forward = self.forward
+        for event, callback in pairs:
+            by_class = isinstance(event, type)
+            calls = forward.get(event) if by_class else self._list(event)
+            if calls is not None and callback in calls:
+                calls.remove(callback)
+                self.version += 1
+            if by_class and not calls:
+                forward.pop(event, None)
+
+    def _list(self, event: str) -> list:
         if event not in EVENTS:
             raise ValueError(f"no such event within a step: {event!r} (a module class or one of {EVENTS})")
         return getattr(self, event)
