@@ -957,7 +957,10 @@ class Tracer:
             self.lineage.module_post(module, args, output)
         hidden = _PROFILING() and unprofiled()
         off = _hide_watches(self) if self.watching else None
-        self._quietly(self._forward_post_quiet, module, args, output)
+        if self.lineage is None:
+            self._forward_post_quiet(module, args, output)
+        else:                            # (the op recorder off the dispatch stack)
+            self._quietly(self._forward_post_quiet, module, args, output)
         if self.module_depth == 0:
             self._calls = {}             # (no module held past its pass: a model the script lets go dies)
             if self.recorder._pass is not None:
