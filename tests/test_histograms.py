@@ -273,3 +273,37 @@ def test_the_accelerator_path_reads_counts_and_zeros_in_one_transfer_and_stays_e
             want = H.exact(a.astype(np.float64))
         assert np.array_equal(TH.device_counts(f, fine, None), want)
         assert np.array_equal(TH.device_counts(f, fine, int(np.count_nonzero(a == 0))), want)
+
+
+@pytest.mark.parametrize("path", ["offsets", "by_segment"])
+def test_full_segments_rows_and_histograms_equal_the_separate_passes(path, monkeypatch):
+    """A full step's rows and histograms made together (``full_segments``: the histograms
+    counted by torch.bincount, the rows' zero counts read from their zero bins, one float64
+    copy reduced in place) are the rows ``host_raw_segments`` counts on its own and the
+    value-by-value histograms, bit for bit: zeros of both signs, subnormals, NaN, Inf, empty
+    segments, a block large enough to be counted a segment at a time."""
+    from nndb.tracer import histogram as TH
+    from nndb.tracer import stats as S
+    if path == "by_segment":
+        monkeypatch.setattr(H, "LARGE_ELEMENTS", 1)
+        monkeypatch.setattr(H, "LARGE_SEGMENT", 1)
+        monkeypatch.setattr(TH, "TORCH_COUNT_MIN", 64)
+    rng = np.random.default_rng(5)
+    segs = [ADVERSARIAL, rng.standard_normal(5000).astype(np.float32),
+            np.where(rng.random(3000) < 0.5, 0, rng.standard_normal(3000)).astype(np.float32),
+            np.array([], dtype=np.float32), (rng.standard_normal(640) * 1e-30).astype(np.float32),
+            np.where(rng.random(700) < 0.5, -0.0, 0.0).astype(np.float32), rng.standard_normal(4096).astype(np.float32)]
+    flat, sizes = np.concatenate(segs), [len(s) for s in segs]
+    assert TH.fine_counts(flat.view(np.uint32), sizes) is not None          # (torch counted them)
+    rows, hists = TH.full_segments(flat.copy(), sizes)
+    assert rows.tobytes() == S.host_raw_segments(flat.copy(), sizes).tobytes()
+    for h, s in zip(hists, segs):
+        assert np.array_equal(h, H.exact(s))
+    assert rows[5, S.RAW_ZERO] == 700 and rows[0, S.RAW_NAN] == 1
+
+
+def test_fold_puts_each_fine_key_in_its_bin():
+    """``fold`` (slices and one reduceat) is the lookup table's map, key by key."""
+    one_each = np.eye(H.FINE, dtype=np.int64)
+    folded = H.fold(one_each)
+    assert (folded.sum(axis=1) == 1).all() and np.array_equal(folded.argmax(axis=1), H.LUT)

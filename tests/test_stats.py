@@ -158,7 +158,7 @@ def test_parameter_block_equals_the_general_path():
 
 
 def test_a_large_float32_block_has_the_rows_of_its_float64_copy(monkeypatch):
-    """A float32 block past DOT_MIN_ELEMENTS is reduced as it is (no float64 copy): the
+    """A float32 block past DOT_MIN_ELEMENTS has its extremes read in float32: the
     same full rows, zeros, extremes and a NaN's segment included."""
     rng = np.random.default_rng(3)
     sizes = [4096, 7, 1, 300, 2048]

@@ -162,11 +162,14 @@ class _Bucket:
             flats.append(flat)
             sizes.extend(block_sizes)
         flat = np.concatenate(flats)
-        rows = S.host_raw_segments(flat, sizes, True) if full else S.host_norm_segments(flat, sizes)
+        if full:
+            rows, hists = H.full_segments(flat, sizes)
+        else:
+            rows = S.host_norm_segments(flat, sizes)
         for key, raw in zip(keys, rows):
             self.add(key, raw)
         if full:
-            for key, h in zip(keys, H.of_segments(flat, sizes)):
+            for key, h in zip(keys, hists):
                 self.add_hist(key, h)
         self.deferred = []
         self.blocks = []

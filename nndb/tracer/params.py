@@ -203,7 +203,7 @@ class ParamPlan:
             np.subtract(buf[:n], before, out=before)
             if full:
                 sizes = self.block_sizes[:(3 if grads else 2) * len(self.host)]
-                return grads, S.host_raw_segments(flat, sizes), H.of_segments(flat, sizes)
+                return (grads, *H.full_segments(flat, sizes))
             lay = self._norm_layouts.get(grads)
             if lay is None:
                 lay = self._norm_layouts[grads] = S.norm_template(self.sizes * (3 if grads else 2))
@@ -311,10 +311,11 @@ class Snapshot:
                 flats = [after, update] + ([g[1]] if every else [])
                 sizes = plan.block_sizes[:len(flats) * len(plan.host)]
                 flat = np.concatenate(flats)
-                rows = S.host_raw_segments(flat, sizes, True) if full else S.host_norm_segments(flat, sizes)
-                bucket.params[plan] = (every, rows)
                 if full:
-                    bucket.param_hists[plan] = H.of_segments(flat, sizes)
+                    rows, bucket.param_hists[plan] = H.full_segments(flat, sizes)
+                else:
+                    rows = S.host_norm_segments(flat, sizes)
+                bucket.params[plan] = (every, rows)
             else:
                 bucket.blocks.append((plan.value_keys, after, plan.sizes))
                 bucket.blocks.append((plan.update_keys, update, plan.sizes))

@@ -37,7 +37,7 @@ for the mean and extremes of negative infinities) and a NaN std; with a NaN,
 mean, std, norm and mean |x| are NaN.  ``count`` is always the element count.
 A parameter block of at least ``DOT_MIN_ELEMENTS`` (a GPT's) is read between
 full steps where its tensors lie (``ParamPlan._block_large``), and at full
-steps reduced without a float64 copy (docs/performance.md).
+steps its extremes read in float32 (docs/performance.md).
 
 Why this size: one raw row, made by every path a tensor can take (host
 blocks, large CPU tensors, accelerators, several at once), and read back
@@ -176,17 +176,18 @@ def host_raw_batch(arrays: Sequence[np.ndarray], full: bool = True) -> np.ndarra
 
 
 @_quiet
-def host_raw_segments(flat: np.ndarray, sizes: np.ndarray, full: bool = True) -> np.ndarray:
+def host_raw_segments(flat: np.ndarray, sizes: np.ndarray, full: bool = True, zeros=None) -> np.ndarray:
     """Raw rows of the consecutive segments of ``flat`` (lengths ``sizes``):
     one ``reduceat`` per accumulator over all segments.  Without ``full``,
-    only the sums (count, mean, std, norm, and NaN/Inf detection)."""
+    only the sums (count, mean, std, norm, and NaN/Inf detection).  ``zeros``:
+    the segments' counts of exact zeros where the caller has them (a full step's
+    histograms, whose zero bins are exact: nndb.tracer.histogram.full_segments),
+    else counted here."""
     k = len(sizes)
     sizes = np.asarray(sizes, dtype=np.int64)
-    if flat.dtype != np.float32 or flat.size < DOT_MIN_ELEMENTS:
-        # (a large float32 block is read as it is, its sums cast as they go: a float64 copy of a
-        # GPT's 2.5 M elements took longer than all the sums; a small one, cast once, costs fewer
-        # instructions than the casts of each sum: 9.7 K an MLP step, its observed steps')
-        flat = np.asarray(flat, dtype=np.float64)
+    # (a small block's extremes are read from its float64 copy, a large float32 one's from
+    # itself, as they always were: the same numbers, the sign of a zero extreme included)
+    wide = flat.dtype != np.float32 or flat.size < DOT_MIN_ELEMENTS
     all_starts = np.zeros(k, dtype=np.int64)
     np.cumsum(sizes[:-1], out=all_starts[1:])
     out = np.zeros((k, N_RAW))
@@ -201,18 +202,33 @@ def host_raw_segments(flat: np.ndarray, sizes: np.ndarray, full: bool = True) ->
             return out
         starts = all_starts[nonempty]
         cols = None
-    sums = np.add.reduceat(flat, starts, dtype=np.float64)
-    sq = np.add.reduceat(np.square(flat, dtype=np.float64), starts)
-    fields = [(RAW_SUM, sums), (RAW_SQ, sq)]
+    # One float64 copy, then each accumulator's values made in its place: x, then |x| for the
+    # sum of magnitudes, then |x|*|x| (x*x bit for bit) for the sum of squares; the copy and
+    # the two in-place passes by torch, whose loops are vectorised where numpy's cast and
+    # absolute are not; the sums numpy's (pairwise, per segment: the same to the bit).  (A
+    # float32 block's sums cast as they went, ``reduceat(..., dtype=float64)``, made that copy
+    # once a sum, three times, and the squares and magnitudes a new array each: a GPT's 2.5 M
+    # elements took 54.7 M instructions, this 27.0 M.)
+    xt = _float64_copy(flat)
+    x = xt.numpy()
+    sums = np.add.reduceat(x, starts)
+    fields = [(RAW_SUM, sums)]
     if full:
-        # (extremes and magnitudes in the data's own type, exact; their sums and counts
-        # accumulated in float64 and int64)
-        fields += [(RAW_MIN, np.minimum.reduceat(flat, starts)), (RAW_MAX, np.maximum.reduceat(flat, starts)),
-                   (RAW_ABS, np.add.reduceat(np.abs(flat), starts, dtype=np.float64)),
-                   (RAW_ZERO, _zeros(flat, starts, sizes if cols is not None else sizes[nonempty]))]
+        ext = x if wide else flat
+        fields += [(RAW_MIN, np.minimum.reduceat(ext, starts)), (RAW_MAX, np.maximum.reduceat(ext, starts))]
+        if zeros is None:
+            zeros = _zeros(x, starts, sizes if cols is not None else sizes[nonempty])
+        elif cols is None:
+            zeros = np.asarray(zeros)[nonempty]
+        fields.append((RAW_ZERO, zeros))
+        xt.abs_()
+        fields.append((RAW_ABS, np.add.reduceat(x, starts)))
     else:
         nan = np.full(sums.shape, np.nan)
         fields += [(RAW_MIN, nan), (RAW_MAX, nan), (RAW_ABS, nan), (RAW_ZERO, nan)]
+    xt.mul_(xt)
+    sq = np.add.reduceat(x, starts)
+    fields.append((RAW_SQ, sq))
     for col, values in fields:
         if cols is not None:
             out[:, col] = values
@@ -223,8 +239,17 @@ def host_raw_segments(flat: np.ndarray, sizes: np.ndarray, full: bool = True) ->
         idx = np.arange(k) if cols is not None else nonempty
         for j in np.flatnonzero(bad):
             i = idx[j]
-            out[i] = _segment_raw_exact(flat[all_starts[i]:all_starts[i] + sizes[i]])
+            seg = flat[all_starts[i]:all_starts[i] + sizes[i]]
+            out[i] = _segment_raw_exact(seg.astype(np.float64) if wide else seg)
     return out
+
+
+def _float64_copy(flat: np.ndarray) -> torch.Tensor:
+    """A float64 copy of a flat host array, as a torch tensor (its ``numpy()`` a view):
+    torch's cast, 1.3 instructions an element against numpy's 2.8."""
+    if flat.flags.c_contiguous and flat.flags.writeable:
+        return torch.from_numpy(flat).to(torch.float64, copy=True)
+    return torch.from_numpy(flat.astype(np.float64))          # (torch reads no read-only array without a warning)
 
 
 def _zeros(flat: np.ndarray, starts: np.ndarray, sizes: np.ndarray) -> np.ndarray:
@@ -296,7 +321,7 @@ def norm_template(sizes) -> tuple[np.ndarray, np.ndarray]:
 
 
 # A parameter block of at least this many elements is read where its tensors lie, one BLAS
-# dot each (ParamPlan._block_large), and at full steps reduced without a float64 copy: the
+# dot each (ParamPlan._block_large), and at full steps its extremes read in float32: the
 # squares of a GPT's 2.5 M elements and their sums took 1.18 ms a step, the dots 0.37 ms
 # (hot: 0.72 ms and 0.37 ms); below it the dots' calls cost more.
 DOT_MIN_ELEMENTS = 1 << 17
