@@ -202,32 +202,41 @@ def host_raw_segments(flat: np.ndarray, sizes: np.ndarray, full: bool = True, ze
             return out
         starts = all_starts[nonempty]
         cols = None
-    # One float64 copy, then each accumulator's values made in its place: x, then |x| for the
-    # sum of magnitudes, then |x|*|x| (x*x bit for bit) for the sum of squares; the copy and
-    # the two in-place passes by torch, whose loops are vectorised where numpy's cast and
-    # absolute are not; the sums numpy's (pairwise, per segment: the same to the bit).  (A
-    # float32 block's sums cast as they went, ``reduceat(..., dtype=float64)``, made that copy
-    # once a sum, three times, and the squares and magnitudes a new array each: a GPT's 2.5 M
-    # elements took 54.7 M instructions, this 27.0 M.)
-    xt = _float64_copy(flat)
-    x = xt.numpy()
-    sums = np.add.reduceat(x, starts)
-    fields = [(RAW_SUM, sums)]
     if full:
-        ext = x if wide else flat
-        fields += [(RAW_MIN, np.minimum.reduceat(ext, starts)), (RAW_MAX, np.maximum.reduceat(ext, starts))]
         if zeros is None:
-            zeros = _zeros(x, starts, sizes if cols is not None else sizes[nonempty])
+            zeros = _zeros(flat, starts, sizes if cols is not None else sizes[nonempty])
         elif cols is None:
             zeros = np.asarray(zeros)[nonempty]
-        fields.append((RAW_ZERO, zeros))
-        xt.abs_()
-        fields.append((RAW_ABS, np.add.reduceat(x, starts)))
+    if wide:
+        # One float64 copy, then each accumulator's values made in its place: x, then |x| for
+        # the sum of magnitudes, then |x|*|x| (x*x bit for bit) for the sum of squares; the copy
+        # and the two in-place passes by torch, whose loops are vectorised where numpy's cast
+        # and absolute are not; the sums numpy's (pairwise, per segment, as before).  (An MLP's
+        # 20,766 elements: a new array for the squares and one for the magnitudes before.)
+        xt = _float64_copy(flat)
+        x = xt.numpy()
+        sums = np.add.reduceat(x, starts)
+        fields = [(RAW_SUM, sums)]
+        if full:
+            fields += [(RAW_MIN, np.minimum.reduceat(x, starts)), (RAW_MAX, np.maximum.reduceat(x, starts)),
+                       (RAW_ZERO, zeros)]
+            xt.abs_()
+            fields.append((RAW_ABS, np.add.reduceat(x, starts)))
+        xt.mul_(xt)
+        sq = np.add.reduceat(x, starts)
     else:
+        # (a large float32 block is read as it is, its sums cast as they go, in numpy's buffers:
+        # a float64 copy of a GPT's 2.5 M elements reduced in place took fewer instructions
+        # (27 M against 55 M) but more time, 20 MB through memory where the buffers stay in cache)
+        sums = np.add.reduceat(flat, starts, dtype=np.float64)
+        sq = np.add.reduceat(np.square(flat, dtype=np.float64), starts)
+        fields = [(RAW_SUM, sums)]
+        if full:
+            fields += [(RAW_MIN, np.minimum.reduceat(flat, starts)), (RAW_MAX, np.maximum.reduceat(flat, starts)),
+                       (RAW_ABS, np.add.reduceat(np.abs(flat), starts, dtype=np.float64)), (RAW_ZERO, zeros)]
+    if not full:
         nan = np.full(sums.shape, np.nan)
         fields += [(RAW_MIN, nan), (RAW_MAX, nan), (RAW_ABS, nan), (RAW_ZERO, nan)]
-    xt.mul_(xt)
-    sq = np.add.reduceat(x, starts)
     fields.append((RAW_SQ, sq))
     for col, values in fields:
         if cols is not None:
