@@ -453,7 +453,7 @@ class ExplodingGradient(_Gradients):
             # (whether it clipped: total > max_norm, known live; a trace does not keep max_norm)
             clipped = None if limit is None else not v <= limit
             if clipped:
-                what = (f"exploding gradient before clipping", f"it clipped them to max_norm {limit:g}, so the "
+                what = ("exploding gradient before clipping", f"it clipped them to max_norm {limit:g}, so the "
                         f"norms of the gradients the optimizer applies do not show it")
             elif clipped is None:
                 what = ("exploding gradient", "that is the gradients' norm before clipping, which the gradients "
