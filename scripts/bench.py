@@ -23,6 +23,7 @@ fall in the timed loops as they come (one every ~8 s on the MLP).
     python scripts/bench.py --pairs 7 --json bench.json
     python scripts/bench.py --workload cnn --every 10
     python scripts/bench.py --catch --pairs 5    # catch nan against detect_anomaly (mlp, cnn)
+    python scripts/bench.py --instructions --cache --split --workload mlp   # and the L1/L2 misses a step
     python scripts/bench.py --instructions --catch --workload mlp   # catch nan's instructions a step
     python scripts/bench.py --ranks 2 --pairs 5  # 2 DDP ranks: all-stop agreement off / on (cnn)
     python scripts/bench.py --writes sync        # the trace's blocks written in the training thread
@@ -721,10 +722,30 @@ def collected(stderr: str):
     """The instructions valgrind counted in the first process of its output
     (``==PID== Collected : N``; a process that the loop forked, a DataLoader
     worker say, reports its own), or None."""
+    events = collected_events(stderr)
+    return events[0] if events else None
+
+
+def collected_events(stderr: str):
+    """All the events valgrind counted in the first process of its output, in its
+    order (``Ir``; with the cache simulation, CACHE_EVENTS), or None."""
     lines = [m.groups() for m in re.finditer(r"^==(\d+)== (.*)$", stderr, re.M)]
-    counts = [int(text.split()[-1].replace(",", "")) for pid, text in lines
+    counts = [[int(n.replace(",", "")) for n in text.split(":", 1)[1].split()] for pid, text in lines
               if pid == lines[0][0] and text.startswith("Collected :")]
     return counts[0] if counts else None
+
+
+# --cache: callgrind's cache simulation, one core of the machine these figures are taken on
+# (an AVX-512 Xeon: 64 KiB 8-way L1i, 48 KiB 12-way L1d, 2 MiB 16-way L2, the last level
+# simulated; the L3 behind it is not).  Fixed, so that a count means the same on any machine.
+CACHE_GEOMETRY = ("--I1=65536,8,64", "--D1=49152,12,64", "--LL=2097152,16,64")
+CACHE_EVENTS = ("Ir", "Dr", "Dw", "I1mr", "D1mr", "D1mw", "ILmr", "DLmr", "DLmw")
+
+
+def misses(events) -> tuple:
+    """(L1 misses, last-level misses) of callgrind's events (CACHE_EVENTS' order)."""
+    e = dict(zip(CACHE_EVENTS, events))
+    return e["I1mr"] + e["D1mr"] + e["D1mw"], e["ILmr"] + e["DLmr"] + e["DLmw"]
 
 
 def _settle_writer(rec) -> None:
@@ -806,7 +827,7 @@ def split_counts(per_step: dict, counted: dict, steps: int) -> dict:
             "observed_added": (per_step["recorded"] - usual) / per_step["plain"]}
 
 
-def instructions(name, flags, scale=1.0, against=None, catch=False, split=False):
+def instructions(name, flags, scale=1.0, against=None, catch=False, split=False, cache=False):
     """Instructions per step of the loop, plain and recorded, each counted
     by callgrind in a process of its own (deterministic: the same tree and
     inputs give the same counts whatever else the machine does; not time:
@@ -814,12 +835,14 @@ def instructions(name, flags, scale=1.0, against=None, catch=False, split=False)
     (a tree from checkout()) its recorded loop too; with ``catch``, this tree's
     with ``catch nan`` armed and without, both with checkpoints (without time travel
     catch nan checks every operation, as --eager: not what a run pays); with
-    ``split``, the usual and the observed steps apart (see the module's doc)."""
+    ``split``, the usual and the observed steps apart (see the module's doc); with
+    ``cache``, callgrind's cache simulation too (CACHE_GEOMETRY): each run's L1 and
+    last-level misses a step, the usual step's with ``split``."""
     for tool in ("valgrind", "callgrind_control"):
         if shutil.which(tool) is None:
             raise SystemExit(f"bench: --instructions needs valgrind ({tool} is not on PATH)")
     steps = max(5, int(WORKLOADS[name][2] * scale))
-    per_step = {}
+    per_step, per_step_misses = {}, {}
     variants = [("plain", ROOT), ("recorded", ROOT)] + ([("against", against)] if against else []) \
         + ([("recorded-tt", ROOT), ("catch", ROOT)] if catch else []) \
         + ([("usual", ROOT), ("switch", ROOT)] if split else [])
@@ -830,14 +853,17 @@ def instructions(name, flags, scale=1.0, against=None, catch=False, split=False)
             own = [("auto" if variant in ("catch", "recorded-tt") and f == "off" and i and flags[i - 1] == "--replica"
                     else f) for i, f in enumerate(flags)]
             cmd = ["valgrind", "--tool=callgrind", "--instr-atstart=no",
+                   *(("--cache-sim=yes", *CACHE_GEOMETRY) if cache else ()),
                    f"--callgrind-out-file={os.path.join(tmpdir, 'callgrind.%p')}",
                    sys.executable, os.path.abspath(__file__), *own,
                    "--instructions-child", name, mode, str(steps)]
             out = subprocess.run(cmd, capture_output=True, text=True, env=_tree_env(tree))
-            count = collected(out.stderr)
-            if out.returncode != 0 or count is None:
+            events = collected_events(out.stderr)
+            if out.returncode != 0 or events is None or (cache and len(events) != len(CACHE_EVENTS)):
                 raise SystemExit(f"bench: callgrind failed on {name}: {out.stderr.strip()[-500:]}")
-            per_step[variant] = count / steps
+            per_step[variant] = events[0] / steps
+            if cache:
+                per_step_misses[variant] = [m / steps for m in misses(events)]
             counted[variant] = (out.stderr.count("usual step"), out.stderr.count("switched"))
     out = {"workload": name, "steps": steps, "plain_instructions": per_step["plain"],
            "nndb_instructions": per_step["recorded"], "ratio": per_step["recorded"] / per_step["plain"]}
@@ -851,6 +877,14 @@ def instructions(name, flags, scale=1.0, against=None, catch=False, split=False)
         out["catch_added"] = (per_step["catch"] - per_step["recorded-tt"]) / per_step["plain"]
     if split:
         out.update(split_counts(per_step, counted, steps))
+    if cache:
+        for level, i in (("l1", 0), ("ll", 1)):
+            for variant, m in per_step_misses.items():
+                out[f"{variant}_{level}_misses"] = m[i]
+            if split:
+                # (the usual step's misses, split as its instructions are)
+                out[f"usual_{level}_misses"] = split_counts(
+                    {v: m[i] for v, m in per_step_misses.items()}, counted, steps)["usual_instructions"]
     return out
 
 
@@ -990,6 +1024,9 @@ def main(argv=None):
     ap.add_argument("--instructions", action="store_true",
                     help="count instructions per step with valgrind's callgrind instead of timing "
                          "(deterministic: compares two trees where the machine's noise hides a few percent)")
+    ap.add_argument("--cache", action="store_true",
+                    help="with --instructions: callgrind's cache simulation too (one core of an AVX-512 Xeon: "
+                         "L1 and L2 misses per step, deterministic; what the instructions leave out of the time)")
     ap.add_argument("--split", action="store_true",
                     help="with --instructions: the usual and the observed steps counted apart "
                          "(two more callgrind runs, switched at each observed step)")
@@ -1051,6 +1088,8 @@ def main(argv=None):
         import bench_ranks
         return bench_ranks.main(args.ranks, args.pairs, args.scale, args.json, clock=args.clock,
                                 transport=args.agreement)
+    if args.cache and not args.instructions:
+        raise SystemExit("bench: --cache goes with --instructions (callgrind's cache simulation)")
     global RULES, REPLICA, LINEAGE, CLOCK
     RULES, REPLICA, LINEAGE = args.rules, args.replica, args.lineage
     CLOCK = time.process_time if args.clock == "cpu" else time.perf_counter
@@ -1079,8 +1118,10 @@ def main(argv=None):
         with tempfile.TemporaryDirectory(prefix="nndb-bench-") as tree:
             commit = checkout(args.against, tree) if args.against else None
             counted = [instructions(name, flags, args.scale, tree if args.against else None, args.catch,
-                                    args.split) for name in names]
-        print(f"torch {torch.__version__}, 1 thread, callgrind, schedule: {schedule.describe()}, rules: {RULES}, "
+                                    args.split, args.cache) for name in names]
+        print(f"torch {torch.__version__}, 1 thread, callgrind"
+              + (" (cache simulation: " + ", ".join(g.lstrip("-") for g in CACHE_GEOMETRY) + ")" if args.cache else "")
+              + f", schedule: {schedule.describe()}, rules: {RULES}, "
               f"checkpoints: {REPLICA}, lineage: {LINEAGE or 'off'}"
               + (f", against {args.against} ({commit[:10]})" if commit else ""))
         rows = [[c["workload"], c["steps"], f"{c['plain_instructions']:,.0f}",
@@ -1091,6 +1132,11 @@ def main(argv=None):
                 + ([f"{c['usual_instructions']:,.0f} ({c['usual_ratio']:.3f}x)",
                     f"{c['observed_instructions']:,.0f} ({c['observed_ratio']:.2f}x, {c['observed_steps']})",
                     f"+{c['observed_added']:.3f}x"] if args.split else [])
+                + ([f"{c['plain_l1_misses']:,.0f} / {c['recorded_l1_misses']:,.0f}"
+                    + (f" ({c['usual_l1_misses']:,.0f})" if args.split else ""),
+                    f"{c['plain_ll_misses']:,.0f} / {c['recorded_ll_misses']:,.0f}"
+                    + (f" ({c['usual_ll_misses']:,.0f})" if args.split else "")]
+                   + ([f"{c['against_ll_misses']:,.0f}"] if commit else []) if args.cache else [])
                 for c in counted]
         headers = ["workload", "steps", "plain instructions/step", "nndb instructions/step", "ratio"]
         if commit:
@@ -1099,6 +1145,11 @@ def main(argv=None):
             headers += ["with checkpoints", "and catch nan", "catch nan adds"]
         if args.split:
             headers += ["usual step", "observed step (steps)", "observed steps add"]
+        if args.cache:
+            usual = " (usual step)" if args.split else ""
+            headers += [f"L1 misses/step plain / nndb{usual}", f"L2 misses/step plain / nndb{usual}"]
+            if commit:
+                headers += [f"{args.against} L2 misses/step"]
         print(tabulate(rows, headers=headers, disable_numparse=True))
         if args.json:
             with open(args.json, "w") as fh:

@@ -35,6 +35,21 @@ def test_collected_is_the_first_process_count(bench):
     assert bench.collected("") is None
 
 
+def test_cache_events_are_read_in_valgrind_order(bench):
+    # --cache: callgrind's cache simulation reports nine events; the instructions are the first
+    err = ("==100== Events    : Ir Dr Dw I1mr D1mr D1mw ILmr DLmr DLmw\n"
+           "==100== Collected : 930,505,805 295,425,339 140,168,013 24,585,736 12,241,105 3,906,552 9,103 9,016 6,715\n")
+    events = bench.collected_events(err)
+    assert events[0] == bench.collected(err) == 930505805
+    assert bench.misses(events) == (24585736 + 12241105 + 3906552, 9103 + 9016 + 6715)
+    assert bench.collected_events("") is None
+
+
+def test_cache_without_instructions_is_one_clear_error(bench):
+    with pytest.raises(SystemExit, match=r"--cache goes with --instructions"):
+        bench.main(["--cache", "--workload", "mlp"])
+
+
 def test_instructions_without_valgrind_is_one_clear_error(bench, monkeypatch):
     monkeypatch.setattr(bench.shutil, "which", lambda tool: None)
     with pytest.raises(SystemExit, match=r"--instructions needs valgrind \(valgrind is not on PATH\)"):
