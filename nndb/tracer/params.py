@@ -64,7 +64,12 @@ class ParamPlan:
         self._fast = bool(self.host) and all(p.dtype == torch.float32 and n for p, n in zip(self.host, self.sizes))
         self._norm_layouts: dict = {}    # with grads -> (starts, rows) (stats.norm_template)
         self._buf: Optional[np.ndarray] = None     # values | updates (values before, at first) | gradients
-        self._grad_dst: list = []        # torch views of its gradient part, shaped like the parameters
+        # torch views of its three parts, shaped like the parameters (filled by one
+        # ``torch._foreach_copy_`` each time), and the squares' scratch (``host_norm_rows``)
+        self._value_dst: list = []
+        self._before_dst: list = []
+        self._grad_dst: list = []
+        self._scratch: Optional[np.ndarray] = None
         self._views = [None] * len(self.host)
         self._ptrs = [None] * len(self.host)
         # The large parameters' values before a step: buffers made once and filled by one
@@ -96,13 +101,14 @@ class ParamPlan:
 
     def _buffer(self) -> np.ndarray:
         """The block's float32 buffer (values | updates | gradients), and torch
-        views of its gradient part shaped like the parameters, made once."""
+        views of its parts shaped like the parameters, made once."""
         if self._buf is None:
             self._buf = np.empty(3 * self.n, dtype=np.float32)
-            flat, at = torch.from_numpy(self._buf), 2 * self.n
-            for p, k in zip(self.host, self.sizes):
-                self._grad_dst.append(flat[at:at + k].view(S.local(p).shape))
-                at += k
+            flat, at = torch.from_numpy(self._buf), 0
+            for dst in (self._value_dst, self._before_dst, self._grad_dst):
+                for p, k in zip(self.host, self.sizes):
+                    dst.append(flat[at:at + k].view(S.local(p).shape))
+                    at += k
         return self._buf
 
     def _host_views(self) -> list:
@@ -155,9 +161,23 @@ class ParamPlan:
         snap.plan = self
         if self._fast:
             buf = self._buf if self._buf is not None else self._buffer()
-            views = self._views if not self._sharded and list(map(_DATA_PTR, self.host)) == self._ptrs \
-                else self._host_views()
-            snap.host_before = np.concatenate(views, out=buf[self.n:2 * self.n])
+            if self._sharded:
+                snap.host_before = np.concatenate(self._host_views(), out=buf[self.n:2 * self.n])
+            else:
+                # (one fused copy, as the gradients' in ``block``: a numpy concatenation of
+                # cached views, checked against the parameters' memory, cost more a step;
+                # grad mode off: a parameter's copy is not the step's graph)
+                grad_mode = torch.is_grad_enabled()
+                try:
+                    if grad_mode:
+                        _set_grad_enabled(False)
+                    torch._foreach_copy_(self._before_dst, self.host)
+                    snap.host_before = buf[self.n:2 * self.n]
+                except (RuntimeError, TypeError):
+                    snap.host_before = self.host_values()     # (a parameter reshaped since: the general path)
+                finally:
+                    if grad_mode:
+                        _set_grad_enabled(True)
         else:
             snap.host_before = self.host_values()
         snap.large_before = self.large_values_before() if self.large else []
@@ -173,24 +193,29 @@ class ParamPlan:
         if buf is None or before.base is not buf:
             return None
         n = self.n
-        # torch's calls first, then numpy's (going back and forth between the
-        # two libraries costs more than the calls themselves).  The gradients into the
-        # buffer in one call (six ``.numpy()`` and a concatenation cost twice as much with
-        # the caches cold); not when they do not fit it (one missing, sparse, of another shape).
-        if grads:
+        # torch's calls first, then numpy's (going back and forth between the two libraries
+        # costs more than the calls themselves).  The values and the gradients into the buffer
+        # in one call (six ``.numpy()`` and a concatenation cost twice as much with the caches
+        # cold); not when they do not fit it (a gradient missing, sparse, of another shape:
+        # the general path, ``before`` intact).
+        sharded = self._sharded
+        if sharded:
+            dst, src = (self._grad_dst, [S.local(p.grad) for p in self.host]) if grads else ([], [])
+        elif grads:
+            dst, src = self._value_dst + self._grad_dst, self.host + list(map(_GRAD, self.host))
+        else:
+            dst, src = self._value_dst, self.host
+        if dst:
             grad_mode = torch.is_grad_enabled()
             try:
                 if grad_mode:      # (a gradient that needs grad, under create_graph: our copy is not the step's graph)
                     _set_grad_enabled(False)
-                torch._foreach_copy_(self._grad_dst, [S.local(p.grad) for p in self.host] if self._sharded
-                                     else list(map(_GRAD, self.host)))
+                torch._foreach_copy_(dst, src)
             except (RuntimeError, TypeError):
                 return None
             finally:
                 if grad_mode:
                     _set_grad_enabled(True)
-        views = self._views if not self._sharded and list(map(_DATA_PTR, self.host)) == self._ptrs \
-            else self._host_views()
         flat = buf if grads else buf[:2 * n]
         # (inf - inf in an update: no warning in the user's stderr; Quiet's context variable set
         # here without the context manager's two calls, every step)
@@ -199,7 +224,8 @@ class ParamPlan:
             if quiet is None:
                 q = Quiet()
                 q.__enter__()
-            np.concatenate(views, out=buf[:n])
+            if sharded:
+                np.concatenate(self._host_views(), out=buf[:n])
             np.subtract(buf[:n], before, out=before)
             if full:
                 sizes = self.block_sizes[:(3 if grads else 2) * len(self.host)]
@@ -207,7 +233,10 @@ class ParamPlan:
             lay = self._norm_layouts.get(grads)
             if lay is None:
                 lay = self._norm_layouts[grads] = S.norm_template(self.sizes * (3 if grads else 2))
-            return grads, S.host_norm_rows(flat, *lay), None
+            scratch = self._scratch
+            if scratch is None:
+                scratch = self._scratch = np.empty_like(buf)
+            return grads, S.host_norm_rows(flat, *lay, scratch), None
         finally:
             if quiet is not None:
                 _ERRSTATE.reset(quiet)

@@ -46,7 +46,7 @@ blocks, large CPU tensors, accelerators, several at once), and read back
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from typing import Optional, Sequence
 
 import numpy as np
 import torch
@@ -341,7 +341,8 @@ DOT_MIN_ELEMENTS = 1 << 17
 F32_SQ_TINY = 1e-30
 
 
-def host_norm_rows(flat: np.ndarray, starts: np.ndarray, template: np.ndarray) -> np.ndarray:
+def host_norm_rows(flat: np.ndarray, starts: np.ndarray, template: np.ndarray,
+                   scratch: Optional[np.ndarray] = None) -> np.ndarray:
     """Norm-only rows of the consecutive segments of ``flat`` (``norm_template``
     of their lengths): squares summed per segment by one ``reduceat``, in float32 for a
     float32 ``flat`` (numpy sums in blocks: about 1e-7 relative error, against float64 at
@@ -349,8 +350,13 @@ def host_norm_rows(flat: np.ndarray, starts: np.ndarray, template: np.ndarray) -
     lie: nndb.tracer.params.ParamPlan._block_large); a segment whose sum is not finite
     or nearly zero takes the exact path (float64).  Call it under
     ``np.errstate(all="ignore")`` (squares of huge values overflow).  Float16 is
-    squared in float32 (in float16 squares under 6e-8 were 0: a norm 0.002 read 0)."""
-    sq = np.add.reduceat(np.square(flat.astype(np.float32) if flat.dtype == np.float16 else flat), starts)
+    squared in float32 (in float16 squares under 6e-8 were 0: a norm 0.002 read 0).
+    ``scratch``: a float32 array at least as long as ``flat`` to square into (no new
+    array a step, whose fresh memory the step's own tensors then miss in the caches)."""
+    if scratch is not None and flat.dtype == np.float32:
+        sq = np.add.reduceat(np.square(flat, out=scratch[:len(flat)]), starts)
+    else:
+        sq = np.add.reduceat(np.square(flat.astype(np.float32) if flat.dtype == np.float16 else flat), starts)
     vals = sq.tolist()
     # (a few dozen sums: Python's min and sum of a list cost less than numpy's reductions;
     # NaN or Inf fails the sum's test, min then not needed)
