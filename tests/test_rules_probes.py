@@ -177,6 +177,111 @@ def test_sane_init_is_not_saturated(tmp_path, act, seed):
                 "saturated_activation") == []
 
 
+# -- functional activations (the backward's graph) -------------------------------------------
+FUNCTIONAL = """
+    # pytorch/examples' style: activations called as functions in forward(), never as modules;
+    # FLAG picks the layer that is broken: 'relu' (fc1's bias -100 on 48 of 64 units: dead),
+    # 'tanh' (a Tanh module of the script's own after weights x40: saturated), 'healthy'
+    class MyTanh(nn.Module):
+        def forward(self, x):
+            return torch.tanh(x)
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc1, self.fc2, self.fc3 = nn.Linear(20, 64), nn.Linear(64, 32), nn.Linear(32, 1)
+            self.squash = MyTanh()
+
+        def forward(self, x):
+            h = self.squash(self.fc2(F.relu(self.fc1(x))))
+            return torch.sigmoid(self.fc3(h))         # a probability head into the loss: not judged
+
+    model = Net()
+    with torch.no_grad():
+        if FLAG == "relu":
+            model.fc1.bias[:48] = -100.0
+        if FLAG == "tanh":
+            model.fc2.weight.mul_(40.0)
+        model.fc3.bias.fill_(-12.0)                   # the head confidently 0, as the labels
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x, y = torch.randn(32, 20), torch.zeros(32, 1)
+    for step in range(STEPS):
+        loss = F.binary_cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+"""
+
+
+@pytest.mark.parametrize("flag", ["relu", "tanh", "healthy"])
+def test_functional_activations_are_judged_by_the_graph(tmp_path, flag):
+    """F.relu and torch.tanh called in forward(), which no module hook sees (pytorch/examples'
+    mnist style; a Tanh module of the script's own): read from the graph each backward
+    differentiates, named after the module whose output they took, and judged as the module
+    forms are, on the same step; the sigmoid straight into the loss is a head, not judged."""
+    res = run(tmp_path, write(tmp_path, "functional.py", FUNCTIONAL), 7, flag)
+    dead, sat = only(res, "dead_relu"), only(res, "saturated_activation")
+    if flag == "healthy":
+        assert dead == [] and sat == []
+        return
+    [f] = dead if flag == "relu" else sat
+    assert (dead if flag == "tanh" else sat) == []
+    assert f["step"] == 4 and f["tensor"] == ("relu(fc1)" if flag == "relu" else "tanh(fc2)")
+    ev = f["evidence"]
+    assert ev["module_type"] == f"functional {flag}"
+    if flag == "relu":
+        assert ev["dead_units"] == 48 and ev["units"] == 64
+        assert "of ReLU layer relu(fc1) (functional relu) output 0 for every sample" in f["message"]
+    else:
+        assert ev["saturated_share"] >= 0.5 and ev["units"] == 32
+
+
+def test_a_module_relu_is_judged_once(tmp_path):
+    """An nn.ReLU module's output is the module probe's: the graph's node of it is not read
+    again as a functional call (one finding, named after the module)."""
+    res = run(tmp_path, write(tmp_path, "both.py", FUNCTIONAL.replace("F.relu(", "model_relu(").replace(
+        "model = Net()", "model_relu = nn.ReLU()\n    model = Net()")), 7, "relu")
+    # (model_relu is a module the script calls inside forward(): named as its variable)
+    [f] = only(res, "dead_relu")
+    assert f["evidence"]["module_type"] == "ReLU" and "relu(" not in f["tensor"]
+
+
+CHECKPOINTED = """
+    # a relu inside a checkpointed block: its output is behind saved-tensor hooks, which would
+    # run the block's forward again if read; nndb must not read it (the script's numbers, and
+    # its count of forward calls, are the same with and without nndb)
+    from torch.utils.checkpoint import checkpoint
+    calls = [0]
+    fc1, fc2 = nn.Linear(20, 64), nn.Linear(64, 1)
+    with torch.no_grad():
+        fc1.bias[:48] = -100.0
+
+    def block(x):
+        calls[0] += 1
+        return F.relu(fc1(x))
+    opt = torch.optim.SGD(list(fc1.parameters()) + list(fc2.parameters()), lr=0.01)
+    x, y = torch.randn(32, 20), torch.randn(32, 1)
+    for step in range(STEPS):
+        loss = F.mse_loss(fc2(checkpoint(block, x, use_reentrant=False)), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    print("calls", calls[0], "loss", f"{loss.item():.9f}")
+"""
+
+
+def test_a_checkpointed_activation_is_not_read(tmp_path, capsys):
+    import subprocess
+    import sys
+    script = write(tmp_path, "ckpt.py", CHECKPOINTED)
+    res = run(tmp_path, script, 7)
+    assert only(res, "dead_relu") == []
+    recorded = capsys.readouterr().out.strip().splitlines()[-1]
+    plain = subprocess.run([sys.executable, script, "7"], capture_output=True, text=True, check=True).stdout
+    assert plain.split()[:2] == ["calls", "14"]          # (the forward and its recomputation: 2 a step)
+    assert recorded == plain.strip()
+
+
 # -- eval_mode_training -----------------------------------------------------------------------
 EVAL = """
     model = nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Dropout(0.2), nn.Linear(16, 3))
@@ -539,4 +644,5 @@ def test_a_probe_joins_and_leaves_its_module_classes_in_one_call():
                 sys.setprofile(None)
             assert len(calls) == 1, (cls.name, on, calls)
             assert set(w.forward) == (set(cls.MODULE_TYPES) if on else set())
-        assert len(cls.MODULE_TYPES) >= 2 and w.version == 2 * len(cls.MODULE_TYPES)
+        # (its module classes, and the backward's start for the functional calls: ReluUnits)
+        assert len(cls.MODULE_TYPES) >= 2 and w.version == 2 * len(probe._hooks())

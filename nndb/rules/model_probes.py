@@ -22,14 +22,21 @@ the first module calls of step 1 then count for step 0.)
 Module probes see modules of the listed classes (and of their subclasses
 defined before the run starts: the tracer matches exact classes); loss
 modules are seen as root calls (``criterion(out, y)``), so any subclass
-counts.  Functional calls (``F.relu``, ``F.cross_entropy``) are not modules
-and are not seen.
+counts.  The activation probes see functional calls too (``F.relu(self.fc1(x))``,
+``torch.tanh`` in a module of the script's own, ``x.sigmoid()``): at the start of
+each backward of their steps, the graph it differentiates is walked once
+(``graph_activations``) and each ReLU, Tanh and Sigmoid node that no module of
+theirs made is read through the output autograd saved for it (never one behind
+saved-tensor hooks: activation checkpointing would recompute its forward),
+named after the module whose parameters made its input (``relu(fc1)``).  Other
+functional calls (``F.cross_entropy``) are not seen here.
 """
 from __future__ import annotations
 
 import math
 import sys
 import weakref
+from typing import Optional
 
 import torch
 import torch.nn as nn
@@ -90,6 +97,79 @@ class StepProbe(Probe):
         return cadence.sample_call(n, self.recorder.step)
 
 
+# -- functional activations: the backward's graph -----------------------------------------------
+# The autograd nodes of the activations read from the graph, by class name, and the node that
+# holds a parameter (a leaf that needs grad)
+_ACTIVATION_NODES = {"ReluBackward0": "relu", "TanhBackward0": "tanh", "SigmoidBackward0": "sigmoid"}
+_ACCUMULATE = type(torch.zeros(1, requires_grad=True).expand(1).grad_fn.next_functions[0][0])
+# A graph walked no further than this many nodes (a walk is one observed step's cost)
+GRAPH_NODES_MAX = 20000
+# [the roots' first node, the walk's nodes]: one walk a backward for all the probes (autograd's
+# nodes take no weak reference: let go at the step's end, ``forget_graph``)
+_walked: list = [None, None]
+
+
+def graph_activations(roots) -> list:
+    """[(kind, node, hidden)] of the ReLU, Tanh and Sigmoid nodes of the graph a backward of
+    ``roots`` (a tensor, or tensors) differentiates, ``hidden``: some operation with
+    parameters lies between it and the roots (a Sigmoid straight into the loss is an output
+    head, confident rather than stuck).  Walked once for all the probes of a backward."""
+    ts = [roots] if isinstance(roots, torch.Tensor) else [t for t in roots or () if isinstance(t, torch.Tensor)]
+    fns = [t.grad_fn for t in ts if t.grad_fn is not None]
+    if not fns:
+        return []
+    if _walked[0] is fns[0]:
+        return _walked[1]
+    out, seen, stack = [], set(), [(fn, False) for fn in fns]
+    kinds, acc = _ACTIVATION_NODES, _ACCUMULATE
+    while stack and len(seen) < GRAPH_NODES_MAX:
+        fn, hidden = stack.pop()
+        if fn in seen:
+            continue
+        seen.add(fn)
+        kind = kinds.get(type(fn).__name__)
+        if kind is not None:
+            out.append((kind, fn, hidden))
+        nxt = [n for n, _ in fn.next_functions if n is not None]
+        below = hidden or any(type(n) is acc for n in nxt)
+        stack.extend((n, below) for n in nxt if n not in seen)
+    _walked[0], _walked[1] = fns[0], out
+    return out
+
+
+def forget_graph() -> None:
+    """Let go of the last walk's nodes (the step ended)."""
+    _walked[0] = _walked[1] = None
+
+
+def saved_output(node) -> Optional[torch.Tensor]:
+    """The output autograd saved for an activation's node, detached; None where reading it
+    would run code of the script's (saved-tensor hooks: a checkpointed region recomputes)
+    or cannot be done (freed, changed in place since)."""
+    try:
+        if node._raw_saved_result.unpack_hook is not None:
+            return None
+        return node._saved_result.detach()
+    except (RuntimeError, AttributeError):
+        return None
+
+
+def producer_name(node, naming) -> Optional[str]:
+    """The module whose parameters made an activation node's input: the nearest parameter
+    (breadth first, a few nodes up the graph) named by the run's naming, less its own name
+    (``fc1.weight`` -> ``fc1``)."""
+    level = [n for n, _ in node.next_functions if n is not None]
+    for _ in range(4):
+        nxt = []
+        for n in level:
+            if type(n) is _ACCUMULATE:
+                name = naming.param_name(n.variable)
+                return name.rsplit(".", 1)[0] if "." in name else name
+            nxt.extend(m for m, _ in n.next_functions if m is not None)
+        level = nxt
+    return None
+
+
 def unit_extremes(x: torch.Tensor, fn) -> dict:
     """Per unit, ``fn`` (torch.amax or torch.amin) over the batch and positions of a
     batched activation: (N, F) -> units are features; (N, C, H, W...) -> channels;
@@ -117,34 +197,70 @@ def _merge(old: dict, new: dict, fn) -> dict:
 
 class UnitProbe(StepProbe):
     """Per call of its module types (autograd on, as the recorded ``act``
-    series; only floating outputs with a batch dimension): per unit, the
-    largest output over the batch, merged over the calls of the step.
-    facts[series] = {"hi": {convention: tensor}, "samples": values per unit,
-    "type": module class name}."""
+    series; only floating outputs with a batch dimension), and per functional
+    call of its KINDS (``backward``): per unit, the largest output over the
+    batch, merged over the calls of the step.  facts[series] = {"hi":
+    {convention: tensor}, "samples": values per unit, "type": module class
+    name, or the function's ("functional relu")}; a functional call's series
+    is named after the module that made its input (``relu(fc1)``)."""
 
     wants = staticmethod(observed)
+    BACKWARD = True
+    KINDS: tuple = ()               # the activation nodes' kinds it reads from the graph (graph_activations)
+
+    def __init__(self, rec):
+        super().__init__(rec)
+        self._made: set = set()     # the autograd nodes of the step's module outputs it saw (not read again)
+
+    def _wanted(self, output) -> bool:
+        return type(output) is torch.Tensor and self.recorder.recording and output.dim() >= 2 \
+            and output.is_floating_point() and output.numel() > 0 \
+            and (output.numel() <= BIG_ELEMENTS or big_observed(self.recorder.step)) \
+            and observed(self.recorder.step)
 
     def forward(self, module, use, args, output) -> None:
-        if type(output) is not torch.Tensor or not self.recorder.recording or not torch.is_grad_enabled() \
-                or output.dim() < 2 or not output.is_floating_point():
+        if type(output) is torch.Tensor and output.grad_fn is not None:
+            self._made.add(output.grad_fn)
+        if not torch.is_grad_enabled() or not self._wanted(output):
             return
-        if output.numel() > BIG_ELEMENTS and not big_observed(self.recorder.step):
-            return
-        if not observed(self.recorder.step):
-            return
-        x = output.detach()          # no graph, no copy; the reductions make new small tensors
+        self.measure((module, use), type(module).__name__, output, None)
+
+    def measure(self, key, type_name: str, x: torch.Tensor, kind) -> None:
+        """Add one call's output ``x`` to the step's facts under ``key`` (``kind``: the
+        activation's, where the facts depend on it)."""
+        x = x.detach()               # no graph, no copy; the reductions make new small tensors
         hi = unit_extremes(x, torch.amax)
         facts = self.step_facts()
-        f = facts.get((module, use))
+        f = facts.get(key)
         if f is None:
-            facts[(module, use)] = {"type": type(module).__name__, "samples": samples_per_unit(x), "hi": hi}
+            facts[key] = {"type": type_name, "samples": samples_per_unit(x), "hi": hi}
         else:                        # called again in the step (gradient accumulation, a GAN's D)
             f["samples"] += samples_per_unit(x)
             f["hi"] = _merge(f["hi"], hi, torch.maximum)
 
+    def backward(self, roots) -> None:
+        """A backward begins: the functional calls of KINDS in the graph it differentiates
+        (the module calls were seen as they ran)."""
+        made, self._made = self._made, set()
+        if roots is None or not self.recorder.recording:
+            return
+        for kind, node, hidden in graph_activations(roots):
+            if kind not in self.KINDS or node in made or not self.functional(kind, hidden):
+                continue
+            x = saved_output(node)
+            if x is None or not self._wanted(x):
+                continue
+            name = producer_name(node, self.naming)
+            self.measure(f"{kind}({name})" if name else kind, f"functional {kind}", x, kind)
+
+    def functional(self, kind: str, hidden: bool) -> bool:
+        """Is a functional call of ``kind`` one of the layers the rule judges?"""
+        return True
+
     def take(self, step: int) -> dict:
         """Facts by series name (``act``, ``act#2``), as the recorded activations."""
-        out = {}
+        out, self._made = {}, set()
+        forget_graph()
         for key, f in super().take(step).items():
             out[self.act_name(*key) if isinstance(key, tuple) else key] = f
         return out
@@ -157,6 +273,7 @@ class ReluUnits(UnitProbe):
     largest output is 0 was silent for every sample)."""
     name = "relu_units"
     MODULE_TYPES = subclasses(nn.ReLU, nn.ReLU6)
+    KINDS = ("relu",)
 
 
 # -- saturated_activation -----------------------------------------------------------------------
@@ -179,9 +296,12 @@ class Saturation(UnitProbe):
     local derivative relative to its largest (tanh' = 1 - y^2, sigmoid' / 0.25
     = 1 - (2y - 1)^2), whichever asymptote each sample sits at.
     facts["heads"]: series whose output went straight into a loss module (a
-    probability head: confident, not stuck)."""
+    probability head: confident, not stuck); a functional call with no
+    operation of parameters between it and the loss is such a head, and is
+    not read."""
     name = "saturation"
     MODULE_TYPES = subclasses(nn.Tanh, nn.Sigmoid)
+    KINDS = ("tanh", "sigmoid")
     ROOT = True
 
     def __init__(self, rec):
@@ -189,28 +309,31 @@ class Saturation(UnitProbe):
         self._last: dict = {}       # (module, use) -> weakref of its last output (to spot heads)
 
     def forward(self, module, use, args, output) -> None:
-        if type(output) is not torch.Tensor or not self.recorder.recording or not torch.is_grad_enabled() \
-                or output.dim() < 2 or not output.is_floating_point() or output.numel() == 0:
+        if type(output) is torch.Tensor and output.grad_fn is not None:
+            self._made.add(output.grad_fn)
+        if not torch.is_grad_enabled() or not self._wanted(output):
             return
-        if output.numel() > BIG_ELEMENTS and not big_observed(self.recorder.step):
-            return
-        if not observed(self.recorder.step):
-            return
+        self.measure((module, use), type(module).__name__, output,
+                     "sigmoid" if isinstance(module, nn.Sigmoid) else "tanh")
+        self._last[(module, use)] = weakref.ref(output)
+
+    def measure(self, key, type_name: str, x: torch.Tensor, kind) -> None:
         with torch.no_grad():
-            x = output.detach().float()
-            d = (2 * x - 1).square_() if isinstance(module, nn.Sigmoid) else x.square()
+            y = x.detach().float()
+            d = (2 * y - 1).square_() if kind == "sigmoid" else y.square()
             sq = unit_sums(d)
-        n = {c: output.numel() // max(1, t.numel()) for c, t in sq.items()}
+        n = {c: x.numel() // max(1, t.numel()) for c, t in sq.items()}
         facts = self.step_facts()
-        f = facts.get((module, use))
+        f = facts.get(key)
         if f is None or any(c not in f["sq"] or f["sq"][c].shape != t.shape for c, t in sq.items()):
-            facts[(module, use)] = {"type": type(module).__name__, "samples": samples_per_unit(output),
-                                    "sq": sq, "n": n}
+            facts[key] = {"type": type_name, "samples": samples_per_unit(x), "sq": sq, "n": n}
         else:                        # called again in the step (gradient accumulation, a GAN's D)
-            f["samples"] += samples_per_unit(output)
+            f["samples"] += samples_per_unit(x)
             f["sq"] = {c: f["sq"][c] + t for c, t in sq.items()}
             f["n"] = {c: f["n"][c] + k for c, k in n.items()}
-        self._last[(module, use)] = weakref.ref(output)
+
+    def functional(self, kind: str, hidden: bool) -> bool:
+        return hidden               # (an output head's squashing: confident, not stuck)
 
     def root(self, module, args) -> None:
         if not self._last or not isinstance(module, nn.modules.loss._Loss) or not args:

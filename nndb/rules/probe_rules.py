@@ -4,9 +4,11 @@ BatchNorm left in eval mode while training, unscaled model inputs, a first
 loss far from chance, a loss whose prediction and target broadcast, and a
 softmax in front of CrossEntropyLoss.
 
-The activation rules see *modules* only: ``F.relu``, ``torch.tanh``... are
-plain function calls that no module hook sees (use the module forms, or read
-the recorded activations).  The loss rules see loss modules when the script
+The activation rules see the module forms (``nn.ReLU``, ``nn.Tanh``...) as they
+run, and the functional ones (``F.relu``, ``torch.tanh``, ``x.sigmoid()``: no module
+hook sees them) in the graph each backward differentiates, named after the module
+whose output they took (``relu(fc1)``: nndb.rules.model_probes.graph_activations).
+The loss rules see loss modules when the script
 calls them directly (``criterion(out, y)``, as root modules), and also
 ``torch.nn.functional`` losses and hand-written ones (``((pred - y) **
 2).mean()``) through a TorchFunctionMode during the loss probe's steps
@@ -107,7 +109,9 @@ class DeadRelu(_UnitStreaks):
     bias, unscaled inputs).  A unit is one feature of an (N, F) output, one
     channel of an (N, C, H, W) output (zero at every position of every
     sample); an (N, L, F) output is read both ways.  Some silent units are
-    normal in a healthy ReLU network; F.relu / torch.relu calls are not seen."""
+    normal in a healthy ReLU network.  F.relu / torch.relu calls are read from the
+    backward's graph, as ``relu(<the module whose output they took>)``; not one inside a
+    checkpointed block (reading it would run the block again)."""
     id = "dead_relu"
     severity = "warning"
     explanation = ("most units of a ReLU layer output 0 for every sample of the batch, for several steps "
@@ -154,8 +158,10 @@ class SaturatedActivation(_UnitStreaks):
     with at least ``min_samples`` values per unit).  A unit is one feature
     of an (N, F) output, one channel of an (N, C, H, W) output; (N, L, F) is
     read both ways.  A Sigmoid whose output goes straight into a loss module
-    (a probability head, confident by design) is not judged; torch.tanh /
-    torch.sigmoid calls are not seen."""
+    (a probability head, confident by design) is not judged, nor is a
+    torch.sigmoid / torch.tanh call with no operation of parameters between it and
+    the loss; the other calls are read from the backward's graph, as
+    ``tanh(<the module whose output they took>)``."""
     id = "saturated_activation"
     severity = "warning"
     explanation = ("most units of a Tanh/Sigmoid layer are saturated (near +-1, or 0 and 1, on either side) "

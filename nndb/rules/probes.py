@@ -7,7 +7,8 @@ callbacks are in the tracer only for the steps it ``wants``.  It hooks in
 through the tracer's within-step listener lists (``tracer.within``,
 nndb.tracer.within: a module class's list, called after a forward of that
 class with its inputs and output; ``"root"`` before a root module's forward;
-``"optimizer"`` at each optimizer step) so it adds no global hook of its own.  A probe
+``"optimizer"`` at each optimizer step; ``"backward"`` as a backward begins) so it adds no
+global hook of its own.  A probe
 never raises into the script: the tracer's guard catches and reports.
 
 ``PROBES`` maps a probe name to its class; rules name probes in ``PROBES``.
@@ -47,6 +48,7 @@ class Probe:
     ROOT = False                      # see every root module's inputs (``root``)
     OPTIMIZER = False                 # see every optimizer step (``optimizer``)
     SCALED_CLIP = False               # see a GradScaler's step after a clip of scaled gradients (``scaled_clip``)
+    BACKWARD = False                  # see each backward begin, with its roots (``backward``)
 
     def _hooks(self) -> list:
         if getattr(self, "_wrapped", None) is None:
@@ -57,6 +59,8 @@ class Probe:
                 out.append(("optimizer", self._guard(self.optimizer)))
             if self.SCALED_CLIP:
                 out.append(("scaled_clip", self._guard(self.scaled_clip)))
+            if self.BACKWARD:
+                out.append(("backward", self._guard(self.backward)))
             self._wrapped = out
         return self._wrapped
 
@@ -101,6 +105,10 @@ class Probe:
 
     def optimizer(self, opt, when: str) -> None:
         """At an optimizer step: ``when`` is "pre" or "post"."""
+
+    def backward(self, roots) -> None:
+        """A backward begins: ``roots``, the tensor or tensors it differentiates (None where
+        the tracer does not know them)."""
 
     def scaled_clip(self, opt, clips: list, scale) -> None:
         """A GradScaler steps ``opt``, whose gradients clip_grad_norm_ clipped ((total it

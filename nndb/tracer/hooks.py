@@ -237,10 +237,10 @@ def _backward(*args, **kwargs):
         if t._param_hooks:           # (its parameter hooks may see this one: after it, did they?)
             hooked = (hooked or {})
             hooked[t] = t._hook_ends
-        elif t.within.backward and not t._failed:
+        if t.within.backward and not t._failed:
             try:
                 for cb in t.within.backward:
-                    cb()
+                    cb(args[0] if args else kwargs.get("tensors"))
             except Exception:
                 t._fail()
     if hidden:
@@ -1172,8 +1172,9 @@ class Tracer:
             self._backward_pending = True
             if self.backward_began is None:
                 self.backward_began = _perf_counter()
-            for cb in self.within.backward:
-                cb()
+            if _get_ident() not in _IN_WRAPPER:      # (the wrapper's backward: its listeners were called)
+                for cb in self.within.backward:
+                    cb(None)
             Variable._execution_engine.queue_callback(self._backward_end)
         except Exception:
             self._fail()

@@ -20,8 +20,11 @@ The events (``join(event, callback)``, ``leave(event, callback)``):
   after clip_grad_norm_ clipped that optimizer's gradients before the scaler unscaled
   them (clips: (the total it returned, its max_norm) each; the scaler's scale tensor) — the rules' probe
   (nndb.rules.model_probes.ScaledClip);
-* ``"backward"``: ``()`` a backward begins (the cross-rank compute timing:
-  nndb.tracer.fingerprint);
+* ``"backward"``: ``(roots)`` a backward begins, before it runs (its graph and the
+  tensors autograd saved are still there): ``roots`` the tensor or tensors it
+  differentiates, None where the tracer does not know them (a backward seen by a
+  parameter's hook) — the activation probes' functional calls
+  (nndb.rules.model_probes.graph_activations);
 * ``"module"``: ``(module, "forward" | "backward", inputs | grad_output)`` at
   every module call, and with ``module_backward`` at its backward too — the
   debugger's stop points in modules.
@@ -63,7 +66,8 @@ class WithinStep:
         probe's module classes: ~30 of them, joined and left as the rules' steps come and go)."""
         forward = self.forward
         for event, callback in pairs:
-            calls = forward.setdefault(event, []) if isinstance(event, type) else self._list(event)
+            calls = forward.setdefault(event, []) if isinstance(event, type) else \
+                getattr(self, event) if event in EVENTS else self._list(event)     # (no call a probe's event)
             if callback not in calls:
                 calls.append(callback)
                 self.version += 1
@@ -73,7 +77,7 @@ class WithinStep:
         forward = self.forward
         for event, callback in pairs:
             by_class = isinstance(event, type)
-            calls = forward.get(event) if by_class else self._list(event)
+            calls = forward.get(event) if by_class else getattr(self, event) if event in EVENTS else self._list(event)
             if calls is not None and callback in calls:
                 calls.remove(callback)
                 self.version += 1
