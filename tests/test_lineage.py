@@ -14,6 +14,7 @@ import pytest
 from conftest import ROOT, Ran, example, nndb
 from nndb.lineage.graph import StepGraph
 from nndb.store.reader import TraceReader
+from nndb.text import fmt
 
 LOG_LOSS = textwrap.dedent('''
     import torch, torch.nn as nn
@@ -194,8 +195,10 @@ def test_catch_nan_from_an_inf_follows_the_inf_not_a_causal_masks_absorbed_inf(t
     else:
         head = (f"Inf came into step 3 in input 0 of t (param 1.v.weight), in the forward pass "
                 f"(module 1.v, attn.py:{at['V LINE']})")
-    assert f"Catchpoint 1 (catch nan{' --eager' * eager}): {head}\n" \
-           f"  then bmm turned it into NaN (forward, module 1, attn.py:{at['BMM LINE']})" in r.stdout, r.stdout
+    # (the lines of the Inf's maker's inputs, where it has them, come between)
+    assert re.search(re.escape(f"Catchpoint 1 (catch nan{' --eager' * eager}): {head}\n") + r"(  (input|other) .*\n)*"
+                     + re.escape(f"  then bmm turned it into NaN (forward, module 1, attn.py:{at['BMM LINE']})"),
+                     r.stdout), r.stdout
     d = json.loads((tmp_path / "r.json").read_text())["stops"][0]["detail"]
     assert d["step"] == 3 and d["via"]["op"] == "bmm" and d["nan"] is False
     assert (d["op"], d.get("label")) == (("mul", None) if how == "made" else ("t", "param 1.v.weight"))
@@ -393,6 +396,52 @@ def test_catch_nan_says_it_missed_a_step_the_script_raised_in_before_backward(tm
     with TraceReader(str(tmp_path / "t.h5")) as t:
         steps, nans = t.history(t.find("model", "act")[0], "nan_count")
     assert steps.tolist() == [0, 1, 2] and nans.tolist() == [0, 0, 80]    # (step 2, partial: logits.isnan().sum())
+
+
+EXP_OVERFLOW = textwrap.dedent('''
+    import torch
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 3)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    for step, x in enumerate(torch.randn(3, 8, 4)):
+        opt.zero_grad()
+        y = model(x)
+        z = y
+        if step == 1:
+            a = y * 1000
+            print("exp input", a.min().item(), a.max().item())
+            big = torch.exp(a)                                   # EXP LINE
+            z = 0 * big                                          # MUL LINE
+        loss = z.pow(2).mean()
+        loss.backward()
+        opt.step()
+        print("step", step, loss.item())
+''')
+
+
+@pytest.mark.parametrize("eager", [False, True])
+def test_catch_nan_from_an_inf_lists_each_operations_own_inputs(tmp_path, eager):
+    """exp overflowed (an input of max 138.1) and 0 * inf made the NaN: the stop named exp and
+    listed under it "input 0 of mul: ... inf 1", mul's inputs, which the report's detail gave as
+    exp's (``op`` exp, ``inputs`` mul's); nothing said the Inf in mul's input was exp's, nor
+    that mul's other factor was the number 0 (no tensor: not listed at all)."""
+    script = _script(tmp_path, "train.py", EXP_OVERFLOW)
+    lines = EXP_OVERFLOW.splitlines()
+    exp_line, mul_line = (1 + lines.index(next(l for l in lines if k in l)) for k in ("EXP LINE", "MUL LINE"))
+    plain = subprocess.run([sys.executable, script], capture_output=True, text=True, cwd=str(tmp_path))
+    lo, hi = (float(v) for v in plain.stdout.splitlines()[1].split()[2:4])
+    r = _run(tmp_path, script, "--report", str(tmp_path / "r.json"), "-e", "catch nan" + " --eager" * eager,
+             "-e", "continue", "-e", "kill")
+    assert f"exp made Inf in the forward pass of step 1 (train.py:{exp_line})\n" \
+           f"  input 0 of exp: float32 (8, 3): min {fmt(lo)}, max {fmt(hi)}, mean" in r.stdout, r.stdout
+    assert f"  then mul turned it into NaN (forward, train.py:{mul_line})\n" \
+           f"  input 0 of mul: float32 (8, 3): min 0, max inf, mean inf, nan 0, inf 1 (its Inf made by exp in " \
+           f"the forward pass, train.py:{exp_line})\n  other of mul: the number 0" in r.stdout, r.stdout
+    d = json.loads((tmp_path / "r.json").read_text())["stops"][0]["detail"]
+    assert d["op"] == "exp" and [(x["min"], x["max"], x["inf"]) for x in d["inputs"]] == [(lo, hi, 0)], d
+    v = d["via"]
+    assert v["op"] == "mul" and v["numbers"] == [["other", 0]], v
+    assert [(x["inf"], x["from"]["op"], x["from"]["line"]) for x in v["inputs"]] == [(1, "exp", exp_line)], v
 
 
 def test_catch_nan_is_not_the_uninitialised_memory_of_torch_empty(tmp_path):

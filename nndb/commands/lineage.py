@@ -181,7 +181,8 @@ step from now ('off' stops), with --stats every op's output statistics too;
 Forward, backward or the optimizer's; 'nan' stops where a NaN appears and names
 the operation that made the Inf behind it, if any (an Inf from an earlier
 step: the operation that made the run's first Inf that lasted).  Reports the operation,
-module, source line and the inputs' statistics.  Cheap enough to leave on:
+module, source line and the statistics of its inputs (and of the NaN's
+operation's, each input saying where its NaN/Inf began).  Cheap enough to leave on:
 each step's recorded NaN/Inf counts are checked, a step that went bad is
 replayed on a replica with every operation checked, and the run stops at
 the end of that step.  --eager checks every operation as the run goes and

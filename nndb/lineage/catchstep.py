@@ -43,18 +43,42 @@ def where(op) -> dict:
             "file": op[FILE], "line": op[LINE], "node": op[NODE]}
 
 
+_PLACE = ("op", "phase", "module", "file", "line", "node")
+
+
+def inputs_of(ops: list, inputs: Optional[list]) -> list:
+    """An event's inputs as a stop shows them: ``from`` (the index of the operation that
+    made an input's NaN/Inf, ``StepLineage.provenance``) becomes where that operation is."""
+    out = []
+    for d in inputs or ():
+        if isinstance(d.get("from"), int) and 0 <= d["from"] < len(ops):
+            d = dict(d, **{"from": {k: v for k, v in where(ops[d["from"]]).items() if k != "overload"}})
+        out.append(d)
+    return out
+
+
 def catch_detail(ops: list, step: int, idx: int, info: dict) -> dict:
     """A catch hit's detail for the operation ``idx`` of a step (``info``: what
-    the op recorder noted of it)."""
-    detail = dict(where(ops[idx]), step=step, nan=info["nan"], inputs=info["inputs"])
+    the op recorder noted of it).  ``inputs`` are always ``op``'s: for a NaN
+    made from an Inf, ``op`` is the operation that made the Inf (its inputs,
+    where the step's events kept them) and ``via`` the one that turned it into
+    NaN, with its own ``inputs``, each saying where its NaN/Inf began."""
+    detail = dict(where(ops[idx]), step=step, nan=info["nan"], inputs=inputs_of(ops, info["inputs"]))
+    if info.get("numbers"):
+        detail["numbers"] = info["numbers"]
     if info.get("entered") is not None:       # (a NaN no operation of the step made: where it came in)
         detail.update(entered=info["entered"], label=info.get("label"))
     if info.get("origin") is not None or info.get("origin_entered") is not None:
         # a NaN from an Inf: the operation that made the Inf is where it began (or, where
         # no operation of the step made it, the operation it came into the step with)
-        detail["via"] = {k: detail[k] for k in ("op", "phase", "module", "file", "line", "node")}
+        detail["via"] = {k: detail.pop(k) if k in ("inputs", "numbers") else detail[k]
+                         for k in (*_PLACE, "inputs", "numbers") if k in detail}
         if info.get("origin") is not None:
             detail.update(where(ops[info["origin"]]), nan=False)
+            if info.get("origin_inputs") is not None:
+                detail["inputs"] = inputs_of(ops, info["origin_inputs"])
+            if info.get("origin_numbers"):
+                detail["numbers"] = info["origin_numbers"]
         else:
             at, position = info["origin_entered"]
             detail.update(where(ops[at]), nan=False, entered=position, label=info.get("origin_label"))
@@ -69,7 +93,8 @@ def first_inf(ops: list, step: int, events: list) -> Optional[dict]:
     for idx, info in events:
         if info.get("inf") and not (info.get("in_nan") or info.get("in_inf")) and info.get("entered") is None \
                 and not info.get("absorbed"):
-            return dict(where(ops[int(idx)]), step=step)
+            return dict(where(ops[int(idx)]), step=step, inputs=inputs_of(ops, info.get("inputs")),
+                        **({"numbers": info["numbers"]} if info.get("numbers") else {}))
     return None
 
 
@@ -84,9 +109,9 @@ def from_earlier_inf(detail: dict, info: dict, inf: Optional[dict]) -> dict:
         return detail
     # (where the Inf came into the step, catch_detail's origin_entered, a weight the earlier
     # step's update made Inf, gives way to the operation that made the run's first Inf)
-    via = dict(detail.get("via") or {k: detail[k] for k in ("op", "phase", "module", "file", "line", "node")},
+    via = dict(detail.get("via") or {k: detail[k] for k in (*_PLACE, "inputs", "numbers") if k in detail},
                step=detail["step"])
-    kept = {k: v for k, v in detail.items() if k not in ("entered", "label")}
+    kept = {k: v for k, v in detail.items() if k not in ("entered", "label", "inputs", "numbers")}
     return dict(kept, **inf, via=via, nan=False)
 
 

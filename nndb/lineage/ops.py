@@ -192,6 +192,31 @@ class StepLineage:
             stack.extend(self.ops[i][INS])
         return (best, None) if best is not None else (None, entry)
 
+    def provenance(self, tid: int) -> dict:
+        """What a catch stop says of an input that held NaN/Inf, where those values began:
+        ``from``, the operation of the step that made them from finite inputs (the ``exp``
+        that overflowed, for the Inf a ``0 * inf`` took), else ``came_in``, the name of the
+        tensor they came into the step with (a parameter an earlier step made Inf; "" for
+        one nndb has no name for: the batch); and ``label``, the input's own name, where it
+        has one."""
+        d = {}
+        label = self.labels.get(tid)
+        if label:
+            d["label"] = label
+        made, entry = self.origin_of([tid])
+        if made is not None:
+            d["from"] = made
+            info = next((info for i, info in self.events if i == made), None)
+            if info is not None:       # (what it made: an input written in place shows what it holds after)
+                d["held"] = "NaN/Inf" if info["nan"] and info["inf"] else "NaN" if info["nan"] else "Inf"
+        elif entry is not None:
+            d["came_in"] = self.labels.get(self.ops[entry[0]][INS][entry[1]]) or ""
+        return d
+
+    def event_inputs(self, idx: int) -> Optional[list]:
+        """The inputs (as a catch stop shows them) the event of operation ``idx`` noted."""
+        return next((info.get("inputs") for i, info in self.events if i == idx), None)
+
     def maker_of(self, node) -> Optional[int]:
         """The forward operation of this step that made a NaN/Inf from finite inputs and
         whose autograd node is ``node``, or None.  (A forward operation's output gets its
@@ -453,7 +478,7 @@ class OpRecorder(TorchDispatchMode):
                 self.errors += 1
         out = func(*args, **(kwargs or {}))
         try:
-            self._note(cur, func, ins, in_ids, out, pre, writes)
+            self._note(cur, func, ins, in_ids, out, pre, writes, (args, kwargs))
         except Exception:
             self.errors += 1
         return out
@@ -490,7 +515,8 @@ class OpRecorder(TorchDispatchMode):
         except Exception:
             return None
 
-    def _note(self, cur, func, ins, in_ids, out, pre: Optional[tuple] = None, writes: Optional[list] = None) -> None:
+    def _note(self, cur, func, ins, in_ids, out, pre: Optional[tuple] = None, writes: Optional[list] = None,
+              call: tuple = ((), None)) -> None:
         outs = _tensors((out,), [])
         node = torch._C._current_autograd_node()
         if node is not None:
@@ -523,10 +549,10 @@ class OpRecorder(TorchDispatchMode):
         if self.check:
             cur.checked = True
             if getattr(func, "overloadpacket", None) not in _UNINITIALISED:
-                self._check(cur, idx, ins, in_ids, outs, pre, writes)
+                self._check(cur, idx, ins, in_ids, outs, pre, writes, func, call)
 
     def _check(self, cur, idx: int, ins: list, in_ids: list, outs: list, pre: Optional[tuple],
-               writes: Optional[list] = None) -> None:
+               writes: Optional[list] = None, func=None, call: tuple = ((), None)) -> None:
         """``pre``: the inputs' (NaN, Inf) before an in-place operation wrote
         them (after it, a written input holds the output); ``writes``: the
         inputs the operation wrote besides its outputs (batch norm's running
@@ -572,8 +598,18 @@ class OpRecorder(TorchDispatchMode):
         if len(cur.events) >= MAX_EVENTS and self.on_nonfinite is None:
             return
         origin, entered = (None, None) if finite_in else cur.origin_of(in_ids)
+        inputs = [_described(a, checked, pre) for a in ins]
         info = {"nan": out_nan, "inf": out_inf, "in_nan": in_nan, "in_inf": in_inf,
-                "origin": origin, "inputs": [_described(a, checked, pre) for a in ins]}
+                "origin": origin, "inputs": inputs}
+        _name_inputs(cur, inputs, in_ids)
+        numbers = _numbers(func, *call)
+        if numbers:
+            info["numbers"] = numbers       # (0 * x: the 0 is no tensor, and it made the NaN)
+        if origin is not None:
+            # (the stop names the operation that made the Inf: its inputs are listed as its
+            # own, these as this operation's)
+            info["origin_inputs"] = cur.event_inputs(origin)
+            info["origin_numbers"] = next((i.get("numbers") for j, i in cur.events if j == origin), None)
         if entered is not None:
             # (a NaN from an Inf that came in with a tensor no operation of the step made:
             # a parameter an earlier step's update made Inf, which a 'catch nan' let pass)
@@ -595,11 +631,41 @@ class OpRecorder(TorchDispatchMode):
             cur.look_for_entry = False
             info = {"nan": True, "inf": False, "in_nan": False, "in_inf": False, "origin": None,
                     "entered": j, "label": cur.labels.get(tid),
-                    "inputs": [_described(x, checked, pre) for x in ins]}
+                    "inputs": _name_inputs(cur, [_described(x, checked, pre) for x in ins], in_ids)}
             cur.events.append([idx, info])
             if self.on_nonfinite is not None:
                 self.on_nonfinite(idx, info)
             return
+
+
+def _name_inputs(cur, inputs: list, in_ids: list) -> list:
+    """A catch stop's inputs (``describe``'s), each with its name in the step, where it has
+    one (a parameter's, a module's output), and, where it held NaN/Inf, where those values
+    began (``StepLineage.provenance``): which input carried them, and from where."""
+    for d, tid in zip(inputs, in_ids):
+        if d.get("nan") or d.get("inf"):
+            d.update(cur.provenance(tid))
+        elif tid in cur.labels:
+            d["label"] = cur.labels[tid]
+    return inputs
+
+
+def _numbers(func, args, kwargs) -> list:
+    """[[argument name, value]] of the plain numbers an operation took as values (``0 * x``
+    is ``mul(x, 0)``; an optimizer's ``add_(p, g, alpha=-lr)``): a catch stop lists them with
+    its tensors.  Not the integers an argument of integer type takes (a dim, a size)."""
+    try:
+        arguments = func._schema.arguments
+    except Exception:
+        return []
+    out = []
+    kw = kwargs or {}
+    for i, a in enumerate(arguments):
+        v = args[i] if i < len(args) else kw.get(a.name)
+        if isinstance(v, (int, float)) and not isinstance(v, bool) \
+                and str(a.type).removeprefix("Optional[").rstrip("]") in ("Tensor", "number", "Scalar"):
+            out.append([a.name, v])
+    return out
 
 
 def _note_entries(cur, idx: int, ins: list, in_ids: list, pre: Optional[tuple]) -> None:

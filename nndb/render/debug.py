@@ -97,18 +97,41 @@ def catch_line(head: str, point, d: dict) -> str:
              f"({whose}), in the {d['phase']} pass ({_at(d)})")
     else:
         s = f"{head} ({point.what()}): {d['op']} made {what} in the {d['phase']} pass of step {d['step']} ({_at(d)})"
+    s += _inputs(d)
     v = d.get("via")
     if v and v.get("step", d["step"]) != d["step"]:
         s += (f"\n  the run's first Inf; then, in step {v['step']}, {v['op']} turned Inf into NaN "
               f"({v['phase']}, {_at(v)})")
     elif v:
         s += f"\n  then {v['op']} turned it into NaN ({v['phase']}, {_at(v)})"
-    of = v["op"] if v else d["op"]
-    for i, x in enumerate(d.get("inputs", [])):
-        stats = ", ".join(f"{k} {fmt(x[k])}" for k in ("min", "max", "mean", "nan", "inf") if k in x)
-        s += f"\n  input {i} of {of}: {x['dtype']} {tuple(x['shape'])}" + (f": {stats}" if stats else "") \
-            + (" (after the operation wrote it in place)" if x.get("written") else "")
+    if v:
+        s += _inputs(v)
     return s + unseen_note(point, d)
+
+
+def _inputs(d: dict) -> str:
+    """The lines of an operation's inputs at a catch stop, each with its name and, for one
+    that held NaN/Inf, where those values began (ops.StepLineage.provenance)."""
+    s = ""
+    for i, x in enumerate(d.get("inputs") or ()):
+        stats = ", ".join(f"{k} {fmt(x[k])}" for k in ("min", "max", "mean", "nan", "inf") if k in x)
+        notes = [x["label"]] if x.get("label") else []
+        what = x.get("held") or ("NaN" if x.get("nan") and not x.get("inf") else "Inf" if not x.get("nan")
+                                 else "NaN/Inf")
+        if isinstance(x.get("from"), dict):
+            f = x["from"]
+            notes.append(f"its {what} made by {f['op']} in the {f['phase']} pass, {_at(f)}")
+        elif x.get("came_in") is not None and x.get("came_in") == x.get("label"):
+            notes.append(f"{what} when the step began")
+        elif x.get("came_in") is not None:
+            notes.append(f"its {what} came into the step in {x['came_in'] or 'a tensor no operation made'}")
+        if x.get("written"):
+            notes.append("after the operation wrote it in place")
+        s += f"\n  input {i} of {d['op']}: {x['dtype']} {tuple(x['shape'])}" + (f": {stats}" if stats else "") \
+            + (f" ({'; '.join(notes)})" if notes else "")
+    for name, value in d.get("numbers") or ():
+        s += f"\n  {name} of {d['op']}: the number {fmt(value)}"
+    return s
 
 
 def unseen_note(point, d: dict) -> str:
