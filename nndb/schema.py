@@ -57,7 +57,8 @@
     │                                      {"ops": [[op, phase, [input ids], [output ids], [shapes],
     │                                      [dtypes], module, file, line, autograd node], ...],
     │                                      "labels": {id: "param NAME" | "act MODULE" | "loss" | "input"},
-    │                                      "nonfinite": [op index ...]}   (ids: per step)
+    │                                      "nonfinite": [op index ...], "echoes": {op index: the
+    │                                      forward op index whose own backward it is}}   (ids: per step)
     │                                      (absent in traces written before lineage existed)
     ├── full/                 whole tensors kept by ``--record-full`` (absent in older traces)
     │   ├── index             uint8[...]   UTF-8 JSON lines, one per stored tensor: {"name", "kind"

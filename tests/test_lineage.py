@@ -533,6 +533,34 @@ def test_catch_names_an_operation_once_not_again_at_its_own_backward(tmp_path, s
     assert hits[0].endswith(f"train.py:{line})"), r.stdout
 
 
+@pytest.mark.parametrize("script_text,param,made,backward", [
+    (GENERATOR_FIRST, "G.0.weight", "mul", "mul \\(op \\d+; MulBackward0, \\S*train.py:\\d+\\) \\(the backward of mul "
+     "\\(op {f}\\), which made the value in the forward pass\\)"),
+    (LOG_LOSS, "0.weight", "log", "div \\(op \\d+; LogBackward0, \\S*train.py:\\d+\\) \\(the backward of log "
+     "\\(op {f}\\), which made the value in the forward pass\\)"),
+    (SQRT_OF_ZERO, "weight", None, "div \\(op \\d+; SqrtBackward0, \\S*train.py:\\d+\\) \\(from finite inputs\\)"),
+], ids=["gan_nan_constant", "log_of_zero", "sqrt_at_zero"])
+def test_origin_names_an_operations_own_backward_as_its_echo(tmp_path, script_text, param, made, backward):
+    """'origin' said the gradient first went bad "at mul (op 21; MulBackward0, gan.py:11)
+    (from finite inputs)", a second origin beside the forward's mul that made the NaN (and
+    LogBackward0's division by the 0 the log took), where 'catch nan' names the forward
+    operation once.  The gradient of sqrt at 0, which its forward did not make, stays an
+    origin of its own."""
+    script = _script(tmp_path, "train.py", script_text)
+    # (the catch's replay of step 3 leaves its lineage in the trace, where origin reads it)
+    r = _run(tmp_path, script, "-e", "catch nonfinite", "-e", "continue", "-e", f"origin {param}", "-e", "kill")
+    assert f"{param} became non-finite at step 3" in r.stdout and "Catchpoint 1 (catch nonfinite)" in r.stdout, \
+        r.stdout
+    f = None
+    if made is not None:
+        m = re.search(rf"Step 3's forward pass: the first non-finite value came from finite inputs at {made} "
+                      rf"\(op (\d+); ", r.stdout)
+        assert m, r.stdout
+        f = m.group(1)
+    assert re.search(r"Step 3's backward pass: the gradient first went bad at " + backward.format(f=f), r.stdout), \
+        r.stdout
+
+
 BN_BUFFER_INF = textwrap.dedent('''
     import torch, torch.nn as nn
     torch.manual_seed(0)

@@ -289,6 +289,7 @@ class StepLineage:
                 info["absorbed"] = True
         return {"step": self.step, "ops": self.ops, "labels": {str(k): v for k, v in self.labels.items()},
                 "nonfinite": self.nonfinite, "checked": self.checked,
+                "echoes": {str(k): v for k, v in self.echoes.items()},
                 "first_bad": self.first_bad, "stats": {str(k): v for k, v in self.stats.items()},
                 "containers": sorted(self.containers),
                 "events": self.events}

@@ -52,6 +52,11 @@ def origin(s, name: str, get_lineage) -> list:
                      f"made it non-finite.")
     data = get_lineage(k, check=True)
     graph = StepGraph(data)
+    # a backward operation run by the autograd node of the forward operation that made the
+    # value (LogBackward0's division by the 0 the log took, MulBackward0's product with the
+    # NaN the forward multiplied by) is that operation's echo, not an origin of its own
+    # (``catch nan``'s answer, ops.StepLineage.maker_of)
+    echoes = {int(i): int(f) for i, f in (data.get("echoes") or {}).items()}
     made = {}
     for i in data.get("nonfinite", []):
         made.setdefault(graph.ops[i][PHASE], i)
@@ -62,8 +67,12 @@ def origin(s, name: str, get_lineage) -> list:
         return lines
     b = first.get("backward")
     if b is not None:
-        how = "from finite inputs" if b in data.get("nonfinite", []) else \
-            "from a non-finite value that flowed in from the forward pass"
+        if b in echoes:
+            how = f"the backward of {_op(graph, echoes[b], short=True)}, which made the value in the forward pass"
+        elif b in data.get("nonfinite", []):
+            how = "from finite inputs"
+        else:
+            how = "from a non-finite value that flowed in from the forward pass"
         lines.append(f"  Step {k}'s backward pass: the gradient first went bad at {_op(graph, b)} ({how}).")
     f = made.get("forward")
     if f is not None:
@@ -75,8 +84,10 @@ def origin(s, name: str, get_lineage) -> list:
     return lines
 
 
-def _op(graph, i: int) -> str:
+def _op(graph, i: int, short: bool = False) -> str:
     op = graph.ops[i]
+    if short:
+        return f"{op_name(op)} (op {i})"
     f = op[FILE]
     if f and os.path.isabs(f):
         f = os.path.relpath(f)

@@ -310,7 +310,7 @@ class TraceWriter:
         """A step's operations (nndb.lineage); a sequence seen before is stored once."""
         if self.failed or self.closed:
             return
-        keys = ("ops", "labels", "nonfinite", "checked", "first_bad", "stats", "containers")
+        keys = ("ops", "labels", "nonfinite", "checked", "first_bad", "stats", "containers", "echoes")
         text = json.dumps({k: data[k] for k in keys if k in data}, separators=(",", ":"))
         seq = self._sequences.get(text)
         if seq is None:
