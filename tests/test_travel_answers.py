@@ -1073,6 +1073,49 @@ def test_predict_s_grad_norm_under_clipping_is_clip_grad_norm_s_total_as_the_tra
             (s, g, total, series)
 
 
+SOME_CLIPPED = '''
+import sys, torch, torch.nn as nn
+torch.manual_seed(0)
+enc, dec = nn.Linear(8, 16), nn.Linear(16, 4)
+model = nn.Sequential(enc, nn.Tanh(), dec)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for step in range(6):
+    x, y = torch.randn(32, 8), torch.randn(32, 4)
+    loss = nn.functional.mse_loss(model(x), y)
+    opt.zero_grad()
+    loss.backward()
+    before = torch.nn.utils.get_total_norm([p.grad for p in model.parameters()])
+    clips = [torch.nn.utils.clip_grad_norm_(dec.parameters(), 0.05)]
+    if sys.argv[1] == "groups":
+        clips.append(torch.nn.utils.clip_grad_norm_(enc.parameters(), 0.05))
+    elif sys.argv[1] == "again":
+        clips.append(torch.nn.utils.clip_grad_norm_(dec.parameters(), 0.01))     # (clipped already)
+    print("step", step, "before", repr(before.item()), "clips", [round(c.item(), 6) for c in clips])
+    opt.step()
+'''
+
+
+@pytest.mark.parametrize("how", ["decoder", "groups", "again"])
+def test_predict_s_grad_norm_under_a_clip_of_some_parameters_counts_the_others(tmp_path, how):
+    """clip_grad_norm_(dec.parameters(), 0.05) clips the decoder's gradients only: predict's
+    'Grad norm before clipping' read the decoder's total alone (0.294484 at step 3 where all
+    the gradients' norm before clipping was 0.385801); the encoder's gradients, which no call
+    clipped, are as they were and count.  Two calls over two groups: both totals (as before).
+    A second call over the decoder measured its clipped gradients: not its norm before
+    clipping."""
+    path = tmp_path / "s.py"
+    path.write_text(SOME_CLIPPED)
+    r = nndb("run", "--batch", "--nx", "--rules", "none", "--trace", str(tmp_path / "t.h5"), "-e", "until 1",
+             "-e", "predict 3", "-e", "continue", str(path), how, cwd=str(tmp_path))
+    assert "Traceback" not in r.stderr, r.stderr
+    before = {int(s): float(v) for s, v in re.findall(r"^step (\d) before (\S+) clips", r.stdout, re.M)}
+    assert "Grad norm before clipping" in r.stdout, r.stdout
+    rows = re.findall(r"^(\d)\s+([\d.e+-]+)\s+([\d.e+-]+)\s+-$", r.stdout, re.M)
+    assert [int(s) for s, _, _ in rows] == [2, 3, 4], r.stdout + r.stderr
+    for s, _, g in rows:
+        assert float(g) == pytest.approx(before[int(s)], rel=1e-5), (s, g, before)
+
+
 HELD = '''
 import torch, torch.nn as nn
 torch.manual_seed(0)

@@ -272,7 +272,8 @@ A timeline starts when 'set' or 'py' changes something on a replica in the past.
     Command("predict", "predict [N] [--set KEY=VALUE ...]", """Run N steps (default 1) ahead on a replica: loss, gradient norm, findings.
 The gradient norm is before clipping: where the script calls clip_grad_norm_,
 the total it returns (the trace's clip_grad_norm_ series, a Trainer's logged
-grad_norm), and the column says so.  Breakpoints, watchpoints and rules are
+grad_norm), with the gradients of the parameters it did not clip, and the
+column says so.  Breakpoints, watchpoints and rules are
 active there.  With --set (e.g. --set lr=1e-4), a changed replica and an
 unchanged one run side by side, and the first step where they differ is
 shown.  The live run is never changed.""",

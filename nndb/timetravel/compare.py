@@ -9,7 +9,7 @@ from typing import Optional
 from ..schema import CLIP_SERIES
 
 
-def step_grad_norm(norms: list) -> tuple:
+def step_grad_norm(norms: list, clipped: Optional[dict] = None) -> tuple:
     """predict's Grad norm of one step from the norms of its ``grad`` series,
     [(name, norm)] (those not measured left out; a NaN one makes it NaN):
     (the gradients' norm before clipping, or None; whether the script clipped).
@@ -18,10 +18,36 @@ def step_grad_norm(norms: list) -> tuple:
     each over its own parameters): what the trace's ``clip_grad_norm_`` series
     holds and a Trainer logs as grad_norm; the gradients it left are at most
     max_norm by construction, and say nothing of where the run is going.
+    With the gradients of the parameters no call clipped (``clipped``: clip
+    series -> the names of the parameters it was given; a clip of the decoder's
+    alone is the norm of those), which are as they were; a call over parameters
+    an earlier call clipped already measured clipped gradients, and is left out;
+    one over some of those and others too mixed clipped gradients with the
+    others' (None: no number is the gradients' norm before clipping then).
     Else the parameters' gradients', the same number unclipped."""
-    clips = [v for n, v in norms if n.startswith(CLIP_SERIES)]
-    values = clips or [v for n, v in norms if not n.startswith(CLIP_SERIES)]
+    clips = [(n, v) for n, v in norms if n.startswith(CLIP_SERIES)]
+    if not clips:
+        values = [v for n, v in norms if not n.startswith(CLIP_SERIES)]
+    else:
+        values, seen = [], set()
+        known = clipped is not None and all(clipped.get(n) is not None for n, _ in clips)
+        for n, v in sorted(clips, key=lambda c: _clip_order(c[0])):
+            covers = set(clipped[n]) if known else set()
+            if known and covers and covers <= seen:
+                continue
+            if covers & seen:
+                return None, True
+            seen |= covers
+            values.append(v)
+        if known:
+            values += [v for n, v in norms if not n.startswith(CLIP_SERIES) and n not in seen]
     return (math.sqrt(sum(v * v for v in values)) if values else None), bool(clips)
+
+
+def _clip_order(name: str) -> int:
+    """The call's place in its step: ``clip_grad_norm_`` 1, ``clip_grad_norm_#2`` 2."""
+    _, _, k = name.partition("#")
+    return int(k) if k.isdigit() else 1
 
 
 def compare_predictions(base: list, changed: list) -> tuple:

@@ -499,7 +499,7 @@ class Predict(Role):
         # (a NaN one makes the norm NaN: it was left out as one not measured is, and the
         # others' norm shown)
         grad_norm, clipped = step_grad_norm([(n, r.norm) for n, r in rows["grad"].items()
-                                             if not is_not_measured(r.norm)])
+                                             if not is_not_measured(r.norm)], _clipped_names(s))
         new = s.log.findings[self.findings_seen:]
         self.findings_seen = len(s.log.findings)
         self.rows.append({"step": step, "loss": None if loss is None else loss.mean,
@@ -616,6 +616,16 @@ class Measure(Role):
 
     def run_ended(self, s, status: str, reason: str) -> None:
         self._report({"error": f"the script ended ({status}) before a step after the checkpoint was recorded"})
+
+
+def _clipped_names(s) -> Optional[dict]:
+    """{clip series: the names of the parameters it clipped (None: not known)} of the
+    session's last record (StepRecord.clip_params), or None."""
+    clips = getattr(s.record, "clip_params", None)
+    naming = getattr(s.rec, "naming", None)
+    if not clips or naming is None:
+        return None
+    return {k: None if ps is None else tuple(naming.param_name(p) for p in ps) for k, ps in clips.items()}
 
 
 def _write(fd: int, text: str) -> bool:

@@ -42,7 +42,7 @@ class _Bucket:
         self.hists: dict = {}            # series key -> histogram (full steps), as entries
         self.param_hists: dict = {}      # ParamPlan -> (rows, HIST_BINS), as params
         self.act_order: dict = {}        # activation keys in the order the modules ran (``saw_act``)
-        self.clip_limits: dict = {}      # clip key -> (max_norm, scaled): what clip_norm was told
+        self.clip_limits: dict = {}      # clip key -> (max_norm, scaled, the parameters): what clip_norm was told
 
     def add_hist(self, key, counts) -> None:
         """(after ``add`` of the same key's row)"""

@@ -299,12 +299,12 @@ def _clip_grad_norm_(*args, **kwargs):
     """``torch.nn.utils.clip_grad_norm_`` while a tracer records what it returns: the
     gradients' total norm before clipping, which the gradients recorded at the optimizer's
     step no longer show (StepRecorder.clip_norm)."""
-    if _SCALING:
+    if _CLIPPING or _SCALING:
         args, kwargs = _clip_params_listed(args, kwargs)
     out = _ORIGINALS["clip_grad_norm_"](*args, **kwargs)
     if _SCALING:
         _scaled_clip(args, kwargs, out)
-    _clipped(out, args[1] if len(args) > 1 else kwargs.get("max_norm"))
+    _clipped(out, args[1] if len(args) > 1 else kwargs.get("max_norm"), args[0] if args else kwargs.get("parameters"))
     return out
 
 
@@ -365,17 +365,17 @@ def _clip_grads_with_norm_(*args, **kwargs):
     clipping of those who compute the total norm themselves (accelerate's and so the
     Trainer's ``clip_grad_norm_``); its ``total_norm`` is recorded as ``clip_grad_norm_``'s
     return is.  (torch's own ``clip_grad_norm_`` calls the private name: counted once.)"""
-    if _SCALING:
+    if _CLIPPING or _SCALING:
         args, kwargs = _clip_params_listed(args, kwargs)
     out = _ORIGINALS["clip_grads_with_norm_"](*args, **kwargs)
     total = args[2] if len(args) > 2 else kwargs.get("total_norm")
     if _SCALING:
         _scaled_clip(args, kwargs, total)
-    _clipped(total, args[1] if len(args) > 1 else kwargs.get("max_norm"))
+    _clipped(total, args[1] if len(args) > 1 else kwargs.get("max_norm"), args[0] if args else kwargs.get("parameters"))
     return out
 
 
-def _clipped(total, max_norm=None) -> None:
+def _clipped(total, max_norm=None, params=None) -> None:
     if _CLIPPING and not _COMPILING():
         scaled = _SCALING and _nothing_unscaled()
         for t in tuple(_CLIPPING):
@@ -384,7 +384,7 @@ def _clipped(total, max_norm=None) -> None:
             t.busy += 1             # (nndb's own reading: no function mode sees it)
             hidden = _PROFILING() and unprofiled()
             try:
-                t.recorder.clip_norm(total, max_norm, bool(scaled))
+                t.recorder.clip_norm(total, max_norm, bool(scaled), params)
             except Exception:
                 t._fail()
             finally:

@@ -65,6 +65,7 @@ class StepRecord:
     partial: bool = False        # cut short by the end of the run (the script raised or exited mid-step)
     hist: Optional[np.ndarray] = None   # (len(names), HIST_BINS) histograms at a full step, -1 rows: none
     clips: Optional[dict] = None        # clip series name -> (max_norm or None, measured scaled gradients)
+    clip_params: Optional[dict] = None  # clip series name -> (the parameters it clipped) (live only)
 
     @property
     def nonfinite(self) -> bool:
@@ -82,6 +83,14 @@ class StepRecord:
     def as_dict(self) -> dict:
         return {(n, k): dict(zip(S.STAT_NAMES, map(float, row)))
                 for (n, k), row in zip(self.names, self.stats)}
+
+
+def _clipped(params) -> Optional[tuple]:
+    """The parameters a clip_grad_norm_ call was given (a tensor, or a list the clip
+    wrapper made of a generator), as a tuple (None: not known)."""
+    if isinstance(params, torch.Tensor):
+        return (params,)
+    return tuple(params) if isinstance(params, (list, tuple)) else None
 
 
 def _max_norm(x) -> Optional[float]:
@@ -429,13 +438,15 @@ class StepRecorder:
                 keep.append(p)
         self._passes = keep
 
-    def clip_norm(self, total, max_norm=None, scaled: bool = False) -> None:
+    def clip_norm(self, total, max_norm=None, scaled: bool = False, params=None) -> None:
         """What ``clip_grad_norm_`` returned: the gradients' total norm before it clipped
         them, a row of the step's ``grad`` series ``clip_grad_norm_`` (``#2`` for its
         second call in the step).  Read now (on an accelerator, one host transfer, as the
         script's own ``.item()`` of it would be).  Its ``max_norm`` (whether it clipped:
         total > max_norm) and ``scaled`` (it measured gradients a GradScaler had not unscaled
-        yet) go into the record's ``clips`` (live only: a trace does not keep them)."""
+        yet) go into the record's ``clips``; ``params``, the parameters it clipped, into its
+        ``clip_params`` (live only: a clip over some of them, the decoder's, is the norm of
+        those alone; named where asked, predict's column, not at every step)."""
         if not isinstance(total, torch.Tensor) or total.numel() != 1:
             return
         if self.manual and not any(b.backward_count for b in self._buckets):
@@ -448,14 +459,14 @@ class StepRecorder:
                 b = pend[1]
                 key = ("clip", CLIP, sum(1 for k in b.entries if k[0] == "clip"))
                 b.add(key, S.scalar_row(float(S.local(total).item())))
-                b.clip_limits[key] = (_max_norm(max_norm), scaled)
+                b.clip_limits[key] = (_max_norm(max_norm), scaled, _clipped(params))
             return
         if not self.recording:
             return
         i = sum(1 for b in self._buckets for k in b.entries if k[0] == "clip")
         key = ("clip", CLIP, i)
         self._buckets[-1].add(key, S.scalar_row(float(S.local(total).item())))
-        self._buckets[-1].clip_limits[key] = (_max_norm(max_norm), scaled)
+        self._buckets[-1].clip_limits[key] = (_max_norm(max_norm), scaled, _clipped(params))
         self._clips_since_step.append(key)
 
     def scaler_skipped(self, opt, others=()) -> None:
@@ -1074,7 +1085,9 @@ class StepRecorder:
         rec = StepRecord(step, now, b.backward_count, b.optimizer_steps, names, raw, partial,
                          H.rows_of(b, len(names)) if (b.hists or b.param_hists) else None)
         if b.clip_limits:
-            rec.clips = {(f"{CLIP_SERIES}#{k[2] + 1}" if k[2] else CLIP_SERIES): v
-                         for k, v in b.clip_limits.items() if k in b.entries}
+            limits = {(f"{CLIP_SERIES}#{k[2] + 1}" if k[2] else CLIP_SERIES): v
+                      for k, v in b.clip_limits.items() if k in b.entries}
+            rec.clips = {k: v[:2] for k, v in limits.items()}
+            rec.clip_params = {k: v[2] for k, v in limits.items()}
         return rec
 
