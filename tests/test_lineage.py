@@ -436,7 +436,7 @@ def test_catch_nan_from_an_inf_lists_each_operations_own_inputs(tmp_path, eager)
            f"  input 0 of exp: float32 (8, 3): min {fmt(lo)}, max {fmt(hi)}, mean" in r.stdout, r.stdout
     assert f"  then mul turned it into NaN (forward, train.py:{mul_line})\n" \
            f"  input 0 of mul: float32 (8, 3): min 0, max inf, mean inf, nan 0, inf 1 (its Inf made by exp in " \
-           f"the forward pass, train.py:{exp_line})\n  other of mul: the number 0" in r.stdout, r.stdout
+           f"the forward pass, train.py:{exp_line})\n  other of mul: the number 0\n" in r.stdout, r.stdout
     d = json.loads((tmp_path / "r.json").read_text())["stops"][0]["detail"]
     assert d["op"] == "exp" and [(x["min"], x["max"], x["inf"]) for x in d["inputs"]] == [(lo, hi, 0)], d
     v = d["via"]

@@ -187,7 +187,11 @@ def stop_line(session, stop) -> str:
         lines = [_hit(p, d) for p, d in stop.hits if not p.silent]
         where = _short_of_goto(session, stop) + where
         if len(lines) == 1 and not stop.at_step_end and stop.module:
-            return f"{lines[0]} (step {stop.step}){where}"
+            # (on the hit's first line, unless it names the step: after a catch's last input
+            # line, "other of mul: the number 0 (step 1)" read as the number's)
+            head, nl, rest = lines[0].partition("\n")
+            step = "" if f"step {stop.step} " in head else f" (step {stop.step})"
+            return f"{head}{step}{nl}{rest}{where}"
         if len(lines) == 1 and stop.at_step_end and lines[0].endswith(f"step {stop.step}") \
                 and "Watchpoint" not in lines[0]:
             return f"{lines[0]} finished, {_loss(session)}{where}"
