@@ -122,6 +122,8 @@ def graph_activations(roots) -> list:
         return _walked[1]
     out, seen, stack = [], set(), [(fn, False) for fn in fns]
     kinds, acc = _ACTIVATION_NODES, _ACCUMULATE
+    # (plain loops: a GPT's graph of ~190 nodes in ~1,500 builtin calls less than with
+    # a generator and a comprehension a node)
     while stack and len(seen) < GRAPH_NODES_MAX:
         fn, hidden = stack.pop()
         if fn in seen:
@@ -130,9 +132,15 @@ def graph_activations(roots) -> list:
         kind = kinds.get(type(fn).__name__)
         if kind is not None:
             out.append((kind, fn, hidden))
-        nxt = [n for n, _ in fn.next_functions if n is not None]
-        below = hidden or any(type(n) is acc for n in nxt)
-        stack.extend((n, below) for n in nxt if n not in seen)
+        nxt = fn.next_functions
+        if not hidden:
+            for n, _ in nxt:
+                if type(n) is acc:
+                    hidden = True
+                    break
+        for n, _ in nxt:
+            if n is not None and n not in seen:
+                stack.append((n, hidden))
     _walked[0], _walked[1] = fns[0], out
     return out
 
