@@ -246,6 +246,28 @@ def test_a_module_relu_is_judged_once(tmp_path):
     assert f["evidence"]["module_type"] == "ReLU" and "relu(" not in f["tensor"]
 
 
+INPUT_NEEDS_GRAD = """
+    # adversarial training's shape: the input needs grad, so the graph holds a leaf of the
+    # script's beside the conv's parameters; the relu is the conv's (6 of 8 channels dead)
+    conv, head = nn.Conv2d(3, 8, 3), nn.Linear(8 * 6 * 6, 2)
+    with torch.no_grad():
+        conv.bias[:6] = -100.0
+    model = nn.ModuleDict({"conv": conv, "head": head})
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    for step in range(STEPS):
+        x = torch.randn(16, 3, 8, 8, requires_grad=True)
+        loss = F.cross_entropy(model["head"](F.relu(model["conv"](x)).flatten(1)), torch.randint(0, 2, (16,)))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+"""
+
+
+def test_a_functional_relu_is_named_after_the_module_not_an_input_that_needs_grad(tmp_path):
+    [f] = only(run(tmp_path, write(tmp_path, "adv.py", INPUT_NEEDS_GRAD), 9), "dead_relu")
+    assert f["tensor"] == "relu(conv)" and f["evidence"]["dead_units"] == 6 and f["evidence"]["unit"] == "channels"
+
+
 CHECKPOINTED = """
     # a relu inside a checkpointed block: its output is behind saved-tensor hooks, which would
     # run the block's forward again if read; nndb must not read it (the script's numbers, and

@@ -171,8 +171,11 @@ def producer_name(node, naming) -> Optional[str]:
         nxt = []
         for n in level:
             if type(n) is _ACCUMULATE:
-                name = naming.param_name(n.variable)
-                return name.rsplit(".", 1)[0] if "." in name else name
+                p = n.variable
+                if naming.names_param(p):      # (not a leaf of the script's own: an input that needs grad)
+                    name = naming.param_name(p)
+                    return name.rsplit(".", 1)[0] if "." in name else name
+                continue
             nxt.extend(m for m, _ in n.next_functions if m is not None)
         level = nxt
     return None
@@ -252,14 +255,20 @@ class UnitProbe(StepProbe):
         made, self._made = self._made, set()
         if roots is None or not self.recorder.recording:
             return
+        unnamed = 0
         for kind, node, hidden in graph_activations(roots):
             if kind not in self.KINDS or node in made or not self.functional(kind, hidden):
                 continue
             x = saved_output(node)
             if x is None or not self._wanted(x):
                 continue
-            name = producer_name(node, self.naming)
-            self.measure(f"{kind}({name})" if name else kind, f"functional {kind}", x, kind)
+            try:
+                name = producer_name(node, self.naming)
+                if name is None:            # (numbered in the graph's order, which a step repeats)
+                    unnamed += 1
+                self.measure(f"{kind}({name})" if name else f"{kind}#{unnamed}", f"functional {kind}", x, kind)
+            except Exception:
+                continue    # (one call it cannot read is left out; the probe, its modules' included, goes on)
 
     def functional(self, kind: str, hidden: bool) -> bool:
         """Is a functional call of ``kind`` one of the layers the rule judges?"""

@@ -522,6 +522,13 @@ class Naming:
         entry = self._param_path.get(id(p))
         return entry is not None and entry[0]() is p
 
+    def names_param(self, p: torch.Tensor) -> bool:
+        """Does the run name ``p`` (a root's parameter, or one trained outside any module)?"""
+        if self.has_path(p):
+            return True
+        loose = self._loose_names.get(id(p))
+        return loose is not None and loose[0]() is p
+
     def adopt(self, p: torch.Tensor, frame, along=()) -> None:
         """A tensor a script trains by hand outside any module (``w -= lr * w.grad``): one of
         the run's parameters, named as the script names it (``find_tensor_path``: ``w``,
