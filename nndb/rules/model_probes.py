@@ -30,6 +30,13 @@ theirs made is read through the output autograd saved for it (never one behind
 saved-tensor hooks: activation checkpointing would recompute its forward),
 named after the module whose parameters made its input (``relu(fc1)``).  Other
 functional calls (``F.cross_entropy``) are not seen here.
+
+Why this size: every probe of the model rules, each a small class over one kind of
+module call (ReLU and Tanh/Sigmoid units, Dropout and BatchNorm modes, a GradScaler's
+clip, the model's inputs, the loss's), read together because they share the step's
+facts (``StepProbe``), what a unit is in an (N, F), (N, C, H, W) or (N, L, F) output
+(``unit_extremes``, ``unit_sums``, ``samples_per_unit``), and, for the activations,
+the backward's graph; apart, each would carry its own copy of those conventions.
 """
 from __future__ import annotations
 

@@ -64,7 +64,8 @@ def test_the_step_end_catch_names_what_the_eager_check_names(tmp_path, case):
     # the eager check stops inside the step, at the operation's line; the step-end catch at the step's end
     assert f"found by a replay of step {step} with every operation checked" in cheap.stdout
     ran_at = db.get("via", db)["line"]               # (a NaN from an Inf: where the NaN was made)
-    assert re.search(rf"\(step {step}\)\n> \S+\({ran_at}\)", eager.stdout), eager.stdout
+    # (the hit names its step on its first line, its inputs follow, then where it stopped)
+    assert re.search(rf"of step {step} \(.*\n(  .*\n)*> \S+\({ran_at}\)", eager.stdout), eager.stdout
 
 
 def test_healthy_steps_run_without_the_op_recorder(tmp_path):
@@ -96,7 +97,7 @@ def test_without_time_travel_the_catch_point_checks_every_operation(tmp_path):
            "--replica off)" in r.stdout
     stop = _stops(tmp_path)[0]
     assert stop["detail"]["op"] == "addmm" and stop["step"] == 6 and "located" not in stop["detail"]
-    assert "(step 6)\n>" in r.stdout               # inside the step, not at its end
+    assert re.search(r"of step 6 \(.*\n(  .*\n)*> ", r.stdout), r.stdout     # inside the step, not at its end
 
 
 UNSEEDED = textwrap.dedent('''
