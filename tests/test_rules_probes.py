@@ -268,6 +268,64 @@ def test_a_functional_relu_is_named_after_the_module_not_an_input_that_needs_gra
     assert f["tensor"] == "relu(conv)" and f["evidence"]["dead_units"] == 6 and f["evidence"]["unit"] == "channels"
 
 
+RECURRENT = """
+    # FLAG 'gates': a GRU and an LSTMCell whose gates sit at 1 (their sigmoid gates' biases +20:
+    # remember, read and write everything), which torch computes on the CPU as sigmoid and
+    # tanh nodes multiplied into the state: gates, not layers (no finding); 'elman': a
+    # recurrence written by hand whose hidden tanh saturates (weights x40): a layer (found)
+    torch.manual_seed(0)
+    x, y = torch.randn(16, 6, 8), torch.randint(0, 3, (16,))
+    head = nn.Linear(32, 3)
+    if FLAG == "gates":
+        gru, cell = nn.GRU(8, 32, batch_first=True), nn.LSTMCell(32, 32)
+        with torch.no_grad():
+            gru.bias_ih_l0[:64] = 20.0            # the reset and update gates (r, z, n)
+            cell.bias_ih[:64] = 20.0              # the input and forget gates (i, f, g, o)
+            cell.bias_ih[96:] = 20.0              # the output gate
+        params = [*gru.parameters(), *cell.parameters(), *head.parameters()]
+    else:
+        class Elman(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.w_x, self.w_h = nn.Linear(8, 32), nn.Linear(32, 32)
+
+            def forward(self, x):
+                h = torch.zeros(x.shape[0], 32)
+                for t in range(x.shape[1]):
+                    h = torch.tanh(self.w_x(x[:, t]) + self.w_h(h))
+                return h
+        rnn = Elman()
+        with torch.no_grad():
+            rnn.w_x.weight.mul_(40.0)
+        params = [*rnn.parameters(), *head.parameters()]
+    opt = torch.optim.SGD(params, lr=0.01)
+    for step in range(STEPS):
+        if FLAG == "gates":
+            out, _ = gru(x)
+            h, c = torch.zeros(16, 32), torch.zeros(16, 32)
+            for t in range(out.shape[1]):
+                h, c = cell(out[:, t], (h, c))
+        else:
+            h = rnn(x)
+        loss = F.cross_entropy(head(h), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+"""
+
+
+@pytest.mark.parametrize("flag", ["gates", "elman"])
+def test_a_recurrences_gates_are_not_layers(tmp_path, flag):
+    res = run(tmp_path, write(tmp_path, "rnn.py", RECURRENT), 7, flag)
+    sat = only(res, "saturated_activation")
+    if flag == "gates":
+        assert sat == []
+    else:
+        [f] = sat
+        assert f["step"] == 4 and f["tensor"] == "tanh(rnn.w_x)" and f["evidence"]["units"] == 32
+        assert f["evidence"]["saturated_share"] == 1.0
+
+
 CHECKPOINTED = """
     # a relu inside a checkpointed block: its output is behind saved-tensor hooks, which would
     # run the block's forward again if read; nndb must not read it (the script's numbers, and

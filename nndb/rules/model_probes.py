@@ -109,6 +109,24 @@ class StepProbe(Probe):
 # holds a parameter (a leaf that needs grad)
 _ACTIVATION_NODES = {"ReluBackward0": "relu", "TanhBackward0": "tanh", "SigmoidBackward0": "sigmoid"}
 _ACCUMULATE = type(torch.zeros(1, requires_grad=True).expand(1).grad_fn.next_functions[0][0])
+# What takes a layer's activations in: the operations of a layer's weights (a Linear, a
+# convolution, a recurrence's matrix product), and those an activation passes through on its way
+# there unchanged in what it is (views, dropout, pooling, concatenation).  A Tanh or Sigmoid whose
+# output reaches no such operation is a gate (an LSTM's or GRU's, as torch's recurrent modules
+# compute them on the CPU, a GLU's, a swish's x * sigmoid(x)), multiplied into something else:
+# saturated by design, not a layer the rule judges.
+_LAYER_NODES = frozenset(("AddmmBackward0", "MmBackward0", "BmmBackward0", "MvBackward0", "AddmvBackward0",
+                          "ConvolutionBackward0", "LinearBackward0", "EmbeddingBagBackward0"))
+_THROUGH_NODES = frozenset((
+    "ViewBackward0", "ReshapeAliasBackward0", "UnsafeViewBackward0", "TransposeBackward0", "TransposeBackward1",
+    "PermuteBackward0", "ExpandBackward0", "CloneBackward0", "SqueezeBackward0", "SqueezeBackward1",
+    "SqueezeBackward2", "UnsqueezeBackward0", "NativeDropoutBackward0", "CatBackward0", "StackBackward0",
+    "MaxPool1DWithIndicesBackward0", "MaxPool2DWithIndicesBackward0", "MaxPool3DWithIndicesBackward0",
+    "AvgPool2DBackward0", "AvgPool3DBackward0", "AdaptiveAvgPool2DBackward0", "AdaptiveAvgPool3DBackward0",
+    "AdaptiveMaxPool2DBackward0", "ToCopyBackward0", "SliceBackward0", "SelectBackward0", "MeanBackward1"))
+# ... and a product or quotient by a constant (dropout on the CPU: its mask; a scale), whose other
+# input takes no gradient, where a gate's product takes one on both sides
+_SCALE_NODES = frozenset(("MulBackward0", "DivBackward0"))
 # A graph walked no further than this many nodes (a walk is one observed step's cost)
 GRAPH_NODES_MAX = 20000
 # [the roots' first node, the walk's nodes]: one walk a backward for all the probes (autograd's
@@ -116,11 +134,16 @@ GRAPH_NODES_MAX = 20000
 _walked: list = [None, None]
 
 
+_FUNCTIONAL = object()      # a functional call's facts' key: (_FUNCTIONAL, kind, the parameter it is named after)
+
+
 def graph_activations(roots) -> list:
-    """[(kind, node, hidden)] of the ReLU, Tanh and Sigmoid nodes of the graph a backward of
-    ``roots`` (a tensor, or tensors) differentiates, ``hidden``: some operation with
-    parameters lies between it and the roots (a Sigmoid straight into the loss is an output
-    head, confident rather than stuck).  Walked once for all the probes of a backward."""
+    """[(kind, node, hidden, layer)] of the ReLU, Tanh and Sigmoid nodes of the graph a
+    backward of ``roots`` (a tensor, or tensors) differentiates, ``hidden``: some operation
+    with parameters lies between it and the roots (a Sigmoid straight into the loss is an
+    output head, confident rather than stuck); ``layer``: its output goes into a layer's
+    weights (_LAYER_NODES, through _THROUGH_NODES), where a gate's is multiplied into
+    something else.  Walked once for all the probes of a backward."""
     ts = [roots] if isinstance(roots, torch.Tensor) else [t for t in roots or () if isinstance(t, torch.Tensor)]
     fns = [t.grad_fn for t in ts if t.grad_fn is not None]
     if not fns:
@@ -128,6 +151,7 @@ def graph_activations(roots) -> list:
     if _walked[0] is fns[0]:
         return _walked[1]
     out, seen, stack = [], set(), [(fn, False) for fn in fns]
+    takers: dict = {}                # node -> the nodes that take its output (the walk's edges reversed)
     kinds, acc = _ACTIVATION_NODES, _ACCUMULATE
     # (plain loops: a GPT's graph of ~190 nodes in ~1,500 builtin calls less than with
     # a generator and a comprehension a node)
@@ -146,10 +170,36 @@ def graph_activations(roots) -> list:
                     hidden = True
                     break
         for n, _ in nxt:
-            if n is not None and n not in seen:
-                stack.append((n, hidden))
+            if n is not None:
+                t = takers.get(n)
+                if t is None:
+                    takers[n] = [fn]
+                else:
+                    t.append(fn)
+                if n not in seen:
+                    stack.append((n, hidden))
+    out = [(kind, fn, hidden, _into_layer(fn, takers)) for kind, fn, hidden in out]
     _walked[0], _walked[1] = fns[0], out
     return out
+
+
+def _into_layer(node, takers: dict) -> bool:
+    """Does ``node``'s output go into a layer's weights (graph_activations)?"""
+    level, seen = takers.get(node, ()), set()
+    for _ in range(8):
+        nxt = []
+        for t in level:
+            name = type(t).__name__
+            if name in _LAYER_NODES:
+                return True
+            if t not in seen and (name in _THROUGH_NODES or (
+                    name in _SCALE_NODES and any(n is None for n, _ in t.next_functions))):
+                seen.add(t)
+                nxt.extend(takers.get(t, ()))
+        if not nxt:
+            return False
+        level = nxt
+    return False
 
 
 def forget_graph() -> None:
@@ -169,10 +219,9 @@ def saved_output(node) -> Optional[torch.Tensor]:
         return None
 
 
-def producer_name(node, naming) -> Optional[str]:
-    """The module whose parameters made an activation node's input: the nearest parameter
-    (breadth first, a few nodes up the graph) named by the run's naming, less its own name
-    (``fc1.weight`` -> ``fc1``)."""
+def producer_param(node, naming) -> Optional[torch.Tensor]:
+    """The parameter of the module that made an activation node's input: the nearest one
+    (breadth first, a few nodes up the graph) the run's naming names."""
     level = [n for n, _ in node.next_functions if n is not None]
     for _ in range(4):
         nxt = []
@@ -180,12 +229,17 @@ def producer_name(node, naming) -> Optional[str]:
             if type(n) is _ACCUMULATE:
                 p = n.variable
                 if naming.names_param(p):      # (not a leaf of the script's own: an input that needs grad)
-                    name = naming.param_name(p)
-                    return name.rsplit(".", 1)[0] if "." in name else name
+                    return p
                 continue
             nxt.extend(m for m, _ in n.next_functions if m is not None)
         level = nxt
     return None
+
+
+def functional_name(kind: str, param: torch.Tensor, naming) -> str:
+    """``relu(fc1)``: an activation named after the module of ``param`` (``fc1.weight``)."""
+    name = naming.param_name(param)
+    return f"{kind}({name.rsplit('.', 1)[0] if '.' in name else name})"
 
 
 def unit_extremes(x: torch.Tensor, fn) -> dict:
@@ -263,22 +317,26 @@ class UnitProbe(StepProbe):
         if roots is None or not self.recorder.recording:
             return
         unnamed = 0
-        for kind, node, hidden in graph_activations(roots):
-            if kind not in self.KINDS or node in made or not self.functional(kind, hidden):
+        for kind, node, hidden, layer in graph_activations(roots):
+            if kind not in self.KINDS or node in made or not self.functional(kind, hidden, layer):
                 continue
             x = saved_output(node)
             if x is None or not self._wanted(x):
                 continue
             try:
-                name = producer_name(node, self.naming)
-                if name is None:            # (numbered in the graph's order, which a step repeats)
+                p = producer_param(node, self.naming)
+                if p is None:               # (numbered in the graph's order, which a step repeats)
                     unnamed += 1
-                self.measure(f"{kind}({name})" if name else f"{kind}#{unnamed}", f"functional {kind}", x, kind)
+                # (named as the step ends, as the module calls' series: the naming may qualify its
+                # paths by then, the step's first included)
+                key = (_FUNCTIONAL, kind, p) if p is not None else f"{kind}#{unnamed}"
+                self.measure(key, f"functional {kind}", x, kind)
             except Exception:
                 continue    # (one call it cannot read is left out; the probe, its modules' included, goes on)
 
-    def functional(self, kind: str, hidden: bool) -> bool:
-        """Is a functional call of ``kind`` one of the layers the rule judges?"""
+    def functional(self, kind: str, hidden: bool, layer: bool) -> bool:
+        """Is a functional call of ``kind`` one of the layers the rule judges (graph_activations
+        says what ``hidden`` and ``layer`` are)?  A ReLU, wherever it goes (pooling first)."""
         return True
 
     def take(self, step: int) -> dict:
@@ -286,7 +344,9 @@ class UnitProbe(StepProbe):
         out, self._made = {}, set()
         forget_graph()
         for key, f in super().take(step).items():
-            out[self.act_name(*key) if isinstance(key, tuple) else key] = f
+            if isinstance(key, tuple):
+                key = functional_name(key[1], key[2], self.naming) if key[0] is _FUNCTIONAL else self.act_name(*key)
+            out[key] = f
         return out
 
 
@@ -356,8 +416,9 @@ class Saturation(UnitProbe):
             f["sq"] = {c: f["sq"][c] + t for c, t in sq.items()}
             f["n"] = {c: f["n"][c] + k for c, k in n.items()}
 
-    def functional(self, kind: str, hidden: bool) -> bool:
-        return hidden               # (an output head's squashing: confident, not stuck)
+    def functional(self, kind: str, hidden: bool, layer: bool) -> bool:
+        # (an output head's squashing is confident, not stuck; a gate's is by design)
+        return hidden and layer
 
     def root(self, module, args) -> None:
         if not self._last or not isinstance(module, nn.modules.loss._Loss) or not args:
