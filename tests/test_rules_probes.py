@@ -326,6 +326,43 @@ def test_a_recurrences_gates_are_not_layers(tmp_path, flag):
         assert f["evidence"]["saturated_share"] == 1.0
 
 
+OF_PARAMETER = """
+    # a weight kept non-negative by F.relu of a parameter (12 of its 16 input columns at -1:
+    # pruned), an activation of no batch; the layer's own units (a tanh of it) are alive
+    class NonNegative(nn.Module):
+        def __init__(self, i, o):
+            super().__init__()
+            self.scale = nn.Parameter(torch.randn(o, i) / i ** 0.5)
+            self.scores = nn.Parameter(torch.full((o, i), 5.0))
+
+        def forward(self, x):
+            return F.linear(x, self.scale * F.relu(self.scores))
+
+    l1, l2 = NonNegative(16, 32), nn.Linear(32, 1)
+    with torch.no_grad():
+        l1.scores[:, :12] = -1.0
+    model = nn.ModuleDict({"l1": l1, "l2": l2})
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x, y = torch.randn(64, 16), torch.randn(64, 1)
+    for step in range(STEPS):
+        h = torch.tanh(l1(x))
+        loss = F.mse_loss(l2(h), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        print(step, "dead units of l1:", int((h.detach().abs().amax(0) == 0).sum()))
+"""
+
+
+def test_a_relu_of_a_parameter_is_not_a_layer(tmp_path, capsys):
+    """F.relu of a (32, 16) parameter was judged as a layer of 16 units over a batch of 32:
+    '12 of 16 units (75%) of ReLU layer relu(l1) (functional relu) output 0 for every
+    sample', where none of l1's 32 units is dead (the script's count)."""
+    res = run(tmp_path, write(tmp_path, "of_param.py", OF_PARAMETER), 7)
+    assert "6 dead units of l1: 0" in capsys.readouterr().out
+    assert only(res, "dead_relu") == []
+
+
 CHECKPOINTED = """
     # a relu inside a checkpointed block: its output is behind saved-tensor hooks, which would
     # run the block's forward again if read; nndb must not read it (the script's numbers, and

@@ -236,6 +236,21 @@ def producer_param(node, naming) -> Optional[torch.Tensor]:
     return None
 
 
+def of_parameter(node, x: torch.Tensor) -> bool:
+    """Is an activation's output ``x`` a function of one parameter alone, of its shape
+    (``F.relu(self.w)``, a weight kept non-negative; ``torch.sigmoid(self.scores)``, a
+    learned mask)?  Its rows are no batch and its columns no layer's units."""
+    fn = node
+    for _ in range(4):
+        nxt = [n for n, _ in fn.next_functions if n is not None]
+        if len(nxt) != 1:
+            return False
+        fn = nxt[0]
+        if type(fn) is _ACCUMULATE:
+            return tuple(fn.variable.shape) == tuple(x.shape)
+    return False
+
+
 def functional_name(kind: str, param: torch.Tensor, naming) -> str:
     """``relu(fc1)``: an activation named after the module of ``param`` (``fc1.weight``)."""
     name = naming.param_name(param)
@@ -321,7 +336,7 @@ class UnitProbe(StepProbe):
             if kind not in self.KINDS or node in made or not self.functional(kind, hidden, layer):
                 continue
             x = saved_output(node)
-            if x is None or not self._wanted(x):
+            if x is None or not self._wanted(x) or of_parameter(node, x):
                 continue
             try:
                 p = producer_param(node, self.naming)

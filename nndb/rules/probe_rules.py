@@ -111,7 +111,8 @@ class DeadRelu(_UnitStreaks):
     sample); an (N, L, F) output is read both ways.  Some silent units are
     normal in a healthy ReLU network.  F.relu / torch.relu calls are read from the
     backward's graph, as ``relu(<the module whose output they took>)``; not one inside a
-    checkpointed block (reading it would run the block again)."""
+    checkpointed block (reading it would run the block again), nor one of a parameter
+    alone (``F.relu(self.w)``, a weight kept non-negative: no batch, no layer's units)."""
     id = "dead_relu"
     severity = "warning"
     explanation = ("most units of a ReLU layer output 0 for every sample of the batch, for several steps "
