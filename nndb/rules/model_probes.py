@@ -134,7 +134,7 @@ GRAPH_NODES_MAX = 20000
 _walked: list = [None, None]
 
 
-_FUNCTIONAL = object()      # a functional call's facts' key: (_FUNCTIONAL, kind, the parameter it is named after)
+_FUNCTIONAL = object()      # a functional call's facts' key: (_FUNCTIONAL, kind, the parameters it is named after)
 
 
 def graph_activations(roots) -> list:
@@ -219,21 +219,24 @@ def saved_output(node) -> Optional[torch.Tensor]:
         return None
 
 
-def producer_param(node, naming) -> Optional[torch.Tensor]:
-    """The parameter of the module that made an activation node's input: the nearest one
-    (breadth first, a few nodes up the graph) the run's naming names."""
+def producer_params(node, naming) -> frozenset:
+    """The parameters of the modules that made an activation node's input: the nearest ones
+    (breadth first, a few nodes up the graph; all of the first level that has any: a cell's
+    ``tanh(i2h(x) + h2h(h))`` has both) that the run's naming names; empty where none."""
     level = [n for n, _ in node.next_functions if n is not None]
     for _ in range(4):
-        nxt = []
+        nxt, found = [], []
         for n in level:
             if type(n) is _ACCUMULATE:
                 p = n.variable
                 if naming.names_param(p):      # (not a leaf of the script's own: an input that needs grad)
-                    return p
+                    found.append(p)
                 continue
             nxt.extend(m for m, _ in n.next_functions if m is not None)
+        if found:
+            return frozenset(found)
         level = nxt
-    return None
+    return frozenset()
 
 
 def of_parameter(node, x: torch.Tensor) -> bool:
@@ -251,10 +254,19 @@ def of_parameter(node, x: torch.Tensor) -> bool:
     return False
 
 
-def functional_name(kind: str, param: torch.Tensor, naming) -> str:
-    """``relu(fc1)``: an activation named after the module of ``param`` (``fc1.weight``)."""
-    name = naming.param_name(param)
-    return f"{kind}({name.rsplit('.', 1)[0] if '.' in name else name})"
+def functional_name(kind: str, params: frozenset, naming) -> str:
+    """``relu(fc1)``: an activation named after the module of ``params`` (``fc1.bias``); of
+    several modules', after the one that holds them all (``tanh(cell)`` for ``cell.i2h`` and
+    ``cell.h2h``), else after them all (``tanh(enc+dec)``)."""
+    names = sorted({n.rsplit(".", 1)[0] if "." in n else n for n in (naming.param_name(p) for p in params)})
+    if len(names) == 1:
+        return f"{kind}({names[0]})"
+    common = []
+    for parts in zip(*(n.split(".") for n in names)):
+        if any(w != parts[0] for w in parts):
+            break
+        common.append(parts[0])
+    return f"{kind}({'.'.join(common) if common else '+'.join(names)})"
 
 
 def unit_extremes(x: torch.Tensor, fn) -> dict:
@@ -339,12 +351,12 @@ class UnitProbe(StepProbe):
             if x is None or not self._wanted(x) or of_parameter(node, x):
                 continue
             try:
-                p = producer_param(node, self.naming)
-                if p is None:               # (numbered in the graph's order, which a step repeats)
+                ps = producer_params(node, self.naming)
+                if not ps:                  # (numbered in the graph's order, which a step repeats)
                     unnamed += 1
                 # (named as the step ends, as the module calls' series: the naming may qualify its
                 # paths by then, the step's first included)
-                key = (_FUNCTIONAL, kind, p) if p is not None else f"{kind}#{unnamed}"
+                key = (_FUNCTIONAL, kind, ps) if ps else f"{kind}#{unnamed}"
                 self.measure(key, f"functional {kind}", x, kind)
             except Exception:
                 continue    # (one call it cannot read is left out; the probe, its modules' included, goes on)
