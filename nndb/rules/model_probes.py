@@ -317,12 +317,19 @@ class UnitProbe(StepProbe):
             and (output.numel() <= BIG_ELEMENTS or big_observed(self.recorder.step)) \
             and observed(self.recorder.step)
 
-    def forward(self, module, use, args, output) -> None:
+    def forward(self, module, use, args, output) -> bool:
+        """A module call: measured (True), or not one it reads."""
         if type(output) is torch.Tensor and output.grad_fn is not None:
             self._made.add(output.grad_fn)
         if not torch.is_grad_enabled() or not self._wanted(output):
-            return
-        self.measure((module, use), type(module).__name__, output, None)
+            return False
+        self.measure((module, use), type(module).__name__, output, self.kind_of(module))
+        return True
+
+    @staticmethod
+    def kind_of(module):
+        """The activation's kind, where the facts depend on it (None: they do not)."""
+        return None
 
     def measure(self, key, type_name: str, x: torch.Tensor, kind) -> None:
         """Add one call's output ``x`` to the step's facts under ``key`` (``kind``: the
@@ -419,14 +426,15 @@ class Saturation(UnitProbe):
         super().__init__(rec)
         self._last: dict = {}       # (module, use) -> weakref of its last output (to spot heads)
 
-    def forward(self, module, use, args, output) -> None:
-        if type(output) is torch.Tensor and output.grad_fn is not None:
-            self._made.add(output.grad_fn)
-        if not torch.is_grad_enabled() or not self._wanted(output):
-            return
-        self.measure((module, use), type(module).__name__, output,
-                     "sigmoid" if isinstance(module, nn.Sigmoid) else "tanh")
+    def forward(self, module, use, args, output) -> bool:
+        if not super().forward(module, use, args, output):
+            return False
         self._last[(module, use)] = weakref.ref(output)
+        return True
+
+    @staticmethod
+    def kind_of(module):
+        return "sigmoid" if isinstance(module, nn.Sigmoid) else "tanh"
 
     def measure(self, key, type_name: str, x: torch.Tensor, kind) -> None:
         with torch.no_grad():
