@@ -144,8 +144,9 @@ STATUSES = ("running", "finished", "failed", "interrupted", "terminated", "kille
 INCOMPLETE = "incomplete"
 
 # What ``events`` records: the tracer stopped recording after an internal
-# error; a rule or a probe failed and was switched off.
-EVENT_KINDS = ("recording_stopped", "rule_disabled", "probe_disabled", "full_tensors_skipped")
+# error; a rule or a probe failed and was switched off; a step of one optimizer's first
+# step alone, which came after the step of its iteration had closed (steps_joined).
+EVENT_KINDS = ("recording_stopped", "rule_disabled", "probe_disabled", "full_tensors_skipped", "steps_joined")
 # What ``events`` also keeps of a debugger session (an addition to version 1:
 # a reader of version 1 shows them as events): a rule's finding and a stop,
 # each with a "detail" object, the one the session report (docs/report.md)

@@ -141,7 +141,8 @@ def test_a_new_optimizer_takes_over_from_one_that_lives_on_but_no_longer_steps()
 
 def test_a_second_optimizer_stepping_after_the_closer_each_iteration_does_not_take_over():
     """A second optimizer that joins later and steps after the closer in every
-    iteration: the closer steps between its steps, so nothing changes."""
+    iteration, where nothing says where the script calls them (no call sites: the
+    tracer gives them, and then it joins the iteration, below): nothing changes."""
     c, a, b = StepClock(), Opt(), Opt()
     c.optimizer_pre(a, 1)
     c.optimizer_post(a)
@@ -189,3 +190,80 @@ def test_a_replica_told_of_a_handover_closes_the_step_at_the_new_optimizers_retu
     assert (closed.step, closed.retro) == (1, None) and not replica.mark and replica.late is None
     assert replica.closer is new
     assert replica.optimizer_pre(new, 2) is None and replica.optimizer_post(new).step == 2
+
+
+LOOP = object()          # (a frame's code: the training loop's)
+
+
+def _gan_after_the_closer(c, d, g, iterations=3):
+    """d steps alone for two iterations, then d and g (called on a later line) each iteration."""
+    closes = []
+    c.seen(d, ((LOOP, 10),))
+    c.optimizer_pre(d, 2)
+    closes.append(c.optimizer_post(d))
+    for i in range(1, 2 + iterations):
+        closes.append(c.optimizer_pre(d, 2, site=((LOOP, 10),) if c.wants_site else None))
+        closes.append(c.optimizer_post(d))
+        if i >= 2:
+            if g not in c._ordinals:
+                c.seen(g, ((LOOP, 20),))
+            closes.append(c.optimizer_pre(g, 2))
+            closes.append(c.optimizer_post(g))
+    return [(x.step, x.retro) for x in closes if x is not None]
+
+
+def test_a_second_optimizer_called_after_the_closer_from_a_later_iteration_on_joins_its_iteration():
+    """A dcgan loop whose generator first steps at iteration 2, after the discriminator's step
+    closed that iteration's step: the generator's first step is a step alone (closed after the
+    fact, as it steps again), and from then on a step is one iteration, closed at its return
+    (each step held the discriminator's iteration k and the generator's k - 1).  A replica told
+    of it closes that step at the generator's first return and learns the same iteration."""
+    live, d, g = StepClock(), Opt(), Opt()
+    got = _gan_after_the_closer(live, d, g)
+    # step 0 (learnt), 1, 2 the discriminator's; 3 the generator's first step alone; 4 iteration 3 ...
+    assert got == [(0, 1), (1, None), (2, None), (3, 1), (4, None), (5, None)]
+    assert live.mode is Mode.CYCLE and live.closer is g and live.joins == {3: True} and live.late is None
+    replica, d, g = StepClock(), Opt(), Opt()
+    replica.know({str(k): list(v) for k, v in live.handovers.items()})     # (as JSON brings it)
+    assert _gan_after_the_closer(replica, d, g) == [(0, 1), (1, None), (2, None), (3, None), (4, None), (5, None)]
+    assert replica.mode is Mode.CYCLE and replica.closer is g
+
+
+def test_a_newcomer_whose_closer_steps_again_falls_in_the_closers_next_step():
+    """A WGAN's critic, stepped 3 times a generator step: the generator's first step stays in the
+    critic step after it (closed after the fact, as the critic steps again), as its later ones
+    are; a replica told of it closes that step at the critic's return."""
+    def wgan(c, d, g):
+        out = []
+        c.seen(d, ((LOOP, 10),))
+        for it in range(2):
+            for k in range(3):
+                out.append(c.optimizer_pre(d, 2, site=((LOOP, 10),) if c.wants_site else None))
+                out.append(c.optimizer_post(d))
+            if g not in c._ordinals:
+                c.seen(g, ((LOOP, 20),))
+            out.append(c.optimizer_pre(g, 2))
+            out.append(c.optimizer_post(g))
+        return [(x.step, x.retro) for x in out if x is not None]
+    live, d, g = StepClock(), Opt(), Opt()
+    assert wgan(live, d, g) == [(0, 1), (1, None), (2, None), (3, 2), (4, None), (5, None)]
+    assert live.mode is Mode.SINGLE and live.closer is d and live.joins == {3: False}
+    replica, d, g = StepClock(), Opt(), Opt()
+    replica.know({str(k): list(v) for k, v in live.handovers.items()})
+    assert wgan(replica, d, g) == [(0, 1), (1, None), (2, None), (3, None), (4, None), (5, None)]
+
+
+def test_a_newcomer_called_before_the_closer_starts_its_next_iteration():
+    """A discriminator whose first steps a GradScaler skipped, stepped before the generator in
+    the loop: its first step is part of the generator's next step, as it was."""
+    c, d, g = StepClock(), Opt(), Opt()
+    c.seen(g, ((LOOP, 20),))
+    c.optimizer_pre(g, 2)
+    c.optimizer_post(g)
+    assert c.optimizer_pre(g, 2).step == 0 and c.optimizer_post(g).step == 1
+    c.seen(d, ((LOOP, 10),))
+    for step in (2, 3, 4):
+        assert c.optimizer_pre(d, 2) is None and c.optimizer_post(d) is None
+        assert c.optimizer_pre(g, 2, site=((LOOP, 20),) if c.wants_site else None) is None
+        assert c.optimizer_post(g).step == step
+    assert c.closer is g and not c.joins

@@ -213,6 +213,60 @@ def test_a_critic_trained_n_times_keeps_its_loss_as_every_steps_loss(tmp_path):
         steps, values = t.history(t.find("loss", "loss")[0], "mean")
         assert list(steps) == list(range(12)) and list(values) == [np.float32(float(v)) for v in lossD]
 
+
+# A dcgan loop whose generator's optimizer steps from the third iteration on (its loss and
+# backward every iteration): its first step comes after iteration 2's step closed.
+LATE_GENERATOR = """
+import torch, torch.nn as nn
+torch.manual_seed(0)
+netG = nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 2))
+netD = nn.Sequential(nn.Linear(2, 16), nn.LeakyReLU(0.2), nn.Linear(16, 1))
+criterion = nn.BCEWithLogitsLoss()
+optimizerD = torch.optim.Adam(netD.parameters(), lr=1e-2, betas=(0.5, 0.999))
+optimizerG = torch.optim.Adam(netG.parameters(), lr=1e-2, betas=(0.5, 0.999))
+for i in range(7):
+    netD.zero_grad()
+    errD_real = criterion(netD(torch.randn(32, 2) + 2), torch.ones(32, 1))
+    errD_real.backward()
+    fake = netG(torch.randn(32, 4))
+    errD_fake = criterion(netD(fake.detach()), torch.zeros(32, 1))
+    errD_fake.backward()
+    errD = errD_real + errD_fake
+    optimizerD.step()
+    netG.zero_grad()
+    errG = criterion(netD(fake), torch.ones(32, 1))
+    errG.backward()
+    if i >= 2:
+        optimizerG.step()
+    print("it", i, repr(errD.item()), repr(errG.item()))
+"""
+
+
+def test_a_generator_that_steps_from_a_later_iteration_on_is_paired_with_its_own_iteration(tmp_path):
+    """The steps stayed the discriminator's, each with the generator's step of the iteration
+    before: loss/optimizerG read 0.6166 (iteration 2's) at step 3, beside the discriminator's
+    loss of iteration 3, where the script printed 0.6365.  Its first step, after iteration 2's
+    step closed, is a step alone now, and a step is one iteration from then on; the run says
+    so, at the stop too, and goto goes to the step's own end."""
+    plain, trace = plain_and_recorded(tmp_path, LATE_GENERATOR)
+    rows = re.findall(r"^it (\d+) (\S+) (\S+)$", plain.stdout, re.M)
+    lossD, lossG = [np.float32(float(r[1])) for r in rows], [np.float32(float(r[2])) for r in rows]
+    with TraceReader(trace) as t:
+        steps, values = t.history(t.find("loss/optimizerG", "loss")[0], "mean")
+        assert list(steps) == [3, 4, 5, 6, 7] and list(values) == lossG[2:]
+        steps, values = t.history(t.find("loss", "loss")[0], "mean")
+        assert list(steps) == [0, 1, 2, 4, 5, 6, 7] and list(values)[3:] == lossD[3:]
+        assert not any(t.partial)
+        joined, = [e for e in t.events() if e["kind"] == "steps_joined"]
+        assert joined["step"] == 3 and "optimizerG's first step alone" in joined["message"], joined
+    r = nndb("run", "--batch", "-q", "--nx", "--trace", str(tmp_path / "s.h5"), "-e", "until 3",
+             "-e", 'p ("AT", i)', "-e", "goto 3", "-e", 'p ("AT", i)', "-e", "kill", str(tmp_path / "script.py"))
+    assert r.returncode == 0, r.stderr
+    assert "nndb: note: step 3 holds optimizerG's first step alone" in r.stderr, r.stderr
+    assert re.search(r"step 3 finished, loss/optimizerG 0.6166\n  \(step 3 holds alone the first step of an "
+                     r"optimizer that joined the iteration after step 2", r.stdout, re.I), r.stdout
+    assert re.findall(r"\('AT', (\d+)\)", r.stdout) == ["3", "2"], r.stdout
+
 def test_lbfgs_closure_many_backwards_in_one_step(trace):
     _, t = run_example("lbfgs", trace, "--steps", "4", "--max-iter", "5")
     with t:

@@ -222,12 +222,17 @@ class Session(CommandLoop, StopPoints):
         step (where the live run stops now, with that step's variables and gradients)?
         "handover": a later stage's optimizer took the steps over (StepClock.handovers;
         a replica goes to the step's own end); "repeat": an optimizer that stepped in it
-        stepped again (StepClock.repeats; a replica goes to its own end too); "learnt":
+        stepped again (StepClock.repeats; a replica goes to its own end too); "join": an
+        optimizer that first stepped after its iteration's step had closed stepped again, its
+        first step a step alone, "newcomer": the closer stepped again after that first step
+        (StepClock.joins; a replica goes to its own end too); "learnt":
         step 0 of several optimizers, closed as the first stepped again (docs/steps.md);
         None: no."""
         clock = self.rec.tracer.clock if self.rec is not None else None
         if clock is None or step is None or clock.late != step:
             return None
+        if step in clock.joins:
+            return "join" if clock.joins[step] else "newcomer"
         return "repeat" if step in clock.repeats else "handover" if step in clock.handovers else "learnt"
 
     def post_mortem(self, exc: BaseException) -> None:

@@ -170,7 +170,14 @@ def _late_note(session, stop) -> str:
         "handover": ("another optimizer took the steps over", f"; 'goto {n}' shows step {n}'s own end"),
         "repeat": ("an optimizer that stepped in it stepped again (no step holds two steps of one optimizer)",
                    f"; 'goto {n}' shows step {n}'s own end"),
+        "newcomer": ("its closing optimizer stepped again after another's first step, which it holds (nndb waits "
+                     "a step to see whether that one steps in every iteration)", f"; 'goto {n}' shows step {n}'s own end"),
     }.get(why, ("the first optimizer stepped again (so nndb learns which optimizers make a step)", ""))
+    if why == "join":
+        return (f"\n  (step {n} holds alone the first step of an optimizer that joined the iteration after step "
+                f"{n - 1}, the iteration's step, had closed (a closed step is not reopened); it was closed after the "
+                f"fact, as that optimizer stepped again: the run is in step {n + 1}, in that optimizer's step, its "
+                f"variables and .grad step {n + 1}'s; 'goto {n}' shows step {n}'s own end)")
     return (f"\n  (step {n} was closed after the fact, as {cause}: the run is in step {n + 1}'s first "
             f"optimizer step, its variables and .grad step {n + 1}'s{after})")
 

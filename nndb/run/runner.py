@@ -202,7 +202,7 @@ class Recording:
         # Whole tensors (--record-full; the prompt's ``record full`` changes the rules)
         self.recorder.fulltensors = FullTensors(config.full_rules, self.writer.full_tensor)
         self.tracer = Tracer(self.recorder, self.naming, on_step_end=self.pipeline.step_ended,
-                             on_error=self._tracer_failed)
+                             on_error=self._tracer_failed, on_note=self._tracer_note)
         # What the rules read besides the statistics, kept in the trace for nndb check-trace.
         self.writer.shape_of = self.recorder.series_shape
         self.writer.local_shape_of = lambda name, kind: self.recorder.series_shape(name, kind, local=True)
@@ -227,6 +227,10 @@ class Recording:
     def _fingerprints_failed(self, msg: str) -> None:
         self.note("recording_stopped", msg)
         self.message(msg)
+
+    def _tracer_note(self, kind: str, msg: str) -> None:
+        self.note(kind, msg)
+        self.message("nndb: note: " + msg)
 
     def _tracer_failed(self, msg: str) -> None:
         self.note("recording_stopped", msg)

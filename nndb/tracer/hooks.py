@@ -59,7 +59,7 @@ from .discover import backward_objective, backward_roots, call_args, call_kwargs
 from .discover import fires_step_hooks
 from .bucket import _PENDING_LOSS
 from .recorder import GRAD_OF_INPUTS, SCALED_NODES, UNSCALED, StepRecorder, first_float_tensor
-from .stepclock import Close, Mode, StepClock
+from .stepclock import Close, Mode, StepClock, call_site
 from .within import WithinStep
 
 
@@ -686,7 +686,9 @@ class Tracer:
     ``on_step_end(step)`` is called at every step boundary (the recording's
     step pipeline, nndb.tracer.pipeline, hands the step on), in the thread and
     under the frame of the code that ended the step (the debugger stops
-    there).  ``on_error(msg)`` reports an internal error once.
+    there).  ``on_error(msg)`` reports an internal error once; ``on_note(kind, msg)``
+    tells the user and the trace's events what the step clock could not do as the
+    script's iterations are (``steps_joined``: a closed step not reopened).
 
     Why this size: each global hook (module calls, backward, optimizer steps)
     keeps its handles and the little state that says where in the step the
@@ -696,7 +698,8 @@ class Tracer:
 
     def __init__(self, recorder: StepRecorder, naming: Naming,
                  on_step_end: Optional[Callable[[int], None]] = None,
-                 on_error: Optional[Callable[[str], None]] = None):
+                 on_error: Optional[Callable[[str], None]] = None,
+                 on_note: Optional[Callable[[str, str], None]] = None):
         self.recorder = recorder
         self.naming = naming
         self.clock = StepClock()
@@ -710,6 +713,7 @@ class Tracer:
         # ends in an optimizer hook) would change the dict PyTorch is iterating.
         self.lineage = None
         self.on_error = on_error or (lambda msg: print(msg, file=sys.stderr))
+        self.on_note = on_note
         self._handles: list = []
         self._fwd_handles: list = []            # the global module hooks, while in (sync_forward)
         self._param_handles: dict = {}          # id(param) -> (weakref, hook handle or None)
@@ -1311,7 +1315,8 @@ class Tracer:
             else:
                 needs_count = mode in (Mode.UNKNOWN, Mode.MANUAL) or (mode is not Mode.LEARNING and not alive)
                 n = self._optimizer_count(opt) if needs_count else 2
-                close = clock.optimizer_pre(opt, n, self.closure_step or _IN_BACKWARD() != -1)
+                site = call_site(user_frame(2)) if clock.wants_site else None
+                close = clock.optimizer_pre(opt, n, self.closure_step or _IN_BACKWARD() != -1, site)
                 manual = clock.mode is Mode.MANUAL
                 if self._param_hooks and not manual and clock.mode is not Mode.UNKNOWN:
                     self._param_hooks_off()
@@ -1568,12 +1573,12 @@ class Tracer:
         return out
 
     def _first_sight(self, opt) -> None:
+        frame = user_frame(3)
         if opt not in self._opt_seen:
             self.optimizer_refs.append(weakref.ref(opt))
-            self.clock.seen(opt)
+            self.clock.seen(opt, call_site(frame))
         self._opt_seen[opt] = len(opt.param_groups)
         self.naming.refresh()
-        frame = user_frame(3)
         # Parameters of no model a module hook saw (a model that runs inside a torch.compile'd
         # training step, where the hooks do nothing; one called through .forward()): their
         # model, a variable of the script's, is a root as a called one is (named '0.weight' as
@@ -1606,10 +1611,26 @@ class Tracer:
         clock = self.clock
         # (clock.closer, inline: every step)
         lead = clock._closer() if clock.mode is Mode.SINGLE and clock._closer is not None else None
+        if clock.joins and clock.joins.get(close.step):
+            self._joined(close.step, told=close.retro is None)
         self.recorder.close(close.step, retro=close.retro, lead=lead)
         if self.on_step_end is not None:
             self.on_step_end(close.step)
         self.backward_began = None
+
+    def _joined(self, step: int, told: bool) -> None:
+        """``step`` holds alone the first step of an optimizer that joined the closer's
+        iteration after that iteration's step had closed (StepClock._decide): its loss is
+        ``loss/<optimizer>`` from here (the closer's is ``loss``), and the user is told
+        (not again by a replica ``told`` of it, which closes the step at its own end)."""
+        self.naming.loss_qualified = True
+        opt = self.clock.closer
+        if self.on_note is not None and opt is not None and not told:
+            name = self.naming.optimizer_name(opt)
+            self.on_note("steps_joined", f"step {step} holds {name}'s first step alone: it first "
+                         f"stepped after step {step - 1}, the step of its iteration, had closed (a closed step is "
+                         f"not reopened); from step {step + 1} on a step is one iteration, {name}'s step its last, "
+                         f"numbered one more than the iteration")
 
 
 # Hooks that run inside a compiled step or optimizer step: never compiled themselves

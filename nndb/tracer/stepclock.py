@@ -38,6 +38,24 @@ The rule (also in docs/steps.md):
   a replica is told (``handovers``, and ``repeats`` names the step) and closes
   it at the return of its last optimizer step.  (Two critic steps and the
   policy's made one step: a loss that was the sum of two of the critic's.)
+* **A second optimizer that first steps after the closer's step** (a GAN whose
+  generator steps from the third iteration on, ``if i >= 2:
+  optimizerG.step()``; a WGAN's generator, after the critic's first steps):
+  its first step is in the next step.  Where the script's code calls it after
+  the closer (its ``step()`` on a later line of the frame both calls share: the
+  loop's), which iteration it is part of shows at the next optimizer step after
+  the closer's (where it is called before the closer, a GAN whose discriminator's
+  first steps a GradScaler skipped, it starts the closer's next iteration and
+  is in that step: nothing changes).  If the newcomer steps again
+  there, it joins the closer's iteration: its first step, which came after
+  the step of its iteration had closed (a closed step is not reopened), is a
+  step of its own, closed after the fact (``joins``), and from then on a step
+  is one iteration of the two, which the newcomer closes (it paired the
+  discriminator's iteration k with the generator's k - 1 for good).  If the
+  closer steps again, the newcomer's steps fall into the closer's steps that
+  follow them (a WGAN's critic, stepped N times a generator step), as before:
+  that step is closed after the fact too.  A replica is told either
+  (``handovers``; ``joins`` says which) and closes the step at its own end.
 * **No optimizer** in the process (hand-written updates such as
   ``p.data.add_(p.grad, alpha=-lr)``): step N ends when the N-th
   ``backward()`` that reaches a parameter returns.  If an optimizer appears
@@ -71,6 +89,31 @@ class Close:
     retro: Optional[int] = None
 
 
+def call_site(frame) -> tuple:
+    """Where a frame is, with the frames that called it: ((code, line), ...) from the outermost."""
+    out = []
+    while frame is not None:
+        out.append((frame.f_code, frame.f_lineno))
+        frame = frame.f_back
+    return tuple(reversed(out))
+
+
+def called_after(first, then) -> bool:
+    """Is the call at ``first`` later in the script's code than the one at ``then``: on a later
+    line of the innermost frame both sites share (the training loop's)?  False where unknown."""
+    if not first or not then:
+        return False
+    for i, (a, b) in enumerate(zip(first, then)):
+        if a == b:
+            continue
+        if a[0] is b[0]:                 # (one function, two lines)
+            return a[1] > b[1]
+        if i and first[i - 1][0] is then[i - 1][0]:      # (two functions called from one)
+            return first[i - 1][1] > then[i - 1][1]
+        return False
+    return False
+
+
 class StepClock:
     def __init__(self):
         self.step = 0
@@ -89,6 +132,15 @@ class StepClock:
         self._n_seen = 0
         self.late: Optional[int] = None  # the step last closed after the fact, inside the next one
         self.absorbing = None            # weakref: an optimizer whose step is the last hand-written step's update
+        # One closer: an optimizer whose first step came after the closer's step (weakrefs), and
+        # whether the closer stepped again since (the newcomer's iteration is told at the next
+        # optimizer step: _decide)
+        self._fresh = None               # (weakref, call site) of the optimizer last seen for the first time
+        self._newcomer = None
+        self._undecided = False
+        # {step: joined} of ``handovers``: a newcomer's first step alone (True: it joined the
+        # closer's iteration) or with the closer's step after it (False)
+        self.joins: dict = {}
 
     @property
     def closer(self):
@@ -103,26 +155,31 @@ class StepClock:
         self.step += 1
         return c
 
-    def seen(self, opt) -> None:
+    def seen(self, opt, site=None) -> None:
         """``opt`` steps for the first time in this run (the tracer's first sight of it):
-        its ordinal, which a replay gives it too (ids differ in a new process)."""
+        its ordinal, which a replay gives it too (ids differ in a new process).  ``site``:
+        where the script calls its ``step()`` (``call_site``)."""
         if opt not in self._ordinals:
             self._ordinals[opt] = self._n_seen
             self._n_seen += 1
+            self._fresh = (weakref.ref(opt), site)
 
     def know(self, handovers) -> None:
         """A replica is told the live run's handovers (``handovers``'s items, JSON's string
         keys or not): it closes each such step at the return of its last optimizer step,
         where the live run closed it after the fact (its stop was in the next step's first
         optimizer step, with that step's variables and gradients)."""
-        for step, (n, ordinal) in dict(handovers or {}).items():
-            self.handovers[int(step)] = (int(n), int(ordinal))
+        for step, (n, ordinal, *joined) in dict(handovers or {}).items():
+            self.handovers[int(step)] = (int(n), int(ordinal), *map(bool, joined[:1]))
+            if joined:
+                self.joins[int(step)] = bool(joined[0])
 
     # -- events -------------------------------------------------------------
-    def optimizer_pre(self, opt, n_optimizers: int, own_backward: bool = False) -> Optional[Close]:
+    def optimizer_pre(self, opt, n_optimizers: int, own_backward: bool = False, site=None) -> Optional[Close]:
         """``n_optimizers``: how many optimizers the process holds now; ``own_backward``:
         the gradients this step applies come from a backward inside it (a closure's, or the
-        backward it steps in), not from the last one."""
+        backward it steps in), not from the last one; ``site``: where the script calls this
+        ``step()`` (``call_site``), given while ``wants_site``."""
         if self.mode in (Mode.UNKNOWN, Mode.MANUAL):
             if n_optimizers <= 1:
                 if self.mode is Mode.MANUAL and not own_backward:
@@ -150,7 +207,10 @@ class StepClock:
             self._set_closer(opt)
             self._others = []
             return None
+        if self._undecided:
+            return self._decide(opt, closer)
         if self._others and any(r() is opt for r in self._others):
+            self._newcomer = None
             order, self._others = self._others, []
             self.handovers[self.step] = (len(order), self._ordinals.get(order[-1](), -1))
             if self.mode is Mode.CYCLE:
@@ -160,7 +220,38 @@ class StepClock:
             # The closer has not stepped since this one did: this one (and any that
             # stepped with it) is the loop now; the closer is an earlier stage's.
             return self._hand_over(order, retro=len(order))
+        if opt is closer and self._newcomer is not None:
+            (ref, first), self._newcomer = self._newcomer, None
+            if ref() is not None and called_after(first, site):
+                self._newcomer = ref
+                self._undecided = True       # (the closer's step is no boundary until _decide)
         return None
+
+    @property
+    def wants_site(self) -> bool:
+        """Does the next optimizer step need its call site (``optimizer_pre``'s ``site``)?"""
+        return self._newcomer is not None
+
+    def _decide(self, opt, closer) -> Close:
+        """The optimizer step after the closer's that followed a newcomer's first step: the
+        newcomer stepping again joins the closer's iteration (its first step a step of its
+        own, and one iteration of the two a step, closed at its return from then on); another
+        (the closer: a critic stepped N times a generator step) leaves the newcomer's step in
+        the closer's step after it, as it was.  Either step is closed after the fact."""
+        newcomer = self._newcomer()
+        order, self._others = self._others, []
+        self._newcomer, self._undecided = None, False
+        if opt is newcomer:
+            n = next(i for i, r in enumerate(order) if r() is opt) + 1
+            self.handovers[self.step] = (n, self._ordinals.get(opt, -1), True)
+            self.joins[self.step] = True
+            self.mode = Mode.CYCLE
+            self._set_closer(opt)
+            self._others = order[n:]      # (the closer's step since: the next step's)
+            return self._close(retro=n)
+        self.handovers[self.step] = (len(order), self._ordinals.get(closer, -1), False)
+        self.joins[self.step] = False
+        return self._close(retro=len(order))
 
     def _hand_over(self, order: list, retro=None) -> Close:
         self.mode = Mode.SINGLE if len({id(r()) for r in order}) == 1 else Mode.CYCLE
@@ -214,6 +305,8 @@ class StepClock:
                 self.mark = False
                 return None
         if opt is closer:
+            if self._undecided:
+                return self._closer_undecided(opt)
             self._others = []
             c = Close(self.step)          # (self._close(), inline: every step)
             self.late = None
@@ -221,11 +314,33 @@ class StepClock:
             return c
         if self.mark:
             self._others.append(weakref.ref(opt))
-            if self.handovers and self.handovers.get(self.step) == (len(self._others), self._ordinals.get(opt, -1)):
+            fresh, self._fresh = self._fresh, None
+            told = self.handovers.get(self.step) if self.handovers else None
+            if told is not None and told[:2] == (len(self._others), self._ordinals.get(opt, -1)):
                 # (a replica told of the live run's handover: the step ends here, at its return)
                 order, self._others = self._others, []
                 self.mark = False
+                if self.joins.get(self.step):      # (a newcomer that joined the closer's iteration: _decide)
+                    self.mode = Mode.CYCLE
+                    self._set_closer(opt)
+                    return self._close()
                 return self._close() if self.mode is Mode.CYCLE else self._hand_over(order)
+            if fresh is not None and fresh[0]() is opt and self.mode is Mode.SINGLE:
+                self._newcomer = fresh       # (its first step, after the closer's: _decide)
+        return None
+
+    def _closer_undecided(self, opt) -> Optional[Close]:
+        """The closer returns after a newcomer's first step (``_decide``): a segment, no
+        boundary yet, but in a replica told that the live run left the newcomer's step in
+        this one (a critic stepped N times a generator step): the step ends here."""
+        self._others.append(weakref.ref(opt))
+        told = self.handovers.get(self.step)
+        if told is not None and self.joins.get(self.step) is False and \
+                told[:2] == (len(self._others), self._ordinals.get(opt, -1)):
+            self._others, self._newcomer, self._undecided = [], None, False
+            self.mark = False
+            return self._close()
+        self.mark = True
         return None
 
     def backward_end(self, n_optimizers: int) -> Optional[Close]:
