@@ -225,6 +225,8 @@ def _backward(*args, **kwargs):
         # (a later backward of the step, after a loss no optimizer step has taken: did
         # zero_grad() come between?  StepRecorder.later_backward)
         rec = t.recorder
+        if rec._in_step is not None and not t.closure_step:
+            t._step_raised()
         pending = _PENDING_LOSS in rec._buckets[-1].entries
         if pending or rec.reaching:
             try:
@@ -914,6 +916,8 @@ class Tracer:
         off = None
         try:
             if self.module_depth == 0:
+                if self.recorder._in_step is not None and not self.closure_step:
+                    self._step_raised()
                 if self.watching:
                     off = _hide_watches(self)     # (its tensor calls: no mode sees them)
                 self._calls = {}
@@ -1354,6 +1358,18 @@ class Tracer:
             if paused is not None:
                 paused.__exit__(None, None, None)
         return self._counted(args, kwargs) if self.closure_step and not self._failed else None
+
+    def _step_raised(self) -> None:
+        """An optimizer's ``step()`` (no closure) raised, and the script went on (its own check
+        of the gradients, caught): its post hook never ran.  What its pre hook began ends at the
+        next forward pass or backward: the function watches it took off the mode stack go back
+        (the loss rules saw nothing of the next iteration), and the next losses are a step's, not
+        the later calls of a closure (only the next backward's was taken: the step's loss read
+        the first of its two backward passes)."""
+        held, self._held = self._held, None
+        if held:
+            _show_watches(held)
+        self.recorder.step_raised()
 
     def _counted(self, args, kwargs):
         """(args, kwargs) of an optimizer's ``step`` with its closure made to count its calls

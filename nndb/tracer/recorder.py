@@ -757,6 +757,11 @@ class StepRecorder:
                 cached = (None, self._plan(opt))
             self._snapshots[id(opt)] = cached[1].snapshot()
 
+    def step_raised(self) -> None:
+        """An optimizer's step() raised (hooks: Tracer._step_raised): no step of it is taken."""
+        self._in_step = None
+        self._snapshots.clear()
+
     def optimizer_post(self, opt) -> None:
         self._in_step = None
         if self._clips_since_step:
