@@ -47,6 +47,46 @@ def test_dead_relu_names_the_dead_series(tmp_path):
     assert ev["module_type"] == "ReLU" and ev["unit"] == "features" and ev["steps"] == 5
 
 
+BLOCKS_OF_A_PLAIN_CLASS = """
+    # a model of the script's own class that is no nn.Module: a ModuleDict (FLAG 'dict') or a
+    # ModuleList of blocks and a head; 24 of the second block's 32 ReLU units dead from the start
+    class Model:
+        def __init__(self):
+            layers = [nn.Sequential(nn.Linear(8, 32), nn.ReLU()), nn.Sequential(nn.Linear(32, 32), nn.ReLU())]
+            self.blocks = nn.ModuleDict({"first": layers[0], "second": layers[1]}) if FLAG == "dict" \\
+                else nn.ModuleList(layers)
+            self.head = nn.Linear(32, 1)
+            with torch.no_grad():
+                layers[1][0].bias[:24] = -100.0
+
+        def parameters(self):
+            return [*self.blocks.parameters(), *self.head.parameters()]
+
+        def __call__(self, x):
+            for m in (self.blocks.values() if FLAG == "dict" else self.blocks):
+                x = m(x)
+            return self.head(x)
+
+    model = Model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    for step in range(STEPS):
+        x = torch.randn(64, 8)
+        loss = F.mse_loss(model(x), x.sum(1, keepdim=True))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+"""
+
+
+@pytest.mark.parametrize("form,name", [("dict", "blocks.second.1"), ("list", "blocks.1.1")])
+def test_blocks_a_plain_class_calls_from_its_container_are_named_by_their_path(tmp_path, form, name):
+    """The blocks were roots named by the loop's variable that held each in turn: 'm2.1' (and
+    'm2.0.weight' for blocks.second.0.weight) in both forms."""
+    res = run(tmp_path, write(tmp_path, "blocks.py", BLOCKS_OF_A_PLAIN_CLASS), 8, form)
+    [f] = only(res, "dead_relu")
+    assert (f["tensor"], f["step"]) == (name, 4)
+
+
 MASKED = """
     # {what}: bias -10 on the first {dead} of {units} units / channels
     if FLAG == "conv":

@@ -282,7 +282,14 @@ def find_container(module, frame):
     best, size = None, 0
     kids = {id(k) for k in view_children(module)}
     for scope in _scopes(frame):
-        for v in list(scope.values()):
+        values = list(scope.values())
+        own = scope.get("self")
+        if own is not None and not isinstance(own, torch.nn.Module):
+            # (a model of the script's own class that is no module, whose method calls the
+            # layers of a ModuleDict or ModuleList it holds, ``for name, m in self.blocks.items()``:
+            # they were roots named by the loop's variable, 'm' and 'm2')
+            values += [x for _, x, _ in _links(own)]
+        for v in values:
             if isinstance(v, torch.nn.Module) and v is not module:
                 mods = list(v.modules())
                 if len(mods) > size and not _wraps(v, module) and (
