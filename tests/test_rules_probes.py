@@ -178,6 +178,59 @@ def test_saturated_tanh_fires_and_sigmoid_head_does_not(tmp_path):
     assert ev["module_type"] == "Tanh" and ev["saturated_units"] == 12 and ev["units"] == 16
 
 
+GENERATOR_OUTPUT = """
+    # A GAN on MNIST-like images (8 x 8 in [-1, 1], background -1, a stroke of +1 on 12 pixels)
+    # whose generator has learnt the images: its output Tanh (FLAG 'module': nn.Tanh, the last
+    # layer of its nn.Sequential; 'functional': torch.tanh as forward returns; 'linear': none)
+    # sits at -1 and +1 where the data does, 64 of 64 units.  A hidden Tanh of its has 12 of 16
+    # units at +1.
+    mask = torch.zeros(64, dtype=torch.bool)
+    mask[torch.randperm(64)[:12]] = True
+    real = torch.where(mask, 1.0, -1.0).expand(32, 64)
+
+    class Generator(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.net = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 64),
+                                     *([nn.Tanh()] if FLAG == "module" else []))
+            with torch.no_grad():
+                self.net[0].bias[:12] = 10.0
+                self.net[2].weight.mul_(0.01)
+                self.net[2].bias.copy_(torch.where(mask, 6.0, -6.0))
+
+        def forward(self, z):
+            y = self.net(z)
+            return torch.tanh(y) if FLAG == "functional" else y
+
+    netG, netD = Generator(), nn.Sequential(nn.Linear(64, 32), nn.LeakyReLU(0.2), nn.Linear(32, 1))
+    criterion = nn.BCEWithLogitsLoss()
+    optD = torch.optim.Adam(netD.parameters(), lr=1e-3, betas=(0.5, 0.999))
+    optG = torch.optim.Adam(netG.parameters(), lr=1e-3, betas=(0.5, 0.999))
+    for step in range(STEPS):
+        netD.zero_grad()
+        fake = netG(torch.randn(32, 8))
+        errD = criterion(netD(real), torch.ones(32, 1)) + criterion(netD(fake.detach()), torch.zeros(32, 1))
+        errD.backward()
+        optD.step()
+        netG.zero_grad()
+        errG = criterion(netD(fake), torch.ones(32, 1))
+        errG.backward()
+        optG.step()
+        if step == 0 and FLAG != "linear":
+            print("saturated output units:", int(((1 - fake.detach() ** 2).mean(0) < 0.1).sum()))
+"""
+
+
+def test_a_generators_hidden_tanh_module_is_read_once(tmp_path):
+    """The generator's forward runs before the discriminator's backward, which does not go
+    through it: its Tanh module's output was read again at the generator's backward, as a
+    functional call: two findings of one layer, 'netG.net.1' and 'tanh(netG.net.0)'."""
+    res = run(tmp_path, write(tmp_path, "gan.py", GENERATOR_OUTPUT), 7, "linear")
+    [f] = only(res, "saturated_activation")
+    assert (f["tensor"], f["step"], f["evidence"]["saturated_units"]) == ("netG.net.1", 4, 12)
+
+
+
 BOTH_SIDES = """
     # weights far too large: pre-activations of std ~SCALE, every unit at +-1 (tanh) or 0/1
     # (sigmoid), flipping with the sample: no unit sits at one asymptote for the whole batch

@@ -347,7 +347,10 @@ class UnitProbe(StepProbe):
     def backward(self, roots) -> None:
         """A backward begins: the functional calls of KINDS in the graph it differentiates
         (the module calls were seen as they ran)."""
-        made, self._made = self._made, set()
+        # (kept to the step's end: a GAN's generator runs before the discriminator's backward,
+        # which does not go through it, and its Tanh module's output was read again at the
+        # generator's backward, a second finding named as a functional call, 'tanh(netG.net.0)')
+        made = self._made
         if roots is None or not self.recorder.recording:
             return
         unnamed = 0
