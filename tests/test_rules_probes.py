@@ -230,6 +230,17 @@ def test_a_generators_hidden_tanh_module_is_read_once(tmp_path):
     assert (f["tensor"], f["step"], f["evidence"]["saturated_units"]) == ("netG.net.1", 4, 12)
 
 
+@pytest.mark.parametrize("form", ["module", "functional"])
+def test_a_generators_output_tanh_is_its_output_layer_not_a_saturated_hidden_one(tmp_path, capsys, form):
+    """A model's output is no hidden layer: the generator's Tanh producing images at -1 and +1,
+    as the data is, was 'saturated_activation at step 4: 64 of 64 units (100%) of Tanh layer
+    netG.net.3' ('tanh(netG.net.2)' in the functional form) beside its hidden Tanh's; that one
+    alone is found."""
+    res = run(tmp_path, write(tmp_path, "gan.py", GENERATOR_OUTPUT), 7, form)
+    assert "saturated output units: 64" in capsys.readouterr().out
+    [f] = only(res, "saturated_activation")
+    assert (f["tensor"], f["step"], f["evidence"]["saturated_units"]) == ("netG.net.1", 4, 12)
+
 
 BOTH_SIDES = """
     # weights far too large: pre-activations of std ~SCALE, every unit at +-1 (tanh) or 0/1

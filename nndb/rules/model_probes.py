@@ -51,6 +51,7 @@ import torch.nn as nn
 from .. import cadence
 from ..cadence import big_observed, observed
 from ..tracer.naming import is_compiled_module
+from ..tracer.recorder import first_float_tensor
 from .probes import Probe, register
 
 
@@ -349,7 +350,7 @@ class UnitProbe(StepProbe):
         (the module calls were seen as they ran)."""
         # (kept to the step's end: a GAN's generator runs before the discriminator's backward,
         # which does not go through it, and its Tanh module's output was read again at the
-        # generator's backward, a second finding named as a functional call, 'tanh(netG.net.0)')
+        # generator's backward, a second finding named as a functional call, 'tanh(net_g.net.0)')
         made = self._made
         if roots is None or not self.recorder.recording:
             return
@@ -358,7 +359,7 @@ class UnitProbe(StepProbe):
             if kind not in self.KINDS or node in made or not self.functional(kind, hidden, layer):
                 continue
             x = saved_output(node)
-            if x is None or not self._wanted(x) or of_parameter(node, x):
+            if x is None or not self._wanted(x) or of_parameter(node, x) or self.model_output(x):
                 continue
             try:
                 ps = producer_params(node, self.naming)
@@ -375,6 +376,11 @@ class UnitProbe(StepProbe):
         """Is a functional call of ``kind`` one of the layers the rule judges (graph_activations
         says what ``hidden`` and ``layer`` are)?  A ReLU, wherever it goes (pooling first)."""
         return True
+
+    def model_output(self, x: torch.Tensor) -> bool:
+        """Is a functional call's output ``x`` (as autograd saved it) what a root module
+        returned, an output layer the rule does not judge?"""
+        return False
 
     def take(self, step: int) -> dict:
         """Facts by series name (``act``, ``act#2``), as the recorded activations."""
@@ -417,17 +423,21 @@ class Saturation(UnitProbe):
     local derivative relative to its largest (tanh' = 1 - y^2, sigmoid' / 0.25
     = 1 - (2y - 1)^2), whichever asymptote each sample sits at.
     facts["heads"]: series whose output went straight into a loss module (a
-    probability head: confident, not stuck); a functional call with no
-    operation of parameters between it and the loss is such a head, and is
-    not read."""
+    probability head: confident, not stuck), or is what a model (a root module)
+    returned, its output layer (a GAN's generator's Tanh, at -1 where the images'
+    background is: as the data, not stuck); a functional call with no
+    operation of parameters between it and the loss, or whose output a model
+    returned, is such a head, and is not read."""
     name = "saturation"
     MODULE_TYPES = subclasses(nn.Tanh, nn.Sigmoid)
     KINDS = ("tanh", "sigmoid")
     ROOT = True
+    ROOT_OUTPUT = True
 
     def __init__(self, rec):
         super().__init__(rec)
         self._last: dict = {}       # (module, use) -> weakref of its last output (to spot heads)
+        self._outputs: list = []    # weakrefs of what the step's root modules returned
 
     def forward(self, module, use, args, output) -> bool:
         if not super().forward(module, use, args, output):
@@ -459,15 +469,36 @@ class Saturation(UnitProbe):
         return hidden and layer
 
     def root(self, module, args) -> None:
-        if not self._last or not isinstance(module, nn.modules.loss._Loss) or not args:
-            return
-        x = args[0]
+        if self._last and isinstance(module, nn.modules.loss._Loss) and args:
+            self._heads_of(args[0])
+
+    def root_output(self, module, output) -> None:
+        x = first_float_tensor(output)
+        if x is not None:
+            self._outputs.append(weakref.ref(x))
+            if self._last:
+                self._heads_of(x)
+
+    def _heads_of(self, x) -> None:
+        """The calls whose output ``x`` is (or a view of it): heads."""
         if not isinstance(x, torch.Tensor):
             return
         base = x._base if x._base is not None else x
         for key, ref in self._last.items():
             if ref() is x or ref() is base:
                 self.step_facts().setdefault("heads", set()).add(self.act_name(*key))
+
+    def model_output(self, x: torch.Tensor) -> bool:
+        ptr, n = x.data_ptr(), x.numel()
+        for ref in self._outputs:
+            t = ref()
+            if t is not None and t.data_ptr() == ptr and t.numel() == n:
+                return True
+        return False
+
+    def take(self, step: int) -> dict:
+        self._outputs = []
+        return super().take(step)
 
 
 # -- eval_mode_training -------------------------------------------------------------------------

@@ -46,6 +46,7 @@ class Probe:
 
     _armed = False                    # its callbacks are in the tracer now
     ROOT = False                      # see every root module's inputs (``root``)
+    ROOT_OUTPUT = False               # see every root module's output (``root_output``)
     OPTIMIZER = False                 # see every optimizer step (``optimizer``)
     SCALED_CLIP = False               # see a GradScaler's step after a clip of scaled gradients (``scaled_clip``)
     BACKWARD = False                  # see each backward begin, with its roots (``backward``)
@@ -55,6 +56,8 @@ class Probe:
             out = [(cls, self._guard(self.forward)) for cls in self.MODULE_TYPES]
             if self.ROOT:
                 out.append(("root", self._guard(self.root)))
+            if self.ROOT_OUTPUT:
+                out.append(("root_output", self._guard(self.root_output)))
             if self.OPTIMIZER:
                 out.append(("optimizer", self._guard(self.optimizer)))
             if self.SCALED_CLIP:
@@ -102,6 +105,9 @@ class Probe:
 
     def root(self, module, args) -> None:
         """Before a root module's forward (the model called by the script)."""
+
+    def root_output(self, module, output) -> None:
+        """After a root module's forward: what it returned."""
 
     def optimizer(self, opt, when: str) -> None:
         """At an optimizer step: ``when`` is "pre" or "post"."""

@@ -976,6 +976,15 @@ class Tracer:
                     self.recorder.pass_ended()
                 except Exception:
                     self._fail()
+            if self.within.root_output:
+                self.in_hook = True          # (the probes' own tensor work is not the step's)
+                try:
+                    for cb in self.within.root_output:
+                        cb(module, output)
+                except Exception:
+                    self._fail()
+                finally:
+                    self.in_hook = False
         if off:
             _show_watches(off)
         if hidden:

@@ -11,7 +11,7 @@ The events (``join(event, callback)``, ``leave(event, callback)``):
   class (``use``: its call's number within the forward pass) — the rules'
   probes (nndb.rules.probes), ``nndb check``'s model outputs;
 * ``"root"``: ``(module, args)`` before a root module's forward (the model the
-  script calls);
+  script calls); ``"root_output"``: ``(module, output)`` after it;
 * ``"optimizer"``: ``(optimizer, "pre" | "post")`` at an optimizer step;
 * ``"loss"``: ``(tensor)`` a backward's loss, after the recorder took it — the
   op recorder's label (nndb.lineage.ops), ``nndb check``;
@@ -36,13 +36,14 @@ from __future__ import annotations
 
 from typing import Callable
 
-EVENTS = ("root", "optimizer", "loss", "no_loss", "backward", "module", "scaled_clip")
+EVENTS = ("root", "root_output", "optimizer", "loss", "no_loss", "backward", "module", "scaled_clip")
 
 
 class WithinStep:
     def __init__(self):
         self.forward: dict = {}             # module class -> [callback]
         self.root: list = []
+        self.root_output: list = []
         self.optimizer: list = []
         self.loss: list = []
         self.no_loss: list = []
