@@ -106,9 +106,15 @@ class StepProbe(Probe):
 
 
 # -- functional activations: the backward's graph -----------------------------------------------
+_CLAMP = "clamp"            # (a node of the clamp family: a ReLU where its lower bound is 0, _relu_clamp)
 # The autograd nodes of the activations read from the graph, by class name, and the node that
 # holds a parameter (a leaf that needs grad)
-_ACTIVATION_NODES = {"ReluBackward0": "relu", "TanhBackward0": "tanh", "SigmoidBackward0": "sigmoid"}
+_ACTIVATION_NODES = {"ReluBackward0": "relu", "TanhBackward0": "tanh", "SigmoidBackward0": "sigmoid",
+                     "HardtanhBackward0": _CLAMP, "ClampMinBackward0": _CLAMP, "ClampBackward1": _CLAMP}
+# A ReLU written as a clamp at 0 (F.relu6, h.clamp(min=0), clamp_min(0): their nodes save the input,
+# not the output), by the attributes of its node's bounds: read as the ReLU it is (nn.ReLU6's is)
+_BOUNDS = {"HardtanhBackward0": ("_saved_min_val", "_saved_max_val"), "ClampMinBackward0": ("_saved_min", None),
+           "ClampBackward1": ("_saved_min", "_saved_max")}
 _ACCUMULATE = type(torch.zeros(1, requires_grad=True).expand(1).grad_fn.next_functions[0][0])
 # What takes a layer's activations in: the operations of a layer's weights (a Linear, a
 # convolution, a recurrence's matrix product), and those an activation passes through on its way
@@ -179,7 +185,8 @@ def graph_activations(roots) -> list:
                     t.append(fn)
                 if n not in seen:
                     stack.append((n, hidden))
-    out = [(kind, fn, hidden, _into_layer(fn, takers)) for kind, fn, hidden in out]
+    out = [(kind if kind is not _CLAMP else "relu", fn, hidden, _into_layer(fn, takers))
+           for kind, fn, hidden in out if kind is not _CLAMP or _relu_clamp(fn)]
     _walked[0], _walked[1] = fns[0], out
     return out
 
@@ -208,11 +215,23 @@ def forget_graph() -> None:
     _walked[0] = _walked[1] = None
 
 
+def _relu_clamp(node) -> bool:
+    """Is a clamp-family node a ReLU: its lower bound 0 (and its upper one, if any, above it)?"""
+    lo, hi = (getattr(node, a, None) if a else None for a in _BOUNDS[type(node).__name__])
+    return isinstance(lo, (int, float)) and lo == 0 and (hi is None or (isinstance(hi, (int, float)) and hi > 0))
+
+
 def saved_output(node) -> Optional[torch.Tensor]:
-    """The output autograd saved for an activation's node, detached; None where reading it
-    would run code of the script's (saved-tensor hooks: a checkpointed region recomputes)
-    or cannot be done (freed, changed in place since)."""
+    """The output autograd saved for an activation's node, detached (a clamp's, from the input
+    it saved); None where reading it would run code of the script's (saved-tensor hooks: a
+    checkpointed region recomputes) or cannot be done (freed, changed in place since)."""
     try:
+        bounds = _BOUNDS.get(type(node).__name__)
+        if bounds is not None:
+            if node._raw_saved_self.unpack_hook is not None:
+                return None
+            lo, hi = (getattr(node, a) if a else None for a in bounds)
+            return node._saved_self.detach().clamp(lo, hi)
         if node._raw_saved_result.unpack_hook is not None:
             return None
         return node._saved_result.detach()
