@@ -1654,8 +1654,8 @@ class Tracer:
             name = self.naming.optimizer_name(opt)
             self.on_note("steps_joined", f"step {step} holds {name}'s first step alone: it first "
                          f"stepped after step {step - 1}, the step of its iteration, had closed (a closed step is "
-                         f"not reopened); from step {step + 1} on a step is one iteration, {name}'s step its last, "
-                         f"numbered one more than the iteration")
+                         f"not reopened); from step {step + 1} on a step is one iteration, {name}'s step its last "
+                         f"(this extra step moves the later steps' numbers on by one)")
 
 
 # Hooks that run inside a compiled step or optimizer step: never compiled themselves
