@@ -76,6 +76,56 @@ def _live_and_offline(tmp_path, source: str, arg: str) -> tuple:
     return live, [(f.rule, f.step, f.evidence) for f in offline if f.severity in ("error", "warning")]
 
 
+# fgsm_tutorial's test() over several epsilons: a model nothing trains, a backward per example
+# for its input's gradient (each one a hand-written step), more than loss_not_decreasing's 50
+# steps; or ("flat_by_hand") a loop that does update by hand, at a learning rate too small to
+# move its loss.
+ATTACK_EPSILONS = """
+import sys
+import torch, torch.nn as nn, torch.nn.functional as F
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+nn.init.normal_(model[2].weight, std=0.01)   # (an untrained head: near-uniform outputs, a loss near log 4)
+X = torch.rand(20, 8)
+with torch.no_grad():
+    y = model(X).argmax(1)                  # (every example is attacked: its prediction is right)
+if sys.argv[1] == "attack":
+    model.eval()
+for eps in (0.0, 0.05, 0.1, 0.2):
+    correct = 0
+    for i in range(20):
+        data = X[i:i + 1].clone()
+        data.requires_grad = True
+        loss = F.nll_loss(F.log_softmax(model(data), 1), y[i:i + 1])
+        model.zero_grad()
+        loss.backward()
+        if sys.argv[1] == "attack":
+            adv = torch.clamp(data + eps * data.grad.sign(), 0, 1)
+            correct += int(model(adv).argmax().item() == y[i].item())
+        else:
+            with torch.no_grad():
+                for p in model.parameters():
+                    p -= 1e-6 * p.grad
+    print(eps, correct)
+"""
+
+
+@pytest.mark.parametrize("how", ["attack", "flat_by_hand"])
+def test_an_attack_over_many_examples_is_no_loss_that_fails_to_go_down(tmp_path, how):
+    """FGSM's test() at 4 epsilons, 20 examples each: 80 backward passes, each a hand-written
+    step that changes no parameter.  loss_not_decreasing said 'loss has not gone down in 50
+    recorded steps: median 2.084 over the last 10 vs 2.083 over the first 10' at step 49 of
+    the tutorial's shape (its 50 steps are the attack's examples, not training).  A loop that
+    does update by hand, too little to move its loss, is still found (and its learning rate,
+    1e-6, by update_ratio)."""
+    live, offline = _live_and_offline(tmp_path, ATTACK_EPSILONS, how)
+    for found in (live, offline):
+        if how == "attack":
+            assert found == []
+        else:
+            assert [(rule, step) for rule, step, _ in found] == [("update_ratio", 5), ("loss_not_decreasing", 49)]
+
+
 @pytest.mark.parametrize("how", ["healthy", "diverges"])
 def test_each_trial_of_a_sweep_is_judged_as_a_run_of_its_own(tmp_path, how):
     """A new model and optimizer per trial in one process: the loss of trial 1 starts at

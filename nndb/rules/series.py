@@ -322,6 +322,18 @@ def param_ndims(ctx) -> dict:
     return out
 
 
+def trains_nothing(ctx, lay: Layout) -> bool:
+    """Is the step no training step: no optimizer, and it changed no parameter (every
+    ``update`` row exactly 0)?  With no optimizer each ``backward()`` that reaches a parameter
+    is taken for a hand-written step, and so is a backward for an input's gradient through a
+    model nothing trains (FGSM's attack, a saliency map): the rules that judge training leave
+    such steps alone.  A step with no ``update`` row (none measured yet) is judged."""
+    def compute():
+        u = lay.take(ctx, "update", "norm")[lay.u >= 0]
+        return bool(u.size) and not np.count_nonzero(u) and not ctx.optimizers
+    return lay.per_step(ctx, "trains_nothing", compute)
+
+
 def optimizer_lr(ctx, name=None):
     """Without ``name``: {optimizer name: its largest learning rate}.  With it:
     the learning rate of the parameter group holding that parameter (None if

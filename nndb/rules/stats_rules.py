@@ -39,7 +39,7 @@ from .base import Rule, Threshold
 from .bn_probe import BatchNormStats
 from .gradient_norms import ExplodingGradient, VanishingGradient, ZeroGradients
 from .series import (MIN_ELEMENTS, MULTI_ITERATION, Restarts, Streaks, Tensors, also, block_medians, by_group, family, fit,
-                     layout, num, optimizer_lr, theil_sen)
+                     layout, num, optimizer_lr, theil_sen, trains_nothing)
 
 KIND_ORDER = ("act", "loss", "grad", "param", "update")     # the order a step produces them
 
@@ -457,13 +457,11 @@ class ParamNotUpdated(Rule):
             self.prev = fit(self.prev, t.n_slots, np.nan)
         held, unheld = self._held(lay)
         flags = None
-        # held by an optimizer: its update is exactly 0
+        # held by an optimizer: its update is exactly 0 (with no optimizer, a parameter left out
+        # of a hand-written update is one that stays while others change: FGSM's eval loop had
+        # every parameter "not updated")
         zero = lay.take(ctx, "update", "norm")[held] == 0
-        if zero.size and zero.all() and not ctx.optimizers:
-            # no optimizer, and the step changed no parameter: no training step, but a backward
-            # for an input's gradient through a model nothing trains (FGSM's attack, a saliency
-            # map); a parameter left out of a hand-written update is one that stays while
-            # others change (FGSM's eval loop had every parameter "not updated")
+        if zero.size and trains_nothing(ctx, lay):
             zero = zero & False
         if np.count_nonzero(zero):
             flags = np.zeros(len(lay.names), dtype=bool)
@@ -590,7 +588,8 @@ class LossNotDecreasing(Rule):
                    "meant to go down: a policy-gradient surrogate (it depends on actions sampled from the "
                    "model's own output: REINFORCE, actor-critic) or a loss chasing a moving target (its target "
                    "made, without gradient, by the trained model or a copy of it: a DQN's target network), as "
-                   "the loss probe sees on its steps")
+                   "the loss probe sees on its steps; nor on steps that train nothing (no optimizer, and no "
+                   "parameter changed: FGSM's attack, a backward per example for its input's gradient)")
     THRESHOLDS = {
         "min_steps": Threshold(50, "recorded steps with a finite loss before judging: short runs and slow "
                                    "starts (warmup) are left alone; a fine-tuned head over frozen features "
@@ -641,6 +640,9 @@ class LossNotDecreasing(Rule):
             self._forget()
         if lay.loss_rows.size != 1 or lay.loss_names[0] in self.done or self.surrogate is not None:
             return True
+        if np.count_nonzero(lay.u >= 0) and not np.count_nonzero(block.take(lay, "update", "norm")[:, lay.u >= 0],
+                                                                 axis=1).all():
+            return None                 # (a step that changed no parameter: trains_nothing's, step by step)
         name, p = lay.loss_names[0], self.params
         v = block.loss_means(lay)
         if v is None or not np.isfinite(v).all():
@@ -687,6 +689,8 @@ class LossNotDecreasing(Rule):
         if lay is not self.restarts.lay and self.restarts.new_run(lay):     # (the usual step: no call)
             self._forget()
         if lay.loss_rows.size != 1:    # several losses (a GAN, actor-critic): adversarial, not meant to all go down
+            return
+        if trains_nothing(ctx, lay):   # (FGSM's attack: its losses are the examples', no training's)
             return
         name = lay.loss_names[0]
         if name in self.done:
