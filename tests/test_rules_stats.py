@@ -484,6 +484,51 @@ def test_update_ratio_leaves_zero_init_and_warmup_alone():
 
 
 
+# spatial_transformer_tutorial's shape: a branch (its localization net) whose way to the loss
+# goes through a layer initialised to 0 for the identity (there fc_loc's last Linear, here a
+# scale), trained with the rest of the model by one SGD.
+GATED_BRANCH = """
+import sys
+import torch, torch.nn as nn, torch.nn.functional as F
+torch.manual_seed(0)
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.loc = nn.Sequential(nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 16), nn.ReLU())
+        self.scale = nn.Linear(16, 1)
+        self.scale.weight.data.zero_()             # the identity to start with: x * 1
+        self.scale.bias.data.fill_(1.0)
+        self.head = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
+    def forward(self, x):
+        return F.log_softmax(self.head(x * self.scale(self.loc(x))), dim=1)
+model = Net()
+opt = torch.optim.SGD(model.parameters(), lr=float(sys.argv[1]))
+X = torch.randn(64, 16); y = (X[:, 0] > 0).long() + 2 * (X[:, 1] > 0).long()
+for step in range(12):
+    i = (step * 16) % 64
+    loss = F.nll_loss(model(X[i:i + 16]), y[i:i + 16])
+    opt.zero_grad(); loss.backward(); opt.step()
+    print(step, repr(loss.item()))
+"""
+
+
+def test_update_ratio_low_behind_a_zero_initialised_layer_is_no_learning_rate_too_low(tmp_path):
+    """The localization branch moves at ratios of 6e-7 (loc.0.weight, step 6) while the head,
+    under the same SGD at lr 0.01, moves at 1.2e-3 to 5.7e-3: update_ratio said 'the learning
+    rate is probably far too low', which, raised, would rewrite the head.  It now names the
+    weight that moves at that learning rate and the gradient as the cause.  A learning rate
+    far too low for every weight (1e-7) is still said to be one."""
+    script = tmp_path / "gated.py"
+    script.write_text(GATED_BRANCH)
+    [ur] = of(run(tmp_path, str(script), "0.01"), "update_ratio")
+    assert (ur["step"], ur["tensor"], ur["evidence"]["side"]) == (6, "loc.0.weight", "low")
+    assert ur["evidence"]["peer"] == ["head.2.weight", pytest.approx(0.005706, rel=1e-3)]
+    assert "far too low" not in ur["message"] and "not the learning rate" in ur["message"]
+    [ur] = of(run(tmp_path, str(script), "1e-7"), "update_ratio")
+    assert ur["evidence"]["side"] == "low" and ur["evidence"]["peer"] is None
+    assert "the learning rate is probably far too low" in ur["message"]
+
+
 def test_update_ratio_leaves_the_end_of_an_annealed_schedule_alone():
     """A cosine (or OneCycle) schedule ends with its lr near 0: the last steps of healthy
     1000-step runs (SGD under LambdaLR cosine, AdamW under OneCycleLR and under SequentialLR

@@ -153,6 +153,12 @@ class UpdateRatio(Rule):
                                "whatever the gradient, and the ratio starts high for every tensor; the low "
                                "side is also not judged while an optimizer's learning rate is still rising "
                                "(an LR warmup)"),
+        "peer": Threshold(100, "times 'low': a weight at the same learning rate whose ratio is at least this "
+                               "(1e-4 at the defaults), and at most 'high', at the step a low ratio is reported "
+                               "shows that the learning rate moves weights: the low one gets too little gradient "
+                               "(a spatial transformer's localization net behind its last layer, initialised to "
+                               "0 for the identity transform, read 1e-7 while the classifier read 5e-4 at SGD lr "
+                               "0.01), and the finding says so, not that the learning rate is far too low"),
         "min_elements": MIN_ELEMENTS,
         "steps": Threshold(3, "consecutive recorded steps beyond the threshold"),
         "trend_steps": Threshold(30, "recorded losses whose trend qualifies a high ratio: going down steadily "
@@ -277,6 +283,7 @@ class UpdateRatio(Rule):
             was = max(idx, key=lambda j: self.peak[se[j], 0]) if side == "low" else k
             blew = side == "low" and self.peak[se[was], 0] > p["high"]
             trend, first, last, n = self._loss_trend() if side == "high" else (None, None, None, 0)
+            peer = self._peer(ctx, lay, e, idx, r, k) if side == "low" and not blew else None
             if side == "high" and trend in (None, "unsteady") and n < self.TREND_MIN:
                 continue           # too few losses to read a trend from yet: asked again next step
             self.said[se[idx]] = True
@@ -290,6 +297,13 @@ class UpdateRatio(Rule):
                 msg += (f"; earlier the ratio of {lay.names[e[was]]} reached {fmt(pk)} at step {int(at)}: the "
                         f"weights were rewritten by updates as large as themselves, and the updates have since "
                         f"died out (saturated or dead units pass no gradient): the learning rate is far too high")
+            elif peer is not None:
+                g = lay.take(ctx, "grad", "norm")[e[k]]
+                msg += (f", while {lay.names[e[peer]]}, at the same learning rate ({optimizer_lr(ctx, name):g}), "
+                        f"moves at {fmt(r[peer])}: not the learning rate, but too little gradient reaches it (norm "
+                        f"{fmt(g)}): a layer after it that starts at 0 (a gate, a spatial transformer's last layer "
+                        f"set to the identity), saturated or dead units on its path, or a loss that barely "
+                        f"depends on it")
             elif trend == "falling":
                 msg += (f", while the loss goes down steadily ({_rate(first, last, n)}): "
                         "a high learning rate that still trains (bounded by clipping or a schedule?); worth "
@@ -303,7 +317,8 @@ class UpdateRatio(Rule):
             f = self.finding(ctx, msg + also(others), tensor=name, side=side, ratio=num(r[k]), update_norm=num(u[k]),
                              weight_norm=num(w[k]), steps=[since, ctx.step], recent_ratios=self.streaks.recent(slot),
                              lr=optimizer_lr(ctx, name), loss_trend=trend, also=others,
-                             peak=[num(self.peak[se[was], 0]), int(self.peak[se[was], 1])] if blew else None)
+                             peak=[num(self.peak[se[was], 0]), int(self.peak[se[was], 1])] if blew else None,
+                             peer=[lay.names[e[peer]], num(r[peer])] if peer is not None else None)
             if trend == "falling":
                 f.severity = "info"
             yield f
@@ -326,6 +341,21 @@ class UpdateRatio(Rule):
                      f"far too high" + also(others),
                 tensor=name, side="high", ratio=num(r[k]), update_norm=num(u[k]), weight_norm=num(w[k]),
                 steps=[ctx.step, ctx.step], lr=optimizer_lr(ctx, name), loss_trend=None, also=others)
+
+    def _peer(self, ctx, lay, e, flagged, r, k) -> Optional[int]:
+        """The weight (a position in ``e``) with the largest healthy ratio (from 'peer' x 'low' to
+        'high') at the learning rate of ``k``, flagged low with ``flagged``; None: none."""
+        p = self.params
+        lr = optimizer_lr(ctx, lay.names[e[k]])
+        if lr is None:
+            return None
+        ok = (r >= p["peer"] * p["low"]) & (r <= p["high"]) & ~self.zero_init[lay.slots[e]]
+        ok[flagged] = False
+        best = None
+        for j in np.flatnonzero(ok).tolist():
+            if (best is None or r[j] > r[best]) and optimizer_lr(ctx, lay.names[e[j]]) == lr:
+                best = j
+        return best
 
     @staticmethod
     def _eligible(ctx, lay, me: int) -> np.ndarray:
