@@ -1074,3 +1074,31 @@ def test_a_frozen_parameter_has_no_gradient_to_watch_or_print(tmp_path):
     assert "\nTrue\n" in r.stdout
     assert "no grad tensor named '0.0.weight' at this step" in r.stdout + r.stderr, r.stdout + r.stderr
     assert "not measured" not in r.stdout
+
+
+def test_stats_of_weights_and_updates_at_a_hand_written_step_says_when_they_come(tmp_path):
+    """char_rnn_generation_tutorial's loop (no optimizer: ``p.data.add_(p.grad.data,
+    alpha=-lr)`` after ``backward()``): a step ends as its backward returns, and its weights
+    and update are taken at the next step's end.  'stats update' at a stop there said
+    'nothing recorded' (and 'stats weight fc*' that no tensor matched) though every step
+    before had them, in the trace and 'history'."""
+    script = tmp_path / "by_hand.py"
+    script.write_text("import torch, torch.nn as nn\n"
+                      "torch.manual_seed(0)\n"
+                      "rnn = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 3))\n"
+                      "x, y = torch.randn(5, 6), torch.randint(0, 3, (5,))\n"
+                      "for step in range(4):\n"
+                      "    rnn.zero_grad()\n"
+                      "    loss = nn.functional.cross_entropy(rnn(x), y)\n"
+                      "    loss.backward()\n"
+                      "    for p in rnn.parameters():\n"
+                      "        p.data.add_(p.grad.data, alpha=-0.1)\n")
+    r = nndb("run", "--batch", "-q", "--rules", "none", "--trace", str(tmp_path / "t.h5"), "-e", "break step 2",
+             "-e", "continue", "-e", "stats update", "-e", "stats weight 0.*", "-e", "history update 0.weight",
+             "-e", "kill", str(script))
+    assert r.returncode == 0, r.stderr
+    said = ("step 2's weight and update rows are not measured yet: with hand-written updates they are taken "
+            "at the next step's end, after the update (step 1's: 'history NAME')")
+    assert r.stdout.count(said) == 2, r.stdout
+    assert "nothing recorded" not in r.stdout and "matches" not in r.stderr
+    assert "0.weight (update) norm, 2 recorded step(s) 0..1" in r.stdout

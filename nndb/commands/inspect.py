@@ -107,10 +107,17 @@ def _stats(s, arg):
         vals = dict(zip(P.STATS, measured_values(row, P.STATS)))
         rows.append((name, k, *(int(vals[c]) if c in COUNT_STATS and vals[c] is not None else vals[c]
                                 for c in STAT_COLUMNS)))
-    if not rows and glob:
+    empty = "nothing recorded"
+    if not rows and kind in ("param", "update") and rec is s.view.unwritten():
+        # (a hand-written loop's step that just ended: its values and update are taken at the
+        # next step's end, after the script's update; the step before has them)
+        empty = (f"step {rec.step}'s weight and update rows are not measured yet: with hand-written updates "
+                 f"they are taken at the next step's end, after the update"
+                 + (f" (step {rec.step - 1}'s: 'history NAME')" if rec.step > 0 else ""))
+    elif not rows and glob:
         raise CommandError(f"no {kind or ''} tensor matches '{glob}' at step {rec.step}".replace("  ", " "))
     return Table(("tensor", "kind", *STAT_COLUMNS), rows,
-                 title=f"step {rec.step}" + (" (partial)" if rec.partial else ""), empty="nothing recorded")
+                 title=f"step {rec.step}" + (" (partial)" if rec.partial else ""), empty=empty)
 
 
 def _history_arg(text):
