@@ -329,7 +329,13 @@ class UnitProbe(StepProbe):
 
     def __init__(self, rec):
         super().__init__(rec)
-        self._made: set = set()     # the autograd nodes of the step's module outputs it saw (not read again)
+        # The autograd nodes of the module outputs it saw in the step (not read again at its
+        # backward passes) carry this number in their metadata, under _made_key: a set of the nodes kept every
+        # graph alive until a backward came, and an evaluation with autograd on after the last step
+        # (char_rnn_classification's evaluate() loop, a Tanh model's: 2 MB for 500 passes) never
+        # had one: its graphs, saved tensors and all, stayed to the end of the run
+        self._made = 0
+        self._made_key = f"nndb.{self.name}.made"
 
     def _wanted(self, output) -> bool:
         return type(output) is torch.Tensor and self.recorder.recording and output.dim() >= 2 \
@@ -340,7 +346,7 @@ class UnitProbe(StepProbe):
     def forward(self, module, use, args, output) -> bool:
         """A module call: measured (True), or not one it reads."""
         if type(output) is torch.Tensor and output.grad_fn is not None:
-            self._made.add(output.grad_fn)
+            output.grad_fn.metadata[self._made_key] = self._made
         if not torch.is_grad_enabled() or not self._wanted(output):
             return False
         self.measure((module, use), type(module).__name__, output, self.kind_of(module))
@@ -367,15 +373,16 @@ class UnitProbe(StepProbe):
     def backward(self, roots) -> None:
         """A backward begins: the functional calls of KINDS in the graph it differentiates
         (the module calls were seen as they ran)."""
-        # (kept to the step's end: a GAN's generator runs before the discriminator's backward,
-        # which does not go through it, and its Tanh module's output was read again at the
-        # generator's backward, a second finding named as a functional call, 'tanh(net_g.net.0)')
-        made = self._made
+        # (the mark kept to the step's end, not moved on at each backward: a GAN's generator
+        # runs before the discriminator's backward, which does not go through it, and its Tanh
+        # module's output was read again at the generator's backward, a second finding named
+        # as a functional call, 'tanh(net_g.net.0)')
+        made, key = self._made, self._made_key
         if roots is None or not self.recorder.recording:
             return
         unnamed = 0
         for kind, node, hidden, layer in graph_activations(roots):
-            if kind not in self.KINDS or node in made or not self.functional(kind, hidden, layer):
+            if kind not in self.KINDS or node.metadata.get(key) == made or not self.functional(kind, hidden, layer):
                 continue
             x = saved_output(node)
             if x is None or not self._wanted(x) or of_parameter(node, x) or self.model_output(x):
@@ -403,7 +410,8 @@ class UnitProbe(StepProbe):
 
     def take(self, step: int) -> dict:
         """Facts by series name (``act``, ``act#2``), as the recorded activations."""
-        out, self._made = {}, set()
+        out = {}
+        self._made += 1
         forget_graph()
         for key, f in super().take(step).items():
             if isinstance(key, tuple):
