@@ -1206,3 +1206,27 @@ def test_a_watch_given_with_e_sees_step_0_where_the_start_stop_falls_at_its_end(
     assert "Breakpoint 2, " not in r.stdout, r.stdout
     assert [l for l in r.stdout.splitlines() if l.startswith("step ")] == \
         ["step 0 3.0", "step 1 1.9200000762939453", "step 2 1.2287999391555786", "step 3 0.7864319086074829"]
+
+
+def test_info_optimizer_names_the_one_parameter_of_an_optimizer_per_parameter(tmp_path):
+    """optimizer_step_in_backward_tutorial: an Adam per parameter, stepped in the parameter's
+    post-accumulate-grad hook.  'info optimizer' listed adam ... adam4 with '1' param each,
+    and 'predict --set' asks for one of them by name ('4 optimizers: say which, as in --set
+    adam.lr=0.1'): nothing said which parameter each one steps."""
+    script = tmp_path / "in_backward.py"
+    script.write_text("import torch, torch.nn as nn\n"
+                      "torch.manual_seed(0)\n"
+                      "model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))\n"
+                      "opts = {p: torch.optim.Adam([p]) for p in model.parameters()}\n"
+                      "def hook(q):\n"
+                      "    opts[q].step()\n"
+                      "    opts[q].zero_grad()\n"
+                      "for p in model.parameters():\n"
+                      "    p.register_post_accumulate_grad_hook(hook)\n"
+                      "for i in range(3):\n"
+                      "    model(torch.randn(5, 4)).square().mean().backward()\n")
+    r = Ran(nndb("run", "--batch", "-q", "--nx", "--trace", str(tmp_path / "t.h5"), "-e", "break step 1",
+                 "-e", "continue", "-e", "info optimizer", "-e", "kill", str(script), cwd=str(tmp_path)))
+    assert r.returncode == 0, r
+    rows = [line.split()[:4] for line in r.stdout.splitlines() if re.match(r"adam\d*\s", line)]
+    assert sorted(p for _, _, _, p in rows) == ["0.bias", "0.weight", "2.bias", "2.weight"], r

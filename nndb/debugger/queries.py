@@ -329,10 +329,18 @@ class RunView:
         return rows
 
     def optimizer_groups(self) -> list:
-        """[(optimizer name, optimizer, group index, number of params, {hyper-parameter: value})]:
+        """[(optimizer name, optimizer, group index, params, {hyper-parameter: value})]:
         the plain values of each param group (numbers, strings, tuples of numbers, and a tensor
-        of one number by its value: a tensor lr was left out, so no lr was shown)."""
-        return [(name, opt, gi, len(g["params"]), {k: _shown(v) for k, v in g.items() if k != "params" and _plain(v)})
+        of one number by its value: a tensor lr was left out, so no lr was shown); ``params``,
+        their number, or the name of a group's one parameter (an optimizer per parameter,
+        stepped in its post-accumulate-grad hook: its optimizers adam, adam2 ... said nothing of
+        which parameter each steps, and 'set lr' and 'predict --set' ask for one by name)."""
+        naming = self.s.rec.naming if self.s.rec is not None else None
+
+        def params(g):
+            ps = g["params"]
+            return naming.param_name(ps[0]) if len(ps) == 1 and naming is not None else len(ps)
+        return [(name, opt, gi, params(g), {k: _shown(v) for k, v in g.items() if k != "params" and _plain(v)})
                 for name, opt in self.optimizers() for gi, g in enumerate(opt.param_groups)]
 
     # -- what commands look at --------------------------------------------------------------
