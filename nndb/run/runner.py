@@ -199,6 +199,7 @@ class Recording:
         if on_step_end is not None:
             self.listeners.append(CallAtStepEnd(on_step_end))
         self.recorder = StepRecorder(self.naming, self.pipeline.closed, config.schedule)
+        self.recorder.on_note = message
         # Whole tensors (--record-full; the prompt's ``record full`` changes the rules)
         self.recorder.fulltensors = FullTensors(config.full_rules, self.writer.full_tensor)
         self.tracer = Tracer(self.recorder, self.naming, on_step_end=self.pipeline.step_ended,

@@ -328,6 +328,10 @@ class StepRecorder:
         self._grad_marks: dict = {}
         # Whole tensors kept (--record-full): nndb.tracer.fulltensors.FullTensors, or None
         self.fulltensors = None
+        # on_note(line): a one-line warning for the user (the run's message sink), or None; and
+        # the parameters said to be stepped by several optimizers in one step (_say_shared)
+        self.on_note: Optional[Callable[[str], None]] = None
+        self._said_shared: set = set()
 
     def require(self, full: bool, acts: bool) -> None:
         """Measure all statistics (``full``) and activations (``acts``) at every
@@ -1059,6 +1063,29 @@ class StepRecorder:
             return self._layouts.setdefault(tuple(names), names)
         return self._layouts.get(tuple(names), names)
 
+    def _say_shared(self, names: list, step: int) -> None:
+        """A parameter that two optimizers hold and both stepped in the step (the chatbot
+        tutorial's embedding, shared by its encoder and decoder, each with an optimizer over its
+        own parameters()) has each one's value, update and gradient rows, under one name: the
+        trace keeps the last one's, whose update is that optimizer's part of the step's change
+        (0.8366 of 1.0039), which nothing said.  Said once (``on_note``), as it first happens
+        (once a layout: not a step's cost)."""
+        seen, shared = set(), []
+        for name, kind in names:
+            if kind == "update":
+                if name in seen and name not in self._said_shared:
+                    shared.append(name)
+                seen.add(name)
+        if not shared or self.on_note is None:
+            return
+        self._said_shared.update(shared)
+        more = f" and {len(shared) - 3} more" if len(shared) > 3 else ""
+        self.on_note(f"nndb: warning: {', '.join(shared[:3])}{more} "
+                     f"{'is' if len(shared) == 1 else 'are'} stepped by several optimizers in step {step}: "
+                     f"'stats' shows each one's value, update and gradient rows, and the trace, 'history' and "
+                     f"$update keep the last one's, whose update is that optimizer's part of the step's change, "
+                     f"not all of it (docs/steps.md)")
+
     def provisional(self) -> Optional[StepRecord]:
         """A hand-written loop's step that has just ended, as far as it is
         known: its loss and gradients (its parameters and update come at the
@@ -1097,6 +1124,8 @@ class StepRecorder:
         names = self._by_sig.get(sig)
         if names is None:
             names = self._names_of(b)        # (holds every object of the signature: _name and below)
+            if len(params) > 1:
+                self._say_shared(names, step)
             for plan in params:
                 self._hold(plan)
             if len(self._by_sig) < 64:
