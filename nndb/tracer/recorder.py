@@ -236,6 +236,16 @@ class _Pass:
         return self.used[0] or self.hook() is not None
 
 
+def shared_params(optimizers) -> Optional[set]:
+    """The ids of the parameters that several of ``optimizers`` hold, or None."""
+    seen, shared = set(), set()
+    for opt in optimizers:
+        ids = {id(p) for group in opt.param_groups for p in group["params"]}
+        shared |= seen & ids
+        seen |= ids
+    return shared or None
+
+
 class StepRecorder:
     """Accumulates one step's statistics and emits a StepRecord when it closes.
 
@@ -275,6 +285,12 @@ class StepRecorder:
         self.force_acts = False
         self._buckets = [_Bucket()]
         self._plans: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # optimizer -> (signature, plan)
+        # ids of the parameters several optimizers hold (None: none), and their values before the
+        # first optimizer that stepped them in the step (_shared_step) stepped (_share_before)
+        self._shared_ids: Optional[set] = None
+        self._known = ()                 # the run's optimizers, as the last optimizer_pre was told
+        self._shared_before: dict = {}
+        self._shared_step: Optional[int] = None
         self._snapshots: dict = {}          # id(optimizer) -> Snapshot
         # the last activation: (tensor ref, version), its host copy or (raw, full, hist), reused by a container
         self._last_act: tuple = (None, None, None)
@@ -755,14 +771,16 @@ class StepRecorder:
             cached = (signature, ParamPlan([p for ps in lists for p in ps]))
             self._plans[opt] = cached
             self.reaching = len(self._plans) != 1
+            self._shared_ids = shared_params({*self._known, *self._plans.keys()})
         return cached[1]
 
     def held_tensors(self) -> list:     # (info memory: the large parameters' values until a step ends)
         return [t for snap in [*self._snapshots.values(), *(self._manual_pending or ())[3:4]] for t in snap.large_before]
 
     def optimizer_pre(self, opt, others=()) -> None:
-        """``opt`` steps; ``others``: the run's other optimizers (``_credit``)."""
+        """``opt`` steps; ``others``: the run's other optimizers (``_credit``, ``shared_params``)."""
         self._in_step = False
+        self._known = others
         if self._set_aside is not None:
             self._put_back(opt)
         if self._parts is not None and self.reaching:
@@ -776,7 +794,42 @@ class StepRecorder:
             cached = self._plans.get(opt)
             if cached is None or cached[0] != (tuple(map(id, lists)), tuple(map(len, lists))):
                 cached = (None, self._plan(opt))
-            self._snapshots[id(opt)] = cached[1].snapshot()
+            snap = self._snapshots[id(opt)] = cached[1].snapshot()
+            if self._shared_ids is not None:
+                self._share_before(snap)
+
+    def _share_before(self, snap) -> None:
+        """Parameters that several optimizers hold (``_shared_ids``: the chatbot tutorial's
+        embedding, shared by its encoder and its decoder, each with an optimizer over its own
+        parameters()): the first optimizer to step one in a step keeps its value before that
+        step, and a later one's snapshot takes it as its own value before, so that the later
+        optimizer's update of it, the one the trace keeps, is the whole step's change (it was
+        that optimizer's part alone: 0.8366 where the step changed the embedding by 1.0039).
+        Nothing is done for the others (one check an optimizer step)."""
+        if self._shared_step != self.step:
+            self._shared_step, self._shared_before = self.step, {}
+        kept, shared, plan = self._shared_before, self._shared_ids, snap.plan
+        # (kept[id(p)] = (the plan that kept it, its value): a plan that meets its own value again
+        # steps a second time in what the recorder still counts as the step, a step closed after
+        # the fact: it keeps its value anew)
+        if snap.host_before is not None and not plan._sharded:
+            at = 0
+            for p, n in zip(plan.host, plan.sizes):
+                if id(p) in shared:
+                    seg = snap.host_before[at:at + n]
+                    old = kept.get(id(p))
+                    if old is None or old[0] is plan:
+                        kept[id(p)] = (plan, seg.copy())
+                    elif old[1].shape == seg.shape and old[1].dtype == seg.dtype:
+                        seg[...] = old[1]
+                at += n
+        for p, t in zip(plan.large, snap.large_before):
+            if id(p) in shared:
+                old = kept.get(id(p))
+                if old is None or old[0] is plan:
+                    kept[id(p)] = (plan, t.clone())
+                elif isinstance(old[1], torch.Tensor) and old[1].shape == t.shape and old[1].dtype == t.dtype:
+                    t.copy_(old[1])
 
     def step_raised(self) -> None:
         """An optimizer's step() raised (hooks: Tracer._step_raised): no step of it is taken."""
@@ -1065,11 +1118,11 @@ class StepRecorder:
 
     def _say_shared(self, names: list, step: int) -> None:
         """A parameter that two optimizers hold and both stepped in the step (the chatbot
-        tutorial's embedding, shared by its encoder and decoder, each with an optimizer over its
-        own parameters()) has each one's value, update and gradient rows, under one name: the
-        trace keeps the last one's, whose update is that optimizer's part of the step's change
-        (0.8366 of 1.0039), which nothing said.  Said once (``on_note``), as it first happens
-        (once a layout: not a step's cost)."""
+        tutorial's embedding, shared by its encoder and decoder, each with an optimizer over its own
+        parameters()) has each one's value, update and gradient rows, under one name: the trace,
+        ``history`` and ``$update`` keep the last one's, whose update is the step's whole change
+        (``_share_before``); ``stats`` lists the earlier ones' too, their update their own part.
+        Said once (``on_note``), as it first happens (once a layout: not a step's cost)."""
         seen, shared = set(), []
         for name, kind in names:
             if kind == "update":
@@ -1080,11 +1133,11 @@ class StepRecorder:
             return
         self._said_shared.update(shared)
         more = f" and {len(shared) - 3} more" if len(shared) > 3 else ""
-        self.on_note(f"nndb: warning: {', '.join(shared[:3])}{more} "
+        self.on_note(f"nndb: note: {', '.join(shared[:3])}{more} "
                      f"{'is' if len(shared) == 1 else 'are'} stepped by several optimizers in step {step}: "
-                     f"'stats' shows each one's value, update and gradient rows, and the trace, 'history' and "
-                     f"$update keep the last one's, whose update is that optimizer's part of the step's change, "
-                     f"not all of it (docs/steps.md)")
+                     f"the trace, 'history' and $update keep the step's whole change; 'stats' also lists "
+                     f"each earlier optimizer's value, update and gradient rows, its update its own part "
+                     f"(docs/steps.md)")
 
     def provisional(self) -> Optional[StepRecord]:
         """A hand-written loop's step that has just ended, as far as it is
