@@ -5,9 +5,12 @@
     /                         attrs: nndb_format = "nndb-trace", schema_version = 1
     ├── meta                  uint8[]      UTF-8 JSON object: the run's metadata (written at start)
     ├── series                uint8[...]   UTF-8 JSON lines, one per series, in id order:
-    │                                      {"id": int, "name": str, "kind": str[, "shape": [int]]}
+    │                                      {"id": int, "name": str, "kind": str[, "shape": [int]]
+    │                                      [, "local_shape": [int]]}
     │                                      (shape: the tensor's, on param, grad and update series;
-    │                                      absent in traces written before it was recorded)
+    │                                      absent in traces written before it was recorded;
+    │                                      local_shape: this rank's shard of a DTensor (FSDP)
+    │                                      parameter, whose rows describe the shard only)
     ├── steps/
     │   ├── step              int64[N]     step number of each recorded row (rows follow the
     │   │                                  recording schedule, so steps may have gaps)
@@ -20,28 +23,38 @@
     │                                      stats[i, j] = statistics of series j at row i,
     │                                      columns as attrs["columns"] (STAT_NAMES);
     │                                      NaN where series j has no value at row i
-    
-│                                      (chunks of 4 rows and 64 series, deflated:
-│                                      a NaN costs next to nothing)
-├── committed             int64[15]    the lengths a reader trusts, attrs["names"] (COMMITTED):
-│                                      rows of stats and steps/*, bytes of series, events, end,
-│                                      optimizers, hyper, rows of lineage/*, bytes of
-│                                      lineage/sequences, bytes of full/index and elements of
-│                                      full/u16, full/f32, full/f64, rows of hist/*, bytes of
-│                                      fingerprints, modules; written after each block's data
-│                                      (absent in traces written before it: the shortest extent)
-├── fingerprints          uint8[...]   UTF-8 JSON lines at the observed steps: input, parameter and
-│                                      BatchNorm checksums, data/compute/forward time (nndb.tracer.fingerprint;
-│                                      absent in older traces)
-├── optimizers            uint8[...]   UTF-8 JSON lines, written at a recorded step's end when they
+    │                                      (chunks of 16 rows and 16 series (STATS_CHUNK), deflated:
+    │                                      a NaN costs next to nothing)
+    ├── committed             int64[16]    the lengths a reader trusts, attrs["names"] (COMMITTED):
+    │                                      rows of stats and steps/*, bytes of series, events, end,
+    │                                      optimizers, hyper, rows of lineage/*, bytes of
+    │                                      lineage/sequences, bytes of full/index and elements of
+    │                                      full/u16, full/f32, full/f64, rows of hist/*, bytes of
+    │                                      fingerprints, modules, clips; written after each block's
+    │                                      data (absent in traces written before it: the shortest
+    │                                      extent; a reader takes each length by its name)
+    ├── fingerprints          uint8[...]   UTF-8 JSON lines at the observed steps: input, parameter and
+    │                                      BatchNorm checksums, data/compute/forward time (nndb.tracer.fingerprint;
+    │                                      absent in older traces)
+    ├── optimizers            uint8[...]   UTF-8 JSON lines, written at a recorded step's end when they
     │                                      changed: {"step": int, "optimizers": [{"name": str,
-    │                                      "groups": [[parameter name, ...], ...]}, ...] | null}: the
-    │                                      optimizers from that step on, in the order the rules get them,
-    │                                      and the parameters of each param group (null: no longer known)
+    │                                      "family": str, "groups": [[parameter name, ...], ...]}, ...]
+    │                                      | null}: the optimizers from that step on, in the order the
+    │                                      rules get them, their class names ("family": absent in traces
+    │                                      written before it) and the parameters of each param group
+    │                                      (null: no longer known)
     ├── hyper                 uint8[...]   UTF-8 JSON lines, written when one changed: {"step": int,
     │                                      "optimizer": str, "group": int, "lr": float | null}: a param
     │                                      group's learning rate from that step on (null: not a number)
     │                                      (optimizers and hyper: absent in traces written before them)
+    ├── modules               uint8[...]   UTF-8 JSON lines, written at a recorded step's end when a root
+    │                                      module was added: {"step": int, "modules": [module name, ...]}:
+    │                                      the model's modules in registration order (absent in older traces)
+    ├── clips                 uint8[...]   UTF-8 JSON lines, written at a recorded step's end when they
+    │                                      changed: {"step": int, "clips": {series name: [max_norm |
+    │                                      null, scaled: bool]} | null}: each clip_grad_norm_ call's
+    │                                      max_norm and whether a GradScaler had not unscaled its
+    │                                      gradients yet (absent in older traces)
     ├── events                uint8[...]   UTF-8 JSON lines: {"time", "step", "kind", "message"[,
     │                                      "detail"]}, kind one of EVENT_KINDS (warnings such as a
     │                                      recording that stopped) or RECORD_KINDS (a rule's finding,
