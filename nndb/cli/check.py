@@ -23,8 +23,8 @@ from .common import SCRIPT_CONTEXT, ScriptCommand, fail, target_of
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def check(module, steps, overfit_iters, as_json, script, args):
     """Run the first steps of SCRIPT [ARGS]... and the checklist practitioners
-    run by hand: data, shapes, initial loss, finite loss, gradients, updates,
-    overfitting one batch.  One PASS/FAIL/SKIP line per check; exit code 0 if
+    run by hand: data, shapes, initial loss, finite loss, gradients, zero_grad,
+    updates, overfitting one batch.  One PASS/FAIL/SKIP line per check; exit code 0 if
     none failed, 1 if one did (a script that raises, KeyboardInterrupt
     included, or ends its process: run FAIL), 2 on a usage error, 130 at Ctrl-C."""
     from ..check.child import Interrupted, run_check
