@@ -82,8 +82,10 @@ class Recorder:
 
     Not in ``record()``: time travel (replicas are off: forking a notebook
     kernel or the caller's process is not safe; use ``nndb run`` for
-    ``goto`` and ``reverse-step``), debugger commands and stops (there is no
-    prompt), and nndb's SIGTERM handling (the process's signals stay its own).
+    ``goto`` and ``reverse-step``), the prompt (``nndb.set_trace()`` has it:
+    in the block it is a stop of this recording, whose queued commands run
+    there as in batch mode), and nndb's SIGTERM handling (the process's
+    signals stay its own).
     """
 
     def __init__(self, path: Optional[str], *, force: bool = False, rules: Optional[str] = "default",
