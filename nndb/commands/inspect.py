@@ -507,7 +507,7 @@ as in pdb); '.': around the current line again.
             _list, _list_arg, aliases=("l",), group="stack", ranks="option"),
     Command("longlist", "longlist", "Show the whole source of the current function (pdb's ll; at the top level, the script's).",
             _longlist, no_args, aliases=("ll",), group="stack"),
-    Command("info", "info " + "|".join(INFO), """Show something about the session or the run:
+    Command("info", "info " + "|".join(INFO), """Show something about the session or the run: its points, the step, the model, the rules, time travel.
   info breakpoints   info watchpoints   info display
   info step          the current step, why the run stopped, the last loss
   info modules       info params        info optimizer (hyper-parameters per param group)
