@@ -7,6 +7,7 @@ import sys
 import textwrap
 import time
 
+import click
 import pytest
 
 from conftest import example, nndb, nndb_started, python, without_nndb_lines
@@ -357,6 +358,16 @@ def test_version_and_help():
     assert r.returncode == 0 and "nndb" in r.stdout
     r = nndb("run", "--help")
     assert r.returncode == 0 and "--every" in r.stdout and "--steps" in r.stdout
+
+
+def test_the_command_list_tells_each_command_apart():
+    """nndb --help's one line a command: run and fuzz both read 'Run SCRIPT
+    [ARGS]...' (click cut their help at its first full stop)."""
+    from nndb.cli import cli
+    ctx = click.Context(cli)
+    lines = {name: cli.get_command(ctx, name).get_short_help_str(60) for name in cli.list_commands(ctx)}
+    assert len(set(lines.values())) == len(lines), lines
+    assert all(len(line) > len("Run SCRIPT [ARGS]...") for line in lines.values()), lines
 
 
 def test_run_options_are_the_run_commands_flags():

@@ -24,7 +24,8 @@ from .common import SCRIPT_CONTEXT, Number, ScriptCommand, fail, target_of
 EXIT_FOUND = 1
 
 
-@click.command("fuzz", cls=ScriptCommand, context_settings=SCRIPT_CONTEXT)
+@click.command("fuzz", cls=ScriptCommand, context_settings=SCRIPT_CONTEXT,
+               short_help="Fuzz the model with mutants of step N's batch, on a replica.")
 @click.option("-m", "module", metavar="MODULE", help="Fuzz a library module run as a script, like python -m.")
 @click.option("--step", type=click.IntRange(min=0), required=True, metavar="N",
               help="Fuzz the batch of training step N (the run goes to the end of step N-1 first).")

@@ -17,7 +17,8 @@ from .common import (SCRIPT_CONTEXT, Number, ScriptCommand, fail, message, sessi
 from .setup import full_rules, launch_options, own_paths, run_setup
 
 
-@click.command("run", cls=ScriptCommand, context_settings=SCRIPT_CONTEXT)
+@click.command("run", cls=ScriptCommand, context_settings=SCRIPT_CONTEXT,
+               short_help="Run SCRIPT under the debugger, recording a trace of its steps.")
 @click.option("-m", "module", metavar="MODULE", help="Run a library module as a script, like python -m.")
 @click.option("--trace", "trace_path", metavar="PATH", type=click.Path(),
               help="Write the trace here (default: a new file under ./nndb-runs/); an existing file is refused. "
