@@ -54,6 +54,8 @@ class DebugOptions:
     agreement: object = None            # several ranks in one prompt: nndb.distributed.allstop.StepAgreement
     companions: tuple = ()              # more of each run's listeners: objects with start(rec) -> [listener]
     #                                     and finish(status, trace_path) (a distributed worker's front link)
+    own_commands: bool = False          # the queued commands are the caller's, not the user's (nndb fuzz):
+    #                                     those left when the run ends are dropped, not run at its end
 
 
 @dataclass
@@ -166,7 +168,7 @@ def debug(config: RunConfig, options: DebugOptions, frontend,
             session.exited()
             if session.restart_requested and not session.quit_requested:
                 continue
-        elif session.input.queue:
+        elif session.input.queue and not options.own_commands:
             # (said first, as gdb's '[Inferior 1 (process N) exited normally]': 'until 50' in a run of
             # 8 steps gave way to '-e "p $step"' printing 7, nothing saying the run had ended)
             session.message(f"nndb: the run ended ({result.status}, exit code {result.exit_code}) after "

@@ -215,6 +215,23 @@ def test_nndb_fuzz_exit_codes_and_integer_inputs(tmp_path):
         assert r.exit_code == 2 and "Traceback" not in r.output, r.output
 
 
+def test_a_step_past_the_runs_end_is_one_line_without_fuzzs_own_commands(tmp_path):
+    """--step 100 on a 3-step script: one line saying how the script ended and
+    after how many steps, exit 2.  (It was preceded by 'nndb: the run ended ...;
+    the commands left run at its end': the commands were fuzz's own 'fuzz' and
+    'kill', not the user's.)"""
+    script = tmp_path / "three.py"
+    script.write_text("import torch\ntorch.manual_seed(0)\nm = torch.nn.Linear(4, 1)\n"
+                      "opt = torch.optim.SGD(m.parameters(), lr=0.1)\nfor i in range(3):\n"
+                      "    loss = m(torch.randn(8, 4)).pow(2).mean()\n    opt.zero_grad()\n"
+                      "    loss.backward()\n    opt.step()\n")
+    r = nndb("fuzz", "--step", "100", str(script), cwd=str(tmp_path), env=ONE)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.splitlines() == ["nndb: error: the script ended (finished, exit code 0) after 3 step(s), "
+                                     "before step 100"], r.stderr
+    assert "commands left" not in r.stdout + r.stderr, r.stdout
+
+
 def test_a_save_path_that_cannot_be_written_keeps_the_input_elsewhere_and_says_where(tmp_path):
     """--save passed the checks at start, but its directory is gone when the
     input is found: the input goes to ./nndb-fuzz-stepN.pt, the report says

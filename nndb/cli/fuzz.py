@@ -102,7 +102,7 @@ def run_fuzz_batch(target, step: int, line: str, as_json: bool, tmp_root: str) -
     cmds = ([f"until {step - 1}"] if step > 0 else []) + [line, "kill"]
     config = RunConfig(target, os.path.join(d, "fuzz.h5"), quiet=True)
     options = DebugOptions(batch=True, stop_at_start=True, eval_commands=tuple(cmds), no_rc=True, rules="none",
-                           replica="fork")
+                           replica="fork", own_commands=True)
     saved = None
     if as_json:                              # (the script's output and the session's lines: to stderr)
         sys.stdout.flush()
@@ -119,7 +119,10 @@ def run_fuzz_batch(target, step: int, line: str, as_json: bool, tmp_root: str) -
     reports = result.session.log.fuzz_reports
     if not reports:
         said = next((e for e in reversed(errors) if "fuzz: " in e), None)
-        why = said[said.index("fuzz: "):] if said else f"the script ended before step {step}"
+        run = result.run
+        why = (said[said.index("fuzz: "):] if said else
+               f"the script ended ({run.status}, exit code {run.exit_code}) after {result.session.steps_done()} "
+               f"step(s), before step {step}" if run is not None else f"the script ended before step {step}")
         return {"error": why}, EXIT_USAGE
     report = reports[-1]
     return report, EXIT_FOUND if report.get("found") else EXIT_OK
