@@ -1090,19 +1090,23 @@ for step in range(6):
         clips.append(torch.nn.utils.clip_grad_norm_(enc.parameters(), 0.05))
     elif sys.argv[1] == "again":
         clips.append(torch.nn.utils.clip_grad_norm_(dec.parameters(), 0.01))     # (clipped already)
+    elif sys.argv[1] == "overlap":      # (dec.weight, clipped already, with the encoder's unclipped)
+        clips.append(torch.nn.utils.clip_grad_norm_([*enc.parameters(), dec.weight], 0.05))
     print("step", step, "before", repr(before.item()), "clips", [round(c.item(), 6) for c in clips])
     opt.step()
 '''
 
 
-@pytest.mark.parametrize("how", ["decoder", "groups", "again"])
+@pytest.mark.parametrize("how", ["decoder", "groups", "again", "overlap"])
 def test_predict_s_grad_norm_under_a_clip_of_some_parameters_counts_the_others(tmp_path, how):
     """clip_grad_norm_(dec.parameters(), 0.05) clips the decoder's gradients only: predict's
     'Grad norm before clipping' read the decoder's total alone (0.294484 at step 3 where all
     the gradients' norm before clipping was 0.385801); the encoder's gradients, which no call
     clipped, are as they were and count.  Two calls over two groups: both totals (as before).
     A second call over the decoder measured its clipped gradients: not its norm before
-    clipping."""
+    clipping.  A second call over the encoder and dec.weight, which the first clipped (a
+    shared embedding clipped with an encoder's and a decoder's parameters): the column read
+    '-' with no reason; the calls are undone from the gradients at the optimizer's step."""
     path = tmp_path / "s.py"
     path.write_text(SOME_CLIPPED)
     r = nndb("run", "--batch", "--nx", "--rules", "none", "--trace", str(tmp_path / "t.h5"), "-e", "until 1",
@@ -1114,6 +1118,28 @@ def test_predict_s_grad_norm_under_a_clip_of_some_parameters_counts_the_others(t
     assert [int(s) for s, _, _ in rows] == [2, 3, 4], r.stdout + r.stderr
     for s, _, g in rows:
         assert float(g) == pytest.approx(before[int(s)], rel=1e-5), (s, g, before)
+
+
+def test_predict_says_under_the_table_why_a_grad_norm_is_missing():
+    """Where no number is the gradients' norm before clipping (a second call with max_norm 0
+    over a parameter the first clipped left nothing to undo it from), the column's '-' has a
+    line under the table saying why (it had none)."""
+    from nndb.commands.timetravel import render_prediction
+    from nndb.timetravel.compare import step_grad_norm
+    from nndb.timetravel.predict import Prediction
+    norms = [("clip_grad_norm_", 0.5), ("clip_grad_norm_#2", 0.3), ("a", 0.0), ("b", 0.0)]
+    value, clipped, why = step_grad_norm(norms, {"clip_grad_norm_": ("a",), "clip_grad_norm_#2": ("a", "b")})
+    assert value is None and clipped and why
+    rows = [{"step": 4, "loss": 1.0, "grad_norm": value, "clipped": clipped, "grad_norm_missing": why,
+             "findings": []}]
+    out = "\n".join(str(x) for x in render_prediction(1, [], Prediction(rows=rows), None, 0.1))
+    assert f"Grad norm before clipping '-' at step 4: {why}." in out, out
+    # undone, last call first: a (5.0) clipped to 1.75 ** 0.5 by the first call; a and b (1.5),
+    # whose norm was then 2.0, to half by the second; c not clipped
+    value, _, why = step_grad_norm([("clip_grad_norm_", 5.0), ("clip_grad_norm_#2", 2.0),
+                                    ("a", 0.5 * 1.75 ** 0.5), ("b", 0.75), ("c", 1.0)],
+                                   {"clip_grad_norm_": ("a",), "clip_grad_norm_#2": ("a", "b")})
+    assert why is None and value == pytest.approx((5.0 ** 2 + 1.5 ** 2 + 1.0 ** 2) ** 0.5)
 
 
 HELD = '''

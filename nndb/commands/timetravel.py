@@ -200,6 +200,12 @@ def render_prediction(n, sets, base, changed, took):
                                f"({took:.2f} s); the live run is unchanged:", empty="No step finished."))
         out.append(f"They first differ at step {first}." if first is not None
                    else f"No difference in {len(rows)} step(s).")
+    missing = {}
+    for r in base.rows + (changed.rows if changed is not None else []):
+        if r["grad_norm"] is None and r.get("grad_norm_missing"):
+            missing.setdefault(r["grad_norm_missing"], []).append(r["step"])
+    for why, steps in missing.items():
+        out.append(f"{gn} '-' at step {', '.join(str(x) for x in sorted(set(steps)))}: {why}.")
     for name, res in (("", base), (" (changed)", changed)):
         if res is None:
             continue

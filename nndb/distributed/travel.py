@@ -286,9 +286,10 @@ def _rows(path: str, first: int, last: int) -> list:
         for f in t.records("finding"):
             found.setdefault(f.get("step"), set()).add(f.get("rule"))
         for st in [int(x) for x in t.steps if first <= x <= last]:
-            grad_norm, clipped = step_grad_norm(norms.get(st, []))
+            grad_norm, clipped, why = step_grad_norm(norms.get(st, []))
             rows[st] = {"step": st, "loss": float(loss_at[st]) if st in loss_at else None,
-                        "grad_norm": grad_norm, "clipped": clipped, "findings": sorted(found.get(st, ()))}
+                        "grad_norm": grad_norm, "clipped": clipped, "grad_norm_missing": why,
+                        "findings": sorted(found.get(st, ()))}
     return [rows[s] for s in sorted(rows)]
 
 

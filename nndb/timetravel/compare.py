@@ -12,7 +12,8 @@ from ..schema import CLIP_SERIES
 def step_grad_norm(norms: list, clipped: Optional[dict] = None) -> tuple:
     """predict's Grad norm of one step from the norms of its ``grad`` series,
     [(name, norm)] (those not measured left out; a NaN one makes it NaN):
-    (the gradients' norm before clipping, or None; whether the script clipped).
+    (the gradients' norm before clipping, or None; whether the script clipped;
+    why it is None, or None).
     Where the script called clip_grad_norm_, the totals it returned (several
     calls, a GAN's generator's and discriminator's: their root sum of squares,
     each over its own parameters): what the trace's ``clip_grad_norm_`` series
@@ -21,27 +22,61 @@ def step_grad_norm(norms: list, clipped: Optional[dict] = None) -> tuple:
     With the gradients of the parameters no call clipped (``clipped``: clip
     series -> the names of the parameters it was given; a clip of the decoder's
     alone is the norm of those), which are as they were; a call over parameters
-    an earlier call clipped already measured clipped gradients, and is left out;
-    one over some of those and others too mixed clipped gradients with the
-    others' (None: no number is the gradients' norm before clipping then).
+    an earlier call clipped already measured clipped gradients, and is left out.
+    One over some of those and others too (an embedding shared by an encoder
+    and a decoder, each clipped over its own parameters) mixed clipped gradients
+    with the others': the calls are undone, last first, from the gradients
+    recorded at the optimizer's step (after every call), each call's factor
+    being its parameters' norm there over the total it returned (``_unclipped``).
     Else the parameters' gradients', the same number unclipped."""
     clips = [(n, v) for n, v in norms if n.startswith(CLIP_SERIES)]
     if not clips:
         values = [v for n, v in norms if not n.startswith(CLIP_SERIES)]
-    else:
-        values, seen = [], set()
-        known = clipped is not None and all(clipped.get(n) is not None for n, _ in clips)
-        for n, v in sorted(clips, key=lambda c: _clip_order(c[0])):
-            covers = set(clipped[n]) if known else set()
-            if known and covers and covers <= seen:
-                continue
-            if covers & seen:
-                return None, True
-            seen |= covers
-            values.append(v)
-        if known:
-            values += [v for n, v in norms if not n.startswith(CLIP_SERIES) and n not in seen]
-    return (math.sqrt(sum(v * v for v in values)) if values else None), bool(clips)
+        return (_root_sum_of_squares(values) if values else None), False, \
+            (None if values else "no gradient was measured")
+    values, seen = [], set()
+    known = clipped is not None and all(clipped.get(n) is not None for n, _ in clips)
+    calls = sorted(clips, key=lambda c: _clip_order(c[0]))
+    for n, v in calls:
+        covers = set(clipped[n]) if known else set()
+        if known and covers and covers <= seen:
+            continue
+        if covers & seen:
+            value, why = _unclipped([(set(clipped[c]), t) for c, t in calls],
+                                    {g: v for g, v in norms if not g.startswith(CLIP_SERIES)})
+            return value, True, why
+        seen |= covers
+        values.append(v)
+    if known:
+        values += [v for n, v in norms if not n.startswith(CLIP_SERIES) and n not in seen]
+    return _root_sum_of_squares(values), True, None
+
+
+def _root_sum_of_squares(values: list) -> float:
+    return math.sqrt(sum(v * v for v in values))
+
+
+def _unclipped(calls: list, grads: dict) -> tuple:
+    """(the gradients' norm before clipping, or None; why not) from the clip calls in
+    their order, [(the names of their parameters, the total each returned)], and the
+    gradients' norms after every call, {name: norm} (a parameter with no gradient: none,
+    as clip_grad_norm_ skips it).  Each call, last first, scaled its parameters'
+    gradients by one factor, their norm after it over the total it returned."""
+    squares = {n: v * v for n, v in grads.items()}
+    for covers, total in reversed(calls):
+        if not math.isfinite(total):
+            return abs(total), None        # (the norm before clipping was not finite)
+        left = sum(squares.get(n, 0.0) for n in covers)
+        if left == total * total:
+            continue
+        if left == 0.0:
+            return None, ("clip_grad_norm_ calls overlapping on a parameter left no gradient of a call's "
+                          "parameters to undo its clipping from (max_norm 0)")
+        factor = total * total / left
+        for n in covers:
+            if n in squares:
+                squares[n] *= factor
+    return math.sqrt(sum(squares.values())), None
 
 
 def _clip_order(name: str) -> int:

@@ -56,7 +56,8 @@ def parse_request(text: str) -> PredictRequest:
 @dataclass
 class Prediction:
     """What one run ahead found: one row a step ({"step", "loss",
-    "grad_norm", "clipped", "findings"}: nndb.timetravel.compare's
+    "grad_norm", "clipped", "grad_norm_missing" (why grad_norm is None),
+    "findings"}: nndb.timetravel.compare's
     ``step_grad_norm`` and ``compare_predictions``), where a
     point or rule stopped it, why it ended early, why it gave no answer
     (``error``), and the ``--set`` changes that did not hold."""

@@ -498,12 +498,12 @@ class Predict(Role):
         loss = next(iter(rows["loss"].values()), None)
         # (a NaN one makes the norm NaN: it was left out as one not measured is, and the
         # others' norm shown)
-        grad_norm, clipped = step_grad_norm([(n, r.norm) for n, r in rows["grad"].items()
-                                             if not is_not_measured(r.norm)], _clipped_names(s))
+        grad_norm, clipped, why = step_grad_norm([(n, r.norm) for n, r in rows["grad"].items()
+                                                  if not is_not_measured(r.norm)], _clipped_names(s))
         new = s.log.findings[self.findings_seen:]
         self.findings_seen = len(s.log.findings)
         self.rows.append({"step": step, "loss": None if loss is None else loss.mean,
-                          "grad_norm": grad_norm, "clipped": clipped,
+                          "grad_norm": grad_norm, "clipped": clipped, "grad_norm_missing": why,
                           "findings": sorted({f["rule"] for f in new})})
         self.progress(len(self.rows), self.n)
         self._check_changes(step)
