@@ -247,7 +247,11 @@ def test_a_generator_that_steps_from_a_later_iteration_on_is_paired_with_its_own
     before: loss/optimizerG read 0.6166 (iteration 2's) at step 3, beside the discriminator's
     loss of iteration 3, where the script printed 0.6365.  Its first step, after iteration 2's
     step closed, is a step alone now, and a step is one iteration from then on; the run says
-    so, at the stop too, and goto goes to the step's own end."""
+    so, at the stop too, and goto goes to the step's own end.  In the discriminator-only
+    steps 1-2 the loss is the discriminator's: it was errD + the errG of the iteration before
+    (1.7980 and 1.7511 where the script printed 1.2175 and 1.1560), whose gradient netD.zero_grad()
+    threw away from netD's parameters before optimizerD stepped (and netG.zero_grad() from
+    netG's before optimizerG first stepped)."""
     plain, trace = plain_and_recorded(tmp_path, LATE_GENERATOR)
     rows = re.findall(r"^it (\d+) (\S+) (\S+)$", plain.stdout, re.M)
     lossD, lossG = [np.float32(float(r[1])) for r in rows], [np.float32(float(r[2])) for r in rows]
@@ -255,13 +259,15 @@ def test_a_generator_that_steps_from_a_later_iteration_on_is_paired_with_its_own
         steps, values = t.history(t.find("loss/optimizerG", "loss")[0], "mean")
         assert list(steps) == [3, 4, 5, 6, 7] and list(values) == lossG[2:]
         steps, values = t.history(t.find("loss", "loss")[0], "mean")
-        assert list(steps) == [0, 1, 2, 4, 5, 6, 7] and list(values)[3:] == lossD[3:]
+        assert list(steps) == [0, 1, 2, 4, 5, 6, 7] and list(values) == lossD, (list(values), lossD)
         assert not any(t.partial)
         joined, = [e for e in t.events() if e["kind"] == "steps_joined"]
         assert joined["step"] == 3 and "optimizerG's first step alone" in joined["message"], joined
-    r = nndb("run", "--batch", "-q", "--nx", "--trace", str(tmp_path / "s.h5"), "-e", "until 3",
+    r = nndb("run", "--batch", "-q", "--nx", "--trace", str(tmp_path / "s.h5"), "-e", "until 1",
+             "-e", 'p ("LOSS", $loss)', "-e", "until 3",
              "-e", 'p ("AT", i)', "-e", "goto 3", "-e", 'p ("AT", i)', "-e", "kill", str(tmp_path / "script.py"))
     assert r.returncode == 0, r.stderr
+    assert float(re.search(r"\('LOSS', (\S+)\)", r.stdout).group(1)) == float(lossD[1]), (r.stdout, lossD)
     assert "nndb: note: step 3 holds optimizerG's first step alone" in r.stderr, r.stderr
     assert re.search(r"step 3 finished, loss/optimizerG 0.6166\n  \(step 3 holds alone the first step of an "
                      r"optimizer that joined the iteration after step 2", r.stdout, re.I), r.stdout

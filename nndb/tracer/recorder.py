@@ -166,11 +166,14 @@ def _reached(before) -> Optional[frozenset]:
     return frozenset(id(p) for p in params if p.grad is not None and not _same_grad(marks.get(id(p)), p.grad))
 
 
+_NONE_LOST = frozenset()
+
+
 def _sum_rows(parts) -> tuple:
-    """(the row of the sum, its dtype) of ``parts`` ((row, dtype, reach) each), added as
+    """(the row of the sum, its dtype) of ``parts`` ((row, dtype, reach, lost) each), added as
     StepRecorder.loss adds them, in order, in their promoted dtype."""
     row, dtype = parts[0][0], parts[0][1]
-    for r, dt, _ in parts[1:]:
+    for r, dt, _, _ in parts[1:]:
         dtype = torch.promote_types(dtype, dt)
         row = S.add_scalar_rows(row, r, dtype)
     return row, dtype
@@ -312,8 +315,9 @@ class StepRecorder:
         # Which optimizer a backward's loss is credited to (_credit): with no optimizer stepped yet
         # or several (``reaching``), each backward's parameters' gradients before it (``_before``:
         # (parameters, their marks)), and the losses the bucket's pending row sums, one a backward:
-        # (bucket, [(row, dtype, ids of the parameters whose gradient it changed, or None)]); None
-        # where the pending row is no such sum (a loss of several elements, losses set aside put back)
+        # (bucket, [(row, dtype, ids of the parameters whose gradient it changed, or None, the ids of
+        # those whose gradient a reset removed since)]); None where the pending row is no such sum
+        # (a loss of several elements, losses set aside put back)
         self.reaching = True
         self._before: Optional[tuple] = None
         self._parts: Optional[tuple] = None
@@ -580,9 +584,9 @@ class StepRecorder:
             reach = None if before is None else _reached(before)
             parts = self._parts
             if _PENDING_LOSS not in b.entries:
-                self._parts = (b, [(row, tensor.dtype, reach)])
+                self._parts = (b, [(row, tensor.dtype, reach, _NONE_LOST)])
             elif parts is not None and parts[0] is b:
-                parts[1].append((row, tensor.dtype, reach))
+                parts[1].append((row, tensor.dtype, reach, _NONE_LOST))
             if _PENDING_LOSS in b.entries:
                 # Summed as the script sums them (dcgan's errD = errD_real + errD_fake): in the
                 # losses' dtype, float32's rounding and not Python's float64 (printed 1.1882719993591309,
@@ -620,6 +624,13 @@ class StepRecorder:
             params.setdefault(id(p), p)
         params = list(params.values())
         self._before = (params, {id(p): _grad_mark(p.grad) for p in params if p.grad is not None})
+        parts = self._parts
+        if parts is not None and any(part[2] for part in parts[1]):
+            # (the pending losses' gradients that a reset removed since their backward: no
+            # optimizer applies them; a dcgan loop's netD.zero_grad() after errG.backward())
+            gone = {id(p) for p in params if p.grad is None}
+            parts[1][:] = [(row, dt, reach, lost | (reach & gone)) if reach and not reach.isdisjoint(gone)
+                           else (row, dt, reach, lost) for row, dt, reach, lost in parts[1]]
 
     def _credit(self, opt, others) -> None:
         """At ``opt``'s step: the pending losses whose gradient reached none of its parameters
@@ -629,20 +640,30 @@ class StepRecorder:
         toggle_optimizer with accumulate_grad_batches): the discriminator's loss was D1 + G1 + D2
         (-0.9724 where its micro-batches' sum is -0.6984) and the generator's G2 alone.  A loss
         whose gradient reached no optimizer's parameters, or this one's and another's (a
-        generator's loss through the discriminator), stays with the first to step."""
+        generator's loss through the discriminator), stays with the first to step.  One whose
+        gradient in this optimizer's parameters a reset removed (a dcgan loop whose
+        netD.zero_grad() threw away the errG of the iteration before, its generator not
+        stepped: its loss read errD + errG, 1.798 for 1.2175) is not this one's: it waits for
+        another's whose parameters still hold its gradient, else it leaves the step."""
         b, parts = self._parts
         if b is not self._buckets[-1] or _PENDING_LOSS not in b.entries:
             return
         mine = self._plan(opt).ids
-        away = [part for part in parts if part[2] and part[2].isdisjoint(mine)]
+        away = [part for part in parts if part[2] and (part[2] - part[3]).isdisjoint(mine)]
         if not away:
             return
         theirs = {id(p) for o in others if o is not opt for g in o.param_groups for p in g["params"]}
-        held = [part for part in away if not part[2].isdisjoint(theirs)]
-        if not held:
+        held = [part for part in away if not (part[2] - part[3]).isdisjoint(theirs)
+                or (part[2].isdisjoint(mine) and not part[2].isdisjoint(theirs))]
+        thrown = [part for part in away if not part[2].isdisjoint(mine) and not any(part is h for h in held)]
+        if not held and not thrown:
             return
-        kept = [part for part in parts if not any(part is h for h in held)]
-        self._held_back = (held, weakref.ref(opt))
+        if held:
+            self._held_back = (held, weakref.ref(opt))
+        self._keep_parts(b, [part for part in parts if not any(part is h for h in held + thrown)])
+
+    def _keep_parts(self, b, kept: list) -> None:
+        """The pending losses of ``b`` are ``kept`` alone (the others held or left out)."""
         self._parts = (b, kept)
         had_hist = b.hists.pop(_PENDING_LOSS, None) is not None
         if not kept:
@@ -672,6 +693,16 @@ class StepRecorder:
         (b, ref), self._waiting = self._waiting, None
         opt = ref()
         if opt is not None and _PENDING_LOSS in b.entries and any(b is c for c in closed):
+            parts = self._parts
+            if parts is not None and parts[0] is b:
+                # (not those whose gradient in its parameters a reset removed: _credit)
+                mine = self._plan(opt).ids
+                kept = [part for part in parts[1] if not part[2] or part[2].isdisjoint(mine)
+                        or not (part[2] - part[3]).isdisjoint(mine)]
+                if len(kept) != len(parts[1]):
+                    self._keep_parts(b, kept)
+                    if not kept:
+                        return
             b.attribute_losses(opt)
 
     def later_backward(self) -> None:
@@ -770,7 +801,9 @@ class StepRecorder:
         if cached is None or cached[0] != signature:
             cached = (signature, ParamPlan([p for ps in lists for p in ps]))
             self._plans[opt] = cached
-            self.reaching = len(self._plans) != 1
+            # (or several in the run: a GAN's generator that first steps later, its loss through
+            # the discriminator meanwhile: _credit)
+            self.reaching = len(self._plans) != 1 or len(self._known) > 1
             self._shared_ids = shared_params({*self._known, *self._plans.keys()})
         return cached[1]
 
@@ -901,7 +934,8 @@ class StepRecorder:
             self._set_aside = self._grads_after = None
         if self._waiting is not None:
             self._credit_waiting(closed)
-        self._parts = self._before = None     # (a bucket of the step: its keys hold optimizers and modules)
+        parts, self._parts, self._before = self._parts, None, None   # (a bucket of the step: its keys
+        #                                                              hold optimizers and modules)
         bucket = closed[0] if len(closed) == 1 else _Bucket()
         if len(closed) != 1:
             for b in closed:
@@ -915,6 +949,8 @@ class StepRecorder:
             for b in rest:
                 nxt.merge(b)
             nxt.renumber_clips()
+            if parts is not None and [b for b in rest if _PENDING_LOSS in b.entries] == [parts[0]]:
+                self._parts = (nxt, parts[1])   # (its pending losses, for _credit at its first step)
         self._buckets = [nxt]
         if self._pass is not None and self._pass.home is None:
             self._pass.home = nxt
