@@ -254,6 +254,25 @@ def test_epoch_repeats_one_process_live_and_on_the_trace(tmp_path):
     assert found == live and len(found) == 1 and found[0]["step"] == 9
 
 
+def test_epoch_repeats_under_gradient_accumulation(tmp_path):
+    """Two micro-batches a step: an epoch of 8 batches repeats in 4 steps, and the chance
+    was read as 1/4! (no loader of 4 batches), far over epoch_chance: a rank that skipped
+    set_epoch under no_sync() accumulation went unreported.  The chance is now that of the
+    batches the steps start with (8 of 32 samples' 4-sample batches: once in 3.8e+16)."""
+    script = os.path.join(SCRIPTS, "planted_epoch_repeats_accumulation.py")
+    p = nndb("run", "--batch", "--trace", str(tmp_path / "run.h5"), script)
+    assert p.returncode == 0, p.stderr
+    assert ("epoch_repeats at step 7: the batches of steps 4-7 repeat those of steps 0-3 (the same samples "
+            "in each batch) while the loader shuffles (a reshuffle repeats them once in 3.791e+16)") in p.stderr
+    healthy = nndb("run", "--batch", "--trace", str(tmp_path / "ok.h5"), script, "--set-epoch")
+    assert healthy.returncode == 0 and "warning" not in healthy.stderr, healthy.stderr
+    loaders = [{"sampler": "DistributedSampler", "shuffle": True, "batches": 8, "samples": 32, "batch_size": 4,
+                "drop_last": False}]
+    rows = {r: [_row(s, {"w": 5}, [[s, 1000 * r + (s % 4 if r == 1 else s)]], loaders=loaders if s == 0 else None)
+                for s in range(12)] for r in (0, 1)}
+    assert [(f.rule, f.step, f.evidence["rank"]) for f in judge_job(rows)] == [("epoch_repeats", 7, 1)]
+
+
 def test_divergence_from_the_first_step_compared_says_the_replicas_may_never_have_agreed():
     """Replicas seeded per rank with the gradients all-reduced by hand (no DDP to broadcast
     rank 0's parameters) differ at step 0: 'the replicas have diverged' sent the user after a

@@ -93,17 +93,28 @@ class EpochTracker:
         return None
 
 
+def _epoch_loaders(loaders: Optional[list], period: int) -> list:
+    """The loaders an epoch of ``period`` steps can be the epoch of, each with
+    its batches a step: those of ``period`` batches (one a step) where there
+    are any, else those of a whole multiple of it, k batches a step (gradient
+    accumulation over k micro-batches: a step's input checksum is its first
+    micro-batch's, so an epoch of 8 batches, 2 a step, repeats in 4 steps)."""
+    sized = [d for d in loaders or () if isinstance(d.get("batches"), int) and d["batches"] >= period > 0]
+    exact = [(d, 1) for d in sized if d["batches"] == period]
+    return exact or [(d, d["batches"] // period) for d in sized if d["batches"] % period == 0]
+
+
 def shuffles(loaders: Optional[list], period: Optional[int] = None) -> Optional[bool]:
     """Does the run's data loader shuffle: True if one does, False if every
     one is known not to, None when unknown (no DataLoader, an unknown sampler).
-    With ``period`` (the steps of an epoch that repeated), the loaders of that
-    many batches alone where there are any: the epoch is theirs.  (A training
-    loader in order by design beside a shuffled validation loader: its
-    repeated epochs were reported "while the loader shuffles".)"""
+    With ``period`` (the steps of an epoch that repeated), the loaders whose
+    epoch that can be alone where there are any (``_epoch_loaders``).  (A
+    training loader in order by design beside a shuffled validation loader:
+    its repeated epochs were reported "while the loader shuffles".)"""
     if not loaders:
         return None
     if period is not None:
-        loaders = [d for d in loaders if d.get("batches") == period] or loaders
+        loaders = [d for d, _ in _epoch_loaders(loaders, period)] or loaders
     flags = [d.get("shuffle") for d in loaders]
     if any(f is True for f in flags):
         return True
@@ -112,23 +123,27 @@ def shuffles(loaders: Optional[list], period: Optional[int] = None) -> Optional[
 
 def repeat_chance(loaders: Optional[list], period: int) -> float:
     """The chance that a loader which reshuffles every epoch gives the ``period``
-    batches of an epoch the same samples as the epoch before (the input
-    checksum does not see the order of a batch's rows: ``fingerprint``).  A
-    uniform shuffle of n samples into batches of sizes b1..bk (and r left
-    over, ``drop_last``) makes n! / (b1!...bk! r!) batchings, equally likely.
-    From the shuffling loader of ``period`` batches, where its sample count
-    and batch size are known; else at most 1/period! (one sample a batch makes
-    the fewest batchings)."""
+    batches compared (each step's first) the same samples as the epoch before
+    (the input checksum does not see the order of a batch's rows:
+    ``fingerprint``).  A uniform shuffle of n samples into batches of sizes
+    b1..bk (and r left over: ``drop_last``, or the batches no step starts
+    with, k a step) makes n! / (b1!...bk! r!) batchings of them, equally likely.
+    From the shuffling loader of the epoch (``_epoch_loaders``), where its
+    sample count and batch size are known; else at most 1/period! (one sample
+    a batch makes the fewest batchings).  (With 2 batches a step the fallback
+    was the chance: 1/24 for 4 steps, and an epoch of 8 batches of 4 that
+    repeated went unreported.)"""
     fallback = math.exp(-math.lgamma(period + 1))
-    for d in loaders or ():
+    for d, per_step in _epoch_loaders(loaders, period):
         n, size, k = d.get("samples"), d.get("batch_size"), d.get("batches")
-        if d.get("shuffle") is not True or k != period or not isinstance(n, int) or not isinstance(size, int) \
+        if d.get("shuffle") is not True or not isinstance(n, int) or not isinstance(size, int) \
                 or size < 1 or n < 1:
             continue
-        if d.get("drop_last"):
-            sizes, left = [size] * k, n - k * size
-        else:
-            sizes, left = [size] * (k - 1) + [n - (k - 1) * size], 0
+        sizes = [size] * k
+        if not d.get("drop_last"):
+            sizes[-1] = n - (k - 1) * size
+        sizes = sizes[::per_step]               # (the batches the steps start with: the ones compared)
+        left = n - sum(sizes)
         if left < 0 or min(sizes) < 1:
             continue
         log = math.lgamma(n + 1) - sum(math.lgamma(b + 1) for b in sizes) - math.lgamma(left + 1)
