@@ -142,6 +142,29 @@ def test_ddp_bit_identical_with_and_without_nndb_and_one_run_dir(tmp_path):
 
 
 @JOB
+def test_ranks_started_by_mp_spawn_are_said_in_one_line_and_run_as_plain_python(tmp_path):
+    """A script that starts its ranks with torch.multiprocessing.spawn (imagenet's
+    --multiprocessing-distributed): nndb records only its own process, and said so only at
+    the run's end, in the words of a script that trains nowhere ('the script called no
+    backward() ...', after the whole training).  It now says so when the processes start,
+    naming them and what to run instead; the ranks' losses are plain python's, bit for bit."""
+    script = _copy(tmp_path, "dist_mp_spawn.py")
+    plain = subprocess.run([sys.executable, script, str(_free_port())], cwd=str(tmp_path), capture_output=True,
+                           text=True, timeout=120, env=_env(), stdin=subprocess.DEVNULL)
+    assert plain.returncode == 0, plain.stderr
+    r = nndb("run", "--batch", "-q", "--trace", str(tmp_path / "s.h5"), script, str(_free_port()),
+             cwd=str(tmp_path), env=_env())
+    assert r.returncode == 0, r.stderr
+    assert sorted(r.stdout.splitlines()) == sorted(plain.stdout.splitlines()) and len(plain.stdout.splitlines()) == 2
+    said = [ln for ln in r.stderr.splitlines() if ln.startswith("nndb:")]
+    assert said == ["nndb: the script starts 2 process(es) with torch.multiprocessing.spawn (worker): nndb does "
+                    "not trace them (it records the process it runs); to record each rank, start them with "
+                    "'nndb run --nproc-per-node N SCRIPT' where the script reads torchrun's environment "
+                    "(docs/distributed.md)"], r.stderr
+    _assert_none_left(script)
+
+
+@JOB
 def test_hang_timeout_shows_every_rank_and_exits_5(tmp_path):
     script = _copy(tmp_path, "distrun_desync.py")
     t0 = time.time()

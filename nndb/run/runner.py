@@ -18,6 +18,7 @@ from typing import Callable, Optional
 from . import launcher, meta as runmeta
 from . import rank as job
 from .config import RunConfig, default_trace_path, shown
+from .spawnwatch import SpawnWatch
 from ..errors import EXIT_OK, EXIT_SCRIPT_ERROR, EXIT_SIGINT, EXIT_SIGTERM, KillRun, RestartRun, Terminated
 from ..text import printable
 from ..store.writer import TraceWriter
@@ -213,6 +214,8 @@ class Recording:
                                          on_error=self._fingerprints_failed, ranks=meta.get("world_size") or 1,
                                          tracer=self.tracer)
         self.listeners.append(self.fingerprints)
+        # torch.multiprocessing.spawn's processes, said when started (they are not traced)
+        self.spawns = SpawnWatch(message)
         # The script's exception, once it has raised out of the run (an
         # Exception, or a sys.exit() of a failure status: DINO's sys.exit(1) on a
         # NaN loss; not a clean exit, Ctrl-C or the debugger's kill): the step's
@@ -239,6 +242,7 @@ class Recording:
 
     def __enter__(self) -> "Recording":
         self.tracer.install()
+        self.spawns.install()
         self.fingerprints.note_earlier_loaders()
         self.fingerprints.arm()
         return self
@@ -250,6 +254,7 @@ class Recording:
             self.tracer.finish(raised=self.raised is not None)
         finally:
             self.tracer.uninstall()
+            self.spawns.uninstall()
             self.fingerprints.close()
             self.pipeline.run_ended()
             self.fingerprints.finish()
@@ -257,7 +262,8 @@ class Recording:
             self.message(f"nndb: no training step was recorded: {self.tracer.unseen_backwards} backward() "
                          f"call(s) reached no parameter of an nn.Module, nor any tensor that needs grad, and "
                          f"no optimizer stepped (docs/steps.md)")
-        elif exc[1] is None and self.recorder.last is None and not self.tracer.optimizer_refs:
+        elif exc[1] is None and self.recorder.last is None and not self.tracer.optimizer_refs \
+                and not self.spawns.spawned:      # (said when the script started its processes)
             # (mnist_hogwild: the model trained in processes of torch.multiprocessing's; a loop of
             # torch.func.grad's gradients applied to a dict of tensors by hand)
             self.message("nndb: no training step was recorded: the script called no backward() and stepped no "
