@@ -181,6 +181,10 @@ def test_planted_ddp_findings(jobs):
     side = _inspect(jobs["planted"], "--ranks")
     w = next(t for t in side["tensors"] if t["kind"] == "param" and t["name"].endswith("0.weight"))
     assert set(w["by_rank"]) == {"0", "1"} and w["by_rank"]["0"]["norm"] != w["by_rank"]["1"]["norm"]
+    # merged, the replicas that differ are not called replicated (they were, rank 0's row shown as the
+    # model's: imagenet's CPU path under torchrun, which wraps no DDP, trains a model per rank)
+    merged = {(t["name"], t["kind"]): t["merge"] for t in data["tensors"]}
+    assert merged[(w["name"], "param")] == "differs", merged
     text = nndb("inspect", jobs["planted"]).stdout
     assert "rank_divergence at step 4" in text and "rank 1  warning  straggler" in text
 

@@ -142,7 +142,8 @@ def job(data: dict) -> str:
         headers = ["tensor", "kind", "rank", *_JOB_STATS]
     else:
         lines.append(f"tensors at step {data['step']} (the last whole step every rank recorded), merged across ranks "
-                     f"(shards and batches combined; a replicated parameter: rank {data['ranks'][0]['rank']}'s):")
+                     f"(shards and batches combined; a replicated parameter: rank {data['ranks'][0]['rank']}'s, "
+                     f"'differs' where the ranks' replicas are not the same: --ranks shows each):")
         for t in data["tensors"]:
             st = t["stats"]
             table.append([printable_line(t["name"]), t["kind"], t["merge"]] + [_stat_text(c, st[c]) for c in _JOB_STATS])

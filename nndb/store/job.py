@@ -113,6 +113,12 @@ def _merge_kind(series) -> str:
     return "batch"
 
 
+def _agree(rows: list) -> bool:
+    """Are the ranks' statistics rows of one replicated tensor the same (NaN,
+    unmeasured, equal to NaN)?"""
+    return all(np.array_equal(rows[0], r, equal_nan=True) for r in rows[1:])
+
+
 def job_summary(job: Job, cross: tuple, ranks: bool = False) -> dict:
     """The job as plain data (see the module's docstring); ``cross``: the
     cross-rank findings and why they could not be judged
@@ -159,11 +165,13 @@ def _tensors(job: Job, side_by_side: bool) -> dict:
     for (name, kind), entry in rows.items():
         by = entry["by_rank"]
         how = _merge_kind(entry["series"])
+        if how == "replicated" and not _agree(list(by.values())):
+            how = "differs"             # (replicas that are not: rank_divergence; or no DDP at all)
         t = {"name": name, "kind": kind, "merge": how, "ranks": sorted(by)}
         if side_by_side:
             t["by_rank"] = {str(k): dict(zip(cols, measured_values(v, cols))) for k, v in sorted(by.items())}
         else:
-            merged = by[min(by)] if how == "replicated" else merge_stats(list(by.values()))
+            merged = by[min(by)] if how in ("replicated", "differs") else merge_stats(list(by.values()))
             t["stats"] = dict(zip(cols, measured_values(merged, cols)))
         out.append(t)
     return {"step": step, "tensors": out}
