@@ -275,6 +275,12 @@ def test_epoch_repeats_under_gradient_accumulation(tmp_path):
     rows = {r: [_row(s, {"w": 5}, [[s, 1000 * r + (s % 4 if r == 1 else s)]], loaders=loaders if s == 0 else None)
                 for s in range(12)] for r in (0, 1)}
     assert [(f.rule, f.step, f.evidence["rank"]) for f in judge_job(rows)] == [("epoch_repeats", 7, 1)]
+    # an ordered loader of 8 batches, 2 a step, repeats by design beside a shuffled one of 16: the
+    # loaders of the fewest batches a step decide
+    ordered = [dict(loaders[0], shuffle=False), dict(loaders[0], batches=16, samples=64)]
+    rows = {r: [_row(s, {"w": 5}, [[s, 1000 * r + s % 4]], loaders=ordered if s == 0 else None)
+                for s in range(12)] for r in (0, 1)}
+    assert judge_job(rows) == []
 
 
 def test_divergence_from_the_first_step_compared_says_the_replicas_may_never_have_agreed():

@@ -95,13 +95,14 @@ class EpochTracker:
 
 def _epoch_loaders(loaders: Optional[list], period: int) -> list:
     """The loaders an epoch of ``period`` steps can be the epoch of, each with
-    its batches a step: those of ``period`` batches (one a step) where there
-    are any, else those of a whole multiple of it, k batches a step (gradient
-    accumulation over k micro-batches: a step's input checksum is its first
-    micro-batch's, so an epoch of 8 batches, 2 a step, repeats in 4 steps)."""
+    its batches a step: those of a whole multiple of ``period`` batches, k a
+    step (gradient accumulation over k micro-batches: a step's input checksum
+    is its first micro-batch's, so an epoch of 8 batches, 2 a step, repeats in
+    4 steps), of the fewest k (1: one batch a step, where there are such)."""
     sized = [d for d in loaders or () if isinstance(d.get("batches"), int) and d["batches"] >= period > 0]
-    exact = [(d, 1) for d in sized if d["batches"] == period]
-    return exact or [(d, d["batches"] // period) for d in sized if d["batches"] % period == 0]
+    whole = [(d, d["batches"] // period) for d in sized if d["batches"] % period == 0]
+    fewest = min((k for _, k in whole), default=None)       # (one a step first, then the fewest)
+    return [(d, k) for d, k in whole if k == fewest]
 
 
 def shuffles(loaders: Optional[list], period: Optional[int] = None) -> Optional[bool]:
