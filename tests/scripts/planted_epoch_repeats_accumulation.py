@@ -10,10 +10,11 @@ from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--set-epoch", action="store_true")
+ap.add_argument("--seed", type=int, default=0)      # (the rule matrix's seeds)
 a = ap.parse_args()
-torch.manual_seed(0)
+torch.manual_seed(a.seed)
 data = TensorDataset(torch.randn(64, 6), torch.randint(0, 3, (64,)))
-sampler = DistributedSampler(data, num_replicas=2, rank=1, shuffle=True, seed=0)
+sampler = DistributedSampler(data, num_replicas=2, rank=1, shuffle=True, seed=a.seed)
 loader = DataLoader(data, batch_size=4, sampler=sampler)
 model = nn.Sequential(nn.Linear(6, 12), nn.ReLU(), nn.Linear(12, 3))
 opt = torch.optim.SGD(model.parameters(), lr=0.05)
