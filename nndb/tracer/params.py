@@ -6,10 +6,10 @@ copied into one float32 buffer (values and updates through cached zero-copy
 numpy views, one concatenation each; gradients by one
 ``torch._foreach_copy_`` into views of the buffer; then one ``reduceat`` a
 step), and the others (large ones, accelerator ones), measured on their own
-devices all together: between full steps their norms by one
-``torch._foreach_norm`` per (device, dtype) and one host transfer per device
-(``stats.norm_rows_bulk``), their values before the step copied by one
-``torch._foreach_copy_`` into buffers kept from step to step.
+devices all together: between full steps their norms (``stats.norm_rows_bulk``:
+on an accelerator one ``torch._foreach_norm`` per (device, dtype) and one host
+transfer per device, on the CPU rows of squares per tensor), their values before
+the step copied by one ``torch._foreach_copy_`` into buffers kept from step to step.
 ``Snapshot``: the values before an update, from which the update is
 computed.
 
@@ -354,13 +354,19 @@ class Snapshot:
             values = [S.local(p).detach() for p in plan.large]
             # The updates, in place of the values before: -before + value is value - before
             # bit for bit (two fused calls for all of them; the buffers go back to the plan).
+            # Between full steps, whose rows of an update are its norm, one: before - value,
+            # the update negated bit for bit, of the same norm (a pass less over the large
+            # parameters, 5.6 of 37 ms a step that nndb added to a 6.3 M-parameter MLP).
             updates = self.large_before
             grad_mode = torch.is_grad_enabled()
             try:
                 if grad_mode:
                     _set_grad_enabled(False)
-                torch._foreach_neg_(updates)
-                torch._foreach_add_(updates, values)
+                if full:
+                    torch._foreach_neg_(updates)
+                    torch._foreach_add_(updates, values)
+                else:
+                    torch._foreach_sub_(updates, values)
             finally:
                 if grad_mode:
                     _set_grad_enabled(True)
@@ -371,7 +377,14 @@ class Snapshot:
                 if grads and p.grad is not None:
                     keys.append(("param", p, "grad"))
                     items.append(S.dense(S.local(p.grad)).detach())
-            H.add_many(bucket, keys, items, full, bulk=True)
+            if full:
+                H.add_many(bucket, keys, items, full, bulk=True)
+            else:
+                for key, item, raw in zip(keys, items, S.raw_many(items, False, True)):
+                    if key[2] == "update" and raw[S.RAW_NAN] + raw[S.RAW_INF]:
+                        # (a non-finite one's row has its sums and extremes too: the update's)
+                        raw = S.raw_many([item.neg_()], False, True)[0]
+                    bucket.add(key, raw)
             self.large_before = []
             plan._large_spare = updates
         bucket.covered |= plan.ids

@@ -21,8 +21,8 @@ Where the passes run:
 Two levels.  Every recorded step: count, norm and NaN/Inf detection for
 every tensor (``host_norm_rows``: squares and one ``reduceat`` for a block
 of small tensors, summed in float32 for float32 tensors, which agrees with
-the float64 sums of a full step to about 1e-7; one dot product for a large
-one), and all
+the float64 sums of a full step to about 1e-7; for a large CPU one its squares
+summed in rows, the rows in float64: ``cpu_sumsq``), and all
 ten statistics of a scalar loss (``scalar_raw``, no numpy reduction).  At
 *full* steps (``nndb.cadence.Cadence.full``: every 32nd recorded step by
 default) everything: also mean, std, min, max, mean |x| and the zero
@@ -412,6 +412,36 @@ def _device_flat(t: torch.Tensor) -> torch.Tensor:
     return f
 
 
+# A large CPU tensor's squares are summed in rows of SQ_ROW elements (torch's vector_norm,
+# in the tensor's dtype), the rows' sums in float64: one float32 dot over millions of
+# elements drifts as its partial sums grow (6.4 M values of 0.1: 7e-4 relative, normal
+# values 2e-5), and a norm accumulated in float64 (``dtype=torch.float64``) converts element
+# by element, 10-50x a dot's time on a CPU (6.4 M elements: 52 ms against 1.0 ms, one
+# thread); the rows take one to two dots' time, 8e-7 relative for equal values, 1e-9 for
+# normal ones (rows of 4096: 4e-6 and 4e-9).
+SQ_ROW = 1024
+
+
+def cpu_sumsq(f: torch.Tensor) -> float:
+    """The sum of squares of a flat, contiguous float32 or float64 CPU tensor (SQ_ROW). A
+    float32 sum under F32_SQ_TINY (squares that underflowed) is taken again in float64;
+    a sum that is not finite is returned as it is (the callers count NaN and Inf exactly)."""
+    n = f.numel()
+    m = n - n % SQ_ROW
+    if m:
+        r = torch.linalg.vector_norm(f[:m].view(-1, SQ_ROW), dim=1).double()
+        sq = float(torch.dot(r, r))
+        if m < n:
+            t = f[m:]
+            sq += float(torch.dot(t, t))
+    else:
+        sq = float(torch.dot(f, f))
+    if sq < F32_SQ_TINY and f.dtype == torch.float32 and (sq > 0 or bool(f.any())):
+        x = f.double()
+        sq = float(torch.dot(x, x))
+    return sq
+
+
 # A large tensor's mean squared over its mean square above which its squares are summed
 # again about the mean (cpu_raw_large): there the mean is > 10x the standard deviation,
 # and float32's sums leave std two digits fewer than float32 has, or none.
@@ -422,7 +452,7 @@ def cpu_raw_large(t: torch.Tensor, full: bool = True) -> np.ndarray:
     """Raw row of a large CPU tensor with torch's vectorised, multi-threaded
     reductions, made right after the tensor was written (still in cache).
 
-    Every step: one pass (a dot product) gives the norm and detects NaN/Inf
+    Every step: one pass (the squares' rows, ``cpu_sumsq``) gives the norm and detects NaN/Inf
     (then counted exactly, in a slow pass).  With ``full``: sum, aminmax and,
     for a tensor with both signs, two more passes for sum|x| and the zero
     count (sign().sum() is several times faster than count_nonzero).
@@ -433,14 +463,15 @@ def cpu_raw_large(t: torch.Tensor, full: bool = True) -> np.ndarray:
     if n == 0:
         return empty_raw()
     if not full:
-        sq = float(torch.dot(f, f))
+        sq = cpu_sumsq(f)
         if not math.isfinite(sq):
             return _segment_raw_exact(f.numpy())
         return np.array([n, math.nan, sq, math.nan, math.nan, math.nan, math.nan, 0.0, 0.0])
     raw = empty_raw()
     raw[RAW_N] = n
     mn, mx = torch.aminmax(f)
-    s, sq, lo, hi = torch.stack([f.sum(), torch.dot(f, f), mn, mx]).tolist()
+    s, lo, hi = torch.stack([f.sum(), mn, mx]).tolist()
+    sq = cpu_sumsq(f) if math.isfinite(s + lo + hi) else math.nan
     if not math.isfinite(s + sq + lo + hi):
         return _segment_raw_exact(f.numpy())
     if s * s > CENTER_SHARE * n * sq:
@@ -449,7 +480,7 @@ def cpu_raw_large(t: torch.Tensor, full: bool = True) -> np.ndarray:
         # in every digit float32 keeps (it read 0.0).  The squares about the mean, taken
         # again, give it; sq is made of them in float64, so the norm is as exact.
         c = f - s / n
-        sq = float(torch.dot(c, c)) + s * s / n
+        sq = cpu_sumsq(c) + s * s / n
     raw[RAW_SUM], raw[RAW_SQ], raw[RAW_MIN], raw[RAW_MAX] = s, sq, lo, hi
     if lo > 0 or hi < 0:                 # one sign, no zeros
         raw[RAW_ABS], raw[RAW_ZERO] = abs(s), 0.0
@@ -473,15 +504,18 @@ _NORM_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 
 def norm_rows_bulk(tensors: Sequence[torch.Tensor]) -> list[np.ndarray]:
     """Norm-only rows (count, sum of squares, NaN/Inf: ``cpu_raw_large(t,
-    full=False)``'s fields) of many torch tensors with a constant number of
-    fused calls: one ``torch._foreach_norm`` (accumulated in float64) per
-    (device, dtype) group and one host transfer per device, whatever the
-    number of tensors.  A tensor whose norm is not finite takes the exact
-    path (its NaN and Inf counted).  Other dtypes, and empty tensors, one by one."""
+    full=False)``'s fields) of many torch tensors.  On an accelerator with a
+    constant number of fused calls: one ``torch._foreach_norm`` (accumulated in
+    float64) per (device, dtype) group and one host transfer per device, whatever
+    the number of tensors.  On the CPU, where that float64 norm costs 10-50x a
+    dot product (SQ_ROW), each by ``cpu_raw_large``'s rows (a few torch calls,
+    no copy of a float32 or float64 tensor).  A tensor whose norm is not finite
+    takes the exact path (its NaN and Inf counted).  Other dtypes, and empty
+    tensors, one by one."""
     out: list = [None] * len(tensors)
     groups: dict = {}
     for i, t in enumerate(tensors):
-        if t.dtype in _NORM_DTYPES and t.numel():
+        if t.dtype in _NORM_DTYPES and t.numel() and t.device.type != "cpu":
             groups.setdefault((t.device, t.dtype), []).append(i)
         else:
             out[i] = cpu_raw_large(t, False) if t.device.type == "cpu" else raw_now(t, False)
