@@ -241,6 +241,17 @@ def mlp(seed):
     return model, opt, nn.CrossEntropyLoss(), data
 
 
+def wide(seed):
+    """An MLP whose weight matrices are past the host block (stats.HOST_MAX_PARAM_ELEMENTS,
+    as a real model's are): their norms, gradients' and updates' read where they lie, a
+    step (1.6 M parameters, AdamW)."""
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Linear(512, 1024), nn.ReLU(), nn.Linear(1024, 1024), nn.ReLU(), nn.Linear(1024, 10))
+    opt = torch.optim.AdamW(model.parameters(), 1e-3)
+    data = _batches(4, lambda g: (torch.randn(32, 512, generator=g), torch.randint(0, 10, (32,), generator=g)))
+    return model, opt, nn.CrossEntropyLoss(), data
+
+
 class SmallCNN(nn.Module):
     def __init__(self):
         super().__init__()
@@ -415,7 +426,7 @@ def resnet(seed):
 # checkpoint (taken in the warm-up) and for some of the later ones.
 WORKLOADS = {"mlp": (mlp, 2400, 600), "cnn": (cnn, 150, 60), "lstm": (lstm, 400, 100),
              "transformer": (transformer, 250, 100), "cnn_fullgrad": (cnn, 150, 60),
-             "gpt": (gpt, 150, 40), "resnet": (resnet, 60, 20)}
+             "gpt": (gpt, 150, 40), "resnet": (resnet, 60, 20), "wide": (wide, 300, 60)}
 # Workloads that also keep whole tensors (nndb run --record-full ...): the CNN
 # keeps its conv layers' gradients (SmallCNN's convs are features.0, .4 and .8:
 # 'grad:conv*' in a model that names them conv) every 10 steps in fp16, i.e.

@@ -286,6 +286,10 @@ def test_gpt_and_resnet_workloads_have_the_tensors_of_the_issue_and_train(bench)
         before = [p.detach().clone() for p in model.parameters()]
         assert np.isfinite(bench.train(model, opt, crit, data, 2))
         assert all(not torch.equal(b, p) for b, p in zip(before, model.parameters()))
+    from nndb.tracer.params import ParamPlan
+    model, opt, crit, data = bench.WORKLOADS["wide"][0](0)       # (its matrices past the host block)
+    assert len(ParamPlan(list(model.parameters())).large) == 2
+    assert np.isfinite(bench.train(model, opt, crit, data, 1))
     model, _, _, data = bench.WORKLOADS["gpt"][0](0)
     x, y = data[0]
     assert torch.equal(x[:, 1:].reshape(-1), y.view(x.shape)[:, :-1].reshape(-1))   # (y: the next tokens)
