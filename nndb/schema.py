@@ -139,6 +139,45 @@ KINDS = ("param", "grad", "update", "act", "loss")
 CLIP_SERIES = "clip_grad_norm_"
 
 
+def module_of_series(name: str, kind: str):
+    """The module a series belongs to, as the trace's ``modules`` rows name it: an
+    activation's module (a later call's ``#N`` left off), the name before a parameter's
+    last dot for its value, gradient and update; None for a root's own parameter, a loss
+    and a clip's total."""
+    if kind == "act":
+        return name.split("#", 1)[0]
+    if kind in ("param", "grad", "update"):
+        return name.rpartition(".")[0] or None
+    return None
+
+
+# The order the kinds' rows are listed in (``stats``, ``nndb inspect``): each kind's rows
+# in the model's order (the loss, what the forward made, then the parameters).
+KIND_ORDER = {"loss": 0, "act": 1, "param": 2, "update": 3, "grad": 4}
+
+
+def model_order(pairs, modules, by_kind: bool = False) -> list:
+    """The indexes of ``pairs`` ((name, kind) of series) in the model's order: by their
+    module's place in ``modules`` (module names, the model's order; a root's own
+    parameters, the loss and the clips' totals at the root, a series of no module known
+    after the others), with ``by_kind`` by KIND_ORDER first, the activations then as
+    given (the order of the calls, which registration need not be: a dropout declared
+    beside another); as given where they tie."""
+    place: dict = {}
+    for n in modules:
+        place.setdefault(n, len(place))
+    end, last = len(place), len(KIND_ORDER)
+
+    def key(i):
+        name, kind = pairs[i]
+        m = module_of_series(name, kind)
+        at = place.get(m, 0 if m is None else end)
+        if by_kind:
+            return (KIND_ORDER.get(kind, last), 0 if kind == "act" else at, i)
+        return (at, i)
+    return sorted(range(len(pairs)), key=key)
+
+
 def default_stat(kind) -> str:
     """The statistic shown where none is named: a loss's value (its mean: the one number a
     scalar loss is, with its sign: a policy gradient's or a log-likelihood's loss goes below 0),

@@ -164,3 +164,37 @@ def test_the_learning_rate_a_step_used_is_a_series(tmp_path):
     out = nndb("inspect", path, "--series", "lr").stdout.splitlines()
     assert out[0] == "lr: lr" and out[1].split() == ["step", "opt.group0", "opt.group1"]
     assert out[3].split() == ["0", "0.1", "0.5"] and out[6].split() == ["3", "0.01", "0.05"]
+
+
+WIDE_MIDDLE = """
+import torch, torch.nn as nn
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(8, 300), nn.ReLU(), nn.Linear(300, 300), nn.ReLU(), nn.Linear(300, 4))
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+x, y = torch.randn(16, 8), torch.randint(0, 4, (16,))
+for step in range(3):
+    opt.zero_grad()
+    nn.functional.cross_entropy(model(x), y).backward()
+    opt.step()
+"""
+
+
+def test_stats_and_inspect_list_each_kind_in_the_models_order(tmp_path):
+    """A parameter too large for the host block (2.weight: 90,000 elements) has its rows
+    first in the record; `stats` and `nndb inspect` listed it above the activations and
+    the other parameters (pytorch/examples' mnist: fc1.weight on top).  Both list the
+    loss, the activations in the order they were made, then the values, updates and
+    gradients, each in the model's order."""
+    script = tmp_path / "wide.py"
+    script.write_text(WIDE_MIDDLE)
+    trace = str(tmp_path / "wide.h5")
+    r = nndb("run", "--batch", "--trace", trace, "-e", "until 2", "-e", "stats", str(script), cwd=str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    params = ["0.weight", "0.bias", "2.weight", "2.bias", "4.weight", "4.bias"]
+    want = [("loss", "loss")] + [(a, "act") for a in ("0", "1", "2", "3", "4", "model")] + \
+        [(p, k) for k in ("param", "update", "grad") for p in params]
+    rows = [tuple(line.split()[:2]) for line in r.stdout.split("step 2\n", 1)[1].splitlines()[1:]
+            if line.split()[1:2] and line.split()[1] in ("loss", "act", "param", "update", "grad")]
+    assert rows == want, r.stdout
+    data = json.loads(nndb("inspect", "--json", trace).stdout)
+    assert [(t["name"], t["kind"]) for t in data["tensors"]] == want

@@ -10,6 +10,7 @@ import numpy as np
 
 from ..errors import UsageError
 from ..schema import default_stat
+from ..render.plotdata import in_model_order
 from ..run.paths import claim_output
 from ..store.measured import measured, measured_column, measured_values
 from ..rules.offline import stored_findings
@@ -37,7 +38,10 @@ def summary(reader: TraceReader) -> dict:
     cols = reader.columns
     tensors = []
     block = reader.all_stats() if reader.n_steps else None
-    for s in reader.series():
+    # (listed as ``stats`` lists them: the loss, the activations, the parameters' values,
+    # updates and gradients, each in the model's order, not the order of the trace's columns,
+    # where a parameter too large for the host block came before the activations)
+    for s in in_model_order(reader, list(reader.series()), by_kind=True)[0]:
         if block is None:
             continue
         vals = block[:, s.id, :]

@@ -48,14 +48,6 @@ def _read_only(a: np.ndarray) -> np.ndarray:
     return v
 
 
-def _module_of(name: str, kind: str) -> Optional[str]:
-    if kind == "act":
-        return name.split("#", 1)[0]
-    if kind in ("param", "grad", "update"):
-        return name.rpartition(".")[0] or None
-    return None
-
-
 class Trace:
     """An nndb trace, opened with ``nndb.open(PATH)``.
 
@@ -124,7 +116,7 @@ class Trace:
     def tensors(self) -> list:
         """[TensorInfo] of every recorded series, in the order they first appeared."""
         if self._tensors is None:
-            self._tensors = [TensorInfo(s.name, s.kind, s.shape, _module_of(s.name, s.kind))
+            self._tensors = [TensorInfo(s.name, s.kind, s.shape, K.module_of_series(s.name, s.kind))
                              for s in self._reader.series()]
         return list(self._tensors)
 

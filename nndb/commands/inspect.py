@@ -10,7 +10,7 @@ from ..errors import CommandError
 from ..text import fmt
 from ..render.chart import chart
 from ..store.measured import measured_values
-from ..schema import COUNT_STATS, KIND_WORDS, STAT_NAMES, default_stat
+from ..schema import COUNT_STATS, KIND_WORDS, STAT_NAMES, default_stat, model_order
 from ..debugger import evaluate as E
 from ..debugger import points as P
 from .breakpoints import info_points
@@ -107,6 +107,9 @@ def _stats(s, arg):
         vals = dict(zip(P.STATS, measured_values(row, P.STATS)))
         rows.append((name, k, *(int(vals[c]) if c in COUNT_STATS and vals[c] is not None else vals[c]
                                 for c in STAT_COLUMNS)))
+    # (the model's order, each kind apart: a parameter too large for the host block has its
+    # rows before the activations in the record)
+    rows = [rows[i] for i in model_order([r[:2] for r in rows], [m[0] for m in s.view.module_summary()], True)]
     empty = "nothing recorded"
     if not rows and kind in ("param", "update") and rec is s.view.unwritten():
         # (a hand-written loop's step that just ended: its values and update are taken at the

@@ -13,7 +13,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from .. import globs
-from ..schema import CLIP_SERIES
+from ..schema import CLIP_SERIES, model_order
 from ..errors import UsageError
 from ..text import printable_line
 from ..store.measured import measured
@@ -117,38 +117,23 @@ ORDER_KNOWN = "model order"
 ORDER_UNKNOWN = "recording order: this trace predates the model order"
 
 
-def _module_of(s) -> Optional[str]:
-    """The module a series belongs to, as the trace's ``modules`` rows name it
-    (an activation: its module; a parameter's kinds: the name before the last
-    dot; a root's own parameter: None)."""
-    if s.kind == "act":
-        return s.name.split("#")[0]
-    return s.name.rsplit(".", 1)[0] if "." in s.name else None
-
-
-def in_model_order(reader, series: list) -> tuple:
+def in_model_order(reader, series: list, by_kind: bool = False) -> tuple:
     """(``series`` in the model's registration order, the order's label):
     by their module's place in the trace's ``modules`` rows, the first row's
     modules first and each later row's new ones after them, in its order (a
     root's own parameters at the root; kinds and names kept in the trace's
-    order within a module; a series of no known module after the others).
+    order within a module; a series of no known module after the others;
+    ``by_kind``: grouped by kind first, schema.KIND_ORDER).
     Not the last row alone: a k-fold loop's rows are each fold's model, and its
     last fold's layers came first, above the first fold's, the second fold's
     below them.  A trace without the rows: the series' order, labelled
     ORDER_UNKNOWN."""
     rows = reader.modules()
-    if not rows:
+    if not rows and not by_kind:
         return list(series), ORDER_UNKNOWN
-    place: dict = {}
-    for row in rows:
-        for n in row.get("modules") or []:
-            place.setdefault(n, len(place))
-
-    def key(item):
-        i, s = item
-        m = _module_of(s)
-        return (place.get(m, 0 if m is None else len(place)), i)
-    return [s for _, s in sorted(enumerate(series), key=key)], ORDER_KNOWN
+    modules = [n for row in rows for n in row.get("modules") or []]
+    order = model_order([(s.name, s.kind) for s in series], modules, by_kind)
+    return [series[i] for i in order], ORDER_KNOWN if rows else ORDER_UNKNOWN
 
 
 def _column(reader, s, stat: str):
@@ -226,7 +211,7 @@ def ratio(reader, glob: Optional[str] = None, findings=(), stops=()) -> Ratio:
     params = [s for s in reader.series() if s.kind == "param" and s.name in updates
               and (globs.matches(s.name, glob) if glob else s.shape is None or len(s.shape) >= 2)]
     if not params:
-        raise UsageError(printable_line(f"no parameter with an update" + (f" matches '{glob}'" if glob else "")
+        raise UsageError(printable_line("no parameter with an update" + (f" matches '{glob}'" if glob else "")
                                         + f" in {reader.path}"))
     params, order = in_model_order(reader, params)
     up_steps, up, up_bad = _grid(reader, [updates[s.name] for s in params], "norm")
