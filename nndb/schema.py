@@ -45,7 +45,8 @@
     │                                      (null: no longer known)
     ├── hyper                 uint8[...]   UTF-8 JSON lines, written when one changed: {"step": int,
     │                                      "optimizer": str, "group": int, "lr": float | null}: a param
-    │                                      group's learning rate from that step on (null: not a number)
+    │                                      group's learning rate from that step on (null: not a number,
+    │                                      or a tensor on an accelerator)
     │                                      (optimizers and hyper: absent in traces written before them)
     ├── modules               uint8[...]   UTF-8 JSON lines, written at a recorded step's end when a root
     │                                      module was added: {"step": int, "modules": [module name, ...]}:

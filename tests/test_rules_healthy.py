@@ -269,3 +269,28 @@ def test_a_backward_for_an_inputs_gradient_through_a_model_nothing_trains_is_hea
         else:
             assert [(rule, step, e["steps"], e["also"]) for rule, step, e in found] == \
                 [("param_not_updated", 4, [0, 4], ["2.bias"])]       # (0.bias, and 2.bias with it)
+
+
+def test_a_tensor_lr_annealed_to_zero_is_healthy_and_recorded(tmp_path):
+    """The compiled-optimizer recipe's tensor lr (AdamW(lr=torch.tensor(1e-3)), a cosine
+    schedule annealed to 0 over 300 steps, tests/scripts/tensor_lr_cosine.py): the rules read
+    no tensor lr, so update_ratio did not see the schedule end and said 'the learning rate is
+    probably far too low' at step 299 (0.weight's ratio 7.6e-08), where the same run with a
+    float lr has no finding; and the trace held no learning rate at all ('nndb inspect
+    --series lr' an empty table).  The lr is read as the number the tensor holds."""
+    import os
+
+    import nndb
+    script = os.path.join(os.path.dirname(__file__), "scripts", "tensor_lr_cosine.py")
+    res = run_in_process(tmp_path, script)
+    assert res.exit_code == 0
+    assert res.session.log.findings == [], res.session.log.findings
+    with nndb.open(str(tmp_path / "run.h5")) as t:
+        (opt, group, lrs), = t.reader.learning_rates()
+    torch = pytest.importorskip("torch")
+    want = torch.tensor(1e-3)                 # (the schedule's values, as the tensor holds them)
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(torch.optim.AdamW([torch.zeros(1)], lr=want), T_max=300)
+    for step in range(300):
+        assert lrs[step] == float(want), (step, lrs[step], float(want))
+        sched.optimizer.step()
+        sched.step()

@@ -14,6 +14,7 @@ from typing import Iterable, Optional
 
 from ..cadence import OBSERVE_EVERY, SETTLE, next_change, observed
 from ..errors import UsageError
+from ..tracer.pipeline import lr_number
 from .base import Rule, StepContext
 from .block import Block
 from .probes import PROBES
@@ -36,7 +37,8 @@ class AsItWas:
     __slots__ = ("param_groups", "family")
 
     def __init__(self, opt):
-        self.param_groups = [{"params": g["params"], "lr": g.get("lr"), "eps": g.get("eps")}
+        # (the lr's number now: a tensor lr is filled in place by the step a scheduler makes next)
+        self.param_groups = [{"params": g["params"], "lr": lr_number(g.get("lr")), "eps": g.get("eps")}
                              for g in opt.param_groups]
         self.family = getattr(opt, "family", None) or type(opt).__name__
 
@@ -45,7 +47,8 @@ _ACTION = operator.attrgetter("action")
 
 
 def _lr_key(lr):
-    return lr if isinstance(lr, (int, float)) else id(lr)      # (a tensor lr: the rules read none)
+    v = lr_number(lr)
+    return id(lr) if v is None else v
 
 
 class RuleEngine:

@@ -16,6 +16,7 @@ from typing import Optional
 import numpy as np
 
 from ..schema import CLIP_SERIES
+from ..tracer.pipeline import lr_number
 from .base import Threshold
 
 _KINDS = ("grad", "param", "update")
@@ -341,16 +342,15 @@ def optimizer_lr(ctx, name=None):
     if name is None:
         out = {}
         for oname, opt in ctx.optimizers:
-            lrs = [g.get("lr") for g in opt.param_groups]
-            lrs = [float(x) for x in lrs if isinstance(x, (int, float))]
+            lrs = [lr_number(g.get("lr")) for g in opt.param_groups]
+            lrs = [x for x in lrs if x is not None]
             if lrs:
                 out[oname] = max(lrs)
         return out
     for _, opt in ctx.optimizers:
         for group in opt.param_groups:
             if any(ctx.param_name(p) == name for p in group["params"]):
-                lr = group.get("lr")
-                return float(lr) if isinstance(lr, (int, float)) else None
+                return lr_number(group.get("lr"))
     return None
 
 

@@ -39,7 +39,7 @@ from .base import Rule, Threshold
 from .bn_probe import BatchNormStats
 from .gradient_norms import ExplodingGradient, VanishingGradient, ZeroGradients
 from .series import (MIN_ELEMENTS, MULTI_ITERATION, Restarts, Streaks, Tensors, also, block_medians, by_group, family, fit,
-                     layout, num, optimizer_lr, theil_sen, trains_nothing)
+                     layout, lr_number, num, optimizer_lr, theil_sen, trains_nothing)
 
 KIND_ORDER = ("act", "loss", "grad", "param", "update")     # the order a step produces them
 
@@ -575,8 +575,8 @@ class ParamNotUpdated(Rule):
         for _, opt in ctx.optimizers:
             if family(opt) in MULTI_ITERATION:
                 for group in opt.param_groups:
-                    lr = group.get("lr")
-                    if isinstance(lr, (int, float)) and lr > 0:
+                    lr = lr_number(group.get("lr"))
+                    if lr is not None and lr > 0:
                         own.update(ctx.param_name(p) for p in group["params"])
         return np.array([lay.names[j] in own for j in k.tolist()], dtype=bool)
 

@@ -117,7 +117,7 @@ class WriteRecords:
             for o in opts:
                 for g in o.param_groups:
                     ps, lr = g["params"], g.get("lr")
-                    rows.append((id(o), id(ps), len(ps), lr if type(lr) is float else _lr(lr)))
+                    rows.append((id(o), id(ps), len(ps), lr if type(lr) is float else lr_number(lr)))
             now = (naming.roots_version, len(opts), rows)
             if now == self._rows:
                 return
@@ -181,6 +181,20 @@ def _after_children(module, seen: set):
     yield module
 
 
-def _lr(x):
-    """A group's learning rate as the rules read it (nndb.rules.series.optimizer_lr): a number, else None."""
-    return float(x) if isinstance(x, (int, float)) else None
+def lr_number(x) -> Optional[float]:
+    """A param group's learning rate as the trace keeps it and the rules read it
+    (nndb.rules.series.optimizer_lr): a Python number; a numpy scalar (DINO writes its
+    schedules' np.float64 into the groups); a tensor of one real number on the CPU (torch's
+    compiled-optimizer recipe, ``Adam(lr=torch.tensor(0.01))``, whose LR schedulers ``fill_``
+    it: the rules read no lr there, and update_ratio took a cosine schedule's end at 0 for a
+    learning rate far too low).  None for anything else, and for a tensor on an accelerator
+    (reading it is a host transfer a step)."""
+    if isinstance(x, (int, float)):
+        return float(x)
+    if type(x).__module__ == "numpy":
+        return float(x) if getattr(x, "ndim", None) == 0 and x.dtype.kind in "iuf" else None
+    if hasattr(x, "fill_"):
+        import torch
+        if isinstance(x, torch.Tensor) and x.numel() == 1 and x.device.type == "cpu" and not x.is_complex():
+            return float(x.item())
+    return None
