@@ -198,3 +198,45 @@ def test_stats_and_inspect_list_each_kind_in_the_models_order(tmp_path):
     assert rows == want, r.stdout
     data = json.loads(nndb("inspect", "--json", trace).stdout)
     assert [(t["name"], t["kind"]) for t in data["tensors"]] == want
+
+
+RESTAGED = """
+import torch, torch.nn as nn
+torch.manual_seed(0)
+backbone, head = nn.Sequential(nn.Linear(6, 16), nn.ReLU()), nn.Linear(16, 3)
+model = nn.Sequential(backbone, head)
+backbone.requires_grad_(False)
+opt = torch.optim.AdamW(head.parameters(), lr=1e-2)
+sched = torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5)
+x, y = torch.randn(64, 6), torch.randint(0, 3, (64,))
+for step in range(8):
+    if step == 5:          # stage 2: the backbone unfrozen, a new optimizer over the whole model
+        backbone.requires_grad_(True)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=3)
+    opt.zero_grad()
+    nn.functional.cross_entropy(model(x), y).backward()
+    print(step, opt.param_groups[0]["lr"])
+    opt.step()
+    sched.step()
+"""
+
+
+def test_the_lr_of_an_optimizer_replaced_ends_where_it_does(tmp_path):
+    """Fine-tuning's second stage made a new optimizer over the unfrozen model: 'nndb inspect
+    --series lr' carried the first optimizer's last lr (0.0025, its StepLR's at step 4) on to
+    every later step, where the trace's optimizer rows hold it no more (steps 5-7 are the new
+    one's, and the first is gone).  A group's lr is shown at the steps its optimizer held it."""
+    script = tmp_path / "restaged.py"
+    script.write_text(RESTAGED)
+    path = str(tmp_path / "t.h5")
+    r = nndb("run", "--batch", "-q", "--trace", path, str(script))
+    assert r.returncode == 0, r.stderr
+    used = [float(line.split()[1]) for line in r.stdout.splitlines()]
+    j = json.loads(nndb("inspect", path, "--series", "lr", "--json").stdout)
+    first, second = j["series"]
+    assert first["kind"] == "opt.group0" and first["steps"] == [0, 1, 2, 3, 4], first
+    assert first["values"] == used[:5] == [0.01, 0.01, 0.005, 0.005, 0.0025], first
+    assert second["steps"] == [5, 6, 7] and second["values"] == used[5:], (second, used)
+    out = nndb("inspect", path, "--series", "lr").stdout.splitlines()
+    assert out[1].split() == ["step", "opt.group0", second["kind"]] and out[-1].split()[:2] == ["7", "-"], out

@@ -337,19 +337,48 @@ class TraceReader(FullReads):
     def learning_rates(self) -> list:
         """[(optimizer, group, values)]: each param group's learning rate at every recorded
         step (``values`` beside ``steps``): the ``hyper`` rows carried forward; NaN before a
-        group's first row and where the lr was not a number."""
+        group's first row, where the lr was not a number, and at the steps where the
+        ``optimizers`` rows no longer hold the group (an optimizer replaced by a new one for a
+        second training stage: its last lr was carried on to the run's end)."""
         steps = np.asarray(self.steps, dtype=np.int64)
         by_group: dict = {}
         for r in self.hyper() or []:
             by_group.setdefault((str(r.get("optimizer")), r.get("group")), []).append(r)
+        held = self._groups_held(steps)
         out = []
         for (opt, group), changes in by_group.items():
             values = np.full(len(steps), np.nan)
             for r in sorted(changes, key=lambda r: r["step"]):
                 lr = r.get("lr")
                 values[steps >= int(r["step"])] = float(lr) if isinstance(lr, (int, float)) else np.nan
+            if held is not None:
+                mask, unknown = held
+                values[~(mask.get((opt, group), unknown) | unknown)] = np.nan
             out.append((opt, group, values))
         return out
+
+    def _groups_held(self, steps: np.ndarray) -> Optional[tuple]:
+        """({(optimizer, group): steps (a mask beside ``steps``) at which the ``optimizers``
+        rows hold that group}, the steps at which they could not say); None for a trace
+        without them."""
+        rows = self.optimizers()
+        if not rows:
+            return None
+        rows = sorted(rows, key=lambda r: r["step"])
+        held: dict = {}
+        unknown = np.zeros(len(steps), dtype=bool)
+        for i, row in enumerate(rows):
+            now = steps >= int(row["step"])
+            if i + 1 < len(rows):
+                now &= steps < int(rows[i + 1]["step"])
+            if row.get("optimizers") is None:
+                unknown |= now
+                continue
+            for o in row["optimizers"]:
+                for g in range(len(o.get("groups") or ())):
+                    key = (str(o.get("name")), g)
+                    held[key] = held.get(key, np.zeros(len(steps), dtype=bool)) | now
+        return held, unknown
 
     def modules(self) -> Optional[list]:
         """[{"step", "modules": [module name, ...]}]: the model's modules in
