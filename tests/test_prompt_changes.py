@@ -142,6 +142,46 @@ def test_a_set_lr_the_script_sets_back_at_the_next_epoch_is_said_then(tmp_path):
                                                                         ("8", "0.025")]
 
 
+# ReduceLROnPlateau stepped on a validation loss at each epoch's end (3 steps an epoch), one
+# that never improves: the lr is halved after every epoch (and, with KIND "reset", a loop that
+# also sets the lr at each epoch's start, which undoes a change).
+PLATEAU = '''
+import torch, torch.nn as nn
+torch.manual_seed(0)
+m = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
+opt = torch.optim.SGD(m.parameters(), lr=0.1)
+sched = torch.optim.lr_scheduler.ReduceLROnPlateau(opt, factor=0.5, patience=0)
+x, y = torch.randn(32, 4), torch.randn(32, 1)
+for epoch in range(3):
+    if KIND == "reset":
+        opt.param_groups[0]["lr"] = 0.1
+    for i in range(3):
+        opt.zero_grad()
+        ((m(x) - y) ** 2).mean().backward()
+        opt.step()
+        print(f"it {epoch * 3 + i} lr {opt.param_groups[0]['lr']}")
+    sched.step(1.0)
+'''
+
+
+def test_a_set_lr_that_reduce_lr_on_plateau_halves_held(tmp_path):
+    """'set lr 0.12' at step 5, an epoch's last (lr 0.1), then ReduceLROnPlateau halved it:
+    step 6 ran at 0.06, the change followed (plain Python: 0.05), but nndb warned "'set lr
+    0.12' did not hold: opt stepped with lr 0.06 ... the script or its LR scheduler set it
+    back", after a note that the scheduler's 'next step() may set the lr again'.  The plateau
+    multiplies the lr the group holds: the value set, reduced by its steps or not, held; a
+    loop that sets the lr itself is still said."""
+    r = _run(tmp_path, PLATEAU.replace("KIND", '"plateau"'), ["until 5", "set lr 0.12", "continue"])
+    assert re.findall(r"^it (\d+) lr (\S+)$", r.stdout, re.M)[4:8] == [("4", "0.1"), ("5", "0.12"), ("6", "0.06"),
+                                                                       ("7", "0.06")]
+    assert "ReduceLROnPlateau multiplies the lr a group holds by 0.5 when its metric stops improving: it goes " \
+           "on from the new lr" in r.stdout, r.stdout
+    assert "did not hold" not in r.stderr and "set the lr again" not in r.stdout, (r.stdout, r.stderr)
+    r = _run(tmp_path, PLATEAU.replace("KIND", '"reset"'), ["until 5", "set lr 0.12", "continue"])
+    assert "nndb: warning: 'set lr 0.12' did not hold: opt stepped with lr 0.1 in group 0 at step 6" in r.stderr, \
+        r.stderr
+
+
 def test_set_lr_hold_holds_until_unset_is_recorded_and_replayed(tmp_path):
     r = _run(tmp_path, WARMUP, ["until 3", "set lr 0.01 --hold", "until 7", "info optimizer", "goto 5",
                                 'p ("PAST", $step, repr($loss), opt.param_groups[0]["lr"])', "present",

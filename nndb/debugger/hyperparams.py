@@ -249,11 +249,18 @@ class HoldCheck:
             back, followed = self.shadows[0].lrs(counts), self.shadows[1].lrs(counts)
         bad = []
         for (gi, before, wanted), now in zip(self.wanted, seen):
+            plateau = self.shadows[1].plateau_steps(gi, wanted, counts) \
+                if self.shadows is not None and counts is not None and back is None else None
             if back is not None and followed is not None and gi < len(back) and gi < len(followed):
                 # (the copies compute what the live schedulers do, bit for bit: an lr other than the
                 # followed schedule's was set by something else, the script; a schedule that gives
                 # the same with the change as without undid it)
                 if distance(wanted, before) > 0 and (not _same(now, followed[gi]) or _same(back[gi], followed[gi])):
+                    bad.append((gi, now))
+            elif plateau is not None:
+                # (the value set, reduced by the plateau's steps since or not: followed; anything
+                # else was set by the script)
+                if distance(wanted, before) > 0 and not any(_same(now, v) for v in plateau):
                     bad.append((gi, now))
             elif undone(now, wanted, before):
                 bad.append((gi, now))
@@ -369,6 +376,7 @@ def follow_schedule(opt, rows: list, schedulers: list) -> list:
     kept for all groups at once (eta_min) is multiplied where every group's lr
     was, by one factor; else it is kept, and said.  Returns one line per
     scheduler changed."""
+    from torch.optim.lr_scheduler import ReduceLROnPlateau
     notes = []
     # (a group's keys once, whatever the number of schedulers: under ChainedScheduler or
     # SequentialLR the wrapper and each scheduler it holds drive the same groups)
@@ -411,6 +419,9 @@ def follow_schedule(opt, rows: list, schedulers: list) -> list:
             held = ", ".join(type(s).__name__ for s in sch._schedulers)
             notes.append(f"{type(sch).__name__} steps the schedulers it holds ({held}): they make the lr from "
                          "now on")
+        elif isinstance(sch, ReduceLROnPlateau):
+            notes.append(f"{type(sch).__name__} multiplies the lr a group holds by {sch.factor:g} when its metric "
+                         f"stops improving: it goes on from the new lr")
         else:
             notes.append(f"{type(sch).__name__} drives this optimizer: nndb found no lr of its own to "
                          "follow the change, and its next step() may set the lr again")
@@ -489,6 +500,27 @@ class Shadow:
         # (and where a step with an epoch left the count, CosineAnnealingWarmRestarts': its state)
         return [(getattr(sch, "_step_count", None), getattr(sch, "last_epoch", None), getattr(sch, "T_cur", None))
                 for sch in self.live]
+
+    def plateau_steps(self, gi: int, value, counts: list) -> Optional[list]:
+        """Where ReduceLROnPlateau alone drives the optimizer: the lrs it leaves group ``gi``
+        holding ``value`` after each of its steps up to ``counts`` (reducing or not: it
+        multiplies the lr the group holds, bounded by its floor, so a change made at the stop
+        is followed, never set back; which of its steps reduced, its metric decided); None
+        otherwise."""
+        from torch.optim.lr_scheduler import ReduceLROnPlateau
+        if not self.live or not all(isinstance(sch, ReduceLROnPlateau) for sch in self.live):
+            return None
+        out = [float(value)]
+        try:
+            for sch, (_, then, _), (_, now, _) in zip(self.live, self.counts, counts):
+                floors = sch.min_lrs if gi < len(sch.min_lrs) else [sch.default_min_lr or 0.0] * (gi + 1)
+                for _ in range(int(now) - int(then)):
+                    v = out[-1]
+                    new = max(v * sch.factor, floors[gi])
+                    out.append(new if v - new > sch.eps else v)
+        except (TypeError, ValueError, AttributeError):
+            return None
+        return out
 
     def lrs(self, counts: list) -> Optional[list]:
         """The groups' lrs once each live scheduler's copy stepped as it did, up to ``counts``
