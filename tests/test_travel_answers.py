@@ -744,10 +744,13 @@ for step in range(8):
 def test_set_lr_under_swalr_is_followed_not_set_back(tmp_path):
     """SWALR keeps the lr it anneals to, and then sets at every step, as the group's
     swa_lr: 'set lr 0.01' after the annealing said 'SWALR follows ... (the schedule goes
-    on from the new lr)', and the next step ran at 0.05 again ('did not hold')."""
+    on from the new lr)', and the next step ran at 0.05 again ('did not hold').  The note
+    named only SWALR's base_lrs, which it does not read, never the swa_lr it does (so for
+    OneCycleLR's max_lr and min_lr): it says the group's own scale too."""
     r = _script_run(tmp_path, SWA_PHASE, ["break step 4", "continue", "set lr 0.01", "continue"])
     out = r.stdout + r.stderr
     assert "did not hold" not in out, out
+    assert "the param groups' own scale follows: group 0 swa_lr 0.05 -> 0.01\n" in r.stdout, out
     lrs = {int(s): float(v) for s, v in re.findall(r"^step (\d+) lr (\S+)$", r.stdout, re.M)}
     assert lrs[4] == 0.05 and [lrs[i] for i in (5, 6, 7)] == [0.01, 0.01, 0.01], out
 

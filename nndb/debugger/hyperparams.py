@@ -380,12 +380,19 @@ def follow_schedule(opt, rows: list, schedulers: list) -> list:
     notes = []
     # (a group's keys once, whatever the number of schedulers: under ChainedScheduler or
     # SequentialLR the wrapper and each scheduler it holds drive the same groups)
+    own = []              # (the group keys a scheduler reads its scale from, but initial_lr: base_lrs say it)
     for _, gi, _, was, now in rows:
         factor = now / was if was else None
         g = opt.param_groups[gi]
         for k in _GROUP_LR_KEYS:
             if isinstance(g.get(k), (int, float)):
+                before = g[k]
                 g[k] = g[k] * factor if factor is not None else now
+                if k != "initial_lr":
+                    own.append(f"group {gi} {k} {before:.6g} -> {g[k]:.6g}")
+    if own:
+        # (OneCycleLR's peak and floor, SWALR's swa_lr: what those schedules go on from)
+        notes.append(f"the param groups' own scale follows: {'; '.join(own)}")
     factors = {now / was if was else None for _, _, _, was, now in rows}
     one = factors.pop() if len(factors) == 1 and len(rows) == len(opt.param_groups) else None
     for sch in schedulers:
