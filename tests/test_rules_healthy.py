@@ -2,7 +2,7 @@
 severity warning or error with the default rules."""
 import pytest
 
-from conftest import example, findings_of, run_in_process
+from conftest import example, findings_of, nndb, run_in_process
 
 HEALTHY = {
     "mlp.py": [],
@@ -294,3 +294,22 @@ def test_a_tensor_lr_annealed_to_zero_is_healthy_and_recorded(tmp_path):
         assert lrs[step] == float(want), (step, lrs[step], float(want))
         sched.optimizer.step()
         sched.step()
+
+
+def test_a_large_sparse_embedding_table_is_judged_by_the_rows_it_moves(tmp_path):
+    """A 200,000-row nn.Embedding(sparse=True) under SparseAdam at lr 3e-5
+    (tests/scripts/sparse_embedding_table.py): each step moves the 32 rows its batch used by
+    ~3e-5 of their norm, but update_ratio took the whole table's ratio (4e-7) and said 'the
+    learning rate is probably far too low' at step 5.  The low side is judged over the rows
+    the update moves (the gradient's share of nonzero entries, as vanishing_gradient judges
+    its RMS); a table at lr 1e-9 is still far too low."""
+    import os
+    script = os.path.join(os.path.dirname(__file__), "scripts", "sparse_embedding_table.py")
+    res = run_in_process(tmp_path, script)
+    assert res.exit_code == 0
+    assert res.session.log.findings == [], res.session.log.findings
+    r = nndb("check-trace", str(tmp_path / "run.h5"))             # (the same judgement on the trace)
+    assert r.returncode == 0 and " 0 findings " in r.stdout + r.stderr, r
+    res = run_in_process(tmp_path, script, ["--lr", "1e-9"])
+    low = [f for f in res.session.log.findings if f["rule"] == "update_ratio"]
+    assert len(low) == 1 and low[0]["tensor"] == "emb.weight" and "far too low" in low[0]["message"], low

@@ -309,6 +309,22 @@ def live_share(ctx, lay) -> np.ndarray:
     return lay.per_step(ctx, "live_share", compute)
 
 
+def learn_live_share(block, lay) -> None:
+    """``live_share``'s learning over a block of steps judged together (nndb.rules.block): the
+    last ``zero_frac`` each gradient had in it, carried on from there."""
+    zf = block.take(lay, "grad", "zero_frac")
+    seen = np.isfinite(zf)
+    if not np.count_nonzero(seen):
+        return
+    t = lay.owner
+    if t.live.shape[0] < t.n_slots:
+        t.live = fit(t.live, t.n_slots, 1.0)
+    cols = np.flatnonzero(seen.any(axis=0))
+    last = zf.shape[0] - 1 - np.argmax(seen[::-1][:, cols], axis=0)
+    v = zf[last, cols]
+    t.live[lay.slots[cols]] = np.where(v > MOSTLY_ZERO, 1.0 - v, 1.0)
+
+
 def param_ndims(ctx) -> dict:
     """Parameter name -> number of dimensions, for what the session can see."""
     params = []

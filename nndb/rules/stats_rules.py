@@ -39,7 +39,7 @@ from .base import Rule, Threshold
 from .bn_probe import BatchNormStats
 from .gradient_norms import ExplodingGradient, VanishingGradient, ZeroGradients
 from .series import (MIN_ELEMENTS, MULTI_ITERATION, Restarts, Streaks, Tensors, also, block_medians, by_group, family, fit,
-                     layout, lr_number, num, optimizer_lr, theil_sen, trains_nothing)
+                     layout, learn_live_share, live_share, lr_number, num, optimizer_lr, theil_sen, trains_nothing)
 
 KIND_ORDER = ("act", "loss", "grad", "param", "update")     # the order a step produces them
 
@@ -147,7 +147,12 @@ class UpdateRatio(Rule):
                                "only because a schedule annealed the learning rate from its peak (ratio x "
                                "the optimizer's highest lr so far / its lr now at or above this: the last "
                                "steps of a cosine or OneCycle schedule, whose lr ends near 0, where a "
-                               "healthy 1000-step run reaches 1e-7)"),
+                               "healthy 1000-step run reaches 1e-7), nor where the update moves only the "
+                               "rows of a table that the batch used (an embedding's: the ratio over the "
+                               "entries the gradient reaches, its share of nonzero entries at the last full "
+                               "step, at or above this; a "
+                               "500,000-row sparse table under SparseAdam at lr 1e-4 read 4e-7 over the "
+                               "whole table, 5e-5 over its rows)"),
         "warmup": Threshold(3, "first recorded steps of each weight's updates not judged (a later training "
                                "stage's optimizer starts its own): Adam's first steps are ~lr per element "
                                "whatever the gradient, and the ratio starts high for every tensor; the low "
@@ -222,6 +227,7 @@ class UpdateRatio(Rule):
         e = self._eligible(ctx, lay, me)
         if e.size == 0:
             return
+        live = live_share(ctx, lay)[e]     # (learnt at each step that measures it: the full steps)
         se = lay.derived(("update_eligible_slots", me), lambda: lay.slots[e])
         u, w = lay.take(ctx, "update", "norm")[e], lay.take(ctx, "param", "norm")[e]
         with np.errstate(all="ignore"):
@@ -264,6 +270,13 @@ class UpdateRatio(Rule):
         lo = (r < p["low"]) & (u > 0) & ~young
         if np.count_nonzero(lo) and self._warming(ctx):
             lo[:] = False
+        if np.count_nonzero(lo):
+            # (a ratio low only because the update moves the few rows of an embedding table that
+            # the batch used, nn.Embedding(sparse=True) under SparseAdam: judged over the entries
+            # the gradient reaches, as vanishing_gradient judges its RMS; a gradient all 0 where
+            # that share was measured, a layer behind a gate initialised to 0, tells nothing)
+            with np.errstate(all="ignore"):
+                lo &= ~((live > 0) & (r / np.sqrt(live) >= p["low"]))
         if np.count_nonzero(lo):
             # (a ratio low only by the schedule's decay from the peak lr: the schedule's end, not
             # a learning rate far too low)
@@ -379,6 +392,7 @@ class UpdateRatio(Rule):
             return True
         if self._steps < int(p["warmup"]):
             return None                 # (the warmup: step by step)
+        learn_live_share(block, lay)
         se = lay.slots[e]
         u, w = block.take(lay, "update", "norm")[:, e], block.take(lay, "param", "norm")[:, e]
         with np.errstate(all="ignore"):
