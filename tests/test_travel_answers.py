@@ -755,6 +755,49 @@ def test_set_lr_under_swalr_is_followed_not_set_back(tmp_path):
     assert lrs[4] == 0.05 and [lrs[i] for i in (5, 6, 7)] == [0.01, 0.01, 0.01], out
 
 
+TENSOR_ONECYCLE = '''
+import torch, torch.nn as nn
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+# (the compiled-optimizer recipe: tensor lrs, so that a compiled step is not compiled again)
+opt = torch.optim.AdamW(model.parameters(), lr=torch.tensor(1e-2), fused=True)
+sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=torch.tensor(3e-2), total_steps=10)
+x = torch.randn(64, 8); y = torch.randint(0, 4, (64,))
+for step in range(10):
+    opt.zero_grad()
+    nn.functional.cross_entropy(model(x), y).backward()
+    lr = float(opt.param_groups[0]["lr"])
+    opt.step(); sched.step()
+    print("step", step, "lr", repr(lr))
+'''
+
+
+def test_set_lr_under_a_onecycle_of_tensor_lrs_is_followed(tmp_path):
+    """OneCycleLR given a tensor max_lr keeps the group's initial, max and min lr as tensors:
+    'set lr 0.005' at step 4 (lr 0.02435) multiplied base_lrs, which OneCycleLR does not read,
+    said 'OneCycleLR follows ... (the schedule goes on from the new lr)', and step 5 ran at
+    0.01834, the script's own schedule ('did not hold').  The group's tensors are multiplied
+    too, in place: step 5 runs at 0.01834 x 0.005 / 0.02435."""
+    plain = _plain_lr(tmp_path, TENSOR_ONECYCLE)
+    r = _script_run(tmp_path, TENSOR_ONECYCLE, ["break step 4", "continue", "set lr 0.005", "continue"])
+    out = r.stdout + r.stderr
+    assert "did not hold" not in out, out
+    assert "the param groups' own scale follows: group 0 max_lr 0.03 -> 0.00615956; group 0 min_lr 1.2e-07 " \
+           "-> 2.46383e-08" in r.stdout, out
+    got = {int(st): float(v) for st, v in re.findall(r"^step (\d+) lr (\S+)$", r.stdout, re.M)}
+    factor = 0.005 / plain[4]
+    assert [got[i] for i in range(5)] == [plain[i] for i in range(5)], out
+    for i in range(5, 9):
+        assert got[i] == pytest.approx(plain[i] * factor, rel=1e-6), (i, out)
+
+
+def _plain_lr(tmp_path, text) -> dict:
+    (tmp_path / "plain.py").write_text(text)
+    done = python(str(tmp_path / "plain.py"), forked=True)
+    assert done.returncode == 0, done.stderr
+    return {int(st): float(v) for st, v in re.findall(r"^step (\d+) lr (\S+)$", done.stdout, re.M)}
+
+
 RISING = '''
 import os, torch, torch.nn as nn
 from torch.optim.swa_utils import SWALR

@@ -385,11 +385,13 @@ def follow_schedule(opt, rows: list, schedulers: list) -> list:
         factor = now / was if was else None
         g = opt.param_groups[gi]
         for k in _GROUP_LR_KEYS:
-            if isinstance(g.get(k), (int, float)):
-                before = g[k]
-                g[k] = g[k] * factor if factor is not None else now
+            # (a tensor too: OneCycleLR given a tensor max_lr, the compiled-optimizer recipe's, keeps
+            # its initial, max and min lr as tensors, and set the schedule's lr back at its next step)
+            if is_numeric(g.get(k)) and not isinstance(g[k], tuple):
+                before = plain(g[k])
+                _assign(g, k, before * factor if factor is not None else now)
                 if k != "initial_lr":
-                    own.append(f"group {gi} {k} {before:.6g} -> {g[k]:.6g}")
+                    own.append(f"group {gi} {k} {before:.6g} -> {plain(g[k]):.6g}")
     if own:
         # (OneCycleLR's peak and floor, SWALR's swa_lr: what those schedules go on from)
         notes.append(f"the param groups' own scale follows: {'; '.join(own)}")
