@@ -543,6 +543,53 @@ def test_a_k_fold_loop_lets_each_fold_s_model_go(tmp_path):
                     np.testing.assert_allclose(norms, [float(r[3]) for r in rows[4 * k:4 * k + 4]], rtol=1e-6)
 
 
+TRAINER_PER_FOLD = """
+import torch, torch.nn as nn
+torch.manual_seed(0)
+X = torch.randn(64, 10); Y = (X[:, :3].sum(1) > 0).long()
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.l1 = nn.Linear(10, 8)
+        self.l2 = nn.Linear(8, 2)
+    def forward(self, x):
+        return self.l2(torch.relu(self.l1(x)))
+
+class Trainer:                       # (a fit() that builds its model and optimizer: skorch's shape)
+    def fit(self, fold, steps):
+        self.module_ = Net()
+        self.optimizer_ = torch.optim.SGD(self.module_.parameters(), lr=0.1)
+        for i in range(steps):
+            self.optimizer_.zero_grad()
+            loss = nn.functional.cross_entropy(self.module_(X), Y)
+            loss.backward()
+            self.optimizer_.step()
+            print(fold, i, repr(loss.item()), repr(self.module_.l1.weight.norm().item()))
+
+for fold in range(6):
+    Trainer().fit(fold, 4)
+"""
+
+
+def test_a_model_first_called_at_a_step_without_activations_is_named_as_the_others(tmp_path):
+    """A trainer object that makes a new model and optimizer at each fit() (a grid search's
+    folds): each fold's model is named by the trainer's attribute, ``module_<k>``.  The sixth,
+    whose first step (20) records no activations, so that no module hook saw it called, had
+    its parameters named by their place in the optimizer, 'optimizer_6.group0.0', a series
+    apart from every other fold's names."""
+    plain, trace = plain_and_recorded(tmp_path, TRAINER_PER_FOLD)
+    rows = [line.split() for line in plain.stdout.splitlines()]
+    with TraceReader(trace) as t:
+        assert list(t.steps) == list(range(24))
+        for k in range(6):
+            name = "l1.weight" if k == 0 else f"module_{k + 1}.l1.weight"
+            steps, norms = t.history(t.find(name, "param")[0], "norm")
+            assert list(steps) == list(range(4 * k, 4 * k + 4)), name
+            np.testing.assert_allclose(norms, [float(r[3]) for r in rows[4 * k:4 * k + 4]], rtol=1e-6)
+        assert not [s.name for s in t.series() if "group0" in s.name]
+
+
 TEACHER_THEN_STUDENT = """
 import sys
 import torch, torch.nn as nn, torch.nn.functional as F

@@ -139,11 +139,23 @@ def owning_modules(leaves, frame) -> list:
     """The modules of the script's variables (``frame``'s and its callers' locals, then its
     globals) that hold some of ``leaves`` as parameters, but the ones inside another of them
     (``layer`` of ``for layer in model``): the models whose modules the script calls through
-    ``.forward()``, which no module hook sees."""
+    ``.forward()``, which no module hook sees.  A ``self`` that is no module counts with the
+    modules it holds (``self.module_``, ``self.model``: a trainer object's, where
+    ``find_variable_name`` finds the model's name too); a model first called at a step whose
+    module hooks were off (activations unrecorded there) was otherwise found nowhere, and its
+    parameters were named by their place in the optimizer (``optimizer_6.group0.0``)."""
     ids = {id(t) for t in leaves}
     values, f = [], frame
     while f is not None:
         values += list(f.f_locals.values())
+        own = f.f_locals.get("self")
+        if own is not None and not isinstance(own, torch.nn.Module):
+            try:
+                d = object.__getattribute__(own, "__dict__")
+            except Exception:            # (no __dict__: slots, a C type)
+                d = None
+            if isinstance(d, dict):
+                values += list(d.values())
         f = f.f_back
     if frame is not None:
         values += list(frame.f_globals.values())
