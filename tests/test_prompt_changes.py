@@ -399,3 +399,42 @@ def test_set_lr_with_a_scheduler_leaves_the_scripts_once_per_line_warnings_shown
     assert r.stderr.count("UserWarning: the script's own warning") == 1, r
     assert "StepLR follows: group 0 base_lrs 0.1 -> 0.01" in r.stdout, r
     assert r.stdout.splitlines()[-6:] == ["lr 0.005"] * 3 + ["lr 0.0025"] * 3, r
+
+
+# A CosineAnnealingLR driven as an engine's handler drives it (ignite's LRScheduler): at each
+# iteration's start the lrs from get_lr(), then last_epoch moved on by hand; no sched.step().
+BY_HAND_SCHEDULE = '''
+import torch, torch.nn as nn
+torch.manual_seed(0)
+m = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
+opt = torch.optim.SGD(m.parameters(), lr=0.05)
+sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=10, eta_min=0.001)
+x, y = torch.randn(32, 4), torch.randn(32, 1)
+for it in range(10):
+    sched._get_lr_called_within_step = True
+    for g, lr in zip(opt.param_groups, sched.get_lr()):
+        g["lr"] = lr
+    sched._get_lr_called_within_step = False
+    sched.last_epoch += 1
+    opt.zero_grad()
+    loss = ((m(x) - y) ** 2).mean()
+    loss.backward()
+    opt.step()
+    print(f"it {it} lr {opt.param_groups[0]['lr']!r} loss {loss.item()!r}")
+'''
+
+
+def test_a_set_lr_that_a_schedule_driven_by_hand_follows_is_not_said_undone(tmp_path):
+    """'set lr 0.01' at step 2 (lr 0.04532), the schedule followed from it (every later lr the
+    plain run's times 0.01 / 0.04532: 0.008804 at step 3 for 0.03990): nndb said it did not
+    hold, having taken the scheduler's closed form (0.007297 at step 3) for what it gives,
+    where its lrs are its get_lr()'s chained from the last."""
+    (tmp_path / "s.py").write_text(BY_HAND_SCHEDULE)
+    plain = {int(i): float(lr) for i, lr in re.findall(r"^it (\d+) lr (\S+) ", python(str(tmp_path / "s.py")).stdout,
+                                                        re.M)}
+    r = _run(tmp_path, BY_HAND_SCHEDULE, ["until 2", "set lr 0.01", "continue"])
+    assert "CosineAnnealingLR follows: group 0 base_lrs 0.05 -> 0.0110324" in r.stdout, r.stdout
+    assert "did not hold" not in r.stderr, r.stderr
+    got = {int(i): float(lr) for i, lr in re.findall(r"^it (\d+) lr (\S+) ", r.stdout, re.M)}
+    for it in range(3, 10):
+        assert got[it] == pytest.approx(plain[it] * 0.01 / plain[2], rel=1e-9), it

@@ -464,6 +464,25 @@ def _leaf(v, depth: int = 0) -> bool:
     return hasattr(v, "fill_") and getattr(v, "numel", lambda: 0)() == 1
 
 
+def _closed_form_lrs(sch) -> list:
+    """A scheduler's lrs at its state, in closed form where it has one (else its get_lr())."""
+    sch._get_lr_called_within_step = True
+    try:
+        return sch._get_closed_form_lr() if hasattr(sch, "_get_closed_form_lr") else sch.get_lr()
+    finally:
+        sch._get_lr_called_within_step = False
+
+
+def _closed_form_is(sch, groups: list) -> bool:
+    """Does the closed form of ``sch`` (a copy, on the stand-in of ``groups``) give the lrs the
+    groups have?"""
+    try:
+        values = _closed_form_lrs(sch)
+        return len(values) == len(groups) and all(_same(v, g["lr"]) for v, g in zip(values, groups))
+    except Exception:                 # (none: SequentialLR's get_lr; a copy that fails)
+        return False
+
+
 class Shadow:
     """What the LR schedulers of an optimizer give its groups next, had nothing
     changed since: a copy of them (made at a ``set``, before or after the change)
@@ -502,6 +521,12 @@ class Shadow:
                     memo[id(fn)] = fn
             with silenced():
                 self.copies = copy.deepcopy(self.live, memo)
+                # (whether each one's closed form gives the lrs the groups have now: lrs() reads
+                # it for a scheduler whose state moved without its step(), ignite's LRScheduler
+                # handler, which moves last_epoch by hand and sets the lrs from get_lr(); there a
+                # chained CosineAnnealingLR's lrs are not its closed form's, and a 'set lr' that the
+                # schedule followed was said not to hold: 0.0088 stepped, the closed form's 0.0073)
+                self.closed_form = [_closed_form_is(c, self.groups) for c in self.copies]
         except Exception:             # (a scheduler nndb cannot copy: no shadow)
             self.copies = None
 
@@ -543,7 +568,8 @@ class Shadow:
         self.answer = (list(counts), None)
         try:
             with silenced():
-                for live, c, (then, *was), (now, *state) in zip(self.live, self.copies, self.counts, counts):
+                for live, c, closed, (then, *was), (now, *state) in zip(self.live, self.copies, self.closed_form,
+                                                                        self.counts, counts):
                     if then is None or now is None or now < then:
                         raise LookupError("no step count")
                     if now == then and was == state:
@@ -555,13 +581,14 @@ class Shadow:
                     if now == then or getattr(c, "last_epoch", None) != getattr(live, "last_epoch", None) or \
                             getattr(c, "T_cur", None) != getattr(live, "T_cur", None):
                         # (stepped with an epoch, CosineAnnealingWarmRestarts' step(it / n): its state
-                        # read from the live one, the lrs from it in closed form)
+                        # read from the live one, the lrs from it in closed form, where that gave
+                        # the lrs the copy was made with)
+                        if not closed:
+                            raise LookupError("no closed form of its lrs")
                         for k in ("last_epoch", "T_cur", "T_i"):
                             if hasattr(live, k):
                                 setattr(c, k, getattr(live, k))
-                        c._get_lr_called_within_step = True
-                        values = c._get_closed_form_lr() if hasattr(c, "_get_closed_form_lr") else c.get_lr()
-                        c._get_lr_called_within_step = False
+                        values = _closed_form_lrs(c)
                         for g, v in zip(self.groups, values):
                             g["lr"] = v
             self.answer = (list(counts), [plain(g["lr"]) for g in self.groups])
