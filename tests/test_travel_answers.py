@@ -528,6 +528,38 @@ def test_catch_nan_stops_where_a_nan_came_in_with_the_batch(tmp_path):
     assert "('AT', 3)" in r.stdout
 
 
+NAN_AT_STEP_0 = '''
+import torch, torch.nn as nn
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+opt = torch.optim.SGD(model.parameters(), lr=0.05)
+x, y = torch.randn(16, 4), torch.randint(0, 2, (16,))
+for step in range(3):
+    # (a log of raw outputs, some negative: skorch's NLLLoss on a module that outputs logits)
+    loss = nn.functional.nll_loss(torch.log(model(x)), y)
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    print("step", step, repr(loss.item()))
+'''
+
+
+@pytest.mark.parametrize("replica", ["auto", "fork"])
+def test_a_replay_of_step_0_says_no_checkpoint_comes_before_it(tmp_path, replica):
+    """A NaN in the first step: the catch replays step 0 from the script's start, which no
+    fork checkpoint holds.  It said 'no checkpoint at or before step -1'."""
+    r = _script_run(tmp_path, NAN_AT_STEP_0, ["catch nan", "continue", 'p ("AT", $step)', "kill"],
+                    "--replica", replica)
+    if replica == "auto":
+        assert "nndb: no checkpoint before step 0: replaying from the start in a new process (respawn)" \
+            in r.stderr, r.stderr
+        assert "Catchpoint 1 (catch nan): log made NaN in the forward pass of step 0 (s.py:9)" in r.stdout, r.stdout
+        assert "('AT', 0)" in r.stdout
+    else:
+        assert "no checkpoint before step 0" in r.stdout + r.stderr, r
+    assert "step -1" not in r.stdout + r.stderr, r
+
+
 NAN_DATA = '''
 import torch, torch.nn as nn
 torch.manual_seed(0)

@@ -73,6 +73,13 @@ def present_step(s) -> Optional[int]:
     return stop.step
 
 
+def _none_at_or_before(step: int) -> str:
+    """Why a replay from after ``step`` (-1: the run's start, to replay step 0) has no checkpoint
+    to start from.  (Step 0's replay, a catch point's at a NaN in the first step, said 'no
+    checkpoint at or before step -1'.)"""
+    return "no checkpoint before step 0" if step < 0 else f"no checkpoint at or before step {step}"
+
+
 def _size(kib: int) -> str:
     return f"{kib / 1024:.1f} MiB" if kib >= 1024 else f"{kib} KiB"
 
@@ -457,7 +464,7 @@ class TimeMachine:
                 # (why, the first time; after it, that it is so again, as gdb's notices are said once)
                 why = (self.blocked if self.blocked != self._told_blocked else
                        "no fork checkpoints in this run ('info checkpoints' says why)") if self.blocked \
-                    else f"no checkpoint at or before step {start}"
+                    else _none_at_or_before(start)
                 self._told_blocked = self.blocked
                 s.error(f"nndb: {why}: replaying from the start in a new process (respawn)")
             goal = dict(goal, replayed_from=None)
@@ -510,7 +517,7 @@ class TimeMachine:
         if self.mode == "off":
             return self.off_message()
         why = f" ({self.blocked})" if self.blocked else ""
-        return f"no checkpoint at or before step {step}{why}"
+        return f"{_none_at_or_before(step)}{why}"
 
     def off_message(self) -> str:
         return f"time travel is off in this run ({self.off_reason})"
