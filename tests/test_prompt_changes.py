@@ -438,3 +438,51 @@ def test_a_set_lr_that_a_schedule_driven_by_hand_follows_is_not_said_undone(tmp_
     got = {int(i): float(lr) for i, lr in re.findall(r"^it (\d+) lr (\S+) ", r.stdout, re.M)}
     for it in range(3, 10):
         assert got[it] == pytest.approx(plain[it] * 0.01 / plain[2], rel=1e-9), it
+
+
+# A scheduler that keeps each group's lrs in values of its own, numpy arrays (skorch's
+# WarmRestartLR's min_lr and max_lr), stepped at each epoch's end (4 steps an epoch).
+OWN_LRS_SCHEDULE = '''
+import numpy as np
+import torch, torch.nn as nn
+torch.manual_seed(0)
+m = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
+opt = torch.optim.SGD(m.parameters(), lr=0.05)
+
+class Restarts(torch.optim.lr_scheduler.LRScheduler):
+    def __init__(self, optimizer, low, high, period):
+        self.low = np.full(len(optimizer.param_groups), low)
+        self.high = np.full(len(optimizer.param_groups), high)
+        self.period = period
+        super().__init__(optimizer)
+    def get_lr(self):
+        t = (self.last_epoch % self.period) / self.period
+        return list(self.low + 0.5 * (self.high - self.low) * (1 + np.cos(np.pi * t)))
+
+sched = Restarts(opt, 0.001, 0.05, 3)
+x, y = torch.randn(32, 4), torch.randn(32, 1)
+for epoch in range(3):
+    for i in range(4):
+        opt.zero_grad()
+        loss = ((m(x) - y) ** 2).mean()
+        loss.backward()
+        opt.step()
+        print(f"it {epoch * 4 + i} lr {opt.param_groups[0]['lr']!r} loss {loss.item()!r}")
+    sched.step()
+'''
+
+
+def test_a_set_lr_that_a_schedule_of_its_own_lrs_sets_back_is_said(tmp_path):
+    """'set lr 0.2' at step 5 under a scheduler whose lrs come from values of its own: nndb
+    scaled base_lrs, which it never reads, said 'Restarts follows: group 0 base_lrs 0.05 ->
+    0.264901 (the schedule goes on from the new lr)', and the epoch's end set 0.01325 (step 8,
+    where the schedule followed from 0.2 gives 0.0702) without a word.  A dry run of the schedulers' next step on copies now tells: nndb says the
+    schedule does not follow, and the step that set the lr back is said."""
+    r = _run(tmp_path, OWN_LRS_SCHEDULE, ["until 5", "set lr 0.2", "continue"])
+    assert "follows:" not in r.stdout, r.stdout
+    assert re.search(r"Restarts does not follow the change: its next step\(\) sets lr 0\.0132\d* in group 0, where "
+                     r"the schedule followed from the new lr gives 0\.\d+", r.stdout), r.stdout
+    assert re.search(r"nndb: warning: 'set lr 0.2' did not hold: opt stepped with lr 0\.0132\d* in group 0 at step 8",
+                     r.stderr), r.stderr
+    got = re.findall(r"^it (\d+) lr (\S+) ", r.stdout, re.M)
+    assert [lr for _, lr in got[5:8]] == ["0.2"] * 3, got

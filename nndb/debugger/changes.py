@@ -34,7 +34,8 @@ from typing import Any, Optional, Union
 
 from ..errors import CommandError
 from . import evaluate as E
-from .hyperparams import HoldCheck, Shadow, check_scheduled, follow_schedule, schedulers_of, set_hyperparameter
+from .hyperparams import (HoldCheck, Shadow, check_scheduled, follow_schedule, schedule_ignores, schedulers_of,
+                          set_hyperparameter)
 
 SET_USAGE = "set HYPER VALUE [group N] [optimizer NAME] [--hold]  |  set var NAME VALUE    (e.g. set lr 1e-4)"
 UNSET_USAGE = "unset HYPER [group N] [optimizer NAME]    (lets go of 'set HYPER VALUE --hold')"
@@ -234,17 +235,22 @@ def _set_hyper(s, edit: HyperChange):
         # (what the schedule gives next, unchanged: against it the next step end judges the change)
         checked = not hold and (s.replica is None or not s.replica.replaying)
         unchanged = Shadow(opt, scheds) if key == "lr" and scheds and checked else None
+        ahead = Shadow(opt, scheds) if key == "lr" and scheds and not hold else None
         changed = set_hyperparameter(name, opt, key, value, group)
         rows += changed
+        ignored = None
         if key == "lr" and scheds and not hold:
-            notes += follow_schedule(opt, changed, scheds)
+            followed = follow_schedule(opt, changed, scheds)
+            ignored = schedule_ignores(ahead, Shadow(opt, scheds), changed, scheds)
+            notes += [ignored] if ignored else followed
         if hold:
             s.holds.hold(name, opt, key, value, [r[1] for r in changed], edit.line + " --hold")
             notes.append(f"Held: {name}'s {key} is set to {value!r} again before each of its steps, whatever "
                          f"the script or a scheduler sets, until 'unset {key}'.")
         elif s.replica is None or not s.replica.replaying:
             s.hold_checks.append(HoldCheck(name, opt, key, changed, edit.line, bool(scheds),
-                                           (unchanged, Shadow(opt, scheds)) if unchanged is not None else None))
+                                           (unchanged, Shadow(opt, scheds)) if unchanged is not None and not ignored
+                                           else None, every_step=bool(ignored)))
     return HyperSet(rows, notes)
 
 

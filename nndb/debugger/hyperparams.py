@@ -205,8 +205,11 @@ class HoldCheck:
     unchanged and followed from the change, is known for that step)."""
 
     def __init__(self, name: str, opt, key: str, rows: list, line: str, scheduled: bool,
-                 shadows: Optional[tuple] = None):
+                 shadows: Optional[tuple] = None, every_step: bool = False):
         self.name, self.key, self.line, self.scheduled = name, key, line, scheduled
+        # (under a scheduler that does not follow the change, schedule_ignores: each step is looked
+        # at, as where there is none, until its step sets the lr back)
+        self.every_step = every_step
         self.wanted = [(gi, plain(was), plain(now)) for _, gi, _, was, now in rows]
         self.seen: Optional[list] = None
         # (Shadow before the change, Shadow after it: what the schedule gives next, unchanged
@@ -276,7 +279,7 @@ class HoldCheck:
         self.fresh = False
         bad = self.undone_groups(self.seen or [], self.counts)
         if not bad:
-            if self.scheduled:
+            if self.scheduled and not self.every_step:
                 # (an LR scheduler's: its copies say what it gives next, not steps later; and a
                 # loop that sets the lr by hand as well as stepping a scheduler is rare)
                 self.stop()
@@ -452,11 +455,16 @@ class _StandIn:
 
 def _leaf(v, depth: int = 0) -> bool:
     """A value a scheduler's copy may hold: numbers, names, plain containers of them,
-    functions (a lambda, an anneal function), a one-element tensor."""
+    functions (a lambda, an anneal function), a one-element tensor, a numpy array of
+    numbers (skorch's WarmRestartLR keeps each group's min_lr and max_lr in one)."""
     import types
+
+    import numpy as np
     if v is None or isinstance(v, (bool, int, float, str, types.FunctionType, types.BuiltinFunctionType,
                                    staticmethod)):
         return True
+    if isinstance(v, np.ndarray):
+        return v.dtype.kind in "biuf" and v.size <= 4096
     if depth < 4 and isinstance(v, (list, tuple)):
         return all(_leaf(x, depth + 1) for x in v)
     if depth < 4 and isinstance(v, dict):
@@ -596,3 +604,44 @@ class Shadow:
             pass
         self.copies = None            # (stepped: one answer, kept)
         return self.answer[1]
+
+    def next_lrs(self) -> Optional[list]:
+        """The groups' lrs once each scheduler's copy took one more step() (a dry run; the
+        copies are used up), or None where nndb cannot tell."""
+        from torch.optim.lr_scheduler import ReduceLROnPlateau
+        copies, self.copies = self.copies, None
+        if copies is None or any(isinstance(c, ReduceLROnPlateau) for c in copies):
+            return None
+        try:
+            with silenced():
+                for c in copies:
+                    c.step()
+            return [plain(g["lr"]) for g in self.groups]
+        except Exception:             # (a scheduler's step that fails on a copy: nndb cannot tell)
+            return None
+
+
+def schedule_ignores(before: Shadow, after: Shadow, rows: list, schedulers: list) -> Optional[str]:
+    """After ``lr`` was set in some groups (``rows`` of set_hyperparameter) and follow_schedule
+    scaled what it knows of the schedulers (``before``/``after``: copies made either side of
+    both): a line where their next step() does not give the schedule followed from the change,
+    the lr it gives times new/old (a scheduler that keeps its lrs in values of its own, skorch's
+    WarmRestartLR's min_lr and max_lr: 'follows' was said, and its next step set its own lr
+    back); else None."""
+    factors = {now / was if was else None for _, _, _, was, now in rows}
+    if (len(factors) != 1 or len(rows) != len(before.groups)) and any(
+            isinstance(getattr(sch, a, None), (int, float)) and getattr(sch, a) for sch in schedulers
+            for a in _SCHEDULER_LR_SCALARS):
+        return None       # (a floor kept for every group: the groups set go on toward it, as follow_schedule says)
+    want, got = before.next_lrs(), after.next_lrs()
+    if want is None or got is None:
+        return None
+    off = [(gi, got[gi], want[gi] * now / was) for _, gi, _, was, now in rows
+           if was and gi < len(got) and gi < len(want) and not _same(got[gi], want[gi] * now / was)]
+    if not off:
+        return None
+    gi, lr, followed = off[0]
+    names = ", ".join(dict.fromkeys(type(sch).__name__ for sch in schedulers))
+    return (f"{names} does not follow the change: its next step() sets lr {lr:.6g} in group {gi}, where the "
+            f"schedule followed from the new lr gives {followed:.6g} (it keeps its lrs in values of its own, "
+            "which nndb did not scale): the change lasts until that step; '--hold' sets it again before each step")
