@@ -486,3 +486,12 @@ def test_a_set_lr_that_a_schedule_of_its_own_lrs_sets_back_is_said(tmp_path):
                      r.stderr), r.stderr
     got = re.findall(r"^it (\d+) lr (\S+) ", r.stdout, re.M)
     assert [lr for _, lr in got[5:8]] == ["0.2"] * 3, got
+
+
+def test_predict_says_a_set_lr_that_a_schedule_of_its_own_lrs_sets_back(tmp_path):
+    """'predict 4 --set lr=0.2' at step 5 under the same scheduler: its epoch's end set the
+    lr back to 0.01325 at step 8, and the prediction said nothing (under a scheduler it looked
+    at the first predicted step only)."""
+    r = _run(tmp_path, OWN_LRS_SCHEDULE, ["until 5", "predict 4 --set lr=0.2", "kill"])
+    assert re.search(r"Warning: the change lr=0.2 did not hold: it was \[0\.0132\d*\] after step 8 \(before the "
+                     r"change \[0\.03775\d*\]\)", r.stdout), r.stdout

@@ -529,14 +529,15 @@ class Predict(Role):
         next step, or at a later one, a loop that sets it at each epoch's
         start, PPO's annealing at each rollout's), each said once.  Under an
         LR scheduler, after the first step only (HoldCheck's: what the schedule
-        gives, unchanged and followed from the change, is known for that step)."""
+        gives, unchanged and followed from the change, is known for that step), but for one
+        that does not follow the change (HoldCheck.every_step: its next step sets its own lrs)."""
         for check in self.live_checks:
             verdict = check.verdict(step)
             note = verdict.replace("nndb: warning: ", "", 1) if verdict else None
             if note and note not in self.live_undone:       # (a check said asks again with what it said)
                 self.live_undone.append(note)
         for label, read, before, wanted, checks in self.watch:
-            if label in self.said or (len(self.rows) > 1 and any(c.scheduled for c in checks)):
+            if label in self.said or (len(self.rows) > 1 and any(c.scheduled and not c.every_step for c in checks)):
                 continue
             try:
                 now = read()
