@@ -423,3 +423,36 @@ def test_a_directory_the_replica_made_is_named_as_made_not_as_written_past_the_c
             "what the replica wrote in it went to scratch copies): out")
     # (the second prediction found the directory there: it made none)
     assert r.stderr.count(note) == 1 and "changed while the replica ran" not in r.stderr, r.stderr
+
+
+# A script that wants its output directory empty at its start (ignite's ModelCheckpoint,
+# require_empty=True by default) and saves into it as it trains.
+EMPTY_OUTPUT_DIR = '''
+import os
+import torch, torch.nn as nn
+os.makedirs("out", exist_ok=True)
+if os.listdir("out"):
+    raise ValueError(f"files already in out: {sorted(os.listdir('out'))}")
+''' + LOOP + '''
+    if step % 3 == 2:
+        torch.save(m.state_dict(), f"out/model_{step}.pt")
+    print("step", step, repr(loss.item()))
+'''
+
+
+def test_a_replay_that_raises_where_the_run_went_on_names_the_files_the_run_wrote(tmp_path):
+    """A replay respawned from the start sees the directory as it is now, with the files the
+    live run saved since it started: the script's check that its output directory is empty
+    raises there, and 'goto 1' said only 'the replay ended (failed: ValueError: files already in
+    out: ...) before reaching step 1', as if the script failed.  It now names the files the run
+    wrote since it started, read as they are now, as a divergence does."""
+    (tmp_path / "e.py").write_text(EMPTY_OUTPUT_DIR)
+    argv = ["run", "--batch", "--nx", "--rules", "none", "--trace", str(tmp_path / "t.h5"), "--force",
+            "--replica", "respawn", "-e", "until 6", "-e", "goto 1", "-e", "continue"]
+    r = Ran(nndb(*argv, "e.py", cwd=str(tmp_path)), argv + ["e.py"])
+    assert r.returncode == 0, r
+    assert "nndb: the replay ended (failed: ValueError: files already in out: ['model_2.pt', 'model_5.pt']) " \
+           "before reaching step 1" in r.stderr, r.stderr
+    assert "nndb: the replay raised where the run went on; it read the files the run wrote since it started as " \
+           "they are now: out/model_2.pt, out/model_5.pt" in r.stderr, r.stderr
+    assert sorted(os.listdir(tmp_path / "out")) == ["model_2.pt", "model_5.pt"]

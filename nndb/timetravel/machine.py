@@ -612,6 +612,13 @@ class TimeMachine:
             elif nxt == "run":
                 s.request_restart()
             else:
+                if msg.get("short") and msg.get("ended") == "failed":
+                    # (the replay raised where the run went on: a file the run wrote since, read as it is
+                    # now, is a likely cause, ignite's ModelCheckpoint finding its own files in the
+                    # directory it requires empty, in a replay respawned from the start)
+                    seen = (msg.get("files") or {}).get("since_start")
+                    if seen:
+                        s.error("nndb: the replay raised where the run went on" + sandbox.read_as_now(seen))
                 s.message(f"Back in the present (timeline 0): step {present_step(s)}."
                           f"  ({time.perf_counter() - t0:.2f} s in the past{files_note(msg)})")
                 # (the live run's stop again, after the past's: its displays, as at any stop and

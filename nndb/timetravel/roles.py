@@ -258,8 +258,9 @@ class Role:
     def run_ended(self, s, status: str, reason: str) -> None:
         # quit and run act on the live run; kill (or the script's end) ends this replica
         nxt = "quit" if s.quit_requested else "run" if s.restart_requested else "present"
+        # ("short": the script ended before the replay reached the step it went to, where the run went on)
         finish(self.chan, {"op": "handback", "next": nxt, "state": s.snapshot(),
-                           "ended": status, "reason": reason})
+                           "ended": status, "reason": reason, "short": self.replaying})
 
 
 class Goto(Role):
