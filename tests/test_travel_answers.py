@@ -1459,3 +1459,19 @@ def test_a_respawned_replay_is_not_said_to_be_inexact(tmp_path, monkeypatch):
     loss = re.search(r"^step 1 (\S+)$", r.stdout, re.M).group(1)
     assert f"('AT', 1, {loss})" in r.stdout, r.stdout + r.stderr
     assert "may not be exact" not in r.stderr, r.stderr
+
+
+def test_set_lr_on_a_dp_sgd_optimizer_wrapper_is_one_optimizer(tmp_path):
+    """Opacus's DPOptimizer holds the script's optimizer as ``.original_optimizer`` (accelerate's
+    wrapper, as ``.optimizer``): both were listed, so 'set lr 0.05' was refused ('2 optimizers: say
+    which with 'optimizer NAME' (opt, opt2)') and so was 'predict 2 --set lr=0.01', for one
+    optimizer the script made.  A wrapper holding another under any attribute, with its
+    param_groups, is that one optimizer; the change holds in the steps after it."""
+    script = os.path.join(ROOT, "tests", "scripts", "dp_sgd_hooks.py")
+    r = Ran(nndb("run", "--batch", "-q", "--nx", "--rules", "none", "--trace", str(tmp_path / "t.h5"),
+                 "-e", "until 3", "-e", "set lr 0.05", "-e", "predict 1 --set lr=0.01", "-e", "next",
+                 "-e", 'p ("LR", opt.param_groups[0]["lr"])', "-e", "continue", script), [])
+    out = r.stdout + r.stderr
+    assert "2 optimizers" not in out, out
+    assert re.search(r"^opt\s+0\s+lr\s+0\.1\s+0\.05$", r.stdout, re.M), out
+    assert "--set lr=0.01 is: set lr 0.01 optimizer opt" in r.stdout and "('LR', 0.05)" in r.stdout, out

@@ -416,16 +416,25 @@ class RunView:
 
 def inner_optimizers(opts: list) -> list:
     """``opts`` less the wrappers of another of them (accelerate's AcceleratedOptimizer, a
-    torch.optim.Optimizer holding the script's as ``.optimizer``, whose ``param_groups`` are
-    the held one's): one optimizer to name, set and predict, the one its scheduler drives.
+    torch.optim.Optimizer holding the script's as ``.optimizer``; Opacus's DPOptimizer, as
+    ``.original_optimizer``: held under any attribute, with ``param_groups`` that are the held
+    one's): one optimizer to name, set and predict, the one its scheduler drives.
     And less the shard optimizer a ZeroRedundancyOptimizer holds as ``.optim`` (its
     ``param_groups`` are its own, which the wrapper overwrites with its own groups' values at
     each step: a change made to the shard's is undone; the script's is the wrapper)."""
-    held = {id(getattr(o, "optimizer", None)) for o in opts}
-    inner = [o for o in opts if id(o) in held]
+    ids = {id(o) for o in opts}
     shards = {id(o.optim) for o in opts if _holds_shard(o)}
-    return [o for o in opts if not (getattr(o, "optimizer", None) in inner
-                                    and _same_groups(o, o.optimizer)) and id(o) not in shards]
+    return [o for o in opts if not any(id(x) in ids and x is not o and _same_groups(o, x) for x in _attributes(o))
+            and id(o) not in shards]
+
+
+def _attributes(o) -> list:
+    """The values of ``o``'s own attributes (none for an object without a ``__dict__``)."""
+    try:
+        d = object.__getattribute__(o, "__dict__")
+    except Exception:
+        return []
+    return list(d.values()) if isinstance(d, dict) else []
 
 
 def _holds_shard(o) -> bool:
