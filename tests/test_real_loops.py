@@ -711,6 +711,30 @@ def test_a_steps_loss_is_the_objective_its_optimizer_applies_as_the_script_print
 
 
 
+@pytest.mark.parametrize("shape", ["assign", "clip", "dict", "tasks", "probe"])
+def test_a_steps_loss_by_torch_autograd_grad_is_the_loss_it_differentiated(tmp_path, shape):
+    """tests/scripts/autograd_grad_loops.py: gradients by torch.autograd.grad of the parameters,
+    written to p.grad by hand, then optimizer.step(), no backward(): the trace had no loss
+    series at all (every stop 'no loss recorded', $loss 'not measured', the loss rules and
+    'watch loss' blind) where the script's loss at step 3 was 0.6013 (assign).  The loss of
+    such calls is the step's where no backward() gave one (tasks: the two tasks' sum); a call
+    before the step's own backward (probe: SAM's ascent) is no part of it."""
+    script = os.path.join(ROOT, "tests", "scripts", "autograd_grad_loops.py")
+    trace = str(tmp_path / "t.h5")
+    r = nndb("run", "--batch", "-q", "--trace", trace, script, shape)
+    assert r.returncode == 0, r.stderr
+    printed = [line.split() for line in r.stdout.splitlines()]
+    import nndb as api
+    with api.open(trace) as t:
+        steps, losses = t.history("loss", "loss", "mean")
+        assert list(steps) == list(range(8)) and [repr(float(v)) for v in losses] == [p[2] for p in printed]
+        np.testing.assert_allclose(t.history("0.weight", "grad")[1], [float(p[3]) for p in printed], rtol=1e-6)
+    if shape == "assign":
+        r = Ran(nndb("run", "--batch", "-q", "--nx", "--trace", str(tmp_path / "s.h5"), "-e", "until 3",
+                     "-e", 'p ("AT", repr($loss))', "-e", "kill", script, shape), [])
+        assert f"('AT', '{printed[3][2]}')" in r.stdout, r.stdout
+
+
 def test_a_micro_batch_whose_parameters_are_frozen_later_in_the_step_keeps_its_loss(tmp_path):
     """tests/scripts/toggle_accumulation.py: Lightning's toggle_optimizer with gradient
     accumulation.  The second micro-batch's backward found every parameter that needs a

@@ -42,6 +42,7 @@ import sys
 import threading
 import time
 import traceback
+import types
 import warnings
 import weakref
 from typing import Callable, Optional
@@ -69,6 +70,7 @@ _BY_WRAPPER: list = []
 _ORIGINAL_BACKWARD = None        # torch.autograd.backward, while the wrapper is in its place
 _ORIGINAL_GRAD = None            # torch.autograd.grad, while its wrapper (_grad) is in its place
 _IN_WRAPPER: set = set()         # the threads inside it
+_IN_GRAD: set = set()            # the threads inside _grad's call of the original
 _CLIPPING: list = []             # the tracers that see clip_grad_norm_ (_clip_grad_norm_)
 _ORIGINALS: dict = {}            # torch's clip_grad_norm_ and clip_grads_with_norm_, while nndb's wrappers are in place
 _SCALER_ORIGINALS: dict = {}     # torch.amp.GradScaler's scale and step, while nndb's wrappers are in place
@@ -646,22 +648,42 @@ def _grad(*args, **kwargs):
     """``torch.autograd.grad`` while a tracer runs: where a forward pass waits for a backward
     (the steps that record activations) and every input of the call is a leaf tensor that no
     model or optimizer of the run holds, it runs with GRAD_OF_INPUTS up, so that the passes it
-    goes through are not taken for the step's (recorder._Pass)."""
+    goes through are not taken for the step's (recorder._Pass).  A call of the run's parameters
+    hands its loss to the recorder (StepRecorder.grad_loss) as it returns."""
     original = _ORIGINAL_GRAD or _grad.__wrapped__
-    tracers = [t for t in _BY_WRAPPER if not t._failed and t.recorder.passes_waiting()]
-    if not tracers:
+    # (the original calling the wrapper again, through a TorchFunctionMode's dispatch: this one)
+    if not _BY_WRAPPER or _IN_BACKWARD() != -1 or _get_ident() in _IN_GRAD:
         return original(*args, **kwargs)
+    tracers = [t for t in _BY_WRAPPER if not t._failed]
     try:
         inputs = args[1] if len(args) > 1 else kwargs.get("inputs")
-        # (a generator, model.parameters(), left unread: parameters)
-        inputs = [inputs] if isinstance(inputs, torch.Tensor) else inputs if isinstance(inputs, (list, tuple)) else ()
-        of_inputs = bool(inputs) and all(
+        if isinstance(inputs, types.GeneratorType):
+            # (model.parameters(): read once, as the original reads it, into the tuple it makes)
+            inputs = tuple(inputs)
+            if len(args) > 1:
+                args = (args[0], inputs, *args[2:])
+            else:
+                kwargs = dict(kwargs, inputs=inputs)
+        inputs = [inputs] if isinstance(inputs, torch.Tensor) else list(inputs.values()) if type(inputs) is dict \
+            else inputs if isinstance(inputs, (list, tuple)) else ()
+        waiting = [t for t in tracers if t.recorder.passes_waiting()]
+        of_inputs = bool(inputs) and bool(waiting) and all(
             isinstance(x, torch.Tensor) and x.is_leaf and not isinstance(x, torch.nn.Parameter)
-            and not any(t.holds(x) for t in tracers) for x in inputs)
+            and not any(t.holds(x) for t in waiting) for x in inputs)
     except Exception:
-        of_inputs = False               # (the script's call, as it is: torch says what is wrong with it)
+        inputs, of_inputs = (), False     # (the script's call, as it is: torch says what is wrong with it)
     if not of_inputs:
-        return original(*args, **kwargs)
+        thread = _get_ident()
+        _IN_GRAD.add(thread)
+        try:
+            out = original(*args, **kwargs)
+        finally:
+            _IN_GRAD.discard(thread)
+        if inputs and not (args[4] if len(args) > 4 else kwargs.get("create_graph", False)) \
+                and not (args[7] if len(args) > 7 else kwargs.get("is_grads_batched", False)):
+            for t in tracers:
+                t._grad_returned(args, kwargs, inputs)
+        return out
     GRAD_OF_INPUTS[0] += 1
     try:
         return original(*args, **kwargs)
@@ -1229,6 +1251,24 @@ class Tracer:
             else list(inputs)
         held = self._param_handles
         return any(isinstance(t, torch.Tensor) and id(t) in held and held[id(t)][0]() is t for t in ts)
+
+    def _grad_returned(self, args, kwargs, inputs) -> None:
+        """A ``torch.autograd.grad`` call (no ``create_graph``) returned: where one of its inputs
+        is a parameter of the run, its objective is a loss the step may apply (recorder.grad_loss)."""
+        if not self.recorder.recording or self.in_hook:
+            return
+        try:
+            if not any(isinstance(x, torch.Tensor) and self.holds(x) for x in inputs):
+                return
+            outputs = args[0] if args else kwargs.get("outputs")
+            grads = args[2] if len(args) > 2 else kwargs.get("grad_outputs")
+            roots = [outputs] if isinstance(outputs, torch.Tensor) else list(outputs or ())
+            loss = backward_objective(roots, grads)
+            loss = loss[0] if len(loss) == 1 else None
+            if isinstance(loss, torch.Tensor) and loss.numel() == 1 and loss.is_floating_point():
+                self.recorder.grad_loss(loss.detach())
+        except Exception:
+            self._fail()
 
     def _take_loss(self, loss) -> None:
         """A backward's loss (None: its root is no tensor) to the recorder and the loss listeners."""

@@ -310,6 +310,10 @@ class StepRecorder:
         # back at the optimizer's step if the script wrote the gradients it applies itself
         self._set_aside: Optional[tuple] = None
         self._clips_before = 0                   # clip_grad_norm_ calls of the step before its last backward
+        # The one-number losses of ``torch.autograd.grad`` calls of the run's parameters since the
+        # last optimizer step (bucket, their summed row, dtype): the step's loss where no backward
+        # gave one (grad_loss)
+        self._grad_losses: Optional[tuple] = None
         self._grads_after: Optional[list] = None
         self._clips_since_step: list = []        # clip_grad_norm_ keys since the last optimizer step
         # Which optimizer a backward's loss is credited to (_credit): with no optimizer stepped yet
@@ -613,6 +617,29 @@ class StepRecorder:
                                  for p in self._step_params() if p.requires_grad and p.grad is not None]
             self._clips_before = len(self._clips_since_step)
 
+    def grad_loss(self, tensor: torch.Tensor) -> None:
+        """The loss of a ``torch.autograd.grad`` of the run's parameters (no ``create_graph``): a
+        loop that writes the gradients it got to ``p.grad`` and steps its optimizer, with no
+        ``backward()`` (gradients clipped or projected before they are written; an optimizer
+        stepped per task).  Kept apart, and the step's loss only where no backward of the step
+        gave one (``optimizer_post``): the first-order inner loop of a meta-learner, a sharpness
+        or gradient-norm probe before the step's own backward, are no part of its objective.
+        Several such calls' losses add up, as backward()'s do."""
+        if not self.recording or self._in_step is not None:
+            return
+        b = self._buckets[-1]
+        v = (tensor.to_local() if type(tensor).__name__ == "DTensor" else tensor).item()
+        row = S.scalar_row(v)
+        prev = self._grad_losses
+        if prev is not None and prev[0] is b:
+            dtype = torch.promote_types(prev[2], tensor.dtype)
+            total = S.add_scalar_rows(prev[1], row, dtype)
+            row = total if total is not None else S.merge_raw(np.asarray(prev[1], dtype=float),
+                                                              np.asarray(row, dtype=float))
+        else:
+            dtype = tensor.dtype
+        self._grad_losses = (b, row, dtype)
+
     def before_backward(self) -> None:
         """A backward() begins while ``reaching`` (no optimizer has stepped yet, or several
         have): the models' and optimizers' parameters' gradients as they are, so that its loss
@@ -876,6 +903,8 @@ class StepRecorder:
         b = self._buckets[-1]
         b.optimizer_steps += 1
         entries = b.entries
+        if self._grad_losses is not None:
+            self._grads_loss(b, opt)
         if b.deferred or _PENDING_LOSS in b.hists or (_PENDING_LOSS in entries and ("loss", opt) in entries):
             b.attribute_losses(opt)
         elif _PENDING_LOSS in entries:       # (the step's loss is this optimizer's: attribute_losses, inline)
@@ -897,6 +926,19 @@ class StepRecorder:
         ft = self.fulltensors
         if ft is not None and ft.rules and ft.wants("param", self.step):
             ft.params(self.naming, self._plan(opt).params, "param", self.step)
+
+    def _grads_loss(self, b, opt) -> None:
+        """At ``opt``'s step: the losses of the ``torch.autograd.grad`` calls since the last one
+        (grad_loss) are its loss where the step has none and no backward of it ran (the trace
+        had no loss at all: '$loss' not measured, the loss rules and 'watch loss' blind)."""
+        gb, row, dtype = self._grad_losses
+        self._grad_losses = None
+        if gb is not b or b.backward_count or any(k[0] == "loss" for k in b.entries):
+            return
+        b.entries[("loss", opt)] = row
+        self._loss_dtype = dtype
+        if self.full:
+            b.add_hist(("loss", opt), None)
 
     def mark(self) -> None:
         """Start a new segment (used while the step clock learns a GAN's iteration).  The losses
@@ -932,6 +974,7 @@ class StepRecorder:
             self.settle_passes(closed)
         if self._set_aside is not None and self._set_aside[0] in closed:
             self._set_aside = self._grads_after = None
+        self._grad_losses = None
         if self._waiting is not None:
             self._credit_waiting(closed)
         parts, self._parts, self._before = self._parts, None, None   # (a bucket of the step: its keys
