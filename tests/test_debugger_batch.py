@@ -1230,3 +1230,37 @@ def test_info_optimizer_names_the_one_parameter_of_an_optimizer_per_parameter(tm
     assert r.returncode == 0, r
     rows = [line.split()[:4] for line in r.stdout.splitlines() if re.match(r"adam\d*\s", line)]
     assert sorted(p for _, _, _, p in rows) == ["0.bias", "0.weight", "2.bias", "2.weight"], r
+
+
+# Two models, each called by the script (a body and a head), one checkpointed
+# (reentrant: its layers' forward runs again inside the backward): their names are
+# qualified by the models' variables ('body.2') once step 0 ends.
+TWO_MODELS = textwrap.dedent('''
+    import torch, torch.nn as nn
+    from torch.utils.checkpoint import checkpoint
+    torch.manual_seed(0)
+    pre = nn.Linear(8, 8)
+    body = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 8))
+    head = nn.Linear(8, 1)
+    opt = torch.optim.SGD([*pre.parameters(), *body.parameters(), *head.parameters()], lr=0.1)
+    for step in range(4):
+        loss = head(checkpoint(body, pre(torch.randn(4, 8)), use_reentrant=True)).pow(2).mean()
+        opt.zero_grad(); loss.backward(); opt.step()
+        print("step", step)
+''')
+
+
+@pytest.mark.parametrize("phase", ["forward", "backward"])
+def test_a_module_break_in_one_of_several_models_stops_at_every_step(tmp_path, phase):
+    """'break module body.2 backward' never stopped: the stop's name of a module, cached as
+    step 0's backward met it ('2': names are qualified by the model's variable as step 0 ends)
+    was kept for the whole run; the forward one ('2' in step 0's forward) stopped from step 1
+    on.  Both stop at step 0 to 3 now."""
+    (tmp_path / "s.py").write_text(TWO_MODELS)
+    r = Ran(nndb("run", "--batch", "-q", "--nx", "--rules", "none", "--trace", str(tmp_path / "t.h5"),
+                 "-e", f"break module body.2 {phase}", "-e", "commands 1", "-e", "silent",
+                 "-e", 'p ("HIT", $step)', "-e", "continue", "-e", "end", "-e", "continue", "s.py",
+                 cwd=str(tmp_path)), [])
+    hits = [int(s) for s in re.findall(r"\('HIT', (\d+)\)", r.stdout)]
+    # (reentrant checkpointing runs the forward twice a step: without gradients, then again in the backward)
+    assert hits == ([0, 0, 1, 1, 2, 2, 3, 3] if phase == "forward" else [0, 1, 2, 3]), r.stdout

@@ -130,6 +130,8 @@ class StopPoints:
             return                    # a device thread: stop at the next main-thread stop point
         try:
             name = self.view.module_name(module)
+            # (in step 0, names not yet qualified: '2' of the model 'body' is 'body.2' from its end on)
+            alias = self.rec.naming.qualified_alias(module)
             stop = None
             if self.control.pending_start and phase == "forward":
                 self.control.pending_start = False
@@ -140,7 +142,10 @@ class StopPoints:
             hits = []
             probe = None
             for p in list(self.points.numbered.values()):      # (the dict: no Python call an item)
-                if isinstance(p, P.ModuleBreak) and p.enabled and p.phase == phase and p.matches(name):
+                if isinstance(p, P.ModuleBreak) and p.enabled and p.phase == phase and (
+                        p.matches(name) or alias is not None and p.matches(alias)):
+                    if alias is not None and not p.matches(name):
+                        name = alias
                     detail = {"module": name, "phase": phase}
                     if probe is None:        # what a condition sees: $step in progress, $inputs ...
                         self.here.hook_frame = sys._getframe(1)

@@ -505,6 +505,7 @@ class Naming:
                 ref = weakref.ref(r)
                 if ref in self._prefixes:
                     self._prefixes[ref] = (self._prefixes[ref][0], True)
+            self.roots_version += 1      # (what the names resolve to changed: '2' is 'body.2' now)
 
     def root_params(self) -> list:
         """Parameters of every root seen so far (alive ones), then the tensors adopted."""
@@ -582,6 +583,21 @@ class Naming:
             # ``model.model``: its output and the model's were one series, the model's)
             return f"{sub}.{sub}"
         return self._qualify(root, sub)
+
+    def qualified_alias(self, module) -> Optional[str]:
+        """Before step 0 ends, while names are not yet qualified (``freeze``): the name ``module``
+        has once they are, where its model turns out to be one of several (``body.2`` for ``2``);
+        else None.  A module stop point written with that name stops at step 0 too."""
+        if self._frozen or isinstance(module, type):
+            return None
+        entry = self._module_path.get(module)
+        if entry is None:
+            return None
+        root, sub = entry[0](), entry[1]
+        rname = self._root_names.get(root) if root is not None else None
+        if not sub or rname is None or root in self._qualified_roots:
+            return None
+        return f"{rname}.{sub}"
 
     def refresh(self) -> None:
         """Modules and parameters new in the known roots (a head replaced, weights loaded with
