@@ -6,7 +6,8 @@ against the whole name nndb records (``0.weight``, ``encoder.layers.1.fc.bias``)
 A model wrapped for data parallelism names its tensors from the wrapper:
 ``DistributedDataParallel(model)`` and ``DataParallel(model)`` keep the model as their
 ``module`` (``module.0.weight`` is the model's ``0.weight``), FSDP's wrapper as its
-``_fsdp_wrapped_module``.  A glob the user wrote for the model itself (the same
+``_fsdp_wrapped_module``, Opacus's ``GradSampleModule`` (``PrivacyEngine.make_private``'s
+model, whose hooks make the per-sample gradients) as its ``_module``.  A glob the user wrote for the model itself (the same
 ``-x`` file used on one process and under ``torchrun``) matches those names too:
 ``watch grad 0.weight`` under DDP had matched nothing and stayed pending for the whole
 run.  A glob that names the wrapper (``module.0.*``) matches as before.  (torch.compile's
@@ -18,9 +19,9 @@ import fnmatch
 import re
 from typing import Callable
 
-# The attributes DDP, DataParallel and FSDP keep the wrapped model in, as a recorded
-# name's first parts
-_WRAPPER_PARTS = ("module.", "_fsdp_wrapped_module.")
+# The attributes DDP, DataParallel, FSDP and Opacus's GradSampleModule keep the wrapped
+# model in, as a recorded name's first parts
+_WRAPPER_PARTS = ("module.", "_fsdp_wrapped_module.", "_module.")
 
 
 def unwrapped(name: str) -> str:

@@ -1414,6 +1414,22 @@ DATA_PARALLEL = textwrap.dedent('''
 ''')
 
 
+def test_globs_written_for_the_model_select_its_tensors_inside_a_dp_sgd_wrapper(tmp_path):
+    """Opacus's make_private wraps the model in a GradSampleModule that holds it as ``_module``:
+    its tensors are '_module.0.weight', and ``watch grad 0.weight norm > 0.33`` stayed pending
+    for the whole run ('no grad tensor matched '0.weight'') where '_module.0.weight' had norm
+    0.3387 at step 13; ``$grad['0.weight']`` was 'no grad tensor named'.  The glob matches
+    the name inside that wrapper too (tests/scripts/dp_sgd_hooks.py: its shape, torch alone)."""
+    script = os.path.join(ROOT, "tests", "scripts", "dp_sgd_hooks.py")
+    r = Ran(nndb("run", "--batch", "-q", "--nx", "--rules", "none", "--trace", str(tmp_path / "t.h5"),
+                 "-e", "watch grad 0.weight norm > 0", "-e", "continue", "-e", "p ('AT', $grad['0.weight'].norm)",
+                 "-e", "p ('HAS', model._module[0].weight.grad.norm().item())", "-e", "kill", script), [])
+    out = r.stdout + r.stderr
+    assert "Watchpoint 1: grad _module.0.weight norm = " in out and "pending" not in out, out
+    at = float(re.search(r"\('AT', (\S+)\)", r.stdout).group(1))
+    assert at == pytest.approx(float(re.search(r"\('HAS', (\S+)\)", r.stdout).group(1)), rel=1e-6), out
+
+
 def test_globs_written_for_the_model_select_its_tensors_inside_a_data_parallel_wrapper(tmp_path):
     """DDP and DataParallel name the model's tensors from the wrapper ('module.0.weight'):
     ``watch grad 0.weight norm > 0`` under torchrun stayed pending for the whole run
