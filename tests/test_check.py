@@ -1903,3 +1903,15 @@ def test_a_warmup_from_0_is_no_cause_of_an_overfit_the_replica_ran_at_its_base_l
     assert c.status == "FAIL" and c.evidence.startswith("16 sample(s), Adam(lr=0.001"), c.evidence
     assert "the learning rate is 0" not in c.cause, c.cause
     assert by_name(report)["updates"].status == "PASS"        # (its second step ran at 0.0005)
+
+
+def test_zero_grad_of_gradients_the_script_writes_says_no_backward_ran():
+    """Gradients by torch.autograd.grad written to .grad, no backward(): zero-grad said SKIP
+    '... with a non-zero gradient: none was (more steps: --steps N)', of two steps whose
+    gradients were not 0, and more steps said the same.  Nothing accumulates there: it says so."""
+    script = os.path.join(ROOT, "tests", "scripts", "autograd_grad_loops.py")
+    report, _ = run_check(script, "assign", overfit_iters=1)
+    c = by_name(report)["zero-grad"]
+    assert c.status == "SKIP" and c.evidence.startswith("no backward() ran: the script wrote .grad itself"), \
+        text(report)
+    assert by_name(report)["gradients"].status == "PASS", text(report)

@@ -611,6 +611,11 @@ def grad_reset_check(cap: Capture, outcome: Outcome) -> Check:
     if not _optimized(cap):
         return _no_optimizer("zero-grad", cap, outcome)
     checks = cap.reset_checks
+    if not checks and not cap.backward_losses:
+        # (gradients by torch.autograd.grad or torch.func, written to .grad by the script: it
+        # said 'with a non-zero gradient: none was' of steps that had one)
+        return _skip("zero-grad", "no backward() ran: the script wrote .grad itself (torch.autograd.grad, "
+                     "torch.func), and nothing was added to a gradient left from a step before", outcome)
     if not checks:
         return _skip("zero-grad", "the gradients' reset is seen from an optimizer's second step on, with a "
                      "non-zero gradient: none was (more steps: --steps N)", outcome)
