@@ -1588,6 +1588,38 @@ def test_optimizer_in_backward_records_each_steps_loss(tmp_path):
                  "-e", "kill", str(tmp_path / "script.py"), cwd=str(tmp_path)), [])
     assert re.findall(r"\('AT', '([^']+)'\)", r.stdout) == [printed[3][2], printed[2][2]], r.stdout
 
+# The optimizer-in-backward recipe without torch.optim: each parameter updated by hand in
+# its post-accumulate-grad hook, which then drops the gradient (no step() at all).
+UPDATE_IN_BACKWARD = OPTIMIZER_IN_BACKWARD.split("opts = ")[0] + """def hook(p):
+    with torch.no_grad():
+        p -= 0.1 * p.grad
+    p.grad = None
+for p in model.parameters():
+    p.register_post_accumulate_grad_hook(hook)
+for it in range(6):
+    idx = torch.randint(0, 256, (32,))
+    loss = nn.functional.cross_entropy(model(X[idx]), Y[idx])
+    loss.backward()
+    print("step", it, repr(loss.item()), repr(model[0].weight.sum().item()))
+"""
+
+
+def test_updates_by_hand_inside_the_backward_are_recorded(tmp_path):
+    """Each backward's gradients were all dropped by the script's hooks before the step ended,
+    and the tracer stopped at step 1: 'internal error in the tracer; recording stopped ...
+    ValueError: need at least one array to concatenate', an empty trace, and 'no training step
+    was recorded'.  Each step has its loss and the parameters' values (their gradients, gone
+    as the backward returns, are not seen)."""
+    plain, trace = plain_and_recorded(tmp_path, UPDATE_IN_BACKWARD)
+    import nndb as api
+    t = api.open(trace)
+    printed = [line.split() for line in plain.stdout.splitlines()]
+    assert not any(e["kind"] == "recording_stopped" for e in t.events)
+    steps, losses = t.history("loss", "loss", "mean")
+    assert list(steps) == list(range(6)) and list(losses) == [np.float32(float(p[2])) for p in printed]
+    assert len(t.history("0.weight", "param")[0]) == 6
+
+
 # A fresh optimizer each epoch, made inside the function that trains it (the
 # script keeps weak references to see which are still alive).
 PER_EPOCH_OPTIMIZER = '''

@@ -300,7 +300,7 @@ class ParamPlan:
         """(keys, flat, sizes) for the small parameters' gradients, or None (a sparse one as the
         dense tensor it stands for)."""
         grads = [S.dense(p.grad) for p in self.host]
-        if all(g is not None for g in grads):
+        if grads and all(g is not None for g in grads):
             return self.grad_keys, np.concatenate([S._host_array(g) for g in grads]), self.sizes
         sel = [i for i, g in enumerate(grads) if g is not None]
         if not sel:
