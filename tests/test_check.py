@@ -1915,3 +1915,33 @@ def test_zero_grad_of_gradients_the_script_writes_says_no_backward_ran():
     assert c.status == "SKIP" and c.evidence.startswith("no backward() ran: the script wrote .grad itself"), \
         text(report)
     assert by_name(report)["gradients"].status == "PASS", text(report)
+
+
+HOOKED_GRADIENTS = """
+    import torch, torch.nn as nn
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(10, 32), nn.ReLU(), nn.Linear(32, 2))
+    model[0].weight.register_hook(lambda g: torch.zeros_like(g))      # a gradient hook that zeroes it
+    def drop(p):
+        p.grad = None                                                  # one that drops it once made
+    model[2].bias.register_post_accumulate_grad_hook(drop)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x, y = torch.randn(64, 10), torch.randint(0, 2, (64,))
+    for step in range(2):
+        opt.zero_grad()
+        loss = nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+"""
+
+
+def test_gradients_made_none_or_zero_by_the_scripts_hook_name_the_hook(tmp_path):
+    """The script's own hooks on a gradient zeroed the first layer's weight's and dropped the last
+    bias's: the likely causes read 'dead ReLUs or a saturated activation upstream' (of the first
+    layer: nothing is upstream) and 'detached ... or unused in the forward pass' (it was used, and
+    backward() made its gradient).  They name the script's hook now."""
+    report, _ = run_check(write(tmp_path, "hooked.py", HOOKED_GRADIENTS), overfit_iters=1)
+    c = by_name(report)["gradients"]
+    assert c.status == "FAIL" and "no gradient: 2.bias" in c.evidence and "all-zero gradient: 0.weight" in c.evidence
+    assert c.cause.startswith("2.bias, 0.weight: the script's own hook on its gradient"), text(report)
+    assert "dead ReLUs" not in c.cause and "detached" not in c.cause, text(report)

@@ -538,12 +538,22 @@ def gradients_check(cap: Capture, outcome: Outcome) -> Check:
         causes.append(f"{_names(cap, cleared)} got a gradient in backward() that was gone (None or zeroed) when "
                       "optimizer.step() ran: a zero_grad() between loss.backward() and optimizer.step(); reset "
                       "the gradients before backward()")
+    # (the script's own hook on the parameter's gradient made it None or zeros: the causes below
+    # read 'detached or unused in the forward pass', 'dead ReLUs upstream' of a first layer)
+    hooked = [p for p in none + zero if _script_grad_hook(p)]
     if none:
         problems.append(f"no gradient: {_names(cap, none)}")
+    if zero:
+        problems.append(f"all-zero gradient: {_names(cap, zero)}")
+    if hooked:
+        causes.append(f"{_names(cap, hooked)}: the script's own hook on its gradient (register_hook, "
+                      "register_post_accumulate_grad_hook) left it None or zeros: check what the hook returns or sets")
+        none = [p for p in none if not any(p is h for h in hooked)]
+        zero = [p for p in zero if not any(p is h for h in hooked)]
+    if none:
         causes.append(f"{_names(cap, none)} got no gradient: detached (.detach(), .data, no_grad, a numpy "
                       "round trip) or unused in the forward pass")
     if zero:
-        problems.append(f"all-zero gradient: {_names(cap, zero)}")
         if _all_zero(cap):
             why = "the loss is exactly 0 at every step (see finite-loss)"
         elif _has_relu(cap):
@@ -600,6 +610,19 @@ def _biases_the_loss_ignores(cap: Capture, params: list, zero: list) -> list:
             if weight is not None and id(weight) in cap.nonzero:
                 out.append(p)
     return out
+
+
+def _script_grad_hook(p) -> bool:
+    """Has the script hooked ``p``'s gradient itself (a tensor hook, which may return another
+    gradient, or a post-accumulate-grad hook, which may change or drop ``.grad``)?  nndb's own
+    hooks (its probes', the tracer's) are not the script's."""
+    for hooks in (getattr(p, "_backward_hooks", None), getattr(p, "_post_accumulate_grad_hooks", None)):
+        for fn in list((hooks or {}).values()):
+            fn = getattr(fn, "func", fn)                  # (a functools.partial)
+            module = getattr(getattr(fn, "__func__", fn), "__module__", None) or ""
+            if not module.startswith("nndb."):
+                return True
+    return False
 
 
 def grad_reset_check(cap: Capture, outcome: Outcome) -> Check:
