@@ -711,14 +711,15 @@ def test_a_steps_loss_is_the_objective_its_optimizer_applies_as_the_script_print
 
 
 
-@pytest.mark.parametrize("shape", ["assign", "clip", "dict", "tasks", "probe"])
+@pytest.mark.parametrize("shape", ["assign", "clip", "dict", "tasks", "scaled", "probe"])
 def test_a_steps_loss_by_torch_autograd_grad_is_the_loss_it_differentiated(tmp_path, shape):
     """tests/scripts/autograd_grad_loops.py: gradients by torch.autograd.grad of the parameters,
     written to p.grad by hand, then optimizer.step(), no backward(): the trace had no loss
     series at all (every stop 'no loss recorded', $loss 'not measured', the loss rules and
     'watch loss' blind) where the script's loss at step 3 was 0.6013 (assign).  The loss of
-    such calls is the step's where no backward() gave one (tasks: the two tasks' sum); a call
-    before the step's own backward (probe: SAM's ascent) is no part of it."""
+    such calls is the step's where no backward() gave one (tasks: the two tasks' sum; scaled: the
+    loss a GradScaler scaled, not that times 65536); a call before the step's own backward (probe:
+    SAM's ascent) is no part of it."""
     script = os.path.join(ROOT, "tests", "scripts", "autograd_grad_loops.py")
     trace = str(tmp_path / "t.h5")
     r = nndb("run", "--batch", "-q", "--trace", trace, script, shape)

@@ -1266,7 +1266,7 @@ class Tracer:
             loss = backward_objective(roots, grads)
             loss = loss[0] if len(loss) == 1 else None
             if isinstance(loss, torch.Tensor) and loss.numel() == 1 and loss.is_floating_point():
-                self.recorder.grad_loss(loss.detach())
+                self.recorder.grad_loss(loss)
         except Exception:
             self._fail()
 

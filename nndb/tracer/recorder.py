@@ -627,6 +627,8 @@ class StepRecorder:
         Several such calls' losses add up, as backward()'s do."""
         if not self.recording or self._in_step is not None:
             return
+        if self.scaler_seen:       # (GradScaler.scale's loss: the one it scaled, as loss() takes it)
+            tensor = unscaled(tensor)
         b = self._buckets[-1]
         v = (tensor.to_local() if type(tensor).__name__ == "DTensor" else tensor).item()
         row = S.scalar_row(v)

@@ -9,6 +9,8 @@ gradient the optimizer applies, and the first weight's ``.grad`` norm as it step
   dict       inputs: ``dict(model.named_parameters())`` (the gradients come back as a dict)
   tasks      two tasks' losses, a call each, PCGrad's projection of one task's gradient off
              the other's where they conflict: the objective is their sum
+  scaled     the gradients of ``scaler.scale(loss)`` (a GradScaler's), unscaled and applied by
+             ``scaler.step``: the objective is the loss it scaled
   probe      SAM's ascent: a call for the loss's gradient, the weights moved along it, the
              step's own backward() there, the weights moved back: the objective is that
              backward's loss alone
@@ -26,6 +28,7 @@ opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
 X = torch.randn(512, 10)
 Y = (X[:, :3].sum(1) > 0).long()
 params = list(model.parameters())
+scaler = torch.amp.GradScaler("cpu") if MODE == "scaled" else None
 
 
 def loss_of(i):
@@ -56,6 +59,11 @@ for step in range(STEPS):
             dot = (a * b).sum()
             p.grad = a + b - (dot / b.pow(2).sum() * b if dot < 0 else 0)
         objective = first + second
+    elif MODE == "scaled":
+        objective = loss_of(i)
+        for p, g in zip(params, torch.autograd.grad(scaler.scale(objective), params)):
+            p.grad = g
+        scaler.unscale_(opt)
     elif MODE == "probe":
         grads = torch.autograd.grad(loss_of(i), params)
         scale = 0.05 / torch.stack([g.norm() for g in grads]).norm()
@@ -68,5 +76,9 @@ for step in range(STEPS):
             for p, g in zip(params, grads):
                 p.sub_(g * scale)
     gn = params[0].grad.norm().item()
-    opt.step()
+    if scaler is not None:
+        scaler.step(opt)
+        scaler.update()
+    else:
+        opt.step()
     print("step", step, repr(objective.item()), repr(gn))
