@@ -1945,3 +1945,32 @@ def test_gradients_made_none_or_zero_by_the_scripts_hook_name_the_hook(tmp_path)
     assert c.status == "FAIL" and "no gradient: 2.bias" in c.evidence and "all-zero gradient: 0.weight" in c.evidence
     assert c.cause.startswith("2.bias, 0.weight: the script's own hook on its gradient"), text(report)
     assert "dead ReLUs" not in c.cause and "detached" not in c.cause, text(report)
+
+
+CHECKPOINT_WITHOUT_GRAD_INPUT = """
+    import sys
+    import torch, torch.nn as nn
+    from torch.utils.checkpoint import checkpoint
+    torch.manual_seed(0)
+    block = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 8))
+    head = nn.Linear(8, 1)
+    opt = torch.optim.SGD([*block.parameters(), *head.parameters()], lr=0.1)
+    for step in range(2):
+        x = torch.randn(4, 8)          # (the data: no gradient)
+        loss = head(checkpoint(block, x, use_reentrant=sys.argv[1] == "reentrant")).pow(2).mean()
+        opt.zero_grad(); loss.backward(); opt.step()
+"""
+
+
+def test_a_reentrant_checkpoint_given_no_input_that_requires_grad_is_named(tmp_path):
+    """torch.utils.checkpoint(block, x, use_reentrant=True) with a batch that needs no gradient:
+    the block runs under no_grad and its recomputation never comes, so its parameters get no
+    gradient; the likely cause read 'detached (.detach(), .data, no_grad, a numpy round trip)
+    or unused in the forward pass'.  It names a model that ran only without autograd, and the
+    checkpoint; use_reentrant=False PASSes."""
+    script = write(tmp_path, "ckpt.py", CHECKPOINT_WITHOUT_GRAD_INPUT)
+    c = by_name(run_check(script, "reentrant", overfit_iters=1)[0])["gradients"]
+    assert c.status == "FAIL" and "no gradient: block.0.weight, block.0.bias, block.2.weight, block.2.bias" \
+        in c.evidence, c
+    assert "the model holding them ran only without autograd" in c.cause and "use_reentrant=True" in c.cause, c
+    assert by_name(run_check(script, "plain", overfit_iters=1)[0])["gradients"].status == "PASS"

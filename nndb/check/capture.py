@@ -142,6 +142,7 @@ class Capture:
         self.loss_calls: list = []
         self.output_losses: list = []       # OutputLoss: a backward's loss a model returned
         self._calls: dict = {}              # id(model) -> its calls with autograd on since the last backward
+        self.with_grad: set = set()         # id(model): called with autograd on in some step
         # [id(model), its inputs, its output's grad_fns]: the calls with autograd on since the last
         # backward of the models without grad_args yet
         self._grad_calls: list = []
@@ -248,6 +249,7 @@ class Capture:
         keywords = tuple(getattr(args, "keywords", ()))     # (nndb.tracer.discover.CallArgs)
         if torch.is_grad_enabled():
             self._calls[id(module)] = self._calls.get(id(module), 0) + 1
+            self.with_grad.add(id(module))
         args = tuple(args)
         feed = self._feed(module, args)
         seen = self.models.get(id(module))

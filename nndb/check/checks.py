@@ -550,6 +550,14 @@ def gradients_check(cap: Capture, outcome: Outcome) -> Check:
                       "register_post_accumulate_grad_hook) left it None or zeros: check what the hook returns or sets")
         none = [p for p in none if not any(p is h for h in hooked)]
         zero = [p for p in zero if not any(p is h for h in hooked)]
+    # (a model whose every call ran without autograd: a reentrant checkpoint given inputs that need
+    # no gradient never runs its recomputation; it read 'detached ... or unused in the forward pass')
+    unrun = [p for p in none if _ran_without_autograd(cap, p)]
+    if unrun:
+        causes.append(f"{_names(cap, unrun)} got no gradient: the model holding them ran only without autograd "
+                      "(torch.no_grad(), torch.inference_mode(), or torch.utils.checkpoint(use_reentrant=True) "
+                      "given inputs none of which requires grad: use_reentrant=False, or an input that does)")
+        none = [p for p in none if not any(p is q for q in unrun)]
     if none:
         causes.append(f"{_names(cap, none)} got no gradient: detached (.detach(), .data, no_grad, a numpy "
                       "round trip) or unused in the forward pass")
@@ -610,6 +618,12 @@ def _biases_the_loss_ignores(cap: Capture, params: list, zero: list) -> list:
             if weight is not None and id(weight) in cap.nonzero:
                 out.append(p)
     return out
+
+
+def _ran_without_autograd(cap: Capture, p) -> bool:
+    """Is ``p`` held by a model the run called, never with autograd on?"""
+    return any(i not in cap.with_grad and any(q is p for q in seen.module.parameters())
+               for i, seen in cap.models.items())
 
 
 def _script_grad_hook(p) -> bool:
