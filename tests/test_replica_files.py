@@ -7,8 +7,11 @@ path itself), safetensors' ``save_file`` (its Rust code does), ``open`` and
 own write back), and the user's file is byte for byte what it was at the
 stop; a write nndb cannot redirect (a subprocess) is named, and nndb then
 does not say the files are as they were."""
+import json
 import os
 import re
+import subprocess
+import sys
 
 import pytest
 
@@ -440,19 +443,105 @@ if os.listdir("out"):
 '''
 
 
-def test_a_replay_that_raises_where_the_run_went_on_names_the_files_the_run_wrote(tmp_path):
-    """A replay respawned from the start sees the directory as it is now, with the files the
+def test_a_replay_from_the_start_does_not_find_the_files_the_run_made_since(tmp_path):
+    """A replay respawned from the start saw the directory as it is now, with the files the
     live run saved since it started: the script's check that its output directory is empty
-    raises there, and 'goto 1' said only 'the replay ended (failed: ValueError: files already in
-    out: ...) before reaching step 1', as if the script failed.  It now names the files the run
-    wrote since it started, read as they are now, as a divergence does."""
+    (ignite's ModelCheckpoint, require_empty=True) raised there, and 'goto 1' went back to the
+    present.  The files the run made since it started are not there for the replay (os.listdir,
+    os.stat, open); it reaches step 1 with the run's loss, and the run's files are as they were."""
     (tmp_path / "e.py").write_text(EMPTY_OUTPUT_DIR)
+    argv = ["run", "--batch", "--nx", "--rules", "none", "--trace", str(tmp_path / "t.h5"), "--force",
+            "--replica", "respawn", "-e", "until 6", "-e", "goto 1", "-e", "p $loss", "-e", "continue"]
+    r = Ran(nndb(*argv, "e.py", cwd=str(tmp_path)), argv + ["e.py"])
+    assert r.returncode == 0, r
+    losses = [line.split()[2] for line in r.stdout.splitlines() if line.startswith("step ")]
+    assert "In the past (timeline 0): step 1 finished" in r.stdout and losses[1] in r.stdout.split(
+        "In the past", 1)[1].splitlines()[3], r
+    assert "replay ended" not in r.stderr and "raised where the run went on" not in r.stderr, r.stderr
+    assert "your files under" in r.stdout and "are as they were" in r.stdout, r.stdout
+    assert sorted(os.listdir(tmp_path / "out")) == ["model_2.pt", "model_5.pt"]
+
+
+# A script that raises if the state file it starts from is not fresh, and rewrites it as it
+# trains: a file there at the run's start, which a replay from the start reads as it is now.
+STALE_STATE = '''
+import torch, torch.nn as nn
+if open("state.txt").read() != "fresh":
+    raise ValueError("state.txt is not fresh")
+''' + LOOP + '''
+    if step == 2:
+        open("state.txt", "w").write("used")
+    print("step", step, repr(loss.item()))
+'''
+
+
+def test_a_replay_that_raises_where_the_run_went_on_names_the_files_the_run_wrote(tmp_path):
+    """A file there at the run's start and rewritten since is read by a replay from the start
+    as it is now: the script raised there, and 'goto 1' said only 'the replay ended (failed:
+    ...) before reaching step 1', as if the script failed.  It names the files the run wrote
+    since it started, read as they are now, as a divergence does."""
+    (tmp_path / "e.py").write_text(STALE_STATE)
+    (tmp_path / "state.txt").write_text("fresh")
     argv = ["run", "--batch", "--nx", "--rules", "none", "--trace", str(tmp_path / "t.h5"), "--force",
             "--replica", "respawn", "-e", "until 6", "-e", "goto 1", "-e", "continue"]
     r = Ran(nndb(*argv, "e.py", cwd=str(tmp_path)), argv + ["e.py"])
     assert r.returncode == 0, r
-    assert "nndb: the replay ended (failed: ValueError: files already in out: ['model_2.pt', 'model_5.pt']) " \
-           "before reaching step 1" in r.stderr, r.stderr
+    assert "nndb: the replay ended (failed: ValueError: state.txt is not fresh) before reaching step 1" \
+        in r.stderr, r.stderr
     assert "nndb: the replay raised where the run went on; it read the files the run wrote since it started as " \
-           "they are now: out/model_2.pt, out/model_5.pt" in r.stderr, r.stderr
-    assert sorted(os.listdir(tmp_path / "out")) == ["model_2.pt", "model_5.pt"]
+           "they are now: state.txt" in r.stderr, r.stderr
+    assert (tmp_path / "state.txt").read_text() == "used"
+
+
+def test_files_made_since_the_start_are_not_there_for_a_replay_through_any_listing(tmp_path, monkeypatch):
+    """Survey.new_since names the files made since an earlier survey (in a directory made
+    since too, not under one cut at the LIMIT), and a sandbox that hides them answers as for a
+    file never made: os.listdir, os.scandir (glob, pathlib), os.path.exists, open, and a write
+    starts a file of its own (run in a process of its own: the sandbox stays installed)."""
+    from nndb.timetravel import sandbox
+    monkeypatch.setattr(sandbox.Survey, "LIMIT", 12)
+    (tmp_path / "keep.txt").write_text("there at the start")
+    for i in range(3):
+        (tmp_path / "big" / f"d{i}").mkdir(parents=True)
+        for j in range(4):
+            (tmp_path / "big" / f"d{i}" / f"f{j}").write_text("x")
+    start = sandbox.Survey([str(tmp_path)])
+    assert not start.complete
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "model_2.pt").write_text("run's")
+    (tmp_path / "late.txt").write_text("run's")
+    listed = [d for d in (tmp_path / "big").iterdir() if str(d) in start.listed]
+    unlisted = [d for d in (tmp_path / "big").iterdir() if str(d) not in start.listed]
+    assert unlisted, "the LIMIT left no directory out"
+    assert listed, "the LIMIT left every directory out"
+    (unlisted[0] / "new").write_text("past the cut: not named")
+    (listed[0] / "f9").write_text("in a directory listed: named")
+    monkeypatch.setattr(sandbox.Survey, "LIMIT", 20000)       # (the later survey whole)
+    new = sandbox.Survey([str(tmp_path)]).new_since(start)
+    assert new == sorted([str(tmp_path / "late.txt"), str(tmp_path / "out" / "model_2.pt"),
+                          str(listed[0] / "f9")]), new
+    code = f'''
+import glob, json, os, pathlib, sys
+from nndb.timetravel import sandbox
+os.chdir({str(tmp_path)!r})
+box = sandbox.enter()
+box.hide({new!r})
+out = {{"listdir": sorted(os.listdir(".")), "out": os.listdir("out"), "glob": glob.glob("out/*"),
+        "iterdir": [p.name for p in pathlib.Path("out").iterdir()], "pglob": [p.name for p in pathlib.Path(".").glob("*.txt")],
+        "exists": os.path.exists("late.txt"), "keep": open("keep.txt").read()}}
+try:
+    open("late.txt").read()
+except FileNotFoundError:
+    out["open"] = "missing"
+with open("late.txt", "a") as f:
+    f.write("replica's")
+out["appended"] = open("late.txt").read()
+print(json.dumps(out))
+'''
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                       env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stdout)
+    assert got == {"listdir": ["big", "keep.txt", "out"], "out": [], "glob": [], "iterdir": [], "pglob": ["keep.txt"],
+                   "exists": False, "keep": "there at the start", "open": "missing", "appended": "replica's"}, got
+    assert (tmp_path / "late.txt").read_text() == "run's"

@@ -221,7 +221,6 @@ def _locate(s, ev: Evaluator, inputs: list, found: dict, step) -> dict:
     from types import SimpleNamespace
     from ..lineage.catchstep import catch_detail
     from ..lineage.ops import OpRecorder
-    from ..lineage.oprecord import FILE, LINE
     from ..tracer.within import WithinStep
     stand_in = SimpleNamespace(naming=s.rec.naming, lineage=None, in_hook=False, busy=0, within=WithinStep())
     rec = OpRecorder(stand_in, check=True)

@@ -129,6 +129,7 @@ class TimeMachine:
         self.mode = replica_mode          # auto | fork | respawn | off
         # (the user's files modified since then are read by a replica as they are now: a drift names them)
         self.started = time.time()
+        self.start_files: Optional[sandbox.Survey] = None     # (the user's files as the run started: attach)
         self.off_reason = "--replica off"  # why, when off (nndb.set_trace: a process nndb did not start)
         self.total_steps = total_steps
         self.every = every                # --checkpoint-every N|Ns
@@ -177,6 +178,20 @@ class TimeMachine:
         self._reset()
         if self.mode in ("auto", "fork"):
             self.exact, self.exact_why = forking.exactness()
+        # The user's files as the run starts: a replay from the start does not find those made
+        # since (sandbox.Sandbox.hide).  Not where no replay can respawn.
+        self.start_files = self._survey(s) if self.mode in ("auto", "respawn") else None
+
+    @staticmethod
+    def _survey(s) -> "sandbox.Survey":
+        """A survey of the user's files: under the script's directory and the working
+        directory, nndb's trace and its checkpoints left out."""
+        t = getattr(s.rec, "target", None)
+        script = getattr(t, "path", None)
+        roots = [os.path.dirname(os.path.abspath(script)) if script else None, os.getcwd()]
+        from .disk import directory_for
+        trace = s.log.trace_path
+        return sandbox.Survey(roots, skip=(trace, directory_for(trace)) if trace else ())
 
     def close(self) -> None:
         for ck in list(self.checkpoints.values()):
@@ -469,6 +484,8 @@ class TimeMachine:
                 s.error(f"nndb: {why}: replaying from the start in a new process (respawn)")
             goal = dict(goal, replayed_from=None)
             with self.watching_files(s) as seen:
+                seen["hidden"] = seen.pop("new_since_start", [])
+                goal = dict(goal, hidden=seen["hidden"])
                 msg = self.wait_for_replica(s, *spawn(s, self, goal))
             return self._checked(dict(msg, files=seen))
         goal = dict(goal, replayed_from=ck.step)
@@ -484,13 +501,11 @@ class TimeMachine:
         replica changed there (a write nndb could not redirect) is said, one
         line.  Yields a dict filled as the replica ends: ``where`` (what was
         compared), ``changed`` ([(path, what)]), ``complete``."""
-        t = getattr(s.rec, "target", None)
-        script = getattr(t, "path", None)
-        roots = [os.path.dirname(os.path.abspath(script)) if script else None, os.getcwd()]
-        from .disk import directory_for
-        trace = s.log.trace_path
-        survey = sandbox.Survey(roots, skip=(trace, directory_for(trace)) if trace else ())
+        survey = self._survey(s)
         seen: dict = {}
+        start = self.start_files
+        if start is not None and start.roots == survey.roots:
+            seen["new_since_start"] = survey.new_since(start)      # (for a replay from the start)
         live = os.getpid()
         try:
             yield seen
@@ -499,8 +514,10 @@ class TimeMachine:
                 changed = survey.changes()
                 made = survey.made_dirs(changed)
                 changed = [c for c in changed if c[0] not in made]
+                seen.pop("new_since_start", None)
+                hidden = set(seen.get("hidden") or ())          # (not read by the replay: not named)
                 seen.update(where=survey.where(), changed=changed, complete=survey.complete,
-                            since_start=survey.modified_since(self.started))
+                            since_start=[p for p in survey.modified_since(self.started) if p not in hidden])
                 if made:
                     s.error(survey.made_report(made))
                 if changed:

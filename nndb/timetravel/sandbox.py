@@ -32,7 +32,10 @@ away, no file (a real file stays, but not for the replica), as is reading it.
 the real one was, and one it removed still was: a step that saves a
 checkpoint, checks that it exists, restores and removes it, as Lightning's
 ``Tuner.lr_find`` does, failed every replay past it with ``FileNotFoundError``.)
-A directory's listing (``os.listdir``, ``glob``) is the real one's.
+A directory's listing (``os.listdir``, ``os.scandir``: ``glob``, ``pathlib``)
+is the real one's less what is not there for the replica.  A replay from the
+script's start (respawned) does not find the files the live run made since it
+started (``Sandbox.hide``).
 
 A file the script opened before the replica began (its log, a ``logging``
 handler's) is open in the replica through the live run's file descriptor,
@@ -83,6 +86,8 @@ class Sandbox:
         self.moved: dict = dict(base.moved) if base is not None else {}
         # real paths (files or directories) the replica removed or renamed away: not there for it
         self.gone: set = set(base.gone) if base is not None else set()
+        # real files made since the run started, not there for a replay from the start (``hide``)
+        self.hidden: set = set(base.hidden) if base is not None else set()
         self.writes = 0
         self._open = base._open if base is not None else builtins.open
         # Directories of no user's: the temporary directories this replica made (and its parent's),
@@ -146,7 +151,29 @@ class Sandbox:
         return scratch
 
     def _is_gone(self, p: str) -> bool:
-        return p not in self.moved and any(p == g or p.startswith(g + os.sep) for g in self.gone)
+        return p not in self.moved and (p in self.hidden or any(p == g or p.startswith(g + os.sep)
+                                                                for g in self.gone))
+
+    def hide(self, paths) -> None:
+        """A replay from the script's start (respawned) does not find the files the live run
+        made since it started (``Survey.new_since``: ignite's ModelCheckpoint, which requires
+        its directory empty, raised at the replay's start on the run's own checkpoints; a script
+        that resumes from a checkpoint it finds would have resumed from the run's latest): for
+        the replica they are not there, as a file it removed is not, until it writes them."""
+        self.hidden.update(paths)
+
+    def _listing(self, real_call, scandir: bool):
+        """os.listdir/os.scandir (``glob``, ``pathlib``'s ``iterdir`` and ``glob``): the real
+        directory's entries but those not there for the replica (removed, or hidden)."""
+        def listing(path=".", *args, **kwargs):
+            got = real_call(path, *args, **kwargs)
+            if isinstance(path, int) or not (self.gone or self.hidden):
+                return got
+            d = os.path.abspath(os.fsdecode(os.fspath(path)))
+            if scandir:
+                return _Listed(got, lambda e: not self._is_gone(os.path.join(d, os.fsdecode(e.name))))
+            return [n for n in got if not self._is_gone(os.path.join(d, os.fsdecode(n)))]
+        return listing
 
     @staticmethod
     def _no_file(file):
@@ -166,7 +193,7 @@ class Sandbox:
         """os.stat/os.lstat (os.path.exists, isfile, getsize, pathlib) as the
         replica's writes left the path: its copy's, or no file where it removed it."""
         def stat(path, *args, **kwargs):
-            if "dir_fd" not in kwargs and not isinstance(path, int) and (self.gone or self.moved):
+            if "dir_fd" not in kwargs and not isinstance(path, int) and (self.gone or self.moved or self.hidden):
                 path = self.read_path(path)
             return real_call(path, *args, **kwargs)
         return stat
@@ -330,6 +357,7 @@ class Sandbox:
         os.remove = os.unlink = self.remove
         os.rename = os.replace = self.rename
         os.stat, os.lstat = self._stat(_os_stat), self._stat(_os_lstat)
+        os.listdir, os.scandir = self._listing(_os_listdir, False), self._listing(_os_scandir, True)
         os.mkdir = self.mkdir
         shutil.rmtree = self.rmtree
         import h5py._hl.files as h5files          # (nndb imports both before any replica)
@@ -347,6 +375,33 @@ _os_remove, _os_rename, _os_open, _os_truncate = os.remove, os.rename, os.open, 
 _os_chmod, _os_utime, _rmtree = os.chmod, os.utime, shutil.rmtree
 _os_mkdir = os.mkdir
 _os_stat, _os_lstat = os.stat, os.lstat
+_os_listdir, _os_scandir = os.listdir, os.scandir
+
+
+class _Listed:
+    """An ``os.scandir`` iterator less the entries ``keep`` refuses (a context manager, as
+    ``glob`` uses it)."""
+
+    def __init__(self, it, keep):
+        self._it, self._keep = it, keep
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        while True:
+            e = next(self._it)
+            if self._keep(e):
+                return e
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def close(self):
+        self._it.close()
 
 
 def _mkdtemp_code():
@@ -480,6 +535,19 @@ class Survey:
             seen.update(found)
             listed.add(d)
         return seen, listed, True
+
+    def new_since(self, start: "Survey") -> list:
+        """The files (not directories) of this survey that ``start``, an earlier one of the
+        same roots, did not find: those made since (in a directory it listed, or in one made
+        since under one it listed; not under a directory it left out for its LIMIT)."""
+        def listed_at_start(d: str) -> bool:
+            while d not in start.listed:
+                if d in start.before or d in start.roots or os.path.dirname(d) == d:
+                    return False            # (there at the start, not listed: past the LIMIT)
+                d = os.path.dirname(d)
+            return True
+        return sorted(p for p, e in self.before.items()
+                      if not e[0] and p not in start.before and listed_at_start(os.path.dirname(p)))
 
     def modified_since(self, t: float) -> list:
         """The files (not directories) of the survey last modified at or after ``t``
