@@ -5,7 +5,7 @@ import re
 import numpy as np
 import pytest
 
-from conftest import ACCELERATE_WRAPPER, example, nndb, plain_and_recorded, python, run_in_process, without_nndb_lines
+from conftest import ACCELERATE_WRAPPER, ROOT, example, nndb, plain_and_recorded, python, run_in_process, without_nndb_lines
 from nndb.store.reader import TraceReader
 from nndb.text import fmt
 
@@ -1157,3 +1157,24 @@ def test_an_optimizer_after_hand_written_updates_makes_no_step_of_its_own(tmp_pa
         assert list(grads) == pytest.approx([float(p[1]) for p in printed][-len(steps):], rel=1e-6)
         ups = dict(zip(*t.history(t.find(name, "update")[0], "norm")))
         assert ups[3] == pytest.approx(0.1 * float(printed[3][1]), rel=1e-5)    # SGD's first step: lr x grad
+
+
+def test_a_hand_written_loop_that_raises_before_backward_keeps_its_steps_and_the_partial_one(trace):
+    """pytorch/examples' regression shape: ``model.zero_grad()`` (gradients None), a forward,
+    then the script's own guard raises before backward().  The run's close read the gradients
+    of no parameter (ValueError: need at least one array to concatenate): 'internal error in
+    the tracer; recording stopped', the raising step's forward passes lost."""
+    script = f"{ROOT}/tests/scripts/loss_guard_raises.py"
+    plain = python(script, "--by-hand", forked=True)
+    r = nndb("run", "--batch", "--nx", "-q", "--trace", trace, script, "--by-hand")
+    assert r.returncode == 1 == plain.returncode and r.stdout == plain.stdout
+    assert "internal error" not in r.stderr, r.stderr
+    assert r.stderr.rstrip().endswith("FloatingPointError: loss is nan at step 3")
+    with TraceReader(trace) as t:
+        assert t.status == "failed" and list(t.steps) == [0, 1, 2, 3]
+        assert list(t.partial) == [False, False, False, True] and not t.events()
+        losses = [float(line.split()[-1]) for line in plain.stdout.splitlines()]
+        _, loss = t.history(t.find("loss", "loss")[0], "mean")
+        np.testing.assert_array_equal(loss, np.float32(losses))      # steps 0-2, as the script printed
+        acts = [s for s in t.series() if s.kind == "act"]
+        assert acts and all(list(t.history(a, "norm")[0]) == [0, 1, 2, 3] for a in acts)

@@ -298,7 +298,8 @@ class ParamPlan:
 
     def host_grads(self):
         """(keys, flat, sizes) for the small parameters' gradients, or None (a sparse one as the
-        dense tensor it stands for)."""
+        dense tensor it stands for).  None too for a plan of no small parameter (a hand-written
+        step that closes with no gradient made: the run ended in a forward after zero_grad())."""
         grads = [S.dense(p.grad) for p in self.host]
         if grads and all(g is not None for g in grads):
             return self.grad_keys, np.concatenate([S._host_array(g) for g in grads]), self.sizes
