@@ -392,6 +392,25 @@ def test_a_point_on_a_tensor_that_appears_later_stays_pending_past_step_0(tmp_pa
     assert "watchpoint 3 (grad second.wieght norm > 0) was still pending at the end of the run" in r.stderr
 
 
+def test_a_loss_watchpoint_is_not_pending_when_the_run_ends_in_a_forward_after_its_last_step(tmp_path):
+    """A CI job's ``watch loss mean > 1000 fail`` on a script whose own guard raises on a NaN
+    loss before backward() at step 3: the loss was recorded at steps 0-2, but the run's last
+    row (the partial step 3, its forward's activations) has none, and the end of the run read
+    the point as pending: "no loss tensor matched '*'", exit 2 where the script's exit is 1."""
+    script = os.path.join(os.path.dirname(__file__), "scripts", "loss_guard_raises.py")
+    r = BatchRun(tmp_path, "-q", "--nx", "-e", "watch loss mean > 1000 fail",
+                 "-e", "watch act nosuch fail", script)
+    assert r.returncode == 2, r.stderr
+    data = r.report()
+    assert data["exit"] == {"code": 2, "reason": "a point with the fail action stayed pending (2)"}
+    assert [p["id"] for p in data["pending"]] == [2] and data["steps"] == 3
+    assert "still pending" in r.stderr and "watchpoint 1 " not in r.stderr
+    r = BatchRun(tmp_path, "-q", "--nx", "--force", "-e", "watch loss mean > 1000 fail", script)
+    assert r.returncode == 1, r.stderr
+    assert r.report()["exit"] == {"code": 1, "reason": "FloatingPointError: loss is nan at step 3"}
+    assert r.report()["pending"] == [] and "pending" not in r.stderr
+
+
 # -- errors, exceptions, kill -------------------------------------------------------
 
 BAD_FILE = """\

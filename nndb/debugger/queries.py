@@ -120,13 +120,21 @@ class RunView:
 
     def pending_points(self) -> list:
         """The watchpoints and module breakpoints whose glob matches nothing
-        seen (gdb's pending breakpoints), as the run ends."""
-        out = []
+        seen (gdb's pending breakpoints), as the run ends: neither a name known
+        now nor a series recorded at any step (a run whose last row is a partial
+        step, a forward the script raised after, has no loss there: a loss
+        watchpoint that matched every step before was said to be pending, exit 2)."""
+        out, recorded = [], None
         for p in sorted(self.s.points.values(), key=lambda p: p.number):
             kind = p.kind if isinstance(p, P.Watch) else "module" if isinstance(p, P.ModuleBreak) else None
             if kind is None or p.hits:
                 continue
-            if not any(globs.matches(n, p.glob) for n in self.known_names(kind)):
+            if any(globs.matches(n, p.glob) for n in self.known_names(kind)):
+                continue
+            if recorded is None:
+                recorded = self.series_names()
+            series_kind = "act" if kind == "module" else kind
+            if not any(k == series_kind and globs.matches(n, p.glob) for n, k in recorded):
                 out.append(p)
         return out
 
