@@ -120,6 +120,30 @@ def test_at_an_exception_the_last_step_is_judged_and_the_report_says_so(tmp_path
     assert [f for f in rep["findings"] if "judged_at" in f] == [le]
 
 
+
+def test_a_hand_written_loop_s_last_step_is_judged_at_the_run_s_end(tmp_path):
+    """A by-hand update closes step N's record at step N+1's end: the last step's came only
+    at the run's end, which judged it when the script raised and at no other end: a NaN loss
+    at the last of 4 steps, in the trace, was no finding and `--fail-on error` exited 0; a
+    CI job's `kill` at a watch on that NaN left its finding out of the report too."""
+    script = os.path.join(ROOT, "tests", "scripts", "loss_guard_raises.py")
+    args = ("--by-hand", "--no-guard", "--steps", "4", "--fail-at", "3")
+    report, trace = tmp_path / "r.json", str(tmp_path / "t.h5")
+    r = nndb("run", "--batch", "--nx", "-q", "--fail-on", "error", "--report", str(report), "--trace", trace,
+             script, *args)
+    assert r.returncode == 4, r.stderr
+    assert r.stdout.splitlines()[-1] == "step 3 loss nan"
+    rep = json.loads(report.read_text())
+    assert [(f["rule"], f["step"], "judged_at" in f) for f in rep["findings"]] == [("nonfinite", 3, False)]
+    assert rep["exit"] == {"code": 4, "reason": "--fail-on error: error nonfinite at step 3"}
+    r = nndb("run", "--batch", "--nx", "-q", "--force", "--report", str(report), "--trace", trace,
+             "-e", "watch loss nan_count > 0", "-e", "commands 1", "-e", "kill", "-e", "end",
+             script, "--by-hand", "--no-guard", "--fail-at", "2")
+    rep = json.loads(report.read_text())
+    assert r.returncode == 0 and rep["exit"]["reason"] == "killed from the debugger", r.stderr
+    assert [(s["step"], s["reason"]) for s in rep["stops"]] == [(2, "watchpoint")]
+    assert [(f["rule"], f["step"]) for f in rep["findings"]] == [("nonfinite", 2)]
+
 def test_every_gradient_exactly_zero_names_a_constant_single_class_loss(tmp_path):
     """The DDP tutorial's loss: cross-entropy over a model of one output, soft targets of one
     column; exactly 0 at every step (before: no finding in 64 steps under nndb run)."""

@@ -45,9 +45,13 @@ class SessionSteps:
                 if step is None:
                     # The run's last records (the step the script raised in, a hand-written
                     # loop's last step): judged when the script raised, before the post-mortem,
-                    # so that a run dying of what the rules see is not left without a finding.
+                    # so that a run dying of what the rules see is not left without a finding;
+                    # at any other end, the whole steps among them (a hand-written loop's last,
+                    # whose record waits for the next step's end: its NaN loss went unjudged)
                     if end.records and getattr(s.rec, "raised", None) is not None:
                         s.judge_at_exception(end.records)
+                    elif end.records:
+                        s.judge_at_end([r for r in end.records if not r.partial])
                 else:
                     hits = []
                     for record in records:              # (a loop: no call of its own, every step)

@@ -233,6 +233,15 @@ class StopPoints:
             if self.rules is not None:
                 self.rules.ending = False
 
+    def judge_at_end(self, records) -> None:
+        """The run ended (finished, exited, killed): the whole steps whose records
+        closed only then are judged as any step end's; no stop comes after the end,
+        and a fail action fails the run."""
+        for record in records:
+            for hit, _ in self.run_rules(record, defer=False):
+                if hit.rule.action == "fail":
+                    self.log.failed_points.append(hit.rule.id)
+
     def flush_rules(self) -> None:
         """Judge the steps the rules keep in a block (nndb.rules.block): before
         a stop, a checkpoint's fork and the end of the run, every step's

@@ -213,20 +213,13 @@ def order_doubt(reader, present: np.ndarray) -> Optional[str]:
 
 def checked_live(reader) -> tuple:
     """(bool mask over the trace's rows: the steps the live rules saw,
-    [(step, why)] for the others).  The recorder closes two kinds of step
-    after the last step end the debugger hears of: the step the run ended
-    inside (``partial``) and, with hand-written updates (steps without an
-    optimizer step, whose record waits for the next step's end), the last of
-    a run of such steps."""
+    [(step, why)] for the others).  The recorder closes a step after the last
+    step end the debugger hears of where the run ended inside it (``partial``);
+    a hand-written loop's last step, whose record waits for the next step's end,
+    is judged at the run's end (nndb.debugger.listeners), as here."""
     partial = np.asarray(reader.partial, dtype=bool)
-    manual = (np.asarray(reader.optimizer_steps) == 0) & ~partial
     mask = ~partial
-    why: dict = {i: "the run ended inside it" for i in np.flatnonzero(partial).tolist()}
-    for i in np.flatnonzero(manual).tolist():
-        if i + 1 == len(mask) or not manual[i + 1]:
-            mask[i] = False
-            why[i] = "hand-written updates: its record closed after the last step end the rules were run at"
-    return mask, [(int(reader.steps[i]), why[i]) for i in sorted(why)]
+    return mask, [(int(reader.steps[i]), "the run ended inside it") for i in np.flatnonzero(partial).tolist()]
 
 
 def trace_steps(reader, mask: Optional[np.ndarray] = None) -> Iterator[TraceStep]:
