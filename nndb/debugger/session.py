@@ -160,10 +160,13 @@ class Session(CommandLoop, StopPoints):
         t.stop_in_modules(self.on_module if want_module else None,
                           backward=c.mode is Mode.STEP or any(p.phase == "backward" for p in modules))
         # Someone at the prompt will look at every statistic; a watch may need
-        # the ones measured only at full steps.
+        # the ones measured only at full steps (not a loss's: all ten are measured
+        # at every step; `watch loss mean > 1000` measured every tensor's ten and
+        # every activation at every step of a batch run).
         measures = getattr(self.replica, "measures", False)      # (a replica measuring a histogram)
-        needs_full = self.interactive or measures or any(isinstance(p, P.Watch) and p.enabled and p.stat not in P.BASIC_STATS
-                                             for p in self.points.values())
+        needs_full = self.interactive or measures or any(
+            isinstance(p, P.Watch) and p.enabled and p.stat not in P.BASIC_STATS and p.kind != "loss"
+            for p in self.points.values())
         needs_acts = measures or any(isinstance(p, P.Watch) and p.enabled and p.kind == "act"
                                      for p in self.points.values())
         self.rec.recorder.require(full=needs_full, acts=needs_acts)
