@@ -6,7 +6,7 @@ from nndb.run.launcher import Target
 from nndb.run.runner import Recording
 from nndb.store.reader import TraceReader
 
-from conftest import nndb, python
+from conftest import ROOT, nndb, python
 
 
 def train(steps=4):
@@ -216,3 +216,18 @@ def test_the_scripts_profile_lists_its_own_ops_alone(tmp_path):
     from conftest import plain_and_recorded
     plain, _ = plain_and_recorded(tmp_path, PROFILED)
     assert "aten::addmm" in plain.stdout and "aten::linalg_vector_norm" in plain.stdout   # (the script's clip)
+
+
+def test_a_functional_the_script_wrapped_runs_its_wrapper_once(tmp_path):
+    """A script that puts a counting wrapper in the place of F.relu, F.mse_loss and
+    F.dropout (a FLOP counter's way): torch hands nndb's function watch the module's
+    attribute, the wrapper, and calling it ran the wrapper again inside the script's
+    call: 'calls {'mse_loss': 2, 'relu': 2, 'dropout': 2}' after step 0 under nndb, 1 each
+    under python.  The watch also saw no loss in it (nndb check: 'no loss function seen')."""
+    script = f"{ROOT}/tests/scripts/wrapped_functionals.py"
+    plain = python(script, forked=True)
+    assert plain.returncode == 0 and "'relu': 1," in plain.stdout.splitlines()[0], plain.stdout
+    r = nndb("run", "--batch", "-q", "--nx", "--trace", str(tmp_path / "t.h5"), script)
+    assert r.returncode == 0 and r.stdout == plain.stdout, r.stdout
+    r = nndb("check", script)
+    assert "loss: F.mse_loss" in r.stdout and "PASS  shapes        F.mse_loss:" in r.stdout, r.stdout

@@ -110,7 +110,7 @@ class FunctionWatch(TorchFunctionMode):
             return func(*args, **(kwargs or {}))
         self._depth += 1
         try:
-            out = _call_from_caller(func, args, kwargs or {})
+            func, out = _call_from_caller(func, args, kwargs or {})
         finally:
             self._depth -= 1
         if self.on and self.error is None:
@@ -274,7 +274,7 @@ _OVERRIDES = os.path.join(_TORCH_DIR, "overrides.py")
 
 
 def _call_from_caller(func, args, kwargs):
-    """``func(*args, **kwargs)`` called from a frame that has the caller's
+    """``(function, function(*args, **kwargs))``, called from a frame that has the caller's
     file, line and globals, so that a warning the call raises (PyTorch's
     ``stacklevel=2`` ones, and those its C++ code raises) names the script's
     line, as without nndb, not this module's; its once-per-line registry is
@@ -286,16 +286,25 @@ def _call_from_caller(func, args, kwargs):
     in C++ (``torch.mm``), the frame the mode was called from.  That frame may
     be torch's own (``nn.Dropout2d.forward``), as the warning's line is then
     without nndb (it was the script's line above it: mnist_rnn's dropout2d
-    warning named main.py:34 and :37, twice, not dropout.py:176 once)."""
+    warning named main.py:34 and :37, twice, not dropout.py:176 once).
+
+    The function called is the one whose frame called ``handle_torch_function``
+    where ``func`` is a wrapper the script put in its place (``F.relu =
+    counting(F.relu)``, as a FLOP counter patches them): torch hands a mode the
+    module's attribute, the wrapper, and calling it ran the wrapper a second time
+    inside the first (a counter of F.relu calls read 2 a step under nndb, 1 under
+    python)."""
     frame = sys._getframe(1)
     while frame is not None and (frame.f_code.co_filename == __file__ or frame.f_code.co_name == TRAMPOLINE):
         frame = frame.f_back
     if frame is not None and frame.f_code.co_filename == _OVERRIDES:
         while frame is not None and frame.f_code.co_filename == _OVERRIDES:
             frame = frame.f_back
-        frame = frame.f_back if frame is not None else None      # (the function's own frame)
+        if frame is not None:
+            func = _wrapped_by_the_script(func, frame.f_code, frame.f_back)
+            frame = frame.f_back            # (past the function's own frame)
     if frame is None:
-        return func(*args, **kwargs)
+        return func, func(*args, **kwargs)
     g = frame.f_globals
     key = (frame.f_code.co_filename, frame.f_lineno, id(g))
     call = _TRAMPOLINES.get(key)
@@ -307,4 +316,42 @@ def _call_from_caller(func, args, kwargs):
         if len(_TRAMPOLINES) > 4096:          # (a script that calls from ever new lines: keep it bounded)
             _TRAMPOLINES.clear()
             _TRAMPOLINES[key] = call
-    return call(func, args, kwargs)     # (a traceback through here: nndb.run.launcher.user_traceback)
+    return func, call(func, args, kwargs)     # (a traceback through here: nndb.run.launcher.user_traceback)
+
+
+_WRAPPED: dict = {}     # code object of a torch function -> the function (or None: not found)
+
+
+def _wrapped_by_the_script(func, code, caller):
+    """The torch function whose code ``code`` is, where ``func`` (what torch handed the mode)
+    is a Python function of code outside torch: a wrapper the script (or a library of its)
+    put in its place.  ``func`` itself otherwise: torch's own dispatchers (``max_pool2d``'s
+    boolean_dispatch hands its ``_max_pool2d`` the dispatcher) stay as torch calls them.
+    The function is looked for where a wrapper keeps it (``__wrapped__``, its closure, the
+    variables of ``caller``, the frame that called it, and the wrapper's module), then among
+    every object (not those a ``gc.freeze()`` set aside); not found, ``func``."""
+    fcode = getattr(func, "__code__", None)
+    if fcode is None or fcode is code or fcode.co_filename.startswith(_TORCH_DIR):
+        return func
+    if code in _WRAPPED:
+        real = _WRAPPED[code]
+        return real if real is not None else func
+
+    def places():
+        f = func
+        while (f := getattr(f, "__wrapped__", None)) is not None:
+            yield f
+        for cell in getattr(func, "__closure__", None) or ():
+            try:
+                yield cell.cell_contents
+            except ValueError:          # (an empty cell)
+                pass
+        if caller is not None:
+            yield from caller.f_locals.values()
+        yield from getattr(func, "__globals__", {}).values()
+        import gc
+        yield from gc.get_referrers(code)
+    real = next((f for f in places() if isinstance(f, types.FunctionType) and f.__code__ is code), None)
+    if len(_WRAPPED) < 4096:
+        _WRAPPED[code] = real
+    return real if real is not None else func
