@@ -145,7 +145,9 @@ def debug(config: RunConfig, options: DebugOptions, frontend,
         try:
             this_run = record(cfg, message, session=session,
                               listeners=(lambda rec: [x for c in companions for x in c.start(rec)])
-                              if companions else None)
+                              if companions else None,
+                              at_exit_now=lambda result: _exit_now(config, options, session, result, message,
+                                                                   companions))
         finally:
             if session.progress is not None:
                 session.progress.clear()
@@ -178,6 +180,20 @@ def debug(config: RunConfig, options: DebugOptions, frontend,
                 continue                # ('run' among them starts it again, as at the prompt)
         break
 
+    return _conclude(config, options, session, result, message, tuple(stranded))
+
+
+def _exit_now(config, options, session, result, message, companions) -> int:
+    """The script called os._exit while it ran: the session ends there (no commands are
+    left to run, no run again); the exit code nndb's process ends with."""
+    for c in companions:
+        c.finish(result.status, result.trace_path)
+    return _conclude(config, options, session, result, message).exit_code
+
+
+def _conclude(config, options, session, result, message, stranded=()) -> DebugResult:
+    """The session is over (or the script called os._exit): the points left pending, the
+    exit code and its reason, the report."""
     session.machine.close()
     pending = session.view.pending_points()
     renamed = {p.number: (p, missed) for p, missed in session.view.renamed_points()}
@@ -213,7 +229,7 @@ def debug(config: RunConfig, options: DebugOptions, frontend,
         code, reason = EXIT_USAGE, f"a point with the fail action stayed pending ({', '.join(map(str, pending_fail))})"
     else:
         code, reason = result.exit_code, result.reason or result.status
-    return _finish(config, options, session, result, code, reason, pending, tuple(stranded))
+    return _finish(config, options, session, result, code, reason, pending, stranded)
 
 
 def _renamed_note(missed) -> str:

@@ -16,7 +16,7 @@ import textwrap
 import numpy as np
 import pytest
 
-from conftest import Ran, example, nndb
+from conftest import Ran, example, nndb, python
 from nndb.commands import rcfiles
 from nndb.store.reader import TraceReader
 
@@ -409,6 +409,25 @@ def test_a_loss_watchpoint_is_not_pending_when_the_run_ends_in_a_forward_after_i
     assert r.returncode == 1, r.stderr
     assert r.report()["exit"] == {"code": 1, "reason": "FloatingPointError: loss is nan at step 3"}
     assert r.report()["pending"] == [] and "pending" not in r.stderr
+
+
+def test_a_script_that_ends_with_os_exit_keeps_its_steps_and_its_report(tmp_path):
+    """os._exit(3) after the last of 100 steps: Python ends the process there, and nothing
+    closed the trace (1 step of 100 in it, status "incomplete") nor wrote the report.  Now
+    the run ends there as at the script's end, and the process with the script's code."""
+    script = os.path.join(os.path.dirname(__file__), "scripts", "ends_with_os_exit.py")
+    plain = python(script, forked=True)
+    assert plain.returncode == 3 and plain.stdout.splitlines()[-1].startswith("last step 99 loss ")
+    r = BatchRun(tmp_path, "-q", "--nx", "-e", "watch loss mean > 1000 fail", script)
+    assert r.returncode == 3 and r.stderr == "", r.stderr
+    assert r.stdout.splitlines()[2:] == plain.stdout.splitlines()         # (after the watchpoint's lines)
+    data = r.report()
+    assert data["exit"] == {"code": 3, "reason": "os._exit(3)"} and data["steps"] == 100 and data["pending"] == []
+    with TraceReader(r.trace) as t:
+        assert t.status == "failed" and list(t.steps) == list(range(100))
+        assert t.end["exit_code"] == 3 and t.end["reason"] == "os._exit(3)"
+    r = BatchRun(tmp_path, "-q", "--nx", "--force", "-e", "watch act nosuch fail", script, "--code", "0")
+    assert r.returncode == 2 and r.report()["exit"]["reason"] == "a point with the fail action stayed pending (1)"
 
 
 # -- errors, exceptions, kill -------------------------------------------------------

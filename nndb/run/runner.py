@@ -275,6 +275,60 @@ class Recording:
         self.writer.close(status, exit_code, reason)
 
 
+class _ExitNow:
+    """The script's ``os._exit(N)`` while it runs: Python ends the process there, without
+    unwinding, so nothing of nndb's closed the trace (a script of 100 steps that ended with
+    ``os._exit(3)`` left a trace of 1 step, "incomplete", and no report).  Here the run ends
+    as it would at the script's end (the open step closed, the rules' last judgements, the
+    trace closed with status finished or failed, reason ``os._exit(N)``, ``at_exit_now``'s
+    report), and then the process ends as the script asked, without unwinding it or
+    flushing its output.  Another process (a DataLoader worker, a checkpoint nndb forked)
+    and a call after the run are os._exit itself."""
+
+    def __init__(self, rec: "Recording", path: str, session, at_exit_now):
+        self.rec, self.path, self.session, self.at_exit_now = rec, path, session, at_exit_now
+        self.pid = os.getpid()
+        self.real = None
+
+    def __enter__(self):
+        self.real = os._exit
+        os._exit = self._exit
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if os._exit == self._exit:
+            os._exit = self.real
+
+    def _exit(self, n):
+        real = self.real
+        if os.getpid() != self.pid or os._exit != self._exit:
+            return real(n)
+        os._exit = real                      # (once: a second call, from a hook of ours, is the real one)
+        code = n
+        try:
+            code = int(n)
+            status, reason = ("finished" if code == 0 else "failed"), f"os._exit({code})"
+            rec, session = self.rec, self.session
+            if code != 0:
+                rec.raised = SystemExit(code)
+            rec.__exit__(None, None, None)
+            if session is not None:
+                session.flush_rules()
+            rec.close(status, code, reason)
+            if session is not None:
+                session.run_ended(status, code, reason)
+            if self.at_exit_now is not None:
+                code = self.at_exit_now(RunResult(code, status, reason, self.path, rec.writer.steps_written,
+                                                  rec.writer.last_step))
+        except BaseException:           # (the process ends as the script asked, whatever nndb could do)
+            pass
+        try:
+            sys.stderr.flush()
+        except Exception:
+            pass
+        real(code)
+
+
 # Launchers that start the training script in processes of their own (`nndb run -m accelerate.commands.launch
 # train.py` recorded nothing, and said only that other processes are not traced).
 _LAUNCHERS = {"accelerate.commands.launch": "accelerate launch", "accelerate.commands.accelerate_cli": "accelerate",
@@ -294,14 +348,17 @@ def _launcher_hint(target) -> str:
 
 def record(config: RunConfig, message: Callable[[str], None] = stderr_line,
            on_step_end: Optional[Callable[[int], None]] = None, session=None,
-           listeners: Optional[Callable[["Recording"], list]] = None) -> RunResult:
+           listeners: Optional[Callable[["Recording"], list]] = None,
+           at_exit_now: Optional[Callable[[RunResult], int]] = None) -> RunResult:
     """Run the script once.  With a debugger ``session`` (nndb.debugger), the
     session gets the tracer's stop points, Ctrl-C (if interactive) and the
     post-mortem of an uncaught exception; ``kill`` and ``run`` unwind the
     script with KillRun/RestartRun, which end the run with status "killed".
     ``listeners(rec)`` gives more step listeners (live exports): they join
     the pipeline after the trace's own and before the session's, so a stop
-    at the prompt does not hold them up."""
+    at the prompt does not hold them up.  ``at_exit_now(result)``: the script
+    called ``os._exit(N)``, the trace is closed, and the process ends with the
+    code it returns (``_ExitNow``)."""
     prepared = launcher.prepare(config.target)           # bad script: fails here, before a trace exists
     meta = runmeta.collect(config.target, config.schedule.describe())
     meta["nndb_argv"] = list(config.nndb_argv)
@@ -321,7 +378,7 @@ def record(config: RunConfig, message: Callable[[str], None] = stderr_line,
     status, code, reason = "finished", EXIT_OK, ""
     with _SignalGuard(busy=lambda: rec.tracer.busy > 0, on_sigint=on_sigint, at_stop=at_stop) as guard:
         try:
-            with rec:
+            with rec, _ExitNow(rec, path, session, at_exit_now):
                 launcher.run(prepared)
         except SystemExit as e:
             reason = f"sys.exit({e.code!r})"
