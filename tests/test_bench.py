@@ -337,10 +337,12 @@ def test_a_usual_step_makes_the_same_few_calls_of_nndb_whatever_the_model(bench,
         rec, session, path = bench._recording(RecordSchedule.parse(None, None, None, None), str(tmp_path))
         rec.__enter__()
         bench.train(model, opt, crit, data, 40)         # (past the first steps, where every step is observed)
-        counted = bench.count_calls(model, opt, crit, data, 32, start=40)
+        # (48 steps: 13 of 32 observe or arm by design, and a loaded machine took 4 more once, where
+        # the usual step's count was asked of 16 of 32)
+        counted = bench.count_calls(model, opt, crit, data, 48, start=40)
         bench.end_recording(rec, session, path)
         usual = statistics.mode(counted["own"])           # (the usual step's: the others observe or arm)
-        assert counted["own"].count(usual) >= 16, counted
+        assert counted["own"].count(usual) >= 20, counted
         medians[name] = usual
     assert medians["mlp"] == medians["cnn"] <= 25, medians
 
