@@ -92,7 +92,7 @@ complete -c nndb -n '__fish_seen_subcommand_from run' -l checkpoint-every -x -d 
 complete -c nndb -n '__fish_seen_subcommand_from run' -l checkpoint-memory -x -d 'The memory all checkpoints may hold, as their PSS (512M, 2G, 25%); default a quarter of the memory available at start'
 complete -c nndb -n '__fish_seen_subcommand_from run' -l lineage -x -d 'Record the operation lineage of these steps: N, A:B (B excluded), N,M or all'
 complete -c nndb -n '__fish_seen_subcommand_from run' -l record-full -x -d 'Keep whole tensors in the trace: KIND param, grad or act, GLOB of names (grad:conv*; repeatable)'
-complete -c nndb -n '__fish_seen_subcommand_from run' -l full-tensors-every -x -d 'With --record-full: every N-th step (default: every step)'
+complete -c nndb -n '__fish_seen_subcommand_from run' -l full-tensors-every -x -d 'With --record-full: every N-th step (default: every step), of the steps recorded'
 complete -c nndb -n '__fish_seen_subcommand_from run' -l precision -x -a 'fp16 bf16 fp32' -d 'With --record-full: how whole tensors are stored (default fp16; a tensor it cannot hold within its stated error falls back to a wider one)'
 complete -c nndb -n '__fish_seen_subcommand_from run' -l full-tensors-buffer -x -d 'With --record-full: the most MiB of whole tensors waiting for a write (default 256); a steps tensor over it is skipped and said'
 complete -c nndb -n '__fish_seen_subcommand_from run' -l export -x -d 'Stream each steps statistics and the findings to TensorBoard or MLflow while the run goes (repeatable); an unreachable store is one warning, and the run goes on'

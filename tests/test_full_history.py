@@ -250,3 +250,24 @@ def test_bad_record_full_flags_are_one_line_and_exit_2(tmp_path):
         res = CliRunner().invoke(cli, ["run", "--batch", "--trace", str(tmp_path / "t.h5"), *args, script])
         assert res.exit_code == 2 and msg in res.output, (args, res.output)
         assert "Traceback" not in res.output and "ran" not in res.output
+
+
+@pytest.mark.parametrize("script,args", [(SCRIPT, ["--steps", "10"]),
+                                         (f"{ROOT}/tests/scripts/manual_sgd_full.py", ["10"])])
+def test_whole_tensors_are_kept_only_at_recorded_steps(tmp_path, script, args):
+    """``--steps 2:8 --every 2`` records steps 2, 4, 6: whole tensors are kept
+    there only (they were kept at every step 0-9, outside the range the
+    user bounded the trace to), with an optimizer and with a hand-written update."""
+    trace = str(tmp_path / "s.h5")
+    argv = ["run", "--batch", "-q", "--trace", trace, "--steps", "2:8", "--every", "2",
+            "--record-full", "grad:*", "--record-full", "param:*", "--record-full", "act:*", script, *args]
+    ran = Ran(run_nndb(*argv), argv)
+    assert ran.returncode == 0, ran.stderr
+    t = nndb.open(trace)
+    recorded = sorted(int(s) for s in t.steps[~t.partial])
+    assert recorded == [2, 4, 6]
+    by_kind = {}
+    for e in t.full_tensors():
+        by_kind.setdefault(e["kind"], set()).add(e["step"])
+    t.close()
+    assert by_kind and all(sorted(steps) == recorded for steps in by_kind.values()), by_kind

@@ -69,7 +69,7 @@ from .setup import full_rules, launch_options, own_paths, run_setup
               help="Keep whole tensors in the trace: KIND param, grad or act, GLOB of names "
                    "('grad:conv*'; repeatable).")
 @click.option("--full-tensors-every", "full_tensors_every", type=int, metavar="N",
-              help="With --record-full: every N-th step (default: every step).")
+              help="With --record-full: every N-th step (default: every step), of the steps recorded.")
 @click.option("--precision", "precision", type=click.Choice(["fp16", "bf16", "fp32"]), default=None,
               help="With --record-full: how whole tensors are stored (default fp16; a tensor it cannot "
                    "hold within its stated error falls back to a wider one).")

@@ -65,11 +65,14 @@ def check_precision(precision: Optional[str]) -> str:
 
 class FullTensors:
     """The rules, and the copies taken for the writer.  ``keep(meta, nbytes,
-    copy) -> bool`` is the trace writer's ``full_tensor``."""
+    copy) -> bool`` is the trace writer's ``full_tensor``; ``recorded(step)
+    -> bool``, the run's schedule (``--every``, ``--steps``): a step it does
+    not record keeps no whole tensor either."""
 
-    def __init__(self, rules=(), keep: Optional[Callable] = None):
+    def __init__(self, rules=(), keep: Optional[Callable] = None, recorded: Optional[Callable] = None):
         self.rules: list = list(rules)
         self.keep = keep
+        self.recorded = recorded
         self.kept = 0
         self._pending: Optional[tuple] = None     # (naming, params, step): a hand-written update's parameters
 
@@ -77,6 +80,8 @@ class FullTensors:
         self.rules = list(rules)
 
     def wants(self, kind: str, step: int) -> bool:
+        if self.recorded is not None and not self.recorded(step):
+            return False
         for r in self.rules:
             if r.kind == kind and step % r.every == 0:
                 return True
@@ -85,6 +90,8 @@ class FullTensors:
     def rule_for(self, kind: str, name: str, step: int) -> Optional[FullRule]:
         """The last rule that takes ``kind name`` at ``step`` (a later rule overrides)."""
         found = None
+        if self.recorded is not None and not self.recorded(step):
+            return None
         for r in self.rules:
             if r.kind == kind and step % r.every == 0 and globs.matches(name, r.glob):
                 found = r
