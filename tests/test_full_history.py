@@ -2,6 +2,7 @@
 adversarial values, the bounded writer, and a real run read back at the
 prompt (``p $full[...]``), through ``nndb.open(...).tensor`` and through
 ``nndb inspect --tensor ... --npy``, bit-identical to the script run alone."""
+import importlib.util
 import json
 import re
 
@@ -271,3 +272,35 @@ def test_whole_tensors_are_kept_only_at_recorded_steps(tmp_path, script, args):
         by_kind.setdefault(e["kind"], set()).add(e["step"])
     t.close()
     assert by_kind and all(sorted(steps) == recorded for steps in by_kind.values()), by_kind
+
+
+def test_an_activation_of_several_calls_a_step_is_all_of_them(tmp_path):
+    """Gradient accumulation: the first layer runs three times a step (2x5x8,
+    2x5x8 and 2x3x8 outputs).  Its statistics and histogram count all 208
+    elements; the whole tensor was the last call's 48 alone (the other two
+    unreachable, and full_tensors() listed the step three times).  Now it is
+    the three calls joined (flat: their second dimensions differ), each value
+    within fp16's error of the script's own."""
+    script = f"{ROOT}/tests/scripts/accumulation_full_acts.py"
+    trace = str(tmp_path / "a.h5")
+    argv = ["run", "--batch", "-q", "--trace", trace, "--record-full", "act:0", "--full-every", "1", script, "3"]
+    ran = Ran(run_nndb(*argv), argv)
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout == python(script, "3", forked=True).stdout
+    spec = importlib.util.spec_from_file_location("accumulation_full_acts", script)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    seen = {}
+    mod.train(3, lambda step, outs: seen.__setitem__(step, outs))
+    t = nndb.open(trace)
+    infos = t.full_tensors()
+    assert [(i["step"], i["shape"], i["calls"]) for i in infos] == [(s, [208], 3) for s in range(3)]
+    for step, outs in seen.items():
+        want = np.concatenate([o.numpy().reshape(-1) for o in outs])
+        got = t.tensor("0", "act", step)
+        assert got.shape == want.shape and t.histogram("0", "act", step).sum() == want.size
+        np.testing.assert_allclose(got, want, rtol=P.MAX_REL_ERROR["fp16"], atol=0)
+    t.close()
+    argv = ["inspect", trace, "--tensor", "act:0", "--step", "1"]
+    ran = Ran(run_nndb(*argv), argv, "nndb inspect")
+    assert ran.returncode == 0 and "shape [208] (3 calls in the step, joined)" in ran.stdout, ran.stdout

@@ -227,7 +227,8 @@ class Trace:
         """Every kept whole tensor: dicts of name, kind, step, shape, dtype, the
         precision asked and stored, and that precision's largest relative error."""
         from ..store.distributions import tensor_info
-        return [tensor_info(e) for e in self._reader.full_index()]
+        keys = dict.fromkeys((e["name"], e["kind"], e["step"]) for e in self._reader.full_index())
+        return [tensor_info(self._reader.full_entry(*k)) for k in keys]
 
     def histogram(self, name: str, kind: str = "grad", step: int = 0) -> np.ndarray:
         """The histogram of ``kind name`` at a full step: 200 counts in value

@@ -31,7 +31,8 @@ def tensor_at(data: dict) -> str:
     t = data.get("tensor")
     if t is not None:
         fell = "" if t["stored"] == t["asked"] else f" (asked {t['asked']}: it could not hold this tensor within its error)"
-        lines.append(f"{t['kind']} {t['name']} at step {t['step']}: shape {t['shape']}, {t['dtype']}, stored "
+        calls = f" ({t['calls']} calls in the step, joined)" if t.get("calls") else ""
+        lines.append(f"{t['kind']} {t['name']} at step {t['step']}: shape {t['shape']}{calls}, {t['dtype']}, stored "
                      f"{t['stored']}{fell}, relative error <= {t['max_rel_error']:.3g}")
         if t.get("npy"):
             lines.append(f"written to {t['npy']}")

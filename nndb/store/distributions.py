@@ -66,7 +66,7 @@ def full_tensor(reader, name: str, kind: str, step: int) -> tuple:
 def tensor_info(entry: dict) -> dict:
     return {"name": entry["name"], "kind": entry["kind"], "step": entry["step"], "shape": entry["shape"],
             "dtype": entry.get("dtype"), "asked": entry.get("asked"), "stored": entry["used"],
-            "max_rel_error": MAX_REL_ERROR[entry["used"]]}
+            "max_rel_error": MAX_REL_ERROR[entry["used"]], **({"calls": entry["calls"]} if entry.get("calls") else {})}
 
 
 def histogram(reader, name: str, kind: str, step: int) -> np.ndarray:

@@ -9,7 +9,7 @@ from typing import Optional
 import numpy as np
 
 from .. import schema as K
-from .precision import PRECISIONS, decode
+from .precision import MAX_REL_ERROR, PRECISIONS, decode
 
 
 def _blob(ds, n: Optional[int] = None) -> str:
@@ -20,6 +20,14 @@ def _expect_dict(value, kind, what: str):
     if not isinstance(value, kind):
         raise ValueError(f"{what} is not a JSON object")
     return value
+
+
+def _joined_shape(shapes: list) -> list:
+    """The shape of several calls' tensors joined along their first dimension;
+    flat where their other dimensions differ (or one is a scalar)."""
+    if all(len(x) >= 1 and x[1:] == shapes[0][1:] for x in shapes) and len(shapes[0]) >= 1:
+        return [sum(int(x[0]) for x in shapes), *shapes[0][1:]]
+    return [sum(int(np.prod(x, dtype=np.int64)) for x in shapes)]
 
 
 class FullReads:
@@ -51,24 +59,49 @@ class FullReads:
         self._full_index = out
         return out
 
+    def full_entries(self, name: str, kind: str, step: int) -> list:
+        """The index lines of ``kind name`` at ``step``, in the order written:
+        an activation has one a forward call of its module in the step (a
+        gradient accumulation's micro-batches), a gradient or parameter one
+        an optimizer ``step()`` that holds it (a WGAN critic's several)."""
+        return [e for e in self.full_index() if e["name"] == name and e["kind"] == kind and e["step"] == step]
+
     def full_entry(self, name: str, kind: str, step: int) -> Optional[dict]:
-        """The index line of ``kind name`` at ``step`` (None: not kept)."""
-        found = None
-        for e in self.full_index():
-            if e["name"] == name and e["kind"] == kind and e["step"] == step:
-                found = e
-        return found
+        """The index line of ``kind name`` at ``step`` (None: not kept).  An
+        activation kept from several calls in the step is one tensor of all
+        of them, as its statistics and histogram merge the calls: the calls
+        joined along their first dimension (flat where the others differ);
+        ``calls`` says how many, ``used`` the least precise.  A gradient or
+        parameter kept at several ``step()`` calls: the last (the step's end)."""
+        found = self.full_entries(name, kind, step)
+        if not found:
+            return None
+        if kind != "act" or len(found) == 1:
+            return found[-1]
+        return dict(found[0], shape=_joined_shape([e["shape"] for e in found]), count=sum(e["count"] for e in found),
+                    used=max((e["used"] for e in found), key=MAX_REL_ERROR.__getitem__), calls=len(found))
 
     def full_steps(self, name: str, kind: str) -> list:
         return sorted({e["step"] for e in self.full_index() if e["name"] == name and e["kind"] == kind})
 
     def tensor(self, name: str, kind: str, step: int) -> Optional[np.ndarray]:
-        """The whole tensor ``kind name`` as it was at ``step``, read chunk by
-        chunk (only the chunks that hold it), in its own dtype (bfloat16 and
-        other non-numpy floats: float32); None if the trace did not keep it."""
-        e = self.full_entry(name, kind, step)
-        if e is None:
+        """The whole tensor ``kind name`` as it was at ``step`` (``full_entry``:
+        an activation's calls joined), read chunk by chunk (only the chunks
+        that hold it), in its own dtype (bfloat16 and other non-numpy floats:
+        float32); None if the trace did not keep it."""
+        entry = self.full_entry(name, kind, step)
+        if entry is None:
             return None
+        parts = self.full_entries(name, kind, step) if entry.get("calls") else [entry]
+        arrays = [self._read_full(e) for e in parts]
+        if len(arrays) == 1:
+            return arrays[0]
+        shape = tuple(int(x) for x in entry["shape"])
+        if len(shape) == 1 and any(a.ndim != 1 for a in arrays):
+            arrays = [a.reshape(-1) for a in arrays]
+        return np.concatenate(arrays, axis=0).reshape(shape)
+
+    def _read_full(self, e: dict) -> np.ndarray:
         ds = self._f["full"][e["store"]]
         if not self._live:
             ds.refresh()
@@ -76,7 +109,7 @@ class FullReads:
         n = min(ds.shape[0], self._committed.get("full/" + e["store"], ds.shape[0]))
         shape = tuple(int(x) for x in e["shape"])
         if e["offset"] < 0 or end > n or int(np.prod(shape, dtype=np.int64)) != e["count"]:
-            raise ValueError(f"the full tensor {kind} {name} at step {step} lies outside its data")
+            raise ValueError(f"the full tensor {e['kind']} {e['name']} at step {e['step']} lies outside its data")
         return decode(ds[e["offset"]:end], e["used"], float(e.get("scale", 1.0)), str(e.get("dtype"))).reshape(shape)
 
     def _hist_rows(self) -> tuple:
