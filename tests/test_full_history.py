@@ -304,3 +304,25 @@ def test_an_activation_of_several_calls_a_step_is_all_of_them(tmp_path):
     argv = ["inspect", trace, "--tensor", "act:0", "--step", "1"]
     ran = Ran(run_nndb(*argv), argv, "nndb inspect")
     assert ran.returncode == 0 and "shape [208] (3 calls in the step, joined)" in ran.stdout, ran.stdout
+
+
+def test_whole_tensors_of_step_0_have_their_series_names(tmp_path):
+    """Two models: at step 0 (the critic's first step()) nndb named the
+    critic's parameters 'weight' and 'bias', and qualified them as
+    'critic.weight' when step 0 ended: the series are 'critic.weight' at every
+    step, the whole tensors of step 0 were kept as 'weight' (the API said
+    'keeps grad critic.weight at steps 1, 2, ..., not at step 0')."""
+    script = f"{ROOT}/tests/scripts/two_models_critic_steps.py"
+    trace = str(tmp_path / "c.h5")
+    argv = ["run", "--batch", "-q", "--trace", trace, "--record-full", "grad:*", "--record-full", "param:*",
+            "--record-full", "act:*", "--precision", "fp32", script]
+    ran = Ran(run_nndb(*argv), argv)
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout == python(script, forked=True).stdout
+    first = float(re.search(r"^first (\S+)$", ran.stdout, re.M).group(1))
+    t = nndb.open(trace)
+    series = {(i.kind, i.name) for i in t.tensors}
+    kept = {(e["kind"], e["name"]) for e in t.full_tensors()}
+    assert ("grad", "critic.weight") in kept and kept <= series, kept - series
+    assert float(t.tensor("critic.weight", "grad", 0).astype(np.float64).sum()) == first
+    t.close()

@@ -75,6 +75,9 @@ class FullTensors:
         self.recorded = recorded
         self.kept = 0
         self._pending: Optional[tuple] = None     # (naming, params, step): a hand-written update's parameters
+        # (meta, name) of the tensors kept before step 0 ends, while names may still be qualified
+        # (a GAN's two models: 'weight' is 'D.weight' from then on): settle() renames them
+        self._unsettled: list = []
 
     def set_rules(self, rules) -> None:
         self.rules = list(rules)
@@ -102,15 +105,18 @@ class FullTensors:
         from .recorder import first_float_tensor
         t = output if type(output) is torch.Tensor else first_float_tensor(output)
         if t is not None:
-            base = naming.module_name(key[0])
-            self.take("act", f"{base}#{key[1] + 1}" if key[1] else base, step, t)
+            def name():
+                base = naming.module_name(key[0])
+                return f"{base}#{key[1] + 1}" if key[1] else base
+            self.take("act", name(), step, t, None if naming.frozen else name)
 
     def params(self, naming, params, kind: str, step: int) -> None:
         """Gradients (at an optimizer's step(), before the update) or values (at its return)."""
         for p in params:
             t = p.grad if kind == "grad" else p
             if t is not None:
-                self.take(kind, naming.param_name(p), step, t)
+                self.take(kind, naming.param_name(p), step, t,
+                          None if naming.frozen else (lambda p=p: naming.param_name(p)))
 
     def manual_step_end(self, naming, params, step: int) -> None:
         """A step of a loop without an optimizer ended at its ``backward()``:
@@ -129,8 +135,17 @@ class FullTensors:
             self._pending = None
             self.params(naming, params, "param", step)
 
-    def take(self, kind: str, name: str, step: int, t: torch.Tensor) -> None:
-        """Keep a copy of ``t`` as ``kind name`` at ``step`` if a rule asks for it."""
+    def settle(self) -> None:
+        """Step 0 has ended and names are settled (Naming.freeze): the tensors
+        kept before, still waiting for the writer, take the names their
+        series have (written ones keep theirs)."""
+        for meta, name in self._unsettled:
+            meta["name"] = name()
+        self._unsettled = []
+
+    def take(self, kind: str, name: str, step: int, t: torch.Tensor, settled_name=None) -> None:
+        """Keep a copy of ``t`` as ``kind name`` at ``step`` if a rule asks for it
+        (``settled_name()``: its name once step 0 has ended, where it may change)."""
         if self.keep is None or not isinstance(t, torch.Tensor) or not t.is_floating_point() \
                 or t.is_sparse or t.is_complex():
             return
@@ -141,6 +156,8 @@ class FullTensors:
                 "dtype": str(t.dtype).replace("torch.", ""), "asked": rule.precision}
         if self.keep(meta, t.numel() * t.element_size(), lambda: _host_copy(t)):
             self.kept += 1
+            if settled_name is not None:
+                self._unsettled.append((meta, settled_name))
 
 
 def _host_copy(t: torch.Tensor) -> np.ndarray:

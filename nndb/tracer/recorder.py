@@ -1016,6 +1016,8 @@ class StepRecorder:
             nxt.drop_acts()
         if step == 0:
             self.naming.freeze()
+            if self.fulltensors is not None:
+                self.fulltensors.settle()
         if self.manual:
             self._close_manual(step, bucket, now, recording, final, was_full)
             return
