@@ -2,7 +2,14 @@
 ``predict --set`` on its replica): numeric ones only, of the same shape, in
 every param group or one; holding one at a value (``set --hold``: set again
 before each step of the optimizer, until ``unset``); and noticing a change
-that the script or a scheduler set back before the optimizer stepped."""
+that the script or a scheduler set back before the optimizer stepped.
+
+Why this size: one question, whether a change holds, asked of every way a
+script moves a learning rate: schedulers' closed forms and chained steps, the
+scales they keep of their own (OneCycleLR's, SWALR's, a scheduler's arrays),
+ReduceLROnPlateau, a schedule driven by hand (ignite's handler); the copies of
+the schedulers that answer it (``Shadow``) and the checks that read them share
+one convention of what "followed" means."""
 from __future__ import annotations
 
 import math

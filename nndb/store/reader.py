@@ -4,6 +4,10 @@ Opens in SWMR mode, so a trace can be read while its run is still writing it
 and after its writer was killed; ``from_writer`` reads the trace a writer of
 this process is writing, through its open file, latest steps included.  Anything that is not a readable nndb trace
 raises ``TraceError`` with a one-line reason; nothing is unpickled.
+
+Why this size: the one reader of the trace format (docs/trace-format.md): every
+dataset, its additions since version 1 and the forms a killed run leaves, read in
+one place so that a reader of a damaged trace fails one way, with one line.
 """
 from __future__ import annotations
 

@@ -62,6 +62,11 @@ sandbox of its own over its parent's: it reads the parent's scratch copies,
 writes copies of its own, and removes only its own directory as it ends (it
 had removed its parent's, and the past's next write, the REPL's history
 among them, failed: issue 39).
+
+Why this size: one promise, that a replica leaves the user's files as they were
+and sees them as the run did, kept at every Python entry point that writes,
+removes, stats or lists a file, and checked by the survey where none can be:
+the parts must agree on what a path is for the replica.
 """
 from __future__ import annotations
 
