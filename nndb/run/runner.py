@@ -8,6 +8,7 @@ through ``message`` (nndb's own one-line messages, on stderr by default).
 from __future__ import annotations
 
 import _thread
+import contextlib
 import os
 import signal
 import sys
@@ -378,7 +379,10 @@ def record(config: RunConfig, message: Callable[[str], None] = stderr_line,
     status, code, reason = "finished", EXIT_OK, ""
     with _SignalGuard(busy=lambda: rec.tracer.busy > 0, on_sigint=on_sigint, at_stop=at_stop) as guard:
         try:
-            with rec, _ExitNow(rec, path, session, at_exit_now):
+            # (not in a replica: its role ends it with os._exit, and a replica's run is not the run's)
+            exit_now = _ExitNow(rec, path, session, at_exit_now) if getattr(session, "replica", None) is None \
+                else contextlib.nullcontext()
+            with rec, exit_now:
                 launcher.run(prepared)
         except SystemExit as e:
             reason = f"sys.exit({e.code!r})"

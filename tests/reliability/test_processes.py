@@ -76,6 +76,8 @@ def _wait_for_file(path, proc, seconds=120.0) -> str:
 
 # The replica (which runs the script again) blocks at step 2 once the live run has
 # passed step 3, and writes its pid first (posix.open: past the replica's redirection of os.open).
+# (The flag is there at the run's start and rewritten: a file made since is not there for a
+# replay from the start.)
 HANG = textwrap.dedent('''
     import os, sys, time, torch
     FLAG, PIDS, WORKERS = sys.argv[1], sys.argv[2], int(sys.argv[3])
@@ -90,14 +92,15 @@ HANG = textwrap.dedent('''
         while True:
             yield (torch.randn(16, 256),)
     for step, (x,) in zip(range(8), batches()):
-        if step == 2 and os.path.exists(FLAG):
+        if step == 2 and open(FLAG).read() == "go":
             import posix
             fd = posix.open(PIDS, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
             os.write(fd, f"{os.getpid()}\\n".encode())
             os.close(fd)
             time.sleep(120)
         if step == 3:
-            os.close(os.open(FLAG, os.O_WRONLY | os.O_CREAT))
+            with open(FLAG, "w") as fh:
+                fh.write("go")
         loss = (model(x) @ torch.randn(256, 256)).pow(2).mean()
         opt.zero_grad()
         loss.backward()
@@ -110,6 +113,7 @@ def _start(tmp_path, replica: str, workers: int, commands) -> tuple:
     script = tmp_path / "hang.py"
     script.write_text(HANG)
     flag, pids = tmp_path / "flag", tmp_path / "pids"
+    flag.write_text("")
     argv = [sys.executable, "-m", "nndb", "run", "--batch", "--nx", "--rules", "none", "--replica", replica,
             "--trace", str(tmp_path / "t.h5")]
     for c in commands:
