@@ -1044,3 +1044,32 @@ def test_lineage_of_a_name_a_step_has_several_of_says_which(tmp_path):
     r = _run(tmp_path, script, "--lineage", "1", "-e", "until 2", "-e", "lineage 0.weight --step 1 --depth 1",
              "-e", "continue", trace="once.h5")
     assert re.search(r"lineage of 0.weight in step 1 \(t\d+\):\n", r.stdout), r.stdout
+
+
+def test_a_forked_replica_records_the_step_it_replays_not_the_ones_before(tmp_path):
+    """With '--lineage 0:3', 'goto 1' (a fork checkpoint at the end of step 0) then 'lineage loss'
+    showed 'lineage of loss in step 1 (t36, the last of 2 tensors of this name in the step: t16,
+    t36)': step 1's lineage in the replica held the model's construction and all of step 0 (the
+    checkpoint was forked before step 0's lineage was closed, and the replica then renamed it step
+    1), where the live run's step 1 is t7, made from the parameters and the batch.  Asked in the
+    past it equals what the live run recorded."""
+    script = _script(tmp_path, "fork_lineage.py", textwrap.dedent('''
+        import torch, torch.nn as nn
+        torch.manual_seed(0)
+        model = nn.Linear(4, 2)
+        nn.init.zeros_(model.bias)
+        data = torch.randn(8, 4)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for step in range(4):
+            opt.zero_grad()
+            loss = model(data).pow(2).mean()
+            loss.backward()
+            opt.step()
+    '''))
+    r = _run(tmp_path, script, "--replica", "fork", "--lineage", "0:3", "-e", "break step 2", "-e", "continue",
+             "-e", "lineage loss --step 1 --depth 9", "-e", "goto 1", "-e", "lineage loss --depth 9", "-e", "kill")
+    shown = re.findall(r"^lineage of loss in step 1 .*?(?=^\S*In the past|^nndb: the replica|\Z)", r.stdout,
+                       re.S | re.M)
+    assert len(shown) == 2, r.stdout
+    assert shown[0] == shown[1], r.stdout
+    assert "the last of" not in shown[1] and "zero_" not in shown[1], shown[1]

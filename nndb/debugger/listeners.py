@@ -66,16 +66,18 @@ class SessionSteps:
             if s.progress is not None:
                 s.progress.on_step(end)
             return
+        if s.lineage is not None:
+            # (before the checkpoint: a replica forked there starts with this step's lineage
+            # closed, and records the next step alone, as the live run did)
+            try:
+                s.lineage.at_step_end(s, step)
+            except Exception as e:
+                self._error("lineage", e)
         if s.machine is not None:
             try:
                 s.machine.at_step_end(s, step)          # (in a forked checkpoint, a replica resumes here)
             except Exception as e:
                 self._error("checkpoints", e)
-        if s.lineage is not None:
-            try:
-                s.lineage.at_step_end(s, step)
-            except Exception as e:
-                self._error("lineage", e)
         if s.progress is not None:                      # (after the rules: it counts their findings)
             try:
                 s.progress.on_step(end)
