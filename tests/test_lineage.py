@@ -1073,3 +1073,33 @@ def test_a_forked_replica_records_the_step_it_replays_not_the_ones_before(tmp_pa
     assert len(shown) == 2, r.stdout
     assert shown[0] == shown[1], r.stdout
     assert "the last of" not in shown[1] and "zero_" not in shown[1], shown[1]
+
+
+def test_an_optimizer_that_calls_a_closure_has_its_update_in_the_optimizer_pass(tmp_path):
+    """LBFGS's step calls the closure (forward and backward) and then updates the parameters
+    itself: 'lineage weight' showed that update as 't145 (param weight) = add_(t69 (param
+    weight), t144) [forward]' (time_sequence_prediction's LSTM the same), the closure's forward
+    pass having left its phase so.  After a closure's backward pass, inside the step, the
+    operations are the optimizer's."""
+    script = _script(tmp_path, "closure.py", textwrap.dedent('''
+        import torch, torch.nn as nn
+        torch.manual_seed(0)
+        model = nn.Linear(4, 1)
+        x, y = torch.randn(16, 4), torch.randn(16, 1)
+        opt = torch.optim.LBFGS(model.parameters(), lr=0.5, max_iter=3)
+        for step in range(3):
+            def closure():
+                opt.zero_grad()
+                loss = (model(x) - y).pow(2).mean()
+                loss.backward()
+                return loss
+            opt.step(closure)
+    '''))
+    _run(tmp_path, script, "--lineage", "1")
+    with TraceReader(str(tmp_path / "t.h5")) as t:
+        data = t.lineage(1)
+    ops, labels = data["ops"], data["labels"]
+    updates = [op for op in ops if op[0].startswith("add_") and labels.get(str(op[3][0]), "").startswith("param ")]
+    assert len(updates) >= 4, [(op[0], op[1]) for op in ops]       # (weight and bias, at each iteration)
+    assert {op[1] for op in updates} == {"optimizer"}, [(op[0], op[1]) for op in updates]
+    assert [op[1] for op in ops if op[0].startswith("addmm")][0] == "forward"      # (the closure's forward)

@@ -309,6 +309,7 @@ class OpRecorder(TorchDispatchMode):
         self._boundaries: list = []      # for each: ids of its inputs' autograd nodes
         self.node_module: dict = {}      # id(autograd node) -> (node, module name)
         self.phase = "forward"
+        self.stepping = False            # inside an optimizer's step (between its pre and post hooks)
         self._on = False                 # on the dispatch stack
         self._want = False
         self._paused = 0
@@ -450,7 +451,8 @@ class OpRecorder(TorchDispatchMode):
 
     def optimizer(self, opt, when: str) -> None:
         # after the step: what the script does next (its data) is not the optimizer's
-        self.phase = "optimizer" if when == "pre" else "forward"
+        self.stepping = when == "pre"
+        self.phase = "optimizer" if self.stepping else "forward"
 
     def label_loss(self, t: torch.Tensor) -> None:
         if self.current is not None:
@@ -528,6 +530,10 @@ class OpRecorder(TorchDispatchMode):
         else:
             if self.modules:
                 self.phase = "forward"
+            elif self.stepping and cur.ops and cur.ops[-1][PHASE] == "backward":
+                # (the backward pass of a closure the step called ended: LBFGS's update of the
+                # parameters follows, the optimizer's own, not the closure's forward)
+                self.phase = "optimizer"
             phase = self.phase
             module = self.modules[-1] if self.modules else None
             node_name = None
