@@ -1103,3 +1103,30 @@ def test_an_optimizer_that_calls_a_closure_has_its_update_in_the_optimizer_pass(
     assert len(updates) >= 4, [(op[0], op[1]) for op in ops]       # (weight and bias, at each iteration)
     assert {op[1] for op in updates} == {"optimizer"}, [(op[0], op[1]) for op in updates]
     assert [op[1] for op in ops if op[0].startswith("addmm")][0] == "forward"      # (the closure's forward)
+
+
+def test_origin_names_the_backward_op_that_made_the_gradient_bad_not_a_view_of_a_saved_value(tmp_path):
+    """A blank image standardized by its own std (0/0) made NaN logits; 'origin fc.weight' said
+    'the gradient first went bad at detach (op 124; ..., LogSoftmaxBackward0, ...)': the
+    backward's detach of the NaN output log_softmax saved, a view that made nothing and is no
+    gradient (mnist_rnn the same).  The gradient first went bad at _log_softmax_backward_data."""
+    script = _script(tmp_path, "blank.py", textwrap.dedent('''
+        import torch, torch.nn as nn, torch.nn.functional as F
+        torch.manual_seed(0)
+        fc = nn.Linear(6, 3)
+        opt = torch.optim.SGD(fc.parameters(), lr=0.1)
+        for step in range(4):
+            x, y = torch.rand(4, 6), torch.randint(0, 3, (4,))
+            if step == 2:
+                x[1] = 0.0                                          # a blank sample
+            x = (x - x.mean(1, keepdim=True)) / x.std(1, keepdim=True)
+            loss = F.nll_loss(F.log_softmax(fc(x), dim=1), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    '''))
+    r = _run(tmp_path, script, "-e", "break step 3", "-e", "continue", "-e", "origin weight", "-e", "kill")
+    assert "weight became non-finite at step 2" in r.stdout, r.stdout
+    assert "the gradient first went bad at _log_softmax_backward_data (op " in r.stdout, r.stdout
+    assert re.search(r"forward pass: the first non-finite value came from finite inputs at div \(op \d+; blank.py:10\)",
+                     r.stdout), r.stdout

@@ -568,7 +568,10 @@ class OpRecorder(TorchDispatchMode):
         out_nan, out_inf = _flags(checked)
         if not (out_nan or out_inf):
             return
-        cur.first_bad.setdefault(cur.ops[idx][PHASE], idx)
+        if not getattr(func, "is_view", False):
+            # (a view passes on its input's values, made nothing: the backward's detach of the
+            # NaN output a LogSoftmaxBackward0 saved is not where the gradient went bad)
+            cur.first_bad.setdefault(cur.ops[idx][PHASE], idx)
         cur.had_nan = cur.had_nan or out_nan
         out_ids = cur.ops[idx][OUTS]
         cur.bad.update(out_ids if len(outs) == 1 else
