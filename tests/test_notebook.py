@@ -233,3 +233,25 @@ def test_a_cell_that_trains_tensors_by_hand_names_them_for_its_watch(tmp_path, m
     assert [r[1] for r in rows] == ["0", "1", "2", "3"] and not _outputs(nb.cells[2], "error"), nb.cells[2].outputs
     assert "Watchpoint 1: grad model.layers.2.bias norm = 0.07242 (< 0.08) at step 2" in text, text
     assert f"\n{rows[2][2]}\n" in text.split("at step 2")[1]          # $loss: the step's printed loss
+
+
+def test_re_running_a_cell_with_force_replaces_the_trace_its_last_result_still_holds(tmp_path, monkeypatch, capsys):
+    """Re-running a ``%%nndb --trace a.h5 --force`` cell: the cell's last result (the Trace
+    Jupyter keeps in ``Out``) still has a.h5 open, and HDF5 would not truncate it ('unable to
+    truncate a file which is already open': a traceback, and the cell's loop did not run).
+    The new run replaces the file; the old Trace goes on reading the old one."""
+    from types import SimpleNamespace
+    import nndb
+    from nndb.cli.magics import record_cell
+    monkeypatch.chdir(tmp_path)
+    shell = SimpleNamespace(user_ns={})
+    exec(MODEL, shell.user_ns)
+    cell = CELL.split("\n", 1)[1].replace("range(20)", "range(3)") + "    print('loss', step, loss.item())\n"
+    first = record_cell("--trace a.h5", cell, shell)
+    second = record_cell("--trace a.h5 --force", cell, shell)
+    printed = [float(line.split()[2]) for line in capsys.readouterr().out.splitlines() if line.startswith("loss ")]
+    assert len(printed) == 6
+    assert list(second.series("loss", kind="loss")) == printed[3:]         # the re-run's own steps
+    assert list(first.series("loss", kind="loss")) == printed[:3]          # (the old file, still readable)
+    with nndb.open(str(tmp_path / "a.h5")) as t:
+        assert list(t.series("loss", kind="loss")) == printed[3:]

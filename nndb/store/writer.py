@@ -128,6 +128,15 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(before=_before_fork)
 
 
+def _unlink_old(path: str) -> None:
+    """An old trace at ``path`` (``--force``, ``force=True``) is replaced, not
+    truncated: HDF5 will not truncate a file this process still has open (a
+    ``Trace`` of it: a notebook cell's result), and that reader goes on
+    reading the old file.  A symbolic link is left to truncate its target."""
+    if os.path.isfile(path) and not os.path.islink(path):
+        os.unlink(path)
+
+
 class TraceWriter:
     """The trace's one writer (the module's docstring says how it writes).
 
@@ -176,6 +185,7 @@ class TraceWriter:
         try:
             d = os.path.dirname(os.path.abspath(path))
             os.makedirs(d, exist_ok=True)
+            _unlink_old(path)
             # No chunk cache: a block's data reaches the file in its write, so a
             # disk that is full fails there, before HDF5 flushes metadata for it.
             self._f = h5py.File(path, "w", libver="latest", rdcc_nbytes=0)
