@@ -317,3 +317,29 @@ def test_a_model_called_with_keyword_arguments_only_is_one_clear_line(tmp_path):
     errors = [line for line in r.stderr.splitlines() if line.startswith("nndb: error:")]
     assert errors == ["nndb: error: fuzz: m was called with no tensor among its positional arguments: fuzz sees "
                       "those only (a call such as model(x=batch) gives it none); the live run is unchanged"], r.stderr
+
+
+def test_ctrl_c_during_nndb_fuzz_exits_130_with_one_line(tmp_path):
+    """Ctrl-C at the terminal reaches the whole process group, the fuzzing replica with the live
+    run: the replica's script ended "interrupted" and nndb fuzz said 'the script ended
+    (interrupted: KeyboardInterrupt) before the model's next forward pass' and exited 2, where
+    docs/fuzz.md promises 130 at Ctrl-C."""
+    import signal
+    import subprocess
+    import time
+    from conftest import nndb_started
+    p = nndb_started("fuzz", "--step", "41", "--budget", "1000000", PLANTED, "--healthy", cwd=str(tmp_path),
+                     env=ONE, stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        while "-> opt.step()" not in p.stdout.readline():      # (the stop at the end of step 40)
+            pass
+        time.sleep(1)                                           # (the replica fuzzes)
+        os.killpg(p.pid, signal.SIGINT)
+        p.wait(timeout=120)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+    err = p.stderr.read()
+    assert p.returncode == 130, err
+    assert err.strip().splitlines()[-1] == "nndb: error: fuzz interrupted (Ctrl-C); the live run is unchanged"
+    assert not list(tmp_path.glob("*.pt"))

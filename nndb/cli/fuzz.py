@@ -117,9 +117,12 @@ def run_fuzz_batch(target, step: int, line: str, as_json: bool, tmp_root: str) -
             os.close(saved)
         shutil.rmtree(d, ignore_errors=True)
     reports = result.session.log.fuzz_reports
+    run = result.run
+    if not reports and run is not None and run.exit_code == EXIT_SIGINT:
+        # (Ctrl-C reaches the replica too: the script it ran on ended "before the model's next forward pass")
+        return {"error": "fuzz interrupted (Ctrl-C); the live run is unchanged"}, EXIT_SIGINT
     if not reports:
         said = next((e for e in reversed(errors) if "fuzz: " in e), None)
-        run = result.run
         why = (said[said.index("fuzz: "):] if said else
                f"the script ended ({run.status}, exit code {run.exit_code}) after {result.session.steps_done()} "
                f"step(s), before step {step}" if run is not None else f"the script ended before step {step}")
