@@ -17,7 +17,7 @@ import tempfile
 
 import click
 
-from ..errors import EXIT_OK, EXIT_SIGINT, EXIT_USAGE, NndbError, UsageError
+from ..errors import EXIT_OK, EXIT_SIGINT, EXIT_SIGTERM, EXIT_USAGE, NndbError, UsageError
 from ..text import printable, to_json
 from .common import SCRIPT_CONTEXT, Number, ScriptCommand, fail, target_of
 
@@ -57,7 +57,8 @@ def fuzz(module, step, until, against, tolerance, budget, layers, seed, random_s
     TensorFuzz), then end the run.  Exit code 0 if nothing was found within
     the budget, 1 if the objective was reached (the report says how, and the
     input is saved), 2 on a usage error or when fuzzing could not be done
-    (the script ended before step N, no model or loss seen), 130 at Ctrl-C."""
+    (the script ended before step N, no model or loss seen), 130 at Ctrl-C,
+    143 at SIGTERM."""
     from ..run.preload import maybe_restart
     maybe_restart("fork")
     from ..run.launcher import prepare
@@ -118,9 +119,10 @@ def run_fuzz_batch(target, step: int, line: str, as_json: bool, tmp_root: str) -
         shutil.rmtree(d, ignore_errors=True)
     reports = result.session.log.fuzz_reports
     run = result.run
-    if not reports and run is not None and run.exit_code == EXIT_SIGINT:
+    if not reports and run is not None and run.exit_code in (EXIT_SIGINT, EXIT_SIGTERM):
         # (Ctrl-C reaches the replica too: the script it ran on ended "before the model's next forward pass")
-        return {"error": "fuzz interrupted (Ctrl-C); the live run is unchanged"}, EXIT_SIGINT
+        why = "interrupted (Ctrl-C)" if run.exit_code == EXIT_SIGINT else "terminated (SIGTERM)"
+        return {"error": f"fuzz {why}; the live run is unchanged"}, run.exit_code
     if not reports:
         said = next((e for e in reversed(errors) if "fuzz: " in e), None)
         why = (said[said.index("fuzz: "):] if said else
