@@ -349,3 +349,14 @@ def test_ctrl_c_or_sigterm_during_nndb_fuzz_ends_it_with_its_exit_code(tmp_path,
     assert p.returncode == code, err
     assert err.strip().splitlines()[-1] == f"nndb: error: fuzz {why}; the live run is unchanged"
     assert not list(tmp_path.glob("*.pt"))
+
+
+def test_layers_on_a_model_without_submodules_says_so(tmp_path):
+    """A model that is one nn.Linear: '--layers' matched nothing and the line listed what there
+    was as '(have: )'."""
+    script = os.path.join(ROOT, "tests", "scripts", "fuzz_one_layer.py")
+    r = nndb("fuzz", "--step", "3", "--layers", "0", script, cwd=str(tmp_path), env=ONE)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.strip().splitlines()[-1] == (
+        "nndb: error: fuzz: --layers 0: no module of fc matches (fc has no submodules: leave --layers out, "
+        "its output is the default); the live run is unchanged")

@@ -198,8 +198,10 @@ def _layers(mod, names: dict, glob: Optional[str]) -> list:
     hits = [(n, m) for m, n in names.items() if m is not mod and (fnmatch.fnmatchcase(n, glob)
                                                                   or fnmatch.fnmatchcase(n.split(".", 1)[-1], glob))]
     if not hits:
-        raise ConditionFailed(f"--layers {glob}: no module of {names.get(mod)} matches "
-                              f"(have: {', '.join(list(n for m, n in names.items() if m is not mod)[:8])})")
+        inner = [n for m, n in names.items() if m is not mod]
+        raise ConditionFailed(f"--layers {glob}: no module of {names.get(mod)} matches " +
+                              (f"(have: {', '.join(inner[:8])})" if inner else
+                               f"({names.get(mod)} has no submodules: leave --layers out, its output is the default)"))
     return hits
 
 
