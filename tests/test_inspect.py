@@ -240,3 +240,39 @@ def test_the_lr_of_an_optimizer_replaced_ends_where_it_does(tmp_path):
     assert second["steps"] == [5, 6, 7] and second["values"] == used[5:], (second, used)
     out = nndb("inspect", path, "--series", "lr").stdout.splitlines()
     assert out[1].split() == ["step", "opt.group0", second["kind"]] and out[-1].split()[:2] == ["7", "-"], out
+
+
+TWO_GROUPS_STEPLR = """
+import torch, torch.nn as nn
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+opt = torch.optim.SGD([{"params": model[0].parameters()}, {"params": model[2].parameters(), "lr": 0.5}], lr=0.1)
+sched = torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5)
+x, y = torch.randn(16, 4), torch.randint(0, 2, (16,))
+for step in range(6):
+    opt.zero_grad()
+    nn.functional.cross_entropy(model(x), y).backward()
+    print("lr", step, opt.param_groups[0]["lr"], opt.param_groups[1]["lr"])
+    opt.step()
+    sched.step()
+"""
+
+
+def test_history_lr_at_the_prompt_is_each_groups_lr(tmp_path):
+    """`history lr` said "no tensor named 'lr' has been recorded", where `nndb inspect
+    --series lr` shows each param group's lr: at the prompt too, a column a group, the lr
+    each step used, live (through the writer) and with --last."""
+    script = tmp_path / "lr.py"
+    script.write_text(TWO_GROUPS_STEPLR)
+    r = nndb("run", "--batch", "--trace", str(tmp_path / "t.h5"), "-e", "until 4", "-e", "history lr",
+             "-e", "history lr --last 2", str(script), cwd=str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    used = {int(w[1]): (float(w[2]), float(w[3])) for w in (l.split() for l in r.stdout.splitlines())
+            if w[:1] == ["lr"]}
+    out = r.stdout.split("lr, 5 recorded step(s) 0..4, a column a param group\n")
+    assert len(out) == 3, r.stdout
+    first, second = out[1].splitlines(), out[2].splitlines()
+    assert first[0].split() == ["step", "opt.group0", "opt.group1"]
+    assert {int(w[0]): (float(w[1]), float(w[2])) for w in (l.split() for l in first[1:6])} == \
+        {st: used[st] for st in range(5)}
+    assert [int(l.split()[0]) for l in second[1:3]] == [3, 4]

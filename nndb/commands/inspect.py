@@ -183,8 +183,24 @@ def _mean(xs):
     return math.nan if any(x is not None for x in xs) else None
 
 
+def _lr_history(s, last):
+    """``history lr``: each param group's learning rate at the recorded steps, a column a
+    group, as ``nndb inspect --series lr`` shows it (the trace's hyper rows; it said "no
+    tensor named 'lr' has been recorded")."""
+    with s.view.trace_reader() as reader:
+        groups = reader.learning_rates()
+        steps = [int(x) for x in reader.steps]
+    if not groups or not steps:
+        raise CommandError("no learning rate recorded yet (no optimizer has stepped)")
+    rows = [(st, *[None if math.isnan(v[i]) else float(v[i]) for _, _, v in groups]) for i, st in enumerate(steps)]
+    return [f"lr, {len(steps)} recorded step(s) {steps[0]}..{steps[-1]}, a column a param group",
+            Table(("step", *[f"{opt}.group{g}" for opt, g, _ in groups]), rows[-last:])]
+
+
 def _history(s, arg):
     kind, name, stat, last = arg
+    if name == "lr" and kind is None and stat is None and not s.view.kinds_of(name):
+        return _lr_history(s, last)
     if kind is None:
         kinds = s.view.kinds_of(name)
         if len(kinds) > 1:          # (a parameter's name: its param, update and grad)
@@ -494,7 +510,8 @@ A long list or dict is one item a line (Python's pprint); a tensor is the one li
     Command("history", "history [KIND] NAME [STAT] [--last K]", """One tensor's recorded statistic (default norm; the loss's: mean, its value) over the steps.
 A sparkline of the whole series and its last K values (default 20); at the
 prompt (not in batch mode), the whole series as a chart under them.  A
-parameter's name without KIND: its param, update and grad side by side.""",
+parameter's name without KIND: its param, update and grad side by side.
+history lr: each param group's learning rate at the recorded steps.""",
             _history, _history_arg, args=("tensor", "stat"), group="data"),
     Command("where", "where [--ranks all|LIST]", """The script's stack (nndb's own frames are hidden); > marks the current frame.
 --ranks all|LIST (several ranks): every rank's stack.""",
