@@ -40,12 +40,14 @@ def blob_bytes(lines: list) -> int:
     return sum(len(t.encode("utf-8")) for t in lines)
 
 
-def room_needed(b: Block, steps_written: int, grown: int, hist_rows_written: int) -> int:
+def room_needed(b: Block, steps_written: int, grown: int, hist_rows_written: int,
+                exact: bool = True) -> int:
     """Bytes block ``b`` may add to the file, at most: its rows at the rate
     the file grew per committed row (``grown`` bytes for ``steps_written``
     rows; twice), or uncompressed before the first block, and its JSON
     (twice), plus room for metadata.  (A block writes whole chunks of
-    ``stats``: no chunk is written twice.)"""
+    ``stats``: no chunk is written twice.)  ``exact`` False: its histograms
+    counted before compression (FullPending.bytes_needed), a bound that costs nothing."""
     k, s = len(b.rows), b.n_series
     rows = k * s * K.N_STATS * 8 + k * 32
     if steps_written and grown > 0:
@@ -53,7 +55,7 @@ def room_needed(b: Block, steps_written: int, grown: int, hist_rows_written: int
     blobs = blob_bytes([json.dumps(x) for x in b.series + b.events]) + \
         blob_bytes(b.sequences) + 16 * len(b.lineage) + \
         sum(blob_bytes([json.dumps(r) for r in pending]) for pending in b.rows_of.values())
-    return rows + 2 * blobs + b.full.bytes_needed(hist_rows_written) + K.ROOM_MARGIN
+    return rows + 2 * blobs + b.full.bytes_needed(hist_rows_written, exact) + K.ROOM_MARGIN
 
 
 def stats_block(rows: list, n_series: int) -> np.ndarray:

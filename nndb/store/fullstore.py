@@ -62,16 +62,23 @@ class FullPending:
         self.tensors.append((meta, flat))
         self.bytes += flat.nbytes
 
-    def bytes_needed(self, hist_rows_written: int = 0) -> int:
+    def bytes_needed(self, hist_rows_written: int = 0, exact: bool = True) -> int:
         """At most what the next flush adds to the file (the room check): the
         tensors' bytes before compression, the histograms' chunks as deflated
-        (``hist_bytes``), and the chunks of step numbers they begin."""
+        (``hist_bytes``; with ``exact`` False, as they are before compression:
+        ~15x more, but nothing deflated twice), and the chunks of step numbers they begin."""
         if not self.hists:
             return self.bytes + 512 * len(self.tensors)
         per = K.STEPS_CHUNK[0]
         k = len(self.hists)
         new_chunks = -(-(hist_rows_written + k) // per) - -(-hist_rows_written // per)
-        return self.bytes + 512 * len(self.tensors) + hist_bytes(self._hist_block()) + new_chunks * per * 8
+        if exact:
+            hists = hist_bytes(self._hist_block())
+        else:
+            width = max(max(ids) + 1 if ids else 0 for _, ids, _ in self.hists)
+            chunks = k * -(-width // K.HIST_CHUNK[1])
+            hists = chunks * (K.HIST_CHUNK[1] * K.HIST_BINS * 8 + CHUNK_OVERHEAD)
+        return self.bytes + 512 * len(self.tensors) + hists + new_chunks * per * 8
 
     def _hist_block(self) -> np.ndarray:
         """(rows, series, HIST_BINS) of the histograms waiting, -1 where a series has none."""
