@@ -24,7 +24,6 @@ steps).  Only small CPU float32 parameters are handled (the workloads').
 from __future__ import annotations
 
 import statistics
-import time
 
 import numpy as np
 import torch

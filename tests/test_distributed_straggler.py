@@ -95,7 +95,7 @@ def test_planted_compute_straggler_live_and_offline_and_healthy_silent(tmp_path)
     strag = [f for f in live if f["rule"] == "straggler"]
     assert [(f["evidence"]["rank"], f["evidence"]["where"]) for f in strag] == [(1, "compute")], live
     assert "straggler at step" in err and "(across ranks): rank 1 is a straggler" in err
-    assert f"its compute: its forward" in strag[0]["message"]
+    assert "its compute: its forward" in strag[0]["message"]
     assert _offline(run_dir) == live                    # the same judge over the traces: the same findings
     run_dir, err, report = _front_job(tmp_path, "healthy")
     assert report["cross_rank_findings"] == [] and "across ranks" not in err

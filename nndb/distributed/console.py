@@ -19,7 +19,6 @@ everything else to the current rank.  The syntax is the table's
 """
 from __future__ import annotations
 
-import os
 import threading
 import time
 from typing import Callable, Optional, Sequence
@@ -202,7 +201,7 @@ class Console:
             at = f"at the end of step {step}" if step is not None else "at the start"
             self.say(f"nndb: all {len(ranks)} rank(s) stopped {at}")
         else:
-            self.say(f"nndb: the ranks stopped at different steps: "
+            self.say("nndb: the ranks stopped at different steps: "
                      + ", ".join(f"r{r} {self.front.state.ranks[r].stop_step}" for r in ranks))
 
     def _show_stacks(self, head: str) -> None:

@@ -27,7 +27,6 @@ The coverage space and the threshold are set from the seed batch, so that
 """
 from __future__ import annotations
 
-import math
 from typing import Optional
 
 import torch

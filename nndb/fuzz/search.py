@@ -23,7 +23,7 @@ from typing import Callable, Optional
 import torch
 
 from .coverage import Coverage
-from .mutate import InputSpec, mutate
+from .mutate import mutate
 
 NEWEST_SHARE = 0.5        # how often a parent is its position's newest corpus element
 
