@@ -195,6 +195,20 @@ def test_reverse_continue_spends_ignore_counts_newest_first_as_gdb(tmp_path, scr
     assert re.search(r"step 4\s+2\s+breakpoint already hit 2 times", tables[3]), tables[3]
 
 
+def test_reverse_continue_stops_at_a_module_breakpoint_in_the_past(tmp_path, script):
+    """gdb's reverse-continue stops at the last place a breakpoint held, inside a step too.
+    A module breakpoint never held in the scan (its replica installed no module hooks):
+    `break module 0` at the end of step 6, `rc` said "No earlier step where a breakpoint or
+    watchpoint held"; and the forward pass of the step where the search started (a checkpoint
+    at its end) was scanned by no segment."""
+    r = run(tmp_path, script, ["until 6", "break module 0", "rc", "p ('AT', $step)", "rc", "p ('AT', $step)",
+                               "info breakpoints", "present", "delete", "continue"])
+    out = r.stdout
+    assert re.findall(r"^Breakpoint 1, module 0 forward \(step (\d+)\)$", out, re.M) == ["6", "5"], out
+    assert re.findall(r"\('AT', (\d+)\)", out) == ["6", "5"], out
+    assert re.search(r"module 0 forward\s+2\s+breakpoint already hit 2 times", out), out
+
+
 def test_present_from_a_stop_inside_a_step_names_that_step(tmp_path, script):
     # stopped in step 2's forward pass ($step 2), back from the past: the present is step 2, not 1
     r = run(tmp_path, script, ["break module 0", "continue", "continue", "continue", "p ('NOW', $step)",

@@ -155,8 +155,11 @@ class Session(CommandLoop, StopPoints):
         modules = [p for p in self.points.values() if isinstance(p, P.ModuleBreak) and p.enabled]
         c = self.control
         want_module = c.pending_start or c.mode is Mode.STEP or c.interrupt_requested or bool(modules)
-        if c.mode is Mode.DETACH or (self.replica is not None and self.replica.replaying):
+        if c.mode is Mode.DETACH:
             want_module = False
+        elif self.replica is not None and self.replica.replaying:
+            # (a replay stops nowhere; a scan for reverse-continue notes where module breakpoints held)
+            want_module = bool(modules) and self.replica.notes_module_hits
         t.stop_in_modules(self.on_module if want_module else None,
                           backward=c.mode is Mode.STEP or any(p.phase == "backward" for p in modules))
         # Someone at the prompt will look at every statistic; a watch may need

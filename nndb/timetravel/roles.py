@@ -73,6 +73,7 @@ class Role:
     kind = "replica"
     prompts = False          # stops reach the user
     replaying = True         # silent, no stops, no rule output
+    notes_module_hits = False    # while replaying, module breakpoints are checked (and noted)
 
     def __init__(self, chan, goal: dict):
         self.chan = chan
@@ -359,6 +360,7 @@ class Scan(Role):
         self.end = int(goal["end"])
         self.exprs = [(src, E.compile_expr(src)) for src in goal.get("exprs", [])]
         self.want_points = bool(goal.get("points"))
+        self.notes_module_hits = self.want_points
         self.want_stats = bool(goal.get("stats"))
         self.lineage_steps = {int(x) for x in goal.get("lineage", [])}
         self.resolve = list(goal.get("resolve", []))

@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 
 from ..debugger import evaluate as E
+from ..debugger import points as P
 from ..errors import CommandError, TraceError
 from ..store.reader import TraceReader
 from ..schema import STAT_NAMES, series_label
@@ -19,16 +20,19 @@ def reverse_continue_target(s, machine, step: int, at_end: bool):
     workers alive, ``--replica respawn``), the steps before the first checkpoint are
     the last segment, replayed from the start (``replay`` respawns from step 0 anyway)."""
     end = step
+    judged = None             # the step end the newer segment judged already (its checkpoint's)
+    in_steps = any(isinstance(p, P.ModuleBreak) and p.enabled for p in s.points.values())
     starts = [] if machine.mode == "respawn" else sorted({c.step for c in machine.checkpoints.values()},
                                                          reverse=True)
     if machine.mode not in ("fork", "off"):
         starts.append(-1)
     for first in starts:
-        if first > end:
+        if first > end or first == judged:
             continue
         res = machine.replay(s, {"kind": "scan", "from": max(first, 0), "end": end, "points": True}, first)
         hits = [h for h in res["result"]["hits"]
-                if h["step"] < step or (h["step"] == step and not (h["at_step_end"] and at_end))]
+                if (h["step"] < step or (h["step"] == step and not (h["at_step_end"] and at_end)))
+                and not (h["at_step_end"] and h["step"] == judged)]
         # newest first, each crossing counted and its ignore counts spent (the live session's
         # points: 'info breakpoints' shows them after), as gdb does in reverse
         for h in reversed(hits):
@@ -40,7 +44,11 @@ def reverse_continue_target(s, machine, step: int, at_end: bool):
                 # (the stop at that step end is the points' hit, counted above)
                 return h["step"], "stop", why + ("" if h["at_step_end"] else " in step 0 (shown at its end)")
             return h["step"] - 1, "points", why
-        end = first - 1
+        # With a module breakpoint, the next segment, from an older checkpoint, ends with the step of
+        # this one's: its end was judged here (resumed at the checkpoint), the module breakpoints
+        # inside it were not (rc from the end of step 8, a checkpoint there, never stopped in step
+        # 8's forward pass)
+        end, judged = (first, first) if in_steps else (first - 1, None)
         if end < 0:
             break
     return None
