@@ -207,6 +207,17 @@ def test_set_lr_hold_holds_until_unset_is_recorded_and_replayed(tmp_path):
     assert (int(step), float(loss.strip("'")), float(lr)) == (5, _printed(r.stdout)[5], 0.01)
 
 
+def test_set_takes_gdbs_equals_sign(tmp_path):
+    """gdb's 'set var NAME = VALUE' (its only form) was "syntax error in '= 2.0'", and
+    'set lr = 0.01' "'= 0.01' is not a number or tuple of numbers"; 'set lr=0.01', predict's
+    '--set lr=0.01' form, "set needs a hyper-parameter and a value"."""
+    r = _run(tmp_path, STEADY, ["until 2", "set var scale = 2.0", "set variable scale=3.0", "set lr = 0.01",
+                                "set momentum=0.5", 'p ("NOW", scale, opt.param_groups[0]["lr"], '
+                                'opt.param_groups[0]["momentum"])', "continue"])
+    assert "scale (in <module>()): was 1.0, now 2.0" in r.stdout and "was 2.0, now 3.0" in r.stdout, r.stdout
+    assert _said(r.stdout, "NOW") == ["3.0, 0.01, 0.5"], r.stdout
+
+
 @pytest.mark.parametrize("replica", ["fork", "respawn"])
 def test_time_travel_after_changes_gives_the_values_the_live_run_had(tmp_path, replica):
     # two changes at two stops; goto 7 resumes from the stop checkpoint at step 5, which holds the

@@ -1,6 +1,8 @@
 """Changing the run and the session: set, py/!, source, echo, help."""
 from __future__ import annotations
 
+import re
+
 from ..errors import CommandError
 from ..debugger.changes import (SET_USAGE, UNSET_USAGE, HyperChange, HyperSet, Release, Statement, VarChange,
                                 check_var, hyper_value, make)
@@ -8,14 +10,22 @@ from ..debugger.points import parse_int
 from .table import Command, Table, raw
 
 
+# gdb's 'set var NAME = VALUE' (and predict's 'lr=1e-4'): the '=' between a name and its value
+_ASSIGN = re.compile(r"\s*([^\s=]+)\s*(?:=(?!=)\s*|\s+)(.*)", re.S)
+
+
 def _set_arg(text):
     words = text.split()
-    if words and words[0] == "var":
-        if len(words) < 3:
+    if words and words[0] in ("var", "variable"):
+        m = _ASSIGN.fullmatch(text.strip()[len(words[0]):])
+        if m is None or not m.group(2).strip():
             raise CommandError("set var needs a variable and a value", SET_USAGE)
-        name, src = words[1], text.split(None, 2)[2]
+        name, src = m.group(1), m.group(2).strip()
         check_var(name, src)
         return VarChange(name, src)
+    m = _ASSIGN.fullmatch(text)
+    if m is not None:
+        words = [m.group(1)] + m.group(2).split()
     hold = "--hold" in words
     words = [w for w in words if w != "--hold"]
     if len(words) < 2:
@@ -114,8 +124,9 @@ each epoch's start; under a scheduler, judged at the next step against what
 the schedule gives, with and without the change), that step's end says so,
 once; a later 'set' of the same hyper-parameter replaces the check.  --hold sets
 the value again just before each step of the optimizer until 'unset HYPER'
-('info optimizer' lists what is held).  'set var NAME VALUE' (or 'set NAME
-VALUE' for a name that is no hyper-parameter) assigns a variable of the
+('info optimizer' lists what is held).  'set var NAME VALUE' (or gdb's 'set
+var NAME = VALUE'; 'set NAME VALUE' for a name that is no hyper-parameter, and
+'set lr = 1e-4' too) assigns a variable of the
 script's frame: a hand-written loop's lr.  A change at a stop of the live
 run is part of its history: kept in the trace, made again by every replay.""",
             _set, _set_arg, args=("hyper", "sub:group|optimizer|--hold"), group="changing",
