@@ -388,6 +388,31 @@ def test_reverse_continue_stops_before_a_module_hit_and_finds_none_before_the_fi
         (6, "stop", "reverse-continue: 1 held")
 
 
+def test_reverse_continue_with_a_module_breakpoint_scans_the_step_of_a_newer_checkpoint():
+    """A checkpoint at the end of step 6 (the stop rc starts from): a module breakpoint's hit in
+    step 6's forward is in the older segment, which now ends with step 6, not 5."""
+    from types import SimpleNamespace
+    from nndb.debugger.points import ModuleBreak
+    from nndb.timetravel.search import reverse_continue_target
+
+    class Resumed(_ScanMachine):
+        """A replica resumed at the end of step ``first`` sees no hit inside that step."""
+        def replay(self, s, request, first):
+            seen = self.hits
+            self.hits = [h for h in seen if h["step"] > first or h["at_step_end"]]
+            try:
+                return super().replay(s, request, first)
+            finally:
+                self.hits = seen
+
+    s = SimpleNamespace(points={1: ModuleBreak(number=1, glob="0")})
+    m = Resumed([0, 6], [_hit(6, False, ())])
+    assert reverse_continue_target(s, m, 6, True) == (5, "points", "reverse-continue: a rule held")
+    assert m.scans == [(6, 6), (0, 6)]
+    m = Resumed([0, 6], [_hit(6, False, ())])                  # (none: step ends alone are searched)
+    assert reverse_continue_target(None, m, 6, True) is None and m.scans == [(6, 6), (0, 5)]
+
+
 def test_reverse_continue_without_checkpoints_scans_from_the_start():
     """No fork checkpoint (DataLoader workers: auto falls back to respawn; --replica respawn):
     the steps before the first checkpoint are scanned from the start (they were never searched)."""

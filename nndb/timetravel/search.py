@@ -21,7 +21,7 @@ def reverse_continue_target(s, machine, step: int, at_end: bool):
     the last segment, replayed from the start (``replay`` respawns from step 0 anyway)."""
     end = step
     judged = None             # the step end the newer segment judged already (its checkpoint's)
-    in_steps = any(isinstance(p, P.ModuleBreak) and p.enabled for p in s.points.values())
+    in_steps = s is not None and any(isinstance(p, P.ModuleBreak) and p.enabled for p in s.points.values())
     starts = [] if machine.mode == "respawn" else sorted({c.step for c in machine.checkpoints.values()},
                                                          reverse=True)
     if machine.mode not in ("fork", "off"):
