@@ -209,6 +209,35 @@ def test_reverse_continue_stops_at_a_module_breakpoint_in_the_past(tmp_path, scr
     assert re.search(r"module 0 forward\s+2\s+breakpoint already hit 2 times", out), out
 
 
+LEVELS = textwrap.dedent('''
+    import torch
+    w = torch.nn.Parameter(torch.ones(1))
+    opt = torch.optim.SGD([w], lr=0.0)
+    for it, level in enumerate([1, 5, 5, 5, 1, 1, 5, 5, 5, 5, 1, 1]):
+        opt.zero_grad()
+        loss = (w * level).sum()
+        loss.backward()
+        opt.step()
+''')
+
+
+@pytest.mark.parametrize("extra", [(), ("--total-steps", "12")])
+def test_reverse_continue_stops_where_a_watch_set_later_would_have_hit_wherever_the_checkpoints_are(
+        tmp_path, extra):
+    """A watch is edge-triggered: 'watch loss mean > 3' over losses 1 5 5 5 1 1 5 5 5 5 1 1 hits
+    at steps 1 and 6.  Set at step 11, rc went to 6 then 1 with one checkpoint at step 0, but with
+    one a step (--total-steps 12) to 9, 8, 7, 6, 3 ...: each scan's replica, forked before the
+    watch was set, judged its segment with a watch that had seen no step before it."""
+    script = tmp_path / "levels.py"
+    script.write_text(LEVELS)
+    r = run(tmp_path, str(script), ["until 11", "watch loss mean > 3", "rc", "rc", "rc", "info watchpoints",
+                                    "present", "continue"], *extra)
+    out = r.stdout
+    assert re.findall(r"^In the past \(timeline 0\): step (\d+) finished", out, re.M) == ["6", "1", "1"], out
+    assert "no earlier step where a breakpoint or watchpoint held; back where you were" in out, out
+    assert re.search(r"loss \* mean > 3\s+2\s+breakpoint already hit 2 times", out), out
+
+
 def test_present_from_a_stop_inside_a_step_names_that_step(tmp_path, script):
     # stopped in step 2's forward pass ($step 2), back from the past: the present is step 2, not 1
     r = run(tmp_path, script, ["break module 0", "continue", "continue", "continue", "p ('NOW', $step)",

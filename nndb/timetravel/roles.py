@@ -25,6 +25,7 @@ one every time.
 """
 from __future__ import annotations
 
+import copy
 import math
 import os
 import sys
@@ -375,6 +376,15 @@ class Scan(Role):
             # (search.reverse_continue_target); here they were spent oldest first.
             for number in s.points:
                 s.points.by_number(number).ignore_count = 0
+            # A watch this process's own checkpoint did not have judged no step here: it starts as
+            # the live run's would have been at the checkpoint (search.primed_watches)
+            for number, state in (self.goal.get("primed") or {}).items():
+                p = s.points.get(int(number))
+                if p is not None and not p.checked and not p.checked_late and hasattr(p, "band"):
+                    p.band.clear()
+                    p.band.update(copy.deepcopy(state["band"]))
+                    p.streak.clear()
+                    p.streak.update(state["streak"])
         if self.lineage_steps and s.lineage is not None:
             s.lineage.forced = set(self.lineage_steps)
             if s.last_step is not None:

@@ -4,8 +4,10 @@ expression held) and ``replay --verify`` (replayed statistics against the
 trace, bit for bit)."""
 from __future__ import annotations
 
+import copy
 import math
 
+from .. import globs
 from ..debugger import evaluate as E
 from ..debugger import points as P
 from ..errors import CommandError, TraceError
@@ -26,10 +28,13 @@ def reverse_continue_target(s, machine, step: int, at_end: bool):
                                                          reverse=True)
     if machine.mode not in ("fork", "off"):
         starts.append(-1)
+    primed = primed_watches(s, starts)
     for first in starts:
         if first > end or first == judged:
             continue
-        res = machine.replay(s, {"kind": "scan", "from": max(first, 0), "end": end, "points": True}, first)
+        goal = {"kind": "scan", "from": max(first, 0), "end": end, "points": True,
+                "primed": primed.get(first, {})}
+        res = machine.replay(s, goal, first)
         hits = [h for h in res["result"]["hits"]
                 if (h["step"] < step or (h["step"] == step and not (h["at_step_end"] and at_end)))
                 and not (h["at_step_end"] and h["step"] == judged)]
@@ -52,6 +57,44 @@ def reverse_continue_target(s, machine, step: int, at_end: bool):
         if end < 0:
             break
     return None
+
+
+def primed_watches(s, starts) -> dict:
+    """{step: {number: {"band", "streak"}}}: each enabled watch's state where a scan resumed at
+    the end of ``step`` starts (its arrival judges that step itself), judged over the recorded
+    steps before it from step 0, as the live run judges each step end.  A scan's replica whose
+    own watch judged no step (one set after its checkpoint was taken) starts from it, so that
+    the watch hits where the live run's would have, wherever the checkpoints are (with one
+    checkpoint a step, 'watch loss mean > 1.1' and rc stopped at every step the loss was above
+    1.1, fresh in each segment; with one at step 0, only where it crossed 1.1)."""
+    watches = [p for p in s.points.values() if isinstance(p, P.Watch) and p.enabled] if s is not None else []
+    starts = sorted(c for c in starts if c > 0)
+    if not watches or not starts:
+        return {}
+    out: dict = {c: {} for c in starts}
+    try:
+        trace = _Recorded(s)
+        with trace.reader as reader:
+            steps = sorted(st for st in trace.rows if st < starts[-1])
+            for p in watches:
+                w = P.point_from_dict(P.point_to_dict(p))
+                w.reset()
+                col = reader.columns.index(p.stat)
+                values = {i.name: reader.column(i)[:, col] for i in reader.series() if i.kind == p.kind}
+                watched = [n for n in values if globs.matches(n, p.glob)]
+                pending = list(starts)
+                for st in steps + [math.inf]:
+                    while pending and st >= pending[0]:
+                        out[pending.pop(0)][str(p.number)] = {"band": copy.deepcopy(w.band),
+                                                              "streak": dict(w.streak)}
+                    if not pending:
+                        break
+                    row = {n: float(v[trace.rows[st]]) for n, v in values.items()}
+                    scale = max((abs(v) for v in row.values() if math.isfinite(v)), default=0.0)
+                    w.check([(n, row[n]) for n in watched], scale)
+    except TraceError:
+        return {}
+    return out
 
 
 def _value_at(s, machine, expr: str, step: int):
