@@ -411,6 +411,9 @@ def test_reverse_continue_with_a_module_breakpoint_scans_the_step_of_a_newer_che
     assert m.scans == [(6, 6), (0, 6)]
     m = Resumed([0, 6], [_hit(6, False, ())])                  # (none: step ends alone are searched)
     assert reverse_continue_target(None, m, 6, True) is None and m.scans == [(6, 6), (0, 5)]
+    # step 0's forward, before the first checkpoint, is not worth a replay from the start in a new process
+    m = Resumed([0], [_hit(0, False, ())], mode="auto")
+    assert reverse_continue_target(s, m, 3, True) is None and m.scans == [(0, 3)]
 
 
 def test_reverse_continue_without_checkpoints_scans_from_the_start():

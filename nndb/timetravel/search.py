@@ -54,8 +54,8 @@ def reverse_continue_target(s, machine, step: int, at_end: bool):
         # inside it were not (rc from the end of step 8, a checkpoint there, never stopped in step
         # 8's forward pass)
         end, judged = (first, first) if in_steps else (first - 1, None)
-        if end < 0:
-            break
+        if end < 0 or end == judged == 0:
+            break             # (step 0's forward alone is worth no replay from the start in a new process)
     return None
 
 
