@@ -265,6 +265,23 @@ def test_display_shows_at_every_stop_until_undisplayed(displayed_then_detached):
     assert second_n.startswith("Step 7 finished") and "1: $step" not in second_n and "2: loss.item()" in second_n
 
 
+def test_undisplay_takes_ranges_all_or_none_and_asks_before_deleting_all(tmp_path):
+    """gdb's 'undisplay 1-2' (delete, disable and enable take ranges) was "display number must be
+    an integer, not '1-2'"; 'undisplay 3 9' removed 3, then said there is no 9; 'undisplay'
+    deleted them all without asking, where gdb (and 'delete') asks."""
+    t = session(tmp_path, "mlp.py", [
+        "n", "display $step", "display $loss", "display 1+1", "display 2+2", "undisplay 1-2 4", "info display",
+        "undisplay 3 9", "info display", "undisplay", "info display", "undisplay", "info display", "kill",
+    ], answers=[False, True, True], steps=4)
+    assert re.findall(r"^(\d+)\s+\S+$", t.after("info display"), re.M) == ["3"]
+    assert t.after("undisplay 3 9").strip() == "no display number 9"
+    assert re.findall(r"^(\d+)\s+\S+$", t.after("info display", 2), re.M) == ["3"]
+    assert t.after("undisplay").strip() == "Delete all auto-display expressions? (y or n) n\nNot confirmed."
+    assert re.findall(r"^(\d+)\s+\S+$", t.after("info display", 3), re.M) == ["3"]
+    assert t.after("undisplay", 2).strip() == "Delete all auto-display expressions? (y or n) y"
+    assert t.after("info display", 4).strip() == "There are no auto-display expressions now."
+
+
 def test_detach_lets_the_run_finish_and_ends_the_session(displayed_then_detached):
     t = displayed_then_detached
     det = t.after("detach")

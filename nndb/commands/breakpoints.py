@@ -61,17 +61,18 @@ def _check_glob(s, kind: str, glob: str) -> None:
     s.message(f"No {what} matches '{glob}'{seen}; the point stays pending until one does.")
 
 
-def _numbers(text: str) -> list:
+def _numbers(text: str, what: str = "breakpoint number") -> list:
+    """gdb's list of numbers and ranges: '1 3-5' is [1, 3, 4, 5]."""
     out = []
     for w in text.split():
         if "-" in w.strip("-") and not w.startswith("-"):
             a, b = w.split("-", 1)
-            lo, hi = P.parse_int(a, "breakpoint number"), P.parse_int(b, "breakpoint number")
+            lo, hi = P.parse_int(a, what), P.parse_int(b, what)
             if hi < lo or hi - lo > 10000:
                 raise CommandError(f"bad range '{w}'")
             out.extend(range(lo, hi + 1))
         else:
-            out.append(P.parse_int(w, "breakpoint number"))
+            out.append(P.parse_int(w, what))
     return out
 
 

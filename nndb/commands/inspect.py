@@ -13,7 +13,7 @@ from ..store.measured import measured_values
 from ..schema import COUNT_STATS, KIND_WORDS, STAT_NAMES, default_stat, model_order
 from ..debugger import evaluate as E
 from ..debugger import points as P
-from .breakpoints import info_points
+from .breakpoints import _numbers, info_points
 from .rules import info_rules
 from .table import Command, Table, no_args
 
@@ -63,15 +63,21 @@ def _display(s, text):
     return None
 
 
-def _undisplay(s, text):
-    if not text.strip():
+def _undisplay_arg(text: str) -> list:
+    return _numbers(text, "display number")
+
+
+def _undisplay(s, numbers):
+    if not numbers:
+        if s.points.displays and s.interactive and not s.frontend.confirm(
+                "Delete all auto-display expressions? (y or n) "):
+            return "Not confirmed."
         s.points.displays.clear()
         return None
-    for w in text.split():
-        n = P.parse_int(w, "display number")
-        if not any(d[0] == n for d in s.points.displays):
-            raise CommandError(f"no display number {n}")
-        s.points.displays = [d for d in s.points.displays if d[0] != n]
+    missing = [n for n in numbers if not any(d[0] == n for d in s.points.displays)]
+    if missing:                       # (all or none, as delete: 'undisplay 1 9' removed 1, then said there is no 9)
+        raise CommandError(f"no display number {missing[0]}")
+    s.points.displays = [d for d in s.points.displays if d[0] not in numbers]
     return None
 
 
@@ -503,7 +509,7 @@ A long list or dict is one item a line (Python's pprint); a tensor is the one li
     Command("display", "display [EXPR]", "Show EXPR at every stop (with no EXPR, show them all now).",
             _display, aliases=(), args=("expr",), group="data", ranks="suffix"),
     Command("undisplay", "undisplay [N...]", "Stop showing display expressions N... (all if none are given).",
-            _undisplay, group="data", ranks="suffix"),
+            _undisplay, _undisplay_arg, group="data", ranks="suffix"),
     Command("stats", "stats [--ranks all|LIST] [KIND] [GLOB]", """A table of the last recorded step's statistics (KIND: grad weight update act loss).
 --ranks all|LIST (several ranks): one table per rank.""",
             _stats, _stats_arg, args=("kind", "tensor"), group="data", ranks="option"),
