@@ -955,6 +955,20 @@ def test_comprehensions_and_lambdas_see_nndbs_variables_and_the_frames(tmp_path)
     assert r.returncode == 0 and set(printed) == {0, 1, 2, 3}       # the condition never held
 
 
+def test_dollar_variables_in_f_strings_of_either_quote(tmp_path):
+    """"p f'step {$step}'" said "syntax error in ...: f-string: unmatched '['": $step became
+    __nndb_vars__['step'], whose quotes ended the f-string (Python before 3.12)."""
+    script = tmp_path / "trainer.py"
+    script.write_text(IN_A_METHOD)
+    r = Ran(nndb("run", "--batch", "-q", "--nx", "--trace", str(tmp_path / "t.h5"), "-e", "break step 1", "-e", "continue",
+                 "-e", "p f'step {$step} loss {$loss!r}'", "-e", 'p f"{$update[\'0.weight\'].norm > 0}"',
+                 "-e", "display f'at {$step}'", "-e", "continue", str(script), cwd=str(tmp_path)), [])
+    printed = _script_lines(r.stdout)
+    assert f"'step 1 loss {printed[1]}'" in r.stdout, r.stdout + r.stderr
+    assert "'True'" in r.stdout and "1: f'at {$step}' = 'at 1'" in r.stdout, r.stdout + r.stderr
+    assert r.returncode == 0, r.stderr
+
+
 WARNS_EACH_STEP = textwrap.dedent('''
     import warnings
     import torch

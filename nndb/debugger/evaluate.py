@@ -86,8 +86,10 @@ def stack_from_traceback(tb) -> list:
 
 # -- expressions ----------------------------------------------------------------
 def with_dollars(source: str) -> str:
-    """``$name`` -> a lookup in nndb's convenience variables."""
-    return _DOLLAR.sub(lambda m: f"{VARS_NAME}[{m.group(1)!r}]", source)
+    """``$name`` -> a lookup in nndb's convenience variables: an attribute, no quotes (a
+    subscript's quotes ended the string of a replacement field: "p f'step {$step}'" was
+    "f-string: unmatched '['")."""
+    return _DOLLAR.sub(lambda m: f"{VARS_NAME}.{m.group(1)}", source)
 
 
 def compile_expr(source: str, mode: str = "eval"):
@@ -134,10 +136,20 @@ def _syntax_warnings():
             warnings.showwarning = show
 
 
-class ConvenienceVars(dict):
-    def __missing__(self, key):
-        raise CommandError(f"no convenience variable ${key} here (have: "
-                           + ", ".join("$" + k for k in sorted(self)) + ")")
+class ConvenienceVars:
+    """nndb's ``$`` variables as attributes (``with_dollars``); no other attribute than the
+    variables' (a dict's ``update`` would hide ``$update``)."""
+    __slots__ = ("__vars",)
+
+    def __init__(self, variables: dict):
+        self.__vars = variables
+
+    def __getattr__(self, key):
+        try:
+            return self.__vars[key]
+        except KeyError:
+            raise CommandError(f"no convenience variable ${key} here (have: "
+                               + ", ".join("$" + k for k in sorted(self.__vars)) + ")") from None
 
 
 def namespace(frame, variables: dict, merged: bool = False) -> tuple[dict, dict]:
