@@ -268,6 +268,17 @@ def test_reverse_continue_in_the_past_with_no_earlier_hit_stays_in_the_past(tmp_
     assert "no breakpoints or watchpoints: nothing to go back to" in r.stderr and "Back in the present" not in r.stdout
 
 
+def test_reverse_continue_from_a_module_stop_in_the_past_with_no_earlier_hit_stays_there(tmp_path, script):
+    # from a stop inside step 3 in the past, rc found nothing earlier and sent the user to the present
+    r = run(tmp_path, script, ["until 6", "break module 0 if $step == 3", "rc", "rc", "p ('AT', $step)",
+                               "info breakpoints", "present", "delete", "continue"])
+    out = r.stdout
+    assert "No earlier step where a breakpoint or watchpoint held; back where you were." in out, out
+    assert out.count("Breakpoint 1, module 0 forward (step 3)") == 2 and "('AT', 3)" in out, out
+    assert out.count("Back in the present") == 1 and out.index("('AT', 3)") < out.index("Back in the present"), out
+    assert re.search(r"module 0 forward\s+1\s+stop only if \$step == 3", out), out     # (one crossing, not two)
+
+
 def test_checkpoint_commands_and_memory(tmp_path, script):
     r = run(tmp_path, script, ["break step 5", "continue", "checkpoint", "info checkpoints",
                                "delete checkpoint 1", "info checkpoints", "continue"])

@@ -613,10 +613,18 @@ class TimeMachine:
                     target, then, why = found
                     from_past = True
                     continue
-                if not msg.get("changed") and msg.get("at_end", True):
-                    # (the recorded run's past: where the search started is replayed again, as it was)
-                    target, then = int(msg["step"]), "stop"
-                    why = "reverse-continue: no earlier step where a breakpoint or watchpoint held; back where you were"
+                if not msg.get("changed"):
+                    # (the recorded run's past: where the search started is replayed again, as it was;
+                    # inside a step, to its breakpoint from the end of the step before: it sent the
+                    # user to the present)
+                    target, why = int(msg["step"]), ""
+                    if msg.get("at_end", True):
+                        then = "stop"
+                        why = ("reverse-continue: no earlier step where a breakpoint or watchpoint held; "
+                               "back where you were")
+                    else:
+                        then = "again"
+                        s.message("No earlier step where a breakpoint or watchpoint held; back where you were.")
                     from_past = True
                     continue
                 s.message("No earlier step where a breakpoint or watchpoint held; the changed timeline was left "

@@ -274,6 +274,11 @@ class Goto(Role):
         # "points": arm the breakpoints at the target and go on (reverse-continue
         # to a hit inside the next step) instead of stopping there
         self.then = goal.get("then", "stop")
+        # "again": as "points", to the stop inside the next step where the user was (reverse-continue
+        # found nothing before it): its hits there are no new crossings
+        self.again = self.then == "again"
+        if self.again:
+            self.then = "points"
         # the live run's last finished step: the recorded past ends there (after the run's end,
         # at the script's end: no stop at that step then)
         self.present = goal.get("present")
@@ -337,6 +342,10 @@ class Goto(Role):
         s.machine.hand_back(s, "present")
 
     def intercept(self, s, stop: Stop) -> bool:
+        if self.again and not self.replaying and stop.hits:
+            self.again = False
+            for p, _ in stop.hits:
+                p.hits = max(0, p.hits - 1)
         return self.replaying
 
     def run_ended(self, s, status: str, reason: str) -> None:
