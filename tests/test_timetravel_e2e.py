@@ -279,6 +279,20 @@ def test_reverse_continue_from_a_module_stop_in_the_past_with_no_earlier_hit_sta
     assert re.search(r"module 0 forward\s+1\s+stop only if \$step == 3", out), out     # (one crossing, not two)
 
 
+def test_reverse_step_stops_at_a_breakpoint_on_the_way_as_gdb_does(tmp_path, script):
+    """gdb's reverse-step N (as next N forward) stops at a breakpoint it crosses: 'rs 6' from
+    step 8 with 'break step 3' went straight to step 2; a module breakpoint inside step 7
+    stops 'rs 3' from step 8 there; 'rs' again goes on."""
+    r = run(tmp_path, script, ["until 8", "break step 3", "rs 6", "p ('AT', $step)", "rs 2", "p ('AT', $step)",
+                               "present", "delete", "break module 0 if $step == 7", "rs 3", "p ('AT', $step)",
+                               "info breakpoints", "present", "delete", "continue"])
+    out = r.stdout
+    assert re.findall(r"\('AT', (\d+)\)", out) == ["3", "1", "7"], out
+    assert "(reverse-step 6: 1 held on the way, short of step 2; 3 step(s) replayed" in out, out
+    assert "Breakpoint 2, module 0 forward (step 7)" in out, out
+    assert re.search(r"module 0 forward\s+1\s+stop only if", out), out
+
+
 def test_checkpoint_commands_and_memory(tmp_path, script):
     r = run(tmp_path, script, ["break step 5", "continue", "checkpoint", "info checkpoints",
                                "delete checkpoint 1", "info checkpoints", "continue"])

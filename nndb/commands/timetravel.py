@@ -8,7 +8,7 @@ import time
 from ..errors import CommandError
 from ..debugger import evaluate as E
 from ..debugger.modes import State
-from ..debugger.points import parse_int
+from ..debugger.points import ModuleBreak, StepBreak, parse_int
 from ..timetravel.predict import parse_request
 from .control import _count, step_arg
 from .table import Command, Table, no_args
@@ -40,7 +40,26 @@ def _go(s, target: int, then: str = "stop", why: str = "") -> None:
 
 def _reverse_step(s, n):
     step, at_end = position(s)
-    _go(s, step - n + (0 if at_end else 1), why=f"{n} step(s) back")
+    target, why = step - n + (0 if at_end else 1), f"{n} step(s) back"
+    # A point may hold at a step end between the two, or a module breakpoint inside a step; a replay
+    # searches for it (an unconditional 'break step N' is known to hold at step N only)
+    last = step - 1 if at_end else step           # (the last step end crossed)
+    points = [p for p in s.points.values() if p.enabled]
+    known = all(isinstance(p, StepBreak) and not p.condition for p in points)
+    crossed = any(target < p.step <= last for p in points) if known else \
+        last > target or any(isinstance(p, ModuleBreak) for p in points)
+    if target >= 0 and crossed:
+        # gdb's reverse-step N stops at a breakpoint on the way, as next N does forward (it went
+        # straight to the step N back)
+        m, what = machine(s), f"reverse-step {n}"
+        if m.replica:
+            m.hand_back(s, "rc", step=step, at_end=at_end, changed=m.changed, floor=target, what=what, why=why)
+        from ..timetravel.search import reverse_continue_target
+        found = reverse_continue_target(s, m, step, at_end, floor=target, what=what)
+        if found is not None:
+            m.travel(s, *found)
+            return
+    _go(s, target, why=why)
 
 
 def _goto(s, step):
@@ -255,6 +274,8 @@ def _replay(s, rng):
 
 COMMANDS = [
     Command("reverse-step", "reverse-step [N]", """Go back N training steps (default 1), to the end of that step.
+A breakpoint or watchpoint that held on the way stops it there (gdb's
+reverse-step N; 'rs' again goes on).
 A replica is resumed from the nearest checkpoint and replayed silently; the
 tensors, the script's frame and its variables are as they were then.
 'continue' and 'next' replay forward from there; 'present' returns.""",

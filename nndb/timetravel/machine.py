@@ -607,10 +607,17 @@ class TimeMachine:
                 continue
             if nxt == "rc":
                 from .search import reverse_continue_target
+                floor = msg.get("floor")         # (reverse-step N: stopped by a point on the way, or there)
                 with self._in_the_present_if(True, s):
-                    found = reverse_continue_target(s, self, int(msg["step"]), bool(msg["at_end"]))
+                    found = reverse_continue_target(s, self, int(msg["step"]), bool(msg["at_end"]),
+                                                    **({} if floor is None else {"floor": int(floor),
+                                                                                 "what": msg["what"]}))
                 if found is not None:
                     target, then, why = found
+                    from_past = True
+                    continue
+                if floor is not None:
+                    target, then, why = int(floor), "stop", msg["why"]
                     from_past = True
                     continue
                 if not msg.get("changed"):

@@ -15,9 +15,10 @@ from ..store.reader import TraceReader
 from ..schema import STAT_NAMES, series_label
 
 
-def reverse_continue_target(s, machine, step: int, at_end: bool):
-    """The last hit before (step, at_end): searched one checkpoint segment at a
-    time, newest first.  (target, then, why) for ``TimeMachine.travel``, or None.
+def reverse_continue_target(s, machine, step: int, at_end: bool, floor: int = -1, what: str = "reverse-continue"):
+    """The last hit before (step, at_end), after the end of step ``floor`` (reverse-step N's
+    target: gdb's reverse-step stops at a breakpoint on the way): searched one checkpoint
+    segment at a time, newest first.  (target, then, why) for ``TimeMachine.travel``, or None.
     Where a replica may be respawned (no fork checkpoint before a step: DataLoader
     workers alive, ``--replica respawn``), the steps before the first checkpoint are
     the last segment, replayed from the start (``replay`` respawns from step 0 anyway)."""
@@ -37,18 +38,21 @@ def reverse_continue_target(s, machine, step: int, at_end: bool):
         res = machine.replay(s, goal, first)
         hits = [h for h in res["result"]["hits"]
                 if (h["step"] < step or (h["step"] == step and not (h["at_step_end"] and at_end)))
-                and not (h["at_step_end"] and h["step"] == judged)]
+                and not (h["at_step_end"] and h["step"] == judged) and h["step"] > floor]
         # newest first, each crossing counted and its ignore counts spent (the live session's
         # points: 'info breakpoints' shows them after), as gdb does in reverse
         for h in reversed(hits):
             if h["points"] and s is not None and not s.points.crossed_in_reverse(
                     h["points"], at_step_end=h["at_step_end"] or h["step"] == 0):
                 continue
-            why = f"reverse-continue: {', '.join(map(str, h['points'])) or 'a rule'} held"
+            why = f"{what}: {', '.join(map(str, h['points'])) or 'a rule'} held" + \
+                (f" on the way, short of step {floor}" if floor >= 0 else "")
             if h["at_step_end"] or h["step"] == 0:
                 # (the stop at that step end is the points' hit, counted above)
                 return h["step"], "stop", why + ("" if h["at_step_end"] else " in step 0 (shown at its end)")
             return h["step"] - 1, "points", why
+        if first <= floor:
+            break             # (the steps after the floor are searched)
         # With a module breakpoint, the next segment, from an older checkpoint, ends with the step of
         # this one's: its end was judged here (resumed at the checkpoint), the module breakpoints
         # inside it were not (rc from the end of step 8, a checkpoint there, never stopped in step
