@@ -36,17 +36,23 @@ def _history(path) -> list:
     return [line[1:] for line in path.read_text().splitlines() if line.startswith("+")]
 
 
+def _in_the_past(tmp_path, text: str, until: int, back: int):
+    """A run of ``text`` on a terminal, its history in the working directory ("hist"), gone
+    back ``back`` steps from the end of step ``until``: (the terminal, what it showed)."""
+    (tmp_path / "train.py").write_text(text)
+    term = Terminal(["run", "--nx", "--trace", str(tmp_path / "t.h5"), "train.py"], cwd=tmp_path, home=tmp_path,
+                    env={"NNDB_HISTFILE": str(tmp_path / "hist")})
+    term.expect("(nndb)")
+    term.type(f"until {until}")
+    term.expect("(nndb)")
+    term.type(f"rs {back}")
+    return term, term.expect("(nndb past)")
+
+
 def test_commands_typed_in_the_past_are_kept_after_a_prediction_there_is_interrupted(tmp_path):
-    (tmp_path / "slow.py").write_text(SLOW)
     hist = tmp_path / "hist"
-    term = Terminal(["run", "--nx", "--trace", str(tmp_path / "t.h5"), "slow.py"], cwd=tmp_path, home=tmp_path,
-                    env={"NNDB_HISTFILE": str(hist)})
+    term, _ = _in_the_past(tmp_path, SLOW, 10, 3)
     try:
-        term.expect("(nndb)")
-        term.type("until 10")
-        term.expect("(nndb)")
-        term.type("rs 3")
-        term.expect("(nndb past)")
         term.type("p 111")
         term.expect("(nndb past)")
         term.type("predict 300")
@@ -133,3 +139,27 @@ def test_the_history_is_written_past_a_replica_s_sandbox(tmp_path, monkeypatch):
     h.store_string("p 2")
     monkeypatch.undo()
     assert _history(path) == ["p 1", "p 2"]
+
+
+def test_the_history_written_in_the_past_is_no_file_the_replica_changed(tmp_path):
+    """The history file under the working directory (a run started from the home directory,
+    or NNDB_HISTFILE there): each travel back after a command typed in the past said "nndb:
+    warning: 1 of your file(s) changed while the replica ran (...): hist (changed)"."""
+    hist = tmp_path / "hist"
+    term, shown = _in_the_past(tmp_path, LOOP, 5, 2)
+    try:
+        term.type("p 111")
+        shown += term.expect("(nndb past)")
+        term.type("present")
+        shown += term.expect("(nndb)")
+        term.type("kill")
+        term.expect("(y or n)")
+        term.type("y")
+        term.expect("(nndb)")
+        term.type("quit")
+        assert term.proc.wait(timeout=60) == 0
+    finally:
+        term.close()
+    assert "Back in the present (timeline 0): step 5." in shown, shown
+    assert "changed while the replica ran" not in shown, shown
+    assert _history(hist)[:4] == ["until 5", "rs 2", "p 111", "present"]

@@ -20,6 +20,7 @@ class BatchFrontend:
     """``--batch`` (or stdin not a terminal): no prompt, no terminal escapes.
     Output to stdout, errors to stderr; confirmations are answered yes."""
     interactive = False
+    own_files = ()          # the files the front end writes (ReplFrontend's history)
 
     def __init__(self, out=None, err=None):
         self.out = out or sys.stdout

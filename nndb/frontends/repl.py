@@ -65,6 +65,7 @@ class ReplFrontend:
         self.err = err or sys.stderr
         if history_path == "default":
             history_path = default_history_path()
+        self.own_files = (history_path,) if history_path else ()     # (nndb's, not the script's)
         history = InMemoryHistory()
         if history_path:
             try:

@@ -185,13 +185,17 @@ class TimeMachine:
     @staticmethod
     def _survey(s) -> "sandbox.Survey":
         """A survey of the user's files: under the script's directory and the working
-        directory, nndb's trace and its checkpoints left out."""
+        directory, nndb's trace and its checkpoints left out, and the files the front end
+        writes (the prompt's history, which a command typed in the past is added to: run
+        from the home directory, every travel back said "home/.nndb_history (changed)" was
+        written past the replica's scratch copies)."""
         t = getattr(s.rec, "target", None)
         script = getattr(t, "path", None)
         roots = [os.path.dirname(os.path.abspath(script)) if script else None, os.getcwd()]
         from .disk import directory_for
         trace = s.log.trace_path
-        return sandbox.Survey(roots, skip=(trace, directory_for(trace)) if trace else ())
+        own = tuple(getattr(s.frontend, "own_files", ()))
+        return sandbox.Survey(roots, skip=((trace, directory_for(trace)) if trace else ()) + own)
 
     def close(self) -> None:
         for ck in list(self.checkpoints.values()):
