@@ -84,8 +84,10 @@ def primed_watches(s, starts) -> dict:
                 w = P.point_from_dict(P.point_to_dict(p))
                 w.reset()
                 col = reader.columns.index(p.stat)
-                values = {i.name: reader.column(i)[:, col] for i in reader.series() if i.kind == p.kind}
+                values = {i.name: reader.column(i)[:, col].tolist() for i in reader.series() if i.kind == p.kind}
                 watched = [n for n in values if globs.matches(n, p.glob)]
+                if p.op is not None:
+                    values = {n: values[n] for n in watched}     # (the scale is the relative rule's alone)
                 pending = list(starts)
                 for st in steps + [math.inf]:
                     while pending and st >= pending[0]:
@@ -93,8 +95,10 @@ def primed_watches(s, starts) -> dict:
                                                               "streak": dict(w.streak)}
                     if not pending:
                         break
-                    row = {n: float(v[trace.rows[st]]) for n, v in values.items()}
-                    scale = max((abs(v) for v in row.values() if math.isfinite(v)), default=0.0)
+                    i = trace.rows[st]
+                    row = {n: v[i] for n, v in values.items()}
+                    scale = max((abs(v) for v in row.values() if math.isfinite(v)), default=0.0) \
+                        if p.op is None else 0.0
                     w.check([(n, row[n]) for n in watched], scale)
     except TraceError:
         return {}
