@@ -238,6 +238,36 @@ def test_reverse_continue_stops_where_a_watch_set_later_would_have_hit_wherever_
     assert re.search(r"loss \* mean > 3\s+2\s+breakpoint already hit 2 times", out), out
 
 
+TWICE = textwrap.dedent('''
+    import torch, torch.nn as nn
+    torch.manual_seed(0)
+    enc = nn.Linear(4, 4)
+    opt = torch.optim.SGD(enc.parameters(), lr=0.1)
+    for it in range(8):
+        a, b = torch.randn(8, 4), torch.randn(8, 4)
+        opt.zero_grad()
+        za = enc(a)
+        zb = enc(b)
+        loss = (za - zb).pow(2).mean()
+        loss.backward()
+        opt.step()
+''')
+
+
+def test_reverse_continue_visits_each_call_of_a_module_called_twice_a_step_newest_first(tmp_path):
+    """gdb's reverse-continue stops at every place a breakpoint held, newest first.  An encoder
+    called on a and on b in each step: rc from the end of step 5 stopped at enc(a) of step 5
+    (the first call, not the newest), and the next rc at enc(a) of step 4, never at enc(b)."""
+    script = tmp_path / "twice.py"
+    script.write_text(TWICE)
+    said = 'p ("AT", $step, "b" if $inputs[0].sum().item() == b.sum().item() else "a")'
+    r = run(tmp_path, str(script), ["until 5", "break module enc", "rc", said, "rc", said, "rc", said, "rc", said,
+                                    "info breakpoints", "present", "delete", "continue"])
+    out = r.stdout
+    assert re.findall(r"\('AT', (\d+), '(\w)'\)", out) == [("5", "b"), ("5", "a"), ("4", "b"), ("4", "a")], out
+    assert re.search(r"module enc forward\s+4\s+breakpoint already hit 4 times", out), out
+
+
 def test_present_from_a_stop_inside_a_step_names_that_step(tmp_path, script):
     # stopped in step 2's forward pass ($step 2), back from the past: the present is step 2, not 1
     r = run(tmp_path, script, ["break module 0", "continue", "continue", "continue", "p ('NOW', $step)",

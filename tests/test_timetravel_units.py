@@ -370,22 +370,22 @@ def _hit(step, at_end, points=(1,)):
 def test_reverse_continue_searches_the_newest_segment_first():
     from nndb.timetravel.search import reverse_continue_target
     m = _ScanMachine([0, 5], [_hit(2, True), _hit(7, True)])
-    assert reverse_continue_target(None, m, 9, True) == (7, "stop", "reverse-continue: 1 held")
+    assert reverse_continue_target(None, m, 9, True) == (7, "stop", "reverse-continue: 1 held", 0)
     assert m.scans == [(5, 9)]
     m = _ScanMachine([0, 5], [_hit(2, True), _hit(7, True)])
-    assert reverse_continue_target(None, m, 7, True) == (2, "stop", "reverse-continue: 1 held")
+    assert reverse_continue_target(None, m, 7, True) == (2, "stop", "reverse-continue: 1 held", 0)
     assert m.scans == [(5, 7), (0, 4)]
 
 
 def test_reverse_continue_stops_before_a_module_hit_and_finds_none_before_the_first():
     from nndb.timetravel.search import reverse_continue_target
     m = _ScanMachine([0], [_hit(3, False, ())])
-    assert reverse_continue_target(None, m, 6, True) == (2, "points", "reverse-continue: a rule held")
+    assert reverse_continue_target(None, m, 6, True) == (2, "points", "reverse-continue: a rule held", 0)
     m = _ScanMachine([0], [_hit(0, False)])
     assert reverse_continue_target(None, m, 6, True)[:2] == (0, "stop")
     assert reverse_continue_target(None, _ScanMachine([0], [_hit(6, True)]), 6, True) is None
     assert reverse_continue_target(None, _ScanMachine([0], [_hit(6, True)]), 6, False) == \
-        (6, "stop", "reverse-continue: 1 held")
+        (6, "stop", "reverse-continue: 1 held", 0)
 
 
 def test_reverse_continue_with_a_module_breakpoint_scans_the_step_of_a_newer_checkpoint():
@@ -407,7 +407,7 @@ def test_reverse_continue_with_a_module_breakpoint_scans_the_step_of_a_newer_che
 
     s = SimpleNamespace(points={1: ModuleBreak(number=1, glob="0")})
     m = Resumed([0, 6], [_hit(6, False, ())])
-    assert reverse_continue_target(s, m, 6, True) == (5, "points", "reverse-continue: a rule held")
+    assert reverse_continue_target(s, m, 6, True) == (5, "points", "reverse-continue: a rule held", 0)
     assert m.scans == [(6, 6), (0, 6)]
     m = Resumed([0, 6], [_hit(6, False, ())])                  # (none: step ends alone are searched)
     assert reverse_continue_target(None, m, 6, True) is None and m.scans == [(6, 6), (0, 5)]
@@ -421,7 +421,7 @@ def test_reverse_continue_without_checkpoints_scans_from_the_start():
     the steps before the first checkpoint are scanned from the start (they were never searched)."""
     from nndb.timetravel.search import reverse_continue_target
     m = _ScanMachine([], [_hit(2, True), _hit(4, True)], mode="auto")
-    assert reverse_continue_target(None, m, 4, True) == (2, "stop", "reverse-continue: 1 held")
+    assert reverse_continue_target(None, m, 4, True) == (2, "stop", "reverse-continue: 1 held", 0)
     assert m.scans == [(0, 4)]
     m = _ScanMachine([6], [_hit(2, True), _hit(9, True)], mode="auto")    # (the first checkpoint late)
     assert reverse_continue_target(None, m, 9, True)[0] == 2 and m.scans == [(6, 9), (0, 5)]

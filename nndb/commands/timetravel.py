@@ -53,7 +53,8 @@ def _reverse_step(s, n):
         # straight to the step N back)
         m, what = machine(s), f"reverse-step {n}"
         if m.replica:
-            m.hand_back(s, "rc", step=step, at_end=at_end, changed=m.changed, floor=target, what=what, why=why)
+            m.hand_back(s, "rc", step=step, at_end=at_end, changed=m.changed, floor=target, what=what, why=why,
+                        nth=s.replica.ordinal(s))
         from ..timetravel.search import reverse_continue_target
         found = reverse_continue_target(s, m, step, at_end, floor=target, what=what)
         if found is not None:
@@ -76,7 +77,7 @@ def _reverse_continue(s, _):
     if not s.points:          # (asked in the past too: a hand-back would leave it for nothing)
         raise CommandError("no breakpoints or watchpoints: nothing to go back to")
     if m.replica:
-        m.hand_back(s, "rc", step=step, at_end=at_end, changed=m.changed)
+        m.hand_back(s, "rc", step=step, at_end=at_end, changed=m.changed, nth=s.replica.ordinal(s))
     from ..timetravel.search import reverse_continue_target
     target = reverse_continue_target(s, m, step, at_end)
     if target is None:

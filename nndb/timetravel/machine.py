@@ -586,7 +586,7 @@ class TimeMachine:
             s.restore(last["state"])
         return last
 
-    def travel(self, s, target: int, then: str = "stop", why: str = "") -> None:
+    def travel(self, s, target: int, then: str = "stop", why: str = "", skip: int = 0) -> None:
         """Go to the end of step ``target`` on a replica; come back when it hands
         back, and carry out what it asked for (another goto, quit, run).
         After a hand-back the past it came from is gone: a replay that stops
@@ -598,7 +598,7 @@ class TimeMachine:
             # script's own end ("ended": it finished, or raised) it runs on to that end, as the run
             # did; a run that Ctrl-C, SIGTERM or 'kill' ended has no past after its last step)
             ended = not s.live and getattr(s.control, "ended", None) in ("finished", "failed")
-            goal = {"kind": "goto", "target": target, "then": then, "why": why, "present": s.last_step,
+            goal = {"kind": "goto", "target": target, "then": then, "why": why, "skip": skip, "present": s.last_step,
                     "ended": ended, "present_inside": present_step(s) != s.last_step}
             if from_past:
                 goal["ctrl_c"] = f"takes you to the present (step {present_step(s)})"
@@ -606,7 +606,7 @@ class TimeMachine:
                 msg = self.replay(s, goal, target)
             nxt = msg.get("next")
             if nxt == "goto":
-                target, then, why = int(msg["target"]), msg.get("then", "stop"), msg.get("why", "")
+                target, then, why, skip = int(msg["target"]), msg.get("then", "stop"), msg.get("why", ""), 0
                 from_past = True
                 continue
             if nxt == "rc":
@@ -614,27 +614,28 @@ class TimeMachine:
                 floor = msg.get("floor")         # (reverse-step N: stopped by a point on the way, or there)
                 with self._in_the_present_if(True, s):
                     found = reverse_continue_target(s, self, int(msg["step"]), bool(msg["at_end"]),
+                                                    nth=msg.get("nth"),
                                                     **({} if floor is None else {"floor": int(floor),
                                                                                  "what": msg["what"]}))
                 if found is not None:
-                    target, then, why = found
+                    target, then, why, skip = found
                     from_past = True
                     continue
                 if floor is not None:
-                    target, then, why = int(floor), "stop", msg["why"]
+                    target, then, why, skip = int(floor), "stop", msg["why"], 0
                     from_past = True
                     continue
                 if not msg.get("changed"):
                     # (the recorded run's past: where the search started is replayed again, as it was;
                     # inside a step, to its breakpoint from the end of the step before: it sent the
                     # user to the present)
-                    target, why = int(msg["step"]), ""
+                    target, why, skip = int(msg["step"]), "", 0
                     if msg.get("at_end", True):
                         then = "stop"
                         why = ("reverse-continue: no earlier step where a breakpoint or watchpoint held; "
                                "back where you were")
                     else:
-                        then = "again"
+                        then, skip = "again", msg.get("nth") or 0
                         s.message("No earlier step where a breakpoint or watchpoint held; back where you were.")
                     from_past = True
                     continue

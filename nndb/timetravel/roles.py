@@ -239,6 +239,10 @@ class Role:
         """A stop is about to prompt: True if the role takes it instead."""
         return not self.prompts
 
+    def ordinal(self, s) -> Optional[int]:
+        """The ordinal of the stop inside a step the user is at, where known (Goto)."""
+        return None
+
     def after_stops(self, s, step: int) -> None:
         pass
 
@@ -279,6 +283,11 @@ class Goto(Role):
         self.again = self.then == "again"
         if self.again:
             self.then = "points"
+        # "points": the stop is the (skip+1)-th inside that step (reverse-continue to a module
+        # breakpoint called several times in a step: the newest call, not the first); nth: the
+        # ordinal of the last stop inside a step, in step nth_step (as a scan counts them)
+        self.skip = int(goal.get("skip", 0))
+        self.nth, self.nth_step = -1, None
         # the live run's last finished step: the recorded past ends there (after the run's end,
         # at the script's end: no stop at that step then)
         self.present = goal.get("present")
@@ -342,11 +351,28 @@ class Goto(Role):
         s.machine.hand_back(s, "present")
 
     def intercept(self, s, stop: Stop) -> bool:
-        if self.again and not self.replaying and stop.hits:
-            self.again = False
+        if self.replaying or not stop.hits:
+            return self.replaying
+        if not stop.at_step_end:
+            self.nth = self.nth + 1 if stop.step == self.nth_step else 0
+            self.nth_step = stop.step
+        if self.skip > 0 or self.again:
+            # (on the way to the stop reverse-continue found, or where the user was: no new crossing)
             for p, _ in stop.hits:
                 p.hits = max(0, p.hits - 1)
-        return self.replaying
+            if self.skip > 0 and not stop.at_step_end:
+                self.skip -= 1
+                return True
+            self.again = False
+        return False
+
+    def ordinal(self, s) -> Optional[int]:
+        """The ordinal of the stop inside a step the user is at (for reverse-continue from it),
+        or None where it is not known."""
+        stop = s.here.stop
+        if stop is None or stop.at_step_end or not stop.hits or stop.step != self.nth_step:
+            return None
+        return self.nth
 
     def run_ended(self, s, status: str, reason: str) -> None:
         if self.replaying:
@@ -459,8 +485,11 @@ class Scan(Role):
 
     def intercept(self, s, stop: Stop) -> bool:
         if stop.hits:
+            # nth: the ordinal of a stop inside a step among that step's (a module called twice)
+            nth = sum(1 for h in self.result["hits"] if h["step"] == stop.step and not h["at_step_end"])
             self.result["hits"].append({"step": stop.step, "at_step_end": stop.at_step_end,
-                                        "points": [p.number for p, _ in stop.hits if p.number is not None]})
+                                        "points": [p.number for p, _ in stop.hits if p.number is not None],
+                                        "nth": nth})
         return True
 
     def after_stops(self, s, step: int) -> None:

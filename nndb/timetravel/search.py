@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import math
+from typing import Optional
 
 from .. import globs
 from ..debugger import evaluate as E
@@ -15,14 +16,18 @@ from ..store.reader import TraceReader
 from ..schema import STAT_NAMES, series_label
 
 
-def reverse_continue_target(s, machine, step: int, at_end: bool, floor: int = -1, what: str = "reverse-continue"):
+def reverse_continue_target(s, machine, step: int, at_end: bool, floor: int = -1, what: str = "reverse-continue",
+                            nth: Optional[int] = None):
     """The last hit before (step, at_end), after the end of step ``floor`` (reverse-step N's
     target: gdb's reverse-step stops at a breakpoint on the way): searched one checkpoint
-    segment at a time, newest first.  (target, then, why) for ``TimeMachine.travel``, or None.
+    segment at a time, newest first.  ``nth``: inside step ``step`` + 1, the ordinal of the stop
+    there (its earlier hits are searched first).  (target, then, why, skip) for
+    ``TimeMachine.travel``, or None.
     Where a replica may be respawned (no fork checkpoint before a step: DataLoader
     workers alive, ``--replica respawn``), the steps before the first checkpoint are
     the last segment, replayed from the start (``replay`` respawns from step 0 anyway)."""
-    end = step
+    cur = step + 1 if nth is not None and not at_end else None      # (the step we are inside)
+    end = step if cur is None else cur
     judged = None             # the step end the newer segment judged already (its checkpoint's)
     in_steps = s is not None and any(isinstance(p, P.ModuleBreak) and p.enabled for p in s.points.values())
     starts = [] if machine.mode == "respawn" else sorted({c.step for c in machine.checkpoints.values()},
@@ -37,7 +42,8 @@ def reverse_continue_target(s, machine, step: int, at_end: bool, floor: int = -1
                 "primed": primed.get(first, {})}
         res = machine.replay(s, goal, first)
         hits = [h for h in res["result"]["hits"]
-                if (h["step"] < step or (h["step"] == step and not (h["at_step_end"] and at_end)))
+                if ((h["step"] == cur and not h["at_step_end"] and h.get("nth", 0) < nth) if h["step"] == cur else
+                    (h["step"] < step or (h["step"] == step and not (h["at_step_end"] and at_end))))
                 and not (h["at_step_end"] and h["step"] == judged) and h["step"] > floor]
         # newest first, each crossing counted and its ignore counts spent (the live session's
         # points: 'info breakpoints' shows them after), as gdb does in reverse
@@ -49,8 +55,8 @@ def reverse_continue_target(s, machine, step: int, at_end: bool, floor: int = -1
                 (f" on the way, short of step {floor}" if floor >= 0 else "")
             if h["at_step_end"] or h["step"] == 0:
                 # (the stop at that step end is the points' hit, counted above)
-                return h["step"], "stop", why + ("" if h["at_step_end"] else " in step 0 (shown at its end)")
-            return h["step"] - 1, "points", why
+                return h["step"], "stop", why + ("" if h["at_step_end"] else " in step 0 (shown at its end)"), 0
+            return h["step"] - 1, "points", why, h.get("nth", 0)
         if first <= floor:
             break             # (the steps after the floor are searched)
         # With a module breakpoint, the next segment, from an older checkpoint, ends with the step of
