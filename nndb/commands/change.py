@@ -124,11 +124,12 @@ each epoch's start; under a scheduler, judged at the next step against what
 the schedule gives, with and without the change), that step's end says so,
 once; a later 'set' of the same hyper-parameter replaces the check.  --hold sets
 the value again just before each step of the optimizer until 'unset HYPER'
-('info optimizer' lists what is held).  'set var NAME VALUE' (or gdb's 'set
-var NAME = VALUE'; 'set NAME VALUE' for a name that is no hyper-parameter, and
-'set lr = 1e-4' too) assigns a variable of the
-script's frame: a hand-written loop's lr.  A change at a stop of the live
-run is part of its history: kept in the trace, made again by every replay.""",
+('info optimizer' lists what is held).  'set var NAME VALUE' (or 'set NAME
+VALUE' for a name that is no hyper-parameter) assigns a variable of the
+script's frame: a hand-written loop's lr.  An '=' may stand between the name
+and the value, as in gdb's 'set var NAME = VALUE' ('set lr = 1e-4').  A change
+at a stop of the live run is part of its history: kept in the trace, made
+again by every replay.""",
             _set, _set_arg, args=("hyper", "sub:group|optimizer|--hold"), group="changing",
             ranks="suffix"),
     Command("unset", UNSET_USAGE, """Let go of a hyper-parameter held by 'set HYPER VALUE --hold' (all groups, or group N).
