@@ -831,7 +831,7 @@ def session_commands(tmp_path_factory):
     t = session(tmp, "mlp.py", [
         "help", "help break", "help info", "help nosuch", "h c",
         f"source {cmds}", f"source {bad}", f"source {tmp / 'missing'}", "source",
-        "echo a\\nb", "echo c\\n", "echo d\\n\\n", "echo",
+        "echo a\\nb", "echo c\\n", "echo d\\n\\n", "echo", "echo e\\tf\\\\n\\x",
         "de 1", "frobnicate", "disp", "cont 1", "wh", "fin now", "i b", "info xyz", "info",
         "info s", "# just a comment", "next 0", "until -1", "until x", "up x", "list 10000",
         "quit",
@@ -938,6 +938,8 @@ def test_model_and_optimizer_summaries_of_the_session():
 
 def test_echo_prints_escapes(session_commands):
     assert session_commands.after("echo a\\nb") == "a\nb\n"
+    # gdb's C escapes: a tab, a backslash (before an n: no new line), an unknown one as it is
+    assert session_commands.after("echo e\\tf\\\\n\\x") == "e\tf\\n\\x\n"
     # gdb's 'echo TEXT\n' (its own line's end) printed a blank line after TEXT
     assert session_commands.after("echo c\\n") == "c\n"
     assert session_commands.after("echo d\\n\\n") == "d\n\n"

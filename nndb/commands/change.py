@@ -95,9 +95,13 @@ def _source(s, path):
     s.input.queue.extendleft(reversed(lines))
 
 
+# gdb's echo takes C's escapes: '\t' a tab, '\\' a backslash ('echo a\tb' printed a\tb)
+_ECHO_ESCAPES = {"n": "\n", "t": "\t", "\\": "\\", '"': '"', "'": "'"}
+
+
 def _echo(s, text):
     # (printed as a line: gdb's 'echo TEXT\n', its own line's end, is not a blank line more)
-    out = text.replace("\\n", "\n")
+    out = re.sub(r"\\(.)", lambda m: _ECHO_ESCAPES.get(m.group(1), m.group(0)), text)
     return out[:-1] if out.endswith("\n") else out
 
 
@@ -139,7 +143,7 @@ From the optimizer's next step on, the script and its schedulers set it again.""
             _py, _py_arg, aliases=("!",), args=("expr",), group="changing"),
     Command("source", "source FILE", "Run the commands in FILE (one per line, # comments).",
             _source, _source_arg, args=("file",), group="session"),
-    Command("echo", "echo TEXT", "Print TEXT (\\n for a new line; a last \\n, as gdb's echo has it, ends the line); handy in command files.",
+    Command("echo", "echo TEXT", "Print TEXT (\\n for a new line, \\t a tab, \\\\ a backslash; a last \\n, as gdb's echo has it, ends the line); handy in command files.",
             _echo, group="session"),
     Command("help", "help [CMD]", "List the commands, or show one command's usage and help.",
             _help, aliases=("h",), args=("command",), group="session"),
