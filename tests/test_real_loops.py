@@ -1884,3 +1884,22 @@ def test_a_parameter_two_optimizers_step_is_recorded_with_the_step_s_whole_updat
     assert [int(s) for s in steps] == [0, 1, 2]
     for s, v in zip(steps, norms):
         assert float(v) == pytest.approx(printed[int(s)], rel=1e-5), (int(s), float(v), printed)
+
+
+FAST_PATHS = os.path.join(ROOT, "tests", "scripts", "transformer_fast_paths.py")
+
+
+def test_a_frozen_transformer_teachers_nested_tensors_leave_the_recording_on(tmp_path):
+    """A frozen nn.TransformerEncoder in eval mode, called with autograd on and a padding
+    mask, runs its layers on nested tensors (PyTorch's fused path), and its layers' outputs
+    are nested: at step 32, the first step past 20 that records activations, measuring one
+    raised "NestedTensorImpl doesn't support sizes" and the tracer stopped recording for the
+    rest of the run.  A nested output has no rows; the teacher's own (a padded tensor) has."""
+    import nndb as api
+    trace = str(tmp_path / "run.h5")
+    r = nndb("run", "--batch", "--trace", trace, FAST_PATHS)
+    assert r.returncode == 0 and "internal error" not in r.stderr, r.stderr
+    t = api.open(trace)
+    assert list(t.steps) == list(range(34))
+    teacher = t.series("teacher", kind="act", stat="norm")
+    assert np.isfinite(teacher[list(t.steps).index(32)]), teacher

@@ -103,7 +103,7 @@ class FullTensors:
     def activation(self, naming, key, output, step: int) -> None:
         """A module's output at its forward hook (``key``: module, use in the pass)."""
         from .recorder import first_float_tensor
-        t = output if type(output) is torch.Tensor else first_float_tensor(output)
+        t = output if type(output) is torch.Tensor and not output.is_nested else first_float_tensor(output)
         if t is not None:
             def name():
                 base = naming.module_name(key[0])

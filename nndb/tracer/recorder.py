@@ -181,9 +181,10 @@ def _sum_rows(parts) -> tuple:
 
 def _float_tensors(out, depth: int = 0):
     """The floating-point tensors of a module's output (nested in tuples, lists and dicts up to
-    3 deep), in order."""
+    3 deep), in order; not a nested tensor (a TransformerEncoderLayer's on PyTorch's fused path,
+    hooks._FAST_PATHS), which has no one shape to measure: its rows are left out."""
     if isinstance(out, torch.Tensor):
-        if out.is_floating_point():
+        if out.is_floating_point() and not out.is_nested:
             yield out
     elif depth <= 3 and isinstance(out, (tuple, list, dict)):
         for o in (out.values() if isinstance(out, dict) else out):
@@ -384,7 +385,7 @@ class StepRecorder:
             ft.activation(self.naming, key, output, self.step)
         if not (self.recording and self.acts) or not torch.is_grad_enabled():
             return
-        t = output if type(output) is torch.Tensor else first_float_tensor(output)
+        t = output if type(output) is torch.Tensor and not output.is_nested else first_float_tensor(output)
         if t is None or not t.is_floating_point():
             return
         p = self._pass
