@@ -1903,3 +1903,16 @@ def test_a_frozen_transformer_teachers_nested_tensors_leave_the_recording_on(tmp
     assert list(t.steps) == list(range(34))
     teacher = t.series("teacher", kind="act", stat="norm")
     assert np.isfinite(teacher[list(t.steps).index(32)]), teacher
+
+
+def test_transformers_fused_paths_give_what_they_give_without_nndb(tmp_path):
+    """nn.TransformerEncoder evaluated under no_grad in eval mode with a padding mask
+    takes PyTorch's nested-tensor path, whose padded positions' outputs are exactly 0,
+    only where no torch function mode is on the stack: with the loss rules' function
+    watch on it (the first 20 steps), the padded outputs summed to 194.8 where plain
+    Python prints 0.0 at step 0, and the frozen teacher's targets, so every loss, differed
+    (1.7946 at step 0 where plain Python prints 1.9092)."""
+    plain = python(FAST_PATHS, forked=True)
+    r = nndb("run", "--batch", "--trace", str(tmp_path / "run.h5"), FAST_PATHS)
+    assert r.returncode == 0 and "internal error" not in r.stderr, r.stderr
+    assert "padded 0.0" in plain.stdout and r.stdout == plain.stdout

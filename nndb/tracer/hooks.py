@@ -89,6 +89,12 @@ _COMPILING = torch.compiler.is_compiling
 # functional_call training step): the module calls there run on functorch's wrapped tensors,
 # which have no storage to read; they are the transform's, not the step's forward
 _FUNCTORCH = torch._C._functorch.peek_interpreter_stack
+# Modules whose forward takes a fused path only where no argument "has a torch function",
+# which a function mode on the stack makes every tensor have: in eval mode with no gradient
+# to make, MultiheadAttention's native kernel and TransformerEncoder's nested tensors (whose
+# output is 0 at padded positions, where the other path's is not).  The function watches are
+# off the stack while they run (_forward_pre), so that they take the path they take without nndb.
+_FAST_PATHS = (torch.nn.MultiheadAttention, torch.nn.TransformerEncoderLayer, torch.nn.TransformerEncoder)
 _COMPILE_HOOKS_WARNING = r"Using `torch.compile\(module\)` when there are global hooks on modules"
 _COMPILE_WARNING_FILTERED = False
 
@@ -809,6 +815,7 @@ class Tracer:
         # no loss; unless the step evaluates a closure, LBFGS's, which computes the loss): _held.
         self.watching = 0
         self._held: Optional[list] = None
+        self._fast_paths: list = []             # (module, the watches hidden while it runs): _FAST_PATHS
         self._thread = threading.get_ident()
 
     # -- what the debugger asks of the tracer ---------------------------------
@@ -974,6 +981,10 @@ class Tracer:
             self._fail()
         if off:
             _show_watches(off)
+        if self.watching and isinstance(module, _FAST_PATHS):
+            off = _hide_watches(self)             # (until its call ends: _forward_post)
+            if off:
+                self._fast_paths.append((module, off))
         if hidden:
             profiled()
         self.module_depth += 1
@@ -984,6 +995,9 @@ class Tracer:
         return None
 
     def _forward_post(self, module, args, output):
+        fast = self._fast_paths
+        if fast and fast[-1][0] is module:
+            _show_watches(fast.pop()[1])
         if _COMPILING() or _FUNCTORCH() is not None or (module in self._ran and _IN_BACKWARD() != -1) \
                 or self.naming.compiled_bodies and self._compiled_body(module):
             return None
