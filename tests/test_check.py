@@ -1974,3 +1974,16 @@ def test_a_reentrant_checkpoint_given_no_input_that_requires_grad_is_named(tmp_p
         in c.evidence, c
     assert "the model holding them ran only without autograd" in c.cause and "use_reentrant=True" in c.cause, c
     assert by_name(run_check(script, "plain", overfit_iters=1)[0])["gradients"].status == "PASS"
+
+
+def test_the_scripts_numbers_under_check_are_a_plain_runs_with_transformers_fused_paths():
+    """nn.TransformerEncoder under no_grad in eval mode with a padding mask takes PyTorch's
+    nested-tensor path (padded outputs exactly 0) only where no torch function mode is on
+    the stack: check's loss watch stayed on it (entered as a TorchFunctionMode, unknown to
+    the tracer's hooks), and the script printed 'loss 1.794581651687622 ... padded
+    194.79522705078125' at step 0 where python prints 'loss 1.909196376800537 ... padded 0.0'."""
+    from conftest import python
+    script = os.path.join(ROOT, "tests", "scripts", "transformer_fast_paths.py")
+    _, out = run_check(script)
+    plain = python(script, "--steps", "2", forked=True).stdout
+    assert "padded 0.0" in plain and out == plain

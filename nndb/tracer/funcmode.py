@@ -124,6 +124,17 @@ class FunctionWatch(TorchFunctionMode):
                     profiled()
         return out
 
+    def __enter__(self):
+        """``with watch:`` is ``push()`` and ``remove()``, so that the tracer it knows takes it off
+        the stack as its hooks do (``nndb check``'s LossMode: entered as TorchFunctionMode's,
+        it stayed on the stack through a TransformerEncoder's forward, whose fused path it then
+        turned off; nndb.tracer.hooks._FAST_PATHS)."""
+        self.push()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.remove()
+
     def push(self) -> None:
         """On the mode stack of this thread (no-op if it is on already, or once
         Dynamo has compiled something)."""
