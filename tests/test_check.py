@@ -1987,3 +1987,18 @@ def test_the_scripts_numbers_under_check_are_a_plain_runs_with_transformers_fuse
     _, out = run_check(script)
     plain = python(script, "--steps", "2", forked=True).stdout
     assert "padded 0.0" in plain and out == plain
+
+
+@pytest.mark.parametrize("shape, made", [("moco", "returned by Momentum"),
+                                         ("simclr", "made by torch.zeros at contrastive_queue.py:64")])
+def test_data_leaves_a_contrastive_losss_label_0_made_in_code_alone(shape, made):
+    """MoCo's forward returns (logits, labels) with labels = torch.zeros(N): each row's positive
+    is its logit 0; SimCLR's NT-Xent makes them so outside the model.  data said FAIL 'all 16
+    targets are label 0 ... check the label pipeline' on both healthy loops: no data made them."""
+    script = os.path.join(ROOT, "tests", "scripts", "contrastive_queue.py")
+    report, _ = run_check(script, *(["--simclr"] if shape == "simclr" else []))
+    c = by_name(report)["data"]
+    n = 32 if shape == "simclr" else 16
+    assert c.status == "PASS" and c.evidence.endswith(f"labels 0..0 (1 distinct of {n}), {made}: not data, "
+                                                      "not judged"), text(report)
+

@@ -35,6 +35,12 @@ _GRAPH_NODES = 100_000          # autograd nodes walked to find which of them a 
 
 
 # -- what the first steps showed ----------------------------------------------------------
+# torch calls that fill a tensor with one value, and those that copy one (to another device or dtype)
+FILLS = {torch.zeros: "torch.zeros", torch.ones: "torch.ones", torch.full: "torch.full",
+         torch.zeros_like: "torch.zeros_like", torch.ones_like: "torch.ones_like", torch.full_like: "torch.full_like"}
+COPIES = {torch.Tensor.to, torch.Tensor.cuda, torch.Tensor.long, torch.Tensor.type}
+
+
 def _clone(tree):
     return pytree.tree_map(lambda t: t.detach().clone() if isinstance(t, torch.Tensor) else t, tree)
 
@@ -101,6 +107,9 @@ class LossCall:
     out_ref: object = None      # a weak reference to the loss the call returned
     # nll_loss: the median over its input's rows of their exp's sum (1 for log-probabilities)
     exp_sum: Optional[float] = None
+    # where the target came from if not the data: "returned by MoCo" (a model's output), "made
+    # by torch.zeros at train.py:12" (a contrastive loss's positives, at index 0 of each row)
+    target_made: str = ""
 
 
 @dataclass
@@ -171,6 +180,9 @@ class Capture:
         # ((N, 1) - (N,) -> (N, N)), as the live loss_broadcast rule sees it: [(where, op, a, b, out)]
         self.broadcasts: list = []
         self._tags = Tags()               # id -> weakref: this step's model outputs and same-shape results
+        # id -> (weakref, "torch.zeros at train.py:12"): this step's tensors a factory filled with one
+        # value (and their copies: .to(device), .long()), which a loss's target may be (made_by)
+        self._filled: dict = {}
 
     # -- installing -------------------------------------------------------------------
     def install(self) -> None:
@@ -234,6 +246,7 @@ class Capture:
         self.steps_done = step + 1
         self.outputs.clear()                 # hold no activation between steps
         self._tags.clear()
+        self._filled.clear()
 
     def _stop_if_done(self) -> None:
         """The steps are done: the script is unwound at its next module call
@@ -320,6 +333,31 @@ class Capture:
                 self._tags.tag(out)
                 break
 
+    def filled(self, func, args, out) -> None:
+        """A torch call while the steps run: a tensor made of one value (``torch.zeros(n,
+        dtype=torch.long)``), or a copy of one, is noted (made_by)."""
+        if self.steps_done >= self.steps or not isinstance(out, torch.Tensor) or len(self._filled) >= 64:
+            return
+        name = FILLS.get(func)
+        if name is not None:
+            self._filled[id(out)] = (weakref.ref(out), f"made by {name} at {where()}")
+        elif args and isinstance(args[0], torch.Tensor):
+            made = self._filled.get(id(args[0]))
+            if made is not None and made[0]() is args[0]:
+                self._filled[id(out)] = (weakref.ref(out), made[1])
+
+    def made_by(self, target) -> str:
+        """Where a loss's target came from if not the data: a model's output (MoCo's forward
+        returns its logits and its labels), or a tensor filled with one value in the step
+        (SimCLR's ``torch.zeros(n, dtype=torch.long)``: each row's positive at index 0); ""."""
+        if not isinstance(target, torch.Tensor):
+            return ""
+        link = self._output_of(target)
+        if link is not None:
+            return f"returned by {type(self.models[link[0]].module).__name__}"
+        made = self._filled.get(id(target))
+        return made[1] if made is not None and made[0]() is target else ""
+
     def backward_loss(self, tensor) -> None:
         if self.steps_done < self.steps:
             for mid, n in self._calls.items():
@@ -380,6 +418,7 @@ class Capture:
             link = self._output_of(target)
             if link is not None:
                 inp, target = target, inp
+        made = self.made_by(target)
         target = target.detach().clone() if isinstance(target, torch.Tensor) else None
         if target_pos is not None and target_pos != "target":
             args[1] = None
@@ -389,6 +428,7 @@ class Capture:
         value = float(out.detach().double().mean()) if isinstance(out, torch.Tensor) and out.numel() else math.nan
         call = LossCall(self.steps_done, name, func, func.__name__, args, kwargs, tuple(inp.shape),
                         inp.requires_grad, _probs_like(inp, func.__name__), target, target_pos, value)
+        call.target_made = made
         if isinstance(out, torch.Tensor):
             call.out_ref = weakref.ref(out)
         if func.__name__ == "nll_loss":
@@ -646,6 +686,7 @@ class LossMode(FunctionWatch):
         guarded = capture._guard(capture.loss_call)
 
         op = capture._guard(capture.tensor_op)
+        filled = capture._guard(capture.filled)
 
         def on_call(func, args, kwargs, out):
             if functional_loss(func) is not None:
@@ -653,6 +694,8 @@ class LossMode(FunctionWatch):
                 return
             if capture._tags:
                 op(func, args, out)
+            if func in FILLS or func in COPIES and capture._filled:
+                filled(func, args, out)
             if capture.steps_done >= capture.steps and torch.is_grad_enabled() \
                     and capture._last_root is None and not capture.optimizers:
                 # The steps are done: a loop of bare tensors, with no module call or optimizer

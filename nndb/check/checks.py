@@ -256,6 +256,9 @@ def _describe_target(call: LossCall):
             return desc, f"labels {lo}..{hi} outside [0, {c})", \
                 f"the model has {c} outputs but the labels reach {hi if hi >= c else lo}: " \
                 "the output layer's size or the label encoding is wrong"
+        if distinct == 1 and call.target_made:
+            # (no label pipeline: a contrastive loss's positive, each row's logit 0, MoCo's and SimCLR's)
+            return desc + f", {call.target_made}: not data, not judged", "", ""
         if distinct == 1 and n >= CONSTANT_LABELS_MIN:
             return desc, f"all {n} targets are label {lo}", \
                 "every target has the same label: check the label pipeline (column, shuffling, sampling)"
