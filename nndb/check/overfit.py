@@ -131,6 +131,13 @@ def overfit(cap: Capture, outcome: Outcome, iters: int) -> Check:
     if no_dropout.dropped or rnn_off.rnns:
         setup += ", dropout off"
     verdict = _verdict(cap, call, setup, losses, iters, model, floor, at_zero, lrs, cut)
+    written = _written_state(replica, start, opt) if verdict.status == "FAIL" else []
+    if written:
+        more = f" and {len(written) - 4} more" if len(written) > 4 else ""
+        return Check("overfit", "SKIP", f"{verdict.evidence.split(' -- ')[0]}; but {model_name}'s forward changes "
+                     f"its own state besides what the optimizer trains ({', '.join(written[:4])}{more}: a queue, "
+                     "a momentum encoder, as MoCo's): its loss on one batch is not a function of the trained "
+                     "parameters alone, and nndb cannot overfit it", numbers=dict(verdict.numbers, written=written))
     if verdict.status == "PASS" or not math.isfinite(verdict.numbers.get("last", math.nan)) \
             or "goal" not in verdict.numbers or not all(isinstance(lr, (int, float)) and lr > 0 for lr in lrs):
         return verdict
@@ -144,6 +151,35 @@ def overfit(cap: Capture, outcome: Outcome, iters: int) -> Check:
     except Exception:
         return verdict              # (what the script's lr gave stands)
     return _faster(verdict, again, lrs, setup, floor)
+
+
+def _written_state(replica, start: dict, opt) -> list:
+    """The names of the replica's tensors that its training changed from ``start`` and that the
+    optimizer does not train: parameters it holds frozen or does not hold (MoCo's key encoder, a
+    momentum copy its forward updates) and buffers (MoCo's queue of keys); not a normalisation
+    layer's running statistics, nor spectral_norm's power-iteration vectors, which a forward
+    updates in any model."""
+    trained = {id(p) for g in opt.param_groups for p in g["params"] if p.requires_grad}
+    statistics = set()
+    for m in replica.modules():
+        if isinstance(m, torch.nn.modules.batchnorm._NormBase) or type(m).__name__ == "_SpectralNorm":
+            statistics.update(id(b) for b in m.buffers(recurse=False))
+        for name, b in m.named_buffers(recurse=False):
+            if name.endswith(("_u", "_v")) and hasattr(m, name[:-2] + "_orig"):     # (the old spectral_norm's)
+                statistics.add(id(b))
+    written = []
+    for i, stage in enumerate(replica.stages):
+        for name, t in stage.state_dict(keep_vars=True).items():
+            was = start.get(f"stages.{i}.{name}")
+            if id(t) in trained or id(t) in statistics or not isinstance(t, torch.Tensor) or was is None \
+                    or t.shape != was.shape:
+                continue
+            t = t.detach()
+            same = torch.allclose(t, was, rtol=0, atol=0, equal_nan=True) if t.is_floating_point() else \
+                torch.equal(t, was)
+            if not same:        # (named as in its model; with several models, after the model's class)
+                written.append(name if len(replica.stages) == 1 else f"{type(stage).__name__}.{name}")
+    return written
 
 
 # A model that does not fit its batch at the script's learning rate in the iterations given is
