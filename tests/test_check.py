@@ -2014,3 +2014,17 @@ def test_overfit_skips_a_model_whose_forward_writes_its_own_queue_and_momentum_e
     assert c.status == "SKIP" and "; but Momentum's forward changes its own state besides what the optimizer " \
         "trains (queue, encoder_k.1.weight, encoder_k.1.bias, encoder_k.2.weight and 3 more: a queue, a momentum " \
         "encoder, as MoCo's)" in c.evidence, text(report)
+
+
+def test_data_leaves_the_range_of_a_diffusion_models_float_timesteps_alone():
+    """A rectified-flow loop (diffusers' SD3 scripts' shape) gives its denoiser the timesteps as
+    floats in [0, 1000), one a sample, for a sinusoidal embedding: data said FAIL 'inputs[1]
+    reach 936.9 (beyond +-100) ... inputs are not normalised', and overfit named 'unnormalised
+    inputs (see data)' as its likely cause."""
+    script = os.path.join(ROOT, "tests", "scripts", "flow_matching_timesteps.py")
+    report, _ = run_check(script)
+    c = by_name(report)["data"]
+    assert c.status == "PASS" and c.evidence.endswith("inputs[1] (8,) float32 in [160.6, 936.9], mean 556.0, std "
+                                                      "273.1, one number a sample (a timestep, a noise level): its "
+                                                      "range not judged"), text(report)
+    assert "unnormalised" not in by_name(report)["overfit"].evidence, text(report)

@@ -158,9 +158,8 @@ def data_check(cap: Capture, outcome: Outcome) -> Check:
     if not tensors:
         return _skip("data", f"{type(seen.module).__name__}'s inputs hold no tensor", outcome)
     parts, fails, causes, numbers = [], [], [], {"inputs": []}
-    for i, t in enumerate(tensors):
+    for i, (desc, fail, cause, nums) in enumerate(describe_inputs(tensors)):
         label = "inputs" if len(tensors) == 1 else f"inputs[{i}]"
-        desc, fail, cause, nums = _describe_input(t, mask_ok=i > 0)
         parts.append(f"{label} {desc}")
         numbers["inputs"].append(nums)
         if fail:
@@ -184,11 +183,22 @@ def data_check(cap: Capture, outcome: Outcome) -> Check:
 _DENSE_MAX = 1 << 24
 
 
-def _describe_input(t: torch.Tensor, mask_ok: bool = False):
+def describe_inputs(tensors: list) -> list:
+    """``_describe_input`` of each of a model's input tensors, in order: those after the first
+    may be a mask, or one number a sample of the first's batch."""
+    batch = tensors[0].shape[0] if tensors and tensors[0].dim() else None
+    return [_describe_input(t, mask_ok=i > 0, per_sample=i > 0 and t.dim() == 1 and t.shape[0] == batch)
+            for i, t in enumerate(tensors)]
+
+
+def _describe_input(t: torch.Tensor, mask_ok: bool = False, per_sample: bool = False):
     """An input's description, and its FAIL and cause ("" if none).  With ``mask_ok`` (an input
     after the first: the data comes first, a mask after it) a float tensor whose only non-finite
     values are -inf and whose finite values are all equal is an additive attention mask
-    (nn.Transformer.generate_square_subsequent_mask, a float key-padding mask): not judged."""
+    (nn.Transformer.generate_square_subsequent_mask, a float key-padding mask): not judged.
+    With ``per_sample`` (an input after the first holding one number a sample of the first's
+    batch: a diffusion model's timesteps, SD3's floats in [0, 1000), a noise level) its range
+    is not judged: what it conditions on is scaled by the model (a sinusoidal embedding)."""
     desc = f"{_shape(t.shape)} {str(t.dtype).replace('torch.', '')}"
     nums = {"shape": list(t.shape), "dtype": str(t.dtype).replace("torch.", "")}
     if t.layout is not torch.strided:
@@ -230,6 +240,9 @@ def _describe_input(t: torch.Tensor, mask_ok: bool = False):
     if bad:
         return desc, f"hold {bad} NaN/Inf value(s) ({kinds})", \
             "the data pipeline produces NaN/Inf: check loading and preprocessing", nums
+    if per_sample:
+        nums.update(per_sample=True)
+        return desc + ", one number a sample (a timestep, a noise level): its range not judged", "", "", nums
     if lo >= 0 and RAW_PIXELS_MIN_MAX <= hi <= 255 and whole >= WHOLE_FRACTION:
         return desc, f"look like raw 0-255 pixels (whole numbers up to {fmt(hi)})", \
             "inputs look like raw 0-255 pixels: normalise them (x / 255, then subtract the mean and divide by the std)", nums

@@ -33,7 +33,7 @@ from torch.utils import _pytree as pytree
 from ..text import fmt
 from ..tracer.discover import split_call
 from .capture import Capture, LossCall
-from .checks import NO_LOSS, OVERFIT_ABS, OVERFIT_BATCH, OVERFIT_REL, Check, Outcome, _describe_input, _skip
+from .checks import NO_LOSS, OVERFIT_ABS, OVERFIT_BATCH, OVERFIT_REL, Check, Outcome, _skip, describe_inputs
 
 
 def overfit(cap: Capture, outcome: Outcome, iters: int) -> Check:
@@ -785,7 +785,7 @@ def _verdict(cap: Capture, call: LossCall, setup: str, losses: list, iters: int,
                      else "a softmax before cross_entropy keeps the loss from going low")
     inputs = [t for t in pytree.tree_leaves(model.inputs[0] if len(model.inputs) > 1 else call.model_args)
               if isinstance(t, torch.Tensor)]
-    if any(_describe_input(t, mask_ok=i > 0)[1] for i, t in enumerate(inputs)):       # (as the data check)
+    if any(d[1] for d in describe_inputs(inputs)):       # (as the data check)
         hints.append("unnormalised inputs (see data)")
     model_params = [p for p in model.parameters() if p.requires_grad]
     orphans = {id(p) for p in cap.unheld_with_grad()}
