@@ -2028,3 +2028,38 @@ def test_data_leaves_the_range_of_a_diffusion_models_float_timesteps_alone():
                                                       "273.1, one number a sample (a timestep, a noise level): its "
                                                       "range not judged"), text(report)
     assert "unnormalised" not in by_name(report)["overfit"].evidence, text(report)
+
+
+@pytest.mark.parametrize("loop", ["handed_back", "written_into"])
+def test_one_label_the_data_gave_is_still_judged_where_a_model_or_a_fill_touched_it(tmp_path, loop):
+    """Labels a model is given and hands back (``return self.fc(x), y``), and a label buffer made
+    by torch.zeros and then written from the data, are the data's: one label for every target
+    stays FAIL there (dae672a's exception is for labels made in code, a contrastive loss's)."""
+    body = {"handed_back": """
+        class Net(nn.Module):
+            def __init__(self):
+                super().__init__(); self.fc = nn.Linear(8, 4)
+            def forward(self, x, y):
+                return self.fc(x), y
+        model = Net(); opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        x, y = torch.randn(64, 8), torch.zeros(64, dtype=torch.long)
+        for step in range(3):
+            out, t = model(x[:32], y[:32])
+            loss = F.cross_entropy(out, t)
+            opt.zero_grad(); loss.backward(); opt.step()
+        """, "written_into": """
+        model = nn.Linear(8, 4); opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        x, column = torch.randn(32, 8), [2] * 32
+        for step in range(3):
+            y = torch.zeros(32, dtype=torch.long)
+            for i in range(32):
+                y[i] = column[i]
+            loss = F.cross_entropy(model(x), y)
+            opt.zero_grad(); loss.backward(); opt.step()
+        """}[loop]
+    script = write(tmp_path, "t.py", "import torch, torch.nn as nn, torch.nn.functional as F\n"
+                   "torch.manual_seed(0)\n" + textwrap.dedent(body))
+    report, _ = run_check(script)
+    c = by_name(report)["data"]
+    label = 0 if loop == "handed_back" else 2
+    assert c.status == "FAIL" and c.evidence.startswith(f"all 32 targets are label {label}"), text(report)

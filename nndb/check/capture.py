@@ -180,9 +180,13 @@ class Capture:
         # ((N, 1) - (N,) -> (N, N)), as the live loss_broadcast rule sees it: [(where, op, a, b, out)]
         self.broadcasts: list = []
         self._tags = Tags()               # id -> weakref: this step's model outputs and same-shape results
-        # id -> (weakref, "torch.zeros at train.py:12"): this step's tensors a factory filled with one
-        # value (and their copies: .to(device), .long()), which a loss's target may be (made_by)
+        # id -> (weakref, "made by torch.zeros at train.py:12", its _version then): the tensors a
+        # factory filled with one value this step (and their copies: .to(device), .long()), which a
+        # loss's target may be (made_by)
         self._filled: dict = {}
+        # id(module) -> the leaves of its last output that are inputs it was given (labels it hands
+        # back, ``return self.net(x), y``: the data's, not made by it)
+        self._handed_back: dict = {}
 
     # -- installing -------------------------------------------------------------------
     def install(self) -> None:
@@ -307,6 +311,8 @@ class Capture:
         seen = self.models.get(id(module))
         if seen is not None and seen.module is module and self.steps_done < self.steps:
             self.outputs[id(module)] = (pytree.tree_leaves(output), seen.last_args, seen.last_feed)
+            given = {id(a) for a in pytree.tree_leaves(args) if isinstance(a, torch.Tensor)}
+            self._handed_back[id(module)] = {i for i, t in enumerate(self.outputs[id(module)][0]) if id(t) in given}
             if self._grad_calls and self._grad_calls[-1][0] == id(module) and not self._grad_calls[-1][2]:
                 self._grad_calls[-1][2] = tuple(t.grad_fn for t in self.outputs[id(module)][0]
                                                 if isinstance(t, torch.Tensor) and t.grad_fn is not None)
@@ -336,15 +342,23 @@ class Capture:
     def filled(self, func, args, out) -> None:
         """A torch call while the steps run: a tensor made of one value (``torch.zeros(n,
         dtype=torch.long)``), or a copy of one, is noted (made_by)."""
-        if self.steps_done >= self.steps or not isinstance(out, torch.Tensor) or len(self._filled) >= 64:
+        if self.steps_done >= self.steps or not isinstance(out, torch.Tensor):
             return
+        if len(self._filled) >= 64:         # (kept small: those still alive)
+            self._filled = {k: v for k, v in self._filled.items() if v[0]() is not None}
+            if len(self._filled) >= 64:
+                return
         name = FILLS.get(func)
         if name is not None:
-            self._filled[id(out)] = (weakref.ref(out), f"made by {name} at {where()}")
-        elif args and isinstance(args[0], torch.Tensor):
-            made = self._filled.get(id(args[0]))
-            if made is not None and made[0]() is args[0]:
-                self._filled[id(out)] = (weakref.ref(out), made[1])
+            self._filled[id(out)] = (weakref.ref(out), f"made by {name} at {where()}", out._version)
+        elif args and isinstance(args[0], torch.Tensor) and self._unchanged(args[0]):
+            self._filled[id(out)] = (weakref.ref(out), self._filled[id(args[0])][1], out._version)
+
+    def _unchanged(self, t) -> bool:
+        """Is ``t`` a tensor ``filled`` noted, as it was made (not written into since: a label
+        buffer made by torch.zeros and then filled in from the data is the data's)?"""
+        made = self._filled.get(id(t))
+        return made is not None and made[0]() is t and t._version == made[2]
 
     def made_by(self, target) -> str:
         """Where a loss's target came from if not the data: a model's output (MoCo's forward
@@ -353,10 +367,9 @@ class Capture:
         if not isinstance(target, torch.Tensor):
             return ""
         link = self._output_of(target)
-        if link is not None:
+        if link is not None and link[1] not in self._handed_back.get(link[0], ()):
             return f"returned by {type(self.models[link[0]].module).__name__}"
-        made = self._filled.get(id(target))
-        return made[1] if made is not None and made[0]() is target else ""
+        return self._filled[id(target)][1] if self._unchanged(target) else ""
 
     def backward_loss(self, tensor) -> None:
         if self.steps_done < self.steps:
