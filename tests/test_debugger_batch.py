@@ -1308,11 +1308,50 @@ def test_a_module_break_in_one_of_several_models_stops_at_every_step(tmp_path, p
     step 0's backward met it ('2': names are qualified by the model's variable as step 0 ends)
     was kept for the whole run; the forward one ('2' in step 0's forward) stopped from step 1
     on.  Both stop at step 0 to 3 now."""
-    (tmp_path / "s.py").write_text(TWO_MODELS)
-    r = Ran(nndb("run", "--batch", "-q", "--nx", "--rules", "none", "--trace", str(tmp_path / "t.h5"),
-                 "-e", f"break module body.2 {phase}", "-e", "commands 1", "-e", "silent",
-                 "-e", 'p ("HIT", $step)', "-e", "continue", "-e", "end", "-e", "continue", "s.py",
-                 cwd=str(tmp_path)), [])
-    hits = [int(s) for s in re.findall(r"\('HIT', (\d+)\)", r.stdout)]
+    hits, r = _module_break_hits(tmp_path, TWO_MODELS, f"body.2 {phase}")
     # (reentrant checkpointing runs the forward twice a step: without gradients, then again in the backward)
     assert hits == ([0, 0, 1, 1, 2, 2, 3, 3] if phase == "forward" else [0, 1, 2, 3]), r.stdout
+
+
+def _module_break_hits(tmp_path, source: str, point: str):
+    """The steps at which 'break module POINT' stopped a run of ``source``, and the run."""
+    (tmp_path / "s.py").write_text(source)
+    r = Ran(nndb("run", "--batch", "-q", "--nx", "--rules", "none", "--trace", str(tmp_path / "t.h5"),
+                 "-e", f"break module {point}", "-e", "commands 1", "-e", "silent",
+                 "-e", 'p ("HIT", $step)', "-e", "continue", "-e", "end", "-e", "continue", "s.py",
+                 cwd=str(tmp_path)), [])
+    return [int(s) for s in re.findall(r"\('HIT', (\d+)\)", r.stdout)], r
+
+
+# One model, whose names stay unqualified ('encoder.1'), and a module stop point written
+# as the script writes the module, through the model's variable ('model.encoder.1', as
+# 'model.bert.encoder.layer.0.attention' for a Hugging Face model held in 'model').
+ONE_MODEL = textwrap.dedent('''
+    import torch, torch.nn as nn
+    torch.manual_seed(0)
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.encoder = nn.Sequential(nn.Linear(8, 8), nn.Tanh())
+            self.head = nn.Linear(8, 1)
+        def forward(self, x):
+            return self.head(self.encoder(x))
+    model = Net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in range(4):
+        loss = model(torch.randn(4, 8)).pow(2).mean()
+        opt.zero_grad(); loss.backward(); opt.step()
+        print("step", step)
+''')
+
+
+@pytest.mark.parametrize("glob", ["model.encoder.1", "encoder.1"])
+@pytest.mark.parametrize("phase", ["forward", "backward"])
+def test_a_module_break_through_the_models_variable_stops_at_every_step(tmp_path, glob, phase):
+    """'break module model.encoder.1' in a run of one model stopped at step 0 and never
+    again: in step 0 it matched the name the module would have had were the names
+    qualified, and they stayed unqualified ('encoder.1') as step 0 ended.  It stops at
+    every step now, as 'break module encoder.1' does, and is not said to be pending."""
+    hits, r = _module_break_hits(tmp_path, ONE_MODEL, f"{glob} {phase}")
+    assert hits == [0, 1, 2, 3], r.stdout
+    assert "pending" not in r.stdout + r.stderr, r

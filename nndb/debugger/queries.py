@@ -112,6 +112,8 @@ class RunView:
         if kind in ("module", "act"):
             for root in self.roots():
                 names |= {naming.module_name(m) for _, m in root.named_modules()}
+                if kind == "module":        # (a module stop point matches 'model.2' too)
+                    names |= {a for a in map(naming.qualified_alias, root.modules()) if a is not None}
         elif kind in ("param", "grad", "update"):
             # (the tensors a script trains outside any module too: Naming.adopt; a frozen one,
             # requires_grad=False, has no gradient to match: its '$grad' read 'not measured')

@@ -130,7 +130,8 @@ class StopPoints:
             return                    # a device thread: stop at the next main-thread stop point
         try:
             name = self.view.module_name(module)
-            # (in step 0, names not yet qualified: '2' of the model 'body' is 'body.2' from its end on)
+            # (in step 0, names not yet qualified: '2' of the model 'body' is 'body.2' from its end on;
+            # a model alone keeps '2', which 'model.2' names as the script writes it)
             alias = self.rec.naming.qualified_alias(module)
             stop = None
             if self.control.pending_start and phase == "forward":

@@ -585,10 +585,13 @@ class Naming:
         return self._qualify(root, sub)
 
     def qualified_alias(self, module) -> Optional[str]:
-        """Before step 0 ends, while names are not yet qualified (``freeze``): the name ``module``
-        has once they are, where its model turns out to be one of several (``body.2`` for ``2``);
-        else None.  A module stop point written with that name stops at step 0 too."""
-        if self._frozen or isinstance(module, type):
+        """The name ``module`` has qualified by its model's variable (``body.2`` for ``2``, the
+        path the script writes), where its name is not: before step 0 ends, while names are not
+        yet qualified (``freeze``), and in a run whose names stay so (one model); else None.
+        A module stop point written with it stops at step 0 too, where the model turns out
+        to be one of several, and at every step where it is the only one: 'break module
+        model.2' stopped at step 0 alone, the names settled unqualified ('2') as it ended."""
+        if isinstance(module, type):
             return None
         entry = self._module_path.get(module)
         if entry is None:
