@@ -1169,6 +1169,53 @@ def test_a_language_model_is_overfit_whether_it_computes_its_loss_or_the_loss_re
 
 
 
+@pytest.mark.parametrize("batch,ga,items,n", [
+    (16, 1, False, 16),      # model(input_ids=x, labels=x): the model shifts its labels inside
+    (48, 1, False, 32),      # a batch larger than the check's: its first 32 rows
+    (16, 2, True, 16),       # the Trainer's num_items_in_batch: the sum over the accumulated batch's tokens
+])
+def test_a_causal_lm_given_its_input_ids_as_labels_is_overfit_down_to_their_entropy(batch, ga, items, n):
+    """A Hugging Face causal LM is given its input ids as labels (``model(input_ids=x,
+    labels=x)``) and shifts them inside: the goal was 5% of the first loss, below the
+    targets' entropy given their prefixes, and overfit FAILed 'cannot fit one small batch' on a
+    healthy GPT-2 (a batch of sequences alike in their first 3 of 6 tokens: 4.180 -> 0.4213,
+    at the floor 0.4159, goal 0.2090); under the Trainer, whose num_items_in_batch the model
+    divides its summed loss by, no floor was found at all (the loss function's call was not
+    the model's loss, a multiple of it).  The floor is now the shifted targets' entropy, in
+    the units of the loss the model returns."""
+    args = [batch, ga] + (["items"] if items else [])
+    report, _ = run_check(os.path.join(ROOT, "tests", "scripts", "hf_shaped_causal_lm.py"), *args, overfit_iters=300)
+    c = by_name(report)["overfit"]
+    assert c.status == "PASS", (c.evidence, c.cause)
+    assert c.evidence.startswith(f"{n} sample(s), AdamW(lr=0.01)"), c.evidence
+    assert "the targets' entropy given their prefixes in the batch" in c.evidence, c.evidence
+    # (the model's loss over its loss call's: float32's quotient by num_items_in_batch)
+    assert c.numbers["floor"] == pytest.approx(_shifted_labels_floor(n, batch * ga if items else 0),
+                                               rel=1e-6 if items else 1e-9)
+    assert c.numbers["floor"] < c.numbers["last"] <= c.numbers["goal"]
+
+
+def _shifted_labels_floor(n: int, accumulated: int) -> float:
+    """hf_shaped_causal_lm.py's least loss on its first n rows: at each prefix x[:t+1], the mix
+    of the labels at t+1 that follow it; their mean, or (``accumulated`` rows a step) their sum
+    over the step's target tokens, as num_items_in_batch divides it."""
+    src = open(os.path.join(ROOT, "tests", "scripts", "hf_shaped_causal_lm.py")).read()
+    ns = {}
+    exec(src.split("class CausalLM")[0].replace("BATCH, GA = int(sys.argv[1]), int(sys.argv[2])", "")
+         .replace("ITEMS = sys.argv[3:] == [\"items\"]", ""), ns)
+    x, labels = ns["X"], ns["LABELS"]
+    groups = {}
+    for b in range(n):
+        for t in range(x.shape[1] - 1):
+            if labels[b, t + 1] != -100:
+                groups.setdefault(tuple(x[b, :t + 1].tolist()), []).append(int(labels[b, t + 1]))
+    total = sum(-sum(c * math.log(c / len(nxt)) for c in (nxt.count(k) for k in set(nxt))) for nxt in groups.values())
+    kept = sum(len(nxt) for nxt in groups.values())
+    if accumulated:
+        return total / int((labels[:accumulated, 1:] != -100).sum())
+    return total / kept
+
+
 OWN_LOSS_ACCUMULATED = """
     import torch, torch.nn as nn, torch.nn.functional as F
     torch.manual_seed(0)

@@ -105,6 +105,10 @@ class LossCall:
     # own, the leaf's shape, the leaf's stride), to take the same view of a copy's output
     view: Optional[tuple] = None
     out_ref: object = None      # a weak reference to the loss the call returned
+    # the autograd node that made it, held until the next backward(): a model's loss that
+    # divides it (a Hugging Face model's sum over the tokens over num_items_in_batch) lets go
+    # of the tensor the call returned, and no node can be weakly referenced
+    out_fn: object = None
     # nll_loss: the median over its input's rows of their exp's sum (1 for log-probabilities)
     exp_sum: Optional[float] = None
     # where the target came from if not the data: "returned by MoCo" (a model's output), "made
@@ -123,6 +127,7 @@ class OutputLoss:
     feed: object
     keywords: tuple
     call: Optional[LossCall] = None     # the loss function's call that returned it, if one did
+    value: float = math.nan             # its value (a multiple of ``call``'s: over num_items_in_batch)
 
 
 @dataclass
@@ -382,17 +387,27 @@ class Capture:
             loss = unscaled(tensor)             # (a GradScaler's scaled loss: the loss it scaled)
             t = loss.detach()
             self.backward_losses.append((self.steps_done, float(t.double().mean()) if t.numel() else None))
-            scaled = _scaled_from(loss)
-            for mid, (leaves, margs, mfeed) in self.outputs.items():
-                for i, o in enumerate(leaves):
-                    if o is loss or (isinstance(o, torch.Tensor) and o.numel() == 1 and
-                                     any(o.grad_fn is fn for fn in scaled)):
-                        seen = self.models[mid]
-                        made = next((c for c in self.loss_calls if c.step == self.steps_done
-                                     and c.out_ref is not None and c.out_ref() is loss), None)
-                        self.output_losses.append(OutputLoss(self.steps_done, seen.module, i, margs, mfeed,
-                                                             seen.keywords, made))
-                        return
+            self._note_output_loss(loss)
+            for c in self.loss_calls:
+                c.out_fn = None             # (a node holds its graph: none past its backward)
+
+    def _note_output_loss(self, loss) -> None:
+        """The backward's ``loss`` where a model returned it (or a multiple of it: ``loss / 4``)."""
+        scaled = _scaled_from(loss)
+        for mid, (leaves, margs, mfeed) in self.outputs.items():
+            for i, o in enumerate(leaves):
+                if o is loss or (isinstance(o, torch.Tensor) and o.numel() == 1 and
+                                 any(o.grad_fn is fn for fn in scaled)):
+                    seen = self.models[mid]
+                    # (the call whose loss the model returned, or a multiple of it: a Hugging
+                    # Face model's sum over the tokens divided by the Trainer's num_items_in_batch)
+                    within = [o.grad_fn, *_scaled_from(o)]
+                    made = next((c for c in self.loss_calls if c.step == self.steps_done and (
+                        c.out_ref is not None and c.out_ref() is o
+                        or c.out_fn is not None and any(c.out_fn is fn for fn in within))), None)
+                    self.output_losses.append(OutputLoss(self.steps_done, seen.module, i, margs, mfeed,
+                                                         seen.keywords, made, float(o.detach().double().mean())))
+                    return
 
     def _backed(self, tensor) -> None:
         """Each model's first call since the last backward whose output ``tensor``'s graph holds
@@ -443,7 +458,7 @@ class Capture:
                         inp.requires_grad, _probs_like(inp, func.__name__), target, target_pos, value)
         call.target_made = made
         if isinstance(out, torch.Tensor):
-            call.out_ref = weakref.ref(out)
+            call.out_ref, call.out_fn = weakref.ref(out), out.grad_fn
         if func.__name__ == "nll_loss":
             call.exp_sum = _exp_sum(inp)
         if link is not None:

@@ -88,8 +88,8 @@ def overfit(cap: Capture, outcome: Outcome, iters: int) -> Check:
     cut: list = []           # (_lookback: a model that mixes positions and yet looks back fewer)
     if own is None:
         floor = _floor(call, target)
-    elif own.call is not None and own.call.target is not None and \
-            (n != OVERFIT_BATCH or not own.call.target.is_floating_point()):
+    elif own.call is not None and own.call.target is not None and (n != OVERFIT_BATCH or not (
+            own.call.target.is_floating_point() or own.call.kwargs.get("reduction") == "sum")):
         # (the loss the model returned is a loss function's call inside it: on this very batch, or
         # on class indices, whose floor with label smoothing is the same for every target)
         floor = _floor(own.call, own.call.target)
@@ -100,9 +100,15 @@ def overfit(cap: Capture, outcome: Outcome, iters: int) -> Check:
         # next-token targets: tokens with the same prefix in the batch and different next ones
         # keep the loss above 0 for any model (names that start alike, at their first letters)
         seq = _sequence_floor(inner, [t for t in pytree.tree_leaves(args[0]) if isinstance(t, torch.Tensor)],
-                              target if own is None else None, lambda x: _lookback(replica, args, x, start, cut))
+                              target if own is None else inner.target,
+                              lambda x: _lookback(replica, args, x, start, cut), inputs_too=own is not None)
         if seq[0] > floor[0]:
             floor = seq
+    if own is not None and floor[0] > 0:
+        # (in the call's own units: the model's loss is a multiple of it, a Hugging Face model's
+        # sum over the tokens divided by the Trainer's num_items_in_batch)
+        ratio = own.value / inner.value if inner.value else math.nan
+        floor = (floor[0] * ratio, floor[1]) if math.isfinite(ratio) and ratio > 0 else (0.0, "")
     # every param group's lr (a fine-tune's frozen groups at 0, its backbone's below its head's:
     # group 0's alone read 'SGD(lr=0)' for a head trained at 0.05)
     lrs = list(dict.fromkeys(g.get("lr") for g in opt.param_groups))
@@ -557,13 +563,18 @@ def _floor(call: LossCall, target) -> tuple:
     return value, "the targets' entropy"
 
 
-def _sequence_floor(call: LossCall, inputs: list, target, lookback=lambda x: None) -> tuple:
+def _sequence_floor(call: LossCall, inputs: list, target, lookback=lambda x: None,
+                    inputs_too: bool = False) -> tuple:
     """(the least value a cross-entropy over next tokens can take on this batch, what it is), or
     (0, ""): where an input of the first model is a (B, T) tensor of token ids and the targets
-    (``target`` laid out as it, else another (B, T) integer input: a loss computed inside the
-    model) are those tokens shifted by one (``y[:, t] == x[:, t + 1]`` wherever not ignored), the
+    (``target`` laid out as it, its first B rows where it is a larger batch's; with
+    ``inputs_too``, a loss computed inside the model, or else another (B, T) integer input) are
+    those tokens shifted by one (``y[:, t] == x[:, t + 1]`` wherever not ignored), the
     targets' entropy given their prefixes x[:, :t+1]: the loss of a model that knows the whole
-    batch by heart, at each prefix the targets' mix in the batch (label smoothing mixed in).
+    batch by heart, at each prefix the targets' mix in the batch (label smoothing mixed in);
+    their sum under ``reduction='sum'``.  A Hugging Face causal LM is given its input ids as
+    labels and shifts them inside: its loss call's target is the shifted one (a batch of names
+    alike in their first tokens FAILed 'cannot fit' at that floor, its input ids no target).
     Where the model's output at a position depends on the last ``lookback(x)`` tokens only (a
     bigram's on one, an n-gram MLP's on n), the entropy given those: all it can know."""
     kw = dict(call.kwargs)
@@ -574,25 +585,27 @@ def _sequence_floor(call: LossCall, inputs: list, target, lookback=lambda x: Non
     classes = call.input_shape[1]
     tokens = [t for t in inputs if t.dim() == 2 and not t.is_floating_point() and not t.is_complex()
               and t.dtype is not torch.bool and t.shape[1] > 1]
+    total = kw.get("reduction") == "sum"
     for x in tokens:
-        if target is not None:
-            if target.is_floating_point() or target.numel() != x.numel():
-                continue
-            ys = [target.reshape(x.shape)]
-        else:
-            ys = [t for t in tokens if t is not x and t.shape == x.shape]
+        ys = []
+        if target is not None and not target.is_floating_point() and target.numel() % x.shape[1] == 0 \
+                and target.numel() >= x.numel():
+            ys.append(target.reshape(-1, x.shape[1])[:x.shape[0]])
+        if target is None or inputs_too:
+            ys += [t for t in tokens if t is not x and t.shape == x.shape]
         for y in ys:
             y = y.to(x.device)
             kept = y[:, :-1] != ignore
             if not bool(kept.any()) or not torch.equal(y[:, :-1][kept], x[:, 1:][kept]):
                 continue
             back = lookback(x)
+            mean, n = _prefix_entropy(x.tolist(), y.tolist(), ignore, smooth, classes, back)
             if back is not None:
-                return _prefix_entropy(x.tolist(), y.tolist(), ignore, smooth, classes, back), \
-                    f"the targets' entropy given the last {back} token(s) before each in the batch, as far " \
-                    "back as the model's outputs look"
-            return _prefix_entropy(x.tolist(), y.tolist(), ignore, smooth, classes), \
-                "the targets' entropy given their prefixes in the batch"
+                what = f"the targets' entropy given the last {back} token(s) before each in the batch, as far " \
+                       "back as the model's outputs look"
+            else:
+                what = "the targets' entropy given their prefixes in the batch"
+            return (mean * n if total else mean), what
     return 0.0, ""
 
 
@@ -671,8 +684,9 @@ class _Mixes(TorchFunctionMode):
 
 
 def _prefix_entropy(xs: list, ys: list, ignore: int, smooth: float, classes: int,
-                    back: Optional[int] = None) -> float:
-    """The targets' entropy given each position's prefix (``back``: its last ``back`` tokens)."""
+                    back: Optional[int] = None) -> tuple:
+    """(The targets' entropy given each position's prefix (``back``: its last ``back`` tokens),
+    the number of targets)."""
     prefix: dict = {}
     groups: dict = {}
     for xrow, yrow in zip(xs, ys):
@@ -693,7 +707,7 @@ def _prefix_entropy(xs: list, ys: list, ignore: int, smooth: float, classes: int
             h -= (classes - len(ps)) * q * math.log(q)
         total += n * h
         n_all += n
-    return total / n_all if n_all else 0.0
+    return (total / n_all if n_all else 0.0), n_all
 
 
 def _train(replica, opt, call: LossCall, args, target, iters: int, floor: float = 0.0) -> list:
