@@ -26,6 +26,7 @@ from .timetravel.lineage_replay import replay_checked
 from .timetravel.machine import TimeMachine, parse_size
 from .timetravel.schedule import parse_every
 from .commands import rcfiles
+from .debugger.queries import RENAMED_WHY
 from .render import report
 from .debugger.modes import Mode
 from .debugger.progress import ProgressLine
@@ -237,8 +238,7 @@ def _renamed_note(missed) -> str:
     recorded under the parameter a parametrization or pruning keeps them in."""
     if not missed:
         return ""
-    return (f" ({', '.join(missed[:4])}{' ...' if len(missed) > 4 else ''}: a parametrized or pruned layer's "
-            "tensor is recorded under the name of the parameter that holds it; watch it by that name)")
+    return (f" ({', '.join(missed[:4])}{' ...' if len(missed) > 4 else ''}: " + RENAMED_WHY + "; watch it by that name)")
 
 
 def _finish(config, options, session, result, code: int, reason: str, pending=(), stranded=()) -> DebugResult:

@@ -7,6 +7,7 @@ from .. import globs
 from ..errors import CommandError
 from ..debugger import evaluate as E
 from ..debugger import points as P
+from ..debugger.queries import RENAMED_WHY
 from .table import Command, Table
 
 
@@ -56,6 +57,12 @@ def _check_glob(s, kind: str, glob: str) -> None:
     if any(globs.matches(n, glob) for n in names):
         return
     what = "module" if kind == "module" else f"{kind} tensor"
+    renamed = s.view.renamed_matches(kind, glob) if kind in ("param", "grad", "update") else []
+    if renamed:
+        s.message(f"No {what} is recorded as '{glob}', which names {', '.join(renamed[:4])} as the script "
+                  f"does ({RENAMED_WHY}); the point stays pending until a tensor of its name appears: "
+                  f"watch {'weight' if kind == 'param' else kind} {renamed[0]} ...")
+        return
     some = ", ".join(sorted(names)[:8]) + (" ..." if len(names) > 8 else "")
     seen = f" (there are: {some})" if s.last_step is not None and names else " yet"
     s.message(f"No {what} matches '{glob}'{seen}; the point stays pending until one does.")

@@ -322,12 +322,15 @@ class StatTable(dict):
     ``known``: () -> the names of this kind the run has (asked only on a
     miss): one of them that this step did not measure (an activation between
     observed steps) is a row of NOT_MEASURED, as a statistic skipped is, and
-    not an error (a condition on it stopped every step with one)."""
+    not an error (a condition on it stopped every step with one).  ``tied``: () -> {another
+    path of weights tied at several paths: the name they are recorded under} (GPT-2's
+    ``lm_head.weight`` is ``transformer.wte.weight``: one tensor, one row)."""
 
-    def __init__(self, kind: str, rows: dict, known=None):
+    def __init__(self, kind: str, rows: dict, known=None, tied=None):
         super().__init__(rows)
         self.kind = kind
         self.known = known
+        self.tied = tied
 
     def __missing__(self, key):
         if isinstance(key, str):
@@ -340,6 +343,9 @@ class StatTable(dict):
             elsewhere = sorted(n for n in (self.known() if self.known else ()) if globs.matches(n, key))
             if len(elsewhere) == 1:
                 return StatRow(elsewhere[0], self.kind, *[NOT_MEASURED] * (len(fields(StatRow)) - 2))
+            same = (self.tied() if self.tied else {}).get(key)
+            if same is not None:
+                return self[same]
         raise CommandError(f"no {self.kind} tensor named '{key}' at this step")
 
 

@@ -25,6 +25,12 @@ from .hyperparams import numpy_number
 from . import points as P
 
 
+# Why a tensor is recorded under a name other than the one the script gives it (queries'
+# renamed_points, and the watch that names it so)
+RENAMED_WHY = ("a parametrized or pruned layer's tensor is recorded under the name of the parameter that "
+               "holds it, weights tied at several paths under the first")
+
+
 def _as_the_script_names_it(name: str) -> str:
     """``0.weight`` for the tensor a parametrization or torch.nn.utils.prune keeps it in."""
     head, sep, tail = name.rpartition(".parametrizations.")
@@ -146,17 +152,30 @@ class RunView:
         script gives them: a parametrized layer's weight is recorded as its original
         (``0.parametrizations.weight.original``: weight_norm's two, spectral_norm's,
         orthogonal's), a pruned one's as ``0.weight_orig``; ``watch grad *.weight`` on a
-        spectral-normed discriminator looked at none of its weights, and said nothing."""
+        spectral-normed discriminator looked at none of its weights, and said nothing.  So are
+        weights tied at several paths, recorded under the first (``watch grad lm_head.weight``
+        on GPT-2, whose ``transformer.wte.weight`` it is, was said to match no tensor)."""
         out = []
+        tied = self.s.rec.naming.tied_paths() if self.s.rec is not None else {}
         for p in sorted(self.s.points.values(), key=lambda p: p.number):
             if not isinstance(p, P.Watch) or p.hits or p.kind not in ("param", "grad", "update"):
                 continue
-            names = self.known_names(p.kind)
-            missed = sorted(n for n in names if not globs.matches(n, p.glob)
-                            and globs.matches(_as_the_script_names_it(n), p.glob))
+            missed = self.renamed_matches(p.kind, p.glob, tied)
             if missed:
                 out.append((p, missed))
         return out
+
+    def tied_names(self) -> dict:
+        """{the other path of weights tied at several paths: the name they are recorded under}."""
+        tied = self.s.rec.naming.tied_paths() if self.s.rec is not None else {}
+        return {a: n for n, others in tied.items() for a in others}
+
+    def renamed_matches(self, kind: str, glob: str, tied=None) -> list:
+        """The tensors of ``kind`` that ``glob`` does not match by the names they are recorded
+        under but by a name the script gives them (``renamed_points``)."""
+        tied = (self.s.rec.naming.tied_paths() if self.s.rec is not None else {}) if tied is None else tied
+        return sorted(n for n in self.known_names(kind) if not globs.matches(n, glob) and (
+            globs.matches(_as_the_script_names_it(n), glob) or any(globs.matches(a, glob) for a in tied.get(n, ()))))
 
     def compiled_points(self) -> list:
         """[(module breakpoint or activation watchpoint, the modules it matches,
@@ -408,10 +427,10 @@ class RunView:
         v = {
             "step": step,
             "loss": loss,
-            "grad": E.StatTable("grad", rows["grad"], lambda: self.known_names("grad")),
-            "param": E.StatTable("param", rows["param"], lambda: self.known_names("param")),
-            "weight": E.StatTable("param", rows["param"], lambda: self.known_names("param")),
-            "update": E.StatTable("update", rows["update"], lambda: self.known_names("update")),
+            "grad": E.StatTable("grad", rows["grad"], lambda: self.known_names("grad"), self.tied_names),
+            "param": E.StatTable("param", rows["param"], lambda: self.known_names("param"), self.tied_names),
+            "weight": E.StatTable("param", rows["param"], lambda: self.known_names("param"), self.tied_names),
+            "update": E.StatTable("update", rows["update"], lambda: self.known_names("update"), self.tied_names),
             "act": E.StatTable("act", rows["act"], lambda: self.known_names("act")),
             "losses": E.StatTable("loss", rows["loss"]),
             "full": E.FullLookup(self.trace_reader),

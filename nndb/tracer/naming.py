@@ -669,6 +669,19 @@ class Naming:
             return self._qualify(entry[1](), entry[2], entry[1])
         return f"tensor{id(p):x}"
 
+    def tied_paths(self) -> dict:
+        """{a parameter's name: its other paths in its model, named as the recorded names are}
+        for a parameter a model holds at several paths (weights tied: a language model's output
+        layer and its embedding, GPT-2's ``lm_head.weight`` and ``transformer.wte.weight``),
+        which ``named_parameters()``, and so the trace, names once, by the first."""
+        out: dict = {}
+        for root in self.roots():
+            first: dict = {}
+            for sub, p in _named(root.named_parameters(remove_duplicate=False)):
+                if first.setdefault(id(p), sub) != sub:
+                    out.setdefault(self.param_name(p), []).append(self._qualify(root, sub))
+        return out
+
     def optimizer_name(self, opt, frame=None) -> str:
         name = self._opt_names.get(opt)
         if name is None:

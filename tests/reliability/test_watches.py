@@ -286,3 +286,28 @@ def test_a_watch_that_leaves_out_parametrized_or_pruned_weights_says_which(tmp_p
     # a watch by the names the trace has is told nothing
     r, _ = _batch(tmp_path, "-q", "-e", "watch grad *original* norm > 1e6", script)
     assert "did not look at" not in r.stderr and "pending" not in r.stderr, r.stderr
+
+
+def test_a_watch_on_the_second_path_of_tied_weights_names_the_tensor_it_is(tmp_path):
+    """A language model whose output layer's weight is its embedding's (GPT-2's lm_head.weight is
+    transformer.wte.weight) has one series for the tensor, under its first path: ``watch grad
+    decoder.weight`` was said to match no grad tensor, at the prompt and at the run's end, with
+    nothing of the tensor it names, and ``$grad['decoder.weight']`` was an error.  Both name it,
+    ``$grad`` has its row by either path, and a watch by its recorded name stops."""
+    script = os.path.join(SCRIPTS, "healthy_weight_tied_lm.py")
+    r, data = _batch(tmp_path, "-q", "-e", "until 0", "-e", "watch grad decoder.weight norm > 0",
+                     "-e", "p ('ROW', $grad['decoder.weight'].name, $grad['decoder.weight'] == $grad['encoder.weight'])",
+                     "-e", "continue", script, "--steps", "3")
+    assert r.returncode == 0, r.stderr
+    assert "('ROW', 'encoder.weight', True)" in r.stdout, r.stdout
+    assert ("No grad tensor is recorded as 'decoder.weight', which names encoder.weight as the script does "
+            "(a parametrized or pruned layer's tensor is recorded under the name of the parameter that holds it, "
+            "weights tied at several paths under the first); the point stays pending until a tensor of its name "
+            "appears: watch grad encoder.weight ...") in r.stdout, r.stdout
+    assert ("nndb: watchpoint 1 (grad decoder.weight norm > 0) was still pending at the end of the run: no grad "
+            "tensor matched 'decoder.weight' (encoder.weight: a parametrized or pruned layer's tensor is recorded "
+            "under the name of the parameter that holds it, weights tied at several paths under the first; watch "
+            "it by that name)") in r.stderr, r.stderr
+    r, _ = _batch(tmp_path, "-q", "--force", "-e", "watch grad encoder.weight norm > 0", "-e", "continue",
+                  "-e", "kill", script, "--steps", "3")
+    assert "Watchpoint 1: grad encoder.weight norm = " in r.stdout and "pending" not in r.stdout + r.stderr, r
