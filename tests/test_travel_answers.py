@@ -1475,3 +1475,47 @@ def test_set_lr_on_a_dp_sgd_optimizer_wrapper_is_one_optimizer(tmp_path):
     assert "2 optimizers" not in out, out
     assert re.search(r"^opt\s+0\s+lr\s+0\.1\s+0\.05$", r.stdout, re.M), out
     assert "--set lr=0.01 is: set lr 0.01 optimizer opt" in r.stdout and "('LR', 0.05)" in r.stdout, out
+
+
+CLIP_EACH_MICRO_BATCH = '''
+import torch, torch.nn as nn
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1))
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+data = torch.randn(64, 8)
+target = data.sum(1, keepdim=True)
+GA = 4
+for step in range(6):
+    for micro in range(GA):
+        i = (step * GA + micro) * 4 % 64
+        ((model(data[i:i + 4]) - target[i:i + 4]) ** 2).mean().div(GA).backward()
+        # (at every micro-batch, as a loop that calls accelerate's clip_grad_norm_ inside accumulate())
+        total = torch.nn.utils.clip_grad_norm_(model.parameters(), 5.0)
+    opt.step()
+    opt.zero_grad()
+    print("step", step, "total", repr(total.item()))
+'''
+
+
+def test_a_clip_at_each_micro_batch_is_the_total_of_the_gradients_the_optimizer_applies(tmp_path):
+    """A gradient-accumulation loop that clips after each micro-batch's backward (accelerate's
+    clip_grad_norm_ called inside accumulate() without the sync_gradients test): the step's
+    clip_grad_norm_ series held the first micro-batch's total (0.0749 where the script's was
+    0.2026, a BERT under accelerate), and #2..#4 the others; exploding_gradient and predict's
+    'Grad norm before clipping' read the first.  The last call, over the gradients the
+    optimizer applies, is the step's one row."""
+    path = tmp_path / "s.py"
+    path.write_text(CLIP_EACH_MICRO_BATCH)
+    r = nndb("run", "--batch", "--nx", "--rules", "none", "--trace", str(tmp_path / "t.h5"), "-e", "until 1",
+             "-e", "predict 3", "-e", "continue", str(path), cwd=str(tmp_path))
+    assert "Traceback" not in r.stderr, r.stderr
+    printed = {int(s): float(v) for s, v in re.findall(r"^step (\d) total (\S+)$", r.stdout, re.M)}
+    assert sorted(printed) == list(range(6)), r.stdout
+    rows = re.findall(r"^(\d)\s+([\d.e+-]+)\s+([\d.e+-]+)\s+-$", r.stdout, re.M)
+    assert [int(s) for s, _, _ in rows] == [2, 3, 4], r.stdout + r.stderr
+    for s, _, g in rows:
+        assert float(g) == pytest.approx(printed[int(s)], rel=1e-5), (s, g, printed)
+    with TraceReader(str(tmp_path / "t.h5")) as t:
+        assert not [s.name for s in t.series() if s.name.startswith("clip_grad_norm_#")]
+        steps, values = t.history(t.find("clip_grad_norm_", "grad")[0], stat="norm")
+    assert list(steps) == list(range(6)) and list(values) == [printed[s] for s in range(6)], (values, printed)
