@@ -255,6 +255,8 @@ class RunView:
         the writer has not flushed yet); a value is None where it was not measured.
         ``stat`` None: the kind's default (schema.default_stat)."""
         series = self.series_names()
+        if not any(n == name for n, _ in series):
+            name = self.tied_names().get(name, name)    # (weights tied at several paths: one series)
         if kind is None:
             kinds = sorted({k for n, k in series if n == name})
             if not kinds:

@@ -297,9 +297,11 @@ def test_a_watch_on_the_second_path_of_tied_weights_names_the_tensor_it_is(tmp_p
     script = os.path.join(SCRIPTS, "healthy_weight_tied_lm.py")
     r, data = _batch(tmp_path, "-q", "-e", "until 0", "-e", "watch grad decoder.weight norm > 0",
                      "-e", "p ('ROW', $grad['decoder.weight'].name, $grad['decoder.weight'] == $grad['encoder.weight'])",
+                     "-e", "history grad decoder.weight",
                      "-e", "continue", script, "--steps", "3")
     assert r.returncode == 0, r.stderr
     assert "('ROW', 'encoder.weight', True)" in r.stdout, r.stdout
+    assert "decoder.weight (grad) norm, 1 recorded step(s) 0..0" in r.stdout, r.stdout      # (encoder.weight's)
     assert ("No grad tensor is recorded as 'decoder.weight', which names encoder.weight as the script does "
             "(a parametrized or pruned layer's tensor is recorded under the name of the parameter that holds it, "
             "weights tied at several paths under the first); the point stays pending until a tensor of its name "
