@@ -1477,14 +1477,17 @@ def test_set_lr_on_a_dp_sgd_optimizer_wrapper_is_one_optimizer(tmp_path):
     assert "--set lr=0.01 is: set lr 0.01 optimizer opt" in r.stdout and "('LR', 0.05)" in r.stdout, out
 
 
-CLIP_EACH_MICRO_BATCH = '''
+# A small regression the clip tests below train (the script's lines after it)
+CLIP_SETUP = '''
 import torch, torch.nn as nn
 torch.manual_seed(0)
 model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1))
 opt = torch.optim.SGD(model.parameters(), lr=0.1)
 data = torch.randn(64, 8)
 target = data.sum(1, keepdim=True)
-GA = 4
+'''
+
+CLIP_EACH_MICRO_BATCH = CLIP_SETUP + '''GA = 4
 for step in range(6):
     for micro in range(GA):
         i = (step * GA + micro) * 4 % 64
@@ -1519,3 +1522,48 @@ def test_a_clip_at_each_micro_batch_is_the_total_of_the_gradients_the_optimizer_
         assert not [s.name for s in t.series() if s.name.startswith("clip_grad_norm_#")]
         steps, values = t.history(t.find("clip_grad_norm_", "grad")[0], stat="norm")
     assert list(steps) == list(range(6)) and list(values) == [printed[s] for s in range(6)], (values, printed)
+
+
+def test_sam_clipping_both_passes_has_the_second_pass_s_loss_and_a_clip_row_each(tmp_path):
+    """SAM clipping the ascent's gradients and the descent's (zero_grad() between): the step's
+    loss is the second pass's, whose gradients the optimizer applies (the clip after the last
+    backward scaled them in place: no gradients of the script's own), and each pass's total
+    is a row of its own, clip_grad_norm_ and clip_grad_norm_#2: the second call measured
+    gradients made anew, not the first's added to.  (With a clip over the same parameters
+    after another backward() replacing the earlier row whatever the gradients, and the
+    replacing call not counted as a clip after the last backward, the loss read l1 + l2:
+    6.8193 where the script's was 3.4174.)"""
+    path = tmp_path / "sam.py"
+    path.write_text(SAM_CLIPPED)
+    r = nndb("run", "--batch", "-q", "--nx", "--rules", "none", "--trace", str(tmp_path / "t.h5"), str(path),
+             cwd=str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    printed = [tuple(map(float, m)) for m in re.findall(r"^step \d loss (\S+) totals (\S+) (\S+)$", r.stdout, re.M)]
+    assert len(printed) == 4, r.stdout
+    with TraceReader(str(tmp_path / "t.h5")) as t:
+        _, losses = t.history(t.find("loss", "loss")[0], stat="mean")
+        _, first = t.history(t.find("clip_grad_norm_", "grad")[0], stat="norm")
+        _, second = t.history(t.find("clip_grad_norm_#2", "grad")[0], stat="norm")
+    assert [float(v) for v in losses] == [lo for lo, _, _ in printed], (losses, printed)
+    assert [(float(a), float(b)) for a, b in zip(first, second)] == [(a, b) for _, a, b in printed], printed
+
+
+SAM_CLIPPED = CLIP_SETUP + '''for step in range(4):
+    x, y = data[step * 16:(step + 1) * 16], target[step * 16:(step + 1) * 16]
+    ((model(x) - y) ** 2).mean().backward()
+    ascent = torch.nn.utils.clip_grad_norm_(model.parameters(), 0.1)
+    eps = [0.05 * p.grad for p in model.parameters()]
+    with torch.no_grad():
+        for p, e in zip(model.parameters(), eps):
+            p.add_(e)
+    opt.zero_grad()
+    loss = ((model(x) - y) ** 2).mean()
+    loss.backward()
+    total = torch.nn.utils.clip_grad_norm_(model.parameters(), 0.1)
+    with torch.no_grad():
+        for p, e in zip(model.parameters(), eps):
+            p.sub_(e)
+    opt.step()
+    opt.zero_grad()
+    print("step", step, "loss", repr(loss.item()), "totals", repr(ascent.item()), repr(total.item()))
+'''

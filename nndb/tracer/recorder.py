@@ -310,7 +310,8 @@ class StepRecorder:
         # and the gradients the backward after them left ([(parameter, weakref of its .grad)]): put
         # back at the optimizer's step if the script wrote the gradients it applies itself
         self._set_aside: Optional[tuple] = None
-        self._clips_before = 0                   # clip_grad_norm_ calls of the step before its last backward
+        self._clips_before = 0                   # clip_grad_norm_ calls (_clip_calls) before the last backward
+        self._clip_calls = 0                     # clip_grad_norm_ calls recorded in the run
         # The one-number losses of ``torch.autograd.grad`` calls of the run's parameters since the
         # last optimizer step (bucket, their summed row, dtype): the step's loss where no backward
         # gave one (grad_loss)
@@ -511,22 +512,27 @@ class StepRecorder:
         if not self.recording:
             return
         clipped = _clipped(params)
+        first = next((p.grad for p in clipped or () if isinstance(p, torch.Tensor) and p.grad is not None), None)
         mark = (tuple(map(id, clipped)) if clipped is not None else None,
-                sum(b.backward_count for b in self._buckets))
+                sum(b.backward_count for b in self._buckets), weakref.ref(first) if first is not None else None)
         # A call over the parameters an earlier one of the step clipped, after another backward()
-        # (clipping at each micro-batch of gradient accumulation): the earlier measured gradients
-        # the optimizer never applies, and this one's total is the step's row (it was the first
-        # micro-batch's: 0.0749 where the script's total was 0.2026, in every reading of the series)
+        # that added to the gradients it measured (clipping at each micro-batch of gradient
+        # accumulation): those were a part of the gradients the optimizer applies, and this
+        # one's total is the step's row (it was the first micro-batch's: 0.0749 where the
+        # script's total was 0.2026, in every reading of the series).  Gradients made anew
+        # between (zero_grad(): SAM's two passes, DP-SGD's micro-batches) keep a row each.
         key = next((k for k in reversed(self._clips_since_step)
                     if self._clip_marks.get(k, (None,))[0] == mark[0]), None) if mark[0] is not None else None
         holder = next((b for b in self._buckets if key in b.entries), None) if key is not None else None
-        if holder is None or self._clip_marks[key][1] == mark[1]:
+        before = self._clip_marks[key] if holder is not None else None
+        if before is None or before[1] == mark[1] or before[2] is None or before[2]() is not first:
             key, holder = ("clip", CLIP, sum(1 for b in self._buckets for k in b.entries if k[0] == "clip")), None
             self._clips_since_step.append(key)
         holder = holder or self._buckets[-1]
         holder.add(key, S.scalar_row(float(S.local(total).item())))
         holder.clip_limits[key] = (_max_norm(max_norm), scaled, clipped)
         self._clip_marks[key] = mark
+        self._clip_calls += 1          # (one that replaced a row came after the last backward too)
 
     def scaler_skipped(self, opt, others=()) -> None:
         """A GradScaler's ``step()`` skipped the optimizer's (its gradients held Inf or NaN:
@@ -629,7 +635,7 @@ class StepRecorder:
         if self._set_aside is not None:
             self._grads_after = [(p, weakref.ref(p.grad), p.grad._version, p.grad.data_ptr())
                                  for p in self._step_params() if p.requires_grad and p.grad is not None]
-            self._clips_before = len(self._clips_since_step)
+            self._clips_before = self._clip_calls
 
     def grad_loss(self, tensor: torch.Tensor) -> None:
         """The loss of a ``torch.autograd.grad`` of the run's parameters (no ``create_graph``): a
@@ -821,7 +827,7 @@ class StepRecorder:
         # the same one written in place (p.grad.copy_(...): its version moved), unless a clip or a
         # GradScaler's unscale_, which scale the last backward's gradients in place, came between
         # (a clip of each micro-batch's gradients before it does not count).
-        scaled = len(self._clips_since_step) > self._clips_before or self.scaler_seen
+        scaled = self._clip_calls > self._clips_before or self.scaler_seen
         if all(ref() is p.grad and p.grad.data_ptr() == ptr and (scaled or p.grad._version == version)
                for p, ref, version, ptr in grads if id(p) in mine):
             return                     # (SAM's, FGSM's: the last backward's gradients are applied)
