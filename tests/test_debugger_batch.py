@@ -1355,3 +1355,14 @@ def test_a_module_break_through_the_models_variable_stops_at_every_step(tmp_path
     hits, r = _module_break_hits(tmp_path, ONE_MODEL, f"{glob} {phase}")
     assert hits == [0, 1, 2, 3], r.stdout
     assert "pending" not in r.stdout + r.stderr, r
+
+
+def test_a_module_break_through_the_models_variable_is_not_pending_when_the_run_ends_first(tmp_path):
+    """'break module model.2' set at step 1 of mlp.py (its model a local of main()), killed
+    there, was said to be 'still pending at the end of the run: no module matched', the model
+    gone by then; 'model.9' still is."""
+    r = Ran(nndb("run", "--batch", "-q", "--nx", "--rules", "none", "--trace", str(tmp_path / "t.h5"),
+                 "-e", "until 1", "-e", "break module model.2", "-e", "break module model.9",
+                 "-e", "kill", example("mlp.py"), "--steps", "3", cwd=str(tmp_path)), [])
+    assert "No module matches 'model.2'" not in r.stdout, r.stdout
+    assert "no module matched 'model.9'" in r.stderr and "'model.2'" not in r.stderr, r.stderr

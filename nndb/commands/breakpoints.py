@@ -54,7 +54,7 @@ def _check_glob(s, kind: str, glob: str) -> None:
     built at step N, a parameter group added later, are named only then.
     Once names are known the message lists some, which shows a typo."""
     names = s.view.known_names(kind)
-    if any(globs.matches(n, glob) for n in names):
+    if any(globs.matches(n, glob) for n in s.view.point_names(kind)):
         return
     what = "module" if kind == "module" else f"{kind} tensor"
     renamed = s.view.renamed_matches(kind, glob) if kind in ("param", "grad", "update") else []

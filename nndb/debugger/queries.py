@@ -118,12 +118,21 @@ class RunView:
         if kind in ("module", "act"):
             for root in self.roots():
                 names |= {naming.module_name(m) for _, m in root.named_modules()}
-                if kind == "module":        # (a module stop point matches 'model.2' too)
-                    names |= {a for a in map(naming.qualified_alias, root.modules()) if a is not None}
         elif kind in ("param", "grad", "update"):
             # (the tensors a script trains outside any module too: Naming.adopt; a frozen one,
             # requires_grad=False, has no gradient to match: its '$grad' read 'not measured')
             names |= {naming.param_name(p) for p in naming.root_params() if kind != "grad" or p.requires_grad}
+        return names
+
+    def point_names(self, kind: str) -> set:
+        """known_names, and for a module stop point the names it also matches: the modules'
+        names qualified by their model's variable where they are not (``model.2`` for ``2``:
+        Naming.qualified_alias), which Tab does not offer twice."""
+        names = self.known_names(kind)
+        if kind == "module" and self.s.rec is not None:
+            # (the models' own, and their modules' names as the trace has them once the models
+            # are gone: a run killed before 'break module model.2' stopped)
+            names |= {f"{m}.{n}" for m in self.s.rec.naming.unqualified_models() for n in set(names)}
         return names
 
     def pending_points(self) -> list:
@@ -137,7 +146,7 @@ class RunView:
             kind = p.kind if isinstance(p, P.Watch) else "module" if isinstance(p, P.ModuleBreak) else None
             if kind is None or p.hits:
                 continue
-            if any(globs.matches(n, p.glob) for n in self.known_names(kind)):
+            if any(globs.matches(n, p.glob) for n in self.point_names(kind)):
                 continue
             if recorded is None:
                 recorded = self.series_names()

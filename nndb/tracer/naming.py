@@ -669,6 +669,12 @@ class Naming:
             return self._qualify(entry[1](), entry[2], entry[1])
         return f"tensor{id(p):x}"
 
+    def unqualified_models(self) -> list:
+        """The variable names of the models with parameters, alive or gone, whose names are
+        not qualified by them (the one model of a run: its '2', which 'model.2' names as the
+        script writes it; qualified_alias)."""
+        return [name for name, qualified in self._prefixes.values() if not qualified]
+
     def tied_paths(self) -> dict:
         """{a parameter's name: its other paths in its model, named as the recorded names are}
         for a parameter a model holds at several paths (weights tied: a language model's output
