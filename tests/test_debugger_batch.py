@@ -1366,3 +1366,35 @@ def test_a_module_break_through_the_models_variable_is_not_pending_when_the_run_
                  "-e", "kill", example("mlp.py"), "--steps", "3", cwd=str(tmp_path)), [])
     assert "No module matches 'model.2'" not in r.stdout, r.stdout
     assert "no module matched 'model.9'" in r.stderr and "'model.2'" not in r.stderr, r.stderr
+
+
+# A module the step calls twice, the first module to run: the run's start stop is before its
+# first call ('module enc is about to run its forward'), where a batch run's -e and -x commands run.
+TWICE_FIRST = textwrap.dedent('''
+    import torch, torch.nn as nn
+    torch.manual_seed(0)
+    enc, head = nn.Linear(4, 4), nn.Linear(8, 1)
+    opt = torch.optim.SGD(list(enc.parameters()) + list(head.parameters()), lr=0.1)
+    for step in range(4):
+        a, b = torch.randn(8, 4), torch.randn(8, 4)
+        print("FIRST", step, round(a[0, 0].item(), 5))
+        loss = head(torch.cat([enc(a), enc(b)], 1)).pow(2).mean()
+        opt.zero_grad(); loss.backward(); opt.step()
+''')
+
+
+def test_a_module_break_set_at_the_start_stop_stops_at_the_call_it_is_before(tmp_path):
+    """'break module enc' then 'continue' from the start stop (a batch run's -e commands), where
+    enc, called twice a step, is the module about to run: the run went on to enc's second call of
+    step 0, its first never stopped at (hits 0, 1, 1, 2, 2 ...; the first stop's input was b's).
+    It stops at both calls of every step, the first at step 0's first call, on a's input."""
+    (tmp_path / "s.py").write_text(TWICE_FIRST)
+    r = Ran(nndb("run", "--batch", "-q", "--nx", "--rules", "none", "--trace", str(tmp_path / "t.h5"),
+                 "-e", "break module enc", "-e", "commands 1", "-e", "silent",
+                 "-e", 'p ("HIT", $step, round($inputs[0][0, 0].item(), 5))', "-e", "continue", "-e", "end",
+                 "-e", "continue", "s.py", cwd=str(tmp_path)), [])
+    assert r.returncode == 0, r.stderr
+    hits = re.findall(r"\('HIT', (\d+), (-?[\d.]+)\)", r.stdout)
+    assert [int(s) for s, _ in hits] == [0, 0, 1, 1, 2, 2, 3, 3], r.stdout
+    firsts = dict(re.findall(r"FIRST (\d+) (-?[\d.]+)", r.stdout))
+    assert [v for s, v in hits[::2]] == [firsts[str(k)] for k in range(4)], r.stdout

@@ -140,40 +140,75 @@ class StopPoints:
             elif self.control.interrupt_requested:
                 self.control.interrupt_requested = False
                 stop = Stop(StopKind.INTERRUPT, self.step_in_progress(), at_step_end=False, module=name, phase=phase)
-            hits = []
-            probe = None
-            for p in list(self.points.numbered.values()):      # (the dict: no Python call an item)
-                if isinstance(p, P.ModuleBreak) and p.enabled and p.phase == phase and (
-                        p.matches(name) or alias is not None and p.matches(alias)):
-                    if alias is not None and not p.matches(name):
-                        name = alias
-                    detail = {"module": name, "phase": phase}
-                    if probe is None:        # what a condition sees: $step in progress, $inputs ...
-                        self.here.hook_frame = sys._getframe(1)
-                        self.here.payload, self.here.module = payload, module
-                        probe = Stop(StopKind.PROBE, self.step_in_progress(), at_step_end=False, module=name,
-                                     phase=phase, note="inputs" if phase == "forward" else "grad_output")
-                    if self.point_hits(p, detail, probe):
-                        hits.append((p, detail))
-            if hits:
-                stop = Stop(StopKind.BREAKPOINT, self.step_in_progress(), at_step_end=False,
-                            module=name, phase=phase, hits=hits)
-            elif stop is None and self.control.mode is Mode.STEP:
-                stop = Stop(StopKind.STEP, self.step_in_progress(), at_step_end=False, module=name, phase=phase)
-            if stop is None:
-                if probe is not None:
-                    self.here.let_go()       # hold no tensor, no frame between stops
-                return
-            stop.note = "inputs" if phase == "forward" else "grad_output"
-            self.here.payload = payload
-            self.here.module = module
-            self.here.hook_frame = sys._getframe(1)
+            stop = self._module_stop(self.points.numbered.values(), module, phase, payload, name, alias, stop,
+                                     sys._getframe(1))
         except (KillRun, RestartRun):
             raise
         except Exception as e:
             self.error(f"nndb: internal error at a module stop point, skipped: {type(e).__name__}: {e}")
             return
+        if stop is None:
+            return
+        # The start stop is before the module it names runs: a module breakpoint set there (at
+        # the prompt, by -e or -x, which a batch run's silent start stop runs) that matches it
+        # stops at that call, as it does at every later one ('break module enc' then 'continue'
+        # went on to enc's second call of step 0, a batch run saying nothing of where it stood)
+        before = set(self.points.numbered) if stop.kind is StopKind.START else None
         self._stop(stop, E.stop_frame(self.here.hook_frame))
+        if before is None or not set(self.points.numbered) - before:
+            return
+        try:
+            new = [p for n, p in self.points.numbered.items() if n not in before]
+            stop = self._module_stop(new, module, phase, payload, name, alias, None, sys._getframe(1), step=False)
+        except (KillRun, RestartRun):
+            raise
+        except Exception as e:
+            self.error(f"nndb: internal error at a module stop point, skipped: {type(e).__name__}: {e}")
+            return
+        if stop is not None:
+            self._stop(stop, E.stop_frame(self.here.hook_frame))
+
+    def _module_stop(self, points, module, phase: str, payload, name: str, alias, stop, hook_frame,
+                     step: bool = True) -> Optional[Stop]:
+        """The stop at this call of ``module`` (``stop``, a start or an interrupt, or a hit of the
+        module breakpoints among ``points``, or, with ``step``, a ``step`` at the prompt's), the
+        call's payload and frame held for it; None where the run goes on."""
+        hits, name, probed = self._module_hits(points, module, phase, payload, name, alias, hook_frame)
+        if hits:
+            stop = Stop(StopKind.BREAKPOINT, self.step_in_progress(), at_step_end=False,
+                        module=name, phase=phase, hits=hits)
+        elif stop is None and step and self.control.mode is Mode.STEP:
+            stop = Stop(StopKind.STEP, self.step_in_progress(), at_step_end=False, module=name, phase=phase)
+        if stop is None:
+            if probed:
+                self.here.let_go()           # hold no tensor, no frame between stops
+            return None
+        stop.note = "inputs" if phase == "forward" else "grad_output"
+        self.here.payload = payload
+        self.here.module = module
+        self.here.hook_frame = hook_frame
+        return stop
+
+    def _module_hits(self, points, module, phase: str, payload, name: str, alias, hook_frame) -> tuple:
+        """([(point, detail)] of the module breakpoints among ``points`` that hold at this call
+        of ``module`` (a hit counted, a condition judged in ``hook_frame``), the name the stop
+        gives it, and whether a condition's probe holds the call's frame and payload)."""
+        hits = []
+        probe = None
+        for p in list(points):              # (the dict's values: no Python call an item)
+            if isinstance(p, P.ModuleBreak) and p.enabled and p.phase == phase and (
+                    p.matches(name) or alias is not None and p.matches(alias)):
+                if alias is not None and not p.matches(name):
+                    name = alias
+                detail = {"module": name, "phase": phase}
+                if probe is None:        # what a condition sees: $step in progress, $inputs ...
+                    self.here.hook_frame = hook_frame
+                    self.here.payload, self.here.module = payload, module
+                    probe = Stop(StopKind.PROBE, self.step_in_progress(), at_step_end=False, module=name,
+                                 phase=phase, note="inputs" if phase == "forward" else "grad_output")
+                if self.point_hits(p, detail, probe):
+                    hits.append((p, detail))
+        return hits, name, probe is not None
 
     def stop_requested(self, frame) -> bool:
         """``nndb.set_trace()`` (or ``breakpoint()``) in the script: stop at
