@@ -1398,3 +1398,24 @@ def test_a_module_break_set_at_the_start_stop_stops_at_the_call_it_is_before(tmp
     assert [int(s) for s, _ in hits] == [0, 0, 1, 1, 2, 2, 3, 3], r.stdout
     firsts = dict(re.findall(r"FIRST (\d+) (-?[\d.]+)", r.stdout))
     assert [v for s, v in hits[::2]] == [firsts[str(k)] for k in range(4)], r.stdout
+
+
+def test_reverse_continue_from_a_module_hit_in_the_live_run_goes_to_the_same_steps_earlier_call(tmp_path):
+    """rc from the live run's stop at enc's second call of step 2 went to step 1's second call,
+    skipping step 2's first (the search looked at the steps before the one in progress only;
+    from a stop in the past it looked at the step's earlier hits first). gdb's
+    reverse-continue goes to the last earlier hit: step 2's first call, then step 1's second,
+    then its first."""
+    (tmp_path / "s.py").write_text(TWICE_FIRST)
+    show = 'p ("AT", $step, round($inputs[0][0, 0].item(), 5))'
+    r = Ran(nndb("run", "--batch", "-q", "--nx", "--rules", "none", "--trace", str(tmp_path / "t.h5"),
+                 "-e", "break module enc", *["-e", "continue"] * 6, "-e", show,
+                 *[x for _ in range(3) for x in ("-e", "reverse-continue", "-e", show)], "s.py",
+                 cwd=str(tmp_path)), [])
+    assert r.returncode == 0, r.stderr
+    firsts = {int(k): v for k, v in re.findall(r"FIRST (\d+) (-?[\d.]+)", r.stdout)}
+    at = [(int(s), v) for s, v in re.findall(r"\('AT', (\d+), (-?[\d.]+)\)", r.stdout)]
+    assert [s for s, _ in at] == [2, 2, 1, 1], r.stdout
+    # the second call's input is not the first's; the first calls' are the script's prints
+    assert at[0][1] != firsts[2] and at[1][1] == firsts[2] and at[2][1] != firsts[1] \
+        and at[3][1] == firsts[1], (at, firsts)

@@ -77,9 +77,10 @@ def _reverse_continue(s, _):
     if not s.points:          # (asked in the past too: a hand-back would leave it for nothing)
         raise CommandError("no breakpoints or watchpoints: nothing to go back to")
     if m.replica:
-        m.hand_back(s, "rc", step=step, at_end=at_end, changed=m.changed, nth=s.replica.ordinal(s))
+        m.hand_back(s, "rc", step=step, at_end=at_end, changed=m.changed, nth=s.ordinal())
     from ..timetravel.search import reverse_continue_target
-    target = reverse_continue_target(s, m, step, at_end)
+    # (inside a step, at a module breakpoint's hit: its earlier hits in the step first)
+    target = reverse_continue_target(s, m, step, at_end, nth=s.ordinal())
     if target is None:
         s.message("No earlier step where a breakpoint or watchpoint held (in the recorded checkpoints' range).")
         return
