@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from conftest import example
+from conftest import example, nndb
 from nndb.cli import cli
 from nndb.store.measured import measured
 from nndb.store.reader import TraceReader
@@ -32,18 +32,22 @@ def nan_trace(tmp_path_factory):
 
 def expected_values(path) -> dict:
     """{tag: {step: value}} straight from the trace: every measured statistic
-    that is a number (a measured NaN and "not measured" are not exported)."""
+    that is a number (a measured NaN and "not measured" are not exported); a
+    partial row's (no whole step) under ``partial/``."""
     out = {}
     with TraceReader(path) as r:
+        partial = set(r.steps[r.partial].tolist())
         for s in r.series():
             steps, block = r.history(s)
             ok = measured(block, r.columns)
             for j, stat in enumerate(r.columns):
-                pts = {int(st): float(v) for st, v, m in zip(steps, block[:, j], ok[:, j]) if m and not math.isnan(v)}
-                if pts:
-                    out[f"{s.kind}/{s.name}/{stat}"] = pts
-                    if s.kind == "loss" and stat == "mean":
-                        out[f"{s.name}/value"] = pts
+                for prefix, rows in (("", lambda st: st not in partial), ("partial/", lambda st: st in partial)):
+                    pts = {int(st): float(v) for st, v, m in zip(steps, block[:, j], ok[:, j])
+                           if m and not math.isnan(v) and rows(int(st))}
+                    if pts:
+                        out[f"{prefix}{s.kind}/{s.name}/{stat}"] = pts
+                        if s.kind == "loss" and stat == "mean":
+                            out[f"{prefix}{s.name}/value"] = pts
         # each param group's learning rate at every recorded step: the last change at or before it
         rows = r.hyper() or []
         for opt, group in {(h["optimizer"], h["group"]) for h in rows}:
@@ -53,7 +57,9 @@ def expected_values(path) -> dict:
                 before = [h for h in mine if h["step"] <= st]
                 if before:
                     pts[int(st)] = float(max(before, key=lambda h: h["step"])["lr"])
-            out[f"hyper/{opt}.group{group}/lr"] = pts
+            out[f"hyper/{opt}.group{group}/lr"] = {st: v for st, v in pts.items() if st not in partial}
+            if partial & set(pts):
+                out[f"partial/hyper/{opt}.group{group}/lr"] = {st: v for st, v in pts.items() if st in partial}
     return out
 
 
@@ -255,3 +261,47 @@ def test_mlflow_keeps_long_names_apart(tmp_path, monkeypatch):
     for name, col in ((weight, 1), (bias, 2)):
         got = {m.step: m.value for m in client.get_metric_history(run.info.run_id, key(name))}
         assert [got[i] for i in range(4)] == pytest.approx([float(r[col]) for r in rows], rel=1e-6)
+
+
+def test_a_partial_last_row_is_exported_apart_from_the_steps(tmp_path, monkeypatch):
+    """An evaluation's backward() after the last step leaves a partial row (step 4 after
+    steps 0-3, two param groups under a cosine schedule).  Both exports, offline and live,
+    wrote it on the training curves as step 4: loss/value went 0.03217 -> 1.126 there, the
+    lr 0 (the schedule's end, used by no step), where inspect says '4 (partial)' and the
+    loss plot draws a point of its own.  Its values are under partial/ now."""
+    ea = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
+    pytest.importorskip("mlflow")
+    from mlflow.tracking import MlflowClient
+    from nndb.export.mlflow import key
+    script = tmp_path / "evalbw.py"
+    script.write_text(
+        "import torch\ntorch.manual_seed(0)\nm = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 1))\n"
+        "opt = torch.optim.SGD([{'params': m[0].parameters(), 'lr': 0.1}, {'params': m[1].parameters(), 'lr': 0.01}])\n"
+        "sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=4)\nx = torch.randn(8, 3)\n"
+        "for step in range(4):\n    opt.zero_grad()\n    loss = m(x).pow(2).mean()\n"
+        "    loss.backward()\n    opt.step()\n    sched.step()\n    print(repr(loss.item()))\n"
+        "ev = (m(x) - 1).pow(2).mean()\nev.backward()\nprint(repr(ev.item()))\n")
+    path, live = str(tmp_path / "t.h5"), tmp_path / "live"
+    r = nndb("run", "--batch", "-q", "--trace", path, "--export", f"tensorboard:{live}", str(script))
+    assert r.returncode == 0, r.stderr
+    *losses, ev = [float(x) for x in r.stdout.split()]
+    want = expected_values(path)
+    assert want["loss/value"] == pytest.approx(dict(enumerate(losses)), rel=1e-7)
+    assert want["partial/loss/value"] == pytest.approx({4: ev}, rel=1e-7)
+    assert sorted(want["hyper/opt.group1/lr"]) == [0, 1, 2, 3] and want["partial/hyper/opt.group1/lr"] == {4: 0.0}
+    offline = tmp_path / "tb"
+    assert export(path, "--tensorboard", str(offline)).exit_code == 0
+    for d in (offline, live):
+        acc = ea.EventAccumulator(str(d), size_guidance={ea.SCALARS: 0})
+        acc.Reload()
+        assert set(acc.Tags()["scalars"]) == set(want), d
+        for tag, pts in want.items():
+            got = {e.step: e.value for e in acc.Scalars(tag)}
+            assert got == {st: float(np.float32(v)) for st, v in pts.items()}, (d, tag)
+    monkeypatch.chdir(tmp_path)
+    assert export(path, "--mlflow", "--experiment", "e").exit_code == 0
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    client = MlflowClient(tracking_uri="file:" + str(tmp_path / "mlruns"))
+    (run,) = client.search_runs([client.get_experiment_by_name("e").experiment_id])
+    assert set(run.data.metrics) == {key(t) for t in want}
+    assert {m.step: m.value for m in client.get_metric_history(run.info.run_id, "loss/value")} == want["loss/value"]

@@ -143,7 +143,7 @@ class _Sink:
 
 class _Record:
     def __init__(self, step):
-        self.step, self.time, self.names = step, 0.0, [("loss", "loss")]
+        self.step, self.time, self.names, self.partial = step, 0.0, [("loss", "loss")], False
         self.stats = np.array([[1.0, 2.0, 0.0, 2.0, 2.0, 2.0, 2.0, 0.0, 0.0, 0.0]])
 
 

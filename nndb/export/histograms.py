@@ -11,13 +11,13 @@ else from the outermost non-empty bins.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Iterator
 
 import numpy as np
 
 from .. import histogram as H
-from .scalars import start_time
+from .scalars import PARTIAL, start_time
 
 # the finite bins, in value order, and each one's upper edge (the overflow bins: the float32 extremes)
 _FINITE = np.arange(H.I_NEG_OVER, H.I_POS_OVER + 1)
@@ -71,10 +71,12 @@ def point(kind: str, name: str, step: int, walltime: float, h: np.ndarray, stats
 
 
 def trace_histograms(reader) -> Iterator[HistogramPoint]:
-    """Every histogram of a trace, series by series, step by step."""
+    """Every histogram of a trace, series by series, step by step (a partial
+    row's under ``partial/``, as its scalars)."""
     start = start_time(reader.meta)
     time_of = dict(zip(reader.steps.tolist(), reader.times.tolist()))
     row_of = {int(s): i for i, s in enumerate(reader.steps.tolist())}
+    partial = {int(s) for s in reader.steps[reader.partial]}
     cols = list(reader.columns)
     for s in reader.series():
         for step in reader.histogram_steps(s.name, s.kind):
@@ -88,4 +90,4 @@ def trace_histograms(reader) -> Iterator[HistogramPoint]:
                 stats = dict(zip(cols, row.tolist()))
             p = point(s.kind, s.name, step, start + time_of.get(step, 0.0), h, stats)
             if p is not None:
-                yield p
+                yield replace(p, tag=PARTIAL + p.tag) if step in partial else p

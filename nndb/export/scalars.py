@@ -9,6 +9,10 @@ store keeps a metric ``a/b`` as a file under the directory ``a``.  A value is ex
 number: "not measured" (nndb.store.measured) and a measured NaN are both
 left out, never written as 0; an Inf is written as it is.  Steps are the
 run's own step numbers; wall times are the run's start plus each step's time.
+A row that is no whole step (the work after the run's last step end: an
+evaluation's ``backward()``, the iteration a Ctrl-C or an exception cut
+short; nndb.Trace.partial) goes to the same tags under ``partial/``
+(``partial/loss/value``), never onto a training step's curve.
 """
 from __future__ import annotations
 
@@ -42,23 +46,35 @@ def loss_tag(name: str) -> str:
     return f"{name}/value"
 
 
+PARTIAL = "partial/"        # the prefix of a partial row's tags
+
+
+def _whole_then_partial(partial, n: int):
+    """(prefix, row mask) for the whole steps' rows, then the partial ones'."""
+    part = np.zeros(n, bool) if partial is None else np.asarray(partial, dtype=bool)
+    return (("", ~part), (PARTIAL, part))
+
+
 def series_scalars(name: str, kind: str, steps, block, walltimes,
-                   columns: Sequence[str] = STAT_NAMES) -> Iterator[ScalarSeries]:
+                   columns: Sequence[str] = STAT_NAMES, partial=None) -> Iterator[ScalarSeries]:
     """The tags of one series, from its rows ``block`` ((N, columns)) at
-    ``steps``: every statistic's measured numbers, then the loss headline."""
+    ``steps``: every statistic's measured numbers, then the loss headline;
+    the rows ``partial`` marks (a bool per row) under ``partial/``."""
     steps = np.asarray(steps, dtype=np.int64)
     block = np.asarray(block, dtype=np.float64).reshape(len(steps), len(columns))
     walltimes = np.asarray(walltimes, dtype=np.float64)
-    keep = measured(block, columns) & ~np.isnan(block)
-    for j, stat in enumerate(columns):
-        k = keep[:, j]
-        if k.any():
-            yield ScalarSeries(tag(kind, name, stat), steps[k], block[k, j], walltimes[k])
-    if kind == "loss" and "mean" in columns:
-        j = list(columns).index("mean")
-        k = keep[:, j]
-        if k.any():
-            yield ScalarSeries(loss_tag(name), steps[k], block[k, j], walltimes[k])
+    numbers = measured(block, columns) & ~np.isnan(block)
+    for prefix, rows in _whole_then_partial(partial, len(steps)):
+        keep = numbers & rows[:, None]
+        for j, stat in enumerate(columns):
+            k = keep[:, j]
+            if k.any():
+                yield ScalarSeries(prefix + tag(kind, name, stat), steps[k], block[k, j], walltimes[k])
+        if kind == "loss" and "mean" in columns:
+            j = list(columns).index("mean")
+            k = keep[:, j]
+            if k.any():
+                yield ScalarSeries(prefix + loss_tag(name), steps[k], block[k, j], walltimes[k])
 
 
 def trace_scalars(reader) -> Iterator[ScalarSeries]:
@@ -73,13 +89,15 @@ def series_tags(reader) -> Iterator[list]:
     """Each series' tags (a list, empty for a series without a value), in the trace's order."""
     start = start_time(reader.meta)
     time_of = dict(zip(reader.steps.tolist(), reader.times.tolist()))
+    partial_steps = np.asarray(reader.steps)[np.asarray(reader.partial, dtype=bool)]
     for s in reader.series():
         steps, block = reader.history(s)
         if len(steps) == 0:
             yield []
             continue
         times = start + np.array([time_of[int(st)] for st in steps], dtype=np.float64)
-        yield list(series_scalars(s.name, s.kind, steps, block, times, reader.columns))
+        yield list(series_scalars(s.name, s.kind, steps, block, times, reader.columns,
+                                  np.isin(steps, partial_steps)))
 
 
 def hyper_tag(optimizer: str, group, name: str = "lr") -> str:
@@ -91,15 +109,16 @@ def hyper_scalars(reader) -> Iterator[ScalarSeries]:
     """Each param group's learning rate at every recorded step: the trace's
     ``hyper`` rows (a group's lr from a step on, written when it changed)
     carried forward over the recorded steps; none before a group's first row,
-    none where the lr was not a number."""
+    none where the lr was not a number; a partial row's under ``partial/``."""
     steps = np.asarray(reader.steps, dtype=np.int64)
     if not len(steps):
         return
     walltimes = start_time(reader.meta) + np.asarray(reader.times, dtype=np.float64)
     for opt, group, values in reader.learning_rates():
-        k = ~np.isnan(values)
-        if k.any():
-            yield ScalarSeries(hyper_tag(printable_line(opt), group), steps[k], values[k], walltimes[k])
+        for prefix, rows in _whole_then_partial(reader.partial, len(steps)):
+            k = ~np.isnan(values) & rows
+            if k.any():
+                yield ScalarSeries(prefix + hyper_tag(printable_line(opt), group), steps[k], values[k], walltimes[k])
 
 
 def record_scalars(record, start: float) -> Iterator[ScalarSeries]:
@@ -108,7 +127,7 @@ def record_scalars(record, start: float) -> Iterator[ScalarSeries]:
     steps = np.array([record.step], dtype=np.int64)
     times = np.array([start + record.time])
     for (name, kind), row in zip(record.names, stats):
-        yield from series_scalars(name, kind, steps, row[None, :], times)
+        yield from series_scalars(name, kind, steps, row[None, :], times, partial=[record.partial])
 
 
 def start_time(meta: dict) -> float:
