@@ -3,6 +3,7 @@ import json
 import os
 import re
 
+import numpy as np
 import pytest
 
 from conftest import example, nndb
@@ -198,6 +199,31 @@ def test_stats_and_inspect_list_each_kind_in_the_models_order(tmp_path):
     assert rows == want, r.stdout
     data = json.loads(nndb("inspect", "--json", trace).stdout)
     assert [(t["name"], t["kind"]) for t in data["tensors"]] == want
+
+
+def test_the_api_and_the_notebook_summary_list_the_tensors_as_inspect_does(tmp_path):
+    """The same wide middle layer: `nndb inspect` lists it in the model's order, but
+    nndb.open(...).tensors, the notebook's summary of a Trace (its table of tensors) and
+    to_pandas()'s columns had 2.weight's param, update and grad second, above the
+    activations (mnist's fc1.weight on top of %nndb run's result)."""
+    pytest.importorskip("pandas")
+    script = tmp_path / "wide.py"
+    script.write_text(WIDE_MIDDLE)
+    trace = str(tmp_path / "wide.h5")
+    assert nndb("run", "--batch", "-q", "--trace", trace, str(script), cwd=str(tmp_path)).returncode == 0
+    want = [(t["name"], t["kind"]) for t in json.loads(nndb("inspect", "--json", trace).stdout)["tensors"]]
+    assert want[:2] == [("loss", "loss"), ("0", "act")] and len(want) == 25
+    import nndb as api
+    with api.open(trace) as t:
+        assert [(x.name, x.kind) for x in t.tensors] == want
+        assert [(x.name, x.kind) for x in t.summary()["tensors"]] == want
+        html = t._repr_html_()
+        assert [html.index(f"<td>{n}</td><td>{k}</td>") for n, k in want] == \
+            sorted(html.index(f"<td>{n}</td><td>{k}</td>") for n, k in want)
+        df = t.to_pandas()
+        assert list(dict.fromkeys((k, n) for k, n, _ in df.columns)) == [(k, n) for n, k in want]
+        assert np.array_equal(df[("param", "2.weight", "norm")].to_numpy(), t.series("2.weight", "param", "norm"),
+                              equal_nan=True)
 
 
 RESTAGED = """

@@ -20,6 +20,7 @@ import numpy as np
 
 from ..errors import TraceError, UsageError
 from .. import schema as K
+from ..render.plotdata import in_model_order
 from ..store.measured import measured, measured_values
 from ..store.reader import TraceReader
 
@@ -114,11 +115,18 @@ class Trace:
 
     @property
     def tensors(self) -> list:
-        """[TensorInfo] of every recorded series, in the order they first appeared."""
+        """[TensorInfo] of every recorded series, as ``nndb inspect`` and
+        ``stats`` list them: the loss, the activations in the order they were
+        made, then the values, updates and gradients, each in the model's order."""
         if self._tensors is None:
             self._tensors = [TensorInfo(s.name, s.kind, s.shape, K.module_of_series(s.name, s.kind))
-                             for s in self._reader.series()]
+                             for s in self._series()]
         return list(self._tensors)
+
+    def _series(self) -> list:
+        # (not the trace's column order: a parameter too large for the host block has
+        # its columns before the activations, mnist's fc1.weight on top)
+        return in_model_order(self._reader, list(self._reader.series()), by_kind=True)[0]
 
     @property
     def columns(self) -> tuple:
@@ -260,9 +268,9 @@ class Trace:
         except ImportError:
             raise UsageError(PANDAS_MISSING) from None
         cols = self._reader.columns
-        infos = self._reader.series()
+        infos = self._series()
         block = self._reader.all_stats() if self._reader.n_steps else np.empty((0, len(infos), len(cols)))
-        block = np.where(measured(block, cols), block, np.nan)[:, :len(infos)]
+        block = np.where(measured(block, cols), block, np.nan)[:, [s.id for s in infos]]
         index = pd.MultiIndex.from_tuples([(s.kind, s.name, c) for s in infos for c in cols],
                                           names=["kind", "name", "stat"])
         return pd.DataFrame(block.reshape(len(block), -1), index=pd.Index(self._reader.steps, name="step"),
