@@ -655,6 +655,32 @@ def test_the_heatmap_hatches_a_partial_last_row(tmp_path):
     assert "partial step (after the run's last step end)" in [t.get_text() for t in fig.legends[0].get_texts()]
 
 
+def test_the_heatmap_crosses_a_cell_whose_tensor_held_nan_beside_finite_values(tmp_path):
+    """A gradient with one NaN among finite elements has a finite norm (its finite elements',
+    trace-format.md): the heat map drew that cell as an ordinary colour, no cross, so the
+    picture said the gradient was finite at that step (a diverging run's step 7: 0.weight's
+    grad held 147 NaN and 40 Inf, its cell the brightest of the map, uncrossed).  The cell
+    keeps its colour and gets the red cross; the bias, all finite, none."""
+    pytest.importorskip("matplotlib")
+    from nndb.render.plot import figure
+    path = _recorded(tmp_path, "import torch\ntorch.manual_seed(0)\nm = torch.nn.Linear(3, 2)\n"
+                               "opt = torch.optim.SGD(m.parameters(), lr=0.1)\nx = torch.randn(8, 3)\n"
+                               "for step in range(4):\n    opt.zero_grad()\n    m(x).pow(2).mean().backward()\n"
+                               "    if step == 2:\n        m.weight.grad[0, 0] = float('nan')\n"
+                               "    opt.step()\n    with torch.no_grad():\n        m.weight.nan_to_num_(0.5)\n")
+    with TraceReader(path) as rd:
+        d, counts = D.heatmap(rd, "grad", "norm"), D.heatmap(rd, "grad", "nan_count")
+        (w,) = rd.find("weight", "grad")
+        assert rd.history(w, "nan_count")[1].tolist() == [0, 0, 1, 0]
+    assert d.layers == ["weight", "bias"] and d.steps.tolist() == [0, 1, 2, 3]
+    assert np.isfinite(d.values).all()                # the norms: of the finite elements
+    assert d.nonfinite.tolist() == [[False, False, True, False], [False] * 4]
+    fig = figure(d)
+    (cross,) = [c for c in fig.axes[0].collections if c.get_label() == "NaN or Inf"]
+    assert cross.get_offsets().tolist() == [[2.5, 0.5]]
+    assert not counts.nonfinite.any()               # (a count says it itself)
+
+
 def test_a_single_step_is_drawn_and_its_axis_is_whole_steps(tmp_path):
     """A trace of one step: the ratio plot drew nothing for its layer (a line of one point, no marker;
     the ratio 0.16, far above the healthy band, not shown) and the x axes read -0.5, -0.4 ... 0.5."""

@@ -39,7 +39,7 @@ class Heatmap:
     layers: list            # names, in model order (top to bottom)
     steps: np.ndarray       # (T,) the steps with a value
     values: np.ndarray      # (L, T) NaN where not measured
-    nonfinite: np.ndarray   # (L, T) bool: a measured NaN or Inf
+    nonfinite: np.ndarray   # (L, T) bool: a measured NaN or Inf, or a tensor that held some (OF_THE_FINITE)
     marks: list = field(default_factory=list)
     title: str = ""
     span: tuple = (0, 0)    # the trace's first and last recorded step: the x axis runs over them
@@ -136,18 +136,32 @@ def in_model_order(reader, series: list, by_kind: bool = False) -> tuple:
     return [series[i] for i in order], ORDER_KNOWN if rows else ORDER_UNKNOWN
 
 
-def _column(reader, s, stat: str):
-    """(steps, values, nonfinite) of one statistic of one series: NaN where not measured."""
+# The statistics of a tensor's finite elements alone (min and max: of those not NaN) where
+# it holds NaN or Inf (trace-format.md, "Statistics"): a finite number that says nothing of them.
+OF_THE_FINITE = ("mean", "std", "norm", "mean_abs", "min", "max")
+
+
+def _column(reader, s, stat: str, held: bool = False):
+    """(steps, values, nonfinite) of one statistic of one series: NaN where not measured;
+    nonfinite where the value is NaN or Inf, and with ``held`` also where the tensor held
+    NaN or Inf elements beside a finite value of the others (OF_THE_FINITE)."""
     steps, block = reader.history(s)
-    j = reader.columns.index(stat)
-    ok = measured(block, reader.columns)[:, j]
-    v = np.where(ok, block[:, j], np.nan)
-    return steps.astype(np.int64), v, ok & ~np.isfinite(block[:, j])
+    cols = reader.columns
+    j = cols.index(stat)
+    ok = measured(block, cols)
+    v = np.where(ok[:, j], block[:, j], np.nan)
+    bad = ok[:, j] & ~np.isfinite(block[:, j])
+    if held and stat in OF_THE_FINITE:
+        for c in ("nan_count", "inf_count"):
+            k = cols.index(c)
+            bad |= ok[:, j] & ok[:, k] & (np.nan_to_num(block[:, k]) > 0)
+    return steps.astype(np.int64), v, bad
 
 
-def _grid(reader, series: list, stat: str):
-    """Rows of one statistic per series over the steps where any has a value."""
-    cols = [_column(reader, s, stat) for s in series]
+def _grid(reader, series: list, stat: str, held: bool = False):
+    """Rows of one statistic per series over the steps where any has a value
+    (``held``: as _column's)."""
+    cols = [_column(reader, s, stat, held) for s in series]
     steps = np.unique(np.concatenate([c[0] for c in cols])) if cols else np.zeros(0, np.int64)
     values = np.full((len(series), len(steps)), np.nan)
     bad = np.zeros((len(series), len(steps)), bool)
@@ -166,7 +180,7 @@ def heatmap(reader, kind: str = "grad", stat: str = "norm", glob: Optional[str] 
     if glob is None and kind == "grad":      # (per layer: clip_grad_norm_'s total is no layer's; a glob names it)
         found = [s for s in found if not s.name.startswith(CLIP_SERIES)] or found
     series, order = in_model_order(reader, found)
-    steps, values, bad = _grid(reader, series, stat)
+    steps, values, bad = _grid(reader, series, stat, held=True)
     span = (int(reader.steps[0]), int(reader.steps[-1])) if reader.n_steps else (0, 0)
     every = int(np.median(np.diff(reader.steps))) if reader.n_steps > 1 else 1
     return Heatmap(kind, stat, [s.name for s in series], steps, values, bad, marks(findings, stops),
