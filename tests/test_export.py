@@ -305,3 +305,45 @@ def test_a_partial_last_row_is_exported_apart_from_the_steps(tmp_path, monkeypat
     (run,) = client.search_runs([client.get_experiment_by_name("e").experiment_id])
     assert set(run.data.metrics) == {key(t) for t in want}
     assert {m.step: m.value for m in client.get_metric_history(run.info.run_id, "loss/value")} == want["loss/value"]
+
+
+TWO_CALLS_AND_A_NAMESAKE = """
+import torch, torch.nn as nn
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc, self.act, self.act_2, self.out = nn.Linear(4, 8), nn.Tanh(), nn.Sigmoid(), nn.Linear(8, 1)
+    def forward(self, x):                       # act twice (act, act#2), then the module act_2
+        return self.out(self.act_2(self.act(self.act(self.fc(x)))))
+torch.manual_seed(0)
+m = Net()
+opt = torch.optim.SGD(m.parameters(), lr=0.1)
+x = torch.randn(16, 4)
+for step in range(3):
+    opt.zero_grad(); loss = m(x).pow(2).mean(); loss.backward(); opt.step()
+"""
+
+
+def test_mlflow_keeps_a_second_call_apart_from_a_module_of_that_name(tmp_path, monkeypatch):
+    """A module called twice has the activations act and act#2; MLflow's key for act#2 was
+    act/act_2/norm, that of a module named act_2 too: one metric held both layers' values,
+    two at each step (4.761 and 5.504 at step 0).  A key whose characters had to change
+    takes a digest of its tag, as a long one does: every tag its own metric."""
+    pytest.importorskip("mlflow")
+    from mlflow.tracking import MlflowClient
+    from nndb.export.mlflow import key
+    script = tmp_path / "twice.py"
+    script.write_text(TWO_CALLS_AND_A_NAMESAKE)
+    trace = str(tmp_path / "t.h5")
+    assert nndb("run", "--batch", "-q", "--trace", trace, str(script)).returncode == 0
+    want = expected_values(trace)
+    assert {"act/act#2/norm", "act/act_2/norm"} <= set(want)
+    assert export(trace, "--mlflow", "file:" + str(tmp_path / "ml")).exit_code == 0
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    client = MlflowClient(tracking_uri="file:" + str(tmp_path / "ml"))
+    (run,) = client.search_runs([client.get_experiment_by_name("nndb").experiment_id])
+    assert len(run.data.metrics) == len(want) and set(run.data.metrics) == {key(t) for t in want}
+    assert key("act/act_2/norm") == "act/act_2/norm" and key("grad/fc.weight/norm") == "grad/fc.weight/norm"
+    for tag, pts in want.items():
+        got = [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, key(tag))]
+        assert sorted(got) == sorted(pts.items()), tag

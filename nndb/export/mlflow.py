@@ -5,11 +5,14 @@ Metrics go out through ``log_batch`` in batches within MLflow's limits per
 call; the run's parameters as params, the findings as tags
 (``nndb.finding.N``, in order), the trace file as an artifact.  MLflow allows
 letters, digits and ``_ - . / space`` in a key: any other character of a
-tensor name (``act#2``) becomes ``_``.  A key is at most 250 characters: a
-longer one keeps its start and its last part (the statistic, ``/norm``) with
-a digest of the whole tag between them (``grad/deep.enc-1a2b3c4d5e/norm``),
-so that two long tags never share a key (cut at 250, the ten statistics of
-a long name, and its weight's and bias's, were one metric).
+tensor name (``act#2``) becomes ``_``.  A key is at most 250 characters.  A
+key that had to change (a character replaced, or longer than that) keeps its
+start and its last part (the statistic, ``/norm``) with a digest of the whole
+tag between them (``act/act_2-1a2b3c4d5e/norm``,
+``grad/deep.enc-1a2b3c4d5e/norm``), so that no two tags share a key: cut at
+250, the ten statistics of a long name, and its weight's and bias's, were
+one metric; ``act#2`` (a module's second call) and a module named ``act_2``
+were one metric holding both layers' values at each step.
 """
 from __future__ import annotations
 
@@ -34,15 +37,15 @@ _KEY_BAD = re.compile(r"[^A-Za-z0-9_\-./ ]")
 
 def key(text: str) -> str:
     """An MLflow key for a tag or parameter name: one of at most MAX_KEY
-    characters for each text (a longer one: its start, a digest of the
-    text, and its last ``/`` part)."""
+    characters for each text (one that had to change: its start, a digest
+    of the text, and its last ``/`` part)."""
     k = _KEY_BAD.sub("_", text).replace("..", "._").lstrip("/") or "_"
-    if len(k) <= MAX_KEY:
+    if k == text and len(k) <= MAX_KEY:
         return k
     head, sep, tail = k.rpartition("/")
     tail = sep + tail if head and len(tail) < 40 else ""
     digest = "-" + hashlib.sha1(text.encode("utf-8", "surrogatepass")).hexdigest()[:10]
-    start = k[:MAX_KEY - len(digest) - len(tail)].rstrip("./ ")
+    start = k[:min(len(k) - len(tail), MAX_KEY - len(digest) - len(tail))].rstrip("./ ")
     return start + digest + tail
 
 
