@@ -681,6 +681,29 @@ def test_the_heatmap_crosses_a_cell_whose_tensor_held_nan_beside_finite_values(t
     assert not counts.nonfinite.any()               # (a count says it itself)
 
 
+def test_the_history_rings_a_finite_norm_of_a_tensor_that_held_inf_and_shows_its_inf_max(tmp_path):
+    """The same for `--what history`: a gradient with one Inf element at step 2 has a finite
+    norm, drawn as a plain point on the line, and its max (inf), measured there with all ten
+    statistics, was left out of the lower panel without a word (a diverging run's 0.weight at
+    step 7: 147 NaN and 61 Inf, min -inf and max inf, drawn as a finite norm and a mean)."""
+    pytest.importorskip("matplotlib")
+    from nndb.render.plot import figure
+    path = _recorded(tmp_path, "import torch\ntorch.manual_seed(0)\nm = torch.nn.Linear(3, 2)\n"
+                               "opt = torch.optim.SGD(m.parameters(), lr=0.1)\nx = torch.randn(8, 3)\n"
+                               "for step in range(4):\n    opt.zero_grad()\n    m(x).pow(2).mean().backward()\n"
+                               "    if step == 2:\n        m.weight.grad[0, 0] = float('inf')\n"
+                               "    opt.step()\n    with torch.no_grad():\n        m.weight.nan_to_num_(0.5, 0.5, 0.5)\n")
+    with TraceReader(path) as rd:
+        d = D.history(rd, "weight", "grad")
+    assert d.held.tolist() == [False, False, True, False] and not d.nonfinite.any()
+    assert np.isfinite(d.stats["norm"]).all() and d.stats["max"][2] == math.inf
+    top, bottom = figure(d).axes
+    (ring,) = [c for c in top.collections if c.get_label() == "norm of the finite elements: the tensor held NaN or Inf"]
+    assert ring.get_offsets().tolist() == [[2, d.stats["norm"][2]]]
+    (edge,) = [c for c in bottom.collections if c.get_label() == "max: Inf (off the scale, drawn at the top)"]
+    assert edge.get_offsets().tolist() == [[2, 0.97]]
+
+
 def test_a_single_step_is_drawn_and_its_axis_is_whole_steps(tmp_path):
     """A trace of one step: the ratio plot drew nothing for its layer (a line of one point, no marker;
     the ratio 0.16, far above the healthy band, not shown) and the x axes read -0.5, -0.4 ... 0.5."""

@@ -288,6 +288,9 @@ def _history(fig, d: History) -> None:
              label="norm (at each step it was measured)")
     if d.nonfinite is not None:
         _nonfinite(top, d.steps, norm, d.nonfinite, "norm")
+    if d.held is not None and d.held.any():     # (a finite norm that says nothing of the NaN/Inf beside it)
+        top.scatter(d.steps[d.held], norm[d.held], marker="o", facecolors="none", edgecolors="red", s=70,
+                    linewidth=1.5, zorder=5, label="norm of the finite elements: the tensor held NaN or Inf")
     top.set_ylabel("norm")
     top.grid(True, alpha=0.3)
     _mark(top, d.marks, d.steps)
@@ -304,6 +307,7 @@ def _history(fig, d: History) -> None:
             v = d.stats[stat]
             k = np.isfinite(v)
             bottom.plot(d.steps[k], v[k], linestyle="none", marker=style, markersize=4, label=stat)
+            _nonfinite(bottom, d.steps, v, np.isinf(v), stat)      # (an Inf element: off the scale)
         _legend(bottom)
     else:
         bottom.text(0.5, 0.5, "mean, std, min and max were not measured on these steps",

@@ -72,6 +72,8 @@ class History:
     nonfinite: Optional[np.ndarray] = None      # (N,) bool: the norm measured NaN or Inf
     span: tuple = (0, 0)    # the trace's first and last recorded step: the x axis runs over them
     recorded: Optional[np.ndarray] = None       # the trace's recorded steps (a line breaks where one was skipped)
+    held: Optional[np.ndarray] = None           # (N,) bool: a finite norm of a tensor that held NaN or Inf
+    # (the norm, mean and std are then its finite elements': OF_THE_FINITE)
 
 
 @dataclass
@@ -212,9 +214,10 @@ def history(reader, name: str, kind: str = "param", findings=(), stops=()) -> Hi
         stats[stat] = v
         if stat == "norm":
             nonfinite = bad
+    held = _column(reader, s, "norm", held=True)[2] & ~nonfinite
     span = (int(reader.steps[0]), int(reader.steps[-1])) if reader.n_steps else (0, 0)
     return History(s.name, kind, steps, stats, marks(findings, stops), _title(reader, f"{kind} {s.name} history"),
-                   nonfinite, span, np.asarray(reader.steps, dtype=np.int64))
+                   nonfinite, span, np.asarray(reader.steps, dtype=np.int64), held)
 
 
 def ratio(reader, glob: Optional[str] = None, findings=(), stops=()) -> Ratio:
