@@ -564,3 +564,39 @@ def test_a_step_between_recorded_ones_is_named_with_its_neighbours(tmp_path):
             with pytest.raises(UsageError) as e:
                 t.stats(step)
             assert str(e.value) == f"step {step} was not recorded in {tmp_path / 't.h5'} {said}"
+
+
+TWO_GROUPS_STEPLR = """
+import torch
+torch.manual_seed(0)
+m = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+opt = torch.optim.SGD([{"params": m[0].parameters(), "lr": 0.05},
+                       {"params": m[2].parameters(), "lr": 0.01, "momentum": 0.9}])
+sched = torch.optim.lr_scheduler.StepLR(opt, step_size=3, gamma=0.5)
+x = torch.randn(32, 4)
+for step in range(8):
+    used = [g["lr"] for g in opt.param_groups]
+    opt.zero_grad(); m(x).pow(2).mean().backward(); opt.step(); sched.step()
+    print(*used)
+"""
+
+
+def test_the_learning_rates_the_steps_used_are_read_as_inspect_reads_them(tmp_path):
+    """`nndb inspect --series lr`, `history lr` at the prompt and the exports' hyper/OPT.groupG/lr
+    have each param group's learning rate; the Python API had no way to it (t.series('lr'):
+    "no grad series 'lr'").  Trace.learning_rates() gives the same columns."""
+    script = tmp_path / "twogroups.py"
+    script.write_text(TWO_GROUPS_STEPLR)
+    trace = str(tmp_path / "t.h5")
+    r = run_nndb("run", "--batch", "-q", "--trace", trace, str(script))
+    assert r.returncode == 0, r.stderr
+    used = np.array([[float(v) for v in line.split()] for line in r.stdout.splitlines()])
+    inspected = json.loads(run_nndb("inspect", trace, "--series", "lr", "--json").stdout)["series"]
+    with nndb.open(trace) as t:
+        lrs = t.learning_rates()
+        assert list(lrs) == ["opt.group0", "opt.group1"] == [s["kind"] for s in inspected]
+        assert lrs["opt.group0"].tolist() == used[:, 0].tolist() == [0.05] * 3 + [0.025] * 3 + [0.0125] * 2
+        assert lrs["opt.group1"].tolist() == used[:, 1].tolist()
+        assert all(lrs[s["kind"]].tolist() == s["values"] and t.steps.tolist() == s["steps"] for s in inspected)
+        with pytest.raises(UsageError, match=r"trace.learning_rates\(\)"):
+            t.series("lr")

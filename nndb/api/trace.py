@@ -161,7 +161,8 @@ class Trace:
         found = self._reader.find(name, kind)
         if not found:
             kinds = [s.kind for s in self._reader.find(name)]
-            hint = f" (it is recorded as {', '.join(kinds)})" if kinds else " (trace.tensors lists them)"
+            hint = f" (it is recorded as {', '.join(kinds)})" if kinds else \
+                " (the learning rates: trace.learning_rates())" if name == "lr" else " (trace.tensors lists them)"
             raise UsageError(f"no {kind} series {name!r} in {self.path}{hint}")
         return found[0]
 
@@ -191,6 +192,14 @@ class Trace:
         """(steps, values): ``stat`` of one series at the steps where it was measured."""
         ok, values = self._column(name, kind, stat)
         return self._reader.steps[ok].copy(), values[ok]
+
+    def learning_rates(self) -> dict:
+        """{``OPTIMIZER.groupG``: float64 array of len(steps)}: each param group's
+        learning rate at row i (step ``steps[i]``), the one the step used, NaN
+        before the group's first step (the columns of ``nndb inspect --series lr``,
+        ``history lr`` at the prompt, the exports' ``hyper/OPTIMIZER.groupG/lr``);
+        {} where no optimizer stepped."""
+        return {f"{opt}.group{group}": values for opt, group, values in self._reader.learning_rates()}
 
     def _recorded_near(self, step: int) -> str:
         """The recorded steps, said so that a gap shows: ``0..15``, and where
