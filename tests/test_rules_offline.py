@@ -594,3 +594,44 @@ def test_one_clip_a_step_beside_an_idle_optimizer_is_clip_grad_norm_each_step(tm
     assert "clip_grad_norm_#2" not in {s.name for s in t.tensors}
     steps, norms = t.history("clip_grad_norm_", "grad", "norm")
     assert {int(s): float(v) for s, v in zip(steps, norms)} == printed
+
+
+# An embedding table not named *embed* (word_language_model's is `encoder`), then a layer
+# whose gradient a saturated sigmoid makes vanish: the layer spread leaves embeddings out.
+EMBEDDING_ENCODER = """
+import torch, torch.nn as nn
+class LM(nn.Module):
+    def __init__(self, vocab=200, dim=16):
+        super().__init__()
+        self.encoder, self.hidden, self.decoder = nn.Embedding(vocab, dim), nn.Linear(dim, dim), nn.Linear(dim, vocab)
+    def forward(self, x):
+        return self.decoder(torch.sigmoid(self.hidden(self.encoder(x))))
+torch.manual_seed(0)
+model = LM()
+nn.init.constant_(model.hidden.bias, 9.0)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+x, y = torch.randint(0, 200, (8, 5)), torch.randint(0, 200, (8, 5))
+for step in range(6):
+    opt.zero_grad()
+    nn.functional.cross_entropy(model(x).flatten(0, 1), y.flatten()).backward()
+    opt.step()
+"""
+
+
+def test_an_embedding_not_named_embed_is_left_out_of_the_layer_spread_offline_too(tmp_path):
+    """The live run knows `encoder` is an nn.Embedding and leaves it out of vanishing_gradient's
+    layer spread: it found hidden.weight at step 2 (2816x below decoder.weight).  check-trace,
+    with only the names, took the table for a layer: it found encoder.weight instead (2.950e+04x,
+    a finding the run never made) and missed the run's (pytorch/examples' word_language_model at
+    lr 3000: the run's vanishing_gradient at step 4 on rnn.weight_hh_l0, none offline).  The
+    trace's modules rows keep each module's class now."""
+    script = tmp_path / "lm.py"
+    script.write_text(EMBEDDING_ENCODER)
+    trace, report = str(tmp_path / "t.h5"), str(tmp_path / "r.json")
+    _run_live(str(script), [], trace, report, False)
+    d, findings = _compare(trace, report)
+    vanishing = [(f["step"], f["tensor"]) for f in d["findings"] if f["rule"] == "vanishing_gradient"]
+    assert vanishing == [(2, "hidden.weight")]
+    with TraceReader(trace) as reader:
+        assert reader.module_types() == {"encoder": "Embedding", "hidden": "Linear", "decoder": "Linear",
+                                         "model": "LM"}

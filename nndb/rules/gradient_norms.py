@@ -111,7 +111,7 @@ def _spread_eligible(ctx, lay, me: int) -> np.ndarray:
         e = _eligible(ctx, lay, me)
         try:
             types = ctx.module_types
-        except Exception:            # (a trace keeps no module classes: the names tell, nndb.rules.offline)
+        except Exception:            # (a trace from before it kept the classes: the names tell, nndb.rules.offline)
             types = {}
         keep = [not _embedding(lay.names[i], types) for i in e.tolist()]
         return e[np.array(keep, dtype=bool)] if e.size else e

@@ -417,8 +417,10 @@ def check_trace(reader, engine: RuleEngine) -> OfflineResult:
     engine.attach(None)
     for s in skipped:
         engine.set_enabled(s.rule, False)
-    # (the engine's own module_types answers {} without a run: a rule asking must fail instead)
-    engine.module_types = _unavailable("the model's modules")
+    # (the engine's own module_types answers {} without a run: the trace's classes of the
+    # modules where it keeps them, else a rule asking must fail instead)
+    types = reader.module_types()
+    engine.module_types = (lambda: types) if types is not None else _unavailable("the model's modules")
     optimizers = _unavailable("the optimizers") if opts.why is not None else opts
     naming = opts.naming if opts.why is None else None
     try:

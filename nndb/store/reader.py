@@ -385,10 +385,24 @@ class TraceReader(FullReads):
         return held, unknown
 
     def modules(self) -> Optional[list]:
-        """[{"step", "modules": [module name, ...]}]: the model's modules in
-        registration order from ``step`` on, a row each time a root was added
-        (None: a trace written before nndb kept them)."""
+        """[{"step", "modules": [module name, ...], "types": [class name, ...]}]:
+        the model's modules in registration order from ``step`` on, and their
+        classes (``types``: absent in traces written before it), a row each
+        time a root was added (None: a trace written before nndb kept them)."""
         return self._rows("modules")
+
+    def module_types(self) -> Optional[dict]:
+        """{module name: its class's name} of every module the ``modules`` rows
+        name (as the live rules' ``module_types``); None where the trace does
+        not keep the classes."""
+        out: dict = {}
+        for row in self.modules() or []:
+            types = row.get("types")
+            names = row.get("modules") or []
+            if not isinstance(types, list) or len(types) != len(names):
+                return None
+            out.update(zip(names, types))
+        return out or None
 
     def clips(self) -> Optional[list]:
         """[{"step", "clips": {series name: [max_norm, scaled]} | null}]: what each

@@ -348,11 +348,15 @@ class TraceWriter:
         """The learning rate of one optimizer group from ``step`` on, written when it changes."""
         self._row("hyper", {"step": step, "optimizer": optimizer, "group": group, "lr": lr})
 
-    def modules(self, step: int, names: list) -> None:
+    def modules(self, step: int, names: list, types: Optional[list] = None) -> None:
         """The model's modules in registration order (each root's modules, a
         module after those it holds; roots in the order seen), as they are
-        named in the trace's series, written when a root is added."""
-        self._row("modules", {"step": step, "modules": names})
+        named in the trace's series, and their classes' names (``types``,
+        beside ``names``), written when a root is added."""
+        row = {"step": step, "modules": names}
+        if types is not None:
+            row["types"] = types
+        self._row("modules", row)
 
     def clips(self, step: int, clips: Optional[dict]) -> None:
         """The step's clip_grad_norm_ calls from ``step`` on, written when they change:

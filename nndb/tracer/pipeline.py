@@ -147,8 +147,8 @@ class WriteRecords:
         names: dict = {}
         for root in naming.roots():
             for m in _after_children(root, set()):
-                names.setdefault(naming.module_name(m), None)
-        self.writer.modules(step, list(names))
+                names.setdefault(naming.module_name(m), type(m).__name__)
+        self.writer.modules(step, list(names), list(names.values()))
 
     def _rewrite(self, step: int, opts: list) -> None:
         named = [(self.naming.optimizer_name(o), o) for o in opts]
