@@ -636,16 +636,20 @@ def test_an_inf_loss_is_drawn_at_the_top_and_a_nan_at_the_bottom_each_named(tmp_
     assert marks["loss: NaN (no value, drawn at the bottom)"].get_offsets().tolist() == [[7, 0.03]]
 
 
+# Four steps, then an evaluation's backward(): a partial row at step 4.
+EVAL_AFTER_STEPS = ("import torch\ntorch.manual_seed(0)\nm = torch.nn.Linear(3, 1)\n"
+                    "opt = torch.optim.SGD(m.parameters(), lr=0.1)\nx = torch.randn(8, 3)\n"
+                    "for step in range(4):\n    opt.zero_grad()\n    loss = m(x).pow(2).mean()\n"
+                    "    loss.backward()\n    opt.step()\nev = (m(x) - 1).pow(2).mean()\nev.backward()\n")
+
+
 def test_the_heatmap_hatches_a_partial_last_row(tmp_path):
     """An evaluation's backward() after steps 0-3 leaves a partial row at step 4: the heat map drew its
     gradients (bias norm 2.7 against 0.40 at step 3) as step 4's, with nothing to tell them apart.  Its
     cell is hatched and named in the legend, as the loss curve draws that loss as a point of its own."""
     pytest.importorskip("matplotlib")
     from nndb.render.plot import figure
-    path = _recorded(tmp_path, "import torch\ntorch.manual_seed(0)\nm = torch.nn.Linear(3, 1)\n"
-                               "opt = torch.optim.SGD(m.parameters(), lr=0.1)\nx = torch.randn(8, 3)\n"
-                               "for step in range(4):\n    opt.zero_grad()\n    loss = m(x).pow(2).mean()\n"
-                               "    loss.backward()\n    opt.step()\nev = (m(x) - 1).pow(2).mean()\nev.backward()\n")
+    path = _recorded(tmp_path, EVAL_AFTER_STEPS)
     with TraceReader(path) as rd:
         d = D.heatmap(rd, "grad", "norm")
     assert d.steps.tolist() == [0, 1, 2, 3, 4] and d.partial.tolist() == [4]
@@ -702,6 +706,23 @@ def test_the_history_rings_a_finite_norm_of_a_tensor_that_held_inf_and_shows_its
     assert ring.get_offsets().tolist() == [[2, d.stats["norm"][2]]]
     (edge,) = [c for c in bottom.collections if c.get_label() == "max: Inf (off the scale, drawn at the top)"]
     assert edge.get_offsets().tolist() == [[2, 0.97]]
+
+
+def test_the_history_draws_a_partial_last_row_as_a_point_of_its_own(tmp_path):
+    """An evaluation's backward() after steps 0-3 leaves a partial row at step 4: `--what history`
+    drew its gradient on the steps' line as step 4's (the bias's norm 2.698 after 0.3962 at step
+    3), where the loss curve draws that row as a point of its own and the heat map hatches it."""
+    pytest.importorskip("matplotlib")
+    from nndb.render.plot import figure
+    path = _recorded(tmp_path, EVAL_AFTER_STEPS)
+    with TraceReader(path) as rd:
+        d = D.history(rd, "bias", "grad")
+    assert d.steps.tolist() == [0, 1, 2, 3, 4] and d.partial.tolist() == [4]
+    top = figure(d).axes[0]
+    (line,) = [ln for ln in top.get_lines() if ln.get_label() == "norm (at each step it was measured)"]
+    assert line.get_xdata().tolist() == [0, 1, 2, 3]
+    (point,) = [c for c in top.collections if c.get_label() == "norm: partial step (after the run's last step end)"]
+    assert point.get_offsets().tolist() == [[4, d.stats["norm"][4]]] and d.stats["norm"][4] > 2
 
 
 def test_a_single_step_is_drawn_and_its_axis_is_whole_steps(tmp_path):

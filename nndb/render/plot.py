@@ -281,11 +281,16 @@ def _nonfinite(ax, steps: np.ndarray, values: np.ndarray, bad: np.ndarray, name:
 def _history(fig, d: History) -> None:
     top, bottom = fig.subplots(2, 1, sharex=True)
     norm = d.stats["norm"]
-    ok = np.isfinite(norm)
+    part = np.isin(d.steps, d.partial)
+    ok = np.isfinite(norm) & ~part
     xs, ys = _broken(d.steps[ok], norm[ok], d.recorded)
     sparse = ok.sum() < 60 or bool(np.isnan(xs).any())        # (few points, or gaps: each one shown)
-    top.plot(xs, ys, linewidth=1.5, marker="." if sparse else None, markersize=4,
-             label="norm (at each step it was measured)")
+    line, = top.plot(xs, ys, linewidth=1.5, marker="." if sparse else None, markersize=4,
+                     label="norm (at each step it was measured)")
+    shown = part & np.isfinite(norm)
+    if shown.any():     # (the work after the last step end, an evaluation's backward(): a point of its own)
+        top.scatter(d.steps[shown], norm[shown], marker="o", facecolors="none", edgecolors=line.get_color(), s=40,
+                    zorder=4, label="norm: partial step (after the run's last step end)")
     if d.nonfinite is not None:
         _nonfinite(top, d.steps, norm, d.nonfinite, "norm")
     if d.held is not None and d.held.any():     # (a finite norm that says nothing of the NaN/Inf beside it)
@@ -297,7 +302,7 @@ def _history(fig, d: History) -> None:
     _title(top, d.title, d.marks)
     _legend(top)
     mean, std = d.stats["mean"], d.stats["std"]
-    full = np.isfinite(mean)
+    full = np.isfinite(mean) & ~part          # (a partial row's are no step's: left off the band)
     if full.any():
         st, m = d.steps[full], mean[full]
         sd = np.where(np.isfinite(std[full]), std[full], 0.0)
@@ -305,9 +310,9 @@ def _history(fig, d: History) -> None:
         bottom.plot(st, m, marker="o", markersize=3, linewidth=1.2, label="mean")
         for stat, style in (("min", "v"), ("max", "^")):
             v = d.stats[stat]
-            k = np.isfinite(v)
+            k = np.isfinite(v) & ~part
             bottom.plot(d.steps[k], v[k], linestyle="none", marker=style, markersize=4, label=stat)
-            _nonfinite(bottom, d.steps, v, np.isinf(v), stat)      # (an Inf element: off the scale)
+            _nonfinite(bottom, d.steps, v, np.isinf(v) & ~part, stat)      # (an Inf element: off the scale)
         _legend(bottom)
     else:
         bottom.text(0.5, 0.5, "mean, std, min and max were not measured on these steps",

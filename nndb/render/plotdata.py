@@ -74,6 +74,8 @@ class History:
     recorded: Optional[np.ndarray] = None       # the trace's recorded steps (a line breaks where one was skipped)
     held: Optional[np.ndarray] = None           # (N,) bool: a finite norm of a tensor that held NaN or Inf
     # (the norm, mean and std are then its finite elements': OF_THE_FINITE)
+    partial: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))   # steps of rows that are no
+    # whole step (the work after the run's last step end: nndb.Trace.partial)
 
 
 @dataclass
@@ -217,7 +219,7 @@ def history(reader, name: str, kind: str = "param", findings=(), stops=()) -> Hi
     held = _column(reader, s, "norm", held=True)[2] & ~nonfinite
     span = (int(reader.steps[0]), int(reader.steps[-1])) if reader.n_steps else (0, 0)
     return History(s.name, kind, steps, stats, marks(findings, stops), _title(reader, f"{kind} {s.name} history"),
-                   nonfinite, span, np.asarray(reader.steps, dtype=np.int64), held)
+                   nonfinite, span, np.asarray(reader.steps, dtype=np.int64), held, _partial(reader))
 
 
 def ratio(reader, glob: Optional[str] = None, findings=(), stops=()) -> Ratio:
