@@ -180,6 +180,26 @@ for step in range(3):
 """
 
 
+def test_history_at_the_prompt_marks_the_partial_row_as_inspect_does(tmp_path):
+    """At the post-mortem stop of a script that raised between backward() and step() in its
+    step 4, `stats` said 'step 4 (partial)' and `nndb inspect --series` '4 (partial)', but
+    `history weight` and `history loss` listed it as '4', a step like the others."""
+    script = tmp_path / "raises.py"
+    script.write_text(
+        "import torch\ntorch.manual_seed(0)\nm = torch.nn.Linear(3, 1)\n"
+        "opt = torch.optim.SGD(m.parameters(), lr=0.1)\nx = torch.randn(8, 3)\n"
+        "for step in range(5):\n    opt.zero_grad()\n    loss = m(x).pow(2).mean()\n    loss.backward()\n"
+        "    if step == 4:\n        raise RuntimeError('planted')\n    opt.step()\n")
+    path = str(tmp_path / "t.h5")
+    r = nndb("run", "--batch", "-q", "--trace", path, "-e", "continue", "-e", "history weight", "-e", "history loss",
+             "-e", "history lr", str(script))
+    assert r.returncode == 1 and "RuntimeError: planted" in r.stderr
+    steps = [line.split("  ")[0].strip() for line in r.stdout.splitlines() if line[:1].isdigit()]
+    assert steps == ["0", "1", "2", "3", "4 (partial)"] * 3, r.stdout
+    rows = nndb("inspect", path, "--series", "weight").stdout.splitlines()[3:]
+    assert [row.split("  ")[0].strip() for row in rows] == steps[:5]
+
+
 def test_stats_and_inspect_list_each_kind_in_the_models_order(tmp_path):
     """A parameter too large for the host block (2.weight: 90,000 elements) has its rows
     first in the record; `stats` and `nndb inspect` listed it above the activations and

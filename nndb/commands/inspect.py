@@ -198,9 +198,17 @@ def _lr_history(s, last):
         steps = [int(x) for x in reader.steps]
     if not groups or not steps:
         raise CommandError("no learning rate recorded yet (no optimizer has stepped)")
-    rows = [(st, *[None if math.isnan(v[i]) else float(v[i]) for _, _, v in groups]) for i, st in enumerate(steps)]
+    partial = s.view.partial_steps()
+    rows = [(_step(st, partial), *[None if math.isnan(v[i]) else float(v[i]) for _, _, v in groups])
+            for i, st in enumerate(steps)]
     return [f"lr, {len(steps)} recorded step(s) {steps[0]}..{steps[-1]}, a column a param group",
             Table(("step", *[f"{opt}.group{g}" for opt, g, _ in groups]), rows[-last:])]
+
+
+def _step(step: int, partial: set):
+    """A history row's step, ``N (partial)`` for a row that is no whole step, as
+    ``nndb inspect --series`` marks it."""
+    return f"{step} (partial)" if step in partial else step
 
 
 def _history(s, arg):
@@ -215,7 +223,8 @@ def _history(s, arg):
     stat = stat or default_stat(kind)
     if len(steps) == 0:
         return f"{name} ({kind}): nothing recorded yet"
-    rows = [(int(a), b) for a, b in zip(steps[-last:], values[-last:])]
+    partial = s.view.partial_steps()
+    rows = [(_step(int(a), partial), b) for a, b in zip(steps[-last:], values[-last:])]
     numbers = [v for v in values if v is not None and not math.isnan(v)]     # (an Inf is an extreme)
     what = name if name == kind else f"{name} ({kind})"          # (the loss: "loss", not "loss (loss)")
     lines = [f"{what} {stat}, {len(steps)} recorded step(s) {int(steps[0])}..{int(steps[-1])}"
@@ -244,7 +253,8 @@ def _histories(s, name, kinds, stat, last):
         lines.append(f"{k:<{width}}  {sparkline(values)}"
                      + (f"  min {fmt(min(numbers))} max {fmt(max(numbers))}" if numbers else ""))
         at[k] = dict(zip((int(x) for x in st), values))
-    rows = [(x, *(at[k].get(x) for k in kinds)) for x in steps[-last:]]
+    partial = s.view.partial_steps()
+    rows = [(_step(x, partial), *(at[k].get(x) for k in kinds)) for x in steps[-last:]]
     return [*lines, Table(("step", *kinds), rows)]
 
 

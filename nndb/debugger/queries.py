@@ -297,6 +297,17 @@ class RunView:
             steps, block = steps + [last.step], np.concatenate([block, row[None]])
         return steps, block
 
+    def partial_steps(self) -> set:
+        """The steps of the rows that are no whole step (the work after the run's
+        last step end, the step the script raised in: nndb.Trace.partial), in the
+        trace and the record not written yet."""
+        with self.trace_reader() as reader:
+            out = {int(x) for x in np.asarray(reader.steps)[np.asarray(reader.partial, dtype=bool)]}
+        last = self.unwritten()
+        if last is not None and last.partial:
+            out.add(last.step)
+        return out
+
     def unwritten(self):
         """The record of the step that just ended if the trace does not hold
         it yet (a hand-written loop's step N, written with its update at the
