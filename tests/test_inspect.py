@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from conftest import example, nndb
+from nndb.text import fmt
 
 
 @pytest.fixture(scope="module")
@@ -178,6 +179,38 @@ for step in range(3):
     nn.functional.cross_entropy(model(x), y).backward()
     opt.step()
 """
+
+
+def test_the_table_of_tensors_gives_the_whole_steps_not_an_evaluations_backward(tmp_path):
+    """A loop that ends with an evaluation's backward() after steps 0-3 keeps it as a partial row
+    (step 4).  `nndb inspect`'s table gave that row as each tensor's last value and in its
+    min..max: the loss 'last' the evaluation's 9.953 and 'max' too, where the steps' losses
+    were 0.3199 .. 0.07135.  The table is the whole steps'; the row's statistics are under
+    'partial' in --json, and its NaN (an evaluation on a NaN batch) still says 'yes'."""
+    script = tmp_path / "evalbw.py"
+    script.write_text(
+        "import sys, torch\ntorch.manual_seed(0)\nm = torch.nn.Linear(3, 1)\n"
+        "opt = torch.optim.SGD(m.parameters(), lr=0.1)\nx = torch.randn(8, 3)\n"
+        "for step in range(4):\n    opt.zero_grad()\n    loss = m(x).pow(2).mean()\n"
+        "    loss.backward()\n    opt.step()\n    print(repr(loss.item()))\n"
+        "xe = x.clone()\nif sys.argv[1:] == ['nan']:\n    xe[0, 0] = float('nan')\n"
+        "ev = (m(xe) - 3).pow(2).mean()\nev.backward()\nprint(repr(ev.item()))\n")
+    for arg in ("", "nan"):
+        path = str(tmp_path / f"t{arg}.h5")
+        r = nndb("run", "--batch", "-q", "--trace", path, str(script), *([arg] if arg else []))
+        assert r.returncode == 0, r.stderr
+        *losses, ev = [float(v) for v in r.stdout.split()]
+        data = json.loads(nndb("inspect", "--json", path).stdout)
+        assert data["partial_steps"] == [4]
+        loss = next(t for t in data["tensors"] if t["kind"] == "loss")
+        assert loss["rows"] == 4 and loss["last_step"] == 3 and loss["last"]["mean"] == losses[-1]
+        assert (loss["min"]["mean"], loss["max"]["mean"]) == (min(losses), max(losses))
+        grad = next(t for t in data["tensors"] if t["kind"] == "grad" and t["name"] == "weight")
+        assert grad["last_step"] == 3 and (grad["partial"]["nan_count"] > 0) == bool(arg)
+        row = next(line for line in nndb("inspect", path).stdout.splitlines() if line.startswith("loss "))
+        assert row.split()[3] == fmt(losses[-1]) and (row.split()[-1] == "yes") == bool(arg)
+        if not arg:
+            assert loss["partial"]["mean"] == ev and ev > max(losses)
 
 
 def test_history_at_the_prompt_marks_the_partial_row_as_inspect_does(tmp_path):

@@ -34,10 +34,13 @@ def _extremes(v: np.ndarray, cols) -> tuple:
 def summary(reader: TraceReader) -> dict:
     """Metadata, step count, the findings the live run stored (``found_by:
     ["run"]``; ``nndb check-trace`` re-checks a trace) and, per recorded
-    tensor, its last, min and max statistics."""
+    tensor, its last, min and max statistics over the whole steps (a partial
+    row's values are no step's: ``partial``, the partial row's statistics; a
+    series recorded in the partial row alone, by it)."""
     cols = reader.columns
     tensors = []
     block = reader.all_stats() if reader.n_steps else None
+    partial = np.asarray(reader.partial, dtype=bool)
     # (listed as ``stats`` lists them: the loss, the activations, the parameters' values,
     # updates and gradients, each in the model's order, not the order of the trace's columns,
     # where a parameter too large for the host block came before the activations)
@@ -48,6 +51,9 @@ def summary(reader: TraceReader) -> dict:
         present = ~np.isnan(vals[:, 0])
         if not present.any():
             continue
+        apart = present & partial
+        if (present & ~partial).any():
+            present &= ~partial
         last_i = np.flatnonzero(present)[-1]
         mins, maxs = _extremes(vals[present], cols)
         tensors.append({
@@ -56,6 +62,8 @@ def summary(reader: TraceReader) -> dict:
             "last": dict(zip(cols, measured_values(vals[last_i], cols))),
             "min": mins,
             "max": maxs,
+            "partial": dict(zip(cols, measured_values(vals[np.flatnonzero(apart)[-1]], cols)))
+            if apart.any() and not apart[last_i] else None,
         })
     steps = reader.steps
     return {

@@ -64,7 +64,7 @@ def summary(data: dict) -> str:
         rows = []
         for t in data["tensors"]:
             last, mn, mx = t["last"], t["min"], t["max"]
-            bad = (mx.get("nan_count") or 0) + (mx.get("inf_count") or 0)
+            bad = sum((d or {}).get(k) or 0 for d in (mx, t.get("partial")) for k in ("nan_count", "inf_count"))
             rows.append([printable_line(t["name"]), printable_line(t["kind"]), t["rows"], fmt(last["mean"]), fmt(last["std"]),
                          fmt(last["norm"]), f"{fmt(mn['norm'])}..{fmt(mx['norm'])}",
                          fmt(last["zero_frac"]), "yes" if bad else ""])
