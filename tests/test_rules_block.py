@@ -112,3 +112,50 @@ def test_a_block_takes_what_each_step_s_context_takes():
             np.testing.assert_array_equal(block.take(lay, kind, stat), steps)
     means = [StepContext(r).mean_of(int(lay.loss_rows[0])) for r in records]
     np.testing.assert_array_equal(block.loss_means(lay)[:, 0], means)
+
+
+def test_steps_judged_in_a_block_read_the_module_classes_they_saw():
+    """Steps wait in a block and are judged later, at the run's end for the last ones: by then
+    the script may have replaced its model (word_language_model loads its best model into
+    `model` after training).  The block's steps read the module classes of the run's end, where
+    `encoder` (an nn.Embedding) was gone: the gradient rules took its table for a layer and
+    found an exploding_gradient at step 22 that check-trace and a step-by-step judgement did not.
+    Each waiting step keeps the classes it saw."""
+    from nndb.rules.base import Rule
+    from nndb.rules.engine import RuleEngine
+
+    class Seen(Rule):
+        id, EVERY_STEP, PROBES = "seen", True, ()
+
+        def reset(self):
+            self.types = {}
+
+        def check(self, ctx):
+            self.types[ctx.step] = ctx.module_types.get("encoder")
+            return ()
+
+    def module(name, kind):         # (a stand-in module: its class's name is the kind)
+        m = type(kind, (), {})()
+        m.name = name
+        return m
+
+    class Naming:
+        roots_version = 1
+        model = [module("encoder", "Embedding"), module("head", "Linear")]
+
+        def roots(self):
+            return [SimpleNamespace(named_modules=lambda: [(m.name, m) for m in self.model])]
+
+        def module_name(self, m):
+            return m.name
+
+    rule, naming = Seen(), Naming()
+    engine = RuleEngine([rule])
+    engine.attach(SimpleNamespace(naming=naming, recorder=SimpleNamespace(step=0)))
+    names = _names(1)
+    for step in (21, 22, 23):
+        assert engine.on_record(_record(step, names, random.Random(step)), defer=True) == []
+    assert engine.waiting and rule.types == {}
+    naming.model, naming.roots_version = [module("model2.encoder", "Embedding")], 2     # the model replaced
+    engine.flush()
+    assert rule.types == {21: "Embedding", 22: "Embedding", 23: "Embedding"}

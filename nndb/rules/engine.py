@@ -68,7 +68,8 @@ class RuleEngine:
         # facts or an error (most steps: none, and nothing to ask them).
         self.armed = False
         self.probe_news = False           # a probe failed since take_errors last looked (Probe.fail)
-        self._queue: list = []            # (record, optimizers) of steps waiting to be judged as a block
+        self._queue: list = []            # (record, optimizers, module types) of steps waiting to be judged as a block
+        self._types: tuple = (None, None)     # (roots_version, module_types()) as the queued steps saw them
         self._queued_rows = 0
         self.ending = False               # the step being judged is the run's last, as the script raised
         self.longest_block = 0            # most steps judged together so far (a figure for tests and bench)
@@ -127,6 +128,7 @@ class RuleEngine:
     def detach(self) -> None:
         self._queue, self._queued_rows = [], 0      # (the session flushes before: nothing is left here)
         self._snapshot = None
+        self._types = (None, None)
         for p in self._probes.values():
             p.uninstall()
         self._probes = {}
@@ -238,15 +240,21 @@ class RuleEngine:
 
     def _wait(self, record, optimizers) -> list:
         q = self._queue
+        # The modules' classes as the step saw them: judged later (at the run's end), its
+        # model may be gone (word_language_model loads its best model into ``model`` after
+        # training: the last block's embedding looked like a layer, a false exploding_gradient).
+        version = self._rec.naming.roots_version
+        if version != self._types[0]:
+            self._types = (version, self.module_types())
         # The optimizers as they were: the last snapshot while the step pipeline saw none of
         # their rows change (nndb.tracer.pipeline.WriteRecords.changes), else taken again.
         state = getattr(optimizers, "state", None)
         changes = state.changes if state is not None else None
         if changes is None or changes != self._changes or self._snapshot is None:
-            q.append((record, self._as_it_was(optimizers)))
+            q.append((record, self._as_it_was(optimizers), self._types[1]))
             self._changes = changes
         else:
-            q.append((record, self._snapshot[2]))
+            q.append((record, self._snapshot[2], self._types[1]))
         self._queued_rows += len(record.names)
         if len(q) < BLOCK_STEPS and self._queued_rows < BLOCK_ROWS and record.time - q[0][0].time < BLOCK_SECONDS:
             return []
@@ -290,9 +298,9 @@ class RuleEngine:
         rules = self._every_rules()
         naming = self._rec.naming if self._rec is not None else None
 
-        def context(record, opts=q[-1][1]):
-            return StepContext(record, None, {}, self.module_types, opts, naming)
-        block = Block.of([rec for rec, _ in q], context, [opts for _, opts in q]) if len(q) > 1 else None
+        def context(record, opts=q[-1][1], types=q[-1][2]):
+            return StepContext(record, None, {}, types, opts, naming)
+        block = Block.of([rec for rec, _, _ in q], context, [opts for _, opts, _ in q]) if len(q) > 1 else None
         rest = []
         for r in rules:
             done = None
@@ -306,8 +314,8 @@ class RuleEngine:
                 rest.append(r)
         new: list = []
         if rest:
-            for rec, opts in q:            # (step by step, in the order a step judges them)
-                ctx = context(rec, opts)
+            for rec, opts, types in q:     # (step by step, in the order a step judges them)
+                ctx = context(rec, opts, types)
                 for r in rest:
                     if r.enabled:
                         self._judge(r, ctx, new)
