@@ -71,17 +71,22 @@ def test_commands_typed_in_the_past_are_kept_after_a_prediction_there_is_interru
         assert "Unhandled exception" not in shown and "Traceback" not in shown, shown
         term.type("p 444")
         term.expect("(nndb)")
-        term.type("kill")
-        term.expect("(y or n)")
-        term.type("y")
-        term.expect("(nndb)")
-        term.type("quit")
-        assert term.proc.wait(timeout=60) == 0
+        _kill_and_quit(term)
     finally:
         term.close()
     assert _history(hist) == ["until 10", "rs 3", "p 111", "predict 300", "p 222", "p 333", "present",
                               "p 444", "kill", "y", "quit"]
     assert oct(hist.stat().st_mode & 0o777) == "0o600"
+
+
+def _kill_and_quit(term) -> None:
+    """At the live run's prompt: kill it (confirmed), then quit; nndb exits 0."""
+    term.type("kill")
+    term.expect("(y or n)")
+    term.type("y")
+    term.expect("(nndb)")
+    term.type("quit")
+    assert term.proc.wait(timeout=60) == 0
 
 
 def test_ctrl_c_in_a_goto_from_the_past_says_the_user_is_in_the_present(tmp_path):
@@ -152,12 +157,7 @@ def test_the_history_written_in_the_past_is_no_file_the_replica_changed(tmp_path
         shown += term.expect("(nndb past)")
         term.type("present")
         shown += term.expect("(nndb)")
-        term.type("kill")
-        term.expect("(y or n)")
-        term.type("y")
-        term.expect("(nndb)")
-        term.type("quit")
-        assert term.proc.wait(timeout=60) == 0
+        _kill_and_quit(term)
     finally:
         term.close()
     assert "Back in the present (timeline 0): step 5." in shown, shown
