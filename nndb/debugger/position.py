@@ -18,8 +18,11 @@ class StopPosition:
     outermost first) and the selected one (``frame_index``), the frame of
     the tracer's callback (``hook_frame``: expressions are evaluated in the
     script's frame above it), at a module stop the module and its inputs or
-    output gradients (``module``, ``payload``), and where 'list' goes on
-    (``list_position``: ((file, frame index), line))."""
+    output gradients (``module``, ``payload``), where 'list' goes on
+    (``list_position``: ((file, frame index), line)), and in the live run the
+    step of the last stop inside a step where points held and its ordinal
+    among that step's (``nth``: (step, n), as a reverse-continue's scan counts
+    a step's hits: Session.ordinal)."""
 
     def __init__(self):
         self.stop = None
@@ -28,6 +31,7 @@ class StopPosition:
         self.hook_frame = None
         self.payload = self.module = None
         self.list_position = None
+        self.nth: tuple = (None, -1)
 
     @property
     def frame(self):

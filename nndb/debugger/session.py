@@ -79,9 +79,6 @@ class Session(CommandLoop, StopPoints):
         self.rules = rules                   # nndb.rules.engine.RuleEngine, or None (--rules none)
         self.machine = machine               # nndb.timetravel.machine.TimeMachine (checkpoints, replicas)
         self.replica = None                  # in a replica process: its role (nndb.timetravel.roles)
-        # (the live run's stops inside a step with points' hits: the step and the ordinal of the
-        # last, as a reverse-continue's scan counts a step's hits; ``ordinal``)
-        self._nth: tuple = (None, -1)
         self.lineage = lineage               # nndb.lineage.control.LineageControl (op recorder policy)
         self.progress = None                 # nndb.debugger.progress.ProgressLine (nndb run on a terminal)
         self.agreement = None                # several ranks: nndb.distributed.allstop.StepAgreement (all-stop)
@@ -291,8 +288,8 @@ class Session(CommandLoop, StopPoints):
         if self.replica is not None and self.replica.intercept(self, stop):
             return                    # a scan or a prediction notes it and goes on
         if self.replica is None and stop.hits and not stop.at_step_end:
-            step, n = self._nth
-            self._nth = (stop.step, n + 1 if step == stop.step else 0)
+            step, n = self.here.nth
+            self.here.nth = (stop.step, n + 1 if step == stop.step else 0)
         t0 = time.monotonic()
         try:
             self._stop_here(stop, frame)
@@ -392,9 +389,9 @@ class Session(CommandLoop, StopPoints):
         stop = self.here.stop
         if self.replica is not None:
             return self.replica.ordinal(self)
-        if stop is None or stop.at_step_end or not stop.hits or stop.step != self._nth[0]:
+        if stop is None or stop.at_step_end or not stop.hits or stop.step != self.here.nth[0]:
             return None
-        return self._nth[1]
+        return self.here.nth[1]
 
     def _record_stop(self, stop: Stop) -> None:
         if stop.kind in REQUESTED:
