@@ -1169,6 +1169,65 @@ def test_a_language_model_is_overfit_whether_it_computes_its_loss_or_the_loss_re
 
 
 
+GRAPH_SCRIPT = """
+    import torch, torch.nn as nn, torch.nn.functional as F
+    torch.manual_seed(0)
+    n, c = 300, 5
+    labels = torch.randint(0, c, (n,))
+    features = (torch.rand(n, 40) < 0.05).float() + (torch.rand(c, 40) < 0.2).float()[labels]
+    features = features / features.sum(1, keepdim=True)
+    adj = torch.eye(n) + (torch.rand(n, n) < 0.01).float()
+    adj = adj / adj.sum(1, keepdim=True)
+
+
+    class GraphNet(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.l1, self.l2, self.drop = nn.Linear(40, 16), nn.Linear(16, c), nn.Dropout(0.5)
+
+        def forward(self, x, a):
+            h = self.drop(F.relu(a @ self.l1(x)))
+            if BROKEN:
+                h = h.detach()
+            return F.log_softmax(a @ self.l2(h), dim=1)
+
+
+    model = GraphNet()
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    idx = torch.randperm(n)
+    idx_train, idx_val = INDEX, idx[100:]
+    for epoch in range(4):
+        model.train()
+        opt.zero_grad()
+        output = model(features, adj)
+        loss = nn.NLLLoss()(output[idx_train], labels[idx_train])
+        loss.backward()
+        opt.step()
+        model.eval()
+        with torch.no_grad():
+            val = F.nll_loss(model(features, adj)[idx_val], labels[idx_val])
+        print(f"epoch {epoch} loss {loss.item()!r} val {val.item()!r}")
+"""
+
+
+@pytest.mark.parametrize("index", ["idx[:100]", "torch.isin(torch.arange(n), idx[:100])"])
+def test_a_full_batch_graph_network_is_overfit_on_its_loss_over_the_indexed_training_nodes(tmp_path, index):
+    """pytorch/examples' gcn and gat take their loss on output[idx_train], the training nodes'
+    rows of the whole graph's output: overfit was SKIP 'NLLLoss was not called on the model's
+    output itself (nor on a view of it ...)', so a graph network was never overfit (gcn's layer
+    detached after its first ReLU PASSed all but gradients).  The copy's output is indexed as
+    the script's was (a tensor of indices or a mask), on the whole graph."""
+    body = GRAPH_SCRIPT.replace("INDEX", index)
+    report, _ = run_check(write(tmp_path, "graph.py", body.replace("BROKEN", "False")), overfit_iters=300)
+    c = by_name(report)["overfit"]
+    assert c.status == "PASS", c.evidence
+    assert c.evidence.startswith("300 sample(s) (the loss on (100, 5) of the output's (300, 5), indexed as the "
+                                 "script did), Adam(lr=0.01), dropout off"), c.evidence
+    report, _ = run_check(write(tmp_path, "broken.py", body.replace("BROKEN", "True")), overfit_iters=100)
+    c = by_name(report)["overfit"]
+    assert c.status == "FAIL" and "cannot fit one small batch" in c.cause, (c.evidence, c.cause)
+
+
 @pytest.mark.parametrize("batch,ga,items,n", [
     (16, 1, False, 16),      # model(input_ids=x, labels=x): the model shifts its labels inside
     (48, 1, False, 32),      # a batch larger than the check's: its first 32 rows

@@ -102,8 +102,9 @@ class LossCall:
     model_keywords: tuple = ()  # the names of ``model_args``' last ones, given by keyword
     # the input a view of that output leaf (``logits.view(-1, V)``, ``out.squeeze(1)``,
     # ``logits.transpose(1, 2)``): (size, stride, offset in the leaf's storage from the leaf's
-    # own, the leaf's shape, the leaf's stride), to take the same view of a copy's output
-    view: Optional[tuple] = None
+    # own, the leaf's shape, the leaf's stride), to take the same view of a copy's output; or
+    # the leaf indexed by tensors (``output[mask_train]``: an Indexed)
+    view: Optional[object] = None
     out_ref: object = None      # a weak reference to the loss the call returned
     # the autograd node that made it, held until the next backward(): a model's loss that
     # divides it (a Hugging Face model's sum over the tokens over num_items_in_batch) lets go
@@ -114,6 +115,22 @@ class LossCall:
     # where the target came from if not the data: "returned by MoCo" (a model's output), "made
     # by torch.zeros at train.py:12" (a contrastive loss's positives, at index 0 of each row)
     target_made: str = ""
+
+
+@dataclass
+class Indexed:
+    """A loss's input that is a model's output leaf indexed by tensors, ``output[idx_train]``
+    (a full-batch graph network's loss on its training nodes, a loss on the masked positions):
+    the indices (None for a dimension taken whole, ``out[:, idx]``), as they were at the loss's
+    call, and the leaf's shape, to index a copy's output the same way."""
+    indices: tuple
+    shape: tuple
+
+    def of(self, out: torch.Tensor) -> torch.Tensor:
+        if tuple(out.shape) != self.shape:
+            raise ValueError(f"the copy's output is {tuple(out.shape)}, not {self.shape} as the script's: "
+                             "nndb cannot index it as the loss's input was")
+        return out[tuple(slice(None) if i is None else i for i in self.indices)]
 
 
 @dataclass
@@ -476,7 +493,7 @@ class Capture:
         found = None
         for mid, (leaves, _, _) in self.outputs.items():
             for i, t in enumerate(leaves):
-                view = None if t is x else _view_of(x, t)
+                view = None if t is x else _view_of(x, t) or _indexed_of(x, t)
                 if t is x or view is not None:
                     found = (mid, i, view)
         return found
@@ -659,6 +676,24 @@ def _view_of(inp: torch.Tensor, t) -> Optional[tuple]:
     if rel < 0 or any(st < 0 for st in inp.stride()) or last >= t.numel():
         return None
     return tuple(inp.shape), tuple(inp.stride()), rel, tuple(t.shape), tuple(t.stride())
+
+
+def _indexed_of(inp: torch.Tensor, t) -> Optional[Indexed]:
+    """Where ``inp`` is the model's output ``t`` indexed by tensors (``output[mask_train]``,
+    ``logits[:, idx]``: autograd's IndexBackward0 of ``t`` itself), the Indexed that indexes
+    another output the same way; None otherwise."""
+    fn = inp.grad_fn
+    if not isinstance(t, torch.Tensor) or fn is None or t.grad_fn is None \
+            or type(fn).__name__ != "IndexBackward0" or not fn.next_functions:
+        return None
+    src, nr = fn.next_functions[0]
+    if src is not t.grad_fn or nr != t.output_nr:
+        return None
+    try:
+        indices = tuple(None if i is None else i.detach().clone() for i in fn._saved_indices)
+    except Exception:                    # (a saved tensor freed or changed in place)
+        return None
+    return Indexed(indices, tuple(t.shape))
 
 
 def _number(x) -> Optional[float]:

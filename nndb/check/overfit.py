@@ -32,8 +32,8 @@ from torch.utils import _pytree as pytree
 
 from ..text import fmt
 from ..tracer.discover import split_call
-from .capture import Capture, LossCall
-from .checks import NO_LOSS, OVERFIT_ABS, OVERFIT_BATCH, OVERFIT_REL, Check, Outcome, _skip, describe_inputs
+from .capture import Capture, Indexed, LossCall
+from .checks import NO_LOSS, OVERFIT_ABS, OVERFIT_BATCH, OVERFIT_REL, Check, Outcome, _shape, _skip, describe_inputs
 
 
 def overfit(cap: Capture, outcome: Outcome, iters: int) -> Check:
@@ -133,6 +133,10 @@ def overfit(cap: Capture, outcome: Outcome, iters: int) -> Check:
     except Exception as e:
         return _skip("overfit", f"training the replica raised {type(e).__name__}: {e}", outcome)
     samples = seq_first.samples(args, n) if seq_first is not None else f"{n} sample(s)"
+    if isinstance(call.view, Indexed):
+        # (a graph's nodes, all of them in every forward, its loss on the training nodes' rows)
+        samples += f" (the loss on {_shape(call.input_shape)} of the output's {_shape(call.view.shape)}, " \
+                   "indexed as the script did)"
     setup = f"{samples}, {optimizer_text}"
     if no_dropout.dropped or rnn_off.rnns:
         setup += ", dropout off"
@@ -459,7 +463,10 @@ def _small_batch(call: LossCall, earlier: list):
 def _keeps_batch(view: tuple) -> bool:
     """Does a view of the output (LossCall.view) keep its samples apart along dim 0, each row of
     the view within one sample's (``out.squeeze(1)``, ``logits.transpose(1, 2)``, ``logits[:, -1]``),
-    so that a copy's output on fewer samples has the same view on them?"""
+    so that a copy's output on fewer samples has the same view on them?  (Not one indexed by
+    tensors: its indices are into the whole batch's.)"""
+    if isinstance(view, Indexed):
+        return False
     size, stride, rel, shape, strides = view
     if not size or not shape or size[0] != shape[0] or stride[0] != strides[0]:
         return False
@@ -468,6 +475,8 @@ def _keeps_batch(view: tuple) -> bool:
 
 def _view(out: torch.Tensor, view: tuple) -> torch.Tensor:
     """The view of the copy's output ``out`` that the script took of its model's (LossCall.view)."""
+    if isinstance(view, Indexed):
+        return view.of(out)
     size, stride, rel, shape, strides = view
     if tuple(out.stride()) == strides and tuple(out.shape) == shape:
         return out.as_strided(size, stride, out.storage_offset() + rel)
