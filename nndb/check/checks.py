@@ -386,6 +386,11 @@ def initial_loss_check(cap: Capture, outcome: Outcome) -> Check:
         # (the step's loss is this call's: of several calls, style transfer's content loss, 0 at the
         # start, plus its style loss, one call's reference says nothing of the sum)
         return _regression_initial_loss(call, v, first, n)
+    elif call.kind in SYMMETRIC_LOSSES:
+        # (it read 'not a classification loss', where this loss alone is judged against predicting 0)
+        return Check("initial-loss", "SKIP", f"{call.name}'s reference, the loss of predicting 0 on its targets, "
+                     f"is one call's, and the loss backward() was given is not that call's alone ({first}): "
+                     "no reference value")
     else:
         return Check("initial-loss", "SKIP", f"{call.name} is not a classification loss: no reference value "
                      f"({first})")
