@@ -315,6 +315,26 @@ def test_zero_learning_rate_leaves_the_parameters_unchanged():
     assert status(report)["gradients"] == "PASS" and report.exit_code == 1
 
 
+@pytest.mark.parametrize("lr,step,rewritten", [("1000", 0, 3), ("30", 1, 3), ("0.1", None, 0)])
+def test_a_learning_rate_that_rewrites_the_weights_fails_updates(lr, step, rewritten):
+    """pytorch/examples' mnist_rnn at Adadelta lr 1000 PASSed updates with every weight changed by
+    0.994..1.069 of its norm in one step, where nndb run's update_ratio said at step 0 that the
+    update (1.002x the weight it leaves) rewrites the weights.  updates now FAILs at the rule's
+    'rewrite' (0.9), on the weights the rule judges (mlp.py at SGD lr 30: 1.020 at step 1; the
+    rule 0.9674 at step 0), and not at the healthy lr (0.004..0.1)."""
+    report, _ = run_check(example("mlp.py"), "--lr", lr, overfit_iters=5)
+    updates = by_name(report)["updates"]
+    if not rewritten:
+        assert updates.status == "PASS" and "rewritten" not in updates.numbers, updates.evidence
+        return
+    assert updates.status == "FAIL", updates.evidence
+    assert updates.evidence.startswith(f"{rewritten}/6 parameter tensor(s) rewritten by optimizer.step(): "), \
+        updates.evidence
+    assert f"update at step {step} is " in updates.evidence and updates.evidence.endswith(f"(lr {lr})")
+    assert updates.cause.startswith("the learning rate is far too high")
+    assert len(updates.numbers["rewritten"]) == rewritten
+    assert all(r >= 0.9 for r in updates.numbers["rewritten"].values())
+
 def test_dead_relus_cannot_overfit_one_batch():
     report, _ = run_check(example("dead_relu.py"))
     checks = by_name(report)

@@ -192,6 +192,10 @@ class Capture:
         self.grad_rms: dict = {}            # id(param) -> the largest RMS of its finite gradients
         self.nonfinite: set = set()         # ... a NaN/Inf one, in some step
         self.changed: dict = {}             # id(param) -> largest relative change
+        # id(param) -> (largest update norm / weight norm after it, the step): update_ratio's measure,
+        # for the weights it judges (2-D and up, MIN_ELEMENTS or more, not grown from exactly 0,
+        # not under an optimizer of many iterations a step: LBFGS)
+        self.rewrites: dict = {}
         self.reset_checks: list = []        # the grad_reset probe's facts, each with its "step"
         self._reset_probe = None
         self.errors: list = []
@@ -525,7 +529,19 @@ class Capture:
                     scale = max(float(b.double().norm()), float(p.detach().double().norm()))
                     change = float((p.detach() - b).double().norm()) / scale
                     self.changed[id(p)] = max(change, self.changed.get(id(p), 0.0))
+                    self._note_rewrite(seen.opt, p, b)
             seen.before = None
+
+    def _note_rewrite(self, opt, p, before) -> None:
+        from ..rules.series import MIN_ELEMENTS, MULTI_ITERATION
+        if type(opt).__name__ in MULTI_ITERATION or p.dim() < 2 or p.numel() < MIN_ELEMENTS.default \
+                or not bool(before.any()):
+            return
+        after = p.detach().double()
+        w = float(after.norm())
+        ratio = float((after - before.double()).norm()) / w if w > 0 else math.inf
+        if ratio > self.rewrites.get(id(p), (-1.0, 0))[0]:
+            self.rewrites[id(p)] = (ratio, self.steps_done)
 
     def _reached_hook(self, p) -> None:
         try:

@@ -735,6 +735,20 @@ def updates_check(cap: Capture, outcome: Outcome) -> Check:
                      "skips the steps, or the updates are below the dtype's resolution")
         return Check("updates", "FAIL", f"{len(still)}/{len(moving)} parameter tensor(s) with a gradient did not "
                      f"change in optimizer.step(): {_names(cap, still)} ({lr_text})", cause, nums)
+    from ..rules.stats_rules import UpdateRatio
+    rewrite = UpdateRatio.THRESHOLDS["rewrite"].default
+    rewritten = sorted(((r, s, p) for p in moving for r, s in [cap.rewrites.get(id(p), (0.0, 0))] if r >= rewrite),
+                       key=lambda x: -x[0])
+    if rewritten:
+        # (the live update_ratio's rewrite, at once: it spoke at step 0 of mnist_rnn at Adadelta lr 1000,
+        # whose every weight changed by 0.994..1.069 of its norm, where this check PASSed)
+        r, s, p = rewritten[0]
+        nums["rewritten"] = {cap.param_name(q): ratio for ratio, _, q in rewritten}
+        return Check("updates", "FAIL", f"{len(rewritten)}/{len(moving)} parameter tensor(s) rewritten by "
+                     f"optimizer.step(): {cap.param_name(p)}'s update at step {s} is {fmt(r)}x the norm of the "
+                     f"weight it leaves, at or above {rewrite:g} (update_ratio's rewrite; healthy ~1e-3); "
+                     f"{_names(cap, [q for _, _, q in rewritten])} ({lr_text})",
+                     "the learning rate is far too high: every step rewrites the weights", nums)
     left = ""
     orphans = cap.unheld_with_grad()
     if orphans:
