@@ -84,6 +84,25 @@ def test_a_checkpoint_that_cannot_be_measured_is_named_with_its_reason():
         D.at_checkpoints(plan, {20: {"error": "step 21 has no act relu1"}, 30: {"error": "x"}})
 
 
+def test_a_checkpoint_whose_next_step_is_the_next_checkpoints_is_not_compared_twice(tmp_path):
+    """Checkpoints every step, histograms every 11th: a replica from checkpoint 10
+    would measure step 11, which checkpoint 11's own histogram in the trace already
+    is (the comparison read 'share of zeros at each step: ... 11: x%, 11: x%')."""
+    trace = str(tmp_path / "run.h5")
+    cmds = ["break step 11", "continue", "compare act relu1 --checkpoints 3", "delete", "continue"]
+    argv = ["run", "--batch", "-q", "--nx", "--trace", trace, "--full-every", "11", "--checkpoint-every", "1",
+            *[x for c in cmds for x in ("-e", c)], DYING, "--steps", "12"]
+    ran = Ran(run_nndb(*argv, cwd=str(tmp_path)), argv)
+    assert ran.returncode == 0, ran.stderr
+    block = ran.stdout.split("act relu1: step ")[1]
+    assert block.startswith("10 against step 11")
+    assert "checkpoints at steps 9, 10, 11\n" \
+           "  measured on replicas (not in the trace): checkpoint 9 -> step 10\n" \
+           "  checkpoint 10: the step after it is checkpoint 11's, in the trace (not measured twice)\n" in block
+    line = block.split("share of zeros at each step: ")[1].splitlines()[0]
+    assert re.findall(r"(\d+): [\d.]+%", line) == ["10", "11"]
+
+
 # -- whole tensors of a loop without an optimizer ------------------------------------------------
 
 def test_a_hand_written_update_keeps_whole_gradients_and_parameters(tmp_path):

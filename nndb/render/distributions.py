@@ -62,6 +62,9 @@ def compare(data: dict) -> str:
         if data.get("measured"):
             lines.append("  measured on replicas (not in the trace): " + ", ".join(
                 f"checkpoint {m['checkpoint']} -> step {m['step']}" for m in data["measured"]))
+        for m in data.get("covered") or ():
+            lines.append(f"  checkpoint {m['checkpoint']}: the step after it is checkpoint {m['step']}'s, "
+                         "in the trace (not measured twice)")
         for x in data.get("skipped") or ():
             lines.append(f"  no histogram for checkpoint {x['step']}: {x['why']}; left out")
     if len(series) > 2 or data.get("checkpoints"):

@@ -155,9 +155,13 @@ def checkpoint_plan(reader, kind: str, name: str, checkpoint_steps: list, k: int
                          f"{'one, at step ' + str(steps[0]) if steps else 'none'}")
     known = (name, kind) in {(s.name, s.kind) for s in reader.series()}
     have = set(reader.histogram_steps(name, kind)) if known else set()
+    # a replica resumed from checkpoint C measures step C+1: where that is the next
+    # checkpoint's step, read from the trace, it would be the same step twice
+    covered = [s for s in steps if s not in have and s + 1 in have and s + 1 in steps]
     return {"kind": kind, "name": name, "checkpoints": steps, "known": known, "have": sorted(have),
             "read": [(s, reader.histogram(name, kind, s)) for s in steps if s in have],
-            "missing": [s for s in steps if s not in have]}
+            "covered": [{"checkpoint": s, "step": s + 1} for s in covered],
+            "missing": [s for s in steps if s not in have and s not in covered]}
 
 
 def at_checkpoints(plan: dict, measured: Optional[dict] = None) -> dict:
@@ -185,5 +189,6 @@ def at_checkpoints(plan: dict, measured: Optional[dict] = None) -> dict:
     out = compare_histograms(kind, name, pairs)
     out["checkpoints"] = steps
     out["measured"] = done
+    out["covered"] = plan.get("covered", [])
     out["skipped"] = skipped
     return out
