@@ -19,6 +19,7 @@ from nndb.fuzz.search import FuzzConfig, Outcome, run
 PLANTED = example("fuzz_log_corner.py")
 TOKENS = os.path.join(ROOT, "tests", "scripts", "fuzz_tokens.py")
 DROPOUT = os.path.join(ROOT, "tests", "scripts", "fuzz_dropout.py")
+WORKERS = os.path.join(ROOT, "tests", "scripts", "fuzz_loader_workers.py")
 
 
 @pytest.fixture(autouse=True)
@@ -230,6 +231,24 @@ def test_a_step_past_the_runs_end_is_one_line_without_fuzzs_own_commands(tmp_pat
     assert r.stderr.splitlines() == ["nndb: error: the script ended (finished, exit code 0) after 3 step(s), "
                                      "before step 100"], r.stderr
     assert "commands left" not in r.stdout + r.stderr, r.stdout
+
+
+def test_a_refusal_at_the_stop_is_said_as_it_is_not_as_the_script_ending(tmp_path):
+    """fuzz's own refusal at its stop (a DataLoader worker process: no fork) is the
+    line nndb fuzz prints, and --step 0 (the run's first stop is inside step 0, where
+    fuzz cannot start) is refused up front: both read 'nndb: error: the script ended
+    (killed, exit code 2) after N step(s), before step M', which it had not."""
+    r = nndb("fuzz", "--step", "2", WORKERS, cwd=str(tmp_path), env=ONE)
+    assert r.returncode == 2, r.stderr
+    errors = [l for l in r.stderr.splitlines() if l.startswith("nndb: error:")]
+    assert len(errors) == 1 and errors[0].startswith(
+        "nndb: error: fuzz needs a fork() replica, and this process cannot be forked safely: "), r.stderr
+    assert "script ended" not in r.stderr
+    r = nndb("fuzz", "--step", "0", TOKENS, cwd=str(tmp_path), env=ONE)
+    assert r.returncode == 2 and r.stdout == "", r.stdout
+    assert r.stderr.splitlines() == ["nndb: error: --step 0: fuzzing starts at a step end, with the next step's "
+                                     "batch, and no step ends before step 0: the first batch it can fuzz is step "
+                                     "1's (--step 1)"], r.stderr
 
 
 def test_a_save_path_that_cannot_be_written_keeps_the_input_elsewhere_and_says_where(tmp_path):

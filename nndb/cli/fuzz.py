@@ -63,6 +63,11 @@ def fuzz(module, step, until, against, tolerance, budget, layers, seed, random_s
     maybe_restart("fork")
     from ..run.launcher import prepare
 
+    if step == 0:
+        # (fuzz starts at a step end and fuzzes the next step's batch; the run's first stop
+        # is inside step 0, in the model's first forward, where its batch is already taken)
+        fail(UsageError("--step 0: fuzzing starts at a step end, with the next step's batch, and no step ends "
+                        "before step 0: the first batch it can fuzz is step 1's (--step 1)"))
     target = target_of(module, script, args)
     line = command_line(click.get_current_context().params)
     try:
@@ -124,8 +129,10 @@ def run_fuzz_batch(target, step: int, line: str, as_json: bool, tmp_root: str) -
         why = "interrupted (Ctrl-C)" if run.exit_code == EXIT_SIGINT else "terminated (SIGTERM)"
         return {"error": f"fuzz {why}; the live run is unchanged"}, run.exit_code
     if not reports:
-        said = next((e for e in reversed(errors) if "fuzz: " in e), None)
-        why = (said[said.index("fuzz: "):] if said else
+        own = f"-e {shlex.quote(line)}: "        # (the fuzz command's own refusal, as the prompt says it)
+        said = next((e[len(own):] for e in reversed(errors) if e.startswith(own)), None) or \
+            next((e[e.index("fuzz: "):] for e in reversed(errors) if "fuzz: " in e), None)
+        why = (said if said else
                f"the script ended ({run.status}, exit code {run.exit_code}) after {result.session.steps_done()} "
                f"step(s), before step {step}" if run is not None else f"the script ended before step {step}")
         return {"error": why}, EXIT_USAGE
