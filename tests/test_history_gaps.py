@@ -20,6 +20,7 @@ from nndb.store import fullstore as F
 
 DYING = f"{ROOT}/tests/scripts/dying_relu_cnn.py"
 MANUAL = f"{ROOT}/tests/scripts/manual_sgd_full.py"
+LATE_GEN = f"{ROOT}/tests/scripts/gan_late_generator_full.py"
 
 
 # -- compare --checkpoints on replicas -------------------------------------------------------
@@ -132,6 +133,40 @@ def test_a_hand_written_update_keeps_whole_gradients_and_parameters(tmp_path):
         for name in ("0.weight", "0.bias"):
             # after the step's own update: the last step's too, taken at the run's end
             assert np.array_equal(t.tensor(name, "param", step), params[name].numpy()), (name, step)
+    t.close()
+
+
+def test_whole_tensors_of_a_step_closed_after_the_fact_are_the_next_steps(tmp_path):
+    """A generator that first steps in iteration 2: step 3 holds its first step alone,
+    and step k + 1 is iteration k from step 4 on, as the statistics have it.  The whole
+    tensors taken in an iteration before the step it began was closed after the fact
+    kept the old number: the discriminator's gradient and weight of iteration 3 were
+    step 3's (where the statistics have none of it) and step 4 had none ('the trace
+    keeps grad D.0.weight at steps 0, 1, 2, 3, 5, ...'); the generator's output was
+    missing at steps 1 and 4 and step 3, which runs no forward, had iteration 3's."""
+    trace = str(tmp_path / "g.h5")
+    argv = ["run", "--batch", "-q", "--nx", "--trace", trace, "--record-full", "grad:*0.weight",
+            "--record-full", "param:*0.weight", "--record-full", "act:gen", "--precision", "fp32", LATE_GEN]
+    ran = Ran(run_nndb(*argv), argv)
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout == python(LATE_GEN, forked=True).stdout            # the same digest as without nndb
+    spec = importlib.util.spec_from_file_location("gan_late_generator_full", LATE_GEN)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    seen = {}
+    mod.train(7, lambda i, name, kind, t: seen.__setitem__((name, kind, i), t.numpy()))
+    t = nndb.open(trace)
+    iteration = {0: 0, 1: 1, 2: 2, 4: 3, 5: 4, 6: 5, 7: 6}                  # (step 3: the generator's alone)
+    for kind, name in (("grad", "disc.0.weight"), ("param", "disc.0.weight"), ("act", "gen")):
+        kept = sorted(x["step"] for x in t.full_tensors() if (x["kind"], x["name"]) == (kind, name))
+        assert kept == sorted(iteration), (kind, name, kept)
+        if kind != "act":
+            measured = list(t.history(name, kind, "norm")[0])
+            assert measured == sorted(iteration), (kind, name, measured)    # (the statistics' steps)
+        for step, i in iteration.items():
+            assert np.array_equal(t.tensor(name, kind, step).reshape(-1),
+                                  seen[("disc.0.weight" if kind != "act" else "gen", kind, i)].reshape(-1)), \
+                (kind, name, step)
     t.close()
 
 

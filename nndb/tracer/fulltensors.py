@@ -78,6 +78,10 @@ class FullTensors:
         # (meta, name) of the tensors kept before step 0 ends, while names may still be qualified
         # (a GAN's two models: 'weight' is 'D.weight' from then on): settle() renames them
         self._unsettled: list = []
+        # While the step clock learns an iteration (Recorder.mark), the copies taken in each
+        # segment after the first, held until the step closes: a step closed after the fact
+        # leaves its later segments to the next step, under whose number they are kept (close)
+        self._held: list = []
 
     def set_rules(self, rules) -> None:
         self.rules = list(rules)
@@ -143,6 +147,33 @@ class FullTensors:
             meta["name"] = name()
         self._unsettled = []
 
+    def mark(self) -> None:
+        """A new segment of the open step begins (Recorder.mark)."""
+        self._held.append([])
+
+    def close(self, step: int, retro: Optional[int] = None) -> None:
+        """``step`` closes (Recorder.close): the copies held from its segments are
+        kept, those of the segments from ``retro`` on (a step closed after the fact:
+        they start the next step) as step + 1's, if a rule takes them there.  Called
+        after ``settle``: a copy taken before step 0 ended takes its settled name."""
+        held, self._held = self._held, []
+        for i, segment in enumerate(held):
+            moved = retro is not None and i + 1 >= retro
+            for meta, nbytes, flat, settled_name in segment:
+                if settled_name is not None:
+                    meta["name"] = settled_name()
+                if moved:
+                    meta["step"] = step + 1
+                    if self.rule_for(meta["kind"], meta["name"], step + 1) is None:
+                        continue
+                self._keep(meta, nbytes, flat, None)
+
+    def _keep(self, meta: dict, nbytes: int, flat, settled_name) -> None:
+        if self.keep(meta, nbytes, flat if callable(flat) else (lambda: flat)):
+            self.kept += 1
+            if settled_name is not None:
+                self._unsettled.append((meta, settled_name))
+
     def take(self, kind: str, name: str, step: int, t: torch.Tensor, settled_name=None) -> None:
         """Keep a copy of ``t`` as ``kind name`` at ``step`` if a rule asks for it
         (``settled_name()``: its name once step 0 has ended, where it may change)."""
@@ -154,10 +185,11 @@ class FullTensors:
             return
         meta = {"name": name, "kind": kind, "step": int(step), "shape": [int(n) for n in t.shape],
                 "dtype": str(t.dtype).replace("torch.", ""), "asked": rule.precision}
-        if self.keep(meta, t.numel() * t.element_size(), lambda: _host_copy(t)):
-            self.kept += 1
-            if settled_name is not None:
-                self._unsettled.append((meta, settled_name))
+        nbytes = t.numel() * t.element_size()
+        if self._held:
+            self._held[-1].append((meta, nbytes, _host_copy(t), settled_name))
+        else:
+            self._keep(meta, nbytes, lambda: _host_copy(t), settled_name)
 
 
 def _host_copy(t: torch.Tensor) -> np.ndarray:

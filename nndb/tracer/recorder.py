@@ -967,6 +967,8 @@ class StepRecorder:
         held for a later optimizer's step (``_credit``) go on into it, as that step will."""
         old, new = self._buckets[-1], _Bucket()
         self._buckets.append(new)
+        if self.fulltensors is not None:
+            self.fulltensors.mark()
         waiting = self._waiting
         if waiting is not None and waiting[0] is old and _PENDING_LOSS in old.entries:
             new.entries[_PENDING_LOSS] = old.entries.pop(_PENDING_LOSS)
@@ -1038,6 +1040,8 @@ class StepRecorder:
             self.naming.freeze()
             if self.fulltensors is not None:
                 self.fulltensors.settle()
+        if self.fulltensors is not None:
+            self.fulltensors.close(step, retro)     # (after settle: what it held takes its settled name)
         if self.manual:
             self._close_manual(step, bucket, now, recording, final, was_full)
             return
