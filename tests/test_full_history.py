@@ -113,6 +113,14 @@ def test_writer_bounds_pending_tensors_and_reports_a_skip(tmp_path):
     for step in range(6):
         assert np.array_equal(r.tensor("a", "grad", step), np.full(250, step, dtype=np.float32))
         assert r.tensor("b", "grad", step) is None
+    # reading it back says it was skipped, not that it was never asked for (it said 'the trace
+    # keeps no whole tensor of grad b (kept: grad a; nndb run --record-full grad:GLOB)')
+    from nndb.store import distributions as D
+    with pytest.raises(nndb.errors.UsageError) as e:
+        D.full_tensor(r, "b", "grad", 3)
+    assert str(e.value) == ("the trace keeps no whole tensor of grad b (kept: grad a; grad b was skipped at step(s) "
+                            "0, 1, 2, 3, 4, 5: it needs 8000 bytes, over the 4000-byte bound on pending full "
+                            "tensors (nndb run --full-tensors-buffer))")
 
 
 def test_old_traces_read_without_full_tensors(tmp_path):

@@ -54,13 +54,32 @@ def full_tensor(reader, name: str, kind: str, step: int) -> tuple:
     entry = reader.full_entry(name, kind, step)
     if entry is None:
         steps = reader.full_steps(name, kind)
+        skipped = _skipped(reader, kind, name, step)
         if not steps:
             kept = sorted({f"{e['kind']} {e['name']}" for e in reader.full_index()})
             raise UsageError(f"the trace keeps no whole tensor of {kind} {name} "
                              f"(kept: {', '.join(kept[:8]) + (' ...' if len(kept) > 8 else '') if kept else 'none'};"
-                             f" nndb run --record-full {kind}:GLOB)")
-        raise UsageError(f"the trace keeps {kind} {name} at steps {_steps_text(steps)}, not at step {step}")
+                             f"{skipped or f' nndb run --record-full {kind}:GLOB'})")
+        raise UsageError(f"the trace keeps {kind} {name} at steps {_steps_text(steps)}, not at step {step}"
+                         + (f" ({skipped.strip()})" if skipped else ""))
     return reader.tensor(name, kind, step), entry
+
+
+def _skipped(reader, kind: str, name: str, step: int) -> str:
+    """What the trace's events say of whole tensors skipped over the pending bound
+    (``full_tensors_skipped``, one event a step, naming the step's first skipped
+    tensor): this one, at ``step`` or at others; or those of ``step``; else ''."""
+    events = [e for e in reader.events() if e.get("kind") == "full_tensors_skipped" and e.get("step") is not None]
+    mine = sorted({int(e["step"]) for e in events if f": {kind} {name} needs " in str(e.get("message"))})
+    at = [e for e in events if int(e["step"]) == step]
+    if mine:
+        said = next(str(e["message"]) for e in events if f": {kind} {name} needs " in str(e.get("message")))
+        return (f" {kind} {name} was skipped at step(s) {_steps_text(mine)}: it "
+                f"{said.split(f': {kind} {name} ', 1)[1]}")
+    if at:
+        return (f" whole tensors of step {step} were skipped over the bound on pending full tensors "
+                "(the trace's events; nndb run --full-tensors-buffer)")
+    return ""
 
 
 def tensor_info(entry: dict) -> dict:
