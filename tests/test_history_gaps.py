@@ -170,6 +170,37 @@ def test_whole_tensors_of_a_step_closed_after_the_fact_are_the_next_steps(tmp_pa
     t.close()
 
 
+def test_a_glob_for_the_qualified_name_keeps_step_0_too(tmp_path):
+    """Two models: names are qualified ('disc.0.weight') once step 0 ends, and a rule
+    written with them matched nothing in step 0 ('the trace keeps grad D.0.weight at
+    steps 1, 2, ...' on a GAN: step 0 silently missing).  One model: its names stay
+    unqualified, and a glob with the model's variable keeps nothing, step 0 included."""
+    trace = str(tmp_path / "g.h5")
+    argv = ["run", "--batch", "-q", "--nx", "--trace", trace, "--record-full", "grad:disc.0.weight",
+            "--record-full", "act:gen.1", "--precision", "fp32", LATE_GEN, "3"]
+    ran = Ran(run_nndb(*argv), argv)
+    assert ran.returncode == 0, ran.stderr
+    t = nndb.open(trace)
+    assert sorted((x["kind"], x["name"], x["step"]) for x in t.full_tensors()) == \
+        [("act", "gen.1", i) for i in range(3)] + [("grad", "disc.0.weight", i) for i in range(3)]
+    spec = importlib.util.spec_from_file_location("gan_late_generator_full", LATE_GEN)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    seen = {}
+    mod.train(3, lambda i, name, kind, t: seen.__setitem__((name, kind, i), t.numpy()))
+    assert np.array_equal(t.tensor("disc.0.weight", "grad", 0), seen[("disc.0.weight", "grad", 0)])
+    t.close()
+    trace = str(tmp_path / "m.h5")
+    argv = ["run", "--batch", "-q", "--nx", "--trace", trace, "--record-full", "grad:model.0.weight",
+            "--record-full", "param:0.bias", MANUAL, "3"]
+    ran = Ran(run_nndb(*argv), argv)
+    assert ran.returncode == 0, ran.stderr
+    t = nndb.open(trace)
+    assert sorted((x["kind"], x["name"], x["step"]) for x in t.full_tensors()) == \
+        [("param", "0.bias", i) for i in range(3)]
+    t.close()
+
+
 # -- the room check counts histograms as stored ---------------------------------------------------
 
 def test_the_room_check_counts_histogram_blocks_as_they_are_stored(tmp_path):

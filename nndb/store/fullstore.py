@@ -94,6 +94,8 @@ class FullPending:
         if self.tensors:
             lines = []
             for meta, flat in self.tensors:
+                if meta.get("dropped"):
+                    continue            # (nndb.tracer.fulltensors.FullTensors.settle)
                 enc = encode(flat, meta["asked"])
                 store = STORE_OF[enc.used]
                 d = ds["full/" + store]

@@ -112,7 +112,10 @@ class FullTensors:
             def name():
                 base = naming.module_name(key[0])
                 return f"{base}#{key[1] + 1}" if key[1] else base
-            self.take("act", name(), step, t, None if naming.frozen else name)
+            alias = None if naming.frozen else naming.qualified_alias(key[0])
+            if alias is not None and key[1]:
+                alias = f"{alias}#{key[1] + 1}"
+            self.take("act", name(), step, t, None if naming.frozen else name, alias)
 
     def params(self, naming, params, kind: str, step: int) -> None:
         """Gradients (at an optimizer's step(), before the update) or values (at its return)."""
@@ -120,7 +123,8 @@ class FullTensors:
             t = p.grad if kind == "grad" else p
             if t is not None:
                 self.take(kind, naming.param_name(p), step, t,
-                          None if naming.frozen else (lambda p=p: naming.param_name(p)))
+                          None if naming.frozen else (lambda p=p: naming.param_name(p)),
+                          None if naming.frozen else naming.qualified_param_alias(p))
 
     def manual_step_end(self, naming, params, step: int) -> None:
         """A step of a loop without an optimizer ended at its ``backward()``:
@@ -145,6 +149,8 @@ class FullTensors:
         series have (written ones keep theirs)."""
         for meta, name in self._unsettled:
             meta["name"] = name()
+            if self.rule_for(meta["kind"], meta["name"], meta["step"]) is None:
+                meta["dropped"] = True      # (taken for the name it might have had: it has not)
         self._unsettled = []
 
     def mark(self) -> None:
@@ -164,8 +170,8 @@ class FullTensors:
                     meta["name"] = settled_name()
                 if moved:
                     meta["step"] = step + 1
-                    if self.rule_for(meta["kind"], meta["name"], step + 1) is None:
-                        continue
+                if self.rule_for(meta["kind"], meta["name"], meta["step"]) is None:
+                    continue
                 self._keep(meta, nbytes, flat, None)
 
     def _keep(self, meta: dict, nbytes: int, flat, settled_name) -> None:
@@ -174,13 +180,17 @@ class FullTensors:
             if settled_name is not None:
                 self._unsettled.append((meta, settled_name))
 
-    def take(self, kind: str, name: str, step: int, t: torch.Tensor, settled_name=None) -> None:
+    def take(self, kind: str, name: str, step: int, t: torch.Tensor, settled_name=None,
+             alias: Optional[str] = None) -> None:
         """Keep a copy of ``t`` as ``kind name`` at ``step`` if a rule asks for it
-        (``settled_name()``: its name once step 0 has ended, where it may change)."""
+        (``settled_name()``: its name once step 0 has ended, where it may change;
+        ``alias``: the name qualified by its model's variable, which it has then
+        if the run has several models: a rule for either takes it, and ``settle``
+        drops it if the name it settles on is not the rule's)."""
         if self.keep is None or not isinstance(t, torch.Tensor) or not t.is_floating_point() \
                 or t.is_sparse or t.is_complex():
             return
-        rule = self.rule_for(kind, name, step)
+        rule = self.rule_for(kind, name, step) or (self.rule_for(kind, alias, step) if alias else None)
         if rule is None:
             return
         meta = {"name": name, "kind": kind, "step": int(step), "shape": [int(n) for n in t.shape],

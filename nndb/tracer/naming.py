@@ -596,11 +596,21 @@ class Naming:
         entry = self._module_path.get(module)
         if entry is None:
             return None
-        root, sub = entry[0](), entry[1]
+        return self._alias(entry[0](), entry[1])
+
+    def _alias(self, root, sub: str) -> Optional[str]:
         rname = self._root_names.get(root) if root is not None else None
         if not sub or rname is None or root in self._qualified_roots:
             return None
         return f"{rname}.{sub}"
+
+    def qualified_param_alias(self, p: torch.Tensor) -> Optional[str]:
+        """``qualified_alias`` of a parameter: ``D.0.weight`` for ``0.weight`` while names are not
+        yet qualified (step 0), so that a glob written for it matches there too; else None."""
+        entry = self._param_path.get(id(p))
+        if entry is None or entry[0]() is not p:
+            return None
+        return self._alias(entry[1](), entry[2])
 
     def refresh(self) -> None:
         """Modules and parameters new in the known roots (a head replaced, weights loaded with
