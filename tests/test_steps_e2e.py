@@ -1091,6 +1091,18 @@ for step in range(6):
 '''
 
 
+def _history_is_the_scripts(tmp_path, source, how, kind, printed, n, rtol) -> list:
+    """``source`` run by python and recorded: 0.weight's ``kind`` norm at each of its ``n``
+    steps is what the script printed (``printed``: a regex of the number); those numbers."""
+    plain, tr = plain_and_recorded(tmp_path, source, how)
+    truth = [float(v) for v in re.findall(printed, plain.stdout)]
+    import nndb as api
+    steps, values = api.open(tr).history("0.weight", kind, "norm")
+    assert list(steps) == list(range(n))
+    assert np.allclose(values, truth, rtol=rtol, atol=0), (list(values), truth)
+    return truth
+
+
 @pytest.mark.parametrize("how", ["lookahead", "clamp"])
 def test_a_wrapper_s_step_ends_the_step_when_it_returns(tmp_path, how):
     """An object whose step() calls the optimizer's and then changes the parameters (a
@@ -1099,16 +1111,65 @@ def test_a_wrapper_s_step_ends_the_step_when_it_returns(tmp_path, how):
     its step() returns.  It ended as the inner SGD's returned: at step 2 ``p`` and ``info
     params`` gave 2.068 and the trace's param norm 2.0676949 where the script's weight
     was 1.7583169 (clamped: 1.6431248 at step 0 for 1.4209134)."""
-    plain, tr = plain_and_recorded(tmp_path, _WRAPPER, how)
-    truth = [float(v) for v in re.findall(r"w0 (\S+)", plain.stdout)]
-    import nndb as api
-    steps, values = api.open(tr).history("0.weight", "param", "norm")
-    assert list(steps) == list(range(6))
-    assert np.allclose(values, truth, rtol=1e-6, atol=0), (list(values), truth)
+    truth = _history_is_the_scripts(tmp_path, _WRAPPER, how, "param", r"w0 (\S+)", 6, 1e-6)
     r = nndb("run", "--batch", "-q", "--trace", str(tmp_path / "b.h5"), "-e", "break step 2", "-e", "c",
              "-e", "p model[0].weight.norm().item()", "-e", "c", str(tmp_path / "script.py"), how)
     assert r.returncode == 0, r.stderr
     assert repr(truth[2]) in r.stdout.split("step 2 finished")[1].split("step 2 w0")[0], r.stdout
+
+
+ZERO_SHARD = '''
+import os, sys, tempfile
+import torch, torch.distributed as dist, torch.nn as nn
+from torch.distributed.optim import ZeroRedundancyOptimizer
+
+dist.init_process_group("gloo", init_method="file://" + os.path.join(tempfile.mkdtemp(), "pg"), rank=0, world_size=1)
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 1))
+if sys.argv[1] == "zero":
+    opt = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.Adam, lr=0.01)
+else:                                   # (timm's Lookahead's shape: an Optimizer, hooks and all)
+    class Lookahead(torch.optim.Optimizer):
+        def __init__(self, base):
+            self.base = base
+            super().__init__(base.param_groups, {})
+            self.param_groups = base.param_groups
+        def step(self, closure=None):
+            self.base.step()
+            with torch.no_grad():
+                for g in self.param_groups:
+                    for p in g["params"]:
+                        p.mul_(0.5)
+    opt = Lookahead(torch.optim.Adam(model.parameters(), lr=0.01))
+x = torch.randn(16, 6); y = x[:, :2].sum(1, keepdim=True)
+for step in range(4):
+    opt.zero_grad()
+    loss = nn.functional.mse_loss(model(x), y)
+    loss.backward()
+    before = model[0].weight.detach().clone()
+    opt.step()
+    print("step", step, "update", repr((model[0].weight - before).norm().item()))
+dist.destroy_process_group()
+'''
+
+
+@pytest.mark.parametrize("how", ["zero", "lookahead"])
+def test_an_optimizer_stepped_inside_another_s_step_is_that_step(tmp_path, how):
+    """torch's ZeroRedundancyOptimizer steps its rank's shard through an Adam of its own (its
+    ``.optim``) inside its own ``step()``, both with step hooks (so does a Lookahead that is a
+    torch.optim.Optimizer around its base): each parameter was recorded twice, the shard's
+    rows and the wrapper's, and nndb said 'nndb: note: 0.weight, 0.bias, 2.weight and 1 more
+    are stepped by several optimizers in step 0', with 'stats' listing 0.weight's value,
+    update and gradient rows twice, where the script has one optimizer.  The wrapper's rows
+    are the step's, its update the script's (the Lookahead's halving included)."""
+    _history_is_the_scripts(tmp_path, ZERO_SHARD, how, "update", r"update (\S+)", 4, 1e-5)
+    r = nndb("run", "--batch", "-q", "--trace", str(tmp_path / "b.h5"), "-e", "break step 2", "-e", "c",
+             "-e", "stats", "-e", "c", str(tmp_path / "script.py"), how)
+    assert r.returncode == 0, r.stderr
+    assert "several optimizers" not in r.stdout + r.stderr, r.stderr
+    table = r.stdout.split("step 2 finished")[1]
+    for kind in ("param", "update", "grad"):
+        assert len(re.findall(rf"^0\.weight\s+{kind}\s", table, re.M)) == 1, table
 
 
 # nn_tutorial's shape: a model trained by hand (``p -= p.grad * lr``), then an optimizer's

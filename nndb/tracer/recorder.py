@@ -870,7 +870,7 @@ class StepRecorder:
         ft = self.fulltensors
         if ft is not None and ft.rules and ft.wants("grad", self.step):
             ft.params(self.naming, self._plan(opt).params, "grad", self.step)
-        if self.recording:
+        if self.recording and not (self._snapshots and self._stepped_within(opt)):
             # (self._plan(opt), its usual case inline: every step)
             lists = list(map(_PARAMS, opt.param_groups))
             cached = self._plans.get(opt)
@@ -879,6 +879,17 @@ class StepRecorder:
             snap = self._snapshots[id(opt)] = cached[1].snapshot()
             if self._shared_ids is not None:
                 self._share_before(snap)
+
+    def _stepped_within(self, opt) -> bool:
+        """Does ``opt`` step inside the ``step()`` of another optimizer whose snapshot holds every
+        parameter of ``opt`` (a ZeroRedundancyOptimizer's shard optimizer, its ``.optim``; a
+        Lookahead that subclasses torch.optim.Optimizer around its base optimizer)?  That step's
+        rows, taken before and after the inner one's, are the step's whole change: a snapshot of
+        the inner one recorded each of its parameters twice (``stats`` listed module.0.weight's
+        value, update and gradient rows twice, and nndb said it was stepped by several
+        optimizers).  Asked only while another optimizer's step is under way."""
+        mine = {id(q) for g in opt.param_groups for q in g["params"]}
+        return any(k != id(opt) and mine <= {id(q) for q in s.plan.params} for k, s in self._snapshots.items())
 
     def _share_before(self, snap) -> None:
         """Parameters that several optimizers hold (``_shared_ids``: the chatbot tutorial's
