@@ -262,6 +262,23 @@ def test_a_rank_that_dies_takes_the_job_down(tmp_path):
     _assert_none_left(str(tmp_path))
 
 
+def test_fail_on_fails_the_job_on_a_finding_across_ranks(tmp_path):
+    """--fail-on error goes to every rank, whose own rules' findings fail it (exit code 4); a
+    finding of the rules across ranks, judged in the front, did not: every rank trained on
+    the same batches (no DistributedSampler), the front printed 'nndb: error:
+    duplicate_batches at step 1 (across ranks)', and the job ended with exit code 0, its
+    report's too."""
+    script = _copy(tmp_path, "dist_ddp.py")
+    r = nndb("run", "--batch", "-q", "--nproc-per-node", "2", "--fail-on", "error", "--report", "job.json",
+             script, "--no-sampler", "--epochs", "1", cwd=tmp_path, timeout=120)
+    assert r.returncode == 4, r.stderr[-3000:]
+    assert "nndb: --fail-on error: error duplicate_batches at step 1 (across ranks) (exit code 4)" in r.stderr
+    report = json.loads((tmp_path / "job.json").read_text())
+    assert report["exit"]["code"] == 4
+    assert [(f["rule"], f["step"]) for f in report["cross_rank_findings"]] == [("duplicate_batches", 1)]
+    _assert_none_left(str(tmp_path))
+
+
 def test_the_first_rank_to_fail_is_named_in_a_tie():
     """torchrun's failure timestamps are whole seconds: rank 0, failing on the connection rank 1's
     death broke, tied with rank 1 and was named as the cause ('nndb: rank 0 failed: exit code 1

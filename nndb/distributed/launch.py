@@ -87,12 +87,31 @@ def start_job(o: RunOptions, launch: LaunchOptions, target, frontend, trace_path
             code = Console(front, frontend, message).run(argv, trace_dir, trace_path, startup)
     finally:
         front.close()
+    code = _fail_on_across_ranks(front, o.fail_on, code, message)
     if front.state.run_dir and not o.quiet:
         message(f"nndb: traces of the {launch.nproc_per_node} rank(s) in {front.state.run_dir}")
     if report_path:
         from ..render import report
         report.write(report_path, job_report(front, target, code))
     return code
+
+
+def _fail_on_across_ranks(front: Front, fail_on: Optional[str], code: int, message: Callable[[str], None]) -> int:
+    """``--fail-on``: a finding of the rules across ranks (judged in the front, no rank's own) that
+    severe fails the job as a rank's own finding fails its rank (exit code 4, the first named), as
+    in one process over the script's own exit code; a job the watchdog, Ctrl-C, SIGTERM or a
+    refusal ended keeps its code, and so does one a rank failed with exit code 4 already."""
+    from ..errors import EXIT_OK, EXIT_SCRIPT_ERROR, EXIT_FAIL_ACTION
+    from ..rules.base import failing_findings
+    if code not in (EXIT_OK, EXIT_SCRIPT_ERROR) or front.judge is None:
+        return code
+    failing = failing_findings([f.as_dict() for f in front.judge.findings], fail_on)
+    if not failing:
+        return code
+    first = failing[0]
+    message(f"nndb: --fail-on {fail_on}: {first['severity']} {first['rule']} at step {first['step']} "
+            f"(across ranks) (exit code {EXIT_FAIL_ACTION})")
+    return EXIT_FAIL_ACTION
 
 
 def job_report(front: Front, target, code: int) -> dict:
