@@ -220,6 +220,48 @@ def test_travel_checked_against_the_run_before():
     assert "cannot be checked" in check_travel(now, [0, 1], 2, {0: (0.25).hex(), 1: None})
 
 
+class _Model(_Ranks):
+    """Each rank answers ``p float($loss).hex()`` with its loss, and the parameter norms'
+    line (travel._WEIGHTS) with ``norms``'s (rank -> {name: norm}; None: not measured)."""
+
+    def __init__(self, values, norms):
+        super().__init__(values)
+        self.norms = norms
+
+    def on(self, rank, line):
+        if "$weight" not in line:
+            return self._on(rank, line)
+        n = self.norms[rank]
+        if n is None:
+            return [("TypeError: float() argument must be a string or a real number", True)]
+        return [(repr(";".join(f"{k}={float(v).hex()}" for k, v in sorted(n.items()))), False)]
+
+
+def test_a_run_whose_loss_is_the_same_but_not_its_model_drifted():
+    """The DDP tutorial's multigpu_torchrun.py initialises its model unseeded and its loss,
+    cross-entropy over one class, is 0 at every step: 'goto 1' said 'every rank's loss at step 1
+    equals the run before's, bit for bit' where module.bias's norm was 0.1188 and 0.1079 in
+    the run before, and predict answered from a replica job of another model.  The
+    parameters' norms are checked after the loss: a step not measured is not judged."""
+    from nndb.distributed.travel import check_travel, drift
+    norms = {0: {"w": 0.75, "b": 0.125}, 1: {"w": 0.75, "b": 0.125}}
+    live = _Model({0: 0.0, 1: 0.0}, norms)
+    other = _Model({0: 0.0, 1: 0.0}, {0: norms[0], 1: {"w": 0.75, "b": 0.25}})
+    assert drift(live, _Model({0: 0.0, 1: 0.0}, norms), [0, 1], 1) is None
+    why = drift(live, other, [0, 1], 1)
+    assert why.startswith("the replica job drifted: rank 1's parameters at step 1 are not the live job's, its loss "
+                          "the same (b's norm is 0.25 there and 0.125 in the live job)"), why
+    assert why.endswith("no answer")
+    assert drift(live, _Model({0: 0.0, 1: 0.0}, {0: None, 1: None}), [0, 1], 1) is None
+    before = {0: (0.0).hex(), 1: (0.0).hex()}
+    weights = {0: "b=%s;w=%s" % ((0.125).hex(), (0.75).hex()), 1: "b=%s;w=%s" % ((0.25).hex(), (0.75).hex())}
+    why = check_travel(live, [0, 1], 1, before, weights)
+    assert why.startswith("nndb: this run drifted: rank 1's parameters at step 1 are not the run before's, its "
+                          "loss the same (b's norm is 0.125 now and 0.25 in the run before)"), why
+    assert check_travel(live, [0, 1], 1, before, {0: weights[0], 1: None}) == \
+        "nndb: every rank's loss at step 1 equals the run before's, bit for bit"
+
+
 def test_a_replica_job_leaves_the_scripts_files_and_names_those_it_read(tmp_path):
     """predict's replica job ran the script from its start in the user's directory: it
     rewrote the file the live job writes (the DDP tutorial's snapshot.pt), and its drift,

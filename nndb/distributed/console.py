@@ -367,8 +367,8 @@ class Console:
             self._warned = True
             self.say("nndb: across ranks, time travel runs the whole job again from its start (every rank "
                      "respawned, a new run directory): it lands on the same values when the script is "
-                     "deterministic (seeded; CPU and gloo); nndb checks each rank's loss at the step against "
-                     "the run before")
+                     "deterministic (seeded; CPU and gloo); nndb checks each rank's loss and parameters at the "
+                     "step against the run before")
         from . import travel
         t0 = time.monotonic()
         for r in ranks:
@@ -377,8 +377,8 @@ class Console:
         self._thread.join()
         for r in ranks:
             self.front.take_output(r)
-        before = travel.trace_losses({r: self.front.state.ranks[r].trace for r in ranks
-                                      if self.front.state.ranks[r].trace}, target)
+        paths = {r: self.front.state.ranks[r].trace for r in ranks if self.front.state.ranks[r].trace}
+        before, weights = travel.trace_losses(paths, target), travel.trace_weights(paths, target)
         keep = kept_before(self._changes, target)
         if self._trace_path:           # (--trace: the job run again writes beside the run before, not over it)
             fresh = travel.fresh_trace(self._trace_path)
@@ -408,7 +408,7 @@ class Console:
             if not err and not text.startswith("Stopped at the start of the run"):
                 self.say(text)
         self.say(f"nndb: all {len(self.front.live_ranks())} rank(s) stopped at the end of step {target}")
-        self.say(travel.check_travel(self, self.front.live_ranks(), target, before))
+        self.say(travel.check_travel(self, self.front.live_ranks(), target, before, weights))
         self.say(f"nndb: the job is at step {target} again ({time.monotonic() - t0:.1f} s)")
 
     # -- what nndb.distributed.travel drives: this job's ranks, as a replica job's ------------------------

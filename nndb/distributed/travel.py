@@ -32,6 +32,9 @@ from ..timetravel.sandbox import read_as_now
 from .replica import ReplicaJob
 
 _LOSS = "p float($loss).hex()"
+# each parameter's norm after the step's update, as the rank's record has it (the trace's too): a run
+# whose loss is the same but not its model (a constant loss, a model initialised unseeded) drifted
+_WEIGHTS = 'p ";".join(f"{k}={float(v.norm).hex()}" for k, v in sorted($weight.items()))'
 # what of the live job's points (Console.point_lines) a replica does not set again: no output is shown
 _NOT_POINTS = {"display", "undisplay"}
 
@@ -109,8 +112,29 @@ def _since(console, back: int) -> str:
     return written_since(front, starts[-back]) if len(starts) >= back else ""
 
 
+def _norms(text: Optional[str]) -> dict:
+    """``_WEIGHTS``'s output (or ``trace_weights``'): parameter name -> its norm as float.hex."""
+    out = {}
+    for part in (text or "").split(";"):
+        name, _, value = part.rpartition("=")
+        if name:
+            out[name] = value
+    return out
+
+
+def _other_weights(a: Optional[str], b: Optional[str], in_a: str, in_b: str) -> Optional[str]:
+    """'NAME's norm is X IN_A and Y IN_B' for the first parameter whose norm differs between two
+    ``_WEIGHTS`` outputs; None where they agree or one of them is not measured."""
+    a, b = _norms(a), _norms(b)
+    for name in sorted(a.keys() & b.keys()):
+        if a[name] != b[name]:
+            return f"{name}'s norm is {_show(a[name])} {in_a} and {_show(b[name])} {in_b}"
+    return None
+
+
 def drift(console, job: ReplicaJob, ranks: list, step: int) -> Optional[str]:
-    """None if every replica rank's loss at ``step`` equals the live rank's bit for bit; else why not."""
+    """None if every replica rank's loss and parameters at ``step`` equal the live rank's bit for
+    bit; else why not."""
     for r in ranks:
         live = _text(console.on(r, _LOSS))
         if live is None:
@@ -121,6 +145,13 @@ def drift(console, job: ReplicaJob, ranks: list, step: int) -> Optional[str]:
             return (f"the replica job drifted: rank {r}'s loss at step {step} is {_show(there)} there and "
                     f"{_show(live)} in the live job (the script is not deterministic from its start, or the "
                     f"job was changed at a stop{_since(console, 1)}): no answer")
+        other = _other_weights(_text(job.on(r, _WEIGHTS)), _text(console.on(r, _WEIGHTS)), "there",
+                               "in the live job")
+        if other:
+            return (f"the replica job drifted: rank {r}'s parameters at step {step} are not the live job's, "
+                    f"its loss the same ({other}) (the script is not "
+                    f"deterministic from its start, or the job was changed at a stop{_since(console, 1)}): "
+                    f"no answer")
     return None
 
 
@@ -352,25 +383,46 @@ def reverse_continue(console, ranks: list, step: int) -> None:
     console.say(f"nndb: reverse-continue: the last stop before step {step} was at step {at}: {what}")
 
 
-def trace_losses(paths: dict, step: int) -> dict:
-    """rank -> the loss its trace holds for ``step`` (float.hex, as ``_LOSS`` prints it), or None."""
+def _at_step(t, kind: str, stat: str, step: int) -> list:
+    """(name, float.hex) of each series of ``kind`` in trace ``t`` recorded at ``step``, by name."""
+    out = []
+    for s in sorted((s for s in t.series() if s.kind == kind), key=lambda s: s.name):
+        at = dict(zip(*t.history(s, stat)))
+        if step in at:
+            out.append((s.name, float(at[step]).hex()))
+    return out
+
+
+def _from_traces(paths: dict, read) -> dict:
+    """rank -> ``read(trace)`` of its trace, or None (an unreadable trace: the check is not made)."""
     from ..store.reader import TraceReader
     out = {}
     for r, path in paths.items():
         out[r] = None
         try:
             with TraceReader(path) as t:
-                loss = next((s for s in t.series() if s.kind == "loss"), None)
-                if loss is not None:
-                    at = dict(zip(*t.history(loss, "mean")))
-                    out[r] = float(at[step]).hex() if step in at else None
-        except Exception:               # (an unreadable trace: the check says it cannot be made)
+                out[r] = read(t)
+        except Exception:
             pass
     return out
 
 
-def check_travel(console, ranks: list, step: int, before: dict) -> str:
-    """After a travel to ``step``: each rank's loss there against the trace of the run before (``before``)."""
+def trace_losses(paths: dict, step: int) -> dict:
+    """rank -> the loss its trace holds for ``step`` (float.hex, as ``_LOSS`` prints it), or None."""
+    def loss(t):
+        first = next((s for s in t.series() if s.kind == "loss"), None)
+        return None if first is None else dict(_at_step(t, "loss", "mean", step)).get(first.name)
+    return _from_traces(paths, loss)
+
+
+def trace_weights(paths: dict, step: int) -> dict:
+    """rank -> its trace's parameter norms at ``step`` (as ``_WEIGHTS`` prints them), or None."""
+    return _from_traces(paths, lambda t: ";".join(f"{n}={v}" for n, v in _at_step(t, "param", "norm", step)) or None)
+
+
+def check_travel(console, ranks: list, step: int, before: dict, weights: Optional[dict] = None) -> str:
+    """After a travel to ``step``: each rank's loss there against the trace of the run before
+    (``before``), then its parameters' norms (``weights``, ``trace_weights``')."""
     for r in ranks:
         then = before.get(r)
         if then is None:
@@ -381,4 +433,11 @@ def check_travel(console, ranks: list, step: int, before: dict) -> str:
             return (f"nndb: this run drifted: rank {r}'s loss at step {step} is {_show(now)} now and "
                     f"{_show(then)} in the run before (the script is not deterministic from its start"
                     f"{_since(console, 2)}): the values here are not the first pass's")
+    for r in ranks:
+        other = _other_weights(_text(console.on(r, _WEIGHTS)), (weights or {}).get(r), "now", "in the run before")
+        if other:
+            return (f"nndb: this run drifted: rank {r}'s parameters at step {step} are not the run before's, "
+                    f"its loss the same ({other}) "
+                    f"(the script is not deterministic from its start{_since(console, 2)}): the values here "
+                    f"are not the first pass's")
     return f"nndb: every rank's loss at step {step} equals the run before's, bit for bit"
