@@ -240,9 +240,13 @@ def test_ctrl_c_at_a_hung_job_shows_every_stack_and_closes_every_trace(tmp_path)
 # own times of ending tell which was first, as test_the_first_rank_to_fail_is_named_in_a_tie shows)
 def test_a_rank_that_dies_takes_the_job_down(tmp_path):
     script = _copy(tmp_path, "distrun_ddp_mlp.py")
-    r = nndb("run", "--batch", "-q", "--nproc-per-node", "2", "--trace", "out/run.h5", script, "--fail-rank", "1",
-             cwd=tmp_path, timeout=120)
+    r = nndb("run", "--batch", "-q", "--nproc-per-node", "2", "--trace", "out/run.h5", "--report", "job.json", script,
+             "--fail-rank", "1", cwd=tmp_path, timeout=120)
     assert r.returncode == 1, r.stderr[-3000:]
+    # the steps each rank finished: 0 and 1 (rank 0's step 2, cut short in the gradients' all-reduce
+    # when rank 1 died, is a partial row of its trace, no step it finished: the report said 2)
+    report = json.loads((tmp_path / "job.json").read_text())
+    assert [(x["rank"], x["last_step"]) for x in report["ranks"]] == [(0, 1), (1, 1)], report["ranks"]
     lines = [l for l in r.stderr.splitlines() if l.startswith("nndb: rank")]
     assert lines[0] == ("nndb: rank 1 failed: exit code 1 (RuntimeError: planted failure on rank 1); "
                         "its traceback is above")

@@ -144,9 +144,11 @@ class FrontLink:
     def finish(self, status: str, trace_path: Optional[str]) -> None:
         rec = self.rec
         writer = getattr(rec, "writer", None)
-        if writer is not None and writer.last_step is not None:
-            # (steps are sent at most every _STEP_EVERY_S: the last one, as the trace ends with it)
-            self.send({"op": "step", "rank": self.where.rank, "step": int(writer.last_step)})
+        last = getattr(writer, "last_whole_step", None)
+        if last is not None:
+            # (steps are sent at most every _STEP_EVERY_S: the last one the rank finished, as the trace
+            # ends with it; not a partial last row, the work of a step it did not finish)
+            self.send({"op": "step", "rank": self.where.rank, "step": int(last)})
         self.rec = None             # (the trace is closed: an abort has nothing left to close)
         self._ended = True
         self._ended_event.set()

@@ -163,6 +163,7 @@ class TraceWriter:
         self._last_flush = time.monotonic()
         self.steps_written = 0
         self.last_step: Optional[int] = None
+        self.last_whole_step: Optional[int] = None      # (the last step that ended: no partial row)
         self.detached = False
         self._sequences: dict = {}       # sequence JSON -> line number
         self._new_sequences: list = []
@@ -276,6 +277,8 @@ class TraceWriter:
             if have.any():
                 self.full.hists.append((record.step, [i for i, h in zip(ids, have) if h], hist[have]))
         self.last_step = record.step
+        if not record.partial:
+            self.last_whole_step = record.step
         if len(self._rows) >= self.flush_steps:
             self._flush(background=BACKGROUND)
         elif time.monotonic() - self._last_flush >= self.flush_secs:
