@@ -47,6 +47,30 @@ def _prompt_job(tmp_path, name: str, start_timeout: float = 90, flags: tuple = (
     assert p.returncode == 0
 
 
+def test_catch_nan_at_the_job_s_prompt_is_set_on_every_rank(tmp_path):
+    """'catch nan' at the job's prompt was set on the rank the prompt looked at only (rank 0:
+    'info breakpoints' on rank 1 said 'No breakpoints or watchpoints.'): rank 1, whose batch
+    holds the NaN, ran on through its NaN loss, and rank 0 stopped where the gradients'
+    all-reduce brought the NaN to it.  It goes to every rank, as break and watch do: rank 1
+    stops at the planted line."""
+    p, master, expect = _on_terminal(tmp_path, _copy(tmp_path, "distrun_nan_rank.py"))
+    try:
+        expect("(nndb r0) ")
+        cmd = _commands(master, expect)
+        assert "Catchpoint 1: catch nan" in cmd("catch nan")
+        cmd("rank 1")
+        assert "catch nan" in cmd("info breakpoints")
+        out = cmd("continue")
+        assert "nndb: 1 of 2 rank(s) stopped: r1" in out, out
+        assert "the planted NaN" in out.split("Catchpoint 1 (catch nan)")[1], out
+        os.write(master, b"kill\n")
+        expect("nndb: the job ended")
+        p.wait(timeout=60)
+    finally:
+        _reap(p, master)
+    _assert_none_left(str(tmp_path))
+
+
 def test_predict_and_reverse_continue_across_ranks(tmp_path):
     """At the end of step 4 of a 2-rank job: 'predict 3 --set lr=0.5' gives,
     on every rank, the baseline losses of the live job's own steps 5-7 and the

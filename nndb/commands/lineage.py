@@ -188,7 +188,7 @@ replayed on a replica with every operation checked, and the run stops at
 the end of that step.  --eager checks every operation as the run goes and
 stops inside the operation (as it does anyway in the past and with
 --replica off).""",
-            _catch, _catch_arg, args=("sub:nan|inf|nonfinite",), group="lineage"),
+            _catch, _catch_arg, args=("sub:nan|inf|nonfinite",), group="lineage", ranks="suffix"),
     Command("origin", "origin NAME", """Trace a non-finite parameter back to where it came from.
 The step whose update introduced it, the gradient that carried it, and the
 operation of that step's backward pass where the gradient first went bad.""",
