@@ -119,6 +119,46 @@ def test_catch_nan_names_a_checkpointed_op_once_not_again_at_its_recomputation(t
     assert catches[0].endswith(f"log made NaN in the forward pass of step 2 (module b, ck.py:{log_line})"), r.stdout
 
 
+# DDP's reducer's shape: as the backward ends (autograd's final callback, no node running) the
+# gradients are copied out of a flat bucket that a collective filled: another rank's NaN comes in there
+FINAL_CALLBACK = textwrap.dedent('''
+    import torch, torch.nn as nn
+    torch.manual_seed(0)
+    model = nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    bucket = torch.zeros(5)
+    filled = torch.tensor([float("nan"), 0., 0., 0., 0.])
+    def finish():
+        flat = bucket.as_strided((5,), (1,))   # BUCKET LINE
+        model.weight.grad.copy_(flat[:4].view(1, 4)); model.bias.grad.copy_(flat[4:])
+    def hook(g):
+        torch.autograd.Variable._execution_engine.queue_callback(finish)
+        return g
+    model.weight.register_hook(hook)
+    for step in range(4):
+        if step == 2:
+            bucket = filled
+        loss = model(torch.randn(8, 4)).pow(2).mean()
+        opt.zero_grad(); loss.backward(); opt.step()
+''')
+
+
+@pytest.mark.parametrize("flags", [["--eager"], []], ids=["eager", "replayed"])
+def test_catch_nan_in_a_backward_s_final_callback_is_in_the_backward_pass(tmp_path, flags):
+    """An operation of a backward that runs in no autograd node (DDP's reducer copying the
+    all-reduced gradient buckets back, where a NaN of another rank comes in) was said to be
+    'in the forward pass' (the last phase seen), its NaN from 'the batch, or a tensor kept
+    from before it' (a 2-rank job's rank 0: 'NaN came into step 2 in input 0 of as_strided
+    ... in the forward pass (train.py:50)', its line loss.backward())."""
+    script = _script(tmp_path, "cb.py", FINAL_CALLBACK)
+    line = 1 + FINAL_CALLBACK.splitlines().index(next(l for l in FINAL_CALLBACK.splitlines() if "BUCKET LINE" in l))
+    r = _run(tmp_path, script, "-e", " ".join(["catch nan", *flags]), "-e", "continue", "-e", "kill")
+    (catch,) = [l for l in r.stdout.splitlines() if l.startswith("Catchpoint 1 (catch nan")]
+    assert catch.endswith("NaN came into step 2 in input 0 of as_strided (made by no operation of the step: the "
+                          "batch, or a tensor kept from before it, or one a collective filled: DDP's all-reduce of "
+                          f"the ranks' gradients), in the backward pass (cb.py:{line})"), r.stdout
+
+
 def test_catch_nan_stops_at_the_log_that_made_it_with_its_source_line(tmp_path):
     script = _script(tmp_path, "train.py", LOG_LOSS)
     log_line = 1 + LOG_LOSS.splitlines().index(next(l for l in LOG_LOSS.splitlines() if "LOG LINE" in l))

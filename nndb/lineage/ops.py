@@ -41,6 +41,8 @@ from torch.utils._python_dispatch import (TorchDispatchMode, _disable_current_mo
 from ..tracer.funcmode import TRAMPOLINE, take_out
 from .oprecord import DTYPES, FIELDS, INS, OP_STATS, OUTS, PHASE, op_name  # noqa: F401  (FIELDS: the layout of cur.ops' records)
 
+_IN_BACKWARD = torch._C._current_graph_task_id     # -1 outside a backward
+
 _TORCH_DIR = os.path.dirname(torch.__file__)
 _NNDB_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _STDLIB = os.path.dirname(os.__file__)
@@ -527,6 +529,10 @@ class OpRecorder(TorchDispatchMode):
             e = self.node_module.get(id(node))
             module = e[1] if e is not None and e[0] is node else None
             node_name = node.name()
+        elif _IN_BACKWARD() != -1 and not self.modules:
+            # (inside a backward but no node's: DDP's reducer copying the all-reduced gradient
+            # buckets back into the gradients as the backward ends; it read 'in the forward pass')
+            phase, module, node_name = "backward", None, None
         else:
             if self.modules:
                 self.phase = "forward"

@@ -93,6 +93,10 @@ def catch_line(head: str, point, d: dict) -> str:
                 f"operation as the run goes)") + unseen_note(point, d)
     if d.get("entered") is not None:
         whose = d.get("label") or "made by no operation of the step: the batch, or a tensor kept from before it"
+        if not d.get("label") and d.get("phase") == "backward" and not d.get("node"):
+            # (outside autograd's nodes in a backward: DDP's reducer copying the all-reduced gradient
+            # buckets back, where another rank's NaN comes in)
+            whose += ", or one a collective filled: DDP's all-reduce of the ranks' gradients"
         s = (f"{head} ({point.what()}): {what} came into step {d['step']} in input {d['entered']} of {d['op']} "
              f"({whose}), in the {d['phase']} pass ({_at(d)})")
     else:
