@@ -58,7 +58,7 @@ def test_catch_nan_at_the_job_s_prompt_is_set_on_every_rank(tmp_path):
         expect("(nndb r0) ")
         cmd = _commands(master, expect)
         assert "Catchpoint 1: catch nan" in cmd("catch nan")
-        cmd("rank 1")
+        assert "rank 1: at the start, no step finished" in cmd("rank 1")      # (it read 'rank 1: step None')
         assert "catch nan" in cmd("info breakpoints")
         out = cmd("continue")
         assert "nndb: 1 of 2 rank(s) stopped: r1" in out, out

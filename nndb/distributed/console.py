@@ -234,7 +234,11 @@ class Console:
                 self.say(f"no rank {rest.strip()} (ranks: {', '.join(map(str, ranks))})")
                 return
             self.current = int(rest)
-            self.say(f"rank {self.current}: step {self.front.state.ranks[self.current].stop_step}")
+            info = self.front.state.ranks[self.current]
+            # (at the start stop no step has finished: it read 'rank 1: step None')
+            self.say(f"rank {self.current}: " + ("not at a stop" if not info.at_prompt else
+                                                 "at the start, no step finished" if info.stop_step is None
+                                                 else f"step {info.stop_step}"))
             return
         if word in _BACK:
             self._travel(word, rest.strip(), ranks)
