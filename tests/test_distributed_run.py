@@ -283,6 +283,19 @@ def test_fail_on_fails_the_job_on_a_finding_across_ranks(tmp_path):
     _assert_none_left(str(tmp_path))
 
 
+def test_the_scripts_arguments_are_the_scripts_not_torchrun_s():
+    """The front's torchrun command line: the script's arguments after the script went through
+    torchrun's parser, which reads every word as a possible option: a script's --n (its own
+    --nsamples, abbreviated) was 'ambiguous option: --n could match --nnodes, --nproc-per-node,
+    ...' with torchrun's usage, exit code 2.  They reach the script as under python."""
+    from torch.distributed import run as torchrun
+    from nndb.distributed.front import LaunchOptions
+    worker = ["run", "--batch", "/a/train.py", "--nnodes", "4", "--n", "3", "-m", "x"]
+    args = torchrun.parse_args(LaunchOptions(2).torchrun_argv(worker))
+    assert (args.nnodes, args.nproc_per_node, args.module) == ("1", "2", True)
+    assert [args.training_script, *args.training_script_args] == ["nndb", *worker]
+
+
 def test_the_first_rank_to_fail_is_named_in_a_tie():
     """torchrun's failure timestamps are whole seconds: rank 0, failing on the connection rank 1's
     death broke, tied with rank 1 and was named as the cause ('nndb: rank 0 failed: exit code 1

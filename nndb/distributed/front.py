@@ -81,7 +81,10 @@ class LaunchOptions:
                 a += [flag, str(value)]
         if self.log_dir:
             a += ["--log-dir", self.log_dir, "--redirects", "3"]
-        return a + ["--module", "nndb"] + list(worker_argv)
+        # ('--': what follows is the worker's command line, the script's arguments with it; torchrun's
+        # parser took a script's --n for an ambiguous abbreviation of --nnodes/--nproc-per-node...:
+        # torchrun's usage and exit code 2, where python gives the script its --n)
+        return a + ["--module", "--", "nndb"] + list(worker_argv)
 
 
 def check_options(o: LaunchOptions) -> None:
