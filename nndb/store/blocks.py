@@ -10,6 +10,7 @@ import numpy as np
 
 from ..tracer.stats import N_RAW, finalize_many
 from .. import schema as K
+from .space import NoRoom, check_room
 
 STEP_COLUMNS = ("step", "time", "backward_count", "optimizer_steps", "partial")
 
@@ -56,6 +57,16 @@ def room_needed(b: Block, steps_written: int, grown: int, hist_rows_written: int
         blob_bytes(b.sequences) + 16 * len(b.lineage) + \
         sum(blob_bytes([json.dumps(r) for r in pending]) for pending in b.rows_of.values())
     return rows + 2 * blobs + b.full.bytes_needed(hist_rows_written, exact) + K.ROOM_MARGIN
+
+
+def check_block_room(path: str, f, b: Block, steps_written: int, grown: int, hist_rows_written: int) -> None:
+    """``check_room`` for block ``b`` (room_needed): its histograms counted before compression
+    first, a bound that costs nothing, and as deflated only where that bound does not fit
+    (measuring them deflated every chunk twice, HDF5 then writing it: 0.9% of a recorded MLP step)."""
+    try:
+        check_room(path, f, room_needed(b, steps_written, grown, hist_rows_written, exact=False))
+    except NoRoom:
+        check_room(path, f, room_needed(b, steps_written, grown, hist_rows_written))
 
 
 def stats_block(rows: list, n_series: int) -> np.ndarray:

@@ -45,7 +45,7 @@ import numpy as np
 from ..errors import TraceWriteError
 from ..text import json_value
 from . import fullstore
-from .blocks import (STEP_COLUMNS, Block, Unwritten, put_blob, room_needed, step_columns,
+from .blocks import (STEP_COLUMNS, Block, Unwritten, check_block_room, put_blob, step_columns,
                      stats_block, whole_chunks)
 from .. import schema as K
 from .space import NoRoom, check_room, detach_file, reason as _reason
@@ -458,14 +458,7 @@ class TraceWriter:
         and writes) or in the caller's; touches only the file and the
         ``*_written`` counts, never the buffers the training thread fills."""
         try:
-            # (the histograms counted before compression first: measuring their deflated size
-            # deflated every chunk twice, 0.9% of a recorded MLP step; that only near a limit)
-            try:
-                check_room(self.path, self._f, room_needed(block, self.steps_written, self._grown,
-                                                             self.hist_rows_written, exact=False))
-            except NoRoom:
-                check_room(self.path, self._f, room_needed(block, self.steps_written, self._grown,
-                                                             self.hist_rows_written))
+            check_block_room(self.path, self._f, block, self.steps_written, self._grown, self.hist_rows_written)
             self._write_block(block)
             self._f.flush()                 # the data first,
             self._commit()

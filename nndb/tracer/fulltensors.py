@@ -80,8 +80,9 @@ class FullTensors:
         self._unsettled: list = []
         # While the step clock learns an iteration (Recorder.mark), the copies taken in each
         # segment after the first, held until the step closes: a step closed after the fact
-        # leaves its later segments to the next step, under whose number they are kept (close)
-        self._held: list = []
+        # leaves its later segments to the next step, under whose number they are kept (close,
+        # called only while something is held: the recorder reads ``held`` itself)
+        self.held: list = []
 
     def set_rules(self, rules) -> None:
         self.rules = list(rules)
@@ -155,14 +156,14 @@ class FullTensors:
 
     def mark(self) -> None:
         """A new segment of the open step begins (Recorder.mark)."""
-        self._held.append([])
+        self.held.append([])
 
     def close(self, step: int, retro: Optional[int] = None) -> None:
         """``step`` closes (Recorder.close): the copies held from its segments are
         kept, those of the segments from ``retro`` on (a step closed after the fact:
         they start the next step) as step + 1's, if a rule takes them there.  Called
         after ``settle``: a copy taken before step 0 ended takes its settled name."""
-        held, self._held = self._held, []
+        held, self.held = self.held, []
         for i, segment in enumerate(held):
             moved = retro is not None and i + 1 >= retro
             for meta, nbytes, flat, settled_name in segment:
@@ -196,8 +197,8 @@ class FullTensors:
         meta = {"name": name, "kind": kind, "step": int(step), "shape": [int(n) for n in t.shape],
                 "dtype": str(t.dtype).replace("torch.", ""), "asked": rule.precision}
         nbytes = t.numel() * t.element_size()
-        if self._held:
-            self._held[-1].append((meta, nbytes, _host_copy(t), settled_name))
+        if self.held:
+            self.held[-1].append((meta, nbytes, _host_copy(t), settled_name))
         else:
             self._keep(meta, nbytes, lambda: _host_copy(t), settled_name)
 

@@ -1051,8 +1051,9 @@ class StepRecorder:
             self.naming.freeze()
             if self.fulltensors is not None:
                 self.fulltensors.settle()
-        if self.fulltensors is not None:
-            self.fulltensors.close(step, retro)     # (after settle: what it held takes its settled name)
+        if self.fulltensors is not None and self.fulltensors.held:
+            # (after settle: what it held takes its settled name; nothing held, no call: every step)
+            self.fulltensors.close(step, retro)
         if self.manual:
             self._close_manual(step, bucket, now, recording, final, was_full)
             return
