@@ -1419,3 +1419,18 @@ def test_reverse_continue_from_a_module_hit_in_the_live_run_goes_to_the_same_ste
     # the second call's input is not the first's; the first calls' are the script's prints
     assert at[0][1] != firsts[2] and at[1][1] == firsts[2] and at[2][1] != firsts[1] \
         and at[3][1] == firsts[1], (at, firsts)
+
+
+def test_reverse_step_from_a_module_hit_in_the_live_run_stops_at_the_same_steps_earlier_call(tmp_path):
+    """'rs 1' from the live run's stop at enc's second call of step 2 went to the end of step 1,
+    past step 2's first call, where a breakpoint held on the way (gdb's reverse-step stops
+    there, as nndb's rc does): it stops at step 2's first call, on its input."""
+    (tmp_path / "s.py").write_text(TWICE_FIRST)
+    show = 'p ("AT", $step, round($inputs[0][0, 0].item(), 5))'
+    r = Ran(nndb("run", "--batch", "-q", "--nx", "--rules", "none", "--trace", str(tmp_path / "t.h5"),
+                 "-e", "break module enc", *["-e", "continue"] * 6, "-e", show, "-e", "rs 1", "-e", show,
+                 "s.py", cwd=str(tmp_path)), [])
+    assert r.returncode == 0, r.stderr
+    firsts = {int(k): v for k, v in re.findall(r"FIRST (\d+) (-?[\d.]+)", r.stdout)}
+    at = [(int(s), v) for s, v in re.findall(r"\('AT', (\d+), (-?[\d.]+)\)", r.stdout)]
+    assert [s for s, _ in at] == [2, 2] and at[0][1] != firsts[2] and at[1][1] == firsts[2], (at, r.stdout)

@@ -54,9 +54,10 @@ def _reverse_step(s, n):
         m, what = machine(s), f"reverse-step {n}"
         if m.replica:
             m.hand_back(s, "rc", step=step, at_end=at_end, changed=m.changed, floor=target, what=what, why=why,
-                        nth=s.replica.ordinal(s))
+                        nth=s.ordinal())
         from ..timetravel.search import reverse_continue_target
-        found = reverse_continue_target(s, m, step, at_end, floor=target, what=what)
+        # (inside a step, at a module breakpoint's hit: its earlier hits in the step first, as rc)
+        found = reverse_continue_target(s, m, step, at_end, floor=target, what=what, nth=s.ordinal())
         if found is not None:
             m.travel(s, *found)
             return
