@@ -334,3 +334,29 @@ def test_whole_tensors_of_step_0_have_their_series_names(tmp_path):
     assert ("grad", "critic.weight") in kept and kept <= series, kept - series
     assert float(t.tensor("critic.weight", "grad", 0).astype(np.float64).sum()) == first
     t.close()
+
+
+def test_whole_tensors_of_step_0_wait_for_their_names(tmp_path):
+    """A GAN whose two models both hold ``main`` (DCGAN's layout), with
+    ``--record-full 'act:*'``: the generator's 20 activations and then the
+    discriminator's passed the 32 tensors a flush waits for before step 0
+    ended, and were written under the names they had then, 'main.0' (either
+    model's), where every later step kept 'netG.main.0' ('history netG.main.0'
+    had no step 0).  Step 0's tensors now wait, unwritten, until their names
+    settle."""
+    script = f"{ROOT}/tests/scripts/gan_shared_names.py"
+    trace = str(tmp_path / "g.h5")
+    argv = ["run", "--batch", "-q", "--trace", trace, "--record-full", "act:*", "--precision", "fp32", script]
+    ran = Ran(run_nndb(*argv), argv)
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout == python(script, forked=True).stdout
+    first = float(re.search(r"^first (\S+)$", ran.stdout, re.M).group(1))
+    t = nndb.open(trace)
+    kept: dict = {}
+    for e in t.full_tensors():
+        kept.setdefault(e["step"], []).append(e["name"])
+    assert len(kept[0]) > 32, kept[0]
+    assert sorted(kept[0]) == sorted(kept[1]) == sorted(kept[2]), set(kept[0]) ^ set(kept[1])
+    assert "netG.main.0" in kept[0] and "main.0" not in kept[0]
+    assert float(t.tensor("netG.main.0", "act", 0).astype(np.float64).sum()) == first
+    t.close()

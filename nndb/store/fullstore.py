@@ -46,6 +46,11 @@ class FullPending:
         self.max_pending = max(1, int(max_pending))
         self.max_bytes = max(0, int(max_bytes))
         self.tensors: list = []          # (meta dict, flat array)
+        # Tensors kept before step 0 ends, whose names may still change (a second model seen
+        # later in step 0 qualifies them: 'main.0' is 'netG.main.0' from then on): no flush
+        # writes them until ``release`` (FullTensors.settle renames them first).  Their bytes
+        # count in ``bytes``, toward the memory bound, not toward ``max_pending``.
+        self.unnamed: list = []
         self.bytes = 0
         self.hists: list = []            # (step, [series ids], (k, HIST_BINS) counts)
         self.skipped_steps: set = set()
@@ -55,12 +60,22 @@ class FullPending:
         """Would one more tensor of ``nbytes`` pass a bound?"""
         return len(self.tensors) + 1 > self.max_pending or self.bytes + nbytes > self.max_bytes
 
-    def fits_alone(self, nbytes: int) -> bool:
-        return nbytes <= self.max_bytes
+    def fits(self, nbytes: int) -> bool:
+        """Can a tensor of ``nbytes`` be held beside what no flush can write yet (``unnamed``)?"""
+        return self.bytes + nbytes <= self.max_bytes
 
-    def add(self, meta: dict, flat: np.ndarray) -> None:
-        self.tensors.append((meta, flat))
+    @property
+    def unnamed_bytes(self) -> int:
+        return sum(flat.nbytes for _, flat in self.unnamed)
+
+    def add(self, meta: dict, flat: np.ndarray, unnamed: bool = False) -> None:
+        (self.unnamed if unnamed else self.tensors).append((meta, flat))
         self.bytes += flat.nbytes
+
+    def release(self) -> None:
+        """Step 0 has ended: the tensors held for their names are written with the next flush."""
+        self.tensors += self.unnamed
+        self.unnamed = []
 
     def bytes_needed(self, hist_rows_written: int = 0, exact: bool = True) -> int:
         """At most what the next flush adds to the file (the room check): the
@@ -126,12 +141,15 @@ class FullPending:
         return hist_rows_written
 
     def drop(self) -> None:
-        self.tensors, self.hists, self.bytes = [], [], 0
+        self.tensors, self.hists = [], []
+        self.bytes = self.unnamed_bytes
 
     def take(self) -> "FullPending":
-        """What waits, for a block to write (``write``); this starts empty again."""
+        """What waits, for a block to write (``write``); this starts empty again, but for
+        the tensors still held for their names (``unnamed``)."""
         out = FullPending(self.max_pending, self.max_bytes)
-        out.tensors, out.hists, out.bytes = self.tensors, self.hists, self.bytes
+        out.tensors, out.hists = self.tensors, self.hists
+        out.bytes = sum(flat.nbytes for _, flat in self.tensors)
         self.drop()
         return out
 

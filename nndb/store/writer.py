@@ -284,12 +284,13 @@ class TraceWriter:
         elif time.monotonic() - self._last_flush >= self.flush_secs:
             self._flush(background=BACKGROUND, whole=True)      # (whole stats chunks: blocks.whole_chunks)
 
-    def full_tensor(self, meta: dict, nbytes: int, copy: Callable[[], np.ndarray]) -> bool:
+    def full_tensor(self, meta: dict, nbytes: int, copy: Callable[[], np.ndarray], unnamed: bool = False) -> bool:
         """Keep a whole tensor (``meta``: name, kind, step, shape, dtype, asked;
         ``copy()`` gives its values, a flat host copy, called only if it is
         kept).  Bounded (nndb.store.fullstore): flushes first if the tensor
         would pass the pending bounds; skips it, and says so, if it cannot be
-        held even then.  False: not kept."""
+        held even then.  ``unnamed``: taken before step 0 ended, its name may
+        still change: held, unwritten, until ``release_full``.  False: not kept."""
         if self.failed or self.closed or self.detached:
             return False
         pending = self.full
@@ -297,10 +298,13 @@ class TraceWriter:
             self.flush()
             if self.failed:
                 return False
-        if not pending.fits_alone(nbytes):
+        if not pending.fits(nbytes):
             step = meta.get("step")
+            held = pending.unnamed_bytes
+            waiting = (f" beside the {held} bytes of step 0's tensors held until step 0 ends "
+                       f"(their names may change until then)") if held else ""
             note, say = pending.skip(step, f"full tensors of step {step} skipped: {meta.get('kind')} "
-                                           f"{meta.get('name')} needs {nbytes} bytes, over the "
+                                           f"{meta.get('name')} needs {nbytes} bytes{waiting}, over the "
                                            f"{pending.max_bytes}-byte bound on pending full tensors "
                                            f"(nndb run --full-tensors-buffer)")
             if note is not None:
@@ -308,8 +312,12 @@ class TraceWriter:
             if say is not None:
                 self.on_error("nndb: " + say + " (said once; every skipped step is in the trace's events)")
             return False
-        pending.add(meta, copy())
+        pending.add(meta, copy(), unnamed)
         return True
+
+    def release_full(self) -> None:
+        """Step 0 has ended: its whole tensors, renamed (FullTensors.settle), go with the next flush."""
+        self.full.release()
 
     def detach(self) -> None:
         """In a replica (a forked copy of the live run): never write to the
@@ -575,6 +583,7 @@ class TraceWriter:
             return
         if self.closed:
             return
+        self.full.release()      # (a run that ended before step 0 did: its tensors under the names they had)
         self.flush()
         if self.failed:
             return

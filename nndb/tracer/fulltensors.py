@@ -69,9 +69,14 @@ class FullTensors:
     -> bool``, the run's schedule (``--every``, ``--steps``): a step it does
     not record keeps no whole tensor either."""
 
-    def __init__(self, rules=(), keep: Optional[Callable] = None, recorded: Optional[Callable] = None):
+    def __init__(self, rules=(), keep: Optional[Callable] = None, recorded: Optional[Callable] = None,
+                 release: Optional[Callable] = None):
         self.rules: list = list(rules)
         self.keep = keep
+        # ``release()``: the tensors kept before step 0 ended (``keep(..., unnamed=True)``, which
+        # no flush writes: a reader's at a stop in step 0, the 32-tensor bound) may be written
+        # now, under their settled names (``settle``)
+        self.release = release
         self.recorded = recorded
         self.kept = 0
         self._pending: Optional[tuple] = None     # (naming, params, step): a hand-written update's parameters
@@ -153,6 +158,8 @@ class FullTensors:
             if self.rule_for(meta["kind"], meta["name"], meta["step"]) is None:
                 meta["dropped"] = True      # (taken for the name it might have had: it has not)
         self._unsettled = []
+        if self.release is not None:
+            self.release()
 
     def mark(self) -> None:
         """A new segment of the open step begins (Recorder.mark)."""
@@ -176,7 +183,10 @@ class FullTensors:
                 self._keep(meta, nbytes, flat, None)
 
     def _keep(self, meta: dict, nbytes: int, flat, settled_name) -> None:
-        if self.keep(meta, nbytes, flat if callable(flat) else (lambda: flat)):
+        copy = flat if callable(flat) else (lambda: flat)
+        kept = self.keep(meta, nbytes, copy, unnamed=True) if settled_name is not None and \
+            self.release is not None else self.keep(meta, nbytes, copy)
+        if kept:
             self.kept += 1
             if settled_name is not None:
                 self._unsettled.append((meta, settled_name))
