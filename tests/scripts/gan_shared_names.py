@@ -9,29 +9,16 @@ import torch.nn as nn
 torch.manual_seed(0)
 
 
-def tower(depth, out):
-    return nn.Sequential(*[m for _ in range(depth) for m in (nn.Linear(8, 8), nn.ReLU())], nn.Linear(8, out))
-
-
-class G(nn.Module):
-    def __init__(self):
+class Net(nn.Module):
+    def __init__(self, out):
         super().__init__()
-        self.main = tower(9, 8)
+        self.main = nn.Sequential(*[m for _ in range(9) for m in (nn.Linear(8, 8), nn.ReLU())], nn.Linear(8, out))
 
     def forward(self, x):
         return self.main(x)
 
 
-class D(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.main = tower(9, 1)
-
-    def forward(self, x):
-        return self.main(x)
-
-
-netG, netD = G(), D()
+netG, netD = Net(8), Net(1)
 optG = torch.optim.Adam(netG.parameters(), 1e-3)
 optD = torch.optim.Adam(netD.parameters(), 1e-3)
 crit = nn.BCEWithLogitsLoss()
