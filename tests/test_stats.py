@@ -197,16 +197,30 @@ def test_a_large_blocks_norms_read_each_tensor_where_it_lies(monkeypatch):
         return done if done is None else (S.finalize_column(done[1], "norm"), S.finalize_column(done[1], "nan_count"))
     tensors = [p.detach() for p in params] + [p.detach() - o for p, o in zip(params, old)] + [p.grad for p in params]
     want = [float(t.double().norm()) for t in tensors]
-    large, small = norms(True), norms(False)
-    np.testing.assert_allclose(large[0], want, rtol=1e-6)
-    np.testing.assert_allclose(large[0], small[0], rtol=1e-6)
+    large = norms(True)
     updates = np.concatenate([t.reshape(-1).numpy() for t in tensors[len(params):2 * len(params)]])
     np.testing.assert_array_equal(before, updates)              # (made in place of the values before)
+    small = norms(False)
+    np.testing.assert_array_equal(before, saved)                # (the small block's: into its buffer)
+    np.testing.assert_allclose(large[0], want, rtol=1e-6)
+    np.testing.assert_allclose(large[0], small[0], rtol=1e-6)
     params[1].grad[0] = float("nan")
     params[2].grad.fill_(1e-21)                 # (squares of 1e-21 are 0 in float32)
-    got = norms(True)
-    assert got[1][2 * len(params) + 1] == 1 and got[1].sum() == 1
-    assert got[0][2 * len(params) + 2] == pytest.approx(1e-21 * math.sqrt(params[2].numel()), rel=1e-6)
+    # an update of 1e-21 too: the small block squares its buffer in place, and reads such a
+    # segment again for its exact path (ParamPlan._segment), the update from the values before
+    # (abs=0: pytest.approx's default absolute tolerance, 1e-12, took 3.9e-42 for 3.9e-21)
+    bias = sum(p.numel() for p in params[:3])
+    with torch.no_grad():
+        params[3].fill_(1e-21)
+    saved[bias:bias + params[3].numel()] = 0.0
+    k = len(params)
+    for got in (norms(True), norms(False)):
+        assert got[1][2 * k + 1] == 1 and got[1].sum() == 1
+        assert got[0][2 * k + 2] == pytest.approx(1e-21 * math.sqrt(params[2].numel()), rel=1e-6, abs=0)
+        assert got[0][k + 3] == pytest.approx(1e-21 * math.sqrt(params[3].numel()), rel=1e-6, abs=0)
+        assert got[0][3] == pytest.approx(1e-21 * math.sqrt(params[3].numel()), rel=1e-6, abs=0)
+        np.testing.assert_allclose(np.delete(got[0], [3, k + 3, 2 * k + 1, 2 * k + 2]),
+                                   np.delete(small[0], [3, k + 3, 2 * k + 1, 2 * k + 2]), rtol=1e-6)
     for bad in (None, torch.zeros(6, 5).t()):    # no gradient; one not contiguous
         params[0].grad = bad
         assert norms(True) is None and np.array_equal(before, saved)

@@ -63,13 +63,17 @@ class ParamPlan:
         self.n = sum(self.sizes)
         self._fast = bool(self.host) and all(p.dtype == torch.float32 and n for p, n in zip(self.host, self.sizes))
         self._norm_layouts: dict = {}    # with grads -> (starts, rows) (stats.norm_template)
-        self._buf: Optional[np.ndarray] = None     # values | updates (values before, at first) | gradients
-        # torch views of its three parts, shaped like the parameters (filled by one
-        # ``torch._foreach_copy_`` each time), and the squares' scratch (``host_norm_rows``)
+        self._buf: Optional[np.ndarray] = None     # values | updates | gradients
+        # The values before an update (``snapshot``), apart: between full steps ``block``
+        # squares the buffer in place (no scratch as large as it: 16% fewer last-level cache
+        # misses a recorded MLP step), and an update's values stay to be read again (its
+        # norm's exact path: ``_segment``), as the live parameters and gradients do.
+        self._before: Optional[np.ndarray] = None
+        # torch views of the parts, shaped like the parameters (filled by one
+        # ``torch._foreach_copy_`` each time)
         self._value_dst: list = []
         self._before_dst: list = []
         self._grad_dst: list = []
-        self._scratch: Optional[np.ndarray] = None
         self._views = [None] * len(self.host)
         self._ptrs = [None] * len(self.host)
         # The large parameters' values before a step: buffers made once and filled by one
@@ -104,10 +108,12 @@ class ParamPlan:
         views of its parts shaped like the parameters, made once."""
         if self._buf is None:
             self._buf = np.empty(3 * self.n, dtype=np.float32)
-            flat, at = torch.from_numpy(self._buf), 0
-            for dst in (self._value_dst, self._before_dst, self._grad_dst):
+            self._before = np.empty(self.n, dtype=np.float32)
+            flat, before = torch.from_numpy(self._buf), torch.from_numpy(self._before)
+            for dst, t, at in ((self._value_dst, flat, 0), (self._before_dst, before, 0),
+                               (self._grad_dst, flat, 2 * self.n)):
                 for p, k in zip(self.host, self.sizes):
-                    dst.append(flat[at:at + k].view(S.local(p).shape))
+                    dst.append(t[at:at + k].view(S.local(p).shape))
                     at += k
         return self._buf
 
@@ -154,15 +160,16 @@ class ParamPlan:
 
     def snapshot(self) -> "Snapshot":
         """The values before an update, to compute it from: the small parameters' (for a
-        plan ``block`` reads, straight into the update's place in its buffer: no new array
-        each step), and copies of the large ones (``large_values_before``).  Made without
-        a constructor of its own (one Python frame fewer, every optimizer step)."""
+        plan ``block`` reads, into an array kept for them: no new array each step), and
+        copies of the large ones (``large_values_before``).  Made without a constructor of
+        its own (one Python frame fewer, every optimizer step)."""
         snap = _new(Snapshot)
         snap.plan = self
         if self._fast:
-            buf = self._buf if self._buf is not None else self._buffer()
+            if self._buf is None:
+                self._buffer()
             if self._sharded:
-                snap.host_before = np.concatenate(self._host_views(), out=buf[self.n:2 * self.n])
+                snap.host_before = np.concatenate(self._host_views(), out=self._before)
             else:
                 # (one fused copy, as the gradients' in ``block``: a numpy concatenation of
                 # cached views, checked against the parameters' memory, cost more a step;
@@ -172,7 +179,7 @@ class ParamPlan:
                     if grad_mode:
                         _set_grad_enabled(False)
                     torch._foreach_copy_(self._before_dst, self.host)
-                    snap.host_before = buf[self.n:2 * self.n]
+                    snap.host_before = self._before
                 except (RuntimeError, TypeError):
                     snap.host_before = self.host_values()     # (a parameter reshaped since: the general path)
                 finally:
@@ -190,7 +197,7 @@ class ParamPlan:
         missing, sparse or not a plain CPU tensor): the caller takes the
         general path, and ``before`` is still intact."""
         buf = self._buf
-        if buf is None or before.base is not buf:
+        if buf is None or before is not self._before:
             return None
         n = self.n
         # torch's calls first, then numpy's (going back and forth between the two libraries
@@ -226,22 +233,37 @@ class ParamPlan:
                 q.__enter__()
             if sharded:
                 np.concatenate(self._host_views(), out=buf[:n])
-            np.subtract(buf[:n], before, out=before)
+            np.subtract(buf[:n], before, out=buf[n:2 * n])
             if full:
                 sizes = self.block_sizes[:(3 if grads else 2) * len(self.host)]
                 return (grads, *H.full_segments(flat, sizes))
             lay = self._norm_layouts.get(grads)
             if lay is None:
                 lay = self._norm_layouts[grads] = S.norm_template(self.sizes * (3 if grads else 2))
-            scratch = self._scratch
-            if scratch is None:
-                scratch = self._scratch = np.empty_like(buf)
-            return grads, S.host_norm_rows(flat, *lay, scratch), None
+            # (squared in place: the buffer's values are not read again this step)
+            return grads, S.host_norm_rows(flat, *lay, flat, self._segment), None
         finally:
             if quiet is not None:
                 _ERRSTATE.reset(quiet)
             else:
                 q.__exit__(None, None, None)
+
+    def _segment(self, i: int) -> np.ndarray:
+        """Segment ``i`` of ``block``'s rows (values, updates, gradients), read again for its
+        norm's exact path (a sum of squares not finite, or nearly zero) after the buffer was
+        squared in place: a parameter and its gradient where they lie, an update made again
+        from the values before (the same float32 difference)."""
+        k = len(self.host)
+        kind, j = divmod(i, k)
+        p = self.host[j]
+        if kind == 2:
+            return S._host_array(p.grad)
+        at = sum(self.sizes[:j])
+        value = S._host_array(p)
+        if kind == 0:
+            return value
+        with Quiet():
+            return value - self._before[at:at + self.sizes[j]]
 
     def _block_large(self, before: np.ndarray, grads: bool) -> Optional[tuple]:
         """``block`` between full steps for a large plan (a GPT's 830 K elements): each
@@ -250,7 +272,7 @@ class ParamPlan:
         and the gradients into the buffer and summing the whole buffer's squares moved
         five times the block's bytes through memory, 1.46 ms of a 28 ms step."""
         host = self.host
-        if self._buf is None or before.base is not self._buf or self._sharded:
+        if self._buf is None or before is not self._before or self._sharded:
             return None
         gs = None
         if grads:

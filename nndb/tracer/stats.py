@@ -342,7 +342,7 @@ F32_SQ_TINY = 1e-30
 
 
 def host_norm_rows(flat: np.ndarray, starts: np.ndarray, template: np.ndarray,
-                   scratch: Optional[np.ndarray] = None) -> np.ndarray:
+                   scratch: Optional[np.ndarray] = None, segment=None) -> np.ndarray:
     """Norm-only rows of the consecutive segments of ``flat`` (``norm_template``
     of their lengths): squares summed per segment by one ``reduceat``, in float32 for a
     float32 ``flat`` (numpy sums in blocks: about 1e-7 relative error, against float64 at
@@ -352,7 +352,9 @@ def host_norm_rows(flat: np.ndarray, starts: np.ndarray, template: np.ndarray,
     ``np.errstate(all="ignore")`` (squares of huge values overflow).  Float16 is
     squared in float32 (in float16 squares under 6e-8 were 0: a norm 0.002 read 0).
     ``scratch``: a float32 array at least as long as ``flat`` to square into (no new
-    array a step, whose fresh memory the step's own tensors then miss in the caches)."""
+    array a step, whose fresh memory the step's own tensors then miss in the caches);
+    ``flat`` itself squares it in place, and then ``segment(i)`` must give segment i's
+    values for the exact path."""
     if scratch is not None and flat.dtype == np.float32:
         sq = np.add.reduceat(np.square(flat, out=scratch[:len(flat)]), starts)
     else:
@@ -364,7 +366,8 @@ def host_norm_rows(flat: np.ndarray, starts: np.ndarray, template: np.ndarray,
         out = template.copy()
         out[:, RAW_SQ] = sq
         return out
-    return rows_of_squares(vals, template, lambda i: flat[int(starts[i]):int(starts[i]) + int(template[i, RAW_N])])
+    return rows_of_squares(vals, template, segment or (
+        lambda i: flat[int(starts[i]):int(starts[i]) + int(template[i, RAW_N])]))
 
 
 def rows_of_squares(sq: list, template: np.ndarray, segment) -> np.ndarray:
