@@ -268,6 +268,43 @@ def test_reverse_continue_visits_each_call_of_a_module_called_twice_a_step_newes
     assert re.search(r"module enc forward\s+4\s+breakpoint already hit 4 times", out), out
 
 
+MODULE0 = textwrap.dedent('''
+    import torch, torch.nn as nn
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for it in range(4):
+        x, y = torch.randn(8, 4), torch.randn(8, 1)
+        opt.zero_grad()
+        loss = (model(x) - y).pow(2).mean()
+        loss.backward()
+        opt.step()
+''')
+
+
+def test_reverse_continue_finds_a_module_hit_in_step_0_before_the_only_checkpoint(tmp_path):
+    """The only checkpoint is at step 0's end.  rc from module 0's hit in step 1 said 'No earlier
+    step where a breakpoint or watchpoint held' where it held in step 0's forward pass: the search
+    never replayed step 0 (e5795af).  It does, from the start (respawn), and shows that hit at step
+    0's end; rc there finds nothing earlier without a replay.  With --replica fork, which cannot
+    replay step 0, the answer says what it did not search."""
+    script = tmp_path / "module0.py"
+    script.write_text(MODULE0)
+    cmds = ["until 2", "break module 0", "rc", "rc", "p ('AT', $step)", "rc", "rc", "p ('AT', $step)",
+            "info breakpoints", "present", "delete", "continue"]
+    out = run(tmp_path, str(script), cmds).stdout
+    assert re.findall(r"^Breakpoint 1, module 0 forward \(step (\d+)\)$", out, re.M) == ["2", "1"], out
+    assert "(reverse-continue: 1 held in step 0 (shown at its end); " in out, out
+    assert re.findall(r"\('AT', (\d+)\)", out) == ["1", "0"], out
+    assert "reverse-continue: no earlier step where a breakpoint or watchpoint held; back where you were" in out
+    assert re.search(r"module 0 forward\s+3\s+breakpoint already hit 3 times", out), out
+    r = run(tmp_path, str(script), cmds[:4] + ["rc", "p ('AT', $step)", "present", "delete", "continue"],
+            "--replica", "fork")
+    assert "No earlier step where a breakpoint or watchpoint held after the checkpoint at step 0 (what came " \
+           "before it cannot be replayed with --replica fork); back where you were." in r.stdout, r.stdout
+    assert "('AT', 1)" in r.stdout, r.stdout
+
+
 def test_present_from_a_stop_inside_a_step_names_that_step(tmp_path, script):
     # stopped in step 2's forward pass ($step 2), back from the past: the present is step 2, not 1
     r = run(tmp_path, script, ["break module 0", "continue", "continue", "continue", "p ('NOW', $step)",

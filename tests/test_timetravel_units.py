@@ -411,8 +411,13 @@ def test_reverse_continue_with_a_module_breakpoint_scans_the_step_of_a_newer_che
     assert m.scans == [(6, 6), (0, 6)]
     m = Resumed([0, 6], [_hit(6, False, ())])                  # (none: step ends alone are searched)
     assert reverse_continue_target(None, m, 6, True) is None and m.scans == [(6, 6), (0, 5)]
-    # step 0's forward, before the first checkpoint, is not worth a replay from the start in a new process
+    # step 0's forward, before the first checkpoint, is replayed from the start where a replica may respawn
+    # (it said None: 'No earlier step' where the breakpoint held there), and shown at step 0's end
     m = Resumed([0], [_hit(0, False, ())], mode="auto")
+    assert reverse_continue_target(s, m, 3, True)[:2] == (0, "stop") and m.scans == [(0, 3), (0, 0)]
+    m = Resumed([0], [_hit(0, False, ())], mode="auto")           # (from step 0's end: nothing before it)
+    assert reverse_continue_target(s, m, 0, True) is None and m.scans == []
+    m = Resumed([0], [_hit(0, False, ())])                          # (fork: nothing replays step 0)
     assert reverse_continue_target(s, m, 3, True) is None and m.scans == [(0, 3)]
 
 

@@ -83,7 +83,8 @@ def _reverse_continue(s, _):
     # (inside a step, at a module breakpoint's hit: its earlier hits in the step first)
     target = reverse_continue_target(s, m, step, at_end, nth=s.ordinal())
     if target is None:
-        s.message("No earlier step where a breakpoint or watchpoint held (in the recorded checkpoints' range).")
+        from ..timetravel.search import unsearched
+        s.message(f"No earlier step where a breakpoint or watchpoint held{unsearched(s, m)}.")
         return
     m.travel(s, *target)
 

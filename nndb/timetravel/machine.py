@@ -625,6 +625,8 @@ class TimeMachine:
                     target, then, why, skip = int(floor), "stop", msg["why"], 0
                     from_past = True
                     continue
+                from .search import unsearched
+                where = unsearched(s, self)
                 if not msg.get("changed"):
                     # (the recorded run's past: where the search started is replayed again, as it was;
                     # inside a step, to its breakpoint from the end of the step before: it sent the
@@ -632,16 +634,16 @@ class TimeMachine:
                     target, why, skip = int(msg["step"]), "", 0
                     if msg.get("at_end", True):
                         then = "stop"
-                        why = ("reverse-continue: no earlier step where a breakpoint or watchpoint held; "
+                        why = (f"reverse-continue: no earlier step where a breakpoint or watchpoint held{where}; "
                                "back where you were")
                     else:
                         then, skip = "again", msg.get("nth") or 0
-                        s.message("No earlier step where a breakpoint or watchpoint held; back where you were.")
+                        s.message(f"No earlier step where a breakpoint or watchpoint held{where}; "
+                                  "back where you were.")
                     from_past = True
                     continue
-                s.message("No earlier step where a breakpoint or watchpoint held; the changed timeline was left "
-                          "(it cannot be replayed again)." if msg.get("changed") else
-                          "No earlier step where a breakpoint or watchpoint held.")
+                s.message(f"No earlier step where a breakpoint or watchpoint held{where}; the changed timeline was "
+                          "left (it cannot be replayed again).")
             if nxt == "failed":                  # (a batch command failed in the past)
                 s.batch_failed(msg["message"])
             elif nxt == "quit":

@@ -26,6 +26,8 @@ def reverse_continue_target(s, machine, step: int, at_end: bool, floor: int = -1
     Where a replica may be respawned (no fork checkpoint before a step: DataLoader
     workers alive, ``--replica respawn``), the steps before the first checkpoint are
     the last segment, replayed from the start (``replay`` respawns from step 0 anyway)."""
+    if at_end and step == 0:
+        return None           # (nothing is before step 0's end: a hit in its forward pass is shown there)
     cur = step + 1 if nth is not None and not at_end else None      # (the step we are inside)
     end = step if cur is None else cur
     judged = None             # the step end the newer segment judged already (its checkpoint's)
@@ -44,7 +46,8 @@ def reverse_continue_target(s, machine, step: int, at_end: bool, floor: int = -1
         hits = [h for h in res["result"]["hits"]
                 if ((h["step"] == cur and not h["at_step_end"] and h.get("nth", 0) < nth) if h["step"] == cur else
                     (h["step"] < step or (h["step"] == step and not (h["at_step_end"] and at_end))))
-                and not (h["at_step_end"] and h["step"] == judged) and h["step"] > floor]
+                and not (h["at_step_end"] and h["step"] == judged) and h["step"] > floor
+                and not (at_end and step == 0 and h["step"] == 0)]      # (step 0's hits are shown at its end)
         # newest first, each crossing counted and its ignore counts spent (the live session's
         # points: 'info breakpoints' shows them after), as gdb does in reverse
         for h in reversed(hits):
@@ -63,10 +66,26 @@ def reverse_continue_target(s, machine, step: int, at_end: bool, floor: int = -1
         # this one's: its end was judged here (resumed at the checkpoint), the module breakpoints
         # inside it were not (rc from the end of step 8, a checkpoint there, never stopped in step
         # 8's forward pass)
+        # (after the checkpoint at step 0, the segment of step 0 alone: its forward pass, where a module
+        # breakpoint may have held, is replayed from the start in a new process where one may be
+        # respawned; it said 'No earlier step' where the breakpoint held in step 0)
         end, judged = (first, first) if in_steps else (first - 1, None)
-        if end < 0 or end == judged == 0:
-            break             # (step 0's forward alone is worth no replay from the start in a new process)
+        if end < 0:
+            break
     return None
+
+
+def unsearched(s, machine) -> str:
+    """What a search that found nothing could not look at, for its message: with ``--replica
+    fork`` nothing replays what came before the oldest checkpoint (step 0's forward pass, where
+    a module breakpoint may have held, with the checkpoint at step 0's end)."""
+    if machine.mode != "fork" or not machine.checkpoints:
+        return ""
+    first = min(c.step for c in machine.checkpoints.values())
+    in_steps = s is not None and any(isinstance(p, P.ModuleBreak) and p.enabled for p in s.points.values())
+    if first == 0 and not in_steps:
+        return ""
+    return f" after the checkpoint at step {first} (what came before it cannot be replayed with --replica fork)"
 
 
 def primed_watches(s, starts) -> dict:
