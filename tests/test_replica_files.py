@@ -118,6 +118,7 @@ def test_a_replica_s_writes_go_to_scratch_copies(tmp_path, writer):
     assert re.search(r"Predicted 2 step\(s\) ahead on a replica", r.stdout) and "the script ended" not in r.stdout
     assert "nndb could not send" not in r.stderr, r.stderr
     assert "read back 7" in r.stdout                      # the live run's own writes are real
+    assert "as they are now" not in r.stderr, r.stderr    # (the past read its own write: no present file)
 
 
 @pytest.mark.parametrize("writer", ["torch.save", "safetensors"])
@@ -460,6 +461,43 @@ def test_a_replay_from_the_start_does_not_find_the_files_the_run_made_since(tmp_
     assert "replay ended" not in r.stderr and "raised where the run went on" not in r.stderr, r.stderr
     assert "your files under" in r.stdout and "are as they were" in r.stdout, r.stdout
     assert sorted(os.listdir(tmp_path / "out")) == ["model_2.pt", "model_5.pt"]
+
+
+# A log the script appends to after each step and reads back (its line count)
+APPEND_LOG = '''
+import torch, torch.nn as nn
+open("log.txt", "w").close()
+''' + LOOP + '''
+    with open("log.txt", "a") as f:
+        f.write(f"{step}\\n")
+    lines = len(open("log.txt").readlines())
+    print("step", step, "lines", lines)
+'''
+
+
+@pytest.mark.parametrize("replica", ["fork", "respawn"])
+def test_a_replay_that_reads_a_file_the_run_wrote_after_its_start_says_so(tmp_path, replica):
+    """A forked replica reads the user's files as they are now: 'goto 3' from step 6 (the
+    checkpoint at step 0) replayed a script that appends a line to its log after each step and
+    reads the count back, and 'p lines' in the past said 10 where the run had 4 at step 3 (the
+    replay appended to the present's log of 6 lines), with no word of it.  Nothing can give the
+    replica the file as it was: the replay says which files it read as they are now, written by
+    the live run after the checkpoint.  A replay respawned from the start truncates the log
+    itself, as the run did: it reads its own, 4 lines, and says nothing."""
+    (tmp_path / "a.py").write_text(APPEND_LOG)
+    argv = ["run", "--batch", "--nx", "--rules", "none", "--trace", str(tmp_path / "t.h5"), "--force",
+            "--replica", replica, "-e", "until 6", "-e", "goto 3", "-e", "next", "-e", "p ('LINES', lines)",
+            "-e", "present", "-e", "continue"]
+    r = Ran(nndb(*argv, "a.py", cwd=str(tmp_path)), argv + ["a.py"])
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r
+    if replica == "fork":
+        assert ("nndb: warning: the replay read 1 file(s) the live run wrote after the checkpoint at step 0, where "
+                "it started, as they are now, not as they were at the steps it replayed: log.txt; what the past "
+                "read from them (and made of it) may differ from the run's") in r.stderr, r
+        assert r.stderr.count("as they are now") == 1 and "('LINES', 10)" in r.stdout, r
+    else:
+        assert "as they are now" not in r.stderr and "('LINES', 4)" in r.stdout, r
+    assert (tmp_path / "log.txt").read_text() == "".join(f"{i}\n" for i in range(8))   # (the run's own log)
 
 
 # A script that raises if the state file it starts from is not fresh, and rewrites it as it

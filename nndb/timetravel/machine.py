@@ -144,6 +144,8 @@ class TimeMachine:
         self.timeline = 0                 # the timeline this process is on
         self.changed = False              # a replica: something was changed here
         self.timelines: list = [{"id": 0, "origin": "the live run", "change": "", "status": "present"}]
+        # the files replays read as they are now (sandbox.Sandbox.stale) said since the live run's stop
+        self.stale_told: set = set()
         self._reset()
 
     def _reset(self) -> None:
@@ -366,6 +368,7 @@ class TimeMachine:
         """The live run stops at a step end: a checkpoint there makes going back
         to it cheap.  Returns the stop to show (in a replica resumed from it:
         its own, or None to run on)."""
+        self.stale_told = set()
         if self.replica or self.mode not in ("auto", "fork") or self.blocked or not s.live:
             return stop
         warning = None if self._tail_warned else self.tail_warning(stop.step)
@@ -431,7 +434,9 @@ class TimeMachine:
         self.replica = True
         self.checkpoints = {}
         s.rec.writer.detach()
-        sandbox.enter(nndb_files=[s.log.trace_path])     # (the script's own writes go to scratch copies)
+        # (the script's own writes go to scratch copies; its reads of files the live run wrote after the
+        # checkpoint are noted: they are the present's)
+        sandbox.enter(nndb_files=[s.log.trace_path], since=msg["goal"].get("files_since"))
         self.timeline = int(msg.get("timeline", 0))
         s.restore(msg["state"])
         s.rec.tracer.clock.know(msg["goal"].get("handovers"))     # (a respawned one's: Session.attach)
@@ -462,7 +467,7 @@ class TimeMachine:
         else:
             first, held = 0, 0
         # (the steps a later stage's optimizer took over, known only after the fact: StepClock.know)
-        goal = dict(goal, changes=[c.message() for c in s.log.changes[held:]],
+        goal = dict(goal, changes=[c.message() for c in s.log.changes[held:]], stale_told=sorted(self.stale_told),
                     handovers=s.rec.tracer.clock.handovers)
         if not goal.get("stats"):             # (replay --verify compares everything itself)
             last = int(goal.get("target", goal.get("end", start)))
@@ -486,17 +491,26 @@ class TimeMachine:
                     else _none_at_or_before(start)
                 self._told_blocked = self.blocked
                 s.error(f"nndb: {why}: replaying from the start in a new process (respawn)")
-            goal = dict(goal, replayed_from=None)
+            goal = dict(goal, replayed_from=None, files_since=self.started)
             with self.watching_files(s) as seen:
                 seen["hidden"] = seen.pop("new_since_start", [])
                 goal = dict(goal, hidden=seen["hidden"])
                 msg = self.wait_for_replica(s, *spawn(s, self, goal))
-            return self._checked(dict(msg, files=seen))
-        goal = dict(goal, replayed_from=ck.step)
+            return self._checked(self._stale(s, goal, dict(msg, files=seen)))
+        goal = dict(goal, replayed_from=ck.step, files_since=ck.taken_at)
         with self.watching_files(s) as seen:
             ck.chan.send({"op": "resume", "goal": goal, "state": s.snapshot(), "timeline": self.timeline})
             msg = self.wait_for_replica(s, ck.chan)
-        return self._checked(dict(msg, files=seen))
+        return self._checked(self._stale(s, goal, dict(msg, files=seen)))
+
+    def _stale(self, s, goal: dict, msg: dict) -> dict:
+        """A scan's replica read files the live run rewrote after where it started: said here,
+        once a stop (a goto's replica says it itself, as it arrives in the past: Goto.say_stale)."""
+        new = [p for p in msg.get("stale_reads") or () if p not in self.stale_told]
+        if new and goal.get("kind") != "goto" and msg.get("next") != "diverged":
+            s.error(sandbox.stale_note(new, goal.get("replayed_from")))
+        self.stale_told.update(new)
+        return msg
 
     @contextlib.contextmanager
     def watching_files(self, s):
@@ -531,6 +545,8 @@ class TimeMachine:
     def _checked(msg: dict) -> dict:
         if msg.get("next") == "diverged":
             files = (msg.get("files") or {}).get("since_start") if msg.get("drift") else None
+            if msg.get("drift") and msg.get("stale_reads"):       # (what it did read, where known)
+                files = msg["stale_reads"]
             raise CommandError(msg["message"] + sandbox.read_as_now(files))
         return msg
 

@@ -124,7 +124,7 @@ def run(s, chan, msg: dict) -> None:
     # (after the trace's directory: the script's own writes only; before the role silences the
     # output, whose kept descriptors would be taken for files the script opened: a run sent to a
     # file, nndb run ... > log, lost everything the past printed)
-    sandbox.enter().hide(msg["goal"].get("hidden") or ())      # (the files the run made since it started)
+    sandbox.enter(since=msg["goal"].get("files_since")).hide(msg["goal"].get("hidden") or ())      # (the files the run made since it started)
     signal.signal(signal.SIGINT, signal.default_int_handler)    # (the entry's, nndb.run.safepath.replica_entry)
     role.begin(s)
     try:

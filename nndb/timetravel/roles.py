@@ -57,6 +57,8 @@ def finish(chan, msg: dict) -> None:
     """Send the last message and end this replica."""
     if sandbox.ACTIVE is not None and sandbox.ACTIVE.writes:
         msg = dict(msg, scratch_writes=sandbox.ACTIVE.writes)
+    if sandbox.ACTIVE is not None and sandbox.ACTIVE.stale:
+        msg = dict(msg, stale_reads=list(sandbox.ACTIVE.stale))
     try:
         chan.send(msg)
     finally:
@@ -293,13 +295,24 @@ class Goto(Role):
         self.present = goal.get("present")
         self.stop_at = None if goal.get("ended") else self.present
         self.forward_goto: Optional[int] = None     # 'goto N' forward, running as 'until N'
+        self._said_stale: set = set(goal.get("stale_told") or ())
 
     def recorded(self, s) -> bool:
         """This timeline is the recorded run's (nothing was changed in the past)."""
         return s.machine is None or not s.machine.changed
 
+    def say_stale(self, s) -> None:
+        """The files read so far as they are now, where the live run rewrote them after the
+        replay's start (sandbox.Sandbox.stale): said once each, as the past shows a stop."""
+        box = sandbox.ACTIVE
+        new = [p for p in (box.stale if box is not None else ()) if p not in self._said_stale]
+        if new:
+            self._said_stale.update(new)
+            s.error(sandbox.stale_note(new, self.goal.get("replayed_from")))
+
     def before_stops(self, s, step: int):
         if not self.replaying:
+            self.say_stale(s)
             # Run on from the target at the prompt: while the timeline is the recorded run's, each
             # step it recorded is checked as a replayed one is (a step that differs is no past).
             if self.recorded(s):
@@ -312,6 +325,7 @@ class Goto(Role):
         if self.replay_until(s, step, self.target):
             return "skip"
         self._unsilence()
+        self.say_stale(s)
         self.prompts = True
         s.sync_hooks()
         if self.then == "points":

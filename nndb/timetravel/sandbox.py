@@ -35,7 +35,9 @@ checkpoint, checks that it exists, restores and removes it, as Lightning's
 A directory's listing (``os.listdir``, ``os.scandir``: ``glob``, ``pathlib``)
 is the real one's less what is not there for the replica.  A replay from the
 script's start (respawned) does not find the files the live run made since it
-started (``Sandbox.hide``).
+started (``Sandbox.hide``).  A file the live run wrote after the replica's start
+(its checkpoint's time, or the run's start) is read as it is now, as nothing
+can give it as it was: such reads are noted (``Sandbox.stale``) and said.
 
 A file the script opened before the replica began (its log, a ``logging``
 handler's) is open in the replica through the live run's file descriptor,
@@ -94,6 +96,14 @@ class Sandbox:
         # real files made since the run started, not there for a replay from the start (``hide``)
         self.hidden: set = set(base.hidden) if base is not None else set()
         self.writes = 0
+        # Files read as they are now where the live run rewrote them after the replica's start
+        # (``since``, ns: its checkpoint's time; the run's start for a replay respawned from it):
+        # what the replayed steps read is then not what the run's read (a log it appends to and
+        # reads back, a data file rewritten each epoch).  Nothing can give the replica the file
+        # as it was; ``stale`` names them, for a warning (``stale_note``).
+        self.since: "int | None" = base.since if base is not None else None
+        self.stale: dict = dict(base.stale) if base is not None else {}      # (ordered: a set)
+        self.from_now: set = set(base.from_now) if base is not None else set()   # copies of such files
         self._open = base._open if base is not None else builtins.open
         # Directories of no user's: the temporary directories this replica made (and its parent's),
         # and torch.compile's cache, written for real: a compiler that runs as a subprocess (g++
@@ -140,6 +150,8 @@ class Sandbox:
             os.makedirs(os.path.dirname(scratch), exist_ok=True)
             if keep and os.path.isfile(source):
                 shutil.copyfile(source, scratch)
+                if (source == p and self._rewritten(p)) or (source != p and p in self.from_now):
+                    self.from_now.add(p)
             self.moved[p] = scratch
         return scratch
 
@@ -151,6 +163,8 @@ class Sandbox:
         if p is None:
             return file
         self.writes += 1
+        if not keep:
+            self.from_now.discard(p)             # (written whole: the replica's own content)
         scratch = self._copy_of(p, keep)        # (a file it removed starts empty: not there for stat)
         self.gone.discard(p)
         return scratch
@@ -184,22 +198,37 @@ class Sandbox:
     def _no_file(file):
         return FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), file)
 
-    def read_path(self, file):
+    def _rewritten(self, p: str) -> bool:
+        """The real file ``p`` was modified since the replica's start (``since``).  (Not a hidden
+        file or one in a hidden directory, as the survey leaves them out: the prompt's history,
+        ``.nndb_history``, which the live run appends to, is nndb's; ``~/.cache`` is libraries'.)"""
+        if self.since is None or any(part.startswith(".") for part in p.split(os.sep)):
+            return False
+        try:
+            return _os_stat(p).st_mtime_ns >= self.since
+        except OSError:
+            return False
+
+    def read_path(self, file, reads: bool = True):
         """Where a read of ``file`` goes: its scratch copy once written here;
-        one the replica removed is not there (FileNotFoundError)."""
+        one the replica removed is not there (FileNotFoundError).  ``reads``:
+        its content is read (not a stat), noted where it is the present's."""
         p = self._real(file)
         if p is None:
             return file
         if self._is_gone(p):
             raise self._no_file(file)
-        return self.moved.get(p, file)
+        scratch = self.moved.get(p)
+        if reads and (p in self.from_now if scratch is not None else self._rewritten(p)):
+            self.stale[p] = None
+        return file if scratch is None else scratch
 
     def _stat(self, real_call):
         """os.stat/os.lstat (os.path.exists, isfile, getsize, pathlib) as the
         replica's writes left the path: its copy's, or no file where it removed it."""
         def stat(path, *args, **kwargs):
             if "dir_fd" not in kwargs and not isinstance(path, int) and (self.gone or self.moved or self.hidden):
-                path = self.read_path(path)
+                path = self.read_path(path, reads=False)
             return real_call(path, *args, **kwargs)
         return stat
 
@@ -345,6 +374,8 @@ class Sandbox:
                 scratch = self.write_path(real, keep=False)
                 if not taken:
                     shutil.copyfile(f"{_FDS}/{fd}", scratch)         # (the descriptor's file, even one unlinked)
+                    if self.since is not None and st.st_mtime_ns >= self.since:
+                        self.from_now.add(real)
                 copy = _os_open(scratch, flags & (os.O_ACCMODE | os.O_APPEND | os.O_SYNC))
                 try:
                     os.lseek(copy, os.lseek(fd, 0, os.SEEK_CUR), os.SEEK_SET)
@@ -458,14 +489,19 @@ def cleanup() -> None:
             shutil.rmtree(d, ignore_errors=True)
 
 
-def enter(nndb_files=()) -> Sandbox:
+def enter(nndb_files=(), since: "float | None" = None) -> Sandbox:
     """In a replica process only: from now on its writes go to a scratch
     directory, removed as the replica ends, those through the files the
     script holds open included (but ``nndb_files``: the trace).  In a replica
-    forked from a replica, a sandbox of its own over the parent's."""
+    forked from a replica, a sandbox of its own over the parent's.
+    ``since`` (time.time()): where the replica's state was taken (a
+    checkpoint's time, the run's start): a file read that the live run
+    rewrote after it is noted (``Sandbox.stale``)."""
     global ACTIVE
     if ACTIVE is None or ACTIVE.pid != os.getpid():
         ACTIVE = Sandbox(scratch_dir("nndb-replica-files-"), base=ACTIVE)
+        if since is not None:
+            ACTIVE.since = int(since * 1e9)
         ACTIVE.take_open_files(nndb_files)
         ACTIVE.install()
     return ACTIVE
@@ -612,6 +648,17 @@ class Survey:
 # What writes a replica's files past the sandbox (Survey.report says it)
 UNREDIRECTED = ("written by a subprocess, a C library that opens the file itself, a low-level call or a memory map"
                 + ("" if os.path.isdir(_FDS) else ", or through a file the script opened before the replica began"))
+
+
+def stale_note(paths, src) -> str:
+    """The warning for files a replay read as they are now (``Sandbox.stale``), where the live
+    run rewrote them after the replay's start (``src``: the checkpoint's step, None: the start)."""
+    names = [os.path.relpath(p) for p in paths]
+    start = f"the checkpoint at step {src}" if src is not None else "the run's start"
+    return (f"nndb: warning: the replay read {len(names)} file(s) the live run wrote after {start}, where it "
+            f"started, as they are now, not as they were at the steps it replayed: "
+            + ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+            + "; what the past read from them (and made of it) may differ from the run's")
 
 
 def read_as_now(paths) -> str:
