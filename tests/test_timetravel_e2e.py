@@ -305,6 +305,63 @@ def test_reverse_continue_finds_a_module_hit_in_step_0_before_the_only_checkpoin
     assert "('AT', 1)" in r.stdout, r.stdout
 
 
+SLOW_REPLAY = textwrap.dedent('''
+    import os, subprocess, time, torch, torch.nn as nn
+    torch.manual_seed(0)
+    m = nn.Linear(4, 1)
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    for step in range(6):
+        opt.zero_grad()
+        loss = m(torch.randn(8, 4)).pow(2).mean()
+        loss.backward()
+        opt.step()
+        if step == 1 and os.path.exists("slow"):    # (a replay of step 1, once the run made "slow")
+            subprocess.run(["touch", "replaying"])  # (for real: a replica's own writes go to scratch copies)
+            time.sleep(120)
+        if step == 2:
+            open("slow", "w").close()
+        print("step", step, flush=True)
+''')
+
+
+def test_sigterm_during_a_replay_ends_the_run_without_waiting_for_the_replica(tmp_path):
+    """SIGTERM to nndb (``timeout``, a job scheduler) while 'goto 3' replayed from the checkpoint at
+    step 0: the live run said 'terminated (SIGTERM); trace closed' and then waited for the replica,
+    which replayed on (a 120 s step here), arrived in the past and ran the commands queued after the
+    goto there ('ARRIVED', then 'continue'); the run ended only then.  The replica is ended now, as a
+    prediction's is, and the run ends with 143."""
+    import signal
+    import subprocess
+    import time
+    from conftest import nndb_started
+    script = tmp_path / "slow.py"
+    script.write_text(SLOW_REPLAY)
+    p = nndb_started("run", "--batch", "--nx", "--trace", str(tmp_path / "t.h5"), "-e", "until 4", "-e", "p 'GOING'",
+                     "-e", "goto 3", "-e", "p 'ARRIVED'", "-e", "continue", str(script), cwd=str(tmp_path),
+                     stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        out = ""
+        while "GOING" not in out:
+            line = p.stdout.readline()
+            assert line, out
+            out += line
+        for _ in range(600):
+            if (tmp_path / "replaying").exists():
+                break
+            time.sleep(0.1)
+        assert (tmp_path / "replaying").exists(), out
+        os.kill(p.pid, signal.SIGTERM)
+        p.wait(timeout=90)            # (the replica's step takes 120 s: waiting for it fails here)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+    out += p.stdout.read()
+    err = p.stderr.read()
+    assert p.returncode == 143, out + err
+    assert "nndb: terminated (SIGTERM); trace closed" in err, err
+    assert "ARRIVED" not in out and "In the past" not in out, out
+
+
 def test_present_from_a_stop_inside_a_step_names_that_step(tmp_path, script):
     # stopped in step 2's forward pass ($step 2), back from the past: the present is step 2, not 1
     r = run(tmp_path, script, ["break module 0", "continue", "continue", "continue", "p ('NOW', $step)",

@@ -230,6 +230,7 @@ def checkpoint_loop(chan: Channel) -> dict:
             if pid == 0:
                 signal.signal(signal.SIGINT, old)
                 return msg
+            chan.send({"op": "replica-started", "pid": pid})    # (SIGTERM at the live run ends it: SigtermEnds)
             status = 0
             while True:
                 try:
@@ -243,6 +244,56 @@ def checkpoint_loop(chan: Channel) -> dict:
             chan.send({"op": "replica-exited", "status": status})
     except BaseException:         # (never out of here but as the replica)
         os._exit(1)
+
+
+class SigtermEnds:
+    """SIGTERM while the live run waits for a replica (a goto's replay or its past at the prompt,
+    a scan, a prediction: ``nndb run`` under ``timeout``, a job scheduler): the replica is ended
+    (a fork whose work is thrown away, or a respawned process; the live run is unchanged) and the
+    signal goes on to the live run's own handler, which ends the run (143).  Without this the live
+    run, busy in the stop's command, put the signal off until the replica was done: a replay to
+    its end, and then the past's commands.  ``add``: a replica's pid learned meanwhile (a
+    checkpoint's replica, from its ``replica-started`` message)."""
+
+    def __init__(self, *pids: int):
+        self.pids = list(pids)
+        self.got = False
+        self._old = None
+
+    def add(self, pid: int) -> None:
+        self.pids.append(pid)
+        if self.got:
+            _kill(pid)
+
+    def _handle(self, signum, frame) -> None:
+        if not self.got:
+            self.got = True
+            for pid in self.pids:
+                _kill(pid)
+
+    def __enter__(self) -> "SigtermEnds":
+        if threading.current_thread() is threading.main_thread():
+            self._old = signal.signal(signal.SIGTERM, self._handle)
+        return self
+
+    def __exit__(self, kind, exc, tb) -> bool:
+        if self._old is None:
+            return False
+        signal.signal(signal.SIGTERM, self._old)
+        if not self.got:
+            return False
+        os.kill(os.getpid(), signal.SIGTERM)
+        from ..errors import CommandError
+        if kind is not None and not issubclass(kind, CommandError):
+            return False
+        raise CommandError("nndb: terminated (SIGTERM); the replica was stopped and the live run is unchanged")
+
+
+def _kill(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except OSError:
+        pass
 
 
 def silence() -> tuple:

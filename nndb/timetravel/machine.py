@@ -559,7 +559,7 @@ class TimeMachine:
     def off_message(self) -> str:
         return f"time travel is off in this run ({self.off_reason})"
 
-    def wait_for_replica(self, s, chan: Channel, proc=None) -> dict:
+    def wait_for_replica(self, s, chan: Channel, proc=None, pid: Optional[int] = None) -> dict:
         """Wait for the replica's last message while it has the terminal
         (Ctrl-C and the progress line are the replica's then: roles.Role.progress),
         and take back the session state.  A Ctrl-C the live run got meanwhile (the
@@ -570,18 +570,25 @@ class TimeMachine:
         got = []
         old = signal.signal(signal.SIGINT, lambda signum, frame: got.append(signum))
         try:
-            return self._replica_back(s, chan, proc)
+            # (SIGTERM ends the replica: ``pid``, a helper forked here, a respawned ``proc``, or the one a
+            # checkpoint forks, which it names)
+            pids = [p for p in (pid, proc.pid if proc is not None else None) if p is not None]
+            with forking.SigtermEnds(*pids) as ends:
+                return self._replica_back(s, chan, proc, ends)
         finally:
             signal.signal(signal.SIGINT, old)
             if got:
                 s.interrupt_at_stop()
 
-    def _replica_back(self, s, chan: Channel, proc) -> dict:
+    def _replica_back(self, s, chan: Channel, proc, ends) -> dict:
         last = None
         while True:
             msg = chan.recv()
             if msg is None:
                 break
+            if msg.get("op") == "replica-started":
+                ends.add(int(msg["pid"]))
+                continue
             if msg.get("op") in ("handback", "predicted", "fuzzed"):
                 last = msg
                 if proc is not None:

@@ -10,10 +10,6 @@ an edit of nndb.debugger.changes (``HyperChange`` or ``VarChange``), with the
 same function the prompt's ``set`` uses (``changes.make``)."""
 from __future__ import annotations
 
-import contextlib
-import os
-import signal
-import threading
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -98,41 +94,10 @@ def fork_and_wait(s, machine, become):
             return None
         child.close()
         try:
-            with _sigterm_ends(pid):
-                return machine.wait_for_replica(s, parent)
+            return machine.wait_for_replica(s, parent, pid=pid)      # (SIGTERM ends it: forking.SigtermEnds)
         finally:
             parent.close()
             forking.reap(pid)
-
-
-@contextlib.contextmanager
-def _sigterm_ends(pid: int):
-    """SIGTERM while the live run waits for a helper replica (``nndb fuzz`` under
-    ``timeout``, a job scheduler): the replica is ended (a fork whose work is thrown
-    away; the live run is unchanged) and the signal goes on to the live run's own
-    handler, which ends the run (143).  Without this the live run, busy in the stop's
-    command, put the signal off until the replica had spent its whole budget."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    got = []
-
-    def handle(signum, frame):
-        if not got:
-            got.append(signum)
-            os.kill(pid, signal.SIGKILL)
-    old = signal.signal(signal.SIGTERM, handle)
-    try:
-        yield
-    except CommandError:
-        if not got:
-            raise
-    finally:
-        signal.signal(signal.SIGTERM, old)
-        if got:
-            os.kill(os.getpid(), signal.SIGTERM)
-    if got:
-        raise CommandError("nndb: terminated (SIGTERM); the replica was stopped and the live run is unchanged")
 
 
 def predict(s, machine, n: int, changes: list) -> Prediction:
