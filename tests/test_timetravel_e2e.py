@@ -268,6 +268,19 @@ def test_reverse_continue_visits_each_call_of_a_module_called_twice_a_step_newes
     assert re.search(r"module enc forward\s+4\s+breakpoint already hit 4 times", out), out
 
 
+def test_reverse_continue_from_a_stop_after_an_ignored_hit_in_its_step_stops_at_that_hit(tmp_path):
+    """'ignore 1 1' then 'continue': the ignore count swallowed enc(a) of step 6 and the run stopped
+    at enc(b).  gdb's reverse-continue stops at enc(a), a crossing in reverse; rc went to enc(b) of
+    step 5: the live run numbered its stop at enc(b) 0th in the step (the stops alone), where the
+    scan numbers every place the breakpoint held (enc(a) 0th, enc(b) 1st)."""
+    script = tmp_path / "twice.py"
+    script.write_text(TWICE)
+    said = 'p ("AT", $step, "b" if $inputs[0].sum().item() == b.sum().item() else "a")'
+    r = run(tmp_path, str(script), ["until 5", "break module enc", "ignore 1 1", "continue", said, "rc", said,
+                                    "rc", said, "present", "delete", "continue"])
+    assert re.findall(r"\('AT', (\d+), '(\w)'\)", r.stdout) == [("6", "b"), ("6", "a"), ("5", "b")], r.stdout
+
+
 MODULE0 = textwrap.dedent('''
     import torch, torch.nn as nn
     torch.manual_seed(0)

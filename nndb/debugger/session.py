@@ -288,14 +288,24 @@ class Session(CommandLoop, StopPoints):
         if self.replica is not None and self.replica.intercept(self, stop):
             return                    # a scan or a prediction notes it and goes on
         if self.replica is None and stop.hits and not stop.at_step_end:
-            step, n = self.here.nth
-            self.here.nth = (stop.step, n + 1 if step == stop.step else 0)
+            self.count_in_step(stop.step)          # (a replica's role counted it: intercept)
         t0 = time.monotonic()
         try:
             self._stop_here(stop, frame)
         finally:
             if self.machine is not None:
                 self.machine.paused(time.monotonic() - t0)     # (a stop is not the run's time)
+
+    def count_in_step(self, step: int) -> None:
+        """A place inside ``step`` where points held, stopped at or not (an ignore count swallowed
+        the hit): its ordinal among the step's, as a reverse-continue's scan counts them, every
+        hit as it held (``ordinal``; it was one short after an ignored hit earlier in the step, and
+        rc from the stop went past that hit)."""
+        if self.replica is not None:
+            self.replica.count_in_step(self, step)
+            return
+        last, n = self.here.nth
+        self.here.nth = (step, n + 1 if last == step else 0)
 
     def _stop_here(self, stop: Stop, frame) -> None:
         if self.machine is not None and stop.at_step_end and stop.kind is not StopKind.EXITED:

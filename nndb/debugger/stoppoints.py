@@ -173,7 +173,9 @@ class StopPoints:
         """The stop at this call of ``module`` (``stop``, a start or an interrupt, or a hit of the
         module breakpoints among ``points``, or, with ``step``, a ``step`` at the prompt's), the
         call's payload and frame held for it; None where the run goes on."""
-        hits, name, probed = self._module_hits(points, module, phase, payload, name, alias, hook_frame)
+        hits, name, probed, crossed = self._module_hits(points, module, phase, payload, name, alias, hook_frame)
+        if crossed and not hits:
+            self.count_in_step(self.step_in_progress())      # (a hit an ignore count swallowed)
         if hits:
             stop = Stop(StopKind.BREAKPOINT, self.step_in_progress(), at_step_end=False,
                         module=name, phase=phase, hits=hits)
@@ -192,9 +194,11 @@ class StopPoints:
     def _module_hits(self, points, module, phase: str, payload, name: str, alias, hook_frame) -> tuple:
         """([(point, detail)] of the module breakpoints among ``points`` that hold at this call
         of ``module`` (a hit counted, a condition judged in ``hook_frame``), the name the stop
-        gives it, and whether a condition's probe holds the call's frame and payload)."""
+        gives it, whether a condition's probe holds the call's frame and payload, and whether a
+        point's hit counted here at all (its ignore count may have swallowed it))."""
         hits = []
         probe = None
+        crossed = False
         for p in list(points):              # (the dict's values: no Python call an item)
             if isinstance(p, P.ModuleBreak) and p.enabled and p.phase == phase and (
                     p.matches(name) or alias is not None and p.matches(alias)):
@@ -206,9 +210,11 @@ class StopPoints:
                     self.here.payload, self.here.module = payload, module
                     probe = Stop(StopKind.PROBE, self.step_in_progress(), at_step_end=False, module=name,
                                  phase=phase, note="inputs" if phase == "forward" else "grad_output")
+                counted = p.hits
                 if self.point_hits(p, detail, probe):
                     hits.append((p, detail))
-        return hits, name, probe is not None
+                crossed = crossed or p.hits > counted
+        return hits, name, probe is not None, crossed
 
     def stop_requested(self, frame) -> bool:
         """``nndb.set_trace()`` (or ``breakpoint()``) in the script: stop at

@@ -245,6 +245,10 @@ class Role:
         """The ordinal of the stop inside a step the user is at, where known (Goto)."""
         return None
 
+    def count_in_step(self, s, step: int) -> None:
+        """A place inside ``step`` where points held that no stop took (an ignore count swallowed
+        it; Session.count_in_step): counted where the role counts a step's stops (Goto)."""
+
     def after_stops(self, s, step: int) -> None:
         pass
 
@@ -368,8 +372,7 @@ class Goto(Role):
         if self.replaying or not stop.hits:
             return self.replaying
         if not stop.at_step_end:
-            self.nth = self.nth + 1 if stop.step == self.nth_step else 0
-            self.nth_step = stop.step
+            self.count_in_step(s, stop.step)
         if self.skip > 0 or self.again:
             # (on the way to the stop reverse-continue found, or where the user was: no new crossing)
             for p, _ in stop.hits:
@@ -379,6 +382,11 @@ class Goto(Role):
                 return True
             self.again = False
         return False
+
+    def count_in_step(self, s, step: int) -> None:
+        if not self.replaying:
+            self.nth = self.nth + 1 if step == self.nth_step else 0
+            self.nth_step = step
 
     def ordinal(self, s) -> Optional[int]:
         """The ordinal of the stop inside a step the user is at (for reverse-continue from it),
