@@ -337,6 +337,18 @@ SLOW_REPLAY = textwrap.dedent('''
 ''')
 
 
+def test_reverse_continue_to_a_module_hit_shows_nothing_the_replay_printed_on_the_way(tmp_path):
+    """rc to module 0's hit in step 2 replays to the end of step 1, then runs on to the hit: the
+    replica was heard from step 1's end on, and printed 'it 1' again (the end of the iteration,
+    after opt.step()), which the live run had printed; the next rc printed 'it 0' again."""
+    script = tmp_path / "module0.py"
+    script.write_text(MODULE0 + "    print('it', it)\n")
+    out = run(tmp_path, str(script), ["until 2", "break module 0", "rc", "rc", "present", "delete",
+                                      "continue"]).stdout
+    assert re.findall(r"^Breakpoint 1, module 0 forward \(step (\d+)\)$", out, re.M) == ["2", "1"], out
+    assert re.findall(r"^it (\d+)$", out, re.M) == ["0", "1", "2", "3"], out
+
+
 def test_sigterm_during_a_replay_ends_the_run_without_waiting_for_the_replica(tmp_path):
     """SIGTERM to nndb (``timeout``, a job scheduler) while 'goto 3' replayed from the checkpoint at
     step 0: the live run said 'terminated (SIGTERM); trace closed' and then waited for the replica,

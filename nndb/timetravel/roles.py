@@ -314,9 +314,15 @@ class Goto(Role):
             self._said_stale.update(new)
             s.error(sandbox.stale_note(new, self.goal.get("replayed_from")))
 
+    def _loud(self, s) -> None:
+        """The output back (once): as the past shows its first stop."""
+        if self.saved_fds is not None:
+            self._unsilence()
+        self.say_stale(s)
+
     def before_stops(self, s, step: int):
         if not self.replaying:
-            self.say_stale(s)
+            self._loud(s)
             # Run on from the target at the prompt: while the timeline is the recorded run's, each
             # step it recorded is checked as a replayed one is (a step that differs is no past).
             if self.recorded(s):
@@ -328,12 +334,14 @@ class Goto(Role):
             return None
         if self.replay_until(s, step, self.target):
             return "skip"
-        self._unsilence()
-        self.say_stale(s)
         self.prompts = True
         s.sync_hooks()
         if self.then == "points":
+            # (silent still, to the stop inside the next step: what the script prints on the way the live
+            # run printed; it showed the end of that step's iteration again, 'it 1 ...' on the way to
+            # step 2's module breakpoint)
             return "skip"
+        self._loud(s)
         src = self.goal.get("replayed_from")
         how = f"{step - src} step(s) replayed from the checkpoint at step {src}" if src is not None \
             else f"{step + 1} step(s) replayed from the start"
@@ -365,10 +373,17 @@ class Goto(Role):
         then printed them again.)"""
         where = f"the end of step {self.present} (the present is inside step {self.present + 1})" \
             if self.goal.get("present_inside") else f"step {self.present}, the present"
+        self._loud(s)
         s.message(f"No more reverse-execution history: the past ends at {where}.")
         s.machine.hand_back(s, "present")
 
     def intercept(self, s, stop: Stop) -> bool:
+        taken = self._intercept(s, stop)
+        if not taken:
+            self._loud(s)                    # (the stop is shown)
+        return taken
+
+    def _intercept(self, s, stop: Stop) -> bool:
         if self.replaying or not stop.hits:
             return self.replaying
         if not stop.at_step_end:
@@ -400,12 +415,14 @@ class Goto(Role):
         if self.replaying:
             self._unsilence()
             s.error(f"nndb: the replay ended ({status}: {reason}) before reaching step {self.target}")
-        elif s.quit_requested or s.restart_requested:
-            pass                               # (the live run carries them out)
-        elif s.kill_requested:
-            s.message("nndb: the replica is killed; back to the present.")
-        elif status != "killed":
-            s.message(f"nndb: the script ended on this timeline ({status}); back to the present.")
+        else:
+            self._loud(s)
+            if s.quit_requested or s.restart_requested:
+                pass                           # (the live run carries them out)
+            elif s.kill_requested:
+                s.message("nndb: the replica is killed; back to the present.")
+            elif status != "killed":
+                s.message(f"nndb: the script ended on this timeline ({status}); back to the present.")
         super().run_ended(s, status, reason)
 
 
