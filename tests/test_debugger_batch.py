@@ -969,6 +969,23 @@ def test_dollar_variables_in_f_strings_of_either_quote(tmp_path):
     assert r.returncode == 0, r.stderr
 
 
+
+def test_a_dollar_in_a_string_literal_is_the_strings_own(tmp_path):
+    """'p "cost $step"' printed 'cost __nndb_vars__.step': every $name was rewritten as a
+    convenience variable, inside a plain string literal too, where gdb ('print "cost $x"')
+    prints the string as written.  The f-string's replacement fields are code and still
+    take them; a statement's strings ('!') and a display's keep theirs as well."""
+    script = tmp_path / "trainer.py"
+    script.write_text(IN_A_METHOD)
+    r = Ran(nndb("run", "--batch", "-q", "--nx", "--trace", str(tmp_path / "t.h5"), "-e", "break step 1", "-e", "continue",
+                 "-e", 'p "cost $step", $step', "-e", "p f'{{$step}} {$step:>3} {\"$loss\"}' + r'$x'",
+                 "-e", '!print("printed $step")', "-e", 'display "at $step"', "-e", "continue",
+                 str(script), cwd=str(tmp_path)), [])
+    assert "('cost $step', 1)" in r.stdout, r.stdout + r.stderr
+    assert "'{$step}   1 $loss$x'" in r.stdout, r.stdout + r.stderr
+    assert "printed $step" in r.stdout and '1: "at $step" = \'at $step\'' in r.stdout, r.stdout + r.stderr
+    assert "__nndb_vars__" not in r.stdout + r.stderr and r.returncode == 0, r.stdout + r.stderr
+
 WARNS_EACH_STEP = textwrap.dedent('''
     import warnings
     import torch

@@ -88,8 +88,118 @@ def stack_from_traceback(tb) -> list:
 def with_dollars(source: str) -> str:
     """``$name`` -> a lookup in nndb's convenience variables: an attribute, no quotes (a
     subscript's quotes ended the string of a replacement field: "p f'step {$step}'" was
-    "f-string: unmatched '['")."""
-    return _DOLLAR.sub(lambda m: f"{VARS_NAME}.{m.group(1)}", source)
+    "f-string: unmatched '['").  Only in code: a string literal's text is its own, as in
+    gdb ('print "cost $step"' prints the string; 'p "cost $step"' printed 'cost
+    __nndb_vars__.step'), an f-string's replacement fields being code."""
+    if "$" not in source:
+        return source
+    out: list = []
+    _code(source, 0, out, False)
+    return "".join(out)
+
+
+_WORD = re.compile(r"[A-Za-z_0-9]\w*")
+_PREFIXES = {"", "r", "u", "b", "f", "br", "rb", "fr", "rf"}
+
+
+def _code(src: str, i: int, out: list, field: bool) -> int:
+    """Copy code from ``i`` with its ``$name``s replaced; in an f-string's replacement field
+    (``field``), up to the ``}``, ``!`` conversion or ``:`` format spec that ends it."""
+    n, depth = len(src), 0
+    while i < n:
+        c = src[i]
+        if c in "([{":
+            depth += 1
+        elif c in ")]}":
+            if field and depth == 0:
+                return i
+            depth -= 1
+        elif field and depth == 0 and (c == ":" or (c == "!" and src[i + 1:i + 2] != "=")):
+            return i
+        elif c == "$":
+            m = _DOLLAR.match(src, i)
+            if m:
+                out.append(f"{VARS_NAME}.{m.group(1)}")
+                i = m.end()
+                continue
+        elif c in "'\"":
+            i = _string(src, i, "", out)
+            continue
+        elif c == "#":
+            j = src.find("\n", i)
+            j = n if j < 0 else j
+            out.append(src[i:j])
+            i = j
+            continue
+        else:
+            m = _WORD.match(src, i)
+            if m:
+                word = m.group(0)
+                out.append(word)
+                i = m.end()
+                if i < n and src[i] in "'\"" and word.lower() in _PREFIXES:
+                    i = _string(src, i, word.lower(), out)
+                continue
+        out.append(c)
+        i += 1
+    return i
+
+
+def _string(src: str, i: int, prefix: str, out: list) -> int:
+    """Copy the string literal whose quote is at ``i``; an f-string's replacement fields
+    go through ``_code``.  Returns the index after its closing quote (or the end)."""
+    n = len(src)
+    quote = src[i] * 3 if src[i:i + 3] == src[i] * 3 else src[i]
+    out.append(quote)
+    i += len(quote)
+    fstring = "f" in prefix
+    while i < n:
+        if src.startswith(quote, i):
+            out.append(quote)
+            return i + len(quote)
+        c = src[i]
+        if c == "\\":
+            out.append(src[i:i + 2])
+            i += 2
+            continue
+        if fstring and c in "{}":
+            if src[i + 1:i + 2] == c:            # ({{ and }}: the braces themselves)
+                out.append(c * 2)
+                i += 2
+                continue
+            if c == "{":
+                i = _field(src, i, out)
+                continue
+        out.append(c)
+        i += 1
+    return i
+
+
+def _field(src: str, i: int, out: list) -> int:
+    """Copy an f-string's replacement field from its ``{``: the expression, a ``!r``
+    conversion, a format spec with its own nested fields, up to and with its ``}``."""
+    n = len(src)
+    out.append("{")
+    i = _code(src, i + 1, out, True)
+    if i < n and src[i] == "!":
+        j = i + 1
+        while j < n and src[j] not in ":}":
+            j += 1
+        out.append(src[i:j])
+        i = j
+    if i < n and src[i] == ":":
+        out.append(":")
+        i += 1
+        while i < n and src[i] != "}":
+            if src[i] == "{":
+                i = _field(src, i, out)
+            else:
+                out.append(src[i])
+                i += 1
+    if i < n:
+        out.append("}")
+        i += 1
+    return i
 
 
 def compile_expr(source: str, mode: str = "eval"):
