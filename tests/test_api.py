@@ -524,10 +524,10 @@ def test_kill_at_a_stop_in_a_recorded_block_ends_the_block_only(tmp_path):
     assert (rec.status, rec.trace.end["exit_code"], rec.trace.end["reason"]) == ("killed", 0, "killed from the debugger")
 
 
-def test_partial_marks_the_row_after_the_last_step_end(tmp_path, finished):
-    """A script that ends between backward() and step() (word_language_model's evaluation after
-    its last step, a loop that raises) leaves that work as one more row: ``steps`` listed it
-    with nothing to tell it from a whole step (62 rows for 61 steps)."""
+@pytest.fixture(scope="module")
+def ends_with_a_partial_row(tmp_path_factory):
+    """A loop of 4 steps that ends with one more backward() and no step after it: its trace."""
+    tmp_path = tmp_path_factory.mktemp("ends")
     script = tmp_path / "ends.py"
     script.write_text("import torch\nm = torch.nn.Linear(3, 1)\nopt = torch.optim.SGD(m.parameters(), lr=0.1)\n"
                       "for step in range(4):\n    opt.zero_grad()\n    m(torch.randn(5, 3)).pow(2).mean().backward()\n"
@@ -535,13 +535,46 @@ def test_partial_marks_the_row_after_the_last_step_end(tmp_path, finished):
     path = str(tmp_path / "t.h5")
     r = Ran(run_nndb("run", "--batch", "-q", "--trace", path, str(script)))
     assert r.returncode == 0, r.stderr
-    with nndb.open(path) as t:
+    return path
+
+
+def test_partial_marks_the_row_after_the_last_step_end(ends_with_a_partial_row, finished):
+    """A script that ends between backward() and step() (word_language_model's evaluation after
+    its last step, a loop that raises) leaves that work as one more row: ``steps`` listed it
+    with nothing to tell it from a whole step (62 rows for 61 steps)."""
+    with nndb.open(ends_with_a_partial_row) as t:
         assert t.steps.tolist() == [0, 1, 2, 3, 4] and t.partial.tolist() == [False] * 4 + [True]
         assert t.steps[~t.partial].tolist() == [0, 1, 2, 3]
         with pytest.raises(ValueError):
             t.partial[0] = True                     # (read-only, as steps)
     with nndb.open(finished) as t:
         assert not t.partial.any() and len(t.partial) == len(t.steps)
+
+
+def test_stats_and_repr_say_a_row_is_partial(ends_with_a_partial_row, finished):
+    """t.stats(4) of that evaluation's row gave its gradients as step 4's with nothing to say
+    it was no step (the prompt's stats says 'step 4 (partial)'), and repr(t) said '5 step(s)'."""
+    with nndb.open(ends_with_a_partial_row) as t:
+        at4, at3 = t.stats(4), t.stats(3)
+        assert at4.partial and at4.step == 4 and not at3.partial
+        assert repr(at4).startswith("StepStats(step 4 (partial), {'loss'") and repr(at3) == repr(dict(at3))
+        assert at4["grad"]["weight"]["norm"] == t.series("weight")[4] != at3["grad"]["weight"]["norm"]
+        assert "5 step(s) (step 4 partial), finished" in repr(t)
+    with nndb.open(finished) as t:
+        assert f"{STEPS} step(s), finished" in repr(t)
+
+
+def test_to_pandas_leaves_a_partial_row_off_the_steps(ends_with_a_partial_row):
+    """to_pandas() gave the evaluation's row as step 4, its loss and gradients the last
+    point of every curve (df.loss.plot(), df.tail(1)), where the exports put that row under
+    partial/ and the plots draw it apart."""
+    pytest.importorskip("pandas")
+    with nndb.open(ends_with_a_partial_row) as t:
+        df, every = t.to_pandas(), t.to_pandas(partial=True)
+        assert df.index.tolist() == [0, 1, 2, 3] and df.attrs["partial_steps"] == [4]
+        assert every.index.tolist() == t.steps.tolist() and every.attrs["partial_steps"] == [4]
+        assert np.array_equal(every[("loss", "loss", "mean")].to_numpy(), t.series("loss", "loss"))
+        assert np.array_equal(df[("grad", "weight", "norm")].to_numpy(), t.series("weight")[:4])
 
 
 def test_a_step_between_recorded_ones_is_named_with_its_neighbours(tmp_path):

@@ -219,17 +219,20 @@ class Trace:
             span += f"; the nearest {int(before[-1])} and {int(after[0])}"
         return span
 
-    def stats(self, step: int) -> dict:
+    def stats(self, step: int) -> "StepStats":
         """Every series' statistics at one recorded step: {kind: {name: {stat:
-        float or None}}} (None: not measured at that step)."""
+        float or None}}} (None: not measured at that step); its ``partial`` is
+        True where the row is no whole step (``Trace.partial``: the work after
+        the run's last step end, as ``stats`` at the prompt says 'step N (partial)')."""
         rows = np.flatnonzero(self._reader.steps == step)
         if not len(rows):
             raise UsageError(f"step {step} was not recorded in {self.path} "
                              f"(recorded steps: {self._recorded_near(step)})")
         cols = self._reader.columns
-        out: dict = {}
-        for (name, kind), row in self._reader.row(int(rows[-1])).items():
-            out.setdefault(kind, {})[name] = dict(zip(cols, measured_values(row, cols)))
+        row = int(rows[-1])
+        out = StepStats(int(step), bool(self._reader.partial[row]))
+        for (name, kind), values in self._reader.row(row).items():
+            out.setdefault(kind, {})[name] = dict(zip(cols, measured_values(values, cols)))
         return out
 
     def tensor(self, name: str, kind: str = "grad", step: int = 0) -> np.ndarray:
@@ -268,9 +271,13 @@ class Trace:
         """The steps whose lineage was recorded."""
         return self._reader.lineage_steps()
 
-    def to_pandas(self):
+    def to_pandas(self, partial: bool = False):
         """A pandas DataFrame indexed by step, one column per (kind, name, stat)
-        (a MultiIndex), NaN where not measured.  Needs the optional pandas
+        (a MultiIndex), NaN where not measured: the whole steps' rows, a partial
+        row (``Trace.partial``: the work after the run's last step end, no step's
+        values) left off the steps as the exports and plots leave it off their
+        curves; ``partial=True``: every row, as ``steps``.  ``df.attrs["partial_steps"]``
+        names the partial rows' steps either way.  Needs the optional pandas
         (``pip install 'nndb[pandas]'``)."""
         try:
             import pandas as pd
@@ -280,10 +287,14 @@ class Trace:
         infos = self._series()
         block = self._reader.all_stats() if self._reader.n_steps else np.empty((0, len(infos), len(cols)))
         block = np.where(measured(block, cols), block, np.nan)[:, [s.id for s in infos]]
+        steps, part = self._reader.steps, np.asarray(self._reader.partial, dtype=bool)
+        keep = slice(None) if partial else ~part
         index = pd.MultiIndex.from_tuples([(s.kind, s.name, c) for s in infos for c in cols],
                                           names=["kind", "name", "stat"])
-        return pd.DataFrame(block.reshape(len(block), -1), index=pd.Index(self._reader.steps, name="step"),
-                            columns=index)
+        df = pd.DataFrame(block[keep].reshape(len(block[keep]), -1), index=pd.Index(steps[keep], name="step"),
+                          columns=index)
+        df.attrs["partial_steps"] = [int(x) for x in steps[part]]
+        return df
 
     # -- the file ----------------------------------------------------------------
     def refresh(self) -> "Trace":
@@ -307,7 +318,9 @@ class Trace:
         # (the run may have finished where the recording did not: an internal error stopped it)
         stopped = [e for e in self._reader.events() if e.get("kind") == "recording_stopped"]
         cut = f", recording stopped at step {stopped[0].get('step')}" if stopped else ""
-        return (f"<nndb.Trace {self.path!r}: {self._reader.n_steps} step(s), {self.status}{cut}, "
+        part = [int(x) for x in self._reader.steps[np.asarray(self._reader.partial, dtype=bool)]]
+        part_said = f" ({'steps' if len(part) > 1 else 'step'} {', '.join(map(str, part))} partial)" if part else ""
+        return (f"<nndb.Trace {self.path!r}: {self._reader.n_steps} step(s){part_said}, {self.status}{cut}, "
                 f"{len(self._reader.series())} series>")
 
     def summary(self) -> dict:
@@ -324,6 +337,18 @@ class Trace:
     def _repr_html_(self) -> str:
         from ..render.html import trace_summary
         return trace_summary(self.summary())
+
+
+class StepStats(dict):
+    """``Trace.stats(step)``: {kind: {name: {stat: value}}}, with the ``step`` and
+    whether its row is ``partial`` (no whole step: the work after the run's last step end)."""
+
+    def __init__(self, step: int, partial: bool):
+        super().__init__()
+        self.step, self.partial = step, partial
+
+    def __repr__(self) -> str:
+        return f"StepStats(step {self.step} (partial), {dict.__repr__(self)})" if self.partial else dict.__repr__(self)
 
 
 class FindingList(list):
