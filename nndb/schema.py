@@ -91,6 +91,8 @@
     └── end                   uint8[...]   UTF-8 JSON object, written when the run ends:
                                            {"status", "exit_code", "reason", "steps", "last_step",
                                            "end_time"}, status one of STATUSES
+                                           ("steps": the rows written, a partial one included;
+                                           "last_step": the last row's step)
                                            (empty while running or after a kill)
 
 Series kinds (``KINDS``): ``param``, ``grad``, ``update``, ``act``, ``loss``.

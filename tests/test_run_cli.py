@@ -286,6 +286,26 @@ train()
         assert t.status == "terminated" and list(t.steps) == list(range(t.n_steps))
 
 
+def test_sigterm_between_backward_and_step_counts_the_whole_steps(tmp_path, trace):
+    """SIGTERM in step 3, after its backward() and before its step(): nndb said 'trace
+    closed with 4 step(s)' where the report said steps 3 and the trace has step 3 partial."""
+    script = tmp_path / "mid.py"
+    script.write_text(LOOP.replace("READY", "-1").replace("SLEEP", "0").replace(
+        "        opt.step()\n", "        if step == 3:\n            print('ready', flush=True)\n"
+                               "            time.sleep(60)\n        opt.step()\n") + "train()\n")
+    report = str(tmp_path / "r.json")
+    proc = nndb_started("run", "--report", report, "--trace", trace, str(script))
+    assert proc.stdout.readline().strip() == "ready"
+    proc.send_signal(signal.SIGTERM)
+    _, err = _wait(proc)
+    assert proc.returncode == 143, err
+    assert f"nndb: terminated (SIGTERM); trace closed with 3 step(s) and the partial step 3: {trace}" in err, err
+    with open(report, encoding="utf-8") as fh:
+        assert json.load(fh)["steps"] == 3
+    with TraceReader(trace) as t:
+        assert list(t.steps) == [0, 1, 2, 3] and list(t.partial) == [False, False, False, True]
+
+
 @pytest.mark.parametrize("delay", [0.05, 0.2, 0.45])
 def test_sigterm_in_a_busy_loop_loses_no_step(tmp_path, trace, delay):
     """No sleep in the loop: the signal lands inside nndb's hooks often."""

@@ -418,5 +418,9 @@ def record(config: RunConfig, message: Callable[[str], None] = stderr_line,
                 session.run_ended(status, code, reason)
     steps = rec.writer.steps_written
     if status == "terminated" and not config.quiet:
-        message(f"nndb: terminated (SIGTERM); trace closed with {steps} step(s): {path}")
+        # (a row after the last step end is no step: the report's steps leave it out too)
+        w = rec.writer
+        cut = steps and w.last_step is not None and w.last_step != w.last_whole_step
+        said = f"{steps - 1} step(s) and the partial step {w.last_step}" if cut else f"{steps} step(s)"
+        message(f"nndb: terminated (SIGTERM); trace closed with {said}: {path}")
     return RunResult(code, status, reason, path, steps, rec.writer.last_step)
