@@ -44,9 +44,11 @@
     │                                      written before it) and the parameters of each param group
     │                                      (null: no longer known)
     ├── hyper                 uint8[...]   UTF-8 JSON lines, written when one changed: {"step": int,
-    │                                      "optimizer": str, "group": int, "lr": float | null}: a param
-    │                                      group's learning rate from that step on (null: not a number,
-    │                                      or a tensor on an accelerator)
+    │                                      "optimizer": str, "group": int, "lr": float | null[,
+    │                                      "weight_decay", "momentum": float | null, "betas": [b1, b2]]}:
+    │                                      a param group's hyper-parameters from that step on (null: not
+    │                                      a number, or a tensor on an accelerator; absent: the group has
+    │                                      none, or a trace written before they were kept: lr alone)
     │                                      (optimizers and hyper: absent in traces written before them)
     ├── modules               uint8[...]   UTF-8 JSON lines, written at a recorded step's end when a root
     │                                      module was added: {"step": int, "modules": [module name, ...]}:
@@ -211,6 +213,10 @@ EVENT_KINDS = ("recording_stopped", "rule_disabled", "probe_disabled", "full_ten
 # nndb.rules.loss_watch), written once per kind by the loss probe.  TraceReader.events()
 # leaves them out; .records(kind) reads them.
 RECORD_KINDS = ("finding", "stop", "change", "loss_kind")
+# The hyper-parameters of a param group that the ``hyper`` rows keep, as the readers name
+# them (``nndb inspect --series NAME``, ``history NAME``, the exports' hyper/OPT.groupG/NAME):
+# betas are beta1 and beta2 (an Adam's beta1 is what OneCycleLR cycles as its momentum)
+HYPER_NAMES = ("lr", "weight_decay", "momentum", "beta1", "beta2")
 
 # Chunk shapes: a ``stats`` chunk holds 16 steps of 16 series (20 KiB before
 # compression).  HDF5 pays about 50 us a chunk besides compressing it (with

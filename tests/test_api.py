@@ -4,6 +4,7 @@ pandas, and the notebook HTML."""
 import builtins
 import json
 import os
+import re
 import runpy
 import signal
 import subprocess
@@ -633,3 +634,54 @@ def test_the_learning_rates_the_steps_used_are_read_as_inspect_reads_them(tmp_pa
         assert all(lrs[s["kind"]].tolist() == s["values"] and t.steps.tolist() == s["steps"] for s in inspected)
         with pytest.raises(UsageError, match=r"trace.learning_rates\(\)"):
             t.series("lr")
+
+
+WEIGHT_DECAY_SCHEDULE = """
+import torch
+torch.manual_seed(0)
+m = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+opt = torch.optim.AdamW([{"params": m[0].parameters()}, {"params": m[2].parameters(), "weight_decay": 0.0}],
+                        lr=0.01, weight_decay=0.04)
+sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=0.05, total_steps=6)     # (cycles beta1 too)
+x = torch.randn(32, 4)
+for step in range(6):
+    opt.param_groups[0]["weight_decay"] = 0.04 + 0.02 * step        # DINO's way: a schedule into the group
+    used = [g["weight_decay"] for g in opt.param_groups] + [g["betas"][0] for g in opt.param_groups]
+    opt.zero_grad(); m(x).pow(2).mean().backward(); opt.step(); sched.step()
+    print("used", *used)
+"""
+
+
+def test_a_weight_decay_and_beta1_schedule_is_read_as_the_steps_used_it(tmp_path):
+    """The trace kept each param group's learning rate alone: a weight-decay schedule (DINO's,
+    0.04 -> 0.14 here) and OneCycleLR's beta1 (0.95 -> 0.85 -> 0.95) could not be read back by
+    any reader ('history weight_decay': "no tensor named 'weight_decay' has been recorded"),
+    nor a 'set weight_decay' at the prompt, while the update norms moved with them."""
+    from nndb.export.scalars import hyper_scalars
+    script = tmp_path / "wd.py"
+    script.write_text(WEIGHT_DECAY_SCHEDULE)
+    trace = str(tmp_path / "t.h5")
+    r = run_nndb("run", "--batch", "-q", "--trace", trace, "-e", "break step 2", "-e", "continue",
+                 "-e", "history weight_decay", "-e", "continue", str(script))
+    assert r.returncode == 0, r.stderr
+    used = np.array([[float(v) for v in line.split()[1:]] for line in r.stdout.splitlines() if line.startswith("used ")])
+    assert "weight_decay, 3 recorded step(s) 0..2, a column a param group" in r.stdout, r.stdout
+    assert re.search(r"^2 +0\.08 +0$", r.stdout, re.M), r.stdout
+    inspected = json.loads(run_nndb("inspect", trace, "--series", "weight_decay", "--json").stdout)["series"]
+    with nndb.open(trace) as t:
+        wd, beta1 = t.hyperparameters("weight_decay"), t.hyperparameters("beta1")
+        assert wd["opt.group0"].tolist() == used[:, 0].tolist() == [0.04 + 0.02 * s for s in range(6)]
+        assert wd["opt.group1"].tolist() == used[:, 1].tolist() == [0.0] * 6
+        assert [s["values"] for s in inspected] == [wd["opt.group0"].tolist(), wd["opt.group1"].tolist()]
+        assert beta1["opt.group0"].tolist() == used[:, 2].tolist() and used[0, 2] == 0.95 > used[3, 2]
+        assert t.hyperparameters("beta2")["opt.group1"].tolist() == [0.999] * 6
+        assert t.hyperparameters("momentum") == {}                  # (AdamW's groups have none)
+        with pytest.raises(UsageError, match="unknown hyper-parameter 'eps'"):
+            t.hyperparameters("eps")
+        tags = {s.tag: s.values.tolist() for s in hyper_scalars(t.reader)}
+        assert tags["hyper/opt.group0/weight_decay"] == wd["opt.group0"].tolist()
+        assert tags["hyper/opt.group1/beta1"] == beta1["opt.group1"].tolist() and "hyper/opt.group0/momentum" not in tags
+    bad = run_nndb("inspect", trace, "--series", "momentum")
+    assert bad.returncode == 2 and bad.stderr.strip() == (f"nndb: error: no momentum in {trace} (no param group of an "
+                                                         "optimizer that stepped has one, or a trace written before "
+                                                         "nndb kept it)")

@@ -48,18 +48,24 @@ def expected_values(path) -> dict:
                         out[f"{prefix}{s.kind}/{s.name}/{stat}"] = pts
                         if s.kind == "loss" and stat == "mean":
                             out[f"{prefix}{s.name}/value"] = pts
-        # each param group's learning rate at every recorded step: the last change at or before it
+        # each param group's learning rate (weight decay, momentum, betas: those it has) at every
+        # recorded step: the last change at or before it
         rows = r.hyper() or []
         for opt, group in {(h["optimizer"], h["group"]) for h in rows}:
             mine = [h for h in rows if (h["optimizer"], h["group"]) == (opt, group)]
-            pts = {}
-            for st in r.steps.tolist():
-                before = [h for h in mine if h["step"] <= st]
-                if before:
-                    pts[int(st)] = float(max(before, key=lambda h: h["step"])["lr"])
-            out[f"hyper/{opt}.group{group}/lr"] = {st: v for st, v in pts.items() if st not in partial}
-            if partial & set(pts):
-                out[f"partial/hyper/{opt}.group{group}/lr"] = {st: v for st, v in pts.items() if st in partial}
+            for name, get in (("lr", lambda h: h["lr"]), ("weight_decay", lambda h: h.get("weight_decay")),
+                              ("momentum", lambda h: h.get("momentum")),
+                              ("beta1", lambda h: (h.get("betas") or [None])[0]),
+                              ("beta2", lambda h: (h.get("betas") or [None, None])[1])):
+                pts = {}
+                for st in r.steps.tolist():
+                    before = [h for h in mine if h["step"] <= st]
+                    if before and get(max(before, key=lambda h: h["step"])) is not None:
+                        pts[int(st)] = float(get(max(before, key=lambda h: h["step"])))
+                if pts:
+                    out[f"hyper/{opt}.group{group}/{name}"] = {st: v for st, v in pts.items() if st not in partial}
+                if partial & set(pts):
+                    out[f"partial/hyper/{opt}.group{group}/{name}"] = {st: v for st, v in pts.items() if st in partial}
     return out
 
 

@@ -9,7 +9,7 @@ from typing import Optional
 import numpy as np
 
 from ..errors import UsageError
-from ..schema import default_stat
+from ..schema import HYPER_NAMES, default_stat
 from ..render.plotdata import in_model_order
 from ..run.paths import claim_output
 from ..store.measured import measured, measured_column, measured_values
@@ -89,8 +89,8 @@ def series(reader: TraceReader, name: str, stat: Optional[str], kind: Optional[s
     if stat is not None and stat not in reader.columns:
         raise UsageError(f"unknown statistic {stat!r}; one of: {', '.join(reader.columns)}")
     found = reader.find(name, kind)
-    if not found and name == "lr" and kind is None and stat in (None, "lr"):
-        return _learning_rates(reader)
+    if not found and name in HYPER_NAMES and kind is None and stat in (None, name):
+        return _hyper_series(reader, name)
     if not found:
         what = f"{kind} {name!r}" if kind else repr(name)
         losses = [s.name for s in reader.series() if s.kind == "loss"] if name == "loss" else []
@@ -110,18 +110,22 @@ def series(reader: TraceReader, name: str, stat: Optional[str], kind: Optional[s
             "partial_steps": _partial_steps(reader)}
 
 
-def _learning_rates(reader: TraceReader) -> dict:
-    """``series``'s answer for ``lr``: each param group's learning rate at the recorded
-    steps, a column per group (``OPTIMIZER.groupG``), from the trace's hyper rows (the
-    exports' ``hyper/.../lr``)."""
-    groups = reader.learning_rates()
+def _hyper_series(reader: TraceReader, name: str) -> dict:
+    """``series``'s answer for ``lr`` (or another of HYPER_NAMES: ``weight_decay``,
+    ``momentum``, ``beta1``, ``beta2``): each param group's value at the recorded steps, a
+    column per group (``OPTIMIZER.groupG``), from the trace's hyper rows (the exports'
+    ``hyper/.../NAME``)."""
+    groups = reader.hyper_values(name)
     if not groups:
-        raise UsageError(f"no learning rates in {reader.path} (no optimizer stepped, or a trace written before "
-                         "nndb kept them)")
+        if name == "lr":
+            raise UsageError(f"no learning rates in {reader.path} (no optimizer stepped, or a trace written before "
+                             "nndb kept them)")
+        raise UsageError(f"no {name} in {reader.path} (no param group of an optimizer that stepped has one, "
+                         "or a trace written before nndb kept it)")
     steps = [int(x) for x in reader.steps]
     out = [{"kind": f"{opt}.group{group}", "steps": [st for st, v in zip(steps, values) if not np.isnan(v)],
             "values": [float(v) for v in values if not np.isnan(v)]} for opt, group, values in groups]
-    return {"trace": reader.path, "name": "lr", "stat": "lr", "series": out, "partial_steps": _partial_steps(reader)}
+    return {"trace": reader.path, "name": name, "stat": name, "series": out, "partial_steps": _partial_steps(reader)}
 
 
 def _partial_steps(reader: TraceReader) -> list:

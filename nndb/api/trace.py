@@ -201,6 +201,15 @@ class Trace:
         {} where no optimizer stepped."""
         return {f"{opt}.group{group}": values for opt, group, values in self._reader.learning_rates()}
 
+    def hyperparameters(self, name: str = "lr") -> dict:
+        """``learning_rates()`` of one of ``lr``, ``weight_decay``, ``momentum``, ``beta1``,
+        ``beta2`` (an Adam's betas): the param groups that have it, each at every row
+        (a weight-decay schedule, OneCycleLR's momentum); {} where none has it, or the
+        trace was written before nndb kept it."""
+        if name not in K.HYPER_NAMES:
+            raise UsageError(f"unknown hyper-parameter {name!r}; one of: {', '.join(K.HYPER_NAMES)}")
+        return {f"{opt}.group{group}": values for opt, group, values in self._reader.hyper_values(name)}
+
     def _recorded_near(self, step: int) -> str:
         """The recorded steps, said so that a gap shows: ``0..15``, and where
         ``step`` falls between two of them (``--every 5``: ``0..15, one in 5;

@@ -10,7 +10,7 @@ from ..errors import CommandError
 from ..text import fmt
 from ..render.chart import chart
 from ..store.measured import measured_values
-from ..schema import COUNT_STATS, KIND_WORDS, STAT_NAMES, default_stat, model_order
+from ..schema import COUNT_STATS, HYPER_NAMES, KIND_WORDS, STAT_NAMES, default_stat, model_order
 from ..debugger import evaluate as E
 from ..debugger import points as P
 from .breakpoints import _numbers, info_points
@@ -189,19 +189,21 @@ def _mean(xs):
     return math.nan if any(x is not None for x in xs) else None
 
 
-def _lr_history(s, last):
-    """``history lr``: each param group's learning rate at the recorded steps, a column a
-    group, as ``nndb inspect --series lr`` shows it (the trace's hyper rows; it said "no
-    tensor named 'lr' has been recorded")."""
+def _hyper_history(s, name, last):
+    """``history lr`` (``weight_decay``, ``momentum``, ``beta1``, ``beta2``): each param
+    group's value at the recorded steps, a column a group, as ``nndb inspect --series lr``
+    shows it (the trace's hyper rows; it said "no tensor named 'lr' has been recorded")."""
     with s.view.trace_reader() as reader:
-        groups = reader.learning_rates()
+        groups = reader.hyper_values(name)
         steps = [int(x) for x in reader.steps]
     if not groups or not steps:
-        raise CommandError("no learning rate recorded yet (no optimizer has stepped)")
+        if name == "lr":
+            raise CommandError("no learning rate recorded yet (no optimizer has stepped)")
+        raise CommandError(f"no {name} recorded yet (no param group of an optimizer that has stepped has one)")
     partial = s.view.partial_steps()
     rows = [(_step(st, partial), *[None if math.isnan(v[i]) else float(v[i]) for _, _, v in groups])
             for i, st in enumerate(steps)]
-    return [f"lr, {len(steps)} recorded step(s) {steps[0]}..{steps[-1]}, a column a param group",
+    return [f"{name}, {len(steps)} recorded step(s) {steps[0]}..{steps[-1]}, a column a param group",
             Table(("step", *[f"{opt}.group{g}" for opt, g, _ in groups]), rows[-last:])]
 
 
@@ -213,8 +215,8 @@ def _step(step: int, partial: set):
 
 def _history(s, arg):
     kind, name, stat, last = arg
-    if name == "lr" and kind is None and stat is None and not s.view.kinds_of(name):
-        return _lr_history(s, last)
+    if name in HYPER_NAMES and kind is None and stat is None and not s.view.kinds_of(name):
+        return _hyper_history(s, name, last)
     if kind is None:
         kinds = s.view.kinds_of(name)
         if len(kinds) > 1:          # (a parameter's name: its param, update and grad)
@@ -527,7 +529,8 @@ A long list or dict is one item a line (Python's pprint); a tensor is the one li
 A sparkline of the whole series and its last K values (default 20); at the
 prompt (not in batch mode), the whole series as a chart under them.  A
 parameter's name without KIND: its param, update and grad side by side.
-history lr: each param group's learning rate at the recorded steps.""",
+history lr: each param group's learning rate at the recorded steps (also
+weight_decay, momentum, beta1, beta2: those the groups have).""",
             _history, _history_arg, args=("tensor", "stat"), group="data"),
     Command("where", "where [--ranks all|LIST]", """The script's stack (nndb's own frames are hidden); > marks the current frame.
 --ranks all|LIST (several ranks): every rank's stack.""",

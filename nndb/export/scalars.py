@@ -24,7 +24,7 @@ import numpy as np
 
 from ..text import printable_line
 from ..store.measured import measured
-from ..schema import STAT_NAMES
+from ..schema import HYPER_NAMES, STAT_NAMES
 
 
 @dataclass(frozen=True)
@@ -106,19 +106,22 @@ def hyper_tag(optimizer: str, group, name: str = "lr") -> str:
 
 
 def hyper_scalars(reader) -> Iterator[ScalarSeries]:
-    """Each param group's learning rate at every recorded step: the trace's
-    ``hyper`` rows (a group's lr from a step on, written when it changed)
-    carried forward over the recorded steps; none before a group's first row,
-    none where the lr was not a number; a partial row's under ``partial/``."""
+    """Each param group's learning rate (and weight_decay, momentum, beta1, beta2, those
+    it has: schema.HYPER_NAMES) at every recorded step: the trace's ``hyper`` rows (a
+    group's values from a step on, written when one changed) carried forward over the
+    recorded steps; none before a group's first row, none where the value was not a
+    number; a partial row's under ``partial/``."""
     steps = np.asarray(reader.steps, dtype=np.int64)
     if not len(steps):
         return
     walltimes = start_time(reader.meta) + np.asarray(reader.times, dtype=np.float64)
-    for opt, group, values in reader.learning_rates():
-        for prefix, rows in _whole_then_partial(reader.partial, len(steps)):
-            k = ~np.isnan(values) & rows
-            if k.any():
-                yield ScalarSeries(prefix + hyper_tag(printable_line(opt), group), steps[k], values[k], walltimes[k])
+    for name in HYPER_NAMES:
+        for opt, group, values in reader.hyper_values(name):
+            for prefix, rows in _whole_then_partial(reader.partial, len(steps)):
+                k = ~np.isnan(values) & rows
+                if k.any():
+                    yield ScalarSeries(prefix + hyper_tag(printable_line(opt), group, name), steps[k], values[k],
+                                       walltimes[k])
 
 
 def record_scalars(record, start: float) -> Iterator[ScalarSeries]:

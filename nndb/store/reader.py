@@ -334,8 +334,9 @@ class TraceReader(FullReads):
         return self._rows("optimizers")
 
     def hyper(self) -> Optional[list]:
-        """[{"step", "optimizer", "group", "lr"}]: a group's learning rate from ``step``
-        on (null: not a number), a row each time it changed."""
+        """[{"step", "optimizer", "group", "lr"[, "weight_decay", "momentum", "betas"]}]: a
+        group's hyper-parameters from ``step`` on (null: not a number; a key absent: the group
+        has none, or a trace written before it was kept), a row each time one changed."""
         return self._rows("hyper")
 
     def learning_rates(self) -> list:
@@ -344,6 +345,12 @@ class TraceReader(FullReads):
         group's first row, where the lr was not a number, and at the steps where the
         ``optimizers`` rows no longer hold the group (an optimizer replaced by a new one for a
         second training stage: its last lr was carried on to the run's end)."""
+        return self.hyper_values("lr")
+
+    def hyper_values(self, name: str) -> list:
+        """``learning_rates`` of one of schema.HYPER_NAMES (lr, weight_decay, momentum, beta1,
+        beta2): the groups whose rows have it."""
+        key, at = ("betas", int(name[-1]) - 1) if name in ("beta1", "beta2") else (name, None)
         steps = np.asarray(self.steps, dtype=np.int64)
         by_group: dict = {}
         for r in self.hyper() or []:
@@ -351,9 +358,13 @@ class TraceReader(FullReads):
         held = self._groups_held(steps)
         out = []
         for (opt, group), changes in by_group.items():
+            if key != "lr" and not any(key in r for r in changes):
+                continue
             values = np.full(len(steps), np.nan)
             for r in sorted(changes, key=lambda r: r["step"]):
-                lr = r.get("lr")
+                lr = r.get(key)
+                if at is not None:
+                    lr = lr[at] if isinstance(lr, list) and len(lr) == 2 else None
                 values[steps >= int(r["step"])] = float(lr) if isinstance(lr, (int, float)) else np.nan
             if held is not None:
                 mask, unknown = held

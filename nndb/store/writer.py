@@ -355,9 +355,12 @@ class TraceWriter:
         they change: [{"name", "groups": [[parameter names], ...]}]."""
         self._row("optimizers", {"step": step, "optimizers": optimizers})
 
-    def hyper(self, step: int, optimizer: str, group: int, lr: Optional[float]) -> None:
-        """The learning rate of one optimizer group from ``step`` on, written when it changes."""
-        self._row("hyper", {"step": step, "optimizer": optimizer, "group": group, "lr": lr})
+    def hyper(self, step: int, optimizer: str, group: int, lr: Optional[float], weight_decay=None, momentum=None,
+              betas: Optional[tuple] = None) -> None:
+        """One optimizer group's hyper-parameters from ``step`` on, written when one changes (those it has)."""
+        row = {"step": step, "optimizer": optimizer, "group": group, "lr": lr, "weight_decay": weight_decay,
+               "momentum": momentum, "betas": None if betas is None else list(betas)}
+        self._row("hyper", {k: v for k, v in row.items() if v is not None or k == "lr"})
 
     def modules(self, step: int, names: list, types: Optional[list] = None) -> None:
         """The model's modules in registration order (each root's modules, a

@@ -82,7 +82,7 @@ class WriteRecords:
         self.changes: Optional[int] = 0
         self._key = None                  # what the parameter lists were when last written
         self._where: list = []            # (optimizer name, group index) of each group, as written
-        self._lrs = None                  # the groups' learning rates, as written
+        self._hypers = None               # the groups' (lr, weight_decay, momentum, betas), as written
         self._rows = None                 # what the last step had: (roots version, optimizers, rows)
         self._failed = False
         self._clips = None                # the clip_grad_norm_ calls' max_norm, as last written (StepRecord.clips)
@@ -116,8 +116,13 @@ class WriteRecords:
             rows = []
             for o in opts:
                 for g in o.param_groups:
-                    ps, lr = g["params"], g.get("lr")
-                    rows.append((id(o), id(ps), len(ps), lr if type(lr) is float else lr_number(lr)))
+                    ps, lr, wd, mo, be = g["params"], g.get("lr"), g.get("weight_decay"), g.get("momentum"), \
+                        g.get("betas")
+                    rows.append((id(o), id(ps), len(ps), lr if type(lr) is float else lr_number(lr),
+                                 wd if type(wd) in _PLAIN else lr_number(wd),
+                                 mo if type(mo) in _PLAIN else lr_number(mo),
+                                 be if be is None or (type(be) is tuple and len(be) == 2 and type(be[0]) is float
+                                                      and type(be[1]) is float) else _pair(be)))
             now = (naming.roots_version, len(opts), rows)
             if now == self._rows:
                 return
@@ -127,13 +132,13 @@ class WriteRecords:
             if key != self._key:
                 self._rewrite(step, opts)
                 self._key = key
-            lrs = tuple([r[3] for r in rows])
-            if lrs != self._lrs:
-                old = self._lrs
-                for k, ((name, i), lr) in enumerate(zip(self._where, lrs)):
-                    if old is None or old[k] != lr:
-                        self.writer.hyper(step, name, i, lr)
-                self._lrs = lrs
+            hypers = tuple([r[3:] for r in rows])
+            if hypers != self._hypers:
+                old = self._hypers
+                for k, ((name, i), h) in enumerate(zip(self._where, hypers)):
+                    if old is None or old[k] != h:
+                        self.writer.hyper(step, name, i, *h)
+                self._hypers = hypers
         except Exception:
             # Unknown from here on, said so in the trace: the rules on it fail rather than read stale values.
             self._failed = True
@@ -156,7 +161,7 @@ class WriteRecords:
                                        "groups": [[self.naming.param_name(p) for p in g["params"]]
                                                   for g in o.param_groups]} for n, o in named])
         self._where = [(n, i) for n, o in named for i in range(len(o.param_groups))]
-        self._lrs = None          # (the groups may be others: every learning rate again)
+        self._hypers = None       # (the groups may be others: every hyper-parameter again)
 
 
 class CallAtStepEnd:
@@ -179,6 +184,18 @@ def _after_children(module, seen: set):
     for child in module.children():
         yield from _after_children(child, seen)
     yield module
+
+
+_PLAIN = (float, int, type(None))      # (a group's hyper-parameter kept as it is: no call a step)
+
+
+def _pair(x) -> Optional[tuple]:
+    """A group's ``betas`` as the trace keeps them: two numbers (lr_number's), else None."""
+    try:
+        a, b = x
+    except (TypeError, ValueError):
+        return None
+    return lr_number(a), lr_number(b)
 
 
 def lr_number(x) -> Optional[float]:
