@@ -7,6 +7,7 @@ import select
 import time
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 
 from conftest import example, nndb
@@ -55,6 +56,32 @@ def test_it_draws_at_most_once_an_interval_and_clears_once():
     p.clear()
     p.clear()
     assert out[-2:] != [CLEAR, CLEAR] and out[-1] == CLEAR
+
+
+def _loss_record(step: int, loss: float):
+    """A step's record holding its loss alone (the raw sums of one element)."""
+    from nndb.tracer import stats as S
+    raw = dict(zip(S.RAW_FIELDS, [0.0] * S.N_RAW))
+    raw.update(n=1.0, sum=loss, sumsq=loss * loss, min=loss, max=loss, sumabs=abs(loss))
+    return SimpleNamespace(step=step, names=[("loss", "loss")], raw=np.array([[raw[f] for f in S.RAW_FIELDS]]))
+
+
+def test_a_hand_written_loop_s_line_gives_the_step_s_own_loss():
+    """A hand-written loop closes step N-1's record at step N's end: the line said 'step N ...
+    loss X' with X step N-1's loss (regression/main.py, whose own lines print each step's)."""
+    clock, out = _Clock(), []
+    session = _Session()
+    p = ProgressLine(session, out.append, interval=0.25, clock=clock)
+    for step in range(1, 5000):
+        clock.t = step * 0.001
+        session.step_record = _loss_record(step, 100.0 + step)          # (the step's, as far as known)
+        p.on_step(StepEnd(step, (_loss_record(step - 1, 100.0 + step - 1),)))
+    m = re.search(r"nndb: step (\d+)  \S+ steps/s  loss (\S+)  ", out[-1])
+    assert m and float(m.group(2)) == 100 + int(m.group(1)), out[-1]
+    session.step_record = None                  # (not known: no loss rather than the step before's)
+    clock.t += 1
+    p.on_step(StepEnd(6000, (_loss_record(5999, 1.0),)))
+    assert "nndb: step 6000 " in out[-1] and " loss -  " in out[-1], out[-1]
 
 
 def test_a_step_costs_one_clock_read_when_nothing_is_drawn():

@@ -84,7 +84,13 @@ class ProgressLine(_OneLine):
         if since is None or now <= since[1]:
             return                               # (the rate needs two points)
         rate = (end.step - since[0]) / (now - since[1])
-        self.draw(end.step, rate, _loss(end.record), len(s.log.findings))
+        record = end.record
+        if record is not None and record.step != end.step:
+            # (a hand-written loop closes step N-1's record at step N's end: the loss beside
+            # "step N" is step N's as far as it is known, the session's, as the prompt shows it)
+            known = getattr(s, "step_record", None)
+            record = known if known is not None and known.step == end.step else None
+        self.draw(end.step, rate, _loss(record), len(s.log.findings))
 
     def draw(self, step: int, rate: float, loss: Optional[float], findings: int) -> None:
         text = f"nndb: step {step}  {rate:.3g} steps/s  loss {'-' if loss is None else fmt(loss)}  " \
