@@ -552,15 +552,19 @@ def test_partial_marks_the_row_after_the_last_step_end(ends_with_a_partial_row, 
         assert not t.partial.any() and len(t.partial) == len(t.steps)
 
 
-def test_stats_and_repr_say_a_row_is_partial(ends_with_a_partial_row, finished):
+def test_stats_history_and_repr_say_a_row_is_partial(ends_with_a_partial_row, finished):
     """t.stats(4) of that evaluation's row gave its gradients as step 4's with nothing to say
-    it was no step (the prompt's stats says 'step 4 (partial)'), and repr(t) said '5 step(s)'."""
+    it was no step (the prompt's stats says 'step 4 (partial)'), t.history('weight') gave
+    them as step 4's gradient, and repr(t) said '5 step(s)'."""
     with nndb.open(ends_with_a_partial_row) as t:
         at4, at3 = t.stats(4), t.stats(3)
         assert at4.partial and at4.step == 4 and not at3.partial
         assert repr(at4).startswith("StepStats(step 4 (partial), {'loss'") and repr(at3) == repr(dict(at3))
         assert at4["grad"]["weight"]["norm"] == t.series("weight")[4] != at3["grad"]["weight"]["norm"]
         assert "5 step(s) (step 4 partial), finished" in repr(t)
+        steps, norms = t.history("weight")             # (the steps' gradients: the evaluation's left off)
+        assert steps.tolist() == [0, 1, 2, 3] and norms.tolist() == t.series("weight")[:4].tolist()
+        assert t.history("weight", partial=True)[0].tolist() == [0, 1, 2, 3, 4]
     with nndb.open(finished) as t:
         assert f"{STEPS} step(s), finished" in repr(t)
 

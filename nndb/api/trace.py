@@ -188,9 +188,14 @@ class Trace:
         ok, values = self._column(name, kind, stat)
         return np.where(ok, values, np.nan)
 
-    def history(self, name: str, kind: str = "grad", stat: Optional[str] = None) -> tuple:
-        """(steps, values): ``stat`` of one series at the steps where it was measured."""
+    def history(self, name: str, kind: str = "grad", stat: Optional[str] = None, partial: bool = False) -> tuple:
+        """(steps, values): ``stat`` of one series at the steps where it was measured; a
+        partial row (``Trace.partial``: the work after the run's last step end, no step's
+        values) left off, as ``to_pandas()`` and the exports' curves leave it (``partial=True``:
+        kept, as ``series`` keeps every row)."""
         ok, values = self._column(name, kind, stat)
+        if not partial:
+            ok = ok & ~np.asarray(self._reader.partial, dtype=bool)
         return self._reader.steps[ok].copy(), values[ok]
 
     def learning_rates(self) -> dict:
