@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from conftest import example, nndb
+from nndb.store.reader import TraceReader
 from nndb.text import fmt
 
 
@@ -232,6 +233,37 @@ def test_history_at_the_prompt_marks_the_partial_row_as_inspect_does(tmp_path):
     rows = nndb("inspect", path, "--series", "weight").stdout.splitlines()[3:]
     assert [row.split("  ")[0].strip() for row in rows] == steps[:5]
 
+
+
+def test_history_at_the_prompt_keeps_a_partial_row_out_of_its_min_and_max(tmp_path):
+    """A loop of steps 0-3 that ends with an evaluation's backward() on a batch 10x larger:
+    'history loss' at the run's end said 'min 0.5506 max 2.000' and drew the sparkline up to
+    the evaluation's 2.000 (no step's), 'history 0.weight' its grad 'max 7.113', where nndb
+    inspect gives the steps' 0.5506..1.117 (the row stays in the table, '4 (partial)')."""
+    script = tmp_path / "evalbig.py"
+    script.write_text(
+        "import torch\ntorch.manual_seed(0)\nm = torch.nn.Linear(3, 1)\n"
+        "opt = torch.optim.SGD(m.parameters(), lr=0.1)\n"
+        "for step in range(4):\n    x = torch.randn(8, 3)\n    opt.zero_grad()\n    loss = m(x).pow(2).mean()\n"
+        "    loss.backward()\n    opt.step()\n    print('it', loss.item())\n"
+        "m(torch.randn(8, 3) * 10).pow(2).mean().backward()\n")
+    path = str(tmp_path / "t.h5")
+    r = nndb("run", "--batch", "-q", "--trace", path, "-e", "continue", "-e", "history loss", "-e", "history weight",
+             str(script))
+    assert r.returncode == 0, r.stderr
+    losses = [float(line.split()[1]) for line in r.stdout.splitlines() if line.startswith("it ")]
+    head = next(line for line in r.stdout.splitlines() if line.startswith("loss mean"))
+    assert head == (f"loss mean, 5 recorded step(s) 0..4, step 4 partial, min {fmt(min(losses))} "
+                    f"max {fmt(max(losses))}"), r.stdout
+    spark = r.stdout.splitlines()[r.stdout.splitlines().index(head) + 1]
+    assert len(spark) == 4, r.stdout                       # (the steps' values alone)
+    with TraceReader(path) as t:
+        grads = [float(v) for v in t.history(t.find("weight", "grad")[0], "norm")[1]]
+    assert grads[4] > 10 * max(grads[:4])                  # (the evaluation's gradient)
+    assert re.search(rf"^grad +\S+  min {re.escape(fmt(min(grads[:4])))} max {re.escape(fmt(max(grads[:4])))}$",
+                     r.stdout, re.M), r.stdout
+    assert "4 (partial)" in r.stdout
+    assert f"{fmt(min(losses))}..{fmt(max(losses))}" in nndb("inspect", path).stdout
 
 def test_stats_and_inspect_list_each_kind_in_the_models_order(tmp_path):
     """A parameter too large for the host block (2.weight: 90,000 elements) has its rows

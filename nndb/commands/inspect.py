@@ -227,15 +227,33 @@ def _history(s, arg):
         return f"{name} ({kind}): nothing recorded yet"
     partial = s.view.partial_steps()
     rows = [(_step(int(a), partial), b) for a, b in zip(steps[-last:], values[-last:])]
-    numbers = [v for v in values if v is not None and not math.isnan(v)]     # (an Inf is an extreme)
+    wsteps, wvalues = _whole(steps, values, partial)
+    numbers = [v for v in wvalues if v is not None and not math.isnan(v)]     # (an Inf is an extreme)
     what = name if name == kind else f"{name} ({kind})"          # (the loss: "loss", not "loss (loss)")
     lines = [f"{what} {stat}, {len(steps)} recorded step(s) {int(steps[0])}..{int(steps[-1])}"
+             + _partial_said(steps, partial)
              + (f", min {fmt(min(numbers))} max {fmt(max(numbers))}" if numbers else ""),
-             sparkline(values)]
+             sparkline(wvalues)]
     # At the prompt, the whole series as a chart under its last values; batch
     # mode (logs, CI) keeps to the numbers.
-    chart_lines = chart([int(x) for x in steps], values) if s.interactive else []
+    chart_lines = chart([int(x) for x in wsteps], wvalues) if s.interactive and wsteps else []
     return [*lines, Table(("step", stat), rows), *chart_lines]
+
+
+def _whole(steps, values, partial: set) -> tuple:
+    """(steps, values) of the whole steps: a partial row's values are no step's, so the
+    sparkline, min, max and chart leave it out (it stays in the table, marked), as
+    ``nndb inspect``'s table and the plots do."""
+    keep = [i for i, st in enumerate(steps) if int(st) not in partial]
+    return [steps[i] for i in keep], [values[i] for i in keep]
+
+
+def _partial_said(steps, partial: set) -> str:
+    """', step N partial' for the partial rows among ``steps`` (as inspect's recorded line)."""
+    here = [int(x) for x in steps if int(x) in partial]
+    if not here:
+        return ""
+    return f", step {here[0]} partial" if len(here) == 1 else f", steps {', '.join(map(str, here))} partial"
 
 
 def _histories(s, name, kinds, stat, last):
@@ -244,18 +262,19 @@ def _histories(s, name, kinds, stat, last):
     got = [(k, *s.view.history(name, k, stat)[:2]) for k in kinds]
     stat = stat or default_stat(kinds[0])
     steps = sorted({int(x) for _, st, _ in got for x in st})
+    partial = s.view.partial_steps()
     lines = [f"{name} {stat} ({', '.join(kinds)}), {len(steps)} recorded step(s) {steps[0]}..{steps[-1]}"
-             if steps else f"{name} ({', '.join(kinds)}): nothing recorded yet"]
+             + _partial_said(steps, partial) if steps else f"{name} ({', '.join(kinds)}): nothing recorded yet"]
     if not steps:
         return lines
     width = max(len(k) for k in kinds)
     at = {}
     for k, st, values in got:
-        numbers = [v for v in values if v is not None and not math.isnan(v)]
-        lines.append(f"{k:<{width}}  {sparkline(values)}"
+        wvalues = _whole(list(st), list(values), partial)[1]
+        numbers = [v for v in wvalues if v is not None and not math.isnan(v)]
+        lines.append(f"{k:<{width}}  {sparkline(wvalues)}"
                      + (f"  min {fmt(min(numbers))} max {fmt(max(numbers))}" if numbers else ""))
         at[k] = dict(zip((int(x) for x in st), values))
-    partial = s.view.partial_steps()
     rows = [(_step(x, partial), *(at[k].get(x) for k in kinds)) for x in steps[-last:]]
     return [*lines, Table(("step", *kinds), rows)]
 
