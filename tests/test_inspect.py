@@ -387,3 +387,29 @@ def test_history_lr_at_the_prompt_is_each_groups_lr(tmp_path):
     assert {int(w[0]): (float(w[1]), float(w[2])) for w in (l.split() for l in first[1:6])} == \
         {st: used[st] for st in range(5)}
     assert [int(l.split()[0]) for l in second[1:3]] == [3, 4]
+
+
+def test_inspect_and_the_api_list_the_changes_made_at_the_prompt(tmp_path):
+    """A 'set weight_decay 0.5' and a '!' that zeroed a layer at the end of step 1 are kept in
+    the trace (events of kind change, made again by every replay), but nndb inspect, its
+    --json, nndb.open(...) and its notebook summary showed none of them: the steps after
+    them read as the script's own (0.weight's norm 0 from step 1 on, no word why)."""
+    script = tmp_path / "s.py"
+    script.write_text(
+        "import torch\ntorch.manual_seed(0)\nm = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 1))\n"
+        "opt = torch.optim.SGD(m.parameters(), lr=0.1)\n"
+        "for step in range(3):\n    opt.zero_grad()\n    m(torch.randn(8, 3)).pow(2).mean().backward()\n    opt.step()\n")
+    path = str(tmp_path / "t.h5")
+    r = nndb("run", "--batch", "-q", "--trace", path, "-e", "break step 1", "-e", "continue",
+             "-e", "set weight_decay 0.5", "-e", "!m[0].weight.data *= 0", "-e", "continue", str(script))
+    assert r.returncode == 0, r.stderr
+    want = [{"line": "set weight_decay 0.5", "step": 1, "place": "end"},
+            {"line": "!m[0].weight.data *= 0", "step": 1, "place": "end"}]
+    text = nndb("inspect", path).stdout
+    assert "change     'set weight_decay 0.5' at the end of step 1\n" \
+           "change     '!m[0].weight.data *= 0' at the end of step 1\n" in text, text
+    assert json.loads(nndb("inspect", path, "--json").stdout)["changes"] == want
+    import nndb as api
+    with api.open(path) as t:
+        assert t.changes == want and t.summary()["changes"] == 2
+        assert "2 change(s) made at the prompt" in t._repr_html_()

@@ -79,6 +79,7 @@ def summary(reader: TraceReader) -> dict:
         "events": reader.events(),
         "findings": stored_findings(reader),
         "loss_kinds": reader.records("loss_kind"),
+        "changes": reader.records("change"),
         "tensors": tensors,
     }
 

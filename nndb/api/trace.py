@@ -150,6 +150,14 @@ class Trace:
         return self._reader.records("stop")
 
     @property
+    def changes(self) -> list:
+        """What was changed at the live run's stops, in order (``set``, ``set ... --hold``,
+        ``unset``, ``py``/``!``): {"line", "step", "place"} (place ``start``, ``end`` of the
+        step, or ``inside`` it), as ``nndb inspect`` lists them: the steps after one are not
+        the script's alone."""
+        return self._reader.records("change")
+
+    @property
     def events(self) -> list:
         """The run's warnings: [{"time", "step", "kind", "message"}]."""
         return self._reader.events()
@@ -346,6 +354,7 @@ class Trace:
                 "partial_steps": [int(x) for x in steps[self.partial]],
                 "findings": len(self._reader.records("finding")),
                 "stops": len(self._reader.records("stop")),
+                "changes": len(self._reader.records("change")),
                 "tensors": self.tensors}
 
     def _repr_html_(self) -> str:

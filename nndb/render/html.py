@@ -37,7 +37,8 @@ def trace_summary(data: dict) -> str:
         f"<b>nndb trace</b> <code>{escape(str(data['path']))}</code>",
         f"script <code>{escape(str(data['script']))}</code>",
         f"status {escape(str(data['status']))}, {data['steps']} recorded step(s){span}, "
-        f"{data['findings']} finding(s), {data['stops']} stop(s)",
+        f"{data['findings']} finding(s), {data['stops']} stop(s)"
+        + (f", {data['changes']} change(s) made at the prompt" if data.get("changes") else ""),
     ]
     rows = [(t.name, t.kind, "x".join(str(n) for n in t.shape) if t.shape else None, t.module)
             for t in data["tensors"]]

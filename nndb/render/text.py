@@ -23,6 +23,13 @@ LOSS_KINDS = {
 }
 
 
+def _change_place(c: dict) -> str:
+    """Where a change made at the prompt was made (nndb.debugger.changes.Change.where)."""
+    place, step = c.get("place"), c.get("step")
+    return "at the start" if place == "start" else f"at the end of step {step}" if place == "end" \
+        else f"inside step {step}"
+
+
 def summary(data: dict) -> str:
     m = data["meta"]
     end = data.get("end") or {}
@@ -60,6 +67,7 @@ def summary(data: dict) -> str:
     lines.append(f"findings   {len(found) or 'none'} stored by the live run"
                  + ("" if found else " (nndb check-trace re-checks the trace offline)"))
     lines += [_finding_line(f) for f in found]
+    lines += [printable_line(f"change     {c.get('line')!r} {_change_place(c)}") for c in data.get("changes") or ()]
     if data["tensors"]:
         rows = []
         for t in data["tensors"]:
