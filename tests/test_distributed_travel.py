@@ -9,6 +9,8 @@ import time
 
 import pytest
 
+import nndb as nndb_api
+from conftest import nndb
 from test_distributed_run import _assert_none_left, _commands, _copy, _on_terminal, _reap, _torchrun
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="gloo jobs on Linux")
@@ -25,6 +27,31 @@ def _table(out: str, rank: int) -> list:
     part = out.replace("\r", "").split(f"-- rank {rank} --")[1].split("-- rank")[0]
     return [(int(a), float(b), float(c)) for a, b, c in re.findall(r"^\s*(\d+)\s+(\S+)\s+(\S+)\s+\S+", part, re.M)
             if b != "Loss"]
+
+
+def test_catch_nan_on_every_rank_finds_the_batch_s_nan_and_the_all_reduced_one(tmp_path):
+    """Under DDP the gradient bucket that torch.empty makes at step 1 (DDP rebuilds its buckets
+    after the first backward) is viewed per parameter before anything is written to it: its
+    memory's NaN bit patterns (always NaN under torch.use_deterministic_algorithms, which fills
+    empty memory with NaN; by chance otherwise) counted as a NaN the step held, and at step 2
+    'catch nan' no longer looked for where a NaN came in: neither rank stopped (rank 1's batch
+    held the planted NaN; rank 0's gradients the NaN the all-reduce brought), only the
+    nonfinite rule spoke.  Batch mode: each rank runs on by itself, nothing depends on which
+    rank gets anywhere first."""
+    script = _copy(tmp_path, "distrun_nan_rank.py")
+    r = nndb("run", "--batch", "-q", "--nproc-per-node", "2", "--trace", "out/", "-e", "catch nan", script,
+             "--deterministic", cwd=tmp_path, timeout=150)
+    assert r.returncode == 0, r.stderr[-3000:]
+    stops = {}
+    for rank in (0, 1):
+        with nndb_api.open(str(tmp_path / "out" / f"rank{rank}.h5")) as t:
+            stops[rank] = [(s["step"], s["reason"], s["detail"]["op"], s["detail"]["phase"], s["detail"]["line"])
+                           for s in t.stops]
+    planted = next(i for i, l in enumerate(open(script), 1) if "the planted NaN" in l)
+    backward = next(i for i, l in enumerate(open(script), 1) if "loss.backward()" in l)
+    assert stops[1] == [(2, "catchpoint", "lift_fresh", "forward", planted)], stops
+    assert stops[0] == [(2, "catchpoint", "as_strided", "backward", backward)], stops
+    _assert_none_left(str(tmp_path))
 
 
 @contextlib.contextmanager
@@ -52,8 +79,9 @@ def test_catch_nan_at_the_job_s_prompt_is_set_on_every_rank(tmp_path):
     'info breakpoints' on rank 1 said 'No breakpoints or watchpoints.'): rank 1, whose batch
     holds the NaN, ran on through its NaN loss, and rank 0 stopped where the gradients'
     all-reduce brought the NaN to it.  It goes to every rank, as break and watch do ('info
-    breakpoints' on rank 1 lists it), and rank 1 stops at the planted line, or rank 0 where the
-    all-reduce brought that NaN, whichever comes first (a race, seen once in a fresh clone's suite)."""
+    breakpoints' on rank 1 lists it), and rank 1 stops at the planted line: rank 0 cannot see
+    the NaN before rank 1's backward sends it (rank 0 stopping first, once in a fresh clone's
+    suite, was no race: rank 1's catch had missed its NaN, test_catch_nan_on_every_rank_...)."""
     p, master, expect = _on_terminal(tmp_path, _copy(tmp_path, "distrun_nan_rank.py"))
     try:
         expect("(nndb r0) ")
@@ -62,14 +90,8 @@ def test_catch_nan_at_the_job_s_prompt_is_set_on_every_rank(tmp_path):
         assert "rank 1: at the start, no step finished" in cmd("rank 1")      # (it read 'rank 1: step None')
         assert "catch nan" in cmd("info breakpoints")
         out = cmd("continue")
-        # (which rank's catch point fires first is a race: rank 1's at the planted line, or
-        # rank 0's where the all-reduce brought rank 1's NaN into its backward, rank 1 then
-        # held at its step end; both name where the NaN came from)
-        if "nndb: 1 of 2 rank(s) stopped: r1" in out:
-            assert "the planted NaN" in out.split("Catchpoint 1 (catch nan)")[1], out
-        else:
-            assert "nndb: 1 of 2 rank(s) stopped: r0" in out and \
-                "one a collective filled: DDP's all-reduce of the ranks' gradients" in out, out
+        assert "nndb: 1 of 2 rank(s) stopped: r1" in out, out
+        assert "the planted NaN" in out.split("Catchpoint 1 (catch nan)")[1], out
         os.write(master, b"kill\n")
         expect("nndb: the job ended")
         p.wait(timeout=60)

@@ -576,9 +576,15 @@ class OpRecorder(TorchDispatchMode):
             return
         if not getattr(func, "is_view", False):
             # (a view passes on its input's values, made nothing: the backward's detach of the
-            # NaN output a LogSoftmaxBackward0 saved is not where the gradient went bad)
+            # NaN output a LogSoftmaxBackward0 saved is not where the gradient went bad; nor
+            # does a view of uninitialised memory hold a NaN of the step's: DDP's gradient
+            # bucket, made by torch.empty at step 1 and viewed per parameter before anything
+            # is written to it, held NaN bit patterns there (always so under
+            # torch.use_deterministic_algorithms, which fills empty memory with NaN), and the
+            # next step's catch no longer looked for where a NaN came in: the batch's NaN on
+            # its rank, the all-reduced gradients' on the others)
             cur.first_bad.setdefault(cur.ops[idx][PHASE], idx)
-        cur.had_nan = cur.had_nan or out_nan
+            cur.had_nan = cur.had_nan or out_nan
         out_ids = cur.ops[idx][OUTS]
         cur.bad.update(out_ids if len(outs) == 1 else
                        (tid for o, tid in zip(outs, out_ids) if any(_flags([o]))))
