@@ -283,6 +283,28 @@ def test_fail_on_fails_the_job_on_a_finding_across_ranks(tmp_path):
     _assert_none_left(str(tmp_path))
 
 
+def test_batch_mode_lines_of_each_rank_say_whose_they_are(tmp_path):
+    """In batch mode each rank runs -e/-x by itself and prints its own stops and findings, all
+    ranks on one terminal: nndb's lines came without a rank ('Breakpoint 1, step 1 finished,
+    loss 0.6927' twice, '7' and '107' from 'p rank * 100 + 7', in whatever order the ranks
+    got there).  Every line nndb prints for a rank starts with '[rN] ', as at the job's prompt;
+    the script's own output is as torchrun shows it."""
+    script = _copy(tmp_path, "distrun_ddp_mlp.py")
+    r = nndb("run", "--batch", "--nproc-per-node", "2", "--trace", "out/", "-e", "break step 1", "-e", "commands",
+             "-e", "p rank * 100 + 7", "-e", "end", script, "--steps", "3", cwd=tmp_path, timeout=120)
+    assert r.returncode == 0, r.stderr[-3000:]
+    out, err = r.stdout.splitlines(), r.stderr.splitlines()
+    for rank in (0, 1):
+        assert f"[r{rank}] nndb: recording to out/rank{rank}.h5" in err, r.stderr
+        assert f"[r{rank}] Breakpoint 1: step 1" in out, r.stdout
+        assert any(ln.startswith(f"[r{rank}] Breakpoint 1, step 1 finished, loss ") for ln in out), r.stdout
+        assert f"[r{rank}] {rank * 100 + 7}" in out, r.stdout
+    mine = [ln for ln in out + err if ln.startswith(("Breakpoint", "nndb: recording", "> ", "-> "))
+            or ln.strip() in ("7", "107")]
+    assert mine == [], mine
+    assert len(set(_digests(r.stdout).values())) == 1      # (the script's lines as they were)
+
+
 def test_the_scripts_arguments_are_the_scripts_not_torchrun_s():
     """The front's torchrun command line: the script's arguments after the script went through
     torchrun's parser, which reads every word as a possible option: a script's --n (its own

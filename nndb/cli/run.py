@@ -153,7 +153,18 @@ def run(**_):
                                     replica_off_reason=off_reason, companions=(link,) if link else (),
                                     agreement=agreement)
         config.ends_as_python = link is None        # (a rank under the front exits with the code it records)
-        result = debug(config, options, frontend or session_frontend(interactive=not batch))
+        say = message
+        if frontend is None and where.in_job and where.world_size > 1:
+            # the ranks of a job in batch mode share the terminal: each of nndb's lines says whose
+            # it is, as the job's prompt says it ('[r1] Watchpoint 1: ...'); the script's own
+            # output is as torchrun shows it
+            from ..frontends.batch import BatchFrontend, prefixed
+            tag = f"[r{where.rank}] "
+            frontend = BatchFrontend(prefix=tag)
+
+            def say(text: str) -> None:
+                message(prefixed(tag, text))
+        result = debug(config, options, frontend or session_frontend(interactive=not batch), say)
     except NndbError as e:
         if link is not None:
             link.done(e.exit_code, str(e))

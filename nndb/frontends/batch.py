@@ -16,21 +16,31 @@ def _say(text: str, stream) -> None:
         pass
 
 
+def prefixed(prefix: str, text: str) -> str:
+    """Every line of ``text`` with ``prefix`` before it (a rank's ``[r1] ``)."""
+    if not prefix:
+        return text
+    return "\n".join(prefix + line if line else prefix.rstrip() for line in text.split("\n"))
+
+
 class BatchFrontend:
     """``--batch`` (or stdin not a terminal): no prompt, no terminal escapes.
-    Output to stdout, errors to stderr; confirmations are answered yes."""
+    Output to stdout, errors to stderr; confirmations are answered yes.
+    ``prefix``: before every line (a rank of a job in batch mode, ``[r1] ``:
+    the ranks share one terminal, and their lines interleave)."""
     interactive = False
     own_files = ()          # the files the front end writes (ReplFrontend's history)
 
-    def __init__(self, out=None, err=None):
+    def __init__(self, out=None, err=None, prefix: str = ""):
         self.out = out or sys.stdout
         self.err = err or sys.stderr
+        self.prefix = prefix
 
     def message(self, text: str) -> None:
-        _say(text, self.out)
+        _say(prefixed(self.prefix, text), self.out)
 
     def error(self, text: str) -> None:
-        _say(text, self.err)
+        _say(prefixed(self.prefix, text), self.err)
 
     def read_line(self, prompt: str) -> Optional[str]:
         return None
