@@ -9,6 +9,7 @@ import re
 import shutil
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import h5py
 import numpy as np
@@ -92,7 +93,7 @@ def test_judge_planted_rows():
     got = _rules(found)
     assert ("rank_divergence", 4) in got
     assert ("unsynced_batchnorm", 0) in got
-    assert ("epoch_repeats", 7) in got
+    assert "epoch_repeats" not in {rule for rule, _ in got}     # (each rank's own: nndb.rules.epochs)
     strag = [f for f in found if f.rule == "straggler"]
     assert [(f.step, f.evidence["rank"], f.evidence["where"]) for f in strag] == [(2, 1, "data loading")]   # steps 0, 1, 2
     div = next(f for f in found if f.rule == "rank_divergence")
@@ -169,15 +170,15 @@ def test_planted_ddp_findings(jobs):
     first = {}
     for f in data["cross_rank_findings"]:
         first.setdefault(f["rule"], f)
-    assert set(first) == {"rank_divergence", "unsynced_batchnorm", "straggler", "epoch_repeats"}
+    assert set(first) == {"rank_divergence", "unsynced_batchnorm", "straggler"}
     assert first["rank_divergence"]["step"] == 4            # changed after step 3's end: seen at step 4's
     assert first["rank_divergence"]["tensor"].endswith("0.weight")
     assert first["straggler"]["evidence"]["rank"] == 1
     assert first["straggler"]["evidence"]["where"] == "data loading"
-    assert first["epoch_repeats"]["step"] == 7              # 4 steps an epoch: steps 4-7 repeat 0-3
     assert first["unsynced_batchnorm"]["step"] == 0
-    # the single-process rule in each rank's own engine says the same
-    assert [[f["rule"] for f in r["findings"]] for r in data["ranks"]] == [["epoch_repeats"]] * 2
+    # each rank's epoch that repeats is the finding of its own engine's rule, said once (4 steps an
+    # epoch: steps 4-7 repeat 0-3)
+    assert [[(f["rule"], f["step"]) for f in r["findings"]] for r in data["ranks"]] == [[("epoch_repeats", 7)]] * 2
     side = _inspect(jobs["planted"], "--ranks")
     w = next(t for t in side["tensors"] if t["kind"] == "param" and t["name"].endswith("0.weight"))
     assert set(w["by_rank"]) == {"0", "1"} and w["by_rank"]["0"]["norm"] != w["by_rank"]["1"]["norm"]
@@ -240,8 +241,7 @@ def test_python_api_job(jobs):
     import nndb
     with nndb.open(jobs["planted"]) as job:
         assert job.world_size == 2 and sorted(job.ranks) == [0, 1]
-        assert {f["rule"] for f in job.findings} == {"rank_divergence", "unsynced_batchnorm", "straggler",
-                                                     "epoch_repeats"}
+        assert {f["rule"] for f in job.findings} == {"rank_divergence", "unsynced_batchnorm", "straggler"}
         assert [f["rule"] for f in job.ranks[1].findings] == ["epoch_repeats"]
 
 
@@ -274,13 +274,41 @@ def test_epoch_repeats_under_gradient_accumulation(tmp_path):
                 "drop_last": False}]
     rows = {r: [_row(s, {"w": 5}, [[s, 1000 * r + (s % 4 if r == 1 else s)]], loaders=loaders if s == 0 else None)
                 for s in range(12)] for r in (0, 1)}
-    assert [(f.rule, f.step, f.evidence["rank"]) for f in judge_job(rows)] == [("epoch_repeats", 7, 1)]
+    assert [_epoch_rule(rows[r]) for r in (0, 1)] == [[], [7]]
     # an ordered loader of 8 batches, 2 a step, repeats by design beside a shuffled one of 16: the
     # loaders of the fewest batches a step decide
     ordered = [dict(loaders[0], shuffle=False), dict(loaders[0], batches=16, samples=64)]
-    rows = {r: [_row(s, {"w": 5}, [[s, 1000 * r + s % 4]], loaders=ordered if s == 0 else None)
-                for s in range(12)] for r in (0, 1)}
-    assert judge_job(rows) == []
+    rows = [_row(s, {"w": 5}, [[s, s % 4]], loaders=ordered if s == 0 else None) for s in range(12)]
+    assert _epoch_rule(rows) == []
+
+
+def _epoch_rule(rows: list) -> list:
+    """The steps ``epoch_repeats`` (a rank's own rule, nndb.rules.epochs) reports on one rank's
+    rows, as its batches probe hands them over."""
+    from nndb.rules.crossrank import shuffles
+    from nndb.rules.epochs import EpochRepeats
+    loaders = next(r["loaders"] for r in rows if "loaders" in r)
+    facts = {"inputs": [i for r in rows for i in r["inputs"]], "shuffle": shuffles(loaders), "loaders": loaders}
+    return [f.step for f in EpochRepeats().check(SimpleNamespace(facts={"batches": facts}))]
+
+
+def test_an_epoch_that_repeats_is_its_rank_s_finding_said_once(tmp_path):
+    """A job whose DistributedSampler shuffles every epoch alike (no set_epoch): each rank's own
+    rule says its epoch repeats ('[r0] nndb: warning: epoch_repeats at step 7: the batches of
+    steps 4-7 repeat ...'), and the front's rules across ranks said it again for each rank
+    ('nndb: warning: epoch_repeats at step 7 (across ranks): rank 0's batches of steps 4-7
+    ...'): four lines, and in 'nndb inspect RUNDIR' four findings, for one cause.  A rank's
+    epoch is its own finding: said once a rank, live and in inspect."""
+    script = os.path.join(SCRIPTS, "dist_ddp.py")
+    r = nndb("run", "--batch", "--nproc-per-node", "2", "--trace", "out/", "--report", "job.json", script,
+             "--no-set-epoch", "--epochs", "2", cwd=tmp_path, timeout=150)
+    assert r.returncode == 0, r.stderr[-3000:]
+    said = [ln for ln in r.stderr.splitlines() if "epoch_repeats" in ln]
+    assert sorted(ln.split(":")[0] for ln in said) == ["[r0] nndb", "[r1] nndb"], said
+    assert json.loads((tmp_path / "job.json").read_text())["cross_rank_findings"] == []
+    data = _inspect(str(tmp_path / "out"))
+    assert data["cross_rank_findings"] == []
+    assert [[(f["rule"], f["step"]) for f in k["findings"]] for k in data["ranks"]] == [[("epoch_repeats", 7)]] * 2
 
 
 def test_divergence_from_the_first_step_compared_says_the_replicas_may_never_have_agreed():

@@ -12,7 +12,10 @@ the same either way.  Each (rule, subject) is reported once, at its first
 occurrence, as the single-process engine does.
 
 ``EpochTracker`` (``epoch_repeats``) reads one rank's sequence of input
-checksums; it is also the single-process rule's core (nndb.rules.epochs).
+checksums: the core of the rule each rank's own engine runs (nndb.rules.epochs),
+live and on its trace.  It is not judged here again: a rank's epoch that
+repeats is that rank's finding (judged here too, each cause was said twice,
+once a rank and once across ranks).
 """
 from __future__ import annotations
 
@@ -171,7 +174,8 @@ def _rel(values: list) -> float:
 
 
 class CrossRankJudge:
-    """The five rules over the ranks' rows, fed one observed step at a time."""
+    """The rules across ranks over the ranks' rows (``RULES`` but ``epoch_repeats``, each
+    rank's own), fed one observed step at a time."""
 
     def __init__(self, params: Optional[dict] = None):
         self.params = {k: t.default for k, t in THRESHOLDS.items()}
@@ -180,8 +184,6 @@ class CrossRankJudge:
         self._seen: set = set()
         self._inputs: dict = {}          # step -> {rank: checksum}, until every rank that sent rows judged it
         self._dup_run = 0                # steps in a row whose batches were equal on every rank
-        self._epochs: dict = {}          # rank -> EpochTracker
-        self._loaders: dict = {}         # rank -> its DataLoaders (fingerprint.loaders)
         self._slow: dict = {}            # rank -> (observed steps in a row, where the time went)
         self._params_agreed = False      # the replicas' parameters were equal at an observed step
         # A model averager in the job (Local SGD: torch's PostLocalSGDOptimizer, PeriodicModelAverager):
@@ -202,8 +204,6 @@ class CrossRankJudge:
         a row for it); the new findings."""
         new: list = []
         for rank, row in rows.items():
-            if "loaders" in row:
-                self._loaders[rank] = row["loaders"]
             if row.get("averaging"):
                 self._averaging = True
         self._batches(rows, new)
@@ -250,16 +250,8 @@ class CrossRankJudge:
 
     def _batches(self, rows: dict, new: list) -> None:
         for rank, row in rows.items():
-            tracker = self._epochs.setdefault(rank, EpochTracker())
             for step, value in row.get("inputs", ()):
                 self._inputs.setdefault(step, {})[rank] = value
-                hit = tracker.feed(step, value)
-                if hit is not None and hit[1] is not None and shuffles(self._loaders.get(rank), hit[1]) is True:
-                    at, period = hit
-                    chance = repeat_chance(self._loaders.get(rank), period)
-                    if chance <= self.params["epoch_chance"]:
-                        self._report(_finding("epoch_repeats", at, epoch_message(at, period, rank, chance),
-                                              rank=rank, period=period, chance=chance), new)
         if len(rows) < 2:
             return
         ranks = set(rows)
@@ -362,7 +354,7 @@ def judge_rundir(job) -> tuple:
         if fp is None:
             return [], f"rank {k}'s trace was written before nndb recorded what ranks are compared by"
         rows[k] = fp
-    found = judge_job(rows)             # (one rank: only epoch_repeats can apply)
+    found = judge_job(rows)             # (one rank: none applies)
     return [f.as_dict() for f in found], None
 
 
