@@ -139,3 +139,47 @@ def test_reverse_step_gives_the_terminal_to_a_replica_and_back(tmp_path):
         assert term.proc.wait(timeout=60) == 0
     finally:
         term.close()
+
+
+RAISES = """
+import torch
+model = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+for step in range(5):
+    if step == 2:
+        raise RuntimeError("planted at step 2")
+    opt.zero_grad()
+    model(torch.randn(8, 4)).pow(2).mean().backward()
+    opt.step()
+"""
+
+
+def test_sigterm_at_the_post_mortem_prompt_ends_the_run_as_at_any_prompt(tmp_path):
+    """SIGTERM (torchrun ending a job's ranks, a scheduler) at the post-mortem prompt: nndb
+    printed its own traceback ('nndb.errors.Terminated', raised from prompt_toolkit under the
+    script's) and ended with 1.  It ends as SIGTERM at any prompt does: exit code 143, the
+    trace closed 'terminated', its reason the script's exception first."""
+    (tmp_path / "raises.py").write_text(RAISES)
+    trace = tmp_path / "t.h5"
+    term = Terminal(["run", "--nx", "--trace", str(trace), "raises.py"], cwd=tmp_path, home=tmp_path)
+    try:
+        term.expect("(nndb)")
+        term.type("continue")
+        term.expect("nndb: post-mortem: the script raised RuntimeError during step 2")
+        term.expect("(nndb)")
+        os.kill(term.proc.pid, signal.SIGTERM)
+        assert term.proc.wait(timeout=60) == 143
+        rest = b""
+        while select.select([term.master], [], [], 0.5)[0]:
+            try:
+                rest += os.read(term.master, 4096)
+            except OSError:
+                break
+        shown = _ESC.sub(b"", term.seen + rest).decode(errors="replace")
+    finally:
+        term.close()
+    assert "Terminated" not in shown and "Traceback" not in shown, shown
+    with TraceReader(str(trace)) as r:
+        assert r.status == "terminated" and r.end["exit_code"] == 143, r.end
+        assert r.end["reason"] == "RuntimeError: planted at step 2 (then SIGTERM at its post-mortem)"
+        assert r.n_steps == 2

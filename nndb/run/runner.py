@@ -408,7 +408,16 @@ def record(config: RunConfig, message: Callable[[str], None] = stderr_line,
                 reason = type(e).__name__
             _show_exception(e)
             if session is not None:
-                session.post_mortem(e)    # the trace is still open: stats and history work
+                try:
+                    session.post_mortem(e)    # the trace is still open: stats and history work
+                except (Terminated, KeyboardInterrupt) as signalled:
+                    # SIGTERM (torchrun ending a job's other ranks) or the front's abort at the
+                    # post-mortem prompt ends the run as at any prompt (exit code 143, 130); it
+                    # was nndb's own traceback, raised from the prompt under the script's
+                    guard.stopped()
+                    sigterm = isinstance(signalled, Terminated)
+                    status, code = ("terminated", EXIT_SIGTERM) if sigterm else ("interrupted", EXIT_SIGINT)
+                    reason += f" (then {'SIGTERM' if sigterm else 'KeyboardInterrupt'} at its post-mortem)"
         finally:
             guard.stopped()
             if session is not None:
