@@ -420,13 +420,13 @@ def test_front_refuses_a_worker_without_the_secret_or_with_another_version(tmp_p
     assert not os.path.exists(front.socket_path)
 
 
-def _on_terminal(tmp_path, script, launch=("--nproc-per-node", "2")):
-    """``nndb run LAUNCH SCRIPT`` on a pseudo-terminal: (process, master fd, expect)."""
+def _on_terminal(tmp_path, script, launch=("--nproc-per-node", "2"), args=()):
+    """``nndb run LAUNCH SCRIPT ARGS`` on a pseudo-terminal: (process, master fd, expect)."""
     import pty
     import select
     master, slave = pty.openpty()
     env = dict(_env(), TERM="dumb", HOME=str(tmp_path))
-    p = subprocess.Popen([sys.executable, "-m", "nndb", "run", "-q", *launch, script],
+    p = subprocess.Popen([sys.executable, "-m", "nndb", "run", "-q", *launch, script, *args],
                          cwd=tmp_path, stdin=slave, stdout=slave, stderr=slave, env=env, start_new_session=True)
     os.close(slave)
     seen = [b""]
@@ -463,6 +463,44 @@ def _commands(master, expect):
         expect(until)
         return out.replace("\r", "")
     return cmd
+
+
+@JOB
+def test_a_rank_whose_script_raises_stops_at_its_post_mortem(tmp_path):
+    """At the job's prompt, rank 1's script raised at step 2 after 'continue': the traceback,
+    then the job ended (rank 0's all-reduce broken under it), with no post-mortem, where one
+    process stops at the raising frame (pdb's post-mortem).  The rank stops there: 'p', 'where'
+    look at its frame, the others are left where they wait (rank 0 in DDP's all-reduce), and
+    'continue' (or 'quit') ends the job as the script did: rank 1 named, exit code 1."""
+    script = _copy(tmp_path, "distrun_ddp_mlp.py")
+    p, master, expect = _on_terminal(tmp_path, script, ("--nproc-per-node", "2", "--trace", "out/"),
+                                     args=("--fail-rank", "1"))
+    try:
+        expect("(nndb r0) ", timeout=150)
+        cmd = _commands(master, expect)
+        out = cmd("continue")
+        assert "RuntimeError: planted failure on rank 1" in out, out          # (the rank's traceback)
+        assert "nndb: 1 of 2 rank(s) stopped: r1" in out, out
+        assert ("nndb: post-mortem of rank 1 (RuntimeError in step 2): 'where', 'up', 'p', 'stats' look there; "
+                "'continue' or 'quit' ends the job") in out, out
+        assert "\n2\n" in cmd("p step")
+        assert 'raise RuntimeError(f"planted failure on rank {rank}")' in cmd("where")
+        assert "rank 0: not at a stop" in cmd("rank 0")
+        assert "rank 1: at its post-mortem (RuntimeError in step 2)" in cmd("rank 1")
+        os.write(master, b"continue\n")
+        out = expect("nndb: the job ended (exit code 1)").replace("\r", "")
+        assert "nndb: the job cannot go on past rank 1 (RuntimeError in step 2): ending it" in out, out
+        assert "nndb: rank 1 failed: exit code 1 (RuntimeError: planted failure on rank 1)" in out, out
+        p.wait(timeout=60)
+    finally:
+        _reap(p, master)
+    assert p.returncode == 1
+    ends = []
+    for rank in (0, 1):
+        with TraceReader(str(tmp_path / "out" / f"rank{rank}.h5")) as t:
+            ends.append((t.end["status"], t.end["exit_code"]))
+    assert ends == [("killed", 0), ("failed", 1)], ends
+    _assert_none_left(str(tmp_path))
 
 
 @JOB

@@ -190,12 +190,18 @@ class Console:
                     self.say(text)
             elif out and "another rank stopped" not in out[0][0] and not out[0][0].startswith("Interrupted"):
                 self.say(f"[r{r}] {out[0][0]}")
+        raised = self._raised()
         if self.held:
             for r, coll in sorted(self.held.items()):
                 self.say(f"nndb: rank {r} did not stop: it waits in {coll} (a stop inside a step leaves the "
                          f"other ranks where they are)")
             self.say(f"nndb: {len(ranks)} of {len(ranks) + len(self.held)} rank(s) stopped: "
                      + ", ".join(f"r{r}" for r in ranks))
+        elif raised:
+            self.say(f"nndb: all {len(ranks)} rank(s) stopped: " + ", ".join(
+                f"r{r} " + ("at its post-mortem" if self.front.state.ranks[r].raised else
+                            "at the start" if self.front.state.ranks[r].stop_step is None else
+                            f"at the end of step {self.front.state.ranks[r].stop_step}") for r in ranks))
         elif len(steps) == 1:
             step = steps.pop()
             at = f"at the end of step {step}" if step is not None else "at the start"
@@ -203,6 +209,14 @@ class Console:
         else:
             self.say("nndb: the ranks stopped at different steps: "
                      + ", ".join(f"r{r} {self.front.state.ranks[r].stop_step}" for r in ranks))
+        if raised:
+            self.say(f"nndb: post-mortem of {raised}: 'where', 'up', 'p', 'stats' look there; 'continue' "
+                     f"or 'quit' ends the job")
+
+    def _raised(self) -> str:
+        """The stopped ranks at their post-mortem, for a line ('rank 1 (RuntimeError in step 2)'), or ''."""
+        infos = [self.front.state.ranks[r] for r in self._stopped()]
+        return ", ".join(f"rank {i.rank} ({i.raised} in step {i.stop_step})" for i in infos if i.raised)
 
     def _show_stacks(self, head: str) -> None:
         self.say("\n".join([head] + [_shown(r) for r in self.front.all_stacks()]))
@@ -237,6 +251,8 @@ class Console:
             info = self.front.state.ranks[self.current]
             # (at the start stop no step has finished: it read 'rank 1: step None')
             self.say(f"rank {self.current}: " + ("not at a stop" if not info.at_prompt else
+                                                 f"at its post-mortem ({info.raised} in step {info.stop_step})"
+                                                 if info.raised else
                                                  "at the start, no step finished" if info.stop_step is None
                                                  else f"step {info.stop_step}"))
             return
@@ -269,12 +285,18 @@ class Console:
             except CommandError as e:
                 self.say(str(e))
                 return
+        if word in _RESUME and self._raised():
+            # (a rank's script raised: its run cannot go on, as in one process, and the
+            # job cannot go on without it; the others would break in its collectives)
+            self.say(f"nndb: the job cannot go on past {self._raised()}: ending it")
+            word = "kill"
         if word in _END:
             # A rank held in a collective by another's stop inside a step reads no line: it is
             # ended first, from its helper thread (its trace closed "killed", exit code 0), so
             # that the stopped ranks' end does not break its collective under it (it was
             # "rank 0 failed: exit code 1 (RuntimeError: ... Connection closed by peer)",
-            # its trace "failed", the job's exit code 1, for a quit).
+            # its trace "failed", the job's exit code 1, for a quit).  A rank at its
+            # post-mortem ends as its script did: failed, its exit code the job's.
             held = [r for r in ranks if r in self.held]
             if held:
                 self.front.abort(held, "killed", 0, "killed from the debugger")

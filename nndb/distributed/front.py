@@ -119,6 +119,7 @@ class RankInfo:
     outbox: list = field(default_factory=list)      # an interactive job: [(text, is_error)] since the last line
     at_prompt: bool = False                         # stopped, waiting for a command line
     stop_step: Optional[int] = None
+    raised: Optional[str] = None                    # at its post-mortem: what its script raised
 
 
 @dataclass
@@ -241,6 +242,7 @@ class Front:
                     self.judge.add(info.rank, msg["row"])
                 elif op == "prompt":
                     info.at_prompt, info.stop_step = True, msg.get("step")
+                    info.raised = str(msg["raised"]) if msg.get("raised") else None
                 self._replied.notify_all()
 
     def _abort_all(self, status: str, code: int, reason: str) -> None:

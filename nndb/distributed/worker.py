@@ -212,8 +212,9 @@ class FrontLink:
 class RemoteFrontend:
     """A rank's debugger front end in an interactive job: its output goes to
     the front, its command lines come from the front (one prompt for all
-    ranks: nndb.distributed.console).  After the run (or its post-mortem) the rank
-    reads no more: end of input, the session ends."""
+    ranks: nndb.distributed.console), at its stops and at its post-mortem (its
+    script raised: the prompt says what, and the step).  After the run the
+    rank reads no more: end of input, the session ends."""
     interactive = True
 
     def __init__(self, link: FrontLink):
@@ -231,10 +232,19 @@ class RemoteFrontend:
 
     def read_line(self, prompt: str) -> Optional[str]:
         s = self.session
-        if s is None or s.control.state in ("exited", "post-mortem") or not s.live:
+        # (a replica job's rank, predict's or reverse-continue's, holds no post-mortem: its job
+        # ends, as the replica says)
+        post_mortem = s is not None and s.control.state == "post-mortem" and not os.environ.get(REPLICA_JOB_ENV)
+        if s is None or s.control.state == "exited" or not (s.live or post_mortem):
             return None
-        if not self.link.send({"op": "prompt", "rank": self.link.where.rank, "step": s.last_step,
-                               "kind": s.here.stop.kind if s.here.stop is not None else None}):
+        stop = s.here.stop
+        msg = {"op": "prompt", "rank": self.link.where.rank, "step": s.last_step,
+               "kind": stop.kind if stop is not None else None}
+        if post_mortem:         # (its script raised: pdb's post-mortem, at the job's prompt)
+            exc = getattr(stop, "exception", None)
+            msg.update(step=getattr(stop, "step", None),
+                       raised=type(exc).__name__ if exc is not None else "an exception")
+        if not self.link.send(msg):
             return None
         return self.link.lines.get()
 
