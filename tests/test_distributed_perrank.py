@@ -54,7 +54,7 @@ def test_commands_on_every_rank_a_module_breakpoint_on_one_and_per_rank_lineage_
         out = cmd("break module *0 rank 1")
         assert "Breakpoint" in out, out
         out = cmd("continue")
-        assert ("nndb: rank 0 did not stop: it waits in distrun_ddp_mlp.py:41 (loss.backward()), inside "
+        assert ("nndb: rank 0 did not stop: it waits in distrun_ddp_mlp.py:43 (loss.backward()), inside "
                 "autograd's backward (where DDP all-reduces the gradients)") in out, out
         assert "Breakpoint 2, module module.0 forward (step 2)" in out
         assert "nndb: 1 of 2 rank(s) stopped: r1" in out

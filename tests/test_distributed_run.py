@@ -504,6 +504,49 @@ def test_a_rank_whose_script_raises_stops_at_its_post_mortem(tmp_path):
 
 
 @JOB
+def test_a_waiting_rank_whose_collective_fails_at_the_prompt_is_at_its_post_mortem(tmp_path):
+    """Rank 1 stopped inside step 0 (a module breakpoint); rank 0, left waiting in DDP's
+    all-reduce, saw its collective time out (the process group's 8 s) while the job sat at
+    the prompt, and its script raised there.  The console still took it for a waiting rank:
+    'rank 0: not at a stop', 'where' showed nndb's own prompt as its stack, and 'quit' ended
+    it 'killed' with the job's exit code 0.  It is at its post-mortem, said before the next
+    command, and 'quit' ends the job as its script did (exit code 1, rank 0 named)."""
+    script = _copy(tmp_path, "distrun_ddp_mlp.py")
+    p, master, expect = _on_terminal(tmp_path, script, ("--nproc-per-node", "2", "--trace", "out/"),
+                                     args=("--pg-timeout", "8"))
+    try:
+        expect("(nndb r0) ", timeout=150)
+        cmd = _commands(master, expect)
+        cmd("break module module.0 rank 1")
+        assert "nndb: 1 of 2 rank(s) stopped: r1" in cmd("continue")
+        expect("Timed out waiting 8000ms", timeout=120)      # (rank 0's traceback, printed by its process)
+        seen, deadline = "", time.time() + 60
+        while time.time() < deadline:       # (until rank 0's post-mortem reached the front: no time assumed)
+            out = cmd("rank 0")
+            seen += out
+            if "at its post-mortem" in out:
+                break
+            seen += cmd("rank 1")
+            time.sleep(0.2)
+        assert "nndb: post-mortem of rank 0 (RuntimeError in step 0)" in seen, seen
+        assert "rank 0: at its post-mortem (RuntimeError in step 0)" in out, seen
+        assert "-> loss.backward()" in cmd("where")
+        os.write(master, b"quit\n")
+        out = expect("nndb: the job ended (exit code 1)").replace("\r", "")
+        assert "nndb: rank 0 failed: exit code 1 (RuntimeError: " in out, out
+        p.wait(timeout=60)
+    finally:
+        _reap(p, master)
+    assert p.returncode == 1
+    ends = []
+    for rank in (0, 1):
+        with TraceReader(str(tmp_path / "out" / f"rank{rank}.h5")) as t:
+            ends.append((t.end["status"], t.end["exit_code"]))
+    assert ends == [("failed", 1), ("killed", 0)], ends
+    _assert_none_left(str(tmp_path))
+
+
+@JOB
 def test_ctrl_c_at_the_prompt_of_a_hung_job(tmp_path):
     """Ctrl-C while the ranks run asks each to stop at the next step end; a
     hung job does not, and after 3 s every rank's stack is shown: where the

@@ -199,9 +199,7 @@ class Console:
                      + ", ".join(f"r{r}" for r in ranks))
         elif raised:
             self.say(f"nndb: all {len(ranks)} rank(s) stopped: " + ", ".join(
-                f"r{r} " + ("at its post-mortem" if self.front.state.ranks[r].raised else
-                            "at the start" if self.front.state.ranks[r].stop_step is None else
-                            f"at the end of step {self.front.state.ranks[r].stop_step}") for r in ranks))
+                f"r{r}" + (" (post-mortem)" if self.front.state.ranks[r].raised else "") for r in ranks))
         elif len(steps) == 1:
             step = steps.pop()
             at = f"at the end of step {step}" if step is not None else "at the start"
@@ -237,7 +235,19 @@ class Console:
         for text, _ in out:
             self.say(text)
 
+    def _catch_up(self) -> None:
+        """A rank left where it waited (another stopped inside a step) that came to a prompt by
+        itself since, its script raised there (the collective it waited in timed out): it is at
+        its post-mortem now, said before the next command (it was still taken for a waiting rank:
+        'where' showed nndb's own prompt as its stack, and 'quit' ended it 'killed', exit code 0)."""
+        came = [r for r in self.held if self.front.state.ranks[r].at_prompt]
+        if came:
+            for r in came:
+                del self.held[r]
+            self._show_stop()
+
     def execute(self, line: str) -> None:
+        self._catch_up()
         word, _, rest = line.partition(" ")
         ranks = self.front.live_ranks()
         if word == "rank":

@@ -1,7 +1,8 @@
 """A tiny DDP job for the distributed tests: gloo on the CPU, a
 DistributedSampler, a few steps; each rank prints a digest of its final
 parameters (bit-exact comparison with and without nndb).
-``--fail-rank R``: rank R raises at step 2 (a rank that dies)."""
+``--fail-rank R``: rank R raises at step 2 (a rank that dies); ``--pg-timeout S``: the
+process group's timeout (a collective that waits longer fails)."""
 import argparse
 import datetime
 import hashlib
@@ -16,9 +17,10 @@ from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 p = argparse.ArgumentParser()
 p.add_argument("--steps", type=int, default=6)
 p.add_argument("--fail-rank", type=int, default=-1)
+p.add_argument("--pg-timeout", type=float, default=60)
 a = p.parse_args()
 
-dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
+dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=a.pg_timeout))
 rank = dist.get_rank()
 torch.manual_seed(0)
 g = torch.Generator().manual_seed(1)
