@@ -305,6 +305,29 @@ def test_batch_mode_lines_of_each_rank_say_whose_they_are(tmp_path):
     assert len(set(_digests(r.stdout).values())) == 1      # (the script's lines as they were)
 
 
+def test_batch_mode_lines_for_some_ranks_run_on_those_ranks(tmp_path):
+    """With --batch every rank runs the -e lines by itself; a line naming ranks ('break step 1
+    rank 1', 'p --ranks all ...') was refused on every rank it did not name ('no rank 1 (ranks:
+    0): this session is rank 0 of 2, on its own'), an error in a startup command: the job
+    ended with exit code 2, though rank 1 had taken the same line.  A line for other ranks is
+    theirs: rank 1 alone stops at step 1, and '--ranks all' gives each rank's own answer."""
+    import nndb as api
+    script = _copy(tmp_path, "distrun_ddp_mlp.py")
+    r = nndb("run", "--batch", "--nproc-per-node", "2", "--trace", "out/", "-e", "break step 1 rank 1",
+             "-e", "commands rank 1", "-e", "p 12345", "-e", "end", "-e", "p --ranks all rank * 100 + 7",
+             script, "--steps", "3", cwd=tmp_path, timeout=120)
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = r.stdout.splitlines()
+    assert "[r0] 7" in out and "[r1] 107" in out, r.stdout
+    assert [ln for ln in out if ln.endswith("12345")] == ["[r1] 12345"], r.stdout    # (the block is rank 1's)
+    assert "[r1] Breakpoint 1: step 1" in out and "[r0] Breakpoint 1: step 1" not in out, r.stdout
+    stops = []
+    for rank in (0, 1):
+        with api.open(str(tmp_path / "out" / f"rank{rank}.h5")) as t:
+            stops.append([(s["step"], s["reason"]) for s in t.stops])
+    assert stops == [[], [(1, "breakpoint")]], stops
+
+
 def test_the_scripts_arguments_are_the_scripts_not_torchrun_s():
     """The front's torchrun command line: the script's arguments after the script went through
     torchrun's parser, which reads every word as a possible option: a script's --n (its own

@@ -76,14 +76,23 @@ def one_process() -> str:
             f"nndb run --nproc-per-node N holds one for all)")
 
 
-def on_this_process(spec: str) -> None:
-    """``--ranks SPEC`` in one session: only this process's own rank can be meant."""
+def on_this_process(spec: str, batch: bool = False) -> bool:
+    """``--ranks SPEC`` (or a point's ``rank N``) in one session: does the line run here?
+    One process, or a prompt of a rank's own (``nndb.set_trace``): only this process's own
+    rank can be meant.  A rank of a job in batch mode, where every rank runs the -e/-x
+    lines by itself: those lines are the job's, so a line for other ranks is theirs (skipped
+    here: it was an error on every other rank, which ended the job with exit code 2 while
+    the rank named took the line), and ``--ranks all`` is each rank's own answer, each
+    line said with its rank (``[r1] ``); a rank the job does not have is an error on all."""
     w = place()
+    if batch and w.distributed and w.world_size > 1:
+        return w.rank in chosen(spec, list(range(w.world_size)))
     try:
         chosen(spec, [w.rank])
     except CommandError as e:
         raise CommandError(f"{e}: this session is {one_process()}") from None
     if spec == "all" and w.distributed:
         raise CommandError(f"--ranks all: this session sees only {one_process()}")
+    return True
 
 

@@ -138,7 +138,11 @@ class CommandTable:
         cmd, value = parsed
         if cmd.ranks:
             if isinstance(value, OnRanks):
-                on_this_process(value.spec)     # (across ranks: the job's console, before this session)
+                # (across ranks at the job's prompt: its console, before this session)
+                if not on_this_process(value.spec, batch=session is not None and not session.interactive):
+                    if cmd.name == "commands":
+                        session.read_block()    # (its block is the other ranks' too: not run here)
+                    return None
                 value = value.value
         return cmd.run(session, value)
 
