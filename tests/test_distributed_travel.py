@@ -51,6 +51,13 @@ def test_catch_nan_on_every_rank_finds_the_batch_s_nan_and_the_all_reduced_one(t
     backward = next(i for i, l in enumerate(open(script), 1) if "loss.backward()" in l)
     assert stops[1] == [(2, "catchpoint", "lift_fresh", "forward", planted)], stops
     assert stops[0] == [(2, "catchpoint", "as_strided", "backward", backward)], stops
+    # the nonfinite rule on rank 0, whose forward and loss were finite, said 'NaN first appeared in
+    # grad module.2.bias' as if its own backward had made it; it names the all-reduce too
+    said = {ln[:4]: ln for ln in r.stderr.splitlines() if "nonfinite at step 2" in ln}
+    assert said["[r0]"].startswith("[r0] nndb: error: nonfinite at step 2: NaN first appeared in grad "), said
+    assert ("this rank's forward and loss were finite: under DDP the gradients' all-reduce brings another "
+            "rank's NaN into every rank's gradients") in said["[r0]"], said
+    assert "NaN first appeared in act module.0" in said["[r1]"] and "all-reduce" not in said["[r1]"], said
     _assert_none_left(str(tmp_path))
 
 

@@ -116,6 +116,14 @@ class NonFinite(Rule):
             msg += (f"; or in {series_label(lead, 'loss')}: the step ran {len(losses)} optimizers' passes in turn "
                     f"and an activation's statistics add up over them, so whether it went bad before that loss "
                     f"is not known ('catch nan' replays the step to find the operation)")
+        if kind == "grad" and not ({"act", "loss"} & set(by_kind)) and \
+                "DistributedDataParallel" in set(ctx.module_types.values()):
+            # (a rank of a DDP job whose own forward and loss were finite: the gradients' all-reduce
+            # brings one rank's NaN into every rank's gradients; it read as this rank's own)
+            evidence["all_reduce"] = True
+            msg += (f"; this rank's forward and loss were finite: under DDP the gradients' all-reduce brings "
+                    f"another rank's {what} into every rank's gradients (that rank's finding says where it "
+                    f"began; 'catch nan' names the collective here), unless this rank's backward made it")
         # Steps not recorded right before this one (--every, --steps) may have held it first:
         # 'first appeared' is then only among the recorded steps, and the message says so.
         gap = (prev[0] + 1, ctx.step - 1) if prev is not None else (0, ctx.step - 1) if first else None
