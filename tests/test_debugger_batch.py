@@ -1385,6 +1385,53 @@ def test_a_module_break_through_the_models_variable_is_not_pending_when_the_run_
     assert "no module matched 'model.9'" in r.stderr and "'model.2'" not in r.stderr, r.stderr
 
 
+# A seq2seq's encoder, a GRU whose output the script drops (`_, h = encoder(x)`: only the last
+# hidden state goes to the decoder), and a decoder that returns (log-probabilities, hidden),
+# called at each time step.
+ENCODER_HIDDEN = textwrap.dedent('''
+    import torch, torch.nn as nn
+    torch.manual_seed(0)
+    encoder = nn.GRU(4, 8, batch_first=True)
+    decoder = nn.GRUCell(8, 8)
+    head = nn.Linear(8, 3)
+    class Dec(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.cell, self.out = decoder, head
+        def forward(self, h):
+            h = self.cell(h, h)
+            return self.out(h).log_softmax(-1), h
+    dec = Dec()
+    opt = torch.optim.SGD([*encoder.parameters(), *dec.parameters()], lr=0.1)
+    for step in range(3):
+        _, h = encoder(torch.randn(2, 5, 4))
+        h, loss = h[0], 0
+        for t in range(2):
+            logp, h = dec(h)
+            loss = loss - logp[:, 0].mean()
+        opt.zero_grad(); loss.backward(); opt.step()
+        print("step", step)
+''')
+
+
+def test_a_backward_break_on_a_module_whose_first_output_the_loss_does_not_use_stops(tmp_path):
+    """'break module encoder backward' on a GRU whose output the script drops for its last
+    hidden state never stopped (nor did 'step' into it): the stop watched the module's first
+    output's gradient alone, which never comes.  It stops at every step, $grad_output the
+    gradients of the module's outputs as PyTorch's backward hooks give them (None where no
+    gradient reached one: the encoder's dropped output)."""
+    hits, r = _module_break_hits(tmp_path, ENCODER_HIDDEN, "encoder backward")
+    assert hits == [0, 1, 2], r.stdout
+    (tmp_path / "s.py").write_text(ENCODER_HIDDEN)
+    r = Ran(nndb("run", "--batch", "-q", "--nx", "--rules", "none", "--trace", str(tmp_path / "t2.h5"),
+                 "-e", "tbreak module encoder backward", "-e", "tbreak module dec backward",
+                 "-e", "continue", "-e", "p [None if g is None else tuple(g.shape) for g in $grad_output]",
+                 "-e", "continue", "-e", "p [None if g is None else tuple(g.shape) for g in $grad_output]",
+                 "-e", "kill", "s.py", cwd=str(tmp_path)), [])
+    stops = re.findall(r"^Temporary breakpoint (\d), module (\S+) backward \(step 0\)\n.*\n.*\n(.*)$", r.stdout, re.M)
+    assert stops == [("2", "dec", "[(2, 3), (2, 8)]"), ("1", "encoder", "[None, (1, 2, 8)]")], r.stdout
+
+
 # A module the step calls twice, the first module to run: the run's start stop is before its
 # first call ('module enc is about to run its forward'), where a batch run's -e and -x commands run.
 TWICE_FIRST = textwrap.dedent('''

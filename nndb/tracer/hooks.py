@@ -59,7 +59,7 @@ from .naming import Naming, user_frame
 from .discover import backward_objective, backward_roots, call_args, call_kwargs, find_optimizers  # noqa: F401  (find_optimizers: queries)
 from .discover import fires_step_hooks
 from .bucket import _PENDING_LOSS
-from .recorder import GRAD_OF_INPUTS, SCALED_NODES, UNSCALED, StepRecorder, first_float_tensor
+from .recorder import GRAD_OF_INPUTS, SCALED_NODES, UNSCALED, StepRecorder, float_tensors
 from .stepclock import Close, Mode, StepClock, call_site
 from .within import WithinStep
 
@@ -1103,17 +1103,33 @@ class Tracer:
                 fn(*args)
 
     def _watch_backward(self, module, output) -> None:
-        """A stop point at the module's backward: a hook on its output's gradient."""
-        t = output if isinstance(output, torch.Tensor) else first_float_tensor(output)
-        if t is None or not t.requires_grad or not torch.is_grad_enabled():
+        """A stop point at the module's backward: a hook on its output's gradient; on a module
+        with several outputs that need one, a hook once every gradient the backward makes of
+        them has come (``register_full_backward_pre_hook``'s ``grad_output``: a tuple, None for
+        an output no gradient reached).  The first output's alone missed the backward of a
+        module whose first output the loss does not use (an encoder's GRU, ``_, h = gru(x)``:
+        ``break module encoder backward`` never stopped)."""
+        if not torch.is_grad_enabled():
+            return
+        if isinstance(output, torch.Tensor):
+            outs = [output] if output.requires_grad else []
+        else:
+            outs = [t for t in float_tensors(output) if t.requires_grad]
+        if not outs:
             return
 
-        def hook(grad, module=module):
+        def hook(grad, module=module, one=len(outs) == 1):      # (no output held: a tensor's hook)
             if self.within.module_backward and not self._failed:
                 for cb in self.within.module:
-                    cb(module, "backward", grad)
+                    cb(module, "backward", grad if one else tuple(grad))
             return None
-        t.register_hook(hook)
+        if len(outs) > 1:
+            try:
+                torch.autograd.graph.register_multi_grad_hook(outs, hook, mode="all")
+                return
+            except Exception:           # (an output it refuses: the first one's gradient alone, as before)
+                hook = functools.partial(hook, one=True)
+        outs[0].register_hook(hook)
 
     # -- backward --------------------------------------------------------------
     def _watch_params(self, module) -> None:

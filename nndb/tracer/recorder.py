@@ -196,6 +196,9 @@ def first_float_tensor(out):
     return next(_float_tensors(out), None)
 
 
+float_tensors = _float_tensors
+
+
 # The torch.autograd.grad calls running now that differentiate with respect to inputs only
 # (leaf tensors no model or optimizer of the run holds: a saliency map's ``x.requires_grad_()``),
 # counted by the tracer's wrapper (hooks._grad): the passes they run through are not used for them
