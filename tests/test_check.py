@@ -248,6 +248,28 @@ def test_silent_broadcasting_in_a_hand_written_loss_fails_shapes(tmp_path):
         "no loss nndb recomputes was called (a hand-written loss, or one such as ctc_loss"), text(report)
 
 
+def test_silent_broadcasting_of_a_siamese_pairs_distance_fails_shapes(tmp_path):
+    """A contrastive loss on the distance of a Siamese network's two outputs, label (64, 1)
+    against d (64,): shapes was SKIP 'no loss nndb recomputes was called' (d is no model output)
+    and nndb check exited 0."""
+    bad = write(tmp_path, "siamese.py", """
+        import torch, torch.nn as nn, torch.nn.functional as F
+        torch.manual_seed(0)
+        enc = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+        opt = torch.optim.Adam(enc.parameters(), lr=1e-3)
+        for step in range(2):
+            x1, x2, label = torch.randn(64, 8), torch.randn(64, 8), (torch.rand(64, 1) < 0.5).float()
+            d = F.pairwise_distance(enc(x1), enc(x2))
+            loss = (label * d ** 2 + (1 - label) * torch.clamp(1.0 - d, min=0) ** 2).mean()
+            opt.zero_grad(); loss.backward(); opt.step()
+        """)
+    report, _ = run_check(bad, overfit_iters=5)
+    shapes = by_name(report)["shapes"]
+    assert shapes.status == "FAIL" and report.exit_code == 1, text(report)
+    assert shapes.evidence == ("`*` at siamese.py:9: (64, 1) * (64,), one of them the model's output or a "
+                               "per-sample result of it, broadcast to (64, 64), a new dimension out of the batch")
+
+
 def test_a_frozen_layer_the_optimizer_holds_is_named_not_hidden(tmp_path):
     """The optimizer holds 4 tensors, the first layer's weight frozen (requires_grad=False): the line
     said '3/3 parameter tensor(s) the optimizer holds got ...', as if it held 3."""

@@ -125,6 +125,50 @@ def test_broadcasts_that_create_no_batch_dimension_are_silent(tmp_path, seed, fl
     assert findings_of(run_in_process(tmp_path, script, (seed, 4, flag))) == []
 
 
+# A Siamese network's contrastive loss, hand-written on the distance of its two outputs, and
+# a DQN's TD error on the action's Q-value: neither is the model's output itself.
+PAIRS = """
+    enc = nn.Sequential(nn.Linear(10, 16), nn.ReLU(), nn.Linear(16, 4))
+    opt = OPT(enc.parameters(), lr=1e-3)
+    protos = torch.randn(4, 10)
+    for step in range(STEPS):
+        c1, c2 = torch.randint(0, 4, (N,)), torch.randint(0, 4, (N,))
+        x1, x2 = protos[c1] + 0.3 * torch.randn(N, 10), protos[c2] + 0.3 * torch.randn(N, 10)
+        label = (c1 == c2).float()
+        if FLAG == "siamese":
+            label = label.unsqueeze(1)                     # (N, 1) against the distance's (N,)
+        d = F.pairwise_distance(enc(x1), enc(x2))          # (N,)
+        loss = (label * d ** 2 + (1 - label) * torch.clamp(1.0 - d, min=0) ** 2).mean()
+        if FLAG == "dqn":
+            q = enc(x1).gather(1, c1[:, None])             # (N, 1)
+            with torch.no_grad():
+                target = 0.9 * enc(x2).max(1)[0]           # (N,)
+            loss = loss + ((q - target) ** 2).mean()
+        if FLAG == "ranking":                              # every pair's score difference, on purpose
+            s = enc(x1)[:, 0]
+            loss = loss + F.binary_cross_entropy_with_logits(s - s[:, None], (c1 - c1[:, None] > 0).float())
+        opt.zero_grad(); loss.backward(); opt.step()
+"""
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.parametrize("flag,op,text,shape", [("siamese", "`*`", "loss = (label * d", "(N,)"),
+                                                ("dqn", "`-`", "((q - target) ** 2)", "(N, 1)")])
+def test_loss_broadcast_of_a_per_sample_result_of_the_output(tmp_path, seed, flag, op, text, shape):
+    """label (N, 1) * d (N,), d the pairwise distance of a Siamese network's two outputs, made an
+    (N, N) loss, and so did a DQN's q (N, 1) - target (N,): loss_broadcast said nothing, as it
+    looked only at the model's outputs and same-shape results made of them (nndb check's shapes
+    line: SKIP, 'a hand-written loss'); a pairwise ranking's ``s - s[:, None]`` of scores that
+    both need a gradient is made on purpose and stays silent."""
+    script = write(tmp_path, "pairs.py", PAIRS)
+    [f] = rule(run_in_process(tmp_path, script, (seed, 3, flag)), "loss_broadcast")
+    n = 16 + 8 * seed
+    assert f["step"] == 0 and f["module"] == f"{op} at pairs.py:{line_of(script, text)}"
+    assert f["evidence"]["broadcast_shape"] == [n, n]
+    assert f"a per-sample result of the model's output, of shape {shape.replace('N', str(n))}," in f["message"]
+    assert findings_of(run_in_process(tmp_path, script, (seed, 3, "ranking"))) == []
+
+
 def test_new_batch_dimension_unit():
     from nndb.rules.loss_watch import new_batch_dimension as new
     t = torch.zeros

@@ -205,7 +205,7 @@ class Capture:
         # a hand-written loss's broadcast that spreads the batch along a new dimension
         # ((N, 1) - (N,) -> (N, N)), as the live loss_broadcast rule sees it: [(where, op, a, b, out)]
         self.broadcasts: list = []
-        self._tags = Tags()               # id -> weakref: this step's model outputs and same-shape results
+        self._tags = Tags()               # id -> weakref: this step's model outputs and per-sample results
         # id -> (weakref, "made by torch.zeros at train.py:12", its _version then): the tensors a
         # factory filled with one value this step (and their copies: .to(device), .long()), which a
         # loss's target may be (made_by)
@@ -347,23 +347,21 @@ class Capture:
                     self._tags.tag(t)
 
     def tensor_op(self, func, args, out) -> None:
-        """A torch call while the steps run: a broadcasting op of the model's output (or what is
-        made of it, same shape) that makes a new dimension of its batch is kept (loss_watch)."""
+        """A torch call while the steps run: a broadcasting op of the model's output (or a
+        per-sample result made of it) that makes a new dimension of its batch is kept (loss_watch)."""
         if not self._tags or self.steps_done >= self.steps or not args or not isinstance(out, torch.Tensor):
             return
         op = BROADCASTING_OPS.get(func)
         if op is not None and len(args) >= 2 and isinstance(args[0], torch.Tensor) and isinstance(args[1], torch.Tensor):
             a, b = args[0], args[1]
             for t, other in ((a, b), (b, a)):
-                if self._tags.tagged(t) and not self._tags.tagged(other) and new_batch_dimension(t, other, tuple(out.shape)):
+                if self._tags.tagged(t) and self._tags.target(other) and new_batch_dimension(t, other, tuple(out.shape)):
                     if len(self.broadcasts) < 8:
-                        self.broadcasts.append((where(), op, tuple(a.shape), tuple(b.shape), tuple(out.shape)))
+                        self.broadcasts.append((where(), op, tuple(a.shape), tuple(b.shape), tuple(out.shape),
+                                                self._tags.made(t)))
                     return
             return
-        for a in args[:2]:
-            if isinstance(a, torch.Tensor) and a.shape == out.shape and self._tags.tagged(a):
-                self._tags.tag(out)
-                break
+        self._tags.carry(args, out)
 
     def filled(self, func, args, out) -> None:
         """A torch call while the steps run: a tensor made of one value (``torch.zeros(n,

@@ -293,8 +293,9 @@ NO_LOSS = "no loss nndb recomputes was called (a hand-written loss, or one such 
 def shapes_check(cap: Capture, outcome: Outcome) -> Check:
     call = cap.primary_loss()
     if cap.broadcasts:
-        at, op, a, b, out = cap.broadcasts[0]
-        return Check("shapes", "FAIL", f"`{op}` at {at}: {_shape(a)} {op} {_shape(b)}, one of them the model's output, "
+        at, op, a, b, out, made = cap.broadcasts[0]
+        return Check("shapes", "FAIL", f"`{op}` at {at}: {_shape(a)} {op} {_shape(b)}, one of them the model's output"
+                     f"{' or a per-sample result of it' if made else ''}, "
                      f"broadcast to {_shape(out)}, a new dimension out of the batch",
                      f"silent broadcasting in a hand-written loss: every prediction meets every target over "
                      f"{_shape(out)}; make the shapes equal (reshape one of them)",

@@ -10,7 +10,9 @@ probe (nndb.rules.model_probes.LossInputs):
 
 - the model's outputs are *tagged* (the output of a root module with
   parameters, seen after its forward), and so is whatever an op makes of a
-  tagged tensor with the same shape (``out * 2``, ``out.float()``, a view);
+  tagged tensor with a row per sample (``per_sample``: the same shape, ``out *
+  2``, ``out.float()``, a view; or the batch kept as dim 0 with no new
+  dimension, ``F.pairwise_distance(o1, o2)``, ``out.sum(1)``, ``out[:, 0]``);
 - a functional loss call is handed to the probe as a loss module's call would
   be (``LossInputs.loss_call``), unless a loss module is making it (the
   module's own call was seen);
@@ -18,7 +20,8 @@ probe (nndb.rules.model_probes.LossInputs):
   when the broadcast *creates a new dimension* out of the batch: the
   result is bigger than both operands, and the other operand has the batch
   size at a position where the model's output has size 1 or no dimension
-  ((N, 1) - (N,) -> (N, N)).  A bias add ((N, C) + (C,)), a normalisation
+  ((N, 1) - (N,) -> (N, N)), and the other operand may be a target (``Tags.target``:
+  it needs no gradient).  A bias add ((N, C) + (C,)), a normalisation
   ((N, C) - (C,)) or a per-sample weight ((N, 1) * (N, C)) make nothing
   bigger than both; an outer difference the script builds on purpose
   (``emb[:, None] - emb[None]``) is of reshaped tensors, which are not tagged.
@@ -81,15 +84,51 @@ SETITEM = _T.__setitem__
 
 class Tags(dict):
     """id(tensor) -> weakref: the tensors tagged in a step (a model's outputs and the
-    same-shape results made of them), at most TAGS_KEPT; the live rule's and nndb check's."""
+    per-sample results made of them), at most TAGS_KEPT; the live rule's and nndb check's."""
 
-    def tag(self, t) -> None:
+    def tag(self, t, made: bool = False) -> None:
+        """``made``: ``t`` is made of a model's output, not one itself."""
         if len(self) < TAGS_KEPT:
-            self[id(t)] = weakref.ref(t)
+            self[id(t)] = (weakref.ref(t), made)
 
     def tagged(self, t) -> bool:
-        ref = self.get(id(t))
-        return ref is not None and ref() is t
+        e = self.get(id(t))
+        return e is not None and e[0]() is t
+
+    def made(self, t) -> bool:
+        """Is the tagged ``t`` made of a model's output in another shape (not the output itself,
+        nor a same-shape result of it, ``out * 2``)?"""
+        return self[id(t)][1]
+
+    def carry(self, args, out) -> None:
+        """Tag ``out``, made of ``args``, if it is a per-sample result of a tagged one of its
+        first two (``per_sample``)."""
+        for a in args[:2]:
+            if isinstance(a, torch.Tensor) and self.tagged(a) and per_sample(a, out):
+                if not self.tagged(out):       # (``out.float()`` of a float32 output: the output)
+                    self.tag(out, made=self.made(a) or out.shape != a.shape)
+                return
+
+    @staticmethod
+    def target(t) -> bool:
+        """Can ``t`` be what a tagged tensor is compared with, a target?  Not where it needs a
+        gradient: a prediction against itself or another prediction, made on purpose (``s -
+        s[:, None]``, a pairwise ranking's score differences); a target network's output, with
+        no gradient (a DQN's ``q - (r + gamma * target_net(s2).max(1)[0])``), is one, as the
+        batch's labels are."""
+        return not t.requires_grad
+
+
+def per_sample(a: torch.Tensor, out: torch.Tensor) -> bool:
+    """Is ``out``, made of ``a`` (a model's output, dim 0 its batch), still one row per sample:
+    the same shape (``out * 2``, a view), or the batch kept as dim 0 with no new dimension (a
+    per-sample reduction, ``F.pairwise_distance(o1, o2)``, ``out.sum(1)``; ``out[:, 0]``,
+    ``out.squeeze(1)``; ``q.gather(1, a)``)?  A Siamese network's contrastive loss on the
+    distance of its two outputs, ``label * d ** 2`` with label (N, 1) and d (N,), was no
+    loss_broadcast finding: d was no model output."""
+    if out.shape == a.shape:
+        return True
+    return 1 <= out.dim() <= a.dim() and out.shape[0] == a.shape[0] >= 2
 
 
 class Made(dict):
@@ -199,10 +238,7 @@ class LossWatch:
                 self._functional(func, name, args, kwargs)
                 return
         if self._tags and args and isinstance(out, torch.Tensor):
-            for a in args[:2]:
-                if isinstance(a, torch.Tensor) and a.shape == out.shape and self._tags.tagged(a):
-                    self._tags.tag(out)
-                    break
+            self._tags.carry(args, out)
 
     def _mark(self, func, args, kwargs, out) -> None:
         """Carry the marks of ``func``'s tensor arguments to its outputs; a sample drawn
@@ -273,9 +309,9 @@ class LossWatch:
         if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
             return
         for t, other in ((a, b), (b, a)):
-            if self._tags.tagged(t) and not self._tags.tagged(other) and new_batch_dimension(t, other, tuple(out.shape)):
+            if self._tags.tagged(t) and self._tags.target(other) and new_batch_dimension(t, other, tuple(out.shape)):
                 key = f"`{op}` at {where()}"
-                self.probe.hand_written(key, op, tuple(a.shape), tuple(b.shape), tuple(t.shape))
+                self.probe.hand_written(key, op, tuple(a.shape), tuple(b.shape), tuple(t.shape), self._tags.made(t))
                 return
 
     def _functional(self, func, name, args, kwargs) -> None:

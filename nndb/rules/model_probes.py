@@ -711,7 +711,7 @@ class LossInputs(ModuleKeyed):
     1|] over up to ROWS rows), "classes" (also for a cross-entropy over a
     single class, without "probs"), "dtype", "softmax_from" (the
     nn.Softmax series, or a softmax function, whose output is the input);
-    for a broadcast in a hand-written loss, "op" and "model_shape"}.  A
+    for a broadcast in a hand-written loss, "op", "model_shape" and "made_of_output"}.  A
     module's name is its loss name; a function's is ``F.mse_loss at
     train.py:42``, a hand-written op's ```-` at train.py:42``."""
     name = "loss_inputs"
@@ -802,10 +802,13 @@ class LossInputs(ModuleKeyed):
                 w.event("loss_kind", f"the loss is a {kind.replace('_', ' ')} ({where})", step,
                         {"step": step, "kind": kind, "where": where})
 
-    def hand_written(self, key: str, op: str, a_shape, b_shape, model_shape) -> None:
-        """A broadcast of the model's output that makes a new dimension of its batch (loss_watch)."""
+    def hand_written(self, key: str, op: str, a_shape, b_shape, model_shape, made: bool = False) -> None:
+        """A broadcast of the model's output (``made``: of a per-sample result made of it) that
+        makes a new dimension of its batch (loss_watch)."""
         f = self._call(key, "a hand-written loss")
         f["shapes"], f["op"], f["model_shape"] = (a_shape, b_shape), op, model_shape
+        if made:
+            f["made_of_output"] = True
 
     def loss_call(self, key, kind: str, x, y, pointwise: bool, cross_entropy: bool, recompute) -> None:
         """A loss (module or function) ``key`` called on prediction ``x`` and target ``y``;

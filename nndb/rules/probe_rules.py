@@ -435,7 +435,8 @@ class LossBroadcast(Rule):
     single target value for every prediction) are not reported: that can be
     meant.  The same for F.mse_loss and the other functional pointwise
     losses, and for a hand-written loss: an elementwise + - * / of the
-    model's output (or of what an op made of it with the same shape) and
+    model's output (or of a per-sample result an op made of it: the same
+    shape, or the batch kept as dim 0, a Siamese pair's distance) and
     another tensor whose broadcast creates a new dimension out of the batch
     (the other operand has the batch size where the output has size 1 or no
     dimension: ``((pred - y) ** 2).mean()`` with pred (N, 1) and y (N,));
@@ -460,7 +461,9 @@ class LossBroadcast(Rule):
                 continue                 # the loss itself raises
             if math.prod(c) > max(math.prod(a), math.prod(b)) and "op" in f:
                 yield self.finding(
-                    ctx, f"{name}: the model's output of shape {f['model_shape']} and a tensor of shape "
+                    ctx, f"{name}: " + (f"a per-sample result of the model's output, of shape {f['model_shape']},"
+                                        if f.get("made_of_output") else
+                                        f"the model's output of shape {f['model_shape']}") + " and a tensor of shape "
                          f"{b if tuple(f['model_shape']) == tuple(a) else a} broadcast to {c}, a new dimension "
                          f"out of the batch: every prediction against every target (reshape one of them)",
                     module=name, input_shape=list(a), target_shape=list(b), broadcast_shape=list(c),
