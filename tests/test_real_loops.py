@@ -736,6 +736,52 @@ def test_a_steps_loss_by_torch_autograd_grad_is_the_loss_it_differentiated(tmp_p
         assert f"('AT', '{printed[3][2]}')" in r.stdout, r.stdout
 
 
+# A WGAN-GP whose critic's gradients come from torch.autograd.grad, written to p.grad (no
+# backward()), two critic steps to a generator step: each critic step is a step, the
+# generator's in the critic step after it; steps 1 and 3 close steps 0 and 2 after the fact.
+WGAN_GRAD = textwrap.dedent('''
+    import torch, torch.nn as nn
+    torch.manual_seed(0)
+    G = nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 2))
+    D = nn.Sequential(nn.Linear(2, 16), nn.ReLU(), nn.Linear(16, 1))
+    optG = torch.optim.Adam(G.parameters(), lr=1e-3, betas=(0.5, 0.9))
+    optD = torch.optim.Adam(D.parameters(), lr=1e-3, betas=(0.5, 0.9))
+    for it in range(3):
+        for _ in range(2):
+            real, fake = torch.randn(32, 2) + 1.0, G(torch.randn(32, 4)).detach()
+            eps = torch.rand(32, 1)
+            xh = (eps * real + (1 - eps) * fake).requires_grad_(True)
+            g, = torch.autograd.grad(D(xh).sum(), xh, create_graph=True)
+            lossD = D(fake).mean() - D(real).mean() + 10 * ((g.norm(2, dim=1) - 1) ** 2).mean()
+            for p, gr in zip(D.parameters(), torch.autograd.grad(lossD, list(D.parameters()))):
+                p.grad = gr
+            optD.step()
+            print("D", repr(lossD.item()))
+        lossG = -D(G(torch.randn(32, 4))).mean()
+        optG.zero_grad(); lossG.backward(); optG.step()
+        print("G", repr(lossG.item()))
+''')
+
+
+def test_a_critic_step_by_torch_autograd_grad_that_closes_the_last_step_after_the_fact_has_its_loss(tmp_path):
+    """The critic's second step of each of the first two iterations (steps 1 and 3) had no loss
+    ('$losses' {}, 'no loss recorded' at its stop) where the script's lossD was 7.137 at step 1:
+    its optimizer's step() closes the step before it after the fact, and the close dropped the
+    torch.autograd.grad loss made since, the next step's."""
+    import nndb as api
+    (tmp_path / "wgan.py").write_text(WGAN_GRAD)
+    trace = str(tmp_path / "t.h5")
+    r = nndb("run", "--batch", "-q", "--nx", "--trace", trace, "wgan.py", cwd=str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    d = [float(line.split()[1]) for line in r.stdout.splitlines() if line.startswith("D ")]
+    g = [float(line.split()[1]) for line in r.stdout.splitlines() if line.startswith("G ")]
+    with api.open(trace) as t:
+        steps, losses = t.history("loss", "loss", "mean")
+        assert list(steps)[:6] == list(range(6)) and [float(v) for v in losses][:6] == d, (steps, losses, d)
+        steps, losses = t.history("loss/optG", "loss", "mean")
+        assert list(steps)[:2] == [2, 4] and [float(v) for v in losses][:2] == g[:2], (steps, losses, g)
+
+
 def test_a_micro_batch_whose_parameters_are_frozen_later_in_the_step_keeps_its_loss(tmp_path):
     """tests/scripts/toggle_accumulation.py: Lightning's toggle_optimizer with gradient
     accumulation.  The second micro-batch's backward found every parameter that needs a

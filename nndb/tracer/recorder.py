@@ -1012,7 +1012,7 @@ class StepRecorder:
             self.settle_passes(closed)
         if self._set_aside is not None and self._set_aside[0] in closed:
             self._set_aside = self._grads_after = None
-        self._grad_losses = None
+        grad_losses, self._grad_losses = self._grad_losses, None
         if self._waiting is not None:
             self._credit_waiting(closed)
         parts, self._parts, self._before = self._parts, None, None   # (a bucket of the step: its keys
@@ -1033,6 +1033,11 @@ class StepRecorder:
             if parts is not None and [b for b in rest if _PENDING_LOSS in b.entries] == [parts[0]]:
                 self._parts = (nxt, parts[1])   # (its pending losses, for _credit at its first step)
         self._buckets = [nxt]
+        if grad_losses is not None and any(grad_losses[0] is b for b in rest):
+            # (a torch.autograd.grad's loss of the next step, whose optimizer's step() closes this
+            # one after the fact: a WGAN critic's second step, its gradients written to p.grad,
+            # had no loss, '$losses' {} where the script's lossD was 7.137)
+            self._grad_losses = (nxt, *grad_losses[1:])
         if self._pass is not None and self._pass.home is None:
             self._pass.home = nxt
         self._clips_since_step = []
