@@ -1385,6 +1385,34 @@ def test_a_module_break_through_the_models_variable_is_not_pending_when_the_run_
     assert "no module matched 'model.9'" in r.stderr and "'model.2'" not in r.stderr, r.stderr
 
 
+LOSS_MODULE = textwrap.dedent('''
+    import torch, torch.nn as nn
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    crit = nn.MSELoss()
+    for step in range(3):
+        loss = crit(model(torch.randn(4, 4)), torch.randn(4, 1))
+        opt.zero_grad(); loss.backward(); opt.step()
+        print("step", step)
+''')
+
+
+def test_the_backward_of_modules_called_before_a_forward_stop_is_still_stopped_in(tmp_path):
+    """At a stop in the loss module's forward (step 0), 'break module 0 backward' then 'c'
+    stopped at step 1's, and 'step' went from crit's backward to the end of step 0: the
+    modules' backward is watched from their forward, and the model's forward had run unwatched
+    (only a backward breakpoint or 'step' turned it on).  Both stop in step 0's backward now."""
+    (tmp_path / "s.py").write_text(LOSS_MODULE)
+    run = ["run", "--batch", "-q", "--nx", "--rules", "none", "--force", "--trace", str(tmp_path / "t.h5"),
+           "-e", "tbreak module crit", "-e", "c"]
+    r = Ran(nndb(*run, "-e", "break module 0 backward", "-e", "c", "-e", "kill", "s.py", cwd=str(tmp_path)), [])
+    assert re.findall(r"^Breakpoint 2, .*$", r.stdout, re.M) == ["Breakpoint 2, module 0 backward (step 0)"], r.stdout
+    r = Ran(nndb(*run, "-e", "step", "-e", "step", "-e", "step", "-e", "kill", "s.py", cwd=str(tmp_path)), [])
+    assert re.findall(r"^Step .*$", r.stdout, re.M) == [
+        "Step 0, module crit backward", "Step 0, module 2 backward", "Step 0, module model backward"], r.stdout
+
+
 # A seq2seq's encoder, a GRU whose output the script drops (`_, h = encoder(x)`: only the last
 # hidden state goes to the decoder), and a decoder that returns (log-probabilities, hidden),
 # called at each time step.

@@ -160,8 +160,10 @@ class Session(CommandLoop, StopPoints):
         elif self.replica is not None and self.replica.replaying:
             # (a replay stops nowhere; a scan for reverse-continue notes where module breakpoints held)
             want_module = bool(modules) and self.replica.notes_module_hits
-        t.stop_in_modules(self.on_module if want_module else None,
-                          backward=c.mode is Mode.STEP or any(p.phase == "backward" for p in modules))
+        # (the backward watched whenever the modules are: a forward that ran without it has no
+        # backward stop, so 'step' from a forward stop, or a 'break module 0 backward' set there,
+        # went past the backward of every module called before it in the step, to the next step's)
+        t.stop_in_modules(self.on_module if want_module else None, backward=True)
         # Someone at the prompt will look at every statistic; a watch may need
         # the ones measured only at full steps (not a loss's: all ten are measured
         # at every step; `watch loss mean > 1000` measured every tensor's ten and
