@@ -405,7 +405,9 @@ def test_catch_nan_names_the_inf_an_earlier_step_made(tmp_path, eager):
     values: absorbed, no NaN's beginning.)"""
     script = _script(tmp_path, "train.py", INF_THEN_NAN)
     plain = subprocess.run([sys.executable, script], capture_output=True, text=True, cwd=str(tmp_path))
-    assert "step 1 9.758929" in plain.stdout and "step 2 nan" in plain.stdout
+    # (step 1: a loss far past float32's usual range, finite; its digits differ between CPUs)
+    assert re.search(r"^step 1 [0-9.]+e\+(2[0-9]|3[0-8]) 0 0$", plain.stdout, re.M), plain.stdout
+    assert "step 2 nan" in plain.stdout, plain.stdout
     r = nndb("run", "--batch", "--nx", "-q", "--trace", str(tmp_path / "t.h5"), "--rules", "none",
              "-e", " ".join(["catch nan"] + eager), script,
              cwd=str(tmp_path))

@@ -204,7 +204,7 @@ class Recording:
         self.recorder.on_note = message
         # Whole tensors (--record-full; the prompt's ``record full`` changes the rules)
         self.recorder.fulltensors = FullTensors(config.full_rules, self.writer.full_tensor, config.schedule,
-                                                 self.writer.release_full)
+                                                 self.writer.full.release)
         self.tracer = Tracer(self.recorder, self.naming, on_step_end=self.pipeline.step_ended,
                              on_error=self._tracer_failed, on_note=self._tracer_note)
         # What the rules read besides the statistics, kept in the trace for nndb check-trace.

@@ -153,6 +153,15 @@ class FullPending:
         self.drop()
         return out
 
+    def over_bound(self, meta: dict, nbytes: int) -> str:
+        """Why a tensor of ``nbytes`` (``meta``'s) is not kept: the bound (``fits``)."""
+        held = self.unnamed_bytes
+        waiting = (f" beside the {held} bytes of step 0's tensors held until step 0 ends "
+                   f"(their names may change until then)") if held else ""
+        return (f"full tensors of step {meta.get('step')} skipped: {meta.get('kind')} {meta.get('name')} "
+                f"needs {nbytes} bytes{waiting}, over the {self.max_bytes}-byte bound on pending full "
+                f"tensors (nndb run --full-tensors-buffer)")
+
     def skip(self, step: Optional[int], why: str):
         """Note a skipped step's tensor; the message to say (once) or None."""
         first = step not in self.skipped_steps

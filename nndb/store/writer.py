@@ -290,7 +290,7 @@ class TraceWriter:
         kept).  Bounded (nndb.store.fullstore): flushes first if the tensor
         would pass the pending bounds; skips it, and says so, if it cannot be
         held even then.  ``unnamed``: taken before step 0 ended, its name may
-        still change: held, unwritten, until ``release_full``.  False: not kept."""
+        still change: held, unwritten, until ``self.full.release()``.  False: not kept."""
         if self.failed or self.closed or self.detached:
             return False
         pending = self.full
@@ -300,13 +300,7 @@ class TraceWriter:
                 return False
         if not pending.fits(nbytes):
             step = meta.get("step")
-            held = pending.unnamed_bytes
-            waiting = (f" beside the {held} bytes of step 0's tensors held until step 0 ends "
-                       f"(their names may change until then)") if held else ""
-            note, say = pending.skip(step, f"full tensors of step {step} skipped: {meta.get('kind')} "
-                                           f"{meta.get('name')} needs {nbytes} bytes{waiting}, over the "
-                                           f"{pending.max_bytes}-byte bound on pending full tensors "
-                                           f"(nndb run --full-tensors-buffer)")
+            note, say = pending.skip(step, pending.over_bound(meta, nbytes))
             if note is not None:
                 self.event("full_tensors_skipped", note, step)
             if say is not None:
@@ -314,10 +308,6 @@ class TraceWriter:
             return False
         pending.add(meta, copy(), unnamed)
         return True
-
-    def release_full(self) -> None:
-        """Step 0 has ended: its whole tensors, renamed (FullTensors.settle), go with the next flush."""
-        self.full.release()
 
     def detach(self) -> None:
         """In a replica (a forked copy of the live run): never write to the
