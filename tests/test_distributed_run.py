@@ -470,6 +470,15 @@ def _on_terminal(tmp_path, script, launch=("--nproc-per-node", "2"), args=()):
     return p, master, expect
 
 
+def _ends(tmp_path) -> list:
+    """(status, exit code) of each rank's trace under out/, rank 0 first."""
+    ends = []
+    for rank in (0, 1):
+        with TraceReader(str(tmp_path / "out" / f"rank{rank}.h5")) as t:
+            ends.append((t.end["status"], t.end["exit_code"]))
+    return ends
+
+
 def _reap(p, master) -> None:
     """A job's terminal closed; the job killed if it is still running (a failed test)."""
     if p.poll() is None:
@@ -518,10 +527,7 @@ def test_a_rank_whose_script_raises_stops_at_its_post_mortem(tmp_path):
     finally:
         _reap(p, master)
     assert p.returncode == 1
-    ends = []
-    for rank in (0, 1):
-        with TraceReader(str(tmp_path / "out" / f"rank{rank}.h5")) as t:
-            ends.append((t.end["status"], t.end["exit_code"]))
+    ends = _ends(tmp_path)
     assert ends == [("killed", 0), ("failed", 1)], ends
     _assert_none_left(str(tmp_path))
 
@@ -561,10 +567,7 @@ def test_a_waiting_rank_whose_collective_fails_at_the_prompt_is_at_its_post_mort
     finally:
         _reap(p, master)
     assert p.returncode == 1
-    ends = []
-    for rank in (0, 1):
-        with TraceReader(str(tmp_path / "out" / f"rank{rank}.h5")) as t:
-            ends.append((t.end["status"], t.end["exit_code"]))
+    ends = _ends(tmp_path)
     assert ends == [("failed", 1), ("killed", 0)], ends
     _assert_none_left(str(tmp_path))
 

@@ -234,7 +234,6 @@ def test_history_at_the_prompt_marks_the_partial_row_as_inspect_does(tmp_path):
     assert [row.split("  ")[0].strip() for row in rows] == steps[:5]
 
 
-
 def test_history_at_the_prompt_keeps_a_partial_row_out_of_its_min_and_max(tmp_path):
     """A loop of steps 0-3 that ends with an evaluation's backward() on a batch 10x larger:
     'history loss' at the run's end said 'min 0.5506 max 2.000' and drew the sparkline up to

@@ -179,7 +179,7 @@ def _sum_rows(parts) -> tuple:
     return row, dtype
 
 
-def _float_tensors(out, depth: int = 0):
+def float_tensors(out, depth: int = 0):
     """The floating-point tensors of a module's output (nested in tuples, lists and dicts up to
     3 deep), in order; not a nested tensor (a TransformerEncoderLayer's on PyTorch's fused path,
     hooks._FAST_PATHS), which has no one shape to measure: its rows are left out."""
@@ -188,15 +188,12 @@ def _float_tensors(out, depth: int = 0):
             yield out
     elif depth <= 3 and isinstance(out, (tuple, list, dict)):
         for o in (out.values() if isinstance(out, dict) else out):
-            yield from _float_tensors(o, depth + 1)
+            yield from float_tensors(o, depth + 1)
 
 
 def first_float_tensor(out):
-    """The first floating-point tensor of a module's output (``_float_tensors``), or None."""
-    return next(_float_tensors(out), None)
-
-
-float_tensors = _float_tensors
+    """The first floating-point tensor of a module's output (``float_tensors``), or None."""
+    return next(float_tensors(out), None)
 
 
 # The torch.autograd.grad calls running now that differentiate with respect to inputs only
@@ -399,7 +396,7 @@ class StepRecorder:
             # (every output a backward may go through: an RNN's hidden state and not its
             # outputs, char_rnn_classification's, whose model is called through .forward(),
             # each layer a pass of its own: the RNN's activations left its steps)
-            for u in ((t,) if t is output else _float_tensors(output)):
+            for u in ((t,) if t is output else float_tensors(output)):
                 node = u.grad_fn
                 if node is not None and node is not p.node:     # (a container's output is its last child's)
                     node.register_prehook(p.hook)
